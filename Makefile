@@ -1,0 +1,36 @@
+# Two commands: `make lab` (open the course) and `make test` (run everything CI runs).
+# Both create .venv on first use and reinstall only when pyproject.toml changes.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU build of torch this suite is tested with. On Linux, plain PyPI serves a CUDA build of several
+# GB; add an index that serves CPU wheels with TORCH_PIP_ARGS if you want to avoid it (see README).
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+LAB_PORT ?= 8888
+
+.PHONY: lab test bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+		$(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/00_start_here.ipynb
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_runtime.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

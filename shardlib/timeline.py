@@ -1,0 +1,80 @@
+"""Spans recorded on each rank, on one clock, for Gantt charts.
+
+A span is a named interval of one rank's time: a compute step, a collective, a wait. Every rank stamps
+its spans with ``time.perf_counter()``, which on Linux and macOS reads the machine-wide monotonic clock,
+so spans recorded by different processes on one machine can be laid on one axis without any
+synchronisation step. (Across machines, under ``torchrun``, each host has its own clock: compare spans
+within a host, or subtract each rank's own start.)
+
+This module is pure: it never imports ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+
+def now_s() -> float:
+    """The shared clock: seconds from an arbitrary origin, comparable across processes on one machine."""
+    return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval of one rank's time. ``kind`` is ``"compute"``, ``"comm"``, ``"wait"`` or a name of
+    your own; ``attrs`` carries whatever the recorder attached (a microbatch index, a byte count)."""
+
+    rank: int
+    name: str
+    kind: str
+    start_s: float
+    end_s: float
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.end_s < self.start_s:
+            raise ValueError(
+                f"span {self.name!r} on rank {self.rank} ends ({self.end_s:.6f} s) before it starts "
+                f"({self.start_s:.6f} s)"
+            )
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+class Timeline:
+    """The spans one rank records during one ``Ranks.run`` call (cleared before each call)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.spans: list[Span] = []
+
+    def record(self, name: str, start_s: float, end_s: float, kind: str = "compute", **attrs: Any) -> Span:
+        span = Span(self.rank, name, kind, start_s, end_s, attrs)
+        self.spans.append(span)
+        return span
+
+    @contextmanager
+    def span(self, name: str, kind: str = "compute", **attrs: Any) -> Iterator[None]:
+        """Record the time spent inside the ``with`` block as one span."""
+        start_s = now_s()
+        try:
+            yield
+        finally:
+            self.record(name, start_s, now_s(), kind, **attrs)
+
+    def clear(self) -> None:
+        self.spans.clear()
+
+
+def shift_to_zero(spans: list[Span], origin_s: float | None = None) -> list[Span]:
+    """The same spans with times measured from ``origin_s`` (default: the earliest start)."""
+    if not spans:
+        return []
+    origin = min(s.start_s for s in spans) if origin_s is None else origin_s
+    return [Span(s.rank, s.name, s.kind, s.start_s - origin, s.end_s - origin, s.attrs) for s in spans]
+
