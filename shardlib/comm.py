@@ -33,7 +33,9 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .timeline import Timeline, now_s
+from time import perf_counter
+
+from .timeline import Timeline
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -77,8 +79,9 @@ class Comm:
         self.world_size = world_size
         self.device = device
         self.timeline = timeline
-        self.records: list[CommRecord] = []
+        self._entries: list[tuple] = []  # CommRecord fields, as tuples: cheap to append mid-collective
         self._group_names: dict[object, str] = {}
+        self._cuda = device.type == "cuda"
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def name_group(self, group: dist.ProcessGroup, name: str) -> None:
@@ -86,38 +89,44 @@ class Comm:
         self._group_names[group] = name
 
     def group_name(self, group: dist.ProcessGroup | None) -> str:
+        """The label calls on ``group`` are logged under."""
         return "world" if group is None else self._group_names.get(group, "group")
 
     def group_size(self, group: dist.ProcessGroup | None) -> int:
         return self.world_size if group is None else dist.get_world_size(group)
 
-    def clear(self) -> None:
-        self.records.clear()
+    @property
+    def records(self) -> list[CommRecord]:
+        """This rank's calls since the start of the current ``run``, in order."""
+        return [CommRecord(*entry) for entry in self._entries]
 
-    def _timed(self, op: str, size_bytes: int, group, call: Callable[[], object], peer: int | None = None):
-        cuda = self.device.type == "cuda"
-        if cuda:
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def _timed(self, op: str, size_bytes: int, group, call: Callable[..., object], *args, peer: int | None = None):
+        """Run ``call(*args, group=group)`` and log it. Kept lean: it sits around every collective."""
+        if self._cuda:
             torch.cuda.synchronize(self.device)
-        start_s = now_s()
-        out = call()
-        if cuda:
+        start_s = perf_counter()
+        out = call(*args, group=group)
+        if self._cuda:
             torch.cuda.synchronize(self.device)
-        end_s = now_s()
-        name = self.group_name(group)
-        self.records.append(CommRecord(op, size_bytes, end_s - start_s, name, self.rank, start_s, peer))
-        self.timeline.record(op, start_s, end_s, kind="comm", size_bytes=size_bytes, group=name, peer=peer)
+        end_s = perf_counter()
+        name = "world" if group is None else self._group_names.get(group, "group")
+        self._entries.append((op, size_bytes, end_s - start_s, name, self.rank, start_s, peer))
+        self.timeline.append(op, "comm", start_s, end_s, {"size_bytes": size_bytes, "group": name, "peer": peer})
         return out
 
     # -- collectives ---------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
         """Combine ``tensor`` across the group, in place; every rank ends with the result."""
         red = _reduce_op(op)
-        self._timed("all_reduce", _nbytes(tensor), group, lambda: dist.all_reduce(tensor, red, group=group))
+        self._timed("all_reduce", _nbytes(tensor), group, dist.all_reduce, tensor, red)
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
         """Copy rank ``src``'s ``tensor`` into every rank's ``tensor``, in place."""
-        self._timed("broadcast", _nbytes(tensor), group, lambda: dist.broadcast(tensor, src, group=group))
+        self._timed("broadcast", _nbytes(tensor), group, dist.broadcast, tensor, src)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, dim: int = 0, group=None) -> torch.Tensor:
@@ -125,7 +134,7 @@ class Comm:
         n = self.group_size(group)
         part = tensor.contiguous()
         out = torch.empty((n * part.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype, device=part.device)
-        self._timed("all_gather", _nbytes(out), group, lambda: _all_gather_flat(out, part, group=group))
+        self._timed("all_gather", _nbytes(out), group, _all_gather_flat, out, part)
         return out if dim == 0 else torch.cat(out.chunk(n, dim=0), dim=dim)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", dim: int = 0, group=None) -> torch.Tensor:
@@ -142,7 +151,7 @@ class Comm:
         out_shape = [flat.shape[0] // n] + list(flat.shape[1:])
         out = torch.empty(out_shape, dtype=tensor.dtype, device=tensor.device)
         red = _reduce_op(op)
-        self._timed("reduce_scatter", _nbytes(flat), group, lambda: _reduce_scatter_flat(out, flat, red, group=group))
+        self._timed("reduce_scatter", _nbytes(flat), group, _reduce_scatter_flat, out, flat, red)
         return out.reshape(chunk_shape) if dim != 0 else out
 
     def all_to_all_single(
@@ -183,10 +192,7 @@ class Comm:
         out = torch.empty((rows_out,) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
         ins = None if input_split_sizes is None else [int(s) for s in input_split_sizes]
         outs = None if output_split_sizes is None else [int(s) for s in output_split_sizes]
-        self._timed(
-            "all_to_all_single", _nbytes(inp), group,
-            lambda: dist.all_to_all_single(out, inp, outs, ins, group=group),
-        )
+        self._timed("all_to_all_single", _nbytes(inp), group, dist.all_to_all_single, out, inp, outs, ins)
         return out
 
     def exchange_counts(self, counts: Sequence[int], group=None) -> list[int]:
@@ -200,16 +206,16 @@ class Comm:
 
     def send(self, tensor: torch.Tensor, dst: int, group=None) -> None:
         """Point-to-point: send ``tensor`` to rank ``dst`` (blocks until it has been received)."""
-        self._timed("send", _nbytes(tensor), group, lambda: dist.send(tensor.contiguous(), dst, group=group), peer=dst)
+        self._timed("send", _nbytes(tensor), group, dist.send, tensor.contiguous(), dst, peer=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
         """Point-to-point: receive from rank ``src`` into ``tensor`` (same shape and dtype as sent)."""
-        self._timed("recv", _nbytes(tensor), group, lambda: dist.recv(tensor, src, group=group), peer=src)
+        self._timed("recv", _nbytes(tensor), group, dist.recv, tensor, src, peer=src)
         return tensor
 
     def barrier(self, group=None) -> None:
         """Wait until every rank of the group has arrived."""
-        self._timed("barrier", 0, group, lambda: dist.barrier(group=group))
+        self._timed("barrier", 0, group, dist.barrier)
 
     # -- summaries -----------------------------------------------------------------------------
     def summary(self) -> dict[str, dict[str, float]]:

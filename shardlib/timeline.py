@@ -47,16 +47,28 @@ class Span:
 
 
 class Timeline:
-    """The spans one rank records during one ``Ranks.run`` call (cleared before each call)."""
+    """The spans one rank records during one ``Ranks.run`` call (cleared before each call).
+
+    Entries are kept as plain tuples and turned into ``Span`` objects only when read: recording sits
+    next to collectives that take microseconds, and building an object there would show in their time.
+    """
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.spans: list[Span] = []
+        self._entries: list[tuple] = []  # (name, kind, start_s, end_s, attrs)
 
-    def record(self, name: str, start_s: float, end_s: float, kind: str = "compute", **attrs: Any) -> Span:
-        span = Span(self.rank, name, kind, start_s, end_s, attrs)
-        self.spans.append(span)
-        return span
+    @property
+    def spans(self) -> list[Span]:
+        return [Span(self.rank, *entry) for entry in self._entries]
+
+    def record(self, name: str, start_s: float, end_s: float, kind: str = "compute", **attrs: Any) -> None:
+        if end_s < start_s:
+            raise ValueError(f"span {name!r} ends ({end_s:.6f} s) before it starts ({start_s:.6f} s)")
+        self._entries.append((name, kind, start_s, end_s, attrs))
+
+    def append(self, name: str, kind: str, start_s: float, end_s: float, attrs: dict) -> None:
+        """``record`` without the checks, for recorders that already hold consistent times."""
+        self._entries.append((name, kind, start_s, end_s, attrs))
 
     @contextmanager
     def span(self, name: str, kind: str = "compute", **attrs: Any) -> Iterator[None]:
@@ -65,10 +77,10 @@ class Timeline:
         try:
             yield
         finally:
-            self.record(name, start_s, now_s(), kind, **attrs)
+            self.append(name, kind, start_s, now_s(), attrs)
 
     def clear(self) -> None:
-        self.spans.clear()
+        self._entries.clear()
 
 
 def shift_to_zero(spans: list[Span], origin_s: float | None = None) -> list[Span]:

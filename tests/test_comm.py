@@ -1,0 +1,165 @@
+"""Recorded collectives: each op against a single-process reference, at world sizes 2 and 4.
+
+Inputs are small integers in float32, so sums are exact and every comparison is ``torch.equal``.
+"""
+
+import pytest
+import torch
+
+from shardlib import RankError
+from shardlib.comm import format_log, summarize
+
+
+def rank_input(rank, shape=(4, 6)):
+    """What rank ``rank`` starts with: distinct small integers, reproducible in the parent."""
+    g = torch.Generator().manual_seed(rank)
+    return torch.randint(-5, 6, shape, generator=g).float()
+
+
+def _all_reduce(ctx, op):
+    t = rank_input(ctx.rank)
+    return ctx.comm.all_reduce(t, op=op)
+
+
+@pytest.mark.parametrize("op, reduce", [("sum", lambda xs: sum(xs)), ("max", lambda xs: torch.stack(xs).amax(0))])
+def test_all_reduce(pool, op, reduce):
+    n = pool.world_size
+    expected = reduce([rank_input(r) for r in range(n)])
+    out = pool.run(_all_reduce, op)
+    assert all(torch.equal(o, expected) for o in out)
+    assert [(r.op, r.size_bytes, r.group) for r in pool.last_comm] == [("all_reduce", 4 * 6 * 4, "world")] * n
+
+
+def _broadcast(ctx):
+    return ctx.comm.broadcast(rank_input(ctx.rank), src=1)
+
+
+def test_broadcast(pool):
+    out = pool.run(_broadcast)
+    assert all(torch.equal(o, rank_input(1)) for o in out)
+
+
+def _all_gather(ctx, dim):
+    return ctx.comm.all_gather(rank_input(ctx.rank), dim=dim)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_all_gather(pool, dim):
+    n = pool.world_size
+    expected = torch.cat([rank_input(r) for r in range(n)], dim=dim)
+    out = pool.run(_all_gather, dim)
+    assert all(torch.equal(o, expected) for o in out)
+    assert {r.size_bytes for r in pool.last_comm} == {n * 4 * 6 * 4}  # the whole gathered output
+
+
+def _reduce_scatter(ctx, dim, shape):
+    return ctx.comm.reduce_scatter(rank_input(ctx.rank, shape), dim=dim)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_reduce_scatter(pool, dim):
+    n = pool.world_size
+    shape = (4 * n, 3) if dim == 0 else (3, 4 * n)
+    total = sum(rank_input(r, shape) for r in range(n))
+    out = pool.run(_reduce_scatter, dim, shape)
+    assert all(torch.equal(o, chunk) for o, chunk in zip(out, total.chunk(n, dim=dim)))
+    assert {r.size_bytes for r in pool.last_comm} == {4 * n * 3 * 4}  # the whole input
+
+
+def test_reduce_scatter_refuses_an_uneven_split(pool4):
+    with pytest.raises(RankError, match=r"dim 0 \(size 6\) into 4 equal chunks"):
+        pool4.run(_reduce_scatter, 0, (6, 2))
+
+
+def _all_to_all_even(ctx):
+    n = ctx.world_size
+    rows = torch.arange(n * 2, dtype=torch.float32).unsqueeze(1) + 100 * ctx.rank  # block j goes to rank j
+    return ctx.comm.all_to_all_single(rows)
+
+
+def test_all_to_all_even(pool):
+    n = pool.world_size
+    out = pool.run(_all_to_all_even)
+    for j, received in enumerate(out):
+        expected = torch.cat([torch.tensor([[2.0 * j + 100 * i], [2.0 * j + 1 + 100 * i]]) for i in range(n)])
+        assert torch.equal(received, expected)
+
+
+def _all_to_all_uneven(ctx):
+    n = ctx.world_size
+    counts = [(ctx.rank + j) % 3 for j in range(n)]  # rank i sends (i + j) % 3 rows to rank j
+    rows = torch.cat([torch.full((c, 2), float(10 * ctx.rank + j)) for j, c in enumerate(counts)])
+    incoming = ctx.comm.exchange_counts(counts)
+    return incoming, ctx.comm.all_to_all_single(rows, counts, incoming)
+
+
+def test_all_to_all_uneven_with_counts_first(pool):
+    n = pool.world_size
+    out = pool.run(_all_to_all_uneven)
+    for j, (incoming, received) in enumerate(out):
+        assert incoming == [(i + j) % 3 for i in range(n)]
+        expected = torch.cat([torch.full(((i + j) % 3, 2), float(10 * i + j)) for i in range(n)])
+        assert torch.equal(received, expected)
+    ops = [r.op for r in pool.last_comm if r.rank == 0]
+    assert ops == ["all_to_all_single", "all_to_all_single"]  # counts, then rows: two collectives
+
+
+def _ring(ctx):
+    n = ctx.world_size
+    right, left = (ctx.rank + 1) % n, (ctx.rank - 1) % n
+    mine = torch.full((3,), float(ctx.rank))
+    got = torch.empty(3)
+    if ctx.rank % 2 == 0:  # alternate the order so blocking send/recv cannot deadlock
+        ctx.comm.send(mine, right)
+        ctx.comm.recv(got, left)
+    else:
+        ctx.comm.recv(got, left)
+        ctx.comm.send(mine, right)
+    return got
+
+
+def test_send_recv_ring(pool):
+    n = pool.world_size
+    out = pool.run(_ring)
+    assert [o.tolist() for o in out] == [[float((r - 1) % n)] * 3 for r in range(n)]
+    sends = [r for r in pool.last_comm if r.op == "send"]
+    assert [(r.rank, r.peer, r.size_bytes) for r in sorted(sends, key=lambda r: r.rank)] == [
+        (r, (r + 1) % n, 12) for r in range(n)
+    ]
+
+
+def _subgroups(ctx):
+    n = ctx.world_size
+    evens = ctx.new_group(range(0, n, 2), name="even")
+    odds = ctx.new_group(range(1, n, 2), name="odd")
+    mine = evens if ctx.rank % 2 == 0 else odds
+    t = torch.tensor([float(ctx.rank)])
+    ctx.comm.all_reduce(t, group=mine)
+    ctx.comm.barrier()
+    return t.item()
+
+
+def test_subgroups_are_logged_by_name(pool4):
+    assert pool4.run(_subgroups) == [2.0, 4.0, 2.0, 4.0]
+    groups = {(r.rank, r.op): r.group for r in pool4.last_comm}
+    assert groups[(0, "all_reduce")] == "even" and groups[(3, "all_reduce")] == "odd"
+    assert groups[(0, "barrier")] == "world"
+
+
+def test_summary_and_log_count_what_ran(pool2):
+    pool2.run(lambda ctx: [ctx.comm.all_reduce(torch.ones(8)) for _ in range(3)])
+    summary = summarize(pool2.last_comm)
+    assert summary["all_reduce"]["count"] == 6 and summary["all_reduce"]["size_bytes"] == 6 * 32
+    assert summary["all_reduce"]["duration_s"] > 0
+    assert format_log(pool2.last_comm).count("all_reduce") == 6
+
+
+def test_comm_log_resets_each_call(pool2):
+    pool2.run(lambda ctx: ctx.comm.barrier())
+    pool2.run(lambda ctx: None)
+    assert pool2.last_comm == [] and pool2.last_spans == []
+
+
+def test_uneven_all_to_all_needs_both_split_lists(pool2):
+    with pytest.raises(RankError, match="needs both input_split_sizes and output_split_sizes"):
+        pool2.run(lambda ctx: ctx.comm.all_to_all_single(torch.ones(3), [1, 2]))

@@ -1,0 +1,30 @@
+"""The install files agree with each other."""
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_NAMES = {"torch": "pytorch"}
+
+
+def _name(spec: str) -> str:
+    return re.split(r"[<>=!~ \[]", spec.strip(), maxsplit=1)[0].lower()
+
+
+def test_environment_yml_lists_what_pyproject_needs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {_name(s) for s in project["dependencies"] + project["optional-dependencies"]["test"]}
+    conda = set()
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        m = re.match(r"\s+- ([A-Za-z][\w.-]*)", line)
+        if m and m.group(1) not in ("pip", "python"):
+            conda.add(m.group(1).lower())
+    assert {CONDA_NAMES.get(n, n) for n in wanted} == conda
+
+
+def test_binder_installs_the_project_and_a_pinned_torch():
+    lines = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    assert "-e ." in lines
+    assert any(re.fullmatch(r"torch==[\d.]+", line) for line in lines)
+    assert (ROOT / "binder" / "start").read_text().rstrip().endswith('exec "$@"')

@@ -1,0 +1,30 @@
+import pytest
+
+from shardlib.comm import CommRecord
+from shardlib.plots import comm_bytes_figure, timeline_figure, weights_vs_memory_figure
+from shardlib.timeline import Span
+
+
+def test_timeline_figure_draws_one_bar_per_span_from_time_zero():
+    spans = [Span(0, "matmuls", "compute", 5.0, 5.010), Span(0, "all_reduce", "comm", 5.010, 5.040),
+             Span(1, "matmuls", "compute", 5.0, 5.040), Span(1, "all_reduce", "comm", 5.040, 5.041)]
+    fig = timeline_figure(spans)
+    bars = {t.name: t for t in fig.data}
+    assert set(bars) == {"compute", "comm"}
+    assert list(bars["comm"].y) == ["rank 0", "rank 1"]
+    assert [round(b, 6) for b in bars["comm"].base] == [10.0, 40.0]  # ms from the earliest start
+    assert [round(x, 6) for x in bars["comm"].x] == [30.0, 1.0]
+    with pytest.raises(ValueError, match="no spans"):
+        timeline_figure([])
+
+
+def test_comm_bytes_figure_sums_per_rank_and_op():
+    recs = [CommRecord("all_reduce", 16, 1e-3, "world", r, 0.0) for r in (0, 1, 1)]
+    fig = comm_bytes_figure(recs)
+    assert [list(t.y) for t in fig.data] == [[16], [32]]
+
+
+def test_weights_figure_has_a_line_per_gpu():
+    fig = weights_vs_memory_figure({"a": 140e9}, {"gpu1": 80e9, "gpu2": 141e9})
+    assert list(fig.data[0].y) == [140.0]
+    assert len(fig.layout.shapes) == 2

@@ -1,0 +1,235 @@
+"""The rank runtime: results, by-value functions, errors, timeouts, restarts, no orphans, bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import shardlib.context
+from shardlib import RankError, Ranks, RankTimeoutError
+
+from conftest import alive, child_pids
+from rank_fns import die_on, identity, noop, raise_on, skip_barrier_on_last, threads
+
+
+def test_results_come_back_in_rank_order_with_args(pool):
+    out = pool.run(identity, 1, "two", key=[3])
+    assert [o["rank"] for o in out] == list(range(pool.world_size))
+    assert all(o["world_size"] == pool.world_size for o in out)
+    assert all(o["args"] == (1, "two") and o["kwargs"] == {"key": [3]} for o in out)
+
+
+def test_lambdas_and_closures_run_by_value(pool2):
+    offset = 100
+    assert pool2.run(lambda ctx: ctx.rank + offset) == [100, 101]
+
+    def local(ctx, scale):
+        return torch.tensor([ctx.rank * scale]).tolist()
+
+    assert pool2.run(local, 2.0) == [[0.0], [2.0]]
+
+
+def test_functions_defined_in_a_notebook_style_main_module(pool2):
+    namespace = {"__name__": "__main__"}
+    exec(textwrap.dedent("""
+        import torch
+        def cell_fn(ctx):
+            t = torch.tensor([float(ctx.rank + 1)])
+            ctx.comm.all_reduce(t)
+            return t.item()
+    """), namespace)
+    assert namespace["cell_fn"].__module__ == "__main__"
+    assert pool2.run(namespace["cell_fn"]) == [3.0, 3.0]
+
+
+def test_printed_text_comes_back_labelled(pool2, capsys):
+    pool2.run(lambda ctx: print(f"hi {ctx.rank}"))
+    out = capsys.readouterr().out
+    assert "[rank 0] hi 0" in out and "[rank 1] hi 1" in out
+
+
+def test_context_describes_the_rank(pool2):
+    info = pool2.run(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.backend))
+    assert info == [(0, 2, "cpu", "gloo"), (1, 2, "cpu", "gloo")]
+    assert pool2.backend == "gloo" and pool2.devices == ["cpu", "cpu"]
+
+
+def test_thread_counts_shrink_when_ranks_outnumber_cores(pool4):
+    expected = max(1, (os.cpu_count() or 1) // 4)
+    assert pool4.run(threads) == [expected] * 4
+
+
+def test_an_error_on_one_rank_is_reported_fast_and_the_pool_recovers():
+    with Ranks(2, timeout=30) as ranks:
+        old = ranks.pids
+        started = time.monotonic()
+        with pytest.raises(RankError) as info:
+            ranks.run(raise_on, 1)  # rank 0 is left waiting in a barrier
+        assert time.monotonic() - started < 2.0
+        err = info.value
+        assert err.rank == 1 and not isinstance(err, RankTimeoutError)
+        assert "deliberate failure on rank 1" in str(err)
+        assert "raise_on" in err.remote_traceback and "ValueError" in err.remote_traceback
+        assert not any(alive(p) for p in old)
+        assert ranks.run(identity)[1]["rank"] == 1
+
+
+def test_a_rank_that_dies_is_reported_and_replaced():
+    with Ranks(2, timeout=30) as ranks:
+        with pytest.raises(RankError, match=r"rank 0 died \(exit code 3\)") as info:
+            ranks.run(die_on, 0)
+        assert info.value.rank == 0
+        assert ranks.run(lambda ctx: ctx.rank) == [0, 1]
+
+
+def test_a_hang_raises_the_timeout_error_and_the_pool_recovers():
+    with Ranks(2, timeout=2.0) as ranks:
+        started = time.monotonic()
+        with pytest.raises(RankTimeoutError) as info:
+            ranks.run(skip_barrier_on_last)
+        elapsed = time.monotonic() - started
+        assert 2.0 <= elapsed < 5.0
+        assert info.value.ranks_silent == [0] and info.value.rank == 0
+        assert "timeout=2 s" in str(info.value)
+        assert ranks.run(lambda ctx: ctx.rank) == [0, 1]
+
+
+def test_a_result_that_cannot_travel_is_a_rank_error():
+    with Ranks(2) as ranks:
+        with pytest.raises(RankError, match="cannot be sent back"):
+            ranks.run(lambda ctx: threading.Lock())
+        assert ranks.run(noop) == [None, None]
+
+
+def test_close_leaves_no_process_and_is_idempotent():
+    before = child_pids()
+    ranks = Ranks(2)
+    pids = ranks.pids
+    assert set(pids) <= child_pids()
+    ranks.close()
+    ranks.close()
+    assert not any(alive(p) for p in pids)
+    assert child_pids() == before
+    with pytest.raises(RuntimeError, match="closed"):
+        ranks.run(noop)
+
+
+def test_ranks_exit_when_their_parent_is_killed(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from shardlib import Ranks
+        ranks = Ranks(2)
+        print(" ".join(map(str, ranks.pids)), flush=True)
+        time.sleep(600)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in pids)
+    finally:
+        parent.kill()
+
+
+def test_two_pools_at_once_do_not_collide(pool2):
+    with Ranks(2) as other:
+        results = {}
+        t = threading.Thread(target=lambda: results.setdefault("other", [other.run(identity) for _ in range(20)]))
+        t.start()
+        mine = [pool2.run(lambda ctx: ctx.comm.all_reduce(torch.ones(1)).item()) for _ in range(20)]
+        t.join()
+        assert mine == [[2.0, 2.0]] * 20
+        assert len(results["other"]) == 20
+
+
+def test_a_script_without_a_main_guard(tmp_path):
+    script = tmp_path / "first_script.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from shardlib import Ranks
+
+        def total(ctx):
+            t = torch.tensor([float(ctx.rank + 1)])
+            ctx.comm.all_reduce(t)
+            return t.item()
+
+        ranks = Ranks(2)
+        print("RESULT", ranks.run(total))
+        ranks.close()
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "RESULT [3.0, 3.0]" in out.stdout
+
+
+@pytest.mark.parametrize("world_size, error, words", [
+    (0, ValueError, "at least 1"),
+    (-1, ValueError, "at least 1"),
+    (2.5, TypeError, "whole number"),
+    ("2", TypeError, "whole number"),
+    (True, TypeError, "whole number"),
+    (10_000, ValueError, "far beyond this machine"),
+])
+def test_bad_world_sizes_are_refused_without_starting_anything(world_size, error, words):
+    before = child_pids()
+    with pytest.raises(error, match=words):
+        Ranks(world_size)
+    assert child_pids() == before
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"backend": "nccl"}, ValueError, "needs one GPU per rank"),
+    ({"backend": "mpi"}, ValueError, "unknown backend"),
+    ({"backend": 3}, TypeError, "backend must be"),
+    ({"timeout": 0}, ValueError, "positive number of seconds"),
+    ({"timeout": "60"}, ValueError, "positive number of seconds"),
+])
+def test_bad_options_are_refused_without_starting_anything(kwargs, error, words):
+    if kwargs.get("backend") == "nccl" and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has enough GPUs for NCCL")
+    before = child_pids()
+    with pytest.raises(error, match=words):
+        Ranks(2, **kwargs)
+    assert child_pids() == before
+
+
+def test_non_callables_and_unshippable_arguments_are_type_errors(pool2):
+    with pytest.raises(TypeError, match="needs a function"):
+        pool2.run(42)
+    with pytest.raises(TypeError, match=r"argument 1 \(lock\) cannot be sent to the ranks"):
+        pool2.run(identity, 1, threading.Lock())
+    with pytest.raises(TypeError, match=r"argument key= \(generator\) cannot be sent"):
+        pool2.run(identity, key=(i for i in range(3)))
+    assert pool2.run(noop) == [None, None]
+
+
+def test_backend_choice_follows_the_gpus(monkeypatch):
+    monkeypatch.setattr(shardlib.context, "gpu_count", lambda: 4)
+    assert shardlib.context.choose_backend("auto", 4) == "nccl"
+    assert shardlib.context.choose_backend("auto", 8) == "gloo"
+    assert shardlib.context.choose_backend("gloo", 2) == "gloo"
+    monkeypatch.setattr(shardlib.context, "gpu_count", lambda: 1)
+    with pytest.raises(ValueError, match="2 ranks but this machine has 1 GPU that"):
+        shardlib.context.choose_backend("nccl", 2)
+
+
+def test_fewer_gpus_than_ranks_says_plainly_it_runs_on_cpu(monkeypatch):
+    import shardlib.ranks
+
+    monkeypatch.setattr(shardlib.context, "gpu_count", lambda: 1)
+    monkeypatch.setattr(shardlib.ranks, "gpu_count", lambda: 1)
+    with pytest.warns(RuntimeWarning, match="run on CPU with gloo"):
+        with Ranks(2) as ranks:
+            assert ranks.backend == "gloo" and ranks.devices == ["cpu", "cpu"]
