@@ -16,7 +16,8 @@ def test_environment_yml_lists_what_pyproject_needs():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {_name(s) for s in project["dependencies"] + project["optional-dependencies"]["test"]}
     conda = set()
-    for line in (ROOT / "environment.yml").read_text().splitlines():
+    text = (ROOT / "environment.yml").read_text()
+    for line in text[text.index("dependencies:"):].splitlines():
         m = re.match(r"\s+- ([A-Za-z][\w.-]*)", line)
         if m and m.group(1) not in ("pip", "python"):
             conda.add(m.group(1).lower())
