@@ -32,6 +32,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runtime.py
+	$(BIN)/python benchmarks/bench_tensor_parallel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

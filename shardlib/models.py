@@ -97,6 +97,51 @@ class ModelConfig:
     def weight_bytes(self) -> float:
         return self.n_params * self.bytes_per_param
 
+    @property
+    def usable_tp(self) -> list[int]:
+        """The tensor-parallel degrees this model's shapes allow (see ``tensor_parallel_problems``)."""
+        return usable_tensor_parallel_degrees(self)
+
+
+# -- which tensor-parallel degrees a model's shapes allow -----------------------------------------------
+def tensor_parallel_problems(model: ModelConfig, tp: int) -> list[str]:
+    """Every reason ``model`` cannot be split ``tp`` ways by tensor parallelism (empty: it can).
+
+    Tensor parallelism gives each device whole attention heads (query heads and, because a query head
+    needs its KV head on the same device, whole KV heads), an equal slice of the MLP's hidden width
+    ``d_ff``, and an equal slice of the vocabulary for the embedding and output head. Serving systems
+    sometimes pad the vocabulary or replicate KV heads to go further; this rule is the plain one.
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        return [f"the number of shards must be a whole number of at least 1, got {tp!r}"]
+    problems = []
+    if model.n_kv_heads % tp:
+        problems.append(f"{model.n_kv_heads} KV heads cannot be split {tp} ways: tensor parallelism gives each "
+                        "device whole KV heads")
+    if model.n_heads % tp:
+        problems.append(f"{model.n_heads} query heads cannot be split {tp} ways: each device needs whole heads")
+    if model.d_ff % tp:
+        problems.append(f"d_ff = {model.d_ff} cannot be split {tp} ways: each device needs an equal slice of "
+                        "the MLP's hidden width")
+    if model.vocab_size % tp:
+        problems.append(f"vocab_size = {model.vocab_size} cannot be split {tp} ways: each device needs an equal "
+                        "slice of the vocabulary")
+    return problems
+
+
+def usable_tensor_parallel_degrees(model: ModelConfig) -> list[int]:
+    """Every tp the shapes allow, from 1 up (at most the number of KV heads)."""
+    return [tp for tp in range(1, model.n_kv_heads + 1) if not tensor_parallel_problems(model, tp)]
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """Raise ``ValueError`` naming every broken rule if ``model`` cannot be split ``tp`` ways."""
+    problems = tensor_parallel_problems(model, tp)
+    if problems:
+        usable = usable_tensor_parallel_degrees(model)
+        raise ValueError(f"{model.name} cannot use tp = {tp}: " + "; ".join(problems)
+                         + f". Usable tp for {model.name}: {usable}")
+
 
 # Facts from each model's published config.json (hidden_size, num_hidden_layers, num_attention_heads,
 # num_key_value_heads, intermediate_size, vocab_size, num_local_experts, num_experts_per_tok).

@@ -77,3 +77,31 @@ def measured_points_figure(x: Sequence[float], y: Sequence[float], x_title: str,
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=340,
                       xaxis_type="log" if log_x else "linear")
     return fig
+
+
+def shard_layout_figure(n_shards: int, d_in: int, d_hidden: int, d_out: int) -> go.Figure:
+    """Which rank holds which part of a column-then-row pair: ``W1 (d_hidden, d_in)`` cut by output
+    rows (column parallel), ``W2 (d_out, d_hidden)`` cut by input columns (row parallel)."""
+    from plotly.subplots import make_subplots
+
+    if d_hidden % n_shards:
+        raise ValueError(f"d_hidden = {d_hidden} cannot be split {n_shards} ways")
+    per = d_hidden // n_shards
+    owner_w1 = [[i // per] * d_in for i in range(d_hidden)]  # row i of W1 -> rank
+    owner_w2 = [[j // per for j in range(d_hidden)] for _ in range(d_out)]  # column j of W2 -> rank
+    fig = make_subplots(rows=1, cols=2, column_widths=[d_in, d_hidden], horizontal_spacing=0.08,
+                        subplot_titles=(f"first: W1 ({d_hidden} x {d_in}), split by columns of the output",
+                                        f"second: W2 ({d_out} x {d_hidden}), split by rows of the input"))
+    scale = [[k / max(n_shards - 1, 1), c] for k, c in enumerate(_rank_colours(n_shards))] if n_shards > 1 else [[0, "#4c78a8"], [1, "#4c78a8"]]
+    for col, owners in ((1, owner_w1), (2, owner_w2)):
+        fig.add_trace(go.Heatmap(z=owners, colorscale=scale, zmin=0, zmax=max(n_shards - 1, 1), showscale=col == 2,
+                                 colorbar={"title": "rank", "tickvals": list(range(n_shards))},
+                                 hovertemplate="row %{y}, column %{x}: rank %{z}<extra></extra>"), row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=360, title=f"{n_shards} ranks: each colour is one rank's slice")
+    return fig
+
+
+def _rank_colours(n: int) -> list[str]:
+    palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#9d755d"]
+    return [palette[i % len(palette)] for i in range(n)]

@@ -5,9 +5,16 @@ from __future__ import annotations
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+import html
+
+import torch
+
 from .basics import all_reduce_time
+from .models import PRESETS, tensor_parallel_problems
 from .plots import measured_points_figure
 from .ranks import Ranks
+from .tensor_parallel import CUTS, pair_collectives
+from .tp_ranks import pair_column_then_row, pair_row_then_column
 
 MIN_LOG2_ELEMENTS, MAX_LOG2_ELEMENTS = 4, 22  # 64 B .. 16 MiB of float32
 
@@ -45,3 +52,55 @@ def all_reduce_explorer(ranks: Ranks, log2_elements: int = 10) -> widgets.VBox:
     slider.observe(measure, names="value")
     measure()
     return widgets.VBox([slider, label, fig])
+
+
+def tp_cut_explorer(ranks: Ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 256) -> widgets.VBox:
+    """Pick a shard count (1 to 8) and a cut order; see the collectives and bytes of one pair, predicted,
+    and measured on the live ranks when the shard count equals the pool's size."""
+    shards = widgets.IntSlider(value=ranks.world_size, min=1, max=8, description="shards")
+    cut = widgets.ToggleButtons(options=list(CUTS), value=CUTS[0], description="cut")
+    out = widgets.HTML()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, tokens, d_model, generator=g)
+    w1 = torch.randn(d_hidden, d_model, generator=g) / d_model ** 0.5
+    w2 = torch.randn(d_model, d_hidden, generator=g) / d_hidden ** 0.5
+
+    def show(change=None) -> None:
+        predicted = pair_collectives(cut.value, shards.value, tokens, d_model, d_hidden)
+        rows = [f"<tr><td>{op}</td><td>{size:,} bytes</td></tr>" for op, size in predicted] or ["<tr><td colspan=2>none: one shard holds everything</td></tr>"]
+        text = (f"<b>{cut.value}, {shards.value} shard(s)</b>, {tokens} tokens, d_model {d_model}, hidden {d_hidden}"
+                f"<br>predicted per pair: {len(predicted)} collective(s), {sum(s for _, s in predicted):,} bytes"
+                f"<table>{''.join(rows)}</table>")
+        if shards.value == ranks.world_size:
+            fn = pair_column_then_row if cut.value == CUTS[0] else pair_row_then_column
+            measured = ranks.run(fn, x, w1, w2)[0]["collectives"]
+            text += (f"measured on rank 0 of the live pool: {len(measured)} collective(s), "
+                     f"{sum(s for _, s in measured):,} bytes {'(matches)' if measured == predicted else '(DIFFERS)'}")
+        else:
+            text += f"<i>live measurement: set shards to {ranks.world_size}, the size of the running pool</i>"
+        out.value = text
+
+    shards.observe(show, names="value")
+    cut.observe(show, names="value")
+    show()
+    return widgets.VBox([shards, cut, out])
+
+
+def tp_wall_picker(tp: int = 8) -> widgets.VBox:
+    """Pick a model and a tensor-parallel degree; see whether its shapes allow it, and why not."""
+    model = widgets.Dropdown(options=list(PRESETS), value="Llama-3-70B", description="model")
+    degree = widgets.IntSlider(value=tp, min=1, max=32, description="tp")
+    out = widgets.HTML()
+
+    def show(change=None) -> None:
+        m = PRESETS[model.value]
+        problems = tensor_parallel_problems(m, degree.value)
+        verdict = ("<b style='color:#54a24b'>allowed</b>" if not problems else
+                   "<b style='color:#e45756'>refused</b>: " + "; ".join(html.escape(p) for p in problems))
+        out.value = (f"{m.name}: {m.n_heads} query heads, {m.n_kv_heads} KV heads, d_ff {m.d_ff}, vocab "
+                     f"{m.vocab_size}<br>usable tp: {m.usable_tp}<br>tp = {degree.value}: {verdict}")
+
+    model.observe(show, names="value")
+    degree.observe(show, names="value")
+    show()
+    return widgets.VBox([model, degree, out])

@@ -28,3 +28,14 @@ def test_weights_figure_has_a_line_per_gpu():
     fig = weights_vs_memory_figure({"a": 140e9}, {"gpu1": 80e9, "gpu2": 141e9})
     assert list(fig.data[0].y) == [140.0]
     assert len(fig.layout.shapes) == 2
+
+
+def test_shard_layout_figure_colours_each_ranks_slice():
+    from shardlib.plots import shard_layout_figure
+
+    fig = shard_layout_figure(n_shards=2, d_in=3, d_hidden=4, d_out=2)
+    w1, w2 = fig.data
+    assert [row[0] for row in w1.z] == [0, 0, 1, 1]  # W1's output rows: first half rank 0
+    assert list(w2.z[0]) == [0, 0, 1, 1]  # W2's input columns: first half rank 0
+    with pytest.raises(ValueError, match="cannot be split 3 ways"):
+        shard_layout_figure(3, 2, 4, 2)
