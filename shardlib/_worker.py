@@ -73,6 +73,8 @@ def _join(cfg: dict) -> RankContext:
 def _to_host(value):
     """Results travel to the parent on CPU and without autograd history."""
     if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and hasattr(value, "wait"):
+            value = value.wait()  # an asynchronous collective's result (e.g. from DTensor): finish it first
         return value.detach().cpu() if (value.device.type != "cpu" or value.requires_grad) else value
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(_to_host(v) for v in value)

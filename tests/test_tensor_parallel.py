@@ -159,10 +159,10 @@ def _dtensor_pair(ctx, x, w1, w2):
         model[0].weight.copy_(w1)
         model[2].weight.copy_(w2)
     mesh = init_device_mesh("cpu", (ctx.world_size,))
-    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(use_local_output=False)})
-    with torch.no_grad():
-        out = model(x).full_tensor()  # a replicated DTensor: every rank holds the summed output
-    return out + 0  # any op waits for the asynchronous all-reduce; a bare detach does not
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    # The output is an asynchronous all-reduce's tensor: the runtime must wait for it before sending it
+    # back (a bare detach does not), or the parent would receive one rank's un-summed partial.
+    return model(x)
 
 
 def test_peer_check_pytorch_dtensor_agrees(pool2):
