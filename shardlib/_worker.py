@@ -103,11 +103,13 @@ def _call(ctx: RankContext, payload: bytes) -> bytes:
     except BaseException as exc:
         return pickle.dumps(("err", f"rank {ctx.rank} raised {type(exc).__name__}: {exc}",
                              _remote_traceback(exc), printed.getvalue()))
+    reply = ("ok", _to_host(result), ctx.comm.records, ctx.timeline.spans, printed.getvalue())
     try:
-        return cloudpickle.dumps(
-            ("ok", _to_host(result), list(ctx.comm.records), list(ctx.timeline.spans), printed.getvalue()),
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
+        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        pass  # e.g. a function or lambda in the result: cloudpickle can send those
+    try:
+        return cloudpickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:
         return pickle.dumps(("err", f"rank {ctx.rank} returned a {type(result).__name__} that cannot be "
                              f"sent back to the notebook: {exc}", traceback.format_exc(), printed.getvalue()))
