@@ -140,15 +140,7 @@ print(f"\nrow-then-column moved {len(measured_other)} collectives and {bytes_oth
 # backward pass. Prediction: one all-reduce forward, one backward, for each block.
 
 # %%
-from shardlib.tp_ranks import attention_reference, mlp_reference, tp_attention, tp_mlp
-
-
-def weights(seed, d=32, d_ff=64, heads=8, kv=4, head_dim=4):
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *shape: torch.randn(*shape, generator=g) / shape[-1] ** 0.5  # noqa: E731
-    return dict(x=torch.randn(2, 6, d, generator=g), grad=torch.randn(2, 6, d, generator=g),
-                gate=r(d_ff, d), up=r(d_ff, d), down=r(d, d_ff),
-                q=r(heads * head_dim, d), k=r(kv * head_dim, d), v=r(kv * head_dim, d), o=r(d, heads * head_dim))
+from shardlib.tp_ranks import attention_reference, mlp_reference, toy_block_weights, tp_attention, tp_mlp
 
 
 def check_blocks(pool, w):
@@ -171,7 +163,7 @@ def check_blocks(pool, w):
         assert out_gap < 1e-5 and grad_gap < 1e-5 and counts == {(1, 1)}
 
 
-w = weights(3)
+w = toy_block_weights(3)
 check_blocks(ranks, w)
 
 # %% [markdown]

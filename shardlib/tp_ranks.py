@@ -114,6 +114,19 @@ def check_heads(n_heads: int, n_kv_heads: int, tp: int) -> None:
         raise ValueError(f"{n_heads} query heads cannot be split {tp} ways: each device needs whole heads")
 
 
+def toy_block_weights(seed: int, d: int = 32, d_ff: int = 64, heads: int = 8, kv: int = 4, head_dim: int = 4) -> dict:
+    """Reproducible weights for one MLP and one attention block (scaled by 1/sqrt(fan_in)), with an input
+    ``x`` of shape (2, 6, d) and an output gradient ``grad`` of the same shape."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) / shape[-1] ** 0.5
+
+    return {"x": torch.randn(2, 6, d, generator=g), "grad": torch.randn(2, 6, d, generator=g),
+            "gate": r(d_ff, d), "up": r(d_ff, d), "down": r(d, d_ff),
+            "q": r(heads * head_dim, d), "k": r(kv * head_dim, d), "v": r(kv * head_dim, d), "o": r(d, heads * head_dim)}
+
+
 # -- rank functions ------------------------------------------------------------------------------------
 def _run(ctx, block, x, grad_output):
     """Forward (and backward when ``grad_output`` is given), counting the collectives of each pass."""

@@ -15,7 +15,7 @@ from shardlib.models import LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B, TOY, check_te
 from shardlib.tensor_parallel import (CUTS, TensorParallelPair, max_tensor_parallel_shards, pair_collectives,
                                       shard_columns, shard_rows)
 from shardlib.tp_ranks import (attention_reference, mlp_reference, pair_column_then_row, pair_row_then_column,
-                               tp_attention, tp_mlp)
+                               toy_block_weights, tp_attention, tp_mlp)
 
 ATOL = 1e-5
 
@@ -85,14 +85,6 @@ def test_the_kv_head_wall():
 
 
 # -- on real ranks ----------------------------------------------------------------------------------
-def _weights(seed, d=32, d_ff=64, heads=8, kv=4, head_dim=4):
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g) / s[-1] ** 0.5  # noqa: E731
-    return {"x": torch.randn(2, 6, d, generator=g), "grad": torch.randn(2, 6, d, generator=g),
-            "gate": r(d_ff, d), "up": r(d_ff, d), "down": r(d, d_ff),
-            "q": r(heads * head_dim, d), "k": r(kv * head_dim, d), "v": r(kv * head_dim, d), "o": r(d, heads * head_dim)}
-
-
 def _reference_grads(fn, x, weights, grad):
     x = x.clone().requires_grad_()
     ws = [w.clone().requires_grad_() for w in weights]
@@ -102,7 +94,7 @@ def _reference_grads(fn, x, weights, grad):
 
 
 def test_tp_mlp_forward_and_backward_match_the_reference(pool):
-    w = _weights(3)
+    w = toy_block_weights(3)
     n = pool.world_size
     ref, ref_gx, (g_gate, g_up, g_down) = _reference_grads(mlp_reference, w["x"], [w["gate"], w["up"], w["down"]], w["grad"])
     results = pool.run(tp_mlp, w["x"], w["gate"], w["up"], w["down"], w["grad"])
@@ -118,7 +110,7 @@ def test_tp_mlp_forward_and_backward_match_the_reference(pool):
 
 
 def test_tp_attention_forward_and_backward_match_the_reference(pool):
-    w = _weights(4)
+    w = toy_block_weights(4)
     n = pool.world_size
     fn = lambda x, q, k, v, o: attention_reference(x, q, k, v, o, 8, 4)  # noqa: E731
     ref, ref_gx, (gq, gk, gv, go) = _reference_grads(fn, w["x"], [w["q"], w["k"], w["v"], w["o"]], w["grad"])
@@ -132,13 +124,13 @@ def test_tp_attention_forward_and_backward_match_the_reference(pool):
 
 
 def test_tp_attention_refuses_to_split_kv_heads(pool4):
-    w = _weights(5, kv=2)
+    w = toy_block_weights(5, kv=2)
     with pytest.raises(RankError, match="2 KV heads cannot be split 4 ways"):
         pool4.run(tp_attention, w["x"], w["q"], w["k"], w["v"], w["o"], 8, 2)
 
 
 def test_the_other_cut_needs_a_second_collective_and_more_bytes(pool):
-    w = _weights(6)
+    w = toy_block_weights(6)
     x, w1, w2 = w["x"], w["up"], w["down"]  # d_model 32 -> d_ff 64 -> 32
     ref = F.linear(F.gelu(F.linear(x, w1)), w2)
     right, other = pool.run(pair_column_then_row, x, w1, w2), pool.run(pair_row_then_column, x, w1, w2)
@@ -167,7 +159,7 @@ def _dtensor_pair(ctx, x, w1, w2):
 
 def test_peer_check_pytorch_dtensor_agrees(pool2):
     """PyTorch's own ColwiseParallel/RowwiseParallel, on the same ranks, computes the same pair."""
-    w = _weights(7)
+    w = toy_block_weights(7)
     ours = pool2.run(pair_column_then_row, w["x"], w["up"], w["down"])
     theirs = pool2.run(_dtensor_pair, w["x"], w["up"], w["down"])
     for a, b in zip(ours, theirs):
