@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 import weakref
+from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from numbers import Integral, Real
 
@@ -118,7 +119,7 @@ class Ranks:
         self._closed = False
         self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-ranks-")
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=_td(START_TIMEOUT_S))
+                                    timeout=timedelta(seconds=START_TIMEOUT_S))
         self._finalizer = weakref.finalize(self, _kill, self._procs)
         try:
             self._start()
@@ -332,8 +333,3 @@ def _echo(rank: int, text: str) -> None:
     for line in text.splitlines():
         print(f"[rank {rank}] {line}")
 
-
-def _td(seconds: float):
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)
