@@ -11,14 +11,14 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
 
-.PHONY: lab test bench install clean
+.PHONY: lab test bench site install clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,browser]"
 	touch $(STAMP)
 
 lab: $(STAMP)
@@ -27,8 +27,12 @@ lab: $(STAMP)
 		$(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks -p no:cacheprovider
+	$(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
+
+site: $(STAMP)
+	$(BIN)/python scripts/build_site.py --out site
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runtime.py

@@ -234,18 +234,39 @@ assert ranks.run(lambda ctx: ctx.rank) == [0, 1], "the pool restarted itself"
 # %% [markdown]
 # ## Check yourself
 #
-# 1. Two ranks each hold `[1, 2]` and `[3, 4]`. What does each hold after a sum all-reduce? After an
-#    all-gather?
-#    <details><summary>Answer</summary>All-reduce: both hold <code>[4, 6]</code>. All-gather: both hold
-#    <code>[1, 2, 3, 4]</code>, rank 0's part first.</details>
-# 2. Why did rank 0 spend longer in the all-reduce than rank 1, although it did less work?
-#    <details><summary>Answer</summary>A collective completes only when every rank has joined it. Rank 0
-#    arrived first and waited for rank 1 to finish its longer compute. The slowest rank sets the pace of
-#    every collective, which will matter again for pipeline stages and overloaded experts.</details>
-# 3. Why start the ranks once and reuse them instead of starting processes for each cell?
-#    <details><summary>Answer</summary>Starting a rank means a new Python process importing torch and
-#    joining the group: seconds. A call on warm ranks is a message on an open connection: well under a
-#    millisecond. <code>make bench</code> measures both.</details>
+# Pick an answer; the reason appears under it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.quiz import Question, check_yourself
+
+check_yourself(
+    Question(
+        "Rank 0 holds [1, 2] and rank 1 holds [3, 4]. What does each hold after a sum all-reduce?",
+        ("Rank 0 [1, 2], rank 1 [3, 4]: nothing changes", "Both hold [4, 6]", "Both hold [1, 2, 3, 4]",
+         "Only rank 0 holds [4, 6]"),
+        1,
+        "An all-reduce adds the tensors elementwise and gives every rank the sum. Both holding "
+        "[1, 2, 3, 4], rank 0's part first, is what an all-gather does.",
+    ),
+    Question(
+        "In the straggler chart, rank 0 did less work but spent longer in the all-reduce. Why?",
+        ("Rank 0 sent more bytes", "A collective ends only when every rank has joined; rank 0 waited "
+         "for rank 1", "gloo favours the highest rank", "Rank 0 also ran the parent process"),
+        1,
+        "Both ranks send the same bytes. Rank 0 arrived first and waited for rank 1 to finish its longer "
+        "compute: the slowest rank sets the pace of every collective. Pipeline stages and overloaded "
+        "experts will show the same thing.",
+    ),
+    Question(
+        "Why start the ranks once and reuse them, rather than starting processes for each cell?",
+        ("Processes cannot be started twice", "Starting a rank (a Python process importing torch and "
+         "joining the group) takes seconds; a call on warm ranks takes well under a millisecond",
+         "gloo allows one group per machine"),
+        1,
+        "Start-up is paid once. `make bench` measures both: the first start against a call on warm ranks.",
+    ),
+)
 
 # %% [markdown]
 # ## What you saw

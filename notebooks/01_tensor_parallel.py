@@ -220,22 +220,49 @@ tp_cut_explorer(ranks)
 # %% [markdown]
 # ## Check yourself
 #
-# 1. Why does tensor parallelism need much more frequent GPU-to-GPU communication than pipeline
-#    parallelism?
-#    <details><summary>Answer</summary>It splits the work <i>inside</i> each layer, so every pair of
-#    matrices ends with an all-reduce before the next layer can start: two per transformer layer in
-#    the forward pass. Pipeline parallelism only sends activations across the boundary between stages,
-#    once per stage per microbatch.</details>
-# 2. A pair is cut column-then-row with a GELU between the matrices. Where is the all-reduce, and why
-#    is none needed before the GELU?
-#    <details><summary>Answer</summary>After the second matrix. Each device holds whole features of the
-#    intermediate, and GELU acts on each feature separately, so it can be applied to the slice.</details>
-# 3. In a row-parallel layer with a bias, why is the bias added after the all-reduce?
-#    <details><summary>Answer</summary>Each device's partial output is summed; a bias added on every
-#    device before the sum would be counted once per device.</details>
-# 4. Mixtral-8x7B has 32 query heads and 8 KV heads. Can it use tp = 16?
-#    <details><summary>Answer</summary>No: 8 KV heads cannot be split 16 ways, and each device needs
-#    whole KV heads. Its usable degrees are 1, 2, 4 and 8.</details>
+# Pick an answer; the reason appears under it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.quiz import Question, check_yourself
+
+check_yourself(
+    Question(
+        "Why does tensor parallelism need much more frequent GPU-to-GPU communication than pipeline "
+        "parallelism?",
+        ("Its messages are larger", "It splits the work inside each layer, so every pair of matrices ends "
+         "in an all-reduce before the next layer can start", "It uses all-to-all instead of point-to-point",
+         "It keeps a copy of the weights on every GPU"),
+        1,
+        "Two all-reduces per transformer layer in the forward pass (after attention and after the MLP). "
+        "Pipeline parallelism sends activations only across the boundary between stages, once per stage "
+        "per microbatch.",
+    ),
+    Question(
+        "A pair is cut column-then-row with a GELU between the matrices. Where is the all-reduce?",
+        ("Before the GELU", "After the second matrix", "Both before the GELU and after the second matrix",
+         "None is needed"),
+        1,
+        "Each device holds whole features of the intermediate, and GELU acts on each feature separately, "
+        "so it can be applied to the slice. Only the row-parallel product leaves partial sums.",
+    ),
+    Question(
+        "In a row-parallel layer with a bias, when is the bias added?",
+        ("On every device, before the all-reduce", "Once, after the all-reduce",
+         "It is split across devices like the weight"),
+        1,
+        "The partial outputs are summed; a bias added on every device before the sum would be counted once "
+        "per device.",
+    ),
+    Question(
+        "Mixtral-8x7B has 32 query heads and 8 KV heads. Can it use tp = 16?",
+        ("Yes, 32 query heads split 16 ways", "No: 8 KV heads cannot be split 16 ways, and each device "
+         "needs whole KV heads", "Only with a bigger GPU"),
+        1,
+        "A query head needs its keys and values on the same device. Mixtral's usable degrees are 1, 2, 4 "
+        "and 8 (more would mean replicating KV heads, paying memory).",
+    ),
+)
 
 # %% [markdown]
 # ## What you saw

@@ -22,6 +22,13 @@ def test_environment_yml_lists_what_pyproject_needs():
         if m and m.group(1) not in ("pip", "python"):
             conda.add(m.group(1).lower())
     assert {CONDA_NAMES.get(n, n) for n in wanted} == conda
+    # The browser extra comes from pip, with the project itself.
+    assert "- -e .[browser]" in text and "browser" in project["optional-dependencies"]
+
+
+def test_make_installs_the_extras_the_suite_uses():
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-e ".[test,browser]"' in makefile
 
 
 def test_binder_installs_the_project_and_a_pinned_torch():
