@@ -1,0 +1,210 @@
+"""Calibrate the alpha-beta model on this machine: sweep message sizes on live ranks, fit by least squares.
+
+``sweep`` is a rank function: for each message size it times all-reduce, all-to-all and a point-to-point
+ping-pong, a few calls back to back per round, every round after a barrier so the ranks start together.
+``calibrate`` runs it on a ``Ranks`` pool, keeps for each (operation, size) the slowest rank's time (a
+collective ends for everybody when the last rank is done) in the fastest round, and fits one latency
+and one bandwidth to all of it through the same formulas ``costs.py`` predicts with:
+``t = steps * alpha + factor * S / B`` is linear in ``alpha`` and ``1 / B``, so least squares solves it
+directly.
+
+Why the fastest round: on a shared machine, noise (another process taking the core a rank needs) only
+ever adds time, so the fastest of a few rounds is the best estimate of what the link itself costs, as
+``timeit`` takes the best of its repeats. Predictions made from the fit are therefore a floor: times
+measured later, under whatever else the machine is doing, sit at or above them.
+
+The fit minimises *relative* errors (each equation divided by its measured time): otherwise the largest
+messages, whose times are hundreds of times longer, would decide everything and the latency would be
+left to chance. For the same reason its quality is reported as R squared of the *logarithm* of the times
+(the share of the variation on the log-log plot that the fitted curve explains), per operation and
+overall, with the median relative error beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .costs import Link, cost_terms
+
+SWEEP_OPS = ("all_reduce", "all_to_all", "point_to_point")
+DEFAULT_SIZES_BYTES = tuple(4 * 4 ** k for k in range(2, 12))  # 64 B .. 16 MiB of float32, x4 apart
+DEFAULT_ROUNDS = 5  # the fastest round is kept
+DEFAULT_CALLS = 2  # calls back to back per round
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured point: ``op`` on ``n_ranks`` ranks moved ``size_bytes`` (``comm.py``'s counting) in
+    ``seconds`` (for a collective the slowest rank's time; for point-to-point one way, half a round trip),
+    per call, in the fastest round."""
+
+    op: str
+    n_ranks: int
+    size_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """Latency and bandwidth fitted to some samples, and how well they explain them."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    r_squared: float  # 1 - residual / total sum of squares, of log(time)
+    median_relative_error: float  # median of |predicted - measured| / measured
+    n_samples: int
+    latency_clamped: bool = False  # the unconstrained fit gave a negative latency; refitted with zero
+
+    def link(self, name: str = "this machine", source: str = "") -> Link:
+        return Link(name, self.bandwidth_bytes_per_s, self.latency_s, "per direction",
+                    source or f"fitted by least squares to {self.n_samples} timings, R^2 = {self.r_squared:.3f}",
+                    "the same fit")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``calibrate`` measured and fitted: the samples, one fit over all of them (``link``), one fit
+    per operation (how far a single pair of numbers is from each), and the wall time it took."""
+
+    samples: tuple[Sample, ...]
+    overall: LinkFit
+    per_op: dict[str, LinkFit] = field(default_factory=dict)
+    wall_s: float = 0.0
+    latency_charge: str = "per_step"
+    backend: str = "gloo"
+
+    @property
+    def link(self) -> Link:
+        n = self.samples[0].n_ranks
+        return self.overall.link(f"this machine ({self.backend}, {n} ranks)")
+
+
+def _check_sizes(sizes_bytes, n_ranks: int) -> list[int]:
+    sizes = list(sizes_bytes)
+    if not sizes:
+        raise ValueError("the sweep needs at least one message size")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
+            raise ValueError(f"message sizes must be positive whole numbers of bytes, got {s!r}")
+        if s % (4 * n_ranks):
+            raise ValueError(f"a message of {s} bytes cannot be cut into {n_ranks} equal float32 pieces for "
+                             f"all-to-all: use multiples of 4 x {n_ranks} = {4 * n_ranks} bytes")
+    return sizes
+
+
+def sweep(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
+          ops=SWEEP_OPS) -> dict:
+    """Rank function: ``{(op, size_bytes): [seconds per call, one per round]}`` as this rank saw them.
+
+    As nccl-tests does, each round times ``calls`` calls issued back to back and divides: that is how
+    collectives follow one another in a real forward pass. Every round starts after a barrier, and each
+    (op, size) is run once untimed first (buffers allocated, connections warm). The point-to-point
+    ping-pong runs between ranks 0 and 1 (rank 0 sends, rank 1 sends it back; one way is half a round
+    trip); other ranks only join the barriers, and report ``None``.
+    """
+    import torch
+
+    if ctx.world_size < 2:
+        raise ValueError("a communication sweep needs at least 2 ranks")
+    sizes = _check_sizes(sizes_bytes, ctx.world_size)
+    for op in ops:
+        if op not in SWEEP_OPS:
+            raise ValueError(f"the sweep times {', '.join(SWEEP_OPS)}; got {op!r}")
+
+    def once(op: str, x) -> None:
+        if op == "all_reduce":
+            ctx.comm.all_reduce(x)
+        elif op == "all_to_all":
+            ctx.comm.all_to_all_single(x)
+        elif ctx.rank == 0:
+            ctx.comm.send(x, 1)
+            ctx.comm.recv(x, 1)
+        elif ctx.rank == 1:
+            ctx.comm.recv(x, 0)
+            ctx.comm.send(x, 0)
+
+    out: dict = {}
+    for size in sizes:
+        x = torch.ones(size // 4, device=ctx.device)  # (size / 4,) float32
+        for op in ops:
+            once(op, x)  # warm-up
+            per_call = []
+            for _ in range(rounds):
+                ctx.comm.barrier()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    once(op, x)
+                elapsed = (time.perf_counter() - start) / calls
+                per_call.append(elapsed / 2 if op == "point_to_point" else elapsed)
+            out[(op, size)] = None if op == "point_to_point" and ctx.rank > 1 else per_call
+    return out
+
+
+def combine(per_rank: list[dict], n_ranks: int) -> list[Sample]:
+    """Per (op, size): the slowest rank in each round, then the fastest round."""
+    samples = []
+    for key in per_rank[0]:
+        op, size = key
+        runs = [r[key] for r in per_rank if r[key] is not None]
+        slowest = [max(times) for times in zip(*runs)]
+        samples.append(Sample(op, n_ranks, size, min(slowest)))
+    return samples
+
+
+def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:
+    """``1 - sum (m - p)^2 / sum (m - mean m)^2``: the share of the variation of ``measured`` that
+    ``predicted`` explains (1 is perfect, 0 is no better than the mean, below 0 worse)."""
+    measured, predicted = np.asarray(measured, dtype=float), np.asarray(predicted, dtype=float)
+    total = float(((measured - measured.mean()) ** 2).sum())
+    residual = float(((measured - predicted) ** 2).sum())
+    return 1.0 - residual / total if total > 0 else (1.0 if residual == 0 else 0.0)
+
+
+def fit_link(samples, latency_charge: str = "per_step") -> LinkFit:
+    """Least-squares ``alpha`` and bandwidth so that ``steps * alpha + factor * S / bandwidth`` (the
+    ``costs.py`` formula of each sample's operation) matches the measured seconds, in relative terms.
+
+    Needs at least two samples of different sizes. A negative latency (possible when every message is
+    large) is refitted as zero; times that do not grow with size have no bandwidth and are refused.
+    """
+    samples = list(samples)
+    if len({s.size_bytes for s in samples}) < 2:
+        raise ValueError(f"a fit needs samples of at least 2 different sizes, got {len(samples)} sample(s) of "
+                         f"sizes {sorted({s.size_bytes for s in samples})}")
+    for s in samples:
+        if not s.seconds > 0:
+            raise ValueError(f"measured times must be positive: {s}")
+    terms = [cost_terms(s.op, s.n_ranks, latency_charge) for s in samples]
+    a = np.array([[steps, factor * s.size_bytes] for (steps, factor), s in zip(terms, samples)], dtype=float)
+    t = np.array([s.seconds for s in samples], dtype=float)
+    weighted = a / t[:, None]  # each equation in units of its own time: relative errors
+    (alpha, inv_bw), *_ = np.linalg.lstsq(weighted, np.ones_like(t), rcond=None)
+    clamped = alpha < 0
+    if clamped:
+        col = weighted[:, 1]
+        alpha, inv_bw = 0.0, float(col.sum() / (col ** 2).sum())
+    if not inv_bw > 0:
+        raise ValueError("the measured times do not grow with message size, so no bandwidth can be fitted "
+                         f"(fitted seconds per byte {inv_bw:.3g}); sweep over a wider range of sizes")
+    predicted = a @ np.array([alpha, inv_bw])
+    return LinkFit(float(alpha), float(1.0 / inv_bw), r_squared(np.log(t), np.log(predicted)),
+                   float(np.median(np.abs(predicted - t) / t)), len(samples), bool(clamped))
+
+
+def calibrate(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
+              latency_charge: str = "per_step") -> Calibration:
+    """Run ``sweep`` on ``ranks`` (a ``Ranks`` pool) and fit this machine's latency and bandwidth."""
+    if ranks.world_size < 2:
+        raise ValueError(f"a communication sweep needs at least 2 ranks, got a pool of {ranks.world_size}")
+    for name, value in (("rounds", rounds), ("calls", calls)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    _check_sizes(sizes_bytes, ranks.world_size)
+    start = time.perf_counter()
+    samples = combine(ranks.run(sweep, tuple(sizes_bytes), rounds, calls), ranks.world_size)
+    per_op = {op: fit_link([s for s in samples if s.op == op], latency_charge) for op in SWEEP_OPS}
+    overall = fit_link(samples, latency_charge)
+    return Calibration(tuple(samples), overall, per_op, time.perf_counter() - start, latency_charge, ranks.backend)

@@ -1,0 +1,131 @@
+"""The least-squares fit on synthetic timings with a known latency and bandwidth, and the sweep on real ranks."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from shardlib.cost_calibration import (DEFAULT_SIZES_BYTES, SWEEP_OPS, Sample, calibrate, combine, fit_link,
+                                      r_squared, sweep)
+from shardlib.costs import Link, collective_time_s
+
+TRUE = Link("known", 5e9, 25e-6)  # 25 us per message, 5 GB/s each way
+SIZES = [64 * 4 ** k for k in range(9)]  # 64 B .. 4 MiB
+
+
+def synthetic(noise: float = 0.0, seed: int = 0, charge: str = "per_step") -> list[Sample]:
+    rng = random.Random(seed)
+    return [Sample(op, n, s, collective_time_s(op, s, n, TRUE, charge) * (1 + rng.uniform(-noise, noise)))
+            for op in SWEEP_OPS for n in (2, 4) for s in SIZES]
+
+
+def test_exact_timings_give_back_the_latency_and_bandwidth():
+    fit = fit_link(synthetic())
+    assert math.isclose(fit.latency_s, 25e-6, rel_tol=1e-9)
+    assert math.isclose(fit.bandwidth_bytes_per_s, 5e9, rel_tol=1e-9)
+    assert fit.r_squared > 1 - 1e-12 and fit.median_relative_error < 1e-9
+    assert not fit.latency_clamped and fit.n_samples == 54
+
+
+def test_exact_timings_under_the_per_call_charge():
+    fit = fit_link(synthetic(charge="per_call"), latency_charge="per_call")
+    assert math.isclose(fit.latency_s, 25e-6, rel_tol=1e-9)
+    assert math.isclose(fit.bandwidth_bytes_per_s, 5e9, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_timings_still_give_them_back_closely(seed):
+    # every time off by up to 5 %, at random: latency within 5 %, bandwidth within 3 %
+    fit = fit_link(synthetic(noise=0.05, seed=seed))
+    assert abs(fit.latency_s / 25e-6 - 1) < 0.05
+    assert abs(fit.bandwidth_bytes_per_s / 5e9 - 1) < 0.03
+    assert fit.r_squared > 0.99
+
+
+def test_the_fitted_link_predicts_with_the_same_formula():
+    link = fit_link(synthetic()).link("here")
+    assert isinstance(link, Link) and link.name == "here" and link.direction == "per direction"
+    assert math.isclose(collective_time_s("all_reduce", 1 << 20, 4, link), collective_time_s("all_reduce", 1 << 20, 4, TRUE))
+    assert "R^2" in link.source
+
+
+def test_a_negative_latency_is_refitted_as_zero():
+    # large messages only, each a little faster than S / B would allow: the straight line crosses zero below 0
+    samples = [Sample("point_to_point", 2, s, s / 1e9 - 1e-6) for s in (1 << 20, 1 << 22, 1 << 24)]
+    fit = fit_link(samples)
+    assert fit.latency_clamped and fit.latency_s == 0.0
+    assert abs(fit.bandwidth_bytes_per_s / 1e9 - 1) < 0.01
+
+
+def test_r_squared_by_hand():
+    # measured 1, 2, 3 (mean 2, total 2); predicted 1, 2, 4: residual 1 -> R^2 = 1 - 1/2 = 0.5
+    assert r_squared(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 4.0])) == 0.5
+    assert r_squared(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 1.0
+
+
+def test_combine_takes_the_slowest_rank_then_the_fastest_round():
+    per_rank = [{("all_reduce", 64): [1.0, 5.0, 2.0], ("point_to_point", 64): [1.0, 1.0, 4.0]},
+                {("all_reduce", 64): [4.0, 1.0, 1.0], ("point_to_point", 64): [2.0, 3.0, 2.0]},
+                {("all_reduce", 64): [1.0, 1.0, 9.0], ("point_to_point", 64): None}]
+    # all-reduce: slowest per round 4, 5, 9 -> fastest round 4
+    # point-to-point: ranks 0 and 1 only, slowest per round 2, 3, 4 -> 2
+    assert combine(per_rank, 3) == [Sample("all_reduce", 3, 64, 4.0), Sample("point_to_point", 3, 64, 2.0)]
+
+
+@pytest.mark.parametrize("samples, words", [
+    ([Sample("all_reduce", 2, 64, 1e-3)] * 3, "at least 2 different sizes"),
+    ([Sample("all_reduce", 2, 64, 1e-3), Sample("all_reduce", 2, 128, 0.0)], "measured times must be positive"),
+    ([Sample("all_reduce", 2, s, 1e-3 * (2 - s / 4096)) for s in (64, 1024, 4096)], "do not grow with message size"),
+])
+def test_fits_that_cannot_be_made_say_why(samples, words):
+    with pytest.raises(ValueError, match=words):
+        fit_link(samples)
+
+
+@pytest.mark.parametrize("sizes, words", [
+    ([64, 0], "positive whole numbers of bytes, got 0"),
+    ([64, 100], "a message of 100 bytes cannot be cut into 2 equal float32 pieces"),
+    ([], "at least one message size"),
+])
+def test_bad_sweep_sizes_are_refused_before_anything_runs(pool2, sizes, words):
+    with pytest.raises(ValueError, match=words):
+        calibrate(pool2, sizes)
+
+
+def test_bad_rounds_and_pools_are_refused(pool2):
+    with pytest.raises(ValueError, match="rounds must be a whole number of at least 1, got 0"):
+        calibrate(pool2, rounds=0)
+
+    class OneRank:
+        world_size = 1
+
+    with pytest.raises(ValueError, match="needs at least 2 ranks, got a pool of 1"):
+        calibrate(OneRank())
+
+
+def test_the_sweep_on_real_ranks_grows_with_size_and_the_fit_explains_it(pool):
+    sizes = DEFAULT_SIZES_BYTES  # 64 B .. 16 MiB: on 4 ranks sharing 2 cores, 4 MiB is still near the latency
+    cal = calibrate(pool, sizes)
+    by_op = {op: sorted((s for s in cal.samples if s.op == op), key=lambda s: s.size_bytes) for op in SWEEP_OPS}
+    report = [f"{pool.world_size} ranks: overall alpha {cal.overall.latency_s * 1e6:.0f} us, "
+              f"{cal.overall.bandwidth_bytes_per_s / 1e9:.3f} GB/s, R^2 {cal.overall.r_squared:.3f}"]
+    for op, samples in by_op.items():
+        assert [s.size_bytes for s in samples] == sorted(sizes)
+        assert samples[-1].seconds > 2 * samples[0].seconds, (
+            f"{op}: {samples[-1].size_bytes:,} bytes took {samples[-1].seconds * 1e3:.2f} ms, "
+            f"{samples[0].size_bytes} bytes {samples[0].seconds * 1e3:.2f} ms")
+        report.append(f"  {op}: R^2 {cal.per_op[op].r_squared:.3f}")
+    print("\n".join(report))
+    assert cal.overall.r_squared > 0.3, "\n".join(report)  # loose: this machine is shared and noisy
+    assert cal.link.bandwidth_bytes_per_s > 0 and cal.link.latency_s >= 0
+    assert f"{pool.world_size} ranks" in cal.link.name
+
+
+def test_the_sweep_is_recorded_through_ctx_comm(pool2):
+    per_rank = pool2.run(sweep, (64, 256), 1, 2)
+    assert per_rank[0].keys() == {(op, s) for op in SWEEP_OPS for s in (64, 256)}
+    ops = {r.op for r in pool2.last_comm}
+    assert {"all_reduce", "all_to_all_single", "send", "recv", "barrier"} <= ops
+    # 2 sizes x (1 warm-up + 1 round x 2 calls) = 6 all-reduces per rank
+    assert sum(r.op == "all_reduce" and r.rank == 0 for r in pool2.last_comm) == 6
