@@ -1,0 +1,261 @@
+"""Expert parallelism: placement, the dispatch plan, the single-process simulation at 2, 3, 4 and 8
+ranks, and the layer on real ranks (2 and 4) against the single-process reference.
+
+Tolerance: none. The combine is a gate-weighted sum done at home in the same order as the reference,
+and every multiply runs on fixed blocks of rows (see ``shardlib.experts``), so the layer on ranks must
+reproduce the reference bit for bit: outputs are compared with ``torch.equal``. Capacity is per group of
+tokens, each rank's tokens being one group, so the reference is run with as many groups as ranks.
+"""
+
+import pytest
+import torch
+
+from shardlib import RankError
+from shardlib.expert_ranks import (MITIGATIONS, ExpertPlacement, dispatch_plan, ep_forward, measure_mitigation,
+                                   predicted_all_to_all_bytes, predicted_cross_rank_share, reference_for,
+                                   replicate_hottest, run_expert_parallel, simulate_expert_parallel)
+from shardlib.experts import MoEConfig, assign, make_moe_weights, make_tokens, moe_reference, route
+from shardlib.models import TOY_MOE
+
+CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
+WEIGHTS = make_moe_weights(CFG, seed=0)
+X = make_tokens(512, CFG.d_model, seed=1)
+
+
+# -- placement -------------------------------------------------------------------------------------------
+def test_experts_are_placed_in_contiguous_blocks():
+    p = ExpertPlacement(8, 4)
+    assert [p.owner(e) for e in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert p.hosted(2) == (4, 5) and p.copies(5) == (2,)
+    r = ExpertPlacement(8, 2, replicas=((6, 0),))
+    assert r.hosted(0) == (0, 1, 2, 3, 6) and r.hosted(1) == (4, 5, 6, 7) and r.copies(6) == (1, 0)
+    assert r.copy_slots[:5] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 6)]
+
+
+@pytest.mark.parametrize("n_experts, world, shown", [(8, 3, "8 / 3 = 2.67"), (8, 16, "8 / 16 = 0.5"), (6, 4, "6 / 4 = 1.5")])
+def test_experts_that_cannot_be_placed_name_the_numbers(n_experts, world, shown):
+    with pytest.raises(ValueError, match=f"{n_experts} experts cannot be placed on {world} ranks: expert parallelism "
+                                         f"gives each rank the same whole number of experts \\({shown}\\)"):
+        ExpertPlacement(n_experts, world)
+
+
+@pytest.mark.parametrize("replicas, words", [
+    (((1, 0),), "expert 1 already lives on rank 0: its replica must go to another rank"),
+    (((9, 1),), "names expert 9 of 0 .. 7 on rank 1 of 0 .. 1"),
+    (((0, 2),), "names expert 0 of 0 .. 7 on rank 2 of 0 .. 1"),
+    (((0, 1), (0, 1)), "expert 0 has more than one replica"),
+])
+def test_bad_replicas_say_why(replicas, words):
+    with pytest.raises(ValueError, match=words):
+        ExpertPlacement(8, 2, replicas=replicas)
+
+
+def test_replicate_the_hottest_expert_on_the_least_loaded_other_rank():
+    counts = [10, 1, 1, 1, 5, 9, 2, 2]  # rank loads (2 experts each): 11, 2, 14, 4
+    assert replicate_hottest(ExpertPlacement(8, 4), counts).replicas == ((0, 1),)
+    counts = [1, 1, 1, 1, 1, 1, 1, 30]  # expert 7 on rank 3; ranks 0, 1, 2 tie at 2: the lowest wins
+    assert replicate_hottest(ExpertPlacement(8, 4), counts).replicas == ((7, 0),)
+    with pytest.raises(ValueError, match="expert_counts has 3 entries, one per expert is 8"):
+        replicate_hottest(ExpertPlacement(8, 4), [1, 2, 3])
+
+
+# -- the dispatch plan ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("replicas", [(), ((0, 1),)])
+def test_dispatch_sends_every_served_slot_exactly_once(replicas):
+    cfg = CFG.but(skew=0.7, capacity_factor=1.0)
+    placement = ExpertPlacement(8, 2, replicas)
+    a = assign(route(X, WEIGHTS.router, cfg), cfg)
+    plan = dispatch_plan(a.experts, a.kept, placement)
+    served = torch.nonzero(a.kept.flatten()).flatten()
+    assert sorted(plan.order.tolist()) == served.tolist()  # each served slot once, no dropped slot
+    assert int(plan.counts.sum()) == sum(plan.rows_to_rank) == served.numel()
+    dest = [placement.copy_slots[i][0] for i, c in enumerate(plan.counts.tolist()) for _ in range(c)]
+    assert dest == sorted(dest)  # the send buffer is grouped by destination rank
+    sent_expert = a.experts.flatten()[plan.order].tolist()
+    expected = [placement.copy_slots[i][1] for i, c in enumerate(plan.counts.tolist()) for _ in range(c)]
+    assert sent_expert == expected  # and within a rank, by expert, as the counts say
+    if replicas:  # the hot expert's rows alternate between its two copies
+        halves = [plan.counts[placement.copy_slots.index(c)].item() for c in ((0, 0), (1, 0))]
+        assert abs(halves[0] - halves[1]) <= 1 and sum(halves) == a.counts(8)[0].item()
+
+
+@pytest.mark.parametrize("n_experts, world", [(8, 1), (8, 2), (6, 3), (8, 4), (8, 8)])
+@pytest.mark.parametrize("k, skew", [(1, 0.0), (2, 0.0), (1, 0.9), (2, 0.9)])
+def test_the_simulated_split_equals_the_reference_exactly(n_experts, world, k, skew):
+    cfg = CFG.but(n_experts=n_experts, k=k, skew=skew)
+    weights = make_moe_weights(cfg, seed=2)
+    placement = ExpertPlacement(n_experts, world)
+    for policy in (cfg, cfg.but(capacity_factor=1.0), cfg.but(capacity_factor=1.0, reroute=True)):
+        ref = moe_reference(X, weights, policy, n_groups=world)
+        sim = simulate_expert_parallel(X, weights, policy, placement)
+        assert torch.equal(sim["output"], ref.output)
+        served = ref.assignment.counts(n_experts).sum().item()
+        assert sum(map(sum, sim["send_matrix"])) == sum(sim["expert_rows"]) == served  # tokens conserved
+        if world > 1:
+            hot = replicate_hottest(placement, ref.counts(n_experts))
+            assert torch.equal(simulate_expert_parallel(X, weights, policy, hot)["output"], ref.output)
+
+
+def test_predicted_bytes_by_hand():
+    assert predicted_all_to_all_bytes(4096, 2, 64) == 4096 * 2 * 64 * 4 == 2_097_152
+    assert predicted_cross_rank_share(2) == 0.5 and predicted_cross_rank_share(4) == 0.75
+
+
+# -- on real ranks -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("skew", [0.0, 0.9])
+def test_the_layer_on_ranks_equals_the_reference_exactly(pool, k, skew):
+    cfg = CFG.but(k=k, skew=skew)
+    run = run_expert_parallel(pool, X, WEIGHTS, cfg)
+    ref = moe_reference(X, WEIGHTS, cfg)
+    assert torch.equal(run.output, ref.output)
+    sim = simulate_expert_parallel(X, WEIGHTS, cfg, ExpertPlacement(8, pool.world_size))
+    assert run.send_matrix == sim["send_matrix"] and run.expert_rows == sim["expert_rows"]
+    assert torch.equal(run.expert_counts, ref.counts(8))
+    # the comm log's bytes: token rows in, the same rows back, nothing dropped, as predicted
+    predicted = predicted_all_to_all_bytes(X.shape[0], k, CFG.d_model)
+    assert run.dispatch_bytes == run.combine_bytes == predicted
+    hosted = 8 // pool.world_size
+    assert run.counts_bytes == pool.world_size * pool.world_size * hosted * 8  # int64 counts per expert
+    assert run.weight_bytes == [hosted * WEIGHTS.expert_bytes] * pool.world_size
+
+
+def test_capacity_rerouting_and_replication_on_ranks_stay_exact(pool):
+    world = pool.world_size
+    for cfg in (CFG.but(skew=0.8, capacity_factor=1.0), CFG.but(k=1, skew=0.8, capacity_factor=0.75, reroute=True)):
+        ref = reference_for(X, WEIGHTS, cfg, world)
+        placement = replicate_hottest(ExpertPlacement(8, world), ref.counts(8))
+        for p in (ExpertPlacement(8, world), placement):
+            run = run_expert_parallel(pool, X, WEIGHTS, cfg, p)
+            assert torch.equal(run.output, ref.output)
+            assert run.dropped_slots == ref.assignment.dropped_slots > 0
+            assert run.rerouted_slots == ref.assignment.rerouted_slots
+            assert run.dispatch_bytes == (X.shape[0] * cfg.k - run.dropped_slots) * CFG.d_model * 4
+        assert run.weight_bytes[placement.replicas[0][1]] == (8 // world + 1) * WEIGHTS.expert_bytes
+
+
+def test_replication_lowers_the_busiest_ranks_load(pool2):
+    cfg = CFG.but(skew=1.0)
+    plain = measure_mitigation(pool2, X, WEIGHTS, cfg, "none", repeats=1)
+    copied = measure_mitigation(pool2, X, WEIGHTS, cfg, "replicate hottest", repeats=1)
+    assert copied["rank_max_over_mean"] < plain["rank_max_over_mean"] and plain["rank_max_over_mean"] > 1.3
+    assert copied["expert_max_over_mean"] == plain["expert_max_over_mean"]  # the expert is as busy, in two places
+    assert copied["exact"] and copied["tokens_changed"] == 0 and copied["dropped_slots"] == 0
+    capped = measure_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "capacity", capacity_factor=1.0, repeats=1)
+    rerouted = measure_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "capacity + reroute",
+                                  capacity_factor=1.0, repeats=1)
+    assert capped["exact"] and rerouted["exact"]
+    assert capped["dropped_tokens"] == capped["dropped_slots"] > rerouted["dropped_slots"]
+    assert capped["tokens_changed"] == capped["dropped_tokens"]  # k = 1: exactly the dropped tokens change
+    # the cap holds the busiest expert to capacity_factor (1.0) times the even share of the batch
+    uncapped = measure_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "none", repeats=1)
+    assert uncapped["expert_max_over_mean"] > 4
+    assert capped["expert_max_over_mean"] == rerouted["expert_max_over_mean"] == 1.0
+    assert capped["run"].expert_counts.max().item() == 2 * capped["run"].capacity  # full on both ranks
+    with pytest.raises(ValueError, match="mitigation must be one of"):
+        measure_mitigation(pool2, X, WEIGHTS, cfg, "pray")
+    assert len(MITIGATIONS) == 4
+
+
+def test_the_slowest_rank_sets_the_step_time(pool2):
+    """A set cost per expert row (a sleep, on top of the real FFN) makes the claim robust to a noisy
+    machine. At skew 1 rank 0 holds the hot expert and gets most rows."""
+    x = make_tokens(1024, CFG.d_model, seed=4)
+    per_row_s = 1e-4
+    skewed = run_expert_parallel(pool2, x, WEIGHTS, CFG.but(skew=1.0), repeats=3, extra_s_per_row=per_row_s)
+    even = run_expert_parallel(pool2, x, WEIGHTS, CFG, repeats=3, extra_s_per_row=per_row_s)
+    assert skewed.expert_rows[0] > 1.3 * skewed.expert_rows[1]
+    for run in (skewed, even):
+        assert run.waited_for_slowest  # no rank finished before the last rank's experts did
+        assert run.step_s >= max(run.expert_s) >= max(run.expert_rows) * per_row_s
+    # the knob: the skewed step is longer by about the extra rows' cost (generous band)
+    extra_rows = max(skewed.expert_rows) - max(even.expert_rows)
+    assert skewed.step_s - even.step_s > 0.3 * extra_rows * per_row_s
+
+
+def test_expert_cpu_time_follows_the_rows(pool2):
+    """CPU time counts the work done, whatever else runs on the machine: at skew 1 rank 0 computes
+    about 2.5 times the rows of rank 1, with experts wide enough to dominate their own timing."""
+    wide = CFG.but(d_ff=512, skew=1.0)
+    x = make_tokens(2048, CFG.d_model, seed=5)
+    run = run_expert_parallel(pool2, x, make_moe_weights(wide, seed=0), wide, repeats=3)
+    rows_ratio = run.expert_rows[0] / run.expert_rows[1]
+    assert rows_ratio > 2
+    assert 0.5 * rows_ratio < run.expert_cpu_s[0] / run.expert_cpu_s[1] < 2 * rows_ratio
+
+
+def test_bad_inputs_are_refused_before_the_ranks_are_involved(pool4):
+    with pytest.raises(ValueError, match="6 experts cannot be placed on 4 ranks"):
+        run_expert_parallel(pool4, X, make_moe_weights(CFG.but(n_experts=6)), CFG.but(n_experts=6))
+    with pytest.raises(ValueError, match="3 tokens cannot be split into 4 groups"):
+        run_expert_parallel(pool4, X[:3], WEIGHTS, CFG)
+    with pytest.raises(ValueError, match="d_model = 64, got \\(512, 32\\)"):
+        run_expert_parallel(pool4, torch.zeros(512, 32), WEIGHTS, CFG)
+    with pytest.raises(ValueError, match="placement is for 8 experts on 2 ranks, but the layer has 8 experts on 4"):
+        run_expert_parallel(pool4, X, WEIGHTS, CFG, ExpertPlacement(8, 2))
+    with pytest.raises(ValueError, match="repeats must be a whole number of at least 1, got 0"):
+        run_expert_parallel(pool4, X, WEIGHTS, CFG, repeats=0)
+    # called straight on the ranks, the rank-side check names the problem too
+    with pytest.raises(RankError, match="placement is for 8 experts on 2 ranks"):
+        pool4.run(ep_forward, X, WEIGHTS, CFG, ExpertPlacement(8, 2))
+    assert torch.equal(run_expert_parallel(pool4, X, WEIGHTS, CFG).output, moe_reference(X, WEIGHTS, CFG).output)
+
+
+def test_the_knob_app_runs_the_layer_live_and_clamps(pool2):
+    from shardlib.expert_widgets import expert_explorer
+
+    app = expert_explorer(pool2, X, WEIGHTS, CFG, repeats=1)
+    controls, summary, figures, time_fig = app.children
+    (skew, k), (capped, factor), (reroute, replicate) = (box.children for box in controls.children)
+    assert "equals the single-process layer exactly" in summary.value and reroute.disabled
+    matrix_fig, load_fig = figures.children
+    assert sum(map(sum, matrix_fig.data[0].z)) == X.shape[0] * 2
+    skew.value = 1.0
+    assert list(load_fig.data[0].y)[0] == X.shape[0]  # every token's first choice: expert 0
+    capped.value = True
+    assert not reroute.disabled and "dropped slots" in summary.value
+    assert "dropped slots 0," not in summary.value
+    reroute.value = True
+    replicate.value = True
+    assert "copied to rank 1" in summary.value and "equals the single-process layer exactly" in summary.value
+    factor.value = 99  # clamped
+    skew.value = -3
+    assert factor.value == 3.0 and skew.value == 0.0
+    capped.value = False
+    assert reroute.value is False and reroute.disabled
+
+
+# -- figures ----------------------------------------------------------------------------------------------------
+def test_the_walkthrough_has_five_steps_with_the_routers_choices():
+    from shardlib.expert_plots import STAGES, walkthrough_figure
+
+    experts, gates = [[0, 1], [0, 3], [2, 0], [3, 2]], [[0.6, 0.4]] * 4
+    fig = walkthrough_figure([0, 0, 1, 1], experts, gates, owner=[0, 0, 1, 1])
+    assert [f.layout.title.text for f in fig.frames] == list(STAGES) and len(STAGES) == 5
+    copies = {f.name: f.data[3] for f in fig.frames}  # one marker per (token, slot)
+    assert all(len(c.x) == 8 for c in copies.values())
+    crossing = fig.frames[1].data[1]  # routes that leave their home rank: t1 -> E3 and t2 -> E0
+    assert sum(1 for v in crossing.x if v is None) == 2
+    assert list(fig.frames[2].data[2].text) == ["E0 (3)", "E1 (1)", "E2 (2)", "E3 (2)"]  # rows per expert
+    busy = fig.frames[4].data[4]
+    assert [t for t in busy.text if t] == ["4 rows", "4 rows"]
+    with pytest.raises(ValueError, match="4 home ranks but 3 expert rows"):
+        walkthrough_figure([0, 0, 1, 1], experts[:3], gates, [0, 0, 1, 1])
+
+
+def test_the_figures_show_what_the_ranks_reported():
+    from shardlib.expert_plots import expert_load_figure, rank_time_figure, send_matrix_figure, sweep_figure
+
+    assert [list(row) for row in send_matrix_figure([[5, 1], [2, 7]]).data[0].z] == [[5, 1], [2, 7]]
+    load = expert_load_figure([4, 0, 2, 2], owner=[0, 0, 1, 1], capacity_total=3)
+    assert list(load.data[0].y) == [4, 0, 2, 2] and len(load.layout.shapes) == 2  # even share and capacity
+    assert load.data[0].marker.color[0] != load.data[0].marker.color[2]  # coloured by rank
+    times = rank_time_figure([0.01, 0.002], [0.012, 0.012], 0.0125, [0.009, 0.002])
+    assert [list(b.y) for b in times.data] == [[10.0, 2.0], [9.0, 2.0], [12.0, 12.0]]
+    assert len(sweep_figure([0, 1], {"a": [1, 2], "b": [1, 1]}, "y", "t").data) == 2
+    with pytest.raises(ValueError, match="square"):
+        send_matrix_figure([[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(ValueError, match="2 expert times but 1 forward times"):
+        rank_time_figure([1, 2], [1], 1)
+    with pytest.raises(ValueError, match="3 loads but 2 owners"):
+        expert_load_figure([1, 2, 3], [0, 1])
