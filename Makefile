@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
 
-.PHONY: lab test bench site install clean
+.PHONY: lab test bench site binder-check install clean
 
 install: $(STAMP)
 
@@ -28,8 +28,11 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks -p no:cacheprovider
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks -p no:cacheprovider --durations=15
 	$(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
+
+binder-check: $(STAMP)
+	$(BIN)/python scripts/binder_check.py
 
 site: $(STAMP)
 	$(BIN)/python scripts/build_site.py --out site

@@ -1,17 +1,10 @@
 import os
-import shutil
 
 import pytest
 
+from .lab_server import chromium_path
+
 REQUIRED = os.environ.get("SHARDLIB_REQUIRE_BROWSER") == "1"
-
-
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
 
 
 @pytest.fixture(scope="session")

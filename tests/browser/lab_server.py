@@ -31,6 +31,15 @@ SETTINGS = {
 }
 
 
+def chromium_path() -> str | None:
+    """Debian's chromium, or another Chromium-family browser on the PATH (Google Chrome on CI runners)."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

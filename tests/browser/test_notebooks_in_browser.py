@@ -9,6 +9,8 @@ go to artifacts/browser/ for a person to look at.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,7 +107,10 @@ def _run_notebook(page, lab: LabServer, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, chromium):
-    with LabServer(tmp_path_factory.mktemp("lab")) as server:
+    # SHARDLIB_LAB_PYTHON: run JupyterLab (and so the kernel) from another environment, such as the
+    # rehearsal of Binder's (scripts/binder_check.py).
+    python = os.environ.get("SHARDLIB_LAB_PYTHON", sys.executable)
+    with LabServer(tmp_path_factory.mktemp("lab"), python=python) as server:
         yield server
 
 

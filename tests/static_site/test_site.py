@@ -8,7 +8,6 @@ that needs a kernel, and, where a chromium is present, draw every figure in a re
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests" / "browser")]
 import build_site  # noqa: E402
-from lab_server import CHROMIUM_FLAGS  # noqa: E402
+from lab_server import CHROMIUM_FLAGS, chromium_path  # noqa: E402
 
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -44,11 +43,11 @@ def test_page_carries_its_figures(site, stem):
     figures = text.count("Plotly.newPlot(")
     assert figures >= 1, f"{stem}.html has no figure"
     assert "application/vnd.jupyter.widget-view+json" not in text
-    if shutil.which("chromium"):
+    if chromium_path():
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS)
+            browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
             page = browser.new_page()
             page.goto((site / f"{stem}.html").as_uri())
             page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {figures}",
