@@ -28,7 +28,7 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks -p no:cacheprovider --durations=15
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15
 	$(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
 
 binder-check: $(STAMP)
@@ -40,6 +40,10 @@ site: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runtime.py
 	$(BIN)/python benchmarks/bench_tensor_parallel.py
+	$(BIN)/python benchmarks/bench_costs.py
+	$(BIN)/python benchmarks/bench_pipeline.py
+	$(BIN)/python benchmarks/bench_experts.py
+	$(BIN)/python benchmarks/bench_combined.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -266,6 +266,28 @@ check_yourself(
         1,
         "Start-up is paid once. `make bench` measures both: the first start against a call on warm ranks.",
     ),
+    Question(
+        "Llama-3-70B stored at 16 bits: roughly how much memory do its weights alone need?",
+        ("About 35 GB", "About 70 GB", "About 140 GB", "About 280 GB"),
+        2,
+        "Two bytes per parameter times 70 billion parameters is about 140 GB, more than any single GPU "
+        "listed holds, before the KV cache of even one request. Splitting is first about fitting at all.",
+    ),
+    Question(
+        "Each of two ranks all-reduces a vector of four float32 values. What does the comm log record?",
+        ("One entry, 32 bytes", "Two entries, one per rank, 16 bytes each", "Four entries, one per value"),
+        1,
+        "Every rank logs the collectives it issues, so one all-reduce appears once per rank; four float32 "
+        "values are 16 bytes.",
+    ),
+    Question(
+        "Rank 1 raises an exception while rank 0 waits for it in a barrier. What happens to your call?",
+        ("It hangs until the 30-minute default timeout", "It raises RankError at once, naming rank 1 with "
+         "its traceback, and the pool restarts its processes", "Rank 0's result comes back and rank 1's is None"),
+        1,
+        "The pool stops waiting once a rank reports an error, kills the ranks stuck in the collective and "
+        "starts fresh ones, so the next call works.",
+    ),
 )
 
 # %% [markdown]

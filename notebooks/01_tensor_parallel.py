@@ -262,6 +262,32 @@ check_yourself(
         "A query head needs its keys and values on the same device. Mixtral's usable degrees are 1, 2, 4 "
         "and 8 (more would mean replicating KV heads, paying memory).",
     ),
+    Question(
+        "The column-then-row pair ran at 2, 4 and 8 shards in one process. How far from the unsharded "
+        "result may it be?",
+        ("Exactly equal, bit for bit", "Within float32 rounding (1e-5 here): the partials are added in a "
+         "different order", "Within a few percent: splitting approximates the layer"),
+        1,
+        "Splitting changes where each product happens, not what is computed. Only the final sum of partials "
+        "runs in another order, and float32 addition is not associative, so the last bits may differ.",
+    ),
+    Question(
+        "With d_hidden = 4 x d_model, how many times the bytes does the row-then-column cut move, compared "
+        "with column-then-row?",
+        ("The same", "2x", "4x", "5x"),
+        3,
+        "Column-then-row all-reduces the output (d_model wide). Row-then-column all-reduces the wide "
+        "intermediate (4 x d_model) before the activation and then gathers the output (d_model): 5 x d_model.",
+    ),
+    Question(
+        "In the backward pass of a tensor-parallel MLP, which collective runs, and where?",
+        ("None: gradients stay on their devices", "An all-reduce of the input's gradient, where the "
+         "replicated input entered the column-parallel matrix (Megatron's f)", "An all-gather of the "
+         "weight gradients"),
+        1,
+        "Each rank's slice contributes a partial gradient for the whole input, so they are summed: f is "
+        "identity forward and all-reduce backward, the mirror of g. One all-reduce each way per block.",
+    ),
 )
 
 # %% [markdown]

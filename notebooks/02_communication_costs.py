@@ -440,6 +440,32 @@ check_yourself(
         "Replicas communicate nothing, so two give twice the throughput; a split copy pays collectives "
         "every layer and serves one batch with both devices. Split only when it does not fit.",
     ),
+    Question(
+        "A ring all-reduce over n ranks of an S-byte buffer: how many latencies, and what share of S does "
+        "each rank send?",
+        ("1 latency, S", "n - 1 latencies, S / n", "2(n - 1) latencies, 2(n - 1) / n of S",
+         "n latencies, n x S"),
+        2,
+        "Half the steps sum chunks of S/n around the ring (reduce-scatter), half share the sums (all-gather): "
+        "2(n - 1) steps, each sending S/n.",
+    ),
+    Question(
+        "Llama-3-8B (32 layers) on 4 devices: how many times fewer bytes does a 4-stage pipeline send per "
+        "forward pass than tensor parallelism?",
+        ("4", "32", "128", "1024"),
+        2,
+        "Tensor parallelism: 64 all-reduces, in each of which every one of 4 devices sends 2 x 3 / 4 of the "
+        "activations, 384 activation-sized sends in all. The pipeline: 3 sends across 3 boundaries. 384 / 3 = 128.",
+    ),
+    Question(
+        "You time all-reduces from 64 bytes to 16 MiB and fit time = latency + bytes / bandwidth. Which part "
+        "of the curve sets each number?",
+        ("Small messages set the latency, large ones the bandwidth", "Large messages set both",
+         "Small messages set the bandwidth, large ones the latency"),
+        0,
+        "Small messages cost almost only the fixed latency; large ones almost only bytes over bandwidth. "
+        "The fastest of several rounds is kept, because other programs can only add time.",
+    ),
 )
 
 # %% [markdown]

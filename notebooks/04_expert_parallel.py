@@ -443,6 +443,38 @@ check_yourself(
         "Each copy computes the same function, so outputs are unchanged; the second rank must hold the weights. "
         "A capacity cap costs quality instead (dropped or rerouted tokens).",
     ),
+    Question(
+        "A token's two chosen experts have router probabilities 0.5 and 0.2 (softmax over all experts). "
+        "What are its renormalised gates?",
+        ("0.5 and 0.2", "0.71 and 0.29", "0.5 and 0.5", "1 and 0"),
+        1,
+        "Renormalising is a softmax over the chosen logits only, which is the chosen probabilities divided by "
+        "their sum: 0.5 / 0.7 and 0.2 / 0.7. The gates then sum to 1, as in Mixtral.",
+    ),
+    Question(
+        "Mixtral-8x7B at ep = 8: what does each device hold?",
+        ("Every expert, so it can serve any token", "One eighth of the experts (about 11 GB), plus its own "
+         "copy of the shared layers (attention, embeddings)", "One eighth of the experts and nothing else"),
+        1,
+        "Experts are placed whole, one of the eight per layer on each device; the layers every token uses "
+        "are not split by expert parallelism, so each device keeps them too.",
+    ),
+    Question(
+        "Top-2 routing instead of top-1, same tokens and width: what happens to the bytes of the dispatch "
+        "all-to-all?",
+        ("They stay the same", "They double", "They halve", "They depend only on the number of ranks"),
+        1,
+        "Every token sends one row of d_model values per chosen expert: T x k x d_model x 4 bytes in all, "
+        "fewer only when a capacity cap drops slots.",
+    ),
+    Question(
+        "With a capacity cap and rerouting, what happens to a slot whose expert is full?",
+        ("It is dropped", "It goes to the token's next-preferred expert that still has room, keeping its gate",
+         "It waits for the next batch", "It goes to a random expert"),
+        1,
+        "Rerouting serves most overflowing slots by a less-preferred expert; only slots that find no room "
+        "anywhere are dropped and pass through the residual.",
+    ),
 )
 
 # %% [markdown]

@@ -36,3 +36,10 @@ def test_binder_installs_the_project_and_a_pinned_torch():
     assert "-e ." in lines
     assert any(re.fullmatch(r"torch==[\d.]+", line) for line in lines)
     assert (ROOT / "binder" / "start").read_text().rstrip().endswith('exec "$@"')
+
+
+def test_binder_badge_opens_jupyterlab_at_notebook_00():
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"\(https://mybinder\.org/v2/gh/[^)]*\?urlpath=lab/tree/([^)]+)\)", readme)
+    assert m, "README has no Binder badge that opens JupyterLab"
+    assert (ROOT / m.group(1)).is_file() and m.group(1).endswith("00_start_here.ipynb")

@@ -1,0 +1,135 @@
+"""Pipeline parallelism on real ranks: the bubble measured against the formula, microbatches in flight,
+a slow stage, and how long a live re-run takes.
+
+    .venv/bin/python benchmarks/bench_pipeline.py
+
+The model is 8 pre-norm residual gated-MLP layers (d_model 32, d_ff 64), a batch of 16 x 4 tokens,
+float32; rank ``r`` holds stage ``r``'s slice of the layers. For the bubble, every forward and every
+backward is padded with sleep to a set duration (uniform stages), so the schedule, not the two shared
+cores, decides the timeline; the layers still compute for real. The idle fraction is measured from the
+compute spans: over the window from the first compute start to the last compute end across ranks,
+``1 - busy / (p x window)``. Each grid point is measured ``REPEATS`` times after a warm-up; the median is
+reported with the spread. The live re-run is timed with real compute only (no padding) and with the
+set duration the notebook's slider uses.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+N_LAYERS, BATCH, SEQ, D_MODEL, D_FF = 8, 16, 4, 32, 64
+GRID_P = (2, 4)
+GRID_M = (1, 2, 4, 8, 16)
+GRID_OP_S = {"gpipe": 0.05, "1f1b": 0.1}  # set duration of each forward and each backward
+INTERLEAVED_OP_S = 0.2  # twice the messages of 1F1B, on paths with no slack: longer ops keep latency small
+REPEATS = 3
+TOLERANCE = 0.03
+SLIDER_OP_S = 0.02  # notebook 03's slider
+RERUN_TARGET_S = 1.0
+RERUNS = 10
+
+
+def row(label: str, value: str, note: str = "") -> None:
+    print(f"  {label:<58} {value:>16}   {note}")
+
+
+def main() -> int:
+    import torch
+
+    from shardlib import Ranks
+    from shardlib.pipeline import (make_schedule, peak_in_flight, pipeline_bubble_fraction,
+                                   predicted_step_s)
+    from shardlib.pipeline_ranks import run_on, toy_layers, unpipelined_step
+
+    g = torch.Generator().manual_seed(1)
+    layers = toy_layers(N_LAYERS, D_MODEL, D_FF, seed=0)
+    x = torch.randn(BATCH, SEQ, D_MODEL, generator=g)
+    grad = torch.randn(BATCH, SEQ, D_MODEL, generator=g)
+    print(f"pipeline benchmark: {N_LAYERS} layers (d_model {D_MODEL}, d_ff {D_FF}), batch {BATCH} x {SEQ} tokens, "
+          f"{os.cpu_count()} cores, pid {os.getpid()}\n")
+    wall = time.perf_counter()
+    worst = 0.0
+    with Ranks(2) as two, Ranks(4) as four:
+        pools = {2: two, 4: four}
+        for pool in pools.values():  # warm-up: imports on every rank, first messages
+            run_on(pool, make_schedule("1f1b", pool.world_size, 2), layers, x, grad, forward_s=0.001, backward_s=0.001)
+
+        print("1. the bubble, measured against (p - 1) / (m + p - 1): training steps, uniform stages")
+        print(f"   median of {REPEATS} runs per point (spread in brackets); tolerance {TOLERANCE}\n")
+        for name, op_s in GRID_OP_S.items():
+            print(f"   {make_schedule(name, 2, 1).title.split(',')[0]}, each forward and backward padded to "
+                  f"{op_s * 1e3:.0f} ms")
+            print(f"   {'p':>3} {'m':>4} {'formula':>9} {'measured':>9} {'spread':>17} {'diff':>8} {'ratio':>7}")
+            for p in GRID_P:
+                for m in GRID_M:
+                    schedule = make_schedule(name, p, m)
+                    runs = [run_on(pools[p], schedule, layers, x, grad, forward_s=op_s, backward_s=op_s).bubble.idle_fraction
+                            for _ in range(REPEATS)]
+                    measured, predicted = statistics.median(runs), pipeline_bubble_fraction(p, m)
+                    worst = max(worst, abs(measured - predicted))
+                    print(f"   {p:>3} {m:>4} {predicted:>9.3f} {measured:>9.3f}   [{min(runs):.3f}, {max(runs):.3f}] "
+                          f"{measured - predicted:>+8.3f} {measured / predicted:>7.3f}")
+            print()
+        row("largest |measured - formula| over both grids", f"{worst:.3f}",
+            "(within tolerance)" if worst <= TOLERANCE else f"(OVER the {TOLERANCE} tolerance)")
+
+        print(f"\n2. interleaved 1F1B (v = 2 model chunks per rank): (p - 1) / (v m + p - 1), a stage's forward and "
+              f"backward padded to {INTERLEAVED_OP_S * 1e3:.0f} ms ({INTERLEAVED_OP_S * 1e3 / 2:.0f} ms per chunk)")
+        for m in (4, 8):
+            schedule = make_schedule("interleaved-1f1b", 4, m, n_chunks=2)
+            runs = [run_on(four, schedule, layers, x, grad, forward_s=INTERLEAVED_OP_S,
+                           backward_s=INTERLEAVED_OP_S).bubble.idle_fraction
+                    for _ in range(REPEATS)]
+            row(f"p = 4, m = {m}: formula {pipeline_bubble_fraction(4, m, 2):.3f} (plain 1F1B "
+                f"{pipeline_bubble_fraction(4, m):.3f})", f"{statistics.median(runs):.3f}",
+                f"[{min(runs):.3f}, {max(runs):.3f}]")
+
+        print("\n3. microbatches in flight per stage (activations kept for the backward), p = 4, m = 8")
+        for name in ("gpipe", "1f1b"):
+            schedule = make_schedule(name, 4, 8)
+            run = run_on(four, schedule, layers, x, grad)
+            row(f"{schedule.title.split(',')[0]}: from the schedule", str(list(peak_in_flight(schedule))))
+            row(f"{schedule.title.split(',')[0]}: measured on the ranks", str(list(run.peak_in_flight)))
+            row(f"{schedule.title.split(',')[0]}: peak activation memory measured (KiB)",
+                str([round(b / 1024) for b in run.peak_activation_bytes]))
+        for name in ("gpipe", "1f1b"):
+            run = run_on(two, make_schedule(name, 2, 8), layers, x, grad)
+            row(f"{make_schedule(name, 2, 8).title.split(',')[0]}, p = 2, m = 8: measured in flight",
+                str(list(run.peak_in_flight)))
+
+        print("\n4. a slow stage sets the pace: forward only, p = 4, m = 8, 20 ms per forward, stage 1 at 40 ms")
+        schedule = make_schedule("gpipe", 4, 8, training=False)
+        slow = [0.02, 0.04, 0.02, 0.02]
+        for label, durations in (("uniform", 0.02), ("stage 1 twice as slow", slow)):
+            steps = [run_on(four, schedule, layers, x, forward_s=durations).bubble for _ in range(REPEATS)]
+            measured = statistics.median(b.window_s for b in steps)
+            predicted = predicted_step_s(schedule, durations, 0)
+            row(f"{label}: step predicted {predicted * 1e3:.0f} ms, measured", f"{measured * 1e3:.0f} ms",
+                f"(ratio {measured / predicted:.3f})")
+        busy = [b / steps[-1].window_s for b in steps[-1].busy_s]
+        row("share of the step each stage computes (slow stage 1)", str([f"{b:.2f}" for b in busy]))
+
+        print(f"\n5. a live re-run of a p = 4, m = 8 training step on the warm ranks (target <= {RERUN_TARGET_S:g} s)")
+        reference = unpipelined_step(x, layers, 8, grad)
+        for name in ("gpipe", "1f1b"):
+            schedule = make_schedule(name, 4, 8)
+            for label, op_s in (("real compute", None), (f"ops padded to {SLIDER_OP_S * 1e3:.0f} ms", SLIDER_OP_S)):
+                times = []
+                for _ in range(RERUNS):
+                    run = run_on(four, schedule, layers, x, grad, forward_s=op_s, backward_s=op_s)
+                    times.append(run.wall_s)
+                assert torch.equal(run.output, reference["output"]), "the pipelined output differs"
+                verdict = "ok" if max(times) <= RERUN_TARGET_S else "OVER TARGET"
+                row(f"{schedule.title.split(',')[0]}, {label}: median (max) of {RERUNS}",
+                    f"{statistics.median(times) * 1e3:.0f} ms", f"({max(times) * 1e3:.0f} ms) {verdict}")
+    print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

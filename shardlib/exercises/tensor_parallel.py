@@ -1,0 +1,240 @@
+"""Graders for the tensor-parallel exercises: ``shard_rows``, and a column-then-row pair on real ranks.
+
+References: ``tensor_parallel.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
+``tp_ranks`` (Shoeybi et al. 2019): ``w1`` cut by columns, ``w2`` by rows, one all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ranks import RankError, RankTimeoutError
+from ..tensor_parallel import shard_columns, shard_rows
+from .result import Collector, ExerciseResult, call, check_callable, span
+
+SHARD_COUNTS = (2, 3, 4, 8)
+UNEVEN_SHARDS = 5  # does not divide the 24 input features: the learner must refuse it
+
+
+def _exercise_weight() -> torch.Tensor:
+    """A ``(12, 24)`` weight whose every entry is distinct (``row * 24 + col``), so a wrong slice can be
+    located in it."""
+    return torch.arange(12 * 24, dtype=torch.float32).view(12, 24)  # (out, in)
+
+
+def _locate(piece: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """``(row0, row1, col0, col1)`` if ``piece`` is exactly ``weight[row0:row1, col0:col1]``, else None."""
+    if piece.dim() != 2 or piece.numel() == 0:
+        return None
+    first = int(piece[0, 0].item()) if float(piece[0, 0]).is_integer() else -1
+    if not 0 <= first < weight.numel():
+        return None
+    r0, c0 = divmod(first, weight.shape[1])
+    r1, c1 = r0 + piece.shape[0], c0 + piece.shape[1]
+    if r1 > weight.shape[0] or c1 > weight.shape[1] or not torch.equal(weight[r0:r1, c0:c1], piece):
+        return None
+    return r0, r1, c0, c1
+
+
+def _shard_hint(piece: torch.Tensor, i: int, n: int, weight: torch.Tensor) -> str:
+    """What shard ``i`` of ``n`` holds instead of the reference's rows ``0..out``, columns ``i*w..(i+1)*w``."""
+    out_f, in_f = weight.shape
+    width = in_f // n
+    want = f"all {out_f} rows and columns {span(i * width, (i + 1) * width)}"
+    where = _locate(piece, weight)
+    if where is None:
+        if piece.dim() == 2 and piece.shape == (width, out_f) and torch.equal(piece.T, shard_rows(weight, n)[i]):
+            return f"it is the right slice transposed {tuple(piece.shape)}: keep the (out, in) layout"
+        return (f"its values are not a block of the weight (shape {tuple(piece.shape)}, expected ({out_f}, {width})); "
+                f"it should hold {want}")
+    r0, r1, c0, c1 = where
+    got = f"rows {span(r0, r1)}, columns {span(c0, c1)}"
+    if (r0, r1) != (0, out_f) and (c0, c1) == (0, in_f):
+        return (f"it holds {got} of the weight: you cut along the wrong dimension (dim 0, the output features, "
+                f"is shard_columns); shard_rows cuts dim 1, the input features, so it should hold {want}")
+    if (r0, r1) != (0, out_f):
+        return f"it holds {got} of the weight; it should hold {want}"
+    if c1 - c0 != width:
+        return (f"it holds {c1 - c0} columns ({span(c0, c1)}) but each of the {n} shards needs {in_f} / {n} = "
+                f"{width}: an uneven split (an off-by-one at a slice end?); it should hold {want}")
+    j, rem = divmod(c0, width)
+    if rem == 0:
+        return (f"it holds shard {j}'s columns ({span(c0, c1)}), not shard {i}'s ({span(i * width, (i + 1) * width)}): "
+                f"the shard index is shifted")
+    return f"it holds columns {span(c0, c1)}, shifted by {c0 - i * width}; it should hold {want}"
+
+
+def check_shard_rows(shard_rows_fn) -> ExerciseResult:
+    """Grade a learner's ``shard_rows(weight, n_shards) -> list of tensors`` (split an ``(out, in)`` weight
+    along its input dim into ``n_shards`` equal slices, and refuse a count that does not divide ``in``
+    with a ``ValueError``) against ``tensor_parallel.shard_rows`` at 2, 3, 4 and 8 shards."""
+    check_callable(shard_rows_fn, "shard_rows")
+    weight = _exercise_weight()
+    got = Collector("shard_rows", f"a (12, 24) weight at n_shards = {', '.join(map(str, SHARD_COUNTS))}, "
+                                  f"and n_shards = {UNEVEN_SHARDS} (must raise ValueError)")
+    for n in SHARD_COUNTS:
+        shards = call(got, f"n_shards = {n}", shard_rows_fn, weight.clone(), n)
+        if got.not_written:
+            return got.result()
+        if shards is None:
+            continue
+        if isinstance(shards, torch.Tensor) or not all(isinstance(s, torch.Tensor) for s in shards):
+            got.fail(f"n_shards = {n}: return a list of {n} tensors (one per shard), got {type(shards).__name__}")
+            continue
+        shards = list(shards)
+        if len(shards) != n:
+            hint = (": torch.chunk returns fewer pieces when the size does not divide evenly; the 24 input "
+                    "features (dim 1) divide, the 12 output features (dim 0) may not: did you cut the wrong dim?"
+                    if len(shards) == len(weight.chunk(n, dim=0)) else "")
+            got.fail(f"n_shards = {n}: you returned {len(shards)} shards, expected {n}{hint}")
+            continue
+        for i, (piece, ref) in enumerate(zip(shards, shard_rows(weight, n))):
+            if not torch.equal(piece, ref):
+                got.fail(f"n_shards = {n}, shard {i} of {n}: {_shard_hint(piece, i, n, weight)}")
+                break
+    try:
+        answer = shard_rows_fn(weight.clone(), UNEVEN_SHARDS)
+    except ValueError:
+        pass
+    except NotImplementedError:
+        got.not_written = True
+    except Exception as exc:
+        got.fail(f"n_shards = {UNEVEN_SHARDS}: raise ValueError (24 input features do not split {UNEVEN_SHARDS} ways), "
+                 f"not {type(exc).__name__}: {exc}")
+    else:
+        widths = [tuple(s.shape)[-1] for s in answer] if isinstance(answer, (list, tuple)) else answer
+        got.fail(f"n_shards = {UNEVEN_SHARDS}: 24 input features cannot be split {UNEVEN_SHARDS} equal ways, so "
+                 f"shard_rows should raise ValueError saying so; it returned shards of widths {widths}")
+    return got.result(f"every shard equals the reference at n_shards = {', '.join(map(str, SHARD_COUNTS))}")
+
+
+# -- the column-then-row pair on ranks ---------------------------------------------------------------
+def pair_weights(seed: int = 0, d_model: int = 8, d_hidden: int = 16) -> dict:
+    """Inputs of the pair exercise: ``x`` (2, 3, d_model), ``w1`` (d_hidden, d_model) and ``b1``,
+    ``w2`` (d_model, d_hidden) and ``b2``, reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return {"x": torch.randn(2, 3, d_model, generator=g),
+            "w1": torch.randn(d_hidden, d_model, generator=g) / d_model ** 0.5,
+            "b1": torch.randn(d_hidden, generator=g),
+            "w2": torch.randn(d_model, d_hidden, generator=g) / d_hidden ** 0.5,
+            "b2": torch.randn(d_model, generator=g)}
+
+
+def pair_reference(x, w1, b1, w2, b2) -> torch.Tensor:
+    """The unsharded pair: ``gelu(x @ w1.T + b1) @ w2.T + b2``."""
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+class _LocalComm:
+    """A one-rank stand-in for ``ctx.comm``: every collective returns its input."""
+
+    def all_reduce(self, tensor, op="sum", group=None):
+        return tensor
+
+    def all_gather(self, tensor, dim=0, group=None):
+        return tensor
+
+    def barrier(self, group=None):
+        return None
+
+
+class _LocalContext:
+    """A one-rank stand-in for ``ctx``, used only to see, without the ranks, whether the body is written."""
+
+    rank, world_size, device = 0, 1, torch.device("cpu")
+    comm = _LocalComm()
+
+
+def _probe_written(fn, w: dict) -> bool:
+    """False if ``fn`` raises ``NotImplementedError`` at once, so a blank starter never reaches the ranks
+    (a failed call restarts the pool, which costs seconds). Any other error is left to the real run."""
+    try:
+        fn(_LocalContext(), w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
+    except NotImplementedError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+
+
+def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
+    """Why rank ``rank``'s output differs from the reference, naming the likely mistake."""
+    x, w1, b1, w2, b2 = w["x"], w["w1"], w["b1"], w["w2"], w["b2"]
+    partials = [F.linear(F.gelu(F.linear(x, c, b)), r)
+                for c, b, r in zip(shard_columns(w1, tp), shard_columns(b1, tp), shard_rows(w2, tp))]
+    if not isinstance(out, torch.Tensor):
+        return f"return the output tensor, got {type(out).__name__}"
+    if out.shape != ref.shape:
+        if out.shape[-1] == ref.shape[-1] // tp:
+            return (f"it has shape {tuple(out.shape)}, a slice of the {ref.shape[-1]} output features; w2 is cut by "
+                    f"rows (its input features), so each rank's product covers all {ref.shape[-1]} outputs "
+                    f"and is summed: return the full {tuple(ref.shape)}")
+        return f"it has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    if _close(out, partials[rank]) or _close(out, partials[rank] + b2):
+        return ("it equals this rank's own partial product: the partials of the row-parallel matrix must be "
+                "summed across ranks (the all-reduce is missing)")
+    if _close(out, ref + (tp - 1) * b2):
+        return f"it is off by {tp - 1} x b2: b2 was added on every rank before the sum; add it once, after"
+    if _close(out, ref - b2):
+        return "it lacks b2: add the second bias once, after the all-reduce"
+    return f"largest difference {float((out - ref).abs().max()):.3g} (tolerance 1e-5)"
+
+
+def check_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
+    """Grade a learner's rank function ``pair_fn(ctx, x, w1, b1, w2, b2)`` that computes
+    ``gelu(x @ w1.T + b1) @ w2.T + b2`` tensor-parallel: ``w1`` and ``b1`` by columns, ``w2`` by rows, the
+    partial outputs summed with one ``ctx.comm.all_reduce``, ``b2`` added once; every rank returns the
+    full output. It runs on each warm ``Ranks`` pool given (2 and 4 ranks in the notebook)."""
+    check_callable(pair_fn, "pair_forward")
+    if not pools:
+        raise ValueError("check_tp_pair_forward needs at least one Ranks pool, e.g. check_tp_pair_forward(fn, ranks)")
+    w = pair_weights()
+    ref = pair_reference(**w)  # (2, 3, d_model)
+    expected_bytes = ref.numel() * ref.element_size()
+    got = Collector("tensor-parallel pair on ranks", "on " + " and ".join(f"{p.world_size} ranks" for p in pools))
+    if not _probe_written(pair_fn, w):
+        got.not_written = True
+        return got.result()
+    for pool in pools:
+        tp = pool.world_size
+        if w["w1"].shape[0] % tp:
+            raise ValueError(f"this exercise's d_hidden = {w['w1'].shape[0]} cannot be split {tp} ways: use 2 or 4 ranks")
+        try:
+            outs = pool.run(pair_fn, w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
+        except RankTimeoutError as err:
+            got.fail(f"{tp} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
+                     f"collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
+            continue
+        except RankError as err:
+            if "NotImplementedError" in err.remote_traceback:
+                got.not_written = True
+                return got.result()
+            summary = str(err).splitlines()[0]
+            hint = ""
+            if "cannot be multiplied" in err.remote_traceback or "size of tensor" in err.remote_traceback:
+                hint = (" (shapes do not fit: w1 is (d_hidden, d_model) and is cut by columns, dim 0, with "
+                        "shard_columns; w2 is (d_model, d_hidden) and is cut by rows, dim 1, with shard_rows)")
+            got.fail(f"{tp} ranks: rank {err.rank} raised {summary}{hint}")
+            continue
+        ops = {}
+        for rec in pool.last_comm:
+            ops.setdefault(rec.rank, []).append((rec.op, rec.size_bytes))
+        for rank, out in enumerate(outs):
+            if not _close(out, ref):
+                got.fail(f"{tp} ranks, rank {rank}: {_pair_hint(out, rank, tp, w, ref)}")
+                break
+        else:
+            for rank in range(tp):
+                mine = ops.get(rank, [])
+                if mine != [("all_reduce", expected_bytes)]:
+                    got.fail(f"{tp} ranks, rank {rank}: the right numbers, but it issued {mine or 'no collectives'}; "
+                             f"the pair needs exactly one all_reduce of the output ({expected_bytes} bytes), "
+                             f"with each rank using only its own slices")
+                    break
+    return got.result("every rank's output equals the unsharded pair (within 1e-5), "
+                      "with one all-reduce per rank")

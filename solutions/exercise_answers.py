@@ -1,0 +1,58 @@
+"""Instructor solutions to the exercises in ``notebooks/exercises/``. Kept apart from the starters.
+
+Each function is one answer that ``shardlib.exercises`` passes; the solution notebooks beside this file
+print each one and run its grader, and ``tests/test_exercises.py`` checks them too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+# -- 01 tensor parallelism ------------------------------------------------------------------------------
+def shard_rows(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
+    """Split an ``(out, in)`` weight along dim 1 (its input features) into ``n_shards`` equal slices."""
+    out_features, in_features = weight.shape
+    if n_shards < 1 or in_features % n_shards:
+        raise ValueError(f"{in_features} input features cannot be split {n_shards} ways into equal whole slices")
+    width = in_features // n_shards
+    return [weight[:, i * width:(i + 1) * width] for i in range(n_shards)]  # each (out, in / n)
+
+
+def tp_pair_forward(ctx, x, w1, b1, w2, b2):
+    """``gelu(x @ w1.T + b1) @ w2.T + b2`` on this rank: w1 and b1 by columns, w2 by rows, one all-reduce."""
+    import torch.nn.functional as F
+
+    tp, r = ctx.world_size, ctx.rank
+    w1_mine = w1.chunk(tp, dim=0)[r]  # (d_hidden / tp, d_model): some whole hidden features
+    b1_mine = b1.chunk(tp, dim=0)[r]  # (d_hidden / tp,)
+    w2_mine = w2.chunk(tp, dim=1)[r]  # (d_model, d_hidden / tp): the same hidden features, as inputs
+    hidden = F.gelu(F.linear(x, w1_mine, b1_mine))  # (b, s, d_hidden / tp): no communication
+    partial = F.linear(hidden, w2_mine)  # (b, s, d_model): this rank's share of the sum
+    return ctx.comm.all_reduce(partial) + b2  # the bias once, after the sum
+
+
+# -- 03 pipeline parallelism ----------------------------------------------------------------------------
+def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
+    """The share of a GPipe / 1F1B step each stage spends idle: ``(p - 1) / (m + p - 1)``."""
+    if n_stages < 1 or n_microbatches < 1:
+        raise ValueError(f"a pipeline needs at least 1 stage and 1 microbatch, got {n_stages} stages and "
+                         f"{n_microbatches} microbatches")
+    return (n_stages - 1) / (n_microbatches + n_stages - 1)
+
+
+# -- 04 expert parallelism ------------------------------------------------------------------------------
+def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
+    """Each token's ``k`` best experts and their gates, a softmax over the ``k`` chosen logits."""
+    logits = x @ router.T  # (T, n_experts)
+    top_logits, experts = logits.topk(k, dim=-1)  # each (T, k), highest first
+    return experts, torch.softmax(top_logits, dim=-1)  # gates sum to 1 per token
+
+
+def plan_dispatch(experts: torch.Tensor, n_experts: int, world_size: int):
+    """Send order and per-rank row counts for one home rank's slots (expert ``e`` on rank ``e // per_rank``)."""
+    per_rank = n_experts // world_size
+    flat = experts.flatten()  # (T * k,): slot id t * k + c -> its expert
+    order = torch.sort(flat, stable=True).indices  # by expert (so by rank), slot-id order kept within one
+    rows_to_rank = torch.bincount(flat // per_rank, minlength=world_size).tolist()
+    return order, rows_to_rank

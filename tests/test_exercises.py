@@ -1,0 +1,320 @@
+"""The exercises' graders: every solution passes, a blank starter is "not written yet", and each
+typical wrong answer fails with a message that names the mistake."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shardlib import Ranks
+from shardlib.exercises import (NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult, check_bubble_fraction,
+                                check_dispatch_plan, check_shard_rows, check_top_k_router, check_tp_pair_forward)
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("exercise_answers", ROOT / "solutions" / "exercise_answers.py")
+answers = importlib.util.module_from_spec(_spec)
+sys.modules["exercise_answers"] = answers
+_spec.loader.exec_module(answers)
+cloudpickle.register_pickle_by_value(answers)  # the ranks receive the solutions by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
+
+
+def blank(*args):
+    raise NotImplementedError("write this function")
+
+
+def assert_wrong(result: ExerciseResult, *phrases: str) -> None:
+    """The answer fails, and the first message says what is wrong in the words given."""
+    assert result.status == NOT_RIGHT and not result.passed, str(result)
+    text = " ".join(result.messages)
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} not in:\n{result}"
+
+
+# -- the result object ---------------------------------------------------------------------------------
+def test_result_displays_as_text_and_html():
+    result = check_bubble_fraction(lambda p, m: (p - 1) / m)
+    html = result._repr_html_()
+    assert "bubble fraction" in html and "not yet right" in html and "<li>" in html
+    assert str(result).startswith("bubble fraction: not yet right")
+    with pytest.raises(ValueError, match="status must be one of"):
+        ExerciseResult("x", "done", (), "")
+
+
+# -- shard_rows ------------------------------------------------------------------------------------------
+def test_shard_rows_solution_passes_and_blank_is_not_written():
+    assert check_shard_rows(answers.shard_rows).status == PASSED
+    result = check_shard_rows(blank)
+    assert result.status == NOT_WRITTEN and "NotImplementedError" in result.messages[0]
+
+
+def rows_and_columns_swapped(weight, n):
+    if weight.shape[0] % n:
+        raise ValueError("does not divide")
+    return list(weight.chunk(n, dim=0))
+
+
+def uneven_split(weight, n):
+    width = weight.shape[1] // n
+    return [weight[:, i * width:(i + 1) * width + 1] for i in range(n)]  # one column too many
+
+
+def shifted_by_one(weight, n):
+    return [answers.shard_rows(weight, n)[(i + 1) % n] for i in range(n)]
+
+
+def transposed(weight, n):
+    return [s.T for s in answers.shard_rows(weight, n)]
+
+
+def no_value_error(weight, n):
+    return list(weight.chunk(n, dim=1))  # right wherever n divides, silently uneven where it does not
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (rows_and_columns_swapped, ("n_shards = 2, shard 0 of 2", "wrong dimension", "rows 0..6, columns 0..24")),
+    (uneven_split, ("shard 0 of 2", "13 columns", "off-by-one")),
+    (shifted_by_one, ("shard 0 of 2", "holds shard 1's columns (12..24)", "shifted")),
+    (transposed, ("transposed",)),
+    (no_value_error, ("n_shards = 5", "should raise ValueError", "widths [5, 5, 5, 5, 4]")),
+])
+def test_shard_rows_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(check_shard_rows(wrong), *phrases)
+
+
+# -- the pair on ranks ------------------------------------------------------------------------------------
+def missing_all_reduce(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r]))
+    return F.linear(hidden, w2.chunk(tp, 1)[r]) + b2
+
+
+def bias_before_sum(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r]))
+    return ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 1)[r], b2))
+
+
+def pair_rows_and_columns_swapped(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 1)[r], b1.chunk(tp, 0)[r]))
+    return ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 0)[r])) + b2
+
+
+def no_communication(ctx, x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)  # every rank does all the work
+
+
+def returns_a_slice(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    return no_communication(ctx, x, w1, b1, w2, b2).chunk(tp, -1)[r]
+
+
+def test_pair_solution_passes_on_2_and_4_ranks(pool2, pool4):
+    result = check_tp_pair_forward(answers.tp_pair_forward, pool2, pool4)
+    assert result.passed, str(result)
+    assert result.checked == "on 2 ranks and 4 ranks"
+
+
+def test_pair_blank_is_not_written_without_touching_the_ranks(pool2):
+    before = pool2.run(lambda ctx: __import__("os").getpid())
+    assert check_tp_pair_forward(blank, pool2).status == NOT_WRITTEN
+    assert pool2.run(lambda ctx: __import__("os").getpid()) == before, "the pool was restarted"
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (missing_all_reduce, ("rank 0", "own partial product", "all-reduce is missing")),
+    (bias_before_sum, ("rank 0", "off by 1 x b2", "add it once")),
+    (pair_rows_and_columns_swapped, ("2 ranks: rank", "w1 is (d_hidden, d_model) and is cut by columns")),
+    (no_communication, ("rank 0", "issued no collectives", "one all_reduce")),
+    (returns_a_slice, ("rank 0", "a slice of the 8 output features")),
+])
+def test_pair_wrong_answers_fail_with_a_hint(pool2, wrong, phrases):
+    assert_wrong(check_tp_pair_forward(wrong, pool2), "2 ranks", *phrases)
+
+
+def test_pair_wrong_answer_reports_the_shard_count(pool4):
+    assert_wrong(check_tp_pair_forward(bias_before_sum, pool4), "4 ranks, rank 0", "off by 3 x b2")
+
+
+def only_rank_0_reduces(ctx, x, w1, b1, w2, b2):
+    if ctx.rank == 0:
+        return ctx.comm.all_reduce(x.clone())
+    return x
+
+
+def test_pair_that_hangs_is_reported_not_stuck():
+    with Ranks(2, timeout=5) as short:
+        result = check_tp_pair_forward(only_rank_0_reduces, short)
+        assert_wrong(result, "never finished", "same collectives in the same order")
+        assert short.run(lambda ctx: ctx.rank) == [0, 1]
+
+
+def test_pair_needs_a_pool():
+    with pytest.raises(ValueError, match="at least one Ranks pool"):
+        check_tp_pair_forward(answers.tp_pair_forward)
+
+
+# -- the bubble -------------------------------------------------------------------------------------------
+def test_bubble_solution_passes_and_blank_is_not_written():
+    assert check_bubble_fraction(answers.bubble_fraction).passed
+    assert check_bubble_fraction(blank).status == NOT_WRITTEN
+
+
+def checked(formula):
+    def bubble(p, m):
+        if p < 1 or m < 1:
+            raise ValueError("at least one")
+        return formula(p, m)
+    return bubble
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (checked(lambda p, m: (p - 1) / m), ("p = 2 stages, m = 1", "ratio of idle time to ideal compute")),
+    (checked(lambda p, m: m / (m + p - 1)), ("busy fraction",)),
+    (checked(lambda p, m: (p - 1) / (m + p)), ("not m + p (an off-by-one)",)),
+    (checked(lambda p, m: (p - 1) // (m + p - 1)), ("integer division",)),
+    (lambda p, m: (p - 1) / (m + p - 1), ("p = 0, m = 4", "raise ValueError")),
+])
+def test_bubble_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(check_bubble_fraction(wrong), *phrases)
+
+
+# -- the router -------------------------------------------------------------------------------------------
+def not_renormalised(x, router, k):
+    logits = x @ router.T
+    experts = logits.topk(k, dim=-1).indices
+    return experts, torch.softmax(logits, -1).gather(1, experts)
+
+
+def lowest_scores(x, router, k):
+    logits = x @ router.T
+    low, experts = logits.topk(k, dim=-1, largest=False)
+    return experts, torch.softmax(low, -1)
+
+
+def raw_logit_gates(x, router, k):
+    top, experts = (x @ router.T).topk(k, dim=-1)
+    return experts, top
+
+
+def router_transposed(x, router, k):
+    experts, gates = answers.top_k_router(x, router, k)
+    return experts.T, gates.T
+
+
+def test_router_solution_passes_and_blank_is_not_written():
+    assert check_top_k_router(answers.top_k_router).passed
+    assert check_top_k_router(blank).status == NOT_WRITTEN
+
+
+def test_router_accepts_any_order_within_a_token():
+    def ascending(x, router, k):
+        experts, gates = answers.top_k_router(x, router, k)
+        return experts.flip(-1), gates.flip(-1)
+    assert check_top_k_router(ascending).passed
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (not_renormalised, ("k = 2: token 0's gates", "softmax over all experts", "renormalise")),
+    (lowest_scores, ("token 0 went to experts", "lowest scores")),
+    (raw_logit_gates, ("raw logits",)),
+    (router_transposed, ("transposed",)),
+])
+def test_router_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(check_top_k_router(wrong), *phrases)
+
+
+# -- the dispatch plan ------------------------------------------------------------------------------------
+def loses_a_slot(experts, n_experts, world_size):
+    order, rows = answers.plan_dispatch(experts, n_experts, world_size)
+    return order[:-1], rows
+
+
+def duplicates_a_slot(experts, n_experts, world_size):
+    order, rows = answers.plan_dispatch(experts, n_experts, world_size)
+    return torch.cat([order, order[:1]]), rows
+
+
+def owner_by_modulo(experts, n_experts, world_size):
+    flat = experts.flatten()
+    owner = flat % world_size
+    order = torch.sort(owner * n_experts + flat, stable=True).indices
+    return order, torch.bincount(owner, minlength=world_size).tolist()
+
+
+def token_order_within_rank(experts, n_experts, world_size):
+    flat = experts.flatten()
+    owner = flat // (n_experts // world_size)
+    return torch.sort(owner, stable=True).indices, torch.bincount(owner, minlength=world_size).tolist()
+
+
+def wrong_counts(experts, n_experts, world_size):
+    order, rows = answers.plan_dispatch(experts, n_experts, world_size)
+    return order, [len(order)] + [0] * (world_size - 1)
+
+
+def test_dispatch_solution_passes_and_blank_is_not_written():
+    assert check_dispatch_plan(answers.plan_dispatch).passed
+    assert check_dispatch_plan(blank).status == NOT_WRITTEN
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (loses_a_slot, ("on 2 ranks", "loses 1 of the 24 slots", "every slot goes exactly once")),
+    (duplicates_a_slot, ("sends 1 slots more than once", "(2 times)")),
+    (owner_by_modulo, ("contiguous blocks", "not 4 % 2 = 0")),
+    (token_order_within_rank, ("in another order", "group rows by expert")),
+    (wrong_counts, ("is in the block for rank 0",)),
+])
+def test_dispatch_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(check_dispatch_plan(wrong), *phrases)
+
+
+# -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
+EXERCISE_DIRS = (ROOT / "notebooks" / "exercises", ROOT / "solutions")
+NOTEBOOK_STEMS = ("01_tensor_parallel", "03_pipeline_parallel", "04_expert_parallel")
+
+
+def test_every_exercise_has_a_starter_and_a_solution_notebook():
+    for stem in NOTEBOOK_STEMS:
+        for suffix in (".py", ".ipynb"):
+            assert (ROOT / "notebooks" / "exercises" / f"{stem}_exercises{suffix}").exists()
+            assert (ROOT / "solutions" / f"{stem}_solutions{suffix}").exists()
+    starters = "".join((ROOT / "notebooks" / "exercises" / f"{s}_exercises.py").read_text() for s in NOTEBOOK_STEMS)
+    solutions = "".join((ROOT / "solutions" / f"{s}_solutions.py").read_text() for s in NOTEBOOK_STEMS)
+    for grader, fn in (("check_shard_rows", "shard_rows"), ("check_tp_pair_forward", "tp_pair_forward"),
+                       ("check_bubble_fraction", "bubble_fraction"), ("check_top_k_router", "top_k_router"),
+                       ("check_dispatch_plan", "plan_dispatch")):
+        assert f"{grader}(" in starters and f"{grader}(answers.{fn}" in solutions
+    assert starters.count('raise NotImplementedError("write') == 5, "each starter function is left blank"
+    assert "exercise_answers" not in starters, "the starters must not import the solutions"
+
+
+def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):
+    import json
+    import shutil
+    import subprocess
+
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for folder in EXERCISE_DIRS:
+        sources = sorted(p for p in folder.glob("*.py") if p.stem != "exercise_answers")
+        assert {p.stem for p in sources} == {p.stem for p in folder.glob("*.ipynb")}, f"unpaired in {folder}"
+        copy = tmp_path / folder.name
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        subprocess.run([sys.executable, "-m", "jupytext", "--sync", *(str(copy / p.name) for p in sources)],
+                       check=True, capture_output=True, cwd=tmp_path)
+        for path in sources + sorted(folder.glob("*.ipynb")):
+            assert (copy / path.name).read_bytes() == path.read_bytes(), f"{path.name} is out of sync"
+        for nb in folder.glob("*.ipynb"):
+            cells = json.loads(nb.read_text())["cells"]
+            assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code"), nb.name
+
+
+@pytest.mark.parametrize("grader", [check_shard_rows, check_bubble_fraction, check_top_k_router, check_dispatch_plan])
+def test_graders_refuse_something_that_is_not_a_function(grader):
+    with pytest.raises(ValueError, match="pass your function itself"):
+        grader(42)

@@ -1,0 +1,277 @@
+"""Pipeline parallelism on real ranks (2 and 4), driven by the schedule data.
+
+Exactness: pipelining adds no cross-rank sum, so outputs, input gradients and weight gradients are
+compared with ``torch.equal`` against the unpipelined model run on the same microbatches (gradients
+accumulated in microbatch order, as the stages accumulate them). Against one pass over the whole batch,
+gradients are summed in another order: ``allclose`` with ``rtol = atol = 1e-5``.
+
+Timing: where the claim is about the schedule (the bubble, a slow stage), each forward and backward is
+padded with sleep to a set duration, so four ranks sharing two busy cores still show the schedule's
+shape. The idle fraction is measured as ``pipeline.MeasuredBubble`` defines it: over the window from
+the first compute span's start to the last one's end across ranks, ``1 - busy / (p x window)``.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from shardlib import RankError
+from shardlib.pipeline import (Action, Schedule, make_schedule, measured_in_flight, messages_per_step, peak_in_flight,
+                               pipeline_bubble_fraction, predicted_step_s)
+from shardlib.pipeline_ranks import (LAYER_WEIGHTS, measure_bubble_curve, median_run, run_on, run_pipeline,
+                                     toy_layers, unpipelined_step)
+
+N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32
+RTOL = ATOL = 1e-5  # against one whole-batch pass only; everything else is exact
+BUBBLE_TOLERANCE = 0.03
+GRID_OP_S = {"gpipe": 0.05, "1f1b": 0.1}  # set duration of each forward and of each backward
+GRID_MICROBATCHES = (1, 4, 16)  # a subset: benchmarks/bench_pipeline.py measures 1, 2, 4, 8, 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    g = torch.Generator().manual_seed(1)
+    return {"layers": toy_layers(N_LAYERS, D_MODEL, 2 * D_MODEL, seed=0),
+            "x": torch.randn(BATCH, SEQ, D_MODEL, generator=g),
+            "grad": torch.randn(BATCH, SEQ, D_MODEL, generator=g)}
+
+
+def _equal_grads(a, b):
+    return all(torch.equal(ga[k], gb[k]) for ga, gb in zip(a, b) for k in LAYER_WEIGHTS) and len(a) == len(b)
+
+
+# -- exactness -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, n_chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)])
+@pytest.mark.parametrize("factor", [1, 2])
+def test_training_step_equals_the_unpipelined_model(pool, model, name, n_chunks, factor):
+    p = pool.world_size
+    m = factor * p
+    schedule = make_schedule(name, p, m, training=True, n_chunks=n_chunks)
+    run = run_on(pool, schedule, model["layers"], model["x"], model["grad"])
+    same_microbatches = unpipelined_step(model["x"], model["layers"], m, model["grad"])
+    assert torch.equal(run.output, same_microbatches["output"])
+    assert torch.equal(run.grad_x, same_microbatches["grad_x"])
+    assert _equal_grads(run.grads, same_microbatches["grads"])
+    whole_batch = unpipelined_step(model["x"], model["layers"], 1, model["grad"])
+    assert torch.allclose(run.output, whole_batch["output"], rtol=RTOL, atol=ATOL)
+    assert all(torch.allclose(a[k], b[k], rtol=RTOL, atol=ATOL)
+               for a, b in zip(run.grads, whole_batch["grads"]) for k in LAYER_WEIGHTS)
+    # each rank held only its own layers, contiguous, one slice per chunk
+    held = [sum(r["layers"], []) for r in run.per_rank]
+    assert sorted(sum(held, [])) == list(range(N_LAYERS))
+    assert all(len(h) == N_LAYERS // p for h in held)
+    # one message per microbatch per boundary, each way: read from the comm log
+    per_message = (BATCH // m) * SEQ * D_MODEL * 4
+    assert run.sent_messages() == messages_per_step(schedule) == 2 * (p * n_chunks - 1) * m
+    assert run.sent_bytes() == run.sent_messages() * per_message
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_inference_step_equals_the_unpipelined_model(pool, model, name):
+    p = pool.world_size
+    for m in (1, 3, 8):  # 3 does not divide the batch of 16: microbatches of 6, 5 and 5 rows
+        run = run_on(pool, make_schedule(name, p, m, training=False), model["layers"], model["x"])
+        assert torch.equal(run.output, unpipelined_step(model["x"], model["layers"], m)["output"])
+        assert run.grad_x is None and run.grads == [] and run.peak_in_flight == (0,) * p
+
+
+def test_in_flight_measured_1f1b_holds_p_gpipe_holds_m(pool4, model):
+    m = 8
+    runs = {name: run_on(pool4, make_schedule(name, 4, m), model["layers"], model["x"], model["grad"])
+            for name in ("gpipe", "1f1b")}
+    assert runs["gpipe"].peak_in_flight == (8, 8, 8, 8) == peak_in_flight(make_schedule("gpipe", 4, m))
+    assert runs["1f1b"].peak_in_flight == (4, 3, 2, 1) == peak_in_flight(make_schedule("1f1b", 4, m))
+    for name, run in runs.items():  # the same count read back from the real timeline
+        assert measured_in_flight(run.spans, 4) == run.peak_in_flight, name
+    # activation memory, measured with saved-tensor hooks, follows the count: equal-sized microbatches
+    gpipe_bytes, one_f_bytes = runs["gpipe"].peak_activation_bytes, runs["1f1b"].peak_activation_bytes
+    per_microbatch = gpipe_bytes[0] // m
+    assert per_microbatch > 0 and all(b == gpipe_bytes[0] for b in gpipe_bytes)
+    assert one_f_bytes == tuple(k * per_microbatch for k in (4, 3, 2, 1))
+
+
+# -- the bubble, measured --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_measured_bubble_agrees_with_the_formula(pool, model, name):
+    """Uniform stages, every op padded to a set duration: the idle fraction measured on the real
+    timeline is the formula's within 0.03. ``measure_bubble_curve`` warms the ranks first, and
+    measures a point that misses twice more, keeping the median of the three (another process on this
+    shared machine can stall a run, which only ever adds idle time)."""
+    points = measure_bubble_curve(pool, name, GRID_MICROBATCHES, model["layers"], model["x"], model["grad"],
+                                  op_s=GRID_OP_S[name], remeasure_over=BUBBLE_TOLERANCE)
+    report = "; ".join(f"m={pt.n_microbatches}: measured {[round(a, 3) for a in pt.attempts]}, formula "
+                       f"{pt.predicted:.3f}" for pt in points)
+    assert [pt.n_microbatches for pt in points] == list(GRID_MICROBATCHES)
+    assert all(pt.predicted == pipeline_bubble_fraction(pool.world_size, pt.n_microbatches) for pt in points)
+    assert all(abs(pt.measured - pt.predicted) <= BUBBLE_TOLERANCE for pt in points), report
+
+
+def test_a_slow_stage_sets_the_pace(pool, model):
+    """One stage twice as slow: the step follows the simulation of the schedule with that stage's
+    duration, the slow stage is busy nearly the whole step, and the others wait for it. Each step is
+    the median of three runs, so one stalled by another process does not decide it."""
+    p, m, op_s = pool.world_size, 8, 0.02
+    slow = 1
+    durations = [op_s] * p
+    durations[slow] = 2 * op_s
+    schedule = make_schedule("gpipe", p, m, training=False)
+    run_on(pool, schedule, model["layers"], model["x"], forward_s=0.001)  # warm-up
+    uniform = median_run(pool, schedule, model["layers"], model["x"], forward_s=op_s, repeats=3)
+    lopsided = median_run(pool, schedule, model["layers"], model["x"], forward_s=durations, repeats=3)
+    predicted_uniform, predicted_slow = predicted_step_s(schedule, op_s, 0), predicted_step_s(schedule, durations, 0)
+    assert 0.97 <= uniform.bubble.window_s / predicted_uniform <= 1.2
+    assert 0.97 <= lopsided.bubble.window_s / predicted_slow <= 1.2
+    assert lopsided.bubble.window_s / uniform.bubble.window_s >= 1.5
+    busy_share = [b / lopsided.bubble.window_s for b in lopsided.bubble.busy_s]
+    assert busy_share[slow] >= 0.9 * m * 2 * op_s / predicted_slow
+    assert all(busy_share[r] < busy_share[slow] for r in range(p) if r != slow)
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+def test_bad_inputs_are_refused_before_any_rank_starts(pool2, model):
+    x, layers, grad = model["x"], model["layers"], model["grad"]
+    cases = [
+        (lambda: run_on(pool2, make_schedule("gpipe", 4, 4), layers, x, grad), "this schedule has 4 stages but there are 2 ranks"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers[:1], x, grad), "a pipeline of 2 stages needs at least 2 layers, one whole layer per slice; the model has 1"),
+        (lambda: run_on(pool2, make_schedule("interleaved-1f1b", 2, 4, n_chunks=3), layers[:5], x, grad),
+         "a pipeline of 2 stages x 3 model chunks needs at least 6 layers, one whole layer per slice; the model has 5"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 32), layers, x, grad), "cannot cut a batch of 16 rows into 32"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x), "needs grad_output"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4, training=False), layers, x, grad), "runs no backwards"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad[:8]), "grad_output has shape"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x[0], grad), r"\(batch, seq, d_model\)"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x[..., :16], grad[..., :16]),
+         "the input has 16 features per token but the layers expect d_model = 32"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=[0.1]), "one per stage"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=-1), "forward_s must be"),
+        (lambda: run_on(pool2, "gpipe", layers, x, grad), "expected a Schedule"),
+        # a hand-made order that would leave the ranks waiting forever is refused as it is built
+        (lambda: run_on(pool2, Schedule("gpipe", 2, 1, True, 1, ((Action(0, 0, "B"), Action(0, 0, "F")),
+                                                                  (Action(1, 0, "F"), Action(1, 0, "B")))),
+                        layers, x, grad), "this order deadlocks"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ValueError, match=words):
+            call()
+    # called straight on the ranks, the same check fails on every rank: an error, not a hang
+    with pytest.raises(RankError, match="this schedule has 4 stages but there are 2 ranks"):
+        pool2.run(run_pipeline, make_schedule("gpipe", 4, 4), layers, x, grad)
+    assert run_on(pool2, make_schedule("gpipe", 2, 2, training=False), layers, x).output.shape == x.shape
+
+
+# -- the peer: torch.distributed.pipelining --------------------------------------------------------------
+def _torch_pipelining(ctx, name, layers, x, grad_output, m):
+    """Run torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B over the same layer slices, and
+    log the order each stage runs its forwards and backwards in. The first step initialises the stages
+    (it runs shape inference); the second is the one compared."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from shardlib.pipeline_ranks import layer_forward, layers_of_stage
+
+    p, r = ctx.world_size, ctx.rank
+    held = list(layers_of_stage(make_schedule(name, p, m), len(layers), r)[0])
+    log = []
+
+    class Logged(torch.autograd.Function):
+        @staticmethod
+        def forward(fctx, t, i):
+            fctx.i = i
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(fctx, grad):
+            log.append(f"B{fctx.i}")
+            return grad, None
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.ParameterList(nn.Parameter(layers[i][k].clone()) for i in held for k in LAYER_WEIGHTS)
+            self.calls = 0
+
+        def forward(self, h):
+            i, self.calls = self.calls, self.calls + 1
+            log.append(f"F{i}")
+            for j in range(len(held)):
+                h = layer_forward(h, dict(zip(LAYER_WEIGHTS, self.w[3 * j:3 * j + 3])))
+            return Logged.apply(h, i)
+
+    module = Stage()
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    schedule = cls(PipelineStage(module, r, p, ctx.device), m, loss_fn=lambda out, target: (out * target).sum(),
+                   scale_grads=False)  # loss = sum(out * grad_output): its gradient is grad_output itself
+
+    def step():
+        if r == 0:
+            return schedule.step(x)
+        return schedule.step(target=grad_output) if r == p - 1 else schedule.step()
+
+    step()
+    log.clear()
+    module.calls = 0
+    module.zero_grad(set_to_none=True)
+    out = step()
+    grads = {i: {k: module.w[3 * j + n].grad for n, k in enumerate(LAYER_WEIGHTS)} for j, i in enumerate(held)}
+    return {"order": log, "output": out, "grads": grads}
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_torch_pipelining_runs_the_same_order_and_gets_the_same_numbers(pool, model, name):
+    """torch.distributed.pipelining runs on gloo here. Its stages execute forwards and backwards in the
+    same order as our schedule data, and its output and weight gradients equal ours bit for bit.
+    (Its static ``Schedule1F1B.pipeline_order`` table in torch 2.13 lists the last stage's forwards as
+    1..m instead of 0..m-1; the order it executes, logged here, is the right one.)"""
+    p = pool.world_size
+    for m in (p, 2 * p):
+        ours = run_on(pool, make_schedule(name, p, m), model["layers"], model["x"], model["grad"])
+        theirs = pool.run(_torch_pipelining, name, model["layers"], model["x"], model["grad"], m)
+        for r in range(p):
+            assert theirs[r]["order"] == [a.label for a in ours.schedule.actions[r]]
+        assert torch.equal(theirs[-1]["output"], ours.output)
+        merged = {i: g for res in theirs for i, g in res["grads"].items()}
+        assert _equal_grads([merged[i] for i in sorted(merged)], ours.grads)
+
+
+def _torch_1f1b_refusal(ctx, m):
+    """Build torch's Schedule1F1B with ``m`` microbatches; return its error message (caught on the
+    rank, so the pool need not restart)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    stage = PipelineStage(nn.Identity(), ctx.rank, ctx.world_size, ctx.device)
+    try:
+        Schedule1F1B(stage, m)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_torch_1f1b_refuses_fewer_microbatches_than_stages_ours_runs_them(pool, model):
+    p = pool.world_size
+    refusals = pool.run(_torch_1f1b_refusal, 1)
+    assert all(f"Number of microbatches (1) must be greater than or equal to the number of stages ({p})" in " ".join(r.split())
+               for r in refusals)
+    assert pool.run(_torch_1f1b_refusal, p) == [None] * p
+    ours = run_on(pool, make_schedule("1f1b", p, 1), model["layers"], model["x"], model["grad"])
+    assert torch.equal(ours.output, unpipelined_step(model["x"], model["layers"], 1, model["grad"])["output"])
+
+
+def test_the_microbatch_slider_stays_in_range_and_reruns(pool2, model):
+    from shardlib.pipeline_widgets import microbatch_explorer
+
+    x, grad = model["x"][:6], model["grad"][:6]  # 6 rows: at most 6 microbatches
+    app = microbatch_explorer(pool2, model["layers"], x, grad, forward_s=0.001, backward_s=0.001, max_microbatches=16)
+    (slider, picker), label = app.children[0].children, app.children[1]
+    assert (slider.min, slider.max, slider.value) == (1, 6, 4)
+    assert "p = 2, m = 4" in label.value
+    slider.value = 100  # out of range: the slider clamps it
+    assert slider.value == 6 and "GPipe, training: p = 2, m = 6" in label.value
+    picker.value = "1f1b"
+    assert "1F1B, training: p = 2, m = 6" in label.value and "in flight per stage [2, 1]" in label.value
+    assert [name for name, _ in picker.options] == ["GPipe", "1F1B"]
+
+
+def test_a_bubble_point_keeps_every_measurement_and_reports_their_median():
+    from shardlib.pipeline_ranks import BubblePoint
+
+    assert BubblePoint(4, 8, 3 / 11, (0.28,)).measured == 0.28
+    assert BubblePoint(4, 8, 3 / 11, (0.45, 0.28, 0.29)).measured == 0.29  # one stalled run does not decide it
