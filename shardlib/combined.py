@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .checks import whole_number
 from .models import ModelConfig, check_tensor_parallel
 from .pipeline import split_layers
 from .plan import AxisTraffic, Layout, active_params_per_gpu, forward_traffic
@@ -47,9 +48,7 @@ class Mesh:
 
     def __post_init__(self) -> None:
         for name in ("pp", "tp", "dp"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"mesh {name} must be a whole number of at least 1, got {value!r}")
+            whole_number(getattr(self, name), f"mesh {name}")
 
     @property
     def world_size(self) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .checks import whole_number
 from .costs import Link, cost_terms
 
 SWEEP_OPS = ("all_reduce", "all_to_all", "point_to_point")
@@ -200,8 +201,7 @@ def calibrate(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUN
     if ranks.world_size < 2:
         raise ValueError(f"a communication sweep needs at least 2 ranks, got a pool of {ranks.world_size}")
     for name, value in (("rounds", rounds), ("calls", calls)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+        whole_number(value, name)
     _check_sizes(sizes_bytes, ranks.world_size)
     start = time.perf_counter()
     samples = combine(ranks.run(sweep, tuple(sizes_bytes), rounds, calls), ranks.world_size)

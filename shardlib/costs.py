@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from numbers import Real
 
+from .checks import positive_number, whole_number
 from .models import ModelConfig, check_tensor_parallel
 
 DIRECTIONS = ("per direction", "aggregate")
@@ -41,18 +42,6 @@ LATENCY_CHARGES = ("per_step", "per_call")
 
 
 # -- checks ---------------------------------------------------------------------------------------------
-def _positive(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
-        raise ValueError(f"{what} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _count(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a whole number of at least 1, got {value!r}")
-    return value
-
-
 def _choice(value, allowed: tuple[str, ...], what: str) -> str:
     if value not in allowed:
         raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(map(repr, allowed))}")
@@ -75,7 +64,7 @@ class Link:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"a link needs a name, got {self.name!r}")
-        _positive(self.bandwidth_bytes_per_s, f"{self.name}: bandwidth_bytes_per_s")
+        positive_number(self.bandwidth_bytes_per_s, f"{self.name}: bandwidth_bytes_per_s")
         if isinstance(self.latency_s, bool) or not isinstance(self.latency_s, Real) or self.latency_s < 0:
             raise ValueError(f"{self.name}: latency_s must be zero or more seconds, got {self.latency_s!r}")
         _choice(self.direction, DIRECTIONS, f"{self.name}: direction")
@@ -130,7 +119,7 @@ def cost_terms(op: str, n: int, latency_charge: str = "per_step") -> tuple[int, 
     _choice(latency_charge, LATENCY_CHARGES, "latency_charge")
     if op == "point_to_point":
         return 1, 1.0
-    n = _count(n, "n (the number of ranks)")
+    n = whole_number(n, "n (the number of ranks)")
     if n == 1:
         return 0, 0.0  # one rank already holds everything: nothing to send
     steps = 2 * (n - 1) if op == "all_reduce" else n - 1
@@ -141,7 +130,7 @@ def cost_terms(op: str, n: int, latency_charge: str = "per_step") -> tuple[int, 
 def collective_terms_s(op: str, size_bytes: float, n: int, link: Link,
                        latency_charge: str = "per_step") -> tuple[float, float]:
     """``(latency part, bandwidth part)`` of the time of ``op`` on ``size_bytes``, in seconds."""
-    size_bytes = _positive(size_bytes, "size_bytes")
+    size_bytes = positive_number(size_bytes, "size_bytes")
     steps, factor = cost_terms(op, n, latency_charge)
     return steps * link.latency_s, factor * size_bytes / link.one_way_bytes_per_s
 
@@ -179,7 +168,7 @@ def point_to_point_s(size_bytes: float, link: Link) -> float:
 
 def algorithm_bandwidth(size_bytes: float, seconds: float) -> float:
     """nccl-tests' algorithm bandwidth: ``size_bytes / seconds`` (bytes/s)."""
-    return _positive(size_bytes, "size_bytes") / _positive(seconds, "seconds")
+    return positive_number(size_bytes, "size_bytes") / positive_number(seconds, "seconds")
 
 
 def bus_bandwidth(op: str, size_bytes: float, seconds: float, n: int) -> float:
@@ -230,9 +219,9 @@ def tp_forward_cost(model: ModelConfig, n_shards: int, link: Link, tokens: int, 
                     latency_charge: str = "per_call") -> PhaseCost:
     """Megatron-LM tensor parallelism (Shoeybi et al. 2019): two all-reduces per layer in the forward pass
     (after attention and after the MLP), each of ``tokens x d_model`` activations in the model's dtype."""
-    _count(n_shards, "n_shards")
+    whole_number(n_shards, "n_shards")
     check_tensor_parallel(model, n_shards)
-    tokens = _count(tokens, "tokens")
+    tokens = whole_number(tokens, "tokens")
     size_bytes = int(tokens * model.d_model * model.bytes_per_param)
     collectives = 0 if n_shards == 1 else 2 * model.n_layers
     latency, bandwidth = (collective_terms_s("all_reduce", size_bytes, n_shards, link, latency_charge)
@@ -246,14 +235,14 @@ def tp_decode_cost(model: ModelConfig, n_shards: int, link: Link, batch: int = 1
     """One decode step: one new token for each of ``batch`` sequences, so each all-reduce carries one
     ``d_model`` vector per sequence (8 KiB for Llama-3-8B in fp16). With ``batch = 1`` it is the cost
     per generated token."""
-    return tp_forward_cost(model, n_shards, link, _count(batch, "batch"), "decode", latency_charge)
+    return tp_forward_cost(model, n_shards, link, whole_number(batch, "batch"), "decode", latency_charge)
 
 
 def tp_prefill_cost(model: ModelConfig, n_shards: int, link: Link, prompt_tokens: int, batch: int = 1,
                     latency_charge: str = "per_call") -> PhaseCost:
     """Prefill of ``batch`` prompts of ``prompt_tokens`` each: the same number of all-reduces as a decode
     step, but each carries every prompt token's activations."""
-    tokens = _count(prompt_tokens, "prompt_tokens") * _count(batch, "batch")
+    tokens = whole_number(prompt_tokens, "prompt_tokens") * whole_number(batch, "batch")
     return tp_forward_cost(model, n_shards, link, tokens, "prefill", latency_charge)
 
 
@@ -330,12 +319,12 @@ HBM_BYTES_PER_S: dict[str, float] = {
 def decode_step_compute_s(model: ModelConfig, memory_bytes_per_s: float, n_shards: int = 1) -> float:
     """The memory-bound floor of one decode step: every weight is read once, ``weight_bytes / n_shards``
     per device, at the memory's bandwidth. (Real steps also read the KV cache and are slower.)"""
-    return model.weight_bytes / _count(n_shards, "n_shards") / _positive(memory_bytes_per_s, "memory_bytes_per_s")
+    return model.weight_bytes / whole_number(n_shards, "n_shards") / positive_number(memory_bytes_per_s, "memory_bytes_per_s")
 
 
 def fits_on_device(model: ModelConfig, memory_bytes: float, n_shards: int = 1) -> bool:
     """Whether the weights alone, split ``n_shards`` ways, fit in one device's memory."""
-    return model.weight_bytes / _count(n_shards, "n_shards") <= _positive(memory_bytes, "memory_bytes")
+    return model.weight_bytes / whole_number(n_shards, "n_shards") <= positive_number(memory_bytes, "memory_bytes")
 
 
 @dataclass(frozen=True)
@@ -366,9 +355,9 @@ class ReplicasVsTensorParallel:
 def replicas_vs_tensor_parallel(step_compute_s: float, comm_s_per_step: float, n_devices: int,
                                 tokens_per_step: int) -> ReplicasVsTensorParallel:
     """Throughput of ``n_devices`` as replicas against one tensor-parallel copy (see the dataclass)."""
-    compute = _positive(step_compute_s, "step_compute_s")
+    compute = positive_number(step_compute_s, "step_compute_s")
     if isinstance(comm_s_per_step, bool) or not isinstance(comm_s_per_step, Real) or comm_s_per_step < 0:
         raise ValueError(f"comm_s_per_step must be zero or more seconds, got {comm_s_per_step!r}")
-    n = _count(n_devices, "n_devices")
-    return ReplicasVsTensorParallel(n, _count(tokens_per_step, "tokens_per_step"), compute,
+    n = whole_number(n_devices, "n_devices")
+    return ReplicasVsTensorParallel(n, whole_number(tokens_per_step, "tokens_per_step"), compute,
                                     compute / n + (comm_s_per_step if n > 1 else 0.0))

@@ -37,6 +37,7 @@ from numbers import Integral
 
 import torch
 
+from .checks import whole_number
 from .experts import (MoEConfig, MoEOutput, MoEWeights, assign, check_tokens, combine, expert_ffn, load_stats,
                       moe_reference, route, split_groups)
 from .timeline import now_s
@@ -55,9 +56,7 @@ class ExpertPlacement:
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "world_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-                raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+            whole_number(getattr(self, name), name)
         if self.n_experts % self.world_size:
             raise ValueError(
                 f"{self.n_experts} experts cannot be placed on {self.world_size} ranks: expert parallelism gives "

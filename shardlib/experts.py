@@ -47,6 +47,7 @@ from numbers import Integral, Real
 import torch
 import torch.nn.functional as F
 
+from .checks import whole_number
 from .models import ModelConfig
 from .tp_ranks import mlp_reference
 
@@ -55,11 +56,6 @@ MAX_PREFERENCE_BIAS = 1e4  # the hot expert's logit bonus at skew = 1
 
 
 # -- configuration -------------------------------------------------------------------------------------
-def _whole(name: str, value, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f"{name} must be a whole number of at least {low}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class MoEConfig:
     """Shapes and routing policy of one MoE layer. See the module docstring for each knob."""
@@ -76,7 +72,7 @@ class MoEConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "d_model", "d_ff"):
-            _whole(name, getattr(self, name))
+            whole_number(getattr(self, name), name)
         if isinstance(self.k, bool) or not isinstance(self.k, Integral) or not 1 <= self.k <= self.n_experts:
             raise ValueError(f"k (experts per token) must be a whole number from 1 to the number of experts "
                              f"({self.n_experts}), got k = {self.k!r}")
@@ -161,7 +157,7 @@ def make_moe_weights(cfg: MoEConfig, seed: int = 0) -> MoEWeights:
 
 def make_tokens(n_tokens: int, d_model: int, seed: int = 1) -> torch.Tensor:
     """``(n_tokens, d_model)`` hidden states of unit variance, reproducible from ``seed``."""
-    _whole("n_tokens", n_tokens)
+    whole_number(n_tokens, "n_tokens")
     return torch.randn(n_tokens, d_model, generator=torch.Generator().manual_seed(seed))
 
 
@@ -231,8 +227,8 @@ def aux_load_balancing_loss(routing: Routing) -> float:
 # -- capacity, dropping, rerouting ---------------------------------------------------------------------------
 def capacity(n_tokens: int, k: int, capacity_factor: float, n_experts: int) -> int:
     """Token-slots one expert takes from a group: ``ceil(n_tokens * k * capacity_factor / n_experts)``."""
-    _whole("n_tokens", n_tokens, low=0)
-    _whole("n_experts", n_experts)
+    whole_number(n_tokens, "n_tokens", 0)
+    whole_number(n_experts, "n_experts")
     if isinstance(k, bool) or not isinstance(k, Integral) or not 1 <= k <= n_experts:
         raise ValueError(f"k must be from 1 to the number of experts ({n_experts}), got k = {k!r}")
     if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, Real) or not capacity_factor > 0:
@@ -314,7 +310,7 @@ def assign(routing: Routing, cfg: MoEConfig) -> Assignment:
 
 def split_groups(n_tokens: int, n_groups: int) -> list[tuple[int, int]]:
     """Contiguous ``(start, stop)`` token ranges of ``n_groups`` near-equal groups (as ``tensor_split``)."""
-    _whole("n_groups", n_groups)
+    whole_number(n_groups, "n_groups")
     if n_groups > n_tokens:
         raise ValueError(f"{n_tokens} tokens cannot be split into {n_groups} groups: each group (each rank) "
                          f"needs at least one token")

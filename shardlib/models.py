@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .checks import whole_number
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -32,9 +34,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",
                      "experts_per_token"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{self.name}: {name} must be a positive whole number, got {value!r}")
+            whole_number(getattr(self, name), f"{self.name}: {name}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"{self.name}: {self.n_heads} query heads cannot share {self.n_kv_heads} KV heads evenly "

@@ -41,6 +41,7 @@ from fractions import Fraction
 from numbers import Integral, Real
 from typing import Mapping, Sequence
 
+from .checks import whole_number
 from .timeline import Span
 
 OPS = ("F", "B")
@@ -51,9 +52,7 @@ SCHEDULE_TITLES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interl
 # -- checks shared by everything below ----------------------------------------------------------------
 def check_count(name: str, value, what: str) -> int:
     """``value`` as an int, or a ValueError saying it must be a whole number of at least 1."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} ({what}) must be a whole number of at least 1, got {value!r}")
-    return int(value)
+    return whole_number(value, f"{name} ({what})")
 
 
 # -- the bubble: two conventions ----------------------------------------------------------------------

@@ -49,8 +49,8 @@ one chain, each used by the next: inputs, placement, memory, shape rules, traffi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
 
+from .checks import positive_number, whole_number
 from .costs import (INFINIBAND_400G, NVLINK, Link, all_reduce_s, all_to_all_s,
                     point_to_point_s, HBM_BYTES_PER_S, LATENCY_CHARGES)
 from .models import GPU_MEMORY_BYTES, ModelConfig, tensor_parallel_problems
@@ -58,18 +58,6 @@ from .pipeline import pipeline_bubble_fraction
 
 OBJECTIVES = ("throughput", "latency")
 H100_BF16_DENSE_FLOPS = 989e12  # NVIDIA H100 SXM datasheet: 989 TFLOPS BF16 dense (1,979 with sparsity)
-
-
-def _whole(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a whole number of at least 1, got {value!r}")
-    return value
-
-
-def _positive(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
-        raise ValueError(f"{what} must be a positive number, got {value!r}")
-    return float(value)
 
 
 def _gb(size_bytes: float) -> str:
@@ -93,11 +81,11 @@ class Cluster:
     latency_charge: str = "per_call"  # how collectives pay latency: see costs.py
 
     def __post_init__(self) -> None:
-        _whole(self.nodes, f"{self.name}: nodes")
-        _whole(self.gpus_per_node, f"{self.name}: gpus_per_node")
-        _positive(self.memory_per_gpu_bytes, f"{self.name}: memory_per_gpu_bytes")
-        _positive(self.memory_bytes_per_s, f"{self.name}: memory_bytes_per_s")
-        _positive(self.peak_flops_per_s, f"{self.name}: peak_flops_per_s")
+        whole_number(self.nodes, f"{self.name}: nodes")
+        whole_number(self.gpus_per_node, f"{self.name}: gpus_per_node")
+        positive_number(self.memory_per_gpu_bytes, f"{self.name}: memory_per_gpu_bytes")
+        positive_number(self.memory_bytes_per_s, f"{self.name}: memory_bytes_per_s")
+        positive_number(self.peak_flops_per_s, f"{self.name}: peak_flops_per_s")
         for what in ("intra_link", "inter_link"):
             if not isinstance(getattr(self, what), Link):
                 raise ValueError(f"{self.name}: {what} must be a costs.Link, got {getattr(self, what)!r}")
@@ -125,7 +113,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         for name in ("batch", "context_tokens", "prompt_tokens", "microbatches"):
-            _whole(getattr(self, name), name)
+            whole_number(getattr(self, name), name)
         if self.prompt_tokens > self.context_tokens:
             raise ValueError(f"a prompt of {self.prompt_tokens} tokens does not fit a context of "
                              f"{self.context_tokens} tokens")
@@ -144,7 +132,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "ep"):
-            _whole(getattr(self, name), name)
+            whole_number(getattr(self, name), name)
 
     @property
     def world_size(self) -> int:
@@ -271,9 +259,9 @@ def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: 
     into ``n_microbatches`` equal microbatches: per rank, ``2 x L/pp`` all-reduces per microbatch on
     the tp axis (1 per layer when ep > 1, plus 2 all-to-alls on the ep axis), and each tp rank of a
     stage sends its copy of the microbatch's activations to its counterpart in the next stage."""
-    _whole(batch, "batch")
-    _whole(seq_tokens, "seq_tokens")
-    m = _whole(n_microbatches, "n_microbatches")
+    whole_number(batch, "batch")
+    whole_number(seq_tokens, "seq_tokens")
+    m = whole_number(n_microbatches, "n_microbatches")
     if batch % m or model.n_layers % layout.pp:
         raise ValueError(f"forward_traffic needs equal pieces: batch {batch} into {m} microbatches "
                          f"({batch} % {m} = {batch % m}), {model.n_layers} layers into {layout.pp} stages "

@@ -34,7 +34,7 @@ def test_hand_counted_toy():
 
 @pytest.mark.parametrize("changes, words", [
     ({"n_kv_heads": 3}, "cannot share 3 KV heads"),
-    ({"n_layers": 0}, "n_layers must be a positive whole number"),
+    ({"n_layers": 0}, "n_layers must be a whole number of at least 1"),
     ({"d_model": 60, "n_heads": 8}, "does not divide into 8 heads"),
     ({"n_experts": 2, "experts_per_token": 3}, "cannot use 3 experts when there are only 2"),
     ({"bytes_per_param": 0}, "bytes_per_param must be positive"),
