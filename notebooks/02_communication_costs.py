@@ -111,7 +111,8 @@ assert prefill[-1] / prefill[0] > 30  # lesson 2: prefill tracks the link's band
 #    cost, paid 64 times per token, is the whole bill. Fewer shards move fewer bytes, but decode was never
 #    paying for bytes, so the decode columns do not improve.
 # 2. **Prefill is bandwidth-bound.** Its payload grows with the prompt, so the link's rate decides:
-#    about 3 ms per prompt on NVLink, tens of milliseconds on PCIe, over a hundred on 100 Gb Ethernet.
+#    about 3 to 5 ms per prompt on NVLink, tens of milliseconds on PCIe, about 90 to 150 on 100 Gb
+#    Ethernet.
 #
 # On NVLink tensor parallelism is routine; on PCIe it is a real tax, worst on long prompts; across a
 # network it is usually a mistake. Charge the ring's `2(n-1)` latencies per all-reduce instead of one,
@@ -125,14 +126,23 @@ for n in (2, 4, 8):
 # %% [markdown]
 # ## Where each link turns from latency-bound to bandwidth-bound
 #
-# The crossover is the size where both parts are equal: `alpha · B` for one message, `n · alpha · B` for
-# a ring all-reduce. Decode's 8 KiB sits far left of every link's crossover; a 2,048-token prefill's
-# 16 MiB sits right of all of them.
+# The crossover is the size where both parts are equal: `alpha · B` for one message. For an all-reduce on
+# `n` ranks it depends on how the latency is charged: `n · alpha · B` when each of the ring's `2(n-1)`
+# steps pays it, `n / (2(n-1)) · alpha · B` when the call pays it once. Decode's 8 KiB sits far left of
+# every crossover either way. A 2,048-token prefill's 16 MiB sits right of every link's crossover with
+# one latency per call; with the ring's latencies NVLink's crossover on 8 ranks lands just above 16 MiB,
+# because NVLink's bandwidth is so high that even a prefill all-reduce is still half latency there.
 
 # %%
+decode_bytes, prefill_bytes = 8 * 2 ** 10, 16 * 2 ** 20
+print(f"{'':<26} {'point-to-point':>14}   all-reduce on 8: {'per call':>8} {'per step':>9}")
 for preset in LINKS.values():
-    print(f"{preset.name:<26} point-to-point {crossover_bytes(preset) / 1e3:>8,.0f} KB   "
-          f"all-reduce on 8 {crossover_bytes(preset, 'all_reduce', 8) / 1e6:>6.1f} MB")
+    per_call = crossover_bytes(preset, "all_reduce", 8, "per_call")
+    per_step = crossover_bytes(preset, "all_reduce", 8, "per_step")
+    print(f"{preset.name:<26} {crossover_bytes(preset) / 1e3:>11,.0f} KB   {'':>16} {per_call / 1e6:>5.2f} MB "
+          f"{per_step / 1e6:>6.1f} MB")
+    assert decode_bytes < min(per_call, per_step) and prefill_bytes > per_call
+assert crossover_bytes(LINKS["NVLink 4 (H100/H200)"], "all_reduce", 8, "per_step") > prefill_bytes
 
 # %%
 # NBVAL_IGNORE_OUTPUT

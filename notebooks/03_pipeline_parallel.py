@@ -110,8 +110,9 @@ step_through_figure(make_schedule("1f1b", 4, 8))
 # %% [markdown]
 # **Interleaving** (Megatron-LM, 2021) goes further: each device holds `v` smaller chunks of layers
 # that are not neighbours (device 0 holds layers 0-1 and 4-5 of 8, say), so a microbatch visits each
-# device `v` times for `1/v` as long, and the fill and drain shrink `v`-fold. The price is `v` times as
-# many messages.
+# device `v` times for `1/v` as long, and the fill and drain shrink `v`-fold. The price is more
+# messages: every boundary between the `p · v` chunks is crossed, `(p·v − 1) / (p − 1)` times as many
+# as plain 1F1B, close to `v` when there are many stages.
 
 # %%
 s = make_schedule("interleaved-1f1b", 2, 4, n_chunks=2)
@@ -311,11 +312,15 @@ assert slow_step / even_step >= 1.5
 shares = [b / slow_step for b in paced["slow stage 1"].bubble.busy_s]
 assert max(range(4), key=lambda r: shares[r]) == 1  # the slow stage is the busiest; the others wait for it
 assert shares[1] >= 0.7 and all(shares[r] <= 0.6 for r in (0, 2, 3))
+slow_durations = [0.02, 0.04, 0.02, 0.02]
+predicted_shares = [forward_only.n_microbatches * d / predicted_step_s(forward_only, slow_durations, 0)
+                    for d in slow_durations]
+print(f"the schedule predicts each stage computing {[f'{x:.0%}' for x in predicted_shares]} of the step")
 
 # %% [markdown]
-# The slow stage computes for about four fifths of the step (the schedule says 84%); every other stage
-# computes for about two fifths (42%) and spends the rest waiting for the slow one: the pipeline runs at
-# the pace of its slowest stage. Balancing the stages (so each holds equal work, not
+# The slow stage computes for about four fifths of the step, as the schedule predicts; every other stage
+# computes for about two fifths and spends the rest waiting for the slow one: the pipeline runs at the
+# pace of its slowest stage. Balancing the stages (so each holds equal work, not
 # equal layers, when layers differ) matters as much as the microbatch count.
 
 # %% [markdown]

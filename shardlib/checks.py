@@ -12,6 +12,13 @@ def whole_number(value, what: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def same_dtype(given, expected, what: str) -> None:
+    """A ValueError when ``what`` (a tensor's dtype) is not the weights' dtype, saying how to convert it."""
+    if given != expected:
+        raise ValueError(f"{what} is {given} but the weights are {expected}: convert it first, "
+                         f"for example x.to({expected})")
+
+
 def positive_number(value, what: str) -> float:
     """``value`` as a float, or a ValueError: "``what`` must be a positive number"."""
     if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:

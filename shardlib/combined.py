@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .checks import whole_number
+from .checks import same_dtype, whole_number
 from .models import ModelConfig, check_tensor_parallel
 from .pipeline import split_layers
 from .plan import AxisTraffic, Layout, active_params_per_gpu, forward_traffic
@@ -81,6 +81,7 @@ class Mesh:
 
 def check_inputs(mesh: Mesh, model: ModelConfig, layers: list[dict], x: torch.Tensor, n_microbatches: int) -> None:
     """Every shape rule, checked before any rank starts, with the numbers."""
+    whole_number(n_microbatches, "n_microbatches")
     check_tensor_parallel(model, mesh.tp)
     if len(layers) != model.n_layers:
         raise ValueError(f"{model.name} has {model.n_layers} layers but {len(layers)} sets of weights were given")
@@ -89,6 +90,9 @@ def check_inputs(mesh: Mesh, model: ModelConfig, layers: list[dict], x: torch.Te
                          f"({model.n_layers} % {mesh.pp} = {model.n_layers % mesh.pp})")
     if x.dim() != 3 or x.shape[-1] != model.d_model:
         raise ValueError(f"x must be (batch, seq, d_model = {model.d_model}), got {tuple(x.shape)}")
+    weights = [t for t in layers[0].values() if isinstance(t, torch.Tensor)] if layers else []
+    if weights:
+        same_dtype(x.dtype, weights[0].dtype, "x's dtype")
     rows = x.shape[0]
     if rows % (mesh.dp * n_microbatches):
         raise ValueError(f"a batch of {rows} sequences cannot be cut into dp x m = {mesh.dp} x {n_microbatches} = "

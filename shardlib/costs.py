@@ -23,9 +23,9 @@ How latency is charged is a modelling choice, ``latency_charge``:
   algorithms (trees, one-shot all-reduce, NVLink SHARP) for small messages, whose fixed cost barely grows
   with ``n``. The chapter's decode-vs-prefill table charges latency this way.
 
-Nothing here imports torch; numbers in, numbers out. The module runs a little past the usual length
-because its sections form one chain, each built on the one above: links, collectives, tensor-parallel
-phases, pipeline against tensor, replicas against tensor parallelism.
+Nothing here imports torch; numbers in, numbers out. The sections form one chain, each built on the
+one above: links, collectives, tensor-parallel phases, pipeline against tensor, replicas against tensor
+parallelism.
 """
 
 from __future__ import annotations

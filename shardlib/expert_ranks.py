@@ -23,9 +23,8 @@ busiest rank's load falls, at the price of a second copy of that expert's weight
 The plan of a dispatch (``dispatch_plan``) is pure and drives both the rank function
 (``ep_forward``) and a single-process simulation (``simulate_expert_parallel``), which replaces each
 all-to-all with list shuffling. Every collective goes through ``ctx.comm``, so counts and bytes are
-read from the comm log; this module never imports ``torch.distributed``. It runs past the usual 300
-lines to keep the plan, its two consumers (the ranks and the simulation) and the measurements built on
-them in one place.
+read from the comm log; this module never imports ``torch.distributed``. The plan, its two consumers
+(the ranks and the simulation) and the measurements built on them live together.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from numbers import Integral
 
 import torch
 
@@ -63,7 +61,13 @@ class ExpertPlacement:
                 f"each rank the same whole number of experts ({self.n_experts} / {self.world_size} = "
                 f"{self.n_experts / self.world_size:.3g}); use a world size that divides {self.n_experts}"
             )
-        object.__setattr__(self, "replicas", tuple((int(e), int(r)) for e, r in self.replicas))
+        pairs = []
+        for pair in self.replicas:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"replicas must be (expert, rank) pairs, for example ((6, 0),); got {pair!r} "
+                                 f"in {self.replicas!r}")
+            pairs.append((whole_number(pair[0], "a replica's expert", 0), whole_number(pair[1], "a replica's rank", 0)))
+        object.__setattr__(self, "replicas", tuple(pairs))
         seen = set()
         for e, r in self.replicas:
             if not 0 <= e < self.n_experts or not 0 <= r < self.world_size:
@@ -180,7 +184,7 @@ def _check(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, placement: Expe
     if weights.n_experts != cfg.n_experts or weights.d_model != cfg.d_model:
         raise ValueError(f"the weights hold {weights.n_experts} experts of width {weights.d_model}, the config "
                          f"says {cfg.n_experts} of width {cfg.d_model}")
-    check_tokens(x, cfg.d_model)
+    check_tokens(x, cfg.d_model, weights.router.dtype)
     split_groups(x.shape[0], world_size)  # every rank needs a token
 
 
@@ -311,8 +315,9 @@ def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoECon
     every rank of ``ranks``, and gather the results."""
     placement = ExpertPlacement(cfg.n_experts, ranks.world_size) if placement is None else placement
     _check(x, weights, cfg, placement, ranks.world_size)
-    if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
-        raise ValueError(f"repeats must be a whole number of at least 1, got {repeats!r}")
+    whole_number(repeats, "repeats")
+    if isinstance(extra_s_per_row, bool) or not isinstance(extra_s_per_row, (int, float)) or extra_s_per_row < 0:
+        raise ValueError(f"extra_s_per_row must be a number of seconds of at least 0, got {extra_s_per_row!r}")
     res = ranks.run(ep_forward, x, weights, cfg, placement, repeats, extra_s_per_row)
     steps = [max(r["end_s"][i] for r in res) - min(r["start_s"][i] for r in res) for i in range(repeats)]
     waited = all(min(r["end_s"][i] for r in res) >= max(r["expert_end_s"][i] for r in res) for i in range(repeats))

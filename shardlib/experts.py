@@ -33,9 +33,8 @@ tokens shared its call: the expert-parallel layer on ranks (gloo, CPU) reproduce
 for bit.
 
 This module imports torch but never ``torch.distributed``; the rank version is in ``expert_ranks.py``.
-It runs past the usual 300 lines because capacity and rerouting act on nothing but the router's
-output, and the reference layer is the one place all of them meet: split, each part would be read
-with the others open beside it.
+Capacity and rerouting act on nothing but the router's output, and the reference layer is the one
+place all of them meet.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ from numbers import Integral, Real
 import torch
 import torch.nn.functional as F
 
-from .checks import whole_number
+from .checks import same_dtype, whole_number
 from .models import ModelConfig
 from .tp_ranks import mlp_reference
 
@@ -191,15 +190,17 @@ class Routing:
     gates: torch.Tensor  # (T, k)
 
 
-def check_tokens(x: torch.Tensor, d_model: int) -> None:
+def check_tokens(x: torch.Tensor, d_model: int, dtype: torch.dtype | None = None) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != d_model:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"tokens must be a (tokens, d_model) tensor with d_model = {d_model}, got {shape}")
+    if dtype is not None:
+        same_dtype(x.dtype, dtype, "the tokens' dtype")
 
 
 def route(x: torch.Tensor, router: torch.Tensor, cfg: MoEConfig) -> Routing:
     """Score every expert for every token of ``x`` ``(T, d_model)`` and pick each token's top ``k``."""
-    check_tokens(x, router.shape[1])
+    check_tokens(x, router.shape[1], router.dtype)
     if router.shape[0] != cfg.n_experts:
         raise ValueError(f"the router scores {router.shape[0]} experts but the config has {cfg.n_experts}")
     logits = _blocked(lambda b: F.linear(b, router), x, cfg.n_experts) + preference_bias(cfg)  # (T, E)

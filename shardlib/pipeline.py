@@ -26,7 +26,7 @@ predicted times. Three schedules are built here:
 * **Interleaved 1F1B** (Narayanan et al. 2021, Megatron-LM, section 2.2.2): each device holds ``v``
   non-adjacent chunks of layers (device ``r`` holds virtual stages ``r, r + p, r + 2p ...``), so a
   microbatch visits every device ``v`` times, each visit ``1/v`` as long. The bubble shrinks ``v``-fold
-  at the price of ``v`` times the messages.
+  at the price of more messages: ``(p v - 1) / (p - 1)`` times as many, close to ``v`` for many stages.
 
 For inference (forward only) GPipe and 1F1B are the same list of forwards: the difference between them
 is only where the backwards go.
@@ -351,7 +351,7 @@ def simulate(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0) -> list[Tim
     """
     p, v = schedule.n_stages, schedule.n_chunks
     fwd, bwd = _per_stage(forward_s, p, "forward_s"), _per_stage(backward_s, p, "backward_s")
-    hop = Fraction(hop_s) if isinstance(hop_s, (Integral, Fraction)) else float(hop_s)
+    hop = _per_stage(hop_s, 1, "hop_s")[0]
     done: dict[Action, object] = {}
     free = [Fraction(0)] * p
     pos = [0] * p

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .checks import same_dtype
 from .pipeline import (MeasuredBubble, Schedule, check_count, make_schedule, measure_bubble, microbatch_sizes,
                        pipeline_bubble_fraction, split_layers)
 from .timeline import Span
@@ -102,6 +103,11 @@ def unpipelined_step(x: torch.Tensor, layers: list[dict], n_microbatches: int = 
     return result
 
 
+def _weight_dtype(layers: list[dict]) -> torch.dtype | None:
+    tensors = [t for t in (layers[0].values() if layers else ()) if isinstance(t, torch.Tensor)]
+    return tensors[0].dtype if tensors else None
+
+
 def _width(layers: list[dict]) -> int | None:
     """The d_model the layers expect (the gate's input width), or None for an empty list."""
     return int(layers[0]["gate"].shape[1]) if layers else None
@@ -114,9 +120,12 @@ def layers_of_stage(schedule: Schedule, n_layers: int, stage: int) -> list[range
 
 
 def check_pipeline_inputs(schedule: Schedule, n_layers: int, x_shape, grad_output_shape=None,
-                          world_size: int | None = None, d_model: int | None = None) -> None:
+                          world_size: int | None = None, d_model: int | None = None,
+                          x_dtype: torch.dtype | None = None, weight_dtype: torch.dtype | None = None) -> None:
     """Raise a ValueError saying why this run cannot go ahead, if it cannot, before any rank starts on
     it (``d_model``: the width the layers expect)."""
+    if x_dtype is not None and weight_dtype is not None:
+        same_dtype(x_dtype, weight_dtype, "the input's dtype")
     if not isinstance(schedule, Schedule):
         raise ValueError(f"expected a Schedule from make_schedule(...), got {type(schedule).__name__}")
     if world_size is not None and world_size != schedule.n_stages:
@@ -434,7 +443,8 @@ def run_on(ranks, schedule: Schedule, layers: list[dict], x: torch.Tensor, grad_
     """Check the inputs here (a clear ValueError before any rank starts), run one step on ``ranks``,
     and gather the result."""
     check_pipeline_inputs(schedule, len(layers), tuple(x.shape),
-                          None if grad_output is None else tuple(grad_output.shape), ranks.world_size, _width(layers))
+                          None if grad_output is None else tuple(grad_output.shape), ranks.world_size, _width(layers),
+                          x.dtype, _weight_dtype(layers))
     _durations(forward_s, schedule.n_stages, "forward_s")
     _durations(backward_s, schedule.n_stages, "backward_s")
     start = time.perf_counter()

@@ -42,8 +42,8 @@ fraction ``(pp - 1)/(m + pp - 1)``. One stage-time is a compute proxy plus that 
 Decode latency per token is the step; throughput is ``dp x batch / step``. The planner ranks by
 throughput (``objective="throughput"``) or by decode latency (``objective="latency"``).
 
-Pure: no torch, no torch.distributed. The module runs past the usual length because its sections form
-one chain, each used by the next: inputs, placement, memory, shape rules, traffic, scores, the planner.
+Pure: no torch, no torch.distributed. The sections form one chain, each used by the next: inputs,
+placement, memory, shape rules, traffic, scores, the planner.
 """
 
 from __future__ import annotations

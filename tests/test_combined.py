@@ -77,7 +77,6 @@ def test_planner_best_toy_layout_runs_with_predicted_bytes(pool4):
     _check(run, Mesh(best.pp, best.tp, best.dp))
     assert list(run.measured) == sorted(forward_traffic(TOY, best, 4 // best.dp, 6, p.best.n_microbatches),
                                         key=lambda a: (a.axis, a.op))
-    assert run.wall_s > 0
 
 
 def test_bad_meshes_and_inputs_fail_before_any_rank(pool4):
@@ -114,3 +113,18 @@ def test_measured_toy_cluster_is_built_from_live_numbers(pool4):
     assert cluster.peak_flops_per_s > 0 and effective_flops_per_s(TOY, LAYERS, 2, 6) > 0
     p = plan(TOY, cluster, Workload(batch=4, context_tokens=6, prompt_tokens=6, microbatches=2))
     assert p.ranked and p.best.prefill_s > 0
+
+
+@pytest.mark.parametrize("bad, words", [
+    (0, "n_microbatches must be a whole number of at least 1, got 0"),
+    (-1, "n_microbatches must be a whole number of at least 1, got -1"),
+    (2.0, "n_microbatches must be a whole number of at least 1, got 2.0"),
+])
+def test_bad_microbatch_counts_are_refused_before_any_rank_starts(bad, words):
+    with pytest.raises(ValueError, match=words):
+        check_inputs(Mesh(2, 2), TOY, LAYERS, X, bad)
+
+
+def test_input_of_another_dtype_is_refused_with_the_conversion():
+    with pytest.raises(ValueError, match="x's dtype is torch.float64 but the weights are torch.float32"):
+        check_inputs(Mesh(2, 2), TOY, LAYERS, X.double(), 1)

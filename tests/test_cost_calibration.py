@@ -118,7 +118,6 @@ def test_the_sweep_on_real_ranks_grows_with_size_and_the_fit_explains_it(pool):
         report.append(f"  {op}: R^2 {cal.per_op[op].r_squared:.3f}")
     print("\n".join(report))
     assert cal.overall.r_squared > 0.3, "\n".join(report)  # loose: this machine is shared and noisy
-    assert cal.link.bandwidth_bytes_per_s > 0 and cal.link.latency_s >= 0
     assert f"{pool.world_size} ranks" in cal.link.name
 
 

@@ -177,6 +177,7 @@ def checked(formula):
     (checked(lambda p, m: (p - 1) / m), ("p = 2 stages, m = 1", "ratio of idle time to ideal compute")),
     (checked(lambda p, m: m / (m + p - 1)), ("busy fraction",)),
     (checked(lambda p, m: (p - 1) / (m + p)), ("not m + p (an off-by-one)",)),
+    (checked(lambda p, m: p / (m + p - 1)), ("not p (an off-by-one)",)),
     (checked(lambda p, m: (p - 1) // (m + p - 1)), ("integer division",)),
     (lambda p, m: (p - 1) / (m + p - 1), ("p = 0, m = 4", "raise ValueError")),
 ])

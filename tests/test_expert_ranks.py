@@ -44,6 +44,8 @@ def test_experts_that_cannot_be_placed_name_the_numbers(n_experts, world, shown)
     (((9, 1),), "names expert 9 of 0 .. 7 on rank 1 of 0 .. 1"),
     (((0, 2),), "names expert 0 of 0 .. 7 on rank 2 of 0 .. 1"),
     (((0, 1), (0, 1)), "expert 0 has more than one replica"),
+    ((6, 0), r"replicas must be \(expert, rank\) pairs, for example \(\(6, 0\),\); got 6"),
+    (((1.7, 0),), "a replica's expert must be a whole number of at least 0, got 1.7"),
 ])
 def test_bad_replicas_say_why(replicas, words):
     with pytest.raises(ValueError, match=words):
@@ -195,6 +197,10 @@ def test_bad_inputs_are_refused_before_the_ranks_are_involved(pool4):
         run_expert_parallel(pool4, X, WEIGHTS, CFG, ExpertPlacement(8, 2))
     with pytest.raises(ValueError, match="repeats must be a whole number of at least 1, got 0"):
         run_expert_parallel(pool4, X, WEIGHTS, CFG, repeats=0)
+    with pytest.raises(ValueError, match="extra_s_per_row must be a number of seconds of at least 0, got -1"):
+        run_expert_parallel(pool4, X, WEIGHTS, CFG, extra_s_per_row=-1)
+    with pytest.raises(ValueError, match="the tokens' dtype is torch.float64 but the weights are torch.float32"):
+        run_expert_parallel(pool4, X.double(), WEIGHTS, CFG)
     # called straight on the ranks, the rank-side check names the problem too
     with pytest.raises(RankError, match="placement is for 8 experts on 2 ranks"):
         pool4.run(ep_forward, X, WEIGHTS, CFG, ExpertPlacement(8, 2))

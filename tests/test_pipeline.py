@@ -76,6 +76,8 @@ def test_the_ratio_to_ideal_convention():
     (lambda: split_layers(3, 4), "cannot cut 3 layers into 4 slices: each slice needs at least one whole layer"),
     (lambda: split_layers(0, 1), "n_layers"),
     (lambda: microbatch_sizes(4, 8), "cannot cut a batch of 4 rows into 8 microbatches"),
+    (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=-5), "hop_s must be durations of at least 0 seconds, got -5"),
+    (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=True), "hop_s must be durations of at least 0 seconds, got True"),
 ])
 def test_bad_inputs_say_which_rule_broke(call, words):
     with pytest.raises(ValueError, match=words):

@@ -119,8 +119,8 @@ def test_a_slow_stage_sets_the_pace(pool, model):
     uniform = median_run(pool, schedule, model["layers"], model["x"], forward_s=op_s, repeats=3)
     lopsided = median_run(pool, schedule, model["layers"], model["x"], forward_s=durations, repeats=3)
     predicted_uniform, predicted_slow = predicted_step_s(schedule, op_s, 0), predicted_step_s(schedule, durations, 0)
-    assert 0.97 <= uniform.bubble.window_s / predicted_uniform <= 1.2
-    assert 0.97 <= lopsided.bubble.window_s / predicted_slow <= 1.2
+    assert 0.97 <= uniform.bubble.window_s / predicted_uniform <= 1.35  # above: waits for a core
+    assert 0.97 <= lopsided.bubble.window_s / predicted_slow <= 1.35
     assert lopsided.bubble.window_s / uniform.bubble.window_s >= 1.5
     busy_share = [b / lopsided.bubble.window_s for b in lopsided.bubble.busy_s]
     assert busy_share[slow] >= 0.9 * m * 2 * op_s / predicted_slow
@@ -145,6 +145,8 @@ def test_bad_inputs_are_refused_before_any_rank_starts(pool2, model):
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=[0.1]), "one per stage"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=-1), "forward_s must be"),
         (lambda: run_on(pool2, "gpipe", layers, x, grad), "expected a Schedule"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x.double(), grad.double()),
+         "the input's dtype is torch.float64 but the weights are torch.float32"),
         # a hand-made order that would leave the ranks waiting forever is refused as it is built
         (lambda: run_on(pool2, Schedule("gpipe", 2, 1, True, 1, ((Action(0, 0, "B"), Action(0, 0, "F")),
                                                                   (Action(1, 0, "F"), Action(1, 0, "B")))),

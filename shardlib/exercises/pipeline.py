@@ -28,10 +28,12 @@ LIKELY_MISTAKES = (
 )
 
 
-def _mistake(p: int, m: int, value: float) -> str:
+def _mistake(wrong: list[tuple[int, int, float, float]]) -> str:
+    """The hint whose formula gives the learner's value at every point that differs (one point alone can
+    fit several: at p = m = 1, p / (m + p - 1) and the busy fraction are both 1)."""
     for formula, hint in LIKELY_MISTAKES:
         try:
-            if math.isclose(value, formula(p, m), rel_tol=1e-9, abs_tol=1e-12):
+            if all(math.isclose(value, formula(p, m), rel_tol=1e-9, abs_tol=1e-12) for p, m, value, _ in wrong):
                 return hint
         except ZeroDivisionError:
             continue
@@ -61,7 +63,7 @@ def check_bubble_fraction(bubble_fn) -> ExerciseResult:
     if wrong:
         p, m, value, want = wrong[0]
         got.fail(f"p = {p} stages, m = {m} microbatches: you returned {value:.4g}, the bubble fraction is "
-                 f"{want:.4g}: {_mistake(p, m, value)} ({len(wrong)} of the {len(STAGES) * len(MICROBATCHES)} "
+                 f"{want:.4g}: {_mistake(wrong)} ({len(wrong)} of the {len(STAGES) * len(MICROBATCHES)} "
                  f"points differ)")
     for p, m in BAD_INPUTS:
         try:
