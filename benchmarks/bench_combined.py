@@ -18,19 +18,20 @@ import time
 import torch
 
 from shardlib import Ranks
-from shardlib.combined import TOLERANCE, Mesh, measure_toy_cluster, run_combined, stack_input, stack_reference, stack_weights
 from shardlib.models import TOY
-from shardlib.plan import Workload, format_plan, plan
+from shardlib.plan import TOLERANCE, Workload, format_plan, plan, run_combined, run_toy_cluster_calibration
+from shardlib.toy import activations, stack_reference, stack_weights
 
 ROUNDS, REPEATS = 4, 5
 
 
 def main() -> None:
-    layers, x = stack_weights(TOY), stack_input(TOY, 4, 6)
+    layers, x = stack_weights(TOY), activations(4, 6, TOY.d_model)
     reference = stack_reference(x, layers, TOY)
     with Ranks(4) as four:
         start = time.perf_counter()
-        cluster, cal = measure_toy_cluster(four, TOY, layers)
+        fit = run_toy_cluster_calibration(four, TOY, layers)
+        cluster, cal = fit.cluster, fit.calibration
         print(f"calibrated in {time.perf_counter() - start:.1f} s: latency {cluster.intra_link.latency_s * 1e3:.2f} ms, "
               f"bandwidth {cluster.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s (R^2 {cal.overall.r_squared:.2f}), "
               f"arithmetic {cluster.peak_flops_per_s / 1e9:.1f} GFLOP/s")
@@ -38,12 +39,11 @@ def main() -> None:
         print(format_plan(p))
         times = {s.layout: [] for s in p.ranked}
         for s in p.ranked:  # warm-up: builds each mesh's process groups once
-            run_combined(four, Mesh(s.layout.pp, s.layout.tp, s.layout.dp), TOY, layers, x, s.n_microbatches)
+            run_combined(four, s.layout, TOY, layers, x, s.n_microbatches)
         for _ in range(ROUNDS):
             for s in p.ranked:
-                mesh = Mesh(s.layout.pp, s.layout.tp, s.layout.dp)
                 for _ in range(REPEATS):
-                    run = run_combined(four, mesh, TOY, layers, x, s.n_microbatches)
+                    run = run_combined(four, s.layout, TOY, layers, x, s.n_microbatches)
                     assert run.measured == run.predicted, (run.measured, run.predicted)
                     assert torch.allclose(run.output, reference, atol=TOLERANCE, rtol=TOLERANCE)
                     times[s.layout].append(run.wall_s)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_costs.py
 
-Starts ``Ranks(2)`` once (as the notebook does), then runs the default ``calibrate`` several times and
+Starts ``Ranks(2)`` once (as the notebook does), then runs the default ``run_calibration`` several times and
 prints each run's wall time against the 5 s target of a live cell, the fitted latency and bandwidth with
 the fit's R squared, this machine set beside the interconnect presets, and the decode-vs-prefill table
 of Llama-3-8B with this machine's row added. Everything is measured now, on this machine: the latency
@@ -22,8 +22,9 @@ TARGET_S = 5.0
 
 def main() -> int:
     from shardlib import Ranks
-    from shardlib.cost_calibration import DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES, calibrate
-    from shardlib.costs import LINKS, crossover_bytes, format_tp_cost_table
+    from shardlib.costs import crossover_bytes, format_tp_cost_table, run_calibration
+    from shardlib.costs.calibration import DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES
+    from shardlib.hardware import LINKS
     from shardlib.models import LLAMA_3_8B
 
     print(f"calibration sweep: {len(DEFAULT_SIZES_BYTES)} sizes from {DEFAULT_SIZES_BYTES[0]} B to "
@@ -34,7 +35,7 @@ def main() -> int:
         print(f"Ranks(2) started in {time.perf_counter() - started:.2f} s (not part of the sweep)\n")
         runs = []
         for i in range(RUNS):
-            cal = calibrate(ranks)
+            cal = run_calibration(ranks)
             runs.append(cal)
             fit = cal.overall
             per_op = ", ".join(f"{op} {f.r_squared:.2f}" for op, f in cal.per_op.items())

@@ -29,9 +29,8 @@ import time
 import torch
 
 from shardlib import Ranks
-from shardlib.expert_ranks import (MITIGATIONS, measure_mitigation, predicted_all_to_all_bytes, reference_for,
-                                   run_expert_parallel)
-from shardlib.experts import MoEConfig, make_moe_weights, make_tokens
+from shardlib.experts import (MITIGATIONS, MoEConfig, make_moe_weights, make_tokens, predicted_all_to_all_bytes,
+                              reference_for, run_expert_parallel, run_mitigation)
 from shardlib.models import TOY_MOE
 
 TOKENS = 4096
@@ -89,12 +88,12 @@ def main() -> int:
               f"{'changed':>8} {'busiest experts: wall':>21} {'CPU':>8} {'step':>9}")
         for skew in SKEWS:
             for mitigation in MITIGATIONS:
-                m = measure_mitigation(ranks, x, wide_weights, wide.but(skew=skew), mitigation,
-                                       capacity_factor=CAPACITY_FACTOR, repeats=KNOB_REPEATS)
-                assert m["exact"], f"skew {skew}, {mitigation}: differs from the single-process layer"
-                print(f"   {skew:>4.2f}  {mitigation:<20} {m['expert_max_over_mean']:>15.2f} {m['rank_max_over_mean']:>13.2f} "
-                      f"{m['dropped_slots']:>8} {m['tokens_changed']:>8} {m['slowest_expert_s'] * 1e3:>18.1f} ms "
-                      f"{m['busiest_expert_cpu_s'] * 1e3:>5.1f} ms {m['step_s'] * 1e3:>6.1f} ms")
+                m = run_mitigation(ranks, x, wide_weights, wide.but(skew=skew), mitigation,
+                                   capacity_factor=CAPACITY_FACTOR, repeats=KNOB_REPEATS)
+                assert m.exact, f"skew {skew}, {mitigation}: differs from the single-process layer"
+                print(f"   {skew:>4.2f}  {mitigation:<20} {m.expert_max_over_mean:>15.2f} {m.rank_max_over_mean:>13.2f} "
+                      f"{m.run.dropped_slots:>8} {m.tokens_changed:>8} {max(m.run.expert_s) * 1e3:>18.1f} ms "
+                      f"{m.busiest_expert_cpu_s * 1e3:>5.1f} ms {m.run.step_s * 1e3:>6.1f} ms")
         print("\n   max/mean: the busiest expert's (rank's) token-slots over the even share of all requested slots.")
         print("   dropped: token-slots over capacity; changed: tokens whose output differs from the uncapped layer.")
         print("   busiest experts: the slowest rank's expert FFNs, wall clock and the largest CPU time of any rank.")

@@ -42,14 +42,18 @@ def main() -> int:
     import torch
 
     from shardlib import Ranks
-    from shardlib.pipeline import (make_schedule, peak_in_flight, pipeline_bubble_fraction,
-                                   predicted_step_s)
-    from shardlib.pipeline_ranks import run_on, toy_layers, unpipelined_step
+    from shardlib.models import ModelConfig
+    from shardlib.pipeline import (make_schedule, peak_in_flight, pipeline_bubble_fraction, predicted_step_s,
+                                   run_pipeline, unpipelined_step)
+    from shardlib.toy import activations, stack_weights
 
-    g = torch.Generator().manual_seed(1)
-    layers = toy_layers(N_LAYERS, D_MODEL, D_FF, seed=0)
-    x = torch.randn(BATCH, SEQ, D_MODEL, generator=g)
-    grad = torch.randn(BATCH, SEQ, D_MODEL, generator=g)
+    model = ModelConfig("pipeline benchmark", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2, d_ff=D_FF,
+                        vocab_size=64, bytes_per_param=4.0)
+    layers = stack_weights(model, seed=0, parts=("mlp",))
+    x, grad = activations(BATCH, SEQ, D_MODEL, seed=1), activations(BATCH, SEQ, D_MODEL, seed=2)
+
+    def run_on(pool, schedule, layers, x, grad_output=None, forward_s=None, backward_s=None):
+        return run_pipeline(pool, schedule, model, layers, x, grad_output, forward_s, backward_s)
     print(f"pipeline benchmark: {N_LAYERS} layers (d_model {D_MODEL}, d_ff {D_FF}), batch {BATCH} x {SEQ} tokens, "
           f"{os.cpu_count()} cores, pid {os.getpid()}\n")
     wall = time.perf_counter()
@@ -62,7 +66,7 @@ def main() -> int:
         print("1. the bubble, measured against (p - 1) / (m + p - 1): training steps, uniform stages")
         print(f"   median of {REPEATS} runs per point (spread in brackets); tolerance {TOLERANCE}\n")
         for name, op_s in GRID_OP_S.items():
-            print(f"   {make_schedule(name, 2, 1).title.split(',')[0]}, each forward and backward padded to "
+            print(f"   {make_schedule(name, 2, 1).short_title}, each forward and backward padded to "
                   f"{op_s * 1e3:.0f} ms")
             print(f"   {'p':>3} {'m':>4} {'formula':>9} {'measured':>9} {'spread':>17} {'diff':>8} {'ratio':>7}")
             for p in GRID_P:
@@ -93,13 +97,13 @@ def main() -> int:
         for name in ("gpipe", "1f1b"):
             schedule = make_schedule(name, 4, 8)
             run = run_on(four, schedule, layers, x, grad)
-            row(f"{schedule.title.split(',')[0]}: from the schedule", str(list(peak_in_flight(schedule))))
-            row(f"{schedule.title.split(',')[0]}: measured on the ranks", str(list(run.peak_in_flight)))
-            row(f"{schedule.title.split(',')[0]}: peak activation memory measured (KiB)",
+            row(f"{schedule.short_title}: from the schedule", str(list(peak_in_flight(schedule))))
+            row(f"{schedule.short_title}: measured on the ranks", str(list(run.peak_in_flight)))
+            row(f"{schedule.short_title}: peak activation memory measured (KiB)",
                 str([round(b / 1024) for b in run.peak_activation_bytes]))
         for name in ("gpipe", "1f1b"):
             run = run_on(two, make_schedule(name, 2, 8), layers, x, grad)
-            row(f"{make_schedule(name, 2, 8).title.split(',')[0]}, p = 2, m = 8: measured in flight",
+            row(f"{make_schedule(name, 2, 8).short_title}, p = 2, m = 8: measured in flight",
                 str(list(run.peak_in_flight)))
 
         print("\n4. a slow stage sets the pace: forward only, p = 4, m = 8, 20 ms per forward, stage 1 at 40 ms")
@@ -115,7 +119,7 @@ def main() -> int:
         row("share of the step each stage computes (slow stage 1)", str([f"{b:.2f}" for b in busy]))
 
         print(f"\n5. a live re-run of a p = 4, m = 8 training step on the warm ranks (target <= {RERUN_TARGET_S:g} s)")
-        reference = unpipelined_step(x, layers, 8, grad)
+        reference = unpipelined_step(model, layers, x, 8, grad)
         for name in ("gpipe", "1f1b"):
             schedule = make_schedule(name, 4, 8)
             for label, op_s in (("real compute", None), (f"ops padded to {SLIDER_OP_S * 1e3:.0f} ms", SLIDER_OP_S)):
@@ -125,7 +129,7 @@ def main() -> int:
                     times.append(run.wall_s)
                 assert torch.equal(run.output, reference["output"]), "the pipelined output differs"
                 verdict = "ok" if max(times) <= RERUN_TARGET_S else "OVER TARGET"
-                row(f"{schedule.title.split(',')[0]}, {label}: median (max) of {RERUNS}",
+                row(f"{schedule.short_title}, {label}: median (max) of {RERUNS}",
                     f"{statistics.median(times) * 1e3:.0f} ms", f"({max(times) * 1e3:.0f} ms) {verdict}")
     print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")
     return 0

@@ -13,7 +13,6 @@ absolute times move with the machine's load.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import sys
@@ -36,20 +35,17 @@ def make_weights(seed: int):
     Built inside each rank from the seed rather than shipped: every process gets the same numbers
     (the output check below would fail otherwise) without pickling ~140 MB per rank.
     """
-    import torch
+    from shardlib.toy import generator, mlp_weights
 
-    torch.manual_seed(seed)
-    w_gate = torch.randn(D_FF, D_MODEL) / math.sqrt(D_MODEL)
-    w_up = torch.randn(D_FF, D_MODEL) / math.sqrt(D_MODEL)
-    w_down = torch.randn(D_MODEL, D_FF) / math.sqrt(D_FF)
-    return w_gate, w_up, w_down
+    w = mlp_weights(generator(seed), D_MODEL, D_FF)
+    return w["gate"], w["up"], w["down"]
 
 
 def single_forward(ctx, x, seed: int, warmup: int, repeats: int) -> dict:
     """The unsharded MLP on one rank with one thread: seconds per forward, and the last output."""
     import torch
 
-    from shardlib.tp_ranks import mlp_reference
+    from shardlib.toy import mlp_reference
 
     torch.set_num_threads(1)
     w_gate, w_up, w_down = make_weights(seed)
@@ -71,23 +67,14 @@ def tp_forward(ctx, x, seed: int, warmup: int, repeats: int) -> dict:
     all-reduce is read back from this rank's comm log.
     """
     import torch
-    import torch.nn.functional as F
 
-    from shardlib.tensor_parallel import shard_columns
-    from shardlib.tp_ranks import ColumnParallelLinear, RowParallelLinear
+    from shardlib.tensor_parallel import ParallelMLP, TPGroup
 
     torch.set_num_threads(1)
-    tp, r = ctx.world_size, ctx.rank
     w_gate, w_up, w_down = make_weights(seed)
-    # gate and up fused into one column-parallel matrix: (2 * d_ff / tp, d_model)
-    gate_up = ColumnParallelLinear(torch.cat([shard_columns(w_gate, tp)[r], shard_columns(w_up, tp)[r]]),
-                                   None, ctx.comm)
-    down = RowParallelLinear.from_full(w_down, None, ctx)  # (d_model, d_ff / tp)
+    # gate and up column-parallel (d_ff / tp, d_model) each, down row-parallel (d_model, d_ff / tp)
+    forward = ParallelMLP({"gate": w_gate, "up": w_up, "down": w_down}, TPGroup.world(ctx))
     del w_gate, w_up, w_down  # keep only this rank's slices
-
-    def forward(x):
-        gate, up = gate_up(x).chunk(2, dim=-1)  # each (b, s, d_ff / tp), no communication
-        return down(F.silu(gate) * up)  # partial sums, then the all-reduce
 
     times, reduce_times = [], []
     with torch.no_grad():

@@ -36,7 +36,8 @@
 # experts), not typed in.
 
 # %%
-from shardlib.models import GPU_MEMORY_BYTES, LLAMA_3_70B, PRESETS
+from shardlib.hardware import GPU_MEMORY_BYTES
+from shardlib.models import LLAMA_3_70B, PRESETS
 
 for model in PRESETS.values():
     if model.n_params > 1e9:
@@ -49,7 +50,7 @@ assert LLAMA_3_70B.weight_bytes > biggest_gpu, "the weights alone do not fit on 
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plots import weights_vs_memory_figure
+from shardlib.ui.figures import weights_vs_memory_figure
 
 big = {m.name: m.weight_bytes for m in PRESETS.values() if m.n_params > 1e9}
 weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
@@ -73,12 +74,12 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 import time
 
 from shardlib import RankError, Ranks
-from shardlib.basics import first_all_reduce, straggler, whoami
+from shardlib.runtime.basics import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
 
 started = time.perf_counter()
 ranks = Ranks(2)
 print(f"{ranks} started in {time.perf_counter() - started:.1f} s")
-ranks.run(whoami)
+ranks.run(whoami_on_rank)
 
 # %% [markdown]
 # Two different process ids: these really are two processes. Starting them took a second or two
@@ -88,7 +89,7 @@ ranks.run(whoami)
 calls = 200
 started = time.perf_counter()
 for _ in range(calls):
-    ranks.run(whoami)
+    ranks.run(whoami_on_rank)
 per_call_ms = (time.perf_counter() - started) / calls * 1e3
 print(f"one round trip to both ranks and back: {per_call_ms:.2f} ms")
 
@@ -109,7 +110,7 @@ print(f"predicted value in every position on every rank: {predicted:g}")
 # ## Run it on real ranks
 
 # %%
-results = ranks.run(first_all_reduce, 4)
+results = ranks.run(first_all_reduce_on_rank, 4)
 for rank, r in enumerate(results):
     print(f"rank {rank}: before {r['before']}  after {r['after']}")
 
@@ -122,7 +123,7 @@ assert [r["before"][0] for r in results] == [1.0, 2.0]
 # Four float32 values are 16 bytes.
 
 # %%
-from shardlib.comm import format_log, summarize
+from shardlib.runtime.comm import format_log, summarize
 
 print(format_log(ranks.last_comm))
 log = summarize(ranks.last_comm)
@@ -168,16 +169,19 @@ assert squares == [0, 1]
 # `wait on rank 0 ≈ compute time of rank 1 − compute time of rank 0`
 #
 # Each rank records its compute as a span on `ctx.timeline`; `ctx.comm` records the collectives as spans
-# too, all on one clock, so the chart below shows both ranks side by side.
+# too, all on one clock, so the chart below shows both ranks side by side. The step runs five times and
+# the median is kept: your machine runs other programs too, and one unlucky run should not decide it.
 
 # %%
-timings = ranks.run(straggler, [1, 4])
-predicted_wait_s = timings[1]["compute_s"] - timings[0]["compute_s"]
-measured_wait_s = timings[0]["all_reduce_s"] - timings[1]["all_reduce_s"]
+import statistics
+
+runs = [ranks.run(straggler_on_rank, [1, 4]) for _ in range(5)]
+predicted_wait_s = statistics.median(t[1]["compute_s"] - t[0]["compute_s"] for t in runs)
+measured_wait_s = statistics.median(t[0]["all_reduce_s"] - t[1]["all_reduce_s"] for t in runs)
 ratio = measured_wait_s / predicted_wait_s
-print(f"predicted wait of rank 0: {predicted_wait_s * 1e3:7.2f} ms")
+print(f"predicted wait of rank 0: {predicted_wait_s * 1e3:7.2f} ms   (median of {len(runs)} runs)")
 print(f"measured wait of rank 0:  {measured_wait_s * 1e3:7.2f} ms   (measured / predicted = {ratio:.2f})")
-assert timings[0]["all_reduce_s"] > timings[1]["all_reduce_s"], "the rank with less work waits longer"
+assert measured_wait_s > 0, "the rank with less work waits longer"
 assert 0.5 < ratio < 2.0
 
 # %% [markdown]
@@ -187,7 +191,7 @@ assert 0.5 < ratio < 2.0
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plots import timeline_figure
+from shardlib.ui.figures import timeline_figure
 
 timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 0 waits inside the all-reduce")
 
@@ -201,7 +205,7 @@ timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 0 w
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.widgets import all_reduce_explorer
+from shardlib.ui.widgets import all_reduce_explorer
 
 all_reduce_explorer(ranks)
 
@@ -238,7 +242,7 @@ assert ranks.run(lambda ctx: ctx.rank) == [0, 1], "the pool restarted itself"
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(
@@ -304,7 +308,7 @@ check_yourself(
 # The same rank functions run outside a notebook under `torchrun`:
 #
 # ```
-# torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.basics:first_all_reduce
+# torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.runtime.basics:first_all_reduce_on_rank
 # ```
 #
 # Next: **01 · Tensor parallelism**, which cuts each layer's matrices across ranks.

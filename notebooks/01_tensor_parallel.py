@@ -40,9 +40,9 @@
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plots import shard_layout_figure
+from shardlib.ui.figures import shard_layout_figure
 
-shard_layout_figure(n_shards=4, d_in=8, d_hidden=16, d_out=8)
+shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 
 # %% [markdown]
 # ## Predict
@@ -92,32 +92,26 @@ for n_shards in (2, 4, 8):
 # through `torch.distributed`. Both cut orders run on the same ranks, on the same input.
 
 # %%
-import torch.nn.functional as F
-
 from shardlib import Ranks
-from shardlib.comm import format_log
-from shardlib.tp_ranks import pair_column_then_row, pair_row_then_column
+from shardlib.runtime.comm import format_log
+from shardlib.tensor_parallel import run_pair
+from shardlib.toy import activations, generator, weight
 
 ranks = Ranks(2)
-g = torch.Generator().manual_seed(1)
-x = torch.randn(2, 6, d_model, generator=g)
-w1 = torch.randn(d_hidden, d_model, generator=g) / d_model ** 0.5
-w2 = torch.randn(d_model, d_hidden, generator=g) / d_hidden ** 0.5
-reference = F.linear(F.gelu(F.linear(x, w1)), w2)
+x = activations(2, 6, d_model, seed=1)  # (batch, seq, d_model)
+g = generator(1)
+w1, w2 = weight(g, d_hidden, d_model), weight(g, d_model, d_hidden)  # (d_hidden, d_model), (d_model, d_hidden)
 
-right = ranks.run(pair_column_then_row, x, w1, w2)
+right = run_pair(ranks, CUTS[0], x, w1, w2)
 print("column then row\n" + format_log(ranks.last_comm))
-other = ranks.run(pair_row_then_column, x, w1, w2)
+other = run_pair(ranks, CUTS[1], x, w1, w2)
 print("\nrow then column\n" + format_log(ranks.last_comm))
 
-for res in right + other:
-    assert torch.allclose(res["output"], reference, atol=1e-5)
-measured_right, measured_other = right[0]["collectives"], other[0]["collectives"]
-assert measured_right == pair_collectives(CUTS[0], 2, tokens, d_model, d_hidden)
-assert measured_other == pair_collectives(CUTS[1], 2, tokens, d_model, d_hidden)
-bytes_right = sum(s for _, s in measured_right)
-bytes_other = sum(s for _, s in measured_other)
-print(f"\nrow-then-column moved {len(measured_other)} collectives and {bytes_other / bytes_right:.1f}x the bytes")
+for run in (right, other):
+    assert run.output_gap < 1e-5  # against the unsharded pair, on every rank
+    assert run.measured == run.predicted  # the comm log, against pair_collectives
+print(f"\nrow-then-column moved {len(other.measured)} collectives and {other.measured_bytes / right.measured_bytes:.1f}x "
+      f"the bytes")
 
 # %% [markdown]
 # Both cuts give the right answer; only the bill differs. The other cut issues a second collective and,
@@ -140,31 +134,26 @@ print(f"\nrow-then-column moved {len(measured_other)} collectives and {bytes_oth
 # backward pass. Prediction: one all-reduce forward, one backward, for each block.
 
 # %%
-from shardlib.tp_ranks import attention_reference, mlp_reference, toy_block_weights, tp_attention, tp_mlp
+from shardlib.models import TOY
+from shardlib.tensor_parallel import run_tp_block
+from shardlib.toy import layer_weights
+
+w = layer_weights(TOY, seed=3)  # one block of the toy model: d_model 64, 8 query heads, 4 KV heads, d_ff 256
+block_x, block_grad = activations(2, 6, TOY.d_model, seed=4), activations(2, 6, TOY.d_model, seed=5)
 
 
-def check_blocks(pool, w):
-    """Run both blocks on ``pool`` and compare outputs and input gradients with the unsharded ones."""
-    x = w["x"].clone().requires_grad_()
-    mlp_ref = mlp_reference(x, w["gate"], w["up"], w["down"])
-    mlp_ref.backward(w["grad"])
-    mlp_grad = x.grad.clone()
-    x.grad = None
-    attn_ref = attention_reference(x, w["q"], w["k"], w["v"], w["o"], 8, 4)
-    attn_ref.backward(w["grad"])
-    mlp = pool.run(tp_mlp, w["x"], w["gate"], w["up"], w["down"], w["grad"])
-    attn = pool.run(tp_attention, w["x"], w["q"], w["k"], w["v"], w["o"], 8, 4, w["grad"])
-    for name, results, ref, ref_grad in (("MLP", mlp, mlp_ref, mlp_grad), ("attention", attn, attn_ref, x.grad)):
-        out_gap = max((r["output"] - ref).abs().max().item() for r in results)
-        grad_gap = max((r["grad_x"] - ref_grad).abs().max().item() for r in results)
-        counts = {(r["forward_collectives"], r["backward_collectives"]) for r in results}
-        print(f"{pool.world_size} ranks, {name:>9}: output gap {out_gap:.1e}, input-gradient gap {grad_gap:.1e}, "
-              f"collectives (forward, backward) = {counts}")
-        assert out_gap < 1e-5 and grad_gap < 1e-5 and counts == {(1, 1)}
+def check_blocks(pool):
+    """Both blocks on ``pool``, forward and backward, against the unsharded ones."""
+    for part in ("mlp", "attention"):
+        run = run_tp_block(pool, part, block_x, w, TOY, block_grad)
+        print(f"{pool.world_size} ranks, {part:>9}: output gap {run.output_gap:.1e}, input-gradient gap "
+              f"{run.grad_x_gap:.1e}, collectives (forward, backward) per rank = "
+              f"{set(zip(run.forward_collectives, run.backward_collectives))}")
+        assert run.output_gap < 1e-5 and run.grad_x_gap < 1e-5
+        assert run.forward_collectives == run.backward_collectives == (1,) * pool.world_size
 
 
-w = toy_block_weights(3)
-check_blocks(ranks, w)
+check_blocks(ranks)
 
 # %% [markdown]
 # The same on 4 ranks (four processes on however many cores you have; slower, still exact). With 8
@@ -172,7 +161,7 @@ check_blocks(ranks, w)
 
 # %%
 with Ranks(4) as four:
-    check_blocks(four, w)
+    check_blocks(four)
 
 # %% [markdown]
 # ## The wall: whole KV heads per device
@@ -200,7 +189,7 @@ assert "8 KV heads cannot be split 16 ways: tensor parallelism gives each device
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.widgets import tp_wall_picker
+from shardlib.ui.widgets import tp_wall_picker
 
 tp_wall_picker()
 
@@ -213,7 +202,7 @@ tp_wall_picker()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.widgets import tp_cut_explorer
+from shardlib.ui.widgets import tp_cut_explorer
 
 tp_cut_explorer(ranks)
 
@@ -224,7 +213,7 @@ tp_cut_explorer(ranks)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(

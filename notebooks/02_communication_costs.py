@@ -43,8 +43,8 @@
 # against a link's own rate.
 
 # %%
-from shardlib.costs import (Link, all_reduce_s, bus_bandwidth, collective_terms_s, crossover_bytes,
-                            point_to_point_s)
+from shardlib.costs import all_reduce_s, bus_bandwidth, collective_terms_s, crossover_bytes, point_to_point_s
+from shardlib.hardware import Link
 
 link = Link("worked example", 1e9, 10e-6)  # 1 GB/s each way, 10 us per message
 latency, bandwidth = collective_terms_s("all_reduce", 1_000_000, 4, link)
@@ -66,7 +66,7 @@ assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 # which is all the argument needs, and you will measure this machine's own in a moment.
 
 # %%
-from shardlib.costs import LINKS
+from shardlib.hardware import LINKS
 
 for preset in LINKS.values():
     print(f"{preset.name:<26} {preset.bandwidth_bytes_per_s / 1e9:>6.1f} GB/s {preset.direction:<13} "
@@ -94,7 +94,7 @@ for preset in LINKS.values():
 from shardlib.costs import format_tp_cost_table, tp_decode_cost, tp_prefill_cost
 from shardlib.models import LLAMA_3_8B
 
-print(format_tp_cost_table(LLAMA_3_8B, LINKS.values(), shard_counts=(2, 4, 8), prompt_tokens=2048))
+print(format_tp_cost_table(LLAMA_3_8B, LINKS.values(), tp_degrees=(2, 4, 8), prompt_tokens=2048))
 
 for preset in LINKS.values():
     decode = [tp_decode_cost(LLAMA_3_8B, n, preset).total_s for n in (2, 4, 8)]
@@ -146,7 +146,7 @@ assert crossover_bytes(LINKS["NVLink 4 (H100/H200)"], "all_reduce", 8, "per_step
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.cost_plots import link_comparison_figure
+from shardlib.ui.cost_figures import link_comparison_figure
 
 link_comparison_figure(list(LINKS.values()), "all_reduce", 8, latency_charge="per_call",
                        marks={"decode, 8 KiB": 8192, "prefill of 2,048 tokens, 16 MiB": 16 * 2 ** 20})
@@ -189,11 +189,10 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib import Ranks
-from shardlib.cost_calibration import calibrate
-from shardlib.costs import algorithm_bandwidth
+from shardlib.costs import algorithm_bandwidth, run_calibration
 
 ranks = Ranks(2)
-cal = calibrate(ranks)
+cal = run_calibration(ranks)
 here = cal.link
 print(f"sweep of {len(cal.samples)} points on {ranks.world_size} ranks took {cal.wall_s:.2f} s")
 print(f"fitted: latency {here.latency_s * 1e6:.0f} us, bandwidth {here.bandwidth_bytes_per_s / 1e9:.2f} GB/s, "
@@ -219,9 +218,9 @@ assert cal.overall.r_squared > 0
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.cost_plots import sweep_figure
+from shardlib.ui.cost_figures import calibration_figure
 
-sweep_figure(cal.samples, here, cal.latency_charge,
+calibration_figure(cal.samples, here, cal.latency_charge,
              title=f"This machine: latency {here.latency_s * 1e6:.0f} us, {here.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
 
 # %% [markdown]
@@ -250,17 +249,14 @@ print(format_tp_cost_table(LLAMA_3_8B, [*LINKS.values(), here], latency_charge="
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-import statistics
-
-from shardlib.cost_ranks import slowest_per_repeat, tp_comm_replay
-from shardlib.costs import tp_forward_cost
+from shardlib.costs import run_tp_comm_replay, tp_forward_cost
 from shardlib.models import TOY
 
 typical_s = {}
 for phase, tokens in (("decode", 1), ("prefill", 1024)):
     predicted = tp_forward_cost(TOY, 2, here, tokens, phase, latency_charge=cal.latency_charge)
-    passes = slowest_per_repeat(ranks.run(tp_comm_replay, TOY, tokens, 7))
-    fastest, typical_s[phase] = min(passes), statistics.median(passes)
+    replay = run_tp_comm_replay(ranks, TOY, tokens, repeats=7)
+    fastest, typical_s[phase] = replay.fastest_s, replay.median_s
     print(f"{phase:<8} {tokens:>5} token(s), {predicted.collectives} all-reduces of {predicted.size_bytes:>7,} bytes "
           f"({predicted.bound}-bound): predicted {predicted.total_s * 1e3:5.2f} ms; fastest pass {fastest * 1e3:5.2f} ms "
           f"(ratio {fastest / predicted.total_s:.2f}), typical pass {typical_s[phase] * 1e3:5.2f} ms "
@@ -287,7 +283,7 @@ assert growth < 1024 / 10
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.cost_widgets import tp_cost_explorer
+from shardlib.ui.cost_widgets import tp_cost_explorer
 
 tp_cost_explorer([*LINKS.values(), here])
 
@@ -301,10 +297,11 @@ tp_cost_explorer([*LINKS.values(), here])
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.cost_ranks import slow_rank_collectives
+from shardlib.costs import run_slow_rank
 
 delay_s = 0.05
-per_rank = ranks.run(slow_rank_collectives, 1, delay_s)
+slow = run_slow_rank(ranks, 1, delay_s)
+per_rank = slow.per_rank
 for op in per_rank[0]:
     steps = [res[op]["step_s"] for res in per_rank]
     print(f"{op:<15} step per rank {', '.join(f'{s * 1e3:5.1f}' for s in steps)} ms (predicted about "
@@ -321,13 +318,13 @@ assert inside[0] > 0.5 * len(per_rank[0]) * delay_s > inside[1]  # the fast rank
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plots import timeline_figure
+from shardlib.ui.figures import timeline_figure
 
-timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 1 is throttled; rank 0 waits in every collective")
+timeline_figure(slow.spans, title="Rank 1 is throttled; rank 0 waits in every collective")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.cost_widgets import slow_rank_explorer
+from shardlib.ui.cost_widgets import slow_rank_explorer
 
 slow_rank_explorer(ranks)
 
@@ -345,11 +342,12 @@ slow_rank_explorer(ranks)
 # NVLink:
 
 # %%
-from shardlib.costs import HBM_BYTES_PER_S, decode_step_compute_s, fits_on_device, replicas_vs_tensor_parallel
-from shardlib.models import GPU_MEMORY_BYTES, LLAMA_3_70B
+from shardlib.costs import decode_step_compute_s, fits_on_device, replicas_vs_tensor_parallel
+from shardlib.hardware import GPU_MEMORY_BYTES, H100_80GB
+from shardlib.models import LLAMA_3_70B
 
 nvlink = LINKS["NVLink 4 (H100/H200)"]
-compute_s = decode_step_compute_s(LLAMA_3_8B, HBM_BYTES_PER_S["H100 SXM"])
+compute_s = decode_step_compute_s(LLAMA_3_8B, H100_80GB.memory_bytes_per_s)
 for batch in (1, 32):
     comm_s = tp_decode_cost(LLAMA_3_8B, 2, nvlink, batch).total_s
     model = replicas_vs_tensor_parallel(compute_s, comm_s, 2, batch)
@@ -375,20 +373,21 @@ for m in (LLAMA_3_8B, LLAMA_3_70B):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.cost_ranks import replicas_vs_tp
+from shardlib.costs import run_replicas_vs_tp, serving_model
 
-served = replicas_vs_tp(ranks, here, n_layers=8, d_model=256, d_ff=1024, batch=4, steps=15, rounds=3)
-predicted = served["predicted"]
-print(f"replicas:        {served['replicas_tokens_per_s']:8,.0f} tokens/s measured (step {served['replica_step_s'] * 1e3:.2f} ms)")
-print(f"tensor parallel: {served['tp_tokens_per_s']:8,.0f} tokens/s measured (step {served['tp_step_s'] * 1e3:.2f} ms, "
-      f"{served['tp_all_reduce_s_per_step'] * 1e3:.2f} ms of it in all-reduces), "
+served = run_replicas_vs_tp(ranks, here, serving_model(n_layers=8, d_model=256, d_ff=1024), batch=4, steps=15, rounds=3)
+predicted = served.predicted
+measured = served.measured
+print(f"replicas:        {measured.replicas_tokens_per_s:8,.0f} tokens/s measured (step {measured.replica_step_s * 1e3:.2f} ms)")
+print(f"tensor parallel: {measured.tp_tokens_per_s:8,.0f} tokens/s measured (step {measured.tp_step_s * 1e3:.2f} ms, "
+      f"{served.tp_all_reduce_s_per_step * 1e3:.2f} ms of it in all-reduces), "
       f"{predicted.tp_tokens_per_s:8,.0f} predicted")
-print(f"replicas / tensor parallel: measured {served['measured_ratio']:.2f}, predicted {predicted.throughput_ratio:.2f} "
-      f"(ratio {served['measured_ratio'] / predicted.throughput_ratio:.2f})")
-print(f"largest gap between tensor-parallel and unsharded outputs: {served['max_output_gap']:.1e}")
-assert served["max_output_gap"] < 1e-5
-assert served["measured_ratio"] > 1, "two replicas should serve more tokens per second than one split copy"
-assert 0.5 < served["measured_ratio"] / predicted.throughput_ratio < 8
+print(f"replicas / tensor parallel: measured {measured.throughput_ratio:.2f}, predicted {predicted.throughput_ratio:.2f} "
+      f"(ratio {measured.throughput_ratio / predicted.throughput_ratio:.2f})")
+print(f"largest gap between tensor-parallel and unsharded outputs: {served.max_output_gap:.1e}")
+assert served.max_output_gap < 1e-5
+assert measured.throughput_ratio > 1, "two replicas should serve more tokens per second than one split copy"
+assert 0.5 < measured.throughput_ratio / predicted.throughput_ratio < 8
 
 # %% [markdown]
 # The replicas win, usually by more than the formula says: its communication is the fitted floor, while
@@ -399,7 +398,7 @@ assert 0.5 < served["measured_ratio"] / predicted.throughput_ratio < 8
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.cost_plots import replicas_vs_tp_figure
+from shardlib.ui.cost_figures import replicas_vs_tp_figure
 
 replicas_vs_tp_figure(served)
 
@@ -410,7 +409,7 @@ replicas_vs_tp_figure(served)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(

@@ -103,7 +103,7 @@ for name in ("gpipe", "1f1b"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline_plots import step_through_figure
+from shardlib.ui.pipeline_figures import step_through_figure
 
 step_through_figure(make_schedule("1f1b", 4, 8))
 
@@ -126,8 +126,8 @@ assert Fraction(sum(idle), 2 * step) == Fraction(1, 9)
 # %% [markdown]
 # ## Run it on real ranks
 #
-# The model is a stack of 8 Llama-style layers (a pre-norm residual gated MLP, `d_model = 32`), a batch
-# of 16 sequences of 4 tokens. Rank `r` keeps only stage `r`'s layers and works through exactly the
+# The model is a stack of 8 of the toy model's layers (Llama's pre-norm residual gated MLP, `d_model = 64`),
+# a batch of 16 sequences of 4 tokens. Rank `r` keeps only stage `r`'s layers and works through exactly the
 # list of actions the schedule gives it: before each action it waits for its input from the neighbour,
 # runs the layers, and sends the result on through `ctx.comm`, which logs every message.
 #
@@ -138,30 +138,24 @@ assert Fraction(sum(idle), 2 * step) == Fraction(1, 9)
 # summed in another order: equal within `1e-5`.)
 
 # %%
-import torch
-
 from shardlib import Ranks
-from shardlib.pipeline_ranks import LAYER_WEIGHTS, run_on, toy_layers, unpipelined_step
+from shardlib.models import TOY
+from shardlib.pipeline import run_pipeline
+from shardlib.toy import activations, stack_weights
 
-layers = toy_layers(n_layers=8, d_model=32, d_ff=64, seed=0)
-g = torch.Generator().manual_seed(1)
-x = torch.randn(16, 4, 32, generator=g)  # (batch, seq, d_model)
-grad = torch.randn(16, 4, 32, generator=g)  # the loss's gradient with respect to the output
+layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)  # 8 MLP layers of the toy's width
+x = activations(16, 4, TOY.d_model, seed=1)  # (batch, seq, d_model)
+grad = activations(16, 4, TOY.d_model, seed=2)  # the loss's gradient with respect to the output
 
 ranks = Ranks(2)
 for name in ("gpipe", "1f1b"):
     schedule = make_schedule(name, 2, 4)
-    run = run_on(ranks, schedule, layers, x, grad)
-    ref = unpipelined_step(x, layers, 4, grad)
-    whole = unpipelined_step(x, layers, 1, grad)
-    exact = (torch.equal(run.output, ref["output"]) and torch.equal(run.grad_x, ref["grad_x"])
-             and all(torch.equal(a[k], b[k]) for a, b in zip(run.grads, ref["grads"]) for k in LAYER_WEIGHTS))
-    close = all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-5) for a, b in zip(run.grads, whole["grads"])
-                for k in LAYER_WEIGHTS)
-    held = [r["layers"] for r in run.per_rank]
-    print(f"{schedule.title}: layers per rank {held}; output and gradients bit for bit: {exact}; "
-          f"within 1e-5 of one whole-batch pass: {close}; messages sent {run.sent_messages()}")
-    assert exact and close
+    run = run_pipeline(ranks, schedule, TOY, layers, x, grad)
+    exact = run.against_reference()  # the same step in one process: same microbatches, and one whole batch
+    print(f"{schedule.title}: layers per rank {run.layers_held}; output and gradients bit for bit: "
+          f"{exact.bit_for_bit}; within 1e-5 of one whole-batch pass: {exact.whole_batch_close} (largest gap "
+          f"{exact.whole_batch_gap:.1e}); messages sent {run.sent_messages()}")
+    assert exact.bit_for_bit and exact.whole_batch_close
 
 # %% [markdown]
 # ## The step, predicted and measured
@@ -174,11 +168,11 @@ for name in ("gpipe", "1f1b"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline_plots import predicted_vs_measured_figure
+from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
 
 OP_S = 0.05
 schedule = make_schedule("gpipe", 2, 4)
-run = run_on(ranks, schedule, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
+run = run_pipeline(ranks, schedule, TOY, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
 predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, run.bubble.idle_fraction)
 
 # %% [markdown]
@@ -188,9 +182,9 @@ predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, r
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline_plots import measured_figure
+from shardlib.ui.pipeline_figures import measured_figure
 
-real = run_on(ranks, schedule, layers, x, grad)
+real = run_pipeline(ranks, schedule, TOY, layers, x, grad)
 measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}")
 
 # %% [markdown]
@@ -208,20 +202,20 @@ measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline_ranks import measure_bubble_curve, median_run
+from shardlib.pipeline import run_bubble_curve, run_pipeline_median
 
 GRID_M = (1, 2, 4, 8, 16)
-measured = {2: measure_bubble_curve(ranks, "gpipe", GRID_M, layers, x, grad, op_s=OP_S)}
+measured = {2: run_bubble_curve(ranks, "gpipe", GRID_M, TOY, layers, x, grad, op_s=OP_S)}
 
 with Ranks(4) as four:
-    measured[4] = measure_bubble_curve(four, "gpipe", GRID_M, layers, x, grad, op_s=OP_S)
+    measured[4] = run_bubble_curve(four, "gpipe", GRID_M, TOY, layers, x, grad, op_s=OP_S)
     # GPipe against 1F1B at p = 4, m = 8: what each keeps in memory (real compute), and the bubble
-    versus = {name: run_on(four, make_schedule(name, 4, 8), layers, x, grad) for name in ("gpipe", "1f1b")}
-    versus_idle = {name: measure_bubble_curve(four, name, (8,), layers, x, grad, op_s=0.1)[0]
+    versus = {name: run_pipeline(four, make_schedule(name, 4, 8), TOY, layers, x, grad) for name in ("gpipe", "1f1b")}
+    versus_idle = {name: run_bubble_curve(four, name, (8,), TOY, layers, x, grad, op_s=0.1)[0]
                    for name in ("gpipe", "1f1b")}
     # one stage twice as slow as the others (forward only, 20 ms per forward, stage 1 at 40 ms)
     forward_only = make_schedule("gpipe", 4, 8, training=False)
-    paced = {label: median_run(four, forward_only, layers, x, forward_s=d, repeats=3)
+    paced = {label: run_pipeline_median(four, forward_only, TOY, layers, x, forward_s=d, repeats=3)
              for label, d in (("uniform", 0.02), ("slow stage 1", [0.02, 0.04, 0.02, 0.02]))}
 
 print(f"GPipe training steps, every forward and backward padded to {OP_S * 1e3:.0f} ms")
@@ -234,7 +228,7 @@ for p in (2, 4):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline_plots import bubble_curve_figure
+from shardlib.ui.pipeline_figures import bubble_curve_figure
 
 bubble_curve_figure((2, 4), max_microbatches=16,
                     measured={p: {pt.n_microbatches: pt.measured for pt in pts} for p, pts in measured.items()},
@@ -263,14 +257,14 @@ for p in (2, 4):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline_plots import in_flight_figure
+from shardlib.ui.pipeline_figures import in_flight_figure
 
 for name, r in versus.items():
     print(f"{r.schedule.title}: idle measured {versus_idle[name].measured:.3f} (formula "
           f"{pipeline_bubble_fraction(4, 8):.3f}); in flight per stage {list(r.peak_in_flight)}; peak "
           f"activations per stage {[round(b / 1024) for b in r.peak_activation_bytes]} KiB")
-in_flight_figure({r.schedule.title.split(",")[0]: r.peak_in_flight for r in versus.values()},
-                 {r.schedule.title.split(",")[0]: r.peak_activation_bytes for r in versus.values()})
+in_flight_figure({r.schedule.short_title: r.peak_in_flight for r in versus.values()},
+                 {r.schedule.short_title: r.peak_activation_bytes for r in versus.values()})
 
 # %%
 gp, ofob = versus["gpipe"], versus["1f1b"]
@@ -332,9 +326,9 @@ print(f"the schedule predicts each stage computing {[f'{x:.0%}' for x in predict
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline_widgets import microbatch_explorer
+from shardlib.ui.pipeline_widgets import microbatch_explorer
 
-microbatch_explorer(ranks, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
+microbatch_explorer(ranks, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
 
 # %% [markdown]
 # ## Serving sits at the bad end, training at the good end
@@ -368,22 +362,16 @@ assert 0.7 <= measured[4][0].measured <= 0.85 and 0.1 <= measured[4][-1].measure
 # and each all-reduce is a point where every rank must wait for all the others.
 
 # %%
-from shardlib.tp_ranks import tp_mlp
+from shardlib.pipeline import run_pipeline_vs_tp_bytes
 
-pp = run_on(ranks, make_schedule("1f1b", 2, 4), layers, x, grad)
-pp_bytes, pp_messages = pp.sent_bytes(), pp.sent_messages()
-tp_bytes = tp_calls = 0
-for w in layers:  # the MLP of every layer, on a batch of the same shape
-    r0 = ranks.run(tp_mlp, x, w["gate"], w["up"], w["down"], grad)[0]
-    tp_bytes += r0["forward_bytes"] + r0["backward_bytes"]
-    tp_calls += r0["forward_collectives"] + r0["backward_collectives"]
-activation_bytes = x.numel() * 4
-print(f"pipeline, 2 stages, m = 4: {pp_messages} sends in all, {pp_bytes:,} bytes "
-      f"(= 2 x {activation_bytes:,}: the batch's activations, once each way)")
-print(f"tensor parallel, 2 ranks:  {tp_calls} all-reduces on each rank, {tp_bytes:,} bytes each "
-      f"(= {len(layers)} layers x 2 x {activation_bytes:,})")
-print(f"tensor parallelism moves {tp_bytes / pp_bytes:.0f}x the bytes, per rank, of the whole pipeline's traffic")
-assert pp_bytes == 2 * activation_bytes and tp_bytes == len(layers) * 2 * activation_bytes
+both = run_pipeline_vs_tp_bytes(ranks, TOY, layers, x, grad, n_microbatches=4)
+print(f"pipeline, 2 stages, m = 4: {both.pipeline_messages} sends in all, {both.pipeline_bytes:,} bytes "
+      f"(= 2 x {both.activation_bytes:,}: the batch's activations, once each way)")
+print(f"tensor parallel, 2 ranks:  {both.tp_collectives_per_rank} all-reduces on each rank, "
+      f"{both.tp_bytes_per_rank:,} bytes each (= {len(layers)} layers x 2 x {both.activation_bytes:,})")
+print(f"tensor parallelism moves {both.ratio:.0f}x the bytes, per rank, of the whole pipeline's traffic")
+assert both.pipeline_bytes == 2 * both.activation_bytes
+assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 
 # %% [markdown]
 # Here tensor parallelism moves 8 times the bytes (one all-reduce per layer each way; a real transformer
@@ -398,7 +386,7 @@ assert pp_bytes == 2 * activation_bytes and tp_bytes == len(layers) * 2 * activa
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(prompt="A pipeline has 4 stages and runs 12 microbatches per step. What share of each "

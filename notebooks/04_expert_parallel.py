@@ -48,9 +48,8 @@
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.expert_plots import walkthrough_figure
-from shardlib.expert_ranks import ExpertPlacement
-from shardlib.experts import MoEConfig, make_moe_weights, make_tokens, route
+from shardlib.experts import ExpertPlacement, MoEConfig, make_moe_weights, make_tokens, route
+from shardlib.ui.expert_figures import walkthrough_figure
 
 small = MoEConfig(n_experts=4, k=2, skew=0.9)
 small_routing = route(make_tokens(8, small.d_model, seed=0), make_moe_weights(small, seed=0).router, small)
@@ -61,20 +60,23 @@ walkthrough_figure(home_rank=[0] * 4 + [1] * 4, experts=small_routing.experts.to
 # How much memory is at stake? Mixtral-8x7B's shape, from its published config (`shardlib.models`):
 
 # %%
-from shardlib.models import GPU_MEMORY_BYTES, MIXTRAL_8X7B as mixtral
+from shardlib.hardware import GPU_MEMORY_BYTES
+from shardlib.models import MIXTRAL_8X7B as mixtral
+from shardlib.plan import Layout, Workload, memory_per_gpu
 
 expert_params = mixtral.n_layers * mixtral.n_experts * mixtral.expert_params
-shared_bytes = (mixtral.n_params - expert_params) * mixtral.bytes_per_param
 print(f"{mixtral.name}: {mixtral.n_params / 1e9:.1f} B parameters, {mixtral.active_params_per_token / 1e9:.1f} B "
       f"of them used per token")
 print(f"experts: {expert_params / 1e9:.1f} B parameters = {expert_params * mixtral.bytes_per_param / 1e9:.0f} GB "
       f"at {mixtral.bytes_per_param:g} bytes each")
-for ep in (1, 2, 4, 8):
-    per_device = expert_params * mixtral.bytes_per_param / ep + shared_bytes
+weights_per_device = {}
+for ep in (1, 2, 4, 8):  # the planner's memory model: whole experts spread over ep devices, the rest on each
+    layout = Layout(tp=1, pp=1, dp=ep, ep=ep)
+    weights_per_device[ep] = memory_per_gpu(mixtral, layout, Workload(batch=1, context_tokens=1, prompt_tokens=1)).weights_bytes
     print(f"  ep = {ep}: {mixtral.n_experts // ep} of {mixtral.n_experts} experts per device, "
-          f"{per_device / 1e9:5.1f} GB of weights per device")
+          f"{weights_per_device[ep] / 1e9:5.1f} GB of weights per device")
 assert expert_params / mixtral.n_params > 0.95  # almost all of the model is experts
-assert expert_params * mixtral.bytes_per_param / 8 + shared_bytes < GPU_MEMORY_BYTES["A100 80GB"] / 4
+assert weights_per_device[8] < GPU_MEMORY_BYTES["A100 80GB"] / 4
 
 # %% [markdown]
 # Almost all of Mixtral is experts, and only a quarter of them fire per token. Spread by expert over 8
@@ -141,7 +143,7 @@ for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
 #   before every rank has. The step time follows the **busiest** rank's rows, not the average.
 
 # %%
-from shardlib.expert_ranks import predicted_all_to_all_bytes, predicted_cross_rank_share, simulate_expert_parallel
+from shardlib.experts import predicted_all_to_all_bytes, predicted_cross_rank_share, simulate_expert_parallel
 
 predicted_bytes = predicted_all_to_all_bytes(len(x), cfg.k, cfg.d_model)
 print(f"dispatch: {len(x)} x {cfg.k} x {cfg.d_model} x 4 = {predicted_bytes:,} bytes; the combine the same again")
@@ -171,9 +173,8 @@ for skew in (0.0, 1.0):
 
 # %%
 from shardlib import Ranks
-from shardlib.comm import format_log
-from shardlib.expert_ranks import run_expert_parallel
-from shardlib.experts import moe_reference
+from shardlib.experts import moe_reference, run_expert_parallel
+from shardlib.runtime.comm import format_log
 
 ranks = Ranks(2)
 for k in (1, 2):
@@ -208,7 +209,7 @@ assert abs(run.cross_rank_share - predicted_cross_rank_share(2)) < 0.05
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.expert_plots import send_matrix_figure
+from shardlib.ui.expert_figures import send_matrix_figure
 
 send_matrix_figure(run.send_matrix)
 
@@ -261,7 +262,7 @@ assert len({str(m) for m in sends.values()}) == 3  # three batches, three differ
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.expert_plots import rank_time_figure
+from shardlib.ui.expert_figures import rank_time_figure
 
 wide = cfg.but(d_ff=1024)
 wide_weights = make_moe_weights(wide, seed=0)
@@ -296,7 +297,7 @@ rank_time_figure(skewed.expert_s, skewed.forward_s, skewed.step_s, skewed.expert
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plots import timeline_figure
+from shardlib.ui.figures import timeline_figure
 
 run_expert_parallel(ranks, x, wide_weights, wide.but(skew=1.0))
 timeline_figure(ranks.last_spans, title="One forward at skew 1: what each rank did")
@@ -317,20 +318,19 @@ timeline_figure(ranks.last_spans, title="One forward at skew 1: what each rank d
 #   weights on that rank.
 
 # %%
-from shardlib.expert_ranks import measure_mitigations
-from shardlib.experts import capacity
+from shardlib.experts import capacity, run_mitigations
 
 print(f"capacity at cf 1.25 for one rank's {len(x) // 2} tokens, top-2, 8 experts: "
       f"ceil({len(x) // 2} x 2 x 1.25 / 8) = {capacity(len(x) // 2, 2, 1.25, 8)} slots per expert")
 top1 = cfg.but(k=1, skew=0.75)
-measured = measure_mitigations(ranks, x, weights, top1, capacity_factor=1.25, repeats=1)
+measured = run_mitigations(ranks, x, weights, top1, capacity_factor=1.25, repeats=1)
 none, capped, rerouted, copied = measured.values()  # none, capacity, capacity + reroute, replicate hottest
 uncapped = moe_reference(x, weights, top1)
 for m in (none, capped, rerouted, copied):
-    print(f"top-1, skew 0.75, {m['mitigation']:<18}: busiest expert {m['expert_max_over_mean']:.2f}x its even share, "
-          f"busiest rank {m['rank_max_over_mean']:.2f}x; dropped slots {m['dropped_slots']:>4}, "
-          f"tokens changed {m['tokens_changed']:>4}, largest change {m['max_output_change']:.2f}")
-    assert m["exact"]  # each run on ranks equals the single-process layer with the same policy
+    print(f"top-1, skew 0.75, {m.label:<18}: busiest expert {m.expert_max_over_mean:.2f}x its even share, "
+          f"busiest rank {m.rank_max_over_mean:.2f}x; dropped slots {m.run.dropped_slots:>4}, "
+          f"tokens changed {m.tokens_changed:>4}, largest change {m.max_output_change:.2f}")
+    assert m.exact  # each run on ranks equals the single-process layer with the same policy
 
 # %% [markdown]
 # The capacity cap holds the busiest expert to `1.25` times its even share, and every token it dropped
@@ -344,11 +344,11 @@ capped_run = moe_reference(x, weights, top1.but(capacity_factor=1.25), n_groups=
 passed = ~capped_run.assignment.kept[:, 0]
 assert torch.equal(capped_run.output[passed], x[passed])  # dropped: passed through unchanged
 assert torch.equal(capped_run.output[~passed], uncapped.output[~passed])  # kept: untouched by the cap
-assert capped["dropped_tokens"] == int(passed.sum()) == capped["tokens_changed"]
-assert capped["expert_max_over_mean"] <= 1.25 and rerouted["expert_max_over_mean"] <= 1.25
-assert rerouted["dropped_slots"] < capped["dropped_slots"] and copied["tokens_changed"] == 0
-assert copied["rank_max_over_mean"] < none["rank_max_over_mean"]
-assert copied["expert_max_over_mean"] == none["expert_max_over_mean"]  # as busy, in two places
+assert capped.run.dropped_tokens == int(passed.sum()) == capped.tokens_changed
+assert capped.expert_max_over_mean <= 1.25 and rerouted.expert_max_over_mean <= 1.25
+assert rerouted.run.dropped_slots < capped.run.dropped_slots and copied.tokens_changed == 0
+assert copied.rank_max_over_mean < none.rank_max_over_mean
+assert copied.expert_max_over_mean == none.expert_max_over_mean  # as busy, in two places
 print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {int((~passed).sum())} others are "
       f"bit for bit the uncapped layer's")
 
@@ -358,22 +358,22 @@ print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {i
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.expert_plots import sweep_figure
-from shardlib.expert_ranks import MITIGATIONS
+from shardlib.experts import MITIGATIONS
+from shardlib.ui.expert_figures import mitigation_sweep_figure
 
 skews = (0.0, 0.5, 1.0)
-sweep = [measure_mitigations(ranks, x, weights, cfg.but(skew=s), repeats=3) for s in skews]
+sweep = [run_mitigations(ranks, x, weights, cfg.but(skew=s), repeats=3) for s in skews]
 print(f"{'skew':>4}  {'mitigation':<20} {'expert max/mean':>15} {'rank max/mean':>13} {'dropped':>8} "
       f"{'busiest CPU':>12} {'step':>9}")
 for s, rows in zip(skews, sweep):
     for m, row in rows.items():
-        assert row["exact"]
-        print(f"{s:>4.1f}  {m:<20} {row['expert_max_over_mean']:>15.2f} {row['rank_max_over_mean']:>13.2f} "
-              f"{row['dropped_slots']:>8} {row['busiest_expert_cpu_s'] * 1e3:>9.1f} ms {row['step_s'] * 1e3:>6.1f} ms")
-assert sweep[-1]["replicate hottest"]["rank_max_over_mean"] < sweep[-1]["none"]["rank_max_over_mean"]
-assert all(rows["capacity"]["expert_max_over_mean"] <= 1.25 for rows in sweep)
-sweep_figure(skews, {m: [rows[m]["rank_max_over_mean"] for rows in sweep] for m in MITIGATIONS},
-             "busiest rank's rows / even share", "The knob against each mitigation")
+        assert row.exact
+        print(f"{s:>4.1f}  {m:<20} {row.expert_max_over_mean:>15.2f} {row.rank_max_over_mean:>13.2f} "
+              f"{row.run.dropped_slots:>8} {row.busiest_expert_cpu_s * 1e3:>9.1f} ms {row.run.step_s * 1e3:>6.1f} ms")
+assert sweep[-1]["replicate hottest"].rank_max_over_mean < sweep[-1]["none"].rank_max_over_mean
+assert all(rows["capacity"].expert_max_over_mean <= 1.25 for rows in sweep)
+mitigation_sweep_figure(skews, {m: [rows[m].rank_max_over_mean for rows in sweep] for m in MITIGATIONS},
+                        "busiest rank's rows / even share", "The knob against each mitigation")
 
 # %% [markdown]
 # ## Explore: the knob
@@ -384,7 +384,7 @@ sweep_figure(skews, {m: [rows[m]["rank_max_over_mean"] for rows in sweep] for m 
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.expert_widgets import expert_explorer
+from shardlib.ui.expert_widgets import expert_explorer
 
 expert_explorer(ranks, x[:2048], weights, cfg)
 
@@ -395,7 +395,7 @@ expert_explorer(ranks, x[:2048], weights, cfg)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(

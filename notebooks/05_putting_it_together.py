@@ -47,31 +47,31 @@
 import torch
 
 from shardlib import Ranks
-from shardlib.experts import MoEConfig, make_moe_weights, make_tokens
-from shardlib.expert_ranks import predicted_all_to_all_bytes, run_expert_parallel
-from shardlib.models import TOY_MOE
-from shardlib.pipeline import make_schedule, messages_per_step
-from shardlib.pipeline_ranks import run_on, toy_layers
-from shardlib.tp_ranks import toy_block_weights, tp_mlp
+from shardlib.experts import MoEConfig, make_moe_weights, make_tokens, predicted_all_to_all_bytes, run_expert_parallel
+from shardlib.models import TOY, TOY_MOE
+from shardlib.pipeline import make_schedule, messages_per_step, run_pipeline
+from shardlib.tensor_parallel import run_tp_block
+from shardlib.toy import activations, layer_weights, stack_weights
 
 four = Ranks(4)
-w = toy_block_weights(3)  # x: (2, 6, 32)
-tp_tokens = w["x"].shape[0] * w["x"].shape[1]
+d = TOY.d_model  # 64
+w, tp_x = layer_weights(TOY, seed=3), activations(2, 6, d)  # one block; x: (2, 6, 64)
+tp_tokens = tp_x.shape[0] * tp_x.shape[1]
 schedule = make_schedule("gpipe", 4, 4, training=False)
-pp_x = torch.randn(4, 6, 32, generator=torch.Generator().manual_seed(2))
+pp_x = activations(4, 6, d, seed=2)
 moe = MoEConfig.from_model(TOY_MOE)
 moe_weights, moe_x = make_moe_weights(moe, seed=0), make_tokens(64, moe.d_model, seed=1)
 
 predicted = {
-    "tensor": ("all_reduce", 4, 4 * tp_tokens * 32 * 4),  # one per rank, of the whole output
-    "pipeline": ("send", messages_per_step(schedule), messages_per_step(schedule) * 6 * 32 * 4),  # 1 row each
+    "tensor": ("all_reduce", 4, 4 * tp_tokens * d * 4),  # one per rank, of the whole output
+    "pipeline": ("send", messages_per_step(schedule), messages_per_step(schedule) * 6 * d * 4),  # 1 row each
     "expert": ("all_to_all_single", 3 * 4, None),  # counts, dispatch, combine on each rank
 }
 
 logs = {}
-four.run(tp_mlp, w["x"], w["gate"], w["up"], w["down"])
+run_tp_block(four, "mlp", tp_x, w, TOY)
 logs["tensor"] = list(four.last_comm)
-run_on(four, schedule, toy_layers(4), pp_x)
+run_pipeline(four, schedule, TOY, stack_weights(TOY, seed=0, parts=("mlp",)), pp_x)
 logs["pipeline"] = list(four.last_comm)
 ep_run = run_expert_parallel(four, moe_x, moe_weights, moe)
 logs["expert"] = list(four.last_comm)
@@ -118,13 +118,11 @@ assert ep_run.dispatch_bytes == predicted_all_to_all_bytes(64, moe.k, moe.d_mode
 #   `2 x 2 = 4` sends (and 4 receives).
 
 # %%
-from shardlib.combined import (TOLERANCE, Mesh, format_traffic, run_combined, stack_input, stack_reference,
-                               stack_weights)
-from shardlib.models import TOY
-from shardlib.plan import Layout, forward_traffic
+from shardlib.plan import TOLERANCE, Layout, format_traffic, forward_traffic, run_combined
+from shardlib.toy import stack_reference
 
 layers = stack_weights(TOY, seed=0)
-x = stack_input(TOY, batch=4, seq=6)  # (4, 6, 64)
+x = activations(4, 6, TOY.d_model)  # (4, 6, 64)
 reference = stack_reference(x, layers, TOY)
 for a in forward_traffic(TOY, Layout(tp=2, pp=2), batch=4, seq_tokens=6, n_microbatches=2):
     print(f"predicted: {a.axis} axis, {a.op:<10} {a.count:>3} calls, {a.size_bytes:>7,} bytes")
@@ -137,8 +135,8 @@ for a in forward_traffic(TOY, Layout(tp=2, pp=2), batch=4, seq_tokens=6, n_micro
 # would, so the output is compared with the unsharded stack within `1e-5`.
 
 # %%
-mesh = Mesh(pp=2, tp=2)
-run = run_combined(four, mesh, TOY, layers, x, n_microbatches=2)
+layout = Layout(tp=2, pp=2)
+run = run_combined(four, layout, TOY, layers, x, n_microbatches=2)
 gap = (run.output - reference).abs().max().item()
 print(f"largest difference from the unsharded stack: {'below 1e-5' if gap < TOLERANCE else gap}")
 print(format_traffic(run))
@@ -157,14 +155,14 @@ assert calls[("tp", "all_reduce")] == 8 * calls[("pp", "send")]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-run = run_combined(four, mesh, TOY, layers, x, n_microbatches=2)  # the first run also set up the groups
+run = run_combined(four, layout, TOY, layers, x, n_microbatches=2)  # the first run also set up the groups
 for axis, seconds in sorted(run.comm_s_by_axis.items()):
     print(f"{axis}: {seconds * 1e3:.1f} ms in calls, summed over ranks")
 print(f"whole forward: {run.wall_s * 1e3:.1f} ms")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plots import timeline_figure
+from shardlib.ui.figures import timeline_figure
 
 timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ranks 2-3 stage 1 (F0, F1: microbatches)")
 
@@ -180,14 +178,15 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # keeps its reason.
 
 # %%
+from shardlib.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
 from shardlib.models import LLAMA_3_70B
-from shardlib.plan import ONE_NODE_8_H100, TWO_NODES_8_H100, Workload, format_plan, plan
+from shardlib.plan import Workload, format_plan, plan
 
 print(format_plan(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency")))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plan_plots import plan_figure
+from shardlib.ui.plan_figures import plan_figure
 
 plan_figure(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"))
 
@@ -235,15 +234,16 @@ assert choices["Llama-3-8B", 1]["throughput"].layout == Layout(tp=1, pp=1, dp=8)
 # The toy cluster is the 4 CPU ranks, seen as 2 "nodes" of 2, with a memory cap (500 kB per rank) that
 # the toy model (1.25 MB) does not fit into, like a large model on a real GPU. Its link and its speed
 # are measured here and now: a short latency-bandwidth sweep on the 4 ranks, fitted by
-# `cost_calibration`, and the arithmetic speed of one unsharded forward of the toy stack in this
+# `costs.run_calibration`, and the arithmetic speed of one unsharded forward of the toy stack in this
 # process (tiny matrices: mostly dispatch overhead, which is what the toy's compute proxy should
 # include).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.combined import measure_toy_cluster
+from shardlib.plan import run_toy_cluster_calibration
 
-toy, cal = measure_toy_cluster(four, TOY, layers)
+fit = run_toy_cluster_calibration(four, TOY, layers)
+toy, cal = fit.cluster, fit.calibration
 print(f"measured link: latency {toy.intra_link.latency_s * 1e3:.2f} ms, bandwidth "
       f"{toy.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s (R^2 of the fit {cal.overall.r_squared:.2f}); "
       f"arithmetic {toy.peak_flops_per_s / 1e9:.1f} GFLOP/s")
@@ -264,8 +264,7 @@ import statistics
 assert all(s.layout.tp * s.layout.pp >= 3 for s in toy_plan.ranked)  # the cap forces a split
 toy_measured = {}
 for s in toy_plan.ranked:
-    toy_mesh = Mesh(pp=s.layout.pp, tp=s.layout.tp, dp=s.layout.dp)
-    runs = [run_combined(four, toy_mesh, TOY, layers, x, s.n_microbatches) for _ in range(5)]
+    runs = [run_combined(four, s.layout, TOY, layers, x, s.n_microbatches) for _ in range(5)]
     for r in runs:
         assert torch.allclose(r.output, reference, atol=TOLERANCE, rtol=TOLERANCE)
         assert r.measured == r.predicted  # calls and bytes, per axis: exact
@@ -305,7 +304,7 @@ assert 0.5 < time_ratio < 30, time_ratio
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plan_widgets import planner_widget
+from shardlib.ui.plan_widgets import planner_widget
 
 planner_widget()
 
@@ -334,7 +333,7 @@ assert replicas.tokens_per_s > split8.tokens_per_s and split8.decode_step_s < re
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(

@@ -4,7 +4,7 @@
     python scripts/build_site.py --out site 00 01      # only the notebooks whose names start so
 
 Each page loads ``plotly.min.js`` from beside it (copied from the installed plotly), so the site reads
-offline. Widgets are shown as they were first drawn (see ``shardlib/static.py``); check-yourself
+offline. Widgets are shown as they were first drawn (see ``shardlib/ui/static.py``); check-yourself
 questions appear as a list with each answer folded.
 """
 
@@ -26,7 +26,7 @@ from nbconvert import HTMLExporter
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-SETUP = "import shardlib.static\nshardlib.static.install()"
+SETUP = "import shardlib.ui.static\nshardlib.ui.static.install()"
 
 
 def title_of(nb) -> str:

@@ -20,8 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardlib import Ranks  # noqa: E402
-from shardlib.basics import all_reduce_time, first_all_reduce, whoami  # noqa: E402
-from shardlib.tp_ranks import attention_reference, mlp_reference, toy_block_weights, tp_attention, tp_mlp  # noqa: E402
+from shardlib.models import TOY  # noqa: E402
+from shardlib.runtime.basics import all_reduce_time_on_rank, first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
+from shardlib.tensor_parallel import run_tp_block  # noqa: E402
+from shardlib.toy import activations, layer_weights  # noqa: E402
 
 TOLERANCE = 1e-4  # float32 on GPU against float32 on CPU: the summation order differs
 
@@ -30,37 +32,29 @@ def check_world(n: int) -> None:
     started = time.perf_counter()
     with Ranks(n, backend="nccl", timeout=300) as ranks:
         print(f"\n== world size {n}: backend {ranks.backend}, started in {time.perf_counter() - started:.1f} s")
-        who = ranks.run(whoami)
+        who = ranks.run(whoami_on_rank)
         devices = [w["device"] for w in who]
         print("devices:", devices)
         assert ranks.backend == "nccl" and devices == [f"cuda:{r}" for r in range(n)], devices
-        sums = ranks.run(first_all_reduce)
+        sums = ranks.run(first_all_reduce_on_rank)
         expected = [float(sum(r + 1 for r in range(n)))] * 4
         assert all(s["after"] == expected for s in sums), sums
         print(f"first all-reduce: {sums[0]['before']} -> {sums[0]['after']} on every rank")
 
-        w = toy_block_weights(0)
-        for name, fn, args, ref in (
-            ("MLP", tp_mlp, (w["gate"], w["up"], w["down"]), mlp_reference),
-            ("attention", tp_attention, (w["q"], w["k"], w["v"], w["o"], 8, 4), attention_reference),
-        ):
-            if name == "attention" and 4 % n:
-                print(f"{name}: skipped, 4 KV heads cannot be split {n} ways")
+        w, x, grad = layer_weights(TOY, seed=0), activations(2, 6, TOY.d_model, seed=1), activations(2, 6, TOY.d_model, seed=2)
+        for part in ("mlp", "attention"):
+            if part == "attention" and TOY.n_kv_heads % n:
+                print(f"{part}: skipped, {TOY.n_kv_heads} KV heads cannot be split {n} ways")
                 continue
-            x = w["x"].clone().requires_grad_()
-            expected_out = ref(x, *args)
-            expected_out.backward(w["grad"])
-            results = ranks.run(fn, w["x"], *args, grad_output=w["grad"])
-            out_gap = max((r["output"].cpu() - expected_out.detach()).abs().max().item() for r in results)
-            grad_gap = max((r["grad_x"].cpu() - x.grad).abs().max().item() for r in results)
-            print(f"{name}: output gap {out_gap:.2e}, input-gradient gap {grad_gap:.2e} "
-                  f"(tolerance {TOLERANCE:g}); {results[0]['forward_collectives']} collective(s) forward")
-            assert out_gap < TOLERANCE and grad_gap < TOLERANCE
+            run = run_tp_block(ranks, part, x, w, TOY, grad)  # the blocks on the GPUs, the reference on the CPU
+            print(f"{part}: output gap {run.output_gap:.2e}, input-gradient gap {run.grad_x_gap:.2e} "
+                  f"(tolerance {TOLERANCE:g}); {run.forward_collectives[0]} collective(s) forward")
+            assert run.output_gap < TOLERANCE and run.grad_x_gap < TOLERANCE
 
         print(f"{'bytes':>14} {'time':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}")
         for log2 in range(10, 29, 3):
             size_bytes = 4 * 2 ** log2
-            seconds = max(ranks.run(all_reduce_time, 2 ** log2))
+            seconds = max(ranks.run(all_reduce_time_on_rank, 2 ** log2))
             algbw = size_bytes / seconds / 1e9
             busbw = algbw * 2 * (n - 1) / n
             print(f"{size_bytes:>14,} {seconds * 1e6:>8.1f} us {algbw:>11.2f} {busbw:>11.2f}")

@@ -1,12 +1,25 @@
 """shardlib: tensor, pipeline and expert parallelism, shown on real ranks beside the formulas.
 
-The rank runtime is imported here; the pure modules (``models``, ``plots`` ...) are imported by name.
+The package is layered; imports point down only (a test walks them):
+
+* ``models``, ``hardware``, ``toy``, ``checks``: what everything shares. Model shapes, hardware facts
+  with sources, the small transformer every demo runs, argument checks.
+* ``runtime``: ``Ranks`` (a warm pool of rank processes), ``RankContext``, recorded collectives, spans.
+* ``tensor_parallel``, ``pipeline``, ``experts``, ``costs``, ``plan``: one strategy each, every one with a
+  pure part (formulas, schedules, routing), rank functions (``*_on_rank``) and drivers (``run_*``, called
+  with a pool).
+* ``ui``: figures, widgets, check-yourself questions, static export. ``exercises``: graders.
+
+The runtime's main names are importable from here: ``from shardlib import Ranks``. They load on first
+use, so ``import shardlib.models`` stays light.
 """
 
-from .comm import CommRecord
-from .context import RankContext
-from .ranks import RankError, Ranks, RankTimeoutError
-from .timeline import Span
+from ._lazy import exports
 
-__all__ = ["Ranks", "RankContext", "RankError", "RankTimeoutError", "CommRecord", "Span"]
+__all__, __getattr__, __dir__ = exports("shardlib.runtime", {
+    "ranks": ("Ranks", "RankError", "RankTimeoutError"),
+    "context": ("RankContext",),
+    "comm": ("CommRecord",),
+    "timeline": ("Span",),
+})
 __version__ = "0.1.0"

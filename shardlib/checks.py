@@ -1,15 +1,75 @@
-"""The two checks every config and formula makes of its numbers, with messages that show the value."""
+"""The argument checks every config, formula and driver makes, with messages that show the value.
+
+Each check returns the value (converted: ``int``, ``float``) or raises ``ValueError`` saying what was
+expected, in the learner's terms, and what was given. ``True`` and ``False`` are refused as numbers
+(``bool`` is an ``int`` subclass in Python, and ``tp=True`` is a mistake, not a 1).
+"""
 
 from __future__ import annotations
 
+import math
 from numbers import Integral, Real
+from typing import Sequence
+
+
+def is_number(value, kind=Real) -> bool:
+    """Whether ``value`` is a number of ``kind`` (``Real`` or ``Integral``), ``True`` and ``False`` not counted."""
+    return not isinstance(value, bool) and isinstance(value, kind)
+
+
+def _within(value, what: str, kind, low: float, high: float, low_open: bool, expected: str):
+    """``value`` as an int (``Integral``) or float (``Real``) if it lies from ``low`` (excluded when
+    ``low_open``) to ``high``; otherwise "``what`` must be ``expected``, got ``value``"."""
+    if not is_number(value, kind) or not (value > low if low_open else value >= low) or not value <= high:
+        raise ValueError(f"{what} must be {expected}, got {value!r}")
+    return int(value) if kind is Integral else float(value)
 
 
 def whole_number(value, what: str, minimum: int = 1) -> int:
-    """``value`` as an int, or a ValueError: "``what`` must be a whole number of at least ``minimum``"."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{what} must be a whole number of at least {minimum}, got {value!r}")
-    return int(value)
+    """``value`` as an int, or "``what`` must be a whole number of at least ``minimum``"."""
+    return _within(value, what, Integral, minimum, math.inf, False, f"a whole number of at least {minimum}")
+
+
+def whole_number_between(value, what: str, low: int, high: int) -> int:
+    """``value`` as an int from ``low`` to ``high`` (both included)."""
+    return _within(value, what, Integral, low, high, False, f"a whole number from {low} to {high}")
+
+
+def positive_number(value, what: str) -> float:
+    """``value`` as a float above zero."""
+    return _within(value, what, Real, 0, math.inf, True, "a positive number")
+
+
+def number_at_least(value, what: str, minimum: float = 0.0) -> float:
+    """``value`` as a float of at least ``minimum`` (zero by default: a duration, a latency)."""
+    return _within(value, what, Real, minimum, math.inf, False, f"a number of at least {minimum:g}")
+
+
+def number_between(value, what: str, low: float, high: float) -> float:
+    """``value`` as a float from ``low`` to ``high`` (both included)."""
+    return _within(value, what, Real, low, high, False, f"a number from {low:g} to {high:g}")
+
+
+def flag(value, what: str) -> bool:
+    """``value`` if it is ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be True or False, got {value!r}")
+    return value
+
+
+def choice(value, allowed: Sequence, what: str):
+    """``value`` if it is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(map(repr, allowed))}")
+    return value
+
+
+def one_per(values, count: int, what: str, each: str) -> list:
+    """``values`` as a list of exactly ``count`` entries (``each`` names one entry: "stage", "rank")."""
+    values = list(values)
+    if len(values) != count:
+        raise ValueError(f"{what} needs one entry per {each} ({count}), got {len(values)}")
+    return values
 
 
 def same_dtype(given, expected, what: str) -> None:
@@ -17,10 +77,3 @@ def same_dtype(given, expected, what: str) -> None:
     if given != expected:
         raise ValueError(f"{what} is {given} but the weights are {expected}: convert it first, "
                          f"for example x.to({expected})")
-
-
-def positive_number(value, what: str) -> float:
-    """``value`` as a float, or a ValueError: "``what`` must be a positive number"."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
-        raise ValueError(f"{what} must be a positive number, got {value!r}")
-    return float(value)

@@ -1,6 +1,6 @@
 """Run a rank function under ``torchrun``: the same code a notebook runs on ``Ranks``.
 
-    torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.basics:first_all_reduce
+    torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.runtime.basics:first_all_reduce_on_rank
 
 ``module:function`` names any importable rank function ``fn(ctx, *args)``; extra command-line words are
 passed as arguments (numbers are converted). Each rank prints its result as ``[rank R] result``, then
@@ -15,8 +15,8 @@ import importlib
 
 import torch.distributed as dist
 
-from .comm import format_log
-from .context import RankContext
+from .runtime.comm import format_log
+from .runtime.context import RankContext
 
 
 def _value(text: str):
@@ -28,7 +28,7 @@ def _value(text: str):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m shardlib.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", help="module:function, e.g. shardlib.basics:first_all_reduce")
+    parser.add_argument("target", help="module:function, e.g. shardlib.runtime.basics:first_all_reduce_on_rank")
     parser.add_argument("args", nargs="*", help="arguments passed to the function after ctx")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     opts = parser.parse_args(argv)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checks import whole_number
+from .checks import positive_number, whole_number
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ class ModelConfig:
                 f"{self.name}: each token cannot use {self.experts_per_token} experts when there are "
                 f"only {self.n_experts}"
             )
-        if not self.bytes_per_param > 0:
-            raise ValueError(f"{self.name}: bytes_per_param must be positive, got {self.bytes_per_param}")
+        positive_number(self.bytes_per_param, f"{self.name}: bytes_per_param")
 
     # -- counts -------------------------------------------------------------------------------------
     @property
@@ -112,14 +111,11 @@ def tensor_parallel_problems(model: ModelConfig, tp: int) -> list[str]:
     ``d_ff``, and an equal slice of the vocabulary for the embedding and output head. Serving systems
     sometimes pad the vocabulary or replicate KV heads to go further; this rule is the plain one.
     """
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        return [f"the number of shards must be a whole number of at least 1, got {tp!r}"]
-    problems = []
-    if model.n_kv_heads % tp:
-        problems.append(f"{model.n_kv_heads} KV heads cannot be split {tp} ways: tensor parallelism gives each "
-                        "device whole KV heads")
-    if model.n_heads % tp:
-        problems.append(f"{model.n_heads} query heads cannot be split {tp} ways: each device needs whole heads")
+    try:
+        whole_number(tp, "tp (the tensor-parallel degree)")
+    except ValueError as err:
+        return [str(err)]
+    problems = head_problems(model, tp)
     if model.d_ff % tp:
         problems.append(f"d_ff = {model.d_ff} cannot be split {tp} ways: each device needs an equal slice of "
                         "the MLP's hidden width")
@@ -127,6 +123,26 @@ def tensor_parallel_problems(model: ModelConfig, tp: int) -> list[str]:
         problems.append(f"vocab_size = {model.vocab_size} cannot be split {tp} ways: each device needs an equal "
                         "slice of the vocabulary")
     return problems
+
+
+def head_problems(model: ModelConfig, tp: int) -> list[str]:
+    """The attention part of the rule: each device needs whole query heads and the whole KV heads
+    they read."""
+    problems = []
+    if model.n_kv_heads % tp:
+        problems.append(f"{model.n_kv_heads} KV heads cannot be split {tp} ways: tensor parallelism gives each "
+                        "device whole KV heads")
+    if model.n_heads % tp:
+        problems.append(f"{model.n_heads} query heads cannot be split {tp} ways: each device needs whole heads")
+    return problems
+
+
+def check_heads(model: ModelConfig, tp: int) -> None:
+    """A ValueError naming the head rule ``tp`` breaks, if it breaks one (only the attention's rule:
+    for one attention block, not a whole model)."""
+    problems = head_problems(model, whole_number(tp, "tp"))
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def usable_tensor_parallel_degrees(model: ModelConfig) -> list[int]:
@@ -159,5 +175,3 @@ TOY_MOE = ModelConfig("toy-moe", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4
 
 PRESETS: dict[str, ModelConfig] = {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, TOY_MOE)}
 
-# Memory of common accelerators, in bytes (vendor data sheets).
-GPU_MEMORY_BYTES: dict[str, float] = {"A100 80GB": 80e9, "H100 80GB": 80e9, "H200": 141e9}

@@ -23,10 +23,10 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises import check_shard_rows, check_tp_pair_forward
+from shardlib.exercises import grade_shard_rows, grade_tp_pair_forward
 
 print(inspect.getsource(answers.shard_rows))
-result = check_shard_rows(answers.shard_rows)
+result = grade_shard_rows(answers.shard_rows)
 print(result)
 assert result.passed
 
@@ -35,6 +35,6 @@ from shardlib import Ranks
 
 print(inspect.getsource(answers.tp_pair_forward))
 with Ranks(2) as ranks, Ranks(4) as four:
-    result = check_tp_pair_forward(answers.tp_pair_forward, ranks, four)
+    result = grade_tp_pair_forward(answers.tp_pair_forward, ranks, four)
 print(result)
 assert result.passed

@@ -23,9 +23,9 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises import check_bubble_fraction
+from shardlib.exercises import grade_bubble_fraction
 
 print(inspect.getsource(answers.bubble_fraction))
-result = check_bubble_fraction(answers.bubble_fraction)
+result = grade_bubble_fraction(answers.bubble_fraction)
 print(result)
 assert result.passed

@@ -23,15 +23,15 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises import check_dispatch_plan, check_top_k_router
+from shardlib.exercises import grade_dispatch_plan, grade_top_k_router
 
 print(inspect.getsource(answers.top_k_router))
-result = check_top_k_router(answers.top_k_router)
+result = grade_top_k_router(answers.top_k_router)
 print(result)
 assert result.passed
 
 # %%
 print(inspect.getsource(answers.plan_dispatch))
-result = check_dispatch_plan(answers.plan_dispatch)
+result = grade_dispatch_plan(answers.plan_dispatch)
 print(result)
 assert result.passed

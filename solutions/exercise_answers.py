@@ -49,10 +49,10 @@ def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
     return experts, torch.softmax(top_logits, dim=-1)  # gates sum to 1 per token
 
 
-def plan_dispatch(experts: torch.Tensor, n_experts: int, world_size: int):
+def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     """Send order and per-rank row counts for one home rank's slots (expert ``e`` on rank ``e // per_rank``)."""
-    per_rank = n_experts // world_size
+    per_rank = n_experts // ep
     flat = experts.flatten()  # (T * k,): slot id t * k + c -> its expert
     order = torch.sort(flat, stable=True).indices  # by expert (so by rank), slot-id order kept within one
-    rows_to_rank = torch.bincount(flat // per_rank, minlength=world_size).tolist()
+    rows_to_rank = torch.bincount(flat // per_rank, minlength=ep).tolist()
     return order, rows_to_rank

@@ -3,14 +3,15 @@
 import pytest
 import torch
 
-from shardlib.combined import (TOLERANCE, Mesh, check_inputs, run_combined, simulate_tp_stack, stack_input,
-                               stack_reference, stack_weights, traffic_by_axis)
-from shardlib.costs import Link
+from shardlib.hardware import Link, toy_cluster
 from shardlib.models import TOY
-from shardlib.plan import Workload, forward_traffic, plan, toy_cluster
+from shardlib.plan import (TOLERANCE, Layout, Workload, check_combined_inputs, plan, run_combined,
+                           traffic_by_axis)
+from shardlib.tensor_parallel import simulate_tp_stack
+from shardlib.toy import activations, stack_reference, stack_weights
 
 LAYERS = stack_weights(TOY, seed=0)
-X = stack_input(TOY, batch=4, seq=6)
+X = activations(4, 6, TOY.d_model)
 REFERENCE = stack_reference(X, LAYERS, TOY)
 
 
@@ -28,23 +29,25 @@ def test_single_process_rejects_tp_that_breaks_heads():
         simulate_tp_stack(X, LAYERS, TOY, 3)
 
 
-MESHES = {2: [Mesh(2, 1), Mesh(1, 2), Mesh(1, 1, 2)], 4: [Mesh(2, 2), Mesh(1, 4), Mesh(4, 1), Mesh(2, 1, 2), Mesh(1, 2, 2)]}
+MESHES = {2: [Layout(tp=1, pp=2), Layout(tp=2, pp=1), Layout(tp=1, pp=1, dp=2)],
+          4: [Layout(tp=2, pp=2), Layout(tp=4, pp=1), Layout(tp=1, pp=4), Layout(tp=1, pp=2, dp=2),
+              Layout(tp=2, pp=1, dp=2)]}
 
 
-def same_pieces_reference(ctx, mesh, n_microbatches):
+def same_pieces_reference(ctx, layout, n_microbatches):
     """Rank 0 runs the unsharded stack on the very pieces the ranks run (each replica's share, cut into
     microbatches), with the ranks' thread count: a matmul's rounding may depend on how many rows it is
     given and on how many threads share it, so bit-for-bit equality is promised against the same
     pieces computed the same way, not against one whole-batch pass in another process."""
     if ctx.rank:
         return None
-    return torch.cat([stack_reference(mb, LAYERS, TOY) for part in X.tensor_split(mesh.dp)
+    return torch.cat([stack_reference(mb, LAYERS, TOY) for part in X.tensor_split(layout.dp)
                       for mb in part.tensor_split(n_microbatches)])
 
 
-def _check(run, mesh, pool, n_microbatches=2):
-    if mesh.tp == 1:  # no cross-rank sum: bit for bit against the same pieces
-        assert torch.equal(run.output, pool.run(same_pieces_reference, mesh, n_microbatches)[0])
+def _check(run, layout, pool, n_microbatches=2):
+    if layout.tp == 1:  # no cross-rank sum: bit for bit against the same pieces
+        assert torch.equal(run.output, pool.run(same_pieces_reference, layout, n_microbatches)[0])
     # against one whole-batch pass, and wherever the tp all-reduce adds partials in another order
     assert torch.allclose(run.output, REFERENCE, atol=TOLERANCE, rtol=TOLERANCE)
     assert run.last_stage_agree
@@ -54,13 +57,13 @@ def _check(run, mesh, pool, n_microbatches=2):
 @pytest.mark.parametrize("world", [2, 4], ids=["world2", "world4"])
 def test_every_mesh_equals_the_unsharded_stack_and_its_predicted_traffic(world, request):
     pool = request.getfixturevalue(f"pool{world}")
-    for mesh in MESHES[world]:
-        _check(run_combined(pool, mesh, TOY, LAYERS, X, n_microbatches=2), mesh, pool)
+    for layout in MESHES[world]:
+        _check(run_combined(pool, layout, TOY, LAYERS, X, n_microbatches=2), layout, pool)
 
 
 def test_two_stages_of_two_way_tp_split_the_log_by_axis(pool4):
-    run = run_combined(pool4, Mesh(pp=2, tp=2), TOY, LAYERS, X, n_microbatches=2)
-    _check(run, Mesh(2, 2), pool4)
+    run = run_combined(pool4, Layout(tp=2, pp=2), TOY, LAYERS, X, n_microbatches=2)
+    _check(run, Layout(tp=2, pp=2), pool4)
     axes = {(a.axis, a.op): (a.count, a.size_bytes) for a in run.measured}
     assert set(axes) == {("tp", "all_reduce"), ("pp", "send"), ("pp", "recv")}
     mb_bytes = 2 * 6 * TOY.d_model * 4  # 2 sequences x 6 tokens x 64 x float32
@@ -72,9 +75,9 @@ def test_two_stages_of_two_way_tp_split_the_log_by_axis(pool4):
 
 
 def test_more_microbatches_mean_more_messages_not_more_bytes(pool4):
-    runs = {m: run_combined(pool4, Mesh(2, 2), TOY, LAYERS, X, n_microbatches=m) for m in (1, 4)}
+    runs = {m: run_combined(pool4, Layout(tp=2, pp=2), TOY, LAYERS, X, n_microbatches=m) for m in (1, 4)}
     for m, run in runs.items():
-        _check(run, Mesh(2, 2), pool4, m)
+        _check(run, Layout(tp=2, pp=2), pool4, m)
     sends = {m: next(a for a in r.measured if a.op == "send") for m, r in runs.items()}
     assert sends[4].count == 4 * sends[1].count and sends[4].size_bytes == sends[1].size_bytes
 
@@ -84,31 +87,31 @@ def test_planner_best_toy_layout_runs_with_predicted_bytes(pool4):
     p = plan(TOY, toy_cluster(Link("loopback", 1e9, 7e-4)), Workload(batch=4, context_tokens=6, prompt_tokens=6,
                                                                         microbatches=2))
     best = p.best.layout
-    run = run_combined(pool4, Mesh(best.pp, best.tp, best.dp), TOY, LAYERS, X, p.best.n_microbatches)
-    _check(run, Mesh(best.pp, best.tp, best.dp), pool4, p.best.n_microbatches)
-    assert list(run.measured) == sorted(forward_traffic(TOY, best, 4 // best.dp, 6, p.best.n_microbatches),
-                                        key=lambda a: (a.axis, a.op))
+    run = run_combined(pool4, best, TOY, LAYERS, X, p.best.n_microbatches)
+    _check(run, best, pool4, p.best.n_microbatches)  # the measured traffic is the planner's own prediction
 
 
 def test_bad_meshes_and_inputs_fail_before_any_rank(pool4):
-    with pytest.raises(ValueError, match=r"pp x dp x tp = 2 x 1 x 1 = 2, but there are 4 ranks"):
-        run_combined(pool4, Mesh(2, 1), TOY, LAYERS, X)
+    with pytest.raises(ValueError, match=r"tp x pp x dp = 1 x 2 x 1 = 2, but there are 4 ranks"):
+        run_combined(pool4, Layout(tp=1, pp=2), TOY, LAYERS, X)
     with pytest.raises(ValueError, match="4 KV heads cannot be split 8 ways"):
-        check_inputs(Mesh(1, 8), TOY, LAYERS, X, 1)
+        check_combined_inputs(Layout(tp=8, pp=1), TOY, LAYERS, X, 1)
     with pytest.raises(ValueError, match=r"4 layers cannot be cut into 3 equal stages \(4 % 3 = 1\)"):
-        check_inputs(Mesh(3, 1), TOY, LAYERS, X, 1)
+        check_combined_inputs(Layout(tp=1, pp=3), TOY, LAYERS, X, 1)
+    with pytest.raises(ValueError, match="the combined run on ranks splits dense blocks: ep must be 1, got ep = 2"):
+        check_combined_inputs(Layout(tp=2, pp=2, ep=2), TOY, LAYERS, X, 1)
     with pytest.raises(ValueError, match=r"a batch of 4 sequences cannot be cut into dp x m = 1 x 3 = 3"):
-        run_combined(pool4, Mesh(2, 2), TOY, LAYERS, X, n_microbatches=3)
+        run_combined(pool4, Layout(tp=2, pp=2), TOY, LAYERS, X, n_microbatches=3)
     with pytest.raises(ValueError, match=r"x must be \(batch, seq, d_model = 64\)"):
-        check_inputs(Mesh(2, 2), TOY, LAYERS, X[..., :32], 1)
-    with pytest.raises(ValueError, match="mesh tp must be a whole number"):
-        Mesh(2, 0)
+        check_combined_inputs(Layout(tp=2, pp=2), TOY, LAYERS, X[..., :32], 1)
+    with pytest.raises(ValueError, match="tp must be a whole number"):
+        Layout(tp=0, pp=2)
     # the pool still works after the refusals
-    _check(run_combined(pool4, Mesh(2, 2), TOY, LAYERS, X), Mesh(2, 2), pool4)
+    _check(run_combined(pool4, Layout(tp=2, pp=2), TOY, LAYERS, X), Layout(tp=2, pp=2), pool4)
 
 
 def test_traffic_by_axis_sums_records():
-    from shardlib.comm import CommRecord
+    from shardlib.runtime.comm import CommRecord
     recs = [CommRecord("all_reduce", 10, 0.1, "tp", 0, 0.0), CommRecord("all_reduce", 10, 0.1, "tp", 1, 0.0),
             CommRecord("send", 5, 0.1, "pp", 0, 0.0, 2)]
     assert [(a.axis, a.op, a.count, a.size_bytes) for a in traffic_by_axis(recs)] == [
@@ -116,9 +119,10 @@ def test_traffic_by_axis_sums_records():
 
 
 def test_measured_toy_cluster_is_built_from_live_numbers(pool4):
-    from shardlib.combined import effective_flops_per_s, measure_toy_cluster
+    from shardlib.plan import effective_flops_per_s, run_toy_cluster_calibration
 
-    cluster, cal = measure_toy_cluster(pool4, TOY, LAYERS)
+    fit = run_toy_cluster_calibration(pool4, TOY, LAYERS)
+    cluster, cal = fit.cluster, fit.calibration
     assert cluster.n_gpus == 4 and cluster.intra_link.latency_s == cal.overall.latency_s
     assert cluster.intra_link.bandwidth_bytes_per_s == cal.overall.bandwidth_bytes_per_s > 0
     assert cluster.peak_flops_per_s > 0 and effective_flops_per_s(TOY, LAYERS, 2, 6) > 0
@@ -133,9 +137,9 @@ def test_measured_toy_cluster_is_built_from_live_numbers(pool4):
 ])
 def test_bad_microbatch_counts_are_refused_before_any_rank_starts(bad, words):
     with pytest.raises(ValueError, match=words):
-        check_inputs(Mesh(2, 2), TOY, LAYERS, X, bad)
+        check_combined_inputs(Layout(tp=2, pp=2), TOY, LAYERS, X, bad)
 
 
 def test_input_of_another_dtype_is_refused_with_the_conversion():
     with pytest.raises(ValueError, match="x's dtype is torch.float64 but the weights are torch.float32"):
-        check_inputs(Mesh(2, 2), TOY, LAYERS, X.double(), 1)
+        check_combined_inputs(Layout(tp=2, pp=2), TOY, LAYERS, X.double(), 1)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shardlib import RankError
-from shardlib.comm import format_log, summarize
+from shardlib.runtime.comm import format_log, summarize
 
 
 def rank_input(rank, shape=(4, 6)):

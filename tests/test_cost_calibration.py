@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from shardlib.cost_calibration import (DEFAULT_SIZES_BYTES, SWEEP_OPS, Sample, calibrate, combine, fit_link,
-                                      r_squared, sweep)
-from shardlib.costs import Link, collective_time_s
+from shardlib.costs import (DEFAULT_SIZES_BYTES, SWEEP_OPS, Sample, collective_time_s, fastest_of_slowest, fit_link,
+                            r_squared, run_calibration, sweep_on_rank)
+from shardlib.hardware import Link
 
 TRUE = Link("known", 5e9, 25e-6)  # 25 us per message, 5 GB/s each way
 SIZES = [64 * 4 ** k for k in range(9)]  # 64 B .. 4 MiB
@@ -64,13 +64,13 @@ def test_r_squared_by_hand():
     assert r_squared(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 1.0
 
 
-def test_combine_takes_the_slowest_rank_then_the_fastest_round():
+def test_a_sample_is_the_slowest_rank_in_the_fastest_round():
     per_rank = [{("all_reduce", 64): [1.0, 5.0, 2.0], ("point_to_point", 64): [1.0, 1.0, 4.0]},
                 {("all_reduce", 64): [4.0, 1.0, 1.0], ("point_to_point", 64): [2.0, 3.0, 2.0]},
                 {("all_reduce", 64): [1.0, 1.0, 9.0], ("point_to_point", 64): None}]
     # all-reduce: slowest per round 4, 5, 9 -> fastest round 4
     # point-to-point: ranks 0 and 1 only, slowest per round 2, 3, 4 -> 2
-    assert combine(per_rank, 3) == [Sample("all_reduce", 3, 64, 4.0), Sample("point_to_point", 3, 64, 2.0)]
+    assert fastest_of_slowest(per_rank, 3) == [Sample("all_reduce", 3, 64, 4.0), Sample("point_to_point", 3, 64, 2.0)]
 
 
 @pytest.mark.parametrize("samples, words", [
@@ -84,29 +84,29 @@ def test_fits_that_cannot_be_made_say_why(samples, words):
 
 
 @pytest.mark.parametrize("sizes, words", [
-    ([64, 0], "positive whole numbers of bytes, got 0"),
+    ([64, 0], r"a message size \(bytes\) must be a whole number of at least 1, got 0"),
     ([64, 100], "a message of 100 bytes cannot be cut into 2 equal float32 pieces"),
     ([], "at least one message size"),
 ])
 def test_bad_sweep_sizes_are_refused_before_anything_runs(pool2, sizes, words):
     with pytest.raises(ValueError, match=words):
-        calibrate(pool2, sizes)
+        run_calibration(pool2, sizes)
 
 
 def test_bad_rounds_and_pools_are_refused(pool2):
     with pytest.raises(ValueError, match="rounds must be a whole number of at least 1, got 0"):
-        calibrate(pool2, rounds=0)
+        run_calibration(pool2, rounds=0)
 
     class OneRank:
         world_size = 1
 
     with pytest.raises(ValueError, match="needs at least 2 ranks, got a pool of 1"):
-        calibrate(OneRank())
+        run_calibration(OneRank())
 
 
 def test_the_sweep_on_real_ranks_grows_with_size_and_the_fit_explains_it(pool):
     sizes = DEFAULT_SIZES_BYTES  # 64 B .. 16 MiB: on 4 ranks sharing 2 cores, 4 MiB is still near the latency
-    cal = calibrate(pool, sizes)
+    cal = run_calibration(pool, sizes)
     by_op = {op: sorted((s for s in cal.samples if s.op == op), key=lambda s: s.size_bytes) for op in SWEEP_OPS}
     report = [f"{pool.world_size} ranks: overall alpha {cal.overall.latency_s * 1e6:.0f} us, "
               f"{cal.overall.bandwidth_bytes_per_s / 1e9:.3f} GB/s, R^2 {cal.overall.r_squared:.3f}"]
@@ -122,7 +122,7 @@ def test_the_sweep_on_real_ranks_grows_with_size_and_the_fit_explains_it(pool):
 
 
 def test_the_sweep_is_recorded_through_ctx_comm(pool2):
-    per_rank = pool2.run(sweep, (64, 256), 1, 2)
+    per_rank = pool2.run(sweep_on_rank, (64, 256), 1, 2)
     assert per_rank[0].keys() == {(op, s) for op in SWEEP_OPS for s in (64, 256)}
     ops = {r.op for r in pool2.last_comm}
     assert {"all_reduce", "all_to_all_single", "send", "recv", "barrier"} <= ops

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from shardlib import Ranks
-from shardlib.exercises import (NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult, check_bubble_fraction,
-                                check_dispatch_plan, check_shard_rows, check_top_k_router, check_tp_pair_forward)
+from shardlib.exercises import (NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult, grade_bubble_fraction,
+                                grade_dispatch_plan, grade_shard_rows, grade_top_k_router, grade_tp_pair_forward)
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("exercise_answers", ROOT / "solutions" / "exercise_answers.py")
@@ -37,7 +37,7 @@ def assert_wrong(result: ExerciseResult, *phrases: str) -> None:
 
 # -- the result object ---------------------------------------------------------------------------------
 def test_result_displays_as_text_and_html():
-    result = check_bubble_fraction(lambda p, m: (p - 1) / m)
+    result = grade_bubble_fraction(lambda p, m: (p - 1) / m)
     html = result._repr_html_()
     assert "bubble fraction" in html and "not yet right" in html and "<li>" in html
     assert str(result).startswith("bubble fraction: not yet right")
@@ -47,8 +47,8 @@ def test_result_displays_as_text_and_html():
 
 # -- shard_rows ------------------------------------------------------------------------------------------
 def test_shard_rows_solution_passes_and_blank_is_not_written():
-    assert check_shard_rows(answers.shard_rows).status == PASSED
-    result = check_shard_rows(blank)
+    assert grade_shard_rows(answers.shard_rows).status == PASSED
+    result = grade_shard_rows(blank)
     assert result.status == NOT_WRITTEN and "NotImplementedError" in result.messages[0]
 
 
@@ -83,7 +83,7 @@ def no_value_error(weight, n):
     (no_value_error, ("n_shards = 5", "should raise ValueError", "widths [5, 5, 5, 5, 4]")),
 ])
 def test_shard_rows_wrong_answers_fail_with_a_hint(wrong, phrases):
-    assert_wrong(check_shard_rows(wrong), *phrases)
+    assert_wrong(grade_shard_rows(wrong), *phrases)
 
 
 # -- the pair on ranks ------------------------------------------------------------------------------------
@@ -115,14 +115,14 @@ def returns_a_slice(ctx, x, w1, b1, w2, b2):
 
 
 def test_pair_solution_passes_on_2_and_4_ranks(pool2, pool4):
-    result = check_tp_pair_forward(answers.tp_pair_forward, pool2, pool4)
+    result = grade_tp_pair_forward(answers.tp_pair_forward, pool2, pool4)
     assert result.passed, str(result)
     assert result.checked == "on 2 ranks and 4 ranks"
 
 
 def test_pair_blank_is_not_written_without_touching_the_ranks(pool2):
     before = pool2.run(lambda ctx: __import__("os").getpid())
-    assert check_tp_pair_forward(blank, pool2).status == NOT_WRITTEN
+    assert grade_tp_pair_forward(blank, pool2).status == NOT_WRITTEN
     assert pool2.run(lambda ctx: __import__("os").getpid()) == before, "the pool was restarted"
 
 
@@ -134,11 +134,11 @@ def test_pair_blank_is_not_written_without_touching_the_ranks(pool2):
     (returns_a_slice, ("rank 0", "a slice of the 8 output features")),
 ])
 def test_pair_wrong_answers_fail_with_a_hint(pool2, wrong, phrases):
-    assert_wrong(check_tp_pair_forward(wrong, pool2), "2 ranks", *phrases)
+    assert_wrong(grade_tp_pair_forward(wrong, pool2), "2 ranks", *phrases)
 
 
 def test_pair_wrong_answer_reports_the_shard_count(pool4):
-    assert_wrong(check_tp_pair_forward(bias_before_sum, pool4), "4 ranks, rank 0", "off by 3 x b2")
+    assert_wrong(grade_tp_pair_forward(bias_before_sum, pool4), "4 ranks, rank 0", "off by 3 x b2")
 
 
 def only_rank_0_reduces(ctx, x, w1, b1, w2, b2):
@@ -149,20 +149,20 @@ def only_rank_0_reduces(ctx, x, w1, b1, w2, b2):
 
 def test_pair_that_hangs_is_reported_not_stuck():
     with Ranks(2, timeout=5) as short:
-        result = check_tp_pair_forward(only_rank_0_reduces, short)
+        result = grade_tp_pair_forward(only_rank_0_reduces, short)
         assert_wrong(result, "never finished", "same collectives in the same order")
         assert short.run(lambda ctx: ctx.rank) == [0, 1]
 
 
 def test_pair_needs_a_pool():
     with pytest.raises(ValueError, match="at least one Ranks pool"):
-        check_tp_pair_forward(answers.tp_pair_forward)
+        grade_tp_pair_forward(answers.tp_pair_forward)
 
 
 # -- the bubble -------------------------------------------------------------------------------------------
 def test_bubble_solution_passes_and_blank_is_not_written():
-    assert check_bubble_fraction(answers.bubble_fraction).passed
-    assert check_bubble_fraction(blank).status == NOT_WRITTEN
+    assert grade_bubble_fraction(answers.bubble_fraction).passed
+    assert grade_bubble_fraction(blank).status == NOT_WRITTEN
 
 
 def checked(formula):
@@ -182,7 +182,7 @@ def checked(formula):
     (lambda p, m: (p - 1) / (m + p - 1), ("p = 0, m = 4", "raise ValueError")),
 ])
 def test_bubble_wrong_answers_fail_with_a_hint(wrong, phrases):
-    assert_wrong(check_bubble_fraction(wrong), *phrases)
+    assert_wrong(grade_bubble_fraction(wrong), *phrases)
 
 
 # -- the router -------------------------------------------------------------------------------------------
@@ -209,15 +209,15 @@ def router_transposed(x, router, k):
 
 
 def test_router_solution_passes_and_blank_is_not_written():
-    assert check_top_k_router(answers.top_k_router).passed
-    assert check_top_k_router(blank).status == NOT_WRITTEN
+    assert grade_top_k_router(answers.top_k_router).passed
+    assert grade_top_k_router(blank).status == NOT_WRITTEN
 
 
 def test_router_accepts_any_order_within_a_token():
     def ascending(x, router, k):
         experts, gates = answers.top_k_router(x, router, k)
         return experts.flip(-1), gates.flip(-1)
-    assert check_top_k_router(ascending).passed
+    assert grade_top_k_router(ascending).passed
 
 
 @pytest.mark.parametrize("wrong, phrases", [
@@ -227,41 +227,41 @@ def test_router_accepts_any_order_within_a_token():
     (router_transposed, ("transposed",)),
 ])
 def test_router_wrong_answers_fail_with_a_hint(wrong, phrases):
-    assert_wrong(check_top_k_router(wrong), *phrases)
+    assert_wrong(grade_top_k_router(wrong), *phrases)
 
 
 # -- the dispatch plan ------------------------------------------------------------------------------------
-def loses_a_slot(experts, n_experts, world_size):
-    order, rows = answers.plan_dispatch(experts, n_experts, world_size)
+def loses_a_slot(experts, n_experts, ep):
+    order, rows = answers.plan_dispatch(experts, n_experts, ep)
     return order[:-1], rows
 
 
-def duplicates_a_slot(experts, n_experts, world_size):
-    order, rows = answers.plan_dispatch(experts, n_experts, world_size)
+def duplicates_a_slot(experts, n_experts, ep):
+    order, rows = answers.plan_dispatch(experts, n_experts, ep)
     return torch.cat([order, order[:1]]), rows
 
 
-def owner_by_modulo(experts, n_experts, world_size):
+def owner_by_modulo(experts, n_experts, ep):
     flat = experts.flatten()
-    owner = flat % world_size
+    owner = flat % ep
     order = torch.sort(owner * n_experts + flat, stable=True).indices
-    return order, torch.bincount(owner, minlength=world_size).tolist()
+    return order, torch.bincount(owner, minlength=ep).tolist()
 
 
-def token_order_within_rank(experts, n_experts, world_size):
+def token_order_within_rank(experts, n_experts, ep):
     flat = experts.flatten()
-    owner = flat // (n_experts // world_size)
-    return torch.sort(owner, stable=True).indices, torch.bincount(owner, minlength=world_size).tolist()
+    owner = flat // (n_experts // ep)
+    return torch.sort(owner, stable=True).indices, torch.bincount(owner, minlength=ep).tolist()
 
 
-def wrong_counts(experts, n_experts, world_size):
-    order, rows = answers.plan_dispatch(experts, n_experts, world_size)
-    return order, [len(order)] + [0] * (world_size - 1)
+def wrong_counts(experts, n_experts, ep):
+    order, rows = answers.plan_dispatch(experts, n_experts, ep)
+    return order, [len(order)] + [0] * (ep - 1)
 
 
 def test_dispatch_solution_passes_and_blank_is_not_written():
-    assert check_dispatch_plan(answers.plan_dispatch).passed
-    assert check_dispatch_plan(blank).status == NOT_WRITTEN
+    assert grade_dispatch_plan(answers.plan_dispatch).passed
+    assert grade_dispatch_plan(blank).status == NOT_WRITTEN
 
 
 @pytest.mark.parametrize("wrong, phrases", [
@@ -272,7 +272,7 @@ def test_dispatch_solution_passes_and_blank_is_not_written():
     (wrong_counts, ("is in the block for rank 0",)),
 ])
 def test_dispatch_wrong_answers_fail_with_a_hint(wrong, phrases):
-    assert_wrong(check_dispatch_plan(wrong), *phrases)
+    assert_wrong(grade_dispatch_plan(wrong), *phrases)
 
 
 # -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
@@ -287,9 +287,9 @@ def test_every_exercise_has_a_starter_and_a_solution_notebook():
             assert (ROOT / "solutions" / f"{stem}_solutions{suffix}").exists()
     starters = "".join((ROOT / "notebooks" / "exercises" / f"{s}_exercises.py").read_text() for s in NOTEBOOK_STEMS)
     solutions = "".join((ROOT / "solutions" / f"{s}_solutions.py").read_text() for s in NOTEBOOK_STEMS)
-    for grader, fn in (("check_shard_rows", "shard_rows"), ("check_tp_pair_forward", "tp_pair_forward"),
-                       ("check_bubble_fraction", "bubble_fraction"), ("check_top_k_router", "top_k_router"),
-                       ("check_dispatch_plan", "plan_dispatch")):
+    for grader, fn in (("grade_shard_rows", "shard_rows"), ("grade_tp_pair_forward", "tp_pair_forward"),
+                       ("grade_bubble_fraction", "bubble_fraction"), ("grade_top_k_router", "top_k_router"),
+                       ("grade_dispatch_plan", "plan_dispatch")):
         assert f"{grader}(" in starters and f"{grader}(answers.{fn}" in solutions
     assert starters.count('raise NotImplementedError("write') == 5, "each starter function is left blank"
     assert "exercise_answers" not in starters, "the starters must not import the solutions"
@@ -315,7 +315,7 @@ def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):
             assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code"), nb.name
 
 
-@pytest.mark.parametrize("grader", [check_shard_rows, check_bubble_fraction, check_top_k_router, check_dispatch_plan])
+@pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_top_k_router, grade_dispatch_plan])
 def test_graders_refuse_something_that_is_not_a_function(grader):
     with pytest.raises(ValueError, match="pass your function itself"):
         grader(42)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from shardlib import RankError
-from shardlib.expert_ranks import (MITIGATIONS, ExpertPlacement, dispatch_plan, ep_forward, measure_mitigation,
-                                   predicted_all_to_all_bytes, predicted_cross_rank_share, reference_for,
-                                   replicate_hottest, run_expert_parallel, simulate_expert_parallel)
-from shardlib.experts import MoEConfig, assign, make_moe_weights, make_tokens, moe_reference, route
+from shardlib.experts import (ExpertPlacement, MoEConfig, assign, dispatch_plan, ep_forward_on_rank, make_moe_weights,
+                              make_tokens, moe_reference, predicted_all_to_all_bytes, predicted_cross_rank_share,
+                              reference_for, replicate_hottest, route, run_expert_parallel, run_mitigation,
+                              simulate_expert_parallel)
 from shardlib.models import TOY_MOE
 
 CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
@@ -138,25 +138,24 @@ def test_capacity_rerouting_and_replication_on_ranks_stay_exact(pool):
 
 def test_replication_lowers_the_busiest_ranks_load(pool2):
     cfg = CFG.but(skew=1.0)
-    plain = measure_mitigation(pool2, X, WEIGHTS, cfg, "none", repeats=1)
-    copied = measure_mitigation(pool2, X, WEIGHTS, cfg, "replicate hottest", repeats=1)
-    assert copied["rank_max_over_mean"] < plain["rank_max_over_mean"] and plain["rank_max_over_mean"] > 1.3
-    assert copied["expert_max_over_mean"] == plain["expert_max_over_mean"]  # the expert is as busy, in two places
-    assert copied["exact"] and copied["tokens_changed"] == 0 and copied["dropped_slots"] == 0
-    capped = measure_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "capacity", capacity_factor=1.0, repeats=1)
-    rerouted = measure_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "capacity + reroute",
+    plain = run_mitigation(pool2, X, WEIGHTS, cfg, "none", repeats=1)
+    copied = run_mitigation(pool2, X, WEIGHTS, cfg, "replicate hottest", repeats=1)
+    assert copied.rank_max_over_mean < plain.rank_max_over_mean and plain.rank_max_over_mean > 1.3
+    assert copied.expert_max_over_mean == plain.expert_max_over_mean  # the expert is as busy, in two places
+    assert copied.exact and copied.tokens_changed == 0 and copied.run.dropped_slots == 0
+    capped = run_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "capacity", capacity_factor=1.0, repeats=1)
+    rerouted = run_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "capacity + reroute",
                                   capacity_factor=1.0, repeats=1)
-    assert capped["exact"] and rerouted["exact"]
-    assert capped["dropped_tokens"] == capped["dropped_slots"] > rerouted["dropped_slots"]
-    assert capped["tokens_changed"] == capped["dropped_tokens"]  # k = 1: exactly the dropped tokens change
+    assert capped.exact and rerouted.exact
+    assert capped.run.dropped_tokens == capped.run.dropped_slots > rerouted.run.dropped_slots
+    assert capped.tokens_changed == capped.run.dropped_tokens  # k = 1: exactly the dropped tokens change
     # the cap holds the busiest expert to capacity_factor (1.0) times the even share of the batch
-    uncapped = measure_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "none", repeats=1)
-    assert uncapped["expert_max_over_mean"] > 4
-    assert capped["expert_max_over_mean"] == rerouted["expert_max_over_mean"] == 1.0
-    assert capped["run"].expert_counts.max().item() == 2 * capped["run"].capacity  # full on both ranks
-    with pytest.raises(ValueError, match="mitigation must be one of"):
-        measure_mitigation(pool2, X, WEIGHTS, cfg, "pray")
-    assert len(MITIGATIONS) == 4
+    uncapped = run_mitigation(pool2, X, WEIGHTS, CFG.but(k=1, skew=0.8), "none", repeats=1)
+    assert uncapped.expert_max_over_mean > 4
+    assert capped.expert_max_over_mean == rerouted.expert_max_over_mean == 1.0
+    assert capped.run.expert_counts.max().item() == 2 * capped.run.capacity  # full on both ranks
+    with pytest.raises(ValueError, match="unknown mitigation 'pray'"):
+        run_mitigation(pool2, X, WEIGHTS, cfg, "pray")
 
 
 def test_the_slowest_rank_sets_the_step_time(pool2):
@@ -197,18 +196,18 @@ def test_bad_inputs_are_refused_before_the_ranks_are_involved(pool4):
         run_expert_parallel(pool4, X, WEIGHTS, CFG, ExpertPlacement(8, 2))
     with pytest.raises(ValueError, match="repeats must be a whole number of at least 1, got 0"):
         run_expert_parallel(pool4, X, WEIGHTS, CFG, repeats=0)
-    with pytest.raises(ValueError, match="extra_s_per_row must be a number of seconds of at least 0, got -1"):
+    with pytest.raises(ValueError, match=r"extra_s_per_row \(seconds\) must be a number of at least 0, got -1"):
         run_expert_parallel(pool4, X, WEIGHTS, CFG, extra_s_per_row=-1)
     with pytest.raises(ValueError, match="the tokens' dtype is torch.float64 but the weights are torch.float32"):
         run_expert_parallel(pool4, X.double(), WEIGHTS, CFG)
     # called straight on the ranks, the rank-side check names the problem too
     with pytest.raises(RankError, match="placement is for 8 experts on 2 ranks"):
-        pool4.run(ep_forward, X, WEIGHTS, CFG, ExpertPlacement(8, 2))
+        pool4.run(ep_forward_on_rank, X, WEIGHTS, CFG, ExpertPlacement(8, 2))
     assert torch.equal(run_expert_parallel(pool4, X, WEIGHTS, CFG).output, moe_reference(X, WEIGHTS, CFG).output)
 
 
 def test_the_knob_app_runs_the_layer_live_and_clamps(pool2):
-    from shardlib.expert_widgets import expert_explorer
+    from shardlib.ui.expert_widgets import expert_explorer
 
     app = expert_explorer(pool2, X, WEIGHTS, CFG, repeats=1)
     controls, summary, figures, time_fig = app.children
@@ -233,11 +232,12 @@ def test_the_knob_app_runs_the_layer_live_and_clamps(pool2):
 
 # -- figures ----------------------------------------------------------------------------------------------------
 def test_the_walkthrough_has_five_steps_with_the_routers_choices():
-    from shardlib.expert_plots import STAGES, walkthrough_figure
+    from shardlib.ui.expert_figures import STAGES, walkthrough_figure
 
     experts, gates = [[0, 1], [0, 3], [2, 0], [3, 2]], [[0.6, 0.4]] * 4
     fig = walkthrough_figure([0, 0, 1, 1], experts, gates, owner=[0, 0, 1, 1])
-    assert [f.layout.title.text for f in fig.frames] == list(STAGES) and len(STAGES) == 5
+    assert [f.layout.title.text for f in fig.frames] == list(STAGES)
+    assert [t.split(" · ")[0] for t in STAGES] == ["1", "2", "3", "4", "5"]  # five steps, in order
     copies = {f.name: f.data[3] for f in fig.frames}  # one marker per (token, slot)
     assert all(len(c.x) == 8 for c in copies.values())
     crossing = fig.frames[1].data[1]  # routes that leave their home rank: t1 -> E3 and t2 -> E0
@@ -250,7 +250,7 @@ def test_the_walkthrough_has_five_steps_with_the_routers_choices():
 
 
 def test_the_figures_show_what_the_ranks_reported():
-    from shardlib.expert_plots import expert_load_figure, rank_time_figure, send_matrix_figure, sweep_figure
+    from shardlib.ui.expert_figures import expert_load_figure, mitigation_sweep_figure, rank_time_figure, send_matrix_figure
 
     assert [list(row) for row in send_matrix_figure([[5, 1], [2, 7]]).data[0].z] == [[5, 1], [2, 7]]
     load = expert_load_figure([4, 0, 2, 2], owner=[0, 0, 1, 1], capacity_total=3)
@@ -258,7 +258,7 @@ def test_the_figures_show_what_the_ranks_reported():
     assert load.data[0].marker.color[0] != load.data[0].marker.color[2]  # coloured by rank
     times = rank_time_figure([0.01, 0.002], [0.012, 0.012], 0.0125, [0.009, 0.002])
     assert [list(b.y) for b in times.data] == [[10.0, 2.0], [9.0, 2.0], [12.0, 12.0]]
-    assert len(sweep_figure([0, 1], {"a": [1, 2], "b": [1, 1]}, "y", "t").data) == 2
+    assert len(mitigation_sweep_figure([0, 1], {"a": [1, 2], "b": [1, 1]}, "y", "t").data) == 2
     with pytest.raises(ValueError, match="square"):
         send_matrix_figure([[1, 2, 3], [4, 5, 6]])
     with pytest.raises(ValueError, match="2 expert times but 1 forward times"):

@@ -16,7 +16,7 @@ from shardlib.experts import (MAX_PREFERENCE_BIAS, MoEConfig, Routing, assign, a
                               aux_load_balancing_loss, capacity, expert_ffn, load_stats, make_moe_weights,
                               make_tokens, moe_reference, preference_bias, route, split_groups)
 from shardlib.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
-from shardlib.tp_ranks import mlp_reference
+from shardlib.toy import mlp_reference
 
 CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
 WEIGHTS = make_moe_weights(CFG, seed=0)
@@ -148,9 +148,9 @@ def test_capacity_arithmetic():
 
 @pytest.mark.parametrize("cf", [0, 0.0, -1.0])
 def test_a_capacity_factor_at_or_below_zero_is_refused(cf):
-    with pytest.raises(ValueError, match=f"capacity_factor must be above 0.*got {cf}"):
+    with pytest.raises(ValueError, match=f"capacity_factor must be a positive number, got {cf}"):
         capacity(10, 1, cf, 4)
-    with pytest.raises(ValueError, match=f"capacity_factor must be above 0.*got {cf}"):
+    with pytest.raises(ValueError, match=f"capacity_factor .*None for no cap.* must be a positive number, got {cf}"):
         MoEConfig(capacity_factor=cf)
 
 
@@ -263,12 +263,13 @@ def test_top_2_tokens_that_lose_one_slot_keep_the_other():
 
 # -- bad input -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(k=0), "k \\(experts per token\\) must be a whole number from 1 to the number of experts \\(8\\), got k = 0"),
-    (dict(k=9), "from 1 to the number of experts \\(8\\), got k = 9"),
-    (dict(k=2.0), "got k = 2.0"),
-    (dict(skew=1.5), "skew must be between 0 \\(uniform preferences\\) and 1 \\(one hot expert\\), got 1.5"),
+    (dict(k=0), "k \\(experts per token\\) must be a whole number from 1 to 8, got 0"),
+    (dict(k=9), "k \\(experts per token\\) must be a whole number from 1 to 8, got 9"),
+    (dict(k=2.0), "got 2.0"),
+    (dict(skew=1.5), "skew \\(0: uniform preferences, 1: one hot expert\\) must be a number from 0 to 1, got 1.5"),
     (dict(skew=-0.1), "got -0.1"),
-    (dict(hot_expert=8), "hot_expert must name one of the 8 experts \\(0 .. 7\\), got 8"),
+    (dict(hot_expert=8), "hot_expert must be a whole number from 0 to 7, got 8"),
+    (dict(renormalize=1), "renormalize must be True or False, got 1"),
     (dict(reroute=True), "reroute=True moves token-slots that overflow.*set a capacity_factor too"),
     (dict(n_experts=0), "n_experts must be a whole number of at least 1, got 0"),
 ])
@@ -288,5 +289,5 @@ def test_bad_tokens_and_groups_name_the_numbers():
         moe_reference(X, WEIGHTS, CFG.but(d_model=32))
     with pytest.raises(ValueError, match="3 tokens cannot be split into 4 groups"):
         split_groups(3, 4)
-    with pytest.raises(ValueError, match="k must be from 1 to the number of experts \\(8\\), got k = 9"):
+    with pytest.raises(ValueError, match="k \\(experts per token\\) must be a whole number from 1 to 8, got 9"):
         capacity(10, 9, 1.0, 8)

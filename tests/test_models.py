@@ -37,7 +37,7 @@ def test_hand_counted_toy():
     ({"n_layers": 0}, "n_layers must be a whole number of at least 1"),
     ({"d_model": 60, "n_heads": 8}, "does not divide into 8 heads"),
     ({"n_experts": 2, "experts_per_token": 3}, "cannot use 3 experts when there are only 2"),
-    ({"bytes_per_param": 0}, "bytes_per_param must be positive"),
+    ({"bytes_per_param": 0}, "bytes_per_param must be a positive number, got 0"),
 ])
 def test_bad_configs_say_why(changes, words):
     fields = dict(name="bad", n_layers=2, d_model=64, n_heads=8, n_kv_heads=4, d_ff=128, vocab_size=100)

@@ -16,12 +16,16 @@ import torch
 from torch import nn
 
 from shardlib import RankError
-from shardlib.pipeline import (Action, Schedule, make_schedule, measured_in_flight, messages_per_step, peak_in_flight,
-                               pipeline_bubble_fraction, predicted_step_s)
-from shardlib.pipeline_ranks import (LAYER_WEIGHTS, measure_bubble_curve, median_run, run_on, run_pipeline,
-                                     toy_layers, unpipelined_step)
+from shardlib.models import ModelConfig
+from shardlib.pipeline import (Action, Schedule, layers_of_stage, make_schedule, measured_in_flight, messages_per_step,
+                               peak_in_flight, pipeline_step_on_rank, predicted_step_s,
+                               run_bubble_curve, run_pipeline, run_pipeline_median, unpipelined_step)
+from shardlib.toy import activations, block_reference, stack_weights
 
 N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32
+SHAPE = ModelConfig("pipeline test", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2, d_ff=2 * D_MODEL,
+                    vocab_size=64, bytes_per_param=4.0)
+MLP = ("gate", "up", "down")
 RTOL = ATOL = 1e-5  # against one whole-batch pass only; everything else is exact
 BUBBLE_TOLERANCE = 0.03
 GRID_OP_S = {"gpipe": 0.1, "1f1b": 0.1}  # set duration of each forward and of each backward: long enough
@@ -31,14 +35,18 @@ GRID_MICROBATCHES = (1, 4, 16)  # a subset: benchmarks/bench_pipeline.py measure
 
 @pytest.fixture(scope="module")
 def model():
-    g = torch.Generator().manual_seed(1)
-    return {"layers": toy_layers(N_LAYERS, D_MODEL, 2 * D_MODEL, seed=0),
-            "x": torch.randn(BATCH, SEQ, D_MODEL, generator=g),
-            "grad": torch.randn(BATCH, SEQ, D_MODEL, generator=g)}
+    """The toy's MLP-only layers (``layers``) and whole transformer blocks (``blocks``), with a batch."""
+    return {"layers": stack_weights(SHAPE, seed=0, parts=("mlp",)), "blocks": stack_weights(SHAPE, seed=0),
+            "x": activations(BATCH, SEQ, D_MODEL, seed=1), "grad": activations(BATCH, SEQ, D_MODEL, seed=2)}
+
+
+def run_on(pool, schedule, layers, x, grad_output=None, forward_s=None, backward_s=None):
+    return run_pipeline(pool, schedule, SHAPE, layers, x, grad_output, forward_s, backward_s)
 
 
 def _equal_grads(a, b):
-    return all(torch.equal(ga[k], gb[k]) for ga, gb in zip(a, b) for k in LAYER_WEIGHTS) and len(a) == len(b)
+    return len(a) == len(b) and all(ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
+                                    for ga, gb in zip(a, b))
 
 
 # -- exactness -------------------------------------------------------------------------------------------
@@ -49,16 +57,17 @@ def test_training_step_equals_the_unpipelined_model(pool, model, name, n_chunks,
     m = factor * p
     schedule = make_schedule(name, p, m, training=True, n_chunks=n_chunks)
     run = run_on(pool, schedule, model["layers"], model["x"], model["grad"])
-    same_microbatches = unpipelined_step(model["x"], model["layers"], m, model["grad"])
+    exact = run.against_reference()
+    assert exact.bit_for_bit and exact.whole_batch_close, exact
+    # the check itself, spelled out once: the same microbatches in one process, bit for bit
+    same_microbatches = unpipelined_step(SHAPE, model["layers"], model["x"], m, model["grad"])
     assert torch.equal(run.output, same_microbatches["output"])
     assert torch.equal(run.grad_x, same_microbatches["grad_x"])
     assert _equal_grads(run.grads, same_microbatches["grads"])
-    whole_batch = unpipelined_step(model["x"], model["layers"], 1, model["grad"])
-    assert torch.allclose(run.output, whole_batch["output"], rtol=RTOL, atol=ATOL)
-    assert all(torch.allclose(a[k], b[k], rtol=RTOL, atol=ATOL)
-               for a, b in zip(run.grads, whole_batch["grads"]) for k in LAYER_WEIGHTS)
+    whole_batch = unpipelined_step(SHAPE, model["layers"], model["x"], 1, model["grad"])
+    assert all(torch.allclose(a[k], b[k], rtol=RTOL, atol=ATOL) for a, b in zip(run.grads, whole_batch["grads"]) for k in MLP)
     # each rank held only its own layers, contiguous, one slice per chunk
-    held = [sum(r["layers"], []) for r in run.per_rank]
+    held = run.layers_held
     assert sorted(sum(held, [])) == list(range(N_LAYERS))
     assert all(len(h) == N_LAYERS // p for h in held)
     # one message per microbatch per boundary, each way: read from the comm log
@@ -67,12 +76,29 @@ def test_training_step_equals_the_unpipelined_model(pool, model, name, n_chunks,
     assert run.sent_bytes() == run.sent_messages() * per_message
 
 
+def test_whole_transformer_blocks_pipeline_exactly_too(pool, model):
+    """Stages of whole blocks (attention and MLP): attention mixes tokens within a sequence, never
+    across sequences, so cutting the batch into microbatches still changes nothing."""
+    run = run_on(pool, make_schedule("1f1b", pool.world_size, 4), model["blocks"], model["x"], model["grad"])
+    exact = run.against_reference()
+    assert exact.bit_for_bit and exact.whole_batch_close, exact
+    assert set(run.grads[0]) == {"q", "k", "v", "o", "gate", "up", "down"}
+
+
+def test_a_wrong_step_is_caught_by_the_reference_check(pool2, model):
+    """``against_reference`` can fail: a step whose output was tampered with is not bit for bit."""
+    run = run_on(pool2, make_schedule("gpipe", 2, 4), model["layers"], model["x"], model["grad"])
+    last = next(r for r in run.per_rank if r["output"] is not None)
+    last["output"] = last["output"] + 1e-6
+    assert not run.against_reference().bit_for_bit
+
+
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 def test_inference_step_equals_the_unpipelined_model(pool, model, name):
     p = pool.world_size
     for m in (1, 3, 8):  # 3 does not divide the batch of 16: microbatches of 6, 5 and 5 rows
         run = run_on(pool, make_schedule(name, p, m, training=False), model["layers"], model["x"])
-        assert torch.equal(run.output, unpipelined_step(model["x"], model["layers"], m)["output"])
+        assert torch.equal(run.output, unpipelined_step(SHAPE, model["layers"], model["x"], m)["output"])
         assert run.grad_x is None and run.grads == [] and run.peak_in_flight == (0,) * p
 
 
@@ -95,15 +121,14 @@ def test_in_flight_measured_1f1b_holds_p_gpipe_holds_m(pool4, model):
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 def test_measured_bubble_agrees_with_the_formula(pool, model, name):
     """Uniform stages, every op padded to a set duration: the idle fraction measured on the real
-    timeline is the formula's within 0.03. ``measure_bubble_curve`` warms the ranks first, and
+    timeline is the formula's within 0.03. ``run_bubble_curve`` warms the ranks first, and
     measures a point that misses twice more, keeping the median of the three (another process on this
     shared machine can stall a run, which only ever adds idle time)."""
-    points = measure_bubble_curve(pool, name, GRID_MICROBATCHES, model["layers"], model["x"], model["grad"],
+    points = run_bubble_curve(pool, name, GRID_MICROBATCHES, SHAPE, model["layers"], model["x"], model["grad"],
                                   op_s=GRID_OP_S[name], remeasure_over=BUBBLE_TOLERANCE)
     report = "; ".join(f"m={pt.n_microbatches}: measured {[round(a, 3) for a in pt.attempts]}, formula "
                        f"{pt.predicted:.3f}" for pt in points)
     assert [pt.n_microbatches for pt in points] == list(GRID_MICROBATCHES)
-    assert all(pt.predicted == pipeline_bubble_fraction(pool.world_size, pt.n_microbatches) for pt in points)
     assert all(abs(pt.measured - pt.predicted) <= BUBBLE_TOLERANCE for pt in points), report
 
 
@@ -117,8 +142,8 @@ def test_a_slow_stage_sets_the_pace(pool, model):
     durations[slow] = 2 * op_s
     schedule = make_schedule("gpipe", p, m, training=False)
     run_on(pool, schedule, model["layers"], model["x"], forward_s=0.001)  # warm-up
-    uniform = median_run(pool, schedule, model["layers"], model["x"], forward_s=op_s, repeats=3)
-    lopsided = median_run(pool, schedule, model["layers"], model["x"], forward_s=durations, repeats=3)
+    uniform = run_pipeline_median(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=op_s, repeats=3)
+    lopsided = run_pipeline_median(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=durations, repeats=3)
     predicted_uniform, predicted_slow = predicted_step_s(schedule, op_s, 0), predicted_step_s(schedule, durations, 0)
     assert 0.97 <= uniform.bubble.window_s / predicted_uniform <= 1.35  # above: waits for a core
     assert 0.97 <= lopsided.bubble.window_s / predicted_slow <= 1.35
@@ -143,8 +168,8 @@ def test_bad_inputs_are_refused_before_any_rank_starts(pool2, model):
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x[0], grad), r"\(batch, seq, d_model\)"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x[..., :16], grad[..., :16]),
          "the input has 16 features per token but the layers expect d_model = 32"),
-        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=[0.1]), "one per stage"),
-        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=-1), "forward_s must be"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=[0.1]), r"forward_s needs one entry per stage \(2\), got 1"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=-1), r"forward_s \(None for real compute, or seconds per op\) must be a number of at least 0, got -1"),
         (lambda: run_on(pool2, "gpipe", layers, x, grad), "expected a Schedule"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x.double(), grad.double()),
          "the input's dtype is torch.float64 but the weights are torch.float32"),
@@ -158,7 +183,7 @@ def test_bad_inputs_are_refused_before_any_rank_starts(pool2, model):
             call()
     # called straight on the ranks, the same check fails on every rank: an error, not a hang
     with pytest.raises(RankError, match="this schedule has 4 stages but there are 2 ranks"):
-        pool2.run(run_pipeline, make_schedule("gpipe", 4, 4), layers, x, grad)
+        pool2.run(pipeline_step_on_rank, make_schedule("gpipe", 4, 4), SHAPE, layers, x, grad)
     assert run_on(pool2, make_schedule("gpipe", 2, 2, training=False), layers, x).output.shape == x.shape
 
 
@@ -168,8 +193,6 @@ def _torch_pipelining(ctx, name, layers, x, grad_output, m):
     log the order each stage runs its forwards and backwards in. The first step initialises the stages
     (it runs shape inference); the second is the one compared."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    from shardlib.pipeline_ranks import layer_forward, layers_of_stage
 
     p, r = ctx.world_size, ctx.rank
     held = list(layers_of_stage(make_schedule(name, p, m), len(layers), r)[0])
@@ -189,14 +212,14 @@ def _torch_pipelining(ctx, name, layers, x, grad_output, m):
     class Stage(nn.Module):
         def __init__(self):
             super().__init__()
-            self.w = nn.ParameterList(nn.Parameter(layers[i][k].clone()) for i in held for k in LAYER_WEIGHTS)
+            self.w = nn.ParameterList(nn.Parameter(layers[i][k].clone()) for i in held for k in MLP)
             self.calls = 0
 
         def forward(self, h):
             i, self.calls = self.calls, self.calls + 1
             log.append(f"F{i}")
             for j in range(len(held)):
-                h = layer_forward(h, dict(zip(LAYER_WEIGHTS, self.w[3 * j:3 * j + 3])))
+                h = block_reference(h, dict(zip(MLP, self.w[3 * j:3 * j + 3])), SHAPE)
             return Logged.apply(h, i)
 
     module = Stage()
@@ -214,7 +237,7 @@ def _torch_pipelining(ctx, name, layers, x, grad_output, m):
     module.calls = 0
     module.zero_grad(set_to_none=True)
     out = step()
-    grads = {i: {k: module.w[3 * j + n].grad for n, k in enumerate(LAYER_WEIGHTS)} for j, i in enumerate(held)}
+    grads = {i: {k: module.w[3 * j + n].grad for n, k in enumerate(MLP)} for j, i in enumerate(held)}
     return {"order": log, "output": out, "grads": grads}
 
 
@@ -255,14 +278,14 @@ def test_torch_1f1b_refuses_fewer_microbatches_than_stages_ours_runs_them(pool, 
                for r in refusals)
     assert pool.run(_torch_1f1b_refusal, p) == [None] * p
     ours = run_on(pool, make_schedule("1f1b", p, 1), model["layers"], model["x"], model["grad"])
-    assert torch.equal(ours.output, unpipelined_step(model["x"], model["layers"], 1, model["grad"])["output"])
+    assert torch.equal(ours.output, unpipelined_step(SHAPE, model["layers"], model["x"], 1, model["grad"])["output"])
 
 
 def test_the_microbatch_slider_stays_in_range_and_reruns(pool2, model):
-    from shardlib.pipeline_widgets import microbatch_explorer
+    from shardlib.ui.pipeline_widgets import microbatch_explorer
 
     x, grad = model["x"][:6], model["grad"][:6]  # 6 rows: at most 6 microbatches
-    app = microbatch_explorer(pool2, model["layers"], x, grad, forward_s=0.001, backward_s=0.001, max_microbatches=16)
+    app = microbatch_explorer(pool2, SHAPE, model["layers"], x, grad, forward_s=0.001, backward_s=0.001, max_microbatches=16)
     (slider, picker), label = app.children[0].children, app.children[1]
     assert (slider.min, slider.max, slider.value) == (1, 6, 4)
     assert "p = 2, m = 4" in label.value
@@ -271,10 +294,3 @@ def test_the_microbatch_slider_stays_in_range_and_reruns(pool2, model):
     picker.value = "1f1b"
     assert "1F1B, training: p = 2, m = 6" in label.value and "in flight per stage [2, 1]" in label.value
     assert [name for name, _ in picker.options] == ["GPipe", "1F1B"]
-
-
-def test_a_bubble_point_keeps_every_measurement_and_reports_their_median():
-    from shardlib.pipeline_ranks import BubblePoint
-
-    assert BubblePoint(4, 8, 3 / 11, (0.28,)).measured == 0.28
-    assert BubblePoint(4, 8, 3 / 11, (0.45, 0.28, 0.29)).measured == 0.29  # one stalled run does not decide it

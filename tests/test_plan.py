@@ -2,11 +2,11 @@
 
 import pytest
 
-from shardlib.costs import INFINIBAND_400G, NVLINK, Link
+from shardlib.hardware import (INFINIBAND_400G, NVLINK, ONE_H100, ONE_NODE_8_H100, TWO_NODES_8_H100, Cluster, Link,
+                               toy_cluster)
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig
-from shardlib.plan import (ONE_H100, ONE_NODE_8_H100, TWO_NODES_8_H100, Cluster, Layout, Workload, check_layout,
-                           check_mesh, enumerate_layouts, forward_traffic, format_plan, layout_problems,
-                           memory_per_gpu, plan, score, toy_cluster)
+from shardlib.plan import (Layout, Workload, check_layout, check_mesh, enumerate_layouts, forward_traffic, format_plan,
+                           layout_problems, memory_per_gpu, plan, score)
 
 # Llama 3.1 405B, from its published config.json (hidden_size 16384, 126 layers, 128 heads, 8 KV heads,
 # intermediate_size 53248, vocab 128256).
@@ -190,7 +190,7 @@ def test_toy_cluster_forces_a_split():
 def test_planner_widget_follows_its_controls():
     import ipywidgets as widgets
 
-    from shardlib.plan_widgets import planner_widget
+    from shardlib.ui.plan_widgets import planner_widget
 
     app = planner_widget("Llama-3-70B", "1 node x 8 H100 80GB")
     controls = [c for box in app.children for c in (box.children if isinstance(box, widgets.Box) else (box,))]
@@ -209,11 +209,11 @@ def test_planner_widget_follows_its_controls():
 
 
 def test_placement_tp_inside_nodes_pp_hops_between_them():
-    from shardlib.plan import axis_link, hop_links, tp_groups
+    from shardlib.plan import axis_link, hop_links
 
     layout = Layout(8, 2, 1)
-    assert tp_groups(layout) == [list(range(8)), list(range(8, 16))]
-    assert axis_link(TWO_NODES_8_H100, tp_groups(layout)) is NVLINK
+    assert layout.tp_groups() == [list(range(8)), list(range(8, 16))]
+    assert axis_link(TWO_NODES_8_H100, layout.tp_groups()) is NVLINK
     assert hop_links(layout, TWO_NODES_8_H100) == [INFINIBAND_400G]
     assert hop_links(Layout(2, 4, 1), ONE_NODE_8_H100) == [NVLINK] * 3
 

@@ -1,8 +1,8 @@
 import pytest
 
-from shardlib.comm import CommRecord
-from shardlib.plots import comm_bytes_figure, timeline_figure, weights_vs_memory_figure
-from shardlib.timeline import Span
+from shardlib.runtime.comm import CommRecord
+from shardlib.ui.figures import comm_bytes_figure, timeline_figure, weights_vs_memory_figure
+from shardlib.runtime.timeline import Span
 
 
 def test_timeline_figure_draws_one_bar_per_span_from_time_zero():
@@ -31,9 +31,9 @@ def test_weights_figure_has_a_line_per_gpu():
 
 
 def test_shard_layout_figure_colours_each_ranks_slice():
-    from shardlib.plots import shard_layout_figure
+    from shardlib.ui.figures import shard_layout_figure
 
-    fig = shard_layout_figure(n_shards=2, d_in=3, d_hidden=4, d_out=2)
+    fig = shard_layout_figure(tp=2, d_in=3, d_hidden=4, d_out=2)
     w1, w2 = fig.data
     assert [row[0] for row in w1.z] == [0, 0, 1, 1]  # W1's output rows: first half rank 0
     assert list(w2.z[0]) == [0, 0, 1, 1]  # W2's input columns: first half rank 0

@@ -1,6 +1,6 @@
 import pytest
 
-from shardlib.quiz import Question, check_yourself, question_widget, questions_html
+from shardlib.ui.quiz import Question, check_yourself, question_widget, questions_html
 
 Q = Question(prompt="How many all-reduces per column-then-row pair?", choices=("0", "1", "2"), answer=1,
              why="The row-parallel half leaves partial sums.")

@@ -11,13 +11,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlib import RankError
-from shardlib.models import LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B, TOY, check_tensor_parallel
+from shardlib.models import LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B, TOY, ModelConfig, check_tensor_parallel
 from shardlib.tensor_parallel import (CUTS, TensorParallelPair, max_tensor_parallel_shards, pair_collectives,
-                                      shard_columns, shard_rows)
-from shardlib.tp_ranks import (attention_reference, mlp_reference, pair_column_then_row, pair_row_then_column,
-                               toy_block_weights, tp_attention, tp_mlp)
+                                      pair_column_then_row_on_rank, run_pair, run_tp_block, shard_columns, shard_rows,
+                                      simulate_tp_stack, tp_attention_on_rank)
+from shardlib.toy import activations, attention_reference, layer_weights, mlp_reference, stack_reference, stack_weights
 
 ATOL = 1e-5
+# Heads, KV heads, d_ff and vocabulary that divide 2, 3, 4 and 8 ways: for the single-process simulation.
+DIVISIBLE = ModelConfig("divisible", n_layers=2, d_model=96, n_heads=48, n_kv_heads=24, d_ff=192, vocab_size=96,
+                        bytes_per_param=4.0)
 
 
 @pytest.mark.parametrize("n_shards", [2, 4, 8])
@@ -84,61 +87,71 @@ def test_the_kv_head_wall():
     check_tensor_parallel(TOY, 4)  # allowed: no error
 
 
+# -- the blocks in one process ---------------------------------------------------------------------
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_the_blocks_simulated_in_one_process_equal_the_unsharded_stack(tp):
+    """The very blocks the ranks run, every rank's partial computed here and summed (attention and MLP
+    of two whole transformer blocks): equal to the unsharded stack within float32 rounding."""
+    layers = stack_weights(DIVISIBLE, seed=1)
+    x = activations(2, 5, DIVISIBLE.d_model, seed=2)
+    assert torch.allclose(simulate_tp_stack(x, layers, DIVISIBLE, tp), stack_reference(x, layers, DIVISIBLE), atol=ATOL)
+
+
+def test_one_shard_is_the_reference_bit_for_bit():
+    layers = stack_weights(TOY, seed=1)
+    x = activations(2, 5, TOY.d_model, seed=2)
+    assert torch.equal(simulate_tp_stack(x, layers, TOY, 1), stack_reference(x, layers, TOY))
+
+
 # -- on real ranks ----------------------------------------------------------------------------------
-def _reference_grads(fn, x, weights, grad):
-    x = x.clone().requires_grad_()
-    ws = [w.clone().requires_grad_() for w in weights]
-    out = fn(x, *ws)
-    out.backward(grad)
-    return out.detach(), x.grad, [w.grad for w in ws]
+W = layer_weights(TOY, seed=3)  # d_model 64, 8 query heads sharing 4 KV heads, d_ff 256
+X, GRAD = activations(2, 6, TOY.d_model, seed=4), activations(2, 6, TOY.d_model, seed=5)
 
 
-def test_tp_mlp_forward_and_backward_match_the_reference(pool):
-    w = toy_block_weights(3)
-    n = pool.world_size
-    ref, ref_gx, (g_gate, g_up, g_down) = _reference_grads(mlp_reference, w["x"], [w["gate"], w["up"], w["down"]], w["grad"])
-    results = pool.run(tp_mlp, w["x"], w["gate"], w["up"], w["down"], w["grad"])
-    for r, res in enumerate(results):
-        assert torch.allclose(res["output"], ref, atol=ATOL)
-        assert torch.allclose(res["grad_x"], ref_gx, atol=ATOL)
-        assert torch.allclose(res["grad_gate"], g_gate.chunk(n, 0)[r], atol=ATOL)
-        assert torch.allclose(res["grad_up"], g_up.chunk(n, 0)[r], atol=ATOL)
-        assert torch.allclose(res["grad_down"], g_down.chunk(n, 1)[r], atol=ATOL)
-        # Megatron's g forward and f backward: one all-reduce of (batch, seq, d_model) floats each
-        assert (res["forward_collectives"], res["backward_collectives"]) == (1, 1)
-        assert res["forward_bytes"] == res["backward_bytes"] == 2 * 6 * 32 * 4
+def _reference_weight_grads(part: str) -> dict:
+    """The full weights' gradients of the unsharded block, for the loss sum(out * GRAD)."""
+    names = ("gate", "up", "down") if part == "mlp" else ("q", "k", "v", "o")
+    ws = {k: W[k].clone().requires_grad_() for k in names}
+    if part == "mlp":
+        out = mlp_reference(X, ws["gate"], ws["up"], ws["down"])
+    else:
+        out = attention_reference(X, ws["q"], ws["k"], ws["v"], ws["o"], TOY.n_heads, TOY.n_kv_heads)
+    out.backward(GRAD)
+    return {k: t.grad for k, t in ws.items()}
 
 
-def test_tp_attention_forward_and_backward_match_the_reference(pool):
-    w = toy_block_weights(4)
-    n = pool.world_size
-    fn = lambda x, q, k, v, o: attention_reference(x, q, k, v, o, 8, 4)  # noqa: E731
-    ref, ref_gx, (gq, gk, gv, go) = _reference_grads(fn, w["x"], [w["q"], w["k"], w["v"], w["o"]], w["grad"])
-    results = pool.run(tp_attention, w["x"], w["q"], w["k"], w["v"], w["o"], 8, 4, w["grad"])
-    for r, res in enumerate(results):
-        assert torch.allclose(res["output"], ref, atol=ATOL)
-        assert torch.allclose(res["grad_x"], ref_gx, atol=ATOL)
-        for name, full, dim in (("grad_q", gq, 0), ("grad_k", gk, 0), ("grad_v", gv, 0), ("grad_o", go, 1)):
-            assert torch.allclose(res[name], full.chunk(n, dim)[r], atol=ATOL), name
-        assert (res["forward_collectives"], res["backward_collectives"]) == (1, 1)
+@pytest.mark.parametrize("part", ["mlp", "attention"])
+def test_tp_blocks_forward_and_backward_match_the_reference(pool, part):
+    run = run_tp_block(pool, part, X, W, TOY, GRAD)
+    assert run.output_gap < ATOL and run.grad_x_gap < ATOL
+    # Megatron's g forward and f backward: one all-reduce of (batch, seq, d_model) floats each, per rank
+    assert run.forward_collectives == run.backward_collectives == (1,) * pool.world_size
+    assert run.forward_bytes == run.backward_bytes == (2 * 6 * TOY.d_model * 4,) * pool.world_size
+    # each rank's weight gradients are its slices of the full ones: rows of column-parallel matrices,
+    # columns of the row-parallel one (down, o)
+    full = _reference_weight_grads(part)
+    for r, grads in enumerate(run.weight_grads):
+        for name, g in grads.items():
+            dim = 1 if name in ("down", "o") else 0
+            assert torch.allclose(g, full[name].chunk(pool.world_size, dim)[r], atol=ATOL), (part, name, r)
 
 
 def test_tp_attention_refuses_to_split_kv_heads(pool4):
-    w = toy_block_weights(5, kv=2)
+    two_kv = ModelConfig("two KV heads", n_layers=1, d_model=64, n_heads=8, n_kv_heads=2, d_ff=256, vocab_size=512)
+    w = layer_weights(two_kv, seed=5)
+    with pytest.raises(ValueError, match="2 KV heads cannot be split 4 ways"):
+        run_tp_block(pool4, "attention", X, w, two_kv)  # the driver refuses before any rank starts
     with pytest.raises(RankError, match="2 KV heads cannot be split 4 ways"):
-        pool4.run(tp_attention, w["x"], w["q"], w["k"], w["v"], w["o"], 8, 2)
+        pool4.run(tp_attention_on_rank, X, w, two_kv)  # called straight on the ranks: an error, not a hang
 
 
 def test_the_other_cut_needs_a_second_collective_and_more_bytes(pool):
-    w = toy_block_weights(6)
-    x, w1, w2 = w["x"], w["up"], w["down"]  # d_model 32 -> d_ff 64 -> 32
-    ref = F.linear(F.gelu(F.linear(x, w1)), w2)
-    right, other = pool.run(pair_column_then_row, x, w1, w2), pool.run(pair_row_then_column, x, w1, w2)
+    x, w1, w2 = X, W["up"], W["down"]  # d_model 64 -> d_ff 256 -> 64
+    right, other = run_pair(pool, CUTS[0], x, w1, w2), run_pair(pool, CUTS[1], x, w1, w2)
     tokens = 2 * 6
-    for res in right + other:
-        assert torch.allclose(res["output"], ref, atol=ATOL)
-    assert all(res["collectives"] == [("all_reduce", tokens * 32 * 4)] for res in right)
-    assert all(res["collectives"] == [("all_reduce", tokens * 64 * 4), ("all_gather", tokens * 32 * 4)] for res in other)
+    assert right.output_gap < ATOL and other.output_gap < ATOL
+    assert right.measured == right.predicted == (("all_reduce", tokens * 64 * 4),)
+    assert other.measured == other.predicted == (("all_reduce", tokens * 256 * 4), ("all_gather", tokens * 64 * 4))
 
 
 def _dtensor_pair(ctx, x, w1, w2):
@@ -159,9 +172,9 @@ def _dtensor_pair(ctx, x, w1, w2):
 
 def test_peer_check_pytorch_dtensor_agrees(pool2):
     """PyTorch's own ColwiseParallel/RowwiseParallel, on the same ranks, computes the same pair."""
-    w = toy_block_weights(7)
-    ours = pool2.run(pair_column_then_row, w["x"], w["up"], w["down"])
-    theirs = pool2.run(_dtensor_pair, w["x"], w["up"], w["down"])
+    w = layer_weights(TOY, seed=7)
+    ours = pool2.run(pair_column_then_row_on_rank, X, w["up"], w["down"])
+    theirs = pool2.run(_dtensor_pair, X, w["up"], w["down"])
     for a, b in zip(ours, theirs):
         assert torch.allclose(a["output"], b, atol=ATOL)
 
@@ -174,12 +187,12 @@ def test_predicted_collectives_by_hand(n):
         assert right == other == []
     else:
         assert right == [("all_reduce", 640)] and other == [("all_reduce", 2560), ("all_gather", 640)]
-    with pytest.raises(ValueError, match="cut must be one of"):
+    with pytest.raises(ValueError, match="unknown cut 'diagonal'"):
         pair_collectives("diagonal", n, 10, 16, 64)
 
 
 def test_the_cut_explorer_sets_measured_beside_predicted(pool2):
-    from shardlib.widgets import tp_cut_explorer
+    from shardlib.ui.widgets import tp_cut_explorer
 
     app = tp_cut_explorer(pool2)
     shards, cut, out = app.children
@@ -191,7 +204,7 @@ def test_the_cut_explorer_sets_measured_beside_predicted(pool2):
 
 
 def test_the_wall_picker_explains_refusals():
-    from shardlib.widgets import tp_wall_picker
+    from shardlib.ui.widgets import tp_wall_picker
 
     model, degree, out = tp_wall_picker().children
     degree.value = 16

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from shardlib.timeline import Span, Timeline, now_s, shift_to_zero
+from shardlib.runtime.timeline import Span, Timeline, now_s, shift_to_zero
 
 
 def _spans(ctx):

@@ -9,7 +9,7 @@ import pytest
 
 def test_first_all_reduce_under_torchrun(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "shardlib.launch", "shardlib.basics:first_all_reduce", "3"]
+           "-m", "shardlib.launch", "shardlib.runtime.basics:first_all_reduce_on_rank", "3"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -31,5 +31,5 @@ def test_launch_refuses_a_target_without_a_function(capsys):
     from shardlib.launch import main
 
     with pytest.raises(SystemExit):
-        main(["shardlib.basics"])
+        main(["shardlib.runtime.basics"])
     assert "module:function" in capsys.readouterr().err

@@ -42,9 +42,9 @@ def shard_rows(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.exercises import check_shard_rows
+from shardlib.exercises import grade_shard_rows
 
-check_shard_rows(shard_rows)
+grade_shard_rows(shard_rows)
 
 # %% [markdown]
 # ## Exercise 2: a column-then-row pair on real ranks
@@ -78,9 +78,9 @@ def pair_forward(ctx, x, w1, b1, w2, b2):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.exercises import check_tp_pair_forward
+from shardlib.exercises import grade_tp_pair_forward
 
-check_tp_pair_forward(pair_forward, ranks, four)
+grade_tp_pair_forward(pair_forward, ranks, four)
 
 # %% [markdown]
 # ## Check yourself
@@ -89,7 +89,7 @@ check_tp_pair_forward(pair_forward, ranks, four)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(

@@ -39,9 +39,9 @@ def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.exercises import check_bubble_fraction
+from shardlib.exercises import grade_bubble_fraction
 
-check_bubble_fraction(bubble_fraction)
+grade_bubble_fraction(bubble_fraction)
 
 # %% [markdown]
 # ## Check yourself
@@ -50,7 +50,7 @@ check_bubble_fraction(bubble_fraction)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(

@@ -41,32 +41,32 @@ def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.exercises import check_top_k_router
+from shardlib.exercises import grade_top_k_router
 
-check_top_k_router(top_k_router)
+grade_top_k_router(top_k_router)
 
 # %% [markdown]
 # ## Exercise 2: the dispatch plan of one rank
 #
 # `experts` `(tokens, k)` are the experts this rank's tokens chose. Each choice is a **slot**, numbered
-# `t * k + c` for token `t`, choice `c`. Expert `e` lives on rank `e // (n_experts / world_size)`
+# `t * k + c` for token `t`, choice `c`. Expert `e` lives on rank `e // (n_experts / ep)`
 # (contiguous blocks). Return `(order, rows_to_rank)`:
 #
 # - `order`: every slot id exactly once, grouped by destination rank (rank 0 first), within a rank by
 #   expert (ascending), within an expert by slot id. This is the order the rows go into the all-to-all.
-# - `rows_to_rank`: `world_size` counts, the rows sent to each rank.
+# - `rows_to_rank`: `ep` counts, the rows sent to each rank.
 
 # %%
-def plan_dispatch(experts: torch.Tensor, n_experts: int, world_size: int):
+def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     """Send order of this rank's slots, and how many rows go to each rank."""
     raise NotImplementedError("write plan_dispatch here")
 
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.exercises import check_dispatch_plan
+from shardlib.exercises import grade_dispatch_plan
 
-check_dispatch_plan(plan_dispatch)
+grade_dispatch_plan(plan_dispatch)
 
 # %% [markdown]
 # ## Check yourself
@@ -75,7 +75,7 @@ check_dispatch_plan(plan_dispatch)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(

@@ -2,23 +2,25 @@
 
 | exercise | the learner writes | grader (reference) | wrong answers it names |
 | --- | --- | --- | --- |
-| split a weight by rows | ``shard_rows(weight, n_shards)`` | ``check_shard_rows`` (``tensor_parallel.shard_rows`` at 2, 3, 4, 8 shards) | rows and columns swapped; an uneven (off-by-one) split; shards shifted by one; a transposed shard; no ``ValueError`` when the count does not divide |
-| a column-then-row pair on ranks | ``pair_fn(ctx, x, w1, b1, w2, b2)`` | ``check_tp_pair_forward`` (the unsharded pair, on ``Ranks(2)`` and ``Ranks(4)``, and the comm log) | a missing all-reduce; the bias added before the sum; rows and columns swapped; no communication (each rank computes everything); a slice returned; a collective only some ranks call (reported, not hung) |
-| the pipeline bubble | ``bubble_fraction(n_stages, n_microbatches)`` | ``check_bubble_fraction`` (``pipeline.pipeline_bubble_fraction``) | the ratio-to-ideal convention ``(p-1)/m``; the busy fraction; off-by-ones ``(p-1)/(m+p)`` and ``p/(m+p-1)``; integer division; no ``ValueError`` for 0 stages or microbatches |
-| a top-k router | ``top_k_router(x, router, k)`` | ``check_top_k_router`` (``experts.route``) | gates not renormalised; the lowest scores picked; raw logits as gates; transposed outputs |
-| a dispatch plan | ``plan_dispatch(experts, n_experts, world_size)`` | ``check_dispatch_plan`` (``expert_ranks.dispatch_plan`` at 2, 4, 8 ranks) | a lost slot; a duplicated slot; experts placed by ``e % world_size``; rows not grouped by expert; wrong per-rank counts |
+| split a weight by rows | ``shard_rows(weight, n_shards)`` | ``grade_shard_rows`` (``tensor_parallel.shard_rows`` at 2, 3, 4, 8 shards) | rows and columns swapped; an uneven (off-by-one) split; shards shifted by one; a transposed shard; no ``ValueError`` when the count does not divide |
+| a column-then-row pair on ranks | ``pair_fn(ctx, x, w1, b1, w2, b2)`` | ``grade_tp_pair_forward`` (the unsharded pair, on ``Ranks(2)`` and ``Ranks(4)``, and the comm log) | a missing all-reduce; the bias added before the sum; rows and columns swapped; no communication (each rank computes everything); a slice returned; a collective only some ranks call (reported, not hung) |
+| the pipeline bubble | ``bubble_fraction(n_stages, n_microbatches)`` | ``grade_bubble_fraction`` (``pipeline.pipeline_bubble_fraction``) | the ratio-to-ideal convention ``(p-1)/m``; the busy fraction; off-by-ones ``(p-1)/(m+p)`` and ``p/(m+p-1)``; integer division; no ``ValueError`` for 0 stages or microbatches |
+| a top-k router | ``top_k_router(x, router, k)`` | ``grade_top_k_router`` (``experts.route``) | gates not renormalised; the lowest scores picked; raw logits as gates; transposed outputs |
+| a dispatch plan | ``plan_dispatch(experts, n_experts, ep)`` | ``grade_dispatch_plan`` (``experts.dispatch_plan`` at 2, 4, 8 ranks) | a lost slot; a duplicated slot; experts placed by ``e % ep``; rows not grouped by expert; wrong per-rank counts |
 
-Each grader returns an ``ExerciseResult`` (``.passed``, ``.status``, ``.messages``) that displays as a
+Graders are named ``grade_*`` (validators elsewhere are ``check_*``: they raise, graders report). Each
+grader returns an ``ExerciseResult`` (``.passed``, ``.status``, ``.messages``) that displays as a
 short coloured report in a notebook. A function whose body still raises ``NotImplementedError`` is
 "not written yet"; a wrong answer gets messages saying what differs, where (shard count, shard, rank,
 token) and the likely mistake. Graders never raise for a learner's mistake. The package is split by
 strategy so each grader reads in one sitting.
 """
 
-from .experts import check_dispatch_plan, check_top_k_router
-from .pipeline import check_bubble_fraction
-from .result import NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult
-from .tensor_parallel import check_shard_rows, check_tp_pair_forward, pair_reference, pair_weights
+from .._lazy import exports
 
-__all__ = ["ExerciseResult", "PASSED", "NOT_WRITTEN", "NOT_RIGHT", "check_shard_rows", "check_tp_pair_forward",
-           "check_bubble_fraction", "check_top_k_router", "check_dispatch_plan", "pair_weights", "pair_reference"]
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "result": ("ExerciseResult", "PASSED", "NOT_WRITTEN", "NOT_RIGHT"),
+    "tensor_parallel": ("grade_shard_rows", "grade_tp_pair_forward", "pair_weights", "pair_reference"),
+    "pipeline": ("grade_bubble_fraction",),
+    "experts": ("grade_top_k_router", "grade_dispatch_plan"),
+})

@@ -1,8 +1,8 @@
 """Graders for the expert-parallel exercises: a top-k router, and the dispatch plan of one home rank.
 
-References: ``experts.route`` (top-k with gates renormalised over the chosen experts, as in Mixtral,
-Jiang et al. 2024) and ``expert_ranks.dispatch_plan`` (GShard's placement, Lepikhin et al. 2020: expert
-``e`` on rank ``e // (n_experts / world_size)``).
+References: ``experts.routing.route`` (top-k with gates renormalised over the chosen experts, as in Mixtral,
+Jiang et al. 2024) and ``experts.placement.dispatch_plan`` (GShard's placement, Lepikhin et al. 2020: expert
+``e`` on rank ``e // (n_experts / ep)``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from collections import Counter
 
 import torch
 
-from ..expert_ranks import ExpertPlacement, dispatch_plan
-from ..experts import MoEConfig, make_moe_weights, make_tokens, route
+from ..experts.layer import make_moe_weights, make_tokens
+from ..experts.placement import ExpertPlacement, dispatch_plan
+from ..experts.routing import MoEConfig, route
 from .result import Collector, ExerciseResult, call, check_callable
 
 ROUTER_CASES = ((16, 8, 2), (16, 8, 1), (10, 4, 3))  # (tokens, experts, k)
@@ -42,7 +43,7 @@ def _gate_hint(t: int, mine: dict[int, float], routing) -> str:
     return f"they sum to {total:.3f}; a softmax over the k chosen logits sums to 1"
 
 
-def check_top_k_router(router_fn) -> ExerciseResult:
+def grade_top_k_router(router_fn) -> ExerciseResult:
     """Grade a learner's ``top_k_router(x, router, k) -> (experts, gates)``: ``x`` is ``(T, d_model)``,
     ``router`` is ``(n_experts, d_model)``; ``experts`` ``(T, k)`` holds each token's ``k`` highest-scoring
     experts (logits ``x @ router.T``), ``gates`` ``(T, k)`` a softmax over those ``k`` logits. The order of
@@ -91,7 +92,7 @@ def check_top_k_router(router_fn) -> ExerciseResult:
 
 # -- the dispatch plan ---------------------------------------------------------------------------------
 DISPATCH_CASES = ((12, 8, 2, 2, 0.0), (12, 8, 2, 4, 0.0), (12, 8, 2, 8, 0.0), (9, 8, 1, 4, 0.0),
-                  (12, 8, 2, 4, 0.9))  # (tokens, experts, k, world_size, skew)
+                  (12, 8, 2, 4, 0.9))  # (tokens, experts, k, ep, skew)
 
 
 def _slot(s: int, k: int, experts: torch.Tensor) -> str:
@@ -99,21 +100,21 @@ def _slot(s: int, k: int, experts: torch.Tensor) -> str:
     return f"slot {s} (token {t}, choice {c}, expert {int(experts[t, c])})"
 
 
-def check_dispatch_plan(plan_fn) -> ExerciseResult:
-    """Grade a learner's ``plan_dispatch(experts, n_experts, world_size) -> (order, rows_to_rank)`` for
+def grade_dispatch_plan(plan_fn) -> ExerciseResult:
+    """Grade a learner's ``plan_dispatch(experts, n_experts, ep) -> (order, rows_to_rank)`` for
     one home rank: ``experts`` ``(T, k)`` are its tokens' chosen experts; expert ``e`` lives on rank
-    ``e // (n_experts / world_size)``. ``order`` lists every slot id ``t * k + c`` exactly once, grouped
+    ``e // (n_experts / ep)``. ``order`` lists every slot id ``t * k + c`` exactly once, grouped
     by destination rank, within a rank by expert, within an expert by slot id; ``rows_to_rank[r]`` counts
-    the rows sent to rank ``r``. Checked against ``expert_ranks.dispatch_plan`` at 2, 4 and 8 ranks."""
+    the rows sent to rank ``r``. Checked against ``experts.placement.dispatch_plan`` at 2, 4 and 8 ranks."""
     check_callable(plan_fn, "plan_dispatch")
-    got = Collector("dispatch plan", "(tokens, experts, k, world_size, skew) = " + ", ".join(map(str, DISPATCH_CASES)))
-    for seed, (n_tokens, n_experts, k, world, skew) in enumerate(DISPATCH_CASES):
+    got = Collector("dispatch plan", "(tokens, experts, k, ep, skew) = " + ", ".join(map(str, DISPATCH_CASES)))
+    for seed, (n_tokens, n_experts, k, ep, skew) in enumerate(DISPATCH_CASES):
         cfg = MoEConfig(n_experts=n_experts, k=k, d_model=D_MODEL, d_ff=8, skew=skew)
         experts = route(make_tokens(n_tokens, D_MODEL, seed=seed), make_moe_weights(cfg, seed=seed).router, cfg).experts
-        placement = ExpertPlacement(n_experts, world)
+        placement = ExpertPlacement(n_experts, ep)
         ref = dispatch_plan(experts, torch.ones_like(experts, dtype=torch.bool), placement)
-        where = f"{n_tokens} tokens, k = {k}, {n_experts} experts on {world} ranks" + (f", skew {skew}" if skew else "")
-        answer = call(got, where, plan_fn, experts.clone(), n_experts, world)
+        where = f"{n_tokens} tokens, k = {k}, {n_experts} experts on {ep} ranks" + (f", skew {skew}" if skew else "")
+        answer = call(got, where, plan_fn, experts.clone(), n_experts, ep)
         if got.not_written:
             return got.result()
         if answer is None:
@@ -125,7 +126,7 @@ def check_dispatch_plan(plan_fn) -> ExerciseResult:
             order = [int(s) for s in (answer[0].tolist() if isinstance(answer[0], torch.Tensor) else answer[0])]
             rows = [int(r) for r in (answer[1].tolist() if isinstance(answer[1], torch.Tensor) else answer[1])]
         except (TypeError, ValueError):
-            got.fail(f"{where}: order must be a sequence of slot ids and rows_to_rank a sequence of {world} counts")
+            got.fail(f"{where}: order must be a sequence of slot ids and rows_to_rank a sequence of {ep} counts")
             continue
         n_slots = n_tokens * k
         seen = Counter(order)
@@ -145,10 +146,10 @@ def check_dispatch_plan(plan_fn) -> ExerciseResult:
             got.fail(f"{where}: your plan sends {len(order)} rows for {n_slots} slots: it " + " and ".join(parts)
                      + "; every slot goes exactly once")
             continue
-        if len(rows) != world or sum(rows) != len(order):
-            got.fail(f"{where}: rows_to_rank needs {world} counts adding up to the {len(order)} rows, got {rows}")
+        if len(rows) != ep or sum(rows) != len(order):
+            got.fail(f"{where}: rows_to_rank needs {ep} counts adding up to the {len(order)} rows, got {rows}")
             continue
-        per_rank = n_experts // world
+        per_rank = n_experts // ep
         start, misplaced = 0, None
         for r, count in enumerate(rows):
             for s in order[start:start + count]:
@@ -159,7 +160,7 @@ def check_dispatch_plan(plan_fn) -> ExerciseResult:
         if misplaced:
             s, r, e = misplaced
             hint = (f": experts sit in contiguous blocks of {per_rank}, so expert {e} is on rank {e} // {per_rank} = "
-                    f"{e // per_rank}, not {e} % {world} = {e % world}" if e % world == r
+                    f"{e // per_rank}, not {e} % {ep} = {e % ep}" if e % ep == r
                     else f", but expert {e} lives on rank {e} // {per_rank} = {e // per_rank}")
             got.fail(f"{where}: {_slot(s, k, experts)} is in the block for rank {r}{hint}")
             continue

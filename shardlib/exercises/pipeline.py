@@ -1,6 +1,6 @@
 """Grader for the pipeline exercise: the bubble fraction of GPipe / 1F1B, ``(p - 1) / (m + p - 1)``.
 
-Reference: ``pipeline.pipeline_bubble_fraction`` (the idle *fraction* of the step). The other
+Reference: ``pipeline.bubble.pipeline_bubble_fraction`` (the idle *fraction* of the step). The other
 convention, Megatron-LM's ratio of idle time to ideal compute, ``(p - 1) / m``, is the mistake this
 grader names most often.
 """
@@ -8,9 +8,9 @@ grader names most often.
 from __future__ import annotations
 
 import math
-from numbers import Real
 
-from ..pipeline import pipeline_bubble_fraction
+from ..checks import is_number
+from ..pipeline.bubble import pipeline_bubble_fraction
 from .result import Collector, ExerciseResult, call, check_callable
 
 STAGES = (1, 2, 3, 4, 8)
@@ -40,9 +40,9 @@ def _mistake(wrong: list[tuple[int, int, float, float]]) -> str:
     return "picture the schedule: how many microbatch-times does a step last, and for how many is a stage busy?"
 
 
-def check_bubble_fraction(bubble_fn) -> ExerciseResult:
+def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
     """Grade a learner's ``bubble_fraction(n_stages, n_microbatches) -> float`` against
-    ``pipeline.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
+    ``pipeline.bubble.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
     stages or no microbatches raises ``ValueError``."""
     check_callable(bubble_fn, "bubble_fraction")
     got = Collector("bubble fraction", f"n_stages in {STAGES} x n_microbatches in {MICROBATCHES}, and "
@@ -56,7 +56,7 @@ def check_bubble_fraction(bubble_fn) -> ExerciseResult:
             if value is None:
                 continue
             want = pipeline_bubble_fraction(p, m)
-            if isinstance(value, bool) or not isinstance(value, Real):
+            if not is_number(value):
                 got.fail(f"p = {p}, m = {m}: return a number, got {type(value).__name__} {value!r}")
             elif not math.isclose(float(value), want, rel_tol=1e-9, abs_tol=1e-12):
                 wrong.append((p, m, float(value), want))

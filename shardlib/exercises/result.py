@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from ..ui.theme import MUTED_COLOUR, RIGHT_COLOUR, WRONG_COLOUR
+
 PASSED, NOT_WRITTEN, NOT_RIGHT = "passed", "not written yet", "not yet right"
 MAX_MESSAGES = 4  # the first few differences say enough; the rest usually repeat them
 
@@ -42,7 +44,7 @@ class ExerciseResult:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        colour = {PASSED: "#1a7f37", NOT_WRITTEN: "#57606a", NOT_RIGHT: "#b35900"}[self.status]
+        colour = {PASSED: RIGHT_COLOUR, NOT_WRITTEN: MUTED_COLOUR, NOT_RIGHT: WRONG_COLOUR}[self.status]
         items = "".join(f"<li>{html.escape(m)}</li>" for m in self.messages)
         return (f'<div><b>{html.escape(self.exercise)}</b>: <span style="color:{colour}"><b>'
                 f"{html.escape(self.status)}</b></span> <small>(checked {html.escape(self.checked)})</small>"

@@ -1,7 +1,7 @@
 """Graders for the tensor-parallel exercises: ``shard_rows``, and a column-then-row pair on real ranks.
 
-References: ``tensor_parallel.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
-``tp_ranks`` (Shoeybi et al. 2019): ``w1`` cut by columns, ``w2`` by rows, one all-reduce.
+References: ``tensor_parallel.split.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
+``tensor_parallel.ranks`` (Shoeybi et al. 2019): ``w1`` cut by columns, ``w2`` by rows, one all-reduce.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..ranks import RankError, RankTimeoutError
-from ..tensor_parallel import shard_columns, shard_rows
+from ..runtime.ranks import RankError, RankTimeoutError
+from ..tensor_parallel.split import shard_columns, shard_rows
+from ..toy import generator, weight
 from .result import Collector, ExerciseResult, call, check_callable, span
 
 SHARD_COUNTS = (2, 3, 4, 8)
@@ -65,7 +66,7 @@ def _shard_hint(piece: torch.Tensor, i: int, n: int, weight: torch.Tensor) -> st
     return f"it holds columns {span(c0, c1)}, shifted by {c0 - i * width}; it should hold {want}"
 
 
-def check_shard_rows(shard_rows_fn) -> ExerciseResult:
+def grade_shard_rows(shard_rows_fn) -> ExerciseResult:
     """Grade a learner's ``shard_rows(weight, n_shards) -> list of tensors`` (split an ``(out, in)`` weight
     along its input dim into ``n_shards`` equal slices, and refuse a count that does not divide ``in``
     with a ``ValueError``) against ``tensor_parallel.shard_rows`` at 2, 3, 4 and 8 shards."""
@@ -113,11 +114,9 @@ def check_shard_rows(shard_rows_fn) -> ExerciseResult:
 def pair_weights(seed: int = 0, d_model: int = 8, d_hidden: int = 16) -> dict:
     """Inputs of the pair exercise: ``x`` (2, 3, d_model), ``w1`` (d_hidden, d_model) and ``b1``,
     ``w2`` (d_model, d_hidden) and ``b2``, reproducible from ``seed``."""
-    g = torch.Generator().manual_seed(seed)
-    return {"x": torch.randn(2, 3, d_model, generator=g),
-            "w1": torch.randn(d_hidden, d_model, generator=g) / d_model ** 0.5,
-            "b1": torch.randn(d_hidden, generator=g),
-            "w2": torch.randn(d_model, d_hidden, generator=g) / d_hidden ** 0.5,
+    g = generator(seed)
+    return {"x": torch.randn(2, 3, d_model, generator=g), "w1": weight(g, d_hidden, d_model),
+            "b1": torch.randn(d_hidden, generator=g), "w2": weight(g, d_model, d_hidden),
             "b2": torch.randn(d_model, generator=g)}
 
 
@@ -185,14 +184,14 @@ def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
     return f"largest difference {float((out - ref).abs().max()):.3g} (tolerance 1e-5)"
 
 
-def check_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
+def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
     """Grade a learner's rank function ``pair_fn(ctx, x, w1, b1, w2, b2)`` that computes
     ``gelu(x @ w1.T + b1) @ w2.T + b2`` tensor-parallel: ``w1`` and ``b1`` by columns, ``w2`` by rows, the
     partial outputs summed with one ``ctx.comm.all_reduce``, ``b2`` added once; every rank returns the
     full output. It runs on each warm ``Ranks`` pool given (2 and 4 ranks in the notebook)."""
     check_callable(pair_fn, "pair_forward")
     if not pools:
-        raise ValueError("check_tp_pair_forward needs at least one Ranks pool, e.g. check_tp_pair_forward(fn, ranks)")
+        raise ValueError("grade_tp_pair_forward needs at least one Ranks pool, e.g. grade_tp_pair_forward(fn, ranks)")
     w = pair_weights()
     ref = pair_reference(**w)  # (2, 3, d_model)
     expected_bytes = ref.numel() * ref.element_size()

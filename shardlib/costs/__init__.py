@@ -1,0 +1,29 @@
+"""What communication costs: the alpha-beta model, whole forward passes priced, and measurements.
+
+* ``alpha_beta`` (pure): each collective's time from a link's latency and bandwidth (ring formulas),
+  nccl-tests' algorithm and bus bandwidth, the crossover between latency- and bandwidth-bound.
+* ``phases`` (pure): tensor parallelism's decode and prefill cost per forward pass (the chapter's
+  table), pipeline against tensor traffic, replicas against tensor parallelism.
+* ``calibration`` (pure): the least-squares fit of a latency and a bandwidth to measured times.
+* ``ranks``: rank functions (a sweep, a replayed tensor-parallel pass, a slow rank, serving).
+  ``drivers``: ``run_calibration``, ``run_tp_comm_replay``, ``run_slow_rank``, ``run_replicas_vs_tp``.
+
+The links themselves are facts, in ``shardlib.hardware``.
+"""
+
+from .._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "alpha_beta": ("COLLECTIVE_OPS", "cost_terms", "collective_terms_s", "collective_time_s", "all_reduce_s", "all_gather_s",
+                   "reduce_scatter_s", "all_to_all_s", "point_to_point_s", "algorithm_bandwidth", "bus_bandwidth",
+                   "crossover_bytes"),
+    "phases": ("PhaseCost", "tp_forward_cost", "tp_decode_cost", "tp_prefill_cost", "tp_cost_table",
+               "format_tp_cost_table", "PipelineVsTensor", "pipeline_vs_tensor", "decode_step_compute_s",
+               "fits_on_device", "ReplicasVsTensorParallel", "replicas_vs_tensor_parallel"),
+    "calibration": ("Sample", "LinkFit", "Calibration", "fit_link", "r_squared", "fastest_of_slowest",
+                    "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),
+    "ranks": ("sweep_on_rank", "tp_comm_replay_on_rank", "slow_rank_on_rank", "replica_serve_on_rank",
+              "tp_serve_on_rank", "SLOW_RANK_OPS", "MAX_DELAY_S"),
+    "drivers": ("run_calibration", "TPCommReplay", "run_tp_comm_replay", "SlowRankRun", "run_slow_rank",
+                "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model"),
+})

@@ -1,0 +1,117 @@
+"""Pure cost models of communication: links, alpha-beta collectives, decode vs prefill, pipeline vs tensor.
+
+The alpha-beta model (Hockney 1994; used for MPI collectives by Thakur, Rabenseifner and Gropp 2005,
+"Optimization of Collective Communication Operations in MPICH") charges a message of ``S`` bytes
+``alpha + S / bandwidth``: a fixed start-up cost (latency) plus the time to push the bytes. A collective
+is a sequence of such messages. The bandwidth-optimal ring all-reduce (Patarasuk and Yuan 2009) takes
+``2(n-1)`` steps, each sending ``S/n`` bytes to the next rank while receiving from the previous one:
+
+    all-reduce       2(n-1) alpha + 2(n-1)/n * S / bandwidth
+    all-gather       (n-1) alpha  +  (n-1)/n * S / bandwidth     (S: the whole gathered output)
+    reduce-scatter   (n-1) alpha  +  (n-1)/n * S / bandwidth     (S: the whole input)
+    all-to-all       (n-1) alpha  +  (n-1)/n * S / bandwidth     (S: what one rank sends, all peers)
+    point-to-point        alpha   +        S / bandwidth
+
+Sizes follow ``runtime.comm`` (and nccl-tests): the buffer one rank works on. ``bandwidth`` is the rate one
+way: a rank sends to its neighbour while it receives from the other, so a figure quoted for both
+directions together (an "aggregate") is halved here (``hardware.Link.one_way_bytes_per_s``).
+
+How latency is charged is a modelling choice, ``latency_charge``:
+
+* ``"per_step"``: every step of the ring pays ``alpha``, as written above (the textbook formula);
+* ``"per_call"``: the collective pays ``alpha`` once. Libraries switch from the ring to latency-optimised
+  algorithms (trees, one-shot all-reduce, NVLink SHARP) for small messages, whose fixed cost barely grows
+  with ``n``. The chapter's decode-vs-prefill table charges latency this way.
+
+Pure: nothing here imports torch; numbers in, numbers out. The links themselves (bandwidths and
+latencies with their sources) are facts, in ``hardware``; ``costs.phases`` builds the costs of whole
+forward passes on these formulas.
+"""
+
+from __future__ import annotations
+
+from ..checks import choice, positive_number, whole_number
+from ..hardware import LATENCY_CHARGES, Link
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "point_to_point")
+
+
+# -- collectives ------------------------------------------------------------------------------------------
+def cost_terms(op: str, world_size: int, latency_charge: str = "per_step") -> tuple[int, float]:
+    """``(latency_steps, bandwidth_factor)`` of ``op`` on ``world_size = n`` ranks: the time is
+    ``latency_steps * alpha + bandwidth_factor * size_bytes / bandwidth``. One rank: ``(0, 0.0)``.
+
+    ``bandwidth_factor`` is also nccl-tests' bus-bandwidth factor: ``2(n-1)/n`` for all-reduce,
+    ``(n-1)/n`` for all-gather, reduce-scatter and all-to-all, 1 for point-to-point.
+    """
+    choice(op, COLLECTIVE_OPS, "operation")
+    choice(latency_charge, LATENCY_CHARGES, "latency_charge")
+    if op == "point_to_point":
+        return 1, 1.0
+    n = whole_number(world_size, "world_size (the ranks of the collective)")
+    if n == 1:
+        return 0, 0.0  # one rank already holds everything: nothing to send
+    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+    factor = steps / n
+    return (1 if latency_charge == "per_call" else steps), factor
+
+
+def collective_terms_s(op: str, size_bytes: float, world_size: int, link: Link,
+                       latency_charge: str = "per_step") -> tuple[float, float]:
+    """``(latency part, bandwidth part)`` of the time of ``op`` on ``size_bytes``, in seconds."""
+    size_bytes = positive_number(size_bytes, "size_bytes")
+    steps, factor = cost_terms(op, world_size, latency_charge)
+    return steps * link.latency_s, factor * size_bytes / link.one_way_bytes_per_s
+
+
+def collective_time_s(op: str, size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
+    """Predicted seconds for ``op`` on ``size_bytes`` over ``world_size`` ranks joined by ``link``."""
+    return sum(collective_terms_s(op, size_bytes, world_size, link, latency_charge))
+
+
+def all_reduce_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
+    """Ring all-reduce: ``2(n-1) alpha + 2(n-1)/n * size_bytes / bandwidth`` (``per_call``: one alpha)."""
+    return collective_time_s("all_reduce", size_bytes, world_size, link, latency_charge)
+
+
+def all_gather_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
+    """Ring all-gather of a ``size_bytes`` output: ``(n-1) alpha + (n-1)/n * size_bytes / bandwidth``."""
+    return collective_time_s("all_gather", size_bytes, world_size, link, latency_charge)
+
+
+def reduce_scatter_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
+    """Ring reduce-scatter of a ``size_bytes`` input: ``(n-1) alpha + (n-1)/n * size_bytes / bandwidth``."""
+    return collective_time_s("reduce_scatter", size_bytes, world_size, link, latency_charge)
+
+
+def all_to_all_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
+    """Pairwise all-to-all, ``size_bytes`` sent per rank (``size_bytes / n`` to each peer):
+    ``(n-1) alpha + (n-1)/n * size_bytes / bandwidth``."""
+    return collective_time_s("all_to_all", size_bytes, world_size, link, latency_charge)
+
+
+def point_to_point_s(size_bytes: float, link: Link) -> float:
+    """One message from one rank to another: ``alpha + size_bytes / bandwidth``."""
+    return collective_time_s("point_to_point", size_bytes, 2, link)
+
+
+def algorithm_bandwidth(size_bytes: float, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth: ``size_bytes / seconds`` (bytes/s)."""
+    return positive_number(size_bytes, "size_bytes") / positive_number(seconds, "seconds")
+
+
+def bus_bandwidth(op: str, size_bytes: float, seconds: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth: the algorithm bandwidth times ``op``'s bandwidth factor, so that one
+    figure can be set against the link's own rate whatever the collective and the number of ranks."""
+    _, factor = cost_terms(op, world_size)
+    return algorithm_bandwidth(size_bytes, seconds) * factor
+
+
+def crossover_bytes(link: Link, op: str = "point_to_point", world_size: int = 2,
+                    latency_charge: str = "per_step") -> float:
+    """The message size where the bandwidth part of ``op``'s time equals the latency part: smaller
+    messages are latency-bound, larger ones bandwidth-bound. Point-to-point: ``alpha * bandwidth``."""
+    steps, factor = cost_terms(op, world_size, latency_charge)
+    if factor == 0:
+        raise ValueError(f"{op} on world_size = {world_size} rank moves nothing, so it has no crossover")
+    return steps * link.latency_s * link.one_way_bytes_per_s / factor

@@ -1,0 +1,155 @@
+"""Expert parallelism run on a pool: one forward gathered (``run_expert_parallel``), and the
+load-imbalance knob against each mitigation (``run_moe_policy``, ``run_mitigations``), each run
+compared with the single-process layer under the same policy.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from ..checks import choice, number_at_least, whole_number
+from .layer import MoEOutput, MoEWeights, moe_reference
+from .placement import ExpertPlacement, check_layer_inputs, replicate_hottest
+from .ranks import ep_forward_on_rank
+from .routing import LoadStats, MoEConfig, load_stats
+
+
+@dataclass(frozen=True)
+class EPRun:
+    """One expert-parallel forward on live ranks, gathered from every rank."""
+
+    output: torch.Tensor  # (T, d_model), the home ranks' outputs joined in rank order
+    send_matrix: list[list[int]]  # rows sent from rank i (row) to rank j (column)
+    expert_rows: list[int]  # rows each rank's experts computed
+    expert_counts: torch.Tensor  # (n_experts,) served token-slots per expert
+    dropped_slots: int
+    dropped_tokens: int
+    rerouted_slots: int
+    capacity: int | None  # per expert per rank
+    expert_s: list[float]  # per rank, median over repeats: wall-clock seconds of the expert FFNs
+    expert_cpu_s: list[float]  # per rank, median over repeats: CPU seconds of the FFNs (the sleep excluded)
+    forward_s: list[float]  # per rank, median over repeats
+    step_s: float  # median over repeats of (last rank's end - first rank's start)
+    waited_for_slowest: bool  # in every repeat, no rank finished before the last rank's experts did
+    dispatch_bytes: int  # token rows into the dispatch all-to-all, summed over ranks (from the comm log)
+    combine_bytes: int
+    counts_bytes: int
+    weight_bytes: list[int]  # expert weights each rank holds
+    placement: ExpertPlacement
+
+    @property
+    def cross_rank_share(self) -> float:
+        total = sum(map(sum, self.send_matrix))
+        off = total - sum(self.send_matrix[i][i] for i in range(len(self.send_matrix)))
+        return off / total if total else 0.0
+
+
+def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
+                        placement: ExpertPlacement | None = None, repeats: int = 1,
+                        extra_s_per_row: float = 0.0) -> EPRun:
+    """Check the inputs here (a clear ``ValueError`` before any rank is involved), run
+    ``ep_forward_on_rank`` on every rank of ``ranks``, and gather the results."""
+    placement = ExpertPlacement(cfg.n_experts, ranks.world_size) if placement is None else placement
+    check_layer_inputs(x, weights, cfg, placement, ranks.world_size)
+    whole_number(repeats, "repeats")
+    number_at_least(extra_s_per_row, "extra_s_per_row (seconds)")
+    res = ranks.run(ep_forward_on_rank, x, weights, cfg, placement, repeats, extra_s_per_row)
+    steps = [max(r["end_s"][i] for r in res) - min(r["start_s"][i] for r in res) for i in range(repeats)]
+    waited = all(min(r["end_s"][i] for r in res) >= max(r["expert_end_s"][i] for r in res) for i in range(repeats))
+    return EPRun(
+        output=torch.cat([r["output"] for r in res]), send_matrix=[r["rows_to_rank"] for r in res],
+        expert_rows=[r["expert_rows"] for r in res], expert_counts=sum(r["expert_counts"] for r in res),
+        dropped_slots=sum(r["dropped_slots"] for r in res), dropped_tokens=sum(r["dropped_tokens"] for r in res),
+        rerouted_slots=sum(r["rerouted_slots"] for r in res), capacity=res[0]["capacity"],
+        expert_s=[statistics.median(r["expert_s"]) for r in res],
+        expert_cpu_s=[statistics.median(r["expert_cpu_s"]) for r in res],
+        forward_s=[statistics.median(r["forward_s"]) for r in res], step_s=statistics.median(steps),
+        waited_for_slowest=waited, weight_bytes=[r["weight_bytes"] for r in res],
+        dispatch_bytes=sum(r["dispatch_bytes"] for r in res), combine_bytes=sum(r["combine_bytes"] for r in res),
+        counts_bytes=sum(r["counts_bytes"] for r in res), placement=placement,
+    )
+
+
+def reference_for(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, world_size: int) -> MoEOutput:
+    """The single-process layer that the layer on ``world_size`` ranks must equal: each rank's tokens
+    form one capacity group."""
+    return moe_reference(x, weights, cfg, n_groups=world_size)
+
+
+# -- the knob against the mitigations -----------------------------------------------------------------------------
+MITIGATIONS = ("none", "capacity", "capacity + reroute", "replicate hottest")
+
+
+def mitigated(cfg: MoEConfig, mitigation: str, capacity_factor: float = 1.25) -> MoEConfig:
+    """``cfg`` with ``mitigation``'s routing policy (replication changes the placement, not the policy)."""
+    choice(mitigation, MITIGATIONS, "mitigation")
+    if mitigation == "capacity":
+        return cfg.but(capacity_factor=capacity_factor, reroute=False)
+    if mitigation == "capacity + reroute":
+        return cfg.but(capacity_factor=capacity_factor, reroute=True)
+    return cfg.but(capacity_factor=None, reroute=False)
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One live run of a routing policy (``cfg``, and whether the hottest expert was replicated): the
+    run itself, the loads against their even share (every requested token-slot counted, dropped ones
+    included: see ``load_stats``), how the outputs moved against the uncapped layer, and whether the run
+    equals the single-process layer under the same policy bit for bit."""
+
+    label: str
+    cfg: MoEConfig
+    run: EPRun
+    expert_load: LoadStats
+    rank_load: LoadStats
+    tokens_changed: int  # tokens whose output differs from the uncapped layer's
+    max_output_change: float
+    exact: bool
+
+    @property
+    def expert_max_over_mean(self) -> float:
+        return self.expert_load.max_over_mean
+
+    @property
+    def rank_max_over_mean(self) -> float:
+        return self.rank_load.max_over_mean
+
+    @property
+    def busiest_expert_cpu_s(self) -> float:
+        return max(self.run.expert_cpu_s)
+
+
+def run_moe_policy(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, replicate: bool = False,
+                   repeats: int = 3, uncapped: MoEOutput | None = None, label: str = "") -> PolicyRun:
+    """Run the layer with ``cfg``'s routing policy on ``ranks`` (with a second copy of the hottest expert
+    when ``replicate``), and measure it against the uncapped layer on the same tokens (``uncapped``,
+    computed here unless given). Replication is planned from the uncapped expert loads (in practice,
+    from recent batches)."""
+    plain = cfg.but(capacity_factor=None, reroute=False)
+    uncapped = moe_reference(x, weights, plain) if uncapped is None else uncapped
+    placement = ExpertPlacement(cfg.n_experts, ranks.world_size)
+    if replicate:
+        placement = replicate_hottest(placement, uncapped.counts(cfg.n_experts))
+    run = run_expert_parallel(ranks, x, weights, cfg, placement, repeats=repeats)
+    same_policy = uncapped if cfg == plain else reference_for(x, weights, cfg, ranks.world_size)
+    change = (run.output - uncapped.output).abs().max(dim=1).values  # (T,) per token
+    slots = x.shape[0] * cfg.k
+    return PolicyRun(label, cfg, run, load_stats(run.expert_counts, total=slots), load_stats(run.expert_rows, total=slots),
+                     int((change > 0).sum()), float(change.max()), torch.equal(run.output, same_policy.output))
+
+
+def run_mitigation(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigation: str,
+                   capacity_factor: float = 1.25, repeats: int = 3, uncapped: MoEOutput | None = None) -> PolicyRun:
+    """``run_moe_policy`` with one of ``MITIGATIONS`` applied to ``cfg``."""
+    return run_moe_policy(ranks, x, weights, mitigated(cfg, mitigation, capacity_factor),
+                          mitigation == "replicate hottest", repeats, uncapped, mitigation)
+
+
+def run_mitigations(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigations=MITIGATIONS,
+                    capacity_factor: float = 1.25, repeats: int = 3) -> dict[str, PolicyRun]:
+    """``run_mitigation`` for each of ``mitigations``, sharing one uncapped reference."""
+    uncapped = moe_reference(x, weights, cfg.but(capacity_factor=None, reroute=False))
+    return {m: run_mitigation(ranks, x, weights, cfg, m, capacity_factor, repeats, uncapped) for m in mitigations}

@@ -1,0 +1,104 @@
+"""The mixture-of-experts layer in one process: expert weights, the expert FFN, the weighted sum at home.
+
+Each expert is Llama's gated MLP (``toy.mlp_reference``), run on fixed blocks of rows
+(``routing.blocked_rows``) so that a token's result does not depend on which other tokens shared the
+call. ``moe_reference`` is the whole layer with its residual: route, cap, run each expert on its
+token-slots, weight the results by the gates. It is what the expert-parallel layer on ranks must
+equal, bit for bit. Torch, never ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..checks import whole_number
+from ..toy import generator, mlp_reference, weight
+from .routing import Assignment, MoEConfig, Routing, assign_groups, blocked_rows, route
+
+# -- weights and tokens ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MoEWeights:
+    """Router rows (unit norm) and each expert's gated MLP, in the ``(out, in)`` layout."""
+
+    router: torch.Tensor  # (n_experts, d_model)
+    gate: torch.Tensor  # (n_experts, d_ff, d_model)
+    up: torch.Tensor  # (n_experts, d_ff, d_model)
+    down: torch.Tensor  # (n_experts, d_model, d_ff)
+
+    @property
+    def n_experts(self) -> int:
+        return self.router.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.router.shape[1]
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's three matrices."""
+        return (self.gate[0].numel() + self.up[0].numel() + self.down[0].numel()) * self.gate.element_size()
+
+
+def make_moe_weights(cfg: MoEConfig, seed: int = 0) -> MoEWeights:
+    """Reproducible weights (``toy.weight``): router rows of norm 1 (so tokens of unit variance give
+    logits of unit variance, and no expert is favoured), expert matrices scaled by ``1/sqrt(fan_in)``."""
+    g = generator(seed)
+    router = weight(g, cfg.n_experts, cfg.d_model)
+    router = router / router.norm(dim=1, keepdim=True)
+    experts = [(weight(g, cfg.d_ff, cfg.d_model), weight(g, cfg.d_ff, cfg.d_model), weight(g, cfg.d_model, cfg.d_ff))
+               for _ in range(cfg.n_experts)]
+    gate, up, down = (torch.stack(ws) for ws in zip(*experts))
+    return MoEWeights(router=router, gate=gate, up=up, down=down)
+
+
+def make_tokens(n_tokens: int, d_model: int, seed: int = 1) -> torch.Tensor:
+    """``(n_tokens, d_model)`` hidden states of unit variance, reproducible from ``seed``."""
+    return torch.randn(whole_number(n_tokens, "n_tokens"), whole_number(d_model, "d_model"), generator=generator(seed))
+
+
+def expert_ffn(rows: torch.Tensor, weights: MoEWeights, expert: int) -> torch.Tensor:
+    """Expert ``expert``'s gated MLP, ``down(silu(gate(x)) * up(x))``, on ``(rows, d_model)``."""
+    w_gate, w_up, w_down = weights.gate[expert], weights.up[expert], weights.down[expert]
+    return blocked_rows(lambda b: mlp_reference(b, w_gate, w_up, w_down), rows, w_down.shape[0])
+
+
+# -- the layer -------------------------------------------------------------------------------------------------
+def weighted_sum(x: torch.Tensor, gates: torch.Tensor, slot_outputs: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """The layer's output at home: ``x + sum_s gate_s * expert_output_s`` over served slots, in slot
+    order (elementwise, so it rounds the same whatever the batch)."""
+    out = x.clone()  # (T, d_model): the residual
+    for s in range(gates.shape[1]):
+        weight = torch.where(kept[:, s], gates[:, s], torch.zeros_like(gates[:, s]))  # (T,)
+        out = out + weight[:, None] * slot_outputs[:, s]
+    return out
+
+
+@dataclass(frozen=True)
+class MoEOutput:
+    output: torch.Tensor  # (T, d_model)
+    routing: Routing
+    assignment: Assignment
+
+    def counts(self, n_experts: int) -> torch.Tensor:
+        return self.assignment.counts(n_experts)
+
+
+def moe_reference(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, n_groups: int = 1) -> MoEOutput:
+    """The whole MoE layer with its residual, in one process: route, cap, run each expert on its
+    token-slots, weight by the gates. ``n_groups`` contiguous groups get their own capacity (pass the
+    world size to compare with the layer on ranks)."""
+    if weights.n_experts != cfg.n_experts or weights.d_model != cfg.d_model:
+        raise ValueError(f"the weights hold {weights.n_experts} experts of width {weights.d_model}, the config "
+                         f"says {cfg.n_experts} of width {cfg.d_model}")
+    routing = route(x, weights.router, cfg)
+    assignment = assign_groups(routing, cfg, n_groups)
+    flat_experts, flat_kept = assignment.experts.flatten(), assignment.kept.flatten()  # (T * k,)
+    slot_outputs = x.new_zeros(x.shape[0] * cfg.k, x.shape[1])  # (T * k, d_model)
+    for e in range(cfg.n_experts):
+        slots = torch.nonzero(flat_kept & (flat_experts == e)).flatten()
+        if slots.numel():
+            slot_outputs[slots] = expert_ffn(x[slots // cfg.k], weights, e)
+    out = weighted_sum(x, routing.gates, slot_outputs.view(x.shape[0], cfg.k, -1), assignment.kept)
+    return MoEOutput(out, routing, assignment)

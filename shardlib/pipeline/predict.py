@@ -1,0 +1,141 @@
+"""What a schedule predicts, and what a real run measured: step time, idle slots, memory, messages.
+
+From a ``Schedule`` (``schedules.simulate`` times it): the step time, each stage's idle slots, the
+microbatches each stage holds in flight, the messages between stages, and the schedule drawn as text.
+From a real run's spans (``runtime.timeline``): the idle fraction and the in-flight count, measured.
+Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ..runtime.timeline import Span
+from .schedules import OPS, Schedule, check_count, simulate
+
+
+def predicted_step_s(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0) -> float:
+    """The step time ``simulate`` predicts: from the first action's start to the last action's end."""
+    return float(max(t.end_s for t in simulate(schedule, forward_s, backward_s, hop_s)))
+
+
+def idle_slots(schedule: Schedule) -> tuple[int, ...]:
+    """Per stage, the slots it spends idle in one step when every action takes one slot (a chunk's
+    forward or backward, alike). The step lasts ``max end`` slots for everyone; summed over stages and
+    divided by ``p x step`` this is the bubble fraction."""
+    v = schedule.n_chunks
+    timed = simulate(schedule, forward_s=v, backward_s=v)  # each chunk op: exactly one slot
+    step = max(t.end_s for t in timed)
+    busy = [0] * schedule.n_stages
+    for t in timed:
+        busy[t.action.stage] += 1
+    return tuple(int(step) - b for b in busy)
+
+
+def step_slots(schedule: Schedule) -> int:
+    """Slots in one step when every action takes one slot (see ``idle_slots``)."""
+    v = schedule.n_chunks
+    return int(max(t.end_s for t in simulate(schedule, forward_s=v, backward_s=v)))
+
+
+def peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
+    """Per stage, the most microbatches whose activations it holds at once.
+
+    A microbatch (on one chunk) is in flight on a stage from its forward until its backward: the
+    forward's activations are kept for the backward. GPipe holds all ``m``; 1F1B holds at most
+    ``p - s`` on stage ``s``. A forward-only schedule keeps nothing for a backward: 0.
+    """
+    peaks = []
+    for row in schedule.actions:
+        held = peak = 0
+        if schedule.training:
+            for a in row:
+                held += 1 if a.op == "F" else -1
+                peak = max(peak, held)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def messages_per_step(schedule: Schedule) -> int:
+    """Point-to-point messages one step sends between stages: each microbatch crosses every boundary
+    between virtual stages once forward (and once backward when training)."""
+    return sum(len(schedule.messages(src, dst)) for src in range(schedule.n_stages)
+               for dst in range(schedule.n_stages) if src != dst)
+
+
+# -- measuring the bubble on a real timeline ----------------------------------------------------------
+@dataclass(frozen=True)
+class MeasuredBubble:
+    """The idle fraction of a real run, from its compute spans.
+
+    Definition: the window runs from the first compute span's start to the last compute span's end,
+    across all ranks; ``busy_s[r]`` is the time rank ``r`` spent in compute spans; the idle fraction is
+    ``1 - sum(busy_s) / (n_stages x window_s)``. Everything else a rank does in the window (waiting for
+    a message, bookkeeping between ops) counts as idle.
+    """
+
+    window_s: float
+    busy_s: tuple[float, ...]
+    idle_fraction: float
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.busy_s)
+
+
+def compute_spans(spans: Sequence[Span]) -> list[Span]:
+    """The pipeline's compute spans (forwards and backwards) among all the spans of a run."""
+    return [s for s in spans if s.kind == "compute" and s.attrs.get("op") in OPS]
+
+
+def measure_bubble(spans: Sequence[Span], n_stages: int) -> MeasuredBubble:
+    """The idle fraction of one step, measured from its spans (see ``MeasuredBubble``)."""
+    p = check_count("n_stages", n_stages, "pipeline stages")
+    work = compute_spans(spans)
+    if not work:
+        raise ValueError("no pipeline compute spans to measure: run a pipeline step on the ranks first")
+    bad = sorted({s.rank for s in work if not 0 <= s.rank < p})
+    if bad:
+        raise ValueError(f"spans from ranks {bad} do not belong to a {p}-stage pipeline")
+    start, end = min(s.start_s for s in work), max(s.end_s for s in work)
+    window = end - start
+    busy = [0.0] * p
+    for s in work:
+        busy[s.rank] += s.duration_s
+    idle = 1.0 - sum(busy) / (p * window) if window > 0 else 0.0
+    return MeasuredBubble(window, tuple(busy), idle)
+
+
+def measured_in_flight(spans: Sequence[Span], n_stages: int) -> tuple[int, ...]:
+    """Per rank, the most microbatches in flight, read from the real timeline: +1 at the end of each
+    forward, -1 at the end of each backward, in time order. A run with no backwards at all was
+    forward only and kept nothing for a backward: 0 (as ``peak_in_flight`` counts)."""
+    p = check_count("n_stages", n_stages, "pipeline stages")
+    peaks = [0] * p
+    if not any(s.attrs["op"] == "B" for s in compute_spans(spans)):
+        return tuple(peaks)
+    for rank in range(p):
+        held = 0
+        for s in sorted((s for s in compute_spans(spans) if s.rank == rank), key=lambda s: s.end_s):
+            held += 1 if s.attrs["op"] == "F" else -1
+            peaks[rank] = max(peaks[rank], held)
+    return tuple(peaks)
+
+
+def schedule_text(schedule: Schedule) -> str:
+    """The schedule as a grid of labels, one line per stage, one column per slot ('.' for idle),
+    every action one slot long."""
+    timed = simulate(schedule, forward_s=schedule.n_chunks, backward_s=schedule.n_chunks)
+    n_slots = int(max(t.end_s for t in timed))
+    width = max(len(t.action.label) for t in timed)
+    grid = [["."] * n_slots for _ in range(schedule.n_stages)]
+    for t in timed:
+        grid[t.action.stage][int(t.start_s)] = t.action.label
+    return "\n".join(f"stage {s}: " + " ".join(cell.ljust(width) for cell in row).rstrip()
+                     for s, row in enumerate(grid))
+
+
+def order_text(schedule: Schedule) -> Mapping[int, str]:
+    """Per stage, its actions in order as one line of labels (no timing)."""
+    return {s: " ".join(a.label for a in row) for s, row in enumerate(schedule.actions)}

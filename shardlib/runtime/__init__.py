@@ -1,0 +1,23 @@
+"""The rank runtime: real processes exchanging real tensors through ``torch.distributed``.
+
+* ``ranks``: ``Ranks``, the warm pool of rank processes a notebook starts once and calls many times;
+  ``RankError`` and ``RankTimeoutError`` for a rank that fails or hangs.
+* ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
+* ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
+  through ``RankContext.from_env``), and the choice of backend.
+* ``comm``: recorded collectives, ``ctx.comm``: every call logged as a ``CommRecord``.
+* ``timeline``: ``Span`` s on one clock across ranks, ``ctx.timeline``. Pure.
+* ``basics``: the rank functions of notebook 00 (who am I, a first all-reduce, a straggler).
+
+The torchrun entry point is ``python -m shardlib.launch``.
+"""
+
+from .._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "ranks": ("Ranks", "RankError", "RankTimeoutError", "max_world_size"),
+    "context": ("RankContext", "choose_backend", "gpu_count"),
+    "comm": ("Comm", "CommRecord", "format_log", "summarize"),
+    "timeline": ("Span", "Timeline", "now_s", "shift_to_zero"),
+    "basics": ("whoami_on_rank", "first_all_reduce_on_rank", "straggler_on_rank", "all_reduce_time_on_rank"),
+})

@@ -1,0 +1,150 @@
+"""``RankContext``: what a rank function receives as ``ctx``.
+
+A rank function is any function ``fn(ctx, *args, **kwargs)``. It finds out who it is from ``ctx.rank``
+and ``ctx.world_size``, puts its tensors on ``ctx.device``, talks to the other ranks through
+``ctx.comm`` (recorded collectives) and marks what it is doing with ``ctx.timeline``. The same function
+runs on a warm ``Ranks`` pool in a notebook and under ``torchrun`` (``RankContext.from_env()``), on one
+machine or across nodes with NCCL.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from math import prod
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .comm import Comm
+from .timeline import Timeline
+
+
+class RankContext:
+    """One rank's view of the job: identity, device, recorded collectives, timeline."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, backend: str) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.backend = backend
+        self.timeline = Timeline(rank)
+        self.comm = Comm(self)
+        self._meshes: dict = {}
+
+    def __repr__(self) -> str:
+        return f"RankContext(rank={self.rank}, world_size={self.world_size}, device={self.device}, backend={self.backend!r})"
+
+    def new_group(self, ranks: Sequence[int], name: str) -> dist.ProcessGroup:
+        """A process group over ``ranks``, logged as ``name`` in the comm log.
+
+        Like ``torch.distributed.new_group``, every rank of the job must call it with the same
+        arguments, members or not.
+        """
+        ranks = sorted(int(r) for r in ranks)
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(f"group {name!r} names ranks {bad}, outside 0..{self.world_size - 1}")
+        group = dist.new_group(ranks)
+        if self.rank in ranks:
+            self.comm.name_group(group, name)
+        return group
+
+    def device_mesh(self, shape: Sequence[int], names: Sequence[str]):
+        """A torch ``DeviceMesh`` of ``shape`` over every rank of the job (rank = row-major index into
+        ``shape``, the last axis innermost), with one process group per axis, each logged in the comm log
+        under its axis name (``"tp"``, ``"pp"`` ...).
+
+        Made once per (shape, names) and kept on this context, so a warm pool builds its groups on the
+        first call and reuses them after. Like ``new_group``, every rank must call it with the same
+        arguments.
+        """
+        key = (tuple(int(s) for s in shape), tuple(str(n) for n in names))
+        if key not in self._meshes:
+            if len(key[0]) != len(key[1]):
+                raise ValueError(f"a mesh of shape {key[0]} needs {len(key[0])} axis names, got {key[1]}")
+            if prod(key[0]) != self.world_size:
+                raise ValueError(f"a mesh of shape {' x '.join(map(str, key[0]))} = {prod(key[0])} ranks, but the "
+                                 f"job has world_size = {self.world_size}: the mesh must multiply to the world size")
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(self.device.type, key[0], mesh_dim_names=key[1])
+            for name in key[1]:
+                self.comm.name_group(mesh.get_group(name), name)
+            self._meshes[key] = mesh
+        return self._meshes[key]
+
+    @classmethod
+    def from_env(cls, backend: str = "auto", timeout_s: float = 600.0) -> "RankContext":
+        """The context of a process started by ``torchrun`` (reads RANK, WORLD_SIZE, LOCAL_RANK ...).
+
+        Initialises the default process group if nobody has yet: NCCL with one GPU per local rank
+        when there are enough GPUs, gloo on CPU otherwise (``backend="auto"``).
+        """
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing and not dist.is_initialized():
+            raise RuntimeError(
+                f"RankContext.from_env() needs the variables torchrun sets ({', '.join(missing)} missing); "
+                "start the script with `torchrun --nproc-per-node N script.py`, or use shardlib.Ranks "
+                "in a notebook"
+            )
+        rank = int(os.environ.get("RANK", dist.get_rank() if dist.is_initialized() else 0))
+        world_size = int(os.environ.get("WORLD_SIZE", dist.get_world_size() if dist.is_initialized() else 1))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if dist.is_initialized():
+            backend = dist.get_backend()
+        else:
+            backend = choose_backend(backend, local_world)
+            if backend == "gloo" and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost") and world_size == local_world:
+                use_loopback_for_gloo()
+            if backend == "nccl":
+                torch.cuda.set_device(local_rank)
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+        return cls(rank, world_size, device, backend)
+
+
+def gpu_count() -> int:
+    """GPUs torch can use here (0 on a CPU build), without initialising CUDA."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def choose_backend(backend: str, ranks_per_machine: int) -> str:
+    """Resolve ``"auto"`` and check an explicit choice against the machine.
+
+    NCCL needs one GPU per rank; gloo runs anywhere on CPU.
+    """
+    gpus = gpu_count()
+    if backend == "auto":
+        return "nccl" if gpus >= ranks_per_machine else "gloo"
+    if backend == "gloo":
+        return "gloo"
+    if backend == "nccl":
+        if gpus < ranks_per_machine:
+            raise ValueError(
+                f"backend='nccl' needs one GPU per rank: {ranks_per_machine} ranks but this machine has "
+                f"{gpus} GPU{'s' if gpus != 1 else ''} that torch can use; use backend='gloo' (CPU) or "
+                "backend='auto'"
+            )
+        return "nccl"
+    raise ValueError(f"unknown backend {backend!r}: use 'auto', 'gloo' (CPU) or 'nccl' (one GPU per rank)")
+
+
+def loopback_interface() -> str:
+    """The name of the loopback network interface ('lo' on Linux, 'lo0' on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:  # pragma: no cover - platforms without if_nameindex
+        names = []
+    for name in names:
+        if name == "lo" or name.startswith("lo0"):
+            return name
+    return "lo"
+
+
+def use_loopback_for_gloo() -> None:
+    """Make gloo bind its sockets to the loopback interface (unless the user chose one)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())

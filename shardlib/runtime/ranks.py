@@ -1,0 +1,323 @@
+"""``Ranks``: a warm pool of rank processes that run your functions on every rank.
+
+``Ranks(2)`` starts two processes once (each joins a ``torch.distributed`` process group on loopback)
+and keeps them waiting. ``ranks.run(fn, *args)`` ships ``fn`` to every rank (by value, with cloudpickle,
+so a function or lambda written in a notebook cell works), calls ``fn(ctx, *args)`` there, and returns
+the results in rank order. Moving a slider therefore costs one dispatch, a fraction of a millisecond,
+not a process spawn.
+
+Faults are part of the contract. An exception on any rank comes back at once as ``RankError`` naming
+the rank and carrying its traceback; a call that does not finish within ``timeout`` seconds (a rank
+skipped a collective, say) raises ``RankTimeoutError``. Either way the old processes are killed and a
+fresh set is started, so the next ``run`` works. Rank processes exit by themselves when their parent
+dies, SIGKILL included, and ``close()`` leaves nothing behind. The store that ranks meet at and gloo's
+own sockets listen on loopback only, on ports the system picks.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+
+import cloudpickle
+import torch.distributed as dist
+
+from ..checks import positive_number, whole_number
+from .comm import CommRecord
+from .context import choose_backend, gpu_count, loopback_interface
+from .timeline import Span, now_s
+
+START_TIMEOUT_S = 180.0  # importing torch on a busy 2-core box can take a while
+
+
+class RankError(RuntimeError):
+    """A rank function failed on rank ``rank``; the message holds that rank's traceback."""
+
+    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+
+
+class RankTimeoutError(RankError):
+    """A call did not finish in time; ``ranks_silent`` lists the ranks that never answered."""
+
+    def __init__(self, message: str, rank: int | None, ranks_silent: list[int]) -> None:
+        super().__init__(message, rank)
+        self.ranks_silent = ranks_silent
+
+
+def max_world_size() -> int:
+    """The most ranks this machine is allowed to start: four per CPU core, and at least 8."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def _check_world_size(world_size) -> int:
+    world_size = whole_number(world_size, "world_size (the number of ranks, like 2 or 4)")
+    if world_size > max_world_size():
+        raise ValueError(
+            f"{world_size} ranks is far beyond this machine ({os.cpu_count()} CPU cores): each rank is a "
+            f"whole Python process with its own copy of torch; use at most {max_world_size()}"
+        )
+    return world_size
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
+            pass
+
+
+class Ranks:
+    """A persistent pool of ``world_size`` rank processes. See the module docstring."""
+
+    def __init__(self, world_size: int = 2, *, backend: str = "auto", timeout: float = 60.0) -> None:
+        self.world_size = _check_world_size(world_size)
+        self.timeout = positive_number(timeout, "timeout (seconds)")
+        self.backend = choose_backend(backend, self.world_size)
+        if backend == "auto" and self.backend == "gloo" and gpu_count() > 0:
+            warnings.warn(
+                f"{gpu_count()} GPU(s) for {self.world_size} ranks: NCCL needs one GPU per rank, so these "
+                "ranks run on CPU with gloo", RuntimeWarning, stacklevel=2,
+            )
+        self.last_comm: list[CommRecord] = []  # every rank's comm log from the last run
+        self.last_spans: list[Span] = []  # every rank's timeline spans from the last run
+        self.last_started_s = 0.0  # when the last run was dispatched, on the spans' clock
+        self.devices: list[str] = []
+        self._lock = threading.RLock()
+        self._procs: list[subprocess.Popen] = []
+        self._conns: list[Connection] = []
+        self._generation = 0
+        self._ready = False
+        self._closed = False
+        self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-ranks-")
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=START_TIMEOUT_S))
+        self._finalizer = weakref.finalize(self, _kill, self._procs)
+        try:
+            self._start()
+            self._await_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Launch the processes; they import torch and join the group while we return."""
+        self._generation += 1
+        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        env = dict(os.environ)
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(threads)
+        if self.backend == "gloo":
+            env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+        for rank in range(self.world_size):
+            parent_end, child_end = socket.socketpair()
+            log = open(os.path.join(self._logdir.name, f"rank{rank}.log"), "ab")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "shardlib.runtime.worker", str(child_end.fileno())],
+                pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+            )
+            log.close()
+            child_end.close()
+            conn = Connection(parent_end.detach())
+            conn.send_bytes(pickle.dumps({
+                "rank": rank, "world_size": self.world_size, "backend": self.backend, "threads": threads,
+                "store_host": "127.0.0.1", "store_port": self._store.port,
+                "store_prefix": f"shardlib/{self._generation}", "parent_pid": os.getpid(),
+                "start_timeout_s": START_TIMEOUT_S, "op_timeout_s": self.timeout + 60.0,
+                "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
+            }))
+            self._procs.append(proc)
+            self._conns.append(conn)
+        self._ready = False
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        devices: dict[int, str] = {}
+        pending = set(range(self.world_size))
+        while pending:
+            ready = wait([self._conns[r] for r in pending], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._stop()
+                raise RankTimeoutError(
+                    f"ranks {sorted(pending)} did not start within {START_TIMEOUT_S:.0f} s",
+                    min(pending), sorted(pending),
+                )
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    status, info = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    status, info = "failed", self._log_tail(rank)
+                if status != "ready":
+                    self._stop()
+                    raise RankError(f"rank {rank} failed to start:\n{info}", rank, info)
+                devices[rank] = info["device"]
+                pending.discard(rank)
+        self.devices = [devices[r] for r in range(self.world_size)]
+        self._ready = True
+
+    def _stop(self) -> None:
+        """Kill the current processes (they may be stuck in a collective) and forget them."""
+        for conn in self._conns:
+            conn.close()
+        _kill(self._procs)
+        self._procs.clear()
+        self._conns.clear()
+        self._ready = False
+
+    def _restart(self) -> None:
+        self._stop()
+        if not self._closed:
+            self._start()  # the next run waits for these to be ready
+
+    def _log_tail(self, rank: int, n_chars: int = 4000) -> str:
+        try:
+            with open(os.path.join(self._logdir.name, f"rank{rank}.log"), "rb") as f:
+                return f.read().decode(errors="replace")[-n_chars:] or "(the process printed nothing)"
+        except OSError:
+            return "(no log)"
+
+    def close(self) -> None:
+        """Stop every rank process. Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for conn in self._conns:
+                try:
+                    conn.send_bytes(b"close")
+                except OSError:
+                    pass
+            deadline = time.monotonic() + 2.0
+            for p in self._procs:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            self._stop()
+            self._logdir.cleanup()
+
+    def __enter__(self) -> "Ranks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"devices={self.devices}"
+        return f"Ranks(world_size={self.world_size}, backend={self.backend!r}, {state})"
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current rank processes."""
+        return [p.pid for p in self._procs]
+
+    # -- calls -----------------------------------------------------------------------------------
+    def run(self, fn, *args, **kwargs) -> list:
+        """Call ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order.
+
+        Text a rank prints comes back prefixed with its rank. The comm log and timeline spans of the
+        call are kept in ``last_comm`` and ``last_spans``.
+        """
+        if not callable(fn):
+            raise TypeError(f"run() needs a function to call on every rank, like run(my_fn); got {fn!r}")
+        payload = _pack(fn, args, kwargs)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Ranks pool is closed; start a new one with Ranks(...)")
+            if not self._ready:
+                self._await_ready()
+            try:
+                return self._dispatch(payload)
+            except KeyboardInterrupt:
+                self._restart()  # the ranks may be mid-collective: start clean
+                raise
+
+    def _dispatch(self, payload: bytes) -> list:
+        self.last_started_s = now_s()
+        for conn in self._conns:
+            conn.send_bytes(payload)
+        deadline = time.monotonic() + self.timeout
+        replies: dict[int, tuple] = {}
+        errors: dict[int, tuple] = {}
+        while len(replies) < self.world_size:
+            pending = [self._conns[r] for r in range(self.world_size) if r not in replies]
+            # once one rank failed, the others are likely blocked on it: collect briefly, then stop
+            limit = 0.05 if errors else max(0.0, deadline - time.monotonic())
+            ready = wait(pending, timeout=limit)
+            if not ready:
+                break
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    reply = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    code = self._procs[rank].wait(timeout=5)
+                    reply = ("err", f"rank {rank} died (exit code {code})", self._log_tail(rank), "")
+                replies[rank] = reply
+                if reply[0] == "err":
+                    errors[rank] = reply
+        for rank in sorted(replies):
+            _echo(rank, replies[rank][-1])
+        if errors:
+            self._restart()
+            first = min(errors)
+            _, summary, tb, _ = errors[first]
+            others = sorted(set(errors) - {first})
+            also = f" (ranks {others} failed too)" if others else ""
+            raise RankError(f"{summary}{also}\n\nTraceback on rank {first}:\n{tb}", first, tb)
+        if len(replies) < self.world_size:
+            silent = [r for r in range(self.world_size) if r not in replies]
+            self._restart()
+            raise RankTimeoutError(
+                f"the call did not finish within timeout={self.timeout:g} s: ranks {silent} never answered "
+                f"(a rank waiting in a collective that another rank skipped looks like this); "
+                f"the ranks were restarted", silent[0], silent,
+            )
+        self.last_comm = [rec for r in range(self.world_size) for rec in replies[r][2]]
+        self.last_spans = [s for r in range(self.world_size) for s in replies[r][3]]
+        return [replies[r][1] for r in range(self.world_size)]
+
+
+def _pack(fn, args: tuple, kwargs: dict) -> bytes:
+    """Serialise the call once for every rank, naming the piece that cannot travel if one cannot."""
+    try:
+        return cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        pieces = [("the function", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
+        pieces += [(f"argument {k}=", v) for k, v in kwargs.items()]
+        for label, value in pieces:
+            try:
+                cloudpickle.dumps(value)
+            except Exception as inner:
+                raise TypeError(
+                    f"{label} ({type(value).__name__}) cannot be sent to the ranks: {inner}. Each rank is a "
+                    "separate process, so what you pass must be picklable (tensors, numbers, lists, functions "
+                    "are; open files, locks, sockets and generators are not)"
+                ) from None
+        raise TypeError(f"the call cannot be sent to the ranks: {exc}") from None
+
+
+def _echo(rank: int, text: str) -> None:
+    for line in text.splitlines():
+        print(f"[rank {rank}] {line}")
+

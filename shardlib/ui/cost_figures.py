@@ -1,0 +1,118 @@
+"""Plotly figures of communication costs: data in, ``go.Figure`` out. No widgets, no processes.
+
+Every predicted curve is drawn by the same ``costs`` function that the notebook prints its
+predictions with, so a figure and a printed number can never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..costs.alpha_beta import collective_time_s, crossover_bytes
+from ..costs.phases import PhaseCost
+from ..hardware import Link
+from .theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
+
+
+def _size_grid(lo: float, hi: float, points: int = 60) -> list[float]:
+    return list(np.logspace(np.log10(lo), np.log10(hi), points))
+
+
+def _log_x_marker(fig: go.Figure, x: float, text: str, y_paper: float = 1.0) -> None:
+    """A dashed vertical line at ``x`` on a log x axis, labelled at the top (an annotation on a log axis
+    is placed by ``log10(x)``, which ``add_vline`` does not do for its own label)."""
+    fig.add_vline(x=x, line_dash="dash", line_color=GUIDE_GREY)
+    fig.add_annotation(x=float(np.log10(x)), y=y_paper, xref="x", yref="paper", text=text, showarrow=False,
+                       xanchor="left", yanchor="bottom", font={"size": 11, "color": LABEL_GREY})
+
+
+def calibration_figure(samples: Sequence, link: Link, latency_charge: str = "per_step",
+                 title: str = "Measured on this machine, with the fitted line") -> go.Figure:
+    """Measured time against message size for each operation of a calibration (dots), the fitted link's
+    prediction for it (line), and a diamond where each line turns from latency- to bandwidth-bound."""
+    if not samples:
+        raise ValueError("no samples to draw: run run_calibration(ranks) first")
+    fig = go.Figure()
+    for op in dict.fromkeys(s.op for s in samples):
+        mine = sorted((s for s in samples if s.op == op), key=lambda s: s.size_bytes)
+        n, op_colour = mine[0].n_ranks, OP_COLOURS.get(op, GREY)
+        fig.add_trace(go.Scatter(x=[s.size_bytes for s in mine], y=[s.seconds * 1e3 for s in mine], mode="markers",
+                                 name=f"{op} measured", marker={"color": op_colour, "size": 8}))
+        grid = _size_grid(mine[0].size_bytes, mine[-1].size_bytes)
+        fig.add_trace(go.Scatter(x=grid, y=[collective_time_s(op, s, n, link, latency_charge) * 1e3 for s in grid],
+                                 mode="lines", name=f"{op} fitted", line={"color": op_colour}))
+        cross = crossover_bytes(link, op, n, latency_charge)
+        fig.add_trace(go.Scatter(x=[cross], y=[collective_time_s(op, cross, n, link, latency_charge) * 1e3],
+                                 mode="markers", marker={"symbol": "diamond", "size": 11, "color": op_colour},
+                                 name=f"{op} crossover, {cross / 1024:,.0f} KiB"))
+    fig.update_layout(title=title, xaxis_type="log", yaxis_type="log", height=420,
+                      xaxis_title="message size (bytes)", yaxis_title="time per call (ms, slowest rank)")
+    return fig
+
+
+def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int = 8,
+                           marks: Mapping[str, float] | None = None, latency_charge: str = "per_step",
+                           lo_bytes: float = 64, hi_bytes: float = 2 ** 30) -> go.Figure:
+    """Predicted time of ``op`` on ``n`` ranks against message size, one line per link, a diamond where
+    each turns bandwidth-bound, and dashed verticals at the sizes in ``marks`` (label -> bytes)."""
+    fig = go.Figure()
+    grid = _size_grid(lo_bytes, hi_bytes)
+    for i, link in enumerate(links):
+        line_colour = colour(i)
+        fig.add_trace(go.Scatter(x=grid, y=[collective_time_s(op, s, n, link, latency_charge) * 1e6 for s in grid],
+                                 mode="lines", name=link.name, line={"color": line_colour}))
+        cross = crossover_bytes(link, op, n, latency_charge)
+        fig.add_trace(go.Scatter(x=[cross], y=[collective_time_s(op, cross, n, link, latency_charge) * 1e6],
+                                 mode="markers", marker={"symbol": "diamond", "size": 10, "color": line_colour},
+                                 name=f"{link.name}: crossover {cross / 1e6:.2g} MB", showlegend=False,
+                                 hovertemplate=f"{link.name}<br>bandwidth-bound above {cross:,.0f} bytes<extra></extra>"))
+    for label, size in (marks or {}).items():
+        _log_x_marker(fig, size, label)
+    fig.update_layout(title=f"{op} on {n} ranks ({latency_charge} latency): diamonds mark the crossover",
+                      xaxis_type="log", yaxis_type="log", height=440, xaxis_title="message size (bytes)",
+                      yaxis_title="predicted time (us)")
+    return fig
+
+
+def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel communication per forward pass") -> go.Figure:
+    """Stacked bars, one per ``PhaseCost``: the latency part and the bandwidth part, in milliseconds."""
+    labels = [f"{c.phase}<br>{c.link}<br>tp={c.tp}" for c in costs]
+    fig = go.Figure([
+        go.Bar(x=labels, y=[c.latency_s * 1e3 for c in costs], name="latency (fixed cost per collective)",
+               marker_color=RED),
+        go.Bar(x=labels, y=[c.bandwidth_s * 1e3 for c in costs], name="bandwidth (bytes / rate)",
+               marker_color=BLUE),
+    ])
+    fig.update_layout(title=title, barmode="stack", yaxis_title="ms", height=380)
+    return fig
+
+
+def slow_rank_figure(per_rank: Sequence[Mapping[str, Mapping[str, float]]], slow_rank: int, delay_s: float) -> go.Figure:
+    """Grouped bars: the time each rank spent inside each collective, with the delay as a dashed line."""
+    ops = list(per_rank[0])
+    fig = go.Figure([go.Bar(name=f"rank {r}" + (" (slow)" if r == slow_rank else ""), x=ops,
+                            y=[res[op]["collective_s"] * 1e3 for op in ops],
+                            marker_color=colour(r))
+                     for r, res in enumerate(per_rank)])
+    fig.add_hline(y=delay_s * 1e3, line_dash="dash", annotation_text=f"delay of rank {slow_rank}: {delay_s * 1e3:.0f} ms")
+    fig.update_layout(title="Time inside each collective: the fast ranks wait for the slow one",
+                      barmode="group", yaxis_title="ms", height=360)
+    return fig
+
+
+def replicas_vs_tp_figure(result) -> go.Figure:
+    """Tokens per second of replicas and of tensor parallelism, measured and predicted (a
+    ``costs.ReplicasVsTPRun``)."""
+    predicted = result.predicted
+    fig = go.Figure([
+        go.Bar(name="measured", x=["replicas", "tensor parallel"],
+               y=[result.measured.replicas_tokens_per_s, result.measured.tp_tokens_per_s], marker_color=BLUE),
+        go.Bar(name="predicted", x=["replicas", "tensor parallel"],
+               y=[predicted.replicas_tokens_per_s, predicted.tp_tokens_per_s], marker_color=GREY),
+    ])
+    fig.update_layout(title=f"{predicted.world_size} devices, {predicted.tokens_per_step} tokens per step",
+                      barmode="group", yaxis_title="tokens per second", height=340)
+    return fig

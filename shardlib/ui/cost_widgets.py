@@ -1,0 +1,96 @@
+"""ipywidgets apps for notebook 02: the tensor-parallel cost explorer, and one slow rank on live ranks."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from ..costs.drivers import run_slow_rank
+from ..costs.phases import pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
+from ..costs.ranks import MAX_DELAY_S
+from ..hardware import LATENCY_CHARGES, Link
+from ..models import LLAMA_3_8B, ModelConfig
+from .cost_figures import phase_cost_figure, slow_rank_figure
+
+PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens
+BATCH_CHOICES = tuple(2 ** k for k in range(0, 9))  # 1 .. 256 sequences
+
+
+def _nearest(value: int, choices: tuple[int, ...]) -> int:
+    return min(choices, key=lambda c: abs(c - value))
+
+
+def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int = 2,
+                     prompt_tokens: int = 2048, batch: int = 1) -> widgets.VBox:
+    """Pick a link, a tp degree (only those the model's shapes allow), a prompt length and a batch;
+    see the decode and prefill communication split into latency and bandwidth, and the pipeline's
+    communication for the same batch beside it. Pure arithmetic: every move answers at once."""
+    if not links:
+        raise ValueError("tp_cost_explorer needs at least one Link")
+    by_name = {link.name: link for link in links}
+    usable = [n for n in model.usable_tp if n > 1] or [1]
+    link_box = widgets.Dropdown(options=list(by_name), description="link")
+    degree = widgets.SelectionSlider(options=usable, value=_nearest(tp, tuple(usable)), description="tp")
+    prompt = widgets.SelectionSlider(options=PROMPT_CHOICES, value=_nearest(prompt_tokens, PROMPT_CHOICES),
+                                     description="prompt")
+    batch_box = widgets.SelectionSlider(options=BATCH_CHOICES, value=_nearest(batch, BATCH_CHOICES),
+                                        description="batch")
+    charge = widgets.ToggleButtons(options=list(LATENCY_CHARGES), value="per_call", description="latency")
+    text = widgets.HTML()
+    fig = go.FigureWidget(phase_cost_figure([]))
+
+    def show(change=None) -> None:
+        link = by_name[link_box.value]
+        decode = tp_decode_cost(model, degree.value, link, batch_box.value, charge.value)
+        prefill = tp_prefill_cost(model, degree.value, link, prompt.value, batch_box.value, charge.value)
+        pipe = pipeline_vs_tensor(model, degree.value, link, prompt.value * batch_box.value, charge.value)
+        new = phase_cost_figure([decode, prefill])
+        with fig.batch_update():
+            for trace, fresh in zip(fig.data, new.data):
+                trace.x, trace.y = fresh.x, fresh.y
+        text.value = (
+            f"<b>{html.escape(model.name)} on {html.escape(link.name)}, tp = {degree.value}</b>, {decode.collectives} "
+            f"all-reduces per forward pass<br>"
+            f"decode step ({batch_box.value} token(s), {decode.size_bytes:,} bytes each): "
+            f"<b>{decode.total_s * 1e6:,.0f} us</b>, {decode.bound}-bound<br>"
+            f"prefill ({batch_box.value} x {prompt.value:,} tokens, {prefill.size_bytes:,} bytes each): "
+            f"<b>{prefill.total_s * 1e3:,.2f} ms</b>, {prefill.bound}-bound<br>"
+            f"the same prefill cut into {degree.value} pipeline stages instead: {pipe.pipeline_transfers} "
+            f"point-to-point send(s), {pipe.pipeline_bytes / 1e6:,.1f} MB and {pipe.pipeline_s * 1e3:,.2f} ms, "
+            f"against {pipe.tensor_bytes / 1e6:,.0f} MB for tensor parallelism")
+
+    for w in (link_box, degree, prompt, batch_box, charge):
+        w.observe(show, names="value")
+    show()
+    return widgets.VBox([link_box, degree, prompt, batch_box, charge, text, fig])
+
+
+def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
+    """Slide the delay of one rank (0 to 200 ms) and pick which rank is slow; each move runs every
+    collective of ``SLOW_RANK_OPS`` on the live ranks and shows how long each rank waited inside it."""
+    max_ms = int(min(200, MAX_DELAY_S * 1e3))
+    delay = widgets.IntSlider(value=min(max(delay_ms, 0), max_ms), min=0, max=max_ms, step=10,
+                              description="delay (ms)", continuous_update=False)
+    slow = widgets.Dropdown(options=list(range(ranks.world_size)), value=ranks.world_size - 1,
+                            description="slow rank")
+    text = widgets.HTML()
+    fig = go.FigureWidget(slow_rank_figure([{"all_reduce": {"collective_s": 0.0}}] * ranks.world_size, 0, 0.0))
+
+    def run(change=None) -> None:
+        delay_s = delay.value / 1e3
+        run = run_slow_rank(ranks, slow.value, delay_s)
+        new = slow_rank_figure(run.per_rank, slow.value, delay_s)
+        with fig.batch_update():
+            for trace, fresh in zip(fig.data, new.data):
+                trace.x, trace.y, trace.name = fresh.x, fresh.y, fresh.name
+            fig.layout.shapes, fig.layout.annotations = new.layout.shapes, new.layout.annotations
+        steps = [run.step_s(op) for op in run.ops]
+        text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
+                      f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")
+
+    delay.observe(run, names="value")
+    slow.observe(run, names="value")
+    run()
+    return widgets.VBox([delay, slow, text, fig])

@@ -1,0 +1,98 @@
+"""The load-imbalance knob: an ipywidgets app that runs the expert-parallel layer on live ranks.
+
+Every move of a control runs one forward of the layer on the warm ranks and redraws three figures from
+what the ranks reported: the all-to-all send matrix, the load on each expert, and each rank's measured
+time. The controls clamp to their ranges: skew 0 to 1, k from 1 to the number of experts (at most 4
+offered), capacity factor 0.25 to 3; rerouting is offered only when a capacity factor is set, and
+replication only when there is a second rank.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import torch
+
+from ..experts.drivers import run_moe_policy
+from ..experts.layer import MoEWeights
+from ..experts.placement import ExpertPlacement, predicted_all_to_all_bytes
+from ..experts.routing import MoEConfig, aux_load_balancing_loss, route
+from .expert_figures import expert_load_figure, rank_time_figure, send_matrix_figure
+
+
+def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
+    """Copy ``fig``'s traces, shapes and annotations into the live ``widget``."""
+    with widget.batch_update():
+        for live, new in zip(widget.data, fig.data):
+            live.update(new.to_plotly_json())
+        widget.layout.shapes = fig.layout.shapes
+        widget.layout.annotations = fig.layout.annotations
+
+
+def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
+                    repeats: int = 3) -> widgets.VBox:
+    """Skew, k, capacity factor, rerouting and replication, wired to the layer on ``ranks``."""
+    skew = widgets.FloatSlider(value=cfg.skew, min=0.0, max=1.0, step=0.05, description="skew",
+                               continuous_update=False)
+    k = widgets.IntSlider(value=cfg.k, min=1, max=min(cfg.n_experts, 4), description="k",
+                          continuous_update=False)
+    capped = widgets.Checkbox(value=cfg.capacity_factor is not None, description="capacity cap")
+    factor = widgets.FloatSlider(value=cfg.capacity_factor or 1.25, min=0.25, max=3.0, step=0.25,
+                                 description="capacity factor", continuous_update=False,
+                                 style={"description_width": "initial"})
+    reroute = widgets.Checkbox(value=cfg.reroute, description="reroute overflow")
+    replicate = widgets.Checkbox(value=False, description="replicate the hottest expert",
+                                 disabled=ranks.world_size < 2)  # a replica needs a second rank
+    summary = widgets.HTML()
+    owner = [ExpertPlacement(cfg.n_experts, ranks.world_size).owner(e) for e in range(cfg.n_experts)]
+    zeros = [0.0] * ranks.world_size
+    matrix_fig = go.FigureWidget(send_matrix_figure([[0] * ranks.world_size for _ in range(ranks.world_size)]))
+    load_fig = go.FigureWidget(expert_load_figure([0] * cfg.n_experts, owner))
+    time_fig = go.FigureWidget(rank_time_figure(zeros, zeros, 0.0, zeros))
+    load_fig.layout.width = 560
+
+    updating = []  # set while show() runs, so that unticking reroute from inside it does not run twice
+
+    def show(change=None) -> None:
+        if updating:
+            return
+        updating.append(True)
+        try:
+            _show()
+        finally:
+            updating.clear()
+
+    def _show() -> None:
+        reroute.disabled = not capped.value
+        if not capped.value:
+            reroute.value = False
+        now = cfg.but(skew=skew.value, k=k.value, capacity_factor=factor.value if capped.value else None,
+                      reroute=reroute.value and capped.value)
+        policy = run_moe_policy(ranks, x, weights, now, replicate.value, repeats)
+        run, placement, per_expert, per_rank = policy.run, policy.run.placement, policy.expert_load, policy.rank_load
+        predicted = predicted_all_to_all_bytes(x.shape[0], now.k, now.d_model)
+        capacity_total = None if run.capacity is None else run.capacity * ranks.world_size
+        _refresh(matrix_fig, send_matrix_figure(run.send_matrix))
+        _refresh(load_fig, expert_load_figure(run.expert_counts.tolist(), owner, capacity_total))
+        _refresh(time_fig, rank_time_figure(run.expert_s, run.forward_s, run.step_s, run.expert_cpu_s))
+        replica = (f"expert {placement.replicas[0][0]} copied to rank {placement.replicas[0][1]} "
+                   f"(+{weights.expert_bytes / 1024:.0f} KiB of weights there)" if placement.replicas else "none")
+        summary.value = (
+            f"<b>{x.shape[0]} tokens, top-{now.k}, skew {now.skew:.2f}</b> on {ranks.world_size} live ranks<br>"
+            f"per expert: {per_expert}; aux loss {aux_load_balancing_loss(route(x, weights.router, now)):.2f} "
+            f"(1 is balanced)<br>per rank (rows computed): max/mean {per_rank.max_over_mean:.2f}, CV {per_rank.cv:.2f}"
+            f"<br>replica: {replica}<br>capacity per expert per rank: {run.capacity if run.capacity is not None else 'none'}; "
+            f"dropped slots {run.dropped_slots}, tokens passed through untouched {run.dropped_tokens}, "
+            f"rerouted slots {run.rerouted_slots}; outputs changed by the cap: {policy.tokens_changed} tokens<br>"
+            f"dispatch bytes measured {run.dispatch_bytes:,}, predicted with nothing dropped {predicted:,} "
+            f"(ratio {run.dispatch_bytes / predicted:.2f}); rows leaving their rank {run.cross_rank_share:.0%}<br>"
+            f"slowest rank's experts {max(run.expert_s) * 1e3:.1f} ms, step {run.step_s * 1e3:.1f} ms; output "
+            f"{'equals the single-process layer exactly' if policy.exact else 'DIFFERS from the single-process layer'}"
+        )
+
+    for control in (skew, k, capped, factor, reroute, replicate):
+        control.observe(show, names="value")
+    show()
+    controls = widgets.HBox([widgets.VBox([skew, k]), widgets.VBox([capped, factor]), widgets.VBox([reroute, replicate])])
+    figures = widgets.HBox([matrix_fig, load_fig])
+    return widgets.VBox([controls, summary, figures, time_fig])

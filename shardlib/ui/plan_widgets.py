@@ -1,0 +1,51 @@
+"""The planner as a widget: pick a model, a cluster, a workload and an objective; see the ranked
+layouts, a figure of the best ones, and why every other layout fails. Pure computation: no ranks."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from ..hardware import CLUSTERS
+from ..models import PRESETS
+from ..plan.memory import Workload
+from ..plan.planner import OBJECTIVES, format_plan, plan
+from .plan_figures import plan_figure
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 80GB") -> widgets.VBox:
+    """Dropdowns for the model and the cluster, buttons for the objective, sliders (clamped to the
+    listed values) for the batch per replica and the context length."""
+    model_box = widgets.Dropdown(options=list(PRESETS), value=model if model in PRESETS else "Llama-3-70B",
+                                 description="model")
+    cluster_box = widgets.Dropdown(options=list(CLUSTERS), value=cluster if cluster in CLUSTERS else list(CLUSTERS)[0],
+                                   description="cluster", style={"description_width": "initial"})
+    objective = widgets.ToggleButtons(options=list(OBJECTIVES), value=OBJECTIVES[0], description="rank by")
+    batch = widgets.SelectionSlider(options=BATCHES, value=8, description="batch per replica",
+                                    continuous_update=False, style={"description_width": "initial"})
+    context = widgets.SelectionSlider(options=CONTEXTS, value=4096, description="context tokens",
+                                      continuous_update=False, style={"description_width": "initial"})
+    table = widgets.HTML()
+    fig = go.FigureWidget()
+
+    def update(change=None) -> None:
+        ctx = context.value
+        workload = Workload(batch=batch.value, context_tokens=ctx, prompt_tokens=min(2048, ctx))
+        p = plan(PRESETS[model_box.value], CLUSTERS[cluster_box.value], workload, objective.value)
+        table.value = f"<pre style='font-size:11px'>{html.escape(format_plan(p))}</pre>"
+        new = plan_figure(p)
+        with fig.batch_update():
+            fig.data = []
+            for trace in new.data:
+                fig.add_trace(trace)
+            fig.layout = new.layout
+
+    for w in (model_box, cluster_box, objective, batch, context):
+        w.observe(update, names="value")
+    update()
+    return widgets.VBox([widgets.HBox([model_box, cluster_box]), objective, widgets.HBox([batch, context]), fig, table])

@@ -1,0 +1,103 @@
+"""Widgets of notebooks 00 and 01: an all-reduce on live ranks, the two cut orders, the KV-head wall."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from ..models import PRESETS, tensor_parallel_problems
+from ..runtime.basics import all_reduce_time_on_rank
+from ..tensor_parallel.drivers import run_pair
+from ..tensor_parallel.split import CUTS, pair_collectives
+from ..toy import generator, weight
+from .figures import measured_points_figure
+from .theme import GREEN, RED
+
+MIN_LOG2_ELEMENTS, MAX_LOG2_ELEMENTS = 4, 22  # 64 B .. 16 MiB of float32
+
+
+def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
+    """Slide the message size; each move runs a real all-reduce on the warm ranks and plots it.
+
+    The slider is clamped to 2**4 .. 2**22 float32 elements (64 bytes to 16 MiB) so one move stays
+    well under a second even with four ranks on two cores.
+    """
+    slider = widgets.IntSlider(
+        value=min(max(log2_elements, MIN_LOG2_ELEMENTS), MAX_LOG2_ELEMENTS),
+        min=MIN_LOG2_ELEMENTS, max=MAX_LOG2_ELEMENTS, description="log2(elements)",
+        continuous_update=False, style={"description_width": "initial"},
+    )
+    label = widgets.HTML()
+    fig = go.FigureWidget(measured_points_figure(
+        [], [], "message size (bytes)", "all-reduce time (ms, slowest rank)",
+        f"All-reduce on {ranks.world_size} live ranks ({ranks.backend})",
+    ))
+    seen: dict[int, float] = {}
+
+    def measure(change=None) -> None:
+        n_elements = 2 ** slider.value
+        seconds = max(ranks.run(all_reduce_time_on_rank, n_elements))
+        size_bytes = 4 * n_elements
+        seen[size_bytes] = seconds
+        xs = sorted(seen)
+        with fig.batch_update():
+            fig.data[0].x = xs
+            fig.data[0].y = [seen[x] * 1e3 for x in xs]
+        label.value = (f"<b>{size_bytes:,} bytes</b>: {seconds * 1e3:.3f} ms, "
+                       f"{size_bytes / seconds / 1e9:.3f} GB/s of buffer per second")
+
+    slider.observe(measure, names="value")
+    measure()
+    return widgets.VBox([slider, label, fig])
+
+
+def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 256) -> widgets.VBox:
+    """Pick a shard count (1 to 8) and a cut order; see the collectives and bytes of one pair, predicted,
+    and measured on the live ranks when the shard count equals the pool's size."""
+    shards = widgets.IntSlider(value=ranks.world_size, min=1, max=8, description="shards")
+    cut = widgets.ToggleButtons(options=list(CUTS), value=CUTS[0], description="cut")
+    out = widgets.HTML()
+    g = generator(0)
+    x = weight(g, tokens, d_model, scale=d_model ** 0.5)[None]  # (1, tokens, d_model), unit variance
+    w1, w2 = weight(g, d_hidden, d_model), weight(g, d_model, d_hidden)
+
+    def show(change=None) -> None:
+        predicted = pair_collectives(cut.value, shards.value, tokens, d_model, d_hidden)
+        rows = [f"<tr><td>{op}</td><td>{size:,} bytes</td></tr>" for op, size in predicted] or ["<tr><td colspan=2>none: one shard holds everything</td></tr>"]
+        text = (f"<b>{cut.value}, {shards.value} shard(s)</b>, {tokens} tokens, d_model {d_model}, hidden {d_hidden}"
+                f"<br>predicted per pair: {len(predicted)} collective(s), {sum(s for _, s in predicted):,} bytes"
+                f"<table>{''.join(rows)}</table>")
+        if shards.value == ranks.world_size:
+            run = run_pair(ranks, cut.value, x, w1, w2)
+            text += (f"measured on rank 0 of the live pool: {len(run.measured)} collective(s), "
+                     f"{run.measured_bytes:,} bytes {'(matches)' if run.measured == run.predicted else '(DIFFERS)'}")
+        else:
+            text += f"<i>live measurement: set shards to {ranks.world_size}, the size of the running pool</i>"
+        out.value = text
+
+    shards.observe(show, names="value")
+    cut.observe(show, names="value")
+    show()
+    return widgets.VBox([shards, cut, out])
+
+
+def tp_wall_picker(tp: int = 8) -> widgets.VBox:
+    """Pick a model and a tensor-parallel degree; see whether its shapes allow it, and why not."""
+    model = widgets.Dropdown(options=list(PRESETS), value="Llama-3-70B", description="model")
+    degree = widgets.IntSlider(value=tp, min=1, max=32, description="tp")
+    out = widgets.HTML()
+
+    def show(change=None) -> None:
+        m = PRESETS[model.value]
+        problems = tensor_parallel_problems(m, degree.value)
+        verdict = (f"<b style='color:{GREEN}'>allowed</b>" if not problems else
+                   f"<b style='color:{RED}'>refused</b>: " + "; ".join(html.escape(p) for p in problems))
+        out.value = (f"{m.name}: {m.n_heads} query heads, {m.n_kv_heads} KV heads, d_ff {m.d_ff}, vocab "
+                     f"{m.vocab_size}<br>usable tp: {m.usable_tp}<br>tp = {degree.value}: {verdict}")
+
+    model.observe(show, names="value")
+    degree.observe(show, names="value")
+    show()
+    return widgets.VBox([model, degree, out])

@@ -1,0 +1,192 @@
+"""The package's layers hold: imports point down only, and pure modules stay pure.
+
+Every module of ``shardlib`` is given a layer here (a new module must be added, or this test fails):
+
+    pure      models, hardware, formulas, schedules, routing, alpha-beta costs, the planner, references
+    runtime   the rank pool, the worker, the context, recorded collectives
+    rank      rank functions and the layers they run on a rank
+    driver    what runs rank functions on a pool and gathers the results
+    ui        figures, widgets, quiz, static export; exercises sit beside it
+
+A module may import modules of its own layer or below. Pure modules import no ``torch.distributed``, no
+plotly, no ipywidgets; some pure modules import no torch at all; nothing below the UI imports plotly
+or ipywidgets. The walk is static (the import statements of each file) and transitive, and it counts the
+``__init__`` of every package a module lives in, because Python runs those too.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "shardlib"
+ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, "exercises": 4}
+PURE_WITHOUT_TORCH = {
+    "shardlib.checks", "shardlib.models", "shardlib.hardware", "shardlib.runtime.timeline",
+    "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
+    "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
+    "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
+}
+LAYERS = {
+    "pure": PURE_WITHOUT_TORCH | {
+        "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
+        "shardlib.experts.routing", "shardlib.experts.layer", "shardlib.experts.placement",
+    },
+    "runtime": {"shardlib.runtime.ranks", "shardlib.runtime.worker", "shardlib.runtime.context",
+                "shardlib.runtime.comm"},
+    "rank": {"shardlib.runtime.basics", "shardlib.tensor_parallel.layers", "shardlib.tensor_parallel.blocks",
+             "shardlib.tensor_parallel.ranks", "shardlib.pipeline.ranks", "shardlib.experts.ranks",
+             "shardlib.costs.ranks", "shardlib.plan.ranks"},
+    "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
+               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch"},
+    "ui": {f"shardlib.ui.{m}" for m in (
+        "theme", "gantt", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
+        "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")},
+    "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")},
+}
+UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Every module of the package at ``root``, by dotted name (packages by their own name)."""
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = (root.name,) + path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def direct_imports(name: str, path: Path, known: set[str]) -> tuple[set[str], set[str]]:
+    """``(internal, external)``: the package's modules and the outside modules ``path`` imports,
+    wherever in the file (a function-local import counts as much as one at the top)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    internal, external = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            (internal if target in known else external if target.split(".")[0] != "shardlib" else set()).add(target)
+    return internal, external
+
+
+def with_parents(module: str) -> set[str]:
+    """``module`` and every package above it: importing it runs all of their ``__init__`` s."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def closure(start: str, graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        for dep in graph[m]:
+            for d in with_parents(dep):
+                if d not in seen and d != start:
+                    seen.add(d)
+                    todo.append(d)
+    return seen
+
+
+def layer_of(module: str, files: dict[str, Path]) -> str:
+    for layer, members in LAYERS.items():
+        if module in members:
+            return layer
+    if files[module].name == "__init__.py" or module == "shardlib._lazy":
+        return "infra"
+    raise KeyError(module)
+
+
+def violations(root: Path) -> list[str]:
+    """Every broken layering rule in the package at ``root``, in words."""
+    files = module_files(root)
+    graph, externals = {}, {}
+    for name, path in files.items():
+        graph[name], externals[name] = direct_imports(name, path, set(files))
+    found = []
+    for name in sorted(files):
+        try:
+            layer = layer_of(name, files)
+        except KeyError:
+            found.append(f"{name} has no layer: add it to LAYERS in tests/test_layers.py")
+            continue
+        reached = closure(name, graph)
+        outside = set(externals[name]).union(*(externals[m] for m in reached))
+        for dep in sorted(reached):
+            dep_layer = layer_of(dep, files) if dep in files else "infra"
+            if ORDER[dep_layer] > ORDER[layer]:
+                found.append(f"{name} ({layer}) imports {dep} ({dep_layer}), a layer above it")
+        if layer == "pure" and any(m == "torch.distributed" or m.startswith("torch.distributed.") for m in outside):
+            found.append(f"{name} (pure) imports torch.distributed")
+        if name in PURE_WITHOUT_TORCH and any(m == "torch" or m.startswith("torch.") for m in outside):
+            found.append(f"{name} (pure, no torch) imports torch")
+        if ORDER[layer] < ORDER["ui"] and any(m.split(".")[0] in UI_LIBRARIES for m in outside):
+            found.append(f"{name} ({layer}) imports a UI library: "
+                         f"{sorted(m for m in outside if m.split('.')[0] in UI_LIBRARIES)}")
+    return found
+
+
+def test_the_package_keeps_its_layers():
+    assert violations(ROOT) == []
+
+
+def test_every_listed_module_exists():
+    files = module_files(ROOT)
+    missing = sorted(m for members in LAYERS.values() for m in members if m not in files)
+    assert missing == []
+
+
+@pytest.mark.parametrize("module, line, expected", [
+    ("pipeline/bubble.py", "from ..runtime.ranks import Ranks", "shardlib.pipeline.bubble (pure) imports "
+                                                                 "shardlib.runtime.ranks (runtime), a layer above it"),
+    ("costs/alpha_beta.py", "import torch.distributed as dist", "shardlib.costs.alpha_beta (pure) imports torch.distributed"),
+    ("plan/planner.py", "import torch", "shardlib.plan.planner (pure, no torch) imports torch"),
+    ("experts/ranks.py", "from ..ui.theme import RED", "shardlib.experts.ranks (rank) imports shardlib.ui.theme (ui)"),
+    ("costs/drivers.py", "import plotly.graph_objects as go", "shardlib.costs.drivers (driver) imports a UI library"),
+    # one step removed: a pure module that imports a pure module that imports the runtime
+    ("models.py", "def _late():\n    from .runtime.comm import Comm", "shardlib.models (pure) imports shardlib.runtime.comm"),
+])
+def test_the_walk_catches_a_module_that_breaks_its_layer(tmp_path, module, line, expected):
+    """Copy the package, break one rule, and the walk must say so (a check that cannot fail is no check)."""
+    copy = tmp_path / "shardlib"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / module, "a") as f:
+        f.write("\n" + line + "\n")
+    found = violations(copy)
+    assert any(expected in v for v in found), found
+    if module == "models.py":  # toy.py imports models: the break reaches it too
+        assert any(v.startswith("shardlib.toy (pure) imports shardlib.runtime.comm") for v in found), found
+
+
+def test_a_new_module_must_be_given_a_layer(tmp_path):
+    copy = tmp_path / "shardlib"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "costs" / "extra.py").write_text("X = 1\n")
+    assert violations(copy) == ["shardlib.costs.extra has no layer: add it to LAYERS in tests/test_layers.py"]
+
+
+def test_importing_a_pure_module_does_not_start_the_runtime():
+    """The package ``__init__`` s load their names lazily, so a pure module imported on its own brings
+    neither torch nor the rank runtime with it (checked in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import shardlib.plan.planner, shardlib.pipeline.predict, shardlib.costs.phases; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('shardlib.runtime.r')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
