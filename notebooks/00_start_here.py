@@ -123,7 +123,7 @@ assert [r["before"][0] for r in results] == [1.0, 2.0]
 # Four float32 values are 16 bytes.
 
 # %%
-from shardlib.runtime.comm import format_log, summarize
+from shardlib.runtime import format_log, summarize
 
 print(format_log(ranks.last_comm))
 log = summarize(ranks.last_comm)

@@ -93,7 +93,7 @@ for n_shards in (2, 4, 8):
 
 # %%
 from shardlib import Ranks
-from shardlib.runtime.comm import format_log
+from shardlib.runtime import format_log
 from shardlib.tensor_parallel import run_pair
 from shardlib.toy import activations, generator, weight
 

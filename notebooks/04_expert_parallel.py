@@ -174,7 +174,7 @@ for skew in (0.0, 1.0):
 # %%
 from shardlib import Ranks
 from shardlib.experts import moe_reference, run_expert_parallel
-from shardlib.runtime.comm import format_log
+from shardlib.runtime import format_log
 
 ranks = Ranks(2)
 for k in (1, 2):

@@ -19,7 +19,7 @@ from ._lazy import exports
 __all__, __getattr__, __dir__ = exports("shardlib.runtime", {
     "ranks": ("Ranks", "RankError", "RankTimeoutError"),
     "context": ("RankContext",),
-    "comm": ("CommRecord",),
+    "records": ("CommRecord",),
     "timeline": ("Span",),
 })
 __version__ = "0.1.0"

@@ -15,7 +15,7 @@ import importlib
 
 import torch.distributed as dist
 
-from .runtime.comm import format_log
+from .runtime.records import format_log
 from .runtime.context import RankContext
 
 

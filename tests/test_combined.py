@@ -111,7 +111,7 @@ def test_bad_meshes_and_inputs_fail_before_any_rank(pool4):
 
 
 def test_traffic_by_axis_sums_records():
-    from shardlib.runtime.comm import CommRecord
+    from shardlib.runtime import CommRecord
     recs = [CommRecord("all_reduce", 10, 0.1, "tp", 0, 0.0), CommRecord("all_reduce", 10, 0.1, "tp", 1, 0.0),
             CommRecord("send", 5, 0.1, "pp", 0, 0.0, 2)]
     assert [(a.axis, a.op, a.count, a.size_bytes) for a in traffic_by_axis(recs)] == [

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shardlib import RankError
-from shardlib.runtime.comm import format_log, summarize
+from shardlib.runtime import format_log, summarize
 
 
 def rank_input(rank, shape=(4, 6)):
@@ -163,3 +163,93 @@ def test_comm_log_resets_each_call(pool2):
 def test_uneven_all_to_all_needs_both_split_lists(pool2):
     with pytest.raises(RankError, match="needs both input_split_sizes and output_split_sizes"):
         pool2.run(lambda ctx: ctx.comm.all_to_all_single(torch.ones(3), [1, 2]))
+
+
+# -- wire bytes --------------------------------------------------------------------------------------------
+def test_wire_bytes_by_hand():
+    from shardlib.runtime import wire_bytes
+
+    # a 1,200-byte buffer on 4 ranks: the ring all-reduce sends 2 x 3/4 of it per rank, an all-gather 3/4
+    assert wire_bytes("all_reduce", 1200, 4) == 1800 and wire_bytes("all_gather", 1200, 4) == 900
+    assert wire_bytes("reduce_scatter", 1200, 2) == 600 and wire_bytes("send", 1200, 2) == 1200
+    assert wire_bytes("recv", 1200, 2) == 0 and wire_bytes("all_reduce", 1200, 1) == 0
+    with pytest.raises(ValueError, match="no wire count for 'gossip'"):
+        wire_bytes("gossip", 1, 2)
+
+
+def _every_op(ctx):
+    t = torch.ones(8, 3)  # 96 bytes
+    ctx.comm.all_reduce(t.clone())
+    ctx.comm.all_gather(t)
+    ctx.comm.reduce_scatter(torch.ones(8 * ctx.world_size, 3))
+    # uneven all-to-all: rank r sends r + 1 rows to every other rank and 1 row to itself
+    n = ctx.world_size
+    ins = [1 if j == ctx.rank else ctx.rank + 1 for j in range(n)]
+    outs = [1 if j == ctx.rank else j + 1 for j in range(n)]
+    ctx.comm.all_to_all_single(torch.ones(sum(ins), 3), ins, outs)
+    return None
+
+
+def test_every_record_carries_its_wire_bytes(pool):
+    n = pool.world_size
+    pool.run(_every_op)
+    rank0 = {r.op: r for r in pool.last_comm if r.rank == 0}
+    assert rank0["all_reduce"].wire_bytes == round(2 * (n - 1) / n * 96)
+    assert rank0["all_gather"].wire_bytes == round((n - 1) / n * n * 96)  # of the whole gathered output
+    assert rank0["reduce_scatter"].wire_bytes == round((n - 1) / n * n * 96)  # of the whole input
+    for rank in range(n):  # rows sent to other ranks: (n - 1) blocks of rank + 1 rows of 12 bytes
+        a2a = next(r for r in pool.last_comm if r.rank == rank and r.op == "all_to_all_single")
+        assert a2a.wire_bytes == (n - 1) * (rank + 1) * 12
+    assert all(r.waited_s is None for r in pool.last_comm)  # blocking calls
+
+
+# -- asynchronous calls ------------------------------------------------------------------------------------
+def _async_all_reduce_under_compute(ctx, sleep_s):
+    import time
+
+    t = rank_input(ctx.rank)
+    pending = ctx.comm.all_reduce(t, async_op=True)
+    assert not ctx.comm.records  # nothing is logged until it is waited for
+    time.sleep(sleep_s)  # "compute" while the bytes move
+    out = pending.wait()
+    assert pending.wait() is out  # waiting twice is harmless
+    return out
+
+
+def test_an_asynchronous_all_reduce_is_exact_and_its_wait_is_short_when_hidden(pool):
+    n = pool.world_size
+    out = pool.run(_async_all_reduce_under_compute, 0.2)
+    expected = sum(rank_input(r) for r in range(n))
+    assert all(torch.equal(o, expected) for o in out)
+    records = [r for r in pool.last_comm if r.op == "all_reduce"]
+    assert len(records) == n and all(r.waited_s is not None for r in records)
+    # a 96-byte all-reduce takes far less than the 200 ms of "compute": the wait finds it done (median over
+    # the ranks, so one rank descheduled at the wrong moment does not decide it)
+    waits = sorted(r.waited_s for r in records)
+    assert waits[len(waits) // 2] < 0.05, waits
+    # the record spans the flight (issue to completion), which ended long before the wait returned
+    assert all(r.duration_s < 0.15 for r in records), [r.duration_s for r in records]
+
+
+def _ring_exchange(ctx):
+    """Every rank sends to its right neighbour and receives from its left, all at once, asynchronously:
+    with blocking sends on gloo this pattern would hang (each send waits for a receive)."""
+    n, r = ctx.world_size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    inbox = torch.zeros(5)
+    send = ctx.comm.isend(torch.full((5,), float(r)), right)
+    recv = ctx.comm.irecv(inbox, left)
+    got = recv.wait()
+    send.wait()
+    return got
+
+
+def test_isend_and_irecv_pass_a_ring_without_deadlock(pool):
+    n = pool.world_size
+    out = pool.run(_ring_exchange)
+    assert [o.tolist() for o in out] == [[float((r - 1) % n)] * 5 for r in range(n)]
+    sends = [r for r in pool.last_comm if r.op == "send"]
+    recvs = [r for r in pool.last_comm if r.op == "recv"]
+    assert len(sends) == len(recvs) == n
+    assert all(s.wire_bytes == 20 for s in sends) and all(r.wire_bytes == 0 for r in recvs)
+    assert {(s.rank, s.peer) for s in sends} == {(r, (r + 1) % n) for r in range(n)}

@@ -99,7 +99,7 @@ def test_the_slow_rank_explorer_runs_live(pool2):
     from shardlib.ui.cost_widgets import slow_rank_explorer
 
     box = slow_rank_explorer(pool2, delay_ms=500)
-    delay, slow, text, fig = box.children
+    delay, slow, text, fig, feedback = box.children
     assert delay.value == 200  # clamped to the slider's range
     delay.value = 30
     assert "sleeps 30 ms" in text.value

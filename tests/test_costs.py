@@ -233,7 +233,7 @@ def test_explorer_updates_and_offers_only_usable_shard_counts():
     from shardlib.ui.cost_widgets import tp_cost_explorer
 
     box = tp_cost_explorer(list(LINKS.values()), tp=3, prompt_tokens=5000, batch=0)
-    link, shards, prompt, batch, charge, text, fig = box.children
+    link, shards, prompt, batch, charge, text, fig, feedback = box.children
     assert list(shards.options) == [2, 4, 8] and shards.value in (2, 4)  # clamped to a usable degree
     assert prompt.value == 4096 and batch.value == 1  # clamped to the nearest choice
     link.value, shards.value, prompt.value = "Ethernet 100 Gb/s", 8, 2048

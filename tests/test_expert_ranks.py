@@ -210,7 +210,7 @@ def test_the_knob_app_runs_the_layer_live_and_clamps(pool2):
     from shardlib.ui.expert_widgets import expert_explorer
 
     app = expert_explorer(pool2, X, WEIGHTS, CFG, repeats=1)
-    controls, summary, figures, time_fig = app.children
+    controls, summary, figures, time_fig, feedback = app.children
     (skew, k), (capped, factor), (reroute, replicate) = (box.children for box in controls.children)
     assert "equals the single-process layer exactly" in summary.value and reroute.disabled
     matrix_fig, load_fig = figures.children

@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "shardlib"
 ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, "exercises": 4}
 PURE_WITHOUT_TORCH = {
-    "shardlib.checks", "shardlib.models", "shardlib.hardware", "shardlib.runtime.timeline",
+    "shardlib.checks", "shardlib.models", "shardlib.hardware", "shardlib.runtime.timeline", "shardlib.runtime.records",
     "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
     "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
@@ -43,7 +43,7 @@ LAYERS = {
     "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
                "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch"},
     "ui": {f"shardlib.ui.{m}" for m in (
-        "theme", "gantt", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
+        "theme", "gantt", "live", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
         "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")},
     "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")},
 }

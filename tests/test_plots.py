@@ -1,6 +1,6 @@
 import pytest
 
-from shardlib.runtime.comm import CommRecord
+from shardlib.runtime import CommRecord
 from shardlib.ui.figures import comm_bytes_figure, timeline_figure, weights_vs_memory_figure
 from shardlib.runtime.timeline import Span
 

@@ -195,7 +195,7 @@ def test_the_cut_explorer_sets_measured_beside_predicted(pool2):
     from shardlib.ui.widgets import tp_cut_explorer
 
     app = tp_cut_explorer(pool2)
-    shards, cut, out = app.children
+    shards, cut, out, feedback = app.children
     assert "(matches)" in out.value
     cut.value = CUTS[1]
     assert "2 collective(s)" in out.value and "(matches)" in out.value
@@ -206,7 +206,7 @@ def test_the_cut_explorer_sets_measured_beside_predicted(pool2):
 def test_the_wall_picker_explains_refusals():
     from shardlib.ui.widgets import tp_wall_picker
 
-    model, degree, out = tp_wall_picker().children
+    model, degree, out, feedback = tp_wall_picker().children
     degree.value = 16
     assert "refused" in out.value and "8 KV heads cannot be split 16 ways" in out.value
     model.value = "toy"

@@ -12,7 +12,7 @@ is a sequence of such messages. The bandwidth-optimal ring all-reduce (Patarasuk
     all-to-all       (n-1) alpha  +  (n-1)/n * S / bandwidth     (S: what one rank sends, all peers)
     point-to-point        alpha   +        S / bandwidth
 
-Sizes follow ``runtime.comm`` (and nccl-tests): the buffer one rank works on. ``bandwidth`` is the rate one
+Sizes follow ``runtime.records`` (and nccl-tests): the buffer one rank works on. ``bandwidth`` is the rate one
 way: a rank sends to its neighbour while it receives from the other, so a figure quoted for both
 directions together (an "aggregate") is halved here (``hardware.Link.one_way_bytes_per_s``).
 

@@ -5,7 +5,8 @@
 * ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
 * ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
   through ``RankContext.from_env``), and the choice of backend.
-* ``comm``: recorded collectives, ``ctx.comm``: every call logged as a ``CommRecord``.
+* ``comm``: recorded collectives, ``ctx.comm``: blocking or asynchronous (``Pending``), every call
+  logged. ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
 * ``timeline``: ``Span`` s on one clock across ranks, ``ctx.timeline``. Pure.
 * ``basics``: the rank functions of notebook 00 (who am I, a first all-reduce, a straggler).
 
@@ -15,9 +16,10 @@ The torchrun entry point is ``python -m shardlib.launch``.
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "ranks": ("Ranks", "RankError", "RankTimeoutError", "max_world_size"),
+    "ranks": ("Ranks", "RankError", "RankTimeoutError", "PoolClosedError", "max_world_size"),
     "context": ("RankContext", "choose_backend", "gpu_count"),
-    "comm": ("Comm", "CommRecord", "format_log", "summarize"),
+    "comm": ("Comm", "Pending"),
+    "records": ("CommRecord", "wire_bytes", "summarize", "format_log", "format_seconds"),
     "timeline": ("Span", "Timeline", "now_s", "shift_to_zero"),
     "basics": ("whoami_on_rank", "first_all_reduce_on_rank", "straggler_on_rank", "all_reduce_time_on_rank"),
 })

@@ -1,64 +1,37 @@
-"""Recorded collectives: every call on ``ctx.comm`` is logged as (op, bytes, seconds, group).
+"""Recorded collectives: every call on ``ctx.comm`` is logged as a ``CommRecord`` and drawn as a span.
 
 The wrappers call ``torch.distributed`` directly and add only a clock read and a list append, so a demo
-can say exactly how many collectives it issued and how much data they carried, and the timeline can
-draw each one.
+can say exactly how many collectives it issued, how many bytes they carried (``size_bytes``, the
+buffer, and ``wire_bytes``, what the ring puts on the wire: see ``records``) and, on the timeline, when.
 
-How bytes are counted (``size_bytes``) follows nccl-tests' convention, the size of the buffer the
-operation works on, as seen by one rank:
+Blocking calls (the default) are logged when they return. Pass ``async_op=True`` (or use ``isend`` and
+``irecv``) and the call returns a ``Pending`` at once: the rank goes on computing while the bytes move,
+and ``pending.wait()`` finishes it. The record then spans the call's whole flight (from the issue to the
+completion, read from the backend's completion callback where it has one, else to the end of
+``wait``), and ``waited_s`` says how much of it the rank spent blocked in ``wait()``: the rest was
+hidden under its own work. That is how overlap is measured, not guessed.
 
-=====================  ==========================================
-all_reduce, broadcast  the tensor
-all_gather             the whole gathered output (world x input)
-reduce_scatter         the whole input (world x output)
-all_to_all_single      the input this rank sends, all destinations
-send, recv             the tensor
-barrier                0
-=====================  ==========================================
-
-What actually crosses the wire depends on the algorithm (a ring all-reduce moves ``2(n-1)/n`` of the
-buffer per rank) and on the backend: gloo builds all_gather and reduce_scatter on top of all-reduce, so
-it moves more bytes than NCCL does for them. The cost models in ``costs.py`` turn these sizes into time.
-
-On CUDA devices every recorded call synchronises the device before and after, so ``duration_s`` is the
-collective's own time rather than the time to enqueue it.
+On CUDA devices every recorded call synchronises the device around it, so a span covers the work, not
+the launch.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import threading
+from time import perf_counter
 from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from time import perf_counter
+from .records import CommRecord, summarize, wire_bytes
 
-
-_REDUCE_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "product": dist.ReduceOp.PRODUCT,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-}
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN}
 
 # torch renamed the tensor-in, tensor-out collectives; use whichever this version offers.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-@dataclass(frozen=True)
-class CommRecord:
-    """One collective or point-to-point call, as one rank saw it."""
-
-    op: str
-    size_bytes: int
-    duration_s: float
-    group: str
-    rank: int
-    start_s: float
-    peer: int | None = None  # the other rank of a send or recv
 
 
 def _reduce_op(op: str | dist.ReduceOp) -> dist.ReduceOp:
@@ -70,6 +43,43 @@ def _reduce_op(op: str | dist.ReduceOp) -> dist.ReduceOp:
     return op
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class Pending:
+    """An asynchronous call in flight. ``wait()`` blocks until it is done, logs it, and returns its
+    result (the reduced, gathered or received tensor); calling it again returns the same result."""
+
+    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object]) -> None:
+        self._comm, self._entry, self._work, self._finish = comm, entry, work, finish
+        self._done_s: list[float] = []
+        self._result = None
+        self._waited = False
+        try:  # the backend tells us when the bytes arrived, if it can (collectives on gloo and NCCL)
+            work.get_future().then(lambda fut: self._done_s.append(perf_counter()))
+        except RuntimeError:  # point-to-point on gloo: completion is known only at wait()
+            pass
+
+    def wait(self):
+        if self._waited:
+            return self._result
+        wait_s = perf_counter()
+        self._work.wait()
+        if self._comm._cuda:
+            torch.cuda.synchronize(self._comm.ctx.device)
+        end_s = perf_counter()
+        done_s = min(self._done_s[0], end_s) if self._done_s else end_s
+        self._comm._log(*self._entry, done_s, waited_s=end_s - wait_s)
+        if end_s - wait_s > 1e-6:
+            self._comm.ctx.timeline.append(f"wait {self._entry[0]}", "wait", wait_s, end_s, {"group": self._entry[3]})
+        self._result, self._waited = self._finish(), True
+        return self._result
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed())
+
+
 class Comm:
     """The collectives of one rank, recorded. Reached as ``ctx.comm`` inside a rank function."""
 
@@ -78,6 +88,7 @@ class Comm:
         self._entries: list[tuple] = []  # CommRecord fields, as tuples: cheap to append mid-collective
         self._group_names: dict[object, str] = {}
         self._cuda = ctx.device.type == "cuda"
+        self._lock = threading.Lock()  # pipeline stages send and receive on helper threads
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def name_group(self, group: dist.ProcessGroup, name: str) -> None:
@@ -93,70 +104,75 @@ class Comm:
 
     @property
     def records(self) -> list[CommRecord]:
-        """This rank's calls since the start of the current ``run``, in order."""
+        """This rank's calls since the start of the current ``run``, in order of completion."""
         return [CommRecord(*entry) for entry in self._entries]
 
     def clear(self) -> None:
         self._entries.clear()
 
-    def _timed(self, op: str, size_bytes: int, group, call: Callable[..., object], *args, peer: int | None = None):
-        """Run ``call(*args, group=group)`` and log it. Kept lean: it sits around every collective."""
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per op: how many calls, how many bytes, how many seconds (this rank)."""
+        return summarize(self.records)
+
+    def _log(self, op, size_bytes, wire, name, start_s, peer, end_s, waited_s=None) -> None:
+        with self._lock:
+            self._entries.append((op, size_bytes, end_s - start_s, name, self.ctx.rank, start_s, peer, wire, waited_s))
+        self.ctx.timeline.append(op, "comm", start_s, end_s, {"size_bytes": size_bytes, "wire_bytes": wire,
+                                                              "group": name, "peer": peer})
+
+    def _call(self, op: str, size_bytes: int, group, call: Callable[..., object], *args, peer: int | None = None,
+              wire: int | None = None, async_op: bool = False, finish: Callable[[], object] = lambda: None):
+        """Run ``call(*args, group=group)`` and log it; with ``async_op`` return a ``Pending``. Kept
+        lean: it sits around every collective."""
         if self._cuda:
             torch.cuda.synchronize(self.ctx.device)
-        start_s = perf_counter()
-        out = call(*args, group=group)
-        if self._cuda:
-            torch.cuda.synchronize(self.ctx.device)
-        end_s = perf_counter()
         name = "world" if group is None else self._group_names.get(group, "group")
-        self._entries.append((op, size_bytes, end_s - start_s, name, self.ctx.rank, start_s, peer))
-        self.ctx.timeline.append(op, "comm", start_s, end_s, {"size_bytes": size_bytes, "group": name, "peer": peer})
-        return out
+        wire = wire_bytes(op, size_bytes, self.group_size(group)) if wire is None else wire
+        start_s = perf_counter()
+        if async_op:
+            work = call(*args, group=group, async_op=True)
+            return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish)
+        call(*args, group=group)
+        if self._cuda:
+            torch.cuda.synchronize(self.ctx.device)
+        self._log(op, size_bytes, wire, name, start_s, peer, perf_counter())
+        return finish()
 
     # -- collectives ---------------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group=None, async_op: bool = False):
         """Combine ``tensor`` across the group, in place; every rank ends with the result."""
-        red = _reduce_op(op)
-        self._timed("all_reduce", _nbytes(tensor), group, dist.all_reduce, tensor, red)
-        return tensor
+        return self._call("all_reduce", _nbytes(tensor), group, dist.all_reduce, tensor, _reduce_op(op),
+                          async_op=async_op, finish=lambda: tensor)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
         """Copy rank ``src``'s ``tensor`` into every rank's ``tensor``, in place."""
-        self._timed("broadcast", _nbytes(tensor), group, dist.broadcast, tensor, src)
-        return tensor
+        return self._call("broadcast", _nbytes(tensor), group, dist.broadcast, tensor, src, finish=lambda: tensor)
 
-    def all_gather(self, tensor: torch.Tensor, dim: int = 0, group=None) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, dim: int = 0, group=None, async_op: bool = False):
         """Concatenate every rank's ``tensor`` along ``dim``, in rank order; all ranks get the result."""
         n = self.group_size(group)
         part = tensor.contiguous()
         out = torch.empty((n * part.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype, device=part.device)
-        self._timed("all_gather", _nbytes(out), group, _all_gather_flat, out, part)
-        return out if dim == 0 else torch.cat(out.chunk(n, dim=0), dim=dim)
+        finish = (lambda: out) if dim == 0 else (lambda: torch.cat(out.chunk(n, dim=0), dim=dim))
+        return self._call("all_gather", _nbytes(out), group, _all_gather_flat, out, part, async_op=async_op,
+                          finish=finish)
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", dim: int = 0, group=None) -> torch.Tensor:
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", dim: int = 0, group=None, async_op: bool = False):
         """Combine ``tensor`` across the group and give rank i the i-th of ``n`` equal chunks along ``dim``."""
         n = self.group_size(group)
         if tensor.shape[dim] % n:
-            raise ValueError(
-                f"reduce_scatter splits dim {dim} (size {tensor.shape[dim]}) into {n} equal chunks, "
-                f"one per rank, but {tensor.shape[dim]} is not divisible by {n}"
-            )
+            raise ValueError(f"reduce_scatter splits dim {dim} (size {tensor.shape[dim]}) into {n} equal chunks, "
+                             f"one per rank, but {tensor.shape[dim]} is not divisible by {n}")
         flat = torch.cat(tensor.chunk(n, dim=dim), dim=0).contiguous() if dim != 0 else tensor.contiguous()
         chunk_shape = list(tensor.shape)
         chunk_shape[dim] //= n
-        out_shape = [flat.shape[0] // n] + list(flat.shape[1:])
-        out = torch.empty(out_shape, dtype=tensor.dtype, device=tensor.device)
-        red = _reduce_op(op)
-        self._timed("reduce_scatter", _nbytes(flat), group, _reduce_scatter_flat, out, flat, red)
-        return out.reshape(chunk_shape) if dim != 0 else out
+        out = torch.empty([flat.shape[0] // n] + list(flat.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        finish = (lambda: out) if dim == 0 else (lambda: out.reshape(chunk_shape))
+        return self._call("reduce_scatter", _nbytes(flat), group, _reduce_scatter_flat, out, flat, _reduce_op(op),
+                          async_op=async_op, finish=finish)
 
-    def all_to_all_single(
-        self,
-        tensor: torch.Tensor,
-        input_split_sizes: Sequence[int] | None = None,
-        output_split_sizes: Sequence[int] | None = None,
-        group=None,
-    ) -> torch.Tensor:
+    def all_to_all_single(self, tensor: torch.Tensor, input_split_sizes: Sequence[int] | None = None,
+                          output_split_sizes: Sequence[int] | None = None, group=None, async_op: bool = False):
         """Send row block i of ``tensor`` (dim 0) to rank i; return the blocks received, in rank order.
 
         With no split sizes the rows are divided equally. With uneven splits, each rank must know how
@@ -164,32 +180,29 @@ class Comm:
         """
         n = self.group_size(group)
         if (input_split_sizes is None) != (output_split_sizes is None):
-            raise ValueError(
-                "all_to_all_single needs both input_split_sizes and output_split_sizes, or neither; "
-                "get the output sizes from the input sizes with exchange_counts()"
-            )
+            raise ValueError("all_to_all_single needs both input_split_sizes and output_split_sizes, or neither; "
+                             "get the output sizes from the input sizes with exchange_counts()")
         if input_split_sizes is None:
             if tensor.shape[0] % n:
-                raise ValueError(
-                    f"an even all-to-all splits dim 0 (size {tensor.shape[0]}) into {n} equal blocks, "
-                    f"but {tensor.shape[0]} is not divisible by {n}"
-                )
-            rows_out = tensor.shape[0]
+                raise ValueError(f"an even all-to-all splits dim 0 (size {tensor.shape[0]}) into {n} equal blocks, "
+                                 f"but {tensor.shape[0]} is not divisible by {n}")
+            ins = outs = None
+            rows_out, rows_away = tensor.shape[0], tensor.shape[0] - tensor.shape[0] // n
         else:
             for label, sizes in (("input_split_sizes", input_split_sizes), ("output_split_sizes", output_split_sizes)):
                 if len(sizes) != n:
                     raise ValueError(f"{label} has {len(sizes)} entries, one per rank is {n}")
             if sum(input_split_sizes) != tensor.shape[0]:
-                raise ValueError(
-                    f"input_split_sizes add up to {sum(input_split_sizes)} rows but the tensor has {tensor.shape[0]}"
-                )
-            rows_out = sum(output_split_sizes)
+                raise ValueError(f"input_split_sizes add up to {sum(input_split_sizes)} rows but the tensor has "
+                                 f"{tensor.shape[0]}")
+            ins, outs = [int(s) for s in input_split_sizes], [int(s) for s in output_split_sizes]
+            me = self.ctx.rank if group is None else dist.get_rank(group)
+            rows_out, rows_away = sum(outs), sum(ins) - ins[me]
         inp = tensor.contiguous()
         out = torch.empty((rows_out,) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
-        ins = None if input_split_sizes is None else [int(s) for s in input_split_sizes]
-        outs = None if output_split_sizes is None else [int(s) for s in output_split_sizes]
-        self._timed("all_to_all_single", _nbytes(inp), group, dist.all_to_all_single, out, inp, outs, ins)
-        return out
+        row_bytes = inp[0].numel() * inp.element_size() if inp.shape[0] else 0
+        return self._call("all_to_all_single", _nbytes(inp), group, dist.all_to_all_single, out, inp, outs, ins,
+                          wire=rows_away * row_bytes, async_op=async_op, finish=lambda: out)
 
     def exchange_counts(self, counts: Sequence[int], group=None) -> list[int]:
         """Tell rank j how many rows this rank will send it (``counts[j]``); return how many each rank
@@ -200,53 +213,31 @@ class Comm:
         send = torch.tensor([int(c) for c in counts], dtype=torch.int64, device=self.ctx.device)
         return [int(c) for c in self.all_to_all_single(send, group=group).tolist()]
 
+    # -- point to point ------------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, group=None) -> None:
-        """Point-to-point: send ``tensor`` to rank ``dst`` (blocks until it has been received)."""
-        self._timed("send", _nbytes(tensor), group, dist.send, tensor.contiguous(), dst, peer=dst)
+        """Send ``tensor`` to rank ``dst``; blocks until it has been received (gloo meets both ends)."""
+        self._call("send", _nbytes(tensor), group, dist.send, tensor.contiguous(), dst, peer=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
-        """Point-to-point: receive from rank ``src`` into ``tensor`` (same shape and dtype as sent)."""
-        self._timed("recv", _nbytes(tensor), group, dist.recv, tensor, src, peer=src)
-        return tensor
+        """Receive from rank ``src`` into ``tensor`` (same shape and dtype as sent)."""
+        return self._call("recv", _nbytes(tensor), group, dist.recv, tensor, src, peer=src, finish=lambda: tensor)
+
+    def isend(self, tensor: torch.Tensor, dst: int, group=None) -> Pending:
+        """Start sending ``tensor`` to rank ``dst`` and return at once; ``wait()`` on the result. Two
+        neighbours may both isend first and then irecv: neither blocks the other."""
+        data = tensor.contiguous()
+        return self._call("send", _nbytes(data), group, _p2p(dist.isend), data, dst, peer=dst, async_op=True)
+
+    def irecv(self, tensor: torch.Tensor, src: int, group=None) -> Pending:
+        """Start receiving from rank ``src`` into ``tensor``; ``wait()`` returns it once it has arrived."""
+        return self._call("recv", _nbytes(tensor), group, _p2p(dist.irecv), tensor, src, peer=src, async_op=True,
+                          finish=lambda: tensor)
 
     def barrier(self, group=None) -> None:
         """Wait until every rank of the group has arrived."""
-        self._timed("barrier", 0, group, dist.barrier)
-
-    # -- summaries -----------------------------------------------------------------------------
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Per op: how many calls, how many bytes, how many seconds (this rank)."""
-        return summarize(self.records)
+        self._call("barrier", 0, group, dist.barrier)
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def summarize(records: Sequence[CommRecord]) -> dict[str, dict[str, float]]:
-    """Per op: ``count``, ``size_bytes`` and ``duration_s``, summed over the records given."""
-    out: dict[str, dict[str, float]] = {}
-    for r in records:
-        row = out.setdefault(r.op, {"count": 0, "size_bytes": 0, "duration_s": 0.0})
-        row["count"] += 1
-        row["size_bytes"] += r.size_bytes
-        row["duration_s"] += r.duration_s
-    return out
-
-
-def format_log(records: Sequence[CommRecord]) -> str:
-    """A plain-text table of records, one line each, for printing in a notebook."""
-    lines = [f"{'rank':>4}  {'op':<18} {'group':<6} {'bytes':>12} {'time':>10}"]
-    for r in sorted(records, key=lambda r: (r.start_s, r.rank)):
-        lines.append(f"{r.rank:>4}  {r.op:<18} {r.group:<6} {r.size_bytes:>12,} {_fmt_s(r.duration_s):>10}")
-    return "\n".join(lines)
-
-
-def _fmt_s(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return str(seconds)
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
+def _p2p(fn):
+    """``dist.isend`` / ``dist.irecv`` are asynchronous by nature and take no ``async_op``."""
+    return lambda *args, group=None, async_op=True: fn(*args, group=group)

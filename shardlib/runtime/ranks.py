@@ -33,7 +33,7 @@ import cloudpickle
 import torch.distributed as dist
 
 from ..checks import positive_number, whole_number
-from .comm import CommRecord
+from .records import CommRecord
 from .context import choose_backend, gpu_count, loopback_interface
 from .timeline import Span, now_s
 
@@ -47,6 +47,10 @@ class RankError(RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.remote_traceback = remote_traceback
+
+
+class PoolClosedError(RuntimeError):
+    """``run`` on a pool that was closed: start a new one with ``Ranks(...)``."""
 
 
 class RankTimeoutError(RankError):
@@ -243,7 +247,7 @@ class Ranks:
         payload = _pack(fn, args, kwargs)
         with self._lock:
             if self._closed:
-                raise RuntimeError("this Ranks pool is closed; start a new one with Ranks(...)")
+                raise PoolClosedError("this Ranks pool is closed; start a new one with Ranks(...)")
             if not self._ready:
                 self._await_ready()
             try:

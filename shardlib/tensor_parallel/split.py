@@ -109,7 +109,7 @@ CUTS = ("column then row", "row then column")
 def pair_collectives(cut: str, tp: int, tokens: int, d_model: int, d_hidden: int,
                       bytes_per_value: int = 4) -> list[tuple[str, int]]:
     """The forward collectives of one ``d_model -> d_hidden -> d_model`` pair split ``tp`` ways, as
-    ``(op, size_bytes)`` in ``runtime.comm``'s counting, for ``tokens`` tokens (batch x sequence).
+    ``(op, size_bytes)`` in ``runtime.records``' counting, for ``tokens`` tokens (batch x sequence).
 
     Column then row: one all-reduce of the output. Row then column: an all-reduce of the wide
     intermediate before the activation, then an all-gather of the output slices. One rank: nothing.

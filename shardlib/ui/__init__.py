@@ -1,6 +1,7 @@
 """What a learner sees: figures, widgets, check-yourself questions, static export, one theme.
 
-* ``theme``: the palette every figure draws with. ``gantt``: the one Gantt builder.
+* ``theme``: the palette every figure draws with. ``gantt``: the one Gantt builder. ``live``: the error
+  line every widget shows its callbacks' failures in, instead of the log console.
 * ``figures``, ``cost_figures``, ``pipeline_figures``, ``expert_figures``, ``plan_figures``: plotly
   figures, data in, figure out (no widgets, no processes).
 * ``widgets`` (notebooks 00 and 01), ``cost_widgets``, ``pipeline_widgets``, ``expert_widgets``,
@@ -15,6 +16,7 @@ from .._lazy import exports
 __all__, __getattr__, __dir__ = exports(__name__, {
     "theme": ("PALETTE", "KIND_COLOURS", "OP_COLOURS", "colour", "colours"),
     "gantt": ("Bar", "bar_traces", "gantt_figure"),
+    "live": ("Feedback", "explain", "observe_all"),
     "figures": ("timeline_figure", "comm_bytes_figure", "weights_vs_memory_figure", "measured_points_figure",
                 "shard_layout_figure"),
     "cost_figures": ("calibration_figure", "link_comparison_figure", "phase_cost_figure", "slow_rank_figure",

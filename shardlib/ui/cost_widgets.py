@@ -13,6 +13,7 @@ from ..costs.ranks import MAX_DELAY_S
 from ..hardware import LATENCY_CHARGES, Link
 from ..models import LLAMA_3_8B, ModelConfig
 from .cost_figures import phase_cost_figure, slow_rank_figure
+from .live import Feedback, observe_all
 
 PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens
 BATCH_CHOICES = tuple(2 ** k for k in range(0, 9))  # 1 .. 256 sequences
@@ -61,10 +62,10 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
             f"point-to-point send(s), {pipe.pipeline_bytes / 1e6:,.1f} MB and {pipe.pipeline_s * 1e3:,.2f} ms, "
             f"against {pipe.tensor_bytes / 1e6:,.0f} MB for tensor parallelism")
 
-    for w in (link_box, degree, prompt, batch_box, charge):
-        w.observe(show, names="value")
+    feedback = Feedback()
+    observe_all((link_box, degree, prompt, batch_box, charge), show, feedback)
     show()
-    return widgets.VBox([link_box, degree, prompt, batch_box, charge, text, fig])
+    return widgets.VBox([link_box, degree, prompt, batch_box, charge, text, fig, feedback.area])
 
 
 def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
@@ -90,7 +91,7 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
         text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
                       f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")
 
-    delay.observe(run, names="value")
-    slow.observe(run, names="value")
+    feedback = Feedback()
+    observe_all([delay, slow], run, feedback)
     run()
-    return widgets.VBox([delay, slow, text, fig])
+    return widgets.VBox([delay, slow, text, fig, feedback.area])

@@ -18,6 +18,7 @@ from ..experts.layer import MoEWeights
 from ..experts.placement import ExpertPlacement, predicted_all_to_all_bytes
 from ..experts.routing import MoEConfig, aux_load_balancing_loss, route
 from .expert_figures import expert_load_figure, rank_time_figure, send_matrix_figure
+from .live import Feedback, observe_all
 
 
 def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -90,9 +91,9 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
             f"{'equals the single-process layer exactly' if policy.exact else 'DIFFERS from the single-process layer'}"
         )
 
-    for control in (skew, k, capped, factor, reroute, replicate):
-        control.observe(show, names="value")
+    feedback = Feedback()
+    observe_all((skew, k, capped, factor, reroute, replicate), show, feedback)
     show()
     controls = widgets.HBox([widgets.VBox([skew, k]), widgets.VBox([capped, factor]), widgets.VBox([reroute, replicate])])
     figures = widgets.HBox([matrix_fig, load_fig])
-    return widgets.VBox([controls, summary, figures, time_fig])
+    return widgets.VBox([controls, summary, figures, time_fig, feedback.area])

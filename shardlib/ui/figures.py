@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from ..runtime.comm import CommRecord
+from ..runtime.records import CommRecord
 from ..runtime.timeline import Span, shift_to_zero
 from .gantt import Bar, gantt_figure
 from .theme import GREEN, KIND_COLOURS, PURPLE, RED, TEAL, colour, colours

@@ -15,6 +15,7 @@ from ..pipeline.predict import predicted_step_s
 from ..pipeline.schedules import SCHEDULE_TITLES, make_schedule
 from .pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure
 from .theme import RED
+from .live import Feedback, observe_all
 
 EXPLORER_SCHEDULES = ("gpipe", "1f1b")
 
@@ -69,7 +70,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
             display(predicted_vs_measured_figure(schedule, run.spans, forward_s, backward_s, run.timing_note,
                                                  bubble.idle_fraction))
 
-    slider.observe(rerun, names="value")
-    picker.observe(rerun, names="value")
+    feedback = Feedback()
+    observe_all([slider, picker], rerun, feedback)
     rerun()
-    return widgets.VBox([widgets.HBox([slider, picker]), label, curve, gantt])
+    return widgets.VBox([widgets.HBox([slider, picker]), label, curve, gantt, feedback.area])

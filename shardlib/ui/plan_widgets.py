@@ -13,6 +13,7 @@ from ..models import PRESETS
 from ..plan.memory import Workload
 from ..plan.planner import OBJECTIVES, format_plan, plan
 from .plan_figures import plan_figure
+from .live import Feedback, observe_all
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -45,7 +46,8 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
                 fig.add_trace(trace)
             fig.layout = new.layout
 
-    for w in (model_box, cluster_box, objective, batch, context):
-        w.observe(update, names="value")
+    feedback = Feedback()
+    observe_all((model_box, cluster_box, objective, batch, context), update, feedback)
     update()
-    return widgets.VBox([widgets.HBox([model_box, cluster_box]), objective, widgets.HBox([batch, context]), fig, table])
+    return widgets.VBox([widgets.HBox([model_box, cluster_box]), objective, widgets.HBox([batch, context]), fig, table,
+                         feedback.area])

@@ -14,6 +14,7 @@ from ..tensor_parallel.split import CUTS, pair_collectives
 from ..toy import generator, weight
 from .figures import measured_points_figure
 from .theme import GREEN, RED
+from .live import Feedback, observe_all
 
 MIN_LOG2_ELEMENTS, MAX_LOG2_ELEMENTS = 4, 22  # 64 B .. 16 MiB of float32
 
@@ -48,9 +49,10 @@ def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
         label.value = (f"<b>{size_bytes:,} bytes</b>: {seconds * 1e3:.3f} ms, "
                        f"{size_bytes / seconds / 1e9:.3f} GB/s of buffer per second")
 
-    slider.observe(measure, names="value")
+    feedback = Feedback()
+    observe_all([slider], measure, feedback)
     measure()
-    return widgets.VBox([slider, label, fig])
+    return widgets.VBox([slider, label, fig, feedback.area])
 
 
 def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 256) -> widgets.VBox:
@@ -77,10 +79,10 @@ def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 
             text += f"<i>live measurement: set shards to {ranks.world_size}, the size of the running pool</i>"
         out.value = text
 
-    shards.observe(show, names="value")
-    cut.observe(show, names="value")
+    feedback = Feedback()
+    observe_all([shards, cut], show, feedback)
     show()
-    return widgets.VBox([shards, cut, out])
+    return widgets.VBox([shards, cut, out, feedback.area])
 
 
 def tp_wall_picker(tp: int = 8) -> widgets.VBox:
@@ -97,7 +99,7 @@ def tp_wall_picker(tp: int = 8) -> widgets.VBox:
         out.value = (f"{m.name}: {m.n_heads} query heads, {m.n_kv_heads} KV heads, d_ff {m.d_ff}, vocab "
                      f"{m.vocab_size}<br>usable tp: {m.usable_tp}<br>tp = {degree.value}: {verdict}")
 
-    model.observe(show, names="value")
-    degree.observe(show, names="value")
+    feedback = Feedback()
+    observe_all([model, degree], show, feedback)
     show()
-    return widgets.VBox([model, degree, out])
+    return widgets.VBox([model, degree, out, feedback.area])

@@ -1,0 +1,66 @@
+"""Widgets that never die silently: a callback's error is shown under the widget, in the learner's terms.
+
+In JupyterLab an exception raised inside a widget's callback does not appear in the notebook: it goes to
+the log console, which a learner never opens, and the widget just stops answering. Every widget of the
+suite therefore runs its callbacks through ``Feedback.guard``: the first draw runs unguarded (an error
+there is a cell error, which everybody sees), and every later move that fails writes what went wrong
+into ``Feedback.area``, a line under the controls, and how to get going again. The log console stays
+clean.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import ipywidgets as widgets
+
+from ..runtime.ranks import PoolClosedError, RankError, RankTimeoutError
+from .theme import WRONG_COLOUR
+
+
+def explain(exc: BaseException) -> str:
+    """What a learner should read about ``exc``: what happened, and what to do next (plain text)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, PoolClosedError):
+        return ("The ranks this widget runs on have been closed. Run the cell that starts them "
+                "(Ranks(...)) again, then the cell that made this widget.")
+    if isinstance(exc, RankTimeoutError):
+        return f"The ranks did not answer in time ({first}). The pool restarted itself: move the control again."
+    if isinstance(exc, RankError):
+        return f"A rank failed: {first}. The pool restarted itself: move the control again."
+    if isinstance(exc, ValueError):
+        return f"That setting cannot run: {first}"
+    return f"Something went wrong ({type(exc).__name__}): {first}"
+
+
+class Feedback:
+    """The error line under a widget's controls (``area``) and the guard its callbacks run in."""
+
+    def __init__(self) -> None:
+        self.area = widgets.HTML(value="")
+        self.last_error: BaseException | None = None
+
+    def guard(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """``callback`` that, instead of raising, shows the error in ``area`` (and clears it when a later
+        call succeeds)."""
+
+        def run(*args, **kwargs) -> None:
+            try:
+                callback(*args, **kwargs)
+            except Exception as exc:  # shown to the learner instead of the log console
+                self.last_error = exc
+                self.area.value = (f'<div style="color:{WRONG_COLOUR};margin:4px 0">'
+                                   f"{html.escape(explain(exc))}</div>")
+            else:
+                self.last_error = None
+                self.area.value = ""
+
+        return run
+
+
+def observe_all(controls, callback: Callable[..., None], feedback: Feedback) -> None:
+    """Run ``callback`` (guarded by ``feedback``) whenever any of ``controls`` changes value."""
+    guarded = feedback.guard(callback)
+    for control in controls:
+        control.observe(guarded, names="value")
