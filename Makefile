@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
 
-.PHONY: lab test bench site binder-check install clean
+.PHONY: lab test bench site binder-check busy-check install clean
 
 install: $(STAMP)
 
@@ -33,6 +33,9 @@ test: $(STAMP)
 
 binder-check: $(STAMP)
 	$(BIN)/python scripts/binder_check.py
+
+busy-check: $(STAMP)
+	$(BIN)/python scripts/busy_check.py
 
 site: $(STAMP)
 	$(BIN)/python scripts/build_site.py --out site

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -58,6 +59,19 @@ def wrapped_vs_raw(ctx, n_elements: int, repeats: int) -> tuple[float, float]:
     return statistics.median(wrapped), statistics.median(raw)
 
 
+def first_pool_s(method: str) -> float:
+    """Seconds from a fresh Python's ``import shardlib`` to a pool of ``WORLD`` ranks answering a call."""
+    code = ("import time; t = time.perf_counter(); from shardlib import Ranks; "
+            f"r = Ranks({WORLD}, start={method!r}); r.run(lambda ctx: None); print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def pss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+
+
 def row(label: str, value: str, target: str, ok: bool) -> None:
     print(f"  {label:<58} {value:>22}   target {target:<22} {'ok' if ok else 'FALLS SHORT'}")
 
@@ -69,22 +83,47 @@ def main() -> int:
 
     print(f"rank runtime benchmark: {WORLD} ranks, gloo on CPU, {os.cpu_count()} cores, pid {os.getpid()}\n")
 
-    # 1. cold start, alternating to share the machine's mood
-    ours, plain = [], []
+    # 1. the first pool of a fresh process (a kernel's first Ranks), alternating to share the machine's mood
+    first = {"template": [], "spawn": []}
+    plain = []
     for _ in range(3):
         t = time.perf_counter()
         finish = start_until_ready(WORLD)
         plain.append(time.perf_counter() - t)
         finish()
-        t = time.perf_counter()
-        ranks = Ranks(WORLD)
-        ours.append(time.perf_counter() - t)
-        ranks.close()
-    cold_ratio = statistics.median(ours) / statistics.median(plain)
-    print("cold start (start processes, import torch, join the group; median of 3)")
-    row("Ranks(2)", f"{statistics.median(ours):.2f} s", "", True)
-    row("plain mp.spawn + init_process_group", f"{statistics.median(plain):.2f} s", "", True)
-    row("Ranks / plain spawn", f"{cold_ratio:.2f}x", "<= 1.10x", cold_ratio <= 1.10)
+        for method in first:
+            first[method].append(first_pool_s(method))
+    print("first pool of a fresh process (import shardlib, start the ranks, join the group, answer a call; "
+          "median of 3)")
+    for method, times in first.items():
+        row(f"Ranks(2, start={method!r})", f"{statistics.median(times):.2f} s", "", True)
+    row("plain mp.spawn + init_process_group (no shardlib import, no call)", f"{statistics.median(plain):.2f} s", "", True)
+    first_ratio = statistics.median(first["template"]) / statistics.median(first["spawn"])
+    row("template / spawn (today's way)", f"{first_ratio:.2f}x", "<= 1.10x", first_ratio <= 1.10)
+
+    # 1b. a later pool in the same process: Ranks(4) while a Ranks(2) is warm
+    later = {"template": [], "spawn": []}
+    memory = {}
+    with Ranks(WORLD, start="template"), Ranks(WORLD, start="spawn"):
+        for _ in range(5):
+            for method in later:
+                t = time.perf_counter()
+                four = Ranks(4, start=method)
+                four.run(noop)
+                later[method].append(time.perf_counter() - t)
+                helpers = [p for p in four.parent_pids if p != os.getpid()]  # the template, when there is one
+                memory[method] = sum(pss_bytes(p) for p in set(four.pids + helpers))
+                four.close()
+    print("\na later pool in the same process: Ranks(4) beside a warm Ranks(2), started and answering (median of 5)")
+    for method, times in later.items():
+        row(f"Ranks(4, start={method!r})", f"{statistics.median(times) * 1e3:.0f} ms",
+            "<= 500 ms" if method == "template" else "", method != "template" or statistics.median(times) <= 0.5)
+    row("spawn / template", f"{statistics.median(later['spawn']) / statistics.median(later['template']):.0f}x", "", True)
+    print("\nmemory of the 4 rank processes, and of the template they were forked from (proportional set size: "
+          "shared pages split between sharers)")
+    for method, size in memory.items():
+        row(f"Ranks(4, start={method!r})", f"{size / 2**20:.0f} MiB", "", True)
+    row("template / spawn", f"{memory['template'] / memory['spawn']:.2f}x", "< 1x", memory["template"] < memory["spawn"])
 
     with Ranks(WORLD) as ranks:
         # 2. round trip of a no-op

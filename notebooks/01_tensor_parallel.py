@@ -291,6 +291,3 @@ check_yourself(
 # - Tensor parallelism hands out whole KV heads: 8 KV heads cap tp at 8.
 #
 # Next: **02 · Communication costs**, which puts a price on those all-reduces, per link.
-
-# %%
-ranks.close()

@@ -492,6 +492,3 @@ check_yourself(
 #   parallelism is how you fit a model, not how you make it fast.
 #
 # Next: **03 · Pipeline parallelism**, where the communication is cheap and the price is idle time.
-
-# %%
-ranks.close()

@@ -498,6 +498,3 @@ check_yourself(
 #
 # Expert parallelism stacks with the other two: real deployments of MoE models put tensor parallelism
 # inside a node and pipeline parallelism across nodes, and lay the experts over them.
-
-# %%
-ranks.close()

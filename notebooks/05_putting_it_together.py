@@ -389,6 +389,3 @@ check_yourself(
 #    cannot hide, so use as few stages as fit.
 # 6. For an MoE model, spread the experts (ep) and watch the load balance.
 # 7. Whatever layout you pick, check it is exact against the unsharded model on a small case first.
-
-# %%
-four.close()

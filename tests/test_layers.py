@@ -36,7 +36,7 @@ LAYERS = {
         "shardlib.experts.routing", "shardlib.experts.layer", "shardlib.experts.placement",
     },
     "runtime": {"shardlib.runtime.ranks", "shardlib.runtime.worker", "shardlib.runtime.context",
-                "shardlib.runtime.comm"},
+                "shardlib.runtime.comm", "shardlib.runtime.launcher", "shardlib.runtime.template"},
     "rank": {"shardlib.runtime.basics", "shardlib.tensor_parallel.layers", "shardlib.tensor_parallel.blocks",
              "shardlib.tensor_parallel.ranks", "shardlib.pipeline.ranks", "shardlib.experts.ranks",
              "shardlib.costs.ranks", "shardlib.plan.ranks"},

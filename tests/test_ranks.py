@@ -117,37 +117,98 @@ def test_a_result_that_cannot_travel_is_a_rank_error():
 def test_close_leaves_no_process_and_is_idempotent():
     before = child_pids()
     ranks = Ranks(2)
-    pids = ranks.pids
-    assert set(pids) <= child_pids()
+    pids, parents = ranks.pids, set(ranks.parent_pids)
+    assert parents <= child_pids() | {os.getpid()}  # forked from our template, or spawned by us
     ranks.close()
     ranks.close()
     assert not any(alive(p) for p in pids)
-    assert child_pids() == before
+    assert child_pids() - parents == before - parents  # no rank left; the template may stay, for the next pool
     with pytest.raises(RuntimeError, match="closed"):
         ranks.run(noop)
 
 
-def test_ranks_exit_when_their_parent_is_killed(tmp_path):
+def test_ranks_and_their_template_exit_when_the_kernel_is_killed(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent("""
         import sys, time
         from shardlib import Ranks
         ranks = Ranks(2)
-        print(" ".join(map(str, ranks.pids)), flush=True)
+        print(" ".join(map(str, ranks.pids + ranks.parent_pids)), flush=True)
         time.sleep(600)
     """))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
-        assert len(pids) == 2 and all(alive(p) for p in pids)
+        ranks, templates = set(pids[:2]), set(pids[2:]) - {parent.pid}
+        assert len(ranks) == 2 and all(alive(p) for p in ranks | templates)
+        assert templates, "the ranks should come from a template, a child of the script"
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 5
-        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in ranks | templates) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(alive(p) for p in pids)
+        assert not any(alive(p) for p in ranks | templates)
     finally:
         parent.kill()
+
+
+def test_ranks_forked_from_the_template_and_spawned_ones_give_the_same_answers():
+    with Ranks(2, start="spawn") as spawned:
+        assert spawned.parent_pids == [os.getpid()] * 2  # fresh Pythons, children of this process
+        assert spawned.run(lambda ctx: ctx.comm.all_reduce(torch.ones(2)).tolist()) == [[2.0, 2.0]] * 2
+    with Ranks(2, start="template") as forked:
+        template = forked.parent_pids[0]
+        assert template != os.getpid() and set(forked.parent_pids) == {template}
+        assert forked.run(lambda ctx: ctx.comm.all_reduce(torch.ones(2)).tolist()) == [[2.0, 2.0]] * 2
+    with Ranks(2, start="template") as again:  # the next pool comes from the same template
+        assert set(again.parent_pids) == {template}
+
+
+def test_the_template_forks_from_a_single_thread_and_a_killed_template_is_replaced(tmp_path):
+    """Run in a process of its own: killing the template takes every pool of that process with it."""
+    script = tmp_path / "kill_template.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        from shardlib import Ranks, RankError
+        from shardlib.runtime.launcher import get_template
+
+        first = Ranks(2, start="template")
+        template = get_template(60.0)
+        assert template.pid == first.parent_pids[0] and template.info["threads"] == 1
+        ranks = first.pids
+        os.kill(template.pid, signal.SIGKILL)  # the template goes, and its ranks with it
+        deadline = time.monotonic() + 5
+        while any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+                  for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            first.run(lambda ctx: None)
+        except RankError as err:
+            print("REPORTED", str(err).splitlines()[0])
+        print("AFTER", first.run(lambda ctx: ctx.rank), first.parent_pids[0] != template.pid)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "REPORTED rank 0 died" in out.stdout  # reported, not a broken pipe
+    assert "AFTER [0, 1] True" in out.stdout  # the pool came back on a new template
+
+
+def test_two_kernels_never_share_a_template(tmp_path):
+    script = tmp_path / "kernel.py"
+    script.write_text("from shardlib import Ranks\nr = Ranks(2)\nprint(r.parent_pids[0])\nr.close()\n")
+    outs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180) for _ in range(2)]
+    assert all(o.returncode == 0 for o in outs), [o.stderr for o in outs]
+    templates = [int(o.stdout.split()[-1]) for o in outs]
+    assert templates[0] != templates[1]
+
+
+def test_nothing_listens_beyond_loopback(pool2):
+    import psutil
+
+    processes = [psutil.Process()] + [psutil.Process(p) for p in set(pool2.pids + pool2.parent_pids)]
+    listening = [c.laddr for p in processes for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening, "the store at least listens"
+    assert all(addr.ip in ("127.0.0.1", "::1") for addr in listening), listening
 
 
 def test_two_pools_at_once_do_not_collide(pool2):
@@ -202,6 +263,7 @@ def test_bad_world_sizes_are_refused_without_starting_anything(world_size, error
     ({"backend": 3}, ValueError, "unknown backend 3"),
     ({"timeout": 0}, ValueError, r"timeout \(seconds\) must be a positive number"),
     ({"timeout": "60"}, ValueError, r"timeout \(seconds\) must be a positive number"),
+    ({"start": "teleport"}, ValueError, "unknown start method 'teleport'"),
 ])
 def test_bad_options_are_refused_without_starting_anything(kwargs, error, words):
     if kwargs.get("backend") == "nccl" and torch.cuda.device_count() >= 2:

@@ -1,7 +1,8 @@
 """``Ranks``: a warm pool of rank processes that run your functions on every rank.
 
 ``Ranks(2)`` starts two processes once (each joins a ``torch.distributed`` process group on loopback)
-and keeps them waiting. ``ranks.run(fn, *args)`` ships ``fn`` to every rank (by value, with cloudpickle,
+and keeps them waiting. They are forked from the kernel's template process, which has torch imported
+already (``template``, ``launcher``), so a pool starts in well under a second once the template is up. ``ranks.run(fn, *args)`` ships ``fn`` to every rank (by value, with cloudpickle,
 so a function or lambda written in a notebook cell works), calls ``fn(ctx, *args)`` there, and returns
 the results in rank order. Moving a slider therefore costs one dispatch, a fraction of a millisecond,
 not a process spawn.
@@ -10,7 +11,8 @@ Faults are part of the contract. An exception on any rank comes back at once as 
 the rank and carrying its traceback; a call that does not finish within ``timeout`` seconds (a rank
 skipped a collective, say) raises ``RankTimeoutError``. Either way the old processes are killed and a
 fresh set is started, so the next ``run`` works. Rank processes exit by themselves when their parent
-dies, SIGKILL included, and ``close()`` leaves nothing behind. The store that ranks meet at and gloo's
+(the template) dies, the template when the kernel dies, SIGKILL included; ``close()`` leaves no rank
+behind (the template stays for the next pool, and goes with the kernel). The store that ranks meet at and gloo's
 own sockets listen on loopback only, on ports the system picks.
 """
 
@@ -33,8 +35,9 @@ import cloudpickle
 import torch.distributed as dist
 
 from ..checks import positive_number, whole_number
+from .context import choose_backend, gpu_count
+from .launcher import resolve_method, start_rank
 from .records import CommRecord
-from .context import choose_backend, gpu_count, loopback_interface
 from .timeline import Span, now_s
 
 START_TIMEOUT_S = 180.0  # importing torch on a busy 2-core box can take a while
@@ -76,7 +79,7 @@ def _check_world_size(world_size) -> int:
     return world_size
 
 
-def _kill(procs: list[subprocess.Popen]) -> None:
+def _kill(procs: list) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()
@@ -90,8 +93,10 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 class Ranks:
     """A persistent pool of ``world_size`` rank processes. See the module docstring."""
 
-    def __init__(self, world_size: int = 2, *, backend: str = "auto", timeout: float = 60.0) -> None:
+    def __init__(self, world_size: int = 2, *, backend: str = "auto", timeout: float = 60.0,
+                 start: str = "auto") -> None:
         self.world_size = _check_world_size(world_size)
+        self.start_method = resolve_method(start)
         self.timeout = positive_number(timeout, "timeout (seconds)")
         self.backend = choose_backend(backend, self.world_size)
         if backend == "auto" and self.backend == "gloo" and gpu_count() > 0:
@@ -104,14 +109,17 @@ class Ranks:
         self.last_started_s = 0.0  # when the last run was dispatched, on the spans' clock
         self.devices: list[str] = []
         self._lock = threading.RLock()
-        self._procs: list[subprocess.Popen] = []
+        self._procs: list = []  # launcher.ForkedRank or launcher.SpawnedRank handles
         self._conns: list[Connection] = []
         self._generation = 0
         self._ready = False
         self._closed = False
         self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-ranks-")
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=START_TIMEOUT_S))
+        # The store's own socket binds every interface; hand it one bound to loopback instead.
+        self._store_socket = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self._store = dist.TCPStore("127.0.0.1", self._store_socket.getsockname()[1], is_master=True,
+                                    wait_for_workers=False, timeout=timedelta(seconds=START_TIMEOUT_S),
+                                    master_listen_fd=self._store_socket.fileno())
         self._finalizer = weakref.finalize(self, _kill, self._procs)
         try:
             self._start()
@@ -122,34 +130,20 @@ class Ranks:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Launch the processes; they import torch and join the group while we return."""
+        """Start the processes (forked from the template, or spawned); they join the group while we return."""
         self._generation += 1
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
-        env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[var] = str(threads)
-        if self.backend == "gloo":
-            env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
         for rank in range(self.world_size):
-            parent_end, child_end = socket.socketpair()
-            log = open(os.path.join(self._logdir.name, f"rank{rank}.log"), "ab")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "shardlib.runtime.worker", str(child_end.fileno())],
-                pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-            )
-            log.close()
-            child_end.close()
-            conn = Connection(parent_end.detach())
+            log_path = os.path.join(self._logdir.name, f"rank{rank}.log")
+            handle, conn = start_rank(self.start_method, threads, log_path, START_TIMEOUT_S)
             conn.send_bytes(pickle.dumps({
                 "rank": rank, "world_size": self.world_size, "backend": self.backend, "threads": threads,
                 "store_host": "127.0.0.1", "store_port": self._store.port,
-                "store_prefix": f"shardlib/{self._generation}", "parent_pid": os.getpid(),
+                "store_prefix": f"shardlib/{self._generation}", "parent_pid": handle.parent_pid,
                 "start_timeout_s": START_TIMEOUT_S, "op_timeout_s": self.timeout + 60.0,
                 "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
             }))
-            self._procs.append(proc)
+            self._procs.append(handle)
             self._conns.append(conn)
         self._ready = False
 
@@ -193,6 +187,13 @@ class Ranks:
         if not self._closed:
             self._start()  # the next run waits for these to be ready
 
+    def _exit_code(self, rank: int):
+        """The exit code of a rank process that has died (``None`` if it did not exit within 5 s)."""
+        try:
+            return self._procs[rank].wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
     def _log_tail(self, rank: int, n_chars: int = 4000) -> str:
         try:
             with open(os.path.join(self._logdir.name, f"rank{rank}.log"), "rb") as f:
@@ -235,6 +236,11 @@ class Ranks:
         """Process ids of the current rank processes."""
         return [p.pid for p in self._procs]
 
+    @property
+    def parent_pids(self) -> list[int]:
+        """The parent of each rank process: the template it was forked from, or this process."""
+        return [p.parent_pid for p in self._procs]
+
     # -- calls -----------------------------------------------------------------------------------
     def run(self, fn, *args, **kwargs) -> list:
         """Call ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order.
@@ -258,8 +264,14 @@ class Ranks:
 
     def _dispatch(self, payload: bytes) -> list:
         self.last_started_s = now_s()
-        for conn in self._conns:
-            conn.send_bytes(payload)
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(payload)
+            except OSError:  # the rank died between calls (killed, out of memory): say so, start afresh
+                code = self._exit_code(rank)
+                self._restart()
+                raise RankError(f"rank {rank} died before the call (exit code {code}); the ranks were restarted, "
+                                f"run the call again\n{self._log_tail(rank)}", rank) from None
         deadline = time.monotonic() + self.timeout
         replies: dict[int, tuple] = {}
         errors: dict[int, tuple] = {}
@@ -275,8 +287,7 @@ class Ranks:
                 try:
                     reply = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    code = self._procs[rank].wait(timeout=5)
-                    reply = ("err", f"rank {rank} died (exit code {code})", self._log_tail(rank), "")
+                    reply = ("err", f"rank {rank} died (exit code {self._exit_code(rank)})", self._log_tail(rank), "")
                 replies[rank] = reply
                 if reply[0] == "err":
                     errors[rank] = reply

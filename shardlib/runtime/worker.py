@@ -1,4 +1,5 @@
-"""The rank process: started by ``Ranks`` as ``python -m shardlib.runtime.worker FD``.
+"""The rank process: forked from the template (``template``), or started as ``python -m
+shardlib.runtime.worker FD``.
 
 It joins the process group once, then serves calls until its parent closes the pool or goes away. Being
 a module of its own (rather than a function handed to ``multiprocessing``) means a rank never re-imports
@@ -115,9 +116,9 @@ def _call(ctx: RankContext, payload: bytes) -> bytes:
                              f"sent back to the notebook: {exc}", traceback.format_exc(), printed.getvalue()))
 
 
-def serve() -> int:
+def serve(conn: Connection) -> int:
+    """Be a rank on ``conn`` until the pool closes or the parent goes away (see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the parent's to handle
-    conn = Connection(int(sys.argv[1]))
     try:
         cfg = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
@@ -146,4 +147,4 @@ def serve() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(serve(Connection(int(sys.argv[1]))))

@@ -1,15 +1,19 @@
-"""Every notebook, run cell by cell in real JupyterLab in headless Chromium.
+"""Every notebook as a learner meets it: Run All in real JupyterLab in headless Chromium, then every control.
 
-Checks, per notebook: no cell has an error output; no widget failed to display ("Error displaying
-widget", "Failed to load model class"); every plotly figure the kernel sent is drawn (an SVG on the
-page); and each slider that sits beside a figure, dragged on the page, changes that figure. Screenshots
-go to artifacts/browser/ for a person to look at.
+Per notebook: the whole notebook runs with JupyterLab's own Run All; no cell has an error output; no
+widget failed to display ("Error displaying widget", "Failed to load model class"); every plotly figure
+the kernel sent is drawn. Then, after the last cell has run (as a learner would, scrolling back up), every
+slider, dropdown, toggle button, checkbox and check-yourself choice is moved once, and what its widget
+shows (figures and text) must change. Last, JupyterLab's log console, where a widget callback's
+exception goes and where no learner looks, must hold no error. Screenshots and a JSON report per
+notebook go to artifacts/browser/.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,88 +23,142 @@ from .lab_server import CHROMIUM_FLAGS, REPO, LabServer
 
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
 ARTIFACTS = REPO / "artifacts" / "browser"
-CELL_TIMEOUT_MS = 300_000
+RUN_ALL_TIMEOUT_MS = 600_000
+MOVE_TIMEOUT_MS = 120_000
+ERROR_IN_LOG = re.compile(r"Traceback|Error|Exception")
 
 NOTEBOOK_READY = """() => { const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
   return !!(k && k.status === 'idle' && nb.content && nb.content.widgets.length); }"""
 
-CODE_CELLS = """() => { const cells = window.jupyterapp.shell.currentWidget.content.model.cells; const out = [];
-  for (let i = 0; i < cells.length; i++) if (cells.get(i).type === 'code') out.push(i); return out; }"""
+RUN_ALL = "() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
 
-RUN_CELL = """(i) => { const panel = window.jupyterapp.shell.currentWidget;
-  panel.content.activeCellIndex = i; panel.content.deselectAll();
-  void window.jupyterapp.commands.execute('notebook:run-cell'); }"""
+ALL_DONE = """() => { const panel = window.jupyterapp.shell.currentWidget; const cells = panel.content.model.cells;
+  const session = panel.sessionContext.session;
+  if (!(session && session.kernel && session.kernel.status === 'idle')) return false;
+  for (let i = 0; i < cells.length; i++) {
+    const c = cells.get(i); if (c.type === 'code' && c.sharedModel.getSource().trim() && c.executionCount === null) return false;
+  }
+  return true; }"""
 
-MARK_CELL = """(i) => { document.querySelectorAll('[data-browser-test]').forEach(e => e.removeAttribute('data-browser-test'));
-  window.jupyterapp.shell.currentWidget.content.widgets[i].node.setAttribute('data-browser-test', 'current'); }"""
+KERNEL_IDLE = """() => { const s = window.jupyterapp.shell.currentWidget.sessionContext.session;
+  return !!(s && s.kernel && s.kernel.status === 'idle'); }"""
+
+CELL_REPORTS = """() => { const panel = window.jupyterapp.shell.currentWidget; const out = [];
+  const cells = panel.content.model.cells;
+  for (let i = 0; i < cells.length; i++) {
+    const model = cells.get(i); if (model.type !== 'code') continue;
+    const node = panel.content.widgets[i].node; const outputs = model.outputs.toJSON();
+    out.push({
+      index: i, source: model.sharedModel.getSource().slice(0, 80), executed: model.executionCount !== null,
+      errors: outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
+      plotly_outputs: outputs.filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length,
+      drawn_figures: Array.from(node.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')).length,
+      widget_failures: (node.innerText.match(/Error displaying widget|Failed to load model class/g) || []),
+    });
+  }
+  return out; }"""
+
+# Every control a learner can move, in every cell's outputs: [cell index, kind, position among its kind].
+CONTROLS = """() => { const panel = window.jupyterapp.shell.currentWidget; const found = [];
+  const kinds = {slider: '.noUi-handle', dropdown: '.widget-dropdown select',
+    toggle: '.widget-toggle-buttons', checkbox: '.widget-checkbox input[type=checkbox]',
+    choice: '.widget-radio-box'};
+  panel.content.widgets.forEach((cell, i) => {
+    const area = cell.node.querySelector('.jp-OutputArea'); if (!area) return;
+    for (const [kind, selector] of Object.entries(kinds)) {
+      area.querySelectorAll(selector).forEach((el, k) => found.push([i, kind, k]));
+    }
+  });
+  return found; }"""
+
+# What a control drives: the figures and text of the output it sits in.
+VIEW = """([i, kind, k]) => { const node = window.jupyterapp.shell.currentWidget.content.widgets[i].node;
+  const marks = [];
+  node.querySelectorAll('.js-plotly-plot').forEach(plot => plot.querySelectorAll('path, text').forEach(
+    e => marks.push((e.getAttribute('d') || '') + e.textContent)));
+  node.querySelectorAll('.widget-html-content, .jp-OutputArea-output pre').forEach(e => marks.push(e.innerText));
+  return marks.join('|'); }"""
+
+# Move control k of its kind in cell i once; return a description, or null when it cannot move (disabled).
+MOVE = """([i, kind, k]) => { const node = window.jupyterapp.shell.currentWidget.content.widgets[i].node;
+  const area = node.querySelector('.jp-OutputArea');
+  if (kind === 'slider') {
+    const h = area.querySelectorAll('.noUi-handle')[k];
+    if (h.closest('[disabled]') || h.getAttribute('aria-disabled') === 'true') return null;
+    const now = Number(h.getAttribute('aria-valuenow')), top = Number(h.getAttribute('aria-valuemax'));
+    h.scrollIntoView({block: 'center'}); h.focus();
+    return now >= top ? 'ArrowLeft' : 'ArrowRight';
+  }
+  if (kind === 'dropdown') {
+    const s = area.querySelectorAll('.widget-dropdown select')[k]; if (s.disabled) return null;
+    const next = (s.selectedIndex + 1) % s.options.length; s.selectedIndex = next;
+    s.dispatchEvent(new Event('change', {bubbles: true})); return 'option ' + s.options[next].text;
+  }
+  if (kind === 'toggle') {
+    const buttons = Array.from(area.querySelectorAll('.widget-toggle-buttons')[k].querySelectorAll('button'));
+    const other = buttons.find(b => !b.classList.contains('mod-active') && !b.disabled); if (!other) return null;
+    other.click(); return 'button ' + other.innerText;
+  }
+  if (kind === 'checkbox') {
+    const c = area.querySelectorAll('.widget-checkbox input[type=checkbox]')[k]; if (c.disabled) return null;
+    c.click(); return 'checkbox';
+  }
+  const first = area.querySelectorAll('.widget-radio-box')[k].querySelector('input[type=radio]');
+  if (!first || first.disabled) return null;
+  first.click(); return 'choice';
+}"""
+
+LOG_ENTRIES = """() => Array.from(document.querySelectorAll('.jp-LogConsolePanel .jp-OutputArea-output'))
+  .map(e => e.innerText.slice(0, 600))"""
+
+OPEN_LOG = """() => window.jupyterapp.commands.execute('logconsole:open',
+  {source: window.jupyterapp.shell.currentWidget.context.path, insertMode: 'split-bottom'})"""
 
 SHUT_DOWN_KERNEL = """async () => { await window.jupyterapp.shell.currentWidget.sessionContext.shutdown(); }"""
 
-CELL_DONE = """(i) => { const panel = window.jupyterapp.shell.currentWidget;
-  const cell = panel.content.model.cells.get(i); const session = panel.sessionContext.session;
-  return !!(session && session.kernel && session.kernel.status === 'idle' && cell.executionCount !== null); }"""
 
-CELL_REPORT = """(i) => { const panel = window.jupyterapp.shell.currentWidget;
-  const model = panel.content.model.cells.get(i); const node = panel.content.widgets[i].node;
-  const outputs = model.outputs.toJSON();
-  return {
-    errors: outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
-    plotly_outputs: outputs.filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length,
-    drawn_figures: node.querySelectorAll('.js-plotly-plot .main-svg').length > 0 ?
-      Array.from(node.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')).length : 0,
-    widget_failures: (node.innerText.match(/Error displaying widget|Failed to load model class/g) || []),
-    sliders: node.querySelectorAll('.noUi-handle').length,
-    source: model.sharedModel.getSource().slice(0, 80),
-  }; }"""
-
-# What a slider drives: the figures and text of the widget it belongs to (its own readout left out).
-SLIDER_VIEW = """(i) => { const node = window.jupyterapp.shell.currentWidget.content.widgets[i].node;
-  const handle = node.querySelector('.noUi-handle'); if (!handle) return null;
-  let root = handle.closest('.jp-OutputArea-output') || node;
-  const marks = [];
-  root.querySelectorAll('.js-plotly-plot').forEach(plot => plot.querySelectorAll('path, text').forEach(
-    e => marks.push((e.getAttribute('d') || '') + e.textContent)));
-  root.querySelectorAll('.widget-html-content').forEach(e => marks.push(e.innerText));
-  return marks.join('|'); }"""
+def _move(page, control, stem: str, report: dict) -> None:
+    """Move one control and wait until what it drives has changed and the kernel is idle again."""
+    before = page.evaluate(VIEW, control)
+    action = page.evaluate(MOVE, control)
+    if action is None:
+        report["skipped_disabled"].append(control)
+        return
+    if action.startswith("Arrow"):
+        page.keyboard.press(action)
+    try:
+        page.wait_for_function(f"(c) => ({VIEW})(c) !== {json.dumps(before)}", arg=control,
+                               timeout=MOVE_TIMEOUT_MS, polling=250)
+    except Exception:
+        report["unchanged"].append({"control": control, "action": action})
+        return
+    page.wait_for_function(KERNEL_IDLE, timeout=MOVE_TIMEOUT_MS, polling=250)
+    page.wait_for_timeout(200)
+    report["moved"].append({"control": control, "action": action})
 
 
 def _run_notebook(page, lab: LabServer, name: str) -> dict:
+    stem = Path(name).stem
     page.goto(lab.url(name))
     page.wait_for_function(NOTEBOOK_READY, timeout=120_000, polling=250)
-    code_cells = page.evaluate(CODE_CELLS)
-    report = {"notebook": name, "cells": [], "sliders_moved": 0}
-    stem = Path(name).stem
-    for i in code_cells:
-        page.evaluate(RUN_CELL, i)
-        page.wait_for_function(CELL_DONE, arg=i, timeout=CELL_TIMEOUT_MS, polling=250)
-        page.wait_for_timeout(300)                    # let the renderers draw what just arrived
-        cell = page.evaluate(CELL_REPORT, i)
-        if cell["plotly_outputs"] > cell["drawn_figures"]:
-            page.wait_for_timeout(3000)               # plotly.js loads lazily the first time
-            cell = page.evaluate(CELL_REPORT, i)
-        cell["index"] = i
-        report["cells"].append(cell)
-        if cell["sliders"] and not cell["errors"]:
-            before = page.evaluate(SLIDER_VIEW, i)
-            if before:
-                page.evaluate(MARK_CELL, i)
-                handle = page.locator("[data-browser-test=current] .noUi-handle").first
-                handle.scroll_into_view_if_needed()
-                page.screenshot(path=str(ARTIFACTS / f"{stem}-cell{i}-slider-before.png"))
-                box = handle.bounding_box()
-                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-                page.mouse.down()
-                page.mouse.move(box["x"] + box["width"] / 2 + 60, box["y"] + box["height"] / 2, steps=5)
-                page.mouse.up()
-                page.wait_for_function(
-                    f"(i) => ({SLIDER_VIEW})(i) !== {json.dumps(before)}", arg=i,
-                    timeout=CELL_TIMEOUT_MS, polling=250,
-                )
-                page.wait_for_function(CELL_DONE, arg=i, timeout=CELL_TIMEOUT_MS, polling=250)
-                page.screenshot(path=str(ARTIFACTS / f"{stem}-cell{i}-slider-after.png"))
-                report["sliders_moved"] += 1
-    page.screenshot(path=str(ARTIFACTS / f"{stem}-end.png"))
+    page.evaluate(RUN_ALL)
+    page.wait_for_function(ALL_DONE, timeout=RUN_ALL_TIMEOUT_MS, polling=500)
+    page.wait_for_timeout(1000)  # let the renderers draw what arrived last
+    report = {"notebook": name, "cells": page.evaluate(CELL_REPORTS), "moved": [], "unchanged": [],
+              "skipped_disabled": [], "log": []}
+    if any(c["plotly_outputs"] > c["drawn_figures"] for c in report["cells"]):
+        page.wait_for_timeout(3000)  # plotly.js loads lazily the first time
+        report["cells"] = page.evaluate(CELL_REPORTS)
+    page.screenshot(path=str(ARTIFACTS / f"{stem}-after-run-all.png"), full_page=True)
+    controls = page.evaluate(CONTROLS)
+    report["controls"] = len(controls)
+    for control in controls:  # after the last cell has run, top to bottom, as a learner scrolls back
+        _move(page, control, stem, report)
+    page.screenshot(path=str(ARTIFACTS / f"{stem}-after-moves.png"), full_page=True)
+    page.evaluate(OPEN_LOG)
+    page.wait_for_timeout(1500)
+    report["log"] = page.evaluate(LOG_ENTRIES)
     page.evaluate(SHUT_DOWN_KERNEL)
     return report
 
@@ -125,13 +183,13 @@ def browser(chromium):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_and_draws_in_the_browser(name, lab, browser):
+def test_notebook_runs_all_then_every_control_answers(name, lab, browser):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         report = _run_notebook(page, lab, name)
     except Exception:
-        page.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-failure.png"))
+        page.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-failure.png"), full_page=True)
         raise
     finally:
         page.close()
@@ -142,11 +200,11 @@ def test_notebook_runs_and_draws_in_the_browser(name, lab, browser):
         problems += [f"{where}: {e}" for e in cell["errors"]]
         problems += [f"{where}: {w}" for w in cell["widget_failures"]]
         if cell["drawn_figures"] < cell["plotly_outputs"]:
-            problems.append(f"{where}: {cell['plotly_outputs']} plotly figure(s) sent, "
-                            f"{cell['drawn_figures']} drawn")
+            problems.append(f"{where}: {cell['plotly_outputs']} plotly figure(s) sent, {cell['drawn_figures']} drawn")
+    problems += [f"cell {c['control'][0]}: moving {c['control'][1]} {c['control'][2]} ({c['action']}) changed nothing "
+                 "it drives" for c in report["unchanged"]]
+    problems += [f"log console: {entry}" for entry in report["log"] if ERROR_IN_LOG.search(entry)]
     assert not problems, "\n".join(problems)
+    assert all(c["executed"] for c in report["cells"] if c["source"].strip()), "Run All did not reach every cell"
     assert sum(c["drawn_figures"] for c in report["cells"]) >= 1, f"{name} drew no figure at all"
-    slider_cells = sum(1 for c in report["cells"] if c["sliders"])
-    assert report["sliders_moved"] == slider_cells, (
-        f"{name}: {slider_cells} cell(s) with a slider, {report['sliders_moved']} moved and seen to change "
-        "what they drive")
+    assert report["moved"], f"{name}: no control was moved (the notebook should have at least one to explore)"

@@ -1,0 +1,157 @@
+"""Run notebooks as a learner's Run All would, and measure each: time, and peak memory of kernel and ranks.
+
+    python scripts/notebook_resources.py [notebooks ...] [--python PYTHON]
+
+Each notebook is executed top to bottom in a fresh kernel (``jupyter nbconvert --execute``, cell timing
+recorded), while the proportional set size (PSS) of the kernel and every process under it (the template
+and the ranks) is sampled every 50 ms: PSS splits each shared page between the processes sharing it, so
+the sum is what a container's memory limit (a Binder box's 2 GiB) sees. Run All is the time from the
+first cell's start to the last cell's end, as the kernel recorded them; the wall time adds the kernel's
+own start. Used by ``scripts/binder_check.py`` and ``scripts/busy_check.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN_NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+MIB = 2 ** 20
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def tree_pss_bytes(root_pid: int) -> int:
+    """PSS of ``root_pid`` and all its descendants (shared pages split between the processes sharing them)."""
+    children, total, stack = _children(), 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
+def kernel_pid(root_pid: int) -> int | None:
+    """The ipykernel process started under ``root_pid``, if it is running yet."""
+    stack, children = [root_pid], _children()
+    while stack:
+        pid = stack.pop()
+        for child in children.get(pid, []):
+            try:
+                if b"ipykernel" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return child
+            except OSError:
+                continue
+            stack.append(child)
+    return None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    notebook: str
+    passed: bool
+    wall_s: float  # nbconvert's whole run: kernel start and every cell
+    run_all_s: float  # first cell's start to last cell's end, as the kernel recorded them
+    peak_kernel_bytes: int  # the kernel, its template and its ranks
+    peak_all_bytes: int  # everything the run started, the converter included
+    error: str = ""
+
+
+def _run_all_s(executed: Path) -> float:
+    cells = json.loads(executed.read_text())["cells"]
+    times = [c.get("metadata", {}).get("execution", {}) for c in cells if c["cell_type"] == "code"]
+    starts = [t["iopub.execute_input"] for t in times if "iopub.execute_input" in t]
+    ends = [t["shell.execute_reply"] for t in times if "shell.execute_reply" in t]
+    if not starts or not ends:
+        return float("nan")
+    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    return (max(map(parse, ends)) - min(map(parse, starts))).total_seconds()
+
+
+def measure(notebook: Path, python: str = sys.executable, prefix: list[str] | None = None,
+            timeout_s: float = 600.0) -> Measurement:
+    """Execute ``notebook`` with ``python`` (after ``prefix``, e.g. Binder's start script) and measure it."""
+    out = Path(tempfile.mkdtemp()) / notebook.name
+    cmd = (prefix or []) + [python, "-m", "jupyter", "nbconvert", "--execute", "--to", "notebook", "--output",
+                            str(out), f"--ExecutePreprocessor.timeout={int(timeout_s)}",
+                            "--ExecutePreprocessor.record_timing=True", str(notebook)]
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=notebook.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak_kernel = peak_all = 0
+    kernel = None
+    while proc.poll() is None:
+        kernel = kernel or kernel_pid(proc.pid)
+        if kernel:
+            peak_kernel = max(peak_kernel, tree_pss_bytes(kernel))
+        peak_all = max(peak_all, tree_pss_bytes(proc.pid))
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+    log = proc.stdout.read().decode(errors="replace")
+    passed = proc.returncode == 0
+    return Measurement(notebook.name, passed, wall, _run_all_s(out) if passed else float("nan"), peak_kernel,
+                       peak_all, "" if passed else log[-3000:])
+
+
+HEADER = f"{'notebook':<34}{'result':>8}{'Run All':>10}{'wall':>9}{'kernel + ranks':>16}{'everything':>12}"
+
+
+def row(m: Measurement) -> str:
+    return (f"{m.notebook:<34}{'ok' if m.passed else 'FAILED':>8}{m.run_all_s:>9.1f}s{m.wall_s:>8.1f}s"
+            f"{m.peak_kernel_bytes / MIB:>12.0f} MiB{m.peak_all_bytes / MIB:>8.0f} MiB")
+
+
+def report(results: list[Measurement]) -> str:
+    lines = [HEADER] + [row(m) for m in results]
+    ok = [m for m in results if m.passed]
+    if ok:
+        lines.append(f"{'together':<34}{'':>8}{sum(m.run_all_s for m in ok):>9.1f}s{sum(m.wall_s for m in ok):>8.1f}s"
+                     f"{max(m.peak_kernel_bytes for m in ok) / MIB:>12.0f} MiB (peak of any one)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, default=MAIN_NOTEBOOKS)
+    parser.add_argument("--python", default=sys.executable)
+    args = parser.parse_args()
+    results = []
+    print(HEADER, flush=True)
+    for nb in args.notebooks:
+        results.append(measure(nb.resolve(), args.python))
+        print(row(results[-1]), flush=True)
+    print("\n" + report(results))
+    for m in results:
+        if not m.passed:
+            print(f"\n{m.notebook} failed:\n{m.error}")
+    return 0 if all(m.passed for m in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

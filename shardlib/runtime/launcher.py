@@ -1,0 +1,234 @@
+"""How a rank process comes to life: forked from the kernel's template, or spawned as a fresh Python.
+
+``start_rank(method, ...)`` returns a handle (``pid``, ``poll``, ``kill``, ``wait``, ``parent_pid``) and
+the socket the pool talks to the rank on. Two methods:
+
+* ``"template"`` (the default on Linux): the rank is forked from this process's template (``template``),
+  which has torch imported already; a pool starts in a fraction of a second and its ranks share the
+  pages of torch. The template is started by the first pool and kept for the life of the process.
+* ``"spawn"``: ``python -m shardlib.runtime.worker FD``, a fresh interpreter that imports torch itself
+  (a second or more per rank). Used where fork is not available, or when asked for.
+
+If the template cannot be started (an unusual platform, a broken environment), pools fall back to
+``"spawn"`` with a warning saying why.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import send_handle
+
+from ..checks import choice
+
+START_METHODS = ("auto", "template", "spawn")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def resolve_method(method: str) -> str:
+    """``"auto"``: the template on Linux (fork is safe there from a single-threaded parent), else spawn."""
+    choice(method, START_METHODS, "start method")
+    if method == "auto":
+        return "template" if sys.platform.startswith("linux") and os.environ.get("SHARDLIB_START") != "spawn" else "spawn"
+    return method
+
+
+def _child_env(threads: int) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(threads)
+    return env
+
+
+def _sys_path() -> list[str]:
+    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+
+
+class SpawnedRank:
+    """A rank started as its own Python (``subprocess.Popen``): its parent is this process."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.pid, self.parent_pid = proc, proc.pid, os.getpid()
+
+    def poll(self):
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def wait(self, timeout: float | None = None):
+        return self.proc.wait(timeout=timeout)
+
+
+class ForkedRank:
+    """A rank forked from the template: its parent is the template, which reports its exit code."""
+
+    def __init__(self, template: "Template", pid: int) -> None:
+        self.template, self.pid, self.parent_pid = template, pid, template.pid
+
+    def poll(self):
+        return self.template.exit_code(self.pid)
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None):
+        code = self.template.wait_exit(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout)
+        return code
+
+
+class Template:
+    """This process's side of the template: start it, ask it for ranks, hear when they exit."""
+
+    def __init__(self, start_timeout_s: float) -> None:
+        self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-template-")
+        parent_end, child_end = socket.socketpair()
+        with open(os.path.join(self._logdir.name, "template.log"), "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "shardlib.runtime.template", str(child_end.fileno())],
+                                         pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=log, env=_child_env(1))
+        child_end.close()
+        self.pid, self.owner_pid = self.proc.pid, os.getpid()
+        self.conn = Connection(parent_end.detach())
+        self._lock = threading.Lock()
+        self._codes: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self._answers: queue.Queue = queue.Queue()
+        self.conn.send_bytes(pickle.dumps({"parent_pid": os.getpid(), "sys_path": _sys_path()}))
+        if not wait([self.conn], timeout=start_timeout_s):
+            self.close()
+            raise RuntimeError(f"the template did not start within {start_timeout_s:.0f} s")
+        try:
+            status, self.info = pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            status, self.info = "failed", self.log_tail()
+        if status != "ready":
+            self.close()
+            raise RuntimeError(f"the template failed to start:\n{self.info}")
+        threading.Thread(target=self._listen, name="shardlib-template", daemon=True).start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                message = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                with self._cond:
+                    self._cond.notify_all()
+                self._answers.put(("gone", None))
+                return
+            if message[0] == "exited":
+                with self._cond:
+                    self._codes[message[1]] = message[2]
+                    self._cond.notify_all()
+            else:
+                self._answers.put(message)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def spawn(self, fd: int, log_path: str, timeout_s: float = 30.0) -> int:
+        """Fork a rank that serves on ``fd`` and writes to ``log_path``; return its pid."""
+        with self._lock:
+            self.conn.send_bytes(pickle.dumps({"log_path": log_path}))
+            send_handle(self.conn, fd, self.pid)
+            try:
+                kind, value = self._answers.get(timeout=timeout_s)
+            except queue.Empty:
+                raise RuntimeError(f"the template did not answer within {timeout_s:.0f} s") from None
+        if kind != "spawned":
+            raise RuntimeError(f"the template could not start a rank: {value or self.log_tail()}")
+        return value
+
+    def exit_code(self, pid: int):
+        with self._cond:
+            return self._codes.get(pid)
+
+    def wait_exit(self, pid: int, timeout: float | None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while pid not in self._codes and self.alive():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(0.2 if left is None else min(left, 0.2))
+            return self._codes.get(pid, -9)  # the template is gone, and its ranks with it
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        try:
+            with open(os.path.join(self._logdir.name, "template.log"), "rb") as f:
+                return f.read().decode(errors="replace")[-n_chars:] or "(the template printed nothing)"
+        except OSError:
+            return "(no log)"
+
+    def close(self) -> None:
+        try:
+            self.conn.send_bytes(b"close")
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.conn.close()
+
+
+_TEMPLATE: Template | None = None
+_TEMPLATE_LOCK = threading.Lock()
+
+
+def get_template(start_timeout_s: float) -> Template | None:
+    """This process's template, started on first use (and again if it died); ``None`` if it cannot
+    start, after a warning saying why."""
+    global _TEMPLATE
+    with _TEMPLATE_LOCK:
+        if _TEMPLATE is not None and _TEMPLATE.alive() and _TEMPLATE.owner_pid == os.getpid():
+            return _TEMPLATE
+        try:
+            _TEMPLATE = Template(start_timeout_s)
+        except (RuntimeError, OSError) as exc:
+            warnings.warn(f"rank processes will start as fresh Pythons (slower): {exc}", RuntimeWarning, stacklevel=3)
+            _TEMPLATE = None
+        return _TEMPLATE
+
+
+@atexit.register
+def _close_template() -> None:
+    if _TEMPLATE is not None and _TEMPLATE.alive():
+        _TEMPLATE.close()
+
+
+def start_rank(method: str, threads: int, log_path: str, start_timeout_s: float):
+    """Start one rank process by ``method`` (resolved: ``"template"`` or ``"spawn"``). Returns
+    ``(handle, connection)``; the rank waits on the connection for its settings."""
+    parent_end, child_end = socket.socketpair()
+    try:
+        template = get_template(start_timeout_s) if method == "template" else None
+        if template is not None:
+            handle = ForkedRank(template, template.spawn(child_end.fileno(), log_path))
+        else:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "shardlib.runtime.worker", str(child_end.fileno())],
+                                        pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        env=_child_env(threads))
+            handle = SpawnedRank(proc)
+    finally:
+        child_end.close()
+    return handle, Connection(parent_end.detach())
