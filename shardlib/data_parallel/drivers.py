@@ -93,6 +93,13 @@ class DataParallelRun:
         exposed = sum(c.duration_s if c.waited_s is None else min(c.waited_s, c.duration_s) for c in records)
         return 0.0 if total == 0 else 1.0 - exposed / total
 
+    def launched_during_backward(self, step: int = -1, rank: int = 0) -> int:
+        """How many asynchronous calls ``rank`` issued in ``step`` before that step's backward pass ended."""
+        window = self.step_span(step, rank)
+        end = next(s.end_s for s in self.spans if s.rank == rank and s.name == "backward"
+                   and window.start_s <= s.start_s <= window.end_s)
+        return sum(1 for c in self.step_records(step, rank) if c.waited_s is not None and c.start_s < end)
+
     # -- predictions ---------------------------------------------------------------------------------
     def predicted_memory(self) -> dict[str, int]:
         """``predict.layout_memory`` for this run's flat groups; for ZeRO-3 also the transient peak."""
@@ -104,11 +111,14 @@ class DataParallelRun:
     def predicted_bytes_per_step(self) -> dict[str, dict[str, int]]:
         return layout_step_bytes(self.groups, self.strategy, self.element_bytes, self.world_size)
 
-    def against_reference(self) -> float:
+    def against_reference(self, reference: dict | None = None) -> float:
         """The largest difference from one process trained on the whole batches (within ``TOLERANCE``
-        when the strategy is right)."""
-        model, batches, lr = self.inputs
-        return largest_gap(self.state_dict, train_reference(model, batches, lr).state_dict)
+        when the strategy is right). ``reference``: that process's ``state_dict``, if already trained
+        (``train_reference(model, batches, lr).state_dict``)."""
+        if reference is None:
+            model, batches, lr = self.inputs
+            reference = train_reference(model, batches, lr).state_dict
+        return largest_gap(self.state_dict, reference)
 
 
 def train_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr: float, *,

@@ -11,6 +11,7 @@ from IPython.display import display
 
 from ..data_parallel.drivers import train_data_parallel
 from ..data_parallel.flat import STRATEGIES, STRATEGY_TITLES
+from ..data_parallel.reference import TOLERANCE, train_reference
 from ..runtime.records import format_seconds
 from .data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
 from .live import Feedback, observe_all
@@ -44,6 +45,7 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     measured_memory, predicted_memory = dict(empty), dict(empty)
     measured_bytes = {s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0} for s in STRATEGIES}
     predicted_bytes = {s: 0 for s in STRATEGIES}
+    one_process = train_reference(model, batches, lr).state_dict
 
     def show(change=None) -> None:
         s = picker.value
@@ -63,8 +65,8 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
             f"{mem['params']:,} B, grads {mem['grads']:,} B, optimizer {mem['optimizer']:,} B (transient peak "
             f"{mem['transient_peak']:,} B); sent {run.wire_bytes_per_step():,} B in the last step (predicted "
             f"{predicted_bytes[s]:,} B)<br>step {format_seconds(run.step_s())}; communication hidden under "
-            f"compute {run.hidden_share():.0%}; weights within 1e-5 of one process: "
-            f"{run.against_reference() <= 1e-5}"
+            f"compute {run.hidden_share():.0%}; weights within {TOLERANCE:g} of one process: "
+            f"{run.against_reference(one_process) <= TOLERANCE}"
         )
         with timeline:
             timeline.clear_output(wait=True)
