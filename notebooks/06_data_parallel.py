@@ -353,29 +353,27 @@ strategy_explorer(ranks, model, batches, LR)
 # NBVAL_IGNORE_OUTPUT
 from shardlib.ui.quiz import Question, check_yourself
 
-check_yourself(
-    Question(prompt="ZeRO-2 on 8 GPUs, mixed-precision Adam. How many bytes per parameter does each GPU keep?",
-             choices=("16", "2 + 14/8 = 3.75", "4 + 12/8 = 5.5", "16/8 = 2"), answer=1,
-             why="ZeRO-2 shards the gradients and the optimizer state: 2 bytes of weights stay whole, "
-                 "(2 + 12) / 8 of the rest. 5.5 is ZeRO-1, 2 is ZeRO-3."),
-    Question(prompt="Why does ZeRO-1 send no more bytes per step than DDP?",
-             choices=("It compresses the gradients", "An all-reduce is a reduce-scatter plus an all-gather; "
-                      "ZeRO-1 runs the optimizer between the two halves", "It skips the all-gather",
-                      "It sends only every other step"), answer=1,
-             why="Measured above: the same wire bytes for DDP, ZeRO-1 and ZeRO-2, and the identity checked "
-                 "on a live buffer."),
-    Question(prompt="What does ZeRO-3 pay for keeping only 1/N of the weights?",
-             choices=("Nothing", "1.5 times the bytes: each layer's weights are gathered before its forward "
-                      "and again before its backward", "N times the bytes", "A different result"), answer=1,
-             why="Two all-gathers and one reduce-scatter per layer instead of one all-reduce: "
-                 "3 (N-1)/N against 2 (N-1)/N of the parameters."),
-    Question(prompt="A run fits its weights with ZeRO-3 but runs out of memory. What grows with the batch "
-                    "and the sequence, not with the parameters?",
-             choices=("The optimizer state", "The activations kept for the backward", "The gradients",
-                      "The bucket size"), answer=1,
-             why="Activations scale with rows and tokens; recomputation trades one more forward per layer "
-                 "for keeping only each layer's input."),
-)
+QUESTIONS = [
+    ("ZeRO-2 on 8 GPUs, mixed-precision Adam. How many bytes per parameter does each GPU keep?",
+     ("16", "2 + 14/8 = 3.75", "4 + 12/8 = 5.5", "16/8 = 2"), 1,
+     "ZeRO-2 shards the gradients and the optimizer state: 2 bytes of weights stay whole, (2 + 12) / 8 of the "
+     "rest. 5.5 is ZeRO-1, 2 is ZeRO-3."),
+    ("Why does ZeRO-1 send no more bytes per step than DDP?",
+     ("It compresses the gradients", "An all-reduce is a reduce-scatter plus an all-gather; ZeRO-1 runs the "
+      "optimizer between the two halves", "It skips the all-gather", "It sends only every other step"), 1,
+     "Measured above: the same wire bytes for DDP, ZeRO-1 and ZeRO-2, and the identity checked on a live buffer."),
+    ("What does ZeRO-3 pay for keeping only 1/N of the weights?",
+     ("Nothing", "1.5 times the bytes: each layer's weights are gathered before its forward and again before its "
+      "backward", "N times the bytes", "A different result"), 1,
+     "Two all-gathers and one reduce-scatter per layer instead of one all-reduce: 3 (N-1)/N against 2 (N-1)/N of "
+     "the parameters."),
+    ("A run fits its weights with ZeRO-3 but runs out of memory. What grows with the batch and the sequence, not "
+     "with the parameters?",
+     ("The optimizer state", "The activations kept for the backward", "The gradients", "The bucket size"), 1,
+     "Activations scale with rows and tokens; recomputation trades one more forward per layer for keeping only "
+     "each layer's input."),
+]
+check_yourself(*(Question(*q) for q in QUESTIONS))
 
 # %% [markdown]
 # ## What you saw

@@ -48,7 +48,7 @@ class Checkpointed(nn.Module):
 class ActivationMeasurement:
     """One training step's activations on one process: ``saved_bytes_per_unit`` (what each unit keeps
     for its backward), ``unit_forwards`` (unit forwards the step ran: one per unit, two with
-    checkpointing), ``step_s`` (median forward + backward time)."""
+    checkpointing), ``step_s`` (median forward + backward time), ``total_bytes`` (their sum)."""
 
     checkpointed: bool
     rows: int
@@ -56,10 +56,7 @@ class ActivationMeasurement:
     saved_bytes_per_unit: tuple[int, ...]
     unit_forwards: int
     step_s: float
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.saved_bytes_per_unit)
+    total_bytes: int  # all units together
 
 
 class _Counter:
@@ -122,7 +119,8 @@ def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chec
     step()  # the measured step: bytes and forwards
     saved, forwards = tuple(counter.bytes), counter.forwards
     times = [step() for _ in range(repeats)]
-    return ActivationMeasurement(checkpoint, x.shape[0], tuple(names), saved, forwards, statistics.median(times))
+    return ActivationMeasurement(checkpoint, x.shape[0], tuple(names), saved, forwards, statistics.median(times),
+                                 sum(saved))
 
 
 def mlp_activation_bytes(rows: int, d_model: int, d_hidden: int, element_bytes: int = 4, checkpoint: bool = False) -> int:
