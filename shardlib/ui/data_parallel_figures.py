@@ -32,7 +32,7 @@ def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]], predicte
         fig.add_trace(go.Scatter(name="predicted total", x=labels, mode="markers",
                                  y=[sum(predicted[s][p] for p in ("params", "grads", "optimizer")) / scale for s in names],
                                  marker={"symbol": "line-ew-open", "size": 40, "color": RED, "line": {"width": 3}}))
-    fig.update_layout(title=title, barmode="stack", yaxis_title=unit, height=360,
+    fig.update_layout(title=title, barmode="stack", yaxis_title=unit, yaxis_rangemode="tozero", height=360,
                       margin={"l": 60, "r": 20, "t": 50, "b": 40})
     return fig
 
@@ -52,7 +52,8 @@ def step_bytes_figure(measured: Mapping[str, Mapping[str, float]], predicted: Ma
     if predicted:
         fig.add_trace(go.Scatter(name="predicted", x=labels, y=[predicted[s] / 1024 for s in names], mode="markers",
                                  marker={"symbol": "line-ew-open", "size": 40, "color": RED, "line": {"width": 3}}))
-    fig.update_layout(title=title, barmode="stack", yaxis_title="KiB on the wire (ring convention)", height=360,
+    fig.update_layout(title=title, barmode="stack", yaxis_title="KiB on the wire (ring convention)",
+                      yaxis_rangemode="tozero", height=360,
                       margin={"l": 60, "r": 20, "t": 50, "b": 40})
     return fig
 

@@ -34,7 +34,7 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
                                    description="strategy")
     buckets = widgets.SelectionSlider(options=BUCKET_CHOICES, value=bucket_bytes, description="bucket size",
                                       continuous_update=False, style={"description_width": "initial"})
-    overlap = widgets.Checkbox(value=True, description="overlap communication with compute")
+    overlap = widgets.Checkbox(value=True, description="overlap with compute", indent=False)
     summary = widgets.HTML()
     empty = {s: {"params": 0, "grads": 0, "optimizer": 0} for s in STRATEGIES}
     memory_fig = go.FigureWidget(memory_per_rank_figure(empty, empty))
@@ -47,8 +47,8 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     predicted_bytes = {s: 0 for s in STRATEGIES}
     one_process = train_reference(model, batches, lr).state_dict
 
-    def show(change=None) -> None:
-        s = picker.value
+    def show(change=None, strategy: str | None = None) -> None:
+        s = strategy or picker.value
         buckets.disabled = s == "zero3"  # ZeRO-3 communicates per layer, not per bucket
         run = train_data_parallel(ranks, s, model, batches, lr, bucket_bytes=buckets.value, overlap=overlap.value,
                                   prefetch=overlap.value)
@@ -75,6 +75,9 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
 
     feedback = Feedback()
     observe_all((picker, buckets, overlap), show, feedback)
+    for other in STRATEGIES:  # every bar filled once, so the strategies can be compared from the start
+        if other != picker.value:
+            show(strategy=other)
     show()
     return widgets.VBox([picker, widgets.HBox([buckets, overlap]), summary, widgets.HBox([memory_fig, bytes_fig]),
                          timeline, feedback.area])
