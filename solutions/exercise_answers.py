@@ -56,3 +56,14 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     order = torch.sort(flat, stable=True).indices  # by expert (so by rank), slot-id order kept within one
     rows_to_rank = torch.bincount(flat // per_rank, minlength=ep).tolist()
     return order, rows_to_rank
+
+
+# -- 06 data parallelism --------------------------------------------------------------------------------
+def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
+    """ZeRO-1's step: reduce-scatter the gradient, one AdamW step on my shard, all-gather the shards."""
+    n, r = ctx.world_size, ctx.rank
+    my_grad = ctx.comm.reduce_scatter(grads)  # (len / n,): the sum over the ranks of my shard's gradient
+    shard = params.chunk(n)[r].clone().requires_grad_()  # (len / n,): the only weights I update
+    shard.grad = my_grad
+    torch.optim.AdamW([shard], lr=lr).step()  # optimizer state for my shard only
+    return ctx.comm.all_gather(shard.detach())  # (len,): every rank's updated shard, in rank order

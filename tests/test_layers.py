@@ -29,11 +29,13 @@ PURE_WITHOUT_TORCH = {
     "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
     "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
+    "shardlib.data_parallel.flat", "shardlib.data_parallel.predict",
 }
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
         "shardlib.experts.routing", "shardlib.experts.layer", "shardlib.experts.placement",
+        "shardlib.data_parallel.reference", "shardlib.data_parallel.meter", "shardlib.data_parallel.activations",
     },
     "runtime": {"shardlib.runtime.ranks", "shardlib.runtime.worker", "shardlib.runtime.context",
                 "shardlib.runtime.comm", "shardlib.runtime.launcher", "shardlib.runtime.template"},
@@ -47,6 +49,11 @@ LAYERS = {
         "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")},
     "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")},
 }
+LAYERS["rank"] |= {"shardlib.data_parallel.buckets", "shardlib.data_parallel.zero3", "shardlib.data_parallel.ranks",
+                   "shardlib.data_parallel.peer"}
+LAYERS["driver"] |= {"shardlib.data_parallel.drivers", "shardlib.data_parallel.experiments"}
+LAYERS["ui"] |= {"shardlib.ui.data_parallel_figures", "shardlib.ui.data_parallel_widgets"}
+LAYERS["exercises"] |= {"shardlib.exercises.data_parallel"}
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
 
 

@@ -7,6 +7,7 @@
 | the pipeline bubble | ``bubble_fraction(n_stages, n_microbatches)`` | ``grade_bubble_fraction`` (``pipeline.pipeline_bubble_fraction``) | the ratio-to-ideal convention ``(p-1)/m``; the busy fraction; off-by-ones ``(p-1)/(m+p)`` and ``p/(m+p-1)``; integer division; no ``ValueError`` for 0 stages or microbatches |
 | a top-k router | ``top_k_router(x, router, k)`` | ``grade_top_k_router`` (``experts.route``) | gates not renormalised; the lowest scores picked; raw logits as gates; transposed outputs |
 | a dispatch plan | ``plan_dispatch(experts, n_experts, ep)`` | ``grade_dispatch_plan`` (``experts.dispatch_plan`` at 2, 4, 8 ranks) | a lost slot; a duplicated slot; experts placed by ``e % ep``; rows not grouped by expert; wrong per-rank counts |
+| ZeRO-1's step on ranks | ``zero1_step(ctx, params, grads, lr)`` | ``grade_zero1_step`` (one AdamW step on the summed gradient, on ``Ranks(2)`` and ``Ranks(4)``, and the comm log) | gradients averaged, not summed; only the own shard updated (no all-gather); one shard returned; another rank's shard updated; an all-reduce instead of a reduce-scatter; a collective only some ranks call |
 
 Graders are named ``grade_*`` (validators elsewhere are ``check_*``: they raise, graders report). Each
 grader returns an ``ExerciseResult`` (``.passed``, ``.status``, ``.messages``) that displays as a
@@ -23,4 +24,5 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "tensor_parallel": ("grade_shard_rows", "grade_tp_pair_forward", "pair_weights", "pair_reference"),
     "pipeline": ("grade_bubble_fraction",),
     "experts": ("grade_top_k_router", "grade_dispatch_plan"),
+    "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
 })

@@ -1,0 +1,156 @@
+"""What each strategy keeps on a GPU and what it pays on the wire, per training step, from formulas.
+
+**Memory per rank** (ZeRO, Rajbhandari et al. 2020, section 3). Training with Adam in mixed precision
+keeps, per parameter, 2 bytes of 16-bit weights, 2 bytes of 16-bit gradients and ``K = 12`` bytes of
+optimizer state (a 32-bit master copy of the weight, Adam's momentum and variance, 4 bytes each). With
+``N`` data-parallel ranks and ``P`` parameters::
+
+    DDP      (2 + 2 + 12) P            everything replicated
+    ZeRO-1   (2 + 2) P + 12 P / N      optimizer state sharded
+    ZeRO-2   2 P + (2 + 12) P / N      and the gradients
+    ZeRO-3   (2 + 2 + 12) P / N        and the weights (FSDP's full sharding)
+
+The toy on the ranks trains in 32-bit: 4 bytes of weights, 4 of gradients, 8 of AdamW state (momentum
+and variance; the weights are their own master copy). ``STATE_BYTES_FP32`` is that case.
+
+**Bytes per step** each rank puts on the wire (ring convention, ``runtime.records``), with ``b`` bytes
+per value: an all-reduce is a reduce-scatter followed by an all-gather, ``2 (N-1)/N x P b``::
+
+    DDP      all-reduce the gradients                                   2 (N-1)/N P b
+    ZeRO-1/2 reduce-scatter the gradients, all-gather the new weights   2 (N-1)/N P b  (the same)
+    ZeRO-3   all-gather the weights before each layer's forward and
+             again before its backward, reduce-scatter the gradients    3 (N-1)/N P b  (1.5 x)
+
+``layout_*`` functions give the same quantities for a real model's flat groups (``flat``), padding
+included, so that the ranks' measurements can be compared with them exactly.
+
+**Activations** (Korthikanti et al. 2022, section 4: a GPT-style layer in 16-bit, sequence ``s``,
+microbatch ``b``, width ``h``, ``a`` heads): ``s b h (34 + 5 a s / h)`` bytes per layer kept for the
+backward; ``34 s b h`` when the attention scores are recomputed (selective recomputation, or a fused
+attention kernel that never stores them); ``2 s b h`` (the layer's input) with full recomputation.
+Llama's gated MLP differs in its constants: read these as estimates. ``training_memory_per_gpu`` puts
+the states and the activations together, the way the planner would: a pipeline stage holds ``1/pp``
+of the layers, and under 1F1B its first stage keeps ``pp`` microbatches in flight (notebook 03).
+Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from ..checks import choice, whole_number
+from ..models import ModelConfig
+from ..runtime.records import wire_bytes
+from .flat import STRATEGIES, FlatGroup
+
+STATE_BYTES_MIXED = {"params": 2, "grads": 2, "optimizer": 12}  # ZeRO's mixed-precision Adam: K = 12
+STATE_BYTES_FP32 = {"params": 4, "grads": 4, "optimizer": 8}  # 32-bit AdamW: momentum and variance
+MEMORY_KEYS = ("params", "grads", "optimizer")
+SHARDED = {"ddp": (), "zero1": ("optimizer",), "zero2": ("grads", "optimizer"),
+           "zero3": ("params", "grads", "optimizer")}
+
+
+def check_strategy(strategy) -> str:
+    return choice(strategy, STRATEGIES, "strategy")
+
+
+def memory_per_rank(n_params: float, strategy: str, dp: int,
+                    state_bytes: Mapping[str, float] = STATE_BYTES_MIXED) -> dict[str, float]:
+    """Bytes one rank keeps between steps for ``n_params`` parameters: ``params``, ``grads``,
+    ``optimizer`` and their ``total`` (the table in the module docstring)."""
+    check_strategy(strategy)
+    dp = whole_number(dp, "dp (the data-parallel degree)")
+    out = {k: n_params * state_bytes[k] / (dp if k in SHARDED[strategy] else 1) for k in MEMORY_KEYS}
+    out["total"] = sum(out[k] for k in MEMORY_KEYS)
+    return out
+
+
+def step_wire_bytes(n_params: float, strategy: str, dp: int, value_bytes: float = 2) -> float:
+    """Bytes one rank sends per training step (the table in the module docstring)."""
+    check_strategy(strategy)
+    dp = whole_number(dp, "dp (the data-parallel degree)")
+    passes = 3 if strategy == "zero3" else 2  # each pass moves (N-1)/N of the buffer
+    return passes * (dp - 1) / dp * n_params * value_bytes
+
+
+def zero_table(models: Sequence[ModelConfig], dp: int, state_bytes: Mapping[str, float] = STATE_BYTES_MIXED,
+               value_bytes: float = 2) -> list[dict]:
+    """One row per model and strategy: parameters, memory per rank (GB) and bytes sent per step (GB)."""
+    rows = []
+    for model in models:
+        for strategy in STRATEGIES:
+            mem = memory_per_rank(model.n_params, strategy, dp, state_bytes)
+            rows.append({"model": model.name, "strategy": strategy, "n_params": model.n_params, "dp": dp,
+                         **{f"{k}_gb": mem[k] / 1e9 for k in (*MEMORY_KEYS, "total")},
+                         "wire_gb_per_step": step_wire_bytes(model.n_params, strategy, dp, value_bytes) / 1e9})
+    return rows
+
+
+# -- the same quantities for a real model's flat groups -----------------------------------------------
+def layout_memory(groups: Sequence[FlatGroup], strategy: str, element_bytes: int, optimizer_states: int = 2) -> dict[str, int]:
+    """Bytes one rank keeps between steps with these flat groups (padding included): the full buffers,
+    or one shard of each where ``strategy`` shards that part. ``optimizer_states``: AdamW keeps two
+    values per parameter (its 0-dimensional step counters are left out)."""
+    check_strategy(strategy)
+    full = sum(g.padded_numel for g in groups) * element_bytes
+    shard = sum(g.shard_numel for g in groups) * element_bytes
+    per = {"params": 1, "grads": 1, "optimizer": optimizer_states}
+    return {k: per[k] * (shard if k in SHARDED[strategy] else full) for k in MEMORY_KEYS}
+
+
+def layout_step_ops(groups: Sequence[FlatGroup], strategy: str, element_bytes: int) -> list[tuple[str, int]]:
+    """The collectives one rank issues per step, in order of kind, as ``(op, buffer bytes)``: per bucket an
+    all-reduce (DDP), or a reduce-scatter and an all-gather (ZeRO-1/2); per unit two all-gathers and a
+    reduce-scatter (ZeRO-3)."""
+    check_strategy(strategy)
+    sizes = [g.padded_numel * element_bytes for g in groups]
+    if strategy == "ddp":
+        return [("all_reduce", s) for s in sizes]
+    if strategy in ("zero1", "zero2"):
+        return [("reduce_scatter", s) for s in sizes] + [("all_gather", s) for s in sizes]
+    return [("all_gather", s) for s in sizes] * 2 + [("reduce_scatter", s) for s in sizes]
+
+
+def layout_step_bytes(groups: Sequence[FlatGroup], strategy: str, element_bytes: int, dp: int) -> dict[str, dict[str, int]]:
+    """Per op: ``count``, ``size_bytes`` and ``wire_bytes`` one rank moves in one step."""
+    out: dict[str, dict[str, int]] = {}
+    for op, size in layout_step_ops(groups, strategy, element_bytes):
+        row = out.setdefault(op, {"count": 0, "size_bytes": 0, "wire_bytes": 0})
+        row["count"] += 1
+        row["size_bytes"] += size
+        row["wire_bytes"] += wire_bytes(op, size, dp)
+    return out
+
+
+def gathered_peak_bytes(groups: Sequence[FlatGroup], element_bytes: int, prefetch: bool) -> int:
+    """ZeRO-3's transient peak: the most gathered parameters alive at once. One unit at a time without
+    prefetch; with prefetch the next unit arrives while the current one works: the largest pair of
+    neighbours."""
+    sizes = [g.padded_numel * element_bytes for g in groups]
+    if not prefetch or len(sizes) == 1:
+        return max(sizes)
+    return max(a + b for a, b in zip(sizes, sizes[1:]))
+
+
+# -- activations, and a training GPU's whole budget ----------------------------------------------------
+RECOMPUTE = ("none", "selective", "full")
+
+
+def layer_activation_bytes(model: ModelConfig, seq: int, microbatch: int, recompute: str = "selective") -> float:
+    """Bytes one layer keeps for its backward for one microbatch (the module docstring's formulas)."""
+    choice(recompute, RECOMPUTE, "recompute")
+    s, b, h, a = whole_number(seq, "seq"), whole_number(microbatch, "microbatch"), model.d_model, model.n_heads
+    if recompute == "full":
+        return 2 * s * b * h
+    return s * b * h * (34 + (5 * a * s / h if recompute == "none" else 0))
+
+
+def training_memory_per_gpu(model: ModelConfig, strategy: str, dp: int, seq: int, microbatch: int, pp: int = 1,
+                            in_flight: int = 1, recompute: str = "selective",
+                            state_bytes: Mapping[str, float] = STATE_BYTES_MIXED) -> dict[str, float]:
+    """Bytes on one GPU of a pipeline stage: the states of its ``1/pp`` of the parameters under
+    ``strategy`` over ``dp`` ranks, plus ``in_flight`` microbatches' activations of its ``L/pp`` layers."""
+    pp, in_flight = whole_number(pp, "pp"), whole_number(in_flight, "in_flight")
+    states = memory_per_rank(model.n_params / pp, strategy, dp, state_bytes)
+    activations = model.n_layers / pp * layer_activation_bytes(model, seq, microbatch, recompute) * in_flight
+    return {**{k: states[k] for k in MEMORY_KEYS}, "activations": activations, "total": states["total"] + activations}

@@ -1,0 +1,83 @@
+"""The strategy picker and the bucket-size slider: each move trains the toy on the warm ranks and
+redraws what one rank keeps, what it sent, and the timeline of one step."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from IPython.display import display
+
+from ..data_parallel.drivers import train_data_parallel
+from ..data_parallel.flat import STRATEGIES, STRATEGY_TITLES
+from ..data_parallel.reference import TOLERANCE, train_reference
+from ..runtime.records import format_seconds
+from .data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
+from .live import Feedback, observe_all
+
+BUCKET_CHOICES = (("1 KiB", 1024), ("4 KiB", 4096), ("16 KiB", 16384), ("64 KiB", 65536), ("one bucket", None))
+
+
+def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
+    with widget.batch_update():
+        for live, new in zip(widget.data, fig.data):
+            live.update(new.to_plotly_json())
+        widget.layout.title = fig.layout.title
+
+
+def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int | None = 4096) -> widgets.VBox:
+    """Pick a strategy, a bucket size and overlap on or off: ``model`` trains on ``batches`` on the warm
+    ``ranks`` and the figures show that rank 0 kept and sent, measured beside predicted, and the last
+    step's timeline."""
+    picker = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in STRATEGIES], value="ddp",
+                                   description="strategy")
+    buckets = widgets.SelectionSlider(options=BUCKET_CHOICES, value=bucket_bytes, description="bucket size",
+                                      continuous_update=False, style={"description_width": "initial"})
+    overlap = widgets.Checkbox(value=True, description="overlap with compute", indent=False)
+    summary = widgets.HTML()
+    empty = {s: {"params": 0, "grads": 0, "optimizer": 0} for s in STRATEGIES}
+    memory_fig = go.FigureWidget(memory_per_rank_figure(empty, empty))
+    bytes_fig = go.FigureWidget(step_bytes_figure({s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
+                                                   for s in STRATEGIES}, {s: 0 for s in STRATEGIES}))
+    memory_fig.layout.width = bytes_fig.layout.width = 480
+    timeline = widgets.Output()
+    measured_memory, predicted_memory = dict(empty), dict(empty)
+    measured_bytes = {s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0} for s in STRATEGIES}
+    predicted_bytes = {s: 0 for s in STRATEGIES}
+    one_process = train_reference(model, batches, lr).state_dict
+
+    def show(change=None, strategy: str | None = None) -> None:
+        s = strategy or picker.value
+        buckets.disabled = s == "zero3"  # ZeRO-3 communicates per layer, not per bucket
+        run = train_data_parallel(ranks, s, model, batches, lr, bucket_bytes=buckets.value, overlap=overlap.value,
+                                  prefetch=overlap.value)
+        measured_memory[s], predicted_memory[s] = run.memory_per_rank[0], run.predicted_memory()
+        measured_bytes[s] = {op: row["wire_bytes"] for op, row in run.bytes_per_step().items()}
+        predicted_bytes[s] = sum(row["wire_bytes"] for row in run.predicted_bytes_per_step().values())
+        _refresh(memory_fig, memory_per_rank_figure(measured_memory, predicted_memory))
+        _refresh(bytes_fig, step_bytes_figure({k: {op: v.get(op, 0) for op in ("all_reduce", "reduce_scatter", "all_gather")}
+                                               for k, v in measured_bytes.items()}, predicted_bytes))
+        mem = run.memory_per_rank[0]
+        summary.value = (
+            f"<b>{html.escape(STRATEGY_TITLES[s])}</b> on {ranks.world_size} live ranks, {len(run.groups)} flat "
+            f"{'units' if s == 'zero3' else 'buckets'}, {run.n_params:,} parameters<br>rank 0 keeps params "
+            f"{mem['params']:,} B, grads {mem['grads']:,} B, optimizer {mem['optimizer']:,} B (transient peak "
+            f"{mem['transient_peak']:,} B); sent {run.wire_bytes_per_step():,} B in the last step (predicted "
+            f"{predicted_bytes[s]:,} B)<br>step {format_seconds(run.step_s())}; communication hidden under "
+            f"compute {run.hidden_share():.0%}; weights within {TOLERANCE:g} of one process: "
+            f"{run.against_reference(one_process) <= TOLERANCE}"
+        )
+        with timeline:
+            timeline.clear_output(wait=True)
+            display(overlap_timeline_figure(run.spans, run.n_steps - 1,
+                                            f"{STRATEGY_TITLES[s]}: the last step on each rank"))
+
+    feedback = Feedback()
+    observe_all((picker, buckets, overlap), show, feedback)
+    for other in STRATEGIES:  # every bar filled once, so the strategies can be compared from the start
+        if other != picker.value:
+            show(strategy=other)
+    show()
+    return widgets.VBox([picker, widgets.HBox([buckets, overlap]), summary, widgets.HBox([memory_fig, bytes_fig]),
+                         timeline, feedback.area])
