@@ -29,19 +29,25 @@ PURE_WITHOUT_TORCH = {
     "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
     "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
+    "shardlib.context_parallel.predict", "shardlib.context_parallel.memory",
 }
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
         "shardlib.experts.routing", "shardlib.experts.layer", "shardlib.experts.placement",
+        "shardlib.context_parallel.layouts", "shardlib.context_parallel.online_softmax",
+        "shardlib.context_parallel.reference",
     },
     "runtime": {"shardlib.runtime.ranks", "shardlib.runtime.worker", "shardlib.runtime.context",
                 "shardlib.runtime.comm"},
     "rank": {"shardlib.runtime.basics", "shardlib.tensor_parallel.layers", "shardlib.tensor_parallel.blocks",
              "shardlib.tensor_parallel.ranks", "shardlib.pipeline.ranks", "shardlib.experts.ranks",
-             "shardlib.costs.ranks", "shardlib.plan.ranks"},
+             "shardlib.costs.ranks", "shardlib.plan.ranks",
+             "shardlib.context_parallel.ring", "shardlib.context_parallel.ulysses",
+             "shardlib.context_parallel.sequence_parallel"},
     "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
-               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch"},
+               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch",
+               "shardlib.context_parallel.drivers", "shardlib.context_parallel.sp_drivers"},
     "ui": {f"shardlib.ui.{m}" for m in (
         "theme", "gantt", "live", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
         "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")},
