@@ -49,10 +49,11 @@ def _median_of_slowest(per_rank: list[dict], key: str, reduce=lambda x: x) -> fl
 @dataclass(frozen=True)
 class RingRun:
     """One ring pass on a pool, run ``repeats`` times: the gathered ``output`` and its ``gap`` from the
-    whole-sequence attention, and (medians over the runs) per rank its compute, per step the slowest
-    rank's compute, the slowest rank's whole pass (``step_s``), time blocked waiting for transfers
-    (``waited_s``) and the transfers' time from issue to completion (``transfer_s``). ``blocks`` and
-    ``transfers`` are each rank's of the last run."""
+    whole-sequence attention, and (medians over the runs) per rank its compute (``compute_s``, wall
+    time, and ``compute_cpu_s``, its thread's CPU time: what a busy machine does not inflate), per step
+    the slowest rank's compute, the slowest rank's whole pass (``step_s``), time blocked waiting for
+    transfers (``waited_s``) and the transfers' time from issue to completion (``transfer_s``).
+    ``blocks`` and ``transfers`` are each rank's of the last run."""
 
     world_size: int
     layout: str
@@ -61,6 +62,7 @@ class RingRun:
     output: torch.Tensor = field(repr=False)
     gap: float
     compute_s: tuple[float, ...]
+    compute_cpu_s: tuple[float, ...]
     step_compute_s: tuple[float, ...]
     step_s: float
     waited_s: float
@@ -85,8 +87,8 @@ class RingRun:
 
     @property
     def compute_imbalance(self) -> float:
-        """The busiest rank's compute over the mean (1: even)."""
-        return max(self.compute_s) * len(self.compute_s) / sum(self.compute_s)
+        """The busiest rank's compute (CPU time) over the mean (1: even)."""
+        return max(self.compute_cpu_s) * len(self.compute_cpu_s) / sum(self.compute_cpu_s)
 
 
 def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -105,10 +107,11 @@ def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          whole_number(repeats, "repeats"), pad_compute_s)
     out = gather_sequence([r["output"] for r in per_rank], layout)
     runs = len(per_rank[0]["times_s"])
-    compute = tuple(statistics.median(sum(steps) for steps in r["step_compute_s"]) for r in per_rank)
+    compute, cpu = (tuple(statistics.median(sum(steps) for steps in r[key]) for r in per_rank)
+                    for key in ("step_compute_s", "step_cpu_s"))
     per_step = tuple(statistics.median(max(r["step_compute_s"][i][step] for r in per_rank) for i in range(runs))
                      for step in range(n))
-    return RingRun(n, layout, causal, overlap, out, _gap(out, q, k, v, causal, scale), compute, per_step,
+    return RingRun(n, layout, causal, overlap, out, _gap(out, q, k, v, causal, scale), compute, cpu, per_step,
                    _median_of_slowest(per_rank, "times_s"), _median_of_slowest(per_rank, "waited_s"),
                    _median_of_slowest(per_rank, "transfer_s"), tuple(tuple(r["blocks"]) for r in per_rank),
                    tuple(tuple(r["transfers"]) for r in per_rank), tuple(causal_work(q.shape[2], n, layout, causal)),
@@ -117,13 +120,13 @@ def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @dataclass(frozen=True)
 class Balance:
-    """The same causal ring in each layout, ``runs[layout]``: per-rank compute measured (medians over
-    the repeats) against the blocks predicted."""
+    """The same causal ring in each layout, ``runs[layout]``: per-rank compute measured (CPU time,
+    medians over the repeats) against the blocks predicted."""
 
     runs: dict
 
     def compute_s(self, layout: str) -> tuple[float, ...]:
-        return self.runs[layout].compute_s
+        return self.runs[layout].compute_cpu_s
 
     def measured_imbalance(self, layout: str) -> float:
         return self.runs[layout].compute_imbalance

@@ -18,8 +18,10 @@ over the whole sequence, to float rounding.
 * K and V travel as one message per step, ``(2, batch, kv_heads, seq / n, head_dim)``: with
   grouped-query attention only the few KV heads travel, never the expanded ones.
 
-Every block computed is a compute span on ``ctx.timeline`` (attrs: the source rank, blocks visible and
-diagonal), every transfer a ``send`` / ``recv`` in the comm log.
+Every step's computing is a compute span on ``ctx.timeline`` (attrs: the source rank, the blocks
+computed whole and diagonal, and ``cpu_s``, the CPU time of this rank's thread: on a shared machine a
+span's wall time also counts the moments another process held the core), every transfer a ``send`` /
+``recv`` in the comm log.
 """
 
 from __future__ import annotations
@@ -76,13 +78,14 @@ def ring_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
             if not overlap:
                 for pending in transfer:
                     pending.wait()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         visible, diagonal = attend_block(acc, q_chunks, q_ids, kv[0], kv[1], chunks_of_rank(src, n, layout),
                                          causal, scale)
+        cpu_s = time.thread_time() - cpu_start  # this thread's own work: not the time other processes took the core
         if pad is not None and start + pad > time.perf_counter():
             time.sleep(start + pad - time.perf_counter())
         ctx.timeline.record(f"attend K/V of rank {src}", start, time.perf_counter(), kind="compute", step=step,
-                            source=src, visible=visible, diagonal=diagonal, padded_to_s=pad)
+                            source=src, visible=visible, diagonal=diagonal, cpu_s=cpu_s, padded_to_s=pad)
         if moving:
             for pending in transfer:
                 pending.wait()
@@ -98,13 +101,14 @@ def ring_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
     Returns ``output`` (this rank's rows), ``blocks`` (``(source, visible, diagonal)`` per step) and
     ``transfers`` (``(op, size_bytes, wire_bytes, duration_s, waited_s)`` each) of the last run, and
-    one entry per run of: ``times_s`` (the whole pass), ``step_compute_s`` (compute per step),
+    one entry per run of: ``times_s`` (the whole pass), ``step_compute_s`` (compute per step, wall time
+    with any padding), ``step_cpu_s`` (the same, CPU time of the computing thread),
     ``waited_s`` (blocked in ``wait()`` for transfers) and ``transfer_s`` (per moving step, the
     longer of the send and the receive, from issue to completion)."""
     check_ring_inputs(q.shape, k.shape, v.shape, ctx.world_size, layout, local=False)
     n, me = ctx.world_size, ctx.rank
     mine = [shard_sequence(t, n, layout)[me].to(ctx.device) for t in (q, k, v)]
-    runs = {"times_s": [], "step_compute_s": [], "waited_s": [], "transfer_s": []}
+    runs = {"times_s": [], "step_compute_s": [], "step_cpu_s": [], "waited_s": [], "transfer_s": []}
     for _ in range(max(1, int(repeats))):
         ctx.comm.barrier()
         ctx.comm.clear()
@@ -113,7 +117,9 @@ def ring_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = ring_attention(ctx, *mine, causal=causal, layout=layout, overlap=overlap, scale=scale,
                              pad_compute_s=pad_compute_s)
         runs["times_s"].append(time.perf_counter() - start)
-        runs["step_compute_s"].append([s.duration_s for s in ctx.timeline.spans if s.kind == "compute"])
+        computed = [s for s in ctx.timeline.spans if s.kind == "compute"]
+        runs["step_compute_s"].append([s.duration_s for s in computed])
+        runs["step_cpu_s"].append([s.attrs["cpu_s"] for s in computed])
         moved = [c for c in ctx.comm.records if c.op in ("send", "recv")]
         runs["waited_s"].append(sum(c.waited_s or 0.0 for c in moved))
         runs["transfer_s"].append(sum(max(pair) for pair in zip(*[[c.duration_s for c in moved if c.op == op]
