@@ -56,3 +56,14 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     order = torch.sort(flat, stable=True).indices  # by expert (so by rank), slot-id order kept within one
     rows_to_rank = torch.bincount(flat // per_rank, minlength=ep).tolist()
     return order, rows_to_rank
+
+
+# -- 07 context parallelism -----------------------------------------------------------------------------
+def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    """Attention over two blocks of keys from each block's own (out, max, sum): the online softmax's merge."""
+    new_max = torch.maximum(max_a, max_b)  # (..., rows)
+    w_a = sum_a * torch.exp(max_a - new_max)  # block a's share of the new denominator; exp of a difference <= 0
+    w_b = sum_b * torch.exp(max_b - new_max)
+    new_sum = w_a + w_b
+    out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / new_sum.unsqueeze(-1)  # (..., rows, head_dim)
+    return out, new_max, new_sum

@@ -51,7 +51,8 @@ LAYERS = {
     "ui": {f"shardlib.ui.{m}" for m in (
         "theme", "gantt", "live", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
         "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")},
-    "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")},
+    "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")}
+    | {"shardlib.exercises.context_parallel"},
 }
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
 

@@ -7,6 +7,7 @@
 | the pipeline bubble | ``bubble_fraction(n_stages, n_microbatches)`` | ``grade_bubble_fraction`` (``pipeline.pipeline_bubble_fraction``) | the ratio-to-ideal convention ``(p-1)/m``; the busy fraction; off-by-ones ``(p-1)/(m+p)`` and ``p/(m+p-1)``; integer division; no ``ValueError`` for 0 stages or microbatches |
 | a top-k router | ``top_k_router(x, router, k)`` | ``grade_top_k_router`` (``experts.route``) | gates not renormalised; the lowest scores picked; raw logits as gates; transposed outputs |
 | a dispatch plan | ``plan_dispatch(experts, n_experts, ep)`` | ``grade_dispatch_plan`` (``experts.dispatch_plan`` at 2, 4, 8 ranks) | a lost slot; a duplicated slot; experts placed by ``e % ep``; rows not grouped by expert; wrong per-rank counts |
+| merge two partial attention results | ``merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)`` | ``grade_merge_partial_attention`` (``context_parallel.merge``, and attention over all the keys) | a plain average; outputs weighed by their sums without rescaling to the new max; no division by the new sum; exponentiating the maxes (overflow at scores near 1000); a wrong max or sum |
 
 Graders are named ``grade_*`` (validators elsewhere are ``check_*``: they raise, graders report). Each
 grader returns an ``ExerciseResult`` (``.passed``, ``.status``, ``.messages``) that displays as a
@@ -23,4 +24,5 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "tensor_parallel": ("grade_shard_rows", "grade_tp_pair_forward", "pair_weights", "pair_reference"),
     "pipeline": ("grade_bubble_fraction",),
     "experts": ("grade_top_k_router", "grade_dispatch_plan"),
+    "context_parallel": ("grade_merge_partial_attention",),
 })
