@@ -29,14 +29,13 @@ PURE_WITHOUT_TORCH = {
     "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
     "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
-    "shardlib.context_parallel.predict", "shardlib.context_parallel.memory",
+    "shardlib.context_parallel.predict", "shardlib.context_parallel.memory", "shardlib.context_parallel.layouts",
 }
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
         "shardlib.experts.routing", "shardlib.experts.layer", "shardlib.experts.placement",
-        "shardlib.context_parallel.layouts", "shardlib.context_parallel.online_softmax",
-        "shardlib.context_parallel.reference",
+        "shardlib.context_parallel.online_softmax", "shardlib.context_parallel.reference",
     },
     "runtime": {"shardlib.runtime.ranks", "shardlib.runtime.worker", "shardlib.runtime.context",
                 "shardlib.runtime.comm"},
@@ -50,7 +49,8 @@ LAYERS = {
                "shardlib.context_parallel.drivers", "shardlib.context_parallel.sp_drivers"},
     "ui": {f"shardlib.ui.{m}" for m in (
         "theme", "gantt", "live", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
-        "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")},
+        "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")}
+    | {"shardlib.ui.context_figures", "shardlib.ui.context_widgets"},
     "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")}
     | {"shardlib.exercises.context_parallel"},
 }

@@ -23,8 +23,8 @@ from ..costs.calibration import fastest_of_slowest, fit_link
 from ..hardware import Link
 from ..runtime.timeline import Span
 from .predict import AttentionShape, hidden_share, ring_time_s, ring_transfer_s, ulysses_collectives
-from .layouts import LAYOUTS, RankWork, causal_work, gather_sequence, imbalance
-from .reference import attention_reference
+from .layouts import LAYOUTS, RankWork, causal_work, imbalance
+from .reference import attention_reference, gather_sequence
 from .ring import check_ring_inputs, exchange_sweep_on_rank, ring_attention_on_rank
 from .ulysses import check_ulysses_inputs, ulysses_attention_on_rank
 

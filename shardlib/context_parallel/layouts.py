@@ -8,21 +8,20 @@ striped attention, Brandon et al. 2023, is its cousin at the granularity of sing
 sequence into ``2 x world_size`` chunks and gives rank ``r`` chunks ``r`` and ``2 world_size - 1 - r``:
 one early chunk and one late chunk, so every rank holds the same amount of past.
 
-A rank's *shard* is its chunks laid end to end. The sequence must split evenly: ``world_size``
-pieces (contiguous) or ``2 x world_size`` chunks (zigzag); ``check_sequence`` says so with the numbers.
+A rank's *shard* is its chunks laid end to end (``reference.shard_sequence`` cuts a tensor so). The
+sequence must split evenly: ``world_size`` pieces (contiguous) or ``2 x world_size`` chunks (zigzag);
+``check_sequence`` says so with the numbers.
 
 Work. Attention of a query chunk ``a`` over a key chunk ``b`` (chunks of the same size) is *visible*
 (``b < a``: every key is in the past, no mask), *diagonal* (``b == a``: the causal triangle, computed
 with a mask) or *future* (``b > a``: skipped). ``block_kinds`` classifies a pair; ``causal_work``
 counts, per rank, the pairs it computes over a whole ring pass: the prediction that the measured
-per-rank compute is set against. Pure: torch only for cutting and joining tensors.
+per-rank compute is set against. Pure: no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 from ..checks import choice, whole_number
 
@@ -62,25 +61,6 @@ def positions_of_rank(rank: int, world_size: int, seq: int, layout: str = "conti
     """The sequence positions of rank ``rank``'s shard, in the order the shard holds them."""
     size = check_sequence(seq, world_size, layout)
     return [c * size + i for c in chunks_of_rank(rank, world_size, layout) for i in range(size)]
-
-
-def shard_sequence(t: torch.Tensor, world_size: int, layout: str = "contiguous", dim: int = 2) -> list[torch.Tensor]:
-    """Every rank's shard of ``t`` along ``dim`` (default 2: ``(batch, heads, seq, head_dim)``)."""
-    size = check_sequence(t.shape[dim], world_size, layout)
-    pieces = t.split(size, dim=dim)
-    return [torch.cat([pieces[c] for c in chunks_of_rank(r, world_size, layout)], dim=dim)
-            for r in range(world_size)]
-
-
-def gather_sequence(shards, layout: str = "contiguous", dim: int = 2) -> torch.Tensor:
-    """The inverse of ``shard_sequence``: the whole tensor, tokens back in sequence order."""
-    shards = list(shards)
-    n, per = len(shards), chunks_per_rank(layout)
-    pieces: dict[int, torch.Tensor] = {}
-    for r, shard in enumerate(shards):
-        for c, piece in zip(chunks_of_rank(r, n, layout), shard.chunk(per, dim=dim)):
-            pieces[c] = piece
-    return torch.cat([pieces[c] for c in range(n * per)], dim=dim)
 
 
 def block_kind(q_chunk: int, k_chunk: int, causal: bool = True) -> str:

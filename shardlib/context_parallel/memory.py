@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 from ..checks import flag, positive_number, whole_number
 from ..models import ModelConfig
+from .layouts import check_sequence
+from .predict import AttentionShape
 
 
 def _degrees(tp: int, cp: int) -> tuple[int, int]:
@@ -115,3 +117,19 @@ def toy_block_activation_bytes(model: ModelConfig, batch: int, seq: int, tp: int
     attention = 4 * tokens * heads * hd + tokens * heads
     mlp = 4 * tokens * model.d_ff / tp
     return (outside + pair_inputs + attention + mlp) * positive_number(bytes_per_value, "bytes_per_value")
+
+
+def attention_bytes_per_rank(shape: AttentionShape, world_size: int = 1, layout: str = "contiguous") -> dict[str, float]:
+    """What one rank holds during one attention call on ``shape``, part by part. One rank (``world_size``
+    1): q, k, v, the output and the whole score matrix, as a plain implementation materialises it. A
+    ring rank: its rows of q and the output, its own K/V shard, the next one arriving (the ring's only
+    extra), and the scores of one block, a chunk of queries against a chunk of keys."""
+    n = whole_number(world_size, "world_size")
+    chunk = check_sequence(shape.seq, n, layout) if n > 1 else shape.seq
+    b, hd, B = shape.batch, shape.head_dim, shape.bytes_per_value
+    rows = shape.seq / n
+    parts = {"q and output rows": 2 * b * shape.heads * rows * hd * B, "own K/V": shape.kv_block_bytes(n)}
+    if n > 1:
+        parts["K/V arriving"] = shape.kv_block_bytes(n)
+    parts["scores"] = b * shape.heads * (chunk if n > 1 else shape.seq) ** 2 * B
+    return parts

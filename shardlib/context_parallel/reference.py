@@ -5,6 +5,7 @@ ring played out in one process.
   causal or not, grouped-query heads included.
 * ``check_qkv``: the shape rules of q, k and v, each broken rule a ValueError with the numbers (the
   drivers call it before any rank starts, the rank functions before any message).
+* ``shard_sequence``, ``gather_sequence``: cut a tensor into the ranks' shards of a layout, and join them.
 * ``simulate_ring_attention``: every rank's ring pass computed here, block by block in ring order,
   with the very code the ranks run (``online_softmax.attend_block``): the ring at any world size
   without processes.
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import flag
-from .layouts import chunks_of_rank, chunks_per_rank, gather_sequence, shard_sequence
+from .layouts import check_sequence, chunks_of_rank, chunks_per_rank
 from .online_softmax import attend_block
 
 
@@ -47,6 +48,25 @@ def check_qkv(q_shape, k_shape, v_shape, what: str = "q, k, v") -> tuple[int, in
         raise ValueError(f"{what}: {heads} query heads cannot share {kv_heads} KV heads evenly (grouped-query "
                          "attention needs the query heads to be a multiple of the KV heads)")
     return b, heads, kv_heads, s, hd
+
+
+def shard_sequence(t: torch.Tensor, world_size: int, layout: str = "contiguous", dim: int = 2) -> list[torch.Tensor]:
+    """Every rank's shard of ``t`` along ``dim`` (default 2: ``(batch, heads, seq, head_dim)``)."""
+    size = check_sequence(t.shape[dim], world_size, layout)
+    pieces = t.split(size, dim=dim)
+    return [torch.cat([pieces[c] for c in chunks_of_rank(r, world_size, layout)], dim=dim)
+            for r in range(world_size)]
+
+
+def gather_sequence(shards, layout: str = "contiguous", dim: int = 2) -> torch.Tensor:
+    """The inverse of ``shard_sequence``: the whole tensor, tokens back in sequence order."""
+    shards = list(shards)
+    n, per = len(shards), chunks_per_rank(layout)
+    pieces: dict[int, torch.Tensor] = {}
+    for r, shard in enumerate(shards):
+        for c, piece in zip(chunks_of_rank(r, n, layout), shard.chunk(per, dim=dim)):
+            pieces[c] = piece
+    return torch.cat([pieces[c] for c in range(n * per)], dim=dim)
 
 
 def ring_pass(rank: int, world_size: int, q_shard, kv_blocks, layout: str, causal: bool, scale=None):

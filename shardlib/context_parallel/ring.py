@@ -31,9 +31,9 @@ import time
 import torch
 
 from ..checks import flag, number_at_least
-from .layouts import check_sequence, chunks_of_rank, chunks_per_rank, shard_sequence
+from .layouts import check_sequence, chunks_of_rank, chunks_per_rank
 from .online_softmax import attend_block
-from .reference import check_qkv
+from .reference import check_qkv, shard_sequence
 
 
 def check_ring_inputs(q_shape, k_shape, v_shape, world_size: int, layout: str, local: bool) -> None:
