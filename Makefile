@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py
 	$(BIN)/python benchmarks/bench_experts.py
 	$(BIN)/python benchmarks/bench_combined.py
+	$(BIN)/python benchmarks/bench_context_parallel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -215,3 +215,58 @@ def test_toy_block_activation_formula_hand_worked():
     assert toy_block_activation_bytes(TOY, 2, 12, 2) == 24 * 902 * 4
     # sequence parallel: the norms' inputs and scales are stored once, not twice: 2 x (64 + 1) / 2 per token
     assert toy_block_activation_bytes(TOY, 2, 12, 2, sequence_parallel=True) == 24 * (902 - 65) * 4
+
+
+def test_attention_bytes_per_rank_hand_worked():
+    from shardlib.context_parallel import attention_bytes_per_rank
+
+    shape = AttentionShape(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=64)  # float32
+    one = attention_bytes_per_rank(shape)
+    assert one == {"q and output rows": 2 * 8 * 1024 * 64 * 4, "own K/V": 2 * 2 * 1024 * 64 * 4,
+                   "scores": 8 * 1024 * 1024 * 4}
+    ring = attention_bytes_per_rank(shape, 2, "zigzag")  # 4 chunks of 256: one block of scores is 256 x 256
+    assert ring["scores"] == 8 * 256 * 256 * 4 and ring["K/V arriving"] == ring["own K/V"] == 2 * 2 * 512 * 64 * 4
+    assert sum(ring.values()) < sum(one.values()) / 5
+    with pytest.raises(ValueError, match="does not split evenly"):
+        attention_bytes_per_rank(AttentionShape(1, 8, 2, 1000, 64), 16)
+
+
+# -- figures -----------------------------------------------------------------------------------------------
+def test_ring_steps_figure_names_whose_block_each_rank_holds():
+    from shardlib.ui.context_figures import ring_steps_figure
+
+    fig = ring_steps_figure(3)
+    text = fig.data[0].text
+    assert text[0][1].startswith("K/V of rank 2") and text[2][2].startswith("K/V of rank 0")
+    assert list(fig.data[0].z[0]) == [1.0, 0.0, 0.0]  # rank 0 computes only its own diagonal block
+
+
+def test_block_owner_figure_colours_blocks_by_the_computing_rank():
+    from shardlib.ui.context_figures import block_owner_figure
+
+    contiguous, zigzag = block_owner_figure(2).data
+    z = [list(row) for row in zigzag.z]  # 4 chunks: rank 0 holds 0 and 3, rank 1 holds 1 and 2
+    assert z[0] == [0, None, None, None] and z[3] == [0, 0, 0, 0] and z[2] == [1, 1, 1, None]
+    assert [list(row) for row in contiguous.z][3] == [1, 1, 1, 1]
+    # the same number of blocks coloured for each rank in the zigzag layout
+    assert sum(row.count(0) for row in z) == sum(row.count(1) for row in z) == 5
+
+
+def test_the_other_figures_draw_their_data():
+    from shardlib.runtime.timeline import Span
+    from shardlib.ui.context_figures import (attention_memory_figure, balance_figure, memory_figure,
+                                             method_bytes_figure, ring_timeline_figure)
+
+    fig = memory_figure([1000, 2000], {"tp 8": [1e9, 2e9], "tp 8 x cp 2": [5e8, 1e9]}, 80e9)
+    assert [t.name for t in fig.data] == ["tp 8", "tp 8 x cp 2"] and list(fig.data[0].y) == [1.0, 2.0]
+    fig = method_bytes_figure({"ring attention": [2 ** 20, 2 ** 21]}, [2, 4], {"ring attention": {2: 2 ** 20}})
+    assert list(fig.data[0].y) == [1.0, 2.0] and list(fig.data[1].x) == [2]
+    fig = balance_figure({"contiguous": [0.01, 0.02]}, {"contiguous": [1, 2]})
+    assert list(fig.data[0].y) == [10.0, 20.0] and list(fig.data[1].y) == [1, 2]
+    spans = [Span(0, "attend K/V of rank 0", "compute", 1.0, 1.010), Span(0, "send", "comm", 1.0, 1.004, {"size_bytes": 2 ** 20}),
+             Span(1, "wait recv", "wait", 1.010, 1.012)]
+    fig = ring_timeline_figure(spans, "t")
+    assert {t.name for t in fig.data} == {"compute", "send in flight", "blocked, waiting for the transfer"}
+    assert list(fig.layout.yaxis.categoryarray) == ["rank 1 transfer", "rank 1 compute", "rank 0 transfer", "rank 0 compute"]
+    fig = attention_memory_figure({"one": {"scores": 2 ** 20}, "ring": {"scores": 2 ** 18, "own K/V": 2 ** 19}})
+    assert [t.name for t in fig.data] == ["scores", "own K/V"] and list(fig.data[1].y) == [0.0, 0.5]

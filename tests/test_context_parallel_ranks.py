@@ -178,3 +178,19 @@ def test_sequence_parallel_refuses_a_sequence_that_does_not_split(pool):
     x = activations(1, 4 * n + 1, TOY.d_model, seed=1)
     with pytest.raises(ValueError, match=rf"{4 * n + 1} tokens does not split {n} ways"):
         run_sequence_parallel(pool, x, w, TOY, x)
+
+
+def test_the_sequence_slider_stays_in_range_and_reruns(pool2):
+    from shardlib.ui.context_widgets import sequence_explorer
+
+    app = sequence_explorer(pool2, heads=4, kv_heads=2, head_dim=16, max_seq=512)
+    (slider, picker), label, memory = app.children[0].children, app.children[1], app.children[2]
+    assert (slider.min, slider.max, slider.step) == (128, 512, 128)
+    assert "512 tokens, zigzag layout" in label.value and "exact within 1e-5" in label.value
+    slider.value = 10_000  # out of range: the slider clamps it
+    assert slider.value == 512
+    slider.value = 256
+    assert "256 tokens, zigzag layout" in label.value
+    picker.value = "contiguous"
+    assert "256 tokens, contiguous layout" in label.value and app.children[-1].value == ""
+    assert {t.name for t in memory.data} == {"q and output rows", "own K/V", "K/V arriving", "scores"}

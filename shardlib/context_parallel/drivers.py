@@ -155,8 +155,9 @@ class Overlap:
 
     @property
     def predicted_overlapped_s(self) -> float:
-        """``predict.ring_time_s`` from the compute measured without overlap (undisturbed by transfers)."""
-        return ring_time_s(self.sequential.step_compute_s, self.transfer_s, overlap=True)
+        """``predict.ring_time_s`` from the per-step compute this run measured (on a shared machine
+        compute varies from run to run more than the transfer does) and ``transfer_s``."""
+        return ring_time_s(self.overlapped.step_compute_s, self.transfer_s, overlap=True)
 
     @property
     def predicted_sequential_s(self) -> float:
