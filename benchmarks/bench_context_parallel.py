@@ -22,11 +22,13 @@ one place, not thread counts. Each figure is the median of ``REPEATS`` passes af
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_runtime import median_s  # noqa: E402  (the median of timed calls, shared with the runtime benchmark)
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 SEQS = (512, 1024, 2048, 4096)
@@ -40,14 +42,9 @@ def row(label: str, value: str, note: str = "") -> None:
     print(f"  {label:<62} {value:>14}   {note}")
 
 
-def median_time(fn, repeats: int = REPEATS) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def median_time(fn) -> float:
+    fn()  # warm-up
+    return median_s(fn, REPEATS)
 
 
 def main() -> int:

@@ -83,14 +83,14 @@ class RankWork:
     chunk: int
 
     @property
-    def computed_pairs(self) -> int:
-        """Blocks computed: what the time follows (a masked block costs as much as a whole one)."""
-        return self.visible + self.diagonal
-
-    @property
     def scores(self) -> int:
         """Query-key scores computed (masked ones included), per head."""
-        return self.computed_pairs * self.chunk * self.chunk
+        return (self.visible + self.diagonal) * self.chunk ** 2
+
+    @property
+    def computed_pairs(self) -> int:
+        """Blocks computed: what the time follows (a masked block costs as much as a whole one)."""
+        return self.scores // self.chunk ** 2
 
 
 def causal_work(seq: int, world_size: int, layout: str = "contiguous", causal: bool = True) -> list[RankWork]:

@@ -32,10 +32,9 @@ backward, which moves the second line to ``/ tp`` as well.) Pure: no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..checks import flag, positive_number, whole_number
 from ..models import ModelConfig
+from ..plan.memory import Memory
 from .layouts import check_sequence
 from .predict import AttentionShape
 
@@ -68,25 +67,11 @@ def attention_activation_bytes(model: ModelConfig, seq: int, batch: int = 1, tp:
     return (qkvo + scores) * model.bytes_per_param
 
 
-@dataclass(frozen=True)
-class DeviceMemory:
-    """Bytes on one device: the weights (split ``tp`` ways, copied on every context-parallel rank) and
-    the KV cache."""
-
-    tp: int
-    cp: int
-    weights_bytes: float
-    kv_cache_bytes: float
-
-    @property
-    def total_bytes(self) -> float:
-        return self.weights_bytes + self.kv_cache_bytes
-
-
-def device_memory(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> DeviceMemory:
-    """Weights and KV cache on one device of a ``tp x cp`` layout."""
+def device_memory(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> Memory:
+    """Weights and KV cache on one device of a ``tp x cp`` layout (the planner's ``Memory``): the
+    weights split ``tp`` ways and copied on every context-parallel rank, the cache split both ways."""
     tp, cp = _degrees(tp, cp)
-    return DeviceMemory(tp, cp, model.weight_bytes / tp, kv_cache_bytes(model, seq, batch, tp, cp))
+    return Memory(model.weight_bytes / tp, kv_cache_bytes(model, seq, batch, tp, cp))
 
 
 def context_parallel_needed(model: ModelConfig, seq: int, memory_per_device_bytes: float, batch: int = 1,

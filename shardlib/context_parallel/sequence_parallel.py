@@ -37,33 +37,33 @@ from ..toy import rms_norm
 SEQ_DIM = 1  # activations are (batch, seq, d_model)
 
 
-class GatherFromSequence(torch.autograd.Function):
-    """Forward: all-gather the sequence shards (b, s/tp, d) into (b, s, d). Backward: reduce-scatter."""
+def _along_sequence(op: str, t: torch.Tensor, tpg: TPGroup) -> torch.Tensor:
+    """``all_gather`` or ``reduce_scatter`` of ``t`` along the sequence dim, over the group's ranks."""
+    collective = tpg.comm.all_gather if op == "all_gather" else tpg.comm.reduce_scatter
+    return collective(t.contiguous(), dim=SEQ_DIM, group=tpg.group)
 
-    @staticmethod
+
+def _conjugate(name: str, forward_op: str, backward_op: str, doc: str) -> type:
+    """An autograd function that runs ``forward_op`` forward and its conjugate ``backward_op`` on the
+    gradient: the transpose of an all-gather is a reduce-scatter, and the other way round."""
+
     def forward(fctx, x, tpg: TPGroup):
         fctx.tpg = tpg
-        return tpg.comm.all_gather(x.contiguous(), dim=SEQ_DIM, group=tpg.group)
+        return _along_sequence(forward_op, x, tpg)
 
-    @staticmethod
     def backward(fctx, grad):
-        tpg = fctx.tpg
-        return tpg.comm.reduce_scatter(grad.contiguous(), dim=SEQ_DIM, group=tpg.group), None
+        return _along_sequence(backward_op, grad, fctx.tpg), None
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                   "backward": staticmethod(backward), "__doc__": doc})
 
 
-class ScatterToSequence(torch.autograd.Function):
-    """Forward: reduce-scatter the partial sums (b, s, d) to this rank's tokens (b, s/tp, d), summed.
-    Backward: all-gather the gradient of the shard back to the whole sequence."""
-
-    @staticmethod
-    def forward(fctx, x, tpg: TPGroup):
-        fctx.tpg = tpg
-        return tpg.comm.reduce_scatter(x.contiguous(), dim=SEQ_DIM, group=tpg.group)
-
-    @staticmethod
-    def backward(fctx, grad):
-        tpg = fctx.tpg
-        return tpg.comm.all_gather(grad.contiguous(), dim=SEQ_DIM, group=tpg.group), None
+GatherFromSequence = _conjugate("GatherFromSequence", "all_gather", "reduce_scatter",
+                                "Forward: all-gather the sequence shards (b, s/tp, d) into (b, s, d). Backward: "
+                                "reduce-scatter of the gradient.")
+ScatterToSequence = _conjugate("ScatterToSequence", "reduce_scatter", "all_gather",
+                               "Forward: reduce-scatter the partial sums (b, s, d) to this rank's tokens (b, s/tp, d), "
+                               "summed. Backward: all-gather of the shard's gradient.")
 
 
 class SequenceParallelBlock(nn.Module):

@@ -8,7 +8,6 @@ rank, and its timeline.
 
 from __future__ import annotations
 
-import html
 import time
 
 import ipywidgets as widgets
