@@ -254,7 +254,7 @@ for layout in ("contiguous", "zigzag"):
           f"{balance.measured_imbalance(layout):.2f}, predicted {balance.predicted_imbalance(layout):.2f}; "
           f"gap {r.gap:.1e}")
 balance_figure({layout: balance.compute_s(layout) for layout in ("contiguous", "zigzag")},
-               {layout: balance.runs[layout].computed_blocks for layout in ("contiguous", "zigzag")})
+               {layout: [w.scores for w in balance.runs[layout].predicted_work] for layout in ("contiguous", "zigzag")})
 
 # %%
 assert balance.runs["zigzag"].exact and balance.runs["contiguous"].exact

@@ -261,12 +261,13 @@ def test_the_other_figures_draw_their_data():
     assert [t.name for t in fig.data] == ["tp 8", "tp 8 x cp 2"] and list(fig.data[0].y) == [1.0, 2.0]
     fig = method_bytes_figure({"ring attention": [2 ** 20, 2 ** 21]}, [2, 4], {"ring attention": {2: 2 ** 20}})
     assert list(fig.data[0].y) == [1.0, 2.0] and list(fig.data[1].x) == [2]
-    fig = balance_figure({"contiguous": [0.01, 0.02]}, {"contiguous": [1, 2]})
-    assert list(fig.data[0].y) == [10.0, 20.0] and list(fig.data[1].y) == [1, 2]
+    fig = balance_figure({"contiguous": [0.01, 0.02]}, {"contiguous": [1, 3]})
+    assert list(fig.data[0].y) == [10.0, 20.0] and list(fig.data[1].y) == [7.5, 22.5]  # 30 ms split 1 : 3
     spans = [Span(0, "attend K/V of rank 0", "compute", 1.0, 1.010), Span(0, "send", "comm", 1.0, 1.004, {"size_bytes": 2 ** 20}),
              Span(1, "wait recv", "wait", 1.010, 1.012)]
     fig = ring_timeline_figure(spans, "t")
     assert {t.name for t in fig.data} == {"compute", "send in flight", "blocked, waiting for the transfer"}
-    assert list(fig.layout.yaxis.categoryarray) == ["rank 1 transfer", "rank 1 compute", "rank 0 transfer", "rank 0 compute"]
+    assert list(fig.layout.yaxis.categoryarray) == ["rank 1 recv", "rank 1 send", "rank 1 compute", "rank 0 recv",
+                                                    "rank 0 send", "rank 0 compute"]
     fig = attention_memory_figure({"one": {"scores": 2 ** 20}, "ring": {"scores": 2 ** 18, "own K/V": 2 ** 19}})
     assert [t.name for t in fig.data] == ["scores", "own K/V"] and list(fig.data[1].y) == [0.0, 0.5]

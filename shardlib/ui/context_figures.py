@@ -71,27 +71,28 @@ def block_owner_figure(world_size: int) -> go.Figure:
     return fig
 
 
-def balance_figure(compute_s: Mapping[str, Sequence[float]], predicted_blocks: Mapping[str, Sequence[int]],
+def balance_figure(compute_s: Mapping[str, Sequence[float]], predicted_scores: Mapping[str, Sequence[int]],
                    timing_note: str = "CPU time of each rank's compute, median of the passes") -> go.Figure:
-    """Per-rank compute measured (bars, ms) in each layout, with the blocks predicted on a second axis."""
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    """Per-rank compute measured (bars, ms) in each layout, and (diamonds) the measured total split
+    between the ranks as the predicted work (``RankWork.scores``) splits it."""
+    fig = go.Figure()
     for i, layout in enumerate(compute_s):
-        ranks = [f"rank {r}" for r in range(len(compute_s[layout]))]
-        fig.add_trace(go.Bar(x=ranks, y=[c * 1e3 for c in compute_s[layout]], name=f"{layout}: measured",
-                             marker_color=(ORANGE, BLUE)[i % 2], offsetgroup=i), secondary_y=False)
-        fig.add_trace(go.Scatter(x=ranks, y=list(predicted_blocks[layout]), name=f"{layout}: blocks predicted",
-                                 mode="markers", marker={"symbol": "diamond", "size": 12, "color": (RED, "#1f3b63")[i % 2]}),
-                      secondary_y=True)
-    fig.update_yaxes(title_text="compute (ms)", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="blocks computed", secondary_y=True, rangemode="tozero")
-    fig.update_layout(title=f"Causal ring attention: work per rank ({timing_note})", barmode="group", height=360)
+        measured, work = list(compute_s[layout]), list(predicted_scores[layout])
+        ranks = [f"rank {r}" for r in range(len(measured))]
+        fig.add_trace(go.Bar(x=ranks, y=[c * 1e3 for c in measured], name=f"{layout}: measured",
+                             marker_color=(ORANGE, BLUE)[i % 2], offsetgroup=str(i)))
+        fig.add_trace(go.Scatter(x=ranks, y=[sum(measured) * 1e3 * w / sum(work) for w in work],
+                                 name=f"{layout}: the total split as predicted", mode="markers", offsetgroup=str(i),
+                                 marker={"symbol": "diamond", "size": 12, "color": (RED, "#1f3b63")[i % 2]}))
+    fig.update_layout(title=f"Causal ring attention: work per rank ({timing_note})", barmode="group",
+                      scattermode="group", yaxis_title="compute (ms)", height=360)
     return fig
 
 
 def ring_timeline_figure(spans: Sequence[Span], title: str) -> go.Figure:
-    """A ring pass on two rows per rank: its compute, and its transfers (from the issue until the rank
-    confirmed them in ``wait``, which on gloo is the only completion it is told of), with the time it
-    spent blocked in ``wait`` in grey."""
+    """A ring pass on three rows per rank: its compute (with the time it spent blocked in ``wait`` in
+    grey), its sends and its receives (each from the issue until the rank confirmed it in ``wait``,
+    which on gloo is the only completion it is told of)."""
     if not spans:
         raise ValueError("no spans to draw: run the ring first")
     origin = min(s.start_s for s in spans)
@@ -102,12 +103,12 @@ def ring_timeline_figure(spans: Sequence[Span], title: str) -> go.Figure:
             bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "compute", KIND_COLOURS["compute"]))
         elif s.kind == "comm" and s.name in ("send", "recv"):
             label = f"{s.name} {s.attrs.get('size_bytes', 0) / 2 ** 20:.1f} MiB"
-            bars.append(Bar(f"rank {s.rank} transfer", start, end, label, f"{s.name} in flight", KIND_COLOURS[s.name]))
+            bars.append(Bar(f"rank {s.rank} {s.name}", start, end, label, f"{s.name} in flight", KIND_COLOURS[s.name]))
         elif s.kind == "wait":
             bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "blocked, waiting for the transfer",
                             WAIT_COLOUR))
     n = max(s.rank for s in spans) + 1
-    rows = [f"rank {r} {what}" for r in range(n) for what in ("compute", "transfer")]
+    rows = [f"rank {r} {what}" for r in range(n) for what in ("compute", "send", "recv")]
     return gantt_figure(bars, rows, title)
 
 
