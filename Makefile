@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_experts.py
 	$(BIN)/python benchmarks/bench_combined.py
 	$(BIN)/python benchmarks/bench_data_parallel.py
+	$(BIN)/python benchmarks/bench_context_parallel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -67,3 +67,14 @@ def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> tor
     shard.grad = my_grad
     torch.optim.AdamW([shard], lr=lr).step()  # optimizer state for my shard only
     return ctx.comm.all_gather(shard.detach())  # (len,): every rank's updated shard, in rank order
+
+
+# -- 07 context parallelism -----------------------------------------------------------------------------
+def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    """Attention over two blocks of keys from each block's own (out, max, sum): the online softmax's merge."""
+    new_max = torch.maximum(max_a, max_b)  # (..., rows)
+    w_a = sum_a * torch.exp(max_a - new_max)  # block a's share of the new denominator; exp of a difference <= 0
+    w_b = sum_b * torch.exp(max_b - new_max)
+    new_sum = w_a + w_b
+    out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / new_sum.unsqueeze(-1)  # (..., rows, head_dim)
+    return out, new_max, new_sum

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from shardlib import Ranks
 from shardlib.exercises import (NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult, grade_bubble_fraction,
-                                grade_dispatch_plan, grade_shard_rows, grade_top_k_router, grade_tp_pair_forward)
+                                grade_dispatch_plan, grade_merge_partial_attention, grade_shard_rows,
+                                grade_top_k_router, grade_tp_pair_forward)
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("exercise_answers", ROOT / "solutions" / "exercise_answers.py")
@@ -275,9 +276,61 @@ def test_dispatch_wrong_answers_fail_with_a_hint(wrong, phrases):
     assert_wrong(grade_dispatch_plan(wrong), *phrases)
 
 
+# -- merging two partial attention results ----------------------------------------------------------------
+def merge_average(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    return (out_a + out_b) / 2, torch.maximum(max_a, max_b), sum_a + sum_b
+
+
+def merge_by_sums(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    total = (sum_a + sum_b).unsqueeze(-1)
+    return (sum_a.unsqueeze(-1) * out_a + sum_b.unsqueeze(-1) * out_b) / total, torch.maximum(max_a, max_b), sum_a + sum_b
+
+
+def merge_not_divided(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    out, new_max, new_sum = answers.merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)
+    return out * new_sum.unsqueeze(-1), new_max, new_sum
+
+
+def merge_exponentiating_maxes(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    """Right for ordinary scores; exp(max) overflows once a max passes about 88."""
+    new_max = torch.maximum(max_a, max_b)
+    w_a, w_b = sum_a * torch.exp(max_a), sum_b * torch.exp(max_b)
+    out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / (w_a + w_b).unsqueeze(-1)
+    return out, new_max, (w_a + w_b) / torch.exp(new_max)
+
+
+def merge_sum_not_rescaled(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    out, new_max, _ = answers.merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)
+    return out, new_max, sum_a + sum_b
+
+
+def merge_wrong_max(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    out, _, new_sum = answers.merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)
+    return out, torch.minimum(max_a, max_b), new_sum
+
+
+def test_merge_solution_passes_and_blank_is_not_written():
+    assert grade_merge_partial_attention(answers.merge_partials).passed
+    assert grade_merge_partial_attention(blank).status == NOT_WRITTEN
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (merge_average, ("blocks of 5 and 7 keys (a then b)", "plain average")),
+    (merge_by_sums, ("weighed each output by its sum alone", "rescale")),
+    (merge_not_divided, ("not divided by the new sum",)),
+    (merge_exponentiating_maxes, ("scores near 1000", "inf or nan", "Never exponentiate a max")),
+    (merge_sum_not_rescaled, ("out and max are right but sum is not",)),
+    (merge_wrong_max, ("max is not the largest score",)),
+    (lambda *args: args[:2], ("return three tensors",)),
+])
+def test_merge_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_merge_partial_attention(wrong), *phrases)
+
+
 # -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
 EXERCISE_DIRS = (ROOT / "notebooks" / "exercises", ROOT / "solutions")
-NOTEBOOK_STEMS = ("01_tensor_parallel", "03_pipeline_parallel", "04_expert_parallel")
+NOTEBOOK_STEMS = ("01_tensor_parallel", "03_pipeline_parallel", "04_expert_parallel",
+                  "07_context_parallel")
 
 
 def test_every_exercise_has_a_starter_and_a_solution_notebook():
@@ -289,9 +342,10 @@ def test_every_exercise_has_a_starter_and_a_solution_notebook():
     solutions = "".join((ROOT / "solutions" / f"{s}_solutions.py").read_text() for s in NOTEBOOK_STEMS)
     for grader, fn in (("grade_shard_rows", "shard_rows"), ("grade_tp_pair_forward", "tp_pair_forward"),
                        ("grade_bubble_fraction", "bubble_fraction"), ("grade_top_k_router", "top_k_router"),
-                       ("grade_dispatch_plan", "plan_dispatch")):
+                       ("grade_dispatch_plan", "plan_dispatch"),
+                       ("grade_merge_partial_attention", "merge_partials")):
         assert f"{grader}(" in starters and f"{grader}(answers.{fn}" in solutions
-    assert starters.count('raise NotImplementedError("write') == 5, "each starter function is left blank"
+    assert starters.count('raise NotImplementedError("write') == 6, "each starter function is left blank"
     assert "exercise_answers" not in starters, "the starters must not import the solutions"
 
 
@@ -315,7 +369,8 @@ def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):
             assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code"), nb.name
 
 
-@pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_top_k_router, grade_dispatch_plan])
+@pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_top_k_router, grade_dispatch_plan,
+                                    grade_merge_partial_attention])
 def test_graders_refuse_something_that_is_not_a_function(grader):
     with pytest.raises(ValueError, match="pass your function itself"):
         grader(42)

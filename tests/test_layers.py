@@ -30,24 +30,31 @@ PURE_WITHOUT_TORCH = {
     "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
     "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
     "shardlib.data_parallel.flat", "shardlib.data_parallel.predict",
+    "shardlib.context_parallel.predict", "shardlib.context_parallel.memory", "shardlib.context_parallel.layouts",
 }
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
         "shardlib.experts.routing", "shardlib.experts.layer", "shardlib.experts.placement",
         "shardlib.data_parallel.reference", "shardlib.data_parallel.meter", "shardlib.data_parallel.activations",
+        "shardlib.context_parallel.online_softmax", "shardlib.context_parallel.reference",
     },
     "runtime": {"shardlib.runtime.ranks", "shardlib.runtime.worker", "shardlib.runtime.context",
                 "shardlib.runtime.comm", "shardlib.runtime.launcher", "shardlib.runtime.template"},
     "rank": {"shardlib.runtime.basics", "shardlib.tensor_parallel.layers", "shardlib.tensor_parallel.blocks",
              "shardlib.tensor_parallel.ranks", "shardlib.pipeline.ranks", "shardlib.experts.ranks",
-             "shardlib.costs.ranks", "shardlib.plan.ranks"},
+             "shardlib.costs.ranks", "shardlib.plan.ranks",
+             "shardlib.context_parallel.ring", "shardlib.context_parallel.ulysses",
+             "shardlib.context_parallel.sequence_parallel"},
     "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
-               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch"},
+               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch",
+               "shardlib.context_parallel.drivers", "shardlib.context_parallel.sp_drivers"},
     "ui": {f"shardlib.ui.{m}" for m in (
         "theme", "gantt", "live", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
-        "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")},
-    "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")},
+        "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")}
+    | {"shardlib.ui.context_figures", "shardlib.ui.context_widgets"},
+    "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")}
+    | {"shardlib.exercises.context_parallel"},
 }
 LAYERS["rank"] |= {"shardlib.data_parallel.buckets", "shardlib.data_parallel.zero3", "shardlib.data_parallel.ranks",
                    "shardlib.data_parallel.peer"}

@@ -8,7 +8,8 @@
   attention for those heads alone, and the output projection is row-parallel over the same heads.
 * ``ParallelBlock``: ``toy.block_reference`` split: pre-norm, residual, two all-reduces forward.
 
-Each has ``partial(x)``, this rank's share before the sum, and ``forward(x)``, the sum through g. The
+Each has ``partial(x)``, this rank's share before the sum (``local(x)`` is the same without f, for an
+input that is already in place), and ``forward(x)``, the sum through g. The
 ranks call ``forward``; ``simulate_tp_stack`` calls ``partial`` for every rank in one process and adds
 them up, so the single-process simulation and the ranks run the very same code. Every layer is built
 from the full weights (``toy.layer_weights``) and keeps its slices.
@@ -38,8 +39,12 @@ class ParallelMLP(nn.Module):
         self.down = RowParallelLinear.from_full(w["down"], None, tpg)  # (d_model, d_ff / tp)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        x = CopyToParallelRegion.apply(x, self.tpg)  # f once for gate and up
-        gate, up = F.linear(x, self.gate), F.linear(x, self.up)  # each (b, s, d_ff / tp): no communication
+        return self.local(CopyToParallelRegion.apply(x, self.tpg))  # f once for gate and up
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share from an input already in place (after f, or after sequence parallelism's
+        all-gather): no communication."""
+        gate, up = F.linear(x, self.gate), F.linear(x, self.up)  # each (b, s, d_ff / tp)
         return self.down.partial(F.silu(gate) * up)  # (b, s, d_model), this rank's share
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +70,10 @@ class ParallelAttention(nn.Module):
         self.o = RowParallelLinear.from_full(w["o"], None, tpg)  # (d, H/tp * hd)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        x = CopyToParallelRegion.apply(x, self.tpg)  # f once for Q, K and V
+        return self.local(CopyToParallelRegion.apply(x, self.tpg))  # f once for Q, K and V
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share from an input already in place: no communication."""
         q = split_heads(F.linear(x, self.q), self.heads)  # (b, H/tp, s, hd)
         k, v = split_heads(F.linear(x, self.k), self.kv_heads), split_heads(F.linear(x, self.v), self.kv_heads)
         return self.o.partial(causal_gqa(q, k, v))  # local heads only, then this rank's share of o

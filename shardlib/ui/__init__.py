@@ -34,6 +34,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "expert_widgets": ("expert_explorer",),
     "plan_widgets": ("planner_widget",),
     "data_parallel_widgets": ("strategy_explorer",),
+    "context_figures": ("ring_steps_figure", "block_owner_figure", "balance_figure", "ring_timeline_figure",
+                        "method_bytes_figure", "memory_figure", "attention_memory_figure"),
+    "context_widgets": ("sequence_explorer",),
     "quiz": ("Question", "check_yourself", "question_widget", "questions_html"),
     "static": ("install", "widget_html", "figure_html"),
 })

@@ -1,0 +1,229 @@
+"""Context parallelism run on a pool, against the unsharded attention, the work count and the cost model.
+
+* ``run_ring_attention``: ring attention on every rank, gathered back into sequence order, its gap from
+  ``scaled_dot_product_attention`` on the whole sequence, per-rank compute, the step time, transfers.
+* ``run_ring_balance``: the contiguous and the zigzag layout side by side: per-rank compute measured
+  against the blocks ``layouts.causal_work`` predicts.
+* ``run_ring_overlap``: the ring with and without overlap, against the alpha-beta prediction on this
+  machine's link as the ring uses it (``calibrate_exchange``), and the share of transfer hidden.
+* ``run_ulysses_attention``: the all-to-all method, its gap, and its collectives against the formula.
+
+Inputs are checked here, before any rank starts; the rank functions check again.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from ..checks import flag, number_at_least, whole_number
+from ..costs.calibration import fastest_of_slowest, fit_link
+from ..hardware import Link
+from ..runtime.timeline import Span
+from .predict import AttentionShape, hidden_share, ring_time_s, ring_transfer_s, ulysses_collectives
+from .layouts import LAYOUTS, RankWork, causal_work, imbalance
+from .reference import attention_reference, gather_sequence
+from .ring import check_ring_inputs, exchange_sweep_on_rank, ring_attention_on_rank
+from .ulysses import check_ulysses_inputs, ulysses_attention_on_rank
+
+TOLERANCE = 1e-5  # largest |ring - whole-sequence attention|: the blocks are summed in another order
+
+
+def _gap(out: torch.Tensor, q, k, v, causal: bool, scale) -> float:
+    return float((out - attention_reference(q, k, v, causal, scale)).abs().max())
+
+
+def attention_shape(q: torch.Tensor, k: torch.Tensor) -> AttentionShape:
+    b, heads, seq, hd = q.shape
+    return AttentionShape(b, heads, k.shape[1], seq, hd, q.element_size())
+
+
+def _median_of_slowest(per_rank: list[dict], key: str, reduce=lambda x: x) -> float:
+    """Per run, the slowest rank's ``reduce(value)``; then the median over the runs (noise on a shared
+    machine only ever adds time, so no single run decides)."""
+    return statistics.median(max(reduce(x) for x in run) for run in zip(*(r[key] for r in per_rank)))
+
+
+@dataclass(frozen=True)
+class RingRun:
+    """One ring pass on a pool, run ``repeats`` times: the gathered ``output`` and its ``gap`` from the
+    whole-sequence attention, and (medians over the runs) per rank its compute (``compute_s``, wall
+    time, and ``compute_cpu_s``, its thread's CPU time: what a busy machine does not inflate), per step
+    the slowest rank's compute, the slowest rank's whole pass (``step_s``), time blocked waiting for
+    transfers (``waited_s``) and the transfers' time from issue to completion (``transfer_s``).
+    ``blocks`` and ``transfers`` are each rank's of the last run."""
+
+    world_size: int
+    layout: str
+    causal: bool
+    overlap: bool
+    output: torch.Tensor = field(repr=False)
+    gap: float
+    compute_s: tuple[float, ...]
+    compute_cpu_s: tuple[float, ...]
+    step_compute_s: tuple[float, ...]
+    step_s: float
+    waited_s: float
+    transfer_s: float
+    blocks: tuple[tuple, ...]
+    transfers: tuple[tuple, ...]
+    predicted_work: tuple[RankWork, ...]
+    spans: tuple[Span, ...] = field(default=(), repr=False)
+
+    @property
+    def exact(self) -> bool:
+        return self.gap <= TOLERANCE
+
+    @property
+    def computed_blocks(self) -> tuple[int, ...]:
+        """Blocks each rank computed, read from its spans (the prediction is ``predicted_work``)."""
+        return tuple(sum(vis + diag for _, vis, diag in steps) for steps in self.blocks)
+
+    @property
+    def sent_bytes_per_rank(self) -> tuple[int, ...]:
+        return tuple(sum(wire for op, _, wire, _, _ in t if op == "send") for t in self.transfers)
+
+    @property
+    def compute_imbalance(self) -> float:
+        """The busiest rank's compute (CPU time) over the mean (1: even)."""
+        return max(self.compute_cpu_s) * len(self.compute_cpu_s) / sum(self.compute_cpu_s)
+
+
+def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                       layout: str = "contiguous", overlap: bool = True, scale: float | None = None,
+                       repeats: int = 1, pad_compute_s: float | None = None) -> RingRun:
+    """``ring.ring_attention`` on every rank of ``ranks``: each takes its shard of the whole ``q, k, v``
+    (``q (b, H, s, hd)``, ``k, v (b, KV, s, hd)``) in ``layout``; run ``repeats`` times, each step's
+    compute padded to ``pad_compute_s`` if given."""
+    n = ranks.world_size
+    check_ring_inputs(q.shape, k.shape, v.shape, n, layout, local=False)
+    flag(causal, "causal")
+    flag(overlap, "overlap")
+    if pad_compute_s is not None:
+        number_at_least(pad_compute_s, "pad_compute_s")
+    per_rank = ranks.run(ring_attention_on_rank, q, k, v, causal, layout, overlap, scale,
+                         whole_number(repeats, "repeats"), pad_compute_s)
+    out = gather_sequence([r["output"] for r in per_rank], layout)
+    runs = len(per_rank[0]["times_s"])
+    compute, cpu = (tuple(statistics.median(sum(steps) for steps in r[key]) for r in per_rank)
+                    for key in ("step_compute_s", "step_cpu_s"))
+    per_step = tuple(statistics.median(max(r["step_compute_s"][i][step] for r in per_rank) for i in range(runs))
+                     for step in range(n))
+    return RingRun(n, layout, causal, overlap, out, _gap(out, q, k, v, causal, scale), compute, cpu, per_step,
+                   _median_of_slowest(per_rank, "times_s"), _median_of_slowest(per_rank, "waited_s"),
+                   _median_of_slowest(per_rank, "transfer_s"), tuple(tuple(r["blocks"]) for r in per_rank),
+                   tuple(tuple(r["transfers"]) for r in per_rank), tuple(causal_work(q.shape[2], n, layout, causal)),
+                   tuple(ranks.last_spans))
+
+
+@dataclass(frozen=True)
+class Balance:
+    """The same causal ring in each layout, ``runs[layout]``: per-rank compute measured (CPU time,
+    medians over the repeats) against the blocks predicted."""
+
+    runs: dict
+
+    def compute_s(self, layout: str) -> tuple[float, ...]:
+        return self.runs[layout].compute_cpu_s
+
+    def measured_imbalance(self, layout: str) -> float:
+        return self.runs[layout].compute_imbalance
+
+    def predicted_imbalance(self, layout: str) -> float:
+        return imbalance(self.runs[layout].predicted_work)
+
+
+def run_ring_balance(ranks, q, k, v, repeats: int = 3, scale: float | None = None) -> Balance:
+    """Causal ring attention in the contiguous and the zigzag layout, ``repeats`` passes each."""
+    for layout in LAYOUTS:
+        check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, layout, local=False)
+    return Balance({layout: run_ring_attention(ranks, q, k, v, True, layout, True, scale, repeats)
+                    for layout in LAYOUTS})
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """The ring with and without overlap (median step times over repeats), the alpha-beta prediction
+    of each from the measured compute and ``link``, and the share of the transfer hidden."""
+
+    overlapped: RingRun
+    sequential: RingRun
+    link: Link
+    transfer_s: float  # one block over ``link``, predicted
+
+    @property
+    def predicted_overlapped_s(self) -> float:
+        """``predict.ring_time_s`` from the per-step compute this run measured (on a shared machine
+        compute varies from run to run more than the transfer does) and ``transfer_s``."""
+        return ring_time_s(self.overlapped.step_compute_s, self.transfer_s, overlap=True)
+
+    @property
+    def predicted_sequential_s(self) -> float:
+        return ring_time_s(self.sequential.step_compute_s, self.transfer_s, overlap=False)
+
+    @property
+    def hidden_share(self) -> float:
+        """1 minus the wait left with overlap over the transfer time without it."""
+        return hidden_share(self.overlapped.waited_s, self.sequential.transfer_s)
+
+
+def calibrate_exchange(ranks, block_bytes: float, rounds: int = 5) -> Link:
+    """This machine's link as the ring uses it (every rank sending to the next while receiving from the
+    previous), fitted by ``costs.calibration.fit_link`` to exchanges from 1/256 of ``block_bytes`` up to
+    all of it, the fastest of ``rounds`` rounds each. On a busy machine a sweep can come out too noisy
+    to fit (times that do not grow with size): it is then measured once more with twice the rounds."""
+    sizes = sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)})
+    for attempt in (1, 2):
+        per_rank = ranks.run(exchange_sweep_on_rank, tuple(sizes), whole_number(rounds, "rounds") * attempt)
+        try:
+            fit = fit_link(fastest_of_slowest(per_rank, ranks.world_size))
+            break
+        except ValueError:
+            if attempt == 2:
+                raise
+    return fit.link(f"this machine, ring exchange ({ranks.backend}, {ranks.world_size} ranks)")
+
+
+def run_ring_overlap(ranks, q, k, v, causal: bool = True, layout: str = "contiguous", repeats: int = 5,
+                     link: Link | None = None, scale: float | None = None,
+                     pad_compute_s: float | None = None) -> Overlap:
+    """The ring with overlap and without, ``repeats`` passes each, against the prediction. ``link``:
+    the link to predict with (default: this machine's, fitted now by ``calibrate_exchange``);
+    ``pad_compute_s``: each step's compute padded to a set length (see ``ring.ring_attention``)."""
+    check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, layout, local=False)
+    shape = attention_shape(q, k)
+    if link is None:
+        link = calibrate_exchange(ranks, shape.kv_block_bytes(ranks.world_size))
+    runs = {ov: run_ring_attention(ranks, q, k, v, causal, layout, ov, scale, repeats, pad_compute_s)
+            for ov in (False, True)}
+    return Overlap(runs[True], runs[False], link, ring_transfer_s(shape, ranks.world_size, link))
+
+
+@dataclass(frozen=True)
+class UlyssesRun:
+    """The all-to-all method on a pool: gathered output, gap, and rank 0's collectives measured and
+    predicted (``(op, size_bytes, wire_bytes)`` each)."""
+
+    world_size: int
+    output: torch.Tensor = field(repr=False)
+    gap: float
+    measured: tuple[tuple, ...]
+    predicted: tuple[tuple, ...]
+
+    @property
+    def wire_bytes_per_rank(self) -> int:
+        return sum(wire for _, _, wire in self.measured)
+
+
+def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> UlyssesRun:
+    """``ulysses.ulysses_attention`` on every rank (contiguous shards), against the whole-sequence attention."""
+    check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
+    flag(causal, "causal")
+    per_rank = ranks.run(ulysses_attention_on_rank, q, k, v, causal, scale)
+    out = torch.cat([r["output"] for r in per_rank], dim=2)
+    predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
+                      ulysses_collectives(attention_shape(q, k), ranks.world_size))
+    return UlyssesRun(ranks.world_size, out, _gap(out, q, k, v, causal, scale), tuple(per_rank[0]["collectives"]),
+                      predicted)

@@ -1,0 +1,120 @@
+"""Memory per device against sequence length: the KV cache, attention's activations, and the toy block's
+activations under tensor and sequence parallelism.
+
+**KV cache** (serving), per device, ``tp`` tensor-parallel and ``cp`` context-parallel ranks::
+
+    2 (K and V) x layers x kv_heads_per_device x head_dim x batch x (seq / cp) x bytes
+    kv_heads_per_device = max(kv_heads / tp, 1)
+
+Tensor parallelism splits the cache by KV head, and stops at the *KV-head wall*: past ``tp = kv_heads``
+every device still needs a whole KV head (it is copied), so the cache per device stops shrinking.
+Context parallelism splits it by token and has no such wall: it keeps shrinking as ``1 / cp``.
+
+**Attention's activations** (a prefill or training forward), per layer and device: q, k, v and the
+output of the device's heads for its tokens, ``b (s/cp) (2 H/tp + 2 KV') hd`` values; and the score
+matrix, if it is ever held whole: ``b (H/tp) s^2`` values without context parallelism (unless a fused
+kernel avoids it), one ring block ``b (H/tp) (s/cp)^2`` with it.
+
+**The toy block's activations** (``toy_block_activation_bytes``): what autograd keeps for the backward
+of one ``toy.block_reference`` on a rank, tensor by tensor, with ``T = batch x seq`` tokens and torch's
+CPU attention kernel (which keeps q, k, v, the output and one log-sum-exp per row)::
+
+    outside the pairs  2 norms x (input T d + one scale T)      / tp with sequence parallelism
+    pair inputs        2 x T d (the normed input, whole)
+    attention          4 x T (H/tp) hd  +  T (H/tp)             (q, K and V expanded to H/tp heads, out; lse)
+    MLP                4 x T d_ff/tp                            (gate, silu(gate), up, their product)
+
+Only the first line changes with sequence parallelism: the norms and the residual stream stop being
+stored ``tp`` times. (Korthikanti et al. 2022 count the same regions for a GPT block with dropout and
+16-bit values; Megatron-LM also keeps only the shard of each pair input and gathers it again for the
+backward, which moves the second line to ``/ tp`` as well.) Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from ..checks import flag, positive_number, whole_number
+from ..models import ModelConfig
+from ..plan.memory import Memory
+from .layouts import check_sequence
+from .predict import AttentionShape
+
+
+def _degrees(tp: int, cp: int) -> tuple[int, int]:
+    return whole_number(tp, "tp"), whole_number(cp, "cp")
+
+
+def kv_heads_per_device(model: ModelConfig, tp: int) -> float:
+    """``max(kv_heads / tp, 1)``: past the KV-head wall each device keeps a whole (copied) KV head."""
+    return max(model.n_kv_heads / whole_number(tp, "tp"), 1.0)
+
+
+def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> float:
+    """The KV cache of ``batch`` sequences of ``seq`` tokens on one device (the formula above)."""
+    tp, cp = _degrees(tp, cp)
+    tokens = whole_number(batch, "batch") * whole_number(seq, "seq") / cp
+    return 2 * model.n_layers * kv_heads_per_device(model, tp) * model.head_dim * tokens * model.bytes_per_param
+
+
+def attention_activation_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1,
+                               whole_scores: bool = True) -> float:
+    """One layer's attention activations on one device: q, k, v and output, plus the score matrix
+    (whole with ``cp = 1``, one ring block with ``cp > 1``) when ``whole_scores``."""
+    tp, cp = _degrees(tp, cp)
+    b, s = whole_number(batch, "batch"), whole_number(seq, "seq")
+    heads = model.n_heads / tp
+    qkvo = b * s / cp * (2 * heads + 2 * kv_heads_per_device(model, tp)) * model.head_dim
+    scores = b * heads * (s / cp) ** 2 if flag(whole_scores, "whole_scores") else 0.0
+    return (qkvo + scores) * model.bytes_per_param
+
+
+def device_memory(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> Memory:
+    """Weights and KV cache on one device of a ``tp x cp`` layout (the planner's ``Memory``): the
+    weights split ``tp`` ways and copied on every context-parallel rank, the cache split both ways."""
+    tp, cp = _degrees(tp, cp)
+    return Memory(model.weight_bytes / tp, kv_cache_bytes(model, seq, batch, tp, cp))
+
+
+def context_parallel_needed(model: ModelConfig, seq: int, memory_per_device_bytes: float, batch: int = 1,
+                            tp: int = 1, max_cp: int = 64) -> int:
+    """The smallest ``cp`` (a power of two up to ``max_cp``) at which ``seq`` tokens' KV cache and the
+    weights fit in ``memory_per_device_bytes`` with ``tp``-way tensor parallelism; a ValueError with
+    the numbers when none does (the weights alone may not fit: then no ``cp`` helps)."""
+    cap = positive_number(memory_per_device_bytes, "memory_per_device_bytes")
+    cp = 1
+    while cp <= max_cp:
+        if device_memory(model, seq, batch, tp, cp).total_bytes <= cap:
+            return cp
+        cp *= 2
+    best = device_memory(model, seq, batch, tp, max_cp)
+    raise ValueError(f"{model.name} with tp = {tp} and {seq:,} tokens does not fit {cap / 1e9:.0f} GB per device "
+                     f"even at cp = {max_cp}: weights {best.weights_bytes / 1e9:.1f} GB + KV cache "
+                     f"{best.kv_cache_bytes / 1e9:.1f} GB")
+
+
+def toy_block_activation_bytes(model: ModelConfig, batch: int, seq: int, tp: int = 1,
+                               sequence_parallel: bool = False, bytes_per_value: float = 4.0) -> float:
+    """What autograd keeps for one toy block's backward on one rank (the tally in the module docstring)."""
+    tp = whole_number(tp, "tp")
+    tokens = whole_number(batch, "batch") * whole_number(seq, "seq")
+    d, hd, heads = model.d_model, model.head_dim, model.n_heads / tp
+    outside = 2 * (tokens * d + tokens) / (tp if flag(sequence_parallel, "sequence_parallel") else 1)
+    pair_inputs = 2 * tokens * d
+    attention = 4 * tokens * heads * hd + tokens * heads
+    mlp = 4 * tokens * model.d_ff / tp
+    return (outside + pair_inputs + attention + mlp) * positive_number(bytes_per_value, "bytes_per_value")
+
+
+def attention_bytes_per_rank(shape: AttentionShape, world_size: int = 1, layout: str = "contiguous") -> dict[str, float]:
+    """What one rank holds during one attention call on ``shape``, part by part. One rank (``world_size``
+    1): q, k, v, the output and the whole score matrix, as a plain implementation materialises it. A
+    ring rank: its rows of q and the output, its own K/V shard, the next one arriving (the ring's only
+    extra), and the scores of one block, a chunk of queries against a chunk of keys."""
+    n = whole_number(world_size, "world_size")
+    chunk = check_sequence(shape.seq, n, layout) if n > 1 else shape.seq
+    b, hd, B = shape.batch, shape.head_dim, shape.bytes_per_value
+    rows = shape.seq / n
+    parts = {"q and output rows": 2 * b * shape.heads * rows * hd * B, "own K/V": shape.kv_block_bytes(n)}
+    if n > 1:
+        parts["K/V arriving"] = shape.kv_block_bytes(n)
+    parts["scores"] = b * shape.heads * (chunk if n > 1 else shape.seq) ** 2 * B
+    return parts

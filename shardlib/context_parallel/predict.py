@@ -1,0 +1,130 @@
+"""What each way of splitting a sequence sends, and how long the ring should take (alpha-beta).
+
+Bytes per rank for one attention call over ``n`` ranks, ``b`` sequences of ``s`` tokens, ``H`` query
+heads and ``KV`` KV heads of ``hd`` values, ``B`` bytes per value (``runtime.records``' wire convention:
+what one rank puts on the wire):
+
+    ring attention      (n-1) sends of its K/V block       (n-1) x 2 b KV (s/n) hd B
+    all-to-all          4 all-to-alls (q, k, v, output)    (n-1)/n x (2H + 2KV) b (s/n) hd B
+    (DeepSpeed-Ulysses)
+
+So the ring's bytes per rank barely change with ``n`` (``2 (n-1)/n`` of the whole K/V), while the
+all-to-all's shrink like ``1/n``; the ring, in exchange, hides its transfers under compute and has no
+head limit. Megatron's sequence parallelism is not an attention method but a layout of the regions
+around the tensor-parallel pairs: per pair and pass, an all-gather plus a reduce-scatter of the
+``b s d_model`` activation, ``2 (n-1)/n`` of it, exactly a ring all-reduce's wire bytes.
+
+**The ring's time.** A step ends when both its compute and the next block's transfer are done, and no
+rank can run ahead of the block it waits for, so the ranks move in lockstep. With ``c[i]`` the slowest
+rank's compute at step ``i`` and ``t = alpha + bytes / bandwidth`` one block's transfer::
+
+    overlapped      sum over the n-1 moving steps of max(c[i], t)  +  c[n-1]
+    not overlapped  sum over the n-1 moving steps of (c[i] + t)    +  c[n-1]
+
+The transfer is hidden when ``c[i] >= t``: compute grows with the square of the block, bytes with the
+block, so long sequences hide it. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..checks import flag, number_at_least, positive_number, whole_number
+from ..costs.alpha_beta import point_to_point_s
+from ..hardware import Link
+
+METHODS = ("ring attention", "all-to-all (Ulysses)", "sequence parallel (Megatron)")
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention call: ``batch`` sequences of ``seq`` tokens, ``heads`` query heads, ``kv_heads``
+    KV heads of ``head_dim`` values of ``bytes_per_value`` bytes."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    bytes_per_value: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "kv_heads", "seq", "head_dim"):
+            whole_number(getattr(self, name), name)
+        positive_number(self.bytes_per_value, "bytes_per_value")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.heads} query heads cannot share {self.kv_heads} KV heads evenly")
+
+    def values_per_token(self, heads: int) -> int:
+        return self.batch * heads * self.head_dim
+
+    def kv_block_bytes(self, world_size: int) -> float:
+        """One rank's K and V shard, the ring's message: ``2 b KV (s/n) hd B``."""
+        return 2 * self.values_per_token(self.kv_heads) * self.seq / world_size * self.bytes_per_value
+
+
+def ring_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
+    """Wire bytes one rank sends in a ring pass: ``n - 1`` K/V blocks."""
+    n = whole_number(world_size, "world_size")
+    return (n - 1) * shape.kv_block_bytes(n)
+
+
+def ulysses_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
+    """Wire bytes one rank sends in the four all-to-alls: ``(n-1)/n`` of its q, k, v and output shards."""
+    n = whole_number(world_size, "world_size")
+    held = (2 * shape.heads + 2 * shape.kv_heads) * shape.batch * shape.head_dim * shape.seq / n
+    return (n - 1) / n * held * shape.bytes_per_value
+
+
+def ulysses_collectives(shape: AttentionShape, world_size: int) -> list[tuple[str, float, float]]:
+    """``(op, size_bytes, wire_bytes)`` of each all-to-all, in order (q, k, v, output): the comm log's
+    prediction."""
+    n = whole_number(world_size, "world_size")
+    out = []
+    for heads in (shape.heads, shape.kv_heads, shape.kv_heads, shape.heads):
+        size = shape.values_per_token(heads) * shape.seq / n * shape.bytes_per_value
+        out.append(("all_to_all_single", size, (n - 1) / n * size))
+    return out
+
+
+def sequence_parallel_bytes_per_rank(batch: int, seq: int, d_model: int, world_size: int, pairs: int = 2,
+                                     bytes_per_value: float = 4.0) -> dict[str, float]:
+    """Wire bytes per rank of one forward pass of ``pairs`` tensor-parallel pairs (2 per transformer
+    block), as tensor parallelism alone (one all-reduce each) and with sequence parallelism (an
+    all-gather and a reduce-scatter each): equal."""
+    n = whole_number(world_size, "world_size")
+    size = whole_number(batch, "batch") * whole_number(seq, "seq") * whole_number(d_model, "d_model") * bytes_per_value
+    per_pair_tp = 2 * (n - 1) / n * size  # ring all-reduce
+    per_pair_sp = (n - 1) / n * size + (n - 1) / n * size  # all-gather + reduce-scatter
+    return {"tensor parallel": whole_number(pairs, "pairs") * per_pair_tp, "sequence parallel": pairs * per_pair_sp}
+
+
+def method_bytes(shape: AttentionShape, world_size: int) -> dict[str, float]:
+    """Wire bytes per rank of each attention method on ``shape``."""
+    return {METHODS[0]: ring_bytes_per_rank(shape, world_size), METHODS[1]: ulysses_bytes_per_rank(shape, world_size)}
+
+
+def ring_time_s(compute_s: Sequence[float], transfer_s: float, overlap: bool = True) -> float:
+    """The ring's predicted time from the slowest rank's compute per step (``compute_s``, one entry per
+    step) and one block's transfer time (the formula in the module docstring)."""
+    steps = [number_at_least(c, "compute time of a step") for c in compute_s]
+    if not steps:
+        raise ValueError("a ring pass has at least one step")
+    t = number_at_least(transfer_s, "transfer_s")
+    moving = steps[:-1]
+    body = sum(max(c, t) for c in moving) if flag(overlap, "overlap") else sum(c + t for c in moving)
+    return body + steps[-1]
+
+
+def ring_transfer_s(shape: AttentionShape, world_size: int, link: Link) -> float:
+    """One K/V block sent to the next rank over ``link``: ``alpha + bytes / bandwidth``."""
+    return point_to_point_s(shape.kv_block_bytes(world_size), link)
+
+
+def hidden_share(waited_s: float, exposed_s: float) -> float:
+    """The share of a transfer hidden under compute: 1 minus the time still spent waiting for it
+    (``waited_s``, overlapped) over the time it took when nothing overlapped it (``exposed_s``),
+    between 0 and 1."""
+    waited, exposed = number_at_least(waited_s, "waited_s"), positive_number(exposed_s, "exposed_s")
+    return min(1.0, max(0.0, 1.0 - waited / exposed))

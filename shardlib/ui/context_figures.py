@@ -1,0 +1,158 @@
+"""Plotly figures for sequence and context parallelism: data in, ``go.Figure`` out.
+
+Which K/V block each rank holds at each step of the ring; who computes which block of the causal
+attention matrix in each layout; per-rank compute measured against the blocks predicted; the ring's
+timeline with and without overlap; bytes per rank of each method against the number of ranks; and
+memory per device against sequence length. No torch, no widgets, no processes: the numbers come from
+``shardlib.context_parallel``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..context_parallel.layouts import DIAGONAL, FUTURE, LAYOUTS, block_kind, chunks_of_rank, chunks_per_rank
+from ..runtime.timeline import Span
+from .gantt import Bar, gantt_figure
+from .theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, colours
+
+def ring_steps_figure(world_size: int, layout: str = "contiguous", causal: bool = True) -> go.Figure:
+    """A grid, ranks down and ring steps across: whose K/V each rank holds at each step, and how much
+    of it it computes (whole, diagonal only, or nothing: the block is in its queries' future)."""
+    n = world_size
+    text, z = [], []
+    for r in range(n):
+        row_text, row_z = [], []
+        for step in range(n):
+            src = (r - step) % n
+            kinds = [block_kind(a, b, causal) for a in chunks_of_rank(r, n, layout) for b in chunks_of_rank(src, n, layout)]
+            done = sum(k != FUTURE for k in kinds)
+            row_text.append(f"K/V of rank {src}<br>{done} of {len(kinds)} block{'s' if len(kinds) > 1 else ''}")
+            row_z.append(done / len(kinds))
+        text.append(row_text)
+        z.append(row_z)
+    fig = go.Figure(go.Heatmap(z=z, x=[f"step {i}" for i in range(n)], y=[f"rank {r}" for r in range(n)], text=text,
+                               texttemplate="%{text}", zmin=0, zmax=1, colorscale=[[0, "#f2f2f2"], [1, BLUE]],
+                               showscale=False, hovertemplate="%{y}, %{x}: %{text}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=f"The ring, {layout} layout{' (causal)' if causal else ''}: each step every rank "
+                            "passes its K/V on to the next", height=120 + 60 * n)
+    return fig
+
+
+def block_owner_figure(world_size: int) -> go.Figure:
+    """The causal attention matrix cut into ``2 x world_size`` chunks each way, each block coloured by the
+    rank that computes it (blank: skipped, in the future), contiguous layout and zigzag side by side."""
+    fine = 2 * world_size
+
+    def cell(layout: str, qc: int, kc: int):
+        per = 2 // chunks_per_rank(layout)  # fine chunks per chunk of this layout: 2 contiguous, 1 zigzag
+        a, b = qc // per, kc // per
+        owner = next(r for r in range(world_size) if a in chunks_of_rank(r, world_size, layout))
+        kind = block_kind(a, b, True)
+        return (None, "") if kind == FUTURE else (owner, f"rank {owner}{' (diagonal)' if kind == DIAGONAL else ''}")
+
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=["contiguous: 1 chunk per rank", "zigzag: chunks r and 2n - 1 - r"])
+    scale = ([[k / (world_size - 1), c] for k, c in enumerate(colours(world_size))] if world_size > 1
+             else [[0, colour(0)], [1, colour(0)]])
+    for col, layout in enumerate(LAYOUTS, start=1):
+        cells = [[cell(layout, qc, kc) for kc in range(fine)] for qc in range(fine)]
+        fig.add_trace(go.Heatmap(z=[[c[0] for c in row] for row in cells], text=[[c[1] for c in row] for row in cells],
+                                 colorscale=scale, zmin=0, zmax=max(world_size - 1, 1), showscale=col == 2,
+                                 xgap=1, ygap=1, colorbar={"title": "rank", "tickvals": list(range(world_size))},
+                                 hovertemplate="queries %{y}, keys %{x}: %{text}<extra></extra>"), row=1, col=col)
+    fig.update_yaxes(autorange="reversed", title_text=f"query chunk (of {fine})")
+    fig.update_xaxes(title_text=f"key chunk (of {fine})")
+    fig.update_layout(title=f"Who computes which block of causal attention, {world_size} ranks", height=380)
+    return fig
+
+
+def balance_figure(compute_s: Mapping[str, Sequence[float]], predicted_scores: Mapping[str, Sequence[int]],
+                   timing_note: str = "CPU time of each rank's compute, median of the passes") -> go.Figure:
+    """Per-rank compute measured (bars, ms) in each layout, and (diamonds) the measured total split
+    between the ranks as the predicted work (``RankWork.scores``) splits it."""
+    fig = go.Figure()
+    for i, layout in enumerate(compute_s):
+        measured, work = list(compute_s[layout]), list(predicted_scores[layout])
+        ranks = [f"rank {r}" for r in range(len(measured))]
+        fig.add_trace(go.Bar(x=ranks, y=[c * 1e3 for c in measured], name=f"{layout}: measured",
+                             marker_color=(ORANGE, BLUE)[i % 2], offsetgroup=str(i)))
+        fig.add_trace(go.Scatter(x=ranks, y=[sum(measured) * 1e3 * w / sum(work) for w in work],
+                                 name=f"{layout}: the total split as predicted", mode="markers", offsetgroup=str(i),
+                                 marker={"symbol": "diamond", "size": 12, "color": (RED, "#1f3b63")[i % 2]}))
+    fig.update_layout(title=f"Causal ring attention: work per rank ({timing_note})", barmode="group",
+                      scattermode="group", yaxis_title="compute (ms)", height=360)
+    return fig
+
+
+def ring_timeline_figure(spans: Sequence[Span], title: str) -> go.Figure:
+    """A ring pass on three rows per rank: its compute (with the time it spent blocked in ``wait`` in
+    grey), its sends and its receives (each from the issue until the rank confirmed it in ``wait``,
+    which on gloo is the only completion it is told of)."""
+    if not spans:
+        raise ValueError("no spans to draw: run the ring first")
+    origin = min(s.start_s for s in spans)
+    bars = []
+    for s in sorted(spans, key=lambda s: s.start_s):
+        start, end = (s.start_s - origin) * 1e3, (s.end_s - origin) * 1e3
+        if s.kind == "compute":
+            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "compute", KIND_COLOURS["compute"]))
+        elif s.kind == "comm" and s.name in ("send", "recv"):
+            label = f"{s.name} {s.attrs.get('size_bytes', 0) / 2 ** 20:.1f} MiB"
+            bars.append(Bar(f"rank {s.rank} {s.name}", start, end, label, f"{s.name} in flight", KIND_COLOURS[s.name]))
+        elif s.kind == "wait":
+            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "blocked, waiting for the transfer",
+                            WAIT_COLOUR))
+    n = max(s.rank for s in spans) + 1
+    rows = [f"rank {r} {what}" for r in range(n) for what in ("compute", "send", "recv")]
+    return gantt_figure(bars, rows, title)
+
+
+def method_bytes_figure(predicted: Mapping[str, Sequence[float]], world_sizes: Sequence[int],
+                        measured: Mapping[str, Mapping[int, float]] | None = None,
+                        title: str = "Bytes each rank sends per attention call") -> go.Figure:
+    """Lines: the formula's wire bytes per rank of each method against the number of ranks; markers: the
+    comm log's, where measured."""
+    fig = go.Figure()
+    for i, (method, values) in enumerate(predicted.items()):
+        fig.add_trace(go.Scatter(x=list(world_sizes), y=[v / 2 ** 20 for v in values], name=f"{method}: formula",
+                                 mode="lines", line={"color": colour(i)}))
+        if measured and method in measured:
+            pts = measured[method]
+            fig.add_trace(go.Scatter(x=list(pts), y=[v / 2 ** 20 for v in pts.values()], name=f"{method}: measured",
+                                     mode="markers", marker={"color": colour(i), "size": 11, "symbol": "circle-open",
+                                                             "line": {"width": 2}}))
+    fig.update_layout(title=title, xaxis_title="ranks n", yaxis_title="MiB per rank", height=340)
+    return fig
+
+
+def memory_figure(seqs: Sequence[int], per_layout: Mapping[str, Sequence[float]], memory_bytes: float | None = None,
+                  memory_label: str = "", title: str = "Memory per device against sequence length",
+                  highlight: float | None = None) -> go.Figure:
+    """One line per layout (``per_layout[label][i]`` bytes at ``seqs[i]`` tokens), log axes, with a
+    dashed line at the device's memory and, if given, a marker line at ``highlight`` tokens."""
+    fig = go.Figure()
+    for i, (label, values) in enumerate(per_layout.items()):
+        fig.add_trace(go.Scatter(x=list(seqs), y=[v / 1e9 for v in values], name=label, mode="lines+markers",
+                                 line={"color": colour(i)}))
+    if memory_bytes:
+        fig.add_hline(y=memory_bytes / 1e9, line_dash="dash", line_color=RED,
+                      annotation_text=memory_label or f"{memory_bytes / 1e9:.0f} GB", annotation_position="top left")
+    if highlight:
+        fig.add_vline(x=highlight, line_color=GREY, line_dash="dot")
+    fig.update_layout(title=title, xaxis_title="sequence length (tokens)", yaxis_title="GB per device",
+                      xaxis_type="log", yaxis_type="log", height=380)
+    return fig
+
+
+def attention_memory_figure(parts: Mapping[str, Mapping[str, float]], title: str = "What one rank holds") -> go.Figure:
+    """Stacked bars, one per way of running (``parts[label][part]`` bytes), in MiB."""
+    names = list(dict.fromkeys(name for p in parts.values() for name in p))
+    fig = go.Figure([go.Bar(x=list(parts), y=[parts[label].get(name, 0.0) / 2 ** 20 for label in parts], name=name,
+                            marker_color=colour(i)) for i, name in enumerate(names)])
+    fig.update_layout(title=title, barmode="stack", yaxis_title="MiB", height=340)
+    return fig

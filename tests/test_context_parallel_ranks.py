@@ -1,0 +1,196 @@
+"""Context parallelism on real ranks (2 and 4): ring attention, the all-to-all method and Megatron's
+sequence parallelism, each against the unsharded computation in one process.
+
+Exactness: ring attention merges partial softmaxes in another order than one softmax; sequence and
+tensor parallelism add partial sums in another order than one matrix product. Both are compared with
+a tolerance of 1e-5 (values of order 1; weight gradients with ``rtol = atol = 1e-5``). The all-to-all
+method moves whole heads and does no cross-rank arithmetic: it is held to the same 1e-5 here, and
+measured bit for bit where the CPU kernel allows (printed by the benchmark, not asserted).
+
+Timing: only on 2 ranks, medians of several passes, bands no wider than 2x.
+"""
+
+import pytest
+import torch
+
+from shardlib import RankError
+from shardlib.context_parallel import (AttentionShape, attention_reference, causal_work, ring_attention_on_rank,
+                                       run_ring_attention, run_ring_balance, run_ring_overlap, run_sequence_parallel,
+                                       run_ulysses_attention, toy_block_activation_bytes, ulysses_attention_on_rank)
+from shardlib.context_parallel.drivers import calibrate_exchange
+from shardlib.models import TOY
+from shardlib.toy import activations, layer_weights
+
+ATOL = 1e-5
+
+
+def qkv(batch, heads, kv_heads, seq, head_dim, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch, h, seq, head_dim, generator=g) for h in (heads, kv_heads, kv_heads))
+
+
+# -- ring attention: exact ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_attention_equals_whole_sequence_attention(pool, layout, causal):
+    n = pool.world_size
+    seq = 2 * n * 7  # 28 or 56 tokens: not powers of two, nor is head_dim 12
+    q, k, v = qkv(2, 6, 2, seq, 12, seed=n)  # GQA: 3 query heads per KV head
+    run = run_ring_attention(pool, q, k, v, causal, layout)
+    assert run.gap <= ATOL and run.exact
+    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=ATOL)
+    # each rank computed exactly the blocks the layout predicts (read from its spans)
+    assert run.computed_blocks == tuple(w.computed_pairs for w in causal_work(seq, n, layout, causal))
+    # every rank passed its K/V block on n - 1 times: only the 2 KV heads travel, never the 6 expanded ones
+    block = AttentionShape(2, 6, 2, seq, 12).kv_block_bytes(n)
+    assert run.sent_bytes_per_rank == (int((n - 1) * block),) * n
+    assert all(len(t) == 2 * (n - 1) for t in run.transfers)
+
+
+def test_ring_without_overlap_is_exact_too_and_moves_the_same_bytes(pool):
+    n = pool.world_size
+    q, k, v = qkv(1, 4, 4, 10 * n, 16, seed=3)
+    a = run_ring_attention(pool, q, k, v, overlap=False)
+    b = run_ring_attention(pool, q, k, v, overlap=True)
+    assert a.gap <= ATOL and b.gap <= ATOL
+    assert a.sent_bytes_per_rank == b.sent_bytes_per_rank
+    assert torch.equal(a.output, b.output)  # the same blocks merged in the same order
+
+
+def test_ring_on_one_rank_is_plain_attention():
+    from shardlib import Ranks
+
+    q, k, v = qkv(1, 2, 1, 9, 8)
+    with Ranks(1) as one:
+        run = run_ring_attention(one, q, k, v, layout="contiguous")
+    assert run.gap <= ATOL and run.transfers == ((),)
+
+
+# -- ring attention: bad input ---------------------------------------------------------------------------
+def test_bad_ring_inputs_are_refused_before_any_rank_starts(pool):
+    n = pool.world_size
+    dispatched = pool.last_started_s
+    q, k, v = qkv(1, 4, 2, 4 * n + 1, 8)
+    with pytest.raises(ValueError, match=f"{4 * n + 1} tokens does not split evenly into {n} ranks"):
+        run_ring_attention(pool, q, k, v)
+    q, k, v = qkv(1, 4, 2, 3 * n, 8)
+    with pytest.raises(ValueError, match=rf"2 x {n} = {2 * n} chunks"):
+        run_ring_attention(pool, q, k, v, layout="zigzag")
+    with pytest.raises(ValueError, match="q has sequence length"):
+        run_ring_attention(pool, q, k[:, :, :n], v[:, :, :n])
+    with pytest.raises(ValueError, match="4 query heads cannot share 3 KV heads"):
+        run_ring_attention(pool, q, torch.zeros(1, 3, 3 * n, 8), torch.zeros(1, 3, 3 * n, 8))
+    assert pool.last_started_s == dispatched  # nothing was sent to the ranks
+
+
+def test_a_rank_function_called_directly_with_bad_input_fails_on_every_rank_without_hanging(pool):
+    n = pool.world_size
+    q, k, v = qkv(1, 4, 2, 4 * n + 1, 8)
+    with pytest.raises(RankError, match="does not split evenly"):
+        pool.run(ring_attention_on_rank, q, k, v)
+    q, k, v = qkv(1, 4, 2, 4 * n, 8)
+    assert run_ring_attention(pool, q, k, v).exact  # the pool still works
+
+
+# -- causal balance --------------------------------------------------------------------------------------
+def test_zigzag_evens_the_causal_work_measured_per_rank(pool2):
+    """Contiguous: rank 1 computes a whole block and a diagonal, rank 0 a diagonal only (predicted
+    4/3 of the mean); zigzag: each computes the same. Per-rank compute is the median of 5 passes."""
+    q, k, v = qkv(1, 4, 4, 1024, 64, seed=5)
+    run_ring_attention(pool2, q, k, v)  # warm-up
+    balance = run_ring_balance(pool2, q, k, v, repeats=5)
+    assert balance.runs["contiguous"].exact and balance.runs["zigzag"].exact
+    assert balance.predicted_imbalance("contiguous") == pytest.approx(4 / 3)
+    assert balance.predicted_imbalance("zigzag") == 1.0
+    contiguous = balance.compute_s("contiguous")
+    assert contiguous[1] > 1.2 * contiguous[0]  # the last rank does the most
+    assert balance.measured_imbalance("zigzag") < balance.measured_imbalance("contiguous")
+    assert balance.measured_imbalance("zigzag") < 1.15
+
+
+# -- overlap ---------------------------------------------------------------------------------------------
+def test_the_next_block_moves_while_this_one_computes(pool2):
+    """Each step's compute padded to 40 ms (the cores stay free for the bytes): with overlap the ranks
+    barely wait for a 2 MiB block; without, they wait for all of it. Step times against the alpha-beta
+    prediction within a 2x band (a busy machine only adds time)."""
+    q, k, v = qkv(1, 8, 8, 1024, 64, seed=6)  # K/V block: 2 x 8 x 512 x 64 x 4 = 2 MiB
+    over = run_ring_overlap(pool2, q, k, v, repeats=5, pad_compute_s=0.04)
+    assert over.overlapped.exact and over.sequential.exact
+    assert over.link.latency_s >= 0 and over.link.bandwidth_bytes_per_s > 0
+    assert over.hidden_share >= 0.5, (over.overlapped.waited_s, over.sequential.transfer_s)
+    assert over.overlapped.waited_s < over.sequential.waited_s
+    for measured, predicted in ((over.overlapped.step_s, over.predicted_overlapped_s),
+                                (over.sequential.step_s, over.predicted_sequential_s)):
+        assert 0.5 <= measured / predicted <= 2.0, (measured, predicted)
+
+
+def test_calibrate_exchange_fits_a_link(pool2):
+    link = calibrate_exchange(pool2, 1 << 20)
+    assert link.one_way_bytes_per_s > 1e7 and link.latency_s < 0.05
+    assert "ring exchange" in link.name
+
+
+# -- all-to-all (Ulysses) --------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+def test_all_to_all_attention_equals_whole_sequence_attention(pool, causal):
+    n = pool.world_size
+    q, k, v = qkv(2, 12, 4, 15 * n, 10, seed=7)  # 15 tokens per rank, head_dim 10, GQA 3:1
+    run = run_ulysses_attention(pool, q, k, v, causal)
+    assert run.gap <= ATOL
+    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=ATOL)
+    assert run.measured == run.predicted  # four all-to-alls, bytes as the formula says
+    assert [op for op, _, _ in run.measured] == ["all_to_all_single"] * 4
+
+
+def test_all_to_all_refuses_heads_that_do_not_divide(pool4):
+    q, k, v = qkv(1, 6, 2, 16, 8)
+    with pytest.raises(ValueError, match=r"6 query heads do not divide among 4 ranks \(6 = 4 x 1 \+ 2\); "
+                                         r"2 KV heads do not divide among 4 ranks"):
+        run_ulysses_attention(pool4, q, k, v)
+    with pytest.raises(RankError, match="do not divide among 4 ranks"):
+        pool4.run(ulysses_attention_on_rank, q, k, v)
+    # the ring has no such limit: the same tensors, exact
+    assert run_ring_attention(pool4, q, k, v).exact
+
+
+# -- Megatron sequence parallelism -----------------------------------------------------------------------
+def test_sequence_parallel_block_is_exact_moves_tp_bytes_and_stores_less(pool):
+    n = pool.world_size
+    w = layer_weights(TOY, seed=0)
+    x, grad = activations(2, 6 * n, TOY.d_model, seed=1), activations(2, 6 * n, TOY.d_model, seed=2)
+    run = run_sequence_parallel(pool, x, w, TOY, grad)
+    tp, sp = run.tensor_parallel, run.sequence_parallel
+    assert tp.exact and sp.exact, (tp, sp)
+    assert tp.forward_ops == ("all_reduce",) * 2
+    assert sp.forward_ops == sp.backward_ops == ("all_gather", "reduce_scatter") * 2
+    # the same wire bytes as tensor parallelism, each pass, as the formula says
+    assert sp.forward_wire_bytes == tp.forward_wire_bytes == sp.predicted_wire_bytes
+    assert sp.backward_wire_bytes == tp.backward_wire_bytes
+    # activations measured on every rank equal the tally, and sequence parallelism keeps fewer
+    assert set(tp.activation_bytes) == {toy_block_activation_bytes(TOY, 2, 6 * n, n)}
+    assert set(sp.activation_bytes) == {toy_block_activation_bytes(TOY, 2, 6 * n, n, sequence_parallel=True)}
+    assert run.activation_saving < 1
+
+
+def test_sequence_parallel_refuses_a_sequence_that_does_not_split(pool):
+    n = pool.world_size
+    w = layer_weights(TOY, seed=0)
+    x = activations(1, 4 * n + 1, TOY.d_model, seed=1)
+    with pytest.raises(ValueError, match=rf"{4 * n + 1} tokens does not split {n} ways"):
+        run_sequence_parallel(pool, x, w, TOY, x)
+
+
+def test_the_sequence_slider_stays_in_range_and_reruns(pool2):
+    from shardlib.ui.context_widgets import sequence_explorer
+
+    app = sequence_explorer(pool2, heads=4, kv_heads=2, head_dim=16, max_seq=512)
+    (slider, picker), label, memory = app.children[0].children, app.children[1], app.children[2]
+    assert (slider.min, slider.max, slider.step) == (128, 512, 128)
+    assert "512 tokens, zigzag layout" in label.value and "exact within 1e-5" in label.value
+    slider.value = 10_000  # out of range: the slider clamps it
+    assert slider.value == 512
+    slider.value = 256
+    assert "256 tokens, zigzag layout" in label.value
+    picker.value = "contiguous"
+    assert "256 tokens, contiguous layout" in label.value and app.children[-1].value == ""
+    assert {t.name for t in memory.data} == {"q and output rows", "own K/V", "K/V arriving", "scores"}
