@@ -31,6 +31,8 @@ PURE_WITHOUT_TORCH = {
     "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
     "shardlib.data_parallel.flat", "shardlib.data_parallel.predict",
 }
+PURE_WITHOUT_TORCH |= {"shardlib.plan.traffic", "shardlib.plan.decode", "shardlib.plan.reasons",
+                       "shardlib.plan.fit", "shardlib.plan.serving"}
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
