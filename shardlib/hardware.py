@@ -50,17 +50,23 @@ class Link:
 
 _LATENCY_NOTE = ("order of magnitude, not a spec-sheet figure: the time collective benchmarks (nccl-tests) "
                  "report for a tiny message on such systems; calibrate your own")
-NVLINK = Link("NVLink 4 (H100/H200)", 900e9, 5e-6, "aggregate",
-              "NVIDIA H100 and H200 Tensor Core GPU datasheets: 'NVLink: 900GB/s' per GPU, both directions "
-              "of 18 links summed (450 GB/s each way); the explainer's 'about 1 TB/s' is this aggregate",
-              "a few microseconds inside one NVSwitch node; " + _LATENCY_NOTE)
-NVLINK_3 = Link("NVLink 3 (A100)", 600e9, 5e-6, "aggregate",
-                "NVIDIA A100 Tensor Core GPU datasheet (SXM): 'NVLink: 600GB/s' per GPU, both directions summed",
-                "a few microseconds inside one NVSwitch node; " + _LATENCY_NOTE)
-NVLINK_5 = Link("NVLink 5 (B200)", 1.8e12, 5e-6, "aggregate",
-                "NVIDIA HGX B200 specifications: fifth-generation NVLink, 1.8 TB/s per GPU, both directions "
-                "summed (900 GB/s each way)",
-                "a few microseconds inside one NVSwitch node; " + _LATENCY_NOTE)
+_NVSWITCH_LATENCY = "a few microseconds inside one NVSwitch node; " + _LATENCY_NOTE
+_HOST_BRIDGE_LATENCY = "about ten microseconds between two GPUs through the host bridge; " + _LATENCY_NOTE
+
+
+def _nvlink(name: str, aggregate_bytes_per_s: float, source: str) -> Link:
+    """An NVLink generation: a per-GPU figure for both directions summed, through NVSwitch."""
+    return Link(name, aggregate_bytes_per_s, 5e-6, "aggregate", source, _NVSWITCH_LATENCY)
+
+
+NVLINK = _nvlink("NVLink 4 (H100/H200)", 900e9,
+                 "NVIDIA H100 and H200 Tensor Core GPU datasheets: 'NVLink: 900GB/s' per GPU, both directions "
+                 "of 18 links summed (450 GB/s each way); the explainer's 'about 1 TB/s' is this aggregate")
+NVLINK_3 = _nvlink("NVLink 3 (A100)", 600e9,
+                   "NVIDIA A100 Tensor Core GPU datasheet (SXM): 'NVLink: 600GB/s' per GPU, both directions summed")
+NVLINK_5 = _nvlink("NVLink 5 (B200)", 1.8e12,
+                   "NVIDIA HGX B200 specifications: fifth-generation NVLink, 1.8 TB/s per GPU, both directions "
+                   "summed (900 GB/s each way)")
 INFINITY_FABRIC = Link("Infinity Fabric (MI300X platform)", 896e9, 10e-6, "aggregate",
                        "AMD Instinct MI300X data sheet: 896 GB/s peak aggregate Infinity Fabric bandwidth per GPU: 7 "
                        "links of 128 GB/s (64 GB/s each way) in a full mesh of 8 GPUs, no switch; one pair of GPUs "
@@ -68,12 +74,10 @@ INFINITY_FABRIC = Link("Infinity Fabric (MI300X platform)", 896e9, 10e-6, "aggre
                        "about ten microseconds inside one node; " + _LATENCY_NOTE)
 PCIE_GEN4 = Link("PCIe Gen4 x16", 31.5e9, 10e-6, "per direction",
                  "PCI-SIG PCI Express Base Specification 4.0: 16 GT/s per lane, 128b/130b encoding, 16 lanes "
-                 "= 31.5 GB/s each way (often quoted as 64 GB/s for both directions)",
-                 "about ten microseconds between two GPUs through the host bridge; " + _LATENCY_NOTE)
+                 "= 31.5 GB/s each way (often quoted as 64 GB/s for both directions)", _HOST_BRIDGE_LATENCY)
 PCIE_GEN5 = Link("PCIe Gen5 x16", 63.0e9, 10e-6, "per direction",
                  "PCI-SIG PCI Express Base Specification 5.0: 32 GT/s per lane, 128b/130b encoding, 16 lanes "
-                 "= 63 GB/s each way (the H100 PCIe datasheet's '128GB/s' is both directions)",
-                 "about ten microseconds between two GPUs through the host bridge; " + _LATENCY_NOTE)
+                 "= 63 GB/s each way (the H100 PCIe datasheet's '128GB/s' is both directions)", _HOST_BRIDGE_LATENCY)
 INFINIBAND_400G = Link("InfiniBand NDR 400 Gb/s", 50e9, 20e-6, "per direction",
                        "NVIDIA ConnectX-7 / Quantum-2 NDR InfiniBand datasheets: 400 Gb/s per port, each way",
                        "tens of microseconds for a collective across nodes; " + _LATENCY_NOTE)

@@ -140,6 +140,9 @@ def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
         lines += [f"{'':<4}note: {n}" for n in s.notes]
     if len(p.ranked) > top:
         lines.append(f"... and {len(p.ranked) - top} more feasible layouts")
+    if p.ranked:
+        lines.append("(batch: sequences in flight per replica; ms/token: time between two tokens of a sequence; "
+                     "per GPU: tokens/s per GPU; idle: share of a cycle the slowest stage waits)")
     if not p.ranked:
         lines.append("(no layout fits)")
     lines += [f"why: {r}" for r in p.reasons]
