@@ -87,11 +87,13 @@ def own_reasons(model: ModelConfig, cluster: Cluster, workload: Workload, s: Sco
         bound = "reading memory" if first.read_s >= first.compute_s else "arithmetic"
         trip = f"one step: {ms(work)} of {bound}{comm} = {ms(s.decode_step_s)} per token"
     else:
+        m = s.n_microbatches
         stages = " + ".join(ms(st.total_s) for st in s.stages)
-        trip = (f"a token's trip: {lay.pp} stages one after another ({stages}) + {ms(s.hops_s)} of hops = {ms(s.trip_s)}; "
-                f"{s.n_microbatches} microbatch{'es' if s.n_microbatches > 1 else ''} of {_count(s.batch / s.n_microbatches)} "
-                f"sequence{'s' if s.batch != s.n_microbatches else ''} in flight, the slowest stage busy {s.n_microbatches} x {ms(s.decode_stage_s)}: "
-                f"a token every {ms(s.decode_step_s)} per sequence")
+        in_flight = (f"{m} microbatch{'es' if m > 1 else ''} of {_count(s.batch / m)} "
+                     f"sequence{'s' if s.batch != m else ''} in flight")
+        trip = (f"a token's trip: {lay.pp} stages one after another ({stages}) + {ms(s.hops_s)} of hops = "
+                f"{ms(s.trip_s)}; {in_flight}, the slowest stage busy {m} x {ms(s.decode_stage_s)}: a token every "
+                f"{ms(s.decode_step_s)} per sequence")
     return (batch, trip)
 
 
