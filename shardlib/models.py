@@ -3,6 +3,14 @@
 Only shapes live here (layers, widths, heads, experts, bytes per parameter), never weights: enough to
 count parameters and bytes, and to decide which splits a model allows. Pure: no torch.distributed.
 
+**Quantised weights** (``ModelConfig.quantized(bits)``) are the other way to make a model fit: the
+weight matrices of every layer stored in 8 or 4 bits, activations and the KV cache kept in the model's
+dtype (``bytes_per_param``). A 4-bit format does not store 4 bits per weight: GPTQ (Frantar et al. 2023)
+and AWQ (Lin et al. 2024) store each group of 128 weights as 4-bit integers plus one 16-bit scale for
+the group (AWQ adds a 4-bit zero point, another 0.03 bits per weight; bitsandbytes' NF4 uses blocks of
+64 with a 32-bit scale, 0.5 bits more), so ``bits + 16 / group_size`` bits per weight: 4.125 bits, 0.516
+bytes. The embedding table, the output head and the norms usually stay in the model's dtype, and do here.
+
 Parameter counting follows the Llama/Mixtral architecture: per layer, attention projections
 ``q, o: d_model x (n_heads * head_dim)`` and ``k, v: d_model x (n_kv_heads * head_dim)``, a gated MLP of
 three ``d_model x d_ff`` matrices per expert, a router ``d_model x n_experts`` when there are experts,
@@ -11,9 +19,12 @@ and two RMSNorm weight vectors; plus the token embedding, a final norm, and an u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .checks import positive_number, whole_number
+from .checks import choice, positive_number, whole_number
+
+WEIGHT_BITS = (0, 8, 4)  # 0: weights in the model's dtype; 8 or 4: quantised matrices
+SCALE_BYTES = 2  # one 16-bit scale per group of quantised weights
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,8 @@ class ModelConfig:
     bytes_per_param: float = 2.0  # fp16 / bf16
     head_dim: int = field(default=0)  # 0: d_model // n_heads
     tied_embeddings: bool = False
+    weight_bits: int = 0  # 0: weights in bytes_per_param; 8 or 4: layer matrices quantised (see quantized)
+    quant_group_size: int = 128  # weights that share one 16-bit scale
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",
@@ -53,6 +66,15 @@ class ModelConfig:
                 f"only {self.n_experts}"
             )
         positive_number(self.bytes_per_param, f"{self.name}: bytes_per_param")
+        choice(self.weight_bits, WEIGHT_BITS, f"{self.name}: weight_bits")
+        whole_number(self.quant_group_size, f"{self.name}: quant_group_size")
+
+    def quantized(self, bits: int, group_size: int = 128) -> "ModelConfig":
+        """The same model with its layer matrices stored in ``bits`` (8 or 4) bits per weight plus one
+        16-bit scale per ``group_size`` weights; activations, KV cache, embeddings and norms unchanged."""
+        choice(bits, WEIGHT_BITS[1:], "bits (quantised weights)")
+        return replace(self, name=f"{self.name} {bits}-bit", weight_bits=bits,
+                       quant_group_size=whole_number(group_size, "group_size"))
 
     # -- counts -------------------------------------------------------------------------------------
     @property
@@ -93,8 +115,28 @@ class ModelConfig:
         return self.n_params - self.n_layers * idle_experts * self.expert_params
 
     @property
+    def matrix_bytes_per_param(self) -> float:
+        """Bytes per weight of the layer matrices (attention projections, experts): the model's dtype, or
+        ``bits / 8`` plus each group's share of its 16-bit scale when quantised."""
+        if not self.weight_bits:
+            return self.bytes_per_param
+        return self.weight_bits / 8 + SCALE_BYTES / self.quant_group_size
+
+    @property
+    def matrix_params_per_layer(self) -> int:
+        """The quantisable part of a layer: attention projections and every expert's MLP."""
+        return self.attention_params_per_layer + self.n_experts * self.expert_params
+
+    @property
     def weight_bytes(self) -> float:
-        return self.n_params * self.bytes_per_param
+        """Every weight in bytes: layer matrices at ``matrix_bytes_per_param``, the rest (norms, router,
+        embeddings, head) in the model's dtype. Unquantised: ``n_params x bytes_per_param``."""
+        matrices = self.n_layers * self.matrix_params_per_layer
+        return matrices * self.matrix_bytes_per_param + (self.n_params - matrices) * self.bytes_per_param
+
+    def kv_bytes_per_token(self) -> float:
+        """KV cache one token adds: a key and a value per KV head per layer, in the model's dtype."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.bytes_per_param
 
     @property
     def usable_tp(self) -> list[int]:
@@ -103,19 +145,23 @@ class ModelConfig:
 
 
 # -- which tensor-parallel degrees a model's shapes allow -----------------------------------------------
-def tensor_parallel_problems(model: ModelConfig, tp: int) -> list[str]:
+def tensor_parallel_problems(model: ModelConfig, tp: int, copy_kv_heads: bool = False) -> list[str]:
     """Every reason ``model`` cannot be split ``tp`` ways by tensor parallelism (empty: it can).
 
     Tensor parallelism gives each device whole attention heads (query heads and, because a query head
     needs its KV head on the same device, whole KV heads), an equal slice of the MLP's hidden width
     ``d_ff``, and an equal slice of the vocabulary for the embedding and output head. Serving systems
-    sometimes pad the vocabulary or replicate KV heads to go further; this rule is the plain one.
+    sometimes pad the vocabulary or copy KV heads to go further: with ``copy_kv_heads``, a ``tp`` that
+    is a multiple of the KV heads is allowed, each KV head held by ``tp / n_kv_heads`` devices (what
+    vLLM does past the KV-head count), at the price of that many copies of its weights and cache.
     """
     try:
         whole_number(tp, "tp (the tensor-parallel degree)")
     except ValueError as err:
         return [str(err)]
     problems = head_problems(model, tp)
+    if copy_kv_heads and tp > model.n_kv_heads and tp % model.n_kv_heads == 0:
+        problems = [p for p in problems if "KV heads" not in p]
     if model.d_ff % tp:
         problems.append(f"d_ff = {model.d_ff} cannot be split {tp} ways: each device needs an equal slice of "
                         "the MLP's hidden width")
@@ -135,6 +181,36 @@ def head_problems(model: ModelConfig, tp: int) -> list[str]:
     if model.n_heads % tp:
         problems.append(f"{model.n_heads} query heads cannot be split {tp} ways: each device needs whole heads")
     return problems
+
+
+def kv_heads_per_device(model: ModelConfig, tp: int) -> float:
+    """KV heads each of ``tp`` devices holds: ``n_kv_heads / tp``, or 1 once ``tp`` passes the KV heads
+    (each head copied ``tp / n_kv_heads`` times)."""
+    return max(model.n_kv_heads / tp, 1.0)
+
+
+def pipeline_parallel_problems(model: ModelConfig, pp: int) -> list[str]:
+    """Why ``model`` cannot be cut into ``pp`` equal pipeline stages (empty: it can): each stage gets
+    the same number of whole layers (GPipe's balanced partition; systems that allow uneven stages pay for
+    it in the slowest stage)."""
+    try:
+        whole_number(pp, "pp (the number of pipeline stages)")
+    except ValueError as err:
+        return [str(err)]
+    if model.n_layers % pp:
+        return [f"{model.n_layers} layers cannot be cut into {pp} equal stages "
+                f"({model.n_layers} = {pp} x {model.n_layers // pp} + {model.n_layers % pp})"]
+    return []
+
+
+def binding_rule(model: ModelConfig, tp: int) -> str:
+    """Which of the shape rules stops ``tp`` (``"kv_heads"``, ``"query_heads"``, ``"d_ff"``, ``"vocab"``), or
+    ``""`` when none does: the first in that order that ``tp`` breaks."""
+    for problem, rule in ((model.n_kv_heads % tp, "kv_heads"), (model.n_heads % tp, "query_heads"),
+                          (model.d_ff % tp, "d_ff"), (model.vocab_size % tp, "vocab")):
+        if problem:
+            return rule
+    return ""
 
 
 def check_heads(model: ModelConfig, tp: int) -> None:
@@ -161,10 +237,14 @@ def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
 
 # Facts from each model's published config.json (hidden_size, num_hidden_layers, num_attention_heads,
 # num_key_value_heads, intermediate_size, vocab_size, num_local_experts, num_experts_per_tok).
+# Llama-3.1-405B: meta-llama/Llama-3.1-405B config.json (hidden_size 16384, 126 layers, 128 heads, 8 KV
+# heads, intermediate_size 53248, vocab 128256); 405.9 B parameters by this count, "405B" as published.
 LLAMA_3_8B = ModelConfig("Llama-3-8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
                          vocab_size=128256)
 LLAMA_3_70B = ModelConfig("Llama-3-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
                           vocab_size=128256)
+LLAMA_3_1_405B = ModelConfig("Llama-3.1-405B", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8,
+                             d_ff=53248, vocab_size=128256)
 MIXTRAL_8X7B = ModelConfig("Mixtral-8x7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
                            vocab_size=32000, n_experts=8, experts_per_token=2)
 # Small enough to run for real on a laptop's CPU ranks, shaped like the real ones (GQA, gated MLP).
@@ -173,5 +253,19 @@ TOY = ModelConfig("toy", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4, d_ff=2
 TOY_MOE = ModelConfig("toy-moe", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4, d_ff=128, vocab_size=512,
                       n_experts=8, experts_per_token=2, bytes_per_param=4.0)
 
-PRESETS: dict[str, ModelConfig] = {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, TOY_MOE)}
+PRESETS: dict[str, ModelConfig] = {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_405B, MIXTRAL_8X7B, TOY,
+                                                        TOY_MOE)}
+
+# Made-up models, each shaped so that one rule other than the KV heads binds first (see binding_rule and
+# plan.layout_problems): a GPT-2-style vocabulary of 50,257 (an odd number: GPT-2's own), which no tp
+# above 1 divides, so Megatron-LM pads it; an MLP width of 3 x 2,730 = 8,190, which 4 does not divide;
+# 30 layers, which cannot be cut into 4 or 8 equal stages.
+SHAPE_RULE_EXAMPLES: dict[str, ModelConfig] = {
+    "vocab": ModelConfig("odd-vocab-1B", n_layers=24, d_model=2048, n_heads=16, n_kv_heads=8, d_ff=8192,
+                         vocab_size=50257),
+    "d_ff": ModelConfig("odd-mlp-1B", n_layers=24, d_model=2048, n_heads=16, n_kv_heads=8, d_ff=8190,
+                        vocab_size=32000),
+    "layers": ModelConfig("30-layer-7B", n_layers=30, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
+                          vocab_size=32000),
+}
 

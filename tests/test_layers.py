@@ -32,6 +32,8 @@ PURE_WITHOUT_TORCH = {
     "shardlib.data_parallel.flat", "shardlib.data_parallel.predict",
     "shardlib.context_parallel.predict", "shardlib.context_parallel.memory", "shardlib.context_parallel.layouts",
 }
+PURE_WITHOUT_TORCH |= {"shardlib.plan.traffic", "shardlib.plan.decode", "shardlib.plan.reasons",
+                       "shardlib.plan.fit", "shardlib.plan.serving"}
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",

@@ -2,16 +2,14 @@
 
 import pytest
 
-from shardlib.hardware import (INFINIBAND_400G, NVLINK, ONE_H100, ONE_NODE_8_H100, TWO_NODES_8_H100, Cluster, Link,
-                               toy_cluster)
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig
-from shardlib.plan import (Layout, Workload, check_layout, check_mesh, enumerate_layouts, forward_traffic, format_plan,
-                           layout_problems, memory_per_gpu, plan, score)
+from shardlib.hardware import (FOUR_NODES_8_H100, INFINIBAND_400G, NVLINK, ONE_H100, ONE_NODE_8_H100, TWO_NODES_8_H100,
+                               Cluster, Link, toy_cluster)
+from shardlib.models import (LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, SHAPE_RULE_EXAMPLES, TOY,
+                             ModelConfig)
+from shardlib.plan import (Layout, Workload, affordable_batch, check_layout, check_mesh, enumerate_layouts,
+                           forward_traffic, format_plan, layout_problems, memory_per_gpu, plan, score)
 
-# Llama 3.1 405B, from its published config.json (hidden_size 16384, 126 layers, 128 heads, 8 KV heads,
-# intermediate_size 53248, vocab 128256).
-LLAMA_3_405B = ModelConfig("Llama-3-405B", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8, d_ff=53248,
-                           vocab_size=128256)
+LLAMA_3_405B = LLAMA_3_1_405B
 
 
 def reasons(model, cluster, layout, workload=Workload()):
@@ -44,8 +42,22 @@ def test_bad_layout_and_workload_values():
     with pytest.raises(ValueError, match="objective"):
         plan(TOY, ONE_NODE_8_H100, objective="fastest")
     with pytest.raises(ValueError, match=r"tp=1 pp=1 dp=8 cannot serve Llama-3-70B on 1 node x 8 H100 80GB: "
-                                         r"needs 141.1 GB of weights"):
+                                         r"needs 141.1 GB of weights per GPU, more than the 72.0 GB a server fills "
+                                         r"of each 80.0 GB GPU \(90%\)"):
         check_layout(LLAMA_3_70B, ONE_NODE_8_H100, Layout(1, 1, 8))
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"batch": -1}, r"batch \(0: sized from free memory\) must be a whole number of at least 0, got -1"),
+    ({"microbatches": 1.5}, r"microbatches \(0: the planner chooses\) must be a whole number of at least 0, got 1.5"),
+    ({"memory_utilization": 0}, "memory_utilization .* must be a number from 0.01 to 1, got 0"),
+    ({"memory_utilization": 1.2}, "got 1.2"),
+    ({"max_batch": 0}, "max_batch must be a whole number of at least 1, got 0"),
+    ({"copy_kv_heads": "yes"}, "copy_kv_heads must be True or False, got 'yes'"),
+])
+def test_bad_workloads_say_why(changes, words):
+    with pytest.raises(ValueError, match=words):
+        Workload(**changes)
 
 
 # -- shape rules, each with its numbers ------------------------------------------------------------------------
@@ -59,6 +71,31 @@ def test_layers_must_divide_into_stages():
     model = ModelConfig("m", n_layers=30, d_model=64, n_heads=8, n_kv_heads=4, d_ff=128, vocab_size=64)
     cluster = Cluster("c", 1, 4, 80e9, NVLINK, INFINIBAND_400G)
     assert "30 layers cannot be cut into 4 equal stages (30 = 4 x 7 + 2)" in reasons(model, cluster, Layout(1, 4))
+
+
+def test_layers_into_stages_binds_for_a_real_model():
+    # Llama-3.1-405B has 126 = 2 x 3 x 3 x 7 layers: on 4 nodes, 4 stages of whole layers do not exist,
+    # whatever the memory says, so pipeline stages across 4 nodes are refused by the layer count.
+    p = plan(LLAMA_3_405B, FOUR_NODES_8_H100)
+    four = {r.layout: r.reasons for r in p.rejected}[Layout(8, 4, 1)]
+    assert four == ("pp = 4: 126 layers cannot be cut into 4 equal stages (126 = 4 x 31 + 2)",)
+    assert all(s.layout.pp in (1, 2, 3, 6, 7, 9, 14, 18, 21, 42, 63, 126) for s in p.ranked)
+
+
+@pytest.mark.parametrize("rule, layout, words", [
+    # 50,257 tokens (GPT-2's vocabulary, odd): no tp above 1 splits it, although 8 KV heads would allow 8
+    ("vocab", Layout(2, 1, 4), "tp = 2: vocab_size = 50257 cannot be split 2 ways"),
+    # d_ff = 8,190 = 2 x 4,095: tp = 2 is allowed, tp = 4 is stopped by the MLP's width, not by the heads
+    ("d_ff", Layout(4, 1, 2), "tp = 4: d_ff = 8190 cannot be split 4 ways"),
+    # 30 layers: 2, 3, 5 or 6 stages, never 4 or 8
+    ("layers", Layout(1, 4, 2), "pp = 4: 30 layers cannot be cut into 4 equal stages (30 = 4 x 7 + 2)"),
+])
+def test_each_shape_rule_binds_on_a_made_up_model(rule, layout, words):
+    model = SHAPE_RULE_EXAMPLES[rule]
+    p = plan(model, ONE_NODE_8_H100)
+    reasons_of = {r.layout: r.reasons for r in p.rejected}
+    assert len(reasons_of[layout]) == 1 and reasons_of[layout][0].startswith(words)  # this rule and no other
+    assert all(layout_problems(model, ONE_NODE_8_H100, s.layout, Workload()) == [] for s in p.ranked)
 
 
 def test_expert_rules():
@@ -81,46 +118,102 @@ def test_tp_groups_may_not_straddle_nodes():
 # -- memory, hand-worked ----------------------------------------------------------------------------------------
 def test_memory_of_llama_70b_at_tp8_by_hand():
     # per layer: q, o 2 x 8192 x 8192 = 134,217,728; k, v 2 x 8192 x 1024 = 16,777,216;
-    # MLP 3 x 8192 x 28672 = 704,643,072; norms 2 x 8192 = 16,384: 855,654,400 parameters.
-    # 80 layers = 68,452,352,000; embedding and head 2 x 128256 x 8192 = 2,101,346,304.
-    # tp = 8, 2 bytes each: (68,452,352,000 + 2,101,346,304) / 8 x 2 = 17,638,424,576 bytes.
+    # MLP 3 x 8192 x 28672 = 704,643,072: 855,638,016 split 8 ways; norms 2 x 8192 = 16,384 on every GPU.
+    # 80 layers: 68,451,041,280 / 8 x 2 bytes = 17,112,760,320; norms 80 x 16,384 x 2 = 2,621,440;
+    # embedding and head 2 x 128256 x 8192 = 2,101,346,304 / 8 x 2 = 525,336,576. Sum 17,640,718,336.
     # KV cache: 2 x 80 layers x (8/8) KV heads x 128 x 2 bytes x 8 sequences x 4096 tokens = 1,342,177,280.
     mem = memory_per_gpu(LLAMA_3_70B, Layout(8, 1), Workload(batch=8, context_tokens=4096))
-    assert mem.weights_bytes == 17_638_424_576
+    assert mem.weights_bytes == 17_640_718_336
     assert mem.kv_cache_bytes == 1_342_177_280
 
 
-def test_rejection_for_memory_shows_the_sum():
+def test_batch_from_free_memory_by_hand():
+    # 70B at tp = 8: 72 GB usable - 17,640,718,336 B of weights = 54,359,281,664 B free; one sequence of
+    # 4,096 tokens is 1,342,177,280 / 8 = 167,772,160 B per GPU: 324 sequences, capped at max_batch 256.
+    wl = Workload()
+    assert affordable_batch(LLAMA_3_70B, ONE_NODE_8_H100, Layout(8, 1), wl) == 256
+    assert affordable_batch(LLAMA_3_70B, ONE_NODE_8_H100, Layout(8, 1), Workload(max_batch=1000)) == 324
+    # tp = 4: 35,278,815,232 B of weights (by the same sum) leave 36,721,184,768 B, 335,544,320 B a sequence: 109
+    assert affordable_batch(LLAMA_3_70B, ONE_NODE_8_H100, Layout(4, 1, 2), wl) == 109
+    s = score(LLAMA_3_70B, ONE_NODE_8_H100, Layout(4, 1, 2))
+    assert (s.batch, s.batch_set_by) == (109, "free memory") and s.memory.total_bytes <= 72e9
+
+
+def test_rejections_for_memory_show_the_sum():
     r = reasons(MIXTRAL_8X7B, ONE_H100, Layout(1, 1))
-    assert "needs 93.4 GB of weights + 4.3 GB of KV cache = 97.7 GB per GPU, more than the 80.0 GB a GPU has" in r
+    assert r == "needs 93.4 GB of weights per GPU, more than the 72.0 GB a server fills of each 80.0 GB GPU (90%)"
+    fixed = reasons(MIXTRAL_8X7B, ONE_H100, Layout(1, 1), Workload(batch=8))
+    assert fixed.startswith("needs 93.4 GB of weights + 4.3 GB of KV cache (8 sequences x 4,096 tokens) = 97.7 GB per GPU")
+    # 70B on 2 GPUs: 70.6 GB each leave 1.4 GB, less than one 16K-token sequence's 2.7 GB share
+    two = Cluster("2 x H100", 1, 2, 80e9, NVLINK, INFINIBAND_400G)
+    r = reasons(LLAMA_3_70B, two, Layout(2, 1), Workload(context_tokens=16384))
+    assert r.startswith("70.6 GB of weights leave 1.4 GB of the 72.0 GB") and "less than one sequence's KV cache" in r
+    assert "(2.7 GB per GPU at 16,384 tokens)" in r
 
 
 # -- scores, hand-worked ---------------------------------------------------------------------------------------
 SIMPLE_LINK = Link("simple", 1e9, 1e-3)  # 1 GB/s each way, 1 ms per message
-SIMPLE = Cluster("simple", 1, 2, 1e9, SIMPLE_LINK, SIMPLE_LINK, memory_bytes_per_s=1e9, peak_flops_per_s=1e9,
-                 latency_charge="per_call")
+SIMPLE = Cluster("simple", 1, 2, 1e9, SIMPLE_LINK, SIMPLE_LINK, memory_bytes_per_s=1e9, peak_flops_per_s=1e12,
+                 latency_charge="per_call")  # arithmetic 1000x faster than memory: decode is memory-bound
+FAST_LINK = Link("free", 1e18, 0.0)
+FAST = Cluster("free hops", 1, 2, 1e9, FAST_LINK, FAST_LINK, memory_bytes_per_s=1e9, peak_flops_per_s=1e12)
+# TOY per layer, whole: q, o 2 x 64 x 64 = 8,192; k, v 2 x 64 x 32 = 4,096; MLP 3 x 64 x 256 = 49,152 (4 bytes
+# each: 245,760 B) + norms 128 x 4 = 512 B on every GPU. Head 512 x 64 x 4 = 131,072 B. KV cache per
+# sequence per layer at 8 tokens: 2 x 4 heads x 8 x 4 B x 8 = 2,048 B.
 
 
 def test_decode_score_of_tp2_by_hand():
     wl = Workload(batch=1, context_tokens=8, prompt_tokens=8, microbatches=1)
     s = score(TOY, SIMPLE, Layout(2, 1), wl)
-    mem = memory_per_gpu(TOY, Layout(2, 1), wl)
-    # read the GPU's weights and KV cache at 1e9 B/s; then 2 x 4 all-reduces of 1 token x 64 x 4 B = 256 B,
-    # each 1 ms (one alpha, per call) + 2(2-1)/2 x 256 / 1e9 s.
-    expected = mem.total_bytes / 1e9 + 8 * (1e-3 + 256 / 1e9)
+    # tp = 2 reads per GPU: 4 layers x (245,760 / 2 + 512) = 493,568 B, the head's half 65,536 B, and the
+    # sequence's KV cache for its 2 of 4 KV heads, 2 x 4 layers x 2 x 8 x 4 B x 8 tokens = 4,096 B:
+    # 563,200 B at 1e9 B/s.
+    # Then 2 x 4 all-reduces of 1 token x 64 x 4 B = 256 B, each 1 ms (one alpha, per call) + 2(2-1)/2 x 256 / 1e9 s.
+    expected = 563_200 / 1e9 + 8 * (1e-3 + 256 / 1e9)
     assert s.decode_step_s == pytest.approx(expected, rel=1e-12)
     assert s.tokens_per_s == pytest.approx(1 / expected)
-    assert s.bubble_fraction == 0 and s.n_microbatches == 1
+    assert s.idle_fraction == 0 and s.n_microbatches == 1 and s.batch == 1 and s.batch_set_by == "the workload"
 
 
-def test_pipeline_score_pays_fill_and_drain_by_hand():
+def test_steady_state_pipeline_by_hand():
     wl = Workload(batch=4, context_tokens=8, prompt_tokens=8, microbatches=2)
     s = score(TOY, SIMPLE, Layout(1, 2), wl)
-    mem = memory_per_gpu(TOY, Layout(1, 2), wl)
-    stage = (mem.weights_bytes + mem.kv_cache_bytes / 2) / 1e9  # no tensor parallelism: no collectives
-    hop = 1e-3 + 2 * 64 * 4 / 1e9  # one microbatch of 2 tokens
-    assert s.decode_step_s == pytest.approx((2 + 2 - 1) * stage + hop, rel=1e-12)
-    assert s.bubble_fraction == pytest.approx(1 / 3)  # (p - 1) / (m + p - 1)
+    # 2 microbatches of 2 sequences. Stage 0: 2 layers x 246,272 B + KV 2 seq x 2 layers x 2,048 = 500,736 B;
+    # stage 1 also reads the head: 631,808 B. Hops: 2 x 64 x 4 = 512 B to stage 1, then 2 token ids (8 B) back.
+    stages = (500_736 / 1e9, 631_808 / 1e9)
+    hops = (1e-3 + 512 / 1e9) + (1e-3 + 8 / 1e9)
+    trip = sum(stages) + hops
+    assert [st.total_s for st in s.stages] == pytest.approx(stages, rel=1e-12)
+    assert s.trip_s == pytest.approx(trip, rel=1e-12)
+    # no fill and drain per step: the cycle is the trip, or 2 x the slowest stage if that were longer
+    assert s.decode_step_s == pytest.approx(max(trip, 2 * stages[1]), rel=1e-12) == pytest.approx(trip)
+    assert s.tokens_per_s == pytest.approx(4 / trip)
+    assert s.idle_fraction == pytest.approx(1 - 2 * stages[1] / trip)  # the slowest stage waits for the hops
+
+
+def test_free_hops_keep_every_stage_busy_and_throughput_is_set_by_the_slowest_stage():
+    s = score(TOY, FAST, Layout(1, 2), Workload(batch=4, context_tokens=8, prompt_tokens=8))
+    assert s.n_microbatches == 2  # the planner chose m = pp: fewer idles a stage, more re-read the weights
+    slowest = 631_808 / 1e9
+    assert s.decode_step_s == pytest.approx(2 * slowest)  # 2 microbatches through the slowest stage
+    assert s.tokens_per_s == pytest.approx(4 / (2 * slowest)) and s.idle_fraction == pytest.approx(0, abs=1e-12)
+
+
+def test_slow_hops_make_the_planner_cut_more_microbatches():
+    # with 1 ms per hop the trip, not the stages, sets the cycle: 4 microbatches of 1 sequence shorten the
+    # trip (less KV cache read per stage) while 4 x the slowest stage (4 x 627,712 B at 1e9) still fits inside it
+    s = score(TOY, SIMPLE, Layout(1, 2), Workload(batch=4, context_tokens=8, prompt_tokens=8))
+    assert s.n_microbatches == 4
+    assert s.decode_step_s == pytest.approx((496_640 + 627_712) / 1e9 + 2e-3 + (256 + 4) / 1e9)
+
+
+def test_a_pipeline_does_not_shorten_a_tokens_trip():
+    alone = Workload(batch=1, context_tokens=8, prompt_tokens=8)
+    whole = score(TOY, FAST, Layout(1, 1, 2), alone)
+    staged = score(TOY, FAST, Layout(1, 2, 1), alone)
+    assert staged.decode_step_s == pytest.approx(whole.decode_step_s, rel=1e-9)  # the same bytes, read in turn
+    split = score(TOY, FAST, Layout(2, 1, 1), alone)
+    assert split.decode_step_s == pytest.approx(whole.decode_step_s / 2, rel=0.01)  # tensor parallelism halves it
 
 
 def test_forward_traffic_by_hand():
@@ -153,11 +246,20 @@ def test_llama_405b_tp_inside_nodes_pp_across():
     assert any("tp = 16 exceeds the 8 KV heads" in " ".join(r.reasons) for r in p.rejected)
 
 
-def test_llama_8b_fits_on_one_gpu_so_replicas_win_throughput():
-    # Meta's reference code runs Llama 3 8B with model parallel 1: it fits on one GPU. If it fits, replicas.
-    best = plan(LLAMA_3_8B, ONE_NODE_8_H100, objective="throughput").best
-    assert (best.layout.tp, best.layout.pp, best.layout.dp) == (1, 1, 8)
+def test_llama_8b_fits_on_one_gpu_so_replicas_win_throughput_when_memory_holds_a_full_batch():
+    # Meta's reference code runs Llama 3 8B with model parallel 1: it fits on one GPU. With 1K-token
+    # contexts a replica's free memory holds the full batch of 256, and replicas win throughput.
+    short = Workload(context_tokens=1024, prompt_tokens=512)
+    best = plan(LLAMA_3_8B, ONE_NODE_8_H100, short, objective="throughput").best
+    assert (best.layout.tp, best.layout.pp, best.layout.dp, best.batch) == (1, 1, 8, 256)
     assert plan(LLAMA_3_8B, ONE_H100).best.layout == Layout(1, 1, 1)
+    # With 4K-token contexts a replica's 56 GB of free memory holds only 104 sequences; tp = 2 halves the
+    # weights per GPU and holds 238 per pair, and that batch pays for its all-reduces: memory buys batch.
+    p = plan(LLAMA_3_8B, ONE_NODE_8_H100, Workload(context_tokens=4096), objective="throughput")
+    by_layout = {s.layout: s for s in p.ranked}
+    replicas, pairs = by_layout[Layout(1, 1, 8)], by_layout[Layout(2, 1, 4)]
+    assert (replicas.batch, pairs.batch) == (104, 238) and pairs.tokens_per_s > replicas.tokens_per_s
+    assert "set by free memory" in p.best.reasons[0]
 
 
 def test_mixtral_needs_two_or_more_gpus():
@@ -184,7 +286,7 @@ def test_every_layout_is_either_ranked_or_rejected_with_a_reason():
 def test_toy_cluster_forces_a_split():
     p = plan(TOY, toy_cluster(SIMPLE_LINK), Workload(4, 6, 6, 2))
     assert p.ranked and all(s.layout.tp * s.layout.pp >= 3 for s in p.ranked)
-    assert any("more than the 500 kB a GPU has" in " ".join(r.reasons) for r in p.rejected)
+    assert any("more than the 450 kB a server fills of each 500 kB GPU" in " ".join(r.reasons) for r in p.rejected)
 
 
 def test_planner_widget_follows_its_controls():
@@ -204,6 +306,12 @@ def test_planner_widget_follows_its_controls():
     assert "ranked by latency" in table.value
     fig = next(c for c in controls if hasattr(c, "data"))
     assert len(fig.data) == 2  # throughput and latency bars
+    weights = next(c for c in controls if getattr(c, "description", "") == "weights")
+    model_box.value, weights.value = "Llama-3-70B", 4
+    assert "Llama-3-70B 4-bit on 1 node x 8 H100 80GB" in table.value
+    batch = next(c for c in controls if getattr(c, "description", "") == "batch per replica")
+    batch.value = 16
+    assert "batch 16 per replica, as the workload fixes it" in table.value
     fallback = planner_widget("no such model", "no such cluster")  # unknown names fall back to presets
     assert "Llama-3-70B" in next(c for c in fallback.children if isinstance(c, widgets.HTML)).value
 

@@ -1,8 +1,13 @@
 """Choosing a layout, and running one: the planner and the combined layout on ranks.
 
 * ``layout`` (pure): ``Layout(tp, pp, dp, ep)``, the one mesh: rank numbering and the groups per axis.
-* ``memory`` (pure): ``Workload``, memory per GPU, the shape rules and their reasons.
-* ``planner`` (pure): the traffic of a forward pass per mesh axis, scores, and ``plan``.
+* ``memory`` (pure): ``Workload``, memory per GPU, the batch free memory affords, the shape rules.
+* ``traffic`` (pure): which link each mesh axis uses, and the traffic of a forward pass per axis.
+* ``decode`` (pure): the cost model: steady-state pipelined decode and prefill of one layout, ``score``.
+* ``reasons`` (pure): the planner's reasons in words, TP across nodes against PP across nodes.
+* ``planner`` (pure): every layout enumerated, rejected or scored, ranked: ``plan``, ``format_plan``.
+* ``fit`` (pure): does a model fit one GPU, with how much room for KV cache; how many GPUs it needs.
+* ``serving`` (pure): replicas against tensor parallelism, latency and throughput per GPU.
 * ``ranks``: ``combined_forward_on_rank``, tensor parallelism inside a "node" and pipeline stages across
   "nodes", on a torch ``DeviceMesh`` built from a ``Layout``.
 * ``drivers``: ``run_combined`` (a layout on a pool, against its predicted traffic) and
@@ -15,9 +20,17 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "layout": ("Layout", "check_mesh"),
-    "memory": ("Workload", "Memory", "memory_per_gpu", "active_params_per_gpu", "layout_problems", "check_layout"),
-    "planner": ("OBJECTIVES", "hop_links", "axis_link", "AxisTraffic", "forward_traffic", "Score", "score",
-                "Rejected", "Plan", "enumerate_layouts", "plan", "format_plan"),
+    "memory": ("Workload", "Memory", "memory_per_gpu", "weights_per_gpu", "kv_bytes_per_sequence", "affordable_batch",
+               "batch_for", "active_params_per_gpu", "shape_problems", "memory_problem", "layout_problems",
+               "check_layout"),
+    "traffic": ("hop_links", "return_link", "axis_link", "pipeline_crosses_nodes", "tp_crosses_nodes", "AxisTraffic",
+                "forward_traffic"),
+    "decode": ("StageCost", "stage_costs", "Score", "score"),
+    "reasons": ("TP_ACROSS", "PP_ACROSS", "kind", "counterpart", "compare"),
+    "planner": ("OBJECTIVES", "Rejected", "Plan", "enumerate_layouts", "objective_workload", "plan", "format_plan",
+                "format_choices"),
+    "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
+    "serving": ("ServingPoint", "latency_vs_throughput", "format_latency_vs_throughput"),
     "ranks": ("combined_forward_on_rank",),
     "drivers": ("TOLERANCE", "check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
                 "format_traffic", "effective_flops_per_s", "ToyClusterFit", "run_toy_cluster_calibration"),

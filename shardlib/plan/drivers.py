@@ -22,7 +22,7 @@ from ..models import ModelConfig, check_tensor_parallel
 from ..toy import activations, stack_reference
 from .layout import Layout, check_mesh
 from .memory import active_params_per_gpu
-from .planner import AxisTraffic, forward_traffic
+from .traffic import AxisTraffic, forward_traffic
 from .ranks import combined_forward_on_rank
 
 TOLERANCE = 1e-5  # atol = rtol: the tensor-parallel sums add partials in another order than one matmul

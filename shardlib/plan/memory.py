@@ -1,14 +1,20 @@
-"""What a layout needs and whether it may: the workload, memory per GPU, and the shape rules.
+"""What a layout needs and whether it may: the workload, memory per GPU, the batch it affords, the rules.
 
-**Memory per GPU** (the heaviest stage; activations and framework overhead are left out)::
+**Memory per GPU** (the heaviest stage; activations and the runtime's own buffers are what the unused
+share of memory, ``1 - memory_utilization``, is kept for)::
 
-    weights = L/pp x (attention + norms + router) / tp x b
-            + L/pp x n_experts x expert / (ep if ep > 1 else tp) x b
-            + copies x vocab x d_model / tp x b        (copies: 2 untied or 1 tied with pp = 1; 1 with pp > 1)
-    kv      = 2 x L/pp x (n_kv_heads / tp) x head_dim x b x batch x context_tokens
+    weights = L/pp x [ (q, o) / tp + (k, v) / min(tp, n_kv_heads) + experts / (ep if ep > 1 else tp) ] x b_w
+            + L/pp x (norms + router) x b                  (replicated on every device)
+            + copies x vocab x d_model / tp x b            (copies: 2 untied or 1 tied with pp = 1; 1 with pp > 1)
+    kv      = batch x 2 x L/pp x max(n_kv_heads / tp, 1) x head_dim x b x context_tokens
 
-with ``b`` bytes per value and ``batch`` the sequences in flight per replica. With ``ep = 1`` the experts
-are sliced ``tp`` ways like a dense MLP (what Mixtral deployments with plain tensor parallelism do).
+with ``b`` the model's bytes per value, ``b_w`` the matrices' (smaller when quantised) and ``batch`` the
+sequences in flight per replica. With ``ep = 1`` the experts are sliced ``tp`` ways like a dense MLP.
+
+**The batch** is what serving buys with memory: unless the workload fixes it, a replica takes as many
+sequences as the memory its weights leave free holds (``affordable_batch``), up to ``max_batch`` (vLLM's
+default ``max_num_seqs`` is 256). Splitting a model ``tp`` ways shrinks both its weights and each
+sequence's cache per GPU, so tensor parallelism's freed memory buys batch.
 
 **Shape rules**: whole KV heads and query heads per tp rank, ``d_ff`` and the vocabulary divisible,
 tp groups that do not straddle nodes, equal stages, whole experts per ep rank, and memory. Each
@@ -19,38 +25,58 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import whole_number
+from ..checks import flag, number_between, whole_number
 from ..hardware import Cluster
-from ..models import ModelConfig, tensor_parallel_problems
+from ..models import ModelConfig, kv_heads_per_device, pipeline_parallel_problems, tensor_parallel_problems
 from .layout import Layout, check_mesh
 
 
 def gb(size_bytes: float) -> str:
-    """Bytes in GB (or kB below 0.1 GB), as the planner prints them."""
-    return f"{size_bytes / 1e9:.1f} GB" if size_bytes >= 1e8 else f"{size_bytes / 1e3:,.0f} kB"
+    """Bytes in GB (or MB, or kB), as the planner prints them."""
+    if size_bytes >= 1e9:
+        return f"{size_bytes / 1e9:.1f} GB"
+    return f"{size_bytes / 1e6:.0f} MB" if size_bytes >= 1e6 else f"{size_bytes / 1e3:,.0f} kB"
 
 
 @dataclass(frozen=True)
 class Workload:
-    """What is served: ``batch`` sequences in flight per replica, each with a KV cache of
-    ``context_tokens``; prefill runs ``prompt_tokens`` per sequence; a pipeline cuts the batch into
-    ``microbatches``."""
+    """What is served. ``batch`` sequences in flight per replica (0: as many as free memory holds, up
+    to ``max_batch``), each with a KV cache of ``context_tokens`` (the worst case: every sequence at
+    full length); prefill runs ``prompt_tokens`` per sequence; a pipeline cuts the batch into
+    ``microbatches`` (0: the planner chooses). A server fills at most ``memory_utilization`` of a GPU
+    with weights and KV cache (vLLM's default ``gpu_memory_utilization`` is 0.9; the rest holds
+    activations and the runtime). ``copy_kv_heads`` lets tp pass the KV heads by copying them."""
 
-    batch: int = 8
+    batch: int = 0
     context_tokens: int = 4096
     prompt_tokens: int = 2048
-    microbatches: int = 4
+    microbatches: int = 0
+    max_batch: int = 256
+    memory_utilization: float = 0.9
+    copy_kv_heads: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("batch", "context_tokens", "prompt_tokens", "microbatches"):
+        whole_number(self.batch, "batch (0: sized from free memory)", minimum=0)
+        whole_number(self.microbatches, "microbatches (0: the planner chooses)", minimum=0)
+        for name in ("context_tokens", "prompt_tokens", "max_batch"):
             whole_number(getattr(self, name), name)
+        number_between(self.memory_utilization, "memory_utilization (the share of a GPU's memory a server fills)",
+                       0.01, 1.0)
+        flag(self.copy_kv_heads, "copy_kv_heads")
         if self.prompt_tokens > self.context_tokens:
             raise ValueError(f"a prompt of {self.prompt_tokens} tokens does not fit a context of "
                              f"{self.context_tokens} tokens")
 
-    def microbatches_for(self, pp: int) -> int:
-        """``m``: 1 without a pipeline (nothing to overlap), else ``microbatches`` capped by the batch."""
-        return 1 if pp == 1 else min(self.microbatches, self.batch)
+    def microbatches_for(self, pp: int, batch: int | None = None) -> int:
+        """``m``: 1 without a pipeline (nothing to overlap), else ``microbatches`` (or ``pp`` when the
+        planner chooses), never more than the sequences there are."""
+        batch = self.batch if batch is None else batch
+        if pp == 1:
+            return 1
+        return max(1, min(self.microbatches or pp, batch or pp))
+
+    def usable_bytes(self, cluster: Cluster) -> float:
+        return cluster.memory_per_gpu_bytes * self.memory_utilization
 
 
 # -- memory -------------------------------------------------------------------------------------------
@@ -64,33 +90,56 @@ class Memory:
         return self.weights_bytes + self.kv_cache_bytes
 
 
-def memory_per_gpu(model: ModelConfig, layout: Layout, workload: Workload) -> Memory:
-    """Bytes on the GPU of the heaviest stage: the formula in the module docstring."""
-    b, layers = model.bytes_per_param, model.n_layers / layout.pp
-    router = model.d_model * model.n_experts if model.is_moe else 0
-    dense = (model.attention_params_per_layer + 2 * model.d_model + router) / layout.tp
-    experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else layout.tp)
+def weights_per_gpu(model: ModelConfig, layout: Layout) -> float:
+    """Weight bytes on a GPU of the heaviest stage: the formula in the module docstring."""
+    tp, b, layers = layout.tp, model.bytes_per_param, model.n_layers / layout.pp
+    q_and_o = 2 * model.d_model * model.n_heads * model.head_dim / tp
+    k_and_v = 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp)
+    experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp)
+    replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
     copies = (1 if model.tied_embeddings else 2) if layout.pp == 1 else 1
-    embed = copies * model.vocab_size * model.d_model / layout.tp
-    weights = (layers * (dense + experts) + embed) * b
-    kv = 2 * layers * (model.n_kv_heads / layout.tp) * model.head_dim * b * workload.batch * workload.context_tokens
-    return Memory(weights, kv)
+    embed = copies * model.vocab_size * model.d_model / tp
+    return layers * ((q_and_o + k_and_v + experts) * model.matrix_bytes_per_param + replicated * b) + embed * b
+
+
+def kv_bytes_per_sequence(model: ModelConfig, layout: Layout, context_tokens: int) -> float:
+    """One sequence's KV cache on one GPU of a stage: its layers, its KV heads, every token of the context."""
+    layers = model.n_layers / layout.pp
+    return (2 * layers * kv_heads_per_device(model, layout.tp) * model.head_dim * model.bytes_per_param
+            * context_tokens)
+
+
+def affordable_batch(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> int:
+    """Sequences a replica can hold: the memory its weights leave free over one sequence's cache, at
+    most ``workload.max_batch`` (0 when not even one fits)."""
+    free = workload.usable_bytes(cluster) - weights_per_gpu(model, layout)
+    per_sequence = kv_bytes_per_sequence(model, layout, workload.context_tokens)
+    return max(0, min(workload.max_batch, int(free // per_sequence))) if free > 0 else 0
+
+
+def batch_for(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> int:
+    """The workload's batch if it fixes one, else ``affordable_batch``."""
+    return workload.batch or affordable_batch(model, cluster, layout, workload)
+
+
+def memory_per_gpu(model: ModelConfig, layout: Layout, workload: Workload, batch: int | None = None) -> Memory:
+    """Bytes on a GPU of the heaviest stage for ``batch`` sequences (default: the workload's batch)."""
+    batch = workload.batch if batch is None else batch
+    return Memory(weights_per_gpu(model, layout), batch * kv_bytes_per_sequence(model, layout, workload.context_tokens))
 
 
 # -- shape rules ----------------------------------------------------------------------------------------
-def layout_problems(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> list[str]:
-    """Every reason ``layout`` cannot serve ``model`` on ``cluster`` (empty: it can), each with its numbers."""
+def shape_problems(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> list[str]:
+    """Every rule of shape and placement ``layout`` breaks (memory aside), each with its numbers."""
     check_mesh(layout, cluster.n_gpus)
     tp, pp, ep, dp = layout.tp, layout.pp, layout.ep, layout.dp
-    problems = [f"tp = {tp}: {p}" for p in tensor_parallel_problems(model, tp)]
-    if tp > model.n_kv_heads:
+    problems = [f"tp = {tp}: {p}" for p in tensor_parallel_problems(model, tp, workload.copy_kv_heads)]
+    if tp > model.n_kv_heads and any("KV heads" in p for p in problems):
         problems[0:0] = [f"tp = {tp} exceeds the {model.n_kv_heads} KV heads"]
     if tp < cluster.gpus_per_node and cluster.gpus_per_node % tp:
         problems.append(f"tp = {tp} groups would straddle nodes of {cluster.gpus_per_node} GPUs "
                         f"({cluster.gpus_per_node} % {tp} = {cluster.gpus_per_node % tp})")
-    if model.n_layers % pp:
-        problems.append(f"pp = {pp}: {model.n_layers} layers cannot be cut into {pp} equal stages "
-                        f"({model.n_layers} = {pp} x {model.n_layers // pp} + {model.n_layers % pp})")
+    problems += [f"pp = {pp}: {p}" for p in pipeline_parallel_problems(model, pp)]
     if ep > 1:
         if not model.is_moe:
             problems.append(f"ep = {ep}: {model.name} is dense, it has no experts to spread")
@@ -99,12 +148,35 @@ def layout_problems(model: ModelConfig, cluster: Cluster, layout: Layout, worklo
                             f"({model.n_experts} = {ep} x {model.n_experts // ep} + {model.n_experts % ep})")
         if (tp * dp) % ep:
             problems.append(f"ep = {ep} must divide the tp x dp = {tp} x {dp} = {tp * dp} ranks of a stage")
-    if not problems:
+    return problems
+
+
+def memory_problem(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> str:
+    """Why ``layout``'s memory does not hold the model and its batch ("" when it does), with the sum."""
+    usable, total = workload.usable_bytes(cluster), cluster.memory_per_gpu_bytes
+    share = f"{gb(usable)} a server fills of each {gb(total)} GPU ({workload.memory_utilization:.0%})"
+    weights = weights_per_gpu(model, layout)
+    per_sequence = kv_bytes_per_sequence(model, layout, workload.context_tokens)
+    if workload.batch:
         mem = memory_per_gpu(model, layout, workload)
-        if mem.total_bytes > cluster.memory_per_gpu_bytes:
-            problems.append(f"needs {gb(mem.weights_bytes)} of weights + {gb(mem.kv_cache_bytes)} of KV cache = "
-                            f"{gb(mem.total_bytes)} per GPU, more than the {gb(cluster.memory_per_gpu_bytes)} "
-                            "a GPU has")
+        if mem.total_bytes > usable:
+            return (f"needs {gb(weights)} of weights + {gb(mem.kv_cache_bytes)} of KV cache ({workload.batch} sequences "
+                    f"x {workload.context_tokens:,} tokens) = {gb(mem.total_bytes)} per GPU, more than the {share}")
+        return ""
+    if weights > usable:
+        return f"needs {gb(weights)} of weights per GPU, more than the {share}"
+    if weights + per_sequence > usable:
+        return (f"{gb(weights)} of weights leave {gb(usable - weights)} of the {share}, less than one sequence's "
+                f"KV cache ({gb(per_sequence)} per GPU at {workload.context_tokens:,} tokens)")
+    return ""
+
+
+def layout_problems(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> list[str]:
+    """Every reason ``layout`` cannot serve ``model`` on ``cluster`` (empty: it can), each with its numbers:
+    the shape rules, then (when those pass) memory."""
+    problems = shape_problems(model, cluster, layout, workload)
+    if not problems:
+        problems = [p for p in [memory_problem(model, cluster, layout, workload)] if p]
     return problems
 
 
@@ -115,7 +187,7 @@ def check_layout(model: ModelConfig, cluster: Cluster, layout: Layout, workload:
 
 
 def active_params_per_gpu(model: ModelConfig, layout: Layout) -> float:
-    """Parameters one token touches on one GPU of a stage (embedding left out)."""
+    """Parameters one token touches on one GPU of a stage (embedding and head left out)."""
     router = model.d_model * model.n_experts if model.is_moe else 0
     dense = (model.attention_params_per_layer + 2 * model.d_model + router) / layout.tp
     experts = model.experts_per_token * model.expert_params / (layout.ep if layout.ep > 1 else layout.tp)

@@ -2,162 +2,37 @@
 
 ``plan(model, cluster, workload, objective)`` enumerates every ``Layout`` with ``tp x pp x dp`` = the
 cluster's GPUs (and, for MoE models, every ``ep``), rejects those that break a rule of ``memory`` (with
-the reason), and scores the rest with ``costs`` and the bubble formula.
+the reason), scores the rest with ``decode`` (steady-state pipelined decode: a token's trip through the
+stages, the slowest stage setting throughput; the batch each layout's free memory affords), and ranks
+them:
 
-**Scores.** A decode step gives every sequence one token. With ``pp > 1`` the batch goes through in
-``m`` microbatches, so the step is ``(m + pp - 1)`` stage-times plus the last microbatch's hops, and
-the idle share is the bubble fraction ``(pp - 1)/(m + pp - 1)``. One stage-time is a compute proxy plus
-that stage's collectives:
+* ``objective="throughput"``: most decode tokens per second for the cluster, each replica carrying the
+  batch its memory affords (unless the workload fixes one);
+* ``objective="latency"``: the shortest time between two tokens of a sequence, with one sequence per
+  replica unless the workload fixes a batch: what a user waits per token on a server that is not busy.
 
-* decode compute: memory-bound, every weight of the GPU and its microbatch's KV cache read once,
-  ``(weights + kv/m) / memory_bytes_per_s``;
-* prefill compute: ``2 x active parameters of the GPU x tokens / peak_flops_per_s`` (embedding and
-  attention scores left out);
-* tensor parallelism: ``2 x L/pp`` all-reduces of ``tokens x d_model x b`` (1 per layer when ep > 1);
-* expert parallelism: ``2 x L/pp`` all-to-alls of ``tokens x k x d_model x b``;
-* pipeline: one point-to-point of ``tokens x d_model x b`` per stage boundary.
-
-Each axis's collectives run over the cluster's link inside a node, or between nodes when any of its
-groups crosses one. Decode latency per token is the step; throughput is ``dp x batch / step``. The
-planner ranks by throughput (``objective="throughput"``) or by decode latency (``objective="latency"``).
-
-``forward_traffic`` is the collectives one forward pass issues per mesh axis: the prediction that the
-combined run on ranks (``drivers.run_combined``) must match call for call and byte for byte.
-Pure: no torch.
+Every ranked score carries its reasons (what set its batch, where a token's time goes, and, for a
+layout that crosses nodes, how it fares against the same GPUs cut the other way across them); the plan
+adds why its best beat the runner-up. ``forward_traffic`` (in ``traffic``) is the prediction the
+combined run on ranks is checked against. Pure: no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..checks import choice, whole_number
-from ..costs.alpha_beta import all_reduce_s, all_to_all_s, point_to_point_s
-from ..hardware import Cluster, Link
+from ..checks import choice
+from ..hardware import Cluster
 from ..models import ModelConfig
-from ..pipeline.bubble import pipeline_bubble_fraction
+from .decode import Score, score
 from .layout import Layout
-from .memory import Memory, Workload, active_params_per_gpu, check_layout, gb, layout_problems, memory_per_gpu
+from .memory import Workload, gb, layout_problems
+from .reasons import PP_ACROSS, TP_ACROSS, counterpart_reason, kind, ms, own_reasons
+from .traffic import AxisTraffic, axis_link, forward_traffic, hop_links  # noqa: F401  (the planner's public names)
 
 OBJECTIVES = ("throughput", "latency")
 
 
-# -- placement: which link each axis uses ---------------------------------------------------------------
-def _crosses(cluster: Cluster, ranks) -> bool:
-    return len({cluster.node_of(r) for r in ranks}) > 1
-
-
-def hop_links(layout: Layout, cluster: Cluster) -> list[Link]:
-    """The link of each stage boundary: the slower one if any rank's hop across it leaves its node."""
-    out = []
-    for s in range(layout.pp - 1):
-        pairs = [(layout.rank(s, d, t), layout.rank(s + 1, d, t)) for d in range(layout.dp) for t in range(layout.tp)]
-        out.append(cluster.inter_link if any(_crosses(cluster, p) for p in pairs) else cluster.intra_link)
-    return out
-
-
-def axis_link(cluster: Cluster, groups) -> Link:
-    return cluster.inter_link if any(_crosses(cluster, g) for g in groups) else cluster.intra_link
-
-
-# -- traffic: what one forward pass sends, per mesh axis (the combined run on ranks checks this) --------
-@dataclass(frozen=True)
-class AxisTraffic:
-    """Summed over every rank: ``count`` calls of ``op`` on mesh axis ``axis``, ``size_bytes`` in all
-    (``comm.py``'s counting: the buffer each rank works on)."""
-
-    axis: str
-    op: str
-    count: int
-    size_bytes: int
-
-
-def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: int, n_microbatches: int) -> list[AxisTraffic]:
-    """The collectives of one forward pass of ``batch`` sequences of ``seq_tokens`` per replica, cut
-    into ``n_microbatches`` equal microbatches: per rank, ``2 x L/pp`` all-reduces per microbatch on
-    the tp axis (1 per layer when ep > 1, plus 2 all-to-alls on the ep axis), and each tp rank of a
-    stage sends its copy of the microbatch's activations to its counterpart in the next stage."""
-    whole_number(batch, "batch")
-    whole_number(seq_tokens, "seq_tokens")
-    m = whole_number(n_microbatches, "n_microbatches")
-    if batch % m or model.n_layers % layout.pp:
-        raise ValueError(f"forward_traffic needs equal pieces: batch {batch} into {m} microbatches "
-                         f"({batch} % {m} = {batch % m}), {model.n_layers} layers into {layout.pp} stages "
-                         f"({model.n_layers} % {layout.pp} = {model.n_layers % layout.pp})")
-    mb_bytes = int(batch // m * seq_tokens * model.d_model * model.bytes_per_param)
-    layers = model.n_layers // layout.pp
-    out = []
-    if layout.tp > 1:
-        per_rank = (1 if layout.ep > 1 else 2) * layers * m
-        out.append(AxisTraffic("tp", "all_reduce", layout.world_size * per_rank, layout.world_size * per_rank * mb_bytes))
-    if layout.ep > 1:
-        per_rank = 2 * layers * m
-        a2a = mb_bytes * model.experts_per_token
-        out.append(AxisTraffic("ep", "all_to_all_single", layout.world_size * per_rank, layout.world_size * per_rank * a2a))
-    if layout.pp > 1:
-        n = (layout.pp - 1) * layout.tp * layout.dp * m
-        out += [AxisTraffic("pp", "send", n, n * mb_bytes), AxisTraffic("pp", "recv", n, n * mb_bytes)]
-    return out
-
-
-# -- scores ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Score:
-    layout: Layout
-    memory: Memory
-    n_microbatches: int
-    decode_stage_s: float  # one microbatch through one stage: compute proxy + collectives
-    decode_step_s: float  # = decode latency per token
-    prefill_s: float  # one batch of prompts
-    tokens_per_s: float  # decode, whole cluster
-    bubble_fraction: float
-    tp_link: str
-    notes: tuple[str, ...] = ()
-
-    @property
-    def decode_latency_s(self) -> float:
-        return self.decode_step_s
-
-
-def _stage_comm_s(model, cluster, layout, tokens, tp_link, ep_link) -> float:
-    size = tokens * model.d_model * model.bytes_per_param
-    layers = model.n_layers // layout.pp
-    t = 0.0
-    if layout.tp > 1:
-        t += (1 if layout.ep > 1 else 2) * layers * all_reduce_s(size, layout.tp, tp_link, cluster.latency_charge)
-    if layout.ep > 1:
-        t += 2 * layers * all_to_all_s(size * model.experts_per_token, layout.ep, ep_link, cluster.latency_charge)
-    return t
-
-
-def _hops_s(model, tokens, links) -> float:
-    return sum(point_to_point_s(tokens * model.d_model * model.bytes_per_param, link) for link in links)
-
-
-def score(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload = Workload()) -> Score:
-    """Decode latency, prefill time, throughput and bubble of a layout that passes every rule."""
-    check_layout(model, cluster, layout, workload)
-    mem = memory_per_gpu(model, layout, workload)
-    m = workload.microbatches_for(layout.pp)
-    tp_link = axis_link(cluster, layout.tp_groups())
-    ep_link = axis_link(cluster, layout.ep_groups())
-    hops = hop_links(layout, cluster)
-    notes = []
-    if layout.tp > cluster.gpus_per_node:
-        notes.append(f"tp = {layout.tp} spans {layout.tp // cluster.gpus_per_node} nodes of {cluster.gpus_per_node}: "
-                     f"its all-reduces run over {cluster.inter_link.name}")
-    decode_tokens = workload.batch / m  # one new token per sequence of the microbatch
-    stage = ((mem.weights_bytes + mem.kv_cache_bytes / m) / cluster.memory_bytes_per_s
-             + _stage_comm_s(model, cluster, layout, decode_tokens, tp_link, ep_link))
-    step = (m + layout.pp - 1) * stage + _hops_s(model, decode_tokens, hops)
-    prefill_tokens = workload.batch * workload.prompt_tokens / m
-    prefill_stage = (2 * active_params_per_gpu(model, layout) * prefill_tokens / cluster.peak_flops_per_s
-                     + _stage_comm_s(model, cluster, layout, prefill_tokens, tp_link, ep_link))
-    prefill = (m + layout.pp - 1) * prefill_stage + _hops_s(model, prefill_tokens, hops)
-    return Score(layout, mem, m, stage, step, prefill, layout.dp * workload.batch / step,
-                 pipeline_bubble_fraction(layout.pp, m), tp_link.name, tuple(notes))
-
-
-# -- the planner --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rejected:
     layout: Layout
@@ -171,6 +46,7 @@ class Plan:
     objective: str
     ranked: tuple[Score, ...]  # best first
     rejected: tuple[Rejected, ...]
+    reasons: tuple[str, ...] = ()  # why the best won
 
     @property
     def best(self) -> Score | None:
@@ -192,18 +68,53 @@ def enumerate_layouts(model: ModelConfig, n_gpus: int) -> list[Layout]:
     return out
 
 
+def objective_workload(workload: Workload, objective: str) -> Workload:
+    """The workload a ranking uses: for latency, one sequence per replica unless a batch is fixed."""
+    return replace(workload, batch=1) if objective == "latency" and not workload.batch else workload
+
+
+def _value(s: Score, objective: str) -> str:
+    return f"{s.tokens_per_s:,.0f} tokens/s" if objective == "throughput" else f"{ms(s.decode_step_s)} per token"
+
+
+def _plan_reasons(objective: str, workload: Workload, ranked: list[Score], cluster: Cluster) -> tuple[str, ...]:
+    if not ranked:
+        return ("no layout fits: every one breaks a rule below",)
+    best = ranked[0]
+    out = []
+    if objective == "latency" and not workload.batch:
+        out.append("ranked by latency with one sequence per replica: what a user waits per token when the server "
+                   "is not busy (fix Workload(batch=...) to rank a loaded server)")
+    if len(ranked) > 1:
+        second = ranked[1]
+        if objective == "throughput":
+            margin = f"{best.tokens_per_s / second.tokens_per_s:.2f}x the tokens of"
+        else:
+            margin = f"{second.decode_step_s / best.decode_step_s:.2f}x faster than"
+        out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), {_value(best, objective)}, "
+                   f"{margin} the next, {second.layout.label} ({_value(second, objective)})")
+    else:
+        out.append(f"best for {objective}: {best.layout.label}, the only layout that fits")
+    return tuple(out)
+
+
 def plan(model: ModelConfig, cluster: Cluster, workload: Workload = Workload(), objective: str = "throughput") -> Plan:
     """Every layout of ``model`` on ``cluster``: the feasible ones ranked by ``objective`` (highest
     decode throughput, or lowest decode latency per token; ties go to the other, then to fewer model
-    splits), and the rest with their reasons."""
+    splits), each with its reasons, and the rest with theirs."""
     choice(objective, OBJECTIVES, "objective")
-    ranked, rejected = [], []
+    work = objective_workload(workload, objective)
+    scored, rejected = {}, []
     for layout in enumerate_layouts(model, cluster.n_gpus):
-        problems = layout_problems(model, cluster, layout, workload)
+        problems = layout_problems(model, cluster, layout, work)
         if problems:
             rejected.append(Rejected(layout, tuple(problems)))
         else:
-            ranked.append(score(model, cluster, layout, workload))
+            scored[layout] = score(model, cluster, layout, work)
+    ranked = []
+    for s in scored.values():
+        extra = counterpart_reason(model, cluster, work, s, scored)
+        ranked.append(replace(s, reasons=own_reasons(model, cluster, work, s) + ((extra,) if extra else ())))
 
     def key(s: Score):
         splits = s.layout.tp * s.layout.pp
@@ -211,22 +122,50 @@ def plan(model: ModelConfig, cluster: Cluster, workload: Workload = Workload(), 
             return (-round(s.tokens_per_s, 6), s.decode_step_s, splits)
         return (round(s.decode_step_s, 12), -s.tokens_per_s, splits)
 
-    return Plan(model.name, cluster.name, objective, tuple(sorted(ranked, key=key)), tuple(rejected))
+    ranked.sort(key=key)
+    return Plan(model.name, cluster.name, objective, tuple(ranked), tuple(rejected),
+                _plan_reasons(objective, workload, ranked, cluster))
 
 
-def format_plan(p: Plan, top: int = 8) -> str:
-    """The ranked layouts and every rejection, as plain text."""
+def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
+    """The ranked layouts (units in the headings), why the best won, the reasons of the first
+    ``reasons_for`` layouts, and every rejection, as plain text."""
     lines = [f"{p.model} on {p.cluster}, ranked by {p.objective}:",
-             f"{'layout':<22}{'memory/GPU':>11}{'decode ms/token':>17}{'tokens/s':>11}{'prefill ms':>12}{'bubble':>8}  tp link"]
+             f"{'layout':<20}{'batch':>6}{'memory/GPU':>12}{'ms/token':>10}{'tokens/s':>11}{'per GPU':>9}"
+             f"{'1st token ms':>13}{'idle':>6}  tp link"]
     for s in p.ranked[:top]:
-        lines.append(f"{s.layout.label:<22}{gb(s.memory.total_bytes):>11}{s.decode_step_s * 1e3:>17.2f}"
-                     f"{s.tokens_per_s:>11,.0f}{s.prefill_s * 1e3:>12.1f}{s.bubble_fraction:>8.2f}  "
-                     f"{s.tp_link if s.layout.tp > 1 else '-'}")
+        lines.append(f"{s.layout.label:<20}{s.batch:>6}{gb(s.memory.total_bytes):>12}{s.decode_step_s * 1e3:>10.2f}"
+                     f"{s.tokens_per_s:>11,.0f}{s.tokens_per_s_per_gpu:>9,.0f}{s.first_token_s * 1e3:>13.1f}"
+                     f"{s.idle_fraction:>6.2f}  {s.tp_link if s.layout.tp > 1 else '-'}")
         lines += [f"{'':<4}note: {n}" for n in s.notes]
     if len(p.ranked) > top:
         lines.append(f"... and {len(p.ranked) - top} more feasible layouts")
+    if p.ranked:
+        lines.append("(batch: sequences in flight per replica; ms/token: time between two tokens of a sequence; "
+                     "per GPU: tokens/s per GPU; idle: share of a cycle the slowest stage waits)")
     if not p.ranked:
         lines.append("(no layout fits)")
+    lines += [f"why: {r}" for r in p.reasons]
+    for s in p.ranked[:reasons_for]:
+        lines += [f"  {s.layout.label}: {r}" for r in s.reasons]
     lines.append(f"rejected ({len(p.rejected)}):")
     lines += [f"  {r.layout.label}: " + "; ".join(r.reasons) for r in p.rejected]
+    return "\n".join(lines)
+
+
+def format_choices(models, clusters, workload: Workload = Workload()) -> str:
+    """Each model on each cluster, both objectives: the planner's choice, why, and (where a pipeline can
+    cross nodes) the margin between TP inside a node + PP across nodes and TP across nodes."""
+    lines = []
+    for model in models:
+        for cluster in clusters:
+            for objective in OBJECTIVES:
+                p = plan(model, cluster, workload, objective)
+                b = p.best
+                lines.append(f"{model.name} on {cluster.name}, by {objective}: " + (
+                    f"{b.layout.label} ({kind(b.layout, cluster)}), batch {b.batch}, {ms(b.decode_step_s)}/token, "
+                    f"{b.tokens_per_s:,.0f} tokens/s" if b else "nothing fits"))
+                lines.append(f"    why: {p.reasons[-1]}")
+                across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS for r in s.reasons if TP_ACROSS in r]
+                lines += [f"    across nodes: {r}" for r in across[:1]]  # the best-ranked such layout's
     return "\n".join(lines)

@@ -11,11 +11,12 @@ from .theme import BLUE, ORANGE
 
 def plan_figure(p: Plan, top: int = 10) -> go.Figure:
     """Decode throughput (tokens/s, whole cluster) and decode latency (ms per token) of the best
-    ``top`` feasible layouts, best first; the pipeline bubble in the hover text."""
+    ``top`` feasible layouts, best first; batch, memory and idle share in the hover text."""
     shown = p.ranked[:top]
     labels = [s.layout.label for s in shown]
-    hover = [f"{s.layout.label}<br>memory/GPU {s.memory.total_bytes / 1e9:.2f} GB<br>bubble {s.bubble_fraction:.2f}"
-             f"<br>prefill {s.prefill_s * 1e3:.1f} ms" for s in shown]
+    hover = [f"{s.layout.label}<br>batch {s.batch} per replica ({s.batch_set_by})<br>memory/GPU "
+             f"{s.memory.total_bytes / 1e9:.2f} GB<br>{s.n_microbatches} microbatch(es), idle {s.idle_fraction:.2f}"
+             f"<br>first token {s.first_token_s * 1e3:.1f} ms" for s in shown]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("decode throughput (tokens/s)", "decode latency (ms/token)"))
     colors = [BLUE if i else ORANGE for i in range(len(shown))]
     fig.add_bar(x=labels, y=[s.tokens_per_s for s in shown], marker_color=colors, hovertext=hover,

@@ -1,5 +1,6 @@
-"""The planner as a widget: pick a model, a cluster, a workload and an objective; see the ranked
-layouts, a figure of the best ones, and why every other layout fails. Pure computation: no ranks."""
+"""The planner as a widget: pick a model, its weights' precision, a cluster, a workload and an objective;
+see the ranked layouts, a figure of the best ones, the reasons, and why every other layout fails. Pure
+computation: no ranks."""
 
 from __future__ import annotations
 
@@ -15,19 +16,23 @@ from ..plan.planner import OBJECTIVES, format_plan, plan
 from .plan_figures import plan_figure
 from .live import Feedback, observe_all
 
-BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+BATCHES = (("from memory", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), ("64", 64),
+           ("128", 128), ("256", 256))
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+WEIGHTS = (("model dtype", 0), ("8-bit", 8), ("4-bit", 4))
 
 
 def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 80GB") -> widgets.VBox:
-    """Dropdowns for the model and the cluster, buttons for the objective, sliders (clamped to the
-    listed values) for the batch per replica and the context length."""
+    """Dropdowns for the model, its weights and the cluster, buttons for the objective, sliders (clamped
+    to the listed values) for the batch per replica ("from memory": as many as free memory holds) and
+    the context length."""
     model_box = widgets.Dropdown(options=list(PRESETS), value=model if model in PRESETS else "Llama-3-70B",
                                  description="model")
+    weights = widgets.Dropdown(options=WEIGHTS, value=0, description="weights")
     cluster_box = widgets.Dropdown(options=list(CLUSTERS), value=cluster if cluster in CLUSTERS else list(CLUSTERS)[0],
                                    description="cluster", style={"description_width": "initial"})
     objective = widgets.ToggleButtons(options=list(OBJECTIVES), value=OBJECTIVES[0], description="rank by")
-    batch = widgets.SelectionSlider(options=BATCHES, value=8, description="batch per replica",
+    batch = widgets.SelectionSlider(options=BATCHES, value=0, description="batch per replica",
                                     continuous_update=False, style={"description_width": "initial"})
     context = widgets.SelectionSlider(options=CONTEXTS, value=4096, description="context tokens",
                                       continuous_update=False, style={"description_width": "initial"})
@@ -37,8 +42,11 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
     def update(change=None) -> None:
         ctx = context.value
         workload = Workload(batch=batch.value, context_tokens=ctx, prompt_tokens=min(2048, ctx))
-        p = plan(PRESETS[model_box.value], CLUSTERS[cluster_box.value], workload, objective.value)
-        table.value = f"<pre style='font-size:11px'>{html.escape(format_plan(p))}</pre>"
+        chosen = PRESETS[model_box.value]
+        if weights.value:
+            chosen = chosen.quantized(weights.value)
+        p = plan(chosen, CLUSTERS[cluster_box.value], workload, objective.value)
+        table.value = f"<pre style='font-size:11px; white-space:pre-wrap'>{html.escape(format_plan(p))}</pre>"
         new = plan_figure(p)
         with fig.batch_update():
             fig.data = []
@@ -47,7 +55,7 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
             fig.layout = new.layout
 
     feedback = Feedback()
-    observe_all((model_box, cluster_box, objective, batch, context), update, feedback)
+    observe_all((model_box, weights, cluster_box, objective, batch, context), update, feedback)
     update()
-    return widgets.VBox([widgets.HBox([model_box, cluster_box]), objective, widgets.HBox([batch, context]), fig, table,
-                         feedback.area])
+    return widgets.VBox([widgets.HBox([model_box, weights, cluster_box]), objective, widgets.HBox([batch, context]), fig,
+                         table, feedback.area])
