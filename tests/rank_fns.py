@@ -40,3 +40,34 @@ def sleep_then_rank(ctx, seconds):
 
 def threads(ctx):
     return torch.get_num_threads()
+
+
+def emulated_calls(ctx, node_of_rank, latency_s):
+    """Inside-node and cross-node collectives and point-to-point under an emulated slow link."""
+    from shardlib.hardware import Link
+    from shardlib.runtime.emulation import EmulatedLink
+
+    nodes = sorted(set(node_of_rank))
+    groups = {n: ctx.new_group([r for r, m in enumerate(node_of_rank) if m == n], f"node{n}") for n in nodes}
+    ctx.comm.emulate(EmulatedLink(node_of_rank, Link("slow test link", 1e12, latency_s)))
+    t = torch.ones(4)
+    ctx.comm.all_reduce(t, group=groups[node_of_rank[ctx.rank]])  # inside a node
+    ctx.comm.all_reduce(t)  # every rank: spans the nodes
+    ctx.comm.all_reduce(t, async_op=True).wait()
+    if ctx.rank in (0, ctx.world_size - 1):  # first and last rank sit on different nodes
+        peer = ctx.world_size - 1 - ctx.rank
+        ctx.comm.send(t, peer) if ctx.rank == 0 else ctx.comm.recv(t, peer)
+    return [(r.op, r.group, r.emulated, r.duration_s) for r in ctx.comm.records]
+
+
+def records_after_emulation(ctx):
+    """The call after an emulating one: nothing is emulated any more."""
+    ctx.comm.all_reduce(torch.ones(4))
+    return [(r.op, r.emulated) for r in ctx.comm.records]
+
+
+def emulate_with(ctx, node_of_rank):
+    from shardlib.hardware import INFINIBAND_400G
+    from shardlib.runtime.emulation import EmulatedLink
+
+    ctx.comm.emulate(EmulatedLink(node_of_rank, INFINIBAND_400G))

@@ -25,15 +25,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "shardlib"
 ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, "exercises": 4}
 PURE_WITHOUT_TORCH = {
-    "shardlib.checks", "shardlib.models", "shardlib.hardware", "shardlib.runtime.timeline", "shardlib.runtime.records",
+    "shardlib.checks", "shardlib.models", "shardlib.hardware",
+    "shardlib.runtime.timeline", "shardlib.runtime.records", "shardlib.runtime.emulation",
     "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
-    "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner",
+    "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner", "shardlib.plan.decode",
+    "shardlib.plan.fit", "shardlib.plan.reasons", "shardlib.plan.serving", "shardlib.plan.traffic",
     "shardlib.data_parallel.flat", "shardlib.data_parallel.predict",
     "shardlib.context_parallel.predict", "shardlib.context_parallel.memory", "shardlib.context_parallel.layouts",
 }
-PURE_WITHOUT_TORCH |= {"shardlib.plan.traffic", "shardlib.plan.decode", "shardlib.plan.reasons",
-                       "shardlib.plan.fit", "shardlib.plan.serving"}
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
@@ -46,23 +46,21 @@ LAYERS = {
     "rank": {"shardlib.runtime.basics", "shardlib.tensor_parallel.layers", "shardlib.tensor_parallel.blocks",
              "shardlib.tensor_parallel.ranks", "shardlib.pipeline.ranks", "shardlib.experts.ranks",
              "shardlib.costs.ranks", "shardlib.plan.ranks",
+             "shardlib.data_parallel.buckets", "shardlib.data_parallel.zero3", "shardlib.data_parallel.ranks",
+             "shardlib.data_parallel.peer",
              "shardlib.context_parallel.ring", "shardlib.context_parallel.ulysses",
              "shardlib.context_parallel.sequence_parallel"},
     "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
                "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch",
+               "shardlib.data_parallel.drivers", "shardlib.data_parallel.experiments",
                "shardlib.context_parallel.drivers", "shardlib.context_parallel.sp_drivers"},
     "ui": {f"shardlib.ui.{m}" for m in (
         "theme", "gantt", "live", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
-        "widgets", "cost_widgets", "pipeline_widgets", "expert_widgets", "plan_widgets", "quiz", "static")}
-    | {"shardlib.ui.context_figures", "shardlib.ui.context_widgets"},
-    "exercises": {f"shardlib.exercises.{m}" for m in ("result", "tensor_parallel", "pipeline", "experts")}
-    | {"shardlib.exercises.context_parallel"},
+        "data_parallel_figures", "context_figures", "widgets", "cost_widgets", "pipeline_widgets",
+        "expert_widgets", "plan_widgets", "data_parallel_widgets", "context_widgets", "quiz", "static")},
+    "exercises": {f"shardlib.exercises.{m}" for m in (
+        "result", "tensor_parallel", "pipeline", "experts", "data_parallel", "context_parallel")},
 }
-LAYERS["rank"] |= {"shardlib.data_parallel.buckets", "shardlib.data_parallel.zero3", "shardlib.data_parallel.ranks",
-                   "shardlib.data_parallel.peer"}
-LAYERS["driver"] |= {"shardlib.data_parallel.drivers", "shardlib.data_parallel.experiments"}
-LAYERS["ui"] |= {"shardlib.ui.data_parallel_figures", "shardlib.ui.data_parallel_widgets"}
-LAYERS["exercises"] |= {"shardlib.exercises.data_parallel"}
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
 
 

@@ -18,12 +18,14 @@ the launch.
 from __future__ import annotations
 
 import threading
+import time
 from time import perf_counter
 from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from .emulation import EmulatedLink
 from .records import CommRecord, summarize, wire_bytes
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
@@ -51,8 +53,8 @@ class Pending:
     """An asynchronous call in flight. ``wait()`` blocks until it is done, logs it, and returns its
     result (the reduced, gathered or received tensor); calling it again returns the same result."""
 
-    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object]) -> None:
-        self._comm, self._entry, self._work, self._finish = comm, entry, work, finish
+    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object], floor_s: float = 0.0) -> None:
+        self._comm, self._entry, self._work, self._finish, self._floor_s = comm, entry, work, finish, floor_s
         self._done_s: list[float] = []
         self._result = None
         self._waited = False
@@ -70,7 +72,10 @@ class Pending:
             torch.cuda.synchronize(self._comm.ctx.device)
         end_s = perf_counter()
         done_s = min(self._done_s[0], end_s) if self._done_s else end_s
-        self._comm._log(*self._entry, done_s, waited_s=end_s - wait_s)
+        if self._floor_s:  # an emulated slow link: the bytes arrive no sooner than it would let them
+            done_s = max(done_s, self._entry[4] + self._floor_s)
+            end_s = _sleep_until(max(end_s, done_s))
+        self._comm._log(*self._entry, done_s, waited_s=end_s - wait_s, emulated=bool(self._floor_s))
         if end_s - wait_s > 1e-6:
             self._comm.ctx.timeline.append(f"wait {self._entry[0]}", "wait", wait_s, end_s, {"group": self._entry[3]})
         self._result, self._waited = self._finish(), True
@@ -89,6 +94,8 @@ class Comm:
         self._group_names: dict[object, str] = {}
         self._cuda = ctx.device.type == "cuda"
         self._lock = threading.Lock()  # pipeline stages send and receive on helper threads
+        self._emulation: EmulatedLink | None = None
+        self._crossing: dict = {}  # group -> whether its ranks span nodes, under the current emulation
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def name_group(self, group: dist.ProcessGroup, name: str) -> None:
@@ -108,17 +115,40 @@ class Comm:
         return [CommRecord(*entry) for entry in self._entries]
 
     def clear(self) -> None:
+        """Forget this call's records and any emulated link (the worker clears both before every call)."""
         self._entries.clear()
+        self.emulate(None)
+
+    def emulate(self, emulation: EmulatedLink | None) -> None:
+        """From now until the end of this call, hold every call whose ranks span nodes to the time the
+        emulated link would take (``emulation``; ``None`` turns it off). Every rank must set the same."""
+        if emulation is not None and len(emulation.node_of_rank) != self.ctx.world_size:
+            raise ValueError(f"node_of_rank names {len(emulation.node_of_rank)} ranks but the job has "
+                             f"{self.ctx.world_size}")
+        self._emulation, self._crossing = emulation, {}
+
+    def _floor(self, op: str, size_bytes: int, group, peer: int | None) -> float:
+        """The emulated link's time for this call, or 0 when it stays inside a node (or nothing is emulated)."""
+        em = self._emulation
+        if em is None:
+            return 0.0
+        if peer is not None:
+            return em.time_s(op, size_bytes, 2) if em.crosses((self.ctx.rank, peer)) else 0.0
+        if group not in self._crossing:
+            ranks = range(self.ctx.world_size) if group is None else dist.get_process_group_ranks(group)
+            self._crossing[group] = em.crosses(ranks)
+        return em.time_s(op, size_bytes, self.group_size(group)) if self._crossing[group] else 0.0
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per op: how many calls, how many bytes, how many seconds (this rank)."""
         return summarize(self.records)
 
-    def _log(self, op, size_bytes, wire, name, start_s, peer, end_s, waited_s=None) -> None:
+    def _log(self, op, size_bytes, wire, name, start_s, peer, end_s, waited_s=None, emulated=False) -> None:
         with self._lock:
-            self._entries.append((op, size_bytes, end_s - start_s, name, self.ctx.rank, start_s, peer, wire, waited_s))
+            self._entries.append((op, size_bytes, end_s - start_s, name, self.ctx.rank, start_s, peer, wire, waited_s,
+                                  emulated))
         self.ctx.timeline.append(op, "comm", start_s, end_s, {"size_bytes": size_bytes, "wire_bytes": wire,
-                                                              "group": name, "peer": peer})
+                                                              "group": name, "peer": peer, "emulated": emulated})
 
     def _call(self, op: str, size_bytes: int, group, call: Callable[..., object], *args, peer: int | None = None,
               wire: int | None = None, async_op: bool = False, finish: Callable[[], object] = lambda: None):
@@ -128,14 +158,16 @@ class Comm:
             torch.cuda.synchronize(self.ctx.device)
         name = "world" if group is None else self._group_names.get(group, "group")
         wire = wire_bytes(op, size_bytes, self.group_size(group)) if wire is None else wire
+        floor_s = self._floor(op, size_bytes, group, peer)
         start_s = perf_counter()
         if async_op:
             work = call(*args, group=group, async_op=True)
-            return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish)
+            return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish, floor_s)
         call(*args, group=group)
         if self._cuda:
             torch.cuda.synchronize(self.ctx.device)
-        self._log(op, size_bytes, wire, name, start_s, peer, perf_counter())
+        end_s = _sleep_until(start_s + floor_s) if floor_s else perf_counter()
+        self._log(op, size_bytes, wire, name, start_s, peer, end_s, emulated=bool(floor_s))
         return finish()
 
     # -- collectives ---------------------------------------------------------------------------
@@ -236,6 +268,14 @@ class Comm:
     def barrier(self, group=None) -> None:
         """Wait until every rank of the group has arrived."""
         self._call("barrier", 0, group, dist.barrier)
+
+
+def _sleep_until(when_s: float) -> float:
+    """Sleep until ``when_s`` on the ``perf_counter`` clock (if it is still ahead); return the time after."""
+    left = when_s - perf_counter()
+    if left > 0:
+        time.sleep(left)
+    return perf_counter()
 
 
 def _p2p(fn):

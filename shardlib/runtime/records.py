@@ -50,6 +50,7 @@ class CommRecord:
     peer: int | None = None  # the other rank of a send or recv
     wire_bytes: int = 0
     waited_s: float | None = None
+    emulated: bool = False  # held to an emulated slow link's time (``emulation``)
 
 
 def wire_bytes(op: str, size_bytes: int, n: int) -> int:

@@ -1,0 +1,61 @@
+"""An emulated slow link between "nodes" of one machine: cross-node calls are held to the alpha-beta
+time of that link, calls inside a node are not, and the emulation ends with the call that set it."""
+
+import pytest
+
+from shardlib.costs.alpha_beta import collective_time_s
+from shardlib.hardware import INFINIBAND_400G, Link
+from shardlib.runtime.emulation import EmulatedLink
+
+import rank_fns
+
+
+def test_crosses_and_time_follow_the_nodes_and_the_formula():
+    em = EmulatedLink((0, 0, 1, 1), INFINIBAND_400G)
+    assert not em.crosses((0, 1)) and not em.crosses((2, 3))
+    assert em.crosses((1, 2)) and em.crosses(range(4))
+    assert em.time_s("all_reduce", 1 << 20, 4) == collective_time_s("all_reduce", 1 << 20, 4, INFINIBAND_400G)
+    assert em.time_s("send", 1 << 20, 2) == collective_time_s("point_to_point", 1 << 20, 2, INFINIBAND_400G)
+    assert em.time_s("all_to_all_single", 4096, 4) == collective_time_s("all_to_all", 4096, 4, INFINIBAND_400G)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(node_of_rank=(0, -1)), "node number"),
+    (dict(link="infiniband"), "hardware.Link"),
+    (dict(latency_charge="per_byte"), "latency_charge"),
+])
+def test_bad_emulation_is_refused_in_words(bad, message):
+    kwargs = dict(node_of_rank=(0, 1), link=INFINIBAND_400G) | bad
+    with pytest.raises(ValueError, match=message):
+        EmulatedLink(**kwargs)
+
+
+@pytest.mark.parametrize("world, nodes", [(2, (0, 1)), (4, (0, 0, 1, 1))])
+def test_cross_node_calls_take_the_emulated_time_and_inside_calls_do_not(request, world, nodes):
+    ranks = request.getfixturevalue(f"pool{world}")
+    latency_s = 0.05
+    per_rank = ranks.run(rank_fns.emulated_calls, nodes, latency_s)
+    link = Link("slow test link", 1e12, latency_s)
+    world_floor_s = collective_time_s("all_reduce", 16, world, link)  # 2(n-1) latencies
+    for rank, records in enumerate(per_rank):
+        inside, across, across_async, *p2p = records
+        assert inside[1] == f"node{nodes[rank]}" and inside[2] is False
+        assert inside[3] < latency_s, f"rank {rank}: an inside-node call was slowed ({inside[3]:.3f} s)"
+        for op, group, emulated, duration_s in (across, across_async):
+            assert emulated and duration_s >= world_floor_s - 1e-4, (rank, duration_s, world_floor_s)
+        if rank in (0, world - 1):
+            (op, group, emulated, duration_s), = p2p
+            assert op in ("send", "recv") and emulated and duration_s >= latency_s - 1e-4
+        else:
+            assert p2p == []
+
+
+def test_the_emulation_ends_with_the_call(pool4):
+    pool4.run(rank_fns.emulated_calls, (0, 0, 1, 1), 0.01)
+    assert pool4.run(rank_fns.records_after_emulation) == [[("all_reduce", False)]] * 4
+
+
+def test_a_node_map_of_the_wrong_length_is_refused(pool2):
+    from shardlib import RankError
+    with pytest.raises(RankError, match="node_of_rank names 4 ranks but the job has 2"):
+        pool2.run(rank_fns.emulate_with, (0, 0, 1, 1))
