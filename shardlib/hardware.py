@@ -200,9 +200,13 @@ CLUSTERS: dict[str, Cluster] = {c.name: c for c in (ONE_H100, ONE_NODE_8_H100, T
                                                     ONE_H200, ONE_B200, ONE_MI300X, ONE_MI325X)}
 
 
-def toy_cluster(link: Link, memory_per_rank_bytes: float = 500e3, flops_per_s: float = CPU_FLOPS_PER_S) -> Cluster:
-    """4 CPU ranks as 2 "nodes" of 2, every pair joined by ``link`` (one machine: a link measured here),
-    computing at ``flops_per_s`` (measure it with ``plan.drivers.effective_flops_per_s``). The memory cap
-    is chosen so that the toy model, like a real large one, does not fit on one rank."""
-    return Cluster("4 CPU ranks (2 x 2)", 2, 2, memory_per_rank_bytes, link, link, CPU_MEMORY_BYTES_PER_S,
-                   flops_per_s, "per_step")
+def toy_cluster(link: Link, memory_per_rank_bytes: float = 500e3, flops_per_s: float = CPU_FLOPS_PER_S,
+                inter_link: Link | None = None, nodes: int = 2, ranks_per_node: int = 2) -> Cluster:
+    """CPU ranks as ``nodes`` "nodes" of ``ranks_per_node`` (4 ranks as 2 x 2 unless given), joined
+    inside a "node" by ``link`` (one machine: a link measured here) and between nodes by ``inter_link``
+    (the same ``link`` unless given: a slower one is made real on the ranks by
+    ``runtime.emulation.EmulatedLink.of_cluster``), computing at ``flops_per_s`` (measure it with
+    ``plan.drivers.effective_flops_per_s``). The default memory cap is chosen so that the toy model,
+    like a real large one, does not fit on one rank."""
+    return Cluster(f"{nodes * ranks_per_node} CPU ranks ({nodes} x {ranks_per_node})", nodes, ranks_per_node,
+                   memory_per_rank_bytes, link, inter_link or link, CPU_MEMORY_BYTES_PER_S, flops_per_s, "per_step")

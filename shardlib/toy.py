@@ -136,3 +136,14 @@ def stack_reference(x: torch.Tensor, layers: list[dict], model: ModelConfig) -> 
     for w in layers:
         x = block_reference(x, w, model)
     return x
+
+
+def decode_reference(x: torch.Tensor, layers: list[dict], model: ModelConfig, steps: int) -> torch.Tensor:
+    """``steps`` decode steps of the toy in one process: each step's output is the next step's input
+    (the toy has no vocabulary: its "next token" is the last output itself). ``x``: (batch, 1, d_model);
+    returns (steps, batch, 1, d_model)."""
+    outputs = []
+    for _ in range(steps):
+        x = stack_reference(x, layers, model)
+        outputs.append(x)
+    return torch.stack(outputs)

@@ -57,7 +57,7 @@ def emulated_calls(ctx, node_of_rank, latency_s):
     if ctx.rank in (0, ctx.world_size - 1):  # first and last rank sit on different nodes
         peer = ctx.world_size - 1 - ctx.rank
         ctx.comm.send(t, peer) if ctx.rank == 0 else ctx.comm.recv(t, peer)
-    return [(r.op, r.group, r.emulated, r.duration_s) for r in ctx.comm.records]
+    return [(r.op, r.group, r.emulated, r.start_s, r.start_s + r.duration_s) for r in ctx.comm.records]
 
 
 def records_after_emulation(ctx):
@@ -71,3 +71,14 @@ def emulate_with(ctx, node_of_rank):
     from shardlib.runtime.emulation import EmulatedLink
 
     ctx.comm.emulate(EmulatedLink(node_of_rank, INFINIBAND_400G))
+
+
+def decode_pieces_reference(ctx, x, layers, model, dp, m, steps):
+    """Rank 0 decodes, in one process, the very pieces a layout's ranks decode (each replica's share cut
+    into microbatches), with a rank's thread count: the bit-for-bit reference for a layout with no
+    cross-rank sum (a matmul's rounding may depend on its row count and threads)."""
+    if ctx.rank:
+        return None
+    from shardlib.toy import decode_reference
+    return torch.cat([decode_reference(mb, layers, model, steps) for part in x.tensor_split(dp)
+                      for mb in part.tensor_split(m)], dim=1)

@@ -51,7 +51,7 @@ LAYERS = {
              "shardlib.context_parallel.ring", "shardlib.context_parallel.ulysses",
              "shardlib.context_parallel.sequence_parallel"},
     "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
-               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.launch",
+               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.plan.across", "shardlib.launch",
                "shardlib.data_parallel.drivers", "shardlib.data_parallel.experiments",
                "shardlib.context_parallel.drivers", "shardlib.context_parallel.sp_drivers"},
     "ui": {f"shardlib.ui.{m}" for m in (

@@ -8,9 +8,12 @@
 * ``planner`` (pure): every layout enumerated, rejected or scored, ranked: ``plan``, ``format_plan``.
 * ``fit`` (pure): does a model fit one GPU, with how much room for KV cache; how many GPUs it needs.
 * ``serving`` (pure): replicas against tensor parallelism, latency and throughput per GPU.
-* ``ranks``: ``combined_forward_on_rank``, tensor parallelism inside a "node" and pipeline stages across
-  "nodes", on a torch ``DeviceMesh`` built from a ``Layout``.
-* ``drivers``: ``run_combined`` (a layout on a pool, against its predicted traffic) and
+* ``ranks``: ``combined_forward_on_rank`` and ``decode_on_rank``, tensor parallelism inside a "node" and
+  pipeline stages across "nodes", on a torch ``DeviceMesh`` built from a ``Layout``.
+* ``across``: TP across two "nodes" against PP across them, over an emulated slow link, measured in
+  decode beside the planner's prediction.
+* ``drivers``: ``run_combined`` (a layout on a pool, against its predicted traffic), ``run_decode``
+  (steady-state pipelined decode on a pool, optionally across an emulated slow link) and
   ``run_toy_cluster_calibration`` (the planner's cluster for the pool, measured).
 
 Clusters and GPUs are facts, in ``shardlib.hardware``.
@@ -31,7 +34,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                 "format_choices"),
     "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
     "serving": ("ServingPoint", "latency_vs_throughput", "format_latency_vs_throughput"),
-    "ranks": ("combined_forward_on_rank",),
+    "across": ("AcrossRow", "AcrossNodes", "across_layouts", "across_workload", "run_across_nodes", "format_across"),
+    "ranks": ("combined_forward_on_rank", "decode_on_rank", "effective_flops_per_s", "effective_flops_on_rank"),
     "drivers": ("TOLERANCE", "check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
-                "format_traffic", "effective_flops_per_s", "ToyClusterFit", "run_toy_cluster_calibration"),
+                "format_traffic", "DecodeRun", "run_decode", "ToyClusterFit", "run_toy_cluster_calibration"),
 })

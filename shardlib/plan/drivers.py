@@ -3,13 +3,16 @@
 * ``run_combined``: ``ranks.combined_forward_on_rank`` on every rank, gathered into a ``CombinedRun``:
   the output (compare it with ``toy.stack_reference``), the comm log summed per mesh axis beside
   ``planner.forward_traffic``'s prediction, the time each axis spent in its calls.
+* ``run_decode``: ``ranks.decode_on_rank``, steady-state pipelined decode, gathered into a ``DecodeRun``:
+  each step's output (compare it with ``toy.decode_reference``), the time between two tokens of a
+  sequence and the tokens per second, measured, with the calls that crossed an emulated slow link.
 * ``run_toy_cluster_calibration``: the planner's toy cluster for a pool, with its link fitted on the
-  ranks (``costs.drivers.run_calibration``) and its arithmetic speed measured in this process.
+  ranks (``costs.drivers.run_calibration``) and its arithmetic speed measured on the ranks.
 """
 
 from __future__ import annotations
 
-import time
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -19,11 +22,10 @@ from ..costs.calibration import Calibration
 from ..costs.drivers import run_calibration
 from ..hardware import Cluster, toy_cluster
 from ..models import ModelConfig, check_tensor_parallel
-from ..toy import activations, stack_reference
+from ..runtime.emulation import EmulatedLink
 from .layout import Layout, check_mesh
-from .memory import active_params_per_gpu
 from .traffic import AxisTraffic, forward_traffic
-from .ranks import combined_forward_on_rank
+from .ranks import combined_forward_on_rank, decode_on_rank, effective_flops_on_rank
 
 TOLERANCE = 1e-5  # atol = rtol: the tensor-parallel sums add partials in another order than one matmul
 
@@ -73,7 +75,7 @@ class CombinedRun:
     measured: tuple[AxisTraffic, ...]
     predicted: tuple[AxisTraffic, ...]
     comm_s_by_axis: dict  # axis -> seconds spent in its calls, summed over ranks
-    wall_s: float  # first rank's start to last rank's end
+    wall_s: float  # from the start line (a barrier every rank has passed) to the last rank's end
     spans: tuple = ()  # every rank's timeline: compute per microbatch, and each call
 
 
@@ -86,13 +88,51 @@ def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], 
     last = [r for r in res if r["stage"] == layout.pp - 1]
     by_replica = [[r["output"] for r in last if r["replica"] == d] for d in range(layout.dp)]
     agree = all(torch.equal(o, outs[0]) for outs in by_replica for o in outs)
+    forward = [rec for rec in ranks.last_comm if rec.op != "barrier"]  # the start line is not the forward's
     comm_s: dict[str, float] = {}
-    for rec in ranks.last_comm:
+    for rec in forward:
         comm_s[rec.group] = comm_s.get(rec.group, 0.0) + rec.duration_s
     predicted = forward_traffic(model, layout, x.shape[0] // layout.dp, x.shape[1], n_microbatches)
     return CombinedRun(layout, torch.cat([outs[0] for outs in by_replica]), agree,
-                       tuple(traffic_by_axis(ranks.last_comm)), tuple(sorted(predicted, key=_axis_op)), comm_s,
+                       tuple(traffic_by_axis(forward)), tuple(sorted(predicted, key=_axis_op)), comm_s,
                        max(r["end_s"] for r in res) - min(r["start_s"] for r in res), tuple(ranks.last_spans))
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    layout: Layout
+    outputs: torch.Tensor  # (steps, batch, 1, d_model): every step's output, replicas in order
+    token_interval_s: float  # median time between two tokens of one microbatch, after the first step
+    tokens_per_s: float  # the whole batch's tokens over that interval
+    n_microbatches: int
+    emulated_calls: int  # calls that crossed the emulated link, all ranks together
+    comm_s_by_axis: dict  # axis -> seconds in its calls, summed over ranks
+    spans: tuple = ()
+
+
+def run_decode(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor, n_microbatches: int,
+               steps: int = 6, emulation: EmulatedLink | None = None) -> DecodeRun:
+    """``steps`` decode steps of ``x`` (batch, 1, d_model) on ``ranks`` (``ranks.decode_on_rank``), checked
+    here first. The interval between tokens is read on the last stage: for each microbatch, the time
+    from its output at one step to its output at the next, median over steps 1.. and microbatches."""
+    check_mesh(layout, ranks.world_size, "ranks")
+    check_combined_inputs(layout, model, layers, x, n_microbatches)
+    whole_number(steps, "steps (decode steps, at least 2 to time one interval)", minimum=2)
+    if x.shape[1] != 1:
+        raise ValueError(f"decode feeds one token per sequence: x must be (batch, 1, {model.d_model}), got "
+                         f"{tuple(x.shape)}")
+    if emulation is not None and len(emulation.node_of_rank) != ranks.world_size:
+        raise ValueError(f"the emulated link places {len(emulation.node_of_rank)} ranks on nodes but the pool has "
+                         f"{ranks.world_size}")
+    res = ranks.run(decode_on_rank, layout, model, layers, x, n_microbatches, steps, emulation)
+    last = sorted((r for r in res if r["stage"] == layout.pp - 1 and r["tp_rank"] == 0), key=lambda r: r["replica"])
+    ready = last[0]["ready_s"]  # (steps, m)
+    interval_s = statistics.median(ready[k][i] - ready[k - 1][i] for k in range(1, steps) for i in range(len(ready[0])))
+    comm_s: dict[str, float] = {}
+    for rec in ranks.last_comm:
+        comm_s[rec.group] = comm_s.get(rec.group, 0.0) + rec.duration_s
+    return DecodeRun(layout, torch.cat([r["outputs"] for r in last], dim=1), interval_s, x.shape[0] / interval_s,
+                     len(ready[0]), sum(rec.emulated for rec in ranks.last_comm), comm_s, tuple(ranks.last_spans))
 
 
 def format_traffic(run: CombinedRun) -> str:
@@ -104,22 +144,6 @@ def format_traffic(run: CombinedRun) -> str:
         lines.append(f"{p.axis:<5}{p.op:<19}{f'{p.count} calls, {p.size_bytes:,} B':>22}"
                      f"{f'{m.count} calls, {m.size_bytes:,} B':>22}")
     return "\n".join(lines)
-
-
-def effective_flops_per_s(model: ModelConfig, layers: list[dict], batch: int, seq: int, repeats: int = 5) -> float:
-    """This process's arithmetic speed on the stack, as the planner counts work: ``2 x active parameters
-    x tokens`` (``memory.active_params_per_gpu``) over the fastest of ``repeats`` timed forwards of
-    ``batch`` sequences of ``seq`` tokens. On tiny matrices it is far below the CPU's peak: dispatch
-    overhead dominates, and that is what the toy's compute proxy should include."""
-    x = activations(batch, seq, model.d_model)
-    best_s = float("inf")
-    with torch.no_grad():
-        stack_reference(x, layers, model)  # warm-up
-        for _ in range(repeats):
-            start = time.perf_counter()
-            stack_reference(x, layers, model)
-            best_s = min(best_s, time.perf_counter() - start)
-    return 2 * active_params_per_gpu(model, Layout(tp=1, pp=1)) * batch * seq / best_s
 
 
 TOY_SWEEP_BYTES = (256, 16384, 1 << 20, 4 << 20)  # latency-bound to bandwidth-bound, a 4-rank sweep in ~1 s
@@ -135,7 +159,8 @@ class ToyClusterFit:
 
 def run_toy_cluster_calibration(ranks, model: ModelConfig, layers: list[dict], attempts: int = 3) -> ToyClusterFit:
     """The toy cluster (``hardware.toy_cluster``) for ``ranks``: its link fitted on the ranks, its
-    arithmetic speed by ``effective_flops_per_s``. On a busy machine a short sweep can come out with
+    arithmetic speed by ``effective_flops_per_s`` on every rank at once (the median rank), so that it
+    counts the cores the ranks share. On a busy machine a short sweep can come out with
     times that do not grow with size (no bandwidth to fit): the sweep is then repeated, up to
     ``attempts`` times."""
     for attempt in range(attempts):
@@ -145,4 +170,5 @@ def run_toy_cluster_calibration(ranks, model: ModelConfig, layers: list[dict], a
         except ValueError:
             if attempt == attempts - 1:
                 raise
-    return ToyClusterFit(toy_cluster(cal.link, flops_per_s=effective_flops_per_s(model, layers, batch=2, seq=6)), cal)
+    flops = statistics.median(ranks.run(effective_flops_on_rank, model, layers, 2, 6))  # every rank at once
+    return ToyClusterFit(toy_cluster(cal.link, flops_per_s=flops), cal)

@@ -53,8 +53,8 @@ class Pending:
     """An asynchronous call in flight. ``wait()`` blocks until it is done, logs it, and returns its
     result (the reduced, gathered or received tensor); calling it again returns the same result."""
 
-    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object], floor_s: float = 0.0) -> None:
-        self._comm, self._entry, self._work, self._finish, self._floor_s = comm, entry, work, finish, floor_s
+    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object], hold: "_Hold | None" = None) -> None:
+        self._comm, self._entry, self._work, self._finish, self._hold = comm, entry, work, finish, hold
         self._done_s: list[float] = []
         self._result = None
         self._waited = False
@@ -72,10 +72,11 @@ class Pending:
             torch.cuda.synchronize(self._comm.ctx.device)
         end_s = perf_counter()
         done_s = min(self._done_s[0], end_s) if self._done_s else end_s
-        if self._floor_s:  # an emulated slow link: the bytes arrive no sooner than it would let them
-            done_s = max(done_s, self._entry[4] + self._floor_s)
+        until_s = self._hold.until_s() if self._hold else None
+        if until_s is not None:  # an emulated slow link: the bytes arrive no sooner than it lets them
+            done_s = max(done_s, until_s)
             end_s = _sleep_until(max(end_s, done_s))
-        self._comm._log(*self._entry, done_s, waited_s=end_s - wait_s, emulated=bool(self._floor_s))
+        self._comm._log(*self._entry, done_s, waited_s=end_s - wait_s, emulated=self._hold is not None)
         if end_s - wait_s > 1e-6:
             self._comm.ctx.timeline.append(f"wait {self._entry[0]}", "wait", wait_s, end_s, {"group": self._entry[3]})
         self._result, self._waited = self._finish(), True
@@ -127,17 +128,20 @@ class Comm:
                              f"{self.ctx.world_size}")
         self._emulation, self._crossing = emulation, {}
 
-    def _floor(self, op: str, size_bytes: int, group, peer: int | None) -> float:
-        """The emulated link's time for this call, or 0 when it stays inside a node (or nothing is emulated)."""
+    def _hold(self, op: str, size_bytes: int, group, peer: int | None, start_s: float) -> "_Hold | None":
+        """For a call whose ranks span nodes under an emulated link, the ``_Hold`` that makes it last as
+        long as the link would; ``None`` for a call inside a node, or when nothing is emulated."""
         em = self._emulation
         if em is None:
-            return 0.0
+            return None
         if peer is not None:
-            return em.time_s(op, size_bytes, 2) if em.crosses((self.ctx.rank, peer)) else 0.0
-        if group not in self._crossing:
-            ranks = range(self.ctx.world_size) if group is None else dist.get_process_group_ranks(group)
-            self._crossing[group] = em.crosses(ranks)
-        return em.time_s(op, size_bytes, self.group_size(group)) if self._crossing[group] else 0.0
+            crosses, n = em.crosses((self.ctx.rank, peer)), 2
+        else:
+            if group not in self._crossing:
+                ranks = range(self.ctx.world_size) if group is None else dist.get_process_group_ranks(group)
+                self._crossing[group] = em.crosses(ranks)
+            crosses, n = self._crossing[group], self.group_size(group)
+        return _Hold(op, group, peer, start_s, em.time_s(op, size_bytes, n), self.ctx.device) if crosses else None
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per op: how many calls, how many bytes, how many seconds (this rank)."""
@@ -158,16 +162,16 @@ class Comm:
             torch.cuda.synchronize(self.ctx.device)
         name = "world" if group is None else self._group_names.get(group, "group")
         wire = wire_bytes(op, size_bytes, self.group_size(group)) if wire is None else wire
-        floor_s = self._floor(op, size_bytes, group, peer)
         start_s = perf_counter()
+        hold = self._hold(op, size_bytes, group, peer, start_s) if self._emulation else None
         if async_op:
             work = call(*args, group=group, async_op=True)
-            return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish, floor_s)
+            return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish, hold)
         call(*args, group=group)
         if self._cuda:
             torch.cuda.synchronize(self.ctx.device)
-        end_s = _sleep_until(start_s + floor_s) if floor_s else perf_counter()
-        self._log(op, size_bytes, wire, name, start_s, peer, end_s, emulated=bool(floor_s))
+        end_s = _sleep_until(hold.until_s() if hold else None)
+        self._log(op, size_bytes, wire, name, start_s, peer, end_s, emulated=hold is not None)
         return finish()
 
     # -- collectives ---------------------------------------------------------------------------
@@ -270,9 +274,37 @@ class Comm:
         self._call("barrier", 0, group, dist.barrier)
 
 
-def _sleep_until(when_s: float) -> float:
-    """Sleep until ``when_s`` on the ``perf_counter`` clock (if it is still ahead); return the time after."""
-    left = when_s - perf_counter()
+class _Hold:
+    """One call across an emulated slow link (``emulation.EmulatedLink``), timed as the link would time it.
+
+    Beside the call goes an 8-byte stamp of its start on the ``perf_counter`` clock (one clock for every
+    process of a machine, so stamps compare across ranks). A collective's ranks take the latest start
+    (an all-reduce MAX of the stamps, issued just before the call, in the same order on every rank) and
+    end no sooner than ``latest start + link time``: no rank finishes before the last has arrived and
+    the bytes have crossed. A send hands its stamp and bytes on and returns as soon as they have left; the
+    receiver ends no sooner than ``the sender's start + link time``, as if the bytes were in flight
+    that long. The stamps are not logged.
+    """
+
+    def __init__(self, op: str, group, peer: int | None, start_s: float, link_s: float, device) -> None:
+        self.link_s, self.waits = link_s, op != "send"
+        self.stamp = torch.tensor([start_s], dtype=torch.float64, device=device)
+        if op == "send":
+            self.work = dist.isend(self.stamp, peer, group=group)
+        elif op == "recv":
+            self.work = dist.irecv(self.stamp, peer, group=group)
+        else:
+            self.work = dist.all_reduce(self.stamp, op=dist.ReduceOp.MAX, group=group, async_op=True)
+
+    def until_s(self) -> float | None:
+        """When the call may end on this rank (``None``: at once, for a sender)."""
+        self.work.wait()
+        return self.stamp.item() + self.link_s if self.waits else None
+
+
+def _sleep_until(when_s: float | None) -> float:
+    """Sleep until ``when_s`` on the ``perf_counter`` clock (if given and still ahead); return the time after."""
+    left = 0.0 if when_s is None else when_s - perf_counter()
     if left > 0:
         time.sleep(left)
     return perf_counter()

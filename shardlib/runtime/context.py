@@ -70,11 +70,11 @@ class RankContext:
                                  f"job has world_size = {self.world_size}: the mesh must multiply to the world size")
             from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh(self.device.type, key[0], mesh_dim_names=key[1])
-            for name in key[1]:
-                self.comm.name_group(mesh.get_group(name), name)
-            self._meshes[key] = mesh
-        return self._meshes[key]
+            self._meshes[key] = init_device_mesh(self.device.type, key[0], mesh_dim_names=key[1])
+        mesh = self._meshes[key]
+        for name in key[1]:  # again on every call: two meshes may share one group (the same ranks) under
+            self.comm.name_group(mesh.get_group(name), name)  # different names, and this call's name is meant
+        return mesh
 
     @classmethod
     def from_env(cls, backend: str = "auto", timeout_s: float = 600.0) -> "RankContext":

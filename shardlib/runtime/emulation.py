@@ -3,10 +3,12 @@
 Every rank of a notebook's pool talks over the same loopback, so "tensor parallelism inside a node,
 pipeline stages across nodes" cannot be told apart from any other layout by measuring alone. An
 ``EmulatedLink`` gives the ranks nodes (``node_of_rank``) and a link between them (``link``, a
-``hardware.Link``): a call whose ranks sit on more than one node is held until it has taken at least as
-long as the alpha-beta model (``costs.alpha_beta``) says it would over that link, and is marked
-``emulated`` in the comm log and on the timeline. Calls inside a node are untouched. The bytes are
-real; only the time of the slow link is imposed, and every figure that uses it says so. Pure: no torch.
+``hardware.Link``): a call whose ranks sit on more than one node lasts at least as long as the
+alpha-beta model (``costs.alpha_beta``) says it would over that link, counted from the moment the last
+of its ranks arrived (for a send, from the sender's start, on the receiver's side), and is marked
+``emulated`` in the comm log and on the timeline (``runtime.comm`` does the holding). Calls inside a
+node are untouched. The bytes are real; only the time of the slow link is imposed, and every figure
+that uses it says so. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from ..checks import choice, whole_number
 from ..costs.alpha_beta import collective_time_s
-from ..hardware import LATENCY_CHARGES, Link
+from ..hardware import LATENCY_CHARGES, Cluster, Link
 
 # the comm log's op names, and the alpha-beta formula each is priced with
 FORMULAS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
@@ -36,6 +38,11 @@ class EmulatedLink:
         if not isinstance(self.link, Link):
             raise ValueError(f"link must be a hardware.Link, got {self.link!r}")
         choice(self.latency_charge, LATENCY_CHARGES, "latency_charge")
+
+    @classmethod
+    def of_cluster(cls, cluster: Cluster) -> "EmulatedLink":
+        """The cluster's nodes (``cluster.node_of``) joined by its ``inter_link``, priced as it prices them."""
+        return cls(tuple(cluster.node_of(r) for r in range(cluster.n_gpus)), cluster.inter_link, cluster.latency_charge)
 
     @property
     def label(self) -> str:
