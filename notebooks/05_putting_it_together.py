@@ -16,32 +16,38 @@
 # # 05 · Putting it together: TP inside a node, PP across nodes, and a layout planner
 #
 # **What you will see.** The three strategies of notebooks 01, 03 and 04 run again on the same four
-# ranks, and their comm logs set side by side: what each one splits and what it pays. Then the way
-# large deployments stack them: two pipeline stages ("nodes") of two-way tensor parallelism, on real
-# ranks, equal to the unsharded model, with the comm log split by mesh axis exactly as predicted. Then a
-# planner that, for a model and a cluster, lists every layout, throws out the ones that break a rule
-# (saying why, with the numbers), and ranks the rest with the cost models. Its choice for the toy model
-# is run for real, predicted against measured. Last: replicas against parallelism.
+# ranks, and their comm logs set side by side, per token and per layer: what each one splits and what
+# it pays. Then the way large deployments stack them: two pipeline stages ("nodes") of two-way tensor
+# parallelism on real ranks, equal to the unsharded model, the comm log split by mesh axis exactly as
+# predicted. Then the choice this notebook is about: a copy of a model that needs two nodes can cross
+# the slow link between them with tensor parallelism or with pipeline stages. Both run here, for real,
+# over an emulated slow link, beside a planner's prediction. Last, the planner on real models and GPUs:
+# its choice for Llama-3-8B, 70B, 405B and Mixtral, with its reasons.
 
 # %% [markdown]
 # ## The idea: three ways to split, and what each costs
 #
-# | strategy | what each device holds | communication | when it pays |
+# | strategy | what each device holds | communication | where it goes |
 # | --- | --- | --- | --- |
-# | tensor (TP, Megatron-LM) | a slice of *every* layer: whole heads, a slice of the MLP width | an all-reduce after attention and after the MLP: `2 x layers` per forward pass, on every token | inside a node (NVLink): many small latency-bound messages |
-# | pipeline (PP, GPipe / 1F1B) | whole layers: `layers / pp` of them | one point-to-point send per stage boundary per microbatch | across nodes: few messages; the price is the idle bubble `(p-1)/(m+p-1)` |
+# | tensor (TP, Megatron-LM) | a slice of *every* layer: whole heads, a slice of the MLP width | an all-reduce after attention and after the MLP: `2 x layers` per forward pass, on every token | inside a node (NVLink): the most messages, on the fastest link |
+# | pipeline (PP, GPipe / 1F1B) | whole layers: `layers / pp` of them | one point-to-point send per stage boundary per microbatch | across nodes: few, small messages; the price is that stages run one after another, and the bubble when there is too little work in flight |
 # | expert (EP, GShard / Switch) | whole experts: `experts / ep` of each MoE layer | two all-to-alls per MoE layer (dispatch, combine), sizes set by the router | MoE models whose experts do not fit; the price is load imbalance |
 #
-# Real deployments combine them: tensor parallelism inside a node where the links are fast, pipeline
-# stages across nodes where they are slow, experts spread on top for an MoE model, and replicas of the
-# whole thing when one copy fits.
+# In decode (one new token per sequence per step) every one of these messages is small, so each costs
+# mostly its fixed start-up time, the latency: decode's communication is **latency-bound**. In prefill
+# (thousands of prompt tokens at once) the same calls carry megabytes and their time is set by the
+# link's bandwidth: **bandwidth-bound** (notebook 02 measures both on this machine).
 
 # %% [markdown]
 # ## Measured, not copied: the three comm logs, side by side
 #
 # One warm pool of 4 ranks runs a tensor-parallel MLP block (notebook 01), a forward-only GPipe
-# pipeline of 4 stages (notebook 03) and an expert-parallel MoE layer (notebook 04), and the table is
-# built from each run's comm log, summed over the ranks. Predictions first.
+# pipeline of 4 one-layer stages (notebook 03) and an expert-parallel MoE layer (notebook 04), and the
+# table is built from each run's comm log, summed over the ranks. The runs differ in tokens and layers,
+# so the last column puts them on one scale: what went on the wire (`wire_bytes`: a ring all-reduce
+# sends `2(n-1)/n` of its buffer per rank, a send its whole message, an all-to-all the rows that leave
+# the rank) per token and per layer, in units of one token's activation (`d_model` values). Predictions
+# first.
 
 # %%
 import torch
@@ -54,17 +60,23 @@ from shardlib.tensor_parallel import run_tp_block
 from shardlib.toy import activations, layer_weights, stack_weights
 
 four = Ranks(4)
-d = TOY.d_model  # 64
+n, d, value_bytes = 4, TOY.d_model, 4  # 4 ranks; d_model 64; float32
 w, tp_x = layer_weights(TOY, seed=3), activations(2, 6, d)  # one block; x: (2, 6, 64)
-tp_tokens = tp_x.shape[0] * tp_x.shape[1]
 schedule = make_schedule("gpipe", 4, 4, training=False)
 pp_x = activations(4, 6, d, seed=2)
 moe = MoEConfig.from_model(TOY_MOE)
 moe_weights, moe_x = make_moe_weights(moe, seed=0), make_tokens(64, moe.d_model, seed=1)
 
-predicted = {
-    "tensor": ("all_reduce", 4, 4 * tp_tokens * d * 4),  # one per rank, of the whole output
-    "pipeline": ("send", messages_per_step(schedule), messages_per_step(schedule) * 6 * d * 4),  # 1 row each
+# (tokens, layers) of each run, and the wire per token per layer the formulas predict, in activations
+shape = {"tensor": (12, 1), "pipeline": (24, 4), "expert": (64, 1)}
+predicted_per_token_layer = {
+    "tensor": n * 2 * (n - 1) / n,  # one all-reduce per MLP, each of n ranks sends 2(n-1)/n of it
+    "pipeline": (n - 1) / 4,  # 3 boundaries for 4 layers, each token's activation sent once across each
+    "expert": 2 * moe.k * (n - 1) / n,  # dispatch and combine: k copies of a token, (n-1)/n of them leave
+}
+predicted_calls = {
+    "tensor": ("all_reduce", 4, 4 * 12 * d * value_bytes),  # one per rank, of the whole output
+    "pipeline": ("send", messages_per_step(schedule), messages_per_step(schedule) * 6 * d * value_bytes),
     "expert": ("all_to_all_single", 3 * 4, None),  # counts, dispatch, combine on each rank
 }
 
@@ -80,29 +92,36 @@ logs["expert"] = list(four.last_comm)
 def summed(records):
     out = {}
     for r in records:
-        n, b = out.get(r.op, (0, 0))
-        out[r.op] = (n + 1, b + r.size_bytes)
+        calls, size, wire = out.get(r.op, (0, 0, 0))
+        out[r.op] = (calls + 1, size + r.size_bytes, wire + r.wire_bytes)
     return out
 
 
-print(f"{'strategy':<10}{'op':<19}{'calls':>6}{'bytes':>10}   predicted")
+per_token_layer = {}
+print(f"{'strategy':<10}{'op':<19}{'calls':>6}{'buffer B':>10}{'wire B':>9}   per token per layer (predicted)")
 for name, records in logs.items():
-    for op, (n, b) in sorted(summed(records).items()):
-        guess = predicted[name]
-        note = f"{guess[1]} calls" + (f", {guess[2]:,} B" if guess[2] else "") if op == guess[0] else ""
-        print(f"{name:<10}{op:<19}{n:>6}{b:>10,}   {note}")
+    tokens, layers = shape[name]
+    per_token_layer[name] = sum(r.wire_bytes for r in records) / (tokens * layers * d * value_bytes)
+    for op, (calls, size, wire) in sorted(summed(records).items()):
+        print(f"{name:<10}{op:<19}{calls:>6}{size:>10,}{wire:>9,}")
+    print(f"{'':<10}{'all calls':<44}{per_token_layer[name]:>5.2f} activations ({predicted_per_token_layer[name]:.2f})")
 
 tp_log, pp_log, ep_log = summed(logs["tensor"]), summed(logs["pipeline"]), summed(logs["expert"])
-assert tp_log == {"all_reduce": predicted["tensor"][1:]}
-assert pp_log["send"] == predicted["pipeline"][1:] and pp_log["recv"] == pp_log["send"]
+assert tp_log["all_reduce"][:2] == predicted_calls["tensor"][1:]
+assert pp_log["send"][:2] == predicted_calls["pipeline"][1:] and pp_log["recv"][:2] == pp_log["send"][:2]
 assert ep_log["all_to_all_single"][0] == 12
 assert ep_run.dispatch_bytes == predicted_all_to_all_bytes(64, moe.k, moe.d_model)  # no capacity cap: all slots
+assert per_token_layer["tensor"] == predicted_per_token_layer["tensor"]  # exact: fixed sizes
+assert per_token_layer["pipeline"] == predicted_per_token_layer["pipeline"]
+assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) < 0.15  # the router is not even
 
 # %% [markdown]
-# One tensor-parallel block already issues an all-reduce on every rank; a whole model issues `2 x
-# layers` of them per forward pass. The pipeline sent one message per microbatch per boundary (3
-# boundaries x 4 microbatches), each one row of activations. The MoE layer's all-to-alls carry `k = 2`
-# copies of every token row each way: expert parallelism moved the most bytes of the three.
+# Per token and per layer, tensor parallelism put the most on the wire: every rank sends `2(n-1)/n`
+# of every layer's output, and all four ranks do it, `2(n-1) = 6` activations per token per layer at
+# `n = 4`. Expert parallelism moved about `2k(n-1)/n = 3` (the exact figure depends on how many of each
+# token's `k = 2` experts happen to live on its own rank: those rows do not travel), and the pipeline
+# least, `3/4`: one activation across each of 3 boundaries for 4 layers. Counting buffers instead of
+# the wire, or runs of different sizes, ranks them differently: compare like with like.
 
 # %% [markdown]
 # ## Predict: two stages of two-way tensor parallelism on 4 ranks
@@ -148,17 +167,8 @@ assert calls[("tp", "all_reduce")] == 8 * calls[("pp", "send")]
 
 # %% [markdown]
 # The chatty axis and the quiet one, in numbers: 8 all-reduces on the tensor axis for every send on
-# the pipeline axis. That is why the tensor axis goes where the links are fastest (inside a node) and
-# the pipeline axis where they are slowest (between nodes). The time each axis spent in its calls, on
-# this machine (varies run to run), and what each rank did when: stage 1 starts a microbatch only when
-# stage 0 has sent it, and inside each stage the two ranks meet at every all-reduce.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-run = run_combined(four, layout, TOY, layers, x, n_microbatches=2)  # the first run also set up the groups
-for axis, seconds in sorted(run.comm_s_by_axis.items()):
-    print(f"{axis}: {seconds * 1e3:.1f} ms in calls, summed over ranks")
-print(f"whole forward: {run.wall_s * 1e3:.1f} ms")
+# the pipeline axis. What each rank did when: stage 1 starts a microbatch only when stage 0 has sent
+# it, and inside each stage the two ranks meet at every all-reduce.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -167,22 +177,93 @@ from shardlib.ui.figures import timeline_figure
 timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ranks 2-3 stage 1 (F0, F1: microbatches)")
 
 # %% [markdown]
+# ## Across the slow link: TP across nodes or PP across nodes, measured
+#
+# A copy of a model that needs two nodes must cross the link between them somehow. Cut every layer
+# across it (**TP across nodes**: two all-reduces per layer cross the link, but each GPU reads only its
+# slice of every weight) or cut the stack at it (**PP across nodes**: only one small message per
+# microbatch crosses, but the stages run one after another, so a token's trip is both stages plus the
+# hops). Which is faster is a matter of numbers: the link's latency and bandwidth against the time to
+# read and compute a stage.
+#
+# Here, two ranks stand for two nodes of one GPU each, the smallest case where the two cuts differ:
+# `tp = 2` (every layer split across the link) against `pp = 2` (two layers on each side). Every call
+# between them is **emulated**: held until it has taken as long as the alpha-beta formula says it would
+# over a slow network link (2 ms latency, 10 Gb/s), counted from the moment the last of its ranks
+# arrived; the bytes themselves are real (`runtime.emulation`, and `emulated` in the comm log). Each
+# layout decodes as a server does: 8 sequences, one token each per step, in steady state (the
+# pipeline keeps 2 microbatches in flight, the last stage handing each output back to the first as its
+# next input). The prediction is the planner's own cost model for a cluster of these two ranks, with
+# the arithmetic speed measured on them.
+
+# %%
+from shardlib.hardware import Link
+from shardlib.plan import across_workload, format_across, format_plan, plan, run_across_nodes
+from shardlib.toy import decode_reference
+
+two = Ranks(2)
+network = Link("emulated 10 Gb/s network", 1.25e9, 2e-3)
+decode_x = activations(8, 1, TOY.d_model)  # 8 sequences, one token each: (8, 1, 64)
+across = run_across_nodes(two, TOY, layers, decode_x, network, steps=6, repeats=3)
+toy_two = plan(TOY, across.cluster, across_workload(8), objective="latency")
+print(format_plan(toy_two))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(format_across(across))
+pipeline_row, split_row = across.rows
+print(f"\nmeasured: PP across nodes {split_row.token_interval_s / pipeline_row.token_interval_s:.1f}x faster per "
+      f"token and {pipeline_row.tokens_per_s / split_row.tokens_per_s:.1f}x the tokens per second "
+      f"(predicted {split_row.predicted.decode_step_s / pipeline_row.predicted.decode_step_s:.1f}x)")
+
+# %%
+reference_decode = decode_reference(decode_x, layers, TOY, steps=6)
+assert pipeline_row.max_error == 0 or pipeline_row.max_error < 1e-6 * reference_decode.abs().max().item()
+assert split_row.max_error < TOLERANCE * reference_decode.abs().max().item()  # two partial sums per all-reduce
+assert toy_two.best.layout == pipeline_row.layout  # the planner ranks the pipeline first
+assert split_row.token_interval_s > pipeline_row.token_interval_s  # and so do the ranks
+for row in across.rows:  # predicted against measured, within 2x, in both directions
+    assert 0.5 < row.latency_ratio < 2, (row.layout.label, row.latency_ratio)
+
+# %% [markdown]
+# The planner's prediction holds within the band the cell asserts (a factor of 2 either way; in
+# practice measured sits 10-40% above predicted). Measured is above for reasons the model leaves out:
+# each crossing takes a little longer than its formula because a rank must wake up and be scheduled
+# when its bytes arrive, and each send here goes with a second tiny message (the timestamp the
+# emulation needs); the arithmetic speed was measured on the ranks with the machine otherwise idle.
+# Decode's messages are a few kilobytes, so both layouts pay the link's latency, not its bandwidth:
+# the pipeline crosses twice per token (there and back), tensor parallelism `2 x 2 x layers = 16`
+# times (two all-reduces per layer, each two ring steps). On a link this slow that decides it.
+#
+# On real GPUs the balance can tip the other way. InfiniBand's latency is about 20 microseconds, not 2
+# milliseconds, and a large model's stage takes milliseconds to read from memory; tensor parallelism
+# across nodes halves every GPU's reading. The planner below weighs exactly that for Llama-3.1-405B on
+# two nodes of H100s, and for one request alone it finds TP across nodes faster per token.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step.microbatch); hops: emulated 2 ms link")
+
+# %% [markdown]
 # ## The planner
 #
 # `plan.plan(model, cluster, workload, objective)` enumerates every `(tp, pp, ep, dp)` with
-# `tp x pp x dp` = the number of GPUs (`ep` spreads the experts over the `tp x dp` ranks of a stage), checks
-# each against the rules (whole KV heads per tp rank, equal stages, whole experts per rank, tp groups that
-# do not straddle nodes, and memory: weights plus KV cache must fit a GPU), and scores the rest with
-# `costs.py` and the bubble formula: decode latency per token (a memory-bound compute proxy plus the tp
-# all-reduces, ep all-to-alls and pp hops), prefill time, decode throughput, bubble. Every rejection
-# keeps its reason.
+# `tp x pp x dp` = the number of GPUs (`ep` spreads the experts over the `tp x dp` ranks of a stage),
+# rejects those that break a rule (whole KV heads per tp rank, whole layers per stage, whole experts per
+# rank, memory: weights plus KV cache within 90% of a GPU, as a server fills it), and scores the rest
+# with the cost model you just saw tested: steady-state decode (a token's trip through the stages, the
+# slowest stage setting the pace, the batch each layout's free memory affords), each stage costed as the
+# larger of its memory reads and its arithmetic, plus its all-reduces, all-to-alls and hops. Two
+# objectives: **throughput** (tokens per second for the cluster, each replica as full as memory allows)
+# and **latency** (time between two tokens of one request on a server that is not busy). Every
+# rejection keeps its reason, and every ranked layout its reasons.
 
 # %%
 from shardlib.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
-from shardlib.models import LLAMA_3_70B
-from shardlib.plan import Workload, format_plan, plan
+from shardlib.models import LLAMA_3_1_405B, LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B
+from shardlib.plan import Workload
 
-print(format_plan(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency")))
+print(format_plan(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"), top=4))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -192,9 +273,9 @@ plan_figure(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"))
 
 # %% [markdown]
 # For latency, Llama-3-70B goes `tp = 8` inside the node, as Meta's reference code serves it (model
-# parallel 8). Only one layout fails, and it says why: 141 GB of weights do not fit an 80 GB GPU. On two
-# nodes, `tp = 16` is refused by the model's shape, not by the hardware: 8 KV heads cannot be split 16
-# ways.
+# parallel 8). On two nodes, `tp = 16` is refused by the model's shape, not by the hardware: 8 KV heads
+# cannot be split 16 ways. Other shape rules bind for other models: Llama-3.1-405B's 126 layers do not
+# cut into 4 equal stages.
 
 # %%
 p16 = plan(LLAMA_3_70B, TWO_NODES_8_H100, Workload(), objective="latency")
@@ -202,41 +283,88 @@ wall = next(r for r in p16.rejected if r.layout.tp == 16)
 print(f"{wall.layout.label}: " + "; ".join(wall.reasons))
 assert "tp = 16 exceeds the 8 KV heads" in wall.reasons[0]
 assert plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), "latency").best.layout == Layout(tp=8, pp=1)
+four_nodes = plan(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(), "throughput")
+layers_rule = next(r for r in four_nodes.rejected if r.layout.pp == 4)
+print(f"{LLAMA_3_1_405B.name}, {layers_rule.layout.label}: " + "; ".join(layers_rule.reasons))
+assert any("126 layers" in reason for reason in layers_rule.reasons)
 
 # %% [markdown]
-# Every preset model on two clusters, ranked both ways (batch of 8 sequences per replica, 4,096-token
-# context, 2,048-token prompts):
+# ## Four models, one and two nodes, both objectives
+#
+# 8 H100s per node, 4,096-token contexts (every sequence's KV cache counted at full length), batch
+# sized from free memory for throughput, one request alone for latency.
 
 # %%
-from shardlib.models import PRESETS
-
-choices = {}
-print(f"{'model':<14}{'cluster':<24}{'best for throughput':<24}{'best for latency':<24}")
-for model in (m for m in PRESETS.values() if not m.name.startswith("toy")):
+models = (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_405B, MIXTRAL_8X7B)
+best = {}
+print(f"{'model':<16}{'nodes':>6}  {'objective':<11}{'layout':<22}{'how it sits':<34}{'batch':>6}{'ms/token':>9}"
+      f"{'tokens/s':>10}")
+for model in models:
     for cluster in (ONE_NODE_8_H100, TWO_NODES_8_H100):
-        best = {obj: plan(model, cluster, Workload(), obj).best for obj in ("throughput", "latency")}
-        choices[model.name, cluster.nodes] = best
-        print(f"{model.name:<14}{cluster.name:<24}{best['throughput'].layout.label:<24}{best['latency'].layout.label:<24}")
-assert choices["Llama-3-8B", 1]["throughput"].layout == Layout(tp=1, pp=1, dp=8)  # fits one GPU: replicas
+        for objective in ("throughput", "latency"):
+            b = plan(model, cluster, Workload(), objective).best
+            best[model.name, cluster.nodes, objective] = b
+            if b is None:
+                print(f"{model.name:<16}{cluster.nodes:>6}  {objective:<11}nothing fits: 405B needs more than 8 x 80 GB")
+                continue
+            from shardlib.plan import kind
+            print(f"{model.name:<16}{cluster.nodes:>6}  {objective:<11}{b.layout.label:<22}{kind(b.layout, cluster):<34}"
+                  f"{b.batch:>6}{b.decode_step_s * 1e3:>9.2f}{b.tokens_per_s:>10,.0f}")
+
+assert best["Llama-3.1-405B", 1, "throughput"] is None
+assert best["Llama-3.1-405B", 2, "throughput"].layout == Layout(tp=8, pp=2)  # the seeds' layout
+assert best["Llama-3-70B", 1, "latency"].layout == Layout(tp=8, pp=1)
+assert all(b.layout.tp == 8 for (m, nodes, obj), b in best.items() if obj == "latency" and b)
 
 # %% [markdown]
-# Read the table with the model's simplifications in mind. For latency every model takes the largest
-# split inside a node (`tp = 8`), and replicas fill the second node. For throughput, Llama-3-70B is
-# packed into pairs (`tp = 2`, 75.9 of 80 GB per GPU) with 4 replicas: the memory formula leaves out
-# activations and the allocator's headroom, so a real deployment would keep more room and go to
-# `tp = 4`. Mixtral's throughput choice keeps attention whole on every GPU and spreads the 8 experts over
-# 8 GPUs (`ep = 8`), the layout some MoE serving systems call data-parallel attention with expert
-# parallelism; the planner's all-to-all cost assumes the router spreads tokens evenly.
-
-# %% [markdown]
-# ## The planner checked at toy scale: its choice, run for real
+# Read it with the objectives in mind:
 #
-# The toy cluster is the 4 CPU ranks, seen as 2 "nodes" of 2, with a memory cap (500 kB per rank) that
-# the toy model (1.25 MB) does not fit into, like a large model on a real GPU. Its link and its speed
-# are measured here and now: a short latency-bandwidth sweep on the 4 ranks, fitted by
-# `costs.run_calibration`, and the arithmetic speed of one unsharded forward of the toy stack in this
-# process (tiny matrices: mostly dispatch overhead, which is what the toy's compute proxy should
-# include).
+# - **Latency** always takes the largest tensor-parallel split inside a node, `tp = 8`: splitting every
+#   weight read 8 ways is what shortens a token. For a model that fits one node, a second node adds a
+#   replica, not speed.
+# - **Throughput** packs smaller splits with replicas beside them: Llama-3-8B fits one GPU, yet `tp = 2`
+#   with 4 replicas serves slightly more than 8 replicas at this context, because the memory a split
+#   frees holds KV cache for a bigger batch (238 sequences per pair). At a 1,024-token context,
+#   replicas win (below).
+# - **Llama-3.1-405B** (810 GB in bf16) fits no single node of 80 GB GPUs; on two it takes the layout
+#   the seeds describe, **TP inside each node, PP across the two**, for both objectives, because
+#   `tp = 16` would need 16 KV heads and it has 8.
+#
+# With each KV head copied onto two GPUs (what vLLM does past the KV-head count), TP across nodes
+# becomes possible, and the planner weighs it honestly against the pipeline:
+
+# %%
+from shardlib.plan import score
+
+copies = Workload(copy_kv_heads=True)
+pp_across = {obj: score(LLAMA_3_1_405B, TWO_NODES_8_H100, Layout(tp=8, pp=2), w)
+             for obj, w in (("throughput", copies), ("latency", Workload(batch=1, copy_kv_heads=True)))}
+tp_across = {obj: score(LLAMA_3_1_405B, TWO_NODES_8_H100, Layout(tp=16, pp=1), w)
+             for obj, w in (("throughput", copies), ("latency", Workload(batch=1, copy_kv_heads=True)))}
+for obj in ("throughput", "latency"):
+    p, t = pp_across[obj], tp_across[obj]
+    print(f"{obj:<11} PP across: batch {p.batch:>3}, {p.decode_step_s * 1e3:6.2f} ms/token, {p.tokens_per_s:>6,.0f} tokens/s"
+          f" | TP across: batch {t.batch:>3}, {t.decode_step_s * 1e3:6.2f} ms/token, {t.tokens_per_s:>6,.0f} tokens/s")
+print("why, for one request:", plan(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(copy_kv_heads=True),
+                                    "latency").best.reasons[-1])
+assert pp_across["throughput"].tokens_per_s > 2 * tp_across["throughput"].tokens_per_s  # full batch: the pipeline
+assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  # one request: TP across is faster
+
+# %% [markdown]
+# With a full batch, each cross-node all-reduce carries megabytes at the network's rate, and TP
+# across nodes, its memory halved by the copied KV heads, affords half the batch: the pipeline serves
+# about 2.6 times the tokens. For one request alone, each all-reduce carries 32 kB and costs mostly its
+# 20-microsecond latency, while the pipeline's two stages run one after another: TP across nodes is
+# about 1.5 times faster per token. Throughput is why deployments put the pipeline across nodes; the
+# emulated link above showed how a slow link makes it win on latency too.
+
+# %% [markdown]
+# ## The planner checked at toy scale, on 4 ranks
+#
+# The toy cluster is the 4 CPU ranks seen as 2 "nodes" of 2, with a memory cap (500 kB per rank) the
+# toy model (1.25 MB) does not fit into, like a large model on a real GPU. Its link and its speed are
+# measured here and now: a short latency-bandwidth sweep on the 4 ranks (`costs.run_calibration`), and
+# the arithmetic speed of the toy's blocks, timed on all 4 ranks at once.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -246,17 +374,15 @@ fit = run_toy_cluster_calibration(four, TOY, layers)
 toy, cal = fit.cluster, fit.calibration
 print(f"measured link: latency {toy.intra_link.latency_s * 1e3:.2f} ms, bandwidth "
       f"{toy.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s (R^2 of the fit {cal.overall.r_squared:.2f}); "
-      f"arithmetic {toy.peak_flops_per_s / 1e9:.1f} GFLOP/s")
+      f"arithmetic {toy.peak_flops_per_s / 1e9:.1f} GFLOP/s per rank")
 toy_workload = Workload(batch=4, context_tokens=6, prompt_tokens=6, microbatches=2)
 toy_plan = plan(TOY, toy, toy_workload, objective="latency")
-print(format_plan(toy_plan))
+print(format_plan(toy_plan, reasons_for=0))
 
 # %% [markdown]
 # Whatever the measured link, the memory cap rules out every layout that keeps a full copy of the
-# toy's layers on a rank. Now the planner's choice runs for real on the 4 ranks, and so do the
-# layouts it ranked below it. Bytes are exact and are asserted; time is noisy and is reported: the
-# median of 5 runs against the planner's prediction for the same forward pass (its "prefill" of 4
-# prompts of 6 tokens).
+# toy's layers on a rank. Every ranked layout now runs the same forward pass (4 prompts of 6 tokens, the
+# planner's "prefill"), 3 times each: bytes are exact and asserted per mesh axis.
 
 # %%
 import statistics
@@ -264,43 +390,33 @@ import statistics
 assert all(s.layout.tp * s.layout.pp >= 3 for s in toy_plan.ranked)  # the cap forces a split
 toy_measured = {}
 for s in toy_plan.ranked:
-    runs = [run_combined(four, s.layout, TOY, layers, x, s.n_microbatches) for _ in range(5)]
+    runs = [run_combined(four, s.layout, TOY, layers, x, s.n_microbatches) for _ in range(3)]
     for r in runs:
         assert torch.allclose(r.output, reference, atol=TOLERANCE, rtol=TOLERANCE)
         assert r.measured == r.predicted  # calls and bytes, per axis: exact
-    toy_measured[s.layout] = (runs[0], statistics.median(r.wall_s for r in runs))
-best = toy_plan.best
-best_run, measured_s = toy_measured[best.layout]
-time_ratio = measured_s / best.prefill_s
+    toy_measured[s.layout] = statistics.median(r.wall_s for r in runs)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(f"planner's choice: {best.layout.label}")
-print(format_traffic(best_run))
-print(f"\n{'layout':<16}{'predicted ms':>13}{'measured ms':>13}{'measured/predicted':>20}")
+print(f"{'layout':<16}{'predicted ms':>13}{'measured ms':>13}{'measured/predicted':>20}")
 for s in toy_plan.ranked:
-    measured = toy_measured[s.layout][1]
-    print(f"{s.layout.label:<16}{s.prefill_s * 1e3:>13.1f}{measured * 1e3:>13.1f}{measured / s.prefill_s:>20.1f}")
-
-# %%
-assert 0.5 < time_ratio < 30, time_ratio
+    print(f"{s.layout.label:<16}{s.prefill_s * 1e3:>13.1f}{toy_measured[s.layout] * 1e3:>13.1f}"
+          f"{toy_measured[s.layout] / s.prefill_s:>20.1f}")
 
 # %% [markdown]
-# The bytes match to the byte: the same `forward_traffic` drives the prediction and is what the ranks
-# logged. The time is only within an order of magnitude or so (the cell above asserts less than 30x and
-# more than 0.5x), and measured sits above predicted: the link was fitted in the fastest of a few rounds
-# (a floor); 4 processes share 2 cores, so a rank that has to answer a message may first wait for the
-# operating system to give it a core; the ranks do not start at the same instant; and the arithmetic
-# speed was measured in one process with the machine to itself. The planner's job is the ranking and
-# its reasons: on this machine, where one message costs a large fraction of a millisecond and the
-# arithmetic is tiny, the layout with the fewest messages should win, and the measured column usually
-# shows the same order.
+# Here the times are printed, not asserted: measured runs several times above predicted, because 4
+# processes share this machine's 2 cores. When every rank computes at once, a rank that has to answer a
+# message often waits for the operating system to give it a core, so every all-reduce takes far longer
+# than the same call did in the sweep, where the ranks did nothing else. The planner assumes one device
+# per rank; the two-rank experiment above, with one core per rank, is where its times were checked
+# (within 2x, asserted).
 
 # %% [markdown]
 # ## Explore: the planner as a widget
 #
-# Pick a model, a cluster, what to rank by, the batch per replica and the context. The table lists the
-# ranked layouts and, under them, every layout that fails and why.
+# Pick a model, a cluster, what to rank by, the weights' precision, the batch per replica and the
+# context. The table lists the ranked layouts with their reasons and, under them, every layout that
+# fails and why.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -309,24 +425,31 @@ from shardlib.ui.plan_widgets import planner_widget
 planner_widget()
 
 # %% [markdown]
-# ## Replicas against parallelism
+# ## Replicas against parallelism: the objective decides
 #
-# Llama-3-8B fits on one H100 with room for its KV cache. On 8 GPUs, eight independent replicas serve
-# the most tokens per second; one copy split 8 ways answers each request fastest, but the GPUs wait on
-# all-reduces and each reads only an eighth of the weights per step. Parallelism is how a model is made
-# to fit; if it already fits, run replicas.
+# Llama-3-8B fits on one H100. On 8 GPUs at 1,024-token contexts, the two ends of the choice:
 
 # %%
-from shardlib.models import LLAMA_3_8B
-
-p8 = plan(LLAMA_3_8B, ONE_NODE_8_H100, Workload(), "throughput")
+short = Workload(context_tokens=1024, prompt_tokens=512)
+p8 = plan(LLAMA_3_8B, ONE_NODE_8_H100, short, "throughput")
 by_layout = {s.layout: s for s in p8.ranked}
 replicas, split8 = by_layout[Layout(tp=1, pp=1, dp=8)], by_layout[Layout(tp=8, pp=1, dp=1)]
-for name, s in (("8 replicas", replicas), ("tp = 8", split8)):
-    print(f"{name:<11}: {s.tokens_per_s:>7,.0f} tokens/s, {s.decode_step_s * 1e3:.2f} ms per token")
-print(f"replicas serve {replicas.tokens_per_s / split8.tokens_per_s:.2f}x the tokens; tp = 8 answers "
-      f"{replicas.decode_step_s / split8.decode_step_s:.1f}x faster")
-assert replicas.tokens_per_s > split8.tokens_per_s and split8.decode_step_s < replicas.decode_step_s
+one = {s.layout: s for s in plan(LLAMA_3_8B, ONE_NODE_8_H100, short, "latency").ranked}
+for name, s, alone in (("8 replicas", replicas, one[Layout(tp=1, pp=1, dp=8)]),
+                       ("tp = 8", split8, one[Layout(tp=8, pp=1, dp=1)])):
+    print(f"{name:<11}: {s.tokens_per_s_per_gpu:>7,.0f} tokens/s per GPU at batch {s.batch} per copy; "
+          f"one request alone: {alone.decode_step_s * 1e3:.2f} ms per token")
+print(f"replicas serve {replicas.tokens_per_s / split8.tokens_per_s:.2f}x the tokens; tp = 8 answers one request "
+      f"{one[Layout(tp=1, pp=1, dp=8)].decode_step_s / one[Layout(tp=8, pp=1, dp=1)].decode_step_s:.1f}x faster")
+assert p8.best.layout == Layout(tp=1, pp=1, dp=8)
+assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8)].decode_step_s
+
+# %% [markdown]
+# Both seeds are right, about different objectives. Tensor parallelism lowers the latency of a request
+# (every weight read is split 8 ways); it costs throughput per GPU (each GPU waits on all-reduces and
+# streams its weights for a smaller share of the batch). When a model fits, replicas serve the most
+# tokens; when it does not, or when a user's wait is what matters, split it. Notebook 02 measures the
+# same trade-off on real ranks.
 
 # %% [markdown]
 # ## Check yourself
@@ -337,55 +460,64 @@ from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(
-        "Two nodes of 8 GPUs serve a model too big for one node. Which axis goes between the nodes?",
-        ("Tensor parallelism: it moves fewer bytes", "Pipeline parallelism: one send per stage boundary per "
-         "microbatch, instead of two all-reduces per layer", "Neither: replicas only"),
+        "Two nodes of 8 GPUs serve a model too big for one node, for the most tokens per second. Which axis "
+        "goes between the nodes?",
+        ("Tensor parallelism: it moves fewer bytes", "Pipeline parallelism: one small send per stage boundary "
+         "per microbatch, instead of two all-reduces per layer over the slow link", "Neither: replicas only"),
         1,
-        "The tensor axis talks inside every layer and wants the fast link (NVLink inside a node); the "
-        "pipeline axis talks only at stage boundaries and tolerates the slower network. Llama 3 405B is "
-        "served this way.",
+        "With a full batch the cross-node all-reduces carry megabytes at the network's rate; the pipeline's "
+        "sends are one activation per token per boundary. Llama 3 405B is served this way.",
     ),
     Question(
-        "The planner rejects tp = 16 for Llama-3-70B on 16 GPUs. Why?",
-        ("It would not fit in memory", "8 KV heads cannot be split 16 ways: each device needs whole KV heads",
-         "16 does not divide 80 layers"),
+        "On the emulated 2 ms link, why did TP across the two ranks take 6 to 7 times longer per token than "
+        "PP across them?",
+        ("It moved more bytes", "It crossed the link 16 times per token (two all-reduces per layer, two ring "
+         "steps each) against the pipeline's 2 hops, and each crossing costs the link's latency",
+         "Its arithmetic was slower"),
         1,
-        "Grouped-query attention caps tensor parallelism at the number of KV heads; the rest must come from "
-        "pipeline stages or replicas.",
+        "Decode's messages are a few kilobytes: the time is latency, and latency is paid per crossing.",
     ),
     Question(
-        "In the 2 x 2 run, how many tensor-axis all-reduces were there per pipeline-axis send?",
-        ("1", "2", "8", "32"),
-        2,
-        "32 all-reduces (4 ranks x 2 blocks x 2 x 2 microbatches) against 4 sends (2 tp ranks x 2 "
-        "microbatches).",
+        "For one request alone on InfiniBand, the planner finds TP across nodes faster per token for "
+        "Llama-3.1-405B. Why can that be?",
+        ("InfiniBand is faster than NVLink", "A pipeline's stages run one after another, so a token's trip reads "
+         "both stages' weights; TP across 16 GPUs splits every read 16 ways, and 20 microseconds per "
+         "all-reduce is small beside the reads it saves", "The pipeline's bubble"),
+        1,
+        "On a fast link the weight reads dominate and splitting them wins latency; on a slow link (the emulated "
+        "one above) the crossings dominate.",
     ),
     Question(
-        "Llama-3-8B fits on one GPU. You have 8 and want the most tokens per second. What do you run?",
+        "Llama-3-8B fits on one GPU. You have 8 and want the most tokens per second at short contexts. What "
+        "do you run?",
         ("tp = 8", "pp = 8", "8 replicas"),
         2,
         "Splitting a model that fits adds communication without adding capacity; replicas add throughput "
-        "with no communication at all.",
+        "with no communication at all. tp = 8 answers each request faster.",
     ),
 )
 
 # %% [markdown]
 # ## What you saw, and a checklist for choosing a layout
 #
-# - The three comm logs, measured: tensor parallelism all-reduces inside every block; the pipeline sends
-#   a few activations at stage boundaries; expert parallelism moves `k` copies of every token both ways.
+# - The three comm logs, measured and put on one scale: per token and per layer, tensor parallelism
+#   puts the most on the wire (`2(n-1)` activations over the group), expert parallelism about
+#   `2k(n-1)/n`, the pipeline least.
 # - Two stages of two-way tensor parallelism on 4 real ranks equal the unsharded model within `1e-5`,
 #   with 8 tensor-axis all-reduces per pipeline-axis send, exactly as predicted, in calls and bytes.
-# - The planner's choice for the toy ran for real: bytes exactly as predicted, time within the reported
-#   ratio.
+# - Across an emulated slow link, PP across the "nodes" beat TP across them on both latency and
+#   throughput, as the planner predicted, within the asserted factor of 2.
+# - The planner takes TP inside a node and PP across nodes for Llama-3.1-405B on two nodes; it weighs
+#   TP across nodes honestly and says when it would be faster.
 #
 # Checklist:
 #
-# 1. Does one copy fit one GPU, weights plus KV cache? Then run replicas.
+# 1. Does one copy fit one GPU, weights plus KV cache for the batch you want? Then replicas serve the
+#    most tokens; split only for latency.
 # 2. If not, split inside a node first: tensor parallelism, cut column-then-row, one all-reduce per pair.
-# 3. Stop at the KV head count: grouped-query attention caps tp there.
-# 4. Decode's collectives are latency-bound, prefill's bandwidth-bound: price both.
-# 5. Cross nodes with pipeline stages: few messages, but a bubble that serving's few microbatches
-#    cannot hide, so use as few stages as fit.
+# 3. Stop at the KV-head count: grouped-query attention caps tp there (or copy KV heads, and pay memory).
+# 4. Decode's collectives are latency-bound, prefill's bandwidth-bound: price both on your links.
+# 5. Cross nodes with pipeline stages for throughput; for latency, compare with TP across nodes on your
+#    network: the numbers decide.
 # 6. For an MoE model, spread the experts (ep) and watch the load balance.
 # 7. Whatever layout you pick, check it is exact against the unsharded model on a small case first.

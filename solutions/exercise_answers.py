@@ -78,3 +78,24 @@ def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
     new_sum = w_a + w_b
     out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / new_sum.unsqueeze(-1)  # (..., rows, head_dim)
     return out, new_max, new_sum
+
+
+# -- 05 putting it together -----------------------------------------------------------------------------
+def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
+    """(stage, replica, tp_rank) of a global rank: tp innermost, then replicas, stages outermost."""
+    block, tp_rank = divmod(rank, tp)  # tp consecutive ranks share a block: one (stage, replica)
+    stage, replica = divmod(block, dp)
+    return stage, replica, tp_rank
+
+
+def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
+    """The ranks that share everything with ``rank`` but one coordinate, per axis."""
+    stage, replica, t = mesh_coordinates(rank, tp, pp, dp)
+
+    def at(s: int, d: int, i: int) -> int:
+        return (s * dp + d) * tp + i
+
+    return {"tp": [at(stage, replica, i) for i in range(tp)],
+            "pp": [at(s, replica, t) for s in range(pp)],
+            "dp": [at(stage, d, t) for d in range(dp)]}
+

@@ -330,7 +330,7 @@ def test_merge_wrong_answers_fail_with_a_hint(wrong, phrases):
 # -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
 EXERCISE_DIRS = (ROOT / "notebooks" / "exercises", ROOT / "solutions")
 NOTEBOOK_STEMS = ("01_tensor_parallel", "03_pipeline_parallel", "04_expert_parallel",
-                  "07_context_parallel")
+                  "05_putting_it_together", "07_context_parallel")
 
 
 def test_every_exercise_has_a_starter_and_a_solution_notebook():
@@ -343,9 +343,10 @@ def test_every_exercise_has_a_starter_and_a_solution_notebook():
     for grader, fn in (("grade_shard_rows", "shard_rows"), ("grade_tp_pair_forward", "tp_pair_forward"),
                        ("grade_bubble_fraction", "bubble_fraction"), ("grade_top_k_router", "top_k_router"),
                        ("grade_dispatch_plan", "plan_dispatch"),
-                       ("grade_merge_partial_attention", "merge_partials")):
+                       ("grade_merge_partial_attention", "merge_partials"),
+                       ("grade_mesh_coordinates", "mesh_coordinates")):
         assert f"{grader}(" in starters and f"{grader}(answers.{fn}" in solutions
-    assert starters.count('raise NotImplementedError("write') == 6, "each starter function is left blank"
+    assert starters.count('raise NotImplementedError("write') == 8, "each starter function is left blank"
     assert "exercise_answers" not in starters, "the starters must not import the solutions"
 
 

@@ -8,6 +8,7 @@
 | a top-k router | ``top_k_router(x, router, k)`` | ``grade_top_k_router`` (``experts.route``) | gates not renormalised; the lowest scores picked; raw logits as gates; transposed outputs |
 | a dispatch plan | ``plan_dispatch(experts, n_experts, ep)`` | ``grade_dispatch_plan`` (``experts.dispatch_plan`` at 2, 4, 8 ranks) | a lost slot; a duplicated slot; experts placed by ``e % ep``; rows not grouped by expert; wrong per-rank counts |
 | ZeRO-1's step on ranks | ``zero1_step(ctx, params, grads, lr)`` | ``grade_zero1_step`` (one AdamW step on the summed gradient, on ``Ranks(2)`` and ``Ranks(4)``, and the comm log) | gradients averaged, not summed; only the own shard updated (no all-gather); one shard returned; another rank's shard updated; an all-reduce instead of a reduce-scatter; a collective only some ranks call |
+| a rank's place in the mesh | ``coordinates(rank, tp, pp, dp)``, ``groups(rank, tp, pp, dp)`` | ``grade_mesh_coordinates`` (``plan.Layout`` on 11 layouts of 2 to 32 ranks; the groups built on ``Ranks(4)`` beside a ``DeviceMesh``) | stages or replicas numbered fastest; replicas outermost; coordinates in another order; a group without its own rank; another axis's group; members at the wrong stride |
 | merge two partial attention results | ``merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)`` | ``grade_merge_partial_attention`` (``context_parallel.merge``, and attention over all the keys) | a plain average; outputs weighed by their sums without rescaling to the new max; no division by the new sum; exponentiating the maxes (overflow at scores near 1000); a wrong max or sum |
 
 Graders are named ``grade_*`` (validators elsewhere are ``check_*``: they raise, graders report). Each
@@ -27,4 +28,5 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "experts": ("grade_top_k_router", "grade_dispatch_plan"),
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),
+    "plan": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank"),
 })

@@ -160,8 +160,10 @@ def memory_problem(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     if workload.batch:
         mem = memory_per_gpu(model, layout, workload)
         if mem.total_bytes > usable:
-            return (f"needs {gb(weights)} of weights + {gb(mem.kv_cache_bytes)} of KV cache ({workload.batch} sequences "
-                    f"x {workload.context_tokens:,} tokens) = {gb(mem.total_bytes)} per GPU, more than the {share}")
+            sequences = f"{workload.batch} sequence{'s' if workload.batch > 1 else ''}"
+            tokens = f"{workload.context_tokens:,} token{'s' if workload.context_tokens > 1 else ''}"
+            return (f"needs {gb(weights)} of weights + {gb(mem.kv_cache_bytes)} of KV cache ({sequences} x {tokens}) = "
+                    f"{gb(mem.total_bytes)} per GPU, more than the {share}")
         return ""
     if weights > usable:
         return f"needs {gb(weights)} of weights per GPU, more than the {share}"
