@@ -169,5 +169,5 @@ def grade_mesh_coordinates(coordinates_fn, groups_fn, *pools) -> ExerciseResult:
         _check_groups(got, groups_fn)
     if not got.failed:
         _check_on_ranks(got, groups_fn, pools)
-    return got.result(f"every rank of every layout placed right and grouped right"
+    return got.result("every rank of every layout placed right and grouped right"
                       + (" and the groups met on real ranks as the DeviceMesh's do" if pools else ""))
