@@ -1,9 +1,7 @@
 """The ZeRO-1 exercise: the solution passes on 2 and 4 ranks, a blank starter is "not written yet"
 without touching the ranks, and each typical wrong answer fails with a message naming the mistake."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -12,12 +10,8 @@ import torch
 from shardlib import Ranks
 from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, grade_zero1_step, zero1_inputs, zero1_reference
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("exercise_answers", ROOT / "solutions" / "exercise_answers.py")
-answers = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("exercise_answers", answers)
-_spec.loader.exec_module(answers)
-cloudpickle.register_pickle_by_value(answers)  # the ranks receive the solution by value
+from solutions_module import ROOT, answers
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
 
 
