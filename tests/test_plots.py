@@ -24,10 +24,11 @@ def test_comm_bytes_figure_sums_per_rank_and_op():
     assert [list(t.y) for t in fig.data] == [[16], [32]]
 
 
-def test_weights_figure_has_a_line_per_gpu():
-    fig = weights_vs_memory_figure({"a": 140e9}, {"gpu1": 80e9, "gpu2": 141e9})
+def test_weights_figure_has_a_line_per_memory_size():
+    fig = weights_vs_memory_figure({"a": 140e9}, {"gpu1": 80e9, "gpu2": 141e9, "gpu3": 80e9})
     assert list(fig.data[0].y) == [140.0]
-    assert len(fig.layout.shapes) == 2
+    assert len(fig.layout.shapes) == 2  # gpu1 and gpu3 share the 80 GB line
+    assert [a.text for a in fig.layout.annotations] == ["gpu1, gpu3: 80 GB", "gpu2: 141 GB"]
 
 
 def test_shard_layout_figure_colours_each_ranks_slice():
