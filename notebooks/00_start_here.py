@@ -238,31 +238,48 @@ assert squares == [0, 1]
 # ## Predict, then measure: a collective waits for the slowest rank
 #
 # A collective cannot finish until every rank has joined it. Give rank 0 one unit of work and rank 1
-# four units, then all-reduce. Rank 1 arrives late, so rank 0 must sit inside the all-reduce for the
-# difference between their compute times. That is the prediction:
+# four units, then all-reduce. Rank 1 arrives late, so rank 0 must sit inside the all-reduce until it
+# comes. That is the prediction:
 #
-# `wait on rank 0 ≈ compute time of rank 1 − compute time of rank 0`
+# `wait on rank 0 ≈ when rank 1 arrives − when rank 0 arrives`
 #
-# Each rank records its compute as a span on `ctx.timeline`; `ctx.comm` records the collectives as spans
-# too, all on one clock, so the chart below shows both ranks side by side. The step runs five times and
-# the median is kept: your machine runs other programs too, and one unlucky run should not decide it.
+# The ranks leave a barrier together before they start, so that is roughly the difference between their
+# compute times. Each rank records its compute as a span on `ctx.timeline`; `ctx.comm` records the
+# collectives as spans too, all on one clock, so the arrivals can be read off the timeline and the chart
+# below shows both ranks side by side. The step runs five times and the median is kept: your machine
+# runs other programs too, and one unlucky run should not decide it.
 
 # %%
 import statistics
 
-runs = [ranks.run(straggler_on_rank, [1, 4]) for _ in range(5)]
-predicted_wait_s = statistics.median(t[1]["compute_s"] - t[0]["compute_s"] for t in runs)
-measured_wait_s = statistics.median(t[0]["all_reduce_s"] - t[1]["all_reduce_s"] for t in runs)
-ratio = measured_wait_s / predicted_wait_s
+
+def straggler_wait():
+    """One run: (rank 1's arrival - rank 0's, on the shared clock; rank 0's extra time in the all-reduce)."""
+    t = ranks.run(straggler_on_rank, [1, 4])
+    arrived = {s.rank: s.end_s for s in ranks.last_spans if s.name == "matmuls"}
+    return arrived[1] - arrived[0], t[0]["all_reduce_s"] - t[1]["all_reduce_s"]
+
+
+runs = []
+for attempt in range(3):  # five runs; five more (at most twice) if the median strays outside the band
+    runs += [straggler_wait() for _ in range(5)]
+    ratio = statistics.median(measured / predicted for predicted, measured in runs)
+    if 0.8 < ratio < 1.25:
+        break
+predicted_wait_s = statistics.median(predicted for predicted, _ in runs)
+measured_wait_s = statistics.median(measured for _, measured in runs)
 print(f"predicted wait of rank 0: {predicted_wait_s * 1e3:7.2f} ms   (median of {len(runs)} runs)")
-print(f"measured wait of rank 0:  {measured_wait_s * 1e3:7.2f} ms   (measured / predicted = {ratio:.2f})")
+print(f"measured wait of rank 0:  {measured_wait_s * 1e3:7.2f} ms   (median of measured / predicted, run by run: "
+      f"{ratio:.2f})")
 assert measured_wait_s > 0, "the rank with less work waits longer"
-assert 0.5 < ratio < 2.0
+assert 0.8 < ratio < 1.25
 
 # %% [markdown]
-# The ratio is close to 1 but not exactly: the two ranks leave the opening barrier a few microseconds
-# apart, the all-reduce itself takes a little time, and both ranks share two CPU cores with everything
-# else on the machine.
+# The ratio is close to 1 but not exactly: the message itself takes a little time to cross, and both
+# ranks share two CPU cores with everything else on the machine. On a busy machine the difference of
+# compute times is a poorer prediction than the arrivals: a rank that wakes late from the opening
+# barrier starts late, and its partner waits for that too. A run that strays, because another program
+# took a core at the wrong moment, is why the median decides, and why a stray median is measured again.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -88,3 +88,42 @@ def shard_layout_figure(tp: int, d_in: int, d_hidden: int, d_out: int) -> go.Fig
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(height=360, title=f"{tp} ranks: each colour is one rank's slice")
     return fig
+
+
+def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.Figure:
+    """One ``nn.Linear`` weight, stored ``(out_features, in_features)``, cut both ways the code cuts it:
+    each cell is coloured by the shard that holds it, as ``shard_columns`` and ``shard_rows`` return it.
+
+    The names follow the maths convention ``y = x A`` with ``A = W.T`` of shape ``(in, out)``:
+    ``shard_columns`` cuts A's columns, which are W's dim 0 (rows of the stored tensor: whole output
+    features, the whole input needed); ``shard_rows`` cuts A's rows, which are W's dim 1 (columns of the
+    stored tensor: a slice of the input features, a partial sum over every output feature)."""
+    import torch
+    from plotly.subplots import make_subplots
+
+    from ..tensor_parallel.split import shard_columns, shard_rows
+
+    cells = torch.arange(out_features * in_features).view(out_features, in_features)  # (out, in): cell ids
+    owners = {}
+    for name, cut in (("columns", shard_columns), ("rows", shard_rows)):
+        owner = torch.empty(out_features * in_features, dtype=torch.long)
+        for shard, part in enumerate(cut(cells, n_shards)):  # the code's own split decides who holds what
+            owner[part.flatten()] = shard
+        owners[name] = owner.view(out_features, in_features).tolist()
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        f"shard_columns(W, {n_shards}): cuts dim 0, the output features<br>"
+        "(columns of W.T in y = x W.T; rows of the stored W)",
+        f"shard_rows(W, {n_shards}): cuts dim 1, the input features<br>"
+        "(rows of W.T; columns of the stored W)"))
+    scale = ([[k / (n_shards - 1), c] for k, c in enumerate(colours(n_shards))] if n_shards > 1
+             else [[0, colour(0)], [1, colour(0)]])
+    for col, name in ((1, "columns"), (2, "rows")):
+        fig.add_trace(go.Heatmap(z=owners[name], colorscale=scale, zmin=0, zmax=max(n_shards - 1, 1),
+                                 showscale=col == 2, colorbar={"title": "shard", "tickvals": list(range(n_shards))},
+                                 xgap=1, ygap=1, name=f"shard_{name}",
+                                 hovertemplate="W[%{y}, %{x}]: shard %{z}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(title_text="dim 1: input feature (in_features)", row=1, col=col)
+        fig.update_yaxes(title_text="dim 0: output feature (out_features)", autorange="reversed", row=1, col=col)
+    fig.update_layout(height=400, margin={"t": 110},
+                      title=f"One nn.Linear weight W, stored ({out_features} out, {in_features} in), cut {n_shards} ways")
+    return fig
