@@ -291,9 +291,10 @@ timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 0 w
 # ## Explore: how long does an all-reduce take?
 #
 # Move the slider to change the message size. Each move runs a real all-reduce on the warm ranks (no
-# new processes) and adds a point. Small messages cost about the same whatever their size (a fixed
-# latency per call); large ones cost in proportion to their size (bandwidth). Notebook 02 fits both
-# numbers and compares this machine with NVLink and a network.
+# new processes) and adds a point. Small messages cost about the same whatever their size: they are
+# **latency-bound**, the fixed start-up cost of each message (`alpha`) dominates. Large ones cost in
+# proportion to their size: they are **bandwidth-bound**, `size / bandwidth` dominates. Notebook 02 fits
+# both numbers and compares this machine with NVLink and a network.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -441,8 +441,13 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # layer has two, attention and MLP, so 16 times), and it moves them inside every layer, where nothing
 # else can proceed until they arrive. The pipeline sends once per stage boundary and fills the waiting
 # with other microbatches' work. On a fast link inside a machine, tensor parallelism's chatter is cheap;
-# on the slow network between machines it is not. So deployments put tensor parallelism inside a node
-# and pipeline stages across nodes. (Notebook 02 puts prices on both, per link.)
+# on the network between machines it is not. In decode its all-reduces are **latency-bound** (a few
+# kilobytes each, so the fixed start-up cost `alpha` dominates: tens of microseconds on InfiniBand
+# against a few on NVLink, twice per layer); in prefill they are **bandwidth-bound** (`size / bandwidth`
+# dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
+# tensor parallelism inside a node and pipeline stages across nodes; for latency, the pipeline's longer
+# trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 05's planner
+# does. (Notebook 02 puts prices on both, per link.)
 
 # %% [markdown]
 # ## Check yourself
