@@ -1,5 +1,6 @@
 """General figures: what each rank did, bytes moved, weights against memory, measured points, who holds
-which slice of a pair. Data in, ``go.Figure`` out: no widgets, no processes."""
+which slice of a pair, and how the code cuts one ``(out, in)`` weight. Data in, ``go.Figure`` out: no
+widgets, no processes."""
 
 from __future__ import annotations
 
@@ -66,6 +67,11 @@ def measured_points_figure(x: Sequence[float], y: Sequence[float], x_title: str,
     return fig
 
 
+def _owner_scale(n: int) -> list:
+    """A plotly colour scale giving owner ``0 .. n-1`` (rank or shard) its palette colour."""
+    return [[k / (n - 1), c] for k, c in enumerate(colours(n))] if n > 1 else [[0, colour(0)], [1, colour(0)]]
+
+
 def shard_layout_figure(tp: int, d_in: int, d_hidden: int, d_out: int) -> go.Figure:
     """Which rank holds which part of a column-then-row pair: ``W1 (d_hidden, d_in)`` cut by output
     rows (column parallel), ``W2 (d_out, d_hidden)`` cut by input columns (row parallel)."""
@@ -79,8 +85,7 @@ def shard_layout_figure(tp: int, d_in: int, d_hidden: int, d_out: int) -> go.Fig
     fig = make_subplots(rows=1, cols=2, column_widths=[d_in, d_hidden], horizontal_spacing=0.08,
                         subplot_titles=(f"first: W1 ({d_hidden} x {d_in}), split by columns of the output",
                                         f"second: W2 ({d_out} x {d_hidden}), split by rows of the input"))
-    scale = ([[k / (tp - 1), c] for k, c in enumerate(colours(tp))] if tp > 1
-             else [[0, colour(0)], [1, colour(0)]])
+    scale = _owner_scale(tp)
     for col, owners in ((1, owner_w1), (2, owner_w2)):
         fig.add_trace(go.Heatmap(z=owners, colorscale=scale, zmin=0, zmax=max(tp - 1, 1), showscale=col == 2,
                                  colorbar={"title": "rank", "tickvals": list(range(tp))},
@@ -115,8 +120,7 @@ def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.
         "(columns of W.T in y = x W.T; rows of the stored W)",
         f"shard_rows(W, {n_shards}): cuts dim 1, the input features<br>"
         "(rows of W.T; columns of the stored W)"))
-    scale = ([[k / (n_shards - 1), c] for k, c in enumerate(colours(n_shards))] if n_shards > 1
-             else [[0, colour(0)], [1, colour(0)]])
+    scale = _owner_scale(n_shards)
     for col, name in ((1, "columns"), (2, "rows")):
         fig.add_trace(go.Heatmap(z=owners[name], colorscale=scale, zmin=0, zmax=max(n_shards - 1, 1),
                                  showscale=col == 2, colorbar={"title": "shard", "tickvals": list(range(n_shards))},
