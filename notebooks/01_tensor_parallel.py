@@ -18,8 +18,8 @@
 # **What you will see.** Two ways to cut a weight matrix across devices; why chaining them
 # column-then-row needs exactly one all-reduce per pair of matrices; the split checked to be exact at 2,
 # 4 and 8 shards; a real MLP and a real attention block running on ranks, forward and backward, equal to
-# the unsharded ones; the other cut order, measured paying a second collective; and the wall every model
-# hits: whole KV heads per device.
+# the unsharded ones; the other cut order, measured paying a second collective, in buffer bytes and in
+# bytes on the wire; and the walls the model's shapes put up: whole KV heads per device first of all.
 
 # %% [markdown]
 # ## The idea: two ways to cut a matrix
@@ -31,6 +31,30 @@
 # - **Row split** (`shard_rows`, cut along the input dim): device `i` holds some input features. Given
 #   *its slice* of the input it produces a *partial* result over *all* output features. The partials
 #   must be added up across devices: an **all-reduce**.
+#
+# The names trip up every reader once. They come from the maths convention `y = x A`, where
+# `A = W.T` is `(in, out)`: a *column* split cuts `A`'s columns, which are the *rows* of the stored
+# `nn.Linear` weight (dim 0); a *row* split cuts `A`'s rows, the stored weight's *columns* (dim 1). The
+# figure colours each cell of one stored weight by the shard that holds it, as the code's own
+# `shard_columns` and `shard_rows` return it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.ui.figures import weight_cut_figure
+
+weight_cut_figure(out_features=8, in_features=12, n_shards=4)
+
+# %%
+import torch
+
+from shardlib.tensor_parallel import shard_columns, shard_rows
+
+W = torch.zeros(8, 12)  # (out_features, in_features), as nn.Linear(12, 8) stores it
+assert shard_columns(W, 4)[0].shape == (2, 12)  # dim 0 cut: 2 whole output features, every input feature
+assert shard_rows(W, 4)[0].shape == (8, 3)  # dim 1 cut: 3 input features, a partial for every output
+
+# %% [markdown]
+# Now the pair:
 #
 # Put a column split first and a row split second, and the slice the first produces is exactly the
 # slice the second needs. Nothing moves between them, and an elementwise activation in between acts on
@@ -53,14 +77,29 @@ shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 # - row then column: the first product is partial and the activation is not linear, so the partials
 #   must be summed *before* it (an all-reduce of the wide intermediate, `T · d_hidden · 4` bytes), and the
 #   second product leaves each device a slice of the output, which must be gathered: **2** collectives.
+#
+# Those are **buffer** bytes, the tensors the collectives work on (what nccl-tests calls *size*). What
+# each rank actually sends is less or more, depending on the algorithm. Under the ring that collective
+# libraries use for large messages, an all-reduce over `n` ranks sends `2(n-1)/n` of its buffer per rank
+# (a reduce-scatter, then an all-gather, each passing `n - 1` chunks of `1/n`), and an all-gather sends
+# `(n-1)/n` of the gathered output: the count behind nccl-tests' *bus bandwidth*. Every comm record
+# carries both: `size_bytes` and `wire_bytes`.
+#
+# So the other order's bill, over the right order's, is 2 collectives against 1; in buffer bytes
+# `(d_hidden + d_model) / d_model`; on the wire `(2(n-1)/n · d_hidden + (n-1)/n · d_model) / (2(n-1)/n ·
+# d_model) = d_hidden / d_model + 1/2`, the same at every `n`.
 
 # %%
-from shardlib.tensor_parallel import CUTS, pair_collectives
+from shardlib.tensor_parallel import CUTS, other_cut_ratios, pair_collectives, pair_wire_collectives
 
 tokens, d_model, d_hidden = 2 * 6, 32, 128
-for cut in CUTS:
-    predicted = pair_collectives(cut, 2, tokens, d_model, d_hidden)
-    print(f"{cut:>16}: {len(predicted)} collective(s), {sum(s for _, s in predicted):,} bytes  {predicted}")
+for n in (2, 4):
+    for cut in CUTS:
+        buffers, wire = pair_collectives(cut, n, tokens, d_model, d_hidden), pair_wire_collectives(cut, n, tokens, d_model, d_hidden)
+        print(f"n = {n}, {cut:>16}: {len(buffers)} collective(s), {sum(b for _, b in buffers):>6,} buffer bytes, "
+              f"{sum(w for _, w in wire):>6,} wire bytes per rank  {wire}")
+predicted_ratios = other_cut_ratios(d_model, d_hidden)
+print(f"row-then-column / column-then-row at d_hidden = {d_hidden // d_model} x d_model: {predicted_ratios}")
 
 # %% [markdown]
 # ## Exact, in one process, at 2, 4 and 8 shards
@@ -89,7 +128,8 @@ for n_shards in (2, 4, 8):
 # ## Run it on real ranks
 #
 # Now each shard is a separate process holding only its slices, and the sum is a real all-reduce
-# through `torch.distributed`. Both cut orders run on the same ranks, on the same input.
+# through `torch.distributed`. Both cut orders run on the same ranks, on the same input, on 2 ranks and
+# then on 4 (a second pool, started for this cell and closed after it).
 
 # %%
 from shardlib import Ranks
@@ -102,22 +142,42 @@ x = activations(2, 6, d_model, seed=1)  # (batch, seq, d_model)
 g = generator(1)
 w1, w2 = weight(g, d_hidden, d_model), weight(g, d_model, d_hidden)  # (d_hidden, d_model), (d_model, d_hidden)
 
-right = run_pair(ranks, CUTS[0], x, w1, w2)
-print("column then row\n" + format_log(ranks.last_comm))
-other = run_pair(ranks, CUTS[1], x, w1, w2)
-print("\nrow then column\n" + format_log(ranks.last_comm))
+pairs = {(2, cut): run_pair(ranks, cut, x, w1, w2) for cut in CUTS}
+print("row then column on 2 ranks, its comm log:\n" + format_log(ranks.last_comm))
+with Ranks(4) as four:
+    pairs.update({(4, cut): run_pair(four, cut, x, w1, w2) for cut in CUTS})
 
-for run in (right, other):
+print(f"\n{'ranks':>5} {'cut':>16} {'collectives':>11} {'buffer bytes':>12} {'wire bytes per rank':>19}")
+for (n, cut), run in pairs.items():
     assert run.output_gap < 1e-5  # against the unsharded pair, on every rank
-    assert run.measured == run.predicted  # the comm log, against pair_collectives
-print(f"\nrow-then-column moved {len(other.measured)} collectives and {other.measured_bytes / right.measured_bytes:.1f}x "
-      f"the bytes")
+    assert run.measured == run.predicted and run.measured_wire == run.predicted_wire  # comm log = formula
+    print(f"{n:>5} {cut:>16} {len(run.measured):>11} {run.measured_bytes:>12,} {run.measured_wire_bytes:>19,}")
+for n in (2, 4):
+    right, other = pairs[(n, CUTS[0])], pairs[(n, CUTS[1])]
+    measured_ratios = {"collectives": len(other.measured) / len(right.measured),
+                       "buffer": other.measured_bytes / right.measured_bytes,
+                       "wire": other.measured_wire_bytes / right.measured_wire_bytes}
+    print(f"{n} ranks, other order / right order: " + ", ".join(
+        f"{k} {measured_ratios[k]:.2f} (formula {predicted_ratios[k]:.2f})" for k in measured_ratios))
+    assert measured_ratios == predicted_ratios == {"collectives": 2.0, "buffer": 5.0, "wire": 4.5}
 
 # %% [markdown]
-# Both cuts give the right answer; only the bill differs. The other cut issues a second collective and,
-# because its first sum is over the wide intermediate (`d_hidden = 4 · d_model` here), moves five times
-# the bytes. Every production implementation uses column-then-row, and recognising it is most of
-# reading one.
+# Both cuts give the right answer; only the bill differs, and it is the same bill at 2 and at 4 ranks.
+# The other order issues **2** collectives against 1; it puts **5x** the buffer bytes through them,
+# because its first sum is over the wide intermediate (`d_hidden = 4 · d_model` here); and it sends
+# **4.5x** the bytes on the wire, because its second collective is an all-gather, which sends half of
+# what an all-reduce of the same buffer does. (gloo builds its all-gather on an all-reduce and so moves
+# more than the ring; the wire count is the ring's, the one a cost model charges.)
+#
+# The chapter this course follows says the other order "doubles the communication". That holds for
+# the number of collectives, and so for the time of a pair whose collectives are **latency-bound**
+# (messages so small that the fixed start-up cost of each, `alpha`, dominates: a decode step's), if each
+# collective pays `alpha` once. (Charged at every step of the ring instead, it is `3(n-1)` steps
+# against `2(n-1)`: 1.5x.) In bytes it holds only for buffers, and only when `d_hidden = d_model`; on the
+# wire the ratio is then 1.5. For a transformer's MLP, whose hidden width is 4 times `d_model` (Llama's
+# gated MLP sums two such products, wider still), the **bandwidth-bound** cost (where `size / bandwidth`
+# dominates: long prompts) grows 4.5 times, not 2. Whichever regime, column-then-row wins, and every
+# production implementation uses it: recognising it is most of reading one.
 
 # %% [markdown]
 # ## A real MLP and a real attention block, forward and backward
@@ -187,6 +247,23 @@ except ValueError as err:
 print("\n" + wall)
 assert "8 KV heads cannot be split 16 ways: tensor parallelism gives each device whole KV heads" in wall
 
+# %% [markdown]
+# The KV heads bind first for every model above, but they are not the only rule. Each device also needs
+# an equal slice of the MLP's hidden width `d_ff` and of the vocabulary (the embedding and the output
+# head are split by tensor parallelism too). Two made-up models show those rules binding: a GPT-2-style
+# vocabulary of 50,257 tokens (an odd number, which no degree above 1 divides: Megatron-LM pads it to a
+# multiple of 128 for this reason), and an MLP of width 8,190, which 4 does not divide.
+
+# %%
+from shardlib.models import SHAPE_RULE_EXAMPLES, binding_rule, tensor_parallel_problems
+
+for rule in ("vocab", "d_ff"):
+    m = SHAPE_RULE_EXAMPLES[rule]
+    tp = next(t for t in (2, 4, 8) if binding_rule(m, t))
+    print(f"{m.name}: {m.n_kv_heads} KV heads, d_ff {m.d_ff:,}, vocab {m.vocab_size:,}; usable tp {m.usable_tp}; "
+          f"tp = {tp} refused: {'; '.join(tensor_parallel_problems(m, tp))}")
+    assert binding_rule(m, tp) == rule and m.n_kv_heads % tp == 0  # the KV heads would allow it
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.ui.widgets import tp_wall_picker
@@ -217,17 +294,6 @@ from shardlib.ui.quiz import Question, check_yourself
 
 check_yourself(
     Question(
-        "Why does tensor parallelism need much more frequent GPU-to-GPU communication than pipeline "
-        "parallelism?",
-        ("Its messages are larger", "It splits the work inside each layer, so every pair of matrices ends "
-         "in an all-reduce before the next layer can start", "It uses all-to-all instead of point-to-point",
-         "It keeps a copy of the weights on every GPU"),
-        1,
-        "Two all-reduces per transformer layer in the forward pass (after attention and after the MLP). "
-        "Pipeline parallelism sends activations only across the boundary between stages, once per stage "
-        "per microbatch.",
-    ),
-    Question(
         "A pair is cut column-then-row with a GELU between the matrices. Where is the all-reduce?",
         ("Before the GELU", "After the second matrix", "Both before the GELU and after the second matrix",
          "None is needed"),
@@ -236,12 +302,25 @@ check_yourself(
         "so it can be applied to the slice. Only the row-parallel product leaves partial sums.",
     ),
     Question(
-        "In a row-parallel layer with a bias, when is the bias added?",
-        ("On every device, before the all-reduce", "Once, after the all-reduce",
-         "It is split across devices like the weight"),
+        "An nn.Linear(4096, 14336) weight is stored as (14336, 4096). shard_columns(W, 4) gives each device "
+        "which slice, and what does each device then need?",
+        ("(14336, 1024): a quarter of the input features; it needs only its slice of the input",
+         "(3584, 4096): a quarter of the output features; it needs the whole input and sends nothing",
+         "(3584, 4096): a quarter of the output features; its outputs must be all-reduced",
+         "(14336, 1024): a quarter of the output features"),
         1,
-        "The partial outputs are summed; a bias added on every device before the sum would be counted once "
-        "per device.",
+        "A column split cuts the output features, dim 0 of the stored weight (the columns of W.T). Each device "
+        "computes whole output features from the whole input; only a row split leaves partial sums.",
+    ),
+    Question(
+        "On 8 ranks, with d_hidden = 4 x d_model, the other cut order sends how many times the wire bytes "
+        "per rank of column-then-row?",
+        ("2x, as the chapter says", "5x, the buffer ratio", "4.5x: the intermediate's all-reduce is 4x, and the "
+         "output's all-gather sends half of what an all-reduce of it would", "It depends on the number of ranks"),
+        2,
+        "Per rank, an all-reduce sends 2(n-1)/n of its buffer and an all-gather (n-1)/n: (2 x 4 + 1) / 2 = 4.5, "
+        "and the (n-1)/n cancels. The chapter's 2x is the count of collectives, which is what a latency-bound "
+        "(decode) pair pays for.",
     ),
     Question(
         "Mixtral-8x7B has 32 query heads and 8 KV heads. Can it use tp = 16?",
@@ -252,30 +331,15 @@ check_yourself(
         "and 8 (more would mean replicating KV heads, paying memory).",
     ),
     Question(
-        "The column-then-row pair ran at 2, 4 and 8 shards in one process. How far from the unsharded "
-        "result may it be?",
-        ("Exactly equal, bit for bit", "Within float32 rounding (1e-5 here): the partials are added in a "
-         "different order", "Within a few percent: splitting approximates the layer"),
+        "Why does tensor parallelism need much more frequent GPU-to-GPU communication than pipeline "
+        "parallelism?",
+        ("Its messages are larger", "It splits the work inside each layer, so every pair of matrices ends "
+         "in an all-reduce before the next layer can start", "It uses all-to-all instead of point-to-point",
+         "It keeps a copy of the weights on every GPU"),
         1,
-        "Splitting changes where each product happens, not what is computed. Only the final sum of partials "
-        "runs in another order, and float32 addition is not associative, so the last bits may differ.",
-    ),
-    Question(
-        "With d_hidden = 4 x d_model, how many times the bytes does the row-then-column cut move, compared "
-        "with column-then-row?",
-        ("The same", "2x", "4x", "5x"),
-        3,
-        "Column-then-row all-reduces the output (d_model wide). Row-then-column all-reduces the wide "
-        "intermediate (4 x d_model) before the activation and then gathers the output (d_model): 5 x d_model.",
-    ),
-    Question(
-        "In the backward pass of a tensor-parallel MLP, which collective runs, and where?",
-        ("None: gradients stay on their devices", "An all-reduce of the input's gradient, where the "
-         "replicated input entered the column-parallel matrix (Megatron's f)", "An all-gather of the "
-         "weight gradients"),
-        1,
-        "Each rank's slice contributes a partial gradient for the whole input, so they are summed: f is "
-        "identity forward and all-reduce backward, the mirror of g. One all-reduce each way per block.",
+        "Two all-reduces per transformer layer in the forward pass (after attention and after the MLP), and "
+        "two more in the backward. Pipeline parallelism sends activations only across the boundary between "
+        "stages, once per stage per microbatch.",
     ),
 )
 
@@ -284,10 +348,15 @@ check_yourself(
 #
 # - Column split: whole input in, a slice out, no communication. Row split: a slice in, a partial out,
 #   summed by an all-reduce.
-# - Column-then-row is exact at 2, 4 and 8 shards and needs one all-reduce per pair; the other order
-#   was measured needing two collectives and five times the bytes here.
+# - A column split cuts dim 0 of the stored `(out, in)` weight (the output features, the columns of
+#   `W.T`); a row split cuts dim 1 (the input features).
+# - Column-then-row is exact at 2, 4 and 8 shards and needs one all-reduce per pair. The other order
+#   was measured on 2 and 4 ranks needing 2 collectives, 5x the buffer bytes and 4.5x the wire bytes
+#   (`d_hidden = 4 · d_model`), each equal to its formula: the chapter's "doubles" is the collective
+#   count, what a latency-bound pair pays; a bandwidth-bound one pays the wire ratio.
 # - A Llama MLP and a GQA attention block ran on 2 and 4 real ranks, forward and backward, equal to the
 #   unsharded blocks within `1e-5`, with one all-reduce each way (Megatron-LM's g and f).
-# - Tensor parallelism hands out whole KV heads: 8 KV heads cap tp at 8.
+# - Tensor parallelism hands out whole KV heads: 8 KV heads cap tp at 8. The MLP width and the
+#   vocabulary must divide too, and with a GPT-2 vocabulary or an odd `d_ff` they bind first.
 #
 # Next: **02 · Communication costs**, which puts a price on those all-reduces, per link.

@@ -237,15 +237,43 @@ with Ranks(4) as four:
 # between different pairs of ranks.
 
 # %%
-from shardlib.tensor_parallel import CUTS, pair_collectives
+from shardlib.tensor_parallel import CUTS, pair_wire_collectives
 
 sends = {}
 for seed in (1, 2, 3):
     batch = make_tokens(4096, cfg.d_model, seed=seed)
     sends[seed] = run_expert_parallel(ranks, batch, weights, cfg.but(skew=0.3)).send_matrix
-    tp = pair_collectives(CUTS[0], 2, len(batch), cfg.d_model, cfg.d_ff)  # a dense MLP of the same width
-    print(f"batch {seed}: expert parallel sends {sends[seed]}; tensor parallel: {tp}")
+    tp = pair_wire_collectives(CUTS[0], 2, len(batch), cfg.d_model, cfg.d_ff)  # a dense MLP of the same width
+    print(f"batch {seed}: expert parallel sends rows {sends[seed]}; tensor parallel, every batch: {tp} per rank")
 assert len({str(m) for m in sends.values()}) == 3  # three batches, three different send matrices
+
+# %% [markdown]
+# Which moves more? Runs of different sizes cannot be compared by their totals, so divide by tokens and
+# by the width of a row: **wire bytes per token per unit of `d_model`**, summed over the ranks. Expert
+# parallelism sends a token's `k` rows away and back when its expert lives elsewhere: `2 · k · 4 · (w-1)/w`
+# with uniform routing. A tensor-parallel MLP of the same width all-reduces every token's row: each of
+# `w` ranks sends `2(w-1)/w` of it, `8 (w-1)` in all.
+
+# %%
+import math
+
+ep_run = run_expert_parallel(ranks, x, weights, cfg)
+ep_per_token = ep_run.wire_bytes_per_token_per_width(cfg.d_model)
+tp_per_token = 2 * sum(b for _, b in pair_wire_collectives(CUTS[0], 2, len(x), cfg.d_model, cfg.d_ff)) / (len(x) * cfg.d_model)
+share = ep_run.cross_rank_share
+print(f"2 ranks, wire bytes per token per unit width, summed over ranks:\n"
+      f"  expert parallel, top-{cfg.k}: {ep_per_token:.2f} measured = 2 x {cfg.k} x 4 x {share:.3f} (the share of rows "
+      f"that left home); uniform routing predicts {2 * cfg.k * 4 * predicted_cross_rank_share(2):.2f}\n"
+      f"  tensor-parallel MLP:  {tp_per_token:.2f} = 8 x (w - 1), whatever the batch")
+assert math.isclose(ep_per_token, 2 * cfg.k * 4 * share) and tp_per_token == 8
+assert 0.9 < ep_per_token / (2 * cfg.k * 4 * predicted_cross_rank_share(2)) < 1.1  # routing's sampling noise
+
+# %% [markdown]
+# On 2 ranks, top-2, the two come out even: half of the 2 rows leave and come back, against one
+# all-reduce. They part as ranks are added: on 8 ranks expert parallelism's `2 · 2 · 4 · 7/8 = 14` bytes
+# per token per unit width against the all-reduce's `8 · 7 = 56`, because an all-to-all sends each row
+# once, wherever it goes, while in a ring all-reduce each of the `w` ranks sends almost twice the whole
+# buffer.
 
 # %% [markdown]
 # So an expert-parallel system cannot plan its buffers once: every dispatch starts by exchanging the
@@ -281,14 +309,15 @@ print(f"\nskew 1: rank {slow} computes {rows_ratio:.1f}x the rows of rank {fast}
 print(f"rank {fast} finished its experts first and then waited in the combine: its whole forward took "
       f"{skewed.forward_s[fast] * 1e3:.1f} ms, rank {slow}'s {skewed.forward_s[slow] * 1e3:.1f} ms")
 assert all(r.waited_for_slowest for r in timed.values())  # no rank finished before the busiest rank's experts
-assert 1.5 < cpu_ratio < 4.0  # rows ratio 2.5; a generous band
+assert 0.65 < cpu_ratio / rows_ratio < 1.15  # CPU time follows the rows, a little under (see below)
 rank_time_figure(skewed.expert_s, skewed.forward_s, skewed.step_s, skewed.expert_cpu_s,
                  title="Skew 1: measured time on each rank")
 
 # %% [markdown]
-# The CPU-time ratio comes out near the rows ratio, usually a little under: some of the experts' work
-# does not grow with the rows (each expert pads its last block of rows to 64, and every call has a fixed
-# cost), and other programs sharing your cores disturb even CPU time a little. The wall-clock ratio
+# The CPU-time ratio comes out near the rows ratio, usually 10 to 20 % under it: some of the experts'
+# work does not grow with the rows (each expert pads its last block of rows to 64, and every call has a
+# fixed cost), and other programs sharing your cores disturb even CPU time a little. The check allows
+# 0.65 to 1.15 times the rows ratio. The wall-clock ratio
 # strays further, because the two ranks also wait for cores. Whatever the ratios, the step is the
 # busiest rank's: the other rank's forward lasts as long, the difference spent waiting.
 #
@@ -312,10 +341,11 @@ timeline_figure(ranks.last_spans, title="One forward at skew 1: what each rank d
 #   choices first, earlier tokens first. The rest are **dropped**: they contribute nothing, so a token
 #   that lost all its slots leaves the layer unchanged through the residual connection. Price: quality.
 # - **Rerouting**: an overflowing slot goes to the token's next choice that still has room. Fewer
-#   drops; the token gets a less-preferred expert. Price: some quality.
+#   drops; the token gets a less-preferred expert. Price: some quality. (What the moved slot weighs is
+#   a further choice, measured below.)
 # - **Replicating the hot expert**: a second copy of the busiest expert on the least-loaded other rank,
 #   and each home rank sends it every other row. Outputs unchanged. Price: memory, one more expert's
-#   weights on that rank.
+#   weights on that rank, `3 · d_model · d_ff` values (gate, up and down).
 
 # %%
 from shardlib.experts import capacity, run_mitigations
@@ -351,6 +381,63 @@ assert copied.rank_max_over_mean < none.rank_max_over_mean
 assert copied.expert_max_over_mean == none.expert_max_over_mean  # as busy, in two places
 print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {int((~passed).sum())} others are "
       f"bit for bit the uncapped layer's")
+
+# %% [markdown]
+# Replication's price, measured: the expert weight bytes each rank ran with, from the ranks, without and
+# with the second copy, against `predicted_weight_bytes` (each rank's experts times `3 · d_model · d_ff · 4`
+# bytes).
+
+# %%
+from shardlib.experts import predicted_weight_bytes
+
+one_expert = 3 * top1.d_model * top1.d_ff * 4
+extra = [c - n for c, n in zip(copied.run.weight_bytes, none.run.weight_bytes)]
+predicted_extra = [c - n for c, n in zip(predicted_weight_bytes(copied.run.placement, top1),
+                                         predicted_weight_bytes(none.run.placement, top1))]
+print(f"expert weights per rank: {none.run.weight_bytes} bytes without the copy, {copied.run.weight_bytes} with it")
+print(f"extra per rank, measured {extra}, predicted {predicted_extra}: one expert, 3 x {top1.d_model} x {top1.d_ff} x 4 "
+      f"= {one_expert:,} bytes, on rank {copied.run.placement.replicas[0][1]} (the copy of expert "
+      f"{copied.run.placement.replicas[0][0]})")
+assert extra == predicted_extra and sorted(extra) == [0, one_expert]
+layer_gb = mixtral.expert_params * mixtral.bytes_per_param / 1e9
+print(f"in Mixtral-8x7B one expert is {layer_gb:.2f} GB per layer; a copy of one hot expert in each of its "
+      f"{mixtral.n_layers} layers is {mixtral.n_layers * layer_gb:.1f} GB more on the rank that takes it")
+assert round(mixtral.n_layers * layer_gb, 1) == 11.3
+
+# %% [markdown]
+# At `ep = 8` a Mixtral device holds one expert per layer, 11.3 GB; a second hot expert per layer doubles
+# that. Replication is paid in the memory that would otherwise hold KV cache.
+#
+# ## What does a rerouted slot weigh? A choice, not a fact
+#
+# When rerouting moves a slot to the token's next choice, what gate should the new expert's output get?
+# This library's default (`reroute_gate="keep"`) gives it the gate the first-choice expert earned: only
+# the expert changes, and the token's gates sum to what the router gave. The alternative
+# (`reroute_gate="rescore"`) scores the token again over the experts that actually serve it, as if the
+# router had picked them: the new expert gets its own, smaller weight, and the token's other gate rises.
+# A third answer gives the slot no weight at all, which is the capacity cap without rerouting: dropped.
+# With top-1 and renormalised gates the question does not arise: the one gate is 1 whichever expert
+# serves it. Top-2, both ways, on the ranks:
+
+# %%
+from shardlib.experts import run_moe_policy, served_gates
+
+top2 = cfg.but(skew=0.75, capacity_factor=1.25, reroute=True)
+keep = run_moe_policy(ranks, x, weights, top2, repeats=1, label="keep")
+rescore = run_moe_policy(ranks, x, weights, top2.but(reroute_gate="rescore"), repeats=1, label="rescore")
+ref = moe_reference(x, weights, top2, n_groups=2)  # each rank's tokens one capacity group, as on the ranks
+touched = ref.assignment.rerouted.any(dim=1)  # (T,) tokens with a slot moved
+differ = (keep.run.output != rescore.run.output).any(dim=1)  # (T,)
+print(f"top-2, skew 0.75, capacity 1.25 with rerouting: {keep.run.rerouted_slots} slots rerouted, in "
+      f"{int(touched.sum())} tokens; outputs that differ between the two choices: {int(differ.sum())}, by up to "
+      f"{(keep.run.output - rescore.run.output).abs().max():.3f}")
+t = int(torch.nonzero(touched)[0])
+gates = {g: served_gates(ref.routing, ref.assignment, top2.but(reroute_gate=g))[t] for g in ("keep", "rescore")}
+print(f"token {t}: the router chose experts {ref.routing.experts[t].tolist()}; served by "
+      f"{ref.assignment.experts[t].tolist()}; gates kept {[round(v, 3) for v in gates['keep'].tolist()]}, "
+      f"rescored {[round(v, 3) for v in gates['rescore'].tolist()]}")
+assert keep.exact and rescore.exact  # each equals the single-process layer with the same choice, bit for bit
+assert torch.equal(differ, touched)  # the choice changes exactly the tokens that had a slot rerouted
 
 # %% [markdown]
 # Across the knob, measured live (step times are medians of 3; `benchmarks/bench_experts.py` runs five
@@ -420,14 +507,6 @@ check_yourself(
         "exchanging counts.",
     ),
     Question(
-        "4096 tokens, top-2, 8 experts, capacity factor 1.25, all tokens in one group: how many token-slots "
-        "can one expert take?",
-        ("1024", "1280", "640", "2560"),
-        1,
-        "ceil(4096 x 2 x 1.25 / 8) = 1280. Slots beyond that are dropped (or rerouted), and a token whose "
-        "slots are all dropped passes through the residual unchanged.",
-    ),
-    Question(
         "Two ranks, and one expert on rank 0 gets most tokens. Which rank's time sets the step?",
         ("Rank 1's, the idle one", "Rank 0's: every rank waits in the combine until rank 0's experts finish",
          "The average of the two", "Neither: the all-to-all hides it"),
@@ -436,44 +515,23 @@ check_yourself(
         "rank's time is spent waiting.",
     ),
     Question(
-        "What does replicating the hot expert on a second rank cost?",
-        ("Quality: some tokens are dropped", "Memory: a second copy of that expert's weights",
-         "Nothing at all", "A second router"),
+        "Mixtral-8x7B at ep = 8 holds one expert per layer on each device. A second copy of one hot expert in "
+        "every layer costs the device that takes it what?",
+        ("Nothing: the outputs are unchanged", "About 11 GB: one more expert (3 x 4096 x 14336 weights, 0.35 GB "
+         "in bf16) in each of 32 layers, memory that would otherwise hold KV cache",
+         "One more all-to-all per layer", "Quality: some tokens are dropped"),
         1,
-        "Each copy computes the same function, so outputs are unchanged; the second rank must hold the weights. "
-        "A capacity cap costs quality instead (dropped or rerouted tokens).",
+        "Replication changes no output and evens the ranks' load; its price is weights. Measured above on the "
+        "toy: exactly one expert's 3 x d_model x d_ff values more on the rank holding the copy.",
     ),
     Question(
-        "A token's two chosen experts have router probabilities 0.5 and 0.2 (softmax over all experts). "
-        "What are its renormalised gates?",
-        ("0.5 and 0.2", "0.71 and 0.29", "0.5 and 0.5", "1 and 0"),
+        "A top-2 token's second slot overflows and is rerouted to its third choice. What gate does that slot get?",
+        ("Always the third choice's router probability", "It depends on the system: here it keeps the gate its "
+         "first choice earned; rescoring over the experts that serve it is another answer, and dropping it a third",
+         "Always 0.5", "The gates are not used after rerouting"),
         1,
-        "Renormalising is a softmax over the chosen logits only, which is the chosen probabilities divided by "
-        "their sum: 0.5 / 0.7 and 0.2 / 0.7. The gates then sum to 1, as in Mixtral.",
-    ),
-    Question(
-        "Mixtral-8x7B at ep = 8: what does each device hold?",
-        ("Every expert, so it can serve any token", "One eighth of the experts (about 11 GB), plus its own "
-         "copy of the shared layers (attention, embeddings)", "One eighth of the experts and nothing else"),
-        1,
-        "Experts are placed whole, one of the eight per layer on each device; the layers every token uses "
-        "are not split by expert parallelism, so each device keeps them too.",
-    ),
-    Question(
-        "Top-2 routing instead of top-1, same tokens and width: what happens to the bytes of the dispatch "
-        "all-to-all?",
-        ("They stay the same", "They double", "They halve", "They depend only on the number of ranks"),
-        1,
-        "Every token sends one row of d_model values per chosen expert: T x k x d_model x 4 bytes in all, "
-        "fewer only when a capacity cap drops slots.",
-    ),
-    Question(
-        "With a capacity cap and rerouting, what happens to a slot whose expert is full?",
-        ("It is dropped", "It goes to the token's next-preferred expert that still has room, keeping its gate",
-         "It waits for the next batch", "It goes to a random expert"),
-        1,
-        "Rerouting serves most overflowing slots by a less-preferred expert; only slots that find no room "
-        "anywhere are dropped and pass through the residual.",
+        "Measured above: the two choices give different outputs for exactly the tokens that had a slot rerouted, "
+        "and each matched the single-process layer under the same choice.",
     ),
 )
 
@@ -492,9 +550,14 @@ check_yourself(
 #   pipeline parallelism's.
 # - At skew 1 the rank holding the hot expert computed 2.5 times the rows of the other, and the other
 #   waited for it: the slowest rank set the step time.
+# - Per token per unit width, expert parallelism's all-to-alls sent `2 · k · 4` bytes times the share of
+#   rows that left home, as predicted; a tensor-parallel MLP's all-reduce `8 (w - 1)`.
 # - A capacity cap bounded the busiest expert and dropped tokens through the residual (quality);
 #   rerouting served most of them by a less-preferred expert; replication lowered the busiest rank's
-#   load without changing any output (memory).
+#   load without changing any output, for one more expert's weights on one rank, measured equal to
+#   `3 · d_model · d_ff · 4` bytes (11 GB for Mixtral, one copy per layer).
+# - What a rerouted slot weighs is a choice: kept (here, by default) or rescored; the two differ for
+#   exactly the rerouted tokens.
 #
 # Expert parallelism stacks with the other two: real deployments of MoE models put tensor parallelism
 # inside a node and pipeline parallelism across nodes, and lay the experts over them.

@@ -337,8 +337,10 @@ assert full["total"] < H100_80GB.memory_bytes < none["total"]
 #
 # Pick a strategy and the toy trains on the two warm ranks: the bars show what rank 0 kept and sent
 # (red: predicted), the timeline the last step on each rank. Small buckets start communicating earlier
-# in the backward but pay a call's latency each; ZeRO-3 ignores the bucket size (it communicates per
-# layer). Untick overlap to see every collective queue up after the backward.
+# in the backward but each pays the fixed start-up cost of a call, `alpha`: many tiny buckets make the
+# step's communication latency-bound, a few large ones bandwidth-bound (`size / bandwidth` dominates).
+# ZeRO-3 ignores the bucket size (it communicates per layer). Untick overlap to see every collective
+# queue up after the backward.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -362,11 +364,13 @@ QUESTIONS = [
      ("It compresses the gradients", "An all-reduce is a reduce-scatter plus an all-gather; ZeRO-1 runs the "
       "optimizer between the two halves", "It skips the all-gather", "It sends only every other step"), 1,
      "Measured above: the same wire bytes for DDP, ZeRO-1 and ZeRO-2, and the identity checked on a live buffer."),
-    ("What does ZeRO-3 pay for keeping only 1/N of the weights?",
-     ("Nothing", "1.5 times the bytes: each layer's weights are gathered before its forward and again before its "
-      "backward", "N times the bytes", "A different result"), 1,
-     "Two all-gathers and one reduce-scatter per layer instead of one all-reduce: 3 (N-1)/N against 2 (N-1)/N of "
-     "the parameters."),
+    ("ZeRO-3 keeps only 1/N of the weights on each of N GPUs. Why does it send 1.5 times DDP's bytes per step, "
+     "whatever N is, rather than N times?",
+     ("It compresses the gathered weights", "Each layer's weights are all-gathered twice (before its forward and "
+      "its backward) and its gradients reduce-scattered once: three passes of (N-1)/N, against the all-reduce's two",
+      "It gathers only half of the layers", "DDP also sends N times the bytes"), 1,
+     "On the wire an all-gather or a reduce-scatter sends (N-1)/N of the parameters per rank, an all-reduce "
+     "2 (N-1)/N: 3 against 2, at any N. Measured above from the comm logs."),
     ("A run fits its weights with ZeRO-3 but runs out of memory. What grows with the batch and the sequence, not "
      "with the parameters?",
      ("The optimizer state", "The activations kept for the backward", "The gradients", "The bucket size"), 1,

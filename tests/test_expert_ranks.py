@@ -13,6 +13,7 @@ import torch
 from shardlib import RankError
 from shardlib.experts import (ExpertPlacement, MoEConfig, assign, dispatch_plan, ep_forward_on_rank, make_moe_weights,
                               make_tokens, moe_reference, predicted_all_to_all_bytes, predicted_cross_rank_share,
+                              predicted_weight_bytes,
                               reference_for, replicate_hottest, route, run_expert_parallel, run_mitigation,
                               simulate_expert_parallel)
 from shardlib.models import TOY_MOE
@@ -101,6 +102,9 @@ def test_the_simulated_split_equals_the_reference_exactly(n_experts, world, k, s
 def test_predicted_bytes_by_hand():
     assert predicted_all_to_all_bytes(4096, 2, 64) == 4096 * 2 * 64 * 4 == 2_097_152
     assert predicted_cross_rank_share(2) == 0.5 and predicted_cross_rank_share(4) == 0.75
+    one = 3 * 64 * 128 * 4  # gate, up, down of one expert: 98,304 bytes
+    assert predicted_weight_bytes(ExpertPlacement(8, 2), CFG) == [4 * one, 4 * one]
+    assert predicted_weight_bytes(ExpertPlacement(8, 4, ((0, 3),)), CFG) == [2 * one, 2 * one, 2 * one, 3 * one]
 
 
 # -- on real ranks -----------------------------------------------------------------------------------------------
@@ -134,6 +138,10 @@ def test_capacity_rerouting_and_replication_on_ranks_stay_exact(pool):
             assert run.rerouted_slots == ref.assignment.rerouted_slots
             assert run.dispatch_bytes == (X.shape[0] * cfg.k - run.dropped_slots) * CFG.d_model * 4
         assert run.weight_bytes[placement.replicas[0][1]] == (8 // world + 1) * WEIGHTS.expert_bytes
+        assert run.weight_bytes == predicted_weight_bytes(placement, cfg)
+    rescore = CFG.but(k=2, skew=0.8, capacity_factor=1.0, reroute=True, reroute_gate="rescore")
+    run = run_expert_parallel(pool, X, WEIGHTS, rescore)
+    assert run.rerouted_slots > 0 and torch.equal(run.output, reference_for(X, WEIGHTS, rescore, world).output)
 
 
 def test_replication_lowers_the_busiest_ranks_load(pool2):

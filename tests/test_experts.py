@@ -14,7 +14,7 @@ import torch
 
 from shardlib.experts import (MAX_PREFERENCE_BIAS, MoEConfig, Routing, assign, assign_groups,
                               aux_load_balancing_loss, capacity, expert_ffn, load_stats, make_moe_weights,
-                              make_tokens, moe_reference, preference_bias, route, split_groups)
+                              make_tokens, moe_reference, preference_bias, route, served_gates, split_groups)
 from shardlib.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
 from shardlib.toy import mlp_reference
 
@@ -189,6 +189,30 @@ def test_rerouting_sends_overflow_to_the_next_choice_with_room():
     rerouted = assign(r, cfg.but(reroute=True))
     assert rerouted.kept.all() and rerouted.experts.tolist() == [[1, 2], [0, 1], [0, 2]]
     assert rerouted.rerouted.tolist() == [[False, True], [False, False], [False, False]]
+
+
+def test_a_rerouted_slot_keeps_its_gate_or_is_rescored_by_choice():
+    r = _three_tokens()
+    cfg = MoEConfig(n_experts=3, k=2, d_model=4, d_ff=4, capacity_factor=1.0, reroute=True)
+    a = assign(r, cfg)  # t0's second slot moved from expert 0 to expert 2 (see the test above)
+    kept = served_gates(r, a, cfg)
+    assert torch.equal(kept, r.gates)  # "keep": the gates the router gave, the expert changed
+    rescored = served_gates(r, a, cfg.but(reroute_gate="rescore"))
+    want = torch.softmax(r.logits[0, [1, 2]], dim=-1)  # t0 is now served by experts 1 and 2
+    assert torch.allclose(rescored[0], want) and torch.equal(rescored[1:], r.gates[1:])  # others untouched
+    switch = MoEConfig(n_experts=3, k=2, d_model=4, d_ff=4, capacity_factor=1.0, reroute=True, renormalize=False,
+                       reroute_gate="rescore")
+    assert torch.allclose(served_gates(r, a, switch)[0], r.probs[0, [1, 2]])  # the router's probabilities
+    with pytest.raises(ValueError, match="unknown reroute_gate .* 'favourite'; use one of 'keep', 'rescore'"):
+        cfg.but(reroute_gate="favourite")
+
+
+def test_rescoring_changes_only_tokens_with_a_rerouted_slot():
+    cfg = CFG.but(skew=0.8, capacity_factor=1.0, reroute=True)
+    keep, rescore = moe_reference(X, WEIGHTS, cfg), moe_reference(X, WEIGHTS, cfg.but(reroute_gate="rescore"))
+    touched = keep.assignment.rerouted.any(dim=1)
+    assert touched.sum() > 0 and torch.equal(keep.output[~touched], rescore.output[~touched])
+    assert not torch.allclose(keep.output[touched], rescore.output[touched])
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -11,6 +11,7 @@ import pytest
 
 from shardlib.pipeline import (Action, Schedule, check_schedule, idle_slots, make_schedule,
                                measure_bubble, measured_in_flight, messages_per_step, microbatch_sizes,
+                               microbatch_trips,
                                order_text, peak_in_flight, pipeline_bubble_fraction,
                                pipeline_bubble_ratio_to_ideal, predicted_step_s, schedule_text, simulate,
                                split_layers, step_slots)
@@ -249,3 +250,14 @@ def test_figures_draw_exactly_the_schedule():
     assert curve.data[1].y[7] == pytest.approx(3 / 11)
     bars = in_flight_figure({"GPipe": (8, 8), "1F1B": (2, 1)})
     assert [list(t.y) for t in bars.data] == [[8, 8], [2, 1]]
+
+
+def test_trips_and_departures_read_from_a_forward_only_timeline():
+    # 2 stages, 3 microbatches, every forward 1 s and no hops: microbatch i runs [i, i+1] on stage 0 and
+    # [i+1, i+2] on stage 1. Each trip is 2 s (both stages in turn); they leave 1 s apart.
+    spans = [Span(stage, f"F{i}", "compute", i + stage, i + stage + 1, {"op": "F", "microbatch": i})
+             for stage in (0, 1) for i in range(3)]
+    trips = microbatch_trips(spans, 2)
+    assert trips.trip_s == (2, 2, 2) and trips.gap_s == (1, 1)
+    with pytest.raises(ValueError, match="stage 0 and on stage 3"):
+        microbatch_trips(spans, 4)

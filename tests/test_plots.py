@@ -24,10 +24,11 @@ def test_comm_bytes_figure_sums_per_rank_and_op():
     assert [list(t.y) for t in fig.data] == [[16], [32]]
 
 
-def test_weights_figure_has_a_line_per_gpu():
-    fig = weights_vs_memory_figure({"a": 140e9}, {"gpu1": 80e9, "gpu2": 141e9})
+def test_weights_figure_has_a_line_per_memory_size():
+    fig = weights_vs_memory_figure({"a": 140e9}, {"gpu1": 80e9, "gpu2": 141e9, "gpu3": 80e9})
     assert list(fig.data[0].y) == [140.0]
-    assert len(fig.layout.shapes) == 2
+    assert len(fig.layout.shapes) == 2  # gpu1 and gpu3 share the 80 GB line
+    assert [a.text for a in fig.layout.annotations] == ["gpu1, gpu3: 80 GB", "gpu2: 141 GB"]
 
 
 def test_shard_layout_figure_colours_each_ranks_slice():
@@ -39,3 +40,18 @@ def test_shard_layout_figure_colours_each_ranks_slice():
     assert list(w2.z[0]) == [0, 0, 1, 1]  # W2's input columns: first half rank 0
     with pytest.raises(ValueError, match="cannot be split 3 ways"):
         shard_layout_figure(3, 2, 4, 2)
+
+
+def test_weight_cut_figure_colours_what_each_split_of_the_code_holds():
+    from shardlib.ui.figures import weight_cut_figure
+
+    fig = weight_cut_figure(out_features=4, in_features=6, n_shards=2)
+    by_columns, by_rows = fig.data
+    assert [list(r) for r in by_columns.z] == [[0] * 6, [0] * 6, [1] * 6, [1] * 6]  # dim 0 cut: output features
+    assert [list(r) for r in by_rows.z] == [[0, 0, 0, 1, 1, 1]] * 4  # dim 1 cut: input features
+    titles = [a.text for a in fig.layout.annotations]
+    assert "shard_columns(W, 2): cuts dim 0, the output features" in titles[0]
+    assert "shard_rows(W, 2): cuts dim 1, the input features" in titles[1]
+    assert fig.layout.yaxis.title.text.startswith("dim 0") and fig.layout.xaxis.title.text.startswith("dim 1")
+    with pytest.raises(ValueError, match="6 input features cannot be split 4 ways"):
+        weight_cut_figure(4, 6, 4)

@@ -12,7 +12,8 @@ from torch import nn
 
 from shardlib import RankError
 from shardlib.models import LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B, TOY, ModelConfig, check_tensor_parallel
-from shardlib.tensor_parallel import (CUTS, TensorParallelPair, max_tensor_parallel_shards, pair_collectives,
+from shardlib.tensor_parallel import (CUTS, TensorParallelPair, max_tensor_parallel_shards, other_cut_ratios,
+                                      pair_collectives, pair_wire_collectives,
                                       pair_column_then_row_on_rank, run_pair, run_tp_block, shard_columns, shard_rows,
                                       simulate_tp_stack, tp_attention_on_rank)
 from shardlib.toy import activations, attention_reference, layer_weights, mlp_reference, stack_reference, stack_weights
@@ -152,6 +153,13 @@ def test_the_other_cut_needs_a_second_collective_and_more_bytes(pool):
     assert right.output_gap < ATOL and other.output_gap < ATOL
     assert right.measured == right.predicted == (("all_reduce", tokens * 64 * 4),)
     assert other.measured == other.predicted == (("all_reduce", tokens * 256 * 4), ("all_gather", tokens * 64 * 4))
+    n = pool.world_size  # on the wire, per rank, under the ring: 2(n-1)/n of an all-reduce, (n-1)/n of an all-gather
+    assert right.measured_wire == right.predicted_wire == (("all_reduce", 2 * (n - 1) * tokens * 64 * 4 // n),)
+    assert other.measured_wire == other.predicted_wire == (("all_reduce", 2 * (n - 1) * tokens * 256 * 4 // n),
+                                                           ("all_gather", (n - 1) * tokens * 64 * 4 // n))
+    ratios = other_cut_ratios(64, 256)
+    assert other.measured_bytes / right.measured_bytes == ratios["buffer"] == 5.0
+    assert other.measured_wire_bytes / right.measured_wire_bytes == ratios["wire"] == 4.5
 
 
 def _dtensor_pair(ctx, x, w1, w2):
@@ -189,6 +197,20 @@ def test_predicted_collectives_by_hand(n):
         assert right == [("all_reduce", 640)] and other == [("all_reduce", 2560), ("all_gather", 640)]
     with pytest.raises(ValueError, match="unknown cut 'diagonal'"):
         pair_collectives("diagonal", n, 10, 16, 64)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_wire_bytes_and_the_ratios_of_the_two_cuts_by_hand(n):
+    # 10 tokens, d_model 16, hidden 64: the output's all-reduce 640 buffer bytes, 2(n-1)/n x 640 on the wire
+    assert pair_wire_collectives(CUTS[0], n, 10, 16, 64) == [("all_reduce", 1280 * (n - 1) // n)]
+    assert pair_wire_collectives(CUTS[1], n, 10, 16, 64) == [("all_reduce", 5120 * (n - 1) // n),
+                                                            ("all_gather", 640 * (n - 1) // n)]
+    right, other = (sum(b for _, b in pair_wire_collectives(c, n, 10, 16, 64)) for c in CUTS)
+    assert other / right == other_cut_ratios(16, 64)["wire"] == 4.5  # the same at every n: (n-1)/n cancels
+    assert other_cut_ratios(16, 16) == {"collectives": 2.0, "buffer": 2.0, "wire": 1.5}  # "doubles" in buffers
+    assert pair_wire_collectives(CUTS[1], 1, 10, 16, 64) == []
+    with pytest.raises(ValueError, match="d_hidden"):
+        other_cut_ratios(16, 0)
 
 
 def test_the_cut_explorer_sets_measured_beside_predicted(pool2):

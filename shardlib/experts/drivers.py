@@ -39,6 +39,11 @@ class EPRun:
     counts_bytes: int
     weight_bytes: list[int]  # expert weights each rank holds
     placement: ExpertPlacement
+    rows_wire_bytes: int = 0  # token rows sent to other ranks, dispatch and combine, summed over ranks
+
+    def wire_bytes_per_token_per_width(self, d_model: int) -> float:
+        """``rows_wire_bytes`` per token per unit of ``d_model``: comparable across batch sizes and widths."""
+        return self.rows_wire_bytes / (self.output.shape[0] * d_model)
 
     @property
     def cross_rank_share(self) -> float:
@@ -70,6 +75,7 @@ def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoECon
         waited_for_slowest=waited, weight_bytes=[r["weight_bytes"] for r in res],
         dispatch_bytes=sum(r["dispatch_bytes"] for r in res), combine_bytes=sum(r["combine_bytes"] for r in res),
         counts_bytes=sum(r["counts_bytes"] for r in res), placement=placement,
+        rows_wire_bytes=sum(r["rows_wire_bytes"] for r in res),
     )
 
 

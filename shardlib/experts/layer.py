@@ -15,7 +15,7 @@ import torch
 
 from ..checks import whole_number
 from ..toy import generator, mlp_reference, weight
-from .routing import Assignment, MoEConfig, Routing, assign_groups, blocked_rows, route
+from .routing import Assignment, MoEConfig, Routing, assign_groups, blocked_rows, route, served_gates
 
 # -- weights and tokens ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -75,6 +75,15 @@ def weighted_sum(x: torch.Tensor, gates: torch.Tensor, slot_outputs: torch.Tenso
     return out
 
 
+def combine(x: torch.Tensor, routing: Routing, assignment: Assignment, slot_outputs: torch.Tensor,
+            cfg: MoEConfig) -> torch.Tensor:
+    """``weighted_sum`` of ``slot_outputs`` ``(T * k, d_model)``, in flat slot order, with the gates
+    ``cfg``'s policy gives (``routing.served_gates``): the one last step of the layer, in one process or
+    at home on a rank."""
+    gates = served_gates(routing, assignment, cfg)  # (T, k)
+    return weighted_sum(x, gates, slot_outputs.view(x.shape[0], cfg.k, -1), assignment.kept)
+
+
 @dataclass(frozen=True)
 class MoEOutput:
     output: torch.Tensor  # (T, d_model)
@@ -100,5 +109,4 @@ def moe_reference(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, n_groups
         slots = torch.nonzero(flat_kept & (flat_experts == e)).flatten()
         if slots.numel():
             slot_outputs[slots] = expert_ffn(x[slots // cfg.k], weights, e)
-    out = weighted_sum(x, routing.gates, slot_outputs.view(x.shape[0], cfg.k, -1), assignment.kept)
-    return MoEOutput(out, routing, assignment)
+    return MoEOutput(combine(x, routing, assignment, slot_outputs, cfg), routing, assignment)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import whole_number
-from .layer import MoEWeights, expert_ffn, weighted_sum
+from .layer import MoEWeights, combine, expert_ffn
 from .routing import MoEConfig, assign, check_tokens, route, split_groups
 
 BYTES_PER_VALUE = 4  # float32 rows
@@ -148,6 +148,15 @@ def run_hosted_experts(received: torch.Tensor, counts: torch.Tensor, hosted: tup
     return out
 
 
+def predicted_weight_bytes(placement: ExpertPlacement, cfg: MoEConfig,
+                           bytes_per_value: int = BYTES_PER_VALUE) -> list[int]:
+    """Expert weight bytes each rank must hold: its ``n_experts / ep`` experts and any replica, each three
+    ``d_model x d_ff`` matrices (gate, up, down). A replica's price is one more expert on its rank:
+    ``3 d_model d_ff`` values."""
+    one_expert = 3 * cfg.d_model * cfg.d_ff * bytes_per_value
+    return [len(placement.hosted(r)) * one_expert for r in range(placement.ep)]
+
+
 def predicted_all_to_all_bytes(n_tokens: int, k: int, d_model: int, bytes_per_value: int = BYTES_PER_VALUE) -> int:
     """Bytes of token rows one dispatch (and, the same again, one combine) puts into its all-to-all,
     summed over ranks: every token sends ``k`` rows of ``d_model`` values, rows a rank keeps for
@@ -198,6 +207,6 @@ def simulate_expert_parallel(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfi
     for src, (h, r, a, p) in enumerate(zip(homes, routed, assigned, plans)):
         slot_outputs = h.new_zeros(h.shape[0] * cfg.k, cfg.d_model)
         slot_outputs[p.order] = torch.cat([results[dst][src] for dst in range(w)])
-        outputs.append(weighted_sum(h, r.gates, slot_outputs.view(h.shape[0], cfg.k, -1), a.kept))
+        outputs.append(combine(h, r, a, slot_outputs, cfg))
     return {"output": torch.cat(outputs), "send_matrix": [p.rows_to_rank for p in plans],
             "expert_rows": [sum(p.rows_to_rank[dst] for p in plans) for dst in range(w)]}

@@ -23,7 +23,7 @@ import time
 import torch
 
 from ..runtime.timeline import now_s
-from .layer import MoEWeights, weighted_sum
+from .layer import MoEWeights, combine
 from .placement import ExpertPlacement, check_layer_inputs, dispatch_plan, run_hosted_experts
 from .routing import MoEConfig, assign, route, split_groups
 
@@ -70,7 +70,7 @@ def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig
         with ctx.timeline.span("weighted sum"):
             slot_outputs = x_home.new_zeros(x_home.shape[0] * cfg.k, cfg.d_model)  # (T_r * k, d_model)
             slot_outputs[plan.order] = back
-            out = weighted_sum(x_home, routing.gates, slot_outputs.view(x_home.shape[0], cfg.k, -1), assignment.kept)
+            out = combine(x_home, routing, assignment, slot_outputs, cfg)
         t1 = now_s()
         for key, value in (("forward_s", t1 - t0), ("expert_s", expert_end_s - t_expert), ("start_s", t0),
                            ("end_s", t1), ("expert_end_s", expert_end_s), ("expert_cpu_s", expert_cpu_s)):
@@ -81,7 +81,8 @@ def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig
         expert_counts=assignment.counts(cfg.n_experts), dropped_slots=assignment.dropped_slots,
         dropped_tokens=assignment.dropped_tokens, rerouted_slots=assignment.rerouted_slots,
         capacity=assignment.capacity, counts_bytes=counts_rec.size_bytes, dispatch_bytes=tokens_rec.size_bytes,
-        combine_bytes=back_rec.size_bytes, dispatch_s=tokens_rec.duration_s, combine_s=back_rec.duration_s,
-        weight_bytes=len(hosted) * weights.expert_bytes,  # what this rank must hold (it was sent them all)
+        combine_bytes=back_rec.size_bytes, rows_wire_bytes=tokens_rec.wire_bytes + back_rec.wire_bytes, dispatch_s=tokens_rec.duration_s, combine_s=back_rec.duration_s,
+        weight_bytes=sum(w[e].numel() * w.element_size() for e in hosted  # the expert weights this rank ran:
+                         for w in (weights.gate, weights.up, weights.down)),  # what it must hold (it was sent all)
     )
     return result

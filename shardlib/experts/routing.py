@@ -24,7 +24,15 @@ routed together (GShard's "groups"; on ranks, each rank's tokens are one group).
 priority order, every token's first choice before any second choice, and earlier tokens first. A slot
 that does not fit is *dropped*: it contributes nothing, so a token whose slots were all dropped leaves
 the layer unchanged through the residual connection. With ``reroute=True`` an overflowing slot tries
-the token's next-preferred expert that still has room (it keeps its gate; only the expert changes).
+the token's next-preferred expert that still has room.
+
+What a rerouted slot weighs is a choice, and systems differ (``reroute_gate``). ``"keep"`` (this
+library's default): the slot keeps the gate its first-choice expert earned, and only the expert
+changes, so the token's gates still sum to what the router gave. ``"rescore"``: a token with a rerouted
+slot has its gates computed again from the router's scores of the experts that actually serve it (a
+softmax over those logits when ``renormalize``, the router's probabilities of those experts otherwise),
+as if the router had chosen them. A third answer, giving the slot no weight at all, is the capacity cap
+without rerouting: the slot is dropped.
 
 Exactness. A matrix multiply's last bits can depend on how many rows share the call (the BLAS library
 picks different kernels for different batch sizes and thread counts). Here every multiply runs on
@@ -45,11 +53,12 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..checks import flag, number_between, positive_number, same_dtype, whole_number, whole_number_between
+from ..checks import choice, flag, number_between, positive_number, same_dtype, whole_number, whole_number_between
 from ..models import ModelConfig
 
 BLOCK_ROWS = 64  # rows per matrix-multiply call (see "Exactness" above)
 MAX_PREFERENCE_BIAS = 1e4  # the hot expert's logit bonus at skew = 1
+REROUTE_GATES = ("keep", "rescore")  # what a rerouted slot weighs (see "Capacity" above)
 
 
 # -- configuration -------------------------------------------------------------------------------------
@@ -66,6 +75,7 @@ class MoEConfig:
     hot_expert: int = 0
     capacity_factor: float | None = None  # None: no cap, nothing is dropped
     reroute: bool = False
+    reroute_gate: str = "keep"  # a rerouted slot's gate: "keep" the first choice's, or "rescore"
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "d_model", "d_ff"):
@@ -75,6 +85,7 @@ class MoEConfig:
         whole_number_between(self.hot_expert, "hot_expert", 0, self.n_experts - 1)
         flag(self.renormalize, "renormalize")
         flag(self.reroute, "reroute")
+        choice(self.reroute_gate, REROUTE_GATES, "reroute_gate (what a rerouted slot weighs)")
         if self.capacity_factor is not None:
             positive_number(self.capacity_factor, "capacity_factor (1.0 gives each expert exactly its even share "
                                                   "of token-slots; None for no cap)")
@@ -247,6 +258,22 @@ def assign(routing: Routing, cfg: MoEConfig) -> Assignment:
             rerouted[slots[served]] = True
             waiting = slots[~served]
     return Assignment(final, kept.view(n_tokens, k), rerouted.view(n_tokens, k), cap)
+
+
+def served_gates(routing: Routing, assignment: Assignment, cfg: MoEConfig) -> torch.Tensor:
+    """``(T, k)`` gates the weighted sum uses under ``cfg.reroute_gate``: the router's gates, except that
+    with ``"rescore"`` a token with a rerouted slot gets gates computed from the router's scores of the
+    experts that serve it (dropped slots excluded). Row by row, so a token's gates do not depend on the
+    batch."""
+    if cfg.reroute_gate == "keep" or not bool(assignment.rerouted.any()):
+        return routing.gates
+    if cfg.renormalize:
+        served_logits = routing.logits.gather(1, assignment.experts)  # (T, k): the experts that serve each slot
+        rescored = torch.softmax(served_logits.masked_fill(~assignment.kept, float("-inf")), dim=-1)
+    else:
+        rescored = routing.probs.gather(1, assignment.experts)
+    rescored = torch.where(assignment.kept, rescored, torch.zeros_like(rescored))  # a dropped slot weighs nothing
+    return torch.where(assignment.rerouted.any(dim=1, keepdim=True), rescored, routing.gates)
 
 
 def split_groups(n_tokens: int, n_groups: int) -> list[tuple[int, int]]:

@@ -2,7 +2,8 @@
 
 From a ``Schedule`` (``schedules.simulate`` times it): the step time, each stage's idle slots, the
 microbatches each stage holds in flight, the messages between stages, and the schedule drawn as text.
-From a real run's spans (``runtime.timeline``): the idle fraction and the in-flight count, measured.
+From a real run's spans (``runtime.timeline``): the idle fraction and the in-flight count, measured;
+and, for a forward-only run, each microbatch's trip through the stages and the pace they leave at.
 Pure: no torch.
 """
 
@@ -105,6 +106,33 @@ def measure_bubble(spans: Sequence[Span], n_stages: int) -> MeasuredBubble:
         busy[s.rank] += s.duration_s
     idle = 1.0 - sum(busy) / (p * window) if window > 0 else 0.0
     return MeasuredBubble(window, tuple(busy), idle)
+
+
+@dataclass(frozen=True)
+class Trips:
+    """A forward-only run read per microbatch: ``trip_s[i]``, from the start of microbatch ``i``'s forward
+    on the first stage to the end of its forward on the last (what one token waits: every stage in turn,
+    and the hops between them), and ``gap_s``, the time between consecutive microbatches leaving the last
+    stage (the pipeline's pace once full: the slowest stage's time)."""
+
+    trip_s: tuple[float, ...]
+    gap_s: tuple[float, ...]
+
+
+def microbatch_trips(spans: Sequence[Span], n_stages: int) -> Trips:
+    """Each microbatch's trip through a forward-only run, and the gaps between their departures, read
+    from the real timeline (see ``Trips``)."""
+    p = check_count("n_stages", n_stages, "pipeline stages")
+    forwards = [s for s in compute_spans(spans) if s.attrs["op"] == "F"]
+    entered = {s.attrs["microbatch"]: s.start_s for s in forwards if s.rank == 0}
+    left = {s.attrs["microbatch"]: s.end_s for s in forwards if s.rank == p - 1}
+    if not entered or set(entered) != set(left):
+        raise ValueError(f"need every microbatch's forward on stage 0 and on stage {p - 1}: run a forward-only "
+                         f"{p}-stage pipeline first")
+    order = sorted(left, key=left.get)
+    departures = [left[i] for i in order]
+    return Trips(tuple(left[i] - entered[i] for i in sorted(left)),
+                 tuple(b - a for a, b in zip(departures, departures[1:])))
 
 
 def measured_in_flight(spans: Sequence[Span], n_stages: int) -> tuple[int, ...]:

@@ -1,7 +1,8 @@
 """Tensor parallelism: cut each layer's matrices, column then row, one all-reduce per pair.
 
 * ``split`` (pure, one process): ``shard_columns``, ``shard_rows``, ``TensorParallelPair``, the
-  collectives of each cut order (``pair_collectives``), ``max_tensor_parallel_shards``.
+  collectives of each cut order (``pair_collectives``; on the wire, ``pair_wire_collectives``; their
+  ratios, ``other_cut_ratios``), ``max_tensor_parallel_shards``.
 * ``layers`` (on a rank): ``TPGroup`` (the ranks a layer is split over), Megatron-LM's f and g, the
   column- and row-parallel linear layers.
 * ``blocks`` (on a rank): the toy transformer's MLP, attention and whole block split over a ``TPGroup``,
@@ -14,7 +15,7 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "split": ("shard_columns", "shard_rows", "TensorParallelPair", "CUTS", "pair_collectives",
-              "max_tensor_parallel_shards"),
+              "pair_wire_collectives", "other_cut_ratios", "max_tensor_parallel_shards"),
     "layers": ("TPGroup", "CopyToParallelRegion", "ReduceFromParallelRegion", "ColumnParallelLinear",
                "RowParallelLinear"),
     "blocks": ("ParallelMLP", "ParallelAttention", "ParallelBlock", "simulate_tp_stack"),

@@ -3,7 +3,8 @@
 * ``run_tp_block(ranks, part, ...)``: the MLP or the attention block on every rank of the pool, forward
   (and backward), with the largest gap from ``toy``'s reference and the collectives of each pass.
 * ``run_pair(ranks, cut, ...)``: a ``d_model -> d_hidden -> d_model`` pair cut either way, its output
-  against the reference and its collectives against ``split.pair_collectives``.
+  against the reference and its collectives (buffer and wire bytes) against ``split.pair_collectives``
+  and ``split.pair_wire_collectives``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..checks import choice
 from ..models import ModelConfig, check_heads
 from ..toy import attention_reference, mlp_reference
 from .ranks import pair_column_then_row_on_rank, pair_row_then_column_on_rank, tp_attention_on_rank, tp_mlp_on_rank
-from .split import CUTS, pair_collectives
+from .split import CUTS, pair_collectives, pair_wire_collectives
 
 BLOCKS = ("mlp", "attention")
 
@@ -75,7 +76,8 @@ def run_tp_block(ranks, part: str, x: torch.Tensor, w: dict, model: ModelConfig,
 @dataclass(frozen=True)
 class PairRun:
     """A pair cut one way on a pool: rank 0's output, its gap from the unsharded pair, and its
-    collectives as measured (rank 0's comm log) and as predicted by ``pair_collectives``."""
+    collectives as measured (rank 0's comm log: buffer bytes, and wire bytes under the ring) and as
+    predicted by ``pair_collectives`` and ``pair_wire_collectives``."""
 
     cut: str
     tp: int
@@ -83,10 +85,18 @@ class PairRun:
     output_gap: float
     measured: tuple[tuple[str, int], ...]
     predicted: tuple[tuple[str, int], ...]
+    measured_wire: tuple[tuple[str, int], ...] = ()
+    predicted_wire: tuple[tuple[str, int], ...] = ()
 
     @property
     def measured_bytes(self) -> int:
+        """Buffer bytes of rank 0's collectives."""
         return sum(size for _, size in self.measured)
+
+    @property
+    def measured_wire_bytes(self) -> int:
+        """Bytes rank 0 put on the wire under the ring."""
+        return sum(size for _, size in self.measured_wire)
 
 
 def run_pair(ranks, cut: str, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, activation=F.gelu) -> PairRun:
@@ -97,6 +107,6 @@ def run_pair(ranks, cut: str, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     reference = F.linear(activation(F.linear(x, w1)), w2)
     gap = max((r["output"] - reference).abs().max().item() for r in results)
     tokens = x.numel() // x.shape[-1]
-    predicted = pair_collectives(cut, ranks.world_size, tokens, w1.shape[1], w1.shape[0], x.element_size())
+    shape = (cut, ranks.world_size, tokens, w1.shape[1], w1.shape[0], x.element_size())
     return PairRun(cut, ranks.world_size, results[0]["output"], gap, tuple(results[0]["collectives"]),
-                   tuple(predicted))
+                   tuple(pair_collectives(*shape)), tuple(results[0]["wire"]), tuple(pair_wire_collectives(*shape)))

@@ -51,7 +51,7 @@ def pair_column_then_row_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: tor
     tp, r = ctx.world_size, ctx.rank
     hidden = activation(F.linear(x, shard_columns(w1, tp)[r]))  # (b, s, d_ff / tp): no communication
     out = ctx.comm.all_reduce(F.linear(hidden, shard_rows(w2, tp)[r]))  # (b, s, d_model): sum of partials
-    return {"output": out, "collectives": [(c.op, c.size_bytes) for c in ctx.comm.records]}
+    return {"output": out, **_bill(ctx)}
 
 
 def pair_row_then_column_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, activation=F.gelu) -> dict:
@@ -63,4 +63,10 @@ def pair_row_then_column_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: tor
     hidden = ctx.comm.all_reduce(F.linear(x_slice, shard_rows(w1, tp)[r]))  # (b, s, d_ff): partial -> summed
     out_slice = F.linear(activation(hidden), shard_columns(w2, tp)[r])  # (b, s, d_model / tp)
     out = ctx.comm.all_gather(out_slice, dim=-1)  # (b, s, d_model)
-    return {"output": out, "collectives": [(c.op, c.size_bytes) for c in ctx.comm.records]}
+    return {"output": out, **_bill(ctx)}
+
+
+def _bill(ctx) -> dict:
+    """This rank's collectives, from its comm log: ``(op, buffer bytes)`` and ``(op, wire bytes)``."""
+    records = ctx.comm.records
+    return {"collectives": [(c.op, c.size_bytes) for c in records], "wire": [(c.op, c.wire_bytes) for c in records]}

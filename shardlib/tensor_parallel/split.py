@@ -28,6 +28,7 @@ from torch import nn
 
 from ..checks import choice, whole_number
 from ..models import ModelConfig, usable_tensor_parallel_degrees
+from ..runtime.records import wire_bytes
 
 
 def _check_shards(n_shards) -> int:
@@ -120,6 +121,32 @@ def pair_collectives(cut: str, tp: int, tokens: int, d_model: int, d_hidden: int
     if cut == CUTS[0]:
         return [("all_reduce", tokens * d_model * bytes_per_value)]
     return [("all_reduce", tokens * d_hidden * bytes_per_value), ("all_gather", tokens * d_model * bytes_per_value)]
+
+
+def pair_wire_collectives(cut: str, tp: int, tokens: int, d_model: int, d_hidden: int,
+                          bytes_per_value: int = 4) -> list[tuple[str, int]]:
+    """``pair_collectives`` with each buffer turned into the bytes one rank puts on the wire under the
+    ring (``runtime.records.wire_bytes``): ``2(tp-1)/tp`` of an all-reduce's buffer, ``(tp-1)/tp`` of an
+    all-gather's."""
+    return [(op, wire_bytes(op, size, tp))
+            for op, size in pair_collectives(cut, tp, tokens, d_model, d_hidden, bytes_per_value)]
+
+
+def other_cut_ratios(d_model: int, d_hidden: int) -> dict[str, float]:
+    """Row-then-column's bill over column-then-row's, for one pair, at any ``tp > 1`` (the ``tp`` terms
+    cancel), counted three ways:
+
+    * ``collectives``: 2 against 1;
+    * ``buffer``: ``(d_hidden + d_model) / d_model``: the wide intermediate's all-reduce plus the output's
+      all-gather, against the output's all-reduce (buffers as nccl-tests' *size* counts them);
+    * ``wire``: ``(2 d_hidden + d_model) / (2 d_model) = d_hidden / d_model + 1/2``: per rank under the
+      ring, where an all-reduce sends ``2(tp-1)/tp`` of its buffer and an all-gather ``(tp-1)/tp``.
+
+    "Doubles the communication" holds for the count of collectives, and so for the time of a pair whose
+    collectives each cost one fixed start-up (latency-bound); in bytes it holds only when ``d_hidden``
+    equals ``d_model`` (buffer), and never exactly on the wire (1.5 there)."""
+    d_model, d_hidden = whole_number(d_model, "d_model"), whole_number(d_hidden, "d_hidden")
+    return {"collectives": 2.0, "buffer": (d_hidden + d_model) / d_model, "wire": d_hidden / d_model + 0.5}
 
 
 def max_tensor_parallel_shards(model: ModelConfig) -> int:

@@ -18,7 +18,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "gantt": ("Bar", "bar_traces", "gantt_figure"),
     "live": ("Feedback", "explain", "observe_all"),
     "figures": ("timeline_figure", "comm_bytes_figure", "weights_vs_memory_figure", "measured_points_figure",
-                "shard_layout_figure"),
+                "shard_layout_figure", "weight_cut_figure"),
     "cost_figures": ("calibration_figure", "link_comparison_figure", "phase_cost_figure", "slow_rank_figure",
                      "replicas_vs_tp_figure"),
     "pipeline_figures": ("schedule_figure", "measured_figure", "predicted_vs_measured_figure", "bubble_curve_figure",

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from ..models import PRESETS, tensor_parallel_problems
 from ..runtime.basics import all_reduce_time_on_rank
 from ..tensor_parallel.drivers import run_pair
-from ..tensor_parallel.split import CUTS, pair_collectives
+from ..tensor_parallel.split import CUTS, pair_collectives, pair_wire_collectives
 from ..toy import generator, weight
 from .figures import measured_points_figure
 from .theme import GREEN, RED
@@ -67,14 +67,19 @@ def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 
 
     def show(change=None) -> None:
         predicted = pair_collectives(cut.value, shards.value, tokens, d_model, d_hidden)
-        rows = [f"<tr><td>{op}</td><td>{size:,} bytes</td></tr>" for op, size in predicted] or ["<tr><td colspan=2>none: one shard holds everything</td></tr>"]
+        wire = pair_wire_collectives(cut.value, shards.value, tokens, d_model, d_hidden)
+        rows = ([f"<tr><td>{op}</td><td>{size:,} buffer bytes</td><td>{w:,} wire bytes per rank</td></tr>"
+                 for (op, size), (_, w) in zip(predicted, wire)]
+                or ["<tr><td colspan=3>none: one shard holds everything</td></tr>"])
         text = (f"<b>{cut.value}, {shards.value} shard(s)</b>, {tokens} tokens, d_model {d_model}, hidden {d_hidden}"
-                f"<br>predicted per pair: {len(predicted)} collective(s), {sum(s for _, s in predicted):,} bytes"
-                f"<table>{''.join(rows)}</table>")
+                f"<br>predicted per pair: {len(predicted)} collective(s), {sum(s for _, s in predicted):,} buffer "
+                f"bytes, {sum(w for _, w in wire):,} wire bytes per rank (ring)<table>{''.join(rows)}</table>")
         if shards.value == ranks.world_size:
             run = run_pair(ranks, cut.value, x, w1, w2)
+            same = run.measured == run.predicted and run.measured_wire == run.predicted_wire
             text += (f"measured on rank 0 of the live pool: {len(run.measured)} collective(s), "
-                     f"{run.measured_bytes:,} bytes {'(matches)' if run.measured == run.predicted else '(DIFFERS)'}")
+                     f"{run.measured_bytes:,} buffer bytes, {run.measured_wire_bytes:,} wire bytes "
+                     f"{'(matches)' if same else '(DIFFERS)'}")
         else:
             text += f"<i>live measurement: set shards to {ranks.world_size}, the size of the running pool</i>"
         out.value = text
