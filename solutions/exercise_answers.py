@@ -6,6 +6,7 @@ print each one and run its grader, and ``tests/test_exercises.py`` checks them t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -30,6 +31,19 @@ def tp_pair_forward(ctx, x, w1, b1, w2, b2):
     hidden = F.gelu(F.linear(x, w1_mine, b1_mine))  # (b, s, d_hidden / tp): no communication
     partial = F.linear(hidden, w2_mine)  # (b, s, d_model): this rank's share of the sum
     return ctx.comm.all_reduce(partial) + b2  # the bias once, after the sum
+
+
+# -- 02 communication costs -----------------------------------------------------------------------------
+def fit_alpha_beta(sizes_bytes, times_s):
+    """Least squares on t = alpha + size / bandwidth, each equation divided by its own time (relative
+    errors), the latency clamped at zero."""
+    sizes, times = np.asarray(sizes_bytes, dtype=float), np.asarray(times_s, dtype=float)
+    a = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]  # (points, 2): [1, S] / t
+    (latency, seconds_per_byte), *_ = np.linalg.lstsq(a, np.ones_like(times), rcond=None)
+    if latency < 0:  # noise pushed the intercept below zero: refit the slope alone
+        col = sizes / times
+        latency, seconds_per_byte = 0.0, col.sum() / (col ** 2).sum()
+    return float(latency), float(1.0 / seconds_per_byte)
 
 
 # -- 03 pipeline parallelism ----------------------------------------------------------------------------
@@ -78,3 +92,4 @@ def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
     new_sum = w_a + w_b
     out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / new_sum.unsqueeze(-1)  # (..., rows, head_dim)
     return out, new_max, new_sum
+
