@@ -6,6 +6,7 @@ print each one and run its grader, and ``tests/test_exercises.py`` checks them t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -30,6 +31,19 @@ def tp_pair_forward(ctx, x, w1, b1, w2, b2):
     hidden = F.gelu(F.linear(x, w1_mine, b1_mine))  # (b, s, d_hidden / tp): no communication
     partial = F.linear(hidden, w2_mine)  # (b, s, d_model): this rank's share of the sum
     return ctx.comm.all_reduce(partial) + b2  # the bias once, after the sum
+
+
+# -- 02 communication costs -----------------------------------------------------------------------------
+def fit_alpha_beta(sizes_bytes, times_s):
+    """Least squares on t = alpha + size / bandwidth, each equation divided by its own time (relative
+    errors), the latency clamped at zero."""
+    sizes, times = np.asarray(sizes_bytes, dtype=float), np.asarray(times_s, dtype=float)
+    a = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]  # (points, 2): [1, S] / t
+    (latency, seconds_per_byte), *_ = np.linalg.lstsq(a, np.ones_like(times), rcond=None)
+    if latency < 0:  # noise pushed the intercept below zero: refit the slope alone
+        col = sizes / times
+        latency, seconds_per_byte = 0.0, col.sum() / (col ** 2).sum()
+    return float(latency), float(1.0 / seconds_per_byte)
 
 
 # -- 03 pipeline parallelism ----------------------------------------------------------------------------
@@ -58,6 +72,26 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     return order, rows_to_rank
 
 
+# -- 05 putting it together -----------------------------------------------------------------------------
+def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
+    """(stage, replica, tp_rank) of a global rank: tp innermost, then replicas, stages outermost."""
+    block, tp_rank = divmod(rank, tp)  # tp consecutive ranks share a block: one (stage, replica)
+    stage, replica = divmod(block, dp)
+    return stage, replica, tp_rank
+
+
+def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
+    """The ranks that share everything with ``rank`` but one coordinate, per axis."""
+    stage, replica, t = mesh_coordinates(rank, tp, pp, dp)
+
+    def at(s: int, d: int, i: int) -> int:
+        return (s * dp + d) * tp + i
+
+    return {"tp": [at(stage, replica, i) for i in range(tp)],
+            "pp": [at(s, replica, t) for s in range(pp)],
+            "dp": [at(stage, d, t) for d in range(dp)]}
+
+
 # -- 06 data parallelism --------------------------------------------------------------------------------
 def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
     """ZeRO-1's step: reduce-scatter the gradient, one AdamW step on my shard, all-gather the shards."""
@@ -78,24 +112,3 @@ def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
     new_sum = w_a + w_b
     out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / new_sum.unsqueeze(-1)  # (..., rows, head_dim)
     return out, new_max, new_sum
-
-
-# -- 05 putting it together -----------------------------------------------------------------------------
-def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
-    """(stage, replica, tp_rank) of a global rank: tp innermost, then replicas, stages outermost."""
-    block, tp_rank = divmod(rank, tp)  # tp consecutive ranks share a block: one (stage, replica)
-    stage, replica = divmod(block, dp)
-    return stage, replica, tp_rank
-
-
-def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
-    """The ranks that share everything with ``rank`` but one coordinate, per axis."""
-    stage, replica, t = mesh_coordinates(rank, tp, pp, dp)
-
-    def at(s: int, d: int, i: int) -> int:
-        return (s * dp + d) * tp + i
-
-    return {"tp": [at(stage, replica, i) for i in range(tp)],
-            "pp": [at(s, replica, t) for s in range(pp)],
-            "dp": [at(stage, d, t) for d in range(dp)]}
-

@@ -6,8 +6,9 @@ import random
 import numpy as np
 import pytest
 
+from shardlib import RankError
 from shardlib.costs import (DEFAULT_SIZES_BYTES, SWEEP_OPS, Sample, collective_time_s, fastest_of_slowest, fit_link,
-                            r_squared, run_calibration, sweep_on_rank)
+                            median_of_slowest, r_squared, run_calibration, sweep_on_rank)
 from shardlib.hardware import Link
 
 TRUE = Link("known", 5e9, 25e-6)  # 25 us per message, 5 GB/s each way
@@ -71,6 +72,11 @@ def test_a_sample_is_the_slowest_rank_in_the_fastest_round():
     # all-reduce: slowest per round 4, 5, 9 -> fastest round 4
     # point-to-point: ranks 0 and 1 only, slowest per round 2, 3, 4 -> 2
     assert fastest_of_slowest(per_rank, 3) == [Sample("all_reduce", 3, 64, 4.0), Sample("point_to_point", 3, 64, 2.0)]
+    # the median round instead: all-reduce 4, 5, 9 -> 5; point-to-point 2, 3, 4 -> 3
+    assert median_of_slowest(per_rank, 3) == [Sample("all_reduce", 3, 64, 5.0), Sample("point_to_point", 3, 64, 3.0)]
+    # ranks outside the group report None and are left out: all-reduce 4, 5, 2 -> 4
+    assert median_of_slowest(per_rank[:2] + [None], 2) == [Sample("all_reduce", 2, 64, 4.0),
+                                                            Sample("point_to_point", 2, 64, 3.0)]
 
 
 @pytest.mark.parametrize("samples, words", [
@@ -96,6 +102,12 @@ def test_bad_sweep_sizes_are_refused_before_anything_runs(pool2, sizes, words):
 def test_bad_rounds_and_pools_are_refused(pool2):
     with pytest.raises(ValueError, match="rounds must be a whole number of at least 1, got 0"):
         run_calibration(pool2, rounds=0)
+    with pytest.raises(ValueError, match="statistic must be one of fastest, median, got 'mean'"):
+        run_calibration(pool2, statistic="mean")
+    with pytest.raises(ValueError, match="the sweep times some of all_reduce, all_to_all, point_to_point; got"):
+        run_calibration(pool2, ops=("broadcast",))
+    with pytest.raises(ValueError, match="n_ranks = 4 needs a pool whose size is a multiple of 4; this pool has 2"):
+        run_calibration(pool2, n_ranks=4)
 
     class OneRank:
         world_size = 1
@@ -128,3 +140,24 @@ def test_the_sweep_is_recorded_through_ctx_comm(pool2):
     assert {"all_reduce", "all_to_all_single", "send", "recv", "barrier"} <= ops
     # 2 sizes x (1 warm-up + 1 round x 2 calls) = 6 all-reduces per rank
     assert sum(r.op == "all_reduce" and r.rank == 0 for r in pool2.last_comm) == 6
+
+
+def test_a_sweep_on_the_first_ranks_of_a_larger_pool(pool4):
+    sizes = (64, 4096, 65536)
+    cal = run_calibration(pool4, sizes, rounds=3, n_ranks=2, statistic="median", ops=("all_reduce", "point_to_point"))
+    assert {(s.op, s.n_ranks) for s in cal.samples} == {("all_reduce", 2), ("point_to_point", 2)}
+    assert set(cal.per_op) == {"all_reduce", "point_to_point"}
+    reduces = [r for r in pool4.last_comm if r.op == "all_reduce"]
+    assert {r.rank for r in reduces} == {0, 1} and {r.group for r in reduces} == {"tp"}  # ranks 2 and 3 sat out
+    # 3 sizes x (1 warm-up + 3 rounds x 2 calls) = 21 all-reduces per rank of the group
+    assert sum(r.rank == 0 for r in reduces) == 21
+    link = cal.op_link("all_reduce")
+    assert link.name == "this machine (gloo, 2 ranks, all-reduce)"
+    assert link.latency_s == cal.per_op["all_reduce"].latency_s
+    with pytest.raises(ValueError, match="this calibration fitted all_reduce, point_to_point; got 'all_to_all'"):
+        cal.op_link("all_to_all")
+
+
+def test_a_group_that_does_not_divide_the_pool_is_named_on_the_rank(pool4):
+    with pytest.raises(RankError, match="a group of the first 3 ranks needs a pool whose size is a multiple of 3"):
+        pool4.run(sweep_on_rank, (64,), 1, 1, ("all_reduce",), 3)

@@ -174,6 +174,12 @@ def test_replicas_against_tensor_parallel_by_hand():
     assert close(r.replicas_tokens_per_s, 800) and close(r.tp_tokens_per_s, 4 / 6e-3)
     assert close(r.throughput_ratio, 1.2)
     assert close(replicas_vs_tensor_parallel(10e-3, 0.0, 2, 4).throughput_ratio, 1.0)  # free comm: a tie
+    # per device: 400 against 333.3 tokens/s; the latency per token is the step: 6 ms against 10 ms,
+    # 1/n + comm / compute = 0.5 + 0.1 = 0.6
+    assert close(r.replicas_tokens_per_s_per_device, 400) and close(r.tp_tokens_per_s_per_device, 4 / 6e-3 / 2)
+    assert close(r.latency_ratio, 0.6)
+    # communication that costs more than the half of the compute it saves: the split copy is slower too
+    assert replicas_vs_tensor_parallel(10e-3, 6e-3, 2, 4).latency_ratio > 1
 
 
 def test_memory_bound_decode_and_what_fits():
@@ -240,3 +246,24 @@ def test_explorer_updates_and_offers_only_usable_shard_counts():
     expected = tp_prefill_cost(LLAMA_3_8B, 8, ETHERNET_100G, 2048, latency_charge="per_call")
     assert f"{expected.total_s * 1e3:,.2f} ms" in text.value and "bandwidth-bound" in text.value
     assert close(fig.data[1].y[1], expected.bandwidth_s * 1e3)
+    assert "each paying 1 latency (one per call)" in text.value
+    charge.value = "per_step"
+    assert "each paying 14 latencies (one per ring step)" in text.value
+
+
+def test_latency_throughput_figure_draws_the_planners_points():
+    from shardlib.hardware import H100_80GB
+    from shardlib.plan import Workload, latency_vs_throughput
+    from shardlib.ui.cost_figures import latency_throughput_figure
+
+    short = latency_vs_throughput(LLAMA_3_8B, H100_80GB, workload=Workload(context_tokens=1024, prompt_tokens=512))
+    big = latency_vs_throughput(LLAMA_3_70B, H100_80GB)
+    fig = latency_throughput_figure({"8B": short, "70B": big})
+    eight, seventy = fig.data
+    by_label = {p.label: p for p in short}
+    # replicas once (every count of them is the same point per GPU), then tp = 2, 4, 8
+    assert list(eight.text) == ["replicas", "tp = 2", "tp = 4", "tp = 8"]
+    assert close(eight.x[0], by_label["2 replicas"].latency_alone_s * 1e3)
+    assert close(eight.y[3], by_label["tp = 8"].tokens_per_s_per_gpu)
+    assert list(seventy.text) == ["tp = 2", "tp = 4", "tp = 8"]  # 70B fits no single GPU: no replicas
+    assert list(eight.x) == sorted(eight.x, reverse=True)  # each split answers sooner

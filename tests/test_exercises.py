@@ -1,26 +1,22 @@
 """The exercises' graders: every solution passes, a blank starter is "not written yet", and each
 typical wrong answer fails with a message that names the mistake."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import cloudpickle
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from shardlib import Ranks
+from solutions_module import answers
 from shardlib.exercises import (NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult, grade_bubble_fraction,
-                                grade_dispatch_plan, grade_merge_partial_attention, grade_shard_rows,
-                                grade_top_k_router, grade_tp_pair_forward)
+                                grade_dispatch_plan, grade_fit_alpha_beta, grade_merge_partial_attention,
+                                grade_shard_rows, grade_top_k_router, grade_tp_pair_forward)
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("exercise_answers", ROOT / "solutions" / "exercise_answers.py")
-answers = importlib.util.module_from_spec(_spec)
-sys.modules["exercise_answers"] = answers
-_spec.loader.exec_module(answers)
-cloudpickle.register_pickle_by_value(answers)  # the ranks receive the solutions by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
 
 
@@ -327,9 +323,98 @@ def test_merge_wrong_answers_fail_with_a_hint(wrong, phrases):
     assert_wrong(grade_merge_partial_attention(wrong), *phrases)
 
 
+# -- fit_alpha_beta -------------------------------------------------------------------------------------
+def fit_slope_for_bandwidth(sizes, times):
+    latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return latency, 1.0 / bandwidth
+
+
+def fit_smallest_message(sizes, times):
+    _, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return times[sizes.index(min(sizes))], bandwidth
+
+
+def fit_first_point(sizes, times):
+    _, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return times[0], bandwidth
+
+
+def fit_through_zero(sizes, times):
+    s, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    return 0.0, float((s * s).sum() / (s * t).sum())
+
+
+def fit_plain(sizes, times):
+    slope, intercept = np.polyfit(sizes, times, 1)
+    return float(intercept), float(1.0 / slope)
+
+
+def fit_plain_clamped(sizes, times):
+    latency, bandwidth = fit_plain(sizes, times)
+    return max(latency, 0.0), bandwidth
+
+
+def fit_in_milliseconds(sizes, times):
+    latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return latency * 1e3, bandwidth
+
+
+def fit_in_gb_per_s(sizes, times):
+    latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return latency, bandwidth / 1e9
+
+
+def fit_swapped(sizes, times):
+    return answers.fit_alpha_beta(sizes, times)[::-1]
+
+
+def test_fit_solution_passes_and_blank_is_not_written():
+    result = grade_fit_alpha_beta(answers.fit_alpha_beta)
+    assert result.passed and "pass ranks=" in result.messages[0]
+    assert grade_fit_alpha_beta(blank).status == NOT_WRITTEN
+
+
+def test_fit_solution_passes_on_this_machines_ranks(pool2):
+    result = grade_fit_alpha_beta(answers.fit_alpha_beta, pool2)
+    assert result.passed, str(result)
+    assert "this machine (point-to-point, ranks 0 and 1" in result.messages[0]
+
+
+def test_fit_that_disagrees_with_the_library_on_the_live_sweep_is_named(pool2):
+    from shardlib.exercises.costs import _live
+    from shardlib.exercises.result import Collector
+
+    def off_by_half(sizes, times):
+        latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+        return 1.5 * latency + 1e-5, 1.5 * bandwidth
+
+    got = Collector("fit", "live")
+    _live(got, off_by_half, pool2)
+    assert got.failed and "the same points should give the same line within 20%" in got.messages[0]
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (fit_slope_for_bandwidth, ("this machine's scale (100 us, 2 GB/s), exact", "the bandwidth is the slope",
+                               "1 / slope")),
+    (fit_smallest_message, ("large messages only", "the latency is the time of the smallest message")),
+    (fit_first_point, ("unsorted", "the first point handed over, and this sweep is not sorted")),
+    (fit_through_zero, ("the fit has no intercept",)),
+    (fit_plain, ("with 10 % noise", "latency came out negative", "that is plain least squares")),
+    (fit_plain_clamped, ("with 10 % noise", "that is plain least squares")),
+    (fit_in_milliseconds, ("the latency is in milliseconds",)),
+    (fit_in_gb_per_s, ("the bandwidth is in GB/s",)),
+    (fit_swapped, ("the two numbers are swapped",)),
+    (lambda sizes, times: 1e-5, ("return two finite numbers",)),
+    (lambda sizes, times: (float("nan"), 1e9), ("return two finite numbers",)),
+    (lambda sizes, times: 1 / 0, ("raised ZeroDivisionError",)),
+])
+def test_fit_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_fit_alpha_beta(wrong), *phrases)
+
+
 # -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
 EXERCISE_DIRS = (ROOT / "notebooks" / "exercises", ROOT / "solutions")
-NOTEBOOK_STEMS = ("01_tensor_parallel", "03_pipeline_parallel", "04_expert_parallel",
+NOTEBOOK_STEMS = ("01_tensor_parallel", "02_communication_costs", "03_pipeline_parallel", "04_expert_parallel",
                   "05_putting_it_together", "07_context_parallel")
 
 
@@ -341,12 +426,13 @@ def test_every_exercise_has_a_starter_and_a_solution_notebook():
     starters = "".join((ROOT / "notebooks" / "exercises" / f"{s}_exercises.py").read_text() for s in NOTEBOOK_STEMS)
     solutions = "".join((ROOT / "solutions" / f"{s}_solutions.py").read_text() for s in NOTEBOOK_STEMS)
     for grader, fn in (("grade_shard_rows", "shard_rows"), ("grade_tp_pair_forward", "tp_pair_forward"),
+                       ("grade_fit_alpha_beta", "fit_alpha_beta"),
                        ("grade_bubble_fraction", "bubble_fraction"), ("grade_top_k_router", "top_k_router"),
                        ("grade_dispatch_plan", "plan_dispatch"),
                        ("grade_merge_partial_attention", "merge_partials"),
                        ("grade_mesh_coordinates", "mesh_coordinates")):
         assert f"{grader}(" in starters and f"{grader}(answers.{fn}" in solutions
-    assert starters.count('raise NotImplementedError("write') == 8, "each starter function is left blank"
+    assert starters.count('raise NotImplementedError("write') == 9, "each starter function is left blank"
     assert "exercise_answers" not in starters, "the starters must not import the solutions"
 
 
@@ -371,7 +457,7 @@ def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):
 
 
 @pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_top_k_router, grade_dispatch_plan,
-                                    grade_merge_partial_attention])
+                                    grade_merge_partial_attention, grade_fit_alpha_beta])
 def test_graders_refuse_something_that_is_not_a_function(grader):
     with pytest.raises(ValueError, match="pass your function itself"):
         grader(42)

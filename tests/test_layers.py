@@ -59,7 +59,7 @@ LAYERS = {
         "data_parallel_figures", "context_figures", "widgets", "cost_widgets", "pipeline_widgets",
         "expert_widgets", "plan_widgets", "data_parallel_widgets", "context_widgets", "quiz", "static")},
     "exercises": {f"shardlib.exercises.{m}" for m in (
-        "result", "tensor_parallel", "pipeline", "experts", "plan", "data_parallel", "context_parallel")},
+        "result", "tensor_parallel", "costs", "pipeline", "experts", "plan", "data_parallel", "context_parallel")},
 }
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
 

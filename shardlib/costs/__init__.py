@@ -5,8 +5,9 @@
 * ``phases`` (pure): tensor parallelism's decode and prefill cost per forward pass (the chapter's
   table), pipeline against tensor traffic, replicas against tensor parallelism.
 * ``calibration`` (pure): the least-squares fit of a latency and a bandwidth to measured times.
-* ``ranks``: rank functions (a sweep, a replayed tensor-parallel pass, a slow rank, serving).
-  ``drivers``: ``run_calibration``, ``run_tp_comm_replay``, ``run_slow_rank``, ``run_replicas_vs_tp``.
+* ``ranks``: rank functions (a sweep, on the whole pool or its first ranks; a slow rank; serving both ways).
+  ``drivers``: ``run_calibration``, ``run_decode_vs_prefill``, ``run_slow_rank``, ``run_replicas_vs_tp``, and
+  ``measure_until`` (a measurement retried on a busy machine, saying how many attempts it took).
 
 The links themselves are facts, in ``shardlib.hardware``.
 """
@@ -21,9 +22,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                "format_tp_cost_table", "PipelineVsTensor", "pipeline_vs_tensor", "decode_step_compute_s",
                "fits_on_device", "ReplicasVsTensorParallel", "replicas_vs_tensor_parallel"),
     "calibration": ("Sample", "LinkFit", "Calibration", "fit_link", "r_squared", "fastest_of_slowest",
-                    "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),
-    "ranks": ("sweep_on_rank", "tp_comm_replay_on_rank", "slow_rank_on_rank", "replica_serve_on_rank",
-              "tp_serve_on_rank", "SLOW_RANK_OPS", "MAX_DELAY_S"),
-    "drivers": ("run_calibration", "TPCommReplay", "run_tp_comm_replay", "SlowRankRun", "run_slow_rank",
-                "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model"),
+                    "median_of_slowest", "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),
+    "ranks": ("sweep_on_rank", "leading_group", "slow_rank_on_rank", "serve_both_ways_on_rank", "SLOW_RANK_OPS",
+              "MAX_DELAY_S"),
+    "drivers": ("run_calibration", "measure_until", "DecodeVsPrefillRun", "run_decode_vs_prefill", "SlowRankRun",
+                "run_slow_rank", "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model"),
 })

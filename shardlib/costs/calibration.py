@@ -2,7 +2,7 @@
 
 ``ranks.sweep_on_rank`` times, for each message size, all-reduce, all-to-all and a point-to-point
 ping-pong, a few calls back to back per round, every round after a barrier so the ranks start together.
-``drivers.calibrate`` runs it on a ``Ranks`` pool; this module (pure: numbers in, numbers out) keeps for
+``drivers.run_calibration`` runs it on a ``Ranks`` pool; this module (pure: numbers in, numbers out) keeps for
 each (operation, size) the slowest rank's time (a collective ends for everybody when the last rank is
 done) in the fastest round, and fits one latency and one bandwidth to all of it through the same
 formulas ``alpha_beta`` predicts with:
@@ -68,7 +68,7 @@ class LinkFit:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What ``calibrate`` measured and fitted: the samples, one fit over all of them (``link``), one fit
+    """What ``run_calibration`` measured and fitted: the samples, one fit over all of them (``link``), one fit
     per operation (how far a single pair of numbers is from each), and the wall time it took."""
 
     samples: tuple[Sample, ...]
@@ -82,6 +82,14 @@ class Calibration:
     def link(self) -> Link:
         n = self.samples[0].n_ranks
         return self.overall.link(f"this machine ({self.backend}, {n} ranks)")
+
+    def op_link(self, op: str) -> Link:
+        """The link fitted to ``op``'s points alone: the one to predict that operation with (gloo's
+        all-reduce also adds what it receives, so per byte it is slower than a plain send)."""
+        if op not in self.per_op:
+            raise ValueError(f"this calibration fitted {', '.join(self.per_op)}; got {op!r}")
+        n = self.samples[0].n_ranks
+        return self.per_op[op].link(f"this machine ({self.backend}, {n} ranks, {op.replace('_', '-')})")
 
 
 def check_sizes(sizes_bytes, n_ranks: int) -> list[int]:
@@ -97,15 +105,27 @@ def check_sizes(sizes_bytes, n_ranks: int) -> list[int]:
     return sizes
 
 
-def fastest_of_slowest(per_rank: list[dict], n_ranks: int) -> list[Sample]:
+def _slowest_per_round(per_rank: list) -> dict:
+    """``{(op, size): [the slowest rank's seconds in each round]}``; ranks that report ``None`` (outside
+    the group, or not in the ping-pong) are left out."""
+    ranks = [r for r in per_rank if r is not None]
+    out = {}
+    for key in ranks[0]:
+        runs = [r[key] for r in ranks if r[key] is not None]
+        out[key] = [max(times) for times in zip(*runs)]
+    return out
+
+
+def fastest_of_slowest(per_rank: list, n_ranks: int) -> list[Sample]:
     """One ``Sample`` per (op, size) of a sweep: the slowest rank in each round, then the fastest round."""
-    samples = []
-    for key in per_rank[0]:
-        op, size = key
-        runs = [r[key] for r in per_rank if r[key] is not None]
-        slowest = [max(times) for times in zip(*runs)]
-        samples.append(Sample(op, n_ranks, size, min(slowest)))
-    return samples
+    return [Sample(op, n_ranks, size, min(rounds)) for (op, size), rounds in _slowest_per_round(per_rank).items()]
+
+
+def median_of_slowest(per_rank: list, n_ranks: int) -> list[Sample]:
+    """One ``Sample`` per (op, size) of a sweep: the slowest rank in each round, then the median round
+    (the typical call, where ``fastest_of_slowest`` keeps the floor)."""
+    return [Sample(op, n_ranks, size, float(np.median(rounds)))
+            for (op, size), rounds in _slowest_per_round(per_rank).items()]
 
 
 def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:

@@ -1,10 +1,14 @@
 """Communication costs measured on a pool, each beside its prediction.
 
 * ``run_calibration``: this machine's latency and bandwidth, fitted to a sweep of message sizes.
-* ``run_tp_comm_replay``: the all-reduces of a tensor-parallel forward pass, replayed.
+* ``run_decode_vs_prefill``: all-reduces of one token's activations (decode) and of thousands (prefill)
+  at tp = 2 and 4, medians beside the fitted link's prediction.
 * ``run_slow_rank``: one rank delayed; how long every rank then spends inside each collective.
-* ``run_replicas_vs_tp``: replicas against one tensor-parallel copy, tokens per second measured and
-  predicted.
+* ``run_replicas_vs_tp``: replicas against one tensor-parallel copy, step by step in turn: latency per
+  token and tokens per second per device, measured and predicted.
+
+A pool larger than the group a measurement needs runs it on its first ranks (``ranks.leading_group``):
+one pool of 4 gives tp = 2 and tp = 4.
 """
 
 from __future__ import annotations
@@ -13,54 +17,154 @@ import statistics
 import time
 from dataclasses import dataclass
 
-
 from ..checks import whole_number
-from ..hardware import Link
-from ..models import ModelConfig
-from .alpha_beta import all_reduce_s
-from .calibration import (DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES, SWEEP_OPS, Calibration, check_sizes,
-                          fastest_of_slowest, fit_link)
+from ..hardware import LATENCY_CHARGES, Link
+from ..models import LLAMA_3_8B, ModelConfig
+from .alpha_beta import all_reduce_s, collective_terms_s
+from .calibration import (DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES, SWEEP_OPS, Calibration, Sample,
+                          check_sizes, fastest_of_slowest, fit_link, median_of_slowest)
 from .phases import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
-from .ranks import (replica_serve_on_rank, slow_rank_on_rank, sweep_on_rank, tp_comm_replay_on_rank,
-                    tp_serve_on_rank)
+from .ranks import serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
+
+
+STATISTICS = {"fastest": fastest_of_slowest, "median": median_of_slowest}
+
+
+def _group_size(ranks, n_ranks: int | None, what: str) -> int:
+    """The ranks a measurement runs on: all of ``ranks`` or its first ``n_ranks``, checked before any call."""
+    n = ranks.world_size if n_ranks is None else whole_number(n_ranks, f"{what} (the ranks it runs on)")
+    if n < 2:
+        raise ValueError(f"{what} needs at least 2 ranks, got {n}")
+    if n > ranks.world_size or ranks.world_size % n:
+        raise ValueError(f"{what} = {n} needs a pool whose size is a multiple of {n}; this pool has "
+                         f"{ranks.world_size} ranks")
+    return n
 
 
 def run_calibration(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
-              latency_charge: str = "per_step") -> Calibration:
-    """Run ``sweep_on_rank`` on ``ranks`` (a ``Ranks`` pool) and fit this machine's latency and bandwidth."""
+                    latency_charge: str = "per_step", n_ranks: int | None = None, statistic: str = "fastest",
+                    ops=SWEEP_OPS) -> Calibration:
+    """Run ``sweep_on_rank`` for ``ops`` on ``ranks`` (a ``Ranks`` pool; on its first ``n_ranks`` ranks if
+    given) and fit this machine's latency and bandwidth to each point's ``statistic`` round:
+    ``"fastest"`` (the floor: what the link costs when nothing else gets in the way) or ``"median"``
+    (the typical call). Every argument is checked before any rank runs."""
     if ranks.world_size < 2:
         raise ValueError(f"a communication sweep needs at least 2 ranks, got a pool of {ranks.world_size}")
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+    ops = tuple(ops)
+    if not ops or any(op not in SWEEP_OPS for op in ops):
+        raise ValueError(f"the sweep times some of {', '.join(SWEEP_OPS)}; got {ops!r}")
+    n = _group_size(ranks, n_ranks, "n_ranks")
     for name, value in (("rounds", rounds), ("calls", calls)):
         whole_number(value, name)
-    check_sizes(sizes_bytes, ranks.world_size)
+    check_sizes(sizes_bytes, n)
     start = time.perf_counter()
-    samples = fastest_of_slowest(ranks.run(sweep_on_rank, tuple(sizes_bytes), rounds, calls), ranks.world_size)
-    per_op = {op: fit_link([s for s in samples if s.op == op], latency_charge) for op in SWEEP_OPS}
+    per_rank = ranks.run(sweep_on_rank, tuple(sizes_bytes), rounds, calls, ops, n_ranks)
+    samples = STATISTICS[statistic](per_rank, n)
+    per_op = {op: fit_link([s for s in samples if s.op == op], latency_charge) for op in ops}
     overall = fit_link(samples, latency_charge)
     return Calibration(tuple(samples), overall, per_op, time.perf_counter() - start, latency_charge, ranks.backend)
 
 
+def measure_until(measure, accept, attempts: int = 3):
+    """``(result, attempt)``: ``measure()`` run up to ``attempts`` times, stopping at the first result that
+    ``accept(result)`` takes (else the last one). On a shared machine a burst of other work can spoil one
+    measurement; a retry that reports how many attempts it took hides nothing, one lucky sample would."""
+    whole_number(attempts, "attempts")
+    for attempt in range(1, attempts + 1):
+        result = measure()
+        if accept(result):
+            break
+    return result, attempt
+
+
+# -- decode against prefill, measured ------------------------------------------------------------------------
 @dataclass(frozen=True)
-class TPCommReplay:
-    """``passes``: per repeat, the slowest rank's seconds for one forward pass's all-reduces (a pass
-    ends for everybody when its last rank is done)."""
+class DecodeVsPrefillRun:
+    """All-reduces of ``model``'s activations for each count of ``tokens`` (one token: a decode step; thousands:
+    a prefill), at each tp degree: ``samples`` holds the median round's time (slowest rank), and ``link``
+    predicts each through the alpha-beta formula, charging latency per ``latency_charge``."""
 
-    tokens: int
-    passes: tuple[float, ...]
+    model: ModelConfig
+    link: Link
+    latency_charge: str
+    tokens: tuple[int, ...]
+    tp_degrees: tuple[int, ...]
+    samples: tuple[Sample, ...]
+    wall_s: float = 0.0
 
-    @property
-    def fastest_s(self) -> float:
-        return min(self.passes)
+    def size_bytes(self, tokens: int) -> int:
+        return int(tokens * self.model.d_model * self.model.bytes_per_param)
 
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.passes)
+    def measured_s(self, tp: int, tokens: int) -> float:
+        size = self.size_bytes(tokens)
+        return next(s.seconds for s in self.samples if s.n_ranks == tp and s.size_bytes == size)
+
+    def predicted_terms_s(self, tp: int, tokens: int) -> tuple[float, float]:
+        """``(latency part, bandwidth part)`` of the prediction."""
+        return collective_terms_s("all_reduce", self.size_bytes(tokens), tp, self.link, self.latency_charge)
+
+    def predicted_s(self, tp: int, tokens: int) -> float:
+        return sum(self.predicted_terms_s(tp, tokens))
+
+    def ratio(self, tp: int, tokens: int) -> float:
+        """Measured over predicted."""
+        return self.measured_s(tp, tokens) / self.predicted_s(tp, tokens)
+
+    def within(self, band: float, tp_degrees=None, tokens=None, bound: str | None = None) -> bool:
+        """Whether every point (of ``tp_degrees``, of ``tokens`` and of ``bound``, ``"latency"`` or
+        ``"bandwidth"``, where given) measured within ``band`` times its prediction, either way."""
+        return all(1 / band <= self.ratio(tp, t) <= band for tp in (tp_degrees or self.tp_degrees)
+                   for t in (tokens or self.tokens) if bound is None or self.bound(tp, t) == bound)
+
+    def bound(self, tp: int, tokens: int) -> str:
+        """``"latency"`` or ``"bandwidth"``: which part of the prediction is larger."""
+        latency, bandwidth = self.predicted_terms_s(tp, tokens)
+        return "latency" if latency >= bandwidth else "bandwidth"
+
+    def format(self) -> str:
+        """One row per message: its size, then per tp degree the measured median, the prediction, the ratio."""
+        head = "".join(f"{'tp = ' + str(tp) + ': measured  predicted  ratio':>44}" for tp in self.tp_degrees)
+        lines = [f"{'tokens':>7} {'bytes':>12}{head}"]
+        for t in self.tokens:
+            cells = "".join(f"{self.measured_s(tp, t) * 1e3:>19.3f} ms {self.predicted_s(tp, t) * 1e3:>7.3f} ms "
+                            f"{self.ratio(tp, t):>6.2f}" for tp in self.tp_degrees)
+            lines.append(f"{t:>7,} {self.size_bytes(t):>12,}{cells}")
+        return "\n".join(lines)
 
 
-def run_tp_comm_replay(ranks, model: ModelConfig, tokens: int, repeats: int = 7) -> TPCommReplay:
-    """Replay the ``2 x n_layers`` all-reduces of a tensor-parallel forward pass of ``tokens`` tokens."""
-    per_rank = ranks.run(tp_comm_replay_on_rank, model, whole_number(tokens, "tokens"), whole_number(repeats, "repeats"))
-    return TPCommReplay(tokens, tuple(max(times) for times in zip(*per_rank)))
+CALL_BUDGET_BYTES = 4 * 2 ** 20  # calls per round for a large message: as many as fit 4 MiB, at least 1
+
+
+def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, tokens=(1, 16, 256, 2048),
+                          tp_degrees=(2, 4), rounds: int = 7, calls: int = 8,
+                          latency_charge: str = "per_step") -> DecodeVsPrefillRun:
+    """Time one all-reduce of ``tokens x d_model`` activations of ``model`` (its own bytes per value) on
+    the first ``tp`` ranks of ``ranks`` for each degree in ``tp_degrees``: ``rounds`` rounds of ``calls``
+    calls back to back (fewer for large messages: as many as fit ``CALL_BUDGET_BYTES``), the median round
+    kept. Every argument is checked before any rank runs."""
+    if latency_charge not in LATENCY_CHARGES:
+        raise ValueError(f"latency_charge must be one of {', '.join(LATENCY_CHARGES)}, got {latency_charge!r}")
+    tokens = tuple(whole_number(t, "tokens (per message)") for t in tokens)
+    degrees = tuple(_group_size(ranks, tp, "tp") for tp in tp_degrees)
+    if not tokens or not degrees:
+        raise ValueError("give at least one token count and one tp degree")
+    for name, value in (("rounds", rounds), ("calls", calls)):
+        whole_number(value, name)
+    sizes = [int(t * model.d_model * model.bytes_per_param) for t in tokens]
+    for tp in degrees:
+        check_sizes(sizes, tp)
+    by_calls: dict[int, list[int]] = {}
+    for size in sizes:
+        by_calls.setdefault(max(1, min(calls, CALL_BUDGET_BYTES // size)), []).append(size)
+    start = time.perf_counter()
+    samples = []
+    for tp in degrees:
+        for n_calls, group in by_calls.items():
+            per_rank = ranks.run(sweep_on_rank, tuple(group), rounds, n_calls, ("all_reduce",), tp)
+            samples += median_of_slowest(per_rank, tp)
+    return DecodeVsPrefillRun(model, link, latency_charge, tokens, degrees, tuple(samples), time.perf_counter() - start)
 
 
 @dataclass(frozen=True)
@@ -92,48 +196,61 @@ def run_slow_rank(ranks, slow_rank: int, delay_s: float) -> SlowRankRun:
     return SlowRankRun(slow_rank, delay_s, tuple(per_rank), tuple(ranks.last_spans))
 
 
-def serving_model(n_layers: int = 8, d_model: int = 256, d_ff: int = 1024) -> ModelConfig:
-    """The stack the serving demo runs: ``n_layers`` of the toy's MLP layers, float32 (heads unused)."""
+def serving_model(n_layers: int = 4, d_model: int = 512, d_ff: int = 2048) -> ModelConfig:
+    """The stack the serving demo runs: ``n_layers`` of the toy's MLP layers, float32 (heads unused).
+    Wide enough that a step's arithmetic, not Python's overhead per call, sets its time."""
     return ModelConfig("serving stack", n_layers=n_layers, d_model=d_model, n_heads=1, n_kv_heads=1, d_ff=d_ff,
                        vocab_size=1, bytes_per_param=4.0)
 
 
 @dataclass(frozen=True)
 class ReplicasVsTPRun:
-    """Both ways of serving, ``measured`` (the median step times of alternating rounds) and
-    ``predicted`` by the cost model from the replicas' measured compute and the link's all-reduce time,
-    each a ``phases.ReplicasVsTensorParallel``; and the largest gap between the tensor-parallel outputs
-    and rank 0's replica, which served the same requests."""
+    """Both ways of serving on ``tp`` ranks, ``measured`` (the median step of each way, a step ending
+    when the group's slowest rank is done) and ``predicted`` by the cost model from the replicas' measured
+    step and the link's all-reduce time, each a ``phases.ReplicasVsTensorParallel`` (latency per token:
+    the step; tokens per second, in all and per device). ``max_output_gap``: the largest difference
+    between the tensor-parallel outputs and rank 0's replica, which served the same requests."""
 
+    model: ModelConfig
     measured: ReplicasVsTensorParallel
     predicted: ReplicasVsTensorParallel
     tp_all_reduce_s_per_step: float  # measured: time inside the all-reduces (moving bytes, and waiting)
     predicted_comm_s_per_step: float
     max_output_gap: float
+    replica_steps_s: tuple[float, ...] = ()  # every measured step, slowest rank
+    tp_steps_s: tuple[float, ...] = ()
+
+    @property
+    def tp(self) -> int:
+        return self.measured.world_size
+
+    @property
+    def tp_step_ratio(self) -> float:
+        """The tensor-parallel step, measured over predicted."""
+        return self.measured.tp_step_s / self.predicted.tp_step_s
 
 
-def run_replicas_vs_tp(ranks, link: Link, model: ModelConfig | None = None, batch: int = 4, steps: int = 15,
-                       rounds: int = 3, seed: int = 0, latency_charge: str = "per_step") -> ReplicasVsTPRun:
-    """Serve on ``ranks`` both ways, in ``rounds`` alternating rounds so both see the same machine load.
+def run_replicas_vs_tp(ranks, link: Link, model: ModelConfig | None = None, batch: int = 8, steps: int = 12,
+                       seed: int = 0, latency_charge: str = "per_step", tp: int | None = None) -> ReplicasVsTPRun:
+    """Serve on the first ``tp`` ranks of ``ranks`` (all of them by default) both ways, step by step in turn
+    (``serve_both_ways_on_rank``), so both see the same machine load; medians of ``steps`` steps.
 
-    The prediction takes each replica's measured compute time per step and ``link``'s all-reduce time
-    (one all-reduce of ``batch x d_model`` float32 values per layer)."""
+    The prediction takes the replicas' measured step (the whole compute, ``C``) and ``link``'s all-reduce
+    time: a tensor-parallel step is ``C / tp`` plus one all-reduce of ``batch x d_model`` float32 values
+    per layer."""
     model = serving_model() if model is None else model
-    n = ranks.world_size
+    n = _group_size(ranks, tp, "tp")
     if model.d_ff % n:
         raise ValueError(f"d_ff = {model.d_ff} cannot be split {n} ways")
-    for name, value in (("batch", batch), ("steps", steps), ("rounds", rounds)):
+    for name, value in (("batch", batch), ("steps", steps)):
         whole_number(value, name)
-    replica_s, tp_s, tp_reduce_s = [], [], []
-    for _ in range(rounds):
-        replicas = ranks.run(replica_serve_on_rank, model, seed, batch, steps)
-        tp = ranks.run(tp_serve_on_rank, model, seed, batch, steps)
-        replica_s.append(max(r["seconds"] for r in replicas))  # the group is done when its slowest is
-        tp_s.append(max(r["seconds"] for r in tp))
-        tp_reduce_s.append(max(r["all_reduce_s"] for r in tp))
-    replica_step_s, tp_step_s = statistics.median(replica_s) / steps, statistics.median(tp_s) / steps
+    per_rank = [r for r in ranks.run(serve_both_ways_on_rank, model, seed, batch, steps, tp) if r is not None]
+    replica_steps = tuple(max(times) for times in zip(*(r["replica_s"] for r in per_rank)))
+    tp_steps = tuple(max(times) for times in zip(*(r["tp_s"] for r in per_rank)))
+    reduce_s = statistics.median(max(times) for times in zip(*(r["all_reduce_s"] for r in per_rank)))
+    replica_step_s, tp_step_s = statistics.median(replica_steps), statistics.median(tp_steps)
     comm_per_step_s = model.n_layers * all_reduce_s(batch * model.d_model * 4, n, link, latency_charge)
-    gap = max(float((r["outputs"] - replicas[0]["outputs"]).abs().max()) for r in tp)
+    gap = max(float((r["tp_outputs"] - per_rank[0]["replica_outputs"]).abs().max()) for r in per_rank)
     measured = ReplicasVsTensorParallel(n, batch, replica_step_s, tp_step_s)
     predicted = replicas_vs_tensor_parallel(replica_step_s, comm_per_step_s, n, batch)
-    return ReplicasVsTPRun(measured, predicted, statistics.median(tp_reduce_s) / steps, comm_per_step_s, gap)
+    return ReplicasVsTPRun(model, measured, predicted, reduce_s, comm_per_step_s, gap, replica_steps, tp_steps)

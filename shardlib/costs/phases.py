@@ -159,9 +159,10 @@ def fits_on_device(model: ModelConfig, memory_bytes: float, tp: int = 1) -> bool
 
 @dataclass(frozen=True)
 class ReplicasVsTensorParallel:
-    """``world_size`` devices as independent replicas, or as one tensor-parallel copy, serving steps of
-    ``tokens_per_step`` tokens. A replica's step is the whole compute; the tensor-parallel step is
-    ``compute / n`` plus its communication, and serves one batch for all ``n`` devices."""
+    """``world_size`` devices as independent replicas, or as one tensor-parallel copy, serving decode steps
+    of ``tokens_per_step`` tokens (one per sequence). A replica's step is the whole compute; the
+    tensor-parallel step is ``compute / n`` plus its communication, and serves one batch for all ``n``
+    devices. A step makes one token of every sequence, so the step *is* the latency per token."""
 
     world_size: int
     tokens_per_step: int
@@ -177,9 +178,23 @@ class ReplicasVsTensorParallel:
         return self.tokens_per_step / self.tp_step_s
 
     @property
+    def replicas_tokens_per_s_per_device(self) -> float:
+        return self.replicas_tokens_per_s / self.world_size
+
+    @property
+    def tp_tokens_per_s_per_device(self) -> float:
+        return self.tp_tokens_per_s / self.world_size
+
+    @property
     def throughput_ratio(self) -> float:
         """Replicas' tokens/s over tensor parallelism's: ``1 + n * comm / compute``, never below 1."""
         return self.replicas_tokens_per_s / self.tp_tokens_per_s
+
+    @property
+    def latency_ratio(self) -> float:
+        """Tensor parallelism's latency per token over a replica's: ``1/n + comm / compute``, below 1
+        while the communication costs less than the ``1 - 1/n`` of the compute it saves."""
+        return self.tp_step_s / self.replica_step_s
 
 
 def replicas_vs_tensor_parallel(step_compute_s: float, comm_s_per_step: float, world_size: int,

@@ -1,16 +1,18 @@
 """Rank functions that show what communication costs, on live ranks.
 
 * ``sweep_on_rank``: all-reduce, all-to-all and a point-to-point ping-pong timed over message sizes (the
-  points ``calibration.fit_link`` fits a latency and a bandwidth to).
-* ``tp_comm_replay_on_rank``: exactly the collectives a Megatron-LM tensor-parallel forward pass issues
-  (two all-reduces of ``tokens x d_model`` per layer) and nothing else, to set beside
-  ``phases.tp_forward_cost``.
+  points ``calibration.fit_link`` fits a latency and a bandwidth to), on the whole pool or on its first
+  ``n_ranks`` ranks (decode- and prefill-sized all-reduces at tp = 2 and 4 from one pool of 4).
 * ``slow_rank_on_rank``: one rank delayed before each of several collectives. Every collective is a
   synchronisation point: nobody finishes before the slowest rank arrives, so every rank takes the slow
   rank's time, and the symptom is uniform slowness, not an error.
-* ``replica_serve_on_rank`` and ``tp_serve_on_rank``: the same kind of requests served through a stack of
-  the toy's MLP layers, as independent replicas (no communication at all) or as one tensor-parallel copy
-  (``tensor_parallel.blocks``, split over every rank).
+* ``serve_both_ways_on_rank``: the same kind of requests served through a stack of the toy's MLP layers,
+  step by step in turn as independent replicas (no communication at all) and as one tensor-parallel copy
+  (``tensor_parallel.blocks``, split over the first ``tp`` ranks), so both ways see the same machine load.
+
+A pool larger than the group a function needs (4 ranks, a group of 2) runs it on its first ranks: the
+groups come from ``ctx.device_mesh((world_size / n, n), ("copy", "tp"))``, made once per pool, and the
+other ranks return ``None`` at once.
 """
 
 from __future__ import annotations
@@ -30,28 +32,50 @@ SLOW_RANK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ba
 MAX_DELAY_S = 1.0
 
 
+def leading_group(ctx, n_ranks: int | None):
+    """``(mesh, member)``: the first ``n_ranks`` ranks of the pool as the ``"tp"`` axis of
+    ``ctx.device_mesh`` (``None`` for the whole pool), and whether this rank is one of them."""
+    n = ctx.world_size if n_ranks is None else whole_number(n_ranks, "n_ranks (the ranks of the group)", 2)
+    if n == ctx.world_size:
+        return None, True
+    if ctx.world_size % n:
+        raise ValueError(f"a group of the first {n} ranks needs a pool whose size is a multiple of {n}, "
+                         f"got {ctx.world_size} ranks")
+    return ctx.device_mesh((ctx.world_size // n, n), ("copy", "tp")), ctx.rank < n
+
+
+def _tp_group(mesh):
+    return None if mesh is None else mesh.get_group("tp")
+
+
 def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
-                  ops=SWEEP_OPS) -> dict:
+                  ops=SWEEP_OPS, n_ranks: int | None = None) -> dict | None:
     """``{(op, size_bytes): [seconds per call, one per round]}`` as this rank saw them.
 
     As nccl-tests does, each round times ``calls`` calls issued back to back and divides: that is how
     collectives follow one another in a real forward pass. Every round starts after a barrier, and each
     (op, size) is run once untimed first (buffers allocated, connections warm). The point-to-point
     ping-pong runs between ranks 0 and 1 (rank 0 sends, rank 1 sends it back; one way is half a round
-    trip); other ranks only join the barriers, and report ``None``.
+    trip); other ranks only join the barriers, and report ``None``. With ``n_ranks`` the sweep runs on
+    the pool's first ``n_ranks`` ranks (``leading_group``) and the others return ``None``.
     """
-    if ctx.world_size < 2:
+    mesh, member = leading_group(ctx, n_ranks)
+    n = ctx.world_size if mesh is None else n_ranks
+    if n < 2:
         raise ValueError("a communication sweep needs at least 2 ranks")
-    sizes = check_sizes(sizes_bytes, ctx.world_size)
+    sizes = check_sizes(sizes_bytes, n)
     for op in ops:
         if op not in SWEEP_OPS:
             raise ValueError(f"the sweep times {', '.join(SWEEP_OPS)}; got {op!r}")
+    if not member:
+        return None
+    group = _tp_group(mesh)
 
     def once(op: str, x) -> None:
         if op == "all_reduce":
-            ctx.comm.all_reduce(x)
+            ctx.comm.all_reduce(x, group=group)
         elif op == "all_to_all":
-            ctx.comm.all_to_all_single(x)
+            ctx.comm.all_to_all_single(x, group=group)
         elif ctx.rank == 0:
             ctx.comm.send(x, 1)
             ctx.comm.recv(x, 1)
@@ -66,7 +90,7 @@ def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_RO
             once(op, x)  # warm-up
             per_call = []
             for _ in range(rounds):
-                ctx.comm.barrier()
+                ctx.comm.barrier(group=group)
                 start = time.perf_counter()
                 for _ in range(calls):
                     once(op, x)
@@ -74,30 +98,6 @@ def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_RO
                 per_call.append(elapsed / 2 if op == "point_to_point" else elapsed)
             out[(op, size)] = None if op == "point_to_point" and ctx.rank > 1 else per_call
     return out
-
-
-def _activation_dtype(bytes_per_value: float) -> torch.dtype:
-    dtypes = {4: torch.float32, 2: torch.float16}
-    if bytes_per_value not in dtypes:
-        raise ValueError(f"activations of {bytes_per_value} bytes per value: use a model with 2 or 4")
-    return dtypes[int(bytes_per_value)]
-
-
-def tp_comm_replay_on_rank(ctx, model: ModelConfig, tokens: int, repeats: int = 3) -> list[float]:
-    """``repeats`` times, the ``2 x n_layers`` all-reduces of one tensor-parallel forward pass over
-    ``tokens`` tokens of ``model`` (no compute). Returns this rank's seconds per pass."""
-    whole_number(tokens, "tokens")
-    whole_number(repeats, "repeats")
-    x = torch.ones(tokens, model.d_model, dtype=_activation_dtype(model.bytes_per_param), device=ctx.device)
-    ctx.comm.all_reduce(x)  # warm up
-    passes = []
-    for _ in range(repeats):
-        ctx.comm.barrier()
-        start = time.perf_counter()
-        for _ in range(2 * model.n_layers):  # after attention, after the MLP, in every layer
-            ctx.comm.all_reduce(x)  # (tokens, d_model)
-        passes.append(time.perf_counter() - start)
-    return passes
 
 
 def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 1024) -> dict:
@@ -133,38 +133,58 @@ def request_stream(seed: int, steps: int, batch: int, d_model: int) -> torch.Ten
     return torch.randn(steps, batch, d_model, generator=torch.Generator().manual_seed(seed))
 
 
-def replica_serve_on_rank(ctx, model: ModelConfig, seed: int, batch: int, steps: int) -> dict:
-    """This rank holds the whole stack (``toy.stack_weights(model, seed, ("mlp",))``) and serves its own
-    request stream (stream ``ctx.rank``), talking to nobody. Returns its seconds, tokens and outputs."""
+def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, steps: int,
+                            tp: int | None = None) -> dict | None:
+    """The first ``tp`` ranks (default: all) serve ``steps`` decode steps of ``batch`` sequences each
+    way, in turn, so both see the same machine load:
+
+    * a replica step: this rank runs the whole stack (``toy.stack_weights(model, seed, ("mlp",))``) on
+      its own request stream (stream ``seed + 1 + rank``), talking to nobody;
+    * a tensor-parallel step: the ``tp`` ranks hold one copy of the same stack split ``tp`` ways
+      (``ParallelBlock``: one all-reduce per layer) and serve stream ``seed + 1`` together, the stream
+      rank 0's replica serves, so the two outputs can be compared.
+
+    One untimed step each way first (buffers allocated). Returns this rank's seconds per step each way
+    (from leaving a barrier of the group), its seconds inside all-reduces per tensor-parallel step, and
+    both outputs, ``(steps, batch, d_model)``; ranks outside the group return ``None``.
+    """
+    whole_number(batch, "batch")
+    whole_number(steps, "steps")
+    mesh, member = leading_group(ctx, tp)
+    if not member:
+        return None
+    group = _tp_group(mesh)
+    tpg = TPGroup.world(ctx) if mesh is None else TPGroup.of_mesh(ctx, mesh, "tp")
     layers = stack_weights(model, seed, ("mlp",))
-    xs = request_stream(seed + 1 + ctx.rank, steps, batch, model.d_model)  # (steps, batch, d_model)
-    outputs = torch.empty_like(xs)
-    ctx.comm.barrier()
-    start = time.perf_counter()
-    with torch.no_grad(), ctx.timeline.span("serve", kind="compute"):
-        for i in range(steps):
-            h = xs[i]  # (batch, d_model)
-            for w in layers:
-                h = block_reference(h, w, model)
-            outputs[i] = h
-    return {"seconds": time.perf_counter() - start, "tokens": steps * batch, "outputs": outputs}
+    blocks = [ParallelBlock(w, model, tpg) for w in layers]
+    mine = request_stream(seed + 1 + ctx.rank, steps, batch, model.d_model)  # (steps, batch, d_model)
+    shared = request_stream(seed + 1, steps, batch, model.d_model)  # (steps, batch, d_model)
+    replica_out, tp_out = torch.empty_like(mine), torch.empty_like(shared)
+    replica_s, tp_s = [], []
 
+    def replica_step(h):  # (batch, d_model), this rank's own requests
+        for w in layers:
+            h = block_reference(h, w, model)
+        return h
 
-def tp_serve_on_rank(ctx, model: ModelConfig, seed: int, batch: int, steps: int) -> dict:
-    """The ranks hold one tensor-parallel copy of the same stack (``ParallelBlock`` s split over every
-    rank: one all-reduce per layer) and serve request stream 0 together."""
-    tpg = TPGroup.world(ctx)
-    blocks = [ParallelBlock(w, model, tpg) for w in stack_weights(model, seed, ("mlp",))]
-    xs = request_stream(seed + 1, steps, batch, model.d_model)  # (steps, batch, d_model)
-    outputs = torch.empty_like(xs)
-    ctx.comm.barrier()
-    start = time.perf_counter()
+    def tp_step(h):  # (batch, d_model), the same on every rank of the group
+        for block in blocks:
+            h = block(h)
+        return h
+
     with torch.no_grad():
+        replica_step(mine[0]), tp_step(shared[0])  # warm-up, untimed
         for i in range(steps):
-            h = xs[i]  # (batch, d_model), the same on every rank
-            for block in blocks:
-                h = block(h)
-            outputs[i] = h
-    seconds = time.perf_counter() - start
-    in_all_reduce = sum(rec.duration_s for rec in ctx.comm.records if rec.op == "all_reduce")
-    return {"seconds": seconds, "tokens": steps * batch, "outputs": outputs, "all_reduce_s": in_all_reduce}
+            ctx.comm.barrier(group=group)
+            start = time.perf_counter()
+            replica_out[i] = replica_step(mine[i])
+            replica_s.append(time.perf_counter() - start)
+            ctx.comm.barrier(group=group)
+            start = time.perf_counter()
+            tp_out[i] = tp_step(shared[i])
+            tp_s.append(time.perf_counter() - start)
+    per_step = len(blocks)  # one all-reduce per MLP layer; the first step's were the warm-up
+    reduces = [r.duration_s for r in ctx.comm.records if r.op == "all_reduce"][per_step:]
+    reduce_s = [sum(reduces[i:i + per_step]) for i in range(0, len(reduces), per_step)]
+    return {"replica_s": replica_s, "tp_s": tp_s, "all_reduce_s": reduce_s, "replica_outputs": replica_out,
+            "tp_outputs": tp_out}

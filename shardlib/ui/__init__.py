@@ -20,7 +20,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "figures": ("timeline_figure", "comm_bytes_figure", "weights_vs_memory_figure", "measured_points_figure",
                 "shard_layout_figure", "weight_cut_figure"),
     "cost_figures": ("calibration_figure", "link_comparison_figure", "phase_cost_figure", "slow_rank_figure",
-                     "replicas_vs_tp_figure"),
+                     "replicas_vs_tp_figure", "latency_throughput_figure"),
     "pipeline_figures": ("schedule_figure", "measured_figure", "predicted_vs_measured_figure", "bubble_curve_figure",
                          "in_flight_figure", "step_through_figure"),
     "expert_figures": ("walkthrough_figure", "send_matrix_figure", "expert_load_figure", "rank_time_figure",

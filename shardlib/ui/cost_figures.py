@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from ..costs.alpha_beta import collective_time_s, crossover_bytes
 from ..costs.phases import PhaseCost
@@ -104,15 +105,44 @@ def slow_rank_figure(per_rank: Sequence[Mapping[str, Mapping[str, float]]], slow
 
 
 def replicas_vs_tp_figure(result) -> go.Figure:
-    """Tokens per second of replicas and of tensor parallelism, measured and predicted (a
-    ``costs.ReplicasVsTPRun``)."""
-    predicted = result.predicted
-    fig = go.Figure([
-        go.Bar(name="measured", x=["replicas", "tensor parallel"],
-               y=[result.measured.replicas_tokens_per_s, result.measured.tp_tokens_per_s], marker_color=BLUE),
-        go.Bar(name="predicted", x=["replicas", "tensor parallel"],
-               y=[predicted.replicas_tokens_per_s, predicted.tp_tokens_per_s], marker_color=GREY),
-    ])
-    fig.update_layout(title=f"{predicted.world_size} devices, {predicted.tokens_per_step} tokens per step",
-                      barmode="group", yaxis_title="tokens per second", height=340)
+    """Two panels for a ``costs.ReplicasVsTPRun``: latency per token (the step) and tokens per second per
+    device, of replicas and of one tensor-parallel copy, measured beside predicted."""
+    measured, predicted = result.measured, result.predicted
+    ways = ["replicas", f"tp = {measured.world_size}"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("latency per token (ms): lower is better",
+                                                        "tokens per second per device: higher is better"))
+    for stats, name, bar_colour in ((measured, "measured (median step)", BLUE), (predicted, "predicted", GREY)):
+        fig.add_trace(go.Bar(name=name, x=ways, y=[stats.replica_step_s * 1e3, stats.tp_step_s * 1e3],
+                             marker_color=bar_colour, legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Bar(name=name, x=ways, y=[stats.replicas_tokens_per_s_per_device,
+                                                   stats.tp_tokens_per_s_per_device],
+                             marker_color=bar_colour, legendgroup=name, showlegend=False), row=1, col=2)
+    fig.update_layout(title=f"{measured.world_size} devices, {measured.tokens_per_step} sequences per step: "
+                            f"the split copy answers sooner, the replicas serve more",
+                      barmode="group", height=360)
+    return fig
+
+
+def latency_throughput_figure(curves: Mapping[str, Sequence]) -> go.Figure:
+    """One line per entry of ``curves`` (label -> ``plan.ServingPoint`` s from ``latency_vs_throughput``):
+    each serving option's latency per token for a lone request (x) against its tokens per second per GPU
+    (y), replicas first, then tp = 2, 4, 8. Down and to the left is faster; up is more per GPU. Options
+    that cannot serve (the model does not fit) are left out."""
+    fig = go.Figure()
+    for i, (label, points) in enumerate(curves.items()):
+        usable = [p for p in points if p.feasible and p.label != "1 GPU"]
+        replicas = [p for p in usable if p.layout.tp == 1][:1]  # every count of replicas: the same point
+        tensor = sorted((p for p in usable if p.layout.tp > 1), key=lambda p: p.layout.tp)
+        shown = replicas + tensor
+        names = ["replicas" if p.layout.tp == 1 else p.label for p in shown]
+        fig.add_trace(go.Scatter(
+            x=[p.latency_alone_s * 1e3 for p in shown], y=[p.tokens_per_s_per_gpu for p in shown],
+            mode="lines+markers+text", name=label, text=names, textposition="top right",
+            line={"color": colour(i)}, marker={"size": 9},
+            customdata=[p.batch for p in shown],
+            hovertemplate="%{text}: %{x:.2f} ms per token alone, %{y:,.0f} tokens/s per GPU, batch %{customdata}"
+                          "<extra></extra>"))
+    fig.update_layout(title="Per-token latency against throughput per GPU", xaxis_type="log", height=420,
+                      xaxis_title="latency per token, one request alone (ms, log scale)",
+                      yaxis_title="tokens per second per GPU, full batch")
     return fig

@@ -25,9 +25,10 @@ def _nearest(value: int, choices: tuple[int, ...]) -> int:
 
 def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int = 2,
                      prompt_tokens: int = 2048, batch: int = 1) -> widgets.VBox:
-    """Pick a link, a tp degree (only those the model's shapes allow), a prompt length and a batch;
-    see the decode and prefill communication split into latency and bandwidth, and the pipeline's
-    communication for the same batch beside it. Pure arithmetic: every move answers at once."""
+    """Pick a link, a tp degree (only those the model's shapes allow), a prompt length, a batch and the
+    latency convention (one latency per all-reduce, or the ring's ``2(n-1)``); see the decode and prefill
+    communication split into latency and bandwidth, and the pipeline's communication for the same batch
+    beside it. Pure arithmetic: every move answers at once."""
     if not links:
         raise ValueError("tp_cost_explorer needs at least one Link")
     by_name = {link.name: link for link in links}
@@ -51,9 +52,11 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
         with fig.batch_update():
             for trace, fresh in zip(fig.data, new.data):
                 trace.x, trace.y = fresh.x, fresh.y
+        latencies = 1 if charge.value == "per_call" else 2 * (degree.value - 1)
         text.value = (
             f"<b>{html.escape(model.name)} on {html.escape(link.name)}, tp = {degree.value}</b>, {decode.collectives} "
-            f"all-reduces per forward pass<br>"
+            f"all-reduces per forward pass, each paying {latencies} latenc{'y' if latencies == 1 else 'ies'} "
+            f"({'one per call' if charge.value == 'per_call' else 'one per ring step'})<br>"
             f"decode step ({batch_box.value} token(s), {decode.size_bytes:,} bytes each): "
             f"<b>{decode.total_s * 1e6:,.0f} us</b>, {decode.bound}-bound<br>"
             f"prefill ({batch_box.value} x {prompt.value:,} tokens, {prefill.size_bytes:,} bytes each): "

@@ -1,0 +1,102 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Exercise: fit a latency and a bandwidth to a sweep
+#
+# **What you will do.** Turn a sweep of timings into the two numbers that price every message: the
+# latency `alpha` (the fixed cost of one message) and the bandwidth `B` (bytes per second). The checker
+# hands your function sweeps made from a known latency and bandwidth, exact and noisy, at three scales
+# (this machine, an NVLink node, large messages only), some of them unsorted, and names the likely
+# mistake when your numbers differ. Then it times real messages between two ranks of this machine and
+# sets your fit beside the library's.
+#
+# Until you write the function, its checker says "not written yet". Replace the
+# `raise NotImplementedError` line, run the cell, then run the checker.
+
+# %% [markdown]
+# ## Exercise: `fit_alpha_beta`
+#
+# You get two lists of the same length: `sizes_bytes[i]`, a message size, and `times_s[i]`, the seconds
+# one message of that size took (one way, point-to-point). Return `(latency_s, bandwidth_bytes_per_s)`
+# such that `t = latency_s + size / bandwidth_bytes_per_s` fits the points.
+#
+# It is a straight line in `size`: the intercept is the latency, the slope `1 / bandwidth`. Fit it by
+# least squares over **every** point, as notebook 02 does:
+#
+# 1. Build one equation per point: `[1, size] · [alpha, 1/B] = t`.
+# 2. Divide each equation (its row and its `t`) by its own `t`, so that every point counts by its
+#    *relative* error. Without this the largest messages, hundreds of times slower, decide the whole
+#    line, and the latency is whatever their noise leaves (sometimes below zero).
+# 3. Solve with `numpy.linalg.lstsq`; if noise still pushes the latency below zero, set it to 0 and
+#    refit the slope alone.
+#
+# Mind the units: seconds and bytes per second.
+
+# %%
+import numpy as np
+
+
+def fit_alpha_beta(sizes_bytes, times_s):
+    """Least squares on t = alpha + size / bandwidth: return (latency_s, bandwidth_bytes_per_s)."""
+    raise NotImplementedError("write fit_alpha_beta here")
+
+
+# %%
+from shardlib import Ranks
+
+ranks = Ranks(2)  # started once: rerun the checker as often as you like
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.exercises import grade_fit_alpha_beta
+
+grade_fit_alpha_beta(fit_alpha_beta, ranks)
+
+# %% [markdown]
+# ## Check yourself
+#
+# Pick an answer; the reason appears under it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.ui.quiz import Question, check_yourself
+
+check_yourself(
+    Question(
+        "Your fit gives 100 us and 2 GB/s. What size of message is half latency, half bytes?",
+        ("200 bytes", "200 KB", "2 MB"),
+        1,
+        "The two parts are equal at alpha x B = 100e-6 s x 2e9 B/s = 200,000 bytes: smaller messages are "
+        "latency-bound, larger ones bandwidth-bound.",
+    ),
+    Question(
+        "Without dividing by the times, your sweep from 64 bytes to 16 MiB gives a latency of -20 us. Why?",
+        ("The link is faster than light", "The 16 MiB points, milliseconds long, decide the line; a "
+         "fraction of a percent of their noise is more than the whole latency", "The sizes were unsorted"),
+        1,
+        "Plain least squares minimises absolute errors, so the slowest points weigh the most; the "
+        "intercept, tens of microseconds, drowns in their noise. Relative errors weigh every point alike.",
+    ),
+)
+
+# %% [markdown]
+# ## What you practised
+#
+# - The alpha-beta model is a straight line: intercept the latency, slope one over the bandwidth.
+# - A sweep spans many orders of magnitude, so the fit must weigh points by their relative error;
+#   otherwise the largest messages decide everything.
+# - The same fit, on this machine's ranks, is what notebook 02 predicts every collective with.
+#
+# Solutions for instructors are in `solutions/` at the top of the repository.
