@@ -12,6 +12,8 @@
   "nodes", on a torch ``DeviceMesh`` built from a ``Layout``.
 * ``drivers``: ``run_combined`` (a layout on a pool, against its predicted traffic) and
   ``run_toy_cluster_calibration`` (the planner's cluster for the pool, measured).
+* ``machines``: ``tp_inside_pp_across``, the same layout under ``torchrun`` across machines: tp = the
+  processes of a node, pp = the nodes, checked against the reference on every rank.
 
 Clusters and GPUs are facts, in ``shardlib.hardware``.
 """
@@ -34,4 +36,5 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "ranks": ("combined_forward_on_rank",),
     "drivers": ("TOLERANCE", "check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
                 "format_traffic", "effective_flops_per_s", "ToyClusterFit", "run_toy_cluster_calibration"),
+    "machines": ("across_layout", "tp_inside_pp_across", "tp_inside_pp_across_on_rank"),
 })
