@@ -27,6 +27,7 @@ ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, 
 PURE_WITHOUT_TORCH = {
     "shardlib.checks", "shardlib.models", "shardlib.hardware",
     "shardlib.runtime.timeline", "shardlib.runtime.records", "shardlib.runtime.emulation",
+    "shardlib.runtime.devices",
     "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
     "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner", "shardlib.plan.decode",
@@ -51,7 +52,8 @@ LAYERS = {
              "shardlib.context_parallel.ring", "shardlib.context_parallel.ulysses",
              "shardlib.context_parallel.sequence_parallel"},
     "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
-               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.plan.across", "shardlib.launch",
+               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.plan.across", "shardlib.plan.machines",
+               "shardlib.launch",
                "shardlib.data_parallel.drivers", "shardlib.data_parallel.experiments",
                "shardlib.context_parallel.drivers", "shardlib.context_parallel.sp_drivers"},
     "ui": {f"shardlib.ui.{m}" for m in (

@@ -11,8 +11,6 @@ import time
 import pytest
 import torch
 
-import shardlib.runtime.context
-import shardlib.runtime.ranks
 from shardlib import RankError, Ranks, RankTimeoutError
 from shardlib.runtime.context import choose_backend, gpu_count
 
@@ -60,8 +58,10 @@ def test_context_describes_the_rank(pool2):
     info = pool2.run(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.backend))
     assert info == [(r, 2, pool2.devices[r], pool2.backend) for r in range(2)]
     assert pool2.backend == choose_backend("auto", 2)
+    assert pool2.devices == list(pool2.placement.devices)  # where each rank said it is, as placed
     if gpu_count() == 0:  # a machine without GPUs runs on CPU, whatever else it has
         assert pool2.backend == "gloo" and pool2.devices == ["cpu", "cpu"]
+        assert pool2.description == "compute on CPU, collectives through loopback sockets (gloo)"
 
 
 def test_ranks_never_ask_for_more_threads_than_the_machine_has_cores(pool4):
@@ -259,6 +259,7 @@ def test_bad_world_sizes_are_refused_without_starting_anything(world_size, error
 
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"backend": "nccl"}, ValueError, "needs one GPU per rank"),
+    ({"backend": "cuda:gloo"}, ValueError, "computes on GPUs, but this machine has 0 GPUs"),
     ({"backend": "mpi"}, ValueError, "unknown backend"),
     ({"backend": 3}, ValueError, "unknown backend 3"),
     ({"timeout": 0}, ValueError, r"timeout \(seconds\) must be a positive number"),
@@ -268,6 +269,8 @@ def test_bad_world_sizes_are_refused_without_starting_anything(world_size, error
 def test_bad_options_are_refused_without_starting_anything(kwargs, error, words):
     if kwargs.get("backend") == "nccl" and torch.cuda.device_count() >= 2:
         pytest.skip("this machine has enough GPUs for NCCL")
+    if kwargs.get("backend") == "cuda:gloo" and torch.cuda.device_count():
+        pytest.skip("this machine has a GPU to share")
     before = child_pids()
     with pytest.raises(error, match=words):
         Ranks(2, **kwargs)
@@ -282,21 +285,3 @@ def test_non_callables_and_unshippable_arguments_are_type_errors(pool2):
     with pytest.raises(TypeError, match=r"argument key= \(generator\) cannot be sent"):
         pool2.run(identity, key=(i for i in range(3)))
     assert pool2.run(noop) == [None, None]
-
-
-def test_backend_choice_follows_the_gpus(monkeypatch):
-    monkeypatch.setattr(shardlib.runtime.context, "gpu_count", lambda: 4)
-    assert shardlib.runtime.context.choose_backend("auto", 4) == "nccl"
-    assert shardlib.runtime.context.choose_backend("auto", 8) == "gloo"
-    assert shardlib.runtime.context.choose_backend("gloo", 2) == "gloo"
-    monkeypatch.setattr(shardlib.runtime.context, "gpu_count", lambda: 1)
-    with pytest.raises(ValueError, match="2 ranks but this machine has 1 GPU that"):
-        shardlib.runtime.context.choose_backend("nccl", 2)
-
-
-def test_fewer_gpus_than_ranks_says_plainly_it_runs_on_cpu(monkeypatch):
-    monkeypatch.setattr(shardlib.runtime.context, "gpu_count", lambda: 1)
-    monkeypatch.setattr(shardlib.runtime.ranks, "gpu_count", lambda: 1)
-    with pytest.warns(RuntimeWarning, match="run on CPU with gloo"):
-        with Ranks(2) as ranks:
-            assert ranks.backend == "gloo" and ranks.devices == ["cpu", "cpu"]

@@ -15,6 +15,8 @@
 * ``drivers``: ``run_combined`` (a layout on a pool, against its predicted traffic), ``run_decode``
   (steady-state pipelined decode on a pool, optionally across an emulated slow link) and
   ``run_toy_cluster_calibration`` (the planner's cluster for the pool, measured).
+* ``machines``: ``tp_inside_pp_across``, the same layout under ``torchrun`` across machines: tp = the
+  processes of a node, pp = the nodes, checked against the reference on every rank.
 
 Clusters and GPUs are facts, in ``shardlib.hardware``.
 """
@@ -38,4 +40,5 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "ranks": ("combined_forward_on_rank", "decode_on_rank", "effective_flops_per_s", "effective_flops_on_rank"),
     "drivers": ("TOLERANCE", "check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
                 "format_traffic", "DecodeRun", "run_decode", "ToyClusterFit", "run_toy_cluster_calibration"),
+    "machines": ("across_layout", "tp_inside_pp_across", "tp_inside_pp_across_on_rank"),
 })

@@ -54,13 +54,19 @@ def check_combined_inputs(layout: Layout, model: ModelConfig, layers: list[dict]
 
 
 def traffic_by_axis(records) -> list[AxisTraffic]:
-    """The comm log summed per (mesh axis, op), all ranks together."""
+    """The forward's comm log summed per (mesh axis, op), all ranks together; the start line (a
+    barrier every rank passes before the forward) is not the forward's and is left out."""
     sums: dict[tuple[str, str], list[int]] = {}
-    for r in records:
+    for r in forward_records(records):
         row = sums.setdefault((r.group, r.op), [0, 0])
         row[0] += 1
         row[1] += r.size_bytes
     return sorted((AxisTraffic(axis, op, n, b) for (axis, op), (n, b) in sums.items()), key=_axis_op)
+
+
+def forward_records(records) -> list:
+    """The records of the forward itself: every call but the start line's barrier."""
+    return [r for r in records if r.op != "barrier"]
 
 
 def _axis_op(a: AxisTraffic) -> tuple[str, str]:
@@ -88,7 +94,7 @@ def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], 
     last = [r for r in res if r["stage"] == layout.pp - 1]
     by_replica = [[r["output"] for r in last if r["replica"] == d] for d in range(layout.dp)]
     agree = all(torch.equal(o, outs[0]) for outs in by_replica for o in outs)
-    forward = [rec for rec in ranks.last_comm if rec.op != "barrier"]  # the start line is not the forward's
+    forward = forward_records(ranks.last_comm)
     comm_s: dict[str, float] = {}
     for rec in forward:
         comm_s[rec.group] = comm_s.get(rec.group, 0.0) + rec.duration_s

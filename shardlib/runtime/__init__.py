@@ -5,6 +5,7 @@
 * ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
 * ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
   through ``RankContext.from_env``), and the choice of backend.
+* ``devices``: where ranks compute and how they talk, given the GPUs (``place_ranks``, ``Placement``). Pure.
 * ``comm``: recorded collectives, ``ctx.comm``: blocking or asynchronous (``Pending``), every call
   logged. ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
 * ``timeline``: ``Span`` s on one clock across ranks, ``ctx.timeline``. Pure.
@@ -17,7 +18,8 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "ranks": ("Ranks", "RankError", "RankTimeoutError", "PoolClosedError", "max_world_size"),
-    "context": ("RankContext", "choose_backend", "gpu_count"),
+    "context": ("RankContext", "choose_backend", "gpu_count", "prepare_device"),
+    "devices": ("Placement", "place_ranks", "BACKENDS"),
     "comm": ("Comm", "Pending"),
     "records": ("CommRecord", "wire_bytes", "summarize", "format_log", "format_seconds"),
     "timeline": ("Span", "Timeline", "now_s", "shift_to_zero"),

@@ -13,6 +13,14 @@ hidden under its own work. That is how overlap is measured, not guessed.
 
 On CUDA devices every recorded call synchronises the device around it, so a span covers the work, not
 the launch.
+
+**Through host memory.** When ranks compute on GPUs but talk with gloo (fewer GPUs than ranks:
+``devices.place_ranks``), gloo has no CUDA path for several calls (reduce-scatter, all-to-all, send
+and receive of CUDA tensors). So every call on such a rank is staged here, in one place (``_stage``):
+its GPU tensors are copied to host buffers, gloo runs on those, and the buffer the call writes is
+copied back to the GPU when the call completes (at ``wait()`` for an asynchronous one). The record's
+time includes both copies: that is what a collective costs on this path. The bytes counted are the
+same as anywhere else.
 """
 
 from __future__ import annotations
@@ -49,12 +57,43 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+# calls whose first tensor is an output buffer only (its contents before the call do not matter)
+_WRITE_ONLY_FIRST = frozenset({"all_gather", "reduce_scatter", "all_to_all_single", "recv"})
+
+
+def _stage(op: str, args: tuple) -> tuple[tuple, Callable[[], None]]:
+    """Host copies of ``args``' tensors for gloo, and ``land``, which copies the result back into the
+    tensor the call writes (the first tensor, for every call but ``send`` and ``barrier``). An output
+    buffer is allocated on the host, not copied there."""
+    host, written = [], None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            first = written is None
+            h = (torch.empty_like(a, device="cpu") if first and op in _WRITE_ONLY_FIRST
+                 else a.detach().to("cpu", copy=True))
+            if first:
+                written = (a, h)
+            host.append(h)
+        else:
+            host.append(a)
+    if written is None or op == "send":
+        return tuple(host), _nothing
+    device_tensor, host_tensor = written
+    return tuple(host), lambda: device_tensor.copy_(host_tensor)
+
+
+def _nothing() -> None:
+    return None
+
+
 class Pending:
     """An asynchronous call in flight. ``wait()`` blocks until it is done, logs it, and returns its
     result (the reduced, gathered or received tensor); calling it again returns the same result."""
 
-    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object], hold: "_Hold | None" = None) -> None:
+    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object], hold: "_Hold | None" = None,
+                 land: Callable[[], object] = _nothing) -> None:
         self._comm, self._entry, self._work, self._finish, self._hold = comm, entry, work, finish, hold
+        self._land = land  # copies a host-staged result back to the GPU
         self._done_s: list[float] = []
         self._result = None
         self._waited = False
@@ -68,6 +107,7 @@ class Pending:
             return self._result
         wait_s = perf_counter()
         self._work.wait()
+        self._land()
         if self._comm._cuda:
             torch.cuda.synchronize(self._comm.ctx.device)
         end_s = perf_counter()
@@ -94,6 +134,9 @@ class Comm:
         self._entries: list[tuple] = []  # CommRecord fields, as tuples: cheap to append mid-collective
         self._group_names: dict[object, str] = {}
         self._cuda = ctx.device.type == "cuda"
+        # GPU tensors over gloo: every call goes through host memory (``_stage``). Tests turn this on
+        # for CPU ranks too, to run the same copies where there is no GPU.
+        self.host_staged = self._cuda and ctx.backend == "gloo"
         self._lock = threading.Lock()  # pipeline stages send and receive on helper threads
         self._emulation: EmulatedLink | None = None
         self._crossing: dict = {}  # group -> whether its ranks span nodes, under the current emulation
@@ -141,7 +184,8 @@ class Comm:
                 ranks = range(self.ctx.world_size) if group is None else dist.get_process_group_ranks(group)
                 self._crossing[group] = em.crosses(ranks)
             crosses, n = self._crossing[group], self.group_size(group)
-        return _Hold(op, group, peer, start_s, em.time_s(op, size_bytes, n), self.ctx.device) if crosses else None
+        return _Hold(op, group, peer, start_s, em.time_s(op, size_bytes, n),
+                     "cpu" if self.host_staged else self.ctx.device) if crosses else None
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per op: how many calls, how many bytes, how many seconds (this rank)."""
@@ -164,10 +208,14 @@ class Comm:
         wire = wire_bytes(op, size_bytes, self.group_size(group)) if wire is None else wire
         start_s = perf_counter()
         hold = self._hold(op, size_bytes, group, peer, start_s) if self._emulation else None
+        land = _nothing
+        if self.host_staged:
+            args, land = _stage(op, args)
         if async_op:
             work = call(*args, group=group, async_op=True)
-            return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish, hold)
+            return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish, hold, land)
         call(*args, group=group)
+        land()
         if self._cuda:
             torch.cuda.synchronize(self.ctx.device)
         end_s = _sleep_until(hold.until_s() if hold else None)

@@ -5,6 +5,12 @@ and ``ctx.world_size``, puts its tensors on ``ctx.device``, talks to the other r
 ``ctx.comm`` (recorded collectives) and marks what it is doing with ``ctx.timeline``. The same function
 runs on a warm ``Ranks`` pool in a notebook and under ``torchrun`` (``RankContext.from_env()``), on one
 machine or across nodes with NCCL.
+
+Where the ranks compute is decided by ``devices.place_ranks`` (one GPU per rank with NCCL; GPUs shared,
+collectives through host memory with gloo; or CPU). On a GPU, ``prepare_device`` selects the rank's GPU
+and turns TF32 off, so float32 matmuls stay float32 and the exactness checks mean what they say; the
+recorded collectives and the timeline synchronise the GPU (``ctx.sync``), so a span covers the work, not
+its launch.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import Comm
+from .devices import place_ranks
 from .timeline import Timeline
 
 
@@ -30,9 +37,20 @@ class RankContext:
         self.world_size = world_size
         self.device = device
         self.backend = backend
-        self.timeline = Timeline(rank)
+        self.timeline = Timeline(rank, sync=self.sync if device.type == "cuda" else None)
         self.comm = Comm(self)
         self._meshes: dict = {}
+
+    @property
+    def host_staged(self) -> bool:
+        """Whether this rank computes on a GPU but communicates through host memory (gloo)."""
+        return self.device.type == "cuda" and self.backend == "gloo"
+
+    def sync(self) -> None:
+        """Wait for the work queued on this rank's GPU (nothing to wait for on CPU). Read a clock after
+        this, not before, when you time GPU work yourself."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def __repr__(self) -> str:
         return f"RankContext(rank={self.rank}, world_size={self.world_size}, device={self.device}, backend={self.backend!r})"
@@ -80,8 +98,10 @@ class RankContext:
     def from_env(cls, backend: str = "auto", timeout_s: float = 600.0) -> "RankContext":
         """The context of a process started by ``torchrun`` (reads RANK, WORLD_SIZE, LOCAL_RANK ...).
 
-        Initialises the default process group if nobody has yet: NCCL with one GPU per local rank
-        when there are enough GPUs, gloo on CPU otherwise (``backend="auto"``).
+        Initialises the default process group if nobody has yet, placing this machine's
+        ``LOCAL_WORLD_SIZE`` ranks as ``devices.place_ranks`` does (``backend="auto"``: NCCL with one GPU
+        per local rank when there are enough GPUs, GPUs shared with gloo through host memory when there
+        are fewer, gloo on CPU when there are none).
         """
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing and not dist.is_initialized():
@@ -94,17 +114,15 @@ class RankContext:
         world_size = int(os.environ.get("WORLD_SIZE", dist.get_world_size() if dist.is_initialized() else 1))
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        if dist.is_initialized():
+        if dist.is_initialized():  # someone else set the job up: follow what they chose
             backend = dist.get_backend()
-        else:
-            backend = choose_backend(backend, local_world)
-            if backend == "gloo" and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost") and world_size == local_world:
-                use_loopback_for_gloo()
-            if backend == "nccl":
-                torch.cuda.set_device(local_rank)
-            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
-        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-        return cls(rank, world_size, device, backend)
+            return cls(rank, world_size, prepare_device(f"cuda:{local_rank}" if backend == "nccl" else "cpu"), backend)
+        placement = place_ranks(backend, local_world, gpu_count())  # this machine's share of the ranks
+        if placement.backend == "gloo" and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
+            use_loopback_for_gloo()  # every rank is on this machine
+        device = prepare_device(placement.devices[local_rank])
+        dist.init_process_group(placement.backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        return cls(rank, world_size, device, placement.backend)
 
 
 def gpu_count() -> int:
@@ -113,24 +131,22 @@ def gpu_count() -> int:
 
 
 def choose_backend(backend: str, ranks_per_machine: int) -> str:
-    """Resolve ``"auto"`` and check an explicit choice against the machine.
+    """Resolve ``"auto"`` and check an explicit choice against this machine's GPUs; return the
+    ``torch.distributed`` backend (``"gloo"`` or ``"nccl"``). See ``devices.place_ranks``."""
+    return place_ranks(backend, ranks_per_machine, gpu_count()).backend
 
-    NCCL needs one GPU per rank; gloo runs anywhere on CPU.
-    """
-    gpus = gpu_count()
-    if backend == "auto":
-        return "nccl" if gpus >= ranks_per_machine else "gloo"
-    if backend == "gloo":
-        return "gloo"
-    if backend == "nccl":
-        if gpus < ranks_per_machine:
-            raise ValueError(
-                f"backend='nccl' needs one GPU per rank: {ranks_per_machine} ranks but this machine has "
-                f"{gpus} GPU{'s' if gpus != 1 else ''} that torch can use; use backend='gloo' (CPU) or "
-                "backend='auto'"
-            )
-        return "nccl"
-    raise ValueError(f"unknown backend {backend!r}: use 'auto', 'gloo' (CPU) or 'nccl' (one GPU per rank)")
+
+def prepare_device(device: str) -> torch.device:
+    """Make ``device`` this process's device. On a GPU: select it, and turn TF32 off for matmuls and
+    convolutions (``allow_tf32 = False``, float32 matmul precision ``"highest"``), so float32 stays
+    float32: the exactness checks compare float32 with float32, never with a 10-bit mantissa."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+    return device
 
 
 def loopback_interface() -> str:

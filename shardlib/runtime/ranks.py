@@ -7,6 +7,15 @@ so a function or lambda written in a notebook cell works), calls ``fn(ctx, *args
 the results in rank order. Moving a slider therefore costs one dispatch, a fraction of a millisecond,
 not a process spawn.
 
+Where the ranks compute follows the GPUs the machine has (``devices.place_ranks``, ``backend="auto"``):
+on CPU with gloo when there are none; on the GPUs, shared (rank ``r`` on ``cuda:(r % n_gpus)``) and
+talking through host memory with gloo when there are fewer GPUs than ranks; one GPU per rank with NCCL
+when there are enough. ``backend="gloo"``, ``"cuda:gloo"`` or ``"nccl"`` asks for one explicitly, and a
+choice the machine cannot honour is a ``ValueError`` naming its GPU count. The environment variable
+``SHARDLIB_BACKEND`` stands in for ``"auto"`` (``scripts/gpu_check.py`` runs the notebooks on each path
+with it). ``ranks.devices`` lists each rank's device and ``ranks.description`` says it in words, for
+figure titles.
+
 Faults are part of the contract. An exception on any rank comes back at once as ``RankError`` naming
 the rank and carrying its traceback; a call that does not finish within ``timeout`` seconds (a rank
 skipped a collective, say) raises ``RankTimeoutError``. Either way the old processes are killed and a
@@ -26,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 import weakref
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -35,7 +43,8 @@ import cloudpickle
 import torch.distributed as dist
 
 from ..checks import positive_number, whole_number
-from .context import choose_backend, gpu_count
+from .context import gpu_count
+from .devices import place_ranks
 from .launcher import resolve_method, start_rank
 from .records import CommRecord
 from .timeline import Span, now_s
@@ -98,12 +107,10 @@ class Ranks:
         self.world_size = _check_world_size(world_size)
         self.start_method = resolve_method(start)
         self.timeout = positive_number(timeout, "timeout (seconds)")
-        self.backend = choose_backend(backend, self.world_size)
-        if backend == "auto" and self.backend == "gloo" and gpu_count() > 0:
-            warnings.warn(
-                f"{gpu_count()} GPU(s) for {self.world_size} ranks: NCCL needs one GPU per rank, so these "
-                "ranks run on CPU with gloo", RuntimeWarning, stacklevel=2,
-            )
+        if backend == "auto":  # a whole run (a test suite, every notebook) can be put on one path from outside
+            backend = os.environ.get("SHARDLIB_BACKEND", "auto")
+        self.placement = place_ranks(backend, self.world_size, gpu_count())  # ValueError before anything starts
+        self.backend = self.placement.backend  # what torch.distributed runs: "gloo" or "nccl"
         self.last_comm: list[CommRecord] = []  # every rank's comm log from the last run
         self.last_spans: list[Span] = []  # every rank's timeline spans from the last run
         self.last_started_s = 0.0  # when the last run was dispatched, on the spans' clock
@@ -138,6 +145,7 @@ class Ranks:
             handle, conn = start_rank(self.start_method, threads, log_path, START_TIMEOUT_S)
             conn.send_bytes(pickle.dumps({
                 "rank": rank, "world_size": self.world_size, "backend": self.backend, "threads": threads,
+                "device": self.placement.devices[rank],
                 "store_host": "127.0.0.1", "store_port": self._store.port,
                 "store_prefix": f"shardlib/{self._generation}", "parent_pid": handle.parent_pid,
                 "start_timeout_s": START_TIMEOUT_S, "op_timeout_s": self.timeout + 60.0,
@@ -229,7 +237,14 @@ class Ranks:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"devices={self.devices}"
-        return f"Ranks(world_size={self.world_size}, backend={self.backend!r}, {state})"
+        return f"Ranks(world_size={self.world_size}, backend={self.backend!r}, {state}: {self.description})"
+
+    @property
+    def description(self) -> str:
+        """Where these ranks compute and how their collectives travel, in words, e.g. "compute on
+        cuda:0, shared by 4 ranks, collectives through host memory (gloo)": every figure of live
+        measurements says this, so no number passes for a link it did not cross."""
+        return self.placement.label
 
     @property
     def pids(self) -> list[int]:

@@ -6,6 +6,11 @@ so spans recorded by different processes on one machine can be laid on one axis 
 synchronisation step. (Across machines, under ``torchrun``, each host has its own clock: compare spans
 within a host, or subtract each rank's own start.)
 
+On a GPU, work is queued and runs later: a clock read right after a line of GPU code measures its
+launch, not its work. A ``Timeline`` given ``sync`` (the rank's ``ctx.sync``, which waits for its GPU)
+calls it before reading the clock at each end of a ``span`` and in ``now_s``, so a span covers the
+work. On CPU there is nothing to wait for and ``sync`` is ``None``.
+
 This module is pure: it never imports ``torch.distributed``.
 """
 
@@ -14,7 +19,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 
 def now_s() -> float:
@@ -53,9 +58,17 @@ class Timeline:
     next to collectives that take microseconds, and building an object there would show in their time.
     """
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, sync: Callable[[], None] | None = None) -> None:
         self.rank = rank
+        self._sync = sync  # waits for the rank's GPU before a clock read (None on CPU)
         self._entries: list[tuple] = []  # (name, kind, start_s, end_s, attrs)
+
+    def now_s(self) -> float:
+        """The shared clock, read once the rank's queued GPU work (if any) has finished: use it, not
+        ``time.perf_counter()``, to time GPU work for ``record``."""
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
 
     @property
     def spans(self) -> list[Span]:
@@ -72,12 +85,13 @@ class Timeline:
 
     @contextmanager
     def span(self, name: str, kind: str = "compute", **attrs: Any) -> Iterator[None]:
-        """Record the time spent inside the ``with`` block as one span."""
-        start_s = now_s()
+        """Record the time spent inside the ``with`` block as one span (on a GPU, the work queued inside
+        it included: see the module docstring)."""
+        start_s = self.now_s()
         try:
             yield
         finally:
-            self.append(name, kind, start_s, now_s(), attrs)
+            self.append(name, kind, start_s, self.now_s(), attrs)
 
     def clear(self) -> None:
         self._entries.clear()

@@ -33,7 +33,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .context import RankContext, use_loopback_for_gloo
+from .context import RankContext, prepare_device, use_loopback_for_gloo
 
 CLOSE = b"close"
 
@@ -52,12 +52,9 @@ def _exit_with_parent(parent_pid: int, poll_s: float = 0.2) -> None:
 def _join(cfg: dict) -> RankContext:
     rank, world_size, backend = cfg["rank"], cfg["world_size"], cfg["backend"]
     torch.set_num_threads(cfg["threads"])
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    else:
+    device = prepare_device(cfg["device"])  # "cpu", or this rank's GPU (its own, or shared): see devices
+    if backend == "gloo":
         use_loopback_for_gloo()
-        device = torch.device("cpu")
     store = dist.TCPStore(
         cfg["store_host"], cfg["store_port"], world_size, is_master=False,
         timeout=timedelta(seconds=cfg["start_timeout_s"]),

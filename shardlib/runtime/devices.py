@@ -1,0 +1,105 @@
+"""Where ranks compute and how they talk: the decision, given the GPUs a machine has.
+
+``place_ranks(backend, world_size, n_gpus)`` returns a ``Placement``: the ``torch.distributed`` backend,
+each rank's device, and the words every pool and figure uses to say so. The choices:
+
+* ``"nccl"``: one GPU per rank, collectives GPU to GPU by NCCL. NCCL refuses two ranks on one GPU
+  ("duplicate GPU"), so it needs at least as many GPUs as ranks.
+* ``"cuda:gloo"`` (torch's own ``device:backend`` spelling): ranks compute on the GPUs, rank ``r`` on
+  ``cuda:(r % n_gpus)`` (shared when there are fewer GPUs than ranks), and communicate through host
+  memory with gloo: every collective copies its GPU tensors to the CPU and back (``comm``). Its times
+  are those of host memory and loopback sockets, never of a GPU link, and everything that shows them
+  says so.
+* ``"gloo"``: CPU only, collectives through loopback sockets. What a laptop without a GPU runs.
+* ``"auto"``: ``"nccl"`` when there are at least as many GPUs as ranks, ``"cuda:gloo"`` when there are
+  fewer but some, ``"gloo"`` when there are none.
+
+Pure: no torch. The GPU count is an argument, so every branch is tested on a machine without one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..checks import whole_number
+
+BACKENDS = ("auto", "gloo", "cuda:gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Ranks on devices: ``backend`` (``"gloo"`` or ``"nccl"``, what ``init_process_group`` gets) and
+    ``devices`` (one per rank: ``"cpu"`` or ``"cuda:i"``)."""
+
+    backend: str
+    devices: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"a placement's backend is 'gloo' or 'nccl', got {self.backend!r}")
+        if self.backend == "nccl" and len(set(self.devices)) != len(self.devices):
+            raise ValueError(f"NCCL needs one GPU per rank, but devices {list(self.devices)} repeat")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+    @property
+    def on_gpu(self) -> bool:
+        return any(d.startswith("cuda") for d in self.devices)
+
+    @property
+    def host_staged(self) -> bool:
+        """GPU tensors, gloo collectives: every collective goes through host memory."""
+        return self.on_gpu and self.backend == "gloo"
+
+    @property
+    def choice(self) -> str:
+        """The ``backend=`` value that asks for this placement explicitly."""
+        return "cuda:gloo" if self.host_staged else self.backend
+
+    @property
+    def gpus(self) -> str:
+        """The GPUs used, compactly: ``"cuda:0"``, ``"cuda:0-3"``, ``"cuda:0, cuda:2"``."""
+        ids = sorted({int(d.split(":")[1]) for d in self.devices if d.startswith("cuda")})
+        if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+            return f"cuda:{ids[0]}-{ids[-1]}"
+        return ", ".join(f"cuda:{i}" for i in ids)
+
+    @property
+    def label(self) -> str:
+        """Where the ranks compute and how their collectives travel, in a few words (figure titles)."""
+        if self.backend == "nccl":
+            return f"compute on {self.gpus}, one GPU per rank, collectives by NCCL"
+        if self.host_staged:
+            n_gpus = len({d for d in self.devices if d.startswith("cuda")})
+            shared = f", shared by {self.world_size} ranks" if n_gpus < self.world_size else ""
+            return f"compute on {self.gpus}{shared}, collectives through host memory (gloo)"
+        return "compute on CPU, collectives through loopback sockets (gloo)"
+
+
+def place_ranks(backend: str, world_size: int, n_gpus: int) -> Placement:
+    """The placement of ``world_size`` ranks on a machine with ``n_gpus`` GPUs (see the module
+    docstring). A choice that cannot work raises ``ValueError`` naming the GPU count, before anything
+    starts."""
+    world_size = whole_number(world_size, "world_size (the number of ranks)")
+    n_gpus = whole_number(n_gpus, "the number of GPUs", 0)
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use 'auto', 'gloo' (CPU), 'cuda:gloo' (compute on the GPUs, "
+                         "collectives through host memory) or 'nccl' (one GPU per rank)")
+    if backend == "auto":
+        backend = "nccl" if n_gpus >= world_size else "cuda:gloo" if n_gpus else "gloo"
+    gpus = f"{n_gpus} GPU{'s' if n_gpus != 1 else ''}"
+    if backend == "nccl":
+        if n_gpus < world_size:
+            shared = " or 'cuda:gloo' (ranks share the GPUs, collectives through host memory)" if n_gpus else ""
+            raise ValueError(f"backend='nccl' needs one GPU per rank: {world_size} ranks but this machine has {gpus} "
+                             f"that torch can use (NCCL refuses two ranks on one GPU); use backend='auto'{shared} "
+                             "or 'gloo' (CPU)")
+        return Placement("nccl", tuple(f"cuda:{r}" for r in range(world_size)))
+    if backend == "cuda:gloo":
+        if not n_gpus:
+            raise ValueError(f"backend='cuda:gloo' computes on GPUs, but this machine has {gpus} that torch can use; "
+                             "use backend='gloo' (CPU) or 'auto'")
+        return Placement("gloo", tuple(f"cuda:{r % n_gpus}" for r in range(world_size)))
+    return Placement("gloo", ("cpu",) * world_size)
