@@ -138,6 +138,7 @@ from shardlib.tensor_parallel import run_pair
 from shardlib.toy import activations, generator, weight
 
 ranks = Ranks(2)
+print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
 x = activations(2, 6, d_model, seed=1)  # (batch, seq, d_model)
 g = generator(1)
 w1, w2 = weight(g, d_hidden, d_model), weight(g, d_model, d_hidden)  # (d_hidden, d_model), (d_model, d_hidden)

@@ -212,6 +212,7 @@ from shardlib import Ranks
 from shardlib.costs import algorithm_bandwidth, run_calibration
 
 ranks = Ranks(4)
+print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
 cal = run_calibration(ranks, n_ranks=2, statistic="median")
 here = cal.op_link("all_reduce")
 print(f"sweep of {len(cal.samples)} points on 2 of the pool's {ranks.world_size} ranks took {cal.wall_s:.2f} s")

@@ -149,6 +149,7 @@ x = activations(16, 4, TOY.d_model, seed=1)  # (batch, seq, d_model)
 grad = activations(16, 4, TOY.d_model, seed=2)  # the loss's gradient with respect to the output
 
 ranks = Ranks(2)
+print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
 for name in ("gpipe", "1f1b"):
     schedule = make_schedule(name, 2, 4)
     run = run_pipeline(ranks, schedule, TOY, layers, x, grad)

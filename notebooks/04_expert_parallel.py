@@ -177,6 +177,7 @@ from shardlib.experts import moe_reference, run_expert_parallel
 from shardlib.runtime import format_log
 
 ranks = Ranks(2)
+print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
 for k in (1, 2):
     for skew in (0.0, 0.9):
         layer = cfg.but(k=k, skew=skew)

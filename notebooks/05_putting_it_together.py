@@ -60,6 +60,7 @@ from shardlib.tensor_parallel import run_tp_block
 from shardlib.toy import activations, layer_weights, stack_weights
 
 four = Ranks(4)
+print(f"{four.world_size} ranks: {four.description}")  # where every number below is measured
 n, d, value_bytes = 4, TOY.d_model, 4  # 4 ranks; d_model 64; float32
 w, tp_x = layer_weights(TOY, seed=3), activations(2, 6, d)  # one block; x: (2, 6, 64)
 schedule = make_schedule("gpipe", 4, 4, training=False)

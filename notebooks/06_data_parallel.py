@@ -105,6 +105,7 @@ batches = toy_batches(4, rows=16, d_in=32, d_out=8, seed=1)
 LR = 0.01
 
 ranks = Ranks(2)
+print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
 runs = run_strategies(ranks, model, batches, LR, bucket_bytes=4096)
 one_process = train_reference(model, batches, LR).state_dict  # the same 4 steps on all 16 rows at once
 for s, run in runs.items():

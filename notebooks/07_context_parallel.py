@@ -104,6 +104,7 @@ from shardlib.models import TOY
 from shardlib.toy import activations, layer_weights
 
 ranks = Ranks(2)
+print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
 w = layer_weights(TOY, seed=0)
 x, grad = activations(2, 64, TOY.d_model, seed=1), activations(2, 64, TOY.d_model, seed=2)
 sp_run = run_sequence_parallel(ranks, x, w, TOY, grad)
