@@ -58,7 +58,8 @@ def main() -> int:
             t = time.perf_counter()
             run = run_expert_parallel(ranks, x, weights, cfg)
             times.append(time.perf_counter() - t)
-        exact = torch.equal(run.output, reference_for(x, weights, cfg, 2).output)
+        with ranks.same_threads():  # the reference adds its partial sums as a rank does
+            exact = torch.equal(run.output, reference_for(x, weights, cfg, 2).output)
         median_s = statistics.median(times)
         verdict = "meets" if median_s <= TARGET_S else "MISSES"
         print("1. live re-run of the forward on 2 warm ranks (from the caller's side)")

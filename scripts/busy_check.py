@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from notebook_resources import MAIN_NOTEBOOKS, measure, report  # noqa: E402
+from notebook_resources import MAIN_NOTEBOOKS, finish, measure  # noqa: E402
 
 HOG = "import time\nwhile True:\n    sum(range(10000))\n"
 
@@ -37,11 +37,7 @@ def main() -> int:
     finally:
         hog.kill()
         hog.wait()
-    print("\nwith one core kept busy by another process:\n" + report(results))
-    for m in results:
-        if not m.passed:
-            print(f"\n{m.notebook} failed:\n{m.error}")
-    return 0 if all(m.passed for m in results) else 1
+    return finish(results, "with one core kept busy by another process:\n")
 
 
 if __name__ == "__main__":

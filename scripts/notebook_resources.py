@@ -146,7 +146,12 @@ def main() -> int:
     for nb in args.notebooks:
         results.append(measure(nb.resolve(), args.python))
         print(row(results[-1]), flush=True)
-    print("\n" + report(results))
+    return finish(results)
+
+
+def finish(results: list[Measurement], heading: str = "") -> int:
+    """Print the table of ``results`` (under ``heading``) and each failure's log; the exit status."""
+    print(f"\n{heading}" + report(results))
     for m in results:
         if not m.passed:
             print(f"\n{m.notebook} failed:\n{m.error}")

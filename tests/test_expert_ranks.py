@@ -273,3 +273,17 @@ def test_the_figures_show_what_the_ranks_reported():
         rank_time_figure([1, 2], [1], 1)
     with pytest.raises(ValueError, match="3 loads but 2 owners"):
         expert_load_figure([1, 2, 3], [0, 1])
+
+
+def test_exact_means_bit_for_bit_even_when_this_process_has_more_threads_than_a_rank(pool):
+    # wide experts: a float32 matmul over more threads may add its partial sums in another order, so the
+    # driver computes its references with a rank's threads
+    wide = CFG.but(d_ff=1024)
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, pool.threads_per_rank + 1))
+    try:
+        m = run_mitigation(pool, make_tokens(2048, wide.d_model, seed=1), make_moe_weights(wide, seed=0), wide, "none",
+                           repeats=1)
+    finally:
+        torch.set_num_threads(before)
+    assert m.exact and m.tokens_changed == 0

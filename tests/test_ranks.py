@@ -285,3 +285,13 @@ def test_non_callables_and_unshippable_arguments_are_type_errors(pool2):
     with pytest.raises(TypeError, match=r"argument key= \(generator\) cannot be sent"):
         pool2.run(identity, key=(i for i in range(3)))
     assert pool2.run(noop) == [None, None]
+
+
+def test_same_threads_computes_with_a_ranks_threads_and_restores_them(pool2):
+    import torch
+
+    before = torch.get_num_threads()
+    with pool2.same_threads():
+        inside = torch.get_num_threads()
+    assert inside == pool2.threads_per_rank == pool2.run(lambda ctx: torch.get_num_threads())[0]
+    assert torch.get_num_threads() == before

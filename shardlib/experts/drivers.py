@@ -135,12 +135,13 @@ def run_moe_policy(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, 
     computed here unless given). Replication is planned from the uncapped expert loads (in practice,
     from recent batches)."""
     plain = cfg.but(capacity_factor=None, reroute=False)
-    uncapped = moe_reference(x, weights, plain) if uncapped is None else uncapped
+    with ranks.same_threads():  # references computed as a rank computes, so "exact" means bit for bit
+        uncapped = moe_reference(x, weights, plain) if uncapped is None else uncapped
+        same_policy = uncapped if cfg == plain else reference_for(x, weights, cfg, ranks.world_size)
     placement = ExpertPlacement(cfg.n_experts, ranks.world_size)
     if replicate:
         placement = replicate_hottest(placement, uncapped.counts(cfg.n_experts))
     run = run_expert_parallel(ranks, x, weights, cfg, placement, repeats=repeats)
-    same_policy = uncapped if cfg == plain else reference_for(x, weights, cfg, ranks.world_size)
     change = (run.output - uncapped.output).abs().max(dim=1).values  # (T,) per token
     slots = x.shape[0] * cfg.k
     return PolicyRun(label, cfg, run, load_stats(run.expert_counts, total=slots), load_stats(run.expert_rows, total=slots),
@@ -157,5 +158,6 @@ def run_mitigation(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, 
 def run_mitigations(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigations=MITIGATIONS,
                     capacity_factor: float = 1.25, repeats: int = 3) -> dict[str, PolicyRun]:
     """``run_mitigation`` for each of ``mitigations``, sharing one uncapped reference."""
-    uncapped = moe_reference(x, weights, cfg.but(capacity_factor=None, reroute=False))
+    with ranks.same_threads():
+        uncapped = moe_reference(x, weights, cfg.but(capacity_factor=None, reroute=False))
     return {m: run_mitigation(ranks, x, weights, cfg, m, capacity_factor, repeats, uncapped) for m in mitigations}

@@ -36,10 +36,12 @@ import tempfile
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
 import cloudpickle
+import torch
 import torch.distributed as dist
 
 from ..checks import positive_number, whole_number
@@ -139,7 +141,7 @@ class Ranks:
     def _start(self) -> None:
         """Start the processes (forked from the template, or spawned); they join the group while we return."""
         self._generation += 1
-        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        threads = self.threads_per_rank
         for rank in range(self.world_size):
             log_path = os.path.join(self._logdir.name, f"rank{rank}.log")
             handle, conn = start_rank(self.start_method, threads, log_path, START_TIMEOUT_S)
@@ -238,6 +240,22 @@ class Ranks:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"devices={self.devices}"
         return f"Ranks(world_size={self.world_size}, backend={self.backend!r}, {state}: {self.description})"
+
+    @property
+    def threads_per_rank(self) -> int:
+        """The CPU threads each rank computes with: this machine's cores shared out among the ranks."""
+        return max(1, (os.cpu_count() or 1) // self.world_size)
+
+    @contextmanager
+    def same_threads(self):
+        """Compute in this process with the threads a rank has, for a reference the ranks must equal bit
+        for bit: a float32 matmul split over more threads may add its partial sums in another order."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads_per_rank)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     @property
     def description(self) -> str:
