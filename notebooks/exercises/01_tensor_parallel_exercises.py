@@ -118,7 +118,3 @@ check_yourself(
 #   holds only its own share, and a bias added before the sum is counted once per rank.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.
-
-# %%
-ranks.close()
-four.close()
