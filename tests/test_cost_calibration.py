@@ -143,7 +143,7 @@ def test_the_sweep_is_recorded_through_ctx_comm(pool2):
 
 
 def test_a_sweep_on_the_first_ranks_of_a_larger_pool(pool4):
-    sizes = (64, 4096, 65536)
+    sizes = (64, 2 ** 20, 2 ** 22)  # up to 4 MiB: time grows with size well above the scheduler's noise
     cal = run_calibration(pool4, sizes, rounds=3, n_ranks=2, statistic="median", ops=("all_reduce", "point_to_point"))
     assert {(s.op, s.n_ranks) for s in cal.samples} == {("all_reduce", 2), ("point_to_point", 2)}
     assert set(cal.per_op) == {"all_reduce", "point_to_point"}
