@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
 
-.PHONY: lab test bench site binder-check busy-check install clean
+.PHONY: lab test lint bench site binder-check busy-check install clean
 
 install: $(STAMP)
 
@@ -27,9 +27,13 @@ lab: $(STAMP)
 		$(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(STAMP)
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15
 	$(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
 
 binder-check: $(STAMP)
 	$(BIN)/python scripts/binder_check.py

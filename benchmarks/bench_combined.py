@@ -18,8 +18,10 @@ import time
 import torch
 
 from shardlib import Ranks
+from shardlib.combined import run_combined, run_toy_cluster_calibration
 from shardlib.models import TOY
-from shardlib.plan import TOLERANCE, Workload, format_plan, plan, run_combined, run_toy_cluster_calibration
+from shardlib.plan import Workload, format_plan, plan
+from shardlib.runtime.measure import TOLERANCE
 from shardlib.toy import activations, stack_reference, stack_weights
 
 ROUNDS, REPEATS = 4, 5

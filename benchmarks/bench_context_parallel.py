@@ -52,10 +52,21 @@ def main() -> int:
 
     torch.set_num_threads(1)
     from shardlib import Ranks
-    from shardlib.context_parallel import (AttentionShape, attention_reference, causal_work, imbalance,
-                                           ring_bytes_per_rank, run_ring_attention, run_ring_balance, run_ring_overlap,
-                                           run_sequence_parallel, run_ulysses_attention, sequence_parallel_bytes_per_rank,
-                                           simulate_ring_attention, ulysses_bytes_per_rank)
+    from shardlib.context_parallel import (
+        AttentionShape,
+        attention_reference,
+        causal_work,
+        imbalance,
+        ring_bytes_per_rank,
+        run_ring_attention,
+        run_ring_balance,
+        run_ring_overlap,
+        run_sequence_parallel,
+        run_ulysses_attention,
+        sequence_parallel_bytes_per_rank,
+        simulate_ring_attention,
+        ulysses_bytes_per_rank,
+    )
     from shardlib.context_parallel.drivers import calibrate_exchange
     from shardlib.models import TOY
     from shardlib.toy import activations, layer_weights

@@ -39,8 +39,18 @@ def row(label: str, value: str, note: str = "") -> None:
 
 def main() -> int:
     from shardlib import Ranks
-    from shardlib.data_parallel import (STRATEGIES, STRATEGY_TITLES, TOLERANCE, run_collective_identity, run_overlap,
-                                        run_peer, toy_batches, toy_model, train_data_parallel, train_reference)
+    from shardlib.data_parallel import (
+        STRATEGIES,
+        STRATEGY_TITLES,
+        TOLERANCE,
+        run_collective_identity,
+        run_overlap,
+        run_peer,
+        toy_batches,
+        toy_model,
+        train_data_parallel,
+        train_reference,
+    )
     from shardlib.runtime.records import format_seconds
 
     model = toy_model(D_MODEL, D_HIDDEN, N_LAYERS, D_OUT, seed=0)

@@ -29,8 +29,16 @@ import time
 import torch
 
 from shardlib import Ranks
-from shardlib.experts import (MITIGATIONS, MoEConfig, make_moe_weights, make_tokens, predicted_all_to_all_bytes,
-                              reference_for, run_expert_parallel, run_mitigation)
+from shardlib.experts import (
+    MITIGATIONS,
+    MoEConfig,
+    make_moe_weights,
+    make_tokens,
+    predicted_all_to_all_bytes,
+    reference_for,
+    run_expert_parallel,
+    run_mitigation,
+)
 from shardlib.models import TOY_MOE
 
 TOKENS = 4096

@@ -43,8 +43,14 @@ def main() -> int:
 
     from shardlib import Ranks
     from shardlib.models import ModelConfig
-    from shardlib.pipeline import (make_schedule, peak_in_flight, pipeline_bubble_fraction, predicted_step_s,
-                                   run_pipeline, unpipelined_step)
+    from shardlib.pipeline import (
+        make_schedule,
+        peak_in_flight,
+        pipeline_bubble_fraction,
+        predicted_step_s,
+        run_pipeline,
+        unpipelined_step,
+    )
     from shardlib.toy import activations, stack_weights
 
     model = ModelConfig("pipeline benchmark", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2, d_ff=D_FF,

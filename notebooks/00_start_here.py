@@ -118,7 +118,7 @@ assert not fit_on_gpus(llama70.quantized(8), H100_80GB).fits and four_bit_on_h10
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.hardware import GPU_MEMORY_BYTES
-from shardlib.ui.figures import weights_vs_memory_figure
+from shardlib.ui.intro_figures import weights_vs_memory_figure
 
 big = {m.name: m.weight_bytes for m in PRESETS.values() if m.n_params > 1e9}
 big.update({q.name: q.weight_bytes for q in (llama70.quantized(8), llama70.quantized(4))})
@@ -143,7 +143,7 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 import time
 
 from shardlib import RankError, Ranks
-from shardlib.runtime.basics import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
+from shardlib.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
 
 started = time.perf_counter()
 ranks = Ranks(2)
@@ -283,7 +283,7 @@ assert 0.8 < ratio < 1.25
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.figures import timeline_figure
+from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 0 waits inside the all-reduce")
 
@@ -298,7 +298,7 @@ timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 0 w
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.widgets import all_reduce_explorer
+from shardlib.ui.intro_widgets import all_reduce_explorer
 
 all_reduce_explorer(ranks)
 
@@ -335,9 +335,9 @@ assert ranks.run(lambda ctx: ctx.rank) == [0, 1], "the pool restarted itself"
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Rank 0 holds [1, 2] and rank 1 holds [3, 4]. What does each hold after a sum all-reduce?",
         ("Rank 0 [1, 2], rank 1 [3, 4]: nothing changes", "Both hold [4, 6]", "Both hold [1, 2, 3, 4]",
@@ -402,7 +402,7 @@ check_yourself(
 # The same rank functions run outside a notebook under `torchrun`:
 #
 # ```
-# torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.runtime.basics:first_all_reduce_on_rank
+# torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.intro.ranks:first_all_reduce_on_rank
 # ```
 #
 # Next: **01 · Tensor parallelism**, which cuts each layer's matrices across ranks.

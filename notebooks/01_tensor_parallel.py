@@ -40,7 +40,7 @@
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.figures import weight_cut_figure
+from shardlib.ui.tensor_parallel_figures import weight_cut_figure
 
 weight_cut_figure(out_features=8, in_features=12, n_shards=4)
 
@@ -64,7 +64,7 @@ assert shard_rows(W, 4)[0].shape == (8, 3)  # dim 1 cut: 3 input features, a par
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.figures import shard_layout_figure
+from shardlib.ui.tensor_parallel_figures import shard_layout_figure
 
 shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 
@@ -267,7 +267,7 @@ for rule in ("vocab", "d_ff"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.widgets import tp_wall_picker
+from shardlib.ui.tensor_parallel_widgets import tp_wall_picker
 
 tp_wall_picker()
 
@@ -280,7 +280,7 @@ tp_wall_picker()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.widgets import tp_cut_explorer
+from shardlib.ui.tensor_parallel_widgets import tp_cut_explorer
 
 tp_cut_explorer(ranks)
 
@@ -291,9 +291,9 @@ tp_cut_explorer(ranks)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "A pair is cut column-then-row with a GELU between the matrices. Where is the all-reduce?",
         ("Before the GELU", "After the second matrix", "Both before the GELU and after the second matrix",

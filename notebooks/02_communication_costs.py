@@ -165,7 +165,7 @@ assert crossover_bytes(nvlink, "all_reduce", 8, "per_step") > prefill_bytes
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.cost_figures import link_comparison_figure
+from shardlib.ui.costs_figures import link_comparison_figure
 
 link_comparison_figure(list(LINKS.values()), "all_reduce", 8, latency_charge="per_call",
                        marks={"decode, 8 KiB": 8192, "prefill of 2,048 tokens, 16 MiB": 16 * 2 ** 20})
@@ -241,7 +241,7 @@ assert cal.per_op["all_reduce"].r_squared > 0
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.cost_figures import calibration_figure
+from shardlib.ui.costs_figures import calibration_figure
 
 calibration_figure(cal.samples, cal.link, cal.latency_charge,
                    title=f"This machine, all three fitted together: latency {cal.link.latency_s * 1e6:.0f} us, "
@@ -334,7 +334,7 @@ assert dvp.measured_s(4, 1) > dvp.measured_s(2, 1)  # more shards did not make d
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.cost_widgets import tp_cost_explorer
+from shardlib.ui.costs_widgets import tp_cost_explorer
 
 tp_cost_explorer([*LINKS.values(), here])
 
@@ -369,13 +369,13 @@ assert inside[0] > 0.5 * len(per_rank[0]) * delay_s > inside[1]  # the fast rank
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.figures import timeline_figure
+from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(slow.spans, title="Rank 1 is throttled; the others wait in every collective")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.cost_widgets import slow_rank_explorer
+from shardlib.ui.costs_widgets import slow_rank_explorer
 
 slow_rank_explorer(ranks)
 
@@ -452,7 +452,7 @@ assert not by_label["2 replicas"].feasible and by_label["tp = 8"].feasible  # 70
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.cost_figures import latency_throughput_figure
+from shardlib.ui.costs_figures import latency_throughput_figure
 
 latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 
@@ -504,7 +504,7 @@ assert 0.5 <= measured.throughput_ratio / predicted.throughput_ratio <= 2.0
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.cost_figures import replicas_vs_tp_figure
+from shardlib.ui.costs_figures import replicas_vs_tp_figure
 
 replicas_vs_tp_figure(served)
 
@@ -515,9 +515,9 @@ replicas_vs_tp_figure(served)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Two tables price Llama-3-8B's decode communication at tp = 8 on NVLink: one at 0.32 ms per token, "
         "the other at 4.5 ms. What differs?",

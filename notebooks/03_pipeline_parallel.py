@@ -455,9 +455,9 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(prompt="A pipeline has 4 stages and runs 12 microbatches per step. What share of each "
                     "device's step is idle (the bubble fraction)?",
              choices=("1/4", "3/15 = 0.2", "3/12 = 0.25", "0"), answer=1,

@@ -49,7 +49,7 @@
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.experts import ExpertPlacement, MoEConfig, make_moe_weights, make_tokens, route
-from shardlib.ui.expert_figures import walkthrough_figure
+from shardlib.ui.experts_figures import walkthrough_figure
 
 small = MoEConfig(n_experts=4, k=2, skew=0.9)
 small_routing = route(make_tokens(8, small.d_model, seed=0), make_moe_weights(small, seed=0).router, small)
@@ -211,7 +211,7 @@ assert abs(run.cross_rank_share - predicted_cross_rank_share(2)) < 0.05
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.expert_figures import send_matrix_figure
+from shardlib.ui.experts_figures import send_matrix_figure
 
 send_matrix_figure(run.send_matrix)
 
@@ -293,7 +293,7 @@ assert 0.9 < ep_per_token / (2 * cfg.k * 4 * predicted_cross_rank_share(2)) < 1.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.expert_figures import rank_time_figure
+from shardlib.ui.experts_figures import rank_time_figure
 
 wide = cfg.but(d_ff=1024)
 wide_weights = make_moe_weights(wide, seed=0)
@@ -329,7 +329,7 @@ rank_time_figure(skewed.expert_s, skewed.forward_s, skewed.step_s, skewed.expert
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.figures import timeline_figure
+from shardlib.ui.runtime_figures import timeline_figure
 
 run_expert_parallel(ranks, x, wide_weights, wide.but(skew=1.0))
 timeline_figure(ranks.last_spans, title="One forward at skew 1: what each rank did")
@@ -449,7 +449,7 @@ assert torch.equal(differ, touched)  # the choice changes exactly the tokens tha
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.experts import MITIGATIONS
-from shardlib.ui.expert_figures import mitigation_sweep_figure
+from shardlib.ui.experts_figures import mitigation_sweep_figure
 
 skews = (0.0, 0.5, 1.0)
 sweep = [run_mitigations(ranks, x, weights, cfg.but(skew=s), repeats=3) for s in skews]
@@ -474,7 +474,7 @@ mitigation_sweep_figure(skews, {m: [rows[m].rank_max_over_mean for rows in sweep
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.expert_widgets import expert_explorer
+from shardlib.ui.experts_widgets import expert_explorer
 
 expert_explorer(ranks, x[:2048], weights, cfg)
 
@@ -485,9 +485,9 @@ expert_explorer(ranks, x[:2048], weights, cfg)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Which problem of a mixture-of-experts model does expert parallelism address more directly than "
         "tensor or pipeline parallelism?",

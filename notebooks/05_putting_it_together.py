@@ -138,7 +138,9 @@ assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) 
 #   `2 x 2 = 4` sends (and 4 receives).
 
 # %%
-from shardlib.plan import TOLERANCE, Layout, format_traffic, forward_traffic, run_combined
+from shardlib.combined import format_traffic, run_combined
+from shardlib.plan import Layout, forward_traffic
+from shardlib.runtime.measure import TOLERANCE
 from shardlib.toy import stack_reference
 
 layers = stack_weights(TOY, seed=0)
@@ -173,7 +175,7 @@ assert calls[("tp", "all_reduce")] == 8 * calls[("pp", "send")]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.figures import timeline_figure
+from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ranks 2-3 stage 1 (F0, F1: microbatches)")
 
@@ -199,7 +201,8 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 
 # %%
 from shardlib.hardware import Link
-from shardlib.plan import across_workload, format_across, format_plan, plan, run_across_nodes
+from shardlib.combined import across_workload, format_across, run_across_nodes
+from shardlib.plan import format_plan, plan
 from shardlib.toy import decode_reference
 
 two = Ranks(2)
@@ -369,7 +372,7 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plan import run_toy_cluster_calibration
+from shardlib.combined import run_toy_cluster_calibration
 
 fit = run_toy_cluster_calibration(four, TOY, layers)
 toy, cal = fit.cluster, fit.calibration
@@ -457,9 +460,9 @@ assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Two nodes of 8 GPUs serve a model too big for one node, for the most tokens per second. Which axis "
         "goes between the nodes?",

@@ -354,7 +354,7 @@ strategy_explorer(ranks, model, batches, LR)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
 QUESTIONS = [
     ("ZeRO-2 on 8 GPUs, mixed-precision Adam. How many bytes per parameter does each GPU keep?",
@@ -378,7 +378,7 @@ QUESTIONS = [
      "Activations scale with rows and tokens; recomputation trades one more forward per layer for keeping only "
      "each layer's input."),
 ]
-check_yourself(*(Question(*q) for q in QUESTIONS))
+show_questions(*(Question(*q) for q in QUESTIONS))
 
 # %% [markdown]
 # ## What you saw

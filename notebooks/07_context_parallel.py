@@ -58,7 +58,7 @@
 from shardlib.context_parallel import context_parallel_needed, device_memory, kv_cache_bytes
 from shardlib.hardware import H100_80GB
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
-from shardlib.ui.context_figures import memory_figure
+from shardlib.ui.context_parallel_figures import memory_figure
 
 seqs = [2 ** k for k in range(12, 21)]  # 4k to 1M tokens
 layouts = {"tp 8": (8, 1), "tp 16 (past the KV-head wall)": (16, 1), "tp 8 x cp 4": (8, 4), "tp 8 x cp 16": (8, 16)}
@@ -99,7 +99,8 @@ for model, tokens in ((LLAMA_3_8B, 1_000_000), (LLAMA_3_70B, 1_000_000)):
 
 # %%
 from shardlib import Ranks
-from shardlib.context_parallel import run_sequence_parallel, toy_block_activation_bytes
+from shardlib.context_parallel import toy_block_activation_bytes
+from shardlib.tensor_parallel import run_sequence_parallel
 from shardlib.models import TOY
 from shardlib.toy import activations, layer_weights
 
@@ -177,7 +178,7 @@ assert torch.allclose(merge(second, first).out, whole_row, atol=1e-6)  # the ord
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.context_figures import ring_steps_figure
+from shardlib.ui.context_parallel_figures import ring_steps_figure
 
 ring_steps_figure(4, "contiguous")
 
@@ -229,7 +230,7 @@ for causal in (True, False):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.context_figures import block_owner_figure
+from shardlib.ui.context_parallel_figures import block_owner_figure
 
 block_owner_figure(4)
 
@@ -243,7 +244,7 @@ block_owner_figure(4)
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.context_parallel import run_ring_balance
-from shardlib.ui.context_figures import balance_figure
+from shardlib.ui.context_parallel_figures import balance_figure
 
 qb, kb, vb = (torch.randn(1, 4, 1024, 64, generator=g) for _ in range(3))
 run_ring_attention(ranks, qb, kb, vb)  # warm-up
@@ -306,7 +307,7 @@ print(f"share of the transfer hidden under compute: {overlap.hidden_share:.0%}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.context_figures import ring_timeline_figure
+from shardlib.ui.context_parallel_figures import ring_timeline_figure
 
 ring_timeline_figure(overlap.sequential.spans, "One after the other: each transfer finishes before the compute starts")
 
@@ -368,7 +369,7 @@ assert run_ring_attention(ranks, q3, k3, v3).exact  # the ring does not care abo
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.context_parallel import ring_bytes_per_rank, ulysses_bytes_per_rank
-from shardlib.ui.context_figures import method_bytes_figure
+from shardlib.ui.context_parallel_figures import method_bytes_figure
 
 shape = AttentionShape(2, 6, 2, 70, 12)
 ring_run = run_ring_attention(ranks, q, k, v)
@@ -402,7 +403,7 @@ assert ulysses_bytes_per_rank(shape, 16) < ring_bytes_per_rank(shape, 16)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.context_widgets import sequence_explorer
+from shardlib.ui.context_parallel_widgets import sequence_explorer
 
 sequence_explorer(ranks, heads=8, kv_heads=2, head_dim=64, max_seq=2048)
 
@@ -411,9 +412,9 @@ sequence_explorer(ranks, heads=8, kv_heads=2, head_dim=64, max_seq=2048)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(prompt="Sequence parallelism replaces each all-reduce of a tensor-parallel pair with an all-gather "
                     "before and a reduce-scatter after. What happens to the bytes on the wire?",
              choices=("They double", "They stay the same: a ring all-reduce is a reduce-scatter then an all-gather",

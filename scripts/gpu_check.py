@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 from shardlib import Ranks  # noqa: E402
 from shardlib.costs.drivers import run_calibration  # noqa: E402
+from shardlib.intro.ranks import all_reduce_time_on_rank, first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
 from shardlib.launch import MAX_ERROR, run_local_nodes  # noqa: E402
 from shardlib.models import TOY  # noqa: E402
-from shardlib.runtime.basics import all_reduce_time_on_rank, first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
 from shardlib.runtime.context import gpu_count  # noqa: E402
 from shardlib.runtime.devices import place_ranks  # noqa: E402
 from shardlib.tensor_parallel import run_tp_block  # noqa: E402
@@ -192,7 +192,7 @@ def check_torchrun(report: Report, n_gpus: int, rehearse: bool) -> None:
     else:
         backend, devices = "cuda:gloo", None  # two agents would see the same GPUs: share them
     started = time.perf_counter()
-    agents, _ = run_local_nodes("shardlib.plan.machines:tp_inside_pp_across", [2, 2], backend=backend,
+    agents, _ = run_local_nodes("shardlib.combined.machines:tp_inside_pp_across", [2, 2], backend=backend,
                                 devices_per_node=devices, timeout_s=300)
     results = [r for agent in agents for r in agent.results]
     ok = (all(a.returncode == 0 for a in agents) and len(results) == 4

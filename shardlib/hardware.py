@@ -205,8 +205,8 @@ def toy_cluster(link: Link, memory_per_rank_bytes: float = 500e3, flops_per_s: f
     """CPU ranks as ``nodes`` "nodes" of ``ranks_per_node`` (4 ranks as 2 x 2 unless given), joined
     inside a "node" by ``link`` (one machine: a link measured here) and between nodes by ``inter_link``
     (the same ``link`` unless given: a slower one is made real on the ranks by
-    ``runtime.emulation.EmulatedLink.of_cluster``), computing at ``flops_per_s`` (measure it with
-    ``plan.drivers.effective_flops_per_s``). The default memory cap is chosen so that the toy model,
+    ``costs.emulation.EmulatedLink.of_cluster``), computing at ``flops_per_s`` (measure it with
+    ``combined.ranks.effective_flops_per_s``). The default memory cap is chosen so that the toy model,
     like a real large one, does not fit on one rank."""
     return Cluster(f"{nodes * ranks_per_node} CPU ranks ({nodes} x {ranks_per_node})", nodes, ranks_per_node,
                    memory_per_rank_bytes, link, inter_link or link, CPU_MEMORY_BYTES_PER_S, flops_per_s, "per_step")

@@ -1,6 +1,6 @@
 """Run a rank function under ``torchrun``: the same code a notebook runs on ``Ranks``.
 
-    torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.runtime.basics:first_all_reduce_on_rank
+    torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.intro.ranks:first_all_reduce_on_rank
 
 ``module:function`` names any importable rank function ``fn(ctx, *args)``; extra command-line words are
 passed as arguments (numbers are converted). Each rank prints its result as ``[rank R] result``, then
@@ -14,7 +14,7 @@ one machine, and how the tests run it.
 
 The exit status says whether it worked: non-zero when the function raised (its error is printed), and
 non-zero when it returned a dict whose ``max_error`` exceeds ``MAX_ERROR`` (or is not a number), the way
-``shardlib.plan.machines:tp_inside_pp_across`` reports its check against the single-process reference.
+``shardlib.combined.machines:tp_inside_pp_across`` reports its check against the single-process reference.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def failed_check(result) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shardlib.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", help="module:function, e.g. shardlib.runtime.basics:first_all_reduce_on_rank")
+    parser.add_argument("target", help="module:function, e.g. shardlib.intro.ranks:first_all_reduce_on_rank")
     parser.add_argument("args", nargs="*", help="arguments passed to the function after ctx")
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     opts = parser.parse_args(argv)

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
+from shardlib.combined import check_combined_inputs, run_combined, traffic_by_axis
 from shardlib.hardware import Link, toy_cluster
 from shardlib.models import TOY
-from shardlib.plan import (TOLERANCE, Layout, Workload, check_combined_inputs, plan, run_combined,
-                           traffic_by_axis)
+from shardlib.plan import Layout, Workload, plan
+from shardlib.runtime.measure import TOLERANCE
 from shardlib.tensor_parallel import simulate_tp_stack
 from shardlib.toy import activations, stack_reference, stack_weights
 
@@ -119,7 +120,7 @@ def test_traffic_by_axis_sums_records():
 
 
 def test_measured_toy_cluster_is_built_from_live_numbers(pool4):
-    from shardlib.plan import effective_flops_per_s, run_toy_cluster_calibration
+    from shardlib.combined import effective_flops_per_s, run_toy_cluster_calibration
 
     fit = run_toy_cluster_calibration(pool4, TOY, LAYERS)
     cluster, cal = fit.cluster, fit.calibration

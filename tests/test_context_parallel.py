@@ -12,16 +12,38 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardlib.context_parallel import (AttentionShape, Partial, attention_reference, block_partial, causal_work,
-                                       check_qkv, check_sequence, chunks_of_rank, context_parallel_needed,
-                                       device_memory, gather_sequence, hidden_share, imbalance, kv_cache_bytes,
-                                       merge, method_bytes, positions_of_rank, ring_bytes_per_rank, ring_pass,
-                                       ring_time_s, sequence_parallel_bytes_per_rank, shard_sequence,
-                                       simulate_ring_attention, toy_block_activation_bytes, ulysses_bytes_per_rank,
-                                       ulysses_collectives, attention_activation_bytes)
-from shardlib.hardware import Link
-from shardlib.models import LLAMA_3_70B, LLAMA_3_8B, TOY
+from shardlib.context_parallel import (
+    AttentionShape,
+    Partial,
+    attention_activation_bytes,
+    attention_reference,
+    block_partial,
+    causal_work,
+    check_qkv,
+    check_sequence,
+    chunks_of_rank,
+    context_parallel_needed,
+    device_memory,
+    gather_sequence,
+    hidden_share,
+    imbalance,
+    kv_cache_bytes,
+    merge,
+    method_bytes,
+    positions_of_rank,
+    ring_bytes_per_rank,
+    ring_pass,
+    ring_time_s,
+    sequence_parallel_bytes_per_rank,
+    shard_sequence,
+    simulate_ring_attention,
+    toy_block_activation_bytes,
+    ulysses_bytes_per_rank,
+    ulysses_collectives,
+)
 from shardlib.context_parallel.predict import ring_transfer_s
+from shardlib.hardware import Link
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, TOY
 
 ATOL = 1e-5
 
@@ -233,7 +255,7 @@ def test_attention_bytes_per_rank_hand_worked():
 
 # -- figures -----------------------------------------------------------------------------------------------
 def test_ring_steps_figure_names_whose_block_each_rank_holds():
-    from shardlib.ui.context_figures import ring_steps_figure
+    from shardlib.ui.context_parallel_figures import ring_steps_figure
 
     fig = ring_steps_figure(3)
     text = fig.data[0].text
@@ -242,7 +264,7 @@ def test_ring_steps_figure_names_whose_block_each_rank_holds():
 
 
 def test_block_owner_figure_colours_blocks_by_the_computing_rank():
-    from shardlib.ui.context_figures import block_owner_figure
+    from shardlib.ui.context_parallel_figures import block_owner_figure
 
     contiguous, zigzag = block_owner_figure(2).data
     z = [list(row) for row in zigzag.z]  # 4 chunks: rank 0 holds 0 and 3, rank 1 holds 1 and 2
@@ -254,8 +276,13 @@ def test_block_owner_figure_colours_blocks_by_the_computing_rank():
 
 def test_the_other_figures_draw_their_data():
     from shardlib.runtime.timeline import Span
-    from shardlib.ui.context_figures import (attention_memory_figure, balance_figure, memory_figure,
-                                             method_bytes_figure, ring_timeline_figure)
+    from shardlib.ui.context_parallel_figures import (
+        attention_memory_figure,
+        balance_figure,
+        memory_figure,
+        method_bytes_figure,
+        ring_timeline_figure,
+    )
 
     fig = memory_figure([1000, 2000], {"tp 8": [1e9, 2e9], "tp 8 x cp 2": [5e8, 1e9]}, 80e9)
     assert [t.name for t in fig.data] == ["tp 8", "tp 8 x cp 2"] and list(fig.data[0].y) == [1.0, 2.0]

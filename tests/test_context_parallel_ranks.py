@@ -14,11 +14,21 @@ import pytest
 import torch
 
 from shardlib import RankError
-from shardlib.context_parallel import (AttentionShape, attention_reference, causal_work, ring_attention_on_rank,
-                                       run_ring_attention, run_ring_balance, run_ring_overlap, run_sequence_parallel,
-                                       run_ulysses_attention, toy_block_activation_bytes, ulysses_attention_on_rank)
+from shardlib.context_parallel import (
+    AttentionShape,
+    attention_reference,
+    causal_work,
+    ring_attention_on_rank,
+    run_ring_attention,
+    run_ring_balance,
+    run_ring_overlap,
+    run_ulysses_attention,
+    toy_block_activation_bytes,
+    ulysses_attention_on_rank,
+)
 from shardlib.context_parallel.drivers import calibrate_exchange
 from shardlib.models import TOY
+from shardlib.tensor_parallel import run_sequence_parallel
 from shardlib.toy import activations, layer_weights
 
 ATOL = 1e-5
@@ -181,7 +191,7 @@ def test_sequence_parallel_refuses_a_sequence_that_does_not_split(pool):
 
 
 def test_the_sequence_slider_stays_in_range_and_reruns(pool2):
-    from shardlib.ui.context_widgets import sequence_explorer
+    from shardlib.ui.context_parallel_widgets import sequence_explorer
 
     app = sequence_explorer(pool2, heads=4, kv_heads=2, head_dim=16, max_seq=512)
     (slider, picker), label, memory = app.children[0].children, app.children[1], app.children[2]

@@ -7,8 +7,18 @@ import numpy as np
 import pytest
 
 from shardlib import RankError
-from shardlib.costs import (DEFAULT_SIZES_BYTES, SWEEP_OPS, Sample, collective_time_s, fastest_of_slowest, fit_link,
-                            median_of_slowest, r_squared, run_calibration, sweep_on_rank)
+from shardlib.costs import (
+    DEFAULT_SIZES_BYTES,
+    SWEEP_OPS,
+    Sample,
+    collective_time_s,
+    fastest_of_slowest,
+    fit_link,
+    median_of_slowest,
+    r_squared,
+    run_calibration,
+    sweep_on_rank,
+)
 from shardlib.hardware import Link
 
 TRUE = Link("known", 5e9, 25e-6)  # 25 us per message, 5 GB/s each way

@@ -10,8 +10,17 @@ import pytest
 import torch
 
 from shardlib import RankError
-from shardlib.costs import (SLOW_RANK_OPS, DecodeVsPrefillRun, Sample, measure_until, run_decode_vs_prefill,
-                            run_replicas_vs_tp, run_slow_rank, serving_model, slow_rank_on_rank)
+from shardlib.costs import (
+    SLOW_RANK_OPS,
+    DecodeVsPrefillRun,
+    Sample,
+    measure_until,
+    run_decode_vs_prefill,
+    run_replicas_vs_tp,
+    run_slow_rank,
+    serving_model,
+    slow_rank_on_rank,
+)
 from shardlib.costs.ranks import request_stream
 from shardlib.hardware import Link
 from shardlib.models import LLAMA_3_8B
@@ -129,7 +138,7 @@ def test_replicas_and_one_tensor_parallel_copy_compute_the_same_outputs(pool):
     assert result.predicted_comm_s_per_step == pytest.approx(3 * (2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 256 / 1e9))
     assert predicted.tp_step_s == pytest.approx(measured.replica_step_s / n + result.predicted_comm_s_per_step)
     assert result.tp_step_ratio == pytest.approx(measured.tp_step_s / predicted.tp_step_s)
-    from shardlib.ui.cost_figures import replicas_vs_tp_figure
+    from shardlib.ui.costs_figures import replicas_vs_tp_figure
 
     fig = replicas_vs_tp_figure(result)  # latency and tokens per device, measured beside predicted
     assert [t.name for t in fig.data] == ["measured (median step)"] * 2 + ["predicted"] * 2
@@ -154,7 +163,7 @@ def test_replicas_vs_tp_refuses_a_width_that_does_not_split(pool2):
 
 
 def test_the_slow_rank_explorer_runs_live(pool2):
-    from shardlib.ui.cost_widgets import slow_rank_explorer
+    from shardlib.ui.costs_widgets import slow_rank_explorer
 
     box = slow_rank_explorer(pool2, delay_ms=500)
     delay, slow, text, fig, feedback = box.children

@@ -5,12 +5,28 @@ import math
 
 import pytest
 
-from shardlib.costs import (algorithm_bandwidth, all_gather_s, all_reduce_s, all_to_all_s, bus_bandwidth,
-                            collective_terms_s, cost_terms, crossover_bytes, decode_step_compute_s, fits_on_device,
-                            format_tp_cost_table, pipeline_vs_tensor, point_to_point_s, reduce_scatter_s,
-                            replicas_vs_tensor_parallel, tp_cost_table, tp_decode_cost, tp_prefill_cost)
+from shardlib.costs import (
+    algorithm_bandwidth,
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    bus_bandwidth,
+    collective_terms_s,
+    cost_terms,
+    crossover_bytes,
+    decode_step_compute_s,
+    fits_on_device,
+    format_tp_cost_table,
+    pipeline_vs_tensor,
+    point_to_point_s,
+    reduce_scatter_s,
+    replicas_vs_tensor_parallel,
+    tp_cost_table,
+    tp_decode_cost,
+    tp_prefill_cost,
+)
 from shardlib.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Link, get_link
-from shardlib.models import LLAMA_3_70B, LLAMA_3_8B
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
 
 # 1 GB/s each way, 10 us per message: easy numbers to work by hand
 LINK = Link("test", 1e9, 1e-5)
@@ -215,7 +231,7 @@ def test_bad_input_names_the_value(call, words):
 
 # -- figures and the explorer -------------------------------------------------------------------------
 def test_link_comparison_figure_draws_the_formula():
-    from shardlib.ui.cost_figures import link_comparison_figure
+    from shardlib.ui.costs_figures import link_comparison_figure
 
     fig = link_comparison_figure([NVLINK, ETHERNET_100G], "all_reduce", 8, {"decode": 8192})
     line = fig.data[0]
@@ -227,7 +243,7 @@ def test_link_comparison_figure_draws_the_formula():
 
 
 def test_phase_cost_figure_stacks_latency_and_bandwidth():
-    from shardlib.ui.cost_figures import phase_cost_figure
+    from shardlib.ui.costs_figures import phase_cost_figure
 
     decode, prefill = tp_decode_cost(LLAMA_3_8B, 2, NVLINK), tp_prefill_cost(LLAMA_3_8B, 2, NVLINK, 2048)
     fig = phase_cost_figure([decode, prefill])
@@ -236,7 +252,7 @@ def test_phase_cost_figure_stacks_latency_and_bandwidth():
 
 
 def test_explorer_updates_and_offers_only_usable_shard_counts():
-    from shardlib.ui.cost_widgets import tp_cost_explorer
+    from shardlib.ui.costs_widgets import tp_cost_explorer
 
     box = tp_cost_explorer(list(LINKS.values()), tp=3, prompt_tokens=5000, batch=0)
     link, shards, prompt, batch, charge, text, fig, feedback = box.children
@@ -254,7 +270,7 @@ def test_explorer_updates_and_offers_only_usable_shard_counts():
 def test_latency_throughput_figure_draws_the_planners_points():
     from shardlib.hardware import H100_80GB
     from shardlib.plan import Workload, latency_vs_throughput
-    from shardlib.ui.cost_figures import latency_throughput_figure
+    from shardlib.ui.costs_figures import latency_throughput_figure
 
     short = latency_vs_throughput(LLAMA_3_8B, H100_80GB, workload=Workload(context_tokens=1024, prompt_tokens=512))
     big = latency_vs_throughput(LLAMA_3_70B, H100_80GB)

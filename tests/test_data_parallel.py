@@ -8,12 +8,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardlib.data_parallel import (STATE_BYTES_FP32, STRATEGIES, PeakMeter, check_training_inputs, gathered_peak_bytes,
-                                    global_mse, layer_activation_bytes, layout_memory, layout_step_bytes,
-                                    local_rows, measure_activations, memory_per_rank, mlp_activation_bytes, padded,
-                                    parameter_units, plan_buckets, plan_units, step_wire_bytes, toy_batches, toy_model,
-                                    train_reference, training_memory_per_gpu, zero_table)
+from shardlib.data_parallel import (
+    STATE_BYTES_FP32,
+    STRATEGIES,
+    check_training_inputs,
+    gathered_peak_bytes,
+    global_mse,
+    layer_activation_bytes,
+    layout_memory,
+    layout_step_bytes,
+    local_rows,
+    measure_activations,
+    memory_per_rank,
+    mlp_activation_bytes,
+    padded,
+    parameter_units,
+    plan_buckets,
+    plan_units,
+    step_wire_bytes,
+    toy_batches,
+    toy_model,
+    train_reference,
+    training_memory_per_gpu,
+    zero_table,
+)
 from shardlib.models import LLAMA_3_8B, ModelConfig
+from shardlib.runtime.measure import PeakMeter
 
 
 # -- flat groups ------------------------------------------------------------------------------------------

@@ -6,11 +6,10 @@ import sys
 import cloudpickle
 import pytest
 import torch
+from solutions_module import ROOT, answers
 
 from shardlib import Ranks
 from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, grade_zero1_step, zero1_inputs, zero1_reference
-
-from solutions_module import ROOT, answers
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
 

@@ -14,8 +14,18 @@ import pytest
 import torch
 
 from shardlib import RankError
-from shardlib.data_parallel import (STRATEGIES, TOLERANCE, gathered_peak_bytes, parameter_units, run_collective_identity,
-                                    run_peer, toy_batches, toy_model, train_data_parallel, train_on_rank)
+from shardlib.data_parallel import (
+    STRATEGIES,
+    TOLERANCE,
+    gathered_peak_bytes,
+    parameter_units,
+    run_collective_identity,
+    run_peer,
+    toy_batches,
+    toy_model,
+    train_data_parallel,
+    train_on_rank,
+)
 
 LR = 0.01
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks receive this module's model classes

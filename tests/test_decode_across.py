@@ -5,12 +5,13 @@ import pytest
 import torch
 from rank_fns import decode_pieces_reference, identity
 
+from shardlib.combined import across_layouts, across_workload, run_across_nodes, run_decode
 from shardlib.costs.alpha_beta import collective_time_s, point_to_point_s
+from shardlib.costs.emulation import EmulatedLink
 from shardlib.hardware import Link
 from shardlib.models import TOY
-from shardlib.plan import (TOLERANCE, Layout, across_layouts, across_workload, plan, run_across_nodes,
-                           run_decode)
-from shardlib.runtime.emulation import EmulatedLink
+from shardlib.plan import Layout, plan
+from shardlib.runtime.measure import TOLERANCE
 from shardlib.toy import activations, decode_reference, stack_weights
 
 LAYERS = stack_weights(TOY, seed=0)

@@ -7,6 +7,7 @@ CPU ranks with staging switched on: the same copies, the same results as without
 
 import pytest
 import torch
+from conftest import child_pids
 
 import shardlib.runtime.comm
 import shardlib.runtime.ranks
@@ -14,8 +15,6 @@ from shardlib import Ranks
 from shardlib.runtime.context import RankContext, prepare_device
 from shardlib.runtime.devices import Placement, place_ranks
 from shardlib.runtime.timeline import Timeline
-
-from conftest import child_pids
 
 
 @pytest.mark.parametrize("backend, world, gpus, torch_backend, devices, label", [

@@ -2,12 +2,11 @@
 time of that link, calls inside a node are not, and the emulation ends with the call that set it."""
 
 import pytest
+import rank_fns
 
 from shardlib.costs.alpha_beta import collective_time_s
+from shardlib.costs.emulation import EmulatedLink
 from shardlib.hardware import INFINIBAND_400G, Link
-from shardlib.runtime.emulation import EmulatedLink
-
-import rank_fns
 
 
 def test_crosses_and_time_follow_the_nodes_and_the_formula():

@@ -9,12 +9,22 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from solutions_module import answers
 
 from shardlib import Ranks
-from solutions_module import answers
-from shardlib.exercises import (NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult, grade_bubble_fraction,
-                                grade_dispatch_plan, grade_fit_alpha_beta, grade_merge_partial_attention,
-                                grade_shard_rows, grade_top_k_router, grade_tp_pair_forward)
+from shardlib.exercises import (
+    NOT_RIGHT,
+    NOT_WRITTEN,
+    PASSED,
+    ExerciseResult,
+    grade_bubble_fraction,
+    grade_dispatch_plan,
+    grade_fit_alpha_beta,
+    grade_merge_partial_attention,
+    grade_shard_rows,
+    grade_top_k_router,
+    grade_tp_pair_forward,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below

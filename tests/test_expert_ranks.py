@@ -11,11 +11,25 @@ import pytest
 import torch
 
 from shardlib import RankError
-from shardlib.experts import (ExpertPlacement, MoEConfig, assign, dispatch_plan, ep_forward_on_rank, make_moe_weights,
-                              make_tokens, moe_reference, predicted_all_to_all_bytes, predicted_cross_rank_share,
-                              predicted_weight_bytes,
-                              reference_for, replicate_hottest, route, run_expert_parallel, run_mitigation,
-                              simulate_expert_parallel)
+from shardlib.experts import (
+    ExpertPlacement,
+    MoEConfig,
+    assign,
+    dispatch_plan,
+    ep_forward_on_rank,
+    make_moe_weights,
+    make_tokens,
+    moe_reference,
+    predicted_all_to_all_bytes,
+    predicted_cross_rank_share,
+    predicted_weight_bytes,
+    reference_for,
+    replicate_hottest,
+    route,
+    run_expert_parallel,
+    run_mitigation,
+    simulate_expert_parallel,
+)
 from shardlib.models import TOY_MOE
 
 CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
@@ -215,7 +229,7 @@ def test_bad_inputs_are_refused_before_the_ranks_are_involved(pool4):
 
 
 def test_the_knob_app_runs_the_layer_live_and_clamps(pool2):
-    from shardlib.ui.expert_widgets import expert_explorer
+    from shardlib.ui.experts_widgets import expert_explorer
 
     app = expert_explorer(pool2, X, WEIGHTS, CFG, repeats=1)
     controls, summary, figures, time_fig, feedback = app.children
@@ -240,7 +254,7 @@ def test_the_knob_app_runs_the_layer_live_and_clamps(pool2):
 
 # -- figures ----------------------------------------------------------------------------------------------------
 def test_the_walkthrough_has_five_steps_with_the_routers_choices():
-    from shardlib.ui.expert_figures import STAGES, walkthrough_figure
+    from shardlib.ui.experts_figures import STAGES, walkthrough_figure
 
     experts, gates = [[0, 1], [0, 3], [2, 0], [3, 2]], [[0.6, 0.4]] * 4
     fig = walkthrough_figure([0, 0, 1, 1], experts, gates, owner=[0, 0, 1, 1])
@@ -258,7 +272,12 @@ def test_the_walkthrough_has_five_steps_with_the_routers_choices():
 
 
 def test_the_figures_show_what_the_ranks_reported():
-    from shardlib.ui.expert_figures import expert_load_figure, mitigation_sweep_figure, rank_time_figure, send_matrix_figure
+    from shardlib.ui.experts_figures import (
+        expert_load_figure,
+        mitigation_sweep_figure,
+        rank_time_figure,
+        send_matrix_figure,
+    )
 
     assert [list(row) for row in send_matrix_figure([[5, 1], [2, 7]]).data[0].z] == [[5, 1], [2, 7]]
     load = expert_load_figure([4, 0, 2, 2], owner=[0, 0, 1, 1], capacity_total=3)

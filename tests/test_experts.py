@@ -12,9 +12,24 @@ import math
 import pytest
 import torch
 
-from shardlib.experts import (MAX_PREFERENCE_BIAS, MoEConfig, Routing, assign, assign_groups,
-                              aux_load_balancing_loss, capacity, expert_ffn, load_stats, make_moe_weights,
-                              make_tokens, moe_reference, preference_bias, route, served_gates, split_groups)
+from shardlib.experts import (
+    MAX_PREFERENCE_BIAS,
+    MoEConfig,
+    Routing,
+    assign,
+    assign_groups,
+    aux_load_balancing_loss,
+    capacity,
+    expert_ffn,
+    load_stats,
+    make_moe_weights,
+    make_tokens,
+    moe_reference,
+    preference_bias,
+    route,
+    served_gates,
+    split_groups,
+)
 from shardlib.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
 from shardlib.toy import mlp_reference
 

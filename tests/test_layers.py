@@ -24,44 +24,76 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "shardlib"
 ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, "exercises": 4}
+# Modules named for their role take the role's layer (``ROLES``); every other module is listed in
+# ``LAYERS``, one a line, grouped by package (a new module must be added, or this test fails).
+ROLES = {"reference": "pure", "predict": "pure", "ranks": "rank", "drivers": "driver"}
 PURE_WITHOUT_TORCH = {
-    "shardlib.checks", "shardlib.models", "shardlib.hardware",
-    "shardlib.runtime.timeline", "shardlib.runtime.records", "shardlib.runtime.emulation",
+    "shardlib.checks",
+    "shardlib.models",
+    "shardlib.hardware",
+    "shardlib.runtime.timeline",
+    "shardlib.runtime.records",
     "shardlib.runtime.devices",
-    "shardlib.pipeline.bubble", "shardlib.pipeline.schedules", "shardlib.pipeline.predict",
-    "shardlib.costs.alpha_beta", "shardlib.costs.phases", "shardlib.costs.calibration",
-    "shardlib.plan.layout", "shardlib.plan.memory", "shardlib.plan.planner", "shardlib.plan.decode",
-    "shardlib.plan.fit", "shardlib.plan.reasons", "shardlib.plan.serving", "shardlib.plan.traffic",
-    "shardlib.data_parallel.flat", "shardlib.data_parallel.predict",
-    "shardlib.context_parallel.predict", "shardlib.context_parallel.memory", "shardlib.context_parallel.layouts",
+    "shardlib.costs.emulation",
+    "shardlib.pipeline.bubble",
+    "shardlib.pipeline.schedules",
+    "shardlib.pipeline.predict",
+    "shardlib.costs.alpha_beta",
+    "shardlib.costs.phases",
+    "shardlib.costs.calibration",
+    "shardlib.plan.layout",
+    "shardlib.plan.memory",
+    "shardlib.plan.planner",
+    "shardlib.plan.decode",
+    "shardlib.plan.fit",
+    "shardlib.plan.reasons",
+    "shardlib.plan.serving",
+    "shardlib.plan.traffic",
+    "shardlib.data_parallel.flat",
+    "shardlib.data_parallel.predict",
+    "shardlib.context_parallel.predict",
+    "shardlib.context_parallel.memory",
+    "shardlib.context_parallel.layouts",
 }
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
-        "shardlib.toy", "shardlib.tensor_parallel.split", "shardlib.pipeline.reference",
-        "shardlib.experts.routing", "shardlib.experts.layer", "shardlib.experts.placement",
-        "shardlib.data_parallel.reference", "shardlib.data_parallel.meter", "shardlib.data_parallel.activations",
-        "shardlib.context_parallel.online_softmax", "shardlib.context_parallel.reference",
+        "shardlib.toy",
+        "shardlib.runtime.measure",
+        "shardlib.tensor_parallel.split",
+        "shardlib.pipeline.reference",
+        "shardlib.experts.routing",
+        "shardlib.experts.layer",
+        "shardlib.experts.placement",
+        "shardlib.data_parallel.reference",
+        "shardlib.data_parallel.activations",
+        "shardlib.context_parallel.online_softmax",
+        "shardlib.context_parallel.reference",
     },
-    "runtime": {"shardlib.runtime.ranks", "shardlib.runtime.worker", "shardlib.runtime.context",
-                "shardlib.runtime.comm", "shardlib.runtime.launcher", "shardlib.runtime.template"},
-    "rank": {"shardlib.runtime.basics", "shardlib.tensor_parallel.layers", "shardlib.tensor_parallel.blocks",
-             "shardlib.tensor_parallel.ranks", "shardlib.pipeline.ranks", "shardlib.experts.ranks",
-             "shardlib.costs.ranks", "shardlib.plan.ranks",
-             "shardlib.data_parallel.buckets", "shardlib.data_parallel.zero3", "shardlib.data_parallel.ranks",
-             "shardlib.data_parallel.peer",
-             "shardlib.context_parallel.ring", "shardlib.context_parallel.ulysses",
-             "shardlib.context_parallel.sequence_parallel"},
-    "driver": {"shardlib.tensor_parallel.drivers", "shardlib.pipeline.drivers", "shardlib.experts.drivers",
-               "shardlib.costs.drivers", "shardlib.plan.drivers", "shardlib.plan.across", "shardlib.plan.machines",
-               "shardlib.launch",
-               "shardlib.data_parallel.drivers", "shardlib.data_parallel.experiments",
-               "shardlib.context_parallel.drivers", "shardlib.context_parallel.sp_drivers"},
-    "ui": {f"shardlib.ui.{m}" for m in (
-        "theme", "gantt", "live", "figures", "cost_figures", "pipeline_figures", "expert_figures", "plan_figures",
-        "data_parallel_figures", "context_figures", "widgets", "cost_widgets", "pipeline_widgets",
-        "expert_widgets", "plan_widgets", "data_parallel_widgets", "context_widgets", "quiz", "static")},
-    "exercises": {f"shardlib.exercises.{m}" for m in (
-        "result", "tensor_parallel", "costs", "pipeline", "experts", "plan", "data_parallel", "context_parallel")},
+    "runtime": {
+        "shardlib.runtime.ranks",
+        "shardlib.runtime.worker",
+        "shardlib.runtime.context",
+        "shardlib.runtime.comm",
+        "shardlib.runtime.launcher",
+        "shardlib.runtime.template",
+    },
+    "rank": {
+        "shardlib.tensor_parallel.layers",
+        "shardlib.tensor_parallel.blocks",
+        "shardlib.tensor_parallel.sequence_parallel",
+        "shardlib.data_parallel.buckets",
+        "shardlib.data_parallel.zero3",
+        "shardlib.data_parallel.peer",
+        "shardlib.context_parallel.ring",
+        "shardlib.context_parallel.ulysses",
+    },
+    "driver": {
+        "shardlib.tensor_parallel.sp_drivers",
+        "shardlib.combined.across",
+        "shardlib.combined.machines",
+        "shardlib.launch",
+        "shardlib.data_parallel.experiments",
+    },
 }
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
 
@@ -121,8 +153,13 @@ def layer_of(module: str, files: dict[str, Path]) -> str:
     for layer, members in LAYERS.items():
         if module in members:
             return layer
+    parts = module.split(".")
     if files[module].name == "__init__.py" or module == "shardlib._lazy":
         return "infra"
+    if parts[1] in ("ui", "exercises"):
+        return parts[1]
+    if len(parts) == 3 and parts[2] in ROLES:
+        return ROLES[parts[2]]
     raise KeyError(module)
 
 
@@ -162,6 +199,7 @@ def test_the_package_keeps_its_layers():
 def test_every_listed_module_exists():
     files = module_files(ROOT)
     missing = sorted(m for members in LAYERS.values() for m in members if m not in files)
+    missing += sorted(m for m in PURE_WITHOUT_TORCH if m not in files)
     assert missing == []
 
 
@@ -206,3 +244,13 @@ def test_importing_a_pure_module_does_not_start_the_runtime():
                          cwd=ROOT.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_runtime_imports_nothing_above_it():
+    """``runtime/`` sits under every strategy: it may use the facts and checks below it, nothing else."""
+    files = module_files(ROOT)
+    graph = {name: direct_imports(name, path, set(files))[0] for name, path in files.items()}
+    below = {"shardlib", "shardlib._lazy", "shardlib.checks", "shardlib.models", "shardlib.hardware", "shardlib.toy"}
+    found = {f"{name} imports {dep}" for name in files if name.startswith("shardlib.runtime")
+             for dep in closure(name, graph) if not dep.startswith("shardlib.runtime") and dep not in below}
+    assert sorted(found) == []

@@ -37,7 +37,7 @@ def test_the_guard_shows_the_error_and_clears_it_when_the_next_move_works():
 
 
 def test_a_widget_on_a_closed_pool_says_so_instead_of_going_quiet():
-    from shardlib.ui.widgets import all_reduce_explorer
+    from shardlib.ui.intro_widgets import all_reduce_explorer
 
     ranks = Ranks(2)
     slider, label, fig, feedback = all_reduce_explorer(ranks).children

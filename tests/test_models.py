@@ -2,9 +2,20 @@
 
 import pytest
 
-from shardlib.models import (LLAMA_3_1_405B, LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B, PRESETS, SHAPE_RULE_EXAMPLES, TOY,
-                             ModelConfig, binding_rule, kv_heads_per_device, pipeline_parallel_problems,
-                             tensor_parallel_problems)
+from shardlib.models import (
+    LLAMA_3_1_405B,
+    LLAMA_3_8B,
+    LLAMA_3_70B,
+    MIXTRAL_8X7B,
+    PRESETS,
+    SHAPE_RULE_EXAMPLES,
+    TOY,
+    ModelConfig,
+    binding_rule,
+    kv_heads_per_device,
+    pipeline_parallel_problems,
+    tensor_parallel_problems,
+)
 
 
 @pytest.mark.parametrize("model, published_b, tolerance_b", [

@@ -1,8 +1,9 @@
 """The install files agree with each other."""
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_NAMES = {"torch": "pytorch"}

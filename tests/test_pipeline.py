@@ -9,12 +9,27 @@ from fractions import Fraction
 
 import pytest
 
-from shardlib.pipeline import (Action, Schedule, check_schedule, idle_slots, make_schedule,
-                               measure_bubble, measured_in_flight, messages_per_step, microbatch_sizes,
-                               microbatch_trips,
-                               order_text, peak_in_flight, pipeline_bubble_fraction,
-                               pipeline_bubble_ratio_to_ideal, predicted_step_s, schedule_text, simulate,
-                               split_layers, step_slots)
+from shardlib.pipeline import (
+    Action,
+    Schedule,
+    check_schedule,
+    idle_slots,
+    make_schedule,
+    measure_bubble,
+    measured_in_flight,
+    messages_per_step,
+    microbatch_sizes,
+    microbatch_trips,
+    order_text,
+    peak_in_flight,
+    pipeline_bubble_fraction,
+    pipeline_bubble_ratio_to_ideal,
+    predicted_step_s,
+    schedule_text,
+    simulate,
+    split_layers,
+    step_slots,
+)
 from shardlib.runtime.timeline import Span
 
 

@@ -17,9 +17,21 @@ from torch import nn
 
 from shardlib import RankError
 from shardlib.models import ModelConfig
-from shardlib.pipeline import (Action, Schedule, layers_of_stage, make_schedule, measured_in_flight, messages_per_step,
-                               peak_in_flight, pipeline_step_on_rank, predicted_step_s,
-                               run_bubble_curve, run_pipeline, run_pipeline_median, unpipelined_step)
+from shardlib.pipeline import (
+    Action,
+    Schedule,
+    layers_of_stage,
+    make_schedule,
+    measured_in_flight,
+    messages_per_step,
+    peak_in_flight,
+    pipeline_step_on_rank,
+    predicted_step_s,
+    run_bubble_curve,
+    run_pipeline,
+    run_pipeline_median,
+    unpipelined_step,
+)
 from shardlib.toy import activations, block_reference, stack_weights
 
 N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32

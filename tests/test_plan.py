@@ -2,12 +2,32 @@
 
 import pytest
 
-from shardlib.hardware import (FOUR_NODES_8_H100, INFINIBAND_400G, NVLINK, ONE_H100, ONE_NODE_8_H100, TWO_NODES_8_H100,
-                               Cluster, Link, toy_cluster)
-from shardlib.models import (LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, SHAPE_RULE_EXAMPLES, TOY,
-                             ModelConfig)
-from shardlib.plan import (Layout, Workload, affordable_batch, check_layout, check_mesh, enumerate_layouts,
-                           forward_traffic, format_plan, layout_problems, memory_per_gpu, plan, score)
+from shardlib.hardware import (
+    FOUR_NODES_8_H100,
+    INFINIBAND_400G,
+    NVLINK,
+    ONE_H100,
+    ONE_NODE_8_H100,
+    TWO_NODES_8_H100,
+    Cluster,
+    Link,
+    toy_cluster,
+)
+from shardlib.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, SHAPE_RULE_EXAMPLES, TOY, ModelConfig
+from shardlib.plan import (
+    Layout,
+    Workload,
+    affordable_batch,
+    check_layout,
+    check_mesh,
+    enumerate_layouts,
+    format_plan,
+    forward_traffic,
+    layout_problems,
+    memory_per_gpu,
+    plan,
+    score,
+)
 
 LLAMA_3_405B = LLAMA_3_1_405B
 

@@ -2,11 +2,31 @@
 
 import pytest
 
-from shardlib.hardware import (B200, GPU_MEMORY_BYTES, GPUS, H100_80GB, H200, INFINITY_FABRIC, MI300X, MI325X, NVLINK_5,
-                               ONE_H100, GPU, Link, gpu_cluster)
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_405B, ModelConfig
-from shardlib.plan import (Layout, Workload, fit_on_gpus, format_latency_vs_throughput, gpus_needed,
-                           latency_vs_throughput, plan)
+from shardlib.hardware import (
+    B200,
+    GPU,
+    GPU_MEMORY_BYTES,
+    GPUS,
+    H100_80GB,
+    H200,
+    INFINITY_FABRIC,
+    MI300X,
+    MI325X,
+    NVLINK_5,
+    ONE_H100,
+    Link,
+    gpu_cluster,
+)
+from shardlib.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, ModelConfig
+from shardlib.plan import (
+    Layout,
+    Workload,
+    fit_on_gpus,
+    format_latency_vs_throughput,
+    gpus_needed,
+    latency_vs_throughput,
+    plan,
+)
 
 
 # -- GPU facts ----------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 import pytest
 
 from shardlib.runtime import CommRecord
-from shardlib.ui.figures import comm_bytes_figure, timeline_figure, weights_vs_memory_figure
 from shardlib.runtime.timeline import Span
+from shardlib.ui.intro_figures import weights_vs_memory_figure
+from shardlib.ui.runtime_figures import comm_bytes_figure, timeline_figure
 
 
 def test_timeline_figure_draws_one_bar_per_span_from_time_zero():
@@ -32,7 +33,7 @@ def test_weights_figure_has_a_line_per_memory_size():
 
 
 def test_shard_layout_figure_colours_each_ranks_slice():
-    from shardlib.ui.figures import shard_layout_figure
+    from shardlib.ui.tensor_parallel_figures import shard_layout_figure
 
     fig = shard_layout_figure(tp=2, d_in=3, d_hidden=4, d_out=2)
     w1, w2 = fig.data
@@ -43,7 +44,7 @@ def test_shard_layout_figure_colours_each_ranks_slice():
 
 
 def test_weight_cut_figure_colours_what_each_split_of_the_code_holds():
-    from shardlib.ui.figures import weight_cut_figure
+    from shardlib.ui.tensor_parallel_figures import weight_cut_figure
 
     fig = weight_cut_figure(out_features=4, in_features=6, n_shards=2)
     by_columns, by_rows = fig.data

@@ -1,6 +1,6 @@
 import pytest
 
-from shardlib.ui.quiz import Question, check_yourself, question_widget, questions_html
+from shardlib.ui.quiz import Question, question_widget, questions_html, show_questions
 
 Q = Question(prompt="How many all-reduces per column-then-row pair?", choices=("0", "1", "2"), answer=1,
              why="The row-parallel half leaves partial sums.")
@@ -20,7 +20,7 @@ def test_static_html_carries_every_question_and_answer():
     q2 = Question("Second?", ["yes", "no"], 0, "Because.")
     text = questions_html([Q, q2])
     assert text.count("<details>") == 2 and "<b>1</b>" in text and "<b>yes</b>" in text
-    bundle = check_yourself(Q, q2)._repr_mimebundle_()
+    bundle = show_questions(Q, q2)._repr_mimebundle_()
     assert bundle["text/html"] == text
     assert "application/vnd.jupyter.widget-view+json" in bundle
 
@@ -37,6 +37,6 @@ def test_bad_questions_say_what_is_wrong(kwargs, words):
 
 def test_check_yourself_needs_questions():
     with pytest.raises(ValueError, match="at least one Question"):
-        check_yourself()
+        show_questions()
     with pytest.raises(ValueError, match="Question objects, got str"):
-        check_yourself("what?")
+        show_questions("what?")

@@ -10,12 +10,11 @@ import time
 
 import pytest
 import torch
+from conftest import alive, child_pids
+from rank_fns import die_on, identity, noop, raise_on, skip_barrier_on_last, threads
 
 from shardlib import RankError, Ranks, RankTimeoutError
 from shardlib.runtime.context import choose_backend, gpu_count
-
-from conftest import alive, child_pids
-from rank_fns import die_on, identity, noop, raise_on, skip_barrier_on_last, threads
 
 
 def test_results_come_back_in_rank_order_with_args(pool):

@@ -11,11 +11,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlib import RankError
-from shardlib.models import LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B, TOY, ModelConfig, check_tensor_parallel
-from shardlib.tensor_parallel import (CUTS, TensorParallelPair, max_tensor_parallel_shards, other_cut_ratios,
-                                      pair_collectives, pair_wire_collectives,
-                                      pair_column_then_row_on_rank, run_pair, run_tp_block, shard_columns, shard_rows,
-                                      simulate_tp_stack, tp_attention_on_rank)
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig, check_tensor_parallel
+from shardlib.tensor_parallel import (
+    CUTS,
+    TensorParallelPair,
+    max_tensor_parallel_shards,
+    other_cut_ratios,
+    pair_collectives,
+    pair_column_then_row_on_rank,
+    pair_wire_collectives,
+    run_pair,
+    run_tp_block,
+    shard_columns,
+    shard_rows,
+    simulate_tp_stack,
+    tp_attention_on_rank,
+)
 from shardlib.toy import activations, attention_reference, layer_weights, mlp_reference, stack_reference, stack_weights
 
 ATOL = 1e-5
@@ -214,7 +225,7 @@ def test_wire_bytes_and_the_ratios_of_the_two_cuts_by_hand(n):
 
 
 def test_the_cut_explorer_sets_measured_beside_predicted(pool2):
-    from shardlib.ui.widgets import tp_cut_explorer
+    from shardlib.ui.tensor_parallel_widgets import tp_cut_explorer
 
     app = tp_cut_explorer(pool2)
     shards, cut, out, feedback = app.children
@@ -226,7 +237,7 @@ def test_the_cut_explorer_sets_measured_beside_predicted(pool2):
 
 
 def test_the_wall_picker_explains_refusals():
-    from shardlib.ui.widgets import tp_wall_picker
+    from shardlib.ui.tensor_parallel_widgets import tp_wall_picker
 
     model, degree, out, feedback = tp_wall_picker().children
     degree.value = 16

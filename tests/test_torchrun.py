@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from shardlib.combined.machines import across_layout, tp_inside_pp_across, tp_inside_pp_across_on_rank
 from shardlib.launch import processes_of_job, run_local_nodes
 from shardlib.models import TOY
 from shardlib.plan import Layout, forward_traffic
-from shardlib.plan.machines import across_layout, tp_inside_pp_across, tp_inside_pp_across_on_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT_TIMEOUT_S = 120  # a hung rendezvous or rank fails the test instead of hanging it
@@ -32,7 +32,7 @@ def _env() -> dict:
 
 def test_first_all_reduce_under_torchrun(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "shardlib.launch", "shardlib.runtime.basics:first_all_reduce_on_rank", "3"]
+           "-m", "shardlib.launch", "shardlib.intro.ranks:first_all_reduce_on_rank", "3"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env())
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[rank 0] {'before': [1.0, 1.0, 1.0], 'after': [3.0, 3.0, 3.0]}" in out.stdout
@@ -53,7 +53,7 @@ def test_launch_refuses_a_target_without_a_function(capsys):
     from shardlib.launch import main
 
     with pytest.raises(SystemExit):
-        main(["shardlib.runtime.basics"])
+        main(["shardlib.intro.ranks"])
     assert "module:function" in capsys.readouterr().err
 
 
@@ -139,7 +139,7 @@ def test_tp_inside_pp_across_on_a_pool(pool4):
 
 
 # -- two torchrun agents: two nodes on one machine --------------------------------------------------------
-TARGET = "shardlib.plan.machines:tp_inside_pp_across"
+TARGET = "shardlib.combined.machines:tp_inside_pp_across"
 
 
 def _no_process_left(run_id: str) -> None:

@@ -68,7 +68,6 @@ from shardlib import Ranks
 ranks, four = Ranks(2), Ranks(4)  # started once: rerun the cells below as often as you like
 
 # %%
-import torch.nn.functional as F
 
 
 def pair_forward(ctx, x, w1, b1, w2, b2):
@@ -89,9 +88,9 @@ grade_tp_pair_forward(pair_forward, ranks, four)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "A (12, 24) weight split by rows into 4 shards: what shape is each shard?",
         ("(3, 24)", "(12, 6)", "(6, 12)", "(12, 24)"),

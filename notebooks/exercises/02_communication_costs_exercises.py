@@ -45,7 +45,6 @@
 # Mind the units: seconds and bytes per second.
 
 # %%
-import numpy as np
 
 
 def fit_alpha_beta(sizes_bytes, times_s):
@@ -71,9 +70,9 @@ grade_fit_alpha_beta(fit_alpha_beta, ranks)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Your fit gives 100 us and 2 GB/s. What size of message is half latency, half bytes?",
         ("200 bytes", "200 KB", "2 MB"),

@@ -50,9 +50,9 @@ grade_bubble_fraction(bubble_fraction)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "4 stages, 4 microbatches. A paper gives the bubble as 0.75. What is the fraction of the step spent idle?",
         ("0.75", "3 / 7, about 0.43", "0.25"),

@@ -75,9 +75,9 @@ grade_dispatch_plan(plan_dispatch)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "8 experts on 4 ranks. Which rank holds expert 5?",
         ("Rank 1 (5 % 4)", "Rank 2 (5 // 2)", "Rank 3"),

@@ -79,9 +79,9 @@ grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Two nodes of 8 GPUs run tp = 8, pp = 2. Which ranks does rank 11's all-reduce involve?",
         ("0 to 7", "8 to 15", "3 and 11"),

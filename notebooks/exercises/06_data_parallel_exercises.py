@@ -70,9 +70,9 @@ grade_zero1_step(zero1_step, ranks)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Your step uses all_reduce instead of reduce_scatter and then updates only your shard. The weights "
         "come out right. What is wrong?",

@@ -56,9 +56,9 @@ grade_merge_partial_attention(merge_partials)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.quiz import Question, check_yourself
+from shardlib.ui.quiz import Question, show_questions
 
-check_yourself(
+show_questions(
     Question(
         "Block a's row max is 2, block b's is 5. By what factor must block a's sum be scaled before the two "
         "sums are added?",

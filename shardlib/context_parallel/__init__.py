@@ -9,8 +9,9 @@
 * ``memory`` (pure): KV cache and activations per device against sequence length, under tp and cp.
 * ``ring`` (on a rank): ``ring_attention``, K/V passed round the ring with send/recv, overlapped.
 * ``ulysses`` (on a rank): ``ulysses_attention``, all-to-all from sequence to heads and back.
-* ``sequence_parallel`` (on a rank): Megatron's sequence parallelism around the tensor-parallel pairs.
-* ``drivers``, ``sp_drivers``: run them on a pool, against the references and the predictions.
+* ``drivers``: run them on a pool, against the references and the predictions.
+
+Megatron's sequence parallelism, an extension of tensor parallelism, lives in ``shardlib.tensor_parallel``.
 """
 
 from .._lazy import exports
@@ -28,9 +29,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "ring": ("ring_attention", "ring_attention_on_rank", "check_ring_inputs", "exchange_sweep_on_rank"),
     "ulysses": ("ulysses_attention", "ulysses_attention_on_rank", "check_heads_divide", "sequence_to_heads",
                 "heads_to_sequence"),
-    "sequence_parallel": ("GatherFromSequence", "ScatterToSequence", "SequenceParallelBlock", "sp_block_on_rank",
-                          "check_sequence_parallel"),
     "drivers": ("RingRun", "run_ring_attention", "Balance", "run_ring_balance", "Overlap", "run_ring_overlap",
                 "calibrate_exchange", "UlyssesRun", "run_ulysses_attention", "TOLERANCE"),
-    "sp_drivers": ("BlockMode", "SequenceParallelRun", "run_sequence_parallel"),
 })

@@ -21,14 +21,13 @@ import torch
 from ..checks import flag, number_at_least, whole_number
 from ..costs.calibration import fastest_of_slowest, fit_link
 from ..hardware import Link
+from ..runtime.measure import TOLERANCE
 from ..runtime.timeline import Span
-from .predict import AttentionShape, hidden_share, ring_time_s, ring_transfer_s, ulysses_collectives
 from .layouts import LAYOUTS, RankWork, causal_work, imbalance
+from .predict import AttentionShape, hidden_share, ring_time_s, ring_transfer_s, ulysses_collectives
 from .reference import attention_reference, gather_sequence
 from .ring import check_ring_inputs, exchange_sweep_on_rank, ring_attention_on_rank
 from .ulysses import check_ulysses_inputs, ulysses_attention_on_rank
-
-TOLERANCE = 1e-5  # largest |ring - whole-sequence attention|: the blocks are summed in another order
 
 
 def _gap(out: torch.Tensor, q, k, v, causal: bool, scale) -> float:

@@ -4,6 +4,7 @@
   nccl-tests' algorithm and bus bandwidth, the crossover between latency- and bandwidth-bound.
 * ``phases`` (pure): tensor parallelism's decode and prefill cost per forward pass (the chapter's
   table), pipeline against tensor traffic, replicas against tensor parallelism.
+* ``emulation`` (pure): ``EmulatedLink``, a slow link between "nodes" of one machine, priced by alpha-beta.
 * ``calibration`` (pure): the least-squares fit of a latency and a bandwidth to measured times.
 * ``ranks``: rank functions (a sweep, on the whole pool or its first ranks; a slow rank; serving both ways).
   ``drivers``: ``run_calibration``, ``run_decode_vs_prefill``, ``run_slow_rank``, ``run_replicas_vs_tp``, and
@@ -21,6 +22,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "phases": ("PhaseCost", "tp_forward_cost", "tp_decode_cost", "tp_prefill_cost", "tp_cost_table",
                "format_tp_cost_table", "PipelineVsTensor", "pipeline_vs_tensor", "decode_step_compute_s",
                "fits_on_device", "ReplicasVsTensorParallel", "replicas_vs_tensor_parallel"),
+    "emulation": ("EmulatedLink",),
     "calibration": ("Sample", "LinkFit", "Calibration", "fit_link", "r_squared", "fastest_of_slowest",
                     "median_of_slowest", "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),
     "ranks": ("sweep_on_rank", "leading_group", "slow_rank_on_rank", "serve_both_ways_on_rank", "SLOW_RANK_OPS",

@@ -21,11 +21,20 @@ from ..checks import whole_number
 from ..hardware import LATENCY_CHARGES, Link
 from ..models import LLAMA_3_8B, ModelConfig
 from .alpha_beta import all_reduce_s, collective_terms_s
-from .calibration import (DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES, SWEEP_OPS, Calibration, Sample,
-                          check_sizes, fastest_of_slowest, fit_link, median_of_slowest)
+from .calibration import (
+    DEFAULT_CALLS,
+    DEFAULT_ROUNDS,
+    DEFAULT_SIZES_BYTES,
+    SWEEP_OPS,
+    Calibration,
+    Sample,
+    check_sizes,
+    fastest_of_slowest,
+    fit_link,
+    median_of_slowest,
+)
 from .phases import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 from .ranks import serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
-
 
 STATISTICS = {"fastest": fastest_of_slowest, "median": median_of_slowest}
 

@@ -5,7 +5,6 @@
 * ``predict`` (pure): memory per rank and bytes per step for each strategy, ZeRO's ``(2 + 2 + 12)``
   table for real models, activations per layer, a training GPU's whole budget.
 * ``reference``: one process training on the whole batch with AdamW; the toy model; the input checks.
-* ``meter``: bytes kept between steps and the peak of short-lived buffers, counted on a rank.
 * ``activations``: activations per layer measured on the toy, with and without recomputation.
 * ``buckets`` (rank): DDP, ZeRO-1 and ZeRO-2: flat buckets, gradient hooks, overlapped collectives.
 * ``zero3`` (rank): ZeRO-3 / FSDP: each layer gathered before its forward and backward, freed after,
@@ -23,15 +22,14 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "predict": ("STATE_BYTES_MIXED", "STATE_BYTES_FP32", "memory_per_rank", "step_wire_bytes", "zero_table",
                 "layout_memory", "layout_step_ops", "layout_step_bytes", "gathered_peak_bytes",
                 "layer_activation_bytes", "training_memory_per_gpu", "check_strategy"),
-    "reference": ("TOLERANCE", "ResidualMLP", "toy_model", "toy_batches", "local_rows", "global_mse",
+    "reference": ("ResidualMLP", "toy_model", "toy_batches", "local_rows", "global_mse",
                   "parameter_units", "check_training_inputs", "ReferenceRun", "train_reference", "largest_gap"),
-    "meter": ("PeakMeter", "tensor_bytes", "optimizer_state_bytes"),
     "activations": ("Checkpointed", "ActivationMeasurement", "measure_activations", "mlp_activation_bytes"),
     "buckets": ("BucketedReplica",),
     "zero3": ("ShardedUnits",),
     "ranks": ("train_on_rank", "collectives_on_rank"),
     "peer": ("PEERS", "torch_ddp_on_rank", "torch_fsdp2_on_rank"),
-    "drivers": ("DataParallelRun", "train_data_parallel", "within_tolerance"),
+    "drivers": ("TOLERANCE", "DataParallelRun", "train_data_parallel", "within_tolerance"),
     "experiments": ("run_strategies", "OverlapComparison", "run_overlap", "CollectiveIdentity",
                     "run_collective_identity", "PeerComparison", "run_peer"),
 })

@@ -29,8 +29,8 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..runtime.measure import PeakMeter, optimizer_state_bytes, tensor_bytes
 from .flat import plan_buckets
-from .meter import PeakMeter, optimizer_state_bytes, tensor_bytes
 
 
 def owner_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:

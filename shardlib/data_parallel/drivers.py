@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import flag
+from ..runtime.measure import TOLERANCE
 from ..runtime.records import CommRecord, summarize
 from ..runtime.timeline import Span
 from .flat import FlatGroup
 from .predict import gathered_peak_bytes, layout_memory, layout_step_bytes
 from .ranks import train_on_rank
-from .reference import TOLERANCE, check_training_inputs, largest_gap, train_reference
+from .reference import check_training_inputs, largest_gap, train_reference
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,6 @@ from ..checks import positive_number, whole_number
 from ..toy import generator, weight
 from .predict import check_strategy
 
-TOLERANCE = 1e-5  # largest difference allowed between a strategy's trained weights and the reference's
-
 
 class ResidualMLP(nn.Module):
     """``x + down(gelu(up(x)))``: one block of the toy, ``up (d_hidden, d_model)``, ``down (d_model, d_hidden)``."""

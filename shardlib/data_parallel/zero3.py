@@ -33,9 +33,9 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..runtime.measure import PeakMeter, optimizer_state_bytes, tensor_bytes
 from .buckets import owner_of
 from .flat import plan_units
-from .meter import PeakMeter, optimizer_state_bytes, tensor_bytes
 from .reference import parameter_units
 
 

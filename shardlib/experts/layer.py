@@ -17,6 +17,7 @@ from ..checks import whole_number
 from ..toy import generator, mlp_reference, weight
 from .routing import Assignment, MoEConfig, Routing, assign_groups, blocked_rows, route, served_gates
 
+
 # -- weights and tokens ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MoEWeights:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models import ModelConfig
+from ..runtime.measure import TOLERANCE
 from ..runtime.timeline import Span
 from ..tensor_parallel.ranks import tp_mlp_on_rank
 from .bubble import pipeline_bubble_fraction
@@ -25,8 +26,6 @@ from .predict import MeasuredBubble, measure_bubble
 from .ranks import pipeline_step_on_rank
 from .reference import check_pipeline_inputs, durations, unpipelined_step
 from .schedules import Schedule, check_count, make_schedule
-
-TOLERANCE = 1e-5  # rtol = atol against one whole-batch pass; against the same microbatches: bit for bit
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import time
 import torch
 
 from ..models import ModelConfig
+from ..runtime.measure import SavedBytes
 from ..toy import block_reference
 from .bubble import microbatch_sizes
 from .reference import check_pipeline_inputs, durations, layers_of_stage
@@ -110,31 +111,6 @@ class _Inbox:
                     raise RuntimeError(f"receiving from rank {self.src} failed: {self.error!r}")
                 self._cond.wait()
             return self._arrived.pop(producer)
-
-
-class _SavedBytes:
-    """Counts the bytes autograd saves for the backward inside a ``with`` block: the activation memory
-    of one forward. Weights (by storage) are not activations; a tensor saved twice counts once."""
-
-    def __init__(self, param_ptrs: set[int]) -> None:
-        self.param_ptrs = param_ptrs
-        self.size_bytes = 0
-        self._seen: set[tuple[int, int]] = set()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        ident = (t.data_ptr(), t.numel())
-        if t.data_ptr() not in self.param_ptrs and ident not in self._seen:
-            self._seen.add(ident)
-            self.size_bytes += t.numel() * t.element_size()
-        return t
-
-    def __enter__(self) -> "_SavedBytes":
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
 
 
 def _pad(start_s: float, target_s: float | None) -> None:
@@ -216,7 +192,7 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
         key = (action.microbatch, action.chunk)
         start = time.perf_counter()
         if action.op == "F":
-            with torch.set_grad_enabled(training), _SavedBytes(param_ptrs) as saved:
+            with torch.set_grad_enabled(training), SavedBytes(param_ptrs) as saved:
                 h = inp.detach().requires_grad_(training)
                 out = h
                 for i in held[action.chunk]:

@@ -38,8 +38,15 @@ from ..costs.alpha_beta import all_reduce_s, all_to_all_s, point_to_point_s
 from ..hardware import Cluster, Link
 from ..models import ModelConfig, kv_heads_per_device
 from .layout import Layout
-from .memory import (Memory, Workload, active_params_per_gpu, affordable_batch, check_layout, kv_bytes_per_sequence,
-                     memory_per_gpu)
+from .memory import (
+    Memory,
+    Workload,
+    active_params_per_gpu,
+    affordable_batch,
+    check_layout,
+    kv_bytes_per_sequence,
+    memory_per_gpu,
+)
 from .traffic import axis_link, hop_links, return_link, tp_crosses_nodes
 
 TOKEN_ID_BYTES = 4  # a sampled token id (int32) on its way back to the first stage

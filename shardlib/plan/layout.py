@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..checks import whole_number
 
+
 @dataclass(frozen=True)
 class Layout:
     """``tp`` x ``pp`` x ``dp`` ranks, with experts spread over ``ep`` ranks of each stage."""

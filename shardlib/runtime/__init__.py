@@ -9,7 +9,8 @@
 * ``comm``: recorded collectives, ``ctx.comm``: blocking or asynchronous (``Pending``), every call
   logged. ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
 * ``timeline``: ``Span`` s on one clock across ranks, ``ctx.timeline``. Pure.
-* ``basics``: the rank functions of notebook 00 (who am I, a first all-reduce, a straggler).
+* ``measure``: the one measurement module: bytes a rank keeps, the peak of short-lived buffers, the
+  bytes autograd saves for the backward, and ``TOLERANCE``, the gap allowed where a cross-rank sum happens.
 
 The torchrun entry point is ``python -m shardlib.launch``.
 """
@@ -23,5 +24,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "comm": ("Comm", "Pending"),
     "records": ("CommRecord", "wire_bytes", "summarize", "format_log", "format_seconds"),
     "timeline": ("Span", "Timeline", "now_s", "shift_to_zero"),
-    "basics": ("whoami_on_rank", "first_all_reduce_on_rank", "straggler_on_rank", "all_reduce_time_on_rank"),
+    "measure": ("TOLERANCE", "tensor_bytes", "optimizer_state_bytes", "PeakMeter", "SavedBytes", "Probe",
+                "NO_PROBE"),
 })

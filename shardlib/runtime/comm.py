@@ -28,12 +28,11 @@ from __future__ import annotations
 import threading
 import time
 from time import perf_counter
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from .emulation import EmulatedLink
 from .records import CommRecord, summarize, wire_bytes
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
@@ -138,7 +137,7 @@ class Comm:
         # for CPU ranks too, to run the same copies where there is no GPU.
         self.host_staged = self._cuda and ctx.backend == "gloo"
         self._lock = threading.Lock()  # pipeline stages send and receive on helper threads
-        self._emulation: EmulatedLink | None = None
+        self._emulation: Any = None
         self._crossing: dict = {}  # group -> whether its ranks span nodes, under the current emulation
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -163,7 +162,7 @@ class Comm:
         self._entries.clear()
         self.emulate(None)
 
-    def emulate(self, emulation: EmulatedLink | None) -> None:
+    def emulate(self, emulation: Any) -> None:
         """From now until the end of this call, hold every call whose ranks span nodes to the time the
         emulated link would take (``emulation``; ``None`` turns it off). Every rank must set the same."""
         if emulation is not None and len(emulation.node_of_rank) != self.ctx.world_size:

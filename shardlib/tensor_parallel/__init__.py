@@ -9,6 +9,8 @@
   and ``simulate_tp_stack``, the same blocks summed in one process.
 * ``ranks``: rank functions (``tp_mlp_on_rank`` ...). ``drivers``: ``run_tp_block`` and ``run_pair``,
   which run them on a pool and compare with the unsharded computation.
+* ``sequence_parallel`` (on a rank): Megatron's sequence parallelism around the tensor-parallel pairs;
+  ``sp_drivers``: ``run_sequence_parallel``, against tensor parallelism and the unsharded block.
 """
 
 from .._lazy import exports
@@ -22,4 +24,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "ranks": ("tp_mlp_on_rank", "tp_attention_on_rank", "pair_column_then_row_on_rank",
               "pair_row_then_column_on_rank"),
     "drivers": ("TPBlockRun", "run_tp_block", "PairRun", "run_pair", "BLOCKS"),
+    "sequence_parallel": ("GatherFromSequence", "ScatterToSequence", "SequenceParallelBlock", "sp_block_on_rank",
+                          "check_sequence_parallel"),
+    "sp_drivers": ("BlockMode", "SequenceParallelRun", "run_sequence_parallel"),
 })

@@ -11,7 +11,8 @@ from IPython.display import display
 
 from ..data_parallel.drivers import train_data_parallel
 from ..data_parallel.flat import STRATEGIES, STRATEGY_TITLES
-from ..data_parallel.reference import TOLERANCE, train_reference
+from ..data_parallel.reference import train_reference
+from ..runtime.measure import TOLERANCE
 from ..runtime.records import format_seconds
 from .data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
 from .live import Feedback, observe_all

@@ -13,9 +13,9 @@ from ..pipeline.bubble import pipeline_bubble_fraction
 from ..pipeline.drivers import run_pipeline
 from ..pipeline.predict import predicted_step_s
 from ..pipeline.schedules import SCHEDULE_TITLES, make_schedule
+from .live import Feedback, observe_all
 from .pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure
 from .theme import RED
-from .live import Feedback, observe_all
 
 EXPLORER_SCHEDULES = ("gpipe", "1f1b")
 

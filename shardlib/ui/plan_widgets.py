@@ -13,8 +13,8 @@ from ..hardware import CLUSTERS
 from ..models import PRESETS
 from ..plan.memory import Workload
 from ..plan.planner import OBJECTIVES, format_plan, plan
-from .plan_figures import plan_figure
 from .live import Feedback, observe_all
+from .plan_figures import plan_figure
 
 BATCHES = (("from memory", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), ("64", 64),
            ("128", 128), ("256", 256))

@@ -81,10 +81,10 @@ class CheckYourself:
 
     def __init__(self, questions: tuple[Question, ...]) -> None:
         if not questions:
-            raise ValueError("check_yourself needs at least one Question")
+            raise ValueError("show_questions needs at least one Question")
         for q in questions:
             if not isinstance(q, Question):
-                raise ValueError(f"check_yourself takes Question objects, got {type(q).__name__}")
+                raise ValueError(f"show_questions takes Question objects, got {type(q).__name__}")
         self.questions = tuple(questions)
         self.widget = widgets.VBox([question_widget(q, i + 1) for i, q in enumerate(self.questions)])
 
@@ -96,6 +96,6 @@ class CheckYourself:
         return bundle
 
 
-def check_yourself(*questions: Question) -> CheckYourself:
-    """``check_yourself(Question(...), Question(...))`` as the last line of a cell shows them."""
+def show_questions(*questions: Question) -> CheckYourself:
+    """``show_questions(Question(...), Question(...))`` as the last line of a cell shows them."""
     return CheckYourself(questions)

@@ -2,7 +2,7 @@
 
 Each is an ordinary rank function ``fn(ctx, ...)`` (named ``..._on_rank``, as every rank function in the
 package is): it runs on a ``Ranks`` pool in a notebook and under ``torchrun``
-(``python -m shardlib.launch shardlib.runtime.basics:first_all_reduce_on_rank``).
+(``python -m shardlib.launch shardlib.intro.ranks:first_all_reduce_on_rank``).
 """
 
 from __future__ import annotations

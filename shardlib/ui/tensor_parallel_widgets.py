@@ -1,58 +1,17 @@
-"""Widgets of notebooks 00 and 01: an all-reduce on live ranks, the two cut orders, the KV-head wall."""
+"""Widgets of tensor parallelism: the two cut orders on live ranks, and the KV-head wall."""
 
 from __future__ import annotations
 
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from ..models import PRESETS, tensor_parallel_problems
-from ..runtime.basics import all_reduce_time_on_rank
 from ..tensor_parallel.drivers import run_pair
 from ..tensor_parallel.split import CUTS, pair_collectives, pair_wire_collectives
 from ..toy import generator, weight
-from .figures import measured_points_figure
-from .theme import GREEN, RED
 from .live import Feedback, observe_all
-
-MIN_LOG2_ELEMENTS, MAX_LOG2_ELEMENTS = 4, 22  # 64 B .. 16 MiB of float32
-
-
-def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
-    """Slide the message size; each move runs a real all-reduce on the warm ranks and plots it.
-
-    The slider is clamped to 2**4 .. 2**22 float32 elements (64 bytes to 16 MiB) so one move stays
-    well under a second even with four ranks on two cores.
-    """
-    slider = widgets.IntSlider(
-        value=min(max(log2_elements, MIN_LOG2_ELEMENTS), MAX_LOG2_ELEMENTS),
-        min=MIN_LOG2_ELEMENTS, max=MAX_LOG2_ELEMENTS, description="log2(elements)",
-        continuous_update=False, style={"description_width": "initial"},
-    )
-    label = widgets.HTML()
-    fig = go.FigureWidget(measured_points_figure(
-        [], [], "message size (bytes)", "all-reduce time (ms, slowest rank)",
-        f"All-reduce on {ranks.world_size} live ranks: {ranks.description}",
-    ))
-    seen: dict[int, float] = {}
-
-    def measure(change=None) -> None:
-        n_elements = 2 ** slider.value
-        seconds = max(ranks.run(all_reduce_time_on_rank, n_elements))
-        size_bytes = 4 * n_elements
-        seen[size_bytes] = seconds
-        xs = sorted(seen)
-        with fig.batch_update():
-            fig.data[0].x = xs
-            fig.data[0].y = [seen[x] * 1e3 for x in xs]
-        label.value = (f"<b>{size_bytes:,} bytes</b>: {seconds * 1e3:.3f} ms, "
-                       f"{size_bytes / seconds / 1e9:.3f} GB/s of buffer per second")
-
-    feedback = Feedback()
-    observe_all([slider], measure, feedback)
-    measure()
-    return widgets.VBox([slider, label, fig, feedback.area])
+from .theme import GREEN, RED
 
 
 def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 256) -> widgets.VBox:

@@ -19,6 +19,7 @@ from ..runtime.timeline import Span
 from .gantt import Bar, gantt_figure
 from .theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, colours
 
+
 def ring_steps_figure(world_size: int, layout: str = "contiguous", causal: bool = True) -> go.Figure:
     """A grid, ranks down and ring steps across: whose K/V each rank holds at each step, and how much
     of it it computes (whole, diagonal only, or nothing: the block is in its queries' future)."""

@@ -12,7 +12,7 @@ from ..costs.phases import pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from ..costs.ranks import MAX_DELAY_S
 from ..hardware import LATENCY_CHARGES, Link
 from ..models import LLAMA_3_8B, ModelConfig
-from .cost_figures import phase_cost_figure, slow_rank_figure
+from .costs_figures import phase_cost_figure, slow_rank_figure
 from .live import Feedback, observe_all
 
 PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens

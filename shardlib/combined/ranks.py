@@ -27,11 +27,11 @@ import torch
 
 from ..models import ModelConfig
 from ..pipeline.bubble import split_layers
+from ..plan.layout import Layout, check_mesh
+from ..plan.memory import active_params_per_gpu
 from ..tensor_parallel.blocks import ParallelBlock
 from ..tensor_parallel.layers import TPGroup
 from ..toy import activations, stack_reference
-from .layout import Layout, check_mesh
-from .memory import active_params_per_gpu
 
 
 def _stage_blocks(ctx, layout: Layout, model: ModelConfig, layers: list[dict]):

@@ -5,7 +5,7 @@ The planner weighs the two ways a copy of a model can cross nodes (``reasons``):
 the link (TP across nodes: two all-reduces per layer cross it) or cut the stack at the link (PP across
 nodes: one small message per microbatch crosses it, but the stages run one after another). Here both
 run for real on a pool seen as 2 nodes of ``world_size / 2`` ranks, with every call between the nodes
-held to the time an ``inter_link`` would take (``runtime.emulation``) and every call inside a node left
+held to the time an ``inter_link`` would take (``costs.emulation``) and every call inside a node left
 as it is. The same cluster, with that link between its nodes and this machine's measured arithmetic
 speed, gives the planner's ``score`` of each layout, so the table shows predicted and measured side by
 side: time between two tokens of a sequence, and tokens per second.
@@ -19,16 +19,16 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import whole_number
+from ..costs.emulation import EmulatedLink
 from ..hardware import Cluster, Link, toy_cluster
 from ..models import ModelConfig, check_tensor_parallel
-from ..runtime.emulation import EmulatedLink
+from ..plan.decode import Score, score
+from ..plan.layout import Layout
+from ..plan.memory import Workload, weights_per_gpu
+from ..plan.reasons import kind
 from ..toy import decode_reference
-from .decode import Score, score
 from .drivers import run_decode
-from .layout import Layout
-from .memory import Workload, weights_per_gpu
 from .ranks import effective_flops_on_rank
-from .reasons import kind
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks import choice, whole_number
-from ..costs.alpha_beta import collective_time_s
 from ..hardware import LATENCY_CHARGES, Cluster, Link
+from .alpha_beta import collective_time_s
 
 # the comm log's op names, and the alpha-beta formula each is priced with
 FORMULAS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",

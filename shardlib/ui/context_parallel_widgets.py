@@ -20,7 +20,7 @@ from ..context_parallel.layouts import LAYOUTS
 from ..context_parallel.memory import attention_bytes_per_rank
 from ..context_parallel.predict import AttentionShape
 from ..context_parallel.reference import attention_reference
-from .context_figures import attention_memory_figure, ring_timeline_figure
+from .context_parallel_figures import attention_memory_figure, ring_timeline_figure
 from .live import Feedback, observe_all
 
 

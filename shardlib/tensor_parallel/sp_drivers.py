@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import same_dtype
+from ..context_parallel.memory import toy_block_activation_bytes
+from ..context_parallel.predict import sequence_parallel_bytes_per_rank
 from ..models import ModelConfig
+from ..runtime.measure import TOLERANCE
 from ..toy import block_reference
-from .predict import sequence_parallel_bytes_per_rank
-from .memory import toy_block_activation_bytes
 from .sequence_parallel import SEQ_DIM, check_sequence_parallel, sp_block_on_rank
 
-TOLERANCE = 1e-5  # rtol = atol: the partial sums are added in another order than one matrix product adds them
 ROW_PARALLEL = ("o", "down")  # cut along their inputs (dim 1); the others along their outputs (dim 0)
 
 

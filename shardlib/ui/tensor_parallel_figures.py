@@ -1,70 +1,11 @@
-"""General figures: what each rank did, bytes moved, weights against memory, measured points, who holds
-which slice of a pair, and how the code cuts one ``(out, in)`` weight. Data in, ``go.Figure`` out: no
-widgets, no processes."""
+"""Figures of tensor parallelism: who holds which slice of a pair, and how the code cuts one ``(out, in)``
+weight. Data in, ``go.Figure`` out."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 import plotly.graph_objects as go
 
-from ..runtime.records import CommRecord
-from ..runtime.timeline import Span, shift_to_zero
-from .gantt import Bar, gantt_figure
-from .theme import GREEN, KIND_COLOURS, PURPLE, RED, TEAL, colour, colours
-
-
-def timeline_figure(spans: Sequence[Span], origin_s: float | None = None, title: str = "What each rank did") -> go.Figure:
-    """A Gantt chart: one row per rank, one bar per span, coloured by kind, time in milliseconds.
-
-    ``origin_s`` is the time zero (for example ``ranks.last_started_s``); by default the earliest span.
-    """
-    if not spans:
-        raise ValueError("no spans to draw: run a rank function that records some first")
-    spans = shift_to_zero(list(spans), origin_s)
-    bars = [Bar(f"rank {s.rank}", s.start_s * 1e3, s.end_s * 1e3, s.name, s.kind, KIND_COLOURS.get(s.kind, TEAL))
-            for s in sorted(spans, key=lambda s: s.kind)]
-    return gantt_figure(bars, [f"rank {r}" for r in sorted({s.rank for s in spans})], title)
-
-
-def comm_bytes_figure(records: Sequence[CommRecord], title: str = "Bytes each rank moved, by operation") -> go.Figure:
-    """Grouped bars: total ``size_bytes`` per op, one bar per rank."""
-    totals: dict[tuple[int, str], int] = {}
-    for r in records:
-        totals[(r.rank, r.op)] = totals.get((r.rank, r.op), 0) + r.size_bytes
-    ops = sorted({op for _, op in totals})
-    fig = go.Figure()
-    for rank in sorted({rank for rank, _ in totals}):
-        fig.add_trace(go.Bar(name=f"rank {rank}", x=ops, y=[totals.get((rank, op), 0) for op in ops]))
-    fig.update_layout(title=title, barmode="group", yaxis_title="bytes", height=320)
-    return fig
-
-
-def weights_vs_memory_figure(weight_bytes: Mapping[str, float], gpu_memory_bytes: Mapping[str, float],
-                             title: str = "Weights alone, against one GPU's memory") -> go.Figure:
-    """Bars of each model's weight bytes (GB) with a dashed line per GPU memory size; GPUs of the same
-    size share one line, labelled with all their names."""
-    names = list(weight_bytes)
-    fig = go.Figure(go.Bar(x=names, y=[weight_bytes[n] / 1e9 for n in names], name="weights",
-                           marker_color=colour(0), text=[f"{weight_bytes[n] / 1e9:.0f} GB" for n in names],
-                           textposition="outside"))
-    by_size: dict[float, list[str]] = {}
-    for gpu, size in gpu_memory_bytes.items():
-        by_size.setdefault(size, []).append(gpu)
-    for i, (size, gpus) in enumerate(sorted(by_size.items())):
-        fig.add_hline(y=size / 1e9, line_dash="dash", line_color=(RED, GREEN, PURPLE)[i % 3],
-                      annotation_text=f"{', '.join(gpus)}: {size / 1e9:.0f} GB", annotation_position="top left")
-    fig.update_layout(title=title, yaxis_title="GB", height=420)
-    return fig
-
-
-def measured_points_figure(x: Sequence[float], y: Sequence[float], x_title: str, y_title: str, title: str,
-                           log_x: bool = True) -> go.Figure:
-    """A scatter of measured points (for example all-reduce time against message size)."""
-    fig = go.Figure(go.Scatter(x=list(x), y=list(y), mode="markers+lines", name="measured"))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=340,
-                      xaxis_type="log" if log_x else "linear")
-    return fig
+from .theme import colour, colours
 
 
 def _owner_scale(n: int) -> list:

@@ -20,14 +20,12 @@ import torch
 from ..checks import same_dtype, whole_number
 from ..costs.calibration import Calibration
 from ..costs.drivers import run_calibration
+from ..costs.emulation import EmulatedLink
 from ..hardware import Cluster, toy_cluster
 from ..models import ModelConfig, check_tensor_parallel
-from ..runtime.emulation import EmulatedLink
-from .layout import Layout, check_mesh
-from .traffic import AxisTraffic, forward_traffic
+from ..plan.layout import Layout, check_mesh
+from ..plan.traffic import AxisTraffic, forward_traffic
 from .ranks import combined_forward_on_rank, decode_on_rank, effective_flops_on_rank
-
-TOLERANCE = 1e-5  # atol = rtol: the tensor-parallel sums add partials in another order than one matmul
 
 
 def check_combined_inputs(layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,

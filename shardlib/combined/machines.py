@@ -4,7 +4,7 @@ The layout notebook 05 runs on one machine's "nodes", launched the way engineers
 ones::
 
     torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB \\
-        -m shardlib.launch shardlib.plan.machines:tp_inside_pp_across
+        -m shardlib.launch shardlib.combined.machines:tp_inside_pp_across
 
 ``torchrun`` numbers the processes of one node consecutively (global rank = node x G + local rank), and
 ``Layout(tp=G, pp=N)`` numbers ranks with tp innermost (``layout``), so each tensor-parallel group is
@@ -31,11 +31,12 @@ import torch
 
 from ..checks import whole_number
 from ..models import TOY
+from ..plan.layout import Layout
+from ..plan.traffic import AxisTraffic, forward_traffic
+from ..runtime.measure import TOLERANCE
 from ..toy import activations, stack_reference, stack_weights
-from .drivers import TOLERANCE, check_combined_inputs, traffic_by_axis
-from .layout import Layout
+from .drivers import check_combined_inputs, traffic_by_axis
 from .ranks import combined_forward_on_rank
-from .traffic import AxisTraffic, forward_traffic
 
 
 def across_layout(world_size: int, nodes: int, per_node: int) -> Layout:

@@ -19,7 +19,7 @@ the norms and the residual stream are stored once, not ``tp`` times. The pairs t
 This version keeps the gathered input of each pair for its backward; Megatron-LM can keep only the
 shard and gather it again in the backward, trading an all-gather for more memory saved.
 
-Autograd's saved tensors are counted with the pipeline's counter (``pipeline.ranks._SavedBytes``):
+Autograd's saved tensors are counted with the pipeline's counter (``runtime.measure.SavedBytes``):
 activation memory measured, not estimated.
 """
 
@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from ..models import ModelConfig, check_heads
-from ..pipeline.ranks import _SavedBytes
-from ..tensor_parallel.blocks import ParallelAttention, ParallelBlock, ParallelMLP
-from ..tensor_parallel.layers import TPGroup
+from ..runtime.measure import SavedBytes
 from ..toy import rms_norm
+from .blocks import ParallelAttention, ParallelBlock, ParallelMLP
+from .layers import TPGroup
 
 SEQ_DIM = 1  # activations are (batch, seq, d_model)
 
@@ -114,7 +114,7 @@ def sp_block_on_rank(ctx, x: torch.Tensor, w: dict, model: ModelConfig, grad_out
     cut = (lambda t: t.chunk(tp, dim=SEQ_DIM)[r]) if sequence_parallel else (lambda t: t)
     h = cut(x).to(ctx.device).clone().requires_grad_(grad_output is not None)
     params = {p.data_ptr() for p in block.parameters()}
-    with _SavedBytes(params) as saved:
+    with SavedBytes(params) as saved:
         out = block(h)
     n_forward = len(ctx.comm.records)
     result = {"output": out.detach(), "activation_bytes": saved.size_bytes, "grad_x": None, "weight_grads": {}}

@@ -17,7 +17,7 @@ from ..experts.drivers import run_moe_policy
 from ..experts.layer import MoEWeights
 from ..experts.placement import ExpertPlacement, predicted_all_to_all_bytes
 from ..experts.routing import MoEConfig, aux_load_balancing_loss, route
-from .expert_figures import expert_load_figure, rank_time_figure, send_matrix_figure
+from .experts_figures import expert_load_figure, rank_time_figure, send_matrix_figure
 from .live import Feedback, observe_all
 
 

@@ -1,0 +1,104 @@
+"""The package keeps its own vocabulary: every module is on the README's map and in its package's
+docstring, pool drivers are ``run_*`` and return frozen dataclasses, rank functions end in ``_on_rank``."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import re
+import typing
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "shardlib"
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts)
+
+
+def readme_map() -> set[str]:
+    """Paths of the modules the README's layout block names (``shardlib/pipeline/engine.py``)."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## Layout"):]
+    block = block[block.index("```") + 3:]
+    block = block[:block.index("```")]
+    found, package = set(), None
+    for line in block.splitlines():
+        m = re.match(r"^(\s*)([\w/.]+)", line)
+        if not m:
+            continue
+        indent, name = len(m.group(1)), m.group(2)
+        if name == "shardlib/":
+            package = "shardlib"
+        elif package and indent == 2 and name.endswith("/"):
+            package = "shardlib/" + name.rstrip("/")
+        elif package and indent == 2 and name.endswith(".py"):
+            found.add(f"shardlib/{name}")
+        elif package and indent == 4 and name.endswith(".py"):
+            found.add(f"{package}/{name}")
+        elif indent == 0:
+            package = None
+    return found
+
+
+def test_every_module_is_on_the_readme_map():
+    listed = readme_map()
+    missing = [p.relative_to(ROOT).as_posix() for p in modules() if p.relative_to(ROOT).as_posix() not in listed]
+    assert missing == [], "add these to the README's layout block"
+    stale = sorted(p for p in listed if not (ROOT / p).exists())
+    assert stale == [], "the README's layout names modules that do not exist"
+
+
+def test_every_module_is_named_in_its_package_docstring():
+    missing = []
+    for path in modules():
+        if path.parent == PACKAGE:
+            continue
+        doc = importlib.import_module(f"shardlib.{path.parent.name}").__doc__ or ""
+        if f"``{path.stem}``" not in doc:
+            missing.append(f"shardlib.{path.parent.name}: ``{path.stem}``")
+    assert missing == []
+
+
+def _functions(module_name: str):
+    module = importlib.import_module(module_name)
+    for name, fn in vars(module).items():
+        if inspect.isfunction(fn) and fn.__module__ == module_name and not name.startswith("_"):
+            yield name, fn
+
+
+def _driver_modules() -> list[str]:
+    return [f"shardlib.{p.parent.name}.{p.stem}" for p in modules() if p.stem == "drivers" or p.stem.endswith("_drivers")]
+
+
+@pytest.mark.parametrize("module_name", _driver_modules())
+def test_pool_drivers_are_run_star_and_return_frozen_dataclasses(module_name):
+    wrong = []
+    for name, fn in _functions(module_name):
+        params = list(inspect.signature(fn).parameters)
+        takes_pool = bool(params) and params[0] in ("ranks", "pool")
+        if takes_pool != name.startswith("run_"):
+            wrong.append(f"{name}: a function that takes a pool is run_*, and run_* takes a pool first")
+        if name.startswith("run_"):
+            returned = typing.get_type_hints(fn).get("return")
+            if not (dataclasses.is_dataclass(returned) and returned.__dataclass_params__.frozen):
+                wrong.append(f"{name} returns {returned!r}, not a frozen dataclass")
+    assert wrong == []
+
+
+def test_rank_functions_take_ctx_first():
+    wrong = []
+    for path in modules():
+        if path.parent == PACKAGE:
+            continue
+        module_name = f"shardlib.{path.parent.name}.{path.stem}"
+        if path.parent.name in ("ui",):
+            continue
+        for name, fn in _functions(module_name):
+            if name.endswith("_on_rank") and list(inspect.signature(fn).parameters)[:1] != ["ctx"]:
+                wrong.append(name)
+    assert wrong == []
