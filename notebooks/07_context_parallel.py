@@ -55,7 +55,8 @@
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.context_parallel import context_parallel_needed, device_memory, kv_cache_bytes
+from shardlib.context_parallel import context_parallel_needed, device_memory
+from shardlib.models import kv_cache_bytes
 from shardlib.hardware import H100_80GB
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
 from shardlib.ui.context_parallel_figures import memory_figure

@@ -186,7 +186,15 @@ def head_problems(model: ModelConfig, tp: int) -> list[str]:
 def kv_heads_per_device(model: ModelConfig, tp: int) -> float:
     """KV heads each of ``tp`` devices holds: ``n_kv_heads / tp``, or 1 once ``tp`` passes the KV heads
     (each head copied ``tp / n_kv_heads`` times)."""
-    return max(model.n_kv_heads / tp, 1.0)
+    return max(model.n_kv_heads / whole_number(tp, "tp"), 1.0)
+
+
+def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1, pp: int = 1) -> float:
+    """The KV cache on one device: a key and a value per layer of its stage (``n_layers / pp``), per KV head
+    it holds (``kv_heads_per_device``), per token it keeps (``batch x seq / cp``), in the model's dtype."""
+    tokens = whole_number(batch, "batch") * whole_number(seq, "seq") / whole_number(cp, "cp")
+    layers = model.n_layers / whole_number(pp, "pp")
+    return 2 * layers * kv_heads_per_device(model, tp) * model.head_dim * tokens * model.bytes_per_param
 
 
 def pipeline_parallel_problems(model: ModelConfig, pp: int) -> list[str]:

@@ -108,7 +108,7 @@ def causal_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return o.transpose(1, 2).flatten(2)
 
 
-def attention_reference(x: torch.Tensor, wq, wk, wv, wo, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+def attention_layer_reference(x: torch.Tensor, wq, wk, wv, wo, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Causal grouped-query attention on ``x (batch, seq, d_model)``: ``n_heads`` query heads share
     ``n_kv_heads`` KV heads."""
     q = split_heads(F.linear(x, wq), n_heads)  # (b, H, s, hd)
@@ -125,7 +125,7 @@ def block_reference(h: torch.Tensor, w: dict, model: ModelConfig) -> torch.Tenso
     """One block, unsharded: ``h + attention(norm(h))`` if ``w`` has attention weights, then
     ``+ mlp(norm(.))`` if it has MLP weights. Shape kept: (batch, seq, d_model)."""
     if "q" in w:
-        h = h + attention_reference(rms_norm(h), w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
+        h = h + attention_layer_reference(rms_norm(h), w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
     if "gate" in w:
         h = h + mlp_reference(rms_norm(h), w["gate"], w["up"], w["down"])
     return h

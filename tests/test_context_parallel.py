@@ -27,7 +27,6 @@ from shardlib.context_parallel import (
     gather_sequence,
     hidden_share,
     imbalance,
-    kv_cache_bytes,
     merge,
     method_bytes,
     positions_of_rank,
@@ -43,7 +42,7 @@ from shardlib.context_parallel import (
 )
 from shardlib.context_parallel.predict import ring_transfer_s
 from shardlib.hardware import Link
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, TOY
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, TOY, kv_cache_bytes
 
 ATOL = 1e-5
 

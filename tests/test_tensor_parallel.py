@@ -27,7 +27,7 @@ from shardlib.tensor_parallel import (
     simulate_tp_stack,
     tp_attention_on_rank,
 )
-from shardlib.toy import activations, attention_reference, layer_weights, mlp_reference, stack_reference, stack_weights
+from shardlib.toy import activations, attention_layer_reference, layer_weights, mlp_reference, stack_reference, stack_weights
 
 ATOL = 1e-5
 # Heads, KV heads, d_ff and vocabulary that divide 2, 3, 4 and 8 ways: for the single-process simulation.
@@ -127,7 +127,7 @@ def _reference_weight_grads(part: str) -> dict:
     if part == "mlp":
         out = mlp_reference(X, ws["gate"], ws["up"], ws["down"])
     else:
-        out = attention_reference(X, ws["q"], ws["k"], ws["v"], ws["o"], TOY.n_heads, TOY.n_kv_heads)
+        out = attention_layer_reference(X, ws["q"], ws["k"], ws["v"], ws["o"], TOY.n_heads, TOY.n_kv_heads)
     out.backward(GRAD)
     return {k: t.grad for k, t in ws.items()}
 

@@ -24,7 +24,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                   "simulate_ring_attention"),
     "predict": ("METHODS", "AttentionShape", "ring_bytes_per_rank", "ulysses_bytes_per_rank", "ulysses_collectives",
                 "sequence_parallel_bytes_per_rank", "method_bytes", "ring_time_s", "ring_transfer_s", "hidden_share"),
-    "memory": ("kv_heads_per_device", "kv_cache_bytes", "attention_activation_bytes",
+    "memory": ("attention_activation_bytes",
                "device_memory", "context_parallel_needed", "toy_block_activation_bytes", "attention_bytes_per_rank"),
     "ring": ("ring_attention", "ring_attention_on_rank", "check_ring_inputs", "exchange_sweep_on_rank"),
     "ulysses": ("ulysses_attention", "ulysses_attention_on_rank", "check_heads_divide", "sequence_to_heads",

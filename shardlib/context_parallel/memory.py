@@ -33,7 +33,7 @@ backward, which moves the second line to ``/ tp`` as well.) Pure: no torch.
 from __future__ import annotations
 
 from ..checks import flag, positive_number, whole_number
-from ..models import ModelConfig
+from ..models import ModelConfig, kv_cache_bytes, kv_heads_per_device
 from ..plan.memory import Memory
 from .layouts import check_sequence
 from .predict import AttentionShape
@@ -41,18 +41,6 @@ from .predict import AttentionShape
 
 def _degrees(tp: int, cp: int) -> tuple[int, int]:
     return whole_number(tp, "tp"), whole_number(cp, "cp")
-
-
-def kv_heads_per_device(model: ModelConfig, tp: int) -> float:
-    """``max(kv_heads / tp, 1)``: past the KV-head wall each device keeps a whole (copied) KV head."""
-    return max(model.n_kv_heads / whole_number(tp, "tp"), 1.0)
-
-
-def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> float:
-    """The KV cache of ``batch`` sequences of ``seq`` tokens on one device (the formula above)."""
-    tp, cp = _degrees(tp, cp)
-    tokens = whole_number(batch, "batch") * whole_number(seq, "seq") / cp
-    return 2 * model.n_layers * kv_heads_per_device(model, tp) * model.head_dim * tokens * model.bytes_per_param
 
 
 def attention_activation_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1,

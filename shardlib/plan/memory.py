@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 from ..checks import flag, number_between, whole_number
 from ..hardware import Cluster
-from ..models import ModelConfig, kv_heads_per_device, pipeline_parallel_problems, tensor_parallel_problems
+from ..models import (
+    ModelConfig,
+    kv_cache_bytes,
+    kv_heads_per_device,
+    pipeline_parallel_problems,
+    tensor_parallel_problems,
+)
 from .layout import Layout, check_mesh
 
 
@@ -104,9 +110,7 @@ def weights_per_gpu(model: ModelConfig, layout: Layout) -> float:
 
 def kv_bytes_per_sequence(model: ModelConfig, layout: Layout, context_tokens: int) -> float:
     """One sequence's KV cache on one GPU of a stage: its layers, its KV heads, every token of the context."""
-    layers = model.n_layers / layout.pp
-    return (2 * layers * kv_heads_per_device(model, layout.tp) * model.head_dim * model.bytes_per_param
-            * context_tokens)
+    return kv_cache_bytes(model, context_tokens, tp=layout.tp, pp=layout.pp)
 
 
 def affordable_batch(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> int:

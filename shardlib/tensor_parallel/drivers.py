@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..checks import choice
 from ..models import ModelConfig, check_heads
-from ..toy import attention_reference, mlp_reference
+from ..toy import attention_layer_reference, mlp_reference
 from .ranks import pair_column_then_row_on_rank, pair_row_then_column_on_rank, tp_attention_on_rank, tp_mlp_on_rank
 from .split import CUTS, pair_collectives, pair_wire_collectives
 
@@ -43,7 +43,7 @@ class TPBlockRun:
 def _reference(part: str, x: torch.Tensor, w: dict, model: ModelConfig) -> torch.Tensor:
     if part == "mlp":
         return mlp_reference(x, w["gate"], w["up"], w["down"])
-    return attention_reference(x, w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
+    return attention_layer_reference(x, w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
 
 
 def run_tp_block(ranks, part: str, x: torch.Tensor, w: dict, model: ModelConfig,
