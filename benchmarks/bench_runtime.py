@@ -97,7 +97,8 @@ def main() -> int:
           "median of 3)")
     for method, times in first.items():
         row(f"Ranks(2, start={method!r})", f"{statistics.median(times):.2f} s", "", True)
-    row("plain mp.spawn + init_process_group (no shardlib import, no call)", f"{statistics.median(plain):.2f} s", "", True)
+    row("plain mp.spawn + init_process_group (no shardlib import, no call)", f"{statistics.median(plain):.2f} s", "",
+        True)
     first_ratio = statistics.median(first["template"]) / statistics.median(first["spawn"])
     row("template / spawn (today's way)", f"{first_ratio:.2f}x", "<= 1.10x", first_ratio <= 1.10)
 
@@ -118,12 +119,14 @@ def main() -> int:
     for method, times in later.items():
         row(f"Ranks(4, start={method!r})", f"{statistics.median(times) * 1e3:.0f} ms",
             "<= 500 ms" if method == "template" else "", method != "template" or statistics.median(times) <= 0.5)
-    row("spawn / template", f"{statistics.median(later['spawn']) / statistics.median(later['template']):.0f}x", "", True)
+    speedup = statistics.median(later["spawn"]) / statistics.median(later["template"])
+    row("spawn / template", f"{speedup:.0f}x", "", True)
     print("\nmemory of the 4 rank processes, and of the template they were forked from (proportional set size: "
           "shared pages split between sharers)")
     for method, size in memory.items():
         row(f"Ranks(4, start={method!r})", f"{size / 2**20:.0f} MiB", "", True)
-    row("template / spawn", f"{memory['template'] / memory['spawn']:.2f}x", "< 1x", memory["template"] < memory["spawn"])
+    row("template / spawn", f"{memory['template'] / memory['spawn']:.2f}x", "< 1x",
+        memory["template"] < memory["spawn"])
 
     with Ranks(WORLD) as ranks:
         # 2. round trip of a no-op

@@ -17,7 +17,8 @@ use, so ``import shardlib.models`` stays light.
 from ._lazy import exports
 
 __all__, __getattr__, __dir__ = exports("shardlib.runtime", {
-    "ranks": ("Ranks", "RankError", "RankTimeoutError"),
+    "ranks": ("Ranks",),
+    "errors": ("RankError", "RankTimeoutError"),
     "context": ("RankContext",),
     "records": ("CommRecord",),
     "timeline": ("Span",),

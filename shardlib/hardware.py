@@ -85,7 +85,8 @@ ETHERNET_100G = Link("Ethernet 100 Gb/s", 12.5e9, 50e-6, "per direction",
                      "IEEE 802.3 100GBASE-R: 100 Gb/s each way (full duplex)",
                      "tens to hundreds of microseconds over TCP; " + _LATENCY_NOTE)
 
-LINKS: dict[str, Link] = {link.name: link for link in (NVLINK, NVLINK_5, NVLINK_3, INFINITY_FABRIC, PCIE_GEN5, PCIE_GEN4,
+LINKS: dict[str, Link] = {link.name: link for link in (NVLINK, NVLINK_5, NVLINK_3, INFINITY_FABRIC, PCIE_GEN5,
+                                                       PCIE_GEN4,
                                                         INFINIBAND_400G, ETHERNET_100G)}
 
 

@@ -30,7 +30,8 @@ from shardlib.runtime.timeline import Timeline
     ("auto", 2, 8, "nccl", ["cuda:0", "cuda:1"], "compute on cuda:0, cuda:1, one GPU per rank, collectives by NCCL"),
     ("auto", 1, 1, "nccl", ["cuda:0"], "compute on cuda:0, one GPU per rank, collectives by NCCL"),
     ("gloo", 4, 8, "gloo", ["cpu"] * 4, "compute on CPU, collectives through loopback sockets (gloo)"),
-    ("cuda:gloo", 2, 8, "gloo", ["cuda:0", "cuda:1"], "compute on cuda:0, cuda:1, collectives through host memory (gloo)"),
+    ("cuda:gloo", 2, 8, "gloo", ["cuda:0", "cuda:1"],
+     "compute on cuda:0, cuda:1, collectives through host memory (gloo)"),
     ("cuda:gloo", 3, 2, "gloo", ["cuda:0", "cuda:1", "cuda:0"],
      "compute on cuda:0, cuda:1, shared by 3 ranks, collectives through host memory (gloo)"),
     ("nccl", 2, 2, "nccl", ["cuda:0", "cuda:1"], "compute on cuda:0, cuda:1, one GPU per rank, collectives by NCCL"),
@@ -111,15 +112,15 @@ def test_prepare_device_turns_tf32_off_on_a_gpu(monkeypatch):
 # -- host staging, run on CPU ranks ---------------------------------------------------------------------
 def every_call_on_rank(ctx, staged: bool):
     """Every recorded call, with host staging on or off; returns the results, the log, and which calls
-    went through ``_stage``."""
+    went through ``stage_on_host``."""
     comm_module = shardlib.runtime.comm
-    original, staged_ops = comm_module._stage, []
+    original, staged_ops = comm_module.stage_on_host, []
 
     def counting(op, args):
         staged_ops.append(op)
         return original(op, args)
 
-    comm_module._stage, ctx.comm.host_staged = counting, staged
+    comm_module.stage_on_host, ctx.comm.host_staged = counting, staged
     try:
         r, n = ctx.rank, ctx.world_size
         x = torch.arange(4.0) + 10 * r  # (4,)
@@ -145,7 +146,7 @@ def every_call_on_rank(ctx, staged: bool):
         out["x_unchanged"] = x  # what only sent or gathered is left as it was
         return out, [(rec.op, rec.size_bytes, rec.group) for rec in ctx.comm.records], staged_ops
     finally:
-        comm_module._stage, ctx.comm.host_staged = original, False
+        comm_module.stage_on_host, ctx.comm.host_staged = original, False
 
 
 def test_host_staging_gives_what_direct_calls_give(pool2):

@@ -72,7 +72,8 @@ def _functions(module_name: str):
 
 
 def _driver_modules() -> list[str]:
-    return [f"shardlib.{p.parent.name}.{p.stem}" for p in modules() if p.stem == "drivers" or p.stem.endswith("_drivers")]
+    return [f"shardlib.{p.parent.name}.{p.stem}" for p in modules()
+            if p.stem == "drivers" or p.stem.endswith("_drivers")]
 
 
 @pytest.mark.parametrize("module_name", _driver_modules())

@@ -195,7 +195,8 @@ def test_the_template_forks_from_a_single_thread_and_a_killed_template_is_replac
 def test_two_kernels_never_share_a_template(tmp_path):
     script = tmp_path / "kernel.py"
     script.write_text("from shardlib import Ranks\nr = Ranks(2)\nprint(r.parent_pids[0])\nr.close()\n")
-    outs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180) for _ in range(2)]
+    outs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+            for _ in range(2)]
     assert all(o.returncode == 0 for o in outs), [o.stderr for o in outs]
     templates = [int(o.stdout.split()[-1]) for o in outs]
     assert templates[0] != templates[1]

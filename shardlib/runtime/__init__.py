@@ -1,7 +1,7 @@
 """The rank runtime: real processes exchanging real tensors through ``torch.distributed``.
 
-* ``ranks``: ``Ranks``, the warm pool of rank processes a notebook starts once and calls many times;
-  ``RankError`` and ``RankTimeoutError`` for a rank that fails or hangs.
+* ``ranks``: ``Ranks``, the warm pool of rank processes a notebook starts once and calls many times.
+* ``errors``: ``RankError``, ``RankTimeoutError`` and ``PoolClosedError``, for a rank that fails or hangs.
 * ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
 * ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
   through ``RankContext.from_env``), and the choice of backend.
@@ -18,7 +18,8 @@ The torchrun entry point is ``python -m shardlib.launch``.
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "ranks": ("Ranks", "RankError", "RankTimeoutError", "PoolClosedError", "max_world_size"),
+    "ranks": ("Ranks", "max_world_size"),
+    "errors": ("RankError", "RankTimeoutError", "PoolClosedError"),
     "context": ("RankContext", "choose_backend", "gpu_count", "prepare_device"),
     "devices": ("Placement", "place_ranks", "BACKENDS"),
     "comm": ("Comm", "Pending"),

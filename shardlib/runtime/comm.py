@@ -14,26 +14,22 @@ hidden under its own work. That is how overlap is measured, not guessed.
 On CUDA devices every recorded call synchronises the device around it, so a span covers the work, not
 the launch.
 
-**Through host memory.** When ranks compute on GPUs but talk with gloo (fewer GPUs than ranks:
-``devices.place_ranks``), gloo has no CUDA path for several calls (reduce-scatter, all-to-all, send
-and receive of CUDA tensors). So every call on such a rank is staged here, in one place (``_stage``):
-its GPU tensors are copied to host buffers, gloo runs on those, and the buffer the call writes is
-copied back to the GPU when the call completes (at ``wait()`` for an asynchronous one). The record's
-time includes both copies: that is what a collective costs on this path. The bytes counted are the
-same as anywhere else.
+GPU tensors on a gloo path are staged through host memory (``staging``); calls across an emulated slow
+link are held to its time (``holding``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from time import perf_counter
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from .holding import Hold, sleep_until
 from .records import CommRecord, summarize, wire_bytes
+from .staging import nothing, stage_on_host
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
@@ -56,41 +52,12 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-# calls whose first tensor is an output buffer only (its contents before the call do not matter)
-_WRITE_ONLY_FIRST = frozenset({"all_gather", "reduce_scatter", "all_to_all_single", "recv"})
-
-
-def _stage(op: str, args: tuple) -> tuple[tuple, Callable[[], None]]:
-    """Host copies of ``args``' tensors for gloo, and ``land``, which copies the result back into the
-    tensor the call writes (the first tensor, for every call but ``send`` and ``barrier``). An output
-    buffer is allocated on the host, not copied there."""
-    host, written = [], None
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            first = written is None
-            h = (torch.empty_like(a, device="cpu") if first and op in _WRITE_ONLY_FIRST
-                 else a.detach().to("cpu", copy=True))
-            if first:
-                written = (a, h)
-            host.append(h)
-        else:
-            host.append(a)
-    if written is None or op == "send":
-        return tuple(host), _nothing
-    device_tensor, host_tensor = written
-    return tuple(host), lambda: device_tensor.copy_(host_tensor)
-
-
-def _nothing() -> None:
-    return None
-
-
 class Pending:
     """An asynchronous call in flight. ``wait()`` blocks until it is done, logs it, and returns its
     result (the reduced, gathered or received tensor); calling it again returns the same result."""
 
-    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object], hold: "_Hold | None" = None,
-                 land: Callable[[], object] = _nothing) -> None:
+    def __init__(self, comm: "Comm", entry: tuple, work, finish: Callable[[], object], hold: "Hold | None" = None,
+                 land: Callable[[], object] = nothing) -> None:
         self._comm, self._entry, self._work, self._finish, self._hold = comm, entry, work, finish, hold
         self._land = land  # copies a host-staged result back to the GPU
         self._done_s: list[float] = []
@@ -114,7 +81,7 @@ class Pending:
         until_s = self._hold.until_s() if self._hold else None
         if until_s is not None:  # an emulated slow link: the bytes arrive no sooner than it lets them
             done_s = max(done_s, until_s)
-            end_s = _sleep_until(max(end_s, done_s))
+            end_s = sleep_until(max(end_s, done_s))
         self._comm._log(*self._entry, done_s, waited_s=end_s - wait_s, emulated=self._hold is not None)
         if end_s - wait_s > 1e-6:
             self._comm.ctx.timeline.append(f"wait {self._entry[0]}", "wait", wait_s, end_s, {"group": self._entry[3]})
@@ -170,8 +137,8 @@ class Comm:
                              f"{self.ctx.world_size}")
         self._emulation, self._crossing = emulation, {}
 
-    def _hold(self, op: str, size_bytes: int, group, peer: int | None, start_s: float) -> "_Hold | None":
-        """For a call whose ranks span nodes under an emulated link, the ``_Hold`` that makes it last as
+    def _hold(self, op: str, size_bytes: int, group, peer: int | None, start_s: float) -> "Hold | None":
+        """For a call whose ranks span nodes under an emulated link, the ``Hold`` that makes it last as
         long as the link would; ``None`` for a call inside a node, or when nothing is emulated."""
         em = self._emulation
         if em is None:
@@ -183,7 +150,7 @@ class Comm:
                 ranks = range(self.ctx.world_size) if group is None else dist.get_process_group_ranks(group)
                 self._crossing[group] = em.crosses(ranks)
             crosses, n = self._crossing[group], self.group_size(group)
-        return _Hold(op, group, peer, start_s, em.time_s(op, size_bytes, n),
+        return Hold(op, group, peer, start_s, em.time_s(op, size_bytes, n),
                      "cpu" if self.host_staged else self.ctx.device) if crosses else None
 
     def summary(self) -> dict[str, dict[str, float]]:
@@ -207,9 +174,9 @@ class Comm:
         wire = wire_bytes(op, size_bytes, self.group_size(group)) if wire is None else wire
         start_s = perf_counter()
         hold = self._hold(op, size_bytes, group, peer, start_s) if self._emulation else None
-        land = _nothing
+        land = nothing
         if self.host_staged:
-            args, land = _stage(op, args)
+            args, land = stage_on_host(op, args)
         if async_op:
             work = call(*args, group=group, async_op=True)
             return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish, hold, land)
@@ -217,7 +184,7 @@ class Comm:
         land()
         if self._cuda:
             torch.cuda.synchronize(self.ctx.device)
-        end_s = _sleep_until(hold.until_s() if hold else None)
+        end_s = sleep_until(hold.until_s() if hold else None)
         self._log(op, size_bytes, wire, name, start_s, peer, end_s, emulated=hold is not None)
         return finish()
 
@@ -319,42 +286,6 @@ class Comm:
     def barrier(self, group=None) -> None:
         """Wait until every rank of the group has arrived."""
         self._call("barrier", 0, group, dist.barrier)
-
-
-class _Hold:
-    """One call across an emulated slow link (``emulation.EmulatedLink``), timed as the link would time it.
-
-    Beside the call goes an 8-byte stamp of its start on the ``perf_counter`` clock (one clock for every
-    process of a machine, so stamps compare across ranks). A collective's ranks take the latest start
-    (an all-reduce MAX of the stamps, issued just before the call, in the same order on every rank) and
-    end no sooner than ``latest start + link time``: no rank finishes before the last has arrived and
-    the bytes have crossed. A send hands its stamp and bytes on and returns as soon as they have left; the
-    receiver ends no sooner than ``the sender's start + link time``, as if the bytes were in flight
-    that long. The stamps are not logged.
-    """
-
-    def __init__(self, op: str, group, peer: int | None, start_s: float, link_s: float, device) -> None:
-        self.link_s, self.waits = link_s, op != "send"
-        self.stamp = torch.tensor([start_s], dtype=torch.float64, device=device)
-        if op == "send":
-            self.work = dist.isend(self.stamp, peer, group=group)
-        elif op == "recv":
-            self.work = dist.irecv(self.stamp, peer, group=group)
-        else:
-            self.work = dist.all_reduce(self.stamp, op=dist.ReduceOp.MAX, group=group, async_op=True)
-
-    def until_s(self) -> float | None:
-        """When the call may end on this rank (``None``: at once, for a sender)."""
-        self.work.wait()
-        return self.stamp.item() + self.link_s if self.waits else None
-
-
-def _sleep_until(when_s: float | None) -> float:
-    """Sleep until ``when_s`` on the ``perf_counter`` clock (if given and still ahead); return the time after."""
-    left = 0.0 if when_s is None else when_s - perf_counter()
-    if left > 0:
-        time.sleep(left)
-    return perf_counter()
 
 
 def _p2p(fn):

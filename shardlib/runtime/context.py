@@ -53,7 +53,8 @@ class RankContext:
             torch.cuda.synchronize(self.device)
 
     def __repr__(self) -> str:
-        return f"RankContext(rank={self.rank}, world_size={self.world_size}, device={self.device}, backend={self.backend!r})"
+        return (f"RankContext(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
+                f"backend={self.backend!r})")
 
     def new_group(self, ranks: Sequence[int], name: str) -> dist.ProcessGroup:
         """A process group over ``ranks``, logged as ``name`` in the comm log.
@@ -121,7 +122,8 @@ class RankContext:
         if placement.backend == "gloo" and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
             use_loopback_for_gloo()  # every rank is on this machine
         device = prepare_device(placement.devices[local_rank])
-        dist.init_process_group(placement.backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(placement.backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
         return cls(rank, world_size, device, placement.backend)
 
 

@@ -29,7 +29,7 @@ import warnings
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import send_handle
 
-from ..checks import choice
+from ..checks import choice, whole_number
 
 START_METHODS = ("auto", "template", "spawn")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,7 +39,8 @@ def resolve_method(method: str) -> str:
     """``"auto"``: the template on Linux (fork is safe there from a single-threaded parent), else spawn."""
     choice(method, START_METHODS, "start method")
     if method == "auto":
-        return "template" if sys.platform.startswith("linux") and os.environ.get("SHARDLIB_START") != "spawn" else "spawn"
+        forking = sys.platform.startswith("linux") and os.environ.get("SHARDLIB_START") != "spawn"
+        return "template" if forking else "spawn"
     return method
 
 
@@ -232,3 +233,29 @@ def start_rank(method: str, threads: int, log_path: str, start_timeout_s: float)
     finally:
         child_end.close()
     return handle, Connection(parent_end.detach())
+
+
+def max_world_size() -> int:
+    """The most ranks this machine is allowed to start: four per CPU core, and at least 8."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def check_world_size(world_size) -> int:
+    world_size = whole_number(world_size, "world_size (the number of ranks, like 2 or 4)")
+    if world_size > max_world_size():
+        raise ValueError(
+            f"{world_size} ranks is far beyond this machine ({os.cpu_count()} CPU cores): each rank is a "
+            f"whole Python process with its own copy of torch; use at most {max_world_size()}"
+        )
+    return world_size
+
+
+def kill_ranks(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
+            pass

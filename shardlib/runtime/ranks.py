@@ -1,28 +1,12 @@
 """``Ranks``: a warm pool of rank processes that run your functions on every rank.
 
-``Ranks(2)`` starts two processes once (each joins a ``torch.distributed`` process group on loopback)
-and keeps them waiting. They are forked from the kernel's template process, which has torch imported
-already (``template``, ``launcher``), so a pool starts in well under a second once the template is up. ``ranks.run(fn, *args)`` ships ``fn`` to every rank (by value, with cloudpickle,
-so a function or lambda written in a notebook cell works), calls ``fn(ctx, *args)`` there, and returns
-the results in rank order. Moving a slider therefore costs one dispatch, a fraction of a millisecond,
-not a process spawn.
-
-Where the ranks compute follows the GPUs the machine has (``devices.place_ranks``, ``backend="auto"``):
-on CPU with gloo when there are none; on the GPUs, shared (rank ``r`` on ``cuda:(r % n_gpus)``) and
-talking through host memory with gloo when there are fewer GPUs than ranks; one GPU per rank with NCCL
-when there are enough. ``backend="gloo"``, ``"cuda:gloo"`` or ``"nccl"`` asks for one explicitly, and a
-choice the machine cannot honour is a ``ValueError`` naming its GPU count. The environment variable
-``SHARDLIB_BACKEND`` stands in for ``"auto"`` (``scripts/gpu_check.py`` runs the notebooks on each path
-with it). ``ranks.devices`` lists each rank's device and ``ranks.description`` says it in words, for
-figure titles.
-
-Faults are part of the contract. An exception on any rank comes back at once as ``RankError`` naming
-the rank and carrying its traceback; a call that does not finish within ``timeout`` seconds (a rank
-skipped a collective, say) raises ``RankTimeoutError``. Either way the old processes are killed and a
-fresh set is started, so the next ``run`` works. Rank processes exit by themselves when their parent
-(the template) dies, the template when the kernel dies, SIGKILL included; ``close()`` leaves no rank
-behind (the template stays for the next pool, and goes with the kernel). The store that ranks meet at and gloo's
-own sockets listen on loopback only, on ports the system picks.
+``Ranks(2)`` starts two processes once, forked from the kernel's template (``template``, ``launcher``),
+each joined to a ``torch.distributed`` group on loopback. ``ranks.run(fn, *args)`` ships ``fn`` by value
+(cloudpickle: a notebook's own function works), calls ``fn(ctx, *args)`` on every rank and returns the
+results in rank order: a slider move costs one dispatch, not a spawn. Where ranks compute follows the GPUs
+(``devices.place_ranks``; ``backend=`` or ``SHARDLIB_BACKEND`` asks for one path). Faults are part of the
+contract: a rank's exception is a ``RankError`` with its traceback, a call past ``timeout`` a
+``RankTimeoutError`` (``errors``); either way the pool restarts, and ranks die with their parent.
 """
 
 from __future__ import annotations
@@ -40,65 +24,18 @@ from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
-from ..checks import positive_number, whole_number
+from ..checks import positive_number
 from .context import gpu_count
 from .devices import place_ranks
-from .launcher import resolve_method, start_rank
+from .errors import PoolClosedError, RankError, RankTimeoutError, pack_call
+from .launcher import check_world_size, kill_ranks, resolve_method, start_rank
 from .records import CommRecord
 from .timeline import Span, now_s
 
 START_TIMEOUT_S = 180.0  # importing torch on a busy 2-core box can take a while
-
-
-class RankError(RuntimeError):
-    """A rank function failed on rank ``rank``; the message holds that rank's traceback."""
-
-    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = "") -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.remote_traceback = remote_traceback
-
-
-class PoolClosedError(RuntimeError):
-    """``run`` on a pool that was closed: start a new one with ``Ranks(...)``."""
-
-
-class RankTimeoutError(RankError):
-    """A call did not finish in time; ``ranks_silent`` lists the ranks that never answered."""
-
-    def __init__(self, message: str, rank: int | None, ranks_silent: list[int]) -> None:
-        super().__init__(message, rank)
-        self.ranks_silent = ranks_silent
-
-
-def max_world_size() -> int:
-    """The most ranks this machine is allowed to start: four per CPU core, and at least 8."""
-    return max(8, 4 * (os.cpu_count() or 1))
-
-
-def _check_world_size(world_size) -> int:
-    world_size = whole_number(world_size, "world_size (the number of ranks, like 2 or 4)")
-    if world_size > max_world_size():
-        raise ValueError(
-            f"{world_size} ranks is far beyond this machine ({os.cpu_count()} CPU cores): each rank is a "
-            f"whole Python process with its own copy of torch; use at most {max_world_size()}"
-        )
-    return world_size
-
-
-def _kill(procs: list) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
-            pass
 
 
 class Ranks:
@@ -106,7 +43,7 @@ class Ranks:
 
     def __init__(self, world_size: int = 2, *, backend: str = "auto", timeout: float = 60.0,
                  start: str = "auto") -> None:
-        self.world_size = _check_world_size(world_size)
+        self.world_size = check_world_size(world_size)
         self.start_method = resolve_method(start)
         self.timeout = positive_number(timeout, "timeout (seconds)")
         if backend == "auto":  # a whole run (a test suite, every notebook) can be put on one path from outside
@@ -129,7 +66,7 @@ class Ranks:
         self._store = dist.TCPStore("127.0.0.1", self._store_socket.getsockname()[1], is_master=True,
                                     wait_for_workers=False, timeout=timedelta(seconds=START_TIMEOUT_S),
                                     master_listen_fd=self._store_socket.fileno())
-        self._finalizer = weakref.finalize(self, _kill, self._procs)
+        self._finalizer = weakref.finalize(self, kill_ranks, self._procs)
         try:
             self._start()
             self._await_ready()
@@ -187,7 +124,7 @@ class Ranks:
         """Kill the current processes (they may be stuck in a collective) and forget them."""
         for conn in self._conns:
             conn.close()
-        _kill(self._procs)
+        kill_ranks(self._procs)
         self._procs.clear()
         self._conns.clear()
         self._ready = False
@@ -283,7 +220,7 @@ class Ranks:
         """
         if not callable(fn):
             raise TypeError(f"run() needs a function to call on every rank, like run(my_fn); got {fn!r}")
-        payload = _pack(fn, args, kwargs)
+        payload = pack_call(fn, args, kwargs)
         with self._lock:
             if self._closed:
                 raise PoolClosedError("this Ranks pool is closed; start a new one with Ranks(...)")
@@ -344,25 +281,6 @@ class Ranks:
         self.last_comm = [rec for r in range(self.world_size) for rec in replies[r][2]]
         self.last_spans = [s for r in range(self.world_size) for s in replies[r][3]]
         return [replies[r][1] for r in range(self.world_size)]
-
-
-def _pack(fn, args: tuple, kwargs: dict) -> bytes:
-    """Serialise the call once for every rank, naming the piece that cannot travel if one cannot."""
-    try:
-        return cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        pieces = [("the function", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
-        pieces += [(f"argument {k}=", v) for k, v in kwargs.items()]
-        for label, value in pieces:
-            try:
-                cloudpickle.dumps(value)
-            except Exception as inner:
-                raise TypeError(
-                    f"{label} ({type(value).__name__}) cannot be sent to the ranks: {inner}. Each rank is a "
-                    "separate process, so what you pass must be picklable (tensors, numbers, lists, functions "
-                    "are; open files, locks, sockets and generators are not)"
-                ) from None
-        raise TypeError(f"the call cannot be sent to the ranks: {exc}") from None
 
 
 def _echo(rank: int, text: str) -> None:

@@ -37,7 +37,8 @@ ALL_DONE = """() => { const panel = window.jupyterapp.shell.currentWidget; const
   const session = panel.sessionContext.session;
   if (!(session && session.kernel && session.kernel.status === 'idle')) return false;
   for (let i = 0; i < cells.length; i++) {
-    const c = cells.get(i); if (c.type === 'code' && c.sharedModel.getSource().trim() && c.executionCount === null) return false;
+    const c = cells.get(i);
+    if (c.type === 'code' && c.sharedModel.getSource().trim() && c.executionCount === null) return false;
   }
   return true; }"""
 
@@ -53,7 +54,8 @@ CELL_REPORTS = """() => { const panel = window.jupyterapp.shell.currentWidget; c
       index: i, source: model.sharedModel.getSource().slice(0, 80), executed: model.executionCount !== null,
       errors: outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
       plotly_outputs: outputs.filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length,
-      drawn_figures: Array.from(node.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')).length,
+      drawn_figures: Array.from(node.querySelectorAll('.js-plotly-plot'))
+        .filter(d => d.querySelector('.main-svg')).length,
       widget_failures: (node.innerText.match(/Error displaying widget|Failed to load model class/g) || []),
     });
   }
