@@ -56,6 +56,7 @@ CELL_REPORTS = """() => { const panel = window.jupyterapp.shell.currentWidget; c
       plotly_outputs: outputs.filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length,
       drawn_figures: Array.from(node.querySelectorAll('.js-plotly-plot'))
         .filter(d => d.querySelector('.main-svg')).length,
+      code_blocks: node.querySelectorAll('.shardlib-code').length,
       widget_failures: (node.innerText.match(/Error displaying widget|Failed to load model class/g) || []),
     });
   }
@@ -209,4 +210,5 @@ def test_notebook_runs_all_then_every_control_answers(name, lab, browser):
     assert not problems, "\n".join(problems)
     assert all(c["executed"] for c in report["cells"] if c["source"].strip()), "Run All did not reach every cell"
     assert sum(c["drawn_figures"] for c in report["cells"]) >= 1, f"{name} drew no figure at all"
+    assert sum(c["code_blocks"] for c in report["cells"]) >= 1, f"{name}: its Read the code section shows no source"
     assert report["moved"], f"{name}: no control was moved (the notebook should have at least one to explore)"

@@ -43,6 +43,7 @@ def test_page_carries_its_figures(site, stem):
     figures = text.count("Plotly.newPlot(")
     assert figures >= 1, f"{stem}.html has no figure"
     assert "application/vnd.jupyter.widget-view+json" not in text
+    assert "Read the code" in text and 'class="shardlib-code"' in text, f"{stem}.html shows no source to read"
     if chromium_path():
         from playwright.sync_api import sync_playwright
 
