@@ -1,20 +1,12 @@
 """Model shapes: ``ModelConfig`` and presets of real public models, from their published configs.
 
-Only shapes live here (layers, widths, heads, experts, bytes per parameter), never weights: enough to
-count parameters and bytes, and to decide which splits a model allows. Pure: no torch.distributed.
-
-**Quantised weights** (``ModelConfig.quantized(bits)``) are the other way to make a model fit: the
-weight matrices of every layer stored in 8 or 4 bits, activations and the KV cache kept in the model's
-dtype (``bytes_per_param``). A 4-bit format does not store 4 bits per weight: GPTQ (Frantar et al. 2023)
-and AWQ (Lin et al. 2024) store each group of 128 weights as 4-bit integers plus one 16-bit scale for
-the group (AWQ adds a 4-bit zero point, another 0.03 bits per weight; bitsandbytes' NF4 uses blocks of
-64 with a 32-bit scale, 0.5 bits more), so ``bits + 16 / group_size`` bits per weight: 4.125 bits, 0.516
-bytes. The embedding table, the output head and the norms usually stay in the model's dtype, and do here.
-
-Parameter counting follows the Llama/Mixtral architecture: per layer, attention projections
-``q, o: d_model x (n_heads * head_dim)`` and ``k, v: d_model x (n_kv_heads * head_dim)``, a gated MLP of
-three ``d_model x d_ff`` matrices per expert, a router ``d_model x n_experts`` when there are experts,
-and two RMSNorm weight vectors; plus the token embedding, a final norm, and an untied output head.
+Only shapes (layers, widths, heads, experts, bytes per parameter), never weights: enough to count
+parameters and bytes and to decide which splits a model allows. Parameters are counted as in the
+Llama/Mixtral architecture (attention ``q, o: d_model x heads * head_dim``, ``k, v`` over the KV heads, a
+gated MLP of three ``d_model x d_ff`` matrices per expert, a router, two norms per layer; embedding, final
+norm and an untied head). ``quantized(bits)`` stores the layers' matrices as GPTQ/AWQ do (Frantar et al.
+2023; Lin et al. 2024): groups of 128 weights with one 16-bit scale, ``bits + 16 / 128`` bits a weight.
+Also here, one home each: the tensor-parallel shape rules, KV heads per device and KV-cache bytes.
 """
 
 from __future__ import annotations

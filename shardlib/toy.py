@@ -1,19 +1,11 @@
 """The small transformer every demo runs: its reference blocks and its seeded weights.
 
-One block is Llama's, pre-norm and residual::
-
-    h = h + attention(rms_norm(h))        # causal grouped-query attention: q, k, v, o
-    h = h + mlp(rms_norm(h))              # gated MLP: down(silu(gate(n)) * up(n))
-
-(RMS norms without a learned scale; no embedding or output head.) A layer's weights are a dict of
-``(out, in)`` matrices, the ``nn.Linear`` layout: ``q, k, v, o`` for attention and ``gate, up, down`` for
-the MLP. A layer may hold only one of the two parts (the pipeline demos use MLP-only layers), and
-``block_reference`` runs whichever parts it finds.
-
-Every weight in the suite comes from ``weight``: a seeded normal matrix scaled by ``1/sqrt(in)``, so
-activations stay of order 1 through the stack. The same seed gives the same weights in the notebook's
-process and on every rank. Everything here runs in one process: these are the references that every
-sharded computation is checked against. Pure: torch, never ``torch.distributed``.
+One block is Llama's, pre-norm and residual: ``h = h + attention(rms_norm(h))`` (causal grouped-query
+attention) then ``h = h + mlp(rms_norm(h))`` (gated: ``down(silu(gate(n)) * up(n))``); no learned norm
+scale, no embedding or head. A layer's weights are a dict of ``(out, in)`` matrices (``q, k, v, o``,
+``gate, up, down``); a layer may hold only one part (the pipeline demos use MLP-only layers). Every weight
+comes from ``weight``: seeded, scaled by ``1/sqrt(in)``, the same in the notebook and on every rank.
+These are the one-process references every sharded computation is checked against.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Recorded collectives: every call on ``ctx.comm`` is logged as a ``CommRecord`` and drawn as a span.
 
-The wrappers call ``torch.distributed`` directly and add only a clock read and a list append, so a demo
-can say exactly how many collectives it issued, how many bytes they carried (``size_bytes``, the
-buffer, and ``wire_bytes``, what the ring puts on the wire: see ``records``) and, on the timeline, when.
-
-Blocking calls (the default) are logged when they return. Pass ``async_op=True`` (or use ``isend`` and
-``irecv``) and the call returns a ``Pending`` at once: the rank goes on computing while the bytes move,
-and ``pending.wait()`` finishes it. The record then spans the call's whole flight (from the issue to the
-completion, read from the backend's completion callback where it has one, else to the end of
-``wait``), and ``waited_s`` says how much of it the rank spent blocked in ``wait()``: the rest was
-hidden under its own work. That is how overlap is measured, not guessed.
-
-On CUDA devices every recorded call synchronises the device around it, so a span covers the work, not
-the launch.
-
-GPU tensors on a gloo path are staged through host memory (``staging``); calls across an emulated slow
-link are held to its time (``holding``).
+The wrappers call ``torch.distributed`` and add a clock read and a list append, so a demo can say how many
+collectives it issued, their buffer and wire bytes (``records``) and when. ``async_op=True`` (and
+``isend`` / ``irecv``) returns a ``Pending``: the record spans the call's whole flight, and ``waited_s``
+says how much of it the rank spent blocked in ``wait()``; the rest was hidden under its own work. On CUDA
+every recorded call synchronises the device, so a span covers the work, not the launch. GPU tensors on a
+gloo path are staged through host memory (``staging``); calls across an emulated slow link are held to
+its time (``holding``).
 """
 
 from __future__ import annotations

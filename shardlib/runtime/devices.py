@@ -1,18 +1,10 @@
-"""Where ranks compute and how they talk: the decision, given the GPUs a machine has.
+"""Where ranks compute and how they talk, given the GPUs a machine has: ``place_ranks`` -> ``Placement``.
 
-``place_ranks(backend, world_size, n_gpus)`` returns a ``Placement``: the ``torch.distributed`` backend,
-each rank's device, and the words every pool and figure uses to say so. The choices:
-
-* ``"nccl"``: one GPU per rank, collectives GPU to GPU by NCCL. NCCL refuses two ranks on one GPU
-  ("duplicate GPU"), so it needs at least as many GPUs as ranks.
-* ``"cuda:gloo"`` (torch's own ``device:backend`` spelling): ranks compute on the GPUs, rank ``r`` on
-  ``cuda:(r % n_gpus)`` (shared when there are fewer GPUs than ranks), and communicate through host
-  memory with gloo: every collective copies its GPU tensors to the CPU and back (``comm``). Its times
-  are those of host memory and loopback sockets, never of a GPU link, and everything that shows them
-  says so.
-* ``"gloo"``: CPU only, collectives through loopback sockets. What a laptop without a GPU runs.
-* ``"auto"``: ``"nccl"`` when there are at least as many GPUs as ranks, ``"cuda:gloo"`` when there are
-  fewer but some, ``"gloo"`` when there are none.
+* ``"nccl"``: one GPU per rank, collectives GPU to GPU (NCCL refuses two ranks on one GPU).
+* ``"cuda:gloo"``: rank ``r`` computes on ``cuda:(r % n_gpus)``, shared when GPUs are fewer than ranks, and
+  talks through host memory with gloo (its times are host memory's, never a GPU link's, and said so).
+* ``"gloo"``: CPU only, collectives through loopback sockets.
+* ``"auto"``: nccl with enough GPUs, cuda:gloo with fewer, gloo with none.
 
 Pure: no torch. The GPU count is an argument, so every branch is tested on a machine without one.
 """

@@ -1,27 +1,18 @@
-"""What the comm log holds: one ``CommRecord`` per call, its buffer and its wire bytes, and summaries.
+"""What the comm log holds: one ``CommRecord`` per call with two byte counts, and summaries.
 
-Two byte counts sit side by side in every record, because both are quoted and they differ:
+``size_bytes`` is nccl-tests' size (the buffer, as one rank sees it); ``wire_bytes`` is what this rank
+puts on the wire under the bandwidth-optimal ring (Patarasuk and Yuan 2009), behind nccl-tests' bus
+bandwidth:
 
-* ``size_bytes``, nccl-tests' *size*: the buffer the operation works on, as one rank sees it;
-* ``wire_bytes``: what this rank puts on the wire under the bandwidth-optimal ring (Patarasuk and Yuan
-  2009), the count behind nccl-tests' *bus bandwidth*. A ring all-reduce sends ``2(n-1)/n`` of its
-  buffer per rank; all-gather, reduce-scatter and an even all-to-all ``(n-1)/n``; a send all of it.
-
-=====================  ===========================================  ===================================
-op                     size_bytes                                   wire_bytes (per rank, ring)
-=====================  ===========================================  ===================================
-all_reduce             the tensor                                   2(n-1)/n x size
-broadcast              the tensor                                   size (0 on one rank)
-all_gather             the whole gathered output (n x input)        (n-1)/n x size
-reduce_scatter         the whole input (n x output)                 (n-1)/n x size
-all_to_all_single      the input this rank sends, all destinations  the rows it sends to other ranks
-send, recv             the tensor                                   send: size; recv: 0 (it only takes)
-barrier                0                                            0
-=====================  ===========================================  ===================================
-
-What a backend really sends can differ (gloo builds all_gather and reduce_scatter on all-reduce, so it
-moves more than the ring); the wire count is the model's, the one cost formulas charge (``costs``).
-Pure: no torch.
+=================  ======================================  ==================================
+op                 size_bytes                              wire_bytes (per rank, ring)
+=================  ======================================  ==================================
+all_reduce         the tensor                              2(n-1)/n x size
+all_gather         the gathered output (n x input)         (n-1)/n x size
+reduce_scatter     the whole input (n x output)            (n-1)/n x size
+all_to_all_single  what this rank sends                    the rows it sends to other ranks
+broadcast, send    the tensor                              size (recv and non-roots: 0)
+=================  ======================================  ==================================
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """The template process: torch imported once, rank processes forked from it on demand.
 
-A rank is a whole Python with torch in it, and importing torch takes a second or more. A notebook that
-starts a second pool (``Ranks(4)`` after ``Ranks(2)``) would pay that again for every rank. Instead, the
-first pool of a kernel starts one *template* (``python -m shardlib.runtime.template FD``, a child of the
-kernel), which imports torch, torch.distributed and the worker, and then only waits. Each rank is
-``os.fork()`` ed from it, the way ``multiprocessing``'s forkserver works: the child starts with torch
-already imported (its pages shared with the template and the other ranks until written), so a pool
-starts in the time it takes to join the process group.
-
-Fork is safe here because the template never starts a thread, never touches CUDA and never runs a torch
-operation: it checks that it is single-threaded before every fork and refuses otherwise. The kernel,
-which does run threads, never forks; it talks to the template over one socket:
-
-* kernel -> template, once: ``{"parent_pid", "sys_path"}``; template -> kernel: ``("ready", info)``.
-* per rank: the request ``{"log_path"}``, then the rank's socket passed as a file descriptor;
-  template -> kernel: ``("spawned", pid)`` (or ``("refused", why)``).
-* template -> kernel, whenever a rank exits: ``("exited", pid, exit_code)``.
-* kernel -> template: ``b"close"``.
-
-Lifetimes: the template exits when the kernel does (``PR_SET_PDEATHSIG`` on Linux, and a check of its
-parent every 0.2 s), and every rank exits when the template does (the same two ways). So a kernel killed
-with SIGKILL leaves neither behind, and each kernel has a template of its own.
+Importing torch takes a second or more per rank; the first pool of a kernel starts one template
+(``python -m shardlib.runtime.template FD``) that imports torch and the worker and waits. Each rank is
+``os.fork()`` ed from it, as ``multiprocessing``'s forkserver does, so a pool starts in the time it takes
+to join the process group. Fork is safe because the template never starts a thread, touches CUDA or runs
+a torch operation (it checks it is single-threaded before every fork). Protocol over one socket: the
+kernel sends ``{"parent_pid", "sys_path"}`` once and one request per rank (its socket passed as a file
+descriptor); the template answers ``ready``, ``spawned``/``refused`` and ``exited``; ``b"close"`` ends it.
+The template dies with the kernel and each rank with the template (``PR_SET_PDEATHSIG`` and a parent
+check every 0.2 s): a kernel killed with SIGKILL leaves nothing behind.
 """
 
 from __future__ import annotations
