@@ -103,3 +103,20 @@ def test_rank_functions_take_ctx_first():
             if name.endswith("_on_rank") and list(inspect.signature(fn).parameters)[:1] != ["ctx"]:
                 wrong.append(name)
     assert wrong == []
+
+
+def test_module_docstrings_say_what_the_module_holds_in_about_15_lines():
+    """The explanations live in the notebooks, where learners read them; a module says what it holds."""
+    import ast
+
+    long = []
+    for path in modules():
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        if len(doc.splitlines()) > 16:
+            long.append(f"{path.relative_to(ROOT)}: {len(doc.splitlines())} lines")
+    assert long == []
+
+
+def test_no_module_is_over_300_lines():
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in modules() if (n := len(p.read_text().splitlines())) > 300]
+    assert long == []
