@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
 
-.PHONY: lab test lint bench site binder-check busy-check install clean
+.PHONY: lab test lint bench site binder-check busy-check bursty-check install clean
 
 install: $(STAMP)
 
@@ -40,6 +40,9 @@ binder-check: $(STAMP)
 
 busy-check: $(STAMP)
 	$(BIN)/python scripts/busy_check.py
+
+bursty-check: $(STAMP)
+	$(BIN)/python scripts/busy_check.py --bursty
 
 site: $(STAMP)
 	$(BIN)/python scripts/build_site.py --out site
