@@ -112,6 +112,16 @@ MOVE = """([i, kind, k]) => { const node = window.jupyterapp.shell.currentWidget
   first.click(); return 'choice';
 }"""
 
+# The k-th slider handle of cell i, focused and in view: its value, range and where to grab it.
+HANDLE = """([i, k]) => { const node = window.jupyterapp.shell.currentWidget.content.widgets[i].node;
+  const h = node.querySelector('.jp-OutputArea').querySelectorAll('.noUi-handle')[k];
+  if (h.closest('[disabled]') || h.getAttribute('aria-disabled') === 'true') return null;
+  h.scrollIntoView({block: 'center'}); h.focus();
+  const box = h.getBoundingClientRect(), track = h.closest('.noUi-target').getBoundingClientRect();
+  return {now: Number(h.getAttribute('aria-valuenow')), min: Number(h.getAttribute('aria-valuemin')),
+          max: Number(h.getAttribute('aria-valuemax')), x: box.x + box.width / 2, y: box.y + box.height / 2,
+          left: track.x, right: track.x + track.width}; }"""
+
 LOG_ENTRIES = """() => Array.from(document.querySelectorAll('.jp-LogConsolePanel .jp-OutputArea-output'))
   .map(e => e.innerText.slice(0, 600))"""
 
@@ -141,6 +151,34 @@ def _move(page, control, stem: str, report: dict) -> None:
     report["moved"].append({"control": control, "action": action})
 
 
+def _settle(page) -> None:
+    page.wait_for_timeout(300)
+    page.wait_for_function(KERNEL_IDLE, timeout=MOVE_TIMEOUT_MS, polling=250)
+
+
+def _push_past_the_ends(page, cell: int, k: int, report: dict) -> None:
+    """Take a slider to each end and past it, by keyboard (End then ArrowRight, Home then ArrowLeft) and by
+    dragging its handle beyond the track: a learner does both, and a control must be safe at either end."""
+    for end_key, past_key, side in (("End", "ArrowRight", "right"), ("Home", "ArrowLeft", "left")):
+        if page.evaluate(HANDLE, [cell, k]) is None:
+            return
+        page.keyboard.press(end_key)
+        _settle(page)
+        handle = page.evaluate(HANDLE, [cell, k])
+        if handle["now"] != (handle["max"] if side == "right" else handle["min"]):
+            report["ends_not_reached"].append([cell, k, end_key, handle["now"]])
+        page.keyboard.press(past_key)
+        _settle(page)
+        handle = page.evaluate(HANDLE, [cell, k])
+        beyond = handle[side] + (60 if side == "right" else -60)
+        page.mouse.move(handle["x"], handle["y"])
+        page.mouse.down()
+        page.mouse.move(beyond, handle["y"], steps=8)
+        page.mouse.up()
+        _settle(page)
+    report["ends_pushed"].append([cell, k])
+
+
 def _run_notebook(page, lab: LabServer, name: str) -> dict:
     stem = Path(name).stem
     page.goto(lab.url(name))
@@ -149,7 +187,7 @@ def _run_notebook(page, lab: LabServer, name: str) -> dict:
     page.wait_for_function(ALL_DONE, timeout=RUN_ALL_TIMEOUT_MS, polling=500)
     page.wait_for_timeout(1000)  # let the renderers draw what arrived last
     report = {"notebook": name, "cells": page.evaluate(CELL_REPORTS), "moved": [], "unchanged": [],
-              "skipped_disabled": [], "log": []}
+              "skipped_disabled": [], "log": [], "ends_pushed": [], "ends_not_reached": []}
     if any(c["plotly_outputs"] > c["drawn_figures"] for c in report["cells"]):
         page.wait_for_timeout(3000)  # plotly.js loads lazily the first time
         report["cells"] = page.evaluate(CELL_REPORTS)
@@ -158,6 +196,9 @@ def _run_notebook(page, lab: LabServer, name: str) -> dict:
     report["controls"] = len(controls)
     for control in controls:  # after the last cell has run, top to bottom, as a learner scrolls back
         _move(page, control, stem, report)
+    for cell, kind, k in controls:
+        if kind == "slider":
+            _push_past_the_ends(page, cell, k, report)
     page.screenshot(path=str(ARTIFACTS / f"{stem}-after-moves.png"), full_page=True)
     page.evaluate(OPEN_LOG)
     page.wait_for_timeout(1500)
@@ -207,6 +248,8 @@ def test_notebook_runs_all_then_every_control_answers(name, lab, browser):
     problems += [f"cell {c['control'][0]}: moving {c['control'][1]} {c['control'][2]} ({c['action']}) changed nothing "
                  "it drives" for c in report["unchanged"]]
     problems += [f"log console: {entry}" for entry in report["log"] if ERROR_IN_LOG.search(entry)]
+    problems += [f"cell {c}: slider {k} did not reach its end with {key} (stopped at {now})"
+                 for c, k, key, now in report["ends_not_reached"]]
     assert not problems, "\n".join(problems)
     assert all(c["executed"] for c in report["cells"] if c["source"].strip()), "Run All did not reach every cell"
     assert sum(c["drawn_figures"] for c in report["cells"]) >= 1, f"{name} drew no figure at all"
