@@ -45,3 +45,22 @@ def test_a_widget_on_a_closed_pool_says_so_instead_of_going_quiet():
     ranks.close()
     slider.value = slider.value + 1  # the callback runs on a closed pool
     assert "have been closed" in feedback.value and label.value == before
+
+
+def test_the_selection_slider_keeps_its_value_when_the_frontend_sends_no_index():
+    """Pressed past its last option, the frontend sends ``index: None``: the stock widget raises a
+    TraitError (into the log console); ours keeps its value and its callbacks never see a change."""
+    import ipywidgets
+
+    from shardlib.ui.live import SelectionSlider
+
+    stock = ipywidgets.SelectionSlider(options=[1, 2, 4], value=4)
+    with pytest.raises(Exception, match="index"):
+        stock.set_state({"index": None})
+    safe = SelectionSlider(options=[1, 2, 4], value=4)
+    seen = []
+    safe.observe(lambda change: seen.append(change["new"]), names="value")
+    safe.set_state({"index": None})
+    assert (safe.value, safe.index, seen) == (4, 2, [])
+    safe.set_state({"index": 0})
+    assert (safe.value, seen) == (1, [1])

@@ -1,5 +1,7 @@
 """Widgets that never die silently: a callback's error is shown under the widget, in the learner's terms.
 
+``SelectionSlider`` is the stock slider made safe at both ends of its range.
+
 In JupyterLab an exception raised inside a widget's callback does not appear in the notebook: it goes to
 the log console, which a learner never opens, and the widget just stops answering. Every widget of the
 suite therefore runs its callbacks through ``Feedback.guard``: the first draw runs unguarded (an error
@@ -15,7 +17,7 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ..runtime.ranks import PoolClosedError, RankError, RankTimeoutError
+from ..runtime.errors import PoolClosedError, RankError, RankTimeoutError
 from .theme import WRONG_COLOUR
 
 
@@ -64,3 +66,16 @@ def observe_all(controls, callback: Callable[..., None], feedback: Feedback) -> 
     guarded = feedback.guard(callback)
     for control in controls:
         control.observe(guarded, names="value")
+
+
+class SelectionSlider(widgets.SelectionSlider):
+    """ipywidgets' ``SelectionSlider``, safe at both ends of its range. Pressed past its last (or first)
+    option by keyboard, the frontend sends a null index (ipywidgets #3363 family) and the stock widget
+    raises a ``TraitError`` into the log console before any callback runs; this one keeps its value and
+    tells the frontend so."""
+
+    def set_state(self, sync_data):
+        if "index" in sync_data and sync_data["index"] is None:
+            sync_data = {k: v for k, v in sync_data.items() if k != "index"}
+            self.send_state("index")  # the frontend shows the value the kernel kept
+        super().set_state(sync_data)
