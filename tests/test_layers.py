@@ -35,8 +35,8 @@ PURE_WITHOUT_TORCH = {
     "shardlib.runtime.records",
     "shardlib.runtime.devices",
     "shardlib.costs.emulation",
-    "shardlib.pipeline.bubble",
     "shardlib.pipeline.schedules",
+    "shardlib.pipeline.orders",
     "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta",
     "shardlib.costs.phases",
@@ -81,6 +81,8 @@ LAYERS = {
         "shardlib.tensor_parallel.layers",
         "shardlib.tensor_parallel.blocks",
         "shardlib.tensor_parallel.sequence_parallel",
+        "shardlib.pipeline.engine",
+        "shardlib.pipeline.messages",
         "shardlib.data_parallel.buckets",
         "shardlib.data_parallel.zero3",
         "shardlib.data_parallel.peer",
@@ -204,7 +206,7 @@ def test_every_listed_module_exists():
 
 
 @pytest.mark.parametrize("module, line, expected", [
-    ("pipeline/bubble.py", "from ..runtime.ranks import Ranks", "shardlib.pipeline.bubble (pure) imports "
+    ("pipeline/orders.py", "from ..runtime.ranks import Ranks", "shardlib.pipeline.orders (pure) imports "
                                                                  "shardlib.runtime.ranks (runtime), a layer above it"),
     ("costs/alpha_beta.py", "import torch.distributed as dist", "shardlib.costs.alpha_beta (pure) imports torch.distributed"),
     ("plan/planner.py", "import torch", "shardlib.plan.planner (pure, no torch) imports torch"),
