@@ -26,7 +26,7 @@ class Stage:
         self.stash = {}  # (microbatch, chunk) -> (input, output): in flight until its backward
         self.local = {}  # results handed to this rank's own next chunk
         self.outputs, self.grad_x = {}, {}  # the step's results, by microbatch
-        self.ops = {"F": self.forward, "B": self.backward}
+        self.ops = {"F": self.forward, "B": self.backward}  # an action runs the method its op names
 
     def forward(self, a, x):
         with torch.set_grad_enabled(self.schedule.training):
