@@ -78,8 +78,8 @@ def main() -> int:
             for p in GRID_P:
                 for m in GRID_M:
                     schedule = make_schedule(name, p, m)
-                    runs = [run_on(pools[p], schedule, layers, x, grad, forward_s=op_s, backward_s=op_s).bubble.idle_fraction
-                            for _ in range(REPEATS)]
+                    runs = [run_on(pools[p], schedule, layers, x, grad, forward_s=op_s,
+                                   backward_s=op_s).bubble.idle_fraction for _ in range(REPEATS)]
                     measured, predicted = statistics.median(runs), pipeline_bubble_fraction(p, m)
                     worst = max(worst, abs(measured - predicted))
                     print(f"   {p:>3} {m:>4} {predicted:>9.3f} {measured:>9.3f}   [{min(runs):.3f}, {max(runs):.3f}] "

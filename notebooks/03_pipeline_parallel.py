@@ -47,25 +47,6 @@
 #   Ultra-Scale Playbook write it (`pipeline_bubble_ratio_to_ideal`). It can exceed 1.
 
 # %% [markdown]
-# ## Predict
-#
-# Before running anything: how much of the step is idle?
-
-# %%
-from shardlib.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
-
-microbatches = (1, 2, 4, 8, 16, 32, 64)
-print("idle fraction (p - 1) / (m + p - 1)")
-print("      " + "".join(f"m={m:<6}" for m in microbatches))
-for p in (1, 2, 4, 8):
-    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_fraction(p, m):<8.3f}" for m in microbatches))
-print("\nratio to ideal (p - 1) / m (Megatron-LM's convention)")
-for p in (2, 4, 8):
-    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_ratio_to_ideal(p, m):<8.3f}" for m in microbatches))
-assert pipeline_bubble_fraction(1, 8) == 0.0  # one stage: nothing to fill or drain
-assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy at a time
-
-# %% [markdown]
 # ## A schedule is a list of actions per stage
 #
 # A *schedule* says, for each stage, in which order it runs the forward (`F`) and backward (`B`) of
@@ -125,18 +106,83 @@ print(f"idle {Fraction(sum(idle), 2 * step)}; formula (p - 1) / (v m + p - 1) = 
 assert Fraction(sum(idle), 2 * step) == Fraction(1, 9)
 
 # %% [markdown]
+# ## Read the code
+#
+# That list is all a rank follows. Here is the whole mechanism that runs it, rendered from
+# `shardlib/pipeline/engine.py`: the class `Stage` holds one rank's part of a step, and `run_stage` walks
+# its list.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.pipeline.engine import Stage, run_stage
+from shardlib.ui.code import show_code
+
+show_code(Stage, run_stage)
+
+# %% [markdown]
+# - **The loop at the bottom**, `run_stage`, is the schedule on one rank: for each action of
+#   `schedule.actions[rank]`, in order, `take` its input, run its op, `give` the result on. The op is looked
+#   up by its name in `Stage.ops`. A schedule with another kind of action (the zero-bubble schedules split
+#   the backward into the input's gradient and a weight-gradient action `W` that can wait) adds one method
+#   and one entry there; the loop stays as it is.
+# - **`forward`** runs this chunk's layers on the microbatch with `block_reference`, the same layer
+#   function the one-process reference calls. In training it keeps the chunk's input and output in
+#   `stash`, and with them every activation autograd saved for the backward: that is what *in flight*
+#   means, and the stash's size is the memory difference between GPipe and 1F1B.
+# - **`backward`** takes the microbatch back out of the stash and pushes the incoming gradient through the
+#   chunk (`torch.autograd.backward`). The weight gradients accumulate into the weights microbatch by
+#   microbatch, as they do in one process; the gradient of the chunk's input, `h.grad`, goes back to the
+#   stage before.
+# - **`take`** finds an action's input: the first chunk's forward reads its microbatch of the batch, the
+#   last chunk's backward starts from the loss's gradient, and every other action waits for a message from
+#   a neighbouring stage (or, in a one-stage pipeline of several chunks, finds its input in `local`).
+#   **`give`** sends a forward's result to the next stage and a backward's to the previous one.
+# - **The two `probe.span(...)`** are where measurement attaches, from outside. The rank function
+#   (`pipeline_step_on_rank` in `pipeline/ranks.py`) passes a probe that records each op and each wait as a
+#   span on the rank's timeline, pads an op to a set duration when asked, and counts the bytes each forward
+#   saved. The mechanism itself holds no clock and no meter; by default the probe does nothing.
+#
+# The messages go through `links` (`pipeline/messages.py`): gloo's `send` waits until the receiver takes
+# the message, so two neighbours sending to each other at once (in 1F1B a forward goes right while a
+# backward comes left) would wait for each other forever. Each rank therefore sends on one thread per
+# neighbour and receives ahead on another, the way real pipelines post non-blocking sends and receives
+# early; the loop itself only ever waits for data it needs. And because every rank follows its list
+# exactly, an order that could not run would hang: `make_schedule` plays every schedule out, as the cells
+# above did, and refuses one that would leave a stage waiting forever.
+
+# %% [markdown]
+# ## Predict
+#
+# Before running anything on ranks: how much of the step should be idle, for a range of stage and
+# microbatch counts? Both conventions, from the formulas.
+
+# %%
+from shardlib.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
+
+microbatches = (1, 2, 4, 8, 16, 32, 64)
+print("idle fraction (p - 1) / (m + p - 1)")
+print("      " + "".join(f"m={m:<6}" for m in microbatches))
+for p in (1, 2, 4, 8):
+    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_fraction(p, m):<8.3f}" for m in microbatches))
+print("\nratio to ideal (p - 1) / m (Megatron-LM's convention)")
+for p in (2, 4, 8):
+    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_ratio_to_ideal(p, m):<8.3f}" for m in microbatches))
+assert pipeline_bubble_fraction(1, 8) == 0.0  # one stage: nothing to fill or drain
+assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy at a time
+
+# %% [markdown]
 # ## Run it on real ranks
 #
 # The model is a stack of 8 of the toy model's layers (Llama's pre-norm residual gated MLP, `d_model = 64`),
-# a batch of 16 sequences of 4 tokens. Rank `r` keeps only stage `r`'s layers and works through exactly the
-# list of actions the schedule gives it: before each action it waits for its input from the neighbour,
-# runs the layers, and sends the result on through `ctx.comm`, which logs every message.
+# a batch of 16 sequences of 4 tokens. Rank `r` keeps only stage `r`'s layers and runs the loop above as
+# stage `r`; every message goes through `ctx.comm`, which logs it.
 #
 # Pipelining adds no sum across ranks: each microbatch meets the same layers in the same order as in
 # one process. So the output must equal the unpipelined model's run on the same microbatches **bit for
 # bit**, and so must the gradients when each stage accumulates them microbatch by microbatch, as the
-# single process does. (Against one pass over the whole batch, without microbatches, the gradients are
-# summed in another order: equal within `1e-5`.)
+# single process does. (Against one pass over the whole batch, without microbatches, a matrix product
+# over a different number of rows can round differently and the gradients are summed in another order:
+# equal within `1e-5`.)
 
 # %%
 from shardlib import Ranks
@@ -209,13 +255,13 @@ measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}")
 from shardlib.pipeline import run_bubble_curve, run_pipeline_median
 
 GRID_M, GRID_OP_S = (1, 4, 16), 0.03
-measured = {2: run_bubble_curve(ranks, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)}
+measured = {2: run_bubble_curve(ranks, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S).points}
 
 with Ranks(4) as four:  # a second pool, for the 4-stage runs; it starts in a blink and closes after this cell
-    measured[4] = run_bubble_curve(four, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
+    measured[4] = run_bubble_curve(four, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S).points
     # GPipe against 1F1B at p = 4, m = 8: what each keeps in memory (real compute), and the bubble
     versus = {name: run_pipeline(four, make_schedule(name, 4, 8), TOY, layers, x, grad) for name in ("gpipe", "1f1b")}
-    versus_idle = {name: run_bubble_curve(four, name, (8,), TOY, layers, x, grad, op_s=GRID_OP_S)[0]
+    versus_idle = {name: run_bubble_curve(four, name, (8,), TOY, layers, x, grad, op_s=GRID_OP_S).points[0]
                    for name in ("gpipe", "1f1b")}
     # one stage twice as slow as the others (forward only, 20 ms per forward, stage 1 at 40 ms)
     forward_only = make_schedule("gpipe", 4, 8, training=False)
@@ -307,7 +353,8 @@ for label, r in paced.items():
 # %%
 slow_durations = [0.02, 0.04, 0.02, 0.02]
 slow_step, even_step = paced["slow stage 1"].bubble.window_s, paced["uniform"].bubble.window_s
-predicted_slow, predicted_even = predicted_step_s(forward_only, slow_durations, 0), predicted_step_s(forward_only, 0.02, 0)
+predicted_slow = predicted_step_s(forward_only, slow_durations, 0)
+predicted_even = predicted_step_s(forward_only, 0.02, 0)
 shares = [b / slow_step for b in paced["slow stage 1"].bubble.busy_s]
 predicted_shares = [forward_only.n_microbatches * d / predicted_slow for d in slow_durations]
 print(f"the schedule predicts each stage computing {[f'{x:.0%}' for x in predicted_shares]} of the step; measured "
@@ -344,7 +391,8 @@ by_layers = [r for r in plan_405b.rejected if any("equal stages" in why for why 
 for r in by_layers[:3]:
     print(f"  refused {r.layout.label}: {'; '.join(r.reasons)}")
 print(f"  ... {len(by_layers)} layouts refused for their stages; the planner's choice: {plan_405b.best.layout.label}")
-assert pipeline_parallel_problems(LLAMA_3_1_405B, 4) == ["126 layers cannot be cut into 4 equal stages (126 = 4 x 31 + 2)"]
+assert pipeline_parallel_problems(LLAMA_3_1_405B, 4) == [
+    "126 layers cannot be cut into 4 equal stages (126 = 4 x 31 + 2)"]
 assert any(r.layout.tp == 8 and r.layout.pp == 4 for r in by_layers)  # TP in each node, 4 nodes as 4 stages: refused
 assert (plan_405b.best.layout.tp, plan_405b.best.layout.pp) == (8, 2)
 assert [len(r) for r in split_layers(126, 4)] == [32, 32, 31, 31]  # what uneven stages would hold
@@ -473,7 +521,8 @@ show_questions(
                     "does some microbatch get one?",
              choices=("20 ms, every 20 ms: the pipeline splits the work 4 ways", "80 ms, every 20 ms: each "
                       "token crosses all 4 stages in turn, but 4 microbatches are in flight",
-                      "80 ms, every 80 ms: the bubble idles 3 stages of 4", "110 ms: (m + p - 1) x 20 ms, fill and drain"),
+                      "80 ms, every 80 ms: the bubble idles 3 stages of 4",
+                      "110 ms: (m + p - 1) x 20 ms, fill and drain"),
              answer=1,
              why="Without a flush the stages stay busy, so throughput is one microbatch per stage time; but a "
                  "pipeline does not shorten a token's trip. Measured above: trips of about 84 ms, departures "

@@ -71,25 +71,30 @@ def test_the_ratio_to_ideal_convention():
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: pipeline_bubble_fraction(0, 4), r"n_stages \(pipeline stages\) must be a whole number of at least 1, got 0"),
+    (lambda: pipeline_bubble_fraction(0, 4),
+     r"n_stages \(pipeline stages\) must be a whole number of at least 1, got 0"),
     (lambda: pipeline_bubble_fraction(4, 0), r"n_microbatches \(microbatches per step\) .* got 0"),
     (lambda: pipeline_bubble_fraction(4, -2), "got -2"),
     (lambda: pipeline_bubble_fraction(4, 2.5), "got 2.5"),
     (lambda: pipeline_bubble_fraction(True, 4), "got True"),
     (lambda: pipeline_bubble_ratio_to_ideal(2, 0), "n_microbatches"),
     (lambda: pipeline_bubble_fraction(2, 4, n_chunks=0), "n_chunks"),
-    (lambda: make_schedule("zigzag", 2, 4), r"no pipeline schedule called 'zigzag'; the schedules are 'gpipe', '1f1b', 'interleaved-1f1b'"),
+    (lambda: make_schedule("zigzag", 2, 4),
+     r"no pipeline schedule called 'zigzag'; the schedules are 'gpipe', '1f1b', 'interleaved-1f1b'"),
     (lambda: make_schedule("gpipe", 0, 4), "n_stages"),
     (lambda: make_schedule("1f1b", 2, 0), "n_microbatches"),
-    (lambda: make_schedule("gpipe", 2, 4, training="yes"), r"training \(True: forward and backward; False: forward only\) must be True or False, got 'yes'"),
+    (lambda: make_schedule("gpipe", 2, 4, training="yes"),
+     r"training \(True: forward and backward; False: forward only\) must be True or False, got 'yes'"),
     (lambda: make_schedule("gpipe", 2, 4, n_chunks=2), "needs 'interleaved-1f1b'"),
     (lambda: make_schedule("interleaved-1f1b", 4, 6, n_chunks=2), "must be a multiple of 4; got 6"),
     (lambda: make_schedule("interleaved-1f1b", 2, 4, n_chunks=1), "at least 2 model chunks"),
     (lambda: split_layers(3, 4), "cannot cut 3 layers into 4 slices: each slice needs at least one whole layer"),
     (lambda: split_layers(0, 1), "n_layers"),
     (lambda: microbatch_sizes(4, 8), "cannot cut a batch of 4 rows into 8 microbatches"),
-    (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=-5), r"hop_s \(seconds per op\) must be a number of at least 0, got -5"),
-    (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=True), r"hop_s \(seconds per op\) must be a number of at least 0, got True"),
+    (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=-5),
+     r"hop_s \(seconds per op\) must be a number of at least 0, got -5"),
+    (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=True),
+     r"hop_s \(seconds per op\) must be a number of at least 0, got True"),
 ])
 def test_bad_inputs_say_which_rule_broke(call, words):
     with pytest.raises(ValueError, match=words):

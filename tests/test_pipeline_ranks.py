@@ -77,7 +77,8 @@ def test_training_step_equals_the_unpipelined_model(pool, model, name, n_chunks,
     assert torch.equal(run.grad_x, same_microbatches["grad_x"])
     assert _equal_grads(run.grads, same_microbatches["grads"])
     whole_batch = unpipelined_step(SHAPE, model["layers"], model["x"], 1, model["grad"])
-    assert all(torch.allclose(a[k], b[k], rtol=RTOL, atol=ATOL) for a, b in zip(run.grads, whole_batch["grads"]) for k in MLP)
+    assert all(torch.allclose(a[k], b[k], rtol=RTOL, atol=ATOL)
+               for a, b in zip(run.grads, whole_batch["grads"]) for k in MLP)
     # each rank held only its own layers, contiguous, one slice per chunk
     held = run.layers_held
     assert sorted(sum(held, [])) == list(range(N_LAYERS))
@@ -136,8 +137,10 @@ def test_measured_bubble_agrees_with_the_formula(pool, model, name):
     timeline is the formula's within 0.03. ``run_bubble_curve`` warms the ranks first, and
     measures a point that misses twice more, keeping the median of the three (another process on this
     shared machine can stall a run, which only ever adds idle time)."""
-    points = run_bubble_curve(pool, name, GRID_MICROBATCHES, SHAPE, model["layers"], model["x"], model["grad"],
-                                  op_s=GRID_OP_S[name], remeasure_over=BUBBLE_TOLERANCE)
+    curve = run_bubble_curve(pool, name, GRID_MICROBATCHES, SHAPE, model["layers"], model["x"], model["grad"],
+                             op_s=GRID_OP_S[name], remeasure_over=BUBBLE_TOLERANCE)
+    points = curve.points
+    assert (curve.name, curve.n_stages, curve.op_s) == (name, pool.world_size, GRID_OP_S[name])
     report = "; ".join(f"m={pt.n_microbatches}: measured {[round(a, 3) for a in pt.attempts]}, formula "
                        f"{pt.predicted:.3f}" for pt in points)
     assert [pt.n_microbatches for pt in points] == list(GRID_MICROBATCHES)
@@ -169,19 +172,24 @@ def test_a_slow_stage_sets_the_pace(pool, model):
 def test_bad_inputs_are_refused_before_any_rank_starts(pool2, model):
     x, layers, grad = model["x"], model["layers"], model["grad"]
     cases = [
-        (lambda: run_on(pool2, make_schedule("gpipe", 4, 4), layers, x, grad), "this schedule has 4 stages but there are 2 ranks"),
-        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers[:1], x, grad), "a pipeline of 2 stages needs at least 2 layers, one whole layer per slice; the model has 1"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 4, 4), layers, x, grad),
+         "this schedule has 4 stages but there are 2 ranks"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers[:1], x, grad),
+         "a pipeline of 2 stages needs at least 2 layers, one whole layer per slice; the model has 1"),
         (lambda: run_on(pool2, make_schedule("interleaved-1f1b", 2, 4, n_chunks=3), layers[:5], x, grad),
          "a pipeline of 2 stages x 3 model chunks needs at least 6 layers, one whole layer per slice; the model has 5"),
-        (lambda: run_on(pool2, make_schedule("gpipe", 2, 32), layers, x, grad), "cannot cut a batch of 16 rows into 32"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 32), layers, x, grad),
+         "cannot cut a batch of 16 rows into 32"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x), "needs grad_output"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4, training=False), layers, x, grad), "runs no backwards"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad[:8]), "grad_output has shape"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x[0], grad), r"\(batch, seq, d_model\)"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x[..., :16], grad[..., :16]),
          "the input has 16 features per token but the layers expect d_model = 32"),
-        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=[0.1]), r"forward_s needs one entry per stage \(2\), got 1"),
-        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=-1), r"forward_s \(None for real compute, or seconds per op\) must be a number of at least 0, got -1"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=[0.1]),
+         r"forward_s needs one entry per stage \(2\), got 1"),
+        (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x, grad, forward_s=-1),
+         r"forward_s \(None for real compute, or seconds per op\) must be a number of at least 0, got -1"),
         (lambda: run_on(pool2, "gpipe", layers, x, grad), "expected a Schedule"),
         (lambda: run_on(pool2, make_schedule("gpipe", 2, 4), layers, x.double(), grad.double()),
          "the input's dtype is torch.float64 but the weights are torch.float32"),
@@ -286,8 +294,8 @@ def _torch_1f1b_refusal(ctx, m):
 def test_torch_1f1b_refuses_fewer_microbatches_than_stages_ours_runs_them(pool, model):
     p = pool.world_size
     refusals = pool.run(_torch_1f1b_refusal, 1)
-    assert all(f"Number of microbatches (1) must be greater than or equal to the number of stages ({p})" in " ".join(r.split())
-               for r in refusals)
+    words = f"Number of microbatches (1) must be greater than or equal to the number of stages ({p})"
+    assert all(words in " ".join(r.split()) for r in refusals)
     assert pool.run(_torch_1f1b_refusal, p) == [None] * p
     ours = run_on(pool, make_schedule("1f1b", p, 1), model["layers"], model["x"], model["grad"])
     assert torch.equal(ours.output, unpipelined_step(SHAPE, model["layers"], model["x"], 1, model["grad"])["output"])
@@ -297,7 +305,8 @@ def test_the_microbatch_slider_stays_in_range_and_reruns(pool2, model):
     from shardlib.ui.pipeline_widgets import microbatch_explorer
 
     x, grad = model["x"][:6], model["grad"][:6]  # 6 rows: at most 6 microbatches
-    app = microbatch_explorer(pool2, SHAPE, model["layers"], x, grad, forward_s=0.001, backward_s=0.001, max_microbatches=16)
+    app = microbatch_explorer(pool2, SHAPE, model["layers"], x, grad, forward_s=0.001, backward_s=0.001,
+                              max_microbatches=16)
     (slider, picker), label = app.children[0].children, app.children[1]
     assert (slider.min, slider.max, slider.value) == (1, 6, 4)
     assert "p = 2, m = 4" in label.value

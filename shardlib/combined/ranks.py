@@ -26,7 +26,7 @@ import time
 import torch
 
 from ..models import ModelConfig
-from ..pipeline.bubble import split_layers
+from ..pipeline.predict import split_layers
 from ..plan.layout import Layout, check_mesh
 from ..plan.memory import active_params_per_gpu
 from ..tensor_parallel.blocks import ParallelBlock

@@ -1,6 +1,6 @@
 """Grader for the pipeline exercise: the bubble fraction of GPipe / 1F1B, ``(p - 1) / (m + p - 1)``.
 
-Reference: ``pipeline.bubble.pipeline_bubble_fraction`` (the idle *fraction* of the step). The other
+Reference: ``pipeline.predict.pipeline_bubble_fraction`` (the idle *fraction* of the step). The other
 convention, Megatron-LM's ratio of idle time to ideal compute, ``(p - 1) / m``, is the mistake this
 grader names most often.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..checks import is_number
-from ..pipeline.bubble import pipeline_bubble_fraction
+from ..pipeline.predict import pipeline_bubble_fraction
 from .result import Collector, ExerciseResult, call, check_callable
 
 STAGES = (1, 2, 3, 4, 8)
@@ -21,7 +21,8 @@ BAD_INPUTS = ((0, 4), (4, 0))  # no stages, no microbatches: must raise ValueErr
 LIKELY_MISTAKES = (
     (lambda p, m: (p - 1) / m, "that is the ratio of idle time to ideal compute, (p - 1) / m (Megatron-LM's "
                                "convention); the fraction of the step spent idle is (p - 1) / (m + p - 1)"),
-    (lambda p, m: m / (m + p - 1), "that is the busy fraction m / (m + p - 1); the bubble is the idle part, 1 minus it"),
+    (lambda p, m: m / (m + p - 1),
+     "that is the busy fraction m / (m + p - 1); the bubble is the idle part, 1 minus it"),
     (lambda p, m: (p - 1) / (m + p), "the step lasts m + p - 1 microbatch-times, not m + p (an off-by-one)"),
     (lambda p, m: p / (m + p - 1), "the fill and drain take p - 1 microbatch-times, not p (an off-by-one)"),
     (lambda p, m: (p - 1) // (m + p - 1), "integer division (//) rounds the fraction down to 0: use /"),
@@ -42,7 +43,7 @@ def _mistake(wrong: list[tuple[int, int, float, float]]) -> str:
 
 def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
     """Grade a learner's ``bubble_fraction(n_stages, n_microbatches) -> float`` against
-    ``pipeline.bubble.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
+    ``pipeline.predict.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
     stages or no microbatches raises ``ValueError``."""
     check_callable(bubble_fn, "bubble_fraction")
     got = Collector("bubble fraction", f"n_stages in {STAGES} x n_microbatches in {MICROBATCHES}, and "

@@ -4,7 +4,8 @@
   ``PipelineRun``: output, gradients, spans, comm log, the bubble measured, in-flight memory, and
   ``against_reference()`` for the exactness check.
 * ``run_pipeline_median``: the same step several times, the median one kept (noise only adds time).
-* ``run_bubble_curve``: the idle fraction measured against the formula for several microbatch counts.
+* ``run_bubble_curve``: the idle fraction measured against the formula for several microbatch counts,
+  gathered into a ``BubbleCurve``.
 * ``run_pipeline_vs_tp_bytes``: the bytes of one training step pipelined, against the same layers
   tensor-parallel, both read from the comm log.
 """
@@ -21,11 +22,11 @@ from ..models import ModelConfig
 from ..runtime.measure import TOLERANCE
 from ..runtime.timeline import Span
 from ..tensor_parallel.ranks import tp_mlp_on_rank
-from .bubble import pipeline_bubble_fraction
-from .predict import MeasuredBubble, measure_bubble
+from .orders import make_schedule
+from .predict import MeasuredBubble, measure_bubble, pipeline_bubble_fraction
 from .ranks import pipeline_step_on_rank
 from .reference import check_pipeline_inputs, durations, unpipelined_step
-from .schedules import Schedule, check_count, make_schedule
+from .schedules import Schedule, check_count
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Exactness:
     whole_batch_close: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineRun:
     """One step run on the ranks, gathered: what each stage returned, the spans and the comm log."""
 
@@ -89,7 +90,8 @@ class PipelineRun:
         """Which timing the run used, in words, for figure titles."""
         if self.forward_s is None and self.backward_s is None:
             return "real compute (no padding)"
-        return f"each op padded with sleep to a set duration (forward {_fmt(self.forward_s)}, backward {_fmt(self.backward_s)})"
+        return (f"each op padded with sleep to a set duration (forward {_fmt(self.forward_s)}, "
+                f"backward {_fmt(self.backward_s)})")
 
     def sent_bytes(self) -> int:
         """Bytes sent between stages this step, from the comm log (``send`` records, all ranks)."""
@@ -165,8 +167,19 @@ class BubblePoint:
         return statistics.median(self.attempts)
 
 
+@dataclass(frozen=True)
+class BubbleCurve:
+    """The idle fraction of schedule ``name`` on ``n_stages`` ranks, one ``BubblePoint`` per microbatch
+    count, every forward and backward padded to ``op_s`` seconds."""
+
+    name: str
+    n_stages: int
+    op_s: float
+    points: tuple[BubblePoint, ...]
+
+
 def run_bubble_curve(ranks, name: str, microbatches, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                     grad_output: torch.Tensor, op_s: float, remeasure_over: float | None = 0.03) -> list[BubblePoint]:
+                     grad_output: torch.Tensor, op_s: float, remeasure_over: float | None = 0.03) -> BubbleCurve:
     """Measure the idle fraction of a training step of schedule ``name`` on ``ranks`` for each ``m`` in
     ``microbatches``, every forward and backward padded to ``op_s`` seconds (uniform stages).
 
@@ -189,7 +202,7 @@ def run_bubble_curve(ranks, name: str, microbatches, model: ModelConfig, layers:
         if remeasure_over is not None and abs(attempts[0] - predicted) > remeasure_over:
             attempts += [measure(), measure()]
         points.append(BubblePoint(p, m, predicted, tuple(attempts)))
-    return points
+    return BubbleCurve(name, p, op_s, tuple(points))
 
 
 @dataclass(frozen=True)

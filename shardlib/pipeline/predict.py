@@ -1,10 +1,12 @@
-"""What a schedule predicts, and what a real run measured: step time, idle slots, memory, messages.
+"""What a pipeline predicts and what a real run measured: the bubble, who holds what, step time, memory.
 
-From a ``Schedule`` (``schedules.simulate`` times it): the step time, each stage's idle slots, the
-microbatches each stage holds in flight, the messages between stages, and the schedule drawn as text.
-From a real run's spans (``runtime.timeline``): the idle fraction and the in-flight count, measured;
-and, for a forward-only run, each microbatch's trip through the stages and the pace they leave at.
-Pure: no torch.
+* The bubble in its two conventions: ``pipeline_bubble_fraction`` (idle share of the step,
+  ``(p - 1) / (m + p - 1)``) and ``pipeline_bubble_ratio_to_ideal`` (Megatron-LM's ``(p - 1) / m``,
+  Narayanan et al. 2021, section 2.2); ``split_layers`` and ``microbatch_sizes``.
+* From a ``Schedule`` (``schedules.simulate`` times it): step time, idle slots, microbatches in flight,
+  messages, and the schedule drawn as text.
+* From a real run's spans (``runtime.timeline``): the idle fraction, the in-flight count, and each
+  microbatch's trip through a forward-only run. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,68 @@ from ..runtime.timeline import Span
 from .schedules import OPS, Schedule, check_count, simulate
 
 
+# -- the bubble: two conventions ----------------------------------------------------------------------
+def pipeline_bubble_fraction(n_stages: int, n_microbatches: int, n_chunks: int = 1) -> float:
+    """The share of each device's step time spent idle: ``(p - 1) / (m + p - 1)``.
+
+    Convention: the idle *fraction* of the step (0 is no bubble, it never reaches 1). With ``p`` stages
+    of equal cost and ``m`` microbatches, a step lasts ``m + p - 1`` microbatch-times per pass, of
+    which each device is busy for ``m``. With interleaving (``n_chunks = v`` model chunks per device,
+    each ``1/v`` as long) the fill and drain shrink ``v``-fold: ``(p - 1) / (v m + p - 1)``.
+    One stage (``p = 1``) has no bubble; as ``m`` grows the fraction tends to 0.
+    """
+    p = check_count("n_stages", n_stages, "pipeline stages")
+    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
+    v = check_count("n_chunks", n_chunks, "model chunks per device")
+    return (p - 1) / (v * m + p - 1)
+
+
+def pipeline_bubble_ratio_to_ideal(n_stages: int, n_microbatches: int, n_chunks: int = 1) -> float:
+    """Idle time over ideal compute time: ``(p - 1) / m`` (``(p - 1) / (v m)`` interleaved).
+
+    Convention: the *ratio to ideal*, as Megatron-LM (Narayanan et al. 2021) and the Ultra-Scale
+    Playbook write the bubble. It is not a share of the step: at ``p = 4, m = 1`` it is 3 (three
+    microbatch-times idle for one busy). ``fraction = ratio / (1 + ratio)``.
+    """
+    p = check_count("n_stages", n_stages, "pipeline stages")
+    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
+    v = check_count("n_chunks", n_chunks, "model chunks per device")
+    return (p - 1) / (v * m)
+
+
+# -- who holds what --------------------------------------------------------------------------------
+def split_layers(n_layers: int, n_parts: int) -> tuple[range, ...]:
+    """Cut ``n_layers`` layers into ``n_parts`` contiguous slices, sizes differing by at most one
+    (the earlier slices get the extra layers). Each slice needs at least one whole layer."""
+    n_layers = check_count("n_layers", n_layers, "layers in the model")
+    n_parts = check_count("n_parts", n_parts, "slices of the layer stack")
+    if n_parts > n_layers:
+        raise ValueError(f"cannot cut {n_layers} layers into {n_parts} slices: each slice needs at least "
+                         "one whole layer")
+    base, extra = divmod(n_layers, n_parts)
+    bounds, start = [], 0
+    for i in range(n_parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append(range(start, stop))
+        start = stop
+    return tuple(bounds)
+
+
+def microbatch_sizes(batch_size: int, n_microbatches: int) -> tuple[int, ...]:
+    """Rows per microbatch when ``batch_size`` rows are cut into ``n_microbatches`` (as
+    ``torch.tensor_split`` cuts them: the first ``batch % m`` get one row more)."""
+    batch_size = check_count("batch_size", batch_size, "rows in the batch")
+    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
+    if m > batch_size:
+        raise ValueError(
+            f"cannot cut a batch of {batch_size} rows into {m} microbatches: each microbatch needs at "
+            f"least one row, so use at most {batch_size} microbatches"
+        )
+    base, extra = divmod(batch_size, m)
+    return tuple(base + (1 if i < extra else 0) for i in range(m))
+
+
+# -- predictions from a schedule ----------------------------------------------------------------
 def predicted_step_s(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0) -> float:
     """The step time ``simulate`` predicts: from the first action's start to the last action's end."""
     return float(max(t.end_s for t in simulate(schedule, forward_s, backward_s, hop_s)))

@@ -1,14 +1,9 @@
-"""The pipeline's reference and its input checks: the whole stack in one process, microbatch by microbatch.
+"""The pipeline's reference: the whole stack in one process, microbatch by microbatch, and the input checks.
 
-Pipelining adds no cross-rank sum: a microbatch goes through the same layers, in the same order, with
-the same arithmetic as in one process. So ``unpipelined_step`` on the same microbatches is what a real
-pipeline step must equal bit for bit, parameter gradients included when they are accumulated over the
-microbatches in microbatch order. Against one pass over the whole batch (no microbatches), rows of a
-matrix product can round differently with a different number of rows, and gradients are summed in
-another order: compare with ``allclose`` (``rtol`` and ``atol`` ``1e-5``).
-
-``check_pipeline_inputs`` is what every rank and the driver check before anything runs, so a mistake is
-a ``ValueError`` with the numbers, never a hang. Torch, never ``torch.distributed``.
+``unpipelined_step`` on the same microbatches is what a real pipeline step must equal bit for bit
+(pipelining adds no cross-rank sum); against one pass over the whole batch, compare within
+``runtime.measure.TOLERANCE``. ``check_pipeline_inputs`` runs on every rank and in the driver before
+anything starts, so a mistake is a ``ValueError`` with the numbers, never a hang. No ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import torch
 from ..checks import number_at_least, one_per, same_dtype
 from ..models import ModelConfig
 from ..toy import stack_reference
-from .bubble import microbatch_sizes, split_layers
+from .predict import microbatch_sizes, split_layers
 from .schedules import Schedule
 
 

@@ -1,25 +1,11 @@
-"""Pipeline schedules as data, and the simulation that times them.
+"""Pipeline schedules as data: ``Action``, ``Schedule``, ``check_schedule``, and ``simulate`` that times them.
 
-A schedule is data: for each stage, the ordered list of ``Action`` s it runs (forward ``"F"`` or
-backward ``"B"`` of one microbatch, on one model chunk). The same ``Schedule`` drives the real run on
-ranks (``pipeline.ranks``) and the figures (``ui.pipeline_figures``), and ``simulate`` turns it into
-predicted times. Three schedules are built here:
-
-* **GPipe** (Huang et al. 2019): every forward, then every backward. A stage keeps the activations of
-  all ``m`` microbatches until their backwards.
-* **1F1B** (PipeDream-Flush: Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training";
-  the schedule Megatron-LM uses): a few forwards to fill the pipeline, then one forward, one backward
-  in turn. Same bubble as GPipe, but stage ``s`` keeps at most ``p - s`` microbatches in flight.
-* **Interleaved 1F1B** (Narayanan et al. 2021, Megatron-LM, section 2.2.2): each device holds ``v``
-  non-adjacent chunks of layers (device ``r`` holds virtual stages ``r, r + p, r + 2p ...``), so a
-  microbatch visits every device ``v`` times, each visit ``1/v`` as long. The bubble shrinks ``v``-fold
-  at the price of more messages: ``(p v - 1) / (p - 1)`` times as many, close to ``v`` for many stages.
-
-For inference (forward only) GPipe and 1F1B are the same list of forwards: the difference between them
-is only where the backwards go. ``simulate`` lives beside the schedules because building a schedule
-runs it: an order that would leave a stage waiting forever is refused before any rank sees it.
-
-Pure: no ``torch``, no ``torch.distributed``.
+A schedule lists, for each stage, the ``Action`` s it runs in order: the forward (``"F"``) or backward
+(``"B"``) of one microbatch on one model chunk. The same ``Schedule`` drives the real run on ranks
+(``pipeline.engine``), the predictions and the figures. The orders themselves (GPipe, 1F1B, interleaved
+1F1B, after Huang et al. 2019 and Narayanan et al. 2021) are built in ``pipeline.orders``.
+``simulate`` lives here because building a schedule runs it: an order that would leave a stage waiting
+forever is refused before any rank sees it. Pure: no ``torch``.
 """
 
 from __future__ import annotations
@@ -29,7 +15,7 @@ from fractions import Fraction
 from numbers import Integral
 from typing import Sequence
 
-from ..checks import flag, number_at_least, one_per, whole_number
+from ..checks import number_at_least, one_per, whole_number
 
 OPS = ("F", "B")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -135,90 +121,6 @@ class Schedule:
 
     def all_actions(self) -> list[Action]:
         return [a for row in self.actions for a in row]
-
-
-def _gpipe_order(p: int, m: int, training: bool) -> list[list[Action]]:
-    rows = []
-    for s in range(p):
-        row = [Action(s, i, "F") for i in range(m)]
-        if training:
-            row += [Action(s, i, "B") for i in range(m)]
-        rows.append(row)
-    return rows
-
-
-def _one_f_one_b_order(p: int, m: int, training: bool) -> list[list[Action]]:
-    if not training:
-        return _gpipe_order(p, m, training)
-    rows = []
-    for s in range(p):
-        warmup = min(p - s - 1, m)  # forwards that fill the pipeline before the first backward can come back
-        row = [Action(s, i, "F") for i in range(warmup)]
-        for k in range(m - warmup):  # steady state: one forward, one backward
-            row += [Action(s, warmup + k, "F"), Action(s, k, "B")]
-        row += [Action(s, i, "B") for i in range(m - warmup, m)]  # drain
-        rows.append(row)
-    return rows
-
-
-def _interleaved_order(p: int, m: int, v: int, training: bool) -> list[list[Action]]:
-    """Megatron-LM's interleaved order. Work unit ``k`` of a stage (``k = 0 .. m v - 1``) is, going
-    forward, chunk ``(k // p) % v`` of microbatch ``(k // (p v)) p + k % p``: groups of ``p``
-    microbatches go through chunk 0, then the same group through chunk 1, and so on. Backwards walk the
-    chunks in reverse. Stage ``s`` runs ``(v - 1) p + 2 (p - 1 - s)`` forwards before its first backward."""
-
-    def unit(k: int, forward: bool) -> tuple[int, int]:
-        chunk = (k % (p * v)) // p
-        return (k // (p * v)) * p + k % p, chunk if forward else v - 1 - chunk
-
-    total = m * v
-    rows = []
-    for s in range(p):
-        warmup = total if not training else min((v - 1) * p + 2 * (p - 1 - s), total)
-        row = []
-        for k in range(warmup):
-            mb, chunk = unit(k, True)
-            row.append(Action(s, mb, "F", chunk))
-        if training:
-            for k in range(total - warmup):
-                mb, chunk = unit(warmup + k, True)
-                row.append(Action(s, mb, "F", chunk))
-                mb, chunk = unit(k, False)
-                row.append(Action(s, mb, "B", chunk))
-            for k in range(total - warmup, total):
-                mb, chunk = unit(k, False)
-                row.append(Action(s, mb, "B", chunk))
-        rows.append(row)
-    return rows
-
-
-def make_schedule(name: str, n_stages: int, n_microbatches: int, training: bool = True,
-                  n_chunks: int = 1) -> Schedule:
-    """Build and check the schedule ``name`` (one of ``SCHEDULES``): ``"gpipe"``, ``"1f1b"`` or
-    ``"interleaved-1f1b"`` (which needs ``n_chunks >= 2`` and ``n_microbatches`` a multiple of
-    ``n_stages``, as in Megatron-LM)."""
-    if name not in SCHEDULES:
-        raise ValueError(f"no pipeline schedule called {name!r}; the schedules are {', '.join(map(repr, SCHEDULES))}")
-    p = check_count("n_stages", n_stages, "pipeline stages")
-    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
-    v = check_count("n_chunks", n_chunks, "model chunks per device")
-    flag(training, "training (True: forward and backward; False: forward only)")
-    if name == "interleaved-1f1b":
-        if v < 2:
-            raise ValueError(f"interleaved 1F1B needs at least 2 model chunks per device, got n_chunks = {v}; "
-                             "with one chunk it is plain 1F1B")
-        if m % p:
-            raise ValueError(
-                f"interleaved 1F1B sends microbatches through in groups of n_stages = {p}, so n_microbatches "
-                f"must be a multiple of {p}; got {m}"
-            )
-        rows = _interleaved_order(p, m, v, training)
-    elif v != 1:
-        raise ValueError(f"{SCHEDULE_TITLES[name]} gives each device one model chunk; n_chunks = {v} needs "
-                         "'interleaved-1f1b'")
-    else:
-        rows = (_gpipe_order if name == "gpipe" else _one_f_one_b_order)(p, m, training)
-    return Schedule(name, p, m, training, v, tuple(tuple(r) for r in rows))  # checked as it is built
 
 
 def check_schedule(schedule: Schedule) -> None:

@@ -13,8 +13,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..pipeline.bubble import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
-from ..pipeline.predict import compute_spans
+from ..pipeline.predict import compute_spans, pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
 from ..pipeline.schedules import Schedule, TimedAction, simulate
 from ..runtime.timeline import Span
 from .gantt import Bar, bar_traces, row_axis
@@ -124,7 +123,8 @@ def bubble_curve_figure(n_stages: Sequence[int] = (2, 4, 8), max_microbatches: i
         fig.add_trace(go.Scatter(
             x=ms, y=[pipeline_bubble_fraction(p, m) for m in ms], mode="lines", name=f"p = {p}: formula",
             line={"color": line_colour}, customdata=[pipeline_bubble_ratio_to_ideal(p, m) for m in ms],
-            hovertemplate="m = %{x}: idle fraction %{y:.3f} (ratio to ideal %{customdata:.3f})<extra>p = " + str(p) + "</extra>",
+            hovertemplate=("m = %{x}: idle fraction %{y:.3f} (ratio to ideal %{customdata:.3f})"
+                           f"<extra>p = {p}</extra>"),
         ))
         if measured and p in measured:
             pts = sorted(measured[p].items())
@@ -155,7 +155,8 @@ def in_flight_figure(peaks: Mapping[str, Sequence[int]], activation_bytes: Mappi
             name=name, x=[f"stage {s}" for s in range(len(row))], y=list(row), marker_color=colour(i),
             text=list(row), textposition="outside",
             customdata=[b / 1024 for b in extra] if extra else None,
-            hovertemplate="%{y} in flight" + (", %{customdata:.0f} KiB of activations" if extra else "") + "<extra>" + name + "</extra>",
+            hovertemplate=("%{y} in flight" + (", %{customdata:.0f} KiB of activations" if extra else "")
+                           + "<extra>" + name + "</extra>"),
         ))
     fig.update_layout(title=title, barmode="group", yaxis_title="peak microbatches held", height=340,
                       margin={"l": 60, "r": 20, "t": 50, "b": 40})

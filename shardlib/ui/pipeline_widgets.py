@@ -9,10 +9,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from IPython.display import display
 
-from ..pipeline.bubble import pipeline_bubble_fraction
 from ..pipeline.drivers import run_pipeline
-from ..pipeline.predict import predicted_step_s
-from ..pipeline.schedules import SCHEDULE_TITLES, make_schedule
+from ..pipeline.orders import make_schedule
+from ..pipeline.predict import pipeline_bubble_fraction, predicted_step_s
+from ..pipeline.schedules import SCHEDULE_TITLES
 from .live import Feedback, observe_all
 from .pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure
 from .theme import RED
