@@ -2,19 +2,10 @@
 
 ``plan(model, cluster, workload, objective)`` enumerates every ``Layout`` with ``tp x pp x dp`` = the
 cluster's GPUs (and, for MoE models, every ``ep``), rejects those that break a rule of ``memory`` (with
-the reason), scores the rest with ``decode`` (steady-state pipelined decode: a token's trip through the
-stages, the slowest stage setting throughput; the batch each layout's free memory affords), and ranks
-them:
-
-* ``objective="throughput"``: most decode tokens per second for the cluster, each replica carrying the
-  batch its memory affords (unless the workload fixes one);
-* ``objective="latency"``: the shortest time between two tokens of a sequence, with one sequence per
-  replica unless the workload fixes a batch: what a user waits per token on a server that is not busy.
-
-Every ranked score carries its reasons (what set its batch, where a token's time goes, and, for a
-layout that crosses nodes, how it fares against the same GPUs cut the other way across them); the plan
-adds why its best beat the runner-up. ``forward_traffic`` (in ``traffic``) is the prediction the
-combined run on ranks is checked against. Pure: no torch.
+the reason), scores the rest with ``decode`` and ranks them: ``"throughput"`` (decode tokens per second
+for the cluster, each replica with the batch its memory affords) or ``"latency"`` (time between two
+tokens of one request). Every ranked score carries its reasons (``reasons``); the plan adds why its
+best beat the runner-up. Pure: no torch.
 """
 
 from __future__ import annotations
