@@ -49,7 +49,8 @@ def collective_terms_s(op: str, size_bytes: float, world_size: int, link: Link,
     return steps * link.latency_s, factor * size_bytes / link.one_way_bytes_per_s
 
 
-def collective_time_s(op: str, size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
+def collective_time_s(op: str, size_bytes: float, world_size: int, link: Link,
+                      latency_charge: str = "per_step") -> float:
     """Predicted seconds for ``op`` on ``size_bytes`` over ``world_size`` ranks joined by ``link``."""
     return sum(collective_terms_s(op, size_bytes, world_size, link, latency_charge))
 

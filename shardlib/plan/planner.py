@@ -82,7 +82,8 @@ def _plan_reasons(objective: str, workload: Workload, ranked: list[Score], clust
             margin = f"{best.tokens_per_s / second.tokens_per_s:.2f}x the tokens of"
         else:
             margin = f"{second.decode_step_s / best.decode_step_s:.2f}x faster than"
-        out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), {_value(best, objective)}, "
+        out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), "
+                   f"{_value(best, objective)}, "
                    f"{margin} the next, {second.layout.label} ({_value(second, objective)})")
     else:
         out.append(f"best for {objective}: {best.layout.label}, the only layout that fits")
@@ -157,6 +158,7 @@ def format_choices(models, clusters, workload: Workload = Workload()) -> str:
                     f"{b.layout.label} ({kind(b.layout, cluster)}), batch {b.batch}, {ms(b.decode_step_s)}/token, "
                     f"{b.tokens_per_s:,.0f} tokens/s" if b else "nothing fits"))
                 lines.append(f"    why: {p.reasons[-1]}")
-                across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS for r in s.reasons if TP_ACROSS in r]
+                across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS
+                          for r in s.reasons if TP_ACROSS in r]
                 lines += [f"    across nodes: {r}" for r in across[:1]]  # the best-ranked such layout's
     return "\n".join(lines)
