@@ -198,7 +198,8 @@ def check_torchrun(report: Report, n_gpus: int, rehearse: bool) -> None:
     ok = (all(a.returncode == 0 for a in agents) and len(results) == 4
           and all(not failed_check(r) and r["traffic_matches_prediction"] for r in results)
           and all(sorted(x["rank"] for x in a.results) == a.results[0]["tp_group"] for a in agents))
-    report.add(f"torchrun, 2 agents x 2 processes, backend {backend}", ok, seconds=round(time.perf_counter() - started, 1),
+    report.add(f"torchrun, 2 agents x 2 processes, backend {backend}", ok,
+               seconds=round(time.perf_counter() - started, 1),
                devices=[r.get("device") for r in results], backends=sorted({r.get("backend") for r in results}),
                max_error=max((r["max_error"] for r in results), default=None),
                bytes_by_axis=results[0]["bytes_by_axis"] if results else None,

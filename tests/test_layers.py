@@ -207,7 +207,8 @@ def test_every_listed_module_exists():
 @pytest.mark.parametrize("module, line, expected", [
     ("pipeline/bubble.py", "from ..runtime.ranks import Ranks", "shardlib.pipeline.bubble (pure) imports "
                                                                  "shardlib.runtime.ranks (runtime), a layer above it"),
-    ("costs/alpha_beta.py", "import torch.distributed as dist", "shardlib.costs.alpha_beta (pure) imports torch.distributed"),
+    ("costs/alpha_beta.py", "import torch.distributed as dist",
+     "shardlib.costs.alpha_beta (pure) imports torch.distributed"),
     ("plan/planner.py", "import torch", "shardlib.plan.planner (pure, no torch) imports torch"),
     ("experts/ranks.py", "from ..ui.theme import RED", "shardlib.experts.ranks (rank) imports shardlib.ui.theme (ui)"),
     ("costs/drivers.py", "import plotly.graph_objects as go", "shardlib.costs.drivers (driver) imports a UI library"),
