@@ -34,7 +34,8 @@ def main() -> None:
         start = time.perf_counter()
         fit = run_toy_cluster_calibration(four, TOY, layers)
         cluster, cal = fit.cluster, fit.calibration
-        print(f"calibrated in {time.perf_counter() - start:.1f} s: latency {cluster.intra_link.latency_s * 1e3:.2f} ms, "
+        print(f"calibrated in {time.perf_counter() - start:.1f} s: "
+              f"latency {cluster.intra_link.latency_s * 1e3:.2f} ms, "
               f"bandwidth {cluster.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s (R^2 {cal.overall.r_squared:.2f}), "
               f"arithmetic {cluster.peak_flops_per_s / 1e9:.1f} GFLOP/s")
         p = plan(TOY, cluster, Workload(batch=4, context_tokens=6, prompt_tokens=6, microbatches=2), "latency")

@@ -69,6 +69,43 @@ print(f"a point-to-point message is latency-bound below alpha x B = {crossover_b
 assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 
 # %% [markdown]
+# ## Read the code
+#
+# Every prediction in this notebook goes through one function, `cost_terms`: for an operation on `n`
+# ranks it returns how many latencies the call pays and the factor in front of `S/B`. Read it against
+# the table above. A point-to-point message is one latency and the whole message. One rank sends
+# nothing. Otherwise the ring takes `n-1` steps (`2(n-1)` for an all-reduce: reduce-scatter, then
+# all-gather), and each step moves `S/n` bytes, so the bandwidth factor is `steps / n`. The last line
+# is the latency convention: `per_call` pays one latency whatever the steps. `collective_terms_s`
+# multiplies the two terms by a link's `alpha` and `1/B` (one direction), and every other function of
+# `costs.alpha_beta` adds them up.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.costs.alpha_beta import collective_terms_s, cost_terms
+from shardlib.ui.code import show_code
+
+show_code(cost_terms, collective_terms_s)
+
+# %% [markdown]
+# Further down, the same two numbers are measured on this machine's ranks by `sweep_on_rank`, a rank
+# function: every rank of the pool runs it at once. `one_call` issues one call of an operation through
+# `ctx.comm` (recorded, like every collective here): an all-reduce or all-to-all of the group, or a
+# ping-pong in which rank 0 sends and rank 1 sends the message straight back. The sweep, for each
+# message size, warms the call up once (buffers allocated, connections made), then runs `rounds`
+# rounds. Each round starts at a barrier, so all ranks start together, and times `calls` calls back to
+# back, as nccl-tests does, dividing by their number; a ping-pong's one way is half its round trip. The
+# rank returns its own times per round; the driver keeps, for each point, the slowest rank (a
+# collective ends for everybody when the last rank is done) and fits `alpha` and `B` through
+# `cost_terms`, the same formula that predicts.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.costs.ranks import one_call, sweep_on_rank
+
+show_code(one_call, sweep_on_rank)
+
+# %% [markdown]
 # ## The links of real clusters
 #
 # Each figure below carries where it comes from and whether it counts one direction or both. NVLink's
@@ -202,9 +239,11 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 # to 16 MiB (two calls back to back per round, the slowest rank's time, five rounds), keeps the **median**
 # round of each point, and a least-squares fit finds the `alpha` and `B` that best explain the points
 # through the formulas above, charging the ring's latency per step. The median is the typical call,
-# which is what every later cell measures and sets beside a prediction from this fit. The fit weighs
-# every point by its own size (relative errors), so R² is reported on the logarithm of the times, as
-# on the log-log plot below.
+# which is what every later cell measures and sets beside a prediction from this fit. (The fastest
+# round is the other choice, `statistic="fastest"`: noise from other processes only ever adds time,
+# so the fastest of a few rounds is what the link itself costs, a floor, as `timeit` keeps the best of
+# its repeats.) The fit weighs every point by its own size (relative errors), so R² is reported on the
+# logarithm of the times, as on the log-log plot below.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -478,11 +517,13 @@ served, attempts = measure_until(
     lambda run: 0.5 <= run.tp_step_ratio <= 2.0)
 measured, predicted = served.measured, served.predicted
 print(f"median of {len(served.tp_steps_s)} steps each way (attempt {attempts} of at most 3):")
-print(f"  latency per token:  replica {measured.replica_step_s * 1e3:6.2f} ms, tp = 2 {measured.tp_step_s * 1e3:6.2f} ms "
-      f"measured ({measured.latency_ratio:.2f}x); predicted {predicted.tp_step_s * 1e3:6.2f} ms ({predicted.latency_ratio:.2f}x); "
+print(f"  latency per token:  replica {measured.replica_step_s * 1e3:6.2f} ms, "
+      f"tp = 2 {measured.tp_step_s * 1e3:6.2f} ms measured ({measured.latency_ratio:.2f}x); "
+      f"predicted {predicted.tp_step_s * 1e3:6.2f} ms ({predicted.latency_ratio:.2f}x); "
       f"measured / predicted {served.tp_step_ratio:.2f}")
 print(f"  tokens/s per device: replicas {measured.replicas_tokens_per_s_per_device:7,.0f}, tp = 2 "
-      f"{measured.tp_tokens_per_s_per_device:7,.0f} measured; tp = 2 {predicted.tp_tokens_per_s_per_device:7,.0f} predicted")
+      f"{measured.tp_tokens_per_s_per_device:7,.0f} measured; "
+      f"tp = 2 {predicted.tp_tokens_per_s_per_device:7,.0f} predicted")
 print(f"  replicas serve {measured.throughput_ratio:.2f}x the tokens of the split copy (predicted "
       f"{predicted.throughput_ratio:.2f}x, ratio {measured.throughput_ratio / predicted.throughput_ratio:.2f})")
 print(f"  inside the all-reduces: {served.tp_all_reduce_s_per_step * 1e3:.2f} ms per step measured, "

@@ -27,16 +27,58 @@
 # %% [markdown]
 # ## The idea: three ways to split, and what each costs
 #
-# | strategy | what each device holds | communication | where it goes |
+# | strategy | each device holds | communication | where it goes |
 # | --- | --- | --- | --- |
-# | tensor (TP, Megatron-LM) | a slice of *every* layer: whole heads, a slice of the MLP width | an all-reduce after attention and after the MLP: `2 x layers` per forward pass, on every token | inside a node (NVLink): the most messages, on the fastest link |
-# | pipeline (PP, GPipe / 1F1B) | whole layers: `layers / pp` of them | one point-to-point send per stage boundary per microbatch | across nodes: few, small messages; the price is that stages run one after another, and the bubble when there is too little work in flight |
-# | expert (EP, GShard / Switch) | whole experts: `experts / ep` of each MoE layer | two all-to-alls per MoE layer (dispatch, combine), sizes set by the router | MoE models whose experts do not fit; the price is load imbalance |
+# | tensor (TP, Megatron-LM) | a slice of *every* layer | 2 all-reduces per layer, every token | inside a node |
+# | pipeline (PP, GPipe / 1F1B) | whole layers, `layers / pp` | 1 send per boundary per microbatch | across nodes |
+# | expert (EP, GShard / Switch) | whole experts, `experts / ep` | 2 all-to-alls per MoE layer | large MoE models |
+#
+# Tensor parallelism holds whole heads and a slice of the MLP width, and all-reduces after attention
+# and after the MLP: `2 x layers` calls per forward pass, the most messages, so they go on the fastest
+# link (NVLink). A pipeline sends few, small messages, so it can cross nodes; its price is that stages
+# run one after another, and the bubble when there is too little work in flight. Expert parallelism's
+# all-to-alls (dispatch, combine) carry sizes set by the router; its price is load imbalance.
 #
 # In decode (one new token per sequence per step) every one of these messages is small, so each costs
 # mostly its fixed start-up time, the latency: decode's communication is **latency-bound**. In prefill
 # (thousands of prompt tokens at once) the same calls carry megabytes and their time is set by the
 # link's bandwidth: **bandwidth-bound** (notebook 02 measures both on this machine).
+#
+# Stacked, they form a mesh: a `Layout(tp, pp, dp)` numbers `tp x pp x dp` ranks with the
+# tensor-parallel rank innermost, `rank = (stage x dp + replica) x tp + tp_rank`, so a tensor-parallel
+# group is `tp` consecutive ranks (one node, when `tp` is the GPUs per node) and each pipeline takes one
+# rank from each node.
+
+# %% [markdown]
+# ## Read the code
+#
+# The combined forward of `shardlib.combined.forward`, the code every layout below runs on the ranks.
+# `build_stage` is the set-up. It builds a torch `DeviceMesh` of shape `(pp, dp, tp)` from the layout
+# (one process group per axis, made once per pool) and reads this rank's coordinates off the
+# numbering. It then wraps the mesh's `"tp"` axis as the tensor-parallel group of notebook 01 and
+# builds this stage's blocks split over it: `ParallelBlock`, Megatron's column- then row-parallel cuts,
+# two all-reduces per block.
+#
+# `combined_forward` is the whole schedule of a forward pass. The replica takes its share of the batch
+# (`tensor_split` along the batch) and cuts it into microbatches. For each microbatch, every stage but
+# the first receives it from the *same tp rank* of the previous stage, on the `"pp"` group. The stage
+# runs its blocks (the `probe.span` around them is where a timeline can attach; by default it records
+# nothing). Then it sends the result to the same tp rank of the next stage, or, on the last stage,
+# keeps it. Every tp rank of a stage sends its own copy, so no rank ever gathers or scatters; that is
+# why the pp axis carries `tp` sends per microbatch per boundary.
+#
+# `pipelined_decode` is the same loop run the way a server decodes. The last stage sends each
+# microbatch's output back to the first as its next input, so microbatches keep going round the
+# stages, step after step. Each send is `isend`, so a stage goes straight on to the next microbatch.
+# There is no timing here: `combined.ranks` passes the rank's timeline as the probe and reads the
+# clock around the call.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.combined.forward import build_stage, combined_forward, pipelined_decode
+from shardlib.ui.code import show_code
+
+show_code(build_stage, combined_forward, pipelined_decode)
 
 # %% [markdown]
 # ## Measured, not copied: the three comm logs, side by side
@@ -193,7 +235,7 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # `tp = 2` (every layer split across the link) against `pp = 2` (two layers on each side). Every call
 # between them is **emulated**: held until it has taken as long as the alpha-beta formula says it would
 # over a slow network link (2 ms latency, 10 Gb/s), counted from the moment the last of its ranks
-# arrived; the bytes themselves are real (`runtime.emulation`, and `emulated` in the comm log). Each
+# arrived; the bytes themselves are real (`costs.emulation`, and `emulated` in the comm log). Each
 # layout decodes as a server does: 8 sequences, one token each per step, in steady state (the
 # pipeline keeps 2 microbatches in flight, the last stage handing each output back to the first as its
 # next input). The prediction is the planner's own cost model for a cluster of these two ranks, with
@@ -261,6 +303,25 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 # objectives: **throughput** (tokens per second for the cluster, each replica as full as memory allows)
 # and **latency** (time between two tokens of one request on a server that is not busy). Every
 # rejection keeps its reason, and every ranked layout its reasons.
+#
+# The cost model (`plan.decode`), in three lines. A replica's batch is cut into `m` microbatches
+# (from `pp` up to `2 pp`) that chase each other round the stages, so nothing fills or drains between
+# steps. One microbatch's token makes a *trip*: every stage in turn, plus a hop across each boundary
+# and back to the first stage:
+#
+# ```
+# trip  = stage_1 + ... + stage_pp + hops      (a pipeline does not shorten a token's trip)
+# cycle = max(trip, m x slowest stage)         (the slowest stage serves all m microbatches)
+# latency per token = cycle;   tokens/s = dp x batch / cycle
+# ```
+#
+# A stage on one microbatch costs the larger of its memory reads over the memory bandwidth (its
+# weights, of an MoE layer only the experts its tokens reach, and its KV cache) and its FLOPs over the
+# peak (a roofline), plus its collectives; communication is never overlapped with compute. Memory per
+# GPU is the heaviest stage's weights, split as the layout splits them (KV heads at most `n_kv_heads`
+# ways), plus the KV cache of every sequence in flight at the full context. The memory that is left
+# buys the batch (up to vLLM's default of 256 sequences), which is how a split wins back its
+# communication when a replica is short of memory.
 
 # %%
 from shardlib.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
@@ -309,11 +370,12 @@ for model in models:
             b = plan(model, cluster, Workload(), objective).best
             best[model.name, cluster.nodes, objective] = b
             if b is None:
-                print(f"{model.name:<16}{cluster.nodes:>6}  {objective:<11}nothing fits: 405B needs more than 8 x 80 GB")
+                print(f"{model.name:<16}{cluster.nodes:>6}  {objective:<11}"
+                      "nothing fits: 405B needs more than 8 x 80 GB")
                 continue
             from shardlib.plan import kind
-            print(f"{model.name:<16}{cluster.nodes:>6}  {objective:<11}{b.layout.label:<22}{kind(b.layout, cluster):<34}"
-                  f"{b.batch:>6}{b.decode_step_s * 1e3:>9.2f}{b.tokens_per_s:>10,.0f}")
+            print(f"{model.name:<16}{cluster.nodes:>6}  {objective:<11}{b.layout.label:<22}"
+                  f"{kind(b.layout, cluster):<34}{b.batch:>6}{b.decode_step_s * 1e3:>9.2f}{b.tokens_per_s:>10,.0f}")
 
 assert best["Llama-3.1-405B", 1, "throughput"] is None
 assert best["Llama-3.1-405B", 2, "throughput"].layout == Layout(tp=8, pp=2)  # the seeds' layout
@@ -347,8 +409,9 @@ tp_across = {obj: score(LLAMA_3_1_405B, TWO_NODES_8_H100, Layout(tp=16, pp=1), w
              for obj, w in (("throughput", copies), ("latency", Workload(batch=1, copy_kv_heads=True)))}
 for obj in ("throughput", "latency"):
     p, t = pp_across[obj], tp_across[obj]
-    print(f"{obj:<11} PP across: batch {p.batch:>3}, {p.decode_step_s * 1e3:6.2f} ms/token, {p.tokens_per_s:>6,.0f} tokens/s"
-          f" | TP across: batch {t.batch:>3}, {t.decode_step_s * 1e3:6.2f} ms/token, {t.tokens_per_s:>6,.0f} tokens/s")
+    print(f"{obj:<11} PP across: batch {p.batch:>3}, {p.decode_step_s * 1e3:6.2f} ms/token, "
+          f"{p.tokens_per_s:>6,.0f} tokens/s | TP across: batch {t.batch:>3}, "
+          f"{t.decode_step_s * 1e3:6.2f} ms/token, {t.tokens_per_s:>6,.0f} tokens/s")
 print("why, for one request:", plan(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(copy_kv_heads=True),
                                     "latency").best.reasons[-1])
 assert pp_across["throughput"].tokens_per_s > 2 * tp_across["throughput"].tokens_per_s  # full batch: the pipeline

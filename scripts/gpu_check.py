@@ -17,7 +17,7 @@ Steps, each reported as passed or failed with its numbers (one failing does not 
 * ``sweep``: an all-reduce size sweep on each path, with the bus bandwidth as nccl-tests reports it.
 * ``fit``: this machine's latency and bandwidth fitted (``costs.drivers.run_calibration``) on 2 CPU
   ranks, 2 ranks sharing a GPU, and 2 NCCL ranks, side by side with their ratio to the CPU run.
-* ``torchrun``: ``tp_inside_pp_across`` on two torchrun agents standing in for two nodes, two processes
+* ``torchrun``: ``tp_inside_pp_across_on_rank`` on two torchrun agents standing in for two nodes, two processes
   each: NCCL with two GPUs per agent where there are four (``CUDA_VISIBLE_DEVICES`` split between the
   agents), the GPUs shared through host memory otherwise.
 * ``notebooks``: every main notebook under ``pytest --nbval``, its pools placed by ``auto`` (so on the
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from shardlib import Ranks  # noqa: E402
 from shardlib.costs.drivers import run_calibration  # noqa: E402
 from shardlib.intro.ranks import all_reduce_time_on_rank, first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
-from shardlib.launch import MAX_ERROR, run_local_nodes  # noqa: E402
+from shardlib.launch import failed_check, start_local_nodes  # noqa: E402
 from shardlib.models import TOY  # noqa: E402
 from shardlib.runtime.context import gpu_count  # noqa: E402
 from shardlib.runtime.devices import place_ranks  # noqa: E402
@@ -192,13 +192,14 @@ def check_torchrun(report: Report, n_gpus: int, rehearse: bool) -> None:
     else:
         backend, devices = "cuda:gloo", None  # two agents would see the same GPUs: share them
     started = time.perf_counter()
-    agents, _ = run_local_nodes("shardlib.combined.machines:tp_inside_pp_across", [2, 2], backend=backend,
-                                devices_per_node=devices, timeout_s=300)
+    agents, _ = start_local_nodes("shardlib.combined.machines:tp_inside_pp_across_on_rank", [2, 2],
+                                  backend=backend, devices_per_node=devices, timeout_s=300)
     results = [r for agent in agents for r in agent.results]
     ok = (all(a.returncode == 0 for a in agents) and len(results) == 4
-          and all(r["max_error"] <= MAX_ERROR and r["traffic_matches_prediction"] for r in results)
+          and all(not failed_check(r) and r["traffic_matches_prediction"] for r in results)
           and all(sorted(x["rank"] for x in a.results) == a.results[0]["tp_group"] for a in agents))
-    report.add(f"torchrun, 2 agents x 2 processes, backend {backend}", ok, seconds=round(time.perf_counter() - started, 1),
+    report.add(f"torchrun, 2 agents x 2 processes, backend {backend}", ok,
+               seconds=round(time.perf_counter() - started, 1),
                devices=[r.get("device") for r in results], backends=sorted({r.get("backend") for r in results}),
                max_error=max((r["max_error"] for r in results), default=None),
                bytes_by_axis=results[0]["bytes_by_axis"] if results else None,

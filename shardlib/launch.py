@@ -2,19 +2,13 @@
 
     torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.intro.ranks:first_all_reduce_on_rank
 
-``module:function`` names any importable rank function ``fn(ctx, *args)``; extra command-line words are
-passed as arguments (numbers are converted). Each rank prints its result as ``[rank R] result``, then
-its comm log. Ranks are placed as in a notebook (``runtime.devices``): NCCL with one GPU per process
-where a node has a GPU for each, the GPUs shared through host memory with gloo where it has fewer, gloo
-on CPU where it has none.
+``module:function`` names any importable rank function ``fn(ctx, *args)``; extra words are passed as
+arguments (numbers converted). Each rank prints ``[rank R] result``, then its comm log. Ranks are placed
+as in a notebook (``runtime.devices``). The exit status is non-zero when the function raised, or returned
+a dict whose ``max_error`` exceeds ``runtime.measure.TOLERANCE`` (or is not a number).
 
-``run_local_nodes`` starts several ``torchrun`` agents on this machine, each standing in for a node
-(a c10d rendezvous on loopback), and collects what each printed: how the two-node command is tried on
-one machine, and how the tests run it.
-
-The exit status says whether it worked: non-zero when the function raised (its error is printed), and
-non-zero when it returned a dict whose ``max_error`` exceeds ``MAX_ERROR`` (or is not a number), the way
-``shardlib.combined.machines:tp_inside_pp_across`` reports its check against the single-process reference.
+``start_local_nodes`` starts several ``torchrun`` agents on this machine, each standing in for a node (a
+c10d rendezvous on loopback), and collects what each printed: how the tests try the two-node command.
 """
 
 from __future__ import annotations
@@ -37,9 +31,8 @@ import torch.distributed as dist
 
 from .runtime.context import RankContext
 from .runtime.devices import BACKENDS
+from .runtime.measure import TOLERANCE
 from .runtime.records import format_log
-
-MAX_ERROR = 1e-5  # the largest gap to a reference a launched check may report and still pass
 
 
 def _value(text: str):
@@ -50,13 +43,14 @@ def _value(text: str):
 
 
 def failed_check(result) -> str:
-    """Why ``result`` fails (``""`` if it does not): a ``max_error`` above ``MAX_ERROR``, or not a number."""
+    """Why ``result`` fails (``""`` if it does not): a ``max_error`` above ``TOLERANCE``, or not a number."""
     if not isinstance(result, dict) or "max_error" not in result:
         return ""
     error = result["max_error"]
-    if isinstance(error, (int, float)) and not isinstance(error, bool) and math.isfinite(error) and error <= MAX_ERROR:
+    is_number = isinstance(error, (int, float)) and not isinstance(error, bool)
+    if is_number and math.isfinite(error) and error <= TOLERANCE:
         return ""
-    return f"max_error {error!r} exceeds {MAX_ERROR:g}: the result differs from its reference"
+    return f"max_error {error!r} exceeds {TOLERANCE:g}: the result differs from its reference"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,8 +117,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_local_nodes(target: str, procs_per_node: list[int], *args: str, backend: str = "auto",
-                    devices_per_node: list[str] | None = None, timeout_s: float = 120.0) -> tuple[list[AgentRun], str]:
+def start_local_nodes(target: str, procs_per_node: list[int], *args: str, backend: str = "auto",
+                      devices_per_node: list[str] | None = None,
+                      timeout_s: float = 120.0) -> tuple[list[AgentRun], str]:
     """Start one ``torchrun`` agent per entry of ``procs_per_node`` (its ``--nproc-per-node``), all meeting
     at one c10d rendezvous on loopback, each running ``python -m shardlib.launch target *args``; wait for
     every agent (killing all that are left at ``timeout_s``, workers included) and return their runs and

@@ -57,7 +57,8 @@ def test_noisy_timings_still_give_them_back_closely(seed):
 def test_the_fitted_link_predicts_with_the_same_formula():
     link = fit_link(synthetic()).link("here")
     assert isinstance(link, Link) and link.name == "here" and link.direction == "per direction"
-    assert math.isclose(collective_time_s("all_reduce", 1 << 20, 4, link), collective_time_s("all_reduce", 1 << 20, 4, TRUE))
+    assert math.isclose(collective_time_s("all_reduce", 1 << 20, 4, link),
+                        collective_time_s("all_reduce", 1 << 20, 4, TRUE))
     assert "R^2" in link.source
 
 

@@ -209,7 +209,8 @@ def test_memory_bound_decode_and_what_fits():
 @pytest.mark.parametrize("call, words", [
     (lambda: all_reduce_s(0, 4, LINK), "size_bytes must be a positive number, got 0"),
     (lambda: all_reduce_s(-5, 4, LINK), "size_bytes must be a positive number, got -5"),
-    (lambda: all_reduce_s(MB, 0, LINK), r"world_size \(the ranks of the collective\) must be a whole number of at least 1, got 0"),
+    (lambda: all_reduce_s(MB, 0, LINK),
+     r"world_size \(the ranks of the collective\) must be a whole number of at least 1, got 0"),
     (lambda: all_gather_s(MB, 2.5, LINK), "got 2.5"),
     (lambda: Link("x", 0, 1e-6), "x: bandwidth_bytes_per_s must be a positive number, got 0"),
     (lambda: Link("x", -1e9, 1e-6), "got -1000000000.0"),

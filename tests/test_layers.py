@@ -39,7 +39,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.pipeline.orders",
     "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta",
-    "shardlib.costs.phases",
+    "shardlib.costs.predict",
     "shardlib.costs.calibration",
     "shardlib.plan.layout",
     "shardlib.plan.memory",
@@ -91,6 +91,7 @@ LAYERS = {
         "shardlib.data_parallel.peer",
         "shardlib.context_parallel.ring",
         "shardlib.context_parallel.ulysses",
+        "shardlib.combined.forward",
     },
     "driver": {
         "shardlib.tensor_parallel.sp_drivers",
@@ -246,7 +247,7 @@ def test_importing_a_pure_module_does_not_start_the_runtime():
     import subprocess
     import sys
 
-    code = ("import sys; import shardlib.plan.planner, shardlib.pipeline.predict, shardlib.costs.phases; "
+    code = ("import sys; import shardlib.plan.planner, shardlib.pipeline.predict, shardlib.costs.predict; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('shardlib.runtime.r')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=ROOT.parent)

@@ -121,9 +121,11 @@ def test_each_shape_rule_binds_on_a_made_up_model(rule, layout, words):
 def test_expert_rules():
     cluster = Cluster("c", 1, 4, 80e9, NVLINK, INFINIBAND_400G)
     assert "Llama-3-8B is dense, it has no experts to spread" in reasons(LLAMA_3_8B, cluster, Layout(1, 1, 4, ep=2))
-    assert "ep = 4 must divide the tp x dp = 2 x 1 = 2 ranks of a stage" in reasons(MIXTRAL_8X7B, cluster, Layout(2, 2, 1, ep=4))
+    assert "ep = 4 must divide the tp x dp = 2 x 1 = 2 ranks of a stage" in reasons(MIXTRAL_8X7B, cluster,
+                                                                                    Layout(2, 2, 1, ep=4))
     odd = Cluster("c", 1, 3, 80e9, NVLINK, INFINIBAND_400G)
-    assert "8 experts cannot be spread evenly over 3 ranks (8 = 3 x 2 + 2)" in reasons(MIXTRAL_8X7B, odd, Layout(1, 1, 3, ep=3))
+    uneven = reasons(MIXTRAL_8X7B, odd, Layout(1, 1, 3, ep=3))
+    assert "8 experts cannot be spread evenly over 3 ranks (8 = 3 x 2 + 2)" in uneven
     # every enumerated MoE layout spreads a whole number of experts per rank
     assert all(MIXTRAL_8X7B.n_experts % lay.ep == 0 for lay in enumerate_layouts(MIXTRAL_8X7B, 8))
     assert {lay.ep for lay in enumerate_layouts(LLAMA_3_8B, 8)} == {1}
@@ -163,7 +165,8 @@ def test_rejections_for_memory_show_the_sum():
     r = reasons(MIXTRAL_8X7B, ONE_H100, Layout(1, 1))
     assert r == "needs 93.4 GB of weights per GPU, more than the 72.0 GB a server fills of each 80.0 GB GPU (90%)"
     fixed = reasons(MIXTRAL_8X7B, ONE_H100, Layout(1, 1), Workload(batch=8))
-    assert fixed.startswith("needs 93.4 GB of weights + 4.3 GB of KV cache (8 sequences x 4,096 tokens) = 97.7 GB per GPU")
+    assert fixed.startswith("needs 93.4 GB of weights + 4.3 GB of KV cache (8 sequences x 4,096 tokens) "
+                            "= 97.7 GB per GPU")
     # 70B on 2 GPUs: 70.6 GB each leave 1.4 GB, less than one 16K-token sequence's 2.7 GB share
     two = Cluster("2 x H100", 1, 2, 80e9, NVLINK, INFINIBAND_400G)
     r = reasons(LLAMA_3_70B, two, Layout(2, 1), Workload(context_tokens=16384))

@@ -62,7 +62,8 @@ def strided_tp(rank, tp, pp, dp):
     (lambda r, tp, pp, dp: [r], answers.mesh_groups, ("three whole numbers",)),
     (answers.mesh_coordinates, without_self, ("contains the rank itself",)),
     (answers.mesh_coordinates, swapped_axes, ("group, not its tp group",)),
-    (answers.mesh_coordinates, strided_tp, ("its tp group is [0, 1], you returned [0, 2]", "pp group, not its tp group")),
+    (answers.mesh_coordinates, strided_tp,
+     ("its tp group is [0, 1], you returned [0, 2]", "pp group, not its tp group")),
     (answers.mesh_coordinates, lambda r, tp, pp, dp: [r], ("keys 'tp', 'pp' and 'dp'",)),
 ])
 def test_wrong_answers_fail_with_a_hint(coords, groups, phrases):

@@ -2,7 +2,7 @@
 
 Two agents on this machine meet through a c10d rendezvous on loopback, as two machines would through the
 first host's address; each starts its own processes, and torchrun numbers them node by node. The layout
-``tp_inside_pp_across`` must then keep every tensor-parallel group inside one agent's processes.
+``tp_inside_pp_across_on_rank`` must then keep every tensor-parallel group inside one agent's processes.
 """
 
 import os
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from shardlib.combined.machines import across_layout, tp_inside_pp_across, tp_inside_pp_across_on_rank
-from shardlib.launch import processes_of_job, run_local_nodes
+from shardlib.combined.machines import across_layout, tp_inside_pp_across_on_rank
+from shardlib.launch import processes_of_job, start_local_nodes
 from shardlib.models import TOY
 from shardlib.plan import Layout, forward_traffic
 
@@ -135,11 +135,11 @@ def _check_layout_results(results: list[dict]) -> None:
 
 
 def test_tp_inside_pp_across_on_a_pool(pool4):
-    _check_layout_results(pool4.run(tp_inside_pp_across, nodes=2, per_node=2))
+    _check_layout_results(pool4.run(tp_inside_pp_across_on_rank, nodes=2, per_node=2))
 
 
 # -- two torchrun agents: two nodes on one machine --------------------------------------------------------
-TARGET = "shardlib.combined.machines:tp_inside_pp_across"
+TARGET = "shardlib.combined.machines:tp_inside_pp_across_on_rank"
 
 
 def _no_process_left(run_id: str) -> None:
@@ -151,7 +151,7 @@ def _no_process_left(run_id: str) -> None:
 
 def test_tp_inside_pp_across_two_torchrun_agents():
     # gloo on CPU: two agents on one machine would see the same GPUs, and NCCL refuses two ranks on one
-    agents, run_id = run_local_nodes(TARGET, [2, 2], backend="gloo", timeout_s=AGENT_TIMEOUT_S)
+    agents, run_id = start_local_nodes(TARGET, [2, 2], backend="gloo", timeout_s=AGENT_TIMEOUT_S)
     for agent in agents:
         assert agent.returncode == 0, agent.stdout + agent.stderr
     for agent in agents:  # each agent printed its own node's two ranks, and only those
@@ -166,7 +166,7 @@ def test_tp_inside_pp_across_two_torchrun_agents():
     ([3], r"toy cannot use tp = 3: 4 KV heads cannot be split 3 ways"),
 ], ids=["uneven-nodes", "shapes-do-not-divide"])
 def test_bad_input_under_torchrun_fails_every_process_and_leaves_none(procs_per_node, words):
-    agents, run_id = run_local_nodes(TARGET, procs_per_node, backend="gloo", timeout_s=AGENT_TIMEOUT_S)
+    agents, run_id = start_local_nodes(TARGET, procs_per_node, backend="gloo", timeout_s=AGENT_TIMEOUT_S)
     for agent in agents:
         assert agent.returncode != 0 and "ValueError" in agent.stderr, agent.stdout + agent.stderr
     assert any(re.search(words, agent.stderr) for agent in agents), [agent.stderr[-2000:] for agent in agents]

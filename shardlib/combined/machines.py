@@ -1,25 +1,16 @@
 """Tensor parallelism inside each machine, pipeline stages across machines, under ``torchrun``.
 
-The layout notebook 05 runs on one machine's "nodes", launched the way engineers launch across real
-ones::
-
     torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB \\
-        -m shardlib.launch shardlib.combined.machines:tp_inside_pp_across
+        -m shardlib.launch shardlib.combined.machines:tp_inside_pp_across_on_rank
 
-``torchrun`` numbers the processes of one node consecutively (global rank = node x G + local rank), and
-``Layout(tp=G, pp=N)`` numbers ranks with tp innermost (``layout``), so each tensor-parallel group is
-exactly the G processes of one node (its all-reduces, two per block, stay on the fast link inside the
-machine: Megatron-LM, Shoeybi et al. 2019) and each pipeline is one process per node (only a
-microbatch's activations cross the network per stage boundary: GPipe, Huang et al. 2019). The forward
-itself is ``ranks.combined_forward_on_rank``, the same code notebook 05 runs on a pool.
-
-Every rank builds the toy stack from one seed, runs its part, computes the single-process reference
-itself, and returns the error and the bytes moved per mesh axis beside ``traffic.forward_traffic``'s
-prediction. ``python -m shardlib.launch`` exits non-zero when the error exceeds ``TOLERANCE``. Bad input
-(a world size that is not nodes x processes per node, shapes that do not divide) raises ``ValueError``
-on every rank, with the numbers, before any collective, so every process exits and none is left waiting.
-On a pool, pass ``nodes`` and ``per_node`` (torchrun's ``GROUP_WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``
-are read otherwise).
+``torchrun`` numbers the processes of a node consecutively and ``Layout(tp=G, pp=N)`` puts tp innermost,
+so each tensor-parallel group is one node's G processes (Megatron-LM's all-reduces stay on the fast link)
+and each pipeline one process per node (GPipe's activations cross the network). The forward is
+``forward.combined_forward``, as notebook 05 runs it on a pool. Every rank builds the toy stack from one
+seed, checks it against the one-process reference, and returns the error and the bytes per mesh axis
+beside ``plan.traffic.forward_traffic``; ``python -m shardlib.launch`` exits non-zero above
+``TOLERANCE``. Bad input raises ``ValueError`` on every rank before any collective. On a pool, pass
+``nodes`` and ``per_node`` (torchrun's ``GROUP_WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` otherwise).
 """
 
 from __future__ import annotations
@@ -104,7 +95,8 @@ def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatche
     row += [sum(a.count for a in unexpected), sum(a.size_bytes for a in unexpected)]
     table = ctx.comm.all_gather(torch.tensor([row], dtype=torch.float64, device=ctx.device)).cpu()  # (ranks, len(row))
     totals = table.sum(0)  # float64 holds these counts exactly
-    measured = [AxisTraffic(axis, op, int(totals[1 + 2 * i]), int(totals[2 + 2 * i])) for i, (axis, op) in enumerate(keys)]
+    measured = [AxisTraffic(axis, op, int(totals[1 + 2 * i]), int(totals[2 + 2 * i]))
+                for i, (axis, op) in enumerate(keys)]
     (calls, size), (predicted_calls, predicted_bytes), (my_calls, my_bytes) = map(_by_axis, (measured, predicted, mine))
     stage, _, tp_rank = layout.coords(ctx.rank)
     return {
@@ -118,5 +110,3 @@ def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatche
         "traffic_matches_prediction": int(totals[-2]) == 0 and measured == list(predicted),
     }
 
-
-tp_inside_pp_across = tp_inside_pp_across_on_rank  # the name the torchrun command line uses

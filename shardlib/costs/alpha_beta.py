@@ -1,31 +1,16 @@
-"""Pure cost models of communication: links, alpha-beta collectives, decode vs prefill, pipeline vs tensor.
+"""The alpha-beta model: each collective's time from a link's latency and bandwidth.
 
-The alpha-beta model (Hockney 1994; used for MPI collectives by Thakur, Rabenseifner and Gropp 2005,
-"Optimization of Collective Communication Operations in MPICH") charges a message of ``S`` bytes
-``alpha + S / bandwidth``: a fixed start-up cost (latency) plus the time to push the bytes. A collective
-is a sequence of such messages. The bandwidth-optimal ring all-reduce (Patarasuk and Yuan 2009) takes
-``2(n-1)`` steps, each sending ``S/n`` bytes to the next rank while receiving from the previous one:
+A message of ``S`` bytes costs ``alpha + S / bandwidth`` (Hockney 1994); a collective is a sequence of
+such messages (Thakur, Rabenseifner and Gropp 2005, "Optimization of Collective Communication
+Operations in MPICH"; the bandwidth-optimal ring all-reduce of Patarasuk and Yuan 2009):
 
     all-reduce       2(n-1) alpha + 2(n-1)/n * S / bandwidth
-    all-gather       (n-1) alpha  +  (n-1)/n * S / bandwidth     (S: the whole gathered output)
-    reduce-scatter   (n-1) alpha  +  (n-1)/n * S / bandwidth     (S: the whole input)
-    all-to-all       (n-1) alpha  +  (n-1)/n * S / bandwidth     (S: what one rank sends, all peers)
+    all-gather, reduce-scatter, all-to-all   (n-1) alpha + (n-1)/n * S / bandwidth
     point-to-point        alpha   +        S / bandwidth
 
-Sizes follow ``runtime.records`` (and nccl-tests): the buffer one rank works on. ``bandwidth`` is the rate one
-way: a rank sends to its neighbour while it receives from the other, so a figure quoted for both
-directions together (an "aggregate") is halved here (``hardware.Link.one_way_bytes_per_s``).
-
-How latency is charged is a modelling choice, ``latency_charge``:
-
-* ``"per_step"``: every step of the ring pays ``alpha``, as written above (the textbook formula);
-* ``"per_call"``: the collective pays ``alpha`` once. Libraries switch from the ring to latency-optimised
-  algorithms (trees, one-shot all-reduce, NVLink SHARP) for small messages, whose fixed cost barely grows
-  with ``n``. The chapter's decode-vs-prefill table charges latency this way.
-
-Pure: nothing here imports torch; numbers in, numbers out. The links themselves (bandwidths and
-latencies with their sources) are facts, in ``hardware``; ``costs.phases`` builds the costs of whole
-forward passes on these formulas.
+``S`` is the buffer one rank works on (``runtime.records``, as nccl-tests counts), ``bandwidth`` the rate
+one way (``hardware.Link.one_way_bytes_per_s``). ``latency_charge``: ``"per_step"`` pays ``alpha`` at
+every ring step, ``"per_call"`` once per collective (notebook 02 explains both). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -64,7 +49,8 @@ def collective_terms_s(op: str, size_bytes: float, world_size: int, link: Link,
     return steps * link.latency_s, factor * size_bytes / link.one_way_bytes_per_s
 
 
-def collective_time_s(op: str, size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
+def collective_time_s(op: str, size_bytes: float, world_size: int, link: Link,
+                      latency_charge: str = "per_step") -> float:
     """Predicted seconds for ``op`` on ``size_bytes`` over ``world_size`` ranks joined by ``link``."""
     return sum(collective_terms_s(op, size_bytes, world_size, link, latency_charge))
 

@@ -1,24 +1,12 @@
-"""Calibrate the alpha-beta model on this machine: sweep message sizes on live ranks, fit by least squares.
+"""Calibrate the alpha-beta model: a latency and a bandwidth fitted to measured times by least squares.
 
-``ranks.sweep_on_rank`` times, for each message size, all-reduce, all-to-all and a point-to-point
-ping-pong, a few calls back to back per round, every round after a barrier so the ranks start together.
-``drivers.run_calibration`` runs it on a ``Ranks`` pool; this module (pure: numbers in, numbers out) keeps for
-each (operation, size) the slowest rank's time (a collective ends for everybody when the last rank is
-done) in the fastest round, and fits one latency and one bandwidth to all of it through the same
-formulas ``alpha_beta`` predicts with:
-``t = steps * alpha + factor * S / B`` is linear in ``alpha`` and ``1 / B``, so least squares solves it
-directly.
-
-Why the fastest round: on a shared machine, noise (another process taking the core a rank needs) only
-ever adds time, so the fastest of a few rounds is the best estimate of what the link itself costs, as
-``timeit`` takes the best of its repeats. Predictions made from the fit are therefore a floor: times
-measured later, under whatever else the machine is doing, sit at or above them.
-
-The fit minimises *relative* errors (each equation divided by its measured time): otherwise the largest
-messages, whose times are hundreds of times longer, would decide everything and the latency would be
-left to chance. For the same reason its quality is reported as R squared of the *logarithm* of the times
-(the share of the variation on the log-log plot that the fitted curve explains), per operation and
-overall, with the median relative error beside it.
+``ranks.sweep_on_rank`` times each operation over message sizes; ``drivers.run_calibration`` runs it on
+a pool. Here (pure: numbers in, numbers out) each (operation, size) keeps the slowest rank's time (a
+collective ends for everybody when the last rank is done) in the fastest or the median round, and
+``fit_link`` solves ``t = steps * alpha + factor * S / B`` (``alpha_beta.cost_terms``), linear in
+``alpha`` and ``1 / B``, for relative errors, so small messages weigh as much as large ones. Its quality
+is R squared of log(time), as on the log-log plot, with the median relative error beside it.
+Notebook 02 says why the fastest round is a floor and the median the typical call.
 """
 
 from __future__ import annotations

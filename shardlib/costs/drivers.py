@@ -33,7 +33,7 @@ from .calibration import (
     fit_link,
     median_of_slowest,
 )
-from .phases import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
+from .predict import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 from .ranks import serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
 
 STATISTICS = {"fastest": fastest_of_slowest, "median": median_of_slowest}
@@ -216,7 +216,7 @@ def serving_model(n_layers: int = 4, d_model: int = 512, d_ff: int = 2048) -> Mo
 class ReplicasVsTPRun:
     """Both ways of serving on ``tp`` ranks, ``measured`` (the median step of each way, a step ending
     when the group's slowest rank is done) and ``predicted`` by the cost model from the replicas' measured
-    step and the link's all-reduce time, each a ``phases.ReplicasVsTensorParallel`` (latency per token:
+    step and the link's all-reduce time, each a ``predict.ReplicasVsTensorParallel`` (latency per token:
     the step; tokens per second, in all and per device). ``max_output_gap``: the largest difference
     between the tensor-parallel outputs and rank 0's replica, which served the same requests."""
 

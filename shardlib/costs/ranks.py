@@ -1,18 +1,14 @@
 """Rank functions that show what communication costs, on live ranks.
 
-* ``sweep_on_rank``: all-reduce, all-to-all and a point-to-point ping-pong timed over message sizes (the
-  points ``calibration.fit_link`` fits a latency and a bandwidth to), on the whole pool or on its first
-  ``n_ranks`` ranks (decode- and prefill-sized all-reduces at tp = 2 and 4 from one pool of 4).
-* ``slow_rank_on_rank``: one rank delayed before each of several collectives. Every collective is a
-  synchronisation point: nobody finishes before the slowest rank arrives, so every rank takes the slow
-  rank's time, and the symptom is uniform slowness, not an error.
-* ``serve_both_ways_on_rank``: the same kind of requests served through a stack of the toy's MLP layers,
-  step by step in turn as independent replicas (no communication at all) and as one tensor-parallel copy
-  (``tensor_parallel.blocks``, split over the first ``tp`` ranks), so both ways see the same machine load.
+* ``sweep_on_rank``: all-reduce, all-to-all and a point-to-point ping-pong (``one_call``) timed over
+  message sizes, the points ``calibration.fit_link`` fits a latency and a bandwidth to.
+* ``slow_rank_on_rank``: one rank delayed before each of several collectives (every collective is a
+  synchronisation point: the symptom is uniform slowness, not an error).
+* ``serve_both_ways_on_rank``: the toy's MLP stack serving requests step by step in turn as independent
+  replicas and as one tensor-parallel copy (``tensor_parallel.blocks``), under the same machine load.
 
-A pool larger than the group a function needs (4 ranks, a group of 2) runs it on its first ranks: the
-groups come from ``ctx.device_mesh((world_size / n, n), ("copy", "tp"))``, made once per pool, and the
-other ranks return ``None`` at once.
+A pool larger than the group a function needs runs it on its first ranks (``leading_group``: the groups
+of ``ctx.device_mesh((world_size / n, n), ("copy", "tp"))``); the other ranks return ``None`` at once.
 """
 
 from __future__ import annotations
@@ -48,17 +44,8 @@ def _tp_group(mesh):
     return None if mesh is None else mesh.get_group("tp")
 
 
-def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
-                  ops=SWEEP_OPS, n_ranks: int | None = None) -> dict | None:
-    """``{(op, size_bytes): [seconds per call, one per round]}`` as this rank saw them.
-
-    As nccl-tests does, each round times ``calls`` calls issued back to back and divides: that is how
-    collectives follow one another in a real forward pass. Every round starts after a barrier, and each
-    (op, size) is run once untimed first (buffers allocated, connections warm). The point-to-point
-    ping-pong runs between ranks 0 and 1 (rank 0 sends, rank 1 sends it back; one way is half a round
-    trip); other ranks only join the barriers, and report ``None``. With ``n_ranks`` the sweep runs on
-    the pool's first ``n_ranks`` ranks (``leading_group``) and the others return ``None``.
-    """
+def _sweep_group(ctx, sizes_bytes, ops, n_ranks: int | None):
+    """``(group, member, sizes)`` of a sweep, every argument checked before any call."""
     mesh, member = leading_group(ctx, n_ranks)
     n = ctx.world_size if mesh is None else n_ranks
     if n < 2:
@@ -67,33 +54,45 @@ def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_RO
     for op in ops:
         if op not in SWEEP_OPS:
             raise ValueError(f"the sweep times {', '.join(SWEEP_OPS)}; got {op!r}")
+    return _tp_group(mesh), member, sizes
+
+
+def one_call(ctx, op: str, x: torch.Tensor, group=None) -> None:
+    """One call of ``op`` on ``x``: a collective of ``group``, or a ping-pong between ranks 0 and 1."""
+    if op == "all_reduce":
+        ctx.comm.all_reduce(x, group=group)
+    elif op == "all_to_all":
+        ctx.comm.all_to_all_single(x, group=group)
+    elif ctx.rank == 0:  # point-to-point: rank 0 sends, rank 1 sends the message back
+        ctx.comm.send(x, 1)
+        ctx.comm.recv(x, 1)
+    elif ctx.rank == 1:
+        ctx.comm.recv(x, 0)
+        ctx.comm.send(x, 0)
+
+
+def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
+                  ops=SWEEP_OPS, n_ranks: int | None = None) -> dict | None:
+    """``{(op, size_bytes): [seconds per call, one per round]}`` as this rank saw them.
+
+    As nccl-tests does, a round times ``calls`` calls back to back and divides; every round starts after
+    a barrier, and each (op, size) runs once untimed first. The ping-pong's one way is half its round
+    trip; ranks outside it report ``None`` for it, ranks outside the first ``n_ranks`` return ``None``.
+    """
+    group, member, sizes = _sweep_group(ctx, sizes_bytes, ops, n_ranks)
     if not member:
         return None
-    group = _tp_group(mesh)
-
-    def once(op: str, x) -> None:
-        if op == "all_reduce":
-            ctx.comm.all_reduce(x, group=group)
-        elif op == "all_to_all":
-            ctx.comm.all_to_all_single(x, group=group)
-        elif ctx.rank == 0:
-            ctx.comm.send(x, 1)
-            ctx.comm.recv(x, 1)
-        elif ctx.rank == 1:
-            ctx.comm.recv(x, 0)
-            ctx.comm.send(x, 0)
-
     out: dict = {}
     for size in sizes:
         x = torch.ones(size // 4, device=ctx.device)  # (size / 4,) float32
         for op in ops:
-            once(op, x)  # warm-up
+            one_call(ctx, op, x, group)  # warm-up: buffers allocated, connections made
             per_call = []
             for _ in range(rounds):
-                ctx.comm.barrier(group=group)
+                ctx.comm.barrier(group=group)  # every rank starts the round together
                 start = time.perf_counter()
                 for _ in range(calls):
-                    once(op, x)
+                    one_call(ctx, op, x, group)
                 elapsed = (time.perf_counter() - start) / calls
                 per_call.append(elapsed / 2 if op == "point_to_point" else elapsed)
             out[(op, size)] = None if op == "point_to_point" and ctx.rank > 1 else per_call

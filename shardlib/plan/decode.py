@@ -1,33 +1,17 @@
 """The planner's cost model: steady-state pipelined decode, and a prefill, for one layout.
 
-**Steady-state decode.** A server keeps its pipeline full with independent sequences: a replica's
-``batch`` sequences are cut into ``m`` microbatches that chase each other round the stages, so nothing
-fills or drains between steps (the schedule of Megatron-LM's and vLLM's pipeline-parallel serving).
-One microbatch's token makes a *trip*: every stage in turn, a hop across each stage boundary, and the
-sampled token back to the first stage::
+A replica's batch is cut into ``m`` microbatches that chase each other round the stages (pipelined
+serving, as in Megatron-LM and vLLM), so nothing fills or drains between steps::
 
-    trip  = stage_1 + ... + stage_pp + hops                (a pipeline does not shorten a token's trip)
-    cycle = max(trip, m x slowest stage)                   (the slowest stage serves all m microbatches)
-    latency per token = cycle;   tokens/s = dp x batch / cycle
+    trip  = stage_1 + ... + stage_pp + hops        cycle = max(trip, m x slowest stage)
+    latency per token = cycle;   tokens/s = dp x batch / cycle;   m from pp up to 2 pp
 
-With ``m = pp`` every stage is busy (up to the hops); fewer leaves stages idle, more re-reads each stage's
-weights for smaller microbatches. ``m`` is chosen from ``pp`` up to ``2 pp`` (never more than the batch).
-
-**One stage, one microbatch** of ``b`` sequences, on one GPU (a roofline, Williams et al. 2009)::
-
-    max(bytes read / memory bandwidth, FLOPs / peak)  +  its collectives
-
-* bytes read: the GPU's layer weights (of an MoE layer only the experts the microbatch's tokens reach,
-  ``1 - (1 - k/E)^tokens`` of them for an even router), the output head on the last stage, and the
-  microbatch's KV cache at the workload's context;
-* FLOPs: ``2 x active parameters of the GPU x b`` (attention scores left out);
-* tensor parallelism: ``2 x L/pp`` all-reduces of ``b x d_model`` values (Megatron-LM, Shoeybi et al.
-  2019; 1 per layer when ep > 1, plus 2 all-to-alls of ``b x k x d_model`` on the ep axis);
-* hops: one point-to-point of ``b x d_model`` values per stage boundary, and ``b`` token ids back.
-
-**Prefill** of the batch's prompts is one forward pass, so it does fill and drain (GPipe, Huang et al.
-2019): ``(m + pp - 1)`` slowest-stage times plus the hops. Communication is not overlapped with
-compute anywhere. Pure: no torch.
+One stage on one microbatch is a roofline (Williams et al. 2009), ``max(bytes read / memory bandwidth,
+FLOPs / peak)``, plus its collectives: ``2 x L/pp`` tp all-reduces (Megatron-LM, Shoeybi et al. 2019),
+ep all-to-alls, one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
+experts the tokens reach), the head on the last stage, the KV cache. Prefill fills and drains (GPipe,
+Huang et al. 2019): ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication
+with compute; notebook 05 walks through the model. Pure: no torch.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ class GpuFit:
         if self.room_bytes <= 0:
             return (f"{self.model} on {where}: {gb(self.weights_bytes)} of weights per GPU, more than the {usable}: "
                     "does not fit")
-        return (f"{self.model} on {where}: {gb(self.weights_bytes)} of weights per GPU leave {gb(self.room_bytes)} of the "
+        return (f"{self.model} on {where}: {gb(self.weights_bytes)} of weights per GPU leave "
+                f"{gb(self.room_bytes)} of the "
                 f"{usable}: room for {self.sequences:,} sequence{'s' if self.sequences != 1 else ''} of "
                 f"{self.context_tokens:,} tokens ({gb(self.kv_bytes_per_sequence)} of KV cache each)")
 

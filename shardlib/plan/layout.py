@@ -1,22 +1,16 @@
 """The one mesh: ``Layout(tp, pp, dp, ep)``, how it numbers ranks, and the groups along each axis.
 
-A *layout* splits ``world_size = tp x pp x dp`` devices into ``dp`` replicas (independent copies of the
-model), each a pipeline of ``pp`` stages (whole layers, GPipe-style; Huang et al. 2019), each stage
-split ``tp`` ways inside its layers (Megatron-LM; Shoeybi et al. 2019). Ranks are numbered with ``tp``
-innermost and ``pp`` outermost, as Megatron-LM orders its groups, so a tensor-parallel group is
-``tp`` consecutive ranks (inside one node whenever ``tp`` divides the GPUs per node) and the stages
-sit on successive blocks of ranks (across nodes once a stage fills a node)::
+``world_size = tp x pp x dp``: ``dp`` replicas, each a pipeline of ``pp`` stages (GPipe, Huang et al.
+2019), each stage split ``tp`` ways inside its layers (Megatron-LM, Shoeybi et al. 2019). Ranks are
+numbered tp innermost and pp outermost, as Megatron-LM orders its groups, so a tensor-parallel group is
+``tp`` consecutive ranks (inside one node whenever ``tp`` divides the GPUs per node)::
 
     rank = (stage * dp + replica) * tp + tp_rank      # a (pp, dp, tp) array, tp varying fastest
 
-**Expert parallelism** (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021) is not a
-fourth factor of ``world_size``: ``ep`` counts the ranks *of one pipeline stage* (its ``tp x dp``
-ranks) over which the experts of each MoE layer are spread, ``n_experts / ep`` whole experts per rank,
-so ``ep`` must divide ``tp x dp``.
-
-The planner ranks ``Layout`` s; on ranks, ``RankContext.device_mesh(layout.mesh_shape,
-layout.mesh_axes)`` builds the torch ``DeviceMesh`` of the same numbering, one process group per axis.
-Pure: no torch.
+``ep`` (GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021) is not a fourth factor: it counts the
+ranks of one stage (its ``tp x dp``) the experts of each MoE layer are spread over, so it divides
+``tp x dp``. On ranks, ``RankContext.device_mesh(layout.mesh_shape, layout.mesh_axes)`` builds the torch
+``DeviceMesh`` of the same numbering. Pure: no torch.
 """
 
 from __future__ import annotations

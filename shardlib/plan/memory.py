@@ -1,24 +1,14 @@
 """What a layout needs and whether it may: the workload, memory per GPU, the batch it affords, the rules.
 
-**Memory per GPU** (the heaviest stage; activations and the runtime's own buffers are what the unused
-share of memory, ``1 - memory_utilization``, is kept for)::
-
-    weights = L/pp x [ (q, o) / tp + (k, v) / min(tp, n_kv_heads) + experts / (ep if ep > 1 else tp) ] x b_w
-            + L/pp x (norms + router) x b                  (replicated on every device)
-            + copies x vocab x d_model / tp x b            (copies: 2 untied or 1 tied with pp = 1; 1 with pp > 1)
-    kv      = batch x 2 x L/pp x max(n_kv_heads / tp, 1) x head_dim x b x context_tokens
-
-with ``b`` the model's bytes per value, ``b_w`` the matrices' (smaller when quantised) and ``batch`` the
-sequences in flight per replica. With ``ep = 1`` the experts are sliced ``tp`` ways like a dense MLP.
-
-**The batch** is what serving buys with memory: unless the workload fixes it, a replica takes as many
-sequences as the memory its weights leave free holds (``affordable_batch``), up to ``max_batch`` (vLLM's
-default ``max_num_seqs`` is 256). Splitting a model ``tp`` ways shrinks both its weights and each
-sequence's cache per GPU, so tensor parallelism's freed memory buys batch.
-
-**Shape rules**: whole KV heads and query heads per tp rank, ``d_ff`` and the vocabulary divisible,
-tp groups that do not straddle nodes, equal stages, whole experts per ep rank, and memory. Each
-rejection carries its numbers. Pure: no torch.
+Memory per GPU is the heaviest stage's weights (attention and MLP matrices split ``tp`` ways, KV heads
+at most ``n_kv_heads`` ways, experts ``ep`` ways, norms and router replicated, the embedding and head
+split ``tp`` ways) plus the KV cache of its sequences in flight at the workload's context. A replica's
+batch, unless the workload fixes it, is what the memory its weights leave free holds
+(``affordable_batch``), up to ``max_batch`` (vLLM's default ``max_num_seqs``, 256): splitting ``tp``
+ways shrinks weights and each sequence's cache per GPU, so tensor parallelism's freed memory buys
+batch. Shape rules: whole KV heads and query heads per tp rank, ``d_ff`` and the vocabulary divisible,
+tp groups inside a node, equal stages, whole experts per ep rank, and memory; each rejection carries
+its numbers. KV heads per device and KV bytes are facts of ``shardlib.models``. Pure: no torch.
 """
 
 from __future__ import annotations

@@ -2,19 +2,10 @@
 
 ``plan(model, cluster, workload, objective)`` enumerates every ``Layout`` with ``tp x pp x dp`` = the
 cluster's GPUs (and, for MoE models, every ``ep``), rejects those that break a rule of ``memory`` (with
-the reason), scores the rest with ``decode`` (steady-state pipelined decode: a token's trip through the
-stages, the slowest stage setting throughput; the batch each layout's free memory affords), and ranks
-them:
-
-* ``objective="throughput"``: most decode tokens per second for the cluster, each replica carrying the
-  batch its memory affords (unless the workload fixes one);
-* ``objective="latency"``: the shortest time between two tokens of a sequence, with one sequence per
-  replica unless the workload fixes a batch: what a user waits per token on a server that is not busy.
-
-Every ranked score carries its reasons (what set its batch, where a token's time goes, and, for a
-layout that crosses nodes, how it fares against the same GPUs cut the other way across them); the plan
-adds why its best beat the runner-up. ``forward_traffic`` (in ``traffic``) is the prediction the
-combined run on ranks is checked against. Pure: no torch.
+the reason), scores the rest with ``decode`` and ranks them: ``"throughput"`` (decode tokens per second
+for the cluster, each replica with the batch its memory affords) or ``"latency"`` (time between two
+tokens of one request). Every ranked score carries its reasons (``reasons``); the plan adds why its
+best beat the runner-up. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -91,7 +82,8 @@ def _plan_reasons(objective: str, workload: Workload, ranked: list[Score], clust
             margin = f"{best.tokens_per_s / second.tokens_per_s:.2f}x the tokens of"
         else:
             margin = f"{second.decode_step_s / best.decode_step_s:.2f}x faster than"
-        out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), {_value(best, objective)}, "
+        out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), "
+                   f"{_value(best, objective)}, "
                    f"{margin} the next, {second.layout.label} ({_value(second, objective)})")
     else:
         out.append(f"best for {objective}: {best.layout.label}, the only layout that fits")
@@ -166,6 +158,7 @@ def format_choices(models, clusters, workload: Workload = Workload()) -> str:
                     f"{b.layout.label} ({kind(b.layout, cluster)}), batch {b.batch}, {ms(b.decode_step_s)}/token, "
                     f"{b.tokens_per_s:,.0f} tokens/s" if b else "nothing fits"))
                 lines.append(f"    why: {p.reasons[-1]}")
-                across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS for r in s.reasons if TP_ACROSS in r]
+                across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS
+                          for r in s.reasons if TP_ACROSS in r]
                 lines += [f"    across nodes: {r}" for r in across[:1]]  # the best-ranked such layout's
     return "\n".join(lines)

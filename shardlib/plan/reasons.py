@@ -2,19 +2,10 @@
 how a layout that crosses nodes with its pipeline compares with the one that crosses them with tensor
 parallelism (the same GPUs per copy, cut the other way), which won and by how much.
 
-The two ways across nodes differ in kind. A pipeline's stages run one after another, so a token's trip
-is every stage's time plus the hops; its reward is that only one small message per stage boundary
-crosses the slow link. Tensor parallelism across nodes splits every weight read over all the GPUs at
-once, but pays two all-reduces per layer over the slow link.
-
-Which wins is a matter of numbers, not of principle. In memory-bound decode a pipeline of ``pp`` stages
-reads each stage's weights once per microbatch, so each GPU spends ``pp`` times as long reading weights
-per token as it would with the same GPUs all tensor-parallel (until microbatches are large enough to
-make a stage compute-bound). With a full batch the all-reduces across nodes carry megabytes at the
-network's rate and cost more than those reads: the pipeline wins throughput (by 1.1x to 2.7x in the
-tests). With few sequences (long contexts, big KV caches) or one request alone, each all-reduce
-carries kilobytes and costs mostly its latency: tensor parallelism across InfiniBand can then win, for
-latency and even for throughput. Pure: numbers in, sentences out.
+A pipeline across nodes sends one small message per stage boundary over the slow link but runs its
+stages one after another; tensor parallelism across nodes splits every weight read over all the GPUs
+but pays two all-reduces per layer over the slow link. Which wins is a matter of numbers (notebook 05
+shows both). Pure: numbers in, sentences out.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Latency against throughput: ``n`` replicas of a model, or one copy split ``tp = n`` ways, on ``n`` GPUs.
 
-The two objectives want different things, and both of the usual slogans hold, each for its own:
-
-* **Latency per token** falls with tensor parallelism: each GPU reads ``1/tp`` of the weights and of
-  each sequence's KV cache, and the all-reduces (two per layer, latency-bound at decode's sizes) cost
-  less than the reads they save.
-* **Throughput per GPU** is what replicas win when the model fits: they send nothing, and every GPU
-  reads its weights once per step for its own batch.
-* **Memory buys batch.** A replica's batch is what its free memory holds; a copy split ``tp`` ways
-  frees ``1 - 1/tp`` of each GPU's weight memory for KV cache. When a replica is short of memory
-  (long contexts, large KV caches) that bigger batch amortises each weight read over more tokens and
-  can win back the all-reduces: the numbers say when.
-* Where the model does not fit one GPU, replicas are not an option at all.
-
-Every number comes from the planner's cost model (``decode.score``), on one node of ``n`` GPUs joined
-by ``link``. Pure: no torch.
+Tensor parallelism shortens the time per token (each GPU reads ``1/tp`` of the weights and KV cache, and
+decode's latency-bound all-reduces cost less than the reads they save); replicas win throughput per GPU
+when the model fits (they send nothing); a split copy frees memory that buys batch, which can win back
+the all-reduces when a replica is short of memory (notebook 02 shows when). Every number comes from the
+planner's cost model (``decode.score``), on one node of ``n`` GPUs joined by ``link``. Pure: no torch.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ class AxisTraffic:
     size_bytes: int
 
 
-def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: int, n_microbatches: int) -> list[AxisTraffic]:
+def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: int,
+                    n_microbatches: int) -> list[AxisTraffic]:
     """The collectives of one forward pass of ``batch`` sequences of ``seq_tokens`` per replica, cut
     into ``n_microbatches`` equal microbatches: per rank, ``2 x L/pp`` all-reduces per microbatch on
     the tp axis (1 per layer when ep > 1, plus 2 all-to-alls on the ep axis), and each tp rank of a
@@ -86,11 +87,13 @@ def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: 
     out = []
     if layout.tp > 1:
         per_rank = (1 if layout.ep > 1 else 2) * layers * m
-        out.append(AxisTraffic("tp", "all_reduce", layout.world_size * per_rank, layout.world_size * per_rank * mb_bytes))
+        calls = layout.world_size * per_rank
+        out.append(AxisTraffic("tp", "all_reduce", calls, calls * mb_bytes))
     if layout.ep > 1:
         per_rank = 2 * layers * m
         a2a = mb_bytes * model.experts_per_token
-        out.append(AxisTraffic("ep", "all_to_all_single", layout.world_size * per_rank, layout.world_size * per_rank * a2a))
+        calls = layout.world_size * per_rank
+        out.append(AxisTraffic("ep", "all_to_all_single", calls, calls * a2a))
     if layout.pp > 1:
         n = (layout.pp - 1) * layout.tp * layout.dp * m
         out += [AxisTraffic("pp", "send", n, n * mb_bytes), AxisTraffic("pp", "recv", n, n * mb_bytes)]

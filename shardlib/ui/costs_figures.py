@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..costs.alpha_beta import collective_time_s, crossover_bytes
-from ..costs.phases import PhaseCost
+from ..costs.predict import PhaseCost
 from ..hardware import Link
 from .theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
 
@@ -69,7 +69,8 @@ def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int
         fig.add_trace(go.Scatter(x=[cross], y=[collective_time_s(op, cross, n, link, latency_charge) * 1e6],
                                  mode="markers", marker={"symbol": "diamond", "size": 10, "color": line_colour},
                                  name=f"{link.name}: crossover {cross / 1e6:.2g} MB", showlegend=False,
-                                 hovertemplate=f"{link.name}<br>bandwidth-bound above {cross:,.0f} bytes<extra></extra>"))
+                                 hovertemplate=f"{link.name}<br>bandwidth-bound above {cross:,.0f} bytes"
+                                               "<extra></extra>"))
     for label, size in (marks or {}).items():
         _log_x_marker(fig, size, label)
     fig.update_layout(title=f"{op} on {n} ranks ({latency_charge} latency): diamonds mark the crossover",
@@ -78,7 +79,8 @@ def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int
     return fig
 
 
-def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel communication per forward pass") -> go.Figure:
+def phase_cost_figure(costs: Sequence[PhaseCost],
+                      title: str = "Tensor-parallel communication per forward pass") -> go.Figure:
     """Stacked bars, one per ``PhaseCost``: the latency part and the bandwidth part, in milliseconds."""
     labels = [f"{c.phase}<br>{c.link}<br>tp={c.tp}" for c in costs]
     fig = go.Figure([
@@ -91,14 +93,16 @@ def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel 
     return fig
 
 
-def slow_rank_figure(per_rank: Sequence[Mapping[str, Mapping[str, float]]], slow_rank: int, delay_s: float) -> go.Figure:
+def slow_rank_figure(per_rank: Sequence[Mapping[str, Mapping[str, float]]], slow_rank: int,
+                     delay_s: float) -> go.Figure:
     """Grouped bars: the time each rank spent inside each collective, with the delay as a dashed line."""
     ops = list(per_rank[0])
     fig = go.Figure([go.Bar(name=f"rank {r}" + (" (slow)" if r == slow_rank else ""), x=ops,
                             y=[res[op]["collective_s"] * 1e3 for op in ops],
                             marker_color=colour(r))
                      for r, res in enumerate(per_rank)])
-    fig.add_hline(y=delay_s * 1e3, line_dash="dash", annotation_text=f"delay of rank {slow_rank}: {delay_s * 1e3:.0f} ms")
+    fig.add_hline(y=delay_s * 1e3, line_dash="dash",
+                  annotation_text=f"delay of rank {slow_rank}: {delay_s * 1e3:.0f} ms")
     fig.update_layout(title="Time inside each collective: the fast ranks wait for the slow one",
                       barmode="group", yaxis_title="ms", height=360)
     return fig

@@ -8,7 +8,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..costs.drivers import run_slow_rank
-from ..costs.phases import pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
+from ..costs.predict import pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from ..costs.ranks import MAX_DELAY_S
 from ..hardware import LATENCY_CHARGES, Link
 from ..models import LLAMA_3_8B, ModelConfig

@@ -57,5 +57,5 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
     feedback = Feedback()
     observe_all((model_box, weights, cluster_box, objective, batch, context), update, feedback)
     update()
-    return widgets.VBox([widgets.HBox([model_box, weights, cluster_box]), objective, widgets.HBox([batch, context]), fig,
-                         table, feedback.area])
+    return widgets.VBox([widgets.HBox([model_box, weights, cluster_box]), objective, widgets.HBox([batch, context]),
+                         fig, table, feedback.area])
