@@ -59,7 +59,6 @@ LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy",
         "shardlib.runtime.measure",
-        "shardlib.tensor_parallel.split",
         "shardlib.pipeline.reference",
         "shardlib.experts.routing",
         "shardlib.experts.layer",
@@ -88,7 +87,6 @@ LAYERS = {
         "shardlib.context_parallel.ulysses",
     },
     "driver": {
-        "shardlib.tensor_parallel.sp_drivers",
         "shardlib.combined.across",
         "shardlib.combined.machines",
         "shardlib.launch",
