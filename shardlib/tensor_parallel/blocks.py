@@ -3,8 +3,7 @@
 ``ParallelMLP``: gate and up column-parallel behind one f, down row-parallel. ``ParallelAttention``:
 split by whole heads, Q, K, V column-parallel, the output projection row-parallel. ``ParallelBlock``:
 ``toy.block_reference`` with both, one all-reduce each forward. Each part has ``local(x)``, this rank's
-share from an input already in place (no communication), ``partial(x)``, the same behind f, and
-``forward(x)``, the share summed through g.
+share from an input already in place (no communication), and ``forward(x)``: f, ``local``, then g.
 """
 
 from __future__ import annotations
@@ -32,11 +31,9 @@ class ParallelMLP(nn.Module):
         gate, up = self.gate.local(x), self.up.local(x)  # each (b, s, d_ff / tp)
         return self.down.partial(F.silu(gate) * up)  # (b, s, d_model): this rank's share
 
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        return self.local(CopyToParallelRegion.apply(x, self.tpg))  # f once, for gate and up
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ReduceFromParallelRegion.apply(self.partial(x), self.tpg)  # g: summed over the group
+        x = CopyToParallelRegion.apply(x, self.tpg)  # f, once for gate and up
+        return ReduceFromParallelRegion.apply(self.local(x), self.tpg)  # g: summed over the group
 
 
 class ParallelAttention(nn.Module):
@@ -57,11 +54,9 @@ class ParallelAttention(nn.Module):
         k, v = split_heads(self.k.local(x), self.kv_heads), split_heads(self.v.local(x), self.kv_heads)
         return self.o.partial(causal_gqa(q, k, v))  # local heads only, then this rank's share of o
 
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        return self.local(CopyToParallelRegion.apply(x, self.tpg))  # f once, for Q, K and V
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ReduceFromParallelRegion.apply(self.partial(x), self.tpg)
+        x = CopyToParallelRegion.apply(x, self.tpg)  # f, once for Q, K and V
+        return ReduceFromParallelRegion.apply(self.local(x), self.tpg)  # g
 
 
 class ParallelBlock(nn.Module):
