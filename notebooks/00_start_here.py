@@ -72,9 +72,10 @@ assert (fits[B200.name].sequences, fits[MI300X.name].sequences) == (15, 23), "wi
 
 # %% [markdown]
 # So the honest answer is "yes, but": on a B200 or an MI300X the weights fit with 21 to 32 GB to spare,
-# room for 15 or 23 sequences of 4K tokens; a server answering hundreds of users needs more. On the 80 GB GPUs most clusters are built from, they
-# do not fit at all, and the model must be **split** over several GPUs. Each GPU then holds a share of
-# the weights, and of every sequence's KV cache, so the room grows faster than the GPU count:
+# room for 15 or 23 sequences of 4K tokens; a server answering hundreds of users needs more. On the
+# 80 GB GPUs most clusters are built from, they do not fit at all, and the model must be **split** over
+# several GPUs. Each GPU then holds a share of the weights, and of every sequence's KV cache, so the
+# room grows faster than the GPU count:
 
 # %%
 for tp in (2, 4, 8):
@@ -104,7 +105,8 @@ from shardlib.models import LLAMA_3_70B as llama70
 for bits in (8, 4):
     q = llama70.quantized(bits)
     print(f"{q.name}: {q.matrix_bytes_per_param:.4f} bytes per matrix weight, {q.weight_bytes / 1e9:.1f} GB in all; "
-          f"KV cache per token {q.kv_bytes_per_token() / 1e3:.0f} KB (bf16: {llama70.kv_bytes_per_token() / 1e3:.0f} KB)")
+          f"KV cache per token {q.kv_bytes_per_token() / 1e3:.0f} KB "
+          f"(bf16: {llama70.kv_bytes_per_token() / 1e3:.0f} KB)")
 four_bit_on_h100 = fit_on_gpus(llama70.quantized(4), H100_80GB)
 print(four_bit_on_h100.describe())
 assert llama70.quantized(4).matrix_bytes_per_param == 0.5 + 2 / 128  # 4 bits + a 16-bit scale per 128
@@ -139,11 +141,36 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # is (`ctx.rank`, `ctx.world_size`, `ctx.device`) and gives it recorded collectives (`ctx.comm`) and a
 # timeline (`ctx.timeline`).
 
+# %% [markdown]
+# ## Read the code
+#
+# A rank function is an ordinary Python function whose first argument is `ctx`. The three this notebook
+# runs first are below, shown from the library (`shardlib/intro/ranks.py`), so what you read is what runs.
+#
+# - `whoami_on_rank` only looks around: `ctx.rank` is its number, `ctx.world_size` how many ranks there
+#   are, `ctx.device` where its tensors live, `ctx.backend` how ranks talk (gloo here); the process id
+#   comes from the operating system. No communication at all.
+# - `first_all_reduce_on_rank` builds a tensor on its device whose values depend on its rank, keeps a
+#   copy, and calls `ctx.comm.all_reduce(x)`. Every rank must make that same call; when it returns, `x`
+#   holds the sum over all ranks, on every rank. `ctx.comm` is `torch.distributed`'s collectives with a
+#   recorder around them: each call is logged (operation, bytes, time), which is how the log further
+#   down knows what moved.
+# - `straggler_on_rank` times something. `ctx.comm.barrier()` lines the ranks up; the `with
+#   ctx.timeline.span(...)` block records when this rank's compute began and ended, on a clock every
+#   rank shares; the all-reduce at the bottom cannot finish before the slowest rank arrives, and the
+#   function reads back how long its compute and its all-reduce took.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
+from shardlib.ui.code import show_code
+
+show_code(whoami_on_rank, first_all_reduce_on_rank, straggler_on_rank)
+
 # %%
 import time
 
 from shardlib import RankError, Ranks
-from shardlib.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
 
 started = time.perf_counter()
 ranks = Ranks(2)

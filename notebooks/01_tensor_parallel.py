@@ -69,6 +69,50 @@ from shardlib.ui.tensor_parallel_figures import shard_layout_figure
 shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 
 # %% [markdown]
+# ## Read the code
+#
+# This is the whole mechanism that runs on the ranks later in this notebook, shown from the library
+# itself (`shardlib/tensor_parallel/layers.py` and `blocks.py`), so it cannot differ from what runs.
+# Megatron-LM (Shoeybi et al. 2019, section 3) writes the communication of a pair as two operators, and
+# the code keeps its names:
+#
+# - **f** (`CopyToParallelRegion`) and **g** (`ReduceFromParallelRegion`) are autograd functions: each
+#   says what it does to the tensor in the forward pass and what it does to the gradient in the
+#   backward pass. f does nothing forward, since every rank already holds the whole input; backward, it
+#   all-reduces the gradient, because each rank's column slice gave only a partial gradient of that
+#   input. g is its mirror: forward it sums the partial outputs, backward it passes the gradient through,
+#   since every rank needs the whole output's gradient and already has it.
+# - `ColumnParallelLinear` keeps its slice of the output features (`shard_columns`, from the idea
+#   above). Its `local` is a plain `F.linear` that talks to nobody; `forward` puts f in front of it.
+# - `RowParallelLinear` keeps its slice of the input features (`shard_rows`). Its `partial` is this
+#   rank's share of the sum; `forward` sums the shares through g, then adds the bias once. Added on
+#   every rank before the sum, it would be counted `tp` times.
+# - `ParallelMLP`, Llama's gated MLP, chains them. Gate and up are column-parallel and read the same
+#   input, so `forward` applies f once and calls both `local`s (Megatron-LM fuses them into one matrix;
+#   the communication is the same). `silu` and the product act on this rank's slice alone, down's
+#   `partial` leaves a share over all of `d_model`, and g sums the shares. One all-reduce forward (g),
+#   one backward (f).
+#
+# Each layer takes the full weight and keeps its slice; a real deployment loads only the slice. The
+# group of ranks (`TPGroup`) sends every sum through `ctx.comm`, which records it: the counts and bytes
+# below are read from that log. Attention (`ParallelAttention`, in the same file as the MLP) follows
+# the same pattern: Q, K and V column-parallel by whole heads behind one f, the output projection
+# row-parallel, one g.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.tensor_parallel.blocks import ParallelMLP
+from shardlib.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    CopyToParallelRegion,
+    ReduceFromParallelRegion,
+    RowParallelLinear,
+)
+from shardlib.ui.code import show_code
+
+show_code(CopyToParallelRegion, ReduceFromParallelRegion, ColumnParallelLinear, RowParallelLinear, ParallelMLP)
+
+# %% [markdown]
 # ## Predict
 #
 # For a pair `d_model → d_hidden → d_model` over `n > 1` devices and `T` tokens of 4-byte floats:
@@ -95,7 +139,8 @@ from shardlib.tensor_parallel import CUTS, other_cut_ratios, pair_collectives, p
 tokens, d_model, d_hidden = 2 * 6, 32, 128
 for n in (2, 4):
     for cut in CUTS:
-        buffers, wire = pair_collectives(cut, n, tokens, d_model, d_hidden), pair_wire_collectives(cut, n, tokens, d_model, d_hidden)
+        buffers = pair_collectives(cut, n, tokens, d_model, d_hidden)
+        wire = pair_wire_collectives(cut, n, tokens, d_model, d_hidden)
         print(f"n = {n}, {cut:>16}: {len(buffers)} collective(s), {sum(b for _, b in buffers):>6,} buffer bytes, "
               f"{sum(w for _, w in wire):>6,} wire bytes per rank  {wire}")
 predicted_ratios = other_cut_ratios(d_model, d_hidden)
@@ -183,16 +228,15 @@ for n in (2, 4):
 # %% [markdown]
 # ## A real MLP and a real attention block, forward and backward
 #
-# The Llama MLP is `down(silu(gate(x)) * up(x))`: gate and up are column-parallel (fused into one matrix
-# so the input enters once), the product is elementwise and local, down is row-parallel.
+# The Llama MLP is `down(silu(gate(x)) * up(x))`: gate and up are column-parallel behind one f, the
+# product is elementwise and local, down is row-parallel (the `ParallelMLP` above).
 # Attention is split by **whole heads**: rank `r` holds a block of query heads and the KV heads they
 # read, computes attention for those heads alone, and the output projection is row-parallel over the
 # same heads.
 #
-# The backward pass needs communication too. Megatron-LM names the two operators: **g** sums the
-# partial outputs in the forward pass and passes the gradient straight through; its mirror **f** passes
-# the input straight through in the forward pass and sums the input's partial gradients in the
-# backward pass. Prediction: one all-reduce forward, one backward, for each block.
+# The backward pass needs communication too: **g** sums the partial outputs in the forward pass, and its
+# mirror **f** sums the input's partial gradients in the backward pass (the code above). Prediction: one
+# all-reduce forward, one backward, for each block.
 
 # %%
 from shardlib.models import TOY

@@ -103,12 +103,14 @@ def check_pool(report: Report, world: int, backend: str) -> None:
         total = float(world * (world + 1) // 2)
         sums = ranks.run(first_all_reduce_on_rank)
         report.add(f"{name}: first all-reduce", all(s["after"] == [total] * 4 for s in sums), after=sums[0]["after"])
-        w, x, grad = layer_weights(TOY, seed=0), activations(2, 6, TOY.d_model, seed=1), activations(2, 6, TOY.d_model, seed=2)
+        w = layer_weights(TOY, seed=0)
+        x, grad = activations(2, 6, TOY.d_model, seed=1), activations(2, 6, TOY.d_model, seed=2)
         for part in ("mlp", "attention"):
             if part == "attention" and TOY.n_kv_heads % world:
                 continue
             run = run_tp_block(ranks, part, x, w, TOY, grad)  # on the ranks' devices; the reference on the CPU
-            report.add(f"{name}: TP {part} vs one CPU process", run.output_gap < TOLERANCE and run.grad_x_gap < TOLERANCE,
+            report.add(f"{name}: TP {part} vs one CPU process",
+                       run.output_gap < TOLERANCE and run.grad_x_gap < TOLERANCE,
                        output_gap=f"{run.output_gap:.2e}", grad_gap=f"{run.grad_x_gap:.2e}", tolerance=TOLERANCE)
 
 

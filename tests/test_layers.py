@@ -59,7 +59,6 @@ LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
         "shardlib.toy",
         "shardlib.runtime.measure",
-        "shardlib.tensor_parallel.split",
         "shardlib.pipeline.reference",
         "shardlib.experts.routing",
         "shardlib.experts.layer",
@@ -94,7 +93,6 @@ LAYERS = {
         "shardlib.combined.forward",
     },
     "driver": {
-        "shardlib.tensor_parallel.sp_drivers",
         "shardlib.combined.across",
         "shardlib.combined.machines",
         "shardlib.launch",

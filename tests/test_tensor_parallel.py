@@ -14,7 +14,10 @@ from shardlib import RankError
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig, check_tensor_parallel
 from shardlib.tensor_parallel import (
     CUTS,
+    ColumnParallelLinear,
+    RowParallelLinear,
     TensorParallelPair,
+    TPGroup,
     max_tensor_parallel_shards,
     other_cut_ratios,
     pair_collectives,
@@ -27,7 +30,14 @@ from shardlib.tensor_parallel import (
     simulate_tp_stack,
     tp_attention_on_rank,
 )
-from shardlib.toy import activations, attention_layer_reference, layer_weights, mlp_reference, stack_reference, stack_weights
+from shardlib.toy import (
+    activations,
+    attention_layer_reference,
+    layer_weights,
+    mlp_reference,
+    stack_reference,
+    stack_weights,
+)
 
 ATOL = 1e-5
 # Heads, KV heads, d_ff and vocabulary that divide 2, 3, 4 and 8 ways: for the single-process simulation.
@@ -92,7 +102,8 @@ def test_the_kv_head_wall():
                                          "device whole KV heads"):
         check_tensor_parallel(LLAMA_3_70B, 16)
     with pytest.raises(ValueError, match=r"8 KV heads cannot be split 3 ways.*32 query heads cannot be split 3 ways"
-                                         r".*d_ff = 14336 cannot be split 3 ways.*Usable tp for Llama-3-8B: \[1, 2, 4, 8\]"):
+                                         r".*d_ff = 14336 cannot be split 3 ways"
+                                         r".*Usable tp for Llama-3-8B: \[1, 2, 4, 8\]"):
         check_tensor_parallel(LLAMA_3_8B, 3)
     with pytest.raises(ValueError, match="at least 1"):
         check_tensor_parallel(TOY, 0)
@@ -171,6 +182,30 @@ def test_the_other_cut_needs_a_second_collective_and_more_bytes(pool):
     ratios = other_cut_ratios(64, 256)
     assert other.measured_bytes / right.measured_bytes == ratios["buffer"] == 5.0
     assert other.measured_wire_bytes / right.measured_wire_bytes == ratios["wire"] == 4.5
+
+
+def _layers_pair(ctx, x, w1, b1, w2, b2, grad_output):
+    """The textbook pair from the layers themselves: column-parallel (f inside), GELU, row-parallel (g)."""
+    tpg = TPGroup.world(ctx)
+    first, second = ColumnParallelLinear(w1, b1, tpg), RowParallelLinear(w2, b2, tpg)
+    x = x.clone().requires_grad_()
+    out = second(F.gelu(first(x)))
+    n_forward = len(ctx.comm.records)
+    out.backward(grad_output)
+    return out.detach(), x.grad, n_forward, len(ctx.comm.records) - n_forward
+
+
+def test_the_column_and_row_parallel_layers_make_the_pair_with_one_all_reduce_each_way(pool2):
+    g = torch.Generator().manual_seed(8)
+    w1, b1, w2, b2 = (torch.randn(*shape, generator=g) / shape[-1] ** 0.5
+                      for shape in ((256, 64), (256,), (64, 256), (64,)))
+    x_ref = X.clone().requires_grad_()
+    reference = F.linear(F.gelu(F.linear(x_ref, w1, b1)), w2, b2)
+    reference.backward(GRAD)
+    for out, grad_x, n_forward, n_backward in pool2.run(_layers_pair, X, w1, b1, w2, b2, GRAD):
+        assert torch.allclose(out, reference.detach(), atol=ATOL)  # the row bias added once, after the sum
+        assert torch.allclose(grad_x, x_ref.grad, atol=ATOL)
+        assert (n_forward, n_backward) == (1, 1)  # g forward, f backward
 
 
 def _dtensor_pair(ctx, x, w1, w2):

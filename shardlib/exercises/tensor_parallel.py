@@ -1,6 +1,6 @@
 """Graders for the tensor-parallel exercises: ``shard_rows``, and a column-then-row pair on real ranks.
 
-References: ``tensor_parallel.split.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
+References: ``tensor_parallel.reference.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
 ``tensor_parallel.ranks`` (Shoeybi et al. 2019): ``w1`` cut by columns, ``w2`` by rows, one all-reduce.
 """
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime.ranks import RankError, RankTimeoutError
-from ..tensor_parallel.split import shard_columns, shard_rows
+from ..tensor_parallel.reference import shard_columns, shard_rows
 from ..toy import generator, weight
 from .result import Collector, ExerciseResult, call, check_callable, span
 
@@ -202,7 +202,8 @@ def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
     for pool in pools:
         tp = pool.world_size
         if w["w1"].shape[0] % tp:
-            raise ValueError(f"this exercise's d_hidden = {w['w1'].shape[0]} cannot be split {tp} ways: use 2 or 4 ranks")
+            raise ValueError(f"this exercise's d_hidden = {w['w1'].shape[0]} cannot be split {tp} ways: "
+                             "use 2 or 4 ranks")
         try:
             outs = pool.run(pair_fn, w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
         except RankTimeoutError as err:

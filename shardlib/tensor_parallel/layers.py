@@ -1,20 +1,10 @@
-"""Tensor parallelism on a rank: Megatron-LM's f and g, and the two parallel linear layers.
+"""Tensor parallelism on a rank: Megatron-LM's f and g, and the column- and row-parallel linear layers.
 
-Megatron-LM (Shoeybi et al. 2019, section 3) writes the communication of a column-then-row pair as two
-conjugate operators:
-
-* ``f`` (``CopyToParallelRegion``): identity in the forward pass, all-reduce of the gradient in the
-  backward pass. It sits where the replicated input enters the column-parallel matrix: each rank's
-  slice contributes a partial gradient for the whole input.
-* ``g`` (``ReduceFromParallelRegion``): all-reduce in the forward pass, identity backward. It sits after
-  the row-parallel matrix, summing the partial outputs.
-
-So a pair costs one all-reduce forward and one backward. The ranks a layer is split over are a
-``TPGroup``: the whole job (``TPGroup.world(ctx)``), or one axis of a mesh (``TPGroup.of_mesh``), so
-the same layers serve a notebook's 2-rank pool and the tensor axis of a combined layout. Every
-collective goes through ``ctx.comm``, so counts and bytes are read from the comm log, not asserted by
-hand. Each rank receives the full weights and keeps only its slice; a real deployment loads only the
-slice.
+Shoeybi et al. 2019, "Megatron-LM", section 3: ``f`` (``CopyToParallelRegion``) is the identity forward
+and an all-reduce of the gradient backward; ``g`` (``ReduceFromParallelRegion``) is an all-reduce
+forward and the identity backward. A column-then-row pair costs one all-reduce each way. ``TPGroup``
+names the ranks a layer is split over (the whole job, or one axis of a mesh); every collective goes
+through ``ctx.comm``, which records it. Each layer takes the full weight and keeps its slice.
 """
 
 from __future__ import annotations
@@ -26,15 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import whole_number
-from .split import shard_columns, shard_rows
+from .reference import shard_columns, shard_rows
 
 
 @dataclass(frozen=True)
 class TPGroup:
     """The ``tp`` ranks one layer is split over, and this rank's place among them (``index``: which
     slice it holds). ``group`` is the process group of the sums (``None``: every rank of the job);
-    ``comm`` is ``ctx.comm``, which records them. With no ``comm`` the group is a stand-in for a
-    single-process simulation: layers compute their partials, and summing them is the caller's job."""
+    ``comm`` is ``ctx.comm``, which records them."""
 
     tp: int
     index: int
@@ -63,8 +52,16 @@ class TPGroup:
         if self.tp == 1:
             return tensor
         if self.comm is None:
-            raise RuntimeError("a simulated TPGroup has no ranks to sum over: add the partials yourself")
+            raise RuntimeError("a TPGroup without ctx.comm has no ranks to sum over")
         return self.comm.all_reduce(tensor.contiguous().clone(), group=self.group)
+
+    def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """Every rank's ``tensor`` joined along ``dim``, in group order."""
+        return self.comm.all_gather(tensor.contiguous(), dim=dim, group=self.group)
+
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """The sum over the group, cut along ``dim``: this rank keeps its piece."""
+        return self.comm.reduce_scatter(tensor.contiguous(), dim=dim, group=self.group)
 
 
 class CopyToParallelRegion(torch.autograd.Function):
@@ -73,11 +70,11 @@ class CopyToParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(fctx, x, tpg: TPGroup):
         fctx.tpg = tpg
-        return x.view_as(x)
+        return x.view_as(x)  # (..., in), the same on every rank
 
     @staticmethod
     def backward(fctx, grad):
-        return fctx.tpg.all_reduce(grad), None
+        return fctx.tpg.all_reduce(grad), None  # each rank's slice gave a partial gradient: sum them
 
 
 class ReduceFromParallelRegion(torch.autograd.Function):
@@ -85,7 +82,7 @@ class ReduceFromParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, x, tpg: TPGroup):
-        return tpg.all_reduce(x)
+        return tpg.all_reduce(x)  # (..., out): every rank's partial, summed
 
     @staticmethod
     def backward(fctx, grad):
@@ -93,40 +90,32 @@ class ReduceFromParallelRegion(torch.autograd.Function):
 
 
 class ColumnParallelLinear(nn.Module):
-    """Holds one column slice of a weight: whole input in (through f), a slice of the features out."""
+    """Keeps a column slice of ``weight``: the whole input in (through f), a slice of the features out."""
 
-    def __init__(self, weight_shard: torch.Tensor, bias_shard: torch.Tensor | None, tpg: TPGroup) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tpg: TPGroup) -> None:
         super().__init__()
         self.tpg = tpg
-        self.weight = nn.Parameter(weight_shard.detach().clone())  # (out / tp, in)
-        self.bias = None if bias_shard is None else nn.Parameter(bias_shard.detach().clone())
+        self.weight = nn.Parameter(shard_columns(weight, tpg.tp)[tpg.index].clone())  # (out / tp, in)
+        self.bias = None if bias is None else nn.Parameter(shard_columns(bias, tpg.tp)[tpg.index].clone())
 
-    @classmethod
-    def from_full(cls, weight: torch.Tensor, bias: torch.Tensor | None, tpg: TPGroup) -> "ColumnParallelLinear":
-        bias_shard = None if bias is None else shard_columns(bias, tpg.tp)[tpg.index]
-        return cls(shard_columns(weight, tpg.tp)[tpg.index], bias_shard, tpg)
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # (..., out / tp): no communication
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = CopyToParallelRegion.apply(x, self.tpg)  # (..., in), replicated
-        return F.linear(x, self.weight, self.bias)  # (..., out / tp)
+        return self.local(CopyToParallelRegion.apply(x, self.tpg))
 
 
 class RowParallelLinear(nn.Module):
-    """Holds one row slice of a weight: a slice of the features in, the full output out (through g)."""
+    """Keeps a row slice of ``weight``: a slice of the features in, the whole output out (through g)."""
 
-    def __init__(self, weight_shard: torch.Tensor, bias: torch.Tensor | None, tpg: TPGroup) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tpg: TPGroup) -> None:
         super().__init__()
         self.tpg = tpg
-        self.weight = nn.Parameter(weight_shard.detach().clone())  # (out, in / tp)
+        self.weight = nn.Parameter(shard_rows(weight, tpg.tp)[tpg.index].clone())  # (out, in / tp)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())  # (out,), whole
 
-    @classmethod
-    def from_full(cls, weight: torch.Tensor, bias: torch.Tensor | None, tpg: TPGroup) -> "RowParallelLinear":
-        return cls(shard_rows(weight, tpg.tp)[tpg.index], bias, tpg)
-
     def partial(self, x_shard: torch.Tensor) -> torch.Tensor:
-        """This rank's share of the sum, before g. (..., out)"""
-        return F.linear(x_shard, self.weight)
+        return F.linear(x_shard, self.weight)  # (..., out): this rank's share of the sum
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
         out = ReduceFromParallelRegion.apply(self.partial(x_shard), self.tpg)

@@ -1,8 +1,6 @@
-"""Rank functions of tensor parallelism: the blocks and the two cut orders, over every rank of the pool.
-
-Each takes the full weights, keeps its slices (``TPGroup.world(ctx)``: rank ``r`` of ``world_size``
-holds slice ``r``) and reports what it computed and what it sent, read from ``ctx.comm``.
-"""
+"""Rank functions of tensor and sequence parallelism: the blocks, the two cut orders of a pair, and a
+block with sequence parallelism, each reporting what it computed and what it sent (from ``ctx.comm``)
+and, for sequence parallelism, the activation bytes autograd saved (``runtime.measure.SavedBytes``)."""
 
 from __future__ import annotations
 
@@ -10,9 +8,19 @@ import torch
 import torch.nn.functional as F
 
 from ..models import ModelConfig
-from .blocks import ParallelAttention, ParallelMLP
-from .layers import TPGroup
-from .split import shard_columns, shard_rows
+from ..runtime.measure import SavedBytes
+from .blocks import ParallelAttention, ParallelBlock, ParallelMLP
+from .layers import ColumnParallelLinear, RowParallelLinear, TPGroup
+from .predict import check_sequence_parallel
+from .reference import shard_columns, shard_rows
+from .sequence_parallel import SEQ_DIM, SequenceParallelBlock
+
+
+def _weight_grads(module) -> dict[str, torch.Tensor]:
+    """This rank's slices of the weight gradients, by weight name: rows of the column-parallel matrices
+    (q, k, v, gate, up), columns of the row-parallel ones (o, down)."""
+    return {name.rpartition(".")[2]: m.weight.grad for name, m in module.named_modules()
+            if isinstance(m, (ColumnParallelLinear, RowParallelLinear))}
 
 
 def _forward_backward(ctx, block, x: torch.Tensor, grad_output: torch.Tensor | None) -> dict:
@@ -26,7 +34,7 @@ def _forward_backward(ctx, block, x: torch.Tensor, grad_output: torch.Tensor | N
         out.backward(grad_output.to(ctx.device))
         backward = ctx.comm.records[n_forward:]
         result.update(grad_x=x.grad, backward_collectives=len(backward),
-                      backward_bytes=sum(r.size_bytes for r in backward), weight_grads=block.weight_grads())
+                      backward_bytes=sum(r.size_bytes for r in backward), weight_grads=_weight_grads(block))
     return result
 
 
@@ -43,10 +51,12 @@ def tp_attention_on_rank(ctx, x: torch.Tensor, w: dict, model: ModelConfig,
                          grad_output: torch.Tensor | None = None) -> dict:
     """Causal GQA of ``model``'s heads (``w``: ``q``, ``k``, ``v``, ``o``) split by whole heads over every
     rank (``blocks.ParallelAttention``): one all-reduce forward, one backward."""
-    return _forward_backward(ctx, ParallelAttention(w, model, TPGroup.world(ctx)).to(ctx.device), x, grad_output)
+    block = ParallelAttention(w, model, TPGroup.world(ctx)).to(ctx.device)
+    return _forward_backward(ctx, block, x, grad_output)
 
 
-def pair_column_then_row_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, activation=F.gelu) -> dict:
+def pair_column_then_row_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                                 activation=F.gelu) -> dict:
     """The right cut: ``w1`` by columns, ``w2`` by rows. One all-reduce of the output."""
     tp, r = ctx.world_size, ctx.rank
     hidden = activation(F.linear(x, shard_columns(w1, tp)[r]))  # (b, s, d_ff / tp): no communication
@@ -54,7 +64,8 @@ def pair_column_then_row_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: tor
     return {"output": out, **_bill(ctx)}
 
 
-def pair_row_then_column_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, activation=F.gelu) -> dict:
+def pair_row_then_column_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                                 activation=F.gelu) -> dict:
     """The other cut: ``w1`` by rows, ``w2`` by columns. The first product is partial, and the
     activation is not linear, so the partials must be summed *before* it (an all-reduce of the wide
     intermediate); the second product leaves each rank a slice of the output, gathered at the end."""
@@ -70,3 +81,31 @@ def _bill(ctx) -> dict:
     """This rank's collectives, from its comm log: ``(op, buffer bytes)`` and ``(op, wire bytes)``."""
     records = ctx.comm.records
     return {"collectives": [(c.op, c.size_bytes) for c in records], "wire": [(c.op, c.wire_bytes) for c in records]}
+
+
+def sp_block_on_rank(ctx, x: torch.Tensor, w: dict, model: ModelConfig, grad_output: torch.Tensor | None = None,
+                     sequence_parallel: bool = True) -> dict:
+    """One block of ``model`` (weights ``w``) on this rank, forward and (with ``grad_output``) backward:
+    sequence parallel (``x`` cut by sequence, this rank's shard in and out) or tensor parallel alone
+    (``x`` whole on every rank). ``x`` and ``grad_output`` are the whole ``(b, s, d)`` tensors.
+
+    Returns ``output`` and ``grad_x`` (this rank's shard, or the whole tensor for tensor parallelism),
+    ``weight_grads`` (this rank's slices), ``activation_bytes`` (what autograd saved in the forward),
+    and ``forward`` / ``backward``: ``(op, size_bytes, wire_bytes)`` of each collective."""
+    tp, r = ctx.world_size, ctx.rank
+    check_sequence_parallel(model, x.shape[SEQ_DIM], tp)
+    tpg = TPGroup.world(ctx)
+    block = (SequenceParallelBlock if sequence_parallel else ParallelBlock)(w, model, tpg).to(ctx.device)
+    cut = (lambda t: t.chunk(tp, dim=SEQ_DIM)[r]) if sequence_parallel else (lambda t: t)
+    h = cut(x).to(ctx.device).clone().requires_grad_(grad_output is not None)
+    params = {p.data_ptr() for p in block.parameters()}
+    with SavedBytes(params) as saved:
+        out = block(h)
+    n_forward = len(ctx.comm.records)
+    result = {"output": out.detach(), "activation_bytes": saved.size_bytes, "grad_x": None, "weight_grads": {}}
+    if grad_output is not None:
+        out.backward(cut(grad_output).to(ctx.device))
+        result.update(grad_x=h.grad, weight_grads=_weight_grads(block))
+    records = [(c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records]
+    result.update(forward=records[:n_forward], backward=records[n_forward:])
+    return result

@@ -13,7 +13,8 @@ from .gantt import Bar, gantt_figure
 from .theme import KIND_COLOURS, TEAL
 
 
-def timeline_figure(spans: Sequence[Span], origin_s: float | None = None, title: str = "What each rank did") -> go.Figure:
+def timeline_figure(spans: Sequence[Span], origin_s: float | None = None,
+                    title: str = "What each rank did") -> go.Figure:
     """A Gantt chart: one row per rank, one bar per span, coloured by kind, time in milliseconds.
 
     ``origin_s`` is the time zero (for example ``ranks.last_started_s``); by default the earliest span.

@@ -47,7 +47,7 @@ def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.
     import torch
     from plotly.subplots import make_subplots
 
-    from ..tensor_parallel.split import shard_columns, shard_rows
+    from ..tensor_parallel.reference import shard_columns, shard_rows
 
     cells = torch.arange(out_features * in_features).view(out_features, in_features)  # (out, in): cell ids
     owners = {}
@@ -70,5 +70,6 @@ def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.
         fig.update_xaxes(title_text="dim 1: input feature (in_features)", row=1, col=col)
         fig.update_yaxes(title_text="dim 0: output feature (out_features)", autorange="reversed", row=1, col=col)
     fig.update_layout(height=400, margin={"t": 110},
-                      title=f"One nn.Linear weight W, stored ({out_features} out, {in_features} in), cut {n_shards} ways")
+                      title=f"One nn.Linear weight W, stored ({out_features} out, {in_features} in), "
+                            f"cut {n_shards} ways")
     return fig

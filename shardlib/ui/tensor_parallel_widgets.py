@@ -8,7 +8,7 @@ import ipywidgets as widgets
 
 from ..models import PRESETS, tensor_parallel_problems
 from ..tensor_parallel.drivers import run_pair
-from ..tensor_parallel.split import CUTS, pair_collectives, pair_wire_collectives
+from ..tensor_parallel.predict import CUTS, pair_collectives, pair_wire_collectives
 from ..toy import generator, weight
 from .live import Feedback, observe_all
 from .theme import GREEN, RED
