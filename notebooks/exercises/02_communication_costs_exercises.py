@@ -45,6 +45,7 @@
 # Mind the units: seconds and bytes per second.
 
 # %%
+import numpy as np  # noqa: F401  (yours to use)
 
 
 def fit_alpha_beta(sizes_bytes, times_s):
