@@ -71,7 +71,8 @@ def main() -> int:
         median_s = statistics.median(times)
         verdict = "meets" if median_s <= TARGET_S else "MISSES"
         print("1. live re-run of the forward on 2 warm ranks (from the caller's side)")
-        print(f"   median {median_s * 1e3:.1f} ms, fastest {min(times) * 1e3:.1f} ms, slowest {max(times) * 1e3:.1f} ms "
+        print(f"   median {median_s * 1e3:.1f} ms, fastest {min(times) * 1e3:.1f} ms, "
+              f"slowest {max(times) * 1e3:.1f} ms "
               f"over {TIMED} runs: {verdict} the {TARGET_S} s target; step inside the ranks {run.step_s * 1e3:.1f} ms")
         print(f"   output equals the single-process layer exactly: {exact}\n")
         assert exact, "the layer on ranks differs from the single-process layer"
@@ -100,7 +101,8 @@ def main() -> int:
                 m = run_mitigation(ranks, x, wide_weights, wide.but(skew=skew), mitigation,
                                    capacity_factor=CAPACITY_FACTOR, repeats=KNOB_REPEATS)
                 assert m.exact, f"skew {skew}, {mitigation}: differs from the single-process layer"
-                print(f"   {skew:>4.2f}  {mitigation:<20} {m.expert_max_over_mean:>15.2f} {m.rank_max_over_mean:>13.2f} "
+                print(f"   {skew:>4.2f}  {mitigation:<20} {m.expert_max_over_mean:>15.2f} "
+                      f"{m.rank_max_over_mean:>13.2f} "
                       f"{m.run.dropped_slots:>8} {m.tokens_changed:>8} {max(m.run.expert_s) * 1e3:>18.1f} ms "
                       f"{m.busiest_expert_cpu_s * 1e3:>5.1f} ms {m.run.step_s * 1e3:>6.1f} ms")
         print("\n   max/mean: the busiest expert's (rank's) token-slots over the even share of all requested slots.")

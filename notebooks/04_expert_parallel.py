@@ -72,7 +72,8 @@ print(f"experts: {expert_params / 1e9:.1f} B parameters = {expert_params * mixtr
 weights_per_device = {}
 for ep in (1, 2, 4, 8):  # the planner's memory model: whole experts spread over ep devices, the rest on each
     layout = Layout(tp=1, pp=1, dp=ep, ep=ep)
-    weights_per_device[ep] = memory_per_gpu(mixtral, layout, Workload(batch=1, context_tokens=1, prompt_tokens=1)).weights_bytes
+    one_token = Workload(batch=1, context_tokens=1, prompt_tokens=1)
+    weights_per_device[ep] = memory_per_gpu(mixtral, layout, one_token).weights_bytes
     print(f"  ep = {ep}: {mixtral.n_experts // ep} of {mixtral.n_experts} experts per device, "
           f"{weights_per_device[ep] / 1e9:5.1f} GB of weights per device")
 assert expert_params / mixtral.n_params > 0.95  # almost all of the model is experts
@@ -88,8 +89,10 @@ assert weights_per_device[8] < GPU_MEMORY_BYTES["A100 80GB"] / 4
 # Our layer has `TOY_MOE`'s shape: 8 experts, top-2, `d_model` 64, experts of width 128. The router's
 # rows have equal length, so on random tokens every expert is equally preferred. The **skew** knob adds
 # a bonus to one expert's score, from nothing (skew 0, preferences uniform) to enough that every token
-# ranks that expert first (skew 1, one hot expert). Everything is seeded: the same knob gives the same
-# routing every time.
+# ranks that expert first (skew 1, one hot expert). In between, the bonus is the one that would give the
+# hot expert a router probability `1/n + skew · (1 − 1/n)` for a token with no other preference. The
+# bonus enters the gates too: at a high skew the hot expert also takes most of each token's weight.
+# Everything is seeded: the same knob gives the same routing every time.
 #
 # Three numbers describe a load: **max/mean** (1 is perfectly even, 8 is everything on one of 8), the
 # **coefficient of variation** (spread over mean), and the **auxiliary loss** of Switch Transformer,
@@ -132,6 +135,46 @@ for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
 # even share, while the second choices stay spread over the other seven.
 
 # %% [markdown]
+# ## Read the code
+#
+# Here is the whole forward of the layer on one rank, as every run below executes it, rendered from
+# `shardlib/experts/dispatch.py` (and, second, the helper that runs the experts on the rows received).
+# Every rank calls `expert_parallel_moe` at the same moment, each with its own *home* tokens `x`;
+# `ctx.comm` is the rank's recorded collectives, and `probe` is where timing attaches from outside (it
+# records nothing unless the caller passes a probe that does).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.experts import apply_hosted_experts, expert_parallel_moe
+from shardlib.ui.code import show_code
+
+show_code(expert_parallel_moe, apply_hosted_experts)
+
+# %% [markdown]
+# Reading it top to bottom, the five steps of the idea:
+#
+# - **Route**, the first `probe.span`: `route` scores every expert for each home token and keeps the top-k
+#   with their gates; `assign` applies a capacity cap when the config sets one (none until the
+#   mitigations below); `dispatch_plan` orders the token-slots by destination rank, then by expert
+#   (`plan.order`), and counts the rows for each expert on each rank.
+# - **Dispatch**, two all-to-alls. The first carries only those counts: a rank cannot know how many rows
+#   are coming for each of its experts until the senders' routers have decided, batch by batch. The
+#   second carries the rows: slot `t · k + s` belongs to token `t`, so `x[plan.order // cfg.k]` repeats a
+#   token's row once for each expert it goes to. The splits are uneven: `plan.rows_to_rank` out,
+#   `rows_from` in.
+# - **Experts**: the rows arrive source rank by source rank, each source's rows grouped by expert, so
+#   `apply_hosted_experts` (second listing) gathers one block per source for each expert it holds and runs
+#   that expert's gated MLP on them.
+# - **Combine**: the same all-to-all backwards, splits swapped. The results come back in the order the
+#   rows went out, so `slot_outputs[plan.order] = back` puts each at its slot. No rank gets through this
+#   call before the busiest rank has finished its experts.
+# - **Weighted sum at home**: `combine` adds `gate · expert output` for every served slot to the
+#   residual `x`, slot by slot in the order the single-process `moe_reference` uses.
+#
+# The three `probe.span` blocks are the `route`, `experts` and `weighted sum` bars of the timeline further
+# down; the all-to-alls are recorded by `ctx.comm` itself.
+
+# %% [markdown]
 # ## Predict
 #
 # For `T` tokens, top-`k`, rows of `d_model` float32 values on `w` ranks:
@@ -151,8 +194,8 @@ print(f"rows leaving their rank with uniform routing: {predicted_cross_rank_shar
       f"{predicted_cross_rank_share(4):.0%} on 4")
 for skew in (0.0, 1.0):
     sim = simulate_expert_parallel(x, weights, cfg.but(skew=skew), ExpertPlacement(cfg.n_experts, 2))
-    print(f"skew {skew:.0f}: rows each rank's experts will compute {sim['expert_rows']} "
-          f"(busiest / mean = {max(sim['expert_rows']) / (len(x) * cfg.k / 2):.2f})")
+    print(f"skew {skew:.0f}: rows each rank's experts will compute {sim.expert_rows} "
+          f"(busiest / mean = {max(sim.expert_rows) / (len(x) * cfg.k / 2):.2f})")
 
 # %% [markdown]
 # The single-process simulation above moves the rows with lists instead of collectives, from the same
@@ -162,14 +205,14 @@ for skew in (0.0, 1.0):
 # %% [markdown]
 # ## Run it on real ranks
 #
-# Now each rank is a process holding 4 of the 8 experts and half of the tokens (its home tokens). One
-# forward: route at home; exchange the counts (how many rows for each of your experts); send the rows
-# with an all-to-all of uneven splits; run the experts; send the results back with the splits swapped;
-# weight them by the gates at home.
+# Now each rank is a process holding 4 of the 8 experts and half of the tokens (its home tokens), and
+# runs the forward read above: route at home, the counts, the rows out, the experts, the rows back, the
+# weighted sum at home.
 #
 # Is the answer the single-process layer's? Exactly, not approximately: the weighted sum at home adds
 # a token's slots in the same order as the single process does, and every multiply runs on fixed
-# blocks of rows, so a token's result does not depend on which other tokens shared the call.
+# blocks of 64 rows, so a token's result does not depend on which other tokens shared the call (a
+# matrix multiply's last bits can: the BLAS library picks its kernel by the number of rows and threads).
 
 # %%
 from shardlib import Ranks
@@ -262,7 +305,8 @@ import math
 
 ep_run = run_expert_parallel(ranks, x, weights, cfg)
 ep_per_token = ep_run.wire_bytes_per_token_per_width(cfg.d_model)
-tp_per_token = 2 * sum(b for _, b in pair_wire_collectives(CUTS[0], 2, len(x), cfg.d_model, cfg.d_ff)) / (len(x) * cfg.d_model)
+tp_wire_bytes = sum(b for _, b in pair_wire_collectives(CUTS[0], 2, len(x), cfg.d_model, cfg.d_ff))  # per rank
+tp_per_token = 2 * tp_wire_bytes / (len(x) * cfg.d_model)
 share = ep_run.cross_rank_share
 print(f"2 ranks, wire bytes per token per unit width, summed over ranks:\n"
       f"  expert parallel, top-{cfg.k}: {ep_per_token:.2f} measured = 2 x {cfg.k} x 4 x {share:.3f} (the share of rows "
@@ -357,7 +401,7 @@ print(f"capacity at cf 1.25 for one rank's {len(x) // 2} tokens, top-2, 8 expert
       f"ceil({len(x) // 2} x 2 x 1.25 / 8) = {capacity(len(x) // 2, 2, 1.25, 8)} slots per expert")
 top1 = cfg.but(k=1, skew=0.75)
 measured = run_mitigations(ranks, x, weights, top1, capacity_factor=1.25, repeats=1)
-none, capped, rerouted, copied = measured.values()  # none, capacity, capacity + reroute, replicate hottest
+none, capped, rerouted, copied = measured.runs  # none, capacity, capacity + reroute, replicate hottest
 uncapped = moe_reference(x, weights, top1)
 for m in (none, capped, rerouted, copied):
     print(f"top-1, skew 0.75, {m.label:<18}: busiest expert {m.expert_max_over_mean:.2f}x its even share, "
@@ -398,9 +442,9 @@ extra = [c - n for c, n in zip(copied.run.weight_bytes, none.run.weight_bytes)]
 predicted_extra = [c - n for c, n in zip(predicted_weight_bytes(copied.run.placement, top1),
                                          predicted_weight_bytes(none.run.placement, top1))]
 print(f"expert weights per rank: {none.run.weight_bytes} bytes without the copy, {copied.run.weight_bytes} with it")
-print(f"extra per rank, measured {extra}, predicted {predicted_extra}: one expert, 3 x {top1.d_model} x {top1.d_ff} x 4 "
-      f"= {one_expert:,} bytes, on rank {copied.run.placement.replicas[0][1]} (the copy of expert "
-      f"{copied.run.placement.replicas[0][0]})")
+print(f"extra per rank, measured {extra}, predicted {predicted_extra}: one expert, "
+      f"3 x {top1.d_model} x {top1.d_ff} x 4 = {one_expert:,} bytes, on rank {copied.run.placement.replicas[0][1]} "
+      f"(the copy of expert {copied.run.placement.replicas[0][0]})")
 assert extra == predicted_extra and sorted(extra) == [0, one_expert]
 layer_gb = mixtral.expert_params * mixtral.bytes_per_param / 1e9
 print(f"in Mixtral-8x7B one expert is {layer_gb:.2f} GB per layer; a copy of one hot expert in each of its "
@@ -456,7 +500,7 @@ sweep = [run_mitigations(ranks, x, weights, cfg.but(skew=s), repeats=3) for s in
 print(f"{'skew':>4}  {'mitigation':<20} {'expert max/mean':>15} {'rank max/mean':>13} {'dropped':>8} "
       f"{'busiest CPU':>12} {'step':>9}")
 for s, rows in zip(skews, sweep):
-    for m, row in rows.items():
+    for m, row in zip(rows.labels, rows.runs):
         assert row.exact
         print(f"{s:>4.1f}  {m:<20} {row.expert_max_over_mean:>15.2f} {row.rank_max_over_mean:>13.2f} "
               f"{row.run.dropped_slots:>8} {row.busiest_expert_cpu_s * 1e3:>9.1f} ms {row.run.step_s * 1e3:>6.1f} ms")

@@ -1,22 +1,28 @@
 """Expert parallelism: placement, the dispatch plan, the single-process simulation at 2, 3, 4 and 8
-ranks, and the layer on real ranks (2 and 4) against the single-process reference.
+ranks, and the layer on real ranks (2 and 4) against the single-process reference: the mechanism alone
+(``dispatch.expert_parallel_moe``, measuring nothing) and with the rank function's timing attached.
 
 Tolerance: none. The combine is a gate-weighted sum done at home in the same order as the reference,
-and every multiply runs on fixed blocks of rows (see ``shardlib.experts``), so the layer on ranks must
+and every multiply runs on fixed blocks of rows (see ``routing.blocked_rows``), so the layer on ranks must
 reproduce the reference bit for bit: outputs are compared with ``torch.equal``. Capacity is per group of
 tokens, each rank's tokens being one group, so the reference is run with as many groups as ranks.
 """
+
+import dataclasses
+import inspect
 
 import pytest
 import torch
 
 from shardlib import RankError
 from shardlib.experts import (
+    MITIGATIONS,
     ExpertPlacement,
     MoEConfig,
     assign,
     dispatch_plan,
     ep_forward_on_rank,
+    expert_parallel_moe,
     make_moe_weights,
     make_tokens,
     moe_reference,
@@ -28,7 +34,9 @@ from shardlib.experts import (
     route,
     run_expert_parallel,
     run_mitigation,
+    run_mitigations,
     simulate_expert_parallel,
+    split_groups,
 )
 from shardlib.models import TOY_MOE
 
@@ -47,7 +55,8 @@ def test_experts_are_placed_in_contiguous_blocks():
     assert r.copy_slots[:5] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 6)]
 
 
-@pytest.mark.parametrize("n_experts, world, shown", [(8, 3, "8 / 3 = 2.67"), (8, 16, "8 / 16 = 0.5"), (6, 4, "6 / 4 = 1.5")])
+@pytest.mark.parametrize("n_experts, world, shown",
+                         [(8, 3, "8 / 3 = 2.67"), (8, 16, "8 / 16 = 0.5"), (6, 4, "6 / 4 = 1.5")])
 def test_experts_that_cannot_be_placed_name_the_numbers(n_experts, world, shown):
     with pytest.raises(ValueError, match=f"{n_experts} experts cannot be placed on {world} ranks: expert parallelism "
                                          f"gives each rank the same whole number of experts \\({shown}\\)"):
@@ -105,12 +114,12 @@ def test_the_simulated_split_equals_the_reference_exactly(n_experts, world, k, s
     for policy in (cfg, cfg.but(capacity_factor=1.0), cfg.but(capacity_factor=1.0, reroute=True)):
         ref = moe_reference(X, weights, policy, n_groups=world)
         sim = simulate_expert_parallel(X, weights, policy, placement)
-        assert torch.equal(sim["output"], ref.output)
+        assert torch.equal(sim.output, ref.output)
         served = ref.assignment.counts(n_experts).sum().item()
-        assert sum(map(sum, sim["send_matrix"])) == sum(sim["expert_rows"]) == served  # tokens conserved
+        assert sum(map(sum, sim.send_matrix)) == sum(sim.expert_rows) == served  # tokens conserved
         if world > 1:
             hot = replicate_hottest(placement, ref.counts(n_experts))
-            assert torch.equal(simulate_expert_parallel(X, weights, policy, hot)["output"], ref.output)
+            assert torch.equal(simulate_expert_parallel(X, weights, policy, hot).output, ref.output)
 
 
 def test_predicted_bytes_by_hand():
@@ -130,7 +139,7 @@ def test_the_layer_on_ranks_equals_the_reference_exactly(pool, k, skew):
     ref = moe_reference(X, WEIGHTS, cfg)
     assert torch.equal(run.output, ref.output)
     sim = simulate_expert_parallel(X, WEIGHTS, cfg, ExpertPlacement(8, pool.world_size))
-    assert run.send_matrix == sim["send_matrix"] and run.expert_rows == sim["expert_rows"]
+    assert run.send_matrix == sim.send_matrix and run.expert_rows == sim.expert_rows
     assert torch.equal(run.expert_counts, ref.counts(8))
     # the comm log's bytes: token rows in, the same rows back, nothing dropped, as predicted
     predicted = predicted_all_to_all_bytes(X.shape[0], k, CFG.d_model)
@@ -138,6 +147,32 @@ def test_the_layer_on_ranks_equals_the_reference_exactly(pool, k, skew):
     hosted = 8 // pool.world_size
     assert run.counts_bytes == pool.world_size * pool.world_size * hosted * 8  # int64 counts per expert
     assert run.weight_bytes == [hosted * WEIGHTS.expert_bytes] * pool.world_size
+
+
+def test_the_mechanism_alone_equals_the_reference_and_measures_nothing(pool):
+    """``expert_parallel_moe`` called with its default probe, as a learner would call it in a cell: the
+    same output, three all-to-alls per rank (counts, rows out, rows back), and no compute spans."""
+    def forward(ctx, x, weights, cfg, placement):
+        start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
+        return expert_parallel_moe(ctx, x[start:stop], weights, cfg, placement).output
+
+    cfg = CFG.but(skew=0.5)
+    outputs = pool.run(forward, X, WEIGHTS, cfg, ExpertPlacement(8, pool.world_size))
+    assert torch.equal(torch.cat(outputs), moe_reference(X, WEIGHTS, cfg).output)
+    assert [r.op for r in pool.last_comm] == ["all_to_all_single"] * 3 * pool.world_size
+    assert [s for s in pool.last_spans if s.kind == "compute"] == []
+
+
+def test_the_mechanism_holds_no_measurement_and_the_rank_function_attaches_it(pool2):
+    source = inspect.getsource(inspect.getmodule(expert_parallel_moe))
+    for word in ("import time", "now_s", "perf_counter", "process_time", "sleep", "timeline", "records"):
+        assert word not in source
+    run_expert_parallel(pool2, X, WEIGHTS, CFG, repeats=2)
+    for rank in range(2):
+        names = [s.name for s in pool2.last_spans if s.rank == rank and s.kind == "compute"]
+        assert names == ["route", "experts", "weighted sum"] * 2
+    experts = [s for s in pool2.last_spans if s.name == "experts"]
+    assert sum(s.attrs["rows"] for s in experts) == 2 * X.shape[0] * CFG.k  # every slot, each repeat
 
 
 def test_capacity_rerouting_and_replication_on_ranks_stay_exact(pool):
@@ -178,6 +213,17 @@ def test_replication_lowers_the_busiest_ranks_load(pool2):
     assert capped.run.expert_counts.max().item() == 2 * capped.run.capacity  # full on both ranks
     with pytest.raises(ValueError, match="unknown mitigation 'pray'"):
         run_mitigation(pool2, X, WEIGHTS, cfg, "pray")
+
+
+def test_every_mitigation_in_one_frozen_result_by_label(pool2):
+    x = X[:128]
+    measured = run_mitigations(pool2, x, WEIGHTS, CFG.but(k=1, skew=0.8), capacity_factor=1.0, repeats=1)
+    assert measured.labels == MITIGATIONS and all(m.exact for m in measured.runs)
+    assert measured["capacity"] is measured.runs[1] and measured["capacity"].run.dropped_slots > 0
+    with pytest.raises(KeyError, match="no run labelled 'pray'"):
+        measured["pray"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        measured.runs = ()
 
 
 def test_the_slowest_rank_sets_the_step_time(pool2):

@@ -318,7 +318,8 @@ def test_bad_configs_name_the_numbers(kwargs, words):
 
 
 def test_bad_tokens_and_groups_name_the_numbers():
-    with pytest.raises(ValueError, match="tokens must be a \\(tokens, d_model\\) tensor with d_model = 64, got \\(5, 32\\)"):
+    with pytest.raises(ValueError,
+                       match="tokens must be a \\(tokens, d_model\\) tensor with d_model = 64, got \\(5, 32\\)"):
         route(torch.zeros(5, 32), WEIGHTS.router, CFG)
     with pytest.raises(ValueError, match="got \\(2, 5, 64\\)"):
         moe_reference(torch.zeros(2, 5, 64), WEIGHTS, CFG)

@@ -11,8 +11,8 @@ from collections import Counter
 
 import torch
 
-from ..experts.layer import make_moe_weights, make_tokens
 from ..experts.placement import ExpertPlacement, dispatch_plan
+from ..experts.reference import make_moe_weights, make_tokens
 from ..experts.routing import MoEConfig, route
 from .result import Collector, ExerciseResult, call, check_callable
 
@@ -84,7 +84,8 @@ def grade_top_k_router(router_fn) -> ExerciseResult:
         bad = [t for t in range(n_tokens) if any(abs(chosen[t][e] - wanted[t][e]) > 1e-5 for e in wanted[t])]
         if bad:
             t = bad[0]
-            got.fail(f"{where}: token {t}'s gates are {[round(chosen[t][e], 4) for e in sorted(chosen[t])]} for experts "
+            got.fail(f"{where}: token {t}'s gates are {[round(chosen[t][e], 4) for e in sorted(chosen[t])]} "
+                     f"for experts "
                      f"{sorted(chosen[t])}, expected {[round(wanted[t][e], 4) for e in sorted(wanted[t])]}: "
                      f"{_gate_hint(t, chosen[t], ref)}")
     return got.result("every token's experts and renormalised gates match the reference router")

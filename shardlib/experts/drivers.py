@@ -1,6 +1,6 @@
 """Expert parallelism run on a pool: one forward gathered (``run_expert_parallel``), and the
-load-imbalance knob against each mitigation (``run_moe_policy``, ``run_mitigations``), each run
-compared with the single-process layer under the same policy.
+load-imbalance knob against each mitigation (``run_moe_policy``, ``run_mitigation``, ``run_mitigations``),
+each run compared with the single-process layer under the same policy.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import choice, number_at_least, whole_number
-from .layer import MoEOutput, MoEWeights, moe_reference
-from .placement import ExpertPlacement, check_layer_inputs, replicate_hottest
+from ..checks import number_at_least, whole_number
+from .balance import MITIGATIONS, LoadStats, load_stats, mitigated
+from .placement import ExpertPlacement, replicate_hottest
 from .ranks import ep_forward_on_rank
-from .routing import LoadStats, MoEConfig, load_stats
+from .reference import MoEOutput, MoEWeights, check_layer_inputs, moe_reference, reference_for
+from .routing import MoEConfig
 
 
 @dataclass(frozen=True)
@@ -79,26 +80,7 @@ def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoECon
     )
 
 
-def reference_for(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, world_size: int) -> MoEOutput:
-    """The single-process layer that the layer on ``world_size`` ranks must equal: each rank's tokens
-    form one capacity group."""
-    return moe_reference(x, weights, cfg, n_groups=world_size)
-
-
 # -- the knob against the mitigations -----------------------------------------------------------------------------
-MITIGATIONS = ("none", "capacity", "capacity + reroute", "replicate hottest")
-
-
-def mitigated(cfg: MoEConfig, mitigation: str, capacity_factor: float = 1.25) -> MoEConfig:
-    """``cfg`` with ``mitigation``'s routing policy (replication changes the placement, not the policy)."""
-    choice(mitigation, MITIGATIONS, "mitigation")
-    if mitigation == "capacity":
-        return cfg.but(capacity_factor=capacity_factor, reroute=False)
-    if mitigation == "capacity + reroute":
-        return cfg.but(capacity_factor=capacity_factor, reroute=True)
-    return cfg.but(capacity_factor=None, reroute=False)
-
-
 @dataclass(frozen=True)
 class PolicyRun:
     """One live run of a routing policy (``cfg``, and whether the hottest expert was replicated): the
@@ -144,8 +126,9 @@ def run_moe_policy(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, 
     run = run_expert_parallel(ranks, x, weights, cfg, placement, repeats=repeats)
     change = (run.output - uncapped.output).abs().max(dim=1).values  # (T,) per token
     slots = x.shape[0] * cfg.k
-    return PolicyRun(label, cfg, run, load_stats(run.expert_counts, total=slots), load_stats(run.expert_rows, total=slots),
-                     int((change > 0).sum()), float(change.max()), torch.equal(run.output, same_policy.output))
+    return PolicyRun(label, cfg, run, load_stats(run.expert_counts, total=slots),
+                     load_stats(run.expert_rows, total=slots), int((change > 0).sum()), float(change.max()),
+                     torch.equal(run.output, same_policy.output))
 
 
 def run_mitigation(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigation: str,
@@ -155,9 +138,27 @@ def run_mitigation(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, 
                           mitigation == "replicate hottest", repeats, uncapped, mitigation)
 
 
+@dataclass(frozen=True)
+class Mitigations:
+    """One ``PolicyRun`` per mitigation, in the order run; ``mitigations["capacity"]`` picks one by label."""
+
+    runs: tuple[PolicyRun, ...]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(r.label for r in self.runs)
+
+    def __getitem__(self, label: str) -> PolicyRun:
+        for r in self.runs:
+            if r.label == label:
+                return r
+        raise KeyError(f"no run labelled {label!r}; these were run: {', '.join(self.labels)}")
+
+
 def run_mitigations(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigations=MITIGATIONS,
-                    capacity_factor: float = 1.25, repeats: int = 3) -> dict[str, PolicyRun]:
+                    capacity_factor: float = 1.25, repeats: int = 3) -> Mitigations:
     """``run_mitigation`` for each of ``mitigations``, sharing one uncapped reference."""
     with ranks.same_threads():
         uncapped = moe_reference(x, weights, cfg.but(capacity_factor=None, reroute=False))
-    return {m: run_mitigation(ranks, x, weights, cfg, m, capacity_factor, repeats, uncapped) for m in mitigations}
+    return Mitigations(tuple(run_mitigation(ranks, x, weights, cfg, m, capacity_factor, repeats, uncapped)
+                             for m in mitigations))

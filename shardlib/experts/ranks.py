@@ -1,31 +1,48 @@
-"""Expert parallelism on a rank: tokens dispatched to their experts' ranks and combined, by all-to-all.
+"""Expert parallelism on a rank: ``dispatch.expert_parallel_moe`` with its timing attached.
 
-One forward of the layer, on every rank at once (``ep_forward_on_rank``):
-
-1. **route** its home tokens (``routing.route``) and apply the capacity cap to them (each rank's tokens
-   are one GShard group);
-2. **dispatch**: tell every rank how many token-slots are coming for each of its experts (an
-   all-to-all of counts), then send the token rows themselves (an all-to-all with *uneven* splits,
-   because the router decided how many go where);
-3. **expert FFN**: run each hosted expert on the rows it received;
-4. **combine**: send every result back where it came from (the reverse all-to-all, splits swapped);
-5. **weighted sum at home**: ``x + sum of gate * result`` over the token's served slots.
-
-Step 3 takes as long as the busiest rank's rows, and step 4 cannot finish on any rank before the
-busiest rank has sent its results: one overloaded expert stalls everyone. Every collective goes through
-``ctx.comm``, so counts and bytes are read from the comm log.
+``ep_forward_on_rank`` runs the layer ``repeats`` times after a barrier each, through a probe that
+records each phase on the rank's timeline and times the expert FFNs (wall clock and CPU time, optionally
+padded by a sleep per row), and reads the all-to-alls' bytes and durations from the comm log.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 
 from ..runtime.timeline import now_s
-from .layer import MoEWeights, combine
-from .placement import ExpertPlacement, check_layer_inputs, dispatch_plan, run_hosted_experts
-from .routing import MoEConfig, assign, route, split_groups
+from .balance import split_groups
+from .dispatch import expert_parallel_moe
+from .placement import ExpertPlacement
+from .reference import MoEWeights, check_layer_inputs
+from .routing import MoEConfig
+
+
+class _ExpertTimer:
+    """A probe: every phase a span on ``timeline``; the expert FFNs also timed by the wall clock and by
+    CPU time, then padded by ``extra_s_per_row`` seconds per row received."""
+
+    def __init__(self, timeline, extra_s_per_row: float) -> None:
+        self.timeline = timeline
+        self.extra_s_per_row = extra_s_per_row
+        self.start_s = self.end_s = self.cpu_s = 0.0
+
+    def span(self, name: str, kind: str = "compute", **attrs):
+        if name == "experts":
+            return self._experts(kind, attrs)
+        return self.timeline.span(name, kind, **attrs)
+
+    @contextmanager
+    def _experts(self, kind: str, attrs: dict):
+        with self.timeline.span("experts", kind, **attrs):
+            start_s, cpu_start_s = now_s(), time.process_time()
+            yield
+            self.cpu_s = time.process_time() - cpu_start_s  # work done, whatever else shares the cores
+            if self.extra_s_per_row:
+                time.sleep(attrs["rows"] * self.extra_s_per_row)
+            self.start_s, self.end_s = start_s, now_s()
 
 
 def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, placement: ExpertPlacement,
@@ -42,46 +59,27 @@ def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig
     check_layer_inputs(x, weights, cfg, placement, ctx.world_size)
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     x_home = x[start:stop].to(ctx.device)  # (T_r, d_model)
-    hosted = placement.hosted(ctx.rank)
-    hosted_counts = [len(placement.hosted(r)) for r in range(ctx.world_size)]
+    timer = _ExpertTimer(ctx.timeline, extra_s_per_row)
     result = {"forward_s": [], "expert_s": [], "expert_cpu_s": [], "start_s": [], "end_s": [], "expert_end_s": []}
     for _ in range(repeats):
         ctx.comm.barrier()
         first_record = len(ctx.comm.records)
         t0 = now_s()
-        with ctx.timeline.span("route"):
-            routing = route(x_home, weights.router, cfg)
-            assignment = assign(routing, cfg)
-            plan = dispatch_plan(assignment.experts, assignment.kept, placement)
-        # dispatch: the counts first (so every rank knows what it will receive), then the rows
-        counts_in = ctx.comm.all_to_all_single(plan.counts, hosted_counts, [len(hosted)] * ctx.world_size)
-        counts_in = counts_in.view(ctx.world_size, len(hosted))  # (source rank, hosted expert)
-        rows_from = counts_in.sum(1).tolist()
-        send = x_home[plan.order // cfg.k]  # (rows sent, d_model), grouped by destination rank
-        received = ctx.comm.all_to_all_single(send, plan.rows_to_rank, rows_from)  # (rows received, d_model)
-        with ctx.timeline.span("experts", rows=received.shape[0]):
-            t_expert, cpu_expert = now_s(), time.process_time()
-            expert_out = run_hosted_experts(received, counts_in, hosted, weights)
-            expert_cpu_s = time.process_time() - cpu_expert  # work done, whatever else shares the cores
-            if extra_s_per_row:
-                time.sleep(received.shape[0] * extra_s_per_row)
-            expert_end_s = now_s()
-        back = ctx.comm.all_to_all_single(expert_out, rows_from, plan.rows_to_rank)  # combine: in send order
-        with ctx.timeline.span("weighted sum"):
-            slot_outputs = x_home.new_zeros(x_home.shape[0] * cfg.k, cfg.d_model)  # (T_r * k, d_model)
-            slot_outputs[plan.order] = back
-            out = combine(x_home, routing, assignment, slot_outputs, cfg)
+        forward = expert_parallel_moe(ctx, x_home, weights, cfg, placement, probe=timer)
         t1 = now_s()
-        for key, value in (("forward_s", t1 - t0), ("expert_s", expert_end_s - t_expert), ("start_s", t0),
-                           ("end_s", t1), ("expert_end_s", expert_end_s), ("expert_cpu_s", expert_cpu_s)):
+        for key, value in (("forward_s", t1 - t0), ("expert_s", timer.end_s - timer.start_s), ("start_s", t0),
+                           ("end_s", t1), ("expert_end_s", timer.end_s), ("expert_cpu_s", timer.cpu_s)):
             result[key].append(value)
     counts_rec, tokens_rec, back_rec = [r for r in ctx.comm.records[first_record:] if r.op == "all_to_all_single"]
+    assignment, hosted = forward.assignment, placement.hosted(ctx.rank)
     result.update(
-        output=out, rows_to_rank=plan.rows_to_rank, rows_from_rank=rows_from, expert_rows=int(received.shape[0]),
-        expert_counts=assignment.counts(cfg.n_experts), dropped_slots=assignment.dropped_slots,
-        dropped_tokens=assignment.dropped_tokens, rerouted_slots=assignment.rerouted_slots,
-        capacity=assignment.capacity, counts_bytes=counts_rec.size_bytes, dispatch_bytes=tokens_rec.size_bytes,
-        combine_bytes=back_rec.size_bytes, rows_wire_bytes=tokens_rec.wire_bytes + back_rec.wire_bytes, dispatch_s=tokens_rec.duration_s, combine_s=back_rec.duration_s,
+        output=forward.output, rows_to_rank=forward.rows_to_rank, rows_from_rank=forward.rows_from_rank,
+        expert_rows=sum(forward.rows_from_rank), expert_counts=assignment.counts(cfg.n_experts),
+        dropped_slots=assignment.dropped_slots, dropped_tokens=assignment.dropped_tokens,
+        rerouted_slots=assignment.rerouted_slots, capacity=assignment.capacity,
+        counts_bytes=counts_rec.size_bytes, dispatch_bytes=tokens_rec.size_bytes, combine_bytes=back_rec.size_bytes,
+        rows_wire_bytes=tokens_rec.wire_bytes + back_rec.wire_bytes, dispatch_s=tokens_rec.duration_s,
+        combine_s=back_rec.duration_s,
         weight_bytes=sum(w[e].numel() * w.element_size() for e in hosted  # the expert weights this rank ran:
                          for w in (weights.gate, weights.up, weights.down)),  # what it must hold (it was sent all)
     )

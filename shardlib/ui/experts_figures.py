@@ -87,7 +87,8 @@ def walkthrough_figure(home_rank: Sequence[int], experts: Sequence[Sequence[int]
         colour = "rgba(228,87,86,0.7)" if crossing else "rgba(120,120,120,0.45)"
         return go.Scatter(x=xs or [None], y=ys or [None], mode="lines", hoverinfo="skip",
                           name="crosses to another rank" if crossing else "stays on its rank",
-                          line={"color": colour, "width": 1.5 if crossing else 1, "dash": "dot" if stage == 0 else "solid"})
+                          line={"color": colour, "width": 1.5 if crossing else 1,
+                                "dash": "dot" if stage == 0 else "solid"})
 
     def expert_boxes(stage: int) -> go.Scatter:
         size = [22 + (26 * load[e] / max(max(load), 1) if stage >= 2 else 0) for e in range(n_experts)]
@@ -96,9 +97,11 @@ def walkthrough_figure(home_rank: Sequence[int], experts: Sequence[Sequence[int]
         return go.Scatter(x=[x_expert] * n_experts, y=expert_y, mode="markers+text",
                           text=[f"E{e}" + (f" ({load[e]})" if stage >= 2 else "") for e in range(n_experts)],
                           textposition="middle right",
-                          marker={"symbol": "square", "size": size, "color": [colour(owner[e]) for e in range(n_experts)],
+                          marker={"symbol": "square", "size": size,
+                                  "color": [colour(owner[e]) for e in range(n_experts)],
                                   "opacity": 0.55, "line": {"width": line, "color": "#222"}},
-                          hoverinfo="text", hovertext=[f"expert {e} on rank {owner[e]}: {load[e]} rows" for e in range(n_experts)],
+                          hoverinfo="text",
+                          hovertext=[f"expert {e} on rank {owner[e]}: {load[e]} rows" for e in range(n_experts)],
                           name="experts")
 
     def bar_y(r: int) -> float:
@@ -158,7 +161,8 @@ def walkthrough_figure(home_rank: Sequence[int], experts: Sequence[Sequence[int]
     return fig
 
 
-def send_matrix_figure(send_matrix: Sequence[Sequence[int]], title: str = "All-to-all dispatch: token rows from rank i to rank j") -> go.Figure:
+def send_matrix_figure(send_matrix: Sequence[Sequence[int]],
+                       title: str = "All-to-all dispatch: token rows from rank i to rank j") -> go.Figure:
     """A heatmap of rows sent from each rank (row) to each rank (column), the count in each cell."""
     n = len(send_matrix)
     if n == 0 or any(len(row) != n for row in send_matrix):
@@ -194,7 +198,8 @@ def expert_load_figure(counts: Sequence[int], owner: Sequence[int], capacity_tot
 
 
 def rank_time_figure(expert_s: Sequence[float], forward_s: Sequence[float], step_s: float,
-                     expert_cpu_s: Sequence[float] | None = None, title: str = "Measured time on each rank") -> go.Figure:
+                     expert_cpu_s: Sequence[float] | None = None,
+                     title: str = "Measured time on each rank") -> go.Figure:
     """Per rank: the wall-clock time its experts computed (and, if given, their CPU time), and its whole
     forward; a dashed line at the step time (first rank's start to last rank's end)."""
     if len(expert_s) != len(forward_s) or (expert_cpu_s is not None and len(expert_cpu_s) != len(expert_s)):
@@ -218,7 +223,8 @@ def rank_time_figure(expert_s: Sequence[float], forward_s: Sequence[float], step
     return fig
 
 
-def mitigation_sweep_figure(skews: Sequence[float], series: dict[str, Sequence[float]], y_title: str, title: str) -> go.Figure:
+def mitigation_sweep_figure(skews: Sequence[float], series: dict[str, Sequence[float]], y_title: str,
+                            title: str) -> go.Figure:
     """One line per series (for example per mitigation) against the skew knob."""
     fig = go.Figure()
     for i, (name, ys) in enumerate(series.items()):

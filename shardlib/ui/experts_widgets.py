@@ -13,10 +13,12 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 
+from ..experts.balance import aux_load_balancing_loss
 from ..experts.drivers import run_moe_policy
-from ..experts.layer import MoEWeights
-from ..experts.placement import ExpertPlacement, predicted_all_to_all_bytes
-from ..experts.routing import MoEConfig, aux_load_balancing_loss, route
+from ..experts.placement import ExpertPlacement
+from ..experts.predict import predicted_all_to_all_bytes
+from ..experts.reference import MoEWeights
+from ..experts.routing import MoEConfig, route
 from .experts_figures import expert_load_figure, rank_time_figure, send_matrix_figure
 from .live import Feedback, observe_all
 
@@ -78,11 +80,12 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
         _refresh(time_fig, rank_time_figure(run.expert_s, run.forward_s, run.step_s, run.expert_cpu_s))
         replica = (f"expert {placement.replicas[0][0]} copied to rank {placement.replicas[0][1]} "
                    f"(+{weights.expert_bytes / 1024:.0f} KiB of weights there)" if placement.replicas else "none")
+        cap = run.capacity if run.capacity is not None else "none"
         summary.value = (
             f"<b>{x.shape[0]} tokens, top-{now.k}, skew {now.skew:.2f}</b> on {ranks.world_size} live ranks<br>"
             f"per expert: {per_expert}; aux loss {aux_load_balancing_loss(route(x, weights.router, now)):.2f} "
             f"(1 is balanced)<br>per rank (rows computed): max/mean {per_rank.max_over_mean:.2f}, CV {per_rank.cv:.2f}"
-            f"<br>replica: {replica}<br>capacity per expert per rank: {run.capacity if run.capacity is not None else 'none'}; "
+            f"<br>replica: {replica}<br>capacity per expert per rank: {cap}; "
             f"dropped slots {run.dropped_slots}, tokens passed through untouched {run.dropped_tokens}, "
             f"rerouted slots {run.rerouted_slots}; outputs changed by the cap: {policy.tokens_changed} tokens<br>"
             f"dispatch bytes measured {run.dispatch_bytes:,}, predicted with nothing dropped {predicted:,} "
@@ -94,6 +97,7 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
     feedback = Feedback()
     observe_all((skew, k, capped, factor, reroute, replicate), show, feedback)
     show()
-    controls = widgets.HBox([widgets.VBox([skew, k]), widgets.VBox([capped, factor]), widgets.VBox([reroute, replicate])])
+    controls = widgets.HBox([widgets.VBox([skew, k]), widgets.VBox([capped, factor]),
+                             widgets.VBox([reroute, replicate])])
     figures = widgets.HBox([matrix_fig, load_fig])
     return widgets.VBox([controls, summary, figures, time_fig, feedback.area])
