@@ -2,12 +2,15 @@
 
 * ``ranks``: ``Ranks``, the warm pool of rank processes a notebook starts once and calls many times.
 * ``errors``: ``RankError``, ``RankTimeoutError`` and ``PoolClosedError``, for a rank that fails or hangs.
+* ``launcher``: how a rank starts (forked from the ``template``, or spawned) and how many a machine allows.
+* ``template``: the process that imports torch once and forks ranks from it on demand.
 * ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
 * ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
   through ``RankContext.from_env``), and the choice of backend.
 * ``devices``: where ranks compute and how they talk, given the GPUs (``place_ranks``, ``Placement``). Pure.
 * ``comm``: recorded collectives, ``ctx.comm``: blocking or asynchronous (``Pending``), every call
-  logged. ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
+  logged; GPU tensors on a gloo path go through host memory (``staging``), calls across an emulated slow
+  link are held to its time (``holding``). ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
 * ``timeline``: ``Span`` s on one clock across ranks, ``ctx.timeline``. Pure.
 * ``measure``: the one measurement module: bytes a rank keeps, the peak of short-lived buffers, the
   bytes autograd saves for the backward, and ``TOLERANCE``, the gap allowed where a cross-rank sum happens.

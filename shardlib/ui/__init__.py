@@ -1,11 +1,13 @@
-"""What a learner sees: figures, widgets, check-yourself questions, static export, one theme.
+"""What a learner sees: figures, widgets, check-yourself questions, the code to read, static export.
 
-* ``theme``: the palette every figure draws with. ``gantt``: the one Gantt builder. ``live``: the error
-  line every widget shows its callbacks' failures in, instead of the log console.
-* ``<package>_figures``: plotly figures of that package, data in, figure out (no widgets, no processes);
-  ``runtime_figures`` draws what any pool did (timelines, bytes moved, measured points).
-* ``<package>_widgets``: that package's sliders and knobs, wired to its drivers and figures.
-* ``code``: a mechanism's source shown in a notebook's "Read the code" section, with path and line numbers.
+* ``theme``: the one palette. ``gantt``: the one Gantt builder. ``live``: callback errors shown under the
+  controls, not in the log console; a ``SelectionSlider`` safe at both ends. ``code``: ``show_code``.
+* ``runtime_figures``: what any pool did (timelines, bytes moved, measured points).
+* Per package, figures (data in, figure out) and widgets (controls wired to drivers and figures):
+  ``intro_figures``, ``intro_widgets``; ``tensor_parallel_figures``, ``tensor_parallel_widgets``;
+  ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
+  ``experts_widgets``; ``plan_figures``, ``plan_widgets``; ``data_parallel_figures``,
+  ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``.
 * ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.
 
 The UI sits on top: it may import anything below it, and nothing below imports it.
