@@ -13,7 +13,7 @@ from ..costs.ranks import MAX_DELAY_S
 from ..hardware import LATENCY_CHARGES, Link
 from ..models import LLAMA_3_8B, ModelConfig
 from .costs_figures import phase_cost_figure, slow_rank_figure
-from .live import Feedback, observe_all
+from .live import Feedback, SelectionSlider, observe_all
 
 PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens
 BATCH_CHOICES = tuple(2 ** k for k in range(0, 9))  # 1 .. 256 sequences
@@ -34,10 +34,10 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
     by_name = {link.name: link for link in links}
     usable = [n for n in model.usable_tp if n > 1] or [1]
     link_box = widgets.Dropdown(options=list(by_name), description="link")
-    degree = widgets.SelectionSlider(options=usable, value=_nearest(tp, tuple(usable)), description="tp")
-    prompt = widgets.SelectionSlider(options=PROMPT_CHOICES, value=_nearest(prompt_tokens, PROMPT_CHOICES),
+    degree = SelectionSlider(options=usable, value=_nearest(tp, tuple(usable)), description="tp")
+    prompt = SelectionSlider(options=PROMPT_CHOICES, value=_nearest(prompt_tokens, PROMPT_CHOICES),
                                      description="prompt")
-    batch_box = widgets.SelectionSlider(options=BATCH_CHOICES, value=_nearest(batch, BATCH_CHOICES),
+    batch_box = SelectionSlider(options=BATCH_CHOICES, value=_nearest(batch, BATCH_CHOICES),
                                         description="batch")
     charge = widgets.ToggleButtons(options=list(LATENCY_CHARGES), value="per_call", description="latency")
     text = widgets.HTML()

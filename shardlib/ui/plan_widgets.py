@@ -13,7 +13,7 @@ from ..hardware import CLUSTERS
 from ..models import PRESETS
 from ..plan.memory import Workload
 from ..plan.planner import OBJECTIVES, format_plan, plan
-from .live import Feedback, observe_all
+from .live import Feedback, SelectionSlider, observe_all
 from .plan_figures import plan_figure
 
 BATCHES = (("from memory", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), ("64", 64),
@@ -32,9 +32,9 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
     cluster_box = widgets.Dropdown(options=list(CLUSTERS), value=cluster if cluster in CLUSTERS else list(CLUSTERS)[0],
                                    description="cluster", style={"description_width": "initial"})
     objective = widgets.ToggleButtons(options=list(OBJECTIVES), value=OBJECTIVES[0], description="rank by")
-    batch = widgets.SelectionSlider(options=BATCHES, value=0, description="batch per replica",
+    batch = SelectionSlider(options=BATCHES, value=0, description="batch per replica",
                                     continuous_update=False, style={"description_width": "initial"})
-    context = widgets.SelectionSlider(options=CONTEXTS, value=4096, description="context tokens",
+    context = SelectionSlider(options=CONTEXTS, value=4096, description="context tokens",
                                       continuous_update=False, style={"description_width": "initial"})
     table = widgets.HTML()
     fig = go.FigureWidget()
