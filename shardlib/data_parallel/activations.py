@@ -1,21 +1,11 @@
-"""Training memory beyond the weights: the activations each layer keeps for its backward, measured, and
-what recomputation (activation checkpointing) trades for them.
-
-During a training step every operation keeps some tensors for its backward: its inputs, mostly. For a
-layer of the toy (``reference.ResidualMLP``, ``x + down(gelu(up(x)))``) on ``rows`` rows that is::
-
-    x (rows, d_model)  +  up(x) (rows, d_hidden)  +  gelu(up(x)) (rows, d_hidden)     times 4 bytes (fp32)
-
-so activations grow with the batch and, in a transformer, with the sequence, while the weights do not.
-**Recomputation** (Chen et al. 2016; ``torch.utils.checkpoint``) keeps only each layer's input and runs
-the layer's forward again during the backward to rebuild the rest: memory drops to ``rows x d_model``
-per layer, and each layer's forward runs twice per step.
+"""Activations measured on one process: the bytes each layer keeps for its backward, with and without
+recomputation (Chen et al. 2016; ``torch.utils.checkpoint``).
 
 ``measure_activations`` counts, per unit (``reference.parameter_units``), the bytes autograd saves
-through a ``saved_tensors_hooks`` pair (weights are not activations: tensors in a parameter's storage
-are left out; a tensor saved twice counts once), and how many unit forwards one step ran. A
-checkpointed unit saves nothing through the hooks (the checkpoint installs its own), and keeps a
-reference to its input instead: that input is counted for it. Torch, one process, no ranks.
+through a ``saved_tensors_hooks`` pair (tensors in a parameter's storage are weights, left out; a tensor
+saved twice counts once), and how many unit forwards one step ran. A checkpointed unit saves nothing
+through the hooks and keeps its input instead: that input is counted for it. The formula it is set
+beside is ``predict.mlp_activation_bytes``. Torch, one process, no ranks.
 """
 
 from __future__ import annotations
@@ -121,8 +111,3 @@ def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chec
     times = [step() for _ in range(repeats)]
     return ActivationMeasurement(checkpoint, x.shape[0], tuple(names), saved, forwards, statistics.median(times),
                                  sum(saved))
-
-
-def mlp_activation_bytes(rows: int, d_model: int, d_hidden: int, element_bytes: int = 4, checkpoint: bool = False) -> int:
-    """What one ``ResidualMLP`` layer keeps for its backward (the module docstring's formula)."""
-    return rows * (d_model if checkpoint else d_model + 2 * d_hidden) * element_bytes
