@@ -17,11 +17,17 @@ from shardlib import RankError
 from shardlib.data_parallel import (
     STRATEGIES,
     TOLERANCE,
+    BucketedReplica,
+    ShardedUnits,
+    StrategyRuns,
     gathered_peak_bytes,
+    global_mse,
+    local_rows,
     parameter_units,
     run_collective_identity,
     run_data_parallel,
     run_peer,
+    run_strategies,
     toy_batches,
     toy_model,
     train_on_rank,
@@ -107,12 +113,42 @@ def test_bytes_per_step_are_what_the_layout_predicts(pool, uneven, strategy):
 
 def test_all_reduce_costs_what_reduce_scatter_plus_all_gather_cost(pool, even):
     model, batches = even  # no padding: the identity holds to the byte
-    wire = {s: run_data_parallel(pool, s, model, batches, LR).wire_bytes_per_step() for s in STRATEGIES}
+    runs = run_strategies(pool, model, batches, LR)
+    assert isinstance(runs, StrategyRuns) and list(runs.runs) == list(STRATEGIES)
+    wire = {s: run.wire_bytes_per_step() for s, run in runs.items()}
     assert wire["ddp"] == wire["zero1"] == wire["zero2"]
     assert wire["zero3"] * 2 == wire["ddp"] * 3  # ZeRO-3: 1.5 x
     identity = run_collective_identity(pool, 4096 * pool.world_size, repeats=2)
     assert identity.max_gap <= 1e-5
     assert identity.wire_bytes["all_reduce"] == identity.split_wire_bytes
+
+
+# -- the mechanisms without measurement ---------------------------------------------------------------------
+def _train_without_a_probe(ctx, strategy, model, batches):
+    """The training loop of ``train_on_rank`` with the mechanism alone: nothing attached to it."""
+    if strategy == "zero3":
+        engine = ShardedUnits(ctx, model, prefetch=True, overlap=True)
+    else:
+        engine = BucketedReplica(ctx, model, strategy, 2048, overlap=True)
+    optimizer = torch.optim.AdamW(engine.owned, lr=LR)
+    for x, y in batches:
+        mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)
+        engine.start_step()
+        with engine.forward_context():
+            loss = global_mse(model(x[mine]), y[mine], y.numel())
+        loss.backward()
+        engine.finish_backward()
+        optimizer.step()
+        engine.after_step()
+    return engine.full_state()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_mechanisms_train_the_same_without_a_probe(pool2, even, strategy):
+    model, batches = even
+    measured = run_data_parallel(pool2, strategy, model, batches, LR, bucket_bytes=2048).state_dict
+    for alone in pool2.run(_train_without_a_probe, strategy, model, batches):
+        assert all(torch.equal(alone[k], measured[k]) for k in measured)
 
 
 # -- overlap and prefetch, read from the comm log -------------------------------------------------------

@@ -1,7 +1,7 @@
 """DDP, ZeRO-1 and ZeRO-2 on one rank: all the weights in flat buckets, gradients reduced bucket by bucket.
 
 Li et al. 2020 (PyTorch DDP: gradient buckets, all-reduce overlapped with the backward) and Rajbhandari
-et al. 2020 (ZeRO, section 5.1: P_os and P_os+g). The model's parameters become views of flat buckets
+et al. 2020 (ZeRO, sections 5.1-5.2: P_os and P_os+g). The model's parameters become views of flat buckets
 (``flat.plan_buckets``); as the backward finishes a bucket's last gradient, the bucket is sent::
 
     DDP      all-reduce the bucket's gradient          every rank gets the sum      (padded_numel,)

@@ -10,9 +10,9 @@ its shard of each, ``(padded_numel / N,)``. Per step and per unit::
     after its backward    reduce-scatter the gradient         my shard's sum, (padded_numel / N,)
                           and free the weights again
 
-With ``prefetch`` the next unit's gather (forward: the one after; backward: the one before) is issued
-asynchronously as soon as the current unit has its weights. ``probe`` (``runtime.measure.Probe``) is told
-each gather and each free; by default it does nothing.
+``prefetch``: the next unit's gather (forward: the one after; backward: the one before) is issued
+asynchronously once the current unit has its weights; ``overlap``: the reduce-scatters are asynchronous,
+waited for before the step. ``probe`` (``runtime.measure.Probe``) is told each gather and each free.
 """
 
 from __future__ import annotations
