@@ -70,9 +70,10 @@
 #   the gradient buffer itself is only the shard's size.
 # - `_ready` is the hook PyTorch calls the moment a parameter's gradient is finished. It copies the
 #   gradient into the bucket and drops it; when every gradient of the next bucket is in, the bucket is
-#   launched *asynchronously* while the backward carries on with earlier layers (the overlap). Buckets
-#   go in the same order on every rank, which is what keeps the collectives matched.
-# - `_launch` is the only line that differs between the three: DDP **all-reduces** the bucket (every
+#   launched *asynchronously* while the backward carries on with earlier layers (the overlap; ZeRO-1,
+#   which keeps the full gradient anyway, sends after the backward). Buckets go in the same order on
+#   every rank, which is what keeps the collectives matched.
+# - `_launch` is where the three part ways: DDP **all-reduces** the bucket (every
 #   rank gets the full sum), ZeRO **reduce-scatters** it (rank `r` gets the sum of its shard only).
 #   ZeRO-2 sends a staged copy and keeps just its shard's result; ZeRO-1 still has the full gradient.
 # - Then the training loop calls `optimizer.step()` on what the rank owns, and `after_step`
