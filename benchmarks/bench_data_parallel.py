@@ -44,11 +44,11 @@ def main() -> int:
         STRATEGY_TITLES,
         TOLERANCE,
         run_collective_identity,
+        run_data_parallel,
         run_overlap,
         run_peer,
         toy_batches,
         toy_model,
-        train_data_parallel,
         train_reference,
     )
     from shardlib.runtime.records import format_seconds
@@ -61,12 +61,12 @@ def main() -> int:
     wall = time.perf_counter()
     reference = train_reference(model, batches, LR).state_dict
     with Ranks(2) as ranks:
-        train_data_parallel(ranks, "ddp", model, batches[:2], LR)  # warm-up: imports and first messages
+        run_data_parallel(ranks, "ddp", model, batches[:2], LR)  # warm-up: imports and first messages
 
         print("1. one training step per strategy on 2 ranks (overlap on; buckets of 1 MiB)")
         runs = {}
         for s in STRATEGIES:
-            tries = [train_data_parallel(ranks, s, model, batches, LR, bucket_bytes=BUCKET_BYTES) for _ in range(REPEATS)]
+            tries = [run_data_parallel(ranks, s, model, batches, LR, bucket_bytes=BUCKET_BYTES) for _ in range(REPEATS)]
             runs[s] = sorted(tries, key=lambda r: r.step_s())[(REPEATS - 1) // 2]
             steps = [r.step_s() for r in tries]
             row(f"{STRATEGY_TITLES[s]}: step (spread over runs)", format_seconds(runs[s].step_s()),
@@ -82,7 +82,8 @@ def main() -> int:
             same = all(mem[k] == want[k] for k in ("params", "grads", "optimizer"))
             row(f"{STRATEGY_TITLES[s]}: params / grads / optimizer (MB)",
                 " / ".join(f"{mem[k] / 1e6:.1f}" for k in ("params", "grads", "optimizer")),
-                f"{'= predicted' if same else 'DIFFERS from predicted'}; transient peak {mem['transient_peak'] / 1e6:.1f} MB")
+                f"{'= predicted' if same else 'DIFFERS from predicted'}; "
+                f"transient peak {mem['transient_peak'] / 1e6:.1f} MB")
 
         print("\n3. bytes one rank sends per step (ring convention): measured, predicted")
         ddp_wire = runs["ddp"].wire_bytes_per_step()
@@ -102,13 +103,15 @@ def main() -> int:
         for buckets in (64 << 10, 1 << 20, None):
             o = run_overlap(ranks, "ddp", model, batches, LR, bucket_bytes=buckets, repeats=REPEATS)
             label = "one bucket" if buckets is None else f"buckets of {buckets >> 10} KiB"
-            row(f"DDP, {label}: {len(o.with_overlap.groups)} all-reduces per step, hidden share", f"{o.hidden_share:.0%}",
+            row(f"DDP, {label}: {len(o.with_overlap.groups)} all-reduces per step, hidden share",
+                f"{o.hidden_share:.0%}",
                 f"step {format_seconds(o.step_s_with)} (without overlap {format_seconds(o.step_s_without)})")
 
         print("\n5. all-reduce against reduce-scatter + all-gather of the same buffer (median of 5)")
         for numel in IDENTITY_SIZES:
             c = run_collective_identity(ranks, numel, repeats=5)
-            row(f"{numel * 4 >> 20} MiB: all-reduce / reduce-scatter + all-gather", f"{format_seconds(c.median_s['all_reduce'])}",
+            row(f"{numel * 4 >> 20} MiB: all-reduce / reduce-scatter + all-gather",
+                f"{format_seconds(c.median_s['all_reduce'])}",
                 f"/ {format_seconds(c.split_s)}; wire bytes {c.wire_bytes['all_reduce']:,} = {c.split_wire_bytes:,}; "
                 f"values differ by {c.max_gap:.1e}")
 

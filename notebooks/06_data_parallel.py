@@ -18,7 +18,8 @@
 # **What you will see.** The most used way to train on many GPUs: every rank runs the whole model on
 # its own slice of the batch, and the gradients are summed. Then ZeRO's three stages, which stop every
 # rank from keeping a full copy of the optimizer state (stage 1), the gradients (stage 2) and the weights
-# (stage 3, which PyTorch calls FSDP). For each: what one rank keeps, predicted for Llama-3-8B and 70B and
+# (stage 3, which PyTorch calls FSDP). You read the few dozen lines that do each strategy's work, taken
+# from the library that runs below. For each: what one rank keeps, predicted for Llama-3-8B and 70B and
 # measured on a toy trained on two real ranks; the bytes it sends per step, predicted and read from the
 # comm log; the trained weights, equal to one process's; communication hidden under the backward pass;
 # PyTorch's own DDP and FSDP2 on the same ranks; and the memory that remains when the weights are
@@ -44,13 +45,80 @@
 # | stage | each rank keeps | per step it sends |
 # | --- | --- | --- |
 # | DDP | `(2 + 2 + 12) P` | all-reduce the gradients: `2 (N-1)/N · P` values |
-# | ZeRO-1 | `(2 + 2) P + 12 P / N` | reduce-scatter the gradients (each rank gets its shard's sum), update its shard, all-gather the new weights: the same `2 (N-1)/N · P` |
+# | ZeRO-1 | `(2 + 2) P + 12 P / N` | reduce-scatter the gradients, step on the shard, all-gather: `2 (N-1)/N · P` |
 # | ZeRO-2 | `2 P + (2 + 12) P / N` | the same, the gradient dropped as soon as it is reduced |
-# | ZeRO-3 / FSDP | `(2 + 2 + 12) P / N` | also all-gather each layer's weights before its forward and again before its backward: `3 (N-1)/N · P` |
+# | ZeRO-3 / FSDP | `(2 + 2 + 12) P / N` | all-gather each layer before its forward and backward: `3 (N-1)/N · P` |
 #
 # The first two stages are free on the wire because an all-reduce *is* a reduce-scatter followed by an
-# all-gather: ZeRO just does the optimizer step in between, on the shard. Stage 3 pays 1.5 times the
-# bytes to keep only `1/N` of the weights.
+# all-gather: ZeRO just does the optimizer step in between, on the shard. (In a reduce-scatter each rank
+# receives the sum of its own shard only.) Stage 3 pays 1.5 times the bytes to keep only `1/N` of the
+# weights.
+
+# %% [markdown]
+# ## Read the code
+#
+# Two short mechanisms do all the work on the ranks below. Both lay parameters end to end in flat
+# buffers (`flat.py`), so that one collective moves a whole bucket or a whole layer, and both are
+# driven by hooks that PyTorch calls during the forward and backward passes.
+#
+# **DDP, ZeRO-1 and ZeRO-2** (`buckets.py`): every rank holds all the weights. Read it top to bottom:
+#
+# - `_build_bucket` copies a bucket's parameters into one flat buffer and makes the model's parameters
+#   *views* of it. Then it decides what this rank's optimizer owns: the whole bucket under DDP, only the
+#   slice `start:stop` of it under ZeRO. That one line, `mine = nn.Parameter(flat[start:stop])`, is
+#   ZeRO-1: AdamW only ever sees `1/N` of the weights, so it only keeps `1/N` of its state. Under ZeRO-2
+#   the gradient buffer itself is only the shard's size.
+# - `_ready` is the hook PyTorch calls the moment a parameter's gradient is finished. It copies the
+#   gradient into the bucket and drops it; when every gradient of the next bucket is in, the bucket is
+#   launched *asynchronously* while the backward carries on with earlier layers (the overlap; ZeRO-1,
+#   which keeps the full gradient anyway, sends after the backward). Buckets go in the same order on
+#   every rank, which is what keeps the collectives matched.
+# - `_launch` is where the three part ways: DDP **all-reduces** the bucket (every
+#   rank gets the full sum), ZeRO **reduce-scatters** it (rank `r` gets the sum of its shard only).
+#   ZeRO-2 sends a staged copy and keeps just its shard's result; ZeRO-1 still has the full gradient.
+# - Then the training loop calls `optimizer.step()` on what the rank owns, and `after_step`
+#   **all-gathers** the updated shards into the full weights: reduce-scatter, step, all-gather.
+#
+# (`probe.span(...)` lines are where the measurement below attaches: they hand the short-lived buffers
+# to a memory meter on the ranks, and do nothing otherwise.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.data_parallel.buckets import BucketedReplica
+from shardlib.ui.code import show_code
+
+show_code(BucketedReplica._build_bucket, BucketedReplica._ready, BucketedReplica._launch, BucketedReplica.after_step)
+
+# %% [markdown]
+# **ZeRO-3 / FSDP** (`zero3.py`): a rank keeps only its shard of every layer (a "unit"). Just before a
+# unit's forward it gathers the unit's weights, computes, and frees them; the backward needs them again,
+# so it gathers them again just before the unit's backward, reduce-scatters the gradient, and frees them
+# once more.
+#
+# - `Gathered` is a tiny autograd function: its forward returns the unit's full flat weights (`take`),
+#   and its backward, which autograd calls once the unit's backward is done, hands their gradient to
+#   `reduce`. So the reduce-scatter happens at exactly the right moment without anyone calling it.
+# - `_before_forward` (a forward pre-hook) gathers the unit and lends slices of it to the module as its
+#   weights, then **prefetches** the next unit: that all-gather travels while this unit computes.
+# - `_after_forward` takes the weights back and **frees** them (`_free` empties their storage). Autograd
+#   would normally keep every weight it needs for the backward alive; here, while the forward runs, a
+#   pair of `saved_tensors_hooks` (`pack`, `unpack` in the same file) swaps each saved slice of a
+#   gathered unit for a note ("unit 2, this slice"), and turns the note back into a slice of the unit
+#   gathered again in the backward. The hook registered on the unit's output fires when the gradient
+#   reaches it: just before the unit's own backward.
+# - `_before_backward` gathers the unit again and prefetches the unit *before* it (the backward runs in
+#   reverse); `reduce` frees the weights and reduce-scatters the gradient, so the shard's `.grad` is the
+#   sum of this rank's slice over all ranks.
+# - `take`, `_gather`, `_free`, `_prefetch`: a prefetched gather is waited for when needed, otherwise the
+#   unit is gathered on the spot. At most one unit is gathered at a time, two with prefetch: that is the
+#   peak measured further down.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.data_parallel.zero3 import Gathered, ShardedUnits
+
+show_code(Gathered, ShardedUnits._before_forward, ShardedUnits._after_forward, ShardedUnits._before_backward,
+          ShardedUnits.reduce, ShardedUnits.take, ShardedUnits._gather, ShardedUnits._free, ShardedUnits._prefetch)
 
 # %% [markdown]
 # ## Predict: Llama-3-8B and 70B on 8 GPUs
@@ -195,19 +263,15 @@ print(f"median time: all-reduce {format_seconds(same.median_s['all_reduce'])}; r
 #
 # ## ZeRO-3 up close: gather, compute, free
 #
-# Under ZeRO-3 a rank holds only its shard of every layer. Just before a layer's forward it all-gathers
-# the layer's weights, computes, and frees them; the backward needs them again, so it gathers them
-# again just before the layer's backward, then reduce-scatters the layer's gradient and frees them once
-# more. The backward normally keeps a reference to every weight it will need; here each such reference
-# is swapped for a note ("layer 2, this slice") while the forward runs, and turned back into a slice of
-# the re-gathered layer in the backward. What a rank holds at the peak is therefore one layer, or two
-# with **prefetch**, which gathers the next layer while the current one computes.
+# The code above gathers a layer before its forward and before its backward, and frees it after each.
+# What a rank holds at the peak is therefore one layer, or two with **prefetch**, which gathers the next
+# layer while the current one computes. The memory meter counts every gather and every free.
 
 # %%
-from shardlib.data_parallel import gathered_peak_bytes, train_data_parallel
+from shardlib.data_parallel import gathered_peak_bytes, run_data_parallel
 
 for prefetch in (False, True):
-    run = train_data_parallel(ranks, "zero3", model, batches, LR, prefetch=prefetch)
+    run = run_data_parallel(ranks, "zero3", model, batches, LR, prefetch=prefetch)
     peak = run.memory_per_rank[0]["transient_peak"]
     print(f"prefetch {str(prefetch):<5}: the most gathered weights alive at once {peak:,} bytes (predicted "
           f"{gathered_peak_bytes(run.groups, 4, prefetch):,}); the whole model is {4 * n_params:,}")
@@ -271,8 +335,8 @@ from shardlib.data_parallel import run_peer
 
 for peer in ("torch_ddp", "torch_fsdp2"):
     result = run_peer(ranks, peer, model, batches, LR)
-    print(f"{peer:<12} vs this notebook's {STRATEGY_TITLES[result.strategy]:<14}: largest gap {result.peer_to_ours:.1e}; "
-          f"from one process {result.peer_to_reference:.1e}")
+    print(f"{peer:<12} vs this notebook's {STRATEGY_TITLES[result.strategy]:<14}: "
+          f"largest gap {result.peer_to_ours:.1e}; from one process {result.peer_to_reference:.1e}")
     assert result.peer_to_ours <= TOLERANCE and result.peer_to_reference <= TOLERANCE
 
 # %% [markdown]
@@ -393,6 +457,9 @@ show_questions(*(Question(*q) for q in QUESTIONS))
 #   a time, two with prefetch.
 # - Buckets launched during the backward, and ZeRO-3's prefetch, hide most of the communication's time;
 #   on CPU ranks that share their cores with it, the step barely shortens.
+# - The mechanisms are short: DDP and ZeRO-1/2 are a gradient hook, one collective per bucket and an
+#   all-gather after the step on the shard; ZeRO-3 gathers each layer before its forward and before its
+#   backward, frees it after each, and reduce-scatters its gradient from inside the backward.
 # - PyTorch's DDP and FSDP2 trained to the same weights as this notebook's DDP and ZeRO-3.
 # - What sharding leaves is activations: they grow with batch and sequence; recomputation cuts them to
 #   each layer's input for one more forward, and together with 1F1B's in-flight microbatches they decide

@@ -17,13 +17,19 @@ from shardlib import RankError
 from shardlib.data_parallel import (
     STRATEGIES,
     TOLERANCE,
+    BucketedReplica,
+    ShardedUnits,
+    StrategyRuns,
     gathered_peak_bytes,
+    global_mse,
+    local_rows,
     parameter_units,
     run_collective_identity,
+    run_data_parallel,
     run_peer,
+    run_strategies,
     toy_batches,
     toy_model,
-    train_data_parallel,
     train_on_rank,
 )
 
@@ -49,7 +55,7 @@ def uneven():
 @pytest.mark.parametrize("shape", ["even", "uneven"])
 def test_every_strategy_trains_to_one_processs_weights(pool, request, strategy, shape):
     model, batches = request.getfixturevalue(shape)
-    run = train_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
+    run = run_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
     assert run.ranks_agree, "the ranks ended with different weights"
     assert run.state_dict.keys() == model.state_dict().keys()
     assert run.against_reference() <= TOLERANCE
@@ -62,7 +68,7 @@ def test_the_global_loss_is_one_processs_loss(pool2, even):
     from shardlib.data_parallel import train_reference
 
     model, batches = even
-    run = train_data_parallel(pool2, "zero2", model, batches, LR)
+    run = run_data_parallel(pool2, "zero2", model, batches, LR)
     assert run.losses == pytest.approx(train_reference(model, batches, LR).losses, rel=1e-5)
 
 
@@ -70,10 +76,11 @@ def test_the_global_loss_is_one_processs_loss(pool2, even):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_memory_per_rank_is_what_the_layout_predicts(pool, uneven, strategy):
     model, batches = uneven
-    run = train_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
+    run = run_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
     predicted = run.predicted_memory()
     for mem in run.memory_per_rank:
-        assert {k: mem[k] for k in ("params", "grads", "optimizer")} == {k: predicted[k] for k in ("params", "grads", "optimizer")}
+        kept = ("params", "grads", "optimizer")
+        assert {k: mem[k] for k in kept} == {k: predicted[k] for k in kept}
     full = sum(p.numel() for p in model.parameters()) * 4
     kept = run.memory_per_rank[0]
     n = pool.world_size
@@ -87,7 +94,7 @@ def test_memory_per_rank_is_what_the_layout_predicts(pool, uneven, strategy):
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_zero3_holds_one_gathered_layer_at_a_time_or_two_with_prefetch(pool2, even, prefetch):
     model, batches = even
-    run = train_data_parallel(pool2, "zero3", model, batches, LR, prefetch=prefetch)
+    run = run_data_parallel(pool2, "zero3", model, batches, LR, prefetch=prefetch)
     assert [m["transient_peak"] for m in run.memory_per_rank] == [gathered_peak_bytes(run.groups, 4, prefetch)] * 2
     assert run.memory_per_rank[0]["transient_peak"] < sum(p.numel() for p in model.parameters()) * 4 / 2
 
@@ -95,17 +102,20 @@ def test_zero3_holds_one_gathered_layer_at_a_time_or_two_with_prefetch(pool2, ev
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_bytes_per_step_are_what_the_layout_predicts(pool, uneven, strategy):
     model, batches = uneven
-    run = train_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
+    run = run_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
     predicted = run.predicted_bytes_per_step()
     for step in range(run.n_steps):
         for rank in range(pool.world_size):
             measured = run.bytes_per_step(step, rank)
-            assert {op: {k: row[k] for k in ("count", "size_bytes", "wire_bytes")} for op, row in measured.items()} == predicted
+            counted = ("count", "size_bytes", "wire_bytes")
+            assert {op: {k: row[k] for k in counted} for op, row in measured.items()} == predicted
 
 
 def test_all_reduce_costs_what_reduce_scatter_plus_all_gather_cost(pool, even):
     model, batches = even  # no padding: the identity holds to the byte
-    wire = {s: train_data_parallel(pool, s, model, batches, LR).wire_bytes_per_step() for s in STRATEGIES}
+    runs = run_strategies(pool, model, batches, LR)
+    assert isinstance(runs, StrategyRuns) and list(runs.runs) == list(STRATEGIES)
+    wire = {s: run.wire_bytes_per_step() for s, run in runs.items()}
     assert wire["ddp"] == wire["zero1"] == wire["zero2"]
     assert wire["zero3"] * 2 == wire["ddp"] * 3  # ZeRO-3: 1.5 x
     identity = run_collective_identity(pool, 4096 * pool.world_size, repeats=2)
@@ -113,17 +123,46 @@ def test_all_reduce_costs_what_reduce_scatter_plus_all_gather_cost(pool, even):
     assert identity.wire_bytes["all_reduce"] == identity.split_wire_bytes
 
 
+# -- the mechanisms without measurement ---------------------------------------------------------------------
+def _train_without_a_probe(ctx, strategy, model, batches):
+    """The training loop of ``train_on_rank`` with the mechanism alone: nothing attached to it."""
+    if strategy == "zero3":
+        engine = ShardedUnits(ctx, model, prefetch=True, overlap=True)
+    else:
+        engine = BucketedReplica(ctx, model, strategy, 2048, overlap=True)
+    optimizer = torch.optim.AdamW(engine.owned, lr=LR)
+    for x, y in batches:
+        mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)
+        engine.start_step()
+        with engine.forward_context():
+            loss = global_mse(model(x[mine]), y[mine], y.numel())
+        loss.backward()
+        engine.finish_backward()
+        optimizer.step()
+        engine.after_step()
+    return engine.full_state()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_mechanisms_train_the_same_without_a_probe(pool2, even, strategy):
+    model, batches = even
+    measured = run_data_parallel(pool2, strategy, model, batches, LR, bucket_bytes=2048).state_dict
+    for alone in pool2.run(_train_without_a_probe, strategy, model, batches):
+        assert all(torch.equal(alone[k], measured[k]) for k in measured)
+
+
 # -- overlap and prefetch, read from the comm log -------------------------------------------------------
 def _backward_end(run, step, rank):
     window = run.step_span(step, rank)
-    return next(s.end_s for s in run.spans if s.rank == rank and s.name == "backward" and window.start_s <= s.start_s <= window.end_s)
+    return next(s.end_s for s in run.spans
+                if s.rank == rank and s.name == "backward" and window.start_s <= s.start_s <= window.end_s)
 
 
 @pytest.mark.parametrize("strategy, op", [("ddp", "all_reduce"), ("zero2", "reduce_scatter")])
 def test_buckets_launch_during_the_backward_only_with_overlap(pool2, even, strategy, op):
     model, batches = even
-    on = train_data_parallel(pool2, strategy, model, batches, LR, bucket_bytes=4096, overlap=True)
-    off = train_data_parallel(pool2, strategy, model, batches, LR, bucket_bytes=4096, overlap=False)
+    on = run_data_parallel(pool2, strategy, model, batches, LR, bucket_bytes=4096, overlap=True)
+    off = run_data_parallel(pool2, strategy, model, batches, LR, bucket_bytes=4096, overlap=False)
     for run, overlapped in ((on, True), (off, False)):
         for step in range(run.n_steps):
             for rank in range(2):
@@ -137,8 +176,8 @@ def test_buckets_launch_during_the_backward_only_with_overlap(pool2, even, strat
 def test_zero3_prefetches_every_layer_but_the_first_of_each_pass(pool2, even):
     model, batches = even
     units = len(parameter_units(model))
-    on = train_data_parallel(pool2, "zero3", model, batches, LR, prefetch=True, overlap=False)
-    off = train_data_parallel(pool2, "zero3", model, batches, LR, prefetch=False, overlap=False)
+    on = run_data_parallel(pool2, "zero3", model, batches, LR, prefetch=True, overlap=False)
+    off = run_data_parallel(pool2, "zero3", model, batches, LR, prefetch=False, overlap=False)
     for run, asynchronous in ((on, 2 * (units - 1)), (off, 0)):
         gathers = [c for c in run.step_records(1, 0) if c.op == "all_gather"]
         assert len(gathers) == 2 * units
@@ -151,11 +190,11 @@ def test_overlap_hides_some_communication(pool2, even):
     model, batches = even
     shares = []
     for _ in range(3):
-        shares.append(train_data_parallel(pool2, "ddp", model, batches, LR, bucket_bytes=4096).hidden_share())
+        shares.append(run_data_parallel(pool2, "ddp", model, batches, LR, bucket_bytes=4096).hidden_share())
         if shares[-1] > 0:
             break
     assert max(shares) > 0, shares
-    assert train_data_parallel(pool2, "ddp", model, batches, LR, overlap=False).hidden_share() == 0.0
+    assert run_data_parallel(pool2, "ddp", model, batches, LR, overlap=False).hidden_share() == 0.0
 
 
 # -- peers ----------------------------------------------------------------------------------------------
@@ -186,7 +225,7 @@ def test_bad_input_is_refused_before_any_rank_starts(even, change, match):
     kw = dict(strategy="ddp", rows=8, lr=LR)
     kw.update(change)
     with pytest.raises(ValueError, match=match):
-        train_data_parallel(NoRanks(), kw["strategy"], model, toy_batches(1, kw["rows"], 32, 8), kw["lr"])
+        run_data_parallel(NoRanks(), kw["strategy"], model, toy_batches(1, kw["rows"], 32, 8), kw["lr"])
 
 
 def test_a_rank_function_called_directly_fails_cleanly(pool2, even):
@@ -208,4 +247,4 @@ class WithIdleLayer(torch.nn.Module):
 
 def test_an_unused_parameter_is_reported(pool2):
     with pytest.raises(RankError, match=r"\['idle.weight', 'idle.bias'\] got no gradient"):
-        train_data_parallel(pool2, "ddp", WithIdleLayer(), toy_batches(1, 4, 8, 8), LR)
+        run_data_parallel(pool2, "ddp", WithIdleLayer(), toy_batches(1, 4, 8, 8), LR)

@@ -97,7 +97,6 @@ LAYERS = {
         "shardlib.combined.across",
         "shardlib.combined.machines",
         "shardlib.launch",
-        "shardlib.data_parallel.experiments",
     },
 }
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")

@@ -1,21 +1,11 @@
-"""Training memory beyond the weights: the activations each layer keeps for its backward, measured, and
-what recomputation (activation checkpointing) trades for them.
-
-During a training step every operation keeps some tensors for its backward: its inputs, mostly. For a
-layer of the toy (``reference.ResidualMLP``, ``x + down(gelu(up(x)))``) on ``rows`` rows that is::
-
-    x (rows, d_model)  +  up(x) (rows, d_hidden)  +  gelu(up(x)) (rows, d_hidden)     times 4 bytes (fp32)
-
-so activations grow with the batch and, in a transformer, with the sequence, while the weights do not.
-**Recomputation** (Chen et al. 2016; ``torch.utils.checkpoint``) keeps only each layer's input and runs
-the layer's forward again during the backward to rebuild the rest: memory drops to ``rows x d_model``
-per layer, and each layer's forward runs twice per step.
+"""Activations measured on one process: the bytes each layer keeps for its backward, with and without
+recomputation (Chen et al. 2016; ``torch.utils.checkpoint``).
 
 ``measure_activations`` counts, per unit (``reference.parameter_units``), the bytes autograd saves
-through a ``saved_tensors_hooks`` pair (weights are not activations: tensors in a parameter's storage
-are left out; a tensor saved twice counts once), and how many unit forwards one step ran. A
-checkpointed unit saves nothing through the hooks (the checkpoint installs its own), and keeps a
-reference to its input instead: that input is counted for it. Torch, one process, no ranks.
+while the unit's forward runs (``runtime.measure.SavedBytes``: weights left out, a tensor saved twice
+counted once), and how many unit forwards one step ran. A checkpointed unit keeps only its input,
+which ``torch.utils.checkpoint`` saves through the same hooks. Set beside ``predict.mlp_activation_bytes``.
+Torch, one process, no ranks.
 """
 
 from __future__ import annotations
@@ -30,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as run_checkpointed
 
 from ..checks import flag, whole_number
+from ..runtime.measure import SavedBytes
 from .reference import global_mse, parameter_units
 
 
@@ -59,33 +50,6 @@ class ActivationMeasurement:
     total_bytes: int  # all units together
 
 
-class _Counter:
-    """Attributes the bytes autograd saves to the unit whose forward is running."""
-
-    def __init__(self, param_storages: set[int], n_units: int) -> None:
-        self.param_storages = param_storages
-        self.bytes = [0] * n_units
-        self.current: int | None = None
-        self.forwards = 0
-        self._seen: set[tuple[int, int]] = set()
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage().data_ptr()
-        ident = (t.data_ptr(), t.numel())
-        if self.current is not None and storage not in self.param_storages and ident not in self._seen:
-            self._seen.add(ident)
-            self.bytes[self.current] += t.numel() * t.element_size()
-        return t
-
-    def enter(self, u: int, checkpointed: bool, args) -> None:
-        self.current = u
-        if checkpointed and torch.is_grad_enabled():  # the checkpoint keeps its input alive for the rerun
-            self.pack(args[0])
-
-    def leave(self) -> None:
-        self.current = None
-
-
 def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, checkpoint: bool = False,
                         repeats: int = 5) -> ActivationMeasurement:
     """One training step of a copy of ``model`` on ``(x, y)`` (mean squared error), every unit
@@ -99,30 +63,31 @@ def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chec
     for name in names:
         if checkpoint:
             setattr(model, name, Checkpointed(getattr(model, name)))
-    counter = _Counter({p.untyped_storage().data_ptr() for p in model.parameters()}, len(names))
+    param_ptrs = {p.data_ptr() for p in model.parameters()}
+    counters: list[SavedBytes] = []  # per unit: what it saves, counted while its forward runs
+    forwards = [0]
+
+    def count_from(u: int) -> None:  # a forward pre-hook returns None, or its value replaces the input
+        counters[u].__enter__()
+
     for u, name in enumerate(names):
         unit = getattr(model, name)
-        unit.register_forward_pre_hook(lambda m, args, u=u: counter.enter(u, checkpoint, args))
-        unit.register_forward_hook(lambda m, args, out: counter.leave())
+        unit.register_forward_pre_hook(lambda m, args, u=u: count_from(u))
+        unit.register_forward_hook(lambda m, args, out, u=u: counters[u].__exit__(None, None, None))
         inner = unit.inner if checkpoint else unit
-        inner.register_forward_pre_hook(lambda m, args: setattr(counter, "forwards", counter.forwards + 1))
+        inner.register_forward_pre_hook(lambda m, args: forwards.__setitem__(0, forwards[0] + 1))
 
     def step() -> float:
+        counters[:] = [SavedBytes(param_ptrs) for _ in names]
+        forwards[0] = 0
         start = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-            loss = global_mse(model(x), y, y.numel())
+        loss = global_mse(model(x), y, y.numel())
         loss.backward()
         model.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    counter.forwards = 0
     step()  # the measured step: bytes and forwards
-    saved, forwards = tuple(counter.bytes), counter.forwards
+    saved, n_forwards = tuple(c.size_bytes for c in counters), forwards[0]
     times = [step() for _ in range(repeats)]
-    return ActivationMeasurement(checkpoint, x.shape[0], tuple(names), saved, forwards, statistics.median(times),
+    return ActivationMeasurement(checkpoint, x.shape[0], tuple(names), saved, n_forwards, statistics.median(times),
                                  sum(saved))
-
-
-def mlp_activation_bytes(rows: int, d_model: int, d_hidden: int, element_bytes: int = 4, checkpoint: bool = False) -> int:
-    """What one ``ResidualMLP`` layer keeps for its backward (the module docstring's formula)."""
-    return rows * (d_model if checkpoint else d_model + 2 * d_hidden) * element_bytes

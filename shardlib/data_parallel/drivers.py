@@ -1,10 +1,11 @@
-"""Data-parallel training run on a pool, gathered, and read against the formulas and one process.
+"""Data-parallel runs on a pool, gathered into frozen dataclasses and read against the formulas.
 
-``train_data_parallel(ranks, strategy, model, batches, lr)`` checks its inputs here (a ValueError naming
-the value before any rank starts), trains on every rank with ``train_on_rank`` and returns a
-``DataParallelRun``: the trained weights, what each rank kept in memory, the comm log and the timeline,
-with methods that cut the log into steps, count bytes per step, measure how much communication was
-hidden under compute, and set all of it beside the predictions of ``predict``.
+``run_data_parallel`` trains one strategy on every rank (``ranks.train_on_rank``) and returns a
+``DataParallelRun``: the trained weights, what each rank kept, the comm log and the timeline, cut into
+steps and set beside ``predict``. ``run_strategies``, ``run_overlap``, ``run_collective_identity`` and
+``run_peer`` are what notebook 06 measures: every strategy side by side, overlap on and off, all-reduce
+against reduce-scatter + all-gather, PyTorch's DDP and FSDP2. Timing claims keep the median of repeated
+runs: a busy machine can stall any single run, and a stall only ever adds time.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checks import flag
+from ..checks import choice, flag, whole_number
 from ..runtime.measure import TOLERANCE
 from ..runtime.records import CommRecord, summarize
 from ..runtime.timeline import Span
-from .flat import FlatGroup
+from .flat import STRATEGIES, FlatGroup
+from .peer import PEERS, torch_ddp_on_rank, torch_fsdp2_on_rank
 from .predict import gathered_peak_bytes, layout_memory, layout_step_bytes
-from .ranks import train_on_rank
+from .ranks import collectives_on_rank, train_on_rank
 from .reference import check_training_inputs, largest_gap, train_reference
 
 
@@ -122,8 +124,9 @@ class DataParallelRun:
         return largest_gap(self.state_dict, reference)
 
 
-def train_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr: float, *,
-                        bucket_bytes: float | None = None, overlap: bool = True, prefetch: bool = True) -> DataParallelRun:
+def run_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr: float, *,
+                      bucket_bytes: float | None = None, overlap: bool = True,
+                      prefetch: bool = True) -> DataParallelRun:
     """Train ``model`` on ``batches`` with ``strategy`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"``)
     on every rank of ``ranks``: each rank takes its contiguous share of each global batch's rows; the
     loss is the mean squared error over the global batch; ``torch.optim.AdamW(lr)``.
@@ -148,5 +151,144 @@ def train_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, l
 
 
 def within_tolerance(run: DataParallelRun) -> bool:
-    """Whether ``run`` trained to one process's weights within ``reference.TOLERANCE``."""
+    """Whether ``run`` trained to one process's weights within ``runtime.measure.TOLERANCE``."""
     return run.against_reference() <= TOLERANCE
+
+
+@dataclass(frozen=True)
+class StrategyRuns:
+    """The same training once per strategy: ``runs[strategy]`` is its ``DataParallelRun``."""
+
+    runs: dict[str, DataParallelRun]
+
+    def __getitem__(self, strategy: str) -> DataParallelRun:
+        return self.runs[strategy]
+
+    def items(self):
+        return self.runs.items()
+
+
+def run_strategies(ranks, model, batches, lr: float, strategies=STRATEGIES, **options) -> StrategyRuns:
+    """``run_data_parallel`` once per strategy, on the same model and batches."""
+    return StrategyRuns({s: run_data_parallel(ranks, s, model, batches, lr, **options) for s in strategies})
+
+
+def _median_run(runs: list[DataParallelRun]) -> DataParallelRun:
+    return sorted(runs, key=lambda r: r.step_s())[(len(runs) - 1) // 2]
+
+
+@dataclass(frozen=True)
+class OverlapComparison:
+    """The same training with its collectives overlapped with compute (DDP's and ZeRO-2's buckets
+    launched during the backward; ZeRO-3's prefetch and asynchronous reduce-scatters) and without."""
+
+    strategy: str
+    with_overlap: DataParallelRun
+    without_overlap: DataParallelRun
+
+    @property
+    def step_s_with(self) -> float:
+        return self.with_overlap.step_s()
+
+    @property
+    def step_s_without(self) -> float:
+        return self.without_overlap.step_s()
+
+    @property
+    def hidden_share(self) -> float:
+        """The share of communication time hidden under compute, with overlap."""
+        return self.with_overlap.hidden_share()
+
+    @property
+    def saved_share(self) -> float:
+        """How much shorter the step is with overlap, as a share of the step without."""
+        return 1.0 - self.step_s_with / self.step_s_without
+
+
+def run_overlap(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes: float | None = None,
+                repeats: int = 3) -> OverlapComparison:
+    """Train with and without overlap, ``repeats`` times each (alternating), and keep each side's median
+    run by step time."""
+    repeats = whole_number(repeats, "repeats")
+    check_training_inputs(ranks.world_size, strategy, model, batches, lr, bucket_bytes)
+    on, off = [], []
+    for _ in range(repeats):
+        on.append(run_data_parallel(ranks, strategy, model, batches, lr, bucket_bytes=bucket_bytes,
+                                      overlap=True, prefetch=True))
+        off.append(run_data_parallel(ranks, strategy, model, batches, lr, bucket_bytes=bucket_bytes,
+                                       overlap=False, prefetch=False))
+    return OverlapComparison(strategy, _median_run(on), _median_run(off))
+
+
+@dataclass(frozen=True)
+class CollectiveIdentity:
+    """An all-reduce against a reduce-scatter followed by an all-gather of the same buffer, on the ranks:
+    the largest difference of the results, and per op the wire bytes per rank and the median time."""
+
+    world_size: int
+    size_bytes: int
+    max_gap: float
+    wire_bytes: dict
+    median_s: dict
+
+    @property
+    def split_wire_bytes(self) -> int:
+        return self.wire_bytes["reduce_scatter"] + self.wire_bytes["all_gather"]
+
+    @property
+    def split_s(self) -> float:
+        return self.median_s["reduce_scatter"] + self.median_s["all_gather"]
+
+
+def run_collective_identity(ranks, numel: int, repeats: int = 5) -> CollectiveIdentity:
+    """All-reduce ``numel`` float32 values, and reduce-scatter then all-gather them, ``repeats`` times."""
+    numel, repeats = whole_number(numel, "numel"), whole_number(repeats, "repeats")
+    if numel % ranks.world_size:
+        raise ValueError(f"numel = {numel} must divide among {ranks.world_size} ranks for a reduce-scatter")
+    out = ranks.run(collectives_on_rank, numel, repeats)
+    gap = max(float((r["all_reduce"] - r["reduce_scatter_all_gather"]).abs().max()) for r in out)
+    ops = ("all_reduce", "reduce_scatter", "all_gather")
+    rank0 = [c for c in ranks.last_comm if c.rank == 0]
+    wire = {op: next(c.wire_bytes for c in rank0 if c.op == op) for op in ops}
+    times = {op: _median_time(ranks.last_comm, op) for op in ops}
+    return CollectiveIdentity(ranks.world_size, numel * 4, gap, wire, times)
+
+
+def _median_time(records, op: str) -> float:
+    """The median over rounds of the slowest rank's time for ``op``."""
+    per_rank: dict[int, list[float]] = {}
+    for c in records:
+        if c.op == op:
+            per_rank.setdefault(c.rank, []).append(c.duration_s)
+    rounds = zip(*per_rank.values())
+    return statistics.median(max(r) for r in rounds)
+
+
+@dataclass(frozen=True)
+class PeerComparison:
+    """PyTorch's own implementation against this package's strategy, both trained on the same ranks: the
+    largest differences between the two, and of each from one process."""
+
+    peer: str
+    strategy: str
+    peer_to_ours: float
+    peer_to_reference: float
+    ours_to_reference: float
+
+
+PEER_OF = {"torch_ddp": "ddp", "torch_fsdp2": "zero3"}
+
+
+def run_peer(ranks, peer: str, model, batches, lr: float) -> PeerComparison:
+    """Train with ``peer`` (``"torch_ddp"`` or ``"torch_fsdp2"``) and with the matching strategy of this
+    package (``ddp`` or ``zero3``), and compare the trained weights."""
+    choice(peer, PEERS, "peer")
+    strategy = PEER_OF[peer]
+    check_training_inputs(ranks.world_size, strategy, model, batches, lr)
+    fn = torch_ddp_on_rank if peer == "torch_ddp" else torch_fsdp2_on_rank
+    theirs = ranks.run(fn, model, batches, lr)[0]["state_dict"]
+    ours = run_data_parallel(ranks, strategy, model, batches, lr).state_dict
+    reference = train_reference(model, batches, lr).state_dict
+    return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference),
+                          largest_gap(ours, reference))
+

@@ -1,22 +1,14 @@
-"""Flat groups: parameters laid end to end in one buffer, padded so that ``dp`` ranks can split it evenly.
+"""Flat groups: parameters laid end to end in one buffer, padded so that ``dp`` ranks split it evenly.
 
-Every strategy of this package moves parameters, gradients and optimizer state as flat 1-D buffers, the
-way PyTorch's ``DistributedDataParallel`` (gradient buckets, Li et al. 2020) and ZeRO (Rajbhandari et
-al. 2020) do: one collective per buffer instead of one per tensor. A ``FlatGroup`` says which
-parameters sit in one buffer, where each starts, and how the buffer is cut among the ranks::
+As in PyTorch's DDP (gradient buckets, Li et al. 2020) and ZeRO (Rajbhandari et al. 2020): one collective
+per buffer, not per tensor. A ``FlatGroup`` says which parameters sit in one buffer, where each starts,
+and how the buffer is cut among the ranks::
 
     buffer     | p3 (12) | p2 (4) | p1 (5) | pad (3) |        padded_numel = 24, dp = 4
     rank r     |  0..6   |  6..12 | 12..18 | 18..24  |        shard_numel  = 6: rank r owns r*6..(r+1)*6
 
-A parameter may straddle two ranks' shards: ZeRO cuts the flat buffer, not the tensors, so uneven
-parameter counts cost at most ``dp - 1`` elements of padding per buffer, never an uneven split.
-
-* ``plan_buckets``: DDP's and ZeRO-1/2's gradient buckets: parameters in reverse registration order
-  (the order the backward pass finishes their gradients), packed until a bucket would exceed
-  ``bucket_bytes``.
-* ``plan_units``: ZeRO-3's units, one flat group per layer, in forward order.
-
-Pure: no torch.
+``plan_buckets``: DDP's and ZeRO-1/2's buckets, parameters in reverse order (the order the backward
+finishes them) up to ``bucket_bytes``. ``plan_units``: ZeRO-3's units, one per layer. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -81,7 +73,8 @@ def _check_numels(numels: Sequence[int]) -> list[int]:
     return numels
 
 
-def plan_buckets(numels: Sequence[int], element_bytes: int, dp: int, bucket_bytes: float | None = None) -> tuple[FlatGroup, ...]:
+def plan_buckets(numels: Sequence[int], element_bytes: int, dp: int,
+                 bucket_bytes: float | None = None) -> tuple[FlatGroup, ...]:
     """Gradient buckets for parameters of ``numels`` elements each (registration order) over ``dp`` ranks.
 
     Parameters go in reverse order, because the backward pass produces the last layer's gradients

@@ -1,14 +1,10 @@
 """PyTorch's own data parallelism on the same ranks: ``DistributedDataParallel`` and FSDP2's ``fully_shard``.
 
-The peers train the same model on the same rows with the same AdamW, so they must end where this
-package's ``ddp`` and ``zero3`` end (and where one process ends), within ``reference.TOLERANCE``. Two
-differences in convention, none in arithmetic: both peers *average* gradients over the ranks, so each
-rank's loss is the mean over its own rows (with equal shares, the mean of the ranks' means is the
-global mean); and they call ``torch.distributed`` directly, so their traffic is not in the comm log.
-
-``fully_shard`` is applied to every child that holds parameters, then to the model, the way this
-package cuts ZeRO-3 units (``reference.parameter_units``); its parameters are ``DTensor`` s, read back
-whole with ``full_tensor()``. Both run on gloo with CPU tensors (torch 2.13).
+They train the same model on the same rows with the same AdamW, so they must end where this package's
+``ddp`` and ``zero3`` end, within ``runtime.measure.TOLERANCE``. Both *average* gradients over the ranks,
+so each rank's loss is the mean over its own rows (equal shares: the same gradient), and they call
+``torch.distributed`` directly, so their traffic is not in the comm log. ``fully_shard`` wraps every
+child that holds parameters, then the model, as ``reference.parameter_units`` cuts ZeRO-3's units.
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
-"""What each strategy keeps on a GPU and what it pays on the wire, per training step, from formulas.
+"""What each strategy keeps on a GPU and sends per training step, from formulas. Pure: no torch.
 
-**Memory per rank** (ZeRO, Rajbhandari et al. 2020, section 3). Training with Adam in mixed precision
-keeps, per parameter, 2 bytes of 16-bit weights, 2 bytes of 16-bit gradients and ``K = 12`` bytes of
-optimizer state (a 32-bit master copy of the weight, Adam's momentum and variance, 4 bytes each). With
-``N`` data-parallel ranks and ``P`` parameters::
+Rajbhandari et al. 2020 (ZeRO, section 3): per parameter, mixed-precision Adam keeps 2 + 2 + 12 bytes
+(``STATE_BYTES_MIXED``); the toy on the ranks trains in 32-bit, 4 + 4 + 8 (``STATE_BYTES_FP32``)::
 
-    DDP      (2 + 2 + 12) P            everything replicated
-    ZeRO-1   (2 + 2) P + 12 P / N      optimizer state sharded
-    ZeRO-2   2 P + (2 + 12) P / N      and the gradients
-    ZeRO-3   (2 + 2 + 12) P / N        and the weights (FSDP's full sharding)
+    memory per rank   DDP (2+2+12) P, ZeRO-1 (2+2) P + 12 P/N, ZeRO-2 2 P + (2+12) P/N, ZeRO-3 (2+2+12) P/N
+    bytes per step    DDP, ZeRO-1/2: 2 (N-1)/N P b;  ZeRO-3: 3 (N-1)/N P b  (ring convention)
 
-The toy on the ranks trains in 32-bit: 4 bytes of weights, 4 of gradients, 8 of AdamW state (momentum
-and variance; the weights are their own master copy). ``STATE_BYTES_FP32`` is that case.
-
-**Bytes per step** each rank puts on the wire (ring convention, ``runtime.records``), with ``b`` bytes
-per value: an all-reduce is a reduce-scatter followed by an all-gather, ``2 (N-1)/N x P b``::
-
-    DDP      all-reduce the gradients                                   2 (N-1)/N P b
-    ZeRO-1/2 reduce-scatter the gradients, all-gather the new weights   2 (N-1)/N P b  (the same)
-    ZeRO-3   all-gather the weights before each layer's forward and
-             again before its backward, reduce-scatter the gradients    3 (N-1)/N P b  (1.5 x)
-
-``layout_*`` functions give the same quantities for a real model's flat groups (``flat``), padding
-included, so that the ranks' measurements can be compared with them exactly.
-
-**Activations** (Korthikanti et al. 2022, section 4: a GPT-style layer in 16-bit, sequence ``s``,
-microbatch ``b``, width ``h``, ``a`` heads): ``s b h (34 + 5 a s / h)`` bytes per layer kept for the
-backward; ``34 s b h`` when the attention scores are recomputed (selective recomputation, or a fused
-attention kernel that never stores them); ``2 s b h`` (the layer's input) with full recomputation.
-Llama's gated MLP differs in its constants: read these as estimates. ``training_memory_per_gpu`` puts
-the states and the activations together, the way the planner would: a pipeline stage holds ``1/pp``
-of the layers, and under 1F1B its first stage keeps ``pp`` microbatches in flight (notebook 03).
-Pure: no torch.
+``layout_*`` give the same for real flat groups, padding included, to compare with the ranks exactly.
+Activations per layer from Korthikanti et al. 2022, section 4: ``s b h (34 + 5 a s / h)`` bytes, ``34
+s b h`` with the scores recomputed, ``2 s b h`` with full recomputation; ``mlp_activation_bytes`` for
+the toy's block; ``training_memory_per_gpu`` adds a pipeline stage's states and in-flight activations.
 """
 
 from __future__ import annotations
@@ -87,7 +65,8 @@ def zero_table(models: Sequence[ModelConfig], dp: int, state_bytes: Mapping[str,
 
 
 # -- the same quantities for a real model's flat groups -----------------------------------------------
-def layout_memory(groups: Sequence[FlatGroup], strategy: str, element_bytes: int, optimizer_states: int = 2) -> dict[str, int]:
+def layout_memory(groups: Sequence[FlatGroup], strategy: str, element_bytes: int,
+                  optimizer_states: int = 2) -> dict[str, int]:
     """Bytes one rank keeps between steps with these flat groups (padding included): the full buffers,
     or one shard of each where ``strategy`` shards that part. ``optimizer_states``: AdamW keeps two
     values per parameter (its 0-dimensional step counters are left out)."""
@@ -111,7 +90,8 @@ def layout_step_ops(groups: Sequence[FlatGroup], strategy: str, element_bytes: i
     return [("all_gather", s) for s in sizes] * 2 + [("reduce_scatter", s) for s in sizes]
 
 
-def layout_step_bytes(groups: Sequence[FlatGroup], strategy: str, element_bytes: int, dp: int) -> dict[str, dict[str, int]]:
+def layout_step_bytes(groups: Sequence[FlatGroup], strategy: str, element_bytes: int,
+                      dp: int) -> dict[str, dict[str, int]]:
     """Per op: ``count``, ``size_bytes`` and ``wire_bytes`` one rank moves in one step."""
     out: dict[str, dict[str, int]] = {}
     for op, size in layout_step_ops(groups, strategy, element_bytes):
@@ -137,7 +117,7 @@ RECOMPUTE = ("none", "selective", "full")
 
 
 def layer_activation_bytes(model: ModelConfig, seq: int, microbatch: int, recompute: str = "selective") -> float:
-    """Bytes one layer keeps for its backward for one microbatch (the module docstring's formulas)."""
+    """Bytes one layer keeps for its backward for one microbatch (Korthikanti et al. 2022, section 4)."""
     choice(recompute, RECOMPUTE, "recompute")
     s, b, h, a = whole_number(seq, "seq"), whole_number(microbatch, "microbatch"), model.d_model, model.n_heads
     if recompute == "full":
@@ -154,3 +134,10 @@ def training_memory_per_gpu(model: ModelConfig, strategy: str, dp: int, seq: int
     states = memory_per_rank(model.n_params / pp, strategy, dp, state_bytes)
     activations = model.n_layers / pp * layer_activation_bytes(model, seq, microbatch, recompute) * in_flight
     return {**{k: states[k] for k in MEMORY_KEYS}, "activations": activations, "total": states["total"] + activations}
+
+
+def mlp_activation_bytes(rows: int, d_model: int, d_hidden: int, element_bytes: int = 4,
+                         checkpoint: bool = False) -> int:
+    """What one ``reference.ResidualMLP`` keeps for its backward: ``x``, ``up(x)`` and ``gelu(up(x))``,
+    ``rows x (d_model + 2 d_hidden)`` values; with recomputation only its input, ``rows x d_model``."""
+    return rows * (d_model if checkpoint else d_model + 2 * d_hidden) * element_bytes

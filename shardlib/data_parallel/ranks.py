@@ -1,37 +1,68 @@
-"""Data-parallel training on a rank: the loop every strategy shares, and two measurements of collectives.
+"""Data-parallel training on a rank, measured: the loop every strategy shares, and a collectives check.
 
-``train_on_rank`` takes this rank's contiguous share of each global batch, runs forward, backward and
-``torch.optim.AdamW`` on the parameters the strategy gives it (``buckets.BucketedReplica`` for DDP and
-ZeRO-1/2, ``zero3.ShardedUnits`` for ZeRO-3), and marks each step, forward, backward and optimizer step
-on the timeline, so the driver can cut the comm log into steps and draw what overlapped what.
-
-``collectives_on_rank`` runs an all-reduce, and a reduce-scatter followed by an all-gather, on the same
-buffer: the identity every ZeRO byte count rests on, in values, bytes and time.
+``train_on_rank`` runs ``buckets.BucketedReplica`` (DDP, ZeRO-1/2) or ``zero3.ShardedUnits`` (ZeRO-3)
+with a ``BufferProbe`` attached, marks step, forward, backward and optimizer on the timeline, and counts
+the bytes the rank keeps. ``collectives_on_rank``: all-reduce against reduce-scatter + all-gather.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+
 import torch
 
+from ..runtime.measure import PeakMeter, Probe, optimizer_state_bytes, tensor_bytes
 from .buckets import BucketedReplica
 from .reference import check_training_inputs, global_mse, local_rows
 from .zero3 import ShardedUnits
+
+
+class BufferProbe(Probe):
+    """Counts the mechanisms' short-lived buffers in a ``PeakMeter``: a tensor among a span's attributes
+    from then until Python frees it (each tensor once); ``gathered_bytes`` from then until a later span's
+    ``freed_bytes`` (ZeRO-3 frees a gathered unit's storage itself)."""
+
+    def __init__(self) -> None:
+        self.meter = PeakMeter()
+        self._followed: set[int] = set()
+
+    def span(self, name: str, kind: str = "compute", **attrs):
+        self.meter.reserve(attrs.get("gathered_bytes", 0))
+        self.meter.release(attrs.get("freed_bytes", 0))
+        for value in attrs.values():
+            if isinstance(value, torch.Tensor) and id(value) not in self._followed:
+                self._followed.add(id(value))
+                weakref.finalize(value, self._followed.discard, id(value))
+                self.meter.track(value)
+        return contextlib.nullcontext()
+
+
+def kept_bytes(engine, optimizer: torch.optim.Optimizer, probe: BufferProbe) -> dict[str, int]:
+    """Bytes ``engine`` keeps between steps (its weights, gradients and AdamW's state) and the transient
+    peak: gradients on their way into buckets, ZeRO-2's staged buckets, all-gathered weights."""
+    if isinstance(engine, ShardedUnits):
+        params, grads = engine.owned, [shard.grad for shard in engine.owned]
+    else:
+        params, grads = engine.flats, engine.grads
+    return {"params": tensor_bytes(params), "grads": tensor_bytes(grads),
+            "optimizer": optimizer_state_bytes(optimizer), "transient_peak": probe.meter.peak_bytes}
 
 
 def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: float | None = None,
                   overlap: bool = True, prefetch: bool = True) -> dict:
     """Train ``model`` (this rank's copy of the parent's) on this rank's rows of every batch.
 
-    Returns ``state_dict`` (all the trained weights, by the model's names), ``memory`` (bytes of
-    ``params``, ``grads`` and ``optimizer`` state kept between steps, and ``transient_peak``),
+    Returns ``state_dict`` (all the trained weights, by the model's names), ``memory`` (``kept_bytes``),
     ``local_losses`` (this rank's share of each step's global loss) and ``groups`` (the flat layout).
     """
     check_training_inputs(ctx.world_size, strategy, model, batches, lr, bucket_bytes)
     model = model.to(ctx.device)
+    probe = BufferProbe()
     if strategy == "zero3":
-        engine = ShardedUnits(ctx, model, prefetch=prefetch, overlap=overlap)
+        engine = ShardedUnits(ctx, model, prefetch=prefetch, overlap=overlap, probe=probe)
     else:
-        engine = BucketedReplica(ctx, model, strategy, bucket_bytes, overlap)
+        engine = BucketedReplica(ctx, model, strategy, bucket_bytes, overlap, probe=probe)
     optimizer = torch.optim.AdamW(engine.owned, lr=lr)
     losses = []
     for k, (x, y) in enumerate(batches):
@@ -45,10 +76,10 @@ def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: f
                 loss.backward()
             engine.finish_backward()
             with ctx.timeline.span("optimizer", step=k):
-                optimizer.step()
+                optimizer.step()  # AdamW on what this rank owns: all the weights (DDP) or its shard (ZeRO)
             engine.after_step()
         losses.append(float(loss.detach()))
-    memory = engine.memory(optimizer)
+    memory = kept_bytes(engine, optimizer, probe)
     return {"state_dict": engine.full_state(), "memory": memory, "local_losses": losses,
             "groups": engine.groups}
 

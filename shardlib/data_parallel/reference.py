@@ -1,18 +1,11 @@
 """Data parallelism's reference: one process training on the whole batch with AdamW, and the input checks.
 
-Data parallelism changes where the arithmetic happens, not what it is: each of ``dp`` ranks runs the
-model on its contiguous share of the rows of a global batch, and the gradients are summed across the
-ranks. With the loss written as the mean squared error over the *global* batch,
-
-    loss = sum over ranks r of  sum((model(x_r) - y_r) ** 2) / numel(y)          # (rows / dp, ...) each
-
-the sum of the ranks' gradients is the gradient one process computes on the whole batch, so every
-strategy must end with the weights ``train_reference`` ends with, one ``torch.optim.AdamW(lr)`` step per
-batch. The sum runs in another order than in one process: equal within ``TOLERANCE``, not bit for bit.
-
-``toy_model`` and ``toy_batches`` build what the notebook trains: residual MLP blocks (a unit each, for
-ZeRO-3) and a linear head, from the suite's seeded weights. ``parameter_units`` says how a model is cut
-into ZeRO-3 units. Torch, never ``torch.distributed``.
+With the loss written as the mean squared error over the *global* batch (``global_mse``), the sum of
+the ranks' gradients is one process's gradient on the whole batch, so every strategy must end with the
+weights ``train_reference`` ends with, within ``runtime.measure.TOLERANCE`` (the sum runs in another
+order). ``toy_model`` and ``toy_batches`` build what notebook 06 trains: residual MLP blocks and a
+linear head from the suite's seeded weights; ``parameter_units`` cuts a model into ZeRO-3 units.
+Torch, never ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -57,7 +50,8 @@ def toy_model(d_model: int = 32, d_hidden: int = 64, n_layers: int = 4, d_out: i
     return model
 
 
-def toy_batches(n_batches: int, rows: int, d_in: int, d_out: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def toy_batches(n_batches: int, rows: int, d_in: int, d_out: int,
+                seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n_batches`` global batches ``(x (rows, d_in), y (rows, d_out))`` of seeded normal values."""
     n_batches, rows = whole_number(n_batches, "n_batches"), whole_number(rows, "rows")
     g = generator(seed)
@@ -86,7 +80,7 @@ def parameter_units(model: nn.Module) -> list[tuple[str, list[str]]]:
 
 
 def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_bytes=None) -> None:
-    """A ValueError naming the value, before any rank starts, for anything ``train_data_parallel``
+    """A ValueError naming the value, before any rank starts, for anything ``run_data_parallel``
     cannot run: an unknown strategy, a global batch whose rows do not divide among the ranks, a model
     with no parameters, with parameters that are not floating point, frozen, shared or of mixed dtypes,
     or an ``lr`` that is not positive."""
@@ -104,7 +98,8 @@ def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_
         raise ValueError(f"every parameter must be floating point to be trained; not so: {', '.join(bad)}")
     frozen = [n for n, p in named if not p.requires_grad]
     if frozen:
-        raise ValueError(f"every parameter must require grad (frozen parameters are not supported): {', '.join(frozen)}")
+        raise ValueError(f"every parameter must require grad (frozen parameters are not supported): "
+                         f"{', '.join(frozen)}")
     if len({id(p) for _, p in named}) != len(named):
         raise ValueError("the model shares a parameter between two places (tied weights): not supported here")
     dtypes = sorted({str(p.dtype) for _, p in named})
@@ -113,7 +108,8 @@ def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_
     if not isinstance(batches, (list, tuple)) or not batches:
         raise ValueError("batches must be a non-empty list of (x, y) global batches")
     for i, batch in enumerate(batches):
-        if not (isinstance(batch, (list, tuple)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
+        pair = isinstance(batch, (list, tuple)) and len(batch) == 2
+        if not (pair and all(isinstance(t, torch.Tensor) for t in batch)):
             raise ValueError(f"batch {i} must be a pair of tensors (x, y), got {type(batch).__name__}")
         x, y = batch
         if x.shape[0] != y.shape[0]:

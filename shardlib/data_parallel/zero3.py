@@ -1,29 +1,18 @@
-"""ZeRO-3 (FSDP's full sharding) on one rank: each layer's weights gathered just in time, then freed.
+"""ZeRO-3 (FSDP's full sharding) on one rank: each unit's weights gathered just in time, then freed.
 
-Rajbhandari et al. 2020 (ZeRO, P_os+g+p); PyTorch's FSDP (Zhao et al. 2023) and its ``fully_shard``.
-The model is cut into units (``reference.parameter_units``: one per child that holds parameters). Each
-unit's parameters are laid flat and padded (``flat.plan_units``), and a rank keeps only its shard of
-each: ``1/N`` of the weights, of their gradients and of AdamW's state. Per step and per unit::
+Rajbhandari et al. 2020 (ZeRO, section 5.3: P_os+g+p) and Zhao et al. 2023 (PyTorch FSDP). The model is
+cut into units (``reference.parameter_units``), each laid flat (``flat.plan_units``); a rank keeps only
+its shard of each, ``(padded_numel / N,)``. Per step and per unit::
 
-    before its forward    all-gather the unit's weights          (padded_numel,) from N shards
-    after its forward     free them: only the activations stay for the backward
+    before its forward    all-gather the unit's weights       (padded_numel,) from N shards
+    after its forward     free them (the backward keeps notes, not weights: ``pack``, ``unpack``)
     before its backward   all-gather them again
-    after its backward    reduce-scatter the unit's gradient     my shard's sum, (padded_numel / N,)
+    after its backward    reduce-scatter the gradient         my shard's sum, (padded_numel / N,)
                           and free the weights again
 
-**Freeing weights the backward still needs.** Autograd keeps, for the backward, the tensors each
-operation saved, and a layer's weight is one of them: holding on to it would keep the gathered layer
-alive. So while the forward runs, a ``saved_tensors_hooks`` pair swaps every saved tensor that lives in
-a gathered unit's storage for a note (which unit, which slice); the backward turns the note back into a
-slice of the unit gathered again. The unit is gathered again by a hook on its output's gradient, which
-fires just before the unit's own backward starts. (PyTorch's FSDP does the same with its own hooks.)
-
-**Prefetch.** With ``prefetch=True`` the gather of the next unit (forward: the one after; backward: the
-one before) is issued asynchronously as soon as the current unit has its weights, so it travels while
-the current unit computes; the comm log's ``waited_s`` shows how much of it was hidden. With
-``overlap=True`` the gradient's reduce-scatter is asynchronous too, waited for before the optimizer.
-A prefetch is a guess made from the units' registration order: a unit used out of that order is
-gathered when it is needed, and a guess never used is waited for and dropped at the end of the step.
+``prefetch``: the next unit's gather (forward: the one after; backward: the one before) is issued
+asynchronously once the current unit has its weights; ``overlap``: the reduce-scatters are asynchronous,
+waited for before the step. ``probe`` (``runtime.measure.Probe``) is told each gather and each free.
 """
 
 from __future__ import annotations
@@ -33,7 +22,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..runtime.measure import PeakMeter, optimizer_state_bytes, tensor_bytes
+from ..runtime.measure import NO_PROBE
 from .buckets import owner_of
 from .flat import plan_units
 from .reference import parameter_units
@@ -43,7 +32,7 @@ class _ParamSlice(tuple):
     """What the backward keeps instead of a slice of a gathered unit: ``(unit, size, stride, offset)``."""
 
 
-class _Gathered(torch.autograd.Function):
+class Gathered(torch.autograd.Function):
     """Forward: the unit's full flat weights, gathered from the shards. Backward: hand their gradient to
     ``ShardedUnits.reduce`` (which reduce-scatters it into the shard's ``.grad``)."""
 
@@ -59,11 +48,11 @@ class _Gathered(torch.autograd.Function):
 
 
 class ShardedUnits:
-    """A rank's share of ``model`` under ZeRO-3: see the module docstring. ``owned`` are the shards this
-    rank's optimizer updates, one flat ``(padded_numel / N,)`` parameter per unit."""
+    """A rank's share of ``model`` under ZeRO-3. ``owned`` are the shards this rank's optimizer updates,
+    one flat ``(padded_numel / N,)`` parameter per unit."""
 
-    def __init__(self, ctx, model: nn.Module, prefetch: bool, overlap: bool) -> None:
-        self.ctx, self.model, self.prefetch, self.overlap = ctx, model, prefetch, overlap
+    def __init__(self, ctx, model: nn.Module, prefetch: bool, overlap: bool, probe=NO_PROBE) -> None:
+        self.ctx, self.model, self.prefetch, self.overlap, self.probe = ctx, model, prefetch, overlap, probe
         named = dict(model.named_parameters())
         self.names = list(named)
         units = parameter_units(model)
@@ -88,7 +77,6 @@ class ShardedUnits:
             module = model.get_submodule(module_name) if module_name else model
             module.register_forward_pre_hook(partial(self._before_forward, u))
             module.register_forward_hook(partial(self._after_forward, u))
-        self.meter = PeakMeter()
         self._pending: dict[int, object] = {}  # unit -> its all-gather in flight (prefetch)
         self._in_forward: dict[int, torch.Tensor] = {}
         self._live: dict[int, int] = {}  # storage address of a gathered unit -> unit, while its forward runs
@@ -96,34 +84,10 @@ class ShardedUnits:
         self._reductions: list[tuple[int, object]] = []
         self.start_step()
 
-    # -- gathering and freeing --------------------------------------------------------------------------
-    def _gather(self, u: int, async_op: bool):
-        self.meter.reserve(self._unit_bytes(u))
-        return self.ctx.comm.all_gather(self.owned[u].detach(), async_op=async_op)  # (padded_numel,) or Pending
-
-    def _unit_bytes(self, u: int) -> int:
-        return self.groups[u].padded_numel * self.element_bytes
-
-    def take(self, u: int) -> torch.Tensor:
-        """Unit ``u``'s full weights: the prefetched gather if one is in flight, else gathered now."""
-        if u in self._pending:
-            return self._pending.pop(u).wait()
-        return self._gather(u, async_op=False)
-
-    def _free(self, u: int, full: torch.Tensor | None) -> None:
-        """Give a gathered unit's memory back now, whoever still holds the tensor (FSDP does the same)."""
-        if full is not None:
-            full.untyped_storage().resize_(0)
-            self.meter.release(self._unit_bytes(u))
-
-    def _prefetch(self, u: int) -> None:
-        if (self.prefetch and 0 <= u < len(self.groups) and u not in self._pending and u not in self._for_backward
-                and u not in self._reduced):
-            self._pending[u] = self._gather(u, async_op=True)
-
-    # -- forward ----------------------------------------------------------------------------------------
+    # -- forward: gather, compute, free ------------------------------------------------------------------
     def _before_forward(self, u: int, module, args) -> None:
-        full = _Gathered.apply(self.owned[u], self, u)  # (padded_numel,), on the autograd graph
+        """Hook: gather unit ``u``'s weights, lend them to its module, start gathering the next unit."""
+        full = Gathered.apply(self.owned[u], self, u)  # (padded_numel,), on the autograd graph
         for n, offset, numel in zip(self.unit_names[u], self.groups[u].offsets, self.groups[u].numels):
             owner, attr = owner_of(self.model, n)
             setattr(owner, attr, full[offset:offset + numel].view(self.shapes[n]))  # lent for this forward
@@ -132,6 +96,7 @@ class ShardedUnits:
         self._prefetch(u + 1)
 
     def _after_forward(self, u: int, module, args, output) -> None:
+        """Hook: take the weights back and free them; be called again just before this unit's backward."""
         for n in self.unit_names[u]:
             owner, attr = owner_of(self.model, n)
             delattr(owner, attr)
@@ -139,9 +104,52 @@ class ShardedUnits:
         self._free(u, self._in_forward.pop(u, None))  # the backward keeps notes, not these weights
         outputs = [t for t in (output if isinstance(output, (tuple, list)) else (output,))
                    if isinstance(t, torch.Tensor) and t.requires_grad]
-        if outputs:
+        if outputs:  # fires when the gradient reaches this unit's output: just before its own backward
             torch.autograd.graph.register_multi_grad_hook(outputs, lambda grad: self._before_backward(u), mode="any")
 
+    # -- backward: gather again, compute, reduce-scatter, free -------------------------------------------
+    def _before_backward(self, u: int) -> None:
+        """Gather unit ``u``'s weights again for its backward; start gathering the unit before it."""
+        if u not in self._for_backward:
+            self._for_backward[u] = self.take(u)
+        self._prefetch(u - 1)
+
+    def reduce(self, u: int, grad_full: torch.Tensor) -> None:
+        """Unit ``u``'s backward is done (``Gathered.backward``): reduce-scatter its gradient, free its weights."""
+        self._free(u, self._for_backward.pop(u, None))
+        self._reduced.add(u)
+        result = self.ctx.comm.reduce_scatter(grad_full.contiguous(), async_op=self.overlap)  # (padded_numel / N,)
+        if self.overlap:
+            self._reductions.append((u, result))
+        else:
+            self._add_grad(u, result)
+
+    # -- gathering, freeing, prefetching -----------------------------------------------------------------
+    def take(self, u: int) -> torch.Tensor:
+        """Unit ``u``'s full weights: the prefetched gather if one is in flight, else gathered now."""
+        if u in self._pending:
+            return self._pending.pop(u).wait()
+        return self._gather(u, async_op=False)
+
+    def _gather(self, u: int, async_op: bool):
+        with self.probe.span("all-gather", kind="comm", unit=u, gathered_bytes=self._unit_bytes(u)):
+            return self.ctx.comm.all_gather(self.owned[u].detach(), async_op=async_op)  # (padded_numel,)
+
+    def _free(self, u: int, full: torch.Tensor | None) -> None:
+        """Give a gathered unit's memory back now, whoever still holds the tensor (FSDP does the same)."""
+        if full is not None:
+            with self.probe.span("free", kind="memory", unit=u, freed_bytes=self._unit_bytes(u)):
+                full.untyped_storage().resize_(0)
+
+    def _prefetch(self, u: int) -> None:
+        if (self.prefetch and 0 <= u < len(self.groups) and u not in self._pending and u not in self._for_backward
+                and u not in self._reduced):
+            self._pending[u] = self._gather(u, async_op=True)  # travels while unit u -/+ 1 computes
+
+    def _unit_bytes(self, u: int) -> int:
+        return self.groups[u].padded_numel * self.element_bytes
+
+    # -- what autograd saves -----------------------------------------------------------------------------
     def pack(self, t: torch.Tensor):
         """Saved for the backward: a slice of a gathered unit becomes a note, anything else stays."""
         u = self._live.get(t.untyped_storage().data_ptr())
@@ -158,22 +166,7 @@ class ShardedUnits:
     def forward_context(self):
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
-    # -- backward ---------------------------------------------------------------------------------------
-    def _before_backward(self, u: int) -> None:
-        if u not in self._for_backward:
-            self._for_backward[u] = self.take(u)
-        self._prefetch(u - 1)
-
-    def reduce(self, u: int, grad_full: torch.Tensor) -> None:
-        """Unit ``u``'s backward is done: reduce-scatter its gradient, free its weights."""
-        self._free(u, self._for_backward.pop(u, None))
-        self._reduced.add(u)
-        result = self.ctx.comm.reduce_scatter(grad_full.contiguous(), async_op=self.overlap)
-        if self.overlap:
-            self._reductions.append((u, result))
-        else:
-            self._add_grad(u, result)
-
+    # -- the step's bookkeeping ---------------------------------------------------------------------------
     def _add_grad(self, u: int, grad: torch.Tensor) -> None:
         shard = self.owned[u]
         shard.grad = grad if shard.grad is None else shard.grad + grad  # (padded_numel / N,)
@@ -184,6 +177,7 @@ class ShardedUnits:
             shard.grad = None
 
     def finish_backward(self) -> None:
+        """Wait for the reduce-scatters in flight; free what is still gathered (unused prefetches)."""
         for u, pending in self._reductions:
             self._add_grad(u, pending.wait())
         self._reductions.clear()
@@ -198,11 +192,6 @@ class ShardedUnits:
         """Nothing to send: the next forward gathers the updated shards."""
 
     # -- reading it out ---------------------------------------------------------------------------------
-    def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """Bytes kept between steps, and the transient peak: the most gathered weights alive at once."""
-        return {"params": tensor_bytes(self.owned), "grads": tensor_bytes(s.grad for s in self.owned),
-                "optimizer": optimizer_state_bytes(optimizer), "transient_peak": self.meter.peak_bytes}
-
     def full_state(self) -> dict[str, torch.Tensor]:
         """Every weight by the model's own names, gathered from the shards (collectives: every rank calls
         this), with the model's buffers."""

@@ -117,7 +117,8 @@ def _check_comm(got: Collector, records, world_size: int, n_bytes: int) -> None:
             hint = "the updated shards were never all-gathered"
         else:
             hint = "ZeRO-1's step is one reduce_scatter of the gradient, then one all_gather of the updated shards"
-        got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but it issued {mine or 'no collectives'}: {hint}")
+        got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but it issued "
+                 f"{mine or 'no collectives'}: {hint}")
         return
 
 

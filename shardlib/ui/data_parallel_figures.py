@@ -16,7 +16,8 @@ PART_COLOURS = {"params": BLUE, "grads": ORANGE, "optimizer": GREEN, "activation
 PHASE_COLOURS = {"forward": BLUE, "backward": LIGHT_BLUE, "optimizer": GREEN}
 
 
-def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]], predicted: Mapping[str, Mapping[str, float]] | None = None,
+def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]],
+                           predicted: Mapping[str, Mapping[str, float]] | None = None,
                            title: str = "What one rank keeps between steps", unit: str = "KiB") -> go.Figure:
     """Stacked bars per strategy (``params``, ``grads``, ``optimizer``: measured on the ranks), with a
     marker at each predicted total."""
@@ -30,7 +31,8 @@ def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]], predicte
                              hovertemplate=f"%{{x}}: {part} %{{y:,.1f}} {unit}<extra>measured</extra>"))
     if predicted:
         fig.add_trace(go.Scatter(name="predicted total", x=labels, mode="markers",
-                                 y=[sum(predicted[s][p] for p in ("params", "grads", "optimizer")) / scale for s in names],
+                                 y=[sum(predicted[s][p] for p in ("params", "grads", "optimizer")) / scale
+                                    for s in names],
                                  marker={"symbol": "line-ew-open", "size": 40, "color": RED, "line": {"width": 3}}))
     fig.update_layout(title=title, barmode="stack", yaxis_title=unit, yaxis_rangemode="tozero", height=360,
                       margin={"l": 60, "r": 20, "t": 50, "b": 40})
@@ -59,7 +61,8 @@ def step_bytes_figure(measured: Mapping[str, Mapping[str, float]], predicted: Ma
 
 
 def zero_table_figure(rows: Sequence[Mapping], gpu_memory_bytes: Mapping[str, float] | None = None,
-                      title: str = "Memory per GPU for mixed-precision Adam, (2 + 2 + 12) bytes per parameter") -> go.Figure:
+                      title: str = "Memory per GPU for mixed-precision Adam, (2 + 2 + 12) bytes per parameter",
+                      ) -> go.Figure:
     """One group of stacked bars per model (rows of ``predict.zero_table``), a bar per strategy, and a
     dashed line per GPU's memory."""
     fig = go.Figure()

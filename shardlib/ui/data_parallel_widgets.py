@@ -9,7 +9,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from IPython.display import display
 
-from ..data_parallel.drivers import train_data_parallel
+from ..data_parallel.drivers import run_data_parallel
 from ..data_parallel.flat import STRATEGIES, STRATEGY_TITLES
 from ..data_parallel.reference import train_reference
 from ..runtime.measure import TOLERANCE
@@ -51,14 +51,15 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     def show(change=None, strategy: str | None = None) -> None:
         s = strategy or picker.value
         buckets.disabled = s == "zero3"  # ZeRO-3 communicates per layer, not per bucket
-        run = train_data_parallel(ranks, s, model, batches, lr, bucket_bytes=buckets.value, overlap=overlap.value,
+        run = run_data_parallel(ranks, s, model, batches, lr, bucket_bytes=buckets.value, overlap=overlap.value,
                                   prefetch=overlap.value)
         measured_memory[s], predicted_memory[s] = run.memory_per_rank[0], run.predicted_memory()
         measured_bytes[s] = {op: row["wire_bytes"] for op, row in run.bytes_per_step().items()}
         predicted_bytes[s] = sum(row["wire_bytes"] for row in run.predicted_bytes_per_step().values())
         _refresh(memory_fig, memory_per_rank_figure(measured_memory, predicted_memory))
-        _refresh(bytes_fig, step_bytes_figure({k: {op: v.get(op, 0) for op in ("all_reduce", "reduce_scatter", "all_gather")}
-                                               for k, v in measured_bytes.items()}, predicted_bytes))
+        ops = ("all_reduce", "reduce_scatter", "all_gather")
+        _refresh(bytes_fig, step_bytes_figure({k: {op: v.get(op, 0) for op in ops} for k, v in measured_bytes.items()},
+                                              predicted_bytes))
         mem = run.memory_per_rank[0]
         summary.value = (
             f"<b>{html.escape(STRATEGY_TITLES[s])}</b> on {ranks.world_size} live ranks, {len(run.groups)} flat "
