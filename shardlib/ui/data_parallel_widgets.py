@@ -15,7 +15,7 @@ from ..data_parallel.reference import train_reference
 from ..runtime.measure import TOLERANCE
 from ..runtime.records import format_seconds
 from .data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
-from .live import Feedback, observe_all
+from .live import Feedback, SelectionSlider, observe_all
 
 BUCKET_CHOICES = (("1 KiB", 1024), ("4 KiB", 4096), ("16 KiB", 16384), ("64 KiB", 65536), ("one bucket", None))
 
@@ -33,7 +33,7 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     step's timeline."""
     picker = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in STRATEGIES], value="ddp",
                                    description="strategy")
-    buckets = widgets.SelectionSlider(options=BUCKET_CHOICES, value=bucket_bytes, description="bucket size",
+    buckets = SelectionSlider(options=BUCKET_CHOICES, value=bucket_bytes, description="bucket size",
                                       continuous_update=False, style={"description_width": "initial"})
     overlap = widgets.Checkbox(value=True, description="overlap with compute", indent=False)
     summary = widgets.HTML()
