@@ -47,20 +47,19 @@ def test_a_widget_on_a_closed_pool_says_so_instead_of_going_quiet():
     assert "have been closed" in feedback.value and label.value == before
 
 
-def test_the_selection_slider_keeps_its_value_when_the_frontend_sends_no_index():
-    """Pressed past its last option, the frontend sends ``index: None``: the stock widget raises a
-    TraitError (into the log console); ours keeps its value and its callbacks never see a change."""
+def test_a_slider_option_is_never_none():
+    """ipywidgets reads a ``None`` value as 'nothing selected': taken to such an option, the stock slider
+    raises a TraitError (into the log console, where no learner looks). Ours refuses the option up front."""
     import ipywidgets
+    from traitlets import TraitError
 
     from shardlib.ui.live import SelectionSlider
 
-    stock = ipywidgets.SelectionSlider(options=[1, 2, 4], value=4)
-    with pytest.raises(Exception, match="index"):
-        stock.set_state({"index": None})
-    safe = SelectionSlider(options=[1, 2, 4], value=4)
-    seen = []
-    safe.observe(lambda change: seen.append(change["new"]), names="value")
-    safe.set_state({"index": None})
-    assert (safe.value, safe.index, seen) == (4, 2, [])
-    safe.set_state({"index": 0})
-    assert (safe.value, seen) == (1, [1])
+    stock = ipywidgets.SelectionSlider(options=(("1 KiB", 1024), ("one bucket", None)), value=1024)
+    with pytest.raises(TraitError, match="'index' trait .* expected an int, not the NoneType"):
+        stock.set_state({"index": 1})
+    with pytest.raises(ValueError, match="'one bucket' has the value None"):
+        SelectionSlider(options=(("1 KiB", 1024), ("one bucket", None)), value=1024)
+    safe = SelectionSlider(options=(("1 KiB", 1024), ("one bucket", 0)), value=1024)
+    safe.set_state({"index": 1})
+    assert (safe.value, safe.label) == (0, "one bucket")

@@ -17,7 +17,8 @@ from ..runtime.records import format_seconds
 from .data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
 from .live import Feedback, SelectionSlider, observe_all
 
-BUCKET_CHOICES = (("1 KiB", 1024), ("4 KiB", 4096), ("16 KiB", 16384), ("64 KiB", 65536), ("one bucket", None))
+ONE_BUCKET = 0  # the slider's value for "one bucket" (bucket_bytes=None): a slider option is never None
+BUCKET_CHOICES = (("1 KiB", 1024), ("4 KiB", 4096), ("16 KiB", 16384), ("64 KiB", 65536), ("one bucket", ONE_BUCKET))
 
 
 def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -33,8 +34,9 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     step's timeline."""
     picker = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in STRATEGIES], value="ddp",
                                    description="strategy")
-    buckets = SelectionSlider(options=BUCKET_CHOICES, value=bucket_bytes, description="bucket size",
-                                      continuous_update=False, style={"description_width": "initial"})
+    start = ONE_BUCKET if bucket_bytes is None else bucket_bytes
+    buckets = SelectionSlider(options=BUCKET_CHOICES, value=start, description="bucket size",
+                              continuous_update=False, style={"description_width": "initial"})
     overlap = widgets.Checkbox(value=True, description="overlap with compute", indent=False)
     summary = widgets.HTML()
     empty = {s: {"params": 0, "grads": 0, "optimizer": 0} for s in STRATEGIES}
@@ -51,7 +53,7 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     def show(change=None, strategy: str | None = None) -> None:
         s = strategy or picker.value
         buckets.disabled = s == "zero3"  # ZeRO-3 communicates per layer, not per bucket
-        run = run_data_parallel(ranks, s, model, batches, lr, bucket_bytes=buckets.value, overlap=overlap.value,
+        run = run_data_parallel(ranks, s, model, batches, lr, bucket_bytes=buckets.value or None, overlap=overlap.value,
                                   prefetch=overlap.value)
         measured_memory[s], predicted_memory[s] = run.memory_per_rank[0], run.predicted_memory()
         measured_bytes[s] = {op: row["wire_bytes"] for op, row in run.bytes_per_step().items()}

@@ -1,6 +1,6 @@
 """Widgets that never die silently: a callback's error is shown under the widget, in the learner's terms.
 
-``SelectionSlider`` is the stock slider made safe at both ends of its range.
+``SelectionSlider`` is the stock slider, refusing the option value that breaks it at an end.
 
 In JupyterLab an exception raised inside a widget's callback does not appear in the notebook: it goes to
 the log console, which a learner never opens, and the widget just stops answering. Every widget of the
@@ -69,13 +69,15 @@ def observe_all(controls, callback: Callable[..., None], feedback: Feedback) -> 
 
 
 class SelectionSlider(widgets.SelectionSlider):
-    """ipywidgets' ``SelectionSlider``, safe at both ends of its range. Pressed past its last (or first)
-    option by keyboard, the frontend sends a null index (ipywidgets #3363 family) and the stock widget
-    raises a ``TraitError`` into the log console before any callback runs; this one keeps its value and
-    tells the frontend so."""
+    """ipywidgets' ``SelectionSlider``, refusing ``None`` as an option's value: ipywidgets reads a ``None``
+    value as "nothing selected", so a slider taken to that option raises a ``TraitError`` into the log
+    console (index set to ``None``) before any callback runs. Give that option another value instead."""
 
-    def set_state(self, sync_data):
-        if "index" in sync_data and sync_data["index"] is None:
-            sync_data = {k: v for k, v in sync_data.items() if k != "index"}
-            self.send_state("index")  # the frontend shows the value the kernel kept
-        super().set_state(sync_data)
+    def __init__(self, *args, **kwargs) -> None:
+        options = kwargs.get("options", args[0] if args else ())
+        pairs = options.items() if isinstance(options, dict) else options
+        empty = [o[0] if isinstance(o, tuple) else o for o in pairs if (o[1] if isinstance(o, tuple) else o) is None]
+        if empty:
+            raise ValueError(f"slider option {empty[0]!r} has the value None, which ipywidgets takes for 'nothing "
+                             "selected': the slider breaks when taken there; give it another value")
+        super().__init__(*args, **kwargs)

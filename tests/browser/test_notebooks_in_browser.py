@@ -123,7 +123,7 @@ HANDLE = """([i, k]) => { const node = window.jupyterapp.shell.currentWidget.con
           left: track.x, right: track.x + track.width}; }"""
 
 LOG_ENTRIES = """() => Array.from(document.querySelectorAll('.jp-LogConsolePanel .jp-OutputArea-output'))
-  .map(e => e.innerText.slice(0, 600))"""
+  .map(e => e.innerText)"""
 
 OPEN_LOG = """() => window.jupyterapp.commands.execute('logconsole:open',
   {source: window.jupyterapp.shell.currentWidget.context.path, insertMode: 'split-bottom'})"""
