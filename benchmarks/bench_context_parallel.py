@@ -91,8 +91,8 @@ def main() -> int:
         for seq in SEQS:
             q, k, v = qkv(seq)
             fused_s = median_time(lambda: attention_reference(q, k, v))
-            blocks_s = median_time(lambda: simulate_ring_attention(q, k, v, 2, layout="zigzag"))
-            over = run_ring_overlap(two, q, k, v, layout="zigzag", repeats=REPEATS, link=link)
+            blocks_s = median_time(lambda: simulate_ring_attention(q, k, v, 2, placement="zigzag"))
+            over = run_ring_overlap(two, q, k, v, placement="zigzag", repeats=REPEATS, link=link)
             ring_s, predicted = over.overlapped.step_s, over.predicted_overlapped_s
             exact = over.overlapped.exact and over.sequential.exact
             print(f"   {seq:>6} {fused_s * 1e3:>7.1f}ms {blocks_s * 1e3:>8.1f}ms {ring_s * 1e3:>7.1f}ms "
@@ -109,10 +109,10 @@ def main() -> int:
         print(f"\n2. causal balance, {LONG_SEQ // 2} tokens: compute per rank (CPU time, median of {REPEATS})")
         q, k, v = qkv(LONG_SEQ // 2)
         balance = run_ring_balance(two, q, k, v, repeats=REPEATS)
-        for layout in ("contiguous", "zigzag"):
-            row(f"2 ranks, {layout}: compute per rank (ms)", str([round(c * 1e3, 1) for c in balance.compute_s(layout)]),
-                f"busiest/mean measured {balance.measured_imbalance(layout):.2f}, predicted "
-                f"{balance.predicted_imbalance(layout):.2f}")
+        for placement in ("contiguous", "zigzag"):
+            row(f"2 ranks, {placement}: compute per rank (ms)", str([round(c * 1e3, 1) for c in balance.compute_s(placement)]),
+                f"busiest/mean measured {balance.measured_imbalance(placement):.2f}, predicted "
+                f"{balance.predicted_imbalance(placement):.2f}")
 
         heads, kv_heads, hd, seq = PAD_SHAPE
         print(f"\n3. overlap: {heads} heads (all KV), head_dim {hd}, {seq} tokens, "
@@ -120,7 +120,7 @@ def main() -> int:
               f"then each step padded to {PAD_S * 1e3:.0f} ms (the cores left free for the bytes)")
         q, k, v = (torch.randn(1, h, seq, hd, generator=g) for h in (heads, kv_heads, kv_heads))
         for note, pad in (("real compute", None), (f"padded to {PAD_S * 1e3:.0f} ms", PAD_S)):
-            over = run_ring_overlap(two, q, k, v, layout="zigzag", repeats=REPEATS, link=link, pad_compute_s=pad)
+            over = run_ring_overlap(two, q, k, v, placement="zigzag", repeats=REPEATS, link=link, pad_compute_s=pad)
             for label, run, predicted in (("overlapped", over.overlapped, over.predicted_overlapped_s),
                                           ("one after the other", over.sequential, over.predicted_sequential_s)):
                 row(f"{note}, {label}: measured (predicted)", f"{run.step_s * 1e3:.1f} ms",
@@ -162,13 +162,13 @@ def main() -> int:
             row(f"{n} ranks (formula only), {KV_HEADS} KV heads: ring / all-to-all", f"{ring_bytes_per_rank(shape, n):,.0f}",
                 f"{ulysses_bytes_per_rank(shape, n):,.0f}")
         q, k, v = qkv(seq)
-        run_ring_attention(four, q, k, v, layout="zigzag")  # warm-up
+        run_ring_attention(four, q, k, v, placement="zigzag")  # warm-up
         balance = run_ring_balance(four, *qkv(LONG_SEQ // 2), repeats=3)
-        for layout in ("contiguous", "zigzag"):
-            row(f"4 ranks on 2 cores, {layout}: compute per rank (ms, CPU)",
-                str([round(c * 1e3) for c in balance.compute_s(layout)]),
-                f"busiest/mean {balance.measured_imbalance(layout):.2f}, predicted "
-                f"{imbalance(causal_work(LONG_SEQ // 2, 4, layout)):.2f}")
+        for placement in ("contiguous", "zigzag"):
+            row(f"4 ranks on 2 cores, {placement}: compute per rank (ms, CPU)",
+                str([round(c * 1e3) for c in balance.compute_s(placement)]),
+                f"busiest/mean {balance.measured_imbalance(placement):.2f}, predicted "
+                f"{imbalance(causal_work(LONG_SEQ // 2, 4, placement)):.2f}")
     print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")
     return 0
 
