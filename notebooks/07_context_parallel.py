@@ -101,9 +101,8 @@ show_code(Hop, RingAttention)
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.context_parallel import context_parallel_needed, device_memory
-from shardlib.models import kv_cache_bytes
 from shardlib.hardware import H100_80GB
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, kv_cache_bytes
 from shardlib.ui.context_parallel_figures import memory_figure
 
 seqs = [2 ** k for k in range(12, 21)]  # 4k to 1M tokens
@@ -157,8 +156,8 @@ show_code(GatherFromSequence, ScatterToSequence)
 # %%
 from shardlib import Ranks
 from shardlib.context_parallel import toy_block_activation_bytes
-from shardlib.tensor_parallel import run_sequence_parallel
 from shardlib.models import TOY
+from shardlib.tensor_parallel import run_sequence_parallel
 from shardlib.toy import activations, layer_weights
 
 ranks = Ranks(2)

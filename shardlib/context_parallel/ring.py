@@ -36,6 +36,8 @@ class Hop:
 
 
 class RingAttention(torch.autograd.Function):
+    """The ring's forward and backward on one rank; call it through ``ring_attention``."""
+
     @staticmethod
     def forward(fn, ctx, q, k, v, causal, placement, overlap, scale, probe):
         n, me = ctx.world_size, ctx.rank
