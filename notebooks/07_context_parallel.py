@@ -319,10 +319,12 @@ print(f"dk on each rank: {tuple(grads.shards[0][1].shape)}: only the 2 KV heads'
 # times again and the dK/dV accumulator it holds after each of the `n` steps (the last hop is the
 # one home), each as large as a K/V block here (float32 gradients of float32 values):
 # `(n - 1) + n = 2n - 1` blocks per rank, `ring_backward_bytes_per_rank`. The count is what one rank
-# puts on the wire (sends only, as the comm log counts); the receives mirror it.
+# puts on the wire (sends only, as the comm log counts); the receives mirror it. And memory: between
+# forward and backward each rank keeps only its own rows of q and of the output, its own K/V and one
+# log-sum-exp per row (`ring_saved_bytes_per_rank`), counted here by autograd's saved-tensor hooks.
 
 # %%
-from shardlib.context_parallel import ring_backward_bytes_per_rank, ring_bytes_per_rank
+from shardlib.context_parallel import ring_backward_bytes_per_rank, ring_bytes_per_rank, ring_saved_bytes_per_rank
 
 grad_shape = AttentionShape(2, 6, 2, 72, 12)
 print(f"one K/V block {grad_shape.kv_block_bytes(2):,.0f} bytes; forward sent {grads.forward_bytes:,} per rank "
@@ -333,6 +335,10 @@ for n in (4, 8):
           f"backward {ring_backward_bytes_per_rank(grad_shape, n):,.0f} bytes per rank")
 assert grads.forward_bytes == ring_bytes_per_rank(grad_shape, 2)
 assert grads.backward_bytes == ring_backward_bytes_per_rank(grad_shape, 2) == 3 * grad_shape.kv_block_bytes(2)
+print(f"kept for the backward: {grads.saved_bytes} bytes per rank (formula "
+      f"{ring_saved_bytes_per_rank(grad_shape, 2):,.0f}; the whole sequence in one process "
+      f"{ring_saved_bytes_per_rank(grad_shape, 1):,.0f})")
+assert grads.saved_bytes == (ring_saved_bytes_per_rank(grad_shape, 2),) * 2
 
 # %% [markdown]
 # **Training through the ring.** A tiny attention layer, `x @ W_q`, `x @ W_k`, `x @ W_v` (4 query heads,

@@ -23,6 +23,7 @@ from shardlib.context_parallel import (
     causal_work,
     ring_attention_on_rank,
     ring_backward_bytes_per_rank,
+    ring_saved_bytes_per_rank,
     run_exchange_calibration,
     run_ring_attention,
     run_ring_attention_grads,
@@ -130,6 +131,8 @@ def test_every_ranks_ring_gradients_equal_sdpa(pool, placement, causal, heads, k
     block = AttentionShape(2, heads, kv_heads, 4 * n, 8).kv_block_bytes(n)
     assert run.forward_bytes == (n - 1) * block
     assert run.backward_bytes == run.predicted_backward_bytes == (2 * n - 1) * block
+    # memory O(s/n): each rank saved its own rows of q and output, its own K/V and one lse per row
+    assert run.saved_bytes == (ring_saved_bytes_per_rank(AttentionShape(2, heads, kv_heads, 4 * n, 8), n),) * n
 
 
 def test_ring_gradients_without_overlap_are_the_same(pool2):

@@ -27,7 +27,8 @@ from .ulysses import check_ulysses_inputs
 class AttentionGrads:
     """Forward and backward of an attention method on a pool: each rank's ``(dq, dk, dv)`` shards
     (``shards[rank]``) against autograd through the whole-sequence attention cut the same way
-    (``gaps[rank]``, the largest difference of each), and rank 0's wire bytes sent per pass."""
+    (``gaps[rank]``, the largest difference of each), rank 0's wire bytes sent per pass, and the bytes
+    each rank's forward saved for its backward (``saved_bytes``)."""
 
     method: str
     world_size: int
@@ -39,6 +40,7 @@ class AttentionGrads:
     forward_bytes: int
     backward_bytes: int
     predicted_backward_bytes: float
+    saved_bytes: tuple[int, ...]
 
     @property
     def exact(self) -> bool:
@@ -54,7 +56,8 @@ def _grads(method, ranks, per_rank, q, k, v, d_out, causal, placement, scale, ke
     shards = tuple(tuple(r[name].cpu() for name in ("dq", "dk", "dv")) for r in per_rank)
     gaps = tuple(tuple(float((a - b).abs().max()) for a, b in zip(got, want)) for got, want in zip(shards, reference))
     sent = [sum(entry[2] for entry in per_rank[0][part] if entry[0] != "recv") for part in key]
-    return AttentionGrads(method, n, placement, causal, shards, reference, gaps, *sent, predicted)
+    saved = tuple(r["saved_bytes"] for r in per_rank)
+    return AttentionGrads(method, n, placement, causal, shards, reference, gaps, *sent, predicted, saved)
 
 
 def run_ring_attention_grads(ranks, q, k, v, d_out, causal: bool = True, placement: str = "contiguous",

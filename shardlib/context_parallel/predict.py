@@ -7,6 +7,8 @@ sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of `
     ring backward    (n-1) K/V blocks + n dK/dV blocks      (2n-1) x 2 b KV (s/n) hd B   (0 on one rank)
     all-to-all       4 all-to-alls (q, k, v, output)        (n-1)/n x (2H + 2KV) b (s/n) hd B, each pass
 
+What a ring rank keeps for its backward (``ring_saved_bytes_per_rank``): its q, output, K/V and lse, O(s/n).
+
 The ring's time by alpha-beta (``ring_time_s``): ranks move in lockstep; a moving step lasts
 ``max(compute, transfer)`` overlapped and ``compute + transfer`` not; the last step is compute only.
 Liu et al. 2023 (ring attention), Jacobs et al. 2023 (DeepSpeed-Ulysses), Korthikanti et al. 2022
@@ -65,6 +67,14 @@ def ring_backward_bytes_per_rank(shape: AttentionShape, world_size: int) -> floa
     blocks. One rank sends nothing."""
     n = whole_number(world_size, "world_size")
     return 0.0 if n == 1 else (2 * n - 1) * shape.kv_block_bytes(n)
+
+
+def ring_saved_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
+    """What one rank's ring attention keeps for its backward: its rows of q and of the output, its own K/V
+    shard and one log-sum-exp per row, ``b (s/n) ((2H + 2KV) hd + H) B``: ``O(s/n)``, no K/V of other ranks."""
+    n = whole_number(world_size, "world_size")
+    rows = shape.batch * shape.seq / n
+    return rows * ((2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim + shape.heads) * shape.bytes_per_value
 
 
 def ulysses_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from ..checks import number_at_least
+from ..runtime.measure import SavedBytes
 from .placement import blocks_between
 from .reference import attention_layer, shard_sequence
 from .ring import check_ring_inputs, ring_attention
@@ -90,17 +91,19 @@ def ring_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def ring_attention_grads_on_rank(ctx, q, k, v, d_out, causal: bool = True, placement: str = "contiguous",
                                  overlap: bool = True, scale: float | None = None) -> dict:
     """Forward and backward of ``ring_attention`` on this rank's shards of the whole ``q, k, v`` and of
-    the upstream gradient ``d_out``. Returns ``output``, ``dq``, ``dk``, ``dv`` (this rank's shards) and
-    the ``forward`` / ``backward`` transfers (``(op, size_bytes, wire_bytes, duration_s, waited_s)``)."""
+    the upstream gradient ``d_out``. Returns ``output``, ``dq``, ``dk``, ``dv`` (this rank's shards), the
+    bytes the forward saved for the backward, and the ``forward`` / ``backward`` transfers (``(op,
+    size_bytes, wire_bytes, duration_s, waited_s)``)."""
     check_ring_inputs(q.shape, k.shape, v.shape, ctx.world_size, placement, local=False)
     n, me = ctx.world_size, ctx.rank
     q, k, v, d_out = (shard_sequence(t, n, placement)[me].to(ctx.device) for t in (q, k, v, d_out))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     ctx.comm.clear()
-    out = ring_attention(ctx, q, k, v, causal, placement, overlap, scale, probe=ctx.timeline)
+    with SavedBytes(set()) as saved:  # what the forward keeps for the backward
+        out = ring_attention(ctx, q, k, v, causal, placement, overlap, scale, probe=ctx.timeline)
     forward = len(ctx.comm.records)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), d_out)
-    return {"output": out.detach(), "dq": dq, "dk": dk, "dv": dv,
+    return {"output": out.detach(), "dq": dq, "dk": dk, "dv": dv, "saved_bytes": saved.size_bytes,
             "forward": _transfers(ctx.comm.records[:forward]), "backward": _transfers(ctx.comm.records[forward:])}
 
 
@@ -134,13 +137,15 @@ def ulysses_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     check_ulysses_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=False)
     n, me = ctx.world_size, ctx.rank
     mine = [t.chunk(n, dim=2)[me].to(ctx.device).requires_grad_(d_out is not None) for t in (q, k, v)]
-    out = ulysses_attention(ctx, *mine, causal=causal, scale=scale, probe=ctx.timeline)
+    with SavedBytes(set()) as saved:
+        out = ulysses_attention(ctx, *mine, causal=causal, scale=scale, probe=ctx.timeline)
     logged = [(c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records]
     if d_out is None:
         return {"output": out, "collectives": logged}
     grads = torch.autograd.grad(out, mine, d_out.chunk(n, dim=2)[me].to(ctx.device))
     every = [(c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records]
     return {"output": out.detach(), "collectives": logged, "backward_collectives": every[len(logged):],
+            "saved_bytes": saved.size_bytes,
             **dict(zip(("dq", "dk", "dv"), grads))}
 
 
