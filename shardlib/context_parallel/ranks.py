@@ -153,7 +153,7 @@ def exchange_sweep_on_rank(ctx, sizes_bytes, rounds: int = 3) -> dict:
     """Time the ring's own exchange, every rank sending ``size`` bytes to the next while receiving as
     much from the previous (on one machine the two directions share the cores and the wire), each size
     ``rounds`` times after a barrier and one untimed warm-up. Returns ``{("point_to_point", size_bytes):
-    [seconds per round]}``, the layout of ``costs.ranks.sweep_on_rank``, for ``costs.calibration``."""
+    [seconds per round]}``, the format of ``costs.ranks.sweep_on_rank``, for ``costs.calibration``."""
     n, me = ctx.world_size, ctx.rank
     out = {}
     for size in sizes_bytes:
