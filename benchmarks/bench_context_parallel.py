@@ -13,7 +13,7 @@ one place, not thread counts. Each figure is the median of ``REPEATS`` passes af
   softmax). The ring's speed-up is set against the second: the same arithmetic, split two ways.
 * **The ring**: overlapped (the next block's transfer started before the current block computes) and
   not; the prediction is ``predict.ring_time_s`` from the per-step compute each run measured and one
-  block's transfer over this machine's link as the ring uses it (``calibrate_exchange``: alpha and
+  block's transfer over this machine's link as the ring uses it (``run_exchange_calibration``: alpha and
   bandwidth fitted by least squares to simultaneous exchanges between neighbours).
 * **Hidden**: 1 minus the time the ranks still spent blocked waiting for blocks with overlap, over
   the transfers' time without it.
@@ -57,18 +57,20 @@ def main() -> int:
         attention_reference,
         causal_work,
         imbalance,
+        ring_backward_bytes_per_rank,
         ring_bytes_per_rank,
+        run_exchange_calibration,
         run_ring_attention,
+        run_ring_attention_grads,
         run_ring_balance,
         run_ring_overlap,
-        run_sequence_parallel,
         run_ulysses_attention,
         sequence_parallel_bytes_per_rank,
         simulate_ring_attention,
         ulysses_bytes_per_rank,
     )
-    from shardlib.context_parallel.drivers import calibrate_exchange
     from shardlib.models import TOY
+    from shardlib.tensor_parallel import run_sequence_parallel
     from shardlib.toy import activations, layer_weights
 
     g = torch.Generator().manual_seed(0)
@@ -81,7 +83,8 @@ def main() -> int:
     wall = time.perf_counter()
     with Ranks(2) as two:
         run_ring_attention(two, *qkv(1024))  # warm-up
-        link = calibrate_exchange(two, AttentionShape(1, HEADS, KV_HEADS, LONG_SEQ, HEAD_DIM).kv_block_bytes(2))
+        long_block = AttentionShape(1, HEADS, KV_HEADS, LONG_SEQ, HEAD_DIM).kv_block_bytes(2)
+        link = run_exchange_calibration(two, long_block).link
         print(f"this machine's ring exchange, fitted: latency {link.latency_s * 1e6:.0f} us, "
               f"{link.one_way_bytes_per_s / 1e9:.2f} GB/s ({link.source})\n")
 
@@ -91,8 +94,8 @@ def main() -> int:
         for seq in SEQS:
             q, k, v = qkv(seq)
             fused_s = median_time(lambda: attention_reference(q, k, v))
-            blocks_s = median_time(lambda: simulate_ring_attention(q, k, v, 2, layout="zigzag"))
-            over = run_ring_overlap(two, q, k, v, layout="zigzag", repeats=REPEATS, link=link)
+            blocks_s = median_time(lambda: simulate_ring_attention(q, k, v, 2, placement="zigzag"))
+            over = run_ring_overlap(two, q, k, v, placement="zigzag", repeats=REPEATS, link=link)
             ring_s, predicted = over.overlapped.step_s, over.predicted_overlapped_s
             exact = over.overlapped.exact and over.sequential.exact
             print(f"   {seq:>6} {fused_s * 1e3:>7.1f}ms {blocks_s * 1e3:>8.1f}ms {ring_s * 1e3:>7.1f}ms "
@@ -100,7 +103,8 @@ def main() -> int:
                   f"{blocks_s / ring_s:>9.2f} {over.hidden_share:>7.0%} {str(exact):>6}")
             if seq == LONG_SEQ:
                 long_run = over
-        print(f"\n   at {LONG_SEQ} tokens: one K/V block is {long_run.overlapped.sent_bytes_per_rank[0] / 2 ** 20:.2f} MiB; "
+        block_mib = long_run.overlapped.sent_bytes_per_rank[0] / 2 ** 20
+        print(f"\n   at {LONG_SEQ} tokens: one K/V block is {block_mib:.2f} MiB; "
               f"transfer predicted {long_run.transfer_s * 1e3:.2f} ms, measured without overlap "
               f"{long_run.sequential.transfer_s * 1e3:.2f} ms; blocked with overlap "
               f"{long_run.overlapped.waited_s * 1e3:.3f} ms; per-step compute "
@@ -109,18 +113,20 @@ def main() -> int:
         print(f"\n2. causal balance, {LONG_SEQ // 2} tokens: compute per rank (CPU time, median of {REPEATS})")
         q, k, v = qkv(LONG_SEQ // 2)
         balance = run_ring_balance(two, q, k, v, repeats=REPEATS)
-        for layout in ("contiguous", "zigzag"):
-            row(f"2 ranks, {layout}: compute per rank (ms)", str([round(c * 1e3, 1) for c in balance.compute_s(layout)]),
-                f"busiest/mean measured {balance.measured_imbalance(layout):.2f}, predicted "
-                f"{balance.predicted_imbalance(layout):.2f}")
+        for placement in ("contiguous", "zigzag"):
+            row(f"2 ranks, {placement}: compute per rank (ms)",
+                str([round(c * 1e3, 1) for c in balance.compute_s(placement)]),
+                f"busiest/mean measured {balance.measured_imbalance(placement):.2f}, predicted "
+                f"{balance.predicted_imbalance(placement):.2f}")
 
         heads, kv_heads, hd, seq = PAD_SHAPE
         print(f"\n3. overlap: {heads} heads (all KV), head_dim {hd}, {seq} tokens, "
-              f"{AttentionShape(1, heads, kv_heads, seq, hd).kv_block_bytes(2) / 2 ** 20:.0f} MiB per block; real compute, "
+              f"{AttentionShape(1, heads, kv_heads, seq, hd).kv_block_bytes(2) / 2 ** 20:.0f} MiB per block; "
+              "real compute, "
               f"then each step padded to {PAD_S * 1e3:.0f} ms (the cores left free for the bytes)")
         q, k, v = (torch.randn(1, h, seq, hd, generator=g) for h in (heads, kv_heads, kv_heads))
         for note, pad in (("real compute", None), (f"padded to {PAD_S * 1e3:.0f} ms", PAD_S)):
-            over = run_ring_overlap(two, q, k, v, layout="zigzag", repeats=REPEATS, link=link, pad_compute_s=pad)
+            over = run_ring_overlap(two, q, k, v, placement="zigzag", repeats=REPEATS, link=link, pad_compute_s=pad)
             for label, run, predicted in (("overlapped", over.overlapped, over.predicted_overlapped_s),
                                           ("one after the other", over.sequential, over.predicted_sequential_s)):
                 row(f"{note}, {label}: measured (predicted)", f"{run.step_s * 1e3:.1f} ms",
@@ -134,7 +140,11 @@ def main() -> int:
         shape = AttentionShape(1, HEADS, KV_HEADS, seq, HEAD_DIM)
         ring = run_ring_attention(two, q, k, v)
         uly = run_ulysses_attention(two, q, k, v)
-        row("2 ranks, ring: measured / formula", f"{ring.sent_bytes_per_rank[0]:,}", f"{ring_bytes_per_rank(shape, 2):,.0f}")
+        row("2 ranks, ring: measured / formula", f"{ring.sent_bytes_per_rank[0]:,}",
+            f"{ring_bytes_per_rank(shape, 2):,.0f}")
+        grads = run_ring_attention_grads(two, q, k, v, torch.randn_like(q))
+        row("2 ranks, ring backward (K/V + dK/dV): measured / formula", f"{grads.backward_bytes:,}",
+            f"{ring_backward_bytes_per_rank(shape, 2):,.0f} (gradients within tolerance: {grads.exact})")
         row("2 ranks, all-to-all: measured / formula", f"{uly.wire_bytes_per_rank:,}",
             f"{ulysses_bytes_per_rank(shape, 2):,.0f} (gap {uly.gap:.1e}, bit for bit: "
             f"{bool(torch.equal(uly.output, attention_reference(q, k, v)))})")
@@ -148,7 +158,8 @@ def main() -> int:
     with Ranks(4) as four:
         q, k, v = qkv(seq)
         ring = run_ring_attention(four, q, k, v)
-        row("4 ranks, ring: measured / formula", f"{ring.sent_bytes_per_rank[0]:,}", f"{ring_bytes_per_rank(shape, 4):,.0f}")
+        row("4 ranks, ring: measured / formula", f"{ring.sent_bytes_per_rank[0]:,}",
+            f"{ring_bytes_per_rank(shape, 4):,.0f}")
         try:
             run_ulysses_attention(four, q, k, v)
         except ValueError as err:
@@ -157,18 +168,20 @@ def main() -> int:
         q, k, v = (torch.randn(1, HEADS, seq, HEAD_DIM, generator=g) for _ in range(3))
         ring, uly = run_ring_attention(four, q, k, v), run_ulysses_attention(four, q, k, v)
         row(f"4 ranks, {HEADS} KV heads: ring / all-to-all measured", f"{ring.sent_bytes_per_rank[0]:,}",
-            f"{uly.wire_bytes_per_rank:,} (formulas {ring_bytes_per_rank(mha, 4):,.0f} / {ulysses_bytes_per_rank(mha, 4):,.0f})")
+            f"{uly.wire_bytes_per_rank:,} (formulas {ring_bytes_per_rank(mha, 4):,.0f} / "
+            f"{ulysses_bytes_per_rank(mha, 4):,.0f})")
         for n in (8, 16):
-            row(f"{n} ranks (formula only), {KV_HEADS} KV heads: ring / all-to-all", f"{ring_bytes_per_rank(shape, n):,.0f}",
+            row(f"{n} ranks (formula only), {KV_HEADS} KV heads: ring / all-to-all",
+                f"{ring_bytes_per_rank(shape, n):,.0f}",
                 f"{ulysses_bytes_per_rank(shape, n):,.0f}")
         q, k, v = qkv(seq)
-        run_ring_attention(four, q, k, v, layout="zigzag")  # warm-up
+        run_ring_attention(four, q, k, v, placement="zigzag")  # warm-up
         balance = run_ring_balance(four, *qkv(LONG_SEQ // 2), repeats=3)
-        for layout in ("contiguous", "zigzag"):
-            row(f"4 ranks on 2 cores, {layout}: compute per rank (ms, CPU)",
-                str([round(c * 1e3) for c in balance.compute_s(layout)]),
-                f"busiest/mean {balance.measured_imbalance(layout):.2f}, predicted "
-                f"{imbalance(causal_work(LONG_SEQ // 2, 4, layout)):.2f}")
+        for placement in ("contiguous", "zigzag"):
+            row(f"4 ranks on 2 cores, {placement}: compute per rank (ms, CPU)",
+                str([round(c * 1e3) for c in balance.compute_s(placement)]),
+                f"busiest/mean {balance.measured_imbalance(placement):.2f}, predicted "
+                f"{imbalance(causal_work(LONG_SEQ // 2, 4, placement)):.2f}")
     print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")
     return 0
 

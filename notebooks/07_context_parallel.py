@@ -20,10 +20,11 @@
 # parallelism, which puts the norms and the residual stream on sequence shards for the same bytes as
 # tensor parallelism and measurably less memory; ring attention, where each rank keeps its queries and
 # the keys and values travel round the ring, merged exactly by the online softmax, on real ranks;
-# why a causal mask makes the plain split unfair and how the zigzag layout evens it out; the next
-# block's transfer hidden under the current block's compute, timed against the alpha-beta model;
-# the all-to-all alternative (DeepSpeed-Ulysses) and its head limit; the bytes of each method; and a
-# sequence-length slider.
+# ring attention's backward, where dK and dV travel round the ring with their K/V and come home,
+# checked against autograd and used to train a small attention layer; why a causal mask makes the
+# plain split unfair and how the zigzag placement evens it out; the next block's transfer hidden under
+# the current block's compute, timed against the alpha-beta model; the all-to-all alternative
+# (DeepSpeed-Ulysses) and its head limit; the bytes of each method; and a sequence-length slider.
 
 # %% [markdown]
 # ## The idea: the sequence is the dimension that keeps growing
@@ -43,6 +44,50 @@
 #    and the keys and values travel round a ring of ranks; partial results merge exactly.
 # 3. **All-to-all** (DeepSpeed-Ulysses, Jacobs et al. 2023): trade the sequence split for a head split
 #    just for attention, and back.
+#
+# Context parallelism exists to *train* on long sequences, so attention split this way must also
+# run backward: the gradients of every rank's queries, keys and values, without ever gathering the
+# sequence on one rank.
+
+# %% [markdown]
+# ## Read the code
+#
+# Ring attention is one `torch.autograd.Function`: its `forward` and `backward` below are the whole
+# mechanism, as the library runs it on every rank (the sections after this one run it, measure it and
+# explain each idea on its own).
+#
+# - **`Hop`**, at the top: one step of the ring. Each rank sends a tensor to rank `r + 1` and receives
+#   rank `r - 1`'s (`isend` / `irecv` through `ctx.comm`, which logs every message); `wait()` hands back
+#   what arrived.
+# - **The forward's loop.** At step `i` rank `r` holds the K/V of rank `r - i` (`src`). It starts
+#   sending that block on *before* computing with it (`overlap`: the transfer hides under the
+#   compute, section 6), folds the block into its queries' running result with the online softmax
+#   (`attend_block`, section 2), and then waits for the next block. With the zigzag placement
+#   (section 5) each rank holds two chunks of queries, hence `q.chunk(...)`. After the loop it keeps
+#   only its own rows: the output and one log-sum-exp per row (`lse`), `O(s / n)` per rank.
+# - **The backward's loop** runs the same ring again. `delta = rowsum(dO * O)` comes first (the
+#   FlashAttention-2 trick that spares storing the softmax). Each rank's `dq` stays at home. The K/V
+#   travel as before, and each block now carries a **dK/dV accumulator** (`dkv`): at every step the
+#   rank rebuilds the block's probabilities from its saved `lse`, adds its queries' share of dK and dV
+#   into the accumulator and its own dQ (`attend_block_backward`), and then hands the accumulator on
+#   to the next rank, which is the one that will hold this K/V block at the next step. A block of rank
+#   `j` visits ranks `j, j + 1, ..., j - 1`; after the last step one more hop takes its accumulator,
+#   now summed over every rank's queries, **home to rank `j`**, whose `k` and `v` they are the
+#   gradients of. The K/V themselves need not come back.
+# - Only the KV heads travel (grouped-query attention): the gradient of a KV head sums over the query
+#   heads that read it, inside `attend_block_backward`.
+# - `probe.span(...)` is where measurement attaches from outside (spans, CPU time, padding); by
+#   default it does nothing.
+#
+# Per block, the backward is FlashAttention-2's: `P = exp(S - lse)`, `dV += P^T dO`, `dP = dO V^T`,
+# `dS = P * (dP - delta)`, `dQ += dS K * scale`, `dK += dS^T Q * scale`.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.context_parallel.ring import Hop, RingAttention
+from shardlib.ui.code import show_code
+
+show_code(Hop, RingAttention)
 
 # %% [markdown]
 # ## Predict: memory per device against sequence length
@@ -56,9 +101,8 @@
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.context_parallel import context_parallel_needed, device_memory
-from shardlib.models import kv_cache_bytes
 from shardlib.hardware import H100_80GB
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, kv_cache_bytes
 from shardlib.ui.context_parallel_figures import memory_figure
 
 seqs = [2 ** k for k in range(12, 21)]  # 4k to 1M tokens
@@ -71,7 +115,8 @@ memory_figure(seqs, {label: [device_memory(LLAMA_3_70B, s, 1, tp, cp).total_byte
 # %%
 whole = kv_cache_bytes(LLAMA_3_70B, 131_072)
 for label, (tp, cp) in {"tp 1": (1, 1), **layouts}.items():
-    print(f"{label:<30} KV cache per device at 128k tokens: {kv_cache_bytes(LLAMA_3_70B, 131_072, 1, tp, cp) / 1e9:6.2f} GB")
+    per_device = kv_cache_bytes(LLAMA_3_70B, 131_072, 1, tp, cp)
+    print(f"{label:<30} KV cache per device at 128k tokens: {per_device / 1e9:6.2f} GB")
 assert kv_cache_bytes(LLAMA_3_70B, 131_072, tp=16) == kv_cache_bytes(LLAMA_3_70B, 131_072, tp=8) == whole / 8
 assert kv_cache_bytes(LLAMA_3_70B, 131_072, tp=8, cp=4) == whole / 32
 for model, tokens in ((LLAMA_3_8B, 1_000_000), (LLAMA_3_70B, 1_000_000)):
@@ -94,6 +139,16 @@ for model, tokens in ((LLAMA_3_8B, 1_000_000), (LLAMA_3_70B, 1_000_000)):
 # token) and a **reduce-scatter** after it (each rank keeps the summed output of its own tokens). A ring
 # all-reduce *is* a reduce-scatter then an all-gather, so the wire bytes cannot change.
 #
+# The two halves are autograd functions, each the other's transpose: an all-gather forward is a
+# reduce-scatter backward, and the other way round.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
+
+show_code(GatherFromSequence, ScatterToSequence)
+
+# %% [markdown]
 # Predict: the same bytes as tensor parallelism, the same output and gradients as the unsharded block,
 # and less activation memory per rank. Run on the toy's block (attention and MLP) on 2 real ranks,
 # forward and backward; autograd's saved tensors are counted on each rank.
@@ -101,8 +156,8 @@ for model, tokens in ((LLAMA_3_8B, 1_000_000), (LLAMA_3_70B, 1_000_000)):
 # %%
 from shardlib import Ranks
 from shardlib.context_parallel import toy_block_activation_bytes
-from shardlib.tensor_parallel import run_sequence_parallel
 from shardlib.models import TOY
+from shardlib.tensor_parallel import run_sequence_parallel
 from shardlib.toy import activations, layer_weights
 
 ranks = Ranks(2)
@@ -145,10 +200,20 @@ assert sp_run.activation_saving < 1
 # attention output over the keys seen so far (normalised), the largest score `m`, and the sum
 # `l = Σ exp(score - m)`. Two such partials over different keys merge exactly:
 #
-# `m = max(m_a, m_b)`, `w_a = l_a exp(m_a - m)`, `w_b = l_b exp(m_b - m)`, `out = (w_a out_a + w_b out_b) / (w_a + w_b)`.
+# `m = max(m_a, m_b)`, `w_a = l_a exp(m_a - m)`, `w_b = l_b exp(m_b - m)`,
+# `out = (w_a out_a + w_b out_b) / (w_a + w_b)`.
 #
-# Subtracting the max keeps every `exp` at most 1. Check it on two halves of a row of keys, the second
-# scoring far higher than the first (a plain average would be badly wrong):
+# Subtracting the max keeps every `exp` at most 1. In the library:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.context_parallel.online_softmax import merge
+
+show_code(merge)
+
+# %% [markdown]
+# Check it on two halves of a row of keys, the second scoring far higher than the first (a plain
+# average would be badly wrong):
 
 # %%
 import torch
@@ -194,9 +259,9 @@ from shardlib.context_parallel import attention_reference, simulate_ring_attenti
 
 for n in (2, 3, 4, 8):
     q, k, v = (torch.randn(2, h, 20 * n, 12, generator=g) for h in (6, 2, 2))
-    gaps = {(layout, causal): float((simulate_ring_attention(q, k, v, n, causal, layout)
+    gaps = {(placement, causal): float((simulate_ring_attention(q, k, v, n, causal, placement)
                                      - attention_reference(q, k, v, causal)).abs().max())
-            for layout in ("contiguous", "zigzag") for causal in (True, False)}
+            for placement in ("contiguous", "zigzag") for causal in (True, False)}
     print(f"{n} ranks, {20 * n} tokens: largest gap {max(gaps.values()):.1e}")
     assert max(gaps.values()) <= 1e-5
 
@@ -218,10 +283,83 @@ for causal in (True, False):
 # %% [markdown]
 # Exact, and only the K/V of the 2 KV heads crossed: grouped-query attention makes the ring cheaper
 # (here 3 times fewer bytes than with 6 KV heads). But look at the blocks computed under the causal
-# mask: rank 0 computed 1 (its own diagonal block), rank 1 computed 2. That is the next problem.
+# mask: rank 0 computed 1 (its own diagonal block), rank 1 computed 2. That is a problem for section 5;
+# first, the backward.
 
 # %% [markdown]
-# ## 4 · Causal balance: the zigzag layout
+# ## 4 · The backward: dK and dV travel with their K/V, then go home
+#
+# Training needs `dQ`, `dK` and `dV` for every rank's own shard. The backward in "Read the code" sends
+# the K/V round the ring again, each with its dK/dV accumulator, and brings the accumulator home after
+# the last step. Check every rank's three gradients against autograd through
+# `scaled_dot_product_attention` on the whole sequence in one process, cut the same way, within
+# `TOLERANCE` (`1e-5`, relative and absolute: the ranks sum each block's gradient in ring order). The
+# sequence is 72 tokens, 6 query heads sharing 2 KV heads of 12, batch 2:
+
+# %%
+from shardlib.context_parallel import attention_grads_reference, run_ring_attention_grads, shard_sequence
+from shardlib.runtime.measure import TOLERANCE
+
+q, k, v = (torch.randn(2, h, 72, 12, generator=g) for h in (6, 2, 2))
+d_out = torch.randn_like(q)  # the gradient arriving from above, shaped like the output
+for placement in ("contiguous", "zigzag"):
+    for causal in (True, False):
+        grads = run_ring_attention_grads(ranks, q, k, v, d_out, causal=causal, placement=placement)
+        print(f"{placement:<10} causal={causal!s:<5} largest gap per rank (dq, dk, dv): "
+              + "; ".join(", ".join(f"{gap:.0e}" for gap in rank_gaps) for rank_gaps in grads.gaps))
+        assert grads.exact
+whole = attention_grads_reference(q, k, v, d_out, causal=False)
+for rank, shards in enumerate(grads.shards):  # the last run by hand: zigzag, not causal
+    for mine, ref in zip(shards, whole):
+        assert torch.allclose(mine, shard_sequence(ref, 2, "zigzag")[rank], rtol=TOLERANCE, atol=TOLERANCE)
+print(f"dk on each rank: {tuple(grads.shards[0][1].shape)}: only the 2 KV heads' gradients travel")
+
+# %% [markdown]
+# **Bytes.** The forward sends its K/V block on `n - 1` times. The backward sends the K/V on `n - 1`
+# times again and the dK/dV accumulator it holds after each of the `n` steps (the last hop is the
+# one home), each as large as a K/V block here (float32 gradients of float32 values):
+# `(n - 1) + n = 2n - 1` blocks per rank, `ring_backward_bytes_per_rank`. The count is what one rank
+# puts on the wire (sends only, as the comm log counts); the receives mirror it. And memory: between
+# forward and backward each rank keeps only its own rows of q and of the output, its own K/V and one
+# log-sum-exp per row (`ring_saved_bytes_per_rank`), counted here by autograd's saved-tensor hooks.
+
+# %%
+from shardlib.context_parallel import ring_backward_bytes_per_rank, ring_bytes_per_rank, ring_saved_bytes_per_rank
+
+grad_shape = AttentionShape(2, 6, 2, 72, 12)
+print(f"one K/V block {grad_shape.kv_block_bytes(2):,.0f} bytes; forward sent {grads.forward_bytes:,} per rank "
+      f"(formula {ring_bytes_per_rank(grad_shape, 2):,.0f}); backward sent {grads.backward_bytes:,} "
+      f"(formula {ring_backward_bytes_per_rank(grad_shape, 2):,.0f})")
+for n in (4, 8):
+    print(f"{n} ranks (formula): forward {ring_bytes_per_rank(grad_shape, n):,.0f}, "
+          f"backward {ring_backward_bytes_per_rank(grad_shape, n):,.0f} bytes per rank")
+assert grads.forward_bytes == ring_bytes_per_rank(grad_shape, 2)
+assert grads.backward_bytes == ring_backward_bytes_per_rank(grad_shape, 2) == 3 * grad_shape.kv_block_bytes(2)
+print(f"kept for the backward: {grads.saved_bytes} bytes per rank (formula "
+      f"{ring_saved_bytes_per_rank(grad_shape, 2):,.0f}; the whole sequence in one process "
+      f"{ring_saved_bytes_per_rank(grad_shape, 1):,.0f})")
+assert grads.saved_bytes == (ring_saved_bytes_per_rank(grad_shape, 2),) * 2
+
+# %% [markdown]
+# **Training through the ring.** A tiny attention layer, `x @ W_q`, `x @ W_k`, `x @ W_v` (4 query heads,
+# 2 KV heads of 8), attention, then `@ W_o`, fitted by plain SGD to a random target. On the ranks each
+# holds its zigzag share of the 32 tokens and all the weights; attention is `ring_attention`; every
+# rank's weight gradients are summed (each rank's tokens used the same weights). The same steps run in
+# this one process with `scaled_dot_product_attention` on the whole sequence.
+
+# %%
+from shardlib.context_parallel import attention_layer_weights, run_ring_training
+
+x_train, target = torch.randn(2, 32, 16, generator=g), torch.randn(2, 32, 16, generator=g)
+training = run_ring_training(ranks, x_train, target, attention_layer_weights(16, 4, 2, 8, seed=3), head_dim=8,
+                             placement="zigzag", steps=6, lr=0.5)
+for step, (mine, ref) in enumerate(zip(training.losses, training.reference_losses)):
+    print(f"step {step}: loss on the ranks {mine:.6f}, in one process {ref:.6f}")
+print(f"final weights: largest gap from one process {training.weight_gap:.1e}")
+assert training.exact and training.loss_fell
+
+# %% [markdown]
+# ## 5 · Causal balance: the zigzag placement
 #
 # With a causal mask, query `i` attends only to keys `0..i`. Give each rank a contiguous piece and the
 # first rank has almost no past to attend to while the last has all of it: rank `r` computes `r` whole
@@ -238,7 +376,7 @@ block_owner_figure(4)
 # %% [markdown]
 # Predict for 2 ranks and 1,024 tokens: contiguous, rank 0 computes 1 block of 512 x 512 (its diagonal)
 # and rank 1 computes 2 (the busiest at 4/3 of the mean); zigzag, each rank computes 5 blocks of
-# 256 x 256, the same. Measure it: causal attention with 4 heads of 64, 3 passes per layout, each rank's
+# 256 x 256, the same. Measure it: causal attention with 4 heads of 64, 3 passes per placement, each rank's
 # compute counted in CPU time (on a shared laptop, wall time would also count the moments another
 # process held the core).
 
@@ -250,14 +388,15 @@ from shardlib.ui.context_parallel_figures import balance_figure
 qb, kb, vb = (torch.randn(1, 4, 1024, 64, generator=g) for _ in range(3))
 run_ring_attention(ranks, qb, kb, vb)  # warm-up
 balance = run_ring_balance(ranks, qb, kb, vb, repeats=3)
-for layout in ("contiguous", "zigzag"):
-    r = balance.runs[layout]
-    print(f"{layout:<10} blocks per rank {r.computed_blocks}; compute per rank "
-          f"{[round(c * 1e3, 1) for c in balance.compute_s(layout)]} ms; busiest over mean: measured "
-          f"{balance.measured_imbalance(layout):.2f}, predicted {balance.predicted_imbalance(layout):.2f}; "
+for placement in ("contiguous", "zigzag"):
+    r = balance.runs[placement]
+    print(f"{placement:<10} blocks per rank {r.computed_blocks}; compute per rank "
+          f"{[round(c * 1e3, 1) for c in balance.compute_s(placement)]} ms; busiest over mean: measured "
+          f"{balance.measured_imbalance(placement):.2f}, predicted {balance.predicted_imbalance(placement):.2f}; "
           f"gap {r.gap:.1e}")
-balance_figure({layout: balance.compute_s(layout) for layout in ("contiguous", "zigzag")},
-               {layout: [w.scores for w in balance.runs[layout].predicted_work] for layout in ("contiguous", "zigzag")})
+placements = ("contiguous", "zigzag")
+balance_figure({p: balance.compute_s(p) for p in placements},
+               {p: [w.scores for w in balance.runs[p].predicted_work] for p in placements})
 
 # %%
 assert balance.runs["zigzag"].exact and balance.runs["contiguous"].exact
@@ -268,11 +407,11 @@ assert balance.measured_imbalance("zigzag") < balance.measured_imbalance("contig
 # A zigzag block is a quarter of a contiguous one, so each zigzag rank computes 5/4 of a big block:
 # 2.5 in all against the contiguous 3, because finer chunks also skip more of the masked future. The
 # measured imbalance sits a little under the prediction: a diagonal block is computed whole under its
-# mask and costs somewhat more than a plain one, which lifts the lighter rank. The zigzag layout's output
+# mask and costs somewhat more than a plain one, which lifts the lighter rank. The zigzag placement's output
 # is just as exact; only who holds which tokens changed.
 
 # %% [markdown]
-# ## 5 · Overlap: move the next block while computing this one
+# ## 6 · Overlap: move the next block while computing this one
 #
 # A rank starts sending its block and receiving the next one **before** computing on the current one,
 # and waits for the transfer only after. If the compute takes longer than the transfer, the transfer
@@ -335,20 +474,26 @@ for run, predicted in ((overlap.overlapped, overlap.predicted_overlapped_s),
 # square of a block and its bytes only linearly: past a few hundred tokens per rank the transfer hides.
 
 # %% [markdown]
-# ## 6 · The other way: all-to-all (DeepSpeed-Ulysses)
+# ## 7 · The other way: all-to-all (DeepSpeed-Ulysses)
 #
 # Each rank holds its tokens for every head. One all-to-all per tensor re-shards q, k and v so that each
 # rank holds **every token of some heads**; attention of a head needs no other head, so each rank runs
 # plain attention on the whole sequence, and one more all-to-all hands the output back by tokens. Exact,
-# four collectives, and a hard limit: each rank needs whole heads (and the KV heads they read).
+# four collectives, and a hard limit: each rank needs whole heads (and the KV heads they read). An
+# all-to-all only moves values, so its backward is an all-to-all too, the other way: four more.
 
 # %%
-from shardlib.context_parallel import run_ulysses_attention
+from shardlib.context_parallel import run_ulysses_attention, run_ulysses_attention_grads
 
 q, k, v = (torch.randn(2, h, 70, 12, generator=g) for h in (6, 2, 2))
 uly = run_ulysses_attention(ranks, q, k, v)
-print(f"all-to-all: largest gap {uly.gap:.1e}; collectives on rank 0 (op, buffer bytes, wire bytes): {list(uly.measured)}")
+print(f"all-to-all: largest gap {uly.gap:.1e}; collectives on rank 0 (op, buffer bytes, wire bytes): "
+      f"{list(uly.measured)}")
 assert uly.gap <= 1e-5 and uly.measured == uly.predicted
+uly_grads = run_ulysses_attention_grads(ranks, q, k, v, torch.randn_like(q))
+print(f"backward: largest gradient gap {max(max(gaps) for gaps in uly_grads.gaps):.1e}; "
+      f"{uly_grads.backward_bytes:,} wire bytes per rank, as many as the forward ({uly_grads.forward_bytes:,})")
+assert uly_grads.exact and uly_grads.backward_bytes == uly_grads.forward_bytes
 
 q3, k3, v3 = (torch.randn(1, 3, 16, 8, generator=g) for _ in range(3))  # 3 heads on 2 ranks
 try:
@@ -381,8 +526,9 @@ method_bytes_figure({"ring attention": [ring_bytes_per_rank(shape, n) for n in s
                      "all-to-all (Ulysses)": {2: uly.wire_bytes_per_rank}})
 
 # %%
-print(f"2 ranks: ring {ring_run.sent_bytes_per_rank[0]:,} bytes per rank (formula {ring_bytes_per_rank(shape, 2):,.0f}); "
-      f"all-to-all {uly.wire_bytes_per_rank:,} (formula {ulysses_bytes_per_rank(shape, 2):,.0f})")
+print(f"2 ranks: ring {ring_run.sent_bytes_per_rank[0]:,} bytes per rank "
+      f"(formula {ring_bytes_per_rank(shape, 2):,.0f}); all-to-all {uly.wire_bytes_per_rank:,} "
+      f"(formula {ulysses_bytes_per_rank(shape, 2):,.0f})")
 assert ring_run.sent_bytes_per_rank[0] == ring_bytes_per_rank(shape, 2)
 assert uly.wire_bytes_per_rank == ulysses_bytes_per_rank(shape, 2)
 assert ulysses_bytes_per_rank(shape, 16) < ring_bytes_per_rank(shape, 16)
@@ -399,8 +545,8 @@ assert ulysses_bytes_per_rank(shape, 16) < ring_bytes_per_rank(shape, 16)
 # Move the sequence length: the bars show what one rank holds, one process against one rank of the
 # ring (the whole score matrix against one block of it), then causal ring attention runs on the two
 # warm ranks at that length (8 query heads, 2 KV heads, head size 64): its gap, its time against the
-# same attention in this one process, each rank's compute, and its timeline. Switch the layout and watch
-# the compute per rank even out.
+# same attention in this one process, each rank's compute, and its timeline. Switch the placement and
+# watch the compute per rank even out.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -431,8 +577,14 @@ show_questions(
     Question(prompt="With a causal mask and contiguous shards on 4 ranks, which rank does the most work?",
              choices=("Rank 0", "Rank 3, the last: its queries have the whole past to attend to",
                       "All the same", "It depends on the batch"), answer=1,
-             why="Rank r computes r whole blocks plus its diagonal. The zigzag layout gives each rank one early "
-                 "and one late chunk, so every rank computes the same."),
+             why="Rank r computes r whole blocks plus its diagonal. The zigzag placement gives each rank one "
+                 "early and one late chunk, so every rank computes the same."),
+    Question(prompt="In ring attention's backward, where does the gradient of rank 2's keys and values end up?",
+             choices=("On every rank, summed by an all-reduce", "On rank 2: the dK/dV accumulator travels with "
+                      "rank 2's K/V, gathers each rank's share, and one more hop after the last step takes it home",
+                      "On the last rank of the ring", "Nowhere: keys and values have no gradient"), answer=1,
+             why="Each rank adds its queries' share into the accumulator of the block it holds and passes it on "
+                 "with the block; after n hops it is back with its owner. dQ never leaves its rank."),
     Question(prompt="Why does the ring's transfer hide under compute for long sequences?",
              choices=("The link gets faster", "Compute on a block grows with the square of its length, its bytes "
                       "only linearly", "Fewer blocks are sent", "The mask skips the transfers"), answer=1,
@@ -455,8 +607,12 @@ show_questions(
 # - The online softmax merges partial attention results exactly; ring attention on real ranks equalled
 #   `scaled_dot_product_attention` on the whole sequence within 1e-5, causal or not, with grouped-query
 #   heads, and only the KV heads travelled.
-# - Contiguous shards leave a causal ring unbalanced; the zigzag layout evened the measured compute.
+# - Ring attention trains: its backward sent the K/V round again with their dK/dV accumulators, which
+#   came home after one last hop; every rank's gradients equalled autograd's through the whole-sequence
+#   attention, the backward's bytes were the formula's `2n - 1` blocks, and a small attention layer
+#   trained through the ring step for step like the one-process layer, its loss falling.
+# - Contiguous shards leave a causal ring unbalanced; the zigzag placement evened the measured compute.
 # - Started before the compute, the next block's transfer was almost entirely hidden: the ranks hardly
 #   blocked in `wait`, and step times came within a few percent of the alpha-beta prediction.
 # - The all-to-all method is exact too, moves fewer bytes per rank as ranks are added, and stops where
-#   the heads run out.
+#   the heads run out; its backward is four all-to-alls more.

@@ -1,4 +1,4 @@
-"""Context parallelism in one process: layouts, the online-softmax merge, the ring simulated at 2, 3, 4
+"""Context parallelism in one process: placements, the online-softmax merge, the ring simulated at 2, 3, 4
 and 8 ranks against ``scaled_dot_product_attention``, bytes and times predicted, memory formulas.
 
 Exactness: the ring adds the keys' contributions block by block in another order than one softmax
@@ -16,7 +16,9 @@ from shardlib.context_parallel import (
     AttentionShape,
     Partial,
     attention_activation_bytes,
+    attention_grads_reference,
     attention_reference,
+    block_grads,
     block_partial,
     causal_work,
     check_qkv,
@@ -30,6 +32,7 @@ from shardlib.context_parallel import (
     merge,
     method_bytes,
     positions_of_rank,
+    ring_backward_bytes_per_rank,
     ring_bytes_per_rank,
     ring_pass,
     ring_time_s,
@@ -52,7 +55,7 @@ def qkv(batch, heads, kv_heads, seq, head_dim, seed=0, dtype=torch.float32):
     return tuple(torch.randn(batch, h, seq, head_dim, generator=g, dtype=dtype) for h in (heads, kv_heads, kv_heads))
 
 
-# -- layouts ---------------------------------------------------------------------------------------------
+# -- placements ------------------------------------------------------------------------------------------
 def test_zigzag_gives_each_rank_one_early_and_one_late_chunk():
     assert [chunks_of_rank(r, 4, "zigzag") for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
     assert [chunks_of_rank(r, 4) for r in range(4)] == [(0,), (1,), (2,), (3,)]
@@ -61,15 +64,15 @@ def test_zigzag_gives_each_rank_one_early_and_one_late_chunk():
     assert positions_of_rank(1, 2, 8) == [4, 5, 6, 7]
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("placement", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
-def test_shard_then_gather_is_the_identity_and_shards_hold_their_positions(layout, world_size):
+def test_shard_then_gather_is_the_identity_and_shards_hold_their_positions(placement, world_size):
     seq = 2 * world_size * 3
     t = torch.arange(2 * seq, dtype=torch.float32).reshape(1, 2, seq, 1)
-    shards = shard_sequence(t, world_size, layout)
-    assert torch.equal(gather_sequence(shards, layout), t)
+    shards = shard_sequence(t, world_size, placement)
+    assert torch.equal(gather_sequence(shards, placement), t)
     for r, shard in enumerate(shards):
-        assert shard[0, 0, :, 0].tolist() == [float(p) for p in positions_of_rank(r, world_size, seq, layout)]
+        assert shard[0, 0, :, 0].tolist() == [float(p) for p in positions_of_rank(r, world_size, seq, placement)]
 
 
 def test_a_sequence_that_does_not_split_is_refused_with_its_numbers():
@@ -77,7 +80,7 @@ def test_a_sequence_that_does_not_split_is_refused_with_its_numbers():
         check_sequence(100, 3)
     with pytest.raises(ValueError, match=r"2 x 4 = 8 chunks .* 12 = 8 x 1 \+ 4"):
         check_sequence(12, 4, "zigzag")
-    with pytest.raises(ValueError, match="unknown layout 'striped'"):
+    with pytest.raises(ValueError, match="unknown placement 'striped'"):
         check_sequence(16, 2, "striped")
     assert check_sequence(12, 4) == 3 and check_sequence(16, 4, "zigzag") == 2
 
@@ -134,17 +137,17 @@ def test_merge_keeps_exp_finite_for_huge_scores():
 
 # -- the ring, simulated -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("placement", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_simulated_ring_equals_whole_sequence_attention(world_size, layout, causal):
+def test_the_simulated_ring_equals_whole_sequence_attention(world_size, placement, causal):
     seq = 2 * world_size * 5  # 5 tokens a chunk: not a power of two
     q, k, v = qkv(2, 6, 3, seq, 12, seed=world_size)  # GQA: 2 query heads per KV head; head_dim 12
-    ring = simulate_ring_attention(q, k, v, world_size, causal, layout)
+    ring = simulate_ring_attention(q, k, v, world_size, causal, placement)
     assert (ring - attention_reference(q, k, v, causal)).abs().max() <= ATOL
     # the last rank met every rank's block once, in ring order: its own, then its left neighbour's, ...
-    kvs = list(zip(shard_sequence(k, world_size, layout), shard_sequence(v, world_size, layout)))
+    kvs = list(zip(shard_sequence(k, world_size, placement), shard_sequence(v, world_size, placement)))
     last = world_size - 1
-    _, steps = ring_pass(last, world_size, shard_sequence(q, world_size, layout)[last], kvs, layout, causal)
+    _, steps = ring_pass(last, world_size, shard_sequence(q, world_size, placement)[last], kvs, placement, causal)
     assert [src for src, _, _ in steps] == [(last - i) % world_size for i in range(world_size)]
 
 
@@ -195,10 +198,33 @@ def test_ring_time_overlapped_and_not():
     assert ring_time_s(compute, 0.006, overlap=False) == pytest.approx(sum(compute) + 3 * 0.006)
     assert ring_time_s([0.01], 5.0) == 0.01  # one rank: nothing moves
     link = Link("test", 1e9, 1e-4)
-    assert ring_transfer_s(AttentionShape(1, 4, 4, 1000, 10), 2, link) == pytest.approx(1e-4 + 2 * 4 * 500 * 10 * 4 / 1e9)
+    expected = 1e-4 + 2 * 4 * 500 * 10 * 4 / 1e9
+    assert ring_transfer_s(AttentionShape(1, 4, 4, 1000, 10), 2, link) == pytest.approx(expected)
     assert hidden_share(0.001, 0.004) == 0.75 and hidden_share(0.01, 0.004) == 0.0
     with pytest.raises(ValueError):
         ring_time_s([], 0.1)
+
+
+# -- the backward of one block ------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_grads_of_the_whole_sequence_equal_sdpa_grads(causal):
+    """One block holding every key: FlashAttention-2's backward from the saved output and log-sum-exp
+    equals autograd through scaled_dot_product_attention (GQA: a KV head's gradient sums its group)."""
+    q, k, v = qkv(2, 6, 2, 10, 12, seed=20)
+    d_out = torch.randn_like(q)
+    part = block_partial(q, k, v, diagonal=causal)
+    delta = (d_out * part.out).sum(-1)
+    got = block_grads(q, d_out, part.log_sum_exp, delta, k, v, diagonal=causal)
+    for mine, ref in zip(got, attention_grads_reference(q, k, v, d_out, causal)):
+        assert torch.allclose(mine, ref, atol=ATOL, rtol=ATOL)
+
+
+def test_the_rings_backward_bytes_by_hand():
+    shape = AttentionShape(1, 8, 2, 1024, 64)  # one K/V block on 4 ranks: 2 x 2 x 256 x 64 x 4 = 256 KiB
+    assert shape.kv_block_bytes(4) == 2 ** 18
+    assert ring_bytes_per_rank(shape, 4) == 3 * 2 ** 18  # K/V passed on 3 times
+    assert ring_backward_bytes_per_rank(shape, 4) == (3 + 4) * 2 ** 18  # K/V 3 times, dK/dV 4 (the last home)
+    assert ring_backward_bytes_per_rank(shape, 1) == 0
 
 
 # -- memory ------------------------------------------------------------------------------------------------
@@ -269,7 +295,7 @@ def test_block_owner_figure_colours_blocks_by_the_computing_rank():
     z = [list(row) for row in zigzag.z]  # 4 chunks: rank 0 holds 0 and 3, rank 1 holds 1 and 2
     assert z[0] == [0, None, None, None] and z[3] == [0, 0, 0, 0] and z[2] == [1, 1, 1, None]
     assert [list(row) for row in contiguous.z][3] == [1, 1, 1, 1]
-    # the same number of blocks coloured for each rank in the zigzag layout
+    # the same number of blocks coloured for each rank in the zigzag placement
     assert sum(row.count(0) for row in z) == sum(row.count(1) for row in z) == 5
 
 
@@ -289,7 +315,8 @@ def test_the_other_figures_draw_their_data():
     assert list(fig.data[0].y) == [1.0, 2.0] and list(fig.data[1].x) == [2]
     fig = balance_figure({"contiguous": [0.01, 0.02]}, {"contiguous": [1, 3]})
     assert list(fig.data[0].y) == [10.0, 20.0] and list(fig.data[1].y) == [7.5, 22.5]  # 30 ms split 1 : 3
-    spans = [Span(0, "attend K/V of rank 0", "compute", 1.0, 1.010), Span(0, "send", "comm", 1.0, 1.004, {"size_bytes": 2 ** 20}),
+    spans = [Span(0, "attend K/V of rank 0", "compute", 1.0, 1.010),
+             Span(0, "send", "comm", 1.0, 1.004, {"size_bytes": 2 ** 20}),
              Span(1, "wait recv", "wait", 1.010, 1.012)]
     fig = ring_timeline_figure(spans, "t")
     assert {t.name for t in fig.data} == {"compute", "send in flight", "blocked, waiting for the transfer"}

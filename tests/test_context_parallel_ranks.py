@@ -1,11 +1,12 @@
 """Context parallelism on real ranks (2 and 4): ring attention, the all-to-all method and Megatron's
 sequence parallelism, each against the unsharded computation in one process.
 
-Exactness: ring attention merges partial softmaxes in another order than one softmax; sequence and
-tensor parallelism add partial sums in another order than one matrix product. Both are compared with
-a tolerance of 1e-5 (values of order 1; weight gradients with ``rtol = atol = 1e-5``). The all-to-all
-method moves whole heads and does no cross-rank arithmetic: it is held to the same 1e-5 here, and
-measured bit for bit where the CPU kernel allows (printed by the benchmark, not asserted).
+Exactness: ring attention merges partial softmaxes in another order than one softmax, and its backward
+sums each K/V block's gradient over the ranks in ring order; sequence and tensor parallelism add
+partial sums in another order than one matrix product. All are compared with ``TOLERANCE`` from
+``shardlib.runtime.measure`` (1e-5; values of order 1; gradients with ``rtol = atol = TOLERANCE``). The
+all-to-all method moves whole heads and does no cross-rank arithmetic: it is held to the same
+tolerance here, and measured bit for bit where the CPU kernel allows (printed by the benchmark).
 
 Timing: only on 2 ranks, medians of several passes, bands no wider than 2x.
 """
@@ -16,22 +17,29 @@ import torch
 from shardlib import RankError
 from shardlib.context_parallel import (
     AttentionShape,
+    attention_grads_reference,
+    attention_layer_weights,
     attention_reference,
     causal_work,
     ring_attention_on_rank,
+    ring_backward_bytes_per_rank,
+    ring_saved_bytes_per_rank,
+    run_exchange_calibration,
     run_ring_attention,
+    run_ring_attention_grads,
     run_ring_balance,
     run_ring_overlap,
+    run_ring_training,
     run_ulysses_attention,
+    run_ulysses_attention_grads,
+    shard_sequence,
     toy_block_activation_bytes,
     ulysses_attention_on_rank,
 )
-from shardlib.context_parallel.drivers import calibrate_exchange
 from shardlib.models import TOY
+from shardlib.runtime.measure import TOLERANCE
 from shardlib.tensor_parallel import run_sequence_parallel
 from shardlib.toy import activations, layer_weights
-
-ATOL = 1e-5
 
 
 def qkv(batch, heads, kv_heads, seq, head_dim, seed=0):
@@ -40,17 +48,17 @@ def qkv(batch, heads, kv_heads, seq, head_dim, seed=0):
 
 
 # -- ring attention: exact ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("placement", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_ring_attention_equals_whole_sequence_attention(pool, layout, causal):
+def test_ring_attention_equals_whole_sequence_attention(pool, placement, causal):
     n = pool.world_size
     seq = 2 * n * 7  # 28 or 56 tokens: not powers of two, nor is head_dim 12
     q, k, v = qkv(2, 6, 2, seq, 12, seed=n)  # GQA: 3 query heads per KV head
-    run = run_ring_attention(pool, q, k, v, causal, layout)
-    assert run.gap <= ATOL and run.exact
-    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=ATOL)
-    # each rank computed exactly the blocks the layout predicts (read from its spans)
-    assert run.computed_blocks == tuple(w.computed_pairs for w in causal_work(seq, n, layout, causal))
+    run = run_ring_attention(pool, q, k, v, causal, placement)
+    assert run.gap <= TOLERANCE and run.exact
+    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=TOLERANCE)
+    # each rank computed exactly the blocks the placement predicts (read from its spans)
+    assert run.computed_blocks == tuple(w.computed_pairs for w in causal_work(seq, n, placement, causal))
     # every rank passed its K/V block on n - 1 times: only the 2 KV heads travel, never the 6 expanded ones
     block = AttentionShape(2, 6, 2, seq, 12).kv_block_bytes(n)
     assert run.sent_bytes_per_rank == (int((n - 1) * block),) * n
@@ -62,7 +70,7 @@ def test_ring_without_overlap_is_exact_too_and_moves_the_same_bytes(pool):
     q, k, v = qkv(1, 4, 4, 10 * n, 16, seed=3)
     a = run_ring_attention(pool, q, k, v, overlap=False)
     b = run_ring_attention(pool, q, k, v, overlap=True)
-    assert a.gap <= ATOL and b.gap <= ATOL
+    assert a.gap <= TOLERANCE and b.gap <= TOLERANCE
     assert a.sent_bytes_per_rank == b.sent_bytes_per_rank
     assert torch.equal(a.output, b.output)  # the same blocks merged in the same order
 
@@ -72,8 +80,8 @@ def test_ring_on_one_rank_is_plain_attention():
 
     q, k, v = qkv(1, 2, 1, 9, 8)
     with Ranks(1) as one:
-        run = run_ring_attention(one, q, k, v, layout="contiguous")
-    assert run.gap <= ATOL and run.transfers == ((),)
+        run = run_ring_attention(one, q, k, v, placement="contiguous")
+    assert run.gap <= TOLERANCE and run.transfers == ((),)
 
 
 # -- ring attention: bad input ---------------------------------------------------------------------------
@@ -85,7 +93,7 @@ def test_bad_ring_inputs_are_refused_before_any_rank_starts(pool):
         run_ring_attention(pool, q, k, v)
     q, k, v = qkv(1, 4, 2, 3 * n, 8)
     with pytest.raises(ValueError, match=rf"2 x {n} = {2 * n} chunks"):
-        run_ring_attention(pool, q, k, v, layout="zigzag")
+        run_ring_attention(pool, q, k, v, placement="zigzag")
     with pytest.raises(ValueError, match="q has sequence length"):
         run_ring_attention(pool, q, k[:, :, :n], v[:, :, :n])
     with pytest.raises(ValueError, match="4 query heads cannot share 3 KV heads"):
@@ -100,6 +108,65 @@ def test_a_rank_function_called_directly_with_bad_input_fails_on_every_rank_with
         pool.run(ring_attention_on_rank, q, k, v)
     q, k, v = qkv(1, 4, 2, 4 * n, 8)
     assert run_ring_attention(pool, q, k, v).exact  # the pool still works
+
+
+# -- ring attention: the backward ------------------------------------------------------------------------
+@pytest.mark.parametrize("placement", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (2, 2)], ids=["gqa", "mha"])
+def test_every_ranks_ring_gradients_equal_sdpa(pool, placement, causal, heads, kv_heads):
+    """Each rank's dq, dk, dv for its own shards against autograd through scaled_dot_product_attention on
+    the whole sequence in one process (GQA by ``enable_gqa``), cut the same way, within TOLERANCE."""
+    n = pool.world_size
+    q, k, v = qkv(2, heads, kv_heads, 4 * n, 8, seed=10 + n)  # small: 4 ranks share 2 cores
+    d_out = torch.randn_like(q)
+    run = run_ring_attention_grads(pool, q, k, v, d_out, causal, placement)
+    whole = attention_grads_reference(q, k, v, d_out, causal)
+    for rank, (dq, dk, dv) in enumerate(run.shards):
+        for got, want in zip((dq, dk, dv), whole):
+            assert got.shape == shard_sequence(want, n, placement)[rank].shape
+            assert torch.allclose(got, shard_sequence(want, n, placement)[rank], rtol=TOLERANCE, atol=TOLERANCE)
+    assert run.exact and run.shards[0][1].shape[1] == kv_heads  # only the KV heads' gradients travel
+    # the backward's bytes: K/V passed on n - 1 times, dK/dV n times (the last hop home)
+    block = AttentionShape(2, heads, kv_heads, 4 * n, 8).kv_block_bytes(n)
+    assert run.forward_bytes == (n - 1) * block
+    assert run.backward_bytes == run.predicted_backward_bytes == (2 * n - 1) * block
+    # memory O(s/n): each rank saved its own rows of q and output, its own K/V and one lse per row
+    assert run.saved_bytes == (ring_saved_bytes_per_rank(AttentionShape(2, heads, kv_heads, 4 * n, 8), n),) * n
+
+
+def test_ring_gradients_without_overlap_are_the_same(pool2):
+    q, k, v = qkv(1, 4, 2, 16, 8, seed=12)
+    d_out = torch.randn_like(q)
+    a = run_ring_attention_grads(pool2, q, k, v, d_out, placement="zigzag", overlap=False)
+    b = run_ring_attention_grads(pool2, q, k, v, d_out, placement="zigzag", overlap=True)
+    assert a.exact and b.exact
+    assert all(torch.equal(x, y) for xs, ys in zip(a.shards, b.shards) for x, y in zip(xs, ys))
+
+
+def test_ring_gradients_on_one_rank_send_nothing():
+    from shardlib import Ranks
+
+    q, k, v = qkv(1, 2, 1, 6, 8, seed=13)
+    with Ranks(1) as one:
+        run = run_ring_attention_grads(one, q, k, v, torch.randn_like(q))
+    assert run.exact and run.backward_bytes == 0 == ring_backward_bytes_per_rank(AttentionShape(1, 2, 1, 6, 8), 1)
+
+
+def test_training_through_the_ring_equals_one_process_and_the_loss_falls(pool2):
+    g = torch.Generator().manual_seed(14)
+    x, target = torch.randn(2, 16, 16, generator=g), torch.randn(2, 16, 16, generator=g)
+    run = run_ring_training(pool2, x, target, attention_layer_weights(16, 4, 2, 8), 8, placement="zigzag", steps=4)
+    assert run.exact, run
+    assert run.loss_fell and list(run.losses) == sorted(run.losses, reverse=True)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_all_to_all_gradients_equal_sdpa(pool2, causal):
+    q, k, v = qkv(2, 4, 2, 12, 8, seed=15)
+    run = run_ulysses_attention_grads(pool2, q, k, v, torch.randn_like(q), causal)
+    assert run.exact, run.gaps
+    assert run.backward_bytes == run.forward_bytes == run.predicted_backward_bytes  # each all-to-all's transpose
 
 
 # -- causal balance --------------------------------------------------------------------------------------
@@ -134,8 +201,8 @@ def test_the_next_block_moves_while_this_one_computes(pool2):
         assert 0.5 <= measured / predicted <= 2.0, (measured, predicted)
 
 
-def test_calibrate_exchange_fits_a_link(pool2):
-    link = calibrate_exchange(pool2, 1 << 20)
+def test_the_exchange_calibration_fits_a_link(pool2):
+    link = run_exchange_calibration(pool2, 1 << 20).link
     assert link.one_way_bytes_per_s > 1e7 and link.latency_s < 0.05
     assert "ring exchange" in link.name
 
@@ -146,8 +213,8 @@ def test_all_to_all_attention_equals_whole_sequence_attention(pool, causal):
     n = pool.world_size
     q, k, v = qkv(2, 12, 4, 15 * n, 10, seed=7)  # 15 tokens per rank, head_dim 10, GQA 3:1
     run = run_ulysses_attention(pool, q, k, v, causal)
-    assert run.gap <= ATOL
-    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=ATOL)
+    assert run.gap <= TOLERANCE
+    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=TOLERANCE)
     assert run.measured == run.predicted  # four all-to-alls, bytes as the formula says
     assert [op for op, _, _ in run.measured] == ["all_to_all_single"] * 4
 
@@ -196,11 +263,11 @@ def test_the_sequence_slider_stays_in_range_and_reruns(pool2):
     app = sequence_explorer(pool2, heads=4, kv_heads=2, head_dim=16, max_seq=512)
     (slider, picker), label, memory = app.children[0].children, app.children[1], app.children[2]
     assert (slider.min, slider.max, slider.step) == (128, 512, 128)
-    assert "512 tokens, zigzag layout" in label.value and "exact within 1e-5" in label.value
+    assert "512 tokens, zigzag placement" in label.value and "exact within 1e-5" in label.value
     slider.value = 10_000  # out of range: the slider clamps it
     assert slider.value == 512
     slider.value = 256
-    assert "256 tokens, zigzag layout" in label.value
+    assert "256 tokens, zigzag placement" in label.value
     picker.value = "contiguous"
-    assert "256 tokens, contiguous layout" in label.value and app.children[-1].value == ""
+    assert "256 tokens, contiguous placement" in label.value and app.children[-1].value == ""
     assert {t.name for t in memory.data} == {"q and output rows", "own K/V", "K/V arriving", "scores"}

@@ -53,7 +53,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.data_parallel.predict",
     "shardlib.context_parallel.predict",
     "shardlib.context_parallel.memory",
-    "shardlib.context_parallel.layouts",
+    "shardlib.context_parallel.placement",
 }
 LAYERS = {
     "pure": PURE_WITHOUT_TORCH | {
@@ -94,6 +94,7 @@ LAYERS = {
         "shardlib.combined.forward",
     },
     "driver": {
+        "shardlib.context_parallel.grad_drivers",
         "shardlib.combined.across",
         "shardlib.combined.machines",
         "shardlib.launch",

@@ -1,15 +1,16 @@
-"""Sequence and context parallelism: long sequences split across ranks, attention still exact.
+"""Context parallelism: long sequences split across ranks, attention still exact, forward and backward.
 
-* ``layouts`` (pure): which tokens each rank holds, contiguous or zigzag (load-balanced), and the
-  attention blocks each rank computes under a causal mask.
-* ``online_softmax`` (pure): attention one block of keys at a time, partial results and their merge.
-* ``reference`` (pure): the whole-sequence attention, the input checks, cutting tensors into shards,
-  the ring played in one process.
-* ``predict`` (pure): bytes per rank of each method, the ring's time by alpha-beta, the share hidden.
+* ``placement`` (pure): which tokens each rank holds, contiguous or zigzag, and the causal blocks each computes.
+* ``online_softmax`` (pure): attention one block of keys at a time, partials and their merge; one block's gradients.
+* ``reference`` (pure): whole-sequence attention and its gradients, the q/k/v checks, shards cut and joined,
+  the ring in one process, the tiny attention layer trained in notebook 07.
+* ``predict`` (pure): bytes per rank of each method, forward and backward; the ring's time by alpha-beta.
 * ``memory`` (pure): KV cache and activations per device against sequence length, under tp and cp.
-* ``ring`` (on a rank): ``ring_attention``, K/V passed round the ring with send/recv, overlapped.
-* ``ulysses`` (on a rank): ``ulysses_attention``, all-to-all from sequence to heads and back.
-* ``drivers``: run them on a pool, against the references and the predictions.
+* ``ring`` (mechanism): ``ring_attention``, K/V round the ring forward, K/V with dK/dV round it backward.
+* ``ulysses`` (mechanism): ``ulysses_attention``, all-to-all from sequence to heads and back, differentiable.
+* ``ranks``: the rank functions, the mechanisms with spans, padding and comm logs attached through a probe.
+* ``drivers``: the forward on a pool: ring, balance, overlap, link calibration, all-to-all.
+* ``grad_drivers``: the backward on a pool: every rank's gradients against autograd, training through the ring.
 
 Megatron's sequence parallelism, an extension of tensor parallelism, lives in ``shardlib.tensor_parallel``.
 """
@@ -17,18 +18,23 @@ Megatron's sequence parallelism, an extension of tensor parallelism, lives in ``
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "layouts": ("LAYOUTS", "check_sequence", "chunks_of_rank", "positions_of_rank", "block_kind", "RankWork",
-                "causal_work", "imbalance"),
-    "online_softmax": ("Partial", "block_partial", "merge", "attend_block"),
-    "reference": ("attention_reference", "check_qkv", "shard_sequence", "gather_sequence", "ring_pass",
-                  "simulate_ring_attention"),
-    "predict": ("METHODS", "AttentionShape", "ring_bytes_per_rank", "ulysses_bytes_per_rank", "ulysses_collectives",
+    "placement": ("PLACEMENTS", "check_sequence", "chunks_of_rank", "positions_of_rank", "block_kind",
+                  "blocks_between", "RankWork", "causal_work", "imbalance"),
+    "online_softmax": ("Partial", "block_partial", "merge", "attend_block", "block_grads", "attend_block_backward"),
+    "reference": ("attention_reference", "attention_grads_reference", "check_qkv", "shard_sequence",
+                  "gather_sequence", "ring_pass", "simulate_ring_attention", "attention_layer_weights",
+                  "attention_layer", "train_attention_layer_reference"),
+    "predict": ("METHODS", "AttentionShape", "ring_bytes_per_rank", "ring_backward_bytes_per_rank",
+                "ring_saved_bytes_per_rank", "ulysses_bytes_per_rank", "ulysses_collectives",
                 "sequence_parallel_bytes_per_rank", "method_bytes", "ring_time_s", "ring_transfer_s", "hidden_share"),
-    "memory": ("attention_activation_bytes",
-               "device_memory", "context_parallel_needed", "toy_block_activation_bytes", "attention_bytes_per_rank"),
-    "ring": ("ring_attention", "ring_attention_on_rank", "check_ring_inputs", "exchange_sweep_on_rank"),
-    "ulysses": ("ulysses_attention", "ulysses_attention_on_rank", "check_heads_divide", "sequence_to_heads",
-                "heads_to_sequence"),
+    "memory": ("attention_activation_bytes", "device_memory", "context_parallel_needed", "toy_block_activation_bytes",
+               "attention_bytes_per_rank"),
+    "ring": ("ring_attention", "RingAttention", "check_ring_inputs"),
+    "ulysses": ("ulysses_attention", "check_heads_divide", "sequence_to_heads", "heads_to_sequence"),
+    "ranks": ("RingProbe", "ring_attention_on_rank", "ring_attention_grads_on_rank", "ring_training_on_rank",
+              "ulysses_attention_on_rank", "exchange_sweep_on_rank"),
     "drivers": ("RingRun", "run_ring_attention", "Balance", "run_ring_balance", "Overlap", "run_ring_overlap",
-                "calibrate_exchange", "UlyssesRun", "run_ulysses_attention", "TOLERANCE"),
+                "ExchangeCalibration", "run_exchange_calibration", "UlyssesRun", "run_ulysses_attention"),
+    "grad_drivers": ("AttentionGrads", "run_ring_attention_grads", "run_ulysses_attention_grads", "RingTraining",
+                     "run_ring_training"),
 })

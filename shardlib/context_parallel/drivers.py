@@ -1,14 +1,10 @@
 """Context parallelism run on a pool, against the unsharded attention, the work count and the cost model.
 
-* ``run_ring_attention``: ring attention on every rank, gathered back into sequence order, its gap from
-  ``scaled_dot_product_attention`` on the whole sequence, per-rank compute, the step time, transfers.
-* ``run_ring_balance``: the contiguous and the zigzag layout side by side: per-rank compute measured
-  against the blocks ``layouts.causal_work`` predicts.
-* ``run_ring_overlap``: the ring with and without overlap, against the alpha-beta prediction on this
-  machine's link as the ring uses it (``calibrate_exchange``), and the share of transfer hidden.
-* ``run_ulysses_attention``: the all-to-all method, its gap, and its collectives against the formula.
-
-Inputs are checked here, before any rank starts; the rank functions check again.
+``run_ring_attention`` (the ring's output, gap, compute, step time, transfers), ``run_ring_balance``
+(contiguous and zigzag placements side by side), ``run_ring_overlap`` (with and without overlap against
+alpha-beta on the link ``run_exchange_calibration`` fits) and ``run_ulysses_attention``, forward only
+(the backward's drivers are in ``grad_drivers``). Inputs are checked here, before any rank starts; the
+rank functions check again.
 """
 
 from __future__ import annotations
@@ -23,11 +19,12 @@ from ..costs.calibration import fastest_of_slowest, fit_link
 from ..hardware import Link
 from ..runtime.measure import TOLERANCE
 from ..runtime.timeline import Span
-from .layouts import LAYOUTS, RankWork, causal_work, imbalance
+from .placement import PLACEMENTS, RankWork, causal_work, imbalance
 from .predict import AttentionShape, hidden_share, ring_time_s, ring_transfer_s, ulysses_collectives
+from .ranks import exchange_sweep_on_rank, ring_attention_on_rank, ulysses_attention_on_rank
 from .reference import attention_reference, gather_sequence
-from .ring import check_ring_inputs, exchange_sweep_on_rank, ring_attention_on_rank
-from .ulysses import check_ulysses_inputs, ulysses_attention_on_rank
+from .ring import check_ring_inputs
+from .ulysses import check_ulysses_inputs
 
 
 def _gap(out: torch.Tensor, q, k, v, causal: bool, scale) -> float:
@@ -55,7 +52,7 @@ class RingRun:
     ``blocks`` and ``transfers`` are each rank's of the last run."""
 
     world_size: int
-    layout: str
+    placement: str
     causal: bool
     overlap: bool
     output: torch.Tensor = field(repr=False)
@@ -91,55 +88,55 @@ class RingRun:
 
 
 def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                       layout: str = "contiguous", overlap: bool = True, scale: float | None = None,
+                       placement: str = "contiguous", overlap: bool = True, scale: float | None = None,
                        repeats: int = 1, pad_compute_s: float | None = None) -> RingRun:
     """``ring.ring_attention`` on every rank of ``ranks``: each takes its shard of the whole ``q, k, v``
-    (``q (b, H, s, hd)``, ``k, v (b, KV, s, hd)``) in ``layout``; run ``repeats`` times, each step's
+    (``q (b, H, s, hd)``, ``k, v (b, KV, s, hd)``) in ``placement``; run ``repeats`` times, each step's
     compute padded to ``pad_compute_s`` if given."""
     n = ranks.world_size
-    check_ring_inputs(q.shape, k.shape, v.shape, n, layout, local=False)
+    check_ring_inputs(q.shape, k.shape, v.shape, n, placement, local=False)
     flag(causal, "causal")
     flag(overlap, "overlap")
     if pad_compute_s is not None:
         number_at_least(pad_compute_s, "pad_compute_s")
-    per_rank = ranks.run(ring_attention_on_rank, q, k, v, causal, layout, overlap, scale,
+    per_rank = ranks.run(ring_attention_on_rank, q, k, v, causal, placement, overlap, scale,
                          whole_number(repeats, "repeats"), pad_compute_s)
-    out = gather_sequence([r["output"] for r in per_rank], layout)
+    out = gather_sequence([r["output"] for r in per_rank], placement)
     runs = len(per_rank[0]["times_s"])
     compute, cpu = (tuple(statistics.median(sum(steps) for steps in r[key]) for r in per_rank)
                     for key in ("step_compute_s", "step_cpu_s"))
     per_step = tuple(statistics.median(max(r["step_compute_s"][i][step] for r in per_rank) for i in range(runs))
                      for step in range(n))
-    return RingRun(n, layout, causal, overlap, out, _gap(out, q, k, v, causal, scale), compute, cpu, per_step,
+    return RingRun(n, placement, causal, overlap, out, _gap(out, q, k, v, causal, scale), compute, cpu, per_step,
                    _median_of_slowest(per_rank, "times_s"), _median_of_slowest(per_rank, "waited_s"),
                    _median_of_slowest(per_rank, "transfer_s"), tuple(tuple(r["blocks"]) for r in per_rank),
-                   tuple(tuple(r["transfers"]) for r in per_rank), tuple(causal_work(q.shape[2], n, layout, causal)),
+                   tuple(tuple(r["transfers"]) for r in per_rank), tuple(causal_work(q.shape[2], n, placement, causal)),
                    tuple(ranks.last_spans))
 
 
 @dataclass(frozen=True)
 class Balance:
-    """The same causal ring in each layout, ``runs[layout]``: per-rank compute measured (CPU time,
+    """The same causal ring in each placement, ``runs[placement]``: per-rank compute measured (CPU time,
     medians over the repeats) against the blocks predicted."""
 
     runs: dict
 
-    def compute_s(self, layout: str) -> tuple[float, ...]:
-        return self.runs[layout].compute_cpu_s
+    def compute_s(self, placement: str) -> tuple[float, ...]:
+        return self.runs[placement].compute_cpu_s
 
-    def measured_imbalance(self, layout: str) -> float:
-        return self.runs[layout].compute_imbalance
+    def measured_imbalance(self, placement: str) -> float:
+        return self.runs[placement].compute_imbalance
 
-    def predicted_imbalance(self, layout: str) -> float:
-        return imbalance(self.runs[layout].predicted_work)
+    def predicted_imbalance(self, placement: str) -> float:
+        return imbalance(self.runs[placement].predicted_work)
 
 
 def run_ring_balance(ranks, q, k, v, repeats: int = 3, scale: float | None = None) -> Balance:
-    """Causal ring attention in the contiguous and the zigzag layout, ``repeats`` passes each."""
-    for layout in LAYOUTS:
-        check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, layout, local=False)
-    return Balance({layout: run_ring_attention(ranks, q, k, v, True, layout, True, scale, repeats)
-                    for layout in LAYOUTS})
+    """Causal ring attention in the contiguous and the zigzag placement, ``repeats`` passes each."""
+    for placement in PLACEMENTS:
+        check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
+    return Balance({placement: run_ring_attention(ranks, q, k, v, True, placement, True, scale, repeats)
+                    for placement in PLACEMENTS})
 
 
 @dataclass(frozen=True)
@@ -168,34 +165,45 @@ class Overlap:
         return hidden_share(self.overlapped.waited_s, self.sequential.transfer_s)
 
 
-def calibrate_exchange(ranks, block_bytes: float, rounds: int = 5) -> Link:
-    """This machine's link as the ring uses it (every rank sending to the next while receiving from the
-    previous), fitted by ``costs.calibration.fit_link`` to exchanges from 1/256 of ``block_bytes`` up to
-    all of it, the fastest of ``rounds`` rounds each. On a busy machine a sweep can come out too noisy
-    to fit (times that do not grow with size): it is then measured once more with twice the rounds."""
-    sizes = sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)})
+@dataclass(frozen=True)
+class ExchangeCalibration:
+    """This machine's link as the ring uses it, fitted to exchanges of ``sizes_bytes`` (``rounds`` each)."""
+
+    link: Link
+    sizes_bytes: tuple[int, ...]
+    rounds: int
+
+
+def run_exchange_calibration(ranks, block_bytes: float, rounds: int = 5) -> ExchangeCalibration:
+    """Every rank sending to the next while receiving from the previous, fitted by
+    ``costs.calibration.fit_link`` to exchanges from 1/256 of ``block_bytes`` up to all of it, the fastest
+    of ``rounds`` rounds each. A sweep too noisy to fit (times that do not grow with size, on a busy
+    machine) is measured once more with twice the rounds."""
+    sizes = tuple(sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)}))
     for attempt in (1, 2):
-        per_rank = ranks.run(exchange_sweep_on_rank, tuple(sizes), whole_number(rounds, "rounds") * attempt)
+        used = whole_number(rounds, "rounds") * attempt
+        per_rank = ranks.run(exchange_sweep_on_rank, sizes, used)
         try:
             fit = fit_link(fastest_of_slowest(per_rank, ranks.world_size))
             break
         except ValueError:
             if attempt == 2:
                 raise
-    return fit.link(f"this machine, ring exchange ({ranks.backend}, {ranks.world_size} ranks)")
+    link = fit.link(f"this machine, ring exchange ({ranks.backend}, {ranks.world_size} ranks)")
+    return ExchangeCalibration(link, sizes, used)
 
 
-def run_ring_overlap(ranks, q, k, v, causal: bool = True, layout: str = "contiguous", repeats: int = 5,
+def run_ring_overlap(ranks, q, k, v, causal: bool = True, placement: str = "contiguous", repeats: int = 5,
                      link: Link | None = None, scale: float | None = None,
                      pad_compute_s: float | None = None) -> Overlap:
     """The ring with overlap and without, ``repeats`` passes each, against the prediction. ``link``:
-    the link to predict with (default: this machine's, fitted now by ``calibrate_exchange``);
-    ``pad_compute_s``: each step's compute padded to a set length (see ``ring.ring_attention``)."""
-    check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, layout, local=False)
+    the link to predict with (default: this machine's, fitted now by ``run_exchange_calibration``);
+    ``pad_compute_s``: each step's compute padded to a set length (see ``ranks.RingProbe``)."""
+    check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
     shape = attention_shape(q, k)
     if link is None:
-        link = calibrate_exchange(ranks, shape.kv_block_bytes(ranks.world_size))
-    runs = {ov: run_ring_attention(ranks, q, k, v, causal, layout, ov, scale, repeats, pad_compute_s)
+        link = run_exchange_calibration(ranks, shape.kv_block_bytes(ranks.world_size)).link
+    runs = {ov: run_ring_attention(ranks, q, k, v, causal, placement, ov, scale, repeats, pad_compute_s)
             for ov in (False, True)}
     return Overlap(runs[True], runs[False], link, ring_transfer_s(shape, ranks.world_size, link))
 
@@ -226,3 +234,4 @@ def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | No
                       ulysses_collectives(attention_shape(q, k), ranks.world_size))
     return UlyssesRun(ranks.world_size, out, _gap(out, q, k, v, causal, scale), tuple(per_rank[0]["collectives"]),
                       predicted)
+

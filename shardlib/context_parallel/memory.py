@@ -1,33 +1,10 @@
-"""Memory per device against sequence length: the KV cache, attention's activations, and the toy block's
-activations under tensor and sequence parallelism.
+"""Memory per device against sequence length: weights and KV cache under ``tp x cp``, attention's
+activations, one ring rank's holdings, and the toy block's saved activations under sequence parallelism.
 
-**KV cache** (serving), per device, ``tp`` tensor-parallel and ``cp`` context-parallel ranks::
-
-    2 (K and V) x layers x kv_heads_per_device x head_dim x batch x (seq / cp) x bytes
-    kv_heads_per_device = max(kv_heads / tp, 1)
-
-Tensor parallelism splits the cache by KV head, and stops at the *KV-head wall*: past ``tp = kv_heads``
-every device still needs a whole KV head (it is copied), so the cache per device stops shrinking.
-Context parallelism splits it by token and has no such wall: it keeps shrinking as ``1 / cp``.
-
-**Attention's activations** (a prefill or training forward), per layer and device: q, k, v and the
-output of the device's heads for its tokens, ``b (s/cp) (2 H/tp + 2 KV') hd`` values; and the score
-matrix, if it is ever held whole: ``b (H/tp) s^2`` values without context parallelism (unless a fused
-kernel avoids it), one ring block ``b (H/tp) (s/cp)^2`` with it.
-
-**The toy block's activations** (``toy_block_activation_bytes``): what autograd keeps for the backward
-of one ``toy.block_reference`` on a rank, tensor by tensor, with ``T = batch x seq`` tokens and torch's
-CPU attention kernel (which keeps q, k, v, the output and one log-sum-exp per row)::
-
-    outside the pairs  2 norms x (input T d + one scale T)      / tp with sequence parallelism
-    pair inputs        2 x T d (the normed input, whole)
-    attention          4 x T (H/tp) hd  +  T (H/tp)             (q, K and V expanded to H/tp heads, out; lse)
-    MLP                4 x T d_ff/tp                            (gate, silu(gate), up, their product)
-
-Only the first line changes with sequence parallelism: the norms and the residual stream stop being
-stored ``tp`` times. (Korthikanti et al. 2022 count the same regions for a GPT block with dropout and
-16-bit values; Megatron-LM also keeps only the shard of each pair input and gathers it again for the
-backward, which moves the second line to ``/ tp`` as well.) Pure: no torch.
+The KV cache per device is ``models.kv_cache_bytes``: tensor parallelism splits it by KV head and stops
+at the KV-head wall (``models.kv_heads_per_device``); context parallelism splits it by token, ``1/cp``.
+The toy block's tally follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models"), counted for torch's CPU attention kernel in float32. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -35,7 +12,7 @@ from __future__ import annotations
 from ..checks import flag, positive_number, whole_number
 from ..models import ModelConfig, kv_cache_bytes, kv_heads_per_device
 from ..plan.memory import Memory
-from .layouts import check_sequence
+from .placement import check_sequence
 from .predict import AttentionShape
 
 
@@ -81,7 +58,13 @@ def context_parallel_needed(model: ModelConfig, seq: int, memory_per_device_byte
 
 def toy_block_activation_bytes(model: ModelConfig, batch: int, seq: int, tp: int = 1,
                                sequence_parallel: bool = False, bytes_per_value: float = 4.0) -> float:
-    """What autograd keeps for one toy block's backward on one rank (the tally in the module docstring)."""
+    """What autograd keeps for one toy block's backward on one rank, ``T = batch x seq`` tokens::
+
+        outside the pairs  2 norms x (input T d + one scale T)   / tp with sequence parallelism
+        pair inputs        2 x T d (the normed input, whole)
+        attention          4 x T (H/tp) hd + T (H/tp)            (q, K and V expanded to H/tp heads, out; lse)
+        MLP                4 x T d_ff/tp                         (gate, silu(gate), up, their product)
+    """
     tp = whole_number(tp, "tp")
     tokens = whole_number(batch, "batch") * whole_number(seq, "seq")
     d, hd, heads = model.d_model, model.head_dim, model.n_heads / tp
@@ -92,13 +75,14 @@ def toy_block_activation_bytes(model: ModelConfig, batch: int, seq: int, tp: int
     return (outside + pair_inputs + attention + mlp) * positive_number(bytes_per_value, "bytes_per_value")
 
 
-def attention_bytes_per_rank(shape: AttentionShape, world_size: int = 1, layout: str = "contiguous") -> dict[str, float]:
+def attention_bytes_per_rank(shape: AttentionShape, world_size: int = 1,
+                             placement: str = "contiguous") -> dict[str, float]:
     """What one rank holds during one attention call on ``shape``, part by part. One rank (``world_size``
     1): q, k, v, the output and the whole score matrix, as a plain implementation materialises it. A
     ring rank: its rows of q and the output, its own K/V shard, the next one arriving (the ring's only
     extra), and the scores of one block, a chunk of queries against a chunk of keys."""
     n = whole_number(world_size, "world_size")
-    chunk = check_sequence(shape.seq, n, layout) if n > 1 else shape.seq
+    chunk = check_sequence(shape.seq, n, placement) if n > 1 else shape.seq
     b, hd, B = shape.batch, shape.head_dim, shape.bytes_per_value
     rows = shape.seq / n
     parts = {"q and output rows": 2 * b * shape.heads * rows * hd * B, "own K/V": shape.kv_block_bytes(n)}

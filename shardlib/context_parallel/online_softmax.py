@@ -1,29 +1,14 @@
-"""Attention one block of keys at a time: partial results and how to merge them (online softmax).
+"""Attention one block of keys at a time: partials, their merge, and each block's gradients.
 
-Softmax needs the whole row of scores, but a rank of a ring holds only one block of keys at a time.
-The online softmax (Milakov and Gimelshein 2018, "Online normalizer calculation for softmax"; the
-same algebra makes FlashAttention and Ring Attention, Liu et al. 2023, exact) keeps, per query row,
-three things about the keys seen so far:
+The online softmax (Milakov and Gimelshein 2018) keeps, per query row, the output over the keys seen
+so far (``out``, normalised), the largest score ``m`` and ``l = sum_j exp(score_j - m)``; two partials
+over disjoint keys merge exactly (``merge``). ``log(l) + m`` is the row's log-sum-exp, all that the
+backward keeps. ``block_grads`` is one block of FlashAttention-2's backward (Dao 2023, Algorithm 2):
+from the saved output and log-sum-exp it rebuilds the block's probabilities and returns dQ, dK, dV.
 
-* ``out``: the attention output over those keys alone, normalised ``(batch, heads, rows, head_dim)``;
-* ``row_max``: the largest score ``m`` ``(batch, heads, rows)``;
-* ``row_sum``: ``l = sum_j exp(score_j - m)`` ``(batch, heads, rows)``.
-
-Two partials over disjoint sets of keys merge into the partial over their union::
-
-    m = max(m_a, m_b)
-    w_a = l_a exp(m_a - m),  w_b = l_b exp(m_b - m)      (each side's share of the new normaliser)
-    l = w_a + w_b
-    out = (w_a out_a + w_b out_b) / l
-
-Subtracting the max keeps every ``exp`` at most 1 (no overflow), and the result does not depend on the
-order in which blocks arrive, up to float rounding. ``log(l) + m`` is the row's log-sum-exp: what a
-backward pass would keep.
-
-Grouped-query attention: ``k`` and ``v`` carry ``kv_heads`` heads, each read by ``heads / kv_heads``
-query heads. The blocks are never expanded: queries are viewed as ``(batch, kv_heads, group, rows,
-head_dim)`` against keys ``(batch, kv_heads, 1, keys, head_dim)``, so only the small K/V travel.
-Pure: torch, no ``torch.distributed``.
+Grouped-query attention: queries are viewed as ``(batch, kv_heads, group, rows, head_dim)`` against
+keys ``(batch, kv_heads, 1, keys, head_dim)``, so the K/V are never expanded, and a KV head's gradient
+sums over the query heads of its group. Pure: torch, no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .layouts import DIAGONAL, FUTURE, block_kind
+from .placement import DIAGONAL, FUTURE, block_kind
 
 
 @dataclass(frozen=True)
@@ -102,3 +87,43 @@ def attend_block(acc: list, q_chunks, q_ids, k: torch.Tensor, v: torch.Tensor, k
             acc[i] = part if acc[i] is None else merge(acc[i], part)
             visible, diagonal = visible + (kind != DIAGONAL), diagonal + (kind == DIAGONAL)
     return visible, diagonal
+
+
+def block_grads(q, d_out, lse, delta, k, v, diagonal: bool = False, scale: float | None = None):
+    """One block of the backward: ``(dq, dk, dv)`` of queries ``q (b, H, rows, hd)`` against the block
+    ``k, v (b, KV, keys, hd)``, given the upstream gradient ``d_out`` (like ``q``), the rows' final
+    log-sum-exp ``lse`` and ``delta = rowsum(d_out * out)`` (``(b, H, rows)`` each)."""
+    b, heads, rows, hd = q.shape
+    kv_heads, keys = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(hd) if scale is None else scale
+    grouped = (b, kv_heads, heads // kv_heads, rows)
+    qg, dog = q.reshape(*grouped, hd), d_out.reshape(*grouped, hd)  # (b, KV, group, rows, hd)
+    k1, v1 = k.unsqueeze(2), v.unsqueeze(2)  # (b, KV, 1, keys, hd)
+    scores = (qg @ k1.transpose(-1, -2)).mul_(scale)  # (b, KV, group, rows, keys)
+    if diagonal:  # key j is in the future of query i < j
+        scores.masked_fill_(torch.ones(rows, keys, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
+    p = scores.sub_(lse.reshape(*grouped, 1)).exp_()  # P = exp(S - lse): the softmax, rebuilt
+    dv = (p.transpose(-1, -2) @ dog).sum(2)  # dV = P^T dO, summed over the group: (b, KV, keys, hd)
+    ds = p * (dog @ v1.transpose(-1, -2) - delta.reshape(*grouped, 1))  # dS = P * (dP - D), dP = dO V^T
+    dq = (ds @ k1).mul_(scale).reshape(b, heads, rows, hd)  # dQ = dS K scale
+    dk = (ds.transpose(-1, -2) @ qg).sum(2).mul_(scale)  # dK = dS^T Q scale, summed over the group
+    return dq, dk, dv
+
+
+def attend_block_backward(dq: torch.Tensor, dkv: torch.Tensor, rows, q_ids, kv: torch.Tensor, k_ids,
+                          causal: bool, scale: float | None = None) -> None:
+    """Add one K/V shard's gradients into ``dq`` (this rank's queries) and ``dkv`` (``(2, b, KV, keys,
+    hd)``, the shard's travelling dK/dV), in place. ``rows``: this rank's ``(q, d_out, lse, delta)``;
+    chunks ``q_ids`` against ``k_ids`` as in ``attend_block``, future blocks skipped."""
+    per_q = [t.chunk(len(q_ids), dim=2) for t in (dq, *rows)]
+    per_k = [t.chunk(len(k_ids), dim=2) for t in (kv[0], kv[1], dkv[0], dkv[1])]
+    for i, a in enumerate(q_ids):
+        for j, c in enumerate(k_ids):
+            kind = block_kind(a, c, causal)
+            if kind == FUTURE:
+                continue
+            dq_i, dk_j, dv_j = block_grads(*(t[i] for t in per_q[1:]), per_k[0][j], per_k[1][j],
+                                           diagonal=kind == DIAGONAL, scale=scale)
+            per_q[0][i].add_(dq_i)
+            per_k[2][j].add_(dk_j)
+            per_k[3][j].add_(dv_j)

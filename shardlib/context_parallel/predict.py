@@ -1,28 +1,18 @@
-"""What each way of splitting a sequence sends, and how long the ring should take (alpha-beta).
+"""Context parallelism's formulas: bytes per rank of each method, forward and backward, and the ring's time.
 
-Bytes per rank for one attention call over ``n`` ranks, ``b`` sequences of ``s`` tokens, ``H`` query
-heads and ``KV`` KV heads of ``hd`` values, ``B`` bytes per value (``runtime.records``' wire convention:
-what one rank puts on the wire):
+Wire bytes one rank sends per attention call (``runtime.records``' convention), ``n`` ranks, ``b``
+sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of ``B`` bytes:
 
-    ring attention      (n-1) sends of its K/V block       (n-1) x 2 b KV (s/n) hd B
-    all-to-all          4 all-to-alls (q, k, v, output)    (n-1)/n x (2H + 2KV) b (s/n) hd B
-    (DeepSpeed-Ulysses)
+    ring forward     (n-1) K/V blocks                       (n-1) x 2 b KV (s/n) hd B
+    ring backward    (n-1) K/V blocks + n dK/dV blocks      (2n-1) x 2 b KV (s/n) hd B   (0 on one rank)
+    all-to-all       4 all-to-alls (q, k, v, output)        (n-1)/n x (2H + 2KV) b (s/n) hd B, each pass
 
-So the ring's bytes per rank barely change with ``n`` (``2 (n-1)/n`` of the whole K/V), while the
-all-to-all's shrink like ``1/n``; the ring, in exchange, hides its transfers under compute and has no
-head limit. Megatron's sequence parallelism is not an attention method but a layout of the regions
-around the tensor-parallel pairs: per pair and pass, an all-gather plus a reduce-scatter of the
-``b s d_model`` activation, ``2 (n-1)/n`` of it, exactly a ring all-reduce's wire bytes.
+What a ring rank keeps for its backward (``ring_saved_bytes_per_rank``): its q, output, K/V and lse, O(s/n).
 
-**The ring's time.** A step ends when both its compute and the next block's transfer are done, and no
-rank can run ahead of the block it waits for, so the ranks move in lockstep. With ``c[i]`` the slowest
-rank's compute at step ``i`` and ``t = alpha + bytes / bandwidth`` one block's transfer::
-
-    overlapped      sum over the n-1 moving steps of max(c[i], t)  +  c[n-1]
-    not overlapped  sum over the n-1 moving steps of (c[i] + t)    +  c[n-1]
-
-The transfer is hidden when ``c[i] >= t``: compute grows with the square of the block, bytes with the
-block, so long sequences hide it. Pure: no torch.
+The ring's time by alpha-beta (``ring_time_s``): ranks move in lockstep; a moving step lasts
+``max(compute, transfer)`` overlapped and ``compute + transfer`` not; the last step is compute only.
+Liu et al. 2023 (ring attention), Jacobs et al. 2023 (DeepSpeed-Ulysses), Korthikanti et al. 2022
+(sequence parallelism). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -68,6 +58,23 @@ def ring_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
     """Wire bytes one rank sends in a ring pass: ``n - 1`` K/V blocks."""
     n = whole_number(world_size, "world_size")
     return (n - 1) * shape.kv_block_bytes(n)
+
+
+def ring_backward_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
+    """Wire bytes one rank sends in the ring's backward: its K/V block passed on ``n - 1`` times, as in
+    the forward, and the dK/dV accumulator it holds passed on after each of the ``n`` steps (the last
+    hop takes it home), each as large as a K/V block (gradients in the values' dtype): ``(2n - 1)``
+    blocks. One rank sends nothing."""
+    n = whole_number(world_size, "world_size")
+    return 0.0 if n == 1 else (2 * n - 1) * shape.kv_block_bytes(n)
+
+
+def ring_saved_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
+    """What one rank's ring attention keeps for its backward: its rows of q and of the output, its own K/V
+    shard and one log-sum-exp per row, ``b (s/n) ((2H + 2KV) hd + H) B``: ``O(s/n)``, no K/V of other ranks."""
+    n = whole_number(world_size, "world_size")
+    rows = shape.batch * shape.seq / n
+    return rows * ((2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim + shape.heads) * shape.bytes_per_value
 
 
 def ulysses_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:

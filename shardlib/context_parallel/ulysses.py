@@ -1,24 +1,18 @@
-"""All-to-all sequence parallelism on a rank (DeepSpeed-Ulysses): re-shard from sequence to heads and back.
+"""All-to-all sequence parallelism on a rank (DeepSpeed-Ulysses, Jacobs et al. 2023): sequence to heads and back.
 
-DeepSpeed-Ulysses (Jacobs et al. 2023) takes the other road to a long sequence. Each rank starts with
-its run of tokens for *every* head, ``(batch, heads, seq / n, head_dim)``. One all-to-all per tensor
-trades that for *every* token of ``heads / n`` heads, ``(batch, heads / n, seq, head_dim)``; attention
-of a head needs nothing from any other head, so each rank then runs ordinary attention on the whole
-sequence for its heads, and one more all-to-all hands the output back by sequence. Four all-to-alls
-(q, k, v in, the output out), each sending ``(n-1)/n`` of what the rank holds: the bytes per rank
-*shrink* as ranks are added, where the ring's stay the same.
-
-The limit is in the cut: a rank needs whole heads, so ``n`` must divide the query heads and, with
-grouped-query attention, the KV heads too (query heads ``j H/n ..`` read KV heads ``j KV/n ..``, which
-must sit on the same rank). Llama-3-70B's 8 KV heads stop it at 8 ranks; the ring has no such wall.
-``check_heads_divide`` refuses a split that breaks it, with the numbers, before any collective.
+Each rank starts with its run of tokens for every head, ``(b, H, s/n, hd)``; one all-to-all per tensor
+trades it for every token of ``H/n`` heads, ``(b, H/n, s, hd)``; each rank runs plain attention on its
+heads; one more all-to-all hands the output back by sequence. Differentiable: an all-to-all is a
+permutation, so the backward of sequence-to-heads is heads-to-sequence and the other way round.
+``n`` must divide the query heads and the KV heads (``check_heads_divide``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .layouts import check_sequence
+from ..runtime.measure import NO_PROBE
+from .placement import check_sequence
 from .reference import attention_reference, check_qkv
 
 
@@ -58,23 +52,38 @@ def heads_to_sequence(ctx, x: torch.Tensor) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, n * mine, seq // n, hd)
 
 
+class SequenceToHeads(torch.autograd.Function):
+    """``sequence_to_heads`` forward; its backward is ``heads_to_sequence`` of the gradient."""
+
+    @staticmethod
+    def forward(fn, ctx, x):
+        fn.rank_ctx = ctx
+        return sequence_to_heads(ctx, x)
+
+    @staticmethod
+    def backward(fn, grad):
+        return None, heads_to_sequence(fn.rank_ctx, grad)
+
+
+class HeadsToSequence(torch.autograd.Function):
+    """``heads_to_sequence`` forward; its backward is ``sequence_to_heads`` of the gradient."""
+
+    @staticmethod
+    def forward(fn, ctx, x):
+        fn.rank_ctx = ctx
+        return heads_to_sequence(ctx, x)
+
+    @staticmethod
+    def backward(fn, grad):
+        return None, sequence_to_heads(fn.rank_ctx, grad)
+
+
 def ulysses_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                      scale: float | None = None) -> torch.Tensor:
-    """This rank's rows of attention over the whole sequence, by two re-shards: ``q (b, H, s/n, hd)``,
-    ``k, v (b, KV, s/n, hd)`` (contiguous shards) in, ``(b, H, s/n, hd)`` out."""
+                      scale: float | None = None, probe=NO_PROBE) -> torch.Tensor:
+    """This rank's rows of attention over the whole sequence, by two re-shards, differentiable:
+    ``q (b, H, s/n, hd)``, ``k, v (b, KV, s/n, hd)`` (contiguous shards) in, ``(b, H, s/n, hd)`` out."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=True)
-    q_h, k_h, v_h = (sequence_to_heads(ctx, t) for t in (q, k, v))  # (b, heads / n, s, hd)
-    with ctx.timeline.span("attention, my heads, whole sequence"):
-        out = attention_reference(q_h, k_h, v_h, causal, scale)
-    return heads_to_sequence(ctx, out)
-
-
-def ulysses_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                              scale: float | None = None) -> dict:
-    """``ulysses_attention`` on this rank's contiguous shard of the whole ``q, k, v``. Returns ``output``
-    (my rows) and ``collectives``: ``(op, size_bytes, wire_bytes)`` of each call."""
-    check_ulysses_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=False)
-    n, me = ctx.world_size, ctx.rank
-    mine = [t.chunk(n, dim=2)[me].to(ctx.device) for t in (q, k, v)]
-    out = ulysses_attention(ctx, *mine, causal=causal, scale=scale)
-    return {"output": out, "collectives": [(c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records]}
+    q_h, k_h, v_h = (SequenceToHeads.apply(ctx, t) for t in (q, k, v))  # (b, heads / n, s, hd)
+    with probe.span("attention, my heads, whole sequence"):
+        out = attention_reference(q_h, k_h, v_h, causal, scale)  # (b, H/n, s, hd)
+    return HeadsToSequence.apply(ctx, out)  # (b, H, s/n, hd)

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ..context_parallel.online_softmax import Partial, block_partial, merge
+from ..runtime.measure import TOLERANCE
 from .result import Collector, ExerciseResult, call, check_callable
 
-ATOL = 1e-5
 # (heads, queries, keys in block a, keys in block b, head_dim, score scale): the last case's scores are ~1000
 CASES = ((2, 4, 5, 7, 8, 1.0), (1, 3, 6, 2, 4, 4.0), (2, 3, 4, 4, 8, 400.0))
 
@@ -60,14 +60,15 @@ LIKELY_MISTAKES = (
 
 def _hint(a: Partial, b: Partial, out: torch.Tensor) -> str:
     for wrong, hint in LIKELY_MISTAKES:
-        if torch.allclose(out, wrong(a, b), atol=ATOL):
+        if torch.allclose(out, wrong(a, b), atol=TOLERANCE):
             return hint
     return ("new max m = max(max_a, max_b); rescale each sum, w = sum x exp(max - m); the new sum is w_a + w_b "
             "and out = (w_a out_a + w_b out_b) / (w_a + w_b)")
 
 
 def _check(got: Collector, where: str, answer, a: Partial, b: Partial, whole: torch.Tensor) -> None:
-    if not isinstance(answer, (tuple, list)) or len(answer) != 3 or not all(isinstance(t, torch.Tensor) for t in answer):
+    tensors = isinstance(answer, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in answer)
+    if not tensors or len(answer) != 3:
         got.fail(f"{where}: return three tensors (out, max, sum), got {type(answer).__name__}")
         return
     out, row_max, row_sum = answer
@@ -80,13 +81,13 @@ def _check(got: Collector, where: str, answer, a: Partial, b: Partial, whole: to
         got.fail(f"{where}: your result holds inf or nan: the scores here are near 1000, and exp(1000) overflows. "
                  "Never exponentiate a max itself, only differences: exp(max_a - m) with m the larger max")
         return
-    if not torch.allclose(out, whole, atol=ATOL):
+    if not torch.allclose(out, whole, atol=TOLERANCE):
         gap = float((out - whole).abs().max())
         got.fail(f"{where}: out differs from attention over all the keys by up to {gap:.3g}: {_hint(a, b, out)}")
         return
-    if not torch.allclose(row_max, want.row_max, atol=ATOL):
+    if not torch.allclose(row_max, want.row_max, atol=TOLERANCE):
         got.fail(f"{where}: out is right but max is not the largest score of the two blocks, max(max_a, max_b)")
-    elif not torch.allclose(row_sum, want.row_sum, rtol=ATOL, atol=ATOL):
+    elif not torch.allclose(row_sum, want.row_sum, rtol=TOLERANCE, atol=TOLERANCE):
         got.fail(f"{where}: out and max are right but sum is not: measured from the new max, it is "
                  "sum_a x exp(max_a - m) + sum_b x exp(max_b - m); the next merge needs it")
 

@@ -1,7 +1,7 @@
 """Plotly figures for sequence and context parallelism: data in, ``go.Figure`` out.
 
 Which K/V block each rank holds at each step of the ring; who computes which block of the causal
-attention matrix in each layout; per-rank compute measured against the blocks predicted; the ring's
+attention matrix in each placement; per-rank compute measured against the blocks predicted; the ring's
 timeline with and without overlap; bytes per rank of each method against the number of ranks; and
 memory per device against sequence length. No torch, no widgets, no processes: the numbers come from
 ``shardlib.context_parallel``.
@@ -14,13 +14,13 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..context_parallel.layouts import DIAGONAL, FUTURE, LAYOUTS, block_kind, chunks_of_rank, chunks_per_rank
+from ..context_parallel.placement import DIAGONAL, FUTURE, PLACEMENTS, block_kind, chunks_of_rank, chunks_per_rank
 from ..runtime.timeline import Span
 from .gantt import Bar, gantt_figure
 from .theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, colours
 
 
-def ring_steps_figure(world_size: int, layout: str = "contiguous", causal: bool = True) -> go.Figure:
+def ring_steps_figure(world_size: int, placement: str = "contiguous", causal: bool = True) -> go.Figure:
     """A grid, ranks down and ring steps across: whose K/V each rank holds at each step, and how much
     of it it computes (whole, diagonal only, or nothing: the block is in its queries' future)."""
     n = world_size
@@ -29,7 +29,8 @@ def ring_steps_figure(world_size: int, layout: str = "contiguous", causal: bool 
         row_text, row_z = [], []
         for step in range(n):
             src = (r - step) % n
-            kinds = [block_kind(a, b, causal) for a in chunks_of_rank(r, n, layout) for b in chunks_of_rank(src, n, layout)]
+            kinds = [block_kind(a, b, causal) for a in chunks_of_rank(r, n, placement)
+                     for b in chunks_of_rank(src, n, placement)]
             done = sum(k != FUTURE for k in kinds)
             row_text.append(f"K/V of rank {src}<br>{done} of {len(kinds)} block{'s' if len(kinds) > 1 else ''}")
             row_z.append(done / len(kinds))
@@ -39,20 +40,20 @@ def ring_steps_figure(world_size: int, layout: str = "contiguous", causal: bool 
                                texttemplate="%{text}", zmin=0, zmax=1, colorscale=[[0, "#f2f2f2"], [1, BLUE]],
                                showscale=False, hovertemplate="%{y}, %{x}: %{text}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=f"The ring, {layout} layout{' (causal)' if causal else ''}: each step every rank "
+    fig.update_layout(title=f"The ring, {placement} placement{' (causal)' if causal else ''}: each step every rank "
                             "passes its K/V on to the next", height=120 + 60 * n)
     return fig
 
 
 def block_owner_figure(world_size: int) -> go.Figure:
     """The causal attention matrix cut into ``2 x world_size`` chunks each way, each block coloured by the
-    rank that computes it (blank: skipped, in the future), contiguous layout and zigzag side by side."""
+    rank that computes it (blank: skipped, in the future), contiguous placement and zigzag side by side."""
     fine = 2 * world_size
 
-    def cell(layout: str, qc: int, kc: int):
-        per = 2 // chunks_per_rank(layout)  # fine chunks per chunk of this layout: 2 contiguous, 1 zigzag
+    def cell(placement: str, qc: int, kc: int):
+        per = 2 // chunks_per_rank(placement)  # fine chunks per chunk of this placement: 2 contiguous, 1 zigzag
         a, b = qc // per, kc // per
-        owner = next(r for r in range(world_size) if a in chunks_of_rank(r, world_size, layout))
+        owner = next(r for r in range(world_size) if a in chunks_of_rank(r, world_size, placement))
         kind = block_kind(a, b, True)
         return (None, "") if kind == FUTURE else (owner, f"rank {owner}{' (diagonal)' if kind == DIAGONAL else ''}")
 
@@ -60,8 +61,8 @@ def block_owner_figure(world_size: int) -> go.Figure:
                         subplot_titles=["contiguous: 1 chunk per rank", "zigzag: chunks r and 2n - 1 - r"])
     scale = ([[k / (world_size - 1), c] for k, c in enumerate(colours(world_size))] if world_size > 1
              else [[0, colour(0)], [1, colour(0)]])
-    for col, layout in enumerate(LAYOUTS, start=1):
-        cells = [[cell(layout, qc, kc) for kc in range(fine)] for qc in range(fine)]
+    for col, placement in enumerate(PLACEMENTS, start=1):
+        cells = [[cell(placement, qc, kc) for kc in range(fine)] for qc in range(fine)]
         fig.add_trace(go.Heatmap(z=[[c[0] for c in row] for row in cells], text=[[c[1] for c in row] for row in cells],
                                  colorscale=scale, zmin=0, zmax=max(world_size - 1, 1), showscale=col == 2,
                                  xgap=1, ygap=1, colorbar={"title": "rank", "tickvals": list(range(world_size))},
@@ -74,16 +75,16 @@ def block_owner_figure(world_size: int) -> go.Figure:
 
 def balance_figure(compute_s: Mapping[str, Sequence[float]], predicted_scores: Mapping[str, Sequence[int]],
                    timing_note: str = "CPU time of each rank's compute, median of the passes") -> go.Figure:
-    """Per-rank compute measured (bars, ms) in each layout, and (diamonds) the measured total split
+    """Per-rank compute measured (bars, ms) in each placement, and (diamonds) the measured total split
     between the ranks as the predicted work (``RankWork.scores``) splits it."""
     fig = go.Figure()
-    for i, layout in enumerate(compute_s):
-        measured, work = list(compute_s[layout]), list(predicted_scores[layout])
+    for i, placement in enumerate(compute_s):
+        measured, work = list(compute_s[placement]), list(predicted_scores[placement])
         ranks = [f"rank {r}" for r in range(len(measured))]
-        fig.add_trace(go.Bar(x=ranks, y=[c * 1e3 for c in measured], name=f"{layout}: measured",
+        fig.add_trace(go.Bar(x=ranks, y=[c * 1e3 for c in measured], name=f"{placement}: measured",
                              marker_color=(ORANGE, BLUE)[i % 2], offsetgroup=str(i)))
         fig.add_trace(go.Scatter(x=ranks, y=[sum(measured) * 1e3 * w / sum(work) for w in work],
-                                 name=f"{layout}: the total split as predicted", mode="markers", offsetgroup=str(i),
+                                 name=f"{placement}: the total split as predicted", mode="markers", offsetgroup=str(i),
                                  marker={"symbol": "diamond", "size": 12, "color": (RED, "#1f3b63")[i % 2]}))
     fig.update_layout(title=f"Causal ring attention: work per rank ({timing_note})", barmode="group",
                       scattermode="group", yaxis_title="compute (ms)", height=360)

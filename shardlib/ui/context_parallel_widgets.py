@@ -16,8 +16,8 @@ import torch
 from IPython.display import display
 
 from ..context_parallel.drivers import run_ring_attention
-from ..context_parallel.layouts import LAYOUTS
 from ..context_parallel.memory import attention_bytes_per_rank
+from ..context_parallel.placement import PLACEMENTS
 from ..context_parallel.predict import AttentionShape
 from ..context_parallel.reference import attention_reference
 from .context_parallel_figures import attention_memory_figure, ring_timeline_figure
@@ -31,14 +31,14 @@ def _qkv(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int):
 
 def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 64, batch: int = 1,
                       max_seq: int = 2048) -> widgets.VBox:
-    """A sequence-length slider (multiples of ``4 x ranks``, up to ``max_seq``) and a layout picker,
+    """A sequence-length slider (multiples of ``4 x ranks``, up to ``max_seq``) and a placement picker,
     wired to causal ring attention on ``ranks``."""
     n = ranks.world_size
     step = 4 * n * 16
     slider = widgets.IntSlider(value=min(4 * step, max_seq), min=step, max=max(step, max_seq), step=step,
                                description="sequence length", continuous_update=False,
                                style={"description_width": "initial"})
-    picker = widgets.ToggleButtons(options=list(LAYOUTS), value="zigzag", description="layout")
+    picker = widgets.ToggleButtons(options=list(PLACEMENTS), value="zigzag", description="placement")
     label = widgets.HTML()
     memory = go.FigureWidget(attention_memory_figure({"one process": {}, f"ring, {n} ranks": {}}))
     timeline = widgets.Output()
@@ -65,13 +65,14 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
         one_s = time.perf_counter() - start
         cpu = ", ".join(f"{c * 1e3:.0f}" for c in run.compute_cpu_s)
         label.value = (
-            f"<b>{slider.value:,} tokens, {picker.value} layout, {n} ranks</b>: largest gap from the whole-sequence "
-            f"attention {run.gap:.1e} ({'exact' if run.exact else 'NOT exact'} within 1e-5)<br>ring {run.step_s * 1e3:.0f} ms "
+            f"<b>{slider.value:,} tokens, {picker.value} placement, {n} ranks</b>: largest gap from the "
+            f"whole-sequence attention {run.gap:.1e} ({'exact' if run.exact else 'NOT exact'} within 1e-5)<br>"
+            f"ring {run.step_s * 1e3:.0f} ms "
             f"against {one_s * 1e3:.0f} ms in this one process (scaled_dot_product_attention, a fused kernel); "
             f"compute per rank {cpu} ms (CPU time); sent per rank {run.sent_bytes_per_rank[0] / 2 ** 20:.2f} MiB")
         with timeline:
             timeline.clear_output(wait=True)
-            display(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} layout"))
+            display(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} placement"))
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)
