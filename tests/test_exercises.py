@@ -289,7 +289,8 @@ def merge_average(out_a, max_a, sum_a, out_b, max_b, sum_b):
 
 def merge_by_sums(out_a, max_a, sum_a, out_b, max_b, sum_b):
     total = (sum_a + sum_b).unsqueeze(-1)
-    return (sum_a.unsqueeze(-1) * out_a + sum_b.unsqueeze(-1) * out_b) / total, torch.maximum(max_a, max_b), sum_a + sum_b
+    merged = (sum_a.unsqueeze(-1) * out_a + sum_b.unsqueeze(-1) * out_b) / total
+    return merged, torch.maximum(max_a, max_b), sum_a + sum_b
 
 
 def merge_not_divided(out_a, max_a, sum_a, out_b, max_b, sum_b):

@@ -10,7 +10,8 @@
 * ``devices``: where ranks compute and how they talk, given the GPUs (``place_ranks``, ``Placement``). Pure.
 * ``comm``: recorded collectives, ``ctx.comm``: blocking or asynchronous (``Pending``), every call
   logged; GPU tensors on a gloo path go through host memory (``staging``), calls across an emulated slow
-  link are held to its time (``holding``). ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
+  link are held to its time (``holding``).
+* ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
 * ``timeline``: ``Span`` s on one clock across ranks, ``ctx.timeline``. Pure.
 * ``measure``: the one measurement module: bytes a rank keeps, the peak of short-lived buffers, the
   bytes autograd saves for the backward, and ``TOLERANCE``, the gap allowed where a cross-rank sum happens.
