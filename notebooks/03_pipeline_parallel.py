@@ -375,7 +375,7 @@ assert all(0.85 <= m / p <= 1.15 for m, p in zip(shares, predicted_shares))
 # ## Stages hold whole layers: the layer count must divide
 #
 # A stage holds whole layers, so equal stages need the layer count to divide by `p`. Llama-3.1-405B
-# has 126 layers: 2, 3, 6, 7 or 9 stages, but not 4 or 8. The planner of notebook 05 takes only equal
+# has 126 layers: 2, 3, 6, 7 or 9 stages, but not 4 or 8. The planner of notebook 08 takes only equal
 # stages, and on 4 nodes of 8 H100s that rule is what leaves it a single layout.
 
 # %%
@@ -428,12 +428,12 @@ microbatch_explorer(ranks, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02
 # straight back into stage 0 while the other microbatches are still on their way: with at least `p`
 # microbatches of independent sequences chasing each other round the stages, every stage stays busy,
 # and the fill and drain are paid once, when the server starts, not once per token. (This is how the
-# planner of notebook 05 models pipelined decode.)
+# planner of notebook 08 models pipelined decode.)
 #
 # What a pipeline does not change is a token's **trip**: its microbatch still passes through every
 # stage in turn, so the time per token is the whole model's time, plus a hop per stage boundary. A
 # pipeline buys memory and throughput, not latency; tensor parallelism, which splits each layer's work,
-# is what shortens the trip (notebooks 02 and 05 weigh the two).
+# is what shortens the trip (notebooks 02 and 08 weigh the two).
 #
 # Predict, for the forward-only runs measured above (4 stages, every forward padded to 20 ms): each
 # microbatch's trip, from entering stage 0 to leaving stage 3, and the gap between microbatches leaving.
@@ -495,7 +495,7 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # against a few on NVLink, twice per layer); in prefill they are **bandwidth-bound** (`size / bandwidth`
 # dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
 # tensor parallelism inside a node and pipeline stages across nodes; for latency, the pipeline's longer
-# trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 05's planner
+# trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 08's planner
 # does. (Notebook 02 puts prices on both, per link.)
 
 # %% [markdown]

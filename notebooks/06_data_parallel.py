@@ -376,7 +376,7 @@ activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.sav
 # the layer's input, with full recomputation. A pipeline stage holds `L/pp` layers, and notebook 03
 # showed that 1F1B's first stage keeps `pp` microbatches in flight. So a training GPU's budget is the
 # ZeRO states of its stage's parameters plus `L/pp × per-layer × in-flight` activations. The layout
-# planner of notebook 05 budgets serving (weights and KV cache); training adds exactly these two terms.
+# planner of notebook 08 budgets serving (weights and KV cache); training adds exactly these two terms.
 
 # %%
 from shardlib.data_parallel import training_memory_per_gpu

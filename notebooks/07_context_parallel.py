@@ -126,7 +126,7 @@ for model, tokens in ((LLAMA_3_8B, 1_000_000), (LLAMA_3_70B, 1_000_000)):
 
 # %% [markdown]
 # A million-token prompt of Llama-3-8B (131 GB of KV cache) fits 80 GB devices only from `cp = 4`;
-# the planner of notebook 05 knows `tp`, `pp`, `dp` and `ep`, and this is the axis it would add for long
+# the planner of notebook 08 knows `tp`, `pp`, `dp` and `ep`, and this is the axis it would add for long
 # prompts (`context_parallel_needed` is that rule on its own).
 
 # %% [markdown]

@@ -55,7 +55,7 @@ def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
     return (n_stages - 1) / (n_microbatches + n_stages - 1)
 
 
-# -- 04 expert parallelism ------------------------------------------------------------------------------
+# -- 05 expert parallelism ------------------------------------------------------------------------------
 def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
     """Each token's ``k`` best experts and their gates, a softmax over the ``k`` chosen logits."""
     logits = x @ router.T  # (T, n_experts)
@@ -72,7 +72,7 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     return order, rows_to_rank
 
 
-# -- 05 putting it together -----------------------------------------------------------------------------
+# -- 08 putting it together -----------------------------------------------------------------------------
 def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
     """(stage, replica, tp_rank) of a global rank: tp innermost, then replicas, stages outermost."""
     block, tp_rank = divmod(rank, tp)  # tp consecutive ranks share a block: one (stage, replica)

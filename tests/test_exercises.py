@@ -425,8 +425,8 @@ def test_fit_wrong_answers_fail_with_a_hint(wrong, phrases):
 
 # -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
 EXERCISE_DIRS = (ROOT / "notebooks" / "exercises", ROOT / "solutions")
-NOTEBOOK_STEMS = ("01_tensor_parallel", "02_communication_costs", "03_pipeline_parallel", "04_expert_parallel",
-                  "05_putting_it_together", "07_context_parallel")
+NOTEBOOK_STEMS = ("01_tensor_parallel", "02_communication_costs", "03_pipeline_parallel", "05_expert_parallel",
+                  "08_putting_it_together", "07_context_parallel")
 
 
 def test_every_exercise_has_a_starter_and_a_solution_notebook():

@@ -11,7 +11,7 @@ FLOPs / peak)``, plus its collectives: ``2 x L/pp`` tp all-reduces (Megatron-LM,
 ep all-to-alls, one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
 experts the tokens reach), the head on the last stage, the KV cache. Prefill fills and drains (GPipe,
 Huang et al. 2019): ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication
-with compute; notebook 05 walks through the model. Pure: no torch.
+with compute; notebook 08 walks through the model. Pure: no torch.
 """
 
 from __future__ import annotations

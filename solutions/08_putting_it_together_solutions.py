@@ -13,9 +13,9 @@
 # ---
 
 # %% [markdown]
-# # 05 · Solution: a rank's place in the mesh (for instructors)
+# # 08 · Solution: a rank's place in the mesh (for instructors)
 #
-# The answers to `notebooks/exercises/05_putting_it_together_exercises`, kept apart from the starter.
+# The answers to `notebooks/exercises/08_putting_it_together_exercises`, kept apart from the starter.
 # They live in `exercise_answers.py` beside this notebook; below, they are printed and then graded by
 # the same checker the learners run (on 4 real ranks too), which must pass.
 

@@ -13,9 +13,9 @@
 # ---
 
 # %% [markdown]
-# # 05 · Putting it together: TP inside a node, PP across nodes, and a layout planner
+# # 08 · Putting it together: TP inside a node, PP across nodes, and a layout planner
 #
-# **What you will see.** The three strategies of notebooks 01, 03 and 04 run again on the same four
+# **What you will see.** The three strategies of notebooks 01, 03 and 05 run again on the same four
 # ranks, and their comm logs set side by side, per token and per layer: what each one splits and what
 # it pays. Then the way large deployments stack them: two pipeline stages ("nodes") of two-way tensor
 # parallelism on real ranks, equal to the unsharded model, the comm log split by mesh axis exactly as
@@ -84,7 +84,7 @@ show_code(build_stage, combined_forward, pipelined_decode)
 # ## Measured, not copied: the three comm logs, side by side
 #
 # One warm pool of 4 ranks runs a tensor-parallel MLP block (notebook 01), a forward-only GPipe
-# pipeline of 4 one-layer stages (notebook 03) and an expert-parallel MoE layer (notebook 04), and the
+# pipeline of 4 one-layer stages (notebook 03) and an expert-parallel MoE layer (notebook 05), and the
 # table is built from each run's comm log, summed over the ranks. The runs differ in tokens and layers,
 # so the last column puts them on one scale: what went on the wire (`wire_bytes`: a ring all-reduce
 # sends `2(n-1)/n` of its buffer per rank, a send its whole message, an all-to-all the rows that leave

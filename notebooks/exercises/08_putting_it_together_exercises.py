@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · Exercise: a rank's place in the mesh
+# # 08 · Exercise: a rank's place in the mesh
 #
 # **What you will do.** A job of `tp x pp x dp` processes knows each process only by its global rank.
 # Write the two functions every parallel framework has somewhere: from a rank to its coordinates

@@ -13,9 +13,9 @@
 # ---
 
 # %% [markdown]
-# # 04 · Solutions: expert parallelism (for instructors)
+# # 05 · Solutions: expert parallelism (for instructors)
 #
-# The answers to `notebooks/exercises/04_expert_parallel_exercises`, kept apart from the starters. Each
+# The answers to `notebooks/exercises/05_expert_parallel_exercises`, kept apart from the starters. Each
 # lives in `exercise_answers.py` beside this notebook; below, each is printed and then graded by the
 # same checker the learners run, which must pass.
 

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 04 · Expert parallelism: send each token to its experts, wherever they live
+# # 05 · Expert parallelism: send each token to its experts, wherever they live
 #
 # **What you will see.** A mixture-of-experts layer whose router picks `k` experts for every token;
 # the experts spread over ranks, and the tokens shipped to them and back by two all-to-alls whose sizes

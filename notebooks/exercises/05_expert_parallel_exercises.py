@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 04 · Exercises: expert parallelism
+# # 05 · Exercises: expert parallelism
 #
 # **What you will do.** Write the two decisions at the heart of an expert-parallel layer: the top-k
 # router, and the plan that sends each token's rows to the ranks holding its experts. Each checker
