@@ -120,3 +120,29 @@ def test_module_docstrings_say_what_the_module_holds_in_about_15_lines():
 def test_no_module_is_over_300_lines():
     long = [f"{p.relative_to(ROOT)}: {n}" for p in modules() if (n := len(p.read_text().splitlines())) > 300]
     assert long == []
+
+
+MECHANISMS = ("tensor_parallel/layers", "tensor_parallel/blocks", "tensor_parallel/sequence_parallel",
+              "pipeline/engine", "pipeline/messages", "experts/dispatch", "data_parallel/buckets",
+              "data_parallel/zero3", "context_parallel/ring", "context_parallel/ulysses",
+              "context_parallel/online_softmax", "combined/forward")
+
+
+@pytest.mark.parametrize("module", MECHANISMS)
+def test_a_mechanism_module_holds_no_measurement(module):
+    """What a learner reads is the algorithm: clocks, spans and meters attach from ``ranks.py`` through a probe."""
+    import ast
+
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in ("time", "timeit", "statistics")]
+        elif isinstance(node, ast.ImportFrom):
+            if (node.module or "").split(".")[0] in ("time", "timeit", "statistics"):
+                found.append(node.module)
+            if (node.module or "").endswith("measure"):
+                found += [a.name for a in node.names if a.name not in ("NO_PROBE", "Probe")]
+        elif isinstance(node, ast.Attribute) and node.attr in ("timeline", "perf_counter", "thread_time", "sleep"):
+            found.append(node.attr)
+    assert found == [], f"{module} measures: {found}"
