@@ -29,8 +29,8 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15
-	$(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
+	SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15
+	SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
