@@ -366,6 +366,10 @@ def test_planner_widget_follows_its_controls():
     batch = next(c for c in controls if getattr(c, "description", "") == "batch per replica")
     batch.value = 16
     assert "batch 16 per replica, as the workload fixes it" in table.value
+    assert "times are floors" in table.value and "floors at 100% of peak" in fig.layout.title.text
+    efficiency = next(c for c in controls if getattr(c, "description", "") == "kernel efficiency")
+    efficiency.value = 0.8
+    assert "kernels at 80% of peak" in table.value and "not a measurement" in fig.layout.title.text
     fallback = planner_widget("no such model", "no such cluster")  # unknown names fall back to presets
     assert "Llama-3-70B" in next(c for c in fallback.children if isinstance(c, widgets.HTML)).value
 
