@@ -401,3 +401,12 @@ def test_kernel_efficiency_scales_the_floor():
     assert real.decode_step_s > floor.decode_step_s
     assert "times are floors, at 100% of peak" in format_plan(plan(LLAMA_3_8B, ONE_NODE_8_H100))
     assert "kernels at 80% of peak" in format_plan(plan(LLAMA_3_8B, ONE_NODE_8_H100, Workload(kernel_efficiency=0.8)))
+
+
+def test_forward_traffic_counts_every_layer_once_per_stage_rank_even_with_uneven_stages():
+    # TOY's 4 layers in 3 stages (2, 1, 1), tp = 2: 2 all-reduces per layer per microbatch on each of a
+    # stage's 2 ranks, 2 x 2 x 4 x 2 = 32 calls; 2 boundaries x 2 tp ranks x 2 microbatches = 8 sends
+    traffic = {(a.axis, a.op): a.count for a in forward_traffic(TOY, Layout(2, 3), 4, 6, 2)}
+    assert traffic == {("tp", "all_reduce"): 32, ("pp", "send"): 8, ("pp", "recv"): 8}
+    with pytest.raises(ValueError, match=r"batch 4 into 3 microbatches \(4 % 3 = 1\)"):
+        forward_traffic(TOY, Layout(2, 2), 4, 6, 3)
