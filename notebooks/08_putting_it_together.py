@@ -374,8 +374,9 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 #
 # Every time the planner prints is a **floor**: memory read at 100% of the GPU's peak bandwidth,
 # arithmetic at 100% of its peak FLOPs, no kernel launch or framework overhead. Real decode kernels reach
-# roughly 70-85% of peak bandwidth; `Workload(kernel_efficiency=0.8)` divides both peaks' share of the
-# time by 0.8 (the links keep their own figures), and the planner's table says which it assumed.
+# roughly 70-85% of peak bandwidth; `Workload(kernel_efficiency=0.8)` scales both peaks by 0.8, so
+# reads and arithmetic take 1/0.8 as long (the links keep their own figures), and the planner's table
+# says which it assumed.
 
 # %%
 from shardlib.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
