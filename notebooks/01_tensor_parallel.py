@@ -313,6 +313,19 @@ assert [cache[t] for t in (1, 2, 4, 8)] == [cache[1] / t for t in (1, 2, 4, 8)] 
 assert cache[8] == cache[16] == cache[32] == cache[64]  # flat past the 8 KV heads: the cost of the copies
 assert tensor_parallel_problems(LLAMA_3_70B, 16) == []  # allowed: each KV head on 2 GPUs
 
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.plan import Layout, weights_per_gpu
+from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
+
+kv_cache_per_gpu_figure(LLAMA_3_70B.name + ", one 8,192-token sequence, bf16", LLAMA_3_70B.n_kv_heads, cache,
+                        cache.values(), [weights_per_gpu(LLAMA_3_70B, Layout(tp, 1)) for tp in cache])
+
+# %% [markdown]
+# The weights keep shrinking past 8 (only the copied k and v projections stop), the KV cache does not:
+# with long contexts or many sequences, that flat line is what `tp = 16` costs. And `tp = 12`:
+
+# %%
 try:
     check_tensor_parallel(LLAMA_3_70B, 12, copy_kv_heads=True)
 except ValueError as err:

@@ -287,3 +287,15 @@ def test_the_wall_picker_explains_refusals():
     model.value = "toy"
     degree.value = 4
     assert "allowed" in out.value and "[1, 2, 4, 8]" in out.value and "not a measurement" in out.value
+
+
+def test_kv_cache_figure_flattens_past_the_kv_heads():
+    from shardlib.models import kv_cache_bytes
+    from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
+
+    degrees = (1, 2, 4, 8, 16, 32)
+    cache = [kv_cache_bytes(LLAMA_3_70B, 8192, tp=t) for t in degrees]
+    fig = kv_cache_per_gpu_figure("Llama-3-70B", 8, degrees, cache, [1e9 / t for t in degrees])
+    kv = list(fig.data[1].y)
+    assert kv[3] == kv[4] == kv[5] and kv[0] == 8 * kv[3]
+    assert "not a measurement" in fig.layout.title.text
