@@ -19,7 +19,8 @@
 # column-then-row needs exactly one all-reduce per pair of matrices; the split checked to be exact at 2,
 # 4 and 8 shards; a real MLP and a real attention block running on ranks, forward and backward, equal to
 # the unsharded ones; the other cut order, measured paying a second collective, in buffer bytes and in
-# bytes on the wire; and the walls the model's shapes put up: whole KV heads per device first of all.
+# bytes on the wire; and what the model's shapes ask of a split: whole KV heads per device, which past
+# their count become copies with a memory cost, and a vocabulary that is padded rather than refused.
 
 # %% [markdown]
 # ## The idea: two ways to cut a matrix
@@ -266,48 +267,100 @@ check_blocks(ranks)
 
 # %%
 with Ranks(4) as four:
+    print(f"{four.world_size} ranks: {four.description}")  # where these runs are measured
     check_blocks(four)
 
 # %% [markdown]
-# ## The wall: whole KV heads per device
+# ## Past the KV heads: a wall that is a cost
 #
 # A query head needs its keys and values on the same device, so tensor parallelism hands out **whole KV
-# heads**. Grouped-query attention makes KV heads scarce: Llama-3-70B has 64 query heads but only 8 KV
-# heads, so tensor parallelism stops at 8, whatever the hardware. (Deployments that go further
-# replicate KV heads, paying memory to do it.) The check runs when a split is chosen, with the reason,
-# rather than as a shape error deep inside a matmul.
+# heads**. Grouped-query attention makes them scarce: Llama-3-70B has 64 query heads but only 8 KV
+# heads. Up to `tp = 8` each device holds `8 / tp` of them. Past 8, a `tp` that is a multiple of 8
+# still works: each KV head is **copied** on `tp / 8` devices, next to the query heads that read it
+# (what vLLM does). The copy is the price: each GPU keeps a whole KV head's k and v weights, and its KV
+# cache **stops shrinking** at the KV-head count (notebook 07 comes back to this for long contexts). A
+# `tp` that neither divides the KV heads nor is a multiple of them (12 against 8) has no such layout, and
+# the query heads are the last wall (64 of them: `tp` at most 64). The check runs when a split is chosen,
+# with the reason, rather than as a shape error deep inside a matmul.
+#
+# The table below is arithmetic on the published shapes (a model of the memory, not a measurement): one
+# 8,192-token sequence's KV cache per GPU, in bf16, as `tp` grows.
 
 # %%
-from shardlib.models import LLAMA_3_70B, PRESETS, check_tensor_parallel
+from shardlib.models import (
+    LLAMA_3_70B,
+    PRESETS,
+    check_tensor_parallel,
+    kv_cache_bytes,
+    kv_head_copies,
+    kv_heads_per_device,
+    tensor_parallel_problems,
+)
 from shardlib.tensor_parallel import max_tensor_parallel_shards
 
 for m in PRESETS.values():
     print(f"{m.name:<14} heads {m.n_heads:>3}, KV heads {m.n_kv_heads}: usable tp {m.usable_tp}, "
           f"largest {max_tensor_parallel_shards(m)}")
 
+print(f"\n{LLAMA_3_70B.name}, one 8,192-token sequence (a model: shape arithmetic)")
+print(f"{'tp':>4}{'KV heads/GPU':>14}{'copies/head':>13}{'KV cache/GPU':>15}")
+cache = {}
+for tp in (1, 2, 4, 8, 16, 32, 64):
+    cache[tp] = kv_cache_bytes(LLAMA_3_70B, 8192, tp=tp)
+    print(f"{tp:>4}{kv_heads_per_device(LLAMA_3_70B, tp):>14g}{kv_head_copies(LLAMA_3_70B, tp):>13}"
+          f"{cache[tp] / 2**20:>11,.0f} MiB")
+assert [cache[t] for t in (1, 2, 4, 8)] == [cache[1] / t for t in (1, 2, 4, 8)]  # halves with each doubling
+assert cache[8] == cache[16] == cache[32] == cache[64]  # flat past the 8 KV heads: the cost of the copies
+assert tensor_parallel_problems(LLAMA_3_70B, 16) == []  # allowed: each KV head on 2 GPUs
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.plan import Layout, weights_per_gpu
+from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
+
+kv_cache_per_gpu_figure(LLAMA_3_70B.name + ", one 8,192-token sequence, bf16", LLAMA_3_70B.n_kv_heads, cache,
+                        cache.values(), [weights_per_gpu(LLAMA_3_70B, Layout(tp, 1)) for tp in cache])
+
+# %% [markdown]
+# The weights keep shrinking past 8 (only the copied k and v projections stop), the KV cache does not:
+# with long contexts or many sequences, that flat line is what `tp = 16` costs. And `tp = 12`:
+
+# %%
 try:
-    check_tensor_parallel(LLAMA_3_70B, 16)
+    check_tensor_parallel(LLAMA_3_70B, 12, copy_kv_heads=True)
 except ValueError as err:
     wall = str(err)
 print("\n" + wall)
-assert "8 KV heads cannot be split 16 ways: tensor parallelism gives each device whole KV heads" in wall
+assert "8 KV heads cannot be shared by 12 devices: tp must divide the KV heads" in wall
 
 # %% [markdown]
-# The KV heads bind first for every model above, but they are not the only rule. Each device also needs
-# an equal slice of the MLP's hidden width `d_ff` and of the vocabulary (the embedding and the output
-# head are split by tensor parallelism too). Two made-up models show those rules binding: a GPT-2-style
-# vocabulary of 50,257 tokens (an odd number, which no degree above 1 divides: Megatron-LM pads it to a
-# multiple of 128 for this reason), and an MLP of width 8,190, which 4 does not divide.
+# The code of this course splits KV heads and copies none, so its own check
+# (`check_tensor_parallel(model, tp)`, which every run on ranks calls) keeps the strict rule; the planner
+# of notebook 08 copies them where that pays and prices the copies.
+#
+# Two more rules. Each device needs an equal slice of the MLP's hidden width `d_ff`: a made-up MLP of
+# width 8,190 (= 2 x 4,095) stops `tp` at 2, whatever the heads allow. Each device also needs an equal
+# slice of the vocabulary (the embedding and the output head are split too), but the vocabulary **never
+# blocks** `tp`: Megatron-LM pads it to a multiple of **128 x tp** (`make_vocab_size_divisible_by` times
+# the tensor-parallel size), and vLLM pads too. The padded rows are never predicted; they cost a few
+# rows of the embedding and of the head. GPT-2's vocabulary of 50,257 tokens (an odd number, which no
+# degree above 1 divides) and Llama 3's 128,256:
 
 # %%
-from shardlib.models import SHAPE_RULE_EXAMPLES, binding_rule, tensor_parallel_problems
+from shardlib.models import SHAPE_RULE_EXAMPLES, binding_rule, padded_vocab_size, vocab_padding_bytes
 
-for rule in ("vocab", "d_ff"):
-    m = SHAPE_RULE_EXAMPLES[rule]
-    tp = next(t for t in (2, 4, 8) if binding_rule(m, t))
-    print(f"{m.name}: {m.n_kv_heads} KV heads, d_ff {m.d_ff:,}, vocab {m.vocab_size:,}; usable tp {m.usable_tp}; "
-          f"tp = {tp} refused: {'; '.join(tensor_parallel_problems(m, tp))}")
-    assert binding_rule(m, tp) == rule and m.n_kv_heads % tp == 0  # the KV heads would allow it
+m = SHAPE_RULE_EXAMPLES["d_ff"]
+print(f"{m.name}: {m.n_kv_heads} KV heads, d_ff {m.d_ff:,}; usable tp {m.usable_tp}; "
+      f"tp = 4 refused: {'; '.join(tensor_parallel_problems(m, 4))}")
+assert binding_rule(m, 4) == "d_ff" and m.n_kv_heads % 4 == 0  # the KV heads would allow it
+
+print(f"\n{'model':<14}{'vocab':>8}{'tp':>4}{'padded to':>11}{'padded rows':>13}{'their bytes':>13}{'per GPU':>10}")
+for m in (SHAPE_RULE_EXAMPLES["vocab"], LLAMA_3_70B):
+    for tp in (1, 2, 4, 8, 16):
+        padded = padded_vocab_size(m, tp)
+        assert padded % (128 * tp) == 0 and tensor_parallel_problems(m, tp) == []  # never refused
+        print(f"{m.name:<14}{m.vocab_size:>8,}{tp:>4}{padded:>11,}{padded - m.vocab_size:>13,}"
+              f"{vocab_padding_bytes(m, tp) / 1e6:>10,.1f} MB{vocab_padding_bytes(m, tp) / tp / 1e6:>7,.1f} MB")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -368,12 +421,22 @@ show_questions(
         "(decode) pair pays for.",
     ),
     Question(
-        "Mixtral-8x7B has 32 query heads and 8 KV heads. Can it use tp = 16?",
-        ("Yes, 32 query heads split 16 ways", "No: 8 KV heads cannot be split 16 ways, and each device "
-         "needs whole KV heads", "Only with a bigger GPU"),
+        "Mixtral-8x7B has 32 query heads and 8 KV heads. Split tp = 16 ways instead of 8, what happens to "
+        "each GPU's KV cache for the same sequences?",
+        ("It halves, like the weights", "It stays the same: each of the 8 KV heads is copied on 2 GPUs, so "
+         "each GPU still holds one whole KV head", "Nothing: tp = 16 is impossible with 8 KV heads"),
         1,
-        "A query head needs its keys and values on the same device. Mixtral's usable degrees are 1, 2, 4 "
-        "and 8 (more would mean replicating KV heads, paying memory).",
+        "A query head needs its keys and values on the same device, so past the KV-head count each KV head is "
+        "copied (vLLM's way): tp = 16 is allowed, but the KV cache per GPU stops shrinking at 8, and the "
+        "copies' k and v weights cost memory too.",
+    ),
+    Question(
+        "GPT-2's vocabulary has 50,257 tokens, which no tp above 1 divides. What does tp = 8 do with it?",
+        ("Refuses: the vocabulary must divide by tp", "Pads it to a multiple of 128 x 8 = 1,024 rows (51,200), "
+         "each GPU holding 6,400", "Pads it to a multiple of 128 (50,304)"),
+        1,
+        "Megatron-LM pads to make_vocab_size_divisible_by (128) times the tensor-parallel size, so each slice "
+        "is equal and itself a multiple of 128; the padded rows cost a little memory and are never predicted.",
     ),
     Question(
         "Why does tensor parallelism need much more frequent GPU-to-GPU communication than pipeline "
@@ -401,7 +464,8 @@ show_questions(
 #   count, what a latency-bound pair pays; a bandwidth-bound one pays the wire ratio.
 # - A Llama MLP and a GQA attention block ran on 2 and 4 real ranks, forward and backward, equal to the
 #   unsharded blocks within `1e-5`, with one all-reduce each way (Megatron-LM's g and f).
-# - Tensor parallelism hands out whole KV heads: 8 KV heads cap tp at 8. The MLP width and the
-#   vocabulary must divide too, and with a GPT-2 vocabulary or an odd `d_ff` they bind first.
+# - Tensor parallelism hands out whole KV heads; past their count (8 for Llama-3-70B) a multiple of it
+#   copies each KV head, and the cost is that the KV cache per GPU stops shrinking. The MLP width must
+#   divide (an odd `d_ff` binds first); the vocabulary never blocks, padded to a multiple of 128 x tp.
 #
 # Next: **02 · Communication costs**, which puts a price on those all-reduces, per link.

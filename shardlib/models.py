@@ -6,7 +6,8 @@ Llama/Mixtral architecture (attention ``q, o: d_model x heads * head_dim``, ``k,
 gated MLP of three ``d_model x d_ff`` matrices per expert, a router, two norms per layer; embedding, final
 norm and an untied head). ``quantized(bits)`` stores the layers' matrices as GPTQ/AWQ do (Frantar et al.
 2023; Lin et al. 2024): groups of 128 weights with one 16-bit scale, ``bits + 16 / 128`` bits a weight.
-Also here, one home each: the tensor-parallel shape rules, KV heads per device and KV-cache bytes.
+Also here, one home each: the tensor-parallel shape rules and what passing a wall costs (KV heads
+copied, the vocabulary padded), KV heads per device and KV-cache bytes, uneven pipeline stages.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ModelConfig:
     tied_embeddings: bool = False
     weight_bits: int = 0  # 0: weights in bytes_per_param; 8 or 4: layer matrices quantised (see quantized)
     quant_group_size: int = 128  # weights that share one 16-bit scale
+    vocab_multiple: int = 128  # the vocabulary is padded to a multiple of this x tp (Megatron-LM's default)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",
@@ -60,6 +62,7 @@ class ModelConfig:
         positive_number(self.bytes_per_param, f"{self.name}: bytes_per_param")
         choice(self.weight_bits, WEIGHT_BITS, f"{self.name}: weight_bits")
         whole_number(self.quant_group_size, f"{self.name}: quant_group_size")
+        whole_number(self.vocab_multiple, f"{self.name}: vocab_multiple")
 
     def quantized(self, bits: int, group_size: int = 128) -> "ModelConfig":
         """The same model with its layer matrices stored in ``bits`` (8 or 4) bits per weight plus one
@@ -136,40 +139,39 @@ class ModelConfig:
         return usable_tensor_parallel_degrees(self)
 
 
-# -- which tensor-parallel degrees a model's shapes allow -----------------------------------------------
-def tensor_parallel_problems(model: ModelConfig, tp: int, copy_kv_heads: bool = False) -> list[str]:
+# -- which tensor-parallel degrees a model's shapes allow, and what each costs --------------------------
+def tensor_parallel_problems(model: ModelConfig, tp: int, copy_kv_heads: bool = True) -> list[str]:
     """Every reason ``model`` cannot be split ``tp`` ways by tensor parallelism (empty: it can).
 
-    Tensor parallelism gives each device whole attention heads (query heads and, because a query head
-    needs its KV head on the same device, whole KV heads), an equal slice of the MLP's hidden width
-    ``d_ff``, and an equal slice of the vocabulary for the embedding and output head. Serving systems
-    sometimes pad the vocabulary or copy KV heads to go further: with ``copy_kv_heads``, a ``tp`` that
-    is a multiple of the KV heads is allowed, each KV head held by ``tp / n_kv_heads`` devices (what
-    vLLM does past the KV-head count), at the price of that many copies of its weights and cache.
+    Each device gets whole query heads, an equal slice of the MLP's hidden width ``d_ff``, and whole KV
+    heads (a query head needs its KV head on the same device): ``tp`` divides the KV heads, or, past them,
+    is a multiple of them and each KV head is copied on ``tp / n_kv_heads`` devices (vLLM's way; the cost
+    is ``kv_head_copies``). ``copy_kv_heads=False`` keeps the stricter rule of code that only splits KV
+    heads. The vocabulary never blocks: it is padded to a multiple of ``vocab_multiple x tp`` (``padded_vocab_size``).
     """
     try:
         whole_number(tp, "tp (the tensor-parallel degree)")
     except ValueError as err:
         return [str(err)]
-    problems = head_problems(model, tp)
-    if copy_kv_heads and tp > model.n_kv_heads and tp % model.n_kv_heads == 0:
-        problems = [p for p in problems if "KV heads" not in p]
+    problems = head_problems(model, tp, copy_kv_heads)
     if model.d_ff % tp:
         problems.append(f"d_ff = {model.d_ff} cannot be split {tp} ways: each device needs an equal slice of "
                         "the MLP's hidden width")
-    if model.vocab_size % tp:
-        problems.append(f"vocab_size = {model.vocab_size} cannot be split {tp} ways: each device needs an equal "
-                        "slice of the vocabulary")
     return problems
 
 
-def head_problems(model: ModelConfig, tp: int) -> list[str]:
-    """The attention part of the rule: each device needs whole query heads and the whole KV heads
-    they read."""
+def head_problems(model: ModelConfig, tp: int, copy_kv_heads: bool = False) -> list[str]:
+    """The attention part of the rule: each device needs whole query heads and the whole KV heads they
+    read; with ``copy_kv_heads``, a ``tp`` that is a multiple of the KV heads copies each of them."""
     problems = []
-    if model.n_kv_heads % tp:
-        problems.append(f"{model.n_kv_heads} KV heads cannot be split {tp} ways: tensor parallelism gives each "
-                        "device whole KV heads")
+    copied = copy_kv_heads and tp > model.n_kv_heads and tp % model.n_kv_heads == 0
+    if model.n_kv_heads % tp and not copied:
+        problems.append(
+            f"{model.n_kv_heads} KV heads cannot be shared by {tp} devices: tp must divide the KV heads (each "
+            f"device holds whole KV heads) or be a multiple of them (each KV head copied on tp / "
+            f"{model.n_kv_heads} devices)" if copy_kv_heads else
+            f"{model.n_kv_heads} KV heads cannot be split {tp} ways: this code gives each device whole KV heads "
+            "and copies none")
     if model.n_heads % tp:
         problems.append(f"{model.n_heads} query heads cannot be split {tp} ways: each device needs whole heads")
     return problems
@@ -181,56 +183,83 @@ def kv_heads_per_device(model: ModelConfig, tp: int) -> float:
     return max(model.n_kv_heads / whole_number(tp, "tp"), 1.0)
 
 
+def kv_head_copies(model: ModelConfig, tp: int) -> int:
+    """How many devices hold each KV head: 1 up to the KV-head count, ``tp / n_kv_heads`` past it. Each
+    copy is paid twice: its k and v weights, and its KV cache, which stops shrinking past the count."""
+    return max(1, whole_number(tp, "tp") // model.n_kv_heads)
+
+
+def padded_vocab_size(model: ModelConfig, tp: int) -> int:
+    """The vocabulary rounded up to a multiple of ``vocab_multiple x tp`` (Megatron-LM's
+    ``make_vocab_size_divisible_by x tensor_model_parallel_size``), so each device gets an equal slice."""
+    step = model.vocab_multiple * whole_number(tp, "tp")
+    return -(-model.vocab_size // step) * step
+
+
+def vocab_padding_bytes(model: ModelConfig, tp: int) -> float:
+    """Bytes the padded rows add to the embedding and, when untied, the output head, all devices together
+    (each holds ``1/tp`` of them)."""
+    rows = padded_vocab_size(model, tp) - model.vocab_size
+    return (1 if model.tied_embeddings else 2) * rows * model.d_model * model.bytes_per_param
+
+
+def stage_layers(model: ModelConfig, pp: int) -> int:
+    """Layers of the heaviest of ``pp`` stages: ``ceil(n_layers / pp)`` (stages may be uneven)."""
+    return -(-model.n_layers // whole_number(pp, "pp"))
+
+
 def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1, pp: int = 1) -> float:
-    """The KV cache on one device: a key and a value per layer of its stage (``n_layers / pp``), per KV head
-    it holds (``kv_heads_per_device``), per token it keeps (``batch x seq / cp``), in the model's dtype."""
+    """The KV cache on one device: a key and a value per layer of its stage (the heaviest,
+    ``ceil(n_layers / pp)``), per KV head it holds (``kv_heads_per_device``), per token it keeps
+    (``batch x seq / cp``), in the model's dtype."""
     tokens = whole_number(batch, "batch") * whole_number(seq, "seq") / whole_number(cp, "cp")
-    layers = model.n_layers / whole_number(pp, "pp")
-    return 2 * layers * kv_heads_per_device(model, tp) * model.head_dim * tokens * model.bytes_per_param
+    per_token = 2 * stage_layers(model, pp) * kv_heads_per_device(model, tp) * model.head_dim * model.bytes_per_param
+    return per_token * tokens
 
 
 def pipeline_parallel_problems(model: ModelConfig, pp: int) -> list[str]:
-    """Why ``model`` cannot be cut into ``pp`` equal pipeline stages (empty: it can): each stage gets
-    the same number of whole layers (GPipe's balanced partition; systems that allow uneven stages pay for
-    it in the slowest stage)."""
+    """Why ``model`` cannot be cut into ``pp`` pipeline stages (empty: it can). Stages may hold unequal
+    layer counts (Llama 3 gives its first and last stages a layer fewer; vLLM accepts uneven stages): the
+    slowest stage sets the pace. Only more stages than layers is refused."""
     try:
         whole_number(pp, "pp (the number of pipeline stages)")
     except ValueError as err:
         return [str(err)]
-    if model.n_layers % pp:
-        return [f"{model.n_layers} layers cannot be cut into {pp} equal stages "
-                f"({model.n_layers} = {pp} x {model.n_layers // pp} + {model.n_layers % pp})"]
+    if pp > model.n_layers:
+        return [f"{model.n_layers} layers cannot fill {pp} stages: each stage needs at least one whole layer"]
     return []
 
 
 def binding_rule(model: ModelConfig, tp: int) -> str:
-    """Which of the shape rules stops ``tp`` (``"kv_heads"``, ``"query_heads"``, ``"d_ff"``, ``"vocab"``), or
-    ``""`` when none does: the first in that order that ``tp`` breaks."""
-    for problem, rule in ((model.n_kv_heads % tp, "kv_heads"), (model.n_heads % tp, "query_heads"),
-                          (model.d_ff % tp, "d_ff"), (model.vocab_size % tp, "vocab")):
+    """Which of the shape rules stops ``tp`` (``"kv_heads"``, ``"query_heads"``, ``"d_ff"``), or ``""``
+    when none does: the first in that order that ``tp`` breaks (KV heads copied where allowed)."""
+    for problem, rule in ((model.n_kv_heads % tp and tp % model.n_kv_heads, "kv_heads"),
+                          (model.n_heads % tp, "query_heads"), (model.d_ff % tp, "d_ff")):
         if problem:
             return rule
     return ""
 
 
-def check_heads(model: ModelConfig, tp: int) -> None:
+def check_heads(model: ModelConfig, tp: int, copy_kv_heads: bool = False) -> None:
     """A ValueError naming the head rule ``tp`` breaks, if it breaks one (only the attention's rule:
     for one attention block, not a whole model)."""
-    problems = head_problems(model, whole_number(tp, "tp"))
+    problems = head_problems(model, whole_number(tp, "tp"), copy_kv_heads)
     if problems:
         raise ValueError("; ".join(problems))
 
 
-def usable_tensor_parallel_degrees(model: ModelConfig) -> list[int]:
-    """Every tp the shapes allow, from 1 up (at most the number of KV heads)."""
-    return [tp for tp in range(1, model.n_kv_heads + 1) if not tensor_parallel_problems(model, tp)]
+def usable_tensor_parallel_degrees(model: ModelConfig, copy_kv_heads: bool = True) -> list[int]:
+    """Every tp the shapes allow, from 1 up to the number of query heads."""
+    return [tp for tp in range(1, model.n_heads + 1) if not tensor_parallel_problems(model, tp, copy_kv_heads)]
 
 
-def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
-    """Raise ``ValueError`` naming every broken rule if ``model`` cannot be split ``tp`` ways."""
-    problems = tensor_parallel_problems(model, tp)
+def check_tensor_parallel(model: ModelConfig, tp: int, copy_kv_heads: bool = False) -> None:
+    """Raise ``ValueError`` naming every broken rule if ``model`` cannot be split ``tp`` ways. The check of
+    code that splits real weights on ranks, which copies no KV heads unless ``copy_kv_heads``; the rule
+    itself (copies allowed) is ``tensor_parallel_problems``."""
+    problems = tensor_parallel_problems(model, tp, copy_kv_heads)
     if problems:
-        usable = usable_tensor_parallel_degrees(model)
+        usable = usable_tensor_parallel_degrees(model, copy_kv_heads)
         raise ValueError(f"{model.name} cannot use tp = {tp}: " + "; ".join(problems)
                          + f". Usable tp for {model.name}: {usable}")
 
@@ -256,10 +285,10 @@ TOY_MOE = ModelConfig("toy-moe", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4
 PRESETS: dict[str, ModelConfig] = {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_405B, MIXTRAL_8X7B, TOY,
                                                         TOY_MOE)}
 
-# Made-up models, each shaped so that one rule other than the KV heads binds first (see binding_rule and
-# plan.layout_problems): a GPT-2-style vocabulary of 50,257 (an odd number: GPT-2's own), which no tp
-# above 1 divides, so Megatron-LM pads it; an MLP width of 3 x 2,730 = 8,190, which 4 does not divide;
-# 30 layers, which cannot be cut into 4 or 8 equal stages.
+# Made-up models, each shaped so that a rule other than the KV heads shows: a GPT-2-style vocabulary of
+# 50,257 (an odd number: GPT-2's own), which no tp above 1 divides, so it is padded (a cost, never a
+# refusal); an MLP width of 3 x 2,730 = 8,190, which 4 does not divide (a refusal: see binding_rule and
+# plan.layout_problems); 30 layers, which 4 or 8 stages cut unevenly (the slowest stage sets the pace).
 SHAPE_RULE_EXAMPLES: dict[str, ModelConfig] = {
     "vocab": ModelConfig("odd-vocab-1B", n_layers=24, d_model=2048, n_heads=16, n_kv_heads=8, d_ff=8192,
                          vocab_size=50257),

@@ -12,9 +12,14 @@ from shardlib.models import (
     TOY,
     ModelConfig,
     binding_rule,
+    kv_cache_bytes,
+    kv_head_copies,
     kv_heads_per_device,
+    padded_vocab_size,
     pipeline_parallel_problems,
+    stage_layers,
     tensor_parallel_problems,
+    vocab_padding_bytes,
 )
 
 
@@ -73,24 +78,50 @@ def test_llama_31_405b_from_its_published_config():
     assert LLAMA_3_1_405B.kv_bytes_per_token() == 2 * 126 * 8 * 128 * 2  # 516,096 B per token
 
 
-def test_pipeline_and_copy_rules():
-    assert pipeline_parallel_problems(LLAMA_3_1_405B, 2) == []
-    assert pipeline_parallel_problems(LLAMA_3_1_405B, 4) == ["126 layers cannot be cut into 4 equal stages "
-                                                             "(126 = 4 x 31 + 2)"]
-    assert tensor_parallel_problems(LLAMA_3_70B, 16)[0].startswith("8 KV heads cannot be split 16 ways")
-    assert tensor_parallel_problems(LLAMA_3_70B, 16, copy_kv_heads=True) == []  # each KV head on 2 GPUs
-    assert tensor_parallel_problems(LLAMA_3_70B, 12, copy_kv_heads=True)  # 12 is not a multiple of 8
+def test_uneven_stages_are_allowed_and_only_more_stages_than_layers_is_refused():
+    assert pipeline_parallel_problems(LLAMA_3_1_405B, 2) == pipeline_parallel_problems(LLAMA_3_1_405B, 4) == []
+    assert pipeline_parallel_problems(LLAMA_3_1_405B, 16) == []  # Llama 3's 16 stages, 126 = 16 x 8 - 2
+    assert stage_layers(LLAMA_3_1_405B, 4) == 32 and stage_layers(LLAMA_3_1_405B, 16) == 8
+    assert pipeline_parallel_problems(TOY, 5) == ["4 layers cannot fill 5 stages: each stage needs at least one "
+                                                  "whole layer"]
+    assert pipeline_parallel_problems(TOY, 0)[0].startswith("pp (the number of pipeline stages)")
+
+
+def test_kv_heads_are_copied_past_their_count_at_a_price():
+    # vLLM: tp a multiple of the KV heads, each head on tp / n_kv_heads devices
+    assert tensor_parallel_problems(LLAMA_3_70B, 16) == [] and tensor_parallel_problems(MIXTRAL_8X7B, 16) == []
+    assert kv_head_copies(LLAMA_3_70B, 16) == 2 and kv_head_copies(LLAMA_3_70B, 8) == 1
     assert kv_heads_per_device(LLAMA_3_70B, 4) == 2 and kv_heads_per_device(LLAMA_3_70B, 16) == 1
+    # the cost: the KV cache per GPU stops shrinking at the KV-head count
+    per_tp = [kv_cache_bytes(LLAMA_3_70B, 8192, tp=tp) for tp in (1, 2, 4, 8, 16, 32)]
+    assert per_tp[:4] == [per_tp[0] / t for t in (1, 2, 4, 8)] and per_tp[3] == per_tp[4] == per_tp[5]
+    # truly illegal: 3 and 12 neither divide 8 nor are multiples of it; the message names the rule
+    three = tensor_parallel_problems(LLAMA_3_70B, 3)
+    assert three[0].startswith("8 KV heads cannot be shared by 3 devices: tp must divide the KV heads")
+    assert "or be a multiple of them" in three[0]
+    assert "8 KV heads cannot be shared by 12 devices" in tensor_parallel_problems(LLAMA_3_70B, 12)[0]
+    # the stricter rule, for code that only splits KV heads
+    assert tensor_parallel_problems(LLAMA_3_70B, 16, copy_kv_heads=False)[0].startswith(
+        "8 KV heads cannot be split 16 ways")
+    assert LLAMA_3_70B.usable_tp == [1, 2, 4, 8, 16, 32, 64]  # up to the 64 query heads
+    assert binding_rule(LLAMA_3_70B, 16) == "" and binding_rule(LLAMA_3_70B, 12) == "kv_heads"
+    assert binding_rule(LLAMA_3_70B, 128) == "query_heads"
 
 
-@pytest.mark.parametrize("rule, largest_tp", [("vocab", 1), ("d_ff", 2), ("layers", 8)])
-def test_made_up_models_where_another_rule_binds(rule, largest_tp):
-    model = SHAPE_RULE_EXAMPLES[rule]
-    assert max(model.usable_tp) == largest_tp
-    if rule != "layers":  # the heads would allow 8: the named rule is what stops tp
-        assert binding_rule(model, largest_tp * 2) == rule and model.n_kv_heads == 8
-        problems = tensor_parallel_problems(model, largest_tp * 2)
-        assert len(problems) == 1 and ("vocab" if rule == "vocab" else "d_ff") in problems[0]
-    else:
-        assert pipeline_parallel_problems(model, 4) and not pipeline_parallel_problems(model, 5)
-    assert binding_rule(LLAMA_3_70B, 16) == "kv_heads" and binding_rule(LLAMA_3_70B, 8) == ""
+def test_the_vocabulary_is_padded_never_refused():
+    # Megatron-LM pads to a multiple of 128 x tp: 128,256 = 128 x 1,002 is a multiple of 128 x 2, not of 128 x 4
+    assert [padded_vocab_size(LLAMA_3_70B, tp) for tp in (1, 2, 4, 8)] == [128256, 128256, 128512, 129024]
+    assert vocab_padding_bytes(LLAMA_3_70B, 2) == 0
+    assert vocab_padding_bytes(LLAMA_3_70B, 8) == 2 * (129024 - 128256) * 8192 * 2  # embedding + head, bf16
+    odd = SHAPE_RULE_EXAMPLES["vocab"]  # GPT-2's 50,257: no tp above 1 divides it
+    assert all(tensor_parallel_problems(odd, tp) == [] for tp in (1, 2, 4, 8))
+    assert padded_vocab_size(odd, 1) == 50304 and padded_vocab_size(odd, 8) == 51200
+
+
+def test_the_mlp_width_still_binds():
+    model = SHAPE_RULE_EXAMPLES["d_ff"]  # 8,190 = 2 x 4,095
+    assert max(model.usable_tp) == 2 and binding_rule(model, 4) == "d_ff" and model.n_kv_heads == 8
+    problems = tensor_parallel_problems(model, 4)
+    assert len(problems) == 1 and "d_ff = 8190 cannot be split 4 ways" in problems[0]
+    layers = SHAPE_RULE_EXAMPLES["layers"]
+    assert pipeline_parallel_problems(layers, 4) == [] and stage_layers(layers, 4) == 8  # 8, 8, 7, 7

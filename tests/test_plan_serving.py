@@ -64,7 +64,11 @@ def test_how_many_80gb_gpus():
     assert fit_on_gpus(LLAMA_3_70B, H100_80GB, tp=2).sequences == 2
     assert gpus_needed(LLAMA_3_70B, H100_80GB, sequences=64) == 4
     assert gpus_needed(LLAMA_3_8B, H100_80GB) == 1
-    assert gpus_needed(LLAMA_3_1_405B, H100_80GB) is None  # 8 KV heads stop tp at 8: 101 GB each; pipeline it
+    # in bf16 405B needs more than one 8 x 80 GB node: tp = 16, its 8 KV heads each copied on 2 GPUs
+    assert gpus_needed(LLAMA_3_1_405B, H100_80GB) == 16
+    assert gpus_needed(LLAMA_3_1_405B, H100_80GB, max_tp=8) is None
+    # in 8 bits (Meta ships an FP8 405B for one 8 x H100 node) one node holds it, 52.1 GB of weights per GPU
+    assert gpus_needed(LLAMA_3_1_405B.quantized(8), H100_80GB) == 8
 
 
 def test_quantised_weights_by_hand():
@@ -85,7 +89,8 @@ def test_quantised_weights_by_hand():
 
 
 # -- latency against throughput, by hand -----------------------------------------------------------------------
-HAND = ModelConfig("hand", n_layers=2, d_model=8, n_heads=2, n_kv_heads=2, d_ff=16, vocab_size=16, bytes_per_param=1.0)
+HAND = ModelConfig("hand", n_layers=2, d_model=8, n_heads=2, n_kv_heads=2, d_ff=16, vocab_size=16, bytes_per_param=1.0,
+                   vocab_multiple=8)  # padded to 8 x tp = 16 rows at tp <= 2: no padding to count by hand
 HAND_LINK = Link("hand link", 1e6, 0.01)  # 1 MB/s each way, 10 ms per call
 HAND_GPU = GPU("hand GPU", 2000, 1000, 1e12, "made up: 2 kB, read at 1 kB/s, arithmetic far faster", HAND_LINK)
 WHOLE = Workload(context_tokens=4, prompt_tokens=4, memory_utilization=1.0)

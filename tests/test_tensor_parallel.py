@@ -95,16 +95,20 @@ def test_bad_splits_say_which_rule_broke(call, words):
         call()
 
 
-def test_the_kv_head_wall():
-    assert [max_tensor_parallel_shards(m) for m in (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY)] == [8, 8, 8, 4]
-    assert LLAMA_3_70B.usable_tp == [1, 2, 4, 8] and TOY.usable_tp == [1, 2, 4]
-    with pytest.raises(ValueError, match="8 KV heads cannot be split 16 ways: tensor parallelism gives each "
-                                         "device whole KV heads"):
+def test_the_kv_head_wall_is_a_cost():
+    # past the KV-head count each KV head is copied (vLLM); the query heads are the last wall
+    assert [max_tensor_parallel_shards(m) for m in (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY)] == [32, 64, 32, 8]
+    assert LLAMA_3_70B.usable_tp == [1, 2, 4, 8, 16, 32, 64] and TOY.usable_tp == [1, 2, 4, 8]
+    check_tensor_parallel(LLAMA_3_70B, 16, copy_kv_heads=True)  # allowed, with copies
+    # code on ranks that splits real weights copies no KV heads: its check keeps the strict rule
+    with pytest.raises(ValueError, match="8 KV heads cannot be split 16 ways: this code gives each device whole KV "
+                                         r"heads and copies none.*Usable tp for Llama-3-70B: \[1, 2, 4, 8\]"):
         check_tensor_parallel(LLAMA_3_70B, 16)
-    with pytest.raises(ValueError, match=r"8 KV heads cannot be split 3 ways.*32 query heads cannot be split 3 ways"
+    with pytest.raises(ValueError, match=r"8 KV heads cannot be shared by 3 devices: tp must divide the KV heads"
+                                         r".*32 query heads cannot be split 3 ways"
                                          r".*d_ff = 14336 cannot be split 3 ways"
-                                         r".*Usable tp for Llama-3-8B: \[1, 2, 4, 8\]"):
-        check_tensor_parallel(LLAMA_3_8B, 3)
+                                         r".*Usable tp for Llama-3-8B: \[1, 2, 4, 8, 16, 32\]"):
+        check_tensor_parallel(LLAMA_3_8B, 3, copy_kv_heads=True)
     with pytest.raises(ValueError, match="at least 1"):
         check_tensor_parallel(TOY, 0)
     check_tensor_parallel(TOY, 4)  # allowed: no error
@@ -276,7 +280,22 @@ def test_the_wall_picker_explains_refusals():
 
     model, degree, out, feedback = tp_wall_picker().children
     degree.value = 16
-    assert "refused" in out.value and "8 KV heads cannot be split 16 ways" in out.value
+    assert "allowed" in out.value and "each copied on 2 GPUs (the KV cache stops shrinking)" in out.value
+    assert "KV cache of one 8,192-token sequence 336 MB per GPU" in out.value  # as at tp = 8
+    degree.value = 12
+    assert "refused" in out.value and "8 KV heads cannot be shared by 12 devices" in out.value
     model.value = "toy"
     degree.value = 4
-    assert "allowed" in out.value and "[1, 2, 4]" in out.value
+    assert "allowed" in out.value and "[1, 2, 4, 8]" in out.value and "not a measurement" in out.value
+
+
+def test_kv_cache_figure_flattens_past_the_kv_heads():
+    from shardlib.models import kv_cache_bytes
+    from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
+
+    degrees = (1, 2, 4, 8, 16, 32)
+    cache = [kv_cache_bytes(LLAMA_3_70B, 8192, tp=t) for t in degrees]
+    fig = kv_cache_per_gpu_figure("Llama-3-70B", 8, degrees, cache, [1e9 / t for t in degrees])
+    kv = list(fig.data[1].y)
+    assert kv[3] == kv[4] == kv[5] and kv[0] == 8 * kv[3]
+    assert "not a measurement" in fig.layout.title.text

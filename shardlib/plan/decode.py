@@ -7,7 +7,9 @@ serving, as in Megatron-LM and vLLM), so nothing fills or drains between steps::
     latency per token = cycle;   tokens/s = dp x batch / cycle;   m from pp up to 2 pp
 
 One stage on one microbatch is a roofline (Williams et al. 2009), ``max(bytes read / memory bandwidth,
-FLOPs / peak)``, plus its collectives: ``2 x L/pp`` tp all-reduces (Megatron-LM, Shoeybi et al. 2019),
+FLOPs / peak)``, both peaks times ``Workload.kernel_efficiency`` (1.0: every time is a floor), plus its
+collectives: 2 tp all-reduces per layer of the stage (Megatron-LM, Shoeybi et al. 2019; uneven stages
+from ``pipeline.predict.split_layers``, the slowest setting the pace),
 ep all-to-alls, one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
 experts the tokens reach), the head on the last stage, the KV cache. Prefill fills and drains (GPipe,
 Huang et al. 2019): ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication
@@ -20,7 +22,8 @@ from dataclasses import dataclass, field
 
 from ..costs.alpha_beta import all_reduce_s, all_to_all_s, point_to_point_s
 from ..hardware import Cluster, Link
-from ..models import ModelConfig, kv_heads_per_device
+from ..models import ModelConfig, kv_head_copies, kv_heads_per_device, padded_vocab_size, stage_layers
+from ..pipeline.predict import split_layers
 from .layout import Layout
 from .memory import (
     Memory,
@@ -28,6 +31,7 @@ from .memory import (
     active_params_per_gpu,
     affordable_batch,
     check_layout,
+    gb,
     kv_bytes_per_sequence,
     memory_per_gpu,
 )
@@ -50,8 +54,8 @@ class StageCost:
         return max(self.read_s, self.compute_s) + self.comm_s
 
 
-def _layer_read_bytes(model: ModelConfig, layout: Layout, tokens: float) -> float:
-    """Weight bytes of one stage's layers a GPU reads for ``tokens`` tokens (experts only where reached)."""
+def _layer_read_bytes(model: ModelConfig, layout: Layout, tokens: float, layers: int) -> float:
+    """Weight bytes of a stage's ``layers`` a GPU reads for ``tokens`` tokens (experts only where reached)."""
     tp, b, bw = layout.tp, model.bytes_per_param, model.matrix_bytes_per_param
     attention = (2 * model.d_model * model.n_heads * model.head_dim / tp
                  + 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp))
@@ -61,14 +65,13 @@ def _layer_read_bytes(model: ModelConfig, layout: Layout, tokens: float) -> floa
         reached = 1 - (1 - model.experts_per_token / model.n_experts) ** routed
     experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp) * reached
     replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
-    return model.n_layers / layout.pp * ((attention + experts) * bw + replicated * b)
+    return layers * ((attention + experts) * bw + replicated * b)
 
 
 def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, tp_link: Link,
-          ep_link: Link) -> tuple[float, int]:
-    """Seconds and count of one stage's collectives for ``tokens`` tokens."""
+          ep_link: Link, layers: int) -> tuple[float, int]:
+    """Seconds and count of the collectives of a stage of ``layers`` layers for ``tokens`` tokens."""
     size = tokens * model.d_model * model.bytes_per_param
-    layers = model.n_layers // layout.pp
     seconds, count = 0.0, 0
     if layout.tp > 1:
         n = (1 if layout.ep > 1 else 2) * layers
@@ -82,21 +85,25 @@ def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, t
 
 
 def stage_costs(model: ModelConfig, cluster: Cluster, layout: Layout, sequences: float, tokens_per_sequence: int,
-                kv_bytes_per_gpu: float) -> list[StageCost]:
-    """Each stage's cost for one microbatch of ``sequences`` x ``tokens_per_sequence`` tokens that reads
-    ``kv_bytes_per_gpu`` of KV cache; the last stage also runs the output head (one token per sequence)."""
+                kv_bytes_per_gpu: float, efficiency: float = 1.0) -> list[StageCost]:
+    """Each stage's cost for one microbatch of ``sequences`` x ``tokens_per_sequence`` tokens, the heaviest
+    stage reading ``kv_bytes_per_gpu`` of KV cache (the others in proportion to their layers); the last
+    stage also runs the output head (one token per sequence). Peaks times ``efficiency``."""
     tokens = sequences * tokens_per_sequence
     tp_link = axis_link(cluster, layout.tp_groups())
     ep_link = axis_link(cluster, layout.ep_groups())
-    comm_s, count = _comm(model, cluster, layout, tokens, tp_link, ep_link)
-    head_params = model.vocab_size * model.d_model / layout.tp
+    head_params = padded_vocab_size(model, layout.tp) * model.d_model / layout.tp
+    heaviest = stage_layers(model, layout.pp)
+    bandwidth, peak = cluster.memory_bytes_per_s * efficiency, cluster.peak_flops_per_s * efficiency
     out = []
-    for stage in range(layout.pp):
+    for stage, layers in enumerate(len(r) for r in split_layers(model.n_layers, layout.pp)):
         last = stage == layout.pp - 1
-        read = _layer_read_bytes(model, layout, tokens) + kv_bytes_per_gpu + (head_params * model.bytes_per_param
-                                                                              if last else 0.0)
-        flops = 2 * active_params_per_gpu(model, layout) * tokens + (2 * head_params * sequences if last else 0.0)
-        out.append(StageCost(read / cluster.memory_bytes_per_s, flops / cluster.peak_flops_per_s, comm_s, count))
+        comm_s, count = _comm(model, cluster, layout, tokens, tp_link, ep_link, layers)
+        read = (_layer_read_bytes(model, layout, tokens, layers) + kv_bytes_per_gpu * layers / heaviest
+                + (head_params * model.bytes_per_param if last else 0.0))
+        flops = (2 * active_params_per_gpu(model, layout) * layers / heaviest * tokens
+                 + (2 * head_params * sequences if last else 0.0))
+        out.append(StageCost(read / bandwidth, flops / peak, comm_s, count))
     return out
 
 
@@ -164,15 +171,15 @@ def _decode(model, cluster, layout, workload, batch, m):
     """``(stages, hops, cycle)`` of steady-state decode with ``batch`` sequences in ``m`` microbatches."""
     per_mb = batch / m
     kv = per_mb * kv_bytes_per_sequence(model, layout, workload.context_tokens)
-    stages = stage_costs(model, cluster, layout, per_mb, 1, kv)
+    stages = stage_costs(model, cluster, layout, per_mb, 1, kv, workload.kernel_efficiency)
     hops = hops_s(model, cluster, layout, per_mb, per_mb)
     trip = sum(s.total_s for s in stages) + hops
     return stages, hops, max(trip, m * max(s.total_s for s in stages))
 
 
-def _prefill_s(model, cluster, layout, sequences: float, prompt_tokens: int, m: int) -> float:
+def _prefill_s(model, cluster, layout, sequences: float, prompt_tokens: int, m: int, efficiency: float) -> float:
     per_mb = sequences / m
-    stages = stage_costs(model, cluster, layout, per_mb, prompt_tokens, 0.0)
+    stages = stage_costs(model, cluster, layout, per_mb, prompt_tokens, 0.0, efficiency)
     return (m + layout.pp - 1) * max(s.total_s for s in stages) + hops_s(model, cluster, layout,
                                                                            per_mb * prompt_tokens, per_mb)
 
@@ -201,10 +208,28 @@ def score(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Worklo
             best = (m, stages, hops, cycle)
     m, stages, hops, cycle = best
     tp_link = axis_link(cluster, layout.tp_groups())
-    notes = ()
-    if tp_crosses_nodes(layout, cluster):
-        notes = (f"tp = {layout.tp} spans {layout.tp // cluster.gpus_per_node} nodes of {cluster.gpus_per_node}: "
-                 f"its all-reduces run over {cluster.inter_link.name}",)
+    eff = workload.kernel_efficiency
     return Score(layout, memory_per_gpu(model, layout, workload, batch), batch, set_by, m, tuple(stages), hops, cycle,
-                 layout.dp * batch / cycle, _prefill_s(model, cluster, layout, batch, workload.prompt_tokens, m),
-                 _prefill_s(model, cluster, layout, 1, workload.prompt_tokens, 1), tp_link.name, notes)
+                 layout.dp * batch / cycle, _prefill_s(model, cluster, layout, batch, workload.prompt_tokens, m, eff),
+                 _prefill_s(model, cluster, layout, 1, workload.prompt_tokens, 1, eff), tp_link.name,
+                 score_notes(model, cluster, layout, workload))
+
+
+def score_notes(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> tuple[str, ...]:
+    """What a layout pays for passing a wall: tp across nodes, KV heads copied, uneven stages."""
+    notes = []
+    if tp_crosses_nodes(layout, cluster):
+        notes.append(f"tp = {layout.tp} spans {layout.tp // cluster.gpus_per_node} nodes of {cluster.gpus_per_node}: "
+                     f"its all-reduces run over {cluster.inter_link.name}")
+    copies = kv_head_copies(model, layout.tp)
+    if copies > 1:
+        kv = kv_bytes_per_sequence(model, layout, workload.context_tokens)
+        kv_weights = 2 * model.d_model * model.head_dim * stage_layers(model, layout.pp) * model.matrix_bytes_per_param
+        notes.append(f"each of the {model.n_kv_heads} KV heads copied on {copies} GPUs: a sequence's KV cache stays "
+                     f"{gb(kv)} per GPU, as at tp = {model.n_kv_heads} (it would be {gb(kv / copies)} if it still "
+                     f"shrank), and {gb(kv_weights * (1 - 1 / copies))} of k and v weights per GPU are copies")
+    sizes = sorted({len(r) for r in split_layers(model.n_layers, layout.pp)}, reverse=True)
+    if len(sizes) > 1:
+        notes.append(f"uneven stages of {' and '.join(map(str, sizes))} layers: the {sizes[0]}-layer stages set the "
+                     f"pace, the others wait {1 - sizes[1] / sizes[0]:.0%} of each step")
+    return tuple(notes)

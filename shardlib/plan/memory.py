@@ -1,14 +1,15 @@
 """What a layout needs and whether it may: the workload, memory per GPU, the batch it affords, the rules.
 
-Memory per GPU is the heaviest stage's weights (attention and MLP matrices split ``tp`` ways, KV heads
-at most ``n_kv_heads`` ways, experts ``ep`` ways, norms and router replicated, the embedding and head
-split ``tp`` ways) plus the KV cache of its sequences in flight at the workload's context. A replica's
-batch, unless the workload fixes it, is what the memory its weights leave free holds
-(``affordable_batch``), up to ``max_batch`` (vLLM's default ``max_num_seqs``, 256): splitting ``tp``
-ways shrinks weights and each sequence's cache per GPU, so tensor parallelism's freed memory buys
-batch. Shape rules: whole KV heads and query heads per tp rank, ``d_ff`` and the vocabulary divisible,
-tp groups inside a node, equal stages, whole experts per ep rank, and memory; each rejection carries
-its numbers. KV heads per device and KV bytes are facts of ``shardlib.models``. Pure: no torch.
+Memory per GPU is the heaviest stage's weights (``ceil(L / pp)`` layers: attention and MLP matrices split
+``tp`` ways, KV heads split ``tp`` ways or, past their count, one copied head per GPU, experts ``ep`` ways,
+norms and router replicated, the embedding and head, padded to ``128 x tp`` rows, split ``tp`` ways) plus
+the KV cache of its sequences in flight at the workload's context. A replica's batch, unless the workload
+fixes it, is what the memory its weights leave free holds (``affordable_batch``), up to ``max_batch``
+(vLLM's default ``max_num_seqs``, 256): splitting ``tp`` ways shrinks weights and each sequence's cache
+per GPU (the cache only down to one KV head), so tensor parallelism's freed memory buys batch. Rules:
+whole query heads and whole (or copied) KV heads per tp rank, ``d_ff`` divisible, tp groups inside a
+node, at least a layer per stage, whole experts per ep rank, and memory; each rejection carries its
+numbers. ``kernel_efficiency`` scales the peak the cost model assumes (1.0: the floor). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from ..models import (
     ModelConfig,
     kv_cache_bytes,
     kv_heads_per_device,
+    padded_vocab_size,
     pipeline_parallel_problems,
+    stage_layers,
     tensor_parallel_problems,
 )
 from .layout import Layout, check_mesh
@@ -41,7 +44,9 @@ class Workload:
     full length); prefill runs ``prompt_tokens`` per sequence; a pipeline cuts the batch into
     ``microbatches`` (0: the planner chooses). A server fills at most ``memory_utilization`` of a GPU
     with weights and KV cache (vLLM's default ``gpu_memory_utilization`` is 0.9; the rest holds
-    activations and the runtime). ``copy_kv_heads`` lets tp pass the KV heads by copying them."""
+    activations and the runtime). ``copy_kv_heads`` lets tp pass the KV heads by copying them (vLLM's
+    way; False: the wall). ``kernel_efficiency`` is the share of peak memory bandwidth and FLOPs the
+    kernels reach: 1.0 gives floors (no kernel reaches peak; decode kernels reach roughly 0.7 to 0.85)."""
 
     batch: int = 0
     context_tokens: int = 4096
@@ -49,7 +54,8 @@ class Workload:
     microbatches: int = 0
     max_batch: int = 256
     memory_utilization: float = 0.9
-    copy_kv_heads: bool = False
+    copy_kv_heads: bool = True
+    kernel_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         whole_number(self.batch, "batch (0: sized from free memory)", minimum=0)
@@ -59,6 +65,8 @@ class Workload:
         number_between(self.memory_utilization, "memory_utilization (the share of a GPU's memory a server fills)",
                        0.01, 1.0)
         flag(self.copy_kv_heads, "copy_kv_heads")
+        number_between(self.kernel_efficiency, "kernel_efficiency (the share of peak bandwidth and FLOPs kernels "
+                       "reach; 1.0: the floor)", 0.05, 1.0)
         if self.prompt_tokens > self.context_tokens:
             raise ValueError(f"a prompt of {self.prompt_tokens} tokens does not fit a context of "
                              f"{self.context_tokens} tokens")
@@ -88,13 +96,13 @@ class Memory:
 
 def weights_per_gpu(model: ModelConfig, layout: Layout) -> float:
     """Weight bytes on a GPU of the heaviest stage: the formula in the module docstring."""
-    tp, b, layers = layout.tp, model.bytes_per_param, model.n_layers / layout.pp
+    tp, b, layers = layout.tp, model.bytes_per_param, stage_layers(model, layout.pp)
     q_and_o = 2 * model.d_model * model.n_heads * model.head_dim / tp
     k_and_v = 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp)
     experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp)
     replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
     copies = (1 if model.tied_embeddings else 2) if layout.pp == 1 else 1
-    embed = copies * model.vocab_size * model.d_model / tp
+    embed = copies * padded_vocab_size(model, tp) * model.d_model / tp
     return layers * ((q_and_o + k_and_v + experts) * model.matrix_bytes_per_param + replicated * b) + embed * b
 
 
@@ -128,8 +136,8 @@ def shape_problems(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     check_mesh(layout, cluster.n_gpus)
     tp, pp, ep, dp = layout.tp, layout.pp, layout.ep, layout.dp
     problems = [f"tp = {tp}: {p}" for p in tensor_parallel_problems(model, tp, workload.copy_kv_heads)]
-    if tp > model.n_kv_heads and any("KV heads" in p for p in problems):
-        problems[0:0] = [f"tp = {tp} exceeds the {model.n_kv_heads} KV heads"]
+    if tp > model.n_kv_heads and not workload.copy_kv_heads and any("KV heads" in p for p in problems):
+        problems[0:0] = [f"tp = {tp} exceeds the {model.n_kv_heads} KV heads (Workload(copy_kv_heads=False))"]
     if tp < cluster.gpus_per_node and cluster.gpus_per_node % tp:
         problems.append(f"tp = {tp} groups would straddle nodes of {cluster.gpus_per_node} GPUs "
                         f"({cluster.gpus_per_node} % {tp} = {cluster.gpus_per_node % tp})")
@@ -187,4 +195,4 @@ def active_params_per_gpu(model: ModelConfig, layout: Layout) -> float:
     router = model.d_model * model.n_experts if model.is_moe else 0
     dense = (model.attention_params_per_layer + 2 * model.d_model + router) / layout.tp
     experts = model.experts_per_token * model.expert_params / (layout.ep if layout.ep > 1 else layout.tp)
-    return model.n_layers / layout.pp * (dense + experts)
+    return stage_layers(model, layout.pp) * (dense + experts)

@@ -38,6 +38,7 @@ class Plan:
     ranked: tuple[Score, ...]  # best first
     rejected: tuple[Rejected, ...]
     reasons: tuple[str, ...] = ()  # why the best won
+    kernel_efficiency: float = 1.0  # the share of peak the times assume (1.0: floors)
 
     @property
     def best(self) -> Score | None:
@@ -116,7 +117,7 @@ def plan(model: ModelConfig, cluster: Cluster, workload: Workload = Workload(), 
 
     ranked.sort(key=key)
     return Plan(model.name, cluster.name, objective, tuple(ranked), tuple(rejected),
-                _plan_reasons(objective, workload, ranked, cluster))
+                _plan_reasons(objective, workload, ranked, cluster), workload.kernel_efficiency)
 
 
 def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
@@ -135,6 +136,10 @@ def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
     if p.ranked:
         lines.append("(batch: sequences in flight per replica; ms/token: time between two tokens of a sequence; "
                      "per GPU: tokens/s per GPU; idle: share of a cycle the slowest stage waits)")
+        lines.append("(a model, not a measurement: " + ("times are floors, at 100% of peak memory bandwidth and FLOPs "
+                     "with no kernel overhead; set Workload(kernel_efficiency=...) for real kernels)"
+                     if p.kernel_efficiency == 1 else f"kernels at {p.kernel_efficiency:.0%} of peak memory bandwidth "
+                     "and FLOPs)"))
     if not p.ranked:
         lines.append("(no layout fits)")
     lines += [f"why: {r}" for r in p.reasons]

@@ -72,27 +72,25 @@ class AxisTraffic:
 def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: int,
                     n_microbatches: int) -> list[AxisTraffic]:
     """The collectives of one forward pass of ``batch`` sequences of ``seq_tokens`` per replica, cut
-    into ``n_microbatches`` equal microbatches: per rank, ``2 x L/pp`` all-reduces per microbatch on
-    the tp axis (1 per layer when ep > 1, plus 2 all-to-alls on the ep axis), and each tp rank of a
-    stage sends its copy of the microbatch's activations to its counterpart in the next stage."""
+    into ``n_microbatches`` equal microbatches: per rank, 2 all-reduces per layer of its stage per
+    microbatch on the tp axis (1 per layer when ep > 1, plus 2 all-to-alls on the ep axis), and each tp
+    rank of a stage sends its copy of the microbatch's activations to its counterpart in the next
+    stage. Stages may be uneven: summed over the ranks, every layer is counted once per tp x dp rank."""
     whole_number(batch, "batch")
     whole_number(seq_tokens, "seq_tokens")
     m = whole_number(n_microbatches, "n_microbatches")
-    if batch % m or model.n_layers % layout.pp:
-        raise ValueError(f"forward_traffic needs equal pieces: batch {batch} into {m} microbatches "
-                         f"({batch} % {m} = {batch % m}), {model.n_layers} layers into {layout.pp} stages "
-                         f"({model.n_layers} % {layout.pp} = {model.n_layers % layout.pp})")
+    if batch % m:
+        raise ValueError(f"forward_traffic needs equal microbatches: batch {batch} into {m} microbatches "
+                         f"({batch} % {m} = {batch % m})")
     mb_bytes = int(batch // m * seq_tokens * model.d_model * model.bytes_per_param)
-    layers = model.n_layers // layout.pp
+    ranks_per_stage = layout.tp * layout.dp
     out = []
     if layout.tp > 1:
-        per_rank = (1 if layout.ep > 1 else 2) * layers * m
-        calls = layout.world_size * per_rank
+        calls = ranks_per_stage * (1 if layout.ep > 1 else 2) * model.n_layers * m
         out.append(AxisTraffic("tp", "all_reduce", calls, calls * mb_bytes))
     if layout.ep > 1:
-        per_rank = 2 * layers * m
         a2a = mb_bytes * model.experts_per_token
-        calls = layout.world_size * per_rank
+        calls = ranks_per_stage * 2 * model.n_layers * m
         out.append(AxisTraffic("ep", "all_to_all_single", calls, calls * a2a))
     if layout.pp > 1:
         n = (layout.pp - 1) * layout.tp * layout.dp * m

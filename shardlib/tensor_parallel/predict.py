@@ -53,8 +53,8 @@ def other_cut_ratios(d_model: int, d_hidden: int) -> dict[str, float]:
 
 
 def max_tensor_parallel_shards(model: ModelConfig) -> int:
-    """The largest tensor-parallel degree ``model``'s shapes allow: whole KV heads and query heads per
-    device, and ``d_ff`` and the vocabulary divisible (see ``models.tensor_parallel_problems``)."""
+    """The largest tensor-parallel degree ``model``'s shapes allow: whole query heads per device, whole KV
+    heads (copied past their count), ``d_ff`` divisible (see ``models.tensor_parallel_problems``)."""
     return max(usable_tensor_parallel_degrees(model))
 
 

@@ -1,11 +1,11 @@
-"""Figures of tensor parallelism: who holds which slice of a pair, and how the code cuts one ``(out, in)``
-weight. Data in, ``go.Figure`` out."""
+"""Figures of tensor parallelism: who holds which slice of a pair, how the code cuts one ``(out, in)``
+weight, and what the KV cache per GPU does as tp passes the KV heads. Data in, ``go.Figure`` out."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .theme import colour, colours
+from .theme import BLUE, ORANGE, colour, colours
 
 
 def _owner_scale(n: int) -> list:
@@ -72,4 +72,21 @@ def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.
     fig.update_layout(height=400, margin={"t": 110},
                       title=f"One nn.Linear weight W, stored ({out_features} out, {in_features} in), "
                             f"cut {n_shards} ways")
+    return fig
+
+
+def kv_cache_per_gpu_figure(model_name: str, n_kv_heads: int, degrees, cache_bytes, weight_bytes) -> go.Figure:
+    """One sequence's KV cache and the weights per GPU against ``tp`` (log-log): the weights keep halving,
+    the cache flattens once ``tp`` passes the ``n_kv_heads`` KV heads (each then copied). Shape arithmetic."""
+    degrees = list(degrees)
+    fig = go.Figure()
+    fig.add_scatter(x=degrees, y=[b / 2**30 for b in weight_bytes], mode="lines+markers", name="weights per GPU",
+                    line={"color": BLUE})
+    fig.add_scatter(x=degrees, y=[b / 2**30 for b in cache_bytes], mode="lines+markers",
+                    name="one sequence's KV cache per GPU", line={"color": ORANGE})
+    fig.add_vline(x=n_kv_heads, line_dash="dot", annotation_text=f"{n_kv_heads} KV heads: copies begin")
+    fig.update_xaxes(type="log", tickvals=degrees, title_text="tp (GPUs in the tensor-parallel group)")
+    fig.update_yaxes(type="log", title_text="GiB per GPU")
+    fig.update_layout(title=f"{model_name}: memory per GPU against tp (a model: shape arithmetic, not a "
+                            "measurement)", height=360, margin={"t": 60})
     return fig

@@ -1,4 +1,4 @@
-"""Widgets of tensor parallelism: the two cut orders on live ranks, and the KV-head wall."""
+"""Widgets of tensor parallelism: the two cut orders on live ranks, and what each degree costs a model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import html
 
 import ipywidgets as widgets
 
-from ..models import PRESETS, tensor_parallel_problems
+from ..models import (
+    PRESETS,
+    kv_cache_bytes,
+    kv_head_copies,
+    kv_heads_per_device,
+    padded_vocab_size,
+    tensor_parallel_problems,
+    vocab_padding_bytes,
+)
 from ..tensor_parallel.drivers import run_pair
 from ..tensor_parallel.predict import CUTS, pair_collectives, pair_wire_collectives
 from ..toy import generator, weight
@@ -49,19 +57,30 @@ def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 
     return widgets.VBox([shards, cut, out, feedback.area])
 
 
-def tp_wall_picker(tp: int = 8) -> widgets.VBox:
-    """Pick a model and a tensor-parallel degree; see whether its shapes allow it, and why not."""
+def tp_wall_picker(tp: int = 8, context_tokens: int = 8192) -> widgets.VBox:
+    """Pick a model and a tensor-parallel degree; see whether its shapes allow it and, when they do, what
+    it costs: KV heads per GPU (copied past their count), one sequence's KV cache per GPU, the padded
+    vocabulary. Arithmetic on the model's shapes, not a measurement."""
     model = widgets.Dropdown(options=list(PRESETS), value="Llama-3-70B", description="model")
     degree = widgets.IntSlider(value=tp, min=1, max=32, description="tp")
     out = widgets.HTML()
 
     def show(change=None) -> None:
-        m = PRESETS[model.value]
-        problems = tensor_parallel_problems(m, degree.value)
-        verdict = (f"<b style='color:{GREEN}'>allowed</b>" if not problems else
-                   f"<b style='color:{RED}'>refused</b>: " + "; ".join(html.escape(p) for p in problems))
+        m, t = PRESETS[model.value], degree.value
+        problems = tensor_parallel_problems(m, t)
+        if problems:
+            verdict = f"<b style='color:{RED}'>refused</b>: " + "; ".join(html.escape(p) for p in problems)
+        else:
+            copies = kv_head_copies(m, t)
+            kv = kv_cache_bytes(m, context_tokens, tp=t)
+            verdict = (f"<b style='color:{GREEN}'>allowed</b>: {kv_heads_per_device(m, t):g} KV head(s) per GPU"
+                       + (f", each copied on {copies} GPUs (the KV cache stops shrinking)" if copies > 1 else "")
+                       + f"; KV cache of one {context_tokens:,}-token sequence {kv / 1e6:,.0f} MB per GPU; "
+                       f"vocabulary padded to {padded_vocab_size(m, t):,} (+{vocab_padding_bytes(m, t) / 1e6:,.1f} "
+                       "MB in all)")
         out.value = (f"{m.name}: {m.n_heads} query heads, {m.n_kv_heads} KV heads, d_ff {m.d_ff}, vocab "
-                     f"{m.vocab_size}<br>usable tp: {m.usable_tp}<br>tp = {degree.value}: {verdict}")
+                     f"{m.vocab_size}<br>usable tp: {m.usable_tp}<br>tp = {t}: {verdict}"
+                     "<br><i>shape arithmetic (a model), not a measurement</i>")
 
     feedback = Feedback()
     observe_all([model, degree], show, feedback)
