@@ -85,11 +85,12 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
     def run(change=None) -> None:
         delay_s = delay.value / 1e3
         run = run_slow_rank(ranks, slow.value, delay_s)
-        new = slow_rank_figure(run.per_rank, slow.value, delay_s)
+        new = slow_rank_figure(run.per_rank, slow.value, delay_s, f"measured on {ranks.description}")
         with fig.batch_update():
             for trace, fresh in zip(fig.data, new.data):
                 trace.x, trace.y, trace.name = fresh.x, fresh.y, fresh.name
             fig.layout.shapes, fig.layout.annotations = new.layout.shapes, new.layout.annotations
+            fig.layout.title = new.layout.title
         steps = [run.step_s(op) for op in run.ops]
         text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
                       f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")
