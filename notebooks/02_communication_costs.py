@@ -433,8 +433,9 @@ for claim, held in relations(dvp).items():
 #   4 processes on 2 cores. On GPUs, one per rank, the same fit would carry over.
 # - **Decode of a few sequences is latency-bound.** Eight sequences instead of one is 8x the bytes for
 #   about the same time: both sit far below this machine's crossover (printed above, in tokens), where the
-#   bytes are a rounding error next to the latencies. The prompts sit above it: the same crossover that
-#   the GPU links put at about 160 sequences (NVLink) or 22 (PCIe Gen4) for Llama-3-8B at tp = 8.
+#   bytes are a rounding error next to the latencies; the prompts sit above it. It is the crossover the
+#   GPU links put at about 160 sequences (NVLink) or 22 (PCIe Gen4) for Llama-3-8B at tp = 8, here at
+#   this machine's fitted figures.
 # - **Here fewer shards make decode cheaper.** The message is the same 8 KiB at tp = 2 and 4 (each rank
 #   puts `2(n-1)/n` of it on the wire: 1x against 1.5x, a few microseconds); what grows is the number of
 #   latencies, 2 ring steps against 6, and here, with 4 processes on 2 cores, the latency of each step.
