@@ -178,7 +178,7 @@ class DecodeVsPrefillRun:
         return "\n".join(lines)
 
 
-CALL_BUDGET_BYTES = 4 * 2 ** 20  # calls per round for a large message: as many as fit 4 MiB, at least 1
+CALL_BUDGET_BYTES = 2 * 2 ** 20  # calls per round for a large message: as many as fit 2 MiB, at least 1
 
 
 def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, tokens=(1, 16, 256, 2048),
