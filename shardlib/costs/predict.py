@@ -108,7 +108,8 @@ def format_tp_cost_table(model: ModelConfig, links, tp_degrees=(2, 4, 8), prompt
     name_w = max(26, max(len(row["link"]) for row in rows) + 2)
     heads = "".join(f"{'tp=' + str(n):>9}" for n in tp_degrees)
     lines = [f"{model.name}: {model.n_layers} layers, d_model {model.d_model}, {model.bytes_per_param:g} bytes per "
-             f"value; {decode0.collectives} all-reduces per forward pass ({latency_charge} latency)",
+             f"value; {decode0.collectives} all-reduces per forward pass ({latency_charge} latency; "
+             f"alpha-beta model, not a measurement)",
              f"decode: 1 token, {decode0.size_bytes:,} bytes per all-reduce;  prefill: {prompt_tokens:,}-token "
              f"prompt, {prefill0.size_bytes:,} bytes per all-reduce",
              f"{'':<{name_w}}{'decode, us per token':>{9 * len(tp_degrees)}}   "
