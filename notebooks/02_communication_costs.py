@@ -372,13 +372,14 @@ print(format_tp_cost_table(LLAMA_3_8B, [here], tp_degrees=(2, 4), latency_charge
 # Before running it: which messages will take about the same time whatever their size? Will tp = 4 make
 # decode faster than tp = 2?
 #
-# Which round is a point's time? A latency-bound point lasts a fraction of a millisecond, the scale of
-# one delay of the operating system's scheduler (another process taking the core a rank needs), and
-# such delays only ever add time: its **fastest** round is what the link costs, set against the fit's
-# floor. A bandwidth-bound point lasts milliseconds, and its **median** round is the typical call, which
-# sits a little above the floor. How close must measured be to
-# predicted? At tp = 2, within 2x for the bandwidth-bound messages and 3x for the latency-bound ones
-# (a fit over the whole sweep is no better than that at its smallest sizes on a shared machine). A run
+# Which round is a point's time? The fit above is a floor, made of fastest rounds, so each point is read
+# by its **fastest** round too: floor against floor. Other work only ever adds time, so a floor is what
+# a burst cannot move; for a latency-bound point, a fraction of a millisecond, one delay of the operating
+# system's scheduler (another process taking the core a rank needs) would otherwise decide it. The
+# **median** round is printed beside each point: the typical call, which also counts how busy this
+# machine was while it ran, something no prediction can know. How close must the fastest round be to
+# the prediction? At tp = 2, within 2x for the bandwidth-bound messages and 3x for the latency-bound
+# ones (a fit over the whole sweep is no better than that at its smallest sizes on a shared machine). A run
 # that misses is measured again, at most three times, and says how many it took. At tp = 4 no band is
 # claimed: its 4 ranks share this machine's 2 cores, so every ring step can wait for a rank the
 # scheduler has parked. A fit on 2 ranks cannot know that; the cell fits the 4-rank points on their own
@@ -406,7 +407,7 @@ def relations(run):
 
 dvp, attempts = measure_until(lambda: run_decode_vs_prefill(ranks, here, LLAMA_3_8B, tokens=(1, 8, 256, 2048)),
                               lambda run: bands_held(run) and all(relations(run).values()))
-print(f"all-reduces of Llama-3-8B activations, slowest rank, fastest (f) or median (m) of 7 rounds; predicted "
+print(f"all-reduces of Llama-3-8B activations, slowest rank, fastest (and median) of 7 rounds; predicted "
       f"with {here.latency_s * 1e6:.0f} us per ring step and {here.bandwidth_bytes_per_s / 1e9:.2f} GB/s "
       f"({dvp.wall_s:.1f} s, attempt {attempts} of at most 3)")
 print(dvp.format())
@@ -741,9 +742,10 @@ show_questions(
 #   with long contexts (more than twice one GPU's tokens from two); a model that fits no GPU leaves no
 #   choice. Measured on real ranks at equal batch: the split copy answered sooner and served less per
 #   device.
-# - Every timing claim here was measured with its rounds spread over time, read by the fastest round
-#   where it is latency-bound and the median elsewhere, and retried; a claim a busy machine still
-#   spoiled prints its numbers and asks you to rerun the cell.
+# - Every timing claim here was measured with its rounds spread over time, each all-reduce read by its
+#   fastest round against a fit to fastest rounds, the serving steps by their medians, both ways in
+#   turn; each was retried, and a claim a busy machine still spoiled prints its numbers and asks you to
+#   rerun the cell.
 #
 # Exercise: `notebooks/exercises/02_communication_costs_exercises` asks you to fit a latency and a
 # bandwidth to a sweep, and checks your fit against known links and this machine's.

@@ -78,13 +78,13 @@ def test_bad_decode_vs_prefill_arguments_are_refused_before_any_rank_runs(pool4,
         run_decode_vs_prefill(pool4, LINK, **kwargs)
 
 
-def test_latency_bound_points_are_read_by_their_fastest_round_bandwidth_bound_by_their_median():
+def test_points_are_read_by_their_fastest_round_with_the_median_beside_it():
     medians = (Sample("all_reduce", 2, 8192, 2e-3), Sample("all_reduce", 2, 16 * 2 ** 20, 30e-3))
     floors = (Sample("all_reduce", 2, 8192, 300e-6), Sample("all_reduce", 2, 16 * 2 ** 20, 20e-3))
     run = DecodeVsPrefillRun(LLAMA_3_8B, LINK, "per_step", (1, 2048), (2,), medians, 0.0, floors)
-    assert run.statistic(2, 1) == "fastest" and run.measured_s(2, 1) == 300e-6  # a burst cannot inflate a floor
-    assert run.statistic(2, 2048) == "median" and run.measured_s(2, 2048) == 30e-3
-    assert "(f)" in run.format() and "(m)" in run.format()
+    assert run.measured_s(2, 1) == 300e-6 and run.typical_s(2, 1) == 2e-3  # a burst cannot inflate a floor
+    assert run.measured_s(2, 2048) == 20e-3 and run.typical_s(2, 2048) == 30e-3
+    assert "  0.300 ms (  2.000)" in run.format() and "20.000 ms ( 30.000)" in run.format()
 
 
 def test_a_spread_sweep_runs_each_round_as_its_own_pool_call_every_degree_in_turn(pool4):

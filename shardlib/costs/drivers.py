@@ -3,7 +3,7 @@
 * ``run_calibration``: this machine's latency and bandwidth, fitted to a sweep of message sizes whose rounds
   ``_spread_sweep`` spreads over time, every size in turn, so a burst of other work spoils no point alone.
 * ``run_decode_vs_prefill``: all-reduces of one token (decode) and of thousands (prefill) at tp = 2 and 4,
-  fastest (latency-bound) or median (bandwidth-bound) rounds beside the fitted link's prediction.
+  fastest rounds (medians beside them) against the prediction of a link fitted to fastest rounds.
 * ``run_slow_rank``: one rank delayed; how long every rank then spends inside each collective.
 * ``run_replicas_vs_tp``: replicas against one tensor-parallel copy, step by step in turn: latency per
   token and tokens per second per device, measured and predicted.
@@ -119,8 +119,8 @@ class DecodeVsPrefillRun:
     a prefill), at each tp degree: ``samples`` holds each point's median round (slowest rank), ``floors`` its
     fastest, and ``link`` predicts each through the alpha-beta formula, charging latency per ``latency_charge``.
 
-    ``measured_s`` reads a latency-bound point by its fastest round (other work only ever adds time, and one
-    scheduler delay lasts as long as the point), a bandwidth-bound one by its median."""
+    ``measured_s`` is the fastest round, set against a fit to fastest rounds: floor against floor (other
+    work only ever adds time); ``typical_s`` the median, which also counts how busy the machine was."""
 
     model: ModelConfig
     link: Link
@@ -134,14 +134,17 @@ class DecodeVsPrefillRun:
     def size_bytes(self, tokens: int) -> int:
         return int(tokens * self.model.d_model * self.model.bytes_per_param)
 
-    def statistic(self, tp: int, tokens: int) -> str:
-        """``"fastest"`` for a latency-bound point, ``"median"`` for a bandwidth-bound one."""
-        return "fastest" if self.bound(tp, tokens) == "latency" and self.floors else "median"
+    def _point(self, pool, tp: int, tokens: int) -> float:
+        size = self.size_bytes(tokens)
+        return next(s.seconds for s in pool if s.n_ranks == tp and s.size_bytes == size)
 
     def measured_s(self, tp: int, tokens: int) -> float:
-        size = self.size_bytes(tokens)
-        pool = self.floors if self.statistic(tp, tokens) == "fastest" else self.samples
-        return next(s.seconds for s in pool if s.n_ranks == tp and s.size_bytes == size)
+        """The fastest round (the median where no floors were kept)."""
+        return self._point(self.floors or self.samples, tp, tokens)
+
+    def typical_s(self, tp: int, tokens: int) -> float:
+        """The median round."""
+        return self._point(self.samples, tp, tokens)
 
     def predicted_terms_s(self, tp: int, tokens: int) -> tuple[float, float]:
         """``(latency part, bandwidth part)`` of the prediction."""
@@ -166,13 +169,13 @@ class DecodeVsPrefillRun:
         return "latency" if latency >= bandwidth else "bandwidth"
 
     def format(self) -> str:
-        """One row per message: its size, then per tp degree the measured time (fastest or median round,
-        marked f or m), the prediction, the ratio."""
-        head = "".join(f"{'tp = ' + str(tp) + ': measured    predicted  ratio':>46}" for tp in self.tp_degrees)
+        """One row per message: its size, then per tp degree the fastest round (the median beside it), the
+        prediction, the ratio of fastest to predicted."""
+        head = "".join(f"{'tp = ' + str(tp) + ': fastest (median)   predicted  ratio':>50}" for tp in self.tp_degrees)
         lines = [f"{'tokens':>7} {'bytes':>12}{head}"]
         for t in self.tokens:
-            cells = "".join(f"{self.measured_s(tp, t) * 1e3:>19.3f} ms ({self.statistic(tp, t)[0]}) "
-                            f"{self.predicted_s(tp, t) * 1e3:>7.3f} ms {self.ratio(tp, t):>6.2f}"
+            cells = "".join(f"{self.measured_s(tp, t) * 1e3:>16.3f} ms ({self.typical_s(tp, t) * 1e3:>7.3f}) "
+                            f"{self.predicted_s(tp, t) * 1e3:>8.3f} ms {self.ratio(tp, t):>6.2f}"
                             for tp in self.tp_degrees)
             lines.append(f"{t:>7,} {self.size_bytes(t):>12,}{cells}")
         return "\n".join(lines)
