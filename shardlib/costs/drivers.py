@@ -138,12 +138,10 @@ class DecodeVsPrefillRun:
         size = self.size_bytes(tokens)
         return next(s.seconds for s in pool if s.n_ranks == tp and s.size_bytes == size)
 
-    def measured_s(self, tp: int, tokens: int) -> float:
-        """The fastest round (the median where no floors were kept)."""
+    def measured_s(self, tp: int, tokens: int) -> float:  # the fastest round (the median if no floors were kept)
         return self._point(self.floors or self.samples, tp, tokens)
 
-    def typical_s(self, tp: int, tokens: int) -> float:
-        """The median round."""
+    def typical_s(self, tp: int, tokens: int) -> float:  # the median round
         return self._point(self.samples, tp, tokens)
 
     def predicted_terms_s(self, tp: int, tokens: int) -> tuple[float, float]:
@@ -169,8 +167,7 @@ class DecodeVsPrefillRun:
         return "latency" if latency >= bandwidth else "bandwidth"
 
     def format(self) -> str:
-        """One row per message: its size, then per tp degree the fastest round (the median beside it), the
-        prediction, the ratio of fastest to predicted."""
+        """A row per message: its size, then per tp degree the fastest round (median), prediction, ratio."""
         head = "".join(f"{'tp = ' + str(tp) + ': fastest (median)   predicted  ratio':>50}" for tp in self.tp_degrees)
         lines = [f"{'tokens':>7} {'bytes':>12}{head}"]
         for t in self.tokens:
