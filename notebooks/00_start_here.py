@@ -282,14 +282,15 @@ assert squares == [0, 1]
 # runs other programs too, and one unlucky run should not decide it.
 
 # %%
+from shardlib.runtime.measure import timing_claim
+
+
 def straggler_wait():
     """One run: (rank 1's arrival - rank 0's, on the shared clock; rank 0's extra time in the all-reduce)."""
     t = ranks.run(straggler_on_rank, [1, 4])
     arrived = {s.rank: s.end_s for s in ranks.last_spans if s.name == "matmuls"}
     return arrived[1] - arrived[0], t[0]["all_reduce_s"] - t[1]["all_reduce_s"]
 
-
-from shardlib.runtime.measure import timing_claim
 
 runs = []
 for attempt in range(1, 4):  # five runs; five more (at most twice) if the median strays outside the band
