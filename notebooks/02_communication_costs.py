@@ -703,12 +703,13 @@ show_questions(
         "With 8K-token contexts, tp = 4 serves more tokens per second per GPU than 4 replicas of "
         "Llama-3-8B. Why?",
         ("Its all-reduces are free on NVLink",
-         "Each GPU holds a quarter of the weights, so the memory freed holds about 5x the sequences' KV "
+         "Each GPU holds a quarter of the weights, so the memory freed holds several times the sequences' KV "
          "cache, and each weight read serves more tokens",
          "Tensor parallelism needs less KV cache in total"),
         1,
-        "A replica fills its memory with 16 GB of weights and has room for 52 long sequences; split four "
-        "ways, 253 fit. A decode step costs mostly weight reads, so a 5x batch amortises them and outweighs "
+        f"A replica fills its memory with 16 GB of weights and has room for {long['4 replicas'].batch} long "
+        f"sequences; split four ways, {long['tp = 4'].batch} fit (the planner's figures above). A decode step "
+        "costs mostly weight reads, so a batch that many times larger amortises them and outweighs "
         "the all-reduces.",
     ),
     Question(
