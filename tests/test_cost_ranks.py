@@ -21,9 +21,11 @@ from shardlib.costs import (
     serving_model,
     slow_rank_on_rank,
 )
+from shardlib.costs.drivers import _spread_sweep as spread_sweep
 from shardlib.costs.ranks import request_stream
 from shardlib.hardware import Link
 from shardlib.models import LLAMA_3_8B
+from shardlib.runtime.measure import strict_checks, timing_claim
 from shardlib.toy import stack_reference, stack_weights
 
 ATOL = 1e-5
@@ -74,6 +76,40 @@ def test_decode_vs_prefill_predictions_by_hand():
 def test_bad_decode_vs_prefill_arguments_are_refused_before_any_rank_runs(pool4, kwargs, words):
     with pytest.raises(ValueError, match=words):
         run_decode_vs_prefill(pool4, LINK, **kwargs)
+
+
+def test_points_are_read_by_their_fastest_round_with_the_median_beside_it():
+    medians = (Sample("all_reduce", 2, 8192, 2e-3), Sample("all_reduce", 2, 16 * 2 ** 20, 30e-3))
+    floors = (Sample("all_reduce", 2, 8192, 300e-6), Sample("all_reduce", 2, 16 * 2 ** 20, 20e-3))
+    run = DecodeVsPrefillRun(LLAMA_3_8B, LINK, "per_step", (1, 2048), (2,), medians, 0.0, floors)
+    assert run.measured_s(2, 1) == 300e-6 and run.typical_s(2, 1) == 2e-3  # a burst cannot inflate a floor
+    assert run.measured_s(2, 2048) == 20e-3 and run.typical_s(2, 2048) == 30e-3
+    assert "  0.300 ms (  2.000)" in run.format() and "20.000 ms ( 30.000)" in run.format()
+
+
+def test_a_spread_sweep_runs_each_round_as_its_own_pool_call_every_degree_in_turn(pool4):
+    out = spread_sweep(pool4, [((64, 256), 1), ((1024,), 2)], 3, ("all_reduce",), (2, 4))
+    assert set(out) == {2, 4} and out[2][2] is None and out[2][3] is None  # ranks 2, 3 sat tp = 2 out
+    for n, per_rank in out.items():
+        for res in per_rank[:n]:
+            assert {size for _, size in res} == {64, 256, 1024} and all(len(t) == 3 for t in res.values())
+    # the last pool call: tp = 4, the second batch, in the third round
+    assert {(r.rank, r.size_bytes) for r in pool4.last_comm if r.op == "all_reduce"} == {(k, 1024) for k in range(4)}
+
+
+def test_a_timing_claim_fails_under_a_test_run_and_speaks_to_a_learner_elsewhere(monkeypatch, capsys):
+    assert timing_claim(True, "tp = 2 is faster", "1 ms against 2 ms")
+    assert strict_checks()  # pytest sets PYTEST_CURRENT_TEST, as nbval's kernel inherits it
+    with pytest.raises(AssertionError, match="Not shown this time: tp = 2 is faster"):
+        timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms", attempts=3)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    monkeypatch.delenv("CI", raising=False)
+    assert not timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms", attempts=3)
+    said = capsys.readouterr().out
+    assert "3 ms against 2 ms" in said and "After 3 attempt(s)" in said and "run the cell again" in said
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(AssertionError):
+        timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms")
 
 
 def test_measure_until_says_how_many_attempts_it_took():

@@ -14,6 +14,7 @@ from shardlib.costs import (
     collective_terms_s,
     cost_terms,
     crossover_bytes,
+    decode_crossover_batch,
     decode_step_compute_s,
     fits_on_device,
     format_tp_cost_table,
@@ -112,7 +113,7 @@ def test_every_preset_says_where_its_figures_come_from():
 
 
 def test_decode_per_token_by_hand():
-    # Llama-3-8B: 32 layers x 2 = 64 all-reduces of one 4096-wide fp16 vector = 8,192 bytes.
+    # Llama-3-8B: 32 layers x 2 = 64 all-reduces of one 4096-wide bf16 vector = 8,192 bytes.
     # NVLink, tp = 2, per call: 64 x (5 us + 1 x 8192 / 450e9) = 64 x 5.018204 us = 321.165 us
     cost = tp_decode_cost(LLAMA_3_8B, 2, NVLINK)
     assert (cost.collectives, cost.size_bytes) == (64, 8192)
@@ -141,6 +142,22 @@ def test_lesson_one_decode_does_not_improve_with_fewer_shards():
     # charged per ring step instead, decode gets worse with more shards: 2(n-1) latencies per all-reduce
     ring = [tp_decode_cost(LLAMA_3_8B, n, NVLINK, latency_charge="per_step").total_s for n in (2, 4, 8)]
     assert ring[0] < ring[1] < ring[2]
+
+
+def test_decode_turns_bandwidth_bound_past_a_crossover_batch():
+    # per call, tp = 8: 5 us = 1.75 x b x 8192 B / 450e9 B/s  ->  b = 5e-6 x 450e9 / (1.75 x 8192) = 156.9
+    assert close(decode_crossover_batch(LLAMA_3_8B, 8, NVLINK), 5e-6 * 450e9 / (1.75 * 8192))
+    assert 21.5 < decode_crossover_batch(LLAMA_3_8B, 8, PCIE_GEN4) < 22.5  # 10 us x 31.5e9 / (1.75 x 8192)
+    assert tp_decode_cost(LLAMA_3_8B, 8, NVLINK, 150).bound == "latency"
+    assert tp_decode_cost(LLAMA_3_8B, 8, NVLINK, 160).bound == "bandwidth"
+    # Llama-3-70B, tp = 8, batch 256: 4 MiB per all-reduce, 16.3 us of bytes against 5 us of latency
+    loaded = tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 256)
+    assert loaded.size_bytes == 4 * 2 ** 20 and loaded.bound == "bandwidth"
+    assert close(loaded.bandwidth_s / loaded.collectives, 1.75 * 4 * 2 ** 20 / 450e9)
+    # per ring step the latency is 2(n-1) times larger, and so is the crossover
+    per_call = decode_crossover_batch(LLAMA_3_8B, 8, NVLINK)
+    assert close(decode_crossover_batch(LLAMA_3_8B, 8, NVLINK, "per_step"), 14 * per_call)
+    assert decode_crossover_batch(LLAMA_3_8B, 1, NVLINK) == math.inf
 
 
 def test_lesson_two_prefill_depends_on_bandwidth():
@@ -266,6 +283,11 @@ def test_explorer_updates_and_offers_only_usable_shard_counts():
     assert "each paying 1 latency (one per call)" in text.value
     charge.value = "per_step"
     assert "each paying 14 latencies (one per ring step)" in text.value
+    crossover = decode_crossover_batch(LLAMA_3_8B, 8, ETHERNET_100G, "per_step")
+    assert f"bandwidth-bound from a batch of {crossover:,.0f} on" in text.value
+    assert "model: alpha-beta" in fig.layout.title.text  # a GPU link's figure says it is a model
+    mine = tp_cost_explorer([Link("this machine", 1e9, 1e-4)])
+    assert "this machine's fitted figures" in mine.children[6].layout.title.text
 
 
 def test_latency_throughput_figure_draws_the_planners_points():

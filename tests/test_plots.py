@@ -17,6 +17,20 @@ def test_timeline_figure_draws_one_bar_per_span_from_time_zero():
     assert [round(x, 6) for x in bars["comm"].x] == [30.0, 1.0]
     with pytest.raises(ValueError, match="no spans"):
         timeline_figure([])
+    assert "<sup>" not in fig.layout.title.text  # no place given, none shown
+    placed = timeline_figure(spans, title="Who waited", where="measured on 2 ranks (gloo)")
+    assert placed.layout.title.text == "Who waited<br><sup>measured on 2 ranks (gloo)</sup>"
+
+
+def test_model_figures_say_they_are_models_and_measured_ones_where():
+    from shardlib.costs import Sample
+    from shardlib.hardware import LINKS
+    from shardlib.ui.costs_figures import GPU_MODEL, calibration_figure, link_comparison_figure
+
+    assert GPU_MODEL in link_comparison_figure(list(LINKS.values())).layout.title.text
+    link = next(iter(LINKS.values()))
+    samples = [Sample("all_reduce", 2, s, 1e-4 + s / 1e9) for s in (64, 2 ** 20)]
+    assert "measured on here" in calibration_figure(samples, link, where="measured on here").layout.title.text
 
 
 def test_comm_bytes_figure_sums_per_rank_and_op():

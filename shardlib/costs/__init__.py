@@ -2,13 +2,14 @@
 
 * ``alpha_beta`` (pure): each collective's time from a link's latency and bandwidth (ring formulas),
   nccl-tests' algorithm and bus bandwidth, the crossover between latency- and bandwidth-bound.
-* ``predict`` (pure): decode against prefill per forward pass (the chapter's table), pipeline against
-  tensor traffic, replicas against tensor parallelism.
+* ``predict`` (pure): decode against prefill per forward pass (the chapter's table), the batch where decode
+  turns bandwidth-bound, pipeline against tensor traffic, replicas against tensor parallelism.
 * ``calibration`` (pure): the least-squares fit of a latency and a bandwidth to measured times.
 * ``emulation`` (pure): ``EmulatedLink``, a slow link between "nodes" of one machine, priced by alpha-beta.
 * ``ranks``: rank functions: the sweep (whole pool or its first ranks), a slow rank, serving both ways.
 * ``drivers``: ``run_calibration``, ``run_decode_vs_prefill``, ``run_slow_rank``, ``run_replicas_vs_tp``,
-  and ``measure_until`` (a measurement retried on a busy machine, saying how many attempts it took).
+  each sweep's rounds spread over time, every size in turn, and ``measure_until`` (a measurement
+  retried on a busy machine, saying how many attempts it took).
 
 The links themselves are facts, in ``shardlib.hardware``.
 """
@@ -20,13 +21,15 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                    "all_gather_s", "reduce_scatter_s", "all_to_all_s", "point_to_point_s", "algorithm_bandwidth",
                    "bus_bandwidth", "crossover_bytes"),
     "predict": ("PhaseCost", "tp_forward_cost", "tp_decode_cost", "tp_prefill_cost", "tp_cost_table",
-                "format_tp_cost_table", "PipelineVsTensor", "pipeline_vs_tensor", "decode_step_compute_s",
+                "format_tp_cost_table", "decode_crossover_batch", "PipelineVsTensor", "pipeline_vs_tensor",
+                "decode_step_compute_s",
                 "fits_on_device", "ReplicasVsTensorParallel", "replicas_vs_tensor_parallel"),
     "emulation": ("EmulatedLink",),
     "calibration": ("Sample", "LinkFit", "Calibration", "fit_link", "r_squared", "fastest_of_slowest",
                     "median_of_slowest", "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),
     "ranks": ("sweep_on_rank", "one_call", "leading_group", "slow_rank_on_rank", "serve_both_ways_on_rank",
               "SLOW_RANK_OPS", "MAX_DELAY_S"),
-    "drivers": ("run_calibration", "measure_until", "DecodeVsPrefillRun", "run_decode_vs_prefill", "SlowRankRun",
+    "drivers": ("run_calibration", "measure_until", "DecodeVsPrefillRun", "run_decode_vs_prefill",
+                "SlowRankRun",
                 "run_slow_rank", "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model"),
 })

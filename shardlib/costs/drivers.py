@@ -1,14 +1,14 @@
 """Communication costs measured on a pool, each beside its prediction.
 
-* ``run_calibration``: this machine's latency and bandwidth, fitted to a sweep of message sizes.
-* ``run_decode_vs_prefill``: all-reduces of one token's activations (decode) and of thousands (prefill)
-  at tp = 2 and 4, medians beside the fitted link's prediction.
+* ``run_calibration``: this machine's latency and bandwidth, fitted to a sweep of message sizes whose rounds
+  ``_spread_sweep`` spreads over time, every size in turn, so a burst of other work spoils no point alone.
+* ``run_decode_vs_prefill``: all-reduces of one token (decode) and of thousands (prefill) at tp = 2 and 4,
+  fastest rounds (medians beside them) against the prediction of a link fitted to fastest rounds.
 * ``run_slow_rank``: one rank delayed; how long every rank then spends inside each collective.
 * ``run_replicas_vs_tp``: replicas against one tensor-parallel copy, step by step in turn: latency per
   token and tokens per second per device, measured and predicted.
 
-A pool larger than the group a measurement needs runs it on its first ranks (``ranks.leading_group``):
-one pool of 4 gives tp = 2 and tp = 4.
+A pool larger than the group a measurement needs runs it on its first ranks (``ranks.leading_group``).
 """
 
 from __future__ import annotations
@@ -50,13 +50,38 @@ def _group_size(ranks, n_ranks: int | None, what: str) -> int:
     return n
 
 
+def _merge(into: list, per_rank: list) -> None:
+    """``per_rank`` (one sweep's result per rank) added round by round to ``into`` (empty dicts at first)."""
+    for mine, new in zip(into, per_rank):
+        mine.update({key: mine.get(key, []) + (times or []) for key, times in (new or {}).items()})
+
+
+def _rank_results(merged: list) -> list:
+    """Merged rounds as ``sweep_on_rank`` returns them: ``None`` for a rank outside the group or a point."""
+    return [{k: v or None for k, v in m.items()} or None for m in merged]
+
+
+def _spread_sweep(ranks, batches, rounds: int, ops, degrees) -> dict[int, list]:
+    """``{n: sweep_on_rank's per-rank result on the first n ranks}`` for ``batches`` of ``(sizes_bytes, calls)``,
+    its ``rounds`` spread over time: one pool call per round, batch and degree in turn, the sizes reversed
+    every other round. A burst of other work then spoils a few rounds of every point, not every round of a
+    few points, and the points compared with each other are measured side by side."""
+    merged = {n: [{} for _ in range(ranks.world_size)] for n in degrees}
+    for r in range(rounds):
+        for sizes, calls in batches:
+            for n in degrees:
+                _merge(merged[n], ranks.run(sweep_on_rank, tuple(sizes)[::1 - 2 * (r % 2)], 1, calls, tuple(ops), n,
+                                            r == 0))
+    return {n: _rank_results(per_rank) for n, per_rank in merged.items()}
+
+
 def run_calibration(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
                     latency_charge: str = "per_step", n_ranks: int | None = None, statistic: str = "fastest",
                     ops=SWEEP_OPS) -> Calibration:
     """Run ``sweep_on_rank`` for ``ops`` on ``ranks`` (a ``Ranks`` pool; on its first ``n_ranks`` ranks if
-    given) and fit this machine's latency and bandwidth to each point's ``statistic`` round:
-    ``"fastest"`` (the floor: what the link costs when nothing else gets in the way) or ``"median"``
-    (the typical call). Every argument is checked before any rank runs."""
+    given), its rounds spread over time (``_spread_sweep``), and fit this machine's latency and bandwidth to
+    each point's ``statistic`` round: ``"fastest"`` (the floor: what the link costs when nothing else gets
+    in the way) or ``"median"`` (the typical call). Every argument is checked before any rank runs."""
     if ranks.world_size < 2:
         raise ValueError(f"a communication sweep needs at least 2 ranks, got a pool of {ranks.world_size}")
     if statistic not in STATISTICS:
@@ -69,7 +94,7 @@ def run_calibration(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAUL
         whole_number(value, name)
     check_sizes(sizes_bytes, n)
     start = time.perf_counter()
-    per_rank = ranks.run(sweep_on_rank, tuple(sizes_bytes), rounds, calls, ops, n_ranks)
+    per_rank = _spread_sweep(ranks, [(sizes_bytes, calls)], rounds, ops, (n,))[n]
     samples = STATISTICS[statistic](per_rank, n)
     per_op = {op: fit_link([s for s in samples if s.op == op], latency_charge) for op in ops}
     overall = fit_link(samples, latency_charge)
@@ -78,8 +103,7 @@ def run_calibration(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAUL
 
 def measure_until(measure, accept, attempts: int = 3):
     """``(result, attempt)``: ``measure()`` run up to ``attempts`` times, stopping at the first result that
-    ``accept(result)`` takes (else the last one). On a shared machine a burst of other work can spoil one
-    measurement; a retry that reports how many attempts it took hides nothing, one lucky sample would."""
+    ``accept(result)`` takes (else the last). A retry that says how many attempts it took hides nothing."""
     whole_number(attempts, "attempts")
     for attempt in range(1, attempts + 1):
         result = measure()
@@ -92,8 +116,11 @@ def measure_until(measure, accept, attempts: int = 3):
 @dataclass(frozen=True)
 class DecodeVsPrefillRun:
     """All-reduces of ``model``'s activations for each count of ``tokens`` (one token: a decode step; thousands:
-    a prefill), at each tp degree: ``samples`` holds the median round's time (slowest rank), and ``link``
-    predicts each through the alpha-beta formula, charging latency per ``latency_charge``."""
+    a prefill), at each tp degree: ``samples`` holds each point's median round (slowest rank), ``floors`` its
+    fastest, and ``link`` predicts each through the alpha-beta formula, charging latency per ``latency_charge``.
+
+    ``measured_s`` is the fastest round, set against a fit to fastest rounds: floor against floor (other
+    work only ever adds time); ``typical_s`` the median, which also counts how busy the machine was."""
 
     model: ModelConfig
     link: Link
@@ -102,13 +129,20 @@ class DecodeVsPrefillRun:
     tp_degrees: tuple[int, ...]
     samples: tuple[Sample, ...]
     wall_s: float = 0.0
+    floors: tuple[Sample, ...] = ()
 
     def size_bytes(self, tokens: int) -> int:
         return int(tokens * self.model.d_model * self.model.bytes_per_param)
 
-    def measured_s(self, tp: int, tokens: int) -> float:
+    def _point(self, pool, tp: int, tokens: int) -> float:
         size = self.size_bytes(tokens)
-        return next(s.seconds for s in self.samples if s.n_ranks == tp and s.size_bytes == size)
+        return next(s.seconds for s in pool if s.n_ranks == tp and s.size_bytes == size)
+
+    def measured_s(self, tp: int, tokens: int) -> float:  # the fastest round (the median if no floors were kept)
+        return self._point(self.floors or self.samples, tp, tokens)
+
+    def typical_s(self, tp: int, tokens: int) -> float:  # the median round
+        return self._point(self.samples, tp, tokens)
 
     def predicted_terms_s(self, tp: int, tokens: int) -> tuple[float, float]:
         """``(latency part, bandwidth part)`` of the prediction."""
@@ -133,17 +167,18 @@ class DecodeVsPrefillRun:
         return "latency" if latency >= bandwidth else "bandwidth"
 
     def format(self) -> str:
-        """One row per message: its size, then per tp degree the measured median, the prediction, the ratio."""
-        head = "".join(f"{'tp = ' + str(tp) + ': measured  predicted  ratio':>44}" for tp in self.tp_degrees)
+        """A row per message: its size, then per tp degree the fastest round (median), prediction, ratio."""
+        head = "".join(f"{'tp = ' + str(tp) + ': fastest (median)   predicted  ratio':>50}" for tp in self.tp_degrees)
         lines = [f"{'tokens':>7} {'bytes':>12}{head}"]
         for t in self.tokens:
-            cells = "".join(f"{self.measured_s(tp, t) * 1e3:>19.3f} ms {self.predicted_s(tp, t) * 1e3:>7.3f} ms "
-                            f"{self.ratio(tp, t):>6.2f}" for tp in self.tp_degrees)
+            cells = "".join(f"{self.measured_s(tp, t) * 1e3:>16.3f} ms ({self.typical_s(tp, t) * 1e3:>7.3f}) "
+                            f"{self.predicted_s(tp, t) * 1e3:>8.3f} ms {self.ratio(tp, t):>6.2f}"
+                            for tp in self.tp_degrees)
             lines.append(f"{t:>7,} {self.size_bytes(t):>12,}{cells}")
         return "\n".join(lines)
 
 
-CALL_BUDGET_BYTES = 4 * 2 ** 20  # calls per round for a large message: as many as fit 4 MiB, at least 1
+CALL_BUDGET_BYTES = 2 * 2 ** 20  # calls per round for a large message: as many as fit 2 MiB, at least 1
 
 
 def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, tokens=(1, 16, 256, 2048),
@@ -151,8 +186,9 @@ def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, to
                           latency_charge: str = "per_step") -> DecodeVsPrefillRun:
     """Time one all-reduce of ``tokens x d_model`` activations of ``model`` (its own bytes per value) on
     the first ``tp`` ranks of ``ranks`` for each degree in ``tp_degrees``: ``rounds`` rounds of ``calls``
-    calls back to back (fewer for large messages: as many as fit ``CALL_BUDGET_BYTES``), the median round
-    kept. Every argument is checked before any rank runs."""
+    calls back to back (fewer for large messages: as many as fit ``CALL_BUDGET_BYTES``), every size and
+    degree in turn within each round (``_spread_sweep``); the median and the fastest round kept. Every
+    argument is checked before any rank runs."""
     if latency_charge not in LATENCY_CHARGES:
         raise ValueError(f"latency_charge must be one of {', '.join(LATENCY_CHARGES)}, got {latency_charge!r}")
     tokens = tuple(whole_number(t, "tokens (per message)") for t in tokens)
@@ -168,12 +204,11 @@ def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, to
     for size in sizes:
         by_calls.setdefault(max(1, min(calls, CALL_BUDGET_BYTES // size)), []).append(size)
     start = time.perf_counter()
-    samples = []
-    for tp in degrees:
-        for n_calls, group in by_calls.items():
-            per_rank = ranks.run(sweep_on_rank, tuple(group), rounds, n_calls, ("all_reduce",), tp)
-            samples += median_of_slowest(per_rank, tp)
-    return DecodeVsPrefillRun(model, link, latency_charge, tokens, degrees, tuple(samples), time.perf_counter() - start)
+    per_degree = _spread_sweep(ranks, [(group, n) for n, group in by_calls.items()], rounds, ("all_reduce",), degrees)
+    medians = [s for tp, per_rank in per_degree.items() for s in median_of_slowest(per_rank, tp)]
+    floors = [s for tp, per_rank in per_degree.items() for s in fastest_of_slowest(per_rank, tp)]
+    return DecodeVsPrefillRun(model, link, latency_charge, tokens, degrees, tuple(medians),
+                              time.perf_counter() - start, tuple(floors))
 
 
 @dataclass(frozen=True)
@@ -206,8 +241,8 @@ def run_slow_rank(ranks, slow_rank: int, delay_s: float) -> SlowRankRun:
 
 
 def serving_model(n_layers: int = 4, d_model: int = 512, d_ff: int = 2048) -> ModelConfig:
-    """The stack the serving demo runs: ``n_layers`` of the toy's MLP layers, float32 (heads unused).
-    Wide enough that a step's arithmetic, not Python's overhead per call, sets its time."""
+    """The serving demo's stack: ``n_layers`` of the toy's MLP layers, float32 (heads unused), wide enough
+    that arithmetic, not Python's overhead per call, sets a step's time."""
     return ModelConfig("serving stack", n_layers=n_layers, d_model=d_model, n_heads=1, n_kv_heads=1, d_ff=d_ff,
                        vocab_size=1, bytes_per_param=4.0)
 

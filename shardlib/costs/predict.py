@@ -2,8 +2,8 @@
 
 * Tensor parallelism, decode against prefill (the chapter's table): ``2 x n_layers`` all-reduces per
   forward pass (Megatron-LM, Shoeybi et al. 2019), each of ``tokens x d_model`` activations. Decode
-  moves one token per sequence, so its all-reduces are tiny and latency-bound; prefill moves the whole
-  prompt, so its are large and bandwidth-bound.
+  moves one token per sequence: latency-bound for a lone sequence, bandwidth-bound past
+  ``decode_crossover_batch`` sequences; prefill moves the whole prompt, bandwidth-bound.
 * Pipeline against tensor: the same forward pass split by layers (one point-to-point send per stage
   boundary, GPipe, Huang et al. 2019) or within layers.
 * Replicas against tensor parallelism: the throughput of ``world_size`` independent copies against one
@@ -67,9 +67,20 @@ def tp_forward_cost(model: ModelConfig, tp: int, link, tokens: int, phase: str =
 def tp_decode_cost(model: ModelConfig, tp: int, link, batch: int = 1,
                    latency_charge: str = "per_call") -> PhaseCost:
     """One decode step: one new token for each of ``batch`` sequences, so each all-reduce carries one
-    ``d_model`` vector per sequence (8 KiB for Llama-3-8B in fp16). With ``batch = 1`` it is the cost
-    per generated token."""
+    ``d_model`` vector per sequence (8 KiB for Llama-3-8B in bf16). With ``batch = 1`` it is the cost
+    per generated token; past ``decode_crossover_batch`` sequences it is bandwidth-bound."""
     return tp_forward_cost(model, tp, link, whole_number(batch, "batch"), "decode", latency_charge)
+
+
+def decode_crossover_batch(model: ModelConfig, tp: int, link, latency_charge: str = "per_call") -> float:
+    """The batch (sequences per decode step) at which a decode all-reduce's bytes cost as much as its
+    latency: below it the step is latency-bound, above it bandwidth-bound. Infinite at ``tp = 1``."""
+    whole_number(tp, "tp")
+    check_tensor_parallel(model, tp)
+    if tp == 1:
+        return float("inf")
+    latency, per_byte = collective_terms_s("all_reduce", 1, tp, link, latency_charge)
+    return latency / (per_byte * model.d_model * model.bytes_per_param)
 
 
 def tp_prefill_cost(model: ModelConfig, tp: int, link, prompt_tokens: int, batch: int = 1,
@@ -97,7 +108,8 @@ def format_tp_cost_table(model: ModelConfig, links, tp_degrees=(2, 4, 8), prompt
     name_w = max(26, max(len(row["link"]) for row in rows) + 2)
     heads = "".join(f"{'tp=' + str(n):>9}" for n in tp_degrees)
     lines = [f"{model.name}: {model.n_layers} layers, d_model {model.d_model}, {model.bytes_per_param:g} bytes per "
-             f"value; {decode0.collectives} all-reduces per forward pass ({latency_charge} latency)",
+             f"value; {decode0.collectives} all-reduces per forward pass ({latency_charge} latency; "
+             f"alpha-beta model, not a measurement)",
              f"decode: 1 token, {decode0.size_bytes:,} bytes per all-reduce;  prefill: {prompt_tokens:,}-token "
              f"prompt, {prefill0.size_bytes:,} bytes per all-reduce",
              f"{'':<{name_w}}{'decode, us per token':>{9 * len(tp_degrees)}}   "

@@ -72,12 +72,14 @@ def one_call(ctx, op: str, x: torch.Tensor, group=None) -> None:
 
 
 def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_ROUNDS, calls: int = DEFAULT_CALLS,
-                  ops=SWEEP_OPS, n_ranks: int | None = None) -> dict | None:
+                  ops=SWEEP_OPS, n_ranks: int | None = None, warm_up: bool = True) -> dict | None:
     """``{(op, size_bytes): [seconds per call, one per round]}`` as this rank saw them.
 
     As nccl-tests does, a round times ``calls`` calls back to back and divides; every round starts after
-    a barrier, and each (op, size) runs once untimed first. The ping-pong's one way is half its round
-    trip; ranks outside it report ``None`` for it, ranks outside the first ``n_ranks`` return ``None``.
+    a barrier, and each (op, size) runs once untimed first (with ``warm_up=False``, only the smallest size
+    of each op: the processes woken, the buffers of a previous sweep reused). The ping-pong's one way is
+    half its round trip; ranks outside it report ``None`` for it, ranks outside the first ``n_ranks``
+    return ``None``.
     """
     group, member, sizes = _sweep_group(ctx, sizes_bytes, ops, n_ranks)
     if not member:
@@ -86,7 +88,8 @@ def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_RO
     for size in sizes:
         x = torch.ones(size // 4, device=ctx.device)  # (size / 4,) float32
         for op in ops:
-            one_call(ctx, op, x, group)  # warm-up: buffers allocated, connections made
+            if warm_up or size == min(sizes):
+                one_call(ctx, op, x, group)  # warm-up: buffers allocated, connections made
             per_call = []
             for _ in range(rounds):
                 ctx.comm.barrier(group=group)  # every rank starts the round together

@@ -1,7 +1,8 @@
 """Plotly figures of communication costs: data in, ``go.Figure`` out. No widgets, no processes.
 
 Every predicted curve is drawn by the same ``costs`` function that the notebook prints its
-predictions with, so a figure and a printed number can never disagree.
+predictions with, so a figure and a printed number can never disagree. Each figure says under its title
+where its numbers come from: the ranks it measured (``where``), or that it is a model (``GPU_MODEL``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from plotly.subplots import make_subplots
 from ..costs.alpha_beta import collective_time_s, crossover_bytes
 from ..costs.predict import PhaseCost
 from ..hardware import Link
+from .gantt import titled
 from .theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
+
+GPU_MODEL = ("model: alpha-beta with each link's published bandwidth and an order-of-magnitude latency, "
+             "not a measurement")
+PLANNER_MODEL = "model: the planner's estimates (memory-bound decode, alpha-beta links), not a measurement"
 
 
 def _size_grid(lo: float, hi: float, points: int = 60) -> list[float]:
@@ -31,9 +37,10 @@ def _log_x_marker(fig: go.Figure, x: float, text: str, y_paper: float = 1.0) -> 
 
 
 def calibration_figure(samples: Sequence, link: Link, latency_charge: str = "per_step",
-                 title: str = "Measured on this machine, with the fitted line") -> go.Figure:
+                       title: str = "Measured on this machine, with the fitted line", where: str = "") -> go.Figure:
     """Measured time against message size for each operation of a calibration (dots), the fitted link's
-    prediction for it (line), and a diamond where each line turns from latency- to bandwidth-bound."""
+    prediction for it (line), and a diamond where each line turns from latency- to bandwidth-bound.
+    ``where``: the ranks it was measured on (``ranks.description``), shown under the title."""
     if not samples:
         raise ValueError("no samples to draw: run run_calibration(ranks) first")
     fig = go.Figure()
@@ -49,16 +56,17 @@ def calibration_figure(samples: Sequence, link: Link, latency_charge: str = "per
         fig.add_trace(go.Scatter(x=[cross], y=[collective_time_s(op, cross, n, link, latency_charge) * 1e3],
                                  mode="markers", marker={"symbol": "diamond", "size": 11, "color": op_colour},
                                  name=f"{op} crossover, {cross / 1024:,.0f} KiB"))
-    fig.update_layout(title=title, xaxis_type="log", yaxis_type="log", height=420,
+    fig.update_layout(title=titled(title, where), xaxis_type="log", yaxis_type="log", height=420,
                       xaxis_title="message size (bytes)", yaxis_title="time per call (ms, slowest rank)")
     return fig
 
 
 def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int = 8,
                            marks: Mapping[str, float] | None = None, latency_charge: str = "per_step",
-                           lo_bytes: float = 64, hi_bytes: float = 2 ** 30) -> go.Figure:
+                           lo_bytes: float = 64, hi_bytes: float = 2 ** 30, where: str = GPU_MODEL) -> go.Figure:
     """Predicted time of ``op`` on ``n`` ranks against message size, one line per link, a diamond where
-    each turns bandwidth-bound, and dashed verticals at the sizes in ``marks`` (label -> bytes)."""
+    each turns bandwidth-bound, and dashed verticals at the sizes in ``marks`` (label -> bytes); ``where``
+    the numbers come from under the title (a model, by default)."""
     fig = go.Figure()
     grid = _size_grid(lo_bytes, hi_bytes)
     for i, link in enumerate(links):
@@ -73,15 +81,17 @@ def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int
                                                "<extra></extra>"))
     for label, size in (marks or {}).items():
         _log_x_marker(fig, size, label)
-    fig.update_layout(title=f"{op} on {n} ranks ({latency_charge} latency): diamonds mark the crossover",
+    fig.update_layout(title=titled(f"{op} on {n} ranks ({latency_charge} latency): diamonds mark the crossover",
+                                   where),
                       xaxis_type="log", yaxis_type="log", height=440, xaxis_title="message size (bytes)",
                       yaxis_title="predicted time (us)")
     return fig
 
 
-def phase_cost_figure(costs: Sequence[PhaseCost],
-                      title: str = "Tensor-parallel communication per forward pass") -> go.Figure:
-    """Stacked bars, one per ``PhaseCost``: the latency part and the bandwidth part, in milliseconds."""
+def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel communication per forward pass",
+                      where: str = GPU_MODEL) -> go.Figure:
+    """Stacked bars, one per ``PhaseCost``: the latency part and the bandwidth part, in milliseconds;
+    ``where`` the numbers come from under the title (a model, by default)."""
     labels = [f"{c.phase}<br>{c.link}<br>tp={c.tp}" for c in costs]
     fig = go.Figure([
         go.Bar(x=labels, y=[c.latency_s * 1e3 for c in costs], name="latency (fixed cost per collective)",
@@ -89,13 +99,14 @@ def phase_cost_figure(costs: Sequence[PhaseCost],
         go.Bar(x=labels, y=[c.bandwidth_s * 1e3 for c in costs], name="bandwidth (bytes / rate)",
                marker_color=BLUE),
     ])
-    fig.update_layout(title=title, barmode="stack", yaxis_title="ms", height=380)
+    fig.update_layout(title=titled(title, where), barmode="stack", yaxis_title="ms", height=380)
     return fig
 
 
 def slow_rank_figure(per_rank: Sequence[Mapping[str, Mapping[str, float]]], slow_rank: int,
-                     delay_s: float) -> go.Figure:
-    """Grouped bars: the time each rank spent inside each collective, with the delay as a dashed line."""
+                     delay_s: float, where: str = "") -> go.Figure:
+    """Grouped bars: the time each rank spent inside each collective, with the delay as a dashed line;
+    ``where`` it was measured (``ranks.description``) under the title."""
     ops = list(per_rank[0])
     fig = go.Figure([go.Bar(name=f"rank {r}" + (" (slow)" if r == slow_rank else ""), x=ops,
                             y=[res[op]["collective_s"] * 1e3 for op in ops],
@@ -103,14 +114,14 @@ def slow_rank_figure(per_rank: Sequence[Mapping[str, Mapping[str, float]]], slow
                      for r, res in enumerate(per_rank)])
     fig.add_hline(y=delay_s * 1e3, line_dash="dash",
                   annotation_text=f"delay of rank {slow_rank}: {delay_s * 1e3:.0f} ms")
-    fig.update_layout(title="Time inside each collective: the fast ranks wait for the slow one",
+    fig.update_layout(title=titled("Time inside each collective: the fast ranks wait for the slow one", where),
                       barmode="group", yaxis_title="ms", height=360)
     return fig
 
 
-def replicas_vs_tp_figure(result) -> go.Figure:
+def replicas_vs_tp_figure(result, where: str = "") -> go.Figure:
     """Two panels for a ``costs.ReplicasVsTPRun``: latency per token (the step) and tokens per second per
-    device, of replicas and of one tensor-parallel copy, measured beside predicted."""
+    device, of replicas and of one tensor-parallel copy, measured (``where``: on which ranks) beside predicted."""
     measured, predicted = result.measured, result.predicted
     ways = ["replicas", f"tp = {measured.world_size}"]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("latency per token (ms): lower is better",
@@ -121,17 +132,17 @@ def replicas_vs_tp_figure(result) -> go.Figure:
         fig.add_trace(go.Bar(name=name, x=ways, y=[stats.replicas_tokens_per_s_per_device,
                                                    stats.tp_tokens_per_s_per_device],
                              marker_color=bar_colour, legendgroup=name, showlegend=False), row=1, col=2)
-    fig.update_layout(title=f"{measured.world_size} devices, {measured.tokens_per_step} sequences per step: "
-                            f"the split copy answers sooner, the replicas serve more",
+    fig.update_layout(title=titled(f"{measured.world_size} devices, {measured.tokens_per_step} sequences per step: "
+                                   "the split copy answers sooner, the replicas serve more", where),
                       barmode="group", height=360)
     return fig
 
 
-def latency_throughput_figure(curves: Mapping[str, Sequence]) -> go.Figure:
+def latency_throughput_figure(curves: Mapping[str, Sequence], where: str = PLANNER_MODEL) -> go.Figure:
     """One line per entry of ``curves`` (label -> ``plan.ServingPoint`` s from ``latency_vs_throughput``):
     each serving option's latency per token for a lone request (x) against its tokens per second per GPU
     (y), replicas first, then tp = 2, 4, 8. Down and to the left is faster; up is more per GPU. Options
-    that cannot serve (the model does not fit) are left out."""
+    that cannot serve (the model does not fit) are left out. ``where``: a model, said under the title."""
     fig = go.Figure()
     for i, (label, points) in enumerate(curves.items()):
         usable = [p for p in points if p.feasible and p.label != "1 GPU"]
@@ -146,7 +157,7 @@ def latency_throughput_figure(curves: Mapping[str, Sequence]) -> go.Figure:
             customdata=[p.batch for p in shown],
             hovertemplate="%{text}: %{x:.2f} ms per token alone, %{y:,.0f} tokens/s per GPU, batch %{customdata}"
                           "<extra></extra>"))
-    fig.update_layout(title="Per-token latency against throughput per GPU", xaxis_type="log", height=420,
+    fig.update_layout(title=titled("Per-token latency against throughput per GPU", where), xaxis_type="log", height=420,
                       xaxis_title="latency per token, one request alone (ms, log scale)",
                       yaxis_title="tokens per second per GPU, full batch")
     return fig

@@ -8,15 +8,16 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..costs.drivers import run_slow_rank
-from ..costs.predict import pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
+from ..costs.predict import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from ..costs.ranks import MAX_DELAY_S
-from ..hardware import LATENCY_CHARGES, Link
+from ..hardware import LATENCY_CHARGES, LINKS, Link
 from ..models import LLAMA_3_8B, ModelConfig
-from .costs_figures import phase_cost_figure, slow_rank_figure
+from .costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
 from .live import Feedback, SelectionSlider, observe_all
 
 PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens
 BATCH_CHOICES = tuple(2 ** k for k in range(0, 9))  # 1 .. 256 sequences
+PRESET_NAMES = {link.name for link in LINKS.values()}
 
 
 def _nearest(value: int, choices: tuple[int, ...]) -> int:
@@ -48,17 +49,21 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
         decode = tp_decode_cost(model, degree.value, link, batch_box.value, charge.value)
         prefill = tp_prefill_cost(model, degree.value, link, prompt.value, batch_box.value, charge.value)
         pipe = pipeline_vs_tensor(model, degree.value, link, prompt.value * batch_box.value, charge.value)
-        new = phase_cost_figure([decode, prefill])
+        where = GPU_MODEL if link.name in PRESET_NAMES else f"model: alpha-beta with {link.name}'s fitted figures"
+        new = phase_cost_figure([decode, prefill], where=where)
         with fig.batch_update():
             for trace, fresh in zip(fig.data, new.data):
                 trace.x, trace.y = fresh.x, fresh.y
+            fig.layout.title = new.layout.title
+        crossover = decode_crossover_batch(model, degree.value, link, charge.value)
         latencies = 1 if charge.value == "per_call" else 2 * (degree.value - 1)
         text.value = (
             f"<b>{html.escape(model.name)} on {html.escape(link.name)}, tp = {degree.value}</b>, {decode.collectives} "
             f"all-reduces per forward pass, each paying {latencies} latenc{'y' if latencies == 1 else 'ies'} "
             f"({'one per call' if charge.value == 'per_call' else 'one per ring step'})<br>"
             f"decode step ({batch_box.value} token(s), {decode.size_bytes:,} bytes each): "
-            f"<b>{decode.total_s * 1e6:,.0f} us</b>, {decode.bound}-bound<br>"
+            f"<b>{decode.total_s * 1e6:,.0f} us</b>, {decode.bound}-bound (bandwidth-bound from a batch of "
+            f"{crossover:,.0f} on)<br>"
             f"prefill ({batch_box.value} x {prompt.value:,} tokens, {prefill.size_bytes:,} bytes each): "
             f"<b>{prefill.total_s * 1e3:,.2f} ms</b>, {prefill.bound}-bound<br>"
             f"the same prefill cut into {degree.value} pipeline stages instead: {pipe.pipeline_transfers} "
@@ -85,11 +90,12 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
     def run(change=None) -> None:
         delay_s = delay.value / 1e3
         run = run_slow_rank(ranks, slow.value, delay_s)
-        new = slow_rank_figure(run.per_rank, slow.value, delay_s)
+        new = slow_rank_figure(run.per_rank, slow.value, delay_s, f"measured on {ranks.description}")
         with fig.batch_update():
             for trace, fresh in zip(fig.data, new.data):
                 trace.x, trace.y, trace.name = fresh.x, fresh.y, fresh.name
             fig.layout.shapes, fig.layout.annotations = new.layout.shapes, new.layout.annotations
+            fig.layout.title = new.layout.title
         steps = [run.step_s(op) for op in run.ops]
         text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
                       f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")

@@ -3,7 +3,8 @@
 ``timeline_figure`` (what each rank did: compute, collectives, waits) and the pipeline's charts (each
 forward and backward, coloured by microbatch) both turn their data into ``Bar`` s and draw them here,
 so every Gantt chart in the suite reads the same way: one row per rank, time left to right, hover for
-the name and the times. Plotly only: data in, traces out.
+the name and the times. ``titled`` puts under a title where its numbers come from (the ranks a
+measurement ran on, or that a figure is a model). Plotly only: data in, traces out.
 """
 
 from __future__ import annotations
@@ -48,15 +49,23 @@ def bar_traces(bars: Sequence[Bar], show_legend: bool = True, unit: str = "ms", 
     return traces
 
 
+def titled(title: str, where: str = "") -> str:
+    """``title`` with ``where`` under it in small type (for a measurement, the ranks it ran on, for example
+    ``ranks.description``; for a prediction, the model behind it); ``title`` alone if ``where`` is empty."""
+    return f"{title}<br><sup>{where}</sup>" if where else title
+
+
 def row_axis(rows: Sequence[str]) -> dict:
     """A y axis listing ``rows`` top to bottom in the order given."""
     return {"categoryorder": "array", "categoryarray": list(reversed(list(rows)))}
 
 
 def gantt_figure(bars: Sequence[Bar], rows: Sequence[str], title: str, x_title: str = "time (ms)",
-                 extra_traces: Sequence = ()) -> go.Figure:
-    """A Gantt chart of ``bars`` with one row per entry of ``rows`` (top to bottom)."""
+                 extra_traces: Sequence = (), where: str = "") -> go.Figure:
+    """A Gantt chart of ``bars`` with one row per entry of ``rows`` (top to bottom); ``where`` (``titled``)
+    says under the title where it was measured or that it is a model."""
     fig = go.Figure(list(extra_traces) + bar_traces(bars))
-    fig.update_layout(title=title, barmode="overlay", xaxis_title=x_title, yaxis=row_axis(rows),
-                      height=140 + 45 * len(rows), margin={"l": 70, "r": 20, "t": 50, "b": 40}, bargap=0.15)
+    fig.update_layout(title=titled(title, where), barmode="overlay", xaxis_title=x_title, yaxis=row_axis(rows),
+                      height=140 + 45 * len(rows), margin={"l": 70, "r": 20, "t": 70 if where else 50, "b": 40},
+                      bargap=0.15)
     return fig

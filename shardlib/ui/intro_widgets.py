@@ -26,7 +26,7 @@ def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
     label = widgets.HTML()
     fig = go.FigureWidget(measured_points_figure(
         [], [], "message size (bytes)", "all-reduce time (ms, slowest rank)",
-        f"All-reduce on {ranks.world_size} live ranks: {ranks.description}",
+        f"All-reduce on {ranks.world_size} live ranks", where=f"measured on {ranks.description}",
     ))
     seen: dict[int, float] = {}
 
