@@ -8,7 +8,6 @@
   ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
   ``experts_widgets``; ``plan_figures``, ``plan_widgets``; ``data_parallel_figures``,
   ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``.
-* ``claims``: a timing claim a busy machine could not show, explained to the learner, fatal under CI.
 * ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.
 
 The UI sits on top: it may import anything below it, and nothing below imports it.
@@ -43,7 +42,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                                  "method_bytes_figure", "memory_figure", "attention_memory_figure"),
     "context_parallel_widgets": ("sequence_explorer",),
     "code": ("show_code", "source_lines"),
-    "claims": ("claim", "strict"),
     "quiz": ("Question", "show_questions", "question_widget", "questions_html"),
     "static": ("install", "widget_html", "figure_html"),
 })
