@@ -237,7 +237,7 @@ def test_memory_bound_decode_and_what_fits():
     (lambda: cost_terms("broadcast", 2), "unknown operation 'broadcast'"),
     (lambda: all_reduce_s(MB, 2, LINK, "sometimes"), "unknown latency_charge 'sometimes'"),
     (lambda: tp_decode_cost(LLAMA_3_8B, 0, NVLINK), "tp must be a whole number of at least 1, got 0"),
-    (lambda: tp_decode_cost(LLAMA_3_8B, 3, NVLINK), "8 KV heads cannot be split 3 ways"),
+    (lambda: tp_decode_cost(LLAMA_3_8B, 3, NVLINK), "8 KV heads cannot be shared by 3 devices"),
     (lambda: tp_prefill_cost(LLAMA_3_8B, 2, NVLINK, 0), "prompt_tokens must be a whole number of at least 1, got 0"),
     (lambda: crossover_bytes(LINK, "all_reduce", 1), "moves nothing"),
     (lambda: replicas_vs_tensor_parallel(0, 1e-3, 2, 4), "step_compute_s must be a positive number, got 0"),
@@ -274,7 +274,7 @@ def test_explorer_updates_and_offers_only_usable_shard_counts():
 
     box = tp_cost_explorer(list(LINKS.values()), tp=3, prompt_tokens=5000, batch=0)
     link, shards, prompt, batch, charge, text, fig, feedback = box.children
-    assert list(shards.options) == [2, 4, 8] and shards.value in (2, 4)  # clamped to a usable degree
+    assert list(shards.options) == [2, 4, 8, 16, 32] and shards.value in (2, 4)  # clamped to a usable degree
     assert prompt.value == 4096 and batch.value == 1  # clamped to the nearest choice
     link.value, shards.value, prompt.value = "Ethernet 100 Gb/s", 8, 2048
     expected = tp_prefill_cost(LLAMA_3_8B, 8, ETHERNET_100G, 2048, latency_charge="per_call")

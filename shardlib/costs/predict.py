@@ -54,7 +54,7 @@ def tp_forward_cost(model: ModelConfig, tp: int, link, tokens: int, phase: str =
     """Megatron-LM tensor parallelism (Shoeybi et al. 2019): two all-reduces per layer in the forward pass
     (after attention and after the MLP), each of ``tokens x d_model`` activations in the model's dtype."""
     whole_number(tp, "tp")
-    check_tensor_parallel(model, tp)
+    check_tensor_parallel(model, tp, copy_kv_heads=True)  # a formula: KV heads copied past the wall are allowed
     tokens = whole_number(tokens, "tokens")
     size_bytes = int(tokens * model.d_model * model.bytes_per_param)
     collectives = 0 if tp == 1 else 2 * model.n_layers
@@ -76,7 +76,7 @@ def decode_crossover_batch(model: ModelConfig, tp: int, link, latency_charge: st
     """The batch (sequences per decode step) at which a decode all-reduce's bytes cost as much as its
     latency: below it the step is latency-bound, above it bandwidth-bound. Infinite at ``tp = 1``."""
     whole_number(tp, "tp")
-    check_tensor_parallel(model, tp)
+    check_tensor_parallel(model, tp, copy_kv_heads=True)  # a formula: KV heads copied past the wall are allowed
     if tp == 1:
         return float("inf")
     latency, per_byte = collective_terms_s("all_reduce", 1, tp, link, latency_charge)
