@@ -540,7 +540,7 @@ for s, rows in zip(skews, sweep):
 assert sweep[-1]["replicate hottest"].rank_max_over_mean < sweep[-1]["none"].rank_max_over_mean
 assert all(rows["capacity"].expert_max_over_mean <= 1.25 for rows in sweep)
 mitigation_sweep_figure(skews, {m: [rows[m].rank_max_over_mean for rows in sweep] for m in MITIGATIONS},
-                        "busiest rank's rows / even share", "The knob against each mitigation")
+                        "busiest rank's rows / even share", f"The knob against each mitigation, on {ranks.description}")
 
 # %% [markdown]
 # ## Explore: the knob
