@@ -340,10 +340,10 @@ assert 0.9 < ep_per_token / (2 * cfg.k * 4 * predicted_cross_rank_share(2)) < 1.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+import os
+
 from shardlib.costs import measure_until
 from shardlib.ui.experts_figures import rank_time_figure
-
-import os
 
 wide = cfg.but(d_ff=1024)
 wide_weights = make_moe_weights(wide, seed=0)

@@ -112,7 +112,7 @@ from dataclasses import replace
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, kv_cache_bytes
 from shardlib.ui.context_parallel_figures import memory_figure
 
-# Llama 3.1: Llama 3's shapes, a 128K context (meta-llama's config.json files differ only in rope scaling)
+# Llama 3.1: Llama 3's shapes; its config.json files differ in context length and rope scaling, not in shapes
 LLAMA_3_1_8B, LLAMA_3_1_70B = replace(LLAMA_3_8B, name="Llama-3.1-8B"), replace(LLAMA_3_70B, name="Llama-3.1-70B")
 
 seqs = [2 ** k for k in range(12, 21)]  # 4k to 1M tokens
