@@ -37,7 +37,9 @@
 # **The memory bill.** Training with Adam in mixed precision keeps, per parameter, 2 bytes of 16-bit
 # weights, 2 bytes of 16-bit gradients and 12 bytes of optimizer state (a 32-bit copy of the weight and
 # Adam's two moments): **16 bytes per parameter**, 128 GB for an 8B model, on every rank. Replicas
-# multiply that bill instead of sharing it.
+# multiply that bill instead of sharing it. (16 is the ZeRO paper's count, with 16-bit gradients.
+# Megatron-LM keeps bf16 weights but accumulates and reduces the gradients in fp32: 2 + 4 + 12 = **18
+# bytes** per parameter, and `6 + 12/d` on `d` ranks with its distributed optimizer, which is ZeRO-1.)
 #
 # **ZeRO** (Rajbhandari et al. 2020) notices that each rank only needs the optimizer state of the part
 # it updates. Cut every flat buffer into `N` shards, one per rank:
@@ -47,12 +49,13 @@
 # | DDP | `(2 + 2 + 12) P` | all-reduce the gradients: `2 (N-1)/N · P` values |
 # | ZeRO-1 | `(2 + 2) P + 12 P / N` | reduce-scatter the gradients, step on the shard, all-gather: `2 (N-1)/N · P` |
 # | ZeRO-2 | `2 P + (2 + 12) P / N` | the same, the gradient dropped as soon as it is reduced |
-# | ZeRO-3 / FSDP | `(2 + 2 + 12) P / N` | all-gather each layer before its forward and backward: `3 (N-1)/N · P` |
+# | ZeRO-3 / FSDP | `(2 + 2 + 12) P / N` | reduce-scatter the gradients, all-gather each layer twice: `3 (N-1)/N · P` |
 #
 # The first two stages are free on the wire because an all-reduce *is* a reduce-scatter followed by an
 # all-gather: ZeRO just does the optimizer step in between, on the shard. (In a reduce-scatter each rank
-# receives the sum of its own shard only.) Stage 3 pays 1.5 times the bytes to keep only `1/N` of the
-# weights.
+# receives the sum of its own shard only.) Stage 3 keeps the reduce-scatter but replaces ZeRO-1's one
+# all-gather of the updated weights with two all-gathers per layer, one before its forward and one before
+# its backward: 1.5 times the bytes, to keep only `1/N` of the weights.
 
 # %% [markdown]
 # ## Read the code
@@ -126,7 +129,7 @@ show_code(Gathered, ShardedUnits._before_forward, ShardedUnits._after_forward, S
 # The parameter counts come from the models' published configurations (`shardlib.models`).
 
 # %%
-from shardlib.data_parallel import STRATEGY_TITLES, memory_per_rank, step_wire_bytes, zero_table
+from shardlib.data_parallel import STATE_BYTES_MEGATRON, STRATEGY_TITLES, memory_per_rank, step_wire_bytes, zero_table
 from shardlib.hardware import H100_80GB
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
 
@@ -142,15 +145,23 @@ assert by[("Llama-3-8B", "ddp")]["total_gb"] > H100_80GB.memory_bytes / 1e9  # 1
 assert by[("Llama-3-8B", "zero3")]["total_gb"] < 20 and by[("Llama-3-70B", "zero3")]["total_gb"] > 80
 assert step_wire_bytes(LLAMA_3_8B.n_params, "zero3", DP) == 1.5 * step_wire_bytes(LLAMA_3_8B.n_params, "ddp", DP)
 
+# Megatron-LM's accounting: bf16 weights, fp32 gradients (2 + 4 + 12 bytes); its distributed optimizer is ZeRO-1
+megatron = {s: memory_per_rank(LLAMA_3_8B.n_params, s, DP, STATE_BYTES_MEGATRON)["total"] for s in ("ddp", "zero1")}
+print(f"\nwith fp32 gradients, as Megatron-LM keeps them: Llama-3-8B {megatron['ddp'] / 1e9:.1f} GB per GPU "
+      f"(18 bytes per parameter), {megatron['zero1'] / 1e9:.1f} GB with its distributed optimizer (6 + 12/{DP})")
+assert megatron["zero1"] == (6 + 12 / DP) * LLAMA_3_8B.n_params and megatron["ddp"] == 18 * LLAMA_3_8B.n_params
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.ui.data_parallel_figures import zero_table_figure
 
-zero_table_figure(rows, {H100_80GB.name: H100_80GB.memory_bytes})
+zero_table_figure(rows, {H100_80GB.name: H100_80GB.memory_bytes},
+                  title="Memory per GPU, a model (mixed-precision Adam, (2 + 2 + 12) bytes per parameter)")
 
 # %% [markdown]
-# Llama-3-8B does not train on 80 GB GPUs with plain DDP (128 GB each); ZeRO-1 already brings it to
-# 44 GB, ZeRO-3 to 16 GB. Llama-3-70B needs 141 GB per GPU even with ZeRO-3 on 8 GPUs: more GPUs
+# Llama-3-8B does not train on 80 GB GPUs with plain DDP (128 GB each, 144 GB with fp32 gradients); ZeRO-1
+# already brings it to 44 GB (Megatron's distributed optimizer: 60 GB), ZeRO-3 to 16 GB. Llama-3-70B
+# needs 141 GB per GPU even with ZeRO-3 on 8 GPUs: more GPUs
 # (ZeRO-3 divides by `N`), or tensor and pipeline parallelism on top. And every byte count above
 # leaves out the activations, which come at the end of this notebook.
 
@@ -215,7 +226,8 @@ from shardlib.ui.data_parallel_figures import memory_per_rank_figure
 
 memory_per_rank_figure({s: r.memory_per_rank[0] for s, r in runs.items()},
                        {s: r.predicted_memory() for s, r in runs.items()},
-                       title="What rank 0 keeps between steps, measured (bars) and predicted (red)")
+                       title=f"What rank 0 keeps between steps, measured (bars) on {ranks.description}, "
+                             "and predicted (red)")
 
 # %% [markdown]
 # ## What one rank sends per step, from the comm log
@@ -313,14 +325,18 @@ for s, o in overlap.items():
 from shardlib.ui.data_parallel_figures import overlap_timeline_figure
 
 on = overlap["ddp"].with_overlap
-overlap_timeline_figure(on.spans, on.n_steps - 1, "DDP, buckets of 64 KiB, launched during the backward")
+overlap_timeline_figure(on.spans, on.n_steps - 1,
+                        f"DDP, buckets of 64 KiB, launched during the backward; measured on {ranks.description}")
 
 # %% [markdown]
 # Most of the communication's time is hidden under the backward, yet the step is not much shorter, and
 # sometimes longer. On these CPU ranks the "network" is the same two cores that compute: gloo's
-# threads copying and adding the buckets take cycles from the backward running beside them. On GPUs
-# the collectives run on other hardware (NVLink and the network, with NCCL's own kernels), and the hidden
-# share turns into a shorter step. `benchmarks/bench_data_parallel.py` measures both over more runs.
+# threads copying and adding the buckets take cycles from the backward running beside them. On GPUs the
+# bytes travel over other hardware (NVLink and the network), and the hidden share turns into a shorter
+# step, but not for free there either: NCCL's kernels run on some of the GPU's streaming multiprocessors
+# and read and write HBM, so a backward with communication under it runs somewhat slower than alone. The
+# overlap hides the transfer's time, not all of its cost. `benchmarks/bench_data_parallel.py` measures
+# both over more runs.
 
 # %% [markdown]
 # ## The peers: PyTorch's own DDP and FSDP2
@@ -367,35 +383,49 @@ assert kept.unit_forwards == 2 * plain.unit_forwards
 from shardlib.ui.data_parallel_figures import activation_figure
 
 print(f"median step: {format_seconds(plain.step_s)} plain, {format_seconds(kept.step_s)} checkpointed")
-activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.saved_bytes_per_unit}, plain.unit_names)
+activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.saved_bytes_per_unit}, plain.unit_names,
+                  title="Bytes each layer keeps for its backward, measured in this process (one CPU process, no ranks)")
 
 # %% [markdown]
 # **Where this meets the pipeline and the planner.** For a real transformer layer, Korthikanti et al.
-# (2022) count `s·b·h·(34 + 5·a·s/h)` bytes of 16-bit activations per layer and microbatch; `34·s·b·h`
-# when the attention scores are recomputed (or never stored, as fused attention kernels do); `2·s·b·h`,
-# the layer's input, with full recomputation. A pipeline stage holds `L/pp` layers, and notebook 03
+# (2022) count `s·b·h·(34 + 5·a·s/h)` bytes of 16-bit activations per layer and microbatch. The `5·a·s/h`
+# term is attention's `s × s` score matrices per head (the scores, their softmax, its dropout mask) and
+# grows with the square of the sequence. A fused attention kernel (FlashAttention, PyTorch's
+# `scaled_dot_product_attention` on GPUs) never writes them to memory: it recomputes them block by block
+# in its backward, which leaves `34·s·b·h`. Korthikanti et al. get the same count by recomputing only
+# attention's core, **selective recomputation**, which Megatron-LM recommends. **Full recomputation**
+# keeps only each layer's input, `2·s·b·h`, and pays a whole extra forward per layer.
+# A pipeline stage holds `L/pp` layers, and notebook 03
 # showed that 1F1B's first stage keeps `pp` microbatches in flight. So a training GPU's budget is the
 # ZeRO states of its stage's parameters plus `L/pp × per-layer × in-flight` activations. The layout
 # planner of notebook 08 budgets serving (weights and KV cache); training adds exactly these two terms.
 
 # %%
-from shardlib.data_parallel import training_memory_per_gpu
+from shardlib.data_parallel import layer_activation_bytes, training_memory_per_gpu
 from shardlib.pipeline import make_schedule, peak_in_flight
 
 in_flight = peak_in_flight(make_schedule("1f1b", 4, 8))[0]  # 1F1B, 4 stages: the first stage holds 4
-print(f"Llama-3-8B, sequences of 4096 tokens, microbatch 1, dp = 8 ZeRO-1; pp = 4 with 1F1B ({in_flight} in flight)")
-for recompute in ("none", "selective", "full"):
-    budget = training_memory_per_gpu(LLAMA_3_8B, "zero1", 8, 4096, 1, pp=4, in_flight=in_flight, recompute=recompute)
-    print(f"  recompute {recompute:<9}: states {(budget['total'] - budget['activations']) / 1e9:5.1f} GB + "
-          f"activations {budget['activations'] / 1e9:6.1f} GB = {budget['total'] / 1e9:6.1f} GB per GPU")
-full = training_memory_per_gpu(LLAMA_3_8B, "zero1", 8, 4096, 1, pp=4, in_flight=in_flight, recompute="full")
-none = training_memory_per_gpu(LLAMA_3_8B, "zero1", 8, 4096, 1, pp=4, in_flight=in_flight, recompute="none")
-assert full["total"] < H100_80GB.memory_bytes < none["total"]
+print(f"Llama-3-8B, sequences of 4096 tokens, microbatch 1, dp = 8 ZeRO-1; pp = 4 with 1F1B ({in_flight} in flight); "
+      "a model, not a measurement")
+LABELS = {"none": "scores stored (34 + 5as/h)", "selective": "scores never stored (34)", "full": "full recompute (2)"}
+budgets = {}
+for recompute, label in LABELS.items():
+    budgets[recompute] = training_memory_per_gpu(LLAMA_3_8B, "zero1", 8, 4096, 1, pp=4, in_flight=in_flight,
+                                                 recompute=recompute)
+    b = budgets[recompute]
+    per_layer = layer_activation_bytes(LLAMA_3_8B, 4096, 1, recompute)
+    print(f"  {label:<27}: {per_layer / 1e9:5.2f} GB per layer; states {(b['total'] - b['activations']) / 1e9:5.1f} GB"
+          f" + activations {b['activations'] / 1e9:6.1f} GB = {b['total'] / 1e9:6.1f} GB per GPU")
+assert budgets["selective"]["total"] < H100_80GB.memory_bytes < budgets["none"]["total"]
+assert budgets["full"]["total"] < budgets["selective"]["total"]
 
 # %% [markdown]
-# Without recomputation the activations alone overflow an 80 GB GPU; with it the stage fits with room
-# to spare. That is the trade every large run makes: a third more compute (one more forward per layer)
-# for memory.
+# Only the first count overflows an 80 GB GPU, and what overflows it is the stored attention scores. With
+# fused attention, which every current training stack uses, they are never stored: the stage fits without
+# recomputing anything (the middle row), or, on a stack without a fused kernel, by recomputing attention's
+# core alone, a few percent more compute. Full recomputation shrinks the activations much further, at the
+# price of one more forward per layer, about a third more compute per step: it is worth it only when the
+# middle row still does not fit (longer sequences, more microbatches in flight, a larger model per GPU).
 
 # %% [markdown]
 # ## Explore: strategy, bucket size, overlap
@@ -441,6 +471,13 @@ QUESTIONS = [
      ("The optimizer state", "The activations kept for the backward", "The gradients", "The bucket size"), 1,
      "Activations scale with rows and tokens; recomputation trades one more forward per layer for keeping only "
      "each layer's input."),
+    ("A training run overflows memory, and most of its activations are attention's stored s x s scores. What "
+     "does current practice do first?",
+     ("Full recomputation of every layer", "Use a fused attention kernel (or recompute attention's core alone): "
+      "the scores are never kept, for little or no extra compute", "Halve the model", "Drop the optimizer state"), 1,
+     "The 5as/h term of Korthikanti et al.'s count is the scores; FlashAttention-style kernels rebuild them in the "
+     "backward, and selective recomputation does the same by hand. Full recomputation costs a whole extra forward "
+     "per layer and is kept for when that is not enough."),
 ]
 show_questions(*(Question(*q) for q in QUESTIONS))
 
@@ -461,6 +498,9 @@ show_questions(*(Question(*q) for q in QUESTIONS))
 #   all-gather after the step on the shard; ZeRO-3 gathers each layer before its forward and before its
 #   backward, frees it after each, and reduce-scatters its gradient from inside the backward.
 # - PyTorch's DDP and FSDP2 trained to the same weights as this notebook's DDP and ZeRO-3.
-# - What sharding leaves is activations: they grow with batch and sequence; recomputation cuts them to
-#   each layer's input for one more forward, and together with 1F1B's in-flight microbatches they decide
-#   whether a pipeline stage fits.
+# - What sharding leaves is activations: they grow with batch and sequence; together with 1F1B's in-flight
+#   microbatches they decide whether a pipeline stage fits. Attention's stored scores are the part that
+#   overflows; fused attention never stores them (selective recomputation recomputes them), and full
+#   recomputation, one more forward per layer for keeping only each layer's input, is the last resort.
+# - Overlap hid most of the communication's time; on GPUs too it costs something, since NCCL's kernels
+#   take streaming multiprocessors and HBM bandwidth from the compute they run under.

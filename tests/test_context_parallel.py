@@ -324,3 +324,19 @@ def test_the_other_figures_draw_their_data():
                                                     "rank 0 send", "rank 0 compute"]
     fig = attention_memory_figure({"one": {"scores": 2 ** 20}, "ring": {"scores": 2 ** 18, "own K/V": 2 ** 19}})
     assert [t.name for t in fig.data] == ["scores", "own K/V"] and list(fig.data[1].y) == [0.0, 0.5]
+
+
+def test_the_ring_hides_its_transfer_from_more_tokens_on_slower_links():
+    """Llama-3.1-70B's heads on an H100 at peak: a few hundred tokens per rank over NVLink, thousands over
+    InfiniBand; at the threshold the block's attention first outlasts its K/V transfer."""
+    from shardlib.context_parallel import ring_block_attention_s, ring_hiding_tokens
+    from shardlib.costs.alpha_beta import point_to_point_s
+    from shardlib.hardware import H100_80GB, INFINIBAND_400G, NVLINK
+
+    flops = H100_80GB.bf16_flops_per_s
+    found = {link.name: ring_hiding_tokens(64, 8, 128, 2, flops, link) for link in (NVLINK, INFINIBAND_400G)}
+    assert 100 < found[NVLINK.name] < 1000 < found[INFINIBAND_400G.name] < 10_000
+    for link in (NVLINK, INFINIBAND_400G):
+        c = found[link.name]
+        assert ring_block_attention_s(c, 64, 128, flops) >= point_to_point_s(2 * c * 8 * 128 * 2, link)
+        assert ring_block_attention_s(c - 1, 64, 128, flops) < point_to_point_s(2 * (c - 1) * 8 * 128 * 2, link)

@@ -10,6 +10,7 @@ from torch import nn
 
 from shardlib.data_parallel import (
     STATE_BYTES_FP32,
+    STATE_BYTES_MEGATRON,
     STRATEGIES,
     check_training_inputs,
     gathered_peak_bytes,
@@ -70,6 +71,14 @@ def test_units_must_hold_every_parameter_once():
 def test_memory_matches_the_zero_papers_figure_1(strategy, gb):
     """ZeRO (Rajbhandari et al. 2020), Figure 1: 7.5B parameters, K = 12, 64 GPUs."""
     assert memory_per_rank(7.5e9, strategy, 64)["total"] / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_megatron_distributed_optimizer_keeps_6_plus_12_over_d(d):
+    """Megatron-LM's distributed optimizer guide, 16-bit weights with fp32 gradients: 18 bytes per parameter
+    without it, ``6 + 12/d`` with it (a ZeRO-1 over ``d`` data-parallel ranks)."""
+    assert memory_per_rank(1e9, "ddp", d, STATE_BYTES_MEGATRON)["total"] == pytest.approx(18e9)
+    assert memory_per_rank(1e9, "zero1", d, STATE_BYTES_MEGATRON)["total"] == pytest.approx((6 + 12 / d) * 1e9)
 
 
 def test_wire_bytes_all_reduce_equals_reduce_scatter_plus_all_gather():

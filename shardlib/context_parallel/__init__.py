@@ -4,7 +4,7 @@
 * ``online_softmax`` (pure): attention one block of keys at a time, partials and their merge; one block's gradients.
 * ``reference`` (pure): whole-sequence attention and its gradients, the q/k/v checks, shards cut and joined,
   the ring in one process, the tiny attention layer trained in notebook 07.
-* ``predict`` (pure): bytes per rank of each method, forward and backward; the ring's time by alpha-beta.
+* ``predict`` (pure): bytes per rank of each method; the ring's time and the tokens that hide its transfer.
 * ``memory`` (pure): KV cache and activations per device against sequence length, under tp and cp.
 * ``ring`` (mechanism): ``ring_attention``, K/V round the ring forward, K/V with dK/dV round it backward.
 * ``ulysses`` (mechanism): ``ulysses_attention``, all-to-all from sequence to heads and back, differentiable.
@@ -26,7 +26,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                   "attention_layer", "train_attention_layer_reference"),
     "predict": ("METHODS", "AttentionShape", "ring_bytes_per_rank", "ring_backward_bytes_per_rank",
                 "ring_saved_bytes_per_rank", "ulysses_bytes_per_rank", "ulysses_collectives",
-                "sequence_parallel_bytes_per_rank", "method_bytes", "ring_time_s", "ring_transfer_s", "hidden_share"),
+                "sequence_parallel_bytes_per_rank", "method_bytes", "ring_time_s", "ring_transfer_s", "hidden_share",
+                "ring_block_attention_s", "ring_hiding_tokens"),
     "memory": ("attention_activation_bytes", "device_memory", "context_parallel_needed", "toy_block_activation_bytes",
                "attention_bytes_per_rank"),
     "ring": ("ring_attention", "RingAttention", "check_ring_inputs"),

@@ -10,9 +10,9 @@ sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of `
 What a ring rank keeps for its backward (``ring_saved_bytes_per_rank``): its q, output, K/V and lse, O(s/n).
 
 The ring's time by alpha-beta (``ring_time_s``): ranks move in lockstep; a moving step lasts
-``max(compute, transfer)`` overlapped and ``compute + transfer`` not; the last step is compute only.
-Liu et al. 2023 (ring attention), Jacobs et al. 2023 (DeepSpeed-Ulysses), Korthikanti et al. 2022
-(sequence parallelism). Pure: no torch.
+``max(compute, transfer)`` overlapped and ``compute + transfer`` not; the last step is compute only;
+``ring_hiding_tokens``: from how many tokens per rank a block's attention outlasts its K/V transfer.
+Liu et al. 2023 (ring attention), Jacobs et al. 2023 (Ulysses), Korthikanti et al. 2022. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -135,3 +135,32 @@ def hidden_share(waited_s: float, exposed_s: float) -> float:
     between 0 and 1."""
     waited, exposed = number_at_least(waited_s, "waited_s"), positive_number(exposed_s, "exposed_s")
     return min(1.0, max(0.0, 1.0 - waited / exposed))
+
+
+def ring_block_attention_s(tokens_per_rank: float, heads: int, head_dim: int, flops_per_s: float) -> float:
+    """One ring step's attention for one sequence and one layer, a full (unmasked) block of ``c`` queries
+    against ``c`` keys: ``q k^T`` and the weighted sum of ``v``, ``4 c^2 H hd`` FLOPs at ``flops_per_s``."""
+    c = positive_number(tokens_per_rank, "tokens_per_rank")
+    return 4 * c * c * whole_number(heads, "heads") * whole_number(head_dim, "head_dim") / positive_number(
+        flops_per_s, "flops_per_s")
+
+
+def ring_hiding_tokens(heads: int, kv_heads: int, head_dim: int, bytes_per_value: float, flops_per_s: float,
+                       link: Link) -> int:
+    """The fewest tokens per rank ``c`` at which one block's attention (``ring_block_attention_s``) lasts at
+    least as long as sending its K/V block (``2 c KV hd B`` bytes, ``alpha + bytes / bandwidth`` over
+    ``link``): from there on the overlapped ring hides the transfer. Compute grows as ``c^2``, bytes as
+    ``c``, so there is one crossing; found by bisection on whole tokens."""
+    shape = AttentionShape(1, heads, kv_heads, 1, head_dim, bytes_per_value)
+
+    def hidden(c: int) -> bool:
+        transfer = point_to_point_s(2 * c * shape.kv_heads * shape.head_dim * shape.bytes_per_value, link)
+        return ring_block_attention_s(c, heads, head_dim, flops_per_s) >= transfer
+
+    low, high = 0, 1
+    while not hidden(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if hidden(mid) else (mid, high)
+    return high

@@ -1,15 +1,17 @@
 """What each strategy keeps on a GPU and sends per training step, from formulas. Pure: no torch.
 
 Rajbhandari et al. 2020 (ZeRO, section 3): per parameter, mixed-precision Adam keeps 2 + 2 + 12 bytes
-(``STATE_BYTES_MIXED``); the toy on the ranks trains in 32-bit, 4 + 4 + 8 (``STATE_BYTES_FP32``)::
+(``STATE_BYTES_MIXED``); Megatron-LM's fp32 gradients make it 2 + 4 + 12 (``STATE_BYTES_MEGATRON``: 18, and
+6 + 12/d under its distributed optimizer, ZeRO-1); the toy on the ranks trains in 32-bit, 4 + 4 + 8::
 
     memory per rank   DDP (2+2+12) P, ZeRO-1 (2+2) P + 12 P/N, ZeRO-2 2 P + (2+12) P/N, ZeRO-3 (2+2+12) P/N
     bytes per step    DDP, ZeRO-1/2: 2 (N-1)/N P b;  ZeRO-3: 3 (N-1)/N P b  (ring convention)
 
 ``layout_*`` give the same for real flat groups, padding included, to compare with the ranks exactly.
-Activations per layer from Korthikanti et al. 2022, section 4: ``s b h (34 + 5 a s / h)`` bytes, ``34
-s b h`` with the scores recomputed, ``2 s b h`` with full recomputation; ``mlp_activation_bytes`` for
-the toy's block; ``training_memory_per_gpu`` adds a pipeline stage's states and in-flight activations.
+Activations per layer from Korthikanti et al. 2022, section 4: ``s b h (34 + 5 a s / h)`` bytes, ``34 s b h``
+with the scores recomputed or never stored (fused attention), ``2 s b h`` with full recomputation;
+``mlp_activation_bytes`` for the toy's block; ``training_memory_per_gpu`` adds a pipeline stage's states and
+in-flight activations.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .flat import STRATEGIES, FlatGroup
 
 STATE_BYTES_MIXED = {"params": 2, "grads": 2, "optimizer": 12}  # ZeRO's mixed-precision Adam: K = 12
 STATE_BYTES_FP32 = {"params": 4, "grads": 4, "optimizer": 8}  # 32-bit AdamW: momentum and variance
+STATE_BYTES_MEGATRON = {"params": 2, "grads": 4, "optimizer": 12}  # Megatron-LM: bf16 weights, fp32 gradients
 MEMORY_KEYS = ("params", "grads", "optimizer")
 SHARDED = {"ddp": (), "zero1": ("optimizer",), "zero2": ("grads", "optimizer"),
            "zero3": ("params", "grads", "optimizer")}
@@ -117,7 +120,9 @@ RECOMPUTE = ("none", "selective", "full")
 
 
 def layer_activation_bytes(model: ModelConfig, seq: int, microbatch: int, recompute: str = "selective") -> float:
-    """Bytes one layer keeps for its backward for one microbatch (Korthikanti et al. 2022, section 4)."""
+    """Bytes one layer keeps for its backward for one microbatch (Korthikanti et al. 2022, section 4):
+    ``"none"`` stores attention's scores (``5 a s / h``); ``"selective"`` recomputes them, which is also what a
+    fused attention kernel (FlashAttention) keeps without recomputing anything; ``"full"`` keeps the input."""
     choice(recompute, RECOMPUTE, "recompute")
     s, b, h, a = whole_number(seq, "seq"), whole_number(microbatch, "microbatch"), model.d_model, model.n_heads
     if recompute == "full":

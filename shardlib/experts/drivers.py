@@ -41,6 +41,7 @@ class EPRun:
     weight_bytes: list[int]  # expert weights each rank holds
     placement: ExpertPlacement
     rows_wire_bytes: int = 0  # token rows sent to other ranks, dispatch and combine, summed over ranks
+    expert_cpu_floor_s: tuple[float, ...] = ()  # per rank, the least over repeats: what other work spoils least
 
     def wire_bytes_per_token_per_width(self, d_model: int) -> float:
         """``rows_wire_bytes`` per token per unit of ``d_model``: comparable across batch sizes and widths."""
@@ -77,6 +78,7 @@ def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoECon
         dispatch_bytes=sum(r["dispatch_bytes"] for r in res), combine_bytes=sum(r["combine_bytes"] for r in res),
         counts_bytes=sum(r["counts_bytes"] for r in res), placement=placement,
         rows_wire_bytes=sum(r["rows_wire_bytes"] for r in res),
+        expert_cpu_floor_s=tuple(min(r["expert_cpu_s"]) for r in res),
     )
 
 

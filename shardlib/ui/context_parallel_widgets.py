@@ -8,6 +8,7 @@ rank, and its timeline.
 
 from __future__ import annotations
 
+import html
 import time
 
 import ipywidgets as widgets
@@ -65,14 +66,16 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
         one_s = time.perf_counter() - start
         cpu = ", ".join(f"{c * 1e3:.0f}" for c in run.compute_cpu_s)
         label.value = (
-            f"<b>{slider.value:,} tokens, {picker.value} placement, {n} ranks</b>: largest gap from the "
+            f"<b>{slider.value:,} tokens, {picker.value} placement, {n} ranks</b> ({html.escape(ranks.description)}): "
+            "largest gap from the "
             f"whole-sequence attention {run.gap:.1e} ({'exact' if run.exact else 'NOT exact'} within 1e-5)<br>"
             f"ring {run.step_s * 1e3:.0f} ms "
             f"against {one_s * 1e3:.0f} ms in this one process (scaled_dot_product_attention, a fused kernel); "
             f"compute per rank {cpu} ms (CPU time); sent per rank {run.sent_bytes_per_rank[0] / 2 ** 20:.2f} MiB")
         with timeline:
             timeline.clear_output(wait=True)
-            display(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} placement"))
+            display(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} placement, "
+                                                    f"measured on {ranks.description}"))
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)

@@ -64,7 +64,8 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
                                               predicted_bytes))
         mem = run.memory_per_rank[0]
         summary.value = (
-            f"<b>{html.escape(STRATEGY_TITLES[s])}</b> on {ranks.world_size} live ranks, {len(run.groups)} flat "
+            f"<b>{html.escape(STRATEGY_TITLES[s])}</b> on {ranks.world_size} live ranks "
+            f"({html.escape(ranks.description)}), {len(run.groups)} flat "
             f"{'units' if s == 'zero3' else 'buckets'}, {run.n_params:,} parameters<br>rank 0 keeps params "
             f"{mem['params']:,} B, grads {mem['grads']:,} B, optimizer {mem['optimizer']:,} B (transient peak "
             f"{mem['transient_peak']:,} B); sent {run.wire_bytes_per_step():,} B in the last step (predicted "
@@ -75,7 +76,8 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
         with timeline:
             timeline.clear_output(wait=True)
             display(overlap_timeline_figure(run.spans, run.n_steps - 1,
-                                            f"{STRATEGY_TITLES[s]}: the last step on each rank"))
+                                            f"{STRATEGY_TITLES[s]}: the last step on each rank, measured on "
+                                            f"{ranks.description}"))
 
     feedback = Feedback()
     observe_all((picker, buckets, overlap), show, feedback)

@@ -9,6 +9,8 @@ replication only when there is a second rank.
 
 from __future__ import annotations
 
+import html
+
 import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
@@ -77,12 +79,14 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
         capacity_total = None if run.capacity is None else run.capacity * ranks.world_size
         _refresh(matrix_fig, send_matrix_figure(run.send_matrix))
         _refresh(load_fig, expert_load_figure(run.expert_counts.tolist(), owner, capacity_total))
-        _refresh(time_fig, rank_time_figure(run.expert_s, run.forward_s, run.step_s, run.expert_cpu_s))
+        _refresh(time_fig, rank_time_figure(run.expert_s, run.forward_s, run.step_s, run.expert_cpu_s,
+                                            title=f"Measured time on each rank ({ranks.description})"))
         replica = (f"expert {placement.replicas[0][0]} copied to rank {placement.replicas[0][1]} "
                    f"(+{weights.expert_bytes / 1024:.0f} KiB of weights there)" if placement.replicas else "none")
         cap = run.capacity if run.capacity is not None else "none"
         summary.value = (
-            f"<b>{x.shape[0]} tokens, top-{now.k}, skew {now.skew:.2f}</b> on {ranks.world_size} live ranks<br>"
+            f"<b>{x.shape[0]} tokens, top-{now.k}, skew {now.skew:.2f}</b> on {ranks.world_size} live ranks "
+            f"({html.escape(ranks.description)})<br>"
             f"per expert: {per_expert}; aux loss {aux_load_balancing_loss(route(x, weights.router, now)):.2f} "
             f"(1 is balanced)<br>per rank (rows computed): max/mean {per_rank.max_over_mean:.2f}, CV {per_rank.cv:.2f}"
             f"<br>replica: {replica}<br>capacity per expert per rank: {cap}; "
