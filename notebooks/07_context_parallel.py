@@ -107,13 +107,10 @@ show_code(Hop, RingAttention)
 # NBVAL_IGNORE_OUTPUT
 from shardlib.context_parallel import context_parallel_needed, device_memory
 from shardlib.hardware import H100_80GB
-from dataclasses import replace
-
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, kv_cache_bytes
+from shardlib.models import LLAMA_3_1_8B, LLAMA_3_1_70B, kv_cache_bytes
 from shardlib.ui.context_parallel_figures import memory_figure
 
-# Llama 3.1: Llama 3's shapes; its config.json files differ in context length and rope scaling, not in shapes
-LLAMA_3_1_8B, LLAMA_3_1_70B = replace(LLAMA_3_8B, name="Llama-3.1-8B"), replace(LLAMA_3_70B, name="Llama-3.1-70B")
+# Llama 3.1: Llama 3's shapes with a 128K context window (shardlib.models)
 
 seqs = [2 ** k for k in range(12, 21)]  # 4k to 1M tokens
 layouts = {"tp 8": (8, 1), "tp 16 (past the KV-head wall)": (16, 1), "tp 8 x cp 4": (8, 4), "tp 8 x cp 16": (8, 16)}

@@ -272,6 +272,10 @@ LLAMA_3_8B = ModelConfig("Llama-3-8B", n_layers=32, d_model=4096, n_heads=32, n_
                          vocab_size=128256)
 LLAMA_3_70B = ModelConfig("Llama-3-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
                           vocab_size=128256)
+# Llama 3.1 8B and 70B: Llama 3's shapes (their config.json files differ in context length, 8K -> 128K, and
+# rope scaling, not in shapes): the models to quote for long contexts.
+LLAMA_3_1_8B = replace(LLAMA_3_8B, name="Llama-3.1-8B")
+LLAMA_3_1_70B = replace(LLAMA_3_70B, name="Llama-3.1-70B")
 LLAMA_3_1_405B = ModelConfig("Llama-3.1-405B", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8,
                              d_ff=53248, vocab_size=128256)
 MIXTRAL_8X7B = ModelConfig("Mixtral-8x7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
