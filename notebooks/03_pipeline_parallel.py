@@ -88,7 +88,8 @@ for name in ("gpipe", "1f1b"):
 # NBVAL_IGNORE_OUTPUT
 from shardlib.ui.pipeline_figures import step_through_figure
 
-step_through_figure(make_schedule("1f1b", 4, 8))
+one_f_one_b = make_schedule("1f1b", 4, 8)
+step_through_figure(one_f_one_b, title=f"{one_f_one_b.title}, the schedule played out (a model: every op one slot)")
 
 # %% [markdown]
 # **Interleaving** (Megatron-LM, 2021) goes further: each device holds `v` smaller chunks of layers
@@ -593,10 +594,12 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # layer has two, attention and MLP, so 16 times), and it moves them inside every layer, where nothing
 # else can proceed until they arrive. The pipeline sends once per stage boundary and fills the waiting
 # with other microbatches' work. On a fast link inside a machine, tensor parallelism's chatter is cheap;
-# on the network between machines it is not. In decode its all-reduces are **latency-bound** (a few
-# kilobytes each, so the fixed start-up cost `alpha` dominates: tens of microseconds on InfiniBand
-# against a few on NVLink, twice per layer); in prefill they are **bandwidth-bound** (`size / bandwidth`
-# dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
+# on the network between machines it is not. Decoding one sequence or a few, its all-reduces are
+# **latency-bound** (a few kilobytes each, so the fixed start-up cost `alpha` dominates: tens of
+# microseconds on InfiniBand against a few on NVLink, twice per layer); a server decoding a large batch
+# at once moves a token's activations per sequence and turns **bandwidth-bound** past a crossover batch
+# that depends on the link (notebook 02 computes it per link); prefill is bandwidth-bound (`size /
+# bandwidth` dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
 # tensor parallelism inside a node and pipeline stages across nodes; for latency, the pipeline's longer
 # trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 08's planner
 # does. (Notebook 02 puts prices on both, per link.)
