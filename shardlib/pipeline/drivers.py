@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -159,7 +158,9 @@ def run_pipeline_median(ranks, schedule: Schedule, model: ModelConfig, layers: l
 @dataclass(frozen=True)
 class BubblePoint:
     """The idle fraction of one training step, predicted by the formula and measured on the ranks.
-    ``attempts`` holds every measurement made; ``measured`` is their median (one, or three)."""
+    ``attempts`` holds every measurement made (one, or three); ``measured`` is the least idle of them: with
+    every op padded to a set duration, a stall on a shared machine only ever adds idle time, so the least
+    idle attempt is the least disturbed one."""
 
     n_stages: int
     n_microbatches: int
@@ -168,7 +169,7 @@ class BubblePoint:
 
     @property
     def measured(self) -> float:
-        return statistics.median(self.attempts)
+        return min(self.attempts)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def run_bubble_curve(ranks, name: str, microbatches, model: ModelConfig, layers:
     ``microbatches``, every forward and backward padded to ``op_s`` seconds (uniform stages).
 
     One short warm-up step runs first (imports and first messages on every rank). A point further than
-    ``remeasure_over`` from the formula is measured twice more and the median of the three kept: on a
+    ``remeasure_over`` from the formula is measured twice more and the least idle of the three kept: on a
     shared machine another process can stall a run (a stall only ever adds idle time), and one stalled
     run should not decide the point. Every measurement stays in ``attempts``.
     """
