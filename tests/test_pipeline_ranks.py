@@ -188,6 +188,19 @@ def test_uneven_stages_are_exact_too(pool, model, name):
         assert sum(run.layers_held, []) == list(range(len(layers)))
 
 
+def test_interleaved_chunks_take_layer_counts_per_virtual_stage(pool, model):
+    """With ``v`` chunks per rank the counts are per virtual stage (stage ``s`` of chunk ``c`` is virtual
+    stage ``c p + s``): 10 layers over 2 x p slices, the two ends heavier, exact bit for bit."""
+    p = pool.world_size
+    layers = stack_weights(SHAPE, seed=3, parts=("mlp",), n_layers=10)
+    counts = [3, 2, 2, 3] if p == 2 else [2, 1, 1, 1, 1, 1, 1, 2]
+    run = run_pipeline(pool, make_schedule("interleaved-1f1b", p, p, n_chunks=2), SHAPE, layers, model["x"],
+                       model["grad"], layer_counts=counts)
+    assert run.against_reference().bit_for_bit
+    held = [list(r) for r in split_layers(10, 2 * p, counts)]
+    assert run.layers_held == [held[s] + held[p + s] for s in range(p)]
+
+
 def test_uneven_stages_run_at_the_slowest_stages_pace(pool4, model):
     """Each stage's forward padded in proportion to its work (its layers, plus one layer's worth on the end
     stages for the embedding and the loss): an even cut leaves the first stage heaviest, lighter end stages
