@@ -483,18 +483,17 @@ assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
 assert four_stages == [32, 32, 31, 31]
 
 # %% [markdown]
-# Cut evenly, the end stages carry a layer's worth more than the others and the whole pipeline runs an
-# eighth slower; one layer moved off each end balances it exactly. On 4 stages the 126 layers cost 1.6 %
-# (a 32-layer stage sets the pace where 31.5 would), which is what the planner of notebook 08 charges such a
-# layout.
+# Cut evenly, the first stage carries 9 layers' worth (8 layers and the embedding) against at most 8 on
+# any other, and the whole pipeline runs an eighth slower; one layer moved off each end balances it exactly.
+# On 4 stages the 126 layers cost 1.6 % (a 32-layer stage sets the pace where 31.5 would), which is what
+# the planner of notebook 08 charges such a layout.
 #
 # The same thing on real ranks, scaled down: 6 of the toy's layers on the 4 ranks, and one layer-time of
 # padding added on the first and last stage to stand in for the embedding and the loss (the toy stack has
 # neither). Cut evenly the stages hold 2, 2, 1, 1 layers, work 3, 2, 1, 2; with lighter ends they hold
 # 1, 2, 2, 1, work 2, 2, 2, 2. Each stage's forward was padded to 10 ms per layer-time, 6 microbatches,
 # forward only; the two cuts ran in turn, three rounds, each keeping its fastest round, as for the slow
-# stage above. Predict:
-# the even cut paces at 3 layer-times, the lighter ends at 2.
+# stage above. Predict: the even cut paces at 3 layer-times, the lighter ends at 2.
 
 # %%
 exact = uneven_exact.against_reference()
