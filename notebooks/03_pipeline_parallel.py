@@ -19,8 +19,9 @@
 # cut into microbatches that flow from stage to stage; the idle time this leaves (the *bubble*)
 # predicted by a formula, counted slot by slot from the schedule, and measured on real ranks, for 2 and
 # 4 stages and 1 to 16 microbatches; GPipe against 1F1B (the same bubble, far fewer microbatches held
-# in memory); a slow stage setting everyone's pace; the rule that stages hold whole layers, seen
-# refusing Llama-3.1-405B's 126 layers on 4 stages; a slider that re-runs the pipeline as you move it;
+# in memory); what raising the microbatch count costs; a slow stage setting everyone's pace; stages of
+# unequal layer counts (Llama-3.1-405B's 126 layers on 16 stages, the end stages one layer lighter) run
+# on real ranks at the slowest stage's pace; a slider that re-runs the pipeline as you move it;
 # why a server need not pay the bubble at all, and what it pays instead (each token's trip through every
 # stage); and why the pipeline is the tool for the slow link between machines.
 
@@ -87,7 +88,8 @@ for name in ("gpipe", "1f1b"):
 # NBVAL_IGNORE_OUTPUT
 from shardlib.ui.pipeline_figures import step_through_figure
 
-step_through_figure(make_schedule("1f1b", 4, 8))
+one_f_one_b = make_schedule("1f1b", 4, 8)
+step_through_figure(one_f_one_b, title=f"{one_f_one_b.title}, the schedule played out (a model: every op one slot)")
 
 # %% [markdown]
 # **Interleaving** (Megatron-LM, 2021) goes further: each device holds `v` smaller chunks of layers
@@ -221,7 +223,8 @@ from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
 OP_S = 0.05
 schedule = make_schedule("gpipe", 2, 4)
 run = run_pipeline(ranks, schedule, TOY, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
-predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, run.bubble.idle_fraction)
+predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, run.bubble.idle_fraction,
+                             ranks.description)
 
 # %% [markdown]
 # The same step with real compute only. The whole step takes a few milliseconds and the bars are thin
@@ -233,7 +236,7 @@ predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, r
 from shardlib.ui.pipeline_figures import measured_figure
 
 real = run_pipeline(ranks, schedule, TOY, layers, x, grad)
-measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}")
+measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}<br><sub>measured on {ranks.description}</sub>")
 
 # %% [markdown]
 # ## Measure the bubble: 2 and 4 stages, 1 to 16 microbatches
@@ -247,17 +250,32 @@ measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}")
 # take time the formula does not count. To keep this cell to a few seconds it measures `m` = 1, 4 and 16
 # with every op padded to 30 ms; `benchmarks/bench_pipeline.py` measures the whole grid (`m` = 1, 2, 4, 8,
 # 16, both schedules) with longer ops and five runs per point. (A laptop runs other things too: a point
-# more than 0.03 off is measured twice more and the median of the three kept, since one run stalled by
+# more than 0.03 off is measured twice more and the least idle of the three kept, since one run stalled by
 # another process should not decide it; the table shows when that happened.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline import run_bubble_curve, run_pipeline_median
+from shardlib.costs import measure_until
+from shardlib.pipeline import pipeline_step_s, predicted_step_s, run_bubble_curve, stage_layer_counts
 
 GRID_M, GRID_OP_S = (1, 4, 16), 0.03
 measured = {2: run_bubble_curve(ranks, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S).points}
 
+
+
+def fastest_of_rounds(variants: dict, n_rounds: int = 3) -> dict:
+    """Run each variant (a label and a function running one step) in turn, round after round, and keep each
+    one's fastest round: every op is padded to a set duration, so a burst of other work on the machine only
+    ever adds time, and the fastest round is the one it spared."""
+    runs = {label: [] for label in variants}
+    for _ in range(n_rounds):
+        for label, step in variants.items():
+            runs[label].append(step())
+    return {label: min(v, key=lambda r: r.bubble.window_s) for label, v in runs.items()}
+
+
 with Ranks(4) as four:  # a second pool, for the 4-stage runs; it starts in a blink and closes after this cell
+    where_4 = four.description  # where every 4-stage number below is measured
     measured[4] = run_bubble_curve(four, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S).points
     # GPipe against 1F1B at p = 4, m = 8: what each keeps in memory (real compute), and the bubble
     versus = {name: run_pipeline(four, make_schedule(name, 4, 8), TOY, layers, x, grad) for name in ("gpipe", "1f1b")}
@@ -265,14 +283,41 @@ with Ranks(4) as four:  # a second pool, for the 4-stage runs; it starts in a bl
                    for name in ("gpipe", "1f1b")}
     # one stage twice as slow as the others (forward only, 20 ms per forward, stage 1 at 40 ms)
     forward_only = make_schedule("gpipe", 4, 8, training=False)
-    paced = {label: run_pipeline_median(four, forward_only, TOY, layers, x, forward_s=d, repeats=3)
-             for label, d in (("uniform", 0.02), ("slow stage 1", [0.02, 0.04, 0.02, 0.02]))}
+    PACES = {"uniform": 0.02, "slow stage 1": [0.02, 0.04, 0.02, 0.02]}
 
-print(f"GPipe training steps, every forward and backward padded to {GRID_OP_S * 1e3:.0f} ms")
+    def paced_held(runs):
+        ratios = {k: runs[k].bubble.window_s / predicted_step_s(forward_only, d, 0) for k, d in PACES.items()}
+        return (all(0.95 <= r <= 1.25 for r in ratios.values())
+                and 0.85 <= ratios["slow stage 1"] / ratios["uniform"] <= 1.15)
+
+    paced, paced_attempts = measure_until(lambda: fastest_of_rounds(
+        {k: (lambda d=d: run_pipeline(four, forward_only, TOY, layers, x, forward_s=d)) for k, d in PACES.items()}),
+        paced_held)
+    # stages of unequal size (their own section below): 6 layers on 4 stages, cut evenly or the ends lighter
+    six, LAYER_S = layers[:6], 0.01  # each stage's forward padded to 10 ms per layer-time of work it holds
+    splits = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
+    uneven_exact = run_pipeline(four, make_schedule("1f1b", 4, 8), TOY, six, x, grad,
+                                layer_counts=splits["lighter ends"])
+    work = {k: [c + (1 if s in (0, 3) else 0) for s, c in enumerate(v)] for k, v in splits.items()}  # + ends
+    uneven_pass = make_schedule("gpipe", 4, 6, training=False)
+
+    def uneven_held(runs):
+        predicted = {k: pipeline_step_s([w * LAYER_S for w in work[k]], uneven_pass.n_microbatches) for k in runs}
+        ratios = {k: runs[k].bubble.window_s / predicted[k] for k in runs}
+        return (all(0.95 <= r <= 1.3 for r in ratios.values())
+                and 0.85 <= ratios["even"] / ratios["lighter ends"] <= 1.15)
+
+    uneven_paced, uneven_attempts = measure_until(lambda: fastest_of_rounds(
+        {k: (lambda k=k: run_pipeline(four, uneven_pass, TOY, six, x, forward_s=[w * LAYER_S for w in work[k]],
+                                      layer_counts=splits[k])) for k in splits}), uneven_held)
+
+where_2_and_4 = ranks.description if where_4 == ranks.description else f"{ranks.description} (p = 2), {where_4} (p = 4)"
+print(f"GPipe training steps, every forward and backward padded to {GRID_OP_S * 1e3:.0f} ms; measured on 2 and 4 "
+      f"ranks: {where_2_and_4}")
 print(f"{'p':>3} {'m':>4} {'formula':>9} {'measured':>9} {'ratio':>7}")
 for p in (2, 4):
     for pt in measured[p]:
-        again = f"  (median of {[round(a, 3) for a in pt.attempts]})" if len(pt.attempts) > 1 else ""
+        again = f"  (least idle of {[round(a, 3) for a in pt.attempts]})" if len(pt.attempts) > 1 else ""
         print(f"{p:>3} {pt.n_microbatches:>4} {pt.predicted:>9.3f} {pt.measured:>9.3f} "
               f"{pt.measured / pt.predicted:>7.2f}{again}")
 
@@ -282,7 +327,8 @@ from shardlib.ui.pipeline_figures import bubble_curve_figure
 
 bubble_curve_figure((2, 4), max_microbatches=16,
                     measured={p: {pt.n_microbatches: pt.measured for pt in pts} for p, pts in measured.items()},
-                    timing_note=f"circles: measured on real ranks, GPipe, ops padded to {GRID_OP_S * 1e3:.0f} ms")
+                    timing_note=f"circles: GPipe, ops padded to {GRID_OP_S * 1e3:.0f} ms, measured on 2 and 4 ranks: "
+                                f"{where_2_and_4}")
 
 # %% [markdown]
 # The measured points sit on the curves, a little above them: each message between stages takes a
@@ -315,7 +361,8 @@ for name, r in versus.items():
           f"{pipeline_bubble_fraction(4, 8):.3f}); in flight per stage {list(r.peak_in_flight)}; peak "
           f"activations per stage {[round(b / 1024) for b in r.peak_activation_bytes]} KiB")
 in_flight_figure({r.schedule.short_title: r.peak_in_flight for r in versus.values()},
-                 {r.schedule.short_title: r.peak_activation_bytes for r in versus.values()})
+                 {r.schedule.short_title: r.peak_activation_bytes for r in versus.values()},
+                 title=f"Microbatches in flight per stage, measured on {where_4}")
 
 # %%
 gp, ofob = versus["gpipe"], versus["1f1b"]
@@ -330,24 +377,53 @@ print(f"one microbatch ({rows} sequences of {x.shape[1]} tokens) leaves {per_mic
 # %% [markdown]
 # Every in-flight microbatch costs its activations, so GPipe's memory grows with `m`, the very knob
 # that shrinks the bubble. 1F1B caps it at `p` on the first stage (and less further down), which is why
-# training runs use 1F1B and raise `m` freely.
+# training runs use 1F1B.
+#
+# That does not make `m` free. The microbatches are what one data-parallel replica's share of the global
+# batch is cut into: **`m = global batch / (microbatch × dp)`**. With the global batch and `dp` fixed, more
+# microbatches means smaller ones; with the microbatch fixed, it means a larger global batch.
+
+# %%
+GLOBAL_BATCH, DP, P = 1024, 16, 8  # sequences per optimiser step, data-parallel replicas, pipeline stages
+print(f"m = global batch / (microbatch x dp) = {GLOBAL_BATCH} / (microbatch x {DP}); bubble at p = {P}")
+for micro in (8, 4, 2, 1):
+    m = GLOBAL_BATCH // (micro * DP)
+    print(f"  global batch {GLOBAL_BATCH:>5}, microbatch {micro} sequence(s): m = {m:>3}, idle fraction "
+          f"{pipeline_bubble_fraction(P, m):.3f}")
+for batch in (2048, 4096):
+    m = batch // DP
+    print(f"  global batch {batch:>5}, microbatch 1 sequence:    m = {m:>3}, idle fraction "
+          f"{pipeline_bubble_fraction(P, m):.3f}")
+assert GLOBAL_BATCH // (1 * DP) == 64 and pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8)
+
+# %% [markdown]
+# Each row buys its smaller bubble with something else. Down the first block the microbatch shrinks: a
+# matrix multiply over fewer rows keeps a GPU's matrix units less busy, and the fixed cost of each op and
+# each message is spread over less work. Past one sequence per microbatch, only the second block is left:
+# a larger global batch, which is a training decision, not a systems one: past the *critical batch size*
+# (McCandlish et al. 2018) a larger batch saves few optimiser steps for the tokens it costs. Fewer
+# replicas (smaller `dp`) raise `m` too, but then the same GPUs must be split some other way. That is why
+# real runs also shrink the bubble without touching `m`: interleaving (above), and the zero-bubble
+# schedules of notebook 04.
 
 # %% [markdown]
 # ## A slow stage sets the pace
 #
 # Make stage 1 twice as slow as the others. Prediction: the first microbatch still crosses every stage
-# once, but after that one microbatch can leave only every 40 ms, whatever the other stages do. (Each
-# step below is the median of three runs.)
+# once, but after that one microbatch can leave only every 40 ms, whatever the other stages do. (The
+# even and the slow pipeline ran in turn, three rounds, and each kept its fastest round: other work on the
+# machine only ever adds time to a padded step. The whole measurement is repeated if the bands below fail.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.pipeline import predicted_step_s
-
+print(f"forward-only GPipe, 4 stages, m = 8, measured on {where_4}; fastest of 3 rounds (attempt {paced_attempts} "
+      "of at most 3)")
 for label, r in paced.items():
     d = r.forward_s
     predicted = predicted_step_s(forward_only, d, 0)
     busy = [f"{b / r.bubble.window_s:.0%}" for b in r.bubble.busy_s]
-    print(f"{label:>13}: step predicted {predicted * 1e3:.0f} ms, measured {r.bubble.window_s * 1e3:.0f} ms "
+    print(f"{label:>13}: step predicted {predicted * 1e3:.0f} ms (the schedule, a model), measured "
+          f"{r.bubble.window_s * 1e3:.0f} ms "
           f"(ratio {r.bubble.window_s / predicted:.2f}); share of the step each stage computes {busy}")
 
 # %%
@@ -372,37 +448,77 @@ assert all(0.85 <= m / p <= 1.15 for m, p in zip(shares, predicted_shares))
 # equal layers, when layers differ) matters as much as the microbatch count.
 
 # %% [markdown]
-# ## Stages hold whole layers: the layer count must divide
+# ## Stages need not be equal: the slowest one sets the pace
 #
-# A stage holds whole layers, so equal stages need the layer count to divide by `p`. Llama-3.1-405B
-# has 126 layers: 2, 3, 6, 7 or 9 stages, but not 4 or 8. The planner of notebook 08 takes only equal
-# stages, and on 4 nodes of 8 H100s that rule is what leaves it a single layout.
+# A stage holds whole layers, but nothing makes every stage hold the same number of them: the pipeline
+# above cuts any layer count (`split_layers`: 7 layers on 4 stages hold 2, 2, 2, 1), or takes the counts
+# you set. Llama-3.1-405B has 126 layers, and Meta trained it on 16 stages. 126 is no accident: the first
+# stage also runs the embedding and the last one the output layer and the loss, so each of those holds one
+# layer fewer, 7, 8, ..., 8, 7, and all 16 do the same work (Llama 3 paper, section 3.3.2). Serving engines
+# such as vLLM accept uneven splits as well.
+#
+# What an uneven split costs is the slowest stage. Once the pipeline is full, one microbatch leaves per
+# slowest-stage time, whatever the others do, so a pass of `m` microbatches through stages taking `t_s`
+# each lasts **`sum(t_s) + (m - 1) × max(t_s)`** (`pipeline_step_s`; equal stages give `(m + p - 1) t`).
+# For a long pipeline the price is the slowest stage's work over the mean stage's (`stage_imbalance`).
 
 # %%
-from shardlib.hardware import FOUR_NODES_8_H100
-from shardlib.models import LLAMA_3_1_405B, pipeline_parallel_problems
-from shardlib.pipeline import split_layers
-from shardlib.plan import plan
+from shardlib.models import LLAMA_3_1_405B
+from shardlib.pipeline import split_layers, stage_imbalance
 
-print(f"{LLAMA_3_1_405B.name}: {LLAMA_3_1_405B.n_layers} layers; equal stages possible for pp in "
-      f"{[p for p in range(1, 17) if not pipeline_parallel_problems(LLAMA_3_1_405B, p)]}")
-plan_405b = plan(LLAMA_3_1_405B, FOUR_NODES_8_H100)
-by_layers = [r for r in plan_405b.rejected if any("equal stages" in why for why in r.reasons)]
-for r in by_layers[:3]:
-    print(f"  refused {r.layout.label}: {'; '.join(r.reasons)}")
-print(f"  ... {len(by_layers)} layouts refused for their stages; the planner's choice: {plan_405b.best.layout.label}")
-assert pipeline_parallel_problems(LLAMA_3_1_405B, 4) == [
-    "126 layers cannot be cut into 4 equal stages (126 = 4 x 31 + 2)"]
-assert any(r.layout.tp == 8 and r.layout.pp == 4 for r in by_layers)  # TP in each node, 4 nodes as 4 stages: refused
-assert (plan_405b.best.layout.tp, plan_405b.best.layout.pp) == (8, 2)
-assert [len(r) for r in split_layers(126, 4)] == [32, 32, 31, 31]  # what uneven stages would hold
+n = LLAMA_3_1_405B.n_layers
+ends = [1] + [0] * 14 + [1]  # the embedding on the first stage, the output layer and loss on the last: a layer each
+llama = stage_layer_counts(n, 16, end_layers=1)
+even16 = [len(r) for r in split_layers(n, 16)]
+for label, counts in (("cut as evenly as possible", even16), ("first and last one lighter", llama)):
+    stage_work = [c + e for c, e in zip(counts, ends)]
+    print(f"{n} layers on 16 stages, {label}: {list(counts)}\n    work per stage in layer-times {stage_work}: the "
+          f"slowest stage does {stage_imbalance(stage_work):.3f}x the mean stage's work")
+four_stages = [len(r) for r in split_layers(n, 4)]
+print(f"{n} layers on 4 stages (layers only): {four_stages}, the slowest stage {stage_imbalance(four_stages):.3f}x "
+      f"the mean: {max(four_stages)} layers set the pace where {n / 4} would")
+assert llama == (7,) + (8,) * 14 + (7,) and sum(llama) == n
+assert stage_imbalance([c + e for c, e in zip(llama, ends)]) == 1.0
+assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
+assert four_stages == [32, 32, 31, 31]
 
 # %% [markdown]
-# TP inside each node and one stage per node (`tp = 8, pp = 4`) is the layout you would draw first for
-# 32 GPUs; it is refused, and the planner falls back to 2 stages of 2 nodes each, replicated twice. A
-# system that accepts uneven stages (vLLM does, and so does the pipeline on these ranks: `split_layers`)
-# would give two stages 32 layers and two 31, and run at the pace of the 32-layer ones, as the slow
-# stage above did.
+# Cut evenly, the first stage carries 9 layers' worth (8 layers and the embedding) against at most 8 on
+# any other, and the whole pipeline runs an eighth slower; one layer moved off each end balances it exactly.
+# On 4 stages the 126 layers cost 1.6 % (a 32-layer stage sets the pace where 31.5 would), which is what
+# the planner of notebook 08 charges such a layout.
+#
+# The same thing on real ranks, scaled down: 6 of the toy's layers on the 4 ranks, and one layer-time of
+# padding added on the first and last stage to stand in for the embedding and the loss (the toy stack has
+# neither). Cut evenly the stages hold 2, 2, 1, 1 layers, work 3, 2, 1, 2; with lighter ends they hold
+# 1, 2, 2, 1, work 2, 2, 2, 2. Each stage's forward was padded to 10 ms per layer-time, 6 microbatches,
+# forward only; the two cuts ran in turn, three rounds, each keeping its fastest round, as for the slow
+# stage above. Predict: the even cut paces at 3 layer-times, the lighter ends at 2.
+
+# %%
+exact = uneven_exact.against_reference()
+print(f"{uneven_exact.schedule.title}, layers held per rank {uneven_exact.layers_held}: output and gradients "
+      f"bit for bit: {exact.bit_for_bit}")
+assert exact.bit_for_bit and [len(h) for h in uneven_exact.layers_held] == [1, 2, 2, 1]
+
+print(f"forward-only GPipe, 4 stages, m = {uneven_pass.n_microbatches}, measured on {where_4}; fastest of 3 rounds "
+      f"(attempt {uneven_attempts} of at most 3)")
+steps = {}
+for label, r in uneven_paced.items():
+    predicted = pipeline_step_s([w * LAYER_S for w in work[label]], uneven_pass.n_microbatches)
+    steps[label] = (predicted, r.bubble.window_s)
+    print(f"{label:>13}: layers {list(splits[label])}, work {work[label]}: step predicted {predicted * 1e3:.0f} ms "
+          f"(the formula, a model), measured {r.bubble.window_s * 1e3:.0f} ms, ratio "
+          f"{r.bubble.window_s / predicted:.2f}")
+(even_p, even_m), (light_p, light_m) = steps["even"], steps["lighter ends"]
+print(f"even / lighter ends: predicted {even_p / light_p:.2f}, measured {even_m / light_m:.2f}")
+assert all(0.95 <= got / want <= 1.3 for want, got in steps.values()), steps  # hops only add time
+assert 0.85 <= (even_m / light_m) / (even_p / light_p) <= 1.15, steps
+
+# %% [markdown]
+# Both steps sit on the formula, a little above it for the hops, and the even cut is slower by the ratio
+# of the slowest stages' work, 3 to 2, diluted by the fill. Unequal stages are a cost to weigh, not a rule
+# to obey: balance the *work* per stage, counting what the end stages do besides their layers.
 
 # %% [markdown]
 # ## Explore: the microbatch slider
@@ -455,7 +571,7 @@ assert 0.9 <= statistics.median(trips["uniform"].gap_s) / 0.02 <= 1.3  # one mic
 assert 0.9 <= statistics.median(trips["slow stage 1"].gap_s) / 0.04 <= 1.3  # the slowest stage sets the pace
 
 # %% [markdown]
-# Every microbatch's trip took the four stages one after another (plus about a millisecond per hop),
+# Every microbatch's trip took the four stages one after another (plus a little for each hop),
 # and once the pipeline was full a microbatch left every stage-time: four microbatches in flight, each
 # taking four stage-times per token. With the slow stage the microbatches left at its pace, and since
 # this run fed them all in at once, the later ones queued in front of it and their trips grew; a server
@@ -490,10 +606,12 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # layer has two, attention and MLP, so 16 times), and it moves them inside every layer, where nothing
 # else can proceed until they arrive. The pipeline sends once per stage boundary and fills the waiting
 # with other microbatches' work. On a fast link inside a machine, tensor parallelism's chatter is cheap;
-# on the network between machines it is not. In decode its all-reduces are **latency-bound** (a few
-# kilobytes each, so the fixed start-up cost `alpha` dominates: tens of microseconds on InfiniBand
-# against a few on NVLink, twice per layer); in prefill they are **bandwidth-bound** (`size / bandwidth`
-# dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
+# on the network between machines it is not. Decoding one sequence or a few, its all-reduces are
+# **latency-bound** (a few kilobytes each, so the fixed start-up cost `alpha` dominates: tens of
+# microseconds on InfiniBand against a few on NVLink, twice per layer); a server decoding a large batch
+# at once moves a token's activations per sequence and turns **bandwidth-bound** past a crossover batch
+# that depends on the link (notebook 02 computes it per link); prefill is bandwidth-bound (`size /
+# bandwidth` dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
 # tensor parallelism inside a node and pipeline stages across nodes; for latency, the pipeline's longer
 # trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 08's planner
 # does. (Notebook 02 puts prices on both, per link.)
@@ -505,6 +623,11 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # NBVAL_IGNORE_OUTPUT
 from shardlib.ui.quiz import Question, show_questions
 
+# the numbers of the questions: the formulas, and this notebook's own runs above (yours, on your machine)
+P, M, STAGE_MS = 4, 4, 20
+trip_ms = statistics.median(trips["uniform"].trip_s) * 1e3
+gap_ms = statistics.median(trips["uniform"].gap_s) * 1e3
+stages_126 = [len(r) for r in split_layers(126, 4)]
 show_questions(
     Question(prompt="A pipeline has 4 stages and runs 12 microbatches per step. What share of each "
                     "device's step is idle (the bubble fraction)?",
@@ -519,27 +642,50 @@ show_questions(
     Question(prompt="A server runs 4 pipeline stages of 20 ms each, with 4 microbatches of sequences chasing "
                     "each other round them. How long does a sequence wait for its next token, and how often "
                     "does some microbatch get one?",
-             choices=("20 ms, every 20 ms: the pipeline splits the work 4 ways", "80 ms, every 20 ms: each "
-                      "token crosses all 4 stages in turn, but 4 microbatches are in flight",
-                      "80 ms, every 80 ms: the bubble idles 3 stages of 4",
-                      "110 ms: (m + p - 1) x 20 ms, fill and drain"),
+             choices=(f"{STAGE_MS} ms, every {STAGE_MS} ms: the pipeline splits the work {P} ways",
+                      f"{P * STAGE_MS} ms, every {STAGE_MS} ms: each token crosses all {P} stages in turn, but "
+                      f"{M} microbatches are in flight",
+                      f"{P * STAGE_MS} ms, every {P * STAGE_MS} ms: the bubble idles {P - 1} stages of {P}",
+                      f"{(M + P - 1) * STAGE_MS} ms: (m + p - 1) x {STAGE_MS} ms, fill and drain"),
              answer=1,
              why="Without a flush the stages stay busy, so throughput is one microbatch per stage time; but a "
-                 "pipeline does not shorten a token's trip. Measured above: trips of about 84 ms, departures "
-                 "every 20 ms."),
+                 "pipeline does not shorten a token's trip. Your run above, 4 stages of 20 ms: trips of "
+                 f"{trip_ms:.0f} ms, departures every {gap_ms:.0f} ms (medians), each a little over the "
+                 "prediction for the hops."),
     Question(prompt="Why is pipeline parallelism preferred across nodes and tensor parallelism within one?",
              choices=("Pipelines compute faster", "The pipeline sends activations once per stage boundary; "
                       "tensor parallelism all-reduces inside every layer, so it needs the fast link",
                       "Tensor parallelism cannot run across nodes", "Pipelines have no communication"),
              answer=1,
-             why="Measured above: the tensor-parallel step moved 8 times the bytes, in 16 all-reduces per "
-                 "rank that block every layer, against 8 sends for the pipeline."),
+             why=f"Counted above: the tensor-parallel step moved {both.ratio:.0f} times the bytes, in "
+                 f"{both.tp_collectives_per_rank} all-reduces per rank that block every layer, against "
+                 f"{both.pipeline_messages} sends for the whole pipeline."),
     Question(prompt="One of 4 stages becomes twice as slow. What happens to the step?",
              choices=("Only that stage's share of the work slows", "The whole pipeline runs at the slow stage's "
                       "pace: the others wait for it", "The bubble disappears", "Nothing, the others compensate"),
              answer=1,
              why="Every microbatch must pass through the slow stage, so microbatches leave at its pace; "
                  "measured above, the other stages sat idle waiting for it."),
+    Question(prompt="Llama-3.1-405B has 126 layers. Can a pipeline of 4 stages run it, and at what cost?",
+             choices=("No: 126 does not divide by 4, so stages would be unequal",
+                      f"Yes: stages of {stages_126}; the step runs at the pace of a {max(stages_126)}-layer "
+                      f"stage, {stage_imbalance(stages_126) - 1:.1%} slower than perfectly equal stages",
+                      "Yes, at no cost: the lighter stages make up for the heavier ones",
+                      "Only by padding the model to 128 layers"),
+             answer=1,
+             why="Stages may hold unequal layer counts; once the pipeline is full, a microbatch leaves per "
+                 "slowest-stage time, so the heaviest stage sets the pace: sum(t) + (m - 1) x max(t)."),
+    Question(prompt="The global batch and the number of data-parallel replicas are fixed. You double the "
+                    "microbatch count m to halve the bubble. What else changes?",
+             choices=("Nothing: m is a free knob",
+                      "Each microbatch holds half as many sequences, since m = global batch / (microbatch x dp): "
+                      "smaller matrix multiplies, less efficient per op",
+                      "The global batch doubles",
+                      "The gradients change"),
+             answer=1,
+             why="m = global batch / (microbatch x dp). With the global batch and dp fixed, more microbatches "
+                 "are smaller ones; keeping the microbatch instead would grow the global batch, which "
+                 "convergence limits."),
 )
 
 # %% [markdown]
@@ -554,10 +700,14 @@ show_questions(
 #   above it by the time messages take.
 # - 1F1B has GPipe's bubble but held at most 4 microbatches in flight where GPipe held 8, measured in
 #   activation bytes too.
-# - A slow stage sets everyone's pace. Equal stages need the layer count to divide: Llama-3.1-405B's
-#   126 layers refuse 4 stages, and the planner's choice on 4 nodes falls back to `tp = 8, pp = 2`.
+# - A larger `m` shrinks the bubble but is not free: `m = global batch / (microbatch × dp)`, so it costs
+#   smaller microbatches (less efficient ops) or a larger global batch (which convergence limits).
+# - A slow stage sets everyone's pace. Stages need not be equal: a pass takes
+#   `sum(t_s) + (m - 1) × max(t_s)`, so an uneven split costs its slowest stage. Llama-3.1-405B's 126
+#   layers run on 16 stages of 7, 8, ..., 8, 7, the end stages lighter for the embedding and the loss; on
+#   real ranks, 6 layers on 4 stages were exact bit for bit, and lighter ends beat the even cut as predicted.
 # - Training pays the bubble at every step's flush and hides it with many microbatches. A server keeps
 #   the stages busy with independent sequences and pays instead in latency: each token's trip crossed
-#   all 4 stages (about 84 ms for 4 x 20 ms), while microbatches left every 20 ms.
+#   all 4 stages (a little over 4 x 20 ms in your run), while microbatches left every stage-time.
 # - The pipeline sends far fewer bytes than tensor parallelism, once per stage boundary: the tool for
 #   the slow link between machines.

@@ -38,6 +38,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.pipeline.schedules",
     "shardlib.pipeline.orders",
     "shardlib.pipeline.predict",
+    "shardlib.pipeline.stages",
     "shardlib.costs.alpha_beta",
     "shardlib.costs.predict",
     "shardlib.costs.calibration",

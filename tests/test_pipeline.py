@@ -24,10 +24,13 @@ from shardlib.pipeline import (
     peak_in_flight,
     pipeline_bubble_fraction,
     pipeline_bubble_ratio_to_ideal,
+    pipeline_step_s,
     predicted_step_s,
     schedule_text,
     simulate,
     split_layers,
+    stage_imbalance,
+    stage_layer_counts,
     step_slots,
 )
 from shardlib.runtime.timeline import Span
@@ -91,6 +94,14 @@ def test_the_ratio_to_ideal_convention():
     (lambda: split_layers(3, 4), "cannot cut 3 layers into 4 slices: each slice needs at least one whole layer"),
     (lambda: split_layers(0, 1), "n_layers"),
     (lambda: microbatch_sizes(4, 8), "cannot cut a batch of 4 rows into 8 microbatches"),
+    (lambda: split_layers(6, 4, [2, 2, 2]), r"3 layer counts \[2, 2, 2\] for 4 slices: give one per slice"),
+    (lambda: split_layers(6, 4, [2, 2, 2, 1]), r"add up to 7, but the model has 6 layers"),
+    (lambda: split_layers(6, 4, [3, 2, 1, 0]), "layer count of slice 3"),
+    (lambda: split_layers(6, 2, "33"), "one per slice"),
+    (lambda: stage_layer_counts(4, 4, end_layers=1), "each stage needs at least one whole layer"),
+    (lambda: stage_layer_counts(8, 4, end_layers=-1), "end_layers must be a whole number"),
+    (lambda: stage_imbalance([2, 0]), "positive"),
+    (lambda: pipeline_step_s([], 4), "seconds per microbatch"),
     (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=-5),
      r"hop_s \(seconds per op\) must be a number of at least 0, got -5"),
     (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=True),
@@ -99,6 +110,31 @@ def test_the_ratio_to_ideal_convention():
 def test_bad_inputs_say_which_rule_broke(call, words):
     with pytest.raises(ValueError, match=words):
         call()
+
+
+def test_stages_may_hold_unequal_layer_counts():
+    """Llama 3 405B: 126 layers on 16 stages, the first and last one layer lighter for the embedding and
+    the loss (Llama 3 paper, 3.3.2); 4 even stages are 32, 32, 31, 31. Counts set per stage are kept."""
+    llama = stage_layer_counts(126, 16, end_layers=1)
+    assert llama == (7,) + (8,) * 14 + (7,) and sum(llama) == 126
+    assert stage_layer_counts(126, 4) == (32, 32, 31, 31) == tuple(len(r) for r in split_layers(126, 4))
+    assert stage_layer_counts(6, 4, end_layers=1) == (1, 2, 2, 1)
+    assert stage_layer_counts(5, 1, end_layers=1) == (5,)
+    assert split_layers(6, 4, [1, 2, 2, 1]) == (range(0, 1), range(1, 3), range(3, 5), range(5, 6))
+    # the slowest stage's work against the mean: even layers plus the end work, against the lighter ends
+    assert stage_imbalance([len(r) for r in split_layers(126, 16)]) == pytest.approx(8 / 7.875)
+    with_ends = [c + e for c, e in zip([len(r) for r in split_layers(126, 16)], [1] + [0] * 14 + [1])]
+    assert stage_imbalance(with_ends) == pytest.approx(9 / 8)
+    assert stage_imbalance([c + e for c, e in zip(llama, [1] + [0] * 14 + [1])]) == 1.0
+
+
+@pytest.mark.parametrize("stage_s", [[1, 2, 2, 1], [3, 1, 1], [2, 2], [1, 1, 4, 1]])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_the_slowest_stage_sets_the_pace_of_a_pass(stage_s, m):
+    """``sum(t) + (m - 1) max(t)`` is what the schedule's simulation gives for a forward-only GPipe pass."""
+    schedule = make_schedule("gpipe", len(stage_s), m, training=False)
+    assert pipeline_step_s(stage_s, m) == predicted_step_s(schedule, stage_s, 0)
+    assert pipeline_step_s([2] * 4, m) == (m + 4 - 1) * 2
 
 
 def test_layers_and_rows_are_cut_contiguously():

@@ -26,10 +26,13 @@ from shardlib.pipeline import (
     messages_per_step,
     peak_in_flight,
     pipeline_step_on_rank,
+    pipeline_step_s,
     predicted_step_s,
     run_bubble_curve,
     run_pipeline,
     run_pipeline_median,
+    split_layers,
+    stage_layer_counts,
     unpipelined_step,
 )
 from shardlib.toy import activations, block_reference, stack_weights
@@ -135,7 +138,7 @@ def test_in_flight_measured_1f1b_holds_p_gpipe_holds_m(pool4, model):
 def test_measured_bubble_agrees_with_the_formula(pool, model, name):
     """Uniform stages, every op padded to a set duration: the idle fraction measured on the real
     timeline is the formula's within 0.03. ``run_bubble_curve`` warms the ranks first, and
-    measures a point that misses twice more, keeping the median of the three (another process on this
+    measures a point that misses twice more, keeping the least idle of the three (another process on this
     shared machine can stall a run, which only ever adds idle time)."""
     curve = run_bubble_curve(pool, name, GRID_MICROBATCHES, SHAPE, model["layers"], model["x"], model["grad"],
                              op_s=GRID_OP_S[name], remeasure_over=BUBBLE_TOLERANCE)
@@ -166,6 +169,65 @@ def test_a_slow_stage_sets_the_pace(pool, model):
     busy_share = [b / lopsided.bubble.window_s for b in lopsided.bubble.busy_s]
     assert busy_share[slow] >= 0.9 * m * 2 * op_s / predicted_slow
     assert all(busy_share[r] < busy_share[slow] for r in range(p) if r != slow)
+
+
+# -- uneven stages ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_uneven_stages_are_exact_too(pool, model, name):
+    """Stages with unequal layer counts, cut evenly (7 layers: 4 + 3, or 2, 2, 2, 1) or set per stage
+    (the first and last lighter): the same bit-for-bit equality, each rank holding its count."""
+    p = pool.world_size
+    seven = model["layers"][:7]
+    for layers, counts in ((seven, None), (model["layers"][:6], stage_layer_counts(6, p, end_layers=1))):
+        run = run_pipeline(pool, make_schedule(name, p, 2 * p), SHAPE, layers, model["x"], model["grad"],
+                           layer_counts=counts)
+        exact = run.against_reference()
+        assert exact.bit_for_bit and exact.whole_batch_close, (counts, exact)
+        expected = counts or [len(r) for r in split_layers(len(layers), p)]
+        assert [len(h) for h in run.layers_held] == list(expected)
+        assert sum(run.layers_held, []) == list(range(len(layers)))
+
+
+def test_interleaved_chunks_take_layer_counts_per_virtual_stage(pool, model):
+    """With ``v`` chunks per rank the counts are per virtual stage (stage ``s`` of chunk ``c`` is virtual
+    stage ``c p + s``): 10 layers over 2 x p slices, the two ends heavier, exact bit for bit."""
+    p = pool.world_size
+    layers = stack_weights(SHAPE, seed=3, parts=("mlp",), n_layers=10)
+    counts = [3, 2, 2, 3] if p == 2 else [2, 1, 1, 1, 1, 1, 1, 2]
+    run = run_pipeline(pool, make_schedule("interleaved-1f1b", p, p, n_chunks=2), SHAPE, layers, model["x"],
+                       model["grad"], layer_counts=counts)
+    assert run.against_reference().bit_for_bit
+    held = [list(r) for r in split_layers(10, 2 * p, counts)]
+    assert run.layers_held == [held[s] + held[p + s] for s in range(p)]
+
+
+def test_uneven_stages_run_at_the_slowest_stages_pace(pool4, model):
+    """Each stage's forward padded in proportion to its work (its layers, plus one layer's worth on the end
+    stages for the embedding and the loss): an even cut leaves the first stage heaviest, lighter end stages
+    balance the work; each step follows ``sum(t) + (m - 1) max(t)`` within the hops."""
+    p, m, layer_s = 4, 6, 0.01
+    layers = model["layers"][:6]
+    schedule = make_schedule("gpipe", p, m, training=False)
+    run_pipeline(pool4, schedule, SHAPE, layers, model["x"], forward_s=0.001)  # warm-up
+    steps = {}
+    for counts in ((2, 2, 1, 1), stage_layer_counts(6, p, end_layers=1)):
+        stage_s = [(c + (1 if s in (0, p - 1) else 0)) * layer_s for s, c in enumerate(counts)]
+        run = run_pipeline_median(pool4, schedule, SHAPE, layers, model["x"], forward_s=stage_s, repeats=3,
+                                  layer_counts=list(counts))
+        steps[counts] = (run.bubble.window_s, pipeline_step_s(stage_s, m))
+        assert 0.97 <= run.bubble.window_s / pipeline_step_s(stage_s, m) <= 1.35, (counts, steps[counts])
+    (even, even_predicted), (light, light_predicted) = steps.values()
+    assert even_predicted / light_predicted == pytest.approx(23 / 18)  # (8 + 5 x 3) / (8 + 5 x 2) layer-times
+    assert 0.85 <= (even / light) / (even_predicted / light_predicted) <= 1.15, steps
+
+
+def test_layer_counts_are_checked_before_any_rank_starts(pool2, model):
+    schedule = make_schedule("gpipe", 2, 2)
+    with pytest.raises(ValueError, match=r"add up to 7, but the model has 8 layers"):
+        run_pipeline(pool2, schedule, SHAPE, model["layers"], model["x"], model["grad"], layer_counts=[4, 3])
+    with pytest.raises(RankError, match=r"3 layer counts \[2, 3, 3\] for 2 slices"):
+        pool2.run(pipeline_step_on_rank, schedule, SHAPE, model["layers"], model["x"], model["grad"],
+                  layer_counts=[2, 3, 3])
 
 
 # -- bad input -----------------------------------------------------------------------------------------

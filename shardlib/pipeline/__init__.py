@@ -6,6 +6,8 @@
 * ``messages``: the threads that send to and receive from the neighbouring stages.
 * ``predict`` (pure): the bubble's two conventions, layers per stage, rows per microbatch; step time,
   idle slots, in-flight memory and messages from a schedule; the bubble and trips measured from spans.
+* ``stages`` (pure): layers per stage when stages are not equal (``stage_layer_counts``, lighter end
+  stages), and what the slowest stage costs (``stage_imbalance``, ``pipeline_step_s``).
 * ``reference``: the stack in one process, microbatch by microbatch, and the input checks.
 * ``ranks``: ``pipeline_step_on_rank``, the engine on a rank with spans, padding and memory meters.
 * ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them.
@@ -22,6 +24,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                 "predicted_step_s", "idle_slots", "step_slots", "peak_in_flight", "messages_per_step",
                 "MeasuredBubble", "compute_spans", "measure_bubble", "Trips", "microbatch_trips",
                 "measured_in_flight", "schedule_text", "order_text"),
+    "stages": ("check_layer_counts", "stage_layer_counts", "stage_imbalance", "pipeline_step_s"),
     "reference": ("unpipelined_step", "layers_of_stage", "check_pipeline_inputs"),
     "ranks": ("pipeline_step_on_rank",),
     "drivers": ("PipelineRun", "Exactness", "run_pipeline", "run_pipeline_median", "BubblePoint", "BubbleCurve",

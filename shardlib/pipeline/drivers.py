@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -128,15 +127,18 @@ def _fmt(value) -> str:
 
 
 def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                 grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None) -> PipelineRun:
+                 grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None,
+                 layer_counts=None) -> PipelineRun:
     """Check the inputs here (a clear ValueError before any rank starts), run one step of ``schedule``
-    on ``ranks`` (``pipeline_step_on_rank``), and gather the result."""
+    on ``ranks`` (``pipeline_step_on_rank``), and gather the result. ``layer_counts``: layers per stage,
+    unequal on purpose (``None``: as even as whole layers allow)."""
     check_pipeline_inputs(schedule, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
-                          ranks.world_size, x.dtype)
+                          ranks.world_size, x.dtype, layer_counts)
     durations(forward_s, schedule.n_stages, "forward_s")
     durations(backward_s, schedule.n_stages, "backward_s")
     start = time.perf_counter()
-    per_rank = ranks.run(pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s)
+    per_rank = ranks.run(pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s,
+                         layer_counts)
     wall = time.perf_counter() - start
     return PipelineRun(schedule, per_rank, list(ranks.last_spans), list(ranks.last_comm), wall, forward_s, backward_s,
                        (model, layers, x, grad_output))
@@ -144,18 +146,21 @@ def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dic
 
 def run_pipeline_median(ranks, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                         grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None,
-                        repeats: int = 3) -> PipelineRun:
+                        repeats: int = 3, layer_counts=None) -> PipelineRun:
     """Run the step ``repeats`` times and return the run with the median step time (window): one
     run stalled by another process on a shared machine does not decide the answer."""
     repeats = check_count("repeats", repeats, "runs to take the median of")
-    runs = [run_pipeline(ranks, schedule, model, layers, x, grad_output, forward_s, backward_s) for _ in range(repeats)]
+    runs = [run_pipeline(ranks, schedule, model, layers, x, grad_output, forward_s, backward_s, layer_counts)
+            for _ in range(repeats)]
     return sorted(runs, key=lambda r: r.bubble.window_s)[(repeats - 1) // 2]
 
 
 @dataclass(frozen=True)
 class BubblePoint:
     """The idle fraction of one training step, predicted by the formula and measured on the ranks.
-    ``attempts`` holds every measurement made; ``measured`` is their median (one, or three)."""
+    ``attempts`` holds every measurement made (one, or three); ``measured`` is the least idle of them: with
+    every op padded to a set duration, a stall on a shared machine only ever adds idle time, so the least
+    idle attempt is the least disturbed one."""
 
     n_stages: int
     n_microbatches: int
@@ -164,7 +169,7 @@ class BubblePoint:
 
     @property
     def measured(self) -> float:
-        return statistics.median(self.attempts)
+        return min(self.attempts)
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,7 @@ def run_bubble_curve(ranks, name: str, microbatches, model: ModelConfig, layers:
     ``microbatches``, every forward and backward padded to ``op_s`` seconds (uniform stages).
 
     One short warm-up step runs first (imports and first messages on every rank). A point further than
-    ``remeasure_over`` from the formula is measured twice more and the median of the three kept: on a
+    ``remeasure_over`` from the formula is measured twice more and the least idle of the three kept: on a
     shared machine another process can stall a run (a stall only ever adds idle time), and one stalled
     run should not decide the point. Every measurement stays in ``attempts``.
     """

@@ -2,7 +2,8 @@
 
 * The bubble in its two conventions: ``pipeline_bubble_fraction`` (idle share of the step,
   ``(p - 1) / (m + p - 1)``) and ``pipeline_bubble_ratio_to_ideal`` (Megatron-LM's ``(p - 1) / m``,
-  Narayanan et al. 2021, section 2.2); ``split_layers`` and ``microbatch_sizes``.
+  Narayanan et al. 2021, section 2.2); ``split_layers`` (even, or ``counts`` set per slice: see
+  ``stages``) and ``microbatch_sizes``.
 * From a ``Schedule`` (``schedules.simulate`` times it): step time, idle slots, microbatches in flight,
   messages, and the schedule drawn as text.
 * From a real run's spans (``runtime.timeline``): the idle fraction, the in-flight count, and each
@@ -16,6 +17,7 @@ from typing import Mapping, Sequence
 
 from ..runtime.timeline import Span
 from .schedules import OPS, Schedule, check_count, simulate
+from .stages import check_layer_counts
 
 
 # -- the bubble: two conventions ----------------------------------------------------------------------
@@ -48,20 +50,24 @@ def pipeline_bubble_ratio_to_ideal(n_stages: int, n_microbatches: int, n_chunks:
 
 
 # -- who holds what --------------------------------------------------------------------------------
-def split_layers(n_layers: int, n_parts: int) -> tuple[range, ...]:
-    """Cut ``n_layers`` layers into ``n_parts`` contiguous slices, sizes differing by at most one
-    (the earlier slices get the extra layers). Each slice needs at least one whole layer."""
+def split_layers(n_layers: int, n_parts: int, counts: Sequence[int] | None = None) -> tuple[range, ...]:
+    """Cut ``n_layers`` layers into ``n_parts`` contiguous slices. By default the sizes differ by at most
+    one (the earlier slices get the extra layers); ``counts`` (one whole number per slice, summing to
+    ``n_layers``) sets each slice's size, unequal on purpose (``stage_layer_counts``). Each slice needs
+    at least one whole layer."""
     n_layers = check_count("n_layers", n_layers, "layers in the model")
     n_parts = check_count("n_parts", n_parts, "slices of the layer stack")
     if n_parts > n_layers:
         raise ValueError(f"cannot cut {n_layers} layers into {n_parts} slices: each slice needs at least "
                          "one whole layer")
-    base, extra = divmod(n_layers, n_parts)
+    if counts is None:
+        base, extra = divmod(n_layers, n_parts)
+        counts = [base + (1 if i < extra else 0) for i in range(n_parts)]
+    counts = check_layer_counts(n_layers, n_parts, counts)
     bounds, start = [], 0
-    for i in range(n_parts):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append(range(start, stop))
-        start = stop
+    for c in counts:
+        bounds.append(range(start, start + c))
+        start += c
     return tuple(bounds)
 
 

@@ -57,7 +57,8 @@ class _StageProbe:
 
 
 def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                          grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None) -> dict:
+                          grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None,
+                          layer_counts=None) -> dict:
     """One pipeline step on this rank: stage ``ctx.rank`` of ``schedule``.
 
     ``layers`` are the whole model's weights (``toy.stack_weights(model, ...)``: whole blocks, or
@@ -65,13 +66,14 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     microbatches), ``grad_output`` the gradient of the loss with respect to the output (the last stage
     cuts it), for training schedules. ``forward_s`` / ``backward_s``: pad each of this stage's forwards /
     backwards to that many seconds (a number, or one per stage), or ``None`` for real compute only.
+    ``layer_counts``: layers per stage when they are not to be cut evenly (``reference.layers_of_stage``).
 
     Returns this stage's part of the result: ``output`` (on the stage that holds the last layers),
     ``grad_x`` (stage 0, training), ``grads`` (this stage's layers' weight gradients, by global layer
     index), ``peak_in_flight`` and ``peak_activation_bytes`` (measured while running), ``layers``.
     """
     check_pipeline_inputs(schedule, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
-                          ctx.world_size)
+                          ctx.world_size, layer_counts=layer_counts)
     p, v, me = schedule.n_stages, schedule.n_chunks, ctx.rank
     fwd_s = durations(forward_s, p, "forward_s")[me]
     bwd_s = durations(backward_s, p, "backward_s")[me]
@@ -79,7 +81,7 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     bwd_s = None if bwd_s is None else bwd_s / v
     training = schedule.training
 
-    held = layers_of_stage(schedule, len(layers), me)  # one range of layer indices per chunk
+    held = layers_of_stage(schedule, len(layers), me, layer_counts)  # one range of layer indices per chunk
     weights = {i: {k: t.detach().clone().to(ctx.device).requires_grad_(training) for k, t in layers[i].items()}
                for chunk in held for i in chunk}
     param_ptrs = {w.data_ptr() for ws in weights.values() for w in ws.values()}

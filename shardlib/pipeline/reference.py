@@ -42,9 +42,11 @@ def unpipelined_step(model: ModelConfig, layers: list[dict], x: torch.Tensor, n_
     return result
 
 
-def layers_of_stage(schedule: Schedule, n_layers: int, stage: int) -> list[range]:
-    """The global layer indices stage ``stage`` holds, one range per model chunk."""
-    slices = split_layers(n_layers, schedule.n_virtual_stages)
+def layers_of_stage(schedule: Schedule, n_layers: int, stage: int, layer_counts=None) -> list[range]:
+    """The global layer indices stage ``stage`` holds, one range per model chunk. ``layer_counts``: how
+    many layers each virtual stage holds (one count per stage, or per stage and chunk in virtual-stage
+    order), or ``None`` to cut as evenly as whole layers allow (``split_layers``)."""
+    slices = split_layers(n_layers, schedule.n_virtual_stages, layer_counts)
     return [slices[c * schedule.n_stages + stage] for c in range(schedule.n_chunks)]
 
 
@@ -57,9 +59,10 @@ def durations(value, n_stages: int, name: str) -> list:
 
 
 def check_pipeline_inputs(schedule: Schedule, layers: list[dict], x_shape, grad_output_shape=None,
-                          world_size: int | None = None, x_dtype: torch.dtype | None = None) -> None:
+                          world_size: int | None = None, x_dtype: torch.dtype | None = None,
+                          layer_counts=None) -> None:
     """Raise a ValueError saying why this run cannot go ahead, if it cannot, before any rank starts on
-    it."""
+    it (``layer_counts``: as ``layers_of_stage`` takes them)."""
     if not isinstance(schedule, Schedule):
         raise ValueError(f"expected a Schedule from make_schedule(...), got {type(schedule).__name__}")
     n_layers = len(layers)
@@ -74,6 +77,8 @@ def check_pipeline_inputs(schedule: Schedule, layers: list[dict], x_shape, grad_
         chunks = f" x {schedule.n_chunks} model chunks" if schedule.n_chunks > 1 else ""
         raise ValueError(f"a pipeline of {schedule.n_stages} stages{chunks} needs at least "
                          f"{schedule.n_virtual_stages} layers, one whole layer per slice; the model has {n_layers}")
+    if layer_counts is not None:
+        split_layers(n_layers, schedule.n_virtual_stages, layer_counts)  # one count per slice, adding up
     if len(x_shape) != 3:
         raise ValueError(f"the input must be (batch, seq, d_model), got shape {tuple(x_shape)}")
     d_model = int(layers[0]["o" if "o" in layers[0] else "down"].shape[0])

@@ -82,11 +82,12 @@ def measured_figure(spans: Sequence[Span], n_stages: int, title: str, show_waits
 
 
 def predicted_vs_measured_figure(schedule: Schedule, spans: Sequence[Span], forward_s, backward_s,
-                                 timing_note: str, measured_idle: float | None = None) -> go.Figure:
-    """The schedule's prediction (top) and the real run (bottom), on one time axis in ms.
+                                 timing_note: str, measured_idle: float | None = None, where: str = "") -> go.Figure:
+    """The schedule's prediction (top, a model) and the real run (bottom), on one time axis in ms.
 
     ``forward_s`` / ``backward_s`` are the durations the prediction uses (the run's set durations);
-    ``timing_note`` says how the run was timed and goes in the title."""
+    ``timing_note`` says how the run was timed and goes in the title; ``where`` says where the run was
+    measured (the pool's ``Ranks.description``)."""
     timed = simulate(schedule, forward_s, backward_s)
     work = compute_spans(spans)
     if not work:
@@ -94,8 +95,9 @@ def predicted_vs_measured_figure(schedule: Schedule, spans: Sequence[Span], forw
     predicted = pipeline_bubble_fraction(schedule.n_stages, schedule.n_microbatches, schedule.n_chunks)
     measured = f", measured {measured_idle:.1%}" if measured_idle is not None else ""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=(f"predicted by the schedule (idle {predicted:.1%})",
-                                        f"measured on {schedule.n_stages} ranks{measured}"))
+                        subplot_titles=(f"predicted by the schedule, a model (idle {predicted:.1%})",
+                                        f"measured on {schedule.n_stages} ranks{measured}"
+                                        + (f"<br>{where}" if where else "")))
     for trace in schedule_traces(schedule, timed, 1e3):
         fig.add_trace(trace, row=1, col=1)
     for trace in measured_traces(spans, min(s.start_s for s in work), show_legend=False):
@@ -137,7 +139,7 @@ def bubble_curve_figure(n_stages: Sequence[int] = (2, 4, 8), max_microbatches: i
         p, m = highlight
         fig.add_trace(go.Scatter(x=[m], y=[pipeline_bubble_fraction(p, m)], mode="markers", name="now",
                                  marker={"color": "black", "size": 12, "symbol": "x"}))
-    title = "The bubble: share of each device's step spent idle, (p - 1) / (m + p - 1)"
+    title = "The bubble: share of each device's step spent idle, (p - 1) / (m + p - 1) (lines: the formula, a model)"
     fig.update_layout(title=title + (f"<br><sub>{timing_note}</sub>" if timing_note else ""),
                       xaxis_title="microbatches per step, m", yaxis_title="idle fraction", yaxis_range=[0, 1],
                       height=380, margin={"l": 60, "r": 20, "t": 70, "b": 40})

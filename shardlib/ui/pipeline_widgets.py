@@ -32,7 +32,8 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     picker = widgets.ToggleButtons(options=[(SCHEDULE_TITLES[n], n) for n in EXPLORER_SCHEDULES],
                                    value=EXPLORER_SCHEDULES[0], description="schedule")
     label = widgets.HTML()
-    curve = go.FigureWidget(bubble_curve_figure((p,), max_microbatches=top, highlight=(p, slider.value)))
+    curve = go.FigureWidget(bubble_curve_figure((p,), max_microbatches=top, highlight=(p, slider.value),
+                                                timing_note=f"red circles measured on {ranks.description}"))
     measured_at: dict[int, float] = {}
     curve.add_scatter(x=[], y=[], mode="markers", name="measured with the slider",
                       marker={"color": RED, "size": 9, "symbol": "circle-open", "line": {"width": 2}})
@@ -68,7 +69,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
         with gantt:
             gantt.clear_output(wait=True)
             display(predicted_vs_measured_figure(schedule, run.spans, forward_s, backward_s, run.timing_note,
-                                                 bubble.idle_fraction))
+                                                 bubble.idle_fraction, ranks.description))
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)

@@ -1,0 +1,68 @@
+"""Who holds what when stages are not equal: layers per stage set on purpose, and what it costs.
+
+Stages need not hold equal layer counts. ``check_layer_counts`` checks a split given per stage;
+``stage_layer_counts`` makes the first and last stage lighter by the layers' worth of work they do
+besides (the embedding, the output layer and loss), as Llama 3 405B's 126 layers on 16 stages
+(Llama 3 paper, section 3.3.2). The price of an uneven split is the slowest stage: ``stage_imbalance``
+and ``pipeline_step_s``. Pure: no torch. (``predict.split_layers`` turns counts into layer ranges.)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .schedules import check_count
+
+
+def check_layer_counts(n_layers: int, n_parts: int, counts: Sequence[int]) -> tuple[int, ...]:
+    """``counts`` as a tuple, after a ValueError naming the numbers unless it gives each of the ``n_parts``
+    slices at least one whole layer and adds up to the model's ``n_layers``."""
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+        raise ValueError(f"layer counts must be a list of whole numbers, one per slice, got {counts!r}")
+    if len(counts) != n_parts:
+        raise ValueError(f"{len(counts)} layer counts {list(counts)} for {n_parts} slices: give one per slice")
+    counts = tuple(check_count(f"layer count of slice {i}", c, "layers in one slice") for i, c in enumerate(counts))
+    if sum(counts) != n_layers:
+        raise ValueError(f"the layer counts {list(counts)} add up to {sum(counts)}, but the model has "
+                         f"{n_layers} layers: every layer goes to exactly one slice")
+    return counts
+
+
+def stage_layer_counts(n_layers: int, n_stages: int, end_layers: int = 0) -> tuple[int, ...]:
+    """Layers per stage, as even as whole layers allow when the first and last stage each carry
+    ``end_layers`` layers' worth of other work (the embedding on the first, the output layer and the loss
+    on the last) and hold that many layers fewer. Llama 3 405B: 126 layers on 16 stages with
+    ``end_layers = 1`` gives ``(7, 8, ..., 8, 7)``, every stage 8 layers' worth (Llama 3 paper, 3.3.2)."""
+    n_layers = check_count("n_layers", n_layers, "layers in the model")
+    n_stages = check_count("n_stages", n_stages, "pipeline stages")
+    if isinstance(end_layers, bool) or not isinstance(end_layers, int) or end_layers < 0:
+        raise ValueError(f"end_layers must be a whole number of layers (0 or more), got {end_layers!r}")
+    base, extra = divmod(n_layers + 2 * end_layers, n_stages)
+    counts = [base + (1 if i < extra else 0) for i in range(n_stages)]
+    counts[0] -= end_layers
+    counts[-1] -= end_layers
+    if min(counts) < 1:
+        raise ValueError(f"cannot cut {n_layers} layers into {n_stages} stages with the first and last holding "
+                         f"{end_layers} layer(s) fewer: each stage needs at least one whole layer")
+    return tuple(counts)
+
+
+def stage_imbalance(work_per_stage: Sequence[float]) -> float:
+    """The slowest stage's work over the mean stage's: how much longer a long pipeline's step lasts than
+    with perfectly balanced stages (1.0: balanced). Once the pipeline is full, one microbatch leaves per
+    slowest-stage time, whatever the others do."""
+    work = [float(w) for w in work_per_stage]
+    if not work or min(work) <= 0:
+        raise ValueError(f"give each stage's work as a positive number, got {list(work_per_stage)}")
+    return max(work) * len(work) / sum(work)
+
+
+def pipeline_step_s(stage_s: Sequence[float], n_microbatches: int) -> float:
+    """One pass of ``m`` microbatches through stages taking ``stage_s[s]`` seconds each (a forward-only
+    GPipe step): ``sum(stage_s) + (m - 1) x max(stage_s)``. The first microbatch crosses every stage;
+    the others leave one per slowest-stage time. Equal stages give ``(m + p - 1) x t``."""
+    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
+    times = [float(t) for t in stage_s]
+    if not times or min(times) < 0:
+        raise ValueError(f"give each stage's seconds per microbatch (0 or more), got {list(stage_s)}")
+    return sum(times) + (m - 1) * max(times)
