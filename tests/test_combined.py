@@ -97,8 +97,9 @@ def test_bad_meshes_and_inputs_fail_before_any_rank(pool4):
         run_combined(pool4, Layout(tp=1, pp=2), TOY, LAYERS, X)
     with pytest.raises(ValueError, match="4 KV heads cannot be split 8 ways"):
         check_combined_inputs(Layout(tp=8, pp=1), TOY, LAYERS, X, 1)
-    with pytest.raises(ValueError, match=r"4 layers cannot be cut into 3 equal stages \(4 % 3 = 1\)"):
-        check_combined_inputs(Layout(tp=1, pp=3), TOY, LAYERS, X, 1)
+    check_combined_inputs(Layout(tp=1, pp=3), TOY, LAYERS, X, 1)  # uneven stages (2, 1, 1) are allowed
+    with pytest.raises(ValueError, match=r"4 layers cannot fill 5 stages: each stage needs a whole layer"):
+        check_combined_inputs(Layout(tp=1, pp=5), TOY, LAYERS, X, 1)
     with pytest.raises(ValueError, match="the combined run on ranks splits dense blocks: ep must be 1, got ep = 2"):
         check_combined_inputs(Layout(tp=2, pp=2, ep=2), TOY, LAYERS, X, 1)
     with pytest.raises(ValueError, match=r"a batch of 4 sequences cannot be cut into dp x m = 1 x 3 = 3"):

@@ -88,7 +88,7 @@ class NoCollectives:
     (3, {"nodes": 2, "per_node": 2}, r"world size 3 is not nodes x processes per node = 2 x 2 = 4"),
     (4, {"nodes": 2, "per_node": 2, "batch": 3}, r"a batch of 3 sequences cannot be cut into dp x m = 1 x 2 = 2"),
     (3, {"nodes": 1, "per_node": 3}, r"toy cannot use tp = 3: 4 KV heads cannot be split 3 ways"),
-    (6, {"nodes": 3, "per_node": 2}, r"4 layers cannot be cut into 3 equal stages \(4 % 3 = 1\)"),
+    (5, {"nodes": 5, "per_node": 1}, r"4 layers cannot fill 5 stages: each stage needs a whole layer"),
     (4, {"nodes": 2}, r"per_node is not given and LOCAL_WORLD_SIZE is not set"),
 ])
 def test_bad_input_is_refused_before_any_collective(monkeypatch, world, kwargs, words):

@@ -37,9 +37,8 @@ def check_combined_inputs(layout: Layout, model: ModelConfig, layers: list[dict]
     check_tensor_parallel(model, layout.tp)
     if len(layers) != model.n_layers:
         raise ValueError(f"{model.name} has {model.n_layers} layers but {len(layers)} sets of weights were given")
-    if model.n_layers % layout.pp:
-        raise ValueError(f"{model.n_layers} layers cannot be cut into {layout.pp} equal stages "
-                         f"({model.n_layers} % {layout.pp} = {model.n_layers % layout.pp})")
+    if layout.pp > model.n_layers:  # stages may be uneven (the slowest sets the pace), but none may be empty
+        raise ValueError(f"{model.n_layers} layers cannot fill {layout.pp} stages: each stage needs a whole layer")
     if x.dim() != 3 or x.shape[-1] != model.d_model:
         raise ValueError(f"x must be (batch, seq, d_model = {model.d_model}), got {tuple(x.shape)}")
     weights = [t for t in layers[0].values() if isinstance(t, torch.Tensor)] if layers else []
