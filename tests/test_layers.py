@@ -37,6 +37,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.costs.emulation",
     "shardlib.pipeline.schedules",
     "shardlib.pipeline.orders",
+    "shardlib.pipeline.zero_bubble",
     "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta",
     "shardlib.costs.predict",

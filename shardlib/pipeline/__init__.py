@@ -2,7 +2,8 @@
 
 * ``schedules`` (pure): ``Action`` and ``Schedule`` as data, their checks, and ``simulate``.
 * ``orders`` (pure): the GPipe, 1F1B and interleaved 1F1B orders, and ``make_schedule``.
-* ``engine``: the mechanism, one stage walking its list of actions (forward, backward, hand on).
+* ``zero_bubble`` (pure): the ZB-H1, ZB-V and DualPipeV orders, the backward split in B and W.
+* ``engine``: the mechanism, one stage walking its list of actions (forward, backward, weight gradient).
 * ``messages``: the threads that send to and receive from the neighbouring stages.
 * ``predict`` (pure): the bubble's two conventions, layers per stage, rows per microbatch; step time,
   idle slots, in-flight memory and messages from a schedule; the bubble and trips measured from spans.
@@ -15,8 +16,9 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "schedules": ("OPS", "SCHEDULES", "SCHEDULE_TITLES", "Action", "Schedule", "check_schedule", "TimedAction",
-                  "simulate"),
+                  "simulate", "ScheduleError", "SCHEDULE_MISTAKES"),
     "orders": ("make_schedule",),
+    "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
                 "predicted_step_s", "idle_slots", "step_slots", "peak_in_flight", "messages_per_step",

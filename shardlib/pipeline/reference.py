@@ -45,7 +45,7 @@ def unpipelined_step(model: ModelConfig, layers: list[dict], x: torch.Tensor, n_
 def layers_of_stage(schedule: Schedule, n_layers: int, stage: int) -> list[range]:
     """The global layer indices stage ``stage`` holds, one range per model chunk."""
     slices = split_layers(n_layers, schedule.n_virtual_stages)
-    return [slices[c * schedule.n_stages + stage] for c in range(schedule.n_chunks)]
+    return [slices[schedule.virtual_stage_of(stage, c)] for c in range(schedule.n_chunks)]
 
 
 def durations(value, n_stages: int, name: str) -> list:

@@ -1,0 +1,151 @@
+"""Past 1F1B: the backward split in B (input gradient) and W (weight gradient), ZB-H1, ZB-V and DualPipeV.
+
+On paper (exact slot arithmetic through ``simulate``) and on 2 and 4 real ranks, where the step equals the
+one-process reference on the same microbatches bit for bit: each W accumulates its weight gradients in
+microbatch order on every chunk, as the reference does.
+"""
+
+from fractions import Fraction
+
+import pytest
+
+from shardlib.models import ModelConfig
+from shardlib.pipeline import Action, Schedule, make_schedule, run_pipeline, simulate
+from shardlib.pipeline.schedules import ScheduleError
+from shardlib.toy import activations, stack_weights
+
+SPLIT = ("zb-h1", "zb-v", "dualpipev")
+N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32
+SHAPE = ModelConfig("zero bubble test", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2,
+                    d_ff=2 * D_MODEL, vocab_size=64, bytes_per_param=4.0)
+
+
+def _step(schedule, f, b, w):
+    return max(t.end_s for t in simulate(schedule, f, b, 0, w))
+
+
+# -- on paper -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SPLIT)
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_the_split_schedules_are_whole_and_run(name, p):
+    for m in (2 * p, 2 * p + 1, 4 * p):
+        s = make_schedule(name, p, m)
+        assert s.split_backward and s.training
+        assert s.n_chunks == (1 if name == "zb-h1" else 2)
+        assert len(s.all_actions()) == 3 * p * m * s.n_chunks  # F, B and W of every microbatch on every chunk
+        for row in s.actions:  # W's of each chunk in microbatch order: the gradients add up as in one process
+            for c in range(s.n_chunks):
+                ws = [a.microbatch for a in row if a.op == "W" and a.chunk == c]
+                assert ws == sorted(ws)
+
+
+def test_the_v_placement_turns_at_the_last_stage():
+    s = make_schedule("zb-v", 4, 8)
+    assert [s.virtual_stage_of(r, c) for r in range(4) for c in (0, 1)] == [0, 7, 1, 6, 2, 5, 3, 4]
+    assert s.destination(Action(3, 0, "F", 0)) == 3  # the turn stays on the stage: no message
+    assert s.destination(Action(0, 0, "F", 1)) is None  # the last virtual stage is on stage 0
+    assert s.producer(Action(2, 5, "W", 1)) == Action(2, 5, "B", 1)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_zb_h1_bubble_is_the_published_formula(p):
+    """Qi et al. 2024 (B the input gradient only): 1F1B idles (p-1)(F+B+W) per stage, ZB-H1 (p-1)(F+B-W),
+    for m >= p. With F = B = W, a third."""
+    for f, b, w in ((1, 1, 1), (2, 3, 1), (3, 2, 2), (1, 1, Fraction(1, 2))):
+        for m in (p, 2 * p, 3 * p + 1):
+            busy = m * (f + b + w)
+            assert _step(make_schedule("1f1b", p, m), f, b, w) - busy == (p - 1) * (f + b + w)
+            assert _step(make_schedule("zb-h1", p, m), f, b, w) - busy == (p - 1) * (f + b - w)
+    assert (p - 1) * (1 + 1 - 1) * 3 == (p - 1) * (1 + 1 + 1)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_in_flight_peaks_match_the_dualpipe_table(p):
+    """Chunks whose activations a stage holds at once (F until W): ZB-H1 p (1F1B's peak), ZB-V 2p chunks
+    of half a stage (p stages' worth), DualPipeV 2p + 1 = PP + 1 with PP = 2p virtual stages."""
+    def peaks(s):
+        out = []
+        for row in s.actions:
+            held = peak = 0
+            for a in row:
+                held += {"F": 1, "B": 0, "W": -1}[a.op]
+                peak = max(peak, held)
+            out.append(peak)
+        return tuple(out)
+    assert peaks(make_schedule("zb-h1", p, 4 * p)) == (p,) * p
+    assert peaks(make_schedule("zb-v", p, 4 * p)) == (2 * p,) * p
+    assert peaks(make_schedule("dualpipev", p, 4 * p)) == (2 * p + 1,) * p
+
+
+def _rows(name, p, m):
+    return [list(r) for r in make_schedule(name, p, m).actions]
+
+
+def _build(rows, name="zb-h1", p=2, m=4, v=1, placement="loop"):
+    return Schedule(name, p, m, True, v, tuple(tuple(r) for r in rows), placement)
+
+
+def test_each_kind_of_broken_table_is_named():
+    rows = _rows("zb-h1", 2, 4)
+    w0 = rows[1].index(Action(1, 0, "W"))
+    early = rows[1][:]
+    early.insert(0, early.pop(w0))
+    cases = {
+        "W before its B": [rows[0], early],
+        "receive with no send": [[a for a in rows[0] if a != Action(0, 3, "F")], rows[1]],
+        "never runs": [rows[0], [a for a in rows[1] if a != Action(1, 2, "W")]],
+        "twice": [rows[0], rows[1] + [Action(1, 0, "W")]],
+        "wrong stage": [rows[0] + [Action(1, 0, "W")], rows[1]],
+        "deadlock": [[Action(0, 0, "B")] + [a for a in rows[0] if a != Action(0, 0, "B")], rows[1]],
+    }
+    for kind, broken in cases.items():
+        with pytest.raises(ScheduleError) as caught:
+            _build(broken)
+        assert caught.value.kind == kind, (kind, str(caught.value))
+    with pytest.raises(ValueError, match="W0 before B0"):
+        _build(cases["W before its B"])
+    with pytest.raises(ValueError, match="stage 1's F3 waits for F3 from stage 0, which never sends it"):
+        _build(cases["receive with no send"])
+
+
+def test_make_schedule_refuses_what_the_split_schedules_cannot_do():
+    with pytest.raises(ValueError, match="forward only, it is plain 1F1B"):
+        make_schedule("zb-h1", 2, 4, training=False)
+    with pytest.raises(ValueError, match="DualPipeV needs at least 2 n_stages = 8 microbatches"):
+        make_schedule("dualpipev", 4, 7)
+    with pytest.raises(ValueError, match="ZB-V gives each device 2 model chunks; got n_chunks = 3"):
+        make_schedule("zb-v", 2, 4, n_chunks=3)
+    with pytest.raises(ValueError, match="V placement gives each stage 2 chunks"):
+        _build(_rows("zb-h1", 2, 4), placement="v")
+
+
+# -- on real ranks ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model():
+    return {"layers": stack_weights(SHAPE, seed=0, parts=("mlp",)), "blocks": stack_weights(SHAPE, seed=0),
+            "x": activations(BATCH, SEQ, D_MODEL, seed=1), "grad": activations(BATCH, SEQ, D_MODEL, seed=2)}
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_split_schedules_equal_the_one_process_model_bit_for_bit(pool, model, name):
+    p = pool.world_size
+    for m in (2 * p, 4 * p):
+        schedule = make_schedule(name, p, m)
+        run = run_pipeline(pool, schedule, SHAPE, model["layers"], model["x"], model["grad"])
+        exact = run.against_reference()
+        assert exact.bit_for_bit and exact.whole_batch_close, (name, m, exact)
+        held = run.layers_held
+        assert sorted(sum(held, [])) == list(range(N_LAYERS))
+        if schedule.n_chunks == 2:  # the V: stage r holds slice r and slice 2p-1-r
+            slices = N_LAYERS // (2 * p)
+            assert held[0] == list(range(slices)) + list(range(N_LAYERS - slices, N_LAYERS))
+        assert run.sent_messages() == 2 * (p * schedule.n_chunks - 1) * m - (2 * m if schedule.n_chunks == 2 else 0)
+
+
+def test_whole_blocks_split_exactly_too(pool2, model):
+    """Attention and MLP: B keeps the gradient at each of the seven linears' outputs, W turns them into
+    the weight gradients later; the sum is the one-process backward's, bit for bit."""
+    for name in SPLIT:
+        run = run_pipeline(pool2, make_schedule(name, 2, 4), SHAPE, model["blocks"], model["x"], model["grad"])
+        assert run.against_reference().bit_for_bit, name
+        assert set(run.grads[0]) == {"q", "k", "v", "o", "gate", "up", "down"}
