@@ -38,6 +38,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.pipeline.schedules",
     "shardlib.pipeline.orders",
     "shardlib.pipeline.zero_bubble",
+    "shardlib.pipeline.bubbles",
     "shardlib.pipeline.predict",
     "shardlib.costs.alpha_beta",
     "shardlib.costs.predict",
@@ -95,6 +96,7 @@ LAYERS = {
         "shardlib.combined.forward",
     },
     "driver": {
+        "shardlib.pipeline.bubble_drivers",
         "shardlib.context_parallel.grad_drivers",
         "shardlib.combined.across",
         "shardlib.combined.machines",

@@ -149,3 +149,85 @@ def test_whole_blocks_split_exactly_too(pool2, model):
         run = run_pipeline(pool2, make_schedule(name, 2, 4), SHAPE, model["blocks"], model["x"], model["grad"])
         assert run.against_reference().bit_for_bit, name
         assert set(run.grads[0]) == {"q", "k", "v", "o", "gate", "up", "down"}
+
+
+# -- the published formulas, both notations ---------------------------------------------------------------
+def test_the_notation_trap_gives_one_number_two_ways():
+    from shardlib.pipeline import OpCosts, notation_rows, published_fraction, simulated_fraction
+    costs = OpCosts(1.0, 1.0, 1.0)
+    for _, _, qi, _, dualpipe in notation_rows(costs, 4):
+        assert qi == dualpipe
+    assert notation_rows(costs, 4)[1][2] * 3 == notation_rows(costs, 4)[0][2]  # ZB-H1: a third of 1F1B's
+    for p in (2, 4):
+        for m in (2 * p, 4 * p):
+            for costs in (OpCosts(1.0, 1.0, 1.0), OpCosts(1.0, 1.0, 0.25), OpCosts(2.0, 1.5, 1.5)):
+                for name in ("1f1b", "zb-h1"):
+                    s = make_schedule(name, p, m)
+                    assert simulated_fraction(s, costs) == pytest.approx(published_fraction(s, costs))
+    dear_w = OpCosts(1.0, 1.0, 2.0)  # W dearer than F and B: ZB-H1 has no wait left to fill, it idles more
+    s = make_schedule("zb-h1", 4, 8)
+    assert simulated_fraction(s, dear_w) > published_fraction(s, dear_w) + 0.05
+
+
+# -- the schedule exercise ---------------------------------------------------------------------------------
+def _answer(p, m):
+    from tests.solutions_module import answers
+    return answers.my_schedule(p, m)
+
+
+def test_the_schedule_grader_passes_the_answer_and_runs_it(pool2, model):
+    from shardlib.exercises import grade_schedule_table
+    result = grade_schedule_table(_answer, pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.005)
+    assert result.passed, result
+    assert "exact; bubble measured" in result.messages[0]
+
+
+def _edit(fn):
+    def schedule(p, m):
+        return fn([list(r) for r in _answer(p, m)], p, m)
+    return schedule
+
+
+def _w_first(rows, p, m):
+    rows[-1].remove("W0")
+    rows[-1].insert(0, "W0")
+    return rows
+
+
+WRONG_TABLES = [
+    (_edit(_w_first), "W before its B"),
+    (_edit(lambda rows, p, m: [[a for a in rows[0] if a != f"F{m - 1}"]] + rows[1:]), "receive with no send"),
+    (_edit(lambda rows, p, m: [r[:-1] for r in rows]), "never runs"),
+    (_edit(lambda rows, p, m: [rows[0] + ["F0"]] + rows[1:]), "twice"),
+    (_edit(lambda rows, p, m: [["B0"] + [a for a in rows[0] if a != "B0"]] + rows[1:]), "deadlock"),
+    (_edit(lambda rows, p, m: [rows[0] + [f"F{m}"]] + rows[1:]), "not in this step"),
+    (_edit(lambda rows, p, m: [rows[0] + ["X1"]] + rows[1:]), "write each action as F, B or W"),
+    (_edit(lambda rows, p, m: rows[:-1]), "one list of actions per stage"),
+    (lambda p, m: [[f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)] + [f"W{i}" for i in range(m)]
+                   for _ in range(p)], "ZB-H1 idles p - 1"),  # GPipe with W after: valid, but its bubble
+    (lambda p, m: [[a for i in range(m) for a in (f"F{i}", f"B{i}", f"W{i}")] for _ in range(p)], "ZB-H1 idles"),
+]
+
+
+@pytest.mark.parametrize("table, words", WRONG_TABLES)
+def test_the_schedule_grader_names_each_kind_of_wrong_table(table, words):
+    from shardlib.exercises import grade_schedule_table
+    result = grade_schedule_table(table)
+    assert not result.passed and words in " ".join(result.messages), result
+
+
+def test_the_schedule_grader_names_too_much_memory():
+    from shardlib.exercises import grade_schedule_table
+
+    def all_w_last(p, m):  # ZB-H1's order with every W held back to the end: p + ... microbatches held
+        return [[a for a in row if not a.startswith("W")] + [f"W{i}" for i in range(m)] for row in _answer(p, m)]
+    result = grade_schedule_table(all_w_last)
+    assert not result.passed and "1F1B's memory is at most p" in " ".join(result.messages), result
+
+
+def test_the_schedule_grader_says_not_written():
+    from shardlib.exercises import grade_schedule_table
+
+    def blank(p, m):
+        raise NotImplementedError("write my_schedule")
+    assert grade_schedule_table(blank).status == "not written yet"

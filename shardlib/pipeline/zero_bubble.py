@@ -87,8 +87,8 @@ def zb_v_order(p: int, m: int) -> list[list[Action]]:
 
 
 def dualpipev_order(p: int, m: int) -> list[list[Action]]:
-    """Stage ``r`` in eight phases (``m >= 2 p``). A full backward is B then W at once; the deferred W's
-    (zero-bubble style) come only where they fill a wait: phases 3, 6, 7 and 8."""
+    """Stage ``r`` in eight phases (``m >= 2 p``). A full backward is B then W at once; W's are put off
+    (zero-bubble style) only where they fill a wait: the second half of phase 6, then phases 7 and 8."""
     rows = []
     for r in range(p):
         row: list[Action] = []
@@ -122,9 +122,14 @@ def dualpipev_order(p: int, m: int) -> list[list[Action]]:
             run("B", 1)
             run("F", 1)
             run("B", 0)
-        for _ in range(r + 1):  # 6: backwards only; chunk 0's W's wait for the drain
-            run("B", 1)
-            run("B", 0, "later")
+        later = "now"
+        for i in range(r + 1):  # 6: backwards only; from halfway on, every W waits for the drain
+            if i == (r + 1) // 2 and r % 2:
+                later = "later"
+            run("B", 1, later)
+            if i == (r + 1) // 2:
+                later = "later"
+            run("B", 0, later)
         for _ in range(p - r - 1):  # 7: a W fills each wait for a backward
             weight()
             run("B", 0, "later")
