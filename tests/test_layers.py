@@ -87,6 +87,7 @@ LAYERS = {
         "shardlib.tensor_parallel.sequence_parallel",
         "shardlib.pipeline.engine",
         "shardlib.pipeline.messages",
+        "shardlib.pipeline.torch_peer",
         "shardlib.experts.dispatch",
         "shardlib.data_parallel.buckets",
         "shardlib.data_parallel.zero3",

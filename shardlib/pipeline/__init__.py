@@ -8,6 +8,7 @@
 * ``predict`` (pure): the bubble's two conventions, layers per stage, rows per microbatch; step time,
   idle slots, in-flight memory and messages from a schedule; the bubble and trips measured from spans.
 * ``bubbles`` (pure): the published bubbles in both notations, ``OpCosts`` (F, B, W) read from spans.
+* ``torch_peer``: torch's ZB-V, DualPipeV and interleaved zero-bubble orders read into a ``Schedule``.
 * ``reference``: the stack in one process, microbatch by microbatch, and the input checks.
 * ``ranks``: ``pipeline_step_on_rank``, the engine on a rank with spans, padding and memory meters.
 * ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them.
@@ -23,6 +24,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
     "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
                 "notation_rows", "split_peak_in_flight", "op_costs"),
+    "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule"),
     "bubble_drivers": ("run_split_pipeline", "SplitBubble", "run_split_bubble"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
