@@ -180,7 +180,7 @@ from shardlib.pipeline import run_split_bubble
 OP_S = 0.02
 results = {}
 for name, m in (("1f1b", 4), ("zb-h1", 4), ("zb-h1", 8), ("dualpipev", 4)):
-    r = run_split_bubble(ranks, name, m, TOY, layers, x, grad, op_s=OP_S, weight_s=OP_S, repeats=1)
+    r = run_split_bubble(ranks, name, m, TOY, layers, x, grad, op_s=OP_S, weight_s=OP_S, repeats=3)  # median of 3
     results[name, m] = r
     c = r.costs
     print(f"{r.name:10} p=2 m={m}: F {c.forward_s * 1e3:.1f} ms, B {c.backward_s * 1e3:.1f}, W {c.weight_s * 1e3:.1f} "

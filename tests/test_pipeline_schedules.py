@@ -248,3 +248,19 @@ def test_torchs_orders_read_as_schedules_and_run_exactly(pool, model, name):
         mine = make_schedule("zb-v" if name == "ZBVZeroBubble" else "dualpipev", p, 2 * p)
         idle = {s: _step(s, 2, 2, 2) - 6 * 2 * p for s in (schedule, mine)}
         assert idle[schedule] == p - 1 and idle[mine] in (p - 1, p)
+
+
+def test_the_zero_bubble_slider_reruns_each_schedule(pool2, model):
+    from shardlib.ui.schedule_widgets import zero_bubble_explorer
+
+    app = zero_bubble_explorer(pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.004,
+                               microbatches=(2, 4, 8))
+    (m_slider, w_slider), picker, label = app.children[0].children, app.children[1], app.children[2]
+    assert list(m_slider.options) == [4, 8]  # 2 < 2p: DualPipeV could not run it
+    assert "ZB-H1" in label.value and "published formula" in label.value
+    for name in ("zb-v", "dualpipev", "1f1b"):
+        picker.value = name
+        assert app.children[-1].value == "", app.children[-1].value
+    w_slider.value = 2.0
+    m_slider.value = 8
+    assert "W = 2 x F" in label.value and "m = 8" in label.value and app.children[-1].value == ""
