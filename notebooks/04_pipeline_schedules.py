@@ -239,10 +239,10 @@ print(f"ZB-H1, p=2, m=8, W = 2 F measured: idle formula {r.published:.3f} (no lo
 from shardlib.pipeline import split_peak_in_flight
 
 with Ranks(4) as four:
-    print(f"{'p = 4, m = 16':14}{'chunks held (measured)':26}{'params per device':20}DualPipe's table")
+    print(f"{'p = 4, m = 8':14}{'chunks held (measured)':26}{'params per device':20}DualPipe's table")
     for name, table in (("1f1b", "PP, 1x params"), ("zb-h1", "PP, 1x params"),
                         ("zb-v", "(not in the table)"), ("dualpipev", "PP+1 = 9 chunks, 2x params per stage")):
-        s = make_schedule(name, 4, 16)
+        s = make_schedule(name, 4, 8)
         run = run_pipeline(four, s, TOY, layers, x, grad)
         assert run.against_reference().bit_for_bit
         held = run.peak_in_flight
