@@ -137,8 +137,33 @@ def main() -> int:
                 verdict = "ok" if max(times) <= RERUN_TARGET_S else "OVER TARGET"
                 row(f"{schedule.short_title}, {label}: median (max) of {RERUNS}",
                     f"{statistics.median(times) * 1e3:.0f} ms", f"({max(times) * 1e3:.0f} ms) {verdict}")
+        zero_bubble_section(pools, model, layers, x, grad)
     print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")
     return 0
+
+
+ZB_OP_S = 0.06  # each stage's F and B; W is ZB_W_COSTS times this
+ZB_W_COSTS = (1.0, 0.5, 2.0)
+
+
+def zero_bubble_section(pools, model, layers, x, grad) -> None:
+    """6. The schedules past 1F1B: the idle share measured against the published formula and against the
+    list's own prediction, both evaluated with F, B and W measured on the ranks; p = 2 and 4, several m."""
+    from shardlib.pipeline import run_split_bubble
+
+    print(f"\n6. zero bubble: F and B padded to {ZB_OP_S * 1e3:.0f} ms per stage, W to a share of it; "
+          f"median of {REPEATS} runs; published formula with measured F, B, W (B: the input gradient)")
+    print(f"   {'schedule':10} {'p':>3} {'m':>4} {'W/F':>5} {'formula':>9} {'list':>7} {'measured':>9} {'diff':>7}"
+          f"  chunks held")
+    for p, pool in pools.items():
+        for w in ZB_W_COSTS:
+            for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
+                for m in (2 * p, 4 * p):
+                    r = run_split_bubble(pool, name, m, model, layers, x, grad, ZB_OP_S, ZB_OP_S * w, REPEATS)
+                    formula = "-" if r.published is None else f"{r.published:.3f}"
+                    diff = "" if r.published is None else f"{r.measured - r.published:+.3f}"
+                    print(f"   {name:10} {p:>3} {m:>4} {w:>5g} {formula:>9} {r.simulated:>7.3f} {r.measured:>9.3f} "
+                          f"{diff:>7}  {list(r.peak_in_flight)}")
 
 
 if __name__ == "__main__":

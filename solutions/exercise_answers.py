@@ -55,6 +55,25 @@ def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
     return (n_stages - 1) / (n_microbatches + n_stages - 1)
 
 
+# -- 04 pipeline schedules ------------------------------------------------------------------------------
+def my_schedule(n_stages: int, n_microbatches: int) -> list[list[str]]:
+    """ZB-H1 as a table: 1F1B's F and B order; stage s keeps up to s W's waiting, the rest run after their B."""
+    rows = []
+    for s in range(n_stages):
+        warmup = min(n_stages - 1 - s, n_microbatches)
+        row = [f"F{i}" for i in range(warmup)]
+        waiting = []
+        for k in range(n_microbatches):
+            if warmup + k < n_microbatches:
+                row.append(f"F{warmup + k}")
+            row.append(f"B{k}")
+            waiting.append(f"W{k}")
+            if len(waiting) > s:
+                row.append(waiting.pop(0))
+        rows.append(row + waiting)
+    return rows
+
+
 # -- 05 expert parallelism ------------------------------------------------------------------------------
 def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
     """Each token's ``k`` best experts and their gates, a softmax over the ``k`` chosen logits."""

@@ -472,3 +472,18 @@ def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):
 def test_graders_refuse_something_that_is_not_a_function(grader):
     with pytest.raises(ValueError, match="pass your function itself"):
         grader(42)
+
+
+def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
+    starter = (ROOT / "notebooks" / "exercises" / "04_pipeline_schedules_exercises.py").read_text()
+    solution = (ROOT / "solutions" / "04_pipeline_schedules_solutions.py").read_text()
+    assert (ROOT / "notebooks" / "exercises" / "04_pipeline_schedules_exercises.ipynb").exists()
+    assert (ROOT / "solutions" / "04_pipeline_schedules_solutions.ipynb").exists()
+    assert "grade_schedule_table(my_schedule" in starter and "grade_schedule_table(answers.my_schedule" in solution
+    assert starter.count('raise NotImplementedError("write') == 1 and "exercise_answers" not in starter
+
+
+def test_the_schedule_grader_refuses_something_that_is_not_a_function():
+    from shardlib.exercises import grade_schedule_table
+    with pytest.raises(ValueError, match="pass your function itself"):
+        grade_schedule_table(42)

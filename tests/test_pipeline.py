@@ -264,8 +264,8 @@ def test_check_schedule_catches_broken_lists():
     swapped = [[Action(0, 0, "B"), Action(0, 0, "F"), Action(0, 1, "F"), Action(0, 1, "B")], rows[1]]
     with pytest.raises(ValueError, match="deadlocks: stage 0 waits at B0 for B0 of stage 1; stage 1 waits at F0"):
         check_schedule(broken(swapped))
-    with pytest.raises(ValueError, match="op is 'F' \\(forward\\) or 'B' \\(backward\\)"):
-        Action(0, 0, "W")
+    with pytest.raises(ValueError, match="op is 'F' \\(forward\\), 'B' \\(backward\\) or 'W' \\(weight gradient\\)"):
+        Action(0, 0, "X")
 
 
 # -- measuring from a timeline -----------------------------------------------------------------------------

@@ -2,23 +2,32 @@
 
 * ``schedules`` (pure): ``Action`` and ``Schedule`` as data, their checks, and ``simulate``.
 * ``orders`` (pure): the GPipe, 1F1B and interleaved 1F1B orders, and ``make_schedule``.
-* ``engine``: the mechanism, one stage walking its list of actions (forward, backward, hand on).
+* ``zero_bubble`` (pure): the ZB-H1, ZB-V and DualPipeV orders, the backward split in B and W.
+* ``engine``: the mechanism, one stage walking its list of actions (forward, backward, weight gradient).
 * ``messages``: the threads that send to and receive from the neighbouring stages.
 * ``predict`` (pure): the bubble's two conventions, layers per stage, rows per microbatch; step time,
   idle slots, in-flight memory and messages from a schedule; the bubble and trips measured from spans.
 * ``stages`` (pure): layers per stage when stages are not equal (``stage_layer_counts``, lighter end
   stages), and what the slowest stage costs (``stage_imbalance``, ``pipeline_step_s``).
+* ``bubbles`` (pure): the published bubbles in both notations, ``OpCosts`` (F, B, W) read from spans.
+* ``torch_peer``: torch's ZB-V, DualPipeV and interleaved zero-bubble orders read into a ``Schedule``.
 * ``reference``: the stack in one process, microbatch by microbatch, and the input checks.
 * ``ranks``: ``pipeline_step_on_rank``, the engine on a rank with spans, padding and memory meters.
 * ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them.
+* ``bubble_drivers``: ``run_split_pipeline`` (F, B, W padded apart) and ``run_split_bubble``.
 """
 
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "schedules": ("OPS", "SCHEDULES", "SCHEDULE_TITLES", "Action", "Schedule", "check_schedule", "TimedAction",
-                  "simulate"),
+                  "simulate", "ScheduleError", "SCHEDULE_MISTAKES"),
     "orders": ("make_schedule",),
+    "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
+    "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
+                "notation_rows", "split_peak_in_flight", "op_costs"),
+    "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule"),
+    "bubble_drivers": ("run_split_pipeline", "SplitBubble", "run_split_bubble"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
                 "predicted_step_s", "idle_slots", "step_slots", "peak_in_flight", "messages_per_step",

@@ -1,4 +1,4 @@
-"""The three pipeline orders, built as data: GPipe, 1F1B and interleaved 1F1B, and ``make_schedule``.
+"""The pipeline orders, built as data: GPipe, 1F1B and interleaved 1F1B here, and ``make_schedule``.
 
 * GPipe (Huang et al. 2019): every forward, then every backward.
 * 1F1B (PipeDream-Flush: Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training"; the
@@ -6,13 +6,17 @@
 * Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
   Clusters", section 2.2.2): device ``r`` holds virtual stages ``r, r + p, ...``.
 
-For inference (forward only) GPipe and 1F1B are the same list of forwards. Pure: no torch.
+ZB-H1, ZB-V and DualPipeV (the backward split in B and W) are built in ``pipeline.zero_bubble``. For
+inference (forward only) GPipe and 1F1B are the same list of forwards. Pure: no torch.
 """
 
 from __future__ import annotations
 
 from ..checks import flag
 from .schedules import SCHEDULE_TITLES, SCHEDULES, Action, Schedule, check_count
+from .zero_bubble import dualpipev_order, zb_h1_order, zb_v_order
+
+SPLIT_ORDERS = {"zb-h1": zb_h1_order, "zb-v": zb_v_order, "dualpipev": dualpipev_order}  # B and W apart
 
 
 def _gpipe_order(p: int, m: int, training: bool) -> list[list[Action]]:
@@ -72,15 +76,18 @@ def _interleaved_order(p: int, m: int, v: int, training: bool) -> list[list[Acti
 
 def make_schedule(name: str, n_stages: int, n_microbatches: int, training: bool = True,
                   n_chunks: int = 1) -> Schedule:
-    """Build and check the schedule ``name`` (one of ``SCHEDULES``): ``"gpipe"``, ``"1f1b"`` or
+    """Build and check the schedule ``name`` (one of ``SCHEDULES``): ``"gpipe"``, ``"1f1b"``,
     ``"interleaved-1f1b"`` (which needs ``n_chunks >= 2`` and ``n_microbatches`` a multiple of
-    ``n_stages``, as in Megatron-LM)."""
+    ``n_stages``, as in Megatron-LM), ``"zb-h1"``, ``"zb-v"`` or ``"dualpipev"`` (training only; the V
+    schedules take their 2 chunks per stage themselves, DualPipeV needs ``n_microbatches >= 2 n_stages``)."""
     if name not in SCHEDULES:
         raise ValueError(f"no pipeline schedule called {name!r}; the schedules are {', '.join(map(repr, SCHEDULES))}")
     p = check_count("n_stages", n_stages, "pipeline stages")
     m = check_count("n_microbatches", n_microbatches, "microbatches per step")
     v = check_count("n_chunks", n_chunks, "model chunks per device")
     flag(training, "training (True: forward and backward; False: forward only)")
+    if name in SPLIT_ORDERS:
+        return _split_schedule(name, p, m, training, v)
     if name == "interleaved-1f1b":
         if v < 2:
             raise ValueError(f"interleaved 1F1B needs at least 2 model chunks per device, got n_chunks = {v}; "
@@ -97,3 +104,17 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, training: bool 
     else:
         rows = (_gpipe_order if name == "gpipe" else _one_f_one_b_order)(p, m, training)
     return Schedule(name, p, m, training, v, tuple(tuple(r) for r in rows))  # checked as it is built
+
+
+def _split_schedule(name: str, p: int, m: int, training: bool, v: int) -> Schedule:
+    title = SCHEDULE_TITLES[name]
+    if not training:
+        raise ValueError(f"{title} reorders the backward's two halves; forward only, it is plain 1F1B: use '1f1b'")
+    chunks = 1 if name == "zb-h1" else 2
+    if v not in (1, chunks):
+        raise ValueError(f"{title} gives each device {chunks} model chunk{'s' * (chunks > 1)}; got n_chunks = {v}")
+    if name == "dualpipev" and m < 2 * p:
+        raise ValueError(f"DualPipeV needs at least 2 n_stages = {2 * p} microbatches to fill both legs of its V; "
+                         f"got n_microbatches = {m}")
+    rows = SPLIT_ORDERS[name](p, m)
+    return Schedule(name, p, m, True, chunks, tuple(tuple(r) for r in rows), "v" if chunks == 2 else "loop")

@@ -3,9 +3,9 @@
 The rank keeps only its chunks' layers, cuts the batch into microbatches, opens its links to the other
 stages (``pipeline.messages``) and runs ``engine.run_stage`` with a probe that records every op and
 every wait as a span on ``ctx.timeline``, pads each op to a set duration when asked (``forward_s`` /
-``backward_s``: the layers still compute for real), and meters what each forward keeps for its backward
-(``runtime.measure.SavedBytes``) and how many microbatches are in flight. The output and gradients
-equal ``reference.unpipelined_step`` on the same microbatches bit for bit.
+``backward_s`` / ``weight_s``: the layers still compute for real), and meters what each forward keeps for
+its backward (``runtime.measure.SavedBytes``) and how many microbatches are in flight (until their W when
+the backward is split). Output and gradients equal ``reference.unpipelined_step`` bit for bit.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from .schedules import Schedule
 
 
 class _StageProbe:
-    """Spans on the rank's timeline; each compute op padded with sleep to ``forward_s`` / ``backward_s``
-    (``None``: real compute); the bytes each forward saves for its backward, and the peaks in flight."""
+    """Spans on the rank's timeline; each compute op padded with sleep to its target (``None``: real
+    compute); the bytes each forward saves for its backward, and the peaks in flight. A microbatch is in
+    flight until the op in ``release`` (``"W"`` when the backward is split: W still needs what F saved)."""
 
-    def __init__(self, timeline, training: bool, param_ptrs: set[int], forward_s, backward_s) -> None:
+    def __init__(self, timeline, training: bool, param_ptrs: set[int], target_s: dict, release: str = "B") -> None:
         self.timeline, self.training, self.param_ptrs = timeline, training, param_ptrs
-        self.target_s = {"F": forward_s, "B": backward_s}
+        self.target_s, self.release = target_s, release
         self.held_bytes: dict = {}  # (microbatch, chunk) -> bytes its forward saved: in flight
         self.peak_in_flight = self.peak_bytes = 0
 
@@ -48,7 +49,7 @@ class _StageProbe:
             self.held_bytes[key] = saved.size_bytes
             self.peak_in_flight = max(self.peak_in_flight, len(self.held_bytes))
             self.peak_bytes = max(self.peak_bytes, sum(self.held_bytes.values()))
-        elif op == "B":
+        elif op == self.release:
             self.held_bytes.pop(key)
         target_s = self.target_s.get(op)
         if target_s is not None and (left := start + target_s - self.timeline.now_s()) > 0:
@@ -58,14 +59,15 @@ class _StageProbe:
 
 def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                           grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None,
-                          layer_counts=None) -> dict:
+                          layer_counts=None, weight_s=None) -> dict:
     """One pipeline step on this rank: stage ``ctx.rank`` of ``schedule``.
 
     ``layers`` are the whole model's weights (``toy.stack_weights(model, ...)``: whole blocks, or
     MLP-only layers); this rank keeps only its slices. ``x`` is the whole batch (stage 0 cuts it into
     microbatches), ``grad_output`` the gradient of the loss with respect to the output (the last stage
     cuts it), for training schedules. ``forward_s`` / ``backward_s``: pad each of this stage's forwards /
-    backwards to that many seconds (a number, or one per stage), or ``None`` for real compute only.
+    backwards to that many seconds (a number, or one per stage), or ``None`` for real compute only;
+    ``weight_s`` pads each W (a schedule without W pads its whole backward to ``backward_s + weight_s``).
     ``layer_counts``: layers per stage when they are not to be cut evenly (``reference.layers_of_stage``).
 
     Returns this stage's part of the result: ``output`` (on the stage that holds the last layers),
@@ -77,8 +79,11 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     p, v, me = schedule.n_stages, schedule.n_chunks, ctx.rank
     fwd_s = durations(forward_s, p, "forward_s")[me]
     bwd_s = durations(backward_s, p, "backward_s")[me]
-    fwd_s = None if fwd_s is None else fwd_s / v  # a chunk holds 1/v of the stage's layers
-    bwd_s = None if bwd_s is None else bwd_s / v
+    wgt_s = durations(weight_s, p, "weight_s")[me]
+    if wgt_s is not None and bwd_s is not None and not schedule.split_backward:
+        bwd_s += wgt_s  # B is the whole backward: input and weight gradients
+    targets = {op: None if t is None else t / v  # a chunk holds 1/v of the stage's layers
+               for op, t in (("F", fwd_s), ("B", bwd_s), ("W", wgt_s))}
     training = schedule.training
 
     held = layers_of_stage(schedule, len(layers), me, layer_counts)  # one range of layer indices per chunk
@@ -91,7 +96,7 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     g_mbs = None if grad_output is None else torch.split(grad_output.to(ctx.device), list(sizes))
     links = Links(ctx.comm, schedule, me, lambda a: (sizes[a.microbatch],) + rest, ctx.device)
 
-    probe = _StageProbe(ctx.timeline, training, param_ptrs, fwd_s, bwd_s)
+    probe = _StageProbe(ctx.timeline, training, param_ptrs, targets, "W" if schedule.split_backward else "B")
     stage = run_stage(Stage(schedule, me, model, weights, held, x_mbs, g_mbs, links), probe)
 
     m = schedule.n_microbatches

@@ -47,7 +47,7 @@ def layers_of_stage(schedule: Schedule, n_layers: int, stage: int, layer_counts=
     many layers each virtual stage holds (one count per stage, or per stage and chunk in virtual-stage
     order), or ``None`` to cut as evenly as whole layers allow (``split_layers``)."""
     slices = split_layers(n_layers, schedule.n_virtual_stages, layer_counts)
-    return [slices[c * schedule.n_stages + stage] for c in range(schedule.n_chunks)]
+    return [slices[schedule.virtual_stage_of(stage, c)] for c in range(schedule.n_chunks)]
 
 
 def durations(value, n_stages: int, name: str) -> list:

@@ -1,0 +1,105 @@
+"""The published bubbles of the schedules past 1F1B, in both notations, and F, B and W read from a run.
+
+The notation trap: Qi et al. 2024 (zero bubble) write B for the input gradient only, so 1F1B idles
+``(p-1)(F+B+W)`` per stage and ZB-H1 ``(p-1)(F+B-W)``. DualPipe's README writes B for the whole backward
+(input and weight gradients): 1F1B ``(PP-1)(F+B)``, ZB1P ``(PP-1)(F+B-2W)``, DualPipe(V)
+``(PP/2-1)(F&B+B-3W)``, compared "based on the same number of PP stages": DualPipeV runs ``PP`` stages on
+``PP/2`` devices, two chunks each, and F, B, W are one chunk's. Here F, B, W are always one action's
+(one chunk's) times and B is the input gradient; ``full_backward_s`` is DualPipe's B. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..checks import number_at_least
+from ..runtime.timeline import Span
+from .schedules import Schedule, check_count, simulate
+
+PUBLISHED = ("1f1b", "zb-h1", "dualpipev")  # the schedules with a published closed-form bubble
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """One action's time: forward, B (input gradient only, Qi's B) and W (weight gradient)."""
+
+    forward_s: float
+    backward_s: float
+    weight_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("forward_s", "backward_s", "weight_s"):
+            number_at_least(getattr(self, name), f"{name} (seconds per action)")
+
+    @property
+    def full_backward_s(self) -> float:
+        """The whole backward, input and weight gradients: DualPipe's README's B."""
+        return self.backward_s + self.weight_s
+
+
+def published_idle_s(name: str, n_stages: int, costs: OpCosts) -> float:
+    """Per device, the idle time of one step by the published formula, in Qi's notation (B the input
+    gradient). ZB-H1's holds for ``m >= p`` while W is no dearer than F or B: a dearer W has no wait
+    left to fill, and the step idles more (``simulate`` of the list says how much). DualPipeV's F&B (a
+    forward and a backward overlapped) is taken as F plus the full backward: here they run in turn."""
+    p = check_count("n_stages", n_stages, "pipeline stages (devices)")
+    f, b, w = costs.forward_s, costs.backward_s, costs.weight_s
+    if name == "1f1b":
+        return (p - 1) * (f + b + w)  # DualPipe's (PP-1)(F+B) with its B = b + w
+    if name == "zb-h1":
+        return (p - 1) * (f + b - w)  # DualPipe's ZB1P (PP-1)(F+B-2W) with its B = b + w
+    if name == "dualpipev":
+        f_and_b = f + b + w
+        return (p - 1) * (f_and_b + (b + w) - 3 * w)  # (PP/2-1)(F&B+B-3W) with PP = 2p stages on p devices
+    raise ValueError(f"no published closed-form bubble for {name!r}; the formulas cover {', '.join(PUBLISHED)} "
+                     "(simulate gives any schedule's)")
+
+
+def busy_s(schedule: Schedule, costs: OpCosts) -> float:
+    """Per device, the compute of one step: ``m v (F + B + W)``."""
+    return schedule.n_microbatches * schedule.n_chunks * (costs.forward_s + costs.full_backward_s)
+
+
+def published_fraction(schedule: Schedule, costs: OpCosts) -> float:
+    """The published bubble as a share of the step: ``idle / (idle + busy)``."""
+    idle = published_idle_s(schedule.name, schedule.n_stages, costs)
+    return idle / (idle + busy_s(schedule, costs))
+
+
+def simulated_fraction(schedule: Schedule, costs: OpCosts) -> float:
+    """The idle share of this very list of actions, timed by ``simulate`` with these costs."""
+    v = schedule.n_chunks
+    timed = simulate(schedule, costs.forward_s * v, costs.backward_s * v, 0, costs.weight_s * v)
+    step = max(t.end_s for t in timed)
+    return float(1 - sum(t.end_s - t.start_s for t in timed) / (schedule.n_stages * step))
+
+
+def notation_rows(costs: OpCosts, n_stages: int) -> list[tuple[str, str, float, str, float]]:
+    """The notation trap, side by side: (schedule, Qi's formula, its value, DualPipe's, its value)."""
+    p, f, b, w, full = n_stages, costs.forward_s, costs.backward_s, costs.weight_s, costs.full_backward_s
+    return [("1F1B", "(p-1)(F+B+W)", (p - 1) * (f + b + w), "(PP-1)(F+B)", (p - 1) * (f + full)),
+            ("ZB-H1 / ZB1P", "(p-1)(F+B-W)", (p - 1) * (f + b - w), "(PP-1)(F+B-2W)", (p - 1) * (f + full - 2 * w))]
+
+
+def split_peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
+    """Per stage, the most chunks whose activations it holds at once: from F until W (B still leaves
+    what W needs), or until B when the backward is not split."""
+    release = "W" if schedule.split_backward else "B"
+    peaks = []
+    for row in schedule.actions:
+        held = peak = 0
+        for a in row:
+            held += 1 if a.op == "F" else -1 if a.op == release else 0
+            peak = max(peak, held)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def op_costs(spans: Sequence[Span]) -> OpCosts:
+    """The median F, B and W of a run with the backward split, from its compute spans."""
+    times = {op: [s.duration_s for s in spans if s.kind == "compute" and s.attrs.get("op") == op] for op in "FBW"}
+    if not all(times.values()):
+        raise ValueError("need F, B and W spans: run a schedule with the backward split (zb-h1, zb-v, dualpipev)")
+    return OpCosts(*(statistics.median(times[op]) for op in "FBW"))

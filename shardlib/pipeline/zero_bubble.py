@@ -1,0 +1,139 @@
+"""The orders past 1F1B, built as data: ZB-H1, ZB-V and DualPipeV, with the backward split in two.
+
+* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): 1F1B's order of F and B, each W put off so
+  that stage ``s`` holds at most ``p`` microbatches (1F1B's peak, on stage 0); the W's fill the drain.
+* ZB-V (Qi et al. 2024, section 6): two chunks per stage in a V (``Schedule.placement == "v"``), listed
+  here by a greedy pass in unit time: a ready B first, then a ready F (chunk 1 before chunk 0) while the
+  stage holds under ``2 p`` chunks' activations, else the oldest W.
+* DualPipeV (DeepSeek-V3 report's DualPipe, cut in half along its V): two chunks per stage in a V; in the
+  steady state a chunk-0 forward runs beside a chunk-1 backward and then the reverse, the pairs that
+  DualPipe overlaps (here they run one after the other, ``OVERLAPPED`` lists them).
+Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from .schedules import Action
+
+OVERLAPPED = "F&B"  # DualPipe's name for a forward and a backward of two microbatches overlapped
+
+
+def zb_h1_order(p: int, m: int) -> list[list[Action]]:
+    """Stage ``s``: 1F1B's F and B order; after each B, the oldest W if more than ``s`` are waiting."""
+    rows = []
+    for s in range(p):
+        warmup, deferred = min(p - 1 - s, m), s
+        row = [Action(s, i, "F") for i in range(warmup)]
+        n_b = n_w = 0
+        for k in range(m):
+            if warmup + k < m:
+                row.append(Action(s, warmup + k, "F"))
+            row.append(Action(s, n_b, "B"))
+            n_b += 1
+            if n_b - n_w > deferred:
+                row.append(Action(s, n_w, "W"))
+                n_w += 1
+        rows.append(row + [Action(s, i, "W") for i in range(n_w, m)])
+    return rows
+
+
+def _v_producer(p: int, a: Action) -> Action | None:
+    """The action ``a`` consumes, on the V placement (chunk 0 down the stages, chunk 1 back up)."""
+    vs = a.stage if a.chunk == 0 else 2 * p - 1 - a.stage
+    if a.op == "W":
+        return Action(a.stage, a.microbatch, "B", a.chunk)
+    if a.op == "F":
+        vs -= 1
+    elif vs == 2 * p - 1:
+        return Action(a.stage, a.microbatch, "F", a.chunk)
+    else:
+        vs += 1
+    if vs < 0:
+        return None
+    chunk, stage = divmod(vs, p)
+    return Action(p - 1 - stage if chunk else stage, a.microbatch, a.op, chunk)
+
+
+def zb_v_order(p: int, m: int) -> list[list[Action]]:
+    """The greedy ZB-V pass (see the module docstring), every op one time unit."""
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    done: dict[Action, int] = {}
+    next_f, next_b = [[0, 0] for _ in range(p)], [[0, 0] for _ in range(p)]
+    waiting_w: list[list[Action]] = [[] for _ in range(p)]
+    held, left, t = [0] * p, 6 * p * m, 0
+    while left:
+        for s in range(p):
+            def ready(a: Action) -> bool:
+                dep = _v_producer(p, a)
+                return dep is None or done.get(dep, t + 1) <= t
+            backs = [Action(s, next_b[s][c], "B", c) for c in (1, 0) if next_b[s][c] < m]
+            fwds = [Action(s, next_f[s][c], "F", c) for c in (1, 0) if next_f[s][c] < m and held[s] < 2 * p]
+            pick = next((a for a in backs + fwds if ready(a)), waiting_w[s][0] if waiting_w[s] else None)
+            if pick is None:
+                continue
+            rows[s].append(pick)
+            done[pick], left = t + 1, left - 1
+            if pick.op == "F":
+                next_f[s][pick.chunk] += 1
+                held[s] += 1
+            elif pick.op == "B":
+                next_b[s][pick.chunk] += 1
+                waiting_w[s].append(Action(s, pick.microbatch, "W", pick.chunk))
+            else:
+                waiting_w[s].pop(0)
+                held[s] -= 1
+        t += 1
+    return rows
+
+
+def dualpipev_order(p: int, m: int) -> list[list[Action]]:
+    """Stage ``r`` in eight phases (``m >= 2 p``). A full backward is B then W at once; W's are put off
+    (zero-bubble style) only where they fill a wait: the second half of phase 6, then phases 7 and 8."""
+    rows = []
+    for r in range(p):
+        row: list[Action] = []
+        nxt = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}
+        deferred: list[Action] = []
+
+        def run(op: str, chunk: int, w: str = "now") -> None:  # w: "now" (full backward) or "later"
+            i = nxt[op, chunk]
+            nxt[op, chunk] += 1
+            row.append(Action(r, i, op, chunk))
+            if op == "B":
+                (row if w == "now" else deferred).append(Action(r, i, "W", chunk))
+
+        def weight() -> None:
+            row.append(deferred.pop(0))
+
+        for _ in range(2 * (p - r - 1)):  # 1: fill the V's first leg
+            run("F", 0)
+        for _ in range(r + 1):  # 2: forwards on both legs
+            run("F", 0)
+            run("F", 1)
+        for _ in range(p - r - 1):  # 3: first backwards on the way back up
+            run("B", 1)
+            run("F", 1)
+        for _ in range(m - 2 * p + r + 1):  # 4: the steady state, two F&B pairs per turn
+            run("F", 0)
+            run("B", 1)
+            run("F", 1)
+            run("B", 0)
+        for _ in range(p - r - 1):  # 5: the last forwards, each beside a backward
+            run("B", 1)
+            run("F", 1)
+            run("B", 0)
+        later = "now"
+        for i in range(r + 1):  # 6: backwards only; from halfway on, every W waits for the drain
+            if i == (r + 1) // 2 and r % 2:
+                later = "later"
+            run("B", 1, later)
+            if i == (r + 1) // 2:
+                later = "later"
+            run("B", 0, later)
+        for _ in range(p - r - 1):  # 7: a W fills each wait for a backward
+            weight()
+            run("B", 0, "later")
+        while deferred:  # 8: the rest of the W's
+            weight()
+        rows.append(row)
+    return rows

@@ -1,0 +1,266 @@
+"""Past 1F1B: the backward split in B (input gradient) and W (weight gradient), ZB-H1, ZB-V and DualPipeV.
+
+On paper (exact slot arithmetic through ``simulate``) and on 2 and 4 real ranks, where the step equals the
+one-process reference on the same microbatches bit for bit: each W accumulates its weight gradients in
+microbatch order on every chunk, as the reference does.
+"""
+
+from fractions import Fraction
+
+import pytest
+
+from shardlib.models import ModelConfig
+from shardlib.pipeline import Action, Schedule, make_schedule, run_pipeline, simulate
+from shardlib.pipeline.schedules import ScheduleError
+from shardlib.toy import activations, stack_weights
+
+SPLIT = ("zb-h1", "zb-v", "dualpipev")
+N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32
+SHAPE = ModelConfig("zero bubble test", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2,
+                    d_ff=2 * D_MODEL, vocab_size=64, bytes_per_param=4.0)
+
+
+def _step(schedule, f, b, w):
+    return max(t.end_s for t in simulate(schedule, f, b, 0, w))
+
+
+# -- on paper -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SPLIT)
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_the_split_schedules_are_whole_and_run(name, p):
+    for m in (2 * p, 2 * p + 1, 4 * p):
+        s = make_schedule(name, p, m)
+        assert s.split_backward and s.training
+        assert s.n_chunks == (1 if name == "zb-h1" else 2)
+        assert len(s.all_actions()) == 3 * p * m * s.n_chunks  # F, B and W of every microbatch on every chunk
+        for row in s.actions:  # W's of each chunk in microbatch order: the gradients add up as in one process
+            for c in range(s.n_chunks):
+                ws = [a.microbatch for a in row if a.op == "W" and a.chunk == c]
+                assert ws == sorted(ws)
+
+
+def test_the_v_placement_turns_at_the_last_stage():
+    s = make_schedule("zb-v", 4, 8)
+    assert [s.virtual_stage_of(r, c) for r in range(4) for c in (0, 1)] == [0, 7, 1, 6, 2, 5, 3, 4]
+    assert s.destination(Action(3, 0, "F", 0)) == 3  # the turn stays on the stage: no message
+    assert s.destination(Action(0, 0, "F", 1)) is None  # the last virtual stage is on stage 0
+    assert s.producer(Action(2, 5, "W", 1)) == Action(2, 5, "B", 1)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_zb_h1_bubble_is_the_published_formula(p):
+    """Qi et al. 2024 (B the input gradient only): 1F1B idles (p-1)(F+B+W) per stage, ZB-H1 (p-1)(F+B-W),
+    for m >= p. With F = B = W, a third."""
+    for f, b, w in ((1, 1, 1), (2, 3, 1), (3, 2, 2), (1, 1, Fraction(1, 2))):
+        for m in (p, 2 * p, 3 * p + 1):
+            busy = m * (f + b + w)
+            assert _step(make_schedule("1f1b", p, m), f, b, w) - busy == (p - 1) * (f + b + w)
+            assert _step(make_schedule("zb-h1", p, m), f, b, w) - busy == (p - 1) * (f + b - w)
+    assert (p - 1) * (1 + 1 - 1) * 3 == (p - 1) * (1 + 1 + 1)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_in_flight_peaks_match_the_dualpipe_table(p):
+    """Chunks whose activations a stage holds at once (F until W): ZB-H1 p (1F1B's peak), ZB-V 2p chunks
+    of half a stage (p stages' worth), DualPipeV 2p + 1 = PP + 1 with PP = 2p virtual stages."""
+    def peaks(s):
+        out = []
+        for row in s.actions:
+            held = peak = 0
+            for a in row:
+                held += {"F": 1, "B": 0, "W": -1}[a.op]
+                peak = max(peak, held)
+            out.append(peak)
+        return tuple(out)
+    assert peaks(make_schedule("zb-h1", p, 4 * p)) == (p,) * p
+    assert peaks(make_schedule("zb-v", p, 4 * p)) == (2 * p,) * p
+    assert peaks(make_schedule("dualpipev", p, 4 * p)) == (2 * p + 1,) * p
+
+
+def _rows(name, p, m):
+    return [list(r) for r in make_schedule(name, p, m).actions]
+
+
+def _build(rows, name="zb-h1", p=2, m=4, v=1, placement="loop"):
+    return Schedule(name, p, m, True, v, tuple(tuple(r) for r in rows), placement)
+
+
+def test_each_kind_of_broken_table_is_named():
+    rows = _rows("zb-h1", 2, 4)
+    w0 = rows[1].index(Action(1, 0, "W"))
+    early = rows[1][:]
+    early.insert(0, early.pop(w0))
+    cases = {
+        "W before its B": [rows[0], early],
+        "receive with no send": [[a for a in rows[0] if a != Action(0, 3, "F")], rows[1]],
+        "never runs": [rows[0], [a for a in rows[1] if a != Action(1, 2, "W")]],
+        "twice": [rows[0], rows[1] + [Action(1, 0, "W")]],
+        "wrong stage": [rows[0] + [Action(1, 0, "W")], rows[1]],
+        "deadlock": [[Action(0, 0, "B")] + [a for a in rows[0] if a != Action(0, 0, "B")], rows[1]],
+    }
+    for kind, broken in cases.items():
+        with pytest.raises(ScheduleError) as caught:
+            _build(broken)
+        assert caught.value.kind == kind, (kind, str(caught.value))
+    with pytest.raises(ValueError, match="W0 before B0"):
+        _build(cases["W before its B"])
+    with pytest.raises(ValueError, match="stage 1's F3 waits for F3 from stage 0, which never sends it"):
+        _build(cases["receive with no send"])
+
+
+def test_make_schedule_refuses_what_the_split_schedules_cannot_do():
+    with pytest.raises(ValueError, match="forward only, it is plain 1F1B"):
+        make_schedule("zb-h1", 2, 4, training=False)
+    with pytest.raises(ValueError, match="DualPipeV needs at least 2 n_stages = 8 microbatches"):
+        make_schedule("dualpipev", 4, 7)
+    with pytest.raises(ValueError, match="ZB-V gives each device 2 model chunks; got n_chunks = 3"):
+        make_schedule("zb-v", 2, 4, n_chunks=3)
+    with pytest.raises(ValueError, match="V placement gives each stage 2 chunks"):
+        _build(_rows("zb-h1", 2, 4), placement="v")
+
+
+# -- on real ranks ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model():
+    return {"layers": stack_weights(SHAPE, seed=0, parts=("mlp",)), "blocks": stack_weights(SHAPE, seed=0),
+            "x": activations(BATCH, SEQ, D_MODEL, seed=1), "grad": activations(BATCH, SEQ, D_MODEL, seed=2)}
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_split_schedules_equal_the_one_process_model_bit_for_bit(pool, model, name):
+    p = pool.world_size
+    for m in (2 * p, 4 * p):
+        schedule = make_schedule(name, p, m)
+        run = run_pipeline(pool, schedule, SHAPE, model["layers"], model["x"], model["grad"])
+        exact = run.against_reference()
+        assert exact.bit_for_bit and exact.whole_batch_close, (name, m, exact)
+        held = run.layers_held
+        assert sorted(sum(held, [])) == list(range(N_LAYERS))
+        if schedule.n_chunks == 2:  # the V: stage r holds slice r and slice 2p-1-r
+            slices = N_LAYERS // (2 * p)
+            assert held[0] == list(range(slices)) + list(range(N_LAYERS - slices, N_LAYERS))
+        assert run.sent_messages() == 2 * (p * schedule.n_chunks - 1) * m - (2 * m if schedule.n_chunks == 2 else 0)
+
+
+def test_whole_blocks_split_exactly_too(pool2, model):
+    """Attention and MLP: B keeps the gradient at each of the seven linears' outputs, W turns them into
+    the weight gradients later; the sum is the one-process backward's, bit for bit."""
+    for name in SPLIT:
+        run = run_pipeline(pool2, make_schedule(name, 2, 4), SHAPE, model["blocks"], model["x"], model["grad"])
+        assert run.against_reference().bit_for_bit, name
+        assert set(run.grads[0]) == {"q", "k", "v", "o", "gate", "up", "down"}
+
+
+# -- the published formulas, both notations ---------------------------------------------------------------
+def test_the_notation_trap_gives_one_number_two_ways():
+    from shardlib.pipeline import OpCosts, notation_rows, published_fraction, simulated_fraction
+    costs = OpCosts(1.0, 1.0, 1.0)
+    for _, _, qi, _, dualpipe in notation_rows(costs, 4):
+        assert qi == dualpipe
+    assert notation_rows(costs, 4)[1][2] * 3 == notation_rows(costs, 4)[0][2]  # ZB-H1: a third of 1F1B's
+    for p in (2, 4):
+        for m in (2 * p, 4 * p):
+            for costs in (OpCosts(1.0, 1.0, 1.0), OpCosts(1.0, 1.0, 0.25), OpCosts(2.0, 1.5, 1.5)):
+                for name in ("1f1b", "zb-h1"):
+                    s = make_schedule(name, p, m)
+                    assert simulated_fraction(s, costs) == pytest.approx(published_fraction(s, costs))
+    dear_w = OpCosts(1.0, 1.0, 2.0)  # W dearer than F and B: ZB-H1 has no wait left to fill, it idles more
+    s = make_schedule("zb-h1", 4, 8)
+    assert simulated_fraction(s, dear_w) > published_fraction(s, dear_w) + 0.05
+
+
+# -- the schedule exercise ---------------------------------------------------------------------------------
+def _answer(p, m):
+    from tests.solutions_module import answers
+    return answers.my_schedule(p, m)
+
+
+def test_the_schedule_grader_passes_the_answer_and_runs_it(pool2, model):
+    from shardlib.exercises import grade_schedule_table
+    result = grade_schedule_table(_answer, pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.005)
+    assert result.passed, result
+    assert "exact; bubble measured" in result.messages[0]
+
+
+def _edit(fn):
+    def schedule(p, m):
+        return fn([list(r) for r in _answer(p, m)], p, m)
+    return schedule
+
+
+def _w_first(rows, p, m):
+    rows[-1].remove("W0")
+    rows[-1].insert(0, "W0")
+    return rows
+
+
+WRONG_TABLES = [
+    (_edit(_w_first), "W before its B"),
+    (_edit(lambda rows, p, m: [[a for a in rows[0] if a != f"F{m - 1}"]] + rows[1:]), "receive with no send"),
+    (_edit(lambda rows, p, m: [r[:-1] for r in rows]), "never runs"),
+    (_edit(lambda rows, p, m: [rows[0] + ["F0"]] + rows[1:]), "twice"),
+    (_edit(lambda rows, p, m: [["B0"] + [a for a in rows[0] if a != "B0"]] + rows[1:]), "deadlock"),
+    (_edit(lambda rows, p, m: [rows[0] + [f"F{m}"]] + rows[1:]), "not in this step"),
+    (_edit(lambda rows, p, m: [rows[0] + ["X1"]] + rows[1:]), "write each action as F, B or W"),
+    (_edit(lambda rows, p, m: rows[:-1]), "one list of actions per stage"),
+    (lambda p, m: [[f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)] + [f"W{i}" for i in range(m)]
+                   for _ in range(p)], "ZB-H1 idles p - 1"),  # GPipe with W after: valid, but its bubble
+    (lambda p, m: [[a for i in range(m) for a in (f"F{i}", f"B{i}", f"W{i}")] for _ in range(p)], "ZB-H1 idles"),
+]
+
+
+@pytest.mark.parametrize("table, words", WRONG_TABLES)
+def test_the_schedule_grader_names_each_kind_of_wrong_table(table, words):
+    from shardlib.exercises import grade_schedule_table
+    result = grade_schedule_table(table)
+    assert not result.passed and words in " ".join(result.messages), result
+
+
+def test_the_schedule_grader_names_too_much_memory():
+    from shardlib.exercises import grade_schedule_table
+
+    def all_w_last(p, m):  # ZB-H1's order with every W held back to the end: p + ... microbatches held
+        return [[a for a in row if not a.startswith("W")] + [f"W{i}" for i in range(m)] for row in _answer(p, m)]
+    result = grade_schedule_table(all_w_last)
+    assert not result.passed and "1F1B's memory is at most p" in " ".join(result.messages), result
+
+
+def test_the_schedule_grader_says_not_written():
+    from shardlib.exercises import grade_schedule_table
+
+    def blank(p, m):
+        raise NotImplementedError("write my_schedule")
+    assert grade_schedule_table(blank).status == "not written yet"
+
+
+# -- torch's schedules as a peer -----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV", "InterleavedZeroBubble"])
+def test_torchs_orders_read_as_schedules_and_run_exactly(pool, model, name):
+    from shardlib.pipeline import torch_grid, torch_schedule
+    p = pool.world_size
+    schedule = torch_schedule(name, p, 2 * p)  # checked as it is built: every F, B, W once, no deadlock
+    assert schedule.split_backward and schedule.n_chunks == 2
+    assert len(torch_grid(name, p, 2 * p)) == p
+    run = run_pipeline(pool, schedule, SHAPE, model["layers"], model["x"], model["grad"])
+    assert run.against_reference().bit_for_bit
+    # at F = B = W, torch's and this package's V schedules idle alike per stage, or ours one slot more
+    if name != "InterleavedZeroBubble":
+        mine = make_schedule("zb-v" if name == "ZBVZeroBubble" else "dualpipev", p, 2 * p)
+        idle = {s: _step(s, 2, 2, 2) - 6 * 2 * p for s in (schedule, mine)}
+        assert idle[schedule] == p - 1 and idle[mine] in (p - 1, p)
+
+
+def test_the_zero_bubble_slider_reruns_each_schedule(pool2, model):
+    from shardlib.ui.schedule_widgets import zero_bubble_explorer
+
+    app = zero_bubble_explorer(pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.004,
+                               microbatches=(2, 4, 8))
+    (m_slider, w_slider), picker, label = app.children[0].children, app.children[1], app.children[2]
+    assert list(m_slider.options) == [4, 8]  # 2 < 2p: DualPipeV could not run it
+    assert "ZB-H1" in label.value and "published formula" in label.value
+    for name in ("zb-v", "dualpipev", "1f1b"):
+        picker.value = name
+        assert app.children[-1].value == "", app.children[-1].value
+    w_slider.value = 2.0
+    m_slider.value = 8
+    assert "W = 2 x F" in label.value and "m = 8" in label.value and app.children[-1].value == ""
