@@ -265,15 +265,13 @@ def check_tensor_parallel(model: ModelConfig, tp: int, copy_kv_heads: bool = Fal
 
 
 # Facts from each model's published config.json (hidden_size, num_hidden_layers, num_attention_heads,
-# num_key_value_heads, intermediate_size, vocab_size, num_local_experts, num_experts_per_tok).
-# Llama-3.1-405B: meta-llama/Llama-3.1-405B config.json (hidden_size 16384, 126 layers, 128 heads, 8 KV
-# heads, intermediate_size 53248, vocab 128256); 405.9 B parameters by this count, "405B" as published.
+# num_key_value_heads, intermediate_size, vocab_size, num_local_experts, num_experts_per_tok). Llama-3.1-405B:
+# 405.9 B parameters by this count, "405B" as published.
 LLAMA_3_8B = ModelConfig("Llama-3-8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
                          vocab_size=128256)
 LLAMA_3_70B = ModelConfig("Llama-3-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
                           vocab_size=128256)
-# Llama 3.1 8B and 70B: Llama 3's shapes (their config.json files differ in context length, 8K -> 128K, and
-# rope scaling, not in shapes): the models to quote for long contexts.
+# Llama 3.1 8B and 70B: Llama 3's shapes, with a 128K context (their config.json differ in rope scaling only).
 LLAMA_3_1_8B = replace(LLAMA_3_8B, name="Llama-3.1-8B")
 LLAMA_3_1_70B = replace(LLAMA_3_70B, name="Llama-3.1-70B")
 LLAMA_3_1_405B = ModelConfig("Llama-3.1-405B", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8,
@@ -289,10 +287,8 @@ TOY_MOE = ModelConfig("toy-moe", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4
 PRESETS: dict[str, ModelConfig] = {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_405B, MIXTRAL_8X7B, TOY,
                                                         TOY_MOE)}
 
-# Made-up models, each shaped so that a rule other than the KV heads shows: a GPT-2-style vocabulary of
-# 50,257 (an odd number: GPT-2's own), which no tp above 1 divides, so it is padded (a cost, never a
-# refusal); an MLP width of 3 x 2,730 = 8,190, which 4 does not divide (a refusal: see binding_rule and
-# plan.layout_problems); 30 layers, which 4 or 8 stages cut unevenly (the slowest stage sets the pace).
+# Made-up models, each showing a rule other than the KV heads: GPT-2's odd vocabulary (padded, a cost), an MLP
+# width of 8,190 that 4 does not divide (a refusal), 30 layers that 4 or 8 stages cut unevenly (a cost).
 SHAPE_RULE_EXAMPLES: dict[str, ModelConfig] = {
     "vocab": ModelConfig("odd-vocab-1B", n_layers=24, d_model=2048, n_heads=16, n_kv_heads=8, d_ff=8192,
                          vocab_size=50257),

@@ -19,7 +19,8 @@ from ..runtime.timeline import Span
 from .gantt import Bar, bar_traces, row_axis
 from .theme import WAIT_COLOUR, colour
 
-_OP_STYLE = {"F": ("forward", ""), "B": ("backward", "/")}  # legend entry and hatching of each op
+# legend entry and hatching of each op
+_OP_STYLE = {"F": ("forward", ""), "B": ("backward", "/"), "W": ("weight gradient", "x")}
 
 
 def _stage_rows(n_stages: int) -> list[str]:
