@@ -236,7 +236,7 @@ print(f"ZB-H1, p=2, m=8, W = 2 F measured: idle formula {r.published:.3f} (no lo
 # table (PP = 2p stages for the V schedules, so a chunk is half a device's layers):
 
 # %%
-from shardlib.pipeline import split_peak_in_flight
+from shardlib.pipeline import peak_in_flight
 
 with Ranks(4) as four:
     print(f"{'p = 4, m = 8':14}{'chunks held (measured)':26}{'params per device':20}DualPipe's table")
@@ -246,7 +246,7 @@ with Ranks(4) as four:
         run = run_pipeline(four, s, TOY, layers, x, grad)
         assert run.against_reference().bit_for_bit
         held = run.peak_in_flight
-        assert held == split_peak_in_flight(s)
+        assert held == peak_in_flight(s)
         print(f"{s.short_title:14}{str(held):26}{str(run.layers_held[0]):20}{table}")
 
 # %% [markdown]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 
 from ..pipeline.bubble_drivers import run_split_pipeline
-from ..pipeline.bubbles import split_peak_in_flight
 from ..pipeline.orders import make_schedule
+from ..pipeline.predict import peak_in_flight
 from ..pipeline.schedules import Action, Schedule, ScheduleError, simulate
 from .result import Collector, ExerciseResult, call, check_callable
 
@@ -76,7 +76,7 @@ def grade_schedule_table(schedule_fn, ranks=None, model=None, layers=None, x=Non
         if idle > p - 1:
             got.fail(f"p = {p}, m = {m}: with F = B = W = 1 each stage idles {idle} slots; ZB-H1 idles p - 1 = "
                      f"{p - 1}: hold the W's back to fill the drain, where stages wait for B's")
-        peak = max(split_peak_in_flight(schedule))
+        peak = max(peak_in_flight(schedule))
         if peak > p:
             got.fail(f"p = {p}, m = {m}: a stage holds {peak} microbatches' activations at once (F done, W not); "
                      f"1F1B's memory is at most p = {p}: run W's sooner or start fewer forwards")

@@ -25,7 +25,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "orders": ("make_schedule",),
     "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
     "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
-                "notation_rows", "split_peak_in_flight", "op_costs"),
+                "notation_rows", "op_costs"),
     "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule"),
     "bubble_drivers": ("run_split_pipeline", "SplitBubble", "run_split_bubble"),
     "engine": ("Stage", "run_stage"),

@@ -34,7 +34,7 @@ def run_split_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: li
         durations(value, schedule.n_stages, name)
     start = time.perf_counter()
     per_rank = ranks.run(pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s,
-                         weight_s)
+                         weight_s=weight_s)
     wall = time.perf_counter() - start
     return PipelineRun(schedule, per_rank, list(ranks.last_spans), list(ranks.last_comm), wall, forward_s, backward_s,
                        (model, layers, x, grad_output))

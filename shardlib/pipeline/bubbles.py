@@ -83,20 +83,6 @@ def notation_rows(costs: OpCosts, n_stages: int) -> list[tuple[str, str, float, 
             ("ZB-H1 / ZB1P", "(p-1)(F+B-W)", (p - 1) * (f + b - w), "(PP-1)(F+B-2W)", (p - 1) * (f + full - 2 * w))]
 
 
-def split_peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
-    """Per stage, the most chunks whose activations it holds at once: from F until W (B still leaves
-    what W needs), or until B when the backward is not split."""
-    release = "W" if schedule.split_backward else "B"
-    peaks = []
-    for row in schedule.actions:
-        held = peak = 0
-        for a in row:
-            held += 1 if a.op == "F" else -1 if a.op == release else 0
-            peak = max(peak, held)
-        peaks.append(peak)
-    return tuple(peaks)
-
-
 def op_costs(spans: Sequence[Span]) -> OpCosts:
     """The median F, B and W of a run with the backward split, from its compute spans."""
     times = {op: [s.duration_s for s in spans if s.kind == "compute" and s.attrs.get("op") == op] for op in "FBW"}

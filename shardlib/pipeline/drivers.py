@@ -138,7 +138,7 @@ def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dic
     durations(backward_s, schedule.n_stages, "backward_s")
     start = time.perf_counter()
     per_rank = ranks.run(pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s,
-                         layer_counts)
+                         layer_counts=layer_counts)
     wall = time.perf_counter() - start
     return PipelineRun(schedule, per_rank, list(ranks.last_spans), list(ranks.last_comm), wall, forward_s, backward_s,
                        (model, layers, x, grad_output))

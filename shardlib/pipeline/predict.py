@@ -111,18 +111,16 @@ def step_slots(schedule: Schedule) -> int:
 
 
 def peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
-    """Per stage, the most microbatches whose activations it holds at once.
-
-    A microbatch (on one chunk) is in flight on a stage from its forward until its backward: the
-    forward's activations are kept for the backward. GPipe holds all ``m``; 1F1B holds at most
-    ``p - s`` on stage ``s``. A forward-only schedule keeps nothing for a backward: 0.
-    """
+    """Per stage, the most microbatches (chunks) whose activations it holds at once: from the forward until
+    the backward, or until the weight gradient W when the backward is split (B leaves what W needs). GPipe
+    holds all ``m``; 1F1B holds at most ``p - s`` on stage ``s``. A forward-only schedule keeps nothing: 0."""
+    release = "W" if schedule.split_backward else "B"
     peaks = []
     for row in schedule.actions:
         held = peak = 0
         if schedule.training:
             for a in row:
-                held += 1 if a.op == "F" else -1
+                held += 1 if a.op == "F" else -1 if a.op == release else 0
                 peak = max(peak, held)
         peaks.append(peak)
     return tuple(peaks)
@@ -207,16 +205,17 @@ def microbatch_trips(spans: Sequence[Span], n_stages: int) -> Trips:
 
 def measured_in_flight(spans: Sequence[Span], n_stages: int) -> tuple[int, ...]:
     """Per rank, the most microbatches in flight, read from the real timeline: +1 at the end of each
-    forward, -1 at the end of each backward, in time order. A run with no backwards at all was
-    forward only and kept nothing for a backward: 0 (as ``peak_in_flight`` counts)."""
+    forward, -1 at the end of each backward (of each W when the backward is split), in time order. A run
+    with no backwards at all was forward only and kept nothing for a backward: 0 (as ``peak_in_flight``)."""
     p = check_count("n_stages", n_stages, "pipeline stages")
     peaks = [0] * p
     if not any(s.attrs["op"] == "B" for s in compute_spans(spans)):
         return tuple(peaks)
+    release = "W" if any(s.attrs["op"] == "W" for s in compute_spans(spans)) else "B"
     for rank in range(p):
         held = 0
         for s in sorted((s for s in compute_spans(spans) if s.rank == rank), key=lambda s: s.end_s):
-            held += 1 if s.attrs["op"] == "F" else -1
+            held += 1 if s.attrs["op"] == "F" else -1 if s.attrs["op"] == release else 0
             peaks[rank] = max(peaks[rank], held)
     return tuple(peaks)
 
