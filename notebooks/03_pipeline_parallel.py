@@ -711,3 +711,6 @@ show_questions(
 #   all 4 stages (a little over 4 x 20 ms in your run), while microbatches left every stage-time.
 # - The pipeline sends far fewer bytes than tensor parallelism, once per stage boundary: the tool for
 #   the slow link between machines.
+#
+# Next, notebook 04 goes past 1F1B: it splits the backward into the input gradient and the weight
+# gradient and fills the bubble with the latter (zero-bubble schedules, DualPipeV).

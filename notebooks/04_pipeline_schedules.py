@@ -293,7 +293,7 @@ for name, mine in (("ZBVZeroBubble", "zb-v"), ("DualPipeV", "dualpipev"), ("Inte
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.schedule_widgets import zero_bubble_explorer
+from shardlib.ui.pipeline_widgets import zero_bubble_explorer
 
 zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6, 8))
 

@@ -251,7 +251,7 @@ def test_torchs_orders_read_as_schedules_and_run_exactly(pool, model, name):
 
 
 def test_the_zero_bubble_slider_reruns_each_schedule(pool2, model):
-    from shardlib.ui.schedule_widgets import zero_bubble_explorer
+    from shardlib.ui.pipeline_widgets import zero_bubble_explorer
 
     app = zero_bubble_explorer(pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.004,
                                microbatches=(2, 4, 8))

@@ -5,8 +5,7 @@
 * ``runtime_figures``: what any pool did (timelines, bytes moved, measured points).
 * Per package, figures (data in, figure out) and widgets (controls wired to drivers and figures):
   ``intro_figures``, ``intro_widgets``; ``tensor_parallel_figures``, ``tensor_parallel_widgets``;
-  ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``schedule_figures``,
-  ``schedule_widgets`` (the schedules past 1F1B); ``experts_figures``,
+  ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
   ``experts_widgets``; ``plan_figures``, ``plan_widgets``; ``data_parallel_figures``,
   ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``.
 * ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.
@@ -28,11 +27,10 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "costs_figures": ("calibration_figure", "link_comparison_figure", "phase_cost_figure", "slow_rank_figure",
                       "replicas_vs_tp_figure", "latency_throughput_figure"),
     "costs_widgets": ("tp_cost_explorer", "slow_rank_explorer"),
-    "pipeline_figures": ("schedule_figure", "measured_figure", "predicted_vs_measured_figure", "bubble_curve_figure",
+    "pipeline_figures": ("schedule_figure", "split_gantt_figure",
+                         "measured_figure", "predicted_vs_measured_figure", "bubble_curve_figure",
                          "in_flight_figure", "step_through_figure"),
-    "pipeline_widgets": ("microbatch_explorer",),
-    "schedule_figures": ("split_gantt_figure",),
-    "schedule_widgets": ("zero_bubble_explorer",),
+    "pipeline_widgets": ("microbatch_explorer", "zero_bubble_explorer"),
     "experts_figures": ("walkthrough_figure", "send_matrix_figure", "expert_load_figure", "rank_time_figure",
                         "mitigation_sweep_figure"),
     "experts_widgets": ("expert_explorer",),
