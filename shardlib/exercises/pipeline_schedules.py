@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..pipeline.bubble_drivers import run_split_pipeline
+from ..pipeline.drivers import run_pipeline
 from ..pipeline.orders import make_schedule
 from ..pipeline.predict import peak_in_flight
 from ..pipeline.schedules import Action, Schedule, ScheduleError, simulate
@@ -83,11 +83,12 @@ def grade_schedule_table(schedule_fn, ranks=None, model=None, layers=None, x=Non
     if got.failed or ranks is None:
         return got.result("runs, W after its B, ZB-H1's bubble and 1F1B's memory at every size")
     p, m = ranks.world_size, 2 * ranks.world_size
-    yours = run_split_pipeline(ranks, _table(schedule_fn(p, m), p, m), model, layers, x, grad_output, op_s, op_s, op_s)
+    yours = run_pipeline(ranks, _table(schedule_fn(p, m), p, m), model, layers, x, grad_output, op_s, op_s,
+                         weight_s=op_s)
     if not yours.against_reference().bit_for_bit:
         got.fail(f"on {p} ranks the step differs from the one-process model: each W must add its weight "
                  "gradients in microbatch order on every stage")
         return got.result()
-    zb = run_split_pipeline(ranks, make_schedule("zb-h1", p, m), model, layers, x, grad_output, op_s, op_s, op_s)
+    zb = run_pipeline(ranks, make_schedule("zb-h1", p, m), model, layers, x, grad_output, op_s, op_s, weight_s=op_s)
     return got.result(f"on {p} ranks, exact; bubble measured {yours.bubble.idle_fraction:.3f}, ZB-H1's "
                       f"{zb.bubble.idle_fraction:.3f} in the same run (each op padded to {op_s * 1e3:g} ms)")

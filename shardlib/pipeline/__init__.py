@@ -14,7 +14,7 @@
 * ``reference``: the stack in one process, microbatch by microbatch, and the input checks.
 * ``ranks``: ``pipeline_step_on_rank``, the engine on a rank with spans, padding and memory meters.
 * ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them.
-* ``bubble_drivers``: ``run_split_pipeline`` (F, B, W padded apart) and ``run_split_bubble``.
+* ``bubble_drivers``: ``run_split_bubble`` (the bubble of a split schedule against the published formulas).
 """
 
 from .._lazy import exports
@@ -27,7 +27,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
                 "notation_rows", "op_costs"),
     "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule"),
-    "bubble_drivers": ("run_split_pipeline", "SplitBubble", "run_split_bubble"),
+    "bubble_drivers": ("SplitBubble", "run_split_bubble"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
                 "predicted_step_s", "idle_slots", "step_slots", "peak_in_flight", "messages_per_step",

@@ -1,6 +1,6 @@
 """Schedules past 1F1B run on a pool, with F, B and W padded to set costs and the bubble measured.
 
-* ``run_split_pipeline``: one step of any schedule with F, B and W each padded to its own duration
+* ``run_pipeline`` (``drivers``) takes ``weight_s``: F, B and W each padded to its own duration
   (``weight_s`` is the knob that makes W cheap or dear), gathered into a ``PipelineRun``.
 * ``run_split_bubble``: the idle share of one schedule measured (median of ``repeats`` steps) against the
   published formula and against ``simulate`` of the same list, both evaluated with the F, B and W
@@ -10,34 +10,15 @@
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
 from ..models import ModelConfig
 from .bubbles import PUBLISHED, OpCosts, op_costs, published_fraction, simulated_fraction
-from .drivers import PipelineRun
+from .drivers import PipelineRun, run_pipeline
 from .orders import make_schedule
-from .ranks import pipeline_step_on_rank
-from .reference import check_pipeline_inputs, durations
-from .schedules import Schedule, check_count
-
-
-def run_split_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                       grad_output: torch.Tensor, forward_s=None, backward_s=None, weight_s=None) -> PipelineRun:
-    """``run_pipeline`` with W padded too: each stage's F, B (input gradient) and W take ``forward_s``,
-    ``backward_s`` and ``weight_s`` through all its layers (a schedule without W pads its whole backward
-    to ``backward_s + weight_s``); ``None`` for real compute."""
-    check_pipeline_inputs(schedule, layers, tuple(x.shape), tuple(grad_output.shape), ranks.world_size, x.dtype)
-    for value, name in ((forward_s, "forward_s"), (backward_s, "backward_s"), (weight_s, "weight_s")):
-        durations(value, schedule.n_stages, name)
-    start = time.perf_counter()
-    per_rank = ranks.run(pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s,
-                         weight_s=weight_s)
-    wall = time.perf_counter() - start
-    return PipelineRun(schedule, per_rank, list(ranks.last_spans), list(ranks.last_comm), wall, forward_s, backward_s,
-                       (model, layers, x, grad_output))
+from .schedules import check_count
 
 
 @dataclass(frozen=True)
@@ -69,14 +50,14 @@ def run_split_bubble(ranks, name: str, n_microbatches: int, model: ModelConfig, 
     schedule = make_schedule(name, ranks.world_size, n_microbatches)
 
     def step() -> PipelineRun:
-        return run_split_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s)
+        return run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s)
 
     runs = [step() for _ in range(repeats)]
     if schedule.split_backward:
         costs = op_costs(runs[0].spans)
     else:
         twin = make_schedule("zb-h1", ranks.world_size, n_microbatches)
-        costs = op_costs(run_split_pipeline(ranks, twin, model, layers, x, grad_output, op_s, op_s, weight_s).spans)
+        costs = op_costs(run_pipeline(ranks, twin, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s).spans)
     published = published_fraction(schedule, costs) if name in PUBLISHED else None
     return SplitBubble(name, schedule.n_stages, n_microbatches, costs, tuple(r.bubble.idle_fraction for r in runs),
                        published, simulated_fraction(schedule, costs), runs[0].peak_in_flight)

@@ -128,17 +128,19 @@ def _fmt(value) -> str:
 
 def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                  grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None,
-                 layer_counts=None) -> PipelineRun:
+                 layer_counts=None, weight_s=None) -> PipelineRun:
     """Check the inputs here (a clear ValueError before any rank starts), run one step of ``schedule``
     on ``ranks`` (``pipeline_step_on_rank``), and gather the result. ``layer_counts``: layers per stage,
-    unequal on purpose (``None``: as even as whole layers allow)."""
+    unequal on purpose (``None``: as even as whole layers allow). ``weight_s`` pads each W (the weight
+    gradient) as ``forward_s`` and ``backward_s`` pad F and B (a schedule without W pads its whole backward
+    to ``backward_s + weight_s``); ``None`` for real compute."""
     check_pipeline_inputs(schedule, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
                           ranks.world_size, x.dtype, layer_counts)
-    durations(forward_s, schedule.n_stages, "forward_s")
-    durations(backward_s, schedule.n_stages, "backward_s")
+    for value, name in ((forward_s, "forward_s"), (backward_s, "backward_s"), (weight_s, "weight_s")):
+        durations(value, schedule.n_stages, name)
     start = time.perf_counter()
     per_rank = ranks.run(pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s,
-                         layer_counts=layer_counts)
+                         layer_counts=layer_counts, weight_s=weight_s)
     wall = time.perf_counter() - start
     return PipelineRun(schedule, per_rank, list(ranks.last_spans), list(ranks.last_comm), wall, forward_s, backward_s,
                        (model, layers, x, grad_output))

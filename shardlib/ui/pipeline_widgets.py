@@ -9,7 +9,6 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from IPython.display import display
 
-from ..pipeline.bubble_drivers import run_split_pipeline
 from ..pipeline.bubbles import PUBLISHED, OpCosts, published_fraction, simulated_fraction
 from ..pipeline.drivers import run_pipeline
 from ..pipeline.orders import make_schedule
@@ -104,7 +103,7 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
     def rerun(change=None) -> None:
         schedule = make_schedule(picker.value, p, m_slider.value)
         weight_s = op_s * w_slider.value
-        run = run_split_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s)
+        run = run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s)
         v = schedule.n_chunks
         costs = OpCosts(op_s / v, op_s / v, weight_s / v)  # the pads, per action
         measured = run.bubble.idle_fraction
