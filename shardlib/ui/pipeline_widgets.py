@@ -78,7 +78,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     return widgets.VBox([widgets.HBox([slider, picker]), label, curve, gantt, feedback.area])
 
 
-EXPLORER_SCHEDULES = ("1f1b", "zb-h1", "zb-v", "dualpipev")
+ZERO_BUBBLE_SCHEDULES = ("1f1b", "zb-h1", "zb-v", "dualpipev")
 W_COSTS = (0.25, 0.5, 1.0, 1.5, 2.0)  # W's time as a multiple of F's (and B's)
 
 
@@ -96,7 +96,7 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
                                continuous_update=False, style={"description_width": "initial"})
     w_slider = SelectionSlider(options=[(f"{w:g} x F", w) for w in W_COSTS], value=1.0, description="W costs",
                                continuous_update=False, style={"description_width": "initial"})
-    picker = widgets.ToggleButtons(options=[(SCHEDULE_TITLES[n], n) for n in EXPLORER_SCHEDULES], value="zb-h1",
+    picker = widgets.ToggleButtons(options=[(SCHEDULE_TITLES[n], n) for n in ZERO_BUBBLE_SCHEDULES], value="zb-h1",
                                    description="schedule")
     label, gantt = widgets.HTML(), widgets.Output()
 
