@@ -22,7 +22,7 @@
 # W are measured on the ranks and the published bubble formulas evaluated with them, in both notations
 # (the two papers mean different things by B); a knob makes W cheap or dear and the zero bubble comes
 # back; the activations each schedule holds against DualPipe's table; torch's own orders run as a peer;
-# and a slider over the microbatches and W's cost.
+# and one step drawn as the list predicts it, above the same step measured on the ranks.
 
 # %% [markdown]
 # ## The idea: the backward has two halves, and only one is urgent
@@ -286,16 +286,23 @@ for name, mine in (("ZBVZeroBubble", "zb-v"), ("DualPipeV", "dualpipev"), ("Inte
 # is not done in this notebook.
 
 # %% [markdown]
-# ## Explore: schedule, microbatches and W's cost
+# ## One step, predicted and measured
 #
-# Pick a schedule, move `m` or W's cost: the step re-runs on the two warm ranks (F and B padded to 20 ms)
-# and the chart draws the list's prediction above the measurement.
+# ZB-H1 with `m = 4` on the two warm ranks, F, B and W each padded to 20 ms: the list's prediction on top,
+# the step measured on the ranks below. Change the schedule name, `m` or `W_S` and run the cell again to
+# watch the bubble move (`zero_bubble_explorer` in `shardlib.ui.pipeline_widgets` wires the same run to
+# sliders).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.pipeline_widgets import zero_bubble_explorer
+from shardlib.ui.pipeline_figures import split_gantt_figure
 
-zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6, 8))
+NAME, M, OP_S, W_S = "zb-h1", 4, 0.02, 0.02
+step = make_schedule(NAME, 2, M)
+measured_step = run_pipeline(ranks, step, TOY, layers, x, grad, OP_S, OP_S, weight_s=W_S)
+split_gantt_figure(step, measured_step.spans, OpCosts(OP_S, OP_S, W_S),
+                   f"{step.title}: F and B padded to {OP_S * 1e3:g} ms, W to {W_S * 1e3:g} ms "
+                   f"(measured on {ranks.description})", measured_step.bubble.idle_fraction)
 
 # %% [markdown]
 # ## Check yourself
