@@ -22,7 +22,8 @@
 # W are measured on the ranks and the published bubble formulas evaluated with them, in both notations
 # (the two papers mean different things by B); a knob makes W cheap or dear and the zero bubble comes
 # back; the activations each schedule holds against DualPipe's table; torch's own orders run as a peer;
-# and one step drawn as the list predicts it, above the same step measured on the ranks.
+# and one step drawn as the list predicts it, above the same step measured on the ranks, with a slider over
+# the schedule, the microbatches and W's cost.
 
 # %% [markdown]
 # ## The idea: the backward has two halves, and only one is urgent
@@ -290,8 +291,7 @@ for name, mine in (("ZBVZeroBubble", "zb-v"), ("DualPipeV", "dualpipev"), ("Inte
 #
 # ZB-H1 with `m = 4` on the two warm ranks, F, B and W each padded to 20 ms: the list's prediction on top,
 # the step measured on the ranks below. Change the schedule name, `m` or `W_S` and run the cell again to
-# watch the bubble move (`zero_bubble_explorer` in `shardlib.ui.pipeline_widgets` wires the same run to
-# sliders).
+# watch the bubble move, or use the sliders under it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -303,6 +303,12 @@ measured_step = run_pipeline(ranks, step, TOY, layers, x, grad, OP_S, OP_S, weig
 split_gantt_figure(step, measured_step.spans, OpCosts(OP_S, OP_S, W_S),
                    f"{step.title}: F and B padded to {OP_S * 1e3:g} ms, W to {W_S * 1e3:g} ms "
                    f"(measured on {ranks.description})", measured_step.bubble.idle_fraction)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.ui.pipeline_widgets import zero_bubble_explorer
+
+zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6, 8))
 
 # %% [markdown]
 # ## Check yourself
@@ -350,6 +356,3 @@ show_questions(
 #   table's PP + 1) chunks of half a device.
 # - torch's ZB-V, DualPipeV and interleaved zero-bubble orders read as the same data, pass the same
 #   checks and run exactly on the same ranks.
-
-# %%
-ranks.close()
