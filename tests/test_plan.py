@@ -410,3 +410,27 @@ def test_forward_traffic_counts_every_layer_once_per_stage_rank_even_with_uneven
     assert traffic == {("tp", "all_reduce"): 32, ("pp", "send"): 8, ("pp", "recv"): 8}
     with pytest.raises(ValueError, match=r"batch 4 into 3 microbatches \(4 % 3 = 1\)"):
         forward_traffic(TOY, Layout(2, 2), 4, 6, 3)
+
+
+@pytest.mark.parametrize("layout", [Layout(2, 2, 2, cp=2), Layout(2, 1, 2, cp=2, dp_strategy="zero3"), Layout(1, 3, 2),
+                                    Layout(4, 2, 1, cp=2)])
+def test_every_axis_partitions_the_ranks_and_tp_is_innermost(layout):
+    for axis, size in (("tp", layout.tp), ("cp", layout.cp), ("pp", layout.pp), ("dp", layout.dp)):
+        groups = getattr(layout, f"{axis}_groups")()
+        assert sorted(r for g in groups for r in g) == list(range(layout.world_size))
+        assert all(len(g) == size for g in groups)
+    assert all(g == list(range(g[0], g[0] + layout.tp)) for g in layout.tp_groups())  # consecutive ranks
+    for r in range(layout.world_size):
+        p = layout.position(r)
+        assert layout.rank(p.stage, p.replica, p.tp_rank, p.cp_rank) == r
+    assert sorted(r for g in layout.dp_cp_groups() for r in g) == list(range(layout.world_size))
+    assert len(layout.mesh_shape) == len(layout.mesh_axes)
+
+
+def test_a_layout_with_cp_refuses_three_coordinates_and_a_bad_strategy():
+    with pytest.raises(ValueError, match="use position"):
+        Layout(2, 1, 1, cp=2).coords(0)
+    with pytest.raises(ValueError, match="dp_strategy"):
+        Layout(2, 1, dp_strategy="zero4")
+    with pytest.raises(ValueError, match="tp x pp x dp x cp = 2 x 1 x 1 x 2 = 4, but there are 8"):
+        check_mesh(Layout(2, 1, cp=2), 8)
