@@ -17,6 +17,7 @@ from ..models import head_problems
 from ..pipeline.predict import split_layers
 from ..plan.layout import Layout, check_mesh
 from .corpus import TrainingConfig
+from .predict import format_ledger, predict_ledger, predict_traffic
 from .ranks import training_on_rank
 from .reference import ReferenceRun
 
@@ -90,6 +91,18 @@ class TrainingRun:
             row[1] += r.size_bytes
             row[2] += r.wire_bytes
         return {k: tuple(v // self.config.steps for v in row) for k, row in sorted(out.items())}
+
+    def predicted_ledgers(self) -> tuple[dict, ...]:
+        """``predict.predict_ledger`` for this run: compare with ``ledgers``, rank by rank."""
+        return predict_ledger(self.config, self.layout, self.stage_layers)
+
+    def predicted_traffic(self, rank: int) -> dict:
+        """``predict.predict_traffic`` for ``rank``: compare with ``traffic_by_axis(rank)``."""
+        return predict_traffic(self.config, self.layout, self.stage_layers, rank)
+
+    def ledger_text(self) -> str:
+        """Each rank's ledger, predicted / measured, as text."""
+        return format_ledger(self.predicted_ledgers(), self.ledgers, self.positions)
 
 
 def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=None) -> TrainingRun:
