@@ -105,6 +105,7 @@ LAYERS = {
         "shardlib.context_parallel.grad_drivers",
         "shardlib.combined.across",
         "shardlib.combined.machines",
+        "shardlib.training.machines",
         "shardlib.launch",
     },
 }

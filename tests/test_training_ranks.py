@@ -16,6 +16,7 @@ import time
 import pytest
 
 from shardlib import Ranks
+from shardlib.launch import start_local_nodes
 from shardlib.plan.layout import Layout
 from shardlib.runtime.measure import TOLERANCE
 from shardlib.training.corpus import TrainingConfig
@@ -90,3 +91,35 @@ def test_float32_ledger_and_traffic_equal_the_prediction_on_four_stages(pool4):
 def test_a_layout_that_does_not_fill_the_pool_is_refused_before_any_rank_starts(pool4):
     with pytest.raises(ValueError, match="must multiply"):
         run_training(pool4, Layout(tp=2, pp=1), CONFIG)
+
+
+@pytest.mark.parametrize("across", ["pp"])  # "dp" passes too (11 s more); pp is the one 1F1B crosses
+def test_training_across_two_torchrun_agents(across):
+    agents, run_id = start_local_nodes("shardlib.training.machines:training_across_on_rank", [2, 2], across,
+                                       backend="gloo", timeout_s=180)
+    for agent in agents:
+        assert agent.returncode == 0, agent.stdout + agent.stderr
+    results = agents[0].results + agents[1].results
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    for r in results:
+        assert r["tp_group"] == [2 * r["node"], 2 * r["node"] + 1]  # tp inside one agent's processes
+        assert r["max_error"] < TOLERANCE and r["traffic_matches_prediction"]
+
+
+class _NoCollectives:
+    rank, world_size = 0, 3
+
+    def __getattr__(self, name):
+        raise AssertionError(f"{name} used before the input was checked")
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"nodes": 2, "per_node": 2}, "world size 3 is not nodes x processes per node = 2 x 2"),
+    ({"nodes": 1, "per_node": 3}, "KV heads"),
+    ({"nodes": 3, "per_node": 1, "across": "ep"}, "across"),
+])
+def test_training_across_refuses_bad_input_before_any_collective(kwargs, words):
+    from shardlib.training.machines import training_across_on_rank
+
+    with pytest.raises(ValueError, match=words):
+        training_across_on_rank(_NoCollectives(), **kwargs)

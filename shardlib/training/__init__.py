@@ -9,6 +9,7 @@
   attention, 1F1B across stages, DDP or ZeRO-1/2/3 over ``dp x cp``.
 * ``ranks``: ``training_on_rank``, the step with its ledger measured (``LedgerProbe``).
 * ``drivers``: ``check_training`` and ``run_training`` (a layout on a warm pool, as a ``TrainingRun``).
+* ``machines``: ``training_across_on_rank``, the step under ``torchrun`` with tp inside machines.
 * ``predict``: every rank's ledger and traffic per mesh axis, predicted (``predict_ledger``, ``predict_traffic``).
 """
 
@@ -21,5 +22,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "step": ("TrainingStep", "StageModel", "GroupView"),
     "ranks": ("training_on_rank", "LedgerProbe"),
     "drivers": ("check_training", "run_training", "TrainingRun"),
+    "machines": ("training_across_on_rank",),
     "predict": ("predict_ledger", "predict_traffic", "activation_bytes", "format_ledger"),
 })

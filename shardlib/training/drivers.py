@@ -53,7 +53,7 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
     return split_layers(config.n_layers, layout.pp, stage_counts)
 
 
-def _reference_key(name: str) -> tuple[str, int]:
+def reference_key(name: str) -> tuple[str, int]:
     """A stage model's parameter name -> (the reference's key, the dim tp splits it along)."""
     if name.startswith("embed."):
         return "embed", 0
@@ -61,6 +61,17 @@ def _reference_key(name: str) -> tuple[str, int]:
         return "head", 0
     layer, _, short = name.split(".")[:3]
     return f"layers.{layer[len('layer'):]}.{short}", 1 if short in ROW_PARALLEL else 0
+
+
+def traffic_per_step(records, steps: int) -> dict:
+    """(axis, op) -> (calls, buffer bytes, wire bytes) per step, from one rank's records of ``steps`` steps."""
+    out: dict = {}
+    for r in records:
+        row = out.setdefault((r.group, r.op), [0, 0, 0])
+        row[0] += 1
+        row[1] += r.size_bytes
+        row[2] += r.wire_bytes
+    return {k: tuple(v // steps for v in row) for k, row in sorted(out.items())}
 
 
 @dataclass(frozen=True)
@@ -84,13 +95,7 @@ class TrainingRun:
 
     def traffic_by_axis(self, rank: int) -> dict:
         """Per (axis, op) on ``rank``, per step: calls, buffer bytes, wire bytes."""
-        out: dict = {}
-        for r in self.records[rank]:
-            row = out.setdefault((r.group, r.op), [0, 0, 0])
-            row[0] += 1
-            row[1] += r.size_bytes
-            row[2] += r.wire_bytes
-        return {k: tuple(v // self.config.steps for v in row) for k, row in sorted(out.items())}
+        return traffic_per_step(self.records[rank], self.config.steps)
 
     def predicted_ledgers(self) -> tuple[dict, ...]:
         """``predict.predict_ledger`` for this run: compare with ``ledgers``, rank by rank."""
@@ -113,9 +118,9 @@ def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=Non
     last = [r for r in res if r["position"][0] == layout.pp - 1 and r["position"][3] == 0]
     losses = tuple(sum(r["losses"][k] for r in last) for k in range(config.steps))
     pieces: dict = {}
-    for r in (r for r in res if r["shards"] is not None):
+    for r in (r for r in res if r["position"][1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
         for name, t in r["shards"].items():
-            key, dim = _reference_key(name)
+            key, dim = reference_key(name)
             pieces.setdefault(key, {})[r["position"][3]] = (t, dim)
     weights = {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
     by_rank: dict = {i: [] for i in range(ranks.world_size)}

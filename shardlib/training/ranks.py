@@ -58,7 +58,9 @@ def ledger(step: TrainingStep, probe: LedgerProbe) -> dict[str, int]:
 
 
 def training_on_rank(ctx, layout, config, stage_layers) -> dict:
-    """Train on this rank's part of ``layout``; return its losses, weight shards, ledger and comm marks."""
+    """Train on this rank's part of ``layout``; return its losses (its share of each step's global loss),
+    its weight shards (tp slices, by the stage model's names), ledger, and ``marks``: how many comm records
+    the rank had before the first step and after each."""
     probe = LedgerProbe(ctx.timeline)
     step = TrainingStep(ctx, layout, config, init_weights(config), stage_layers, probe, probe.on_saved)
     probe.param_ptrs.update(p.data_ptr() for p in step.model.parameters())
@@ -76,4 +78,4 @@ def training_on_rank(ctx, layout, config, stage_layers) -> dict:
         shards = {n: p.detach().clone() for n, p in step.model.named_parameters()}
     return {"rank": ctx.rank, "position": tuple(me), "losses": losses, "marks": marks, "ledger": kept,
             "activation_bytes": probe.per_microbatch[:config.m],
-            "shards": shards if me.replica == 0 and me.cp_rank == 0 else None}
+            "shards": shards}
