@@ -86,6 +86,7 @@ LAYERS = {
         "shardlib.tensor_parallel.layers",
         "shardlib.tensor_parallel.blocks",
         "shardlib.tensor_parallel.sequence_parallel",
+        "shardlib.tensor_parallel.vocab",
         "shardlib.pipeline.engine",
         "shardlib.pipeline.messages",
         "shardlib.pipeline.torch_peer",
