@@ -208,3 +208,33 @@ def test_bad_targets_on_the_ranks_are_an_error_not_a_hang(pool2):
     logits, targets = _data()
     with pytest.raises(RankError, match=r"target token ids must lie in \[0, 96\)"):
         pool2.run(_loss_on_rank, logits, targets + V)
+
+
+def _torch_loss_parallel_on_rank(ctx, logits, targets):
+    """PyTorch's own vocabulary-parallel loss: ``F.cross_entropy`` on logits sharded along the vocabulary
+    (a ``DTensor`` placed ``Shard(-1)``) inside ``loss_parallel()``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    shard = logits.chunk(ctx.world_size, -1)[ctx.rank].clone().requires_grad_()
+    with loss_parallel():
+        loss = F.cross_entropy(DTensor.from_local(shard, mesh, [Shard(2)]).flatten(0, 1), targets.flatten(),
+                               reduction="none")
+        loss.mean().backward()
+    return loss.full_tensor().view(targets.shape), shard.grad
+
+
+def _ours_on_rank(ctx, logits, targets):
+    shard = logits.chunk(ctx.world_size, -1)[ctx.rank].clone().requires_grad_()
+    loss = vocab_parallel_cross_entropy(shard, targets, TPGroup.world(ctx))
+    loss.mean().backward()
+    return loss.detach(), shard.grad
+
+
+def test_peer_check_pytorch_loss_parallel_agrees(pool2):
+    logits, targets = _data(seed=6)
+    theirs = pool2.run(_torch_loss_parallel_on_rank, logits, targets)
+    for (loss, grad), (their_loss, their_grad) in zip(pool2.run(_ours_on_rank, logits, targets), theirs):
+        assert _close(loss, their_loss) and _close(grad, their_grad)
