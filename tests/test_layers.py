@@ -52,6 +52,8 @@ PURE_WITHOUT_TORCH = {
     "shardlib.plan.reasons",
     "shardlib.plan.serving",
     "shardlib.plan.traffic",
+    "shardlib.plan.training_memory",
+    "shardlib.plan.published",
     "shardlib.data_parallel.flat",
     "shardlib.data_parallel.predict",
     "shardlib.context_parallel.predict",

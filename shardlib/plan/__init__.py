@@ -8,6 +8,8 @@
 * ``planner`` (pure): every layout enumerated, rejected or scored, ranked: ``plan``, ``format_plan``.
 * ``fit`` (pure): does a model fit one GPU, with how much room for KV cache; how many GPUs it needs.
 * ``serving`` (pure): replicas against tensor parallelism, latency and throughput per GPU.
+* ``training_memory`` (pure): one training GPU's states and activations, per pipeline stage.
+* ``published`` (pure): published memory figures (ZeRO, Megatron-LM, DeepSpeed, Korthikanti) beside ours.
 
 Clusters and GPUs are facts, in ``shardlib.hardware``; running a layout on ranks is ``shardlib.combined``.
 """
@@ -27,4 +29,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                 "format_choices"),
     "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
     "serving": ("ServingPoint", "latency_vs_throughput", "format_latency_vs_throughput"),
+    "training_memory": ("TrainingMemory", "stage_params", "in_flight", "training_memory", "peak_training_memory"),
+    "published": ("FigureRow", "zero_figure_rows", "megatron_rows", "deepspeed_zero3_estimate", "deepspeed_rows",
+                  "activation_rows", "published_rows", "format_rows"),
 })
