@@ -10,8 +10,9 @@ hold the same weights). Activations: ``layer_activation_bytes`` (Korthikanti et 
 layer of the stage, for the tokens of the GPU's ring slice (``seq / cp``), times the microbatches in
 flight: 1F1B's stage ``i`` of ``p`` keeps ``min(p - i, m)``. The first stage adds the embedding's dropout
 mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3: ``4 s b h / t (1 +
-v / h)``). Transient buffers (ZeRO-3's gathered layers, communication buckets, the allocator's
-fragmentation) are left out: the planner keeps a margin for them (``memory_utilization``). Pure.
+v / h)``). ZeRO-3 adds two layers gathered whole (weights and gradients: one working, one prefetched);
+other transients (communication buckets, the allocator's fragmentation) are left out: the planner keeps
+a margin for them (``memory_utilization``). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Mapping
 from ..checks import choice, whole_number
 from ..data_parallel.predict import STATE_BYTES_MEGATRON, layer_activation_bytes, memory_per_rank
 from ..models import ModelConfig, padded_vocab_size
-from ..pipeline.predict import split_layers
 from .layout import Layout
 
 SCHEDULES = ("1f1b", "interleaved")
@@ -42,6 +42,7 @@ class TrainingMemory:
     activations_bytes: float
     ends_bytes: float  # embedding dropout mask (first stage), head input and fp32 logits (last stage)
     in_flight: float
+    gathered_bytes: float = 0.0  # ZeRO-3: two layers' whole weights and gradients (one working, one prefetched)
 
     @property
     def states_bytes(self) -> float:
@@ -49,13 +50,20 @@ class TrainingMemory:
 
     @property
     def total_bytes(self) -> float:
-        return self.states_bytes + self.activations_bytes + self.ends_bytes
+        return self.states_bytes + self.activations_bytes + self.ends_bytes + self.gathered_bytes
+
+
+def layers_of(n_layers: int, pp: int, stage: int) -> int:
+    """Layers of ``stage`` when ``n_layers`` are cut into ``pp`` stages as ``pipeline.predict.split_layers``
+    cuts them by default: sizes differing by at most one, the earlier stages taking the extra layers."""
+    base, extra = divmod(n_layers, pp)
+    return base + (1 if stage < extra else 0)
 
 
 def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
     """Parameters one GPU of ``stage`` holds: its layers' share of ``tp`` (norms kept whole), plus the
     embedding (first stage) and head and final norm (last stage), ``1/tp`` of the padded vocabulary each."""
-    layers = len(split_layers(model.n_layers, layout.pp)[stage])
+    layers = layers_of(model.n_layers, layout.pp, stage)
     norms = 2 * model.d_model
     per_layer = (model.params_per_layer - norms) / layout.tp + norms
     vocab_rows = padded_vocab_size(model, layout.tp) / layout.tp
@@ -71,18 +79,18 @@ def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", 
     """Microbatches whose activations stage ``stage`` keeps at its peak: 1F1B's warm-up leaves ``p - i``
     (never more than ``m``); the interleaved schedule (Narayanan et al. 2021, section 2.2) with ``chunks``
     model chunks per GPU keeps ``1 + (p - 1) / (p v)`` times 1F1B's first-stage count (Korthikanti et al.
-    2022, section 4.2.3), charged here to every stage (the first is the fullest)."""
+    2022, section 4.2.3): ``p - i + (p - 1) / v`` here, the same extra warm-up on every stage."""
     choice(schedule, SCHEDULES, "schedule")
     m = whole_number(n_microbatches, "n_microbatches")
     if schedule == "1f1b" or pp == 1:
         return min(pp - stage, m)
-    return min(pp * (1 + (pp - 1) / (pp * chunks)), m)
+    return min(pp - stage + (pp - 1) / whole_number(chunks, "chunks"), m)
 
 
 def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
                     recompute: str = "selective", sequence_parallel: bool = True, stage: int = 0,
                     state_bytes: Mapping[str, float] = STATE_BYTES_MEGATRON, schedule: str = "1f1b",
-                    activation_bytes_per_value: int = 2) -> TrainingMemory:
+                    chunks: int = 2, activation_bytes_per_value: int = 2) -> TrainingMemory:
     """Bytes on one GPU of ``stage`` of ``layout`` training ``model`` on sequences of ``seq`` tokens,
     ``microbatch`` sequences per microbatch, ``n_microbatches`` per step (the module docstring's rules)."""
     seq, b = whole_number(seq, "seq"), whole_number(microbatch, "microbatch")
@@ -93,9 +101,9 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
     sp = sequence_parallel and layout.tp > 1
     params = stage_params(model, layout, stage)
     states = memory_per_rank(params, layout.dp_strategy, layout.dp * layout.cp, state_bytes)
-    layers = len(split_layers(model.n_layers, layout.pp)[stage])
+    layers = layers_of(model.n_layers, layout.pp, stage)
     tokens = seq // layout.cp
-    held = in_flight(stage, layout.pp, n_microbatches, schedule)
+    held = in_flight(stage, layout.pp, n_microbatches, schedule, chunks)
     per_layer = layer_activation_bytes(model, tokens, b, recompute, layout.tp, sp) * activation_bytes_per_value / 2
     activations = layers * per_layer * held
     t, sbh = layout.tp, tokens * b * model.d_model
@@ -105,8 +113,11 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
     if stage == layout.pp - 1:
         v = padded_vocab_size(model, t)
         ends += 4 * sbh / t * (1 + v / model.d_model)  # norm and head inputs, fp32 logits: one microbatch
+    gathered = 0.0
+    if layout.dp_strategy == "zero3" and layout.dp * layout.cp > 1:
+        gathered = 2 * params / layers * (state_bytes["params"] + state_bytes["grads"])
     return TrainingMemory(stage, layers, params, states["params"], states["grads"], states["optimizer"],
-                          activations, ends, held)
+                          activations, ends, held, gathered)
 
 
 def peak_training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
