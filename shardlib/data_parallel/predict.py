@@ -8,8 +8,9 @@ Rajbhandari et al. 2020 (ZeRO, section 3): per parameter, mixed-precision Adam k
     bytes per step    DDP, ZeRO-1/2: 2 (N-1)/N P b;  ZeRO-3: 3 (N-1)/N P b  (ring convention)
 
 ``layout_*`` give the same for real flat groups, padding included, to compare with the ranks exactly.
-Activations per layer from Korthikanti et al. 2022, section 4: ``s b h (34 + 5 a s / h)`` bytes, ``34 s b h``
-with the scores recomputed or never stored (fused attention), ``2 s b h`` with full recomputation;
+Activations per layer from Korthikanti et al. 2022, Table 2: ``s b h (34 + 5 a s / h)`` bytes, ``34 s b h``
+with the scores recomputed or never stored (fused attention), ``2 s b h`` with full recomputation, and
+their shares on one GPU of ``tp`` with or without sequence parallelism;
 ``mlp_activation_bytes`` for the toy's block; ``training_memory_per_gpu`` adds a pipeline stage's states and
 in-flight activations.
 """

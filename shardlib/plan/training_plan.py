@@ -139,11 +139,12 @@ def own_reasons(s: TrainingScore, cluster: Cluster, workload: TrainingWorkload) 
     memory = (f"memory: {gb(mem.total_bytes)} of {gb(workload.usable_bytes(cluster))} usable on stage {mem.stage}: "
               f"{gb(mem.states_bytes)} of states ({workload.convention} bytes per parameter, {lay.dp_strategy} over "
               f"dp x cp = {lay.dp * lay.cp}), {gb(mem.activations_bytes + mem.ends_bytes)} of activations "
-              f"({mem.in_flight:g} microbatches of {s.microbatch} x {workload.sequence_tokens // lay.cp:,} tokens in "
-              f"flight, {s.recompute} recomputation{sp})")
+              f"({mem.in_flight:g} microbatch{'' if mem.in_flight == 1 else 'es'} of {s.microbatch} x "
+              f"{workload.sequence_tokens // lay.cp:,} tokens in flight, {s.recompute} recomputation{sp})")
     terms = " + ".join(f"{TERM_NAMES[t]} {seconds(getattr(s, t))}" for t in TERMS if getattr(s, t) > 0)
     time = (f"step: {terms} = {seconds(s.step_s)} for {workload.global_batch_tokens:,} tokens ({s.microbatch} x "
-            f"{s.n_microbatches} microbatches x dp {lay.dp}): {s.tokens_per_s:,.0f} tokens/s, MFU {s.mfu:.0%}")
+            f"{s.n_microbatches} microbatch{'' if s.n_microbatches == 1 else 'es'} x dp {lay.dp}): "
+            f"{s.tokens_per_s:,.0f} tokens/s, MFU {s.mfu:.0%}")
     return memory, time
 
 
