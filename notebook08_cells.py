@@ -40,11 +40,12 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 #   bytes), to accumulate them over microbatches without losing precision; ZeRO's paper counts 2-byte
 #   gradients. Both shard the same 12 bytes of optimizer state.
 # - **DeepSpeed's estimator** (`estimate_zero3_model_states_mem_needs`) is a sizing tool, not a formula
-#   for the states alone: per GPU it charges 18 bytes per parameter over all GPUs plus one whole layer's
-#   fp16 weights and gradients (the layer gathered to run), so it reads higher than ZeRO's Figure 1; its
-#   `additional_buffer_factor` of 1.5 applies only to the CPU side, which holds the offloaded states.
+#   for the states alone: per GPU it charges 18 bytes per parameter over all GPUs plus 4 bytes per
+#   parameter of the largest layer (gathered whole to run), so it reads higher than ZeRO's Figure 1; its
+#   `additional_buffer_factor` of 1.5 applies only to the CPU side, which holds the offloaded states. It
+#   prints GiB (2^30 bytes), the rows above too; the papers' GB are 10^9.
 # - **Activations** are the same formulas evaluated for the paper's 530B model: with tensor and sequence
-#   parallelism and selective recomputation a layer keeps 34 `s b h / t` bytes, under a fifth of tensor
+#   parallelism and selective recomputation a layer keeps 34 `s b h / t` bytes, about a fifth of tensor
 #   parallelism alone with every attention score kept.
 
 # %%

@@ -2,10 +2,10 @@
 
 * ZeRO (Rajbhandari et al. 2020), Figure 1: 7.5B parameters, ``Nd = 64``, ``K = 12``: ``(2 + 2 + K) P``
   for the baseline, then ZeRO's three stages (``zero_figure_rows``).
-* Megatron-LM's docs (``docs/source/api-guide/dist_optimizer.md``): bytes per parameter with bf16 weights
-  and fp32 gradients, 18 without and ``6 + 12/d`` with its distributed optimizer (``megatron_rows``).
+* Megatron-LM's docs (``docs/source/api-guide/dist_optimizer.md``): bytes per parameter per dtype, e.g.
+  bf16 weights and fp32 gradients, 18 without and ``6 + 12/d`` with its distributed optimizer.
 * DeepSpeed's ``estimate_zero3_model_states_mem_needs`` (``deepspeed/runtime/zero/stage3.py``), its
-  arithmetic in our words (``deepspeed_zero3_estimate``), for the same 7.5B on 8 nodes of 8 GPUs.
+  arithmetic in our words (``deepspeed_zero3_estimate``), for the same 7.5B on 8 nodes of 8 GPUs, in GiB.
 * Korthikanti et al. 2022, Table 2: one layer's activations for their 530B model (``activation_rows``).
 
 Where the sources count different things, each row's ``note`` says what. Pure: no torch.
@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..data_parallel.predict import STATE_BYTES_MEGATRON, STATE_BYTES_MIXED, layer_activation_bytes, memory_per_rank
+from ..data_parallel.predict import (
+    STATE_BYTES_FP32,
+    STATE_BYTES_MEGATRON,
+    STATE_BYTES_MIXED,
+    layer_activation_bytes,
+    memory_per_rank,
+)
 from ..models import ModelConfig
 
 ZERO_PAPER_PARAMS = 7.5e9  # ZeRO, Figure 1: a 7.5B-parameter model on 64 GPUs
@@ -58,20 +64,32 @@ def zero_figure_rows(n_params: float = ZERO_PAPER_PARAMS, dp: int = ZERO_PAPER_D
     return rows
 
 
+# Megatron-LM's table (dist_optimizer.md), one row per (weights, gradients) dtype: the bytes each keeps per
+# parameter and, of those, the bytes its distributed optimizer shards. fp16/bf16 weights: the optimizer
+# keeps an fp32 master copy and two moments (12), and with 16-bit gradients an fp32 copy of them too (4).
+MEGATRON_TABLE = {"float16 param, float16 grads": ({"params": 2, "grads": 2, "optimizer": 16}, 20, (4, 16)),
+                  "float16 param, fp32 grads": (STATE_BYTES_MEGATRON, 18, (6, 12)),
+                  "fp32 param, fp32 grads": (STATE_BYTES_FP32, 16, (8, 8))}
+
+
 def megatron_rows(dp: int = ZERO_PAPER_DP) -> list[FigureRow]:
-    """Megatron-LM's bytes per parameter (bf16 weights, fp32 gradients), beside ZeRO's convention."""
-    plain = memory_per_rank(1, "ddp", dp, STATE_BYTES_MEGATRON)["total"]
-    dist = memory_per_rank(1, "zero1", dp, STATE_BYTES_MEGATRON)["total"]
-    zero = memory_per_rank(1, "ddp", dp, STATE_BYTES_MIXED)["total"]
-    why = ("Megatron keeps 4-byte (fp32) gradients, accumulated over microbatches in fp32; ZeRO's paper counts "
-           "2-byte ones: 18 against 16")
-    return [FigureRow("Megatron-LM dist_optimizer.md", "bytes/parameter, no distributed optimizer", 18, plain,
-                      "bytes", why),
-            FigureRow("Megatron-LM dist_optimizer.md", f"bytes/parameter, distributed optimizer, d = {dp}",
-                      6 + 12 / dp, dist, "bytes", "6 + 12/d: the fp32 master copy and two moments sharded over d, "
-                      "as ZeRO-1; the gradients stay whole"),
-            FigureRow("ZeRO, section 3.1", "bytes/parameter, mixed-precision Adam", 16, zero, "bytes",
-                      "2 (fp16 weights) + 2 (fp16 gradients) + K = 12 (fp32 copy, momentum, variance)")]
+    """Megatron-LM's bytes per parameter without and with its distributed optimizer (``a + b/d``), each dtype
+    row of its table, from ``memory_per_rank``; then ZeRO's convention beside them."""
+    rows = []
+    for what, (state, plain, (kept, sharded)) in MEGATRON_TABLE.items():
+        rows.append(FigureRow("Megatron-LM dist_optimizer.md", f"{what}: bytes/parameter", plain,
+                              memory_per_rank(1, "ddp", dp, state)["total"], "bytes",
+                              f"{' + '.join(str(v) for v in state.values())}: weights, gradients, optimizer state"))
+        rows.append(FigureRow("Megatron-LM dist_optimizer.md", f"{what}: distributed optimizer, d = {dp}",
+                              kept + sharded / dp, memory_per_rank(1, "zero1", dp, state)["total"], "bytes",
+                              f"{kept} + {sharded}/d: the optimizer state sharded over d (ZeRO-1), weights and "
+                              "gradients whole"))
+    rows.append(FigureRow("ZeRO, section 3.1", "mixed-precision Adam: bytes/parameter", 16,
+                          memory_per_rank(1, "ddp", dp, STATE_BYTES_MIXED)["total"], "bytes",
+                          "2 (fp16 weights) + 2 (fp16 gradients) + K = 12 (fp32 copy, momentum, variance); "
+                          "Megatron's 18 keeps its gradients in fp32 (4 bytes), to accumulate them over "
+                          "microbatches without rounding"))
+    return rows
 
 
 def deepspeed_zero3_estimate(total_params: float, largest_layer_params: float, gpus_per_node: int = 1,
@@ -79,7 +97,7 @@ def deepspeed_zero3_estimate(total_params: float, largest_layer_params: float, g
                              zero_init: bool = True, additional_buffer_factor: float = 1.5) -> dict[str, float]:
     """DeepSpeed's ``estimate_zero3_model_states_mem_needs`` in our words: bytes per GPU and per node's CPU.
 
-    Every GPU gathers its largest layer's fp16 weights and gradients (``4 x largest_layer_params``). With
+    Every GPU keeps 4 bytes per parameter of its largest layer, the one gathered whole to run. With
     nothing offloaded it also keeps ``18 / n_gpus`` bytes per parameter; offloading the optimizer keeps
     ``2 / n_gpus`` (its fp16 weight shard); offloading weights too keeps nothing more. The CPU of each node
     holds, per parameter, 18 (weights offloaded) or 16 (optimizer only) bytes over the nodes (``zero_init``:
@@ -111,21 +129,21 @@ ZERO_PAPER_LARGEST_LAYER = 4 * 4096 ** 2
 def deepspeed_rows(n_params: float = ZERO_PAPER_PARAMS, dp: int = ZERO_PAPER_DP,
                    largest_layer_params: float = ZERO_PAPER_LARGEST_LAYER, gpus_per_node: int = 8) -> list[FigureRow]:
     """DeepSpeed's estimate for ZeRO-3 on ``dp`` GPUs without offload, beside ours and ZeRO's figure."""
+    gib = 2 ** 30  # DeepSpeed prints GiB ("GB" in its table: bytes / 2**30)
     est = deepspeed_zero3_estimate(n_params, largest_layer_params, gpus_per_node, dp // gpus_per_node,
                                    cpu_offload=False)
-    ours = memory_per_rank(n_params, "zero3", dp, STATE_BYTES_MIXED)["total"]
     offload = deepspeed_zero3_estimate(n_params, largest_layer_params, gpus_per_node, dp // gpus_per_node)
-    return [FigureRow("DeepSpeed stage3.py", "ZeRO-3 per GPU, no offload", est["gpu_bytes"] / 1e9, ours / 1e9, "GB",
+    ours = memory_per_rank(n_params, "zero3", dp, STATE_BYTES_MIXED)["total"]
+    return [FigureRow("DeepSpeed stage3.py", "ZeRO-3 per GPU, no offload", est["gpu_bytes"] / gib, ours / gib, "GiB",
                       f"DeepSpeed counts 18 bytes per parameter over the {dp} GPUs (2 more than ZeRO's 16; the code "
-                      f"does not itemise them) plus one gathered layer's fp16 weights and gradients "
-                      f"({4 * largest_layer_params / 1e9:.2f} GB for a {largest_layer_params / 1e6:.0f}M-parameter "
-                      "matrix, assumed); ours and ZeRO's "
-                      "Figure 1 count the 16 bytes of model states only"),
-            FigureRow("DeepSpeed stage3.py", "ZeRO-3 per node's CPU, no offload", est["cpu_bytes"] / 1e9, 0.0, "GB",
+                      f"does not itemise them) plus 4 bytes per parameter of the largest layer, gathered whole "
+                      f"({4 * largest_layer_params / gib:.2f} GiB for a {largest_layer_params / 1e6:.0f}M-parameter "
+                      "matrix, assumed); ours and ZeRO's Figure 1 count the 16 bytes of model states only"),
+            FigureRow("DeepSpeed stage3.py", "ZeRO-3 per node's CPU, no offload", est["cpu_bytes"] / gib, 0.0, "GiB",
                       "with zero_init each GPU's largest layer passes through the CPU, times the buffer factor 1.5 "
                       "(DeepSpeed applies it to CPU figures only); our model keeps nothing on the CPU"),
             FigureRow("DeepSpeed stage3.py", "ZeRO-3 per node's CPU, weights and optimizer offloaded",
-                      offload["cpu_bytes"] / 1e9, 18 * n_params / (dp // gpus_per_node) / 1e9, "GB",
+                      offload["cpu_bytes"] / gib, 18 * n_params / (dp // gpus_per_node) / gib, "GiB",
                       "18 bytes per parameter over the nodes, times 1.5 for buffers; ours: the 18 bytes alone")]
 
 
