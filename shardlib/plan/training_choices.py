@@ -134,12 +134,12 @@ def training_choices(kernel_efficiency: float = 0.5, schedule: str = "1f1b", chu
 
 def format_training_choices(rows: list[ChoiceRow]) -> str:
     """The rows as a table (ours, published), then each row's notes."""
-    lines = [f"{'model':<16}{'GPUs':>7}{'seq':>8}  {'planner':<32}{'MFU':>5}  {'published':<26}{'MFU':>5}"]
+    lines = [f"{'model':<16}{'GPUs':>7}{'seq':>8}  {'planner':<42}{'MFU':>5}  {'published':<28}{'MFU':>5}"]
     for r in rows:
         mine = f"{r.chosen.layout.label} ({r.chosen.recompute})" if r.chosen else "nothing fits"
         pub = (replace(r.published.layout(), dp_strategy="ddp").label + " FSDP") if r.published else "-"
-        lines.append(f"{r.model:<16}{r.gpus:>7,}{r.sequence_tokens:>8,}  {mine:<32}"
-                     f"{(f'{r.chosen.mfu:.0%}' if r.chosen else '-'):>5}  {pub:<26}"
+        lines.append(f"{r.model:<16}{r.gpus:>7,}{r.sequence_tokens:>8,}  {mine:<42}"
+                     f"{(f'{r.chosen.mfu:.0%}' if r.chosen else '-'):>5}  {pub:<28}"
                      f"{(f'{r.published.mfu:.0%}' if r.published else '-'):>5}")
     for r in rows:
         lines.append(f"{r.model} on {r.gpus:,} GPUs, {r.sequence_tokens:,} tokens:")
