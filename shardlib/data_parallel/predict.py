@@ -8,8 +8,9 @@ Rajbhandari et al. 2020 (ZeRO, section 3): per parameter, mixed-precision Adam k
     bytes per step    DDP, ZeRO-1/2: 2 (N-1)/N P b;  ZeRO-3: 3 (N-1)/N P b  (ring convention)
 
 ``layout_*`` give the same for real flat groups, padding included, to compare with the ranks exactly.
-Activations per layer from Korthikanti et al. 2022, section 4: ``s b h (34 + 5 a s / h)`` bytes, ``34 s b h``
-with the scores recomputed or never stored (fused attention), ``2 s b h`` with full recomputation;
+Activations per layer from Korthikanti et al. 2022, Table 2: ``s b h (34 + 5 a s / h)`` bytes, ``34 s b h``
+with the scores recomputed or never stored (fused attention), ``2 s b h`` with full recomputation, and
+their shares on one GPU of ``tp`` with or without sequence parallelism;
 ``mlp_activation_bytes`` for the toy's block; ``training_memory_per_gpu`` adds a pipeline stage's states and
 in-flight activations.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..checks import choice, whole_number
+from ..checks import choice, flag, whole_number
 from ..models import ModelConfig
 from ..runtime.records import wire_bytes
 from .flat import STRATEGIES, FlatGroup
@@ -119,15 +120,26 @@ def gathered_peak_bytes(groups: Sequence[FlatGroup], element_bytes: int, prefetc
 RECOMPUTE = ("none", "selective", "full")
 
 
-def layer_activation_bytes(model: ModelConfig, seq: int, microbatch: int, recompute: str = "selective") -> float:
-    """Bytes one layer keeps for its backward for one microbatch (Korthikanti et al. 2022, section 4):
-    ``"none"`` stores attention's scores (``5 a s / h``); ``"selective"`` recomputes them, which is also what a
-    fused attention kernel (FlashAttention) keeps without recomputing anything; ``"full"`` keeps the input."""
+def layer_activation_bytes(model: ModelConfig, seq: int, microbatch: int, recompute: str = "selective", tp: int = 1,
+                           sequence_parallel: bool = False) -> float:
+    """Bytes one layer keeps for its backward for one microbatch on one GPU (Korthikanti et al. 2022, section 4
+    and Table 2; 16-bit activations, 1-byte dropout masks): without parallelism ``s b h (34 + 5 a s / h)``;
+    with ``tp`` ways of tensor parallelism ``s b h (10 + 24 / t + 5 a s / (h t))`` (the norms' and dropouts'
+    ``10 s b h`` stay whole on every GPU); with sequence parallelism too, ``s b h / t (34 + 5 a s / h)``.
+    ``"none"`` stores attention's scores (the ``5 a s / h`` term); ``"selective"`` recomputes them, which is
+    also what a fused attention kernel (FlashAttention) keeps without recomputing anything; ``"full"`` keeps
+    only the layer's input, ``2 s b h`` (``/ t`` with sequence parallelism, which splits that input)."""
     choice(recompute, RECOMPUTE, "recompute")
     s, b, h, a = whole_number(seq, "seq"), whole_number(microbatch, "microbatch"), model.d_model, model.n_heads
+    t = whole_number(tp, "tp (the tensor-parallel degree)")
+    sp = flag(sequence_parallel, "sequence_parallel")
+    sbh = s * b * h
     if recompute == "full":
-        return 2 * s * b * h
-    return s * b * h * (34 + (5 * a * s / h if recompute == "none" else 0))
+        return 2 * sbh / (t if sp else 1)
+    scores = 5 * a * s / h if recompute == "none" else 0
+    if sp:
+        return sbh / t * (34 + scores)
+    return sbh * (10 + 24 / t + scores / t)
 
 
 def training_memory_per_gpu(model: ModelConfig, strategy: str, dp: int, seq: int, microbatch: int, pp: int = 1,

@@ -21,7 +21,8 @@ from .memory import Workload, gb, layout_problems
 from .reasons import PP_ACROSS, TP_ACROSS, counterpart_reason, kind, ms, own_reasons
 from .traffic import AxisTraffic, axis_link, forward_traffic, hop_links  # noqa: F401  (the planner's public names)
 
-OBJECTIVES = ("throughput", "latency")
+OBJECTIVES = ("throughput", "latency")  # serving
+TRAINING = "training"  # plan(..., TrainingWorkload(...), objective="training"): see training_plan
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,19 @@ def _plan_reasons(objective: str, workload: Workload, ranked: list[Score], clust
     return tuple(out)
 
 
-def plan(model: ModelConfig, cluster: Cluster, workload: Workload = Workload(), objective: str = "throughput") -> Plan:
+def plan(model: ModelConfig, cluster: Cluster, workload: Workload = Workload(), objective: str = "throughput"):
     """Every layout of ``model`` on ``cluster``: the feasible ones ranked by ``objective`` (highest
     decode throughput, or lowest decode latency per token; ties go to the other, then to fewer model
-    splits), each with its reasons, and the rest with theirs."""
-    choice(objective, OBJECTIVES, "objective")
+    splits), each with its reasons, and the rest with theirs. ``objective="training"`` with a
+    ``TrainingWorkload`` ranks training layouts by tokens per second instead (``training_plan``)."""
+    choice(objective, (*OBJECTIVES, TRAINING), "objective")
+    if objective == TRAINING:
+        from .training_plan import plan_training  # it imports this module's Rejected
+
+        return plan_training(model, cluster, workload)
+    if not isinstance(workload, Workload):
+        raise ValueError(f"objective={objective!r} ranks serving layouts and needs a Workload, got "
+                         f"{type(workload).__name__} (use objective='training' for a TrainingWorkload)")
     work = objective_workload(workload, objective)
     scored, rejected = {}, []
     for layout in enumerate_layouts(model, cluster.n_gpus):

@@ -47,13 +47,14 @@ class TPGroup:
         dim = mesh.mesh_dim_names.index(axis)
         return cls(mesh.size(dim), mesh.get_local_rank(dim), ctx.comm, mesh.get_group(dim))
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The sum over the group, on a copy (autograd may still need ``tensor``). One rank: itself."""
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """The sum (or ``op``: ``"max"``...) over the group, on a copy (autograd may still need ``tensor``).
+        One rank: itself."""
         if self.tp == 1:
             return tensor
         if self.comm is None:
             raise RuntimeError("a TPGroup without ctx.comm has no ranks to sum over")
-        return self.comm.all_reduce(tensor.contiguous().clone(), group=self.group)
+        return self.comm.all_reduce(tensor.contiguous().clone(), op=op, group=self.group)
 
     def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         """Every rank's ``tensor`` joined along ``dim``, in group order."""

@@ -3,7 +3,8 @@
 A weight is stored ``(out_features, in_features)``, as ``nn.Linear`` does. ``shard_columns`` cuts its
 output features (dim 0), ``shard_rows`` its input features (dim 1) (Megatron-LM, Shoeybi et al. 2019,
 section 3). ``TensorParallelPair`` chains them column then row and sums the shards' partial outputs;
-``simulate_tp_stack`` does the same for the toy's attention and MLP. Pure: never ``torch.distributed``.
+``simulate_tp_stack`` does the same for the toy's attention and MLP; ``simulate_vocab_parallel_cross_entropy``
+computes the loss from ``vocab / tp`` slices of the logits. Pure: never ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 from ..checks import whole_number
 from ..models import ModelConfig, check_tensor_parallel
 from ..toy import attention_layer_reference, mlp_reference, rms_norm
+from .predict import check_vocab_split
 
 
 def _check_shards(n_shards) -> int:
@@ -118,3 +120,50 @@ def simulate_tp_stack(x: torch.Tensor, layers: list[dict], model: ModelConfig, t
                 n = rms_norm(h)
                 h = h + sum(mlp_reference(n, s["gate"], s["up"], s["down"]) for s in shards)
     return h
+
+
+def vocab_range(vocab: int, tp: int, index: int) -> tuple[int, int]:
+    """The token ids ``[start, end)`` whose rows (embedding, LM head, logits) rank ``index`` of ``tp`` keeps."""
+    rows = check_vocab_split(vocab, tp)
+    if not 0 <= index < tp:
+        raise ValueError(f"index {index} is outside a tensor-parallel group of {tp} ranks")
+    return index * rows, (index + 1) * rows
+
+
+def check_targets(targets: torch.Tensor, logits_shape: tuple, vocab: int, what: str = "target") -> None:
+    """The loss's input rules: one integer target per row of logits, each a token id in ``[0, vocab)``
+    (the embedding's too: ``what="input"``)."""
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+        raise ValueError(f"{what} tokens must be integer token ids, got a {targets.dtype} tensor")
+    if tuple(targets.shape) != tuple(logits_shape[:-1]):
+        raise ValueError(f"the logits are {tuple(logits_shape)} but the targets {tuple(targets.shape)}: one target "
+                         f"token id per row of logits, so the targets' shape is the logits' without the last "
+                         f"(vocabulary) dim, {tuple(logits_shape[:-1])}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+        bad = targets[(targets < 0) | (targets >= vocab)]
+        raise ValueError(f"{what} token ids must lie in [0, {vocab}) for a vocabulary of {vocab} tokens; got "
+                         f"{bad.unique()[:5].tolist()} (no id is skipped here, as F.cross_entropy's "
+                         f"ignore_index would be)")
+
+
+def simulate_vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: int) -> torch.Tensor:
+    """Per-token cross-entropy from ``tp`` slices of the vocabulary, as the ranks compute it, in one process.
+
+    ``logits (..., vocab)``, ``targets (...)`` token ids. Each slice gives its row max, its sum of
+    exponentials and (only the slice that owns the target) the target's logit; three reductions over the
+    slices (stand-ins for the three all-reduces) combine them: ``loss = log sum exp(z - m) - (z_t - m)``.
+    Equal to ``F.cross_entropy(reduction="none")`` within float32 rounding: the exponentials add in
+    another order."""
+    rows = check_vocab_split(logits.shape[-1], tp)
+    check_targets(targets, logits.shape, logits.shape[-1])
+    slices = logits.detach().split(rows, dim=-1)
+    row_max = torch.stack([z.max(dim=-1).values for z in slices]).amax(0)  # the all-reduce MAX
+    shifted = [z - row_max.unsqueeze(-1) for z in slices]
+    sum_exp = torch.stack([z.exp().sum(-1) for z in shifted]).sum(0)  # the first all-reduce SUM
+    target_logit = torch.zeros_like(row_max)
+    for i, z in enumerate(shifted):  # the second all-reduce SUM: the owner adds the logit, the others 0
+        start, end = vocab_range(logits.shape[-1], tp, i)
+        mine = (targets >= start) & (targets < end)
+        local = torch.where(mine, targets - start, 0)
+        target_logit = target_logit + z.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, 0.0)
+    return sum_exp.log() - target_logit

@@ -1,0 +1,210 @@
+"""What training one layout costs: the workload, and one step's time on a cluster, term by term.
+
+Each of ``dp`` replicas runs ``m`` microbatches of ``b`` sequences (``global batch = b x m x dp``):
+**compute**: ``6 N`` FLOPs per token over the matrix parameters plus attention's ``12 L h s`` (Narayanan
+et al. 2021; PaLM's MFU count) plus recomputation's (full: a forward more, ``2 N + 4 L h s``; selective:
+attention's ``4 L h s``), over the ``tp x pp x cp`` GPUs of a replica at ``kernel_efficiency`` of dense
+BF16 peak, the heaviest stage setting the pace; **bubble**: 1F1B's ``p - 1`` microbatch slots (``/ v``
+interleaved); **tp** (exposed): sequence parallelism's two all-gathers and two reduce-scatters per layer
+forward, as many backward, more under full recomputation; **cp**: the ring's K/V (``cp - 1`` hops forward,
+K, V, dK, dV back) hidden behind the layer's attention up to its time; **dp** over the ``dp x cp`` ranks
+holding the same weights, a collective per layer: DDP and ZeRO-1 once a step behind the last microbatch's
+backward but for the last bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a
+reduce-scatter every microbatch behind its compute; **pp**: the first microbatch's hops forward and the
+last one's back. Links from ``hardware`` placed as ``traffic.axis_link`` does; gradients in bf16. A model:
+no kernel launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..checks import choice, flag, number_between, whole_number
+from ..costs.alpha_beta import collective_time_s, point_to_point_s
+from ..data_parallel.predict import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
+from ..hardware import Cluster, Link
+from ..models import ModelConfig
+from .layout import DP_STRATEGIES, Layout
+from .training_memory import SCHEDULES, TrainingMemory, layers_of, peak_training_memory
+
+CONVENTIONS = {"megatron": STATE_BYTES_MEGATRON, "zero": STATE_BYTES_MIXED}
+
+
+@dataclass(frozen=True)
+class TrainingWorkload:
+    """What is trained: sequences of ``sequence_tokens``, ``global_batch_tokens`` per step (a whole number
+    of sequences), at most ``memory_utilization`` of each GPU's memory for states and activations (the
+    rest: buffers, fragmentation), the ``recompute`` and ``microbatch_sizes`` and ``dp_strategies`` the
+    planner may choose from, the pipeline ``schedule`` (``chunks`` per GPU when interleaved), sequence
+    parallelism with tp, bytes per parameter by ``convention`` ("megatron": 2 + 4 + 12; "zero": 2 + 2 +
+    12), and ``kernel_efficiency``: the share of dense BF16 peak the kernels reach (0.5 assumed: large
+    matmuls reach 0.6 to 0.75 of it, attention, norms and the optimizer step less). The time model has no
+    term for kernels starved by small shapes; ``min_ring_slice_tokens`` stands in for it where it matters
+    most: context parallelism only cuts sequences into ring slices of at least that many tokens (cp is
+    for long sequences: Llama 3 used none at 8K and 16 ways at 128K)."""
+
+    sequence_tokens: int = 8192
+    global_batch_tokens: int = 2048 * 8192
+    memory_utilization: float = 0.9
+    recompute: tuple[str, ...] = ("selective", "full")
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4)
+    dp_strategies: tuple[str, ...] = DP_STRATEGIES
+    schedule: str = "1f1b"
+    chunks: int = 2
+    sequence_parallel: bool = True
+    convention: str = "megatron"
+    kernel_efficiency: float = 0.5
+    min_ring_slice_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        s = whole_number(self.sequence_tokens, "sequence_tokens (tokens per sequence)")
+        g = whole_number(self.global_batch_tokens, "global_batch_tokens (tokens per optimizer step)")
+        if g % s:
+            raise ValueError(f"a global batch of {g:,} tokens is not a whole number of sequences of {s:,} tokens "
+                             f"({g:,} / {s:,} = {g / s:,.2f}): make global_batch_tokens a multiple of sequence_tokens")
+        number_between(self.memory_utilization, "memory_utilization (the share of a GPU's memory training fills)",
+                       0.05, 1.0)
+        for name, allowed in (("recompute", RECOMPUTE), ("dp_strategies", DP_STRATEGIES)):
+            values = getattr(self, name)
+            if not isinstance(values, tuple) or not values:
+                raise ValueError(f"{name} must be a non-empty tuple of {allowed}, got {values!r}")
+            for v in values:
+                choice(v, allowed, name)
+        if not isinstance(self.microbatch_sizes, tuple) or not self.microbatch_sizes:
+            raise ValueError("microbatch_sizes must be a non-empty tuple of whole numbers, got "
+                             f"{self.microbatch_sizes!r}")
+        for b in self.microbatch_sizes:
+            whole_number(b, "a microbatch size (sequences per microbatch)")
+        choice(self.schedule, SCHEDULES, "schedule")
+        whole_number(self.chunks, "chunks (model chunks per GPU, interleaved schedule)")
+        flag(self.sequence_parallel, "sequence_parallel")
+        choice(self.convention, tuple(CONVENTIONS), "convention (bytes per parameter)")
+        number_between(self.kernel_efficiency, "kernel_efficiency (the share of peak FLOPs kernels reach)", 0.05, 1.0)
+        whole_number(self.min_ring_slice_tokens, "min_ring_slice_tokens (the shortest slice cp may cut)")
+
+    @property
+    def sequences(self) -> int:
+        """Sequences per optimizer step."""
+        return self.global_batch_tokens // self.sequence_tokens
+
+    @property
+    def state_bytes(self) -> dict[str, float]:
+        return CONVENTIONS[self.convention]
+
+    def usable_bytes(self, cluster: Cluster) -> float:
+        return cluster.memory_per_gpu_bytes * self.memory_utilization
+
+
+@dataclass(frozen=True)
+class TrainingScore:
+    """One layout's best configuration: microbatch ``b`` x ``m`` per replica, ``recompute``, the fullest
+    stage's memory, and a step's time term by term (exposed seconds), tokens per second and MFU."""
+
+    layout: Layout
+    microbatch: int
+    n_microbatches: int
+    recompute: str
+    memory: TrainingMemory
+    compute_s: float
+    bubble_s: float
+    tp_s: float
+    cp_s: float
+    dp_s: float
+    pp_s: float
+    tokens_per_s: float
+    mfu: float
+    links: dict = field(default_factory=dict, compare=False)  # axis -> link name
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s
+
+
+def model_flops_per_token(model: ModelConfig, seq: int) -> float:
+    """Forward and backward: ``6 N`` over the parameters a token multiplies (the embedding is a lookup)
+    plus attention's scores and values, ``12 L h s`` (not halved for causality, as MFU counts it)."""
+    matrix = model.active_params_per_token - model.vocab_size * model.d_model - model.d_model
+    return 6 * matrix + 12 * model.n_layers * model.d_model * seq
+
+
+def recompute_flops_per_token(model: ModelConfig, seq: int, recompute: str) -> float:
+    """What recomputation adds: a whole forward (full) or attention's core (selective)."""
+    attention = 4 * model.n_layers * model.d_model * seq
+    if recompute == "full":
+        return (model_flops_per_token(model, seq) - 3 * attention) / 3 + attention
+    return attention if recompute == "selective" else 0.0
+
+
+def _span_link(cluster: Cluster, span: int, size: int) -> Link:
+    """The link of a group of ``size`` ranks spread over blocks of ``span`` consecutive ranks: inside a node
+    when the block fits one node and nodes hold whole blocks (what ``traffic.axis_link`` finds rank by rank)."""
+    g = cluster.gpus_per_node
+    inside = size == 1 or (span <= g and g % span == 0)
+    return cluster.intra_link if inside else cluster.inter_link
+
+
+def axis_links(cluster: Cluster, layout: Layout) -> dict[str, Link]:
+    """The link each axis of ``layout`` uses on ``cluster`` (Megatron's order: tp, cp, dp, pp outermost)."""
+    t, c, d, p = layout.tp, layout.cp, layout.dp, layout.pp
+    return {"tp": _span_link(cluster, t, t), "cp": _span_link(cluster, t * c, c),
+            "dp": _span_link(cluster, t * c * d, d * c), "pp": _span_link(cluster, t * c * d * p, p)}
+
+
+def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workload: TrainingWorkload, microbatch: int,
+                   recompute: str, memory: TrainingMemory | None = None) -> TrainingScore:
+    """One step of ``layout`` with microbatches of ``microbatch`` sequences and ``recompute``, term by term
+    (the module docstring's model)."""
+    w, lay = workload, layout
+    s, b = w.sequence_tokens, microbatch
+    m = w.sequences // (lay.dp * b)
+    n = lay.world_size
+    if memory is None:
+        memory = peak_training_memory(model, lay, s, b, m, recompute=recompute, sequence_parallel=w.sequence_parallel,
+                                      state_bytes=w.state_bytes, schedule=w.schedule, chunks=w.chunks)
+    links = axis_links(cluster, lay)
+    rate = cluster.peak_flops_per_s * w.kernel_efficiency
+    layers = layers_of(model.n_layers, lay.pp, 0)  # the first stage is the heaviest
+    heaviest = layers / (model.n_layers / lay.pp)
+    flops = model_flops_per_token(model, s) + recompute_flops_per_token(model, s, recompute)
+    compute = w.global_batch_tokens * flops / (n * rate) * heaviest
+    per_mb = compute / m
+    bubble = (lay.pp - 1) * per_mb / (w.chunks if w.schedule == "interleaved" and lay.pp > 1 else 1)
+    act = s // lay.cp * b * model.d_model * 2  # one microbatch's layer input, bf16, whole
+    charge = cluster.latency_charge
+    tp = 0.0
+    if lay.tp > 1:
+        passes = 3 if recompute == "full" else 2
+        if w.sequence_parallel:
+            one = (collective_time_s("all_gather", act, lay.tp, links["tp"], charge)
+                   + collective_time_s("reduce_scatter", act, lay.tp, links["tp"], charge))
+        else:
+            one = collective_time_s("all_reduce", act, lay.tp, links["tp"], charge)
+        tp = 2 * one * passes * layers * m
+    cp = 0.0
+    if lay.cp > 1:
+        kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * 2
+        ring = 3 * (lay.cp - 1) * point_to_point_s(kv, links["cp"])
+        attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate
+        cp = max(0.0, ring - attention) * layers * m
+    dp = 0.0
+    ranks = lay.dp * lay.cp
+    if ranks > 1:
+        bucket = memory.params * 2 / layers  # one layer's bf16 gradients (or weights): one collective each
+        rs = layers * collective_time_s("reduce_scatter", bucket, ranks, links["dp"], charge)
+        ag = layers * collective_time_s("all_gather", bucket, ranks, links["dp"], charge)
+        backward = per_mb * 2 / 3
+        if lay.dp_strategy in ("ddp", "zero1"):  # once per step, behind the last microbatch's backward
+            dp = max(rs + ag - backward, (rs + ag) / layers)
+        elif lay.dp_strategy == "zero2":  # gradients reduced every microbatch; weights gathered after the step
+            dp = m * max(rs - backward, rs / layers) + ag
+        else:  # weights gathered before each forward and backward, gradients reduced, every microbatch
+            dp = m * max(2 * ag + rs - per_mb, rs / layers)
+    pp = 0.0
+    if lay.pp > 1:
+        hop = act / (lay.tp if w.sequence_parallel else 1)
+        pp = 2 * (lay.pp - 1) * point_to_point_s(hop, links["pp"])
+    step = compute + bubble + tp + cp + dp + pp
+    mfu = w.global_batch_tokens * model_flops_per_token(model, s) / (step * n * cluster.peak_flops_per_s)
+    return TrainingScore(lay, b, m, recompute, memory, compute, bubble, tp, cp, dp, pp, w.global_batch_tokens / step,
+                         mfu, {k: v.name for k, v in links.items()})
