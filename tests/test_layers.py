@@ -103,7 +103,6 @@ LAYERS = {
         "shardlib.context_parallel.ring",
         "shardlib.context_parallel.ulysses",
         "shardlib.combined.forward",
-        "shardlib.training.vocab_standin",
         "shardlib.training.step",
     },
     "driver": {

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from shardlib.plan.layout import Layout
 from shardlib.runtime.measure import TOLERANCE
 from shardlib.tensor_parallel.layers import TPGroup
+from shardlib.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from shardlib.training.corpus import MarkovCorpus, TrainingConfig
 from shardlib.training.drivers import check_training
 from shardlib.training.reference import init_weights, train_reference
-from shardlib.training.vocab_standin import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
 def test_config_checks_and_batch_accounting():
@@ -45,7 +45,7 @@ def test_the_corpus_is_learnable_and_the_reference_learns_it():
     (Layout(tp=2, pp=1, cp=2), 12, "2 x cp x tp"),
     (Layout(tp=2, pp=1), 15, "sequence parallelism"),
     (Layout(tp=1, pp=5), 16, "5 pipeline stages"),
-    (Layout(tp=1, pp=4), 16, "m = 2 < pp = 4"),
+    (Layout(tp=1, pp=1, ep=2), 16, "dense"),
     (Layout(tp=1, pp=2, dp=2, dp_strategy="zero3"), 16, "ZeRO-3"),
 ])
 def test_bad_layouts_are_refused_in_the_learners_terms(layout, seq, match):
@@ -54,7 +54,7 @@ def test_bad_layouts_are_refused_in_the_learners_terms(layout, seq, match):
 
 
 def test_vocabulary_that_tp_does_not_divide_is_refused():
-    with pytest.raises(ValueError, match="vocabulary of 60 tokens"):
+    with pytest.raises(ValueError, match="60"):
         VocabParallelEmbedding(torch.zeros(60, 4), TPGroup(8, 0))
 
 

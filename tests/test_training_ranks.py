@@ -79,7 +79,7 @@ def test_eight_ranks_dp2_pp2_tp2_train_exactly(pool8):
 
 
 def test_float32_ledger_and_traffic_equal_the_prediction_on_four_stages(pool4):
-    config = TrainingConfig(m=4, dtype="float32")
+    config = TrainingConfig(m=3, dtype="float32")  # fewer microbatches than stages: 1F1B still runs
     run = run_training(pool4, Layout(tp=1, pp=4), config)
     assert run.predicted_ledgers() == run.ledgers, run.ledger_text()
     acts = [ledger["activations"] for ledger in run.ledgers]

@@ -45,8 +45,6 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
                          f"split into {how} equal pieces for sequence parallelism")
     if layout.pp > config.n_layers:
         raise ValueError(f"{config.n_layers} layers cannot fill {layout.pp} pipeline stages: each needs a layer")
-    if config.m < layout.pp:
-        raise ValueError(f"1F1B needs at least as many microbatches as stages: m = {config.m} < pp = {layout.pp}")
     if layout.dp_strategy == "zero3" and layout.pp > 1:
         raise ValueError(f"ZeRO-3 runs here with pp = 1 only (got pp = {layout.pp}): its per-layer gathers "
                          "and 1F1B's interleaved microbatches are not combined in this step")

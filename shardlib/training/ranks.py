@@ -62,7 +62,8 @@ def training_on_rank(ctx, layout, config, stage_layers) -> dict:
     its weight shards (tp slices, by the stage model's names), ledger, and ``marks``: how many comm records
     the rank had before the first step and after each."""
     probe = LedgerProbe(ctx.timeline)
-    step = TrainingStep(ctx, layout, config, init_weights(config), stage_layers, probe, probe.on_saved)
+    weights = {k: v.to(ctx.device) for k, v in init_weights(config).items()}
+    step = TrainingStep(ctx, layout, config, weights, stage_layers, probe, probe.on_saved)
     probe.param_ptrs.update(p.data_ptr() for p in step.model.parameters())
     corpus, me, rows = MarkovCorpus(config), step.me, config.microbatch * config.m
     losses, marks = [], [len(ctx.comm.records)]

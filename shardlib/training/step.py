@@ -28,9 +28,9 @@ from ..runtime.measure import NO_PROBE
 from ..tensor_parallel.blocks import ParallelAttention, ParallelMLP
 from ..tensor_parallel.layers import ColumnParallelLinear, TPGroup
 from ..tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
+from ..tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from ..toy import rms_norm, split_heads
 from .reference import adamw, layer_of
-from .vocab_standin import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
 def gather_seq(x, tpg):  # (b, s/(cp tp), d) -> (b, s/cp, d)
