@@ -33,6 +33,7 @@ FOUR = {
     "dp2-tp2-zero1": Layout(tp=2, pp=1, dp=2, dp_strategy="zero1"),
     "dp2-tp2-zero2": Layout(tp=2, pp=1, dp=2, dp_strategy="zero2"),
     "dp2-cp2": Layout(tp=1, pp=1, dp=2, cp=2),
+    "pp2-cp2": Layout(tp=1, pp=2, cp=2),
 }
 _REFERENCES: dict = {}
 
