@@ -11,8 +11,6 @@ becomes a larger one in the weight, and it grows step by step. In float32, 10 st
 cannot hide under it.
 """
 
-import time
-
 import pytest
 
 from shardlib import Ranks
@@ -61,10 +59,7 @@ def check_exact(run, layout):
 
 @pytest.mark.parametrize("name", list(FOUR))
 def test_four_rank_layouts_train_exactly(pool4, name):
-    start = time.perf_counter()
-    run = run_training(pool4, FOUR[name], CONFIG)
-    check_exact(run, FOUR[name])
-    assert time.perf_counter() - start < 30
+    check_exact(run_training(pool4, FOUR[name], CONFIG), FOUR[name])
 
 
 def test_uneven_stages_train_exactly(pool4):
