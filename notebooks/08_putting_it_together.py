@@ -609,7 +609,188 @@ assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8
 
 
 # %% [markdown]
-# ## Training: what one GPU keeps, predicted, and the published figures beside ours
+# ## Training: one step over every axis at once
+#
+# Everything so far served a model: forward passes only. Training runs the same layers forward and
+# backward and then updates them, and every real training run combines the four ways of splitting you
+# have met, on one mesh:
+#
+# | axis | splits | in the step | its collectives |
+# | --- | --- | --- | --- |
+# | `tp` (01, 07) | layer matrices, the vocabulary | sequence parallelism around each block half | gather, scatter |
+# | `cp` (07) | each sequence's tokens (zigzag) | ring attention, forward and backward | K/V hops round the ring |
+# | `pp` (03) | the layers | 1F1B; embedding on the first stage, head and loss on the last | one send per microbatch |
+# | `dp` (06) | the batch | DDP, or ZeRO-1/2/3 sharding optimizer, gradients, weights | once per step |
+#
+# Per rank and step, `tp` gathers and scatters the tokens twice per block forward and twice backward,
+# for every microbatch; `cp` sends K/V `cp - 1` hops per layer forward and `2cp - 1` backward (K/V again,
+# then their gradients home); `pp` one activation per microbatch forward and one gradient back; `dp`
+# reduces the gradients once per step (ZeRO-2 after every microbatch, ZeRO-3 layer by layer).
+#
+# The mesh numbers ranks in Megatron-LM's order, **tp innermost, then cp, dp, and pp outermost**:
+# `rank = ((stage x dp + replica) x cp + cp_rank) x tp + tp_rank`. The chattiest axis gets consecutive
+# ranks (one node's NVLink); the pipeline's few sends may cross the slowest link. A weight that is
+# replicated over `dp` *and* over `cp` (every place in the ring holds the same layers) has its gradient
+# summed over both: the data-parallel collectives run on the `dp x cp` group.
+#
+# The model is the toy's blocks between a token embedding and an LM head over a vocabulary of 64 tokens,
+# trained with AdamW on a seeded Markov chain: each token has 3 likely successors, so the loss can fall
+# from `ln 64` (guessing) towards the chain's entropy. One step sees the **global batch**:
+# `microbatch x m x dp` sequences, accumulated over `m` microbatches on each of `dp` replicas.
+
+# %%
+from shardlib.training import MarkovCorpus, TrainingConfig, train_reference
+
+train_config = TrainingConfig(dtype="float64", steps=6)  # float64: see "Run it" below
+corpus = MarkovCorpus(train_config)
+print(f"{train_config.n_layers} blocks, d_model {train_config.d_model}, {train_config.n_heads} heads sharing "
+      f"{train_config.n_kv_heads} KV heads, vocabulary {train_config.vocab_size}, sequences of "
+      f"{train_config.seq} tokens")
+for dp in (1, 2):
+    print(f"dp = {dp}: {train_config.batch_text(dp)}")
+print(f"loss when guessing: ln {train_config.vocab_size} = {corpus.uniform_nats:.2f} nats; the chain's entropy, "
+      f"the least any model can reach: {corpus.entropy_nats:.2f} nats")
+assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
+
+# %% [markdown]
+# ## Read the code: the training step
+#
+# `shardlib.training.step` is one rank's part of the step. A `Block` takes this rank's slice of the
+# residual stream, `(b, s/(cp tp), d)`: it norms its own tokens, all-gathers them over `tp`
+# (`gather_seq`, sequence parallelism's `g`), runs its share of attention or the MLP, and
+# reduce-scatters the partial sums back to token shards (`scatter_seq`). Attention over the `cp` ring
+# is notebook 07's `ring_attention`, given the ring as a group. `TrainingStep.run` walks the 1F1B
+# schedule of notebook 03: an `F` takes a microbatch (the first stage from the batch, the others from
+# the previous stage), runs the stage and passes the output on; a `B` runs autograd's backward from the
+# gradient the next stage sent and passes the input's gradient back. The last stage's output is the
+# per-token loss, computed by the vocabulary-parallel cross-entropy without ever gathering the logits.
+# After the last `B`, `DataParallel.step` sums the gradients over `dp x cp` and runs AdamW: an
+# all-reduce (DDP), or a reduce-scatter, AdamW on this rank's shard, and an all-gather (ZeRO-1/2).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.training.step import Block, DataParallel, TrainingStep
+
+show_code(Block.forward, TrainingStep.run, DataParallel.step)
+
+# %% [markdown]
+# ## Predict: what each rank keeps
+#
+# Before anything runs, `training.predict` counts every rank's ledger from the shapes alone: the bytes
+# it keeps between steps (weights, gradients, AdamW's two moments), the activations autograd keeps for
+# the backward at the moment the most microbatches are in flight (1F1B's stage `s` of `p` holds
+# `p - s`), and ZeRO-3's transient gathered layer. Here for two stages of two-way tensor parallelism:
+# the ranks of one stage are alike, the two stages are not.
+
+# %%
+from shardlib.training.predict import KEYS, predict_ledger
+from shardlib.training.drivers import check_training
+
+pp_tp = Layout(tp=2, pp=2)
+predicted_pp_tp = predict_ledger(train_config, pp_tp, check_training(pp_tp, train_config))
+print(f"{pp_tp.label}, bytes per rank, predicted:")
+print(f"{'rank':>4}{'stage':>6}" + "".join(f"{k:>13}" for k in KEYS))
+for r, row in enumerate(predicted_pp_tp):
+    print(f"{r:>4}{pp_tp.position(r).stage:>6}" + "".join(f"{row[k]:>13,}" for k in KEYS))
+assert predicted_pp_tp[0]["activations"] > predicted_pp_tp[2]["activations"]  # stage 0 keeps 2 microbatches
+
+# %% [markdown]
+# The weights are the same on both stages only by coincidence of this toy's sizes (the first stage's
+# embedding and the last stage's head are both `V x d`); the activations are not: stage 0 keeps two
+# microbatches in flight, stage 1 one, plus the head's softmax over its `V/tp` vocabulary slice.
+#
+# ## Run it: five layouts on the same four ranks
+#
+# The same four warm ranks train the model six steps in each layout: `dp 2 x tp 2`, `pp 2 x tp 2`,
+# `dp 2 x pp 2`, `cp 2 x tp 2` and ZeRO-3 over `dp 2 x tp 2`. Each is compared with one process training
+# on the same global batches. The runs are in float64: a cross-rank sum adds in another order than one
+# process, and AdamW divides each update by the root of its second moment, which makes those last-bit
+# differences grow step by step; in float32 the gap after ten steps reaches a few `1e-6`, too close to
+# the tolerance to teach from. In float64 every loss and every final weight agree within `1e-5` by a
+# wide margin (about `1e-14`).
+
+# %%
+from shardlib.training import run_training
+
+train_layouts = (Layout(tp=2, pp=1, dp=2), Layout(tp=2, pp=2), Layout(tp=1, pp=2, dp=2), Layout(tp=2, pp=1, cp=2),
+                 Layout(tp=2, pp=1, dp=2, dp_strategy="zero3"))
+with four.same_threads():  # a tiny model: one process computes it fastest with a rank's share of the cores
+    train_refs = {dp: train_reference(train_config, dp) for dp in (1, 2)}
+train_runs = {}
+for lay in train_layouts:
+    train_runs[lay.label] = run = run_training(four, lay, train_config)
+    gap = run.against_reference(train_refs[lay.dp])
+    print(f"{lay.label:<24} losses {' '.join(f'{v:.3f}' for v in run.losses)}   largest gap to one process: "
+          f"{'below 1e-12' if gap < 1e-12 else f'{gap:.1e}'}")
+    assert gap < TOLERANCE
+    assert run.ledgers == run.predicted_ledgers()  # every rank, every term, to the byte
+    assert all(run.traffic_by_axis(r) == run.predicted_traffic(r) for r in range(four.world_size))
+assert train_runs["tp=2 pp=1 dp=2"].losses[-1] < train_runs["tp=2 pp=1 dp=2"].losses[0] - 0.5  # it learns
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.ui.training_figures import ledger_figure, loss_figure, traffic_figure
+
+loss_figure({name: run.losses for name, run in train_runs.items()},
+            {f"global batch of {train_config.global_batch(dp)}": ref.losses for dp, ref in train_refs.items()},
+            floor_nats=corpus.entropy_nats)
+
+# %% [markdown]
+# Layouts with the same `dp` see the same global batches, so their losses lie on the same reference
+# curve; the two references differ because `dp = 2` doubles the batch. Splitting the model changes
+# where each number is computed, not what it is.
+#
+# ## Every rank's ledger, measured
+#
+# On the ranks, the ledger is measured, not computed: the bytes of every tensor the rank keeps
+# (parameters, gradients, the optimizer's state), and every tensor autograd saves for the backward
+# (counted by a saved-tensor hook per microbatch, the peak over the step of those still alive). The
+# cell above asserted measured = predicted for every term on every rank of every layout; the figure shows
+# them, measured as bars and predicted as a mark at the top of each term.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+labels, measured_rows, predicted_rows = [], [], []
+for name in ("tp=2 pp=2 dp=1", "tp=2 pp=1 dp=2", "tp=2 pp=1 dp=2 zero3", "tp=2 pp=1 dp=1 cp=2"):
+    run = train_runs[name]
+    for r in (0, 2) if run.layout.pp > 1 else (0,):
+        labels.append(f"{name}<br>rank {r}" + (f" (stage {run.positions[r][0]})" if run.layout.pp > 1 else ""))
+        measured_rows.append(run.ledgers[r])
+        predicted_rows.append(run.predicted_ledgers()[r])
+ledger_figure(measured_rows, predicted_rows, labels, "What one rank keeps, measured (bars) and predicted (marks)")
+
+# %% [markdown]
+# Read it from left to right. The pipeline's first stage keeps the most activations (two microbatches in
+# flight). Data parallelism keeps the whole weights, gradients and both AdamW moments of its tensor-parallel
+# half on each replica; ZeRO-3 divides all three by the `dp = 2` ranks and pays with a transient: each
+# layer gathered whole, one at a time, when it runs. Context parallelism halves every activation (each
+# place in the ring holds half the tokens) but keeps the whole weights.
+#
+# ## Traffic by mesh axis
+#
+# Every collective went through a group named for its axis, so the comm log splits by axis. The cell
+# above asserted it equal to the prediction, call by call and byte by byte, on every rank.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+wire_by_layout = {}
+for name, run in train_runs.items():
+    per_axis = {}
+    for (axis, op), (calls, size, wire) in run.traffic_by_axis(0).items():
+        per_axis[axis] = per_axis.get(axis, 0) + wire
+    wire_by_layout[name] = per_axis
+    print(f"{name:<24}" + "  ".join(f"{axis}: {wire:>9,} B" for axis, wire in per_axis.items()))
+traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training step, by mesh axis")
+
+# %% [markdown]
+# The tensor axis carries the most: sequence parallelism's gathers and scatters run at every block, forward
+# and backward, for every microbatch. The ring's K/V travel per layer too, but only the KV heads (2 here,
+# against 4 query heads). The pipeline sends one activation per microbatch each way, and the data axis
+# moves the gradients once a step, whatever the number of microbatches (ZeRO-3 gathers each layer twice
+# and reduce-scatters it, every microbatch).
+
+# %% [markdown]
+# ## Training at scale: what one GPU keeps, predicted, and the published figures beside ours
 #
 # Serving keeps weights and KV cache. Training keeps much more per GPU, and the memory model in
 # `plan.training_memory` counts it for one GPU of a `(tp, pp, dp, cp, ZeRO stage)` layout, stage by stage:
