@@ -790,6 +790,24 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # and reduce-scatters it, every microbatch).
 
 # %% [markdown]
+# ## Explore: train any layout of the four ranks
+#
+# The slider holds every layout of four ranks this model can run (`tp = 4` is missing: 2 KV heads
+# cannot be split 4 ways, and tensor parallelism gives each rank whole KV heads). Pick one, a
+# data-parallel strategy and the number of microbatches: the model trains three steps on the warm
+# ranks and every rank's ledger is drawn, measured beside predicted. Watch the pipeline's first stage
+# grow with `m` up to `p` microbatches in flight and no further, ZeRO move bytes out of the weights,
+# gradients and optimizer, and context parallelism halve the activations.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from dataclasses import replace
+
+from shardlib.ui.training_widgets import training_explorer
+
+training_explorer(four, replace(train_config, steps=3))
+
+# %% [markdown]
 # ## Training at scale: what one GPU keeps, predicted, and the published figures beside ours
 #
 # Serving keeps weights and KV cache. Training keeps much more per GPU, and the memory model in
