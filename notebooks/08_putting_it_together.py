@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Putting it together: TP inside a node, PP across nodes, and a layout planner
+# # 08 · Putting it together: serving layouts, and one training step over every axis
 #
 # **What you will see.** The three strategies of notebooks 01, 03 and 05 run again on the same four
 # ranks, and their comm logs set side by side, per token and per layer: what each one splits and what
@@ -23,6 +23,13 @@
 # the slow link between them with tensor parallelism or with pipeline stages. Both run here, for real,
 # over an emulated slow link, beside a planner's prediction. Last, the planner on real models and GPUs:
 # its choice for Llama-3-8B, 70B, 405B and Mixtral, with its reasons.
+#
+# Then training, where every axis of the course meets in one step: a small language model trained over
+# data, pipeline, context and tensor parallelism at once, on the same four ranks, layout after layout,
+# each equal to one process training on the same batches. Every rank's memory (weights, gradients,
+# optimizer state, activations in flight) and its traffic on each mesh axis are predicted first and
+# then measured, to the byte. Last, the same memory model on published configurations (ZeRO's 7.5B,
+# Megatron's 530B layers, Llama 3 405B), and a planner for training beside the layouts Meta published.
 
 # %% [markdown]
 # ## The idea: three ways to split, and what each costs
@@ -1035,6 +1042,32 @@ show_questions(
         1,
         "The scores grow with s^2 and are cheap to recompute; FlashAttention never stores them at all.",
     ),
+    Question(
+        f"Your run put {train_runs['tp=2 pp=2 dp=1'].ledgers[0]['activations']:,} bytes of activations on stage 0 "
+        f"of pp 2 x tp 2 and {train_runs['tp=2 pp=2 dp=1'].ledgers[2]['activations']:,} on stage 1. Why does the "
+        "first stage keep more?",
+        ("It holds the embedding", "Under 1F1B stage s of p starts p - s microbatches before its first backward, "
+         "so stage 0 keeps 2 in flight and stage 1 one (stage 1 also keeps the head's softmax)",
+         "Its activations are in float64"),
+        1,
+        "1F1B bounds the microbatches in flight by the pipeline's depth, not by m: the first stage is fullest.",
+    ),
+    Question(
+        "With cp = 2, which ranks must sum a layer weight's gradient?",
+        ("Only the dp replicas", "Every replica and every place in the ring: each place computed the gradient "
+         "from its own tokens, so the sum runs over dp x cp", "Only the tp group"),
+        1,
+        "Context parallelism splits the tokens, like data parallelism splits the batch: both leave the weights "
+        "whole, so both must add their gradients.",
+    ),
+    Question(
+        "Why do dp 2 x tp 2 and dp 2 x pp 2 produce the same losses step by step, while pp 2 x tp 2 produces "
+        "other ones?",
+        ("Different random seeds", "The loss depends on the global batch, microbatch x m x dp sequences: the two "
+         "dp = 2 layouts see 8 sequences a step, the dp = 1 layout 4", "Pipelines change the arithmetic"),
+        1,
+        "Splitting the model changes where each number is computed, never what it is; the batch is what changed.",
+    ),
 )
 
 # %% [markdown]
@@ -1051,6 +1084,15 @@ show_questions(
 #   TP across nodes (KV heads copied, the copies priced) and says when it would be faster. Uneven stages
 #   are priced by the slowest; 405B in 8 bits fits one node. Its times are floors unless told the
 #   kernels' efficiency.
+# - One language model trained over `dp`, `pp`, `cp` and `tp` on four real ranks, in five layouts (and
+#   any other of the explorer's), each equal to one process within `1e-5` in float64, every step's loss
+#   and every final weight; every rank's ledger and its traffic per mesh axis equal the prediction to the
+#   byte. The pipeline's first stage keeps `p` microbatches of activations; ZeRO-3 divides weights,
+#   gradients and optimizer state by `dp x cp` and gathers each layer when it runs; context parallelism
+#   divides the activations by `cp`; the tensor axis carries the most bytes.
+# - The same memory model reproduces ZeRO's Figure 1, Korthikanti et al.'s activations per layer and
+#   Megatron's bytes per parameter; the training planner puts `tp = 8` inside a node for 405B as Meta
+#   did, and says where and why it departs from the published layout.
 #
 # Checklist:
 #
@@ -1067,3 +1109,7 @@ show_questions(
 #    network: the numbers decide.
 # 6. For an MoE model, spread the experts (ep) and watch the load balance.
 # 7. Whatever layout you pick, check it is exact against the unsharded model on a small case first.
+# 8. For training, count memory per rank before you run: states (16 or 18 bytes per parameter, sharded
+#    by ZeRO over `dp x cp`), plus activations times the microbatches in flight on the first stage.
+#    Then keep `tp` in a node, add `pp` across nodes with enough microbatches (`m` well above `p`), `cp`
+#    for long sequences, and `dp` for the rest of the GPUs.

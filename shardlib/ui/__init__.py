@@ -7,7 +7,8 @@
   ``intro_figures``, ``intro_widgets``; ``tensor_parallel_figures``, ``tensor_parallel_widgets``;
   ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
   ``experts_widgets``; ``plan_figures``, ``plan_widgets``; ``data_parallel_figures``,
-  ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``.
+  ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``; ``training_figures``,
+  ``training_widgets``.
 * ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.
 
 The UI sits on top: it may import anything below it, and nothing below imports it.
@@ -27,6 +28,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "costs_figures": ("calibration_figure", "link_comparison_figure", "phase_cost_figure", "slow_rank_figure",
                       "replicas_vs_tp_figure", "latency_throughput_figure"),
     "costs_widgets": ("tp_cost_explorer", "slow_rank_explorer"),
+    "training_figures": ("loss_figure", "ledger_figure", "traffic_figure", "step_time_figure"),
+    "training_widgets": ("training_explorer",),
     "pipeline_figures": ("schedule_figure", "split_gantt_figure",
                          "measured_figure", "predicted_vs_measured_figure", "bubble_curve_figure",
                          "in_flight_figure", "step_through_figure"),
