@@ -119,3 +119,34 @@ def test_training_across_refuses_bad_input_before_any_collective(kwargs, words):
 
     with pytest.raises(ValueError, match=words):
         training_across_on_rank(_NoCollectives(), **kwargs)
+
+
+# -- the notebook's explorer and figures, on the same pool --------------------------------------------------
+def test_the_training_explorer_runs_every_layout_it_offers_and_clamps_the_rest(pool4):
+    from shardlib.ui.training_widgets import four_rank_layouts, training_explorer
+
+    config = TrainingConfig(dtype="float64", steps=2)
+    options = four_rank_layouts(4, config)
+    assert (4, 1, 1, 1) not in [v for _, v in options]  # 2 KV heads cannot be split 4 ways: not offered
+    slider, strategy, m, feedback, note, figure = training_explorer(pool4, config).children
+    for _, value in options:
+        slider.value = value
+        assert feedback.value == "" and "equal to the prediction on every rank" in note.value
+        assert "within" in note.value
+    slider.value = (2, 2, 1, 1)  # a pipeline: ZeRO-3 is shown as ZeRO-1, m below p is raised to p
+    strategy.value = "zero3"
+    m.value = 1
+    assert feedback.value == "" and "showing ZeRO-1" in note.value and "m = 2" in note.value
+    assert len(figure.data) == 10 and list(figure.data[0].x)[0].startswith("rank 0")
+
+
+def test_the_training_figures_draw_what_they_are_given():
+    from shardlib.ui.training_figures import ledger_figure, loss_figure, step_time_figure, traffic_figure
+
+    row = {"weights": 1000, "gradients": 1000, "optimizer": 2000, "activations": 500, "transient": 0}
+    fig = ledger_figure([row, row], [row, row], ["rank 0", "rank 1"], "t")
+    assert [t.y[0] for t in fig.data[:5]] == [1.0, 1.0, 2.0, 0.5, 0.0]  # kB, stacked
+    assert fig.data[-1].y[0] == 4.5  # the predicted top of the last term: the total
+    assert len(loss_figure({"a": [3, 2]}, {"ref": [3, 2]}, floor_nats=1.0).data) == 2
+    assert [t.name for t in traffic_figure({"x": {"tp": 10, "dp": 5}}, "t").data] == ["tp axis", "dp axis"]
+    assert len(step_time_figure({"a": 0.1}, {"a": 0.2}, "t").data) == 4
