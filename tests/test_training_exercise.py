@@ -8,7 +8,7 @@ import pytest
 from solutions_module import answers
 
 from shardlib import Ranks
-from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, PASSED, grade_training_memory
+from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, PASSED, grade_training_memory, training
 from shardlib.exercises.training import (
     LAYOUTS,
     activation_bytes_per_microbatch,
@@ -67,6 +67,12 @@ class NotAPool:
         raise AssertionError("the grader started the ranks")
 
 
+@pytest.fixture
+def nothing_measured(monkeypatch):
+    """The grader's kept ledgers forgotten, so that measuring would have to start the ranks."""
+    monkeypatch.setattr(training, "_MEASURED", {})
+
+
 def test_the_graders_model_is_the_measured_ledger(ranks):
     for (config, layout), ledgers in zip(LAYOUTS, measured_ledgers(ranks)):
         assert [ledger_model(config, layout, r) for r in range(layout.world_size)] == \
@@ -89,12 +95,12 @@ def test_part_one_alone_passes_and_asks_for_part_two(ranks):
     assert result.passed and "part 2: return 'activations'" in result.messages[0]
 
 
-def test_blank_is_not_written_and_starts_no_ranks():
+def test_blank_is_not_written_and_starts_no_ranks(nothing_measured):
     result = grade_training_memory(blank, NotAPool(4))
     assert result.status == NOT_WRITTEN and "NotImplementedError" in result.messages[0]
 
 
-def test_a_function_that_raises_is_reported_without_starting_the_ranks():
+def test_a_function_that_raises_is_reported_without_starting_the_ranks(nothing_measured):
     result = grade_training_memory(lambda c, L, r: 1 / 0, NotAPool(4))
     assert result.status == NOT_RIGHT and "raised ZeroDivisionError" in result.messages[0]
 
@@ -111,8 +117,8 @@ def test_wrong_pool_gets_a_clear_message():
     (lambda c, L, r: {"weight": 1}, "missing ['weights', 'gradients', 'optimizer']; unknown ['weight']"),
     (lambda c, L, r: {**answers.rank_memory(c, L, r), "optimizer": "lots"}, "optimizer must be a number of bytes"),
 ])
-def test_answers_of_the_wrong_form_are_named(ranks, answer, phrase):
-    result = grade_training_memory(answer, ranks)
+def test_answers_of_the_wrong_form_are_named_before_the_ranks_start(nothing_measured, answer, phrase):
+    result = grade_training_memory(answer, NotAPool(4))
     assert result.status == NOT_RIGHT and phrase in result.messages[0], str(result)
 
 
@@ -125,7 +131,7 @@ def test_answers_of_the_wrong_form_are_named(ranks, answer, phrase):
     ({"cp_splits": True}, ("dp2 x cp2 ZeRO-1 (odd sizes)", "splits the tokens, not the weights")),
     ({"moments": 1}, ("optimizer: you predicted 81,920 bytes, the ledger measured 163,840",
                       "AdamW keeps two moments per parameter")),
-    ({"moments": 3}, ("AdamW keeps two moments per parameter", "no separate master copy")),
+    ({"moments": 3}, ("AdamW keeps two moments per parameter", "count under weights, not optimizer")),
     ({"master": False}, ("dp2 x tp2 ZeRO-1, rank 0 (stage 0): weights: you predicted 81,920 bytes, the ledger "
                          "measured 122,880", "flat fp32 shard AdamW updates", "(20,480 + 10,240) x 4",
                          "the gradient of its flat shard")),
@@ -143,10 +149,10 @@ def test_each_kind_of_kept_bytes_mistake_is_named(ranks, mistake, phrases):
 
 
 @pytest.mark.parametrize("strategy, wrong, phrases", [
-    ("zero1", "zero2", ("dp2 x tp2 ZeRO-1", "gradients zero2 would keep", "ZeRO-1 shards the optimizer state only")),
-    ("zero2", "zero1", ("dp2 x tp2 ZeRO-2", "gradients zero1 would keep", "ZeRO-2 shards the optimizer state and "
+    ("zero1", "zero2", ("dp2 x tp2 ZeRO-1", "gradients ZeRO-2 would keep", "ZeRO-1 shards the optimizer state only")),
+    ("zero2", "zero1", ("dp2 x tp2 ZeRO-2", "gradients ZeRO-1 would keep", "ZeRO-2 shards the optimizer state and "
                         "the gradients")),
-    ("zero3", "zero1", ("dp2 x tp2 ZeRO-3", "weights zero1 would keep", "ZeRO-3 shards the weights too")),
+    ("zero3", "zero1", ("dp2 x tp2 ZeRO-3", "weights ZeRO-1 would keep", "ZeRO-3 shards the weights too")),
     ("ddp", "zero1", ("dp2 x tp2 DDP", "DDP shards nothing")),
 ])
 def test_a_zero_stage_sharding_the_wrong_terms_is_named(ranks, strategy, wrong, phrases):

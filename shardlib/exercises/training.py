@@ -77,10 +77,8 @@ def _stage_units(config, layout, stage: int, k: dict) -> list:
 
 def _shard(numel, n: int, pad: str):
     """One rank's share of a flat buffer of ``numel`` elements over ``n`` ranks."""
-    if pad == "none":
-        return numel / n
-    if pad == "floor":
-        return numel // n
+    if pad in ("none", "floor"):  # cut without padding: a fraction, or rounded down
+        return numel / n if pad == "none" else numel // n
     return padded(int(numel), n) // n if numel == int(numel) else numel / n
 
 
@@ -159,7 +157,7 @@ def _hint(kind: str, term: str, c: dict) -> str:
                 f"({c['P']:,} + {c['shard']:,}) x {c['e']}")
     if kind == "moments":
         return ("AdamW keeps two moments per parameter it updates (exp_avg and exp_avg_sq), each in the weights' "
-                "dtype here; a float32 run has no separate master copy: the weights are counted under weights")
+                "dtype here; copies of the weights (ZeRO-1/2's flat shard) count under weights, not optimizer")
     if kind == "padding":
         return (f"the flat buffer is padded up to a multiple of dp x cp = {c['n']} before it is cut: "
                 f"{c['P']:,} -> {c['padded']:,} elements, {c['shard']:,} per rank")
@@ -167,8 +165,7 @@ def _hint(kind: str, term: str, c: dict) -> str:
         return (f"ZeRO shards over every rank holding the same weights: dp x cp = {L.dp} x {L.cp} = {c['n']} "
                 f"(the cp ranks of a replica hold the same weights too), not over dp = {L.dp}")
     if kind.startswith("strategy "):
-        other = kind.split()[1]
-        return f"that is the {term} {other} would keep; {STRATEGY_KEEPS[L.dp_strategy]}"
+        return f"that is the {term} {STRATEGY_NAMES[kind.split()[1]]} would keep; {STRATEGY_KEEPS[L.dp_strategy]}"
     if kind == "in flight":
         yours = c["yours"] / activation_bytes_per_microbatch(cfg, L, c["rank"])
         gpipe = " (GPipe's count, all m)" if yours == cfg.m and L.pp > 1 else ""
@@ -266,8 +263,9 @@ def grade_training_memory(predict_fn, ranks) -> ExerciseResult:
     got = Collector("a rank's training memory", f"every rank of {len(LAYOUTS)} layouts measured on your "
                     f"{WORLD} ranks ({names})")
     config, layout = LAYOUTS[0]
-    first = call(got, f"{_case_name(config, layout)}, rank 0", predict_fn, config, layout, 0)
-    if got.failed:  # not written yet, or it raised: no need to start the ranks
+    where = f"{_case_name(config, layout)}, rank 0 (stage 0)"
+    first = call(got, where, predict_fn, config, layout, 0)
+    if got.failed or _check_answer(got, where, first) is None:  # no need to start the ranks
         return got.result()
     seen, part2 = set(), True
     for (config, layout), ledgers in zip(LAYOUTS, measured_ledgers(ranks)):
