@@ -113,7 +113,7 @@ def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
 
 def rank_memory(config, layout, rank: int) -> dict[str, int]:
     """The bytes ``rank`` keeps between training steps, and its activations at 1F1B's in-flight peak."""
-    from shardlib.exercises.training import activation_bytes_per_microbatch, parameters_per_unit
+    from shardlib.exercises import activation_bytes_per_microbatch, parameters_per_unit
 
     stage, e, n = layout.position(rank).stage, config.element_bytes, layout.dp * layout.cp
     full = parameters_per_unit(config)

@@ -8,14 +8,17 @@ import pytest
 from solutions_module import answers
 
 from shardlib import Ranks
-from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, PASSED, grade_training_memory, training
-from shardlib.exercises.training import (
-    LAYOUTS,
+from shardlib.exercises import (
+    NOT_RIGHT,
+    NOT_WRITTEN,
+    PASSED,
     activation_bytes_per_microbatch,
+    grade_training_memory,
     ledger_model,
-    measured_ledgers,
     parameters_per_unit,
+    training,
 )
+from shardlib.exercises.training import LAYOUTS, measured_ledgers
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +28,17 @@ def ranks():
 
 
 def learner(config, layout, rank, *, tp=True, vocab="ends", pad=True, group="dp x cp", moments=2, master=True,
-            as_strategy=None, in_flight=None, elements=False, cp_splits=False):
+            as_strategy=None, in_flight=None, elements=False, cp_splits=False, tp_blocks=True):
     """The solution written out again, with one mistake switched on by a keyword."""
     stage = layout.position(rank).stage
     full = parameters_per_unit(config)
     first, last = (stage == 0, stage == layout.pp - 1) if vocab == "ends" else (vocab == "every", vocab == "every")
-    units = [full["embedding"]] * first + [full["block"]] * (config.n_layers // layout.pp) + [full["head"]] * last
-    units = [u // (layout.tp if tp else 1) // (layout.cp if cp_splits else 1) for u in units]
+    if vocab == "tied":  # one V x d matrix for both ends
+        first, last = stage == 0, False
+    split = layout.tp if tp else 1
+    blocks = [full["block"] // (split if tp_blocks else 1)] * (config.n_layers // layout.pp)
+    units = [full["embedding"] // split] * first + blocks + [full["head"] // split] * last
+    units = [u // (layout.cp if cp_splits else 1) for u in units]
     p, n = sum(units), layout.dp * (layout.cp if group == "dp x cp" else 1)
 
     def shard(x):
@@ -128,6 +135,8 @@ def test_answers_of_the_wrong_form_are_named_before_the_ranks_start(nothing_meas
     ({"vocab": "every"}, ("pp2 x tp2, rank 0 (stage 0): weights", "the embedding lives on the first stage only",
                           "stage 0 holds the embedding + 2 blocks")),
     ({"vocab": "none"}, ("embedding lives on the first stage only",)),
+    ({"vocab": "tied"}, ("dp2 x tp2 DDP, rank 0 (stage 0): weights", "not tied to the embedding")),
+    ({"tp_blocks": False}, ("dp2 x tp2 DDP", "tensor parallelism splits every matrix of a block")),
     ({"cp_splits": True}, ("dp2 x cp2 ZeRO-1 (odd sizes)", "splits the tokens, not the weights")),
     ({"moments": 1}, ("optimizer: you predicted 81,920 bytes, the ledger measured 163,840",
                       "AdamW keeps two moments per parameter")),

@@ -116,7 +116,7 @@ grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
 # `s` of `p`, with `m` microbatches?
 
 # %%
-from shardlib.exercises.training import activation_bytes_per_microbatch, parameters_per_unit
+from shardlib.exercises import activation_bytes_per_microbatch, parameters_per_unit
 
 
 def rank_memory(config, layout, rank: int) -> dict[str, int]:
