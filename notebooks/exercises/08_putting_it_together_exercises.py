@@ -93,9 +93,9 @@ grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
 # one of these matrices `tp` ways. Context parallelism splits the tokens, not the weights. Call `P`
 # the parameters on this rank.
 #
-# **What data parallelism keeps.** The ranks that hold the same weights are the `n = dp x cp` ranks of
-# a replica group (the cp ranks of a replica hold the same weights too). `S` is this rank's shard: `P`
-# padded up to a multiple of `n`, then cut `n` ways. AdamW keeps two moments per parameter it updates.
+# **What data parallelism keeps.** The ranks that hold the same weights (same stage, same tp rank) are
+# `n = dp x cp`: every replica, and every cp rank of each. `S` is this rank's shard: `P` padded up to a
+# multiple of `n`, then cut `n` ways. AdamW keeps two moments per parameter it updates.
 #
 # | strategy | weights | gradients | optimizer |
 # |---|---|---|---|
