@@ -111,6 +111,32 @@ def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
             "dp": [at(stage, d, t) for d in range(dp)]}
 
 
+def rank_memory(config, layout, rank: int) -> dict[str, int]:
+    """The bytes ``rank`` keeps between training steps, and its activations at 1F1B's in-flight peak."""
+    from shardlib.exercises import activation_bytes_per_microbatch, parameters_per_unit
+
+    stage, e, n = layout.position(rank).stage, config.element_bytes, layout.dp * layout.cp
+    full = parameters_per_unit(config)
+    units = (([full["embedding"]] if stage == 0 else []) + [full["block"]] * (config.n_layers // layout.pp)
+             + ([full["head"]] if stage == layout.pp - 1 else []))
+    units = [u // layout.tp for u in units]  # tp splits every matrix: heads, d_ff, vocabulary rows
+    p = sum(units)  # this rank's parameters
+
+    def shard(numel: int) -> int:  # padded up to a multiple of n = dp x cp, then cut n ways
+        return -(-numel // n)
+
+    if layout.dp_strategy == "ddp":
+        weights, grads, moments = p, p, p
+    elif layout.dp_strategy in ("zero1", "zero2"):  # full weights + the flat shard AdamW updates
+        weights, moments = p + shard(p), shard(p)
+        grads = p + shard(p) if layout.dp_strategy == "zero1" else shard(p)
+    else:  # ZeRO-3: each unit's shard only
+        weights = grads = moments = sum(shard(u) for u in units)
+    in_flight = min(layout.pp - stage, config.m)  # 1F1B on stage s
+    return {"weights": weights * e, "gradients": grads * e, "optimizer": 2 * moments * e,
+            "activations": activation_bytes_per_microbatch(config, layout, rank) * in_flight}
+
+
 # -- 06 data parallelism --------------------------------------------------------------------------------
 def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
     """ZeRO-1's step: reduce-scatter the gradient, one AdamW step on my shard, all-gather the shards."""

@@ -441,9 +441,9 @@ def test_every_exercise_has_a_starter_and_a_solution_notebook():
                        ("grade_bubble_fraction", "bubble_fraction"), ("grade_top_k_router", "top_k_router"),
                        ("grade_dispatch_plan", "plan_dispatch"),
                        ("grade_merge_partial_attention", "merge_partials"),
-                       ("grade_mesh_coordinates", "mesh_coordinates")):
+                       ("grade_mesh_coordinates", "mesh_coordinates"), ("grade_training_memory", "rank_memory")):
         assert f"{grader}(" in starters and f"{grader}(answers.{fn}" in solutions
-    assert starters.count('raise NotImplementedError("write') == 9, "each starter function is left blank"
+    assert starters.count('raise NotImplementedError("write') == 10, "each starter function is left blank"
     assert "exercise_answers" not in starters, "the starters must not import the solutions"
 
 

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Exercise: a rank's place in the mesh
+# # 08 · Exercise: a rank's place in the mesh, and its memory
 #
 # **What you will do.** A job of `tp x pp x dp` processes knows each process only by its global rank.
 # Write the two functions every parallel framework has somewhere: from a rank to its coordinates
@@ -21,6 +21,9 @@
 # the groups it talks in. The checker compares them with the library's `Layout` on 11 layouts of 2 to
 # 32 ranks, then builds your groups on 4 real ranks, lets every member all-reduce its fingerprint in
 # them, and compares who met with the groups of a torch `DeviceMesh`.
+#
+# Then predict what one rank of a training run keeps in memory, term by term; the checker trains six
+# layouts on the same 4 ranks and compares your bytes with the ledger each rank measured.
 #
 # Until you write a function, its checker says "not written yet". Replace each
 # `raise NotImplementedError` line, run the cell, then run the checker.
@@ -73,6 +76,70 @@ ranks = Ranks(4)
 grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
 
 # %% [markdown]
+# ## Exercise 3: predict a rank's memory
+#
+# Notebook 08 trains a small language model over `dp x pp x cp x tp` and measures, on every rank, the
+# bytes it keeps between steps. Predict them. `rank_memory(config, layout, rank)` gets a
+# `TrainingConfig` (`n_layers`, `m` microbatches per step, `element_bytes`: 4 in float32), a `Layout`
+# (`tp`, `pp`, `dp`, `cp`, `dp_strategy`, and `position(rank).stage`) and a global rank, and returns a
+# dict of bytes: `"weights"`, `"gradients"`, `"optimizer"`. The checker trains six layouts on your 4
+# ranks (dp2 x tp2 with DDP, ZeRO-1, ZeRO-2 and ZeRO-3; pp2 x tp2; dp2 x cp2 with ZeRO-1 on a model
+# whose sizes do not divide evenly) and compares every rank's answer with the ledger measured there.
+#
+# **Where the parameters live.** `parameters_per_unit(config)` gives the whole model's units before
+# any split: the embedding (`V x d`), one block (Q, K, V, O and the MLP's gate, up and down; the norms
+# have no weights) and the LM head (`V x d`). The embedding sits on the first pipeline stage only, the
+# head on the last only, and each stage holds `n_layers / pp` blocks. Tensor parallelism splits every
+# one of these matrices `tp` ways. Context parallelism splits the tokens, not the weights. Call `P`
+# the parameters on this rank.
+#
+# **What data parallelism keeps.** The ranks that hold the same weights (same stage, same tp rank) are
+# `n = dp x cp`: every replica, and every cp rank of each. `S` is this rank's shard: `P` padded up to a
+# multiple of `n`, then cut `n` ways. AdamW keeps two moments per parameter it updates.
+#
+# | strategy | weights | gradients | optimizer |
+# |---|---|---|---|
+# | DDP | `P` | `P` | `2 P` |
+# | ZeRO-1 | `P + S` | `P + S` | `2 S` |
+# | ZeRO-2 | `P + S` | `S` | `2 S` |
+# | ZeRO-3 | `S` | `S` | `2 S` |
+#
+# ZeRO-1 and ZeRO-2 keep the full weights the model computes with and, besides, the flat shard AdamW
+# updates (then all-gathered back into the full weights), with its own gradient. ZeRO-1 reduce-scatters
+# once per step, so it keeps the full gradient summed over the microbatches as well; ZeRO-2
+# reduce-scatters after every microbatch and keeps the shard's gradient only. ZeRO-3 keeps a shard of
+# each unit (the embedding, each block, the head), each unit padded and cut on its own.
+#
+# **Part 2: activations.** Add `"activations"`: the bytes autograd keeps for the backward at the peak.
+# `activation_bytes_per_microbatch(config, layout, rank)` gives one microbatch's; under 1F1B a stage
+# holds several microbatches' at once, from each one's forward until its backward. How many, on stage
+# `s` of `p`, with `m` microbatches?
+
+# %%
+from shardlib.exercises import activation_bytes_per_microbatch, parameters_per_unit
+
+
+def rank_memory(config, layout, rank: int) -> dict[str, int]:
+    """Bytes ``rank`` keeps between training steps: {"weights": ..., "gradients": ..., "optimizer": ...},
+    and for part 2 "activations": its activations at 1F1B's in-flight peak.
+
+    Hints:
+    - stage = layout.position(rank).stage; the first stage is 0, the last layout.pp - 1
+    - parameters_per_unit(config)["block"] // layout.tp: one block's parameters on one tp rank
+    - -(-P // n) is P padded up to a multiple of n, then divided by n
+    - multiply element counts by config.element_bytes
+    - 1F1B: stage s runs p - s forwards before its first backward (never more than m)
+    """
+    raise NotImplementedError("write rank_memory here")
+
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.exercises import grade_training_memory
+
+grade_training_memory(rank_memory, ranks)
+
+# %% [markdown]
 # ## Check yourself
 #
 # Pick an answer; the reason appears under it.
@@ -97,6 +164,16 @@ show_questions(
         "torchrun gives consecutive ranks to the processes of one node. Two all-reduces per layer want "
         "NVLink; one send per stage boundary tolerates the network.",
     ),
+    Question(
+        "A rank holds P parameters. With ZeRO-1 over dp x cp = 4 ranks, how do the weight bytes it keeps "
+        "compare with DDP's?",
+        ("The same", "1.25 times: the full weights plus the quarter-size flat shard AdamW updates",
+         "A quarter: ZeRO-1 shards the weights"),
+        1,
+        "ZeRO-1 shards the optimizer state only. The model still computes with all P weights; AdamW "
+        "updates a flat copy of this rank's P/4 slice, all-gathered back after the step. ZeRO-3 is the "
+        "stage that keeps a quarter of the weights.",
+    ),
 )
 
 # %% [markdown]
@@ -106,5 +183,8 @@ show_questions(
 #   `rank = (stage x dp + replica) x tp + tp_rank`.
 # - A rank's group along an axis is the ranks that differ from it in that coordinate only; a
 #   `DeviceMesh` builds exactly these, one process group per axis.
+# - A training rank's memory, term by term: tp divides the matrices, pp gives each stage its own
+#   layers (and the embedding or head), ZeRO divides the optimizer state, then the gradients, then the
+#   weights by `dp x cp`, and 1F1B keeps `min(p - s, m)` microbatches' activations on stage `s`.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.

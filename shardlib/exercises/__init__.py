@@ -8,6 +8,9 @@
 * ``data_parallel``: ``grade_zero1_step`` (ZeRO-1's step on ranks, and its comm log).
 * ``plan``: ``grade_mesh_coordinates`` (a rank's place in the mesh, beside a ``DeviceMesh``).
 * ``context_parallel``: ``grade_merge_partial_attention`` (the online softmax's merge).
+* ``training``: ``grade_training_memory`` (a training rank's bytes, against its measured ledger).
+* ``training_ledger``: ``parameters_per_unit``, ``activation_bytes_per_microbatch`` (what that learner is
+  given), ``ledger_model`` (a rank's ledger, right or with one mistake made) and the hint naming each mistake.
 * ``result``: ``ExerciseResult`` (``.passed``, ``.status``, ``.messages``), shown as a coloured report.
 
 Graders never raise for a learner's mistake: they say what differs, where, and the likely mistake; each
@@ -26,4 +29,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),
     "plan": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank"),
+    "training": ("grade_training_memory",),
+    "training_ledger": ("parameters_per_unit", "activation_bytes_per_microbatch", "ledger_model"),
 })
