@@ -805,6 +805,9 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # ranks and every rank's ledger is drawn, measured beside predicted. Watch the pipeline's first stage
 # grow with `m` up to `p` microbatches in flight and no further, ZeRO move bytes out of the weights,
 # gradients and optimizer, and context parallelism halve the activations.
+#
+# Then predict them yourself: exercise 3 of `notebooks/exercises/08_putting_it_together_exercises` asks
+# for every rank's bytes and grades your numbers against the ledgers measured on four ranks.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
