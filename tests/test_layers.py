@@ -75,6 +75,7 @@ LAYERS = {
         "shardlib.data_parallel.activations",
         "shardlib.context_parallel.online_softmax",
         "shardlib.context_parallel.reference",
+        "shardlib.training.corpus",
     },
     "runtime": {
         "shardlib.runtime.ranks",
@@ -102,6 +103,8 @@ LAYERS = {
         "shardlib.context_parallel.ring",
         "shardlib.context_parallel.ulysses",
         "shardlib.combined.forward",
+        "shardlib.training.vocab_standin",
+        "shardlib.training.step",
     },
     "driver": {
         "shardlib.pipeline.bubble_drivers",

@@ -51,8 +51,8 @@ class Inbox:
     and hands them out by the action that produced them. Receiving ahead matters: gloo moves a message
     only once the receiver has asked for it, so a receive posted at the last moment costs a round trip."""
 
-    def __init__(self, comm, src: int, expected, shape_of, device) -> None:
-        self.comm, self.src, self.device = comm, src, device
+    def __init__(self, comm, src: int, expected, shape_of, device, dtype=None) -> None:
+        self.comm, self.src, self.device, self.dtype = comm, src, device, dtype
         self.error: BaseException | None = None
         self._arrived: dict = {}
         self._cond = threading.Condition()
@@ -63,7 +63,7 @@ class Inbox:
     def _loop(self, expected, shape_of) -> None:
         try:
             for producer in expected:
-                tensor = self.comm.recv(torch.empty(shape_of(producer), device=self.device), self.src)
+                tensor = self.comm.recv(torch.empty(shape_of(producer), device=self.device, dtype=self.dtype), self.src)
                 with self._cond:
                     self._arrived[producer] = tensor
                     self._cond.notify_all()
@@ -84,12 +84,13 @@ class Inbox:
 
 class Links:
     """One stage's messages in one step: an ``Outbox`` for each stage it sends to, an ``Inbox`` for each
-    stage it hears from. ``shape_of(action)`` is the shape of the tensor that ``action`` produces."""
+    stage it hears from. ``shape_of(action)`` is the shape of the tensor that ``action`` produces;
+    ``dtype``, its dtype (``None``: torch's default)."""
 
-    def __init__(self, comm, schedule, rank: int, shape_of, device) -> None:
+    def __init__(self, comm, schedule, rank: int, shape_of, device, dtype=None) -> None:
         others = [s for s in range(schedule.n_stages) if s != rank]
         self.outboxes = {dst: Outbox(comm, dst) for dst in others if schedule.messages(rank, dst)}
-        self.inboxes = {src: Inbox(comm, src, schedule.messages(src, rank), shape_of, device)
+        self.inboxes = {src: Inbox(comm, src, schedule.messages(src, rank), shape_of, device, dtype)
                         for src in others if schedule.messages(src, rank)}
 
     def put(self, dst: int, tensor: torch.Tensor) -> None:

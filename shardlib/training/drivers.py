@@ -1,0 +1,128 @@
+"""The training step on a pool: every layout checked before any rank starts, run, gathered and compared.
+
+* ``check_training``: every rule a layout must meet for the toy language model, in the learner's terms.
+* ``run_training``: ``ranks.training_on_rank`` on every rank of a warm pool, gathered into a
+  ``TrainingRun``: the global loss of every step, the full weights (keyed like
+  ``reference.init_weights``), each rank's comm records, spans and ledger; ``against_reference``,
+  ``traffic_by_axis`` and ``ledger_rows`` read it for a notebook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models import head_problems
+from ..pipeline.predict import split_layers
+from ..plan.layout import Layout, check_mesh
+from .corpus import TrainingConfig
+from .predict import format_ledger, predict_ledger, predict_traffic
+from .ranks import training_on_rank
+from .reference import ReferenceRun
+
+ROW_PARALLEL = ("o", "down")  # split along their input features (dim 1); every other weight along dim 0
+
+
+def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:
+    """A ValueError naming the numbers for any layout the step cannot run; the layers of each stage."""
+    if not isinstance(layout, Layout) or not isinstance(config, TrainingConfig):
+        raise ValueError("give a plan.layout.Layout and a training.corpus.TrainingConfig")
+    if layout.ep != 1:
+        raise ValueError(f"the toy language model is dense: ep must be 1, got {layout.ep}")
+    problems = head_problems(config.model, layout.tp)
+    if problems:
+        raise ValueError("; ".join(problems))
+    for name, value in (("d_ff", config.d_ff), ("vocabulary", config.vocab_size)):
+        if value % layout.tp:
+            raise ValueError(f"a {name} of {value} does not split evenly over tp = {layout.tp} ranks")
+    pieces = layout.cp * layout.tp * (2 if layout.cp > 1 else 1)
+    if config.seq % pieces:
+        how = f"2 x cp x tp = 2 x {layout.cp} x {layout.tp}" if layout.cp > 1 else f"tp = {layout.tp}"
+        raise ValueError(f"a sequence of {config.seq} tokens does not split into {how} = {pieces} equal pieces "
+                         "(zigzag gives each ring place two chunks; sequence parallelism cuts each place's "
+                         "tokens tp ways)" if layout.cp > 1 else f"a sequence of {config.seq} tokens does not "
+                         f"split into {how} equal pieces for sequence parallelism")
+    if layout.pp > config.n_layers:
+        raise ValueError(f"{config.n_layers} layers cannot fill {layout.pp} pipeline stages: each needs a layer")
+    if config.m < layout.pp:
+        raise ValueError(f"1F1B needs at least as many microbatches as stages: m = {config.m} < pp = {layout.pp}")
+    if layout.dp_strategy == "zero3" and layout.pp > 1:
+        raise ValueError(f"ZeRO-3 runs here with pp = 1 only (got pp = {layout.pp}): its per-layer gathers "
+                         "and 1F1B's interleaved microbatches are not combined in this step")
+    return split_layers(config.n_layers, layout.pp, stage_counts)
+
+
+def _reference_key(name: str) -> tuple[str, int]:
+    """A stage model's parameter name -> (the reference's key, the dim tp splits it along)."""
+    if name.startswith("embed."):
+        return "embed", 0
+    if name.startswith("head."):
+        return "head", 0
+    layer, _, short = name.split(".")[:3]
+    return f"layers.{layer[len('layer'):]}.{short}", 1 if short in ROW_PARALLEL else 0
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    layout: Layout
+    config: TrainingConfig
+    losses: tuple[float, ...]  # the global mean loss of every step, before its update
+    weights: dict  # the full weights after the last step, keyed like reference.init_weights
+    positions: tuple  # per rank: (stage, replica, cp_rank, tp_rank)
+    ledgers: tuple  # per rank: bytes kept (weights, gradients, optimizer), activations' peak, transient peak
+    activation_bytes: tuple  # per rank: what autograd saved for each microbatch of the first step
+    records: tuple  # per rank: its comm records of the training steps (CommRecord)
+    spans: tuple  # every rank's timeline
+    stage_layers: tuple
+
+    def against_reference(self, ref: ReferenceRun) -> float:
+        """The largest gap, over every step's loss and every final weight, against the reference."""
+        gaps = [abs(a - b) for a, b in zip(self.losses, ref.losses)]
+        gaps += [float((self.weights[k].to(v.dtype) - v).abs().max()) for k, v in ref.weights.items()]
+        return max(gaps)
+
+    def traffic_by_axis(self, rank: int) -> dict:
+        """Per (axis, op) on ``rank``, per step: calls, buffer bytes, wire bytes."""
+        out: dict = {}
+        for r in self.records[rank]:
+            row = out.setdefault((r.group, r.op), [0, 0, 0])
+            row[0] += 1
+            row[1] += r.size_bytes
+            row[2] += r.wire_bytes
+        return {k: tuple(v // self.config.steps for v in row) for k, row in sorted(out.items())}
+
+    def predicted_ledgers(self) -> tuple[dict, ...]:
+        """``predict.predict_ledger`` for this run: compare with ``ledgers``, rank by rank."""
+        return predict_ledger(self.config, self.layout, self.stage_layers)
+
+    def predicted_traffic(self, rank: int) -> dict:
+        """``predict.predict_traffic`` for ``rank``: compare with ``traffic_by_axis(rank)``."""
+        return predict_traffic(self.config, self.layout, self.stage_layers, rank)
+
+    def ledger_text(self) -> str:
+        """Each rank's ledger, predicted / measured, as text."""
+        return format_ledger(self.predicted_ledgers(), self.ledgers, self.positions)
+
+
+def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=None) -> TrainingRun:
+    """Train the toy language model on ``layout`` over the pool ``ranks`` (checked here first)."""
+    check_mesh(layout, ranks.world_size, "ranks")
+    stage_layers = check_training(layout, config, stage_counts)
+    res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r["rank"])
+    last = [r for r in res if r["position"][0] == layout.pp - 1 and r["position"][3] == 0]
+    losses = tuple(sum(r["losses"][k] for r in last) for k in range(config.steps))
+    pieces: dict = {}
+    for r in (r for r in res if r["shards"] is not None):
+        for name, t in r["shards"].items():
+            key, dim = _reference_key(name)
+            pieces.setdefault(key, {})[r["position"][3]] = (t, dim)
+    weights = {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
+    by_rank: dict = {i: [] for i in range(ranks.world_size)}
+    for rec in ranks.last_comm:
+        by_rank[rec.rank].append(rec)
+    records = tuple(tuple(sorted(by_rank[r["rank"]], key=lambda c: c.start_s)[r["marks"][0]:r["marks"][-1]])
+                    for r in res)
+    return TrainingRun(layout, config, losses, weights, tuple(r["position"] for r in res),
+                       tuple(r["ledger"] for r in res), tuple(tuple(r["activation_bytes"]) for r in res),
+                       records, tuple(ranks.last_spans), stage_layers)

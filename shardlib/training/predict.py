@@ -1,0 +1,128 @@
+"""The toy language model's ledger per rank and its traffic per mesh axis, predicted. Pure: no torch.
+
+``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments;
+ZeRO-1/2 add the flat shard AdamW updates, ZeRO-3 keeps only shards), the activations autograd keeps for
+the backward at the in-flight peak (``activation_bytes`` per microbatch times 1F1B's peak in flight,
+``p - s`` on stage ``s``), and the transient peak (ZeRO-3's largest gathered layer; the other strategies'
+flat buffers are not followed, so 0). ``activation_bytes`` counts every tensor autograd saves, op by op:
+SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every token count by ``cp``, the ring
+keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls, buffer bytes and wire bytes per
+(axis, op), the way ``runtime.records`` counts them. ``format_ledger``: predicted beside measured.
+"""
+
+from __future__ import annotations
+
+from ..data_parallel.flat import padded
+from ..pipeline.orders import make_schedule
+from ..pipeline.predict import peak_in_flight
+from ..runtime.records import wire_bytes
+
+KEYS = ("weights", "gradients", "optimizer", "activations", "transient")
+INDEX_BYTES, MASK_BYTES = 8, 1  # token ids (int64) and masks (bool) autograd keeps
+
+
+def layer_params(config, tp: int) -> int:
+    """One block's parameters on one tp rank: Q, K, V, O and the gated MLP, split ``tp`` ways."""
+    hd = config.d_model // config.n_heads
+    attention = config.d_model * hd * (2 * config.n_heads + 2 * config.n_kv_heads)
+    return (attention + 3 * config.d_model * config.d_ff) // tp
+
+
+def stage_units(config, layout, layers: range, stage: int) -> list[int]:
+    """Parameters per unit (ZeRO-3's: the embedding, each layer, the head) on one rank of ``stage``."""
+    vocab = config.vocab_size * config.d_model // layout.tp
+    return (([vocab] if stage == 0 else []) + [layer_params(config, layout.tp)] * len(layers)
+            + ([vocab] if stage == layout.pp - 1 else []))
+
+
+def activation_bytes(config, layout, n_layers: int, first: bool, last: bool) -> int:
+    """Bytes autograd saves for one microbatch's forward on one rank of a stage of ``n_layers`` blocks."""
+    e, tp, cp = config.element_bytes, layout.tp, layout.cp
+    b, d, hd = config.microbatch, config.d_model, config.d_model // config.n_heads
+    t = b * config.seq // cp  # tokens of this ring place
+    heads, kv = config.n_heads // tp, config.n_kv_heads // tp
+    norms = 2 * (t // tp) * (d + 1)  # two RMS norms: input and 1/rms, on this rank's SP tokens
+    inputs = 2 * t * d  # the gathered input of QKV and of gate/up
+    mlp = 4 * t * config.d_ff // tp  # gate (silu's input), silu(gate), up, and down's input
+    lse = b * heads * config.seq // cp
+    if cp == 1:  # q, k and v repeated to every query head, and the output
+        attention = 4 * t * heads * hd + lse
+    else:  # the ring keeps q, k, v (KV heads), its output, and the output laid out for O
+        attention = t * hd * (2 * heads + 2 * kv) + lse + t * heads * hd
+    out = n_layers * (norms + inputs + mlp + attention) * e
+    if first:  # token ids and which of them are in this rank's vocabulary rows
+        out += t * (INDEX_BYTES + MASK_BYTES)
+    if last:  # final norm, head input (gathered), softmax over V/tp, target index and mask
+        out += ((t // tp) * (d + 1) + t * d + t * config.vocab_size // tp) * e + t * (INDEX_BYTES + MASK_BYTES)
+    return out
+
+
+def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
+    """Per rank: ``KEYS`` -> bytes, as ``ranks.ledger`` measures them."""
+    e, n = config.element_bytes, layout.dp * layout.cp
+    in_flight = peak_in_flight(make_schedule("1f1b", layout.pp, config.m))
+    out = []
+    for rank in range(layout.world_size):
+        s = layout.position(rank).stage
+        units = stage_units(config, layout, stage_layers[s], s)
+        p = sum(units)
+        shard = padded(p, n) // n
+        acts = activation_bytes(config, layout, len(stage_layers[s]), s == 0, s == layout.pp - 1) * in_flight[s]
+        row = {"activations": acts, "transient": 0}
+        if layout.dp_strategy == "ddp":
+            row.update(weights=p * e, gradients=p * e, optimizer=2 * p * e)
+        elif layout.dp_strategy in ("zero1", "zero2"):
+            grads = p + shard if layout.dp_strategy == "zero1" else shard
+            row.update(weights=(p + shard) * e, gradients=grads * e, optimizer=2 * shard * e)
+        else:
+            owned = sum(padded(u, n) // n for u in units)
+            row.update(weights=owned * e, gradients=owned * e, optimizer=2 * owned * e,
+                       transient=max(padded(u, n) for u in units) * e)
+        out.append({k: row[k] for k in KEYS})
+    return tuple(out)
+
+
+def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
+    """(axis, op) -> (calls, buffer bytes, wire bytes) of one step on ``rank``."""
+    e, m, tp, cp, n = config.element_bytes, config.m, layout.tp, layout.cp, layout.dp * layout.cp
+    s = layout.position(rank).stage
+    first, last, layers = s == 0, s == layout.pp - 1, len(stage_layers[s])
+    t = config.microbatch * config.seq // cp
+    calls: dict = {}
+
+    def add(axis, op, count, size, group):
+        if count and group > 1:
+            c = calls.setdefault((axis, op), [0, 0, 0])
+            c[0], c[1], c[2] = c[0] + count, c[1] + count * size, c[2] + count * wire_bytes(op, size, group)
+    # tp: each block gathers and scatters twice forward and twice backward; embedding, head, the loss's sums
+    seq_ops = 4 * layers + first + last
+    add("tp", "all_gather", m * seq_ops, t * config.d_model * e, tp)
+    add("tp", "reduce_scatter", m * seq_ops, t * config.d_model * e, tp)
+    add("tp", "all_reduce", m * 3 * last, t * e, tp)
+    # cp: K and V hop n - 1 times forward; backward, n - 1 hops with their dK/dV following n times
+    kv = 2 * config.microbatch * (config.n_kv_heads // tp) * (config.seq // cp) * (config.d_model // config.n_heads) * e
+    hidden = config.microbatch * (config.seq // (cp * tp)) * config.d_model * e  # (b, s/(cp tp), d)
+    for op in ("send", "recv"):
+        add("cp", op, m * layers * (3 * cp - 2), kv, cp)
+        add("pp", op, m * ((not last) + (not first)), hidden, layout.pp)  # activations on, gradients back
+    axis = "dp" if cp == 1 else "dp-cp"
+    units = stage_units(config, layout, stage_layers[s], s)
+    flat = padded(sum(units), n) * e
+    if layout.dp_strategy == "ddp":
+        add(axis, "all_reduce", 1, flat, n)
+    elif layout.dp_strategy in ("zero1", "zero2"):
+        add(axis, "reduce_scatter", 1 if layout.dp_strategy == "zero1" else m, flat, n)
+        add(axis, "all_gather", 1, flat, n)
+    else:
+        for u in units:
+            add(axis, "all_gather", 2 * m, padded(u, n) * e, n)
+            add(axis, "reduce_scatter", m, padded(u, n) * e, n)
+    return {k: tuple(v) for k, v in sorted(calls.items())}
+
+
+def format_ledger(predicted, measured, positions) -> str:
+    """Per rank, each term predicted / measured in bytes (deterministic text for a notebook)."""
+    lines = [f"{'rank':>4} {'stage':>5}  " + "  ".join(f"{k:>21}" for k in KEYS)]
+    for r, (p, mm, pos) in enumerate(zip(predicted, measured, positions)):
+        lines.append(f"{r:>4} {pos[0]:>5}  " + "  ".join(f"{f'{p[k]:,} / {mm[k]:,}':>21}" for k in KEYS))
+    return "\n".join(lines)
