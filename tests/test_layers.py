@@ -111,6 +111,7 @@ LAYERS = {
         "shardlib.context_parallel.grad_drivers",
         "shardlib.combined.across",
         "shardlib.combined.machines",
+        "shardlib.training.step_time",
         "shardlib.launch",
     },
 }
