@@ -20,7 +20,8 @@ import statistics
 import time
 
 from shardlib import Ranks
-from shardlib.training.step_time import LAYOUTS_4, SINGLE_AXIS_4, run_step_time_check
+from shardlib.training.step_time import run_step_time_check
+from shardlib.training.time_model import LAYOUTS_4, SINGLE_AXIS_4
 
 
 def main() -> None:

@@ -76,6 +76,7 @@ LAYERS = {
         "shardlib.context_parallel.online_softmax",
         "shardlib.context_parallel.reference",
         "shardlib.training.corpus",
+        "shardlib.training.time_model",
     },
     "runtime": {
         "shardlib.runtime.ranks",

@@ -4,6 +4,7 @@ benchmark and the notebook report the errors)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,13 +13,13 @@ from shardlib.hardware import Link, toy_cluster
 from shardlib.plan.layout import Layout
 from shardlib.plan.training import TrainingWorkload, model_flops_per_token, score_training
 from shardlib.training.corpus import TrainingConfig
-from shardlib.training.step_time import (
+from shardlib.training.step_time import run_step_time_check
+from shardlib.training.time_model import (
     LAYOUTS_4,
     STEP_TIME_CONFIG,
     average_ranks,
     optimizer_bytes_per_param,
     predict_step,
-    run_step_time_check,
     spearman,
     step_config,
     step_workload,
@@ -97,6 +98,17 @@ def test_the_planners_terms_for_a_toy_layout_by_hand():
     assert s.step_s == pytest.approx(s.compute_s + s.bubble_s + s.tp_s + s.pp_s + s.optimizer_s)
 
 
+def test_without_overlap_the_gradient_sync_is_all_exposed():
+    cluster = toy_cluster(LINK, flops_per_s=1e10, nodes=1, ranks_per_node=4)
+    layout, c = Layout(tp=2, pp=1, dp=2), STEP_TIME_CONFIG
+    s = predict_step(cluster, layout, c, 4)  # the toy's workload: dp_overlap=False
+    bucket = s.memory.params * 4 / 4  # one layer's float32 gradients, one reduce-scatter and all-gather each
+    assert s.dp_s == pytest.approx(4 * 2 * (1e-3 + bucket / 2 / 1e9))
+    hidden = score_training(c.model, cluster, layout, dataclasses.replace(step_workload(c, 4), dp_overlap=True), 1,
+                            "none")
+    assert hidden.dp_s < s.dp_s and hidden.compute_s == s.compute_s
+
+
 def test_zero_shards_the_optimizer_pass():
     cluster = toy_cluster(LINK, flops_per_s=1e10, nodes=1, ranks_per_node=4)
     ddp = predict_step(cluster, Layout(tp=2, pp=1, dp=2), STEP_TIME_CONFIG, 4)
@@ -122,20 +134,36 @@ def test_the_planners_defaults_are_unchanged():
 
 
 # -- on 4 ranks: structure, not timing ----------------------------------------------------------------------
-def test_every_layout_measured_beside_its_prediction(pool4):
-    config = TrainingConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64, seq=16,
-                            microbatch=1, steps=2)
-    check = run_step_time_check(pool4, config, LAYOUTS_4, global_sequences=4)
+TINY = TrainingConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64, seq=16, microbatch=1,
+                      steps=2)
+
+
+@pytest.fixture(scope="module")
+def check(pool4):
+    return run_step_time_check(pool4, TINY, LAYOUTS_4, global_sequences=4)
+
+
+def test_every_layout_measured_beside_its_prediction(check):
     assert [t.label for t in check.layouts] == list(LAYOUTS_4)
     for t in check.layouts:
         assert len(t.steps_s) == 1 and t.measured_s > 0 and t.predicted_s > 0
-        assert t.score.n_microbatches == 4 // (config.microbatch * t.layout.dp)
+        assert t.score.n_microbatches == 4 // (TINY.microbatch * t.layout.dp)
         assert t.error >= 0 and t.ratio > 0
     assert -1 <= check.rank_correlation <= 1
     assert sorted(check.by_predicted) == sorted(check.by_measured) == sorted(LAYOUTS_4)
-    assert check.fit.cluster.peak_flops_per_s > 0 and check.fit.cluster.intra_link.latency_s >= 0
+    fit = check.fit
+    assert fit.samples == 5 and fit.cluster.peak_flops_per_s > 0 and fit.cluster.memory_bytes_per_s > 0
+    assert [n for n, _ in fit.busy_calls_s] == [2, 4] and fit.cluster.intra_link.latency_s > 0
     text = check.table()
     assert "Spearman" in text and all(label in text for label in LAYOUTS_4)
+
+
+def test_rounds_pool_the_steps_of_every_run(pool4, check):
+    two = {k: LAYOUTS_4[k] for k in ("dp2 x tp2", "dp2 x pp2")}
+    again = run_step_time_check(pool4, TINY, two, global_sequences=4, rounds=2, fit=check.fit)
+    assert again.fit is check.fit  # given: not fitted again
+    assert [len(t.steps_s) for t in again.layouts] == [2, 2]
+    assert again.only(["dp2 x tp2"]).by_measured == ("dp2 x tp2",)
 
 
 def test_bad_input_is_refused_before_any_rank_starts(pool4):

@@ -45,7 +45,9 @@ class TrainingWorkload:
     for long sequences: Llama 3 used none at 8K and 16 ways at 128K). ``comm_bytes_per_value``: bytes of
     each activation, K/V and gradient value the collectives move (2: bf16; a float32 toy: 4).
     ``optimizer_bytes_per_param``: bytes AdamW reads and writes per parameter it updates, at the cluster's
-    memory bandwidth (0: no optimizer term, negligible beside a real step of millions of tokens)."""
+    memory bandwidth (0: no optimizer term, negligible beside a real step of millions of tokens).
+    ``dp_overlap``: whether the data-parallel collectives run behind the compute, as DDP's buckets and
+    ZeRO-3's prefetch do (False: each waits for, or is waited on by, the compute it serves)."""
 
     sequence_tokens: int = 8192
     global_batch_tokens: int = 2048 * 8192
@@ -61,6 +63,7 @@ class TrainingWorkload:
     min_ring_slice_tokens: int = 4096
     comm_bytes_per_value: float = 2.0
     optimizer_bytes_per_param: float = 0.0
+    dp_overlap: bool = True
 
     def __post_init__(self) -> None:
         s = whole_number(self.sequence_tokens, "sequence_tokens (tokens per sequence)")
@@ -89,6 +92,7 @@ class TrainingWorkload:
         whole_number(self.min_ring_slice_tokens, "min_ring_slice_tokens (the shortest slice cp may cut)")
         number_between(self.comm_bytes_per_value, "comm_bytes_per_value (bytes per value on the wire)", 0.5, 8.0)
         number_between(self.optimizer_bytes_per_param, "optimizer_bytes_per_param", 0.0, 1e3)
+        flag(self.dp_overlap, "dp_overlap")
 
     @property
     def sequences(self) -> int:
@@ -204,7 +208,9 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
         rs = layers * collective_time_s("reduce_scatter", bucket, ranks, links["dp"], charge)
         ag = layers * collective_time_s("all_gather", bucket, ranks, links["dp"], charge)
         backward = per_mb * 2 / 3
-        if lay.dp_strategy in ("ddp", "zero1"):  # once per step, behind the last microbatch's backward
+        if not w.dp_overlap:  # every collective after (or before) the compute it serves: nothing hidden
+            dp = {"ddp": rs + ag, "zero1": rs + ag, "zero2": m * rs + ag}.get(lay.dp_strategy, m * (2 * ag + rs))
+        elif lay.dp_strategy in ("ddp", "zero1"):  # once per step, behind the last microbatch's backward
             dp = max(rs + ag - backward, (rs + ag) / layers)
         elif lay.dp_strategy == "zero2":  # gradients reduced every microbatch; weights gathered after the step
             dp = m * max(rs - backward, rs / layers) + ag
