@@ -88,7 +88,7 @@ def test_the_planners_terms_for_a_toy_layout_by_hand():
     assert flops == 6 * (model.n_params - model.vocab_size * model.d_model - model.d_model) + 12 * 4 * 128 * 64
     assert s.n_microbatches == 4
     assert s.compute_s == pytest.approx(4 * 64 * flops / (4 * 1e10))  # two stages of 2 layers: no imbalance
-    assert s.bubble_s == pytest.approx(s.compute_s / 4)  # (p - 1) of m = 4 slots
+    assert s.bubble_s == pytest.approx((s.compute_s + s.tp_s) / 4)  # (p - 1) slots of m = 4, calls included
     act = 64 * 1 * 128 * 4  # one microbatch's layer input, float32
     one = 2 * (1e-3 + act / 2 / 1e9)  # an all-gather and a reduce-scatter over 2 ranks, one ring step each
     assert s.tp_s == pytest.approx(2 * one * 2 * 2 * 4)  # forward and backward, 2 layers, 4 microbatches
@@ -96,6 +96,9 @@ def test_the_planners_terms_for_a_toy_layout_by_hand():
     assert s.cp_s == 0 and s.dp_s == 0
     assert s.optimizer_s == pytest.approx(s.memory.params * 28 / cluster.memory_bytes_per_s)
     assert s.step_s == pytest.approx(s.compute_s + s.bubble_s + s.tp_s + s.pp_s + s.optimizer_s)
+    planner = score_training(c.model, cluster, Layout(tp=2, pp=2), dataclasses.replace(
+        step_workload(c, 4), comm_in_bubble=False), 1, "none")  # the planner's default: compute only
+    assert planner.bubble_s == pytest.approx(s.compute_s / 4) and planner.tp_s == s.tp_s
 
 
 def test_without_overlap_the_gradient_sync_is_all_exposed():

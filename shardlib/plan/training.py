@@ -47,7 +47,9 @@ class TrainingWorkload:
     ``optimizer_bytes_per_param``: bytes AdamW reads and writes per parameter it updates, at the cluster's
     memory bandwidth (0: no optimizer term, negligible beside a real step of millions of tokens).
     ``dp_overlap``: whether the data-parallel collectives run behind the compute, as DDP's buckets and
-    ZeRO-3's prefetch do (False: each waits for, or is waited on by, the compute it serves)."""
+    ZeRO-3's prefetch do (False: each waits for, or is waited on by, the compute it serves).
+    ``comm_in_bubble``: whether a bubble slot also lasts a microbatch's exposed tp and cp time (it does:
+    they sit on each microbatch's path; False, the default, counts compute only, as the published plans do)."""
 
     sequence_tokens: int = 8192
     global_batch_tokens: int = 2048 * 8192
@@ -64,6 +66,7 @@ class TrainingWorkload:
     comm_bytes_per_value: float = 2.0
     optimizer_bytes_per_param: float = 0.0
     dp_overlap: bool = True
+    comm_in_bubble: bool = False
 
     def __post_init__(self) -> None:
         s = whole_number(self.sequence_tokens, "sequence_tokens (tokens per sequence)")
@@ -93,6 +96,7 @@ class TrainingWorkload:
         number_between(self.comm_bytes_per_value, "comm_bytes_per_value (bytes per value on the wire)", 0.5, 8.0)
         number_between(self.optimizer_bytes_per_param, "optimizer_bytes_per_param", 0.0, 1e3)
         flag(self.dp_overlap, "dp_overlap")
+        flag(self.comm_in_bubble, "comm_in_bubble")
 
     @property
     def sequences(self) -> int:
@@ -182,7 +186,6 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     flops = model_flops_per_token(model, s) + recompute_flops_per_token(model, s, recompute)
     compute = w.global_batch_tokens * flops / (n * rate) * heaviest
     per_mb = compute / m
-    bubble = (lay.pp - 1) * per_mb / (w.chunks if w.schedule == "interleaved" and lay.pp > 1 else 1)
     v = w.comm_bytes_per_value
     act = s // lay.cp * b * model.d_model * v  # one microbatch's layer input, whole
     charge = cluster.latency_charge
@@ -201,6 +204,8 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
         ring = 3 * (lay.cp - 1) * point_to_point_s(kv, links["cp"])
         attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate
         cp = max(0.0, ring - attention) * layers * m
+    slot = per_mb + ((tp + cp) / m if w.comm_in_bubble else 0.0)  # one microbatch's turn on a stage
+    bubble = (lay.pp - 1) * slot / (w.chunks if w.schedule == "interleaved" and lay.pp > 1 else 1)
     dp = 0.0
     ranks = lay.dp * lay.cp
     if ranks > 1:

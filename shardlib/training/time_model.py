@@ -68,11 +68,13 @@ def step_workload(config: TrainingConfig, global_sequences: int) -> TrainingWork
     """The planner's workload for the toy: its sequence, the global batch, no recomputation, the toy's
     microbatch, kernels at the measured rate (efficiency 1), values on the wire in the toy's dtype,
     AdamW's pass counted (a toy step has a few hundred tokens: its optimizer step is not negligible), and
-    no overlap of the data-parallel collectives (the toy's step runs them after its backward)."""
+    no overlap of the data-parallel collectives (the toy's step runs them after its backward), and the
+    bubble's slots as long as a microbatch's compute and its tp and cp calls (on CPU ranks, mostly calls)."""
     return TrainingWorkload(sequence_tokens=config.seq, global_batch_tokens=global_sequences * config.seq,
                             recompute=("none",), microbatch_sizes=(config.microbatch,), kernel_efficiency=1.0,
                             min_ring_slice_tokens=1, comm_bytes_per_value=config.element_bytes,
-                            optimizer_bytes_per_param=optimizer_bytes_per_param(config), dp_overlap=False)
+                            optimizer_bytes_per_param=optimizer_bytes_per_param(config), dp_overlap=False,
+                            comm_in_bubble=True)
 
 
 def predict_step(cluster: Cluster, layout: Layout, config: TrainingConfig, global_sequences: int) -> TrainingScore:
