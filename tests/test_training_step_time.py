@@ -13,7 +13,7 @@ from shardlib.hardware import Link, toy_cluster
 from shardlib.plan.layout import Layout
 from shardlib.plan.training import TrainingWorkload, model_flops_per_token, score_training
 from shardlib.training.corpus import TrainingConfig
-from shardlib.training.step_time import run_step_time_check
+from shardlib.training.step_time import claim_ranking, run_step_time_check
 from shardlib.training.time_model import (
     LAYOUTS_4,
     STEP_TIME_CONFIG,
@@ -174,3 +174,11 @@ def test_bad_input_is_refused_before_any_rank_starts(pool4):
         run_step_time_check(pool4, layouts={"dp2 x pp2 x tp2": Layout(tp=2, pp=2, dp=2)})
     with pytest.raises(ValueError, match="warm-up"):
         run_step_time_check(pool4, TrainingConfig(steps=1))
+
+
+def test_claim_ranking_retries_then_says_whether_it_held(pool4, check):
+    two = {k: LAYOUTS_4[k] for k in ("dp2 x tp2", "dp2 x pp2")}
+    again, held = claim_ranking(pool4, -1.0, config=TINY, layouts=two, global_sequences=4, fit=check.fit)
+    assert held and [t.label for t in again.layouts] == list(two)
+    with pytest.raises(ValueError, match="from -1 to 1"):
+        claim_ranking(pool4, 1.5)
