@@ -1,7 +1,7 @@
 """Step time per layout: the training planner's time model on this machine's ranks, beside the measured step.
 
 * ``fit_step_cluster``: the toy cluster the prediction runs on: a sweep's link (``calibrate_link``), its
-  latency at least what a call between computing ranks adds, and the model's forward and backward and
+  latency at least what a call between computing pairs of ranks adds, and the model's forward, backward and
   AdamW's step, timed on every rank at once (``sample_on_rank``: the shared cores counted).
 * ``run_step_time_check``: every layout trained on one warm pool (``drivers.run_training``, all at one
   global batch), in rounds, the median step after a warm-up read from the spans, beside its prediction
@@ -104,17 +104,15 @@ def calibrate_link(ranks, attempts: int = 3) -> Calibration:
 
 def step_cluster(cal: Calibration, samples, config: TrainingConfig) -> StepCluster:
     """The toy cluster from a sweep and ``sample_on_rank``'s samples (each: every rank's tuple), medians over
-    samples: its latency per ring step at least what a call between computing ranks adds."""
+    samples: its latency per ring step at least what a call over a pair of computing ranks adds."""
     world = len(samples[0])
     pass_s = statistics.median(statistics.median(r[0] for r in one) for one in samples)
     step_s = statistics.median(statistics.median(r[1] for r in one) for one in samples)
     calls = {n: statistics.median(max(1e-9, max(r[i] for r in one) - max(r[2] for r in one)) for one in samples)
              for n, i in ((world, 3), (2, 4))}  # what a call adds over every rank and over pairs
-    steps = {n: n - 1 for n in calls}  # an all-gather's ring steps; least squares in relative terms:
-    alpha = sum(steps[n] / calls[n] for n in calls) / sum((steps[n] / calls[n]) ** 2 for n in calls)
-    fitted = cal.link
-    link = Link(f"{fitted.name}, ranks computing", fitted.bandwidth_bytes_per_s, max(fitted.latency_s, alpha),
-                source=fitted.source, latency_source="the larger of the sweep's fit and calls between computing ranks")
+    fitted = cal.link  # a pair's call is one ring step: the groups of 4-rank layouts are pairs but for tp4, dp4
+    link = Link(f"{fitted.name}, ranks computing", fitted.bandwidth_bytes_per_s, max(fitted.latency_s, calls[2]),
+                source=fitted.source, latency_source="the larger of the sweep's fit and a call between computing pairs")
     flops = model_flops_per_token(config.model, config.seq) * config.microbatch * config.seq
     n_params = sum(v.numel() for v in init_weights(config).values())
     cluster = toy_cluster(link, flops_per_s=flops / pass_s, nodes=1, ranks_per_node=world)
