@@ -186,8 +186,8 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     flops = model_flops_per_token(model, s) + recompute_flops_per_token(model, s, recompute)
     compute = w.global_batch_tokens * flops / (n * rate) * heaviest
     per_mb = compute / m
-    v = w.comm_bytes_per_value
-    act = s // lay.cp * b * model.d_model * v  # one microbatch's layer input, whole
+    vb = w.comm_bytes_per_value
+    act = s // lay.cp * b * model.d_model * vb  # one microbatch's layer input, whole
     charge = cluster.latency_charge
     tp = 0.0
     if lay.tp > 1:
@@ -200,7 +200,7 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
         tp = 2 * one * passes * layers * m
     cp = 0.0
     if lay.cp > 1:
-        kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * v
+        kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * vb
         ring = 3 * (lay.cp - 1) * point_to_point_s(kv, links["cp"])
         attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate
         cp = max(0.0, ring - attention) * layers * m
@@ -209,7 +209,7 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     dp = 0.0
     ranks = lay.dp * lay.cp
     if ranks > 1:
-        bucket = memory.params * v / layers  # one layer's gradients (or weights): one collective each
+        bucket = memory.params * vb / layers  # one layer's gradients (or weights): one collective each
         rs = layers * collective_time_s("reduce_scatter", bucket, ranks, links["dp"], charge)
         ag = layers * collective_time_s("all_gather", bucket, ranks, links["dp"], charge)
         backward = per_mb * 2 / 3
