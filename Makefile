@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_combined.py
 	$(BIN)/python benchmarks/bench_data_parallel.py
 	$(BIN)/python benchmarks/bench_context_parallel.py
+	$(BIN)/python benchmarks/bench_training.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

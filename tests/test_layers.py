@@ -76,6 +76,7 @@ LAYERS = {
         "shardlib.context_parallel.online_softmax",
         "shardlib.context_parallel.reference",
         "shardlib.training.corpus",
+        "shardlib.training.time_model",
     },
     "runtime": {
         "shardlib.runtime.ranks",
@@ -111,6 +112,7 @@ LAYERS = {
         "shardlib.combined.across",
         "shardlib.combined.machines",
         "shardlib.training.machines",
+        "shardlib.training.step_time",
         "shardlib.launch",
     },
 }

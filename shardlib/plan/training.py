@@ -11,8 +11,9 @@ K, V, dK, dV back) hidden behind the layer's attention up to its time; **dp** ov
 holding the same weights, a collective per layer: DDP and ZeRO-1 once a step behind the last microbatch's
 backward but for the last bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a
 reduce-scatter every microbatch behind its compute; **pp**: the first microbatch's hops forward and the
-last one's back. Links from ``hardware`` placed as ``traffic.axis_link`` does; gradients in bf16. A model:
-no kernel launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
+last one's back; **optimizer** (if the workload counts it): AdamW's pass over what a rank updates. Links
+as ``traffic.axis_link`` places them; values on the wire in bf16 unless ``comm_bytes_per_value`` says
+otherwise. A model: no kernel launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -41,7 +42,14 @@ class TrainingWorkload:
     matmuls reach 0.6 to 0.75 of it, attention, norms and the optimizer step less). The time model has no
     term for kernels starved by small shapes; ``min_ring_slice_tokens`` stands in for it where it matters
     most: context parallelism only cuts sequences into ring slices of at least that many tokens (cp is
-    for long sequences: Llama 3 used none at 8K and 16 ways at 128K)."""
+    for long sequences: Llama 3 used none at 8K and 16 ways at 128K). ``comm_bytes_per_value``: bytes of
+    each activation, K/V and gradient value the collectives move (2: bf16; a float32 toy: 4).
+    ``optimizer_bytes_per_param``: bytes AdamW reads and writes per parameter it updates, at the cluster's
+    memory bandwidth (0: no optimizer term, negligible beside a real step of millions of tokens).
+    ``dp_overlap``: whether the data-parallel collectives run behind the compute, as DDP's buckets and
+    ZeRO-3's prefetch do (False: each waits for, or is waited on by, the compute it serves).
+    ``comm_in_bubble``: whether a bubble slot also lasts a microbatch's exposed tp and cp time (it does:
+    they sit on each microbatch's path; False, the default, counts compute only, as the published plans do)."""
 
     sequence_tokens: int = 8192
     global_batch_tokens: int = 2048 * 8192
@@ -55,6 +63,10 @@ class TrainingWorkload:
     convention: str = "megatron"
     kernel_efficiency: float = 0.5
     min_ring_slice_tokens: int = 4096
+    comm_bytes_per_value: float = 2.0
+    optimizer_bytes_per_param: float = 0.0
+    dp_overlap: bool = True
+    comm_in_bubble: bool = False
 
     def __post_init__(self) -> None:
         s = whole_number(self.sequence_tokens, "sequence_tokens (tokens per sequence)")
@@ -81,6 +93,10 @@ class TrainingWorkload:
         choice(self.convention, tuple(CONVENTIONS), "convention (bytes per parameter)")
         number_between(self.kernel_efficiency, "kernel_efficiency (the share of peak FLOPs kernels reach)", 0.05, 1.0)
         whole_number(self.min_ring_slice_tokens, "min_ring_slice_tokens (the shortest slice cp may cut)")
+        number_between(self.comm_bytes_per_value, "comm_bytes_per_value (bytes per value on the wire)", 0.5, 8.0)
+        number_between(self.optimizer_bytes_per_param, "optimizer_bytes_per_param", 0.0, 1e3)
+        flag(self.dp_overlap, "dp_overlap")
+        flag(self.comm_in_bubble, "comm_in_bubble")
 
     @property
     def sequences(self) -> int:
@@ -115,10 +131,11 @@ class TrainingScore:
     mfu: float
     links: dict = field(default_factory=dict, compare=False)  # axis -> link name
     reasons: tuple[str, ...] = ()
+    optimizer_s: float = 0.0  # AdamW's pass, when the workload counts it
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s
+        return self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s + self.optimizer_s
 
 
 def model_flops_per_token(model: ModelConfig, seq: int) -> float:
@@ -169,8 +186,8 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     flops = model_flops_per_token(model, s) + recompute_flops_per_token(model, s, recompute)
     compute = w.global_batch_tokens * flops / (n * rate) * heaviest
     per_mb = compute / m
-    bubble = (lay.pp - 1) * per_mb / (w.chunks if w.schedule == "interleaved" and lay.pp > 1 else 1)
-    act = s // lay.cp * b * model.d_model * 2  # one microbatch's layer input, bf16, whole
+    vb = w.comm_bytes_per_value
+    act = s // lay.cp * b * model.d_model * vb  # one microbatch's layer input, whole
     charge = cluster.latency_charge
     tp = 0.0
     if lay.tp > 1:
@@ -183,18 +200,22 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
         tp = 2 * one * passes * layers * m
     cp = 0.0
     if lay.cp > 1:
-        kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * 2
+        kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * vb
         ring = 3 * (lay.cp - 1) * point_to_point_s(kv, links["cp"])
         attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate
         cp = max(0.0, ring - attention) * layers * m
+    slot = per_mb + ((tp + cp) / m if w.comm_in_bubble else 0.0)  # one microbatch's turn on a stage
+    bubble = (lay.pp - 1) * slot / (w.chunks if w.schedule == "interleaved" and lay.pp > 1 else 1)
     dp = 0.0
     ranks = lay.dp * lay.cp
     if ranks > 1:
-        bucket = memory.params * 2 / layers  # one layer's bf16 gradients (or weights): one collective each
+        bucket = memory.params * vb / layers  # one layer's gradients (or weights): one collective each
         rs = layers * collective_time_s("reduce_scatter", bucket, ranks, links["dp"], charge)
         ag = layers * collective_time_s("all_gather", bucket, ranks, links["dp"], charge)
         backward = per_mb * 2 / 3
-        if lay.dp_strategy in ("ddp", "zero1"):  # once per step, behind the last microbatch's backward
+        if not w.dp_overlap:  # every collective after (or before) the compute it serves: nothing hidden
+            dp = {"ddp": rs + ag, "zero1": rs + ag, "zero2": m * rs + ag}.get(lay.dp_strategy, m * (2 * ag + rs))
+        elif lay.dp_strategy in ("ddp", "zero1"):  # once per step, behind the last microbatch's backward
             dp = max(rs + ag - backward, (rs + ag) / layers)
         elif lay.dp_strategy == "zero2":  # gradients reduced every microbatch; weights gathered after the step
             dp = m * max(rs - backward, rs / layers) + ag
@@ -204,7 +225,9 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     if lay.pp > 1:
         hop = act / (lay.tp if w.sequence_parallel else 1)
         pp = 2 * (lay.pp - 1) * point_to_point_s(hop, links["pp"])
-    step = compute + bubble + tp + cp + dp + pp
+    updated = memory.params / (1 if lay.dp_strategy == "ddp" else ranks)  # ZeRO: each rank updates its shard
+    optimizer = updated * w.optimizer_bytes_per_param / cluster.memory_bytes_per_s
+    step = compute + bubble + tp + cp + dp + pp + optimizer
     mfu = w.global_batch_tokens * model_flops_per_token(model, s) / (step * n * cluster.peak_flops_per_s)
     return TrainingScore(lay, b, m, recompute, memory, compute, bubble, tp, cp, dp, pp, w.global_batch_tokens / step,
-                         mfu, {k: v.name for k, v in links.items()})
+                         mfu, {k: v.name for k, v in links.items()}, optimizer_s=optimizer)

@@ -10,6 +10,8 @@
 * ``drivers``: ``check_training`` and ``run_training`` (a layout on a warm pool, as a ``TrainingRun``).
 * ``machines``: ``training_across_on_rank``, the step under ``torchrun`` with tp inside machines.
 * ``predict``: every rank's ledger and traffic per mesh axis, predicted (``predict_ledger``, ``predict_traffic``).
+* ``time_model``: the toy's step in the training planner's time model; Spearman's rank correlation.
+* ``step_time``: step time per layout, predicted on a toy cluster fitted on the ranks, and measured.
 """
 
 from .._lazy import exports
@@ -22,4 +24,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "drivers": ("check_training", "run_training", "TrainingRun"),
     "machines": ("training_across_on_rank",),
     "predict": ("predict_ledger", "predict_traffic", "activation_bytes", "format_ledger"),
+    "time_model": ("LAYOUTS_4", "STEP_TIME_CONFIG", "predict_step", "spearman"),
+    "step_time": ("run_step_time_check", "claim_ranking", "fit_step_cluster", "StepTimeCheck"),
 })
