@@ -648,7 +648,7 @@ assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8
 # %%
 from shardlib.training import MarkovCorpus, TrainingConfig, train_reference
 
-train_config = TrainingConfig(dtype="float64", steps=6)  # float64: see "Run it" below
+train_config = TrainingConfig(dtype="float64", steps=4)  # float64: see "Run it" below
 corpus = MarkovCorpus(train_config)
 print(f"{train_config.n_layers} blocks, d_model {train_config.d_model}, {train_config.n_heads} heads sharing "
       f"{train_config.n_kv_heads} KV heads, vocabulary {train_config.vocab_size}, sequences of "
@@ -708,7 +708,7 @@ assert predicted_pp_tp[0]["activations"] > predicted_pp_tp[2]["activations"]  # 
 #
 # ## Run it: five layouts on the same four ranks
 #
-# The same four warm ranks train the model six steps in each layout: `dp 2 x tp 2`, `pp 2 x tp 2`,
+# The same four warm ranks train the model four steps in each layout: `dp 2 x tp 2`, `pp 2 x tp 2`,
 # `dp 2 x pp 2`, `cp 2 x tp 2` and ZeRO-3 over `dp 2 x tp 2`. Each is compared with one process training
 # on the same global batches. The runs are in float64: a cross-rank sum adds in another order than one
 # process, and AdamW divides each update by the root of its second moment, which makes those last-bit
@@ -736,7 +736,7 @@ assert train_runs["tp=2 pp=1 dp=2"].losses[-1] < train_runs["tp=2 pp=1 dp=2"].lo
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.training_figures import ledger_figure, loss_figure, traffic_figure
+from shardlib.ui.training_figures import ledger_figure, loss_figure, step_time_figure, traffic_figure
 
 loss_figure({name: run.losses for name, run in train_runs.items()},
             {f"global batch of {train_config.global_batch(dp)}": ref.losses for dp, ref in train_refs.items()},
@@ -795,6 +795,44 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # against 4 query heads). The pipeline sends one activation per microbatch each way, and the data axis
 # moves the gradients once a step, whatever the number of microbatches (ZeRO-3 gathers each layer twice
 # and reduce-scatters it, every microbatch).
+
+# %% [markdown]
+# ## Step time: predicted, then measured
+#
+# The training planner further down prices a step term by term: compute at the GPUs' rate, the
+# pipeline's bubble, each axis's collectives on its link, AdamW's step. Here the same model prices these
+# four ranks. Its "cluster" is fitted on them a moment before: the model's forward and backward and
+# AdamW's step timed on every rank at once (two cores shared by four ranks: each rank's rate is what it
+# gets while the others compute too), and the link's latency from a sweep of calls and from calls
+# between ranks that are busy computing. Each layout then trains a wider model (`d_model` 128, 64 tokens
+# a sequence) at the same global batch of 4 sequences (`m` set to make it so), 4 steps, the first left
+# out, the median taken. The claim checked is the one a planner needs: that the predicted times **rank
+# the layouts** as the measured ones do, Spearman's rank correlation at least 0.7 (five layouts: at most
+# two neighbours swapped), measured again once if a burst of other work spoils it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from shardlib.training.step_time import claim_ranking, fit_step_cluster
+
+this_machine = fit_step_cluster(four, samples=2)  # the "cluster" of these four ranks, fitted now
+step_check, ranking_held = claim_ranking(four, floor=0.7, attempts=2, fit=this_machine)
+print(step_check.table())
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
+                 {t.label: t.measured_s for t in step_check.layouts},
+                 f"One training step per layout, predicted and measured on {four.description}")
+
+# %% [markdown]
+# The ranking holds; the seconds do not, quite: measured sits above predicted for most layouts, about
+# 1.3 to 1.7 times on a quiet machine and up to 3 times when other work shares the cores, wider than the
+# factor of 2 the course asks of its predictions, for reasons the model leaves out on purpose. Python's
+# overhead per operation is not a FLOP: half-width matrices under `tp = 2` take more than half the time.
+# The embedding's, the head's and the loss's collectives are not in the planner's count (it is written
+# for models whose layers dwarf them). With `m = p` every pipeline hop is exposed, where the planner
+# charges only the first microbatch's. On GPUs these terms shrink beside the layers' arithmetic, which is
+# what the planner is for; on a laptop they are a lesson in what a model of step time must count.
 
 # %% [markdown]
 # ## Explore: train any layout of the four ranks

@@ -100,3 +100,22 @@ def test_vocab_parallel_loss_equals_the_whole_vocabulary_loss(tp):
         torch.testing.assert_close(losses[i], expected, rtol=TOLERANCE, atol=TOLERANCE)
     torch.testing.assert_close(torch.cat(grads, -1), whole.grad, rtol=TOLERANCE, atol=TOLERANCE)
     assert math.isclose(float(expected.detach().mean()), float(losses[0].detach().mean()), rel_tol=1e-12)
+
+
+def test_the_written_out_adamw_is_torchs_bit_for_bit():
+    import torch
+
+    from shardlib.training.reference import AdamW
+
+    g = torch.Generator().manual_seed(0)
+    mine = torch.randn(7, 5, generator=g, dtype=torch.float64).requires_grad_(True)
+    theirs = mine.detach().clone().requires_grad_(True)
+    ours, torchs = AdamW([mine], lr=1e-2, weight_decay=0.01), torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.01,
+                                                                              foreach=False)
+    for _ in range(4):
+        grad = torch.randn(7, 5, generator=g, dtype=torch.float64)
+        mine.grad, theirs.grad = grad.clone(), grad.clone()
+        ours.step()
+        torchs.step()
+    assert torch.equal(mine, theirs)
+    assert sorted(ours.state[mine]) == ["exp_avg", "exp_avg_sq"]

@@ -5,7 +5,7 @@ gated MLP, no positional encoding, the causal mask alone orders the tokens) betw
 ``embed (V, d)`` and, after a final RMS norm without scale, an untied LM head ``head (V, d)``. The loss
 is the mean cross-entropy over every token of the global batch. Weights live in one dict keyed
 ``embed``, ``layers.{i}.{q,k,v,o,gate,up,down}``, ``head``: the ranks' gathered weights use the same
-keys. ``train_reference`` runs AdamW (``foreach=False``, the same update the ranks run on their shards)
+keys. ``train_reference`` runs AdamW (``AdamW``, written out: the same update the ranks run on their shards)
 on the batches ``corpus.MarkovCorpus`` draws. Torch only, no ranks.
 """
 
@@ -47,9 +47,38 @@ def token_losses(weights: dict, tokens: torch.Tensor, config: TrainingConfig) ->
     return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
 
 
-def adamw(params, config: TrainingConfig) -> torch.optim.AdamW:
-    """AdamW with the run's hyper-parameters, one tensor at a time (the same arithmetic on a shard)."""
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, foreach=False)
+class AdamW:
+    """AdamW (Loshchilov and Hutter 2019), one tensor at a time: decoupled weight decay, then the bias-corrected
+    first and second moments. The same arithmetic as ``torch.optim.AdamW(foreach=False)``, written out so a
+    step needs no import of torch's compiler stack (seconds, on a laptop, for the first optimizer made)."""
+
+    def __init__(self, params, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+        self.params, self.lr, self.weight_decay, self.betas, self.eps = list(params), lr, weight_decay, betas, eps
+        self.state: dict = {}  # param -> {"exp_avg", "exp_avg_sq"}: what ``measure.optimizer_state_bytes`` counts
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.steps += 1
+        (beta1, beta2), t = self.betas, self.steps
+        for p in self.params:
+            if p.grad is None:
+                continue
+            s = self.state.setdefault(p, {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)})
+            p.mul_(1 - self.lr * self.weight_decay)  # decoupled weight decay
+            s["exp_avg"].lerp_(p.grad, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+            s["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
+            denom = (s["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(self.eps)
+            p.addcdiv_(s["exp_avg"], denom, value=-self.lr / (1 - beta1 ** t))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def adamw(params, config: TrainingConfig) -> AdamW:
+    """AdamW with the run's hyper-parameters (the same arithmetic on a shard as on the whole tensor)."""
+    return AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
 @dataclass(frozen=True)
