@@ -21,7 +21,7 @@
 # checked before it runs; each runs on real ranks equal to the one-process model bit for bit; F, B and
 # W are measured on the ranks and the published bubble formulas evaluated with them, in both notations
 # (the two papers mean different things by B); a knob makes W cheap or dear and the zero bubble comes
-# back; the activations each schedule holds against DualPipe's table; torch's own orders run as a peer;
+# back; the activations each schedule holds against DualPipe's table; torch's own orders and runtime as a peer;
 # and one step drawn as the list predicts it, above the same step measured on the ranks, with a slider over
 # the schedule, the microbatches and W's cost.
 
@@ -261,30 +261,38 @@ with Ranks(4) as four:
 # ## torch's schedules as a peer
 #
 # `torch.distributed.pipelining` ships `ScheduleZBVZeroBubble`, `ScheduleDualPipeV` and
-# `ScheduleInterleavedZeroBubble`. Their action grids (`_schedule_visualizer.get_schedule_ops`) read
-# straight into this package's `Schedule` (torch's `I` is our B, its whole `B` our B then W,
-# `OVERLAP_F_B` a forward then a backward), pass the same checks and run through the same engine on the
-# same gloo ranks, equal to ours bit for bit.
+# `ScheduleInterleavedZeroBubble`. Two ways to set them beside ours, both on the same gloo ranks with the
+# same layers and batch:
+#
+# - **their orders on our engine**: the action grids (`_schedule_visualizer.get_schedule_ops`) read
+#   straight into this package's `Schedule` (torch's `I` is our B, its whole `B` our B then W,
+#   `OVERLAP_F_B` a forward then a backward), pass the same checks and run through `run_pipeline`;
+# - **torch's own runtime**: `run_torch_runtime` wraps each rank's two chunks of layers in an `nn.Module`,
+#   gives each a `PipelineStage` and calls the schedule's `step` with the batch; the loss
+#   `(out * g).sum()` hands the output exactly our `grad_output`, and `scale_grads=False` keeps the
+#   microbatches' gradients summed, as ours are. Its output and every weight gradient are compared with
+#   the first way's, bit for bit (no sum runs across ranks, so no tolerance is needed).
 
 # %%
-from shardlib.pipeline import simulate, torch_grid, torch_schedule
+from shardlib.pipeline import run_torch_runtime, simulate, torch_grid
 
 print("torch's DualPipeV grid, p = 2, m = 4:")
 for r, row in enumerate(torch_grid("DualPipeV", 2, 4)):
     print(f"  rank {r}: {' '.join(row)}")
 for name, mine in (("ZBVZeroBubble", "zb-v"), ("DualPipeV", "dualpipev"), ("InterleavedZeroBubble", None)):
-    theirs = torch_schedule(name, 2, 4)
-    run = run_pipeline(ranks, theirs, TOY, layers, x, grad)
-    assert run.against_reference().bit_for_bit
-    idle = max(t.end_s for t in simulate(theirs, 2, 2, 0, 2)) - 24
+    peer = run_torch_runtime(ranks, name, TOY, layers, x, grad, 4)  # torch's runtime, then its order on ours
+    assert peer.ours.against_reference().bit_for_bit and peer.bit_for_bit
+    idle = max(t.end_s for t in simulate(peer.ours.schedule, 2, 2, 0, 2)) - 24
     ours = "" if mine is None else (f"; ours ({mine}): "
                                     f"{max(t.end_s for t in simulate(make_schedule(mine, 2, 4), 2, 2, 0, 2)) - 24}")
-    print(f"torch {name}: exact on 2 ranks; idle slots per stage at F = B = W: {idle}{ours}")
+    print(f"torch {name}: its order on our engine exact; torch's own runtime equal to it bit for bit "
+          f"({len(peer.grads)} layers); idle slots per stage at F = B = W: {idle}{ours}")
 
 # %% [markdown]
-# What runs here is torch's *order*, on this package's engine. torch's own runtime for these schedules
-# (`PipelineStage` and the schedule's `step`) is tested upstream on NCCL; running it on these gloo ranks
-# is not done in this notebook.
+# torch's runtime runs these schedules on gloo as it does on NCCL: each `PipelineStage` exchanges
+# activations and gradients with point-to-point `isend`/`irecv` (through `batch_isend_irecv`), which gloo
+# supports on CPU. One condition it adds: its receive buffers are sized from the first microbatch, so the
+# batch must cut into equal microbatches (`run_torch_runtime` says so before any rank starts).
 
 # %% [markdown]
 # ## One step, predicted and measured
@@ -355,4 +363,5 @@ show_questions(
 # - ZB-H1 holds 1F1B's peak on every stage; the V schedules hold 2p (ZB-V) and 2p + 1 (DualPipeV, the
 #   table's PP + 1) chunks of half a device.
 # - torch's ZB-V, DualPipeV and interleaved zero-bubble orders read as the same data, pass the same
-#   checks and run exactly on the same ranks.
+#   checks and run exactly on the same ranks; torch's own runtime (`PipelineStage`, `step`) runs them on
+#   the same gloo ranks with the same result, bit for bit.

@@ -8,6 +8,7 @@ microbatch order on every chunk, as the reference does.
 from fractions import Fraction
 
 import pytest
+import torch
 
 from shardlib.models import ModelConfig
 from shardlib.pipeline import Action, Schedule, make_schedule, run_pipeline, simulate
@@ -264,3 +265,30 @@ def test_the_zero_bubble_slider_reruns_each_schedule(pool2, model):
     w_slider.value = 2.0
     m_slider.value = 8
     assert "W = 2 x F" in label.value and "m = 8" in label.value and app.children[-1].value == ""
+
+
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV", "InterleavedZeroBubble"])
+def test_torchs_own_runtime_runs_on_gloo_and_equals_ours(pool, model, name):
+    """torch's PipelineStage and schedule step on the same gloo ranks, the same layers and batch: output and
+    every weight gradient equal run_pipeline's bit for bit (the loss (out * g).sum() hands g to the output)."""
+    from shardlib.pipeline import run_torch_runtime
+    p = pool.world_size
+    for layers in ("blocks", "layers") if p == 2 else ("layers",):  # whole blocks too, on 2 ranks
+        run = run_torch_runtime(pool, name, SHAPE, model[layers], model["x"], model["grad"], 2 * p)
+        assert run.bit_for_bit and run.close and run.largest_gap == 0.0, (name, layers, run.largest_gap)
+        assert len(run.grads) == N_LAYERS and run.ours.against_reference().bit_for_bit
+    if name != "InterleavedZeroBubble":  # this package's own V schedule of the same name: the same numbers
+        mine = run_pipeline(pool, make_schedule("zb-v" if name == "ZBVZeroBubble" else "dualpipev", p, 2 * p),
+                            SHAPE, model["layers"], model["x"], model["grad"])
+        assert torch.equal(mine.output, run.output)
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(mine.grads, run.grads) for k in a)
+
+
+def test_torchs_runtime_refuses_what_torch_refuses(pool2, model):
+    from shardlib.pipeline import run_torch_runtime
+    with pytest.raises(ValueError, match="DualPipeV requires at least as many microbatches as stages"):
+        run_torch_runtime(pool2, "DualPipeV", SHAPE, model["layers"], model["x"], model["grad"], 3)
+    with pytest.raises(ValueError, match="torch schedules read here"):
+        run_torch_runtime(pool2, "GPipe", SHAPE, model["layers"], model["x"], model["grad"], 4)
+    with pytest.raises(ValueError, match="5 microbatches must divide the batch's 16 rows"):
+        run_torch_runtime(pool2, "ZBVZeroBubble", SHAPE, model["layers"], model["x"], model["grad"], 5)
