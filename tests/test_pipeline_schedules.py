@@ -60,6 +60,33 @@ def test_zb_h1_bubble_is_the_published_formula(p):
     assert (p - 1) * (1 + 1 - 1) * 3 == (p - 1) * (1 + 1 + 1)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_zb_v_is_zero_bubble_at_equal_costs_as_the_paper_says(p):
+    """Qi et al. 2024 (ZB-V, F = B = W, m >= 2p): no device waits between its first action and its last; one
+    step's window keeps only the ramp, (p-1) F per device (F one chunk's forward)."""
+    from shardlib.pipeline import OpCosts, published_fraction, published_idle_s
+    for m in (2 * p, 2 * p + 1, 4 * p):
+        s = make_schedule("zb-v", p, m)
+        timed = simulate(s, 2, 2, 0, 2)  # a stage's op 2, a chunk's 1
+        assert max(t.end_s for t in timed) - 6 * m == p - 1 == published_idle_s("zb-v", p, OpCosts(1, 1, 1))
+        for r in range(p):
+            mine = [t for t in timed if t.action.stage == r]
+            assert max(t.end_s for t in mine) - min(t.start_s for t in mine) == 6 * m  # no gap inside
+        assert published_fraction(s, OpCosts(1.0, 1.0, 1.0)) == pytest.approx((p - 1) / (p - 1 + 6 * m))
+    with pytest.raises(ValueError, match="holds only for F = B = W"):
+        published_idle_s("zb-v", p, OpCosts(1.0, 1.0, 0.5))
+
+
+@pytest.mark.parametrize("f, b, w", [(1, 1, 1), (1, 1, Fraction(1, 2)), (1, 1, 2), (2, 1, 1), (1, 2, 1), (1, 1, 0)])
+def test_zb_v_idles_the_same_however_many_microbatches(f, b, w):
+    """A steady state of F, B and W in turn: with unequal costs the list idles a few ops' worth more, never an
+    amount that grows with m (a list that let W's pile up lost a wait per microbatch when B was dearer)."""
+    for p in (2, 4):
+        idle = {m: _step(make_schedule("zb-v", p, m), 2 * f, 2 * b, 2 * w) - 2 * m * (f + b + w)
+                for m in (2 * p, 4 * p, 8 * p)}
+        assert len(set(idle.values())) == 1 and idle[2 * p] <= 3 * (p - 1) * max(f, b, w), (p, idle)
+
+
 @pytest.mark.parametrize("p", [2, 4])
 def test_in_flight_peaks_match_the_dualpipe_table(p):
     """Chunks whose activations a stage holds at once (F until W): ZB-H1 p (1F1B's peak), ZB-V 2p chunks

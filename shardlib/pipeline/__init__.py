@@ -26,7 +26,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "orders": ("make_schedule",),
     "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
     "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
-                "notation_rows", "op_costs"),
+                "notation_rows", "op_costs", "handover_s", "EQUAL_WITHIN"),
     "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule", "TorchChunk", "torch_runtime_on_rank"),
     "bubble_drivers": ("SplitBubble", "run_split_bubble"),
     "engine": ("Stage", "run_stage"),

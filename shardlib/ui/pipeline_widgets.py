@@ -107,8 +107,11 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
         v = schedule.n_chunks
         costs = OpCosts(op_s / v, op_s / v, weight_s / v)  # the pads, per action
         measured = run.bubble.idle_fraction
-        formula = (f"published formula {published_fraction(schedule, costs):.3f}, " if picker.value in PUBLISHED
-                   else "no published closed form, ")
+        try:
+            formula = (f"published formula {published_fraction(schedule, costs):.3f}, " if picker.value in PUBLISHED
+                       else "no published closed form, ")
+        except ValueError:  # ZB-V's published claim holds only for F = B = W
+            formula = "no published figure for W != F, "
         label.value = (f"<b>{html.escape(schedule.title)}</b>, W = {w_slider.value:g} x F: idle fraction "
                        f"{formula}this list {simulated_fraction(schedule, costs):.3f}, measured {measured:.3f}; "
                        f"peak chunks in flight per stage {list(run.peak_in_flight)}")
