@@ -313,7 +313,7 @@ def test_torchs_own_runtime_runs_on_gloo_and_equals_ours(pool, model, name):
 
 def test_torchs_runtime_refuses_what_torch_refuses(pool2, model):
     from shardlib.pipeline import run_torch_runtime
-    with pytest.raises(ValueError, match="DualPipeV requires at least as many microbatches as stages"):
+    with pytest.raises(ValueError, match="DualPipeV needs at least as many microbatches as its 2 x 2 stages; got 3"):
         run_torch_runtime(pool2, "DualPipeV", SHAPE, model["layers"], model["x"], model["grad"], 3)
     with pytest.raises(ValueError, match="torch schedules read here"):
         run_torch_runtime(pool2, "GPipe", SHAPE, model["layers"], model["x"], model["grad"], 4)

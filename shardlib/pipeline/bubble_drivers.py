@@ -46,10 +46,12 @@ class SplitBubble:
 
 
 def run_split_bubble(ranks, name: str, n_microbatches: int, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                     grad_output: torch.Tensor, op_s: float, weight_s: float, repeats: int = 3) -> SplitBubble:
+                     grad_output: torch.Tensor, op_s: float, weight_s: float, repeats: int = 3,
+                     costs: OpCosts | None = None) -> SplitBubble:
     """Measure schedule ``name``'s idle share with each stage's F and B padded to ``op_s`` and W to
     ``weight_s``. The costs the formulas use are read from the spans (of this run, or for 1F1B, whose
-    backward is whole, of a ZB-H1 run with the same pads)."""
+    backward is whole, of a ZB-H1 run with the same pads), unless given: ``costs`` of an earlier
+    ``SplitBubble`` with the same pads saves that run."""
     repeats = check_count("repeats", repeats, "steps to take the median of")
     schedule = make_schedule(name, ranks.world_size, n_microbatches)
 
@@ -57,9 +59,9 @@ def run_split_bubble(ranks, name: str, n_microbatches: int, model: ModelConfig, 
         return run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s)
 
     runs = [step() for _ in range(repeats)]
-    if schedule.split_backward:
+    if costs is None and schedule.split_backward:
         costs = op_costs(runs[0].spans)
-    else:
+    elif costs is None:
         twin = make_schedule("zb-h1", ranks.world_size, n_microbatches)
         costs = op_costs(run_pipeline(ranks, twin, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s).spans)
     try:

@@ -28,7 +28,7 @@ from .predict import MeasuredBubble, measure_bubble, pipeline_bubble_fraction
 from .ranks import pipeline_step_on_rank
 from .reference import check_pipeline_inputs, durations, unpipelined_step
 from .schedules import Schedule, check_count
-from .torch_peer import torch_runtime_on_rank, torch_schedule
+from .torch_peer import check_torch_schedule, torch_runtime_on_rank
 
 
 @dataclass(frozen=True)
@@ -251,12 +251,13 @@ def run_pipeline_vs_tp_bytes(ranks, model: ModelConfig, layers: list[dict], x: t
 class TorchRuntimeRun:
     """torch's runtime for schedule ``name`` (``PipelineStage`` s and the schedule's ``step``) on the pool:
     its ``output`` and every layer's weight ``grads`` in layer order, its ``step_s`` (the slowest rank's),
-    and ``ours``, ``run_pipeline`` of the same order on this package's engine, same layers and batch."""
+    its action ``grid``, and ``ours``, ``run_pipeline`` of the same order on this package's engine."""
 
     name: str
     output: torch.Tensor
     grads: list[dict]
     step_s: float
+    grid: list[list[str]]
     ours: PipelineRun = field(repr=False)
 
     def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -283,10 +284,10 @@ def run_torch_runtime(ranks, name: str, model: ModelConfig, layers: list[dict], 
     ``ranks`` (``torch_runtime_on_rank``), then the same order run by ``run_pipeline``, gathered.
     torch's own checks of ``n_microbatches`` come first, as a ValueError, before any rank starts; torch's
     runtime also needs microbatches of equal rows."""
-    schedule = torch_schedule(name, ranks.world_size, n_microbatches)
-    if grad_output is None:
-        raise ValueError("torch's zero-bubble schedules train: give grad_output, the gradient at the output")
-    check_pipeline_inputs(schedule, layers, tuple(x.shape), tuple(grad_output.shape), ranks.world_size, x.dtype)
+    check_torch_schedule(name, ranks.world_size, n_microbatches)
+    same_cut = make_schedule("zb-v", ranks.world_size, n_microbatches)  # 2 p slices, as torch cuts them
+    check_pipeline_inputs(same_cut, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
+                          ranks.world_size, x.dtype)
     if x.shape[0] % n_microbatches:
         raise ValueError(f"torch's PipelineStage sizes its receive buffers from the first microbatch, so every "
                          f"microbatch needs as many rows: {n_microbatches} microbatches must divide the batch's "
@@ -295,4 +296,5 @@ def run_torch_runtime(ranks, name: str, model: ModelConfig, layers: list[dict], 
     merged = {i: g for r in per_rank for i, g in r["grads"].items()}
     output = next(r["output"] for r in per_rank if r["output"] is not None)
     return TorchRuntimeRun(name, output, [merged[i] for i in sorted(merged)], max(r["step_s"] for r in per_rank),
-                           run_pipeline(ranks, schedule, model, layers, x, grad_output))
+                           per_rank[0]["grid"], run_pipeline(ranks, per_rank[0]["schedule"], model, layers, x,
+                                                             grad_output))

@@ -7,7 +7,8 @@ in torch 2.13) lists each rank's actions without running anything. Its ops map o
 ``OVERLAP_F_B`` pair is its forward then its backward. Its stage index is our virtual stage. Read this
 way, torch's orders are checked by ``check_schedule`` and run by the same engine on the same ranks.
 ``torch_runtime_on_rank`` runs torch's runtime itself instead: one ``PipelineStage`` per chunk of the
-same layers (``TorchChunk``), the schedule's ``step``, on the pool's gloo (or NCCL) group.
+same layers (``TorchChunk``), the schedule's ``step``, on the pool's gloo (or NCCL) group; rank 0 also
+reads the grid, so the kernel need not import ``torch.distributed.pipelining`` (seconds) itself.
 """
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ def torch_grid(name: str, n_stages: int, n_microbatches: int) -> list[list[str]]
 
     ops = get_schedule_ops(name, n_stages, n_microbatches, num_stages_per_rank=2)
     return [[str(a) for a in row if a is not None] for row in ops]
+
+
+def check_torch_schedule(name: str, n_stages: int, n_microbatches: int) -> None:
+    """A ValueError, before any rank starts, for what torch's schedule ``name`` refuses (its ``__init__``)."""
+    if name not in TORCH_SCHEDULES:
+        raise ValueError(f"torch schedules read here: {', '.join(TORCH_SCHEDULES)}; got {name!r}")
+    p, m = n_stages, n_microbatches
+    if name == "DualPipeV" and m < 2 * p:
+        raise ValueError(f"torch's DualPipeV needs at least as many microbatches as its 2 x {p} stages; got {m}")
+    rounds = max(1, m // p)
+    if name == "InterleavedZeroBubble" and m % rounds:
+        raise ValueError(f"torch's InterleavedZeroBubble runs {m} microbatches in {rounds} rounds of {p}: give a "
+                         f"multiple of {rounds}")
 
 
 def _virtual_stages(name: str, n_stages: int, rank: int) -> tuple[int, int]:
@@ -92,7 +106,8 @@ def torch_runtime_on_rank(ctx, name: str, model: ModelConfig, layers: list[dict]
     on the rank of the first stage and ``grad_output`` as the target on the rank of the last. The loss
     ``(out * g).sum()`` makes the output's gradient ``g`` itself; ``scale_grads=False`` keeps the sum over
     microbatches unscaled, as ``run_pipeline`` sums it. Returns ``output`` (or ``None``), ``grads`` by
-    global layer index, ``virtual_stages`` and ``step_s``."""
+    global layer index, ``virtual_stages``, ``step_s``, and on rank 0 torch's ``grid`` and its order as a
+    ``schedule`` (``torch_grid``, ``torch_schedule``)."""
     from torch.distributed import pipelining
 
     p = ctx.world_size
@@ -110,5 +125,7 @@ def torch_runtime_on_rank(ctx, name: str, model: ModelConfig, layers: list[dict]
     ctx.timeline.record(f"torch {name} step", start_s, start_s + step_s, "compute")
     grads = {i: {k: w.grad for k, w in chunks[vs].blocks[j].items()}
              for vs in mine for j, i in enumerate(slices[vs])}
+    read = ctx.rank == 0
     return {"output": None if output is None else output.detach(), "grads": grads, "virtual_stages": mine,
-            "step_s": step_s}
+            "step_s": step_s, "grid": torch_grid(name, p, n_microbatches) if read else None,
+            "schedule": torch_schedule(name, p, n_microbatches) if read else None}
