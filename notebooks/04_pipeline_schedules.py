@@ -249,8 +249,9 @@ print(f"ZB-H1, p=2, m=4, W = 2 F measured: idle formula {r.published:.3f} (no lo
 # table (PP = 2p stages for the V schedules, so a chunk is half a device's layers):
 
 # %%
-from shardlib.pipeline import peak_in_flight
+from shardlib.pipeline import import_pipelining_on_rank, peak_in_flight
 
+ranks.run(import_pipelining_on_rank)  # the two ranks, idle here, load torch's pipelining for the torch section
 with Ranks(4) as four:
     print(f"{'p = 4, m = 8':14}{'chunks held (measured)':26}{'params per device':20}DualPipe's table")
     for name, table in (("1f1b", "PP, 1x params"), ("zb-h1", "PP, 1x params"),

@@ -83,6 +83,16 @@ def torch_schedule(name: str, n_stages: int, n_microbatches: int) -> Schedule:
                     TORCH_SCHEDULES[name])
 
 
+def import_pipelining_on_rank(ctx) -> None:
+    """Start importing ``torch.distributed.pipelining`` (seconds: it loads torch's compiler and DTensor) on
+    a thread of this rank and return at once: a pool that would otherwise sit idle gets it done, and a
+    later ``torch_runtime_on_rank`` finds it loaded (or waits on Python's import lock until it is)."""
+    import threading
+
+    threading.Thread(target=__import__, args=("torch.distributed.pipelining",), daemon=True,
+                     name="import-pipelining").start()
+
+
 class TorchChunk(nn.Module):
     """One virtual stage's layers as the ``nn.Module`` torch's ``PipelineStage`` wraps: the toy's blocks
     (``toy.block_reference``) over copies of the given weights, one ``ParameterDict`` per layer."""
