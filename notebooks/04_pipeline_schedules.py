@@ -329,7 +329,8 @@ split_gantt_figure(step, measured_step.spans, OpCosts(OP_S, OP_S, W_S),
 # NBVAL_IGNORE_OUTPUT
 from shardlib.ui.pipeline_widgets import zero_bubble_explorer
 
-zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6, 8))
+zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6, 8),
+                     first_run=measured_step)  # opens on the step above (when it is ZB-H1, m = 4, W = F)
 
 # %% [markdown]
 # ## Check yourself

@@ -319,3 +319,13 @@ def test_torchs_runtime_refuses_what_torch_refuses(pool2, model):
         run_torch_runtime(pool2, "GPipe", SHAPE, model["layers"], model["x"], model["grad"], 4)
     with pytest.raises(ValueError, match="5 microbatches must divide the batch's 16 rows"):
         run_torch_runtime(pool2, "ZBVZeroBubble", SHAPE, model["layers"], model["x"], model["grad"], 5)
+
+
+def test_the_zero_bubble_slider_opens_on_a_step_already_run(pool2, model):
+    from shardlib.ui.pipeline_widgets import zero_bubble_explorer
+
+    first = run_pipeline(pool2, make_schedule("zb-h1", 2, 4), SHAPE, model["layers"], model["x"], model["grad"],
+                         0.004, 0.004, weight_s=0.004)
+    app = zero_bubble_explorer(pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.004,
+                               microbatches=(4, 8), first_run=first)
+    assert f"measured {first.bubble.idle_fraction:.3f}" in app.children[2].value
