@@ -202,11 +202,11 @@ for name, m, repeats in (("zb-h1", 4, 3), ("1f1b", 4, 1), ("zb-h1", 6, 3), ("dua
 # idles less than it says ("this list" is the exact prediction for what runs).
 #
 # Where the gap comes from, read off the spans of ZB-V on 4 ranks, m = 16, F = B = W padded to 30 ms a
-# chunk (`benchmarks/bench_pipeline.py zero-bubble zb-v`, medians of 3): formula and list 0.030,
-# measured 0.047. No rank idles where the list says it works; each waits a little at every hand-over
-# from another stage (1.6 ms median, a receiving thread waking the stage), which `simulate` counts as
-# zero. Put on every message, it predicts 0.038; the rest is the bookkeeping between actions. The V
-# sends twice the messages of a one-chunk schedule, so it pays this twice.
+# chunk (`benchmarks/bench_pipeline.py zero-bubble zb-v`, medians of 3, a quiet machine): formula and
+# list 0.030, measured 0.045. No rank idles where the list says it works; each waits a little at every
+# hand-over from another stage (1.4 ms median, a receiving thread waking the stage), which `simulate`
+# counts as zero. Put on every message, it predicts 0.037; the rest is the bookkeeping between actions.
+# The V sends twice the messages of a one-chunk schedule, so it pays this twice.
 
 # %%
 assert results["zb-h1", 4].measured < results["1f1b", 4].measured  # W's fill 1F1B's drain
