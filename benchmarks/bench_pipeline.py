@@ -2,6 +2,7 @@
 a slow stage, and how long a live re-run takes.
 
     .venv/bin/python benchmarks/bench_pipeline.py
+    .venv/bin/python benchmarks/bench_pipeline.py zero-bubble [zb-v ...]   # section 6 only (those schedules)
 
 The model is 8 pre-norm residual gated-MLP layers (d_model 32, d_ff 64), a batch of 16 x 4 tokens,
 float32; rank ``r`` holds stage ``r``'s slice of the layers. For the bubble, every forward and every
@@ -39,6 +40,8 @@ def row(label: str, value: str, note: str = "") -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["zero-bubble"]:
+        return zero_bubble_only(sys.argv[2:] or ZB_SCHEDULES)
     import torch
 
     from shardlib import Ranks
@@ -144,26 +147,50 @@ def main() -> int:
 
 ZB_OP_S = 0.06  # each stage's F and B; W is ZB_W_COSTS times this
 ZB_W_COSTS = (1.0, 0.5, 2.0)
+ZB_SCHEDULES = ("1f1b", "zb-h1", "zb-v", "dualpipev")
 
 
-def zero_bubble_section(pools, model, layers, x, grad) -> None:
+def zero_bubble_only(names) -> int:
+    """Section 6 alone, for the schedules named (a sweep of its own takes minutes)."""
+    from shardlib import Ranks
+    from shardlib.models import ModelConfig
+    from shardlib.pipeline import make_schedule, run_pipeline
+    from shardlib.toy import activations, stack_weights
+
+    model = ModelConfig("pipeline benchmark", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2, d_ff=D_FF,
+                        vocab_size=64, bytes_per_param=4.0)
+    layers = stack_weights(model, seed=0, parts=("mlp",))
+    x, grad = activations(BATCH, SEQ, D_MODEL, seed=1), activations(BATCH, SEQ, D_MODEL, seed=2)
+    wall = time.perf_counter()
+    with Ranks(2) as two, Ranks(4) as four:
+        for pool in (two, four):  # warm-up: imports on every rank, first messages
+            run_pipeline(pool, make_schedule("1f1b", pool.world_size, 2), model, layers, x, grad, 0.001, 0.001)
+        zero_bubble_section({2: two, 4: four}, model, layers, x, grad, tuple(names))
+    print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")
+    return 0
+
+
+def zero_bubble_section(pools, model, layers, x, grad, names=ZB_SCHEDULES) -> None:
     """6. The schedules past 1F1B: the idle share measured against the published formula and against the
-    list's own prediction, both evaluated with F, B and W measured on the ranks; p = 2 and 4, several m."""
+    list's own prediction, both evaluated with F, B and W measured on the ranks, and the list's prediction
+    again with the hand-over between stages measured on the ranks added to every message; p = 2 and 4."""
     from shardlib.pipeline import run_split_bubble
 
     print(f"\n6. zero bubble: F and B padded to {ZB_OP_S * 1e3:.0f} ms per stage, W to a share of it; "
-          f"median of {REPEATS} runs; published formula with measured F, B, W (B: the input gradient)")
-    print(f"   {'schedule':10} {'p':>3} {'m':>4} {'W/F':>5} {'formula':>9} {'list':>7} {'measured':>9} {'diff':>7}"
-          f"  chunks held")
+          f"median of {REPEATS} runs; published formula with measured F, B, W (B: the input gradient;\n"
+          "   ZB-V's: zero inside each device's span at F = B = W, so (p-1) F over one step); 'list': simulate\n"
+          "   of the same list, 'list+hops': the same with the measured hand-over (ms) on every message")
+    print(f"   {'schedule':10} {'p':>3} {'m':>4} {'W/F':>5} {'formula':>9} {'list':>7} {'list+hops':>10} {'hop':>5} "
+          f"{'measured':>9} {'diff':>7}  chunks held")
     for p, pool in pools.items():
         for w in ZB_W_COSTS:
-            for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
+            for name in names:
                 for m in (2 * p, 4 * p):
                     r = run_split_bubble(pool, name, m, model, layers, x, grad, ZB_OP_S, ZB_OP_S * w, REPEATS)
                     formula = "-" if r.published is None else f"{r.published:.3f}"
                     diff = "" if r.published is None else f"{r.measured - r.published:+.3f}"
-                    print(f"   {name:10} {p:>3} {m:>4} {w:>5g} {formula:>9} {r.simulated:>7.3f} {r.measured:>9.3f} "
-                          f"{diff:>7}  {list(r.peak_in_flight)}")
+                    print(f"   {name:10} {p:>3} {m:>4} {w:>5g} {formula:>9} {r.simulated:>7.3f} {r.with_hops:>10.3f} "
+                          f"{r.handover_s * 1e3:>5.1f} {r.measured:>9.3f} {diff:>7}  {list(r.peak_in_flight)}")
 
 
 if __name__ == "__main__":

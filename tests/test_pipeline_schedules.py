@@ -8,6 +8,7 @@ microbatch order on every chunk, as the reference does.
 from fractions import Fraction
 
 import pytest
+import torch
 
 from shardlib.models import ModelConfig
 from shardlib.pipeline import Action, Schedule, make_schedule, run_pipeline, simulate
@@ -57,6 +58,33 @@ def test_zb_h1_bubble_is_the_published_formula(p):
             assert _step(make_schedule("1f1b", p, m), f, b, w) - busy == (p - 1) * (f + b + w)
             assert _step(make_schedule("zb-h1", p, m), f, b, w) - busy == (p - 1) * (f + b - w)
     assert (p - 1) * (1 + 1 - 1) * 3 == (p - 1) * (1 + 1 + 1)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_zb_v_is_zero_bubble_at_equal_costs_as_the_paper_says(p):
+    """Qi et al. 2024 (ZB-V, F = B = W, m >= 2p): no device waits between its first action and its last; one
+    step's window keeps only the ramp, (p-1) F per device (F one chunk's forward)."""
+    from shardlib.pipeline import OpCosts, published_fraction, published_idle_s
+    for m in (2 * p, 2 * p + 1, 4 * p):
+        s = make_schedule("zb-v", p, m)
+        timed = simulate(s, 2, 2, 0, 2)  # a stage's op 2, a chunk's 1
+        assert max(t.end_s for t in timed) - 6 * m == p - 1 == published_idle_s("zb-v", p, OpCosts(1, 1, 1))
+        for r in range(p):
+            mine = [t for t in timed if t.action.stage == r]
+            assert max(t.end_s for t in mine) - min(t.start_s for t in mine) == 6 * m  # no gap inside
+        assert published_fraction(s, OpCosts(1.0, 1.0, 1.0)) == pytest.approx((p - 1) / (p - 1 + 6 * m))
+    with pytest.raises(ValueError, match="holds only for F = B = W"):
+        published_idle_s("zb-v", p, OpCosts(1.0, 1.0, 0.5))
+
+
+@pytest.mark.parametrize("f, b, w", [(1, 1, 1), (1, 1, Fraction(1, 2)), (1, 1, 2), (2, 1, 1), (1, 2, 1), (1, 1, 0)])
+def test_zb_v_idles_the_same_however_many_microbatches(f, b, w):
+    """A steady state of F, B and W in turn: with unequal costs the list idles a few ops' worth more, never an
+    amount that grows with m (a list that let W's pile up lost a wait per microbatch when B was dearer)."""
+    for p in (2, 4):
+        idle = {m: _step(make_schedule("zb-v", p, m), 2 * f, 2 * b, 2 * w) - 2 * m * (f + b + w)
+                for m in (2 * p, 4 * p, 8 * p)}
+        assert len(set(idle.values())) == 1 and idle[2 * p] <= 3 * (p - 1) * max(f, b, w), (p, idle)
 
 
 @pytest.mark.parametrize("p", [2, 4])
@@ -264,3 +292,40 @@ def test_the_zero_bubble_slider_reruns_each_schedule(pool2, model):
     w_slider.value = 2.0
     m_slider.value = 8
     assert "W = 2 x F" in label.value and "m = 8" in label.value and app.children[-1].value == ""
+
+
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV", "InterleavedZeroBubble"])
+def test_torchs_own_runtime_runs_on_gloo_and_equals_ours(pool, model, name):
+    """torch's PipelineStage and schedule step on the same gloo ranks, the same layers and batch: output and
+    every weight gradient equal run_pipeline's bit for bit (the loss (out * g).sum() hands g to the output)."""
+    from shardlib.pipeline import run_torch_runtime
+    p = pool.world_size
+    for layers in ("blocks", "layers") if p == 2 else ("layers",):  # whole blocks too, on 2 ranks
+        run = run_torch_runtime(pool, name, SHAPE, model[layers], model["x"], model["grad"], 2 * p)
+        assert run.bit_for_bit and run.close and run.largest_gap == 0.0, (name, layers, run.largest_gap)
+        assert len(run.grads) == N_LAYERS and run.ours.against_reference().bit_for_bit
+    if name != "InterleavedZeroBubble":  # this package's own V schedule of the same name: the same numbers
+        mine = run_pipeline(pool, make_schedule("zb-v" if name == "ZBVZeroBubble" else "dualpipev", p, 2 * p),
+                            SHAPE, model["layers"], model["x"], model["grad"])
+        assert torch.equal(mine.output, run.output)
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(mine.grads, run.grads) for k in a)
+
+
+def test_torchs_runtime_refuses_what_torch_refuses(pool2, model):
+    from shardlib.pipeline import run_torch_runtime
+    with pytest.raises(ValueError, match="DualPipeV needs at least as many microbatches as its 2 x 2 stages; got 3"):
+        run_torch_runtime(pool2, "DualPipeV", SHAPE, model["layers"], model["x"], model["grad"], 3)
+    with pytest.raises(ValueError, match="torch schedules read here"):
+        run_torch_runtime(pool2, "GPipe", SHAPE, model["layers"], model["x"], model["grad"], 4)
+    with pytest.raises(ValueError, match="5 microbatches must divide the batch's 16 rows"):
+        run_torch_runtime(pool2, "ZBVZeroBubble", SHAPE, model["layers"], model["x"], model["grad"], 5)
+
+
+def test_the_zero_bubble_slider_opens_on_a_step_already_run(pool2, model):
+    from shardlib.ui.pipeline_widgets import zero_bubble_explorer
+
+    first = run_pipeline(pool2, make_schedule("zb-h1", 2, 4), SHAPE, model["layers"], model["x"], model["grad"],
+                         0.004, 0.004, weight_s=0.004)
+    app = zero_bubble_explorer(pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.004,
+                               microbatches=(4, 8), first_run=first)
+    assert f"measured {first.bubble.idle_fraction:.3f}" in app.children[2].value

@@ -10,10 +10,11 @@
 * ``stages`` (pure): layers per stage when stages are not equal (``stage_layer_counts``, lighter end
   stages), and what the slowest stage costs (``stage_imbalance``, ``pipeline_step_s``).
 * ``bubbles`` (pure): the published bubbles in both notations, ``OpCosts`` (F, B, W) read from spans.
-* ``torch_peer``: torch's ZB-V, DualPipeV and interleaved zero-bubble orders read into a ``Schedule``.
+* ``torch_peer``: torch's ZB-V, DualPipeV and interleaved zero-bubble orders read into a ``Schedule``,
+  and ``torch_runtime_on_rank``, torch's own runtime for them on a rank.
 * ``reference``: the stack in one process, microbatch by microbatch, and the input checks.
 * ``ranks``: ``pipeline_step_on_rank``, the engine on a rank with spans, padding and memory meters.
-* ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them.
+* ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them; ``run_torch_runtime``.
 * ``bubble_drivers``: ``run_split_bubble`` (the bubble of a split schedule against the published formulas).
 """
 
@@ -25,8 +26,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "orders": ("make_schedule",),
     "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
     "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
-                "notation_rows", "op_costs"),
-    "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule"),
+                "notation_rows", "op_costs", "handover_s", "EQUAL_WITHIN"),
+    "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule", "TorchChunk", "torch_runtime_on_rank",
+                   "import_pipelining_on_rank"),
     "bubble_drivers": ("SplitBubble", "run_split_bubble"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
@@ -37,5 +39,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "reference": ("unpipelined_step", "layers_of_stage", "check_pipeline_inputs"),
     "ranks": ("pipeline_step_on_rank",),
     "drivers": ("PipelineRun", "Exactness", "run_pipeline", "run_pipeline_median", "BubblePoint", "BubbleCurve",
-                "run_bubble_curve", "PipelineVsTPBytes", "run_pipeline_vs_tp_bytes"),
+                "run_bubble_curve", "PipelineVsTPBytes", "run_pipeline_vs_tp_bytes", "TorchRuntimeRun",
+                "run_torch_runtime"),
 })

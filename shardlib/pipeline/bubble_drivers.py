@@ -4,7 +4,8 @@
   (``weight_s`` is the knob that makes W cheap or dear), gathered into a ``PipelineRun``.
 * ``run_split_bubble``: the idle share of one schedule measured (median of ``repeats`` steps) against the
   published formula and against ``simulate`` of the same list, both evaluated with the F, B and W
-  measured on the ranks, gathered into a ``SplitBubble``.
+  measured on the ranks, and ``simulate`` again with the hand-over between stages measured on the ranks
+  added to every message (``bubbles.handover_s``), gathered into a ``SplitBubble``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models import ModelConfig
-from .bubbles import PUBLISHED, OpCosts, op_costs, published_fraction, simulated_fraction
+from .bubbles import PUBLISHED, OpCosts, handover_s, op_costs, published_fraction, simulated_fraction
 from .drivers import PipelineRun, run_pipeline
 from .orders import make_schedule
 from .schedules import check_count
@@ -24,8 +25,9 @@ from .schedules import check_count
 @dataclass(frozen=True)
 class SplitBubble:
     """One schedule's idle share on the ranks (``attempts``, their median ``measured``), the costs
-    measured on a zero-bubble run of the same pads (``costs``, per action), the published formula and
-    ``simulate`` evaluated with them, and the peak chunks in flight per stage."""
+    measured on a zero-bubble run of the same pads (``costs``, per action), the published formula (``None``
+    where none applies: ZB-V's needs F = B = W) and ``simulate`` evaluated with them, ``simulate`` with the
+    measured ``handover_s`` on every message (``with_hops``), and the peak chunks in flight per stage."""
 
     name: str
     n_stages: int
@@ -35,6 +37,8 @@ class SplitBubble:
     published: float | None
     simulated: float
     peak_in_flight: tuple[int, ...]
+    handover_s: float = 0.0
+    with_hops: float | None = None
 
     @property
     def measured(self) -> float:
@@ -42,10 +46,12 @@ class SplitBubble:
 
 
 def run_split_bubble(ranks, name: str, n_microbatches: int, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                     grad_output: torch.Tensor, op_s: float, weight_s: float, repeats: int = 3) -> SplitBubble:
+                     grad_output: torch.Tensor, op_s: float, weight_s: float, repeats: int = 3,
+                     costs: OpCosts | None = None) -> SplitBubble:
     """Measure schedule ``name``'s idle share with each stage's F and B padded to ``op_s`` and W to
     ``weight_s``. The costs the formulas use are read from the spans (of this run, or for 1F1B, whose
-    backward is whole, of a ZB-H1 run with the same pads)."""
+    backward is whole, of a ZB-H1 run with the same pads), unless given: ``costs`` of an earlier
+    ``SplitBubble`` with the same pads saves that run."""
     repeats = check_count("repeats", repeats, "steps to take the median of")
     schedule = make_schedule(name, ranks.world_size, n_microbatches)
 
@@ -53,11 +59,16 @@ def run_split_bubble(ranks, name: str, n_microbatches: int, model: ModelConfig, 
         return run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s)
 
     runs = [step() for _ in range(repeats)]
-    if schedule.split_backward:
+    if costs is None and schedule.split_backward:
         costs = op_costs(runs[0].spans)
-    else:
+    elif costs is None:
         twin = make_schedule("zb-h1", ranks.world_size, n_microbatches)
         costs = op_costs(run_pipeline(ranks, twin, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s).spans)
-    published = published_fraction(schedule, costs) if name in PUBLISHED else None
+    try:
+        published = published_fraction(schedule, costs) if name in PUBLISHED else None
+    except ValueError:  # the formula's condition does not hold (ZB-V's F = B = W)
+        published = None
+    hop_s = statistics.median(handover_s(r.spans, schedule) for r in runs)
     return SplitBubble(name, schedule.n_stages, n_microbatches, costs, tuple(r.bubble.idle_fraction for r in runs),
-                       published, simulated_fraction(schedule, costs), runs[0].peak_in_flight)
+                       published, simulated_fraction(schedule, costs), runs[0].peak_in_flight, hop_s,
+                       simulated_fraction(schedule, costs, hop_s))

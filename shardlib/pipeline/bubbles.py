@@ -4,8 +4,9 @@ The notation trap: Qi et al. 2024 (zero bubble) write B for the input gradient o
 ``(p-1)(F+B+W)`` per stage and ZB-H1 ``(p-1)(F+B-W)``. DualPipe's README writes B for the whole backward
 (input and weight gradients): 1F1B ``(PP-1)(F+B)``, ZB1P ``(PP-1)(F+B-2W)``, DualPipe(V)
 ``(PP/2-1)(F&B+B-3W)``, compared "based on the same number of PP stages": DualPipeV runs ``PP`` stages on
-``PP/2`` devices, two chunks each, and F, B, W are one chunk's. Here F, B, W are always one action's
-(one chunk's) times and B is the input gradient; ``full_backward_s`` is DualPipe's B. Pure: no torch.
+``PP/2`` devices, two chunks each, and F, B, W are one chunk's. ZB-V has no formula in either, only
+"zero bubble" at F = B = W (see ``published_idle_s``). Here F, B, W are always one action's (one chunk's)
+times and B is the input gradient; ``full_backward_s`` is DualPipe's B. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Sequence
 
 from ..checks import number_at_least
 from ..runtime.timeline import Span
-from .schedules import Schedule, check_count, simulate
+from .schedules import Action, Schedule, check_count, simulate
 
-PUBLISHED = ("1f1b", "zb-h1", "dualpipev")  # the schedules with a published closed-form bubble
+PUBLISHED = ("1f1b", "zb-h1", "zb-v", "dualpipev")  # the schedules with a published bubble (ZB-V: F = B = W only)
+EQUAL_WITHIN = 0.05  # F, B and W "equal" for ZB-V's claim when the largest is at most 5 % above the smallest
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,24 @@ def published_idle_s(name: str, n_stages: int, costs: OpCosts) -> float:
     """Per device, the idle time of one step by the published formula, in Qi's notation (B the input
     gradient). ZB-H1's holds for ``m >= p`` while W is no dearer than F or B: a dearer W has no wait
     left to fill, and the step idles more (``simulate`` of the list says how much). DualPipeV's F&B (a
-    forward and a backward overlapped) is taken as F plus the full backward: here they run in turn."""
+    forward and a backward overlapped) is taken as F plus the full backward: here they run in turn.
+
+    ZB-V: the paper and its authors' README give no formula, only "zero bubble" when F = B = W (and
+    ``m >= 2p``): no device waits between its first action and its last, the ramp at each end overlapping
+    the next step's once the optimizer's synchronisation is bypassed (their post-validation). Within one
+    step's window, as measured here, the ramp stays: ``(p-1) F`` per device, the ``p - 1`` chunk forwards
+    before the last device starts. A ValueError unless F, B and W are equal within ``EQUAL_WITHIN``."""
     p = check_count("n_stages", n_stages, "pipeline stages (devices)")
     f, b, w = costs.forward_s, costs.backward_s, costs.weight_s
     if name == "1f1b":
         return (p - 1) * (f + b + w)  # DualPipe's (PP-1)(F+B) with its B = b + w
     if name == "zb-h1":
         return (p - 1) * (f + b - w)  # DualPipe's ZB1P (PP-1)(F+B-2W) with its B = b + w
+    if name == "zb-v":
+        if max(f, b, w) > (1 + EQUAL_WITHIN) * min(f, b, w):
+            raise ValueError(f"ZB-V's published bubble (zero) holds only for F = B = W; got F {f:.4g}, B {b:.4g}, "
+                             f"W {w:.4g} (simulate gives this list's bubble for any costs)")
+        return (p - 1) * f  # zero inside each device's span; the ramp of one step's window
     if name == "dualpipev":
         f_and_b = f + b + w
         return (p - 1) * (f_and_b + (b + w) - 3 * w)  # (PP/2-1)(F&B+B-3W) with PP = 2p stages on p devices
@@ -68,10 +81,11 @@ def published_fraction(schedule: Schedule, costs: OpCosts) -> float:
     return idle / (idle + busy_s(schedule, costs))
 
 
-def simulated_fraction(schedule: Schedule, costs: OpCosts) -> float:
-    """The idle share of this very list of actions, timed by ``simulate`` with these costs."""
+def simulated_fraction(schedule: Schedule, costs: OpCosts, hop_s: float = 0.0) -> float:
+    """The idle share of this very list of actions, timed by ``simulate`` with these costs (and ``hop_s``
+    added to every message between stages)."""
     v = schedule.n_chunks
-    timed = simulate(schedule, costs.forward_s * v, costs.backward_s * v, 0, costs.weight_s * v)
+    timed = simulate(schedule, costs.forward_s * v, costs.backward_s * v, hop_s, costs.weight_s * v)
     step = max(t.end_s for t in timed)
     return float(1 - sum(t.end_s - t.start_s for t in timed) / (schedule.n_stages * step))
 
@@ -89,3 +103,20 @@ def op_costs(spans: Sequence[Span]) -> OpCosts:
     if not all(times.values()):
         raise ValueError("need F, B and W spans: run a schedule with the backward split (zb-h1, zb-v, dualpipev)")
     return OpCosts(*(statistics.median(times[op]) for op in "FBW"))
+
+
+def handover_s(spans: Sequence[Span], schedule: Schedule) -> float:
+    """The median hand-over of a run: from the end of an action on one stage to the end of the wait of the
+    action on the next stage that needed its result, over the waits that began before that result was
+    ready (the consumer was waiting on it). 0.0 when no action waited."""
+    ends = {(s.rank, s.attrs["microbatch"], s.attrs["op"], s.attrs["chunk"]): s.end_s for s in spans
+            if s.kind == "compute" and s.attrs.get("op") in ("F", "B", "W")}
+    gaps = []
+    for s in spans:
+        if s.kind != "wait" or "source" not in s.attrs:
+            continue
+        dep = schedule.producer(Action(s.rank, s.attrs["microbatch"], s.attrs["op"], s.attrs["chunk"]))
+        end = ends.get((dep.stage, dep.microbatch, dep.op, dep.chunk))
+        if end is not None and s.start_s < end <= s.end_s:
+            gaps.append(s.end_s - end)
+    return statistics.median(gaps) if gaps else 0.0

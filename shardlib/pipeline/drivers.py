@@ -8,6 +8,8 @@
   gathered into a ``BubbleCurve``.
 * ``run_pipeline_vs_tp_bytes``: the bytes of one training step pipelined, against the same layers
   tensor-parallel, both read from the comm log.
+* ``run_torch_runtime``: torch's own runtime for a zero-bubble schedule on the same ranks, against
+  ``run_pipeline`` of the same order, gathered into a ``TorchRuntimeRun``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .predict import MeasuredBubble, measure_bubble, pipeline_bubble_fraction
 from .ranks import pipeline_step_on_rank
 from .reference import check_pipeline_inputs, durations, unpipelined_step
 from .schedules import Schedule, check_count
+from .torch_peer import check_torch_schedule, torch_runtime_on_rank
 
 
 @dataclass(frozen=True)
@@ -242,3 +245,56 @@ def run_pipeline_vs_tp_bytes(ranks, model: ModelConfig, layers: list[dict], x: t
         calls += rank0["forward_collectives"] + rank0["backward_collectives"]
         size += rank0["forward_bytes"] + rank0["backward_bytes"]
     return PipelineVsTPBytes(x.numel() * x.element_size(), pp.sent_messages(), pp.sent_bytes(), calls, size)
+
+
+@dataclass(frozen=True)
+class TorchRuntimeRun:
+    """torch's runtime for schedule ``name`` (``PipelineStage`` s and the schedule's ``step``) on the pool:
+    its ``output`` and every layer's weight ``grads`` in layer order, its ``step_s`` (the slowest rank's),
+    its action ``grid``, and ``ours``, ``run_pipeline`` of the same order on this package's engine."""
+
+    name: str
+    output: torch.Tensor
+    grads: list[dict]
+    step_s: float
+    grid: list[list[str]]
+    ours: PipelineRun = field(repr=False)
+
+    def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.output, self.ours.output)] + [(theirs[k], ours[k]) for theirs, ours in
+                                                    zip(self.grads, self.ours.grads, strict=True) for k in ours]
+
+    @property
+    def bit_for_bit(self) -> bool:
+        """Output and every weight gradient equal to ``ours``, bit for bit."""
+        return all(torch.equal(a, b) for a, b in self._pairs())
+
+    @property
+    def largest_gap(self) -> float:
+        return max(float((a - b).abs().max()) for a, b in self._pairs())
+
+    @property
+    def close(self) -> bool:  # within TOLERANCE of ``ours`` everywhere
+        return all(torch.allclose(a, b, rtol=TOLERANCE, atol=TOLERANCE) for a, b in self._pairs())
+
+
+def run_torch_runtime(ranks, name: str, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                      grad_output: torch.Tensor, n_microbatches: int) -> TorchRuntimeRun:
+    """One training step of torch's ``Schedule{name}`` (a key of ``TORCH_SCHEDULES``) run by torch on
+    ``ranks`` (``torch_runtime_on_rank``), then the same order run by ``run_pipeline``, gathered.
+    torch's own checks of ``n_microbatches`` come first, as a ValueError, before any rank starts; torch's
+    runtime also needs microbatches of equal rows."""
+    check_torch_schedule(name, ranks.world_size, n_microbatches)
+    same_cut = make_schedule("zb-v", ranks.world_size, n_microbatches)  # 2 p slices, as torch cuts them
+    check_pipeline_inputs(same_cut, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
+                          ranks.world_size, x.dtype)
+    if x.shape[0] % n_microbatches:
+        raise ValueError(f"torch's PipelineStage sizes its receive buffers from the first microbatch, so every "
+                         f"microbatch needs as many rows: {n_microbatches} microbatches must divide the batch's "
+                         f"{x.shape[0]} rows")
+    per_rank = ranks.run(torch_runtime_on_rank, name, model, layers, x, grad_output, n_microbatches)
+    merged = {i: g for r in per_rank for i, g in r["grads"].items()}
+    output = next(r["output"] for r in per_rank if r["output"] is not None)
+    return TorchRuntimeRun(name, output, [merged[i] for i in sorted(merged)], max(r["step_s"] for r in per_rank),
+                           per_rank[0]["grid"], run_pipeline(ranks, per_rank[0]["schedule"], model, layers, x,
+                                                             grad_output))

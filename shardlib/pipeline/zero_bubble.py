@@ -3,8 +3,9 @@
 * ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): 1F1B's order of F and B, each W put off so
   that stage ``s`` holds at most ``p`` microbatches (1F1B's peak, on stage 0); the W's fill the drain.
 * ZB-V (Qi et al. 2024, section 6): two chunks per stage in a V (``Schedule.placement == "v"``), listed
-  here by a greedy pass in unit time: a ready B first, then a ready F (chunk 1 before chunk 0) while the
-  stage holds under ``2 p`` chunks' activations, else the oldest W.
+  by a pass in unit time: after a B, its W at once while forwards remain; else the other op than the last
+  (F after B, B after F) if ready, a B of chunk 0 first (its gradient travels on), an F of chunk 1 first
+  (nearer the loss), under ``2 p`` chunks held; else the oldest W. The steady state is the paper's F, B, W.
 * DualPipeV (DeepSeek-V3 report's DualPipe, cut in half along its V): two chunks per stage in a V; in the
   steady state a chunk-0 forward runs beside a chunk-1 backward and then the reverse, the pairs that
   DualPipe overlaps (here they run one after the other, ``OVERLAPPED`` lists them).
@@ -55,7 +56,7 @@ def _v_producer(p: int, a: Action) -> Action | None:
 
 
 def zb_v_order(p: int, m: int) -> list[list[Action]]:
-    """The greedy ZB-V pass (see the module docstring), every op one time unit."""
+    """ZB-V as a pass in unit time (see the module docstring): the steady state runs F, B and W in turn."""
     rows: list[list[Action]] = [[] for _ in range(p)]
     done: dict[Action, int] = {}
     next_f, next_b = [[0, 0] for _ in range(p)], [[0, 0] for _ in range(p)]
@@ -66,9 +67,15 @@ def zb_v_order(p: int, m: int) -> list[list[Action]]:
             def ready(a: Action) -> bool:
                 dep = _v_producer(p, a)
                 return dep is None or done.get(dep, t + 1) <= t
-            backs = [Action(s, next_b[s][c], "B", c) for c in (1, 0) if next_b[s][c] < m]
-            fwds = [Action(s, next_f[s][c], "F", c) for c in (1, 0) if next_f[s][c] < m and held[s] < 2 * p]
-            pick = next((a for a in backs + fwds if ready(a)), waiting_w[s][0] if waiting_w[s] else None)
+            last = next((a.op for a in reversed(rows[s]) if a.op != "W"), "F")
+            forwards_left = min(next_f[s]) < m
+            if rows[s] and rows[s][-1].op == "B" and forwards_left:  # the W of the B just run, at once
+                pick = waiting_w[s][0]
+            else:
+                backs = [Action(s, next_b[s][c], "B", c) for c in (0, 1) if next_b[s][c] < m]
+                fwds = [Action(s, next_f[s][c], "F", c) for c in (1, 0) if next_f[s][c] < m and held[s] < 2 * p]
+                pick = next((a for a in (fwds + backs if last == "B" else backs + fwds) if ready(a)),
+                            waiting_w[s][0] if waiting_w[s] else None)
             if pick is None:
                 continue
             rows[s].append(pick)

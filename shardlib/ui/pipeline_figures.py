@@ -8,6 +8,9 @@ each other. Pure: no torch, no processes.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -219,6 +222,29 @@ def _bar(stage: int, start_ms: float, end_ms: float, label: str, op: str, microb
     return Bar(f"stage {stage}", start_ms, end_ms, label, group, colour(microbatch), pattern)
 
 
+_OWN_RENDERERS = ("PLOTLY_RENDERER", "COLAB_NOTEBOOK_ID", "AZURE_NOTEBOOKS_HOST", "VSCODE_PID", "NTERACT_EXE",
+                  "COCALC_PROJECT_ID", "DATABRICKS_RUNTIME_VERSION")  # where plotly picks a renderer of its own
+
+
+class _MimeFigure(go.Figure):
+    """A figure that, in a plain Jupyter kernel where no plotly renderer was chosen, sends the very bundle
+    plotly's default there (``plotly_mimetype``) sends, without loading ``plotly.io``'s renderers: they
+    import nbformat and jsonschema, which cost this suite's first figure 1 to 10 s. Anywhere else, plotly."""
+
+    def _ipython_display_(self) -> None:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        shell = get_ipython()
+        plain = (shell is not None and type(shell).__module__.startswith("ipykernel.")
+                 and "plotly.io._renderers" not in sys.modules and not any(k in os.environ for k in _OWN_RENDERERS)
+                 and not os.path.exists("/kaggle/input"))
+        if not plain:
+            return super()._ipython_display_()
+        bundle = json.loads(self.to_json(validate=False, remove_uids=False))
+        display({"application/vnd.plotly.v1+json": bundle, "text/plain": f"<{self.layout.title.text}>"}, raw=True)
+
+
 def split_gantt_figure(schedule: Schedule, spans: Sequence[Span], costs: OpCosts, title: str,
                        measured_idle: float | None = None) -> go.Figure:
     """``schedule`` timed by ``simulate`` with ``costs`` (one action's F, B, W, seconds) on top, the real
@@ -248,4 +274,5 @@ def split_gantt_figure(schedule: Schedule, spans: Sequence[Span], costs: OpCosts
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
     fig.update_layout(title=title, barmode="overlay", bargap=0.15, height=220 + 90 * schedule.n_stages,
                       margin={"l": 70, "r": 20, "t": 80, "b": 40}, title_font_size=13)
+    fig.__class__ = _MimeFigure  # the same figure, shown without loading plotly's renderers (see _MimeFigure)
     return fig
