@@ -650,7 +650,7 @@ from dataclasses import replace
 
 from shardlib.training import MarkovCorpus, TrainingConfig, train_reference
 
-train_config = TrainingConfig(dtype="float64", steps=4)  # float64: see "Run it" below
+train_config = TrainingConfig(dtype="float64", steps=3)  # float64: see "Run it" below
 corpus = MarkovCorpus(train_config)
 print(f"{train_config.n_layers} blocks, d_model {train_config.d_model}, {train_config.n_heads} heads sharing "
       f"{train_config.n_kv_heads} KV heads, vocabulary {train_config.vocab_size}, sequences of "
@@ -710,7 +710,7 @@ assert predicted_pp_tp[0]["activations"] > predicted_pp_tp[2]["activations"]  # 
 #
 # ## Run it: five layouts on the same four ranks
 #
-# The same four warm ranks train the model four steps in each layout: `dp 2 x tp 2`, `pp 2 x tp 2`,
+# The same four warm ranks train the model three steps in each layout: `dp 2 x tp 2`, `pp 2 x tp 2`,
 # `dp 2 x pp 2`, `cp 2 x tp 2` and ZeRO-3 over `dp 2 x tp 2`. Each is compared with one process training
 # on the same global batches. The runs are in float64: a cross-rank sum adds in another order than one
 # process, and AdamW divides each update by the root of its second moment, which makes those last-bit
@@ -806,8 +806,8 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # four ranks. Its "cluster" is fitted on them a moment before: the model's forward and backward and
 # AdamW's step timed on every rank at once (two cores shared by four ranks: each rank's rate is what it
 # gets while the others compute too), and the link's latency from a sweep of calls and from calls
-# between ranks that are busy computing. Each layout then trains a wider model (`d_model` 128, 64 tokens
-# a sequence) at the same global batch of 4 sequences (`m` set to make it so), 3 steps, the first left
+# between ranks that are busy computing. Each layout then trains a wider model (2 blocks of `d_model`
+# 128, 64 tokens a sequence) at the same global batch of 4 sequences (`m` set to make it so), 3 steps, the first left
 # out, the median taken. The claim checked is the one a planner needs: that the predicted times **rank
 # the layouts** as the measured ones do, Spearman's rank correlation at least 0.7 (five layouts: at most
 # two neighbours swapped), measured again once if a burst of other work spoils it.
@@ -817,8 +817,8 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 from shardlib.training.step_time import claim_ranking, fit_step_cluster
 from shardlib.training.time_model import STEP_TIME_CONFIG
 
-this_machine = fit_step_cluster(four, samples=2)  # the "cluster" of these four ranks, fitted now
-timed = replace(STEP_TIME_CONFIG, steps=3)  # the first step of each run left out: the median of two
+timed = replace(STEP_TIME_CONFIG, n_layers=2, steps=3)  # each run's first step left out: the median of two
+this_machine = fit_step_cluster(four, timed, samples=2)  # the "cluster" of these four ranks, fitted now
 step_check, ranking_held = claim_ranking(four, floor=0.7, attempts=2, fit=this_machine, config=timed)
 print(step_check.table())
 
