@@ -829,9 +829,10 @@ step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
                  f"One training step per layout, predicted and measured on {four.description}")
 
 # %% [markdown]
-# The ranking holds; the seconds do not, quite: measured sits above predicted for most layouts, about
-# 1.3 to 1.7 times on a quiet machine and up to 3 times when other work shares the cores, wider than the
-# factor of 2 the course asks of its predictions, for reasons the model leaves out on purpose. Python's
+# The ranking holds; the seconds do not, quite: measured sits above predicted for most layouts, from
+# about 1.1 to 2.1 times on a quiet machine (context parallelism and ZeRO-3, the layouts with the most
+# calls, furthest) and up to 3 times when other work shares the cores: at the edge of, and under load
+# past, the factor of 2 the course asks of its predictions, for reasons the model leaves out on purpose. Python's
 # overhead per operation is not a FLOP: half-width matrices under `tp = 2` take more than half the time.
 # The embedding's, the head's and the loss's collectives are not in the planner's count (it is written
 # for models whose layers dwarf them). With `m = p` every pipeline hop is exposed, where the planner
