@@ -704,8 +704,8 @@ for r, row in enumerate(predicted_pp_tp):
 assert predicted_pp_tp[0]["activations"] > predicted_pp_tp[2]["activations"]  # stage 0 keeps 2 microbatches
 
 # %% [markdown]
-# The weights are the same on both stages only by coincidence of this toy's sizes (the first stage's
-# embedding and the last stage's head are both `V x d`); the activations are not: stage 0 keeps two
+# The weights are the same on both stages because each holds two blocks and the first stage's embedding
+# and the last stage's head have the same shape, `V x d`; the activations are not: stage 0 keeps two
 # microbatches in flight, stage 1 one, plus the head's softmax over its `V/tp` vocabulary slice.
 #
 # ## Run it: five layouts on the same four ranks
