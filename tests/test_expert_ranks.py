@@ -247,10 +247,14 @@ def test_expert_cpu_time_follows_the_rows(pool2):
     about 2.5 times the rows of rank 1, with experts wide enough to dominate their own timing."""
     wide = CFG.but(d_ff=512, skew=1.0)
     x = make_tokens(2048, CFG.d_model, seed=5)
-    run = run_expert_parallel(pool2, x, make_moe_weights(wide, seed=0), wide, repeats=3)
-    rows_ratio = run.expert_rows[0] / run.expert_rows[1]
+    for _ in range(3):  # a burst of other work (or a first call's set-up) can spoil one sample: measure again
+        run = run_expert_parallel(pool2, x, make_moe_weights(wide, seed=0), wide, repeats=3)
+        rows_ratio = run.expert_rows[0] / run.expert_rows[1]
+        cpu_ratio = run.expert_cpu_s[0] / run.expert_cpu_s[1]
+        if 0.5 * rows_ratio < cpu_ratio < 2 * rows_ratio:
+            break
     assert rows_ratio > 2
-    assert 0.5 * rows_ratio < run.expert_cpu_s[0] / run.expert_cpu_s[1] < 2 * rows_ratio
+    assert 0.5 * rows_ratio < cpu_ratio < 2 * rows_ratio, f"CPU time ratio {cpu_ratio:.2f}, rows ratio {rows_ratio:.2f}"
 
 
 def test_bad_inputs_are_refused_before_the_ranks_are_involved(pool4):
