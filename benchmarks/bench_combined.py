@@ -18,10 +18,9 @@ import time
 import torch
 
 from shardlib import Ranks
-from shardlib.combined import run_combined, run_toy_cluster_calibration
 from shardlib.models import TOY
-from shardlib.plan import Workload, format_plan, plan
 from shardlib.runtime.measure import TOLERANCE
+from shardlib.serving import Workload, format_plan, plan_serving, run_combined, run_toy_cluster_calibration
 from shardlib.toy import activations, stack_reference, stack_weights
 
 ROUNDS, REPEATS = 4, 5
@@ -38,7 +37,7 @@ def main() -> None:
               f"latency {cluster.intra_link.latency_s * 1e3:.2f} ms, "
               f"bandwidth {cluster.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s (R^2 {cal.overall.r_squared:.2f}), "
               f"arithmetic {cluster.peak_flops_per_s / 1e9:.1f} GFLOP/s")
-        p = plan(TOY, cluster, Workload(batch=4, context_tokens=6, prompt_tokens=6, microbatches=2), "latency")
+        p = plan_serving(TOY, cluster, Workload(batch=4, context_tokens=6, prompt_tokens=6, microbatches=2), "latency")
         print(format_plan(p))
         times = {s.layout: [] for s in p.ranked}
         for s in p.ranked:  # warm-up: builds each mesh's process groups once

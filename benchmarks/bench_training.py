@@ -21,7 +21,7 @@ import time
 
 from shardlib import Ranks
 from shardlib.training.step_time import run_step_time_check
-from shardlib.training.time_model import LAYOUTS_4, SINGLE_AXIS_4
+from shardlib.training.toy_prediction import LAYOUTS_4, SINGLE_AXIS_4
 
 
 def main() -> None:

@@ -48,13 +48,13 @@ for g in GPUS.values():
 #
 # Predict before running the next cell: does Llama-3-70B in bf16 fit on one of these, and if so, how
 # many sequences of 4,096 tokens does it leave room for? The planner's own memory model answers
-# (`shardlib.plan.fit`): weights, plus 1.3 GB of KV cache per 4K-token sequence, in the 90 % of the
+# (`shardlib.serving.fit`): weights, plus 1.3 GB of KV cache per 4K-token sequence, in the 90 % of the
 # GPU's memory a serving system typically lets itself fill.
 
 # %%
 from shardlib.hardware import B200, H100_80GB, H200, MI300X, MI325X
 from shardlib.models import LLAMA_3_70B, PRESETS
-from shardlib.plan.fit import fit_on_gpus, gpus_needed
+from shardlib.serving.fit import fit_on_gpus, gpus_needed
 
 for model in PRESETS.values():
     if model.n_params > 1e9:

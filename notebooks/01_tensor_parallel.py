@@ -315,7 +315,8 @@ assert tensor_parallel_problems(LLAMA_3_70B, 16) == []  # allowed: each KV head 
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.plan import Layout, weights_per_gpu
+from shardlib.mesh import Layout
+from shardlib.serving import weights_per_gpu
 from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
 
 kv_cache_per_gpu_figure(LLAMA_3_70B.name + ", one 8,192-token sequence, bf16", LLAMA_3_70B.n_kv_heads, cache,

@@ -527,7 +527,7 @@ slow_rank_explorer(ranks)
 
 # %%
 from shardlib.hardware import H100_80GB
-from shardlib.plan import Workload, format_latency_vs_throughput, latency_vs_throughput
+from shardlib.serving import Workload, format_latency_vs_throughput, latency_vs_throughput
 
 curves = {}
 for context, prompt in ((1024, 512), (4096, 2048), (8192, 2048)):

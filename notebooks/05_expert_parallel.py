@@ -62,7 +62,8 @@ walkthrough_figure(home_rank=[0] * 4 + [1] * 4, experts=small_routing.experts.to
 # %%
 from shardlib.hardware import GPU_MEMORY_BYTES
 from shardlib.models import MIXTRAL_8X7B as mixtral
-from shardlib.plan import Layout, Workload, memory_per_gpu
+from shardlib.mesh import Layout
+from shardlib.serving import Workload, memory_per_gpu
 
 expert_params = mixtral.n_layers * mixtral.n_experts * mixtral.expert_params
 print(f"{mixtral.name}: {mixtral.n_params / 1e9:.1f} B parameters, {mixtral.active_params_per_token / 1e9:.1f} B "

@@ -103,7 +103,7 @@ assert all(call < step for call, step in crossover.values())  # more latency to 
 # %% [markdown]
 # ## Read the code
 #
-# The combined forward of `shardlib.combined.forward`, the code every layout below runs on the ranks.
+# The combined forward of `shardlib.serving.layouts`, the code every layout below runs on the ranks.
 # `build_stage` is the set-up. It builds a torch `DeviceMesh` of shape `(pp, dp, tp)` from the layout
 # (one process group per axis, made once per pool) and reads this rank's coordinates off the
 # numbering. It then wraps the mesh's `"tp"` axis as the tensor-parallel group of notebook 01 and
@@ -121,12 +121,12 @@ assert all(call < step for call, step in crossover.values())  # more latency to 
 # `pipelined_decode` is the same loop run the way a server decodes. The last stage sends each
 # microbatch's output back to the first as its next input, so microbatches keep going round the
 # stages, step after step. Each send is `isend`, so a stage goes straight on to the next microbatch.
-# There is no timing here: `combined.ranks` passes the rank's timeline as the probe and reads the
+# There is no timing here: `serving.ranks` passes the rank's timeline as the probe and reads the
 # clock around the call.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.combined.forward import build_stage, combined_forward, pipelined_decode
+from shardlib.serving.layouts import build_stage, combined_forward, pipelined_decode
 from shardlib.ui.code import show_code
 
 show_code(build_stage, combined_forward, pipelined_decode)
@@ -231,8 +231,9 @@ assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) 
 #   `2 x 2 = 4` sends (and 4 receives).
 
 # %%
-from shardlib.combined import format_traffic, run_combined
-from shardlib.plan import Layout, forward_traffic
+from shardlib.serving import format_traffic, run_combined
+from shardlib.mesh import Layout
+from shardlib.serving import forward_traffic
 from shardlib.runtime.measure import TOLERANCE
 from shardlib.toy import stack_reference
 
@@ -294,9 +295,9 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 
 # %%
 from shardlib.hardware import Link
-from shardlib.combined import across_workload, format_across, run_across_nodes
+from shardlib.serving import across_workload, format_across, run_across_nodes
 from shardlib.costs.drivers import measure_until
-from shardlib.plan import format_plan, plan
+from shardlib.serving import format_plan, plan_serving
 from shardlib.toy import decode_reference
 
 two = Ranks(2)
@@ -312,7 +313,7 @@ def within_band(result) -> bool:  # predicted against measured, within 2x, in bo
 # a burst of other work on the machine can stretch one run: measure again, at most three times
 across, attempts = measure_until(lambda: run_across_nodes(two, TOY, layers, decode_x, network, steps=6, repeats=3),
                                  within_band)
-toy_two = plan(TOY, across.cluster, across_workload(8), objective="latency")
+toy_two = plan_serving(TOY, across.cluster, across_workload(8), objective="latency")
 print(format_plan(toy_two))
 
 # %%
@@ -370,7 +371,7 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 # and **latency** (time between two tokens of one request on a server that is not busy). Every
 # rejection keeps its reason, and every ranked layout its reasons.
 #
-# The cost model (`plan.decode`), in three lines. A replica's batch is cut into `m` microbatches
+# The cost model (`serving.decode`), in three lines. A replica's batch is cut into `m` microbatches
 # (from `pp` up to `2 pp`) that chase each other round the stages, so nothing fills or drains between
 # steps. One microbatch's token makes a *trip*: every stage in turn, plus a hop across each boundary
 # and back to the first stage:
@@ -400,20 +401,20 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 # %%
 from shardlib.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
 from shardlib.models import LLAMA_3_1_405B, LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B
-from shardlib.plan import Workload, kind, score
+from shardlib.serving import Workload, kind, score
 
-print(format_plan(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"), top=4))
-floor = plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), "latency").best
-real = plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(kernel_efficiency=0.8), "latency").best
+print(format_plan(plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"), top=4))
+floor = plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), "latency").best
+real = plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(kernel_efficiency=0.8), "latency").best
 print(f"\n{floor.layout.label}, one request: {floor.decode_step_s * 1e3:.2f} ms/token at 100% of peak (the floor), "
       f"{real.decode_step_s * 1e3:.2f} ms/token with kernels at 80%")
 assert real.layout == floor.layout and floor.decode_step_s < real.decode_step_s < floor.decode_step_s / 0.8
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.plan_figures import plan_figure
+from shardlib.ui.serving_figures import plan_figure
 
-plan_figure(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"))
+plan_figure(plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"))
 
 # %% [markdown]
 # For latency, Llama-3-70B goes `tp = 8` inside the node, as Meta's reference code serves it (model
@@ -427,11 +428,11 @@ plan_figure(plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"))
 #   stage sets the pace; the others wait.
 
 # %%
-p16 = plan(LLAMA_3_70B, TWO_NODES_8_H100, Workload(), objective="latency")
+p16 = plan_serving(LLAMA_3_70B, TWO_NODES_8_H100, Workload(), objective="latency")
 copied = next(s for s in p16.ranked if s.layout.tp == 16)
 print(f"{LLAMA_3_70B.name}, {copied.layout.label}: " + "; ".join(copied.notes))
 assert any("KV heads copied on 2 GPUs" in n for n in copied.notes)
-one_node = plan(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), "latency").best
+one_node = plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), "latency").best
 assert one_node.layout == Layout(tp=8, pp=1)
 assert copied.memory.kv_cache_bytes == one_node.memory.kv_cache_bytes  # one sequence: the same cache per GPU
 uneven = score(LLAMA_3_1_405B, TWO_NODES_8_H100, Layout(tp=4, pp=4), Workload())
@@ -459,7 +460,7 @@ print(f"{'model':<21}{'nodes':>6}  {'objective':<11}{'layout':<22}{'how it sits'
 for model in models:
     for cluster in (ONE_NODE_8_H100, TWO_NODES_8_H100):
         for objective in ("throughput", "latency"):
-            b = plan(model, cluster, Workload(), objective).best
+            b = plan_serving(model, cluster, Workload(), objective).best
             best[model.name, cluster.nodes, objective] = b
             if b is None:
                 print(f"{model.name:<21}{cluster.nodes:>6}  {objective:<11}"
@@ -473,7 +474,7 @@ assert best[LLAMA_405B_FP8.name, 1, "throughput"].layout == Layout(tp=8, pp=1)  
 assert best["Llama-3.1-405B", 2, "throughput"].layout == Layout(tp=8, pp=2)  # the seeds' layout
 assert best["Llama-3-70B", 1, "latency"].layout == Layout(tp=8, pp=1)
 assert all(b.layout.tp == 8 for (m, nodes, obj), b in best.items() if obj == "latency" and b and nodes == 1)
-lat70 = {s.layout: s for s in plan(LLAMA_3_70B, TWO_NODES_8_H100, Workload(), "latency").ranked}
+lat70 = {s.layout: s for s in plan_serving(LLAMA_3_70B, TWO_NODES_8_H100, Workload(), "latency").ranked}
 gain = lat70[Layout(tp=8, pp=1, dp=2)].decode_step_s / lat70[Layout(tp=16, pp=1)].decode_step_s
 print(f"\n{LLAMA_3_70B.name} on two nodes, one request: tp = 16 across nodes is {gain:.2f}x faster per token than "
       f"tp = 8 inside one (with a replica on the other node), at "
@@ -509,7 +510,7 @@ for obj in ("throughput", "latency"):
     print(f"{obj:<11} PP across: batch {p.batch:>3}, {p.decode_step_s * 1e3:6.2f} ms/token, "
           f"{p.tokens_per_s:>6,.0f} tokens/s | TP across: batch {t.batch:>3}, "
           f"{t.decode_step_s * 1e3:6.2f} ms/token, {t.tokens_per_s:>6,.0f} tokens/s")
-print("why, for one request:", plan(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(), "latency").best.reasons[-1])
+print("why, for one request:", plan_serving(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(), "latency").best.reasons[-1])
 assert pp_across["throughput"].tokens_per_s > 2 * tp_across["throughput"].tokens_per_s  # full batch: the pipeline
 assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  # one request: TP across is faster
 
@@ -531,7 +532,7 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.combined import run_toy_cluster_calibration
+from shardlib.serving import run_toy_cluster_calibration
 
 fit = run_toy_cluster_calibration(four, TOY, layers)
 toy, cal = fit.cluster, fit.calibration
@@ -539,7 +540,7 @@ print(f"measured link: latency {toy.intra_link.latency_s * 1e3:.2f} ms, bandwidt
       f"{toy.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s (R^2 of the fit {cal.overall.r_squared:.2f}); "
       f"arithmetic {toy.peak_flops_per_s / 1e9:.1f} GFLOP/s per rank; measured on {four.description}")
 toy_workload = Workload(batch=4, context_tokens=6, prompt_tokens=6, microbatches=2)
-toy_plan = plan(TOY, toy, toy_workload, objective="latency")
+toy_plan = plan_serving(TOY, toy, toy_workload, objective="latency")
 print(format_plan(toy_plan, reasons_for=0))
 
 # %% [markdown]
@@ -583,7 +584,7 @@ for s in toy_plan.ranked:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.ui.plan_widgets import planner_widget
+from shardlib.ui.serving_widgets import planner_widget
 
 planner_widget()
 
@@ -594,10 +595,10 @@ planner_widget()
 
 # %%
 short = Workload(context_tokens=1024, prompt_tokens=512)
-p8 = plan(LLAMA_3_8B, ONE_NODE_8_H100, short, "throughput")
+p8 = plan_serving(LLAMA_3_8B, ONE_NODE_8_H100, short, "throughput")
 by_layout = {s.layout: s for s in p8.ranked}
 replicas, split8 = by_layout[Layout(tp=1, pp=1, dp=8)], by_layout[Layout(tp=8, pp=1, dp=1)]
-one = {s.layout: s for s in plan(LLAMA_3_8B, ONE_NODE_8_H100, short, "latency").ranked}
+one = {s.layout: s for s in plan_serving(LLAMA_3_8B, ONE_NODE_8_H100, short, "latency").ranked}
 for name, s, alone in (("8 replicas", replicas, one[Layout(tp=1, pp=1, dp=8)]),
                        ("tp = 8", split8, one[Layout(tp=8, pp=1, dp=1)])):
     print(f"{name:<11}: {s.tokens_per_s_per_gpu:>7,.0f} tokens/s per GPU at batch {s.batch} per copy; "
@@ -815,7 +816,7 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # %%
 # NBVAL_IGNORE_OUTPUT
 from shardlib.training.step_time import claim_ranking, fit_step_cluster
-from shardlib.training.time_model import STEP_TIME_CONFIG
+from shardlib.training.toy_prediction import STEP_TIME_CONFIG
 
 timed = replace(STEP_TIME_CONFIG, n_layers=2, steps=3)  # each run's first step left out: the median of two
 this_machine = fit_step_cluster(four, timed, samples=2)  # the "cluster" of these four ranks, fitted now
@@ -862,7 +863,7 @@ training_explorer(four, replace(train_config, steps=3))
 # ## Training at scale: what one GPU keeps, predicted, and the published figures beside ours
 #
 # Serving keeps weights and KV cache. Training keeps much more per GPU, and the memory model in
-# `plan.training_memory` counts it for one GPU of a `(tp, pp, dp, cp, ZeRO stage)` layout, stage by stage:
+# `training.memory` counts it for one GPU of a `(tp, pp, dp, cp, ZeRO stage)` layout, stage by stage:
 #
 # - **states**: the stage's parameters (its layers split `tp` ways; the first stage also the embedding,
 #   the last the head), at a convention's bytes per parameter: ZeRO's mixed-precision Adam
@@ -881,7 +882,7 @@ training_explorer(four, replace(train_config, steps=3))
 # GPU do DDP and the three ZeRO stages keep? Then the published figures, beside the same formulas.
 
 # %%
-from shardlib.plan.published import format_rows, published_rows
+from shardlib.training.published import format_rows, published_rows
 
 rows = published_rows()
 print(format_rows(rows))
@@ -908,8 +909,8 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 # %%
 from shardlib.hardware import H100_80GB, gpu_cluster
 from shardlib.models import LLAMA_3_1_405B
-from shardlib.plan import Layout
-from shardlib.plan.training_memory import training_memory
+from shardlib.mesh import Layout
+from shardlib.training.memory import training_memory
 
 llama_layout = Layout(tp=8, pp=16, dp=128, dp_strategy="zero1")  # the Llama 3 paper's, at 8K tokens
 print(f"{LLAMA_3_1_405B.name}, {llama_layout.label}, 8,192 tokens, microbatch 1, 16 microbatches, per GPU:")
@@ -933,7 +934,7 @@ assert ledger["selective", 0].in_flight == 16 and ledger["selective", 15].in_fli
 #
 # ## The training planner
 #
-# `plan(model, cluster, TrainingWorkload(sequence_tokens=..., global_batch_tokens=...), objective="training")`
+# `plan_training(model, cluster, TrainingWorkload(sequence_tokens=..., global_batch_tokens=...))`
 # enumerates `tp` (inside a node, dividing the heads), `cp` (whole ring slices of at least 4K tokens),
 # `pp` (up to the layers), `dp` (dividing the global batch's sequences) and the ZeRO stage; for each it
 # tries microbatch sizes and recomputation and keeps the fastest that fits the memory model above, and
@@ -943,12 +944,11 @@ assert ledger["selective", 0].in_flight == 16 and ledger["selective", 15].in_fli
 # and the pipeline's hops. It ranks by tokens per second, and says why.
 
 # %%
-from shardlib.plan import TrainingWorkload, plan
-from shardlib.plan.training_plan import format_training_plan
+from shardlib.training import TrainingWorkload, format_training_plan, plan_training
 
 workload = TrainingWorkload(sequence_tokens=8192, global_batch_tokens=2048 * 8192, schedule="interleaved", chunks=4)
 cluster = gpu_cluster(H100_80GB, 2048)
-training_plan = plan(LLAMA_3_1_405B, cluster, workload, objective="training")
+training_plan = plan_training(LLAMA_3_1_405B, cluster, workload)
 print(format_training_plan(training_plan, top=5, rejected=2))
 best = training_plan.best.layout
 assert best.tp * best.pp * best.dp * best.cp == 16384 and best.tp == 8
@@ -958,8 +958,8 @@ assert training_plan.best.memory.total_bytes <= 0.9 * cluster.memory_per_gpu_byt
 # NBVAL_IGNORE_OUTPUT
 import plotly.graph_objects as go
 
-from shardlib.plan.training_choices import LLAMA_3_PUBLISHED
-from shardlib.plan.training_plan import best_configuration
+from shardlib.training.choices import LLAMA_3_PUBLISHED
+from shardlib.training.planner import best_configuration
 from shardlib.ui.theme import PALETTE
 
 published = best_configuration(LLAMA_3_1_405B, cluster, LLAMA_3_PUBLISHED[1].layout("zero1"), workload)
@@ -983,7 +983,7 @@ fig
 # `dp` cost a pipeline?
 
 # %%
-from shardlib.plan.training_choices import format_training_choices, training_choices
+from shardlib.training.choices import format_training_choices, training_choices
 
 choices = training_choices(schedule="interleaved", chunks=4)
 print(format_training_choices(choices))

@@ -54,8 +54,9 @@ from shardlib.toy import activations, layer_weights  # noqa: E402
 
 STEPS = ("pools", "tests", "sweep", "fit", "torchrun", "notebooks")
 TOLERANCE = 1e-4  # float32 on a GPU (TF32 off) against float32 on the CPU: the summation order differs
-TEST_FILES = ("tests/test_tensor_parallel.py", "tests/test_pipeline_ranks.py", "tests/test_expert_ranks.py",
-              "tests/test_combined.py", "tests/test_comm.py", "tests/test_devices.py")
+TEST_FILES = ("tests/tensor_parallel/test_tensor_parallel.py", "tests/pipeline/test_pipeline_ranks.py",
+              "tests/experts/test_expert_ranks.py",
+              "tests/serving/test_layouts.py", "tests/runtime/test_comm.py", "tests/runtime/test_devices.py")
 NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("0*.ipynb"))
 
 
@@ -194,7 +195,7 @@ def check_torchrun(report: Report, n_gpus: int, rehearse: bool) -> None:
     else:
         backend, devices = "cuda:gloo", None  # two agents would see the same GPUs: share them
     started = time.perf_counter()
-    agents, _ = start_local_nodes("shardlib.combined.machines:tp_inside_pp_across_on_rank", [2, 2],
+    agents, _ = start_local_nodes("shardlib.serving.machines:tp_inside_pp_across_on_rank", [2, 2],
                                   backend=backend, devices_per_node=devices, timeout_s=300)
     results = [r for agent in agents for r in agent.results]
     ok = (all(a.returncode == 0 for a in agents) and len(results) == 4

@@ -1,7 +1,8 @@
 """Hardware facts, each with its source: links between devices, GPUs, clusters.
 
 Everything a cost model or the planner needs to know about machines lives here, and nothing else does:
-``costs`` turns these facts into seconds, ``plan`` into layouts. Pure: numbers only, no torch.
+``costs`` turns these facts into seconds, the planners (``serving``, ``training``) into layouts. Pure: numbers
+only, no torch.
 
 * **Links** (``Link``): a bandwidth as quoted (``direction`` says whether for one direction or both
   together; the formulas use one direction, ``one_way_bytes_per_s``) and a fixed start-up cost per
@@ -207,7 +208,7 @@ def toy_cluster(link: Link, memory_per_rank_bytes: float = 500e3, flops_per_s: f
     inside a "node" by ``link`` (one machine: a link measured here) and between nodes by ``inter_link``
     (the same ``link`` unless given: a slower one is made real on the ranks by
     ``costs.emulation.EmulatedLink.of_cluster``), computing at ``flops_per_s`` (measure it with
-    ``combined.ranks.effective_flops_per_s``). The default memory cap is chosen so that the toy model,
+    ``serving.ranks.effective_flops_per_s``). The default memory cap is chosen so that the toy model,
     like a real large one, does not fit on one rank."""
     return Cluster(f"{nodes * ranks_per_node} CPU ranks ({nodes} x {ranks_per_node})", nodes, ranks_per_node,
                    memory_per_rank_bytes, link, inter_link or link, CPU_MEMORY_BYTES_PER_S, flops_per_s, "per_step")

@@ -7,7 +7,8 @@ gated MLP of three ``d_model x d_ff`` matrices per expert, a router, two norms p
 norm and an untied head). ``quantized(bits)`` stores the layers' matrices as GPTQ/AWQ do (Frantar et al.
 2023; Lin et al. 2024): groups of 128 weights with one 16-bit scale, ``bits + 16 / 128`` bits a weight.
 Also here, one home each: the tensor-parallel shape rules and what passing a wall costs (KV heads
-copied, the vocabulary padded), KV heads per device and KV-cache bytes, uneven pipeline stages.
+copied, the vocabulary padded), KV heads per device and KV-cache bytes, uneven pipeline stages. One idea:
+what a model's shape alone says, before any device is chosen.
 """
 
 from __future__ import annotations
@@ -298,3 +299,14 @@ SHAPE_RULE_EXAMPLES: dict[str, ModelConfig] = {
                           vocab_size=32000),
 }
 
+
+@dataclass(frozen=True)
+class Memory:
+    """What one GPU holds to serve: its weights and its KV cache, in bytes."""
+
+    weights_bytes: float
+    kv_cache_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_cache_bytes

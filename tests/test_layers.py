@@ -44,19 +44,20 @@ PURE_WITHOUT_TORCH = {
     "shardlib.costs.alpha_beta",
     "shardlib.costs.predict",
     "shardlib.costs.calibration",
-    "shardlib.plan.layout",
-    "shardlib.plan.memory",
-    "shardlib.plan.planner",
-    "shardlib.plan.decode",
-    "shardlib.plan.fit",
-    "shardlib.plan.reasons",
-    "shardlib.plan.serving",
-    "shardlib.plan.traffic",
-    "shardlib.plan.training_memory",
-    "shardlib.plan.published",
-    "shardlib.plan.training",
-    "shardlib.plan.training_plan",
-    "shardlib.plan.training_choices",
+    "shardlib.mesh",
+    "shardlib.units",
+    "shardlib.serving.memory",
+    "shardlib.serving.planner",
+    "shardlib.serving.decode",
+    "shardlib.serving.fit",
+    "shardlib.serving.reasons",
+    "shardlib.serving.replicas",
+    "shardlib.serving.traffic",
+    "shardlib.training.memory",
+    "shardlib.training.published",
+    "shardlib.training.time_model",
+    "shardlib.training.planner",
+    "shardlib.training.choices",
     "shardlib.data_parallel.flat",
     "shardlib.data_parallel.predict",
     "shardlib.context_parallel.predict",
@@ -76,7 +77,7 @@ LAYERS = {
         "shardlib.context_parallel.online_softmax",
         "shardlib.context_parallel.reference",
         "shardlib.training.corpus",
-        "shardlib.training.time_model",
+        "shardlib.training.toy_prediction",
     },
     "runtime": {
         "shardlib.runtime.ranks",
@@ -103,14 +104,14 @@ LAYERS = {
         "shardlib.data_parallel.peer",
         "shardlib.context_parallel.ring",
         "shardlib.context_parallel.ulysses",
-        "shardlib.combined.forward",
+        "shardlib.serving.layouts",
         "shardlib.training.step",
     },
     "driver": {
         "shardlib.pipeline.bubble_drivers",
         "shardlib.context_parallel.grad_drivers",
-        "shardlib.combined.across",
-        "shardlib.combined.machines",
+        "shardlib.serving.across",
+        "shardlib.serving.machines",
         "shardlib.training.machines",
         "shardlib.training.step_time",
         "shardlib.launch",
@@ -229,7 +230,7 @@ def test_every_listed_module_exists():
      "shardlib.pipeline.predict (pure) imports shardlib.runtime.ranks (runtime), a layer above it"),
     ("costs/alpha_beta.py", "import torch.distributed as dist",
      "shardlib.costs.alpha_beta (pure) imports torch.distributed"),
-    ("plan/planner.py", "import torch", "shardlib.plan.planner (pure, no torch) imports torch"),
+    ("serving/planner.py", "import torch", "shardlib.serving.planner (pure, no torch) imports torch"),
     ("experts/ranks.py", "from ..ui.theme import RED",
      "shardlib.experts.ranks (rank) imports shardlib.ui.theme (ui)"),
     ("costs/drivers.py", "import plotly.graph_objects as go", "shardlib.costs.drivers (driver) imports a UI library"),
@@ -262,7 +263,7 @@ def test_importing_a_pure_module_does_not_start_the_runtime():
     import subprocess
     import sys
 
-    code = ("import sys; import shardlib.plan.planner, shardlib.pipeline.predict, shardlib.costs.predict; "
+    code = ("import sys; import shardlib.serving.planner, shardlib.pipeline.predict, shardlib.costs.predict; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('shardlib.runtime.r')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=ROOT.parent)
@@ -278,3 +279,64 @@ def test_the_runtime_imports_nothing_above_it():
     found = {f"{name} imports {dep}" for name in files if name.startswith("shardlib.runtime")
              for dep in closure(name, graph) if not dep.startswith("shardlib.runtime") and dep not in below}
     assert sorted(found) == []
+
+
+# The tree by workload: the shared facts at the bottom, the runtime on them, one package per strategy, the
+# workloads (serving, training) composed from the strategies, and what a learner sees on top.
+TIERS = {"base": 0, "runtime": 1, "strategy": 2, "workload": 3, "ui": 4}
+WORKLOADS = {"serving", "training"}
+
+
+def tier_of(module: str, files: dict[str, Path]) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or files[module].parent == ROOT and files[module].name != "__init__.py":
+        return "base"  # shardlib's own modules: checks, models, hardware, toy, mesh, units, launch
+    package = parts[1]
+    if package == "runtime":
+        return "runtime"
+    if package in WORKLOADS:
+        return "workload"
+    if package in ("ui", "exercises"):
+        return "ui"
+    return "strategy"
+
+
+def package_violations(root: Path) -> list[str]:
+    """Imports that point up the tree's tiers, and cycles between packages, in words."""
+    files = module_files(root)
+    graph = {name: direct_imports(name, path, set(files))[0] for name, path in files.items()}
+    found, packages = [], {}
+    for name in sorted(files):
+        if name == "shardlib.launch":  # the torchrun entry runs any rank function: it reaches everything
+            continue
+        for dep in sorted(graph[name]):
+            if dep in ("shardlib", "shardlib._lazy"):
+                continue
+            if TIERS[tier_of(dep, files)] > TIERS[tier_of(name, files)]:
+                found.append(f"{name} ({tier_of(name, files)}) imports {dep} ({tier_of(dep, files)})")
+            a, b = name.split(".")[:2], dep.split(".")[:2]
+            if len(a) == 2 and len(b) == 2 and a != b and (root / a[1]).is_dir() and (root / b[1]).is_dir():
+                packages.setdefault(a[1], set()).add(b[1])
+    for a, deps in sorted(packages.items()):
+        for b in sorted(deps):
+            if a in packages.get(b, set()) and a < b:
+                found.append(f"shardlib.{a} and shardlib.{b} import each other")
+    return found
+
+
+def test_the_tree_keeps_its_tiers_and_has_no_package_cycle():
+    assert package_violations(ROOT) == []
+
+
+def test_the_tier_walk_catches_an_upward_import_and_a_cycle(tmp_path):
+    copy = tmp_path / "shardlib"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "pipeline" / "stages.py", "a") as f:
+        f.write("\nfrom ..training.time_model import TrainingWorkload\n")
+    with open(copy / "serving" / "fit.py", "a") as f:
+        f.write("\nfrom ..training.memory import TrainingMemory\n")
+    with open(copy / "training" / "memory.py", "a") as f:
+        f.write("\nfrom ..serving.fit import GpuFit\n")
+    found = package_violations(copy)
+    assert "shardlib.pipeline.stages (strategy) imports shardlib.training.time_model (workload)" in found
+    assert "shardlib.serving and shardlib.training import each other" in found

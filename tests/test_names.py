@@ -117,15 +117,20 @@ def test_module_docstrings_say_what_the_module_holds_in_about_15_lines():
     assert long == []
 
 
-def test_no_module_is_over_300_lines():
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in modules() if (n := len(p.read_text().splitlines())) > 300]
+def test_a_module_over_300_lines_says_why_it_is_one_idea():
+    """Modules are split by idea, not by a line count: one past 300 lines says in its docstring, in a
+    sentence beginning "One idea:", why it stays whole."""
+    import ast
+
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in modules() if (n := len(p.read_text().splitlines())) > 300
+            and "One idea:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
     assert long == []
 
 
 MECHANISMS = ("tensor_parallel/layers", "tensor_parallel/blocks", "tensor_parallel/sequence_parallel",
               "pipeline/engine", "pipeline/messages", "experts/dispatch", "data_parallel/buckets",
               "data_parallel/zero3", "context_parallel/ring", "context_parallel/ulysses",
-              "context_parallel/online_softmax", "combined/forward")
+              "context_parallel/online_softmax", "serving/layouts")
 
 
 @pytest.mark.parametrize("module", MECHANISMS)

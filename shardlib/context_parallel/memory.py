@@ -10,8 +10,7 @@ Transformer Models"), counted for torch's CPU attention kernel in float32. Pure:
 from __future__ import annotations
 
 from ..checks import flag, positive_number, whole_number
-from ..models import ModelConfig, kv_cache_bytes, kv_heads_per_device
-from ..plan.memory import Memory
+from ..models import Memory, ModelConfig, kv_cache_bytes, kv_heads_per_device
 from .placement import check_sequence
 from .predict import AttentionShape
 

@@ -6,7 +6,7 @@
 * ``pipeline_schedules``: ``grade_schedule_table`` (a schedule written as a table of F, B, W; run on ranks).
 * ``experts``: ``grade_top_k_router``, ``grade_dispatch_plan`` (a router; where each slot goes).
 * ``data_parallel``: ``grade_zero1_step`` (ZeRO-1's step on ranks, and its comm log).
-* ``plan``: ``grade_mesh_coordinates`` (a rank's place in the mesh, beside a ``DeviceMesh``).
+* ``serving``: ``grade_mesh_coordinates`` (a rank's place in the mesh, beside a ``DeviceMesh``).
 * ``context_parallel``: ``grade_merge_partial_attention`` (the online softmax's merge).
 * ``training``: ``grade_training_memory`` (a training rank's bytes, against its measured ledger).
 * ``training_ledger``: ``parameters_per_unit``, ``activation_bytes_per_microbatch`` (what that learner is
@@ -28,7 +28,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "experts": ("grade_top_k_router", "grade_dispatch_plan"),
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),
-    "plan": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank"),
+    "serving": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank"),
     "training": ("grade_training_memory",),
     "training_ledger": ("parameters_per_unit", "activation_bytes_per_microbatch", "ledger_model"),
 })

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..plan.layout import Layout
+from ..mesh import Layout
 from ..training.corpus import TrainingConfig
 from ..training.drivers import run_training
 from .result import Collector, ExerciseResult, call, check_callable

@@ -18,9 +18,9 @@ from functools import lru_cache
 from itertools import combinations
 
 from ..data_parallel.flat import padded
+from ..mesh import DP_STRATEGIES, Layout
 from ..pipeline.orders import make_schedule
 from ..pipeline.predict import peak_in_flight, split_layers
-from ..plan.layout import DP_STRATEGIES, Layout
 from ..training.corpus import TrainingConfig
 from ..training.predict import activation_bytes
 

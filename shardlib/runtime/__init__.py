@@ -22,7 +22,8 @@ The torchrun entry point is ``python -m shardlib.launch``.
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "ranks": ("Ranks", "max_world_size"),
+    "ranks": ("Ranks",),
+    "launcher": ("max_world_size",),
     "errors": ("RankError", "RankTimeoutError", "PoolClosedError"),
     "context": ("RankContext", "choose_backend", "gpu_count", "prepare_device"),
     "devices": ("Placement", "place_ranks", "BACKENDS"),

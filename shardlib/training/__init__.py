@@ -1,4 +1,7 @@
-"""One language model trained over dp x pp x cp x tp at once, on real ranks: a composition, like ``combined``.
+"""Training at scale: one language model trained over dp x pp x cp x tp on real ranks, and the
+training planner for real clusters.
+
+On ranks:
 
 * ``corpus``: ``TrainingConfig`` (sizes, batch, AdamW, dtype; the global-batch accounting) and
   ``MarkovCorpus``, the seeded sparse Markov chain the model learns (``ln V`` down towards its entropy).
@@ -10,8 +13,17 @@
 * ``drivers``: ``check_training`` and ``run_training`` (a layout on a warm pool, as a ``TrainingRun``).
 * ``machines``: ``training_across_on_rank``, the step under ``torchrun`` with tp inside machines.
 * ``predict``: every rank's ledger and traffic per mesh axis, predicted (``predict_ledger``, ``predict_traffic``).
-* ``time_model``: the toy's step in the training planner's time model; Spearman's rank correlation.
 * ``step_time``: step time per layout, predicted on a toy cluster fitted on the ranks, and measured.
+
+Pure (no ranks):
+
+* ``memory``: one training GPU's weights, gradients, optimizer state and activations, per pipeline stage.
+* ``published``: published memory figures (ZeRO, Megatron-LM, DeepSpeed, Korthikanti) beside ours.
+* ``time_model``: ``TrainingWorkload``; one training step's time term by term (compute, bubble, tp, cp,
+  dp, pp), for real clusters and for the toy alike.
+* ``toy_prediction``: the toy's layouts and global batch in that time model; Spearman's rank correlation.
+* ``planner``: ``plan_training``, every (tp, pp, dp, cp, ZeRO stage) pruned, rejected or ranked by tokens/s.
+* ``choices``: its choices for Llama 3 8B, 70B, 405B beside the Llama 3 paper's layouts.
 """
 
 from .._lazy import exports
@@ -24,6 +36,12 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "drivers": ("check_training", "run_training", "TrainingRun"),
     "machines": ("training_across_on_rank",),
     "predict": ("predict_ledger", "predict_traffic", "activation_bytes", "format_ledger"),
-    "time_model": ("LAYOUTS_4", "STEP_TIME_CONFIG", "predict_step", "spearman"),
+    "toy_prediction": ("LAYOUTS_4", "STEP_TIME_CONFIG", "predict_step", "spearman"),
     "step_time": ("run_step_time_check", "claim_ranking", "fit_step_cluster", "StepTimeCheck"),
+    "memory": ("TrainingMemory", "stage_params", "in_flight", "training_memory", "peak_training_memory"),
+    "published": ("FigureRow", "zero_figure_rows", "megatron_rows", "deepspeed_zero3_estimate", "deepspeed_rows",
+                  "activation_rows", "published_rows", "format_rows"),
+    "time_model": ("TrainingWorkload", "TrainingScore", "model_flops_per_token", "axis_links", "score_training"),
+    "planner": ("TrainingPlan", "plan_training", "best_configuration", "format_training_plan"),
+    "choices": ("PublishedLayout", "LLAMA_3_PUBLISHED", "ChoiceRow", "training_choices", "format_training_choices"),
 })

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..mesh import Layout, check_mesh
 from ..models import head_problems
 from ..pipeline.predict import split_layers
-from ..plan.layout import Layout, check_mesh
 from .corpus import TrainingConfig
 from .predict import format_ledger, predict_ledger, predict_traffic
 from .ranks import training_on_rank
@@ -27,7 +27,7 @@ ROW_PARALLEL = ("o", "down")  # split along their input features (dim 1); every 
 def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:
     """A ValueError naming the numbers for any layout the step cannot run; the layers of each stage."""
     if not isinstance(layout, Layout) or not isinstance(config, TrainingConfig):
-        raise ValueError("give a plan.layout.Layout and a training.corpus.TrainingConfig")
+        raise ValueError("give a mesh.Layout and a training.corpus.TrainingConfig")
     if layout.ep != 1:
         raise ValueError(f"the toy language model is dense: ep must be 1, got {layout.ep}")
     problems = head_problems(config.model, layout.tp)

@@ -21,7 +21,7 @@ import socket
 import torch
 
 from ..checks import choice
-from ..plan.layout import Layout
+from ..mesh import Layout
 from .corpus import TrainingConfig
 from .drivers import check_training, reference_key, traffic_per_step
 from .predict import predict_traffic

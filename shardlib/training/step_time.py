@@ -19,17 +19,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..checks import whole_number
-from ..combined.drivers import TOY_SWEEP_BYTES
 from ..costs.calibration import Calibration
 from ..costs.drivers import measure_until, run_calibration
 from ..hardware import Cluster, Link, toy_cluster
-from ..plan.layout import Layout
-from ..plan.training import TrainingScore, model_flops_per_token
+from ..mesh import Layout
 from ..runtime.measure import timing_claim
+from ..serving.drivers import TOY_SWEEP_BYTES
 from .corpus import MarkovCorpus, TrainingConfig
 from .drivers import check_training, run_training
 from .reference import adamw, init_weights, token_losses
-from .time_model import (
+from .time_model import TrainingScore, model_flops_per_token
+from .toy_prediction import (
     LAYOUTS_4,
     STEP_TIME_CONFIG,
     optimizer_bytes_per_param,

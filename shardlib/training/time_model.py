@@ -1,88 +1,233 @@
-"""The toy's training step in the training planner's time model: the layouts, one global batch for all,
-the workload and the prediction term by term; Spearman's rank correlation. Pure: numbers in, numbers out.
+"""What training one layout costs: the workload, and one step's time on a cluster, term by term.
 
-* ``LAYOUTS_4``, ``SINGLE_AXIS_4``, ``STEP_TIME_CONFIG``: what ``step_time`` trains and times by default.
-* ``step_config``: a layout's ``TrainingConfig`` at a global batch every layout shares (``m`` set).
-* ``step_workload``, ``predict_step``: ``plan.training.score_training`` on the toy, as it is trained.
-* ``spearman``, ``average_ranks``: the rank correlation, tied values sharing their average rank.
+Each of ``dp`` replicas runs ``m`` microbatches of ``b`` sequences (``global batch = b x m x dp``):
+**compute**: ``6 N`` FLOPs per token over the matrix parameters plus attention's ``12 L h s`` (Narayanan
+et al. 2021; PaLM's MFU count) plus recomputation's (full: a forward more, ``2 N + 4 L h s``; selective:
+attention's ``4 L h s``), over the ``tp x pp x cp`` GPUs of a replica at ``kernel_efficiency`` of dense
+BF16 peak, the heaviest stage setting the pace; **bubble**: 1F1B's ``p - 1`` microbatch slots (``/ v``
+interleaved); **tp** (exposed): sequence parallelism's two all-gathers and two reduce-scatters per layer
+forward, as many backward, more under full recomputation; **cp**: the ring's K/V (``cp - 1`` hops forward,
+K, V, dK, dV back) hidden behind the layer's attention up to its time; **dp** over the ``dp x cp`` ranks
+holding the same weights, a collective per layer: DDP and ZeRO-1 once a step behind the last microbatch's
+backward but for the last bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a
+reduce-scatter every microbatch behind its compute; **pp**: the first microbatch's hops forward and the
+last one's back; **optimizer** (if the workload counts it): AdamW's pass over what a rank updates. Links
+as ``traffic.axis_link`` places them; values on the wire in bf16 unless ``comm_bytes_per_value`` says
+otherwise. A model: no kernel launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field
 
-from ..checks import whole_number
-from ..hardware import Cluster
-from ..plan.layout import Layout
-from ..plan.training import TrainingScore, TrainingWorkload, score_training
-from .corpus import TrainingConfig
+from ..checks import choice, flag, number_between, whole_number
+from ..costs.alpha_beta import collective_time_s, point_to_point_s
+from ..data_parallel.predict import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
+from ..hardware import Cluster, Link
+from ..mesh import DP_STRATEGIES, Layout
+from ..models import ModelConfig
+from .memory import SCHEDULES, TrainingMemory, layers_of, peak_training_memory
 
-# The issue's 4-rank layouts, and three single-axis ones beside them.
-LAYOUTS_4 = {
-    "dp2 x tp2": Layout(tp=2, pp=1, dp=2),
-    "pp2 x tp2": Layout(tp=2, pp=2),
-    "dp2 x pp2": Layout(tp=1, pp=2, dp=2),
-    "cp2 x tp2": Layout(tp=2, pp=1, cp=2),
-    "dp2 x tp2 zero3": Layout(tp=2, pp=1, dp=2, dp_strategy="zero3"),
-}
-SINGLE_AXIS_4 = {"dp4": Layout(tp=1, pp=1, dp=4), "tp4": Layout(tp=4, pp=1), "pp4": Layout(tp=1, pp=4)}
-# Small enough for a notebook cell, wide enough that a block's matmuls are more than Python's overhead.
-STEP_TIME_CONFIG = TrainingConfig(n_layers=4, d_model=128, n_heads=4, n_kv_heads=4, d_ff=512, vocab_size=256,
-                                  seq=64, microbatch=1, m=4, steps=4)
+CONVENTIONS = {"megatron": STATE_BYTES_MEGATRON, "zero": STATE_BYTES_MIXED}
 
 
-def spearman(xs, ys) -> float:
-    """Spearman's rank correlation of two equally long sequences: Pearson's correlation of their ranks,
-    tied values sharing the average of the ranks they span. 1: same order; -1: reversed."""
-    xs, ys = list(xs), list(ys)
-    if len(xs) != len(ys) or len(xs) < 2:
-        raise ValueError(f"the rank correlation needs two sequences of the same length, at least 2; got {len(xs)} "
-                         f"and {len(ys)} values")
-    rx, ry = average_ranks(xs), average_ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    if vx == 0 or vy == 0:
-        raise ValueError("the rank correlation is undefined when every value of one sequence is the same")
-    return cov / (vx * vy) ** 0.5
+@dataclass(frozen=True)
+class TrainingWorkload:
+    """What is trained: sequences of ``sequence_tokens``, ``global_batch_tokens`` per step (a whole number
+    of sequences), at most ``memory_utilization`` of each GPU's memory for states and activations (the
+    rest: buffers, fragmentation), the ``recompute`` and ``microbatch_sizes`` and ``dp_strategies`` the
+    planner may choose from, the pipeline ``schedule`` (``chunks`` per GPU when interleaved), sequence
+    parallelism with tp, bytes per parameter by ``convention`` ("megatron": 2 + 4 + 12; "zero": 2 + 2 +
+    12), and ``kernel_efficiency``: the share of dense BF16 peak the kernels reach (0.5 assumed: large
+    matmuls reach 0.6 to 0.75 of it, attention, norms and the optimizer step less). The time model has no
+    term for kernels starved by small shapes; ``min_ring_slice_tokens`` stands in for it where it matters
+    most: context parallelism only cuts sequences into ring slices of at least that many tokens (cp is
+    for long sequences: Llama 3 used none at 8K and 16 ways at 128K). ``comm_bytes_per_value``: bytes of
+    each activation, K/V and gradient value the collectives move (2: bf16; a float32 toy: 4).
+    ``optimizer_bytes_per_param``: bytes AdamW reads and writes per parameter it updates, at the cluster's
+    memory bandwidth (0: no optimizer term, negligible beside a real step of millions of tokens).
+    ``dp_overlap``: whether the data-parallel collectives run behind the compute, as DDP's buckets and
+    ZeRO-3's prefetch do (False: each waits for, or is waited on by, the compute it serves).
+    ``comm_in_bubble``: whether a bubble slot also lasts a microbatch's exposed tp and cp time (it does:
+    they sit on each microbatch's path; False, the default, counts compute only, as the published plans do)."""
+
+    sequence_tokens: int = 8192
+    global_batch_tokens: int = 2048 * 8192
+    memory_utilization: float = 0.9
+    recompute: tuple[str, ...] = ("selective", "full")
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4)
+    dp_strategies: tuple[str, ...] = DP_STRATEGIES
+    schedule: str = "1f1b"
+    chunks: int = 2
+    sequence_parallel: bool = True
+    convention: str = "megatron"
+    kernel_efficiency: float = 0.5
+    min_ring_slice_tokens: int = 4096
+    comm_bytes_per_value: float = 2.0
+    optimizer_bytes_per_param: float = 0.0
+    dp_overlap: bool = True
+    comm_in_bubble: bool = False
+
+    def __post_init__(self) -> None:
+        s = whole_number(self.sequence_tokens, "sequence_tokens (tokens per sequence)")
+        g = whole_number(self.global_batch_tokens, "global_batch_tokens (tokens per optimizer step)")
+        if g % s:
+            raise ValueError(f"a global batch of {g:,} tokens is not a whole number of sequences of {s:,} tokens "
+                             f"({g:,} / {s:,} = {g / s:,.2f}): make global_batch_tokens a multiple of sequence_tokens")
+        number_between(self.memory_utilization, "memory_utilization (the share of a GPU's memory training fills)",
+                       0.05, 1.0)
+        for name, allowed in (("recompute", RECOMPUTE), ("dp_strategies", DP_STRATEGIES)):
+            values = getattr(self, name)
+            if not isinstance(values, tuple) or not values:
+                raise ValueError(f"{name} must be a non-empty tuple of {allowed}, got {values!r}")
+            for v in values:
+                choice(v, allowed, name)
+        if not isinstance(self.microbatch_sizes, tuple) or not self.microbatch_sizes:
+            raise ValueError("microbatch_sizes must be a non-empty tuple of whole numbers, got "
+                             f"{self.microbatch_sizes!r}")
+        for b in self.microbatch_sizes:
+            whole_number(b, "a microbatch size (sequences per microbatch)")
+        choice(self.schedule, SCHEDULES, "schedule")
+        whole_number(self.chunks, "chunks (model chunks per GPU, interleaved schedule)")
+        flag(self.sequence_parallel, "sequence_parallel")
+        choice(self.convention, tuple(CONVENTIONS), "convention (bytes per parameter)")
+        number_between(self.kernel_efficiency, "kernel_efficiency (the share of peak FLOPs kernels reach)", 0.05, 1.0)
+        whole_number(self.min_ring_slice_tokens, "min_ring_slice_tokens (the shortest slice cp may cut)")
+        number_between(self.comm_bytes_per_value, "comm_bytes_per_value (bytes per value on the wire)", 0.5, 8.0)
+        number_between(self.optimizer_bytes_per_param, "optimizer_bytes_per_param", 0.0, 1e3)
+        flag(self.dp_overlap, "dp_overlap")
+        flag(self.comm_in_bubble, "comm_in_bubble")
+
+    @property
+    def sequences(self) -> int:
+        """Sequences per optimizer step."""
+        return self.global_batch_tokens // self.sequence_tokens
+
+    @property
+    def state_bytes(self) -> dict[str, float]:
+        return CONVENTIONS[self.convention]
+
+    def usable_bytes(self, cluster: Cluster) -> float:
+        return cluster.memory_per_gpu_bytes * self.memory_utilization
 
 
-def average_ranks(values) -> list[float]:
-    """Each value's rank, 1 for the smallest; tied values get the mean of the ranks they occupy."""
-    values = list(values)  # those below it, then the middle of the places its ties share
-    return [sum(v < x for v in values) + (sum(v == x for v in values) + 1) / 2 for x in values]
+@dataclass(frozen=True)
+class TrainingScore:
+    """One layout's best configuration: microbatch ``b`` x ``m`` per replica, ``recompute``, the fullest
+    stage's memory, and a step's time term by term (exposed seconds), tokens per second and MFU."""
+
+    layout: Layout
+    microbatch: int
+    n_microbatches: int
+    recompute: str
+    memory: TrainingMemory
+    compute_s: float
+    bubble_s: float
+    tp_s: float
+    cp_s: float
+    dp_s: float
+    pp_s: float
+    tokens_per_s: float
+    mfu: float
+    links: dict = field(default_factory=dict, compare=False)  # axis -> link name
+    reasons: tuple[str, ...] = ()
+    optimizer_s: float = 0.0  # AdamW's pass, when the workload counts it
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s + self.optimizer_s
 
 
-def step_config(config: TrainingConfig, layout: Layout, global_sequences: int) -> TrainingConfig:
-    """``config`` with ``m`` set so that every layout trains on the same global batch of
-    ``global_sequences`` sequences: ``m = global_sequences / (microbatch x dp)``."""
-    whole_number(global_sequences, "global_sequences (sequences per step)")
-    per = config.microbatch * layout.dp
-    if global_sequences % per:
-        raise ValueError(f"a global batch of {global_sequences} sequences does not split into microbatches of "
-                         f"{config.microbatch} over dp = {layout.dp} replicas ({global_sequences} % {per} != 0)")
-    return replace(config, m=global_sequences // per)
+def model_flops_per_token(model: ModelConfig, seq: int) -> float:
+    """Forward and backward: ``6 N`` over the parameters a token multiplies (the embedding is a lookup)
+    plus attention's scores and values, ``12 L h s`` (not halved for causality, as MFU counts it)."""
+    matrix = model.active_params_per_token - model.vocab_size * model.d_model - model.d_model
+    return 6 * matrix + 12 * model.n_layers * model.d_model * seq
 
 
-def step_workload(config: TrainingConfig, global_sequences: int) -> TrainingWorkload:
-    """The planner's workload for the toy: its sequence, the global batch, no recomputation, the toy's
-    microbatch, kernels at the measured rate (efficiency 1), values on the wire in the toy's dtype,
-    AdamW's pass counted (a toy step has a few hundred tokens: its optimizer step is not negligible), and
-    no overlap of the data-parallel collectives (the toy's step runs them after its backward), and the
-    bubble's slots as long as a microbatch's compute and its tp and cp calls (on CPU ranks, mostly calls)."""
-    return TrainingWorkload(sequence_tokens=config.seq, global_batch_tokens=global_sequences * config.seq,
-                            recompute=("none",), microbatch_sizes=(config.microbatch,), kernel_efficiency=1.0,
-                            min_ring_slice_tokens=1, comm_bytes_per_value=config.element_bytes,
-                            optimizer_bytes_per_param=optimizer_bytes_per_param(config), dp_overlap=False,
-                            comm_in_bubble=True)
+def recompute_flops_per_token(model: ModelConfig, seq: int, recompute: str) -> float:
+    """What recomputation adds: a whole forward (full) or attention's core (selective)."""
+    attention = 4 * model.n_layers * model.d_model * seq
+    if recompute == "full":
+        return (model_flops_per_token(model, seq) - 3 * attention) / 3 + attention
+    return attention if recompute == "selective" else 0.0
 
 
-def predict_step(cluster: Cluster, layout: Layout, config: TrainingConfig, global_sequences: int) -> TrainingScore:
-    """The training planner's step (``score_training``) for ``layout`` on ``cluster``, term by term."""
-    return score_training(config.model, cluster, layout, step_workload(config, global_sequences), config.microbatch,
-                          "none")
+def _span_link(cluster: Cluster, span: int, size: int) -> Link:
+    """The link of a group of ``size`` ranks spread over blocks of ``span`` consecutive ranks: inside a node
+    when the block fits one node and nodes hold whole blocks (what ``traffic.axis_link`` finds rank by rank)."""
+    g = cluster.gpus_per_node
+    inside = size == 1 or (span <= g and g % span == 0)
+    return cluster.intra_link if inside else cluster.inter_link
 
 
-def optimizer_bytes_per_param(config: TrainingConfig) -> int:
-    """What AdamW moves per parameter: reads the weight, its gradient and two moments, writes three."""
-    return 7 * config.element_bytes
+def axis_links(cluster: Cluster, layout: Layout) -> dict[str, Link]:
+    """The link each axis of ``layout`` uses on ``cluster`` (Megatron's order: tp, cp, dp, pp outermost)."""
+    t, c, d, p = layout.tp, layout.cp, layout.dp, layout.pp
+    return {"tp": _span_link(cluster, t, t), "cp": _span_link(cluster, t * c, c),
+            "dp": _span_link(cluster, t * c * d, d * c), "pp": _span_link(cluster, t * c * d * p, p)}
+
+
+def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workload: TrainingWorkload, microbatch: int,
+                   recompute: str, memory: TrainingMemory | None = None) -> TrainingScore:
+    """One step of ``layout`` with microbatches of ``microbatch`` sequences and ``recompute``, term by term
+    (the module docstring's model)."""
+    w, lay = workload, layout
+    s, b = w.sequence_tokens, microbatch
+    m = w.sequences // (lay.dp * b)
+    n = lay.world_size
+    if memory is None:
+        memory = peak_training_memory(model, lay, s, b, m, recompute=recompute, sequence_parallel=w.sequence_parallel,
+                                      state_bytes=w.state_bytes, schedule=w.schedule, chunks=w.chunks)
+    links = axis_links(cluster, lay)
+    rate = cluster.peak_flops_per_s * w.kernel_efficiency
+    layers = layers_of(model.n_layers, lay.pp, 0)  # the first stage is the heaviest
+    heaviest = layers / (model.n_layers / lay.pp)
+    flops = model_flops_per_token(model, s) + recompute_flops_per_token(model, s, recompute)
+    compute = w.global_batch_tokens * flops / (n * rate) * heaviest
+    per_mb = compute / m
+    vb = w.comm_bytes_per_value
+    act = s // lay.cp * b * model.d_model * vb  # one microbatch's layer input, whole
+    charge = cluster.latency_charge
+    tp = 0.0
+    if lay.tp > 1:
+        passes = 3 if recompute == "full" else 2
+        if w.sequence_parallel:
+            one = (collective_time_s("all_gather", act, lay.tp, links["tp"], charge)
+                   + collective_time_s("reduce_scatter", act, lay.tp, links["tp"], charge))
+        else:
+            one = collective_time_s("all_reduce", act, lay.tp, links["tp"], charge)
+        tp = 2 * one * passes * layers * m
+    cp = 0.0
+    if lay.cp > 1:
+        kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * vb
+        ring = 3 * (lay.cp - 1) * point_to_point_s(kv, links["cp"])
+        attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate
+        cp = max(0.0, ring - attention) * layers * m
+    slot = per_mb + ((tp + cp) / m if w.comm_in_bubble else 0.0)  # one microbatch's turn on a stage
+    bubble = (lay.pp - 1) * slot / (w.chunks if w.schedule == "interleaved" and lay.pp > 1 else 1)
+    dp = 0.0
+    ranks = lay.dp * lay.cp
+    if ranks > 1:
+        bucket = memory.params * vb / layers  # one layer's gradients (or weights): one collective each
+        rs = layers * collective_time_s("reduce_scatter", bucket, ranks, links["dp"], charge)
+        ag = layers * collective_time_s("all_gather", bucket, ranks, links["dp"], charge)
+        backward = per_mb * 2 / 3
+        if not w.dp_overlap:  # every collective after (or before) the compute it serves: nothing hidden
+            dp = {"ddp": rs + ag, "zero1": rs + ag, "zero2": m * rs + ag}.get(lay.dp_strategy, m * (2 * ag + rs))
+        elif lay.dp_strategy in ("ddp", "zero1"):  # once per step, behind the last microbatch's backward
+            dp = max(rs + ag - backward, (rs + ag) / layers)
+        elif lay.dp_strategy == "zero2":  # gradients reduced every microbatch; weights gathered after the step
+            dp = m * max(rs - backward, rs / layers) + ag
+        else:  # weights gathered before each forward and backward, gradients reduced, every microbatch
+            dp = m * max(2 * ag + rs - per_mb, rs / layers)
+    pp = 0.0
+    if lay.pp > 1:
+        hop = act / (lay.tp if w.sequence_parallel else 1)
+        pp = 2 * (lay.pp - 1) * point_to_point_s(hop, links["pp"])
+    updated = memory.params / (1 if lay.dp_strategy == "ddp" else ranks)  # ZeRO: each rank updates its shard
+    optimizer = updated * w.optimizer_bytes_per_param / cluster.memory_bytes_per_s
+    step = compute + bubble + tp + cp + dp + pp + optimizer
+    mfu = w.global_batch_tokens * model_flops_per_token(model, s) / (step * n * cluster.peak_flops_per_s)
+    return TrainingScore(lay, b, m, recompute, memory, compute, bubble, tp, cp, dp, pp, w.global_batch_tokens / step,
+                         mfu, {k: v.name for k, v in links.items()}, optimizer_s=optimizer)

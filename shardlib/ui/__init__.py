@@ -6,7 +6,7 @@
 * Per package, figures (data in, figure out) and widgets (controls wired to drivers and figures):
   ``intro_figures``, ``intro_widgets``; ``tensor_parallel_figures``, ``tensor_parallel_widgets``;
   ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
-  ``experts_widgets``; ``plan_figures``, ``plan_widgets``; ``data_parallel_figures``,
+  ``experts_widgets``; ``serving_figures``, ``serving_widgets``; ``data_parallel_figures``,
   ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``; ``training_figures``,
   ``training_widgets``.
 * ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.
@@ -37,8 +37,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "experts_figures": ("walkthrough_figure", "send_matrix_figure", "expert_load_figure", "rank_time_figure",
                         "mitigation_sweep_figure"),
     "experts_widgets": ("expert_explorer",),
-    "plan_figures": ("plan_figure",),
-    "plan_widgets": ("planner_widget",),
+    "serving_figures": ("plan_figure",),
+    "serving_widgets": ("planner_widget",),
     "data_parallel_figures": ("memory_per_rank_figure", "step_bytes_figure", "zero_table_figure",
                               "overlap_timeline_figure", "activation_figure"),
     "data_parallel_widgets": ("strategy_explorer",),

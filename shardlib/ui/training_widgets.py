@@ -9,7 +9,7 @@ from dataclasses import replace
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from ..plan.layout import DP_STRATEGIES, Layout
+from ..mesh import DP_STRATEGIES, Layout
 from ..runtime.measure import TOLERANCE
 from ..training.drivers import check_training, run_training
 from ..training.reference import train_reference

@@ -1,0 +1,97 @@
+"""Tensor parallelism inside a "node", pipeline stages across "nodes": the combined forward on a rank.
+
+A ``plan.Layout`` numbers ranks ``(stage * dp + replica) * tp + tp_rank`` and gives a torch
+``DeviceMesh`` with axes ``("pp", "dp", "tp")``. The ranks of one stage split every block of its layers
+(``tensor_parallel.blocks.ParallelBlock``, Megatron-LM: Shoeybi et al. 2019, two all-reduces per block
+on the tp axis); activations cross from stage to stage by point-to-point sends on the pp axis (GPipe's
+forward: Huang et al. 2019). ``combined_forward`` runs a batch through once; ``pipelined_decode`` keeps
+microbatches going round the stages step after step, the last stage handing each output back to the
+first as its next input (steady-state decode, ``serving.decode``'s model). Measurement attaches through
+``probe`` (``runtime.measure.Probe``). Each rank receives the full weights and keeps only its slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..mesh import Layout, check_mesh
+from ..models import ModelConfig
+from ..pipeline.predict import split_layers
+from ..runtime.measure import NO_PROBE, Probe
+from ..tensor_parallel.blocks import ParallelBlock
+from ..tensor_parallel.layers import TPGroup
+
+
+@dataclass(frozen=True)
+class RankStage:
+    """This rank's place on the mesh, its pipeline group, and its stage's blocks split over its tp group."""
+
+    stage: int
+    replica: int
+    tp_rank: int
+    pp_group: object
+    blocks: tuple[ParallelBlock, ...]
+
+
+def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> RankStage:
+    """The mesh of ``layout`` (made once per pool), this rank's coordinates and its stage's blocks."""
+    check_mesh(layout, ctx.world_size, "ranks")
+    mesh = ctx.device_mesh(layout.mesh_shape, layout.mesh_axes)  # axes ("pp", "dp", "tp"), tp innermost
+    stage, replica, tp_rank = layout.coords(ctx.rank)
+    tp_group = TPGroup.of_mesh(ctx, mesh, "tp")  # the ranks of this stage and replica: one "node"
+    mine = split_layers(model.n_layers, layout.pp)[stage]  # this stage's layer numbers
+    blocks = tuple(ParallelBlock(layers[i], model, tp_group).to(ctx.device) for i in mine)
+    return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks)
+
+
+def combined_forward(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int,
+                     probe: Probe = NO_PROBE) -> torch.Tensor | None:
+    """``x`` (batch, seq, d_model) forward through the stack: the output on the last stage, else ``None``."""
+    s, d, t = me.stage, me.replica, me.tp_rank
+    part = x.tensor_split(layout.dp)[d]  # (batch / dp, seq, d_model): this replica's share
+    outputs = []
+    with torch.no_grad():
+        for i, mb in enumerate(part.tensor_split(n_microbatches)):  # (rows, seq, d_model)
+            h = mb.clone().to(ctx.device)
+            if s > 0:  # from the same tp rank of the previous stage
+                ctx.comm.recv(h, layout.rank(s - 1, d, t), group=me.pp_group)
+            with probe.span(f"F{i}", kind="compute", stage=s):
+                for block in me.blocks:
+                    h = block(h)  # two all-reduces on the tp axis per block
+            if s < layout.pp - 1:  # to the same tp rank of the next stage
+                ctx.comm.send(h, layout.rank(s + 1, d, t), group=me.pp_group)
+            else:
+                outputs.append(h)
+    return torch.cat(outputs) if outputs else None
+
+
+def pipelined_decode(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int, steps: int,
+                     probe: Probe = NO_PROBE) -> list[torch.Tensor] | None:
+    """``steps`` decode steps of ``x`` (batch, 1, d_model), microbatch after microbatch round the stages.
+
+    A stage receives each microbatch (the first stage, after step 0, from the last), runs its blocks and
+    sends it on without waiting (``isend``). The last stage returns every output, step by step."""
+    s, d, t, pp = me.stage, me.replica, me.tp_rank, layout.pp
+    first, last = s == 0, s == pp - 1
+    src, dst = layout.rank((s - 1) % pp, d, t), layout.rank((s + 1) % pp, d, t)  # round the ring of stages
+    buffers = [mb.clone().to(ctx.device) for mb in x.tensor_split(layout.dp)[d].tensor_split(n_microbatches)]
+    outputs, sends = [], []
+    with torch.no_grad():
+        for step in range(steps):
+            for i, h in enumerate(buffers):  # h: (rows, 1, d_model), this microbatch's input this step
+                if pp > 1 and not (first and step == 0):
+                    ctx.comm.recv(h, src, group=me.pp_group)
+                with probe.span(f"T{step}.{i}", kind="compute", stage=s):
+                    for block in me.blocks:
+                        h = block(h)
+                if last:
+                    outputs.append(h)
+                if pp == 1:
+                    buffers[i] = h  # the next step's input, here on this rank
+                elif not (last and step == steps - 1):
+                    sends.append(ctx.comm.isend(h, dst, group=me.pp_group))
+        for pending in sends:
+            pending.wait()
+    return outputs if last else None

@@ -1,0 +1,91 @@
+"""The combined forward and decode on ranks, with measurement attached, and the arithmetic speed of a rank.
+
+* ``combined_forward_on_rank``: ``forward.combined_forward`` after a start line (a barrier every rank
+  passes once its blocks are built), each microbatch a span on the rank's timeline.
+* ``decode_on_rank``: ``forward.pipelined_decode``, with the time each output was ready on the last
+  stage, optionally over an ``EmulatedLink`` between "nodes".
+* ``effective_flops_per_s`` / ``effective_flops_on_rank``: how fast a rank computes the toy stack.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from ..mesh import Layout
+from ..models import ModelConfig
+from ..toy import activations, stack_reference
+from .layouts import build_stage, combined_forward, pipelined_decode
+from .memory import active_params_per_gpu
+
+
+def combined_forward_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                             n_microbatches: int = 2) -> dict:
+    """``x`` (batch, seq, d_model) forward on ``layout``'s mesh (``forward.combined_forward``): this rank's
+    coordinates, the output on the last stage (else ``None``), and when the forward started and ended."""
+    me = build_stage(ctx, layout, model, layers)
+    ctx.comm.barrier()  # a start line: every rank has built its blocks (the driver leaves it out of the traffic)
+    start_s = time.perf_counter()
+    output = combined_forward(ctx, layout, me, x, n_microbatches, probe=ctx.timeline)
+    end_s = time.perf_counter()
+    return {"rank": ctx.rank, "stage": me.stage, "replica": me.replica, "tp_rank": me.tp_rank,
+            "output": output, "start_s": start_s, "end_s": end_s}
+
+
+class _ReadyProbe:
+    """The rank's timeline, plus the moment each compute span ended (an output ready on the last stage)."""
+
+    def __init__(self, timeline) -> None:
+        self.timeline, self.ready_s = timeline, []
+
+    @contextmanager
+    def span(self, name: str, kind: str = "compute", **attrs):
+        with self.timeline.span(name, kind=kind, **attrs):
+            yield
+        self.ready_s.append(time.perf_counter())
+
+
+def decode_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                   n_microbatches: int, steps: int, emulation=None) -> dict:
+    """``steps`` decode steps of ``x`` (batch, 1, d_model) on ``layout``'s mesh, pipelined in steady state
+    (``forward.pipelined_decode``). The last stage returns every step's output and the time each
+    microbatch's was ready. ``emulation`` (an ``EmulatedLink``) makes calls that cross "nodes" last as
+    long as that link would."""
+    if emulation is not None:
+        ctx.comm.emulate(emulation)
+    me = build_stage(ctx, layout, model, layers)
+    probe = _ReadyProbe(ctx.timeline)
+    start_s = time.perf_counter()
+    outputs = pipelined_decode(ctx, layout, me, x, n_microbatches, steps, probe)
+    end_s = time.perf_counter()
+    last, m = outputs is not None, n_microbatches
+    return {"rank": ctx.rank, "stage": me.stage, "replica": me.replica, "tp_rank": me.tp_rank,
+            "start_s": start_s, "end_s": end_s,
+            # (steps, batch / dp, 1, d_model) and (steps, m) on the last stage
+            "outputs": torch.stack([torch.cat(outputs[k * m:(k + 1) * m]) for k in range(steps)]) if last else None,
+            "ready_s": [probe.ready_s[k * m:(k + 1) * m] for k in range(steps)] if last else None}
+
+
+def effective_flops_per_s(model: ModelConfig, layers: list[dict], batch: int, seq: int, repeats: int = 5) -> float:
+    """This process's arithmetic speed on the stack, as the planner counts work: ``2 x active parameters
+    x tokens`` (``memory.active_params_per_gpu``) over the fastest of ``repeats`` timed forwards of
+    ``batch`` sequences of ``seq`` tokens. On tiny matrices it is far below the CPU's peak: dispatch
+    overhead dominates, and that is what the toy's compute proxy should include."""
+    x = activations(batch, seq, model.d_model)
+    best_s = float("inf")
+    with torch.no_grad():
+        stack_reference(x, layers, model)  # warm-up
+        for _ in range(repeats):
+            start = time.perf_counter()
+            stack_reference(x, layers, model)
+            best_s = min(best_s, time.perf_counter() - start)
+    return 2 * active_params_per_gpu(model, Layout(tp=1, pp=1)) * batch * seq / best_s
+
+
+def effective_flops_on_rank(ctx, model: ModelConfig, layers: list[dict], batch: int, seq: int,
+                            repeats: int = 10) -> float:
+    """``effective_flops_per_s`` on a rank. Run on every rank at once, it sees what the ranks of a run
+    see: the cores they share, the threads they have, each other."""
+    return effective_flops_per_s(model, layers, batch, seq, repeats)

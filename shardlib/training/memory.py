@@ -1,0 +1,129 @@
+"""What one GPU of a training layout keeps: weights, gradients, optimizer state and activations, per stage.
+
+A GPU of stage ``i`` holds its stage's layers split ``tp`` ways (the first stage also the embedding, the
+last the final norm and head, the vocabulary padded to ``128 x tp`` rows). Bytes per parameter, by
+convention: ``STATE_BYTES_MEGATRON`` (Megatron-LM's docs, ``distrib_optimizer.md``: bf16 weights, fp32
+gradients, fp32 master copy and Adam's two moments: 2 + 4 + 12 = 18, and 6 + 12/d with its distributed
+optimizer) or ``STATE_BYTES_MIXED`` (ZeRO, Rajbhandari et al. 2020, section 3.1: 2 + 2 + 12 = 16).
+``dp_strategy`` shards over ``dp x cp`` ranks (Megatron shards its distributed optimizer over both: they
+hold the same weights). Activations: ``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per
+layer of the stage, for the tokens of the GPU's ring slice (``seq / cp``), times the microbatches in
+flight: 1F1B's stage ``i`` of ``p`` keeps ``min(p - i, m)``. The first stage adds the embedding's dropout
+mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3: ``4 s b h / t (1 +
+v / h)``). ZeRO-3 adds two layers gathered whole (weights and gradients: one working, one prefetched);
+other transients (communication buckets, the allocator's fragmentation) are left out: the planner keeps
+a margin for them (``memory_utilization``). Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..checks import choice, whole_number
+from ..data_parallel.predict import STATE_BYTES_MEGATRON, layer_activation_bytes, memory_per_rank
+from ..mesh import Layout
+from ..models import ModelConfig, padded_vocab_size
+
+SCHEDULES = ("1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes on one GPU of ``stage``: states kept between steps, activations kept for the backward at the
+    in-flight peak (``in_flight`` microbatches), and the stage's embedding/head activations."""
+
+    stage: int
+    layers: int
+    params: float
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    ends_bytes: float  # embedding dropout mask (first stage), head input and fp32 logits (last stage)
+    in_flight: float
+    gathered_bytes: float = 0.0  # ZeRO-3: two layers' whole weights and gradients (one working, one prefetched)
+
+    @property
+    def states_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return self.states_bytes + self.activations_bytes + self.ends_bytes + self.gathered_bytes
+
+
+def layers_of(n_layers: int, pp: int, stage: int) -> int:
+    """Layers of ``stage`` when ``n_layers`` are cut into ``pp`` stages as ``pipeline.predict.split_layers``
+    cuts them by default: sizes differing by at most one, the earlier stages taking the extra layers."""
+    base, extra = divmod(n_layers, pp)
+    return base + (1 if stage < extra else 0)
+
+
+def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
+    """Parameters one GPU of ``stage`` holds: its layers' share of ``tp`` (norms kept whole), plus the
+    embedding (first stage) and head and final norm (last stage), ``1/tp`` of the padded vocabulary each."""
+    layers = layers_of(model.n_layers, layout.pp, stage)
+    norms = 2 * model.d_model
+    per_layer = (model.params_per_layer - norms) / layout.tp + norms
+    vocab_rows = padded_vocab_size(model, layout.tp) / layout.tp
+    ends = 0.0
+    if stage == 0:
+        ends += vocab_rows * model.d_model
+    if stage == layout.pp - 1:
+        ends += model.d_model + (0 if model.tied_embeddings else vocab_rows * model.d_model)
+    return layers * per_layer + ends
+
+
+def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", chunks: int = 2) -> float:
+    """Microbatches whose activations stage ``stage`` keeps at its peak: 1F1B's warm-up leaves ``p - i``
+    (never more than ``m``); the interleaved schedule (Narayanan et al. 2021, section 2.2) with ``chunks``
+    model chunks per GPU keeps ``1 + (p - 1) / (p v)`` times 1F1B's first-stage count (Korthikanti et al.
+    2022, section 4.2.3): ``p - i + (p - 1) / v`` here, the same extra warm-up on every stage."""
+    choice(schedule, SCHEDULES, "schedule")
+    m = whole_number(n_microbatches, "n_microbatches")
+    if schedule == "1f1b" or pp == 1:
+        return min(pp - stage, m)
+    return min(pp - stage + (pp - 1) / whole_number(chunks, "chunks"), m)
+
+
+def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
+                    recompute: str = "selective", sequence_parallel: bool = True, stage: int = 0,
+                    state_bytes: Mapping[str, float] = STATE_BYTES_MEGATRON, schedule: str = "1f1b",
+                    chunks: int = 2, activation_bytes_per_value: int = 2) -> TrainingMemory:
+    """Bytes on one GPU of ``stage`` of ``layout`` training ``model`` on sequences of ``seq`` tokens,
+    ``microbatch`` sequences per microbatch, ``n_microbatches`` per step (the module docstring's rules)."""
+    seq, b = whole_number(seq, "seq"), whole_number(microbatch, "microbatch")
+    if seq % layout.cp:
+        raise ValueError(f"a sequence of {seq} tokens cannot be split into {layout.cp} equal ring slices (cp)")
+    if not 0 <= stage < layout.pp:
+        raise ValueError(f"stage {stage} is not one of the {layout.pp} stages (0 to {layout.pp - 1})")
+    sp = sequence_parallel and layout.tp > 1
+    params = stage_params(model, layout, stage)
+    states = memory_per_rank(params, layout.dp_strategy, layout.dp * layout.cp, state_bytes)
+    layers = layers_of(model.n_layers, layout.pp, stage)
+    tokens = seq // layout.cp
+    held = in_flight(stage, layout.pp, n_microbatches, schedule, chunks)
+    per_layer = layer_activation_bytes(model, tokens, b, recompute, layout.tp, sp) * activation_bytes_per_value / 2
+    activations = layers * per_layer * held
+    t, sbh = layout.tp, tokens * b * model.d_model
+    ends = 0.0
+    if stage == 0:
+        ends += sbh / (t if sp else 1) * held  # the embedding's dropout mask, 1 byte a value
+    if stage == layout.pp - 1:
+        v = padded_vocab_size(model, t)
+        ends += 4 * sbh / t * (1 + v / model.d_model)  # norm and head inputs, fp32 logits: one microbatch
+    gathered = 0.0
+    if layout.dp_strategy == "zero3" and layout.dp * layout.cp > 1:
+        gathered = 2 * params / layers * (state_bytes["params"] + state_bytes["grads"])
+    return TrainingMemory(stage, layers, params, states["params"], states["grads"], states["optimizer"],
+                          activations, ends, held, gathered)
+
+
+def peak_training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
+                         **kwargs) -> TrainingMemory:
+    """The fuller of the first and the last stage (the only two that differ from the middle ones, which
+    never exceed the first: fewer microbatches in flight, no embedding)."""
+    stages = {0, layout.pp - 1}
+    return max((training_memory(model, layout, seq, microbatch, n_microbatches, stage=s, **kwargs) for s in stages),
+               key=lambda m: m.total_bytes)

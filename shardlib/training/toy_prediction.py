@@ -1,0 +1,88 @@
+"""The toy's training step in the training planner's time model: the layouts, one global batch for all,
+the workload and the prediction term by term; Spearman's rank correlation. Pure: numbers in, numbers out.
+
+* ``LAYOUTS_4``, ``SINGLE_AXIS_4``, ``STEP_TIME_CONFIG``: what ``step_time`` trains and times by default.
+* ``step_config``: a layout's ``TrainingConfig`` at a global batch every layout shares (``m`` set).
+* ``step_workload``, ``predict_step``: ``training.time_model.score_training`` on the toy, as it is trained.
+* ``spearman``, ``average_ranks``: the rank correlation, tied values sharing their average rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..checks import whole_number
+from ..hardware import Cluster
+from ..mesh import Layout
+from .corpus import TrainingConfig
+from .time_model import TrainingScore, TrainingWorkload, score_training
+
+# The issue's 4-rank layouts, and three single-axis ones beside them.
+LAYOUTS_4 = {
+    "dp2 x tp2": Layout(tp=2, pp=1, dp=2),
+    "pp2 x tp2": Layout(tp=2, pp=2),
+    "dp2 x pp2": Layout(tp=1, pp=2, dp=2),
+    "cp2 x tp2": Layout(tp=2, pp=1, cp=2),
+    "dp2 x tp2 zero3": Layout(tp=2, pp=1, dp=2, dp_strategy="zero3"),
+}
+SINGLE_AXIS_4 = {"dp4": Layout(tp=1, pp=1, dp=4), "tp4": Layout(tp=4, pp=1), "pp4": Layout(tp=1, pp=4)}
+# Small enough for a notebook cell, wide enough that a block's matmuls are more than Python's overhead.
+STEP_TIME_CONFIG = TrainingConfig(n_layers=4, d_model=128, n_heads=4, n_kv_heads=4, d_ff=512, vocab_size=256,
+                                  seq=64, microbatch=1, m=4, steps=4)
+
+
+def spearman(xs, ys) -> float:
+    """Spearman's rank correlation of two equally long sequences: Pearson's correlation of their ranks,
+    tied values sharing the average of the ranks they span. 1: same order; -1: reversed."""
+    xs, ys = list(xs), list(ys)
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"the rank correlation needs two sequences of the same length, at least 2; got {len(xs)} "
+                         f"and {len(ys)} values")
+    rx, ry = average_ranks(xs), average_ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    if vx == 0 or vy == 0:
+        raise ValueError("the rank correlation is undefined when every value of one sequence is the same")
+    return cov / (vx * vy) ** 0.5
+
+
+def average_ranks(values) -> list[float]:
+    """Each value's rank, 1 for the smallest; tied values get the mean of the ranks they occupy."""
+    values = list(values)  # those below it, then the middle of the places its ties share
+    return [sum(v < x for v in values) + (sum(v == x for v in values) + 1) / 2 for x in values]
+
+
+def step_config(config: TrainingConfig, layout: Layout, global_sequences: int) -> TrainingConfig:
+    """``config`` with ``m`` set so that every layout trains on the same global batch of
+    ``global_sequences`` sequences: ``m = global_sequences / (microbatch x dp)``."""
+    whole_number(global_sequences, "global_sequences (sequences per step)")
+    per = config.microbatch * layout.dp
+    if global_sequences % per:
+        raise ValueError(f"a global batch of {global_sequences} sequences does not split into microbatches of "
+                         f"{config.microbatch} over dp = {layout.dp} replicas ({global_sequences} % {per} != 0)")
+    return replace(config, m=global_sequences // per)
+
+
+def step_workload(config: TrainingConfig, global_sequences: int) -> TrainingWorkload:
+    """The planner's workload for the toy: its sequence, the global batch, no recomputation, the toy's
+    microbatch, kernels at the measured rate (efficiency 1), values on the wire in the toy's dtype,
+    AdamW's pass counted (a toy step has a few hundred tokens: its optimizer step is not negligible), and
+    no overlap of the data-parallel collectives (the toy's step runs them after its backward), and the
+    bubble's slots as long as a microbatch's compute and its tp and cp calls (on CPU ranks, mostly calls)."""
+    return TrainingWorkload(sequence_tokens=config.seq, global_batch_tokens=global_sequences * config.seq,
+                            recompute=("none",), microbatch_sizes=(config.microbatch,), kernel_efficiency=1.0,
+                            min_ring_slice_tokens=1, comm_bytes_per_value=config.element_bytes,
+                            optimizer_bytes_per_param=optimizer_bytes_per_param(config), dp_overlap=False,
+                            comm_in_bubble=True)
+
+
+def predict_step(cluster: Cluster, layout: Layout, config: TrainingConfig, global_sequences: int) -> TrainingScore:
+    """The training planner's step (``score_training``) for ``layout`` on ``cluster``, term by term."""
+    return score_training(config.model, cluster, layout, step_workload(config, global_sequences), config.microbatch,
+                          "none")
+
+
+def optimizer_bytes_per_param(config: TrainingConfig) -> int:
+    """What AdamW moves per parameter: reads the weight, its gradient and two moments, writes three."""
+    return 7 * config.element_bytes

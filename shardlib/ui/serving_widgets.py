@@ -1,0 +1,65 @@
+"""The planner as a widget: pick a model, its weights' precision, a cluster, a workload and an objective;
+see the ranked layouts, a figure of the best ones, the reasons, and why every other layout fails. Pure
+computation: no ranks."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from ..hardware import CLUSTERS
+from ..models import PRESETS
+from ..serving.memory import Workload
+from ..serving.planner import OBJECTIVES, format_plan, plan_serving
+from .live import Feedback, SelectionSlider, observe_all
+from .serving_figures import plan_figure
+
+BATCHES = (("from memory", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), ("64", 64),
+           ("128", 128), ("256", 256))
+CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+WEIGHTS = (("model dtype", 0), ("8-bit", 8), ("4-bit", 4))
+EFFICIENCIES = (("100% (floor)", 1.0), ("90%", 0.9), ("80%", 0.8), ("70%", 0.7), ("60%", 0.6), ("50%", 0.5))
+
+
+def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 80GB") -> widgets.VBox:
+    """Dropdowns for the model, its weights and the cluster, buttons for the objective, sliders (clamped
+    to the listed values) for the batch per replica ("from memory": as many as free memory holds) and
+    the context length, and the share of peak bandwidth and FLOPs the kernels reach (100%: the floor)."""
+    model_box = widgets.Dropdown(options=list(PRESETS), value=model if model in PRESETS else "Llama-3-70B",
+                                 description="model")
+    weights = widgets.Dropdown(options=WEIGHTS, value=0, description="weights")
+    cluster_box = widgets.Dropdown(options=list(CLUSTERS), value=cluster if cluster in CLUSTERS else list(CLUSTERS)[0],
+                                   description="cluster", style={"description_width": "initial"})
+    objective = widgets.ToggleButtons(options=list(OBJECTIVES), value=OBJECTIVES[0], description="rank by")
+    batch = SelectionSlider(options=BATCHES, value=0, description="batch per replica",
+                                    continuous_update=False, style={"description_width": "initial"})
+    context = SelectionSlider(options=CONTEXTS, value=4096, description="context tokens",
+                                      continuous_update=False, style={"description_width": "initial"})
+    efficiency = SelectionSlider(options=EFFICIENCIES, value=1.0, description="kernel efficiency",
+                                 continuous_update=False, style={"description_width": "initial"})
+    table = widgets.HTML()
+    fig = go.FigureWidget()
+
+    def update(change=None) -> None:
+        ctx = context.value
+        workload = Workload(batch=batch.value, context_tokens=ctx, prompt_tokens=min(2048, ctx),
+                            kernel_efficiency=efficiency.value)
+        chosen = PRESETS[model_box.value]
+        if weights.value:
+            chosen = chosen.quantized(weights.value)
+        p = plan_serving(chosen, CLUSTERS[cluster_box.value], workload, objective.value)
+        table.value = f"<pre style='font-size:11px; white-space:pre-wrap'>{html.escape(format_plan(p))}</pre>"
+        new = plan_figure(p)
+        with fig.batch_update():
+            fig.data = []
+            for trace in new.data:
+                fig.add_trace(trace)
+            fig.layout = new.layout
+
+    feedback = Feedback()
+    observe_all((model_box, weights, cluster_box, objective, batch, context, efficiency), update, feedback)
+    update()
+    return widgets.VBox([widgets.HBox([model_box, weights, cluster_box]), objective,
+                         widgets.HBox([batch, context, efficiency]), fig, table, feedback.area])

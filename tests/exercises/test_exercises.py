@@ -1,0 +1,489 @@
+"""The exercises' graders: every solution passes, a blank starter is "not written yet", and each
+typical wrong answer fails with a message that names the mistake."""
+
+import sys
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from solutions_module import answers
+
+from shardlib import Ranks
+from shardlib.exercises import (
+    NOT_RIGHT,
+    NOT_WRITTEN,
+    PASSED,
+    ExerciseResult,
+    grade_bubble_fraction,
+    grade_dispatch_plan,
+    grade_fit_alpha_beta,
+    grade_merge_partial_attention,
+    grade_shard_rows,
+    grade_top_k_router,
+    grade_tp_pair_forward,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
+
+
+def blank(*args):
+    raise NotImplementedError("write this function")
+
+
+def assert_wrong(result: ExerciseResult, *phrases: str) -> None:
+    """The answer fails, and the first message says what is wrong in the words given."""
+    assert result.status == NOT_RIGHT and not result.passed, str(result)
+    text = " ".join(result.messages)
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} not in:\n{result}"
+
+
+# -- the result object ---------------------------------------------------------------------------------
+def test_result_displays_as_text_and_html():
+    result = grade_bubble_fraction(lambda p, m: (p - 1) / m)
+    html = result._repr_html_()
+    assert "bubble fraction" in html and "not yet right" in html and "<li>" in html
+    assert str(result).startswith("bubble fraction: not yet right")
+    with pytest.raises(ValueError, match="status must be one of"):
+        ExerciseResult("x", "done", (), "")
+
+
+# -- shard_rows ------------------------------------------------------------------------------------------
+def test_shard_rows_solution_passes_and_blank_is_not_written():
+    assert grade_shard_rows(answers.shard_rows).status == PASSED
+    result = grade_shard_rows(blank)
+    assert result.status == NOT_WRITTEN and "NotImplementedError" in result.messages[0]
+
+
+def rows_and_columns_swapped(weight, n):
+    if weight.shape[0] % n:
+        raise ValueError("does not divide")
+    return list(weight.chunk(n, dim=0))
+
+
+def uneven_split(weight, n):
+    width = weight.shape[1] // n
+    return [weight[:, i * width:(i + 1) * width + 1] for i in range(n)]  # one column too many
+
+
+def shifted_by_one(weight, n):
+    return [answers.shard_rows(weight, n)[(i + 1) % n] for i in range(n)]
+
+
+def transposed(weight, n):
+    return [s.T for s in answers.shard_rows(weight, n)]
+
+
+def no_value_error(weight, n):
+    return list(weight.chunk(n, dim=1))  # right wherever n divides, silently uneven where it does not
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (rows_and_columns_swapped, ("n_shards = 2, shard 0 of 2", "wrong dimension", "rows 0..6, columns 0..24")),
+    (uneven_split, ("shard 0 of 2", "13 columns", "off-by-one")),
+    (shifted_by_one, ("shard 0 of 2", "holds shard 1's columns (12..24)", "shifted")),
+    (transposed, ("transposed",)),
+    (no_value_error, ("n_shards = 5", "should raise ValueError", "widths [5, 5, 5, 5, 4]")),
+])
+def test_shard_rows_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_shard_rows(wrong), *phrases)
+
+
+# -- the pair on ranks ------------------------------------------------------------------------------------
+def missing_all_reduce(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r]))
+    return F.linear(hidden, w2.chunk(tp, 1)[r]) + b2
+
+
+def bias_before_sum(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r]))
+    return ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 1)[r], b2))
+
+
+def pair_rows_and_columns_swapped(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 1)[r], b1.chunk(tp, 0)[r]))
+    return ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 0)[r])) + b2
+
+
+def no_communication(ctx, x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)  # every rank does all the work
+
+
+def returns_a_slice(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    return no_communication(ctx, x, w1, b1, w2, b2).chunk(tp, -1)[r]
+
+
+def test_pair_solution_passes_on_2_and_4_ranks(pool2, pool4):
+    result = grade_tp_pair_forward(answers.tp_pair_forward, pool2, pool4)
+    assert result.passed, str(result)
+    assert result.checked == "on 2 ranks and 4 ranks"
+
+
+def test_pair_blank_is_not_written_without_touching_the_ranks(pool2):
+    before = pool2.run(lambda ctx: __import__("os").getpid())
+    assert grade_tp_pair_forward(blank, pool2).status == NOT_WRITTEN
+    assert pool2.run(lambda ctx: __import__("os").getpid()) == before, "the pool was restarted"
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (missing_all_reduce, ("rank 0", "own partial product", "all-reduce is missing")),
+    (bias_before_sum, ("rank 0", "off by 1 x b2", "add it once")),
+    (pair_rows_and_columns_swapped, ("2 ranks: rank", "w1 is (d_hidden, d_model) and is cut by columns")),
+    (no_communication, ("rank 0", "issued no collectives", "one all_reduce")),
+    (returns_a_slice, ("rank 0", "a slice of the 8 output features")),
+])
+def test_pair_wrong_answers_fail_with_a_hint(pool2, wrong, phrases):
+    assert_wrong(grade_tp_pair_forward(wrong, pool2), "2 ranks", *phrases)
+
+
+def test_pair_wrong_answer_reports_the_shard_count(pool4):
+    assert_wrong(grade_tp_pair_forward(bias_before_sum, pool4), "4 ranks, rank 0", "off by 3 x b2")
+
+
+def only_rank_0_reduces(ctx, x, w1, b1, w2, b2):
+    if ctx.rank == 0:
+        return ctx.comm.all_reduce(x.clone())
+    return x
+
+
+def test_pair_that_hangs_is_reported_not_stuck():
+    with Ranks(2, timeout=5) as short:
+        result = grade_tp_pair_forward(only_rank_0_reduces, short)
+        assert_wrong(result, "never finished", "same collectives in the same order")
+        assert short.run(lambda ctx: ctx.rank) == [0, 1]
+
+
+def test_pair_needs_a_pool():
+    with pytest.raises(ValueError, match="at least one Ranks pool"):
+        grade_tp_pair_forward(answers.tp_pair_forward)
+
+
+# -- the bubble -------------------------------------------------------------------------------------------
+def test_bubble_solution_passes_and_blank_is_not_written():
+    assert grade_bubble_fraction(answers.bubble_fraction).passed
+    assert grade_bubble_fraction(blank).status == NOT_WRITTEN
+
+
+def checked(formula):
+    def bubble(p, m):
+        if p < 1 or m < 1:
+            raise ValueError("at least one")
+        return formula(p, m)
+    return bubble
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (checked(lambda p, m: (p - 1) / m), ("p = 2 stages, m = 1", "ratio of idle time to ideal compute")),
+    (checked(lambda p, m: m / (m + p - 1)), ("busy fraction",)),
+    (checked(lambda p, m: (p - 1) / (m + p)), ("not m + p (an off-by-one)",)),
+    (checked(lambda p, m: p / (m + p - 1)), ("not p (an off-by-one)",)),
+    (checked(lambda p, m: (p - 1) // (m + p - 1)), ("integer division",)),
+    (lambda p, m: (p - 1) / (m + p - 1), ("p = 0, m = 4", "raise ValueError")),
+])
+def test_bubble_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_bubble_fraction(wrong), *phrases)
+
+
+# -- the router -------------------------------------------------------------------------------------------
+def not_renormalised(x, router, k):
+    logits = x @ router.T
+    experts = logits.topk(k, dim=-1).indices
+    return experts, torch.softmax(logits, -1).gather(1, experts)
+
+
+def lowest_scores(x, router, k):
+    logits = x @ router.T
+    low, experts = logits.topk(k, dim=-1, largest=False)
+    return experts, torch.softmax(low, -1)
+
+
+def raw_logit_gates(x, router, k):
+    top, experts = (x @ router.T).topk(k, dim=-1)
+    return experts, top
+
+
+def router_transposed(x, router, k):
+    experts, gates = answers.top_k_router(x, router, k)
+    return experts.T, gates.T
+
+
+def test_router_solution_passes_and_blank_is_not_written():
+    assert grade_top_k_router(answers.top_k_router).passed
+    assert grade_top_k_router(blank).status == NOT_WRITTEN
+
+
+def test_router_accepts_any_order_within_a_token():
+    def ascending(x, router, k):
+        experts, gates = answers.top_k_router(x, router, k)
+        return experts.flip(-1), gates.flip(-1)
+    assert grade_top_k_router(ascending).passed
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (not_renormalised, ("k = 2: token 0's gates", "softmax over all experts", "renormalise")),
+    (lowest_scores, ("token 0 went to experts", "lowest scores")),
+    (raw_logit_gates, ("raw logits",)),
+    (router_transposed, ("transposed",)),
+])
+def test_router_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_top_k_router(wrong), *phrases)
+
+
+# -- the dispatch plan ------------------------------------------------------------------------------------
+def loses_a_slot(experts, n_experts, ep):
+    order, rows = answers.plan_dispatch(experts, n_experts, ep)
+    return order[:-1], rows
+
+
+def duplicates_a_slot(experts, n_experts, ep):
+    order, rows = answers.plan_dispatch(experts, n_experts, ep)
+    return torch.cat([order, order[:1]]), rows
+
+
+def owner_by_modulo(experts, n_experts, ep):
+    flat = experts.flatten()
+    owner = flat % ep
+    order = torch.sort(owner * n_experts + flat, stable=True).indices
+    return order, torch.bincount(owner, minlength=ep).tolist()
+
+
+def token_order_within_rank(experts, n_experts, ep):
+    flat = experts.flatten()
+    owner = flat // (n_experts // ep)
+    return torch.sort(owner, stable=True).indices, torch.bincount(owner, minlength=ep).tolist()
+
+
+def wrong_counts(experts, n_experts, ep):
+    order, rows = answers.plan_dispatch(experts, n_experts, ep)
+    return order, [len(order)] + [0] * (ep - 1)
+
+
+def test_dispatch_solution_passes_and_blank_is_not_written():
+    assert grade_dispatch_plan(answers.plan_dispatch).passed
+    assert grade_dispatch_plan(blank).status == NOT_WRITTEN
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (loses_a_slot, ("on 2 ranks", "loses 1 of the 24 slots", "every slot goes exactly once")),
+    (duplicates_a_slot, ("sends 1 slots more than once", "(2 times)")),
+    (owner_by_modulo, ("contiguous blocks", "not 4 % 2 = 0")),
+    (token_order_within_rank, ("in another order", "group rows by expert")),
+    (wrong_counts, ("is in the block for rank 0",)),
+])
+def test_dispatch_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_dispatch_plan(wrong), *phrases)
+
+
+# -- merging two partial attention results ----------------------------------------------------------------
+def merge_average(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    return (out_a + out_b) / 2, torch.maximum(max_a, max_b), sum_a + sum_b
+
+
+def merge_by_sums(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    total = (sum_a + sum_b).unsqueeze(-1)
+    merged = (sum_a.unsqueeze(-1) * out_a + sum_b.unsqueeze(-1) * out_b) / total
+    return merged, torch.maximum(max_a, max_b), sum_a + sum_b
+
+
+def merge_not_divided(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    out, new_max, new_sum = answers.merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)
+    return out * new_sum.unsqueeze(-1), new_max, new_sum
+
+
+def merge_exponentiating_maxes(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    """Right for ordinary scores; exp(max) overflows once a max passes about 88."""
+    new_max = torch.maximum(max_a, max_b)
+    w_a, w_b = sum_a * torch.exp(max_a), sum_b * torch.exp(max_b)
+    out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / (w_a + w_b).unsqueeze(-1)
+    return out, new_max, (w_a + w_b) / torch.exp(new_max)
+
+
+def merge_sum_not_rescaled(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    out, new_max, _ = answers.merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)
+    return out, new_max, sum_a + sum_b
+
+
+def merge_wrong_max(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    out, _, new_sum = answers.merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b)
+    return out, torch.minimum(max_a, max_b), new_sum
+
+
+def test_merge_solution_passes_and_blank_is_not_written():
+    assert grade_merge_partial_attention(answers.merge_partials).passed
+    assert grade_merge_partial_attention(blank).status == NOT_WRITTEN
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (merge_average, ("blocks of 5 and 7 keys (a then b)", "plain average")),
+    (merge_by_sums, ("weighed each output by its sum alone", "rescale")),
+    (merge_not_divided, ("not divided by the new sum",)),
+    (merge_exponentiating_maxes, ("scores near 1000", "inf or nan", "Never exponentiate a max")),
+    (merge_sum_not_rescaled, ("out and max are right but sum is not",)),
+    (merge_wrong_max, ("max is not the largest score",)),
+    (lambda *args: args[:2], ("return three tensors",)),
+])
+def test_merge_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_merge_partial_attention(wrong), *phrases)
+
+
+# -- fit_alpha_beta -------------------------------------------------------------------------------------
+def fit_slope_for_bandwidth(sizes, times):
+    latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return latency, 1.0 / bandwidth
+
+
+def fit_smallest_message(sizes, times):
+    _, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return times[sizes.index(min(sizes))], bandwidth
+
+
+def fit_first_point(sizes, times):
+    _, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return times[0], bandwidth
+
+
+def fit_through_zero(sizes, times):
+    s, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    return 0.0, float((s * s).sum() / (s * t).sum())
+
+
+def fit_plain(sizes, times):
+    slope, intercept = np.polyfit(sizes, times, 1)
+    return float(intercept), float(1.0 / slope)
+
+
+def fit_plain_clamped(sizes, times):
+    latency, bandwidth = fit_plain(sizes, times)
+    return max(latency, 0.0), bandwidth
+
+
+def fit_in_milliseconds(sizes, times):
+    latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return latency * 1e3, bandwidth
+
+
+def fit_in_gb_per_s(sizes, times):
+    latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+    return latency, bandwidth / 1e9
+
+
+def fit_swapped(sizes, times):
+    return answers.fit_alpha_beta(sizes, times)[::-1]
+
+
+def test_fit_solution_passes_and_blank_is_not_written():
+    result = grade_fit_alpha_beta(answers.fit_alpha_beta)
+    assert result.passed and "pass ranks=" in result.messages[0]
+    assert grade_fit_alpha_beta(blank).status == NOT_WRITTEN
+
+
+def test_fit_solution_passes_on_this_machines_ranks(pool2):
+    result = grade_fit_alpha_beta(answers.fit_alpha_beta, pool2)
+    assert result.passed, str(result)
+    assert "this machine (point-to-point, ranks 0 and 1" in result.messages[0]
+
+
+def test_fit_that_disagrees_with_the_library_on_the_live_sweep_is_named(pool2):
+    from shardlib.exercises.costs import _live
+    from shardlib.exercises.result import Collector
+
+    def off_by_half(sizes, times):
+        latency, bandwidth = answers.fit_alpha_beta(sizes, times)
+        return 1.5 * latency + 1e-5, 1.5 * bandwidth
+
+    got = Collector("fit", "live")
+    _live(got, off_by_half, pool2)
+    assert got.failed and "the same points should give the same line within 20%" in got.messages[0]
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (fit_slope_for_bandwidth, ("this machine's scale (100 us, 2 GB/s), exact", "the bandwidth is the slope",
+                               "1 / slope")),
+    (fit_smallest_message, ("large messages only", "the latency is the time of the smallest message")),
+    (fit_first_point, ("unsorted", "the first point handed over, and this sweep is not sorted")),
+    (fit_through_zero, ("the fit has no intercept",)),
+    (fit_plain, ("with 10 % noise", "latency came out negative", "that is plain least squares")),
+    (fit_plain_clamped, ("with 10 % noise", "that is plain least squares")),
+    (fit_in_milliseconds, ("the latency is in milliseconds",)),
+    (fit_in_gb_per_s, ("the bandwidth is in GB/s",)),
+    (fit_swapped, ("the two numbers are swapped",)),
+    (lambda sizes, times: 1e-5, ("return two finite numbers",)),
+    (lambda sizes, times: (float("nan"), 1e9), ("return two finite numbers",)),
+    (lambda sizes, times: 1 / 0, ("raised ZeroDivisionError",)),
+])
+def test_fit_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_fit_alpha_beta(wrong), *phrases)
+
+
+# -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
+EXERCISE_DIRS = (ROOT / "notebooks" / "exercises", ROOT / "solutions")
+NOTEBOOK_STEMS = ("01_tensor_parallel", "02_communication_costs", "03_pipeline_parallel", "05_expert_parallel",
+                  "08_putting_it_together", "07_context_parallel")
+
+
+def test_every_exercise_has_a_starter_and_a_solution_notebook():
+    for stem in NOTEBOOK_STEMS:
+        for suffix in (".py", ".ipynb"):
+            assert (ROOT / "notebooks" / "exercises" / f"{stem}_exercises{suffix}").exists()
+            assert (ROOT / "solutions" / f"{stem}_solutions{suffix}").exists()
+    starters = "".join((ROOT / "notebooks" / "exercises" / f"{s}_exercises.py").read_text() for s in NOTEBOOK_STEMS)
+    solutions = "".join((ROOT / "solutions" / f"{s}_solutions.py").read_text() for s in NOTEBOOK_STEMS)
+    for grader, fn in (("grade_shard_rows", "shard_rows"), ("grade_tp_pair_forward", "tp_pair_forward"),
+                       ("grade_fit_alpha_beta", "fit_alpha_beta"),
+                       ("grade_bubble_fraction", "bubble_fraction"), ("grade_top_k_router", "top_k_router"),
+                       ("grade_dispatch_plan", "plan_dispatch"),
+                       ("grade_merge_partial_attention", "merge_partials"),
+                       ("grade_mesh_coordinates", "mesh_coordinates"), ("grade_training_memory", "rank_memory")):
+        assert f"{grader}(" in starters and f"{grader}(answers.{fn}" in solutions
+    assert starters.count('raise NotImplementedError("write') == 10, "each starter function is left blank"
+    assert "exercise_answers" not in starters, "the starters must not import the solutions"
+
+
+def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):
+    import json
+    import shutil
+    import subprocess
+
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for folder in EXERCISE_DIRS:
+        sources = sorted(p for p in folder.glob("*.py") if p.stem != "exercise_answers")
+        assert {p.stem for p in sources} == {p.stem for p in folder.glob("*.ipynb")}, f"unpaired in {folder}"
+        copy = tmp_path / folder.name
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        subprocess.run([sys.executable, "-m", "jupytext", "--sync", *(str(copy / p.name) for p in sources)],
+                       check=True, capture_output=True, cwd=tmp_path)
+        for path in sources + sorted(folder.glob("*.ipynb")):
+            assert (copy / path.name).read_bytes() == path.read_bytes(), f"{path.name} is out of sync"
+        for nb in folder.glob("*.ipynb"):
+            cells = json.loads(nb.read_text())["cells"]
+            assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code"), nb.name
+
+
+@pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_top_k_router, grade_dispatch_plan,
+                                    grade_merge_partial_attention, grade_fit_alpha_beta])
+def test_graders_refuse_something_that_is_not_a_function(grader):
+    with pytest.raises(ValueError, match="pass your function itself"):
+        grader(42)
+
+
+def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
+    starter = (ROOT / "notebooks" / "exercises" / "04_pipeline_schedules_exercises.py").read_text()
+    solution = (ROOT / "solutions" / "04_pipeline_schedules_solutions.py").read_text()
+    assert (ROOT / "notebooks" / "exercises" / "04_pipeline_schedules_exercises.ipynb").exists()
+    assert (ROOT / "solutions" / "04_pipeline_schedules_solutions.ipynb").exists()
+    assert "grade_schedule_table(my_schedule" in starter and "grade_schedule_table(answers.my_schedule" in solution
+    assert starter.count('raise NotImplementedError("write') == 1 and "exercise_answers" not in starter
+
+
+def test_the_schedule_grader_refuses_something_that_is_not_a_function():
+    from shardlib.exercises import grade_schedule_table
+    with pytest.raises(ValueError, match="pass your function itself"):
+        grade_schedule_table(42)

@@ -1,0 +1,244 @@
+"""The training memory model, published figures reproduced, and the training planner (pure: no ranks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from shardlib.data_parallel import STATE_BYTES_MEGATRON, layer_activation_bytes
+from shardlib.hardware import H100_80GB, gpu_cluster
+from shardlib.mesh import Layout
+from shardlib.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from shardlib.serving import Workload, plan_serving
+from shardlib.serving.traffic import axis_link
+from shardlib.training import TrainingWorkload, plan_training
+from shardlib.training.choices import LLAMA_3_PUBLISHED, format_training_choices, training_choices
+from shardlib.training.memory import in_flight, peak_training_memory, stage_params, training_memory
+from shardlib.training.planner import format_training_plan, rank
+from shardlib.training.published import (
+    ZERO_FIGURE_1_GB,
+    activation_rows,
+    deepspeed_zero3_estimate,
+    megatron_rows,
+    zero_figure_rows,
+)
+from shardlib.training.time_model import axis_links, model_flops_per_token, score_training
+
+
+# -- layer_activation_bytes: Korthikanti et al. 2022, Table 2, each case by hand ---------------------------
+@pytest.mark.parametrize("t", [2, 8])
+def test_layer_activation_bytes_each_case_by_hand(t):
+    model = LLAMA_3_8B  # h = 4096, a = 32
+    s, b, h, a = 2048, 2, 4096, 32
+    sbh = s * b * h
+    assert layer_activation_bytes(model, s, b, "none") == sbh * (34 + 5 * a * s / h)
+    assert layer_activation_bytes(model, s, b, "none", tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert layer_activation_bytes(model, s, b, "none", tp=t, sequence_parallel=True) == pytest.approx(
+        sbh / t * (34 + 5 * a * s / h))
+    assert layer_activation_bytes(model, s, b, "selective", tp=t) == pytest.approx(sbh * (10 + 24 / t))
+    assert layer_activation_bytes(model, s, b, "selective", tp=t, sequence_parallel=True) == pytest.approx(34 * sbh / t)
+    assert layer_activation_bytes(model, s, b, "full", tp=t) == 2 * sbh
+    assert layer_activation_bytes(model, s, b, "full", tp=t, sequence_parallel=True) == 2 * sbh / t
+    assert layer_activation_bytes(model, s, b, "selective") == 34 * sbh  # positional recompute, as before
+
+
+def test_layer_activation_bytes_refuses_bad_input():
+    with pytest.raises(ValueError, match="recompute"):
+        layer_activation_bytes(LLAMA_3_8B, 2048, 1, "some")
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        layer_activation_bytes(LLAMA_3_8B, 2048, 1, "none", 2, "yes")
+
+
+# -- the memory of one training GPU ------------------------------------------------------------------------
+def test_stage_params_add_up_to_the_model():
+    lay = Layout(tp=1, pp=4)
+    assert sum(stage_params(LLAMA_3_8B, lay, s) for s in range(4)) == LLAMA_3_8B.n_params  # vocab 128,256 = 1002 x 128
+
+
+def test_training_memory_by_hand():
+    lay = Layout(tp=8, pp=16, dp=128, dp_strategy="zero1")
+    m = training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16, stage=0)
+    d, per = 128, 6 + 12 / 128  # Megatron's distributed optimizer
+    assert m.states_bytes == pytest.approx(m.params * per)
+    assert m.params_bytes == pytest.approx(2 * m.params) and m.grads_bytes == pytest.approx(4 * m.params)
+    assert m.optimizer_bytes == pytest.approx(12 * m.params / d)
+    assert m.layers == 8 and m.in_flight == 16  # 126 layers over 16 stages: the first 14 get 8; 1F1B keeps p
+    sbh = 8192 * 16384
+    assert m.activations_bytes == pytest.approx(8 * 16 * 34 * sbh / 8)
+    last = training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16, stage=15)
+    assert last.layers == 7 and last.in_flight == 1
+    assert last.ends_bytes == pytest.approx(4 * sbh / 8 * (1 + 129024 / 16384))  # v padded to 126 x 1024
+    assert peak_training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16).stage == 0
+
+
+def test_cp_shards_the_optimizer_and_the_tokens():
+    plain = training_memory(LLAMA_3_8B, Layout(1, 1, dp=8, dp_strategy="zero1"), 8192, 1, 1)
+    ring = training_memory(LLAMA_3_8B, Layout(1, 1, dp=2, cp=4, dp_strategy="zero1"), 8192, 1, 1)
+    assert ring.optimizer_bytes == pytest.approx(plain.optimizer_bytes)  # sharded over dp x cp = 8 both
+    assert ring.activations_bytes == pytest.approx(plain.activations_bytes / 4)
+    with pytest.raises(ValueError, match="ring slices"):
+        training_memory(LLAMA_3_8B, Layout(1, 1, cp=3), 8192, 1, 1)
+    with pytest.raises(ValueError, match="stage 4"):
+        training_memory(LLAMA_3_8B, Layout(1, 4), 8192, 1, 4, stage=4)
+
+
+def test_in_flight_microbatches():
+    assert [in_flight(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert in_flight(0, 4, 2) == 2  # never more than there are
+    assert in_flight(0, 4, 8, "interleaved", chunks=2) == pytest.approx(4 * (1 + 3 / 8))  # Korthikanti 4.2.3
+    assert in_flight(3, 4, 8, "interleaved", chunks=2) == pytest.approx(1 + 3 / 2)
+
+
+# -- published figures ------------------------------------------------------------------------------------
+def test_zero_figure_1_reproduced():
+    rows = zero_figure_rows()
+    assert [r.published for r in rows] == list(ZERO_FIGURE_1_GB.values()) == [120.0, 31.4, 16.6, 1.9]
+    assert all(r.agrees for r in rows), [(r.what, r.ours) for r in rows]
+
+
+def test_megatron_bytes_per_parameter():
+    rows = megatron_rows(dp=64)
+    assert [r.published for r in rows] == pytest.approx([20, 4 + 16 / 64, 18, 6 + 12 / 64, 16, 8 + 8 / 64, 16])
+    assert all(r.ours == pytest.approx(r.published) for r in rows)
+    assert STATE_BYTES_MEGATRON == {"params": 2, "grads": 4, "optimizer": 12}
+
+
+def test_deepspeed_zero3_estimate_arithmetic():
+    p, big = 7.5e9, 4 * 4096 ** 2
+    no = deepspeed_zero3_estimate(p, big, 8, 8, cpu_offload=False)
+    assert no["gpu_bytes"] == 4 * big + int(18 * p / 64)
+    assert no["cpu_bytes"] == int(big * 4 * 8 * 1.5)
+    both = deepspeed_zero3_estimate(p, big, 8, 8)
+    assert both == {"gpu_bytes": 4 * big, "cpu_bytes": int(p * 18 / 8 * 1.5)}
+    opt = deepspeed_zero3_estimate(p, big, 8, 8, cpu_offload_params=False, zero_init=False)
+    assert opt == {"gpu_bytes": 4 * big + int(2 * p / 64), "cpu_bytes": int(p * max(32, 16 / 8) * 1.5)}
+
+
+def test_korthikanti_table_2_for_530b():
+    rows = {r.what.split(", ", 1)[1]: r for r in activation_rows()}
+    assert all(r.ours == pytest.approx(r.published) for r in rows.values())
+    sbh = 2048 * 20480 / 1e6
+    assert rows["tensor + sequence parallel + selective recompute"].ours == pytest.approx(34 * sbh / 8)
+    assert rows["no parallelism"].ours == pytest.approx(sbh * (34 + 5 * 128 * 2048 / 20480))
+
+
+def test_layers_of_matches_split_layers():
+    from shardlib.pipeline.predict import split_layers
+    from shardlib.training.memory import layers_of
+
+    for n, pp in ((126, 16), (32, 4), (80, 3), (7, 7)):
+        assert [layers_of(n, pp, s) for s in range(pp)] == [len(r) for r in split_layers(n, pp)]
+
+
+# -- the training planner -----------------------------------------------------------------------------------
+
+
+
+@pytest.mark.parametrize("model, nodes", [(LLAMA_3_8B, 1), (LLAMA_3_70B, 8), (LLAMA_3_70B, 16),
+                                          (LLAMA_3_1_405B, 2048)])
+def test_the_planner_returns_a_best_training_layout(model, nodes):
+    cluster = gpu_cluster(H100_80GB, nodes)
+    p = plan_training(model, cluster, TrainingWorkload(sequence_tokens=8192, global_batch_tokens=16 * 2 ** 20))
+    best = p.best.layout
+    assert best.tp * best.pp * best.dp * best.cp == cluster.n_gpus
+    assert best.tp <= cluster.gpus_per_node and best.dp_strategy in ("ddp", "zero1", "zero2", "zero3")
+    assert p.best.memory.total_bytes <= 0.9 * cluster.memory_per_gpu_bytes
+    assert p.reasons and len(p.best.reasons) == 2 and "tokens/s" in p.reasons[0]
+    assert 0.2 < p.best.mfu < 0.5  # at kernel efficiency 0.5, less what the bubble and exposed traffic cost
+    assert all(a.tokens_per_s >= b.tokens_per_s * (1 - 1e-3) for a, b in zip(p.ranked, p.ranked[1:]))
+    assert f"{p.best.layout.label:<30}" in format_training_plan(p)
+
+
+def test_infeasible_layouts_are_rejected_with_numbers():
+    p = plan_training(LLAMA_3_70B, gpu_cluster(H100_80GB, 16), TrainingWorkload())
+    by_layout = {r.layout: r.reasons[0] for r in p.rejected}
+    whole = by_layout[Layout(1, 1, 128)]  # 70B whole on each GPU
+    assert "needs 1285.2 GB per GPU" in whole and "72.0 GB is usable (90% of 80.0 GB)" in whole
+    assert any(r.startswith("tp = 16: its groups would cross nodes of 8 GPUs") for r in p.pruned)
+    assert any(r.startswith("pp = 128: more stages than the 80 layers") for r in p.pruned)
+    assert all(s.layout not in by_layout for s in p.ranked)
+
+
+def test_pruned_axis_values():
+    odd = TrainingWorkload(sequence_tokens=6144, global_batch_tokens=6144 * 96)  # 96 sequences
+    p = plan_training(LLAMA_3_8B, gpu_cluster(H100_80GB, 8), odd)
+    assert any(r.startswith("dp = 64: 96 sequences per step do not split over 64 replicas") for r in p.pruned)
+    assert any(r.startswith("cp = 4: ring slices of 1,536 tokens, shorter than") for r in p.pruned)
+    assert all(s.layout.dp in (1, 2, 4, 8, 16, 32) and s.layout.cp in (1,) for s in p.ranked)
+
+
+def test_training_workload_refuses_bad_input():
+    with pytest.raises(ValueError, match="not a whole number of sequences"):
+        TrainingWorkload(sequence_tokens=8192, global_batch_tokens=10_000)
+    with pytest.raises(ValueError, match="recompute"):
+        TrainingWorkload(recompute=("some",))
+    with pytest.raises(ValueError, match="recompute must be a non-empty tuple"):
+        TrainingWorkload(recompute=())
+    with pytest.raises(ValueError, match="dp_strategies"):
+        TrainingWorkload(dp_strategies=("fsdp",))
+    with pytest.raises(ValueError, match="schedule"):
+        TrainingWorkload(schedule="gpipe")
+    with pytest.raises(ValueError, match="sequence_tokens"):
+        TrainingWorkload(sequence_tokens=0)
+    with pytest.raises(ValueError, match="needs a TrainingWorkload"):
+        plan_training(LLAMA_3_8B, gpu_cluster(H100_80GB, 1), Workload())
+    with pytest.raises(ValueError, match="needs a Workload"):
+        plan_serving(LLAMA_3_8B, gpu_cluster(H100_80GB, 1), TrainingWorkload(), objective="throughput")
+
+
+def test_serving_objectives_still_work():
+    p = plan_serving(LLAMA_3_8B, gpu_cluster(H100_80GB, 1), Workload(), objective="throughput")
+    assert p.best.layout.world_size == 8
+
+
+def test_axis_links_match_the_rank_by_rank_placement():
+    cluster = gpu_cluster(H100_80GB, 4)
+    for lay in (Layout(2, 2, 2, cp=4), Layout(8, 2, 1, cp=2), Layout(4, 1, 4, cp=2), Layout(1, 4, 8)):
+        links = axis_links(cluster, lay)
+        for axis, groups in (("tp", lay.tp_groups()), ("cp", lay.cp_groups()), ("dp", lay.dp_cp_groups())):
+            if len(groups[0]) > 1:
+                assert links[axis] == axis_link(cluster, groups), (lay.label, axis)
+
+
+def test_step_time_terms_by_hand():
+    cluster = gpu_cluster(H100_80GB, 1)
+    w = TrainingWorkload(sequence_tokens=4096, global_batch_tokens=4096 * 64, kernel_efficiency=0.5)
+    s = score_training(LLAMA_3_8B, cluster, Layout(1, 4, 2, dp_strategy="zero1"), w, 1, "selective")
+    per_token = model_flops_per_token(LLAMA_3_8B, 4096) + 4 * 32 * 4096 * 4096  # selective: attention again
+    assert s.compute_s == pytest.approx(4096 * 64 * per_token / (8 * 0.5 * 989e12))
+    assert s.n_microbatches == 32 and s.bubble_s == pytest.approx(3 * s.compute_s / 32)  # (p - 1) slots
+    assert s.tp_s == 0 and s.cp_s == 0 and s.pp_s > 0
+    assert s.tokens_per_s == pytest.approx(4096 * 64 / s.step_s)
+
+
+def test_ties_go_to_fewer_splits_then_lower_zero_stage():
+    base = score_training(LLAMA_3_8B, gpu_cluster(H100_80GB, 1), Layout(1, 1, 8, dp_strategy="zero3"),
+                          TrainingWorkload(), 1, "selective")
+    a = dataclasses.replace(base, layout=Layout(1, 2, 4, dp_strategy="zero1"))
+    b = dataclasses.replace(base, layout=Layout(1, 1, 8, dp_strategy="zero3"))
+    c = dataclasses.replace(base, layout=Layout(1, 1, 8, dp_strategy="zero2"))
+    assert [s.layout for s in rank([a, b, c])] == [c.layout, b.layout, a.layout]
+
+
+def test_the_16k_gpu_plan_is_fast():
+    cluster = gpu_cluster(H100_80GB, 2048)
+    start = time.perf_counter()
+    p = plan_training(LLAMA_3_1_405B, cluster, TrainingWorkload())
+    assert time.perf_counter() - start < 3.0  # about 0.2 s alone on this machine
+    assert p.best.layout.world_size == 16384
+
+
+def test_choices_beside_published_llama3_layouts():
+    assert [(p.gpus, p.tp, p.cp, p.pp, p.dp, p.sequence_tokens) for p in LLAMA_3_PUBLISHED] == [
+        (8192, 8, 1, 16, 64, 8192), (16384, 8, 1, 16, 128, 8192), (16384, 8, 16, 16, 8, 131072)]
+    assert all(p.tp * p.cp * p.pp * p.dp == p.gpus for p in LLAMA_3_PUBLISHED)
+    rows = training_choices()
+    assert [(r.model, r.gpus) for r in rows] == [("Llama-3.1-405B", 8192), ("Llama-3.1-405B", 16384),
+                                                 ("Llama-3.1-405B", 16384), ("Llama-3-8B", 8), ("Llama-3-70B", 64),
+                                                 ("Llama-3-70B", 128)]
+    assert all(r.chosen is not None and r.notes for r in rows)
+    assert all("published layout under our model" in r.notes[1] for r in rows[:3])
+    text = format_training_choices(rows)
+    assert "tp=8 pp=16 dp=128 FSDP" in text and "40%" in text  # 400 TFLOPs of 989

@@ -1,0 +1,184 @@
+"""Step time per layout: Spearman's correlation, the toy cluster's arithmetic and the planner's terms for
+a toy layout by hand, and one run on 4 ranks checked for structure (no timing thresholds here: the
+benchmark and the notebook report the errors)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from shardlib.hardware import Link, toy_cluster
+from shardlib.mesh import Layout
+from shardlib.training.corpus import TrainingConfig
+from shardlib.training.step_time import claim_ranking, run_step_time_check
+from shardlib.training.time_model import TrainingWorkload, model_flops_per_token, score_training
+from shardlib.training.toy_prediction import (
+    LAYOUTS_4,
+    STEP_TIME_CONFIG,
+    average_ranks,
+    optimizer_bytes_per_param,
+    predict_step,
+    spearman,
+    step_config,
+    step_workload,
+)
+
+LINK = Link("test link", 1e9, 1e-3)
+
+
+# -- Spearman's rank correlation, by hand ---------------------------------------------------------------------
+def test_average_ranks_share_ties():
+    assert average_ranks([30, 10, 20]) == [3, 1, 2]
+    assert average_ranks([5, 1, 5, 2]) == [3.5, 1, 3.5, 2]  # the two 5s span ranks 3 and 4
+    assert average_ranks([7, 7, 7]) == [2, 2, 2]
+
+
+def test_spearman_by_hand():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks (1, 2, 3, 4) against (2, 1, 3, 4): d = (1, 1, 0, 0), 1 - 6 * 2 / (4 * 15) = 0.8
+    assert spearman([1, 2, 3, 4], [0.2, 0.1, 0.3, 0.4]) == pytest.approx(0.8)
+    # a monotone change of either side leaves it unchanged: it only sees the order
+    assert spearman([1, 2, 3, 5], [1, 8, 27, 125]) == pytest.approx(1.0)
+    # ties: ranks (1, 2.5, 2.5, 4) and (1, 2, 3, 4): Pearson's r of the ranks
+    rx, ry = [1, 2.5, 2.5, 4], [1, 2, 3, 4]
+    mx = my = 2.5
+    r = sum((a - mx) * (b - my) for a, b in zip(rx, ry)) / math.sqrt(
+        sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(r) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+
+
+def test_spearman_refuses_what_has_no_order():
+    with pytest.raises(ValueError, match="same length"):
+        spearman([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="at least 2"):
+        spearman([1], [1])
+    with pytest.raises(ValueError, match="every value"):
+        spearman([1, 1, 1], [1, 2, 3])
+
+
+# -- one global batch for every layout --------------------------------------------------------------------------
+def test_every_layout_trains_the_same_global_batch():
+    for layout in LAYOUTS_4.values():
+        c = step_config(STEP_TIME_CONFIG, layout, 4)
+        assert c.global_batch(layout.dp) == 4
+    assert step_config(STEP_TIME_CONFIG, Layout(tp=2, pp=2), 4).m == 4
+    assert step_config(STEP_TIME_CONFIG, Layout(tp=2, pp=1, dp=2), 4).m == 2
+    with pytest.raises(ValueError, match="does not split"):
+        step_config(STEP_TIME_CONFIG, Layout(tp=1, pp=1, dp=4), 6)
+
+
+# -- the toy cluster's arithmetic and the planner's terms for a toy layout, by hand ----------------------------
+def test_the_toy_workload_counts_the_toys_bytes():
+    w = step_workload(STEP_TIME_CONFIG, 4)
+    assert w.sequence_tokens == 64 and w.global_batch_tokens == 4 * 64 and w.sequences == 4
+    assert w.comm_bytes_per_value == 4 and w.kernel_efficiency == 1.0 and w.recompute == ("none",)
+    assert optimizer_bytes_per_param(STEP_TIME_CONFIG) == 28  # read w, g, m, v; write w, m, v; float32
+    assert optimizer_bytes_per_param(TrainingConfig(dtype="float64")) == 56
+
+
+def test_the_planners_terms_for_a_toy_layout_by_hand():
+    c = STEP_TIME_CONFIG
+    cluster = toy_cluster(LINK, flops_per_s=1e10, nodes=1, ranks_per_node=4)
+    s = predict_step(cluster, Layout(tp=2, pp=2), c, 4)
+    flops = model_flops_per_token(c.model, c.seq)
+    model = c.model  # 6 N over the matrices, LM head included, the embedding (a lookup) and final norm not
+    assert flops == 6 * (model.n_params - model.vocab_size * model.d_model - model.d_model) + 12 * 4 * 128 * 64
+    assert s.n_microbatches == 4
+    assert s.compute_s == pytest.approx(4 * 64 * flops / (4 * 1e10))  # two stages of 2 layers: no imbalance
+    assert s.bubble_s == pytest.approx((s.compute_s + s.tp_s) / 4)  # (p - 1) slots of m = 4, calls included
+    act = 64 * 1 * 128 * 4  # one microbatch's layer input, float32
+    one = 2 * (1e-3 + act / 2 / 1e9)  # an all-gather and a reduce-scatter over 2 ranks, one ring step each
+    assert s.tp_s == pytest.approx(2 * one * 2 * 2 * 4)  # forward and backward, 2 layers, 4 microbatches
+    assert s.pp_s == pytest.approx(2 * (1e-3 + act / 2 / 1e9))  # one hop forward, one back, SP's slice
+    assert s.cp_s == 0 and s.dp_s == 0
+    assert s.optimizer_s == pytest.approx(s.memory.params * 28 / cluster.memory_bytes_per_s)
+    assert s.step_s == pytest.approx(s.compute_s + s.bubble_s + s.tp_s + s.pp_s + s.optimizer_s)
+    planner = score_training(c.model, cluster, Layout(tp=2, pp=2), dataclasses.replace(
+        step_workload(c, 4), comm_in_bubble=False), 1, "none")  # the planner's default: compute only
+    assert planner.bubble_s == pytest.approx(s.compute_s / 4) and planner.tp_s == s.tp_s
+
+
+def test_without_overlap_the_gradient_sync_is_all_exposed():
+    cluster = toy_cluster(LINK, flops_per_s=1e10, nodes=1, ranks_per_node=4)
+    layout, c = Layout(tp=2, pp=1, dp=2), STEP_TIME_CONFIG
+    s = predict_step(cluster, layout, c, 4)  # the toy's workload: dp_overlap=False
+    bucket = s.memory.params * 4 / 4  # one layer's float32 gradients, one reduce-scatter and all-gather each
+    assert s.dp_s == pytest.approx(4 * 2 * (1e-3 + bucket / 2 / 1e9))
+    hidden = score_training(c.model, cluster, layout, dataclasses.replace(step_workload(c, 4), dp_overlap=True), 1,
+                            "none")
+    assert hidden.dp_s < s.dp_s and hidden.compute_s == s.compute_s
+
+
+def test_zero_shards_the_optimizer_pass():
+    cluster = toy_cluster(LINK, flops_per_s=1e10, nodes=1, ranks_per_node=4)
+    ddp = predict_step(cluster, Layout(tp=2, pp=1, dp=2), STEP_TIME_CONFIG, 4)
+    zero3 = predict_step(cluster, Layout(tp=2, pp=1, dp=2, dp_strategy="zero3"), STEP_TIME_CONFIG, 4)
+    assert zero3.optimizer_s == pytest.approx(ddp.optimizer_s / 2)
+
+
+def test_the_planners_defaults_are_unchanged():
+    """bf16 on the wire and no optimizer term unless the workload asks: the published plans stay as they were."""
+    from shardlib.hardware import H100_80GB, gpu_cluster
+    from shardlib.models import LLAMA_3_8B
+
+    w = TrainingWorkload(sequence_tokens=4096, global_batch_tokens=4096 * 64)
+    assert w.comm_bytes_per_value == 2 and w.optimizer_bytes_per_param == 0
+    s = score_training(LLAMA_3_8B, gpu_cluster(H100_80GB, 1), Layout(2, 2, 2), w, 1, "selective")
+    assert s.optimizer_s == 0
+    wide = score_training(LLAMA_3_8B, gpu_cluster(H100_80GB, 1), Layout(2, 2, 2),
+                          TrainingWorkload(sequence_tokens=4096, global_batch_tokens=4096 * 64,
+                                           comm_bytes_per_value=4), 1, "selective")
+    assert wide.tp_s > s.tp_s and wide.compute_s == s.compute_s
+    with pytest.raises(ValueError, match="comm_bytes_per_value"):
+        TrainingWorkload(comm_bytes_per_value=0)
+
+
+# -- on 4 ranks: structure, not timing ----------------------------------------------------------------------
+TINY = TrainingConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64, seq=16, microbatch=1,
+                      steps=2)
+
+
+@pytest.fixture(scope="module")
+def check(pool4):
+    return run_step_time_check(pool4, TINY, LAYOUTS_4, global_sequences=4)
+
+
+def test_every_layout_measured_beside_its_prediction(check):
+    assert [t.label for t in check.layouts] == list(LAYOUTS_4)
+    for t in check.layouts:
+        assert len(t.steps_s) == 1 and t.measured_s > 0 and t.predicted_s > 0
+        assert t.score.n_microbatches == 4 // (TINY.microbatch * t.layout.dp)
+        assert t.error >= 0 and t.ratio > 0
+    assert -1 <= check.rank_correlation <= 1
+    assert sorted(check.by_predicted) == sorted(check.by_measured) == sorted(LAYOUTS_4)
+    fit = check.fit
+    assert fit.samples == 5 and fit.cluster.peak_flops_per_s > 0 and fit.cluster.memory_bytes_per_s > 0
+    assert [n for n, _ in fit.busy_calls_s] == [2, 4] and fit.cluster.intra_link.latency_s > 0
+    text = check.table()
+    assert "Spearman" in text and all(label in text for label in LAYOUTS_4)
+
+
+def test_rounds_pool_the_steps_of_every_run(pool4, check):
+    two = {k: LAYOUTS_4[k] for k in ("dp2 x tp2", "dp2 x pp2")}
+    again = run_step_time_check(pool4, TINY, two, global_sequences=4, rounds=2, fit=check.fit)
+    assert again.fit is check.fit  # given: not fitted again
+    assert [len(t.steps_s) for t in again.layouts] == [2, 2]
+    assert again.only(["dp2 x tp2"]).by_measured == ("dp2 x tp2",)
+
+
+def test_bad_input_is_refused_before_any_rank_starts(pool4):
+    with pytest.raises(ValueError, match="needs 8 ranks"):
+        run_step_time_check(pool4, layouts={"dp2 x pp2 x tp2": Layout(tp=2, pp=2, dp=2)})
+    with pytest.raises(ValueError, match="warm-up"):
+        run_step_time_check(pool4, TrainingConfig(steps=1))
+
+
+def test_claim_ranking_retries_then_says_whether_it_held(pool4, check):
+    two = {k: LAYOUTS_4[k] for k in ("dp2 x tp2", "dp2 x pp2")}
+    again, held = claim_ranking(pool4, -1.0, config=TINY, layouts=two, global_sequences=4, fit=check.fit)
+    assert held and [t.label for t in again.layouts] == list(two)
+    with pytest.raises(ValueError, match="from -1 to 1"):
+        claim_ranking(pool4, 1.5)
