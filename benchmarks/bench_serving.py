@@ -1,6 +1,6 @@
 """The toy model on 4 ranks in every layout the planner allows, predicted against measured.
 
-    .venv/bin/python benchmarks/bench_combined.py
+    .venv/bin/python benchmarks/bench_serving.py
 
 Measures the link (a latency-bandwidth sweep on the 4 ranks) and this process's arithmetic speed,
 plans the toy model (``models.TOY``, 4 blocks, d_model 64) on 4 CPU ranks seen as 2 "nodes" of 2 with a
