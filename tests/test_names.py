@@ -21,28 +21,33 @@ def modules() -> list[Path]:
 
 
 def readme_map() -> set[str]:
-    """Paths of the modules the README's layout block names (``shardlib/pipeline/engine.py``)."""
+    """Paths of the modules the README's layout block names (``shardlib/pipeline/engine.py``); a folder's
+    entries are indented two more spaces than the folder."""
     text = (ROOT / "README.md").read_text()
     block = text[text.index("## Layout"):]
     block = block[block.index("```") + 3:]
     block = block[:block.index("```")]
-    found, package = set(), None
+    found, folders = set(), []  # folders: (indent, path) of the folders the current line sits in
     for line in block.splitlines():
         m = re.match(r"^(\s*)([\w/.]+)", line)
         if not m:
             continue
         indent, name = len(m.group(1)), m.group(2)
-        if name == "shardlib/":
-            package = "shardlib"
-        elif package and indent == 2 and name.endswith("/"):
-            package = "shardlib/" + name.rstrip("/")
-        elif package and indent == 2 and name.endswith(".py"):
-            found.add(f"shardlib/{name}")
-        elif package and indent == 4 and name.endswith(".py"):
-            found.add(f"{package}/{name}")
-        elif indent == 0:
-            package = None
+        folders = [(i, f) for i, f in folders if i < indent]
+        if name == "shardlib/" and indent == 0:
+            folders = [(0, "shardlib")]
+        elif not folders or folders[0][1] != "shardlib":
+            folders = []
+        elif name.endswith("/"):
+            folders.append((indent, f"{folders[-1][1]}/{name.rstrip('/')}"))
+        elif name.endswith(".py") and indent == folders[-1][0] + 2:
+            found.add(f"{folders[-1][1]}/{name}")
     return found
+
+
+def dotted(path: Path) -> str:
+    """``shardlib/serving/engine/blocks.py`` -> ``shardlib.serving.engine.blocks``."""
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
 def test_every_module_is_on_the_readme_map():
@@ -58,9 +63,10 @@ def test_every_module_is_named_in_its_package_docstring():
     for path in modules():
         if path.parent == PACKAGE:
             continue
-        doc = importlib.import_module(f"shardlib.{path.parent.name}").__doc__ or ""
+        package = dotted(path).rpartition(".")[0]
+        doc = importlib.import_module(package).__doc__ or ""
         if f"``{path.stem}``" not in doc:
-            missing.append(f"shardlib.{path.parent.name}: ``{path.stem}``")
+            missing.append(f"{package}: ``{path.stem}``")
     assert missing == []
 
 
@@ -72,8 +78,7 @@ def _functions(module_name: str):
 
 
 def _driver_modules() -> list[str]:
-    return [f"shardlib.{p.parent.name}.{p.stem}" for p in modules()
-            if p.stem == "drivers" or p.stem.endswith("_drivers")]
+    return [dotted(p) for p in modules() if p.stem == "drivers" or p.stem.endswith("_drivers")]
 
 
 @pytest.mark.parametrize("module_name", _driver_modules())
@@ -96,7 +101,7 @@ def test_rank_functions_take_ctx_first():
     for path in modules():
         if path.parent == PACKAGE:
             continue
-        module_name = f"shardlib.{path.parent.name}.{path.stem}"
+        module_name = dotted(path)
         if path.parent.name in ("ui",):
             continue
         for name, fn in _functions(module_name):

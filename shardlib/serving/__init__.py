@@ -23,6 +23,7 @@ On ranks:
   ``run_toy_cluster_calibration`` (the planner's cluster for the pool, measured).
 * ``across``: TP across two "nodes" against PP across them, over an emulated slow link, beside the planner.
 * ``machines``: ``tp_inside_pp_across_on_rank``, the same layout under ``torchrun`` across machines.
+* ``engine``: a serving engine on the ranks (requests, continuous batching, paged KV cache, chunked prefill).
 
 The mesh itself (``Layout``) is ``shardlib.mesh``; hardware facts are ``shardlib.hardware``.
 """

@@ -1,0 +1,25 @@
+"""A serving engine on real ranks: requests, continuous batching, a paged KV cache, chunked prefill.
+
+* ``llama``: the model served (``LlamaConfig``, ``LlamaWeights``, ``weights_from_hf_llama``,
+  ``load_llama_checkpoint``) and ``greedy_reference``, one process recomputing everything.
+* ``requests``: ``Request``, ``EngineConfig``, a sequence's state (tokens so far, how many computed).
+* ``blocks``: the block manager: blocks, reference counts, prefix caching by chained hashes.
+* ``scheduler``: the iteration-level scheduler: a token budget, chunked prefill, preemption by recompute.
+* ``paged``: the model step on a rank: TP-split layers, K/V written to and read from paged blocks.
+* ``loop``: the engine loop (admit, schedule, step, sample) and greedy or seeded sampling.
+* ``ranks``, ``drivers``: ``serving_engine_on_rank`` and ``run_serving`` (a ``ServingRun``).
+"""
+
+from ..._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "llama": ("LlamaConfig", "LlamaWeights", "weights_from_hf_llama", "load_llama_checkpoint", "greedy_reference",
+              "random_hf_llama"),
+    "requests": ("Request", "EngineConfig", "SequenceState"),
+    "blocks": ("BlockManager", "BlockStats", "block_hash"),
+    "scheduler": ("Scheduler", "Chunk", "StepPlan"),
+    "paged": ("PagedModel", "KVCache"),
+    "loop": ("run_engine", "sample_token", "serve_in_process"),
+    "ranks": ("serving_engine_on_rank", "EngineRankResult", "StepRecord"),
+    "drivers": ("run_serving", "ServingRun", "RequestMetrics", "check_serving"),
+})

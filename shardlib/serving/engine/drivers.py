@@ -1,0 +1,116 @@
+"""``run_serving``: the engine on a warm pool, every request checked before any rank starts.
+
+Returns a ``ServingRun``: ``tokens[request_id]`` (the generated ids), ``metrics[request_id]`` (time to first
+token, time per output token, end to end, in seconds from the request's arrival), the steps, the prefix
+cache's hits and the preemptions, and each rank's KV cache bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from .llama import LlamaWeights
+from .ranks import StepRecord, serving_engine_on_rank
+from .requests import EngineConfig, Request
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """One request's times, seconds: ``ttft_s`` (arrival to first token), ``tpot_s`` (mean gap between its
+    later tokens; 0 with one token), ``e2e_s`` (arrival to last token), ``max_gap_s`` (its longest wait
+    between two tokens: a generation stall shows here)."""
+
+    arrival_s: float
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    max_gap_s: float
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class ServingRun:
+    tokens: dict
+    metrics: dict
+    steps: tuple[StepRecord, ...]
+    kv_cache_bytes: tuple[int, ...]  # per rank
+    prefix_hit_tokens: int
+    prefix_lookup_tokens: int
+    preemptions: int
+    tp: int
+
+    @property
+    def duration_s(self) -> float:
+        return max(m.arrival_s + m.e2e_s for m in self.metrics.values()) - min(s.start_s for s in self.steps)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of the run."""
+        return sum(map(len, self.tokens.values())) / self.duration_s
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_lookup_tokens if self.prefix_lookup_tokens else 0.0
+
+    def percentile(self, field: str, q: float) -> float:
+        """The ``q``-th percentile (0-100, nearest rank) of one metric over the requests."""
+        values = sorted(getattr(m, field) for m in self.metrics.values())
+        return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
+
+    def median(self, field: str) -> float:
+        return statistics.median(getattr(m, field) for m in self.metrics.values())
+
+
+def tensor_parallel_problems(config, tp: int) -> list[str]:
+    """Why the model cannot be split over ``tp`` ranks, in words ("" for none)."""
+    out = []
+    if config.n_heads % tp:
+        out.append(f"{config.n_heads} query heads do not split over tp = {tp} ranks")
+    if config.n_kv_heads % tp and tp % config.n_kv_heads:
+        out.append(f"{config.n_kv_heads} KV heads: tp = {tp} must divide them, or be a multiple of them so each "
+                   "rank holds a copy of one")
+    if config.d_ff % tp:
+        out.append(f"d_ff = {config.d_ff} does not split over tp = {tp} ranks")
+    return out
+
+
+def check_serving(weights, requests, config: EngineConfig, tp: int) -> list[Request]:
+    """Every problem at once, as a ValueError in the learner's terms, before any rank starts."""
+    if not isinstance(weights, LlamaWeights):
+        raise ValueError("weights must be LlamaWeights (weights_from_hf_llama gives them), got "
+                         f"{type(weights).__name__}")
+    if not isinstance(config, EngineConfig):
+        raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
+    requests = list(requests)
+    if not requests or not all(isinstance(r, Request) for r in requests):
+        raise ValueError("give at least one Request, and only Requests")
+    model = weights.config
+    problems = config.problems(requests, model.max_positions) + tensor_parallel_problems(model, tp)
+    problems += [f"request {r.request_id!r} has token id {max(r.prompt_token_ids)}, past the vocabulary of "
+                 f"{model.vocab_size}" for r in requests if max(r.prompt_token_ids) >= model.vocab_size]
+    if problems:
+        raise ValueError("cannot serve these requests:\n  " + "\n  ".join(problems))
+    return requests
+
+
+def _metrics(request: Request, times, preemptions: int) -> RequestMetrics:
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return RequestMetrics(request.arrival_s, times[0] - request.arrival_s,
+                          (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
+                          times[-1] - request.arrival_s, max(gaps + [times[0] - request.arrival_s]), preemptions)
+
+
+def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> ServingRun:
+    """Serve ``requests`` with tensor parallelism over all of ``ranks``: greedy unless a request has a seed."""
+    requests = check_serving(weights, requests, config, ranks.world_size)
+    results = ranks.run(serving_engine_on_rank, weights, requests, config)
+    head = results[0]
+    by_id = {r.request_id: r for r in requests}
+    return ServingRun(
+        tokens={rid: out[0] for rid, out in head.outputs.items()},
+        metrics={rid: _metrics(by_id[rid], out[1], out[2]) for rid, out in head.outputs.items()},
+        steps=head.steps, kv_cache_bytes=tuple(r.kv_cache_bytes for r in results),
+        prefix_hit_tokens=head.prefix_hit_tokens, prefix_lookup_tokens=head.prefix_lookup_tokens,
+        preemptions=head.preemptions, tp=ranks.world_size)

@@ -1,0 +1,100 @@
+"""``serving_engine_on_rank``: the engine on real ranks, the scheduler on rank 0, the model step on all.
+
+Rank 0 runs the loop (``loop.run_engine``); before each step it broadcasts the step's chunks (tokens,
+positions, block tables, packed into one int64 tensor) and every rank runs its tensor-parallel share of
+the model step on them (``paged.PagedModel``); the two all-reduces a layer make the logits the same on
+every rank, and rank 0 samples. An empty broadcast ends the loop. Times are rank 0's clock, seconds
+after the start.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ...tensor_parallel.layers import TPGroup
+from .loop import run_engine
+from .paged import PagedModel
+from .scheduler import Chunk
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step: tokens computed, decodes among them, prompt tokens, and when (seconds)."""
+
+    n_tokens: int
+    n_decodes: int
+    n_sequences: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class EngineRankResult:
+    """What one rank saw: rank 0 has every request's tokens and token times, every rank its cache size."""
+
+    rank: int
+    kv_cache_bytes: int
+    outputs: dict | None  # rank 0: request id -> (tokens, token times, preemptions)
+    steps: tuple[StepRecord, ...] = ()
+    prefix_hit_tokens: int = 0
+    prefix_lookup_tokens: int = 0
+    preemptions: int = 0
+
+
+def pack(chunks) -> torch.Tensor:
+    """Chunks as one int64 tensor: per chunk ``start, n_tokens, n_table, sample``, its tokens, its table."""
+    flat = [len(chunks)]
+    for c in chunks:
+        flat += [c.start, len(c.tokens), len(c.table), int(c.sample), *c.tokens, *c.table]
+    return torch.tensor(flat, dtype=torch.int64)
+
+
+def unpack(flat: torch.Tensor) -> list[Chunk]:
+    values, at, chunks = flat.tolist(), 1, []
+    for _ in range(values[0]):
+        start, n, n_table, sample = values[at:at + 4]
+        at += 4
+        chunks.append(Chunk(None, start, tuple(values[at:at + n]), tuple(values[at + n:at + n + n_table]),
+                            bool(sample)))
+        at += n + n_table
+    return chunks
+
+
+def _broadcast(ctx, flat: torch.Tensor | None) -> torch.Tensor:
+    """Rank 0's packed step to every rank (its length first); an empty one says the loop is over."""
+    size = ctx.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), src=0)
+    if int(size) == 0:
+        return torch.empty(0, dtype=torch.int64)
+    buffer = flat if ctx.rank == 0 else torch.empty(int(size), dtype=torch.int64)
+    return ctx.comm.broadcast(buffer, src=0)
+
+
+def serving_engine_on_rank(ctx, weights, requests, config) -> EngineRankResult:
+    """Serve ``requests`` with tensor parallelism over every rank of the job."""
+    model = PagedModel(weights, TPGroup.world(ctx), config.num_blocks, config.block_size, ctx.device)
+    ctx.comm.barrier()
+    if ctx.rank != 0:
+        while (flat := _broadcast(ctx, None)).numel():
+            model.step(unpack(flat))
+        return EngineRankResult(ctx.rank, model.cache.size_bytes, None)
+
+    steps: list[StepRecord] = []
+    start = time.perf_counter()
+
+    def step(chunks):
+        _broadcast(ctx, pack(chunks))
+        return model.step(chunks)
+
+    def record(plan, start_s, end_s):
+        steps.append(StepRecord(plan.n_tokens, plan.n_decodes, len(plan.chunks), start_s, end_s))
+
+    sched = run_engine(requests, config, step, clock=lambda: time.perf_counter() - start,
+                       wait=lambda s: time.sleep(max(0.0, s)), on_step=record)
+    _broadcast(ctx, None)
+    outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
+    stats = sched.blocks.stats()
+    return EngineRankResult(0, model.cache.size_bytes, outputs, tuple(steps), stats.hit_tokens, stats.lookup_tokens,
+                            sched.preemptions)
