@@ -49,6 +49,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.serving.engine.requests",
     "shardlib.serving.engine.blocks",
     "shardlib.serving.engine.scheduler",
+    "shardlib.serving.engine.traces",
     "shardlib.serving.memory",
     "shardlib.serving.planner",
     "shardlib.serving.decode",
@@ -83,6 +84,7 @@ LAYERS = {
         "shardlib.training.toy_prediction",
         "shardlib.serving.engine.llama",
         "shardlib.serving.engine.loop",
+        "shardlib.serving.engine.predict",
     },
     "runtime": {
         "shardlib.runtime.ranks",

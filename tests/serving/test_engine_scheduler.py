@@ -107,6 +107,7 @@ def test_growing_past_the_cache_is_refused():
     EngineConfig(block_size=2, num_blocks=24, max_batch_tokens=5, prefix_caching=False),
     EngineConfig(block_size=8, num_blocks=16, max_batch_tokens=48, chunked_prefill=False),
     EngineConfig(block_size=4, num_blocks=40, max_batch_tokens=32, max_num_seqs=2),
+    EngineConfig(block_size=4, num_blocks=40, max_batch_tokens=64, max_num_seqs=4, batching="static"),
 ])
 @pytest.mark.parametrize("shared", [0, 9])
 def test_every_request_gets_its_tokens_whatever_the_policy(config, shared):
@@ -119,7 +120,7 @@ def test_the_token_budget_is_kept_and_decodes_share_steps_with_prompt_chunks():
     config = EngineConfig(block_size=4, num_blocks=64, max_batch_tokens=10)
     plans = []
     run_engine(trace(), config, fake_step, clock=lambda: 1e9, wait=lambda s: None,
-               on_step=lambda plan, a, b: plans.append(plan))
+               on_step=lambda plan, a, b, sched: plans.append(plan))
     assert all(p.n_tokens <= 10 for p in plans)
     assert any(p.n_decodes and p.n_decodes < len(p.chunks) for p in plans)  # chunked prefill beside decodes
 
@@ -130,7 +131,7 @@ def test_prefill_first_holds_the_decodes_back():
     requests = [Request(0, [1] * 5, 6), Request(1, [2] * 30, 2, arrival_s=1.0)]
     now = iter([0.0] + [0.5] * 2 + [2.0] * 100)
     run_engine(requests, config, fake_step, clock=lambda: next(now), wait=lambda s: None,
-               on_step=lambda plan, a, b: plans.append(plan))
+               on_step=lambda plan, a, b, sched: plans.append(plan))
     mixed = [p for p in plans if p.n_decodes and p.n_decodes < len(p.chunks)]
     assert mixed == []  # a step is whole prompts or decodes, never both
     assert any(len(c.tokens) == 30 for p in plans for c in p.chunks)
@@ -197,3 +198,17 @@ def test_config_problems_name_the_numbers():
     assert "block_size = 12 does not divide the model's context of 128 tokens" in problems[0]
     assert any("needs 30 token slots, more than the whole cache (2 blocks x 12 = 24)" in p for p in problems)
     assert any("120 prompt + 20 new tokens = 140, more than the model's context of 128" in p for p in problems)
+
+
+def test_static_batching_admits_no_one_while_its_batch_decodes():
+    config = EngineConfig(block_size=4, num_blocks=64, max_batch_tokens=64, max_num_seqs=3, batching="static")
+    requests = [Request(i, [i + 1] * 4, 2 if i else 9) for i in range(5)]  # request 0 is the longest
+    plans = []
+    run_engine(requests, config, fake_step, clock=lambda: 1e9, wait=lambda s: None,
+               on_step=lambda plan, a, b, sched: plans.append(plan))
+    first_of = {}
+    for step, plan in enumerate(plans):
+        for c in plan.chunks:
+            first_of.setdefault(c.seq, step)
+    assert first_of[3] > first_of[0] + 8  # requests 3 and 4 start only once request 0's 9 tokens are done
+    assert first_of[1] == first_of[2] == first_of[0]

@@ -7,32 +7,20 @@ cache's hits and the preemptions, and each rank's KV cache bytes.
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass
 
 from .llama import LlamaWeights
+from .predict import figures
 from .ranks import StepRecord, serving_engine_on_rank
-from .requests import EngineConfig, Request
-
-
-@dataclass(frozen=True)
-class RequestMetrics:
-    """One request's times, seconds: ``ttft_s`` (arrival to first token), ``tpot_s`` (mean gap between its
-    later tokens; 0 with one token), ``e2e_s`` (arrival to last token), ``max_gap_s`` (its longest wait
-    between two tokens: a generation stall shows here)."""
-
-    arrival_s: float
-    ttft_s: float
-    tpot_s: float
-    e2e_s: float
-    max_gap_s: float
-    preemptions: int
+from .requests import EngineConfig, Request, percentile, request_metrics
 
 
 @dataclass(frozen=True)
 class ServingRun:
+    """A run of the engine: per request its tokens, token times (seconds after the start) and metrics."""
+
     tokens: dict
+    token_times_s: dict
     metrics: dict
     steps: tuple[StepRecord, ...]
     kv_cache_bytes: tuple[int, ...]  # per rank
@@ -54,13 +42,13 @@ class ServingRun:
     def prefix_hit_rate(self) -> float:
         return self.prefix_hit_tokens / self.prefix_lookup_tokens if self.prefix_lookup_tokens else 0.0
 
+    def figures(self, requests) -> dict[str, float]:
+        """TTFT and TPOT at p50 and p90, end to end at p50, tokens per second (``predict.figures``)."""
+        return figures(requests, self.token_times_s)
+
     def percentile(self, field: str, q: float) -> float:
         """The ``q``-th percentile (0-100, nearest rank) of one metric over the requests."""
-        values = sorted(getattr(m, field) for m in self.metrics.values())
-        return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
-
-    def median(self, field: str) -> float:
-        return statistics.median(getattr(m, field) for m in self.metrics.values())
+        return percentile([getattr(m, field) for m in self.metrics.values()], q)
 
 
 def tensor_parallel_problems(config, tp: int) -> list[str]:
@@ -95,13 +83,6 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> list[Requ
     return requests
 
 
-def _metrics(request: Request, times, preemptions: int) -> RequestMetrics:
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    return RequestMetrics(request.arrival_s, times[0] - request.arrival_s,
-                          (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
-                          times[-1] - request.arrival_s, max(gaps + [times[0] - request.arrival_s]), preemptions)
-
-
 def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> ServingRun:
     """Serve ``requests`` with tensor parallelism over all of ``ranks``: greedy unless a request has a seed."""
     requests = check_serving(weights, requests, config, ranks.world_size)
@@ -110,7 +91,8 @@ def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) ->
     by_id = {r.request_id: r for r in requests}
     return ServingRun(
         tokens={rid: out[0] for rid, out in head.outputs.items()},
-        metrics={rid: _metrics(by_id[rid], out[1], out[2]) for rid, out in head.outputs.items()},
+        token_times_s={rid: out[1] for rid, out in head.outputs.items()},
+        metrics={rid: request_metrics(by_id[rid], out[1], out[2]) for rid, out in head.outputs.items()},
         steps=head.steps, kv_cache_bytes=tuple(r.kv_cache_bytes for r in results),
         prefix_hit_tokens=head.prefix_hit_tokens, prefix_lookup_tokens=head.prefix_lookup_tokens,
         preemptions=head.preemptions, tp=ranks.world_size)

@@ -30,7 +30,7 @@ def run_engine(requests, config: EngineConfig, model_step, clock, wait, on_step=
     """Serve every request to its end; return the scheduler, whose ``finished`` holds each
     ``SequenceState`` (tokens, token times). ``model_step(chunks)`` returns the logits of the chunks that
     sample, in order; ``clock()`` is seconds since the start, ``wait(s)`` sleeps; ``on_step(plan, start_s,
-    end_s)`` sees every step."""
+    end_s, scheduler)`` sees every step, after it."""
     pending = sorted(requests, key=lambda r: (r.arrival_s, str(r.request_id)))
     sched = Scheduler(config)
     while pending or not sched.idle:
@@ -53,7 +53,7 @@ def run_engine(requests, config: EngineConfig, model_step, clock, wait, on_step=
         end = clock()
         sched.update(plan, sampled, end)
         if on_step is not None:
-            on_step(plan, now, end)
+            on_step(plan, now, end, sched)
     return sched
 
 

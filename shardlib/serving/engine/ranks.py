@@ -22,13 +22,21 @@ from .scheduler import Chunk
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One engine step: tokens computed, decodes among them, prompt tokens, and when (seconds)."""
+    """One engine step: tokens computed, decodes among them, sequences, keys attended, and when (seconds);
+    after it, the cache's blocks in use and the tokens they hold."""
 
     n_tokens: int
     n_decodes: int
     n_sequences: int
+    n_context: int
     start_s: float
     end_s: float
+    blocks_used: int
+    tokens_held: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
 
 
 @dataclass(frozen=True)
@@ -88,8 +96,9 @@ def serving_engine_on_rank(ctx, weights, requests, config) -> EngineRankResult:
         _broadcast(ctx, pack(chunks))
         return model.step(chunks)
 
-    def record(plan, start_s, end_s):
-        steps.append(StepRecord(plan.n_tokens, plan.n_decodes, len(plan.chunks), start_s, end_s))
+    def record(plan, start_s, end_s, sched):
+        steps.append(StepRecord(plan.n_tokens, plan.n_decodes, len(plan.chunks), plan.n_context, start_s, end_s,
+                                sched.blocks.stats().used, sched.tokens_held))
 
     sched = run_engine(requests, config, step, clock=lambda: time.perf_counter() - start,
                        wait=lambda s: time.sleep(max(0.0, s)), on_step=record)

@@ -7,7 +7,8 @@ one token each for those decoding, and the rest of the budget goes to prompts, c
 share the step with the decodes; without it (prefill-first, vLLM's earlier default), a step that admits
 new prompts computes them whole and nothing else, and the decodes wait. When the cache runs out of
 blocks, the most recently admitted sequence is preempted: its blocks freed, its tokens recomputed later
-(vLLM's recompute preemption). Nothing is lost. Pure: no torch.
+(vLLM's recompute preemption). Nothing is lost. Static batching, the baseline continuous batching
+replaced, admits no one while its batch decodes. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class StepPlan:
     def n_decodes(self) -> int:
         return sum(1 for c in self.chunks if len(c.tokens) == 1 and c.sample)
 
+    @property
+    def n_context(self) -> int:
+        """Keys read by the step's queries, summed over its chunks (attention's work grows with it)."""
+        return sum(len(c.tokens) * c.start + len(c.tokens) * (len(c.tokens) + 1) // 2 for c in self.chunks)
+
 
 class Scheduler:
     """Holds every sequence that has arrived: ``waiting`` (no blocks) and ``running`` (blocks held)."""
@@ -62,6 +68,11 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
+
+    @property
+    def tokens_held(self) -> int:
+        """Tokens whose K/V the running sequences keep in the cache."""
+        return sum(s.computed for s in self.running)
 
     # -- one step ------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -92,6 +103,8 @@ class Scheduler:
     def _admit(self, budget: int, chunks: list, whole: bool) -> bool:
         """Move waiting sequences to running while the budget, the cache and ``max_num_seqs`` allow."""
         admitted = False
+        if self.config.batching == "static" and any(s.output for s in self.running):
+            return admitted  # static batching: the batch is decoding, newcomers wait for all of it to finish
         while self.waiting and budget > 0:
             if self.config.max_num_seqs and len(self.running) >= self.config.max_num_seqs:
                 break
