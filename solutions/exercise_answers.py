@@ -157,3 +157,54 @@ def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
     new_sum = w_a + w_b
     out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / new_sum.unsqueeze(-1)  # (..., rows, head_dim)
     return out, new_max, new_sum
+
+
+# -- the serving engine: the block manager with prefix reuse ------------------------------------------------
+class PrefixBlockManager:
+    """Blocks handed out and taken back, full blocks named by a hash chained to their parent's name."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.free_blocks = list(range(num_blocks))  # least recently freed first
+        self.refs = [0] * num_blocks
+        self.tables: dict = {}
+        self.cached: dict = {}  # name -> block
+        self.name_of: dict = {}  # block -> name
+
+    def allocate(self, seq, tokens) -> int:
+        from shardlib.serving.engine.blocks import block_hash
+
+        bs, table, parent = self.block_size, [], None
+        usable = len(tokens) - 1  # the last token is computed whatever the cache holds
+        for start in range(0, usable - usable % bs, bs):  # the longest cached run of full blocks
+            name = block_hash(parent, tokens[start:start + bs])
+            if name not in self.cached:
+                break
+            table.append(self.cached[name])
+            parent = name
+        cached = len(table) * bs
+        for block in table:
+            if self.refs[block] == 0:
+                self.free_blocks.remove(block)  # cached but free: taken back
+            self.refs[block] += 1
+        for i in range(len(table), -(-len(tokens) // bs)):
+            block = self.free_blocks.pop(0)
+            old = self.name_of.pop(block, None)  # handed out again: its old name no longer finds it
+            if old is not None and self.cached.get(old) == block:
+                del self.cached[old]
+            self.refs[block] = 1
+            table.append(block)
+            piece = tokens[i * bs:(i + 1) * bs]
+            if len(piece) == bs:
+                name = block_hash(parent, piece)
+                if name not in self.cached:
+                    self.cached[name], self.name_of[block] = block, name
+                parent = name
+        self.tables[seq] = table
+        return cached
+
+    def free(self, seq) -> None:
+        for block in reversed(self.tables.pop(seq)):
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.free_blocks.append(block)

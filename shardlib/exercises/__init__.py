@@ -8,6 +8,7 @@
 * ``data_parallel``: ``grade_zero1_step`` (ZeRO-1's step on ranks, and its comm log).
 * ``serving``: ``grade_mesh_coordinates`` (a rank's place in the mesh, beside a ``DeviceMesh``).
 * ``context_parallel``: ``grade_merge_partial_attention`` (the online softmax's merge).
+* ``serving_engine``: ``grade_block_manager`` (allocate and free with prefix reuse, on traces).
 * ``training``: ``grade_training_memory`` (a training rank's bytes, against its measured ledger).
 * ``training_ledger``: ``parameters_per_unit``, ``activation_bytes_per_microbatch`` (what that learner is
   given), ``ledger_model`` (a rank's ledger, right or with one mistake made) and the hint naming each mistake.
@@ -28,6 +29,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "experts": ("grade_top_k_router", "grade_dispatch_plan"),
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),
+    "serving_engine": ("grade_block_manager",),
     "serving": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank"),
     "training": ("grade_training_memory",),
     "training_ledger": ("parameters_per_unit", "activation_bytes_per_microbatch", "ledger_model"),

@@ -1,0 +1,134 @@
+"""Grader: the block manager's ``allocate`` and ``free`` with prefix reuse (the serving engine's cache).
+
+The learner writes a class with ``allocate(seq, tokens) -> cached tokens`` and ``free(seq)`` over the
+state the starter gives (``free_blocks``: free block ids, least recently freed first; ``refs``; ``tables``;
+``cached``: name -> block; ``name_of``: block -> name), naming full blocks with ``block_hash``. The grader
+replays traces against ``serving.engine.blocks.BlockManager`` and watches what each block holds. The
+mistakes it names:
+
+* leaked blocks: blocks still out after every sequence is freed;
+* a shared block freed while in use: a block handed out fresh while a live sequence still holds it;
+* a hash that ignores the parent: a block reused after a different prefix (its own tokens match);
+* a starved request: an allocation refused while free or cached-but-unused blocks would hold it;
+* the last token served from the cache (its logits must be computed), and cached counts that differ.
+"""
+
+from __future__ import annotations
+
+from ..serving.engine.blocks import BlockManager, block_hash
+from .result import Collector, ExerciseResult
+
+BLOCK_SIZE = 4
+
+
+def _prompts():
+    system = list(range(100, 112))  # 3 full blocks shared by the chats
+    return {
+        "a": system + [1, 2, 3],
+        "b": system + [4, 5, 6, 7, 8],
+        "c": list(range(200, 212)) + [9],  # no shared prefix
+        "d": system[4:8] + [5],  # the system prompt's 2nd block's tokens, first: another prefix, another block
+        "e": system,  # exactly the cached blocks: the last token must still be computed
+    }
+
+
+TRACE = (("allocate", "a"), ("allocate", "b"), ("allocate", "c"), ("free", "a"), ("allocate", "d"),
+         ("allocate", "e"), ("free", "b"), ("free", "c"), ("free", "d"), ("free", "e"))
+
+
+def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str, compare_counts: bool) -> bool:
+    """Replay ``trace``; watch every block's tokens. Returns False once a mistake has been named."""
+    mine, ref = manager_cls(num_blocks, BLOCK_SIZE), BlockManager(num_blocks, BLOCK_SIZE)
+    holds: dict[int, tuple] = {}  # block -> (prefix name, its tokens): what the learner's block holds
+    live: dict[str, list[int]] = {}
+    for op, seq in trace:
+        tokens = prompts[seq]
+        if op == "free":
+            mine.free(seq)
+            ref.release(seq)
+            live.pop(seq)
+            theirs, right = len(mine.free_blocks), len(ref.free)
+            if theirs < right:
+                col.fail(f"{case}: after free({seq!r}), {theirs} blocks are free where {right} should be: leaked "
+                         "blocks (a block goes back to free_blocks once no sequence holds it)")
+                return False
+            if theirs > right:
+                col.fail(f"{case}: after free({seq!r}), {theirs} blocks are free where {right} should be: a shared "
+                         "block was freed while in use (another sequence still holds it: count references, free "
+                         "at zero)")
+                return False
+            continue
+        try:
+            cached = mine.allocate(seq, list(tokens))
+        except Exception as exc:  # noqa: BLE001 - a learner's error is reported, not raised
+            col.fail(f"{case}: allocate({seq!r}) raised {type(exc).__name__}: {exc}. With {num_blocks} blocks there is "
+                    "room: a request starved. Blocks that are free but still named in the cache may be handed out "
+                    "again (forget their name first).")
+            return False
+        expected = ref.allocate(seq, tokens, len(tokens))
+        ref.seal(seq, tokens)
+        table = list(mine.tables.get(seq, []))
+        need = -(-len(tokens) // BLOCK_SIZE)
+        if len(table) != need:
+            col.fail(f"{case}: {seq!r} has {len(tokens)} tokens, so {need} blocks of {BLOCK_SIZE}; its table has "
+                    f"{len(table)}")
+            return False
+        if cached >= len(tokens):
+            col.fail(f"{case}: allocate({seq!r}) says all {len(tokens)} tokens are cached: the last token's logits are "
+                    "needed, so at most the full blocks of the first len(tokens) - 1 tokens can come from the cache")
+            return False
+        parent = None
+        for i, block in enumerate(table):
+            piece = tuple(tokens[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE])
+            users = [s for s, t in live.items() if block in t]
+            if i * BLOCK_SIZE < cached:  # reused: it must hold these very tokens after this very prefix
+                had = holds.get(block)
+                if had is None or had[1] != piece:
+                    col.fail(f"{case}: {seq!r} reuses block {block} for tokens {list(piece)}, but that block holds "
+                            f"{list(had[1]) if had else 'nothing yet'}")
+                    return False
+                if had[0] != parent:
+                    col.fail(f"{case}: {seq!r} reuses block {block} for {list(piece)} after a different prefix: "
+                            "the same tokens after other tokens have other K/V. A block's name must chain its "
+                            "parent's name: block_hash(parent_name, tokens)")
+                    return False
+            elif users:
+                col.fail(f"{case}: block {block} is handed to {seq!r} while {users[0]!r} still holds it: a shared "
+                        "block was freed while in use (free a block only when its last holder lets go: count "
+                        "references)")
+                return False
+            if i * BLOCK_SIZE >= cached:
+                holds[block] = (parent, piece)  # a fresh block: its K/V are these tokens' now
+            parent = block_hash(parent, piece) if len(piece) == BLOCK_SIZE else None
+        live[seq] = table
+        if compare_counts and cached != expected:
+            col.fail(f"{case}: allocate({seq!r}) found {cached} cached tokens; the cache held {expected} "
+                    f"({expected // BLOCK_SIZE} full blocks of its prompt)")
+            return False
+    out = num_blocks - len(mine.free_blocks)
+    if out:
+        col.fail(f"{case}: after every sequence is freed, {out} of {num_blocks} blocks are still out: leaked blocks "
+                "(every block a sequence held goes back to free once no one holds it)")
+        return False
+    return True
+
+
+def grade_block_manager(manager_cls) -> ExerciseResult:
+    """Run ``manager_cls(num_blocks, block_size)`` on two traces: a roomy cache (cached counts compared
+    with the library's) and a tight one (cached but unused blocks must be handed out again)."""
+    col = Collector("block manager with prefix reuse", f"traces of {len(TRACE)} operations, blocks of {BLOCK_SIZE}")
+    try:
+        manager = manager_cls(8, BLOCK_SIZE)
+        manager.allocate("probe", [1, 2, 3])
+    except NotImplementedError:
+        col.not_written = True
+        return col.result()
+    except Exception as exc:  # noqa: BLE001
+        col.fail(f"the class could not allocate a first sequence: {type(exc).__name__}: {exc}")
+        return col.result()
+    prompts = _prompts()
+    if _run(manager_cls, 12, TRACE, prompts, col, "a cache of 12 blocks", compare_counts=True):
+        tight = (("allocate", "a"), ("free", "a"), ("allocate", "c"), ("free", "c"), ("allocate", "b"),
+                 ("free", "b"))
+        _run(manager_cls, 5, tight, prompts, col, "a tight cache (5 blocks)", compare_counts=False)
+    return col.result()
