@@ -75,7 +75,7 @@ def main() -> None:
         "continuous, prefill-first": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=2048,
                                                   max_num_seqs=args.batch, chunked_prefill=False),
     }
-    with Ranks(args.tp) as ranks:
+    with Ranks(args.tp, timeout=900) as ranks:
         link = None
         if args.tp > 1:
             cal = run_calibration(ranks)

@@ -15,9 +15,12 @@ import torch
 from shardlib import Ranks
 from shardlib.serving.engine import EngineConfig, Request, run_serving
 from shardlib.serving.engine.llama import (
+    LlamaConfig,
     forward_reference,
     greedy_reference,
+    load_llama_checkpoint,
     random_hf_llama,
+    random_weights,
     weights_from_hf_llama,
 )
 from shardlib.serving.engine.loop import serve_in_process
@@ -149,3 +152,23 @@ def test_a_model_that_does_not_split_is_refused(pool4):
     w = weights_from_hf_llama(odd.state_dict(), odd.config)
     with pytest.raises(ValueError, match="2 query heads do not split over tp = 4"):
         run_serving(pool4, w, [Request(0, [1, 2], 2)], EngineConfig())
+
+
+def test_a_checkpoint_on_disk_loads_to_the_same_weights(hf_model, weights, tmp_path):
+    hf_model.save_pretrained(tmp_path, safe_serialization=True)
+    loaded = load_llama_checkpoint(tmp_path)
+    assert loaded.config == weights.config
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(loaded.layers, weights.layers) for k in a)
+    with pytest.raises(ValueError, match="has no config.json"):
+        load_llama_checkpoint(tmp_path / "nowhere")
+
+
+def test_random_weights_need_no_transformers_and_serve_exactly():
+    config = LlamaConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_positions=64)
+    w = random_weights(config, seed=3, dtype=torch.float64)
+    requests = mixed_trace(n=4)
+    requests = [Request(r.request_id, [t % 64 for t in r.prompt_token_ids], r.max_new_tokens) for r in requests]
+    reference = {r.request_id: greedy_reference(w, r.prompt_token_ids, r.max_new_tokens) for r in requests}
+    model = PagedModel(w, TPGroup(1, 0), 40, 4)
+    assert serve_in_process(requests, EngineConfig(block_size=4, num_blocks=40, max_batch_tokens=8), model.step) == \
+        reference

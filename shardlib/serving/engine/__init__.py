@@ -17,7 +17,7 @@ from ..._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "llama": ("LlamaConfig", "LlamaWeights", "weights_from_hf_llama", "load_llama_checkpoint", "greedy_reference",
-              "random_hf_llama"),
+              "random_weights", "random_hf_llama"),
     "requests": ("Request", "EngineConfig", "SequenceState", "RequestMetrics", "request_metrics", "percentile"),
     "traces": ("poisson_trace", "shared_prefix_trace"),
     "predict": ("StepCost", "fit_step_cost", "simulate_serving", "figures", "contiguous_utilization",

@@ -205,6 +205,25 @@ def greedy_reference(weights: LlamaWeights, prompt_token_ids, max_new_tokens: in
     return tuple(tokens[len(prompt_token_ids):])
 
 
+def random_weights(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   scale: float = 0.3) -> LlamaWeights:
+    """Seeded random weights of ``config``'s shape, made here (no ``transformers``, nothing downloaded):
+    every matrix normal with standard deviation ``scale``, the norms' weights 1."""
+    g = torch.Generator().manual_seed(seed)
+    c = config
+
+    def matrix(rows: int, cols: int) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+    layers = tuple({"q": matrix(c.n_heads * c.head_dim, c.d_model), "k": matrix(c.n_kv_heads * c.head_dim, c.d_model),
+                    "v": matrix(c.n_kv_heads * c.head_dim, c.d_model), "o": matrix(c.d_model, c.n_heads * c.head_dim),
+                    "gate": matrix(c.d_ff, c.d_model), "up": matrix(c.d_ff, c.d_model),
+                    "down": matrix(c.d_model, c.d_ff), "attn_norm": torch.ones(c.d_model, dtype=dtype),
+                    "mlp_norm": torch.ones(c.d_model, dtype=dtype)} for _ in range(c.n_layers))
+    return LlamaWeights(c, matrix(c.vocab_size, c.d_model), torch.ones(c.d_model, dtype=dtype),
+                        matrix(c.vocab_size, c.d_model), layers)
+
+
 def random_hf_llama(seed: int = 0, dtype: torch.dtype = torch.float64, **shape):
     """A tiny ``transformers`` ``LlamaForCausalLM`` with seeded random weights, made here (nothing from a
     hub): the peer the engine's tokens are checked against. ``shape`` overrides the ``LlamaConfig``."""
