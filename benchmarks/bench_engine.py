@@ -10,7 +10,8 @@ trace of mixed prompt and output lengths, all arriving at once (offline throughp
 * the engine on ``--tp`` ranks (one thread each): continuous batching, then static batching with the same
   batch size, then prefill-first (no chunked prefill); every run's tokens checked equal;
 * the engine's fitted cost model (fitted on another trace) predicting each policy's figures, with its
-  error.
+  error;
+* a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT.
 
 Everything in one run, side by side, so the ratios are measured under the same load. No target is
 asserted here: the aim (continuous batching at least 1.5x transformers' static batches) is printed with
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
@@ -29,7 +31,7 @@ from shardlib.costs.drivers import run_calibration
 from shardlib.serving.engine import EngineConfig, run_serving
 from shardlib.serving.engine.llama import random_hf_llama, weights_from_hf_llama
 from shardlib.serving.engine.predict import FIGURES, fit_step_cost, simulate_serving
-from shardlib.serving.engine.traces import poisson_trace
+from shardlib.serving.engine.traces import poisson_trace, shared_prefix_trace
 
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              vocab_size=1024, max_position_embeddings=256)
@@ -85,6 +87,10 @@ def main() -> None:
         fitted = run_serving(ranks, weights, fit_trace, policies["continuous, chunked prefill"])
         cost = fit_step_cost(fitted.steps, weights.config, 4, tp=args.tp, tp_link=link)
         runs = {name: run_serving(ranks, weights, trace, config) for name, config in policies.items()}
+        chats = shared_prefix_trace(conversations=6, turns=4, system_tokens=96, message_tokens=(8, 24),
+                                    new_tokens=(4, 16), gap_s=0.05, vocab=1024, seed=5)
+        roomy = EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=256)
+        prefix = {on: run_serving(ranks, weights, chats, replace(roomy, prefix_caching=on)) for on in (False, True)}
 
     first = next(iter(runs.values()))
     agree = all(run.tokens == first.tokens for run in runs.values())
@@ -112,6 +118,13 @@ def main() -> None:
         print(f"{fig:<14}{cells}")
     errors = [abs(predicted[n][f] / measured[n][f] - 1) for n in runs for f in FIGURES if measured[n][f] > 0]
     print(f"cost model: median error {sorted(errors)[len(errors) // 2]:.0%} over {len(errors)} figures")
+
+    print(f"\nprefix caching on a chat trace ({len(chats)} turns of 6 conversations, one 96-token system prompt):")
+    assert prefix[False].tokens == prefix[True].tokens
+    for on, run in prefix.items():
+        print(f"  {'on ' if on else 'off'}: hit rate {run.prefix_hit_rate:5.1%}, TTFT p50 "
+              f"{run.percentile('ttft_s', 50) * 1e3:6.1f} ms, p90 {run.percentile('ttft_s', 90) * 1e3:6.1f} ms, "
+              f"{sum(s.n_tokens for s in run.steps)} tokens computed")
 
 
 if __name__ == "__main__":
