@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from shardlib.models import ModelConfig
-from shardlib.pipeline import Action, Schedule, make_schedule, run_pipeline, simulate
+from shardlib.pipeline import SPECS, Action, Schedule, make_schedule, run_pipeline, simulate, split_schedules
 from shardlib.pipeline.schedules import ScheduleError
 from shardlib.toy import activations, stack_weights
 
-SPLIT = ("zb-h1", "zb-v", "dualpipev")
+SPLIT = split_schedules()  # every schedule of the registry with the backward split
 N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32
 SHAPE = ModelConfig("zero bubble test", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2,
                     d_ff=2 * D_MODEL, vocab_size=64, bytes_per_param=4.0)
@@ -32,7 +32,7 @@ def test_the_split_schedules_are_whole_and_run(name, p):
     for m in (2 * p, 2 * p + 1, 4 * p):
         s = make_schedule(name, p, m)
         assert s.split_backward and s.training
-        assert s.n_chunks == (1 if name == "zb-h1" else 2)
+        assert s.n_chunks == SPECS[name].chunks
         assert len(s.all_actions()) == 3 * p * m * s.n_chunks  # F, B and W of every microbatch on every chunk
         for row in s.actions:  # W's of each chunk in microbatch order: the gradients add up as in one process
             for c in range(s.n_chunks):
