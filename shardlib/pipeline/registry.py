@@ -9,7 +9,7 @@ tests and the training planner read these; adding a schedule is adding a spec (a
   Pipeline-Parallel DNN Training". Interleaved 1F1B and the bubbles of all three: Narayanan et al. 2021,
   "Efficient Large-Scale Language Model Training on GPU Clusters", sections 2.2.1-2.2.2; its in-flight
   count: Korthikanti et al. 2022, "Reducing Activation Recomputation", section 4.2.3.
-* ZB-H1 and ZB-V: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024). DualPipeV: the DeepSeek-V3
+* ZB-H1, ZB-H2 and ZB-V: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024). DualPipeV: the DeepSeek-V3
   report's DualPipe cut along its V; its bubble and memory from DualPipe's README table.
 Two notations (``pipeline.bubbles``): Qi's B is the input gradient only, DualPipe's B the whole backward.
 Pure: no torch.
@@ -22,7 +22,7 @@ from typing import Callable
 
 from .classic import gpipe_order, interleaved_order, one_f_one_b_order
 from .schedules import PLACEMENTS, Action
-from .zero_bubble import dualpipev_order, zb_h1_order, zb_v_order
+from .zero_bubble import dualpipev_order, zb_h1_order, zb_h2_order, zb_v_order
 
 EQUAL_WITHIN = 0.05  # F, B and W "equal" for ZB-V's claim when the largest is at most 5 % above the smallest
 Order = Callable[[int, int, int, bool], list[list[Action]]]  # (p, m, v, training) -> one list per stage
@@ -160,6 +160,13 @@ def _dualpipev_needs(p: int, m: int, v: int) -> tuple[str, ...]:
     return ()
 
 
+def _zb_h2_needs(p: int, m: int, v: int) -> tuple[str, ...]:
+    if m < 2 * p - 1:
+        return (f"ZB-H2 runs 2 n_stages - 1 = {2 * p - 1} forwards on stage 0 before its first backward, so it needs "
+                f"n_microbatches >= {2 * p - 1}; got {m}",)
+    return ()
+
+
 def _equal_costs(f: float, b: float, w: float) -> str | None:
     if max(f, b, w) > (1 + EQUAL_WITHIN) * min(f, b, w):
         return (f"ZB-V's published bubble (zero) holds only for F = B = W; got F {f:.4g}, B {b:.4g}, W {w:.4g} "
@@ -204,6 +211,19 @@ SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
                       f"{DUALPIPE_TABLE} (ZB1P)", lambda p, f, b, w: (p - 1) * (f + b - w),
                       lambda p, f, b, w: (p - 1) * (f + b - 2 * w),
                       holds="m >= p, W no dearer than F or B (a dearer W has no wait left to fill)")),
+    ScheduleSpec(
+        "zb-h2", "ZB-H2", "Qi et al. 2024, section 2.2", _split(zb_h2_order),
+        chunks=1, placement="loop", training_only=True, split_backward=True, also_called="ZB2P",
+        in_flight=InFlight(lambda p, m, v: min(2 * p - 1, m), "microbatches", "Qi et al. 2024, its handcrafted "
+                           "schedules' table: (2p-1) M_B"),
+        bubble=Bubble("(p-1)(F+B-2W)", "(PP-1)(F+B-3W)", "Qi et al. 2024, its handcrafted schedules' table" + REWRITTEN,
+                      lambda p, f, b, w: (p - 1) * (f + b - 2 * w), lambda p, f, b, w: (p - 1) * (f + b - 3 * w),
+                      window_idle=lambda p, f, b, w: (p - 1) * max(f, f + b - 2 * w),
+                      holds="m >= 2p - 1, W no dearer than F or B. The formula is the fullest stage's idle inside "
+                      "its own span (the spans a parallelogram, each F after the one before): a step's cost once "
+                      "steps overlap (the paper's post-validation). One step's window keeps the ramp, (p-1) F, "
+                      "when that is longer"),
+        needs=_zb_h2_needs),
     ScheduleSpec(
         "zb-v", "ZB-V", "Qi et al. 2024, section 6", _split(zb_v_order),
         chunks=2, placement="v", training_only=True, split_backward=True,
