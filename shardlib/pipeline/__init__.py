@@ -5,7 +5,7 @@
   published bubble, peak in flight, sources), read by everything that needs a schedule's facts.
 * ``orders`` (pure): ``make_schedule``, a schedule built from its spec and checked.
 * ``classic`` (pure): the GPipe, 1F1B and interleaved 1F1B orders.
-* ``zero_bubble`` (pure): the ZB-H1, ZB-V and DualPipeV orders, the backward split in B and W.
+* ``zero_bubble`` (pure): the orders past 1F1B (ZB-H1, ZB-H2, ZB-V, DualPipeV), the backward split in B and W.
 * ``engine``: the mechanism, one stage walking its list of actions (forward, backward, weight gradient).
 * ``messages``: the threads that send to and receive from the neighbouring stages.
 * ``predict`` (pure): the bubble's two conventions, layers per stage, rows per microbatch; step time,
@@ -30,7 +30,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                  "split_schedules"),
     "orders": ("make_schedule", "SPLIT_ORDERS"),
     "classic": ("gpipe_order", "one_f_one_b_order", "interleaved_order"),
-    "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
+    "zero_bubble": ("zb_h1_order", "zb_h2_order", "zb_v_order", "dualpipev_order"),
     "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
                 "notation_rows", "op_costs", "handover_s", "EQUAL_WITHIN"),
     "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule", "TorchChunk", "torch_runtime_on_rank",
