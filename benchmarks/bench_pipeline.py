@@ -147,7 +147,15 @@ def main() -> int:
 
 ZB_OP_S = 0.06  # each stage's F and B; W is ZB_W_COSTS times this
 ZB_W_COSTS = (1.0, 0.5, 2.0)
-ZB_SCHEDULES = ("1f1b", "zb-h1", "zb-v", "dualpipev")
+
+def _zero_bubble_schedules() -> tuple[str, ...]:
+    """1F1B and every schedule of the registry with the backward split (the pure registry: no ranks start)."""
+    from shardlib.pipeline.registry import split_schedules
+
+    return ("1f1b",) + split_schedules()
+
+
+ZB_SCHEDULES = _zero_bubble_schedules()
 
 
 def zero_bubble_only(names) -> int:

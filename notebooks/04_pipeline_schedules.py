@@ -271,6 +271,21 @@ with Ranks(4) as four:
 # slice; DualPipeV's device holds two slices of `2p`.
 
 # %% [markdown]
+# **ZB-H2 trades memory for the bubble.** The paper's second handcrafted schedule (`"zb-h2"`, for
+# `m >= 2p - 1`) runs more forwards before the first B (`2(p-1-s) + 1` on stage `s`: 7 on stage 0 at
+# p = 4, where ZB-H1 runs 4) and lets every stage hold `2p - 1` microbatches, so a W fills every wait:
+#
+# | p = 4, F = B = 1 | microbatches held | paper's bubble at W = 1 | one step's idle per device, W = 1 and W = 1/2 |
+# | --- | --- | --- | --- |
+# | ZB-H1 | `p` = 4 | `(p-1)(F+B-W)` = 3 | 3, 4.5 |
+# | ZB-H2 | `2p - 1` = 7 | `(p-1)(F+B-2W)` = 0 | 3, 3 |
+#
+# The paper's zero is inside each stage's own span (the spans a parallelogram, each F after the one before);
+# it is the step's cost only when the next step starts before this one ends, which the paper allows by
+# moving the optimizer's checks after the step. One step's window keeps the ramp `(p-1) F`, so at
+# F = B = W one step idles as ZB-H1's; with a cheaper W, ZB-H2 idles less.
+
+# %% [markdown]
 # ## torch's schedules as a peer
 #
 # `torch.distributed.pipelining` ships `ScheduleZBVZeroBubble`, `ScheduleDualPipeV` and

@@ -946,7 +946,8 @@ assert ledger["selective", 0].in_flight == 16 and ledger["selective", 15].in_fli
 # %%
 from shardlib.training import TrainingWorkload, format_training_plan, plan_training
 
-workload = TrainingWorkload(sequence_tokens=8192, global_batch_tokens=2048 * 8192, schedule="interleaved", chunks=4)
+workload = TrainingWorkload(sequence_tokens=8192, global_batch_tokens=2048 * 8192, schedule="interleaved-1f1b",
+                            chunks=4)
 cluster = gpu_cluster(H100_80GB, 2048)
 training_plan = plan_training(LLAMA_3_1_405B, cluster, workload)
 print(format_training_plan(training_plan, top=5, rejected=2))
@@ -985,7 +986,7 @@ fig
 # %%
 from shardlib.training.choices import format_training_choices, training_choices
 
-choices = training_choices(schedule="interleaved", chunks=4)
+choices = training_choices(schedule="interleaved-1f1b", chunks=4)
 print(format_training_choices(choices))
 assert all(r.chosen is not None for r in choices)
 assert all(r.chosen.layout.tp == 8 for r in choices[:3])  # tp fills the node for 405B, as published

@@ -37,6 +37,8 @@ PURE_WITHOUT_TORCH = {
     "shardlib.costs.emulation",
     "shardlib.pipeline.schedules",
     "shardlib.pipeline.orders",
+    "shardlib.pipeline.registry",
+    "shardlib.pipeline.classic",
     "shardlib.pipeline.zero_bubble",
     "shardlib.pipeline.bubbles",
     "shardlib.pipeline.predict",

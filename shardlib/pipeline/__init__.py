@@ -1,8 +1,11 @@
 """Pipeline parallelism: cut the stack of layers into stages, and pay with the bubble.
 
 * ``schedules`` (pure): ``Action`` and ``Schedule`` as data, their checks, and ``simulate``.
-* ``orders`` (pure): the GPipe, 1F1B and interleaved 1F1B orders, and ``make_schedule``.
-* ``zero_bubble`` (pure): the ZB-H1, ZB-V and DualPipeV orders, the backward split in B and W.
+* ``registry`` (pure): one ``ScheduleSpec`` per schedule (order, chunks, placement, preconditions,
+  published bubble, peak in flight, sources), read by everything that needs a schedule's facts.
+* ``orders`` (pure): ``make_schedule``, a schedule built from its spec and checked.
+* ``classic`` (pure): the GPipe, 1F1B and interleaved 1F1B orders.
+* ``zero_bubble`` (pure): the orders past 1F1B (ZB-H1, ZB-H2, ZB-V, DualPipeV), the backward split in B and W.
 * ``engine``: the mechanism, one stage walking its list of actions (forward, backward, weight gradient).
 * ``messages``: the threads that send to and receive from the neighbouring stages.
 * ``predict`` (pure): the bubble's two conventions, layers per stage, rows per microbatch; step time,
@@ -21,10 +24,13 @@
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "schedules": ("OPS", "SCHEDULES", "SCHEDULE_TITLES", "Action", "Schedule", "check_schedule", "TimedAction",
-                  "simulate", "ScheduleError", "SCHEDULE_MISTAKES"),
-    "orders": ("make_schedule",),
-    "zero_bubble": ("zb_h1_order", "zb_v_order", "dualpipev_order"),
+    "schedules": ("OPS", "Action", "Schedule", "check_schedule", "TimedAction", "simulate", "ScheduleError",
+                  "SCHEDULE_MISTAKES"),
+    "registry": ("SCHEDULES", "SCHEDULE_TITLES", "SPECS", "ScheduleSpec", "Bubble", "InFlight", "schedule_spec",
+                 "split_schedules"),
+    "orders": ("make_schedule", "SPLIT_ORDERS"),
+    "classic": ("gpipe_order", "one_f_one_b_order", "interleaved_order"),
+    "zero_bubble": ("zb_h1_order", "zb_h2_order", "zb_v_order", "dualpipev_order"),
     "bubbles": ("OpCosts", "PUBLISHED", "published_idle_s", "published_fraction", "simulated_fraction", "busy_s",
                 "notation_rows", "op_costs", "handover_s", "EQUAL_WITHIN"),
     "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule", "TorchChunk", "torch_runtime_on_rank",

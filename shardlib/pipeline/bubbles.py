@@ -1,4 +1,4 @@
-"""The published bubbles of the schedules past 1F1B, in both notations, and F, B and W read from a run.
+"""The published bubbles (the registry's), in both notations, over one step's window; F, B and W from a run.
 
 The notation trap: Qi et al. 2024 (zero bubble) write B for the input gradient only, so 1F1B idles
 ``(p-1)(F+B+W)`` per stage and ZB-H1 ``(p-1)(F+B-W)``. DualPipe's README writes B for the whole backward
@@ -17,10 +17,11 @@ from typing import Sequence
 
 from ..checks import number_at_least
 from ..runtime.timeline import Span
+from .registry import EQUAL_WITHIN as EQUAL_WITHIN  # re-exported: the tolerance of ZB-V's F = B = W
+from .registry import SPECS, schedule_spec
 from .schedules import Action, Schedule, check_count, simulate
 
-PUBLISHED = ("1f1b", "zb-h1", "zb-v", "dualpipev")  # the schedules with a published bubble (ZB-V: F = B = W only)
-EQUAL_WITHIN = 0.05  # F, B and W "equal" for ZB-V's claim when the largest is at most 5 % above the smallest
+PUBLISHED = tuple(name for name, spec in SPECS.items() if spec.bubble is not None)  # ZB-V's: F = B = W only
 
 
 @dataclass(frozen=True)
@@ -42,32 +43,23 @@ class OpCosts:
 
 
 def published_idle_s(name: str, n_stages: int, costs: OpCosts) -> float:
-    """Per device, the idle time of one step by the published formula, in Qi's notation (B the input
-    gradient). ZB-H1's holds for ``m >= p`` while W is no dearer than F or B: a dearer W has no wait
-    left to fill, and the step idles more (``simulate`` of the list says how much). DualPipeV's F&B (a
-    forward and a backward overlapped) is taken as F plus the full backward: here they run in turn.
+    """Per device, the idle time of one step by the published formula (the registry's ``Bubble``), in Qi's
+    notation (B the input gradient), over one step's window. ZB-H1's holds for ``m >= p`` while W is no
+    dearer than F or B: a dearer W has no wait left to fill, and the step idles more (``simulate`` of the
+    list says how much). DualPipeV's F&B (a forward and a backward overlapped) is taken as F plus the full
+    backward: here they run in turn.
 
     ZB-V: the paper and its authors' README give no formula, only "zero bubble" when F = B = W (and
     ``m >= 2p``): no device waits between its first action and its last, the ramp at each end overlapping
     the next step's once the optimizer's synchronisation is bypassed (their post-validation). Within one
     step's window, as measured here, the ramp stays: ``(p-1) F`` per device, the ``p - 1`` chunk forwards
     before the last device starts. A ValueError unless F, B and W are equal within ``EQUAL_WITHIN``."""
+    spec = schedule_spec(name)
     p = check_count("n_stages", n_stages, "pipeline stages (devices)")
-    f, b, w = costs.forward_s, costs.backward_s, costs.weight_s
-    if name == "1f1b":
-        return (p - 1) * (f + b + w)  # DualPipe's (PP-1)(F+B) with its B = b + w
-    if name == "zb-h1":
-        return (p - 1) * (f + b - w)  # DualPipe's ZB1P (PP-1)(F+B-2W) with its B = b + w
-    if name == "zb-v":
-        if max(f, b, w) > (1 + EQUAL_WITHIN) * min(f, b, w):
-            raise ValueError(f"ZB-V's published bubble (zero) holds only for F = B = W; got F {f:.4g}, B {b:.4g}, "
-                             f"W {w:.4g} (simulate gives this list's bubble for any costs)")
-        return (p - 1) * f  # zero inside each device's span; the ramp of one step's window
-    if name == "dualpipev":
-        f_and_b = f + b + w
-        return (p - 1) * (f_and_b + (b + w) - 3 * w)  # (PP/2-1)(F&B+B-3W) with PP = 2p stages on p devices
-    raise ValueError(f"no published closed-form bubble for {name!r}; the formulas cover {', '.join(PUBLISHED)} "
-                     "(simulate gives any schedule's)")
+    if spec.bubble is None:
+        raise ValueError(f"no published closed-form bubble for {name!r} ({spec.no_bubble}); the formulas cover "
+                         f"{', '.join(PUBLISHED)} (simulate gives any schedule's)")
+    return spec.bubble.idle_s(p, costs.forward_s, costs.backward_s, costs.weight_s)
 
 
 def busy_s(schedule: Schedule, costs: OpCosts) -> float:
@@ -90,18 +82,29 @@ def simulated_fraction(schedule: Schedule, costs: OpCosts, hop_s: float = 0.0) -
     return float(1 - sum(t.end_s - t.start_s for t in timed) / (schedule.n_stages * step))
 
 
-def notation_rows(costs: OpCosts, n_stages: int) -> list[tuple[str, str, float, str, float]]:
-    """The notation trap, side by side: (schedule, Qi's formula, its value, DualPipe's, its value)."""
+def notation_rows(costs: OpCosts, n_stages: int, names: tuple[str, ...] = ("1f1b", "zb-h1")
+                  ) -> list[tuple[str, str, float, str, float]]:
+    """The notation trap, side by side, for the schedules ``names``: (schedule, Qi's formula, its value,
+    DualPipe's, its value), each evaluated from the registry's formula in its own notation."""
     p, f, b, w, full = n_stages, costs.forward_s, costs.backward_s, costs.weight_s, costs.full_backward_s
-    return [("1F1B", "(p-1)(F+B+W)", (p - 1) * (f + b + w), "(PP-1)(F+B)", (p - 1) * (f + full)),
-            ("ZB-H1 / ZB1P", "(p-1)(F+B-W)", (p - 1) * (f + b - w), "(PP-1)(F+B-2W)", (p - 1) * (f + full - 2 * w))]
+    rows = []
+    for name in names:
+        spec = schedule_spec(name)
+        bubble = spec.bubble
+        if bubble is None or bubble.qi_idle is None or bubble.dualpipe_idle is None:
+            raise ValueError(f"{spec.title} has no published formula to write two ways")
+        label = spec.title + (f" / {spec.also_called}" if spec.also_called else "")
+        rows.append((label, bubble.qi, bubble.qi_idle(p, f, b, w), bubble.dualpipe,
+                     bubble.dualpipe_idle(p, f, full, w)))
+    return rows
 
 
 def op_costs(spans: Sequence[Span]) -> OpCosts:
     """The median F, B and W of a run with the backward split, from its compute spans."""
     times = {op: [s.duration_s for s in spans if s.kind == "compute" and s.attrs.get("op") == op] for op in "FBW"}
     if not all(times.values()):
-        raise ValueError("need F, B and W spans: run a schedule with the backward split (zb-h1, zb-v, dualpipev)")
+        raise ValueError("need F, B and W spans: run a schedule with the backward split "
+                         f"({', '.join(n for n, spec in SPECS.items() if spec.split_backward)})")
     return OpCosts(*(statistics.median(times[op]) for op in "FBW"))
 
 

@@ -3,7 +3,7 @@
 A schedule lists, for each stage, the ``Action`` s it runs in order: the forward (``"F"``), the backward
 (``"B"``) and, when the backward is split, the weight gradient (``"W"``) of one microbatch on one model
 chunk. The same ``Schedule`` drives the real run on ranks (``pipeline.engine``), the predictions and the
-figures. The orders are built in ``pipeline.orders`` and ``pipeline.zero_bubble``.
+figures. Each schedule's facts and order are in ``pipeline.registry``; ``make_schedule`` builds from them.
 ``simulate`` lives here because building a schedule runs it: an order that would leave a stage waiting
 forever is refused before any rank sees it. Pure: no ``torch``.
 """
@@ -18,10 +18,17 @@ from typing import Sequence
 from ..checks import number_at_least, one_per, whole_number
 
 OPS = ("F", "B", "W")
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev")
-SCHEDULE_TITLES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B", "zb-h1": "ZB-H1",
-                   "zb-v": "ZB-V", "dualpipev": "DualPipeV"}
 PLACEMENTS = ("loop", "v")  # where a stage's chunks sit among the virtual stages (see ``Schedule``)
+
+
+def __getattr__(name: str):
+    """``SCHEDULES`` and ``SCHEDULE_TITLES`` are the registry's (``pipeline.registry``, a module above this
+    one); they are still found here, where they used to be defined."""
+    if name in ("SCHEDULES", "SCHEDULE_TITLES"):
+        from . import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_count(name: str, value, what: str) -> int:
@@ -98,6 +105,8 @@ class Schedule:
     @property
     def short_title(self) -> str:
         """The schedule's name as people write it: ``GPipe``, ``1F1B``, ``interleaved 1F1B``."""
+        from .registry import SCHEDULE_TITLES  # the registry sits above: its orders are built from Action
+
         return SCHEDULE_TITLES.get(self.name, self.name)
 
     @property

@@ -1,7 +1,9 @@
-"""The orders past 1F1B, built as data: ZB-H1, ZB-V and DualPipeV, with the backward split in two.
+"""The orders past 1F1B, built as data: ZB-H1, ZB-H2, ZB-V and DualPipeV, with the backward split in two.
 
 * ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): 1F1B's order of F and B, each W put off so
   that stage ``s`` holds at most ``p`` microbatches (1F1B's peak, on stage 0); the W's fill the drain.
+* ZB-H2 (Qi et al. 2024): more forwards in the warm-up (``2 (p - 1 - s) + 1`` on stage ``s``), up to
+  ``2 p - 1`` microbatches held, B's first and W's in every gap: no stage waits inside its own span.
 * ZB-V (Qi et al. 2024, section 6): two chunks per stage in a V (``Schedule.placement == "v"``), listed
   by a pass in unit time: after a B, its W at once while forwards remain; else the other op than the last
   (F after B, B after F) if ready, a B of chunk 0 first (its gradient travels on), an F of chunk 1 first
@@ -35,6 +37,53 @@ def zb_h1_order(p: int, m: int) -> list[list[Action]]:
                 row.append(Action(s, n_w, "W"))
                 n_w += 1
         rows.append(row + [Action(s, i, "W") for i in range(n_w, m)])
+    return rows
+
+
+def _loop_producer(p: int, a: Action) -> Action | None:
+    """The action ``a`` consumes, one chunk per stage: the stage before's F, the stage after's B (the
+    last stage's own F), a W's own B."""
+    if a.op == "W":
+        return Action(a.stage, a.microbatch, "B")
+    if a.op == "F":
+        return None if a.stage == 0 else Action(a.stage - 1, a.microbatch, "F")
+    if a.stage == p - 1:
+        return Action(a.stage, a.microbatch, "F")  # the loss turns the last forward into the first backward
+    return Action(a.stage + 1, a.microbatch, "B")
+
+
+def zb_h2_order(p: int, m: int) -> list[list[Action]]:
+    """ZB-H2 as a pass in unit time: at each step a stage runs a B if one is ready (the input gradient is
+    what the stage before waits for), else an F if one is ready and it holds fewer than ``2 p - 1``
+    microbatches (F until W), else its oldest waiting W. Stage ``s`` runs ``2 (p - 1 - s) + 1`` forwards
+    before its first B, and with ``m >= 2 p - 1`` no stage idles between its first action and its last."""
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    done: dict[Action, int] = {}  # action -> the step it ends
+    next_f, next_b, held = [0] * p, [0] * p, [0] * p
+    waiting_w: list[list[Action]] = [[] for _ in range(p)]
+    left, t = 3 * p * m, 0
+    while left:
+        for s in range(p):
+            options = []
+            if next_b[s] < next_f[s]:
+                options.append(Action(s, next_b[s], "B"))
+            if next_f[s] < m and held[s] < 2 * p - 1:
+                options.append(Action(s, next_f[s], "F"))
+            ready = [a for a in options if (dep := _loop_producer(p, a)) is None or done.get(dep, t + 1) <= t]
+            pick = ready[0] if ready else waiting_w[s][0] if waiting_w[s] else None
+            if pick is None:
+                continue
+            rows[s].append(pick)
+            done[pick], left = t + 1, left - 1
+            if pick.op == "F":
+                next_f[s], held[s] = next_f[s] + 1, held[s] + 1
+            elif pick.op == "B":
+                next_b[s] += 1
+                waiting_w[s].append(Action(s, pick.microbatch, "W"))
+            else:
+                waiting_w[s].pop(0)
+                held[s] -= 1
+        t += 1
     return rows
 
 

@@ -6,13 +6,13 @@ convention: ``STATE_BYTES_MEGATRON`` (Megatron-LM's docs, ``distrib_optimizer.md
 gradients, fp32 master copy and Adam's two moments: 2 + 4 + 12 = 18, and 6 + 12/d with its distributed
 optimizer) or ``STATE_BYTES_MIXED`` (ZeRO, Rajbhandari et al. 2020, section 3.1: 2 + 2 + 12 = 16).
 ``dp_strategy`` shards over ``dp x cp`` ranks (Megatron shards its distributed optimizer over both: they
-hold the same weights). Activations: ``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per
-layer of the stage, for the tokens of the GPU's ring slice (``seq / cp``), times the microbatches in
-flight: 1F1B's stage ``i`` of ``p`` keeps ``min(p - i, m)``. The first stage adds the embedding's dropout
-mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3: ``4 s b h / t (1 +
-v / h)``). ZeRO-3 adds two layers gathered whole (weights and gradients: one working, one prefetched);
-other transients (communication buckets, the allocator's fragmentation) are left out: the planner keeps
-a margin for them (``memory_utilization``). Pure: no torch.
+hold the same weights). Activations: ``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per layer
+of the stage, for the tokens of the GPU's ring slice (``seq / cp``), times the microbatches in flight:
+1F1B's stage ``i`` of ``p`` keeps ``min(p - i, m)`` (interleaved 1F1B: ``in_flight``). The first stage adds
+the embedding's dropout mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3:
+``4 s b h / t (1 + v / h)``). ZeRO-3 adds two layers gathered whole (weights and gradients: one working, one
+prefetched); other transients (communication buckets, the allocator's fragmentation) are left out: the
+planner keeps a margin for them (``memory_utilization``). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from ..checks import choice, whole_number
 from ..data_parallel.predict import STATE_BYTES_MEGATRON, layer_activation_bytes, memory_per_rank
 from ..mesh import Layout
 from ..models import ModelConfig, padded_vocab_size
+from ..pipeline.registry import schedule_spec
 
-SCHEDULES = ("1f1b", "interleaved")
+SCHEDULES = ("1f1b", "interleaved-1f1b")  # the registry's schedules this model covers: Megatron-LM's two
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,16 @@ def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
 
 def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", chunks: int = 2) -> float:
     """Microbatches whose activations stage ``stage`` keeps at its peak: 1F1B's warm-up leaves ``p - i``
-    (never more than ``m``); the interleaved schedule (Narayanan et al. 2021, section 2.2) with ``chunks``
-    model chunks per GPU keeps ``1 + (p - 1) / (p v)`` times 1F1B's first-stage count (Korthikanti et al.
-    2022, section 4.2.3): ``p - i + (p - 1) / v`` here, the same extra warm-up on every stage."""
+    (never more than ``m``); interleaved 1F1B (Narayanan et al. 2021, section 2.2) with ``chunks`` model
+    chunks per GPU keeps ``1 + (p - 1) / (p v)`` times 1F1B's first-stage count (Korthikanti et al. 2022,
+    section 4.2.3): ``p - i + (p - 1) / v`` here, the same extra warm-up on every stage. Stage 0's count
+    is the registry's peak (``ScheduleSpec.in_flight``); the chunks are the spec's (1 for 1F1B)."""
     choice(schedule, SCHEDULES, "schedule")
     m = whole_number(n_microbatches, "n_microbatches")
-    if schedule == "1f1b" or pp == 1:
+    v = schedule_spec(schedule).n_chunks(whole_number(chunks, "chunks"))
+    if v == 1 or pp == 1:
         return min(pp - stage, m)
-    return min(pp - stage + (pp - 1) / whole_number(chunks, "chunks"), m)
+    return min(pp - stage + (pp - 1) / v, m)
 
 
 def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,

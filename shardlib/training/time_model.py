@@ -1,18 +1,18 @@
 """What training one layout costs: the workload, and one step's time on a cluster, term by term.
 
 Each of ``dp`` replicas runs ``m`` microbatches of ``b`` sequences (``global batch = b x m x dp``):
-**compute**: ``6 N`` FLOPs per token over the matrix parameters plus attention's ``12 L h s`` (Narayanan
-et al. 2021; PaLM's MFU count) plus recomputation's (full: a forward more, ``2 N + 4 L h s``; selective:
-attention's ``4 L h s``), over the ``tp x pp x cp`` GPUs of a replica at ``kernel_efficiency`` of dense
-BF16 peak, the heaviest stage setting the pace; **bubble**: 1F1B's ``p - 1`` microbatch slots (``/ v``
-interleaved); **tp** (exposed): sequence parallelism's two all-gathers and two reduce-scatters per layer
-forward, as many backward, more under full recomputation; **cp**: the ring's K/V (``cp - 1`` hops forward,
-K, V, dK, dV back) hidden behind the layer's attention up to its time; **dp** over the ``dp x cp`` ranks
-holding the same weights, a collective per layer: DDP and ZeRO-1 once a step behind the last microbatch's
-backward but for the last bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a
-reduce-scatter every microbatch behind its compute; **pp**: the first microbatch's hops forward and the
-last one's back; **optimizer** (if the workload counts it): AdamW's pass over what a rank updates. Links
-as ``traffic.axis_link`` places them; values on the wire in bf16 unless ``comm_bytes_per_value`` says
+**compute**: ``6 N`` FLOPs per token over the matrix parameters plus attention's ``12 L h s`` (Narayanan et
+al. 2021; PaLM's MFU count) plus recomputation's (full: a forward more, ``2 N + 4 L h s``; selective:
+attention's ``4 L h s``), over the ``tp x pp x cp`` GPUs of a replica at ``kernel_efficiency`` of dense BF16
+peak, the heaviest stage setting the pace; **bubble**: the registry's published idle (1F1B's ``p - 1``
+microbatch slots, ``/ v`` interleaved); **tp** (exposed): sequence parallelism's two all-gathers and two
+reduce-scatters per layer forward, as many backward, more under full recomputation; **cp**: the ring's K/V
+(``cp - 1`` hops forward, K, V, dK, dV back) hidden behind the layer's attention up to its time; **dp** over
+the ``dp x cp`` ranks holding the same weights, a collective per layer: DDP and ZeRO-1 once a step behind the
+last microbatch's backward but for the last bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two
+gathers and a reduce-scatter every microbatch behind its compute; **pp**: the first microbatch's hops forward
+and the last one's back; **optimizer** (if the workload counts it): AdamW's pass over what a rank updates.
+Links as ``traffic.axis_link`` places them; values on the wire in bf16 unless ``comm_bytes_per_value`` says
 otherwise. A model: no kernel launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
 """
 
@@ -26,6 +26,7 @@ from ..data_parallel.predict import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES
 from ..hardware import Cluster, Link
 from ..mesh import DP_STRATEGIES, Layout
 from ..models import ModelConfig
+from ..pipeline.registry import schedule_spec
 from .memory import SCHEDULES, TrainingMemory, layers_of, peak_training_memory
 
 CONVENTIONS = {"megatron": STATE_BYTES_MEGATRON, "zero": STATE_BYTES_MIXED}
@@ -36,7 +37,8 @@ class TrainingWorkload:
     """What is trained: sequences of ``sequence_tokens``, ``global_batch_tokens`` per step (a whole number
     of sequences), at most ``memory_utilization`` of each GPU's memory for states and activations (the
     rest: buffers, fragmentation), the ``recompute`` and ``microbatch_sizes`` and ``dp_strategies`` the
-    planner may choose from, the pipeline ``schedule`` (``chunks`` per GPU when interleaved), sequence
+    planner may choose from, the pipeline ``schedule`` ("1f1b" or "interleaved-1f1b", the registry's names;
+    ``chunks`` per GPU when interleaved), sequence
     parallelism with tp, bytes per parameter by ``convention`` ("megatron": 2 + 4 + 12; "zero": 2 + 2 +
     12), and ``kernel_efficiency``: the share of dense BF16 peak the kernels reach (0.5 assumed: large
     matmuls reach 0.6 to 0.75 of it, attention, norms and the optimizer step less). The time model has no
@@ -205,7 +207,9 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
         attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate
         cp = max(0.0, ring - attention) * layers * m
     slot = per_mb + ((tp + cp) / m if w.comm_in_bubble else 0.0)  # one microbatch's turn on a stage
-    bubble = (lay.pp - 1) * slot / (w.chunks if w.schedule == "interleaved" and lay.pp > 1 else 1)
+    spec = schedule_spec(w.schedule)
+    chunk_op = slot / spec.n_chunks(w.chunks) / 3  # one chunk's F, B and W, a third of its turn each (Qi's F = B = W)
+    bubble = spec.bubble.idle_s(lay.pp, chunk_op, chunk_op, chunk_op)  # (p-1)(F+B+W): p - 1 turns, / v interleaved
     dp = 0.0
     ranks = lay.dp * lay.cp
     if ranks > 1:

@@ -13,12 +13,13 @@ from ..pipeline.bubbles import PUBLISHED, OpCosts, published_fraction, simulated
 from ..pipeline.drivers import run_pipeline
 from ..pipeline.orders import make_schedule
 from ..pipeline.predict import pipeline_bubble_fraction, predicted_step_s
-from ..pipeline.schedules import SCHEDULE_TITLES
+from ..pipeline.registry import SCHEDULE_TITLES, SPECS, split_schedules
 from .live import Feedback, SelectionSlider, observe_all
 from .pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure, split_gantt_figure
 from .theme import RED
 
-EXPLORER_SCHEDULES = ("gpipe", "1f1b")
+# one chunk, whole backward: GPipe and 1F1B, the pair notebook 03 compares against the bubble formula
+EXPLORER_SCHEDULES = tuple(n for n, spec in SPECS.items() if spec.chunks == 1 and not spec.split_backward)
 
 
 def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float = 0.02, backward_s: float = 0.02,
@@ -78,21 +79,23 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     return widgets.VBox([widgets.HBox([slider, picker]), label, curve, gantt, feedback.area])
 
 
-ZERO_BUBBLE_SCHEDULES = ("1f1b", "zb-h1", "zb-v", "dualpipev")
+ZERO_BUBBLE_SCHEDULES = ("1f1b",) + split_schedules()  # 1F1B beside every schedule with the backward split
 W_COSTS = (0.25, 0.5, 1.0, 1.5, 2.0)  # W's time as a multiple of F's (and B's)
 
 
 def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.02,
                          microbatches=(4, 6, 8, 12, 16), first_run=None) -> widgets.VBox:
-    """Sliders for ``m`` (each of ``microbatches`` at least ``2 p``, as DualPipeV needs) and for W's cost
+    """Sliders for ``m`` (each of ``microbatches`` that every schedule here can run: at least ``2 p`` for
+    DualPipeV, as the registry's specs say) and for W's cost
     (``W_COSTS`` times ``op_s``), buttons for the schedule; one step per move on ``ranks``, each stage's F
     and B padded to ``op_s`` seconds. ``first_run``: a ``PipelineRun`` of the opening setting (ZB-H1, the
     first ``m``, F, B and W all padded to ``op_s``) to draw at once instead of running it again."""
     p = ranks.world_size
-    options = [m for m in microbatches if 2 * p <= m <= x.shape[0]]
+    options = [m for m in microbatches if m <= x.shape[0]
+               and not any(SPECS[n].problems(p, m, 1, True) for n in ZERO_BUBBLE_SCHEDULES)]
     if not options:
-        raise ValueError(f"need microbatch counts from 2 p = {2 * p} to the batch's {x.shape[0]} rows; "
-                         f"got {microbatches}")
+        raise ValueError(f"need microbatch counts that every schedule here runs ({', '.join(ZERO_BUBBLE_SCHEDULES)}: "
+                         f"from 2 p = {2 * p} for DualPipeV) up to the batch's {x.shape[0]} rows; got {microbatches}")
     m_slider = SelectionSlider(options=options, value=options[0], description="microbatches m",
                                continuous_update=False, style={"description_width": "initial"})
     w_slider = SelectionSlider(options=[(f"{w:g} x F", w) for w in W_COSTS], value=1.0, description="W costs",

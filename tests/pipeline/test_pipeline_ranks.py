@@ -18,6 +18,8 @@ from torch import nn
 from shardlib import RankError
 from shardlib.models import ModelConfig
 from shardlib.pipeline import (
+    SCHEDULES,
+    SPECS,
     Action,
     Schedule,
     layers_of_stage,
@@ -65,7 +67,8 @@ def _equal_grads(a, b):
 
 
 # -- exactness -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, n_chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)])
+@pytest.mark.parametrize("name, n_chunks", [(n, SPECS[n].n_chunks(2)) for n in SCHEDULES
+                                            if not SPECS[n].split_backward])  # whole backward; the split: schedules
 @pytest.mark.parametrize("factor", [1, 2])
 def test_training_step_equals_the_unpipelined_model(pool, model, name, n_chunks, factor):
     p = pool.world_size

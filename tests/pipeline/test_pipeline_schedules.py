@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from shardlib.models import ModelConfig
-from shardlib.pipeline import Action, Schedule, make_schedule, run_pipeline, simulate
+from shardlib.pipeline import SPECS, Action, Schedule, make_schedule, run_pipeline, simulate, split_schedules
 from shardlib.pipeline.schedules import ScheduleError
 from shardlib.toy import activations, stack_weights
 
-SPLIT = ("zb-h1", "zb-v", "dualpipev")
+SPLIT = split_schedules()  # every schedule of the registry with the backward split
 N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32
 SHAPE = ModelConfig("zero bubble test", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2,
                     d_ff=2 * D_MODEL, vocab_size=64, bytes_per_param=4.0)
@@ -32,7 +32,7 @@ def test_the_split_schedules_are_whole_and_run(name, p):
     for m in (2 * p, 2 * p + 1, 4 * p):
         s = make_schedule(name, p, m)
         assert s.split_backward and s.training
-        assert s.n_chunks == (1 if name == "zb-h1" else 2)
+        assert s.n_chunks == SPECS[name].chunks
         assert len(s.all_actions()) == 3 * p * m * s.n_chunks  # F, B and W of every microbatch on every chunk
         for row in s.actions:  # W's of each chunk in microbatch order: the gradients add up as in one process
             for c in range(s.n_chunks):
@@ -58,6 +58,46 @@ def test_zb_h1_bubble_is_the_published_formula(p):
             assert _step(make_schedule("1f1b", p, m), f, b, w) - busy == (p - 1) * (f + b + w)
             assert _step(make_schedule("zb-h1", p, m), f, b, w) - busy == (p - 1) * (f + b - w)
     assert (p - 1) * (1 + 1 - 1) * 3 == (p - 1) * (1 + 1 + 1)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_zb_h2_bubble_is_the_published_formula(p):
+    """Qi et al. 2024's ZB-H2 idles (p-1)(F+B-2W): the fullest stage's idle inside its own span, every
+    stage's span starting F after the one before (a parallelogram), zero at F = B = W. One step's window
+    keeps the ramp (p-1) F when it is longer: (p-1) max(F, F+B-2W), while W is no dearer than F or B."""
+    from shardlib.pipeline import OpCosts, published_idle_s
+    for f, b, w in ((1, 1, 1), (2, 3, 1), (3, 2, 2), (1, 1, Fraction(1, 2)), (2, 2, 1), (3, 1, 1), (2, 5, 2)):
+        for m in (2 * p - 1, 2 * p, 3 * p + 1):
+            s = make_schedule("zb-h2", p, m)
+            timed = simulate(s, f, b, 0, w)
+            busy = m * (f + b + w)
+            assert max(t.end_s for t in timed) - busy == (p - 1) * max(f, f + b - 2 * w)
+            assert published_idle_s("zb-h2", p, OpCosts(f, b, w)) == (p - 1) * max(f, f + b - 2 * w)
+            inside = []
+            for r in range(p):
+                mine = [t for t in timed if t.action.stage == r]
+                assert min(t.start_s for t in mine) == r * f  # the parallelogram's left edge
+                inside.append(max(t.end_s for t in mine) - min(t.start_s for t in mine) - busy)
+            assert max(inside) == max(0, (p - 1) * (f + b - 2 * w)), (f, b, w, m, inside)
+    # F = B = W: no stage waits inside its span, where ZB-H1's first stage waits p - 1; one step, the same ramp
+    timed = {n: simulate(make_schedule(n, p, 2 * p), 1, 1, 0, 1) for n in ("zb-h1", "zb-h2")}
+    first = {n: max(t.end_s for t in ts if t.action.stage == 0) - 6 * p for n, ts in timed.items()}
+    assert first == {"zb-h1": p - 1, "zb-h2": 0}
+    assert max(t.end_s for t in timed["zb-h1"]) == max(t.end_s for t in timed["zb-h2"]) == 6 * p + p - 1
+
+
+def test_zb_h2_warms_up_longer_and_holds_2p_minus_1():
+    from shardlib.pipeline import peak_in_flight
+    for p in (1, 2, 3, 4, 8):
+        for m in (2 * p - 1, 2 * p, 4 * p):
+            s = make_schedule("zb-h2", p, m)
+            assert peak_in_flight(s) == (2 * p - 1,) * p
+            assert peak_in_flight(make_schedule("zb-h1", p, m)) == (p,) * p  # less for p >= 2
+            warmups = [next(k for k, a in enumerate(row) if a.op == "B") for row in s.actions]
+            assert warmups == [2 * (p - 1 - r) + 1 for r in range(p)]
+    with pytest.raises(ValueError, match="ZB-H2 runs 2 n_stages - 1 = 7 forwards on stage 0 before its first "
+                                         "backward, so it needs n_microbatches >= 7; got 6"):
+        make_schedule("zb-h2", 4, 6)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
@@ -168,6 +208,32 @@ def test_split_schedules_equal_the_one_process_model_bit_for_bit(pool, model, na
             slices = N_LAYERS // (2 * p)
             assert held[0] == list(range(slices)) + list(range(N_LAYERS - slices, N_LAYERS))
         assert run.sent_messages() == 2 * (p * schedule.n_chunks - 1) * m - (2 * m if schedule.n_chunks == 2 else 0)
+
+
+ZB_H2_OP_S = 0.05  # each stage's F, B and W: long beside a hand-over between stages (about 1.5 ms here)
+
+
+def test_zb_h2_on_ranks_holds_more_and_idles_as_published(pool, model):
+    """On 2 and 4 ranks: each stage holds 2p - 1 microbatches at its peak, counted on the ranks (ZB-H1: p), and
+    more activation bytes than ZB-H1 on stage 0; F, B and W padded to 50 ms, the idle share measured (median
+    of 3 steps) is the published one, evaluated with the F, B and W measured on the ranks, within 0.03. A
+    point that misses is measured once more and the lesser kept (a stall on this shared machine only adds)."""
+    from shardlib.pipeline import run_split_bubble
+    p = pool.world_size
+    runs = {n: run_pipeline(pool, make_schedule(n, p, 2 * p), SHAPE, model["layers"], model["x"], model["grad"])
+            for n in ("zb-h1", "zb-h2")}
+    assert runs["zb-h2"].peak_in_flight == (2 * p - 1,) * p and runs["zb-h1"].peak_in_flight == (p,) * p
+    assert runs["zb-h2"].peak_activation_bytes[0] > runs["zb-h1"].peak_activation_bytes[0]
+    bubbles = []
+    for _ in range(2):
+        r = run_split_bubble(pool, "zb-h2", 2 * p, SHAPE, model["layers"], model["x"], model["grad"],
+                             op_s=ZB_H2_OP_S, weight_s=ZB_H2_OP_S, repeats=3)
+        bubbles.append(r)
+        if abs(r.measured - r.published) <= 0.03:
+            break
+    best = min(bubbles, key=lambda r: r.measured)
+    assert best.peak_in_flight == (2 * p - 1,) * p
+    assert abs(best.measured - best.published) <= 0.03, [(r.attempts, r.published, r.costs) for r in bubbles]
 
 
 def test_whole_blocks_split_exactly_too(pool2, model):

@@ -11,6 +11,7 @@ from shardlib.data_parallel import STATE_BYTES_MEGATRON, layer_activation_bytes
 from shardlib.hardware import H100_80GB, gpu_cluster
 from shardlib.mesh import Layout
 from shardlib.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from shardlib.pipeline.registry import schedule_spec
 from shardlib.serving import Workload, plan_serving
 from shardlib.serving.traffic import axis_link
 from shardlib.training import TrainingWorkload, plan_training
@@ -87,8 +88,14 @@ def test_cp_shards_the_optimizer_and_the_tokens():
 def test_in_flight_microbatches():
     assert [in_flight(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
     assert in_flight(0, 4, 2) == 2  # never more than there are
-    assert in_flight(0, 4, 8, "interleaved", chunks=2) == pytest.approx(4 * (1 + 3 / 8))  # Korthikanti 4.2.3
-    assert in_flight(3, 4, 8, "interleaved", chunks=2) == pytest.approx(1 + 3 / 2)
+    assert in_flight(0, 4, 8, "interleaved-1f1b", chunks=2) == pytest.approx(4 * (1 + 3 / 8))  # Korthikanti 4.2.3
+    assert in_flight(3, 4, 8, "interleaved-1f1b", chunks=2) == pytest.approx(1 + 3 / 2)
+    for schedule, chunks in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4)):  # the registry's peak
+        assert in_flight(0, 4, 8, schedule, chunks=chunks) == schedule_spec(schedule).in_flight.peak(4, 8, chunks)
+    with pytest.raises(ValueError, match="unknown schedule 'interleaved'; use one of '1f1b', 'interleaved-1f1b'"):
+        in_flight(0, 4, 8, "interleaved")
+    with pytest.raises(ValueError, match="unknown schedule 'zb-h1'"):  # the planner's model covers these two only
+        TrainingWorkload(schedule="zb-h1")
 
 
 # -- published figures ------------------------------------------------------------------------------------
@@ -211,6 +218,9 @@ def test_step_time_terms_by_hand():
     assert s.n_microbatches == 32 and s.bubble_s == pytest.approx(3 * s.compute_s / 32)  # (p - 1) slots
     assert s.tp_s == 0 and s.cp_s == 0 and s.pp_s > 0
     assert s.tokens_per_s == pytest.approx(4096 * 64 / s.step_s)
+    interleaved = dataclasses.replace(w, schedule="interleaved-1f1b", chunks=4)
+    t = score_training(LLAMA_3_8B, cluster, Layout(1, 4, 2, dp_strategy="zero1"), interleaved, 1, "selective")
+    assert t.compute_s == s.compute_s and t.bubble_s == pytest.approx(s.bubble_s / 4)  # (p - 1) / v slots
 
 
 def test_ties_go_to_fewer_splits_then_lower_zero_stage():
