@@ -48,6 +48,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.units",
     "shardlib.serving.memory",
     "shardlib.serving.planner",
+    "shardlib.serving.cost",
     "shardlib.serving.decode",
     "shardlib.serving.fit",
     "shardlib.serving.reasons",
