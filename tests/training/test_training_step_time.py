@@ -17,12 +17,14 @@ from shardlib.training.time_model import TrainingWorkload, model_flops_per_token
 from shardlib.training.toy_prediction import (
     LAYOUTS_4,
     STEP_TIME_CONFIG,
+    TOY_TIME_SETTINGS,
     average_ranks,
     optimizer_bytes_per_param,
     predict_step,
     spearman,
     step_config,
     step_workload,
+    toy_config_settings,
 )
 
 LINK = Link("test link", 1e9, 1e-3)
@@ -77,6 +79,24 @@ def test_the_toy_workload_counts_the_toys_bytes():
     assert w.comm_bytes_per_value == 4 and w.kernel_efficiency == 1.0 and w.recompute == ("none",)
     assert optimizer_bytes_per_param(STEP_TIME_CONFIG) == 28  # read w, g, m, v; write w, m, v; float32
     assert optimizer_bytes_per_param(TrainingConfig(dtype="float64")) == 56
+
+
+def test_the_toy_is_the_planners_model_with_its_settings_listed_once():
+    """The toy's workload is the planner's defaults but for what ``TOY_TIME_SETTINGS`` and the config list
+    (each differing from the default, so the list is exactly what the toy changes), and its prediction is
+    ``score_training`` on it: one model."""
+    c, defaults = STEP_TIME_CONFIG, TrainingWorkload()
+    w = step_workload(c, 4)
+    listed = {**TOY_TIME_SETTINGS, **toy_config_settings(c)}
+    assert {k: getattr(defaults, k) == v for k, v in listed.items()} == {k: False for k in listed}
+    differs = {f.name for f in dataclasses.fields(TrainingWorkload) if getattr(w, f.name) != getattr(defaults, f.name)}
+    assert differs == set(listed) | {"global_batch_tokens"}
+    assert {k: getattr(w, k) for k in listed} == listed
+    cluster = toy_cluster(LINK, flops_per_s=1e10, nodes=1, ranks_per_node=4)
+    for layout in LAYOUTS_4.values():
+        config = step_config(c, layout, 4)
+        assert predict_step(cluster, layout, c, 4) == score_training(c.model, cluster, layout, w, config.microbatch,
+                                                                     "none")
 
 
 def test_the_planners_terms_for_a_toy_layout_by_hand():
