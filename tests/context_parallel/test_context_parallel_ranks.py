@@ -219,8 +219,12 @@ def test_the_next_block_moves_while_this_one_computes(pool2):
 
 
 def test_the_exchange_calibration_fits_a_link(pool2):
-    link = run_exchange_calibration(pool2, 1 << 20).link
-    assert link.one_way_bytes_per_s > 1e7 and link.latency_s < 0.05
+    def plausible(fit):  # loopback: well above 10 MB/s, well under 50 ms a message (a busy machine can spoil it)
+        return fit.link.one_way_bytes_per_s > 1e7 and fit.link.latency_s < 0.05
+
+    link = claim_timing(lambda: run_exchange_calibration(pool2, 1 << 20), plausible,
+                        "the ring exchange fits a loopback link",
+                        lambda f: f"{f.link.one_way_bytes_per_s / 1e9:.3f} GB/s, {f.link.latency_s * 1e3:.2f} ms").link
     assert "ring exchange" in link.name
 
 
