@@ -65,18 +65,24 @@ def _compare(replicas, split, n: int) -> ReplicasVsTensorParallel:
                                        tp_compute_s=max(stage.read_s, stage.compute_s), tp_tokens_per_step=split.batch)
 
 
+def _both_ways(model: ModelConfig, gpu: GPU, n: int, link: Link | None, workload: Workload):
+    """``n`` replicas and one copy at ``tp = n`` on one node of ``n`` GPUs: each way's ``(layout, problem,
+    loaded score, alone score)``, and, when both serve, their pairs loaded and alone (else ``None``)."""
+    cluster = gpu_cluster(gpu, 1, n, intra_link=link)
+    rep = (Layout(1, 1, n), *_loaded_and_alone(model, cluster, Layout(1, 1, n), workload))
+    split = (Layout(n, 1, 1), *_loaded_and_alone(model, cluster, Layout(n, 1, 1), workload))
+    if rep[1] or split[1]:
+        return rep, split, None
+    return rep, split, (_compare(rep[2], split[2], n), _compare(rep[3], split[3], n))
+
+
 def replicas_against_tp(model: ModelConfig, gpu: GPU, n: int, link: Link | None = None,
                         workload: Workload = Workload(), loaded: bool = True) -> ReplicasVsTensorParallel | None:
     """``n`` replicas against one copy split ``tp = n`` ways on one node of ``n`` ``gpu`` s (``link``: the
     GPU's node link unless given), each at the batch free memory affords (``loaded``) or one sequence
     alone; ``None`` when either way cannot serve."""
-    cluster = gpu_cluster(gpu, 1, n, intra_link=link)
-    rep = _loaded_and_alone(model, cluster, Layout(1, 1, n), workload)
-    split = _loaded_and_alone(model, cluster, Layout(n, 1, 1), workload)
-    if rep[0] or split[0]:
-        return None
-    pick = 1 if loaded else 2
-    return _compare(rep[pick], split[pick], n)
+    pairs = _both_ways(model, gpu, n, link, workload)[2]
+    return None if pairs is None else pairs[0 if loaded else 1]
 
 
 def _point(label: str, layout: Layout, problem: str, loaded, alone, step_s=None, step_alone_s=None,
@@ -96,18 +102,14 @@ def latency_vs_throughput(model: ModelConfig, gpu: GPU, link: Link | None = None
     tokens per second are those of ``replicas_vs_tensor_parallel`` (see the module docstring)."""
     out = [_point("1 GPU", Layout(1, 1), *_loaded_and_alone(model, gpu_cluster(gpu, 1, 1), Layout(1, 1), workload))]
     for n in degrees:
-        cluster = gpu_cluster(gpu, 1, n, intra_link=link)
-        rep_layout, tp_layout = Layout(1, 1, n), Layout(n, 1, 1)
-        rep, split = (_loaded_and_alone(model, cluster, rep_layout, workload),
-                      _loaded_and_alone(model, cluster, tp_layout, workload))
-        if rep[0] or split[0]:
-            out += [_point(f"{n} replicas", rep_layout, *rep), _point(f"tp = {n}", tp_layout, *split)]
+        rep, split, pairs = _both_ways(model, gpu, n, link, workload)
+        if pairs is None:
+            out += [_point(f"{n} replicas", *rep), _point(f"tp = {n}", *split)]
             continue
-        pair, pair_alone = _compare(rep[1], split[1], n), _compare(rep[2], split[2], n)
-        out.append(_point(f"{n} replicas", rep_layout, *rep, pair.replica_step_s, pair_alone.replica_step_s,
-                          pair.replicas_tokens_per_s))
-        out.append(_point(f"tp = {n}", tp_layout, *split, pair.tp_step_s, pair_alone.tp_step_s,
-                          pair.tp_tokens_per_s))
+        loaded, alone = pairs
+        out.append(_point(f"{n} replicas", *rep, loaded.replica_step_s, alone.replica_step_s,
+                          loaded.replicas_tokens_per_s))
+        out.append(_point(f"tp = {n}", *split, loaded.tp_step_s, alone.tp_step_s, loaded.tp_tokens_per_s))
     return tuple(out)
 
 
