@@ -238,7 +238,8 @@ def test_importing_a_pure_module_does_not_start_the_runtime():
     import subprocess
     import sys
 
-    code = ("import sys; import shardlib.serving.planner, shardlib.pipeline.predict, shardlib.costs.predict; "
+    code = ("import sys; import shardlib.serving.planner, shardlib.serving.cost, shardlib.pipeline.predict, "
+            "shardlib.costs.predict; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('shardlib.runtime.r')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=ROOT.parent)
