@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_data_parallel.py
 	$(BIN)/python benchmarks/bench_context_parallel.py
 	$(BIN)/python benchmarks/bench_training.py
+	$(BIN)/python benchmarks/bench_planners.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

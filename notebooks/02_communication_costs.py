@@ -144,7 +144,7 @@ for preset in LINKS.values():
 # Before running the next cell: which column changes with the link, and which with the shard count?
 
 # %%
-from shardlib.costs import format_tp_cost_table, tp_decode_cost, tp_prefill_cost
+from shardlib.serving import format_tp_cost_table, tp_decode_cost, tp_prefill_cost
 from shardlib.models import LLAMA_3_8B
 
 print(format_tp_cost_table(LLAMA_3_8B, LINKS.values(), tp_degrees=(2, 4, 8), prompt_tokens=2048))
@@ -201,7 +201,7 @@ assert 13.5 < gap < 14.0
 # bandwidth-bound. "Decode is latency-bound" is a statement about small batches.
 
 # %%
-from shardlib.costs import decode_crossover_batch
+from shardlib.serving import decode_crossover_batch
 from shardlib.models import LLAMA_3_70B
 
 print("Llama-3-8B decode, one latency per call: the batch above which an all-reduce is bandwidth-bound")
@@ -259,7 +259,7 @@ link_comparison_figure(list(LINKS.values()), "all_reduce", 8, latency_charge="pe
 # `2(n-1)/n` of the tensor.
 
 # %%
-from shardlib.costs import pipeline_vs_tensor
+from shardlib.serving import pipeline_vs_tensor
 
 for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
     cmp = pipeline_vs_tensor(LLAMA_3_8B, 4, LINKS[name], tokens=2048)

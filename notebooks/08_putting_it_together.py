@@ -60,7 +60,7 @@
 # The crossover batch, from the course's link figures at `tp = 8` (a model, not a measurement):
 
 # %%
-from shardlib.costs.predict import tp_decode_cost
+from shardlib.serving.cost import tp_decode_cost
 from shardlib.hardware import INFINIBAND_400G, NVLINK, PCIE_GEN4
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
 

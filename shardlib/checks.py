@@ -2,7 +2,7 @@
 
 Each check returns the value (converted: ``int``, ``float``) or raises ``ValueError`` saying what was
 expected, in the learner's terms, and what was given. ``True`` and ``False`` are refused as numbers
-(``bool`` is an ``int`` subclass in Python, and ``tp=True`` is a mistake, not a 1).
+(``bool`` is an ``int`` subclass in Python, and ``tp=True`` is a mistake, not a 1). Pure: no torch.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ norm and an untied head). ``quantized(bits)`` stores the layers' matrices as GPT
 2023; Lin et al. 2024): groups of 128 weights with one 16-bit scale, ``bits + 16 / 128`` bits a weight.
 Also here, one home each: the tensor-parallel shape rules and what passing a wall costs (KV heads
 copied, the vocabulary padded), KV heads per device and KV-cache bytes, uneven pipeline stages. One idea:
-what a model's shape alone says, before any device is chosen.
+what a model's shape alone says, before any device is chosen. Pure: no torch.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ attention) then ``h = h + mlp(rms_norm(h))`` (gated: ``down(silu(gate(n)) * up(n
 scale, no embedding or head. A layer's weights are a dict of ``(out, in)`` matrices (``q, k, v, o``,
 ``gate, up, down``); a layer may hold only one part (the pipeline demos use MLP-only layers). Every weight
 comes from ``weight``: seeded, scaled by ``1/sqrt(in)``, the same in the notebook and on every rank.
-These are the one-process references every sharded computation is checked against.
+These are the one-process references every sharded computation is checked against. Pure: torch, no ranks.
 """
 
 from __future__ import annotations

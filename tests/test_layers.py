@@ -1,22 +1,25 @@
 """The package's layers hold: imports point down only, and pure modules stay pure.
 
-Every module of ``shardlib`` is given a layer here (a new module must be added, or this test fails):
+Every module of ``shardlib`` gets its layer from the tree, not from a list:
 
-    pure      models, hardware, formulas, schedules, routing, alpha-beta costs, the planner, references
-    runtime   the rank pool, the worker, the context, recorded collectives
-    rank      rank functions and the layers they run on a rank
-    driver    what runs rank functions on a pool and gathers the results
-    ui        figures, widgets, quiz, static export; exercises sit beside it
+    pure      its file named for the role (``reference.py``, ``predict.py``), or its docstring saying so
+              ("Pure: no torch.", "Pure: torch, no ranks."); "no torch" there means no torch at all
+    runtime   the rest of ``runtime/``: the rank pool, the worker, the context, recorded collectives
+    rank      ``ranks.py``, and every other module that imports torch: the mechanisms a rank runs
+    driver    ``drivers.py`` and ``*_drivers.py``, and the few entry points in ``DRIVERS``
+    ui        ``ui/``; exercises sit beside it
 
-A module may import modules of its own layer or below. Pure modules import no ``torch.distributed``, no
-plotly, no ipywidgets; some pure modules import no torch at all; nothing below the UI imports plotly
-or ipywidgets. The walk is static (the import statements of each file) and transitive, and it counts the
-``__init__`` of every package a module lives in, because Python runs those too.
+A module that none of these places (no role name, no word in its docstring, no torch) has no layer, and
+this test says so. A module may import modules of its own layer or below. Pure modules import no
+``torch.distributed``, no plotly, no ipywidgets; nothing below the UI imports plotly or ipywidgets. The
+walk is static (the import statements of each file) and transitive, and it counts the ``__init__`` of
+every package a module lives in, because Python runs those too.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -24,112 +27,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "shardlib"
 ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, "exercises": 4}
-# Modules named for their role take the role's layer (``ROLES``); every other module is listed in
-# ``LAYERS``, one a line, grouped by package (a new module must be added, or this test fails).
 ROLES = {"reference": "pure", "predict": "pure", "ranks": "rank", "drivers": "driver"}
-PURE_WITHOUT_TORCH = {
-    "shardlib.checks",
-    "shardlib.models",
-    "shardlib.hardware",
-    "shardlib.runtime.timeline",
-    "shardlib.runtime.records",
-    "shardlib.runtime.devices",
-    "shardlib.costs.emulation",
-    "shardlib.pipeline.schedules",
-    "shardlib.pipeline.orders",
-    "shardlib.pipeline.registry",
-    "shardlib.pipeline.classic",
-    "shardlib.pipeline.zero_bubble",
-    "shardlib.pipeline.bubbles",
-    "shardlib.pipeline.predict",
-    "shardlib.pipeline.stages",
-    "shardlib.costs.alpha_beta",
-    "shardlib.costs.predict",
-    "shardlib.costs.calibration",
-    "shardlib.mesh",
-    "shardlib.units",
-    "shardlib.serving.engine.requests",
-    "shardlib.serving.engine.blocks",
-    "shardlib.serving.engine.scheduler",
-    "shardlib.serving.engine.traces",
-    "shardlib.serving.memory",
-    "shardlib.serving.planner",
-    "shardlib.serving.decode",
-    "shardlib.serving.fit",
-    "shardlib.serving.reasons",
-    "shardlib.serving.replicas",
-    "shardlib.serving.traffic",
-    "shardlib.training.memory",
-    "shardlib.training.published",
-    "shardlib.training.time_model",
-    "shardlib.training.planner",
-    "shardlib.training.choices",
-    "shardlib.data_parallel.flat",
-    "shardlib.data_parallel.predict",
-    "shardlib.context_parallel.predict",
-    "shardlib.context_parallel.memory",
-    "shardlib.context_parallel.placement",
-}
-LAYERS = {
-    "pure": PURE_WITHOUT_TORCH | {
-        "shardlib.toy",
-        "shardlib.runtime.measure",
-        "shardlib.pipeline.reference",
-        "shardlib.experts.routing",
-        "shardlib.experts.balance",
-        "shardlib.experts.placement",
-        "shardlib.data_parallel.reference",
-        "shardlib.data_parallel.activations",
-        "shardlib.context_parallel.online_softmax",
-        "shardlib.context_parallel.reference",
-        "shardlib.training.corpus",
-        "shardlib.training.toy_prediction",
-        "shardlib.serving.engine.llama",
-        "shardlib.serving.engine.loop",
-        "shardlib.serving.engine.predict",
-    },
-    "runtime": {
-        "shardlib.runtime.ranks",
-        "shardlib.runtime.worker",
-        "shardlib.runtime.context",
-        "shardlib.runtime.comm",
-        "shardlib.runtime.launcher",
-        "shardlib.runtime.template",
-        "shardlib.runtime.errors",
-        "shardlib.runtime.holding",
-        "shardlib.runtime.staging",
-    },
-    "rank": {
-        "shardlib.tensor_parallel.layers",
-        "shardlib.tensor_parallel.blocks",
-        "shardlib.tensor_parallel.sequence_parallel",
-        "shardlib.tensor_parallel.vocab",
-        "shardlib.pipeline.engine",
-        "shardlib.pipeline.messages",
-        "shardlib.pipeline.torch_peer",
-        "shardlib.experts.dispatch",
-        "shardlib.data_parallel.buckets",
-        "shardlib.data_parallel.zero3",
-        "shardlib.data_parallel.peer",
-        "shardlib.context_parallel.ring",
-        "shardlib.context_parallel.ulysses",
-        "shardlib.serving.layouts",
-        "shardlib.serving.engine.paged",
-        "shardlib.serving.engine.ranks",
-        "shardlib.training.step",
-    },
-    "driver": {
-        "shardlib.pipeline.bubble_drivers",
-        "shardlib.context_parallel.grad_drivers",
-        "shardlib.serving.across",
-        "shardlib.serving.engine.drivers",
-        "shardlib.serving.machines",
-        "shardlib.training.machines",
-        "shardlib.training.step_time",
-        "shardlib.launch",
-    },
-}
+# Entry points that run rank functions on a pool or under torchrun without a role's file name.
+DRIVERS = {"shardlib.serving.across", "shardlib.serving.machines", "shardlib.training.machines",
+           "shardlib.training.step_time", "shardlib.launch"}
+PURE_WORDS = re.compile(r"\bpure\b|\bno ranks\b", re.IGNORECASE)
+NO_TORCH_WORDS = re.compile(r"\bno (``)?torch(``)?(?!\.\w)")  # "no torch", not "no torch.distributed"
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
+
+
+def _docstring(path: Path) -> str:
+    return " ".join((ast.get_docstring(ast.parse(path.read_text()), clean=False) or "").split())
+
+
+def says_pure(path: Path) -> bool:
+    return bool(PURE_WORDS.search(_docstring(path)))
+
+
+def says_no_torch(path: Path) -> bool:
+    return says_pure(path) and bool(NO_TORCH_WORDS.search(_docstring(path)))
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -145,10 +61,16 @@ def module_files(root: Path) -> dict[str, Path]:
 
 def direct_imports(name: str, path: Path, known: set[str]) -> tuple[set[str], set[str]]:
     """``(internal, external)``: the package's modules and the outside modules ``path`` imports,
-    wherever in the file (a function-local import counts as much as one at the top)."""
+    wherever in the file (a function-local import counts as much as one at the top), but for those under
+    ``if TYPE_CHECKING:``, which Python never runs."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     internal, external = set(), set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(block.test) for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -183,17 +105,25 @@ def closure(start: str, graph: dict[str, set[str]]) -> set[str]:
     return seen
 
 
-def layer_of(module: str, files: dict[str, Path]) -> str:
-    for layer, members in LAYERS.items():
-        if module in members:
-            return layer
-    parts = module.split(".")
-    if files[module].name == "__init__.py" or module == "shardlib._lazy":
+def layer_of(module: str, files: dict[str, Path], externals: dict[str, set[str]] | None = None) -> str:
+    """The module's layer, read from its place in the tree, its file name and its docstring."""
+    parts, path = module.split("."), files[module]
+    if path.name == "__init__.py" or module == "shardlib._lazy":
         return "infra"
     if parts[1] in ("ui", "exercises"):
         return parts[1]
-    if len(parts) == 3 and parts[2] in ROLES:
-        return ROLES[parts[2]]
+    role = ROLES.get(parts[-1], "driver" if parts[-1].endswith("_drivers") else None) if len(parts) >= 3 else None
+    if parts[1] == "runtime" and not says_pure(path):
+        return "runtime"
+    if role:
+        return role
+    if says_pure(path):
+        return "pure"
+    if module in DRIVERS:
+        return "driver"
+    imports = direct_imports(module, path, set(files))[1] if externals is None else externals[module]
+    if any(m == "torch" or m.startswith("torch.") for m in imports):
+        return "rank"
     raise KeyError(module)
 
 
@@ -206,19 +136,21 @@ def violations(root: Path) -> list[str]:
     found = []
     for name in sorted(files):
         try:
-            layer = layer_of(name, files)
+            layer = layer_of(name, files, externals)
         except KeyError:
-            found.append(f"{name} has no layer: add it to LAYERS in tests/test_layers.py")
+            found.append(f"{name} has no layer: name it for its role, or say \"Pure: no torch.\" (or what it is) "
+                         "in its docstring")
             continue
         reached = closure(name, graph)
         outside = set(externals[name]).union(*(externals[m] for m in reached))
         for dep in sorted(reached):
-            dep_layer = layer_of(dep, files) if dep in files else "infra"
+            dep_layer = layer_of(dep, files, externals) if dep in files else "infra"
             if ORDER[dep_layer] > ORDER[layer]:
                 found.append(f"{name} ({layer}) imports {dep} ({dep_layer}), a layer above it")
         if layer == "pure" and any(m == "torch.distributed" or m.startswith("torch.distributed.") for m in outside):
             found.append(f"{name} (pure) imports torch.distributed")
-        if name in PURE_WITHOUT_TORCH and any(m == "torch" or m.startswith("torch.") for m in outside):
+        if layer == "pure" and says_no_torch(files[name]) and any(m == "torch" or m.startswith("torch.")
+                                                                  for m in outside):
             found.append(f"{name} (pure, no torch) imports torch")
         if ORDER[layer] < ORDER["ui"] and any(m.split(".")[0] in UI_LIBRARIES for m in outside):
             found.append(f"{name} ({layer}) imports a UI library: "
@@ -230,11 +162,25 @@ def test_the_package_keeps_its_layers():
     assert violations(ROOT) == []
 
 
-def test_every_listed_module_exists():
+def test_every_listed_driver_exists_and_needs_its_listing():
     files = module_files(ROOT)
-    missing = sorted(m for members in LAYERS.values() for m in members if m not in files)
-    missing += sorted(m for m in PURE_WITHOUT_TORCH if m not in files)
-    assert missing == []
+    assert sorted(m for m in DRIVERS if m not in files) == []
+    unlisted = {m: layer_of(m, files) for m in DRIVERS if not says_pure(files[m])}
+    assert all(layer == "driver" for layer in unlisted.values()), unlisted
+
+
+def test_the_pure_modules_say_so_and_the_ones_without_torch_say_that_too():
+    """The docstrings carry the layers: a sample of what each rule finds in today's tree."""
+    files = module_files(ROOT)
+    layers = {m: layer_of(m, files) for m in files}
+    no_torch = {m for m in files if layers[m] == "pure" and says_no_torch(files[m])}
+    assert {"shardlib.models", "shardlib.checks", "shardlib.costs.alpha_beta", "shardlib.serving.cost",
+            "shardlib.serving.planner", "shardlib.training.time_model", "shardlib.runtime.records"} <= no_torch
+    assert {"shardlib.toy", "shardlib.runtime.measure", "shardlib.training.toy_prediction"} <= {
+        m for m in files if layers[m] == "pure"} - no_torch  # pure, with torch
+    assert layers["shardlib.runtime.comm"] == "runtime" and layers["shardlib.runtime.ranks"] == "runtime"
+    assert layers["shardlib.pipeline.engine"] == layers["shardlib.tensor_parallel.layers"] == "rank"
+    assert layers["shardlib.pipeline.bubble_drivers"] == layers["shardlib.serving.drivers"] == "driver"
 
 
 @pytest.mark.parametrize("module, line, expected", [
@@ -266,7 +212,24 @@ def test_a_new_module_must_be_given_a_layer(tmp_path):
     copy = tmp_path / "shardlib"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "costs" / "extra.py").write_text("X = 1\n")
-    assert violations(copy) == ["shardlib.costs.extra has no layer: add it to LAYERS in tests/test_layers.py"]
+    assert violations(copy) == ["shardlib.costs.extra has no layer: name it for its role, or say \"Pure: no torch.\" "
+                                "(or what it is) in its docstring"]
+
+
+def test_a_docstring_that_says_no_torch_is_held_to_it(tmp_path):
+    copy = tmp_path / "shardlib"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "costs" / "extra.py").write_text('"""A formula. Pure: no torch."""\nimport torch\n')
+    (copy / "serving" / "extra.py").write_text('"""Pure: torch, no ranks."""\nfrom ..runtime.comm import Comm\n')
+    found = violations(copy)
+    assert "shardlib.costs.extra (pure, no torch) imports torch" in found
+    assert any(v.startswith("shardlib.serving.extra (pure) imports shardlib.runtime.comm (runtime)") for v in found)
+    # a mechanism (torch, no word in its docstring) is a rank module: the pure may not import it
+    (copy / "serving" / "extra.py").write_text('"""A mechanism."""\nimport torch\n')
+    with open(copy / "serving" / "fit.py", "a") as f:
+        f.write("\nfrom .extra import torch\n")
+    assert any(v.startswith("shardlib.serving.fit (pure) imports shardlib.serving.extra (rank)")
+               for v in violations(copy))
 
 
 def test_importing_a_pure_module_does_not_start_the_runtime():
@@ -275,7 +238,8 @@ def test_importing_a_pure_module_does_not_start_the_runtime():
     import subprocess
     import sys
 
-    code = ("import sys; import shardlib.serving.planner, shardlib.pipeline.predict, shardlib.costs.predict; "
+    code = ("import sys; import shardlib.serving.planner, shardlib.serving.cost, shardlib.pipeline.predict, "
+            "shardlib.costs.predict; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('shardlib.runtime.r')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=ROOT.parent)

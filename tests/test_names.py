@@ -132,10 +132,39 @@ def test_a_module_over_300_lines_says_why_it_is_one_idea():
     assert long == []
 
 
-MECHANISMS = ("tensor_parallel/layers", "tensor_parallel/blocks", "tensor_parallel/sequence_parallel",
-              "pipeline/engine", "pipeline/messages", "experts/dispatch", "data_parallel/buckets",
-              "data_parallel/zero3", "context_parallel/ring", "context_parallel/ulysses",
-              "context_parallel/online_softmax", "serving/layouts")
+def mechanism_modules() -> tuple[str, ...]:
+    """The mechanisms, found in the tree: every module a rank runs (``test_layers``' rank layer) that is
+    not a rank-function module (``ranks.py``, or one defining ``*_on_rank``), and the pure modules of its
+    own package it imports (the online softmax of the ring, the experts' routing)."""
+    import ast
+
+    from test_layers import direct_imports, layer_of, module_files
+
+    files = module_files(PACKAGE)
+
+    def rank_functions(path):
+        body = ast.parse(path.read_text()).body
+        return any(isinstance(n, ast.FunctionDef) and n.name.endswith("_on_rank") for n in body)
+
+    found = {m for m in files if len(m.split(".")) == 3 and m.split(".")[1] != "runtime"
+             and m.split(".")[2] != "ranks" and layer_of(m, files) == "rank" and not rank_functions(files[m])}
+    for m in list(found):
+        package = m.rpartition(".")[0]
+        found |= {d for d in direct_imports(m, files[m], set(files))[0]
+                  if d.rpartition(".")[0] == package and layer_of(d, files) == "pure"
+                  and d.rpartition(".")[2] not in ("predict", "reference")}
+    return tuple(sorted(m.removeprefix("shardlib.").replace(".", "/") for m in found))
+
+
+MECHANISMS = mechanism_modules()
+
+
+def test_the_mechanisms_are_found():
+    assert {"tensor_parallel/layers", "tensor_parallel/blocks", "tensor_parallel/sequence_parallel", "pipeline/engine",
+            "pipeline/messages", "experts/dispatch", "data_parallel/buckets", "data_parallel/zero3",
+            "context_parallel/ring", "context_parallel/ulysses", "context_parallel/online_softmax",
+            "serving/layouts"} <= set(MECHANISMS)
+    assert "pipeline/torch_peer" not in MECHANISMS  # it runs torch's runtime on a rank, timed: a rank function
 
 
 @pytest.mark.parametrize("module", MECHANISMS)

@@ -2,8 +2,8 @@
 
 * ``alpha_beta`` (pure): each collective's time from a link's latency and bandwidth (ring formulas),
   nccl-tests' algorithm and bus bandwidth, the crossover between latency- and bandwidth-bound.
-* ``predict`` (pure): decode against prefill per forward pass (the chapter's table), the batch where decode
-  turns bandwidth-bound, pipeline against tensor traffic, replicas against tensor parallelism.
+* ``predict`` (pure): replicas against tensor parallelism, from a step's compute and communication (the
+  prediction of the live demo; the serving planner's replicas-against-tp pairs build on it).
 * ``calibration`` (pure): the least-squares fit of a latency and a bandwidth to measured times.
 * ``emulation`` (pure): ``EmulatedLink``, a slow link between "nodes" of one machine, priced by alpha-beta.
 * ``ranks``: rank functions: the sweep (whole pool or its first ranks), a slow rank, serving both ways.
@@ -11,7 +11,8 @@
   each sweep's rounds spread over time, every size in turn, and ``measure_until`` (a measurement
   retried on a busy machine, saying how many attempts it took).
 
-The links themselves are facts, in ``shardlib.hardware``.
+The links themselves are facts, in ``shardlib.hardware``. A whole forward pass priced (decode against
+prefill, the crossover batch, pipeline against tensor) is ``shardlib.serving.cost``.
 """
 
 from .._lazy import exports
@@ -20,10 +21,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "alpha_beta": ("COLLECTIVE_OPS", "cost_terms", "collective_terms_s", "collective_time_s", "all_reduce_s",
                    "all_gather_s", "reduce_scatter_s", "all_to_all_s", "point_to_point_s", "algorithm_bandwidth",
                    "bus_bandwidth", "crossover_bytes"),
-    "predict": ("PhaseCost", "tp_forward_cost", "tp_decode_cost", "tp_prefill_cost", "tp_cost_table",
-                "format_tp_cost_table", "decode_crossover_batch", "PipelineVsTensor", "pipeline_vs_tensor",
-                "decode_step_compute_s",
-                "fits_on_device", "ReplicasVsTensorParallel", "replicas_vs_tensor_parallel"),
+    "predict": ("ReplicasVsTensorParallel", "replicas_vs_tensor_parallel"),
     "emulation": ("EmulatedLink",),
     "calibration": ("Sample", "LinkFit", "Calibration", "fit_link", "r_squared", "fastest_of_slowest",
                     "median_of_slowest", "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),

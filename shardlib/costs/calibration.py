@@ -6,7 +6,7 @@ collective ends for everybody when the last rank is done) in the fastest or the 
 ``fit_link`` solves ``t = steps * alpha + factor * S / B`` (``alpha_beta.cost_terms``), linear in
 ``alpha`` and ``1 / B``, for relative errors, so small messages weigh as much as large ones. Its quality
 is R squared of log(time), as on the log-log plot, with the median relative error beside it.
-Notebook 02 says why the fastest round is a floor and the median the typical call.
+Notebook 02 says why the fastest round is a floor and the median the typical call. Pure: no torch.
 """
 
 from __future__ import annotations

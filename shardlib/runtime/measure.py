@@ -8,7 +8,7 @@
 * ``TOLERANCE``: the largest gap allowed against a one-process reference where a cross-rank sum happens.
 * ``timing_claim``: a timing claim a busy machine spoiled: numbers and a sentence for a learner, a failure in CI.
 
-Mechanism modules never call these: the rank functions attach them from outside. Torch only.
+Mechanism modules never call these: the rank functions attach them from outside. Pure: torch, no ranks.
 """
 
 from __future__ import annotations

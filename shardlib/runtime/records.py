@@ -1,4 +1,4 @@
-"""What the comm log holds: one ``CommRecord`` per call with two byte counts, and summaries.
+"""What the comm log holds (pure: no torch): one ``CommRecord`` per call with two byte counts, and summaries.
 
 ``size_bytes`` is nccl-tests' size (the buffer, as one rank sees it); ``wire_bytes`` is what this rank
 puts on the wire under the bandwidth-optimal ring (Patarasuk and Yuan 2009), behind nccl-tests' bus

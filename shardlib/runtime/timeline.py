@@ -11,7 +11,7 @@ launch, not its work. A ``Timeline`` given ``sync`` (the rank's ``ctx.sync``, wh
 calls it before reading the clock at each end of a ``span`` and in ``now_s``, so a span covers the
 work. On CPU there is nothing to wait for and ``sync`` is ``None``.
 
-This module is pure: it never imports ``torch.distributed``.
+This module is pure: no torch (nor ``torch.distributed``).
 """
 
 from __future__ import annotations

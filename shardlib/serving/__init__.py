@@ -5,12 +5,15 @@ Pure (no ranks, no torch):
 * ``memory``: ``Workload`` (incl. kernel efficiency), memory per GPU, the batch free memory affords, the
   shape rules and their reasons.
 * ``traffic``: which link each mesh axis uses; the traffic of a forward pass per axis.
+* ``cost``: one forward pass under tensor parallelism: the TP all-reduces (every one the package prices),
+  weights read and FLOPs; decode against prefill, the crossover batch, pipeline against tensor traffic.
 * ``decode``: the serving cost model: steady-state pipelined decode (a token's trip, the slowest stage)
   and prefill of one layout, ``score``; floors unless a kernel efficiency is set.
 * ``reasons``: the planner's reasons in words, TP across nodes against PP across nodes.
 * ``planner``: every layout enumerated, rejected or scored, ranked: ``plan_serving``, ``format_plan``.
 * ``fit``: does a model fit one GPU, with how much room for KV cache; how many GPUs it needs.
-* ``replicas``: replicas against one copy split tp ways, latency per token and tokens/s per GPU.
+* ``replicas``: replicas against one copy split tp ways, latency per token and tokens/s per GPU (built on
+  ``costs.predict.replicas_vs_tensor_parallel``).
 
 On ranks:
 
@@ -36,12 +39,16 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                "check_layout"),
     "traffic": ("hop_links", "return_link", "axis_link", "pipeline_crosses_nodes", "tp_crosses_nodes", "AxisTraffic",
                 "forward_traffic"),
+    "cost": ("ALL_REDUCES_PER_LAYER", "TPAllReduces", "tp_all_reduces", "PhaseCost", "tp_forward_cost",
+             "tp_decode_cost", "tp_prefill_cost", "tp_cost_table", "format_tp_cost_table", "decode_crossover_batch",
+             "PipelineVsTensor", "pipeline_vs_tensor", "decode_step_compute_s", "forward_flops", "layer_read_bytes",
+             "fits_on_device"),
     "decode": ("StageCost", "stage_costs", "Score", "score"),
     "reasons": ("TP_ACROSS", "PP_ACROSS", "kind", "counterpart", "compare"),
     "planner": ("OBJECTIVES", "Plan", "enumerate_layouts", "objective_workload", "plan_serving",
                 "format_plan", "format_choices"),
     "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
-    "replicas": ("ServingPoint", "latency_vs_throughput", "format_latency_vs_throughput"),
+    "replicas": ("ServingPoint", "replicas_against_tp", "latency_vs_throughput", "format_latency_vs_throughput"),
     "layouts": ("RankStage", "build_stage", "combined_forward", "pipelined_decode"),
     "ranks": ("combined_forward_on_rank", "decode_on_rank", "effective_flops_per_s", "effective_flops_on_rank"),
     "drivers": ("check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",

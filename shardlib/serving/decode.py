@@ -11,20 +11,21 @@ FLOPs / peak)``, both peaks times ``Workload.kernel_efficiency`` (1.0: every tim
 collectives: 2 tp all-reduces per layer of the stage (Megatron-LM, Shoeybi et al. 2019; uneven stages
 from ``pipeline.predict.split_layers``, the slowest setting the pace),
 ep all-to-alls, one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
-experts the tokens reach), the head on the last stage, the KV cache. Prefill fills and drains (GPipe,
-Huang et al. 2019): ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication
-with compute; notebook 08 walks through the model. Pure: no torch.
+experts the tokens reach), the head on the last stage, the KV cache (weights, FLOPs and TP all-reduces
+priced by ``cost``, as the chapter's tables are). Prefill fills and drains (GPipe, Huang et al. 2019):
+``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication with compute. Pure: no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..costs.alpha_beta import all_reduce_s, all_to_all_s, point_to_point_s
+from ..costs.alpha_beta import all_to_all_s, point_to_point_s
 from ..hardware import Cluster, Link
 from ..mesh import Layout
-from ..models import ModelConfig, kv_head_copies, kv_heads_per_device, padded_vocab_size, stage_layers
+from ..models import ModelConfig, kv_head_copies, padded_vocab_size, stage_layers
 from ..pipeline.predict import split_layers
+from .cost import ALL_REDUCES_PER_LAYER, forward_flops, layer_read_bytes, tp_all_reduces
 from .memory import (
     Memory,
     Workload,
@@ -54,29 +55,15 @@ class StageCost:
         return max(self.read_s, self.compute_s) + self.comm_s
 
 
-def _layer_read_bytes(model: ModelConfig, layout: Layout, tokens: float, layers: int) -> float:
-    """Weight bytes of a stage's ``layers`` a GPU reads for ``tokens`` tokens (experts only where reached)."""
-    tp, b, bw = layout.tp, model.bytes_per_param, model.matrix_bytes_per_param
-    attention = (2 * model.d_model * model.n_heads * model.head_dim / tp
-                 + 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp))
-    reached = 1.0
-    if model.is_moe:  # tokens of every replica in the ep group reach its experts
-        routed = tokens * max(1, layout.ep // layout.tp)
-        reached = 1 - (1 - model.experts_per_token / model.n_experts) ** routed
-    experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp) * reached
-    replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
-    return layers * ((attention + experts) * bw + replicated * b)
-
-
 def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, tp_link: Link,
           ep_link: Link, layers: int) -> tuple[float, int]:
-    """Seconds and count of the collectives of a stage of ``layers`` layers for ``tokens`` tokens."""
+    """Seconds and count of the collectives of a stage of ``layers`` layers for ``tokens`` tokens: the TP
+    all-reduces (``cost.tp_all_reduces``; one per layer where experts replace the MLP) and the EP
+    all-to-alls (dispatch and combine per layer)."""
     size = tokens * model.d_model * model.bytes_per_param
-    seconds, count = 0.0, 0
-    if layout.tp > 1:
-        n = (1 if layout.ep > 1 else 2) * layers
-        seconds += n * all_reduce_s(size, layout.tp, tp_link, cluster.latency_charge)
-        count += n
+    reduces = tp_all_reduces(model, layout.tp, tp_link, tokens, layers, cluster.latency_charge,
+                             per_layer=1 if layout.ep > 1 else ALL_REDUCES_PER_LAYER)
+    seconds, count = reduces.total_s, reduces.count
     if layout.ep > 1:
         n = 2 * layers
         seconds += n * all_to_all_s(size * model.experts_per_token, layout.ep, ep_link, cluster.latency_charge)
@@ -99,10 +86,10 @@ def stage_costs(model: ModelConfig, cluster: Cluster, layout: Layout, sequences:
     for stage, layers in enumerate(len(r) for r in split_layers(model.n_layers, layout.pp)):
         last = stage == layout.pp - 1
         comm_s, count = _comm(model, cluster, layout, tokens, tp_link, ep_link, layers)
-        read = (_layer_read_bytes(model, layout, tokens, layers) + kv_bytes_per_gpu * layers / heaviest
+        read = (layer_read_bytes(model, layout, tokens, layers) + kv_bytes_per_gpu * layers / heaviest
                 + (head_params * model.bytes_per_param if last else 0.0))
-        flops = (2 * active_params_per_gpu(model, layout) * layers / heaviest * tokens
-                 + (2 * head_params * sequences if last else 0.0))
+        flops = (forward_flops(active_params_per_gpu(model, layout) * layers / heaviest, tokens)
+                 + (forward_flops(head_params, sequences) if last else 0.0))
         out.append(StageCost(read / bandwidth, flops / peak, comm_s, count))
     return out
 

@@ -4,13 +4,17 @@ Tensor parallelism shortens the time per token (each GPU reads ``1/tp`` of the w
 decode's latency-bound all-reduces cost less than the reads they save); replicas win throughput per GPU
 when the model fits (they send nothing); a split copy frees memory that buys batch, which can win back
 the all-reduces when a replica is short of memory (notebook 02 shows when). Every number comes from the
-planner's cost model (``decode.score``), on one node of ``n`` GPUs joined by ``link``. Pure: no torch.
+planner's cost model (``decode.score``), on one node of ``n`` GPUs joined by ``link``; where both ways
+can serve, the pair is one ``costs.predict.replicas_vs_tensor_parallel`` (the replicas' step, the split
+copy's compute and all-reduces, each at its own batch), the arithmetic the chapter's live demo predicts
+its measurement with. Pure: no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..costs.predict import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 from ..hardware import GPU, Link, gpu_cluster
 from ..mesh import Layout
 from ..models import ModelConfig
@@ -44,26 +48,68 @@ class ServingPoint:
         return self.tokens_per_s / self.n_gpus
 
 
-def _point(model, cluster, layout: Layout, label: str, workload: Workload) -> ServingPoint:
+def _loaded_and_alone(model, cluster, layout: Layout, workload: Workload):
+    """``(problem, loaded score, score of one sequence alone)``; the scores ``None`` when it cannot serve."""
     problems = layout_problems(model, cluster, layout, workload)
     if problems:
-        return ServingPoint(label, layout, problems[0])
-    loaded = score(model, cluster, layout, workload)
-    alone = score(model, cluster, layout, replace(workload, batch=1))
-    return ServingPoint(label, layout, "", loaded.batch, loaded.decode_step_s, loaded.tokens_per_s,
-                        alone.decode_step_s)
+        return problems[0], None, None
+    return "", score(model, cluster, layout, workload), score(model, cluster, layout, replace(workload, batch=1))
+
+
+def _compare(replicas, split, n: int) -> ReplicasVsTensorParallel:
+    """Two scores of one node of ``n`` GPUs (``n`` replicas, one copy at ``tp = n``, no pipeline) as
+    ``replicas_vs_tensor_parallel``: the replicas' step; the split copy's reads or arithmetic (whichever
+    binds), its all-reduces, its batch."""
+    (stage,) = split.stages  # pp = 1: one stage, no hops
+    return replicas_vs_tensor_parallel(replicas.decode_step_s, stage.comm_s, n, replicas.batch,
+                                       tp_compute_s=max(stage.read_s, stage.compute_s), tp_tokens_per_step=split.batch)
+
+
+def _both_ways(model: ModelConfig, gpu: GPU, n: int, link: Link | None, workload: Workload):
+    """``n`` replicas and one copy at ``tp = n`` on one node of ``n`` GPUs: each way's ``(layout, problem,
+    loaded score, alone score)``, and, when both serve, their pairs loaded and alone (else ``None``)."""
+    cluster = gpu_cluster(gpu, 1, n, intra_link=link)
+    rep = (Layout(1, 1, n), *_loaded_and_alone(model, cluster, Layout(1, 1, n), workload))
+    split = (Layout(n, 1, 1), *_loaded_and_alone(model, cluster, Layout(n, 1, 1), workload))
+    if rep[1] or split[1]:
+        return rep, split, None
+    return rep, split, (_compare(rep[2], split[2], n), _compare(rep[3], split[3], n))
+
+
+def replicas_against_tp(model: ModelConfig, gpu: GPU, n: int, link: Link | None = None,
+                        workload: Workload = Workload(), loaded: bool = True) -> ReplicasVsTensorParallel | None:
+    """``n`` replicas against one copy split ``tp = n`` ways on one node of ``n`` ``gpu`` s (``link``: the
+    GPU's node link unless given), each at the batch free memory affords (``loaded``) or one sequence
+    alone; ``None`` when either way cannot serve."""
+    pairs = _both_ways(model, gpu, n, link, workload)[2]
+    return None if pairs is None else pairs[0 if loaded else 1]
+
+
+def _point(label: str, layout: Layout, problem: str, loaded, alone, step_s=None, step_alone_s=None,
+           tokens_per_s=None) -> ServingPoint:
+    if problem:
+        return ServingPoint(label, layout, problem)
+    return ServingPoint(label, layout, "", loaded.batch, loaded.decode_step_s if step_s is None else step_s,
+                        loaded.tokens_per_s if tokens_per_s is None else tokens_per_s,
+                        alone.decode_step_s if step_alone_s is None else step_alone_s)
 
 
 def latency_vs_throughput(model: ModelConfig, gpu: GPU, link: Link | None = None, degrees=(2, 4, 8),
                           workload: Workload = Workload()) -> tuple[ServingPoint, ...]:
     """One GPU alone, then for each ``n`` in ``degrees``: ``n`` replicas and one copy split ``tp = n`` ways,
     on one node of ``n`` ``gpu`` s joined by ``link`` (the GPU's own node link unless given). The batch
-    is sized from free memory unless ``workload`` fixes it."""
-    out = [_point(model, gpu_cluster(gpu, 1, 1), Layout(1, 1), "1 GPU", workload)]
+    is sized from free memory unless ``workload`` fixes it. Where both ways serve, their latencies and
+    tokens per second are those of ``replicas_vs_tensor_parallel`` (see the module docstring)."""
+    out = [_point("1 GPU", Layout(1, 1), *_loaded_and_alone(model, gpu_cluster(gpu, 1, 1), Layout(1, 1), workload))]
     for n in degrees:
-        cluster = gpu_cluster(gpu, 1, n, intra_link=link)
-        out.append(_point(model, cluster, Layout(1, 1, n), f"{n} replicas", workload))
-        out.append(_point(model, cluster, Layout(n, 1, 1), f"tp = {n}", workload))
+        rep, split, pairs = _both_ways(model, gpu, n, link, workload)
+        if pairs is None:
+            out += [_point(f"{n} replicas", *rep), _point(f"tp = {n}", *split)]
+            continue
+        loaded, alone = pairs
+        out.append(_point(f"{n} replicas", *rep, loaded.replica_step_s, alone.replica_step_s,
+                          loaded.replicas_tokens_per_s))
+        out.append(_point(f"tp = {n}", *split, loaded.tp_step_s, alone.tp_step_s, loaded.tp_tokens_per_s))
     return tuple(out)
 
 

@@ -5,8 +5,8 @@
   AdamW's step, timed on every rank at once (``sample_on_rank``: the shared cores counted).
 * ``run_step_time_check``: every layout trained on one warm pool (``drivers.run_training``, all at one
   global batch), in rounds, the median step after a warm-up read from the spans, beside its prediction
-  (``time_model.predict_step``), as a ``StepTimeCheck``: errors per layout, their mean, the ranking both
-  ways and Spearman's rank correlation (``time_model.spearman``). ``claim_ranking``: the same, retried
+  (``toy_prediction.predict_step``), as a ``StepTimeCheck``: errors per layout, their mean, the ranking both
+  ways and Spearman's rank correlation (``toy_prediction.spearman``). ``claim_ranking``: the same, retried
   until the correlation reaches a floor; a claim that still fails prints the numbers, not a traceback.
 """
 

@@ -1,9 +1,11 @@
-"""The toy's training step in the training planner's time model: the layouts, one global batch for all,
-the workload and the prediction term by term; Spearman's rank correlation. Pure: numbers in, numbers out.
+"""The toy's training step in the training planner's time model (no second model: the planner's, with the
+toy's settings as arguments): the layouts, one global batch for all, the prediction term by term;
+Spearman's rank correlation. Pure: numbers in, numbers out.
 
 * ``LAYOUTS_4``, ``SINGLE_AXIS_4``, ``STEP_TIME_CONFIG``: what ``step_time`` trains and times by default.
 * ``step_config``: a layout's ``TrainingConfig`` at a global batch every layout shares (``m`` set).
-* ``step_workload``, ``predict_step``: ``training.time_model.score_training`` on the toy, as it is trained.
+* ``TOY_TIME_SETTINGS``, ``toy_config_settings``: where the toy's step differs from the planner's defaults,
+  listed once; ``step_workload``, ``predict_step``: ``training.time_model.score_training`` with them.
 * ``spearman``, ``average_ranks``: the rank correlation, tied values sharing their average rank.
 """
 
@@ -64,23 +66,37 @@ def step_config(config: TrainingConfig, layout: Layout, global_sequences: int) -
     return replace(config, m=global_sequences // per)
 
 
+# Where the toy's step is not what the planner assumes of a real one: ``TrainingWorkload`` fields, each
+# passed to ``score_training`` as it is (``step_workload``), with why. Nothing else differs.
+TOY_TIME_SETTINGS = {
+    "recompute": ("none",),  # the toy keeps every activation
+    "kernel_efficiency": 1.0,  # the toy cluster's FLOP rate is the toy's own measured rate
+    "min_ring_slice_tokens": 1,  # cp cuts the toy's short sequences too
+    "dp_overlap": False,  # the toy's step runs its data-parallel collectives after its backward
+    "comm_in_bubble": True,  # a bubble slot lasts a microbatch's compute and its tp and cp calls (CPU ranks)
+}
+
+
+def toy_config_settings(config: TrainingConfig) -> dict:
+    """The settings that follow the toy's ``config``: its sequence and microbatch, its dtype's bytes on the
+    wire, and AdamW's pass counted (a toy step has a few hundred tokens: its optimizer step is not
+    negligible)."""
+    return {"sequence_tokens": config.seq, "microbatch_sizes": (config.microbatch,),
+            "comm_bytes_per_value": config.element_bytes,
+            "optimizer_bytes_per_param": optimizer_bytes_per_param(config)}
+
+
 def step_workload(config: TrainingConfig, global_sequences: int) -> TrainingWorkload:
-    """The planner's workload for the toy: its sequence, the global batch, no recomputation, the toy's
-    microbatch, kernels at the measured rate (efficiency 1), values on the wire in the toy's dtype,
-    AdamW's pass counted (a toy step has a few hundred tokens: its optimizer step is not negligible), and
-    no overlap of the data-parallel collectives (the toy's step runs them after its backward), and the
-    bubble's slots as long as a microbatch's compute and its tp and cp calls (on CPU ranks, mostly calls)."""
-    return TrainingWorkload(sequence_tokens=config.seq, global_batch_tokens=global_sequences * config.seq,
-                            recompute=("none",), microbatch_sizes=(config.microbatch,), kernel_efficiency=1.0,
-                            min_ring_slice_tokens=1, comm_bytes_per_value=config.element_bytes,
-                            optimizer_bytes_per_param=optimizer_bytes_per_param(config), dp_overlap=False,
-                            comm_in_bubble=True)
+    """The planner's workload for the toy at a global batch of ``global_sequences`` sequences: the
+    planner's defaults but for ``TOY_TIME_SETTINGS`` and ``toy_config_settings``."""
+    return TrainingWorkload(global_batch_tokens=global_sequences * config.seq, **toy_config_settings(config),
+                            **TOY_TIME_SETTINGS)
 
 
 def predict_step(cluster: Cluster, layout: Layout, config: TrainingConfig, global_sequences: int) -> TrainingScore:
     """The training planner's step (``score_training``) for ``layout`` on ``cluster``, term by term."""
-    return score_training(config.model, cluster, layout, step_workload(config, global_sequences), config.microbatch,
-                          "none")
+    workload = step_workload(config, global_sequences)
+    return score_training(config.model, cluster, layout, workload, config.microbatch, workload.recompute[0])
 
 
 def optimizer_bytes_per_param(config: TrainingConfig) -> int:

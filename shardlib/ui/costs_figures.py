@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..costs.alpha_beta import collective_time_s, crossover_bytes
-from ..costs.predict import PhaseCost
 from ..hardware import Link
+from ..serving.cost import PhaseCost
 from .gantt import titled
 from .theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
 

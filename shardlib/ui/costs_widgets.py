@@ -8,10 +8,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..costs.drivers import run_slow_rank
-from ..costs.predict import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from ..costs.ranks import MAX_DELAY_S
 from ..hardware import LATENCY_CHARGES, LINKS, Link
 from ..models import LLAMA_3_8B, ModelConfig
+from ..serving.cost import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from .costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
 from .live import Feedback, SelectionSlider, observe_all
 

@@ -8,11 +8,13 @@ partial sums in another order than one matrix product. All are compared with ``T
 all-to-all method moves whole heads and does no cross-rank arithmetic: it is held to the same
 tolerance here, and measured bit for bit where the CPU kernel allows (printed by the benchmark).
 
-Timing: only on 2 ranks, medians of several passes, bands no wider than 2x.
+Timing: only on 2 ranks, medians of several passes, bands no wider than 2x, each a claim measured again
+while a busy machine spoils it (``tests/timing_claims.py``).
 """
 
 import pytest
 import torch
+from timing_claims import claim_timing
 
 from shardlib import RankError
 from shardlib.context_parallel import (
@@ -172,38 +174,57 @@ def test_all_to_all_gradients_equal_sdpa(pool2, causal):
 # -- causal balance --------------------------------------------------------------------------------------
 def test_zigzag_evens_the_causal_work_measured_per_rank(pool2):
     """Contiguous: rank 1 computes a whole block and a diagonal, rank 0 a diagonal only (predicted
-    4/3 of the mean); zigzag: each computes the same. Per-rank compute is the median of 5 passes."""
+    4/3 of the mean, counted in blocks); zigzag: each computes the same. Per-rank compute is the median
+    of 5 passes: a timing claim, measured again if a busy machine spoils it."""
     q, k, v = qkv(1, 4, 4, 1024, 64, seed=5)
     run_ring_attention(pool2, q, k, v)  # warm-up
-    balance = run_ring_balance(pool2, q, k, v, repeats=5)
+
+    def balanced(b):
+        contiguous = b.compute_s("contiguous")
+        return (contiguous[1] > 1.2 * contiguous[0]  # the last rank does the most
+                and b.measured_imbalance("zigzag") < min(b.measured_imbalance("contiguous"), 1.15))
+
+    balance = claim_timing(lambda: run_ring_balance(pool2, q, k, v, repeats=5), balanced,
+                           "zigzag evens the causal work that contiguous gives the last rank",
+                           lambda b: f"compute per rank, s: contiguous {b.compute_s('contiguous')}, zigzag "
+                                     f"{b.compute_s('zigzag')}; imbalance {b.measured_imbalance('contiguous'):.2f} "
+                                     f"against {b.measured_imbalance('zigzag'):.2f}")
     assert balance.runs["contiguous"].exact and balance.runs["zigzag"].exact
     assert balance.predicted_imbalance("contiguous") == pytest.approx(4 / 3)
     assert balance.predicted_imbalance("zigzag") == 1.0
-    contiguous = balance.compute_s("contiguous")
-    assert contiguous[1] > 1.2 * contiguous[0]  # the last rank does the most
-    assert balance.measured_imbalance("zigzag") < balance.measured_imbalance("contiguous")
-    assert balance.measured_imbalance("zigzag") < 1.15
 
 
 # -- overlap ---------------------------------------------------------------------------------------------
 def test_the_next_block_moves_while_this_one_computes(pool2):
     """Each step's compute padded to 40 ms (the cores stay free for the bytes): with overlap the ranks
     barely wait for a 2 MiB block; without, they wait for all of it. Step times against the alpha-beta
-    prediction within a 2x band (a busy machine only adds time)."""
+    prediction within a 2x band (a busy machine only adds time), claimed after retries."""
     q, k, v = qkv(1, 8, 8, 1024, 64, seed=6)  # K/V block: 2 x 8 x 512 x 64 x 4 = 2 MiB
-    over = run_ring_overlap(pool2, q, k, v, repeats=5, pad_compute_s=0.04)
+
+    def overlapped(o):
+        return (o.hidden_share >= 0.5 and o.overlapped.waited_s < o.sequential.waited_s
+                and all(0.5 <= measured / predicted <= 2.0
+                        for measured, predicted in ((o.overlapped.step_s, o.predicted_overlapped_s),
+                                                    (o.sequential.step_s, o.predicted_sequential_s))))
+
+    over = claim_timing(lambda: run_ring_overlap(pool2, q, k, v, repeats=5, pad_compute_s=0.04), overlapped,
+                        "the next K/V block moves while this one computes",
+                        lambda o: f"hidden share {o.hidden_share:.2f}; waited {o.overlapped.waited_s * 1e3:.1f} ms "
+                                  f"with overlap, {o.sequential.waited_s * 1e3:.1f} ms without; steps "
+                                  f"{o.overlapped.step_s * 1e3:.1f} / {o.sequential.step_s * 1e3:.1f} ms against "
+                                  f"{o.predicted_overlapped_s * 1e3:.1f} / {o.predicted_sequential_s * 1e3:.1f} ms")
     assert over.overlapped.exact and over.sequential.exact
-    assert over.link.latency_s >= 0 and over.link.bandwidth_bytes_per_s > 0
-    assert over.hidden_share >= 0.5, (over.overlapped.waited_s, over.sequential.transfer_s)
-    assert over.overlapped.waited_s < over.sequential.waited_s
-    for measured, predicted in ((over.overlapped.step_s, over.predicted_overlapped_s),
-                                (over.sequential.step_s, over.predicted_sequential_s)):
-        assert 0.5 <= measured / predicted <= 2.0, (measured, predicted)
+    # the model: overlap hides the block's transfer behind the padded compute, so it predicts a shorter step
+    assert over.predicted_overlapped_s < over.predicted_sequential_s
 
 
 def test_the_exchange_calibration_fits_a_link(pool2):
-    link = run_exchange_calibration(pool2, 1 << 20).link
-    assert link.one_way_bytes_per_s > 1e7 and link.latency_s < 0.05
+    def plausible(fit):  # loopback: well above 10 MB/s, well under 50 ms a message (a busy machine can spoil it)
+        return fit.link.one_way_bytes_per_s > 1e7 and fit.link.latency_s < 0.05
+
+    link = claim_timing(lambda: run_exchange_calibration(pool2, 1 << 20), plausible,
+                        "the ring exchange fits a loopback link",
+                        lambda f: f"{f.link.one_way_bytes_per_s / 1e9:.3f} GB/s, {f.link.latency_s * 1e3:.2f} ms").link
     assert "ring exchange" in link.name
 
 

@@ -3,6 +3,7 @@ time of that link, calls inside a node are not, and the emulation ends with the 
 
 import pytest
 import rank_fns
+from timing_claims import claim_timing
 
 from shardlib.costs.alpha_beta import collective_time_s
 from shardlib.costs.emulation import EmulatedLink
@@ -34,7 +35,14 @@ def test_cross_node_calls_take_the_emulated_time_and_inside_calls_do_not(request
     """perf_counter is one clock for every process of the machine, so ends and starts compare across ranks."""
     ranks = request.getfixturevalue(f"pool{world}")
     latency_s = 0.05
-    per_rank = ranks.run(rank_fns.emulated_calls, nodes, latency_s)
+
+    def inside_calls_fast(per_rank):  # an upper bound a busy machine can spoil: measured again, then claimed
+        return all(records[0][4] - records[0][3] < latency_s for records in per_rank)
+
+    per_rank = claim_timing(lambda: ranks.run(rank_fns.emulated_calls, nodes, latency_s), inside_calls_fast,
+                            "a call inside a node is not held to the slow link's latency",
+                            lambda pr: ", ".join(f"rank {r}: {(rec[0][4] - rec[0][3]) * 1e3:.1f} ms"
+                                                 for r, rec in enumerate(pr)) + f" against {latency_s * 1e3:.0f} ms")
     link = Link("slow test link", 1e12, latency_s)
     world_link_s = collective_time_s("all_reduce", 16, world, link)  # 2(n-1) latencies
     for call in (1, 2):  # the blocking and the asynchronous all-reduce over every rank
@@ -45,7 +53,6 @@ def test_cross_node_calls_take_the_emulated_time_and_inside_calls_do_not(request
     for rank, records in enumerate(per_rank):
         op, group, emulated, start_s, end_s = records[0]
         assert group == f"node{nodes[rank]}" and emulated is False
-        assert end_s - start_s < latency_s, f"rank {rank}: an inside-node call was slowed ({end_s - start_s:.3f} s)"
         assert len(records) == (4 if rank in (0, world - 1) else 3)
     send, recv = per_rank[0][3], per_rank[world - 1][3]
     assert send[0] == "send" and recv[0] == "recv" and send[2] and recv[2]

@@ -13,6 +13,7 @@ the first compute span's start to the last one's end across ranks, ``1 - busy / 
 
 import pytest
 import torch
+from timing_claims import claim_timing
 from torch import nn
 
 from shardlib import RankError
@@ -163,15 +164,26 @@ def test_a_slow_stage_sets_the_pace(pool, model):
     durations[slow] = 2 * op_s
     schedule = make_schedule("gpipe", p, m, training=False)
     run_on(pool, schedule, model["layers"], model["x"], forward_s=0.001)  # warm-up
-    uniform = run_pipeline_median(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=op_s, repeats=3)
-    lopsided = run_pipeline_median(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=durations, repeats=3)
     predicted_uniform, predicted_slow = predicted_step_s(schedule, op_s, 0), predicted_step_s(schedule, durations, 0)
-    assert 0.97 <= uniform.bubble.window_s / predicted_uniform <= 1.35  # above: waits for a core
-    assert 0.97 <= lopsided.bubble.window_s / predicted_slow <= 1.35
-    assert lopsided.bubble.window_s / uniform.bubble.window_s >= 1.5
-    busy_share = [b / lopsided.bubble.window_s for b in lopsided.bubble.busy_s]
-    assert busy_share[slow] >= 0.9 * m * 2 * op_s / predicted_slow
-    assert all(busy_share[r] < busy_share[slow] for r in range(p) if r != slow)
+
+    def both():
+        return (run_pipeline_median(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=op_s, repeats=3),
+                run_pipeline_median(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=durations,
+                                    repeats=3))
+
+    def paced(runs):
+        uniform, lopsided = runs
+        busy_share = [b / lopsided.bubble.window_s for b in lopsided.bubble.busy_s]
+        return (0.97 <= uniform.bubble.window_s / predicted_uniform <= 1.35  # above: waits for a core
+                and 0.97 <= lopsided.bubble.window_s / predicted_slow <= 1.35
+                and lopsided.bubble.window_s / uniform.bubble.window_s >= 1.5
+                and busy_share[slow] >= 0.9 * m * 2 * op_s / predicted_slow
+                and all(busy_share[r] < busy_share[slow] for r in range(p) if r != slow))
+
+    claim_timing(both, paced, f"stage {slow}, twice as slow, sets the pipeline's pace",
+                 lambda r: f"steps {r[0].bubble.window_s * 1e3:.0f} and {r[1].bubble.window_s * 1e3:.0f} ms against "
+                           f"{predicted_uniform * 1e3:.0f} and {predicted_slow * 1e3:.0f} ms; busy "
+                           + ", ".join(f"{b * 1e3:.0f}" for b in r[1].bubble.busy_s) + " ms")
 
 
 # -- uneven stages ---------------------------------------------------------------------------------------
@@ -212,16 +224,24 @@ def test_uneven_stages_run_at_the_slowest_stages_pace(pool4, model):
     layers = model["layers"][:6]
     schedule = make_schedule("gpipe", p, m, training=False)
     run_pipeline(pool4, schedule, SHAPE, layers, model["x"], forward_s=0.001)  # warm-up
-    steps = {}
-    for counts in ((2, 2, 1, 1), stage_layer_counts(6, p, end_layers=1)):
-        stage_s = [(c + (1 if s in (0, p - 1) else 0)) * layer_s for s, c in enumerate(counts)]
-        run = run_pipeline_median(pool4, schedule, SHAPE, layers, model["x"], forward_s=stage_s, repeats=3,
-                                  layer_counts=list(counts))
-        steps[counts] = (run.bubble.window_s, pipeline_step_s(stage_s, m))
-        assert 0.97 <= run.bubble.window_s / pipeline_step_s(stage_s, m) <= 1.35, (counts, steps[counts])
-    (even, even_predicted), (light, light_predicted) = steps.values()
+    cuts = ((2, 2, 1, 1), stage_layer_counts(6, p, end_layers=1))
+    stage_s = {counts: [(c + (1 if s in (0, p - 1) else 0)) * layer_s for s, c in enumerate(counts)] for counts in cuts}
+    predicted = {counts: pipeline_step_s(stage_s[counts], m) for counts in cuts}
+    even_predicted, light_predicted = predicted.values()
     assert even_predicted / light_predicted == pytest.approx(23 / 18)  # (8 + 5 x 3) / (8 + 5 x 2) layer-times
-    assert 0.85 <= (even / light) / (even_predicted / light_predicted) <= 1.15, steps
+
+    def measure():
+        return {counts: run_pipeline_median(pool4, schedule, SHAPE, layers, model["x"], forward_s=stage_s[counts],
+                                            repeats=3, layer_counts=list(counts)).bubble.window_s for counts in cuts}
+
+    def paced(steps):
+        even, light = steps.values()
+        return (all(0.97 <= steps[c] / predicted[c] <= 1.35 for c in cuts)
+                and 0.85 <= (even / light) / (even_predicted / light_predicted) <= 1.15)
+
+    claim_timing(measure, paced, "each cut runs at its slowest stage's pace",
+                 lambda steps: ", ".join(f"{c}: {steps[c] * 1e3:.0f} ms against {predicted[c] * 1e3:.0f} ms"
+                                         for c in cuts))
 
 
 def test_layer_counts_are_checked_before_any_rank_starts(pool2, model):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import alive, child_pids
 from rank_fns import die_on, identity, noop, raise_on, skip_barrier_on_last, threads
+from timing_claims import claim_timing
 
 from shardlib import RankError, Ranks, RankTimeoutError
 from shardlib.runtime.context import choose_backend, gpu_count
@@ -67,18 +68,23 @@ def test_ranks_never_ask_for_more_threads_than_the_machine_has_cores(pool4):
     """Four ranks on a small machine must not each start a full-size thread pool (they would crawl)."""
     per_rank = pool4.run(threads)
     cores = os.cpu_count() or 1
-    assert all(t >= 1 for t in per_rank)
+    assert per_rank == [max(1, cores // pool4.world_size)] * pool4.world_size == [pool4.threads_per_rank] * 4
     assert sum(per_rank) <= max(cores, pool4.world_size)
 
 
 def test_an_error_on_one_rank_is_reported_fast_and_the_pool_recovers():
     with Ranks(2, timeout=30) as ranks:
         old = ranks.pids
-        started = time.monotonic()
-        with pytest.raises(RankError) as info:
-            ranks.run(raise_on, 1)  # rank 0 is left waiting in a barrier
-        assert time.monotonic() - started < 2.0
-        err = info.value
+
+        def fail_once():
+            started = time.monotonic()
+            with pytest.raises(RankError) as info:
+                ranks.run(raise_on, 1)  # rank 0 is left waiting in a barrier
+            return time.monotonic() - started, info.value
+
+        # not the 30 s timeout: reported as soon as rank 1 fails (a busy machine can slow one try: again)
+        _, err = claim_timing(fail_once, lambda r: r[0] < 2.0, "an error on one rank is reported at once",
+                              lambda r: f"{r[0]:.2f} s")
         assert err.rank == 1 and not isinstance(err, RankTimeoutError)
         assert "deliberate failure on rank 1" in str(err)
         assert "raise_on" in err.remote_traceback and "ValueError" in err.remote_traceback
@@ -96,11 +102,16 @@ def test_a_rank_that_dies_is_reported_and_replaced():
 
 def test_a_hang_raises_the_timeout_error_and_the_pool_recovers():
     with Ranks(2, timeout=2.0) as ranks:
-        started = time.monotonic()
-        with pytest.raises(RankTimeoutError) as info:
-            ranks.run(skip_barrier_on_last)
-        elapsed = time.monotonic() - started
-        assert 2.0 <= elapsed < 5.0
+        def hang_once():
+            started = time.monotonic()
+            with pytest.raises(RankTimeoutError) as info:
+                ranks.run(skip_barrier_on_last)
+            return time.monotonic() - started, info
+
+        # the timeout waited in full (a floor no load can lower), then not much longer (claimed after retries)
+        elapsed, info = claim_timing(hang_once, lambda r: r[0] < 5.0, "a hang is reported soon after the timeout",
+                                     lambda r: f"{r[0]:.2f} s against a 2 s timeout")
+        assert elapsed >= 2.0
         assert info.value.ranks_silent == [0] and info.value.rank == 0
         assert "timeout=2 s" in str(info.value)
         assert ranks.run(lambda ctx: ctx.rank) == [0, 1]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 
@@ -232,12 +231,29 @@ def test_ties_go_to_fewer_splits_then_lower_zero_stage():
     assert [s.layout for s in rank([a, b, c])] == [c.layout, b.layout, a.layout]
 
 
-def test_the_16k_gpu_plan_is_fast():
-    cluster = gpu_cluster(H100_80GB, 2048)
-    start = time.perf_counter()
-    p = plan_training(LLAMA_3_1_405B, cluster, TrainingWorkload())
-    assert time.perf_counter() - start < 3.0  # about 0.2 s alone on this machine
+def test_the_16k_gpu_plan_is_small_work(monkeypatch):
+    """What keeps the 16K-GPU plan fast, without a clock: pruning leaves 188 layouts, each with at most
+    one memory evaluation per microbatch size and recomputation, and only those that fit are timed
+    (``benchmarks/bench_planners.py`` reads the time: about 0.2 s on a quiet 2-core machine)."""
+    from shardlib.training import planner
+
+    calls = {"memory": 0, "score": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(planner, "peak_training_memory", counted("memory", planner.peak_training_memory))
+    monkeypatch.setattr(planner, "score_training", counted("score", planner.score_training))
+    w = TrainingWorkload()
+    p = plan_training(LLAMA_3_1_405B, gpu_cluster(H100_80GB, 2048), w)
     assert p.best.layout.world_size == 16384
+    layouts = len(p.ranked) + len(p.rejected)
+    assert layouts == 188 and len(p.pruned) == 35, (layouts, len(p.pruned))
+    assert calls["memory"] <= layouts * len(w.microbatch_sizes) * len(w.recompute)
+    assert len(p.ranked) <= calls["score"] <= calls["memory"]  # only what fits is timed
 
 
 def test_choices_beside_published_llama3_layouts():
@@ -248,7 +264,7 @@ def test_choices_beside_published_llama3_layouts():
     assert [(r.model, r.gpus) for r in rows] == [("Llama-3.1-405B", 8192), ("Llama-3.1-405B", 16384),
                                                  ("Llama-3.1-405B", 16384), ("Llama-3-8B", 8), ("Llama-3-70B", 64),
                                                  ("Llama-3-70B", 128)]
-    assert all(r.chosen is not None and r.notes for r in rows)
+    assert all(r.chosen.layout.world_size == r.gpus and r.notes for r in rows)  # a layout of every GPU
     assert all("published layout under our model" in r.notes[1] for r in rows[:3])
     text = format_training_choices(rows)
     assert "tp=8 pp=16 dp=128 FSDP" in text and "40%" in text  # 400 TFLOPs of 989

@@ -7,8 +7,8 @@ rule), the embedding, final norm and head whole. The cache (Kwon et al. 2023) is
 for its KV heads, ``num_blocks x block_size`` token slots a layer; token ``p`` of a sequence sits in slot
 ``table[p // block_size] * block_size + p % block_size``. A step takes chunks of many sequences (new
 prompts, prompt pieces, one-token decodes), writes their K/V into their slots, and each chunk's queries
-read their sequence's K/V back through its block table (the paged read). Pure: no ``torch.distributed``
-(the sums go through the ``TPGroup``).
+read their sequence's K/V back through its block table (the paged read). The sums go through the
+``TPGroup`` (no ``torch.distributed`` here).
 """
 
 from __future__ import annotations
