@@ -89,6 +89,7 @@ LAYERS = {
         "shardlib.runtime.errors",
         "shardlib.runtime.holding",
         "shardlib.runtime.staging",
+        "shardlib.runtime.gather",
     },
     "rank": {
         "shardlib.tensor_parallel.layers",
