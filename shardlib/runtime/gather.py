@@ -12,9 +12,8 @@ then needs a few things from them, each one line here::
     got.across("end_s", max)       # per repeat, reduced over the ranks: (max of repeat 0, ...)
     got.max_gap("output", reference)           # largest |value - reference| over every rank
 
-A rank outside the group a function needs returns ``None``: ``gather`` drops those, so every method reads
-the ranks that took part (``len(got)`` of them). Fields are named by string, as the dataclass spells them;
-a name it lacks is a ``ValueError`` that lists the fields there are.
+A rank outside the group a function needs returns ``None``: ``gather`` drops it. A field it lacks is a
+``ValueError`` listing the fields there are.
 """
 
 from __future__ import annotations
