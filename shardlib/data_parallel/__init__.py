@@ -27,9 +27,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "activations": ("Checkpointed", "ActivationMeasurement", "measure_activations"),
     "buckets": ("BucketedReplica",),
     "zero3": ("ShardedUnits",),
-    "ranks": ("BufferProbe", "train_on_rank", "collectives_on_rank"),
+    "ranks": ("BufferProbe", "train_on_rank", "TrainResult", "collectives_on_rank", "CollectivesResult"),
     "peer": ("PEERS", "torch_ddp_on_rank", "torch_fsdp2_on_rank"),
-    "drivers": ("TOLERANCE", "DataParallelRun", "run_data_parallel", "within_tolerance", "StrategyRuns",
+    "drivers": ("TOLERANCE", "DataParallelRun", "run_data_parallel", "StrategyRuns",
                 "run_strategies", "OverlapComparison", "run_overlap", "CollectiveIdentity",
                 "run_collective_identity", "PeerComparison", "run_peer"),
 })
