@@ -42,9 +42,10 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
     "replicas": ("ServingPoint", "latency_vs_throughput", "format_latency_vs_throughput"),
     "layouts": ("RankStage", "build_stage", "combined_forward", "pipelined_decode"),
-    "ranks": ("combined_forward_on_rank", "decode_on_rank", "effective_flops_per_s", "effective_flops_on_rank"),
+    "ranks": ("combined_forward_on_rank", "CombinedResult", "decode_on_rank", "DecodeResult", "effective_flops_per_s",
+              "effective_flops_on_rank"),
     "drivers": ("check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
                 "format_traffic", "DecodeRun", "run_decode", "ToyClusterFit", "run_toy_cluster_calibration"),
     "across": ("AcrossRow", "AcrossNodes", "across_layouts", "across_workload", "run_across_nodes", "format_across"),
-    "machines": ("across_layout", "tp_inside_pp_across_on_rank"),
+    "machines": ("across_layout", "tp_inside_pp_across_on_rank", "AcrossResult"),
 })
