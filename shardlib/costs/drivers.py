@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..checks import whole_number
 from ..hardware import LATENCY_CHARGES, Link
 from ..models import LLAMA_3_8B, ModelConfig
+from ..runtime.gather import gather
 from .alpha_beta import all_reduce_s, collective_terms_s
 from .calibration import (
     DEFAULT_CALLS,
@@ -288,13 +289,12 @@ def run_replicas_vs_tp(ranks, link: Link, model: ModelConfig | None = None, batc
         raise ValueError(f"d_ff = {model.d_ff} cannot be split {n} ways")
     for name, value in (("batch", batch), ("steps", steps)):
         whole_number(value, name)
-    per_rank = [r for r in ranks.run(serve_both_ways_on_rank, model, seed, batch, steps, tp) if r is not None]
-    replica_steps = tuple(max(times) for times in zip(*(r["replica_s"] for r in per_rank)))
-    tp_steps = tuple(max(times) for times in zip(*(r["tp_s"] for r in per_rank)))
-    reduce_s = statistics.median(max(times) for times in zip(*(r["all_reduce_s"] for r in per_rank)))
+    got = gather(ranks.run(serve_both_ways_on_rank, model, seed, batch, steps, tp))
+    replica_steps, tp_steps = got.across("replica_s", max), got.across("tp_s", max)  # the group's slowest rank
+    reduce_s = statistics.median(got.across("all_reduce_s", max))
     replica_step_s, tp_step_s = statistics.median(replica_steps), statistics.median(tp_steps)
     comm_per_step_s = model.n_layers * all_reduce_s(batch * model.d_model * 4, n, link, latency_charge)
-    gap = max(float((r["tp_outputs"] - per_rank[0]["replica_outputs"]).abs().max()) for r in per_rank)
+    gap = got.max_gap("tp_outputs", got.first("replica_outputs"))
     measured = ReplicasVsTensorParallel(n, batch, replica_step_s, tp_step_s)
     predicted = replicas_vs_tensor_parallel(replica_step_s, comm_per_step_s, n, batch)
     return ReplicasVsTPRun(model, measured, predicted, reduce_s, comm_per_step_s, gap, replica_steps, tp_steps)

@@ -14,6 +14,7 @@ of ``ctx.device_mesh((world_size / n, n), ("copy", "tp"))``); the other ranks re
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -135,8 +136,20 @@ def request_stream(seed: int, steps: int, batch: int, d_model: int) -> torch.Ten
     return torch.randn(steps, batch, d_model, generator=torch.Generator().manual_seed(seed))
 
 
+@dataclass(frozen=True)
+class ServedBothWays:
+    """One rank's seconds per step each way (from leaving a barrier of the group), its seconds inside
+    all-reduces per tensor-parallel step, and both ways' outputs."""
+
+    replica_s: list[float]
+    tp_s: list[float]
+    all_reduce_s: list[float]
+    replica_outputs: torch.Tensor  # (steps, batch, d_model)
+    tp_outputs: torch.Tensor  # (steps, batch, d_model)
+
+
 def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, steps: int,
-                            tp: int | None = None) -> dict | None:
+                            tp: int | None = None) -> ServedBothWays | None:
     """The first ``tp`` ranks (default: all) serve ``steps`` decode steps of ``batch`` sequences each
     way, in turn, so both see the same machine load:
 
@@ -146,9 +159,7 @@ def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, step
       (``ParallelBlock``: one all-reduce per layer) and serve stream ``seed + 1`` together, the stream
       rank 0's replica serves, so the two outputs can be compared.
 
-    One untimed step each way first (buffers allocated). Returns this rank's seconds per step each way
-    (from leaving a barrier of the group), its seconds inside all-reduces per tensor-parallel step, and
-    both outputs, ``(steps, batch, d_model)``; ranks outside the group return ``None``.
+    One untimed step each way first (buffers allocated). Ranks outside the group return ``None``.
     """
     whole_number(batch, "batch")
     whole_number(steps, "steps")
@@ -188,5 +199,4 @@ def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, step
     per_step = len(blocks)  # one all-reduce per MLP layer; the first step's were the warm-up
     reduces = [r.duration_s for r in ctx.comm.records if r.op == "all_reduce"][per_step:]
     reduce_s = [sum(reduces[i:i + per_step]) for i in range(0, len(reduces), per_step)]
-    return {"replica_s": replica_s, "tp_s": tp_s, "all_reduce_s": reduce_s, "replica_outputs": replica_out,
-            "tp_outputs": tp_out}
+    return ServedBothWays(replica_s, tp_s, reduce_s, replica_out, tp_out)
