@@ -17,7 +17,7 @@
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "flat": ("STRATEGIES", "STRATEGY_TITLES", "FlatGroup", "plan_buckets", "plan_units", "padded", "total_numel"),
+    "flat": ("STRATEGIES", "STRATEGY_TITLES", "FlatGroup", "plan_buckets", "plan_units", "padded"),
     "predict": ("STATE_BYTES_MIXED", "STATE_BYTES_FP32", "STATE_BYTES_MEGATRON", "memory_per_rank", "step_wire_bytes",
                 "zero_table",
                 "layout_memory", "layout_step_ops", "layout_step_bytes", "gathered_peak_bytes",
