@@ -18,7 +18,7 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "alpha_beta": ("COLLECTIVE_OPS", "cost_terms", "collective_terms_s", "collective_time_s", "all_reduce_s",
-                   "all_gather_s", "reduce_scatter_s", "all_to_all_s", "point_to_point_s", "algorithm_bandwidth",
+                   "all_to_all_s", "point_to_point_s", "algorithm_bandwidth",
                    "bus_bandwidth", "crossover_bytes"),
     "predict": ("PhaseCost", "tp_forward_cost", "tp_decode_cost", "tp_prefill_cost", "tp_cost_table",
                 "format_tp_cost_table", "decode_crossover_batch", "PipelineVsTensor", "pipeline_vs_tensor",

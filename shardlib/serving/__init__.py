@@ -31,14 +31,14 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "memory": ("Workload", "memory_per_gpu", "weights_per_gpu", "kv_bytes_per_sequence", "affordable_batch",
-               "batch_for", "active_params_per_gpu", "shape_problems", "memory_problem", "layout_problems",
+               "active_params_per_gpu", "shape_problems", "memory_problem", "layout_problems",
                "check_layout"),
     "traffic": ("hop_links", "return_link", "axis_link", "pipeline_crosses_nodes", "tp_crosses_nodes", "AxisTraffic",
                 "forward_traffic"),
     "decode": ("StageCost", "stage_costs", "Score", "score"),
     "reasons": ("TP_ACROSS", "PP_ACROSS", "kind", "counterpart", "compare"),
     "planner": ("OBJECTIVES", "Plan", "enumerate_layouts", "objective_workload", "plan_serving",
-                "format_plan", "format_choices"),
+                "format_plan"),
     "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
     "replicas": ("ServingPoint", "latency_vs_throughput", "format_latency_vs_throughput"),
     "layouts": ("RankStage", "build_stage", "combined_forward", "pipelined_decode"),

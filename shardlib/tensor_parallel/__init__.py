@@ -7,8 +7,8 @@ Megatron's sequence parallelism around the pairs.
 * ``vocab``: the embedding and the cross-entropy split over the vocabulary; the logits never gathered.
 * ``reference``: ``ROW_PARALLEL`` (the weights cut by rows), ``shard_columns``, ``shard_rows``,
   ``TensorParallelPair``, ``simulate_tp_stack``, ``simulate_vocab_parallel_cross_entropy`` (one process).
-* ``predict``: each cut's collectives in buffer and wire bytes, ``other_cut_ratios``, the vocabulary's
-  collectives, the shape rules.
+* ``predict``: each cut's collectives in buffer and wire bytes, ``other_cut_ratios``, the shape rules
+  (the vocabulary split's too).
 * ``ranks``: rank functions (``tp_mlp_on_rank``, the two cut orders, ``sp_block_on_rank``).
 * ``drivers``: ``run_tp_block``, ``run_pair``, ``run_sequence_parallel``: on a pool, against the reference.
 """
@@ -19,9 +19,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "reference": ("ROW_PARALLEL", "shard_columns", "shard_rows", "TensorParallelPair", "simulate_tp_stack",
                   "vocab_range", "check_targets", "simulate_vocab_parallel_cross_entropy"),
     "predict": ("CUTS", "pair_collectives", "pair_wire_collectives", "other_cut_ratios",
-                "max_tensor_parallel_shards", "check_sequence_parallel", "check_vocab_split",
-                "vocab_parallel_loss_collectives", "gathered_logits_collectives", "vocab_embedding_collectives",
-                "vocab_parallel_loss_saved_bytes"),
+                "max_tensor_parallel_shards", "check_sequence_parallel", "check_vocab_split"),
     "layers": ("TPGroup", "CopyToParallelRegion", "ReduceFromParallelRegion", "ColumnParallelLinear",
                "RowParallelLinear"),
     "blocks": ("ParallelMLP", "ParallelAttention", "ParallelBlock"),
