@@ -99,11 +99,10 @@ def ring_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 @dataclass(frozen=True)
 class AttentionGradsResult:
-    """One rank's forward and backward of an attention method: its shards of the output and of the
-    gradients, the bytes its forward saved for the backward, and each pass's calls (ring: ``(op,
-    size_bytes, wire_bytes, duration_s, waited_s)``; all-to-all: ``(op, size_bytes, wire_bytes)``)."""
+    """One rank's forward and backward of an attention method: its shards of the gradients, the bytes
+    its forward saved for the backward, and each pass's calls (ring: ``(op, size_bytes, wire_bytes,
+    duration_s, waited_s)``; all-to-all: ``(op, size_bytes, wire_bytes)``)."""
 
-    output: torch.Tensor
     dq: torch.Tensor
     dk: torch.Tensor
     dv: torch.Tensor
@@ -125,7 +124,7 @@ def ring_attention_grads_on_rank(ctx, q, k, v, d_out, causal: bool = True, place
         out = ring_attention(ctx, q, k, v, causal, placement, overlap, scale, probe=ctx.timeline)
     forward = len(ctx.comm.records)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), d_out)
-    return AttentionGradsResult(out.detach(), dq, dk, dv, saved.size_bytes, _transfers(ctx.comm.records[:forward]),
+    return AttentionGradsResult(dq, dk, dv, saved.size_bytes, _transfers(ctx.comm.records[:forward]),
                                 _transfers(ctx.comm.records[forward:]))
 
 
@@ -181,7 +180,7 @@ def ulysses_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         return UlyssesResult(out, logged)
     grads = torch.autograd.grad(out, mine, d_out.chunk(n, dim=2)[me].to(ctx.device))
     every = tuple((c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records)
-    return AttentionGradsResult(out.detach(), *grads, saved.size_bytes, logged, every[len(logged):])
+    return AttentionGradsResult(*grads, saved.size_bytes, logged, every[len(logged):])
 
 
 def exchange_sweep_on_rank(ctx, sizes_bytes, rounds: int = 3) -> dict:

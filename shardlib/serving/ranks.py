@@ -24,13 +24,11 @@ from .memory import active_params_per_gpu
 
 @dataclass(frozen=True)
 class CombinedResult:
-    """One rank's combined forward: its coordinates on the mesh, the output on the last stage (else
+    """One rank's combined forward: its stage and replica on the mesh, the output on the last stage (else
     ``None``), and when the forward started and ended (``time.perf_counter``, shared by the ranks)."""
 
-    rank: int
     stage: int
     replica: int
-    tp_rank: int
     output: torch.Tensor | None  # (batch / dp, seq, d_model) on the last stage
     start_s: float
     end_s: float
@@ -39,13 +37,13 @@ class CombinedResult:
 def combined_forward_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                              n_microbatches: int = 2) -> CombinedResult:
     """``x`` (batch, seq, d_model) forward on ``layout``'s mesh (``forward.combined_forward``): this rank's
-    coordinates, the output on the last stage (else ``None``), and when the forward started and ended."""
+    stage and replica, the output on the last stage (else ``None``), and when the forward started and ended."""
     me = build_stage(ctx, layout, model, layers)
     ctx.comm.barrier()  # a start line: every rank has built its blocks (the driver leaves it out of the traffic)
     start_s = time.perf_counter()
     output = combined_forward(ctx, layout, me, x, n_microbatches, probe=ctx.timeline)
     end_s = time.perf_counter()
-    return CombinedResult(ctx.rank, me.stage, me.replica, me.tp_rank, output, start_s, end_s)
+    return CombinedResult(me.stage, me.replica, output, start_s, end_s)
 
 
 class _ReadyProbe:
