@@ -28,7 +28,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "calibration": ("Sample", "LinkFit", "Calibration", "fit_link", "r_squared", "fastest_of_slowest",
                     "median_of_slowest", "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),
     "ranks": ("sweep_on_rank", "one_call", "leading_group", "slow_rank_on_rank", "serve_both_ways_on_rank",
-              "ServedBothWays", "SLOW_RANK_OPS", "MAX_DELAY_S"),
+              "ServedBothWays", "SlowRankTimes", "SLOW_RANK_OPS", "MAX_DELAY_S"),
     "drivers": ("run_calibration", "measure_until", "DecodeVsPrefillRun", "run_decode_vs_prefill",
                 "SlowRankRun",
                 "run_slow_rank", "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model"),

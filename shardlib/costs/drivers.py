@@ -35,7 +35,7 @@ from .calibration import (
     median_of_slowest,
 )
 from .predict import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
-from .ranks import serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
+from .ranks import SlowRankTimes, serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
 
 STATISTICS = {"fastest": fastest_of_slowest, "median": median_of_slowest}
 
@@ -214,25 +214,26 @@ def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, to
 
 @dataclass(frozen=True)
 class SlowRankRun:
-    """``per_rank[r][op]``: rank ``r``'s ``step_s`` (from leaving the barrier to the collective's end)
-    and ``collective_s`` (inside the collective) for each op of ``ranks.SLOW_RANK_OPS``."""
+    """``per_rank[r]``: rank ``r``'s ``ranks.SlowRankTimes``, its ``step_s[op]`` (from leaving the barrier
+    to the collective's end) and ``collective_s[op]`` (inside the collective) for each op of
+    ``ranks.SLOW_RANK_OPS``."""
 
     slow_rank: int
     delay_s: float
-    per_rank: tuple[dict, ...]
+    per_rank: tuple[SlowRankTimes, ...]
     spans: tuple = ()
 
     @property
     def ops(self) -> list[str]:
-        return list(self.per_rank[0])
+        return list(self.per_rank[0].step_s)
 
     def step_s(self, op: str) -> float:
         """The step of ``op``: it ends for everybody when the slowest rank is done."""
-        return max(res[op]["step_s"] for res in self.per_rank)
+        return max(res.step_s[op] for res in self.per_rank)
 
     def inside_s(self, rank: int) -> float:
         """Seconds ``rank`` spent inside collectives, over every op."""
-        return sum(v["collective_s"] for v in self.per_rank[rank].values())
+        return sum(self.per_rank[rank].collective_s.values())
 
 
 def run_slow_rank(ranks, slow_rank: int, delay_s: float) -> SlowRankRun:

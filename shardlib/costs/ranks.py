@@ -103,12 +103,19 @@ def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_RO
     return out
 
 
-def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 1024) -> dict:
-    """For each collective of ``SLOW_RANK_OPS``: all ranks leave a barrier together, rank ``slow_rank``
-    then sleeps ``delay_s`` (a throttled device, say), and everybody calls the collective.
+@dataclass(frozen=True)
+class SlowRankTimes:
+    """One rank's seconds per op of ``SLOW_RANK_OPS``, in their order: from leaving the barrier to the
+    collective's end (``step_s``), and inside the collective (``collective_s``)."""
 
-    Returns ``{op: {"step_s": barrier exit to collective end, "collective_s": time inside it}}`` for
-    this rank. A fast rank spends about ``delay_s`` inside each collective, waiting.
+    step_s: dict[str, float]
+    collective_s: dict[str, float]
+
+
+def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 1024) -> SlowRankTimes:
+    """For each collective of ``SLOW_RANK_OPS``: all ranks leave a barrier together, rank ``slow_rank``
+    then sleeps ``delay_s`` (a throttled device, say), and everybody calls the collective. A fast rank
+    spends about ``delay_s`` inside each collective, waiting.
     """
     whole_number_between(slow_rank, "slow_rank", 0, ctx.world_size - 1)
     number_between(delay_s, "delay_s (seconds)", 0.0, MAX_DELAY_S)
@@ -118,7 +125,7 @@ def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 102
     calls = {"all_reduce": ctx.comm.all_reduce, "all_gather": ctx.comm.all_gather,
              "reduce_scatter": ctx.comm.reduce_scatter, "all_to_all": ctx.comm.all_to_all_single,
              "barrier": lambda _: ctx.comm.barrier()}
-    out = {}
+    step_s, collective_s = {}, {}
     for op in SLOW_RANK_OPS:
         ctx.comm.barrier()
         start = time.perf_counter()
@@ -126,8 +133,8 @@ def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 102
             with ctx.timeline.span("throttled", kind="compute"):
                 time.sleep(delay_s)
         calls[op](x)
-        out[op] = {"step_s": time.perf_counter() - start, "collective_s": ctx.comm.records[-1].duration_s}
-    return out
+        step_s[op], collective_s[op] = time.perf_counter() - start, ctx.comm.records[-1].duration_s
+    return SlowRankTimes(step_s, collective_s)
 
 
 # -- serving: replicas against one tensor-parallel copy -----------------------------------------------------

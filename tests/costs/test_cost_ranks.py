@@ -122,15 +122,15 @@ def test_measure_until_says_how_many_attempts_it_took():
 def test_every_rank_takes_the_slow_ranks_time(pool):
     slow = pool.world_size - 1
     per_rank = run_slow_rank(pool, slow, DELAY_S).per_rank
-    assert all(list(res) == list(SLOW_RANK_OPS) for res in per_rank)
+    assert all(list(res.step_s) == list(res.collective_s) == list(SLOW_RANK_OPS) for res in per_rank)
     for op in SLOW_RANK_OPS:
         for rank, res in enumerate(per_rank):
-            assert res[op]["step_s"] > 0.8 * DELAY_S, f"rank {rank} finished {op} before the slow rank arrived"
+            assert res.step_s[op] > 0.8 * DELAY_S, f"rank {rank} finished {op} before the slow rank arrived"
     # a fast rank spends the delay waiting inside the collectives; the slow rank, arriving last, does not
     # (summed over the five collectives: one badly scheduled call on a busy machine cannot decide it)
     budget = 0.5 * len(SLOW_RANK_OPS) * DELAY_S
     for rank, res in enumerate(per_rank):
-        inside = sum(res[op]["collective_s"] for op in SLOW_RANK_OPS)
+        inside = sum(res.collective_s[op] for op in SLOW_RANK_OPS)
         assert (inside < budget) if rank == slow else (inside > budget), (rank, inside)
     throttled = [s for s in pool.last_spans if s.name == "throttled"]
     assert {s.rank for s in throttled} == {slow} and len(throttled) == len(SLOW_RANK_OPS)
@@ -146,7 +146,7 @@ def test_without_a_delay_nobody_waits_that_long(pool2):
 def test_a_bad_slow_rank_is_named(pool2):
     with pytest.raises(RankError, match="slow_rank must be a whole number from 0 to 1, got 5"):
         pool2.run(slow_rank_on_rank, 5, 0.01)
-    assert pool2.run(slow_rank_on_rank, 0, 0.0)[0].keys() == set(SLOW_RANK_OPS)  # the pool recovered
+    assert pool2.run(slow_rank_on_rank, 0, 0.0)[0].step_s.keys() == set(SLOW_RANK_OPS)  # the pool recovered
 
 
 def test_the_stack_weights_and_requests_are_reproducible():
