@@ -214,9 +214,8 @@ def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, to
 
 @dataclass(frozen=True)
 class SlowRankRun:
-    """``per_rank[r]``: rank ``r``'s ``ranks.SlowRankTimes``, its ``step_s[op]`` (from leaving the barrier
-    to the collective's end) and ``collective_s[op]`` (inside the collective) for each op of
-    ``ranks.SLOW_RANK_OPS``."""
+    """``per_rank[r]``: rank ``r``'s ``ranks.SlowRankTimes``: ``step_s[op]`` (from leaving the barrier to
+    the collective's end) and ``collective_s[op]`` (inside it) for each op of ``ranks.SLOW_RANK_OPS``."""
 
     slow_rank: int
     delay_s: float
