@@ -215,10 +215,10 @@ print(f"predicted value in every position on every rank: {predicted:g}")
 # %%
 results = ranks.run(first_all_reduce_on_rank, 4)
 for rank, r in enumerate(results):
-    print(f"rank {rank}: before {r['before']}  after {r['after']}")
+    print(f"rank {rank}: before {r.before}  after {r.after}")
 
-assert all(r["after"] == [predicted] * 4 for r in results)
-assert [r["before"][0] for r in results] == [1.0, 2.0]
+assert all(r.after == [predicted] * 4 for r in results)
+assert [r.before[0] for r in results] == [1.0, 2.0]
 
 # %% [markdown]
 # Every collective a rank function issues through `ctx.comm` is logged: which operation, on which
@@ -289,7 +289,7 @@ def straggler_wait():
     """One run: (rank 1's arrival - rank 0's, on the shared clock; rank 0's extra time in the all-reduce)."""
     t = ranks.run(straggler_on_rank, [1, 4])
     arrived = {s.rank: s.end_s for s in ranks.last_spans if s.name == "matmuls"}
-    return arrived[1] - arrived[0], t[0]["all_reduce_s"] - t[1]["all_reduce_s"]
+    return arrived[1] - arrived[0], t[0].all_reduce_s - t[1].all_reduce_s
 
 
 runs = []

@@ -472,14 +472,14 @@ from shardlib.costs import run_slow_rank
 delay_s = 0.05
 slow = run_slow_rank(ranks, 1, delay_s)
 per_rank = slow.per_rank
-for op in per_rank[0]:
-    steps = [res[op]["step_s"] for res in per_rank]
+for op in slow.ops:
+    steps = [res.step_s[op] for res in per_rank]
     print(f"{op:<15} step per rank {', '.join(f'{s * 1e3:5.1f}' for s in steps)} ms (predicted about "
           f"{delay_s * 1e3:.0f} ms, ratio {min(steps) / delay_s:.2f}); inside the collective: rank 0 "
-          f"{per_rank[0][op]['collective_s'] * 1e3:5.1f} ms, rank 1 {per_rank[1][op]['collective_s'] * 1e3:5.1f} ms")
+          f"{per_rank[0].collective_s[op] * 1e3:5.1f} ms, rank 1 {per_rank[1].collective_s[op] * 1e3:5.1f} ms")
     assert min(steps) > 0.8 * delay_s  # every rank took the slow rank's time: other work only adds to a sleep
-inside = [sum(res[op]["collective_s"] for op in res) for res in per_rank]
-timing_claim(inside[0] > 0.5 * len(per_rank[0]) * delay_s > inside[1], "the fast rank did the waiting",
+inside = [slow.inside_s(rank) for rank in range(len(per_rank))]
+timing_claim(inside[0] > 0.5 * len(slow.ops) * delay_s > inside[1], "the fast rank did the waiting",
              f"inside the collectives, rank 0 {inside[0] * 1e3:.1f} ms, rank 1 {inside[1] * 1e3:.1f} ms")
 
 # %% [markdown]

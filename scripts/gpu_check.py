@@ -98,12 +98,12 @@ def check_pool(report: Report, world: int, backend: str) -> None:
     started = time.perf_counter()
     with Ranks(world, backend=backend, timeout=300) as ranks:
         start_s = time.perf_counter() - started
-        said = [w["device"] for w in ranks.run(whoami_on_rank)]
+        said = [w.device for w in ranks.run(whoami_on_rank)]
         report.add(f"{name}: devices", said == list(ranks.placement.devices) == ranks.devices,
                    devices=said, description=ranks.description, start_s=round(start_s, 2))
         total = float(world * (world + 1) // 2)
         sums = ranks.run(first_all_reduce_on_rank)
-        report.add(f"{name}: first all-reduce", all(s["after"] == [total] * 4 for s in sums), after=sums[0]["after"])
+        report.add(f"{name}: first all-reduce", all(s.after == [total] * 4 for s in sums), after=sums[0].after)
         w = layer_weights(TOY, seed=0)
         x, grad = activations(2, 6, TOY.d_model, seed=1), activations(2, 6, TOY.d_model, seed=2)
         for part in ("mlp", "attention"):

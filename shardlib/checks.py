@@ -2,7 +2,8 @@
 
 Each check returns the value (converted: ``int``, ``float``) or raises ``ValueError`` saying what was
 expected, in the learner's terms, and what was given. ``True`` and ``False`` are refused as numbers
-(``bool`` is an ``int`` subclass in Python, and ``tp=True`` is a mistake, not a 1). Pure: no torch.
+(``bool`` is an ``int`` subclass in Python, and ``tp=True`` is a mistake, not a 1). ``near_equal_parts``
+is the one way the package splits a count into parts that differ by at most one. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -77,3 +78,11 @@ def same_dtype(given, expected, what: str) -> None:
     if given != expected:
         raise ValueError(f"{what} is {given} but the weights are {expected}: convert it first, "
                          f"for example x.to({expected})")
+
+
+def near_equal_parts(n: int, k: int) -> tuple[int, ...]:
+    """``n`` cut into ``k`` whole parts that differ by at most one, the earlier parts taking the extra
+    (as ``torch.tensor_split`` cuts): layers into stages, rows into microbatches, tokens into ranks."""
+    n, k = whole_number(n, "the number to split", minimum=0), whole_number(k, "the number of parts")
+    base, extra = divmod(n, k)
+    return tuple(base + (1 if i < extra else 0) for i in range(k))

@@ -91,14 +91,6 @@ LINKS: dict[str, Link] = {link.name: link for link in (NVLINK, NVLINK_5, NVLINK_
                                                         INFINIBAND_400G, ETHERNET_100G)}
 
 
-def get_link(name: str) -> Link:
-    """The preset called ``name`` (case does not matter)."""
-    for link_name, link in LINKS.items():
-        if isinstance(name, str) and name.strip().lower() == link_name.lower():
-            return link
-    raise ValueError(f"unknown link {name!r}; known links: {', '.join(map(repr, LINKS))}")
-
-
 # -- GPUs ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GPU:

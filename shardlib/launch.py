@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
 import torch.distributed as dist
@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             result = fn(ctx, *[_value(a) for a in opts.args])
+            if is_dataclass(result):  # printed as a dict: a line Python reads back (``AgentRun.results``)
+                result = asdict(result)
         except Exception as exc:  # the error in a line, then the traceback torchrun shows
             print(f"[rank {ctx.rank}] {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             raise

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .checks import choice, positive_number, whole_number
+from .checks import choice, near_equal_parts, positive_number, whole_number
 
 WEIGHT_BITS = (0, 8, 4)  # 0: weights in the model's dtype; 8 or 4: quantised matrices
 SCALE_BYTES = 2  # one 16-bit scale per group of quantised weights
@@ -206,7 +206,7 @@ def vocab_padding_bytes(model: ModelConfig, tp: int) -> float:
 
 def stage_layers(model: ModelConfig, pp: int) -> int:
     """Layers of the heaviest of ``pp`` stages: ``ceil(n_layers / pp)`` (stages may be uneven)."""
-    return -(-model.n_layers // whole_number(pp, "pp"))
+    return max(near_equal_parts(model.n_layers, whole_number(pp, "pp")))
 
 
 def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1, pp: int = 1) -> float:

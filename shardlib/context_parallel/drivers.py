@@ -17,6 +17,7 @@ import torch
 from ..checks import flag, number_at_least, whole_number
 from ..costs.calibration import fastest_of_slowest, fit_link
 from ..hardware import Link
+from ..runtime.gather import gather
 from ..runtime.measure import TOLERANCE
 from ..runtime.timeline import Span
 from .placement import PLACEMENTS, RankWork, causal_work, imbalance
@@ -36,10 +37,10 @@ def attention_shape(q: torch.Tensor, k: torch.Tensor) -> AttentionShape:
     return AttentionShape(b, heads, k.shape[1], seq, hd, q.element_size())
 
 
-def _median_of_slowest(per_rank: list[dict], key: str, reduce=lambda x: x) -> float:
-    """Per run, the slowest rank's ``reduce(value)``; then the median over the runs (noise on a shared
-    machine only ever adds time, so no single run decides)."""
-    return statistics.median(max(reduce(x) for x in run) for run in zip(*(r[key] for r in per_rank)))
+def _median_of_slowest(got, key: str) -> float:
+    """Per run, the slowest rank's value; then the median over the runs (noise on a shared machine only
+    ever adds time, so no single run decides)."""
+    return statistics.median(got.across(key, max))
 
 
 @dataclass(frozen=True)
@@ -99,19 +100,17 @@ def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     flag(overlap, "overlap")
     if pad_compute_s is not None:
         number_at_least(pad_compute_s, "pad_compute_s")
-    per_rank = ranks.run(ring_attention_on_rank, q, k, v, causal, placement, overlap, scale,
-                         whole_number(repeats, "repeats"), pad_compute_s)
-    out = gather_sequence([r["output"] for r in per_rank], placement)
-    runs = len(per_rank[0]["times_s"])
-    compute, cpu = (tuple(statistics.median(sum(steps) for steps in r[key]) for r in per_rank)
+    got = gather(ranks.run(ring_attention_on_rank, q, k, v, causal, placement, overlap, scale,
+                           whole_number(repeats, "repeats"), pad_compute_s))
+    out = gather_sequence(list(got.each("output")), placement)
+    compute, cpu = (got.each(key, lambda runs: statistics.median(sum(steps) for steps in runs))
                     for key in ("step_compute_s", "step_cpu_s"))
-    per_step = tuple(statistics.median(max(r["step_compute_s"][i][step] for r in per_rank) for i in range(runs))
-                     for step in range(n))
+    slowest_per_step = got.across("step_compute_s", lambda ranks_steps: [max(s) for s in zip(*ranks_steps)])
+    per_step = tuple(statistics.median(run[step] for run in slowest_per_step) for step in range(n))
     return RingRun(n, placement, causal, overlap, out, _gap(out, q, k, v, causal, scale), compute, cpu, per_step,
-                   _median_of_slowest(per_rank, "times_s"), _median_of_slowest(per_rank, "waited_s"),
-                   _median_of_slowest(per_rank, "transfer_s"), tuple(tuple(r["blocks"]) for r in per_rank),
-                   tuple(tuple(r["transfers"]) for r in per_rank), tuple(causal_work(q.shape[2], n, placement, causal)),
-                   tuple(ranks.last_spans))
+                   _median_of_slowest(got, "times_s"), _median_of_slowest(got, "waited_s"),
+                   _median_of_slowest(got, "transfer_s"), got.each("blocks"), got.each("transfers"),
+                   tuple(causal_work(q.shape[2], n, placement, causal)), tuple(ranks.last_spans))
 
 
 @dataclass(frozen=True)
@@ -228,10 +227,9 @@ def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | No
     """``ulysses.ulysses_attention`` on every rank (contiguous shards), against the whole-sequence attention."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
     flag(causal, "causal")
-    per_rank = ranks.run(ulysses_attention_on_rank, q, k, v, causal, scale)
-    out = torch.cat([r["output"] for r in per_rank], dim=2)
+    got = gather(ranks.run(ulysses_attention_on_rank, q, k, v, causal, scale))
+    out = got.cat("output", dim=2)
     predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
                       ulysses_collectives(attention_shape(q, k), ranks.world_size))
-    return UlyssesRun(ranks.world_size, out, _gap(out, q, k, v, causal, scale), tuple(per_rank[0]["collectives"]),
-                      predicted)
+    return UlyssesRun(ranks.world_size, out, _gap(out, q, k, v, causal, scale), got.first("collectives"), predicted)
 

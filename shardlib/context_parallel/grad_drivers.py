@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import flag, whole_number
+from ..runtime.gather import gather
 from ..runtime.measure import TOLERANCE
 from .drivers import attention_shape
 from .placement import check_sequence
@@ -49,15 +50,15 @@ class AttentionGrads:
                    for got, want in zip(self.shards, self.reference) for mine, ref in zip(got, want))
 
 
-def _grads(method, ranks, per_rank, q, k, v, d_out, causal, placement, scale, key, predicted) -> AttentionGrads:
-    n = ranks.world_size
+def _grads(method, ranks, per_rank, q, k, v, d_out, causal, placement, scale, predicted) -> AttentionGrads:
+    n, got = ranks.world_size, gather(per_rank)
     whole = attention_grads_reference(q, k, v, d_out, causal, scale)
     reference = tuple(zip(*(shard_sequence(t, n, placement) for t in whole)))
-    shards = tuple(tuple(r[name].cpu() for name in ("dq", "dk", "dv")) for r in per_rank)
-    gaps = tuple(tuple(float((a - b).abs().max()) for a, b in zip(got, want)) for got, want in zip(shards, reference))
-    sent = [sum(entry[2] for entry in per_rank[0][part] if entry[0] != "recv") for part in key]
-    saved = tuple(r["saved_bytes"] for r in per_rank)
-    return AttentionGrads(method, n, placement, causal, shards, reference, gaps, *sent, predicted, saved)
+    shards = tuple(zip(*(got.each(name, torch.Tensor.cpu) for name in ("dq", "dk", "dv"))))
+    gaps = tuple(tuple(float((a - b).abs().max()) for a, b in zip(mine, want)) for mine, want in zip(shards, reference))
+    sent = [sum(entry[2] for entry in got.first(part) if entry[0] != "recv") for part in ("forward", "backward")]
+    return AttentionGrads(method, n, placement, causal, shards, reference, gaps, *sent, predicted,
+                          got.each("saved_bytes"))
 
 
 def run_ring_attention_grads(ranks, q, k, v, d_out, causal: bool = True, placement: str = "contiguous",
@@ -68,8 +69,7 @@ def run_ring_attention_grads(ranks, q, k, v, d_out, causal: bool = True, placeme
     per_rank = ranks.run(ring_attention_grads_on_rank, q, k, v, d_out, flag(causal, "causal"), placement,
                          flag(overlap, "overlap"), scale)
     predicted = ring_backward_bytes_per_rank(attention_shape(q, k), ranks.world_size)
-    return _grads("ring attention", ranks, per_rank, q, k, v, d_out, causal, placement, scale,
-                  ("forward", "backward"), predicted)
+    return _grads("ring attention", ranks, per_rank, q, k, v, d_out, causal, placement, scale, predicted)
 
 
 def run_ulysses_attention_grads(ranks, q, k, v, d_out, causal: bool = True,
@@ -79,8 +79,7 @@ def run_ulysses_attention_grads(ranks, q, k, v, d_out, causal: bool = True,
     check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
     per_rank = ranks.run(ulysses_attention_on_rank, q, k, v, flag(causal, "causal"), scale, d_out)
     predicted = sum(wire for _, _, wire in ulysses_collectives(attention_shape(q, k), ranks.world_size))
-    return _grads("all-to-all (Ulysses)", ranks, per_rank, q, k, v, d_out, causal, "contiguous", scale,
-                  ("collectives", "backward_collectives"), predicted)
+    return _grads("all-to-all (Ulysses)", ranks, per_rank, q, k, v, d_out, causal, "contiguous", scale, predicted)
 
 
 @dataclass(frozen=True)
@@ -112,5 +111,6 @@ def run_ring_training(ranks, x, target, weights: dict, head_dim: int, causal: bo
     per_rank = ranks.run(ring_training_on_rank, x, target, weights, head_dim, flag(causal, "causal"), placement,
                          steps, lr)
     losses, final = train_attention_layer_reference(x, target, weights, head_dim, causal, steps, lr)
-    gap = max(float((per_rank[0]["weights"][name] - final[name]).abs().max()) for name in final)
-    return RingTraining(tuple(per_rank[0]["losses"]), tuple(losses), gap)
+    weights = per_rank[0].weights
+    gap = max(float((weights[name] - final[name]).abs().max()) for name in final)
+    return RingTraining(tuple(per_rank[0].losses), tuple(losses), gap)

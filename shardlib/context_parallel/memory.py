@@ -1,5 +1,5 @@
-"""Memory per device against sequence length: weights and KV cache under ``tp x cp``, attention's
-activations, one ring rank's holdings, and the toy block's saved activations under sequence parallelism.
+"""Memory per device against sequence length: weights and KV cache under ``tp x cp``, one ring rank's
+holdings, and the toy block's saved activations under sequence parallelism.
 
 The KV cache per device is ``models.kv_cache_bytes``: tensor parallelism splits it by KV head and stops
 at the KV-head wall (``models.kv_heads_per_device``); context parallelism splits it by token, ``1/cp``.
@@ -10,25 +10,13 @@ Transformer Models"), counted for torch's CPU attention kernel in float32. Pure:
 from __future__ import annotations
 
 from ..checks import flag, positive_number, whole_number
-from ..models import Memory, ModelConfig, kv_cache_bytes, kv_heads_per_device
+from ..models import Memory, ModelConfig, kv_cache_bytes
 from .placement import check_sequence
 from .predict import AttentionShape
 
 
 def _degrees(tp: int, cp: int) -> tuple[int, int]:
     return whole_number(tp, "tp"), whole_number(cp, "cp")
-
-
-def attention_activation_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1,
-                               whole_scores: bool = True) -> float:
-    """One layer's attention activations on one device: q, k, v and output, plus the score matrix
-    (whole with ``cp = 1``, one ring block with ``cp > 1``) when ``whole_scores``."""
-    tp, cp = _degrees(tp, cp)
-    b, s = whole_number(batch, "batch"), whole_number(seq, "seq")
-    heads = model.n_heads / tp
-    qkvo = b * s / cp * (2 * heads + 2 * kv_heads_per_device(model, tp)) * model.head_dim
-    scores = b * heads * (s / cp) ** 2 if flag(whole_scores, "whole_scores") else 0.0
-    return (qkvo + scores) * model.bytes_per_param
 
 
 def device_memory(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> Memory:

@@ -107,11 +107,6 @@ def sequence_parallel_bytes_per_rank(batch: int, seq: int, d_model: int, world_s
     return {"tensor parallel": whole_number(pairs, "pairs") * per_pair_tp, "sequence parallel": pairs * per_pair_sp}
 
 
-def method_bytes(shape: AttentionShape, world_size: int) -> dict[str, float]:
-    """Wire bytes per rank of each attention method on ``shape``."""
-    return {METHODS[0]: ring_bytes_per_rank(shape, world_size), METHODS[1]: ulysses_bytes_per_rank(shape, world_size)}
-
-
 def ring_time_s(compute_s: Sequence[float], transfer_s: float, overlap: bool = True) -> float:
     """The ring's predicted time from the slowest rank's compute per step (``compute_s``, one entry per
     step) and one block's transfer time (the formula in the module docstring)."""

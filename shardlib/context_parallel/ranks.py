@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -47,22 +48,31 @@ class RingProbe:
                         cpu_s=cpu_s, padded_to_s=self.pad, **attrs)
 
 
-def _transfers(records) -> list[tuple]:
-    return [(c.op, c.size_bytes, c.wire_bytes, c.duration_s, c.waited_s) for c in records if c.op in ("send", "recv")]
+def _transfers(records) -> tuple[tuple, ...]:
+    return tuple((c.op, c.size_bytes, c.wire_bytes, c.duration_s, c.waited_s) for c in records
+                 if c.op in ("send", "recv"))
+
+
+@dataclass(frozen=True)
+class RingResult:
+    """One rank's ring passes: of the last run its rows, its steps' blocks and its transfers; per run
+    (one entry each) the times."""
+
+    output: torch.Tensor  # (b, H, s / n, hd), this rank's rows
+    blocks: tuple[tuple[int, int, int], ...]  # (source, visible, diagonal) per step
+    transfers: tuple[tuple, ...]  # (op, size_bytes, wire_bytes, duration_s, waited_s) each
+    times_s: list[float]  # the whole pass
+    step_compute_s: list[list[float]]  # compute per step, wall time with any padding
+    step_cpu_s: list[list[float]]  # the same, CPU time of the computing thread
+    waited_s: list[float]  # blocked in wait() for transfers
+    transfer_s: list[float]  # per moving step, the longer of the send and the receive, summed
 
 
 def ring_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                            placement: str = "contiguous", overlap: bool = True, scale: float | None = None,
-                           repeats: int = 1, pad_compute_s: float | None = None) -> dict:
+                           repeats: int = 1, pad_compute_s: float | None = None) -> RingResult:
     """``ring_attention`` (forward) on this rank's shard of the whole ``q, k, v``, run ``repeats`` times,
-    each after a barrier (the timeline and the comm log keep the last run).
-
-    Returns ``output`` (this rank's rows), ``blocks`` (``(source, visible, diagonal)`` per step) and
-    ``transfers`` (``(op, size_bytes, wire_bytes, duration_s, waited_s)`` each) of the last run, and
-    one entry per run of: ``times_s`` (the whole pass), ``step_compute_s`` (compute per step, wall time
-    with any padding), ``step_cpu_s`` (the same, CPU time of the computing thread), ``waited_s``
-    (blocked in ``wait()`` for transfers) and ``transfer_s`` (per moving step, the longer of the send
-    and the receive, from issue to completion)."""
+    each after a barrier (the timeline and the comm log keep the last run)."""
     check_ring_inputs(q.shape, k.shape, v.shape, ctx.world_size, placement, local=False)
     mine = [shard_sequence(t, ctx.world_size, placement)[ctx.rank].to(ctx.device) for t in (q, k, v)]
     probe = RingProbe(ctx, placement, causal, pad_compute_s)
@@ -83,17 +93,28 @@ def ring_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         runs["transfer_s"].append(sum(max(pair) for pair in zip(*[[c.duration_s for c in moved if c.op == op]
                                                                    for op in ("send", "recv")])))
     spans = [s for s in ctx.timeline.spans if s.kind == "compute"]
-    return {"output": out, **runs,
-            "blocks": [(s.attrs["source"], s.attrs["visible"], s.attrs["diagonal"]) for s in spans],
-            "transfers": _transfers(ctx.comm.records)}
+    return RingResult(out, tuple((s.attrs["source"], s.attrs["visible"], s.attrs["diagonal"]) for s in spans),
+                      _transfers(ctx.comm.records), **runs)
+
+
+@dataclass(frozen=True)
+class AttentionGradsResult:
+    """One rank's forward and backward of an attention method: its shards of the gradients, the bytes
+    its forward saved for the backward, and each pass's calls (ring: ``(op, size_bytes, wire_bytes,
+    duration_s, waited_s)``; all-to-all: ``(op, size_bytes, wire_bytes)``)."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    saved_bytes: int
+    forward: tuple[tuple, ...]
+    backward: tuple[tuple, ...]
 
 
 def ring_attention_grads_on_rank(ctx, q, k, v, d_out, causal: bool = True, placement: str = "contiguous",
-                                 overlap: bool = True, scale: float | None = None) -> dict:
+                                 overlap: bool = True, scale: float | None = None) -> AttentionGradsResult:
     """Forward and backward of ``ring_attention`` on this rank's shards of the whole ``q, k, v`` and of
-    the upstream gradient ``d_out``. Returns ``output``, ``dq``, ``dk``, ``dv`` (this rank's shards), the
-    bytes the forward saved for the backward, and the ``forward`` / ``backward`` transfers (``(op,
-    size_bytes, wire_bytes, duration_s, waited_s)``)."""
+    the upstream gradient ``d_out``."""
     check_ring_inputs(q.shape, k.shape, v.shape, ctx.world_size, placement, local=False)
     n, me = ctx.world_size, ctx.rank
     q, k, v, d_out = (shard_sequence(t, n, placement)[me].to(ctx.device) for t in (q, k, v, d_out))
@@ -103,16 +124,23 @@ def ring_attention_grads_on_rank(ctx, q, k, v, d_out, causal: bool = True, place
         out = ring_attention(ctx, q, k, v, causal, placement, overlap, scale, probe=ctx.timeline)
     forward = len(ctx.comm.records)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), d_out)
-    return {"output": out.detach(), "dq": dq, "dk": dk, "dv": dv, "saved_bytes": saved.size_bytes,
-            "forward": _transfers(ctx.comm.records[:forward]), "backward": _transfers(ctx.comm.records[forward:])}
+    return AttentionGradsResult(dq, dk, dv, saved.size_bytes, _transfers(ctx.comm.records[:forward]),
+                                _transfers(ctx.comm.records[forward:]))
+
+
+@dataclass(frozen=True)
+class RingTrainingResult:
+    """One rank's training through the ring: the whole loss before each step, and the final weights."""
+
+    losses: list[float]
+    weights: dict[str, torch.Tensor]
 
 
 def ring_training_on_rank(ctx, x, target, weights: dict, head_dim: int, causal: bool = True,
-                          placement: str = "contiguous", steps: int = 5, lr: float = 0.5) -> dict:
+                          placement: str = "contiguous", steps: int = 5, lr: float = 0.5) -> RingTrainingResult:
     """Plain SGD on ``reference.attention_layer`` with ring attention: this rank holds its shard of the
     tokens ``x, target (b, s, d)`` and all the weights; the loss is its share of the mean squared error,
-    the weight gradients are summed over the ranks (every rank's tokens used the same weights). Returns
-    ``losses`` (the whole loss before each step) and the final ``weights``."""
+    the weight gradients are summed over the ranks (every rank's tokens used the same weights)."""
     n, me = ctx.world_size, ctx.rank
     x, target = (shard_sequence(t, n, placement, dim=1)[me].to(ctx.device) for t in (x, target))
     w = {name: t.clone().to(ctx.device).requires_grad_() for name, t in weights.items()}
@@ -126,27 +154,33 @@ def ring_training_on_rank(ctx, x, target, weights: dict, head_dim: int, causal: 
         with torch.no_grad():
             for t, g in zip(w.values(), grads):
                 t -= lr * ctx.comm.all_reduce(g.contiguous())
-    return {"losses": losses, "weights": {name: t.detach().cpu() for name, t in w.items()}}
+    return RingTrainingResult(losses, {name: t.detach().cpu() for name, t in w.items()})
+
+
+@dataclass(frozen=True)
+class UlyssesResult:
+    """One rank's all-to-all attention forward: its rows and ``(op, size_bytes, wire_bytes)`` of each call."""
+
+    output: torch.Tensor  # (b, H, s / n, hd)
+    collectives: tuple[tuple[str, int, int], ...]
 
 
 def ulysses_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                              scale: float | None = None, d_out: torch.Tensor | None = None) -> dict:
-    """``ulysses_attention`` on this rank's contiguous shard of the whole ``q, k, v``. Returns ``output``
-    (my rows) and ``collectives``: ``(op, size_bytes, wire_bytes)`` of each call of the forward; with
-    ``d_out``, also my shards of ``dq, dk, dv`` and the backward's ``backward_collectives``."""
+                              scale: float | None = None,
+                              d_out: torch.Tensor | None = None) -> UlyssesResult | AttentionGradsResult:
+    """``ulysses_attention`` on this rank's contiguous shard of the whole ``q, k, v``: an ``UlyssesResult``;
+    with ``d_out``, the backward too, an ``AttentionGradsResult``."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=False)
     n, me = ctx.world_size, ctx.rank
     mine = [t.chunk(n, dim=2)[me].to(ctx.device).requires_grad_(d_out is not None) for t in (q, k, v)]
     with SavedBytes(set()) as saved:
         out = ulysses_attention(ctx, *mine, causal=causal, scale=scale, probe=ctx.timeline)
-    logged = [(c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records]
+    logged = tuple((c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records)
     if d_out is None:
-        return {"output": out, "collectives": logged}
+        return UlyssesResult(out, logged)
     grads = torch.autograd.grad(out, mine, d_out.chunk(n, dim=2)[me].to(ctx.device))
-    every = [(c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records]
-    return {"output": out.detach(), "collectives": logged, "backward_collectives": every[len(logged):],
-            "saved_bytes": saved.size_bytes,
-            **dict(zip(("dq", "dk", "dv"), grads))}
+    every = tuple((c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records)
+    return AttentionGradsResult(*grads, saved.size_bytes, logged, every[len(logged):])
 
 
 def exchange_sweep_on_rank(ctx, sizes_bytes, rounds: int = 3) -> dict:

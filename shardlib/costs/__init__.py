@@ -19,14 +19,14 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "alpha_beta": ("COLLECTIVE_OPS", "cost_terms", "collective_terms_s", "collective_time_s", "all_reduce_s",
-                   "all_gather_s", "reduce_scatter_s", "all_to_all_s", "point_to_point_s", "algorithm_bandwidth",
+                   "all_to_all_s", "point_to_point_s", "algorithm_bandwidth",
                    "bus_bandwidth", "crossover_bytes"),
     "predict": ("ReplicasVsTensorParallel", "replicas_vs_tensor_parallel"),
     "emulation": ("EmulatedLink",),
     "calibration": ("Sample", "LinkFit", "Calibration", "fit_link", "r_squared", "fastest_of_slowest",
                     "median_of_slowest", "SWEEP_OPS", "DEFAULT_SIZES_BYTES"),
     "ranks": ("sweep_on_rank", "one_call", "leading_group", "slow_rank_on_rank", "serve_both_ways_on_rank",
-              "SLOW_RANK_OPS", "MAX_DELAY_S"),
+              "ServedBothWays", "SlowRankTimes", "SLOW_RANK_OPS", "MAX_DELAY_S"),
     "drivers": ("run_calibration", "measure_until", "DecodeVsPrefillRun", "run_decode_vs_prefill",
                 "SlowRankRun",
                 "run_slow_rank", "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model"),

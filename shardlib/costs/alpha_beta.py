@@ -60,16 +60,6 @@ def all_reduce_s(size_bytes: float, world_size: int, link: Link, latency_charge:
     return collective_time_s("all_reduce", size_bytes, world_size, link, latency_charge)
 
 
-def all_gather_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
-    """Ring all-gather of a ``size_bytes`` output: ``(n-1) alpha + (n-1)/n * size_bytes / bandwidth``."""
-    return collective_time_s("all_gather", size_bytes, world_size, link, latency_charge)
-
-
-def reduce_scatter_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
-    """Ring reduce-scatter of a ``size_bytes`` input: ``(n-1) alpha + (n-1)/n * size_bytes / bandwidth``."""
-    return collective_time_s("reduce_scatter", size_bytes, world_size, link, latency_charge)
-
-
 def all_to_all_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
     """Pairwise all-to-all, ``size_bytes`` sent per rank (``size_bytes / n`` to each peer):
     ``(n-1) alpha + (n-1)/n * size_bytes / bandwidth``."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..checks import whole_number
 from ..hardware import LATENCY_CHARGES, Link
 from ..models import LLAMA_3_8B, ModelConfig
+from ..runtime.gather import gather
 from .alpha_beta import all_reduce_s, collective_terms_s
 from .calibration import (
     DEFAULT_CALLS,
@@ -34,7 +35,7 @@ from .calibration import (
     median_of_slowest,
 )
 from .predict import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
-from .ranks import serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
+from .ranks import SlowRankTimes, serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
 
 STATISTICS = {"fastest": fastest_of_slowest, "median": median_of_slowest}
 
@@ -213,25 +214,25 @@ def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, to
 
 @dataclass(frozen=True)
 class SlowRankRun:
-    """``per_rank[r][op]``: rank ``r``'s ``step_s`` (from leaving the barrier to the collective's end)
-    and ``collective_s`` (inside the collective) for each op of ``ranks.SLOW_RANK_OPS``."""
+    """``per_rank[r]``: rank ``r``'s ``ranks.SlowRankTimes``: ``step_s[op]`` (from leaving the barrier to
+    the collective's end) and ``collective_s[op]`` (inside it) for each op of ``ranks.SLOW_RANK_OPS``."""
 
     slow_rank: int
     delay_s: float
-    per_rank: tuple[dict, ...]
+    per_rank: tuple[SlowRankTimes, ...]
     spans: tuple = ()
 
     @property
     def ops(self) -> list[str]:
-        return list(self.per_rank[0])
+        return list(self.per_rank[0].step_s)
 
     def step_s(self, op: str) -> float:
         """The step of ``op``: it ends for everybody when the slowest rank is done."""
-        return max(res[op]["step_s"] for res in self.per_rank)
+        return max(res.step_s[op] for res in self.per_rank)
 
     def inside_s(self, rank: int) -> float:
         """Seconds ``rank`` spent inside collectives, over every op."""
-        return sum(v["collective_s"] for v in self.per_rank[rank].values())
+        return sum(self.per_rank[rank].collective_s.values())
 
 
 def run_slow_rank(ranks, slow_rank: int, delay_s: float) -> SlowRankRun:
@@ -288,13 +289,12 @@ def run_replicas_vs_tp(ranks, link: Link, model: ModelConfig | None = None, batc
         raise ValueError(f"d_ff = {model.d_ff} cannot be split {n} ways")
     for name, value in (("batch", batch), ("steps", steps)):
         whole_number(value, name)
-    per_rank = [r for r in ranks.run(serve_both_ways_on_rank, model, seed, batch, steps, tp) if r is not None]
-    replica_steps = tuple(max(times) for times in zip(*(r["replica_s"] for r in per_rank)))
-    tp_steps = tuple(max(times) for times in zip(*(r["tp_s"] for r in per_rank)))
-    reduce_s = statistics.median(max(times) for times in zip(*(r["all_reduce_s"] for r in per_rank)))
+    got = gather(ranks.run(serve_both_ways_on_rank, model, seed, batch, steps, tp))
+    replica_steps, tp_steps = got.across("replica_s", max), got.across("tp_s", max)  # the group's slowest rank
+    reduce_s = statistics.median(got.across("all_reduce_s", max))
     replica_step_s, tp_step_s = statistics.median(replica_steps), statistics.median(tp_steps)
     comm_per_step_s = model.n_layers * all_reduce_s(batch * model.d_model * 4, n, link, latency_charge)
-    gap = max(float((r["tp_outputs"] - per_rank[0]["replica_outputs"]).abs().max()) for r in per_rank)
+    gap = got.max_gap("tp_outputs", got.first("replica_outputs"))
     measured = ReplicasVsTensorParallel(n, batch, replica_step_s, tp_step_s)
     predicted = replicas_vs_tensor_parallel(replica_step_s, comm_per_step_s, n, batch)
     return ReplicasVsTPRun(model, measured, predicted, reduce_s, comm_per_step_s, gap, replica_steps, tp_steps)

@@ -14,6 +14,7 @@ of ``ctx.device_mesh((world_size / n, n), ("copy", "tp"))``); the other ranks re
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -102,12 +103,19 @@ def sweep_on_rank(ctx, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAULT_RO
     return out
 
 
-def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 1024) -> dict:
-    """For each collective of ``SLOW_RANK_OPS``: all ranks leave a barrier together, rank ``slow_rank``
-    then sleeps ``delay_s`` (a throttled device, say), and everybody calls the collective.
+@dataclass(frozen=True)
+class SlowRankTimes:
+    """One rank's seconds per op of ``SLOW_RANK_OPS``, in their order: from leaving the barrier to the
+    collective's end (``step_s``), and inside the collective (``collective_s``)."""
 
-    Returns ``{op: {"step_s": barrier exit to collective end, "collective_s": time inside it}}`` for
-    this rank. A fast rank spends about ``delay_s`` inside each collective, waiting.
+    step_s: dict[str, float]
+    collective_s: dict[str, float]
+
+
+def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 1024) -> SlowRankTimes:
+    """For each collective of ``SLOW_RANK_OPS``: all ranks leave a barrier together, rank ``slow_rank``
+    then sleeps ``delay_s`` (a throttled device, say), and everybody calls the collective. A fast rank
+    spends about ``delay_s`` inside each collective, waiting.
     """
     whole_number_between(slow_rank, "slow_rank", 0, ctx.world_size - 1)
     number_between(delay_s, "delay_s (seconds)", 0.0, MAX_DELAY_S)
@@ -117,7 +125,7 @@ def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 102
     calls = {"all_reduce": ctx.comm.all_reduce, "all_gather": ctx.comm.all_gather,
              "reduce_scatter": ctx.comm.reduce_scatter, "all_to_all": ctx.comm.all_to_all_single,
              "barrier": lambda _: ctx.comm.barrier()}
-    out = {}
+    step_s, collective_s = {}, {}
     for op in SLOW_RANK_OPS:
         ctx.comm.barrier()
         start = time.perf_counter()
@@ -125,8 +133,8 @@ def slow_rank_on_rank(ctx, slow_rank: int, delay_s: float, n_elements: int = 102
             with ctx.timeline.span("throttled", kind="compute"):
                 time.sleep(delay_s)
         calls[op](x)
-        out[op] = {"step_s": time.perf_counter() - start, "collective_s": ctx.comm.records[-1].duration_s}
-    return out
+        step_s[op], collective_s[op] = time.perf_counter() - start, ctx.comm.records[-1].duration_s
+    return SlowRankTimes(step_s, collective_s)
 
 
 # -- serving: replicas against one tensor-parallel copy -----------------------------------------------------
@@ -135,8 +143,20 @@ def request_stream(seed: int, steps: int, batch: int, d_model: int) -> torch.Ten
     return torch.randn(steps, batch, d_model, generator=torch.Generator().manual_seed(seed))
 
 
+@dataclass(frozen=True)
+class ServedBothWays:
+    """One rank's seconds per step each way (from leaving a barrier of the group), its seconds inside
+    all-reduces per tensor-parallel step, and both ways' outputs."""
+
+    replica_s: list[float]
+    tp_s: list[float]
+    all_reduce_s: list[float]
+    replica_outputs: torch.Tensor  # (steps, batch, d_model)
+    tp_outputs: torch.Tensor  # (steps, batch, d_model)
+
+
 def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, steps: int,
-                            tp: int | None = None) -> dict | None:
+                            tp: int | None = None) -> ServedBothWays | None:
     """The first ``tp`` ranks (default: all) serve ``steps`` decode steps of ``batch`` sequences each
     way, in turn, so both see the same machine load:
 
@@ -146,9 +166,7 @@ def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, step
       (``ParallelBlock``: one all-reduce per layer) and serve stream ``seed + 1`` together, the stream
       rank 0's replica serves, so the two outputs can be compared.
 
-    One untimed step each way first (buffers allocated). Returns this rank's seconds per step each way
-    (from leaving a barrier of the group), its seconds inside all-reduces per tensor-parallel step, and
-    both outputs, ``(steps, batch, d_model)``; ranks outside the group return ``None``.
+    One untimed step each way first (buffers allocated). Ranks outside the group return ``None``.
     """
     whole_number(batch, "batch")
     whole_number(steps, "steps")
@@ -188,5 +206,4 @@ def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, step
     per_step = len(blocks)  # one all-reduce per MLP layer; the first step's were the warm-up
     reduces = [r.duration_s for r in ctx.comm.records if r.op == "all_reduce"][per_step:]
     reduce_s = [sum(reduces[i:i + per_step]) for i in range(0, len(reduces), per_step)]
-    return {"replica_s": replica_s, "tp_s": tp_s, "all_reduce_s": reduce_s, "replica_outputs": replica_out,
-            "tp_outputs": tp_out}
+    return ServedBothWays(replica_s, tp_s, reduce_s, replica_out, tp_out)

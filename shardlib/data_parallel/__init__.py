@@ -17,7 +17,7 @@
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "flat": ("STRATEGIES", "STRATEGY_TITLES", "FlatGroup", "plan_buckets", "plan_units", "padded", "total_numel"),
+    "flat": ("STRATEGIES", "STRATEGY_TITLES", "FlatGroup", "plan_buckets", "plan_units", "padded"),
     "predict": ("STATE_BYTES_MIXED", "STATE_BYTES_FP32", "STATE_BYTES_MEGATRON", "memory_per_rank", "step_wire_bytes",
                 "zero_table",
                 "layout_memory", "layout_step_ops", "layout_step_bytes", "gathered_peak_bytes",
@@ -27,9 +27,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "activations": ("Checkpointed", "ActivationMeasurement", "measure_activations"),
     "buckets": ("BucketedReplica",),
     "zero3": ("ShardedUnits",),
-    "ranks": ("BufferProbe", "train_on_rank", "collectives_on_rank"),
+    "ranks": ("BufferProbe", "train_on_rank", "TrainResult", "collectives_on_rank", "CollectivesResult"),
     "peer": ("PEERS", "torch_ddp_on_rank", "torch_fsdp2_on_rank"),
-    "drivers": ("TOLERANCE", "DataParallelRun", "run_data_parallel", "within_tolerance", "StrategyRuns",
+    "drivers": ("TOLERANCE", "DataParallelRun", "run_data_parallel", "StrategyRuns",
                 "run_strategies", "OverlapComparison", "run_overlap", "CollectiveIdentity",
                 "run_collective_identity", "PeerComparison", "run_peer"),
 })

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import choice, flag, whole_number
-from ..runtime.measure import TOLERANCE
+from ..runtime.gather import gather
+from ..runtime.measure import TOLERANCE  # noqa: F401 (the package exports it from here)
 from ..runtime.records import CommRecord, summarize
 from ..runtime.timeline import Span
 from .flat import STRATEGIES, FlatGroup
@@ -138,21 +139,15 @@ def run_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr:
     check_training_inputs(ranks.world_size, strategy, model, batches, lr, bucket_bytes)
     overlap, prefetch = flag(overlap, "overlap"), flag(prefetch, "prefetch")
     start = time.perf_counter()
-    per_rank = ranks.run(train_on_rank, strategy, model, batches, lr, bucket_bytes, overlap, prefetch)
+    got = gather(ranks.run(train_on_rank, strategy, model, batches, lr, bucket_bytes, overlap, prefetch))
     wall = time.perf_counter() - start
-    first = per_rank[0]["state_dict"]
-    agree = all(r["state_dict"].keys() == first.keys() and all(torch.equal(r["state_dict"][k], first[k]) for k in first)
-                for r in per_rank)
-    losses = tuple(sum(r["local_losses"][k] for r in per_rank) for k in range(len(batches)))
+    first = got.first("state_dict")
+    agree = all(sd.keys() == first.keys() and all(torch.equal(sd[k], first[k]) for k in first)
+                for sd in got.each("state_dict"))
     element_bytes = next(iter(model.parameters())).element_size()
-    return DataParallelRun(strategy, ranks.world_size, first, tuple(r["memory"] for r in per_rank),
-                           tuple(ranks.last_comm), tuple(ranks.last_spans), losses, tuple(per_rank[0]["groups"]),
+    return DataParallelRun(strategy, ranks.world_size, first, got.each("memory"), tuple(ranks.last_comm),
+                           tuple(ranks.last_spans), got.across("local_losses", sum), got.first("groups"),
                            element_bytes, agree, bucket_bytes, overlap, prefetch, wall, (model, batches, lr))
-
-
-def within_tolerance(run: DataParallelRun) -> bool:
-    """Whether ``run`` trained to one process's weights within ``runtime.measure.TOLERANCE``."""
-    return run.against_reference() <= TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -246,7 +241,7 @@ def run_collective_identity(ranks, numel: int, repeats: int = 5) -> CollectiveId
     if numel % ranks.world_size:
         raise ValueError(f"numel = {numel} must divide among {ranks.world_size} ranks for a reduce-scatter")
     out = ranks.run(collectives_on_rank, numel, repeats)
-    gap = max(float((r["all_reduce"] - r["reduce_scatter_all_gather"]).abs().max()) for r in out)
+    gap = max(float((r.all_reduce - r.reduce_scatter_all_gather).abs().max()) for r in out)
     ops = ("all_reduce", "reduce_scatter", "all_gather")
     rank0 = [c for c in ranks.last_comm if c.rank == 0]
     wire = {op: next(c.wire_bytes for c in rank0 if c.op == op) for op in ops}
@@ -286,7 +281,7 @@ def run_peer(ranks, peer: str, model, batches, lr: float) -> PeerComparison:
     strategy = PEER_OF[peer]
     check_training_inputs(ranks.world_size, strategy, model, batches, lr)
     fn = torch_ddp_on_rank if peer == "torch_ddp" else torch_fsdp2_on_rank
-    theirs = ranks.run(fn, model, batches, lr)[0]["state_dict"]
+    theirs = ranks.run(fn, model, batches, lr)[0].state_dict
     ours = run_data_parallel(ranks, strategy, model, batches, lr).state_dict
     reference = train_reference(model, batches, lr).state_dict
     return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference),

@@ -109,8 +109,3 @@ def plan_units(unit_params: Sequence[Sequence[int]], numels: Sequence[int], dp: 
         raise ValueError(f"the units must hold every parameter exactly once; they hold {sorted(seen)} of "
                          f"{len(numels)} parameters")
     return tuple(_group(k, list(unit), numels, dp) for k, unit in enumerate(unit_params))
-
-
-def total_numel(groups: Sequence[FlatGroup], padded_too: bool = True) -> int:
-    """Elements in all ``groups``, padding included unless ``padded_too`` is False."""
-    return sum(g.padded_numel if padded_too else g.numel for g in groups)

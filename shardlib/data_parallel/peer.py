@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .ranks import TrainResult
 from .reference import check_training_inputs, local_rows
 
 PEERS = ("torch_ddp", "torch_fsdp2")
@@ -30,7 +31,7 @@ def _train(ctx, model, batches, lr: float, parameters) -> list[float]:
     return losses
 
 
-def torch_ddp_on_rank(ctx, model, batches, lr: float) -> dict:
+def torch_ddp_on_rank(ctx, model, batches, lr: float) -> TrainResult:
     """Train with ``torch.nn.parallel.DistributedDataParallel``; return the trained ``state_dict``."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -38,10 +39,10 @@ def torch_ddp_on_rank(ctx, model, batches, lr: float) -> dict:
     model = model.to(ctx.device)
     wrapped = DistributedDataParallel(model)
     losses = _train(ctx, wrapped, batches, lr, wrapped.parameters())
-    return {"state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()}, "local_losses": losses}
+    return TrainResult({k: v.detach().clone() for k, v in model.state_dict().items()}, losses)
 
 
-def torch_fsdp2_on_rank(ctx, model, batches, lr: float) -> dict:
+def torch_fsdp2_on_rank(ctx, model, batches, lr: float) -> TrainResult:
     """Train with FSDP2's ``fully_shard`` (one unit per child with parameters, then the root); return the
     trained ``state_dict``, every tensor gathered whole."""
     from torch.distributed.fsdp import fully_shard
@@ -56,4 +57,4 @@ def torch_fsdp2_on_rank(ctx, model, batches, lr: float) -> dict:
     losses = _train(ctx, model, batches, lr, model.parameters())
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
              for k, v in model.state_dict().items()}
-    return {"state_dict": state, "local_losses": losses}
+    return TrainResult(state, losses)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,13 +50,20 @@ def kept_bytes(engine, optimizer: torch.optim.Optimizer, probe: BufferProbe) -> 
             "optimizer": optimizer_state_bytes(optimizer), "transient_peak": probe.meter.peak_bytes}
 
 
-def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: float | None = None,
-                  overlap: bool = True, prefetch: bool = True) -> dict:
-    """Train ``model`` (this rank's copy of the parent's) on this rank's rows of every batch.
+@dataclass(frozen=True)
+class TrainResult:
+    """One rank's training: all the trained weights (by the model's names), this rank's share of each
+    step's global loss and, for this package's strategies, ``kept_bytes`` and the flat layout."""
 
-    Returns ``state_dict`` (all the trained weights, by the model's names), ``memory`` (``kept_bytes``),
-    ``local_losses`` (this rank's share of each step's global loss) and ``groups`` (the flat layout).
-    """
+    state_dict: dict
+    local_losses: list[float]
+    memory: dict[str, int] = field(default_factory=dict)  # kept_bytes: params, grads, optimizer, transient_peak
+    groups: tuple = ()  # flat.FlatGroup s
+
+
+def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: float | None = None,
+                  overlap: bool = True, prefetch: bool = True) -> TrainResult:
+    """Train ``model`` (this rank's copy of the parent's) on this rank's rows of every batch."""
     check_training_inputs(ctx.world_size, strategy, model, batches, lr, bucket_bytes)
     model = model.to(ctx.device)
     probe = BufferProbe()
@@ -80,11 +88,18 @@ def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: f
             engine.after_step()
         losses.append(float(loss.detach()))
     memory = kept_bytes(engine, optimizer, probe)
-    return {"state_dict": engine.full_state(), "memory": memory, "local_losses": losses,
-            "groups": engine.groups}
+    return TrainResult(engine.full_state(), losses, memory, tuple(engine.groups))
 
 
-def collectives_on_rank(ctx, numel: int, repeats: int = 3) -> dict:
+@dataclass(frozen=True)
+class CollectivesResult:
+    """The last round's results of both ways of summing one buffer: they must agree."""
+
+    all_reduce: torch.Tensor  # (numel,)
+    reduce_scatter_all_gather: torch.Tensor  # (numel,)
+
+
+def collectives_on_rank(ctx, numel: int, repeats: int = 3) -> CollectivesResult:
     """``repeats`` times: all-reduce a buffer of ``numel`` float32 values (different on every rank), then
     reduce-scatter the same buffer and all-gather the result. Returns both results of the last round;
     the times are in the comm log."""
@@ -96,4 +111,4 @@ def collectives_on_rank(ctx, numel: int, repeats: int = 3) -> dict:
         ctx.comm.barrier()
         shard = ctx.comm.reduce_scatter(buffer.clone())  # (numel / world_size,)
         both = ctx.comm.all_gather(shard)  # (numel,)
-    return {"all_reduce": reduced, "reduce_scatter_all_gather": both}
+    return CollectivesResult(reduced, both)

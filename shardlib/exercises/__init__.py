@@ -11,7 +11,7 @@
 * ``serving_engine``: ``grade_block_manager`` (allocate and free with prefix reuse, on traces).
 * ``training``: ``grade_training_memory`` (a training rank's bytes, against its measured ledger).
 * ``training_ledger``: ``parameters_per_unit``, ``activation_bytes_per_microbatch`` (what that learner is
-  given), ``ledger_model`` (a rank's ledger, right or with one mistake made) and the hint naming each mistake.
+  given), ``kept_bytes`` (a rank's kept bytes, right or with one mistake made) and the hint naming each mistake.
 * ``result``: ``ExerciseResult`` (``.passed``, ``.status``, ``.messages``), shown as a coloured report.
 
 Graders never raise for a learner's mistake: they say what differs, where, and the likely mistake; each
@@ -30,7 +30,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),
     "serving_engine": ("grade_block_manager",),
-    "serving": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank"),
+    "serving": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank", "GroupsMet"),
     "training": ("grade_training_memory",),
-    "training_ledger": ("parameters_per_unit", "activation_bytes_per_microbatch", "ledger_model"),
+    "training_ledger": ("parameters_per_unit", "activation_bytes_per_microbatch", "kept_bytes"),
 })

@@ -13,6 +13,8 @@ in the groups of a torch ``DeviceMesh`` of that layout: the ranks that met must 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..mesh import Layout
@@ -113,11 +115,19 @@ def _check_groups(got: Collector, groups_fn) -> None:
                     return
 
 
-def groups_met_on_rank(ctx, layout: Layout, groups_fn) -> dict[str, tuple[int, int]]:
-    """Per axis: the fingerprint of the ranks that met in this rank's group built from ``groups_fn``
-    (a sum of ``2 ** rank`` over the members), and the same in the torch ``DeviceMesh``'s group."""
+@dataclass(frozen=True)
+class GroupsMet:
+    """Per axis, the fingerprint (a sum of ``2 ** rank`` over the members) of the ranks one rank met in
+    the group built from the learner's ``groups_fn`` (``yours``) and in the ``DeviceMesh``'s (``theirs``)."""
+
+    yours: dict[str, int]
+    theirs: dict[str, int]
+
+
+def groups_met_on_rank(ctx, layout: Layout, groups_fn) -> GroupsMet:
+    """Build every group of every axis from ``groups_fn`` and from the ``DeviceMesh``; see who met in each."""
     mesh = ctx.device_mesh(layout.mesh_shape, layout.mesh_axes)
-    out = {}
+    yours, theirs = {}, {}
     for axis in AXES:
         # every rank builds every group, in the same order (new_group's rule), from the learner's function
         groups = sorted({tuple(sorted(int(r) for r in groups_fn(r, layout.tp, layout.pp, layout.dp)[axis]))
@@ -127,10 +137,9 @@ def groups_met_on_rank(ctx, layout: Layout, groups_fn) -> dict[str, tuple[int, i
             group = ctx.new_group(members, f"your {axis}")
             if ctx.rank in members:
                 mine = group
-        yours = ctx.comm.all_reduce(torch.tensor([2 ** ctx.rank]), group=mine).item()
-        theirs = ctx.comm.all_reduce(torch.tensor([2 ** ctx.rank]), group=mesh.get_group(axis)).item()
-        out[axis] = (int(yours), int(theirs))
-    return out
+        yours[axis] = int(ctx.comm.all_reduce(torch.tensor([2 ** ctx.rank]), group=mine).item())
+        theirs[axis] = int(ctx.comm.all_reduce(torch.tensor([2 ** ctx.rank]), group=mesh.get_group(axis)).item())
+    return GroupsMet(yours, theirs)
 
 
 def _members(fingerprint: int) -> list[int]:
@@ -146,8 +155,9 @@ def _check_on_ranks(got: Collector, groups_fn, pools) -> None:
             except (RankError, RankTimeoutError) as exc:
                 got.fail(f"{layout.label} on {n} ranks: building your groups failed: {str(exc).splitlines()[0]}")
                 return
-            for rank, axes in enumerate(met):
-                for axis, (yours, theirs) in axes.items():
+            for rank, groups in enumerate(met):
+                for axis in AXES:
+                    yours, theirs = groups.yours[axis], groups.theirs[axis]
                     if yours != theirs:
                         got.fail(f"{layout.label} on {n} ranks: rank {rank} met ranks {_members(yours)} in your "
                                  f"{axis} group, but {_members(theirs)} in the DeviceMesh's")

@@ -6,7 +6,7 @@ The learner writes ``predict_fn(config, layout, rank) -> dict``: the bytes ``ran
 activations. ``grade_training_memory`` asks for every rank of ``LAYOUTS`` first (a blank, raising or
 ill-formed answer is reported before any rank starts), then trains each layout once per session on a
 warm pool of 4 ranks (``training.run_training``) and compares every answer with the ledger measured
-there. A wrong number is matched against ``training_ledger.ledger_model`` with one mistake made (else
+there. A wrong number is matched against ``training_ledger.kept_bytes`` with one mistake made (else
 two), the one that reproduces most of the learner's numbers first, and named with its numbers.
 """
 

@@ -2,11 +2,12 @@
 
 * ``parameters_per_unit``, ``activation_bytes_per_microbatch``: what the learner is given (the units
   before any split; one microbatch's saved activations on a rank's stage).
-* ``ledger_model``: a rank's weights, gradients, optimizer state and activations; with no mistake,
-  equal to ``training.predict.predict_ledger``; with ``RIGHT``'s knobs turned, what a learner making
-  that mistake would answer (tp not splitting, the embedding and head misplaced or tied, all layers on
-  every stage, the cp ranks splitting weights, the ZeRO-1/2 flat shard left out, one or three AdamW
-  moments, no padding or padding to dp only, another ZeRO stage's terms, elements for bytes).
+* ``kept_bytes``: a rank's weights, gradients and optimizer state (with the activations above, its
+  ledger); with no mistake, equal to ``training.predict.predict_ledger``'s; with ``RIGHT``'s knobs
+  turned, what a learner making that mistake would answer (tp not splitting, the embedding and head
+  misplaced or tied, all layers on every stage, the cp ranks splitting weights, the ZeRO-1/2 flat shard
+  left out, one or three AdamW moments, no padding or padding to dp only, another ZeRO stage's terms,
+  elements for bytes).
 * ``diagnose``: which mistake (one, else two at once) reproduces a learner's number, the one that agrees
   with most of their answers first; ``hint``: that mistake in the learner's words, with the numbers.
 Pure: no ranks.
@@ -91,14 +92,6 @@ def _kept(config, layout, stage: int, mistakes: tuple) -> tuple:
     return w * e, g * e, o * e
 
 
-def ledger_model(config, layout, rank: int, **mistakes) -> dict:
-    """The ledger of ``rank`` (``TERMS`` -> bytes) as this grader's model gives it, with ``mistakes`` made
-    (keys of ``RIGHT``); none: equal to ``training.predict.predict_ledger`` and to the measurement."""
-    in_flight = peak_in_flight(make_schedule("1f1b", layout.pp, config.m))[layout.position(rank).stage]
-    return {**kept_bytes(config, layout, rank, tuple(sorted(mistakes.items()))),
-            "activations": activation_bytes_per_microbatch(config, layout, rank) * in_flight}
-
-
 STRATEGY_KEEPS = {
     "ddp": "DDP shards nothing: every rank keeps all P weights, all P gradients and both moments of all P",
     "zero1": "ZeRO-1 shards the optimizer state only: the full weights plus the flat shard AdamW updates, the full "
@@ -164,7 +157,7 @@ def hint(kind: str, term: str, config, layout, rank: int, yours: float) -> str:
     raise ValueError(f"no hint for {kind!r}")
 
 
-VARIANTS = (  # (kind, the mistake as ledger_model() knobs); where two reproduce a number equally, the first names it
+VARIANTS = (  # (kind, the mistake as kept_bytes() knobs); where two reproduce a number equally, the first names it
     ("elements", {"elements": True}), ("tp", {"tp": False}), ("tp", {"tp": "blocks only"}),
     ("tp", {"tp": "vocab only"}), ("stages", {"vocab": "none"}), ("stages", {"vocab": "everywhere"}),
     ("stages", {"vocab": "tied"}), ("stages", {"layers": "all"}), ("master", {"master": False}),

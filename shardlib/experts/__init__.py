@@ -27,7 +27,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "predict": ("BYTES_PER_VALUE", "predicted_weight_bytes", "predicted_all_to_all_bytes",
                 "predicted_cross_rank_share"),
     "dispatch": ("EPForward", "expert_parallel_moe"),
-    "ranks": ("ep_forward_on_rank",),
+    "ranks": ("ep_forward_on_rank", "EPForwardResult"),
     "drivers": ("EPRun", "run_expert_parallel", "PolicyRun", "run_moe_policy", "run_mitigation", "Mitigations",
                 "run_mitigations"),
 })

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..checks import choice, positive_number, whole_number, whole_number_between
+from ..checks import choice, near_equal_parts, positive_number, whole_number, whole_number_between
 from .routing import MoEConfig, Routing
 
 
@@ -126,12 +126,10 @@ def split_groups(n_tokens: int, n_groups: int) -> list[tuple[int, int]]:
     if n_groups > n_tokens:
         raise ValueError(f"{n_tokens} tokens cannot be split into {n_groups} groups: each group (each rank) "
                          f"needs at least one token")
-    base, extra = divmod(n_tokens, n_groups)
     bounds, start = [], 0
-    for g in range(n_groups):
-        stop = start + base + (1 if g < extra else 0)
-        bounds.append((start, stop))
-        start = stop
+    for size in near_equal_parts(n_tokens, n_groups):
+        bounds.append((start, start + size))
+        start += size
     return bounds
 
 

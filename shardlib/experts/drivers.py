@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import number_at_least, whole_number
+from ..runtime.gather import gather
 from .balance import MITIGATIONS, LoadStats, load_stats, mitigated
 from .placement import ExpertPlacement, replicate_hottest
 from .ranks import ep_forward_on_rank
@@ -63,23 +64,21 @@ def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoECon
     check_layer_inputs(x, weights, cfg, placement, ranks.world_size)
     whole_number(repeats, "repeats")
     number_at_least(extra_s_per_row, "extra_s_per_row (seconds)")
-    res = ranks.run(ep_forward_on_rank, x, weights, cfg, placement, repeats, extra_s_per_row)
-    steps = [max(r["end_s"][i] for r in res) - min(r["start_s"][i] for r in res) for i in range(repeats)]
-    waited = all(min(r["end_s"][i] for r in res) >= max(r["expert_end_s"][i] for r in res) for i in range(repeats))
+    got = gather(ranks.run(ep_forward_on_rank, x, weights, cfg, placement, repeats, extra_s_per_row))
+    steps = [end - start for end, start in zip(got.across("end_s", max), got.across("start_s", min))]
+    waited = all(first_end >= last_experts for first_end, last_experts in
+                 zip(got.across("end_s", min), got.across("expert_end_s", max)))
+    median = statistics.median
     return EPRun(
-        output=torch.cat([r["output"] for r in res]), send_matrix=[r["rows_to_rank"] for r in res],
-        expert_rows=[r["expert_rows"] for r in res], expert_counts=sum(r["expert_counts"] for r in res),
-        dropped_slots=sum(r["dropped_slots"] for r in res), dropped_tokens=sum(r["dropped_tokens"] for r in res),
-        rerouted_slots=sum(r["rerouted_slots"] for r in res), capacity=res[0]["capacity"],
-        expert_s=[statistics.median(r["expert_s"]) for r in res],
-        expert_cpu_s=[statistics.median(r["expert_cpu_s"]) for r in res],
-        forward_s=[statistics.median(r["forward_s"]) for r in res], step_s=statistics.median(steps),
-        waited_for_slowest=waited, weight_bytes=[r["weight_bytes"] for r in res],
-        dispatch_bytes=sum(r["dispatch_bytes"] for r in res), combine_bytes=sum(r["combine_bytes"] for r in res),
-        counts_bytes=sum(r["counts_bytes"] for r in res), placement=placement,
-        rows_wire_bytes=sum(r["rows_wire_bytes"] for r in res),
-        expert_cpu_floor_s=tuple(min(r["expert_cpu_s"]) for r in res),
-    )
+        output=got.cat("output"), send_matrix=list(got.each("rows_to_rank")), expert_rows=list(got.each("expert_rows")),
+        expert_counts=got.sum("expert_counts"), dropped_slots=got.sum("dropped_slots"),
+        dropped_tokens=got.sum("dropped_tokens"), rerouted_slots=got.sum("rerouted_slots"),
+        capacity=got.first("capacity"), expert_s=list(got.each("expert_s", median)),
+        expert_cpu_s=list(got.each("expert_cpu_s", median)), forward_s=list(got.each("forward_s", median)),
+        step_s=median(steps), waited_for_slowest=waited, weight_bytes=list(got.each("weight_bytes")),
+        dispatch_bytes=got.sum("dispatch_bytes"), combine_bytes=got.sum("combine_bytes"),
+        counts_bytes=got.sum("counts_bytes"), placement=placement, rows_wire_bytes=got.sum("rows_wire_bytes"),
+        expert_cpu_floor_s=got.each("expert_cpu_s", min))
 
 
 # -- the knob against the mitigations -----------------------------------------------------------------------------

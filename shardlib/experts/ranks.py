@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -45,8 +46,34 @@ class _ExpertTimer:
             self.start_s, self.end_s = start_s, now_s()
 
 
+@dataclass(frozen=True)
+class EPForwardResult:
+    """One rank's expert-parallel forwards: its output rows and routing (the last repeat's), the bytes of
+    its three all-to-alls, and per repeat its times (seconds, on the clock the ranks share)."""
+
+    output: torch.Tensor  # (T_r, d_model), this rank's home rows
+    rows_to_rank: list[int]  # (ep,) rows this rank sent to each rank, itself included
+    expert_rows: int  # rows this rank's experts computed
+    expert_counts: torch.Tensor  # (n_experts,) token-slots this rank's tokens sent to each expert
+    dropped_slots: int
+    dropped_tokens: int
+    rerouted_slots: int
+    capacity: int | None  # per expert per rank
+    counts_bytes: int  # the counts all-to-all (what this rank sent)
+    dispatch_bytes: int  # the token rows all-to-all
+    combine_bytes: int  # the rows back
+    rows_wire_bytes: int  # token rows sent to other ranks, dispatch and combine
+    weight_bytes: int  # the expert weights this rank ran: what it must hold (it was sent all)
+    forward_s: list[float]  # per repeat
+    expert_s: list[float]  # per repeat, wall clock of the expert FFNs (the padding sleep included)
+    expert_cpu_s: list[float]  # per repeat, CPU time of the FFNs
+    start_s: list[float]  # per repeat: the forward's start, expert end and end
+    expert_end_s: list[float]
+    end_s: list[float]
+
+
 def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, placement: ExpertPlacement,
-                       repeats: int = 1, extra_s_per_row: float = 0.0) -> dict:
+                       repeats: int = 1, extra_s_per_row: float = 0.0) -> EPForwardResult:
     """One expert-parallel forward of ``x`` (the whole batch; this rank keeps its contiguous share),
     ``repeats`` times, each after a barrier. ``extra_s_per_row`` adds a sleep per expert row on top of
     the real FFN, for timing demonstrations that must survive a noisy machine.
@@ -60,27 +87,23 @@ def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     x_home = x[start:stop].to(ctx.device)  # (T_r, d_model)
     timer = _ExpertTimer(ctx.timeline, extra_s_per_row)
-    result = {"forward_s": [], "expert_s": [], "expert_cpu_s": [], "start_s": [], "end_s": [], "expert_end_s": []}
+    times = []  # per repeat: (start, expert start, expert end, end, expert CPU seconds)
     for _ in range(repeats):
         ctx.comm.barrier()
         first_record = len(ctx.comm.records)
         t0 = now_s()
         forward = expert_parallel_moe(ctx, x_home, weights, cfg, placement, probe=timer)
-        t1 = now_s()
-        for key, value in (("forward_s", t1 - t0), ("expert_s", timer.end_s - timer.start_s), ("start_s", t0),
-                           ("end_s", t1), ("expert_end_s", timer.end_s), ("expert_cpu_s", timer.cpu_s)):
-            result[key].append(value)
+        times.append((t0, timer.start_s, timer.end_s, now_s(), timer.cpu_s))
     counts_rec, tokens_rec, back_rec = [r for r in ctx.comm.records[first_record:] if r.op == "all_to_all_single"]
     assignment, hosted = forward.assignment, placement.hosted(ctx.rank)
-    result.update(
-        output=forward.output, rows_to_rank=forward.rows_to_rank, rows_from_rank=forward.rows_from_rank,
-        expert_rows=sum(forward.rows_from_rank), expert_counts=assignment.counts(cfg.n_experts),
-        dropped_slots=assignment.dropped_slots, dropped_tokens=assignment.dropped_tokens,
-        rerouted_slots=assignment.rerouted_slots, capacity=assignment.capacity,
-        counts_bytes=counts_rec.size_bytes, dispatch_bytes=tokens_rec.size_bytes, combine_bytes=back_rec.size_bytes,
-        rows_wire_bytes=tokens_rec.wire_bytes + back_rec.wire_bytes, dispatch_s=tokens_rec.duration_s,
-        combine_s=back_rec.duration_s,
-        weight_bytes=sum(w[e].numel() * w.element_size() for e in hosted  # the expert weights this rank ran:
-                         for w in (weights.gate, weights.up, weights.down)),  # what it must hold (it was sent all)
-    )
-    return result
+    return EPForwardResult(
+        output=forward.output, rows_to_rank=forward.rows_to_rank, expert_rows=sum(forward.rows_from_rank),
+        expert_counts=assignment.counts(cfg.n_experts), dropped_slots=assignment.dropped_slots,
+        dropped_tokens=assignment.dropped_tokens, rerouted_slots=assignment.rerouted_slots,
+        capacity=assignment.capacity, counts_bytes=counts_rec.size_bytes, dispatch_bytes=tokens_rec.size_bytes,
+        combine_bytes=back_rec.size_bytes, rows_wire_bytes=tokens_rec.wire_bytes + back_rec.wire_bytes,
+        weight_bytes=sum(w[e].numel() * w.element_size() for e in hosted
+                         for w in (weights.gate, weights.up, weights.down)),
+        forward_s=[end - t0 for t0, _, _, end, _ in times], expert_s=[e1 - e0 for _, e0, e1, _, _ in times],
+        expert_cpu_s=[cpu for *_, cpu in times], start_s=[t[0] for t in times], expert_end_s=[t[2] for t in times],
+        end_s=[t[3] for t in times])

@@ -7,5 +7,6 @@
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "ranks": ("whoami_on_rank", "first_all_reduce_on_rank", "straggler_on_rank", "all_reduce_time_on_rank"),
+    "ranks": ("whoami_on_rank", "Whoami", "first_all_reduce_on_rank", "AllReduced", "straggler_on_rank",
+              "StragglerTimes", "all_reduce_time_on_rank"),
 })

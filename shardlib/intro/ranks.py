@@ -9,19 +9,39 @@ from __future__ import annotations
 
 import os
 import statistics
+from dataclasses import dataclass
 
 import torch
 
 from ..checks import one_per
 
 
-def whoami_on_rank(ctx) -> dict:
+@dataclass(frozen=True)
+class Whoami:
+    """Where a rank lives."""
+
+    rank: int
+    world_size: int
+    pid: int
+    device: str
+    backend: str
+    threads: int
+
+
+def whoami_on_rank(ctx) -> Whoami:
     """Where this rank lives: its number, its process, its device."""
-    return {"rank": ctx.rank, "world_size": ctx.world_size, "pid": os.getpid(), "device": str(ctx.device),
-            "backend": ctx.backend, "threads": torch.get_num_threads()}
+    return Whoami(ctx.rank, ctx.world_size, os.getpid(), str(ctx.device), ctx.backend, torch.get_num_threads())
 
 
-def first_all_reduce_on_rank(ctx, n: int = 4) -> dict:
+@dataclass(frozen=True)
+class AllReduced:
+    """A rank's values before and after the all-reduce."""
+
+    before: list[float]
+    after: list[float]
+
+
+def first_all_reduce_on_rank(ctx, n: int = 4) -> AllReduced:
     """Rank r starts with ``n`` copies of ``r + 1``; after a sum all-reduce every rank holds the total.
 
     With ``w`` ranks the total is ``1 + 2 + ... + w = w (w + 1) / 2`` in every position.
@@ -29,10 +49,18 @@ def first_all_reduce_on_rank(ctx, n: int = 4) -> dict:
     x = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
     before = x.clone()
     ctx.comm.all_reduce(x)
-    return {"before": before.tolist(), "after": x.tolist()}
+    return AllReduced(before.tolist(), x.tolist())
 
 
-def straggler_on_rank(ctx, work_units: list[int], size: int = 256) -> dict:
+@dataclass(frozen=True)
+class StragglerTimes:
+    """A rank's seconds computing, and inside the all-reduce that followed."""
+
+    compute_s: float
+    all_reduce_s: float
+
+
+def straggler_on_rank(ctx, work_units: list[int], size: int = 256) -> StragglerTimes:
     """Each rank does ``work_units[rank]`` units of matmul work, then all ranks all-reduce a vector.
 
     The all-reduce cannot finish until the slowest rank arrives, so a rank with less work spends the
@@ -48,7 +76,7 @@ def straggler_on_rank(ctx, work_units: list[int], size: int = 256) -> dict:
     compute_s = ctx.timeline.spans[-1].duration_s
     x = a.sum(0)
     ctx.comm.all_reduce(x)
-    return {"compute_s": compute_s, "all_reduce_s": ctx.comm.records[-1].duration_s}
+    return StragglerTimes(compute_s, ctx.comm.records[-1].duration_s)
 
 
 def all_reduce_time_on_rank(ctx, n_elements: int, repeats: int = 5) -> float:

@@ -242,8 +242,8 @@ def run_pipeline_vs_tp_bytes(ranks, model: ModelConfig, layers: list[dict], x: t
     calls = size = 0
     for w in layers:
         rank0 = ranks.run(tp_mlp_on_rank, x, w, grad_output)[0]
-        calls += rank0["forward_collectives"] + rank0["backward_collectives"]
-        size += rank0["forward_bytes"] + rank0["backward_bytes"]
+        calls += rank0.forward_collectives + rank0.backward_collectives
+        size += rank0.forward_bytes + rank0.backward_bytes
     return PipelineVsTPBytes(x.numel() * x.element_size(), pp.sent_messages(), pp.sent_bytes(), calls, size)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ..checks import near_equal_parts
 from ..runtime.timeline import Span
 from .schedules import OPS, Schedule, check_count, simulate
 from .stages import check_layer_counts
@@ -61,8 +62,7 @@ def split_layers(n_layers: int, n_parts: int, counts: Sequence[int] | None = Non
         raise ValueError(f"cannot cut {n_layers} layers into {n_parts} slices: each slice needs at least "
                          "one whole layer")
     if counts is None:
-        base, extra = divmod(n_layers, n_parts)
-        counts = [base + (1 if i < extra else 0) for i in range(n_parts)]
+        counts = near_equal_parts(n_layers, n_parts)
     counts = check_layer_counts(n_layers, n_parts, counts)
     bounds, start = [], 0
     for c in counts:
@@ -81,8 +81,7 @@ def microbatch_sizes(batch_size: int, n_microbatches: int) -> tuple[int, ...]:
             f"cannot cut a batch of {batch_size} rows into {m} microbatches: each microbatch needs at "
             f"least one row, so use at most {batch_size} microbatches"
         )
-    base, extra = divmod(batch_size, m)
-    return tuple(base + (1 if i < extra else 0) for i in range(m))
+    return near_equal_parts(batch_size, m)
 
 
 # -- predictions from a schedule ----------------------------------------------------------------

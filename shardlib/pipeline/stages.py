@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..checks import near_equal_parts
 from .schedules import check_count
 
 
@@ -37,8 +38,7 @@ def stage_layer_counts(n_layers: int, n_stages: int, end_layers: int = 0) -> tup
     n_stages = check_count("n_stages", n_stages, "pipeline stages")
     if isinstance(end_layers, bool) or not isinstance(end_layers, int) or end_layers < 0:
         raise ValueError(f"end_layers must be a whole number of layers (0 or more), got {end_layers!r}")
-    base, extra = divmod(n_layers + 2 * end_layers, n_stages)
-    counts = [base + (1 if i < extra else 0) for i in range(n_stages)]
+    counts = list(near_equal_parts(n_layers + 2 * end_layers, n_stages))
     counts[0] -= end_layers
     counts[-1] -= end_layers
     if min(counts) < 1:

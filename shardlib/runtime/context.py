@@ -132,12 +132,6 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_backend(backend: str, ranks_per_machine: int) -> str:
-    """Resolve ``"auto"`` and check an explicit choice against this machine's GPUs; return the
-    ``torch.distributed`` backend (``"gloo"`` or ``"nccl"``). See ``devices.place_ranks``."""
-    return place_ranks(backend, ranks_per_machine, gpu_count()).backend
-
-
 def prepare_device(device: str) -> torch.device:
     """Make ``device`` this process's device. On a GPU: select it, and turn TF32 off for matmuls and
     convolutions (``allow_tf32 = False``, float32 matmul precision ``"highest"``), so float32 stays

@@ -35,7 +35,7 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "memory": ("Workload", "memory_per_gpu", "weights_per_gpu", "kv_bytes_per_sequence", "affordable_batch",
-               "batch_for", "active_params_per_gpu", "shape_problems", "memory_problem", "layout_problems",
+               "active_params_per_gpu", "shape_problems", "memory_problem", "layout_problems",
                "check_layout"),
     "traffic": ("hop_links", "return_link", "axis_link", "pipeline_crosses_nodes", "tp_crosses_nodes", "AxisTraffic",
                 "forward_traffic"),
@@ -46,13 +46,14 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "decode": ("StageCost", "stage_costs", "Score", "score"),
     "reasons": ("TP_ACROSS", "PP_ACROSS", "kind", "counterpart", "compare"),
     "planner": ("OBJECTIVES", "Plan", "enumerate_layouts", "objective_workload", "plan_serving",
-                "format_plan", "format_choices"),
+                "format_plan"),
     "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
     "replicas": ("ServingPoint", "replicas_against_tp", "latency_vs_throughput", "format_latency_vs_throughput"),
     "layouts": ("RankStage", "build_stage", "combined_forward", "pipelined_decode"),
-    "ranks": ("combined_forward_on_rank", "decode_on_rank", "effective_flops_per_s", "effective_flops_on_rank"),
+    "ranks": ("combined_forward_on_rank", "CombinedResult", "decode_on_rank", "DecodeResult", "effective_flops_per_s",
+              "effective_flops_on_rank"),
     "drivers": ("check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
                 "format_traffic", "DecodeRun", "run_decode", "ToyClusterFit", "run_toy_cluster_calibration"),
     "across": ("AcrossRow", "AcrossNodes", "across_layouts", "across_workload", "run_across_nodes", "format_across"),
-    "machines": ("across_layout", "tp_inside_pp_across_on_rank"),
+    "machines": ("across_layout", "tp_inside_pp_across_on_rank", "AcrossResult"),
 })

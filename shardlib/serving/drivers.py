@@ -24,6 +24,7 @@ from ..costs.emulation import EmulatedLink
 from ..hardware import Cluster, toy_cluster
 from ..mesh import Layout, check_mesh
 from ..models import ModelConfig, check_tensor_parallel
+from ..runtime.gather import gather
 from .ranks import combined_forward_on_rank, decode_on_rank, effective_flops_on_rank
 from .traffic import AxisTraffic, forward_traffic
 
@@ -87,9 +88,9 @@ def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], 
     """Check the inputs here, run ``combined_forward_on_rank`` on ``ranks``, gather outputs and the comm log."""
     check_mesh(layout, ranks.world_size, "ranks")
     check_combined_inputs(layout, model, layers, x, n_microbatches)
-    res = ranks.run(combined_forward_on_rank, layout, model, layers, x, n_microbatches)
-    last = [r for r in res if r["stage"] == layout.pp - 1]
-    by_replica = [[r["output"] for r in last if r["replica"] == d] for d in range(layout.dp)]
+    got = gather(ranks.run(combined_forward_on_rank, layout, model, layers, x, n_microbatches))
+    last = [r for r in got.results if r.stage == layout.pp - 1]
+    by_replica = [[r.output for r in last if r.replica == d] for d in range(layout.dp)]
     agree = all(torch.equal(o, outs[0]) for outs in by_replica for o in outs)
     forward = forward_records(ranks.last_comm)
     comm_s: dict[str, float] = {}
@@ -98,7 +99,7 @@ def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], 
     predicted = forward_traffic(model, layout, x.shape[0] // layout.dp, x.shape[1], n_microbatches)
     return CombinedRun(layout, torch.cat([outs[0] for outs in by_replica]), agree,
                        tuple(traffic_by_axis(forward)), tuple(sorted(predicted, key=_axis_op)), comm_s,
-                       max(r["end_s"] for r in res) - min(r["start_s"] for r in res), tuple(ranks.last_spans))
+                       max(got.each("end_s")) - min(got.each("start_s")), tuple(ranks.last_spans))
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,13 @@ def run_decode(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x:
         raise ValueError(f"the emulated link places {len(emulation.node_of_rank)} ranks on nodes but the pool has "
                          f"{ranks.world_size}")
     res = ranks.run(decode_on_rank, layout, model, layers, x, n_microbatches, steps, emulation)
-    last = sorted((r for r in res if r["stage"] == layout.pp - 1 and r["tp_rank"] == 0), key=lambda r: r["replica"])
-    ready = last[0]["ready_s"]  # (steps, m)
+    last = gather(sorted((r for r in res if r.stage == layout.pp - 1 and r.tp_rank == 0), key=lambda r: r.replica))
+    ready = last.first("ready_s")  # (steps, m)
     interval_s = statistics.median(ready[k][i] - ready[k - 1][i] for k in range(1, steps) for i in range(len(ready[0])))
     comm_s: dict[str, float] = {}
     for rec in ranks.last_comm:
         comm_s[rec.group] = comm_s.get(rec.group, 0.0) + rec.duration_s
-    return DecodeRun(layout, torch.cat([r["outputs"] for r in last], dim=1), interval_s, x.shape[0] / interval_s,
+    return DecodeRun(layout, last.cat("outputs", dim=1), interval_s, x.shape[0] / interval_s,
                      len(ready[0]), sum(rec.emulated for rec in ranks.last_comm), comm_s, tuple(ranks.last_spans))
 
 

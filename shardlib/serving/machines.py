@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 import torch
 
@@ -59,15 +60,36 @@ def _by_axis(traffic) -> tuple[dict, dict]:
     return calls, size
 
 
-def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatches: int = 2, seed: int = 0,
-                                nodes: int | None = None, per_node: int | None = None) -> dict:
-    """The toy stack (``models.TOY``) with tp = processes per node and pp = nodes; see the module docstring.
+@dataclass(frozen=True)
+class AcrossResult:
+    """One rank of the job: where it ran, its groups (global ranks), the largest gap to the one-process
+    reference over the whole job (``max_error``), and the calls and bytes per mesh axis: the whole job's,
+    the prediction's and this rank's own (``my_...``). Printed under torchrun as its ``asdict``."""
 
-    Returns ``max_error`` (the largest gap to the single-process reference over the whole job),
-    ``tp_group`` and ``pp_group`` (global ranks), ``node``, ``host``, ``device``, and the calls and bytes per
-    mesh axis: this rank's (``my_bytes_by_axis``), the whole job's (``bytes_by_axis``) and the prediction
-    (``predicted_bytes_by_axis``), with ``traffic_matches_prediction``.
-    """
+    rank: int
+    node: int
+    host: str
+    device: str
+    backend: str
+    layout: str
+    stage: int
+    tp_rank: int
+    tp_group: list[int]
+    pp_group: list[int]
+    max_error: float
+    tolerance: float
+    calls_by_axis: dict[str, int]
+    bytes_by_axis: dict[str, int]
+    predicted_calls_by_axis: dict[str, int]
+    predicted_bytes_by_axis: dict[str, int]
+    my_calls_by_axis: dict[str, int]
+    my_bytes_by_axis: dict[str, int]
+    traffic_matches_prediction: bool
+
+
+def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatches: int = 2, seed: int = 0,
+                                nodes: int | None = None, per_node: int | None = None) -> AcrossResult:
+    """The toy stack (``models.TOY``) with tp = processes per node and pp = nodes; see the module docstring."""
     nodes = _from_env("GROUP_WORLD_SIZE", "nodes") if nodes is None else nodes
     per_node = _from_env("LOCAL_WORLD_SIZE", "per_node") if per_node is None else per_node
     layout = across_layout(ctx.world_size, nodes, per_node)
@@ -84,8 +106,8 @@ def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatche
     mine = traffic_by_axis(ctx.comm.records)  # the forward's calls only: taken before the summary below
     predicted = forward_traffic(TOY, layout, batch, seq, n_microbatches)
     error = 0.0
-    if out["output"] is not None:  # the last stage: compare with the whole stack in one process
-        error = float((out["output"].detach().cpu() - stack_reference(x, layers, TOY)).abs().max())
+    if out.output is not None:  # the last stage: compare with the whole stack in one process
+        error = float((out.output.detach().cpu() - stack_reference(x, layers, TOY)).abs().max())
 
     # one small all-gather for the job's summary: every rank's error, and its calls and bytes per key
     keys = [(p.axis, p.op) for p in predicted]
@@ -99,14 +121,11 @@ def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatche
                 for i, (axis, op) in enumerate(keys)]
     (calls, size), (predicted_calls, predicted_bytes), (my_calls, my_bytes) = map(_by_axis, (measured, predicted, mine))
     stage, _, tp_rank = layout.coords(ctx.rank)
-    return {
-        "rank": ctx.rank, "node": node, "host": socket.gethostname(), "device": str(ctx.device),
-        "backend": ctx.backend, "layout": layout.label, "stage": stage, "tp_rank": tp_rank,
-        "tp_group": layout.tp_groups()[stage], "pp_group": layout.pp_groups()[tp_rank],
-        "max_error": float(table[:, 0].max()), "tolerance": TOLERANCE,
-        "calls_by_axis": calls, "bytes_by_axis": size,
-        "predicted_calls_by_axis": predicted_calls, "predicted_bytes_by_axis": predicted_bytes,
-        "my_calls_by_axis": my_calls, "my_bytes_by_axis": my_bytes,
-        "traffic_matches_prediction": int(totals[-2]) == 0 and measured == list(predicted),
-    }
+    return AcrossResult(
+        rank=ctx.rank, node=node, host=socket.gethostname(), device=str(ctx.device), backend=ctx.backend,
+        layout=layout.label, stage=stage, tp_rank=tp_rank, tp_group=layout.tp_groups()[stage],
+        pp_group=layout.pp_groups()[tp_rank], max_error=float(table[:, 0].max()), tolerance=TOLERANCE,
+        calls_by_axis=calls, bytes_by_axis=size, predicted_calls_by_axis=predicted_calls,
+        predicted_bytes_by_axis=predicted_bytes, my_calls_by_axis=my_calls, my_bytes_by_axis=my_bytes,
+        traffic_matches_prediction=int(totals[-2]) == 0 and measured == list(predicted))
 

@@ -104,11 +104,6 @@ def affordable_batch(model: ModelConfig, cluster: Cluster, layout: Layout, workl
     return max(0, min(workload.max_batch, int(free // per_sequence))) if free > 0 else 0
 
 
-def batch_for(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> int:
-    """The workload's batch if it fixes one, else ``affordable_batch``."""
-    return workload.batch or affordable_batch(model, cluster, layout, workload)
-
-
 def memory_per_gpu(model: ModelConfig, layout: Layout, workload: Workload, batch: int | None = None) -> Memory:
     """Bytes on a GPU of the heaviest stage for ``batch`` sequences (default: the workload's batch)."""
     batch = workload.batch if batch is None else batch

@@ -19,7 +19,7 @@ from ..models import ModelConfig
 from ..units import gb, ms
 from .decode import Score, score
 from .memory import Workload, layout_problems
-from .reasons import PP_ACROSS, TP_ACROSS, counterpart_reason, kind, own_reasons
+from .reasons import counterpart_reason, kind, own_reasons
 from .traffic import AxisTraffic, axis_link, forward_traffic, hop_links  # noqa: F401  (the planner's public names)
 
 OBJECTIVES = ("throughput", "latency")
@@ -148,23 +148,4 @@ def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
         lines += [f"  {s.layout.label}: {r}" for r in s.reasons]
     lines.append(f"rejected ({len(p.rejected)}):")
     lines += [f"  {r.layout.label}: " + "; ".join(r.reasons) for r in p.rejected]
-    return "\n".join(lines)
-
-
-def format_choices(models, clusters, workload: Workload = Workload()) -> str:
-    """Each model on each cluster, both objectives: the planner's choice, why, and (where a pipeline can
-    cross nodes) the margin between TP inside a node + PP across nodes and TP across nodes."""
-    lines = []
-    for model in models:
-        for cluster in clusters:
-            for objective in OBJECTIVES:
-                p = plan_serving(model, cluster, workload, objective)
-                b = p.best
-                lines.append(f"{model.name} on {cluster.name}, by {objective}: " + (
-                    f"{b.layout.label} ({kind(b.layout, cluster)}), batch {b.batch}, {ms(b.decode_step_s)}/token, "
-                    f"{b.tokens_per_s:,.0f} tokens/s" if b else "nothing fits"))
-                lines.append(f"    why: {p.reasons[-1]}")
-                across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS
-                          for r in s.reasons if TP_ACROSS in r]
-                lines += [f"    across nodes: {r}" for r in across[:1]]  # the best-ranked such layout's
     return "\n".join(lines)

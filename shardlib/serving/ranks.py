@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -21,17 +22,28 @@ from .layouts import build_stage, combined_forward, pipelined_decode
 from .memory import active_params_per_gpu
 
 
+@dataclass(frozen=True)
+class CombinedResult:
+    """One rank's combined forward: its stage and replica on the mesh, the output on the last stage (else
+    ``None``), and when the forward started and ended (``time.perf_counter``, shared by the ranks)."""
+
+    stage: int
+    replica: int
+    output: torch.Tensor | None  # (batch / dp, seq, d_model) on the last stage
+    start_s: float
+    end_s: float
+
+
 def combined_forward_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                             n_microbatches: int = 2) -> dict:
+                             n_microbatches: int = 2) -> CombinedResult:
     """``x`` (batch, seq, d_model) forward on ``layout``'s mesh (``forward.combined_forward``): this rank's
-    coordinates, the output on the last stage (else ``None``), and when the forward started and ended."""
+    stage and replica, the output on the last stage (else ``None``), and when the forward started and ended."""
     me = build_stage(ctx, layout, model, layers)
     ctx.comm.barrier()  # a start line: every rank has built its blocks (the driver leaves it out of the traffic)
     start_s = time.perf_counter()
     output = combined_forward(ctx, layout, me, x, n_microbatches, probe=ctx.timeline)
     end_s = time.perf_counter()
-    return {"rank": ctx.rank, "stage": me.stage, "replica": me.replica, "tp_rank": me.tp_rank,
-            "output": output, "start_s": start_s, "end_s": end_s}
+    return CombinedResult(me.stage, me.replica, output, start_s, end_s)
 
 
 class _ReadyProbe:
@@ -47,8 +59,20 @@ class _ReadyProbe:
         self.ready_s.append(time.perf_counter())
 
 
+@dataclass(frozen=True)
+class DecodeResult:
+    """One rank's decode steps: its coordinates; on the last stage every step's output and the time each
+    microbatch's was ready (``None`` elsewhere)."""
+
+    stage: int
+    replica: int
+    tp_rank: int
+    outputs: torch.Tensor | None  # (steps, batch / dp, 1, d_model)
+    ready_s: list[list[float]] | None  # (steps, m)
+
+
 def decode_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                   n_microbatches: int, steps: int, emulation=None) -> dict:
+                   n_microbatches: int, steps: int, emulation=None) -> DecodeResult:
     """``steps`` decode steps of ``x`` (batch, 1, d_model) on ``layout``'s mesh, pipelined in steady state
     (``forward.pipelined_decode``). The last stage returns every step's output and the time each
     microbatch's was ready. ``emulation`` (an ``EmulatedLink``) makes calls that cross "nodes" last as
@@ -57,15 +81,13 @@ def decode_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], 
         ctx.comm.emulate(emulation)
     me = build_stage(ctx, layout, model, layers)
     probe = _ReadyProbe(ctx.timeline)
-    start_s = time.perf_counter()
     outputs = pipelined_decode(ctx, layout, me, x, n_microbatches, steps, probe)
-    end_s = time.perf_counter()
-    last, m = outputs is not None, n_microbatches
-    return {"rank": ctx.rank, "stage": me.stage, "replica": me.replica, "tp_rank": me.tp_rank,
-            "start_s": start_s, "end_s": end_s,
-            # (steps, batch / dp, 1, d_model) and (steps, m) on the last stage
-            "outputs": torch.stack([torch.cat(outputs[k * m:(k + 1) * m]) for k in range(steps)]) if last else None,
-            "ready_s": [probe.ready_s[k * m:(k + 1) * m] for k in range(steps)] if last else None}
+    if outputs is None:
+        return DecodeResult(me.stage, me.replica, me.tp_rank, None, None)
+    m = n_microbatches
+    return DecodeResult(me.stage, me.replica, me.tp_rank,
+                        torch.stack([torch.cat(outputs[k * m:(k + 1) * m]) for k in range(steps)]),
+                        [probe.ready_s[k * m:(k + 1) * m] for k in range(steps)])
 
 
 def effective_flops_per_s(model: ModelConfig, layers: list[dict], batch: int, seq: int, repeats: int = 5) -> float:

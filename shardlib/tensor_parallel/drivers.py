@@ -16,6 +16,7 @@ from ..checks import choice, same_dtype
 from ..context_parallel.memory import toy_block_activation_bytes
 from ..context_parallel.predict import sequence_parallel_bytes_per_rank
 from ..models import ModelConfig, check_heads
+from ..runtime.gather import gather
 from ..runtime.measure import TOLERANCE
 from ..toy import attention_layer_reference, block_reference, mlp_reference
 from .predict import CUTS, check_sequence_parallel, pair_collectives, pair_wire_collectives
@@ -26,6 +27,7 @@ from .ranks import (
     tp_attention_on_rank,
     tp_mlp_on_rank,
 )
+from .reference import ROW_PARALLEL
 from .sequence_parallel import SEQ_DIM
 
 BLOCKS = ("mlp", "attention")
@@ -67,18 +69,14 @@ def run_tp_block(ranks, part: str, x: torch.Tensor, w: dict, model: ModelConfig,
     if grad_output is not None:
         reference.backward(grad_output)
     if part == "mlp":
-        results = ranks.run(tp_mlp_on_rank, x, w, grad_output)
+        got = gather(ranks.run(tp_mlp_on_rank, x, w, grad_output))
     else:
-        results = ranks.run(tp_attention_on_rank, x, w, model, grad_output)
-    gap = max((r["output"] - reference.detach()).abs().max().item() for r in results)
-    backward = grad_output is not None
+        got = gather(ranks.run(tp_attention_on_rank, x, w, model, grad_output))
     return TPBlockRun(
-        part, ranks.world_size, results[0]["output"], gap,
-        max((r["grad_x"] - x_ref.grad).abs().max().item() for r in results) if backward else None,
-        tuple(r["forward_collectives"] for r in results),
-        tuple(r.get("backward_collectives", 0) for r in results),
-        tuple(r["forward_bytes"] for r in results), tuple(r.get("backward_bytes", 0) for r in results),
-        tuple(r.get("weight_grads", {}) for r in results))
+        part, ranks.world_size, got.first("output"), got.max_gap("output", reference.detach()),
+        got.max_gap("grad_x", x_ref.grad) if grad_output is not None else None,
+        got.each("forward_collectives"), got.each("backward_collectives"),
+        got.each("forward_bytes"), got.each("backward_bytes"), got.each("weight_grads"))
 
 
 @dataclass(frozen=True)
@@ -111,16 +109,13 @@ def run_pair(ranks, cut: str, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     """``w2 @ activation(w1 @ x)`` cut ``cut``-wise over every rank of ``ranks``."""
     choice(cut, CUTS, "cut")
     fn = pair_column_then_row_on_rank if cut == CUTS[0] else pair_row_then_column_on_rank
-    results = ranks.run(fn, x, w1, w2, activation)
+    got = gather(ranks.run(fn, x, w1, w2, activation))
     reference = F.linear(activation(F.linear(x, w1)), w2)
-    gap = max((r["output"] - reference).abs().max().item() for r in results)
     tokens = x.numel() // x.shape[-1]
     shape = (cut, ranks.world_size, tokens, w1.shape[1], w1.shape[0], x.element_size())
-    return PairRun(cut, ranks.world_size, results[0]["output"], gap, tuple(results[0]["collectives"]),
-                   tuple(pair_collectives(*shape)), tuple(results[0]["wire"]), tuple(pair_wire_collectives(*shape)))
-
-
-ROW_PARALLEL = ("o", "down")  # cut along their inputs (dim 1); the others along their outputs (dim 0)
+    return PairRun(cut, ranks.world_size, got.first("output"), got.max_gap("output", reference),
+                   got.first("collectives"), tuple(pair_collectives(*shape)), got.first("wire"),
+                   tuple(pair_wire_collectives(*shape)))
 
 
 @dataclass(frozen=True)
@@ -172,18 +167,18 @@ def _block_reference(x, w, model, grad_output):
 
 def _mode(name, per_rank, reference, tp, model, x, sp: bool) -> BlockMode:
     out_ref, grad_x_ref, grads_ref = reference
-    join = (lambda key: torch.cat([r[key] for r in per_rank], dim=SEQ_DIM)) if sp else (lambda key: per_rank[0][key])
+    join = (lambda key: per_rank.cat(key, dim=SEQ_DIM)) if sp else per_rank.first
     pairs = [(g, grads_ref[k].chunk(tp, dim=1 if k in ROW_PARALLEL else 0)[r])
-             for r, res in enumerate(per_rank) for k, g in res["weight_grads"].items()]
-    first = per_rank[0]
+             for r, grads in enumerate(per_rank.each("weight_grads")) for k, g in grads.items()]
+    forward, backward = per_rank.first("forward"), per_rank.first("backward")
     b, s, d = x.shape
     return BlockMode(
         name, float((join("output") - out_ref).abs().max()), float((join("grad_x") - grad_x_ref).abs().max()),
         max(float((a - b).abs().max()) for a, b in pairs),
         len(pairs) == 7 * tp and all(torch.allclose(a, b, rtol=TOLERANCE, atol=TOLERANCE) for a, b in pairs),
-        tuple(op for op, _, _ in first["forward"]), tuple(op for op, _, _ in first["backward"]),
-        sum(wire for _, _, wire in first["forward"]), sum(wire for _, _, wire in first["backward"]),
-        tuple(r["activation_bytes"] for r in per_rank),
+        tuple(op for op, _, _ in forward), tuple(op for op, _, _ in backward),
+        sum(wire for _, _, wire in forward), sum(wire for _, _, wire in backward),
+        per_rank.each("activation_bytes"),
         toy_block_activation_bytes(model, b, s, tp, sp, x.element_size()),
         sequence_parallel_bytes_per_rank(b, s, d, tp, 2, x.element_size())[
             "sequence parallel" if sp else "tensor parallel"])
@@ -206,6 +201,6 @@ def run_sequence_parallel(ranks, x: torch.Tensor, w: dict, model: ModelConfig,
     reference = _block_reference(x, w, model, grad_output)
     modes = {}
     for sp in (False, True):
-        per_rank = ranks.run(sp_block_on_rank, x, w, model, grad_output, sp)
+        per_rank = gather(ranks.run(sp_block_on_rank, x, w, model, grad_output, sp))
         modes[sp] = _mode("sequence parallel" if sp else "tensor parallel", per_rank, reference, tp, model, x, sp)
     return SequenceParallelRun(tp, modes[False], modes[True])

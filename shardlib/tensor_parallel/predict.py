@@ -1,6 +1,6 @@
-"""Tensor parallelism's formulas: each cut order's collectives, in buffer and wire bytes; the vocabulary
-split's (the loss never gathers the logits); the shape rules and the largest degree a model's shapes
-allow (Megatron-LM, Shoeybi et al. 2019, section 3). Pure."""
+"""Tensor parallelism's formulas: each cut order's collectives, in buffer and wire bytes; the shape rules
+(the vocabulary split's too) and the largest degree a model's shapes allow (Megatron-LM, Shoeybi et al.
+2019, section 3). Pure."""
 
 from __future__ import annotations
 
@@ -78,39 +78,3 @@ def check_vocab_split(vocab: int, tp: int) -> int:
                          f"whole run of token rows ({vocab} / {tp} = {vocab / tp:g}); Megatron pads the vocabulary "
                          f"to a multiple of 128 x tp, see `models.padded_vocab_size`")
     return vocab // tp
-
-
-def vocab_parallel_loss_collectives(tokens: int, tp: int, element_bytes: int = 4) -> list[tuple[str, int]]:
-    """The forward collectives of the vocabulary-parallel cross-entropy over ``tokens`` tokens (batch x
-    sequence), as ``(op, size_bytes)``: three all-reduces of one value per token (the row max, the sum of
-    exponentials, the target's logit), ``3 * tokens * element_bytes`` in all, whatever the vocabulary. Its
-    backward sends nothing. One rank: nothing."""
-    tokens, element_bytes = whole_number(tokens, "tokens"), whole_number(element_bytes, "element_bytes")
-    return [] if whole_number(tp, "tp") == 1 else [("all_reduce", tokens * element_bytes)] * 3
-
-
-def gathered_logits_collectives(tokens: int, vocab: int, tp: int, element_bytes: int = 4) -> list[tuple[str, int]]:
-    """What the loss would move if the logit shards were gathered first (the naive way): one all-gather
-    whose result is the whole ``tokens x vocab`` logits on every rank."""
-    check_vocab_split(vocab, tp)
-    tokens, element_bytes = whole_number(tokens, "tokens"), whole_number(element_bytes, "element_bytes")
-    return [] if tp == 1 else [("all_gather", tokens * vocab * element_bytes)]
-
-
-def vocab_embedding_collectives(tokens: int, d_model: int, tp: int, sequence_parallel: bool = False,
-                                element_bytes: int = 4) -> list[tuple[str, int]]:
-    """The forward collective of the vocabulary-parallel embedding: the partial lookups summed, an
-    all-reduce of ``tokens x d_model`` values (a reduce-scatter of the same buffer with sequence
-    parallelism, each rank keeping its tokens). Its backward sends nothing."""
-    tokens, d_model = whole_number(tokens, "tokens"), whole_number(d_model, "d_model")
-    if whole_number(tp, "tp") == 1:
-        return []
-    return [("reduce_scatter" if sequence_parallel else "all_reduce", tokens * d_model * element_bytes)]
-
-
-def vocab_parallel_loss_saved_bytes(tokens: int, vocab: int, tp: int, element_bytes: int = 4) -> int:
-    """What the vocabulary-parallel loss keeps for its backward on one rank: the softmax of its
-    ``tokens x vocab / tp`` logits, and per token whether it owns the target (1 byte) and the target's row in
-    its slice (an 8-byte index). The logits themselves need not be kept."""
-    rows = check_vocab_split(vocab, tp)
-    return whole_number(tokens, "tokens") * (rows * whole_number(element_bytes, "element_bytes") + 1 + 8)

@@ -4,6 +4,8 @@ and, for sequence parallelism, the activation bytes autograd saved (``runtime.me
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 
@@ -23,22 +25,35 @@ def _weight_grads(module) -> dict[str, torch.Tensor]:
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear))}
 
 
-def _forward_backward(ctx, block, x: torch.Tensor, grad_output: torch.Tensor | None) -> dict:
+@dataclass(frozen=True)
+class TPBlockResult:
+    """One rank's forward (and backward) of a tensor-parallel block: the whole output, the count and
+    buffer bytes of its collectives in each pass and, after a backward, the gradient of ``x`` and this
+    rank's slices of the weight gradients (by weight name)."""
+
+    output: torch.Tensor  # (b, s, d_model), whole on every rank
+    forward_collectives: int
+    forward_bytes: int
+    backward_collectives: int = 0
+    backward_bytes: int = 0
+    grad_x: torch.Tensor | None = None  # (b, s, d_model); None: forward only
+    weight_grads: dict = field(default_factory=dict)
+
+
+def _forward_backward(ctx, block, x: torch.Tensor, grad_output: torch.Tensor | None) -> TPBlockResult:
     """Forward (and backward when ``grad_output`` is given), counting the collectives of each pass."""
     x = x.to(ctx.device).clone().requires_grad_(grad_output is not None)
     out = block(x)
     n_forward = len(ctx.comm.records)
-    result = {"output": out.detach(), "forward_collectives": n_forward,
-              "forward_bytes": sum(r.size_bytes for r in ctx.comm.records)}
-    if grad_output is not None:
-        out.backward(grad_output.to(ctx.device))
-        backward = ctx.comm.records[n_forward:]
-        result.update(grad_x=x.grad, backward_collectives=len(backward),
-                      backward_bytes=sum(r.size_bytes for r in backward), weight_grads=_weight_grads(block))
-    return result
+    forward = (out.detach(), n_forward, sum(r.size_bytes for r in ctx.comm.records))
+    if grad_output is None:
+        return TPBlockResult(*forward)
+    out.backward(grad_output.to(ctx.device))
+    backward = ctx.comm.records[n_forward:]
+    return TPBlockResult(*forward, len(backward), sum(r.size_bytes for r in backward), x.grad, _weight_grads(block))
 
 
-def tp_mlp_on_rank(ctx, x: torch.Tensor, w: dict, grad_output: torch.Tensor | None = None) -> dict:
+def tp_mlp_on_rank(ctx, x: torch.Tensor, w: dict, grad_output: torch.Tensor | None = None) -> TPBlockResult:
     """The gated MLP (``w``: ``gate``, ``up``, ``down``) split over every rank (``blocks.ParallelMLP``).
 
     Returns the output, the collective counts and bytes of each pass and, with ``grad_output``, the
@@ -48,24 +63,34 @@ def tp_mlp_on_rank(ctx, x: torch.Tensor, w: dict, grad_output: torch.Tensor | No
 
 
 def tp_attention_on_rank(ctx, x: torch.Tensor, w: dict, model: ModelConfig,
-                         grad_output: torch.Tensor | None = None) -> dict:
+                         grad_output: torch.Tensor | None = None) -> TPBlockResult:
     """Causal GQA of ``model``'s heads (``w``: ``q``, ``k``, ``v``, ``o``) split by whole heads over every
     rank (``blocks.ParallelAttention``): one all-reduce forward, one backward."""
     block = ParallelAttention(w, model, TPGroup.world(ctx)).to(ctx.device)
     return _forward_backward(ctx, block, x, grad_output)
 
 
+@dataclass(frozen=True)
+class PairResult:
+    """One rank's pair: the whole output and its collectives from its comm log, ``(op, buffer bytes)``
+    and ``(op, wire bytes)`` under the ring."""
+
+    output: torch.Tensor  # (b, s, d_model)
+    collectives: tuple[tuple[str, int], ...]
+    wire: tuple[tuple[str, int], ...]
+
+
 def pair_column_then_row_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                                 activation=F.gelu) -> dict:
+                                 activation=F.gelu) -> PairResult:
     """The right cut: ``w1`` by columns, ``w2`` by rows. One all-reduce of the output."""
     tp, r = ctx.world_size, ctx.rank
     hidden = activation(F.linear(x, shard_columns(w1, tp)[r]))  # (b, s, d_ff / tp): no communication
     out = ctx.comm.all_reduce(F.linear(hidden, shard_rows(w2, tp)[r]))  # (b, s, d_model): sum of partials
-    return {"output": out, **_bill(ctx)}
+    return _bill(ctx, out)
 
 
 def pair_row_then_column_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                                 activation=F.gelu) -> dict:
+                                 activation=F.gelu) -> PairResult:
     """The other cut: ``w1`` by rows, ``w2`` by columns. The first product is partial, and the
     activation is not linear, so the partials must be summed *before* it (an all-reduce of the wide
     intermediate); the second product leaves each rank a slice of the output, gathered at the end."""
@@ -74,17 +99,29 @@ def pair_row_then_column_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: tor
     hidden = ctx.comm.all_reduce(F.linear(x_slice, shard_rows(w1, tp)[r]))  # (b, s, d_ff): partial -> summed
     out_slice = F.linear(activation(hidden), shard_columns(w2, tp)[r])  # (b, s, d_model / tp)
     out = ctx.comm.all_gather(out_slice, dim=-1)  # (b, s, d_model)
-    return {"output": out, **_bill(ctx)}
+    return _bill(ctx, out)
 
 
-def _bill(ctx) -> dict:
-    """This rank's collectives, from its comm log: ``(op, buffer bytes)`` and ``(op, wire bytes)``."""
+def _bill(ctx, out: torch.Tensor) -> PairResult:
+    """``out`` with this rank's collectives, from its comm log."""
     records = ctx.comm.records
-    return {"collectives": [(c.op, c.size_bytes) for c in records], "wire": [(c.op, c.wire_bytes) for c in records]}
+    return PairResult(out, tuple((c.op, c.size_bytes) for c in records), tuple((c.op, c.wire_bytes) for c in records))
+
+
+@dataclass(frozen=True)
+class SPBlockResult:
+    """One rank's block, tensor parallel alone or sequence parallel (see ``sp_block_on_rank``)."""
+
+    output: torch.Tensor  # (b, s / tp, d) sequence parallel, (b, s, d) tensor parallel alone
+    activation_bytes: int  # what autograd saved in the forward
+    forward: tuple[tuple[str, int, int], ...]  # (op, size_bytes, wire_bytes) of each collective
+    backward: tuple[tuple[str, int, int], ...]
+    grad_x: torch.Tensor | None = None  # the shape of ``output``; None: forward only
+    weight_grads: dict = field(default_factory=dict)  # this rank's slices, by weight name
 
 
 def sp_block_on_rank(ctx, x: torch.Tensor, w: dict, model: ModelConfig, grad_output: torch.Tensor | None = None,
-                     sequence_parallel: bool = True) -> dict:
+                     sequence_parallel: bool = True) -> SPBlockResult:
     """One block of ``model`` (weights ``w``) on this rank, forward and (with ``grad_output``) backward:
     sequence parallel (``x`` cut by sequence, this rank's shard in and out) or tensor parallel alone
     (``x`` whole on every rank). ``x`` and ``grad_output`` are the whole ``(b, s, d)`` tensors.
@@ -102,10 +139,9 @@ def sp_block_on_rank(ctx, x: torch.Tensor, w: dict, model: ModelConfig, grad_out
     with SavedBytes(params) as saved:
         out = block(h)
     n_forward = len(ctx.comm.records)
-    result = {"output": out.detach(), "activation_bytes": saved.size_bytes, "grad_x": None, "weight_grads": {}}
+    grads = {}
     if grad_output is not None:
         out.backward(cut(grad_output).to(ctx.device))
-        result.update(grad_x=h.grad, weight_grads=_weight_grads(block))
-    records = [(c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records]
-    result.update(forward=records[:n_forward], backward=records[n_forward:])
-    return result
+        grads = {"grad_x": h.grad, "weight_grads": _weight_grads(block)}
+    records = tuple((c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records)
+    return SPBlockResult(out.detach(), saved.size_bytes, records[:n_forward], records[n_forward:], **grads)

@@ -36,6 +36,9 @@ def _split(weight: torch.Tensor, n_shards: int, dim: int, what: str) -> list[tor
     return list(weight.chunk(n_shards, dim=dim))
 
 
+ROW_PARALLEL = ("o", "down")  # the weights cut along their inputs (dim 1); every other one along its outputs (dim 0)
+
+
 def shard_columns(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
     """Split an ``(out, in)`` weight (or an ``(out,)`` bias) along its output dim into ``n_shards`` slices.
 
@@ -99,7 +102,7 @@ class TensorParallelPair(nn.Module):
 
 def _slice(w: torch.Tensor, name: str, tp: int, r: int) -> torch.Tensor:
     """Rank ``r``'s slice of weight ``name``, as ``blocks`` keeps it: o and down by rows, the rest by columns."""
-    return (shard_rows if name in ("o", "down") else shard_columns)(w, tp)[r].clone()
+    return (shard_rows if name in ROW_PARALLEL else shard_columns)(w, tp)[r].clone()
 
 
 def simulate_tp_stack(x: torch.Tensor, layers: list[dict], model: ModelConfig, tp: int) -> torch.Tensor:

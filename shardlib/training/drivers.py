@@ -16,12 +16,11 @@ import torch
 from ..mesh import Layout, check_mesh
 from ..models import head_problems
 from ..pipeline.predict import split_layers
+from ..tensor_parallel.reference import ROW_PARALLEL
 from .corpus import TrainingConfig
 from .predict import format_ledger, predict_ledger, predict_traffic
 from .ranks import training_on_rank
 from .reference import ReferenceRun
-
-ROW_PARALLEL = ("o", "down")  # split along their input features (dim 1); every other weight along dim 0
 
 
 def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:

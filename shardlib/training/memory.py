@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..checks import choice, whole_number
+from ..checks import choice, near_equal_parts, whole_number
 from ..data_parallel.predict import STATE_BYTES_MEGATRON, layer_activation_bytes, memory_per_rank
 from ..mesh import Layout
 from ..models import ModelConfig, padded_vocab_size
@@ -57,8 +57,7 @@ class TrainingMemory:
 def layers_of(n_layers: int, pp: int, stage: int) -> int:
     """Layers of ``stage`` when ``n_layers`` are cut into ``pp`` stages as ``pipeline.predict.split_layers``
     cuts them by default: sizes differing by at most one, the earlier stages taking the extra layers."""
-    base, extra = divmod(n_layers, pp)
-    return base + (1 if stage < extra else 0)
+    return near_equal_parts(n_layers, pp)[stage]
 
 
 def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:

@@ -2,7 +2,7 @@
 
 * ``theme``: the one palette. ``gantt``: the one Gantt builder. ``live``: callback errors shown under the
   controls, not in the log console; a ``SelectionSlider`` safe at both ends. ``code``: ``show_code``.
-* ``runtime_figures``: what any pool did (timelines, bytes moved, measured points).
+* ``runtime_figures``: what any pool did (timelines, measured points).
 * Per package, figures (data in, figure out) and widgets (controls wired to drivers and figures):
   ``intro_figures``, ``intro_widgets``; ``tensor_parallel_figures``, ``tensor_parallel_widgets``;
   ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
@@ -20,7 +20,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "theme": ("PALETTE", "KIND_COLOURS", "OP_COLOURS", "colour", "colours"),
     "gantt": ("Bar", "bar_traces", "gantt_figure"),
     "live": ("Feedback", "explain", "observe_all"),
-    "runtime_figures": ("timeline_figure", "comm_bytes_figure", "measured_points_figure"),
+    "runtime_figures": ("timeline_figure", "measured_points_figure"),
     "intro_figures": ("weights_vs_memory_figure",),
     "intro_widgets": ("all_reduce_explorer",),
     "tensor_parallel_figures": ("shard_layout_figure", "weight_cut_figure"),

@@ -103,15 +103,14 @@ def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel 
     return fig
 
 
-def slow_rank_figure(per_rank: Sequence[Mapping[str, Mapping[str, float]]], slow_rank: int,
+def slow_rank_figure(collective_s: Sequence[Mapping[str, float]], slow_rank: int,
                      delay_s: float, where: str = "") -> go.Figure:
-    """Grouped bars: the time each rank spent inside each collective, with the delay as a dashed line;
-    ``where`` it was measured (``ranks.description``) under the title."""
-    ops = list(per_rank[0])
+    """Grouped bars: the time each rank spent inside each collective (``collective_s[rank][op]``, seconds),
+    with the delay as a dashed line; ``where`` it was measured (``ranks.description``) under the title."""
+    ops = list(collective_s[0])
     fig = go.Figure([go.Bar(name=f"rank {r}" + (" (slow)" if r == slow_rank else ""), x=ops,
-                            y=[res[op]["collective_s"] * 1e3 for op in ops],
-                            marker_color=colour(r))
-                     for r, res in enumerate(per_rank)])
+                            y=[inside[op] * 1e3 for op in ops], marker_color=colour(r))
+                     for r, inside in enumerate(collective_s)])
     fig.add_hline(y=delay_s * 1e3, line_dash="dash",
                   annotation_text=f"delay of rank {slow_rank}: {delay_s * 1e3:.0f} ms")
     fig.update_layout(title=titled("Time inside each collective: the fast ranks wait for the slow one", where),

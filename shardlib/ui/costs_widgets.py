@@ -85,12 +85,13 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
     slow = widgets.Dropdown(options=list(range(ranks.world_size)), value=ranks.world_size - 1,
                             description="slow rank")
     text = widgets.HTML()
-    fig = go.FigureWidget(slow_rank_figure([{"all_reduce": {"collective_s": 0.0}}] * ranks.world_size, 0, 0.0))
+    fig = go.FigureWidget(slow_rank_figure([{"all_reduce": 0.0}] * ranks.world_size, 0, 0.0))
 
     def run(change=None) -> None:
         delay_s = delay.value / 1e3
         run = run_slow_rank(ranks, slow.value, delay_s)
-        new = slow_rank_figure(run.per_rank, slow.value, delay_s, f"measured on {ranks.description}")
+        new = slow_rank_figure([r.collective_s for r in run.per_rank], slow.value, delay_s,
+                               f"measured on {ranks.description}")
         with fig.batch_update():
             for trace, fresh in zip(fig.data, new.data):
                 trace.x, trace.y, trace.name = fresh.x, fresh.y, fresh.name

@@ -1,4 +1,4 @@
-"""Figures any notebook draws of its ranks: what each rank did when, bytes moved, measured points.
+"""Figures any notebook draws of its ranks: what each rank did when, measured points beside a curve.
 Data in, ``go.Figure`` out."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from ..runtime.records import CommRecord
 from ..runtime.timeline import Span, shift_to_zero
 from .gantt import Bar, gantt_figure, titled
 from .theme import KIND_COLOURS, TEAL
@@ -26,19 +25,6 @@ def timeline_figure(spans: Sequence[Span], origin_s: float | None = None,
     bars = [Bar(f"rank {s.rank}", s.start_s * 1e3, s.end_s * 1e3, s.name, s.kind, KIND_COLOURS.get(s.kind, TEAL))
             for s in sorted(spans, key=lambda s: s.kind)]
     return gantt_figure(bars, [f"rank {r}" for r in sorted({s.rank for s in spans})], title, where=where)
-
-
-def comm_bytes_figure(records: Sequence[CommRecord], title: str = "Bytes each rank moved, by operation") -> go.Figure:
-    """Grouped bars: total ``size_bytes`` per op, one bar per rank."""
-    totals: dict[tuple[int, str], int] = {}
-    for r in records:
-        totals[(r.rank, r.op)] = totals.get((r.rank, r.op), 0) + r.size_bytes
-    ops = sorted({op for _, op in totals})
-    fig = go.Figure()
-    for rank in sorted({rank for rank, _ in totals}):
-        fig.add_trace(go.Bar(name=f"rank {rank}", x=ops, y=[totals.get((rank, op), 0) for op in ops]))
-    fig.update_layout(title=title, barmode="group", yaxis_title="bytes", height=320)
-    return fig
 
 
 def measured_points_figure(x: Sequence[float], y: Sequence[float], x_title: str, y_title: str, title: str,

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from shardlib.context_parallel import (
+    METHODS,
     AttentionShape,
     Partial,
-    attention_activation_bytes,
     attention_grads_reference,
     attention_reference,
     block_grads,
@@ -30,7 +30,6 @@ from shardlib.context_parallel import (
     hidden_share,
     imbalance,
     merge,
-    method_bytes,
     positions_of_rank,
     ring_backward_bytes_per_rank,
     ring_bytes_per_rank,
@@ -45,7 +44,7 @@ from shardlib.context_parallel import (
 )
 from shardlib.context_parallel.predict import ring_transfer_s
 from shardlib.hardware import Link
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, TOY, kv_cache_bytes
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, TOY, ModelConfig, kv_cache_bytes, kv_heads_per_device
 
 ATOL = 1e-5
 
@@ -186,7 +185,7 @@ def test_bytes_per_method_hand_worked():
     # the ring's bytes per rank stay near 2 x K/V as ranks are added; the all-to-all's fall like 1/n
     assert ring_bytes_per_rank(shape, 8) > ring_bytes_per_rank(shape, 4)
     assert ulysses_bytes_per_rank(shape, 8) < ulysses_bytes_per_rank(shape, 4)
-    assert set(method_bytes(shape, 2)) == {"ring attention", "all-to-all (Ulysses)"}
+    assert METHODS[:2] == ("ring attention", "all-to-all (Ulysses)")  # the two methods the bytes above compare
     # Megatron's sequence parallelism moves exactly tensor parallelism's wire bytes
     both = sequence_parallel_bytes_per_rank(2, 16, 64, 4)
     assert both["tensor parallel"] == both["sequence parallel"] == 2 * 2 * 0.75 * 2 * 16 * 64 * 4
@@ -236,6 +235,15 @@ def test_kv_cache_hits_the_kv_head_wall_under_tp_but_not_under_cp():
     assert kv_cache_bytes(LLAMA_3_70B, 131_072, tp=16) == whole / 8  # each device keeps one whole KV head
     assert kv_cache_bytes(LLAMA_3_70B, 131_072, tp=8, cp=4) == whole / 32
     assert device_memory(LLAMA_3_8B, 8192, tp=2, cp=2).weights_bytes == LLAMA_3_8B.weight_bytes / 2
+
+
+def attention_activation_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> float:
+    """One layer's attention activations on one device: q, k, v and output, plus the score matrix
+    (whole with ``cp = 1``, one ring block with ``cp > 1``)."""
+    heads = model.n_heads / tp
+    qkvo = batch * seq / cp * (2 * heads + 2 * kv_heads_per_device(model, tp)) * model.head_dim
+    scores = batch * heads * (seq / cp) ** 2
+    return (qkvo + scores) * model.bytes_per_param
 
 
 def test_attention_activations_shrink_quadratically_with_cp_when_scores_are_held():

@@ -128,22 +128,22 @@ def test_every_rank_takes_the_slow_ranks_time(pool):
     slow = pool.world_size - 1
 
     def waits(run):
-        return {rank: sum(res[op]["collective_s"] for op in SLOW_RANK_OPS) for rank, res in enumerate(run.per_rank)}
+        return {rank: sum(res.collective_s[op] for op in SLOW_RANK_OPS) for rank, res in enumerate(run.per_rank)}
 
     def slow_rank_sets_the_pace(run):
         # every rank's step lasts the delay (sleep only ever oversleeps); a fast rank spends it waiting inside
         # the collectives, the slow rank, arriving last, does not (summed over the five collectives: one badly
         # scheduled call on a busy machine cannot decide it)
         budget = 0.5 * len(SLOW_RANK_OPS) * DELAY_S
-        return (all(res[op]["step_s"] > 0.8 * DELAY_S for res in run.per_rank for op in SLOW_RANK_OPS)
+        return (all(res.step_s[op] > 0.8 * DELAY_S for res in run.per_rank for op in SLOW_RANK_OPS)
                 and all((inside < budget) if rank == slow else (inside > budget)
                         for rank, inside in waits(run).items()))
 
     run = claim_timing(lambda: run_slow_rank(pool, slow, DELAY_S), slow_rank_sets_the_pace,
                        f"rank {slow}, {DELAY_S * 1e3:.0f} ms late to each collective, makes every other rank wait",
                        lambda r: ", ".join(f"rank {k} {v * 1e3:.0f} ms inside" for k, v in waits(r).items()))
-    assert all(list(res) == list(SLOW_RANK_OPS) for res in run.per_rank)
-    throttled = [s for s in run.spans if s.name == "throttled"]  # which rank was delayed: no clock involved
+    assert all(list(res.step_s) == list(res.collective_s) == list(SLOW_RANK_OPS) for res in run.per_rank)
+    throttled = [s for s in pool.last_spans if s.name == "throttled"]  # which rank was delayed: no clock involved
     assert {s.rank for s in throttled} == {slow} and len(throttled) == len(SLOW_RANK_OPS)
 
 
@@ -162,7 +162,7 @@ def test_without_a_delay_nobody_waits_that_long(pool2):
 def test_a_bad_slow_rank_is_named(pool2):
     with pytest.raises(RankError, match="slow_rank must be a whole number from 0 to 1, got 5"):
         pool2.run(slow_rank_on_rank, 5, 0.01)
-    assert pool2.run(slow_rank_on_rank, 0, 0.0)[0].keys() == set(SLOW_RANK_OPS)  # the pool recovered
+    assert pool2.run(slow_rank_on_rank, 0, 0.0)[0].step_s.keys() == set(SLOW_RANK_OPS)  # the pool recovered
 
 
 def test_the_stack_weights_and_requests_are_reproducible():

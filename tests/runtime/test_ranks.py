@@ -15,7 +15,8 @@ from rank_fns import die_on, identity, noop, raise_on, skip_barrier_on_last, thr
 from timing_claims import claim_timing
 
 from shardlib import RankError, Ranks, RankTimeoutError
-from shardlib.runtime.context import choose_backend, gpu_count
+from shardlib.runtime.context import gpu_count
+from shardlib.runtime.devices import place_ranks
 
 
 def test_results_come_back_in_rank_order_with_args(pool):
@@ -57,7 +58,7 @@ def test_printed_text_comes_back_labelled(pool2, capsys):
 def test_context_describes_the_rank(pool2):
     info = pool2.run(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.backend))
     assert info == [(r, 2, pool2.devices[r], pool2.backend) for r in range(2)]
-    assert pool2.backend == choose_backend("auto", 2)
+    assert pool2.backend == place_ranks("auto", 2, gpu_count()).backend
     assert pool2.devices == list(pool2.placement.devices)  # where each rank said it is, as placed
     if gpu_count() == 0:  # a machine without GPUs runs on CPU, whatever else it has
         assert pool2.backend == "gloo" and pool2.devices == ["cpu", "cpu"]

@@ -13,7 +13,17 @@ import pytest
 from shardlib.hardware import H100_80GB, TWO_NODES_8_H100, gpu_cluster
 from shardlib.mesh import Layout
 from shardlib.models import LLAMA_3_1_405B, LLAMA_3_70B, MIXTRAL_8X7B, ModelConfig
-from shardlib.serving import PP_ACROSS, TP_ACROSS, Workload, counterpart, format_plan, kind, plan_serving
+from shardlib.serving import (
+    OBJECTIVES,
+    PP_ACROSS,
+    TP_ACROSS,
+    Workload,
+    counterpart,
+    format_plan,
+    kind,
+    plan_serving,
+)
+from shardlib.units import ms
 
 # Made-up models with 16 KV heads, so that tensor parallelism may cross two 8-GPU nodes without copying
 # KV heads; both too big for one node of 8 x 80 GB.
@@ -125,10 +135,28 @@ def test_reasons_are_plain_words_with_numbers_and_units():
                     assert any(ch.isdigit() for ch in line) and any(u in line for u in (" ms", " GB", " MB", "batch"))
 
 
+def format_choices(models, clusters, workload: Workload = Workload()) -> str:
+    """Each model on each cluster, both objectives: the planner's choice, why, and (where a pipeline can
+    cross nodes) the margin between TP inside a node + PP across nodes and TP across nodes."""
+    lines = []
+    for model in models:
+        for cluster in clusters:
+            for objective in OBJECTIVES:
+                p = plan_serving(model, cluster, workload, objective)
+                b = p.best
+                lines.append(f"{model.name} on {cluster.name}, by {objective}: " + (
+                    f"{b.layout.label} ({kind(b.layout, cluster)}), batch {b.batch}, {ms(b.decode_step_s)}/token, "
+                    f"{b.tokens_per_s:,.0f} tokens/s" if b else "nothing fits"))
+                lines.append(f"    why: {p.reasons[-1]}")
+                across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS
+                          for r in s.reasons if TP_ACROSS in r]
+                lines += [f"    across nodes: {r}" for r in across[:1]]  # the best-ranked such layout's
+    return "\n".join(lines)
+
+
 def test_choices_for_the_real_models_on_one_and_two_nodes():
     from shardlib.hardware import ONE_NODE_8_H100
     from shardlib.models import LLAMA_3_8B
-    from shardlib.serving import format_choices
 
     text = format_choices((LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_405B, MIXTRAL_8X7B), (ONE_NODE_8_H100, TWO_NODES_8_H100))
     assert text.count(", by throughput: ") == text.count(", by latency: ") == 8

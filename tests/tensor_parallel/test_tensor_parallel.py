@@ -234,7 +234,7 @@ def test_peer_check_pytorch_dtensor_agrees(pool2):
     ours = pool2.run(pair_column_then_row_on_rank, X, w["up"], w["down"])
     theirs = pool2.run(_dtensor_pair, X, w["up"], w["down"])
     for a, b in zip(ours, theirs):
-        assert torch.allclose(a["output"], b, atol=ATOL)
+        assert torch.allclose(a.output, b, atol=ATOL)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from shardlib import RankError
+from shardlib.checks import whole_number
 from shardlib.runtime.measure import TOLERANCE, SavedBytes
 from shardlib.tensor_parallel import (
     ColumnParallelLinear,
@@ -20,14 +21,48 @@ from shardlib.tensor_parallel import (
     TPGroup,
     VocabParallelEmbedding,
     check_vocab_split,
-    gathered_logits_collectives,
     simulate_vocab_parallel_cross_entropy,
-    vocab_embedding_collectives,
     vocab_parallel_cross_entropy,
-    vocab_parallel_loss_collectives,
-    vocab_parallel_loss_saved_bytes,
     vocab_range,
 )
+
+
+# -- what the two ends should move and keep, set beside what the ranks measured ---------------------------
+def vocab_parallel_loss_collectives(tokens: int, tp: int, element_bytes: int = 4) -> list[tuple[str, int]]:
+    """The forward collectives of the vocabulary-parallel cross-entropy over ``tokens`` tokens (batch x
+    sequence), as ``(op, size_bytes)``: three all-reduces of one value per token (the row max, the sum of
+    exponentials, the target's logit), ``3 * tokens * element_bytes`` in all, whatever the vocabulary. Its
+    backward sends nothing. One rank: nothing."""
+    tokens, element_bytes = whole_number(tokens, "tokens"), whole_number(element_bytes, "element_bytes")
+    return [] if whole_number(tp, "tp") == 1 else [("all_reduce", tokens * element_bytes)] * 3
+
+
+def gathered_logits_collectives(tokens: int, vocab: int, tp: int, element_bytes: int = 4) -> list[tuple[str, int]]:
+    """What the loss would move if the logit shards were gathered first (the naive way): one all-gather
+    whose result is the whole ``tokens x vocab`` logits on every rank."""
+    check_vocab_split(vocab, tp)
+    tokens, element_bytes = whole_number(tokens, "tokens"), whole_number(element_bytes, "element_bytes")
+    return [] if tp == 1 else [("all_gather", tokens * vocab * element_bytes)]
+
+
+def vocab_embedding_collectives(tokens: int, d_model: int, tp: int, sequence_parallel: bool = False,
+                                element_bytes: int = 4) -> list[tuple[str, int]]:
+    """The forward collective of the vocabulary-parallel embedding: the partial lookups summed, an
+    all-reduce of ``tokens x d_model`` values (a reduce-scatter of the same buffer with sequence
+    parallelism, each rank keeping its tokens). Its backward sends nothing."""
+    tokens, d_model = whole_number(tokens, "tokens"), whole_number(d_model, "d_model")
+    if whole_number(tp, "tp") == 1:
+        return []
+    return [("reduce_scatter" if sequence_parallel else "all_reduce", tokens * d_model * element_bytes)]
+
+
+def vocab_parallel_loss_saved_bytes(tokens: int, vocab: int, tp: int, element_bytes: int = 4) -> int:
+    """What the vocabulary-parallel loss keeps for its backward on one rank: the softmax of its
+    ``tokens x vocab / tp`` logits, and per token whether it owns the target (1 byte) and the target's row in
+    its slice (an 8-byte index). The logits themselves need not be kept."""
+    rows = check_vocab_split(vocab, tp)
+    return whole_number(tokens, "tokens") * (rows * whole_number(element_bytes, "element_bytes") + 1 + 8)
+
 
 B, S, D, V = 2, 8, 16, 96  # 96 token rows split 1, 2, 3, 4 and 8 ways; 8 tokens split 2 and 4 ways
 

@@ -1,9 +1,8 @@
 import pytest
 
-from shardlib.runtime import CommRecord
 from shardlib.runtime.timeline import Span
 from shardlib.ui.intro_figures import weights_vs_memory_figure
-from shardlib.ui.runtime_figures import comm_bytes_figure, timeline_figure
+from shardlib.ui.runtime_figures import timeline_figure
 
 
 def test_timeline_figure_draws_one_bar_per_span_from_time_zero():
@@ -31,12 +30,6 @@ def test_model_figures_say_they_are_models_and_measured_ones_where():
     link = next(iter(LINKS.values()))
     samples = [Sample("all_reduce", 2, s, 1e-4 + s / 1e9) for s in (64, 2 ** 20)]
     assert "measured on here" in calibration_figure(samples, link, where="measured on here").layout.title.text
-
-
-def test_comm_bytes_figure_sums_per_rank_and_op():
-    recs = [CommRecord("all_reduce", 16, 1e-3, "world", r, 0.0) for r in (0, 1, 1)]
-    fig = comm_bytes_figure(recs)
-    assert [list(t.y) for t in fig.data] == [[16], [32]]
 
 
 def test_weights_figure_has_a_line_per_memory_size():
