@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...runtime.gather import gather
 from .llama import LlamaWeights
 from .predict import figures
 from .ranks import StepRecord, serving_engine_on_rank
@@ -86,13 +87,13 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> list[Requ
 def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> ServingRun:
     """Serve ``requests`` with tensor parallelism over all of ``ranks``: greedy unless a request has a seed."""
     requests = check_serving(weights, requests, config, ranks.world_size)
-    results = ranks.run(serving_engine_on_rank, weights, requests, config)
-    head = results[0]
+    got = gather(ranks.run(serving_engine_on_rank, weights, requests, config))
+    head = got.results[0]  # rank 0 ran the scheduler: every request's tokens and times
     by_id = {r.request_id: r for r in requests}
     return ServingRun(
         tokens={rid: out[0] for rid, out in head.outputs.items()},
         token_times_s={rid: out[1] for rid, out in head.outputs.items()},
         metrics={rid: request_metrics(by_id[rid], out[1], out[2]) for rid, out in head.outputs.items()},
-        steps=head.steps, kv_cache_bytes=tuple(r.kv_cache_bytes for r in results),
+        steps=head.steps, kv_cache_bytes=got.each("kv_cache_bytes"),
         prefix_hit_tokens=head.prefix_hit_tokens, prefix_lookup_tokens=head.prefix_lookup_tokens,
         preemptions=head.preemptions, tp=ranks.world_size)
