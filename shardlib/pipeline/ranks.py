@@ -17,11 +17,22 @@ import torch
 
 from ..models import ModelConfig
 from ..runtime.measure import SavedBytes
+from ..toy import block_reference
 from .engine import Stage, run_stage
 from .messages import Links
 from .predict import microbatch_sizes
 from .reference import check_pipeline_inputs, durations, layers_of_stage
 from .schedules import Schedule
+
+
+def toy_chunk(weights: dict, layers: range, model: ModelConfig):
+    """A model chunk for the engine: the toy's blocks ``layers`` (``toy.block_reference``, the same layer
+    function the one-process reference calls), on ``weights`` (layer index -> that layer's weights)."""
+    def chunk(h):  # (rows, seq, d_model) -> (rows, seq, d_model)
+        for i in layers:
+            h = block_reference(h, weights[i], model)
+        return h
+    return chunk
 
 
 class _StageProbe:
@@ -97,7 +108,8 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     links = Links(ctx.comm, schedule, me, lambda a: (sizes[a.microbatch],) + rest, ctx.device)
 
     probe = _StageProbe(ctx.timeline, training, param_ptrs, targets, "W" if schedule.split_backward else "B")
-    stage = run_stage(Stage(schedule, me, model, weights, held, x_mbs, g_mbs, links), probe)
+    chunks = [toy_chunk(weights, layers_of_chunk, model) for layers_of_chunk in held]
+    stage = run_stage(Stage(schedule, me, chunks, x_mbs, links, g_mbs), probe)
 
     m = schedule.n_microbatches
     result = {"stage": me, "layers": [list(r) for r in held], "peak_in_flight": probe.peak_in_flight,
