@@ -15,6 +15,7 @@ import torch
 
 from ..mesh import Layout, check_mesh
 from ..models import head_problems
+from ..pipeline.orders import make_schedule
 from ..pipeline.predict import split_layers
 from .corpus import TrainingConfig
 from .predict import format_ledger, predict_ledger, predict_traffic
@@ -25,7 +26,9 @@ ROW_PARALLEL = ("o", "down")  # split along their input features (dim 1); every 
 
 
 def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:
-    """A ValueError naming the numbers for any layout the step cannot run; the layers of each stage."""
+    """A ValueError naming the numbers for any layout or schedule the step cannot run; the layers of each
+    virtual stage (of each stage, with one chunk per rank), in virtual-stage order. ``stage_counts``: how many
+    layers each takes (``None``: as even as whole layers allow)."""
     if not isinstance(layout, Layout) or not isinstance(config, TrainingConfig):
         raise ValueError("give a mesh.Layout and a training.corpus.TrainingConfig")
     if layout.ep != 1:
@@ -43,12 +46,23 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
                          "(zigzag gives each ring place two chunks; sequence parallelism cuts each place's "
                          "tokens tp ways)" if layout.cp > 1 else f"a sequence of {config.seq} tokens does not "
                          f"split into {how} equal pieces for sequence parallelism")
-    if layout.pp > config.n_layers:
-        raise ValueError(f"{config.n_layers} layers cannot fill {layout.pp} pipeline stages: each needs a layer")
+    try:
+        schedule = make_schedule(config.schedule, layout.pp, config.m, n_chunks=config.chunks)
+    except ValueError as e:
+        raise ValueError(f"the schedule {config.schedule!r} cannot run on pp = {layout.pp} stages with m = {config.m} "
+                         f"microbatches and {config.chunks} chunk(s) per rank: {e}") from None
+    v = schedule.n_virtual_stages
+    if v > config.n_layers:
+        cut = f"{layout.pp} pipeline stages" + (f" x {schedule.n_chunks} chunks" if schedule.n_chunks > 1 else "")
+        raise ValueError(f"{config.n_layers} layers cannot fill {cut} = {v} slices: each needs a layer")
     if layout.dp_strategy == "zero3" and layout.pp > 1:
         raise ValueError(f"ZeRO-3 runs here with pp = 1 only (got pp = {layout.pp}): its per-layer gathers "
-                         "and 1F1B's interleaved microbatches are not combined in this step")
-    return split_layers(config.n_layers, layout.pp, stage_counts)
+                         "and the pipeline's interleaved microbatches are not combined in this step")
+    if layout.dp_strategy == "zero3" and (schedule.n_chunks > 1 or schedule.split_backward):
+        raise ValueError(f"ZeRO-3 runs here with one chunk and a whole backward; {schedule.title} "
+                         f"({schedule.n_chunks} chunk(s), backward split: {schedule.split_backward}) lends it "
+                         "gathered weights that W could not reach")
+    return split_layers(config.n_layers, v, stage_counts)
 
 
 def reference_key(name: str) -> tuple[str, int]:
