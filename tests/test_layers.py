@@ -33,6 +33,7 @@ PURE_WITHOUT_TORCH = {
     "shardlib.hardware",
     "shardlib.runtime.timeline",
     "shardlib.runtime.records",
+    "shardlib.runtime.gather",
     "shardlib.runtime.devices",
     "shardlib.costs.emulation",
     "shardlib.pipeline.schedules",

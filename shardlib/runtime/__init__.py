@@ -14,6 +14,7 @@
   link are held to its time (``holding``).
 * ``records``: ``CommRecord`` (buffer bytes and wire bytes), summaries, the printed log. Pure.
 * ``timeline``: ``Span`` s on one clock across ranks, ``ctx.timeline``. Pure.
+* ``gather``: ``fields_of``, the ranks' frozen dataclasses read field by field for a driver. Pure.
 * ``measure``: the one measurement module: bytes a rank keeps, the peak of short-lived buffers, the
   bytes autograd saves for the backward, and ``TOLERANCE``, the gap allowed where a cross-rank sum happens.
 
@@ -31,6 +32,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "comm": ("Comm", "Pending"),
     "records": ("CommRecord", "wire_bytes", "summarize", "format_log", "format_seconds"),
     "timeline": ("Span", "Timeline", "now_s", "shift_to_zero"),
+    "gather": ("fields_of",),
     "measure": ("TOLERANCE", "tensor_bytes", "optimizer_state_bytes", "PeakMeter", "SavedBytes", "Probe",
                 "NO_PROBE"),
 })

@@ -11,11 +11,8 @@ collectives through host memory with gloo; or CPU). On a GPU, ``prepare_device``
 and turns TF32 off, so float32 matmuls stay float32 and the exactness checks mean what they say; the
 recorded collectives and the timeline synchronise the GPU (``ctx.sync``), so a span covers the work, not
 its launch.
-
-``ctx.group(ranks, process_group)`` is a ``RankGroup``: some of the job's ranks seen as a job of their own
-(``rank`` is the place in ``ranks``, ``world_size`` their count, ``comm`` takes places, not global ranks).
-A mechanism written for ``ctx`` (DDP's buckets, ZeRO-3's units, the ring, the pipeline's links) runs on a
-group as it is, its calls still logged by ``ctx.comm`` under the group's name.
+``ctx.group(ranks, process_group)``, a ``RankGroup``, is some ranks as a job of their own: a mechanism
+written for ``ctx`` (the buckets, ZeRO-3, the ring, the pipeline's links) runs on it as it is.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "corpus": ("TrainingConfig", "MarkovCorpus"),
     "reference": ("init_weights", "token_losses", "train_reference", "ReferenceRun"),
     "step": ("TrainingStep", "StageModel"),
-    "ranks": ("training_on_rank", "LedgerProbe"),
+    "ranks": ("training_on_rank", "TrainingRankResult", "LedgerProbe"),
     "drivers": ("check_training", "run_training", "TrainingRun"),
     "machines": ("training_across_on_rank",),
     "predict": ("predict_ledger", "predict_traffic", "activation_bytes", "format_ledger"),

@@ -17,6 +17,7 @@ from ..mesh import Layout, check_mesh
 from ..models import head_problems
 from ..pipeline.orders import make_schedule
 from ..pipeline.predict import split_layers
+from ..runtime.gather import fields_of
 from .corpus import TrainingConfig
 from .predict import format_ledger, predict_ledger, predict_traffic
 from .ranks import training_on_rank
@@ -94,10 +95,10 @@ class TrainingRun:
     weights: dict  # the full weights after the last step, keyed like reference.init_weights
     positions: tuple  # per rank: (stage, replica, cp_rank, tp_rank)
     ledgers: tuple  # per rank: bytes kept (weights, gradients, optimizer), activations' peak, transient peak
-    activation_bytes: tuple  # per rank: what autograd saved for each microbatch of the first step
+    activation_bytes: tuple  # per rank: what autograd saved for each microbatch (and chunk) of the first step
     records: tuple  # per rank: its comm records of the training steps (CommRecord)
     spans: tuple  # every rank's timeline
-    stage_layers: tuple
+    stage_layers: tuple  # the layers of each virtual stage
 
     def against_reference(self, ref: ReferenceRun) -> float:
         """The largest gap, over every step's loss and every final weight, against the reference."""
@@ -126,20 +127,19 @@ def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=Non
     """Train the toy language model on ``layout`` over the pool ``ranks`` (checked here first)."""
     check_mesh(layout, ranks.world_size, "ranks")
     stage_layers = check_training(layout, config, stage_counts)
-    res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r["rank"])
-    last = [r for r in res if r["position"][0] == layout.pp - 1 and r["position"][3] == 0]
-    losses = tuple(sum(r["losses"][k] for r in last) for k in range(config.steps))
+    res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r.rank)
+    last = [r for r in res if r.position[0] == layout.pp - 1 and r.position[3] == 0]
+    losses = tuple(sum(r.losses[k] for r in last) for k in range(config.steps))
     pieces: dict = {}
-    for r in (r for r in res if r["position"][1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
-        for name, t in r["shards"].items():
+    for r in (r for r in res if r.position[1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
+        for name, t in r.shards.items():
             key, dim = reference_key(name)
-            pieces.setdefault(key, {})[r["position"][3]] = (t, dim)
+            pieces.setdefault(key, {})[r.position[3]] = (t, dim)
     weights = {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
     by_rank: dict = {i: [] for i in range(ranks.world_size)}
     for rec in ranks.last_comm:
         by_rank[rec.rank].append(rec)
-    records = tuple(tuple(sorted(by_rank[r["rank"]], key=lambda c: c.start_s)[r["marks"][0]:r["marks"][-1]])
-                    for r in res)
-    return TrainingRun(layout, config, losses, weights, tuple(r["position"] for r in res),
-                       tuple(r["ledger"] for r in res), tuple(tuple(r["activation_bytes"]) for r in res),
+    records = tuple(tuple(sorted(by_rank[r.rank], key=lambda c: c.start_s)[r.marks[0]:r.marks[-1]]) for r in res)
+    cols = fields_of(res)
+    return TrainingRun(layout, config, losses, weights, cols["position"], cols["ledger"], cols["activation_bytes"],
                        records, tuple(ranks.last_spans), stage_layers)

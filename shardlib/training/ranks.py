@@ -11,12 +11,29 @@ rank keeps: weights, gradients and AdamW's state (``tensor_bytes``, ``optimizer_
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ..data_parallel.zero3 import ShardedUnits
 from ..runtime.measure import PeakMeter, Probe, SavedBytes, optimizer_state_bytes, tensor_bytes
 from .corpus import MarkovCorpus
 from .reference import init_weights
 from .step import TrainingStep
+
+
+@dataclass(frozen=True)
+class TrainingRankResult:
+    """What one rank returns from its training run: its place (``position``: stage, replica, cp rank, tp
+    rank), its share of each step's global loss, ``marks`` (how many comm records it had before the first
+    step and after each), its ledger, what autograd saved for each microbatch (and chunk) of the first step,
+    and its weight ``shards`` (tp slices, by the stage model's names)."""
+
+    rank: int
+    position: tuple
+    losses: tuple[float, ...]
+    marks: tuple[int, ...]
+    ledger: dict
+    activation_bytes: tuple[int, ...]
+    shards: dict
 
 
 class LedgerProbe(Probe):
@@ -76,10 +93,9 @@ def ledger(step: TrainingStep, probe: LedgerProbe) -> dict[str, int]:
             "activations": probe.peak_activation_bytes, "transient": probe.meter.peak_bytes}
 
 
-def training_on_rank(ctx, layout, config, stage_layers) -> dict:
-    """Train on this rank's part of ``layout``; return its losses (its share of each step's global loss),
-    its weight shards (tp slices, by the stage model's names), ledger, and ``marks``: how many comm records
-    the rank had before the first step and after each."""
+def training_on_rank(ctx, layout, config, stage_layers) -> TrainingRankResult:
+    """Train on this rank's part of ``layout`` (``stage_layers``: per virtual stage); return what it
+    measured and the weights it holds (``TrainingRankResult``)."""
     probe = LedgerProbe(ctx.timeline)
     weights = {k: v.to(ctx.device) for k, v in init_weights(config).items()}
     step = TrainingStep(ctx, layout, config, weights, stage_layers, probe, probe.on_saved)
@@ -97,6 +113,5 @@ def training_on_rank(ctx, layout, config, stage_layers) -> dict:
         shards = step.dp.full_state()
     else:
         shards = {n: p.detach().clone() for chunk in step.chunks for n, p in chunk.named_parameters()}
-    return {"rank": ctx.rank, "position": tuple(me), "losses": losses, "marks": marks, "ledger": kept,
-            "activation_bytes": probe.per_microbatch[:config.m * step.schedule.n_chunks],
-            "shards": shards}
+    return TrainingRankResult(ctx.rank, tuple(me), tuple(losses), tuple(marks), kept,
+                              tuple(probe.per_microbatch[:config.m * step.schedule.n_chunks]), shards)
