@@ -28,11 +28,11 @@ from .schedules import Schedule
 
 @dataclass(frozen=True)
 class StageResult:
-    """What one stage returns from a pipeline step: its ``output`` (the stage holding the last layers),
-    ``grad_x`` (stage 0, training), ``grads`` (its layers' weight gradients, by global layer index, then by
-    name), the peaks measured while it ran, and ``layers`` (the global layer indices of each chunk)."""
+    """What one stage returns from a pipeline step (``ranks.run`` keeps them in stage order): its ``output``
+    (the stage holding the last layers), ``grad_x`` (stage 0, training), ``grads`` (its layers' weight
+    gradients, by global layer index, then by name), the peaks measured while it ran, and ``layers`` (the
+    global layer indices of each chunk)."""
 
-    stage: int
     layers: tuple[tuple[int, ...], ...]
     peak_in_flight: int
     peak_activation_bytes: int
@@ -126,7 +126,7 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     stage = run_stage(Stage(schedule, me, chunks, x_mbs, links, g_mbs), probe)
 
     m = schedule.n_microbatches
-    return StageResult(me, tuple(tuple(r) for r in held), probe.peak_in_flight, probe.peak_bytes,
+    return StageResult(tuple(tuple(r) for r in held), probe.peak_in_flight, probe.peak_bytes,
                        torch.cat([stage.outputs[i] for i in range(m)]) if stage.outputs else None,
                        torch.cat([stage.grad_x[i] for i in range(m)]) if stage.grad_x else None,
                        {i: {k: t.grad for k, t in w.items()} for i, w in weights.items()} if training else {})

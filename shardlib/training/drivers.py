@@ -60,9 +60,10 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
         raise ValueError(f"ZeRO-3 runs here with pp = 1 only (got pp = {layout.pp}): its per-layer gathers "
                          "and the pipeline's interleaved microbatches are not combined in this step")
     if layout.dp_strategy == "zero3" and (schedule.n_chunks > 1 or schedule.split_backward):
-        raise ValueError(f"ZeRO-3 runs here with one chunk and a whole backward; {schedule.title} "
-                         f"({schedule.n_chunks} chunk(s), backward split: {schedule.split_backward}) lends it "
-                         "gathered weights that W could not reach")
+        raise ValueError(f"ZeRO-3 runs here on one model chunk with a whole backward, and {schedule.title} has "
+                         f"{schedule.n_chunks} chunk(s) per rank" + (" and a split backward (its W would find "
+                         "each layer's gathered weights freed)" if schedule.split_backward else "")
+                         + ": use '1f1b' or 'gpipe'")
     return split_layers(config.n_layers, v, stage_counts)
 
 
@@ -128,8 +129,8 @@ def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=Non
     check_mesh(layout, ranks.world_size, "ranks")
     stage_layers = check_training(layout, config, stage_counts)
     res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r.rank)
-    last = [r for r in res if r.position[0] == layout.pp - 1 and r.position[3] == 0]
-    losses = tuple(sum(r.losses[k] for r in last) for k in range(config.steps))
+    counted = [r for r in res if r.position[3] == 0]  # tp rank 0 of each place (0.0 off the last virtual stage)
+    losses = tuple(sum(r.losses[k] for r in counted) for k in range(config.steps))
     pieces: dict = {}
     for r in (r for r in res if r.position[1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
         for name, t in r.shards.items():

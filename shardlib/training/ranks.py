@@ -3,7 +3,7 @@
 ``training_on_rank`` builds ``step.TrainingStep`` with a ``LedgerProbe`` attached and runs every step on
 this replica's rows of the corpus's batches. The probe puts each ``F``/``B`` on the rank's timeline,
 counts what autograd saves during each microbatch's forward (``runtime.measure.SavedBytes``), adds it
-while the microbatch is in flight (from its ``F`` to its ``B``) and keeps the peak, and follows ZeRO-3's
+while the microbatch is in flight (from its ``F`` to its ``B``, or its ``W``) and keeps the peak, and follows ZeRO-3's
 gathered weights in a ``PeakMeter`` (the transient peak). After the last step it reads the bytes the
 rank keeps: weights, gradients and AdamW's state (``tensor_bytes``, ``optimizer_state_bytes``).
 """
