@@ -127,10 +127,11 @@ show_code(Stage, run_stage)
 #   up by its name in `Stage.ops`. A schedule with another kind of action (the zero-bubble schedules split
 #   the backward into the input's gradient and a weight-gradient action `W` that can wait) adds one method
 #   and one entry there; the loop stays as it is.
-# - **`forward`** runs this chunk's layers on the microbatch with `block_reference`, the same layer
-#   function the one-process reference calls. In training it keeps the chunk's input and output in
-#   `stash`, and with them every activation autograd saved for the backward: that is what *in flight*
-#   means, and the stash's size is the memory difference between GPipe and 1F1B.
+# - **`forward`** runs this chunk on the microbatch. A chunk is any function of its input (a module);
+#   here it is the chunk's layers through `block_reference`, the same layer function the one-process
+#   reference calls (`toy_chunk` in `pipeline/ranks.py`). In training it keeps the chunk's input and
+#   output in `stash`, and with them every activation autograd saved for the backward: that is what *in
+#   flight* means, and the stash's size is the memory difference between GPipe and 1F1B.
 # - **`backward`** takes the microbatch back out of the stash and pushes the incoming gradient through the
 #   chunk (`torch.autograd.backward`). The weight gradients accumulate into the weights microbatch by
 #   microbatch, as they do in one process; the gradient of the chunk's input, `h.grad`, goes back to the

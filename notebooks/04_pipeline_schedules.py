@@ -105,11 +105,12 @@ show_code(Stage.backward, Stage.backward_input, Stage.backward_weight, zb_h1_ord
 #   A schedule without W actions dispatches B here.
 # - **`backward_input`** (a schedule with W's dispatches B here) asks autograd for the gradient of the
 #   chunk's input *and* of every linear layer's output, keeping the graph. It returns the input's
-#   gradient at once, to be sent on. While the forward ran, `_Linears` noted each linear's output and
-#   weight: that is where the two halves part.
+#   gradient at once, to be sent on. While the forward ran, `_Linears` noted each linear's (and
+#   embedding's) output and weight: that is where the two halves part.
 # - **`backward_weight`** turns each linear's output gradient into its weight gradient, linear by linear
-#   (`autograd.grad(y, [w], grad_y)` walks only that one edge), and adds it to `w.grad`. Each W of a chunk
-#   runs in microbatch order, so the sums are the one-process sums, bit for bit.
+#   (`autograd.backward(y, grad_y, inputs=[w])` walks only that one edge), and autograd adds it to `w.grad`,
+#   as a whole backward would (a hook on the weight fires, as data parallelism's buckets need). Each W of
+#   a chunk runs in microbatch order, so the sums are the one-process sums, bit for bit.
 # - **`zb_h1_order`** is 1F1B's order of F and B with each W put off: stage `s` lets up to `s` W's wait,
 #   so every stage holds at most `p` microbatches, as 1F1B's stage 0 does, and the waiting W's fill the
 #   drain, where stages used to wait for the B's coming back.

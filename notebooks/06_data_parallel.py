@@ -71,11 +71,13 @@
 #   slice `start:stop` of it under ZeRO. That one line, `mine = nn.Parameter(flat[start:stop])`, is
 #   ZeRO-1: AdamW only ever sees `1/N` of the weights, so it only keeps `1/N` of its state. Under ZeRO-2
 #   the gradient buffer itself is only the shard's size.
-# - `_ready` is the hook PyTorch calls the moment a parameter's gradient is finished. It copies the
+# - `_ready` is the hook PyTorch calls the moment a parameter's gradient is finished. It adds the
 #   gradient into the bucket and drops it; when every gradient of the next bucket is in, the bucket is
 #   launched *asynchronously* while the backward carries on with earlier layers (the overlap; ZeRO-1,
 #   which keeps the full gradient anyway, sends after the backward). Buckets go in the same order on
-#   every rank, which is what keeps the collectives matched.
+#   every rank, which is what keeps the collectives matched. With several microbatches per step (the
+#   training step of notebook 08) the gradients add up in the buckets and a bucket is sent after its last
+#   microbatch, as DDP's `no_sync` does; ZeRO-2 sends after every one.
 # - `_launch` is where the three part ways: DDP **all-reduces** the bucket (every
 #   rank gets the full sum), ZeRO **reduce-scatters** it (rank `r` gets the sum of its shard only).
 #   ZeRO-2 sends a staged copy and keeps just its shard's result; ZeRO-1 still has the full gradient.

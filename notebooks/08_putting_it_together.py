@@ -669,19 +669,29 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 # residual stream, `(b, s/(cp tp), d)`: it norms its own tokens, all-gathers them over `tp`
 # (`gather_seq`, sequence parallelism's `g`), runs its share of attention or the MLP, and
 # reduce-scatters the partial sums back to token shards (`scatter_seq`). Attention over the `cp` ring
-# is notebook 07's `ring_attention`, given the ring as a group. `TrainingStep.run` walks the 1F1B
-# schedule of notebook 03: an `F` takes a microbatch (the first stage from the batch, the others from
-# the previous stage), runs the stage and passes the output on; a `B` runs autograd's backward from the
-# gradient the next stage sent and passes the input's gradient back. The last stage's output is the
-# per-token loss, computed by the vocabulary-parallel cross-entropy without ever gathering the logits.
-# After the last `B`, `DataParallel.step` sums the gradients over `dp x cp` and runs AdamW: an
-# all-reduce (DDP), or a reduce-scatter, AdamW on this rank's shard, and an all-gather (ZeRO-1/2).
+# is notebook 07's `ring_attention`, run on the ring as a group (`ctx.group`). The step writes no
+# strategy a second time: `TrainingStep.__init__` builds the model chunks this rank holds (`StageModel`:
+# the embedding on the first stage, the head and per-token loss on the last) and hands them to the
+# mechanisms the earlier notebooks showed. `TrainingStep.run` gives the chunks to notebook 03's pipeline
+# engine (`Stage`, `run_stage`), which walks the schedule named by `TrainingConfig.schedule` (1F1B by
+# default): an `F` takes a microbatch (the first stage from the batch, the others from the previous
+# stage), runs the chunk and passes the output on; a `B` runs autograd's backward from the gradient the
+# next stage sent (on the last stage, from the loss) and passes the input's gradient back. The last
+# stage's output is the per-token loss, computed by the vocabulary-parallel cross-entropy without ever
+# gathering the logits. Data parallelism over `dp x cp` is notebook 06's `BucketedReplica`: each
+# microbatch's gradients are added into its bucket as the backward finishes them, and the bucket is sent
+# after the last microbatch (an all-reduce for DDP, a reduce-scatter for ZeRO-1; ZeRO-2 reduce-scatters
+# after every microbatch); then AdamW on what this rank owns and, under ZeRO, an all-gather. ZeRO-3 is
+# notebook 06's `ShardedUnits` on the same group.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from shardlib.training.step import Block, DataParallel, TrainingStep
+from shardlib.data_parallel.buckets import BucketedReplica
+from shardlib.pipeline.engine import run_stage
+from shardlib.training.step import Block, TrainingStep
 
-show_code(Block.forward, TrainingStep.run, DataParallel.step)
+show_code(Block.forward, TrainingStep.__init__, TrainingStep.run, run_stage, BucketedReplica._ready,
+          BucketedReplica._launch)
 
 # %% [markdown]
 # ## Predict: what each rank keeps

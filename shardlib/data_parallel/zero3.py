@@ -48,27 +48,28 @@ class Gathered(torch.autograd.Function):
 
 
 class ShardedUnits:
-    """A rank's share of ``model`` under ZeRO-3. ``owned`` are the shards this rank's optimizer updates,
-    one flat ``(padded_numel / N,)`` parameter per unit."""
+    """A rank's share of ``model`` under ZeRO-3 over ``group`` (``ctx``, or a ``ctx.group(...)``: the N ranks
+    that share the weights). ``owned`` are the shards this rank's optimizer updates, one flat
+    ``(padded_numel / N,)`` parameter per unit."""
 
-    def __init__(self, ctx, model: nn.Module, prefetch: bool, overlap: bool, probe=NO_PROBE) -> None:
-        self.ctx, self.model, self.prefetch, self.overlap, self.probe = ctx, model, prefetch, overlap, probe
+    def __init__(self, group, model: nn.Module, prefetch: bool, overlap: bool, probe=NO_PROBE) -> None:
+        self.group, self.model, self.prefetch, self.overlap, self.probe = group, model, prefetch, overlap, probe
         named = dict(model.named_parameters())
         self.names = list(named)
         units = parameter_units(model)
         index = {n: i for i, n in enumerate(self.names)}
         self.unit_names = [names for _, names in units]
         self.groups = plan_units([[index[n] for n in names] for names in self.unit_names],
-                                 [p.numel() for p in named.values()], ctx.world_size)
+                                 [p.numel() for p in named.values()], group.world_size)
         self.shapes = {n: p.shape for n, p in named.items()}
         self.dtype = next(iter(named.values())).dtype
         self.element_bytes = next(iter(named.values())).element_size()
         self.owned: list[nn.Parameter] = []
         for names, g in zip(self.unit_names, self.groups):
-            flat = torch.zeros(g.padded_numel, dtype=self.dtype, device=ctx.device)
+            flat = torch.zeros(g.padded_numel, dtype=self.dtype, device=group.device)
             for n, offset, numel in zip(names, g.offsets, g.numels):
                 flat[offset:offset + numel].copy_(named[n].detach().flatten())
-            start, stop = g.owned(ctx.rank)
+            start, stop = g.owned(group.rank)
             self.owned.append(nn.Parameter(flat[start:stop].clone()))  # (padded_numel / N,): all this rank keeps
         for n in self.names:  # the model keeps no weights of its own now: the hooks lend them per unit
             owner, attr = owner_of(model, n)
@@ -118,7 +119,7 @@ class ShardedUnits:
         """Unit ``u``'s backward is done (``Gathered.backward``): reduce-scatter its gradient, free its weights."""
         self._free(u, self._for_backward.pop(u, None))
         self._reduced.add(u)
-        result = self.ctx.comm.reduce_scatter(grad_full.contiguous(), async_op=self.overlap)  # (padded_numel / N,)
+        result = self.group.comm.reduce_scatter(grad_full.contiguous(), async_op=self.overlap)  # (padded_numel / N,)
         if self.overlap:
             self._reductions.append((u, result))
         else:
@@ -133,7 +134,7 @@ class ShardedUnits:
 
     def _gather(self, u: int, async_op: bool):
         with self.probe.span("all-gather", kind="comm", unit=u, gathered_bytes=self._unit_bytes(u)):
-            return self.ctx.comm.all_gather(self.owned[u].detach(), async_op=async_op)  # (padded_numel,)
+            return self.group.comm.all_gather(self.owned[u].detach(), async_op=async_op)  # (padded_numel,)
 
     def _free(self, u: int, full: torch.Tensor | None) -> None:
         """Give a gathered unit's memory back now, whoever still holds the tensor (FSDP does the same)."""
@@ -197,7 +198,7 @@ class ShardedUnits:
         this), with the model's buffers."""
         state = {}
         for u, names in enumerate(self.unit_names):
-            full = self.ctx.comm.all_gather(self.owned[u].detach())
+            full = self.group.comm.all_gather(self.owned[u].detach())
             for n, offset, numel in zip(names, self.groups[u].offsets, self.groups[u].numels):
                 state[n] = full[offset:offset + numel].view(self.shapes[n]).clone()
         buffers = {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -43,7 +43,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                 "measured_in_flight", "schedule_text", "order_text"),
     "stages": ("check_layer_counts", "stage_layer_counts", "stage_imbalance", "pipeline_step_s"),
     "reference": ("unpipelined_step", "layers_of_stage", "check_pipeline_inputs"),
-    "ranks": ("pipeline_step_on_rank",),
+    "ranks": ("pipeline_step_on_rank", "StageResult", "toy_chunk"),
     "drivers": ("PipelineRun", "Exactness", "run_pipeline", "run_pipeline_median", "BubblePoint", "BubbleCurve",
                 "run_bubble_curve", "PipelineVsTPBytes", "run_pipeline_vs_tp_bytes", "TorchRuntimeRun",
                 "run_torch_runtime"),

@@ -25,7 +25,7 @@ from ..runtime.timeline import Span
 from ..tensor_parallel.ranks import tp_mlp_on_rank
 from .orders import make_schedule
 from .predict import MeasuredBubble, measure_bubble, pipeline_bubble_fraction
-from .ranks import pipeline_step_on_rank
+from .ranks import StageResult, pipeline_step_on_rank
 from .reference import check_pipeline_inputs, durations, unpipelined_step
 from .schedules import Schedule, check_count
 from .torch_peer import check_torch_schedule, torch_runtime_on_rank
@@ -47,7 +47,7 @@ class PipelineRun:
     """One step run on the ranks, gathered: what each stage returned, the spans and the comm log."""
 
     schedule: Schedule
-    per_rank: list[dict]
+    per_rank: tuple[StageResult, ...]
     spans: list[Span]
     comm: list = field(repr=False)
     wall_s: float
@@ -58,22 +58,22 @@ class PipelineRun:
     @property
     def output(self) -> torch.Tensor:
         """The step's output, from the stage that holds the last layers."""
-        return next(r["output"] for r in self.per_rank if r["output"] is not None)
+        return next(r.output for r in self.per_rank if r.output is not None)
 
     @property
     def grad_x(self) -> torch.Tensor | None:
-        return self.per_rank[0]["grad_x"]
+        return self.per_rank[0].grad_x
 
     @property
     def grads(self) -> list[dict]:
         """Every layer's weight gradients, gathered from the stages, in layer order."""
-        merged = {i: g for r in self.per_rank for i, g in r["grads"].items()}
+        merged = {i: g for r in self.per_rank for i, g in r.grads.items()}
         return [merged[i] for i in sorted(merged)]
 
     @property
     def layers_held(self) -> list[list[int]]:
         """Per rank, the global layer indices it held (every chunk's together)."""
-        return [sum(r["layers"], []) for r in self.per_rank]
+        return [[i for chunk in r.layers for i in chunk] for r in self.per_rank]
 
     @property
     def bubble(self) -> MeasuredBubble:
@@ -81,11 +81,11 @@ class PipelineRun:
 
     @property
     def peak_in_flight(self) -> tuple[int, ...]:
-        return tuple(r["peak_in_flight"] for r in self.per_rank)
+        return tuple(r.peak_in_flight for r in self.per_rank)
 
     @property
     def peak_activation_bytes(self) -> tuple[int, ...]:
-        return tuple(r["peak_activation_bytes"] for r in self.per_rank)
+        return tuple(r.peak_activation_bytes for r in self.per_rank)
 
     @property
     def timing_note(self) -> str:
@@ -145,8 +145,8 @@ def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dic
     per_rank = ranks.run(pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s,
                          layer_counts=layer_counts, weight_s=weight_s)
     wall = time.perf_counter() - start
-    return PipelineRun(schedule, per_rank, list(ranks.last_spans), list(ranks.last_comm), wall, forward_s, backward_s,
-                       (model, layers, x, grad_output))
+    return PipelineRun(schedule, tuple(per_rank), list(ranks.last_spans), list(ranks.last_comm), wall, forward_s,
+                       backward_s, (model, layers, x, grad_output))
 
 
 def run_pipeline_median(ranks, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,

@@ -12,16 +12,43 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 
 from ..models import ModelConfig
 from ..runtime.measure import SavedBytes
+from ..toy import block_reference
 from .engine import Stage, run_stage
 from .messages import Links
 from .predict import microbatch_sizes
 from .reference import check_pipeline_inputs, durations, layers_of_stage
 from .schedules import Schedule
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What one stage returns from a pipeline step (``ranks.run`` keeps them in stage order): its ``output``
+    (the stage holding the last layers), ``grad_x`` (stage 0, training), ``grads`` (its layers' weight
+    gradients, by global layer index, then by name), the peaks measured while it ran, and ``layers`` (the
+    global layer indices of each chunk)."""
+
+    layers: tuple[tuple[int, ...], ...]
+    peak_in_flight: int
+    peak_activation_bytes: int
+    output: torch.Tensor | None
+    grad_x: torch.Tensor | None
+    grads: dict
+
+
+def toy_chunk(weights: dict, layers: range, model: ModelConfig):
+    """A model chunk for the engine: the toy's blocks ``layers`` (``toy.block_reference``, the same layer
+    function the one-process reference calls), on ``weights`` (layer index -> that layer's weights)."""
+    def chunk(h):  # (rows, seq, d_model) -> (rows, seq, d_model)
+        for i in layers:
+            h = block_reference(h, weights[i], model)
+        return h
+    return chunk
 
 
 class _StageProbe:
@@ -59,7 +86,7 @@ class _StageProbe:
 
 def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                           grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None,
-                          layer_counts=None, weight_s=None) -> dict:
+                          layer_counts=None, weight_s=None) -> StageResult:
     """One pipeline step on this rank: stage ``ctx.rank`` of ``schedule``.
 
     ``layers`` are the whole model's weights (``toy.stack_weights(model, ...)``: whole blocks, or
@@ -70,9 +97,7 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     ``weight_s`` pads each W (a schedule without W pads its whole backward to ``backward_s + weight_s``).
     ``layer_counts``: layers per stage when they are not to be cut evenly (``reference.layers_of_stage``).
 
-    Returns this stage's part of the result: ``output`` (on the stage that holds the last layers),
-    ``grad_x`` (stage 0, training), ``grads`` (this stage's layers' weight gradients, by global layer
-    index), ``peak_in_flight`` and ``peak_activation_bytes`` (measured while running), ``layers``.
+    Returns this stage's part of the result, a ``StageResult``.
     """
     check_pipeline_inputs(schedule, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
                           ctx.world_size, layer_counts=layer_counts)
@@ -97,15 +122,11 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     links = Links(ctx.comm, schedule, me, lambda a: (sizes[a.microbatch],) + rest, ctx.device)
 
     probe = _StageProbe(ctx.timeline, training, param_ptrs, targets, "W" if schedule.split_backward else "B")
-    stage = run_stage(Stage(schedule, me, model, weights, held, x_mbs, g_mbs, links), probe)
+    chunks = [toy_chunk(weights, layers_of_chunk, model) for layers_of_chunk in held]
+    stage = run_stage(Stage(schedule, me, chunks, x_mbs, links, g_mbs), probe)
 
     m = schedule.n_microbatches
-    result = {"stage": me, "layers": [list(r) for r in held], "peak_in_flight": probe.peak_in_flight,
-              "peak_activation_bytes": probe.peak_bytes, "output": None, "grad_x": None, "grads": {}}
-    if stage.outputs:
-        result["output"] = torch.cat([stage.outputs[i] for i in range(m)])
-    if stage.grad_x:
-        result["grad_x"] = torch.cat([stage.grad_x[i] for i in range(m)])
-    if training:
-        result["grads"] = {i: {k: t.grad for k, t in w.items()} for i, w in weights.items()}
-    return result
+    return StageResult(tuple(tuple(r) for r in held), probe.peak_in_flight, probe.peak_bytes,
+                       torch.cat([stage.outputs[i] for i in range(m)]) if stage.outputs else None,
+                       torch.cat([stage.grad_x[i] for i in range(m)]) if stage.grad_x else None,
+                       {i: {k: t.grad for k, t in w.items()} for i, w in weights.items()} if training else {})

@@ -6,7 +6,8 @@
 * ``template``: the process that imports torch once and forks ranks from it on demand.
 * ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
 * ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
-  through ``RankContext.from_env``), and the GPUs this machine has (``gpu_count``).
+  through ``RankContext.from_env``), ``RankGroup`` (some ranks as a job of their own, ``ctx.group``), and
+  the GPUs this machine has (``gpu_count``).
 * ``devices``: where ranks compute and how they talk, given the GPUs (``place_ranks``, ``Placement``). Pure.
 * ``comm``: recorded collectives, ``ctx.comm``: blocking or asynchronous (``Pending``), every call
   logged; GPU tensors on a gloo path go through host memory (``staging``), calls across an emulated slow
@@ -27,7 +28,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "ranks": ("Ranks",),
     "launcher": ("max_world_size",),
     "errors": ("RankError", "RankTimeoutError", "PoolClosedError"),
-    "context": ("RankContext", "gpu_count", "prepare_device"),
+    "context": ("RankContext", "RankGroup", "gpu_count", "prepare_device"),
     "devices": ("Placement", "place_ranks", "BACKENDS"),
     "comm": ("Comm", "Pending"),
     "records": ("CommRecord", "wire_bytes", "summarize", "format_log", "format_seconds"),

@@ -11,6 +11,8 @@ collectives through host memory with gloo; or CPU). On a GPU, ``prepare_device``
 and turns TF32 off, so float32 matmuls stay float32 and the exactness checks mean what they say; the
 recorded collectives and the timeline synchronise the GPU (``ctx.sync``), so a span covers the work, not
 its launch.
+``ctx.group(ranks, process_group)``, a ``RankGroup``, is some ranks as a job of their own: a mechanism
+written for ``ctx`` (the buckets, ZeRO-3, the ring, the pipeline's links) runs on it as it is.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class RankContext:
     def __repr__(self) -> str:
         return (f"RankContext(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
                 f"backend={self.backend!r})")
+
+    def group(self, ranks: Sequence[int], process_group) -> "RankGroup":
+        """The ranks ``ranks`` (this one among them), whose process group is ``process_group``, as a job of
+        their own (``RankGroup``). The whole job is ``ctx`` itself."""
+        return RankGroup(self, ranks, process_group)
 
     def new_group(self, ranks: Sequence[int], name: str) -> dist.ProcessGroup:
         """A process group over ``ranks``, logged as ``name`` in the comm log.
@@ -125,6 +132,49 @@ class RankContext:
         dist.init_process_group(placement.backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         return cls(rank, world_size, device, placement.backend)
+
+
+class RankGroup:
+    """Some of the job's ranks as a job of their own: ``rank`` (this rank's place in ``ranks``),
+    ``world_size``, ``device``, and ``comm`` (the group itself) whose calls take places in the group and go
+    through the recorded ``ctx.comm`` on ``process_group``. Made by ``ctx.group``."""
+
+    def __init__(self, ctx: RankContext, ranks: Sequence[int], process_group) -> None:
+        self.ctx, self.ranks, self.process_group = ctx, [int(r) for r in ranks], process_group
+        if ctx.rank not in self.ranks:
+            raise ValueError(f"rank {ctx.rank} is not in the group {self.ranks} it was asked to join")
+        self.rank, self.world_size, self.device = self.ranks.index(ctx.rank), len(self.ranks), ctx.device
+        self.comm = self  # the group's calls, by place in the group
+
+    def __repr__(self) -> str:
+        return f"RankGroup(ranks={self.ranks}, rank={self.rank}, name={self.ctx.comm.group_name(self.process_group)!r})"
+
+    def all_reduce(self, tensor, op="sum", async_op=False):
+        return self.ctx.comm.all_reduce(tensor, op, group=self.process_group, async_op=async_op)
+
+    def all_gather(self, tensor, dim=0, async_op=False):
+        return self.ctx.comm.all_gather(tensor, dim, group=self.process_group, async_op=async_op)
+
+    def reduce_scatter(self, tensor, op="sum", dim=0, async_op=False):
+        return self.ctx.comm.reduce_scatter(tensor, op, dim, group=self.process_group, async_op=async_op)
+
+    def broadcast(self, tensor, src: int = 0):  # src: a place in the group
+        return self.ctx.comm.broadcast(tensor, self.ranks[src], group=self.process_group)
+
+    def barrier(self):
+        return self.ctx.comm.barrier(group=self.process_group)
+
+    def send(self, tensor, dst: int):  # dst, src: places in the group
+        return self.ctx.comm.send(tensor, self.ranks[dst], group=self.process_group)
+
+    def recv(self, tensor, src: int):
+        return self.ctx.comm.recv(tensor, self.ranks[src], group=self.process_group)
+
+    def isend(self, tensor, dst: int):
+        return self.ctx.comm.isend(tensor, self.ranks[dst], group=self.process_group)
+
+    def irecv(self, tensor, src: int):
+        return self.ctx.comm.irecv(tensor, self.ranks[src], group=self.process_group)
 
 
 def gpu_count() -> int:

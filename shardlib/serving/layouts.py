@@ -8,6 +8,10 @@ forward: Huang et al. 2019). ``combined_forward`` runs a batch through once; ``p
 microbatches going round the stages step after step, the last stage handing each output back to the
 first as its next input (steady-state decode, ``serving.decode``'s model). Measurement attaches through
 ``probe`` (``runtime.measure.Probe``). Each rank receives the full weights and keeps only its slices.
+
+Neither loop runs on ``pipeline.engine``: steady-state decode feeds each output back to the first stage as
+the next input, step after step, which a one-step schedule does not express; and the single forward sends
+only one way, in microbatch order, so it needs none of the engine's backward or its message threads.
 """
 
 from __future__ import annotations

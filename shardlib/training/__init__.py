@@ -7,8 +7,9 @@ On ranks:
   ``MarkovCorpus``, the seeded sparse Markov chain the model learns (``ln V`` down towards its entropy).
 * ``reference``: the toy language model in one process (``init_weights``, ``token_losses``) and
   ``train_reference``, the run every layout is checked against.
-* ``step``: the mechanism, ``TrainingStep``: TP with SP, vocabulary-parallel head and loss, CP ring
-  attention, 1F1B across stages, DDP or ZeRO-1/2/3 over ``dp x cp``.
+* ``step``: ``TrainingStep``, the course's mechanisms composed: TP with SP, vocabulary-parallel head and
+  loss, CP ring attention, the pipeline engine running any schedule of the registry on ``StageModel``
+  chunks, DDP or ZeRO-1/2 (``data_parallel.buckets``) or ZeRO-3 (``data_parallel.zero3``) over ``dp x cp``.
 * ``ranks``: ``training_on_rank``, the step with its ledger measured (``LedgerProbe``).
 * ``drivers``: ``check_training`` and ``run_training`` (a layout on a warm pool, as a ``TrainingRun``).
 * ``machines``: ``training_across_on_rank``, the step under ``torchrun`` with tp inside machines.
@@ -31,8 +32,8 @@ from .._lazy import exports
 __all__, __getattr__, __dir__ = exports(__name__, {
     "corpus": ("TrainingConfig", "MarkovCorpus"),
     "reference": ("init_weights", "token_losses", "train_reference", "ReferenceRun"),
-    "step": ("TrainingStep", "StageModel", "GroupView"),
-    "ranks": ("training_on_rank", "LedgerProbe"),
+    "step": ("TrainingStep", "StageModel"),
+    "ranks": ("training_on_rank", "TrainingRankResult", "LedgerProbe"),
     "drivers": ("check_training", "run_training", "TrainingRun"),
     "machines": ("training_across_on_rank",),
     "predict": ("predict_ledger", "predict_traffic", "activation_bytes", "format_ledger"),

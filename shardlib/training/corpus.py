@@ -1,7 +1,8 @@
 """What the toy language model learns from, and how big one step is: ``TrainingConfig`` and the corpus.
 
 ``TrainingConfig``: the model's sizes, the vocabulary, the sequence, the microbatch, ``m`` microbatches
-per step, the steps, AdamW's hyper-parameters, the seed and the dtype. The global batch is
+per step, the steps, AdamW's hyper-parameters, the seed, the dtype, and the pipeline schedule (a registry
+name, with its model chunks per rank). The global batch is
 ``microbatch x m x dp`` sequences (``global_batch``), each of ``seq`` tokens.
 ``MarkovCorpus``: a seeded sparse Markov chain over the vocabulary (each token has a few likely
 successors), so a model can learn it: the loss starts near ``ln(V)`` (uniform guessing) and falls
@@ -19,6 +20,7 @@ import torch
 
 from ..checks import choice, positive_number, whole_number
 from ..models import ModelConfig
+from ..pipeline.schedules import SCHEDULES
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -42,16 +44,19 @@ class TrainingConfig:
     successors: int = 3  # likely next tokens per token in the corpus
     seed: int = 0
     dtype: str = "float32"
+    schedule: str = "1f1b"  # the pipeline schedule, a name of the registry (``pipeline.schedules.SCHEDULES``)
+    chunks: int = 1  # model chunks per pipeline rank (interleaved 1F1B: 2 or more; the V schedules take 2)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq", "microbatch",
-                     "m", "steps", "successors"):
+                     "m", "steps", "successors", "chunks"):
             whole_number(getattr(self, name), name)
         whole_number(self.seed, "seed", 0)
         positive_number(self.lr, "lr (AdamW's learning rate)")
         if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
             raise ValueError(f"weight_decay must be a number of 0 or more, got {self.weight_decay!r}")
         choice(self.dtype, tuple(DTYPES), "dtype")
+        choice(self.schedule, tuple(SCHEDULES), "schedule (a pipeline schedule)")
         if self.successors > self.vocab_size:
             raise ValueError(f"each token cannot have {self.successors} likely successors in a vocabulary of "
                              f"{self.vocab_size}")

@@ -15,7 +15,9 @@ import torch
 
 from ..mesh import Layout, check_mesh
 from ..models import head_problems
+from ..pipeline.orders import make_schedule
 from ..pipeline.predict import split_layers
+from ..runtime.gather import gather
 from ..tensor_parallel.reference import ROW_PARALLEL
 from .corpus import TrainingConfig
 from .predict import format_ledger, predict_ledger, predict_traffic
@@ -24,7 +26,9 @@ from .reference import ReferenceRun
 
 
 def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:
-    """A ValueError naming the numbers for any layout the step cannot run; the layers of each stage."""
+    """A ValueError naming the numbers for any layout or schedule the step cannot run; the layers of each
+    virtual stage (of each stage, with one chunk per rank), in virtual-stage order. ``stage_counts``: how many
+    layers each takes (``None``: as even as whole layers allow)."""
     if not isinstance(layout, Layout) or not isinstance(config, TrainingConfig):
         raise ValueError("give a mesh.Layout and a training.corpus.TrainingConfig")
     if layout.ep != 1:
@@ -42,12 +46,24 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
                          "(zigzag gives each ring place two chunks; sequence parallelism cuts each place's "
                          "tokens tp ways)" if layout.cp > 1 else f"a sequence of {config.seq} tokens does not "
                          f"split into {how} equal pieces for sequence parallelism")
-    if layout.pp > config.n_layers:
-        raise ValueError(f"{config.n_layers} layers cannot fill {layout.pp} pipeline stages: each needs a layer")
+    try:
+        schedule = make_schedule(config.schedule, layout.pp, config.m, n_chunks=config.chunks)
+    except ValueError as e:
+        raise ValueError(f"the schedule {config.schedule!r} cannot run on pp = {layout.pp} stages with m = {config.m} "
+                         f"microbatches and {config.chunks} chunk(s) per rank: {e}") from None
+    v = schedule.n_virtual_stages
+    if v > config.n_layers:
+        cut = f"{layout.pp} pipeline stages" + (f" x {schedule.n_chunks} chunks" if schedule.n_chunks > 1 else "")
+        raise ValueError(f"{config.n_layers} layers cannot fill {cut} = {v} slices: each needs a layer")
     if layout.dp_strategy == "zero3" and layout.pp > 1:
         raise ValueError(f"ZeRO-3 runs here with pp = 1 only (got pp = {layout.pp}): its per-layer gathers "
-                         "and 1F1B's interleaved microbatches are not combined in this step")
-    return split_layers(config.n_layers, layout.pp, stage_counts)
+                         "and the pipeline's interleaved microbatches are not combined in this step")
+    if layout.dp_strategy == "zero3" and (schedule.n_chunks > 1 or schedule.split_backward):
+        raise ValueError(f"ZeRO-3 runs here on one model chunk with a whole backward, and {schedule.title} has "
+                         f"{schedule.n_chunks} chunk(s) per rank" + (" and a split backward (its W would find "
+                         "each layer's gathered weights freed)" if schedule.split_backward else "")
+                         + ": use '1f1b' or 'gpipe'")
+    return split_layers(config.n_layers, v, stage_counts)
 
 
 def reference_key(name: str) -> tuple[str, int]:
@@ -79,10 +95,10 @@ class TrainingRun:
     weights: dict  # the full weights after the last step, keyed like reference.init_weights
     positions: tuple  # per rank: (stage, replica, cp_rank, tp_rank)
     ledgers: tuple  # per rank: bytes kept (weights, gradients, optimizer), activations' peak, transient peak
-    activation_bytes: tuple  # per rank: what autograd saved for each microbatch of the first step
+    activation_bytes: tuple  # per rank: what autograd saved for each microbatch (and chunk) of the first step
     records: tuple  # per rank: its comm records of the training steps (CommRecord)
     spans: tuple  # every rank's timeline
-    stage_layers: tuple
+    stage_layers: tuple  # the layers of each virtual stage
 
     def against_reference(self, ref: ReferenceRun) -> float:
         """The largest gap, over every step's loss and every final weight, against the reference."""
@@ -111,20 +127,19 @@ def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=Non
     """Train the toy language model on ``layout`` over the pool ``ranks`` (checked here first)."""
     check_mesh(layout, ranks.world_size, "ranks")
     stage_layers = check_training(layout, config, stage_counts)
-    res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r["rank"])
-    last = [r for r in res if r["position"][0] == layout.pp - 1 and r["position"][3] == 0]
-    losses = tuple(sum(r["losses"][k] for r in last) for k in range(config.steps))
+    res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r.rank)
+    counted = [r for r in res if r.position[3] == 0]  # tp rank 0 of each place (0.0 off the last virtual stage)
+    losses = tuple(sum(r.losses[k] for r in counted) for k in range(config.steps))
     pieces: dict = {}
-    for r in (r for r in res if r["position"][1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
-        for name, t in r["shards"].items():
+    for r in (r for r in res if r.position[1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
+        for name, t in r.shards.items():
             key, dim = reference_key(name)
-            pieces.setdefault(key, {})[r["position"][3]] = (t, dim)
+            pieces.setdefault(key, {})[r.position[3]] = (t, dim)
     weights = {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
     by_rank: dict = {i: [] for i in range(ranks.world_size)}
     for rec in ranks.last_comm:
         by_rank[rec.rank].append(rec)
-    records = tuple(tuple(sorted(by_rank[r["rank"]], key=lambda c: c.start_s)[r["marks"][0]:r["marks"][-1]])
-                    for r in res)
-    return TrainingRun(layout, config, losses, weights, tuple(r["position"] for r in res),
-                       tuple(r["ledger"] for r in res), tuple(tuple(r["activation_bytes"]) for r in res),
-                       records, tuple(ranks.last_spans), stage_layers)
+    records = tuple(tuple(sorted(by_rank[r.rank], key=lambda c: c.start_s)[r.marks[0]:r.marks[-1]]) for r in res)
+    got = gather(res)
+    return TrainingRun(layout, config, losses, weights, got.each("position"), got.each("ledger"),
+                       got.each("activation_bytes"), records, tuple(ranks.last_spans), stage_layers)

@@ -52,14 +52,14 @@ def training_across_on_rank(ctx, across: str = "pp", steps: int = 3, nodes: int 
     out = training_on_rank(ctx, layout, config, stage_layers)
     me, ref = layout.position(ctx.rank), train_reference(config, layout.dp)
     weight_error = 0.0
-    for name, t in out["shards"].items():
+    for name, t in out.shards.items():
         key, dim = reference_key(name)
         piece = ref.weights[key].chunk(layout.tp, dim)[me.tp_rank]  # the reference's slice this rank holds
         weight_error = max(weight_error, float((t - piece).abs().max()))
-    records = ctx.comm.records[out["marks"][0]:out["marks"][-1]]
+    records = ctx.comm.records[out.marks[0]:out.marks[-1]]
     traffic_ok = traffic_per_step(records, steps) == predict_traffic(config, layout, stage_layers, ctx.rank)
-    counts = me.stage == layout.pp - 1 and me.tp_rank == 0  # whose losses add up to the job's
-    row = [weight_error, float(not traffic_ok)] + [v if counts else 0.0 for v in out["losses"]]
+    counts = me.tp_rank == 0  # whose losses add up to the job's (0.0 off the last virtual stage)
+    row = [weight_error, float(not traffic_ok)] + [v if counts else 0.0 for v in out.losses]
     table = ctx.comm.all_gather(torch.tensor([row], dtype=torch.float64, device=ctx.device)).cpu()
     losses = table[:, 2:].sum(0).tolist()
     loss_error = max(abs(a - b) for a, b in zip(losses, ref.losses))

@@ -2,19 +2,19 @@
 
 ``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments;
 ZeRO-1/2 add the flat shard AdamW updates, ZeRO-3 keeps only shards), the activations autograd keeps for
-the backward at the in-flight peak (``activation_bytes`` per microbatch times 1F1B's peak in flight,
-``p - s`` on stage ``s``), and the transient peak (ZeRO-3's largest gathered layer; the other strategies'
-flat buffers are not followed, so 0). ``activation_bytes`` counts every tensor autograd saves, op by op:
-SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every token count by ``cp``, the ring
-keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls, buffer bytes and wire bytes per
-(axis, op), the way ``runtime.records`` counts them. ``format_ledger``: predicted beside measured.
+the backward at the in-flight peak (``activation_bytes`` per microbatch and chunk, played through the
+schedule's order: 1F1B's stage ``s`` holds ``p - s``), and the transient peak (ZeRO-3's largest gathered
+layer; the other strategies' flat buffers are not followed, so 0). ``activation_bytes`` counts every
+tensor autograd saves, op by op: SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every
+token count by ``cp``, the ring keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls,
+buffer bytes and wire bytes per (axis, op), the way ``runtime.records`` counts them; the pipeline's
+messages read from the schedule. ``format_ledger``: predicted beside measured.
 """
 
 from __future__ import annotations
 
 from ..data_parallel.flat import padded
 from ..pipeline.orders import make_schedule
-from ..pipeline.predict import peak_in_flight
 from ..runtime.records import wire_bytes
 
 KEYS = ("weights", "gradients", "optimizer", "activations", "transient")
@@ -30,9 +30,36 @@ def layer_params(config, tp: int) -> int:
 
 def stage_units(config, layout, layers: range, stage: int) -> list[int]:
     """Parameters per unit (ZeRO-3's: the embedding, each layer, the head) on one rank of ``stage``."""
+    return chunk_units(config, layout, len(layers), stage == 0, stage == layout.pp - 1)
+
+
+def chunk_units(config, layout, n_layers: int, first: bool, last: bool) -> list[int]:
+    """Parameters per unit of one model chunk on one rank: the embedding on the first virtual stage, its
+    ``n_layers`` blocks, the head on the last."""
     vocab = config.vocab_size * config.d_model // layout.tp
-    return (([vocab] if stage == 0 else []) + [layer_params(config, layout.tp)] * len(layers)
-            + ([vocab] if stage == layout.pp - 1 else []))
+    return [vocab] * first + [layer_params(config, layout.tp)] * n_layers + [vocab] * last
+
+
+def rank_chunks(config, layout, stage_layers, stage: int):
+    """The schedule ``config.schedule`` on ``layout.pp`` stages, and stage ``stage``'s chunks as
+    ``(layers, first, last)``: each chunk's virtual stage's layers (``stage_layers`` is in virtual-stage
+    order), whether it starts the model and whether it ends it."""
+    schedule = make_schedule(config.schedule, layout.pp, config.m, n_chunks=config.chunks)
+    ends = schedule.n_virtual_stages - 1
+    virtual = [schedule.virtual_stage_of(stage, c) for c in range(schedule.n_chunks)]
+    return schedule, [(stage_layers[v], v == 0, v == ends) for v in virtual]
+
+
+def peak_in_flight_bytes(schedule, stage: int, chunk_bytes: list[int]) -> int:
+    """The most activation bytes stage ``stage`` holds at once, playing its actions in order: a chunk's
+    forward adds ``chunk_bytes[chunk]``, its backward (its W, when the backward is split: W still needs
+    what the forward saved) gives them back."""
+    release = "W" if schedule.split_backward else "B"
+    now = peak = 0
+    for a in schedule.actions[stage]:
+        now += chunk_bytes[a.chunk] if a.op == "F" else -chunk_bytes[a.chunk] if a.op == release else 0
+        peak = max(peak, now)
+    return peak
 
 
 def activation_bytes(config, layout, n_layers: int, first: bool, last: bool) -> int:
@@ -58,20 +85,22 @@ def activation_bytes(config, layout, n_layers: int, first: bool, last: bool) -> 
 
 
 def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
-    """Per rank: ``KEYS`` -> bytes, as ``ranks.ledger`` measures them."""
+    """Per rank: ``KEYS`` -> bytes, as ``ranks.ledger`` measures them (``stage_layers``: per virtual stage)."""
     e, n = config.element_bytes, layout.dp * layout.cp
-    in_flight = peak_in_flight(make_schedule("1f1b", layout.pp, config.m))
     out = []
     for rank in range(layout.world_size):
-        s = layout.position(rank).stage
-        units = stage_units(config, layout, stage_layers[s], s)
+        schedule, chunks = rank_chunks(config, layout, stage_layers, layout.position(rank).stage)
+        units = [u for layers, first, last in chunks for u in chunk_units(config, layout, len(layers), first, last)]
         p = sum(units)
         shard = padded(p, n) // n
-        acts = activation_bytes(config, layout, len(stage_layers[s]), s == 0, s == layout.pp - 1) * in_flight[s]
+        acts = peak_in_flight_bytes(schedule, layout.position(rank).stage,
+                                    [activation_bytes(config, layout, len(lay), f, la) for lay, f, la in chunks])
         row = {"activations": acts, "transient": 0}
         if layout.dp_strategy == "ddp":
             row.update(weights=p * e, gradients=p * e, optimizer=2 * p * e)
         elif layout.dp_strategy in ("zero1", "zero2"):
+            # the model's weights (the bucket, its padding of fewer than n elements left out) and, apart, the
+            # shard AdamW updates; ZeRO-1 keeps the whole gradient and the shard's, ZeRO-2 the shard's only
             grads = p + shard if layout.dp_strategy == "zero1" else shard
             row.update(weights=(p + shard) * e, gradients=grads * e, optimizer=2 * shard * e)
         else:
@@ -86,12 +115,14 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
     """(axis, op) -> (calls, buffer bytes, wire bytes) of one step on ``rank``."""
     e, m, tp, cp, n = config.element_bytes, config.m, layout.tp, layout.cp, layout.dp * layout.cp
     s = layout.position(rank).stage
-    first, last, layers = s == 0, s == layout.pp - 1, len(stage_layers[s])
+    schedule, chunks = rank_chunks(config, layout, stage_layers, s)
+    layers = sum(len(lay) for lay, _, _ in chunks)
+    first, last = any(f for _, f, _ in chunks), any(la for _, _, la in chunks)
     t = config.microbatch * config.seq // cp
     calls: dict = {}
 
-    def add(axis, op, count, size, group):
-        if count and group > 1:
+    def add(axis, op, count, size, group):  # the data-parallel mechanisms call on a group of one too (no wire)
+        if count and (group > 1 or axis in ("dp", "dp-cp")):
             c = calls.setdefault((axis, op), [0, 0, 0])
             c[0], c[1], c[2] = c[0] + count, c[1] + count * size, c[2] + count * wire_bytes(op, size, group)
     # tp: each block gathers and scatters twice forward and twice backward; embedding, head, the loss's sums
@@ -104,13 +135,16 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
     hidden = config.microbatch * (config.seq // (cp * tp)) * config.d_model * e  # (b, s/(cp tp), d)
     for op in ("send", "recv"):
         add("cp", op, m * layers * (3 * cp - 2), kv, cp)
-        add("pp", op, m * ((not last) + (not first)), hidden, layout.pp)  # activations on, gradients back
+    # pp: every message the schedule sends between stages (activations on, gradients back), one hidden each
+    others = [d for d in range(layout.pp) if d != s]
+    add("pp", "send", sum(len(schedule.messages(s, d)) for d in others), hidden, layout.pp)
+    add("pp", "recv", sum(len(schedule.messages(d, s)) for d in others), hidden, layout.pp)
     axis = "dp" if cp == 1 else "dp-cp"
-    units = stage_units(config, layout, stage_layers[s], s)
-    flat = padded(sum(units), n) * e
-    if layout.dp_strategy == "ddp":
-        add(axis, "all_reduce", 1, flat, n)
+    units = [u for lay, f, la in chunks for u in chunk_units(config, layout, len(lay), f, la)]
+    if layout.dp_strategy == "ddp":  # DDP's bucket is not padded: nothing is cut
+        add(axis, "all_reduce", 1, sum(units) * e, n)
     elif layout.dp_strategy in ("zero1", "zero2"):
+        flat = padded(sum(units), n) * e
         add(axis, "reduce_scatter", 1 if layout.dp_strategy == "zero1" else m, flat, n)
         add(axis, "all_gather", 1, flat, n)
     else:

@@ -11,11 +11,14 @@ becomes a larger one in the weight, and it grows step by step. In float32, 10 st
 cannot hide under it.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from shardlib import Ranks
 from shardlib.launch import start_local_nodes
 from shardlib.mesh import Layout
+from shardlib.pipeline import make_schedule
 from shardlib.runtime.measure import TOLERANCE
 from shardlib.training.corpus import TrainingConfig
 from shardlib.training.drivers import run_training
@@ -36,10 +39,11 @@ FOUR = {
 _REFERENCES: dict = {}
 
 
-def reference(dp):
-    if dp not in _REFERENCES:
-        _REFERENCES[dp] = train_reference(CONFIG, dp)
-    return _REFERENCES[dp]
+def reference(dp, config=CONFIG):
+    key = (replace(config, schedule="1f1b", chunks=1), dp)  # one process knows no schedule
+    if key not in _REFERENCES:
+        _REFERENCES[key] = train_reference(key[0], dp)
+    return _REFERENCES[key]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,7 @@ def pool8():
 
 
 def check_exact(run, layout):
-    gap = run.against_reference(reference(layout.dp))
+    gap = run.against_reference(reference(layout.dp, run.config))
     assert gap < TOLERANCE, f"{layout.label}: largest gap {gap:.2e}"
     assert run.losses[-1] < run.losses[0]
     assert run.predicted_ledgers() == run.ledgers, run.ledger_text()  # every rank, every term, to the byte
@@ -82,6 +86,68 @@ def test_float32_ledger_and_traffic_equal_the_prediction_on_four_stages(pool4):
     assert acts[0] > acts[1] > acts[2]  # 1F1B: stage s keeps p - s microbatches in flight
     for r in range(4):
         assert run.predicted_traffic(r) == run.traffic_by_axis(r)
+
+
+SCHEDULED = {  # the same model under other schedules of the registry: the same losses and weights
+    "interleaved-pp2-tp2": (Layout(tp=2, pp=2), replace(CONFIG, schedule="interleaved-1f1b", chunks=2)),
+    "interleaved-pp2-dp2-zero2": (Layout(tp=1, pp=2, dp=2, dp_strategy="zero2"),
+                                  replace(CONFIG, schedule="interleaved-1f1b", chunks=2, m=4)),
+    "zb-h1-pp2-tp2": (Layout(tp=2, pp=2), replace(CONFIG, schedule="zb-h1")),
+    "zb-h1-pp2-dp2": (Layout(tp=1, pp=2, dp=2), replace(CONFIG, schedule="zb-h1")),
+    "zb-h1-pp2-cp2-zero1": (Layout(tp=1, pp=2, cp=2, dp_strategy="zero1"), replace(CONFIG, schedule="zb-h1", m=3)),
+    "zb-v-pp2-tp2": (Layout(tp=2, pp=2), replace(CONFIG, schedule="zb-v")),  # stage 0: embedding and head
+    "dualpipev-pp2-dp2": (Layout(tp=1, pp=2, dp=2), replace(CONFIG, schedule="dualpipev", m=4)),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULED))
+def test_other_schedules_train_exactly(pool4, name):
+    layout, config = SCHEDULED[name]
+    run = run_training(pool4, layout, config)
+    assert len(run.stage_layers) == layout.pp * make_schedule(config.schedule, layout.pp, config.m,
+                                                              n_chunks=config.chunks).n_chunks
+    check_exact(run, layout)  # the same numbers as one process, whatever the order
+
+
+def test_interleaving_splits_each_stage_into_chunks_that_hold_fewer_microbatches_in_flight(pool4):
+    layout = Layout(tp=1, pp=2, dp=2)
+    plain = run_training(pool4, layout, replace(CONFIG, m=4, steps=1))
+    chunked = run_training(pool4, layout, replace(CONFIG, m=4, steps=1, schedule="interleaved-1f1b", chunks=2))
+    assert [list(r) for r in chunked.stage_layers] == [[0], [1], [2], [3]]  # stage 0 holds layers 0 and 2
+    assert chunked.predicted_ledgers() == chunked.ledgers, chunked.ledger_text()
+    pp_sends = [chunked.traffic_by_axis(r)[("pp", "send")][0] for r in range(4)]
+    assert pp_sends == [2 * 4 + 4, 2 * 4 + 4] * 2  # every microbatch crosses 3 boundaries each way
+    assert plain.traffic_by_axis(0)[("pp", "send")][0] == 4  # stage 0's activations, once per microbatch
+
+
+@pytest.mark.parametrize("layout, config, words", [
+    (Layout(tp=2, pp=2), replace(CONFIG, schedule="interleaved-1f1b", chunks=2, m=3), "multiple of 2"),
+    (Layout(tp=2, pp=2), replace(CONFIG, schedule="interleaved-1f1b"), "at least 2 model chunks"),
+    (Layout(tp=2, pp=2), replace(CONFIG, schedule="dualpipev"), "at least 2 n_stages = 4 microbatches"),
+    (Layout(tp=1, pp=4), replace(CONFIG, schedule="interleaved-1f1b", chunks=2, m=4), "4 layers cannot fill"),
+    (Layout(tp=2, pp=2, dp=1, dp_strategy="zero3"), CONFIG, "pp = 1 only"),
+    (Layout(tp=2, pp=1, dp=2, dp_strategy="zero3"), replace(CONFIG, schedule="zb-h1"), "split backward"),
+])
+def test_check_training_refuses_a_schedule_that_cannot_run_before_any_rank_starts(layout, config, words):
+    with pytest.raises(ValueError, match=words):
+        run_training(_NoRanks(layout.world_size), layout, config)
+
+
+def test_a_training_config_names_a_schedule_of_the_registry():
+    with pytest.raises(ValueError, match="unknown schedule"):
+        TrainingConfig(schedule="2f2b")
+    with pytest.raises(ValueError, match="chunks"):
+        TrainingConfig(chunks=0)
+
+
+class _NoRanks:
+    """Stands in for a pool; fails the test if anything starts on it."""
+
+    def __init__(self, world_size):
+        self.world_size = world_size
+
+    def run(self, *args, **kwargs):
+        raise AssertionError("a rank started")
 
 
 def test_a_layout_that_does_not_fill_the_pool_is_refused_before_any_rank_starts(pool4):
