@@ -5,7 +5,7 @@
 Fits the toy cluster on the 4 ranks (a latency-bandwidth sweep, the extra time of a call between
 computing ranks, the model's forward and backward and AdamW's step timed on every rank at once), then
 trains the toy language model (``training.time_model.STEP_TIME_CONFIG``: 4 blocks, d_model 128, 64-token
-sequences, 4 sequences a step) on every 4-rank layout: the issue's five and dp4, tp4, pp4. Each layout
+sequences, 4 sequences a step) on every 4-rank layout: the five that mix two axes and dp4, tp4, pp4. Each layout
 runs ``rounds`` times (the order reversed every other round), 4 steps a run, the first a warm-up; the
 median of the others is set against the planner's ``score_training`` on the cluster fitted from samples
 taken before every run. Prints, per check, the table (each term, predicted, measured, their ratio and
@@ -49,7 +49,7 @@ def main() -> None:
     five = [c.only(LAYOUTS_4) for c in checks]
     print(f"mean error: {', '.join(f'{c.mean_error:.0%}' for c in checks)}")
     print(f"Spearman, all 8 layouts: {', '.join(f'{r:+.2f}' for r in rhos)} (lowest {min(rhos):+.2f})")
-    print(f"Spearman, the issue's 5: {', '.join(f'{c.rank_correlation:+.2f}' for c in five)} "
+    print(f"Spearman, the five mixed layouts: {', '.join(f'{c.rank_correlation:+.2f}' for c in five)} "
           f"(lowest {min(c.rank_correlation for c in five):+.2f})")
 
 

@@ -19,7 +19,7 @@ from ..mesh import Layout
 from .corpus import TrainingConfig
 from .time_model import TrainingScore, TrainingWorkload, score_training
 
-# The 4-rank layouts, and three single-axis ones beside them.
+# Five 4-rank layouts, each mixing two axes, and three single-axis ones beside them.
 LAYOUTS_4 = {
     "dp2 x tp2": Layout(tp=2, pp=1, dp=2),
     "pp2 x tp2": Layout(tp=2, pp=2),
