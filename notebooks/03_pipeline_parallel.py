@@ -127,7 +127,7 @@ show_code(Stage, run_stage)
 #   up by its name in `Stage.ops`. A schedule with another kind of action (the zero-bubble schedules split
 #   the backward into the input's gradient and a weight-gradient action `W` that can wait) adds one method
 #   and one entry there; the loop stays as it is.
-# - **`forward`** runs this chunk on the microbatch. A chunk is any function of its input (a module);
+# - **`forward`** runs this chunk on the microbatch. A chunk is any callable from input to output;
 #   here it is the chunk's layers through `block_reference`, the same layer function the one-process
 #   reference calls (`toy_chunk` in `pipeline/ranks.py`). In training it keeps the chunk's input and
 #   output in `stash`, and with them every activation autograd saved for the backward: that is what *in

@@ -272,19 +272,24 @@ with Ranks(4) as four:
 # slice; DualPipeV's device holds two slices of `2p`.
 
 # %% [markdown]
-# **ZB-H2 trades memory for the bubble.** The paper's second handcrafted schedule (`"zb-h2"`, for
-# `m >= 2p - 1`) runs more forwards before the first B (`2(p-1-s) + 1` on stage `s`: 7 on stage 0 at
-# p = 4, where ZB-H1 runs 4) and lets every stage hold `2p - 1` microbatches, so a W fills every wait:
+# **ZB-H2 holds more to idle less.** The paper's second handcrafted schedule (`"zb-h2"`, for
+# `m >= 2p - 1`) runs more forwards before the first B: `2(p-1-s) + 1` on stage `s`, so 7 on stage 0 at
+# p = 4, where ZB-H1 runs 4. Every stage then holds `2p - 1` microbatches. When W takes as long as F and
+# B, a W fills every wait inside a stage's span:
 #
 # | p = 4, F = B = 1 | microbatches held | paper's bubble at W = 1 | one step's idle per device, W = 1 and W = 1/2 |
 # | --- | --- | --- | --- |
 # | ZB-H1 | `p` = 4 | `(p-1)(F+B-W)` = 3 | 3, 4.5 |
 # | ZB-H2 | `2p - 1` = 7 | `(p-1)(F+B-2W)` = 0 | 3, 3 |
 #
-# The paper's zero is inside each stage's own span (the spans a parallelogram, each F after the one before);
-# it is the step's cost only when the next step starts before this one ends, which the paper allows by
-# moving the optimizer's checks after the step. One step's window keeps the ramp `(p-1) F`, so at
-# F = B = W one step idles as ZB-H1's; with a cheaper W, ZB-H2 idles less.
+# The paper's zero is each stage's idle between its own first action and its last. Stage `s` starts
+# `s F` after stage 0, so the spans form a parallelogram. The zero is the step's cost only if every
+# stage starts its next step as soon as its own span ends. That needs the paper's post-validation (see
+# "Predict" above): the optimizer steps at once and checks the gradient norm and NaNs afterwards,
+# rolling back if a check fails. One synchronous step keeps the ramp: by this course's count, ZB-H2
+# idles `(p-1) max(F, F+B-2W)` per device while W is no dearer than F or B. At F = B = W that is
+# ZB-H1's `(p-1) F`, with 7 microbatches held instead of 4; at W = B/2, ZB-H2 idles 3 where ZB-H1
+# idles 4.5.
 
 # %% [markdown]
 # ## torch's schedules as a peer

@@ -77,7 +77,8 @@
 #   which keeps the full gradient anyway, sends after the backward). Buckets go in the same order on
 #   every rank, which is what keeps the collectives matched. With several microbatches per step (the
 #   training step of notebook 08) the gradients add up in the buckets and a bucket is sent after its last
-#   microbatch, as DDP's `no_sync` does; ZeRO-2 sends after every one.
+#   microbatch, as PyTorch DDP does when the earlier microbatches run inside `no_sync()`. ZeRO-2, whose
+#   gradient buffer is only a shard, sends after every one.
 # - `_launch` is where the three part ways: DDP **all-reduces** the bucket (every
 #   rank gets the full sum), ZeRO **reduce-scatters** it (rank `r` gets the sum of its shard only).
 #   ZeRO-2 sends a staged copy and keeps just its shard's result; ZeRO-1 still has the full gradient.

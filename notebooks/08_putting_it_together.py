@@ -665,24 +665,33 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 # %% [markdown]
 # ## Read the code: the training step
 #
-# `shardlib.training.step` is one rank's part of the step. A `Block` takes this rank's slice of the
-# residual stream, `(b, s/(cp tp), d)`: it norms its own tokens, all-gathers them over `tp`
-# (`gather_seq`, sequence parallelism's `g`), runs its share of attention or the MLP, and
-# reduce-scatters the partial sums back to token shards (`scatter_seq`). Attention over the `cp` ring
-# is notebook 07's `ring_attention`, run on the ring as a group (`ctx.group`). The step writes no
-# strategy a second time: `TrainingStep.__init__` builds the model chunks this rank holds (`StageModel`:
-# the embedding on the first stage, the head and per-token loss on the last) and hands them to the
-# mechanisms the earlier notebooks showed. `TrainingStep.run` gives the chunks to notebook 03's pipeline
-# engine (`Stage`, `run_stage`), which walks the schedule named by `TrainingConfig.schedule` (1F1B by
-# default): an `F` takes a microbatch (the first stage from the batch, the others from the previous
-# stage), runs the chunk and passes the output on; a `B` runs autograd's backward from the gradient the
-# next stage sent (on the last stage, from the loss) and passes the input's gradient back. The last
-# stage's output is the per-token loss, computed by the vocabulary-parallel cross-entropy without ever
-# gathering the logits. Data parallelism over `dp x cp` is notebook 06's `BucketedReplica`: each
-# microbatch's gradients are added into its bucket as the backward finishes them, and the bucket is sent
-# after the last microbatch (an all-reduce for DDP, a reduce-scatter for ZeRO-1; ZeRO-2 reduce-scatters
-# after every microbatch); then AdamW on what this rank owns and, under ZeRO, an all-gather. ZeRO-3 is
-# notebook 06's `ShardedUnits` on the same group.
+# `shardlib.training.step` is one rank's part of the step. It re-implements none of the earlier
+# strategies: it builds this rank's model pieces and hands them to the mechanisms the earlier notebooks
+# showed.
+#
+# - A `Block` takes this rank's slice of the residual stream, `(b, s/(cp tp), d)`. It norms its own
+#   tokens and all-gathers them over `tp` (`gather_seq`, notebook 07's `GatherFromSequence`). It runs its
+#   share of attention or the MLP, then reduce-scatters the partial sums back to token shards
+#   (`scatter_seq`). Attention over the `cp` ring is notebook 07's `ring_attention`, given the ring's
+#   ranks in place of `ctx` (`ctx.group(...)`: some ranks acting as a job of their own).
+# - `TrainingStep.__init__` builds this rank's model chunks (`StageModel`). The embedding goes in the
+#   model's first chunk, the head and per-token loss in its last (under notebook 04's V schedules, both
+#   sit on stage 0).
+# - `TrainingStep.run` hands the chunks to notebook 03's pipeline engine (`Stage`, `run_stage`). The
+#   engine walks the schedule that `TrainingConfig.schedule` names, 1F1B by default. An `F` takes a
+#   microbatch (the first chunk from the batch, the others from the chunk before), runs the chunk and
+#   sends the output on. A `B` runs autograd's backward from the gradient sent back to it and passes its
+#   input's gradient back. A zero-bubble schedule splits each B into B and W (notebook 04).
+# - The last chunk's output is the per-token loss. Each `tp` rank holds only its `V/tp` slice of the
+#   logits, and `vocab_parallel_cross_entropy` all-reduces three numbers per token (the max, the sum of
+#   exponentials, the target's logit), never the logits. The backward starts from `d_loss`: the loss is
+#   the mean over the step's `t` tokens, so each token's gradient is `1 / t`.
+# - Data parallelism over `dp x cp` is notebook 06's `BucketedReplica`, here with one bucket and no
+#   overlap. `_ready` adds each microbatch's gradients into the bucket as they finish. After the
+#   pipeline, `finish_backward` sends it: an all-reduce for DDP, a reduce-scatter for ZeRO-1. ZeRO-2
+#   keeps only its shard's gradient, so it reduce-scatters after every microbatch (`_launch`). Then AdamW
+#   updates what this rank owns, and ZeRO-1/2 all-gather the new shards (`after_step`).
+# - ZeRO-3 is notebook 06's `ShardedUnits` on the same group, here only with `pp = 1`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
