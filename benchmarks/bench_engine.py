@@ -69,12 +69,13 @@ def main() -> None:
     useful = sum(r.max_new_tokens for r in trace)
     theirs, theirs_s = transformers_static(model, trace, args.batch)
 
+    budget = 512  # tokens a step, the same for every policy (a prompt and its outputs fit one step)
     policies = {
-        "continuous, chunked prefill": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=256,
+        "continuous, chunked prefill": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=budget,
                                                     max_num_seqs=args.batch),
-        "static batches": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=2048, max_num_seqs=args.batch,
+        "static batches": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=budget, max_num_seqs=args.batch,
                                        batching="static"),
-        "continuous, prefill-first": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=2048,
+        "continuous, prefill-first": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=budget,
                                                   max_num_seqs=args.batch, chunked_prefill=False),
     }
     with Ranks(args.tp, timeout=900) as ranks:
