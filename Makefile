@@ -15,10 +15,12 @@ LAB_PORT ?= 8888
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml binder/overrides.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[test,browser]"
+	mkdir -p $(VENV)/share/jupyter/lab/settings  # JupyterLab's defaults: no news prompt (binder/postBuild does the same)
+	cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $(STAMP)
 
 lab: $(STAMP)

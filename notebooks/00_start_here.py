@@ -117,8 +117,7 @@ assert not fit_on_gpus(llama70.quantized(8), H100_80GB).fits and four_bit_on_h10
 # In 4 bits Llama-3-70B fits one 80 GB H100 with room for a couple of dozen 4K-token sequences; in
 # 8 bits (74 GB) it still misses by a little. The bars: each model's weights against each GPU size.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.hardware import GPU_MEMORY_BYTES
 from shardlib.ui.intro_figures import weights_vs_memory_figure
 
@@ -160,8 +159,7 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 #   rank shares; the all-reduce at the bottom cannot finish before the slowest rank arrives, and the
 #   function reads back how long its compute and its all-reduce took.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
 from shardlib.ui.code import show_code
 
@@ -315,8 +313,7 @@ timing_claim(measured_wait_s > 0 and 0.8 < ratio < 1.25,
 # barrier starts late, and its partner waits for that too. A run that strays, because another program
 # took a core at the wrong moment, is why the median decides, and why a stray median is measured again.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 0 waits inside the all-reduce",
@@ -331,8 +328,7 @@ timeline_figure(ranks.last_spans, origin_s=ranks.last_started_s, title="Rank 0 w
 # proportion to their size: they are **bandwidth-bound**, `size / bandwidth` dominates. Notebook 02 fits
 # both numbers and compares this machine with NVLink and a network.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.intro_widgets import all_reduce_explorer
 
 all_reduce_explorer(ranks)
@@ -368,8 +364,7 @@ assert ranks.run(lambda ctx: ctx.rank) == [0, 1], "the pool restarted itself"
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

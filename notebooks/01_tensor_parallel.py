@@ -39,8 +39,7 @@
 # figure colours each cell of one stored weight by the shard that holds it, as the code's own
 # `shard_columns` and `shard_rows` return it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_figures import weight_cut_figure
 
 weight_cut_figure(out_features=8, in_features=12, n_shards=4)
@@ -63,8 +62,7 @@ assert shard_rows(W, 4)[0].shape == (8, 3)  # dim 1 cut: 3 input features, a par
 # layers this way: Q, K, V and the MLP's up and gate projections are column-parallel; the attention
 # output projection and the MLP's down projection are row-parallel.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_figures import shard_layout_figure
 
 shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
@@ -100,8 +98,7 @@ shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 # the same pattern: Q, K and V column-parallel by whole heads behind one f, the output projection
 # row-parallel, one g.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.tensor_parallel.blocks import ParallelMLP
 from shardlib.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -216,7 +213,7 @@ for n in (2, 4):
 # what an all-reduce of the same buffer does. (gloo builds its all-gather on an all-reduce and so moves
 # more than the ring; the wire count is the ring's, the one a cost model charges.)
 #
-# The chapter this course follows says the other order "doubles the communication". That holds for
+# A common rule of thumb says the other order "doubles the communication". That holds for
 # the number of collectives, and so for the time of a pair whose collectives are **latency-bound**
 # (messages so small that the fixed start-up cost of each, `alpha`, dominates: a decode step's), if each
 # collective pays `alpha` once. (Charged at every step of the ring instead, it is `3(n-1)` steps
@@ -313,8 +310,7 @@ assert [cache[t] for t in (1, 2, 4, 8)] == [cache[1] / t for t in (1, 2, 4, 8)] 
 assert cache[8] == cache[16] == cache[32] == cache[64]  # flat past the 8 KV heads: the cost of the copies
 assert tensor_parallel_problems(LLAMA_3_70B, 16) == []  # allowed: each KV head on 2 GPUs
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.mesh import Layout
 from shardlib.serving import weights_per_gpu
 from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
@@ -363,8 +359,7 @@ for m in (SHAPE_RULE_EXAMPLES["vocab"], LLAMA_3_70B):
         print(f"{m.name:<14}{m.vocab_size:>8,}{tp:>4}{padded:>11,}{padded - m.vocab_size:>13,}"
               f"{vocab_padding_bytes(m, tp) / 1e6:>10,.1f} MB{vocab_padding_bytes(m, tp) / tp / 1e6:>7,.1f} MB")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_wall_picker
 
 tp_wall_picker()
@@ -376,8 +371,7 @@ tp_wall_picker()
 # shard count; when it equals the running pool's size (2), the pair also runs on the live ranks and
 # the measured collectives are set beside the prediction.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_cut_explorer
 
 tp_cut_explorer(ranks)
@@ -387,8 +381,7 @@ tp_cut_explorer(ranks)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
@@ -414,11 +407,11 @@ show_questions(
     Question(
         "On 8 ranks, with d_hidden = 4 x d_model, the other cut order sends how many times the wire bytes "
         "per rank of column-then-row?",
-        ("2x, as the chapter says", "5x, the buffer ratio", "4.5x: the intermediate's all-reduce is 4x, and the "
+        ("2x, as the rule of thumb says", "5x, the buffer ratio", "4.5x: the intermediate's all-reduce is 4x, and the "
          "output's all-gather sends half of what an all-reduce of it would", "It depends on the number of ranks"),
         2,
         "Per rank, an all-reduce sends 2(n-1)/n of its buffer and an all-gather (n-1)/n: (2 x 4 + 1) / 2 = 4.5, "
-        "and the (n-1)/n cancels. The chapter's 2x is the count of collectives, which is what a latency-bound "
+        "and the (n-1)/n cancels. The rule of thumb's 2x is the count of collectives, which is what a latency-bound "
         "(decode) pair pays for.",
     ),
     Question(
@@ -461,7 +454,7 @@ show_questions(
 #   `W.T`); a row split cuts dim 1 (the input features).
 # - Column-then-row is exact at 2, 4 and 8 shards and needs one all-reduce per pair. The other order
 #   was measured on 2 and 4 ranks needing 2 collectives, 5x the buffer bytes and 4.5x the wire bytes
-#   (`d_hidden = 4 · d_model`), each equal to its formula: the chapter's "doubles" is the collective
+#   (`d_hidden = 4 · d_model`), each equal to its formula: the rule of thumb's "doubles" is the collective
 #   count, what a latency-bound pair pays; a bandwidth-bound one pays the wire ratio.
 # - A Llama MLP and a GQA attention block ran on 2 and 4 real ranks, forward and backward, equal to the
 #   unsharded blocks within `1e-5`, with one all-reduce each way (Megatron-LM's g and f).

@@ -87,8 +87,7 @@ assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 # multiplies the two terms by a link's `alpha` and `1/B` (one direction), and every other function of
 # `costs.alpha_beta` adds them up.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.costs.alpha_beta import collective_terms_s, cost_terms
 from shardlib.ui.code import show_code
 
@@ -106,8 +105,7 @@ show_code(cost_terms, collective_terms_s)
 # collective ends for everybody when the last rank is done) and fits `alpha` and `B` through
 # `cost_terms`, the same formula that predicts.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.costs.ranks import one_call, sweep_on_rank
 
 show_code(one_call, sweep_on_rank)
@@ -244,8 +242,7 @@ for preset in LINKS.values():
     assert decode_bytes < min(per_call, per_step) and prefill_bytes > per_call
 assert crossover_bytes(nvlink, "all_reduce", 8, "per_step") > prefill_bytes
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import link_comparison_figure
 
 link_comparison_figure(list(LINKS.values()), "all_reduce", 8, latency_charge="per_call",
@@ -290,8 +287,7 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 # call; a burst that covers half the rounds moves it.) The fit weighs every point by its own size
 # (relative errors), so R² is reported on the logarithm of the times, as on the log-log plot below.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib import Ranks
 from shardlib.costs import algorithm_bandwidth, measure_until, run_calibration
 from shardlib.runtime.measure import timing_claim
@@ -337,8 +333,7 @@ timing_claim(grows(cal), "every operation takes more than twice as long for 16 M
 # the all-reduce's own fit. The fitted lines are the same formula as every prediction in this notebook;
 # the diamonds mark where each turns bandwidth-bound.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import calibration_figure
 
 calibration_figure(cal.samples, cal.link, cal.latency_charge,
@@ -351,8 +346,7 @@ calibration_figure(cal.samples, cal.link, cal.latency_charge,
 # and its bandwidth a memory copy through the loopback interface. The last lines price Llama-3-8B's
 # tensor-parallel communication as if these ranks were its GPUs, one latency per ring step.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 for preset in [*LINKS.values(), here]:
     print(f"{preset.name:<44} latency {preset.latency_s * 1e6:7.1f} us   {preset.one_way_bytes_per_s / 1e9:7.2f} GB/s "
           f"each way   crossover {crossover_bytes(preset) / 1e3:9,.0f} KB")
@@ -385,8 +379,7 @@ print(format_tp_cost_table(LLAMA_3_8B, [here], tp_degrees=(2, 4), latency_charge
 # scheduler has parked. A fit on 2 ranks cannot know that; the cell fits the 4-rank points on their own
 # to show both numbers moving.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.costs import fit_link, run_decode_vs_prefill
 
 
@@ -451,8 +444,7 @@ for claim, held in relations(dvp).items():
 # the bars: decode stays red (latency) until the batch is large; prefill turns blue (bandwidth) within a
 # few hundred tokens; the last line sets the pipeline's traffic for the same batch beside it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_widgets import tp_cost_explorer
 
 tp_cost_explorer([*LINKS.values(), here])
@@ -465,8 +457,7 @@ tp_cost_explorer([*LINKS.values(), here])
 # say). Prediction: every rank's step takes about 50 ms plus the collective's own time, and the fast
 # ranks spend the 50 ms waiting *inside* the collective.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.costs import run_slow_rank
 
 delay_s = 0.05
@@ -487,14 +478,12 @@ timing_claim(inside[0] > 0.5 * len(slow.ops) * delay_s > inside[1], "the fast ra
 # what a throttling GPU in a tensor-parallel group looks like: uniform slowness everywhere, the cause on
 # one device. The timeline shows the slow rank's sleep and the others' long collectives:
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(slow.spans, title="Rank 1 is throttled; the others wait in every collective", where=where)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_widgets import slow_rank_explorer
 
 slow_rank_explorer(ranks)
@@ -515,9 +504,9 @@ slow_rank_explorer(ranks)
 #
 # So tensor parallelism **lowers the latency** whenever its communication costs less than the compute it
 # saves, and **always costs throughput per device** at the same batch: the collectives are pure
-# overhead. The two sources say each half: the explainer (tensor parallelism lowers request latency)
-# speaks of latency, the chapter (per-device efficiency always drops; if it fits, run replicas) of
-# throughput. Both hold, each for its objective.
+# overhead. Two common claims each say one half: "tensor parallelism lowers request latency" speaks of
+# latency, "per-device efficiency always drops; if it fits, run replicas" of throughput. Both hold, each
+# for its objective.
 #
 # One thing changes the balance: **memory**. A split copy holds `1/n` of the weights per device, and the
 # memory that frees holds more sequences' KV cache, a bigger batch. A decode step's cost is mostly
@@ -561,8 +550,8 @@ assert not by_label["2 replicas"].feasible and by_label["tp = 8"].feasible  # 70
 #
 # - **1K context: the classic trade.** Every option carries the full batch of 256, so memory is no
 #   one's advantage. Split 2, 4 or 8 ways, a token comes 1.8 to 5 times sooner and each GPU serves 8 to
-#   31 % fewer tokens per second. If throughput is the goal and the model fits, run replicas: the chapter
-#   is right here.
+#   31 % fewer tokens per second. If throughput is the goal and the model fits, run replicas: the throughput
+#   rule holds here.
 # - **8K context: memory buys batch.** A replica's 80 GB holds 16 GB of weights and KV cache for 52
 #   sequences; split 4 ways, each GPU holds 4 GB of weights and room for 253. The all-reduces are paid
 #   once per step for five times the tokens, and the split copy serves more per GPU than the replicas.
@@ -573,8 +562,7 @@ assert not by_label["2 replicas"].feasible and by_label["tp = 8"].feasible  # 70
 # - **Llama-3-70B** (141 GB of weights) fits no 80 GB GPU: replicas are not an option, and tp = 8 both
 #   answers soonest and serves the most per GPU (tp = 2 has room for 2 sequences).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import latency_throughput_figure
 
 latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
@@ -591,8 +579,7 @@ latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 # served the same requests (tolerance `1e-5`: the all-reduce adds the halves in another order). The toy
 # has no memory limit, so only the planner shows the third effect.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.costs import run_replicas_vs_tp, serving_model
 
 def serving_claims(run):
@@ -636,8 +623,7 @@ for claim, held in serving_claims(served).items():
 # more per GPU than the replicas because the memory it frees holds a larger batch. The toy has no memory
 # limit, so here both ways run the same batch. Memory buys batch; at equal batch, replicas win.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import replicas_vs_tp_figure
 
 replicas_vs_tp_figure(served, where=where)
@@ -647,8 +633,7 @@ replicas_vs_tp_figure(served, where=where)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

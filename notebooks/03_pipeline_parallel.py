@@ -84,8 +84,7 @@ for name in ("gpipe", "1f1b"):
 # Press play to watch the 1F1B schedule advance slot by slot: microbatches enter at stage 0, travel
 # down, and their backwards travel back up; the empty cells left behind are the bubble.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import step_through_figure
 
 one_f_one_b = make_schedule("1f1b", 4, 8)
@@ -114,8 +113,7 @@ assert Fraction(sum(idle), 2 * step) == Fraction(1, 9)
 # `shardlib/pipeline/engine.py`: the class `Stage` holds one rank's part of a step, and `run_stage` walks
 # its list.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.pipeline.engine import Stage, run_stage
 from shardlib.ui.code import show_code
 
@@ -217,8 +215,7 @@ for name in ("gpipe", "1f1b"):
 # arithmetic is still real. Every chart says which was used. Top: the schedule's prediction; bottom:
 # what the two ranks did (grey: waiting for a message).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
 
 OP_S = 0.05
@@ -232,8 +229,7 @@ predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, r
 # slivers: at this size the messages and the Python around them cost as much as the layers, which is
 # why the measurements below use the set duration.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import measured_figure
 
 real = run_pipeline(ranks, schedule, TOY, layers, x, grad)
@@ -254,8 +250,7 @@ measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}<br><sub>me
 # more than 0.03 off is measured twice more and the least idle of the three kept, since one run stalled by
 # another process should not decide it; the table shows when that happened.)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.costs import measure_until
 from shardlib.pipeline import pipeline_step_s, predicted_step_s, run_bubble_curve, stage_layer_counts
 
@@ -322,8 +317,7 @@ for p in (2, 4):
         print(f"{p:>3} {pt.n_microbatches:>4} {pt.predicted:>9.3f} {pt.measured:>9.3f} "
               f"{pt.measured / pt.predicted:>7.2f}{again}")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import bubble_curve_figure
 
 bubble_curve_figure((2, 4), max_microbatches=16,
@@ -353,8 +347,7 @@ for p in (2, 4):
 # bubble, and with real compute to count what each rank held. Each rank counted the microbatches whose
 # activations it kept, and measured their bytes as autograd saved them for the backward.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import in_flight_figure
 
 for name, r in versus.items():
@@ -415,8 +408,7 @@ assert GLOBAL_BATCH // (1 * DP) == 64 and pipeline_bubble_fraction(P, 64) < pipe
 # even and the slow pipeline ran in turn, three rounds, and each kept its fastest round: other work on the
 # machine only ever adds time to a padded step. The whole measurement is repeated if the bands below fail.)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 print(f"forward-only GPipe, 4 stages, m = 8, measured on {where_4}; fastest of 3 rounds (attempt {paced_attempts} "
       "of at most 3)")
 for label, r in paced.items():
@@ -528,8 +520,7 @@ assert 0.85 <= (even_m / light_m) / (even_p / light_p) <= 1.15, steps
 # (ops padded to 20 ms) and the chart shows the prediction above the measurement. Switch between GPipe
 # and 1F1B and watch the in-flight count: the bubble barely changes, the memory does.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_widgets import microbatch_explorer
 
 microbatch_explorer(ranks, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
@@ -620,8 +611,7 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # %% [markdown]
 # ## Check yourself
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 # the numbers of the questions: the formulas, and this notebook's own runs above (yours, on your machine)

@@ -92,8 +92,7 @@ for name in ("zb-v", "dualpipev"):
 # The stage loop of notebook 03 did not change; its `Stage.ops` gained the split. Here are the three
 # backward methods and ZB-H1's builder (`shardlib/pipeline/engine.py`, `shardlib/pipeline/zero_bubble.py`).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.pipeline.engine import Stage
 from shardlib.pipeline.zero_bubble import zb_h1_order
 from shardlib.ui.code import show_code
@@ -177,8 +176,7 @@ for name in ("zb-h1", "zb-v", "dualpipev"):
 # A zero-bubble schedule has three actions per microbatch where 1F1B has two, and a tiny bubble, so the
 # same overhead shows more. `benchmarks/bench_pipeline.py` sweeps 2 and 4 stages with longer ops.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.pipeline import run_split_bubble
 
 OP_S = 0.02
@@ -236,8 +234,7 @@ for w in (0.25, 0.5, 1.0, 1.5, 2.0):
 dear = OpCosts(1.0, 1.0, 2.0)
 assert simulated_fraction(make_schedule("zb-h1", 4, 16), dear) > published_fraction(make_schedule("zb-h1", 4, 16), dear)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 r = run_split_bubble(ranks, "zb-h1", 4, TOY, layers, x, grad, op_s=OP_S, weight_s=2 * OP_S, repeats=1)
 print(f"ZB-H1, p=2, m=4, W = 2 F measured: idle formula {r.published:.3f} (no longer valid: W > F), this list "
       f"{r.simulated:.3f}, measured {r.measured:.3f}")
@@ -335,8 +332,7 @@ for name, mine in (("DualPipeV", "dualpipev"), ("ZBVZeroBubble", "zb-v"), ("Inte
 # the step measured on the ranks below. Change the schedule name, `m` or `W_S` and run the cell again to
 # watch the bubble move, or use the sliders under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import split_gantt_figure
 
 NAME, M, OP_S, W_S = "zb-h1", 4, 0.02, 0.02
@@ -346,8 +342,7 @@ split_gantt_figure(step, measured_step.spans, OpCosts(OP_S, OP_S, W_S),
                    f"{step.title}: F and B padded to {OP_S * 1e3:g} ms, W to {W_S * 1e3:g} ms "
                    f"(measured on {ranks.description})", measured_step.bubble.idle_fraction)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_widgets import zero_bubble_explorer
 
 zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6, 8),
@@ -356,8 +351,7 @@ zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6,
 # %% [markdown]
 # ## Check yourself
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

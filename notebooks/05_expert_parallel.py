@@ -46,8 +46,7 @@
 # Press play: these are the router's real choices for 8 tokens, 4 experts on 2 ranks, with the load
 # tilted towards expert 0.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.experts import ExpertPlacement, MoEConfig, make_moe_weights, make_tokens, route
 from shardlib.ui.experts_figures import walkthrough_figure
 
@@ -144,8 +143,7 @@ for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
 # `ctx.comm` is the rank's recorded collectives, and `probe` is where timing attaches from outside (it
 # records nothing unless the caller passes a probe that does).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.experts import apply_hosted_experts, expert_parallel_moe
 from shardlib.ui.code import show_code
 
@@ -235,8 +233,7 @@ for k in (1, 2):
 # The comm log of the last run: per rank, the all-to-all of counts (8-byte integers, one per expert the
 # destination holds), the dispatch of the rows and the combine. Then the prediction against the measure.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 run = run_expert_parallel(ranks, x, weights, cfg)
 print(format_log(ranks.last_comm))
 
@@ -253,8 +250,7 @@ assert abs(run.cross_rank_share - predicted_cross_rank_share(2)) < 0.05
 # share that leaves its rank differs from 50 % only by the router's sampling noise. The heatmap shows
 # where the rows went; the diagonal stayed home.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.experts_figures import send_matrix_figure
 
 send_matrix_figure(run.send_matrix, title=f"All-to-all dispatch: token rows from rank i to rank j, measured on "
@@ -339,8 +335,7 @@ assert 0.9 < ep_per_token / (2 * cfg.k * 4 * predicted_cross_rank_share(2)) < 1.
 # compares the two ranks' CPU times within one run, each rank's least over the seven (a burst of other
 # work can only add time), and measures again, up to three times, if a burst still spoiled it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.costs import measure_until
 from shardlib.runtime.measure import timing_claim
 from shardlib.ui.experts_figures import rank_time_figure
@@ -393,8 +388,7 @@ rank_time_figure(skewed.expert_s, skewed.forward_s, skewed.step_s, skewed.expert
 # What each rank was doing in the last skewed forward: rank 1's long all-to-all bar at the end is not
 # moving bytes, it is waiting for rank 0's experts.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.runtime_figures import timeline_figure
 
 run_expert_parallel(ranks, x, wide_weights, wide.but(skew=1.0))
@@ -520,8 +514,7 @@ assert torch.equal(differ, touched)  # the choice changes exactly the tokens tha
 # Across the knob, measured live (step times are medians of 3; `benchmarks/bench_experts.py` runs five
 # skews with wide experts and five repeats):
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.experts import MITIGATIONS
 from shardlib.ui.experts_figures import mitigation_sweep_figure
 
@@ -546,8 +539,7 @@ mitigation_sweep_figure(skews, {m: [rows[m].rank_max_over_mean for rows in sweep
 # by the rank that holds it; the dashed red line is the capacity, summed over ranks) and each rank's
 # measured time. Turn the skew up, then try the capacity cap, rerouting and replication.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.experts_widgets import expert_explorer
 
 expert_explorer(ranks, x[:2048], weights, cfg)
@@ -557,8 +549,7 @@ expert_explorer(ranks, x[:2048], weights, cfg)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

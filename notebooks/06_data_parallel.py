@@ -88,8 +88,7 @@
 # (`probe.span(...)` lines are where the measurement below attaches: they hand the short-lived buffers
 # to a memory meter on the ranks, and do nothing otherwise.)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.data_parallel.buckets import BucketedReplica
 from shardlib.ui.code import show_code
 
@@ -119,8 +118,7 @@ show_code(BucketedReplica._build_bucket, BucketedReplica._ready, BucketedReplica
 #   unit is gathered on the spot. At most one unit is gathered at a time, two with prefetch: that is the
 #   peak measured further down.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.data_parallel.zero3 import Gathered, ShardedUnits
 
 show_code(Gathered, ShardedUnits._before_forward, ShardedUnits._after_forward, ShardedUnits._before_backward,
@@ -154,8 +152,7 @@ print(f"\nwith fp32 gradients, as Megatron-LM keeps them: Llama-3-8B {megatron['
       f"(18 bytes per parameter), {megatron['zero1'] / 1e9:.1f} GB with its distributed optimizer (6 + 12/{DP})")
 assert megatron["zero1"] == (6 + 12 / DP) * LLAMA_3_8B.n_params and megatron["ddp"] == 18 * LLAMA_3_8B.n_params
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.data_parallel_figures import zero_table_figure
 
 zero_table_figure(rows, {H100_80GB.name: H100_80GB.memory_bytes},
@@ -223,8 +220,7 @@ ddp_total = sum(runs["ddp"].memory_per_rank[0][k] for k in ("params", "grads", "
 zero3_total = sum(runs["zero3"].memory_per_rank[0][k] for k in ("params", "grads", "optimizer"))
 assert zero3_total * 2 == ddp_total  # ZeRO-3 on 2 ranks: half of everything
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.data_parallel_figures import memory_per_rank_figure
 
 memory_per_rank_figure({s: r.memory_per_rank[0] for s, r in runs.items()},
@@ -265,8 +261,7 @@ print(f"results differ by at most {same.max_gap:.1e}; wire bytes per rank: all-r
       f"{same.wire_bytes['all_gather']:,}")
 assert same.max_gap <= 1e-5 and same.wire_bytes["all_reduce"] == same.split_wire_bytes
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 print(f"median time: all-reduce {format_seconds(same.median_s['all_reduce'])}; reduce-scatter "
       f"{format_seconds(same.median_s['reduce_scatter'])} + all-gather {format_seconds(same.median_s['all_gather'])} "
       f"= {format_seconds(same.split_s)}")
@@ -317,14 +312,12 @@ for s, o in overlap.items():
     assert launched > 0 and o.without_overlap.launched_during_backward() == 0
     assert o.without_overlap.hidden_share() == 0.0
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 for s, o in overlap.items():
     print(f"{STRATEGY_TITLES[s]:<14} communication hidden {o.hidden_share:.0%}; step {format_seconds(o.step_s_with)} "
           f"with overlap, {format_seconds(o.step_s_without)} without ({o.saved_share:+.0%} saved)")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.data_parallel_figures import overlap_timeline_figure
 
 on = overlap["ddp"].with_overlap
@@ -381,8 +374,7 @@ assert plain.saved_bytes_per_unit[:4] == (mlp_activation_bytes(64, 32, 64),) * 4
 assert kept.saved_bytes_per_unit == (mlp_activation_bytes(64, 32, 64, checkpoint=True),) * 5
 assert kept.unit_forwards == 2 * plain.unit_forwards
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.data_parallel_figures import activation_figure
 
 print(f"median step: {format_seconds(plain.step_s)} plain, {format_seconds(kept.step_s)} checkpointed")
@@ -440,8 +432,7 @@ assert budgets["full"]["total"] < budgets["selective"]["total"]
 # ZeRO-3 ignores the bucket size (it communicates per layer). Untick overlap to see every collective
 # queue up after the backward.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.data_parallel_widgets import strategy_explorer
 
 strategy_explorer(ranks, model, batches, LR)
@@ -449,8 +440,7 @@ strategy_explorer(ranks, model, batches, LR)
 # %% [markdown]
 # ## Check yourself
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 QUESTIONS = [

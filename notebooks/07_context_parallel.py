@@ -82,8 +82,7 @@
 # Per block, the backward is FlashAttention-2's: `P = exp(S - lse)`, `dV += P^T dO`, `dP = dO V^T`,
 # `dS = P * (dP - delta)`, `dQ += dS K * scale`, `dK += dS^T Q * scale`.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.context_parallel.ring import Hop, RingAttention
 from shardlib.ui.code import show_code
 
@@ -103,8 +102,7 @@ show_code(Hop, RingAttention)
 # models are built for.
 # Before running the cell: how much of the cache does one device hold at `tp = 8`, and at `tp = 8, cp = 4`?
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.context_parallel import context_parallel_needed, device_memory
 from shardlib.hardware import H100_80GB
 from shardlib.models import LLAMA_3_1_8B, LLAMA_3_1_70B, kv_cache_bytes
@@ -149,8 +147,7 @@ for model, tokens in ((LLAMA_3_1_8B, 1_000_000), (LLAMA_3_1_70B, 1_000_000)):
 # The two halves are autograd functions, each the other's transpose: an all-gather forward is a
 # reduce-scatter backward, and the other way round.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
 
 show_code(GatherFromSequence, ScatterToSequence)
@@ -212,8 +209,7 @@ assert sp_run.activation_saving < 1
 #
 # Subtracting the max keeps every `exp` at most 1. In the library:
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.context_parallel.online_softmax import merge
 
 show_code(merge)
@@ -249,8 +245,7 @@ assert torch.allclose(merge(second, first).out, whole_row, atol=1e-6)  # the ord
 # every key, exactly once; no rank ever held more than two K/V blocks. With a causal mask a block can
 # be wholly in a query's future: it is skipped (but still passed on).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.context_parallel_figures import ring_steps_figure
 
 ring_steps_figure(4, "contiguous")
@@ -374,8 +369,7 @@ assert training.exact and training.loss_fell
 # `2n` chunks and give rank `r` chunks `r` and `2n - 1 - r`, one early and one late. Every rank then
 # holds the same amount of past (the chart counts blocks for 4 ranks; colour = the rank that computes it).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.context_parallel_figures import block_owner_figure
 
 block_owner_figure(4)
@@ -387,8 +381,7 @@ block_owner_figure(4)
 # compute counted in CPU time (on a shared laptop, wall time would also count the moments another
 # process held the core).
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.context_parallel import run_ring_balance
 from shardlib.costs import measure_until
 from shardlib.ui.context_parallel_figures import balance_figure
@@ -451,8 +444,7 @@ timing_claim(zigzag_evens(balance), "the zigzag placement evens the causal work 
 # ring's own kind; 2 MiB move per step. `benchmarks/bench_context_parallel.py` measures the ring
 # unpadded, on a longer sequence.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.context_parallel import run_ring_overlap
 
 qo, ko, vo = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
@@ -475,15 +467,13 @@ for label, run, predicted in (("overlapped", overlap.overlapped, overlap.predict
 print(f"share of the transfer hidden under compute: {overlap.hidden_share:.0%} (attempt {overlap_attempts} of at "
       "most 3)")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.context_parallel_figures import ring_timeline_figure
 
 ring_timeline_figure(overlap.sequential.spans, "One after the other: each transfer finishes before the compute "
                      f"starts ({ranks.description})")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 ring_timeline_figure(overlap.overlapped.spans, "Overlapped: the next block is in flight while this one computes "
                      f"({ranks.description})")
 
@@ -571,8 +561,7 @@ assert run_ring_attention(ranks, q3, k3, v3).exact  # the ring does not care abo
 # (Megatron's sequence parallelism is not an attention method: it moves tensor parallelism's bytes.)
 # Lines are the formulas for the 70-token example; circles are the comm logs above, on 2 ranks.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.context_parallel import ring_bytes_per_rank, ulysses_bytes_per_rank
 from shardlib.ui.context_parallel_figures import method_bytes_figure
 
@@ -609,8 +598,7 @@ assert ulysses_bytes_per_rank(shape, 16) < ring_bytes_per_rank(shape, 16)
 # same attention in this one process, each rank's compute, and its timeline. Switch the placement and
 # watch the compute per rank even out.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.context_parallel_widgets import sequence_explorer
 
 sequence_explorer(ranks, heads=8, kv_heads=2, head_dim=64, max_seq=2048)
@@ -618,8 +606,7 @@ sequence_explorer(ranks, heads=8, kv_heads=2, head_dim=64, max_seq=2048)
 # %% [markdown]
 # ## Check yourself
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

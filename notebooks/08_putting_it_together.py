@@ -124,8 +124,7 @@ assert all(call < step for call, step in crossover.values())  # more latency to 
 # There is no timing here: `serving.ranks` passes the rank's timeline as the probe and reads the
 # clock around the call.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.serving.layouts import build_stage, combined_forward, pipelined_decode
 from shardlib.ui.code import show_code
 
@@ -267,8 +266,7 @@ assert calls[("tp", "all_reduce")] == 8 * calls[("pp", "send")]
 # the pipeline axis. What each rank did when: stage 1 starts a microbatch only when stage 0 has sent
 # it, and inside each stage the two ranks meet at every all-reduce.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ranks 2-3 stage 1 (F0, F1: microbatches)")
@@ -316,8 +314,7 @@ across, attempts = measure_until(lambda: run_across_nodes(two, TOY, layers, deco
 toy_two = plan_serving(TOY, across.cluster, across_workload(8), objective="latency")
 print(format_plan(toy_two))
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 print(format_across(across))
 pipeline_row, split_row = across.rows
 print(f"\nmeasured: PP across nodes {split_row.token_interval_s / pipeline_row.token_interval_s:.1f}x faster per "
@@ -351,8 +348,7 @@ timing_claim(within_band(across), "the planner's time per token holds within 2x 
 # across nodes halves every GPU's reading. The planner below weighs exactly that for Llama-3.1-405B on
 # two nodes of H100s, and for one request alone it finds TP across nodes faster per token.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step.microbatch); hops: emulated 2 ms "
                 f"link; measured on {two.description}")
 
@@ -410,8 +406,7 @@ print(f"\n{floor.layout.label}, one request: {floor.decode_step_s * 1e3:.2f} ms/
       f"{real.decode_step_s * 1e3:.2f} ms/token with kernels at 80%")
 assert real.layout == floor.layout and floor.decode_step_s < real.decode_step_s < floor.decode_step_s / 0.8
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.serving_figures import plan_figure
 
 plan_figure(plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"))
@@ -471,7 +466,7 @@ for model in models:
 
 assert best["Llama-3.1-405B", 1, "throughput"] is None  # in bf16
 assert best[LLAMA_405B_FP8.name, 1, "throughput"].layout == Layout(tp=8, pp=1)  # in 8 bits: one node
-assert best["Llama-3.1-405B", 2, "throughput"].layout == Layout(tp=8, pp=2)  # the seeds' layout
+assert best["Llama-3.1-405B", 2, "throughput"].layout == Layout(tp=8, pp=2)  # TP inside each node, PP across
 assert best["Llama-3-70B", 1, "latency"].layout == Layout(tp=8, pp=1)
 assert all(b.layout.tp == 8 for (m, nodes, obj), b in best.items() if obj == "latency" and b and nodes == 1)
 lat70 = {s.layout: s for s in plan_serving(LLAMA_3_70B, TWO_NODES_8_H100, Workload(), "latency").ranked}
@@ -495,7 +490,7 @@ assert 1 < gain < 1.1
 #   replicas win (below).
 # - **Llama-3.1-405B** (812 GB in bf16) fits no single node of 80 GB GPUs **in bf16**; in 8 bits
 #   (about 416 GB) it fits one node at `tp = 8`, which is how Meta's FP8 release is served. In bf16 on
-#   two nodes, for throughput, it takes the layout the seeds describe, **TP inside each node, PP across
+#   two nodes, for throughput, it takes the textbook layout, **TP inside each node, PP across
 #   the two**.
 #
 # With each KV head copied onto two GPUs, TP across nodes is a real option, and the planner weighs it
@@ -530,8 +525,7 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 # measured here and now: a short latency-bandwidth sweep on the 4 ranks (`costs.run_calibration`), and
 # the arithmetic speed of the toy's blocks, timed on all 4 ranks at once.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.serving import run_toy_cluster_calibration
 
 fit = run_toy_cluster_calibration(four, TOY, layers)
@@ -560,8 +554,7 @@ for s in toy_plan.ranked:
         assert r.measured == r.predicted  # calls and bytes, per axis: exact
     toy_measured[s.layout] = statistics.median(r.wall_s for r in runs)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 print(f"{'layout':<16}{'predicted ms':>13}{'measured ms':>13}{'measured/predicted':>20}")
 for s in toy_plan.ranked:
     print(f"{s.layout.label:<16}{s.prefill_s * 1e3:>13.1f}{toy_measured[s.layout] * 1e3:>13.1f}"
@@ -582,8 +575,7 @@ for s in toy_plan.ranked:
 # context. The table lists the ranked layouts with their reasons and, under them, every layout that
 # fails and why.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.serving_widgets import planner_widget
 
 planner_widget()
@@ -609,11 +601,11 @@ assert p8.best.layout == Layout(tp=1, pp=1, dp=8)
 assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8)].decode_step_s
 
 # %% [markdown]
-# Both seeds are right, about different objectives. Tensor parallelism lowers the latency of a request
-# (every weight read is split 8 ways); it costs throughput per GPU (each GPU waits on all-reduces and
-# streams its weights for a smaller share of the batch). When a model fits, replicas serve the most
-# tokens; when it does not, or when a user's wait is what matters, split it. Notebook 02 measures the
-# same trade-off on real ranks.
+# "Split it" and "run replicas" are both right, for different objectives. Tensor parallelism lowers the
+# latency of a request (every weight read is split 8 ways); it costs throughput per GPU (each GPU waits
+# on all-reduces and streams its weights for a smaller share of the batch). When a model fits, replicas
+# serve the most tokens; when it does not, or when a user's wait is what matters, split it. Notebook 02
+# measures the same trade-off on real ranks.
 
 
 # %% [markdown]
@@ -693,8 +685,7 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 #   updates what this rank owns, and ZeRO-1/2 all-gather the new shards (`after_step`).
 # - ZeRO-3 is notebook 06's `ShardedUnits` on the same group, here only with `pp = 1`.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.data_parallel.buckets import BucketedReplica
 from shardlib.pipeline.engine import run_stage
 from shardlib.training.step import Block, TrainingStep
@@ -756,8 +747,7 @@ for lay in train_layouts:
     assert all(run.traffic_by_axis(r) == run.predicted_traffic(r) for r in range(four.world_size))
 assert train_runs["tp=2 pp=1 dp=2"].losses[-1] < train_runs["tp=2 pp=1 dp=2"].losses[0] - 0.5  # it learns
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.training_figures import ledger_figure, loss_figure, step_time_figure, traffic_figure
 
 loss_figure({name: run.losses for name, run in train_runs.items()},
@@ -777,8 +767,7 @@ loss_figure({name: run.losses for name, run in train_runs.items()},
 # cell above asserted measured = predicted for every term on every rank of every layout; the figure shows
 # them, measured as bars and predicted as a mark at the top of each term.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 labels, measured_rows, predicted_rows = [], [], []
 for name in ("tp=2 pp=2 dp=1", "tp=2 pp=1 dp=2", "tp=2 pp=1 dp=2 zero3", "tp=2 pp=1 dp=1 cp=2"):
     run = train_runs[name]
@@ -800,8 +789,7 @@ ledger_figure(measured_rows, predicted_rows, labels, "What one rank keeps, measu
 # Every collective went through a group named for its axis, so the comm log splits by axis. The cell
 # above asserted it equal to the prediction, call by call and byte by byte, on every rank.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 wire_by_layout = {}
 for name, run in train_runs.items():
     per_axis = {}
@@ -832,8 +820,7 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # the layouts** as the measured ones do, Spearman's rank correlation at least 0.7 (five layouts: at most
 # two neighbours swapped), measured again once if a burst of other work spoils it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.training.step_time import claim_ranking, fit_step_cluster
 from shardlib.training.toy_prediction import STEP_TIME_CONFIG
 
@@ -842,8 +829,7 @@ this_machine = fit_step_cluster(four, timed, samples=2)  # the "cluster" of thes
 step_check, ranking_held = claim_ranking(four, floor=0.7, attempts=2, fit=this_machine, config=timed)
 print(step_check.table())
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
                  {t.label: t.measured_s for t in step_check.layouts},
                  f"One training step per layout, predicted and measured on {four.description}")
@@ -872,8 +858,7 @@ step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
 # Then predict them yourself: exercise 3 of `notebooks/exercises/08_putting_it_together_exercises` asks
 # for every rank's bytes and grades your numbers against the ledgers measured on four ranks.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.training_widgets import training_explorer
 
 training_explorer(four, replace(train_config, steps=3))
@@ -974,8 +959,7 @@ best = training_plan.best.layout
 assert best.tp * best.pp * best.dp * best.cp == 16384 and best.tp == 8
 assert training_plan.best.memory.total_bytes <= 0.9 * cluster.memory_per_gpu_bytes
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 import plotly.graph_objects as go
 
 from shardlib.training.choices import LLAMA_3_PUBLISHED
@@ -1031,8 +1015,7 @@ assert all(r.chosen.layout.tp == 8 for r in choices[:3])  # tp fills the node fo
 # %% [markdown]
 # ## Check yourself
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 llama_row = choices[1]

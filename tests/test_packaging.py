@@ -44,3 +44,17 @@ def test_binder_badge_opens_jupyterlab_at_notebook_00():
     m = re.search(r"\(https://mybinder\.org/v2/gh/[^)]*\?urlpath=lab/tree/([^)]+)\)", readme)
     assert m, "README has no Binder badge that opens JupyterLab"
     assert (ROOT / m.group(1)).is_file() and m.group(1).endswith("00_start_here.ipynb")
+
+
+def test_jupyterlab_opens_without_the_news_prompt():
+    """``make lab`` and Binder install one settings override: JupyterLab never asks about Jupyter's news."""
+    import json
+    import sys
+
+    overrides = json.loads((ROOT / "binder" / "overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"] == {"fetchNews": "false", "checkForUpdates": False}
+    assert "binder/overrides.json" in (ROOT / "binder" / "postBuild").read_text()
+    assert "binder/overrides.json" in (ROOT / "Makefile").read_text()
+    installed = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    if Path(sys.prefix).resolve() == (ROOT / ".venv").resolve():  # the project's own environment: installed
+        assert json.loads(installed.read_text()) == overrides

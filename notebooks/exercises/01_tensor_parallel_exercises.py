@@ -40,8 +40,7 @@ def shard_rows(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
     raise NotImplementedError("write shard_rows here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_shard_rows
 
 grade_shard_rows(shard_rows)
@@ -76,8 +75,7 @@ def pair_forward(ctx, x, w1, b1, w2, b2):
     raise NotImplementedError("write the pair here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_tp_pair_forward
 
 grade_tp_pair_forward(pair_forward, ranks, four)
@@ -87,8 +85,7 @@ grade_tp_pair_forward(pair_forward, ranks, four)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

@@ -58,8 +58,7 @@ from shardlib import Ranks
 
 ranks = Ranks(2)  # started once: rerun the checker as often as you like
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_fit_alpha_beta
 
 grade_fit_alpha_beta(fit_alpha_beta, ranks)
@@ -69,8 +68,7 @@ grade_fit_alpha_beta(fit_alpha_beta, ranks)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

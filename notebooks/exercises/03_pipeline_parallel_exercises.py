@@ -37,8 +37,7 @@ def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
     raise NotImplementedError("write bubble_fraction here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_bubble_fraction
 
 grade_bubble_fraction(bubble_fraction)
@@ -48,8 +47,7 @@ grade_bubble_fraction(bubble_fraction)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

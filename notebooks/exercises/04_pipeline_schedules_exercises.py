@@ -43,8 +43,7 @@ def my_schedule(n_stages: int, n_microbatches: int) -> list[list[str]]:
     raise NotImplementedError("write my_schedule here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib import Ranks
 from shardlib.exercises import grade_schedule_table
 from shardlib.models import TOY
@@ -61,8 +60,7 @@ result
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

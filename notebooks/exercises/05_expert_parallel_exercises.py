@@ -39,8 +39,7 @@ def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
     raise NotImplementedError("write top_k_router here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_top_k_router
 
 grade_top_k_router(top_k_router)
@@ -62,8 +61,7 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     raise NotImplementedError("write plan_dispatch here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_dispatch_plan
 
 grade_dispatch_plan(plan_dispatch)
@@ -73,8 +71,7 @@ grade_dispatch_plan(plan_dispatch)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

@@ -57,8 +57,7 @@ from shardlib import Ranks
 
 ranks = Ranks(2)  # started once: rerun the checker as often as you like
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_zero1_step
 
 grade_zero1_step(zero1_step, ranks)
@@ -68,8 +67,7 @@ grade_zero1_step(zero1_step, ranks)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

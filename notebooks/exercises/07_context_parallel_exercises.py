@@ -43,8 +43,7 @@ def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
     raise NotImplementedError("write merge_partials here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_merge_partial_attention
 
 grade_merge_partial_attention(merge_partials)
@@ -54,8 +53,7 @@ grade_merge_partial_attention(merge_partials)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(

@@ -67,8 +67,7 @@ def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
     raise NotImplementedError("write mesh_groups here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib import Ranks
 from shardlib.exercises import grade_mesh_coordinates
 
@@ -133,8 +132,7 @@ def rank_memory(config, layout, rank: int) -> dict[str, int]:
     raise NotImplementedError("write rank_memory here")
 
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.exercises import grade_training_memory
 
 grade_training_memory(rank_memory, ranks)
@@ -144,8 +142,7 @@ grade_training_memory(rank_memory, ranks)
 #
 # Pick an answer; the reason appears under it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
