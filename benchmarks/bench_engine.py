@@ -30,7 +30,13 @@ from shardlib import Ranks
 from shardlib.costs.drivers import run_calibration
 from shardlib.serving.engine import EngineConfig, run_serving
 from shardlib.serving.engine.llama import random_hf_llama, weights_from_hf_llama
-from shardlib.serving.engine.predict import FIGURES, fit_step_cost, simulate_serving
+from shardlib.serving.engine.predict import (
+    FIGURES,
+    PAPER_CONTIGUOUS_UTILIZATION,
+    contiguous_utilization,
+    fit_step_cost,
+    simulate_serving,
+)
 from shardlib.serving.engine.traces import poisson_trace, shared_prefix_trace
 
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
@@ -119,6 +125,13 @@ def main() -> None:
         print(f"{fig:<14}{cells}")
     errors = [abs(predicted[n][f] / measured[n][f] - 1) for n in runs for f in FIGURES if measured[n][f] > 0]
     print(f"cost model: median error {sorted(errors)[len(errors) // 2]:.0%} over {len(errors)} figures")
+
+    paged = runs["continuous, chunked prefill"].kv_utilization()
+    reserved = contiguous_utilization(trace, weights.config.max_positions)
+    lo, hi = PAPER_CONTIGUOUS_UTILIZATION
+    print(f"\nKV memory holding real tokens: paged blocks {paged:.1%} (measured, step by step); each request "
+          f"reserving the {weights.config.max_positions}-token context {reserved:.1%} (this trace); vLLM's paper "
+          f"measured {lo:.1%} to {hi:.1%} in earlier systems")
 
     print(f"\nprefix caching on a chat trace ({len(chats)} turns of 6 conversations, one 96-token system prompt):")
     assert prefix[False].tokens == prefix[True].tokens

@@ -172,3 +172,28 @@ def test_random_weights_need_no_transformers_and_serve_exactly():
     model = PagedModel(w, TPGroup(1, 0), 40, 4)
     assert serve_in_process(requests, EngineConfig(block_size=4, num_blocks=40, max_batch_tokens=8), model.step) == \
         reference
+
+
+def test_paged_blocks_hold_real_tokens_where_contiguous_reservations_would_not(weights, pool2):
+    from shardlib.serving.engine.predict import contiguous_utilization
+
+    requests = mixed_trace(n=8)
+    config = EngineConfig(block_size=4, num_blocks=64, max_batch_tokens=32, prefix_caching=False)
+    run = run_serving(pool2, weights, requests, config)
+    measured = run.kv_utilization()  # tokens held over the slots of the blocks in use, step by step
+    reserved = contiguous_utilization(requests, reserved_tokens=weights.config.max_positions)
+    assert 0.7 < measured <= 1.0  # only each sequence's last block is part empty
+    assert reserved < 0.35  # every request reserving the 128-token context
+    assert measured > 2 * reserved
+
+
+def test_seeded_sampling_gives_the_same_tokens_whatever_the_batching(weights, pool2):
+    requests = [Request(r.request_id, r.prompt_token_ids, r.max_new_tokens, seed=10 + i)
+                for i, r in enumerate(mixed_trace(n=6))]
+    a = run_serving(pool2, weights, requests, EngineConfig(block_size=4, num_blocks=64, max_batch_tokens=32))
+    b = run_serving(pool2, weights, requests, EngineConfig(block_size=8, num_blocks=10, max_batch_tokens=5))
+    model = PagedModel(weights, TPGroup(1, 0), 64, 4)
+    alone = serve_in_process(requests, EngineConfig(block_size=4, num_blocks=64, max_batch_tokens=64), model.step)
+    assert a.tokens == b.tokens == alone
+    greedy = {r.request_id: greedy_reference(weights, r.prompt_token_ids, r.max_new_tokens) for r in requests}
+    assert a.tokens != greedy  # the draws are real draws, not the argmax

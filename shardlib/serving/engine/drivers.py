@@ -29,6 +29,13 @@ class ServingRun:
     prefix_lookup_tokens: int
     preemptions: int
     tp: int
+    block_size: int = 16
+
+    def kv_utilization(self) -> float:
+        """Measured: the share of the cache's used slots that held a real token, averaged over the steps
+        (with prefix caching on, a shared block counts once but its tokens once per sequence)."""
+        used = [(s.tokens_held, s.blocks_used * self.block_size) for s in self.steps if s.blocks_used]
+        return sum(t / slots for t, slots in used) / len(used)
 
     @property
     def duration_s(self) -> float:
@@ -96,4 +103,4 @@ def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) ->
         metrics={rid: request_metrics(by_id[rid], out[1], out[2]) for rid, out in head.outputs.items()},
         steps=head.steps, kv_cache_bytes=got.each("kv_cache_bytes"),
         prefix_hit_tokens=head.prefix_hit_tokens, prefix_lookup_tokens=head.prefix_lookup_tokens,
-        preemptions=head.preemptions, tp=ranks.world_size)
+        preemptions=head.preemptions, tp=ranks.world_size, block_size=config.block_size)
