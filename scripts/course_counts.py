@@ -1,0 +1,174 @@
+"""What a learner meets in each notebook, counted: words, sentences, questions, worked problems.
+
+    .venv/bin/python scripts/course_counts.py            # a table, one row per notebook
+    .venv/bin/python scripts/course_counts.py --check    # and exit 1 where a notebook passes a budget
+
+Counted on the jupytext source (``notebooks/NN_name.py``), in the markdown cells, outside ``<details>``
+blocks (folded text does not count) and outside tables, headings and HTML lines:
+
+* words, sentences, their mean length and how many run past 40 words;
+* the bullets under "What you will see";
+* the check-yourself questions (``Question(prompt, choices, answer, ...)`` calls): how many, the
+  position of each right answer, and how often the right answer is the longest choice;
+* worked problems: headings or bold labels that say "Worked problem".
+
+The budgets ``--check`` holds: at most 2,500 visible words, a mean sentence under 22 words, none over 40,
+3 to 6 bullets under "What you will see", at least two worked problems; across the course, no answer
+position holding more than 40 % of the questions and the right answer the longest in at most a third.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_WORDS, MAX_MEAN_SENTENCE, MAX_SENTENCE = 2500, 22, 40
+BULLETS = (3, 6)
+MIN_WORKED = 2
+MAX_POSITION_SHARE, MAX_LONGEST_SHARE = 0.4, 1 / 3
+WORD = re.compile(r"[A-Za-z0-9][\w'-]*")
+
+
+@dataclass(frozen=True)
+class Counts:
+    notebook: str
+    words: int
+    sentences: int
+    long_sentences: int
+    bullets_seen: int
+    worked_problems: int
+    answers: tuple[int, ...]  # the right answer's position, per question
+    longest: int  # questions whose right answer is the longest choice
+
+    @property
+    def mean_sentence_words(self) -> float:
+        return self.words / self.sentences if self.sentences else 0.0
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.words > MAX_WORDS:
+            out.append(f"{self.words:,} visible words (at most {MAX_WORDS:,})")
+        if self.mean_sentence_words >= MAX_MEAN_SENTENCE:
+            out.append(f"sentences of {self.mean_sentence_words:.1f} words on average (under {MAX_MEAN_SENTENCE})")
+        if self.long_sentences:
+            out.append(f"{self.long_sentences} sentences over {MAX_SENTENCE} words")
+        if not BULLETS[0] <= self.bullets_seen <= BULLETS[1]:
+            out.append(f"{self.bullets_seen} bullets under 'What you will see' ({BULLETS[0]} to {BULLETS[1]})")
+        if self.worked_problems < MIN_WORKED:
+            out.append(f"{self.worked_problems} worked problems (at least {MIN_WORKED})")
+        return out
+
+
+def markdown_cells(source: str) -> list[str]:
+    """The text of each markdown cell of a jupytext percent file, the leading ``# `` removed."""
+    cells, current, in_markdown = [], [], False
+    for line in source.splitlines():
+        if line.startswith("# %%"):
+            if in_markdown:
+                cells.append("\n".join(current))
+            current, in_markdown = [], "[markdown]" in line
+        elif in_markdown:
+            current.append(line[2:] if line.startswith("# ") else line.lstrip("#"))
+    if in_markdown:
+        cells.append("\n".join(current))
+    return cells
+
+
+def visible_prose(cells: list[str]) -> str:
+    """The prose a learner reads unfolded: no ``<details>``, tables, headings or HTML lines."""
+    text = re.sub(r"<details>.*?</details>", " ", "\n".join(cells), flags=re.S | re.I)
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith(("|", "#", "<")))
+
+
+def sentences(prose: str) -> list[str]:
+    """Sentences: bullets and paragraphs end one; so do ``.``, ``?`` and ``!`` before a space."""
+    prose = re.sub(r"`[^`]*`", "x", prose)  # inline code is one word
+    parts = []
+    for block in re.split(r"\n\s*\n|\n\s*[-*] |\n\s*\d+\. ", "\n" + prose):
+        parts += [p for p in re.split(r"(?<=[.?!])\s+(?=[A-Z(\"*`])", " ".join(block.split())) if WORD.search(p)]
+    return parts
+
+
+def bullets_seen(cells: list[str]) -> int:
+    """Bullets in the "What you will see" part of the notebook (until the next heading or blank run)."""
+    text = "\n".join(cells)
+    m = re.search(r"what you will see[^\n]*\n(.*?)(\n#|\n\s*\n\s*\n|\Z)", text, flags=re.S | re.I)
+    if not m:
+        return 0
+    return sum(1 for line in m.group(1).splitlines() if re.match(r"\s*[-*] ", line))
+
+
+def questions(source: str) -> tuple[tuple[int, ...], int]:
+    """Each ``Question(...)``'s right-answer position, and how many have the longest choice right."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return (), 0
+    answers, longest = [], 0
+    for node in ast.walk(tree):
+        name = getattr(node, "func", None) and getattr(node.func, "id", getattr(node.func, "attr", None))
+        if not (isinstance(node, ast.Call) and name == "Question"):
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        choices = kw.get("choices", node.args[1] if len(node.args) > 1 else None)
+        answer = kw.get("answer", node.args[2] if len(node.args) > 2 else None)
+        if isinstance(answer, ast.Constant) and isinstance(choices, (ast.Tuple, ast.List)):
+            lengths = [len(ast.unparse(e)) for e in choices.elts]
+            answers.append(answer.value)
+            longest += answer.value < len(lengths) and lengths[answer.value] == max(lengths)
+    return tuple(answers), longest
+
+
+def count(path: Path) -> Counts:
+    source = path.read_text()
+    cells = markdown_cells(source)
+    prose = visible_prose(cells)
+    found = sentences(prose)
+    worked = len(re.findall(r"(^#+[^\n]*worked problem|\*\*worked problem)", "\n".join(cells), flags=re.I | re.M))
+    answers, longest = questions(source)
+    return Counts(path.stem, len(WORD.findall(prose)), len(found),
+                  sum(1 for s in found if len(WORD.findall(s)) > MAX_SENTENCE), bullets_seen(cells), worked,
+                  answers, longest)
+
+
+def course_problems(rows: list[Counts]) -> list[str]:
+    answers = [a for r in rows for a in r.answers]
+    if not answers:
+        return []
+    out = []
+    top = max(set(answers), key=answers.count)
+    if answers.count(top) > MAX_POSITION_SHARE * len(answers):
+        out.append(f"position {top} holds {answers.count(top)} of {len(answers)} right answers "
+                   f"(at most {MAX_POSITION_SHARE:.0%})")
+    longest = sum(r.longest for r in rows)
+    if longest > MAX_LONGEST_SHARE * len(answers):
+        out.append(f"the right answer is the longest choice in {longest} of {len(answers)} questions (at most a third)")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where a notebook passes a budget")
+    parser.add_argument("folder", nargs="?", default=str(ROOT / "notebooks"))
+    args = parser.parse_args(argv)
+    rows = [count(p) for p in sorted(Path(args.folder).glob("[0-9][0-9]_*.py"))]
+    print(f"{'notebook':<28}{'words':>7}{'sent.':>7}{'mean':>6}{'>40':>5}{'seen':>6}{'worked':>8}{'questions':>11}"
+          f"{'longest':>9}")
+    for r in rows:
+        print(f"{r.notebook:<28}{r.words:>7,}{r.sentences:>7}{r.mean_sentence_words:>6.1f}{r.long_sentences:>5}"
+              f"{r.bullets_seen:>6}{r.worked_problems:>8}{len(r.answers):>11}{r.longest:>9}")
+    answers = [a for r in rows for a in r.answers]
+    print("right-answer positions: " + ", ".join(f"{p}: {answers.count(p)}" for p in sorted(set(answers))))
+    problems = [f"{r.notebook}: {p}" for r in rows for p in r.problems()] + course_problems(rows)
+    for p in problems:
+        print(f"over budget: {p}")
+    return 1 if args.check and problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""``scripts/course_counts.py`` counts what a learner meets: checked on a notebook written here, then run
+over the course (its budgets are asserted with ``--check`` once every notebook meets them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("course_counts", ROOT / "scripts" / "course_counts.py")
+counts = importlib.util.module_from_spec(spec)
+sys.modules["course_counts"] = counts  # dataclasses look their module up while the class is made
+spec.loader.exec_module(counts)
+
+NOTEBOOK = '''# %% [markdown]
+# # 99 · A test
+#
+# **What you will see.**
+#
+# - One short bullet.
+# - Another bullet here.
+# - A third.
+#
+# ## The idea
+#
+# This sentence has exactly six words. Is this one a question? Yes!
+# <details><summary>Folded</summary>
+# These words are folded away and never count at all.
+# </details>
+#
+# | a table | is not prose |
+#
+# ### Worked problem 1
+#
+# Compute `2 * 3` now.
+#
+# **Worked problem 2.** Long: ''' + " ".join(["word"] * 45) + '''.
+
+# %%
+Question("p?", ("a", "bb", "c"), 1, "why")
+Question("q?", choices=("long one", "x"), answer=0, explanation="why")
+'''
+
+
+def test_counts_on_a_notebook_written_here(tmp_path):
+    path = tmp_path / "99_test.py"
+    path.write_text(NOTEBOOK)
+    c = counts.count(path)
+    assert c.bullets_seen == 3
+    assert c.worked_problems == 2
+    assert c.answers == (1, 0) and c.longest == 2
+    assert c.long_sentences == 1  # the 47-word one; the folded text and the table are not read
+    prose = counts.visible_prose(counts.markdown_cells(NOTEBOOK))
+    assert "folded" not in prose and "table" not in prose
+    assert "This sentence has exactly six words." in counts.sentences(prose)
+    assert counts.course_problems([c]) == [
+        "position 0 holds 1 of 2 right answers (at most 40%)",
+        "the right answer is the longest choice in 2 of 2 questions (at most a third)"]
+
+
+def test_the_script_reads_every_notebook_of_the_course(capsys):
+    assert counts.main([]) == 0
+    out = capsys.readouterr().out
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        assert path.stem in out
+    assert "right-answer positions:" in out
