@@ -275,7 +275,7 @@ with Ranks(4) as four:
 # heads. Up to `tp = 8` each device holds `8 / tp` of them. Past 8, a `tp` that is a multiple of 8
 # still works: each KV head is **copied** on `tp / 8` devices, next to the query heads that read it
 # (what vLLM does). The copy is the price: each GPU keeps a whole KV head's k and v weights, and its KV
-# cache **stops shrinking** at the KV-head count (notebook 07 comes back to this for long contexts). A
+# cache **stops shrinking** at the KV-head count (notebook 10 comes back to this for long contexts). A
 # `tp` that neither divides the KV heads nor is a multiple of them (12 against 8) has no such layout, and
 # the query heads are the last wall (64 of them: `tp` at most 64). The check runs when a split is chosen,
 # with the reason, rather than as a shape error deep inside a matmul.
@@ -333,7 +333,7 @@ assert "8 KV heads cannot be shared by 12 devices: tp must divide the KV heads" 
 # %% [markdown]
 # The code of this course splits KV heads and copies none, so its own check
 # (`check_tensor_parallel(model, tp)`, which every run on ranks calls) keeps the strict rule; the planner
-# of notebook 08 copies them where that pays and prices the copies.
+# of notebook 05 copies them where that pays and prices the copies.
 #
 # Two more rules. Each device needs an equal slice of the MLP's hidden width `d_ff`: a made-up MLP of
 # width 8,190 (= 2 x 4,095) stops `tp` at 2, whatever the heads allow. Each device also needs an equal

@@ -398,7 +398,7 @@ assert GLOBAL_BATCH // (1 * DP) == 64 and pipeline_bubble_fraction(P, 64) < pipe
 # (McCandlish et al. 2018) a larger batch saves few optimiser steps for the tokens it costs. Fewer
 # replicas (smaller `dp`) raise `m` too, but then the same GPUs must be split some other way. That is why
 # real runs also shrink the bubble without touching `m`: interleaving (above), and the zero-bubble
-# schedules of notebook 04.
+# schedules of notebook 09.
 
 # %% [markdown]
 # ## A slow stage sets the pace
@@ -479,7 +479,7 @@ assert four_stages == [32, 32, 31, 31]
 # Cut evenly, the first stage carries 9 layers' worth (8 layers and the embedding) against at most 8 on
 # any other, and the whole pipeline runs an eighth slower; one layer moved off each end balances it exactly.
 # On 4 stages the 126 layers cost 1.6 % (a 32-layer stage sets the pace where 31.5 would), which is what
-# the planner of notebook 08 charges such a layout.
+# the planner of notebook 05 charges such a layout.
 #
 # The same thing on real ranks, scaled down: 6 of the toy's layers on the 4 ranks, and one layer-time of
 # padding added on the first and last stage to stand in for the embedding and the loss (the toy stack has
@@ -536,7 +536,7 @@ microbatch_explorer(ranks, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02
 # straight back into stage 0 while the other microbatches are still on their way: with at least `p`
 # microbatches of independent sequences chasing each other round the stages, every stage stays busy,
 # and the fill and drain are paid once, when the server starts, not once per token. (This is how the
-# planner of notebook 08 models pipelined decode.)
+# planner of notebook 05 models pipelined decode.)
 #
 # What a pipeline does not change is a token's **trip**: its microbatch still passes through every
 # stage in turn, so the time per token is the whole model's time, plus a hop per stage boundary. A
@@ -605,7 +605,7 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # that depends on the link (notebook 02 computes it per link); prefill is bandwidth-bound (`size /
 # bandwidth` dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
 # tensor parallelism inside a node and pipeline stages across nodes; for latency, the pipeline's longer
-# trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 08's planner
+# trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 05's planner
 # does. (Notebook 02 puts prices on both, per link.)
 
 # %% [markdown]
@@ -703,5 +703,5 @@ show_questions(
 # - The pipeline sends far fewer bytes than tensor parallelism, once per stage boundary: the tool for
 #   the slow link between machines.
 #
-# Next, notebook 04 goes past 1F1B: it splits the backward into the input gradient and the weight
+# Next, notebook 09 goes past 1F1B: it splits the backward into the input gradient and the weight
 # gradient and fills the bubble with the latter (zero-bubble schedules, DualPipeV).

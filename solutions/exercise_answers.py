@@ -55,7 +55,7 @@ def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
     return (n_stages - 1) / (n_microbatches + n_stages - 1)
 
 
-# -- 04 pipeline schedules ------------------------------------------------------------------------------
+# -- 09 pipeline schedules ------------------------------------------------------------------------------
 def my_schedule(n_stages: int, n_microbatches: int) -> list[list[str]]:
     """ZB-H1 as a table: 1F1B's F and B order; stage s keeps up to s W's waiting, the rest run after their B."""
     rows = []
@@ -74,7 +74,7 @@ def my_schedule(n_stages: int, n_microbatches: int) -> list[list[str]]:
     return rows
 
 
-# -- 05 expert parallelism ------------------------------------------------------------------------------
+# -- 04 expert parallelism ------------------------------------------------------------------------------
 def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
     """Each token's ``k`` best experts and their gates, a softmax over the ``k`` chosen logits."""
     logits = x @ router.T  # (T, n_experts)
@@ -91,7 +91,7 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     return order, rows_to_rank
 
 
-# -- 08 putting it together -----------------------------------------------------------------------------
+# -- 11 training step -----------------------------------------------------------------------------------
 def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
     """(stage, replica, tp_rank) of a global rank: tp innermost, then replicas, stages outermost."""
     block, tp_rank = divmod(rank, tp)  # tp consecutive ranks share a block: one (stage, replica)
@@ -137,7 +137,7 @@ def rank_memory(config, layout, rank: int) -> dict[str, int]:
             "activations": activation_bytes_per_microbatch(config, layout, rank) * in_flight}
 
 
-# -- 06 data parallelism --------------------------------------------------------------------------------
+# -- 08 data parallelism --------------------------------------------------------------------------------
 def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
     """ZeRO-1's step: reduce-scatter the gradient, one AdamW step on my shard, all-gather the shards."""
     n, r = ctx.world_size, ctx.rank
@@ -148,7 +148,7 @@ def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> tor
     return ctx.comm.all_gather(shard.detach())  # (len,): every rank's updated shard, in rank order
 
 
-# -- 07 context parallelism -----------------------------------------------------------------------------
+# -- 10 context parallelism -----------------------------------------------------------------------------
 def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
     """Attention over two blocks of keys from each block's own (out, max, sum): the online softmax's merge."""
     new_max = torch.maximum(max_a, max_b)  # (..., rows)

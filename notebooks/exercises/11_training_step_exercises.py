@@ -1,0 +1,187 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 · Exercise: a rank's place in the mesh, and its memory
+#
+# **What you will do.** A job of `tp x pp x dp` processes knows each process only by its global rank.
+# Write the two functions every parallel framework has somewhere: from a rank to its coordinates
+# (which pipeline stage, which replica, which slice of the tensor-parallel split), and from a rank to
+# the groups it talks in. The checker compares them with the library's `Layout` on 11 layouts of 2 to
+# 32 ranks, then builds your groups on 4 real ranks, lets every member all-reduce its fingerprint in
+# them, and compares who met with the groups of a torch `DeviceMesh`.
+#
+# Then predict what one rank of a training run keeps in memory, term by term; the checker trains six
+# layouts on the same 4 ranks and compares your bytes with the ledger each rank measured.
+#
+# Until you write a function, its checker says "not written yet". Replace each
+# `raise NotImplementedError` line, run the cell, then run the checker.
+
+# %% [markdown]
+# ## The numbering
+#
+# Tensor parallelism is innermost: the `tp` ranks of one split are consecutive, so they sit in one
+# node, on the fastest link. Replicas come next and pipeline stages are outermost, so consecutive
+# stages are far apart, across the slower link:
+#
+# ```
+# tp = 2, pp = 2, dp = 2 (8 ranks):   stage 0: replica 0 -> ranks 0 1    replica 1 -> ranks 2 3
+#                                     stage 1: replica 0 -> ranks 4 5    replica 1 -> ranks 6 7
+# ```
+#
+# Rank 5 is stage 1, replica 0, tp rank 1. Its tp group is the ranks that differ from it only in the
+# tp rank, `[4, 5]`; its pp group (its pipeline) differs only in the stage, `[1, 5]`; its dp group (the
+# same slice in the other replicas) differs only in the replica, `[5, 7]`.
+
+# %% [markdown]
+# ## Exercise 1: `mesh_coordinates`
+#
+# Return `(stage, replica, tp_rank)` of `rank`.
+
+# %%
+def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
+    """(stage, replica, tp_rank) of a global rank."""
+    raise NotImplementedError("write mesh_coordinates here")
+
+
+# %% [markdown]
+# ## Exercise 2: `mesh_groups`
+#
+# Return a dict with the keys `"tp"`, `"pp"` and `"dp"`: for each axis, the global ranks of `rank`'s
+# group along it (the ranks that share every coordinate with it but that one), itself included.
+
+# %%
+def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
+    """The global ranks of ``rank``'s tp, pp and dp groups."""
+    raise NotImplementedError("write mesh_groups here")
+
+
+# %% tags=["nbval-ignore-output"]
+from shardlib import Ranks
+from shardlib.exercises import grade_mesh_coordinates
+
+ranks = Ranks(4)
+grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
+
+# %% [markdown]
+# ## Exercise 3: predict a rank's memory
+#
+# Notebook 11 trains a small language model over `dp x pp x cp x tp` and measures, on every rank, the
+# bytes it keeps between steps. Predict them. `rank_memory(config, layout, rank)` gets a
+# `TrainingConfig` (`n_layers`, `m` microbatches per step, `element_bytes`: 4 in float32), a `Layout`
+# (`tp`, `pp`, `dp`, `cp`, `dp_strategy`, and `position(rank).stage`) and a global rank, and returns a
+# dict of bytes: `"weights"`, `"gradients"`, `"optimizer"`. The checker trains six layouts on your 4
+# ranks (dp2 x tp2 with DDP, ZeRO-1, ZeRO-2 and ZeRO-3; pp2 x tp2; dp2 x cp2 with ZeRO-1 on a model
+# whose sizes do not divide evenly) and compares every rank's answer with the ledger measured there.
+#
+# **Where the parameters live.** `parameters_per_unit(config)` gives the whole model's units before
+# any split: the embedding (`V x d`), one block (Q, K, V, O and the MLP's gate, up and down; the norms
+# have no weights) and the LM head (`V x d`). The embedding sits on the first pipeline stage only, the
+# head on the last only, and each stage holds `n_layers / pp` blocks. Tensor parallelism splits every
+# one of these matrices `tp` ways. Context parallelism splits the tokens, not the weights. Call `P`
+# the parameters on this rank.
+#
+# **What data parallelism keeps.** The ranks that hold the same weights (same stage, same tp rank) are
+# `n = dp x cp`: every replica, and every cp rank of each. `S` is this rank's shard: `P` padded up to a
+# multiple of `n`, then cut `n` ways. AdamW keeps two moments per parameter it updates.
+#
+# | strategy | weights | gradients | optimizer |
+# |---|---|---|---|
+# | DDP | `P` | `P` | `2 P` |
+# | ZeRO-1 | `P + S` | `P + S` | `2 S` |
+# | ZeRO-2 | `P + S` | `S` | `2 S` |
+# | ZeRO-3 | `S` | `S` | `2 S` |
+#
+# ZeRO-1 and ZeRO-2 keep the full weights the model computes with and, besides, the flat shard AdamW
+# updates (then all-gathered back into the full weights), with its own gradient. ZeRO-1 reduce-scatters
+# once per step, so it keeps the full gradient summed over the microbatches as well; ZeRO-2
+# reduce-scatters after every microbatch and keeps the shard's gradient only. ZeRO-3 keeps a shard of
+# each unit (the embedding, each block, the head), each unit padded and cut on its own.
+#
+# **Part 2: activations.** Add `"activations"`: the bytes autograd keeps for the backward at the peak.
+# `activation_bytes_per_microbatch(config, layout, rank)` gives one microbatch's; under 1F1B a stage
+# holds several microbatches' at once, from each one's forward until its backward. How many, on stage
+# `s` of `p`, with `m` microbatches?
+
+# %%
+from shardlib.exercises import activation_bytes_per_microbatch, parameters_per_unit
+
+
+def rank_memory(config, layout, rank: int) -> dict[str, int]:
+    """Bytes ``rank`` keeps between training steps: {"weights": ..., "gradients": ..., "optimizer": ...},
+    and for part 2 "activations": its activations at 1F1B's in-flight peak.
+
+    Hints:
+    - stage = layout.position(rank).stage; the first stage is 0, the last layout.pp - 1
+    - parameters_per_unit(config)["block"] // layout.tp: one block's parameters on one tp rank
+    - -(-P // n) is P padded up to a multiple of n, then divided by n
+    - multiply element counts by config.element_bytes
+    - 1F1B: stage s runs p - s forwards before its first backward (never more than m)
+    """
+    raise NotImplementedError("write rank_memory here")
+
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.exercises import grade_training_memory
+
+grade_training_memory(rank_memory, ranks)
+
+# %% [markdown]
+# ## Check yourself
+#
+# Pick an answer; the reason appears under it.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.quiz import Question, show_questions
+
+show_questions(
+    Question(
+        "Two nodes of 8 GPUs run tp = 8, pp = 2. Which ranks does rank 11's all-reduce involve?",
+        ("0 to 7", "8 to 15", "3 and 11"),
+        1,
+        "Rank 11 is stage 1, tp rank 3: its tp group is the 8 consecutive ranks of stage 1, all in the "
+        "second node. 3 and 11 is its pipeline: one send per microbatch crosses between the nodes.",
+    ),
+    Question(
+        "Why number tensor parallelism innermost rather than the pipeline?",
+        ("It makes the arithmetic simpler", "So that each tp group is consecutive ranks, which a launcher "
+         "places on one node: the chatty all-reduces stay on the fast link", "Because DeviceMesh requires it"),
+        1,
+        "torchrun gives consecutive ranks to the processes of one node. Two all-reduces per layer want "
+        "NVLink; one send per stage boundary tolerates the network.",
+    ),
+    Question(
+        "A rank holds P parameters. With ZeRO-1 over dp x cp = 4 ranks, how do the weight bytes it keeps "
+        "compare with DDP's?",
+        ("The same", "1.25 times: the full weights plus the quarter-size flat shard AdamW updates",
+         "A quarter: ZeRO-1 shards the weights"),
+        1,
+        "ZeRO-1 shards the optimizer state only. The model still computes with all P weights; AdamW "
+        "updates a flat copy of this rank's P/4 slice, all-gathered back after the step. ZeRO-3 is the "
+        "stage that keeps a quarter of the weights.",
+    ),
+)
+
+# %% [markdown]
+# ## What you practised
+#
+# - A global rank is a position in a `(pp, dp, tp)` array, `tp` varying fastest:
+#   `rank = (stage x dp + replica) x tp + tp_rank`.
+# - A rank's group along an axis is the ranks that differ from it in that coordinate only; a
+#   `DeviceMesh` builds exactly these, one process group per axis.
+# - A training rank's memory, term by term: tp divides the matrices, pp gives each stage its own
+#   layers (and the embedding or head), ZeRO divides the optimizer state, then the gradients, then the
+#   weights by `dp x cp`, and 1F1B keeps `min(p - s, m)` microbatches' activations on stage `s`.
+#
+# Solutions for instructors are in `solutions/` at the top of the repository.

@@ -1,0 +1,37 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Solution: write a pipeline schedule (for instructors)
+#
+# The answer to `notebooks/exercises/09_pipeline_schedules_exercises`, kept apart from the starter. It
+# lives in `exercise_answers.py` beside this notebook; below, it is printed and then graded by the same
+# checker the learners run, on two real ranks, which must pass.
+
+# %%
+import inspect
+
+import exercise_answers as answers
+from shardlib import Ranks
+from shardlib.exercises import grade_schedule_table
+from shardlib.models import TOY
+from shardlib.toy import activations, stack_weights
+
+print(inspect.getsource(answers.my_schedule))
+layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)
+x, grad = activations(16, 4, TOY.d_model, seed=1), activations(16, 4, TOY.d_model, seed=2)
+with Ranks(2) as ranks:
+    result = grade_schedule_table(answers.my_schedule, ranks, TOY, layers, x, grad)
+print(result.status)
+assert result.passed
