@@ -3,7 +3,7 @@
 * ``placement`` (pure): which tokens each rank holds, contiguous or zigzag, and the causal blocks each computes.
 * ``online_softmax`` (pure): attention one block of keys at a time, partials and their merge; one block's gradients.
 * ``reference`` (pure): whole-sequence attention and its gradients, the q/k/v checks, shards cut and joined,
-  the ring in one process, the tiny attention layer trained in notebook 07.
+  the ring in one process, the tiny attention layer trained in notebook 10.
 * ``predict`` (pure): bytes per rank of each method; the ring's time and the tokens that hide its transfer.
 * ``memory`` (pure): KV cache and activations per device against sequence length, under tp and cp.
 * ``ring`` (mechanism): ``ring_attention``, K/V round the ring forward, K/V with dK/dV round it backward.

@@ -4,7 +4,7 @@ gradients, the q/k/v checks, shards cut and joined, the ring played out, and a t
 ``attention_reference`` is ``torch.nn.functional.scaled_dot_product_attention`` on the whole sequence
 (grouped-query heads by ``enable_gqa``); ``simulate_ring_attention`` runs every rank's ring pass here with
 the code the ranks run (``online_softmax.attend_block``). ``attention_layer`` (q/k/v and output
-projections around any attention) is what notebook 07 trains, here and through the ring on ranks.
+projections around any attention) is what notebook 10 trains, here and through the ring on ranks.
 Pure: torch, no ``torch.distributed``.
 """
 

@@ -3,7 +3,7 @@
 ``run_data_parallel`` trains one strategy on every rank (``ranks.train_on_rank``) and returns a
 ``DataParallelRun``: the trained weights, what each rank kept, the comm log and the timeline, cut into
 steps and set beside ``predict``. ``run_strategies``, ``run_overlap``, ``run_collective_identity`` and
-``run_peer`` are what notebook 06 measures: every strategy side by side, overlap on and off, all-reduce
+``run_peer`` are what notebook 08 measures: every strategy side by side, overlap on and off, all-reduce
 against reduce-scatter + all-gather, PyTorch's DDP and FSDP2. Timing claims keep the median of repeated
 runs: a busy machine can stall any single run, and a stall only ever adds time.
 """

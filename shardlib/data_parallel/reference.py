@@ -3,7 +3,7 @@
 With the loss written as the mean squared error over the *global* batch (``global_mse``), the sum of
 the ranks' gradients is one process's gradient on the whole batch, so every strategy must end with the
 weights ``train_reference`` ends with, within ``runtime.measure.TOLERANCE`` (the sum runs in another
-order). ``toy_model`` and ``toy_batches`` build what notebook 06 trains: residual MLP blocks and a
+order). ``toy_model`` and ``toy_batches`` build what notebook 08 trains: residual MLP blocks and a
 linear head from the suite's seeded weights; ``parameter_units`` cuts a model into ZeRO-3 units.
 Torch, never ``torch.distributed``.
 """

@@ -4,7 +4,7 @@ Capacity (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021): 
 ``ceil(tokens * k * capacity_factor / n_experts)`` token-slots from each group of tokens routed together
 (on ranks, each rank's tokens are one group); a slot that does not fit is dropped, or with ``reroute``
 tries the token's next choice with room. What a rerouted slot weighs is a choice (``served_gates``).
-The mitigations notebook 05 measures are named in ``MITIGATIONS``. Pure: acts on the router's output
+The mitigations notebook 04 measures are named in ``MITIGATIONS``. Pure: acts on the router's output
 only; torch, never ``torch.distributed``.
 """
 

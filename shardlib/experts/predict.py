@@ -2,7 +2,7 @@
 
 GShard (Lepikhin et al. 2020) and Switch Transformer (Fedus et al. 2021): every token sends ``k`` rows
 of ``d_model`` values out in the dispatch and receives as many back in the combine; each rank holds its
-whole experts' weights. Notebook 05 sets each formula beside the bytes the ranks logged. Pure: no torch.
+whole experts' weights. Notebook 04 sets each formula beside the bytes the ranks logged. Pure: no torch.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ to its ``k`` best experts, weighted by gates (Shazeer et al. 2017, arXiv:1701.06
 al. 2020; Switch Transformer, Fedus et al. 2021; Mixtral, Jiang et al. 2024). Gates are a softmax over
 the ``k`` chosen logits (``renormalize``, as Mixtral) or the router's probabilities of the chosen experts
 (Switch Transformer). Every multiply runs on fixed blocks of rows (``blocked_rows``), so a token's result
-never depends on which tokens shared the call. Notebook 05 explains each knob. Pure: torch, never
+never depends on which tokens shared the call. Notebook 04 explains each knob. Pure: torch, never
 ``torch.distributed``.
 """
 

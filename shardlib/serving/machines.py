@@ -6,7 +6,7 @@
 ``torchrun`` numbers the processes of a node consecutively and ``Layout(tp=G, pp=N)`` puts tp innermost,
 so each tensor-parallel group is one node's G processes (Megatron-LM's all-reduces stay on the fast link)
 and each pipeline one process per node (GPipe's activations cross the network). The forward is
-``forward.combined_forward``, as notebook 08 runs it on a pool. Every rank builds the toy stack from one
+``forward.combined_forward``, as notebook 05 runs it on a pool. Every rank builds the toy stack from one
 seed, checks it against the one-process reference, and returns the error and the bytes per mesh axis
 beside ``serving.traffic.forward_traffic``; ``python -m shardlib.launch`` exits non-zero above
 ``TOLERANCE``. Bad input raises ``ValueError`` on every rank before any collective. On a pool, pass

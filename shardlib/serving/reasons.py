@@ -4,7 +4,7 @@ parallelism (the same GPUs per copy, cut the other way), which won and by how mu
 
 A pipeline across nodes sends one small message per stage boundary over the slow link but runs its
 stages one after another; tensor parallelism across nodes splits every weight read over all the GPUs
-but pays two all-reduces per layer over the slow link. Which wins is a matter of numbers (notebook 08
+but pays two all-reduces per layer over the slow link. Which wins is a matter of numbers (notebook 05
 shows both). Pure: no torch; numbers in, sentences out.
 """
 

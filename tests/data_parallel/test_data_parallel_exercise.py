@@ -103,8 +103,8 @@ def test_grader_needs_a_function_and_a_pool(pool2):
 
 
 def test_starter_is_blank_and_the_solution_notebook_grades_the_answer():
-    starter = (ROOT / "notebooks" / "exercises" / "06_data_parallel_exercises.py").read_text()
-    solution = (ROOT / "solutions" / "06_data_parallel_solutions.py").read_text()
+    starter = (ROOT / "notebooks" / "exercises" / "08_data_parallel_exercises.py").read_text()
+    solution = (ROOT / "solutions" / "08_data_parallel_solutions.py").read_text()
     assert starter.count('raise NotImplementedError("write') == 1 and "grade_zero1_step(zero1_step" in starter
     assert "exercise_answers" not in starter
     assert "grade_zero1_step(answers.zero1_step" in solution

@@ -433,7 +433,7 @@ def test_the_exercise_notebooks_are_found_in_the_tree():
     as soon as it exists, and a chapter's notebook without exercises is not one of them."""
     chapters = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py")}
     assert set(NOTEBOOK_STEMS) <= chapters and len(NOTEBOOK_STEMS) >= 8
-    assert {"04_pipeline_schedules", "06_data_parallel"} <= set(NOTEBOOK_STEMS)
+    assert {"09_pipeline_schedules", "08_data_parallel"} <= set(NOTEBOOK_STEMS)
 
 
 def test_every_exercise_has_a_starter_and_a_solution_notebook():
@@ -489,10 +489,10 @@ def test_graders_refuse_something_that_is_not_a_function(grader):
 
 
 def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
-    starter = (ROOT / "notebooks" / "exercises" / "04_pipeline_schedules_exercises.py").read_text()
-    solution = (ROOT / "solutions" / "04_pipeline_schedules_solutions.py").read_text()
-    assert (ROOT / "notebooks" / "exercises" / "04_pipeline_schedules_exercises.ipynb").exists()
-    assert (ROOT / "solutions" / "04_pipeline_schedules_solutions.ipynb").exists()
+    starter = (ROOT / "notebooks" / "exercises" / "09_pipeline_schedules_exercises.py").read_text()
+    solution = (ROOT / "solutions" / "09_pipeline_schedules_solutions.py").read_text()
+    assert (ROOT / "notebooks" / "exercises" / "09_pipeline_schedules_exercises.ipynb").exists()
+    assert (ROOT / "solutions" / "09_pipeline_schedules_solutions.ipynb").exists()
     assert "grade_schedule_table(my_schedule" in starter and "grade_schedule_table(answers.my_schedule" in solution
     assert starter.count('raise NotImplementedError("write') == 1 and "exercise_answers" not in starter
 
