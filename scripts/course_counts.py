@@ -10,10 +10,12 @@ blocks (folded text does not count) and outside tables, headings and HTML lines:
 * the bullets under "What you will see";
 * the check-yourself questions (``Question(prompt, choices, answer, ...)`` calls): how many, the
   position of each right answer, and how often the right answer is the longest choice;
-* worked problems: headings or bold labels that say "Worked problem".
+* worked problems: headings or bold labels that say "Worked problem";
+* the header: a quoted line under the title naming the part, the notebooks assumed, the reading time and
+  what the notebook trades (``> **Part I ...** Assumes: ... Reading time: ... Trades: ...``).
 
 The budgets ``--check`` holds: at most 2,500 visible words, a mean sentence under 22 words, none over 40,
-3 to 6 bullets under "What you will see", at least two worked problems; across the course, no answer
+3 to 6 bullets under "What you will see", at least two worked problems, the header; across the course, no answer
 position holding more than 40 % of the questions and the right answer the longest in at most a third.
 """
 
@@ -44,6 +46,7 @@ class Counts:
     worked_problems: int
     answers: tuple[int, ...]  # the right answer's position, per question
     longest: int  # questions whose right answer is the longest choice
+    header: bool = True  # part, assumes, reading time, trades
 
     @property
     def mean_sentence_words(self) -> float:
@@ -61,7 +64,19 @@ class Counts:
             out.append(f"{self.bullets_seen} bullets under 'What you will see' ({BULLETS[0]} to {BULLETS[1]})")
         if self.worked_problems < MIN_WORKED:
             out.append(f"{self.worked_problems} worked problems (at least {MIN_WORKED})")
+        if not self.header:
+            out.append("no header under the title (> **Part ...** Assumes: ... Reading time: ... Trades: ...)")
         return out
+
+
+HEADER = re.compile(r"^> \*\*(Part I|Part II|Both parts)\b.*Assumes:.*Reading time:.*Trades:", re.M | re.S)
+
+
+def has_header(cells: list[str]) -> bool:
+    """The first markdown cell's quoted header: its part, what it assumes, its reading time, its trade."""
+    first = cells[0] if cells else ""
+    quoted = " ".join(line[2:] for line in first.splitlines() if line.startswith("> "))
+    return bool(HEADER.search("> " + quoted)) if quoted else False
 
 
 def markdown_cells(source: str) -> list[str]:
@@ -133,7 +148,7 @@ def count(path: Path) -> Counts:
     answers, longest = questions(source)
     return Counts(path.stem, len(WORD.findall(prose)), len(found),
                   sum(1 for s in found if len(WORD.findall(s)) > MAX_SENTENCE), bullets_seen(cells), worked,
-                  answers, longest)
+                  answers, longest, has_header(cells))
 
 
 def course_problems(rows: list[Counts]) -> list[str]:

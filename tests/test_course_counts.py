@@ -16,6 +16,9 @@ spec.loader.exec_module(counts)
 NOTEBOOK = '''# %% [markdown]
 # # 99 · A test
 #
+# > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb).
+# > Reading time: about 5 minutes. Trades: memory for communication.
+#
 # **What you will see.**
 #
 # - One short bullet.
@@ -51,6 +54,8 @@ def test_counts_on_a_notebook_written_here(tmp_path):
     assert c.worked_problems == 2
     assert c.answers == (1, 0) and c.longest == 2
     assert c.long_sentences == 1  # the 47-word one; the folded text and the table are not read
+    assert c.header and not any("header" in p for p in c.problems())
+    assert not counts.has_header(["# 99 · A test\n\n> **Part I.** Assumes: 01."])  # no reading time, no trade
     prose = counts.visible_prose(counts.markdown_cells(NOTEBOOK))
     assert "folded" not in prose and "table" not in prose
     assert "This sentence has exactly six words." in counts.sentences(prose)
