@@ -10,6 +10,8 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
+# The static site's pages, written by the nbval run from its one execution of each notebook (conftest.py).
+SITE_DIR := artifacts/site
 
 .PHONY: lab test lint bench site binder-check busy-check bursty-check install clean
 
@@ -31,8 +33,10 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site
-	SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15
-	SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
+	$(BIN)/python scripts/course_counts.py --check
+	rm -rf $(SITE_DIR)
+	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15
+	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -1,0 +1,76 @@
+"""One execution of each notebook serves two checks: nbval's, and the static site's pages.
+
+With ``SHARDLIB_SITE_DIR`` set (``make test`` sets it), the nbval run of a main notebook
+(``notebooks/NN_*.ipynb``) first installs the static widgets in its kernel (``shardlib.ui.static``, as
+``scripts/build_site.py`` does), keeps every cell's outputs, and writes the executed notebook as a page
+into that folder when the notebook's last cell has run. ``tests/static_site`` then reads those pages
+instead of executing every notebook again. Without the variable, nothing here does anything: an
+instructor's plain ``pytest --nbval`` runs the notebooks as a learner's kernel would.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+SITE = os.environ.get("SHARDLIB_SITE_DIR")
+_outputs: dict[Path, dict[int, list]] = {}
+_installed: set[Path] = set()
+
+
+def _main_notebook(item) -> Path | None:
+    """The notebook of an nbval cell item, if it is one of the course's main notebooks."""
+    if not SITE or type(item).__name__ != "IPyNbCell":
+        return None
+    path = Path(str(item.parent.fspath)).resolve()
+    return path if path.parent == ROOT / "notebooks" and path.name[:2].isdigit() else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield  # nbval's setup first: it starts the notebook's kernel
+    path = _main_notebook(item)
+    if path is None or path in _installed:
+        return
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import build_site
+
+    kernel = item.parent.kernel
+    msg_id = kernel.execute_cell_input(build_site.SETUP, allow_stdin=False)
+    kernel.await_reply(msg_id, timeout=120)  # its iopub messages carry another parent: nbval skips them
+    _installed.add(path)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    yield
+    path = _main_notebook(item)
+    if path is None or call.when != "call":
+        return
+    _outputs.setdefault(path, {})[item.cell_num] = list(item.test_outputs or [])
+    cells = [c for c in item.parent.nb.cells if c.cell_type == "code"]
+    if item.cell is cells[-1]:
+        _write(path)
+
+
+def _write(path: Path) -> None:
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import build_site
+
+    nb = nbformat.read(path, as_version=4)
+    outputs = _outputs.pop(path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if len(outputs) != len(code):
+        return  # a cell failed or was skipped: nbval reports it, and no page is written
+    for cell, index in zip(code, sorted(outputs)):
+        cell.outputs = [nbformat.from_dict(o) for o in outputs[index]]
+    out = Path(SITE)
+    out.mkdir(parents=True, exist_ok=True)
+    build_site.write_page(out, path.stem, nb)
+    build_site.write_index(out)
