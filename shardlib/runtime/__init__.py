@@ -18,6 +18,8 @@
   first rank's value, tensors joined, medians over repeats): what every driver builds its result from.
 * ``measure``: the one measurement module: bytes a rank keeps, the peak of short-lived buffers, the
   bytes autograd saves for the backward, and ``TOLERANCE``, the gap allowed where a cross-rank sum happens.
+* ``verdict``: ``Verdict`` and ``verified``, a measured claim as the one line a learner reads (predicted,
+  measured, ratio, verdict), measured again while a busy machine spoils it, failing under a test run.
 
 The torchrun entry point is ``python -m shardlib.launch``.
 """
