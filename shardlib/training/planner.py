@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from ..hardware import Cluster
 from ..mesh import DP_STRATEGIES, Layout, Rejected
 from ..models import ModelConfig, tensor_parallel_problems
-from ..units import gb, ms
 from ..pipeline.registry import schedule_spec
+from ..units import gb, ms
 from .memory import TrainingMemory, peak_training_memory, stage_layer_counts
 from .time_model import TrainingScore, TrainingWorkload, score_training
 

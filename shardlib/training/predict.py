@@ -1,14 +1,14 @@
 """The toy language model's ledger per rank and its traffic per mesh axis, predicted. Pure: no torch.
 
-``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments;
-ZeRO-1/2 keep the full weights, AdamW updating a view of its shard; ZeRO-3 keeps only shards), the
-activations autograd keeps for the backward at the in-flight peak (``activation_bytes`` per microbatch and chunk, played through the
-schedule's order: 1F1B's stage ``s`` holds ``p - s``), and the transient peak (ZeRO-3's largest gathered
-layer; the other strategies' flat buffers are not followed, so 0). ``activation_bytes`` counts every
-tensor autograd saves, op by op: SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every
-token count by ``cp``, the ring keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls,
-buffer bytes and wire bytes per (axis, op), the way ``runtime.records`` counts them; the pipeline's
-messages read from the schedule. ``format_ledger``: predicted beside measured.
+``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments; ZeRO-1/2
+keep the full weights, AdamW updating a view of its shard; ZeRO-3 keeps only shards), the activations autograd
+keeps for the backward at the in-flight peak (``activation_bytes`` per microbatch and chunk, played through
+the schedule's order: 1F1B's stage ``s`` holds ``p - s``), and the transient peak (ZeRO-3's largest gathered
+layer; the other strategies' flat buffers are not followed, so 0). ``activation_bytes`` counts every tensor
+autograd saves, op by op: SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every token count by
+``cp``, the ring keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls, buffer bytes and
+wire bytes per (axis, op), the way ``runtime.records`` counts them; the pipeline's messages read from the
+schedule. ``format_ledger``: predicted beside measured.
 """
 
 from __future__ import annotations
