@@ -159,7 +159,8 @@ def activation_rows(model: ModelConfig = GPT_530B, seq: int = 2048, microbatch: 
              ("tensor parallel + selective recompute", sbh * (10 + 24 / t), "selective", t, False),
              ("tensor + sequence parallel + selective recompute", sbh * 34 / t, "selective", t, True),
              ("full recompute", 2 * sbh, "full", t, False)]
-    return [FigureRow("Korthikanti et al. 2022, Table 2 (formula evaluated)", f"{model.name} layer, {what}", paper / 1e6,
+    return [FigureRow("Korthikanti et al. 2022, Table 2 (formula evaluated)", f"{model.name} layer, {what}",
+                      paper / 1e6,
                       layer_activation_bytes(model, s, b, rec, tt, sp) / 1e6, "MB",
                       f"s = {s}, b = {b}, h = {h}, a = {a}, t = {t}")
             for what, paper, rec, tt, sp in cases]
