@@ -42,12 +42,12 @@ print(f"{four.world_size} ranks: {four.description}")
 # Part I served a model: forward passes only. Training runs the layers forward, then backward, then
 # updates them. Real training runs combine four ways of splitting, on one mesh:
 #
-# | axis | splits | in the step | its collectives | taught in |
-# | --- | --- | --- | --- | --- |
-# | `tp` | layer matrices, the vocabulary | sequence parallelism around each block half | all-gather, reduce-scatter | [01](01_tensor_parallel.ipynb), [10](10_context_parallel.ipynb) |
-# | `cp` | each sequence's tokens (zigzag) | ring attention, forward and backward | K/V hops round the ring | [10](10_context_parallel.ipynb) |
-# | `pp` | the layers | 1F1B; embedding on the first stage, head and loss on the last | one send per microbatch | [03](03_pipeline_parallel.ipynb) |
-# | `dp` | the batch | DDP, or ZeRO-1/2/3 | once per step (ZeRO-3: per layer) | [08](08_data_parallel.ipynb) |
+# | axis | splits | in the step | its collectives |
+# | --- | --- | --- | --- |
+# | `tp` ([01](01_tensor_parallel.ipynb)) | layer matrices, vocabulary | sequence parallel blocks | gather, scatter |
+# | `cp` ([10](10_context_parallel.ipynb)) | each sequence's tokens | ring attention, both ways | K/V round the ring |
+# | `pp` ([03](03_pipeline_parallel.ipynb)) | the layers | 1F1B; embedding first, head last | a send per microbatch |
+# | `dp` ([08](08_data_parallel.ipynb)) | the batch | DDP, or ZeRO-1/2/3 | once a step (ZeRO-3: per layer) |
 #
 # A weight is replicated over `dp` and over `cp`: every place in the ring holds the same layers. So its
 # gradient is summed over both, and the data-parallel collectives run on the `dp x cp` group.
@@ -297,7 +297,7 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # | kernel efficiency | 0.5 of peak | 1 | the fitted rate is the toy's own measured rate |
 # | shortest ring slice | 4,096 tokens | 1 | `cp` cuts the toy's short sequences too |
 # | dp overlap | yes | no | the toy sends its gradients after its backward |
-# | bubble slot | compute only | compute plus `tp` and `cp` calls | on CPU ranks the calls sit on each microbatch's path |
+# | bubble slot | compute only | compute, `tp` and `cp` calls | on CPU ranks the calls sit on each microbatch's path |
 #
 # AdamW's pass is counted too: a toy step has a few hundred tokens, so its optimizer step is not small.
 # Seven layouts train a wider model (2 blocks of `d_model` 128, 64 tokens a sequence). All share one

@@ -173,9 +173,9 @@ def published_rows() -> list[FigureRow]:
 
 def format_rows(rows) -> str:
     """The rows as a plain-text table, then each row's note."""
-    lines = [f"{'source':<52}{'what':<62}{'published':>11}{'ours':>11}  unit"]
+    lines = [f"{'source':<54}{'what':<62}{'published':>11}{'ours':>11}  unit"]
     for r in rows:
-        lines.append(f"{r.source:<52}{r.what:<62}{r.published:>11,.2f}{r.ours:>11,.2f}  {r.unit}")
+        lines.append(f"{r.source:<54}{r.what:<62}{r.published:>11,.2f}{r.ours:>11,.2f}  {r.unit}")
     notes = {}
     for r in rows:
         notes.setdefault(r.note, r.what)
