@@ -11,7 +11,8 @@ median of the others is set against the planner's ``score_training`` on the clus
 taken before every run. Prints, per check, the table (each term, predicted, measured, their ratio and
 error), the mean error and Spearman's rank correlation; then, over the checks, each layout's band of
 measured/predicted and the correlation's range, and for notebook 11's seven layouts (``RANKED_4``) how
-many runs passed the floor a random order reaches at most 5 % of the time. No targets: absolute times move with the machine's load.
+many runs passed the floor a random order reaches at most 5 % of the time. No targets: absolute times
+move with the machine's load.
 """
 
 from __future__ import annotations
