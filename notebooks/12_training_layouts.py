@@ -143,7 +143,8 @@ assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["ful
 #
 # - **compute**: `6 N` plus attention's `12 L h s` FLOPs per token, the attention halved for a causal mask,
 #   plus recomputation's, at half the GPUs' peak; the slowest stage (its layers, and the head) sets the pace;
-# - **the bubble**: `(p - 1)` turns of a stage, divided by `v` chunks when interleaved;
+# - **the bubble** ([notebook 03](03_pipeline_parallel.ipynb)): `(p - 1)` turns of a stage, divided by `v`
+#   chunks when interleaved;
 # - **tp**: sequence parallelism's gathers and scatters, not overlapped;
 # - **cp**: the ring's K/V, hidden behind attention up to its time;
 # - **dp**: the gradient sync, hidden behind the backward but for its last bucket; ZeRO-3 also gathers every
@@ -152,8 +153,9 @@ assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["ful
 #
 # **Latency.** Each collective pays its link's latency `α` once per ring step, `n - 1` times over `n`
 # ranks. A ring is NCCL's algorithm for all-gather and reduce-scatter, the calls ZeRO and sequence
-# parallelism make. Its tree, about `log2 n` steps, serves all-reduce only. Notebook 02 also charges one
-# `α` per call; that convention is fine for 8 GPUs, not for 2,048 replicas. The `α` here is 20 µs between
+# parallelism make. Its tree, about `log2 n` steps, serves all-reduce only.
+# [Notebook 02](02_communication_costs.ipynb) also charges one `α` per call. That convention is fine for
+# 8 GPUs, not for 2,048 replicas. The `α` here is 20 µs between
 # nodes, an order of magnitude from collective benchmarks.
 #
 # Predict before you run: ZeRO-3 over `dp = 2,048` (tp 8, pp 1) gathers each of 126 layers twice and
@@ -246,8 +248,9 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 #   heads). Meta ran without recomputing and paid with a wider `dp`. Our memory count is too cautious for
 #   that to fit (79.8 GB against 72), so the published layout is priced with full recomputation.
 # - **`m = p`.** Each of `dp` replicas runs `2048 / dp` microbatches. At `dp = 128` that is `m = 16 = p`,
-#   where 1F1B's bubble `(p - 1)/m` would be nearly a whole step. Meta ran an interleaved schedule, whose
-#   bubble is `(p - 1)/(v m)`; our `v = 4` is an assumption, since the paper does not print it.
+#   where 1F1B would idle `(p - 1)/m = 15/16` of the compute time, nearly doubling the step. Meta ran an
+#   interleaved schedule of its own (the paper's Figure 6), whose idle share is `(p - 1)/(v m)`. Our
+#   `v = 4` chunks per GPU is an assumption.
 # - **MFU.** Ours counts causal attention at half its FLOPs. Conventions differ on that, and Table 4's
 #   count is not printed, so compare MFU across rows, not to the percent.
 #
