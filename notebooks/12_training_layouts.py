@@ -54,6 +54,8 @@
 #
 # </details>
 #
+# ## Published figures beside ours
+#
 # Predict first: ZeRO's paper (Figure 1) trains a 7.5B model on 64 GPUs. How many GB of model states per
 # GPU do DDP and the three ZeRO stages keep? Then the published figures, beside the same formulas.
 
