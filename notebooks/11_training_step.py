@@ -283,13 +283,17 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 #
 # ## Step time: predicted, then measured
 #
-# [Notebook 12](12_training_layouts.ipynb)'s training planner prices a step term by term. Compute runs at
-# the GPUs' rate; then come the pipeline's bubble, each axis's collectives on its link, and AdamW's step.
-# Here the same model prices these four ranks. Its "cluster" is fitted on them first. It times the
-# model's forward, backward and AdamW step on every rank at once (four ranks share two cores). It fits
-# the link's latency and bandwidth from a sweep of calls.
+# [Notebook 12](12_training_layouts.ipynb)'s training planner prices a step as a sum of terms. The
+# terms are the compute, the pipeline's bubble, each axis's collectives on its link, and AdamW's update.
+# Here the same model prices a step on these four ranks. First it needs this machine's numbers, so the
+# next cell measures two things:
 #
-# The toy's step differs from a real one in five settings, each passed to the planner's own model:
+# - how fast one rank runs the model's forward, backward and AdamW step while all four run (they share
+#   two cores);
+# - the link's latency and bandwidth, fitted from a sweep of calls.
+#
+# The toy's step differs from a real one in five settings. Each is an argument of the planner's own
+# model; nothing in the model is patched:
 #
 # | setting | planner's default | the toy | why |
 # | --- | --- | --- | --- |
@@ -297,10 +301,10 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # | kernel efficiency | 0.5 of peak | 1 | the fitted rate is the toy's own measured rate |
 # | shortest ring slice | 4,096 tokens | 1 | `cp` cuts the toy's short sequences too |
 # | dp overlap | yes | no | the toy sends its gradients after its backward |
-# | bubble slot | compute only | compute, `tp` and `cp` calls | on CPU ranks the calls sit on each microbatch's path |
+# | idle slot of the bubble | compute | compute plus `tp` and `cp` calls | CPU ranks do not overlap those calls |
 #
-# AdamW's pass is counted too: a toy step has a few hundred tokens, so its optimizer step is not small.
-# Seven layouts train a wider model (2 blocks of `d_model` 128, 64 tokens a sequence). All share one
+# A toy step has only a few hundred tokens, so AdamW's update is a large share of it; the model counts
+# it. Seven layouts train a wider model (2 blocks of `d_model` 128, 64 tokens a sequence). All share one
 # global batch of 4 sequences (`m` set to make it so). First the prediction, fastest first:
 
 # %% tags=["nbval-ignore-output"]
@@ -380,22 +384,26 @@ step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
 # be split 4 ways.) Pick a layout, a data-parallel strategy and `m`. The model trains three steps on the
 # warm ranks and every rank's ledger is drawn, measured beside predicted.
 #
-# **Your task.** Take `pp 2 x tp 2` and move `m` from 1 to 4. At which `m` does stage 0's activation bar
-# stop growing, and why there? Then switch `dp 2 x tp 2` from DDP to ZeRO-1 to ZeRO-3: which of the three
-# kept terms shrinks at each step?
+# **Your task.** The explorer opens on `pp 2 x tp 2`. Move `m` from 2 to 4: does stage 0's activation
+# bar grow? What would GPipe keep there at `m = 4`? Then pick `pp 4`: how many microbatches' activations
+# does each stage hold? Last, pick `dp 2 x tp 2` and switch DDP to ZeRO-1, ZeRO-2, ZeRO-3: which kept
+# term shrinks at each switch?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.training_widgets import training_explorer
 
-training_explorer(four, replace(train_config, steps=3))
+training_explorer(four, train_config, start=(2, 2, 1, 1))  # (tp, pp, dp, cp): pp 2 x tp 2
 
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# Stage 0's activations grow up to `m = 2` and stop: 1F1B holds at most `p - s = 2` microbatches on stage
-# 0, however many run. DDP to ZeRO-1 shrinks only the optimizer bar (two moments of the shard). ZeRO-2
-# shrinks the gradients too. ZeRO-3 shrinks the weights as well, and a transient appears: the layer
-# gathered whole while it runs.
+# Stage 0's bar stays the same from `m = 2` to `m = 4`. Under 1F1B stage `s` of `p` holds `p - s`
+# microbatches, here 2, however many run. GPipe runs every forward before any backward, so it would
+# hold all 4: twice the bar. (At `m = 1` the explorer runs 2: a pipeline needs a microbatch per stage.)
+# Under `pp 4` the stages hold 4, 3, 2 and 1 microbatches; the last stage adds the head's softmax.
+# DDP to ZeRO-1 shrinks only the optimizer bar (two moments of the shard). ZeRO-2 shrinks the
+# gradients too. ZeRO-3 shrinks the weights as well, and a transient appears: the layer gathered whole
+# while it runs.
 #
 # </details>
 #
@@ -440,21 +448,22 @@ show_questions(
     ),
     Question(
         "dp 2 x tp 2 and dp 2 x pp 2 produce the same losses step by step; pp 2 x tp 2 produces others. Why?",
-        ("The pipeline's sends round every activation to a lower precision",
-         "Each layout draws its batches from a corpus seeded by its own label",
-         "The global batch: dp = 1 sees 4 sequences a step, dp = 2 sees 8"),
+        ("Under tp each rank's loss sees only its V/tp slice of the logits",
+         "1F1B updates the weights after each microbatch, not once a step",
+         "Its batch: with dp = 1 a step sees 4 sequences, with dp = 2, 8"),
         2,
-        "Splitting the model changes where each number is computed, never what it is. The batch changed.",
+        "Splitting the model changes where each number is computed, never what it is: the vocabulary-parallel "
+        "loss all-reduces what it needs, and 1F1B still updates once a step. The batch changed.",
     ),
     Question(
-        "Five layouts reach Spearman 0.7 by luck about 12 % of the time. What makes a ranking claim say more "
-        "than luck?",
-        ("More layouts: a random seven reach 0.71 only 4 % of the time",
-         "Measuring the same five layouts again until one run passes the floor",
-         "A floor of 0.9 on five layouts, which no random order can reach at all"),
+        "A random order passes a ranking floor with chance c. The check may measure once more if the first run "
+        "fails. How often does luck now pass?",
+        ("1 - (1 - c)^2: close to 2c, since either run may pass",
+         "c: the second run only repeats what the first one showed",
+         "c^2: a claim that needs a rerun must pass twice in a row"),
         0,
-        "Retrying raises the chance of passing by luck. A random order of five reaches 0.9 in 5 of 120 orders. "
-        "More layouts make a high correlation rare by chance.",
+        "Each run is another draw: luck fails both only with chance (1 - c)^2. That is why one rerun at most is "
+        "allowed, and why the floor is set where c is at most 5 % (about 9 % with the rerun).",
     ),
 )
 

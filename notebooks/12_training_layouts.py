@@ -91,9 +91,9 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 # - **FSDP without resharding.** Its FSDP shards the optimizer state and the gradients, but keeps the
 #   weights whole after the forward, to save a gather in the backward. During a step that is ZeRO-2.
 #
-# Predict: stage 0 keeps 16 microbatches of 7 layers; stage 1 keeps its in-flight microbatches of 8
-# layers. Which is fuller? Our model runs the interleaved schedule with 4 chunks per GPU, which adds
-# warm-up microbatches, capped at `m`.
+# Our model runs the [interleaved schedule](03_pipeline_parallel.ipynb) with 4 chunks per GPU. Its warm-up
+# puts more microbatches in flight than plain 1F1B, never more than `m = 16`. So stage 0 holds 16
+# microbatches of 7 layers. Predict: how many does stage 1 hold, of 8 layers? Which stage is fuller?
 
 # %%
 from shardlib.hardware import H100_80GB
@@ -121,8 +121,8 @@ assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["ful
 # trained these 8K sequences without recomputing activations. Our model agrees only barely. Stage 1
 # needs about 79.8 GB, over the 72 GB our planner allows (90 % of 80 GB; the rest for buffers and
 # fragmentation), but under the whole 80 GB. The term that disagrees is the activation count: Korthikanti's
-# GPT layer, not Llama's. Here "80 GB" is the datasheet's 80 x 10^9 bytes. The device reports about
-# 79.6 GiB, 85.5 x 10^9 bytes, so our budget is about 6 % cautious.
+# GPT layer, not Llama's. Our "80 GB" is 80 x 10^9 bytes, but the device reports about 79.6 GiB, which is
+# 85.5 x 10^9 bytes. So the budget errs about 6 % on the safe side.
 #
 # **Worked problem 1.** Llama-3-70B has 80 layers and `h = 8,192`. Train it with `tp = 8`, `pp = 4`,
 # 8K sequences, microbatch 1, sequence parallelism and selective recomputation, under 1F1B. How many GB
@@ -149,20 +149,24 @@ assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["ful
 #   chunks when interleaved;
 # - **tp**: sequence parallelism's gathers and scatters, not overlapped;
 # - **cp**: the ring's K/V, hidden behind attention up to its time;
-# - **dp**: the gradient sync, hidden behind the backward but for its last bucket; ZeRO-3 also gathers every
-#   layer twice per microbatch, hidden behind compute except the first gather and what passes the compute;
+# - **dp**: the gradient sync, hidden behind the backward except its last bucket. ZeRO-3 also gathers every
+#   layer twice per microbatch; compute hides that, except the first gather and any time beyond the compute;
 # - **pp**: the first microbatch's hops forward and the last one's back.
 #
-# **Latency.** Each collective pays its link's latency `α` once per ring step, `n - 1` times over `n`
-# ranks. A ring is NCCL's algorithm for all-gather and reduce-scatter, the calls ZeRO and sequence
-# parallelism make. Its tree, about `log2 n` steps, serves all-reduce only.
-# [Notebook 02](02_communication_costs.ipynb) also charges one `α` per call. That convention is fine for
-# 8 GPUs, not for 2,048 replicas. The `α` here is 20 µs between
-# nodes, an order of magnitude from collective benchmarks.
+# **Latency.** Here a collective pays its link's latency `α` once per ring step: `n - 1` times over `n`
+# ranks. That is `per_step`, one of
+# [notebook 02's two latency conventions](02_communication_costs.ipynb#The-idea:-a-fixed-cost-plus-a-cost-per-byte).
+# The other, `per_call`, charges one `α` per call. One per call is fair for a small all-reduce on 8 GPUs,
+# but far too cheap for an all-gather over 2,048 replicas. ZeRO and sequence parallelism call all-gather
+# and reduce-scatter. Across nodes of several GPUs, NCCL runs those as a ring, unless the network's
+# switches take part (SHARP). Its tree, about `log2 n` steps, serves all-reduce only. NCCL 2.23 added
+# PAT, a logarithmic all-gather and reduce-scatter, but only for one GPU per node. The `α` here is 20 µs
+# per step between nodes: the order of magnitude collective benchmarks report, not a measurement.
 #
 # Predict before you run: ZeRO-3 over `dp = 2,048` (tp 8, pp 1) gathers each of 126 layers twice and
 # reduce-scatters it, every microbatch. What latency does that pay per microbatch, against about 7 s of
-# compute?
+# compute? The cell prints each step's **MFU** (model FLOPs utilization): the model's FLOPs per second
+# divided by the GPUs' peak.
 
 # %%
 from dataclasses import replace
@@ -333,6 +337,7 @@ show_questions(
 # - With a ring's `n - 1` latencies, wide ZeRO-3 loses, and the planner picks `tp = 8`, `pp = 16` as Meta
 #   did; it adds `cp = 2` where Meta kept a wider `dp`.
 #
-# Checklist for training: count memory per rank first, the fullest stage included. Keep `tp` in a node.
-# Add `pp` across nodes and interleave when `m` is close to `p`. Add `cp` for long sequences, and give
-# `dp` the rest, with a ZeRO stage whose collectives the links can carry.
+# Checklist for training: count memory per rank first, the fullest stage included. Keep `tp` inside the
+# NVLink domain: one 8-GPU node for H100, up to 72 GPUs on a GB200 NVL72 rack. Add `pp` across nodes.
+# When `m` is close to `p`, interleave or use a [zero-bubble schedule](09_pipeline_schedules.ipynb). Add
+# `cp` for long sequences. Give `dp` the rest, with a ZeRO stage whose collectives the links can carry.

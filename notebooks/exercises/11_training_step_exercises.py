@@ -148,16 +148,17 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "Two nodes of 8 GPUs run tp = 8, pp = 2. Which ranks does rank 11's all-reduce involve?",
-        ("0 to 7", "8 to 15", "3 and 11"),
-        1,
+        ("3 and 11", "0 to 7", "8 to 15"),
+        2,
         "Rank 11 is stage 1, tp rank 3: its tp group is the 8 consecutive ranks of stage 1, all in the "
         "second node. 3 and 11 is its pipeline: one send per microbatch crosses between the nodes.",
     ),
     Question(
         "Why number tensor parallelism innermost rather than the pipeline?",
-        ("It makes the arithmetic simpler", "So that each tp group is consecutive ranks, which a launcher "
-         "places on one node: the chatty all-reduces stay on the fast link", "Because DeviceMesh requires it"),
-        1,
+        ("Its groups are then consecutive ranks, on one node's fast link",
+         "Its groups would otherwise need more ranks than the pipeline's do",
+         "A DeviceMesh refuses any order that puts another axis innermost"),
+        0,
         "torchrun gives consecutive ranks to the processes of one node. Two all-reduces per layer want "
         "NVLink; one send per stage boundary tolerates the network.",
     ),
