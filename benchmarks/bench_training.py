@@ -10,7 +10,9 @@ runs ``rounds`` times (the order reversed every other round), 4 steps a run, the
 median of the others is set against the planner's ``score_training`` on the cluster fitted from samples
 taken before every run. Prints, per check, the table (each term, predicted, measured, their ratio and
 error), the mean error and Spearman's rank correlation; then, over the checks, each layout's band of
-measured/predicted and the correlation's range. No targets: absolute times move with the machine's load.
+measured/predicted and the correlation's range, and for notebook 11's seven layouts (``RANKED_4``) how
+many runs passed the floor a random order reaches at most 5 % of the time. No targets: absolute times
+move with the machine's load.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ import time
 
 from shardlib import Ranks
 from shardlib.training.step_time import run_step_time_check
-from shardlib.training.toy_prediction import LAYOUTS_4, SINGLE_AXIS_4
+from shardlib.training.toy_prediction import (
+    LAYOUTS_4,
+    RANKED_4,
+    SINGLE_AXIS_4,
+    chance_of_correlation,
+    floor_for_chance,
+)
 
 
 def main() -> None:
@@ -51,6 +59,12 @@ def main() -> None:
     print(f"Spearman, all 8 layouts: {', '.join(f'{r:+.2f}' for r in rhos)} (lowest {min(rhos):+.2f})")
     print(f"Spearman, the five mixed layouts: {', '.join(f'{c.rank_correlation:+.2f}' for c in five)} "
           f"(lowest {min(c.rank_correlation for c in five):+.2f})")
+    seven = [c.only(RANKED_4) for c in checks]
+    floor = floor_for_chance(len(RANKED_4))
+    passed = sum(c.rank_correlation >= floor for c in seven)
+    rhos7 = ", ".join(f"{c.rank_correlation:+.2f}" for c in seven)
+    print(f"Spearman, notebook 11's {len(RANKED_4)} layouts: {rhos7}; "
+          f"{passed} of {len(seven)} at least {floor:.2f} (a random order: {chance_of_correlation(floor, 7):.1%})")
 
 
 if __name__ == "__main__":

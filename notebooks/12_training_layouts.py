@@ -15,24 +15,46 @@
 # %% [markdown]
 # # 12 · Training layouts: memory per GPU, published figures and the training planner
 #
-# **What you will see.** TBD
-# ## Training at scale: what one GPU keeps, predicted, and the published figures beside ours
+# > **Part II, training at scale.** Assumes: [08](08_data_parallel.ipynb), [11](11_training_step.ipynb).
+# > Reading time: about 15 minutes. Trades: memory per GPU (sharding, stages, recomputation) for step time
+# > (the bubble, each axis's collectives, recomputed FLOPs), priced term by term.
 #
-# Serving keeps weights and KV cache. Training keeps much more per GPU, and the memory model in
-# `training.memory` counts it for one GPU of a `(tp, pp, dp, cp, ZeRO stage)` layout, stage by stage:
+# **What you will see.**
 #
-# - **states**: the stage's parameters (its layers split `tp` ways; the first stage also the embedding,
-#   the last the head), at a convention's bytes per parameter: ZeRO's mixed-precision Adam
-#   `2 + 2 + 12 = 16` (bf16 weights and gradients, an fp32 master copy and two moments) or Megatron-LM's
-#   `2 + 4 + 12 = 18` (its gradients are fp32). DDP keeps all of it; ZeRO-1/2/3 shard the optimizer, then
-#   the gradients, then the weights over the `dp x cp` ranks that hold the same weights (Megatron's
-#   distributed optimizer is ZeRO-1: `6 + 12/d` bytes per parameter).
-# - **activations** kept for the backward, per layer and microbatch (Korthikanti et al. 2022, Table 2):
-#   `s b h (34 + 5 a s / h)` bytes without parallelism; tensor parallelism splits all but the norms'
-#   `10 s b h`; sequence parallelism splits those too; selective recomputation drops the stored
-#   attention scores (`5 a s / h`, what FlashAttention never stores); full recomputation keeps only the
-#   layer's input. Context parallelism divides the tokens. 1F1B's first stage keeps `p` microbatches in
-#   flight, the last one, plus the fp32 logits.
+# - What one GPU keeps when training at scale, counted stage by stage, beside published figures.
+# - Llama 3.1 405B's published layout on one GPU: which stage is fullest, and what does not fit.
+# - The training planner: every layout of 16,384 H100s priced, with a ring's real latency.
+# - The planner's choices beside Llama 3's published layouts, and the terms where they differ.
+
+# %% [markdown]
+# ## Memory per GPU at scale
+#
+# Serving keeps weights and KV cache. Training keeps much more per GPU. `training.memory` counts one GPU
+# of a `(tp, pp, dp, cp, ZeRO stage)` layout, stage by stage:
+#
+# - **States**: the stage's parameters (its layers split `tp` ways; the first stage also holds the
+#   embedding, the last the head). They cost 16 bytes per parameter in ZeRO's count (bf16 weights and
+#   gradients, 12 bytes of fp32 optimizer state). Megatron-LM counts 18: its gradients are fp32. ZeRO-1/2/3
+#   shard them over the `dp x cp` ranks that hold the same weights ([notebook 08](08_data_parallel.ipynb)).
+# - **Activations** kept for the backward, per layer and microbatch (Korthikanti et al. 2022, Table 2):
+#   `s b h (34 + 5 a s / h)` bytes without parallelism. Tensor and sequence parallelism divide it by `t`.
+#   Selective recomputation drops the `5 a s / h` of attention scores, which FlashAttention never stores.
+#   Full recomputation keeps only each layer's input. Context parallelism divides the tokens.
+# - **Microbatches in flight**: 1F1B's stage `s` of `p` keeps `p - s` of them
+#   ([notebook 03](03_pipeline_parallel.ipynb)). The last stage adds the fp32 logits.
+#
+# <details><summary>Where the 34 comes from</summary>
+#
+# Korthikanti et al. (section 4.2.1) count, per layer, in units of `s b h` bytes: attention 11 (plus
+# `5 a s / h` for scores, softmax and its dropout mask), the MLP 19, the two LayerNorms 4. Tensor
+# parallelism alone leaves `10 s b h` unsplit: the two norms' inputs (4), the inputs of the QKV and first
+# MLP matmuls (4) and the two dropout masks (2). That gives `s b h (10 + 24/t + 5 a s / (h t))`. Sequence
+# parallelism splits those 10 as well. The count is for a GPT layer with a GELU MLP and dropout. Llama
+# has a SwiGLU MLP, grouped KV heads and no dropout, so its true count differs.
+#
+# </details>
+#
+# ## Published figures beside ours
 #
 # Predict first: ZeRO's paper (Figure 1) trains a 7.5B model on 64 GPUs. How many GB of model states per
 # GPU do DDP and the three ZeRO stages keep? Then the published figures, beside the same formulas.
@@ -50,75 +72,150 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 # %% [markdown]
 # Where the sources differ, they count different things:
 #
-# - **ZeRO's 16 against Megatron's 18 bytes per parameter**: Megatron-LM keeps its gradients in fp32 (4
-#   bytes), to accumulate them over microbatches without losing precision; ZeRO's paper counts 2-byte
-#   gradients. Both shard the same 12 bytes of optimizer state.
-# - **DeepSpeed's estimator** (`estimate_zero3_model_states_mem_needs`) is a sizing tool, not a formula
-#   for the states alone: per GPU it charges 18 bytes per parameter over all GPUs plus 4 bytes per
-#   parameter of the largest layer (gathered whole to run), so it reads higher than ZeRO's Figure 1; its
-#   `additional_buffer_factor` of 1.5 applies only to the CPU side, which holds the offloaded states. It
-#   prints GiB (2^30 bytes), the rows above too; the papers' GB are 10^9.
-# - **Activations** are the same formulas evaluated for the paper's 530B model: with tensor and sequence
-#   parallelism and selective recomputation a layer keeps 34 `s b h / t` bytes, about a fifth of tensor
-#   parallelism alone with every attention score kept.
+# - **ZeRO's 16 against Megatron's 18 bytes per parameter.** Megatron-LM keeps fp32 gradients, to add
+#   them over microbatches without rounding. Both shard the same 12 bytes of optimizer state.
+# - **DeepSpeed's estimator** is a sizing tool, not a formula for the states alone. It charges 18 bytes
+#   per parameter plus 4 bytes per parameter of the largest layer (gathered whole to run). It prints GiB
+#   (2^30 bytes); the papers' GB are 10^9.
+# - **Korthikanti's rows** are the paper's Table 2 formulas evaluated for its 530B model, beside our
+#   code's count. They check our code against the formulas, not against a measurement.
+#
+# ## Llama 3.1 405B on one GPU
+#
+# The Llama 3 paper (section 3.3.2, Table 4) trained Llama 3.1 405B with `tp = 8`, `pp = 16` and FSDP.
+# At 16,384 H100s that left `dp = 128`, so each pipeline got `m = 16` microbatches of one 8K sequence.
+# Two details of that layout matter for memory:
+#
+# - **Lighter end stages.** Meta took one layer off the first and the last stage, which also hold the
+#   embedding and the head: 126 layers as 7, 8 x 14, 7 ([uneven stages](03_pipeline_parallel.ipynb)).
+# - **FSDP without resharding.** Its FSDP shards the optimizer state and the gradients, but keeps the
+#   weights whole after the forward, to save a gather in the backward. During a step that is ZeRO-2.
+#
+# Our model runs the [interleaved schedule](03_pipeline_parallel.ipynb) with 4 chunks per GPU. Its warm-up
+# puts more microbatches in flight than plain 1F1B, never more than `m = 16`. So stage 0 holds 16
+# microbatches of 7 layers. Predict: how many does stage 1 hold, of 8 layers? Which stage is fuller?
 
 # %%
-from shardlib.hardware import H100_80GB, gpu_cluster
+from shardlib.hardware import H100_80GB
 from shardlib.models import LLAMA_3_1_405B
-from shardlib.mesh import Layout
+from shardlib.training.choices import LLAMA_3_PUBLISHED
 from shardlib.training.memory import training_memory
 
-llama_layout = Layout(tp=8, pp=16, dp=128, dp_strategy="zero1")  # the Llama 3 paper's, at 8K tokens
+llama_layout = LLAMA_3_PUBLISHED[1].layout()  # tp 8, pp 16, dp 128; FSDP as Llama 3 ran it: ZeRO-2
 print(f"{LLAMA_3_1_405B.name}, {llama_layout.label}, 8,192 tokens, microbatch 1, 16 microbatches, per GPU:")
-print(f"{'stage':>5}{'layers':>7}{'params':>9}{'states GB':>10}{'activations GB':>15}{'logits GB':>10}{'total GB':>9}"
-      f"  recompute")
+print(f"{'stage':>5}{'layers':>7}{'in flight':>10}{'states GB':>10}{'activations GB':>15}{'total GB':>9}  recompute")
 ledger = {}
 for recompute in ("selective", "full"):
-    for stage in (0, 15):
-        m = training_memory(LLAMA_3_1_405B, llama_layout, 8192, 1, 16, recompute=recompute, stage=stage)
+    for stage in (0, 1, 15):
+        m = training_memory(LLAMA_3_1_405B, llama_layout, 8192, 1, 16, recompute=recompute, stage=stage,
+                            schedule="interleaved-1f1b", chunks=4, lighter_ends=True)
         ledger[recompute, stage] = m
-        print(f"{stage:>5}{m.layers:>7}{m.params / 1e9:>8.2f}B{m.states_bytes / 1e9:>10.1f}"
-              f"{m.activations_bytes / 1e9:>15.1f}{m.ends_bytes / 1e9:>10.2f}{m.total_bytes / 1e9:>9.1f}  {recompute}")
-assert ledger["selective", 0].total_bytes > 0.9 * H100_80GB.memory_bytes > ledger["full", 0].total_bytes
-assert ledger["selective", 0].in_flight == 16 and ledger["selective", 15].in_flight == 1
+        print(f"{stage:>5}{m.layers:>7}{m.in_flight:>10g}{m.states_bytes / 1e9:>10.1f}"
+              f"{(m.activations_bytes + m.ends_bytes) / 1e9:>15.1f}{m.total_bytes / 1e9:>9.1f}  {recompute}")
+usable = 0.9 * H100_80GB.memory_bytes
+assert ledger["selective", 1].total_bytes > usable > ledger["selective", 0].total_bytes
+assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["full", 1].total_bytes
 
 # %% [markdown]
-# The first stage is the fullest: it keeps 16 microbatches' activations while the last keeps one. With
-# Korthikanti's accounting and selective recomputation it needs more than 90% of an 80 GB H100; full
-# recomputation brings it to about a third. (Llama 3 gave its first and last stages a layer fewer and
-# tuned its schedule's memory; the paper does not print its ledger.)
+# Stage 1 is the fullest, not stage 0: it holds as many microbatches, with a layer more each. Llama 3
+# trained these 8K sequences without recomputing activations. Our model agrees only barely. Stage 1
+# needs about 79.8 GB, over the 72 GB our planner allows (90 % of 80 GB; the rest for buffers and
+# fragmentation), but under the whole 80 GB. The term that disagrees is the activation count: Korthikanti's
+# GPT layer, not Llama's. Our "80 GB" is 80 x 10^9 bytes, but the device reports about 79.6 GiB, which is
+# 85.5 x 10^9 bytes. So the budget errs about 6 % on the safe side.
+#
+# **Worked problem 1.** Llama-3-70B has 80 layers and `h = 8,192`. Train it with `tp = 8`, `pp = 4`,
+# 8K sequences, microbatch 1, sequence parallelism and selective recomputation, under 1F1B. How many GB
+# of activations does stage 0 keep?
+#
+# <details><summary>Answer</summary>
+#
+# One layer keeps `34 s b h / t = 34 x 8,192 x 1 x 8,192 / 8` bytes, about 0.285 GB per microbatch.
+# Stage 0 holds `80 / 4 = 20` layers and, under 1F1B, `p - 0 = 4` microbatches in flight. So it keeps
+# `20 x 4 x 0.285`, about 22.8 GB. The `m` microbatches beyond the first four do not add to it.
+#
+# </details>
 #
 # ## The training planner
 #
-# `plan_training(model, cluster, TrainingWorkload(sequence_tokens=..., global_batch_tokens=...))`
-# enumerates `tp` (inside a node, dividing the heads), `cp` (whole ring slices of at least 4K tokens),
-# `pp` (up to the layers), `dp` (dividing the global batch's sequences) and the ZeRO stage; for each it
-# tries microbatch sizes and recomputation and keeps the fastest that fits the memory model above, and
-# scores a step: compute (`6 N` plus attention's `12 L h s` FLOPs per token, plus recomputation's, at
-# 50% of peak), the pipeline's bubble, tp's collectives (not overlapped), cp's ring (hidden behind
-# attention up to its time), the gradient sync (hidden behind the backward but for the last bucket),
-# and the pipeline's hops. It ranks by tokens per second, and says why.
+# `plan_training(model, cluster, TrainingWorkload(...))` is the **training planner**. It enumerates `tp`
+# (inside a node, dividing the KV heads), `cp` (ring slices of at least 4K tokens), `pp` (each stage whole
+# chunks of layers), `dp` (dividing the global batch) and the ZeRO stage. For each it tries microbatch sizes
+# and recomputation, keeps the fastest that fits the memory model above, and prices a step:
+#
+# - **compute**: `6 N` plus attention's `12 L h s` FLOPs per token, the attention halved for a causal mask,
+#   plus recomputation's, at half the GPUs' peak; the slowest stage (its layers, and the head) sets the pace;
+# - **the bubble** ([notebook 03](03_pipeline_parallel.ipynb)): `(p - 1)` turns of a stage, divided by `v`
+#   chunks when interleaved;
+# - **tp**: sequence parallelism's gathers and scatters, not overlapped;
+# - **cp**: the ring's K/V, hidden behind attention up to its time;
+# - **dp**: the gradient sync, hidden behind the backward except its last bucket. ZeRO-3 also gathers every
+#   layer twice per microbatch; compute hides that, except the first gather and any time beyond the compute;
+# - **pp**: the first microbatch's hops forward and the last one's back.
+#
+# **Latency.** Here a collective pays its link's latency `α` once per ring step: `n - 1` times over `n`
+# ranks. That is `per_step`, one of
+# [notebook 02's two latency conventions](02_communication_costs.ipynb#The-idea:-a-fixed-cost-plus-a-cost-per-byte).
+# The other, `per_call`, charges one `α` per call. One per call is fair for a small all-reduce on 8 GPUs,
+# but far too cheap for an all-gather over 2,048 replicas. ZeRO and sequence parallelism call all-gather
+# and reduce-scatter. Across nodes of several GPUs, NCCL runs those as a ring, unless the network's
+# switches take part (SHARP). Its tree, about `log2 n` steps, serves all-reduce only. NCCL 2.23 added
+# PAT, a logarithmic all-gather and reduce-scatter, but only for one GPU per node. The `α` here is 20 µs
+# per step between nodes: the order of magnitude collective benchmarks report, not a measurement.
+#
+# Predict before you run: ZeRO-3 over `dp = 2,048` (tp 8, pp 1) gathers each of 126 layers twice and
+# reduce-scatters it, every microbatch. What latency does that pay per microbatch, against about 7 s of
+# compute? The cell prints each step's **MFU** (model FLOPs utilization): the model's FLOPs per second
+# divided by the GPUs' peak.
 
 # %%
+from dataclasses import replace
+
+from shardlib.hardware import gpu_cluster
+from shardlib.mesh import Layout
 from shardlib.training import TrainingWorkload, format_training_plan, plan_training
+from shardlib.training.planner import best_configuration
 
 workload = TrainingWorkload(sequence_tokens=8192, global_batch_tokens=2048 * 8192, schedule="interleaved-1f1b",
-                            chunks=4)
+                            chunks=4, lighter_ends=True)
 cluster = gpu_cluster(H100_80GB, 2048)
+wide = Layout(tp=8, pp=1, dp=2048, dp_strategy="zero3")
+for charge in ("per_step", "per_call"):
+    s = best_configuration(LLAMA_3_1_405B, cluster, wide, replace(workload, latency_charge=charge))
+    print(f"{wide.label}, latency {charge}: step {s.step_s:.1f} s, of it {s.dp_s:.2f} s of ZeRO-3 not hidden "
+          f"behind {s.compute_s:.1f} s of compute: MFU {s.mfu:.0%}")
 training_plan = plan_training(LLAMA_3_1_405B, cluster, workload)
 print(format_training_plan(training_plan, top=5, rejected=2))
 best = training_plan.best.layout
-assert best.tp * best.pp * best.dp * best.cp == 16384 and best.tp == 8
+assert best.tp * best.pp * best.dp * best.cp == 16384 and best.tp == 8 and best.pp > 1
 assert training_plan.best.memory.total_bytes <= 0.9 * cluster.memory_per_gpu_bytes
+
+# %% [markdown]
+# With one latency per call, wide ZeRO-3 looks cheap. With the ring's 2,047 latencies per gather it
+# loses most of its step to waiting, and the planner moves to 16 stages. One rule is built in rather than
+# priced: `tp` stays inside a node, so the planner never tries `tp = 16`. For 405B that changes nothing:
+# 8 KV heads cannot be split 16 ways without copying them ([notebook 01](01_tensor_parallel.ipynb)).
+#
+# **Worked problem 2.** A 64-layer model trains with ZeRO-3 over 512 replicas, `α = 20 µs` per ring step.
+# One microbatch takes 1.5 s of compute. How much latency do its gathers and reduce-scatters pay?
+#
+# <details><summary>Answer</summary>
+#
+# One all-gather over 512 ranks pays `511 x 20 µs`, about 10.2 ms. Each layer has two gathers and one
+# reduce-scatter per microbatch: `3 x 64 x 10.2 ms`, about 1.96 s. That is more than the 1.5 s of
+# compute, so no prefetch can hide it: at least 0.46 s per microbatch is exposed, before any bandwidth
+# term. With one latency per call it would be `3 x 64 x 20 µs`, under 4 ms.
+#
+# </details>
+#
+# The figure sets the planner's best four beside the published layout, term by term.
 
 # %% tags=["nbval-ignore-output"]
 import plotly.graph_objects as go
 
-from shardlib.training.choices import LLAMA_3_PUBLISHED
-from shardlib.training.planner import best_configuration
 from shardlib.ui.theme import PALETTE
 
-published = best_configuration(LLAMA_3_1_405B, cluster, LLAMA_3_PUBLISHED[1].layout("zero1"), workload)
+published = best_configuration(LLAMA_3_1_405B, cluster, llama_layout, workload)
 shown = list(training_plan.ranked[:4]) + [published]
 names = [s.layout.label + (" (Llama 3)" if s is published else "") for s in shown]
 terms = (("compute_s", "compute"), ("bubble_s", "bubble"), ("tp_s", "tp"), ("cp_s", "cp"), ("dp_s", "dp"),
@@ -130,13 +227,13 @@ fig.update_layout(barmode="stack", height=380, yaxis_title="seconds per step (16
 fig
 
 # %% [markdown]
-# ## The planner's choices beside published training layouts
+# ## The planner beside Llama 3
 #
-# The Llama 3 paper (section 3.3.2, Table 4) trained Llama 3.1 405B with `tp = 8`, `pp = 16` and FSDP:
-# on 8,192 and 16,384 H100s at 8K tokens, and with `cp = 16` at 128K, 16M tokens a step each time, at
-# 38 to 43% MFU. It gives no layouts for 8B and 70B; their rows show the planner alone (one node for
-# 8B, 8 and 16 nodes for 70B). Predict before you run: with 2,048 sequences a step, what does a wider
-# `dp` cost a pipeline?
+# Table 4 of the Llama 3 paper gives three 405B layouts, 16M tokens a step each: 8,192 and 16,384 GPUs
+# at 8K tokens, and 16,384 with `cp = 16` at 128K. It prints 43, 41 and 38 % MFU. The paper gives no
+# layouts for 8B and 70B; their rows show the planner alone. Every row uses Llama 3's lighter end stages,
+# and the published layouts are scored with FSDP as ZeRO-2. Predict: with 2,048 sequences a step, what
+# does a wider `dp` cost a pipeline?
 
 # %%
 from shardlib.training.choices import format_training_choices, training_choices
@@ -144,80 +241,103 @@ from shardlib.training.choices import format_training_choices, training_choices
 choices = training_choices(schedule="interleaved-1f1b", chunks=4)
 print(format_training_choices(choices))
 assert all(r.chosen is not None for r in choices)
-assert all(r.chosen.layout.tp == 8 for r in choices[:3])  # tp fills the node for 405B, as published
+assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[:3])  # as published
 
 # %% [markdown]
 # Where the planner and the paper differ, and why:
 #
-# - **tp = 8** everywhere for 405B, as published: tensor parallelism's collectives need NVLink, and
-#   8 is a node.
-# - **The pipeline and dp trade against the global batch.** 16M tokens at 8K are 2,048 sequences; each
-#   of `dp` replicas runs `2048 / dp` microbatches, and the bubble `(p - 1) / (v m)` grows as `dp` grows.
-#   The planner shrinks `dp` by adding stages and a 2-way ring (`cp = 2`), which its model prices as
-#   nearly free (8 KV heads make the ring's messages small). The paper kept `cp = 1` at 8K and paid with
-#   a wider `dp`.
-# - **Memory.** The published layout's first stage does not fit our memory model with selective
-#   recomputation: Korthikanti's 34 `s b h / t` per layer, for a GELU MLP, is not Llama's SwiGLU, and
-#   Meta moved layers off the first and last stages. Under our model it needs full recomputation, which
-#   is why its predicted MFU is below the published one.
-# - **What the model leaves out**: kernels slowed by small shapes, a ring's latency charged once per
-#   collective over thousands of ranks, failures and stragglers. The planner is a way to reason about the
-#   terms, not a substitute for measuring them.
-
-# %% [markdown]
+# - **`tp = 8` and `pp = 16`**, as published, follow from the costs. Wide ZeRO-3 pays the ring's
+#   latencies. Eight stages fit only with more sharding or with recomputation, which cost more than the
+#   bubble they save.
+# - **`cp = 2` where Meta kept `cp = 1` at 8K.** A 2-way ring halves each stage's activations, so the
+#   planner needs no recomputation. Our model hides the ring's small K/V messages behind attention (8 KV
+#   heads). Meta ran without recomputing and paid with a wider `dp`. Our memory count is too cautious for
+#   that to fit (79.8 GB against 72), so the published layout is priced with full recomputation.
+# - **`m = p`.** Each of `dp` replicas runs `2048 / dp` microbatches. At `dp = 128` that is `m = 16 = p`,
+#   where 1F1B would idle `(p - 1)/m = 15/16` of the compute time, nearly doubling the step. Meta ran an
+#   interleaved schedule of its own (the paper's Figure 6), whose idle share is `(p - 1)/(v m)`. Our
+#   `v = 4` chunks per GPU is an assumption.
+# - **MFU.** Ours counts causal attention at half its FLOPs. Conventions differ on that, and Table 4's
+#   count is not printed, so compare MFU across rows, not to the percent.
 #
-# %% [markdown]
+# <details><summary>What the model leaves out</summary>
+#
+# Kernels slowed by small shapes (only the 4K shortest ring slice stands in for it), failures and
+# stragglers, the network's topology beyond "inside a node or not", and the memory Meta saved by tuning
+# its schedule. The planner is a way to reason about the terms, not a substitute for measuring them.
+#
+# </details>
+#
 # ## Check yourself
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
 
-llama_row = choices[1]
-bubble_share = llama_row.published_score.bubble_s / llama_row.published_score.step_s
 show_questions(
     Question(
-        "ZeRO's Figure 1: 7.5B parameters on 64 GPUs. Which stage first brings the model states under 2 GB per GPU?",
-        ("ZeRO-1 (optimizer states)", "ZeRO-2 (+ gradients)", "ZeRO-3 (+ weights)", "None of them"),
+        "A 20B model trains on 128 GPUs at ZeRO's 16 bytes per parameter. Which stage first brings the model "
+        "states under 4 GB per GPU?",
+        ("ZeRO-1, sharding the optimizer state", "ZeRO-2, sharding the gradients as well",
+         "ZeRO-3, sharding the weights as well", "None of them reaches 4 GB per GPU"),
         2,
-        "Only ZeRO-3 divides all 16 bytes per parameter by 64: 16 x 7.5 / 64 = 1.9 GB. ZeRO-2 still keeps the "
-        "2-byte weights whole: 15 GB + 14 x 7.5 / 64 = 16.6 GB.",
+        "ZeRO-2 still keeps the 2-byte weights whole: 40 GB + 14 x 20 / 128 = 42 GB. Only ZeRO-3 divides all "
+        "16 bytes: 16 x 20 / 128 = 2.5 GB.",
     ),
     Question(
-        "Megatron-LM counts 18 bytes per parameter where ZeRO's paper counts 16. What are the 2 extra bytes?",
-        ("A second copy of the weights", "Gradients kept in fp32 (4 bytes) instead of bf16 (2)",
-         "The KV cache", "Communication buffers"),
+        "Llama 3's FSDP keeps the weights whole after the forward. Which ZeRO stage is a step then?",
+        ("ZeRO-1: the optimizer sharded, the gradients kept whole all step",
+         "ZeRO-2: whole weights, the gradients and optimizer sharded",
+         "ZeRO-3: the weights gathered again before every backward",
+         "DDP: nothing sharded, every rank keeps all its bytes"),
         1,
-        "Megatron accumulates gradients in fp32 across microbatches; the optimizer's 12 bytes are the same in both.",
+        "It shards the optimizer state and gradients, and saves the backward's gather by keeping the weights. "
+        "That is ZeRO-2's memory, and its reduce-scatter every microbatch.",
     ),
     Question(
-        f"Under the planner's model, the published layout ({llama_row.published.layout().label.split(' zero')[0]}) "
-        f"spends {bubble_share:.0%} of its step in the pipeline's bubble. What shrinks the bubble at a fixed "
-        "global batch?",
-        ("More data-parallel replicas", "Fewer replicas (so more microbatches each) or more model chunks per "
-         "GPU (interleaving)", "A larger tensor-parallel group across nodes", "More optimizer sharding"),
-        1,
-        "The bubble is (p - 1) / (v m) of the work; m = sequences / (dp x microbatch), so a wider dp means "
-        "fewer microbatches per pipeline.",
+        "At a fixed global batch of 2,048 sequences and p = 16, what shrinks the bubble (p - 1)/(v m)?",
+        ("More replicas, so each pipeline finishes its share of the batch sooner",
+         "A tensor-parallel group that spans two nodes instead of one",
+         "More optimizer sharding, so each stage keeps lighter states",
+         "Fewer replicas, or more model chunks per GPU"),
+        3,
+        "m = sequences / (dp x microbatch): a wider dp means fewer microbatches per pipeline. Interleaving "
+        "divides the bubble by v.",
     ),
     Question(
-        "Selective recomputation drops which term of Korthikanti's sbh(34 + 5as/h)?",
-        ("The 34: everything but the scores", "The 5as/h: attention's stored scores and softmax",
-         "Both", "Neither: it only recomputes the MLP"),
-        1,
+        "Selective recomputation drops which part of Korthikanti's s b h (34 + 5 a s / h)?",
+        ("The 5 a s / h: attention's scores and softmax",
+         "The 34: everything the layer keeps but its scores",
+         "Both parts, keeping only the layer's own input",
+         "Neither part: it only recomputes the MLP's GELU"),
+        0,
         "The scores grow with s^2 and are cheap to recompute; FlashAttention never stores them at all.",
+    ),
+    Question(
+        "ZeRO-3 all-gathers a layer over 1,024 replicas on a ring with 10 µs per step. What latency does one "
+        "gather pay?",
+        ("10 µs: a collective pays its latency once per call",
+         "About 10 ms: the ring takes 1,023 steps",
+         "About 0.1 ms: a tree takes log2 1,024 = 10 steps",
+         "Nothing: prefetching hides every latency"),
+        1,
+        "NCCL runs all-gather and reduce-scatter as a ring: n - 1 steps, each paying the latency. The tree "
+        "serves all-reduce only.",
     ),
 )
 
 # %% [markdown]
 # ## What you saw
 #
-# - The same memory model reproduces ZeRO's Figure 1, Korthikanti et al.'s activations per layer and
-#   Megatron's bytes per parameter; the training planner puts `tp = 8` inside a node for 405B as Meta
-#   did, and says where and why it departs from the published layout.
+# - One GPU's memory in training, counted stage by stage: states at 16 or 18 bytes per parameter, sharded by
+#   ZeRO over `dp x cp`, plus activations times the microbatches in flight.
+# - The counts agree with ZeRO's Figure 1 and Megatron's bytes per parameter. Korthikanti's rows check
+#   our code against the paper's formulas.
+# - Llama 3.1 405B's layout: with lighter end stages, stage 1 is the fullest, about 79.8 GB without
+#   recomputation, just inside 80 GB and over our 90 % budget.
+# - With a ring's `n - 1` latencies, wide ZeRO-3 loses, and the planner picks `tp = 8`, `pp = 16` as Meta
+#   did; it adds `cp = 2` where Meta kept a wider `dp`.
 #
-# Checklist for training:
-#
-# 1. For training, count memory per rank before you run: states (16 or 18 bytes per parameter, sharded
-#    by ZeRO over `dp x cp`), plus activations times the microbatches in flight on the first stage.
-#    Then keep `tp` in a node, add `pp` across nodes with enough microbatches (`m` well above `p`), `cp`
-#    for long sequences, and `dp` for the rest of the GPUs.
+# Checklist for training: count memory per rank first, the fullest stage included. Keep `tp` inside the
+# NVLink domain: one 8-GPU node for H100, up to 72 GPUs on a GB200 NVL72 rack. Add `pp` across nodes.
+# When `m` is close to `p`, interleave or use a [zero-bubble schedule](09_pipeline_schedules.ipynb). Add
+# `cp` for long sequences. Give `dp` the rest, with a ZeRO stage whose collectives the links can carry.

@@ -127,9 +127,9 @@ def rank_memory(config, layout, rank: int) -> dict[str, int]:
 
     if layout.dp_strategy == "ddp":
         weights, grads, moments = p, p, p
-    elif layout.dp_strategy in ("zero1", "zero2"):  # full weights + the flat shard AdamW updates
-        weights, moments = p + shard(p), shard(p)
-        grads = p + shard(p) if layout.dp_strategy == "zero1" else shard(p)
+    elif layout.dp_strategy in ("zero1", "zero2"):  # full weights; AdamW steps on a view of my shard
+        weights, moments = p, shard(p)
+        grads = p if layout.dp_strategy == "zero1" else shard(p)
     else:  # ZeRO-3: each unit's shard only
         weights = grads = moments = sum(shard(u) for u in units)
     in_flight = min(layout.pp - stage, config.m)  # 1F1B on stage s

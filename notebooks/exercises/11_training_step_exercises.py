@@ -99,13 +99,13 @@ grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
 # | strategy | weights | gradients | optimizer |
 # |---|---|---|---|
 # | DDP | `P` | `P` | `2 P` |
-# | ZeRO-1 | `P + S` | `P + S` | `2 S` |
-# | ZeRO-2 | `P + S` | `S` | `2 S` |
+# | ZeRO-1 | `P` | `P` | `2 S` |
+# | ZeRO-2 | `P` | `S` | `2 S` |
 # | ZeRO-3 | `S` | `S` | `2 S` |
 #
-# ZeRO-1 and ZeRO-2 keep the full weights the model computes with and, besides, the flat shard AdamW
-# updates (then all-gathered back into the full weights), with its own gradient. ZeRO-1 reduce-scatters
-# once per step, so it keeps the full gradient summed over the microbatches as well; ZeRO-2
+# This is notebook 08's accounting. ZeRO-1 and ZeRO-2 keep the full weights the model computes with.
+# The shard AdamW updates is a view of them, not a copy; after the step it is all-gathered back. ZeRO-1
+# reduce-scatters once per step, so it keeps the full gradient summed over the microbatches; ZeRO-2
 # reduce-scatters after every microbatch and keeps the shard's gradient only. ZeRO-3 keeps a shard of
 # each unit (the embedding, each block, the head), each unit padded and cut on its own.
 #
@@ -148,28 +148,29 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "Two nodes of 8 GPUs run tp = 8, pp = 2. Which ranks does rank 11's all-reduce involve?",
-        ("0 to 7", "8 to 15", "3 and 11"),
-        1,
+        ("3 and 11", "0 to 7", "8 to 15"),
+        2,
         "Rank 11 is stage 1, tp rank 3: its tp group is the 8 consecutive ranks of stage 1, all in the "
         "second node. 3 and 11 is its pipeline: one send per microbatch crosses between the nodes.",
     ),
     Question(
         "Why number tensor parallelism innermost rather than the pipeline?",
-        ("It makes the arithmetic simpler", "So that each tp group is consecutive ranks, which a launcher "
-         "places on one node: the chatty all-reduces stay on the fast link", "Because DeviceMesh requires it"),
-        1,
+        ("Its groups are then consecutive ranks, on one node's fast link",
+         "Its groups would otherwise need more ranks than the pipeline's do",
+         "A DeviceMesh refuses any order that puts another axis innermost"),
+        0,
         "torchrun gives consecutive ranks to the processes of one node. Two all-reduces per layer want "
         "NVLink; one send per stage boundary tolerates the network.",
     ),
     Question(
-        "A rank holds P parameters. With ZeRO-1 over dp x cp = 4 ranks, how do the weight bytes it keeps "
-        "compare with DDP's?",
-        ("The same", "1.25 times: the full weights plus the quarter-size flat shard AdamW updates",
-         "A quarter: ZeRO-1 shards the weights"),
+        "A rank holds P parameters. With ZeRO-1 over dp x cp = 4 ranks, how do its weight bytes compare "
+        "with DDP's, and its optimizer bytes?",
+        ("Weights a quarter; optimizer the same", "Weights the same; optimizer state a quarter",
+         "Both a quarter of DDP's"),
         1,
         "ZeRO-1 shards the optimizer state only. The model still computes with all P weights; AdamW "
-        "updates a flat copy of this rank's P/4 slice, all-gathered back after the step. ZeRO-3 is the "
-        "stage that keeps a quarter of the weights.",
+        "steps on this rank's P/4 slice of them (a view) and keeps moments for that slice alone. ZeRO-3 is "
+        "the stage that keeps a quarter of the weights.",
     ),
 )
 

@@ -47,7 +47,7 @@ def activation_bytes_per_microbatch(config: TrainingConfig, layout: Layout, rank
 
 
 RIGHT = {"tp": True, "vocab": "ends", "layers": "split", "cp_weights": False, "strategy": None, "moments": 2,
-         "master": True, "pad": "dp x cp", "elements": False}
+         "master": False, "pad": "dp x cp", "elements": False}
 
 
 def _stage_units(config, layout, stage: int, k: dict) -> list:
@@ -133,14 +133,14 @@ def hint(kind: str, term: str, config, layout, rank: int, yours: float) -> str:
                 "weights (and sum their gradients over dp x cp, like replicas)")
     if kind == "master":
         if term == "gradients":
-            return (f"ZeRO-1 keeps the full gradient (summed over the microbatches) and, besides, the gradient of "
-                    f"its flat shard: (P + P/n) x {c['e']} = ({c['P']:,} + {c['shard']:,}) x {c['e']}")
-        return (f"ZeRO-1 and ZeRO-2 keep the full weights the model computes with and, besides, the flat fp32 "
-                f"shard AdamW updates (then all-gathered into them): (P + P/n) x {c['e']} = "
-                f"({c['P']:,} + {c['shard']:,}) x {c['e']}")
+            return (f"ZeRO-1 keeps the full gradient (summed over the microbatches), P x {c['e']} = {c['P']:,} x "
+                    f"{c['e']}; the shard AdamW steps on is a view of it, not a second buffer (notebook 08)")
+        return (f"ZeRO-1 and ZeRO-2 keep the full weights the model computes with, P x {c['e']} = {c['P']:,} x "
+                f"{c['e']}; the shard AdamW updates is a view of that flat buffer, not a copy (notebook 08's "
+                f"accounting), and its state is counted under optimizer")
     if kind == "moments":
         return ("AdamW keeps two moments per parameter it updates (exp_avg and exp_avg_sq), each in the weights' "
-                "dtype here; copies of the weights (ZeRO-1/2's flat shard) count under weights, not optimizer")
+                "dtype here, for the parameters it updates: all P under DDP, the shard P/n under ZeRO")
     if kind == "padding":
         return (f"the flat buffer is padded up to a multiple of dp x cp = {c['n']} before it is cut: "
                 f"{c['P']:,} -> {c['padded']:,} elements, {c['shard']:,} per rank")
@@ -160,7 +160,7 @@ def hint(kind: str, term: str, config, layout, rank: int, yours: float) -> str:
 VARIANTS = (  # (kind, the mistake as kept_bytes() knobs); where two reproduce a number equally, the first names it
     ("elements", {"elements": True}), ("tp", {"tp": False}), ("tp", {"tp": "blocks only"}),
     ("tp", {"tp": "vocab only"}), ("stages", {"vocab": "none"}), ("stages", {"vocab": "everywhere"}),
-    ("stages", {"vocab": "tied"}), ("stages", {"layers": "all"}), ("master", {"master": False}),
+    ("stages", {"vocab": "tied"}), ("stages", {"layers": "all"}), ("master", {"master": True}),
     ("moments", {"moments": 1}), ("moments", {"moments": 3}), ("padding", {"pad": "none"}),
     ("padding", {"pad": "floor"}), ("dp x cp", {"pad": "dp only"}), ("cp", {"cp_weights": True}),
     *((f"strategy {s}", {"strategy": s}) for s in DP_STRATEGIES),

@@ -38,7 +38,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "machines": ("training_across_on_rank",),
     "predict": ("predict_ledger", "predict_traffic", "activation_bytes", "format_ledger"),
     "toy_prediction": ("LAYOUTS_4", "STEP_TIME_CONFIG", "predict_step", "spearman"),
-    "step_time": ("run_step_time_check", "claim_ranking", "fit_step_cluster", "StepTimeCheck"),
+    "step_time": ("run_step_time_check", "claim_ranking", "run_ranking_check", "fit_step_cluster", "StepTimeCheck"),
     "memory": ("TrainingMemory", "stage_params", "in_flight", "training_memory", "peak_training_memory"),
     "published": ("FigureRow", "zero_figure_rows", "megatron_rows", "deepspeed_zero3_estimate", "deepspeed_rows",
                   "activation_rows", "published_rows", "format_rows"),

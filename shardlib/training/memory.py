@@ -54,16 +54,34 @@ class TrainingMemory:
         return self.states_bytes + self.activations_bytes + self.ends_bytes + self.gathered_bytes
 
 
-def layers_of(n_layers: int, pp: int, stage: int) -> int:
-    """Layers of ``stage`` when ``n_layers`` are cut into ``pp`` stages as ``pipeline.predict.split_layers``
-    cuts them by default: sizes differing by at most one, the earlier stages taking the extra layers."""
-    return near_equal_parts(n_layers, pp)[stage]
+def stage_layer_counts(n_layers: int, pp: int, lighter_ends: bool = False) -> tuple[int, ...]:
+    """Layers per stage. Even (``pipeline.predict.split_layers``'s default): sizes differing by at most one,
+    the earlier stages taking the extra layers. ``lighter_ends``: the Llama 3 paper's balance (section 3.3.2:
+    one layer fewer on the first and the last stage, which also hold the embedding and the head): the
+    layers plus two cut evenly, then one taken off each end stage (126 layers on 16 stages: 7, 8 x 14, 7)."""
+    whole_number(n_layers, "n_layers")
+    whole_number(pp, "pp (pipeline stages)")
+    if pp > n_layers:
+        raise ValueError(f"{n_layers} layers cannot fill {pp} pipeline stages")
+    counts = list(near_equal_parts(n_layers, pp))
+    if lighter_ends and pp > 2:
+        counts = list(near_equal_parts(n_layers + 2, pp))
+        counts[0] -= 1
+        counts[-1] -= 1
+        if min(counts) < 1:
+            counts = list(near_equal_parts(n_layers, pp))  # too few layers to lighten the ends
+    return tuple(counts)
 
 
-def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
+def layers_of(n_layers: int, pp: int, stage: int, lighter_ends: bool = False) -> int:
+    """Layers of ``stage`` (``stage_layer_counts``)."""
+    return stage_layer_counts(n_layers, pp, lighter_ends)[stage]
+
+
+def stage_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
     """Parameters one GPU of ``stage`` holds: its layers' share of ``tp`` (norms kept whole), plus the
     embedding (first stage) and head and final norm (last stage), ``1/tp`` of the padded vocabulary each."""
-    layers = layers_of(model.n_layers, layout.pp, stage)
+    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
     norms = 2 * model.d_model
     per_layer = (model.params_per_layer - norms) / layout.tp + norms
     vocab_rows = padded_vocab_size(model, layout.tp) / layout.tp
@@ -92,18 +110,19 @@ def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", 
 def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
                     recompute: str = "selective", sequence_parallel: bool = True, stage: int = 0,
                     state_bytes: Mapping[str, float] = STATE_BYTES_MEGATRON, schedule: str = "1f1b",
-                    chunks: int = 2, activation_bytes_per_value: int = 2) -> TrainingMemory:
+                    chunks: int = 2, activation_bytes_per_value: int = 2, lighter_ends: bool = False) -> TrainingMemory:
     """Bytes on one GPU of ``stage`` of ``layout`` training ``model`` on sequences of ``seq`` tokens,
-    ``microbatch`` sequences per microbatch, ``n_microbatches`` per step (the module docstring's rules)."""
+    ``microbatch`` sequences per microbatch, ``n_microbatches`` per step (the module docstring's rules);
+    ``lighter_ends``: the layers cut as ``stage_layer_counts`` says (Llama 3's lighter end stages)."""
     seq, b = whole_number(seq, "seq"), whole_number(microbatch, "microbatch")
     if seq % layout.cp:
         raise ValueError(f"a sequence of {seq} tokens cannot be split into {layout.cp} equal ring slices (cp)")
     if not 0 <= stage < layout.pp:
         raise ValueError(f"stage {stage} is not one of the {layout.pp} stages (0 to {layout.pp - 1})")
     sp = sequence_parallel and layout.tp > 1
-    params = stage_params(model, layout, stage)
+    params = stage_params(model, layout, stage, lighter_ends)
     states = memory_per_rank(params, layout.dp_strategy, layout.dp * layout.cp, state_bytes)
-    layers = layers_of(model.n_layers, layout.pp, stage)
+    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
     tokens = seq // layout.cp
     held = in_flight(stage, layout.pp, n_microbatches, schedule, chunks)
     per_layer = layer_activation_bytes(model, tokens, b, recompute, layout.tp, sp) * activation_bytes_per_value / 2
@@ -124,8 +143,9 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
 
 def peak_training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
                          **kwargs) -> TrainingMemory:
-    """The fuller of the first and the last stage (the only two that differ from the middle ones, which
-    never exceed the first: fewer microbatches in flight, no embedding)."""
-    stages = {0, layout.pp - 1}
+    """The fullest of the first, second and last stage. The middle stages never exceed the second (fewer
+    microbatches in flight, no more layers); with even stages the second never exceeds the first, with
+    lighter ends (one layer fewer on stage 0) it may."""
+    stages = {0, min(1, layout.pp - 1), layout.pp - 1}
     return max((training_memory(model, layout, seq, microbatch, n_microbatches, stage=s, **kwargs) for s in stages),
                key=lambda m: m.total_bytes)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from ..hardware import Cluster
 from ..mesh import DP_STRATEGIES, Layout, Rejected
 from ..models import ModelConfig, tensor_parallel_problems
+from ..pipeline.registry import schedule_spec
 from ..units import gb, ms
-from .memory import TrainingMemory, peak_training_memory
+from .memory import TrainingMemory, peak_training_memory, stage_layer_counts
 from .time_model import TrainingScore, TrainingWorkload, score_training
 
 TERMS = ("compute_s", "bubble_s", "tp_s", "cp_s", "dp_s", "pp_s")
@@ -56,6 +57,7 @@ def _divisors(n: int) -> list[int]:
 def axis_values(model: ModelConfig, cluster: Cluster, workload: TrainingWorkload) -> tuple[dict, list[str]]:
     """The values each axis may take on ``cluster`` (``{"tp": [...], ...}``), and why the others may not."""
     n, g, pruned = cluster.n_gpus, cluster.gpus_per_node, []
+    chunks = schedule_spec(workload.schedule).n_chunks(workload.chunks)  # model chunks per stage (1: 1F1B)
     values = {"tp": [], "cp": [], "pp": [], "dp": []}
     for d in _divisors(n):
         if d > g or g % d:
@@ -73,6 +75,9 @@ def axis_values(model: ModelConfig, cluster: Cluster, workload: TrainingWorkload
             values["cp"].append(d)
         if d > model.n_layers:
             pruned.append(f"pp = {d}: more stages than the {model.n_layers} layers")
+        elif d > 1 and min(stage_layer_counts(model.n_layers, d, workload.lighter_ends)) < chunks:
+            pruned.append(f"pp = {d}: its stages of {min(stage_layer_counts(model.n_layers, d, workload.lighter_ends))}"
+                          f" layers cannot hold {chunks} model chunks each ({workload.schedule})")
         else:
             values["pp"].append(d)
         if workload.sequences % d:
@@ -102,7 +107,7 @@ def best_configuration(model: ModelConfig, cluster: Cluster, layout: Layout,
         for rec in w.recompute:
             mem = peak_training_memory(model, layout, w.sequence_tokens, b, per_replica // b, recompute=rec,
                                        sequence_parallel=w.sequence_parallel, state_bytes=w.state_bytes,
-                                       schedule=w.schedule, chunks=w.chunks)
+                                       schedule=w.schedule, chunks=w.chunks, lighter_ends=w.lighter_ends)
             if mem.total_bytes > usable:
                 if tightest is None or mem.total_bytes < tightest[0].total_bytes:
                     tightest = (mem, b, rec)

@@ -1,14 +1,14 @@
 """The toy language model's ledger per rank and its traffic per mesh axis, predicted. Pure: no torch.
 
-``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments;
-ZeRO-1/2 add the flat shard AdamW updates, ZeRO-3 keeps only shards), the activations autograd keeps for
-the backward at the in-flight peak (``activation_bytes`` per microbatch and chunk, played through the
-schedule's order: 1F1B's stage ``s`` holds ``p - s``), and the transient peak (ZeRO-3's largest gathered
-layer; the other strategies' flat buffers are not followed, so 0). ``activation_bytes`` counts every
-tensor autograd saves, op by op: SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every
-token count by ``cp``, the ring keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls,
-buffer bytes and wire bytes per (axis, op), the way ``runtime.records`` counts them; the pipeline's
-messages read from the schedule. ``format_ledger``: predicted beside measured.
+``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments; ZeRO-1/2
+keep the full weights, AdamW updating a view of its shard; ZeRO-3 keeps only shards), the activations autograd
+keeps for the backward at the in-flight peak (``activation_bytes`` per microbatch and chunk, played through
+the schedule's order: 1F1B's stage ``s`` holds ``p - s``), and the transient peak (ZeRO-3's largest gathered
+layer; the other strategies' flat buffers are not followed, so 0). ``activation_bytes`` counts every tensor
+autograd saves, op by op: SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every token count by
+``cp``, the ring keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls, buffer bytes and
+wire bytes per (axis, op), the way ``runtime.records`` counts them; the pipeline's messages read from the
+schedule. ``format_ledger``: predicted beside measured.
 """
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
         if layout.dp_strategy == "ddp":
             row.update(weights=p * e, gradients=p * e, optimizer=2 * p * e)
         elif layout.dp_strategy in ("zero1", "zero2"):
-            # the model's weights (the bucket, its padding of fewer than n elements left out) and, apart, the
-            # shard AdamW updates; ZeRO-1 keeps the whole gradient and the shard's, ZeRO-2 the shard's only
-            grads = p + shard if layout.dp_strategy == "zero1" else shard
-            row.update(weights=(p + shard) * e, gradients=grads * e, optimizer=2 * shard * e)
+            # the model's weights (the bucket, its padding of fewer than n elements left out; the shard AdamW
+            # updates is a view of it, as in notebook 08); ZeRO-1 keeps the whole gradient, ZeRO-2 its shard's
+            grads = p if layout.dp_strategy == "zero1" else shard
+            row.update(weights=p * e, gradients=grads * e, optimizer=2 * shard * e)
         else:
             owned = sum(padded(u, n) // n for u in units)
             row.update(weights=owned * e, gradients=owned * e, optimizer=2 * owned * e,

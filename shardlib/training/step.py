@@ -155,7 +155,7 @@ class TrainingStep:
             self.dp = ShardedUnits(self.dp_cp, self.model, prefetch=False, overlap=False, probe=probe)
         else:
             self.dp = BucketedReplica(self.dp_cp, self.model, layout.dp_strategy, None, overlap=False,
-                                      microbatches=config.m, master_shard=True)  # one bucket
+                                      microbatches=config.m)  # one bucket; AdamW's shard a view of it
         self.optimizer = adamw(self.dp.owned, config)
         zero3 = layout.dp_strategy == "zero3"  # its saved-tensor hooks keep notes, not gathered weights
         self.pack, self.unpack = (self.dp.pack, self.dp.unpack) if zero3 else (lambda t: t, lambda t: t)

@@ -1,19 +1,25 @@
 """What training one layout costs: the workload, and one step's time on a cluster, term by term.
 
 Each of ``dp`` replicas runs ``m`` microbatches of ``b`` sequences (``global batch = b x m x dp``):
-**compute**: ``6 N`` FLOPs per token over the matrix parameters plus attention's ``12 L h s`` (Narayanan et
-al. 2021; PaLM's MFU count) plus recomputation's (full: a forward more, ``2 N + 4 L h s``; selective:
-attention's ``4 L h s``), over the ``tp x pp x cp`` GPUs of a replica at ``kernel_efficiency`` of dense BF16
-peak, the heaviest stage setting the pace; **bubble**: the registry's published idle (1F1B's ``p - 1``
-microbatch slots, ``/ v`` interleaved); **tp** (exposed): sequence parallelism's two all-gathers and two
-reduce-scatters per layer forward, as many backward, more under full recomputation; **cp**: the ring's K/V
-(``cp - 1`` hops forward, K, V, dK, dV back) hidden behind the layer's attention up to its time; **dp** over
-the ``dp x cp`` ranks holding the same weights, a collective per layer: DDP and ZeRO-1 once a step behind the
-last microbatch's backward but for the last bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two
-gathers and a reduce-scatter every microbatch behind its compute; **pp**: the first microbatch's hops forward
-and the last one's back; **optimizer** (if the workload counts it): AdamW's pass over what a rank updates.
-Links as ``traffic.axis_link`` places them; values on the wire in bf16 unless ``comm_bytes_per_value`` says
-otherwise. A model: no kernel launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
+**compute**: ``6 N`` FLOPs per token over the matrix parameters plus attention's ``12 L h s`` halved for a
+causal mask (Narayanan et al. 2021 count ``12 L h s``; a causal kernel such as FlashAttention skips the masked
+half, and MFU here counts the same halved work) plus recomputation's (full: a forward more; selective:
+attention's core), over the ``tp x pp x cp`` GPUs of a replica at ``kernel_efficiency`` of dense BF16 peak,
+the heaviest stage (its layers, and the head on the last) setting the pace; **bubble**: the registry's
+published idle (1F1B's ``p - 1`` microbatch slots, ``/ v`` interleaved); **tp** (exposed): sequence
+parallelism's two all-gathers and two reduce-scatters per layer forward, as many backward, more under full
+recomputation; **cp**: the ring's K/V (``cp - 1`` hops forward, K, V, dK, dV back) hidden behind the layer's
+attention up to its time; **dp** over the ``dp x cp`` ranks holding the same weights, a collective per layer:
+DDP and ZeRO-1 once a step behind the last microbatch's backward but for the last bucket, ZeRO-2 every
+microbatch plus a weight gather, ZeRO-3 two gathers and a reduce-scatter every microbatch behind its compute;
+**pp**: the first microbatch's hops forward and the last one's back; **optimizer** (if the workload counts
+it): AdamW's pass over what a rank updates. Links as ``traffic.axis_link`` places them; values on the wire in
+bf16 unless ``comm_bytes_per_value`` says otherwise. **Latency**: every collective pays the link's alpha once
+per ring step (``latency_charge = "per_step"``: ``n - 1`` for an all-gather or reduce-scatter over ``n``
+ranks). A ring is NCCL's algorithm for all-gather and reduce-scatter, the collectives sequence parallelism and
+ZeRO call (its tree, about ``log2 n`` latencies, serves all-reduce only): so a ZeRO-3 gather over 2,048
+replicas pays 2,047 latencies, which no prefetch hides once they pass a layer's compute. A model: no kernel
+launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ from dataclasses import dataclass, field
 from ..checks import choice, flag, number_between, whole_number
 from ..costs.alpha_beta import collective_time_s, point_to_point_s
 from ..data_parallel.predict import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
-from ..hardware import Cluster, Link
+from ..hardware import LATENCY_CHARGES, Cluster, Link
 from ..mesh import DP_STRATEGIES, Layout
 from ..models import ModelConfig
 from ..pipeline.registry import schedule_spec
-from .memory import SCHEDULES, TrainingMemory, layers_of, peak_training_memory
+from .memory import SCHEDULES, TrainingMemory, peak_training_memory, stage_layer_counts
 
 CONVENTIONS = {"megatron": STATE_BYTES_MEGATRON, "zero": STATE_BYTES_MIXED}
 
@@ -51,7 +57,10 @@ class TrainingWorkload:
     ``dp_overlap``: whether the data-parallel collectives run behind the compute, as DDP's buckets and
     ZeRO-3's prefetch do (False: each waits for, or is waited on by, the compute it serves).
     ``comm_in_bubble``: whether a bubble slot also lasts a microbatch's exposed tp and cp time (it does:
-    they sit on each microbatch's path; False, the default, counts compute only, as the published plans do)."""
+    they sit on each microbatch's path; False, the default, counts compute only, as the published plans do).
+    ``lighter_ends``: one layer fewer on the first and last stage (Llama 3's balance; ``stage_layer_counts``).
+    ``latency_charge``: how a collective pays its link's latency ("per_step": at every ring step, NCCL's ring;
+    "per_call": once, the optimistic convention notebook 02 contrasts)."""
 
     sequence_tokens: int = 8192
     global_batch_tokens: int = 2048 * 8192
@@ -69,6 +78,8 @@ class TrainingWorkload:
     optimizer_bytes_per_param: float = 0.0
     dp_overlap: bool = True
     comm_in_bubble: bool = False
+    lighter_ends: bool = False
+    latency_charge: str = "per_step"
 
     def __post_init__(self) -> None:
         s = whole_number(self.sequence_tokens, "sequence_tokens (tokens per sequence)")
@@ -99,6 +110,8 @@ class TrainingWorkload:
         number_between(self.optimizer_bytes_per_param, "optimizer_bytes_per_param", 0.0, 1e3)
         flag(self.dp_overlap, "dp_overlap")
         flag(self.comm_in_bubble, "comm_in_bubble")
+        flag(self.lighter_ends, "lighter_ends")
+        choice(self.latency_charge, LATENCY_CHARGES, "latency_charge")
 
     @property
     def sequences(self) -> int:
@@ -140,19 +153,30 @@ class TrainingScore:
         return self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s + self.optimizer_s
 
 
-def model_flops_per_token(model: ModelConfig, seq: int) -> float:
+def model_flops_per_token(model: ModelConfig, seq: int, causal: bool = True) -> float:
     """Forward and backward: ``6 N`` over the parameters a token multiplies (the embedding is a lookup)
-    plus attention's scores and values, ``12 L h s`` (not halved for causality, as MFU counts it)."""
+    plus attention's scores and values, ``12 L h s``, halved when ``causal`` (a causal kernel computes the
+    unmasked half only; Narayanan et al.'s count, ``causal=False``, does not halve it)."""
     matrix = model.active_params_per_token - model.vocab_size * model.d_model - model.d_model
-    return 6 * matrix + 12 * model.n_layers * model.d_model * seq
+    return 6 * matrix + 12 * model.n_layers * model.d_model * seq * (0.5 if causal else 1.0)
 
 
-def recompute_flops_per_token(model: ModelConfig, seq: int, recompute: str) -> float:
+def recompute_flops_per_token(model: ModelConfig, seq: int, recompute: str, causal: bool = True) -> float:
     """What recomputation adds: a whole forward (full) or attention's core (selective)."""
-    attention = 4 * model.n_layers * model.d_model * seq
+    attention = 4 * model.n_layers * model.d_model * seq * (0.5 if causal else 1.0)
     if recompute == "full":
-        return (model_flops_per_token(model, seq) - 3 * attention) / 3 + attention
+        return (model_flops_per_token(model, seq, causal) - 3 * attention) / 3 + attention
     return attention if recompute == "selective" else 0.0
+
+
+def heaviest_stage_share(model: ModelConfig, pp: int, seq: int, lighter_ends: bool = False) -> float:
+    """The slowest stage's FLOPs over the mean stage's: its layers, plus the LM head (``6 V d`` a token)
+    on the last stage. 1 when the stages are balanced; the pipeline runs at the slowest stage's pace."""
+    counts = stage_layer_counts(model.n_layers, pp, lighter_ends)
+    layer = (model_flops_per_token(model, seq) - 6 * model.vocab_size * model.d_model) / model.n_layers
+    head = 6 * model.vocab_size * model.d_model
+    stages = [c * layer + (head if i == pp - 1 else 0.0) for i, c in enumerate(counts)]
+    return max(stages) / (sum(stages) / pp)
 
 
 def _span_link(cluster: Cluster, span: int, size: int) -> Link:
@@ -180,17 +204,18 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     n = lay.world_size
     if memory is None:
         memory = peak_training_memory(model, lay, s, b, m, recompute=recompute, sequence_parallel=w.sequence_parallel,
-                                      state_bytes=w.state_bytes, schedule=w.schedule, chunks=w.chunks)
+                                      state_bytes=w.state_bytes, schedule=w.schedule, chunks=w.chunks,
+                                      lighter_ends=w.lighter_ends)
     links = axis_links(cluster, lay)
     rate = cluster.peak_flops_per_s * w.kernel_efficiency
-    layers = layers_of(model.n_layers, lay.pp, 0)  # the first stage is the heaviest
-    heaviest = layers / (model.n_layers / lay.pp)
+    layers = max(stage_layer_counts(model.n_layers, lay.pp, w.lighter_ends))  # the fullest stage's layers
+    heaviest = heaviest_stage_share(model, lay.pp, s, w.lighter_ends)
     flops = model_flops_per_token(model, s) + recompute_flops_per_token(model, s, recompute)
     compute = w.global_batch_tokens * flops / (n * rate) * heaviest
     per_mb = compute / m
     vb = w.comm_bytes_per_value
     act = s // lay.cp * b * model.d_model * vb  # one microbatch's layer input, whole
-    charge = cluster.latency_charge
+    charge = w.latency_charge
     tp = 0.0
     if lay.tp > 1:
         passes = 3 if recompute == "full" else 2
@@ -204,7 +229,7 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     if lay.cp > 1:
         kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * vb
         ring = 3 * (lay.cp - 1) * point_to_point_s(kv, links["cp"])
-        attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate
+        attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate / 2  # causal: half the scores
         cp = max(0.0, ring - attention) * layers * m
     slot = per_mb + ((tp + cp) / m if w.comm_in_bubble else 0.0)  # one microbatch's turn on a stage
     spec = schedule_spec(w.schedule)
@@ -223,8 +248,10 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
             dp = max(rs + ag - backward, (rs + ag) / layers)
         elif lay.dp_strategy == "zero2":  # gradients reduced every microbatch; weights gathered after the step
             dp = m * max(rs - backward, rs / layers) + ag
-        else:  # weights gathered before each forward and backward, gradients reduced, every microbatch
-            dp = m * max(2 * ag + rs - per_mb, rs / layers)
+        else:  # weights gathered before each forward and backward, gradients reduced, every microbatch:
+            # prefetching hides a layer's gathers behind the layer before it, never the first layer's gather
+            # of each pass, nor what passes the compute (a ring's n - 1 latencies over thousands of replicas)
+            dp = m * (max(2 * ag + rs - per_mb, 0.0) + (2 * ag + rs) / layers)
     pp = 0.0
     if lay.pp > 1:
         hop = act / (lay.tp if w.sequence_parallel else 1)

@@ -2,16 +2,18 @@
 toy's settings as arguments): the layouts, one global batch for all, the prediction term by term;
 Spearman's rank correlation. Pure: numbers in, numbers out.
 
-* ``LAYOUTS_4``, ``SINGLE_AXIS_4``, ``STEP_TIME_CONFIG``: what ``step_time`` trains and times by default.
+* ``LAYOUTS_4``, ``SINGLE_AXIS_4``, ``RANKED_4``, ``STEP_TIME_CONFIG``: what ``step_time`` trains and times by default.
 * ``step_config``: a layout's ``TrainingConfig`` at a global batch every layout shares (``m`` set).
 * ``TOY_TIME_SETTINGS``, ``toy_config_settings``: where the toy's step differs from the planner's defaults,
   listed once; ``step_workload``, ``predict_step``: ``training.time_model.score_training`` with them.
-* ``spearman``, ``average_ranks``: the rank correlation, tied values sharing their average rank.
+* ``spearman``, ``average_ranks``: the rank correlation, tied values sharing their average rank;
+  ``chance_of_correlation``, ``floor_for_chance``: how often a random order reaches it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import permutations
 
 from ..checks import whole_number
 from ..hardware import Cluster
@@ -28,6 +30,8 @@ LAYOUTS_4 = {
     "dp2 x tp2 zero3": Layout(tp=2, pp=1, dp=2, dp_strategy="zero3"),
 }
 SINGLE_AXIS_4 = {"dp4": Layout(tp=1, pp=1, dp=4), "tp4": Layout(tp=4, pp=1), "pp4": Layout(tp=1, pp=4)}
+# What the notebook ranks: the five mixed layouts and the two single-axis ones a 2-layer model can run.
+RANKED_4 = {**LAYOUTS_4, "dp4": SINGLE_AXIS_4["dp4"], "tp4": SINGLE_AXIS_4["tp4"]}
 # Small enough for a notebook cell, wide enough that a block's matmuls are more than Python's overhead.
 STEP_TIME_CONFIG = TrainingConfig(n_layers=4, d_model=128, n_heads=4, n_kv_heads=4, d_ff=512, vocab_size=256,
                                   seq=64, microbatch=1, m=4, steps=4)
@@ -47,6 +51,32 @@ def spearman(xs, ys) -> float:
     if vx == 0 or vy == 0:
         raise ValueError("the rank correlation is undefined when every value of one sequence is the same")
     return cov / (vx * vy) ** 0.5
+
+
+def chance_of_correlation(rho: float, n: int) -> float:
+    """The probability that ``n`` layouts put in a uniformly random order reach Spearman's correlation
+    ``rho`` or more against the true one: exact, over all ``n!`` orders (no ties). Five layouts reach 0.7
+    one time in nine; seven layouts, one time in 23."""
+    n = whole_number(n, "n (the layouts ranked)", 2)
+    if n > 9:
+        raise ValueError(f"the exact count walks all n! orders; {n}! is too many: rank at most 9 layouts")
+    base = list(range(n))
+    hits = total = 0
+    for order in permutations(base):
+        d2 = sum((a - b) ** 2 for a, b in zip(base, order))
+        total += 1
+        hits += 1 - 6 * d2 / (n * (n * n - 1)) >= rho - 1e-12
+    return hits / total
+
+
+def floor_for_chance(n: int, chance: float = 0.05) -> float:
+    """The smallest Spearman correlation over ``n`` layouts that a random order reaches with probability at
+    most ``chance``: the floor a ranking claim must pass to say more than luck."""
+    values = sorted({round(1 - 6 * k / (n * (n * n - 1)), 12) for k in range(0, n * (n * n - 1) // 3 + 1, 2)})
+    for rho in values:
+        if chance_of_correlation(rho, n) <= chance:
+            return rho
+    return 1.0
 
 
 def average_ranks(values) -> list[float]:

@@ -15,8 +15,8 @@ from shardlib.serving import Workload, plan_serving
 from shardlib.serving.traffic import axis_link
 from shardlib.training import TrainingWorkload, plan_training
 from shardlib.training.choices import LLAMA_3_PUBLISHED, format_training_choices, training_choices
-from shardlib.training.memory import in_flight, peak_training_memory, stage_params, training_memory
-from shardlib.training.planner import format_training_plan, rank
+from shardlib.training.memory import in_flight, peak_training_memory, stage_layer_counts, stage_params, training_memory
+from shardlib.training.planner import best_configuration, format_training_plan, rank
 from shardlib.training.published import (
     ZERO_FIGURE_1_GB,
     activation_rows,
@@ -24,7 +24,7 @@ from shardlib.training.published import (
     megatron_rows,
     zero_figure_rows,
 )
-from shardlib.training.time_model import axis_links, model_flops_per_token, score_training
+from shardlib.training.time_model import axis_links, heaviest_stage_share, model_flops_per_token, score_training
 
 
 # -- layer_activation_bytes: Korthikanti et al. 2022, Table 2, each case by hand ---------------------------
@@ -212,8 +212,10 @@ def test_step_time_terms_by_hand():
     cluster = gpu_cluster(H100_80GB, 1)
     w = TrainingWorkload(sequence_tokens=4096, global_batch_tokens=4096 * 64, kernel_efficiency=0.5)
     s = score_training(LLAMA_3_8B, cluster, Layout(1, 4, 2, dp_strategy="zero1"), w, 1, "selective")
-    per_token = model_flops_per_token(LLAMA_3_8B, 4096) + 4 * 32 * 4096 * 4096  # selective: attention again
-    assert s.compute_s == pytest.approx(4096 * 64 * per_token / (8 * 0.5 * 989e12))
+    per_token = model_flops_per_token(LLAMA_3_8B, 4096) + 4 * 32 * 4096 * 4096 / 2  # selective: causal attention again
+    share = heaviest_stage_share(LLAMA_3_8B, 4, 4096)  # the last stage also runs the LM head
+    assert share > 1
+    assert s.compute_s == pytest.approx(4096 * 64 * per_token / (8 * 0.5 * 989e12) * share)
     assert s.n_microbatches == 32 and s.bubble_s == pytest.approx(3 * s.compute_s / 32)  # (p - 1) slots
     assert s.tp_s == 0 and s.cp_s == 0 and s.pp_s > 0
     assert s.tokens_per_s == pytest.approx(4096 * 64 / s.step_s)
@@ -265,6 +267,56 @@ def test_choices_beside_published_llama3_layouts():
                                                  ("Llama-3.1-405B", 16384), ("Llama-3-8B", 8), ("Llama-3-70B", 64),
                                                  ("Llama-3-70B", 128)]
     assert all(r.chosen.layout.world_size == r.gpus and r.notes for r in rows)  # a layout of every GPU
-    assert all("published layout under our model" in r.notes[1] for r in rows[:3])
+    assert all("the published layout, FSDP as ZeRO-2" in r.notes[1] for r in rows[:3])
+    assert [r.published.mfu for r in rows[:3]] == [0.43, 0.41, 0.38]  # Table 4 as printed
+    for r in rows[:3]:  # the planner keeps tp in a node and 16 stages, as Meta did, and says where it differs
+        assert (r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16), r.chosen.layout
+        assert r.chosen.layout.dp_strategy != "zero3"
+    # the published layout needs recomputation here, and the row names the term and by how much
+    assert rows[1].published_score.recompute == "full"
+    assert any("the term that disagrees is memory" in n and "GB over" in n for n in rows[1].notes)
     text = format_training_choices(rows)
-    assert "tp=8 pp=16 dp=128 FSDP" in text and "40%" in text  # 400 TFLOPs of 989
+    assert "tp=8 pp=16 dp=128 FSDP" in text and "41%" in text
+
+
+def test_lighter_end_stages_as_llama_3_cut_them():
+    assert stage_layer_counts(126, 16, lighter_ends=True) == (7,) + (8,) * 14 + (7,)
+    assert stage_layer_counts(126, 16) == (8,) * 14 + (7, 7)
+    assert stage_layer_counts(4, 2, lighter_ends=True) == (2, 2)  # two stages: both are ends
+    assert stage_layer_counts(4, 4, lighter_ends=True) == (1, 1, 1, 1)  # too few layers to lighten
+    with pytest.raises(ValueError, match="cannot fill"):
+        stage_layer_counts(4, 8)
+    lay = Layout(8, 16, 128, dp_strategy="zero2")
+    even = training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16, stage=0)
+    light = training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16, stage=0, lighter_ends=True)
+    assert (even.layers, light.layers) == (8, 7) and light.activations_bytes == even.activations_bytes * 7 / 8
+    peak = peak_training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16, lighter_ends=True)
+    assert peak.stage == 1  # stage 1 keeps 15 microbatches of 8 layers: more than stage 0's 16 of 7
+
+
+def test_zero2_keeps_whole_weights_and_shards_the_rest():
+    lay = Layout(8, 16, 128, dp_strategy="zero2")
+    m = training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16, stage=1)
+    assert m.params_bytes == 2 * m.params and m.grads_bytes == pytest.approx(4 * m.params / 128)
+    assert m.optimizer_bytes == pytest.approx(12 * m.params / 128) and m.gathered_bytes == 0
+
+
+def test_a_collective_over_n_ranks_pays_n_minus_1_latencies():
+    """A ring all-gather over 2,048 replicas pays 2,047 latencies: ZeRO-3 at tp 8, pp 1 cannot hide its gathers,
+    and the 16K-GPU planner does not pick it; with one latency per call (the optimistic convention) it did."""
+    cluster = gpu_cluster(H100_80GB, 2048)
+    wide = Layout(8, 1, 2048, dp_strategy="zero3")
+    ring = TrainingWorkload()
+    once = dataclasses.replace(ring, latency_charge="per_call")
+    a = best_configuration(LLAMA_3_1_405B, cluster, wide, ring)
+    b = best_configuration(LLAMA_3_1_405B, cluster, wide, once)
+    assert a.recompute == b.recompute and a.n_microbatches == 1
+    latency = 2047 * cluster.inter_link.latency_s
+    assert a.dp_s - b.dp_s == pytest.approx(3 * a.memory.layers * (latency - cluster.inter_link.latency_s), rel=0.05)
+    best = plan_training(LLAMA_3_1_405B, cluster, ring).best
+    assert best.layout.pp > 1 and best.dp_s < a.dp_s, best.layout
+
+
+def test_causal_attention_counts_half_the_scores():
+    full = model_flops_per_token(LLAMA_3_8B, 8192, causal=False)
+    assert full - model_flops_per_token(LLAMA_3_8B, 8192) == 6 * 32 * 4096 * 8192

@@ -105,9 +105,11 @@ def test_the_planners_terms_for_a_toy_layout_by_hand():
     s = predict_step(cluster, Layout(tp=2, pp=2), c, 4)
     flops = model_flops_per_token(c.model, c.seq)
     model = c.model  # 6 N over the matrices, LM head included, the embedding (a lookup) and final norm not
-    assert flops == 6 * (model.n_params - model.vocab_size * model.d_model - model.d_model) + 12 * 4 * 128 * 64
+    assert flops == 6 * (model.n_params - model.vocab_size * model.d_model - model.d_model) + 12 * 4 * 128 * 64 / 2
     assert s.n_microbatches == 4
-    assert s.compute_s == pytest.approx(4 * 64 * flops / (4 * 1e10))  # two stages of 2 layers: no imbalance
+    layer = (flops - 6 * 256 * 128) / 4  # two stages of 2 layers, the LM head on the last
+    share = (2 * layer + 6 * 256 * 128) / (flops / 2)
+    assert s.compute_s == pytest.approx(4 * 64 * flops / (4 * 1e10) * share)
     assert s.bubble_s == pytest.approx((s.compute_s + s.tp_s) / 4)  # (p - 1) slots of m = 4, calls included
     act = 64 * 1 * 128 * 4  # one microbatch's layer input, float32
     one = 2 * (1e-3 + act / 2 / 1e9)  # an all-gather and a reduce-scatter over 2 ranks, one ring step each
@@ -228,3 +230,25 @@ def test_claim_ranking_retries_then_says_whether_it_held(monkeypatch, check):
         claim_ranking(None, 0.7, attempts=2)  # under a test run a claim that never held fails, with its numbers
     with pytest.raises(ValueError, match="from -1 to 1"):
         claim_ranking(None, 1.5)
+
+
+def test_a_random_order_rarely_reaches_the_floor():
+    """Five layouts reach Spearman 0.7 by luck 14 times in 120 orders: the claim needs seven layouts."""
+    from shardlib.training.toy_prediction import RANKED_4, chance_of_correlation, floor_for_chance
+
+    assert chance_of_correlation(0.7, 5) == pytest.approx(14 / 120)
+    assert chance_of_correlation(-1.0, 4) == 1.0 and chance_of_correlation(1.0, 4) == pytest.approx(1 / 24)
+    assert len(RANKED_4) == 7 and floor_for_chance(7) == pytest.approx(5 / 7)
+    assert chance_of_correlation(floor_for_chance(7), 7) <= 0.05 < chance_of_correlation(floor_for_chance(7) - 0.04, 7)
+    with pytest.raises(ValueError, match="at most 9"):
+        chance_of_correlation(0.5, 10)
+
+
+def test_the_ranking_verdict_says_what_held():
+    from shardlib.training.step_time import RankingVerdict
+
+    v = RankingVerdict(7, 0.93, 5 / 7, 0.044, 1, "dp2 x tp2", "dp2 x tp2")
+    assert v.held and "Spearman +0.93" in v.line and "4.4% of the time" in v.line and v.line.endswith("as predicted")
+    w = RankingVerdict(7, 0.5, 5 / 7, 0.044, 2, "dp4", "tp4")
+    assert not w.held and "fastest predicted dp4, measured tp4" in w.line and "not shown" in w.line
+    assert "attempt 2 of at most 2" in w.how_measured
