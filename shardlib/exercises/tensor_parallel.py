@@ -197,8 +197,9 @@ def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
     if _close(out, no_b1 + b2):
         return f"it lacks b1: add this rank's slice of b1 (entries cut like w1's rows, 1/{tp} each) before gelu"
     if tp > 1:
-        shifted = sum(F.linear(F.gelu(F.linear(x, c, b)), r) for c, b, r in
-                      zip(shard_columns(w1, tp), shard_columns(b1, tp), shard_rows(w2, tp)[1:] + shard_rows(w2, tp)[:1]))
+        rows = shard_rows(w2, tp)
+        shifted = sum(F.linear(F.gelu(F.linear(x, c, b)), r)
+                      for c, b, r in zip(shard_columns(w1, tp), shard_columns(b1, tp), rows[1:] + rows[:1]))
         if _close(out, shifted + b2):
             return ("rank r's slice of w2 does not match its slice of w1: both must cover the same hidden features, "
                     "w1's rows and w2's columns r*d_hidden/tp .. (r+1)*d_hidden/tp")
