@@ -30,7 +30,6 @@
 #
 # Every later notebook is built on the same pieces, so it pays to see them plainly here.
 
-
 # %% [markdown]
 # ## The idea: weights first, then room to serve
 #
@@ -44,7 +43,6 @@
 #
 # The GPUs on sale today, from their data sheets (`shardlib.hardware`):
 
-
 # %%
 from shardlib.hardware import GPUS
 
@@ -52,7 +50,6 @@ print(f"{'GPU':<11} {'memory':>8} {'reads memory at':>16}  source")
 for g in GPUS.values():
     print(f"{g.name:<11} {g.memory_bytes / 1e9:>5.0f} GB {g.memory_bytes_per_s / 1e12:>10.2f} TB/s  "
           f"{g.source.split(':')[0]}")
-
 
 # %% [markdown]
 # The second column matters for speed rather than fit. Generating one token reads every weight once,
@@ -62,7 +59,6 @@ for g in GPUS.values():
 # sequences of 4,096 tokens does it leave room for? The planner's memory model answers
 # (`shardlib.serving.fit`). It counts the weights, plus 1.3 GB of KV cache per 4K-token sequence, in the
 # 90 % of the GPU's memory a serving system typically lets itself fill.
-
 
 # %%
 from shardlib.hardware import B200, H100_80GB, H200, MI300X, MI325X
@@ -83,14 +79,12 @@ assert not fits[H100_80GB.name].fits and not fits[H200.name].fits, "80 and 141 G
 assert all(fits[g.name].fits for g in (B200, MI300X, MI325X)), "the 180-256 GB class holds it"
 assert (fits[B200.name].sequences, fits[MI300X.name].sequences) == (15, 23), "with little room for KV cache"
 
-
 # %% [markdown]
 # So the honest answer is "yes, but". On a B200 or an MI300X the weights fit with 21 to 32 GB to spare:
 # room for 15 or 23 sequences of 4K tokens, where a server answering hundreds of users needs more. On
 # the 80 GB GPUs most clusters are built from, they do not fit at all. The model must be **split** over
 # several GPUs. Each GPU then holds a share of the weights, and of every sequence's KV cache, so the room
 # grows faster than the GPU count:
-
 
 # %%
 for tp in (2, 4, 8):
@@ -99,7 +93,6 @@ need = {s: gpus_needed(LLAMA_3_70B, H100_80GB, sequences=s) for s in (1, 32, 128
 print("\nfewest 80 GB H100s for Llama-3-70B in bf16: " + ", ".join(
     f"{gpus} GPUs for {s} sequence{'s' if s > 1 else ''} of 4K tokens" for s, gpus in need.items()))
 assert need == {1: 2, 32: 4, 128: 8} and fit_on_gpus(LLAMA_3_70B, H100_80GB, 4).sequences > 100
-
 
 # %% [markdown]
 # Two GPUs hold the weights (70.6 GB each) but leave room for only 2 sequences; four leave room for
@@ -120,7 +113,6 @@ assert need == {1: 2, 32: 4, 128: 8} and fit_on_gpus(LLAMA_3_70B, H100_80GB, 4).
 #
 # </details>
 
-
 # %%
 from shardlib.models import LLAMA_3_70B as llama70
 
@@ -135,11 +127,9 @@ assert llama70.quantized(4).matrix_bytes_per_param == 0.5 + 2 / 128  # 4 bits + 
 assert llama70.quantized(4).kv_bytes_per_token() == llama70.kv_bytes_per_token()
 assert not fit_on_gpus(llama70.quantized(8), H100_80GB).fits and four_bit_on_h100.sequences == 24
 
-
 # %% [markdown]
 # In 4 bits Llama-3-70B fits one 80 GB H100, with room for a couple of dozen 4K-token sequences. In 8
 # bits (74 GB) it still misses by a little. The bars: each model's weights against each GPU size.
-
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.hardware import GPU_MEMORY_BYTES
@@ -148,7 +138,6 @@ from shardlib.ui.intro_figures import weights_vs_memory_figure
 big = {m.name: m.weight_bytes for m in PRESETS.values() if m.n_params > 1e9}
 big.update({q.name: q.weight_bytes for q in (llama70.quantized(8), llama70.quantized(4))})
 weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
-
 
 # %% [markdown]
 # ## Ranks: processes that exchange tensors
@@ -165,7 +154,6 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # `fn(ctx, ...)` on every rank and returns the results in rank order. `ctx` tells the function who it is
 # (`ctx.rank`, `ctx.world_size`, `ctx.device`). It also gives it recorded collectives (`ctx.comm`) and a
 # timeline (`ctx.timeline`).
-
 
 # %% [markdown]
 # ## Read the code
@@ -185,13 +173,11 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # `ctx.comm` is `torch.distributed`'s collectives with a recorder around them. Each call is logged
 # (operation, bytes, time), which is how the log further down knows what moved.
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
 from shardlib.ui.code import show_code
 
 show_code(whoami_on_rank, first_all_reduce_on_rank, straggler_on_rank)
-
 
 # %%
 import time
@@ -203,7 +189,6 @@ ranks = Ranks(2)
 print(f"{ranks} started in {time.perf_counter() - started:.1f} s")
 ranks.run(whoami_on_rank)
 
-
 # %% [markdown]
 # Two different process ids: these really are two processes. Starting the first pool took a second or
 # two. One helper process (the *template*) imported torch, and each rank was forked from it, torch
@@ -211,7 +196,6 @@ ranks.run(whoami_on_rank)
 #
 # From now on a call on these ranks costs a fraction of a millisecond on an idle machine. The next cell
 # measures yours: the median of 200 calls, so a moment of other work does not decide it.
-
 
 # %%
 import statistics
@@ -224,7 +208,6 @@ for _ in range(200):
 print(f"one round trip to both ranks and back: median {statistics.median(per_call_s) * 1e3:.2f} ms, fastest "
       f"{min(per_call_s) * 1e3:.2f} ms, slowest {max(per_call_s) * 1e3:.2f} ms (200 calls)")
 
-
 # %% [markdown]
 # ## Predict: a first all-reduce
 #
@@ -233,16 +216,13 @@ print(f"one round trip to both ranks and back: median {statistics.median(per_cal
 #
 # Before running it, work out what each rank will hold afterwards with 2 ranks, and with `w` ranks.
 
-
 # %%
 world = ranks.world_size
 predicted = world * (world + 1) / 2  # 1 + 2 + ... + w
 print(f"predicted value in every position on every rank: {predicted:g}")
 
-
 # %% [markdown]
 # ## Run it on real ranks
-
 
 # %%
 results = ranks.run(first_all_reduce_on_rank, 4)
@@ -251,7 +231,6 @@ for rank, r in enumerate(results):
 
 assert all(r.after == [predicted] * 4 for r in results)
 assert [r.before[0] for r in results] == [1.0, 2.0]
-
 
 # %% [markdown]
 # Every collective a rank function issues through `ctx.comm` is logged in the **comm log**: which
@@ -264,7 +243,6 @@ assert [r.before[0] for r in results] == [1.0, 2.0]
 #
 # The log of the last call is in `ranks.last_comm`.
 
-
 # %%
 from shardlib.runtime import format_log, summarize
 
@@ -274,15 +252,13 @@ assert log["all_reduce"]["count"] == 2, "one all-reduce, seen once from each of 
 assert log["all_reduce"]["size_bytes"] == 2 * 16
 assert log["all_reduce"]["wire_bytes"] == 2 * 16  # 2(n-1)/n x 16 bytes = 16 at n = 2, on each rank
 
-
 # %% [markdown]
 # ## Your turn: write a rank function
 #
 # A rank function is any function whose first argument is `ctx`. Define it right here in a cell: it is
 # shipped to the ranks by value. Here each rank contributes one number and **all-gather** collects
 # everyone's numbers, in rank order, on every rank. Change it: gather `ctx.rank ** 2`, or use
-# `ctx.comm.all_reduce(t, op="max")`.
-
+# `ctx.comm.all_reduce(t, op="max")`. The `assert` checks the version given, so change it to match.
 
 # %%
 import torch
@@ -298,15 +274,12 @@ gathered = ranks.run(my_rank_function)
 print(gathered)
 assert gathered == [[0.0, 10.0], [0.0, 10.0]]
 
-
 # %% [markdown]
 # Lambdas work too, and whatever a rank prints comes back labelled with its rank:
-
 
 # %%
 squares = ranks.run(lambda ctx: print(f"hello from rank {ctx.rank}") or ctx.rank ** 2)
 assert squares == [0, 1]
-
 
 # %% [markdown]
 # ## Predict, then measure: a collective waits for the slowest rank
@@ -321,14 +294,12 @@ assert squares == [0, 1]
 # spans too, all on one clock. So the arrivals can be read off the timeline, and the chart below shows
 # both ranks side by side.
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.intro.drivers import run_straggler_check
 
 straggler = run_straggler_check(ranks, work_units=(1, 4))
 for v in straggler.verdicts:
     print(v.line)
-
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -342,13 +313,11 @@ for v in straggler.verdicts:
 #
 # </details>
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(straggler.spans, origin_s=straggler.started_s, title="Rank 0 waits inside the all-reduce",
                 where=f"measured on {ranks.description}")
-
 
 # %% [markdown]
 # ## Explore: how long does an all-reduce take?
@@ -356,26 +325,24 @@ timeline_figure(straggler.spans, origin_s=straggler.started_s, title="Rank 0 wai
 # Move the slider to change the message size. Each move runs a real all-reduce on the warm ranks (no
 # new processes) and adds a point to the chart.
 #
-# **Your task.** Start at 16 elements and double the size a few times: does the time double too? Then
-# find roughly the size above which each doubling of the message does double the time.
-
+# **Your task.** The slider is `log2` of the number of float32 elements. Start at 4 (16 elements) and
+# step up one at a time, each step doubling the message: does the time double too? Then find roughly
+# the size above which each doubling of the message does double the time.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.intro_widgets import all_reduce_explorer
 
 all_reduce_explorer(ranks)
 
-
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
 # Small messages cost about the same whatever their size: a fixed cost per message dominates. Large
-# ones cost in proportion to their size. On a laptop the turn usually comes somewhere between 2^14 and
+# ones cost in proportion to their size. On a laptop the turn often comes somewhere between 2^14 and
 # 2^18 elements (64 kB to 1 MB); yours may differ. Notebook 02 names the two costs, latency and
 # bandwidth, and fits both on this machine ([notebook 02](02_communication_costs.ipynb)).
 #
 # </details>
-
 
 # %% [markdown]
 # ## When a rank fails
@@ -383,7 +350,6 @@ all_reduce_explorer(ranks)
 # Below, rank 1 raises an error while rank 0 waits for it in a barrier. Rather than hanging, the call
 # raises `RankError` at once, naming the rank and showing its traceback. The pool kills the stuck
 # processes and starts fresh ones, so the next call works.
-
 
 # %%
 from shardlib.intro.drivers import run_failure_check
@@ -400,11 +366,9 @@ print(failure.error)
 assert failure.error.rank == 1 and "bad day" in str(failure.error)
 assert failure.recovered and ranks.run(lambda ctx: ctx.rank) == [0, 1], "the pool restarted itself"
 
-
 # %% tags=["nbval-ignore-output"]
 for v in failure.verdicts:
     print(v.line)
-
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -414,7 +378,6 @@ for v in failure.verdicts:
 # failed verdict is measured again, at most 3 times.
 #
 # </details>
-
 
 # %% [markdown]
 # ## Worked problems
@@ -441,12 +404,10 @@ for v in failure.verdicts:
 #
 # </details>
 
-
 # %% [markdown]
 # ## Check yourself
 #
 # Pick an answer; the reason appears under it.
-
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
@@ -497,7 +458,6 @@ show_questions(
         "twice the GPUs. Each GPU holds a share of the weights and of every sequence's cache.",
     ),
 )
-
 
 # %% [markdown]
 # ## What you saw

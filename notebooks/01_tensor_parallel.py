@@ -29,7 +29,6 @@
 # - A real MLP and attention block on ranks, forward and backward, equal to the unsharded ones.
 # - What the model's shapes ask of a split: the KV-head limit, and a padded vocabulary.
 
-
 # %% [markdown]
 # ## The idea: two ways to cut a matrix
 #
@@ -46,12 +45,10 @@
 # weight (dim 0). A *row* split cuts `A`'s rows, the stored weight's *columns* (dim 1). The figure
 # colours each cell of one stored weight by the shard that holds it.
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_figures import weight_cut_figure
 
 weight_cut_figure(out_features=8, in_features=12, n_shards=4)
-
 
 # %%
 import torch
@@ -62,7 +59,6 @@ W = torch.zeros(8, 12)  # (out_features, in_features), as nn.Linear(12, 8) store
 assert shard_columns(W, 4)[0].shape == (2, 12)  # dim 0 cut: 2 whole output features, every input feature
 assert shard_rows(W, 4)[0].shape == (8, 3)  # dim 1 cut: 3 input features, a partial for every output
 
-
 # %% [markdown]
 # ## The column-then-row pair
 #
@@ -72,12 +68,10 @@ assert shard_rows(W, 4)[0].shape == (8, 3)  # dim 1 cut: 3 input features, a par
 # this way. Q, K, V and the MLP's up and gate projections are column-parallel. The attention output
 # projection and the MLP's down projection are row-parallel.
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_figures import shard_layout_figure
 
 shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
-
 
 # %% [markdown]
 # ## Read the code
@@ -109,7 +103,6 @@ shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 #
 # </details>
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.tensor_parallel.blocks import ParallelMLP
 from shardlib.tensor_parallel.layers import (
@@ -121,7 +114,6 @@ from shardlib.tensor_parallel.layers import (
 from shardlib.ui.code import show_code
 
 show_code(CopyToParallelRegion, ReduceFromParallelRegion, ColumnParallelLinear, RowParallelLinear, ParallelMLP)
-
 
 # %% [markdown]
 # ## Predict
@@ -142,7 +134,6 @@ show_code(CopyToParallelRegion, ReduceFromParallelRegion, ColumnParallelLinear, 
 # So the other order's bill, over the right order's, is 2 collectives against 1. In buffer bytes it is
 # `(d_hidden + d_model) / d_model`. On the wire it is `d_hidden / d_model + 1/2`, the same at every `n`.
 
-
 # %%
 from shardlib.tensor_parallel import CUTS, other_cut_ratios, pair_collectives, pair_wire_collectives
 
@@ -156,14 +147,12 @@ for n in (2, 4):
 predicted_ratios = other_cut_ratios(d_model, d_hidden)
 print(f"row-then-column / column-then-row at d_hidden = {d_hidden // d_model} x d_model: {predicted_ratios}")
 
-
 # %% [markdown]
 # ## Exact, in one process, at 2, 4 and 8 shards
 #
 # `TensorParallelPair` computes each shard's part separately and adds them up, all in this process.
 # Splitting changes where the work happens, never the answer. The only difference allowed is float32
 # rounding from adding the partials in another order (tolerance `1e-5` on values of order 1).
-
 
 # %%
 import torch
@@ -181,13 +170,11 @@ for n_shards in (2, 4, 8):
     print(f"{n_shards} shards: largest difference {gap:.1e}")
     assert torch.allclose(sharded, reference, atol=1e-5)
 
-
 # %% [markdown]
 # ## Run it on real ranks
 #
 # Now each shard is a separate process holding only its slices, and the sum is a real all-reduce
 # through `torch.distributed`. Both cut orders run on the same input, on 2 ranks and on 4.
-
 
 # %%
 from shardlib import Ranks
@@ -219,7 +206,6 @@ for n in (2, 4):
         f"{k} {measured_ratios[k]:.2f} (formula {predicted_ratios[k]:.2f})" for k in measured_ratios))
     assert measured_ratios == predicted_ratios == {"collectives": 2.0, "buffer": 5.0, "wire": 4.5}
 
-
 # %% [markdown]
 # Both cuts give the right answer; only the bill differs, and it is the same bill at 2 and at 4 ranks.
 # The other order issues **2** collectives against 1. It puts **5x** the buffer bytes through them,
@@ -240,7 +226,6 @@ for n in (2, 4):
 #
 # </details>
 
-
 # %% [markdown]
 # ## A real MLP and a real attention block, forward and backward
 #
@@ -253,7 +238,6 @@ for n in (2, 4):
 # mirror **f** sums the input's partial gradients in the backward pass. Prediction: one all-reduce
 # forward and one backward, for each block, at 2 ranks and at 4. With 8 query heads and 4 KV heads, each
 # of 4 ranks holds 2 query heads and the 1 KV head they share.
-
 
 # %%
 from shardlib.models import TOY
@@ -276,9 +260,7 @@ def check_blocks(pool):
 
 
 check_blocks(ranks)
-
 check_blocks(four)
-
 
 # %% [markdown]
 # ## The KV-head limit
@@ -298,7 +280,6 @@ check_blocks(four)
 # The check runs when a split is chosen, with the reason, rather than as a shape error deep inside a
 # matmul. Predict before the next cell: at `tp = 32`, how large is one 8,192-token sequence's KV cache
 # per GPU, against `tp = 8`? The table is arithmetic on the published shapes, in bf16, not a measurement.
-
 
 # %%
 from shardlib.models import (
@@ -327,7 +308,6 @@ assert [cache[t] for t in (1, 2, 4, 8)] == [cache[1] / t for t in (1, 2, 4, 8)] 
 assert cache[8] == cache[16] == cache[32] == cache[64]  # flat past the 8 KV heads: the cost of the copies
 assert tensor_parallel_problems(LLAMA_3_70B, 16) == []  # allowed: each KV head on 2 GPUs
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.mesh import Layout
 from shardlib.serving import weights_per_gpu
@@ -336,12 +316,10 @@ from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
 kv_cache_per_gpu_figure(LLAMA_3_70B.name + ", one 8,192-token sequence, bf16", LLAMA_3_70B.n_kv_heads, cache,
                         cache.values(), [weights_per_gpu(LLAMA_3_70B, Layout(tp, 1)) for tp in cache])
 
-
 # %% [markdown]
 # The same at every `tp` from 8 on. The weights keep shrinking past 8 (only the copied k and v
 # projections stop), the KV cache does not. With long contexts or many sequences, that flat line is what
 # `tp = 16` costs. And `tp = 12`:
-
 
 # %%
 try:
@@ -351,12 +329,10 @@ except ValueError as err:
 print("\n" + wall)
 assert "8 KV heads cannot be shared by 12 devices: tp must divide the KV heads" in wall
 
-
 # %% [markdown]
 # The code of this course splits KV heads and copies none, so its own check
 # (`check_tensor_parallel(model, tp)`, which every run on ranks calls) keeps the strict rule. The
 # planner of notebook 05 copies them where that pays, and prices the copies.
-
 
 # %% [markdown]
 # ## The MLP width and vocabulary padding
@@ -377,7 +353,6 @@ assert "8 KV heads cannot be shared by 12 devices: tp must divide the KV heads" 
 #
 # </details>
 
-
 # %%
 from shardlib.models import SHAPE_RULE_EXAMPLES, binding_rule, padded_vocab_size, vocab_padding_bytes
 
@@ -394,7 +369,6 @@ for m in (SHAPE_RULE_EXAMPLES["vocab"], LLAMA_3_70B):
         print(f"{m.name:<14}{m.vocab_size:>8,}{tp:>4}{padded:>11,}{padded - m.vocab_size:>13,}"
               f"{vocab_padding_bytes(m, tp) / 1e6:>10,.1f} MB{vocab_padding_bytes(m, tp) / tp / 1e6:>7,.1f} MB")
 
-
 # %% [markdown]
 # ## Explore: which splits a model allows
 #
@@ -404,12 +378,10 @@ for m in (SHAPE_RULE_EXAMPLES["vocab"], LLAMA_3_70B):
 # **Your task.** Pick Mixtral-8x7B (32 query heads, 8 KV heads). Which degrees above 8 does it allow?
 # One multiple of 8 below 32 is refused: which, and by which rule?
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_wall_picker
 
 tp_wall_picker()
-
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -418,7 +390,6 @@ tp_wall_picker()
 # `tp = 24` is a multiple of 8, but 32 query heads cannot be split 24 ways: the query heads refuse it.
 #
 # </details>
-
 
 # %% [markdown]
 # ## Explore: shards and cut order
@@ -430,12 +401,10 @@ tp_wall_picker()
 # **Your task.** Keep column-then-row. Its buffer is 3,072 bytes at every shard count. How do its wire
 # bytes per rank change from 2 to 4 to 8 shards, and towards what limit? What does 1 shard send?
 
-
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_cut_explorer
 
 tp_cut_explorer(ranks)
-
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -444,7 +413,6 @@ tp_cut_explorer(ranks)
 # `2(n-1)/n` of it per rank. The limit is 2x. One shard holds everything and sends nothing.
 #
 # </details>
-
 
 # %% [markdown]
 # ## Worked problems
@@ -472,12 +440,10 @@ tp_cut_explorer(ranks)
 #
 # </details>
 
-
 # %% [markdown]
 # ## Check yourself
 #
 # Pick an answer; the reason appears under it.
-
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.quiz import Question, show_questions
@@ -538,7 +504,6 @@ show_questions(
         "two more in the backward. A pipeline sends activations only across the boundary between stages.",
     ),
 )
-
 
 # %% [markdown]
 # ## What you saw

@@ -237,7 +237,6 @@ from shardlib.ui.runtime_figures import timeline_figure
 
 timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ranks 2-3 stage 1 (F0, F1: microbatches)")
 
-
 # %% [markdown]
 # ## Across the slow link: TP across nodes or PP across nodes, measured
 #
