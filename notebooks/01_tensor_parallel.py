@@ -12,8 +12,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # 01 · Tensor parallelism: cut each layer, sum once per pair
 #

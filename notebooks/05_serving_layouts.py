@@ -12,8 +12,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # 05 · Serving layouts: TP inside a node, PP across, and the serving planner
 #
