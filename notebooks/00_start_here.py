@@ -460,15 +460,11 @@ show_questions(
 # %% [markdown]
 # ## What you saw
 #
-# - Weights take 2 bytes per parameter in bf16: Llama-3-70B's 141 GB fit no 80 or 141 GB GPU. Split
-#   over 80 GB H100s it needs 2 GPUs to hold them and 4 to serve 32 sequences of 4K tokens.
-# - The KV cache is the rest of the bill. In 4 bits (4.125 with the scales) the weights fit one H100;
-#   the KV cache keeps its dtype.
-# - `Ranks(2)` runs real processes exchanging real tensors; a call on the warm pool costs what the cell
-#   printed.
-# - A sum all-reduce left `1 + 2 = 3` on both ranks, and the comm log counted its buffer and wire bytes.
-# - A collective waits for its slowest rank: the measured wait matched the difference in arrivals.
-# - A failing rank is reported with its traceback, and the pool recovers by itself.
+# - Weights take 2 bytes per parameter in bf16: Llama-3-70B's 141 GB fit no 80 GB GPU, so it is split,
+#   and the KV cache of what it serves decides how many GPUs (4 H100s for 32 sequences of 4K tokens).
+# - In 4 bits the weights fit one H100; the KV cache keeps its dtype.
+# - `Ranks(2)` runs real processes exchanging real tensors; the comm log counts every byte they move.
+# - A collective waits for its slowest rank; a failing rank is reported, and the pool recovers.
 #
 # The same rank functions run outside a notebook under `torchrun`:
 #

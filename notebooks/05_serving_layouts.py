@@ -524,8 +524,9 @@ assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8
 # %% [markdown]
 # "Split it" and "run replicas" are both right, for different objectives. Tensor parallelism lowers the
 # latency of a request, since every weight read is split 8 ways. It costs throughput per GPU: each GPU
-# waits on all-reduces and streams its weights for a smaller share of the batch. When a model fits,
-# replicas serve the most tokens. When it does not, or when a user's wait is what matters, split it.
+# waits on all-reduces and streams its weights for a smaller share of the batch. When a model fits with
+# room for its batch, replicas serve the most tokens. When it does not, or when a user's wait is what
+# matters, split it.
 
 # %% [markdown]
 # ## Worked problems
@@ -624,8 +625,9 @@ show_questions(
 # %% [markdown]
 # ## A checklist for choosing a layout
 #
-# 1. Does one copy fit one GPU, weights plus KV cache for the batch you want? Then replicas serve the
-#    most tokens; split only for latency.
+# 1. Does one copy fit one GPU, weights plus KV cache for the batch you want? Then replicas usually serve
+#    the most tokens, and you split for latency. At long contexts a small split can still win, because
+#    the memory it frees holds KV cache for a bigger batch.
 # 2. If not, split inside a node first: tensor parallelism, cut column-then-row, one all-reduce per pair.
 # 3. Past the KV-head count, `tp` must be a multiple of it and each KV head is copied. The KV cache per
 #    GPU then stops shrinking. The vocabulary never blocks: it is padded.
