@@ -328,7 +328,7 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 # ```
 # trip  = stage_1 + ... + stage_pp + hops      (a pipeline does not shorten a token's trip)
 # cycle = max(trip, m x slowest stage)         (the slowest stage serves all m microbatches)
-# latency per token = cycle;   tokens/s = dp x batch / cycle
+# latency per token = cycle;   tokens/s = replicas x batch / cycle
 # ```
 #
 # A stage on one microbatch costs the larger of its memory reads and its arithmetic (a roofline). The
@@ -366,8 +366,8 @@ plan_figure(plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="la
 # shape are costs, not walls, and the planner prices both:
 #
 # - On two nodes, `tp = 16` passes the 8 KV heads by copying each on 2 GPUs, as
-#   [notebook 01](01_tensor_parallel.ipynb) showed. A sequence's KV cache per GPU then stays what it was
-#   at `tp = 8`.
+#   [the KV-head limit](01_tensor_parallel.ipynb#The-KV-head-limit) allows. A sequence's KV cache per
+#   GPU then stays what it was at `tp = 8`.
 # - Llama-3.1-405B's 126 layers cut into 4 stages unevenly (32, 32, 31, 31). The slowest stage sets the
 #   pace; the others wait.
 #
