@@ -15,12 +15,17 @@
 # %% [markdown]
 # # 01 · Tensor parallelism: cut each layer, sum once per pair
 #
-# **What you will see.** Two ways to cut a weight matrix across devices; why chaining them
-# column-then-row needs exactly one all-reduce per pair of matrices; the split checked to be exact at 2,
-# 4 and 8 shards; a real MLP and a real attention block running on ranks, forward and backward, equal to
-# the unsharded ones; the other cut order, measured paying a second collective, in buffer bytes and in
-# bytes on the wire; and what the model's shapes ask of a split: whole KV heads per device, which past
-# their count become copies with a memory cost, and a vocabulary that is padded rather than refused.
+# > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb). Reading time: about
+# > 20 minutes. Trades: memory per GPU (each holds `1/tp` of every layer's weights) for one all-reduce per
+# > pair of matrices, in every layer, for every token.
+#
+# **What you will see.**
+#
+# - Two ways to cut a weight matrix, and why column-then-row needs one all-reduce per pair.
+# - The split checked exact at 2, 4 and 8 shards, then on real ranks.
+# - The other cut order, measured paying a second collective, in buffer bytes and on the wire.
+# - A real MLP and attention block on ranks, forward and backward, equal to the unsharded ones.
+# - What the model's shapes ask of a split: the KV-head limit, and a padded vocabulary.
 
 # %% [markdown]
 # ## The idea: two ways to cut a matrix
@@ -30,14 +35,13 @@
 # - **Column split** (`shard_columns`, cut along the output dim): device `i` holds some whole output
 #   features. It needs the *whole* input and produces *its slice* of the output. No talking.
 # - **Row split** (`shard_rows`, cut along the input dim): device `i` holds some input features. Given
-#   *its slice* of the input it produces a *partial* result over *all* output features. The partials
+#   *its slice* of the input, it produces a *partial* result over *all* output features. The partials
 #   must be added up across devices: an **all-reduce**.
 #
-# The names trip up every reader once. They come from the maths convention `y = x A`, where
-# `A = W.T` is `(in, out)`: a *column* split cuts `A`'s columns, which are the *rows* of the stored
-# `nn.Linear` weight (dim 0); a *row* split cuts `A`'s rows, the stored weight's *columns* (dim 1). The
-# figure colours each cell of one stored weight by the shard that holds it, as the code's own
-# `shard_columns` and `shard_rows` return it.
+# The names trip up every reader once. They come from the maths convention `y = x A`, where `A = W.T` is
+# `(in, out)`. A *column* split cuts `A`'s columns, which are the *rows* of the stored `nn.Linear`
+# weight (dim 0). A *row* split cuts `A`'s rows, the stored weight's *columns* (dim 1). The figure
+# colours each cell of one stored weight by the shard that holds it.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_figures import weight_cut_figure
@@ -54,13 +58,13 @@ assert shard_columns(W, 4)[0].shape == (2, 12)  # dim 0 cut: 2 whole output feat
 assert shard_rows(W, 4)[0].shape == (8, 3)  # dim 1 cut: 3 input features, a partial for every output
 
 # %% [markdown]
-# Now the pair:
+# ## The column-then-row pair
 #
-# Put a column split first and a row split second, and the slice the first produces is exactly the
-# slice the second needs. Nothing moves between them, and an elementwise activation in between acts on
-# each slice as it would on the whole. One sum, at the end of the pair. Megatron-LM built transformer
-# layers this way: Q, K, V and the MLP's up and gate projections are column-parallel; the attention
-# output projection and the MLP's down projection are row-parallel.
+# Put a column split first and a row split second. The slice the first produces is exactly the slice
+# the second needs, so nothing moves between them. An elementwise activation in between acts on each
+# slice as it would on the whole. One sum, at the end of the pair. Megatron-LM builds transformer layers
+# this way. Q, K, V and the MLP's up and gate projections are column-parallel. The attention output
+# projection and the MLP's down projection are row-parallel.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_figures import shard_layout_figure
@@ -70,33 +74,32 @@ shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 # %% [markdown]
 # ## Read the code
 #
-# This is the whole mechanism that runs on the ranks later in this notebook, shown from the library
-# itself (`shardlib/tensor_parallel/layers.py` and `blocks.py`), so it cannot differ from what runs.
-# Megatron-LM (Shoeybi et al. 2019, section 3) writes the communication of a pair as two operators, and
-# the code keeps its names:
+# This is the whole mechanism that runs on the ranks later, shown from the library itself
+# (`shardlib/tensor_parallel/layers.py` and `blocks.py`). Megatron-LM (Shoeybi et al. 2019, section 3)
+# writes the communication of a pair as two operators, and the code keeps its names:
 #
-# - **f** (`CopyToParallelRegion`) and **g** (`ReduceFromParallelRegion`) are autograd functions: each
-#   says what it does to the tensor in the forward pass and what it does to the gradient in the
-#   backward pass. f does nothing forward, since every rank already holds the whole input; backward, it
-#   all-reduces the gradient, because each rank's column slice gave only a partial gradient of that
-#   input. g is its mirror: forward it sums the partial outputs, backward it passes the gradient through,
-#   since every rank needs the whole output's gradient and already has it.
-# - `ColumnParallelLinear` keeps its slice of the output features (`shard_columns`, from the idea
-#   above). Its `local` is a plain `F.linear` that talks to nobody; `forward` puts f in front of it.
-# - `RowParallelLinear` keeps its slice of the input features (`shard_rows`). Its `partial` is this
-#   rank's share of the sum; `forward` sums the shares through g, then adds the bias once. Added on
-#   every rank before the sum, it would be counted `tp` times.
-# - `ParallelMLP`, Llama's gated MLP, chains them. Gate and up are column-parallel and read the same
-#   input, so `forward` applies f once and calls both `local`s (Megatron-LM fuses them into one matrix;
-#   the communication is the same). `silu` and the product act on this rank's slice alone, down's
-#   `partial` leaves a share over all of `d_model`, and g sums the shares. One all-reduce forward (g),
-#   one backward (f).
+# - **f** (`CopyToParallelRegion`) does nothing forward, since every rank already holds the whole
+#   input. Backward, it all-reduces the gradient: each rank's column slice gave only a partial gradient.
+# - **g** (`ReduceFromParallelRegion`) is its mirror. Forward, it sums the partial outputs. Backward, it
+#   passes the gradient through, since every rank already holds the whole output's gradient.
+# - `ColumnParallelLinear` keeps its slice of the output features. Its `local` is a plain `F.linear`
+#   that talks to nobody; `forward` puts f in front of it.
+# - `RowParallelLinear` keeps its slice of the input features. Its `partial` is this rank's share of the
+#   sum; `forward` sums the shares through g, then adds the bias once.
+# - `ParallelMLP`, Llama's gated MLP, chains them: f once, gate and up locally, `silu` and the product on
+#   this rank's slice, down's partial, then g. One all-reduce forward (g), one backward (f).
 #
-# Each layer takes the full weight and keeps its slice; a real deployment loads only the slice. The
-# group of ranks (`TPGroup`) sends every sum through `ctx.comm`, which records it: the counts and bytes
-# below are read from that log. Attention (`ParallelAttention`, in the same file as the MLP) follows
-# the same pattern: Q, K and V column-parallel by whole heads behind one f, the output projection
-# row-parallel, one g.
+# <details><summary>More on the code</summary>
+#
+# f and g are autograd functions: each says what it does to the tensor in the forward pass and to the
+# gradient in the backward pass. A bias added on every rank before g's sum would be counted `tp` times.
+# Gate and up read the same input, so Megatron-LM fuses them into one matrix; the communication is the
+# same. Each layer here takes the full weight and keeps its slice; a real deployment loads only the
+# slice. The group of ranks (`TPGroup`) sends every sum through `ctx.comm`, which records it: the counts
+# and bytes below are read from that log. Attention (`ParallelAttention`) follows the same pattern: Q, K
+# and V column-parallel by whole heads behind one f, the output projection row-parallel, one g.
+#
+# </details>
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.tensor_parallel.blocks import ParallelMLP
@@ -113,23 +116,21 @@ show_code(CopyToParallelRegion, ReduceFromParallelRegion, ColumnParallelLinear, 
 # %% [markdown]
 # ## Predict
 #
-# For a pair `d_model → d_hidden → d_model` over `n > 1` devices and `T` tokens of 4-byte floats:
+# Take a pair `d_model → d_hidden → d_model` over `n > 1` devices, with `T` tokens of 4-byte floats.
 #
-# - column then row: **1** collective, an all-reduce of the output, `T · d_model · 4` bytes;
-# - row then column: the first product is partial and the activation is not linear, so the partials
-#   must be summed *before* it (an all-reduce of the wide intermediate, `T · d_hidden · 4` bytes), and the
+# - Column then row: **1** collective, an all-reduce of the output, `T · d_model · 4` bytes.
+# - Row then column: the first product is partial, and the activation is not linear. So the partials
+#   must be summed *before* it, an all-reduce of the wide intermediate (`T · d_hidden · 4` bytes). The
 #   second product leaves each device a slice of the output, which must be gathered: **2** collectives.
 #
 # Those are **buffer** bytes, the tensors the collectives work on (what nccl-tests calls *size*). What
-# each rank actually sends is less or more, depending on the algorithm. Under the ring that collective
-# libraries use for large messages, an all-reduce over `n` ranks sends `2(n-1)/n` of its buffer per rank
-# (a reduce-scatter, then an all-gather, each passing `n - 1` chunks of `1/n`), and an all-gather sends
-# `(n-1)/n` of the gathered output: the count behind nccl-tests' *bus bandwidth*. Every comm record
-# carries both: `size_bytes` and `wire_bytes`.
+# each rank sends on the wire depends on the algorithm. Under the ring, an all-reduce over `n` ranks
+# sends `2(n-1)/n` of its buffer per rank, and an all-gather `(n-1)/n` of its output. Why is
+# [notebook 02's subject](02_communication_costs.ipynb); every comm record carries both `size_bytes` and
+# `wire_bytes`.
 #
-# So the other order's bill, over the right order's, is 2 collectives against 1; in buffer bytes
-# `(d_hidden + d_model) / d_model`; on the wire `(2(n-1)/n · d_hidden + (n-1)/n · d_model) / (2(n-1)/n ·
-# d_model) = d_hidden / d_model + 1/2`, the same at every `n`.
+# So the other order's bill, over the right order's, is 2 collectives against 1. In buffer bytes it is
+# `(d_hidden + d_model) / d_model`. On the wire it is `d_hidden / d_model + 1/2`, the same at every `n`.
 
 # %%
 from shardlib.tensor_parallel import CUTS, other_cut_ratios, pair_collectives, pair_wire_collectives
@@ -148,7 +149,7 @@ print(f"row-then-column / column-then-row at d_hidden = {d_hidden // d_model} x 
 # ## Exact, in one process, at 2, 4 and 8 shards
 #
 # `TensorParallelPair` computes each shard's part separately and adds them up, all in this process.
-# Splitting changes where the work happens, never the answer: the only difference allowed is float32
+# Splitting changes where the work happens, never the answer. The only difference allowed is float32
 # rounding from adding the partials in another order (tolerance `1e-5` on values of order 1).
 
 # %%
@@ -171,8 +172,7 @@ for n_shards in (2, 4, 8):
 # ## Run it on real ranks
 #
 # Now each shard is a separate process holding only its slices, and the sum is a real all-reduce
-# through `torch.distributed`. Both cut orders run on the same ranks, on the same input, on 2 ranks and
-# then on 4 (a second pool, started for this cell and closed after it).
+# through `torch.distributed`. Both cut orders run on the same input, on 2 ranks and on 4.
 
 # %%
 from shardlib import Ranks
@@ -180,16 +180,15 @@ from shardlib.runtime import format_log
 from shardlib.tensor_parallel import run_pair
 from shardlib.toy import activations, generator, weight
 
-ranks = Ranks(2)
-print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
+ranks, four = Ranks(2), Ranks(4)  # started once, used by every cell below
+print(f"{ranks.world_size} and {four.world_size} ranks: {ranks.description}")  # where every number below is measured
 x = activations(2, 6, d_model, seed=1)  # (batch, seq, d_model)
 g = generator(1)
 w1, w2 = weight(g, d_hidden, d_model), weight(g, d_model, d_hidden)  # (d_hidden, d_model), (d_model, d_hidden)
 
 pairs = {(2, cut): run_pair(ranks, cut, x, w1, w2) for cut in CUTS}
 print("row then column on 2 ranks, its comm log:\n" + format_log(ranks.last_comm))
-with Ranks(4) as four:
-    pairs.update({(4, cut): run_pair(four, cut, x, w1, w2) for cut in CUTS})
+pairs.update({(4, cut): run_pair(four, cut, x, w1, w2) for cut in CUTS})
 
 print(f"\n{'ranks':>5} {'cut':>16} {'collectives':>11} {'buffer bytes':>12} {'wire bytes per rank':>19}")
 for (n, cut), run in pairs.items():
@@ -207,34 +206,36 @@ for n in (2, 4):
 
 # %% [markdown]
 # Both cuts give the right answer; only the bill differs, and it is the same bill at 2 and at 4 ranks.
-# The other order issues **2** collectives against 1; it puts **5x** the buffer bytes through them,
-# because its first sum is over the wide intermediate (`d_hidden = 4 · d_model` here); and it sends
+# The other order issues **2** collectives against 1. It puts **5x** the buffer bytes through them,
+# because its first sum is over the wide intermediate (`d_hidden = 4 · d_model` here). And it sends
 # **4.5x** the bytes on the wire, because its second collective is an all-gather, which sends half of
-# what an all-reduce of the same buffer does. (gloo builds its all-gather on an all-reduce and so moves
-# more than the ring; the wire count is the ring's, the one a cost model charges.)
+# what an all-reduce of the same buffer does.
 #
-# A common rule of thumb says the other order "doubles the communication". That holds for
-# the number of collectives, and so for the time of a pair whose collectives are **latency-bound**
-# (messages so small that the fixed start-up cost of each, `alpha`, dominates: a decode step's), if each
-# collective pays `alpha` once. (Charged at every step of the ring instead, it is `3(n-1)` steps
-# against `2(n-1)`: 1.5x.) In bytes it holds only for buffers, and only when `d_hidden = d_model`; on the
-# wire the ratio is then 1.5. For a transformer's MLP, whose hidden width is 4 times `d_model` (Llama's
-# gated MLP sums two such products, wider still), the **bandwidth-bound** cost (where `size / bandwidth`
-# dominates: long prompts) grows 4.5 times, not 2. Whichever regime, column-then-row wins, and every
-# production implementation uses it: recognising it is most of reading one.
+# A common rule of thumb says the other order "doubles the communication". That holds for the number of
+# collectives. In bytes it holds only for buffers, and only when `d_hidden = d_model`. For a
+# transformer's MLP, whose hidden width is 4 times `d_model`, the bytes grow 4.5 times, not 2. Which
+# count sets the time, calls or bytes, depends on the message size: [notebook 02](02_communication_costs.ipynb)
+# prices both. Either way column-then-row wins, and every production implementation uses it.
+#
+# <details><summary>gloo's own all-gather</summary>
+#
+# gloo builds its all-gather on an all-reduce and so moves more than the ring does. The wire count here
+# is the ring's, the one a cost model charges.
+#
+# </details>
 
 # %% [markdown]
 # ## A real MLP and a real attention block, forward and backward
 #
-# The Llama MLP is `down(silu(gate(x)) * up(x))`: gate and up are column-parallel behind one f, the
-# product is elementwise and local, down is row-parallel (the `ParallelMLP` above).
-# Attention is split by **whole heads**: rank `r` holds a block of query heads and the KV heads they
-# read, computes attention for those heads alone, and the output projection is row-parallel over the
-# same heads.
+# The Llama MLP is `down(silu(gate(x)) * up(x))`. Gate and up are column-parallel behind one f, the
+# product is elementwise and local, and down is row-parallel (the `ParallelMLP` above). Attention is
+# split by **whole heads**. Rank `r` holds a block of query heads and the KV heads they read. It computes
+# attention for those heads alone, and the output projection is row-parallel over the same heads.
 #
-# The backward pass needs communication too: **g** sums the partial outputs in the forward pass, and its
-# mirror **f** sums the input's partial gradients in the backward pass (the code above). Prediction: one
-# all-reduce forward, one backward, for each block.
+# The backward pass needs communication too. **g** sums the partial outputs in the forward pass, and its
+# mirror **f** sums the input's partial gradients in the backward pass. Prediction: one all-reduce
+# forward and one backward, for each block, at 2 ranks and at 4. With 8 query heads and 4 KV heads, each
+# of 4 ranks holds 2 query heads and the 1 KV head they share.
 
 # %%
 from shardlib.models import TOY
@@ -257,31 +258,26 @@ def check_blocks(pool):
 
 
 check_blocks(ranks)
+check_blocks(four)
 
 # %% [markdown]
-# The same on 4 ranks (four processes on however many cores you have; slower, still exact). With 8
-# query heads and 4 KV heads, each rank holds 2 query heads and the 1 KV head they share.
-
-# %%
-with Ranks(4) as four:
-    print(f"{four.world_size} ranks: {four.description}")  # where these runs are measured
-    check_blocks(four)
-
-# %% [markdown]
-# ## Past the KV heads: a wall that is a cost
+# ## The KV-head limit
 #
-# A query head needs its keys and values on the same device, so tensor parallelism hands out **whole KV
-# heads**. Grouped-query attention makes them scarce: Llama-3-70B has 64 query heads but only 8 KV
-# heads. Up to `tp = 8` each device holds `8 / tp` of them. Past 8, a `tp` that is a multiple of 8
-# still works: each KV head is **copied** on `tp / 8` devices, next to the query heads that read it
-# (what vLLM does). The copy is the price: each GPU keeps a whole KV head's k and v weights, and its KV
-# cache **stops shrinking** at the KV-head count (notebook 10 comes back to this for long contexts). A
-# `tp` that neither divides the KV heads nor is a multiple of them (12 against 8) has no such layout, and
-# the query heads are the last wall (64 of them: `tp` at most 64). The check runs when a split is chosen,
-# with the reason, rather than as a shape error deep inside a matmul.
+# A query head needs its keys and values on the same device. So tensor parallelism hands out **whole
+# KV heads**, and grouped-query attention makes them scarce: Llama-3-70B has 64 query heads but only 8
+# KV heads. That gives the **KV-head limit**:
 #
-# The table below is arithmetic on the published shapes (a model of the memory, not a measurement): one
-# 8,192-token sequence's KV cache per GPU, in bf16, as `tp` grows.
+# - Up to the KV-head count, `tp` must divide it, and each device holds `8 / tp` KV heads.
+# - Past it, `tp` must be a multiple of it. Each KV head is then **copied** on `tp / 8` devices, next to
+#   the query heads that read it (what vLLM does).
+# - The copies are the price. Each GPU keeps a whole KV head's k and v weights, and its KV cache **stops
+#   shrinking** at `tp = 8`.
+# - A `tp` that neither divides the KV heads nor is a multiple of them (12 against 8) has no layout. The
+#   query heads are the last limit: `tp` at most 64 here.
+#
+# The check runs when a split is chosen, with the reason, rather than as a shape error deep inside a
+# matmul. Predict before the next cell: at `tp = 32`, how large is one 8,192-token sequence's KV cache
+# per GPU, against `tp = 8`? The table is arithmetic on the published shapes, in bf16, not a measurement.
 
 # %%
 from shardlib.models import (
@@ -319,8 +315,9 @@ kv_cache_per_gpu_figure(LLAMA_3_70B.name + ", one 8,192-token sequence, bf16", L
                         cache.values(), [weights_per_gpu(LLAMA_3_70B, Layout(tp, 1)) for tp in cache])
 
 # %% [markdown]
-# The weights keep shrinking past 8 (only the copied k and v projections stop), the KV cache does not:
-# with long contexts or many sequences, that flat line is what `tp = 16` costs. And `tp = 12`:
+# The same at every `tp` from 8 on. The weights keep shrinking past 8 (only the copied k and v
+# projections stop), the KV cache does not. With long contexts or many sequences, that flat line is what
+# `tp = 16` costs. And `tp = 12`:
 
 # %%
 try:
@@ -332,16 +329,27 @@ assert "8 KV heads cannot be shared by 12 devices: tp must divide the KV heads" 
 
 # %% [markdown]
 # The code of this course splits KV heads and copies none, so its own check
-# (`check_tensor_parallel(model, tp)`, which every run on ranks calls) keeps the strict rule; the planner
-# of notebook 05 copies them where that pays and prices the copies.
+# (`check_tensor_parallel(model, tp)`, which every run on ranks calls) keeps the strict rule. The
+# planner of notebook 05 copies them where that pays, and prices the copies.
+
+# %% [markdown]
+# ## The MLP width and vocabulary padding
 #
-# Two more rules. Each device needs an equal slice of the MLP's hidden width `d_ff`: a made-up MLP of
-# width 8,190 (= 2 x 4,095) stops `tp` at 2, whatever the heads allow. Each device also needs an equal
-# slice of the vocabulary (the embedding and the output head are split too), but the vocabulary **never
-# blocks** `tp`: Megatron-LM pads it to a multiple of **128 x tp** (`make_vocab_size_divisible_by` times
-# the tensor-parallel size), and vLLM pads too. The padded rows are never predicted; they cost a few
-# rows of the embedding and of the head. GPT-2's vocabulary of 50,257 tokens (an odd number, which no
-# degree above 1 divides) and Llama 3's 128,256:
+# Two more shapes are split. Each device needs an equal slice of the MLP's hidden width `d_ff`: a
+# made-up MLP of width 8,190 stops `tp` at 2, whatever the heads allow. Each device also needs an equal
+# slice of the vocabulary, since the embedding and the output head are split too. But the vocabulary
+# **never blocks** `tp`: Megatron-LM pads it to a multiple of **128 x tp**, and vLLM pads too. The padded
+# rows are never predicted; they cost a few rows of the embedding and of the head.
+#
+# <details><summary>The padding arithmetic</summary>
+#
+# Megatron-LM's `make_vocab_size_divisible_by` (128) times the tensor-parallel size sets the multiple.
+# GPT-2's vocabulary of 50,257 tokens is odd, so no degree above 1 divides it. At `tp = 8` it is padded to
+# a multiple of 1,024: 51,200 rows, 943 of them padding, 6,400 per GPU. Llama 3's 128,256 is a multiple
+# of 128 but not of 1,024, so at `tp = 8` it is padded to 129,024 (768 rows). The next cell prints both
+# at every `tp`.
+#
+# </details>
 
 # %%
 from shardlib.models import SHAPE_RULE_EXAMPLES, binding_rule, padded_vocab_size, vocab_padding_bytes
@@ -359,22 +367,76 @@ for m in (SHAPE_RULE_EXAMPLES["vocab"], LLAMA_3_70B):
         print(f"{m.name:<14}{m.vocab_size:>8,}{tp:>4}{padded:>11,}{padded - m.vocab_size:>13,}"
               f"{vocab_padding_bytes(m, tp) / 1e6:>10,.1f} MB{vocab_padding_bytes(m, tp) / tp / 1e6:>7,.1f} MB")
 
+# %% [markdown]
+# ## Explore: which splits a model allows
+#
+# Pick a model and a tensor-parallel degree. The picker says whether the shapes allow it, and what it
+# costs: KV heads per GPU, one sequence's KV cache per GPU, the padded vocabulary.
+#
+# **Your task.** Pick Mixtral-8x7B (32 query heads, 8 KV heads). Which degrees above 8 does it allow?
+# One multiple of 8 below 32 is refused: which, and by which rule?
+
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_wall_picker
 
 tp_wall_picker()
 
 # %% [markdown]
+# <details><summary>Answer</summary>
+#
+# 16 and 32: each KV head is copied on 2 or 4 GPUs, and the KV cache per GPU stays at its `tp = 8` size.
+# `tp = 24` is a multiple of 8, but 32 query heads cannot be split 24 ways: the query heads refuse it.
+#
+# </details>
+
+# %% [markdown]
 # ## Explore: shards and cut order
 #
-# The slider sets the number of shards, the buttons the cut order. The prediction updates for any
-# shard count; when it equals the running pool's size (2), the pair also runs on the live ranks and
-# the measured collectives are set beside the prediction.
+# The slider sets the number of shards, the buttons the cut order. When the shard count equals the
+# running pool's size (2), the pair also runs on the live ranks and the measured collectives are set
+# beside the prediction.
+#
+# **Your task.** Keep column-then-row. Its buffer is 3,072 bytes at every shard count. How do its wire
+# bytes per rank change from 2 to 4 to 8 shards, and towards what limit? What does 1 shard send?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_cut_explorer
 
 tp_cut_explorer(ranks)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# 3,072, then 4,608, then 5,376 bytes: 1x, 1.5x and 1.75x the buffer, since a ring all-reduce sends
+# `2(n-1)/n` of it per rank. The limit is 2x. One shard holds everything and sends nothing.
+#
+# </details>
+
+# %% [markdown]
+# ## Worked problems
+#
+# **Worked problem 1.** An MLP pair has `d_model = 4,096` and `d_hidden = 14,336`, split `tp = 4` ways
+# column-then-row. A prefill step carries 2,048 tokens in bf16 (2 bytes each). How many bytes is the
+# all-reduce's buffer, and how many does each rank send under the ring? What would the other cut order's
+# wire bytes be?
+#
+# <details><summary>Answer</summary>
+#
+# Buffer: `2,048 x 4,096 x 2 = 16,777,216` bytes (16 MiB). Wire per rank: `2(n-1)/n = 1.5` times that,
+# 24 MiB. The other order's wire ratio is `d_hidden / d_model + 1/2 = 3.5 + 0.5 = 4`, so 96 MiB per rank.
+#
+# </details>
+#
+# **Worked problem 2.** A model has 40 query heads and 8 KV heads. Which `tp` from 2 to 40 do its heads
+# allow? At which does each GPU's KV cache stop shrinking?
+#
+# <details><summary>Answer</summary>
+#
+# Up to 8, `tp` must divide 8: 2, 4, 8. Past 8 it must be a multiple of 8 that also divides the 40
+# query heads: 40 only (16, 24 and 32 do not divide 40). So 2, 4, 8 and 40. The KV cache per GPU stops
+# shrinking at `tp = 8`; at 40 each KV head is copied on 5 GPUs.
+#
+# </details>
 
 # %% [markdown]
 # ## Check yourself
@@ -387,61 +449,57 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "A pair is cut column-then-row with a GELU between the matrices. Where is the all-reduce?",
-        ("Before the GELU", "After the second matrix", "Both before the GELU and after the second matrix",
-         "None is needed"),
-        1,
+        ("Before the GELU, on the intermediate", "None: each rank's output is already whole",
+         "After the second matrix", "Both before the GELU and after the second"),
+        2,
         "Each device holds whole features of the intermediate, and GELU acts on each feature separately, "
         "so it can be applied to the slice. Only the row-parallel product leaves partial sums.",
     ),
     Question(
         "An nn.Linear(4096, 14336) weight is stored as (14336, 4096). shard_columns(W, 4) gives each device "
         "which slice, and what does each device then need?",
-        ("(14336, 1024): a quarter of the input features; it needs only its slice of the input",
-         "(3584, 4096): a quarter of the output features; it needs the whole input and sends nothing",
-         "(3584, 4096): a quarter of the output features; its outputs must be all-reduced",
-         "(14336, 1024): a quarter of the output features"),
-        1,
+        ("(3584, 4096); it needs the whole input and sends nothing",
+         "(14336, 1024); it needs only its slice of the input",
+         "(3584, 4096); its outputs must then be all-reduced",
+         "(14336, 1024); it holds a quarter of the output features"),
+        0,
         "A column split cuts the output features, dim 0 of the stored weight (the columns of W.T). Each device "
         "computes whole output features from the whole input; only a row split leaves partial sums.",
     ),
     Question(
-        "On 8 ranks, with d_hidden = 4 x d_model, the other cut order sends how many times the wire bytes "
+        "On 8 ranks, with d_hidden = 2 x d_model, the other cut order sends how many times the wire bytes "
         "per rank of column-then-row?",
-        ("2x, as the rule of thumb says", "5x, the buffer ratio", "4.5x: the intermediate's all-reduce is 4x, and the "
-         "output's all-gather sends half of what an all-reduce of it would", "It depends on the number of ranks"),
-        2,
-        "Per rank, an all-reduce sends 2(n-1)/n of its buffer and an all-gather (n-1)/n: (2 x 4 + 1) / 2 = 4.5, "
-        "and the (n-1)/n cancels. The rule of thumb's 2x is the count of collectives, which is what a latency-bound "
-        "(decode) pair pays for.",
+        ("2x, as the rule of thumb says", "3x, the ratio of the buffers", "It depends on the number of ranks",
+         "2.5x"),
+        3,
+        "Per rank, an all-reduce sends 2(n-1)/n of its buffer and an all-gather (n-1)/n: (2 x 2 + 1) / 2 = 2.5, "
+        "and the (n-1)/n cancels. 3x is the buffer ratio; the rule of thumb's 2x is the count of collectives.",
     ),
     Question(
-        "Mixtral-8x7B has 32 query heads and 8 KV heads. Split tp = 16 ways instead of 8, what happens to "
-        "each GPU's KV cache for the same sequences?",
-        ("It halves, like the weights", "It stays the same: each of the 8 KV heads is copied on 2 GPUs, so "
-         "each GPU still holds one whole KV head", "Nothing: tp = 16 is impossible with 8 KV heads"),
+        "Llama-3-8B has 32 query heads and 8 KV heads. Split tp = 32 instead of 8: what happens to each "
+        "GPU's KV cache for the same sequences?",
+        ("Shrinks 4x, just as the weights per GPU do", "Stays as at tp = 8: heads are copied",
+         "Cannot happen: 8 KV heads refuse tp = 32", "Grows 4x, since every copy keeps a cache"),
         1,
-        "A query head needs its keys and values on the same device, so past the KV-head count each KV head is "
-        "copied (vLLM's way): tp = 16 is allowed, but the KV cache per GPU stops shrinking at 8, and the "
-        "copies' k and v weights cost memory too.",
+        "Past the KV-head count each KV head is copied, here on 4 GPUs. Each GPU still holds one whole KV "
+        "head, so its cache stays at its tp = 8 size, and the copies' k and v weights cost memory too.",
     ),
     Question(
-        "GPT-2's vocabulary has 50,257 tokens, which no tp above 1 divides. What does tp = 8 do with it?",
-        ("Refuses: the vocabulary must divide by tp", "Pads it to a multiple of 128 x 8 = 1,024 rows (51,200), "
-         "each GPU holding 6,400", "Pads it to a multiple of 128 (50,304)"),
-        1,
-        "Megatron-LM pads to make_vocab_size_divisible_by (128) times the tensor-parallel size, so each slice "
-        "is equal and itself a multiple of 128; the padded rows cost a little memory and are never predicted.",
+        "Mixtral's vocabulary has 32,000 tokens. What does tp = 8 do with it, as Megatron-LM pads?",
+        ("Pads it to 32,768, a multiple of 1,024", "Keeps 32,000, a multiple of 128 already",
+         "Keeps 32,000, since 8 divides it evenly", "Refuses tp = 8 because of the vocabulary"),
+        0,
+        "Megatron-LM pads to make_vocab_size_divisible_by (128) times tp, so each slice is equal and itself a "
+        "multiple of 128. 32,000 is 31.25 x 1,024, so 32,768; the 768 padded rows are never predicted.",
     ),
     Question(
         "Why does tensor parallelism need much more frequent GPU-to-GPU communication than pipeline "
         "parallelism?",
-        ("Its messages are larger", "It splits the work inside each layer, so every pair of matrices ends "
-         "in an all-reduce before the next layer can start", "It uses all-to-all instead of point-to-point",
-         "It keeps a copy of the weights on every GPU"),
-        1,
+        ("Its messages are larger than a pipeline's", "It uses all-to-all, not point-to-point sends",
+         "Each pair of matrices ends in an all-reduce", "It keeps a copy of the weights on every GPU"),
+        2,
         "Two all-reduces per transformer layer in the forward pass (after attention and after the MLP), and "
-        "two more in the backward. Pipeline parallelism sends activations only across the boundary between "
-        "stages, once per stage per microbatch.",
+        "two more in the backward. A pipeline sends activations only across the boundary between stages.",
     ),
 )
 
@@ -449,17 +507,13 @@ show_questions(
 # ## What you saw
 #
 # - Column split: whole input in, a slice out, no communication. Row split: a slice in, a partial out,
-#   summed by an all-reduce.
-# - A column split cuts dim 0 of the stored `(out, in)` weight (the output features, the columns of
-#   `W.T`); a row split cuts dim 1 (the input features).
-# - Column-then-row is exact at 2, 4 and 8 shards and needs one all-reduce per pair. The other order
-#   was measured on 2 and 4 ranks needing 2 collectives, 5x the buffer bytes and 4.5x the wire bytes
-#   (`d_hidden = 4 · d_model`), each equal to its formula: the rule of thumb's "doubles" is the collective
-#   count, what a latency-bound pair pays; a bandwidth-bound one pays the wire ratio.
-# - A Llama MLP and a GQA attention block ran on 2 and 4 real ranks, forward and backward, equal to the
-#   unsharded blocks within `1e-5`, with one all-reduce each way (Megatron-LM's g and f).
-# - Tensor parallelism hands out whole KV heads; past their count (8 for Llama-3-70B) a multiple of it
-#   copies each KV head, and the cost is that the KV cache per GPU stops shrinking. The MLP width must
-#   divide (an odd `d_ff` binds first); the vocabulary never blocks, padded to a multiple of 128 x tp.
+#   summed by an all-reduce. A column split cuts dim 0 of the stored `(out, in)` weight.
+# - Column-then-row is exact at 2, 4 and 8 shards and needs one all-reduce per pair (Megatron's g
+#   forward, f backward).
+# - The other order, measured on 2 and 4 ranks: 2 collectives, 5x the buffer bytes and 4.5x the wire
+#   bytes at `d_hidden = 4 · d_model`, each equal to its formula.
+# - A Llama MLP and a GQA attention block ran on 2 and 4 ranks, forward and backward, within `1e-5`.
+# - The KV-head limit: past the KV-head count, `tp` must be a multiple of it, each KV head is copied,
+#   and the KV cache per GPU stops shrinking. The vocabulary never blocks: it is padded.
 #
 # Next: **02 · Communication costs**, which puts a price on those all-reduces, per link.

@@ -18,7 +18,8 @@
 # **What you will do.** Write two pieces of notebook 01 yourself: the row split of a weight matrix, and
 # a column-then-row pair that runs on real ranks with one all-reduce. After each, run the checker
 # cell: it compares your function with the library's reference at several shard counts (and, for the
-# pair, on 2 and 4 real ranks) and says what differs, where, and the likely mistake.
+# pair, on 2 and 4 real ranks). It says what differs, where, and the likely mistake; when no usual
+# mistake matches, it lists what to check, in order.
 #
 # Until you write a function, its checker says "not written yet". Replace the
 # `raise NotImplementedError` line, run the cell, then run the checker.
@@ -91,16 +92,16 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "A (12, 24) weight split by rows into 4 shards: what shape is each shard?",
-        ("(3, 24)", "(12, 6)", "(6, 12)", "(12, 24)"),
-        1,
+        ("(12, 6)", "(3, 24)", "(6, 12)", "(12, 24)"),
+        0,
         "A row split cuts dim 1, the 24 input features, into 4 slices of 6; every shard keeps all 12 output "
         "features. (3, 24) is the column split.",
     ),
     Question(
         "Your pair returns the right shape on every rank, but the checker says each rank holds only its own "
         "partial product. What is missing?",
-        ("A second bias", "The all-reduce that sums the partial products", "An all-gather of the weights"),
-        1,
+        ("A second bias, added on every rank", "An all-gather of the weight slices", "The all-reduce of the partials"),
+        2,
         "The row-parallel matrix leaves each rank a partial sum over all output features; only their sum, "
         "one all-reduce, is the layer's output.",
     ),

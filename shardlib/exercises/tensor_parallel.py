@@ -181,7 +181,33 @@ def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
         return f"it is off by {tp - 1} x b2: b2 was added on every rank before the sum; add it once, after"
     if _close(out, ref - b2):
         return "it lacks b2: add the second bias once, after the all-reduce"
-    return f"largest difference {float((out - ref).abs().max()):.3g} (tolerance 1e-5)"
+    total = sum(partials)  # the all-reduce of the right partials, before b2: (batch, seq, d_model)
+    if _close(out, total / tp + b2):
+        return (f"it is the mean of the partial products, not their sum (1/{tp} of it): each partial is a share of "
+                "the output, so add them up (all_reduce's default op, 'sum') and do not divide by tp")
+    if _close(out, tp * total + b2) or _close(out, tp * (total + b2)):
+        return (f"it is {tp} times the sum: the partials were summed twice, or each rank used the whole w1 or w2; "
+                f"each rank uses only its 1/{tp} of the hidden features")
+    linear = sum(F.linear(F.linear(x, c, b), r)  # the pair with no gelu between the matrices
+                 for c, b, r in zip(shard_columns(w1, tp), shard_columns(b1, tp), shard_rows(w2, tp)))
+    if _close(out, F.gelu(linear) + b2) or _close(out, F.gelu(linear + b2)):
+        return ("gelu was applied after the all-reduce: apply it to this rank's slice of the hidden layer, "
+                "between the two matrices, before w2")
+    no_b1 = sum(F.linear(F.gelu(F.linear(x, c)), r) for c, r in zip(shard_columns(w1, tp), shard_rows(w2, tp)))
+    if _close(out, no_b1 + b2):
+        return f"it lacks b1: add this rank's slice of b1 (entries cut like w1's rows, 1/{tp} each) before gelu"
+    if tp > 1:
+        rows = shard_rows(w2, tp)
+        shifted = sum(F.linear(F.gelu(F.linear(x, c, b)), r)
+                      for c, b, r in zip(shard_columns(w1, tp), shard_columns(b1, tp), rows[1:] + rows[:1]))
+        if _close(out, shifted + b2):
+            return ("rank r's slice of w2 does not match its slice of w1: both must cover the same hidden features, "
+                    "w1's rows and w2's columns r*d_hidden/tp .. (r+1)*d_hidden/tp")
+    return (f"largest difference {float((out - ref).abs().max()):.3g} from the unsharded pair (tolerance 1e-5), and no "
+            f"usual mistake matches. Check, on rank r of {tp}: (1) w1's rows and b1's entries for hidden features "
+            f"r*d_hidden/tp .. (r+1)*d_hidden/tp (shard_columns); (2) w2's columns for the same features "
+            f"(shard_rows); (3) F.gelu (not relu) on that hidden slice, before w2; (4) one ctx.comm.all_reduce of "
+            f"the partial output, its result used; (5) b2 added once, after the sum")
 
 
 def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:

@@ -54,6 +54,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
               "effective_flops_on_rank"),
     "drivers": ("check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
                 "format_traffic", "DecodeRun", "run_decode", "ToyClusterFit", "run_toy_cluster_calibration"),
-    "across": ("AcrossRow", "AcrossNodes", "across_layouts", "across_workload", "run_across_nodes", "format_across"),
+    "across": ("AcrossRow", "AcrossNodes", "across_layouts", "across_workload", "run_across_nodes", "format_across",
+               "check_across_nodes", "across_verdicts"),
     "machines": ("across_layout", "tp_inside_pp_across_on_rank", "AcrossResult"),
 })

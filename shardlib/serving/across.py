@@ -14,7 +14,7 @@ side: time between two tokens of a sequence, and tokens per second.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +23,7 @@ from ..costs.emulation import EmulatedLink
 from ..hardware import Cluster, Link, toy_cluster
 from ..mesh import Layout
 from ..models import ModelConfig, check_tensor_parallel
+from ..runtime.verdict import Verdict, verified
 from ..toy import decode_reference
 from .decode import Score, score
 from .drivers import run_decode
@@ -55,6 +56,7 @@ class AcrossNodes:
     batch: int
     rows: tuple[AcrossRow, ...]  # PP across nodes first, then TP across nodes
     spans: tuple = ()  # the last run of the pipeline, for a timeline
+    verdicts: tuple[Verdict, ...] = ()  # predicted against measured time per token, per row (check_across_nodes)
 
 
 def across_layouts(world_size: int) -> tuple[Layout, Layout]:
@@ -120,3 +122,25 @@ def format_across(result: AcrossNodes) -> str:
         lines.append(f"{r.layout.label:<22}{r.kind:<34}{p.decode_step_s * 1e3:>9.2f}{r.token_interval_s * 1e3:>9.2f}"
                      f"{r.latency_ratio:>7.2f}{p.tokens_per_s:>10,.0f}{r.tokens_per_s:>9,.0f}")
     return "\n".join(lines)
+
+
+BAND = (0.5, 2.0)  # measured / predicted time per token, each way across the nodes
+
+
+def across_verdicts(result: AcrossNodes) -> tuple[Verdict, ...]:
+    """One verdict per way across the nodes: the planner's time per token against the measured median."""
+    return tuple(Verdict(f"{row.kind} ({row.layout.label}), time per token", row.predicted.decode_step_s,
+                         row.token_interval_s, "s", *BAND) for row in result.rows)
+
+
+def check_across_nodes(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor, inter_link: Link,
+                       steps: int = 6, repeats: int = 3, attempts: int = 3) -> AcrossNodes:
+    """``run_across_nodes``, with its claim checked: each way's measured time per token (the median of
+    ``repeats`` runs of ``steps`` decode steps) within a factor of 2 of the planner's, either way. A burst of
+    other work on the machine stretches a run and never shortens one, so the whole measurement is taken
+    again, at most ``attempts`` times in all, until both hold; the last is kept. Its ``verdicts`` say
+    predicted, measured, ratio and verdict in one line each; under a test run a verdict that never held
+    raises ``AssertionError`` (``runtime.verdict.verified``)."""
+    result, verdicts = verified(lambda: run_across_nodes(ranks, model, layers, x, inter_link, steps, repeats),
+                                across_verdicts, attempts)
+    return replace(result, verdicts=verdicts)

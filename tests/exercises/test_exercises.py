@@ -121,6 +121,30 @@ def returns_a_slice(ctx, x, w1, b1, w2, b2):
     return no_communication(ctx, x, w1, b1, w2, b2).chunk(tp, -1)[r]
 
 
+def averaged_not_summed(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r]))
+    return ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 1)[r])) / tp + b2
+
+
+def gelu_after_the_sum(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r])
+    return F.gelu(ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 1)[r]))) + b2
+
+
+def slices_misaligned(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.gelu(F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r]))
+    return ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 1)[(r + 1) % tp])) + b2
+
+
+def relu_not_gelu(ctx, x, w1, b1, w2, b2):
+    tp, r = ctx.world_size, ctx.rank
+    hidden = F.relu(F.linear(x, w1.chunk(tp, 0)[r], b1.chunk(tp, 0)[r]))
+    return ctx.comm.all_reduce(F.linear(hidden, w2.chunk(tp, 1)[r])) + b2
+
+
 def test_pair_solution_passes_on_2_and_4_ranks(pool2, pool4):
     result = grade_tp_pair_forward(answers.tp_pair_forward, pool2, pool4)
     assert result.passed, str(result)
@@ -139,6 +163,10 @@ def test_pair_blank_is_not_written_without_touching_the_ranks(pool2):
     (pair_rows_and_columns_swapped, ("2 ranks: rank", "w1 is (d_hidden, d_model) and is cut by columns")),
     (no_communication, ("rank 0", "issued no collectives", "one all_reduce")),
     (returns_a_slice, ("rank 0", "a slice of the 8 output features")),
+    (averaged_not_summed, ("rank 0", "the mean of the partial products", "do not divide")),
+    (gelu_after_the_sum, ("rank 0", "gelu was applied after the all-reduce")),
+    (slices_misaligned, ("rank 0", "does not match its slice of w1", "the same hidden features")),
+    (relu_not_gelu, ("rank 0", "no usual mistake matches", "F.gelu (not relu)", "b2 added once")),
 ])
 def test_pair_wrong_answers_fail_with_a_hint(pool2, wrong, phrases):
     assert_wrong(grade_tp_pair_forward(wrong, pool2), "2 ranks", *phrases)
