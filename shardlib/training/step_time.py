@@ -8,6 +8,8 @@
   (``toy_prediction.predict_step``), as a ``StepTimeCheck``: errors per layout, their mean, the ranking both
   ways and Spearman's rank correlation (``toy_prediction.spearman``). ``claim_ranking``: the same, retried
   until the correlation reaches a floor; a claim that still fails prints the numbers, not a traceback.
+
+One idea: the measured side of one claim (fit, run, rank, compare); split, its halves would only call each other.
 """
 
 from __future__ import annotations

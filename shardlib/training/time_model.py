@@ -1,25 +1,17 @@
 """What training one layout costs: the workload, and one step's time on a cluster, term by term.
 
-Each of ``dp`` replicas runs ``m`` microbatches of ``b`` sequences (``global batch = b x m x dp``):
-**compute**: ``6 N`` FLOPs per token over the matrix parameters plus attention's ``12 L h s`` halved for a
-causal mask (Narayanan et al. 2021 count ``12 L h s``; a causal kernel such as FlashAttention skips the masked
-half, and MFU here counts the same halved work) plus recomputation's (full: a forward more; selective:
-attention's core), over the ``tp x pp x cp`` GPUs of a replica at ``kernel_efficiency`` of dense BF16 peak,
-the heaviest stage (its layers, and the head on the last) setting the pace; **bubble**: the registry's
-published idle (1F1B's ``p - 1`` microbatch slots, ``/ v`` interleaved); **tp** (exposed): sequence
-parallelism's two all-gathers and two reduce-scatters per layer forward, as many backward, more under full
-recomputation; **cp**: the ring's K/V (``cp - 1`` hops forward, K, V, dK, dV back) hidden behind the layer's
-attention up to its time; **dp** over the ``dp x cp`` ranks holding the same weights, a collective per layer:
-DDP and ZeRO-1 once a step behind the last microbatch's backward but for the last bucket, ZeRO-2 every
-microbatch plus a weight gather, ZeRO-3 two gathers and a reduce-scatter every microbatch behind its compute;
-**pp**: the first microbatch's hops forward and the last one's back; **optimizer** (if the workload counts
-it): AdamW's pass over what a rank updates. Links as ``traffic.axis_link`` places them; values on the wire in
-bf16 unless ``comm_bytes_per_value`` says otherwise. **Latency**: every collective pays the link's alpha once
-per ring step (``latency_charge = "per_step"``: ``n - 1`` for an all-gather or reduce-scatter over ``n``
-ranks). A ring is NCCL's algorithm for all-gather and reduce-scatter, the collectives sequence parallelism and
-ZeRO call (its tree, about ``log2 n`` latencies, serves all-reduce only): so a ZeRO-3 gather over 2,048
-replicas pays 2,047 latencies, which no prefetch hides once they pass a layer's compute. A model: no kernel
-launch, no imbalance but the heaviest stage's, no failures. Pure: no torch.
+Each of ``dp`` replicas runs ``m`` microbatches of ``b`` sequences (``global batch = b x m x dp``).
+**compute**: ``6 N`` FLOPs per token plus attention's ``12 L h s``, halved for a causal mask (a causal
+kernel skips the masked half; MFU counts the same work), plus recomputation's, at ``kernel_efficiency`` of
+peak, the heaviest stage setting the pace; **bubble**: the registry's published idle; **tp** (exposed):
+sequence parallelism's gathers and scatters; **cp**: the ring's K/V hidden behind attention up to its time;
+**dp** over the ``dp x cp`` ranks holding the same weights (DDP and ZeRO-1 once a step but for the last
+bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a reduce-scatter per
+microbatch behind its compute, the first gather exposed); **pp**: the first and last microbatches' hops;
+**optimizer**: AdamW's pass. **Latency**: every collective pays alpha once per ring step (``n - 1`` over
+``n`` ranks: NCCL's ring for all-gather and reduce-scatter; its tree, about ``log2 n``, serves all-reduce
+only), so a ZeRO-3 gather over 2,048 replicas pays 2,047 latencies. A model: no kernel launch, no
+imbalance but the heaviest stage's, no failures. Pure: no torch.
 """
 
 from __future__ import annotations
