@@ -366,7 +366,8 @@ def calibration_verdicts(cal: Calibration) -> tuple[Verdict, ...]:
         predicted = (collective_time_s(op, large.size_bytes, large.n_ranks, link, cal.latency_charge)
                      / collective_time_s(op, small.size_bytes, small.n_ranks, link, cal.latency_charge))
         low, high = _one_sided(predicted, at_least=GROWTH_AT_LEAST)
-        out.append(Verdict(f"{op.replace('_', '-')}: {_size(large.size_bytes)} over {_size(small.size_bytes)}",
+        out.append(Verdict(f"{op.replace('_', '-')}: {_size(large.size_bytes)} over {_size(small.size_bytes)}, "
+                           f"more than {GROWTH_AT_LEAST:g}x",
                            predicted, large.seconds / small.seconds, "x", low, high))
     return tuple(out)
 

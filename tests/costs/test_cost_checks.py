@@ -101,7 +101,7 @@ def test_calibration_verdicts_claim_that_bytes_cost_time():
                Sample("point_to_point", 2, 16 * MIB, 1e-4 + 16 * MIB / 1e9))
     cal = Calibration(samples, fit, {"point_to_point": fit})
     (v,) = calibration_verdicts(cal)
-    assert v.what == "point-to-point: 16 MiB over 64 B" and v.held
+    assert v.what == "point-to-point: 16 MiB over 64 B, more than 2x" and v.held
     assert v.predicted == pytest.approx(v.measured) and v.low == pytest.approx(2 / v.predicted)
     flat = Calibration((samples[0], Sample("point_to_point", 2, 16 * MIB, 1.5e-4)), fit, {"point_to_point": fit})
     assert not calibration_verdicts(flat)[0].held  # 16 MiB in 1.5x the time of 64 B: not shown
