@@ -38,14 +38,13 @@
 # ## Latency-bound or bandwidth-bound
 #
 # A message is **latency-bound** when its fixed cost dominates its time. It is **bandwidth-bound** when
-# size over bandwidth dominates. The two parts are equal at `S = alpha · B`, the crossover size. Every
-# notebook uses the two words this way.
+# size over bandwidth dominates. The two parts are equal at `S = alpha · B`, the crossover size.
 #
 # ## The ring all-reduce
 #
 # The ring all-reduce passes chunks of `S/n` around `n` ranks. It takes `2(n-1)` steps: `n-1` to sum
 # (a reduce-scatter), `n-1` to share the sums (an all-gather). So each rank sends `2(n-1)/n` of the
-# buffer, whatever `n` is:
+# buffer: once the buffer at `n = 2`, nearly twice for many ranks:
 #
 # | operation | time, one latency per ring step |
 # | --- | --- |
@@ -87,6 +86,9 @@
 # not a measurement.
 #
 # </details>
+#
+# **Predict.** Price an all-reduce of 1 MB on 4 ranks by hand first: a link of 10 us per message and
+# 1 GB/s each way, one latency per ring step. Then run the cell.
 
 # %%
 from shardlib.costs import all_reduce_s, bus_bandwidth, collective_terms_s, crossover_bytes, point_to_point_s
@@ -132,7 +134,7 @@ show_code(one_call, sweep_on_rank)
 #
 # Each figure carries its source and says whether it counts one direction or both. NVLink's 900 GB/s
 # adds both directions together; a ring uses one direction at a time, 450 GB/s. No data sheet gives a
-# latency. The values below are orders of magnitude, which is all the argument needs.
+# latency: the values below are orders of magnitude.
 
 # %%
 from shardlib.hardware import LINKS
@@ -156,7 +158,7 @@ for preset in LINKS.values():
 #   2,048-token prompt.
 #
 # **Predict.** With one latency per call, which column changes with the link, and which with the
-# number of shards? Write your guess down, then run the cell.
+# number of shards?
 
 # %%
 from shardlib.models import LLAMA_3_8B
@@ -173,7 +175,7 @@ prefill = sorted(tp_prefill_cost(LLAMA_3_8B, 8, p, 2048).total_s for p in LINKS.
 assert prefill[-1] / prefill[0] > 30  # prefill tracks the link's bandwidth
 
 # %% [markdown]
-# Two lessons, worth more than the numbers:
+# Two lessons:
 #
 # 1. **Decode of one sequence is latency-bound.** 8 KiB crosses NVLink in 18 nanoseconds. The 5 us of
 #    fixed cost, paid 64 times per token, is the whole bill. Fewer shards put fewer bytes on the wire,
@@ -269,7 +271,7 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 # %% [markdown]
 # ## Measure: this machine's latency and bandwidth
 #
-# Now the same two numbers for this machine. One pool of 4 ranks serves the whole notebook; the sweep
+# Now this machine's own numbers. One pool of 4 ranks serves the whole notebook; the sweep
 # runs on its first 2. It times an all-reduce, an all-to-all and a ping-pong from 64 bytes to 16 MiB.
 # A least-squares fit then finds the `alpha` and `B` that explain the points, one latency per ring
 # step.
@@ -351,7 +353,7 @@ for tokens, what in messages.items():
     print(f"{what:<24}{size:>12,}" + "".join(f"{all_reduce_s(size, n, here) * 1e3:>8.3f} ms" for n in (2, 4)))
 
 # %% [markdown]
-# Now measured. Each line below sets one measurement beside its prediction.
+# Now measured, one line per claim.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.costs import fit_link, run_decode_vs_prefill_check
@@ -389,8 +391,9 @@ for v in measured.verdicts:
 # - **Decode of a few sequences is latency-bound.** Eight sequences carry 8x the bytes in about the
 #   same time. Both sit far below this machine's crossover.
 # - **Here fewer shards make decode cheaper.** The message is the same 8 KiB at both degrees. What
-#   grows is the number of latencies: 2 ring steps against 6. That is the `per_step` convention,
-#   measured. A GPU library's small-message all-reduce would keep decode flat instead.
+#   grows is the number of latencies, 2 ring steps against 6: the `per_step` convention. Here each step
+#   also costs more, since 4 processes share 2 cores (the tp = 4 fit). A GPU library would keep decode
+#   flat instead.
 
 # %% [markdown]
 # ## Explore: link, shards, prompt and batch
@@ -627,9 +630,9 @@ replicas_vs_tp_figure(served, where=where)
 #
 # </details>
 #
-# **Worked problem 3.** On your run, the replica's step was `C` and the fitted all-reduce time per step
-# `T`. Suppose `C` = 40 ms and `T` = 3 ms on 2 devices. What latency per token and what throughput
-# ratio does the formula predict?
+# **Worked problem 3.** Your run measured a replica's step, `C`, and priced the all-reduces per step,
+# `T`. Take `C` = 40 ms and `T` = 3 ms on 2 devices instead. What latency per token and what
+# throughput ratio does the formula predict?
 #
 # <details><summary>Answer</summary>
 #
