@@ -437,8 +437,9 @@ slowed = run_slow_rank_check(ranks, 1, delay_s)
 slow = slowed.run
 for op in slow.ops:
     steps = [res.step_s[op] for res in slow.per_rank]
+    inside = [res.collective_s[op] for res in slow.per_rank]
     print(f"{op:<15} step per rank {', '.join(f'{s * 1e3:5.1f}' for s in steps)} ms; inside the collective: "
-          f"rank 0 {slow.per_rank[0].collective_s[op] * 1e3:5.1f} ms, rank 1 {slow.per_rank[1].collective_s[op] * 1e3:5.1f} ms")
+          f"rank 0 {inside[0] * 1e3:5.1f} ms, rank 1 {inside[1] * 1e3:5.1f} ms")
 for v in slowed.verdicts:
     print(v.line)
 

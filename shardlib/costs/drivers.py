@@ -5,10 +5,12 @@
 * ``run_decode_vs_prefill``: all-reduces of one token (decode) and of thousands (prefill) at tp = 2 and 4,
   fastest rounds (medians beside them) against the prediction of a link fitted to fastest rounds.
 * ``run_slow_rank``: one rank delayed; how long every rank then spends inside each collective.
-* ``run_replicas_vs_tp``: replicas against one tensor-parallel copy, step by step in turn: latency per
-  token and tokens per second per device, measured and predicted.
+* ``run_replicas_vs_tp``: replicas against one tensor-parallel copy, step by step in turn.
+* ``run_*_check``: each of those with its ``verdicts`` (``runtime.verdict``), the lines notebook 02 prints.
 
 A pool larger than the group a measurement needs runs it on its first ranks (``ranks.leading_group``).
+One idea: how this package's measurements are run on a pool and judged against their predictions; each
+``run_*_check`` sits beside the driver whose result it judges.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Grader for the communication-costs exercise: fit a latency and a bandwidth to a sweep of timings.
 
 The learner writes ``fit_alpha_beta(sizes_bytes, times_s) -> (latency_s, bandwidth_bytes_per_s)``: the
-alpha-beta model (Hockney 1994) says a message of ``S`` bytes takes ``t = alpha + S / bandwidth``, a
-straight line in ``S`` whose intercept is the latency and whose slope is ``1 / bandwidth``. Least squares
-finds it; as in notebook 02 and ``costs.calibration.fit_link`` (the reference), each equation is divided
-by its own measured time, so every point counts by its *relative* error: otherwise the largest messages,
-hundreds of times slower, decide everything and the latency is left to chance (or comes out negative).
+alpha-beta model (Hockney 1994), ``t = alpha + S / bandwidth``, a straight line in ``S``. The reference,
+``costs.calibration.fit_link``, divides each equation by its own measured time (relative errors): otherwise
+the largest messages decide everything and the latency is left to their noise (or comes out negative).
+The starter does not say so: a first, unweighted fit passes the exact sweeps, fails the noisy ones, and
+the grader shows why in numbers (the line's smallest and largest message against their times); the
+notebook's folded hint leads to the weighting.
 
-The starter does not say so: a learner's first, unweighted fit passes the exact sweeps and fails the
-noisy ones, and the grader then says why in numbers (what the line predicts for the smallest and the
-largest message, against what they took); the notebook's folded hint leads to the weighting.
-
-The synthetic sweeps have a known latency and bandwidth: exact ones at three scales (this machine, an
-NVLink node, large messages only, where the smallest message is far from pure latency) and noisy ones
-(10 % log-normal noise, seeded), some handed over unsorted. Given a ``Ranks`` pool, the grader then
-times a point-to-point sweep on ranks 0 and 1 and sets the learner's fit beside the library's fit of
-the same points.
+The synthetic sweeps have a known latency and bandwidth: exact ones at three scales and noisy ones (10 %
+log-normal, seeded), some unsorted. Given a ``Ranks`` pool, the grader then times a point-to-point sweep
+on ranks 0 and 1 and sets the learner's fit beside the library's fit of the same points.
 """
 
 from __future__ import annotations
