@@ -265,7 +265,7 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 
 # %% [markdown]
 # The pipeline moves 128 times fewer bytes. It pays in idle time instead: the bubble of
-# [notebook 03](03_pipeline_parallel.ipynb). That is why deployments put tensor parallelism on the fast
+# [notebook 03](03_pipeline_parallel.ipynb). That is why many deployments put tensor parallelism on the fast
 # link inside a node and pipeline stages across the slower one between nodes.
 
 # %% [markdown]
@@ -427,7 +427,7 @@ tp_cost_explorer([*LINKS.values(), here])
 # say).
 #
 # **Predict.** Every rank's step takes about 50 ms plus the collective's own time. The fast ranks spend
-# the 50 ms waiting *inside* the collective; the slow rank does not wait there at all.
+# the 50 ms waiting *inside* the collective; the slow rank hardly waits there.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.costs import run_slow_rank_check
@@ -562,8 +562,8 @@ latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 # %% [markdown]
 # ## Measure: replicas against a split copy on these ranks
 #
-# The same trade on 2 of the pool's ranks. A stack of 4 gated MLP layers (`d_model = 512`, `d_ff =
-# 2048`, float32) serves 16 sequences per step both ways, one step of each in turn, so both see the
+# The same trade on 2 of the pool's ranks. A stack of 2 gated MLP layers (`d_model = 768`, `d_ff =
+# 3072`, float32) serves 16 sequences per step both ways, one step of each in turn, so both see the
 # same load. The toy has no memory limit, so both ways run the same batch.
 #
 # **Predict.** The prediction takes the replicas' measured step for `C` and the fitted all-reduce for
@@ -573,7 +573,7 @@ latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 # %% tags=["nbval-ignore-output"]
 from shardlib.costs import run_replicas_vs_tp_check, serving_model
 
-served_check = run_replicas_vs_tp_check(ranks, here, model=serving_model(n_layers=4, d_model=512, d_ff=2048),
+served_check = run_replicas_vs_tp_check(ranks, here, model=serving_model(n_layers=2, d_model=768, d_ff=3072),
                                         batch=16, steps=8, tp=2)
 served = served_check.run
 print(f"median of {len(served.tp_steps_s)} steps each way: replica {served.measured.replica_step_s * 1e3:.1f} ms, "
