@@ -450,7 +450,11 @@ def run_decode_vs_prefill_check(ranks, link: Link, model: ModelConfig = LLAMA_3_
                                 attempts: int = CHECK_ATTEMPTS, **kwargs) -> DecodeVsPrefillCheck:
     """``run_decode_vs_prefill`` (arguments as it takes them), measured again while a verdict of
     ``decode_vs_prefill_verdicts`` does not hold. ``tokens``: the two smallest counts are the decode
-    steps compared, the two largest the prompts."""
+    steps compared, the two largest the prompts (measured in increasing order)."""
+    tokens = tuple(sorted(tokens))
+    if len(set(tokens)) < 4:
+        raise ValueError(f"the check compares two decode steps and two prompts, and judges each latency-bound "
+                         f"point against the others: give at least 4 different token counts, got {tokens}")
     run, verdicts = verified(lambda: run_decode_vs_prefill(ranks, link, model, tokens, **kwargs),
                              decode_vs_prefill_verdicts, attempts)
     return DecodeVsPrefillCheck(run, verdicts)

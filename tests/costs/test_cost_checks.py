@@ -20,6 +20,7 @@ from shardlib.costs import (
     calibration_verdicts,
     decode_vs_prefill_verdicts,
     replicas_vs_tp_verdicts,
+    run_decode_vs_prefill_check,
     run_slow_rank_check,
     slow_rank_verdicts,
 )
@@ -149,3 +150,8 @@ def test_replicas_vs_tp_verdicts_by_hand():
     # the split copy slower than a replica: the latency claim fails; faster than half: replicas no longer win
     assert not replicas_vs_tp_verdicts(replicas_run(0.1, 0.11, 0.005))[1].held
     assert not replicas_vs_tp_verdicts(replicas_run(0.1, 0.045, 0.005))[2].held
+
+
+def test_a_decode_vs_prefill_check_needs_four_token_counts(pool2):
+    with pytest.raises(ValueError, match=r"give at least 4 different token counts, got \(1, 2048\)"):
+        run_decode_vs_prefill_check(pool2, LINK, tokens=(2048, 1))
