@@ -204,10 +204,9 @@ assert 13.5 < gap < 14.0
 # ## The crossover batch
 #
 # A server decodes a whole batch per step. Each all-reduce then carries `batch × d_model` values: the
-# bytes grow with the batch, the latency does not. The **crossover batch** is where the two parts are
-# equal: the latency divided by the bandwidth time of one sequence's vector. Below it decode is
-# latency-bound; above it, bandwidth-bound. So "decode is latency-bound" is a statement about small
-# batches.
+# bytes grow with the batch, the latency does not. Add sequences until the bytes take as long as the
+# latency: that batch is the **crossover batch**. Below it decode is latency-bound; above it,
+# bandwidth-bound. So "decode is latency-bound" is a statement about small batches.
 #
 # **Predict.** NVLink has 14 times PCIe Gen4's bandwidth each way and half its latency. Which link's
 # crossover batch is larger, and by about how much?
@@ -501,9 +500,9 @@ slow_rank_explorer(ranks)
 # its own objective.
 #
 # One thing changes the balance: **memory**. A split copy holds `1/n` of the weights per device. The
-# memory that frees holds more sequences' [KV cache](00_start_here.ipynb), so a bigger batch. A decode
-# step's cost is mostly reading the weights, so a bigger batch is nearly free tokens. The planner prices
-# all three effects for Llama-3-8B on H100s (NVLink, one latency per call). Each option's batch is set
+# freed memory can hold the [KV cache](00_start_here.ipynb) of more sequences, so the batch can grow.
+# A decode step's cost is mostly reading the weights, so a bigger batch is nearly free tokens. The
+# planner prices all three effects for Llama-3-8B on H100s (NVLink, one latency per call). Each option's batch is set
 # by its free memory.
 #
 # **Predict.** At 1K tokens of context every option fits the full batch. At 8K a replica has little
@@ -597,8 +596,8 @@ assert served.max_output_gap < 1e-5  # exactness is no timing: it always holds
 #
 # </details>
 #
-# The split copy answered sooner and served fewer tokens per device. Its all-reduces also hold waiting:
-# on a busy two-core machine the two halves rarely finish together (the slow-rank lesson). **At the
+# The split copy answered sooner and served fewer tokens per device. Its all-reduces also include
+# waiting: on a busy machine one rank often finishes its half first and waits (the slow-rank lesson). **At the
 # same batch** a split copy never gets twice one device's throughput from two devices; replicas do.
 
 # %% tags=["nbval-ignore-output"]
