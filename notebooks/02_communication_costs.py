@@ -502,8 +502,8 @@ slow_rank_explorer(ranks)
 # One thing changes the balance: **memory**. A split copy holds `1/n` of the weights per device. The
 # freed memory can hold the [KV cache](00_start_here.ipynb) of more sequences, so the batch can grow.
 # A decode step's cost is mostly reading the weights, so a bigger batch is nearly free tokens. The
-# planner prices all three effects for Llama-3-8B on H100s (NVLink, one latency per call). Each option's batch is set
-# by its free memory.
+# planner prices all three effects for Llama-3-8B on H100s (NVLink, one latency per call). Each
+# option's batch is set by its free memory.
 #
 # **Predict.** At 1K tokens of context every option fits the full batch. At 8K a replica has little
 # room left beside its 16 GB of weights. Where will 4 replicas beat tp = 4 in tokens per second per GPU?
