@@ -15,7 +15,6 @@ One idea: how this package's measurements are run on a pool and judged against t
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -327,21 +326,6 @@ SLOW_STEP_LOW, SLOW_WAIT_LOW, SLOW_HIGH = 0.8, 0.5, 4.0  # a slow rank: steps an
 SERVING_BAND = 2.0  # replicas against a split copy: measured within 2x of the prediction
 
 
-NO_BAND = 1e-3  # the far side of a one-sided claim: a ratio of measured to predicted no run comes near
-
-
-def _one_sided(predicted: float, at_least: float | None = None, at_most: float | None = None,
-               low: float = NO_BAND, high: float = math.inf) -> tuple[float, float]:
-    """The band ``(low, high)`` on measured / predicted for a claim that the measured value is more than
-    ``at_least`` or less than ``at_most`` (in the measured value's own units), kept inside ``low..high``
-    (no bound beyond the claim unless given) and around 1."""
-    if at_least is not None:
-        low = min(1.0, max(low, at_least / predicted))
-    if at_most is not None:
-        high = max(1.0, min(high, at_most / predicted))
-    return low, high
-
-
 @dataclass(frozen=True)
 class CalibrationCheck:
     """``calibration`` (``run_calibration``'s fit of this machine's latency and bandwidth) and its
@@ -367,10 +351,8 @@ def calibration_verdicts(cal: Calibration) -> tuple[Verdict, ...]:
         link = fit.link()
         predicted = (collective_time_s(op, large.size_bytes, large.n_ranks, link, cal.latency_charge)
                      / collective_time_s(op, small.size_bytes, small.n_ranks, link, cal.latency_charge))
-        low, high = _one_sided(predicted, at_least=GROWTH_AT_LEAST)
-        out.append(Verdict(f"{op.replace('_', '-')}: {_size(large.size_bytes)} over {_size(small.size_bytes)}, "
-                           f"more than {GROWTH_AT_LEAST:g}x",
-                           predicted, large.seconds / small.seconds, "x", low, high))
+        what = f"{op.replace('_', '-')}, {_size(large.size_bytes)} over {_size(small.size_bytes)}"
+        out.append(Verdict.one_sided(what, predicted, large.seconds / small.seconds, "x", at_least=GROWTH_AT_LEAST))
     return tuple(out)
 
 
@@ -414,6 +396,10 @@ class DecodeVsPrefillCheck:
     verdicts: tuple[Verdict, ...]
 
 
+def _tokens(count: int) -> str:
+    return f"{count:,} token{'' if count == 1 else 's'}"
+
+
 def decode_vs_prefill_verdicts(run: DecodeVsPrefillRun) -> tuple[Verdict, ...]:
     """The verdicts ``DecodeVsPrefillCheck`` describes, for ``run``."""
     out = []
@@ -421,28 +407,27 @@ def decode_vs_prefill_verdicts(run: DecodeVsPrefillRun) -> tuple[Verdict, ...]:
     if smallest == 2:
         for t in run.tokens:
             if run.bound(2, t) == "bandwidth":
-                out.append(Verdict(f"tp = 2, {t:,} token(s), against the calibration", run.predicted_s(2, t),
+                out.append(Verdict(f"tp = 2, {_tokens(t)}, against the calibration", run.predicted_s(2, t),
                                    run.measured_s(2, t), "s", 1 / BANDWIDTH_BAND, BANDWIDTH_BAND))
             else:
-                out.append(Verdict(f"tp = 2, {t:,} token(s), against this run's other points",
+                out.append(Verdict(f"tp = 2, {_tokens(t)}, against this run's other points",
                                    run.neighbours_s(2, t), run.measured_s(2, t), "s", 1 / LATENCY_BAND, LATENCY_BAND))
     if len(run.tokens) >= 4:
         (d0, d1), (p0, p1) = run.tokens[:2], run.tokens[-2:]
         for tp in run.tp_degrees:
-            predicted = run.predicted_s(tp, d1) / run.predicted_s(tp, d0)
-            low, high = _one_sided(predicted, at_most=DECODE_GROWTH_AT_MOST)
-            out.append(Verdict(f"tp = {tp}: decode, {d1:,} tokens over {d0:,}", predicted,
-                               run.measured_s(tp, d1) / run.measured_s(tp, d0), "x", low, high))
-            predicted = run.predicted_s(tp, p1) / run.predicted_s(tp, p0)
-            low, high = _one_sided(predicted, at_least=PREFILL_GROWTH_AT_LEAST)
-            out.append(Verdict(f"tp = {tp}: prefill, {p1:,} tokens over {p0:,}", predicted,
-                               run.measured_s(tp, p1) / run.measured_s(tp, p0), "x", low, high))
+            out.append(Verdict.one_sided(f"tp = {tp}: decode, {d1:,} tokens over {d0:,}",
+                                         run.predicted_s(tp, d1) / run.predicted_s(tp, d0),
+                                         run.measured_s(tp, d1) / run.measured_s(tp, d0), "x",
+                                         at_most=DECODE_GROWTH_AT_MOST))
+            out.append(Verdict.one_sided(f"tp = {tp}: prefill, {p1:,} tokens over {p0:,}",
+                                         run.predicted_s(tp, p1) / run.predicted_s(tp, p0),
+                                         run.measured_s(tp, p1) / run.measured_s(tp, p0), "x",
+                                         at_least=PREFILL_GROWTH_AT_LEAST))
     if len(run.tp_degrees) >= 2:
         small, large, t = smallest, max(run.tp_degrees), run.tokens[0]
-        predicted = run.predicted_s(large, t) / run.predicted_s(small, t)
-        low, _ = _one_sided(predicted, at_least=1.0)
-        out.append(Verdict(f"{t:,} token(s): tp = {large} over tp = {small}", predicted,
-                           run.measured_s(large, t) / run.measured_s(small, t), "x", low, math.inf))
+        out.append(Verdict.one_sided(f"{_tokens(t)}: tp = {large} over tp = {small}",
+                                     run.predicted_s(large, t) / run.predicted_s(small, t),
+                                     run.measured_s(large, t) / run.measured_s(small, t), "x", at_least=1.0))
     return tuple(out)
 
 
@@ -507,14 +492,13 @@ class ReplicasVsTPCheck:
 def replicas_vs_tp_verdicts(run: ReplicasVsTPRun) -> tuple[Verdict, ...]:
     """The verdicts ``ReplicasVsTPCheck`` describes, for ``run``."""
     measured, predicted = run.measured, run.predicted
-    band = (1 / SERVING_BAND, SERVING_BAND)
-    latency = _one_sided(predicted.latency_ratio, at_most=1.0, low=band[0], high=band[1])
-    throughput = _one_sided(predicted.throughput_ratio, at_least=1.0, low=band[0], high=band[1])
-    return (Verdict(f"the tp = {run.tp} step", predicted.tp_step_s, measured.tp_step_s, "s", *band),
-            Verdict(f"latency per token, tp = {run.tp} over a replica", predicted.latency_ratio,
-                    measured.latency_ratio, "x", *latency),
-            Verdict(f"tokens per second per device, replicas over tp = {run.tp}", predicted.throughput_ratio,
-                    measured.throughput_ratio, "x", *throughput))
+    return (Verdict(f"the tp = {run.tp} step", predicted.tp_step_s, measured.tp_step_s, "s",
+                    1 / SERVING_BAND, SERVING_BAND),
+            Verdict.one_sided(f"latency per token, tp = {run.tp} over a replica", predicted.latency_ratio,
+                              measured.latency_ratio, "x", at_most=1.0, within=SERVING_BAND),
+            Verdict.one_sided(f"tokens per second per device, replicas over tp = {run.tp}",
+                              predicted.throughput_ratio, measured.throughput_ratio, "x", at_least=1.0,
+                              within=SERVING_BAND))
 
 
 def run_replicas_vs_tp_check(ranks, link: Link, attempts: int = CHECK_ATTEMPTS, **kwargs) -> ReplicasVsTPCheck:

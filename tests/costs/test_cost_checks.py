@@ -51,11 +51,11 @@ def test_points_on_the_line_hold_every_verdict_and_name_what_they_compare():
     assert all(v.held for v in verdicts), [v.line for v in verdicts]
     whats = [v.what for v in verdicts]
     # 1 and 8 tokens are latency-bound at tp = 2 (200 us against 8 and 66 us of bytes): against the same run
-    assert whats[:4] == ["tp = 2, 1 token(s), against this run's other points",
-                         "tp = 2, 8 token(s), against this run's other points",
-                         "tp = 2, 256 token(s), against the calibration",
-                         "tp = 2, 2,048 token(s), against the calibration"]
-    assert "tp = 4: decode, 8 tokens over 1" in whats and "1 token(s): tp = 4 over tp = 2" in whats
+    assert whats[:4] == ["tp = 2, 1 token, against this run's other points",
+                         "tp = 2, 8 tokens, against this run's other points",
+                         "tp = 2, 256 tokens, against the calibration",
+                         "tp = 2, 2,048 tokens, against the calibration"]
+    assert "tp = 4: decode, 8 tokens over 1" in whats and "1 token: tp = 4 over tp = 2" in whats
     # on the line, leaving a point out changes nothing: its neighbours predict it exactly
     assert run.neighbours_s(2, 1) == pytest.approx(run.measured_s(2, 1))
     assert verdicts[0].ratio == pytest.approx(1.0)
@@ -78,15 +78,16 @@ def test_the_relations_are_one_sided_claims_set_beside_the_prediction():
     by = {v.what: v for v in decode_vs_prefill_verdicts(run_of(floors))}
     decode = by["tp = 2: decode, 8 tokens over 1"]
     assert decode.predicted == pytest.approx((2e-4 + 65536e-9) / (2e-4 + 8192e-9))
-    assert decode.high == pytest.approx(4.0 / decode.predicted) and decode.low < 0.01  # less than 4x: no floor
+    assert decode.at_most == 4.0 and decode.at_least is None and not decode.banded  # less than 4x: no floor
+    assert decode.line.endswith("; claimed at most 4x: holds")
     prefill = by["tp = 2: prefill, 2,048 tokens over 256"]
-    assert prefill.low == pytest.approx(2.5 / prefill.predicted) and math.isinf(prefill.high)  # more than 2.5x
-    wider = by["1 token(s): tp = 4 over tp = 2"]
-    assert wider.low == pytest.approx(1 / wider.predicted) and math.isinf(wider.high)  # slower, nothing more
-    # tp = 4 no faster than tp = 2 on one token: the claim fails
+    assert prefill.at_least == 2.5 and prefill.at_most is None and not prefill.banded  # more than 2.5x
+    wider = by["1 token: tp = 4 over tp = 2"]
+    assert wider.at_least == 1.0 and math.isinf(wider.high)  # slower, nothing more
+    # tp = 4 no faster than tp = 2 on one token: the claim fails, and the line says which claim
     floors[4] = Sample("all_reduce", 4, 8 * KIB, floors[0].seconds * 0.9)
-    by = {v.what: v for v in decode_vs_prefill_verdicts(run_of(floors))}
-    assert not by["1 token(s): tp = 4 over tp = 2"].held
+    wider = {v.what: v for v in decode_vs_prefill_verdicts(run_of(floors))}["1 token: tp = 4 over tp = 2"]
+    assert not wider.held and wider.line.endswith("; claimed at least 1x: not shown this time")
 
 
 def test_a_prefill_that_does_not_grow_with_its_bytes_fails():
@@ -102,8 +103,14 @@ def test_calibration_verdicts_claim_that_bytes_cost_time():
                Sample("point_to_point", 2, 16 * MIB, 1e-4 + 16 * MIB / 1e9))
     cal = Calibration(samples, fit, {"point_to_point": fit})
     (v,) = calibration_verdicts(cal)
-    assert v.what == "point-to-point: 16 MiB over 64 B, more than 2x" and v.held
-    assert v.predicted == pytest.approx(v.measured) and v.low == pytest.approx(2 / v.predicted)
+    assert v.what == "point-to-point, 16 MiB over 64 B" and v.held
+    assert v.predicted == pytest.approx(v.measured) and v.at_least == 2.0 and not v.banded
+    # a run far below its fit's growth still shows the claim: bytes cost time, at least 2x
+    slow_small = Calibration((Sample("point_to_point", 2, 64, 2e-3), samples[1]), fit, {"point_to_point": fit})
+    (v,) = calibration_verdicts(slow_small)
+    assert v.held and v.ratio < 0.1
+    assert v.line == (f"point-to-point, 16 MiB over 64 B: predicted {v.predicted:.3g}x, measured {v.measured:.3g}x; "
+                      "claimed at least 2x: holds")
     flat = Calibration((samples[0], Sample("point_to_point", 2, 16 * MIB, 1.5e-4)), fit, {"point_to_point": fit})
     assert not calibration_verdicts(flat)[0].held  # 16 MiB in 1.5x the time of 64 B: not shown
 
@@ -144,9 +151,12 @@ def test_replicas_vs_tp_verdicts_by_hand():
     # C = 100 ms, T = 5 ms: predicted tp step 55 ms (0.55x), replicas serve 110 / 100 = 1.1x
     step, latency, throughput = replicas_vs_tp_verdicts(replicas_run(0.1, 0.06, 0.005))
     assert step.predicted == pytest.approx(0.055) and step.held
-    assert latency.predicted == pytest.approx(0.55) and latency.high == pytest.approx(1 / 0.55) and latency.held
-    assert throughput.predicted == pytest.approx(1.1) and throughput.low == pytest.approx(1 / 1.1)
+    assert latency.predicted == pytest.approx(0.55) and latency.at_most == 1.0 and latency.held
+    assert (latency.low, latency.high) == (0.5, 2.0)  # within 2x of the prediction too
+    assert throughput.predicted == pytest.approx(1.1) and throughput.at_least == 1.0
     assert throughput.held  # measured: 0.06 x 2 / 0.1 = 1.2x
+    assert latency.line == ("latency per token, tp = 2 over a replica: predicted 0.55x, measured 0.6x, ratio 1.09; "
+                            "claimed at most 1x: holds")
     # the split copy slower than a replica: the latency claim fails; faster than half: replicas no longer win
     assert not replicas_vs_tp_verdicts(replicas_run(0.1, 0.11, 0.005))[1].held
     assert not replicas_vs_tp_verdicts(replicas_run(0.1, 0.045, 0.005))[2].held
