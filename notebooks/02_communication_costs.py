@@ -68,7 +68,7 @@
 # - **`per_step`**: one latency per ring step, `2(n-1)` per all-reduce. A plain ring pays this. So does
 #   gloo on the ranks of this machine.
 # - **`per_call`**: one latency per call, whatever `n`. GPU libraries come close to this for small
-#   messages. The GPU presets below use it, as the planner does.
+#   messages. The GPU presets below use it, as [notebook 05's planner](05_serving_layouts.ipynb) does.
 #
 # The two differ by exactly `2(n-1)` on the latency part. They never differ on the bytes.
 #
@@ -88,7 +88,7 @@
 # </details>
 #
 # **Predict.** Price an all-reduce of 1 MB on 4 ranks by hand first: a link of 10 us per message and
-# 1 GB/s each way, one latency per ring step. Then run the cell.
+# 1 GB/s each way, one latency per ring step.
 
 # %%
 from shardlib.costs import all_reduce_s, bus_bandwidth, collective_terms_s, crossover_bytes, point_to_point_s
@@ -120,9 +120,9 @@ from shardlib.ui.code import show_code
 show_code(cost_terms, collective_terms_s)
 
 # %% [markdown]
-# Further down, this machine's ranks measure the same two numbers with `sweep_on_rank`. `one_call`
-# issues one call through `ctx.comm`, the recorded collectives. The sweep times a few calls back to back
-# per size, as nccl-tests does, and keeps the slowest rank: a collective ends when the last rank is done.
+# Further down, `sweep_on_rank` measures the same two numbers on this machine's ranks. It times a few
+# calls back to back per size, as nccl-tests does, and keeps the slowest rank: a collective ends when
+# the last rank is done.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.costs.ranks import one_call, sweep_on_rank
@@ -178,8 +178,8 @@ assert prefill[-1] / prefill[0] > 30  # prefill tracks the link's bandwidth
 # Two lessons:
 #
 # 1. **Decode of one sequence is latency-bound.** 8 KiB crosses NVLink in 18 nanoseconds. The 5 us of
-#    fixed cost, paid 64 times per token, is the whole bill. Fewer shards put fewer bytes on the wire,
-#    but this decode never paid for bytes, so its columns stay flat.
+#    fixed cost, paid 64 times per token, is the whole bill. The shard count changes only the bytes, so
+#    the decode columns stay flat.
 # 2. **Prefill is bandwidth-bound.** Its payload grows with the prompt, so the link's rate decides:
 #    a few milliseconds per prompt on NVLink, tens on PCIe, over a hundred on 100 Gb Ethernet.
 #
@@ -230,12 +230,12 @@ assert tp_decode_cost(LLAMA_3_8B, 8, nvlink, 1).bound == "latency" and big_batch
 
 # %% [markdown]
 # NVLink's crossover is about seven times PCIe's: 14 times the bandwidth, half the latency. With one
-# latency per ring step every crossover is `2(n-1)` times larger. A loaded server on PCIe pays mostly
-# for bytes. So does Llama-3-70B, with its wider activations, at the batches servers run. There, fewer
-# shards and a faster link do pay off.
+# latency per ring step every crossover is `2(n-1)` times larger. Past its crossover a server pays
+# mostly for bytes: a loaded one on PCIe, or Llama-3-70B (wider activations) at a batch of 256. Only
+# then do fewer shards and a faster link pay off.
 #
-# The figure prices one all-reduce on 8 ranks per link, one latency per call. Decode's 8 KiB sits far
-# left of every link's crossover; a 2,048-token prefill's 16 MiB sits right of them all.
+# The figure prices one all-reduce on 8 ranks per link, one latency per call. It marks decode's 8 KiB
+# and a 2,048-token prefill's 16 MiB: where does each sit against the crossovers?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import link_comparison_figure
@@ -264,20 +264,20 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 
 # %% [markdown]
 # The pipeline moves 128 times fewer bytes. It pays in idle time instead: the bubble of
-# [notebook 03](03_pipeline_parallel.ipynb). That is why many deployments put tensor parallelism on the fast
-# link inside a node and pipeline stages across the slower one between nodes.
+# [notebook 03](03_pipeline_parallel.ipynb). [Notebook 05](05_serving_layouts.ipynb) uses this to put each
+# on the link that suits it.
 
 # %% [markdown]
 # ## Measure: this machine's latency and bandwidth
 #
-# Now this machine's own numbers. One pool of 4 ranks serves the whole notebook; the sweep
-# runs on its first 2. It times an all-reduce, an all-to-all and a ping-pong from 64 bytes to 16 MiB.
-# A least-squares fit then finds the `alpha` and `B` that explain the points, one latency per ring
-# step.
+# One pool of 4 ranks serves the whole notebook; the sweep runs on its first 2. It times an all-reduce,
+# an all-to-all and a ping-pong from 64 bytes to 16 MiB. A least-squares fit then finds the `alpha` and
+# `B` that explain the points, one latency per ring step.
 #
 # **Predict.** These ranks are processes on one machine that wake each other through the operating
 # system. Is their latency nearer NVLink's 5 us or Ethernet's 50 us? Will the 16 MiB message take more
-# than twice as long as the 64-byte one? Each line below sets that growth beside what the fit predicts.
+# than twice as long as the 64-byte one? Each line below checks that claim, with the fit's growth for
+# scale.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib import Ranks
@@ -311,10 +311,10 @@ for v in calibrated.verdicts:
 #
 # </details>
 #
-# Each operation fitted alone gets its own pair of numbers, and they disagree. gloo on a CPU does more
-# than the textbook ring: the same cores that move the bytes also add them. So the predictions below use
-# the all-reduce's own fit. The fitted lines in the figure are the same formula as every prediction
-# here; the diamonds mark where each turns bandwidth-bound.
+# Each operation, fitted alone, gets its own pair of numbers. gloo's all-reduce uses the same CPU cores
+# to move the bytes and to add them, so per byte it is slower than a plain send. The predictions below
+# therefore use the all-reduce's own fit. The figure draws one fit of all three; its diamonds mark where
+# each operation turns bandwidth-bound.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import calibration_figure
@@ -352,7 +352,9 @@ for tokens, what in messages.items():
     print(f"{what:<24}{size:>12,}" + "".join(f"{all_reduce_s(size, n, here) * 1e3:>8.3f} ms" for n in (2, 4)))
 
 # %% [markdown]
-# Now measured, one line per claim.
+# Now measured. The table sets each point beside the calibration's prediction. Each line below checks
+# one claim. A decode point is judged against this run's other points: the machine's delays drift
+# between cells.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.costs import fit_link, run_decode_vs_prefill_check
@@ -495,7 +497,8 @@ slow_rank_explorer(ranks)
 # | one copy split `n` ways | `C/n + T` | `batch / (C + n·T)` |
 #
 # So tensor parallelism **lowers the latency** whenever its communication costs less than the compute it
-# saves. At the same batch it **always costs throughput per device**: the collectives are pure overhead.
+# saves. At the same batch it **costs throughput per device**: no replica pays `T`. Overlapping the
+# all-reduces with compute (Megatron-Core, torchtitan and vLLM can) shrinks `T`; at best it is a tie.
 # "Tensor parallelism lowers request latency" and "if it fits, run replicas" are both true, each for
 # its own objective.
 #
@@ -546,12 +549,12 @@ assert not by_label["2 replicas"].feasible and by_label["tp = 8"].feasible  # 70
 #   a token comes 1.8 to 5 times sooner, and each GPU serves 8 to 31 % fewer tokens per second. If
 #   throughput is the goal and the model fits, run replicas.
 # - **8K context: memory buys batch.** A replica holds 16 GB of weights and KV cache for 52 sequences.
-#   Split 4 ways, each GPU holds 4 GB of weights and room for 253. The all-reduces serve five times the
-#   tokens, and the split copy serves more per GPU. At 4K it is roughly a tie.
-# - **A full batch costs latency back.** A step over 238 sequences takes as long as a replica's over
-#   104. "TP lowers latency" holds for a lone request and at the same batch.
-# - **Llama-3-70B** (141 GB of weights) fits no 80 GB GPU: replicas are no option, and tp = 8 both
-#   answers soonest and serves the most per GPU.
+#   Split 4 ways, each GPU holds 4 GB of weights and room for 253. Five times the batch outweighs the
+#   all-reduces, so the split copy serves more per GPU. At 4K it is roughly a tie.
+# - **A bigger batch costs latency back.** At 4K, tp = 2 runs 238 sequences and a replica 104. Its step
+#   takes as long as the replica's. "TP lowers latency" holds for a lone request and at the same batch.
+# - **Llama-3-70B** (141 GB of weights in bf16) fits no 80 GB GPU: replicas are no option, and tp = 8
+#   both answers soonest and serves the most per GPU.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import latency_throughput_figure
@@ -596,9 +599,9 @@ assert served.max_output_gap < 1e-5  # exactness is no timing: it always holds
 #
 # </details>
 #
-# The split copy answered sooner and served fewer tokens per device. Its all-reduces also include
-# waiting: on a busy machine one rank often finishes its half first and waits (the slow-rank lesson). **At the
-# same batch** a split copy never gets twice one device's throughput from two devices; replicas do.
+# Its all-reduces include waiting too: one rank often finishes its half first (the slow-rank lesson).
+# **At the same batch**, one copy split over two devices never serves twice one device's tokens; two
+# replicas do.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import replicas_vs_tp_figure
@@ -682,12 +685,12 @@ show_questions(
     Question(
         "A link has 20 us of latency and 5 GB/s. Is a 64 KB point-to-point message latency- or "
         "bandwidth-bound?",
-        ("Latency-bound: it is below the 100 KB crossover",
-         "Bandwidth-bound: it is above the 100 KB crossover",
-         "Neither: at 64 KB both parts are exactly equal"),
+        ("Latency-bound: its bytes take less than the latency",
+         "Bandwidth-bound: its bytes take more than the latency",
+         "Neither: at 64 KB the two parts are exactly equal"),
         0,
-        "The crossover is alpha x B = 20e-6 s x 5e9 B/s = 100,000 bytes. At 64 KB the bytes take 13 us, "
-        "less than the 20 us latency.",
+        "The bytes take 64e3 B / 5e9 B/s = 13 us, less than the 20 us latency. Equivalently, the crossover "
+        "is alpha x B = 20e-6 s x 5e9 B/s = 100,000 bytes, and 64 KB is below it.",
     ),
     Question(
         "Llama-3-8B fits one H100. You have 8 GPUs and short contexts, so every option carries the same "
