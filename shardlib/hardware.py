@@ -62,7 +62,7 @@ def _nvlink(name: str, aggregate_bytes_per_s: float, source: str) -> Link:
 
 NVLINK = _nvlink("NVLink 4 (H100/H200)", 900e9,
                  "NVIDIA H100 and H200 Tensor Core GPU datasheets: 'NVLink: 900GB/s' per GPU, both directions "
-                 "of 18 links summed (450 GB/s each way); the explainer's 'about 1 TB/s' is this aggregate")
+                 "of 18 links summed (450 GB/s each way)")
 NVLINK_3 = _nvlink("NVLink 3 (A100)", 600e9,
                    "NVIDIA A100 Tensor Core GPU datasheet (SXM): 'NVLink: 600GB/s' per GPU, both directions summed")
 NVLINK_5 = _nvlink("NVLink 5 (B200)", 1.8e12,

@@ -9,7 +9,9 @@
 * ``ranks``: rank functions: the sweep (whole pool or its first ranks), a slow rank, serving both ways.
 * ``drivers``: ``run_calibration``, ``run_decode_vs_prefill``, ``run_slow_rank``, ``run_replicas_vs_tp``,
   each sweep's rounds spread over time, every size in turn, and ``measure_until`` (a measurement
-  retried on a busy machine, saying how many attempts it took).
+  retried on a busy machine, saying how many attempts it took); ``run_*_check``, the same measurements
+  with their ``verdicts`` (``runtime.verdict``: predicted, measured, ratio, verdict), as notebook 02
+  prints them.
 
 The links themselves are facts, in ``shardlib.hardware``. A whole forward pass priced (decode against
 prefill, the crossover batch, pipeline against tensor) is ``shardlib.serving.cost``.
@@ -29,5 +31,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
               "ServedBothWays", "SlowRankTimes", "SLOW_RANK_OPS", "MAX_DELAY_S"),
     "drivers": ("run_calibration", "measure_until", "DecodeVsPrefillRun", "run_decode_vs_prefill",
                 "SlowRankRun",
-                "run_slow_rank", "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model"),
+                "run_slow_rank", "ReplicasVsTPRun", "run_replicas_vs_tp", "serving_model",
+                "CalibrationCheck", "run_calibration_check", "calibration_verdicts",
+                "DecodeVsPrefillCheck", "run_decode_vs_prefill_check", "decode_vs_prefill_verdicts",
+                "SlowRankCheck", "run_slow_rank_check", "slow_rank_verdicts",
+                "ReplicasVsTPCheck", "run_replicas_vs_tp_check", "replicas_vs_tp_verdicts"),
 })

@@ -1,17 +1,16 @@
 """Grader for the communication-costs exercise: fit a latency and a bandwidth to a sweep of timings.
 
 The learner writes ``fit_alpha_beta(sizes_bytes, times_s) -> (latency_s, bandwidth_bytes_per_s)``: the
-alpha-beta model (Hockney 1994) says a message of ``S`` bytes takes ``t = alpha + S / bandwidth``, a
-straight line in ``S`` whose intercept is the latency and whose slope is ``1 / bandwidth``. Least squares
-finds it; as in notebook 02 and ``costs.calibration.fit_link`` (the reference), each equation is divided
-by its own measured time, so every point counts by its *relative* error: otherwise the largest messages,
-hundreds of times slower, decide everything and the latency is left to chance (or comes out negative).
+alpha-beta model (Hockney 1994), ``t = alpha + S / bandwidth``, a straight line in ``S``. The reference,
+``costs.calibration.fit_link``, divides each equation by its own measured time (relative errors): otherwise
+the largest messages decide everything and the latency is left to their noise (or comes out negative).
+The starter does not say so: a first, unweighted fit passes the exact sweeps, fails the noisy ones, and
+the grader shows why in numbers (the line's smallest and largest message against their times); the
+notebook's folded hint leads to the weighting.
 
-The synthetic sweeps have a known latency and bandwidth: exact ones at three scales (this machine, an
-NVLink node, large messages only, where the smallest message is far from pure latency) and noisy ones
-(10 % log-normal noise, seeded), some handed over unsorted. Given a ``Ranks`` pool, the grader then
-times a point-to-point sweep on ranks 0 and 1 and sets the learner's fit beside the library's fit of
-the same points.
+The synthetic sweeps have a known latency and bandwidth: exact ones at three scales and noisy ones (10 %
+log-normal, seeded), some unsorted. Given a ``Ranks`` pool, the grader then times a point-to-point sweep
+on ranks 0 and 1 and sets the learner's fit beside the library's fit of the same points.
 """
 
 from __future__ import annotations
@@ -88,6 +87,29 @@ def _close(a: float, b: float, rtol: float = 0.02) -> bool:
     return math.isclose(a, b, rel_tol=rtol)
 
 
+_WHY_PLAIN = ("Plain least squares adds up squared errors in seconds, so the slowest messages count the most: a "
+              "10 % error on a message of milliseconds is worth more than the whole latency of tens of "
+              "microseconds, and the line bends to the big messages. Check how much each point counts in your "
+              "fit, then open the hint under the exercise")
+
+
+def _misfit(sizes, times, latency: float, bandwidth: float) -> str:
+    """What the learner's line says for the smallest and the largest message, against what they took."""
+    out = []
+    for pick, name in ((np.argmin, "smallest"), (np.argmax, "largest")):
+        i = int(pick(sizes))
+        line = latency + sizes[i] / bandwidth if bandwidth else math.inf
+        out.append(f"the {name} message ({sizes[i]:,} bytes) {_duration(line)} where it took {_duration(times[i])}"
+                   f" ({abs(line - times[i]) / times[i]:.0%} off)")
+    return f"Your line gives {out[0]}, and {out[1]}."
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "forever"
+    return f"{seconds * 1e3:,.3g} ms" if abs(seconds) >= 1e-3 else f"{seconds * 1e6:,.3g} us"
+
+
 def _hint(sweep: Sweep, sizes, times, latency: float, bandwidth: float) -> str:
     """The likely mistake behind a wrong ``(latency, bandwidth)`` on ``sweep``."""
     alpha, beta = sweep.latency_s, sweep.bandwidth_bytes_per_s
@@ -104,18 +126,18 @@ def _hint(sweep: Sweep, sizes, times, latency: float, bandwidth: float) -> str:
         if _close(bandwidth * factor, beta, 0.25):
             return f"the bandwidth is in {unit}: return bytes per second"
     if latency < 0:
-        return ("the latency came out negative, which no link has: plain least squares lets the largest "
-                "messages decide everything and the intercept falls where their noise puts it. Divide each "
-                "equation by its measured time (relative errors), and clamp at zero if it is still negative")
+        return ("the latency came out negative, which no link has. " + _misfit(sizes, times, latency, bandwidth)
+                + " Your line follows the largest messages and leaves the small ones to chance. " + _WHY_PLAIN)
+    plain_latency, _ = _plain_least_squares(sizes, times)
     if latency == 0 and (_close(bandwidth, _through_origin(sizes, times))
                          or _close(bandwidth, max(sizes) / times[int(np.argmax(sizes))])):
+        if plain_latency < 0:  # here plain least squares, clamped at zero, and a line through zero look alike
+            return ("a latency of exactly 0: that is plain least squares clamped at zero (or a line forced "
+                    "through zero). " + _misfit(sizes, times, latency, bandwidth) + " " + _WHY_PLAIN)
         return ("the fit has no intercept: t = alpha + size / bandwidth has a fixed part, and a line forced "
                 "through zero (or the largest message's size / time) folds it into the bandwidth")
-    plain_latency, _ = _plain_least_squares(sizes, times)
     if _close(latency, plain_latency, 0.05) or (latency == 0 and plain_latency < 0):
-        return ("that is plain least squares: absolute errors let the largest messages, hundreds of times "
-                "slower, decide the line, and the latency is left to their noise. Divide each equation, its "
-                "row [1, size] and its time, by that measured time, so every point counts by its relative error")
+        return ("that is plain least squares. " + _misfit(sizes, times, latency, bandwidth) + " " + _WHY_PLAIN)
     if _close(latency, times[0], 0.02) and sizes[0] != min(sizes):
         return ("the latency is the time of the first point handed over, and this sweep is not sorted: it is "
                 "not the smallest message. Fit the line through every point, in any order")
@@ -123,8 +145,9 @@ def _hint(sweep: Sweep, sizes, times, latency: float, bandwidth: float) -> str:
         return (f"the latency is the time of the smallest message ({smallest * 1e6:,.1f} us): that message "
                 f"still spends size / bandwidth on its bytes. The latency is the intercept of the line through "
                 f"every point")
-    return ("fit t = alpha + size / bandwidth by least squares over every point, each equation divided by its "
-            "measured time: the intercept is the latency, the slope 1 / bandwidth")
+    return (_misfit(sizes, times, latency, bandwidth) + " Check that you fit one straight line through every "
+            "point, t = alpha + size / bandwidth, that the intercept is the latency and the slope 1 / bandwidth, "
+            "and that the answer is (latency_s, bandwidth_bytes_per_s) in seconds and bytes per second")
 
 
 def _two_numbers(answer) -> tuple[float, float] | None:
@@ -178,8 +201,9 @@ def _live(got: Collector, fit_fn, ranks) -> str:
     same_latency = (math.isclose(latency, ref.latency_s, rel_tol=LIVE_RTOL)
                     or abs(latency - ref.latency_s) <= LIVE_LATENCY_ATOL_S)
     if not (same_latency and math.isclose(bandwidth, ref.bandwidth_bytes_per_s, rel_tol=LIVE_RTOL)):
-        got.fail(f"{line}: the same points should give the same line within {LIVE_RTOL:.0%}; does your fit weigh "
-                 f"every point by its relative error, as the library's does?")
+        got.fail(f"{line}: the same points should give the same line within {LIVE_RTOL:.0%}. A real sweep is "
+                 f"noisier than the synthetic ones: check that each point counts by its relative error and that a "
+                 f"negative latency is clamped at zero, as in the hint")
     return line
 
 

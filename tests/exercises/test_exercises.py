@@ -451,6 +451,27 @@ def test_fit_wrong_answers_fail_with_a_hint(wrong, phrases):
     assert_wrong(grade_fit_alpha_beta(wrong), *phrases)
 
 
+def test_a_first_unweighted_fit_fails_and_is_told_why_in_numbers():
+    """The starter leaves the weighting to the learner: plain least squares passes the exact sweeps, fails
+    the noisy ones, and each message shows what the line says for the smallest and the largest message."""
+    result = grade_fit_alpha_beta(fit_plain)
+    assert not result.passed and all("noise" in m for m in result.messages)  # the exact sweeps passed
+    for m in result.messages:
+        assert "Your line gives the smallest message" in m and "where it took" in m
+        assert "the slowest messages count the most" in m and "open the hint" in m
+    assert "the smallest message (64 bytes) -23 us where it took 123 us" in result.messages[0]
+
+
+def test_the_fit_starter_leaves_the_weighting_to_the_hint():
+    import re
+
+    source = (ROOT / "notebooks" / "exercises" / "02_communication_costs_exercises.py").read_text()
+    starter = source[:source.index("grade_fit_alpha_beta(fit_alpha_beta, ranks)")]
+    assert "relative" not in starter and "divide" not in starter.lower()
+    hint = re.search(r"<details><summary>Hint.*?</details>", source, flags=re.S)
+    assert hint and "relative" in hint.group(0) and "by that point's own `t`" in hint.group(0)
+
+
 # -- the notebooks: starters blank, solutions apart, every pair in sync -----------------------------------
 EXERCISE_DIRS = (ROOT / "notebooks" / "exercises", ROOT / "solutions")
 NOTEBOOK_STEMS = tuple(sorted(p.name[:-len("_exercises.py")] for p in EXERCISE_DIRS[0].glob("*_exercises.py")))

@@ -38,3 +38,35 @@ def test_a_learner_reads_the_numbers_not_a_traceback(monkeypatch, capsys):
 def test_bad_verdicts_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Verdict("x", **{"predicted": 1.0, "measured": 1.0, **kwargs})
+
+
+def test_a_one_sided_verdict_says_what_was_claimed_not_as_predicted():
+    # the fit predicts 80x growth, the run shows 20x: far from the prediction, yet the claim (at least 2x) holds
+    v = Verdict.one_sided("16 MiB over 64 B", predicted=80.0, measured=20.0, unit="x", at_least=2.0)
+    assert v.held and v.ratio == pytest.approx(0.25) and not v.banded
+    assert v.line == "16 MiB over 64 B: predicted 80x, measured 20x; claimed at least 2x: holds"
+    assert "as predicted" not in v.line and "ratio" not in v.line
+    assert v.how_measured == "16 MiB over 64 B: passes when measured is at least 2x; attempt 1 of at most 3 kept"
+    flat = Verdict.one_sided("16 MiB over 64 B", 80.0, 1.5, "x", at_least=2.0)
+    assert not flat.held and flat.line.endswith("claimed at least 2x: not shown this time")
+    # an upper bound with a band beside it: both must hold, and the line shows the ratio the band judges
+    faster = Verdict.one_sided("tp = 2 over a replica", 0.55, 0.6, "x", at_most=1.0, within=2.0)
+    assert faster.held and (faster.low, faster.high) == (0.5, 2.0)
+    assert faster.line == "tp = 2 over a replica: predicted 0.55x, measured 0.6x, ratio 1.09; claimed at most 1x: holds"
+    assert not Verdict.one_sided("x", 0.55, 1.1, "x", at_most=1.0, within=2.0).held  # under 2x, over the bound
+    assert not Verdict.one_sided("x", 0.55, 0.2, "x", at_most=1.0, within=2.0).held  # under the bound, out of band
+
+
+def test_verified_keeps_a_one_sided_claim_when_it_measures_again():
+    runs = iter([1.5, 3.0])
+    _, (v,) = verified(lambda: next(runs), lambda m: [Verdict.one_sided("growth", 80.0, m, "x", at_least=2.0)])
+    assert v.attempts == 2 and v.at_least == 2.0 and v.held
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(), "needs at_least or at_most"), (dict(at_least=3.0, at_most=2.0), "leave nothing"),
+    (dict(at_least=float("inf")), "finite number"), (dict(at_most=1.0, within=0.5), "within must be at least 1"),
+])
+def test_bad_one_sided_verdicts_say_what_is_wrong(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Verdict.one_sided("x", 1.0, 1.0, "x", **kwargs)
