@@ -155,7 +155,7 @@ assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["ful
 #
 # **Latency.** Here a collective pays its link's latency `α` once per ring step: `n - 1` times over `n`
 # ranks. That is `per_step`, one of
-# [notebook 02's two latency conventions](02_communication_costs.ipynb#The-idea:-a-fixed-cost-plus-a-cost-per-byte).
+# [notebook 02's two latency conventions](02_communication_costs.ipynb#Two-latency-conventions).
 # The other, `per_call`, charges one `α` per call. One per call is fair for a small all-reduce on 8 GPUs,
 # but far too cheap for an all-gather over 2,048 replicas. ZeRO and sequence parallelism call all-gather
 # and reduce-scatter. Across nodes of several GPUs, NCCL runs those as a ring, unless the network's
