@@ -568,7 +568,8 @@ print(f"all_gather holds the whole K/V for the call: {all_gather_kv_held_bytes(l
 assert "a2a" not in methods and methods["all_gather"] == methods["p2p"]
 no_gqa = AttentionShape(1, m70.n_heads, m70.n_heads, 131_072, head_dim, bytes_per_value=2)  # one KV head per query head
 print(f"without grouped-query attention (64 KV heads) it would hold "
-      f"{all_gather_kv_held_bytes(no_gqa) / 2 ** 20:.0f} MiB and send {cp_comm_bytes_per_rank(no_gqa, 16)['all_gather'] / 2 ** 20:.0f} MiB")
+      f"{all_gather_kv_held_bytes(no_gqa) / 2 ** 20:.0f} MiB and send "
+      f"{cp_comm_bytes_per_rank(no_gqa, 16)['all_gather'] / 2 ** 20:.0f} MiB")
 assert all_gather_kv_held_bytes(no_gqa) == 8 * all_gather_kv_held_bytes(llama)
 
 # %% [markdown]
