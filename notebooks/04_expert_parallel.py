@@ -278,7 +278,10 @@ assert len({str(m) for m in sends.values()}) == 3  # three batches, three differ
 # %% [markdown]
 # So every dispatch starts by exchanging counts, and the busiest link changes from batch to batch.
 #
-# <details><summary>Which moves more per token: expert or tensor parallelism?</summary>
+# Which moves more per token? Predict: on 2 ranks, top-2, both send 8 bytes per token per unit of
+# `d_model`; on more ranks expert parallelism sends less.
+#
+# <details><summary>Why: the two formulas</summary>
 #
 # Divide the wire bytes by tokens and by the row width. Expert parallelism sends a token's `k` rows away
 # and back when its expert lives elsewhere: `2 · k · 4 · (w-1)/w` bytes per token per unit of width. A
@@ -520,7 +523,7 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # Each move runs the layer once more on the live ranks: the send matrix, each expert's load (coloured by
 # the rank that holds it; the dashed red line is the capacity, summed over ranks) and each rank's time.
 #
-# **Your task.** Set skew 0.75 and k = 1, and tick the capacity cap. Find the smallest capacity factor
+# **Your task.** Keep k = 2, set skew 0.25 and tick the capacity cap. Find the smallest capacity factor
 # that drops no slot. Then untick the cap, tick the copy of the hottest expert, and read the busiest
 # rank's time: did it fall, and did the hot expert's load?
 
@@ -532,10 +535,11 @@ expert_explorer(ranks, x[:2048], weights, cfg, repeats=1)
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# No slot drops once the capacity factor reaches the hot expert's load over its even share (the
-# "busiest expert" figure of the mitigations cell, rounded up to the slider's steps). At that factor the
-# cap does nothing: it only bounds the load by dropping. The copy lowers the busiest rank's rows and time,
-# while the hot expert's own load stays the same, now split over two ranks.
+# 2.75. No slot drops once the capacity factor reaches the hot expert's load over its even share: 2.74 in
+# the router table at skew 0.25, about 2.7 in each rank's half of these 2,048 tokens, rounded up to the
+# slider's step. At that factor the cap does nothing; it only ever bounds the load by dropping. The copy
+# lowers the busiest rank's rows and time, while the hot expert's own load stays the same, now split over
+# two ranks.
 #
 # </details>
 

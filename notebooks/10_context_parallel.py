@@ -446,8 +446,8 @@ assert overlap.overlapped.exact and overlap.sequential.exact
 # <details><summary>How this was measured</summary>
 #
 # The link is fitted to this machine's ring exchanges first (latency and bandwidth). Each ring then runs
-# three times with and three times without overlap, and the step time is the median of the slowest rank.
-# Each step time must fall within 0.95 to 1.35 times its prediction. The Python around each step and a
+# three times with and three times without overlap; a pass's time is the median of the slowest rank's.
+# Each pass must take 0.95 to 1.35 times its prediction. The Python around each step and a
 # rank's wake-up after its sleep are time the model leaves out, so the ratios land a few percent over 1.
 # The share hidden is 1 minus the overlapped wait over the transfer time without overlap. It must be at
 # least 50 %. If a busy machine spoils a verdict, all are measured again, at most three times. On gloo a

@@ -310,8 +310,8 @@ def overlap_verdicts(o: Overlap) -> tuple[Verdict, ...]:
     blocked longer overlapped than not counts as nothing hidden."""
     low, high = OVERLAP_BAND
     hidden = o.hidden_share if o.overlapped.waited_s < o.sequential.waited_s else 0.0
-    return (Verdict("ring step, overlapped", o.predicted_overlapped_s, o.overlapped.step_s, "s", low, high),
-            Verdict("ring step, one after the other", o.predicted_sequential_s, o.sequential.step_s, "s", low, high),
+    return (Verdict("ring pass, overlapped", o.predicted_overlapped_s, o.overlapped.step_s, "s", low, high),
+            Verdict("ring pass, one after the other", o.predicted_sequential_s, o.sequential.step_s, "s", low, high),
             Verdict("share of the transfer hidden", 1.0, max(hidden, 1e-9), "%", HIDDEN_AT_LEAST, 1.0))
 
 
