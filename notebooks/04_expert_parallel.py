@@ -15,36 +15,41 @@
 # %% [markdown]
 # # 04 · Expert parallelism: send each token to its experts, wherever they live
 #
-# **What you will see.** A mixture-of-experts layer whose router picks `k` experts for every token;
-# the experts spread over ranks, and the tokens shipped to them and back by two all-to-alls whose sizes
-# the router decides, batch by batch; the layer on 2 and 4 real ranks equal to the single-process layer
-# bit for bit; a knob that moves the load from even to one hot expert, and what that does to every
-# rank's measured time; and three fixes (a capacity cap, rerouting the overflow, a second copy of the
-# hot expert), each measured, with what it costs.
+# > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb),
+# > [02](02_communication_costs.ipynb), [03](03_pipeline_parallel.ipynb). Reading time: about 25 minutes.
+# > Trades: memory per GPU (each rank holds a few whole experts) for two all-to-alls per layer, whose sizes
+# > the router decides, and a step as slow as the busiest rank.
+#
+# **What you will see.**
+#
+# - A router that sends each token to its top-k experts, and a knob that tilts the load.
+# - The layer on 2 and 4 real ranks, equal to the one-process layer bit for bit.
+# - Two all-to-alls whose bytes you predict, and whose pattern changes from batch to batch.
+# - The busiest rank setting the step time, measured.
+# - Four ways to balance the load (a capacity cap, dropless layers, a bias, a copy), each with its price.
 
 # %% [markdown]
 # ## The idea: an expert is a whole unit, so place it whole
 #
-# A mixture-of-experts (MoE) layer swaps one MLP for `n` MLPs, the *experts*, plus a small *router*: a
-# `(n, d_model)` matrix that scores every expert for every token. Each token goes to its `k` best
-# experts, and its output is their outputs weighted by *gates*. Mixtral-8x7B has 8 experts per layer
-# and uses 2 per token; its gates are a softmax over the two chosen scores only, so they add up to 1
-# (we say the gates are *renormalised* over the top-k). Switch Transformer uses one expert per token
-# and weights it by its probability among all experts.
+# A mixture-of-experts (MoE) layer swaps one MLP for `n` MLPs, the *experts*. A small **router** scores
+# every expert for every token: it is a `(n, d_model)` matrix. Each token goes to its **top-k** experts,
+# the `k` with the highest scores. Its output is their outputs weighted by *gates*. Mixtral-8x7B has 8
+# experts per layer and uses 2 per token. Its gates are a softmax over the two chosen scores, so they add
+# up to 1 (the gates are *renormalised* over the top-k).
 #
-# Only `k` of the `n` experts run for a token, but all `n` must sit in memory. That is the problem
-# expert parallelism solves: give each device a few **whole** experts. An expert is either entirely
-# busy with a token or entirely idle, so, unlike a tensor-parallel matrix, it needs no partial sums.
-# The price is that tokens must travel to wherever their experts live:
+# Only `k` of the `n` experts run for a token, but all `n` must sit in memory. Expert parallelism gives
+# each device a few **whole** experts. An expert is either busy with a token or idle, so it needs no
+# partial sums, unlike a tensor-parallel matrix. The price is that tokens travel to their experts:
 #
 # 1. the **router** picks each token's top-k experts, on the token's home rank;
 # 2. a **dispatch all-to-all** ships every token to the ranks holding its experts;
-# 3. each **expert FFN** runs on the rows it received;
-# 4. a **combine all-to-all** sends the results back home, where the gates weight them;
-# 5. and because step 4 needs every rank's results, **one overloaded expert stalls everyone**.
+# 3. each **expert** runs on the rows it received;
+# 4. a **combine all-to-all** sends the results back home, where the gates weight them.
 #
-# Press play: these are the router's real choices for 8 tokens, 4 experts on 2 ranks, with the load
-# tilted towards expert 0.
+# Step 4 needs every rank's results, so **one overloaded expert stalls everyone**.
+#
+# Press play: the router's real choices for 8 tokens and 4 experts on 2 ranks, the load tilted towards
+# expert 0.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.experts import ExpertPlacement, MoEConfig, make_moe_weights, make_tokens, route
@@ -56,12 +61,13 @@ walkthrough_figure(home_rank=[0] * 4 + [1] * 4, experts=small_routing.experts.to
                    gates=small_routing.gates.tolist(), owner=[ExpertPlacement(4, 2).owner(e) for e in range(4)])
 
 # %% [markdown]
-# How much memory is at stake? Mixtral-8x7B's shape, from its published config (`shardlib.models`):
+# How much memory is at stake? Mixtral-8x7B's shape, from its published config (`shardlib.models`), with
+# its experts spread over `ep` devices and everything else on each:
 
 # %%
 from shardlib.hardware import GPU_MEMORY_BYTES
-from shardlib.models import MIXTRAL_8X7B as mixtral
 from shardlib.mesh import Layout
+from shardlib.models import MIXTRAL_8X7B as mixtral
 from shardlib.serving import Workload, memory_per_gpu
 
 expert_params = mixtral.n_layers * mixtral.n_experts * mixtral.expert_params
@@ -71,7 +77,7 @@ print(f"experts: {expert_params / 1e9:.1f} B parameters = {expert_params * mixtr
       f"at {mixtral.bytes_per_param:g} bytes each")
 weights_per_device = {}
 for ep in (1, 2, 4, 8):  # the planner's memory model: whole experts spread over ep devices, the rest on each
-    layout = Layout(tp=1, pp=1, dp=ep, ep=ep)
+    layout = Layout(tp=1, pp=1, dp=ep, ep=ep)  # ep devices, each serving its own requests
     one_token = Workload(batch=1, context_tokens=1, prompt_tokens=1)
     weights_per_device[ep] = memory_per_gpu(mixtral, layout, one_token).weights_bytes
     print(f"  ep = {ep}: {mixtral.n_experts // ep} of {mixtral.n_experts} experts per device, "
@@ -80,29 +86,27 @@ assert expert_params / mixtral.n_params > 0.95  # almost all of the model is exp
 assert weights_per_device[8] < GPU_MEMORY_BYTES["A100 80GB"] / 4
 
 # %% [markdown]
-# Almost all of Mixtral is experts, and only a quarter of them fire per token. Spread by expert over 8
-# devices, each holds about 14 GB of weights instead of 93 GB.
+# Almost all of Mixtral is experts, and only a quarter of them fire per token. Spread over 8 devices,
+# each holds about 14 GB of weights instead of 93 GB.
 
 # %% [markdown]
-# ## The router and the load-imbalance knob
+# ## The router, top-k and the load-imbalance knob
 #
 # Our layer has `TOY_MOE`'s shape: 8 experts, top-2, `d_model` 64, experts of width 128. The router's
 # rows have equal length, so on random tokens every expert is equally preferred. The **skew** knob adds
-# a bonus to one expert's score, from nothing (skew 0, preferences uniform) to enough that every token
-# ranks that expert first (skew 1, one hot expert). In between, the bonus is the one that would give the
-# hot expert a router probability `1/n + skew · (1 − 1/n)` for a token with no other preference. The
-# bonus enters the gates too: at a high skew the hot expert also takes most of each token's weight.
+# a bonus to one expert's score. At skew 0 there is none. At skew 1 every token ranks that expert first.
 # Everything is seeded: the same knob gives the same routing every time.
 #
-# Three numbers describe a load: **max/mean** (1 is perfectly even, 8 is everything on one of 8), the
-# **coefficient of variation** (spread over mean), and the **auxiliary loss** of Switch Transformer,
-# `n · Σ f_i · P_i`, where `f_i` is the share of token-slots sent to expert `i` and `P_i` its average router
-# probability. Training adds it to the loss to push the router towards balance; it is 1 when balanced.
+# **Load imbalance** is measured by **max/mean**: the busiest expert's token-slots over the average
+# (1 is perfectly even; 4 is the most top-2 allows on 8 experts). The coefficient of variation (CV) is the
+# spread over the mean.
+#
+# Predict before you run: at skew 1, what share of all token-slots does the hot expert take with top-2?
 
 # %%
 import torch
 
-from shardlib.experts import aux_load_balancing_loss, load_stats
+from shardlib.experts import load_stats
 from shardlib.models import TOY_MOE
 
 cfg = MoEConfig.from_model(TOY_MOE)
@@ -112,18 +116,13 @@ x = make_tokens(4096, cfg.d_model, seed=1)
 routing = route(x, weights.router, cfg)
 assert all(len(set(row)) == cfg.k for row in routing.experts.tolist())  # k distinct experts per token
 assert torch.allclose(routing.gates.sum(1), torch.ones(len(x)), atol=1e-6)  # renormalised: sum to 1
-plain_gates = route(x, weights.router, cfg.but(renormalize=False)).gates
-print(f"{len(x)} tokens, top-{cfg.k} of {cfg.n_experts}: every token has {cfg.k} distinct experts; gate sums "
-      f"renormalised: {routing.gates.sum(1).min():.3f} to {routing.gates.sum(1).max():.3f}, "
-      f"not renormalised: {plain_gates.sum(1).mean():.3f} on average")
-
-print(f"\n{'skew':>5} {'tokens per expert':<44} {'max/mean':>8} {'CV':>5} {'aux loss':>9}")
+print(f"{len(x)} tokens, top-{cfg.k} of {cfg.n_experts}: {cfg.k} distinct experts per token, gates summing to 1")
+print(f"\n{'skew':>5} {'token-slots per expert':<44} {'max/mean':>8} {'CV':>5}")
 for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
     r = route(x, weights.router, cfg.but(skew=skew))
     counts = torch.bincount(r.experts.flatten(), minlength=cfg.n_experts)
     stats = load_stats(counts)
-    print(f"{skew:>5.2f} {str(counts.tolist()):<44} {stats.max_over_mean:>8.2f} {stats.cv:>5.2f} "
-          f"{aux_load_balancing_loss(r):>9.2f}")
+    print(f"{skew:>5.2f} {str(counts.tolist()):<44} {stats.max_over_mean:>8.2f} {stats.cv:>5.2f}")
     if skew == 0.0:
         assert stats.max_over_mean < 1.2  # uniform preferences: only sampling noise
     if skew == 1.0:
@@ -131,17 +130,17 @@ for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
         assert stats.max_over_mean == cfg.n_experts / cfg.k  # with top-2, half the slots are its
 
 # %% [markdown]
-# At skew 1 expert 0 takes every token: with top-2 that is half of all token-slots, `8 / 2 = 4` times its
-# even share, while the second choices stay spread over the other seven.
+# At skew 1 expert 0 takes every token. With top-2 that is half of all token-slots, `8 / 2 = 4` times its
+# even share. The second choices stay spread over the other seven.
 
 # %% [markdown]
 # ## Read the code
 #
-# Here is the whole forward of the layer on one rank, as every run below executes it, rendered from
-# `shardlib/experts/dispatch.py` (and, second, the helper that runs the experts on the rows received).
-# Every rank calls `expert_parallel_moe` at the same moment, each with its own *home* tokens `x`;
-# `ctx.comm` is the rank's recorded collectives, and `probe` is where timing attaches from outside (it
-# records nothing unless the caller passes a probe that does).
+# The whole forward of the layer on one rank, as every run below executes it, from
+# `shardlib/experts/dispatch.py`; second, the helper that runs the experts on the rows received. Every
+# rank calls `expert_parallel_moe` at the same moment, each with its own *home* tokens `x`. `ctx.comm`
+# records the rank's collectives. `probe` is where timing attaches from outside; by default it records
+# nothing.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.experts import apply_hosted_experts, expert_parallel_moe
@@ -150,135 +149,119 @@ from shardlib.ui.code import show_code
 show_code(expert_parallel_moe, apply_hosted_experts)
 
 # %% [markdown]
-# Reading it top to bottom, the five steps of the idea:
+# Top to bottom, the four steps of the idea:
 #
-# - **Route**, the first `probe.span`: `route` scores every expert for each home token and keeps the top-k
-#   with their gates; `assign` applies a capacity cap when the config sets one (none until the
-#   mitigations below); `dispatch_plan` orders the token-slots by destination rank, then by expert
-#   (`plan.order`), and counts the rows for each expert on each rank.
-# - **Dispatch**, two all-to-alls. The first carries only those counts: a rank cannot know how many rows
-#   are coming for each of its experts until the senders' routers have decided, batch by batch. The
-#   second carries the rows: slot `t · k + s` belongs to token `t`, so `x[plan.order // cfg.k]` repeats a
-#   token's row once for each expert it goes to. The splits are uneven: `plan.rows_to_rank` out,
-#   `rows_from` in.
-# - **Experts**: the rows arrive source rank by source rank, each source's rows grouped by expert, so
-#   `apply_hosted_experts` (second listing) gathers one block per source for each expert it holds and runs
-#   that expert's gated MLP on them.
-# - **Combine**: the same all-to-all backwards, splits swapped. The results come back in the order the
-#   rows went out, so `slot_outputs[plan.order] = back` puts each at its slot. No rank gets through this
-#   call before the busiest rank has finished its experts.
-# - **Weighted sum at home**: `combine` adds `gate · expert output` for every served slot to the
-#   residual `x`, slot by slot in the order the single-process `moe_reference` uses.
-#
-# The three `probe.span` blocks are the `route`, `experts` and `weighted sum` bars of the timeline further
-# down; the all-to-alls are recorded by `ctx.comm` itself.
+# - **Route**: `route` keeps each home token's top-k with their gates. Then `assign` applies a capacity cap
+#   if the config sets one (none until the balancing section). Last, `dispatch_plan` orders the
+#   token-slots by destination rank, then by expert, and counts the rows for each expert on each rank.
+# - **Dispatch**, two all-to-alls. The first carries only the counts: a rank cannot know how many rows
+#   are coming until the senders' routers have decided. The second carries the rows. Slot `t · k + s`
+#   belongs to token `t`, so `x[plan.order // cfg.k]` repeats a token's row once per expert it goes to.
+# - **Experts**: `apply_hosted_experts` gathers the rows for each expert it holds and runs that expert's
+#   MLP on them, however many there are.
+# - **Combine**: the same all-to-all backwards. No rank gets through it before the busiest rank has
+#   finished its experts. Then `combine` adds `gate · expert output` for every slot to the residual `x`,
+#   in the order the one-process `moe_reference` uses.
 
 # %% [markdown]
-# ## Predict
+# ## All-to-all dispatch and combine: predict the bytes
 #
-# For `T` tokens, top-`k`, rows of `d_model` float32 values on `w` ranks:
+# In an **all-to-all**, every rank sends a different piece to every other rank. For `T` tokens, top-`k`,
+# rows of `d_model` float32 values on `w` ranks:
 #
-# - **bytes**: the dispatch all-to-all carries `T · k` rows, `T · k · d_model · 4` bytes summed over the
-#   ranks (the rows a rank keeps for itself included, as the comm log counts them), and the combine
-#   carries the same back. With uniform routing a share `(w − 1) / w` of the rows leaves its home rank.
-# - **time**: each rank computes the rows its experts received, and no rank can finish the combine
-#   before every rank has. The step time follows the **busiest** rank's rows, not the average.
+# - the dispatch carries `T · k` rows, `T · k · d_model · 4` bytes summed over the ranks (the rows a rank
+#   keeps for itself included, as the comm log counts them), and the combine the same back;
+# - with uniform routing a share `(w − 1) / w` of the rows leaves its home rank.
 
 # %%
-from shardlib.experts import predicted_all_to_all_bytes, predicted_cross_rank_share, simulate_expert_parallel
+from shardlib.experts import predicted_all_to_all_bytes, predicted_cross_rank_share
 
 predicted_bytes = predicted_all_to_all_bytes(len(x), cfg.k, cfg.d_model)
 print(f"dispatch: {len(x)} x {cfg.k} x {cfg.d_model} x 4 = {predicted_bytes:,} bytes; the combine the same again")
 print(f"rows leaving their rank with uniform routing: {predicted_cross_rank_share(2):.0%} on 2 ranks, "
       f"{predicted_cross_rank_share(4):.0%} on 4")
-for skew in (0.0, 1.0):
-    sim = simulate_expert_parallel(x, weights, cfg.but(skew=skew), ExpertPlacement(cfg.n_experts, 2))
-    print(f"skew {skew:.0f}: rows each rank's experts will compute {sim.expert_rows} "
-          f"(busiest / mean = {max(sim.expert_rows) / (len(x) * cfg.k / 2):.2f})")
-
-# %% [markdown]
-# The single-process simulation above moves the rows with lists instead of collectives, from the same
-# dispatch plan the ranks use. At skew 1 rank 0 holds the hot expert and will compute 1.4 times its
-# share; rank 1 will wait for it.
 
 # %% [markdown]
 # ## Run it on real ranks
 #
-# Now each rank is a process holding 4 of the 8 experts and half of the tokens (its home tokens), and
-# runs the forward read above: route at home, the counts, the rows out, the experts, the rows back, the
-# weighted sum at home.
-#
-# Is the answer the single-process layer's? Exactly, not approximately: the weighted sum at home adds
-# a token's slots in the same order as the single process does, and every multiply runs on fixed
-# blocks of 64 rows, so a token's result does not depend on which other tokens shared the call (a
-# matrix multiply's last bits can: the BLAS library picks its kernel by the number of rows and threads).
+# Each rank is a process holding 4 of the 8 experts and half of the tokens (its home tokens). Is the
+# answer the one-process layer's? Exactly, not approximately. The weighted sum adds a token's slots in
+# the same order as the one process does. Every multiply runs on fixed blocks of 64 rows, so a token's
+# result does not depend on which other tokens shared the call.
 
 # %%
 from shardlib import Ranks
 from shardlib.experts import moe_reference, run_expert_parallel
-from shardlib.runtime import format_log
 
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
-for k in (1, 2):
-    for skew in (0.0, 0.9):
-        layer = cfg.but(k=k, skew=skew)
-        run = run_expert_parallel(ranks, x, weights, layer)
-        with ranks.same_threads():  # the reference adds its partial sums as a rank does
-            assert torch.equal(run.output, moe_reference(x, weights, layer).output)
-        print(f"2 ranks, top-{k}, skew {skew}: output equals the single-process layer exactly; "
-              f"rows sent rank -> rank {run.send_matrix}")
+for k, skew in ((1, 0.0), (2, 0.9)):
+    layer = cfg.but(k=k, skew=skew)
+    run = run_expert_parallel(ranks, x, weights, layer)
+    with ranks.same_threads():  # the reference adds its partial sums as a rank does
+        assert torch.equal(run.output, moe_reference(x, weights, layer).output)
+    print(f"2 ranks, top-{k}, skew {skew}: output equals the one-process layer exactly; "
+          f"rows sent rank -> rank {run.send_matrix}")
 
-# %% [markdown]
-# The comm log of the last run: per rank, the all-to-all of counts (8-byte integers, one per expert the
-# destination holds), the dispatch of the rows and the combine. Then the prediction against the measure.
-
-# %% tags=["nbval-ignore-output"]
 run = run_expert_parallel(ranks, x, weights, cfg)
-print(format_log(ranks.last_comm))
-
-# %%
 ratio = run.dispatch_bytes / predicted_bytes
-print(f"dispatch bytes: predicted {predicted_bytes:,}, measured {run.dispatch_bytes:,}, ratio {ratio:.2f}; "
+print(f"\ndispatch bytes: predicted {predicted_bytes:,}, measured {run.dispatch_bytes:,}, ratio {ratio:.2f}; "
       f"combine {run.combine_bytes:,}")
 print(f"rows leaving their rank: predicted {predicted_cross_rank_share(2):.0%}, measured {run.cross_rank_share:.0%}")
 assert run.dispatch_bytes == run.combine_bytes == predicted_bytes
 assert abs(run.cross_rank_share - predicted_cross_rank_share(2)) < 0.05
 
 # %% [markdown]
-# The bytes match the formula exactly because nothing was dropped: every token sent its `k` rows. The
-# share that leaves its rank differs from 50 % only by the router's sampling noise. The heatmap shows
-# where the rows went; the diagonal stayed home.
+# The bytes match exactly because nothing was dropped: every token sent its `k` rows. The share that
+# leaves home differs from 50 % only by the router's sampling noise.
+#
+# <details><summary>The comm log of the last run, and where the rows went</summary>
+#
+# Per rank: the all-to-all of counts (8-byte integers, one per expert the destination holds), the
+# dispatch of the rows and the combine. The heatmap's diagonal stayed home.
+#
+# </details>
 
 # %% tags=["nbval-ignore-output"]
+from shardlib.runtime import format_log
 from shardlib.ui.experts_figures import send_matrix_figure
 
+print(format_log(ranks.last_comm))
 send_matrix_figure(run.send_matrix, title=f"All-to-all dispatch: token rows from rank i to rank j, measured on "
                                           f"{ranks.description}")
 
 # %% [markdown]
-# The same layer on 4 ranks (2 experts each; four processes on however many cores you have), balanced
-# and skewed, top-1 and top-2:
+# The same layer on 4 ranks, 2 experts each (four processes on however many cores you have):
 
 # %%
 with Ranks(4) as four:
-    for k in (1, 2):
-        for skew in (0.0, 0.9):
-            layer = cfg.but(k=k, skew=skew)
-            run4 = run_expert_parallel(four, x, weights, layer)
-            with four.same_threads():
-                assert torch.equal(run4.output, moe_reference(x, weights, layer).output)
-            assert run4.dispatch_bytes == predicted_all_to_all_bytes(len(x), k, cfg.d_model)
-            print(f"4 ranks, top-{k}, skew {skew}: exact; rows each rank computed {run4.expert_rows}")
+    for k, skew in ((1, 0.9), (2, 0.0)):
+        layer = cfg.but(k=k, skew=skew)
+        run4 = run_expert_parallel(four, x, weights, layer)
+        with four.same_threads():
+            assert torch.equal(run4.output, moe_reference(x, weights, layer).output)
+        assert run4.dispatch_bytes == predicted_all_to_all_bytes(len(x), k, cfg.d_model)
+        print(f"4 ranks, top-{k}, skew {skew}: exact; rows each rank computed {run4.expert_rows}")
 
 # %% [markdown]
-# ## Why expert communication depends on the data
+# **Worked problem 1.** DeepSeek-V3's MoE layers have `d_model` 7168 and send each token to 8 routed
+# experts. Take a prefill batch of 4,096 tokens spread over 32 ranks, rows sent in bf16 (2 bytes). How many
+# bytes does the dispatch carry, and how many of them cross between ranks with uniform routing?
 #
-# A tensor-parallel pair always ends with one all-reduce of `T · d_model` values, whatever the tokens
-# say; a pipeline stage always forwards the same activations to the next. Both patterns are fixed
-# when the model is split. Expert parallelism's pattern is decided by the router, **per batch**: two
-# batches of the same size, through the same layer on the same ranks, send different numbers of rows
-# between different pairs of ranks.
+# <details><summary>Answer</summary>
+#
+# The dispatch carries `T · k · d_model · 2 = 4096 · 8 · 7168 · 2 = 469,762,048` bytes, about 470 MB, and the
+# combine as much again. With uniform routing `31/32` of it leaves home, about 455 MB each way. (DeepSeek-V3
+# sends the dispatch in FP8, 1 byte a value, which halves that leg.)
+#
+# </details>
+
+# %% [markdown]
+# ## The pattern depends on the batch
+#
+# A tensor-parallel pair always ends with one all-reduce of `T · d_model` values, whatever the tokens say.
+# Expert parallelism's pattern is decided by the router, **per batch**. Predict: three batches of the same
+# size, through the same layer, send different rows between the ranks.
 
 # %%
 from shardlib.tensor_parallel import CUTS, pair_wire_collectives
@@ -287,159 +270,176 @@ sends = {}
 for seed in (1, 2, 3):
     batch = make_tokens(4096, cfg.d_model, seed=seed)
     sends[seed] = run_expert_parallel(ranks, batch, weights, cfg.but(skew=0.3)).send_matrix
-    tp = pair_wire_collectives(CUTS[0], 2, len(batch), cfg.d_model, cfg.d_ff)  # a dense MLP of the same width
-    print(f"batch {seed}: expert parallel sends rows {sends[seed]}; tensor parallel, every batch: {tp} per rank")
+    print(f"batch {seed}: expert parallel sends rows {sends[seed]}")
+tp = pair_wire_collectives(CUTS[0], 2, len(batch), cfg.d_model, cfg.d_ff)  # a dense MLP of the same width
+print(f"tensor parallel, every batch: {tp} per rank")
 assert len({str(m) for m in sends.values()}) == 3  # three batches, three different send matrices
 
 # %% [markdown]
-# Which moves more? Runs of different sizes cannot be compared by their totals, so divide by tokens and
-# by the width of a row: **wire bytes per token per unit of `d_model`**, summed over the ranks. Expert
-# parallelism sends a token's `k` rows away and back when its expert lives elsewhere: `2 · k · 4 · (w-1)/w`
-# with uniform routing. A tensor-parallel MLP of the same width all-reduces every token's row: each of
-# `w` ranks sends `2(w-1)/w` of it, `8 (w-1)` in all.
+# So every dispatch starts by exchanging counts, and the busiest link changes from batch to batch.
+#
+# Which moves more per token? Predict: on 2 ranks, top-2, both send 8 bytes per token per unit of
+# `d_model`; on more ranks expert parallelism sends less.
+#
+# <details><summary>Why: the two formulas</summary>
+#
+# Divide the wire bytes by tokens and by the row width. Expert parallelism sends a token's `k` rows away
+# and back when its expert lives elsewhere: `2 · k · 4 · (w-1)/w` bytes per token per unit of width. A
+# tensor-parallel MLP of the same width all-reduces every token's row: `8 (w-1)` summed over the ranks.
+# On 2 ranks, top-2, the two are even (8 each). On 8 ranks expert parallelism sends `2 · 2 · 4 · 7/8 = 14`
+# against the all-reduce's `8 · 7 = 56`: an all-to-all sends each row once, wherever it goes.
+#
+# </details>
 
 # %%
-import math
-
 ep_run = run_expert_parallel(ranks, x, weights, cfg)
 ep_per_token = ep_run.wire_bytes_per_token_per_width(cfg.d_model)
-tp_wire_bytes = sum(b for _, b in pair_wire_collectives(CUTS[0], 2, len(x), cfg.d_model, cfg.d_ff))  # per rank
-tp_per_token = 2 * tp_wire_bytes / (len(x) * cfg.d_model)
-share = ep_run.cross_rank_share
-print(f"2 ranks, wire bytes per token per unit width, summed over ranks:\n"
-      f"  expert parallel, top-{cfg.k}: {ep_per_token:.2f} measured = 2 x {cfg.k} x 4 x {share:.3f} (the share of rows "
-      f"that left home); uniform routing predicts {2 * cfg.k * 4 * predicted_cross_rank_share(2):.2f}\n"
-      f"  tensor-parallel MLP:  {tp_per_token:.2f} = 8 x (w - 1), whatever the batch")
-assert math.isclose(ep_per_token, 2 * cfg.k * 4 * share) and tp_per_token == 8
+tp_per_token = 2 * sum(b for _, b in tp) / (len(x) * cfg.d_model)  # two ranks' sends, per token per unit width
+print(f"2 ranks, wire bytes per token per unit width: expert parallel {ep_per_token:.2f} "
+      f"(uniform routing predicts {2 * cfg.k * 4 * predicted_cross_rank_share(2):.2f}); tensor parallel "
+      f"{tp_per_token:.2f}")
+assert tp_per_token == 8
 assert 0.9 < ep_per_token / (2 * cfg.k * 4 * predicted_cross_rank_share(2)) < 1.1  # routing's sampling noise
 
 # %% [markdown]
-# On 2 ranks, top-2, the two come out even: half of the 2 rows leave and come back, against one
-# all-reduce. They part as ranks are added: on 8 ranks expert parallelism's `2 · 2 · 4 · 7/8 = 14` bytes
-# per token per unit width against the all-reduce's `8 · 7 = 56`, because an all-to-all sends each row
-# once, wherever it goes, while in a ring all-reduce each of the `w` ranks sends almost twice the whole
-# buffer.
-
-# %% [markdown]
-# So an expert-parallel system cannot plan its buffers once: every dispatch starts by exchanging the
-# counts, and the busiest link and the busiest rank change from batch to batch.
-
-# %% [markdown]
-# ## The stall: the slowest rank sets the step time
+# ## Load imbalance: the slowest rank sets the step
 #
-# To let the experts' compute dominate the step, as it does in a real model (Mixtral's experts are
-# 14336 wide), the experts here are 1024 wide. The layer runs on the 2 warm ranks at skew 0 and at
-# skew 1, seven times each; the times printed are medians, measured on the ranks. Each rank reports its
-# experts' wall-clock time and their CPU time: the wall clock is what the other rank waits for, and the
-# CPU time is the work itself, which other programs running on your machine inflate far less. The check
-# compares the two ranks' CPU times within one run, each rank's least over the seven (a burst of other
-# work can only add time), and measures again, up to three times, if a burst still spoiled it.
+# Each rank computes the rows its experts received, and no rank finishes the combine before every rank
+# has. So the step follows the **busiest** rank's rows, not the average. Predict it from the router
+# alone: a rank's rows are the token-slots of the experts it holds.
+
+# %%
+placement = ExpertPlacement(cfg.n_experts, 2)
+predicted_rows = {}
+for skew in (0.0, 1.0):
+    slots = torch.bincount(route(x, weights.router, cfg.but(skew=skew)).experts.flatten(), minlength=cfg.n_experts)
+    predicted_rows[skew] = [sum(int(slots[e]) for e in range(cfg.n_experts) if placement.owner(e) == r)
+                            for r in range(2)]
+    print(f"skew {skew:.0f}: rows each rank's experts will compute {predicted_rows[skew]} "
+          f"(busiest / mean = {max(predicted_rows[skew]) / (len(x) * cfg.k / 2):.2f})")
+
+# %% [markdown]
+# At skew 1 rank 0 holds the hot expert: it will compute 2.5 times the rows of rank 1, which will wait.
+# Now measure. The experts here are 1024 wide, so their compute dominates the step as in a real model.
+# Each rank reports its experts' CPU time. The prediction: the busy rank's CPU time over the other's
+# equals their rows' ratio.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.costs import measure_until
-from shardlib.runtime.measure import timing_claim
+from shardlib.experts import run_stall_check
 from shardlib.ui.experts_figures import rank_time_figure
 
 wide = cfg.but(d_ff=1024)
-wide_weights = make_moe_weights(wide, seed=0)
-run_expert_parallel(ranks, x, wide_weights, wide)  # warm up
-
-
-def stall_run():
-    return {skew: run_expert_parallel(ranks, x, wide_weights, wide.but(skew=skew), repeats=7) for skew in (0.0, 1.0)}
-
-
-def cpu_follows_rows(runs):  # the busiest rank's CPU time over the other's, against their rows' ratio
-    r = runs[1.0]
-    slow, fast = max(range(2), key=lambda i: r.expert_rows[i]), min(range(2), key=lambda i: r.expert_rows[i])
-    return (r.expert_cpu_floor_s[slow] / r.expert_cpu_floor_s[fast]) / (r.expert_rows[slow] / r.expert_rows[fast])
-
-
-timed, attempts = measure_until(stall_run, lambda runs: 0.65 < cpu_follows_rows(runs) < 1.15)
-for skew, r in timed.items():
-    print(f"skew {skew:.0f}: rows {r.expert_rows}; experts per rank: wall {[f'{s * 1e3:.1f} ms' for s in r.expert_s]}, "
-          f"CPU {[f'{s * 1e3:.1f} ms' for s in r.expert_cpu_s]}; whole forward "
-          f"{[f'{s * 1e3:.1f} ms' for s in r.forward_s]}; step {r.step_s * 1e3:.1f} ms")
-skewed = timed[1.0]
-slow, fast = max(range(2), key=lambda i: skewed.expert_rows[i]), min(range(2), key=lambda i: skewed.expert_rows[i])
-rows_ratio = skewed.expert_rows[slow] / skewed.expert_rows[fast]
-cpu_ratio = skewed.expert_cpu_floor_s[slow] / skewed.expert_cpu_floor_s[fast]
-print(f"\nskew 1: rank {slow} computes {rows_ratio:.1f}x the rows of rank {fast}: {cpu_ratio:.1f}x the CPU time "
-      f"(least of 7 each), {skewed.expert_s[slow] / skewed.expert_s[fast]:.1f}x the wall-clock time (medians); "
-      f"attempt {attempts} of at most 3")
-print(f"rank {fast} finished its experts first and then waited in the combine: its whole forward took "
-      f"{skewed.forward_s[fast] * 1e3:.1f} ms, rank {slow}'s {skewed.forward_s[slow] * 1e3:.1f} ms")
-assert all(r.waited_for_slowest for r in timed.values())  # no rank finished before the busiest rank's experts
-timing_claim(0.65 < cpu_ratio / rows_ratio < 1.15,  # CPU time follows the rows, a little under (see below)
-             f"the CPU time of rank {slow}'s experts follows its rows (0.65 to 1.15 times the rows ratio)",
-             f"{cpu_ratio:.2f}x the CPU time for {rows_ratio:.2f}x the rows (ratio {cpu_ratio / rows_ratio:.2f})",
-             attempts)
+stall = run_stall_check(ranks, x, make_moe_weights(wide, seed=0), wide, repeats=5)
+for v in stall.verdicts:
+    print(v.line)
+skewed = stall.runs[1.0]
+print(f"rank {stall.fast} finished its experts first and waited in the combine: its whole forward took "
+      f"{skewed.forward_s[stall.fast] * 1e3:.1f} ms, rank {stall.slow}'s {skewed.forward_s[stall.slow] * 1e3:.1f} ms")
 rank_time_figure(skewed.expert_s, skewed.forward_s, skewed.step_s, skewed.expert_cpu_s,
                  title=f"Skew 1: measured time on each rank ({ranks.description})")
 
-# %% [markdown]
-# The CPU-time ratio comes out near the rows ratio, usually 10 to 20 % under it: some of the experts'
-# work does not grow with the rows (each expert pads its last block of rows to 64, and every call has a
-# fixed cost), and other programs sharing your cores disturb even CPU time a little. The check allows
-# 0.65 to 1.15 times the rows ratio. The wall-clock ratio strays further, because the two ranks also wait
-# for cores. Whatever the ratios, the step is the
-# busiest rank's: the other rank's forward lasts as long, the difference spent waiting.
-#
-# What each rank was doing in the last skewed forward: rank 1's long all-to-all bar at the end is not
-# moving bytes, it is waiting for rank 0's experts.
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.runtime_figures import timeline_figure
-
-run_expert_parallel(ranks, x, wide_weights, wide.but(skew=1.0))
-timeline_figure(ranks.last_spans, title=f"One forward at skew 1: what each rank did ({ranks.description})")
+# %%
+assert all(r.waited_for_slowest for r in stall.runs.values())  # no rank finished before the busiest's experts
+assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly as the router predicted
 
 # %% [markdown]
-# ## Mitigations, each with its price
+# <details><summary>How this was measured</summary>
 #
-# All three fixes trade something for balance. The first two are **training** mechanisms: a capacity
-# cap gives every expert a fixed-size buffer, which static shapes and a predictable step time want, and
-# the model learns around the few tokens it drops. Serving engines (vLLM, SGLang, TensorRT-LLM) run MoE
-# layers **dropless**: every token-slot is served, whatever the load, by grouped matrix multiplies that
-# take a different number of rows for each expert in one kernel launch; dropping a token at inference
-# would change an answer. What serving does about a hot expert is the third fix.
+# The layer runs at skew 0 and skew 1, five times each after a warm-up, on the 2 warm ranks. Each rank's
+# CPU time is the least of its five (a burst of other work can only add time). CPU time counts the work
+# itself, which other programs on your machine inflate far less than the wall clock. The verdict holds
+# when the CPU ratio is 0.65 to 1.15 times the rows ratio. It usually lands 10 to 20 % under: each
+# expert pads its last block to 64 rows, and every call has a fixed cost. If a burst spoils the check,
+# it is measured again, at most three times. The wall-clock ratio strays further, because the ranks
+# also wait for cores. Whatever the ratios, the other rank's forward lasts as long as the busy one's.
 #
-# - **Capacity factor** (GShard, Switch Transformer): each expert takes at most
-#   `capacity = ceil(T · k · cf / n)` token-slots from each group of tokens (here, each rank's), first
-#   choices first, earlier tokens first. The rest are **dropped**: they contribute nothing, so a token
-#   that lost all its slots leaves the layer unchanged through the residual connection. Price: quality.
-# - **Rerouting**: an overflowing slot goes to the token's next choice that still has room. Fewer
-#   drops; the token gets a less-preferred expert. Price: some quality. (What the moved slot weighs is
-#   a further choice, measured below.)
-# - **Replicating the hot expert**: a second copy of the busiest expert on the least-loaded other rank,
-#   and each home rank sends it every other row. Outputs unchanged. Price: memory, one more expert's
-#   weights on that rank, `3 · d_model · d_ff` values (gate, up and down). DeepSeek-V3's deployment does
-#   this at scale: it keeps redundant copies of the experts its load statistics show to be hot, and
-#   rearranges them from time to time.
+# </details>
+#
+# **Worked problem 2.** Your run measured the busy rank's CPU time at about the rows ratio. Now take 4
+# ranks. In one batch the busiest rank's experts get 40 % of the token-slots and the other three 20 %
+# each. How long is the experts' part of the step, against a perfectly even batch?
+#
+# <details><summary>Answer</summary>
+#
+# An even batch gives each rank 25 %. The step waits for the busiest rank, so it lasts `40 / 25 = 1.6`
+# times as long. The three other ranks spend `1 − 20/40 = 50 %` of that time idle in the combine.
+#
+# </details>
+
+# %% [markdown]
+# ## Balancing the load: a cost or a choice
+#
+# Every fix trades something for balance. Which one a system uses depends on whether it trains or serves,
+# and on when it was built.
+#
+# - **Capacity** (GShard, Switch Transformer), the older approach. Each expert takes at most
+#   `capacity = ceil(T · k · cf / n)` token-slots from each group of tokens (here, each rank's); `cf` is the
+#   *capacity factor*. The rest are **dropped**: a token that lost its slot passes through the residual
+#   unchanged. A fixed-size buffer per expert suited static shapes. Price: quality, on the dropped tokens.
+#   *Rerouting* sends an overflowing slot to the token's next choice with room instead.
+# - **Dropless** (MegaBlocks; Megatron-Core's MoE), current practice in training and serving. Every
+#   token-slot is served: a grouped matrix multiply takes a different number of rows for each expert in
+#   one kernel launch. Price: the step follows the busiest expert, as measured above. This notebook's
+#   layer is dropless unless a capacity factor is set.
+# - **An auxiliary loss** (Switch Transformer) added to the training loss pulls the router towards balance:
+#   `n · Σ f_i · P_i`, with `f_i` the share of slots sent to expert `i` and `P_i` its mean router
+#   probability; 1 when balanced. Price: a gradient that competes with the language-model loss.
+# - **A bias instead of a loss** (DeepSeek-V3, technical report section 2.1.2). A per-expert bias is added to
+#   the scores *only to choose* the top-k; the gates use the plain scores. After each step the bias falls
+#   for overloaded experts and rises for the others. Price: a rate to tune, and the load is balanced over
+#   batches, not within one.
+# - **A copy of the hot expert**, in serving. A second copy goes on the least-loaded other rank, and each
+#   home rank sends it every other row. Outputs unchanged. Price: memory, one more expert's weights.
+#
+# Predict: the bias should bring max/mean from about 4 towards 1 within a few dozen batches, with no token
+# dropped and no gate changed.
+
+# %%
+from shardlib.experts import aux_load_balancing_loss, balance_by_bias
+
+tilted = cfg.but(skew=0.75)
+for s in (0.0, 0.75):
+    print(f"skew {s}: auxiliary loss {aux_load_balancing_loss(route(x, weights.router, cfg.but(skew=s))):.2f}")
+biased = balance_by_bias([make_tokens(1024, cfg.d_model, seed=100 + i) for i in range(30)], weights.router, tilted,
+                         rate=0.1)
+late = biased.max_over_mean[-10:]  # the last ten batches
+print(f"bias balancing at skew 0.75, 30 batches: max/mean {biased.max_over_mean[0]:.2f} in the first batch, "
+      f"{sum(late) / len(late):.2f} on average over the last ten")
+print(f"bias after 30 batches: {[round(b, 1) for b in biased.bias.tolist()]} (expert {cfg.hot_expert} pushed down)")
+assert sum(late) / len(late) < 1.3 < 3 < biased.max_over_mean[0] and max(late) < 1.5
+assert torch.equal(biased.gates, torch.softmax(biased.routing.logits.gather(1, biased.experts), dim=-1))
+
+# %% [markdown]
+# The gates came from the plain scores, so the bias changed only *which* experts serve a token.
+#
+# <details><summary>DeepSeek-V3's other balancing choices</summary>
+#
+# DeepSeek-V3 keeps a very small sequence-wise balance loss as a safety net. It also limits each token to
+# experts on at most 4 nodes, which bounds how much of the all-to-all crosses the network. At serving
+# time it keeps redundant copies of the experts its load statistics show to be hot, and rearranges them
+# from time to time (its EPLB load balancer).
+#
+# </details>
+#
+# Now the capacity cap, rerouting and the copy, each on the ranks, top-1 at skew 0.75. Each run is checked
+# against the one-process layer under the same policy.
 
 # %%
 from shardlib.experts import capacity, run_mitigations
 
-print(f"capacity at cf 1.25 for one rank's {len(x) // 2} tokens, top-2, 8 experts: "
-      f"ceil({len(x) // 2} x 2 x 1.25 / 8) = {capacity(len(x) // 2, 2, 1.25, 8)} slots per expert")
+print(f"capacity at cf 1.25 for one rank's {len(x) // 2} tokens, top-1, 8 experts: "
+      f"ceil({len(x) // 2} x 1 x 1.25 / 8) = {capacity(len(x) // 2, 1, 1.25, 8)} slots per expert")
 top1 = cfg.but(k=1, skew=0.75)
 measured = run_mitigations(ranks, x, weights, top1, capacity_factor=1.25, repeats=1)
 none, capped, rerouted, copied = measured.runs  # none, capacity, capacity + reroute, replicate hottest
-uncapped = moe_reference(x, weights, top1)
 for m in (none, capped, rerouted, copied):
-    print(f"top-1, skew 0.75, {m.label:<18}: busiest expert {m.expert_max_over_mean:.2f}x its even share, "
+    print(f"{m.label:<18}: busiest expert {m.expert_max_over_mean:.2f}x its even share, "
           f"busiest rank {m.rank_max_over_mean:.2f}x; dropped slots {m.run.dropped_slots:>4}, "
-          f"tokens changed {m.tokens_changed:>4}, largest change {m.max_output_change:.2f}")
-    assert m.exact  # each run on ranks equals the single-process layer with the same policy
-
-# %% [markdown]
-# The capacity cap holds the busiest expert to `1.25` times its even share, and every token it dropped
-# (top-1: a dropped slot is a dropped token) came out of the layer exactly as it went in. Rerouting
-# serves those tokens after all, by a less-preferred expert with room, so their outputs still differ
-# from the uncapped layer's. Replication changes no output at all and lowers the busiest *rank's* load, though
-# the hot expert itself is as busy as before, now in two places.
+          f"tokens changed {m.tokens_changed:>4}")
+    assert m.exact  # each run on ranks equals the one-process layer with the same policy
 
 # %%
+uncapped = moe_reference(x, weights, top1)
 capped_run = moe_reference(x, weights, top1.but(capacity_factor=1.25), n_groups=2)
 passed = ~capped_run.assignment.kept[:, 0]
 assert torch.equal(capped_run.output[passed], x[passed])  # dropped: passed through unchanged
@@ -453,9 +453,21 @@ print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {i
       f"bit for bit the uncapped layer's")
 
 # %% [markdown]
-# Replication's price, measured: the expert weight bytes each rank ran with, from the ranks, without and
-# with the second copy, against `predicted_weight_bytes` (each rank's experts times `3 · d_model · d_ff · 4`
-# bytes).
+# The cap held the busiest expert to 1.25 times its share, and every token it dropped left the layer as it
+# came in. Rerouting served most of them by a less-preferred expert. The copy changed no output and
+# lowered the busiest *rank's* load; the hot expert is as busy as before, in two places.
+#
+# <details><summary>What does a rerouted slot weigh?</summary>
+#
+# A choice, not a fact. This library's default (`reroute_gate="keep"`) gives the new expert the gate the
+# slot's original expert earned. `reroute_gate="rescore"` scores the token again over the experts that
+# serve it. With top-1 and renormalised gates the question does not arise: the one gate is 1. With top-2
+# the two choices give different outputs for exactly the rerouted tokens (`tests/experts`).
+#
+# </details>
+#
+# The copy's price, measured: the expert weight bytes each rank ran with, against `predicted_weight_bytes`
+# (each rank's experts times `3 · d_model · d_ff · 4` bytes: gate, up and down matrices).
 
 # %%
 from shardlib.experts import predicted_weight_bytes
@@ -464,85 +476,72 @@ one_expert = 3 * top1.d_model * top1.d_ff * 4
 extra = [c - n for c, n in zip(copied.run.weight_bytes, none.run.weight_bytes)]
 predicted_extra = [c - n for c, n in zip(predicted_weight_bytes(copied.run.placement, top1),
                                          predicted_weight_bytes(none.run.placement, top1))]
-print(f"expert weights per rank: {none.run.weight_bytes} bytes without the copy, {copied.run.weight_bytes} with it")
-print(f"extra per rank, measured {extra}, predicted {predicted_extra}: one expert, "
-      f"3 x {top1.d_model} x {top1.d_ff} x 4 = {one_expert:,} bytes, on rank {copied.run.placement.replicas[0][1]} "
-      f"(the copy of expert {copied.run.placement.replicas[0][0]})")
+print(f"extra expert weights per rank: measured {extra}, predicted {predicted_extra}: one expert, "
+      f"3 x {top1.d_model} x {top1.d_ff} x 4 = {one_expert:,} bytes")
 assert extra == predicted_extra and sorted(extra) == [0, one_expert]
 layer_gb = mixtral.expert_params * mixtral.bytes_per_param / 1e9
-print(f"in Mixtral-8x7B one expert is {layer_gb:.2f} GB per layer; a copy of one hot expert in each of its "
-      f"{mixtral.n_layers} layers is {mixtral.n_layers * layer_gb:.1f} GB more on the rank that takes it")
+print(f"Mixtral-8x7B: one expert is {layer_gb:.2f} GB per layer; a copy in each of its {mixtral.n_layers} layers "
+      f"is {mixtral.n_layers * layer_gb:.1f} GB more on the rank that takes it")
 assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 
 # %% [markdown]
-# At `ep = 8` a Mixtral device holds one expert per layer, 11.3 GB; a second hot expert per layer doubles
-# that. Replication is paid in the memory that would otherwise hold KV cache.
+# At `ep = 8` a Mixtral device holds one expert per layer, 11.3 GB; a copy of a hot one doubles that.
+# The copy is paid in memory that would otherwise hold KV cache.
 #
-# ## What does a rerouted slot weigh? A choice, not a fact
+# **Worked problem 3.** A rank holds 3,000 tokens, top-1, 16 experts, capacity factor 1.25. One hot expert
+# is the first choice of 600 of them; the others are under their capacity. How many tokens are dropped?
+# What would a dropless layer do instead?
 #
-# When rerouting moves a slot to the token's next choice, what gate should the new expert's output get?
-# This library's default (`reroute_gate="keep"`) gives it the gate that the slot's original expert
-# earned (for a rerouted second slot, the second choice's gate, not the first's): only the expert changes,
-# and the token's gates sum to what the router gave. The alternative
-# (`reroute_gate="rescore"`) scores the token again over the experts that actually serve it, as if the
-# router had picked them: the new expert gets its own, smaller weight, and the token's other gate rises.
-# A third answer gives the slot no weight at all, which is the capacity cap without rerouting: dropped.
-# With top-1 and renormalised gates the question does not arise: the one gate is 1 whichever expert
-# serves it. Top-2, both ways, on the ranks:
-
-# %%
-from shardlib.experts import run_moe_policy, served_gates
-
-top2 = cfg.but(skew=0.75, capacity_factor=1.25, reroute=True)
-keep = run_moe_policy(ranks, x, weights, top2, repeats=1, label="keep")
-rescore = run_moe_policy(ranks, x, weights, top2.but(reroute_gate="rescore"), repeats=1, label="rescore")
-ref = moe_reference(x, weights, top2, n_groups=2)  # each rank's tokens one capacity group, as on the ranks
-touched = ref.assignment.rerouted.any(dim=1)  # (T,) tokens with a slot moved
-differ = (keep.run.output != rescore.run.output).any(dim=1)  # (T,)
-print(f"top-2, skew 0.75, capacity 1.25 with rerouting: {keep.run.rerouted_slots} slots rerouted, in "
-      f"{int(touched.sum())} tokens; outputs that differ between the two choices: {int(differ.sum())}, by up to "
-      f"{(keep.run.output - rescore.run.output).abs().max():.3f}")
-t = int(torch.nonzero(touched)[0])
-gates = {g: served_gates(ref.routing, ref.assignment, top2.but(reroute_gate=g))[t] for g in ("keep", "rescore")}
-print(f"token {t}: the router chose experts {ref.routing.experts[t].tolist()}; served by "
-      f"{ref.assignment.experts[t].tolist()}; gates kept {[round(v, 3) for v in gates['keep'].tolist()]}, "
-      f"rescored {[round(v, 3) for v in gates['rescore'].tolist()]}")
-assert keep.exact and rescore.exact  # each equals the single-process layer with the same choice, bit for bit
-assert torch.equal(differ, touched)  # the choice changes exactly the tokens that had a slot rerouted
+# <details><summary>Answer</summary>
+#
+# Capacity is `ceil(3000 · 1 · 1.25 / 16) = ceil(234.4) = 235` slots. The hot expert serves 235 and drops
+# `600 − 235 = 365` tokens, which leave the layer unchanged. A dropless layer serves all 600. That expert
+# then computes `600 / 187.5 = 3.2` times its even share, and the step waits for it.
+#
+# </details>
 
 # %% [markdown]
-# Across the knob, measured live (step times are medians of 3; `benchmarks/bench_experts.py` runs five
-# skews with wide experts and five repeats):
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.experts import MITIGATIONS
-from shardlib.ui.experts_figures import mitigation_sweep_figure
-
-skews = (0.0, 0.5, 1.0)
-sweep = [run_mitigations(ranks, x, weights, cfg.but(skew=s), repeats=3) for s in skews]
-print(f"{'skew':>4}  {'mitigation':<20} {'expert max/mean':>15} {'rank max/mean':>13} {'dropped':>8} "
-      f"{'busiest CPU':>12} {'step':>9}")
-for s, rows in zip(skews, sweep):
-    for m, row in zip(rows.labels, rows.runs):
-        assert row.exact
-        print(f"{s:>4.1f}  {m:<20} {row.expert_max_over_mean:>15.2f} {row.rank_max_over_mean:>13.2f} "
-              f"{row.run.dropped_slots:>8} {row.busiest_expert_cpu_s * 1e3:>9.1f} ms {row.run.step_s * 1e3:>6.1f} ms")
-assert sweep[-1]["replicate hottest"].rank_max_over_mean < sweep[-1]["none"].rank_max_over_mean
-assert all(rows["capacity"].expert_max_over_mean <= 1.25 for rows in sweep)
-mitigation_sweep_figure(skews, {m: [rows[m].rank_max_over_mean for rows in sweep] for m in MITIGATIONS},
-                        "busiest rank's rows / even share", f"The knob against each mitigation, on {ranks.description}")
+# ## Wide expert parallelism with data-parallel attention
+#
+# [Notebook 05](05_serving_layouts.ipynb) shows the layout rule for dense models: tensor parallelism inside
+# a node, pipeline parallelism across nodes. For large MoE models the condition changes: **the cross-node
+# axis is expert parallelism**. Attention runs *data parallel*: each GPU, or a small tensor-parallel group,
+# serves its own requests with its own KV cache ([notebook 08](08_data_parallel.ipynb) teaches data
+# parallelism). The all-to-alls then cross the network between them.
+#
+# - DeepSeek-V3 **trains** with 16-way pipeline and 64-way expert parallelism over 8 nodes, with no tensor
+#   parallelism (technical report section 3.2).
+# - It **serves** prefill on 32 GPUs (attention in groups of 4, experts 32 ways) and decode on 320 GPUs
+#   (experts 320 ways), report section 3.4. vLLM and SGLang support this layout.
+#
+# It pays when the batch is large enough that every expert gets rows. The busiest GPU sets every step, so
+# the hot experts get redundant copies.
 
 # %% [markdown]
 # ## Explore: the knob
 #
-# Each move runs the layer once more on the live ranks: the send matrix, each expert's load (coloured
-# by the rank that holds it; the dashed red line is the capacity, summed over ranks) and each rank's
-# measured time. Turn the skew up, then try the capacity cap, rerouting and replication.
+# Each move runs the layer once more on the live ranks: the send matrix, each expert's load (coloured by
+# the rank that holds it; the dashed red line is the capacity, summed over ranks) and each rank's time.
+#
+# **Your task.** Keep k = 2, set skew 0.25 and tick the capacity cap. Find the smallest capacity factor
+# that drops no slot. Then untick the cap, tick the copy of the hottest expert, and read the busiest
+# rank's time: did it fall, and did the hot expert's load?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.experts_widgets import expert_explorer
 
-expert_explorer(ranks, x[:2048], weights, cfg)
+expert_explorer(ranks, x[:2048], weights, cfg, repeats=1)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# 2.75. No slot drops once the capacity factor reaches the hot expert's load over its even share: 2.74 in
+# the router table at skew 0.25, about 2.7 in each rank's half of these 2,048 tokens, rounded up to the
+# slider's step. At that factor the cap does nothing; it only ever bounds the load by dropping. The copy
+# lowers the busiest rank's rows and time, while the hot expert's own load stays the same, now split over
+# two ranks.
+#
+# </details>
 
 # %% [markdown]
 # ## Check yourself
@@ -554,86 +553,81 @@ from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
     Question(
-        "Which problem of a mixture-of-experts model does expert parallelism address more directly than "
-        "tensor or pipeline parallelism?",
-        ("Each token's attention is too slow", "All the experts must be held in memory although only a few "
-         "fire per token, so the experts themselves are spread over devices", "The router needs its own GPU",
-         "It removes communication between devices"),
-        1,
-        "An MoE model's parameter count is mostly experts, and every expert must be resident even though each "
-        "token uses only k of them. Splitting by expert spreads that total across devices, whole experts "
-        "per device.",
+        "Why does the all-to-all carry a different number of rows between each pair of ranks from batch to batch?",
+        ("The collective picks a new order of ranks every time it is called",
+         "gloo compresses the rows differently depending on their values",
+         "The router picks each token's experts, so the batch decides",
+         "Each expert changes its width to fit the rows it got last time"),
+        2,
+        "Tensor parallelism's collective is fixed by the split. Expert parallelism's send matrix follows the "
+        "router's choices for this batch, so every dispatch starts by exchanging counts.",
     ),
     Question(
-        "Why does the all-to-all of expert parallelism move a different amount between each pair of ranks "
-        "from batch to batch, when tensor parallelism's all-reduce never does?",
-        ("gloo is unpredictable", "The router decides per token which experts, and so which ranks, each "
-         "token goes to", "The experts change size", "Tensor parallelism also varies, just less"),
-        1,
-        "Tensor parallelism's collective is fixed by the split: T x d_model values per pair. Expert "
-        "parallelism's send matrix is decided by the batch's contents, so every dispatch starts by "
-        "exchanging counts.",
+        "Four ranks. In one batch the busiest rank's experts get 45 % of the rows, the others about 18 % each. "
+        "Against a perfectly even batch, how long does the experts' part of the step take?",
+        ("About 1.8 times as long",
+         "About the same: the average rank still does a quarter of the rows",
+         "About 0.55 times as long: three of the ranks finish early",
+         "About 4 times as long: only one rank can compute at a time"),
+        0,
+        "An even batch gives each rank 25 %. The combine waits for the busiest rank: 45 / 25 = 1.8.",
     ),
     Question(
-        "Two ranks, and one expert on rank 0 gets most tokens. Which rank's time sets the step?",
-        ("Rank 1's, the idle one", "Rank 0's: every rank waits in the combine until rank 0's experts finish",
-         "The average of the two", "Neither: the all-to-all hides it"),
-        1,
-        "The combine needs every rank's results, so no rank can finish before the busiest one: the idle "
-        "rank's time is spent waiting.",
+        "A rank has 1,000 tokens, top-1, 8 experts, capacity factor 1.0. Expert 3 is the first choice of 200. "
+        "Without rerouting, what happens to the tokens it cannot take?",
+        ("All 200 wait for the next batch, so that none is ever lost",
+         "The capacity is raised to 200 for this batch, so nothing drops",
+         "75 of them go to a random other expert with the same gate",
+         "75 skip the experts and leave the layer unchanged"),
+        3,
+        "Capacity is ceil(1000 x 1 x 1.0 / 8) = 125, so 75 overflow. Dropped, they pass through the residual "
+        "connection unchanged. A dropless layer would serve all 200 and make the step wait.",
     ),
     Question(
-        "Mixtral-8x7B at ep = 8 holds one expert per layer on each device. A second copy of one hot expert in "
-        "every layer costs the device that takes it what?",
-        ("Nothing: the outputs are unchanged", "About 11 GB: one more expert (3 x 4096 x 14336 weights, 0.35 GB "
-         "in bf16) in each of 32 layers, memory that would otherwise hold KV cache",
-         "One more all-to-all per layer", "Quality: some tokens are dropped"),
+        "DeepSeek-V3 balances its experts with a per-expert bias on the router's scores. Which is true?",
+        ("The bias enters the gates too, so busy experts get smaller weights",
+         "The bias changes which experts are chosen, not the gates",
+         "The bias is learned by gradient descent through an auxiliary loss",
+         "The bias caps each expert at a fixed number of tokens per batch"),
         1,
-        "Replication changes no output and evens the ranks' load; its price is weights. Measured above on the "
-        "toy: exactly one expert's 3 x d_model x d_ff values more on the rank holding the copy.",
+        "The bias is added only for the top-k choice, and nudged after each step by the expert's load. The gates "
+        "use the plain scores, and no loss term is added. Measured above: the load evened, the gates matched.",
     ),
     Question(
-        "A top-2 token's second slot overflows and is rerouted to its third choice. What gate does that slot get?",
-        ("Always the third choice's router probability", "It depends on the system: here it keeps the gate the "
-         "slot's original expert (the second choice) earned; rescoring over the experts that serve it is another "
-         "answer, and dropping it a third",
-         "Always 0.5", "The gates are not used after rerouting"),
-        1,
-        "Measured above: the two choices give different outputs for exactly the tokens that had a slot rerouted, "
-        "and each matched the single-process layer under the same choice.",
+        "Mixtral-8x7B at ep = 8: one expert per layer per GPU. A copy of one hot expert in every layer costs "
+        "the GPU that takes it what?",
+        ("Some outputs change, since the copy adds in another order",
+         "Nothing, since the copy shares the original's weights",
+         "About 11 GB of weights; no output changes",
+         "One more all-to-all per layer, but no memory at all"),
+        2,
+        "Measured on the toy: exactly one expert's 3 x d_model x d_ff values more. For Mixtral: 3 x 4096 x 14336 "
+        "weights at 2 bytes, 0.35 GB per layer, times 32 layers.",
+    ),
+    Question(
+        "A 600 B-parameter MoE model with 256 experts per layer runs on 8 nodes. Which axis crosses the nodes "
+        "in DeepSeek-V3's layouts?",
+        ("Experts, with attention run data parallel",
+         "Tensor parallelism, splitting each matrix 64 ways over the nodes",
+         "Pipeline stages only, one node per stage and no expert split",
+         "None: every GPU holds every expert, and tokens never move"),
+        0,
+        "Wide expert parallelism: the experts spread over many nodes and attention runs data parallel, each "
+        "group with its own requests. DeepSeek-V3 trains with PP16 x EP64 and no tensor parallelism.",
     ),
 )
 
 # %% [markdown]
 # ## What you saw
 #
-# - A router picks `k` distinct experts per token; its gates, renormalised over the top-k as in Mixtral,
-#   sum to 1. The skew knob moved the load from even (max/mean near 1, aux loss near 1) to one hot
-#   expert taking every token.
-# - Expert parallelism holds whole experts per rank: Mixtral's 90 GB of experts become about 11 GB per
-#   device at ep = 8.
-# - One forward is two all-to-alls with uneven splits (after an exchange of counts): their bytes
-#   matched `T · k · d_model · 4` exactly, and the layer on 2 and 4 ranks equalled the single-process
-#   one bit for bit, top-1 and top-2, balanced and skewed.
-# - The pattern depends on the batch: the send matrix changed between batches, unlike tensor or
-#   pipeline parallelism's.
-# - At skew 1 the rank holding the hot expert computed 2.5 times the rows of the other, and the other
-#   waited for it: the slowest rank set the step time.
-# - Per token per unit width, expert parallelism's all-to-alls sent `2 · k · 4` bytes times the share of
-#   rows that left home, as predicted; a tensor-parallel MLP's all-reduce `8 (w - 1)`.
-# - A capacity cap bounded the busiest expert and dropped tokens through the residual (quality), a training
-#   mechanism: serving engines run MoE layers dropless, with grouped matrix multiplies;
-#   rerouting served most of them by a less-preferred expert; replication lowered the busiest rank's
-#   load without changing any output, for one more expert's weights on one rank, measured equal to
-#   `3 · d_model · d_ff · 4` bytes (11 GB for Mixtral, one copy per layer).
-# - What a rerouted slot weighs is a choice: kept (here, by default) or rescored; the two differ for
-#   exactly the rerouted tokens.
-#
-# Expert parallelism stacks with the others, and for large MoE models it now sets the layout. A model of
-# Mixtral's size serves on one node, tensor parallelism and expert parallelism inside it. The largest
-# (DeepSeek-V3, 256 routed experts per layer) serve with **wide expert parallelism**: the experts spread
-# over many nodes, a few per GPU (32 GPUs for prefill, 320 for decode in DeepSeek-V3's report), while
-# attention runs **data parallel**, each GPU (or small tensor-parallel group) serving its own requests
-# with its own KV cache, and the all-to-alls cross the network between them. vLLM and SGLang support this
-# layout. It pays when the batch is large enough that every expert gets rows, and it leans on the
-# measurements above: the busiest GPU sets every step, so the hot experts get redundant copies.
+# - A router picks `k` distinct experts per token; the skew knob moved the load from even (max/mean near
+#   1) to one hot expert taking every token.
+# - Whole experts per rank: Mixtral's 90 GB of experts become about 11 GB per device at `ep = 8`.
+# - One forward is two all-to-alls with uneven splits, after an exchange of counts. Their bytes matched
+#   `T · k · d_model · 4` exactly, and the layer on 2 and 4 ranks equalled the one-process layer bit for bit.
+# - The send matrix changed from batch to batch, unlike tensor or pipeline parallelism's traffic.
+# - At skew 1 the busy rank's CPU time followed its rows, and the other rank waited in the combine.
+# - Balancing is a choice with a price. A capacity cap drops tokens (the older GShard and Switch way).
+#   Dropless layers (current practice) wait for the busiest expert. DeepSeek-V3's bias evened the load
+#   without a loss or a drop. A copy of the hot expert costs one expert's weights.
+# - For large MoE models the cross-node axis is expert parallelism, with data-parallel attention.

@@ -7,6 +7,7 @@
 * ``predict`` (pure): bytes per rank of each method; the ring's time and the tokens that hide its transfer.
 * ``memory`` (pure): KV cache and activations per device against sequence length, under tp and cp.
 * ``ring`` (mechanism): ``ring_attention``, K/V round the ring forward, K/V with dK/dV round it backward.
+* ``all_gather`` (mechanism): ``all_gather_kv_attention``, K/V all-gathered, then my queries attend (Llama 3).
 * ``ulysses`` (mechanism): ``ulysses_attention``, all-to-all from sequence to heads and back, differentiable.
 * ``ranks``: the rank functions, the mechanisms with spans, padding and comm logs attached through a probe.
 * ``drivers``: the forward on a pool: ring, balance, overlap, link calibration, all-to-all.
@@ -27,16 +28,20 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "predict": ("METHODS", "AttentionShape", "ring_bytes_per_rank", "ring_backward_bytes_per_rank",
                 "ring_saved_bytes_per_rank", "ulysses_bytes_per_rank", "ulysses_collectives",
                 "sequence_parallel_bytes_per_rank", "ring_time_s", "ring_transfer_s", "hidden_share",
-                "ring_block_attention_s", "ring_hiding_tokens"),
+                "ring_block_attention_s", "ring_hiding_tokens", "all_gather_kv_collectives",
+                "all_gather_kv_bytes_per_rank", "all_gather_kv_held_bytes", "CP_COMM_TYPES", "cp_comm_bytes_per_rank"),
     "memory": ("device_memory", "context_parallel_needed", "toy_block_activation_bytes",
                "attention_bytes_per_rank"),
     "ring": ("ring_attention", "RingAttention", "check_ring_inputs"),
+    "all_gather": ("all_gather_kv_attention", "check_all_gather_inputs", "GatherKV"),
     "ulysses": ("ulysses_attention", "check_heads_divide", "sequence_to_heads", "heads_to_sequence"),
     "ranks": ("RingProbe", "ring_attention_on_rank", "ring_attention_grads_on_rank", "ring_training_on_rank",
-              "ulysses_attention_on_rank", "exchange_sweep_on_rank", "RingResult", "AttentionGradsResult",
-              "RingTrainingResult", "UlyssesResult"),
+              "ulysses_attention_on_rank", "all_gather_attention_on_rank", "exchange_sweep_on_rank", "RingResult",
+              "AttentionGradsResult", "RingTrainingResult", "UlyssesResult"),
     "drivers": ("RingRun", "run_ring_attention", "Balance", "run_ring_balance", "Overlap", "run_ring_overlap",
-                "ExchangeCalibration", "run_exchange_calibration", "UlyssesRun", "run_ulysses_attention"),
+                "ExchangeCalibration", "run_exchange_calibration", "UlyssesRun", "run_ulysses_attention",
+                "run_all_gather_attention", "BalanceCheck", "balance_verdicts", "run_balance_check", "OverlapCheck",
+                "overlap_verdicts", "run_overlap_check"),
     "grad_drivers": ("AttentionGrads", "run_ring_attention_grads", "run_ulysses_attention_grads", "RingTraining",
                      "run_ring_training"),
 })

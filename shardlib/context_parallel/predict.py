@@ -6,6 +6,12 @@ sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of `
     ring forward     (n-1) K/V blocks                       (n-1) x 2 b KV (s/n) hd B
     ring backward    (n-1) K/V blocks + n dK/dV blocks      (2n-1) x 2 b KV (s/n) hd B   (0 on one rank)
     all-to-all       4 all-to-alls (q, k, v, output)        (n-1)/n x (2H + 2KV) b (s/n) hd B, each pass
+    all-gather K/V   2 all-gathers (k, v), not overlapped   (n-1) x 2 b KV (s/n) hd B: the ring's bytes,
+                     the whole K/V held for the call        2 b KV s hd B (small with few KV heads)
+
+``cp_comm_bytes_per_rank`` lays the four side by side under Megatron-Core's names (``cp_comm_type``:
+``p2p``, ``all_gather``, ``a2a``, ``a2a+p2p``, the last all-to-all inside groups of ``inner`` ranks and
+the ring across them).
 
 What a ring rank keeps for its backward (``ring_saved_bytes_per_rank``): its q, output, K/V and lse, O(s/n).
 
@@ -92,6 +98,46 @@ def ulysses_collectives(shape: AttentionShape, world_size: int) -> list[tuple[st
     for heads in (shape.heads, shape.kv_heads, shape.kv_heads, shape.heads):
         size = shape.values_per_token(heads) * shape.seq / n * shape.bytes_per_value
         out.append(("all_to_all_single", size, (n - 1) / n * size))
+    return out
+
+
+def all_gather_kv_collectives(shape: AttentionShape, world_size: int) -> list[tuple[str, float, float]]:
+    """``(op, size_bytes, wire_bytes)`` of the all-gather method's two collectives (k, then v), as the comm
+    log records them: the gathered output ``b KV s hd B`` each, ``(n-1)/n`` of it on the wire."""
+    n = whole_number(world_size, "world_size")
+    size = shape.values_per_token(shape.kv_heads) * shape.seq * shape.bytes_per_value
+    return [("all_gather", size, (n - 1) / n * size)] * 2
+
+
+def all_gather_kv_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
+    """Wire bytes one rank sends gathering K and V: ``(n - 1)`` K/V blocks, the ring's forward bytes."""
+    return sum(wire for _, _, wire in all_gather_kv_collectives(shape, world_size))
+
+
+def all_gather_kv_held_bytes(shape: AttentionShape) -> float:
+    """The whole sequence's K and V, which the all-gather method holds on every rank during the call:
+    ``2 b KV s hd B`` (the ring holds two blocks of ``s/n``)."""
+    return 2 * shape.values_per_token(shape.kv_heads) * shape.seq * shape.bytes_per_value
+
+
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+
+
+def cp_comm_bytes_per_rank(shape: AttentionShape, world_size: int, inner: int = 2) -> dict[str, float]:
+    """Forward wire bytes per rank of each of Megatron-Core's ``cp_comm_type`` values on ``world_size``
+    ranks: ``p2p`` (the ring), ``all_gather`` (K/V gathered, Llama 3's choice), ``a2a`` (Ulysses) and
+    ``a2a+p2p`` (all-to-all inside groups of ``inner`` ranks, each then holding ``KV / inner`` heads of
+    ``s / (n / inner)`` tokens, and the ring across the ``n / inner`` groups). ``a2a`` needs ``n`` to divide
+    the KV heads and ``a2a+p2p`` needs ``inner`` to; a method that cannot run is left out."""
+    n, a = whole_number(world_size, "world_size"), whole_number(inner, "inner")
+    out = {"p2p": ring_bytes_per_rank(shape, n), "all_gather": all_gather_kv_bytes_per_rank(shape, n)}
+    if shape.kv_heads % n == 0:
+        out["a2a"] = ulysses_bytes_per_rank(shape, n)
+    if 1 < a < n and n % a == 0 and shape.kv_heads % a == 0:
+        outer = n // a
+        a2a = (a - 1) / a * (2 * shape.heads + 2 * shape.kv_heads) * shape.batch * shape.head_dim * shape.seq / n
+        ring = (outer - 1) * 2 * shape.batch * (shape.kv_heads // a) * shape.head_dim * shape.seq / outer
+        out["a2a+p2p"] = (a2a + ring) * shape.bytes_per_value
     return out
 
 

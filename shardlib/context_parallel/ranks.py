@@ -17,6 +17,7 @@ import torch
 
 from ..checks import number_at_least
 from ..runtime.measure import SavedBytes
+from .all_gather import all_gather_kv_attention, check_all_gather_inputs
 from .placement import blocks_between
 from .reference import attention_layer, shard_sequence
 from .ring import check_ring_inputs, ring_attention
@@ -159,7 +160,8 @@ def ring_training_on_rank(ctx, x, target, weights: dict, head_dim: int, causal: 
 
 @dataclass(frozen=True)
 class UlyssesResult:
-    """One rank's all-to-all attention forward: its rows and ``(op, size_bytes, wire_bytes)`` of each call."""
+    """One rank's all-to-all (or all-gather K/V) attention forward: its rows and ``(op, size_bytes,
+    wire_bytes)`` of each call."""
 
     output: torch.Tensor  # (b, H, s / n, hd)
     collectives: tuple[tuple[str, int, int], ...]
@@ -181,6 +183,17 @@ def ulysses_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     grads = torch.autograd.grad(out, mine, d_out.chunk(n, dim=2)[me].to(ctx.device))
     every = tuple((c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records)
     return AttentionGradsResult(*grads, saved.size_bytes, logged, every[len(logged):])
+
+
+def all_gather_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                                 scale: float | None = None) -> UlyssesResult:
+    """``all_gather.all_gather_kv_attention`` on this rank's contiguous shard of the whole ``q, k, v``."""
+    check_all_gather_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=False)
+    n, me = ctx.world_size, ctx.rank
+    mine = [t.chunk(n, dim=2)[me].to(ctx.device) for t in (q, k, v)]
+    with ctx.timeline.span("gather K/V, attend my queries"):
+        out = all_gather_kv_attention(ctx, *mine, causal=causal, scale=scale)
+    return UlyssesResult(out, tuple((c.op, c.size_bytes, c.wire_bytes) for c in ctx.comm.records))
 
 
 def exchange_sweep_on_rank(ctx, sizes_bytes, rounds: int = 3) -> dict:

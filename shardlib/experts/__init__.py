@@ -10,7 +10,8 @@
 * ``dispatch``: ``expert_parallel_moe``, the mechanism: route, all-to-all dispatch, expert FFNs,
   all-to-all combine, weighted sum at home.
 * ``ranks``: ``ep_forward_on_rank``, the mechanism on a rank with its timing attached.
-* ``drivers``: ``run_expert_parallel``, ``run_moe_policy``, ``run_mitigation`` and ``run_mitigations``, on a pool.
+* ``drivers``: ``run_expert_parallel``, ``run_moe_policy``, ``run_mitigation`` and ``run_mitigations``, on a pool;
+  ``run_stall_check``, the stall measured with its verdict.
 """
 
 from .._lazy import exports
@@ -19,7 +20,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "routing": ("MoEConfig", "preference_bias", "BLOCK_ROWS", "MAX_PREFERENCE_BIAS", "REROUTE_GATES", "blocked_rows",
                 "Routing", "check_tokens", "route"),
     "balance": ("capacity", "Assignment", "assign", "served_gates", "split_groups", "assign_groups",
-                "aux_load_balancing_loss", "LoadStats", "load_stats", "MITIGATIONS", "mitigated"),
+                "aux_load_balancing_loss", "LoadStats", "load_stats", "MITIGATIONS", "mitigated", "BiasBalancing",
+                "balance_by_bias"),
     "placement": ("ExpertPlacement", "replicate_hottest", "DispatchPlan", "dispatch_plan"),
     "reference": ("MoEWeights", "make_moe_weights", "make_tokens", "expert_ffn", "apply_hosted_experts",
                   "weighted_sum", "combine", "MoEOutput", "moe_reference", "reference_for", "check_layer_inputs",
@@ -29,5 +31,5 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "dispatch": ("EPForward", "expert_parallel_moe"),
     "ranks": ("ep_forward_on_rank", "EPForwardResult"),
     "drivers": ("EPRun", "run_expert_parallel", "PolicyRun", "run_moe_policy", "run_mitigation", "Mitigations",
-                "run_mitigations"),
+                "run_mitigations", "StallCheck", "stall_verdicts", "run_stall_check"),
 })

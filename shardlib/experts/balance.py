@@ -4,8 +4,12 @@ Capacity (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021): 
 ``ceil(tokens * k * capacity_factor / n_experts)`` token-slots from each group of tokens routed together
 (on ranks, each rank's tokens are one group); a slot that does not fit is dropped, or with ``reroute``
 tries the token's next choice with room. What a rerouted slot weighs is a choice (``served_gates``).
-The mitigations notebook 04 measures are named in ``MITIGATIONS``. Pure: acts on the router's output
-only; torch, never ``torch.distributed``.
+The mitigations notebook 04 measures are named in ``MITIGATIONS``.
+
+Balancing without a loss or a cap (DeepSeek-V3, 2024, section 2.1.2, ``balance_by_bias``): a per-expert
+bias is added to the scores only to choose the top-k, never to the gates, and after each batch it is
+nudged down for the experts that took more than their even share and up for the others.
+Pure: acts on the router's output only; torch, never ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -202,3 +206,41 @@ def mitigated(cfg: MoEConfig, mitigation: str, capacity_factor: float = 1.25) ->
     if mitigation == "capacity + reroute":
         return cfg.but(capacity_factor=capacity_factor, reroute=True)
     return cfg.but(capacity_factor=None, reroute=False)
+
+
+# -- auxiliary-loss-free balancing (DeepSeek-V3) -------------------------------------------------------------
+@dataclass(frozen=True)
+class BiasBalancing:
+    """``balance_by_bias`` over a run of batches: per batch the busiest expert's load over the mean (before
+    that batch's update), the bias after the last batch, and the last batch's routing and choice."""
+
+    max_over_mean: tuple[float, ...]
+    bias: torch.Tensor  # (n_experts,)
+    routing: Routing  # the last batch, unbiased scores
+    experts: torch.Tensor  # (T, k) the last batch's experts, chosen with the bias
+    gates: torch.Tensor  # (T, k) their gates, from the unbiased scores
+
+
+def balance_by_bias(batches, router: torch.Tensor, cfg: MoEConfig, rate: float = 0.1) -> BiasBalancing:
+    """DeepSeek-V3's auxiliary-loss-free balancing, batch by batch: choose each token's top-k by its
+    scores plus a per-expert ``bias`` (``(n_experts,)``, starting at 0); weight the chosen experts by gates
+    from the scores without the bias (a softmax over the chosen ones, as ``route``); then move the bias by
+    ``rate`` towards balance: down for each expert that took more token-slots than the mean, up for each
+    that took fewer. Nothing is dropped and no loss term is added."""
+    from .routing import route
+
+    positive_number(rate, "rate (the bias update per batch)")
+    bias = torch.zeros(cfg.n_experts)
+    loads = []
+    batches = list(batches)
+    if not batches:
+        raise ValueError("balance_by_bias needs at least one batch of tokens")
+    for x in batches:
+        routing = route(x, router, cfg)  # (T, E) scores with the skew, no balancing bias
+        experts = torch.sort(routing.logits + bias, dim=-1, descending=True, stable=True).indices[:, :cfg.k]
+        counts = torch.bincount(experts.flatten(), minlength=cfg.n_experts).to(torch.float64)  # (E,)
+        loads.append(float(counts.max() / counts.mean()))
+        bias = bias - rate * torch.sign(counts - counts.mean()).to(bias.dtype)
+    chosen = routing.logits.gather(1, experts)  # (T, k) unbiased scores of the chosen experts
+    gates = torch.softmax(chosen, dim=-1) if cfg.renormalize else routing.probs.gather(1, experts)
+    return BiasBalancing(tuple(loads), bias, routing, experts, gates)

@@ -1,6 +1,7 @@
 """Expert parallelism run on a pool: one forward gathered (``run_expert_parallel``), and the
 load-imbalance knob against each mitigation (``run_moe_policy``, ``run_mitigation``, ``run_mitigations``),
-each run compared with the single-process layer under the same policy.
+each run compared with the single-process layer under the same policy. ``run_stall_check``: the skewed
+layer's stall as a learner reads it, one verdict line (``runtime.verdict``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from ..checks import number_at_least, whole_number
 from ..runtime.gather import gather
+from ..runtime.verdict import Verdict, verified
 from .balance import MITIGATIONS, LoadStats, load_stats, mitigated
 from .placement import ExpertPlacement, replicate_hottest
 from .ranks import ep_forward_on_rank
@@ -163,3 +165,56 @@ def run_mitigations(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
         uncapped = moe_reference(x, weights, cfg.but(capacity_factor=None, reroute=False))
     return Mitigations(tuple(run_mitigation(ranks, x, weights, cfg, m, capacity_factor, repeats, uncapped)
                              for m in mitigations))
+
+
+# -- the stall, as a verdict -------------------------------------------------------------------------------------
+STALL_BAND = (0.65, 1.15)  # CPU ratio over rows ratio: fixed per-call work and padding pull it a little under 1
+
+
+@dataclass(frozen=True)
+class StallCheck:
+    """The layer at skew 0 and skew 1 (``runs[skew]``), the busiest and the least busy rank at skew 1, and
+    the verdict: the busiest rank's expert CPU time over the other's, predicted by their rows."""
+
+    runs: dict
+    slow: int
+    fast: int
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def rows_ratio(self) -> float:
+        r = self.runs[1.0]
+        return r.expert_rows[self.slow] / r.expert_rows[self.fast]
+
+    @property
+    def cpu_ratio(self) -> float:
+        r = self.runs[1.0]
+        return r.expert_cpu_floor_s[self.slow] / r.expert_cpu_floor_s[self.fast]
+
+
+def _busiest(run: EPRun) -> tuple[int, int]:
+    rows = run.expert_rows
+    return max(range(len(rows)), key=rows.__getitem__), min(range(len(rows)), key=rows.__getitem__)
+
+
+def stall_verdicts(runs: dict) -> tuple[Verdict, ...]:
+    """At skew 1: the CPU time of the busiest rank's experts over the least busy rank's (each rank's least
+    over the repeats: a burst of other work only adds), predicted as the ratio of their rows, held within
+    ``STALL_BAND``."""
+    slow, fast = _busiest(runs[1.0])
+    r = runs[1.0]
+    low, high = STALL_BAND
+    return (Verdict(f"rank {slow}'s expert CPU time over rank {fast}'s, skew 1",
+                    r.expert_rows[slow] / r.expert_rows[fast],
+                    r.expert_cpu_floor_s[slow] / r.expert_cpu_floor_s[fast], "", low, high),)
+
+
+def run_stall_check(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, repeats: int = 7) -> StallCheck:
+    """The layer at skew 0 and skew 1 on ``ranks``, ``repeats`` times each after one warm-up, measured again
+    (at most three times) until the busiest rank's CPU time follows its rows. Every rank waits for the
+    busiest in the combine (``EPRun.waited_for_slowest``); that part is exact, not a timing."""
+    run_expert_parallel(ranks, x, weights, cfg)  # warm-up
+    runs, verdicts = verified(lambda: {skew: run_expert_parallel(ranks, x, weights, cfg.but(skew=skew), repeats=repeats)
+                                       for skew in (0.0, 1.0)}, stall_verdicts)
+    slow, fast = _busiest(runs[1.0])
+    return StallCheck(runs, slow, fast, verdicts)

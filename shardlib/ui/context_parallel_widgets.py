@@ -14,7 +14,6 @@ import time
 import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
-from IPython.display import display
 
 from ..context_parallel.drivers import run_ring_attention
 from ..context_parallel.memory import attention_bytes_per_rank
@@ -42,7 +41,7 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
     picker = widgets.ToggleButtons(options=list(PLACEMENTS), value="zigzag", description="placement")
     label = widgets.HTML()
     memory = go.FigureWidget(attention_memory_figure({"one process": {}, f"ring, {n} ranks": {}}))
-    timeline = widgets.Output()
+    timeline = go.FigureWidget()  # a figure widget, not an Output: no captured output for a runner to wait on
 
     def show_memory() -> AttentionShape:
         shape = AttentionShape(batch, heads, kv_heads, slider.value, head_dim)
@@ -72,10 +71,13 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
             f"ring {run.step_s * 1e3:.0f} ms "
             f"against {one_s * 1e3:.0f} ms in this one process (scaled_dot_product_attention, a fused kernel); "
             f"compute per rank {cpu} ms (CPU time); sent per rank {run.sent_bytes_per_rank[0] / 2 ** 20:.2f} MiB")
-        with timeline:
-            timeline.clear_output(wait=True)
-            display(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} placement, "
-                                                    f"measured on {ranks.description}"))
+        fig = ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} placement, "
+                                              f"measured on {ranks.description}")
+        with timeline.batch_update():
+            timeline.data = []
+            for trace in fig.data:
+                timeline.add_trace(trace)
+        timeline.layout = fig.layout
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)

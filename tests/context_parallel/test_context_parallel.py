@@ -348,3 +348,50 @@ def test_the_ring_hides_its_transfer_from_more_tokens_on_slower_links():
         c = found[link.name]
         assert ring_block_attention_s(c, 64, 128, flops) >= point_to_point_s(2 * c * 8 * 128 * 2, link)
         assert ring_block_attention_s(c - 1, 64, 128, flops) < point_to_point_s(2 * (c - 1) * 8 * 128 * 2, link)
+
+
+def test_all_gather_and_megatron_comm_types_hand_worked():
+    from shardlib.context_parallel import (
+        CP_COMM_TYPES,
+        all_gather_kv_bytes_per_rank,
+        all_gather_kv_collectives,
+        all_gather_kv_held_bytes,
+        cp_comm_bytes_per_rank,
+    )
+
+    shape = AttentionShape(batch=1, heads=8, kv_heads=4, seq=1024, head_dim=64, bytes_per_value=2)
+    # gathering K and V: each all-gather's output is 4 heads x 1024 tokens x 64 x 2 bytes = 524,288; 3/4 on the wire
+    assert all_gather_kv_collectives(shape, 4) == [("all_gather", 524_288, 393_216)] * 2
+    # ... which is the ring's forward bytes: 3 blocks of 2 x 4 x 256 x 64 x 2 = 262,144
+    assert all_gather_kv_bytes_per_rank(shape, 4) == ring_bytes_per_rank(shape, 4) == 786_432
+    assert all_gather_kv_held_bytes(shape) == 1_048_576  # the whole K/V on every rank, for the call
+    got = cp_comm_bytes_per_rank(shape, 4, inner=2)
+    assert tuple(got) == CP_COMM_TYPES == ("p2p", "all_gather", "a2a", "a2a+p2p")
+    assert got["a2a"] == ulysses_bytes_per_rank(shape, 4) == 0.75 * (2 * 8 + 2 * 4) * 256 * 64 * 2
+    # a2a+p2p: inside pairs, 1/2 of (2 x 8 + 2 x 4) x 256 x 64 x 2 = 393,216; then a ring of 2 groups, each rank
+    # holding 2 KV heads of 512 tokens: 1 block of 2 x 2 x 512 x 64 x 2 = 262,144
+    assert got["a2a+p2p"] == 393_216 + 262_144
+    # the all-to-all needs the KV heads to divide: 4 KV heads on 8 ranks leave it out
+    assert "a2a" not in cp_comm_bytes_per_rank(shape, 8, inner=2)
+
+
+class _Balance:
+    def __init__(self, measured, predicted):
+        self.m, self.p = measured, predicted
+
+    def measured_imbalance(self, placement):
+        return self.m[placement]
+
+    def predicted_imbalance(self, placement):
+        return self.p[placement]
+
+
+def test_the_balance_verdict_holds_exactly_when_zigzag_is_more_even():
+    from shardlib.context_parallel import balance_verdicts
+
+    predicted = {"contiguous": 4 / 3, "zigzag": 1.0}
+    (held,) = balance_verdicts(_Balance({"contiguous": 1.25, "zigzag": 1.05}, predicted))
+    assert held.predicted == pytest.approx(0.75) and held.measured == pytest.approx(1.05 / 1.25) and held.held
+    (failed,) = balance_verdicts(_Balance({"contiguous": 1.1, "zigzag": 1.12}, predicted))
+    assert not failed.held  # zigzag measured less even than contiguous: the claim fails
+    assert "predicted 0.75" in failed.line and "not shown" in failed.line

@@ -292,3 +292,29 @@ def test_the_sequence_slider_stays_in_range_and_reruns(pool2):
     picker.value = "contiguous"
     assert "256 tokens, contiguous placement" in label.value and app.children[-1].value == ""
     assert {t.name for t in memory.data} == {"q and output rows", "own K/V", "K/V arriving", "scores"}
+    timeline = app.children[3]  # the last run's timeline, redrawn in place
+    assert timeline.data and "256 tokens, contiguous placement" in timeline.layout.title.text
+
+
+# -- all-gather K/V (Llama 3) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+def test_all_gather_kv_attention_equals_whole_sequence_attention(pool, causal):
+    from shardlib.context_parallel import all_gather_kv_bytes_per_rank, run_all_gather_attention
+
+    n = pool.world_size
+    q, k, v = qkv(2, 6, 2, 9 * n, 12, seed=8)  # 9 tokens per rank; GQA 3:1, heads need not divide the ranks
+    run = run_all_gather_attention(pool, q, k, v, causal)
+    assert run.gap <= TOLERANCE
+    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=TOLERANCE)
+    assert run.measured == run.predicted  # two all-gathers, k then v, as the formula says
+    assert [op for op, _, _ in run.measured] == ["all_gather"] * 2
+    assert run.wire_bytes_per_rank == all_gather_kv_bytes_per_rank(AttentionShape(2, 6, 2, 9 * n, 12), n)
+    assert run.wire_bytes_per_rank == run_ring_attention(pool, q, k, v, causal).sent_bytes_per_rank[0]
+
+
+def test_all_gather_kv_refuses_a_sequence_that_does_not_split(pool2):
+    from shardlib.context_parallel import run_all_gather_attention
+
+    q, k, v = qkv(1, 4, 2, 15, 8)
+    with pytest.raises(ValueError, match="15 tokens does not split evenly into 2 ranks"):
+        run_all_gather_attention(pool2, q, k, v)

@@ -331,3 +331,37 @@ def test_bad_tokens_and_groups_name_the_numbers():
         split_groups(3, 4)
     with pytest.raises(ValueError, match="k \\(experts per token\\) must be a whole number from 1 to 8, got 9"):
         capacity(10, 9, 1.0, 8)
+
+
+def test_bias_balancing_evens_a_skewed_load_without_touching_the_gates():
+    from shardlib.experts import balance_by_bias
+
+    cfg = MoEConfig.from_model(TOY_MOE).but(skew=0.75)
+    router = make_moe_weights(cfg, seed=0).router
+    batches = [make_tokens(1024, cfg.d_model, seed=s) for s in range(30)]
+    b = balance_by_bias(batches, router, cfg, rate=0.1)
+    assert b.max_over_mean[0] > 3  # skew 0.75: the hot expert takes most first choices
+    assert max(b.max_over_mean[-5:]) < 1.3  # the bias has evened the load
+    assert int(b.bias.argmin()) == cfg.hot_expert  # pushed down for the overloaded expert
+    # the gates come from the scores without the bias: a softmax over the chosen experts' own logits
+    assert torch.equal(b.gates, torch.softmax(b.routing.logits.gather(1, b.experts), dim=-1))
+    assert not torch.equal(b.experts, b.routing.experts)  # the bias changed some choices
+    with pytest.raises(ValueError, match="rate"):
+        balance_by_bias(batches, router, cfg, rate=0)
+    with pytest.raises(ValueError, match="at least one batch"):
+        balance_by_bias([], router, cfg)
+
+
+def test_the_stall_verdict_predicts_the_cpu_ratio_from_the_rows():
+    from types import SimpleNamespace
+
+    from shardlib.experts import stall_verdicts
+
+    def runs(cpu):
+        return {1.0: SimpleNamespace(expert_rows=[5000, 3000], expert_cpu_floor_s=cpu)}
+
+    (held,) = stall_verdicts(runs((0.045, 0.030)))
+    assert held.predicted == pytest.approx(5 / 3) and held.measured == pytest.approx(1.5) and held.held
+    assert "rank 0's expert CPU time over rank 1's" in held.what
+    (failed,) = stall_verdicts(runs((0.030, 0.030)))  # equal CPU for 5/3 the rows: not the stall's cause
+    assert not failed.held
