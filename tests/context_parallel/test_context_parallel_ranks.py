@@ -202,7 +202,10 @@ def test_the_next_block_moves_while_this_one_computes(pool2):
     q, k, v = qkv(1, 8, 8, 1024, 64, seed=6)  # K/V block: 2 x 8 x 512 x 64 x 4 = 2 MiB
 
     def overlapped(o):
+        # the predictions are built from this run's measured compute and link: under load they too can move,
+        # so the model's ordering (overlap predicts the shorter step) is part of what is retried
         return (o.hidden_share >= 0.5 and o.overlapped.waited_s < o.sequential.waited_s
+                and o.predicted_overlapped_s < o.predicted_sequential_s
                 and all(0.5 <= measured / predicted <= 2.0
                         for measured, predicted in ((o.overlapped.step_s, o.predicted_overlapped_s),
                                                     (o.sequential.step_s, o.predicted_sequential_s))))
@@ -214,8 +217,6 @@ def test_the_next_block_moves_while_this_one_computes(pool2):
                                   f"{o.overlapped.step_s * 1e3:.1f} / {o.sequential.step_s * 1e3:.1f} ms against "
                                   f"{o.predicted_overlapped_s * 1e3:.1f} / {o.predicted_sequential_s * 1e3:.1f} ms")
     assert over.overlapped.exact and over.sequential.exact
-    # the model: overlap hides the block's transfer behind the padded compute, so it predicts a shorter step
-    assert over.predicted_overlapped_s < over.predicted_sequential_s
 
 
 def test_the_exchange_calibration_fits_a_link(pool2):
