@@ -31,5 +31,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "peer": ("PEERS", "torch_ddp_on_rank", "torch_fsdp2_on_rank"),
     "drivers": ("TOLERANCE", "DataParallelRun", "run_data_parallel", "StrategyRuns",
                 "run_strategies", "OverlapComparison", "run_overlap", "CollectiveIdentity",
-                "run_collective_identity", "PeerComparison", "run_peer"),
+                "run_collective_identity", "PeerComparison", "run_peer", "IdentityCheck", "run_identity_check",
+                "OverlapCheck", "run_overlap_check"),
 })

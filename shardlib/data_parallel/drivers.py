@@ -5,7 +5,9 @@
 steps and set beside ``predict``. ``run_strategies``, ``run_overlap``, ``run_collective_identity`` and
 ``run_peer`` are what notebook 08 measures: every strategy side by side, overlap on and off, all-reduce
 against reduce-scatter + all-gather, PyTorch's DDP and FSDP2. Timing claims keep the median of repeated
-runs: a busy machine can stall any single run, and a stall only ever adds time.
+runs: a busy machine can stall any single run, and a stall only ever adds time. ``run_identity_check`` and
+``run_overlap_check`` return those measurements with their ``verdicts`` (one printable line each:
+predicted, measured, ratio, verdict), measured again while a busy machine spoils them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ..runtime.gather import gather
 from ..runtime.measure import TOLERANCE  # noqa: F401 (the package exports it from here)
 from ..runtime.records import CommRecord, summarize
 from ..runtime.timeline import Span
-from .flat import STRATEGIES, FlatGroup
+from ..runtime.verdict import Verdict, verified
+from .flat import STRATEGIES, STRATEGY_TITLES, FlatGroup
 from .peer import PEERS, torch_ddp_on_rank, torch_fsdp2_on_rank
 from .predict import gathered_peak_bytes, layout_memory, layout_step_bytes
 from .ranks import collectives_on_rank, train_on_rank
@@ -86,6 +89,13 @@ class DataParallelRun:
         """The median step time (the slowest rank's, per step), leaving out the first step (warm-up)."""
         steps = range(1 if skip_first and self.n_steps > 1 else 0, self.n_steps)
         return statistics.median(max(self.step_span(k, r).duration_s for r in range(self.world_size)) for k in steps)
+
+    def comm_s(self, skip_first: bool = True) -> float:
+        """The median over steps (first left out) of the time the slowest rank spent in communication:
+        every call's whole duration, exposed or hidden."""
+        steps = range(1 if skip_first and self.n_steps > 1 else 0, self.n_steps)
+        return statistics.median(max(sum(c.duration_s for c in self.step_records(k, r)) for r in range(self.world_size))
+                                 for k in steps)
 
     def hidden_share(self, skip_first: bool = True) -> float:
         """The share of communication time hidden under compute, over the steps (first left out):
@@ -195,6 +205,11 @@ class OverlapComparison:
         return self.with_overlap.hidden_share()
 
     @property
+    def perfect_s(self) -> float:
+        """The step perfect overlap would give: the step without overlap less all of its communication."""
+        return self.step_s_without - self.without_overlap.comm_s()
+
+    @property
     def saved_share(self) -> float:
         """How much shorter the step is with overlap, as a share of the step without."""
         return 1.0 - self.step_s_with / self.step_s_without
@@ -287,3 +302,69 @@ def run_peer(ranks, peer: str, model, batches, lr: float) -> PeerComparison:
     return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference),
                           largest_gap(ours, reference))
 
+
+
+# -- measured claims, each one line: predicted, measured, ratio, verdict (``runtime.verdict``) --------------
+IDENTITY_BAND = (0.5, 2.0)  # all-reduce time / (reduce-scatter + all-gather time)
+OVERLAP_BAND = (0.5, 2.0)  # step with overlap / step without, on ranks that share their cores with the transfers
+
+
+@dataclass(frozen=True)
+class IdentityCheck:
+    """``run_collective_identity`` with its one timing claim: an all-reduce takes about as long as a
+    reduce-scatter followed by an all-gather of the same buffer (the same bytes; gloo pays one more
+    latency for the two calls). ``verdicts``: that claim, measured up to three times
+    (``runtime.verdict.verified``)."""
+
+    identity: CollectiveIdentity
+    verdicts: tuple[Verdict, ...]
+
+
+def run_identity_check(ranks, numel: int, repeats: int = 5) -> IdentityCheck:
+    """All-reduce against reduce-scatter + all-gather of ``numel`` float32 values: the values and bytes
+    exactly, the times as one ``Verdict`` (predicted: the two-call time; band ``IDENTITY_BAND``)."""
+    low, high = IDENTITY_BAND
+
+    def claims(found: CollectiveIdentity):
+        return [Verdict("all-reduce time, against reduce-scatter + all-gather", found.split_s,
+                        found.median_s["all_reduce"], "s", low, high)]
+
+    found, verdicts = verified(lambda: run_collective_identity(ranks, numel, repeats), claims)
+    return IdentityCheck(found, verdicts)
+
+
+@dataclass(frozen=True)
+class OverlapCheck:
+    """``run_overlap`` per strategy with its timing claim. On ranks whose "network" is the cores that
+    compute (gloo on a CPU), the transfers hidden under the backward take their cycles from it, so the
+    step with overlap is predicted to take as long as the step without (band ``OVERLAP_BAND``), although
+    most of the communication's time is hidden (``hidden_share``). Perfect overlap, the step less its
+    communication (``perfect_s``), is what GPUs approach, where the bytes travel on other hardware.
+    ``comparisons``: strategy -> ``OverlapComparison``."""
+
+    comparisons: dict[str, OverlapComparison]
+    verdicts: tuple[Verdict, ...]
+
+    def __getitem__(self, strategy: str) -> OverlapComparison:
+        return self.comparisons[strategy]
+
+    def items(self):
+        return self.comparisons.items()
+
+
+def run_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero3"), *,
+                      bucket_bytes: float | None = None, repeats: int = 2) -> OverlapCheck:
+    """``run_overlap`` for each of ``strategies`` and one ``Verdict`` each: the step with overlap against
+    the step without (predicted equal on CPU ranks)."""
+    low, high = OVERLAP_BAND
+
+    def measure():
+        return {s: run_overlap(ranks, s, model, batches, lr, bucket_bytes=bucket_bytes, repeats=repeats)
+                for s in strategies}
+
+    def claims(found):
+        return [Verdict(f"{STRATEGY_TITLES[s]} step with overlap, against the step without", o.step_s_without,
+                        o.step_s_with, "s", low, high) for s, o in found.items()]
+
+    found, verdicts = verified(measure, claims)
+    return OverlapCheck(found, verdicts)
