@@ -39,8 +39,8 @@
 # **The global batch.** One optimizer step sees `microbatch × m × dp` sequences. A rank runs `m`
 # microbatches of `microbatch` sequences each, adding up their gradients, then the ranks sum theirs. So
 # 4 sequences per microbatch, 8 microbatches and 32 ranks make a global batch of 1,024 sequences. The
-# global batch is a training choice (it sets the learning rate and the tokens per step). Adding ranks at
-# a fixed global batch means fewer microbatches per rank.
+# global batch is a training choice: it fixes the tokens per step, and the learning rate is tuned for it.
+# Adding ranks at a fixed global batch means fewer microbatches per rank.
 #
 # <details><summary>Where m comes from</summary>
 #
@@ -53,23 +53,24 @@
 #
 # Training keeps more than the weights. A common recipe, mixed-precision Adam, keeps per parameter:
 # bf16 weights (2 bytes), bf16 gradients (2) and AdamW's fp32 state (12: a master copy of the weight and
-# two moments). That is **16 bytes per parameter**, 128 GB for an 8B model, on every DDP rank. The count
-# holds for that recipe only.
+# Adam's two moments, 4 bytes each). That is **16 bytes per parameter**, 128 GB for an 8B model, on
+# every DDP rank. The count holds for that recipe only.
 #
 # <details><summary>Other recipes, other counts</summary>
 #
 # - Megatron-LM accumulates and reduces the gradients in fp32: 2 + 4 + 12 = **18 bytes**. Its
 #   distributed optimizer is ZeRO-1: `6 + 12/dp` bytes per parameter.
-# - Adam's moments kept in bf16 (as some recipes do) save 4 bytes; an 8-bit optimizer saves more.
-# - FP8 training (DeepSeek-V3) keeps fp8 copies for the matmuls beside bf16 or fp32 masters: count each
-#   copy the recipe keeps.
+# - DeepSeek-V3 keeps AdamW's two moments in bf16 (4 bytes instead of 8) and runs its matmuls in FP8.
+#   Its master weights and gradients stay fp32. Count what the recipe keeps, copy by copy.
+# - 8-bit optimizers (Dettmers et al. 2022) keep the moments in 8 bits: 2 bytes instead of 8.
 # - ZeRO's paper writes `(2 + 2 + K) P` with `K = 12` for this recipe.
 # </details>
 #
 # ## ZeRO: shard the training state
 #
-# **ZeRO** (Rajbhandari et al. 2020) notices that each rank only needs the optimizer state of the part
-# it updates. Cut every flat buffer into `dp` shards, one per rank:
+# **ZeRO** (Rajbhandari et al. 2020) notices that the replicas all store the same training state. Let each
+# rank update only its own shard of the weights: then it needs only that shard's optimizer state. Cut
+# every flat buffer into `N` shards, one per rank (`N = dp` ranks, `P` parameters):
 #
 # | stage | each rank keeps (mixed-precision Adam) | per step each rank sends |
 # | --- | --- | --- |
@@ -82,13 +83,15 @@
 # **all-gather** puts every rank's shard on every rank. An all-reduce *is* a reduce-scatter followed by
 # an all-gather. So ZeRO-1 and ZeRO-2 cost nothing extra on the wire: they run the optimizer step
 # between the two halves, on the shard. ZeRO-3 gathers each layer's weights before its forward and again
-# before its backward. That is 1.5 times DDP's bytes, to keep only `1/N` of the weights.
+# before its backward, and reduce-scatters its gradient. Three passes of `(N-1)/N` against the
+# all-reduce's two: 1.5 times DDP's bytes, to keep only `1/N` of the weights.
 #
 # **FSDP** is PyTorch's implementation of this family (`fully_shard`, FSDP2). By default it is ZeRO-3.
 # With `reshard_after_forward=False` it keeps each layer's gathered weights from its forward to its
 # backward. That skips the second all-gather (DDP's bytes again) but holds full weights during the step,
-# like ZeRO-2. **HSDP** passes a two-axis mesh: shards inside each group of ranks and replicas across
-# groups. The all-gathers then stay inside a group (a node), and only an all-reduce crosses groups.
+# like ZeRO-2. **HSDP** (hybrid sharding) gives `fully_shard` a two-axis mesh. It shards inside each
+# group of ranks and replicates across groups. The all-gathers then stay inside a group (a node), and
+# only an all-reduce of the gradients crosses groups.
 
 # %% [markdown]
 # ## Read the code
@@ -265,8 +268,10 @@ assert wire["ddp"] == wire["zero1"] == wire["zero2"] and 2 * wire["zero3"] == 3 
 
 # %% [markdown]
 # **Predict, the identity itself.** On a 1 MiB buffer, an all-reduce and a reduce-scatter followed by an
-# all-gather give the same values and the same bytes. In time they should be close: the same bytes, and
-# one more call's latency for the pair.
+# all-gather give the same values and the same bytes. With NCCL on GPUs they take the same time too. Here
+# the backend (gloo) builds both its reduce-scatter and its all-gather on an all-reduce of the whole
+# buffer. So the pair makes four passes over the buffer against the all-reduce's two: predict the
+# all-reduce at half the pair's time.
 
 # %%
 from shardlib.data_parallel import run_identity_check
@@ -287,8 +292,8 @@ for v in check.verdicts:
 #
 # Each call runs 5 times; the median of the slowest rank's time is kept. The claim holds when the ratio
 # is within 0.5 to 2. A busy machine spoils a round, so the cell measures again, up to three times, and
-# keeps the last round. Here the backend (gloo) builds its reduce-scatter out of other collectives. NCCL's
-# ring all-reduce on GPUs is literally the two phases back to back.
+# keeps the last round. A pass is `(n-1)/n` of the buffer per rank under the ring's count. NCCL's ring
+# all-reduce on GPUs is literally the two phases back to back.
 # </details>
 #
 # ## ZeRO-3 up close: gather, compute, free
@@ -410,9 +415,10 @@ activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.sav
 
 # %% [markdown]
 # **A real transformer layer.** Korthikanti et al. (2022) count `sbh (34 + 5as/h)` bytes of 16-bit
-# activations per layer and microbatch (`s` tokens, `b` sequences, width `h`, `a` heads). The `5as²b`
-# part is attention's `s × s` tensors per head. These are the softmax output (`2as²b`), the dropout mask
-# (`as²b`) and the dropout output (`2as²b`). It grows with the square of the sequence.
+# activations per layer and microbatch (`s` tokens, `b` sequences, width `h`, `a` heads). The second
+# part, `sbh × 5as/h = 5as²b`, is attention's `s × s` tensors per head. These are the softmax output
+# (`2as²b`), the dropout mask (`as²b`) and the dropout output (`2as²b`). It grows with the square of the
+# sequence.
 #
 # - A fused attention kernel (FlashAttention, PyTorch's `scaled_dot_product_attention` on GPUs) never
 #   stores them. It recomputes them block by block in its backward, which leaves `34 sbh`.

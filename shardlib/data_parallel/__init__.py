@@ -22,7 +22,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                 "zero_table",
                 "layout_memory", "layout_step_ops", "layout_step_bytes", "gathered_peak_bytes",
                 "layer_activation_bytes", "training_memory_per_gpu", "mlp_activation_bytes", "check_strategy"),
-    "reference": ("ResidualMLP", "toy_model", "toy_batches", "local_rows", "global_mse",
+    "reference": ("AdamW", "ResidualMLP", "toy_model", "toy_batches", "local_rows", "global_mse",
                   "parameter_units", "check_training_inputs", "ReferenceRun", "train_reference", "largest_gap"),
     "activations": ("Checkpointed", "ActivationMeasurement", "measure_activations"),
     "buckets": ("BucketedReplica",),
