@@ -7,7 +7,9 @@ steps and set beside ``predict``. ``run_strategies``, ``run_overlap``, ``run_col
 against reduce-scatter + all-gather, PyTorch's DDP and FSDP2. Timing claims keep the median of repeated
 runs: a busy machine can stall any single run, and a stall only ever adds time. ``run_identity_check`` and
 ``run_overlap_check`` return those measurements with their ``verdicts`` (one printable line each:
-predicted, measured, ratio, verdict), measured again while a busy machine spoils them.
+predicted, measured, ratio, verdict), measured again while a busy machine spoils them. One idea: the
+pool-side half of every data-parallel run, gathered from the same rank function and read against
+``predict``; split, each part would repeat the step windows and the comm-log reading.
 """
 
 from __future__ import annotations

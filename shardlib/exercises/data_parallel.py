@@ -1,23 +1,16 @@
 """Grader for the data-parallel exercise: ZeRO-1's step on real ranks, designed by the learner.
 
-The learner writes ``zero1_step(ctx, params, grads, optimizer)``. Every rank holds the full weights
-``params`` ``(n,)`` (the same on every rank) and its own full gradient ``grads`` ``(n,)`` (its share of
-the global loss, so the global gradient is the *sum* over ranks), and ``optimizer``: its shard of
-AdamW, a ``ShardOptimizer`` that keeps state for ``n / N`` values only and steps once. Every rank must
-return the full ``(n,)`` weights of one AdamW step on the summed gradient, moving no more bytes than
-DDP's all-reduce of the gradient. Which collectives, and which shard a rank updates, are the learner's
-choice. ZeRO-1 (Rajbhandari et al. 2020, P_os): reduce-scatter the gradient, step on the shard,
-all-gather the shards: the same bytes as the all-reduce. Reference: ``zero1_reference``.
+The learner writes ``zero1_step(ctx, params, grads, optimizer)``: the full weights ``params`` ``(n,)``
+(the same on every rank), this rank's full gradient ``grads`` (the global gradient is the *sum* over
+ranks), and ``optimizer``, its shard of AdamW (``ShardOptimizer``: state for ``n / N`` values, one
+step). Every rank must return the full weights of one AdamW step on the summed gradient, sending no
+more bytes than DDP's all-reduce; which collectives and which shard are the learner's choice (ZeRO-1,
+Rajbhandari et al. 2020: reduce-scatter, step the shard, all-gather). Reference: ``zero1_reference``.
 
-The mistakes it names: the gradients averaged instead of summed; the wrong shard updated (weights chunk
-``j`` with gradient chunk ``r``); the updated shards never gathered back (one shard returned, or only a
-rank's own shard changed); the ranks ending with different weights; an all-reduce where a reduce-scatter
-suffices (more bytes than DDP); collectives that bypass ``ctx.comm`` (nothing to count); the optimizer
-stepped twice or on more than its shard; a collective only some ranks call (a hang, reported, not stuck).
-
-The gradients span magnitudes from ``1e-10`` to ``1``: Adam's update ``g / (|g| + eps)`` hardly depends
-on the gradient's size for large entries, but does near ``eps = 1e-8``, so a mean in place of the sum
-shows.
+Mistakes named: a mean for the sum; the wrong shard updated; shards never gathered back; ranks ending
+apart; an all-reduce where a reduce-scatter suffices (more bytes); collectives outside ``ctx.comm``;
+the optimizer stepped twice, on more than its shard, or never; a collective only some ranks call.
+The gradients span ``1e-10`` to ``1``, so that near Adam's ``eps`` a mean in place of the sum shows.
 """
 
 from __future__ import annotations
