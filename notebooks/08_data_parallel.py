@@ -16,7 +16,7 @@
 # # 08 · Data parallelism, ZeRO and FSDP: split the batch, then split the training state
 #
 # > **Part II, training at scale.** Assumes: [00](00_start_here.ipynb), [02](02_communication_costs.ipynb),
-# > [03](03_pipeline_parallel.ipynb). Reading time: about 25 minutes. Trades: communication (one
+# > [03](03_pipeline_parallel.ipynb). Reading time: about 30 minutes. Trades: communication (one
 # > all-reduce of the gradients per step, 1.5 times as many bytes under ZeRO-3) for memory per GPU (ZeRO
 # > shards the optimizer state, then the gradients, then the weights over the dp ranks).
 #
@@ -52,9 +52,9 @@
 # ## The memory bill
 #
 # Training keeps more than the weights. A common recipe, mixed-precision Adam, keeps per parameter:
-# bf16 weights (2 bytes), bf16 gradients (2) and AdamW's fp32 state (12: a master copy of the weight and
-# Adam's two moments, 4 bytes each). That is **16 bytes per parameter**, 128 GB for an 8B model, on
-# every DDP rank. The count holds for that recipe only.
+# bf16 weights (2 bytes), bf16 gradients (2) and AdamW's fp32 state (12: an fp32 "master" copy of each
+# weight, which the step updates, and Adam's two moments, 4 bytes each). That is **16 bytes per
+# parameter**, 128 GB for an 8B model, on every DDP rank. The count holds for that recipe only.
 #
 # <details><summary>Other recipes, other counts</summary>
 #
@@ -86,8 +86,9 @@
 # before its backward, and reduce-scatters its gradient. Three passes of `(N-1)/N` against the
 # all-reduce's two: 1.5 times DDP's bytes, to keep only `1/N` of the weights.
 #
-# **FSDP** is PyTorch's implementation of this family (`fully_shard`, FSDP2). By default it is ZeRO-3.
-# With `reshard_after_forward=False` it keeps each layer's gathered weights from its forward to its
+# **FSDP** is PyTorch's implementation of this family (`fully_shard`, FSDP2). By default it is ZeRO-3:
+# every module frees its gathered weights after its forward, except the root, whose backward comes
+# first. With `reshard_after_forward=False` a module keeps its gathered weights from its forward to its
 # backward. That skips the second all-gather (DDP's bytes again) but holds full weights during the step,
 # like ZeRO-2. **HSDP** (hybrid sharding) gives `fully_shard` a two-axis mesh. It shards inside each
 # group of ranks and replicates across groups. The all-gathers then stay inside a group (a node), and
@@ -349,8 +350,8 @@ for s, o in overlap.items():
 #
 # Each setting trains for 4 steps, with overlap and then without; a step's time is the slowest rank's,
 # and the median over the last 3 steps is kept (the first is a warm-up). The claim holds when the ratio
-# is within 0.5 to 2; the cell measures again up to three times. "Perfect overlap" is the step without overlap less all of its
-# communication. `benchmarks/bench_data_parallel.py` measures both over more runs.
+# is within 0.5 to 2; the cell measures again up to three times. "Perfect overlap" is the step without
+# overlap less all of its communication. `benchmarks/bench_data_parallel.py` measures both over more runs.
 # </details>
 #
 # On GPUs the bytes travel over other hardware (NVLink and the network), and the hidden share turns into
