@@ -42,6 +42,18 @@
 # [ZeRO section](../08_data_parallel.ipynb#ZeRO:-shard-the-training-state) says what each one hands
 # back, and the comm log counts its bytes. `ctx.rank` and `ctx.world_size` tell a rank who it is.
 #
+# <details><summary>ctx.comm's collectives, for reference</summary>
+#
+# | call | every rank gets back | bytes each rank sends (ring count) |
+# | --- | --- | --- |
+# | `ctx.comm.all_reduce(t)` | the sum of every rank's `t` (written into `t` too) | `2 (N-1)/N` of `t` |
+# | `ctx.comm.reduce_scatter(t)` | chunk `ctx.rank` of the sum, `t.numel() / N` values | `(N-1)/N` of `t` |
+# | `ctx.comm.all_gather(t)` | every rank's `t`, end to end in rank order | `(N-1)/N` of the result |
+# | `ctx.comm.broadcast(t, src)` | rank `src`'s `t` | all of `t` from `src`, nothing from the others |
+#
+# Every rank must make the same calls in the same order, or the ranks wait for each other forever.
+# </details>
+#
 # <details><summary>A hint, if you are stuck after 15 minutes</summary>
 #
 # Ask two questions. Which values of the summed gradient does this rank's optimizer need? Which
