@@ -320,7 +320,7 @@ for prefetch in (False, True):
 # with earlier layers. ZeRO-3's prefetch does the same for the weights. The comm log records each
 # asynchronous call's whole flight and how long the rank blocked in `wait()`. The rest was hidden.
 #
-# **Predict.** On these CPU ranks the "network" is the same two cores that compute. A hidden transfer
+# **Predict.** On these CPU ranks the "network" is the same CPU cores that compute. A hidden transfer
 # takes its cycles from the backward beside it. So most of the communication is hidden, yet the step
 # with overlap takes about as long as the step without. A larger toy (528k parameters, 64 rows, buckets
 # of 64 KiB) makes the effect visible.
