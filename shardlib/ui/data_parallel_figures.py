@@ -1,6 +1,5 @@
 """Data parallelism's figures: memory per rank, bytes per step, ZeRO's table for real models, the
-overlap timeline, activations with and without recomputation. Data in, ``go.Figure`` out, shown in a
-plain kernel without loading plotly's renderers (``pipeline_figures._MimeFigure``: seconds on a first figure)."""
+overlap timeline, activations with and without recomputation. Data in, ``go.Figure`` out."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import plotly.graph_objects as go
 from ..data_parallel.flat import STRATEGY_TITLES
 from ..runtime.timeline import Span, shift_to_zero
 from .gantt import Bar, gantt_figure
-from .pipeline_figures import _MimeFigure
 from .theme import BLUE, GREEN, GREY, LIGHT_BLUE, OP_COLOURS, ORANGE, PURPLE, RED, TEAL, WAIT_COLOUR
 
 PART_COLOURS = {"params": BLUE, "grads": ORANGE, "optimizer": GREEN, "activations": PURPLE}
@@ -26,7 +24,7 @@ def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]],
     scale = {"KiB": 1024, "MB": 1e6, "GB": 1e9}[unit]
     names = list(measured)
     labels = [STRATEGY_TITLES.get(s, s) for s in names]
-    fig = _MimeFigure()
+    fig = go.Figure()
     for part in ("params", "grads", "optimizer"):
         fig.add_trace(go.Bar(name=part, x=labels, y=[measured[s][part] / scale for s in names],
                              marker_color=PART_COLOURS[part],
@@ -48,7 +46,7 @@ def step_bytes_figure(measured: Mapping[str, Mapping[str, float]], predicted: Ma
     names = list(measured)
     labels = [STRATEGY_TITLES.get(s, s) for s in names]
     ops = list(dict.fromkeys(op for s in names for op in measured[s]))
-    fig = _MimeFigure()
+    fig = go.Figure()
     for op in ops:
         fig.add_trace(go.Bar(name=op, x=labels, y=[measured[s].get(op, 0) / 1024 for s in names],
                              marker_color=OP_COLOURS.get(op, TEAL),
@@ -67,7 +65,7 @@ def zero_table_figure(rows: Sequence[Mapping], gpu_memory_bytes: Mapping[str, fl
                       ) -> go.Figure:
     """One group of stacked bars per model (rows of ``predict.zero_table``), a bar per strategy, and a
     dashed line per GPU's memory."""
-    fig = _MimeFigure()
+    fig = go.Figure()
     x = [[r["model"] for r in rows], [STRATEGY_TITLES.get(r["strategy"], r["strategy"]) for r in rows]]
     for part in ("params", "grads", "optimizer"):
         fig.add_trace(go.Bar(name=part, x=x, y=[r[f"{part}_gb"] for r in rows], marker_color=PART_COLOURS[part],
@@ -102,9 +100,7 @@ def overlap_timeline_figure(spans: Sequence[Span], step: int, title: str) -> go.
             bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "waiting for a collective", WAIT_COLOUR))
         elif s.name in PHASE_COLOURS:
             bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, s.name, PHASE_COLOURS[s.name]))
-    fig = gantt_figure(bars, rows, title)
-    fig.__class__ = _MimeFigure  # the same figure, shown without loading plotly's renderers
-    return fig
+    return gantt_figure(bars, rows, title)
 
 
 def activation_figure(measurements: Mapping[str, Sequence[int]], unit_names: Sequence[str],
@@ -112,7 +108,7 @@ def activation_figure(measurements: Mapping[str, Sequence[int]], unit_names: Seq
                       title: str = "Bytes each layer keeps for its backward") -> go.Figure:
     """Grouped bars per unit, one series per setting (``{label: bytes per unit}``, measured), with the
     predicted bytes as markers."""
-    fig = _MimeFigure()
+    fig = go.Figure()
     colours = (PURPLE, TEAL, BLUE, ORANGE)
     for i, (label, values) in enumerate(measurements.items()):
         fig.add_trace(go.Bar(name=label, x=[f"layer {n}" for n in unit_names], y=[v / 1024 for v in values],
