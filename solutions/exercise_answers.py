@@ -138,14 +138,13 @@ def rank_memory(config, layout, rank: int) -> dict[str, int]:
 
 
 # -- 08 data parallelism --------------------------------------------------------------------------------
-def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
-    """ZeRO-1's step: reduce-scatter the gradient, one AdamW step on my shard, all-gather the shards."""
+def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, optimizer) -> torch.Tensor:
+    """ZeRO-1's step: reduce-scatter the gradient, step my shard, all-gather the shards (DDP's bytes)."""
     n, r = ctx.world_size, ctx.rank
     my_grad = ctx.comm.reduce_scatter(grads)  # (len / n,): the sum over the ranks of my shard's gradient
-    shard = params.chunk(n)[r].clone().requires_grad_()  # (len / n,): the only weights I update
-    shard.grad = my_grad
-    torch.optim.AdamW([shard], lr=lr).step()  # optimizer state for my shard only
-    return ctx.comm.all_gather(shard.detach())  # (len,): every rank's updated shard, in rank order
+    my_weights = params.chunk(n)[r]  # (len / n,): the same chunk of the weights, the only ones I update
+    updated = optimizer(my_weights, my_grad)  # optimizer state for my shard only
+    return ctx.comm.all_gather(updated)  # (len,): every rank's updated shard, in rank order
 
 
 # -- 10 context parallelism -----------------------------------------------------------------------------

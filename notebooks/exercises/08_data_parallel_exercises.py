@@ -13,42 +13,60 @@
 # ---
 
 # %% [markdown]
-# # 08 · Exercise: ZeRO-1's optimizer step on real ranks
+# # 08 · Exercise: ZeRO-1's step on real ranks, your design
 #
-# **What you will do.** Write the step that makes ZeRO-1 different from DDP: each rank receives the
-# summed gradient of its own shard only, updates only that shard (so it keeps optimizer state for only
-# `1/N` of the weights), and the ranks then share their updated shards. The checker runs your function
-# on real ranks, compares every rank's result with one process's AdamW step, reads the comm log, and
-# names the likely mistake when something differs.
+# **What you will do.** Write one training step of ZeRO-1 on two real ranks. You choose the collectives
+# and which shard each rank updates. A checker runs your function, compares every rank's weights with
+# one process's AdamW step, reads the comm log, and names the mistake if something is off. About 30
+# minutes.
 #
-# Until you write the function, its checker says "not written yet". Replace the
-# `raise NotImplementedError` line, run the cell, then run the checker.
+# Until you write the function, the checker says "not written yet".
 
 # %% [markdown]
-# ## Exercise: `zero1_step`
+# ## The task
 #
 # Every rank is called with:
 #
-# - `params`, the full flat weights `(n,)`, the same on every rank (`n` divides by `ctx.world_size`);
-# - `grads`, this rank's gradient `(n,)`: its share of the global loss, so the gradient of the whole
-#   batch is the **sum** of the ranks' `grads`;
-# - `lr`, the learning rate.
+# - `params`: the full flat weights, shape `(n,)`, the same on every rank (`n` divides by
+#   `ctx.world_size`);
+# - `grads`: this rank's full gradient `(n,)`, from its own rows of the batch. The gradient of the
+#   whole batch is the **sum** of the ranks' `grads`;
+# - `optimizer`: this rank's **shard of AdamW**. It keeps state for `n / N` values only, so it refuses
+#   anything longer. Call it once: `updated = optimizer(weights_shard, gradient_shard)` returns the
+#   updated `(k,)` weights.
 #
-# Do it in three moves:
+# **Goal.** Every rank returns the same full `(n,)` weights after one AdamW step on the summed gradient.
+# Move no more bytes per rank than DDP does: DDP all-reduces the gradient, `2 (N-1)/N · n` values.
 #
-# 1. `ctx.comm.reduce_scatter(grads)` sums the gradients over the ranks and hands rank `r` chunk `r` of
-#    the sum, `(n / N,)`: elements `r·n/N .. (r+1)·n/N`.
-# 2. Take the same chunk of `params` as a new leaf tensor (`.clone().requires_grad_()`), set its
-#    `.grad`, and run one step of a fresh `torch.optim.AdamW([shard], lr=lr)`.
-# 3. `ctx.comm.all_gather(shard.detach())` concatenates every rank's updated chunk in rank order: return
-#    that, the full `(n,)` weights.
+# You may call any of `ctx.comm`'s collectives; each returns its result. Notebook 08's
+# [ZeRO section](../08_data_parallel.ipynb#ZeRO:-shard-the-training-state) says what each one hands
+# back, and the comm log counts its bytes. `ctx.rank` and `ctx.world_size` tell a rank who it is.
+#
+# <details><summary>ctx.comm's collectives, for reference</summary>
+#
+# | call | every rank gets back | bytes each rank sends (ring count) |
+# | --- | --- | --- |
+# | `ctx.comm.all_reduce(t)` | the sum of every rank's `t` (written into `t` too) | `2 (N-1)/N` of `t` |
+# | `ctx.comm.reduce_scatter(t)` | chunk `ctx.rank` of the sum, `t.numel() / N` values | `(N-1)/N` of `t` |
+# | `ctx.comm.all_gather(t)` | every rank's `t`, end to end in rank order | `(N-1)/N` of the result |
+# | `ctx.comm.broadcast(t, src)` | rank `src`'s `t` | all of `t` from `src`, nothing from the others |
+#
+# Every rank must make the same calls in the same order, or the ranks wait for each other forever.
+# </details>
+#
+# <details><summary>A hint, if you are stuck after 15 minutes</summary>
+#
+# Ask two questions. Which values of the summed gradient does this rank's optimizer need? Which
+# collective hands each rank the sum of just those values? Then: once every rank has updated its own
+# shard, which collective puts all the shards on every rank, in rank order?
+# </details>
 
 # %%
 import torch
 
 
-def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, lr: float) -> torch.Tensor:
-    """Reduce-scatter the gradient, update this rank's shard with AdamW, all-gather the shards."""
+def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, optimizer) -> torch.Tensor:
+    """One ZeRO-1 step on this rank: return the full updated weights (n,), the same on every rank."""
     raise NotImplementedError("write zero1_step here")
 
 
@@ -72,30 +90,31 @@ from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
     Question(
-        "Your step uses all_reduce instead of reduce_scatter and then updates only your shard. The weights "
+        "Your step all-reduces the gradient, then updates only your shard and all-gathers. The weights "
         "come out right. What is wrong?",
-        ("Nothing", "Each rank received the whole summed gradient, though it needs only its shard's: "
-                    "twice the bytes of a reduce-scatter", "The optimizer state is wrong"),
-        1,
-        "An all-reduce is a reduce-scatter plus an all-gather. ZeRO-1 needs only the first half for the "
-        "gradients, and spends the second half on the updated weights instead.",
+        ("It moves 1.5 times DDP's bytes for the same result",
+         "Nothing: right weights mean the step is right",
+         "Every rank now keeps the full optimizer state"),
+        0,
+        "An all-reduce already costs DDP's whole budget. ZeRO-1 spends half of it on the reduce-scatter and "
+        "the other half on gathering the updated weights.",
     ),
     Question(
-        "Four ranks, 1,000 weights, 32-bit AdamW (two 4-byte values per weight). How many bytes of optimizer "
+        "Eight ranks, 4,000 weights, 32-bit AdamW (two 4-byte values per weight). How many bytes of optimizer "
         "state does each rank keep under ZeRO-1?",
-        ("8,000", "2,000", "250"),
-        1,
-        "Each rank updates 250 weights and keeps two 4-byte values for each: 2,000 bytes; DDP would keep 8,000.",
+        ("32,000 bytes", "16,000 bytes", "4,000 bytes"),
+        2,
+        "Each rank updates 500 weights and keeps two 4-byte values for each: 4,000 bytes. DDP keeps 32,000.",
     ),
 )
 
 # %% [markdown]
 # ## What you practised
 #
-# - ZeRO-1 splits the all-reduce of DDP in two: the reduce-scatter hands each rank its shard's summed
-#   gradient, the all-gather shares the updated weights. Same bytes on the wire, `1/N` of the optimizer
+# - ZeRO-1 splits DDP's all-reduce in two. The reduce-scatter hands each rank its shard's summed
+#   gradient; the all-gather shares the updated weights. Same bytes on the wire, `1/N` of the optimizer
 #   state per rank.
-# - The optimizer is elementwise, so updating a shard with AdamW gives exactly the values a full update
-#   would give for those elements.
+# - AdamW works element by element, so updating a shard gives exactly the values a full update would
+#   give for those elements.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.

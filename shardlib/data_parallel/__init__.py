@@ -22,7 +22,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                 "zero_table",
                 "layout_memory", "layout_step_ops", "layout_step_bytes", "gathered_peak_bytes",
                 "layer_activation_bytes", "training_memory_per_gpu", "mlp_activation_bytes", "check_strategy"),
-    "reference": ("ResidualMLP", "toy_model", "toy_batches", "local_rows", "global_mse",
+    "reference": ("AdamW", "ResidualMLP", "toy_model", "toy_batches", "local_rows", "global_mse",
                   "parameter_units", "check_training_inputs", "ReferenceRun", "train_reference", "largest_gap"),
     "activations": ("Checkpointed", "ActivationMeasurement", "measure_activations"),
     "buckets": ("BucketedReplica",),
@@ -31,5 +31,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "peer": ("PEERS", "torch_ddp_on_rank", "torch_fsdp2_on_rank"),
     "drivers": ("TOLERANCE", "DataParallelRun", "run_data_parallel", "StrategyRuns",
                 "run_strategies", "OverlapComparison", "run_overlap", "CollectiveIdentity",
-                "run_collective_identity", "PeerComparison", "run_peer"),
+                "run_collective_identity", "PeerComparison", "run_peer", "IdentityCheck", "run_identity_check",
+                "OverlapCheck", "run_overlap_check"),
 })

@@ -5,7 +5,11 @@
 steps and set beside ``predict``. ``run_strategies``, ``run_overlap``, ``run_collective_identity`` and
 ``run_peer`` are what notebook 08 measures: every strategy side by side, overlap on and off, all-reduce
 against reduce-scatter + all-gather, PyTorch's DDP and FSDP2. Timing claims keep the median of repeated
-runs: a busy machine can stall any single run, and a stall only ever adds time.
+runs: a busy machine can stall any single run, and a stall only ever adds time. ``run_identity_check`` and
+``run_overlap_check`` return those measurements with their ``verdicts`` (one printable line each:
+predicted, measured, ratio, verdict), measured again while a busy machine spoils them. One idea: the
+pool-side half of every data-parallel run, gathered from the same rank function and read against
+``predict``; split, each part would repeat the step windows and the comm-log reading.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from ..runtime.gather import gather
 from ..runtime.measure import TOLERANCE  # noqa: F401 (the package exports it from here)
 from ..runtime.records import CommRecord, summarize
 from ..runtime.timeline import Span
-from .flat import STRATEGIES, FlatGroup
+from ..runtime.verdict import Verdict, verified
+from .flat import STRATEGIES, STRATEGY_TITLES, FlatGroup
 from .peer import PEERS, torch_ddp_on_rank, torch_fsdp2_on_rank
 from .predict import gathered_peak_bytes, layout_memory, layout_step_bytes
 from .ranks import collectives_on_rank, train_on_rank
@@ -87,6 +92,13 @@ class DataParallelRun:
         steps = range(1 if skip_first and self.n_steps > 1 else 0, self.n_steps)
         return statistics.median(max(self.step_span(k, r).duration_s for r in range(self.world_size)) for k in steps)
 
+    def comm_s(self, skip_first: bool = True) -> float:
+        """The median over steps (first left out) of the time the slowest rank spent in communication:
+        every call's whole duration, exposed or hidden."""
+        steps = range(1 if skip_first and self.n_steps > 1 else 0, self.n_steps)
+        return statistics.median(max(sum(c.duration_s for c in self.step_records(k, r)) for r in range(self.world_size))
+                                 for k in steps)
+
     def hidden_share(self, skip_first: bool = True) -> float:
         """The share of communication time hidden under compute, over the steps (first left out):
         ``1 - waited / duration`` summed over every call, where a blocking call waits for all of its
@@ -130,7 +142,7 @@ def run_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr:
                       prefetch: bool = True) -> DataParallelRun:
     """Train ``model`` on ``batches`` with ``strategy`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"``)
     on every rank of ``ranks``: each rank takes its contiguous share of each global batch's rows; the
-    loss is the mean squared error over the global batch; ``torch.optim.AdamW(lr)``.
+    loss is the mean squared error over the global batch; AdamW(lr) (``reference.AdamW``, torch's arithmetic).
 
     ``bucket_bytes``: DDP's and ZeRO-1/2's gradient bucket size (``None``: one bucket). ``overlap``:
     launch the gradient collectives during the backward (DDP, ZeRO-2, ZeRO-3's reduce-scatters), or all
@@ -193,6 +205,11 @@ class OverlapComparison:
     def hidden_share(self) -> float:
         """The share of communication time hidden under compute, with overlap."""
         return self.with_overlap.hidden_share()
+
+    @property
+    def perfect_s(self) -> float:
+        """The step perfect overlap would give: the step without overlap less all of its communication."""
+        return self.step_s_without - self.without_overlap.comm_s()
 
     @property
     def saved_share(self) -> float:
@@ -287,3 +304,83 @@ def run_peer(ranks, peer: str, model, batches, lr: float) -> PeerComparison:
     return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference),
                           largest_gap(ours, reference))
 
+
+
+# -- measured claims, each one line: predicted, measured, ratio, verdict (``runtime.verdict``) --------------
+IDENTITY_BAND = (0.5, 2.0)  # all-reduce time / its prediction from the pair's time and passes
+OVERLAP_BAND = (0.5, 2.0)  # step with overlap / step without, on ranks that share their cores with the transfers
+
+
+PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # ring passes of (n-1)/n over the buffer
+GLOO_PASSES = {**PASSES, "reduce_scatter": 2, "all_gather": 2}  # gloo builds both on an all-reduce of the whole buffer
+
+
+def pair_passes(backend: str) -> int:
+    """Ring passes a reduce-scatter and an all-gather of one buffer make together on ``backend``: 2 on
+    NCCL (the all-reduce's two halves), 4 on gloo (which builds both on an all-reduce of the whole buffer)."""
+    passes = GLOO_PASSES if backend == "gloo" else PASSES
+    return passes["reduce_scatter"] + passes["all_gather"]
+
+
+@dataclass(frozen=True)
+class IdentityCheck:
+    """``run_collective_identity`` with its one timing claim. The bytes are the same, so the all-reduce
+    takes the pair's time scaled by their passes over the buffer: ``2 / pair_passes(backend)`` of it, all
+    of it on NCCL and half on gloo. ``verdicts``: that claim, measured up to three times
+    (``runtime.verdict.verified``)."""
+
+    identity: CollectiveIdentity
+    backend: str
+    verdicts: tuple[Verdict, ...]
+
+
+def run_identity_check(ranks, numel: int, repeats: int = 5) -> IdentityCheck:
+    """All-reduce against reduce-scatter + all-gather of ``numel`` float32 values: the values and bytes
+    exactly, the times as one ``Verdict`` (predicted: the pair's time x 2 / its passes; band
+    ``IDENTITY_BAND``)."""
+    low, high = IDENTITY_BAND
+    share = PASSES["all_reduce"] / pair_passes(ranks.backend)
+
+    def claims(found: CollectiveIdentity):
+        return [Verdict(f"all-reduce time, against {share:.2g} x (reduce-scatter + all-gather)", share * found.split_s,
+                        found.median_s["all_reduce"], "s", low, high)]
+
+    found, verdicts = verified(lambda: run_collective_identity(ranks, numel, repeats), claims)
+    return IdentityCheck(found, ranks.backend, verdicts)
+
+
+@dataclass(frozen=True)
+class OverlapCheck:
+    """``run_overlap`` per strategy with its timing claim. On ranks whose "network" is the cores that
+    compute (gloo on a CPU), the transfers hidden under the backward take their cycles from it, so the
+    step with overlap is predicted to take as long as the step without (band ``OVERLAP_BAND``), although
+    most of the communication's time is hidden (``hidden_share``). Perfect overlap, the step less its
+    communication (``perfect_s``), is what GPUs approach, where the bytes travel on other hardware.
+    ``comparisons``: strategy -> ``OverlapComparison``."""
+
+    comparisons: dict[str, OverlapComparison]
+    verdicts: tuple[Verdict, ...]
+
+    def __getitem__(self, strategy: str) -> OverlapComparison:
+        return self.comparisons[strategy]
+
+    def items(self):
+        return self.comparisons.items()
+
+
+def run_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero3"), *,
+                      bucket_bytes: float | None = None, repeats: int = 2) -> OverlapCheck:
+    """``run_overlap`` for each of ``strategies`` and one ``Verdict`` each: the step with overlap against
+    the step without (predicted equal on CPU ranks)."""
+    low, high = OVERLAP_BAND
+
+    def measure():
+        return {s: run_overlap(ranks, s, model, batches, lr, bucket_bytes=bucket_bytes, repeats=repeats)
+                for s in strategies}
+
+    def claims(found):
+        return [Verdict(f"{STRATEGY_TITLES[s]} step with overlap, against the step without", o.step_s_without,
+                        o.step_s_with, "s", low, high) for s, o in found.items()]
+
+    found, verdicts = verified(measure, claims)
+    return OverlapCheck(found, verdicts)

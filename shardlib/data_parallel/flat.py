@@ -19,7 +19,7 @@ from typing import Sequence
 from ..checks import positive_number, whole_number
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-STRATEGY_TITLES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 (FSDP)"}
+STRATEGY_TITLES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
 @dataclass(frozen=True)

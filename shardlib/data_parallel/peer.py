@@ -9,17 +9,16 @@ child that holds parameters, then the model, as ``reference.parameter_units`` cu
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from .ranks import TrainResult
-from .reference import check_training_inputs, local_rows
+from .reference import AdamW, check_training_inputs, local_rows
 
 PEERS = ("torch_ddp", "torch_fsdp2")
 
 
 def _train(ctx, model, batches, lr: float, parameters) -> list[float]:
-    optimizer = torch.optim.AdamW(parameters, lr=lr)
+    optimizer = AdamW(parameters, lr=lr)
     losses = []
     for x, y in batches:
         mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)

@@ -15,7 +15,7 @@ import torch
 
 from ..runtime.measure import PeakMeter, Probe, optimizer_state_bytes, tensor_bytes
 from .buckets import BucketedReplica
-from .reference import check_training_inputs, global_mse, local_rows
+from .reference import AdamW, check_training_inputs, global_mse, local_rows
 from .zero3 import ShardedUnits
 
 
@@ -39,7 +39,7 @@ class BufferProbe(Probe):
         return contextlib.nullcontext()
 
 
-def kept_bytes(engine, optimizer: torch.optim.Optimizer, probe: BufferProbe) -> dict[str, int]:
+def kept_bytes(engine, optimizer, probe: BufferProbe) -> dict[str, int]:
     """Bytes ``engine`` keeps between steps (its weights, gradients and AdamW's state) and the transient
     peak: gradients on their way into buckets, ZeRO-2's staged buckets, all-gathered weights."""
     if isinstance(engine, ShardedUnits):
@@ -71,7 +71,7 @@ def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: f
         engine = ShardedUnits(ctx, model, prefetch=prefetch, overlap=overlap, probe=probe)
     else:
         engine = BucketedReplica(ctx, model, strategy, bucket_bytes, overlap, probe=probe)
-    optimizer = torch.optim.AdamW(engine.owned, lr=lr)
+    optimizer = AdamW(engine.owned, lr=lr)
     losses = []
     for k, (x, y) in enumerate(batches):
         mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)

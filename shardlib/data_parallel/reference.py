@@ -120,6 +120,37 @@ def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_
                              f"use a multiple of {world_size}")
 
 
+class AdamW:
+    """AdamW (Loshchilov and Hutter 2019) with torch's defaults (betas 0.9 and 0.999, eps 1e-8, weight decay
+    0.01), one tensor at a time: decoupled weight decay, then the bias-corrected moments. The arithmetic of
+    ``torch.optim.AdamW(foreach=False)``, written out because making a ``torch.optim`` optimizer imports
+    torch's compiler stack: seconds of CPU in every fresh process (the kernel and each rank). ``state``:
+    per parameter its ``exp_avg`` and ``exp_avg_sq``, what ``runtime.measure.optimizer_state_bytes`` counts."""
+
+    def __init__(self, params, lr: float, weight_decay: float = 1e-2, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+        self.params, self.lr, self.weight_decay, self.betas, self.eps = list(params), lr, weight_decay, betas, eps
+        self.state: dict = {}
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.steps += 1
+        (beta1, beta2), t = self.betas, self.steps
+        for p in self.params:
+            if p.grad is None:
+                continue
+            s = self.state.setdefault(p, {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)})
+            p.mul_(1 - self.lr * self.weight_decay)  # decoupled weight decay
+            s["exp_avg"].lerp_(p.grad, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+            s["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
+            denom = (s["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(self.eps)
+            p.addcdiv_(s["exp_avg"], denom, value=-self.lr / (1 - beta1 ** t))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+
 @dataclass(frozen=True)
 class ReferenceRun:
     """One process's training: the trained ``state_dict`` and the loss of each step."""
@@ -132,7 +163,7 @@ def train_reference(model: nn.Module, batches, lr: float) -> ReferenceRun:
     """Train a copy of ``model`` on each whole batch in turn: mean squared error, ``AdamW(lr)``."""
     check_training_inputs(1, "ddp", model, batches, lr)
     model = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = AdamW(model.parameters(), lr=lr)
     losses = []
     for x, y in batches:
         loss = F.mse_loss(model(x), y)

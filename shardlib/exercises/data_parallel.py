@@ -1,28 +1,73 @@
-"""Grader for the data-parallel exercise: ZeRO-1's optimizer step on real ranks.
+"""Grader for the data-parallel exercise: ZeRO-1's step on real ranks, designed by the learner.
 
-The learner writes ``zero1_step(ctx, params, grads, lr)``: ``params`` are the full weights (the same
-on every rank, ``(n,)``), ``grads`` this rank's gradient (its share of the global loss, so the global
-gradient is the *sum* over ranks). ZeRO-1 (Rajbhandari et al. 2020, P_os): reduce-scatter the gradient,
-so each rank receives the sum of its own shard only; take one ``torch.optim.AdamW(lr)`` step on that
-shard (a rank keeps optimizer state for ``1/N`` of the weights); all-gather the updated shards; return
-the full ``(n,)`` weights. Reference: ``zero1_reference``, one AdamW step on the summed gradient.
+The learner writes ``zero1_step(ctx, params, grads, optimizer)``: the full weights ``params`` ``(n,)``
+(the same on every rank), this rank's full gradient ``grads`` (the global gradient is the *sum* over
+ranks), and ``optimizer``, its shard of AdamW (``ShardOptimizer``: state for ``n / N`` values, one
+step). Every rank must return the full weights of one AdamW step on the summed gradient, sending no
+more bytes than DDP's all-reduce; which collectives and which shard are the learner's choice (ZeRO-1,
+Rajbhandari et al. 2020: reduce-scatter, step the shard, all-gather). Reference: ``zero1_reference``.
 
-The gradients span magnitudes from ``1e-10`` to ``1``: Adam's update ``g / (|g| + eps)`` hardly depends
-on the gradient's size for large entries, but does near ``eps = 1e-8``, so a mean in place of the sum
-shows.
+Mistakes named: a mean for the sum; the wrong shard updated; shards never gathered back; ranks ending
+apart; an all-reduce where a reduce-scatter suffices (more bytes); collectives outside ``ctx.comm``;
+the optimizer stepped twice, on more than its shard, or never; a collective only some ranks call.
+The gradients span ``1e-10`` to ``1``, so that near Adam's ``eps`` a mean in place of the sum shows.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..runtime.ranks import RankError, RankTimeoutError
+from ..runtime.records import wire_bytes
 from ..toy import generator
 from .result import Collector, ExerciseResult, call, check_callable
 
 N_PER_RANK = 12  # shard size: n = 12 x world_size weights
 LR = 0.01
 ATOL = 1e-6
+BETAS, EPS, WEIGHT_DECAY = (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW's defaults
+
+
+def adamw_first_step(weights: torch.Tensor, grad: torch.Tensor, lr: float = LR) -> torch.Tensor:
+    """One step of ``torch.optim.AdamW(lr)`` (its defaults) from a fresh state, written out (Loshchilov and
+    Hutter 2019): decay the weights, then ``m / (sqrt(v) + eps)`` with both moments bias-corrected. Written
+    out because making a ``torch.optim`` optimizer costs seconds of imports in every fresh process."""
+    (b1, b2), out = BETAS, weights.detach().clone()  # (k,)
+    m, v = (1 - b1) * grad, (1 - b2) * grad * grad  # the two moments after one step, (k,) each
+    out.mul_(1 - lr * WEIGHT_DECAY)
+    denom = (v.sqrt() / math.sqrt(1 - b2)).add_(EPS)
+    return out.addcdiv_(m, denom, value=-lr / (1 - b1))
+
+
+class ShardOptimizer:
+    """One rank's shard of AdamW: state for ``capacity`` values (``n / N``), one step. Call it as
+    ``optimizer(weights, grad)`` with two ``(k,)`` tensors, ``k <= capacity``: it returns the updated
+    weights ``(k,)`` and records ``k`` in ``steps``."""
+
+    def __init__(self, capacity: int, lr: float = LR) -> None:
+        if capacity < 1 or not lr > 0:
+            raise ValueError(f"a shard optimizer needs a capacity of at least 1 value and a positive learning "
+                             f"rate, got capacity {capacity}, lr {lr}")
+        self.capacity, self.lr = capacity, lr
+        self.steps: list[int] = []
+
+    def __call__(self, weights: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        if not (isinstance(weights, torch.Tensor) and isinstance(grad, torch.Tensor)):
+            raise ValueError("call the optimizer with two tensors: optimizer(weights_shard, gradient_shard)")
+        if weights.shape != grad.shape or weights.dim() != 1:
+            raise ValueError(f"the optimizer steps one flat shard: weights and gradient must both be (k,), got "
+                             f"{tuple(weights.shape)} and {tuple(grad.shape)}")
+        if weights.numel() > self.capacity:
+            raise ValueError(f"this rank's optimizer keeps AdamW state for {self.capacity} values (its shard, "
+                             f"n / N), but was handed {weights.numel()}: under ZeRO-1 a rank updates only its "
+                             "shard of the weights")
+        if self.steps:
+            raise ValueError("the optimizer was already stepped once in this call: ZeRO-1 takes one step per "
+                             "training step, on this rank's shard")
+        self.steps.append(weights.numel())
+        return adamw_first_step(weights, grad.detach(), self.lr)
 
 
 def zero1_inputs(world_size: int, seed: int = 0) -> dict:
@@ -36,16 +81,16 @@ def zero1_inputs(world_size: int, seed: int = 0) -> dict:
 
 def zero1_reference(params: torch.Tensor, grads, lr: float, combine: str = "sum") -> torch.Tensor:
     """One process: one AdamW step on ``params`` with the ranks' gradients summed (or averaged)."""
-    weights = params.clone().requires_grad_()
     total = torch.stack(list(grads)).sum(0)
-    weights.grad = total if combine == "sum" else total / len(grads)
-    torch.optim.AdamW([weights], lr=lr).step()
-    return weights.detach()
+    return adamw_first_step(params, total if combine == "sum" else total / len(grads), lr)
 
 
 def _run_learner(ctx, fn, params, grads, lr):
-    """What each rank runs: the learner's step on its own gradient."""
-    return fn(ctx, params.clone(), grads[ctx.rank].clone(), lr)
+    """What each rank runs: the learner's step on its own gradient, with its shard of the optimizer;
+    returns what it returned and the sizes it stepped."""
+    optimizer = ShardOptimizer(params.numel() // ctx.world_size, lr)
+    out = fn(ctx, params.clone(), grads[ctx.rank].clone(), optimizer)
+    return out, tuple(optimizer.steps)
 
 
 class _Alone:
@@ -64,7 +109,7 @@ class _Alone:
 def _written(fn) -> bool:
     """False if ``fn`` still raises ``NotImplementedError``; any other error is the real run's to report."""
     inputs, probe = zero1_inputs(1), Collector("probe", "one rank, alone")
-    call(probe, "alone", fn, _Alone(), inputs["params"], inputs["grads"][0], LR)
+    call(probe, "alone", fn, _Alone(), inputs["params"], inputs["grads"][0], ShardOptimizer(N_PER_RANK))
     return not probe.not_written
 
 
@@ -79,53 +124,72 @@ def _hint(out, rank: int, world_size: int, inputs: dict, want: torch.Tensor) -> 
     if not isinstance(out, torch.Tensor):
         return f"return the updated weights as a tensor, got {type(out).__name__}"
     if out.shape == (shard,):
-        return (f"it has {shard} values, one shard: all-gather the updated shards so every rank returns all "
-                f"{n} weights")
+        return (f"it has {shard} values, one shard: every rank must end with all {n} weights, so the updated "
+                "shards have to travel to every rank")
     if out.shape != want.shape:
-        return f"it has shape {tuple(out.shape)}, expected {tuple(want.shape)}"
+        return f"it has shape {tuple(out.shape)}, expected the full weights {tuple(want.shape)}"
     if _close(out, zero1_reference(params, inputs["grads"], LR, combine="mean")):
         return ("it matches the gradients averaged over the ranks; each rank's gradient is its share of the global "
-                "loss, so the global gradient is their sum: reduce-scatter with a sum, and do not divide")
+                "loss, so the global gradient is their sum: combine with a sum, and do not divide")
     mine = slice(rank * shard, (rank + 1) * shard)
     if _close(out[mine], want[mine]) and torch.equal(torch.cat([out[:mine.start], out[mine.stop:]]),
                                                     torch.cat([params[:mine.start], params[mine.stop:]])):
-        return ("only this rank's own shard changed; the other shards are still the old weights: all-gather the "
-                "updated shards")
+        return ("only this rank's own shard changed; the other shards are still the old weights: the other ranks' "
+                "updated shards never reached it")
     summed = torch.stack(list(inputs["grads"])).sum(0)
     for other in range(world_size):
         theirs = slice(other * shard, (other + 1) * shard)
         if other != rank and _close(out[mine], zero1_reference(params[theirs], [summed[mine]], LR)):
             return (f"its shard {mine.start}..{mine.stop} is weights chunk {other} updated with gradient chunk {rank}: "
-                    f"rank r owns chunk r of both, elements r x {shard} to (r + 1) x {shard}")
-    return f"largest difference {float((out - want).abs().max()):.3g} (tolerance {ATOL:g})"
+                    f"check which chunk of the weights your rank updates; it must be the chunk whose summed "
+                    f"gradient it holds (rank r: elements r x {shard} to (r + 1) x {shard})")
+    wrong = (out - want).abs() > ATOL
+    first = int(wrong.nonzero()[0]) if wrong.any() else 0
+    return (f"largest difference {float((out - want).abs().max()):.3g} (tolerance {ATOL:g}), first at element "
+            f"{first} (shard {first // shard}): check the gradient that shard was stepped with")
+
+
+def _disagreement(outs) -> str:
+    """'' when every rank returned the same tensor; else which ranks and elements differ."""
+    first = outs[0]
+    for r, out in enumerate(outs[1:], start=1):
+        if not (isinstance(out, torch.Tensor) and isinstance(first, torch.Tensor) and out.shape == first.shape):
+            return f"ranks 0 and {r} returned different shapes"
+        if not torch.equal(out, first):
+            where = (out != first).nonzero().flatten()
+            return (f"ranks 0 and {r} ended with different weights (elements {int(where[0])}..{int(where[-1])}): "
+                    "after the step every rank must hold the same full weights")
+    return ""
 
 
 def _check_comm(got: Collector, records, world_size: int, n_bytes: int) -> None:
-    ops: dict[int, list[tuple[str, int]]] = {}
-    for rec in records:
-        ops.setdefault(rec.rank, []).append((rec.op, rec.size_bytes))
-    want = [("reduce_scatter", n_bytes), ("all_gather", n_bytes)]
+    """Right numbers; now the bytes: each rank must move no more than DDP's all-reduce of the gradient."""
+    budget = wire_bytes("all_reduce", n_bytes, world_size)
     for rank in range(world_size):
-        mine = ops.get(rank, [])
-        if mine == want:
+        mine = [c for c in records if c.rank == rank]
+        if not mine:
+            got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but its comm log is empty: use ctx.comm's "
+                     "collectives (not torch.distributed directly), so that the bytes can be counted")
+            return
+        sent = sum(c.wire_bytes for c in mine)
+        if sent <= budget:
             continue
-        names = [op for op, _ in mine]
-        if "all_reduce" in names:
-            hint = ("an all-reduce gives every rank the whole summed gradient (DDP's collective); ZeRO-1 needs only "
-                    "its own shard's sum: reduce_scatter")
-        elif "all_gather" not in names:
-            hint = "the updated shards were never all-gathered"
+        calls = ", ".join(f"{c.op} of {c.size_bytes:,} bytes" for c in mine)
+        if any(c.op == "all_reduce" for c in mine):
+            hint = ("an all-reduce hands every rank the whole summed gradient, but your optimizer needs only its "
+                    "shard's sum: a reduce-scatter gives each rank exactly that, for half the bytes")
         else:
-            hint = "ZeRO-1's step is one reduce_scatter of the gradient, then one all_gather of the updated shards"
-        got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but it issued "
-                 f"{mine or 'no collectives'}: {hint}")
+            hint = "check that each byte of gradient and of updated weights crosses the wire once"
+        got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but it sent {sent:,} bytes ({calls}) where "
+                 f"DDP's all-reduce of the gradient sends {budget:,}: {hint}")
         return
 
 
 def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
-    """Grade a learner's rank function ``step_fn(ctx, params, grads, lr)`` (see the module docstring) on
-    each warm ``Ranks`` pool given: every rank must return the weights one AdamW step on the summed
-    gradient gives, within 1e-6, having issued exactly one reduce-scatter and one all-gather."""
+    """Grade a learner's rank function ``step_fn(ctx, params, grads, optimizer)`` (see the module docstring)
+    on each warm ``Ranks`` pool given: every rank must return the weights one AdamW step on the summed
+    gradient gives, within 1e-6, all ranks the same, having stepped its shard optimizer once and sent no
+    more bytes than DDP's all-reduce of the gradient."""
     check_callable(step_fn, "zero1_step")
     if not pools:
         raise ValueError("grade_zero1_step needs at least one Ranks pool, e.g. grade_zero1_step(fn, ranks)")
@@ -138,7 +202,7 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
         inputs = zero1_inputs(n_ranks)
         want = zero1_reference(inputs["params"], inputs["grads"], LR)
         try:
-            outs = pool.run(_run_learner, step_fn, inputs["params"], inputs["grads"], LR)
+            results = pool.run(_run_learner, step_fn, inputs["params"], inputs["grads"], LR)
         except RankTimeoutError as err:
             got.fail(f"{n_ranks} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
                      "collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
@@ -147,12 +211,25 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
             if "NotImplementedError" in err.remote_traceback:
                 got.not_written = True
                 return got.result()
-            got.fail(f"{n_ranks} ranks: rank {err.rank} raised {str(err).splitlines()[0]}")
+            got.fail(f"{n_ranks} ranks: {str(err).splitlines()[0]}")
+            continue
+        outs = [out for out, _ in results]
+        idle = next((r for r, (_, steps) in enumerate(results) if not steps), None)
+        if idle is not None:
+            got.fail(f"{n_ranks} ranks, rank {idle}: it never called its optimizer: each rank must update its "
+                     "shard with optimizer(weights_shard, gradient_shard)")
             continue
         wrong = next((r for r, out in enumerate(outs) if not _close(out, want)), None)
         if wrong is not None:
-            got.fail(f"{n_ranks} ranks, rank {wrong}: {_hint(outs[wrong], wrong, n_ranks, inputs, want)}")
+            apart = _disagreement(outs)
+            got.fail(f"{n_ranks} ranks, rank {wrong}: {_hint(outs[wrong], wrong, n_ranks, inputs, want)}"
+                     + (f"; and {apart}" if apart else ""))
+            continue
+        apart = _disagreement(outs)
+        if apart:
+            got.fail(f"{n_ranks} ranks: every rank is within {ATOL:g} of the answer, but {apart} bit for bit: "
+                     "gather the same shards on every rank rather than computing them apart")
             continue
         _check_comm(got, pool.last_comm, n_ranks, inputs["params"].numel() * 4)
     return got.result("every rank returned the weights of one AdamW step on the summed gradient (within 1e-6), "
-                      "with one reduce-scatter and one all-gather")
+                      "the same on every rank, sending no more bytes than DDP's all-reduce")

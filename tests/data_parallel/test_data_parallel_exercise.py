@@ -10,47 +10,69 @@ from solutions_module import ROOT, answers
 
 from shardlib import Ranks
 from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, grade_zero1_step, zero1_inputs, zero1_reference
+from shardlib.exercises.data_parallel import ShardOptimizer, adamw_first_step
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
 
 
-def blank(ctx, params, grads, lr):
+def blank(ctx, params, grads, optimizer):
     raise NotImplementedError("write this function")
 
 
-def _adamw(weights, grad, lr):
-    weights = weights.clone().requires_grad_()
-    weights.grad = grad
-    torch.optim.AdamW([weights], lr=lr).step()
-    return weights.detach()
+def averaged(ctx, params, grads, optimizer):
+    return answers.zero1_step(ctx, params, grads / ctx.world_size, optimizer)
 
 
-def averaged(ctx, params, grads, lr):
-    return answers.zero1_step(ctx, params, grads / ctx.world_size, lr)
-
-
-def own_shard_only(ctx, params, grads, lr):
+def own_shard_only(ctx, params, grads, optimizer):
     n, r = ctx.world_size, ctx.rank
-    shard = _adamw(params.chunk(n)[r], ctx.comm.reduce_scatter(grads), lr)
+    shard = optimizer(params.chunk(n)[r], ctx.comm.reduce_scatter(grads))
     out = params.clone()
     out.chunk(n)[r].copy_(shard)
     return out
 
 
-def one_shard_returned(ctx, params, grads, lr):
-    return answers.zero1_step(ctx, params, grads, lr).chunk(ctx.world_size)[ctx.rank]
+def one_shard_returned(ctx, params, grads, optimizer):
+    return answers.zero1_step(ctx, params, grads, optimizer).chunk(ctx.world_size)[ctx.rank]
 
 
-def all_reduce_everything(ctx, params, grads, lr):
-    return _adamw(params, ctx.comm.all_reduce(grads.clone()), lr)
-
-
-def neighbours_weights(ctx, params, grads, lr):
+def all_reduce_then_shard(ctx, params, grads, optimizer):
     n, r = ctx.world_size, ctx.rank
-    return ctx.comm.all_gather(_adamw(params.chunk(n)[(r + 1) % n], ctx.comm.reduce_scatter(grads), lr))
+    summed = ctx.comm.all_reduce(grads.clone())
+    return ctx.comm.all_gather(optimizer(params.chunk(n)[r], summed.chunk(n)[r]))
 
 
-def only_rank_0_reduces(ctx, params, grads, lr):
+def ddp_step(ctx, params, grads, optimizer):
+    return optimizer(params, ctx.comm.all_reduce(grads.clone()))
+
+
+def neighbours_weights(ctx, params, grads, optimizer):
+    n, r = ctx.world_size, ctx.rank
+    return ctx.comm.all_gather(optimizer(params.chunk(n)[(r + 1) % n], ctx.comm.reduce_scatter(grads)))
+
+
+def around_the_log(ctx, params, grads, optimizer):
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    summed = grads.clone()
+    dist.all_reduce(summed)
+    mine = optimizer(params.chunk(n)[r], summed.chunk(n)[r])
+    parts = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts)
+
+
+def stepped_twice(ctx, params, grads, optimizer):
+    n, r = ctx.world_size, ctx.rank
+    mine = optimizer(params.chunk(n)[r], ctx.comm.reduce_scatter(grads))
+    return ctx.comm.all_gather(optimizer(mine, torch.zeros_like(mine)))
+
+
+def no_optimizer(ctx, params, grads, optimizer):
+    return adamw_first_step(params, ctx.comm.all_reduce(grads.clone()), 0.01)
+
+
+def only_rank_0_reduces(ctx, params, grads, optimizer):
     if ctx.rank == 0:
         ctx.comm.reduce_scatter(grads)
     return params
@@ -69,10 +91,14 @@ def test_blank_is_not_written_without_touching_the_ranks(pool2):
 
 @pytest.mark.parametrize("wrong, phrases", [
     (averaged, ("rank 0", "averaged over the ranks", "their sum")),
-    (own_shard_only, ("only this rank's own shard changed", "all-gather")),
-    (one_shard_returned, ("12 values, one shard",)),
-    (all_reduce_everything, ("the right numbers", "all_reduce", "reduce_scatter")),
-    (neighbours_weights, ("weights chunk 1 updated with gradient chunk 0",)),
+    (own_shard_only, ("only this rank's own shard changed", "never reached it", "different weights")),
+    (one_shard_returned, ("12 values, one shard", "travel to every rank")),
+    (all_reduce_then_shard, ("the right numbers", "all_reduce", "reduce-scatter", "DDP's all-reduce", "sends 96")),
+    (ddp_step, ("raised ValueError", "AdamW state for 12 values", "only its shard")),
+    (neighbours_weights, ("weights chunk 1 updated with gradient chunk 0", "which chunk")),
+    (around_the_log, ("comm log is empty", "ctx.comm")),
+    (stepped_twice, ("already stepped once",)),
+    (no_optimizer, ("never called its optimizer",)),
 ])
 def test_wrong_answers_fail_with_a_hint(pool2, wrong, phrases):
     result = grade_zero1_step(wrong, pool2)
@@ -95,6 +121,28 @@ def test_the_inputs_make_a_mean_distinguishable_from_a_sum():
     assert float((summed - mean).abs().max()) > 100 * 1e-6  # far beyond the grader's tolerance
 
 
+def test_the_written_out_adamw_is_torchs_first_step():
+    g = torch.Generator().manual_seed(3)
+    weights, grad = torch.randn(40, generator=g), torch.randn(40, generator=g) * 10.0 ** torch.randint(-10, 1, (40,))
+    theirs = weights.clone().requires_grad_()
+    theirs.grad = grad.clone()
+    torch.optim.AdamW([theirs], lr=0.01).step()
+    assert torch.allclose(adamw_first_step(weights, grad, 0.01), theirs.detach(), rtol=0, atol=1e-7)
+
+
+def test_the_shard_optimizer_refuses_more_than_its_shard_and_a_second_step():
+    opt = ShardOptimizer(4)
+    with pytest.raises(ValueError, match="keeps AdamW state for 4 values"):
+        opt(torch.zeros(8), torch.zeros(8))
+    assert opt.steps == []
+    opt(torch.zeros(4), torch.ones(4))
+    assert opt.steps == [4]
+    with pytest.raises(ValueError, match="already stepped once"):
+        opt(torch.zeros(4), torch.ones(4))
+    with pytest.raises(ValueError, match="capacity of at least 1"):
+        ShardOptimizer(0)
+
+
 def test_grader_needs_a_function_and_a_pool(pool2):
     with pytest.raises(ValueError, match="pass your function itself"):
         grade_zero1_step(42, pool2)
@@ -107,4 +155,6 @@ def test_starter_is_blank_and_the_solution_notebook_grades_the_answer():
     solution = (ROOT / "solutions" / "08_data_parallel_solutions.py").read_text()
     assert starter.count('raise NotImplementedError("write') == 1 and "grade_zero1_step(zero1_step" in starter
     assert "exercise_answers" not in starter
+    code = "\n".join(line for line in starter.splitlines() if not line.startswith("#"))
+    assert "reduce_scatter" not in code and "all_gather" not in code  # the design is the learner's
     assert "grade_zero1_step(answers.zero1_step" in solution

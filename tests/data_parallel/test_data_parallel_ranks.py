@@ -248,3 +248,42 @@ class WithIdleLayer(torch.nn.Module):
 def test_an_unused_parameter_is_reported(pool2):
     with pytest.raises(RankError, match=r"\['idle.weight', 'idle.bias'\] got no gradient"):
         run_data_parallel(pool2, "ddp", WithIdleLayer(), toy_batches(1, 4, 8, 8), LR)
+
+
+# -- the measured claims' one-line verdicts: what they set beside what (no clock compared here) ----------------
+def _measure_once(measure, verdicts, attempts=3):
+    found = measure()
+    return found, tuple(verdicts(found))
+
+
+def test_identity_check_sets_the_all_reduce_beside_the_two_calls(pool2, monkeypatch):
+    from shardlib.data_parallel import IdentityCheck, drivers, run_identity_check
+
+    monkeypatch.setattr(drivers, "verified", _measure_once)
+    check = run_identity_check(pool2, 4096 * 2, repeats=2)
+    assert isinstance(check, IdentityCheck) and len(check.verdicts) == 1
+    (v,) = check.verdicts
+    assert check.backend == "gloo" and drivers.pair_passes("gloo") == 4 and drivers.pair_passes("nccl") == 2
+    assert v.predicted == pytest.approx(check.identity.split_s / 2)
+    assert v.measured == check.identity.median_s["all_reduce"]
+    assert (v.low, v.high) == drivers.IDENTITY_BAND and v.line.startswith("all-reduce time")
+    assert check.identity.wire_bytes["all_reduce"] == check.identity.split_wire_bytes
+
+
+def test_overlap_check_sets_the_step_with_overlap_beside_the_step_without(pool2, even, monkeypatch):
+    from shardlib.data_parallel import OverlapCheck, drivers, run_overlap_check
+
+    monkeypatch.setattr(drivers, "verified", _measure_once)
+    model, batches = even
+    check = run_overlap_check(pool2, model, batches, LR, bucket_bytes=4096, repeats=1)
+    assert isinstance(check, OverlapCheck) and [s for s, _ in check.items()] == ["ddp", "zero3"]
+    for v, (s, o) in zip(check.verdicts, check.items()):
+        assert v.predicted == o.step_s_without and v.measured == o.step_s_with and v.what.startswith(("DDP", "ZeRO-3"))
+        assert o.with_overlap.launched_during_backward() > 0 and o.without_overlap.launched_during_backward() == 0
+        off = o.without_overlap  # every call blocking: its communication time is all exposed
+        steps = range(1, off.n_steps)
+        per_step = sorted(max(sum(c.duration_s for c in off.step_records(k, r)) for r in range(2)) for k in steps)
+        assert off.comm_s() == pytest.approx(per_step[len(per_step) // 2] if len(per_step) % 2 else
+                                             (per_step[len(per_step) // 2 - 1] + per_step[len(per_step) // 2]) / 2)
+        assert o.perfect_s == pytest.approx(o.step_s_without - off.comm_s())
+    assert check["ddp"] is check.comparisons["ddp"]
