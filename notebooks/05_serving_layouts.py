@@ -251,8 +251,8 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # Predict first. Decode's messages are a few kilobytes, so each crossing costs about the link's latency.
 # The pipeline crosses twice per token (there and back). Tensor parallelism crosses `2 x 2 x 4 = 16`
 # times (two all-reduces in each of the toy's 4 layers, two ring steps each). At 2 ms a crossing, the
-# crossings alone give about 4 ms per token for PP and 32 ms for TP, a ratio near 8. The planner makes the same count, with the
-# arithmetic speed measured on these ranks; its table is printed first.
+# crossings alone give about 4 ms per token for PP and 32 ms for TP, a ratio near 8. The planner makes
+# the same count, with the arithmetic speed measured on these ranks; its table is printed first.
 
 # %%
 from shardlib.hardware import Link
