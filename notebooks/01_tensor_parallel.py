@@ -217,7 +217,9 @@ for n in (2, 4):
 # collectives. In bytes it holds only for buffers, and only when `d_hidden = d_model`. For a
 # transformer's MLP, whose hidden width is 4 times `d_model`, the bytes grow 4.5 times, not 2. Which
 # count sets the time, calls or bytes, depends on the message size: [notebook 02](02_communication_costs.ipynb)
-# prices both. Either way column-then-row wins, and every production implementation uses it.
+# prices both. Either way column-then-row wins, and every production implementation uses it. Megatron-LM's
+# sequence parallelism ([notebook 10](10_context_parallel.ipynb)) splits that one all-reduce into a
+# reduce-scatter and an all-gather; the pair stays.
 #
 # <details><summary>gloo's own all-gather</summary>
 #

@@ -337,8 +337,9 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 # it adds its collectives, each paying one latency per call; communication is never overlapped with
 # compute. Memory per GPU is the heaviest stage's weights as the layout splits them, with copied KV
 # heads past their count and the vocabulary padded to a multiple of 128 x tp. On top comes the KV cache
-# of every sequence in flight at the full context. The memory left buys the batch, up to vLLM's default
-# of 256 sequences.
+# of every sequence in flight at the full context. The memory left buys the batch, up to
+# `Workload(max_batch=256)`: vLLM's default `max_num_seqs` on an A100 or a smaller GPU. On larger GPUs,
+# such as the H100, recent vLLM releases allow 1,024.
 #
 # </details>
 #
@@ -497,7 +498,7 @@ planner_widget()
 #
 # At 16,384 tokens: `tp = 8`, one copy, 256 sequences. Up to 2,048 tokens eight replicas win; then
 # `tp = 2` (4,096) and `tp = 4` (8,192) take over. At 16,384 the batch of `tp = 8` is set by
-# `max_batch`, vLLM's default cap of 256: memory would hold 260. The runner-up, `tp = 4` with two copies,
+# `max_batch`, the planner's cap of 256: memory would hold 260. The runner-up, `tp = 4` with two copies,
 # is set by free memory: 126 sequences each. Each sequence's KV cache grows with the context. Splitting
 # frees the memory each replica spent on its own copy of the weights, and that memory holds KV cache for
 # more sequences. Only 1% separates the two here.
