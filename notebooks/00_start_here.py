@@ -58,8 +58,8 @@ for g in GPUS.values():
 #
 # Predict before running the next cell: does Llama-3-70B in bf16 fit on one of these? If so, how many
 # sequences of 4,096 tokens does it leave room for? The planner's memory model answers
-# (`shardlib.serving.fit`). It counts the weights, plus 1.3 GB of KV cache per 4K-token sequence, in the
-# 90 % of the GPU's memory a serving system typically lets itself fill.
+# (`shardlib.serving.fit`). A serving system typically fills 90 % of a GPU's memory. The model puts the
+# weights there first, then 1.3 GB of KV cache for each 4K-token sequence.
 
 # %%
 from shardlib.hardware import B200, H100_80GB, H200, MI300X, MI325X
