@@ -35,9 +35,12 @@
 # (bf16) every parameter takes **2 bytes**. So the arithmetic is short: Llama-3-70B, 70.6 billion
 # parameters, needs 141 GB for its weights alone.
 #
-# That is only the entry fee. Every sequence being served also keeps a **KV cache**: a key and a value
-# vector per layer, per KV head, per token, kept so the next token need not recompute them. The room
-# left beside the weights decides how many sequences, and so how many users, one copy serves at once.
+# That is only the entry fee. Every sequence being served also keeps a **KV cache**. Attention compares
+# each new token with the key vector of every earlier token and mixes their value vectors. The cache
+# keeps those vectors, so the next token need not recompute them. It holds one key and one value per
+# layer, per **KV head**, per token. (A KV head is one set of keys and values; Llama-3-70B has 8 per
+# layer, of 128 numbers each.) The room left beside the weights decides how many sequences, and so how
+# many users, one copy serves.
 #
 # The GPUs on sale today, from their data sheets (`shardlib.hardware`):
 
@@ -55,8 +58,8 @@ for g in GPUS.values():
 #
 # Predict before running the next cell: does Llama-3-70B in bf16 fit on one of these? If so, how many
 # sequences of 4,096 tokens does it leave room for? The planner's memory model answers
-# (`shardlib.serving.fit`). It counts the weights, plus 1.3 GB of KV cache per 4K-token sequence, in the
-# 90 % of the GPU's memory a serving system typically lets itself fill.
+# (`shardlib.serving.fit`). A serving system typically fills 90 % of a GPU's memory. The model puts the
+# weights there first, then 1.3 GB of KV cache for each 4K-token sequence.
 
 # %%
 from shardlib.hardware import B200, H100_80GB, H200, MI300X, MI325X
@@ -81,8 +84,9 @@ assert (fits[B200.name].sequences, fits[MI300X.name].sequences) == (15, 23), "wi
 # So the honest answer is "yes, but". On a B200 or an MI300X the weights fit with 21 to 32 GB to spare:
 # room for 15 or 23 sequences of 4K tokens, where a server answering hundreds of users needs more. On
 # the 80 GB GPUs most clusters are built from, they do not fit at all. The model must be **split** over
-# several GPUs. Each GPU then holds a share of the weights, and of every sequence's KV cache, so the room
-# grows faster than the GPU count:
+# several GPUs. Below, `tp` is how many GPUs one copy is split over (notebook 01 shows how). Each GPU holds
+# a share of the weights and a share of every sequence's KV cache. So the room left over grows faster than
+# the GPU count:
 
 # %%
 for tp in (2, 4, 8):
@@ -283,10 +287,12 @@ assert squares == [0, 1]
 # ## Predict, then measure: a collective waits for the slowest rank
 #
 # A collective cannot finish until every rank has joined it. Give rank 0 one unit of work and rank 1
-# four units, then all-reduce. Rank 1 arrives late, so rank 0 must sit inside the all-reduce until it
-# comes. That is the prediction:
+# four units, then all-reduce. Rank 1 arrives late (a rank that does is a **straggler**), so rank 0 must
+# sit inside the all-reduce until it comes. That is the prediction:
 #
 # `wait on rank 0 ≈ when rank 1 arrives − when rank 0 arrives`
+#
+# In units of work: rank 0 should wait about three units, the work rank 1 does beyond its own.
 #
 # Each rank records its compute as a span on `ctx.timeline`, and `ctx.comm` records the collectives as
 # spans too, all on one clock. So the arrivals can be read off the timeline, and the chart below shows
@@ -323,8 +329,8 @@ timeline_figure(straggler.spans, origin_s=straggler.started_s, title="Rank 0 wai
 # Move the slider to change the message size. Each move runs a real all-reduce on the warm ranks (no
 # new processes) and adds a point to the chart.
 #
-# **Your task.** The slider is `log2` of the number of float32 elements. Start at 4 (16 elements) and
-# step up one at a time, each step doubling the message: does the time double too? Then find roughly
+# **Your task.** The slider is `log2` of the number of float32 elements. Move it down to 4 (16 elements)
+# and step up one at a time, each step doubling the message: does the time double too? Then find roughly
 # the size above which each doubling of the message does double the time.
 
 # %% tags=["nbval-ignore-output"]
@@ -348,6 +354,9 @@ all_reduce_explorer(ranks)
 # Below, rank 1 raises an error while rank 0 waits for it in a barrier. Rather than hanging, the call
 # raises `RankError` at once, naming the rank and showing its traceback. The pool kills the stuck
 # processes and starts fresh ones, so the next call works.
+#
+# The timing line under it sets the time the report took beside a limit of 2 s, not an estimate. So any
+# ratio below 1 holds: a hang would never end.
 
 # %%
 from shardlib.intro.drivers import run_failure_check

@@ -123,14 +123,16 @@ show_code(CopyToParallelRegion, ReduceFromParallelRegion, ColumnParallelLinear, 
 #   must be summed *before* it, an all-reduce of the wide intermediate (`T · d_hidden · 4` bytes). The
 #   second product leaves each device a slice of the output, which must be gathered: **2** collectives.
 #
-# Those are **buffer** bytes, the tensors the collectives work on (what nccl-tests calls *size*). What
-# each rank sends on the wire depends on the algorithm. Under the ring, an all-reduce over `n` ranks
+# Those counts are **buffer** bytes: the size of the tensor each collective works on (nccl-tests calls
+# it *size*). What each rank sends on the wire depends on the algorithm. Under the ring, an all-reduce over `n` ranks
 # sends `2(n-1)/n` of its buffer per rank, and an all-gather `(n-1)/n` of its output. Why is
 # [notebook 02's subject](02_communication_costs.ipynb); every comm record carries both `size_bytes` and
 # `wire_bytes`.
 #
 # So the other order's bill, over the right order's, is 2 collectives against 1. In buffer bytes it is
-# `(d_hidden + d_model) / d_model`. On the wire it is `d_hidden / d_model + 1/2`, the same at every `n`.
+# `(d_hidden + d_model) / d_model`. On the wire it is `d_hidden / d_model + 1/2`, the same at every `n`:
+# the wide all-reduce gives the first term, and the all-gather, which sends half of what an all-reduce
+# of its buffer would, gives the `1/2`.
 
 # %%
 from shardlib.tensor_parallel import CUTS, other_cut_ratios, pair_collectives, pair_wire_collectives
@@ -215,7 +217,9 @@ for n in (2, 4):
 # collectives. In bytes it holds only for buffers, and only when `d_hidden = d_model`. For a
 # transformer's MLP, whose hidden width is 4 times `d_model`, the bytes grow 4.5 times, not 2. Which
 # count sets the time, calls or bytes, depends on the message size: [notebook 02](02_communication_costs.ipynb)
-# prices both. Either way column-then-row wins, and every production implementation uses it.
+# prices both. Either way column-then-row wins, and every production implementation uses it. Megatron-LM's
+# sequence parallelism ([notebook 10](10_context_parallel.ipynb)) splits that one all-reduce into a
+# reduce-scatter and an all-gather; the pair stays.
 #
 # <details><summary>gloo's own all-gather</summary>
 #
@@ -228,9 +232,13 @@ for n in (2, 4):
 # ## A real MLP and a real attention block, forward and backward
 #
 # The Llama MLP is `down(silu(gate(x)) * up(x))`. Gate and up are column-parallel behind one f, the
-# product is elementwise and local, and down is row-parallel (the `ParallelMLP` above). Attention is
-# split by **whole heads**. Rank `r` holds a block of query heads and the KV heads they read. It computes
-# attention for those heads alone, and the output projection is row-parallel over the same heads.
+# product is elementwise and local, and down is row-parallel (the `ParallelMLP` above).
+#
+# Attention runs in **heads**: independent slices of the layer, each with its own queries. Llama uses
+# **grouped-query attention (GQA)**: several query heads share one KV head, one set of keys and values.
+# Attention is split by **whole heads**. Rank `r` holds a block of query heads and the KV heads they
+# read. It computes attention for those heads alone, and the output projection is row-parallel over the
+# same heads.
 #
 # The backward pass needs communication too. **g** sums the partial outputs in the forward pass, and its
 # mirror **f** sums the input's partial gradients in the backward pass. Prediction: one all-reduce
@@ -328,15 +336,16 @@ print("\n" + wall)
 assert "8 KV heads cannot be shared by 12 devices: tp must divide the KV heads" in wall
 
 # %% [markdown]
-# The code of this course splits KV heads and copies none, so its own check
-# (`check_tensor_parallel(model, tp)`, which every run on ranks calls) keeps the strict rule. The
-# planner of notebook 05 copies them where that pays, and prices the copies.
+# `copy_kv_heads=True` allowed the copies in that check. Without it, `check_tensor_parallel(model, tp)`
+# keeps the strict rule, `tp` dividing the KV heads. Every run on ranks in this course calls it so,
+# since these layers split KV heads and copy none. Notebook 05's planner copies them where that pays,
+# and prices the copies.
 
 # %% [markdown]
 # ## The MLP width and vocabulary padding
 #
-# Two more shapes are split. Each device needs an equal slice of the MLP's hidden width `d_ff`: a
-# made-up MLP of width 8,190 stops `tp` at 2, whatever the heads allow. Each device also needs an equal
+# Two more shapes are split. Each device needs an equal slice of the MLP's hidden width, `d_ff`. A
+# made-up MLP 8,190 wide allows `tp` of 2 at most, whatever the heads allow. Each device also needs an equal
 # slice of the vocabulary, since the embedding and the output head are split too. But the vocabulary
 # **never blocks** `tp`: Megatron-LM pads it to a multiple of **128 x tp**, and vLLM pads too. The padded
 # rows are never predicted; they cost a few rows of the embedding and of the head.
@@ -373,8 +382,9 @@ for m in (SHAPE_RULE_EXAMPLES["vocab"], LLAMA_3_70B):
 # Pick a model and a tensor-parallel degree. The picker says whether the shapes allow it, and what it
 # costs: KV heads per GPU, one sequence's KV cache per GPU, the padded vocabulary.
 #
-# **Your task.** Pick Mixtral-8x7B (32 query heads, 8 KV heads). Which degrees above 8 does it allow?
-# One multiple of 8 below 32 is refused: which, and by which rule?
+# **Your task.** Pick Mixtral-8x7B (32 query heads, 8 KV heads). Move `tp` from 8 to 16 and 32: what
+# happens to one sequence's KV cache per GPU? Then try 24, a multiple of the 8 KV heads: which rules
+# refuse it?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_wall_picker
@@ -384,8 +394,9 @@ tp_wall_picker()
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# 16 and 32: each KV head is copied on 2 or 4 GPUs, and the KV cache per GPU stays at its `tp = 8` size.
-# `tp = 24` is a multiple of 8, but 32 query heads cannot be split 24 ways: the query heads refuse it.
+# At 16 and 32 the KV cache stays at 134 MB per GPU, its `tp = 8` size: each KV head is copied on 2 or
+# 4 GPUs. `tp = 24` passes the KV-head rule but fails two others: 32 query heads cannot be split 24
+# ways, and neither can the MLP's width, `d_ff` = 14,336.
 #
 # </details>
 
@@ -493,13 +504,13 @@ show_questions(
         "multiple of 128. 32,000 is 31.25 x 1,024, so 32,768; the 768 padded rows are never predicted.",
     ),
     Question(
-        "Why does tensor parallelism need much more frequent GPU-to-GPU communication than pipeline "
-        "parallelism?",
-        ("Its messages are larger than a pipeline's", "It uses all-to-all, not point-to-point sends",
-         "Each pair of matrices ends in an all-reduce", "It keeps a copy of the weights on every GPU"),
-        2,
-        "Two all-reduces per transformer layer in the forward pass (after attention and after the MLP), and "
-        "two more in the backward. A pipeline sends activations only across the boundary between stages.",
+        "A 32-layer Llama model is served at tp = 4. Generating one token (a forward pass, no backward), "
+        "how many all-reduces does each rank issue?",
+        ("32: one per layer", "128: one per layer per rank", "96: attention, the MLP's up, the MLP's down",
+         "64: after attention and after the MLP"),
+        3,
+        "Each layer holds two column-then-row pairs: attention (Q, K, V, then the output projection) and the "
+        "MLP. Each pair ends in one g. So 2 x 32 = 64, the same on every rank at any tp above 1.",
     ),
 )
 

@@ -50,21 +50,22 @@
 
 # %%
 from shardlib.hardware import NVLINK
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.models import LLAMA_3_70B
 from shardlib.serving.cost import decode_crossover_batch, tp_decode_cost
 
 loaded = tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 256)
-print(f"{LLAMA_3_8B.name} at tp = 8 on {NVLINK.name}: decode turns bandwidth-bound past "
-      f"{decode_crossover_batch(LLAMA_3_8B, 8, NVLINK):.0f} sequences; {LLAMA_3_70B.name} with 256 in flight: "
+print(f"{LLAMA_3_70B.name} at tp = 8 on {NVLINK.name}: decode turns bandwidth-bound past "
+      f"{decode_crossover_batch(LLAMA_3_70B, 8, NVLINK):.0f} sequences; with 256 in flight: "
       f"{loaded.size_bytes / 2**20:.0f} MiB per all-reduce, {loaded.bound}-bound")
 assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1).bound == "latency"
 
 # %% [markdown]
-# Stacked, the splits form a **mesh**. A `Layout(tp, pp, dp)` numbers `tp x pp x dp` ranks with the
-# tensor-parallel rank innermost: `rank = (stage x dp + replica) x tp + tp_rank`. So a tensor-parallel
-# group is `tp` consecutive ranks, one node when `tp` is the GPUs per node. Each pipeline takes one rank
-# from each node. (`dp` here counts replicas of the whole layout;
-# [notebook 08](08_data_parallel.ipynb) gives it its training meaning.)
+# Stacked, the splits form a **mesh**, one axis per split. A `Layout(tp, pp, dp)` runs `dp` replicas of
+# a copy split `tp x pp` ways. Here `dp` only counts replicas; [notebook 08](08_data_parallel.ipynb)
+# gives it its training meaning. The tensor-parallel rank is innermost:
+# `rank = (stage x replicas + replica) x tp + tp_rank`. So a tensor-parallel group is `tp` consecutive
+# ranks, one node when `tp` is the GPUs per node. With one stage per node, each pipeline takes one rank
+# from each node.
 
 # %% [markdown]
 # ## Read the code
@@ -176,10 +177,9 @@ assert per_token_layer["pipeline"] == predicted_per_token_layer["pipeline"]
 assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) < 0.15  # the router is not even
 
 # %% [markdown]
-# Tensor parallelism put the most on the wire, 6 activations per token per layer, as predicted.
-# Expert parallelism moved about 3. The exact figure depends on how many of each token's experts live on
-# its own rank, since those rows do not travel. The pipeline moved least, `3/4`. Counting buffers
-# instead of the wire, or runs of different sizes, ranks them differently: compare like with like.
+# Tensor parallelism put the most on the wire, the pipeline least. Expert parallelism's figure moves
+# with the router: rows sent to an expert on their own rank do not travel. Counting buffers instead of
+# the wire, or runs of different sizes, ranks them differently: compare like with like.
 
 # %% [markdown]
 # ## Predict: two stages of two-way tensor parallelism on 4 ranks
@@ -249,9 +249,10 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # token each per step, in steady state.
 #
 # Predict first. Decode's messages are a few kilobytes, so each crossing costs about the link's latency.
-# The pipeline crosses twice per token (there and back). Tensor parallelism crosses `2 x 2 x layers =
-# 16` times (two all-reduces per layer, two ring steps each). The planner's cost model makes the same
-# count, with the arithmetic speed measured on these ranks; its prediction is printed first.
+# The pipeline crosses twice per token (there and back). Tensor parallelism crosses `2 x 2 x 4 = 16`
+# times (two all-reduces in each of the toy's 4 layers, two ring steps each). At 2 ms a crossing, the
+# crossings alone give about 4 ms per token for PP and 32 ms for TP, a ratio near 8. The planner makes
+# the same count, with the arithmetic speed measured on these ranks; its table is printed first.
 
 # %%
 from shardlib.hardware import Link
@@ -281,7 +282,7 @@ print(f"PP across: {split_row.token_interval_s / pipeline_row.token_interval_s:.
 # tokens. A verdict holds when measured over predicted is within 0.5-2. A burst of other work on the
 # machine stretches a run and never shortens one. So when a verdict fails, the whole measurement is
 # taken again, at most 3 times, and the last is kept; under a test run a verdict that never held fails
-# the run. In practice measured sits 10-40% above predicted. A rank must wake up and be scheduled when
+# the run. In practice measured sits 10-50% above predicted. A rank must wake up and be scheduled when
 # its bytes arrive, and each send carries a second tiny message (the timestamp the emulation needs).
 #
 # </details>
@@ -295,9 +296,9 @@ assert split_row.token_interval_s > pipeline_row.token_interval_s  # and so do t
 
 # %% [markdown]
 # Both layouts are exact against the one-process decode. On a link this slow, crossings decide it, and
-# the pipeline wins. On real GPUs the balance can tip the other way. InfiniBand's latency is about 20
-# microseconds, not 2 milliseconds, and a large model's stage takes milliseconds to read from memory.
-# Tensor parallelism across nodes halves every GPU's reading. The planner below weighs exactly that.
+# the pipeline wins. On real GPUs the balance can tip. InfiniBand's latency is about 20 microseconds, and
+# a large model's stage takes milliseconds to read. TP across nodes halves every GPU's reading. The
+# planner below weighs that.
 
 # %% tags=["nbval-ignore-output"]
 timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step.microbatch); hops: emulated 2 ms "
@@ -336,8 +337,9 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 # it adds its collectives, each paying one latency per call; communication is never overlapped with
 # compute. Memory per GPU is the heaviest stage's weights as the layout splits them, with copied KV
 # heads past their count and the vocabulary padded to a multiple of 128 x tp. On top comes the KV cache
-# of every sequence in flight at the full context. The memory left buys the batch, up to vLLM's default
-# of 256 sequences.
+# of every sequence in flight at the full context. The memory left buys the batch, up to
+# `Workload(max_batch=256)`: vLLM's default `max_num_seqs` on an A100 or a smaller GPU. On larger GPUs,
+# such as the H100, recent vLLM releases allow 1,024.
 #
 # </details>
 #
@@ -436,18 +438,19 @@ assert 1 < gain < 1.1
 # %% [markdown]
 # Read it with the objectives in mind:
 #
-# - **Latency** on one node always takes the largest split, `tp = 8`. On two nodes, ranking by latency
-#   alone, the planner takes `tp = 16` across them (KV heads copied). For Llama-3-70B that is about 1%
-#   faster than `tp = 8` inside a node, at half the tokens: a second node is better spent on a replica.
+# - **Latency** on one node always takes the largest split, `tp = 8`. On two nodes the 70B and the 405B
+#   take `tp = 16` across them (KV heads copied); the 8B and Mixtral keep `tp = 8` beside a replica. For
+#   Llama-3-70B, `tp = 16` is about 1% faster, at half the tokens: a second node is better spent on a
+#   replica.
 # - **Throughput** packs smaller splits with replicas beside them. Llama-3-8B fits one GPU, yet `tp = 2`
-#   with 4 replicas serves slightly more than 8 replicas at this context. The memory a split frees holds
+#   with 4 replicas serves about 10% more than 8 replicas at this context. The memory a split frees holds
 #   KV cache for a bigger batch (238 sequences per pair).
 # - **Llama-3.1-405B** (812 GB in bf16) fits no single node of 80 GB GPUs in bf16. In 8 bits (about
 #   416 GB) it fits one node at `tp = 8`. In bf16 on two nodes, for throughput, it takes **TP inside each
 #   node, PP across the two**.
 #
-# That last rule is for a dense model. Is TP across nodes ever better? The planner weighs it against
-# the pipeline, for a full batch and for one request:
+# That last rule is for a dense model. Is TP across nodes ever better? Predict which wins for a full
+# batch, and which for one request alone, before the planner weighs them:
 
 # %%
 workloads = (("throughput", Workload()), ("latency", Workload(batch=1)))
@@ -469,11 +472,11 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 # 20-microsecond latency, while the pipeline's two stages run one after another. Then TP across nodes is
 # about 1.5 times faster per token. Throughput is why dense deployments put the pipeline across nodes.
 #
-# **Large MoE models cross nodes differently.** Their experts are most of the weights, so the
-# cross-node axis is expert parallelism, with the attention layers run data-parallel (each rank its own
-# requests). DeepSeek-V3 trained with 16 pipeline stages x 64-way EP and no tensor parallelism
-# (DeepSeek-V3 technical report, section 3.2). vLLM and SGLang serve it with wide EP and DP attention.
-# This planner does not place attention and experts on different axes, so it does not show that layout.
+# **Large MoE models cross nodes differently.** Their experts are most of the weights, so expert
+# parallelism crosses the nodes, with attention run data-parallel (each rank its own requests).
+# DeepSeek-V3 trained with 16 pipeline stages x 64-way EP and no tensor parallelism (its technical
+# report, section 3.2); vLLM and SGLang serve it with wide EP. This planner keeps attention and experts
+# on one axis, so it does not show that layout.
 
 # %% [markdown]
 # ## Explore: the planner as a widget
@@ -483,7 +486,7 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 #
 # **Your task.** Choose Llama-3-8B on one node of 8 H100s, ranked by throughput, batch "from memory".
 # Move the context from 1,024 tokens upwards. At which context does the planner first choose a single
-# copy split 8 ways? What limits the batch there?
+# copy split 8 ways? What does its "why" line say sets the batch there, and the runner-up's?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.serving_widgets import planner_widget
@@ -494,9 +497,11 @@ planner_widget()
 # <details><summary>Answer</summary>
 #
 # At 16,384 tokens: `tp = 8`, one copy, 256 sequences. Up to 2,048 tokens eight replicas win; then
-# `tp = 2` (4,096) and `tp = 4` (8,192) take over. Each sequence's KV cache grows with the context, so
-# memory, not arithmetic, sets the batch. Splitting frees the memory each replica spent on its own copy
-# of the weights, and that memory holds KV cache for more sequences.
+# `tp = 2` (4,096) and `tp = 4` (8,192) take over. At 16,384 the batch of `tp = 8` is set by
+# `max_batch`, the planner's cap of 256: memory would hold 260. The runner-up, `tp = 4` with two copies,
+# is set by free memory: 126 sequences each. Each sequence's KV cache grows with the context. Splitting
+# frees the memory each replica spent on its own copy of the weights, and that memory holds KV cache for
+# more sequences. Only 1% separates the two here.
 #
 # </details>
 
@@ -537,10 +542,10 @@ assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8
 #
 # <details><summary>Answer</summary>
 #
-# `rank = (stage x dp + replica) x tp + tp_rank`. Stage 1, replica 1: `(1 x 2 + 1) x 4 = 12`, so ranks
-# 12 to 15. Rank 6 is `(0 x 2 + 1) x 4 + 2`: stage 0, replica 1, tp rank 2. It sends to the same tp rank
-# of stage 1, `(1 x 2 + 1) x 4 + 2 = 14`. Stage 0 is ranks 0-7, one node, and stage 1 the other node: the
-# tensor axis stays inside a node and the pipeline axis crosses.
+# `rank = (stage x replicas + replica) x tp + tp_rank`, with 2 replicas. Stage 1, replica 1:
+# `(1 x 2 + 1) x 4 = 12`, so ranks 12 to 15. Rank 6 is `(0 x 2 + 1) x 4 + 2`: stage 0, replica 1, tp
+# rank 2. It sends to the same tp rank of stage 1, `(1 x 2 + 1) x 4 + 2 = 14`. Stage 0 is ranks 0-7, one
+# node, and stage 1 the other node: the tensor axis stays inside a node and the pipeline axis crosses.
 #
 # </details>
 #
@@ -591,7 +596,7 @@ show_questions(
         "replica 0?",
         ("{2, 3}", "{4, 5}", "{6, 7}", "{1, 5}"),
         1,
-        "rank = (stage x dp + replica) x tp + tp_rank = (1 x 2 + 0) x 2 + {0, 1}. {2, 3} is stage 0's second "
+        "rank = (stage x replicas + replica) x tp + tp_rank = (1 x 2 + 0) x 2 + {0, 1}. {2, 3} is stage 0's second "
         "replica; {1, 5} is a pipeline, one rank per stage.",
     ),
     Question(

@@ -27,8 +27,8 @@
 # %% [markdown]
 # ## Exercise 1: `shard_rows`
 #
-# A weight is stored `(out_features, in_features)`. Cutting it **by rows of the input** means cutting
-# along **dim 1**: shard `i` of `n` keeps every output feature and the input features
+# A weight is stored `(out_features, in_features)`. A **row split** (notebook 01) cuts it along
+# **dim 1**, the input features: shard `i` of `n` keeps every output feature and the input features
 # `i·in/n .. (i+1)·in/n`. Return a list of `n` tensors. If `in_features` does not divide by `n`, raise
 # a `ValueError` that says so with the numbers.
 
@@ -50,14 +50,21 @@ grade_shard_rows(shard_rows)
 # ## Exercise 2: a column-then-row pair on real ranks
 #
 # Write the rank function that computes `gelu(x @ w1.T + b1) @ w2.T + b2` across `ctx.world_size`
-# ranks, as Megatron-LM does:
+# ranks with a single collective, as Megatron-LM does. Every rank is handed the whole input and the
+# whole weights: `w1` `(d_hidden, d_model)`, `b1` `(d_hidden,)`, `w2` `(d_model, d_hidden)`, `b2`
+# `(d_model,)`. The design is yours. Which slice of each does rank `r` keep? Where does the gelu act?
+# Where does the one `ctx.comm.all_reduce(tensor)` go (it returns the sum), and where is `b2` added?
 #
-# - `w1` `(d_hidden, d_model)` and `b1` `(d_hidden,)` are cut **by columns** (dim 0): rank `r` keeps
-#   hidden features `r·d_hidden/tp .. (r+1)·d_hidden/tp` (`shardlib.tensor_parallel.shard_columns`
-#   does this, or `tensor.chunk`);
-# - `w2` `(d_model, d_hidden)` is cut **by rows** (dim 1), over the same hidden features;
-# - each rank's product is a partial sum over all `d_model` outputs: add them up with
-#   `ctx.comm.all_reduce(tensor)` (it returns the sum), then add `b2` once.
+# <details><summary>Hints, if you are stuck</summary>
+#
+# - `w1` and `b1` are cut **by columns** (dim 0): rank `r` keeps hidden features
+#   `r·d_hidden/tp .. (r+1)·d_hidden/tp` (`shardlib.tensor_parallel.shard_columns` does this, or
+#   `tensor.chunk`). The gelu acts on that slice.
+# - `w2` is cut **by rows** (dim 1), over the same hidden features.
+# - Each rank's product is then a partial sum over all `d_model` outputs: add them up with
+#   `ctx.comm.all_reduce(tensor)`, then add `b2` once.
+#
+# </details>
 #
 # Every rank returns the full output `(batch, seq, d_model)`. The checker runs your function on 2 and
 # on 4 ranks and also reads the comm log: exactly one all-reduce per rank.

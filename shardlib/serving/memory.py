@@ -5,8 +5,9 @@ Memory per GPU is the heaviest stage's weights (``ceil(L / pp)`` layers: attenti
 norms and router replicated, the embedding and head, padded to ``128 x tp`` rows, split ``tp`` ways) plus
 the KV cache of its sequences in flight at the workload's context. A replica's batch, unless the workload
 fixes it, is what the memory its weights leave free holds (``affordable_batch``), up to ``max_batch``
-(vLLM's default ``max_num_seqs``, 256): splitting ``tp`` ways shrinks weights and each sequence's cache
-per GPU (the cache only down to one KV head), so tensor parallelism's freed memory buys batch. Rules:
+(256: vLLM's default ``max_num_seqs`` on an A100 or a smaller GPU; recent releases allow 1,024 on larger
+ones such as the H100): splitting ``tp`` ways shrinks weights and each sequence's cache per GPU (the
+cache only down to one KV head), so tensor parallelism's freed memory buys batch. Rules:
 whole query heads and whole (or copied) KV heads per tp rank, ``d_ff`` divisible, tp groups inside a
 node, at least a layer per stage, whole experts per ep rank, and memory; each rejection carries its
 numbers. ``kernel_efficiency`` scales the peak the cost model assumes (1.0: the floor). Pure: no torch.
