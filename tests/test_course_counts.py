@@ -70,3 +70,10 @@ def test_the_script_reads_every_notebook_of_the_course(capsys):
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
         assert path.stem in out
     assert "right-answer positions:" in out
+
+
+def test_every_notebook_meets_the_course_budgets(capsys):
+    """Issue 29's budgets, held: words, sentences, bullets, worked problems, the header, answer positions."""
+    status = counts.main(["--check"])
+    out = capsys.readouterr().out
+    assert status == 0, "\n".join(line for line in out.splitlines() if line.startswith("over budget"))
