@@ -135,9 +135,10 @@ def run_bubble_check(pools, microbatches, model: ModelConfig, layers: list[dict]
     again (``verified``, at most 3 times); the least idle attempt is kept, since a stall on a shared machine
     only ever adds idle time."""
     curves, verdicts = [], []
+    for ranks in pools:  # every pool up and warm before any is timed: a pool still starting takes the cores
+        _warm(ranks, model, layers, x, grad_output)
     for ranks in pools:
         p = ranks.world_size
-        _warm(ranks, model, layers, x, grad_output)
         points = []
         for m in microbatches:
             schedule = make_schedule(name, p, m)
