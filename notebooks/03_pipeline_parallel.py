@@ -249,7 +249,8 @@ from shardlib.pipeline import run_bubble_check
 four = Ranks(4)  # a second pool, for the 4-stage runs; closed after the last of them
 GRID_M, GRID_OP_S = (1, 4, 16), 0.03
 bubbles = run_bubble_check((ranks, four), GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
-print(f"GPipe training steps, every op padded to {GRID_OP_S * 1e3:.0f} ms, measured on {bubbles.where}")
+ranks.close()  # the 2-stage pool rests until the explorer, so that six ranks are never up at once
+print(f"GPipe training steps, every op padded to {GRID_OP_S * 1e3:.0f} ms ({bubbles.where})")
 for v in bubbles.verdicts:
     print(v.line)
 
@@ -270,7 +271,7 @@ for v in bubbles.verdicts:
 from shardlib.ui.pipeline_figures import bubble_curve_figure
 
 bubble_curve_figure((2, 4), max_microbatches=16, measured=bubbles.measured(),
-                    timing_note=f"circles: GPipe, ops padded to {GRID_OP_S * 1e3:.0f} ms, measured on {bubbles.where}")
+                    timing_note=f"circles: GPipe, ops padded to {GRID_OP_S * 1e3:.0f} ms, measured ({bubbles.where})")
 
 # %% [markdown]
 # ## Activations in flight: GPipe against 1F1B
@@ -444,7 +445,7 @@ from shardlib.pipeline import run_trip_check
 trips = run_trip_check(four, TOY, layers, x, n_microbatches=4, op_s=0.015)
 for v in trips.verdicts:
     print(v.line)
-four.close()  # the 4-stage runs are done; the explorer below runs on the 2 ranks
+four.close()  # the 4-stage runs are done; the explorer below runs on 2 ranks
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -461,7 +462,7 @@ four.close()  # the 4-stage runs are done; the explorer below runs on the 2 rank
 # %% [markdown]
 # ## Explore: the microbatch slider
 #
-# The slider re-runs one training step on the two warm ranks, ops padded to 20 ms. The cross on the
+# The slider re-runs one training step on two ranks, ops padded to 20 ms. The cross on the
 # curve is the formula; the circle is the measurement.
 #
 # **Your task.** With GPipe, find the smallest `m` whose idle fraction is under 10 %. Then switch to 1F1B
@@ -470,6 +471,7 @@ four.close()  # the 4-stage runs are done; the explorer below runs on the 2 rank
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_widgets import microbatch_explorer
 
+ranks = Ranks(2)  # a fresh 2-stage pool, for the slider and the rest of the notebook
 microbatch_explorer(ranks, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
 
 # %% [markdown]
