@@ -37,7 +37,7 @@
 #
 # The catch: a stage can only work on what has reached it. Push the whole batch through at once and
 # only one stage is ever busy. So each step's batch is cut into `m` **microbatches**. While stage 1
-# works on microbatch 0, stage 0 already starts microbatch 1. (In training, the batch a pipeline gets
+# works on microbatch 0, stage 0 already works on microbatch 1. (In training, the batch a pipeline gets
 # per step comes from the global batch and the number of model copies;
 # [notebook 08](08_data_parallel.ipynb) shows where.)
 #
@@ -48,7 +48,8 @@
 # ## The bubble
 #
 # The idle time of the fill and the drain is the **bubble**. With `p` stages of equal cost, a step
-# takes `m + p - 1` microbatch-times, and each stage is busy for `m` of them. Two ways of writing the
+# takes `m + p - 1` microbatch-times: the first microbatch needs `p - 1` of them to reach the last stage,
+# which then works through all `m`. Each stage is busy for `m` of them. Two ways of writing the
 # waste are in use, so always ask which one a paper means:
 #
 # - the **idle fraction** of the step, `(p - 1) / (m + p - 1)`: what a profiler shows, and what we
@@ -249,7 +250,7 @@ from shardlib.pipeline import run_bubble_check
 four = Ranks(4)  # a second pool, for the 4-stage runs; closed after the last of them
 GRID_M, GRID_OP_S = (1, 4, 16), 0.03
 bubbles = run_bubble_check((ranks, four), GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
-ranks.close()  # the 2-stage pool rests until the explorer, so that six ranks are never up at once
+ranks.close()  # a fresh 2-rank pool starts at the slider: six ranks at once would crowd a laptop's memory
 print(f"GPipe training steps, every op padded to {GRID_OP_S * 1e3:.0f} ms ({bubbles.where})")
 for v in bubbles.verdicts:
     print(v.line)
@@ -301,7 +302,8 @@ print(f"one microbatch ({x.shape[0] // 8} sequences of {x.shape[1]} tokens) leav
 
 # %% [markdown]
 # Every microbatch in flight costs its activations. So GPipe's memory grows with `m`, the very knob that
-# shrinks the bubble. 1F1B caps it at `p` on the first stage, which is why training runs use 1F1B.
+# shrinks the bubble. 1F1B caps it at `p` on the first stage. That is why 1F1B, not GPipe, is the base of
+# the schedules Megatron-LM and torchtitan run.
 
 # %% [markdown]
 # ## What a larger m costs
@@ -324,7 +326,7 @@ assert pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8) / 4
 # In practice the batch is often what limits `m`. Llama 3.1 405B trained with 16M tokens per step: 2,048
 # sequences of 8,192 tokens. On 16,384 GPUs they were shared among 128 copies of a 16-stage pipeline,
 # so each pipeline got 16 sequences per step (Llama 3 paper, Table 4). That allows at most `m = 16 = p`,
-# an idle fraction of 15/31 without interleaving. Meta interleaved the stages and changed the schedule
+# an idle fraction of 15/31 (48 %) without interleaving. Meta interleaved the stages and changed the schedule
 # so that `m` need not be a multiple of `p`, and may even be smaller (section 3.3.2). The zero-bubble
 # schedules of [notebook 09](09_pipeline_schedules.ipynb) attack the bubble without raising `m`.
 
@@ -506,7 +508,7 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # Tensor parallelism moves 8 times the bytes here, and a real layer has two all-reduces, so 16 times. It
 # also moves them inside every layer, where nothing else can proceed until they arrive. The pipeline
 # sends once per stage boundary and fills the waiting with other microbatches' work. On a fast link
-# inside a machine, tensor parallelism's chatter is cheap; on the network between machines it is not.
+# inside a machine, tensor parallelism's chatter is cheap. On the network between machines it is not.
 # [Notebook 02](02_communication_costs.ipynb) prices both per link, and
 # [notebook 05](05_serving_layouts.ipynb) builds serving layouts on this difference.
 
@@ -603,7 +605,8 @@ show_questions(
 #   formula. On real ranks the output and gradients equalled one process's bit for bit.
 # - The measured bubble sat on the formula, a little above it by the time messages take.
 # - 1F1B has GPipe's bubble but holds at most `p` microbatches in flight, not `m`.
-# - A larger `m` costs smaller microbatches, and the batch caps it: Llama 3.1 405B allowed at most `m = p = 16`.
+# - A larger `m` costs smaller microbatches, and the batch caps it: Llama 3.1 405B on 16,384 GPUs had at most
+#   `m = p = 16`.
 # - The slowest stage sets the pace: `sum(t_s) + (m - 1) × max(t_s)`. Lighter end stages balance the work.
 # - A server keeps the stages busy with independent sequences, but each token still makes the whole trip.
 # - The pipeline sends once per stage boundary: the tool for the slow link between machines.
