@@ -1,23 +1,13 @@
-"""Schedules past 1F1B run on a pool, with F, B and W padded to set costs and the bubble measured.
+"""Pipeline claims measured on a pool: the bubble of split schedules, and the claims notebook 03 prints.
 
-* ``run_pipeline`` (``drivers``) takes ``weight_s``: F, B and W each padded to its own duration
-  (``weight_s`` is the knob that makes W cheap or dear), gathered into a ``PipelineRun``.
-* ``run_split_bubble``: the idle share of one schedule measured (median of ``repeats`` steps) against the
-  published formula and against ``simulate`` of the same list, both evaluated with the F, B and W
-  measured on the ranks, and ``simulate`` again with the hand-over between stages measured on the ranks
-  added to every message (``bubbles.handover_s``), gathered into a ``SplitBubble``.
-
-The claims notebook 03 makes, each measured on a pool and returned with its ``runtime.verdict.Verdict`` s
-(one line each: predicted, measured, ratio, verdict), measured again while a verdict fails and failing under
-a test run (``verified``):
-
-* ``run_bubble_check``: the idle fraction of GPipe on 2 and 4 stages for a few ``m``, against
-  ``(p - 1) / (m + p - 1)`` (``BubbleCheck``).
-* ``run_pace_check``: one stage twice as slow sets the pace (``PaceCheck``).
-* ``run_uneven_check``: stages of unequal layer counts, exact, and each cut at its slowest stage's pace
-  (``UnevenCheck``).
-* ``run_trip_check``: a microbatch's trip through every stage, and one departure per stage-time
-  (``TripCheck``), the two numbers of pipelined decode.
+* ``run_split_bubble``: one schedule's idle share (median of ``repeats`` steps, F, B and W padded to set
+  costs) against the published formula and ``simulate`` of the same list, with and without the hand-over
+  measured between stages (``bubbles.handover_s``), gathered into a ``SplitBubble``.
+* ``run_bubble_check`` (GPipe's idle fraction on 2 and 4 stages against ``(p - 1) / (m + p - 1)``),
+  ``run_pace_check`` (a slow stage sets the pace), ``run_uneven_check`` (unequal stages, exact, each cut at
+  its slowest stage's pace) and ``run_trip_check`` (a microbatch's trip through every stage, one departure
+  per stage-time): each returns its ``runtime.verdict.Verdict`` s, one line per claim (predicted, measured,
+  ratio, verdict), measured again while one fails and failing under a test run (``verified``).
 """
 
 from __future__ import annotations
@@ -128,25 +118,26 @@ class BubbleCheck:
         return {c.n_stages: {pt.n_microbatches: pt.measured for pt in c.points} for c in self.curves}
 
 
-def run_bubble_check(pools, microbatches, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+def run_bubble_check(ranks, microbatches, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                      grad_output: torch.Tensor, op_s: float = 0.03, name: str = "gpipe") -> BubbleCheck:
-    """The idle fraction of schedule ``name`` on each pool in ``pools`` (one stage per rank) for each ``m`` in
-    ``microbatches``, each op padded to ``op_s``. A point outside ``BUBBLE_BAND`` of the formula is measured
-    again (``verified``, at most 3 times); the least idle attempt is kept, since a stall on a shared machine
-    only ever adds idle time."""
+    """The idle fraction of schedule ``name`` on ``ranks`` (a pool, or several: one curve each, one stage per
+    rank) for each ``m`` in ``microbatches``, each op padded to ``op_s``. A point outside ``BUBBLE_BAND`` of the
+    formula is measured again (``verified``, at most 3 times); the least idle attempt is kept, since a stall on
+    a shared machine only ever adds idle time."""
+    pools = tuple(ranks) if isinstance(ranks, (list, tuple)) else (ranks,)
     curves, verdicts = [], []
-    for ranks in pools:  # every pool up and warm before any is timed: a pool still starting takes the cores
-        _warm(ranks, model, layers, x, grad_output)
-    for ranks in pools:
-        p = ranks.world_size
+    for pool in pools:  # every pool up and warm before any is timed: a pool still starting takes the cores
+        _warm(pool, model, layers, x, grad_output)
+    for pool in pools:
+        p = pool.world_size
         points = []
         for m in microbatches:
             schedule = make_schedule(name, p, m)
             predicted = pipeline_bubble_fraction(p, m)
             attempts: list[float] = []
 
-            def measure(schedule=schedule, attempts=attempts) -> float:
-                run = run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s)
+            def measure(schedule=schedule, attempts=attempts, pool=pool) -> float:
+                run = run_pipeline(pool, schedule, model, layers, x, grad_output, op_s, op_s)
                 attempts.append(run.bubble.idle_fraction)
                 return min(attempts)
 
@@ -155,7 +146,7 @@ def run_bubble_check(pools, microbatches, model: ModelConfig, layers: list[dict]
             verdicts += found
             points.append(BubblePoint(p, m, predicted, tuple(attempts)))
         curves.append(BubbleCurve(name, p, op_s, tuple(points)))
-    where = "; ".join(dict.fromkeys(r.description for r in pools))
+    where = "; ".join(dict.fromkeys(pool.description for pool in pools))
     return BubbleCheck(op_s, tuple(curves), tuple(verdicts), where)
 
 
