@@ -397,7 +397,7 @@ assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
 #
 # **Predict.** Each forward is padded to 8 ms per layer-time, 6 microbatches, forward only. The even cut
 # paces at 3 layer-times: `8 + 5 × 3 = 23` layer-times, 184 ms. The lighter ends: `8 + 5 × 2 = 18`,
-# 144 ms. Both cuts must also be exact, bit for bit.
+# 144 ms. A training step with lighter ends must also be exact, bit for bit.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.pipeline import run_uneven_check
