@@ -227,15 +227,17 @@ def grade_one_f_one_b(order_fn, ranks=None, model=None, layers=None, x=None, gra
             limit = min(p - s, m)
             if _in_flight(row) > limit:
                 got.fail(f"p = {p}, m = {m}: stage {s} holds {_in_flight(row)} microbatches in flight (forward done, "
-                         f"backward not yet); 1F1B holds at most {limit} there (p - s = {p - s}): start only "
-                         f"p - s - 1 = {p - s - 1} forwards before the first backward, then alternate")
+                         f"backward not yet); 1F1B holds at most {limit} there (p - s = {p - s}). Count the "
+                         f"forwards stage {s} runs before its first backward, and how many it holds when that "
+                         "backward's gradient can first have come back")
                 break
         else:
             best = 2 * (m + p - 1)
             if slots > best:
                 got.fail(f"p = {p}, m = {m}: the order runs, but the step takes {slots} slots where 1F1B takes "
                          f"2 (m + p - 1) = {best}: a stage waits that need not. Check how many forwards each "
-                         f"stage runs before its first backward (p - s - 1 on stage s)")
+                         "stage runs before its first backward: too few, and it sits idle until the gradient "
+                         "comes back")
     if got.failed or ranks is None:
         return got.result("every F and B once, runs, holds at most p - s microbatches, 1F1B's step length")
     p = ranks.world_size

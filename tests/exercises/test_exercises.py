@@ -235,7 +235,7 @@ def test_one_f_one_b_solution_passes_and_blank_is_not_written():
 @pytest.mark.parametrize("wrong, phrases", [
     (_gpipe, ("p = 2, m = 4: stage 0 holds 4 microbatches in flight", "1F1B holds at most 2 there")),
     (_with_warmup(lambda s, p, m: p - s), ("p = 4, m = 8: stage 0 holds 5 microbatches in flight",
-                                           "1F1B holds at most 4", "start only p - s - 1 = 3 forwards")),
+                                           "1F1B holds at most 4", "Count the forwards stage 0 runs")),
     (_with_warmup(lambda s, p, m: 0), ("step takes 16 slots where 1F1B takes 2 (m + p - 1) = 10",
                                        "Check how many forwards")),
     (_with_warmup(lambda s, p, m: p - s - 1, steady_b_first=True),
