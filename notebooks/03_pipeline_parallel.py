@@ -213,6 +213,34 @@ for name in ("gpipe", "1f1b"):
     assert exact.bit_for_bit and exact.whole_batch_close
 
 # %% [markdown]
+# ## Why the pipeline suits the slow link
+#
+# Count the bytes, from the comm logs. One training step of this model on 2 ranks, pipelined: the
+# activations cross the one stage boundary once per microbatch going forward and once coming back. The
+# same step tensor-parallel over the same 2 ranks, each layer's MLP split as in notebook 01: every layer
+# all-reduces the whole batch's activations once forward and once backward, on every rank.
+
+# %%
+from shardlib.pipeline import run_pipeline_vs_tp_bytes
+
+both = run_pipeline_vs_tp_bytes(ranks, TOY, layers, x, grad, n_microbatches=4)
+print(f"pipeline, 2 stages, m = 4: {both.pipeline_messages} sends in all, {both.pipeline_bytes:,} bytes "
+      f"(= 2 x {both.activation_bytes:,}: the batch's activations, once each way)")
+print(f"tensor parallel, 2 ranks:  {both.tp_collectives_per_rank} all-reduces on each rank, "
+      f"{both.tp_bytes_per_rank:,} bytes each (= {len(layers)} layers x 2 x {both.activation_bytes:,})")
+print(f"tensor parallelism moves {both.ratio:.0f}x the bytes, per rank, of the whole pipeline's traffic")
+assert both.pipeline_bytes == 2 * both.activation_bytes
+assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
+
+# %% [markdown]
+# Tensor parallelism moves 8 times the bytes here, and a real layer has two all-reduces, so 16 times. It
+# also moves them inside every layer, where nothing else can proceed until they arrive. The pipeline
+# sends once per stage boundary and fills the waiting with other microbatches' work. On a fast link
+# inside a machine, tensor parallelism's chatter is cheap. On the network between machines it is not.
+# [Notebook 02](02_communication_costs.ipynb) prices both per link, and
+# [notebook 05](05_serving_layouts.ipynb) builds serving layouts on this difference.
+
+# %% [markdown]
 # ## The step, predicted and measured
 #
 # Now time it. On a laptop the ranks share two cores with everything else, so real compute on one rank
@@ -247,10 +275,10 @@ predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, r
 # %% tags=["nbval-ignore-output"]
 from shardlib.pipeline import run_bubble_check
 
-four = Ranks(4)  # a second pool, for the 4-stage runs; closed after the last of them
+four = Ranks(4)  # a second pool, for the 4-stage runs and the slider at the end
 GRID_M, GRID_OP_S = (1, 4, 8), 0.03
 bubbles = run_bubble_check((ranks, four), GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
-ranks.close()  # a fresh 2-rank pool starts at the slider: six ranks at once would crowd a laptop's memory
+ranks.close()  # the 2-stage runs are done: from here on, the 4 ranks (six at once would crowd a laptop)
 print(f"GPipe training steps, every op padded to {GRID_OP_S * 1e3:.0f} ms ({bubbles.where})")
 for v in bubbles.verdicts:
     print(v.line)
@@ -447,7 +475,6 @@ from shardlib.pipeline import run_trip_check
 trips = run_trip_check(four, TOY, layers, x, n_microbatches=4, op_s=0.015)
 for v in trips.verdicts:
     print(v.line)
-four.close()  # the 4-stage runs are done; the explorer below runs on 2 ranks
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -464,53 +491,24 @@ four.close()  # the 4-stage runs are done; the explorer below runs on 2 ranks
 # %% [markdown]
 # ## Explore: the microbatch slider
 #
-# The slider re-runs one training step on two ranks, ops padded to 20 ms. The cross on the
-# curve is the formula; the circle is the measurement.
+# The slider re-runs one training step on the 4 ranks, ops padded to 20 ms. The cross on the curve is
+# the formula; the circle is the measurement.
 #
-# **Your task.** With GPipe, find the smallest `m` whose idle fraction is under 10 %. Then switch to 1F1B
+# **Your task.** With GPipe, find the smallest `m` whose idle fraction is under 20 %. Then switch to 1F1B
 # at that `m`: how many microbatches does each stage hold in flight?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_widgets import microbatch_explorer
 
-ranks = Ranks(2)  # a fresh 2-stage pool, for the slider and the rest of the notebook
-microbatch_explorer(ranks, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
+microbatch_explorer(four, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
 
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `m = 10`: with `p = 2` the idle fraction is `1 / (m + 1)`, which is 10 % at `m = 9` and 9.1 % at
-# `m = 10`. The measured circle sits a little above the cross, by the time the messages take. GPipe
-# holds 10 microbatches on both stages; 1F1B holds 2 on stage 0 and 1 on stage 1, with the same bubble.
+# `m = 13`: with `p = 4` the idle fraction is `3 / (m + 3)`, which is 20 % at `m = 12` and 18.75 % at
+# `m = 13`. The measured circle sits a little above the cross, by the time the messages take. GPipe
+# holds 13 microbatches on every stage; 1F1B holds 4, 3, 2 and 1, with the same bubble.
 # </details>
-
-# %% [markdown]
-# ## Why the pipeline suits the slow link
-#
-# Count the bytes, from the comm logs. One training step of this model on 2 ranks, pipelined: the
-# activations cross the one stage boundary once per microbatch going forward and once coming back. The
-# same step tensor-parallel over the same 2 ranks, each layer's MLP split as in notebook 01: every layer
-# all-reduces the whole batch's activations once forward and once backward, on every rank.
-
-# %%
-from shardlib.pipeline import run_pipeline_vs_tp_bytes
-
-both = run_pipeline_vs_tp_bytes(ranks, TOY, layers, x, grad, n_microbatches=4)
-print(f"pipeline, 2 stages, m = 4: {both.pipeline_messages} sends in all, {both.pipeline_bytes:,} bytes "
-      f"(= 2 x {both.activation_bytes:,}: the batch's activations, once each way)")
-print(f"tensor parallel, 2 ranks:  {both.tp_collectives_per_rank} all-reduces on each rank, "
-      f"{both.tp_bytes_per_rank:,} bytes each (= {len(layers)} layers x 2 x {both.activation_bytes:,})")
-print(f"tensor parallelism moves {both.ratio:.0f}x the bytes, per rank, of the whole pipeline's traffic")
-assert both.pipeline_bytes == 2 * both.activation_bytes
-assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
-
-# %% [markdown]
-# Tensor parallelism moves 8 times the bytes here, and a real layer has two all-reduces, so 16 times. It
-# also moves them inside every layer, where nothing else can proceed until they arrive. The pipeline
-# sends once per stage boundary and fills the waiting with other microbatches' work. On a fast link
-# inside a machine, tensor parallelism's chatter is cheap. On the network between machines it is not.
-# [Notebook 02](02_communication_costs.ipynb) prices both per link, and
-# [notebook 05](05_serving_layouts.ipynb) builds serving layouts on this difference.
 
 # %% [markdown]
 # ## Check yourself
