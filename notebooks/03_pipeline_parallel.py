@@ -15,51 +15,77 @@
 # %% [markdown]
 # # 03 · Pipeline parallelism: cut the stack, pay with the bubble
 #
-# **What you will see.** A model cut into stages of whole layers, one stage per rank, with a batch
-# cut into microbatches that flow from stage to stage; the idle time this leaves (the *bubble*)
-# predicted by a formula, counted slot by slot from the schedule, and measured on real ranks, for 2 and
-# 4 stages and 1 to 16 microbatches; GPipe against 1F1B (the same bubble, far fewer microbatches held
-# in memory); what raising the microbatch count costs; a slow stage setting everyone's pace; stages of
-# unequal layer counts (Llama-3.1-405B's 126 layers on 16 stages, the end stages one layer lighter) run
-# on real ranks at the slowest stage's pace; a slider that re-runs the pipeline as you move it;
-# why a server need not pay the bubble at all, and what it pays instead (each token's trip through every
-# stage); and why the pipeline is the tool for the slow link between machines.
+# > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb),
+# > [02](02_communication_costs.ipynb). Reading time: about 25 minutes. Trades: memory per GPU (each
+# > stage holds 1/p of the layers) for idle time (the bubble) and one small send per stage boundary.
+#
+# **What you will see.**
+# - A model cut into stages of whole layers, and a batch cut into microbatches that flow through them.
+# - The idle time this leaves, the bubble: predicted, counted from the schedule, and measured on ranks.
+# - GPipe against 1F1B: the same bubble, far fewer microbatches held in memory.
+# - A slow or heavy stage setting everyone's pace, as in Llama 3.1 405B's 126 layers on 16 stages.
+# - Why a server need not pay the bubble, and what it pays instead.
+# - Why the pipeline suits the slow link between machines.
 
 # %% [markdown]
-# ## The idea: stages, microbatches, fill and drain
+# ## The idea: stages and microbatches
 #
-# Give each device a contiguous block of layers: device 0 the first quarter, device 1 the next, and so
-# on. Each device is a **stage**. Activations leave one stage and enter the next by a point-to-point
-# send, once per stage boundary. That is far less talking than tensor parallelism, which sums partial
-# results inside every layer.
+# Give each device a contiguous block of layers. Device 0 holds the first quarter, device 1 the next,
+# and so on. Each device is a **stage**, and there are `p` of them. Activations leave one stage and enter
+# the next by a point-to-point send, once per stage boundary. That is far less talking than tensor
+# parallelism, which sums partial results inside every layer.
 #
-# The catch is that a stage can only work on what has reached it. Push the whole batch through at once
-# and only one stage is ever busy. So the batch is cut into `m` **microbatches**: while stage 1 works
-# on microbatch 0, stage 0 already starts microbatch 1. Even so, at the start of a step the later
-# stages wait for work to arrive (the pipeline **fills**), and at the end the earlier ones have nothing
-# left (it **drains**). That idle time is the **bubble**.
+# The catch: a stage can only work on what has reached it. Push the whole batch through at once and
+# only one stage is ever busy. So each step's batch is cut into `m` **microbatches**. While stage 1
+# works on microbatch 0, stage 0 already works on microbatch 1. (In training, the batch a pipeline gets
+# per step comes from the global batch and the number of model copies;
+# [notebook 08](08_data_parallel.ipynb) shows where.)
 #
-# With `p` stages of equal cost, a pass takes `m + p - 1` microbatch-times and each stage is busy for `m`
-# of them. Two ways of writing the waste are in use, and it matters which one a paper means:
+# At the start of a step the later stages wait for work to arrive: the pipeline **fills**. At the end
+# the earlier ones have nothing left: it **drains**.
+
+# %% [markdown]
+# ## The bubble
+#
+# The idle time of the fill and the drain is the **bubble**. With `p` stages of equal cost, a step
+# takes `m + p - 1` microbatch-times: the first microbatch needs `p - 1` of them to reach the last stage,
+# which then works through all `m`. Each stage is busy for `m` of them. Two ways of writing the
+# waste are in use, so always ask which one a paper means:
 #
 # - the **idle fraction** of the step, `(p - 1) / (m + p - 1)`: what a profiler shows, and what we
 #   measure below (`pipeline_bubble_fraction`);
-# - the **ratio to ideal**, `(p - 1) / m`: idle time divided by busy time, as Megatron-LM and the
+# - the **ratio to ideal**, `(p - 1) / m`: idle time over busy time, as Megatron-LM and the
 #   Ultra-Scale Playbook write it (`pipeline_bubble_ratio_to_ideal`). It can exceed 1.
+#
+# Here are both, for a range of stage and microbatch counts. This table is the prediction every
+# measurement below is set against.
+
+# %%
+from shardlib.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
+
+microbatches = (1, 2, 4, 8, 16, 32, 64)
+print("idle fraction (p - 1) / (m + p - 1)")
+print("      " + "".join(f"m={m:<6}" for m in microbatches))
+for p in (1, 2, 4, 8):
+    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_fraction(p, m):<8.3f}" for m in microbatches))
+print("\nratio to ideal (p - 1) / m (Megatron-LM's convention)")
+for p in (2, 4, 8):
+    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_ratio_to_ideal(p, m):<8.3f}" for m in microbatches))
+assert pipeline_bubble_fraction(1, 8) == 0.0  # one stage: nothing to fill or drain
+assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy at a time
 
 # %% [markdown]
-# ## A schedule is a list of actions per stage
+# ## GPipe and 1F1B: a schedule is a list
 #
-# A *schedule* says, for each stage, in which order it runs the forward (`F`) and backward (`B`) of
-# each microbatch. It is plain data here, and the same data drives the real run on ranks and every
-# chart below.
+# A *schedule* says, for each stage, in which order it runs the forward (`F`) and the backward (`B`) of
+# each microbatch. Here it is plain data. The same data drives the real run on ranks and every chart.
 #
 # - **GPipe** (Huang et al. 2019) runs every forward, then every backward.
 # - **1F1B** (PipeDream-Flush, Narayanan et al. 2021; the schedule of Megatron-LM) runs a few forwards
 #   to fill the pipeline, then alternates one forward and one backward.
 #
-# Let every forward and backward take one slot and play each schedule out, starting each action as
-# soon as its input exists. Every idle slot counted this way adds up to exactly the formula.
+# Let every forward and backward take one slot. Play each schedule out, starting each action as soon as
+# its input exists, and count the idle slots. They add up to exactly the formula.
 
 # %%
 from fractions import Fraction
@@ -77,12 +103,12 @@ for name in ("gpipe", "1f1b"):
     assert Fraction(sum(idle), 4 * step) == Fraction(3, 11)
 
 # %% [markdown]
-# Same step length, same idle slots. The difference is memory: a microbatch is *in flight* on a stage
+# Same step length, same idle slots. The difference is memory. A microbatch is **in flight** on a stage
 # from its forward until its backward, because the forward's activations are kept for the backward.
-# GPipe holds all `m` at once; 1F1B starts returning backwards early and never holds more than `p`.
+# GPipe holds all `m` at once. 1F1B starts returning backwards early and never holds more than `p`.
 #
-# Press play to watch the 1F1B schedule advance slot by slot: microbatches enter at stage 0, travel
-# down, and their backwards travel back up; the empty cells left behind are the bubble.
+# **Your task.** Press play and stop when stage 0 first sits idle. Which slot is it, and what is
+# stage 0 waiting for?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import step_through_figure
@@ -91,11 +117,15 @@ one_f_one_b = make_schedule("1f1b", 4, 8)
 step_through_figure(one_f_one_b, title=f"{one_f_one_b.title}, the schedule played out (a model: every op one slot)")
 
 # %% [markdown]
-# **Interleaving** (Megatron-LM, 2021) goes further: each device holds `v` smaller chunks of layers
-# that are not neighbours (device 0 holds layers 0-1 and 4-5 of 8, say), so a microbatch visits each
-# device `v` times for `1/v` as long, and the fill and drain shrink `v`-fold. The price is more
-# messages: every boundary between the `p · v` chunks is crossed, `(p·v − 1) / (p − 1)` times as many
-# as plain 1F1B, close to `v` when there are many stages.
+# <details><summary>Answer</summary>
+#
+# Stage 0 runs F0 to F3 in slots 1 to 4, then idles in slots 5, 6 and 7. It holds 4 microbatches in
+# flight, 1F1B's limit of `p`, and waits for B0 to come back up from stage 1. B0 arrives for slot 8.
+# </details>
+#
+# **Interleaving** (Megatron-LM, 2021) goes further. Each device holds `v` smaller chunks of layers that
+# are not neighbours, so the fill and the drain shrink `v`-fold. The price is more messages: about `v`
+# times as many boundaries are crossed.
 
 # %%
 s = make_schedule("interleaved-1f1b", 2, 4, n_chunks=2)
@@ -110,8 +140,8 @@ assert Fraction(sum(idle), 2 * step) == Fraction(1, 9)
 # ## Read the code
 #
 # That list is all a rank follows. Here is the whole mechanism that runs it, rendered from
-# `shardlib/pipeline/engine.py`: the class `Stage` holds one rank's part of a step, and `run_stage` walks
-# its list.
+# `shardlib/pipeline/engine.py`. The class `Stage` holds one rank's part of a step, and `run_stage`
+# walks its list.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.pipeline.engine import Stage, run_stage
@@ -120,70 +150,46 @@ from shardlib.ui.code import show_code
 show_code(Stage, run_stage)
 
 # %% [markdown]
-# - **The loop at the bottom**, `run_stage`, is the schedule on one rank: for each action of
-#   `schedule.actions[rank]`, in order, `take` its input, run its op, `give` the result on. The op is looked
-#   up by its name in `Stage.ops`. A schedule with another kind of action (the zero-bubble schedules split
-#   the backward into the input's gradient and a weight-gradient action `W` that can wait) adds one method
-#   and one entry there; the loop stays as it is.
-# - **`forward`** runs this chunk on the microbatch. A chunk is any callable from input to output;
-#   here it is the chunk's layers through `block_reference`, the same layer function the one-process
-#   reference calls (`toy_chunk` in `pipeline/ranks.py`). In training it keeps the chunk's input and
-#   output in `stash`, and with them every activation autograd saved for the backward: that is what *in
-#   flight* means, and the stash's size is the memory difference between GPipe and 1F1B.
-# - **`backward`** takes the microbatch back out of the stash and pushes the incoming gradient through the
-#   chunk (`torch.autograd.backward`). The weight gradients accumulate into the weights microbatch by
-#   microbatch, as they do in one process; the gradient of the chunk's input, `h.grad`, goes back to the
-#   stage before.
-# - **`take`** finds an action's input: the first chunk's forward reads its microbatch of the batch, the
-#   last chunk's backward starts from the loss's gradient, and every other action waits for a message from
-#   a neighbouring stage (or, in a one-stage pipeline of several chunks, finds its input in `local`).
-#   **`give`** sends a forward's result to the next stage and a backward's to the previous one.
-# - **The two `probe.span(...)`** are where measurement attaches, from outside. The rank function
-#   (`pipeline_step_on_rank` in `pipeline/ranks.py`) passes a probe that records each op and each wait as a
-#   span on the rank's timeline, pads an op to a set duration when asked, and counts the bytes each forward
-#   saved. The mechanism itself holds no clock and no meter; by default the probe does nothing.
+# - **`run_stage`**, the loop at the bottom, is the schedule on one rank. For each action of
+#   `schedule.actions[rank]`, in order, it takes the input, runs the op, and gives the result on.
+# - **`forward`** runs this chunk's layers on the microbatch, through the same layer function the
+#   one-process reference calls. In training it keeps the chunk's input and output in `stash`. That
+#   stash is what *in flight* means, and its size is the memory gap between GPipe and 1F1B.
+# - **`backward`** takes the microbatch back out of the stash and pushes the incoming gradient through
+#   the chunk. The weight gradients accumulate microbatch by microbatch, as they do in one process.
+# - **`take`** and **`give`** move data. The first stage reads its microbatch from the batch; every other
+#   action waits for a message from a neighbour. A forward's result goes to the next stage, a
+#   backward's to the one before.
+# - **The two `probe.span(...)`** are where measurement attaches from outside. By default the probe does
+#   nothing: the mechanism holds no clock and no meter.
 #
-# The messages go through `links` (`pipeline/messages.py`): gloo's `send` waits until the receiver takes
-# the message, so two neighbours sending to each other at once (in 1F1B a forward goes right while a
-# backward comes left) would wait for each other forever. Each rank therefore sends on one thread per
-# neighbour and receives ahead on another, the way real pipelines post non-blocking sends and receives
-# early; the loop itself only ever waits for data it needs. And because every rank follows its list
-# exactly, an order that could not run would hang: `make_schedule` plays every schedule out, as the cells
-# above did, and refuses one that would leave a stage waiting forever.
-
-# %% [markdown]
-# ## Predict
+# <details><summary>How the messages avoid a deadlock</summary>
 #
-# Before running anything on ranks: how much of the step should be idle, for a range of stage and
-# microbatch counts? Both conventions, from the formulas.
-
-# %%
-from shardlib.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
-
-microbatches = (1, 2, 4, 8, 16, 32, 64)
-print("idle fraction (p - 1) / (m + p - 1)")
-print("      " + "".join(f"m={m:<6}" for m in microbatches))
-for p in (1, 2, 4, 8):
-    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_fraction(p, m):<8.3f}" for m in microbatches))
-print("\nratio to ideal (p - 1) / m (Megatron-LM's convention)")
-for p in (2, 4, 8):
-    print(f"p={p:<3} " + "".join(f"{pipeline_bubble_ratio_to_ideal(p, m):<8.3f}" for m in microbatches))
-assert pipeline_bubble_fraction(1, 8) == 0.0  # one stage: nothing to fill or drain
-assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy at a time
+# The messages go through `links` (`pipeline/messages.py`). gloo's `send` waits until the receiver takes
+# the message. In 1F1B a forward goes right while a backward comes left, so two neighbours sending to each
+# other at once would wait forever. Each rank therefore sends on one thread per neighbour and receives
+# ahead on another, the way real pipelines post non-blocking sends and receives early. And because every
+# rank follows its list exactly, an order that could not run would hang: `make_schedule` plays every
+# schedule out first and refuses one that would leave a stage waiting forever. The rank function
+# (`pipeline_step_on_rank` in `pipeline/ranks.py`) passes the probe that records each op and each wait,
+# pads an op to a set duration when asked, and counts the bytes each forward saved.
+# </details>
 
 # %% [markdown]
 # ## Run it on real ranks
 #
-# The model is a stack of 8 of the toy model's layers (Llama's pre-norm residual gated MLP, `d_model = 64`),
-# a batch of 16 sequences of 4 tokens. Rank `r` keeps only stage `r`'s layers and runs the loop above as
-# stage `r`; every message goes through `ctx.comm`, which logs it.
+# The model is a stack of 8 of the toy model's layers (Llama's pre-norm gated MLP, `d_model = 64`). The
+# batch is 16 sequences of 4 tokens. Rank `r` keeps only stage `r`'s layers and runs the loop above.
 #
-# Pipelining adds no sum across ranks: each microbatch meets the same layers in the same order as in
-# one process. So the output must equal the unpipelined model's run on the same microbatches **bit for
-# bit**, and so must the gradients when each stage accumulates them microbatch by microbatch, as the
-# single process does. (Against one pass over the whole batch, without microbatches, a matrix product
-# over a different number of rows can round differently and the gradients are summed in another order:
-# equal within `1e-5`.)
+# **Predict.** Pipelining adds no sum across ranks: each microbatch meets the same layers in the same
+# order as in one process. So the output must equal the unpipelined model's **bit for bit**. So must the
+# gradients, when both accumulate them microbatch by microbatch.
+#
+# <details><summary>Against one pass over the whole batch</summary>
+#
+# Without microbatches, a matrix product over a different number of rows can round differently, and the
+# gradients are summed in another order. Against that run the check is "equal within `1e-5`".
+# </details>
 
 # %%
 from shardlib import Ranks
@@ -207,379 +213,12 @@ for name in ("gpipe", "1f1b"):
     assert exact.bit_for_bit and exact.whole_batch_close
 
 # %% [markdown]
-# ## The step, predicted and measured
-#
-# Now time it. On a laptop, two (or four) ranks share two cores with everything else, so real compute
-# on one rank slows the others and the picture blurs. So each forward and backward runs its layers for
-# real and is then **padded with sleep to a set duration**, 50 ms here: the timing is set, the
-# arithmetic is still real. Every chart says which was used. Top: the schedule's prediction; bottom:
-# what the two ranks did (grey: waiting for a message).
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
-
-OP_S = 0.05
-schedule = make_schedule("gpipe", 2, 4)
-run = run_pipeline(ranks, schedule, TOY, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
-predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, run.bubble.idle_fraction,
-                             ranks.description)
-
-# %% [markdown]
-# The same step with real compute only. The whole step takes a few milliseconds and the bars are thin
-# slivers: at this size the messages and the Python around them cost as much as the layers, which is
-# why the measurements below use the set duration.
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_figures import measured_figure
-
-real = run_pipeline(ranks, schedule, TOY, layers, x, grad)
-measured_figure(real.spans, 2, f"{schedule.title}: {real.timing_note}<br><sub>measured on {ranks.description}</sub>")
-
-# %% [markdown]
-# ## Measure the bubble: 2 and 4 stages, 1 to 16 microbatches
-#
-# **How the idle fraction is measured.** From the real timeline: the window runs from the first
-# compute span's start to the last compute span's end, across all ranks; each rank's busy time is the
-# sum of its compute spans; the idle fraction is `1 - busy / (p × window)`. Everything else in the
-# window, waiting for a message included, counts as idle.
-#
-# Predict first: the measured fraction should sit on the formula, slightly above it, because messages
-# take time the formula does not count. To keep this cell to a few seconds it measures `m` = 1, 4 and 16
-# with every op padded to 30 ms; `benchmarks/bench_pipeline.py` measures the whole grid (`m` = 1, 2, 4, 8,
-# 16, both schedules) with longer ops and five runs per point. (A laptop runs other things too: a point
-# more than 0.03 off is measured twice more and the least idle of the three kept, since one run stalled by
-# another process should not decide it; the table shows when that happened.)
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.costs import measure_until
-from shardlib.pipeline import pipeline_step_s, predicted_step_s, run_bubble_curve, stage_layer_counts
-
-GRID_M, GRID_OP_S = (1, 4, 16), 0.03
-measured = {2: run_bubble_curve(ranks, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S).points}
-
-
-
-def fastest_of_rounds(variants: dict, n_rounds: int = 3) -> dict:
-    """Run each variant (a label and a function running one step) in turn, round after round, and keep each
-    one's fastest round: every op is padded to a set duration, so a burst of other work on the machine only
-    ever adds time, and the fastest round is the one it spared."""
-    runs = {label: [] for label in variants}
-    for _ in range(n_rounds):
-        for label, step in variants.items():
-            runs[label].append(step())
-    return {label: min(v, key=lambda r: r.bubble.window_s) for label, v in runs.items()}
-
-
-with Ranks(4) as four:  # a second pool, for the 4-stage runs; it starts in a blink and closes after this cell
-    where_4 = four.description  # where every 4-stage number below is measured
-    measured[4] = run_bubble_curve(four, "gpipe", GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S).points
-    # GPipe against 1F1B at p = 4, m = 8: what each keeps in memory (real compute), and the bubble
-    versus = {name: run_pipeline(four, make_schedule(name, 4, 8), TOY, layers, x, grad) for name in ("gpipe", "1f1b")}
-    versus_idle = {name: run_bubble_curve(four, name, (8,), TOY, layers, x, grad, op_s=GRID_OP_S).points[0]
-                   for name in ("gpipe", "1f1b")}
-    # one stage twice as slow as the others (forward only, 20 ms per forward, stage 1 at 40 ms)
-    forward_only = make_schedule("gpipe", 4, 8, training=False)
-    PACES = {"uniform": 0.02, "slow stage 1": [0.02, 0.04, 0.02, 0.02]}
-
-    def paced_held(runs):
-        ratios = {k: runs[k].bubble.window_s / predicted_step_s(forward_only, d, 0) for k, d in PACES.items()}
-        return (all(0.95 <= r <= 1.25 for r in ratios.values())
-                and 0.85 <= ratios["slow stage 1"] / ratios["uniform"] <= 1.15)
-
-    paced, paced_attempts = measure_until(lambda: fastest_of_rounds(
-        {k: (lambda d=d: run_pipeline(four, forward_only, TOY, layers, x, forward_s=d)) for k, d in PACES.items()}),
-        paced_held)
-    # stages of unequal size (their own section below): 6 layers on 4 stages, cut evenly or the ends lighter
-    six, LAYER_S = layers[:6], 0.01  # each stage's forward padded to 10 ms per layer-time of work it holds
-    splits = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
-    uneven_exact = run_pipeline(four, make_schedule("1f1b", 4, 8), TOY, six, x, grad,
-                                layer_counts=splits["lighter ends"])
-    work = {k: [c + (1 if s in (0, 3) else 0) for s, c in enumerate(v)] for k, v in splits.items()}  # + ends
-    uneven_pass = make_schedule("gpipe", 4, 6, training=False)
-
-    def uneven_held(runs):
-        predicted = {k: pipeline_step_s([w * LAYER_S for w in work[k]], uneven_pass.n_microbatches) for k in runs}
-        ratios = {k: runs[k].bubble.window_s / predicted[k] for k in runs}
-        return (all(0.95 <= r <= 1.3 for r in ratios.values())
-                and 0.85 <= ratios["even"] / ratios["lighter ends"] <= 1.15)
-
-    uneven_paced, uneven_attempts = measure_until(lambda: fastest_of_rounds(
-        {k: (lambda k=k: run_pipeline(four, uneven_pass, TOY, six, x, forward_s=[w * LAYER_S for w in work[k]],
-                                      layer_counts=splits[k])) for k in splits}), uneven_held)
-
-where_2_and_4 = ranks.description if where_4 == ranks.description else f"{ranks.description} (p = 2), {where_4} (p = 4)"
-print(f"GPipe training steps, every forward and backward padded to {GRID_OP_S * 1e3:.0f} ms; measured on 2 and 4 "
-      f"ranks: {where_2_and_4}")
-print(f"{'p':>3} {'m':>4} {'formula':>9} {'measured':>9} {'ratio':>7}")
-for p in (2, 4):
-    for pt in measured[p]:
-        again = f"  (least idle of {[round(a, 3) for a in pt.attempts]})" if len(pt.attempts) > 1 else ""
-        print(f"{p:>3} {pt.n_microbatches:>4} {pt.predicted:>9.3f} {pt.measured:>9.3f} "
-              f"{pt.measured / pt.predicted:>7.2f}{again}")
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_figures import bubble_curve_figure
-
-bubble_curve_figure((2, 4), max_microbatches=16,
-                    measured={p: {pt.n_microbatches: pt.measured for pt in pts} for p, pts in measured.items()},
-                    timing_note=f"circles: GPipe, ops padded to {GRID_OP_S * 1e3:.0f} ms, measured on 2 and 4 ranks: "
-                                f"{where_2_and_4}")
-
-# %% [markdown]
-# The measured points sit on the curves, a little above them: each message between stages takes a
-# fraction of a millisecond, more when the machine is busy, and those waits are idle time the formula
-# leaves out. The gap is a hundredth or so; as a share of the formula it grows with `m` (more messages,
-# and a smaller bubble to compare with: at `p = 2`, `m = 16` the formula gives only 0.059), and it
-# shrinks as the ops get longer. So the check below allows the measurement to sit up to 1.6 times the
-# formula but only 0.9 times under it: the messages only ever add idle time. (The unit tests hold the
-# gap to 0.03 with 100 ms ops; `benchmarks/bench_pipeline.py` prints the full grid for both schedules.)
-
-# %%
-for p in (2, 4):
-    for pt in measured[p]:
-        assert 0.9 <= pt.measured / pt.predicted <= 1.6, pt
-    assert measured[p][-1].measured < measured[p][0].measured / 3  # m = 16 against m = 1: a much smaller bubble
-
-# %% [markdown]
-# ## GPipe against 1F1B: the same bubble, a fraction of the memory
-#
-# Both ran a training step with 4 stages and 8 microbatches: with ops padded to 30 ms to measure the
-# bubble, and with real compute to count what each rank held. Each rank counted the microbatches whose
-# activations it kept, and measured their bytes as autograd saved them for the backward.
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_figures import in_flight_figure
-
-for name, r in versus.items():
-    print(f"{r.schedule.title}: idle measured {versus_idle[name].measured:.3f} (formula "
-          f"{pipeline_bubble_fraction(4, 8):.3f}); in flight per stage {list(r.peak_in_flight)}; peak "
-          f"activations per stage {[round(b / 1024) for b in r.peak_activation_bytes]} KiB")
-in_flight_figure({r.schedule.short_title: r.peak_in_flight for r in versus.values()},
-                 {r.schedule.short_title: r.peak_activation_bytes for r in versus.values()},
-                 title=f"Microbatches in flight per stage, measured on {where_4}")
-
-# %%
-gp, ofob = versus["gpipe"], versus["1f1b"]
-assert gp.peak_in_flight == (8, 8, 8, 8) and ofob.peak_in_flight == (4, 3, 2, 1)
-per_microbatch = gp.peak_activation_bytes[0] // 8
-assert ofob.peak_activation_bytes == tuple(k * per_microbatch for k in (4, 3, 2, 1))
-assert abs(versus_idle["gpipe"].measured - versus_idle["1f1b"].measured) <= 0.05
-rows = x.shape[0] // 8
-print(f"one microbatch ({rows} sequences of {x.shape[1]} tokens) leaves {per_microbatch:,} bytes of activations "
-      f"on a 2-layer stage; GPipe holds 8 of them on every stage, 1F1B at most 4")
-
-# %% [markdown]
-# Every in-flight microbatch costs its activations, so GPipe's memory grows with `m`, the very knob
-# that shrinks the bubble. 1F1B caps it at `p` on the first stage (and less further down), which is why
-# training runs use 1F1B.
-#
-# That does not make `m` free. The microbatches are what one data-parallel replica's share of the global
-# batch is cut into: **`m = global batch / (microbatch × dp)`**. With the global batch and `dp` fixed, more
-# microbatches means smaller ones; with the microbatch fixed, it means a larger global batch.
-
-# %%
-GLOBAL_BATCH, DP, P = 1024, 16, 8  # sequences per optimiser step, data-parallel replicas, pipeline stages
-print(f"m = global batch / (microbatch x dp) = {GLOBAL_BATCH} / (microbatch x {DP}); bubble at p = {P}")
-for micro in (8, 4, 2, 1):
-    m = GLOBAL_BATCH // (micro * DP)
-    print(f"  global batch {GLOBAL_BATCH:>5}, microbatch {micro} sequence(s): m = {m:>3}, idle fraction "
-          f"{pipeline_bubble_fraction(P, m):.3f}")
-for batch in (2048, 4096):
-    m = batch // DP
-    print(f"  global batch {batch:>5}, microbatch 1 sequence:    m = {m:>3}, idle fraction "
-          f"{pipeline_bubble_fraction(P, m):.3f}")
-assert GLOBAL_BATCH // (1 * DP) == 64 and pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8)
-
-# %% [markdown]
-# Each row buys its smaller bubble with something else. Down the first block the microbatch shrinks: a
-# matrix multiply over fewer rows keeps a GPU's matrix units less busy, and the fixed cost of each op and
-# each message is spread over less work. Past one sequence per microbatch, only the second block is left:
-# a larger global batch, which is a training decision, not a systems one: past the *critical batch size*
-# (McCandlish et al. 2018) a larger batch saves few optimiser steps for the tokens it costs. Fewer
-# replicas (smaller `dp`) raise `m` too, but then the same GPUs must be split some other way. That is why
-# real runs also shrink the bubble without touching `m`: interleaving (above), and the zero-bubble
-# schedules of notebook 09.
-
-# %% [markdown]
-# ## A slow stage sets the pace
-#
-# Make stage 1 twice as slow as the others. Prediction: the first microbatch still crosses every stage
-# once, but after that one microbatch can leave only every 40 ms, whatever the other stages do. (The
-# even and the slow pipeline ran in turn, three rounds, and each kept its fastest round: other work on the
-# machine only ever adds time to a padded step. The whole measurement is repeated if the bands below fail.)
-
-# %% tags=["nbval-ignore-output"]
-print(f"forward-only GPipe, 4 stages, m = 8, measured on {where_4}; fastest of 3 rounds (attempt {paced_attempts} "
-      "of at most 3)")
-for label, r in paced.items():
-    d = r.forward_s
-    predicted = predicted_step_s(forward_only, d, 0)
-    busy = [f"{b / r.bubble.window_s:.0%}" for b in r.bubble.busy_s]
-    print(f"{label:>13}: step predicted {predicted * 1e3:.0f} ms (the schedule, a model), measured "
-          f"{r.bubble.window_s * 1e3:.0f} ms "
-          f"(ratio {r.bubble.window_s / predicted:.2f}); share of the step each stage computes {busy}")
-
-# %%
-slow_durations = [0.02, 0.04, 0.02, 0.02]
-slow_step, even_step = paced["slow stage 1"].bubble.window_s, paced["uniform"].bubble.window_s
-predicted_slow = predicted_step_s(forward_only, slow_durations, 0)
-predicted_even = predicted_step_s(forward_only, 0.02, 0)
-shares = [b / slow_step for b in paced["slow stage 1"].bubble.busy_s]
-predicted_shares = [forward_only.n_microbatches * d / predicted_slow for d in slow_durations]
-print(f"the schedule predicts each stage computing {[f'{x:.0%}' for x in predicted_shares]} of the step; measured "
-      f"{[f'{x:.0%}' for x in shares]}")
-print(f"slow step / even step: predicted {predicted_slow / predicted_even:.2f}, measured {slow_step / even_step:.2f}")
-assert 0.95 <= slow_step / predicted_slow <= 1.25  # hops and bookkeeping only add time
-assert 0.85 <= (slow_step / even_step) / (predicted_slow / predicted_even) <= 1.15
-assert max(range(4), key=lambda r: shares[r]) == 1  # the slow stage is the busiest; the others wait for it
-assert all(0.85 <= m / p <= 1.15 for m, p in zip(shares, predicted_shares))
-
-# %% [markdown]
-# The slow stage computes for about four fifths of the step, as the schedule predicts; every other stage
-# computes for about two fifths and spends the rest waiting for the slow one: the pipeline runs at the
-# pace of its slowest stage. Balancing the stages (so each holds equal work, not
-# equal layers, when layers differ) matters as much as the microbatch count.
-
-# %% [markdown]
-# ## Stages need not be equal: the slowest one sets the pace
-#
-# A stage holds whole layers, but nothing makes every stage hold the same number of them: the pipeline
-# above cuts any layer count (`split_layers`: 7 layers on 4 stages hold 2, 2, 2, 1), or takes the counts
-# you set. Llama-3.1-405B has 126 layers, and Meta trained it on 16 stages. 126 is no accident: the first
-# stage also runs the embedding and the last one the output layer and the loss, so each of those holds one
-# layer fewer, 7, 8, ..., 8, 7, and all 16 do the same work (Llama 3 paper, section 3.3.2). Serving engines
-# such as vLLM accept uneven splits as well.
-#
-# What an uneven split costs is the slowest stage. Once the pipeline is full, one microbatch leaves per
-# slowest-stage time, whatever the others do, so a pass of `m` microbatches through stages taking `t_s`
-# each lasts **`sum(t_s) + (m - 1) × max(t_s)`** (`pipeline_step_s`; equal stages give `(m + p - 1) t`).
-# For a long pipeline the price is the slowest stage's work over the mean stage's (`stage_imbalance`).
-
-# %%
-from shardlib.models import LLAMA_3_1_405B
-from shardlib.pipeline import split_layers, stage_imbalance
-
-n = LLAMA_3_1_405B.n_layers
-ends = [1] + [0] * 14 + [1]  # the embedding on the first stage, the output layer and loss on the last: a layer each
-llama = stage_layer_counts(n, 16, end_layers=1)
-even16 = [len(r) for r in split_layers(n, 16)]
-for label, counts in (("cut as evenly as possible", even16), ("first and last one lighter", llama)):
-    stage_work = [c + e for c, e in zip(counts, ends)]
-    print(f"{n} layers on 16 stages, {label}: {list(counts)}\n    work per stage in layer-times {stage_work}: the "
-          f"slowest stage does {stage_imbalance(stage_work):.3f}x the mean stage's work")
-four_stages = [len(r) for r in split_layers(n, 4)]
-print(f"{n} layers on 4 stages (layers only): {four_stages}, the slowest stage {stage_imbalance(four_stages):.3f}x "
-      f"the mean: {max(four_stages)} layers set the pace where {n / 4} would")
-assert llama == (7,) + (8,) * 14 + (7,) and sum(llama) == n
-assert stage_imbalance([c + e for c, e in zip(llama, ends)]) == 1.0
-assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
-assert four_stages == [32, 32, 31, 31]
-
-# %% [markdown]
-# Cut evenly, the first stage carries 9 layers' worth (8 layers and the embedding) against at most 8 on
-# any other, and the whole pipeline runs an eighth slower; one layer moved off each end balances it exactly.
-# On 4 stages the 126 layers cost 1.6 % (a 32-layer stage sets the pace where 31.5 would), which is what
-# the planner of notebook 05 charges such a layout.
-#
-# The same thing on real ranks, scaled down: 6 of the toy's layers on the 4 ranks, and one layer-time of
-# padding added on the first and last stage to stand in for the embedding and the loss (the toy stack has
-# neither). Cut evenly the stages hold 2, 2, 1, 1 layers, work 3, 2, 1, 2; with lighter ends they hold
-# 1, 2, 2, 1, work 2, 2, 2, 2. Each stage's forward was padded to 10 ms per layer-time, 6 microbatches,
-# forward only; the two cuts ran in turn, three rounds, each keeping its fastest round, as for the slow
-# stage above. Predict: the even cut paces at 3 layer-times, the lighter ends at 2.
-
-# %%
-exact = uneven_exact.against_reference()
-print(f"{uneven_exact.schedule.title}, layers held per rank {uneven_exact.layers_held}: output and gradients "
-      f"bit for bit: {exact.bit_for_bit}")
-assert exact.bit_for_bit and [len(h) for h in uneven_exact.layers_held] == [1, 2, 2, 1]
-
-print(f"forward-only GPipe, 4 stages, m = {uneven_pass.n_microbatches}, measured on {where_4}; fastest of 3 rounds "
-      f"(attempt {uneven_attempts} of at most 3)")
-steps = {}
-for label, r in uneven_paced.items():
-    predicted = pipeline_step_s([w * LAYER_S for w in work[label]], uneven_pass.n_microbatches)
-    steps[label] = (predicted, r.bubble.window_s)
-    print(f"{label:>13}: layers {list(splits[label])}, work {work[label]}: step predicted {predicted * 1e3:.0f} ms "
-          f"(the formula, a model), measured {r.bubble.window_s * 1e3:.0f} ms, ratio "
-          f"{r.bubble.window_s / predicted:.2f}")
-(even_p, even_m), (light_p, light_m) = steps["even"], steps["lighter ends"]
-print(f"even / lighter ends: predicted {even_p / light_p:.2f}, measured {even_m / light_m:.2f}")
-assert all(0.95 <= got / want <= 1.3 for want, got in steps.values()), steps  # hops only add time
-assert 0.85 <= (even_m / light_m) / (even_p / light_p) <= 1.15, steps
-
-# %% [markdown]
-# Both steps sit on the formula, a little above it for the hops, and the even cut is slower by the ratio
-# of the slowest stages' work, 3 to 2, diluted by the fill. Unequal stages are a cost to weigh, not a rule
-# to obey: balance the *work* per stage, counting what the end stages do besides their layers.
-
-# %% [markdown]
-# ## Explore: the microbatch slider
-#
-# Move `m`: the cross on the bubble curve moves at once, then the step re-runs on the two warm ranks
-# (ops padded to 20 ms) and the chart shows the prediction above the measurement. Switch between GPipe
-# and 1F1B and watch the in-flight count: the bubble barely changes, the memory does.
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_widgets import microbatch_explorer
-
-microbatch_explorer(ranks, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
-
-# %% [markdown]
-# ## Serving: the pipeline stays full, each token still makes the whole trip
-#
-# The bubble comes from the flush at the end of a training step: every backward must finish before the
-# optimiser steps, so every step fills and drains, and only many microbatches amortise it. Training has
-# plenty: 32 or 64 microbatches per step are common, and 1F1B keeps their memory in check.
-#
-# A server decoding tokens has no flush. Once a microbatch of sequences has its next token, it can go
-# straight back into stage 0 while the other microbatches are still on their way: with at least `p`
-# microbatches of independent sequences chasing each other round the stages, every stage stays busy,
-# and the fill and drain are paid once, when the server starts, not once per token. (This is how the
-# planner of notebook 05 models pipelined decode.)
-#
-# What a pipeline does not change is a token's **trip**: its microbatch still passes through every
-# stage in turn, so the time per token is the whole model's time, plus a hop per stage boundary. A
-# pipeline buys memory and throughput, not latency; tensor parallelism, which splits each layer's work,
-# is what shortens the trip (notebooks 02 and 08 weigh the two).
-#
-# Predict, for the forward-only runs measured above (4 stages, every forward padded to 20 ms): each
-# microbatch's trip, from entering stage 0 to leaving stage 3, and the gap between microbatches leaving.
-
-# %%
-import statistics
-
-from shardlib.pipeline import microbatch_trips
-
-trips = {label: microbatch_trips(r.spans, 4) for label, r in paced.items()}
-for label, durations in (("uniform", [0.02] * 4), ("slow stage 1", slow_durations)):
-    t = trips[label]
-    print(f"{label:>13}: trips {[round(v * 1e3) for v in t.trip_s]} ms (first predicted {sum(durations) * 1e3:.0f} ms "
-          f"+ hops); leaving every {statistics.median(t.gap_s) * 1e3:.1f} ms (median; predicted "
-          f"{max(durations) * 1e3:.0f}, the slowest stage)")
-even_trip = statistics.median(trips["uniform"].trip_s)
-assert 0.95 <= even_trip / 0.08 <= 1.3  # 4 stages one after another: the pipeline does not shorten the trip
-assert 0.9 <= statistics.median(trips["uniform"].gap_s) / 0.02 <= 1.3  # one microbatch per stage time
-assert 0.9 <= statistics.median(trips["slow stage 1"].gap_s) / 0.04 <= 1.3  # the slowest stage sets the pace
-
-# %% [markdown]
-# Every microbatch's trip took the four stages one after another (plus a little for each hop),
-# and once the pipeline was full a microbatch left every stage-time: four microbatches in flight, each
-# taking four stage-times per token. With the slow stage the microbatches left at its pace, and since
-# this run fed them all in at once, the later ones queued in front of it and their trips grew; a server
-# feeds a new microbatch only when one leaves, so its trips stay at the sum of the stages.
-#
-# Serving's cost is therefore latency and batch size, not idle time: to keep `p` stages busy a replica
-# needs at least `p` microbatches of sequences in flight, and each token waits for all `p` stages.
-
-# %% [markdown]
-# ## Why the pipeline is the tool for the slow link
+# ## Why the pipeline suits the slow link
 #
 # Count the bytes, from the comm logs. One training step of this model on 2 ranks, pipelined: the
-# activations cross the one stage boundary once per microbatch going forward and once coming back.
-# The same step tensor-parallel over the same 2 ranks (each layer's MLP split as in notebook 01):
-# every layer all-reduces the whole batch's activations once forward and once backward, on every rank,
-# and each all-reduce is a point where every rank must wait for all the others.
+# activations cross the one stage boundary once per microbatch going forward and once coming back. The
+# same step tensor-parallel over the same 2 ranks, each layer's MLP split as in notebook 01: every layer
+# all-reduces the whole batch's activations once forward and once backward, on every rank.
 
 # %%
 from shardlib.pipeline import run_pipeline_vs_tp_bytes
@@ -594,114 +233,381 @@ assert both.pipeline_bytes == 2 * both.activation_bytes
 assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 
 # %% [markdown]
-# Here tensor parallelism moves 8 times the bytes (one all-reduce per layer each way; a real transformer
-# layer has two, attention and MLP, so 16 times), and it moves them inside every layer, where nothing
-# else can proceed until they arrive. The pipeline sends once per stage boundary and fills the waiting
-# with other microbatches' work. On a fast link inside a machine, tensor parallelism's chatter is cheap;
-# on the network between machines it is not. Decoding one sequence or a few, its all-reduces are
-# **latency-bound** (a few kilobytes each, so the fixed start-up cost `alpha` dominates: tens of
-# microseconds on InfiniBand against a few on NVLink, twice per layer); a server decoding a large batch
-# at once moves a token's activations per sequence and turns **bandwidth-bound** past a crossover batch
-# that depends on the link (notebook 02 computes it per link); prefill is bandwidth-bound (`size /
-# bandwidth` dominates, and a 400 Gb/s port carries a ninth of what NVLink does). So for throughput deployments put
-# tensor parallelism inside a node and pipeline stages across nodes; for latency, the pipeline's longer
-# trip has to be weighed against tensor parallelism's slower all-reduces, which notebook 05's planner
-# does. (Notebook 02 puts prices on both, per link.)
+# Tensor parallelism moves 8 times the bytes here, and a real layer has two all-reduces, so 16 times. It
+# also moves them inside every layer, where nothing else can proceed until they arrive. The pipeline
+# sends once per stage boundary and fills the waiting with other microbatches' work. On a fast link
+# inside a machine, tensor parallelism's chatter is cheap. On the network between machines it is not.
+# [Notebook 02](02_communication_costs.ipynb) prices both per link, and
+# [notebook 05](05_serving_layouts.ipynb) builds serving layouts on this difference.
+
+# %% [markdown]
+# ## The step, predicted and measured
+#
+# Now time it. On a laptop the ranks share two cores with everything else, so real compute on one rank
+# slows the others. So each forward and backward runs its layers for real and is then **padded with
+# sleep to a set duration**, 30 ms here. The timing is set; the arithmetic is still real. Top: the
+# schedule's prediction. Bottom: what the two ranks did (grey: waiting for a message).
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
+
+OP_S = 0.03
+schedule = make_schedule("gpipe", 2, 4)
+run = run_pipeline(ranks, schedule, TOY, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
+predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, run.bubble.idle_fraction,
+                             ranks.description)
+
+# %% [markdown]
+# <details><summary>Why not real compute?</summary>
+#
+# With real compute only, this whole step takes a few milliseconds and the bars are thin slivers. At this
+# size the messages and the Python around them cost as much as the layers. `run_pipeline(ranks, schedule,
+# TOY, layers, x, grad)` without `forward_s` shows it.
+# </details>
+
+# %% [markdown]
+# ## Measure the bubble: 2 and 4 stages
+#
+# **Predict.** Read the table above: at `m` = 1, 4 and 8, the idle fraction should be 0.5, 0.2 and
+# 0.11 on 2 stages, and 0.75, 0.43 and 0.27 on 4. The measurement should sit slightly above, because
+# messages take time the formula does not count. A pool of 4 ranks runs the 4-stage steps.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.pipeline import run_bubble_check
+
+GRID_M, GRID_OP_S = (1, 4, 8), 0.03
+two = run_bubble_check(ranks, GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
+ranks.close()  # the 2-stage runs are done; six ranks at once would crowd a laptop's memory
+four = Ranks(4)  # a second pool, for the 4-stage runs and the slider at the end
+four_stages = run_bubble_check(four, GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
+print(f"GPipe training steps, every op padded to {GRID_OP_S * 1e3:.0f} ms ({two.where})")
+for v in two.verdicts + four_stages.verdicts:
+    print(v.line)
+
+# %% [markdown]
+# <details><summary>How this was measured</summary>
+#
+# From the real timeline: the window runs from the first compute span's start to the last one's end,
+# across all ranks. Each rank's busy time is the sum of its compute spans. The idle fraction is
+# `1 - busy / (p × window)`: waiting for a message counts as idle. A point passes when measured over
+# predicted lies between 0.9 and 1.6. Messages only ever add idle time, and at `m = 8` on 2 stages the
+# bubble itself is small, so a hop of a millisecond is a visible share of it. A point that misses is measured again,
+# at most three times, and the least idle attempt is kept: a stall from another program only adds idle
+# time. `run_bubble_check` in `pipeline/bubble_drivers.py` holds these rules. The unit tests hold the gap
+# to 0.03 with 100 ms ops; `benchmarks/bench_pipeline.py` measures the whole grid for both schedules.
+# </details>
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.pipeline_figures import bubble_curve_figure
+
+bubble_curve_figure((2, 4), max_microbatches=16, measured={**two.measured(), **four_stages.measured()},
+                    timing_note=f"circles: GPipe, ops padded to {GRID_OP_S * 1e3:.0f} ms, measured ({two.where})")
+
+# %% [markdown]
+# ## Activations in flight: GPipe against 1F1B
+#
+# **Predict.** With 4 stages and 8 microbatches, GPipe keeps all 8 microbatches' activations on every
+# stage. 1F1B keeps at most `p - s` on stage `s`: 4, 3, 2 and 1. Both run below with real compute; each
+# rank counts the microbatches it holds and the bytes autograd saved for them.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.pipeline_figures import in_flight_figure
+
+versus = {name: run_pipeline(four, make_schedule(name, 4, 8), TOY, layers, x, grad) for name in ("gpipe", "1f1b")}
+for r in versus.values():
+    print(f"{r.schedule.title}: in flight per stage {list(r.peak_in_flight)}; peak activations per stage "
+          f"{[round(b / 1024) for b in r.peak_activation_bytes]} KiB")
+in_flight_figure({r.schedule.short_title: r.peak_in_flight for r in versus.values()},
+                 {r.schedule.short_title: r.peak_activation_bytes for r in versus.values()},
+                 title=f"Microbatches in flight per stage, measured on {four.description}")
+
+# %%
+gp, ofob = versus["gpipe"], versus["1f1b"]
+assert gp.peak_in_flight == (8, 8, 8, 8) and ofob.peak_in_flight == (4, 3, 2, 1)
+per_microbatch = gp.peak_activation_bytes[0] // 8
+assert ofob.peak_activation_bytes == tuple(k * per_microbatch for k in (4, 3, 2, 1))
+print(f"one microbatch ({x.shape[0] // 8} sequences of {x.shape[1]} tokens) leaves {per_microbatch:,} bytes of "
+      f"activations on a 2-layer stage; GPipe holds 8 of them on every stage, 1F1B at most 4")
+
+# %% [markdown]
+# Every microbatch in flight costs its activations. So GPipe's memory grows with `m`, the very knob that
+# shrinks the bubble. 1F1B caps it at `p` on the first stage. That is why 1F1B, not GPipe, is the base of
+# the schedules Megatron-LM and torchtitan run.
+
+# %% [markdown]
+# ## What a larger m costs
+#
+# A pipeline gets a fixed number of sequences per step. Cutting them into more microbatches makes each
+# one smaller. Here is a pipeline of 8 stages that gets 64 sequences per step.
+
+# %%
+SEQUENCES, P = 64, 8  # sequences one pipeline runs per step, stages
+for m in (8, 16, 32, 64):
+    idle = pipeline_bubble_fraction(P, m)
+    print(f"m = {m:>2}: {SEQUENCES // m} sequence(s) per microbatch, idle fraction {idle:.3f}")
+assert pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8) / 4
+
+# %% [markdown]
+# Each row buys its smaller bubble with smaller microbatches. A matrix multiply over fewer rows keeps a
+# GPU's matrix units less busy, and the fixed cost of each op and message is spread over less work. Past
+# one sequence per microbatch, `m` can only grow with the batch itself, and that is a training decision.
+#
+# In practice the batch is often what limits `m`. Llama 3.1 405B trained with 16M tokens per step: 2,048
+# sequences of 8,192 tokens. On 16,384 GPUs they were shared among 128 copies of a 16-stage pipeline,
+# so each pipeline got 16 sequences per step (Llama 3 paper, Table 4). That allows at most `m = 16 = p`,
+# an idle fraction of 15/31 (48 %) without interleaving. Meta interleaved the stages and changed the schedule
+# so that `m` need not be a multiple of `p`, and may even be smaller (section 3.3.2). The zero-bubble
+# schedules of [notebook 09](09_pipeline_schedules.ipynb) attack the bubble without raising `m`.
+
+# %% [markdown]
+# ## A slow stage sets the pace
+#
+# Once the pipeline is full, one microbatch leaves per slowest-stage time, whatever the others do. So a
+# pass of `m` microbatches through stages taking `t_s` each lasts **`sum(t_s) + (m - 1) × max(t_s)`**
+# (`pipeline_step_s`). Equal stages give `(m + p - 1) t`.
+#
+# **Predict.** Four stages, 6 microbatches, forward only, each forward padded to 15 ms: the step takes
+# `9 × 15 = 135` ms. Make stage 1 twice as slow (30 ms): `75 + 5 × 30 = 225` ms. Stage 1 then computes
+# `6 × 30 = 180` ms of it, 80 %; the others compute 40 % and wait for it.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.pipeline import run_pace_check
+
+pace = run_pace_check(four, TOY, layers, x, n_microbatches=6, op_s=0.015, slow_stage=1)
+for v in pace.verdicts:
+    print(v.line)
+print(f"share of the slow step each stage computes: {[f'{s:.0%}' for s in pace.busy_shares('stage 1 slow')]}")
+
+# %% [markdown]
+# <details><summary>How this was measured</summary>
+#
+# The uniform and the slow pipeline ran in turn, three rounds, and each kept its fastest round: with every
+# op padded, other work on the machine only ever adds time. A step passes within 0.95 to 1.3 of its
+# prediction (the hops between stages only add time). The ratio of the two steps and the slow stage's
+# share pass within 0.85 to 1.15. If any fails, the whole measurement runs again, at most three times
+# (`run_pace_check` in `pipeline/bubble_drivers.py`).
+# </details>
+#
+# The pipeline runs at the pace of its slowest stage. Balancing the stages, so that each holds equal
+# *work*, matters as much as the microbatch count.
+
+# %% [markdown]
+# ## Uneven stages
+#
+# Nothing makes every stage hold the same number of layers. `split_layers` cuts any count (7 layers on 4
+# stages hold 2, 2, 2, 1), or takes the counts you set. Llama 3.1 405B has 126 layers and was trained on
+# 16 stages. The first stage also runs the embedding, and the last one the output layer and the loss. So
+# each of those holds one layer fewer, 7, 8, ..., 8, 7, and all 16 do the same work (Llama 3 paper,
+# section 3.3.2). Serving engines such as vLLM accept uneven splits as well.
+
+# %%
+from shardlib.models import LLAMA_3_1_405B
+from shardlib.pipeline import split_layers, stage_imbalance, stage_layer_counts
+
+n = LLAMA_3_1_405B.n_layers
+ends = [1] + [0] * 14 + [1]  # the embedding on the first stage, the output layer and loss on the last: a layer each
+llama = stage_layer_counts(n, 16, end_layers=1)
+even16 = [len(r) for r in split_layers(n, 16)]
+for label, counts in (("cut as evenly as possible", even16), ("first and last one lighter", llama)):
+    stage_work = [c + e for c, e in zip(counts, ends)]
+    print(f"{n} layers on 16 stages, {label}: {list(counts)}\n    work per stage in layer-times {stage_work}: the "
+          f"slowest stage does {stage_imbalance(stage_work):.3f}x the mean stage's work")
+assert llama == (7,) + (8,) * 14 + (7,) and sum(llama) == n
+assert stage_imbalance([c + e for c, e in zip(llama, ends)]) == 1.0
+assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
+
+# %% [markdown]
+# Cut evenly, the first stage carries 9 layers' worth (8 layers and the embedding). The whole pipeline
+# then runs an eighth slower. One layer moved off each end balances it exactly.
+#
+# The same on real ranks, scaled down: 6 of the toy's layers on the 4 ranks. One layer-time of padding on
+# the first and last stage stands in for the embedding and the loss. Cut evenly, the stages hold 2, 2, 1,
+# 1 layers and do work 3, 2, 1, 2. With lighter ends they hold 1, 2, 2, 1 and do work 2, 2, 2, 2.
+#
+# **Predict.** Each forward is padded to 8 ms per layer-time, 6 microbatches, forward only. The even cut
+# paces at 3 layer-times: `8 + 5 × 3 = 23` layer-times, 184 ms. The lighter ends: `8 + 5 × 2 = 18`,
+# 144 ms. A training step with lighter ends must also be exact, bit for bit.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.pipeline import run_uneven_check
+
+CUTS = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
+uneven = run_uneven_check(four, TOY, layers[:6], x, grad, CUTS, n_microbatches=6, layer_s=0.008)
+exact = uneven.exact.against_reference()
+print(f"{uneven.exact.schedule.title}, layers held per rank {uneven.exact.layers_held}: output and gradients "
+      f"bit for bit: {exact.bit_for_bit}")
+for v in uneven.verdicts:
+    print(v.line)
+assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2, 2, 1]
+
+# %% [markdown]
+# <details><summary>How this was measured</summary>
+#
+# As for the slow stage: the two cuts ran in turn, three rounds, each keeping its fastest round. A step
+# passes within 0.95 to 1.3 of `pipeline_step_s`, their ratio within 0.85 to 1.15, and the whole
+# measurement runs again if either fails (`run_uneven_check`).
+# </details>
+#
+# Unequal stages are a cost to weigh, not a rule to obey: balance the *work* per stage, counting what
+# the end stages do besides their layers.
+
+# %% [markdown]
+# ## Pipelined decode
+#
+# The bubble comes from the flush at the end of a training step. Every backward must finish before the
+# optimiser steps, so every step fills and drains.
+#
+# A server decoding tokens has no flush. Once a microbatch of sequences has its next token, it goes
+# straight back into stage 0 while the others are still on their way. With at least `p` microbatches
+# of independent sequences chasing each other round the stages, every stage stays busy. The fill and
+# drain are paid once, when the server starts, not once per token.
+#
+# What a pipeline does not change is a token's **trip**. Its microbatch still passes through every stage
+# in turn, so the time per token is the whole model's time, plus a hop per stage boundary. A pipeline
+# buys memory and throughput, not latency. Tensor parallelism, which splits each layer's work, is what
+# shortens the trip.
+#
+# **Predict.** Four microbatches through 4 stages of 15 ms, forward only: each trip takes `4 × 15 = 60`
+# ms, and once the pipeline is full a microbatch leaves every 15 ms.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.pipeline import run_trip_check
+
+trips = run_trip_check(four, TOY, layers, x, n_microbatches=4, op_s=0.015)
+for v in trips.verdicts:
+    print(v.line)
+
+# %% [markdown]
+# <details><summary>How this was measured</summary>
+#
+# The trip is read from the timeline: from a microbatch's forward starting on stage 0 to its forward
+# ending on stage 3. The pass ran three times and the fastest kept. The trip passes within 0.95 to 1.3
+# of `p × 15 ms`, the gap between departures within 0.9 to 1.3 of 15 ms, and both are measured again if
+# either fails (`run_trip_check`).
+# </details>
+#
+# Serving's cost is therefore latency and batch size, not idle time. To keep `p` stages busy a replica
+# needs at least `p` microbatches of sequences in flight, and each token waits for all `p` stages.
+
+# %% [markdown]
+# ## Explore: the microbatch slider
+#
+# The slider re-runs one training step on the 4 ranks, ops padded to 20 ms. The cross on the curve is
+# the formula; the circle is the measurement.
+#
+# **Your task.** With GPipe, find the smallest `m` whose idle fraction is under 20 %. Then switch to 1F1B
+# at that `m`: how many microbatches does each stage hold in flight?
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.pipeline_widgets import microbatch_explorer
+
+microbatch_explorer(four, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `m = 13`: with `p = 4` the idle fraction is `3 / (m + 3)`, which is 20 % at `m = 12` and 18.75 % at
+# `m = 13`. The measured circle sits a little above the cross, by the time the messages take. GPipe
+# holds 13 microbatches on every stage; 1F1B holds 4, 3, 2 and 1, with the same bubble.
+# </details>
 
 # %% [markdown]
 # ## Check yourself
+#
+# **Worked problem 1.** A pipeline has 8 stages. How many microbatches per step keep the idle fraction
+# under 5 %? How many does a paper that uses Megatron's convention need for "a bubble under 5 %"?
+#
+# <details><summary>Answer</summary>
+#
+# Idle fraction: `7 / (m + 7) < 0.05` means `m + 7 > 140`, so `m = 134`. Ratio to ideal: `7 / m < 0.05`
+# means `m > 140`, so `m = 141`. The two conventions ask for different `m` for "the same" 5 %. Your run
+# above measured the idle fraction at `p = 4, m = 8` a little over the formula's 0.273, by the hops.
+# </details>
+#
+# **Worked problem 2.** A model of 62 layers runs on 8 stages. The embedding and the loss each cost about
+# one layer. Cut as evenly as possible, which stage is the slowest, and how much longer is a step of
+# 16 microbatches than with the best cut?
+#
+# <details><summary>Answer</summary>
+#
+# `split_layers(62, 8)` gives 8, 8, 8, 8, 8, 8, 7, 7. With the ends the work is 9, 8, 8, 8, 8, 8, 7, 8
+# layer-times, so stage 0 is slowest, at 9. The total work is 64, so the best cut gives every stage 8:
+# layers 7, 8, 8, 8, 8, 8, 8, 7. A step is `sum(t) + (m - 1) × max(t)`: `64 + 15 × 9 = 199` layer-times
+# against `64 + 15 × 8 = 184`, about 8 % longer.
+# </details>
 
 # %% tags=["nbval-ignore-output"]
+import statistics
+
 from shardlib.ui.quiz import Question, show_questions
 
-# the numbers of the questions: the formulas, and this notebook's own runs above (yours, on your machine)
-P, M, STAGE_MS = 4, 4, 20
-trip_ms = statistics.median(trips["uniform"].trip_s) * 1e3
-gap_ms = statistics.median(trips["uniform"].gap_s) * 1e3
-stages_126 = [len(r) for r in split_layers(126, 4)]
 show_questions(
-    Question(prompt="A pipeline has 4 stages and runs 12 microbatches per step. What share of each "
-                    "device's step is idle (the bubble fraction)?",
-             choices=("1/4", "3/15 = 0.2", "3/12 = 0.25", "0"), answer=1,
-             why="(p - 1) / (m + p - 1) = 3 / 15. The 0.25 is Megatron's ratio to ideal, (p - 1) / m: "
-                 "idle time over busy time, not a share of the step."),
-    Question(prompt="GPipe and 1F1B, same p and m, uniform stages. What differs?",
-             choices=("The bubble: 1F1B's is smaller", "The activation memory: 1F1B holds at most p microbatches, "
-                      "GPipe holds all m", "Nothing", "The result: 1F1B changes the gradients"), answer=1,
-             why="Both leave the same idle slots; 1F1B sends backwards as early as possible, so a stage "
-                 "never holds more than p microbatches' activations. The arithmetic is the same."),
-    Question(prompt="A server runs 4 pipeline stages of 20 ms each, with 4 microbatches of sequences chasing "
+    Question(prompt="A pipeline has 6 stages and runs 15 microbatches per step. What share of each device's "
+                    "step is idle?",
+             choices=("5/20 = 0.25", "5/15, about 0.33", "6/21, about 0.29", "1/6, about 0.17"), answer=0,
+             why="(p - 1) / (m + p - 1) = 5 / 20. The 5/15 is Megatron's ratio to ideal, (p - 1) / m: idle time "
+                 "over busy time, not a share of the step."),
+    Question(prompt="1F1B with 6 stages and 24 microbatches. At most how many microbatches' activations does "
+                    "stage 0 hold, and how many does the last stage hold?",
+             choices=("24 and 24", "6 and 6", "6 and 1", "1 and 6"), answer=2,
+             why="1F1B holds at most p - s on stage s: 6 on stage 0, 1 on stage 5, whatever m is. GPipe would "
+                 "hold all 24 on every stage."),
+    Question(prompt="A server runs 5 pipeline stages of 12 ms each, with 5 microbatches of sequences chasing "
                     "each other round them. How long does a sequence wait for its next token, and how often "
                     "does some microbatch get one?",
-             choices=(f"{STAGE_MS} ms, every {STAGE_MS} ms: the pipeline splits the work {P} ways",
-                      f"{P * STAGE_MS} ms, every {STAGE_MS} ms: each token crosses all {P} stages in turn, but "
-                      f"{M} microbatches are in flight",
-                      f"{P * STAGE_MS} ms, every {P * STAGE_MS} ms: the bubble idles {P - 1} stages of {P}",
-                      f"{(M + P - 1) * STAGE_MS} ms: (m + p - 1) x {STAGE_MS} ms, fill and drain"),
-             answer=1,
-             why="Without a flush the stages stay busy, so throughput is one microbatch per stage time; but a "
-                 "pipeline does not shorten a token's trip. Your run above, 4 stages of 20 ms: trips of "
-                 f"{trip_ms:.0f} ms, departures every {gap_ms:.0f} ms (medians), each a little over the "
-                 "prediction for the hops."),
-    Question(prompt="Why is pipeline parallelism preferred across nodes and tensor parallelism within one?",
-             choices=("Pipelines compute faster", "The pipeline sends activations once per stage boundary; "
-                      "tensor parallelism all-reduces inside every layer, so it needs the fast link",
-                      "Tensor parallelism cannot run across nodes", "Pipelines have no communication"),
-             answer=1,
+             choices=("12 ms, every 12 ms: the work is split 5 ways",
+                      "60 ms, every 60 ms: the stages take turns",
+                      "108 ms, (m + p - 1) stage-times, every 12 ms",
+                      "60 ms, every 12 ms"),
+             answer=3,
+             why="Without a flush the stages stay busy, so one microbatch leaves per stage-time. But a pipeline "
+                 "does not shorten a token's trip: it crosses all 5 stages, 60 ms. Your run above measured "
+                 f"a trip of {statistics.median(trips.trips.trip_s) * 1e3:.0f} ms for 4 stages of 15 ms."),
+    Question(prompt="Why is pipeline parallelism preferred across nodes, and tensor parallelism within one?",
+             choices=("The pipeline sends once per stage boundary; TP all-reduces in every layer",
+                      "The pipeline runs each layer faster, so it hides the slower network link",
+                      "Tensor parallelism cannot run across nodes: its collectives need shared memory",
+                      "The pipeline sends nothing between stages once it is full of microbatches"),
+             answer=0,
              why=f"Counted above: the tensor-parallel step moved {both.ratio:.0f} times the bytes, in "
                  f"{both.tp_collectives_per_rank} all-reduces per rank that block every layer, against "
                  f"{both.pipeline_messages} sends for the whole pipeline."),
-    Question(prompt="One of 4 stages becomes twice as slow. What happens to the step?",
-             choices=("Only that stage's share of the work slows", "The whole pipeline runs at the slow stage's "
-                      "pace: the others wait for it", "The bubble disappears", "Nothing, the others compensate"),
-             answer=1,
-             why="Every microbatch must pass through the slow stage, so microbatches leave at its pace; "
-                 "measured above, the other stages sat idle waiting for it."),
-    Question(prompt="Llama-3.1-405B has 126 layers. Can a pipeline of 4 stages run it, and at what cost?",
-             choices=("No: 126 does not divide by 4, so stages would be unequal",
-                      f"Yes: stages of {stages_126}; the step runs at the pace of a {max(stages_126)}-layer "
-                      f"stage, {stage_imbalance(stages_126) - 1:.1%} slower than perfectly equal stages",
-                      "Yes, at no cost: the lighter stages make up for the heavier ones",
-                      "Only by padding the model to 128 layers"),
-             answer=1,
-             why="Stages may hold unequal layer counts; once the pipeline is full, a microbatch leaves per "
-                 "slowest-stage time, so the heaviest stage sets the pace: sum(t) + (m - 1) x max(t)."),
-    Question(prompt="The global batch and the number of data-parallel replicas are fixed. You double the "
-                    "microbatch count m to halve the bubble. What else changes?",
-             choices=("Nothing: m is a free knob",
-                      "Each microbatch holds half as many sequences, since m = global batch / (microbatch x dp): "
-                      "smaller matrix multiplies, less efficient per op",
-                      "The global batch doubles",
-                      "The gradients change"),
-             answer=1,
-             why="m = global batch / (microbatch x dp). With the global batch and dp fixed, more microbatches "
-                 "are smaller ones; keeping the microbatch instead would grow the global batch, which "
-                 "convergence limits."),
+    Question(prompt="Four stages of 10 ms each, except stage 2 at 25 ms; 8 microbatches, forward only. How "
+                    "long is the step?",
+             choices=("110 ms: (m + p - 1) x 10 ms", "200 ms: 8 x 25 ms, the slow stage alone",
+                      "230 ms: 55 + 7 x 25", "275 ms: (m + p - 1) x 25 ms"),
+             answer=2,
+             why="sum(t) + (m - 1) x max(t) = (10 + 10 + 25 + 10) + 7 x 25 = 230 ms: the first microbatch "
+                 "crosses every stage once, then one leaves per slowest-stage time."),
+    Question(prompt="A model of 30 layers runs on 4 stages; the embedding and the loss each cost about one "
+                    "layer. Which layer counts balance the work?",
+             choices=("8, 7, 7, 8", "7, 8, 8, 7", "7.5 on every stage", "8, 8, 7, 7"), answer=1,
+             why="The work is 32 layer-times, 8 per stage. The end stages carry one extra each, so they hold "
+                 "7 layers and the middle ones 8. A stage holds whole layers, so 7.5 is not a cut."),
+    Question(prompt="A pipeline of 8 stages gets 32 sequences per step. You raise m from 8 to 32 to shrink "
+                    "the bubble. What else changes?",
+             choices=("Nothing else: m is a free knob that changes only the bubble",
+                      "The step holds four times as many sequences, so each step learns more",
+                      "The gradients change, because the microbatches are added in another order",
+                      "Each microbatch shrinks from 4 sequences to 1: smaller matrix multiplies"),
+             answer=3,
+             why="The sequences per step are fixed, so more microbatches are smaller ones: less efficient ops. "
+                 "The gradients are the same sum (bit for bit when accumulated microbatch by microbatch)."),
 )
 
 # %% [markdown]
 # ## What you saw
 #
-# - A stage holds whole layers; microbatches flow stage to stage; the fill and drain leave each device
-#   idle for `(p - 1) / (m + p - 1)` of the step (Megatron writes it `(p - 1) / m`, idle over busy).
-# - Schedules are data: the same lists drove the real ranks and every chart, and the idle slots counted
-#   from them equal the formula exactly.
-# - On real ranks the output and the gradients equal the unpipelined model's bit for bit.
-# - Measured on 2 and 4 ranks for 1 to 16 microbatches, the idle fraction sits on the formula, a little
-#   above it by the time messages take.
-# - 1F1B has GPipe's bubble but held at most 4 microbatches in flight where GPipe held 8, measured in
-#   activation bytes too.
-# - A larger `m` shrinks the bubble but is not free: `m = global batch / (microbatch × dp)`, so it costs
-#   smaller microbatches (less efficient ops) or a larger global batch (which convergence limits).
-# - A slow stage sets everyone's pace. Stages need not be equal: a pass takes
-#   `sum(t_s) + (m - 1) × max(t_s)`, so an uneven split costs its slowest stage. Llama-3.1-405B's 126
-#   layers run on 16 stages of 7, 8, ..., 8, 7, the end stages lighter for the embedding and the loss; on
-#   real ranks, 6 layers on 4 stages were exact bit for bit, and lighter ends beat the even cut as predicted.
-# - Training pays the bubble at every step's flush and hides it with many microbatches. A server keeps
-#   the stages busy with independent sequences and pays instead in latency: each token's trip crossed
-#   all 4 stages (a little over 4 x 20 ms in your run), while microbatches left every stage-time.
-# - The pipeline sends far fewer bytes than tensor parallelism, once per stage boundary: the tool for
-#   the slow link between machines.
+# - A stage holds whole layers; microbatches flow stage to stage. The fill and drain leave each device
+#   idle for `(p - 1) / (m + p - 1)` of the step (Megatron writes `(p - 1) / m`, idle over busy).
+# - Schedules are data: the same lists drove the ranks and every chart, and their idle slots equal the
+#   formula. On real ranks the output and gradients equalled one process's bit for bit.
+# - The measured bubble sat on the formula, a little above it by the time messages take.
+# - 1F1B has GPipe's bubble but holds at most `p` microbatches in flight, not `m`.
+# - A larger `m` costs smaller microbatches, and the batch caps it: Llama 3.1 405B on 16,384 GPUs had at most
+#   `m = p = 16`.
+# - The slowest stage sets the pace: `sum(t_s) + (m - 1) × max(t_s)`. Lighter end stages balance the work.
+# - A server keeps the stages busy with independent sequences, but each token still makes the whole trip.
+# - The pipeline sends once per stage boundary: the tool for the slow link between machines.
 #
-# Next, notebook 09 goes past 1F1B: it splits the backward into the input gradient and the weight
-# gradient and fills the bubble with the latter (zero-bubble schedules, DualPipeV).
+# Next, notebook 04 splits a model by experts, and notebook 09 goes past 1F1B to the zero-bubble schedules.

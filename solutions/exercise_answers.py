@@ -47,12 +47,14 @@ def fit_alpha_beta(sizes_bytes, times_s):
 
 
 # -- 03 pipeline parallelism ----------------------------------------------------------------------------
-def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
-    """The share of a GPipe / 1F1B step each stage spends idle: ``(p - 1) / (m + p - 1)``."""
-    if n_stages < 1 or n_microbatches < 1:
-        raise ValueError(f"a pipeline needs at least 1 stage and 1 microbatch, got {n_stages} stages and "
-                         f"{n_microbatches} microbatches")
-    return (n_stages - 1) / (n_microbatches + n_stages - 1)
+def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[tuple[str, int]]:
+    """Stage ``stage``'s 1F1B order (PipeDream-Flush, as Megatron-LM runs it): ``p - s - 1`` forwards fill the
+    pipeline, then one forward and one backward in turn, then the backwards left drain it."""
+    warmup = min(n_stages - stage - 1, n_microbatches)  # forwards before the first backward can come back
+    order = [("F", i) for i in range(warmup)]
+    for k in range(n_microbatches - warmup):  # steady state: at most p - s microbatches held
+        order += [("F", warmup + k), ("B", k)]
+    return order + [("B", i) for i in range(n_microbatches - warmup, n_microbatches)]
 
 
 # -- 09 pipeline schedules ------------------------------------------------------------------------------

@@ -13,34 +13,64 @@
 # ---
 
 # %% [markdown]
-# # 03 · Exercise: the pipeline bubble
+# # 03 · Exercise: write 1F1B
 #
-# **What you will do.** Write the bubble fraction of a GPipe or 1F1B schedule yourself, then run the
-# checker: it compares your formula with the library's at 25 pairs of stage and microbatch counts and
-# names the likely mistake when they differ.
+# **What you will do.** Write the order in which one pipeline stage runs its forwards and backwards under
+# 1F1B. The checker plays every stage's order out together. It names what is wrong: an action run twice, a
+# backward before the gradient it needs has arrived, two stages waiting for each other, or too many
+# microbatches held in memory. Then it runs your order as a real training step on two ranks, checked bit
+# for bit against one process. Allow 20 to 40 minutes.
 #
 # Until you write the function, its checker says "not written yet". Replace the
 # `raise NotImplementedError` line, run the cell, then run the checker.
 
 # %% [markdown]
-# ## Exercise: `bubble_fraction`
+# ## Exercise: `one_f_one_b`
 #
-# With `p` stages of equal cost and `m` microbatches, a step lasts `m + p - 1` microbatch-times and each
-# stage is busy for `m` of them. Return the **fraction of the step a stage spends idle** (a number from
-# 0 up to, never reaching, 1). Beware: papers also quote the bubble as a ratio of idle time to ideal
-# compute, which is a different number. Raise a `ValueError` if there are fewer than 1 stage or 1
-# microbatch.
+# Return the list of actions that stage `stage` (0 to `n_stages - 1`) runs in one training step with
+# `n_microbatches` microbatches, in order. Write each action as a pair: `("F", i)` is the forward of
+# microbatch `i`, `("B", i)` its backward. Microbatches are numbered `0 .. m-1`.
+#
+# The rules every stage obeys:
+#
+# - each stage runs the forward and the backward of every microbatch once, each `F i` before its `B i`;
+# - stage `s` can run `F i` only after stage `s - 1` ran `F i` (it sends the activation);
+# - stage `s` can run `B i` only after stage `s + 1` ran `B i` (it sends the gradient); the last stage's
+#   `B i` needs only its own `F i`;
+# - each stage runs its list in order, and waits when the next action's input has not arrived.
+#
+# The goal is 1F1B's two properties. First, memory: stage `s` never holds more than `p - s` microbatches
+# in flight (forward run, backward not yet). Second, time: with every action taking one slot, the step
+# takes no longer than GPipe's, `2 (m + p - 1)` slots. Your order must work whether `m` is larger or
+# smaller than `p`.
 
 # %%
-def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
-    """The share of a pipeline step each stage spends idle."""
-    raise NotImplementedError("write bubble_fraction here")
+def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[tuple[str, int]]:
+    """Stage ``stage``'s actions in one 1F1B training step, in order: ("F", i) and ("B", i) pairs."""
+    raise NotImplementedError("write one_f_one_b here")
 
+
+# %% [markdown]
+# Look at your order before you grade it: one line per stage, for 4 stages and 6 microbatches.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_bubble_fraction
+try:
+    for s in range(4):
+        print(f"stage {s}: " + " ".join(f"{op}{i}" for op, i in one_f_one_b(s, 4, 6)))
+except NotImplementedError:
+    print("not written yet")
 
-grade_bubble_fraction(bubble_fraction)
+# %% tags=["nbval-ignore-output"]
+from shardlib import Ranks
+from shardlib.exercises import grade_one_f_one_b
+from shardlib.models import TOY
+from shardlib.toy import activations, stack_weights
+
+layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)
+x, grad = activations(16, 4, TOY.d_model, seed=1), activations(16, 4, TOY.d_model, seed=2)
+with Ranks(2) as ranks:
+    result = grade_one_f_one_b(one_f_one_b, ranks, TOY, layers, x, grad)
+result
 
 # %% [markdown]
 # ## Check yourself
@@ -52,18 +82,33 @@ from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
     Question(
-        "4 stages, 4 microbatches. A paper gives the bubble as 0.75. What is the fraction of the step spent idle?",
-        ("0.75", "3 / 7, about 0.43", "0.25"),
-        1,
-        "0.75 is (p - 1) / m, the ratio of idle time to ideal compute. The step lasts m + p - 1 = 7 "
-        "microbatch-times, 3 of them idle: 3 / 7.",
+        "With 4 stages, stage 0 starts 4 forwards before its first backward, then alternates. What goes "
+        "wrong?",
+        ("It holds 5 in flight at once, one more than 1F1B's limit",
+         "Nothing: more forwards early only fill the pipeline faster",
+         "It deadlocks: stage 1 cannot send its gradient back in time"),
+        0,
+        "After its 4 forwards it runs a fifth (the first of the alternation) before B 0 has come back, so it "
+        "holds 5; 1F1B holds at most p - s = 4 on stage 0.",
+    ),
+    Question(
+        "Every stage runs F 0, B 0, F 1, B 1, ... in turn. The checker accepts the memory. What does it say "
+        "about the time?",
+        ("Nothing: holding a single microbatch is the best that 1F1B can do",
+         "It deadlocks, since stage 0 waits for B 0 before F 1",
+         "The step is far longer: each microbatch crosses the pipeline alone"),
+        2,
+        "Stage 0 waits for B 0 to come all the way back before it starts F 1, so only one microbatch is ever in "
+        "the pipeline: no overlap at all, a step of 2 p m slots.",
     ),
 )
 
 # %% [markdown]
 # ## What you practised
 #
-# - The bubble as a fraction of the step, `(p - 1) / (m + p - 1)`, shrinks as microbatches are added
-#   and never reaches 1; the ratio to ideal compute, `(p - 1) / m`, can exceed 1. Say which one you mean.
+# - A schedule is a list per stage, and whether the stages can run their lists together is a property of
+#   the lists alone.
+# - 1F1B fills the pipeline with `p - s - 1` forwards, then alternates: GPipe's bubble, with at most `p - s`
+#   microbatches held on stage `s`.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.

@@ -18,7 +18,9 @@
 * ``reference``: the stack in one process, microbatch by microbatch, and the input checks.
 * ``ranks``: ``pipeline_step_on_rank``, the engine on a rank with spans, padding and memory meters.
 * ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them; ``run_torch_runtime``.
-* ``bubble_drivers``: ``run_split_bubble`` (the bubble of a split schedule against the published formulas).
+* ``bubble_drivers``: ``run_split_bubble`` (the bubble of a split schedule against the published formulas);
+  ``run_bubble_check``, ``run_pace_check``, ``run_uneven_check``, ``run_trip_check``: measured claims with
+  their one-line verdicts.
 """
 
 from .._lazy import exports
@@ -35,7 +37,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                 "notation_rows", "op_costs", "handover_s", "EQUAL_WITHIN"),
     "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule", "TorchChunk", "torch_runtime_on_rank",
                    "import_pipelining_on_rank"),
-    "bubble_drivers": ("SplitBubble", "run_split_bubble"),
+    "bubble_drivers": ("SplitBubble", "run_split_bubble", "BubbleCheck", "run_bubble_check", "PaceCheck",
+                       "run_pace_check", "UnevenCheck", "run_uneven_check", "TripCheck", "run_trip_check"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
                 "predicted_step_s", "idle_slots", "step_slots", "peak_in_flight", "messages_per_step",

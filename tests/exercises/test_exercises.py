@@ -21,10 +21,13 @@ from shardlib.exercises import (
     grade_dispatch_plan,
     grade_fit_alpha_beta,
     grade_merge_partial_attention,
+    grade_one_f_one_b,
     grade_shard_rows,
     grade_top_k_router,
     grade_tp_pair_forward,
 )
+from shardlib.models import TOY
+from shardlib.toy import activations, stack_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
@@ -194,9 +197,15 @@ def test_pair_needs_a_pool():
         grade_tp_pair_forward(answers.tp_pair_forward)
 
 
-# -- the bubble -------------------------------------------------------------------------------------------
+# -- the bubble (a grader kept for instructors: the exercise of notebook 03 is the 1F1B order below) ----------
+def right_bubble_fraction(n_stages, n_microbatches):
+    if n_stages < 1 or n_microbatches < 1:
+        raise ValueError("a pipeline needs at least 1 stage and 1 microbatch")
+    return (n_stages - 1) / (n_microbatches + n_stages - 1)
+
+
 def test_bubble_solution_passes_and_blank_is_not_written():
-    assert grade_bubble_fraction(answers.bubble_fraction).passed
+    assert grade_bubble_fraction(right_bubble_fraction).passed
     assert grade_bubble_fraction(blank).status == NOT_WRITTEN
 
 
@@ -218,6 +227,66 @@ def checked(formula):
 ])
 def test_bubble_wrong_answers_fail_with_a_hint(wrong, phrases):
     assert_wrong(grade_bubble_fraction(wrong), *phrases)
+
+
+# -- one stage's 1F1B order ----------------------------------------------------------------------------------
+def _with_warmup(warmup, steady_b_first=False):
+    """An order built like 1F1B's, ``warmup(s, p, m)`` forwards first (the answer uses ``p - s - 1``)."""
+    def order(stage, n_stages, m):
+        w = max(0, min(warmup(stage, n_stages, m), m))
+        row = [("F", i) for i in range(w)]
+        for k in range(m - w):
+            row += [("B", k), ("F", w + k)] if steady_b_first else [("F", w + k), ("B", k)]
+        return row + [("B", i) for i in range(m - w, m)]
+    return order
+
+
+def _gpipe(stage, n_stages, m):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def _b0_too_early(stage, n_stages, m):
+    """1F1B, but stage 1 runs B 0 before F 1: it waits for stage 2's gradient, which waits for F 1."""
+    row = answers.one_f_one_b(stage, n_stages, m)
+    if stage == 1 and n_stages >= 3 and m > 1:
+        row.remove(("B", 0))
+        row.insert(row.index(("F", 1)), ("B", 0))
+    return row
+
+
+def test_one_f_one_b_solution_passes_and_blank_is_not_written():
+    result = grade_one_f_one_b(answers.one_f_one_b)
+    assert result.passed, str(result)
+    assert grade_one_f_one_b(blank).status == NOT_WRITTEN
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (_gpipe, ("p = 2, m = 4: stage 0 holds 4 microbatches in flight", "1F1B holds at most 2 there")),
+    (_with_warmup(lambda s, p, m: p - s), ("p = 4, m = 8: stage 0 holds 5 microbatches in flight",
+                                           "1F1B holds at most 4", "Count the forwards stage 0 runs")),
+    (_with_warmup(lambda s, p, m: 0), ("step takes 16 slots where 1F1B takes 2 (m + p - 1) = 10",
+                                       "Check how many forwards")),
+    (_with_warmup(lambda s, p, m: p - s - 1, steady_b_first=True),
+     ("stage 1: runs B 0 before its own F 0", "each F comes before its B")),
+    (_b0_too_early, ("stage 1 runs B 0 before stage 2 sent its gradient for microbatch 0",
+                     "stage 2 is itself waiting, at F 1", "deadlock", "Check where stage 1's list puts B 0")),
+    (lambda s, p, m: answers.one_f_one_b(s, p, m)[:-1], ("never runs B",)),
+    (lambda s, p, m: answers.one_f_one_b(s, p, m) + [("F", 0)], ("runs F 0 twice",)),
+    (lambda s, p, m: [f"F{i}" for i in range(m)], ("write each action as a pair", "got 'F0'")),
+    (lambda s, p, m: answers.one_f_one_b(s, p, m) + [("B", m)], ("numbered 0 .. m - 1",)),
+    (lambda s, p, m: 1 / 0, ("raised ZeroDivisionError",)),
+])
+def test_one_f_one_b_wrong_orders_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_one_f_one_b(wrong), *phrases)
+
+
+def test_one_f_one_b_runs_on_ranks_bit_for_bit(pool2):
+    layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=4)
+    x, grad = activations(8, 2, TOY.d_model, seed=1), activations(8, 2, TOY.d_model, seed=2)
+    result = grade_one_f_one_b(answers.one_f_one_b, pool2, TOY, layers, x, grad)
+    assert result.passed and "bit for bit" in result.messages[0] and "[2, 1]" in result.messages[0], str(result)
+    with pytest.raises(ValueError, match="pass your function itself"):
+        grade_one_f_one_b(42)
 
 
 # -- the router -------------------------------------------------------------------------------------------
