@@ -19,6 +19,7 @@
 * ``ranks``: ``pipeline_step_on_rank``, the engine on a rank with spans, padding and memory meters.
 * ``drivers``: ``run_pipeline`` and friends, which run steps on a pool and gather them; ``run_torch_runtime``.
 * ``bubble_drivers``: ``run_split_bubble`` (the bubble of a split schedule against the published formulas).
+* ``split_drivers``: ``run_zero_bubble_check``, those bubbles as one-line verdicts (predicted, measured, ratio).
 """
 
 from .._lazy import exports
@@ -36,6 +37,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "torch_peer": ("TORCH_SCHEDULES", "torch_grid", "torch_schedule", "TorchChunk", "torch_runtime_on_rank",
                    "import_pipelining_on_rank"),
     "bubble_drivers": ("SplitBubble", "run_split_bubble"),
+    "split_drivers": ("SplitCase", "SplitStep", "ZeroBubbleCheck", "measure_split_cases", "split_verdicts",
+                      "predicted_step_of", "run_zero_bubble_check"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
                 "predicted_step_s", "idle_slots", "step_slots", "peak_in_flight", "messages_per_step",
