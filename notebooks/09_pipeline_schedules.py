@@ -16,7 +16,7 @@
 # # 09 · Pipeline schedules past 1F1B: zero bubble, ZB-V and DualPipeV
 #
 # > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb),
-# > [08](08_data_parallel.ipynb). Reading time: about 25 minutes. Trades: memory (W's held back keep
+# > [08](08_data_parallel.ipynb). Reading time: about 15 minutes. Trades: memory (W's held back keep
 # > activations alive longer) and, for the V schedules, twice the pipeline messages, for a bubble a third
 # > of 1F1B's or less.
 #
@@ -301,8 +301,8 @@ for v in dear_check.verdicts:
 # ## Memory: what each schedule holds
 #
 # A microbatch is in flight on a stage from its forward until its W. B leaves what W needs. Predict the
-# peak, counted in chunks of a stage's layers. 1F1B and ZB-H1 hold `p` whole-stage microbatches. ZB-V
-# holds `2p` half-stage chunks: that is exactly `p` whole stages, 1F1B's memory, which is ZB-V's point.
+# peak, counted in chunks of a stage's layers. 1F1B and ZB-H1 hold at most `p` whole-stage microbatches.
+# ZB-V holds `2p` half-stage chunks: exactly `p` whole stages, 1F1B's memory, which is ZB-V's point.
 # DualPipeV holds `2p + 1` half-stage chunks, DualPipe's table's `PP + 1`: half a stage more than 1F1B.
 # Measured on 4 ranks, each step also checked bit for bit:
 
@@ -405,8 +405,8 @@ zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6,
 #
 # At 1.5 x F, the first setting past W = F. Up to W = F the two agree. Past it the formula subtracts W
 # from a wait that W cannot shorten: on 2 stages the idle stays one forward, the ramp. The measurement
-# follows the list, a little above it. ZB-V holds 4 chunks per stage (2p, two whole stages' worth of
-# half-chunks), DualPipeV 5 (2p + 1).
+# follows the list, a little above it. ZB-V holds 4 half-stage chunks per stage (2p, the same as 1F1B's
+# p = 2 whole stages), DualPipeV 5 (2p + 1), half a stage more.
 # </details>
 
 # %% [markdown]
