@@ -102,7 +102,8 @@ print("In 1F1B each B is the whole backward (one slot here); in ZB-H1 B and W ar
 # ## ZB-H2 and ZB-V: zero bubble
 #
 # **ZB-H2** (section 2.2) runs more forwards before its first B: `2(p-1-s) + 1` on stage `s`. Every stage
-# then holds `2p - 1` microbatches, and a W fills every wait inside a stage's span. Its bubble
+# then holds `2p - 1` microbatches. A W fills every wait inside a stage's span, from its first action to
+# its last. Its bubble
 # `(p-1)(F+B-2W)` is zero at F = B = W.
 #
 # **ZB-V** (section 6) gets the same zero at 1F1B's memory. Each stage holds **two chunks in a V**. With
@@ -119,20 +120,21 @@ for name in ("zb-v", "dualpipev"):
 # %% [markdown]
 # **What "zero" means.** The paper's zero is each stage's idle between its own first action and its last.
 # Stage `s` starts `s F` after stage 0, so the busy spans form a parallelogram. That zero is the step's
-# cost only if each stage starts its next step as soon as its own span ends.
+# cost only if each stage starts its next step as soon as its own span ends. Otherwise stage `s` idles
+# `s F` before its first forward arrives, and about as long after its last action: the **ramp**.
 #
 # A normal optimizer step stops that. It first synchronises all stages: the global gradient norm for
 # clipping, a check for NaNs. The paper's **optimizer post-validation** removes the wait. Each stage
 # steps at once, checks afterwards, and rolls back in the rare step where a check fails. Without it, one
-# step keeps a ramp at each end.
+# step keeps the ramp at each end.
 #
 # ## DualPipeV: DualPipe cut in half
 #
 # **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) was built for expert parallelism. Its point
-# is overlap: it pairs one microbatch's forward with another's backward, so that each one's all-to-all
-# and pipeline sends run under the other's compute. Its `F&B` is that pair, shorter than `F + B` because
-# the communication is hidden. DualPipe feeds microbatches from both ends of the pipeline, which costs
-# two copies of the weights.
+# is overlap: it pairs one microbatch's forward with another's backward. Each one's
+# [all-to-all](04_expert_parallel.ipynb) and pipeline sends then run under the other's compute. Its
+# `F&B` is that pair, shorter than `F + B` because the communication is hidden. DualPipe feeds
+# microbatches from both ends of the pipeline, which costs two copies of the weights.
 #
 # **DualPipeV** is Sea AI Lab's "cut-in-half" of DualPipe, credited in DualPipe's README. It keeps one
 # direction and folds it into a V, two chunks per device, one copy of the weights. This package runs its
@@ -169,7 +171,7 @@ show_code(Stage.backward, Stage.backward_input, Stage.backward_weight, zb_h1_ord
 #
 # The list itself predicts its bubble: play it out with set F, B and W (`simulate`). With F = B = W
 # the published formulas for 1F1B and ZB-H1 come out exactly. Predict before you run the cell: which
-# schedules reach zero, and does more `m` help them?
+# schedule idles least, and how does doubling `m` change each one's share?
 #
 # ZB-V has no formula in the paper, only "zero bubble" at F = B = W with `m >= 2p`. Over one step's
 # window, the ramp stays. By this course's count from the list (not a published figure), that is
@@ -222,8 +224,8 @@ for name in ("zb-h1", "zb-v", "dualpipev"):
 # Each stage's F and B are padded with sleep to 20 ms, and W too. The layers still compute for real.
 # The prediction plays each list out with the F, B and W measured in the same run (median of each op's
 # spans). Predict first: at F = B = W on 2 stages, ZB-H1 should idle `(p-1)(F+B-W)` = 20 ms per device,
-# 1F1B `(p-1)(F+B+W)` = 60 ms. ZB-H1's step should be 40 ms shorter at the same m. At `m = 8`, ZB-H1's
-# idle stays 20 ms while its work doubles.
+# 1F1B `(p-1)(F+B+W)` = 60 ms. At m = 4 each device works 4 × 60 = 240 ms. So ZB-H1's step should be
+# 260 ms and 1F1B's 300 ms. At `m = 8`, ZB-H1's idle stays 20 ms while its work doubles: 500 ms.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.pipeline import run_zero_bubble_check
@@ -276,7 +278,8 @@ dear = OpCosts(1.0, 1.0, 2.0)
 assert simulated_fraction(make_schedule("zb-h1", 4, 16), dear) > published_fraction(make_schedule("zb-h1", 4, 16), dear)
 
 # %% [markdown]
-# The list's step at W = 2F on the two ranks, against the measurement:
+# Now W = 2F on the two ranks, m = 4. The formula says zero idle, so a 320 ms step (4 × 80 ms of work).
+# The list keeps one forward of ramp and predicts 340 ms:
 
 # %% tags=["nbval-ignore-output"]
 dear_check = run_zero_bubble_check(ranks, [("zb-h1", 4, 2.0)], TOY, layers, x, grad, op_s=0.02)
@@ -304,28 +307,27 @@ for v in dear_check.verdicts:
 # peak, counted in chunks of a stage's layers. 1F1B and ZB-H1 hold at most `p` whole-stage microbatches.
 # ZB-V holds `2p` half-stage chunks: exactly `p` whole stages, 1F1B's memory, which is ZB-V's point.
 # DualPipeV holds `2p + 1` half-stage chunks, DualPipe's table's `PP + 1`: half a stage more than 1F1B.
-# Measured on 4 ranks, each step also checked bit for bit:
+# Measured on the two ranks (p = 2), each step also checked bit for bit:
 
 # %%
-from shardlib.pipeline import import_pipelining_on_rank, peak_in_flight
+from shardlib.pipeline import peak_in_flight
 
-ranks.run(import_pipelining_on_rank)  # the two ranks, idle here, load torch's pipelining for the torch section
-with Ranks(4) as four:
-    print(f"{'p = 4, m = 8':14}{'chunks held':14}{'whole stages':14}{'layers per device':20}")
-    for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
-        s = make_schedule(name, 4, 8)
-        run = run_pipeline(four, s, TOY, layers, x, grad)
-        assert run.against_reference().bit_for_bit
-        held = run.peak_in_flight
-        assert held == peak_in_flight(s)
-        stages = max(held) / s.n_chunks  # a chunk is 1 / n_chunks of a device's layers
-        print(f"{s.short_title:14}{max(held):<14}{stages:<14g}{str(run.layers_held[0]):20}")
-        assert stages == {"1f1b": 4, "zb-h1": 4, "zb-v": 4, "dualpipev": 4.5}[name]
+print(f"{'p = 2, m = 4':14}{'chunks held':14}{'whole stages':14}{'layers per device':20}")
+for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
+    s = make_schedule(name, 2, 4)
+    run = run_pipeline(ranks, s, TOY, layers, x, grad)
+    assert run.against_reference().bit_for_bit
+    held = run.peak_in_flight
+    assert held == peak_in_flight(s)
+    stages = max(held) / s.n_chunks  # a chunk is 1 / n_chunks of a device's layers
+    print(f"{s.short_title:14}{max(held):<14}{stages:<14g}{str(run.layers_held[0]):20}")
+    assert stages == {"1f1b": 2, "zb-h1": 2, "zb-v": 2, "dualpipev": 2.5}[name]
 
 # %% [markdown]
-# Every schedule here keeps one copy of each layer. DualPipe's "2x parameters" in its table is DualPipe's
-# own, with its two directions; DualPipeV's device holds two slices of `2p`, one copy. ZB-H2 holds more to
-# idle less: `2p - 1` whole-stage microbatches, 7 at p = 4.
+# Every schedule here keeps one copy of each layer. DualPipe's table gives DualPipe and DualPipeV "2x"
+# parameters per device. DualPipe's 2x is two copies, one per direction. DualPipeV's is two stages'
+# slices on each of `PP/2` devices: one copy of each layer, as here. ZB-H2 holds more to idle less:
+# `2p - 1` whole-stage microbatches, 7 at p = 4.
 #
 # <details><summary>ZB-H2 over one step's window</summary>
 #
@@ -371,8 +373,9 @@ with Ranks(4) as four:
 # </details>
 
 # %%
-from shardlib.pipeline import run_torch_runtime, simulate
+from shardlib.pipeline import import_pipelining_on_rank, run_torch_runtime, simulate
 
+ranks.run(import_pipelining_on_rank)  # each rank loads torch.distributed.pipelining once
 for name, mine in (("DualPipeV", "dualpipev"), ("ZBVZeroBubble", "zb-v"), ("InterleavedZeroBubble", None)):
     peer = run_torch_runtime(ranks, name, TOY, layers, x, grad, 4)  # torch's runtime, then its order on ours
     assert peer.ours.against_reference().bit_for_bit and peer.bit_for_bit
