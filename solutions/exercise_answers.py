@@ -58,6 +58,13 @@ def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[tuple[st
 
 
 # -- 09 pipeline schedules ------------------------------------------------------------------------------
+def small_table() -> list[list[str]]:
+    """ZB-H1 by hand for 2 stages and 2 microbatches: stage 0 runs both forwards first; stage 1, the last,
+    runs each B right after its F and holds its first W back to fill the wait for F1."""
+    return [["F0", "F1", "B0", "W0", "B1", "W1"],
+            ["F0", "B0", "F1", "B1", "W0", "W1"]]
+
+
 def my_schedule(n_stages: int, n_microbatches: int) -> list[list[str]]:
     """ZB-H1 as a table: 1F1B's F and B order; stage s keeps up to s W's waiting, the rest run after their B."""
     rows = []

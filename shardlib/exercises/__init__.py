@@ -4,7 +4,8 @@
 * ``costs``: ``grade_fit_alpha_beta`` (fit a latency and a bandwidth to a sweep).
 * ``pipeline``: ``grade_one_f_one_b`` (one stage's 1F1B order, played out with the others; on ranks), and
   ``grade_bubble_fraction`` (the bubble, both conventions, off-by-ones told apart).
-* ``pipeline_schedules``: ``grade_schedule_table`` (a schedule written as a table of F, B, W; run on ranks).
+* ``pipeline_schedules``: ``grade_small_table``, ``grade_schedule_table`` (a schedule as a table of F, B, W, by hand at
+  2 stages and 2 microbatches, then for any size; run on ranks).
 * ``experts``: ``grade_top_k_router``, ``grade_dispatch_plan`` (a router; where each slot goes).
 * ``data_parallel``: ``grade_zero1_step`` (ZeRO-1's step on ranks, and its comm log).
 * ``serving``: ``grade_mesh_coordinates`` (a rank's place in the mesh, beside a ``DeviceMesh``).
@@ -26,7 +27,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "tensor_parallel": ("grade_shard_rows", "grade_tp_pair_forward", "pair_weights", "pair_reference"),
     "costs": ("grade_fit_alpha_beta",),
     "pipeline": ("grade_one_f_one_b", "grade_bubble_fraction"),
-    "pipeline_schedules": ("grade_schedule_table",),
+    "pipeline_schedules": ("grade_small_table", "grade_schedule_table"),
     "experts": ("grade_top_k_router", "grade_dispatch_plan"),
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),

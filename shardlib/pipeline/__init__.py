@@ -21,6 +21,7 @@
 * ``bubble_drivers``: ``run_split_bubble`` (the bubble of a split schedule against the published formulas);
   ``run_bubble_check``, ``run_pace_check``, ``run_uneven_check``, ``run_trip_check``: measured claims with
   their one-line verdicts.
+* ``split_drivers``: ``run_zero_bubble_check``, those bubbles as one-line verdicts (predicted, measured, ratio).
 """
 
 from .._lazy import exports
@@ -39,6 +40,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                    "import_pipelining_on_rank"),
     "bubble_drivers": ("SplitBubble", "run_split_bubble", "BubbleCheck", "run_bubble_check", "PaceCheck",
                        "run_pace_check", "UnevenCheck", "run_uneven_check", "TripCheck", "run_trip_check"),
+    "split_drivers": ("SplitCase", "SplitStep", "ZeroBubbleCheck", "measure_split_cases", "split_verdicts",
+                      "predicted_step_of", "run_zero_bubble_check"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",
                 "predicted_step_s", "idle_slots", "step_slots", "peak_in_flight", "messages_per_step",

@@ -9,8 +9,12 @@ tests and the training planner read these; adding a schedule is adding a spec (a
   Pipeline-Parallel DNN Training". Interleaved 1F1B and the bubbles of all three: Narayanan et al. 2021,
   "Efficient Large-Scale Language Model Training on GPU Clusters", sections 2.2.1-2.2.2; its in-flight
   count: Korthikanti et al. 2022, "Reducing Activation Recomputation", section 4.2.3.
-* ZB-H1, ZB-H2 and ZB-V: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024). DualPipeV: the DeepSeek-V3
-  report's DualPipe cut along its V; its bubble and memory from DualPipe's README table.
+* ZB-H1, ZB-H2 and ZB-V: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024). ZB-V holds 2p
+  half-stage chunks at its peak: exactly 1F1B's p microbatches of a whole stage (its section 6's point).
+* DualPipeV: Sea AI Lab's "cut-in-half" of DeepSeek-V3's DualPipe (the DeepSeek-V3 report, section 3.2.1,
+  credited in DualPipe's README). DualPipe exists to hide one microbatch's all-to-all and pipeline sends under
+  the other's compute (its F&B < F + B); here F and B of a pair run in turn, so only its order is taught.
+  Its bubble and memory (PP + 1 chunks, half a stage more than 1F1B) come from DualPipe's README table.
 Two notations (``pipeline.bubbles``): Qi's B is the input gradient only, DualPipe's B the whole backward.
 Pure: no torch.
 """
@@ -227,16 +231,20 @@ SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
     ScheduleSpec(
         "zb-v", "ZB-V", "Qi et al. 2024, section 6", _split(zb_v_order),
         chunks=2, placement="v", training_only=True, split_backward=True,
-        in_flight=InFlight(lambda p, m, v: p, "microbatches", "Qi et al. 2024, section 6: p M_B, 1F1B's"),
+        in_flight=InFlight(lambda p, m, v: p, "microbatches", "Qi et al. 2024, section 6: p M_B, 1F1B's exactly "
+                           "(2p chunks of half a stage)"),
         bubble=Bubble("none published: 'zero bubble' at F = B = W, m >= 2p", "not in the table",
                       "Qi et al. 2024, section 6, and its authors' README: no formula", None, None,
                       window_idle=lambda p, f, b, w: (p - 1) * f,
-                      holds="F = B = W: zero inside each device's span; one step's window keeps the ramp (p-1) F",
+                      holds="F = B = W: zero inside each device's span; one step's window keeps the ramp (p-1) F "
+                      "(this course's count from the list, not a published figure)",
                       condition=_equal_costs)),
     ScheduleSpec(
-        "dualpipev", "DualPipeV", "DeepSeek-V3 report (DualPipe), cut along its V", _split(dualpipev_order),
+        "dualpipev", "DualPipeV", "Sea AI Lab's cut-in-half of DualPipe (DeepSeek-V3 report, section 3.2.1)",
+        _split(dualpipev_order),
         chunks=2, placement="v", training_only=True, split_backward=True,
-        in_flight=InFlight(lambda p, m, v: 2 * p + 1, "chunk-microbatches", f"{DUALPIPE_TABLE}: PP + 1, PP = 2p"),
+        in_flight=InFlight(lambda p, m, v: 2 * p + 1, "chunk-microbatches", f"{DUALPIPE_TABLE}: PP + 1, PP = 2p "
+                           "(half a stage more than 1F1B's p)"),
         bubble=Bubble("(p-1)(F+2B-W), F&B run as F then B", "(PP/2-1)(F&B+B-3W), PP = 2p stages",
                       DUALPIPE_TABLE, lambda p, f, b, w: (p - 1) * (f + 2 * b - w),
                       lambda p, f, b, w: (p - 1) * ((f + b) + b - 3 * w),

@@ -8,9 +8,10 @@
   by a pass in unit time: after a B, its W at once while forwards remain; else the other op than the last
   (F after B, B after F) if ready, a B of chunk 0 first (its gradient travels on), an F of chunk 1 first
   (nearer the loss), under ``2 p`` chunks held; else the oldest W. The steady state is the paper's F, B, W.
-* DualPipeV (DeepSeek-V3 report's DualPipe, cut in half along its V): two chunks per stage in a V; in the
-  steady state a chunk-0 forward runs beside a chunk-1 backward and then the reverse, the pairs that
-  DualPipe overlaps (here they run one after the other, ``OVERLAPPED`` lists them).
+* DualPipeV (Sea AI Lab's "cut-in-half" of DualPipe, DeepSeek-V3 report section 3.2.1, as DualPipe's README
+  credits it): two chunks per stage in a V; in the steady state a chunk-0 forward runs beside a chunk-1
+  backward and then the reverse. DualPipe pairs them so that one microbatch's all-to-all and pipeline sends
+  hide under the other's compute; here they run one after the other (``OVERLAPPED`` names the pairs).
 Pure: no torch.
 """
 

@@ -117,8 +117,10 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
         costs = OpCosts(op_s / v, op_s / v, weight_s / v)  # the pads, per action
         measured = run.bubble.idle_fraction
         try:
-            one_step = SPECS[picker.value].bubble is not None and SPECS[picker.value].bubble.window_idle is not None
-            name = "published formula, its ramp kept for one step" if one_step else "published formula"
+            bubble = SPECS[picker.value].bubble
+            one_step = bubble is not None and bubble.window_idle is not None
+            name = ("published formula" if not one_step else "published formula, its ramp kept for one step"
+                    if bubble.qi_idle is not None else "no published formula; this course's one-step count")
             formula = (f"{name} {published_fraction(schedule, costs):.3f}, " if picker.value in PUBLISHED
                        else "no published closed form, ")
         except ValueError:  # ZB-V's published claim holds only for F = B = W

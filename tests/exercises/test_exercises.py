@@ -612,7 +612,8 @@ def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
     assert (ROOT / "notebooks" / "exercises" / "09_pipeline_schedules_exercises.ipynb").exists()
     assert (ROOT / "solutions" / "09_pipeline_schedules_solutions.ipynb").exists()
     assert "grade_schedule_table(my_schedule" in starter and "grade_schedule_table(answers.my_schedule" in solution
-    assert starter.count('raise NotImplementedError("write') == 1 and "exercise_answers" not in starter
+    assert "grade_small_table(small_table)" in starter and "grade_small_table(answers.small_table)" in solution
+    assert starter.count('raise NotImplementedError("write') == 2 and "exercise_answers" not in starter
 
 
 def test_the_schedule_grader_refuses_something_that_is_not_a_function():

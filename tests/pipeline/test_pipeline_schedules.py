@@ -395,3 +395,94 @@ def test_the_zero_bubble_slider_opens_on_a_step_already_run(pool2, model):
     app = zero_bubble_explorer(pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.004,
                                microbatches=(4, 8), first_run=first)
     assert f"measured {first.bubble.idle_fraction:.3f}" in app.children[2].value
+
+
+# -- the exercise's first step: a table by hand ----------------------------------------------------------------
+def test_the_small_table_grader_passes_the_answer():
+    from shardlib.exercises import grade_small_table
+    from tests.solutions_module import answers
+    result = grade_small_table(answers.small_table)
+    assert result.passed, result
+    assert "now write my_schedule" in result.messages[0]
+
+
+SMALL_WRONG = [
+    ([["F0", "F1", "B0", "B1", "W0", "W1"], ["F0", "F1", "B0", "B1", "W0", "W1"]], "idles 2 slots"),
+    ([["F0", "F1", "B0", "W0", "B1", "W1"], ["F0", "B0", "F1", "B1", "W0"]], "stage 1 lists 5 actions"),
+    ([["F0", "F1", "B0", "W0", "B1", "W1"], ["F0", "W0", "B0", "F1", "B1", "W1"]], "W before its B"),
+    ([["B0", "F0", "F1", "W0", "B1", "W1"], ["F0", "B0", "F1", "B1", "W0", "W1"]], "deadlock"),
+    ([["F0", "F1", "B0", "W0", "B1", "W1"]], "one list of actions per stage"),
+]
+
+
+@pytest.mark.parametrize("table, words", SMALL_WRONG)
+def test_the_small_table_grader_says_what_to_check(table, words):
+    from shardlib.exercises import grade_small_table
+    result = grade_small_table(lambda: table)
+    assert not result.passed and words in " ".join(result.messages), result
+    assert "check" in " ".join(result.messages).lower()  # every message says what to check
+
+
+def test_the_small_table_grader_says_not_written_and_reports_a_crash():
+    from shardlib.exercises import grade_small_table
+
+    def blank():
+        raise NotImplementedError("write small_table")
+
+    def broken():
+        return [[]][1]
+    assert grade_small_table(blank).status == "not written yet"
+    crashed = grade_small_table(broken)
+    assert not crashed.passed and "raised IndexError" in crashed.messages[0] and "Check" in crashed.messages[0]
+    with pytest.raises(ValueError, match="pass your function itself"):
+        grade_small_table([["F0"]])
+
+
+# -- the zero-bubble claims as verdicts ------------------------------------------------------------------------
+def test_the_split_cases_are_checked_in_the_learners_terms():
+    from shardlib.pipeline import SplitCase, run_zero_bubble_check
+    with pytest.raises(ValueError, match="no pipeline schedule called 'zb-h9'"):
+        SplitCase("zb-h9", 4)
+    with pytest.raises(ValueError, match="at least 1 microbatch, got n_microbatches = 0"):
+        SplitCase("zb-h1", 0)
+    with pytest.raises(ValueError, match="positive multiple of F's, got weight_ratio = -1"):
+        SplitCase("zb-h1", 4, -1)
+    with pytest.raises(ValueError, match="put a split schedule with W = 1 F before it"):
+        run_zero_bubble_check(None, [("1f1b", 4, 1.0), ("zb-h1", 4, 1.0)], SHAPE, [], None, None)
+    with pytest.raises(ValueError, match="at least one case"):
+        run_zero_bubble_check(None, [], SHAPE, [], None, None)
+    assert SplitCase("zb-h1", 4, 2.0).label == "ZB-H1 step, m = 4, W = 2 F"
+
+
+def test_the_predicted_step_is_the_lists_own():
+    """At F = B = W = 1 on 2 stages, m = 4: ZB-H1's step is 12 slots of work plus (p-1)(F+B-W) = 1, 1F1B's
+    12 plus (p-1)(F+B+W) = 3, exactly."""
+    from shardlib.pipeline import OpCosts, predicted_step_of
+    ones = OpCosts(1.0, 1.0, 1.0)
+    assert predicted_step_of("zb-h1", 2, 4, ones) == pytest.approx((13.0, 1 / 13))
+    assert predicted_step_of("1f1b", 2, 4, ones) == pytest.approx((15.0, 3 / 15))
+    dear = OpCosts(1.0, 1.0, 2.0)  # a dear W: the ramp of one F stays idle
+    assert predicted_step_of("zb-h1", 2, 4, dear)[0] == pytest.approx(17.0)
+
+
+def test_the_verdicts_set_the_lists_step_beside_the_measured_one():
+    from shardlib.pipeline import OpCosts, SplitCase, SplitStep, split_verdicts
+    case = SplitCase("zb-h1", 4)
+    near, far = (SplitStep(case, 2, OpCosts(0.02, 0.02, 0.02), 0.26, measured, 1 / 13, 0.1, (2, 2), True)
+                 for measured in (0.29, 0.52))
+    held, missed = split_verdicts([near, far])
+    assert held.predicted == 0.26 and held.measured == 0.29 and held.held and held.unit == "s"
+    assert not missed.held and "ZB-H1 step, m = 4: predicted 260 ms, measured 520 ms, ratio 2.00" in missed.line
+
+
+def test_the_split_cases_measured_on_ranks_are_exact_and_predicted_from_their_own_spans(pool2, model):
+    from shardlib.pipeline import measure_split_cases, predicted_step_of
+    steps = measure_split_cases(pool2, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 4, 2.0)], SHAPE,
+                                model["layers"], model["x"], model["grad"], op_s=0.004)
+    assert [s.bit_for_bit for s in steps] == [True, True, True]
+    assert steps[1].costs == steps[0].costs  # 1F1B's whole backward borrows ZB-H1's measured F, B and W
+    assert steps[2].costs.weight_s > steps[0].costs.weight_s  # W padded to twice F
+    for s in steps:
+        assert (s.predicted_step_s, s.predicted_idle) == predicted_step_of(s.case.name, 2, 4, s.costs)
+        assert s.peak_in_flight == ((2, 2) if s.case.name == "zb-h1" else (2, 1))
+        assert s.measured_step_s > 0 and 0 <= s.measured_idle < 1
