@@ -27,5 +27,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "paged": ("PagedModel", "KVCache"),
     "loop": ("run_engine", "sample_token", "serve_in_process"),
     "ranks": ("serving_engine_on_rank", "EngineRankResult", "StepRecord"),
-    "drivers": ("run_serving", "ServingRun", "check_serving"),
+    "drivers": ("run_serving", "ServingRun", "check_serving", "reference_tokens", "run_policy_check", "PolicyCheck",
+                "fit_engine_cost"),
 })
