@@ -30,7 +30,7 @@ def explorer_state(cost, rate_per_s: float, block_size: int, max_batch_tokens: i
                    n_requests: int = 24, cache_tokens: int = 512, max_positions: int = 128, seed: int = 7):
     """``(requests, config, predicted)`` for one setting of the explorer's controls; a ValueError in words
     when the setting cannot serve the trace."""
-    requests = poisson_trace(n_requests, rate_per_s, prompt_tokens=(4, 56), new_tokens=(2, 24), seed=seed)
+    requests = poisson_trace(n_requests, rate_per_s, prompt_tokens=(4, 40), new_tokens=(2, 24), seed=seed)
     config = EngineConfig(block_size=block_size, num_blocks=cache_tokens // block_size,
                           max_batch_tokens=max_batch_tokens, chunked_prefill=chunked)
     problems = config.problems(requests, max_positions)

@@ -59,11 +59,12 @@ def attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: tor
     """One new query per sequence on its own keys: ``q`` (n, heads, hd); ``k``, ``v`` (n, context, kv heads,
     hd), each row's context padded to the longest; ``valid`` (n, context) marks the real keys (a padded key
     gets weight exactly 0). Returns (n, heads, hd)."""
-    group = q.shape[1] // k.shape[2]
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # (n, context, heads, hd)
-    scores = torch.einsum("nhd,nchd->nhc", q, k) * q.shape[-1] ** -0.5  # (n, heads, context)
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    return torch.einsum("nhc,nchd->nhd", torch.softmax(scores, dim=-1), v)
+    n, heads, hd = q.shape
+    kv_heads = k.shape[2]
+    q = q.view(n, kv_heads, heads // kv_heads, hd)  # query head h reads KV head h // group: no copies of K/V
+    scores = torch.einsum("nkgd,nckd->nkgc", q, k) * hd ** -0.5  # (n, kv heads, group, context)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    return torch.einsum("nkgc,nckd->nkgd", torch.softmax(scores, dim=-1), v).reshape(n, heads, hd)
 
 
 class Layer(torch.nn.Module):
