@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
+from IPython.display import display
 
 from ..serving.engine.predict import paged_utilization, simulate_serving
 from ..serving.engine.requests import EngineConfig
@@ -51,7 +51,8 @@ def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_pos
                              continuous_update=False, style=style)
     chunked = widgets.ToggleButtons(options=(("chunked prefill", True), ("prefill-first", False)), value=True)
     table = widgets.HTML()
-    fig = go.FigureWidget()
+    figure = widgets.Output()  # a plain figure redrawn in it: a FigureWidget costs seconds to make the first time
+    drawn = [False]
 
     def update(change=None) -> None:
         requests, config, predicted = explorer_state(cost, rate.value, block.value, budget.value, chunked.value,
@@ -69,13 +70,13 @@ def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_pos
             for k, v in rows) + "</table>")
         new = token_timeline_figure(requests, predicted.token_times_s, "Predicted: each request's wait and tokens",
                                     where)
-        with fig.batch_update():
-            fig.data = []
-            for trace in new.data:
-                fig.add_trace(trace)
-            fig.layout = new.layout
+        with figure:
+            if drawn[0]:  # not on the first draw: a clear while the cell first renders can stall nbclient
+                figure.clear_output(wait=True)
+            display(new)
+        drawn[0] = True
 
     feedback = Feedback()
     observe_all((rate, block, budget, chunked), update, feedback)
     update()
-    return widgets.VBox([widgets.HBox([rate, block]), widgets.HBox([budget, chunked]), feedback.area, table, fig])
+    return widgets.VBox([widgets.HBox([rate, block]), widgets.HBox([budget, chunked]), feedback.area, table, figure])
