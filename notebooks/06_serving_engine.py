@@ -78,7 +78,7 @@
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.serving.engine.blocks import BlockManager
-from shardlib.serving.engine.paged import KVCache, Layer
+from shardlib.serving.engine.paged import KVCache, Layer, attend_decodes
 from shardlib.serving.engine.scheduler import Scheduler
 from shardlib.ui.code import show_code
 
@@ -97,11 +97,12 @@ show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.releas
 # %% [markdown]
 # The paged read. Token `p` of a sequence sits in slot `table[p // block_size] * block_size + p %
 # block_size`. A layer writes each chunk's new K/V into its slots, then reads the whole sequence back
-# through the block table and attends. The rest is [notebook 01's](01_tensor_parallel.ipynb) column and
+# through the block table and attends. The step's one-token decodes are read and attended together,
+# their contexts padded to the longest and the padding masked. The rest is [notebook 01's](01_tensor_parallel.ipynb) column and
 # row splits: each rank holds its query heads and KV heads, and two all-reduces a layer sum the heads.
 
 # %% tags=["nbval-ignore-output"]
-show_code(KVCache.slots, Layer.forward)
+show_code(KVCache.slots, Layer.forward, attend_decodes)
 
 # %% [markdown]
 # ## The model and the ranks
@@ -179,7 +180,9 @@ print(f"predicted: {per_token} bytes a token x {config.capacity_tokens} slots = 
 print(f"measured: the cache tensors of each rank hold {roomy_run.kv_cache_bytes} bytes")
 assert roomy_run.kv_cache_bytes == (predicted_cache,) * two.world_size
 longest = max(r.total_tokens for r in trace)
-print(f"at most {config.capacity_tokens // longest} sequences of the longest request ({longest} tokens) fit at once")
+blocks_each = -(-longest // config.block_size)  # whole blocks: the last one part empty
+print(f"the longest request ({longest} tokens) needs {blocks_each} blocks: {config.num_blocks // blocks_each} such "
+      f"sequences fit in {config.num_blocks} blocks at once")
 
 # %% [markdown]
 # Before vLLM, servers such as Orca and FasterTransformer reserved each request's longest possible length
