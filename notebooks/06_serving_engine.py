@@ -98,8 +98,9 @@ show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.releas
 # The paged read. Token `p` of a sequence sits in slot `table[p // block_size] * block_size + p %
 # block_size`. A layer writes each chunk's new K/V into its slots, then reads the whole sequence back
 # through the block table and attends. The step's one-token decodes are read and attended together,
-# their contexts padded to the longest and the padding masked. The rest is [notebook 01's](01_tensor_parallel.ipynb) column and
-# row splits: each rank holds its query heads and KV heads, and two all-reduces a layer sum the heads.
+# their contexts padded to the longest and the padding masked. The rest is
+# [notebook 01's](01_tensor_parallel.ipynb) column and row splits: each rank holds its query heads and KV
+# heads, and two all-reduces a layer sum the heads.
 
 # %% tags=["nbval-ignore-output"]
 show_code(KVCache.slots, Layer.forward, attend_decodes)
