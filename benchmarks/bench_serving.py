@@ -94,6 +94,12 @@ SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_at
              vocab_size=1024, max_position_embeddings=256)
 
 
+def one_thread(ctx) -> int:
+    """On a rank: compute with one thread, as the transformers side does in this process."""
+    torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
 def transformers_static(model, requests, batch: int) -> tuple[dict, float]:
     """Greedy ``generate`` in static batches, left-padded; returns each request's tokens and the wall time."""
     out, start = {}, time.perf_counter()
@@ -132,6 +138,7 @@ def engine_main(args) -> None:
                                                   max_num_seqs=args.batch, chunked_prefill=False),
     }
     with Ranks(args.tp, timeout=900) as ranks:
+        ranks.run(one_thread)  # a pool shares the cores out (2 for one rank here): one each, as transformers has
         link = None
         if args.tp > 1:
             cal = run_calibration(ranks)
