@@ -16,7 +16,8 @@ one seeded trace of mixed prompt and output lengths, all arriving at once (offli
 * transformers' ``generate`` in static batches of ``--batch`` requests (left-padded; a batch runs until
   its longest request is done), greedy, in this process with one thread;
 * the engine on ``--tp`` ranks (one thread each): continuous batching, then static batching with the same
-  batch size, then prefill-first (no chunked prefill); every run's tokens checked equal;
+  batch size, then prefill-first (no chunked prefill); every run's tokens checked equal; ``--rounds``
+  alternating rounds of all of these, the fastest round of each kept (a busy machine only slows a run);
 * the engine's fitted cost model (fitted on another trace) predicting each policy's figures, with its
   error;
 * a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT.
@@ -126,7 +127,7 @@ def engine_main(args) -> None:
     weights = weights_from_hf_llama(model.state_dict(), model.config)
     trace = poisson_trace(args.requests, float("inf"), prompt_tokens=(8, 160), new_tokens=(4, 64), vocab=1024, seed=3)
     useful = sum(r.max_new_tokens for r in trace)
-    theirs, theirs_s = transformers_static(model, trace, args.batch)
+    theirs, theirs_s = transformers_static(model, trace, args.batch)  # a first pass warms transformers up
 
     budget = 512  # tokens a step, the same for every policy (a prompt and its outputs fit one step)
     policies = {
@@ -147,7 +148,15 @@ def engine_main(args) -> None:
         run_serving(ranks, weights, fit_trace[:4], policies["continuous, chunked prefill"])  # warm the ranks
         fitted = run_serving(ranks, weights, fit_trace, policies["continuous, chunked prefill"])
         cost = fit_step_cost(fitted.steps, weights.config, 4, tp=args.tp, tp_link=link)
-        runs = {name: run_serving(ranks, weights, trace, config) for name, config in policies.items()}
+        runs = {}
+        for _ in range(args.rounds):  # alternating rounds, the fastest of each kept: a busy machine only slows
+            again, again_s = transformers_static(model, trace, args.batch)
+            assert again == theirs
+            theirs_s = min(theirs_s, again_s)
+            for name, config in policies.items():
+                run = run_serving(ranks, weights, trace, config)
+                if name not in runs or run.tokens_per_s > runs[name].tokens_per_s:
+                    runs[name] = run
         chats = shared_prefix_trace(conversations=6, turns=4, system_tokens=96, message_tokens=(8, 24),
                                     new_tokens=(4, 16), gap_s=0.05, vocab=1024, seed=5)
         roomy = EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=256)
@@ -202,6 +211,7 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=48, help="engine: requests in the trace")
     parser.add_argument("--batch", type=int, default=16, help="engine: sequences at once, for every policy")
     parser.add_argument("--tp", type=int, default=1, help="engine: tensor-parallel ranks")
+    parser.add_argument("--rounds", type=int, default=3, help="engine: alternating rounds, the fastest kept")
     args = parser.parse_args(argv)
     if args.section in ("all", "layouts"):
         layouts_main()
