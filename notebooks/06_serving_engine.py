@@ -149,12 +149,12 @@ assert margin > 1e-9
 # %% [markdown]
 # ## Run: the same tokens, with and without preemption
 #
-# Two runs on the ranks. The first has a roomy cache (64 blocks of 8 slots per rank). The second has 12
-# blocks, 96 slots for 16 requests of up to 64 tokens: the scheduler must preempt.
+# Two runs on the ranks. The first has a roomy cache (64 blocks of 8 slots per rank). The second has 16
+# blocks, 128 slots for 16 requests of up to 64 tokens: the scheduler must preempt.
 
 # %%
 config = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
-tight = EngineConfig(block_size=8, num_blocks=12, max_batch_tokens=64)
+tight = EngineConfig(block_size=8, num_blocks=16, max_batch_tokens=64)
 roomy_run = run_serving(two, weights, trace, config)
 tight_run = run_serving(two, weights, trace, tight)
 print(f"roomy cache: {len(roomy_run.steps)} steps, {roomy_run.preemptions} preemptions")
