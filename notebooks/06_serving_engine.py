@@ -247,11 +247,11 @@ for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
 # all-reduces land in the fixed overhead.
 
 # %%
-from shardlib.serving.engine import fit_engine_cost
+from shardlib.serving.engine import run_step_cost_fit
 from shardlib.serving.engine.predict import simulate_serving
 
 fit_trace = poisson_trace(12, float("inf"), prompt_tokens=(4, 40), new_tokens=(2, 24), seed=2)  # another trace
-cost = fit_engine_cost(two, weights, fit_trace, config)
+cost = run_step_cost_fit(two, weights, fit_trace, config)
 print(f"fitted: {cost.overhead_s * 1e3:.2f} ms a step + {cost.per_token_s * 1e6:.1f} us a token + "
       f"{cost.per_key_s * 1e9:.1f} ns a key")
 predicted = simulate_serving(trace, config, cost).figures(trace)

@@ -171,7 +171,7 @@ def _claim(fig: str, predicted: float, measured: float, what: str) -> Verdict:
     return Verdict(f"{FIGURE_WORDS[fig]}, {what}", predicted, measured, unit)
 
 
-def fit_engine_cost(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> StepCost:
+def run_step_cost_fit(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> StepCost:
     """Serve ``requests`` once and fit the step cost to its steps (``predict.fit_step_cost``): seconds a step,
     a token and a key attended. At ``tp > 1`` the fit absorbs a step's small all-reduces into its per-step
     overhead (the link is not priced apart)."""
@@ -182,7 +182,7 @@ def fit_engine_cost(ranks, weights: LlamaWeights, requests, config: EngineConfig
 def run_policy_check(ranks, weights: LlamaWeights, requests, policies: dict, fit_requests=None, claims=(),
                      ratios=(), cost: StepCost | None = None, attempts: int = 3) -> PolicyCheck:
     """Predict every policy on ``requests`` with a step cost, then serve them for real. The cost is ``cost``
-    if given, else fitted to a run of ``fit_requests`` under the first policy (``fit_engine_cost``), again at
+    if given, else fitted to a run of ``fit_requests`` under the first policy (``run_step_cost_fit``), again at
     every attempt.
 
     ``claims``: ``(figure, policy)`` pairs, each a verdict of the figure predicted against measured;
@@ -203,7 +203,7 @@ def run_policy_check(ranks, weights: LlamaWeights, requests, policies: dict, fit
     given = cost
 
     def measure():
-        cost = given or fit_engine_cost(ranks, weights, fit_requests, policies[names[0]])
+        cost = given or run_step_cost_fit(ranks, weights, fit_requests, policies[names[0]])
         simulated = {n: simulate_serving(requests, policies[n], cost) for n in names}
         predicted = {n: sim.figures(requests) for n, sim in simulated.items()}
         runs = {n: run_serving(ranks, weights, requests, policies[n]) for n in names}
