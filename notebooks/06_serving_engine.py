@@ -150,13 +150,16 @@ assert margin > 1e-9
 # ## Run: the same tokens, with and without preemption
 #
 # Two runs on the ranks. The first has a roomy cache (64 blocks of 8 slots per rank). The second has 16
-# blocks, 128 slots for 16 requests of up to 64 tokens: the scheduler must preempt.
+# blocks, 128 slots, and all 16 requests arrive at once: the scheduler must preempt.
 
 # %%
+from dataclasses import replace
+
 config = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
 tight = EngineConfig(block_size=8, num_blocks=16, max_batch_tokens=64)
 roomy_run = run_serving(two, weights, trace, config)
-tight_run = run_serving(two, weights, trace, tight)
+burst = [replace(r, arrival_s=0.0) for r in trace]  # the same requests, all at once
+tight_run = run_serving(two, weights, burst, tight)
 print(f"roomy cache: {len(roomy_run.steps)} steps, {roomy_run.preemptions} preemptions")
 print(f"tight cache: {len(tight_run.steps)} steps, {tight_run.preemptions} preemptions")
 print(f"every request's tokens equal the reference: roomy {roomy_run.tokens == reference}, "
@@ -292,8 +295,6 @@ token_timeline_figure(trace, load.runs["continuous"].token_times_s, "Continuous 
 # decodes. Predict first: the replay of both policies on the fitted clock.
 
 # %%
-from dataclasses import replace
-
 batching = {"continuous": replace(config, max_num_seqs=4), "static": replace(config, max_num_seqs=4,
                                                                              batching="static")}
 for name, policy in batching.items():
@@ -508,7 +509,7 @@ show_questions(
 # - KV bytes per token is `2 x layers x KV heads per rank x head dim x bytes`; the cache's tensors
 #   matched it. Paged blocks held most of their slots with real tokens; reservations held few.
 # - A step's fitted cost, replayed through the same scheduler, predicted TPOT and throughput.
-# - Continuous batching beat static batching on throughput and TTFT. Chunked prefill kept decodes
+# - On this trace continuous batching beat static batching on throughput and TTFT. Chunked prefill kept decodes
 #   flowing while prompts ran. Prefix caching skipped the shared prompt's blocks.
 #
 # The exercise: `exercises/06_serving_engine_exercises.ipynb` has you write the block manager.
