@@ -6,7 +6,8 @@
 * Per package, figures (data in, figure out) and widgets (controls wired to drivers and figures):
   ``intro_figures``, ``intro_widgets``; ``tensor_parallel_figures``, ``tensor_parallel_widgets``;
   ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
-  ``experts_widgets``; ``serving_figures``, ``serving_widgets``; ``data_parallel_figures``,
+  ``experts_widgets``; ``serving_figures``, ``serving_widgets``; ``engine_figures``, ``engine_widgets`` (the
+  serving engine); ``data_parallel_figures``,
   ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``; ``training_figures``,
   ``training_widgets``.
 * ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.

@@ -575,8 +575,9 @@ def test_every_exercise_has_a_starter_and_a_solution_notebook():
         assert "exercise_answers" not in starter, "the starters must not import the solutions"
         blanks += count
     answers_module = ast.parse((ROOT / "solutions" / "exercise_answers.py").read_text())
-    answers = [n.name for n in answers_module.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
-    assert blanks == len(answers), (blanks, answers)  # one blank per function the answers define
+    answers = [n.name for n in answers_module.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+               and not n.name.startswith("_")]
+    assert blanks == len(answers), (blanks, answers)  # one blank per function or class the answers define
 
 
 def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):

@@ -62,9 +62,15 @@ class CachesTheLastToken(Good):
         return len(tokens) if len(tokens) % self.block_size == 0 and cached == len(tokens) - self.block_size else cached
 
 
+class FreeBlank(Good):
+    def free(self, seq):
+        raise NotImplementedError
+
+
 def test_the_answer_passes_and_a_blank_is_not_written():
     assert grade_block_manager(Good).status == PASSED
     assert grade_block_manager(Blank).status == NOT_WRITTEN
+    assert grade_block_manager(FreeBlank).status == NOT_WRITTEN  # allocate written, free still blank
 
 
 @pytest.mark.parametrize("cls, phrase", [

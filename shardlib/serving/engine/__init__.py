@@ -10,7 +10,9 @@
 * ``traces``: seeded request traces: Poisson arrivals of mixed lengths; shared system prompts, multi-turn.
 * ``predict``: KV memory and the share real tokens hold (paged against contiguous); a fitted step cost and
   the scheduler replayed on its clock (TTFT, TPOT, throughput predicted).
-* ``ranks``, ``drivers``: ``serving_engine_on_rank`` and ``run_serving`` (a ``ServingRun``).
+* ``ranks``, ``drivers``: ``serving_engine_on_rank`` and ``run_serving`` (a ``ServingRun``); ``reference_tokens``
+  (one process, and the top-two margin), ``run_step_cost_fit``, ``run_policy_check`` (policies predicted, then
+  served, one verdict per claim).
 """
 
 from ..._lazy import exports
@@ -27,5 +29,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "paged": ("PagedModel", "KVCache"),
     "loop": ("run_engine", "sample_token", "serve_in_process"),
     "ranks": ("serving_engine_on_rank", "EngineRankResult", "StepRecord"),
-    "drivers": ("run_serving", "ServingRun", "check_serving"),
+    "drivers": ("run_serving", "ServingRun", "check_serving", "reference_tokens", "run_policy_check", "PolicyCheck",
+                "run_step_cost_fit"),
 })

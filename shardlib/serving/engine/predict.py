@@ -85,12 +85,13 @@ def fit_step_cost(steps, config, element_bytes: int, tp: int = 1, tp_link=None) 
                     element_bytes, tp, tp_link)
 
 
-FIGURES = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "tokens_per_s")
+FIGURES = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "gap_max_s", "tokens_per_s")
 
 
 def figures(requests, token_times_s: dict) -> dict[str, float]:
     """The figures a serving run is judged by, from each request's token times: TTFT and TPOT at the
-    median and the 90th percentile, end to end at the median, generated tokens per second."""
+    median and the 90th percentile, end to end at the median, the longest wait between two tokens of any
+    one request (a generation stall), generated tokens per second."""
     by_id = {r.request_id: r for r in requests}
     metrics = [request_metrics(by_id[rid], times) for rid, times in token_times_s.items()]
     start = min(r.arrival_s for r in requests)
@@ -100,15 +101,19 @@ def figures(requests, token_times_s: dict) -> dict[str, float]:
             "ttft_p90_s": percentile([m.ttft_s for m in metrics], 90),
             "tpot_p50_s": percentile(decoding, 50), "tpot_p90_s": percentile(decoding, 90),
             "e2e_p50_s": percentile([m.e2e_s for m in metrics], 50),
+            "gap_max_s": max(m.max_gap_s for m in metrics),
             "tokens_per_s": sum(len(t) for t in token_times_s.values()) / (end - start)}
 
 
 @dataclass(frozen=True)
 class PredictedServing:
-    """What the replay predicts: per request its token times, and the steps' predicted times."""
+    """What the replay predicts: per request its token times, the steps' predicted times, and how many
+    sequences the scheduler preempted (the cache ran out of blocks)."""
 
     token_times_s: dict
     step_s: tuple[float, ...]
+    preemptions: int = 0
+    prefix_hit_rate: float = 0.0  # prompt tokens found in the prefix cache, over all prompt tokens looked up
 
     def figures(self, requests) -> dict[str, float]:
         return figures(requests, self.token_times_s)
@@ -129,4 +134,5 @@ def simulate_serving(requests, engine_config, cost: StepCost) -> PredictedServin
         clock[0] += max(0.0, s)
 
     sched = run_engine(list(requests), engine_config, model_step, clock=lambda: clock[0], wait=wait)
-    return PredictedServing({rid: tuple(s.token_times_s) for rid, s in sched.finished.items()}, tuple(steps))
+    return PredictedServing({rid: tuple(s.token_times_s) for rid, s in sched.finished.items()}, tuple(steps),
+                            sched.preemptions, sched.blocks.stats().hit_rate)

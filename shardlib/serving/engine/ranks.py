@@ -93,7 +93,8 @@ def serving_engine_on_rank(ctx, weights, requests, config) -> EngineRankResult:
     start = time.perf_counter()
 
     def step(chunks):
-        _broadcast(ctx, pack(chunks))
+        if ctx.world_size > 1:  # alone, there is no one to tell
+            _broadcast(ctx, pack(chunks))
         return model.step(chunks)
 
     def record(plan, start_s, end_s, sched):
@@ -102,7 +103,8 @@ def serving_engine_on_rank(ctx, weights, requests, config) -> EngineRankResult:
 
     sched = run_engine(requests, config, step, clock=lambda: time.perf_counter() - start,
                        wait=lambda s: time.sleep(max(0.0, s)), on_step=record)
-    _broadcast(ctx, None)
+    if ctx.world_size > 1:
+        _broadcast(ctx, None)
     outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
     stats = sched.blocks.stats()
     return EngineRankResult(0, model.cache.size_bytes, outputs, tuple(steps), stats.hit_tokens, stats.lookup_tokens,

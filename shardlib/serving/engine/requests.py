@@ -98,7 +98,7 @@ class EngineConfig:
         return out
 
 
-@dataclass
+@dataclass(eq=False)  # one state per request, found by identity: comparing states field by field cost ms a step
 class SequenceState:
     """A request while it is served: its tokens so far, how many have K/V in the cache (``computed``), and
     when things happened (seconds after the start)."""

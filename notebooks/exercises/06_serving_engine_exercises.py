@@ -1,0 +1,126 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Exercises: the serving engine's block manager
+#
+# **What you will do.** Write the two methods at the heart of notebook 06's paged KV cache: `allocate`,
+# which gives a new sequence its blocks and reuses cached blocks of a shared prefix, and `free`, which
+# takes them back. Then run the checker cell. It replays traces of allocations and frees against the
+# library's block manager, watches what every block holds, and names the first mistake it sees: leaked
+# blocks, a shared block freed while in use, a hash that ignores the parent, a starved request.
+#
+# Until you write `allocate`, the checker says "not written yet". About 30 minutes.
+
+# %% [markdown]
+# ## The state you are given
+#
+# The cache has `num_blocks` blocks of `block_size` token slots. The class keeps:
+#
+# - `free_blocks`: the ids of free blocks, **least recently freed first** (hand out from the front,
+#   give back at the end);
+# - `refs[block]`: how many sequences hold that block;
+# - `tables[seq]`: a sequence's blocks in order (its block table);
+# - `cached[name]`: the block that holds a full block of tokens known by that name;
+# - `name_of[block]`: the name of a full block, while the block still holds it.
+#
+# A full block's name is `block_hash(parent_name, tokens)`, where `parent_name` is the name of the block
+# before it (`None` for the first). Two blocks with the same tokens after different prefixes hold
+# different K/V, so they must get different names.
+
+# %% [markdown]
+# ## Exercise: `allocate` and `free` with prefix reuse
+#
+# `allocate(seq, tokens)` gives sequence `seq` enough blocks for all of `tokens` and returns how many of
+# its tokens the cache already holds. The rules:
+#
+# 1. Walk the full blocks of `tokens` from the start, naming each. Reuse each block whose name is in
+#    `cached`, and stop at the first that is not. **The last token is never served from the cache**: its
+#    logits must be computed, so look only at the full blocks of the first `len(tokens) - 1` tokens.
+# 2. A reused block gets one more reference. If it had none, it was free: take it out of `free_blocks`.
+# 3. Give fresh blocks from the front of `free_blocks` for the rest. A fresh block may still carry an old
+#    name: forget it (in `name_of`, and in `cached` if it points at this block).
+# 4. Name every fresh block that your tokens fill completely, unless an equal block is cached already.
+# 5. Return the number of tokens in the reused blocks.
+#
+# `free(seq)` drops the sequence's table. Each of its blocks loses one reference, and goes back to the
+# end of `free_blocks` when no one holds it. Keep its name: a later request may reuse it.
+
+# %%
+from shardlib.serving.engine.blocks import block_hash  # noqa: F401  (yours to use: block_hash(parent, tokens))
+
+
+class MyBlockManager:
+    """Blocks handed out and taken back; full blocks named by a hash chained to their parent's name."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.free_blocks = list(range(num_blocks))  # least recently freed first
+        self.refs = [0] * num_blocks
+        self.tables: dict = {}
+        self.cached: dict = {}  # name -> block
+        self.name_of: dict = {}  # block -> name
+
+    def allocate(self, seq, tokens) -> int:
+        """Blocks for all of ``tokens``; returns how many tokens cached blocks already hold."""
+        raise NotImplementedError("write allocate here (and free below)")
+
+    def free(self, seq) -> None:
+        """Give back ``seq``'s blocks; a block is free again once no sequence holds it."""
+        raise NotImplementedError("free is yours too")
+
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.exercises.serving_engine import grade_block_manager
+
+grade_block_manager(MyBlockManager)
+
+# %% [markdown]
+# ## Check yourself
+#
+# Pick an answer; the reason appears under it.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.quiz import Question, show_questions
+
+show_questions(
+    Question(
+        "Sequences a and b share their first block. a is freed. The checker then says block 3 was handed to c "
+        "while b still holds it. What went wrong?",
+        ("free gave block 3 back although b still held it", "allocate forgot to name block 3",
+         "The hash of block 3 ignored its parent", "c's prompt was too long for the cache"),
+        0,
+        "A shared block goes back to free_blocks only when its last holder lets go: count references, free at "
+        "zero.",
+    ),
+    Question(
+        "Why must a block's name include its parent's name?",
+        ("To make the hash faster to compute", "So that blocks are freed in the right order",
+         "The same tokens after another prefix have other K/V", "Because the last token needs its logits"),
+        2,
+        "A token's key and value depend on every token before it: equal tokens in another place are not the "
+        "same block.",
+    ),
+)
+
+# %% [markdown]
+# ## What you practised
+#
+# - A paged cache hands out fixed-size blocks and counts who holds each. A block returns to the free list
+#   only at zero references.
+# - Prefix reuse names full blocks by a chain of hashes, stops at the first unknown name, and never serves
+#   the last token.
+# - A freed block stays findable until it is handed out again, then its old name is forgotten.
+#
+# Solutions for instructors are in `solutions/` at the top of the repository.

@@ -1,0 +1,58 @@
+"""The serving engine's figures: each request's life on one row (waiting, then its tokens), and KV memory.
+
+``token_timeline_figure``: per request a grey bar from its arrival to its first token (TTFT) and a dot at
+every generated token, so continuous batching (a newcomer starts while others decode), static batching
+(newcomers wait for a whole batch) and a prefill stall (a gap in everyone's dots) read at a glance.
+``kv_use_figure``: the KV slots real tokens hold, paged against each request reserving its longest
+length. Plotly only: data in, a figure out.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from .gantt import row_axis, titled
+from .pipeline_figures import _MimeFigure
+from .theme import colour
+
+
+def token_timeline_figure(requests, token_times_s: dict, title: str = "Each request: waiting, then its tokens",
+                          where: str = "", limit: int = 16) -> go.Figure:
+    """Rows: the first ``limit`` requests by arrival; x: milliseconds after the first arrival."""
+    if not token_times_s:
+        raise ValueError("no token times to draw: serve some requests first")
+    shown = sorted((r for r in requests if r.request_id in token_times_s), key=lambda r: r.arrival_s)[:limit]
+    t0 = min(r.arrival_s for r in shown)
+    rows = [f"request {r.request_id}" for r in shown]
+    wait = go.Bar(orientation="h", name="waiting for its first token (TTFT)", y=rows,
+                  base=[(r.arrival_s - t0) * 1e3 for r in shown],
+                  x=[max((token_times_s[r.request_id][0] - r.arrival_s) * 1e3, 1e-6) for r in shown],
+                  marker={"color": "lightgrey"}, width=0.5,
+                  hovertemplate="%{y}: waited %{x:.1f} ms<extra></extra>")
+    xs, ys = [], []
+    for r, row in zip(shown, rows):
+        for t in token_times_s[r.request_id]:
+            xs.append((t - t0) * 1e3)
+            ys.append(row)
+    dots = go.Scatter(x=xs, y=ys, mode="markers", name="a generated token", marker={"color": colour(0), "size": 6},
+                      hovertemplate="%{y}: a token at %{x:.1f} ms<extra></extra>")
+    fig = go.Figure([wait, dots])
+    fig.update_layout(title=titled(title, where), barmode="overlay", xaxis_title="time after the first arrival (ms)",
+                      yaxis=row_axis(rows), height=140 + 24 * len(rows),
+                      margin={"l": 90, "r": 20, "t": 70 if where else 50, "b": 40},
+                      legend={"orientation": "h", "y": -0.15 if len(rows) > 6 else -0.4})
+    fig.__class__ = _MimeFigure  # shown without loading plotly's renderers (slow to import)
+    return fig
+
+
+def kv_use_figure(paged: float, contiguous: float, paper: tuple[float, float], where: str = "") -> go.Figure:
+    """Bars: the share of KV slots holding real tokens, paged and reserved, beside the paper's range."""
+    names = ["paged blocks (this run)", "each request reserves the context", "earlier systems (vLLM paper)"]
+    fig = go.Figure(go.Bar(x=names, y=[paged * 100, contiguous * 100, (paper[0] + paper[1]) / 2 * 100],
+                           error_y={"type": "data", "array": [0, 0, (paper[1] - paper[0]) / 2 * 100]},
+                           marker={"color": [colour(0), colour(1), "grey"]},
+                           hovertemplate="%{x}: %{y:.1f} %<extra></extra>"))
+    fig.update_layout(title=titled("KV memory holding real tokens", where), yaxis_title="% of the slots in use",
+                      yaxis_range=[0, 105], height=340, margin={"l": 60, "r": 20, "t": 70 if where else 50, "b": 40})
+    fig.__class__ = _MimeFigure
+    return fig

@@ -1,0 +1,82 @@
+"""The serving engine's explorer: the scheduler replayed on a fitted step cost, moved by sliders.
+
+``engine_explorer(cost, ...)``: a seeded Poisson trace served by the engine's own scheduler on the clock of
+``cost`` (``serving.engine.predict.simulate_serving``: no ranks, an answer in milliseconds). Sliders for the
+request rate, the block size (the cache keeps the same number of token slots), the token budget per step,
+and chunked prefill on or off; it shows TTFT, TPOT, the longest gap, throughput, preemptions and the KV
+slots real tokens hold, and each request's timeline.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+from IPython.display import display
+
+from ..serving.engine.predict import paged_utilization, simulate_serving
+from ..serving.engine.requests import EngineConfig
+from ..serving.engine.traces import poisson_trace
+from .engine_figures import token_timeline_figure
+from .live import Feedback, SelectionSlider, observe_all
+
+RATES = (("5 / s", 5.0), ("10 / s", 10.0), ("20 / s", 20.0), ("50 / s", 50.0), ("100 / s", 100.0),
+         ("200 / s", 200.0), ("all at once", float("inf")))
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+BUDGETS = (16, 32, 64, 128, 256)
+
+
+def explorer_state(cost, rate_per_s: float, block_size: int, max_batch_tokens: int, chunked: bool,
+                   n_requests: int = 24, cache_tokens: int = 512, max_positions: int = 128, seed: int = 7):
+    """``(requests, config, predicted)`` for one setting of the explorer's controls; a ValueError in words
+    when the setting cannot serve the trace."""
+    requests = poisson_trace(n_requests, rate_per_s, prompt_tokens=(4, 40), new_tokens=(2, 24), seed=seed)
+    config = EngineConfig(block_size=block_size, num_blocks=cache_tokens // block_size,
+                          max_batch_tokens=max_batch_tokens, chunked_prefill=chunked)
+    problems = config.problems(requests, max_positions)
+    if problems:
+        raise ValueError(problems[0])
+    return requests, config, simulate_serving(requests, config, cost)
+
+
+def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_positions: int = 128,
+                    seed: int = 7, where: str = "") -> widgets.VBox:
+    """The explorer over ``cost`` (a ``StepCost``, e.g. the one fitted to your run)."""
+    style = {"description_width": "initial"}
+    rate = SelectionSlider(options=RATES, value=20.0, description="request rate", continuous_update=False,
+                           style=style)
+    block = SelectionSlider(options=BLOCK_SIZES, value=16, description="block size (tokens)",
+                            continuous_update=False, style=style)
+    budget = SelectionSlider(options=BUDGETS, value=64, description="token budget per step",
+                             continuous_update=False, style=style)
+    chunked = widgets.ToggleButtons(options=(("chunked prefill", True), ("prefill-first", False)), value=True)
+    table = widgets.HTML()
+    figure = widgets.Output()  # a plain figure redrawn in it: a FigureWidget costs seconds to make the first time
+    drawn = [False]
+
+    def update(change=None) -> None:
+        requests, config, predicted = explorer_state(cost, rate.value, block.value, budget.value, chunked.value,
+                                                     n_requests, cache_tokens, max_positions, seed)
+        f = predicted.figures(requests)
+        rows = [("TTFT p50 / p90", f"{f['ttft_p50_s'] * 1e3:.1f} / {f['ttft_p90_s'] * 1e3:.1f} ms"),
+                ("TPOT p50 / p90", f"{f['tpot_p50_s'] * 1e3:.2f} / {f['tpot_p90_s'] * 1e3:.2f} ms"),
+                ("longest gap between two tokens", f"{f['gap_max_s'] * 1e3:.1f} ms"),
+                ("throughput", f"{f['tokens_per_s']:.0f} tokens/s"),
+                ("preemptions", f"{predicted.preemptions}"),
+                ("KV slots holding real tokens", f"{paged_utilization(requests, config.block_size):.1%} "
+                                                 f"({config.num_blocks} blocks of {config.block_size})")]
+        table.value = ("<table style='font-size:12px'>" + "".join(
+            f"<tr><td style='padding-right:12px'>{html.escape(k)}</td><td><b>{html.escape(v)}</b></td></tr>"
+            for k, v in rows) + "</table>")
+        new = token_timeline_figure(requests, predicted.token_times_s, "Predicted: each request's wait and tokens",
+                                    where)
+        with figure:
+            if drawn[0]:  # not on the first draw: a clear while the cell first renders can stall nbclient
+                figure.clear_output(wait=True)
+            display(new)
+        drawn[0] = True
+
+    feedback = Feedback()
+    observe_all((rate, block, budget, chunked), update, feedback)
+    update()
+    return widgets.VBox([widgets.HBox([rate, block]), widgets.HBox([budget, chunked]), feedback.area, table, figure])
