@@ -646,7 +646,7 @@ show_questions(
     Question(prompt="Four ranks, causal mask, zigzag: the sequence is cut into 8 chunks. How many chunk-by-chunk "
                     "blocks does each rank compute, its diagonal blocks included?",
              choices=("8: each query chunk meets every key chunk",
-                      "4.5: half of the 9 blocks a chunk could see",
+                      "4: one block per step of the ring",
                       "9, the same on every rank",
                       "From 2 on rank 0 up to 16 on rank 3"), answer=2,
              why="8 chunks give 8 x 9 / 2 = 36 blocks on or below the diagonal. Each rank holds one early and one "
