@@ -97,9 +97,10 @@ assert weights_per_device[8] < GPU_MEMORY_BYTES["A100 80GB"] / 4
 # a bonus to one expert's score. At skew 0 there is none. At skew 1 every token ranks that expert first.
 # Everything is seeded: the same knob gives the same routing every time.
 #
-# **Load imbalance** is measured by **max/mean**: the busiest expert's token-slots over the average
-# (1 is perfectly even; 4 is the most top-2 allows on 8 experts). The coefficient of variation (CV) is the
-# spread over the mean.
+# Each token fills `k` **token-slots**, one per expert it chose. **Load imbalance** is measured by
+# **max/mean**: the busiest expert's slots over the average. 1 is perfectly even. With top-2 on 8 experts
+# the most is 4, since an expert gets at most one slot per token. The coefficient of variation (CV) is
+# the standard deviation over the mean.
 #
 # Predict before you run: at skew 1, what share of all token-slots does the hot expert take with top-2?
 
@@ -169,8 +170,8 @@ show_code(expert_parallel_moe, apply_hosted_experts)
 # In an **all-to-all**, every rank sends a different piece to every other rank. For `T` tokens, top-`k`,
 # rows of `d_model` float32 values on `w` ranks:
 #
-# - the dispatch carries `T · k` rows, `T · k · d_model · 4` bytes summed over the ranks (the rows a rank
-#   keeps for itself included, as the comm log counts them), and the combine the same back;
+# - the dispatch carries `T · k` rows, `T · k · d_model · 4` bytes summed over the ranks, and the combine
+#   the same back. The comm log counts the rows a rank keeps for itself too;
 # - with uniform routing a share `(w − 1) / w` of the rows leaves its home rank.
 
 # %%
@@ -271,15 +272,15 @@ for seed in (1, 2, 3):
     batch = make_tokens(4096, cfg.d_model, seed=seed)
     sends[seed] = run_expert_parallel(ranks, batch, weights, cfg.but(skew=0.3)).send_matrix
     print(f"batch {seed}: expert parallel sends rows {sends[seed]}")
-tp = pair_wire_collectives(CUTS[0], 2, len(batch), cfg.d_model, cfg.d_ff)  # a dense MLP of the same width
+tp = pair_wire_collectives(CUTS[0], 2, len(batch), cfg.d_model, cfg.d_ff)  # a column-then-row MLP, same width
 print(f"tensor parallel, every batch: {tp} per rank")
 assert len({str(m) for m in sends.values()}) == 3  # three batches, three different send matrices
 
 # %% [markdown]
 # So every dispatch starts by exchanging counts, and the busiest link changes from batch to batch.
 #
-# Which moves more per token? Predict: on 2 ranks, top-2, both send 8 bytes per token per unit of
-# `d_model`; on more ranks expert parallelism sends less.
+# Which moves more per token? Divide the wire bytes by the tokens and by `d_model`. Predict: on 2 ranks,
+# top-2, both send 8 bytes per token per unit of width; on more ranks expert parallelism sends less.
 #
 # <details><summary>Why: the two formulas</summary>
 #
@@ -372,9 +373,9 @@ assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly a
 # Every fix trades something for balance. Which one a system uses depends on whether it trains or serves,
 # and on when it was built.
 #
-# - **Capacity** (GShard, Switch Transformer), the older approach. Each expert takes at most
-#   `capacity = ceil(T · k · cf / n)` token-slots from each group of tokens (here, each rank's); `cf` is the
-#   *capacity factor*. The rest are **dropped**: a token that lost its slot passes through the residual
+# - **Capacity** (GShard, Switch Transformer), the older approach. A group of `T` tokens (here, one
+#   rank's) gives each expert at most `capacity = ceil(T · k · cf / n)` slots. `cf` is the *capacity
+#   factor*. The rest are **dropped**: a token that lost its slot passes through the residual
 #   unchanged. A fixed-size buffer per expert suited static shapes. Price: quality, on the dropped tokens.
 #   *Rerouting* sends an overflowing slot to the token's next choice with room instead.
 # - **Dropless** (MegaBlocks; Megatron-Core's MoE), current practice in training and serving. Every
@@ -422,7 +423,9 @@ assert torch.equal(biased.gates, torch.softmax(biased.routing.logits.gather(1, b
 # </details>
 #
 # Now the capacity cap, rerouting and the copy, each on the ranks, top-1 at skew 0.75. Each run is checked
-# against the one-process layer under the same policy.
+# against the one-process layer under the same policy. Predict: the cap holds the busiest expert to 1.25
+# times its share, at the price of dropped tokens. Rerouting drops fewer. The copy drops none and lowers
+# only the busiest *rank's* load.
 
 # %%
 from shardlib.experts import capacity, run_mitigations
@@ -503,11 +506,12 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # %% [markdown]
 # ## Wide expert parallelism with data-parallel attention
 #
-# [Notebook 05](05_serving_layouts.ipynb) shows the layout rule for dense models: tensor parallelism inside
-# a node, pipeline parallelism across nodes. For large MoE models the condition changes: **the cross-node
-# axis is expert parallelism**. Attention runs *data parallel*: each GPU, or a small tensor-parallel group,
-# serves its own requests with its own KV cache ([notebook 08](08_data_parallel.ipynb) teaches data
-# parallelism). The all-to-alls then cross the network between them.
+# [Notebook 05](05_serving_layouts.ipynb) shows the usual layout for dense models: tensor parallelism inside
+# a node, pipeline parallelism across nodes. Large MoE models served at high throughput often choose
+# otherwise: **the cross-node axis is expert parallelism**. Attention runs *data parallel*: each GPU, or a
+# small tensor-parallel group, serves its own requests with its own KV cache
+# ([notebook 08](08_data_parallel.ipynb) teaches data parallelism). The all-to-alls then cross the network
+# between them.
 #
 # - DeepSeek-V3 **trains** with 16-way pipeline and 64-way expert parallelism over 8 nodes, with no tensor
 #   parallelism (technical report section 3.2).
@@ -524,8 +528,8 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # the rank that holds it; the dashed red line is the capacity, summed over ranks) and each rank's time.
 #
 # **Your task.** Keep k = 2, set skew 0.25 and tick the capacity cap. Find the smallest capacity factor
-# that drops no slot. Then untick the cap, tick the copy of the hottest expert, and read the busiest
-# rank's time: did it fall, and did the hot expert's load?
+# that drops no slot. Then untick the cap and tick the copy of the hottest expert. Read the per-rank
+# max/mean in the summary: did it fall? Did the hot expert's load? Which rank is now the busier?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.experts_widgets import expert_explorer
@@ -538,8 +542,9 @@ expert_explorer(ranks, x[:2048], weights, cfg, repeats=1)
 # 2.75. No slot drops once the capacity factor reaches the hot expert's load over its even share: 2.74 in
 # the router table at skew 0.25, about 2.7 in each rank's half of these 2,048 tokens, rounded up to the
 # slider's step. At that factor the cap does nothing; it only ever bounds the load by dropping. The copy
-# lowers the busiest rank's rows and time, while the hot expert's own load stays the same, now split over
-# two ranks.
+# takes the per-rank max/mean from 1.27 to 1.07, and rank 1, which took the copy, becomes the busier. The
+# hot expert's load stays 2.71, now split over two ranks. At this width the rank times are too short to
+# follow the rows reliably; the stall check above measured that.
 #
 # </details>
 
@@ -563,25 +568,27 @@ show_questions(
         "router's choices for this batch, so every dispatch starts by exchanging counts.",
     ),
     Question(
-        "Four ranks. In one batch the busiest rank's experts get 45 % of the rows, the others about 18 % each. "
-        "Against a perfectly even batch, how long does the experts' part of the step take?",
-        ("About 1.8 times as long",
-         "About the same: the average rank still does a quarter of the rows",
-         "About 0.55 times as long: three of the ranks finish early",
-         "About 4 times as long: only one rank can compute at a time"),
+        "Two ranks, dropless. The hot expert, on rank 0, takes 60 % of all token-slots; rank 0's other experts "
+        "take 10 %, rank 1's 30 %. A copy of the hot expert goes to rank 1, and each copy serves half of its "
+        "rows. How long is the experts' part of the step now, against a perfectly even batch?",
+        ("1.2 times as long: rank 1 is now the busier",
+         "1.0 times: the copy evens the two ranks exactly",
+         "1.4 times: a copy moves no rows between ranks",
+         "0.6 times: the hot expert's work was halved"),
         0,
-        "An even batch gives each rank 25 %. The combine waits for the busiest rank: 45 / 25 = 1.8.",
+        "Even is 50 % per rank. Before the copy rank 0 had 70 %, 1.4 times. After it, rank 0 has 10 + 30 = 40 % "
+        "and rank 1 has 30 + 30 = 60 %: the busiest rank changed, and the step follows it, 60 / 50 = 1.2.",
     ),
     Question(
-        "A rank has 1,000 tokens, top-1, 8 experts, capacity factor 1.0. Expert 3 is the first choice of 200. "
-        "Without rerouting, what happens to the tokens it cannot take?",
-        ("All 200 wait for the next batch, so that none is ever lost",
-         "The capacity is raised to 200 for this batch, so nothing drops",
-         "75 of them go to a random other expert with the same gate",
-         "75 skip the experts and leave the layer unchanged"),
+        "A rank has 1,000 tokens, top-1, 8 experts, capacity factor 2.0. Expert 3 is the first choice of 200, "
+        "the most of any expert. How many tokens are dropped?",
+        ("75: every token over its even share of 125",
+         "50: a cap of 2.0 drops a quarter of them",
+         "100: the cap halves the hottest expert",
+         "None: the cap, 250, is above its 200"),
         3,
-        "Capacity is ceil(1000 x 1 x 1.0 / 8) = 125, so 75 overflow. Dropped, they pass through the residual "
-        "connection unchanged. A dropless layer would serve all 200 and make the step wait.",
+        "Capacity is ceil(1000 x 1 x 2.0 / 8) = 250 slots per expert, and no expert has more than 200. A cap "
+        "drops only what lies above it: this batch runs as a dropless layer would, and waits for expert 3.",
     ),
     Question(
         "DeepSeek-V3 balances its experts with a per-expert bias on the router's scores. Which is true?",
@@ -594,15 +601,15 @@ show_questions(
         "use the plain scores, and no loss term is added. Measured above: the load evened, the gates matched.",
     ),
     Question(
-        "Mixtral-8x7B at ep = 8: one expert per layer per GPU. A copy of one hot expert in every layer costs "
-        "the GPU that takes it what?",
+        "An MoE model has 24 layers; each expert is 3 matrices of 2048 x 8192 in bf16. A copy of one hot expert "
+        "in every layer costs the GPU that takes it what?",
         ("Some outputs change, since the copy adds in another order",
-         "Nothing, since the copy shares the original's weights",
-         "About 11 GB of weights; no output changes",
-         "One more all-to-all per layer, but no memory at all"),
+         "About 0.1 GB: one copy can serve all 24 layers",
+         "About 2.4 GB of weights; no output changes",
+         "One more all-to-all per layer, but no memory"),
         2,
-        "Measured on the toy: exactly one expert's 3 x d_model x d_ff values more. For Mixtral: 3 x 4096 x 14336 "
-        "weights at 2 bytes, 0.35 GB per layer, times 32 layers.",
+        "One expert is 3 x 2048 x 8192 values at 2 bytes, 0.1 GB, and each layer needs its own: 2.4 GB. The copy "
+        "computes the same rows with the same weights, so no output changes (measured above on the toy).",
     ),
     Question(
         "A 600 B-parameter MoE model with 256 experts per layer runs on 8 nodes. Which axis crosses the nodes "

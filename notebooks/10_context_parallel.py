@@ -50,8 +50,8 @@
 # Llama 3.1 has Llama 3's shapes and a 128K window. Its 70B's KV cache at 128K tokens is
 # `2 (K and V) x 80 layers x 8 KV heads x 128 x 2 bytes` per token: 43 GB for one sequence. Tensor
 # parallelism splits it by KV head, but the model has only 8. At `tp = 16` each KV head is copied onto two
-# devices, so the cache per device stops shrinking ([the KV-head limit](01_tensor_parallel.ipynb), a cost,
-# not a refusal). Context parallelism (`cp`) splits it by token and has no such limit. (The million-token
+# devices, so the cache per device stops shrinking ([the KV-head limit](01_tensor_parallel.ipynb#The-KV-head-limit),
+# a cost, not a refusal). Context parallelism (`cp`) splits it by token and has no such limit. (The million-token
 # points go past the 128K window on purpose.)
 #
 # Before running the cell: how much of the cache does one device hold at `tp = 8`, and at `tp = 8, cp = 4`?
@@ -83,10 +83,15 @@ for model, tokens in ((LLAMA_3_1_8B, 1_000_000), (LLAMA_3_1_70B, 1_000_000)):
 
 # %% [markdown]
 # A million tokens through Llama-3.1-8B's shapes (131 GB of KV cache) fit 80 GB devices only from `cp = 4`.
+#
+# <details><summary>Which planners search cp</summary>
+#
 # `context_parallel_needed` is that rule on its own. The serving planner of
 # [notebook 05](05_serving_layouts.ipynb) searches `tp`, `pp`, `ep` and replicas, not `cp`. The training
 # planner of [notebook 12](12_training_layouts.ipynb) does search `cp`, and keeps each ring slice long
 # enough to hide its K/V transfer (`min_ring_slice_tokens`).
+#
+# </details>
 #
 # **Worked problem 1.** Llama-3.1-8B's shapes have 32 layers and 8 KV heads of 128, in bf16. What is the
 # KV cache of one 256K-token sequence (262,144 tokens)? How much does one device hold at `tp = 8`, and at
@@ -172,8 +177,8 @@ assert sp_run.activation_saving < 1
 # and output to the new maximum, then add the new block's share. The result is exact, in any order of
 # blocks. Subtracting the maximum keeps every `exp` at most 1.
 #
-# Writing that merge of two partials is this notebook's exercise
-# (`notebooks/exercises/10_context_parallel_exercises`). Here the library's `merge` runs on two halves of a
+# Writing that merge of two partials is this notebook's
+# [exercise](exercises/10_context_parallel_exercises.ipynb). Here the library's `merge` runs on two halves of a
 # row of keys, the second scoring far higher than the first. Predict: the merge matches attention over
 # all ten keys; a plain average of the halves does not.
 
@@ -186,6 +191,7 @@ from shardlib.context_parallel import block_partial, merge
 g = torch.Generator().manual_seed(0)
 q1, k1, v1 = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(3))
 keys, values = torch.cat([k1, 3 * k1], dim=2), torch.cat([v1, -v1], dim=2)  # 10 keys, two very different halves
+# each half's partial: its normalised output, row max and row sum, over that half's keys alone
 first, second = block_partial(q1, keys[:, :, :5], values[:, :, :5]), block_partial(q1, keys[:, :, 5:], values[:, :, 5:])
 whole_row = F.scaled_dot_product_attention(q1, keys, values)
 print(f"merged vs all ten keys at once: largest gap {(merge(first, second).out - whole_row).abs().max():.1e}")
@@ -225,7 +231,7 @@ for n in (2, 3, 4):
 
 # %% [markdown]
 # Now on the 2 real ranks, each running `ring_attention(ctx, q, k, v, causal=True)` on 70-token sequences.
-# Predict the bytes: each rank sends its K/V block once, `2 · b · KV · (s/n) · hd · 4` bytes.
+# Predict the bytes: each rank sends a K/V block `n − 1` times (once here), `2 · b · KV · (s/n) · hd · 4` bytes.
 
 # %%
 from shardlib.context_parallel import AttentionShape, run_ring_attention
@@ -282,9 +288,9 @@ from shardlib.context_parallel.ring import Hop, RingAttention
 show_code(Hop, RingAttention)
 
 # %% [markdown]
-# Every rank's three gradients, against autograd through the whole-sequence attention cut the same way,
-# within `TOLERANCE` (`1e-5`: the ranks sum each block's gradient in ring order). 72 tokens, 6 query heads
-# sharing 2 KV heads of 12, batch 2:
+# Predict: every rank's three gradients equal autograd's on the whole sequence, cut into the same shards.
+# They agree within `TOLERANCE` (`1e-5`), since the ranks add each block's share in ring order. 72 tokens,
+# 6 query heads sharing 2 KV heads of 12, batch 2:
 
 # %%
 from shardlib.context_parallel import attention_grads_reference, run_ring_attention_grads, shard_sequence
@@ -394,8 +400,8 @@ assert balance.runs["contiguous"].computed_blocks == (1, 2) and balance.runs["zi
 #
 # </details>
 #
-# A zigzag block is a quarter of a contiguous one, so each zigzag rank computes 5/4 of a big block: 2.5 in
-# all against the contiguous 3, because finer chunks also skip more of the masked future.
+# A zigzag block has a quarter of a contiguous block's scores. So each zigzag rank computes 5/4 of a big
+# block, 2.5 in all against contiguous's 3. Finer chunks skip more of the masked future.
 #
 # **Worked problem 2.** Eight ranks, causal, contiguous shards. How many blocks does each rank compute,
 # counting its diagonal as one, and how far above the mean is the busiest? What does zigzag give?
@@ -421,8 +427,8 @@ assert balance.runs["contiguous"].computed_blocks == (1, 2) and balance.runs["zi
 # A block of a long sequence is megabytes, so its transfer is bandwidth-bound. Its bytes grow with the
 # block's length while its compute grows with the square: long enough, and the transfer hides.
 #
-# Here the transfer and the compute share the same CPU cores, so each step's compute is padded with sleep to
-# 40 ms, as a GPU's links leave its arithmetic free. The blocks are still computed for real. 2 MiB move per
+# Here the transfer and the compute share the same CPU cores. On a GPU they would not: the links leave the
+# arithmetic free. So each step's compute, still done for real, is padded with sleep to 40 ms. 2 MiB move per
 # step. Predict: with overlap, almost no time blocked in `wait`.
 
 # %% tags=["nbval-ignore-output"]
@@ -493,8 +499,10 @@ assert hiding[NVLINK.name] < 1000 < hiding[INFINIBAND_400G.name]
 # Each rank holds its tokens for every head. One all-to-all per tensor re-shards q, k and v so that each
 # rank holds **every token of some heads**. Attention of a head needs no other head, so each rank runs
 # plain attention on the whole sequence. One more all-to-all hands the output back by tokens. That is four
-# collectives, exact, with a hard limit: each rank needs whole heads, and the KV heads they read. Its
-# backward is four all-to-alls the other way.
+# collectives, exact, with a limit: each rank needs whole heads, and the KV heads they read. Past the
+# KV-head count, verl and InternEvo copy KV heads, as tensor parallelism does; Megatron-Core's `a2a` stops
+# there. Its backward is four all-to-alls the other way. Predict the bytes: each all-to-all keeps `1/n`
+# of its buffer and sends the rest.
 
 # %%
 from shardlib.context_parallel import run_ulysses_attention, run_ulysses_attention_grads
@@ -575,7 +583,7 @@ assert all_gather_kv_held_bytes(no_gqa) == 8 * all_gather_kv_held_bytes(llama)
 # %% [markdown]
 # Grouped-query attention is the condition: with 8 KV heads the gathered K/V is an eighth of what 64 would
 # be. The ring's bytes hide under compute once blocks are long. The all-gather is simpler and holds more,
-# briefly. The all-to-all stops at the KV-head count, and the hierarchical form goes past it.
+# briefly. Megatron-Core's all-to-all stops at the KV-head count, and the hierarchical form goes past it.
 #
 # **Worked problem 3.** A ring over 8 ranks carries a 64K-token sequence (65,536 tokens), 8 KV heads of
 # 128, bf16, batch 1. How many bytes does each rank send per layer in the forward? And with the all-gather?
@@ -635,13 +643,14 @@ show_questions(
                       "It sums the same terms in another order"), answer=3,
              why="The online-softmax merge is exact algebra. Adding float numbers in a different order rounds "
                  "differently, by about 1e-7 at these magnitudes."),
-    Question(prompt="Eight ranks, causal mask, contiguous shards. The busiest rank computes how many times the mean?",
-             choices=("1.0: every rank holds the same number of tokens",
-                      "2.0: the last rank does twice the first rank's work",
-                      "About 1.8",
-                      "8: the last rank does all of the work alone"), answer=2,
-             why="Rank r computes r + 1 blocks: 1 to 8, mean 4.5, busiest 8, so 8 / 4.5 = 1.78. Zigzag brings it "
-                 "to 1."),
+    Question(prompt="Four ranks, causal mask, zigzag: the sequence is cut into 8 chunks. How many chunk-by-chunk "
+                    "blocks does each rank compute, its diagonal blocks included?",
+             choices=("8: each query chunk meets every key chunk",
+                      "4: one block per step of the ring",
+                      "9, the same on every rank",
+                      "From 2 on rank 0 up to 16 on rank 3"), answer=2,
+             why="8 chunks give 8 x 9 / 2 = 36 blocks on or below the diagonal. Each rank holds one early and one "
+                 "late chunk, so they share the 36 evenly: 9 each (2 of them diagonal)."),
     Question(prompt="In ring attention's backward, where does the gradient of rank 2's keys and values end up?",
              choices=("On every rank, summed by one all-reduce at the end",
                       "On rank 2, carried home by one last hop",
@@ -675,5 +684,6 @@ show_questions(
 #   `scaled_dot_product_attention` within 1e-5, causal or not, and only the KV heads travelled.
 # - Its backward sent dK/dV home with one last hop, matched autograd, sent `2n − 1` blocks, and trained.
 # - Zigzag evened the causal work; started early, the next block's transfer hid under compute.
-# - The all-to-all is exact and stops at the KV heads. The all-gather (Llama 3) sends the ring's bytes and
-#   holds the whole K/V, cheap with grouped-query attention. Megatron-Core offers all four as `cp_comm_type`.
+# - The all-to-all is exact; past the KV heads it copies them or stops. The all-gather (Llama 3) sends the
+#   ring's bytes and holds the whole K/V, cheap with grouped-query attention. Megatron-Core offers all four
+#   as `cp_comm_type`.

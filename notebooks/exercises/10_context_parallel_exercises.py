@@ -49,6 +49,16 @@ from shardlib.exercises import grade_merge_partial_attention
 grade_merge_partial_attention(merge_partials)
 
 # %% [markdown]
+# ## Going further: a whole row, block by block
+#
+# Once the checker passes, write `attend_in_blocks(q, k, v, block)`: split the keys and values into blocks
+# of `block` keys, compute each block's `(out, max, sum)` from its scores
+# (`q @ k.transpose(-2, -1) / sqrt(head_dim)`), and fold them with your `merge_partials`, left to right.
+# Compare it with `torch.nn.functional.scaled_dot_product_attention(q, k, v)` for `block` = 1, 3 and all
+# the keys. Then fold the blocks in reverse order: the answer should change only by rounding, about 1e-7.
+# That loop is what one ring-attention rank runs, one block per step.
+
+# %% [markdown]
 # ## Check yourself
 #
 # Pick an answer; the reason appears under it.

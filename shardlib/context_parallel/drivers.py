@@ -8,7 +8,8 @@ checked here, before any rank starts; the rank functions check again.
 
 ``run_balance_check`` and ``run_overlap_check`` are the timing claims of notebook 10 as a learner reads
 them: the run, and its ``verdicts`` (``runtime.verdict``), each one line of predicted, measured, ratio and
-verdict, measured again (at most three times) while a busy machine spoils them.
+verdict, measured again (at most three times) while a busy machine spoils them. One idea: running the
+forward methods on ranks and reading back what they did, which the claims share.
 """
 
 from __future__ import annotations

@@ -9,16 +9,11 @@ sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of `
     all-gather K/V   2 all-gathers (k, v), not overlapped   (n-1) x 2 b KV (s/n) hd B: the ring's bytes,
                      the whole K/V held for the call        2 b KV s hd B (small with few KV heads)
 
-``cp_comm_bytes_per_rank`` lays the four side by side under Megatron-Core's names (``cp_comm_type``:
-``p2p``, ``all_gather``, ``a2a``, ``a2a+p2p``, the last all-to-all inside groups of ``inner`` ranks and
-the ring across them).
-
-What a ring rank keeps for its backward (``ring_saved_bytes_per_rank``): its q, output, K/V and lse, O(s/n).
-
-The ring's time by alpha-beta (``ring_time_s``): ranks move in lockstep; a moving step lasts
-``max(compute, transfer)`` overlapped and ``compute + transfer`` not; the last step is compute only;
-``ring_hiding_tokens``: from how many tokens per rank a block's attention outlasts its K/V transfer.
-Liu et al. 2023 (ring attention), Jacobs et al. 2023 (Ulysses), Korthikanti et al. 2022. Pure: no torch.
+``cp_comm_bytes_per_rank``: the four as Megatron-Core's ``cp_comm_type`` (``p2p``, ``all_gather``, ``a2a``,
+``a2a+p2p``: all-to-all in groups of ``inner``, ring across); ``ring_saved_bytes_per_rank``: what a ring rank
+keeps for its backward, O(s/n); ``ring_time_s``: alpha-beta, a moving step ``max(compute, transfer)``
+overlapped, ``compute + transfer`` not; ``ring_hiding_tokens``: the tokens per rank from which a block's
+attention outlasts its K/V transfer. Liu et al. 2023, Jacobs et al. 2023, Korthikanti et al. 2022. Pure.
 """
 
 from __future__ import annotations

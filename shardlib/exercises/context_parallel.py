@@ -62,8 +62,9 @@ def _hint(a: Partial, b: Partial, out: torch.Tensor) -> str:
     for wrong, hint in LIKELY_MISTAKES:
         if torch.allclose(out, wrong(a, b), atol=TOLERANCE):
             return hint
-    return ("new max m = max(max_a, max_b); rescale each sum, w = sum x exp(max - m); the new sum is w_a + w_b "
-            "and out = (w_a out_a + w_b out_b) / (w_a + w_b)")
+    return ("check three things in turn: is your new max m the larger of max_a and max_b; is each block's weight "
+            "its sum rescaled to m, sum x exp(max - m), and does each weight go with its own block's out; is the "
+            "weighted sum of the outs divided by the sum of the weights")
 
 
 def _check(got: Collector, where: str, answer, a: Partial, b: Partial, whole: torch.Tensor) -> None:
@@ -92,6 +93,19 @@ def _check(got: Collector, where: str, answer, a: Partial, b: Partial, whole: to
                  "sum_a x exp(max_a - m) + sum_b x exp(max_b - m); the next merge needs it")
 
 
+def _shapes_hinted(merge_fn):
+    """``merge_fn``, with a shape error's message saying which shapes to line up."""
+    def run(*args):
+        try:
+            return merge_fn(*args)
+        except NotImplementedError:
+            raise
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}. Check the shapes: max and sum are (..., rows) and out is (..., rows, "
+                               "head_dim), so weight an out by w.unsqueeze(-1)") from exc
+    return run
+
+
 def grade_merge_partial_attention(merge_fn) -> ExerciseResult:
     """Grade a learner's ``merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b) -> (out, max, sum)``
     on three pairs of key blocks (one with scores near 1000), in both orders, against the online
@@ -104,7 +118,7 @@ def grade_merge_partial_attention(merge_fn) -> ExerciseResult:
         a, b, whole = _case(*case, seed=seed)
         for first, second, order in ((a, b, "a then b"), (b, a, "b then a")):
             where = f"blocks of {case[2]} and {case[3]} keys ({order}{', scores near 1000' if case[5] > 100 else ''})"
-            answer = call(got, where, merge_fn, *(t.clone() for p in (first, second)
+            answer = call(got, where, _shapes_hinted(merge_fn), *(t.clone() for p in (first, second)
                                                    for t in (p.out, p.row_max, p.row_sum)))
             if got.not_written:
                 return got.result()

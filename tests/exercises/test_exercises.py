@@ -413,6 +413,19 @@ def merge_wrong_max(out_a, max_a, sum_a, out_b, max_b, sum_b):
     return out, torch.minimum(max_a, max_b), new_sum
 
 
+def merge_weights_swapped(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    new_max = torch.maximum(max_a, max_b)
+    w_a, w_b = sum_a * torch.exp(max_a - new_max), sum_b * torch.exp(max_b - new_max)
+    out = (w_b.unsqueeze(-1) * out_a + w_a.unsqueeze(-1) * out_b) / (w_a + w_b).unsqueeze(-1)
+    return out, new_max, w_a + w_b
+
+
+def merge_without_unsqueeze(out_a, max_a, sum_a, out_b, max_b, sum_b):
+    new_max = torch.maximum(max_a, max_b)
+    w_a, w_b = sum_a * torch.exp(max_a - new_max), sum_b * torch.exp(max_b - new_max)
+    return (w_a * out_a + w_b * out_b) / (w_a + w_b), new_max, w_a + w_b
+
+
 def test_merge_solution_passes_and_blank_is_not_written():
     assert grade_merge_partial_attention(answers.merge_partials).passed
     assert grade_merge_partial_attention(blank).status == NOT_WRITTEN
@@ -425,6 +438,8 @@ def test_merge_solution_passes_and_blank_is_not_written():
     (merge_exponentiating_maxes, ("scores near 1000", "inf or nan", "Never exponentiate a max")),
     (merge_sum_not_rescaled, ("out and max are right but sum is not",)),
     (merge_wrong_max, ("max is not the largest score",)),
+    (merge_weights_swapped, ("check three things", "its own block's out")),
+    (merge_without_unsqueeze, ("raised RuntimeError", "Check the shapes", "unsqueeze(-1)")),
     (lambda *args: args[:2], ("return three tensors",)),
 ])
 def test_merge_wrong_answers_fail_with_a_hint(wrong, phrases):
