@@ -108,7 +108,7 @@ print(f"loss when guessing: ln {train_config.vocab_size} = {corpus.uniform_nats:
 assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 
 # %% [markdown]
-# ## Read the code: the training step
+# ## Read the code
 #
 # `shardlib.training.step` is one rank's part of the step. It re-implements none of the earlier
 # strategies. It builds this rank's model pieces and hands them to the mechanisms you have met.

@@ -53,7 +53,21 @@
 # has a SwiGLU MLP, grouped KV heads and no dropout, so its true count differs.
 #
 # </details>
+
+# %% [markdown]
+# ## Read the code
 #
+# `training_memory` is the whole count for one GPU. It adds the states for the ZeRO stage to the
+# activations of one layer and microbatch, times the layers and the microbatches in flight. `in_flight`
+# reads those from the schedule.
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.training.memory import in_flight, training_memory
+from shardlib.ui.code import show_code
+
+show_code(training_memory, in_flight)
+
+# %% [markdown]
 # ## Published figures beside ours
 #
 # Predict first: ZeRO's paper (Figure 1) trains a 7.5B model on 64 GPUs. How many GB of model states per

@@ -40,7 +40,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                    "import_pipelining_on_rank"),
     "bubble_drivers": ("SplitBubble", "run_split_bubble", "BubbleCheck", "run_bubble_check", "PaceCheck",
                        "run_pace_check", "UnevenCheck", "run_uneven_check", "TripCheck", "run_trip_check"),
-    "split_drivers": ("SplitCase", "SplitStep", "ZeroBubbleCheck", "measure_split_cases", "split_verdicts",
+    "split_drivers": ("SplitCase", "SplitStep", "SplitRun", "ZeroBubbleCheck", "run_split_cases", "split_verdicts",
                       "predicted_step_of", "run_zero_bubble_check"),
     "engine": ("Stage", "run_stage"),
     "predict": ("pipeline_bubble_fraction", "pipeline_bubble_ratio_to_ideal", "split_layers", "microbatch_sizes",

@@ -1,9 +1,8 @@
 """The pipeline schedules, one ``ScheduleSpec`` each: the one place a schedule's facts live.
 
-A spec names its order function, its chunks per device and their placement, whether it trains only, what
-``m`` and ``v`` it needs (in words), its published bubble in both notations and its peak activations in
-flight, each with its source. ``make_schedule``, the bubble formulas, the widgets, the benchmark, the
-tests and the training planner read these; adding a schedule is adding a spec (and its order).
+A spec names its order function, chunks per device and placement, whether it trains only, what ``m`` and
+``v`` it needs, its published bubble in both notations and its peak activations in flight, with sources.
+Everything that needs a schedule's facts reads these; adding a schedule is adding a spec (and its order).
 
 * GPipe: Huang et al. 2019. 1F1B (PipeDream-Flush): Narayanan et al. 2021, "Memory-Efficient
   Pipeline-Parallel DNN Training". Interleaved 1F1B and the bubbles of all three: Narayanan et al. 2021,
@@ -11,12 +10,10 @@ tests and the training planner read these; adding a schedule is adding a spec (a
   count: Korthikanti et al. 2022, "Reducing Activation Recomputation", section 4.2.3.
 * ZB-H1, ZB-H2 and ZB-V: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024). ZB-V holds 2p
   half-stage chunks at its peak: exactly 1F1B's p microbatches of a whole stage (its section 6's point).
-* DualPipeV: Sea AI Lab's "cut-in-half" of DeepSeek-V3's DualPipe (the DeepSeek-V3 report, section 3.2.1,
-  credited in DualPipe's README). DualPipe exists to hide one microbatch's all-to-all and pipeline sends under
-  the other's compute (its F&B < F + B); here F and B of a pair run in turn, so only its order is taught.
-  Its bubble and memory (PP + 1 chunks, half a stage more than 1F1B) come from DualPipe's README table.
-Two notations (``pipeline.bubbles``): Qi's B is the input gradient only, DualPipe's B the whole backward.
-Pure: no torch.
+* DualPipeV: Sea AI Lab's "cut-in-half" of DeepSeek-V3's DualPipe (report 3.2.1, credited in DualPipe's
+  README), which hides one microbatch's communication under the other's compute; its bubble and memory
+  (PP + 1 chunks, half a stage more than 1F1B) from DualPipe's README table. Two notations
+  (``pipeline.bubbles``): Qi's B is the input gradient only, DualPipe's B the whole backward. Pure: no torch.
 """
 
 from __future__ import annotations

@@ -3,20 +3,16 @@ beside the prediction of its own list of actions (``simulate``), evaluated with 
 in the same run.
 
 * ``SplitCase``: one schedule to measure (its name, ``m``, and W's cost as a multiple of F's).
-* ``measure_split_cases``: the cases run on a pool, in order, each a ``SplitStep`` (step and idle share,
+* ``run_split_cases``: the cases run on a pool, in order, each a ``SplitStep`` (step and idle share,
   predicted and measured, and whether it equals the one-process model bit for bit); a 1F1B case (whole
   backward, no W of its own) takes its F, B and W from the split case before it with the same W.
 * ``split_verdicts``: one ``runtime.verdict.Verdict`` per case, on the step time, the band below.
 * ``run_zero_bubble_check``: both, measured again while a busy machine spoils a verdict
   (``runtime.verdict.verified``), gathered into a ``ZeroBubbleCheck`` whose ``verdicts`` a notebook prints.
 
-How the band was set. The verdict is on the step (first compute span to last), not on the idle share: a
-share of a few per cent doubles from a few milliseconds of overhead, a step does not. The list counts no
-time between actions, while every hand-over between stages (a receiving thread waking the stage, about
-1-2 ms on a quiet machine) and the Python between ops add to the step. With ops padded to 20 ms on 2
-ranks that is a ratio of about 1.05-1.2. A step holds for a ratio in 0.9-1.5. Padding is a minimum, so a
-ratio below 0.9 means the list does not describe the run; above 1.5 the ranks waited far beyond any
-hand-over (another program took the cores, or W's did not fill the waits the list says they fill).
+The band (``LOW``-``HIGH``, 0.9-1.5) is on the step, not the idle share (a few per cent doubles from a few
+milliseconds of overhead); the hand-overs between stages and the Python between ops add about 5-20 % to
+ops padded to 20 ms; below 0.9 the list does not describe the run, above 1.5 the ranks waited far beyond.
 """
 
 from __future__ import annotations
@@ -112,8 +108,15 @@ def predicted_step_of(name: str, n_stages: int, n_microbatches: int, costs: OpCo
     return busy_s(schedule, costs) / (1 - idle), idle
 
 
-def measure_split_cases(ranks, cases, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                        grad_output: torch.Tensor, op_s: float = 0.02) -> tuple[SplitStep, ...]:
+@dataclass(frozen=True)
+class SplitRun:
+    """The cases' steps, in the order they ran."""
+
+    steps: tuple[SplitStep, ...]
+
+
+def run_split_cases(ranks, cases, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                    grad_output: torch.Tensor, op_s: float = 0.02) -> SplitRun:
     """Each case run once on ``ranks`` (``ranks.world_size`` stages), F and B padded to ``op_s``, W to
     ``weight_ratio * op_s``; the prediction uses the median F, B and W of the case's own spans."""
     cases = _cases(cases)
@@ -130,7 +133,7 @@ def measure_split_cases(ranks, cases, model: ModelConfig, layers: list[dict], x:
         step_s, idle = predicted_step_of(case.name, p, case.n_microbatches, costs)
         out.append(SplitStep(case, p, costs, step_s, run.bubble.window_s, idle, run.bubble.idle_fraction,
                              run.peak_in_flight, run.against_reference().bit_for_bit))
-    return tuple(out)
+    return SplitRun(tuple(out))
 
 
 def split_verdicts(steps) -> tuple[Verdict, ...]:
@@ -146,7 +149,7 @@ def run_zero_bubble_check(ranks, cases, model: ModelConfig, layers: list[dict], 
     cases = _cases(cases)
 
     def measure() -> tuple[SplitStep, ...]:
-        steps = measure_split_cases(ranks, cases, model, layers, x, grad_output, op_s)
+        steps = run_split_cases(ranks, cases, model, layers, x, grad_output, op_s).steps
         wrong = [s.case.label for s in steps if not s.bit_for_bit]
         if wrong:
             raise AssertionError(f"{wrong}: the step differs from the one-process model")

@@ -476,9 +476,9 @@ def test_the_verdicts_set_the_lists_step_beside_the_measured_one():
 
 
 def test_the_split_cases_measured_on_ranks_are_exact_and_predicted_from_their_own_spans(pool2, model):
-    from shardlib.pipeline import measure_split_cases, predicted_step_of
-    steps = measure_split_cases(pool2, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 4, 2.0)], SHAPE,
-                                model["layers"], model["x"], model["grad"], op_s=0.004)
+    from shardlib.pipeline import predicted_step_of, run_split_cases
+    steps = run_split_cases(pool2, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 4, 2.0)], SHAPE,
+                            model["layers"], model["x"], model["grad"], op_s=0.004).steps
     assert [s.bit_for_bit for s in steps] == [True, True, True]
     assert steps[1].costs == steps[0].costs  # 1F1B's whole backward borrows ZB-H1's measured F, B and W
     assert steps[2].costs.weight_s > steps[0].costs.weight_s  # W padded to twice F
