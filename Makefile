@@ -60,7 +60,6 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py
 	$(BIN)/python benchmarks/bench_experts.py
 	$(BIN)/python benchmarks/bench_serving.py
-	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_data_parallel.py
 	$(BIN)/python benchmarks/bench_context_parallel.py
 	$(BIN)/python benchmarks/bench_training.py
