@@ -1,7 +1,7 @@
 """Replicas against tensor parallelism: the throughput of ``world_size`` independent copies against one
 tensor-parallel copy, from a step's compute and its communication.
 
-The chapter's live demo (``drivers.run_replicas_vs_tp``) predicts its measurement with it, and the serving
+Notebook 02's live demo (``drivers.run_replicas_vs_tp``) predicts its measurement with it, and the serving
 planner's ``serving.replicas.latency_vs_throughput`` builds each of its replicas-against-tp pairs on it.
 The cost of a forward pass under tensor parallelism (decode against prefill, the crossover batch,
 pipeline against tensor traffic) is ``serving.cost``. Pure: no torch.

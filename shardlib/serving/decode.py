@@ -12,7 +12,7 @@ collectives: 2 tp all-reduces per layer of the stage (Megatron-LM, Shoeybi et al
 from ``pipeline.predict.split_layers``, the slowest setting the pace),
 ep all-to-alls, one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
 experts the tokens reach), the head on the last stage, the KV cache (weights, FLOPs and TP all-reduces
-priced by ``cost``, as the chapter's tables are). Prefill fills and drains (GPipe, Huang et al. 2019):
+priced by ``cost``, as notebook 02's tables are). Prefill fills and drains (GPipe, Huang et al. 2019):
 ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication with compute. Pure: no torch.
 """
 

@@ -6,7 +6,7 @@ when the model fits (they send nothing); a split copy frees memory that buys bat
 the all-reduces when a replica is short of memory (notebook 02 shows when). Every number comes from the
 planner's cost model (``decode.score``), on one node of ``n`` GPUs joined by ``link``; where both ways
 can serve, the pair is one ``costs.predict.replicas_vs_tensor_parallel`` (the replicas' step, the split
-copy's compute and all-reduces, each at its own batch), the arithmetic the chapter's live demo predicts
+copy's compute and all-reduces, each at its own batch), the arithmetic notebook 02's live demo predicts
 its measurement with. Pure: no torch.
 """
 
