@@ -30,17 +30,17 @@
 # %% [markdown]
 # ## Data parallelism and the global batch
 #
-# **Data parallelism** gives each of `dp` ranks a full copy of the model and its own rows of every
-# batch. Each rank computes the gradient of its share of the loss. An
-# [all-reduce](00_start_here.ipynb) then sums the gradients, so every rank holds the gradient of the
-# whole batch. Every rank takes the same optimizer step and stays an exact copy. No layer is cut.
-# PyTorch calls this `DistributedDataParallel` (**DDP**).
+# **Data parallelism** gives each of `dp` ranks a full copy of the model and its own rows of every batch.
+# Each rank computes the gradient of its share of the loss. An
+# [all-reduce](00_start_here.ipynb#Predict:-a-first-all-reduce) then sums the gradients, so every rank
+# holds the gradient of the whole batch. Every rank takes the same optimizer step and stays an exact
+# copy. No layer is cut. PyTorch calls this `DistributedDataParallel` (**DDP**).
 #
 # **The global batch.** One optimizer step sees `microbatch × m × dp` sequences. A rank runs `m`
-# microbatches of `microbatch` sequences each, adding up their gradients, then the ranks sum theirs. So
-# 4 sequences per microbatch, 8 microbatches and 32 ranks make a global batch of 1,024 sequences. The
-# global batch is a training choice: it fixes the tokens per step, and the learning rate is tuned for it.
-# Adding ranks at a fixed global batch means fewer microbatches per rank.
+# [microbatches](03_pipeline_parallel.ipynb) of `microbatch` sequences each, adding up their gradients,
+# then the ranks sum theirs. So 4 sequences per microbatch, 8 microbatches and 32 ranks make a global
+# batch of 1,024 sequences. The global batch is a training choice: it fixes the tokens per step, and the
+# learning rate is tuned for it. Adding ranks at a fixed global batch means fewer microbatches per rank.
 #
 # <details><summary>Where m comes from</summary>
 #
@@ -58,8 +58,8 @@
 #
 # <details><summary>Other recipes, other counts</summary>
 #
-# - Megatron-LM accumulates and reduces the gradients in fp32: 2 + 4 + 12 = **18 bytes**. Its
-#   distributed optimizer is ZeRO-1: `6 + 12/dp` bytes per parameter.
+# - Megatron-Core's own table for bf16 weights counts fp32 gradients (accumulated and reduced in fp32):
+#   2 + 4 + 12 = **18 bytes**. Its distributed optimizer is ZeRO-1: `6 + 12/dp` bytes per parameter.
 # - DeepSeek-V3 keeps AdamW's two moments in bf16 (4 bytes instead of 8) and runs its matmuls in FP8.
 #   Its master weights and gradients stay fp32. Count what the recipe keeps, copy by copy.
 # - 8-bit optimizers (Dettmers et al. 2022) keep the moments in 8 bits: 2 bytes instead of 8.
@@ -81,24 +81,27 @@
 #
 # A **reduce-scatter** sums a buffer over the ranks and hands rank `r` only shard `r` of the sum. An
 # **all-gather** puts every rank's shard on every rank. An all-reduce *is* a reduce-scatter followed by
-# an all-gather. So ZeRO-1 and ZeRO-2 cost nothing extra on the wire: they run the optimizer step
-# between the two halves, on the shard. ZeRO-3 gathers each layer's weights before its forward and again
-# before its backward, and reduce-scatters its gradient. Three passes of `(N-1)/N` against the
-# all-reduce's two: 1.5 times DDP's bytes, to keep only `1/N` of the weights.
+# an all-gather: the two halves of [the ring
+# all-reduce](02_communication_costs.ipynb#The-ring-all-reduce). So ZeRO-1 and ZeRO-2 cost nothing extra
+# on the wire: they run the optimizer step between the two halves, on the shard. ZeRO-3 gathers each
+# layer's weights before its forward and again before its backward, and reduce-scatters its gradient.
+# Three passes of `(N-1)/N` against the all-reduce's two: 1.5 times DDP's bytes, to keep only `1/N` of
+# the weights.
 #
 # **FSDP** is PyTorch's implementation of this family (`fully_shard`, FSDP2). By default it is ZeRO-3:
-# every module frees its gathered weights after its forward, except the root, whose backward comes
-# first. With `reshard_after_forward=False` a module keeps its gathered weights from its forward to its
-# backward. That skips the second all-gather (DDP's bytes again) but holds full weights during the step,
-# like ZeRO-2. **HSDP** (hybrid sharding) gives `fully_shard` a two-axis mesh. It shards inside each
-# group of ranks and replicates across groups. The all-gathers then stay inside a group (a node), and
-# only an all-reduce of the gradients crosses groups.
+# each module frees its gathered weights after its forward. The exception is the root (the whole model):
+# its backward starts at once, so it keeps them. With `reshard_after_forward=False` a module keeps its
+# gathered weights from its forward to its backward. That skips the second all-gather (DDP's bytes again)
+# but holds full weights during the step, like ZeRO-2. **HSDP** (hybrid sharding) gives `fully_shard` a
+# two-axis mesh. It shards inside each group of ranks and replicates across groups. The all-gathers then
+# stay inside a group (a node), and only an all-reduce of the gradients crosses groups.
 
 # %% [markdown]
 # ## Read the code
 #
 # Two short mechanisms do all the work below. Both lay parameters end to end in flat buffers
-# (`flat.py`), so that one collective moves a whole bucket or a whole layer. Both are driven by hooks
+# (`flat.py`), so that one collective moves a whole layer or a whole **bucket** (a group of gradients
+# sent together). Both are driven by hooks
 # that PyTorch calls during the forward and backward passes.
 #
 # **DDP, ZeRO-1 and ZeRO-2** (`buckets.py`), read top to bottom:
@@ -172,9 +175,9 @@ assert by[("Llama-3-8B", "ddp")]["total_gb"] > H100_80GB.memory_bytes / 1e9  # 1
 assert by[("Llama-3-8B", "zero3")]["total_gb"] < 20 and by[("Llama-3-70B", "zero3")]["total_gb"] > 80
 assert step_wire_bytes(LLAMA_3_8B.n_params, "zero3", DP) == 1.5 * step_wire_bytes(LLAMA_3_8B.n_params, "ddp", DP)
 
-# Megatron-LM's recipe: bf16 weights, fp32 gradients (2 + 4 + 12 bytes); its distributed optimizer is ZeRO-1
+# Megatron-Core's count for bf16 weights: fp32 gradients (2 + 4 + 12 bytes); its distributed optimizer is ZeRO-1
 megatron = {s: memory_per_rank(LLAMA_3_8B.n_params, s, DP, STATE_BYTES_MEGATRON)["total"] for s in ("ddp", "zero1")}
-print(f"\nwith fp32 gradients, as Megatron-LM keeps them: Llama-3-8B {megatron['ddp'] / 1e9:.1f} GB per GPU "
+print(f"\nwith fp32 gradients, as Megatron-Core counts bf16: Llama-3-8B {megatron['ddp'] / 1e9:.1f} GB per GPU "
       f"(18 bytes per parameter), {megatron['zero1'] / 1e9:.1f} GB with its distributed optimizer (6 + 12/{DP})")
 assert megatron["zero1"] == (6 + 12 / DP) * LLAMA_3_8B.n_params and megatron["ddp"] == 18 * LLAMA_3_8B.n_params
 
@@ -251,10 +254,10 @@ memory_per_rank_figure({s: r.memory_per_rank[0] for s, r in runs.items()},
 # %% [markdown]
 # ## What one rank sends per step, from the comm log
 #
-# **Predict.** Under the ring's count, an all-reduce sends `2 (N-1)/N` of its buffer per rank, a
-# reduce-scatter or an all-gather `(N-1)/N`. So DDP, ZeRO-1 and ZeRO-2 send the same bytes, and ZeRO-3
-# 1.5 times as many. Every collective went through `ctx.comm`, so the log says exactly what each step
-# cost.
+# **Predict.** Under [the ring's count](02_communication_costs.ipynb#The-ring-all-reduce), an all-reduce
+# sends `2 (N-1)/N` of its buffer per rank, a reduce-scatter or an all-gather `(N-1)/N`. So DDP, ZeRO-1
+# and ZeRO-2 send the same bytes, and ZeRO-3 1.5 times as many. Every collective went through `ctx.comm`,
+# so [the comm log](00_start_here.ipynb#Run-it-on-real-ranks) says exactly what each step cost.
 
 # %%
 for s, run in runs.items():
@@ -269,10 +272,10 @@ assert wire["ddp"] == wire["zero1"] == wire["zero2"] and 2 * wire["zero3"] == 3 
 
 # %% [markdown]
 # **Predict, the identity itself.** On a 1 MiB buffer, an all-reduce and a reduce-scatter followed by an
-# all-gather give the same values and the same bytes. With NCCL on GPUs they take the same time too. Here
-# the backend (gloo) builds both its reduce-scatter and its all-gather on an all-reduce of the whole
-# buffer. So the pair makes four passes over the buffer against the all-reduce's two: predict the
-# all-reduce at half the pair's time.
+# all-gather give the same values and the same bytes. Time is another matter. Call one trip of
+# `(N-1)/N` of the buffer around the ring a *pass*: an all-reduce makes two. NCCL's pair makes two as
+# well, so on GPUs both take the same time. This backend (gloo) builds each half on a whole all-reduce,
+# so its pair makes four passes. Predict the all-reduce at half the pair's time.
 
 # %%
 from shardlib.data_parallel import run_identity_check
@@ -293,8 +296,7 @@ for v in check.verdicts:
 #
 # Each call runs 5 times; the median of the slowest rank's time is kept. The claim holds when the ratio
 # is within 0.5 to 2. A busy machine spoils a round, so the cell measures again, up to three times, and
-# keeps the last round. A pass is `(n-1)/n` of the buffer per rank under the ring's count. NCCL's ring
-# all-reduce on GPUs is literally the two phases back to back.
+# keeps the last round. NCCL's ring all-reduce on GPUs is literally the two phases back to back.
 # </details>
 #
 # ## ZeRO-3 up close: gather, compute, free
@@ -305,8 +307,8 @@ for v in check.verdicts:
 # %%
 from shardlib.data_parallel import gathered_peak_bytes, run_data_parallel
 
-for prefetch in (False, True):
-    run = run_data_parallel(ranks, "zero3", model, batches, LR, prefetch=prefetch)
+for prefetch in (False, True):  # the ZeRO-3 run above already prefetched
+    run = runs["zero3"] if prefetch else run_data_parallel(ranks, "zero3", model, batches, LR, prefetch=False)
     peak = run.memory_per_rank[0]["transient_peak"]
     print(f"prefetch {str(prefetch):<5}: the most gathered weights alive at once {peak:,} bytes (predicted "
           f"{gathered_peak_bytes(run.groups, 4, prefetch):,}); the whole model is {4 * n_params:,}")
@@ -318,7 +320,8 @@ for prefetch in (False, True):
 # The backward finishes the last layer's gradients first. DDP groups gradients into **buckets** in that
 # order. It launches a bucket's all-reduce the moment its last gradient exists, while the backward goes on
 # with earlier layers. ZeRO-3's prefetch does the same for the weights. The comm log records each
-# asynchronous call's whole flight and how long the rank blocked in `wait()`. The rest was hidden.
+# asynchronous call's whole flight and how long the rank blocked in `wait()`. The rest of the flight was
+# hidden.
 #
 # **Predict.** On these CPU ranks the "network" is the same CPU cores that compute. A hidden transfer
 # takes its cycles from the backward beside it. So most of the communication is hidden, yet the step
@@ -330,7 +333,7 @@ from shardlib.data_parallel import run_overlap_check
 
 mid = toy_model(d_model=128, d_hidden=512, n_layers=4, d_out=8, seed=0)
 mid_batches = toy_batches(4, rows=64, d_in=128, d_out=8, seed=1)
-overlap = run_overlap_check(ranks, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=2)
+overlap = run_overlap_check(ranks, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=1)
 for s, o in overlap.items():
     launched = o.with_overlap.launched_during_backward()
     print(f"{STRATEGY_TITLES[s]}: {launched} asynchronous collectives issued before the last step's backward ended; "
@@ -348,11 +351,10 @@ for s, o in overlap.items():
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Each setting trains twice for 4 steps, alternating with and without overlap. A step's time is the
-# slowest rank's, and the median over the last 3 steps is kept (the first is a warm-up); of the two runs,
-# the faster is kept. The claim holds when the ratio is within 0.5 to 2; the cell measures again up to
-# three times. "Perfect overlap" is the step without
-# overlap less all of its communication. `benchmarks/bench_data_parallel.py` measures both over more runs.
+# Each setting trains once for 4 steps, with overlap and then without. A step's time is the slowest
+# rank's, and the median over the last 3 steps is kept (the first is a warm-up). The claim holds when the
+# ratio is within 0.5 to 2; the cell measures again up to three times. "Perfect overlap" is the step
+# without overlap less all of its communication. `benchmarks/bench_data_parallel.py` measures both over more runs.
 # </details>
 #
 # On GPUs the bytes travel over other hardware (NVLink and the network), and the hidden share turns into
@@ -393,7 +395,7 @@ for peer in ("torch_ddp", "torch_fsdp2"):
 # again in the backward: less memory, more compute.
 #
 # **Predict.** Plain: 40 KiB per block on 64 rows. Checkpointed: 8 KiB per block (its input), and twice
-# as many block forwards per step.
+# as many layer forwards per step. The linear head, the fifth layer, keeps its input (8 KiB) either way.
 
 # %%
 from shardlib.data_parallel import measure_activations, mlp_activation_bytes
@@ -416,20 +418,20 @@ activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.sav
                   title="Bytes each layer keeps for its backward, measured in this process (one CPU process, no ranks)")
 
 # %% [markdown]
-# **A real transformer layer.** Korthikanti et al. (2022) count `sbh (34 + 5as/h)` bytes of 16-bit
-# activations per layer and microbatch (`s` tokens, `b` sequences, width `h`, `a` heads). The second
-# part, `sbh × 5as/h = 5as²b`, is attention's `s × s` tensors per head. These are the softmax output
-# (`2as²b`), the dropout mask (`as²b`) and the dropout output (`2as²b`). It grows with the square of the
-# sequence.
+# **A real transformer layer.** Korthikanti et al. (2022) count the 16-bit activations of one layer for
+# one microbatch: `sbh (34 + 5as/h)` bytes, for `s` tokens, `b` sequences, width `h` and `a` heads. The
+# second part, `sbh × 5as/h = 5as²b`, is attention's `s × s` tensors per head. These are the softmax
+# output (`2as²b`), the dropout mask (`as²b`) and the dropout output (`2as²b`). It grows with the square
+# of the sequence.
 #
 # - A fused attention kernel (FlashAttention, PyTorch's `scaled_dot_product_attention` on GPUs) never
 #   stores them. It recomputes them block by block in its backward, which leaves `34 sbh`.
 # - **Selective recomputation** gets the same count without a fused kernel: it recomputes only
-#   attention's core. Megatron-LM recommends it.
+#   attention's core. Megatron-LM offers it (`--recompute-granularity selective`).
 # - **Full recomputation** keeps only each layer's input, `2 sbh`, and pays a whole extra forward.
 #
 # **Predict.** Llama-3-8B, 4,096 tokens, ZeRO-1 over 8 ranks, 4 pipeline stages with 1F1B. The first
-# stage keeps 4 microbatches in flight ([notebook 03](03_pipeline_parallel.ipynb)). Only the first row,
+# stage keeps 4 microbatches in flight ([notebook 03's 1F1B](03_pipeline_parallel.ipynb)). Only the first row,
 # which stores attention's `s × s` tensors, should overflow an 80 GB GPU.
 
 # %%
@@ -453,18 +455,20 @@ assert budgets["full"]["total"] < budgets["selective"]["total"]
 
 # %% [markdown]
 # With fused attention, which current training stacks use, the stage fits without recomputing anything.
-# Full recomputation costs one more forward per layer, about a third more compute per step. It is worth
+# Full recomputation costs one more forward per layer: about a third more compute per step, since a
+# backward costs about two forwards. It is worth
 # it only when the middle row still does not fit: longer sequences, more microbatches in flight, a
 # larger model per GPU. [Notebook 12](12_training_layouts.ipynb) budgets whole training layouts this way.
 
 # %% [markdown]
 # ## Explore: strategy, bucket size, overlap
 #
-# The toy trains on the two warm ranks at each move. The bars show what rank 0 kept and sent (red:
-# predicted); the timeline shows the last step on each rank.
+# Each move trains the toy again on the two warm ranks. The summary line reads the comm log and the
+# timeline; the bars show what rank 0 kept and sent (red: predicted), one strategy more at each pick.
 #
-# **Your task.** With DDP, move the bucket size from 1 KiB to "one bucket". Does the number of bytes
-# sent per step change? What does change? Then pick ZeRO-2 and ZeRO-3: which bar shrinks each time?
+# **Your task.** With DDP, move the bucket size from 1 KiB to "one bucket". Which numbers in the summary
+# change, and which stay the same? Then untick overlap. Last, pick ZeRO-1, then ZeRO-2, with overlap
+# ticked: why does one of them hide its communication and the other not?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.data_parallel_widgets import strategy_explorer
@@ -474,11 +478,18 @@ strategy_explorer(ranks, model, batches, LR)
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# The bytes stay the same, apart from a little padding: every gradient is all-reduced once, whatever the
-# bucket size. What changes is the number of calls. Many tiny buckets pay the fixed start-up cost of a
-# call (`alpha`) many times, so the communication is latency-bound. One bucket starts only after the
-# whole backward, so nothing overlaps. ZeRO-2 shrinks the gradient bar to a shard; ZeRO-3 shrinks the
-# weights bar too, and ignores the bucket size (it communicates per layer).
+# The bytes sent stay the same (68,128 per step): every gradient is all-reduced once, whatever the
+# bucket size. The number of buckets falls from 18 to 1, so the calls do too. Many tiny buckets pay each
+# call's fixed start-up cost ([`alpha`](02_communication_costs.ipynb#The-alpha-beta-formula)) again and
+# again, so the step is usually slower. The hidden share stays high until "one bucket". That bucket
+# fills only with the last gradient, at the very end of the backward, so almost nothing is hidden.
+# Unticking overlap sends every bucket after the backward: nothing is hidden. PyTorch's DDP sits in
+# between, with 25 MB buckets by default (`bucket_cap_mb`).
+#
+# ZeRO-1 hides nothing: it keeps the full gradient, so it sends after the backward. ZeRO-2 keeps only a
+# shard of the gradient, so it must reduce-scatter each bucket as soon as it is full, during the
+# backward. Its gradient bar is half of ZeRO-1's. ZeRO-3 greys out the bucket slider: it communicates per
+# layer, and sends 1.5 times the bytes.
 # </details>
 
 # %% [markdown]
@@ -495,7 +506,7 @@ strategy_explorer(ranks, model, batches, LR)
 # </details>
 #
 # **Worked problem 2.** A 13B-parameter model trains with mixed-precision Adam on 16 GPUs of 80 GB.
-# How much does each GPU keep under ZeRO-2? Under ZeRO-3? And under Megatron-LM's recipe (fp32
+# How much does each GPU keep under ZeRO-2? Under ZeRO-3? And under Megatron-Core's count (fp32
 # gradients) with its distributed optimizer?
 #
 # <details><summary>Answer</summary>
@@ -549,7 +560,7 @@ show_questions(
     Question("A run fits with ZeRO-3, then runs out of memory when the sequence length doubles. What grew?",
              ("The optimizer state, which grows with the tokens seen",
               "The gradient buckets, which grow with the sequence",
-              "The activations kept for the backward",
+              "The activations each layer keeps for its backward",
               "The gathered weights, two layers at a time"), 2,
              "Activations grow with the batch and the sequence, not with the parameters. The optimizer state, "
              "gradients and gathered weights depend only on the parameters."),

@@ -92,9 +92,9 @@ show_questions(
     Question(
         "Your step all-reduces the gradient, then updates only your shard and all-gathers. The weights "
         "come out right. What is wrong?",
-        ("It moves 1.5 times DDP's bytes for the same result",
-         "Nothing: right weights mean the step is right",
-         "Every rank now keeps the full optimizer state"),
+        ("It moves 1.5 times DDP's bytes for the same weights",
+         "Nothing: the right weights mean the step is right",
+         "Every rank now keeps the full optimizer state again"),
         0,
         "An all-reduce already costs DDP's whole budget. ZeRO-1 spends half of it on the reduce-scatter and "
         "the other half on gathering the updated weights.",

@@ -30,8 +30,9 @@ def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
 
 def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int | None = 4096) -> widgets.VBox:
     """Pick a strategy, a bucket size and overlap on or off: ``model`` trains on ``batches`` on the warm
-    ``ranks`` and the figures show that rank 0 kept and sent, measured beside predicted, and the last
-    step's timeline."""
+    ``ranks`` and the figures show what rank 0 kept and sent, measured beside predicted, and the last
+    step's timeline. It starts with the picked strategy's bars only; each strategy's bars appear when it
+    is first picked (one training run per move, none spent in advance)."""
     picker = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in STRATEGIES], value="ddp",
                                    description="strategy")
     start = ONE_BUCKET if bucket_bytes is None else bucket_bytes
@@ -81,9 +82,6 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
 
     feedback = Feedback()
     observe_all((picker, buckets, overlap), show, feedback)
-    for other in STRATEGIES:  # every bar filled once, so the strategies can be compared from the start
-        if other != picker.value:
-            show(strategy=other)
-    show()
+    show()  # only the strategy picked: each pick adds its bars, so the comparison is the learner's to make
     return widgets.VBox([picker, widgets.HBox([buckets, overlap]), summary, widgets.HBox([memory_fig, bytes_fig]),
                          timeline, feedback.area])
