@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
-# The static site's pages, written by the nbval run from its one execution of each notebook (conftest.py).
+# The static site's pages, written by the nbval run from its one execution of each notebook (notebooks/conftest.py).
 SITE_DIR := artifacts/site
 
 .PHONY: lab test lint bench site binder-check busy-check bursty-check install clean

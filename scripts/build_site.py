@@ -9,7 +9,7 @@ questions appear as a list with each answer folded. The glossary and the cheatsh
 become pages beside the notebooks.
 
 ``make test`` does not execute the notebooks a second time for the site: its nbval run installs the same
-static widgets and hands each executed notebook to ``write_pages`` (see ``conftest.py``).
+static widgets and hands each executed notebook to ``write_page`` (see ``notebooks/conftest.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`make site`: every notebook executed into a page that reads without a kernel.
 
 The build runs once for the module (it executes every notebook), unless ``SHARDLIB_SITE_DIR`` names a
-folder where the nbval run already wrote every page (``make test``: see ``conftest.py``). Each page must
+folder where the nbval run already wrote every page (``make test``: see ``notebooks/conftest.py``). Each page must
 load the plotly.js copied beside it, carry its figures (widgets included, as still figures), keep no
 widget placeholder that needs a kernel, and, where a chromium is present, draw every figure in a real
 browser. The glossary and the cheatsheet are pages too, their links pointing at pages.

@@ -5,7 +5,8 @@ With ``SHARDLIB_SITE_DIR`` set (``make test`` sets it), the nbval run of a main 
 ``scripts/build_site.py`` does), keeps every cell's outputs, and writes the executed notebook as a page
 into that folder when the notebook's last cell has run. ``tests/static_site`` then reads those pages
 instead of executing every notebook again. Without the variable, nothing here does anything: an
-instructor's plain ``pytest --nbval`` runs the notebooks as a learner's kernel would.
+instructor's plain ``pytest --nbval`` runs the notebooks as a learner's kernel would. It lives beside the
+notebooks so that it applies to their cells only (and no module named ``conftest`` sits at the root).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
 SITE = os.environ.get("SHARDLIB_SITE_DIR")
 _outputs: dict[Path, dict[int, list]] = {}
 _installed: set[Path] = set()
