@@ -10,7 +10,7 @@ blocks (folded text does not count) and outside tables, headings and HTML lines:
 * the bullets under "What you will see";
 * the check-yourself questions (``Question(prompt, choices, answer, ...)`` calls): how many, the
   position of each right answer, and how often the right answer is the longest choice;
-* worked problems: headings or bold labels that say "Worked problem";
+* worked problems: headings or bold labels that say "Worked problem" (a heading "Worked problems" over them is not one);
 * the header: a quoted line under the title naming the part, the notebooks assumed, the reading time and
   what the notebook trades (``> **Part I ...** Assumes: ... Reading time: ... Trades: ...``).
 
@@ -144,7 +144,8 @@ def count(path: Path) -> Counts:
     cells = markdown_cells(source)
     prose = visible_prose(cells)
     found = sentences(prose)
-    worked = len(re.findall(r"(^#+[^\n]*worked problem|\*\*worked problem)", "\n".join(cells), flags=re.I | re.M))
+    worked = len(re.findall(r"(^#+[^\n]*worked problem(?!s)|\*\*worked problem(?!s))", "\n".join(cells),
+                            flags=re.I | re.M))
     answers, longest = questions(source)
     return Counts(path.stem, len(WORD.findall(prose)), len(found),
                   sum(1 for s in found if len(WORD.findall(s)) > MAX_SENTENCE), bullets_seen(cells), worked,
