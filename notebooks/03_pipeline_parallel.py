@@ -32,8 +32,8 @@
 #
 # Give each device a contiguous block of layers. Device 0 holds the first quarter, device 1 the next,
 # and so on. Each device is a **stage**, and there are `p` of them. Activations leave one stage and enter
-# the next by a point-to-point send, once per stage boundary. That is far less talking than tensor
-# parallelism, which sums partial results inside every layer.
+# the next by a point-to-point send (one rank to one rank), once per stage boundary. That is far less
+# talking than tensor parallelism, which sums partial results inside every layer.
 #
 # The catch: a stage can only work on what has reached it. Push the whole batch through at once and
 # only one stage is ever busy. So each step's batch is cut into `m` **microbatches**. While stage 1
@@ -47,18 +47,18 @@
 # %% [markdown]
 # ## The bubble
 #
-# The idle time of the fill and the drain is the **bubble**. With `p` stages of equal cost, a step
-# takes `m + p - 1` microbatch-times: the first microbatch needs `p - 1` of them to reach the last stage,
-# which then works through all `m`. Each stage is busy for `m` of them. Two ways of writing the
-# waste are in use, so always ask which one a paper means:
+# The idle time of the fill and the drain is the **bubble**. Call the time one stage spends on one
+# microbatch a **slot**. With `p` stages of equal cost, a step takes `m + p - 1` slots: the first
+# microbatch needs `p - 1` of them to reach the last stage, which then works through all `m`. Each stage
+# is busy for `m` of them. Two ways of writing the waste are in use, so always ask which one a paper
+# means:
 #
 # - the **idle fraction** of the step, `(p - 1) / (m + p - 1)`: what a profiler shows, and what we
 #   measure below (`pipeline_bubble_fraction`);
 # - the **ratio to ideal**, `(p - 1) / m`: idle time over busy time, as Megatron-LM and the
 #   Ultra-Scale Playbook write it (`pipeline_bubble_ratio_to_ideal`). It can exceed 1.
 #
-# Here are both, for a range of stage and microbatch counts. This table is the prediction every
-# measurement below is set against.
+# This table of both is the prediction every measurement below is set against.
 
 # %%
 from shardlib.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
@@ -78,7 +78,7 @@ assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy 
 # ## GPipe and 1F1B: a schedule is a list
 #
 # A *schedule* says, for each stage, in which order it runs the forward (`F`) and the backward (`B`) of
-# each microbatch. Here it is plain data. The same data drives the real run on ranks and every chart.
+# each microbatch. It is plain data, and it drives the real run on ranks and every chart.
 #
 # - **GPipe** (Huang et al. 2019) runs every forward, then every backward.
 # - **1F1B** (PipeDream-Flush, Narayanan et al. 2021; the schedule of Megatron-LM) runs a few forwards
@@ -233,7 +233,7 @@ assert both.pipeline_bytes == 2 * both.activation_bytes
 assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 
 # %% [markdown]
-# Tensor parallelism moves 8 times the bytes here, and a real layer has two all-reduces, so 16 times. It
+# Tensor parallelism moves 8 times the bytes here. A real layer, attention and MLP, has two all-reduces: 16 times. It
 # also moves them inside every layer, where nothing else can proceed until they arrive. The pipeline
 # sends once per stage boundary and fills the waiting with other microbatches' work. On a fast link
 # inside a machine, tensor parallelism's chatter is cheap. On the network between machines it is not.
@@ -243,10 +243,13 @@ assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
 # %% [markdown]
 # ## The step, predicted and measured
 #
-# Now time it. On a laptop the ranks share two cores with everything else, so real compute on one rank
-# slows the others. So each forward and backward runs its layers for real and is then **padded with
-# sleep to a set duration**, 30 ms here. The timing is set; the arithmetic is still real. Top: the
-# schedule's prediction. Bottom: what the two ranks did (grey: waiting for a message).
+# Now time it. The ranks share a few CPU cores, so one rank's real compute slows the others. So each
+# forward and backward runs its layers for real and is then **padded with sleep to a set duration**,
+# 30 ms here. The timing is set; the arithmetic is still real. Top: the schedule's prediction. Bottom:
+# what the two ranks did (grey: waiting for a message).
+#
+# **Predict.** GPipe on 2 stages with 4 microbatches takes 5 slots forward and 5 backward: 300 ms, of
+# which each rank idles a fifth, `1 / (4 + 1)`.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
@@ -270,7 +273,7 @@ predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, r
 #
 # **Predict.** Read the table above: at `m` = 1, 4 and 8, the idle fraction should be 0.5, 0.2 and
 # 0.11 on 2 stages, and 0.75, 0.43 and 0.27 on 4. The measurement should sit slightly above, because
-# messages take time the formula does not count. A pool of 4 ranks runs the 4-stage steps.
+# messages take time the formula does not count.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.pipeline import run_bubble_check
@@ -331,14 +334,14 @@ print(f"one microbatch ({x.shape[0] // 8} sequences of {x.shape[1]} tokens) leav
 
 # %% [markdown]
 # Every microbatch in flight costs its activations. So GPipe's memory grows with `m`, the very knob that
-# shrinks the bubble. 1F1B caps it at `p` on the first stage. That is why 1F1B, not GPipe, is the base of
-# the schedules Megatron-LM and torchtitan run.
+# shrinks the bubble. 1F1B caps it at `p` on the first stage. That is why Megatron-LM's schedules build
+# on 1F1B, and why torchtitan defaults to it while still offering GPipe.
 
 # %% [markdown]
 # ## What a larger m costs
 #
 # A pipeline gets a fixed number of sequences per step. Cutting them into more microbatches makes each
-# one smaller. Here is a pipeline of 8 stages that gets 64 sequences per step.
+# one smaller. Here: 8 stages, 64 sequences per step.
 
 # %%
 SEQUENCES, P = 64, 8  # sequences one pipeline runs per step, stages
@@ -355,8 +358,8 @@ assert pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8) / 4
 # In practice the batch is often what limits `m`. Llama 3.1 405B trained with 16M tokens per step: 2,048
 # sequences of 8,192 tokens. On 16,384 GPUs they were shared among 128 copies of a 16-stage pipeline,
 # so each pipeline got 16 sequences per step (Llama 3 paper, Table 4). That allows at most `m = 16 = p`,
-# an idle fraction of 15/31 (48 %) without interleaving. Meta interleaved the stages and changed the schedule
-# so that `m` need not be a multiple of `p`, and may even be smaller (section 3.3.2). The zero-bubble
+# an idle fraction of 15/31 (48 %) without interleaving. So Meta interleaved the stages. They also changed
+# the schedule: `m` need not be a multiple of `p` (section 3.3.2). The zero-bubble
 # schedules of [notebook 09](09_pipeline_schedules.ipynb) attack the bubble without raising `m`.
 
 # %% [markdown]
@@ -398,7 +401,8 @@ print(f"share of the slow step each stage computes: {[f'{s:.0%}' for s in pace.b
 # stages hold 2, 2, 2, 1), or takes the counts you set. Llama 3.1 405B has 126 layers and was trained on
 # 16 stages. The first stage also runs the embedding, and the last one the output layer and the loss. So
 # each of those holds one layer fewer, 7, 8, ..., 8, 7, and all 16 do the same work (Llama 3 paper,
-# section 3.3.2). Serving engines such as vLLM accept uneven splits as well.
+# section 3.3.2). Below, work is counted in **layer-times**: one layer's time on one microbatch. Serving
+# engines such as vLLM accept uneven splits as well.
 
 # %%
 from shardlib.models import LLAMA_3_1_405B
@@ -454,8 +458,8 @@ assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2
 # %% [markdown]
 # ## Pipelined decode
 #
-# The bubble comes from the flush at the end of a training step. Every backward must finish before the
-# optimiser steps, so every step fills and drains.
+# The bubble comes from the **flush** that ends a training step: every backward must finish before the
+# optimiser steps. So every training step fills and drains.
 #
 # A server decoding tokens has no flush. Once a microbatch of sequences has its next token, it goes
 # straight back into stage 0 while the others are still on their way. With at least `p` microbatches
@@ -464,8 +468,9 @@ assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2
 #
 # What a pipeline does not change is a token's **trip**. Its microbatch still passes through every stage
 # in turn, so the time per token is the whole model's time, plus a hop per stage boundary. A pipeline
-# buys memory and throughput, not latency. Tensor parallelism, which splits each layer's work, is what
-# shortens the trip.
+# buys memory and throughput, not latency. Tensor parallelism splits each layer's work, so it shortens
+# the trip, as long as its all-reduces cost less than the work they split
+# ([notebook 02](02_communication_costs.ipynb)).
 #
 # **Predict.** Four microbatches through 4 stages of 15 ms, forward only: each trip takes `4 × 15 = 60`
 # ms, and once the pipeline is full a microbatch leaves every 15 ms.
@@ -495,8 +500,9 @@ for v in trips.verdicts:
 # The slider re-runs one training step on the 4 ranks, ops padded to 20 ms. The cross on the curve is
 # the formula; the circle is the measurement.
 #
-# **Your task.** With GPipe, find the smallest `m` whose idle fraction is under 20 %. Then switch to 1F1B
-# at that `m`: how many microbatches does each stage hold in flight?
+# **Your task.** With GPipe, find the smallest `m` whose predicted idle fraction (the cross) is under
+# 20 %. Does the measured circle fall under 20 % too? Then switch to 1F1B at that `m`: how many
+# microbatches does each stage hold in flight?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_widgets import microbatch_explorer
@@ -507,8 +513,9 @@ microbatch_explorer(four, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02,
 # <details><summary>Answer</summary>
 #
 # `m = 13`: with `p = 4` the idle fraction is `3 / (m + 3)`, which is 20 % at `m = 12` and 18.75 % at
-# `m = 13`. The measured circle sits a little above the cross, by the time the messages take. GPipe
-# holds 13 microbatches on every stage; 1F1B holds 4, 3, 2 and 1, with the same bubble.
+# `m = 13`. The measured circle sits a little above the cross, by the time the messages take; with only
+# 1.25 points to spare it may land just over 20 %. GPipe holds 13 microbatches on every stage; 1F1B
+# holds 4, 3, 2 and 1, with the same bubble.
 # </details>
 
 # %% [markdown]
@@ -558,12 +565,13 @@ show_questions(
              choices=("12 ms, every 12 ms: the work is split 5 ways",
                       "60 ms, every 60 ms: the stages take turns",
                       "108 ms, (m + p - 1) stage-times, every 12 ms",
-                      "60 ms, every 12 ms"),
+                      "60 ms, every 12 ms: the stages overlap"),
              answer=3,
              why="Without a flush the stages stay busy, so one microbatch leaves per stage-time. But a pipeline "
                  "does not shorten a token's trip: it crosses all 5 stages, 60 ms. Your run above measured "
                  f"a trip of {statistics.median(trips.trips.trip_s) * 1e3:.0f} ms for 4 stages of 15 ms."),
-    Question(prompt="Why is pipeline parallelism preferred across nodes, and tensor parallelism within one?",
+    Question(prompt="Layouts such as Llama 3's put pipeline stages across nodes, where links are slow, and "
+                    "tensor parallelism within a node. Why?",
              choices=("The pipeline sends once per stage boundary; TP all-reduces in every layer",
                       "The pipeline runs each layer faster, so it hides the slower network link",
                       "Tensor parallelism cannot run across nodes: its collectives need shared memory",
