@@ -491,8 +491,7 @@ for v in trips.verdicts:
 # either fails (`run_trip_check`).
 # </details>
 #
-# Serving's cost is therefore latency and batch size, not idle time. To keep `p` stages busy a replica
-# needs at least `p` microbatches of sequences in flight, and each token waits for all `p` stages.
+# Serving's cost is therefore latency and batch size, not idle time.
 
 # %% [markdown]
 # ## Explore: the microbatch slider
@@ -618,4 +617,6 @@ show_questions(
 # - A server keeps the stages busy with independent sequences, but each token still makes the whole trip.
 # - The pipeline sends once per stage boundary: the tool for the slow link between machines.
 #
-# Next, notebook 04 splits a model by experts, and notebook 09 goes past 1F1B to the zero-bubble schedules.
+# The [exercise](exercises/03_pipeline_parallel_exercises.ipynb) has you write 1F1B's order yourself
+# (20 to 40 minutes). Next, notebook 04 splits a model by experts, and notebook 09 goes past 1F1B to the
+# zero-bubble schedules.
