@@ -17,8 +17,8 @@
 #
 # > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb),
 # > [01](01_tensor_parallel.ipynb), [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb).
-# > Reading time: about 20 minutes. Trades: scheduling work every step and a part-empty last block per
-# > sequence for a full GPU: many requests share each step, and memory holds only tokens that exist.
+# > Reading time: about 20 minutes. Trades: some scheduling work every step, and a part-empty last block
+# > per sequence, for a full GPU: many requests share each step, and memory holds only real tokens.
 #
 # **What you will see.**
 #
@@ -26,8 +26,8 @@
 #   request alone, under every policy.
 # - KV bytes per token predicted, then read off the cache's tensors; paged blocks against reserved
 #   memory, beside the vLLM paper's 20.4-38.2 %.
-# - TTFT, TPOT and throughput on a seeded Poisson trace: a fitted cost model predicts them, then the
-#   ranks measure them.
+# - TTFT, TPOT and throughput on a seeded trace of random arrivals: a fitted cost model predicts them,
+#   then the ranks measure them.
 # - Three choices on one trace: static or continuous batching, prefill-first or chunked prefill, prefix
 #   caching off or on.
 
@@ -46,6 +46,11 @@
 #   user sees.
 #
 # Throughput (tokens per second over all requests) is the operator's number. Latency is the user's.
+# Over many requests we quote percentiles: **p50** is the median request, and **p90** the value that 90 %
+# of requests beat. A p90 shows the slow tail that a mean hides.
+#
+# The requests here come from a **Poisson trace**: arrivals at random times, a given number a second on
+# average, with random prompt and output lengths. A seed makes it the same on every run.
 #
 # The engine runs a loop: admit what has arrived, pick the tokens of one step, run the model, sample,
 # repeat. Four ideas make that loop fast.
@@ -63,7 +68,8 @@
 # When the cache runs out of blocks, the newest sequence is **preempted by recompute**. Its blocks are
 # freed and its tokens so far go back to the queue. Later its K/V is computed again from those tokens.
 # Nothing generated is lost, only time. This is vLLM's default; swapping the blocks out to CPU memory is
-# the other choice. Chunked prefill and prefix caching are on by default in vLLM v1 too.
+# the other choice (vLLM's older v0 engine offered it). Chunked prefill and prefix caching are on by
+# default in vLLM v1 too.
 #
 # The [KV cache](00_start_here.ipynb) is what makes decode cheap: each token's keys and values, kept
 # so that the next token reads them instead of recomputing them.
@@ -95,10 +101,10 @@ show_code(Scheduler.schedule, Scheduler._admit)
 show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.release)
 
 # %% [markdown]
-# The paged read. Token `p` of a sequence sits in slot `table[p // block_size] * block_size + p %
-# block_size`. A layer writes each chunk's new K/V into its slots, then reads the whole sequence back
-# through the block table and attends. The step's one-token decodes are read and attended together,
-# their contexts padded to the longest and the padding masked. The rest is
+# The paged read. Token `p` of a sequence lives in block `table[p // block_size]`, at offset
+# `p % block_size` inside it. A layer writes each chunk's new K/V into its slots. Then it reads the whole
+# sequence back through the block table and attends. All of a step's one-token decodes attend in one
+# batch. Their contexts differ in length, so the short ones are padded and the padding is masked. The rest is
 # [notebook 01's](01_tensor_parallel.ipynb) column and row splits: each rank holds its query heads and KV
 # heads, and two all-reduces a layer sum the heads.
 
@@ -172,7 +178,7 @@ assert roomy_run.tokens == reference and tight_run.tokens == reference and tight
 # %% [markdown]
 # ## KV memory: predict the bytes, then read the cache
 #
-# One token's K and V on one rank take `2 x layers x KV heads here x head dim x bytes`. Here that is
+# One token's K and V on one rank take `2 x layers x KV heads on the rank x head dim x bytes`. Here that is
 # `2 x 2 x 1 x 8 x 8 = 256` bytes. The cache holds `num_blocks x block_size` token slots per rank.
 
 # %%
@@ -244,10 +250,11 @@ for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
 # %% [markdown]
 # ## Requests under load: predict, then measure
 #
-# A step costs a fixed overhead, a price per token computed and a price per key attended. A fit on one
-# warm-up run gives the three prices. Then the engine's own scheduler is replayed on that clock
-# (`simulate_serving`), which predicts each request's token times. On two ranks the step's four small
-# all-reduces land in the fixed overhead.
+# A step costs a fixed overhead, a price per token computed, and a price per key attended (each cached
+# token a query reads). A fit on one warm-up run gives the three prices. Then `simulate_serving` runs the
+# engine's own scheduler without ranks: each step takes the time the fitted prices give it. That predicts
+# each request's token times. The step's four small all-reduces (two a layer, two layers) land in the
+# fixed overhead.
 
 # %%
 from shardlib.serving.engine import run_step_cost_fit
@@ -292,7 +299,8 @@ token_timeline_figure(trace, load.runs["continuous"].token_times_s, "Continuous 
 # ## Static or continuous batching
 #
 # Both policies now take at most 4 sequences at once. Static batching admits no one while its batch
-# decodes. Predict first: the replay of both policies on the fitted clock.
+# decodes. Guess first which policy serves more tokens a second, and which lets newcomers start sooner.
+# Then read the prediction: both policies replayed on the fitted prices.
 
 # %%
 batching = {"continuous": replace(config, max_num_seqs=4), "static": replace(config, max_num_seqs=4,
@@ -347,8 +355,9 @@ assert all(run.tokens == reference for run in prefill_check.runs.values())
 #
 # Prefill-first: one step of 2,000 tokens, `5 + 100 = 105` ms, while the 30 decodes wait; their gap is
 # that step plus their own next step. Chunked: 30 decodes and 482 prompt tokens a step,
-# `5 + 512 x 0.05 = 30.6` ms. The prompt needs `2000 / 482 = 4.15`, so 5 steps: TTFT about 150 ms,
-# against about 105 ms. The decodes never wait more than 31 ms.
+# `5 + 512 x 0.05 = 30.6` ms. The prompt needs `2000 / 482 = 4.15`, so 5 steps: four full ones and a
+# fifth of 30 decodes and 72 prompt tokens, `5 + 102 x 0.05 = 10.1` ms. TTFT is about
+# `4 x 30.6 + 10.1 = 133` ms, against 105 ms. The decodes never wait more than 31 ms.
 #
 # </details>
 
@@ -357,7 +366,7 @@ assert all(run.tokens == reference for run in prefill_check.runs.values())
 #
 # A chat trace: 4 conversations of 3 turns under one 32-token system prompt. Each turn's prompt is the
 # whole conversation so far. With prefix caching on, a new turn finds the full blocks of earlier prompts
-# in the cache. Predict: the replay counts the hits on its clock.
+# in the cache. Predict: the replay on the fitted prices counts the hits.
 
 # %%
 from shardlib.serving.engine import shared_prefix_trace
@@ -415,10 +424,10 @@ engine_explorer(cost, max_positions=model.max_positions, where="a model: the sch
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# (1) TTFT p50 falls about tenfold (from 165 to 9 ms on a fit of 8.7 ms a step). Each step pays the
+# (1) TTFT p50 falls more than tenfold (from about 170 to 14 ms on a fit of 8.7 ms a step). Each step pays the
 # fixed overhead once, so a bigger budget gets the prompts through in fewer steps. (2) TPOT p90 more
 # than doubles and the longest gap nearly doubles: the decodes wait while whole prompts run. Throughput
-# falls too, and TTFT p50 does not improve. (3) The share of slots holding real tokens falls from about
+# falls too, and TTFT p50 barely moves. (3) The share of slots holding real tokens falls from about
 # 81 % to 51 %, and TTFT p50 rises by half. The cache has only 8 blocks of 64: at most 8 sequences hold
 # it at once, each wasting most of a block, and the rest queue. Your numbers follow your machine's fit.
 #
@@ -471,7 +480,7 @@ show_questions(
     Question(
         "Two requests start with the same 50-token system prompt; blocks hold 16 tokens. How many of the "
         "second request's tokens can the prefix cache serve?",
-        ("All 50 of the shared tokens", "64, four whole blocks", "None, since blocks are private", "48"),
+        ("50, all of the shared tokens", "64, four whole blocks", "None: blocks are private", "48, three blocks"),
         3,
         "Only full blocks are named and shared: three blocks, 48 tokens. The fourth block mixes the last 2 "
         "system tokens with each request's own tokens.",

@@ -19,7 +19,8 @@
 # which gives a new sequence its blocks and reuses cached blocks of a shared prefix, and `free`, which
 # takes them back. Then run the checker cell. It replays traces of allocations and frees against the
 # library's block manager, watches what every block holds, and names the first mistake it sees: leaked
-# blocks, a shared block freed while in use, a hash that ignores the parent, a starved request.
+# blocks, a shared block freed while in use, a hash that ignores the parent, a starved request (one
+# refused although free blocks would hold it).
 #
 # Until you write `allocate`, the checker says "not written yet". About 30 minutes.
 
