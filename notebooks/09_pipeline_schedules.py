@@ -16,7 +16,7 @@
 # # 09 · Pipeline schedules past 1F1B: zero bubble, ZB-V and DualPipeV
 #
 # > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb),
-# > [08](08_data_parallel.ipynb). Reading time: about 15 minutes. Trades: memory (W's held back keep
+# > [08](08_data_parallel.ipynb). Reading time: about 20 minutes. Trades: memory (W's held back keep
 # > activations alive longer) and, for the V schedules, twice the pipeline messages, for a bubble a third
 # > of 1F1B's or less.
 #
@@ -38,8 +38,8 @@
 # - **B** computes the input gradient and sends it on at once.
 # - **W** computes the weight gradient, any time after its own B.
 #
-# The stages before get their gradient sooner. Each stage fills time it would spend waiting with W's it
-# put off. That is the **B/W split**; every schedule in this notebook is built on it.
+# The stages before get their gradient sooner. Each stage spends the time it would have waited on the W's
+# it put off. That is the **B/W split**; every schedule in this notebook is built on it.
 #
 # One condition: W is not free to wait forever. Under data parallelism
 # ([notebook 08](08_data_parallel.ipynb)) a layer's gradient is reduced across replicas as soon as its W
@@ -95,9 +95,10 @@ print("In 1F1B each B is the whole backward (one slot here); in ZB-H1 B and W ar
 # ## ZB-H1: the W's fill the drain
 #
 # **ZB-H1** (Qi et al. 2024, section 2.1) keeps 1F1B's order of F's and B's and puts W's off. Stage `s`
-# lets up to `s` W's wait. So no stage holds more than `p` microbatches, 1F1B's peak. The waiting W's
-# fill the drain, where stages used to wait for B's coming back. Its bubble is `(p-1)(F+B-W)`, against
-# 1F1B's `(p-1)(F+B+W)`: a third of it when F = B = W.
+# lets up to `s` W's wait. In 1F1B stage `s` holds `p - s` microbatches at its peak. With `s` W's waiting
+# it holds `p`, stage 0's peak, so the memory peak does not grow. The waiting W's fill the drain, the end
+# of the step where stages wait for B's coming back. While W is no dearer than F or B, its bubble is
+# `(p-1)(F+B-W)`, against 1F1B's `(p-1)(F+B+W)`: a third of it when F = B = W.
 #
 # ## ZB-H2 and ZB-V: zero bubble
 #
@@ -106,10 +107,10 @@ print("In 1F1B each B is the whole backward (one slot here); in ZB-H1 B and W ar
 # its last. Its bubble
 # `(p-1)(F+B-2W)` is zero at F = B = W.
 #
-# **ZB-V** (section 6) gets the same zero at 1F1B's memory. Each stage holds **two chunks in a V**. With
-# `2p` slices of layers, stage `r` holds slice `r` on the way down and slice `2p - 1 - r` on the way back
-# up. The last slice sits on stage 0 beside the first. The turn at the bottom stays on one stage, so it
-# sends no message. `.1` marks chunk 1:
+# **ZB-V** (section 6) gets the same zero at 1F1B's memory, with `m >= 2p` microbatches. Each stage
+# holds **two chunks in a V**, a chunk being one slice of layers. With `2p` slices, stage `r` holds slice
+# `r` on the way down and slice `2p - 1 - r` on the way back up. The last slice sits on stage 0 beside
+# the first. The turn at the bottom stays on one stage, so it sends no message. `.1` marks chunk 1:
 
 # %%
 for name in ("zb-v", "dualpipev"):
@@ -119,11 +120,12 @@ for name in ("zb-v", "dualpipev"):
 
 # %% [markdown]
 # **What "zero" means.** The paper's zero is each stage's idle between its own first action and its last.
-# Stage `s` starts `s F` after stage 0, so the busy spans form a parallelogram. That zero is the step's
-# cost only if each stage starts its next step as soon as its own span ends. Otherwise stage `s` idles
-# `s F` before its first forward arrives, and about as long after its last action: the **ramp**.
+# Stage `s` starts `s F` after stage 0, so the busy spans form a parallelogram. Suppose each stage could
+# start its next step as soon as its own span ends. Then the step would cost zero idle time. If instead
+# all stages start the step together, stage `s` idles `s F` before its first forward arrives. It idles
+# about as long after its last action. That idle time at both ends is the **ramp**.
 #
-# A normal optimizer step stops that. It first synchronises all stages: the global gradient norm for
+# A normal optimizer step makes all stages start together. It first synchronises them: the global gradient norm for
 # clipping, a check for NaNs. The paper's **optimizer post-validation** removes the wait. Each stage
 # steps at once, checks afterwards, and rolls back in the rare step where a check fails. Without it, one
 # step keeps the ramp at each end.
@@ -169,7 +171,7 @@ show_code(Stage.backward, Stage.backward_input, Stage.backward_weight, zb_h1_ord
 # %% [markdown]
 # ## Predict: each list's bubble
 #
-# The list itself predicts its bubble: play it out with set F, B and W (`simulate`). With F = B = W
+# The list itself predicts its bubble: play it out with chosen times for F, B and W (`simulate`). With F = B = W
 # the published formulas for 1F1B and ZB-H1 come out exactly. Predict before you run the cell: which
 # schedule idles least, and how does doubling `m` change each one's share?
 #
@@ -371,6 +373,9 @@ for name, run in runs.items():
 # rank starts. torch's `ScheduleInterleavedZeroBubble` runs the same way, on 2 and 4 ranks, in the tests
 # (`tests/pipeline/test_pipeline_schedules.py`).
 # </details>
+#
+# Predict before you run the cell: torch's lists pass the same checks as ours. Should they idle more slots
+# per stage than ours at F = B = W, fewer, or the same? Each schedule's line ends with both counts.
 
 # %%
 from shardlib.pipeline import import_pipelining_on_rank, run_torch_runtime, simulate
@@ -427,8 +432,10 @@ show_questions(
              why="DualPipe's B is the whole backward, B + W. The paper's B is that minus W: 6 - 2 = 4 ms."),
     Question(prompt="p = 5, F = 2, B = 2 (input gradient), W = 1 per stage, m = 20. How long does each "
                     "device idle per step under ZB-H1?",
-             choices=("20 units, the same as 1F1B's", "8 units, (p-1)(F+B-2W)", "12 units, (p-1)(F+B-W)",
-                      "0 units, it is zero bubble"), answer=2,
+             choices=("20 units: the W's wait, so idle is 1F1B's",
+                      "8 units: each W fills two waits at once",
+                      "12 units: each wait shrinks by one W",
+                      "0 units: the W's fill every wait there is"), answer=2,
              why="ZB-H1 idles (p-1)(F+B-W) = 4 x 3 = 12 while W is no dearer than F or B; 1F1B idles "
                  "(p-1)(F+B+W) = 20. (p-1)(F+B-2W) is ZB-H2's."),
     Question(prompt="In ZB-H1, W takes three times as long as F and B. What do the formula and the run say?",
@@ -471,7 +478,7 @@ show_questions(
 # - The backward splits into B (input gradient, urgent) and W (weight gradient, any time later, but it
 #   gates that layer's gradient reduction under data parallelism).
 # - Two notations: the zero-bubble paper's B is the input gradient, DualPipe's the whole backward.
-#   1F1B idles (p-1)(F+B+W), ZB-H1 (p-1)(F+B-W): a third of 1F1B's at F = B = W.
+#   1F1B idles (p-1)(F+B+W), ZB-H1 (p-1)(F+B-W) while W is no dearer than F or B: a third at F = B = W.
 # - Every schedule ran bit for bit equal to the one-process model; each step's time sat just above its
 #   list's prediction, by the hand-overs between actions.
 # - A dear W cannot fill the ramp: the formula undercounts, the list does not.
