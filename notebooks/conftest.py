@@ -71,7 +71,7 @@ def _write(path: Path) -> None:
         return  # a cell failed or was skipped: nbval reports it, and no page is written
     for cell, index in zip(code, sorted(outputs)):
         cell.outputs = [nbformat.from_dict(o) for o in outputs[index]]
-    out = Path(SITE)
+    out = Path(SITE).resolve()  # relative to where pytest runs (make test: the repository's root)
     out.mkdir(parents=True, exist_ok=True)
     build_site.write_page(out, path.stem, nb)
     build_site.write_index(out)
