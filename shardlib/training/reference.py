@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import whole_number
+from ..data_parallel.reference import AdamW  # the one AdamW, written out (notebook 08's)
 from ..toy import block_reference, generator, rms_norm, stack_weights, weight
 from .corpus import MarkovCorpus, TrainingConfig
 
@@ -45,35 +46,6 @@ def token_losses(weights: dict, tokens: torch.Tensor, config: TrainingConfig) ->
         h = block_reference(h, layer_of(weights, i), config.model)
     logits = F.linear(rms_norm(h), weights["head"])  # (b, s, V)
     return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
-
-
-class AdamW:
-    """AdamW (Loshchilov and Hutter 2019), one tensor at a time: decoupled weight decay, then the bias-corrected
-    first and second moments. The same arithmetic as ``torch.optim.AdamW(foreach=False)``, written out so a
-    step needs no import of torch's compiler stack (seconds, on a laptop, for the first optimizer made)."""
-
-    def __init__(self, params, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
-        self.params, self.lr, self.weight_decay, self.betas, self.eps = list(params), lr, weight_decay, betas, eps
-        self.state: dict = {}  # param -> {"exp_avg", "exp_avg_sq"}: what ``measure.optimizer_state_bytes`` counts
-        self.steps = 0
-
-    @torch.no_grad()
-    def step(self) -> None:
-        self.steps += 1
-        (beta1, beta2), t = self.betas, self.steps
-        for p in self.params:
-            if p.grad is None:
-                continue
-            s = self.state.setdefault(p, {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)})
-            p.mul_(1 - self.lr * self.weight_decay)  # decoupled weight decay
-            s["exp_avg"].lerp_(p.grad, 1 - beta1)  # m = beta1 m + (1 - beta1) g
-            s["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
-            denom = (s["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(self.eps)
-            p.addcdiv_(s["exp_avg"], denom, value=-self.lr / (1 - beta1 ** t))
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            p.grad = None
 
 
 def adamw(params, config: TrainingConfig) -> AdamW:
