@@ -58,7 +58,9 @@ def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_pos
         requests, config, predicted = explorer_state(cost, rate.value, block.value, budget.value, chunked.value,
                                                      n_requests, cache_tokens, max_positions, seed)
         f = predicted.figures(requests)
-        rows = [("TTFT p50 / p90", f"{f['ttft_p50_s'] * 1e3:.1f} / {f['ttft_p90_s'] * 1e3:.1f} ms"),
+        rows = [("simulated", f"{rate.label} requests, blocks of {block.value} tokens, a budget of {budget.value} "
+                              f"tokens a step, {'chunked prefill' if chunked.value else 'prefill-first'}"),
+                ("TTFT p50 / p90", f"{f['ttft_p50_s'] * 1e3:.1f} / {f['ttft_p90_s'] * 1e3:.1f} ms"),
                 ("TPOT p50 / p90", f"{f['tpot_p50_s'] * 1e3:.2f} / {f['tpot_p90_s'] * 1e3:.2f} ms"),
                 ("longest gap between two tokens", f"{f['gap_max_s'] * 1e3:.1f} ms"),
                 ("throughput", f"{f['tokens_per_s']:.0f} tokens/s"),

@@ -100,3 +100,8 @@ def test_the_explorer_replays_the_scheduler_and_refuses_what_cannot_run():
         explorer_state(COST, 20.0, 16, 16, False)  # prefill-first: a whole prompt must fit one step
     box = engine_explorer(COST)
     assert "TTFT p50" in box.children[3].value
+    (rate, block), (budget, chunked) = box.children[0].children, box.children[1].children
+    for control, other in ((rate, 50.0), (block, 32), (budget, 128), (chunked, False)):
+        before = box.children[3].value
+        control.value = other
+        assert box.children[3].value != before, f"moving {control.description or 'the toggle'} changed nothing shown"
