@@ -68,6 +68,10 @@ NVLINK_3 = _nvlink("NVLink 3 (A100)", 600e9,
 NVLINK_5 = _nvlink("NVLink 5 (B200)", 1.8e12,
                    "NVIDIA HGX B200 specifications: fifth-generation NVLink, 1.8 TB/s per GPU, both directions "
                    "summed (900 GB/s each way)")
+NVLINK_H800 = Link("NVLink (H800)", 160e9, 5e-6, "per direction",
+                   "DeepSeek-V3 report (arXiv 2412.19437), section 3.2.2: 'NVLink offers a bandwidth of 160 GB/s, "
+                   "roughly 3.2 times that of IB (50 GB/s)' on its H800 nodes (the H800's NVLink is 400 GB/s "
+                   "both directions summed; 160 GB/s is what DeepSeek reports achieving)", _NVSWITCH_LATENCY)
 INFINITY_FABRIC = Link("Infinity Fabric (MI300X platform)", 896e9, 10e-6, "aggregate",
                        "AMD Instinct MI300X data sheet: 896 GB/s peak aggregate Infinity Fabric bandwidth per GPU: 7 "
                        "links of 128 GB/s (64 GB/s each way) in a full mesh of 8 GPUs, no switch; one pair of GPUs "
@@ -120,6 +124,10 @@ H100_80GB = GPU("H100 80GB", 80e9, 3.35e12, 989e12,
 H200 = GPU("H200", 141e9, 4.8e12, 989e12,
            "NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, BF16 989 TFLOPS dense "
            "(1,979 with sparsity)")
+H800 = GPU("H800", 80e9, 3.35e12, 989e12,
+           "NVIDIA H800 SXM: the H100 SXM's compute and 80 GB of HBM3 (3.35 TB/s, BF16 989 TFLOPS dense) with its "
+           "NVLink cut to 400 GB/s; DeepSeek-V3 trained on 2,048 of them, 8 per node (report, section 3.1)",
+           NVLINK_H800)
 B200 = GPU("B200", 180e9, 8.0e12, 2.25e15,
            "NVIDIA DGX B200 datasheet: 1,440 GB of GPU memory and 64 TB/s of HBM3e bandwidth across 8 GPUs, "
            "i.e. 180 GB and 8 TB/s per GPU; NVIDIA HGX B200 specifications: FP16/BF16 4.5 PFLOPS per GPU with "

@@ -38,6 +38,9 @@ class ModelConfig:
     weight_bits: int = 0  # 0: weights in bytes_per_param; 8 or 4: layer matrices quantised (see quantized)
     quant_group_size: int = 128  # weights that share one 16-bit scale
     vocab_multiple: int = 128  # the vocabulary is padded to a multiple of this x tp (Megatron-LM's default)
+    attention_params: int = 0  # 0: counted from the heads; else one layer's attention weights as given (MLA)
+    kv_latent_dim: int = 0  # 0: a key and a value per KV head; else values one token caches per layer (MLA)
+    node_limit: int = 0  # 0: a token's experts anywhere; else on at most this many nodes (DeepSeek-V3: 4)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",
@@ -64,6 +67,9 @@ class ModelConfig:
         choice(self.weight_bits, WEIGHT_BITS, f"{self.name}: weight_bits")
         whole_number(self.quant_group_size, f"{self.name}: quant_group_size")
         whole_number(self.vocab_multiple, f"{self.name}: vocab_multiple")
+        whole_number(self.attention_params, f"{self.name}: attention_params (0: counted from the heads)", minimum=0)
+        whole_number(self.kv_latent_dim, f"{self.name}: kv_latent_dim (0: keys and values per KV head)", minimum=0)
+        whole_number(self.node_limit, f"{self.name}: node_limit (0: unlimited routing)", minimum=0)
 
     def quantized(self, bits: int, group_size: int = 128) -> "ModelConfig":
         """The same model with its layer matrices stored in ``bits`` (8 or 4) bits per weight plus one
@@ -79,6 +85,10 @@ class ModelConfig:
 
     @property
     def attention_params_per_layer(self) -> int:
+        """q and o over the query heads, k and v over the KV heads; or ``attention_params`` where the
+        attention is not shaped so (DeepSeek's MLA: low-rank projections)."""
+        if self.attention_params:
+            return self.attention_params
         q_and_o = 2 * self.d_model * self.n_heads * self.head_dim
         k_and_v = 2 * self.d_model * self.n_kv_heads * self.head_dim
         return q_and_o + k_and_v
@@ -131,8 +141,10 @@ class ModelConfig:
         return matrices * self.matrix_bytes_per_param + (self.n_params - matrices) * self.bytes_per_param
 
     def kv_bytes_per_token(self) -> float:
-        """KV cache one token adds: a key and a value per KV head per layer, in the model's dtype."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.bytes_per_param
+        """KV cache one token adds: a key and a value per KV head per layer (MLA: its ``kv_latent_dim``
+        values per layer), in the model's dtype."""
+        per_layer = self.kv_latent_dim or 2 * self.n_kv_heads * self.head_dim
+        return self.n_layers * per_layer * self.bytes_per_param
 
     @property
     def usable_tp(self) -> list[int]:
@@ -214,8 +226,20 @@ def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp
     ``ceil(n_layers / pp)``), per KV head it holds (``kv_heads_per_device``), per token it keeps
     (``batch x seq / cp``), in the model's dtype."""
     tokens = whole_number(batch, "batch") * whole_number(seq, "seq") / whole_number(cp, "cp")
+    if model.kv_latent_dim:  # MLA: one latent per token per layer, whole on every tp rank (vLLM's MLA)
+        return stage_layers(model, pp) * model.kv_latent_dim * model.bytes_per_param * tokens
     per_token = 2 * stage_layers(model, pp) * kv_heads_per_device(model, tp) * model.head_dim * model.bytes_per_param
     return per_token * tokens
+
+
+def attention_params_per_device(model: ModelConfig, tp: int) -> float:
+    """One layer's attention weights on one of ``tp`` devices: q and o split ``tp`` ways, k and v over the
+    KV heads each holds (``kv_heads_per_device``: copies past the KV-head count); a model that gives
+    ``attention_params`` (MLA) splits them ``tp`` ways (its heads' up-projections dominate)."""
+    if model.attention_params:
+        return model.attention_params / whole_number(tp, "tp")
+    return (2 * model.d_model * model.n_heads * model.head_dim / tp
+            + 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp))
 
 
 def pipeline_parallel_problems(model: ModelConfig, pp: int) -> list[str]:
@@ -279,6 +303,26 @@ LLAMA_3_1_405B = ModelConfig("Llama-3.1-405B", n_layers=126, d_model=16384, n_he
                              d_ff=53248, vocab_size=128256)
 MIXTRAL_8X7B = ModelConfig("Mixtral-8x7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
                            vocab_size=32000, n_experts=8, experts_per_token=2)
+# DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv 2412.19437, sections 2 and 4.2; its
+# published config, deepseek-ai/DeepSeek-V3 config.json / inference/configs/config_671B.json): 61 layers,
+# hidden_size 7168, 128 heads (MLA: qk_nope_head_dim 128 + qk_rope_head_dim 64, v_head_dim 128, q_lora_rank
+# 1536, kv_lora_rank 512), n_routed_experts 256, num_experts_per_tok 8, moe_intermediate_size 2048,
+# n_shared_experts 1, first_k_dense_replace 3 (dense layers of intermediate_size 18432), vocab_size 129280,
+# untied head; 671B parameters, 37B active per token (the report's abstract). What this ModelConfig cannot say,
+# and how it approximates it:
+# * MLA: ``attention_params`` is MLA's own count per layer, 7168 x 1536 + 1536 x 128 x 192 + 7168 x 576 +
+#   512 x 128 x 256 + 128 x 128 x 7168 = 187,105,280 (q down and up, the joint KV down-projection with the
+#   shared RoPE key, k and v up, o); ``kv_latent_dim`` 576: a token caches its compressed latent (512) and
+#   its RoPE key (64) per layer, not 128 keys and values (2 x 128 x 128). n_kv_heads = 128: the heads MLA's
+#   up-projection makes, so tp up to 128 splits whole heads.
+# * Node-limited routing (section 2.1.2): ``node_limit`` 4, each token's experts on at most 4 nodes.
+# * The 3 dense first layers count as MoE layers (+32.6B) and the shared expert is left out (-2.6B): 701B by
+#   this count, 34.9B active per token (published 671B and 37B). The multi-token-prediction module (14B)
+#   is left out too, as the 671B does.
+DEEPSEEK_V3 = ModelConfig("DeepSeek-V3", n_layers=61, d_model=7168, n_heads=128, n_kv_heads=128, head_dim=128,
+                          d_ff=2048, vocab_size=129280, n_experts=256, experts_per_token=8,
+                          attention_params=7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256
+                          + 128 * 128 * 7168, kv_latent_dim=512 + 64, node_limit=4)
 # Small enough to run for real on a laptop's CPU ranks, shaped like the real ones (GQA, gated MLP).
 TOY = ModelConfig("toy", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4, d_ff=256, vocab_size=512,
                   bytes_per_param=4.0)

@@ -22,7 +22,7 @@ from ..checks import positive_number, whole_number
 from ..costs.alpha_beta import collective_terms_s, cost_terms, point_to_point_s
 from ..hardware import Link
 from ..mesh import Layout
-from ..models import ModelConfig, check_tensor_parallel, kv_heads_per_device
+from ..models import ModelConfig, attention_params_per_device, check_tensor_parallel
 
 ALL_REDUCES_PER_LAYER = 2  # Megatron-LM: after attention and after the MLP
 
@@ -214,8 +214,7 @@ def layer_read_bytes(model: ModelConfig, layout: Layout, tokens: float, layers: 
     of the attention's q and o, its KV heads' k and v, its share of the experts (of an MoE layer only the
     experts the tokens reach), and the replicated norms and router."""
     tp, b, bw = layout.tp, model.bytes_per_param, model.matrix_bytes_per_param
-    attention = (2 * model.d_model * model.n_heads * model.head_dim / tp
-                 + 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp))
+    attention = attention_params_per_device(model, tp)
     reached = 1.0
     if model.is_moe:  # tokens of every replica in the ep group reach its experts
         routed = tokens * max(1, layout.ep // layout.tp)

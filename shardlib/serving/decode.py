@@ -10,7 +10,8 @@ One stage on one microbatch is a roofline (Williams et al. 2009), ``max(bytes re
 FLOPs / peak)``, both peaks times ``Workload.kernel_efficiency`` (1.0: every time is a floor), plus its
 collectives: 2 tp all-reduces per layer of the stage (Megatron-LM, Shoeybi et al. 2019; uneven stages
 from ``pipeline.predict.split_layers``, the slowest setting the pace),
-ep all-to-alls, one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
+ep all-to-alls (dispatch and combine per MoE layer, node-limited where the model's router is:
+``ep_all_to_all``), one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
 experts the tokens reach), the head on the last stage, the KV cache (weights, FLOPs and TP all-reduces
 priced by ``cost``, as notebook 02's tables are). Prefill fills and drains (GPipe, Huang et al. 2019):
 ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication with compute. Pure: no torch.
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..costs.alpha_beta import all_to_all_s, point_to_point_s
+from ..costs.alpha_beta import point_to_point_s
+from ..experts.node_limit import ExpertAllToAll, expert_all_to_all
 from ..hardware import Cluster, Link
 from ..mesh import Layout
 from ..models import ModelConfig, kv_head_copies, padded_vocab_size, stage_layers
@@ -60,15 +62,23 @@ def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, t
     """Seconds and count of the collectives of a stage of ``layers`` layers for ``tokens`` tokens: the TP
     all-reduces (``cost.tp_all_reduces``; one per layer where experts replace the MLP) and the EP
     all-to-alls (dispatch and combine per layer)."""
-    size = tokens * model.d_model * model.bytes_per_param
     reduces = tp_all_reduces(model, layout.tp, tp_link, tokens, layers, cluster.latency_charge,
                              per_layer=1 if layout.ep > 1 else ALL_REDUCES_PER_LAYER)
     seconds, count = reduces.total_s, reduces.count
     if layout.ep > 1:
         n = 2 * layers
-        seconds += n * all_to_all_s(size * model.experts_per_token, layout.ep, ep_link, cluster.latency_charge)
+        seconds += n * ep_all_to_all(model, cluster, layout, tokens).seconds
         count += n
     return seconds, count
+
+
+def ep_all_to_all(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float) -> ExpertAllToAll:
+    """One dispatch (or combine) of ``tokens`` per rank over ``layout``'s expert groups on ``cluster``: inside a
+    node, across nodes at the network's rate, or node-limited where the model's router is
+    (``experts.node_limit``; DeepSeek-V3: each token on at most 4 nodes, one network copy per node)."""
+    nodes = max(len({cluster.node_of(r) for r in g}) for g in layout.ep_groups())
+    return expert_all_to_all(tokens, model.d_model, model.experts_per_token, layout.ep, nodes, cluster.intra_link,
+                             cluster.inter_link, model.bytes_per_param, model.node_limit, cluster.latency_charge)
 
 
 def stage_costs(model: ModelConfig, cluster: Cluster, layout: Layout, sequences: float, tokens_per_sequence: int,

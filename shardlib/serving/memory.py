@@ -23,8 +23,8 @@ from ..mesh import Layout, check_mesh
 from ..models import (
     Memory,
     ModelConfig,
+    attention_params_per_device,
     kv_cache_bytes,
-    kv_heads_per_device,
     padded_vocab_size,
     pipeline_parallel_problems,
     stage_layers,
@@ -83,13 +83,12 @@ class Workload:
 def weights_per_gpu(model: ModelConfig, layout: Layout) -> float:
     """Weight bytes on a GPU of the heaviest stage: the formula in the module docstring."""
     tp, b, layers = layout.tp, model.bytes_per_param, stage_layers(model, layout.pp)
-    q_and_o = 2 * model.d_model * model.n_heads * model.head_dim / tp
-    k_and_v = 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp)
+    attention = attention_params_per_device(model, tp)  # q and o split, k and v per KV head held (or MLA's)
     experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp)
     replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
     copies = (1 if model.tied_embeddings else 2) if layout.pp == 1 else 1
     embed = copies * padded_vocab_size(model, tp) * model.d_model / tp
-    return layers * ((q_and_o + k_and_v + experts) * model.matrix_bytes_per_param + replicated * b) + embed * b
+    return layers * ((attention + experts) * model.matrix_bytes_per_param + replicated * b) + embed * b
 
 
 def kv_bytes_per_sequence(model: ModelConfig, layout: Layout, context_tokens: int) -> float:

@@ -12,7 +12,15 @@ of the stage, for the tokens of the GPU's ring slice (``seq / cp``), times the m
 the embedding's dropout mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3:
 ``4 s b h / t (1 + v / h)``). ZeRO-3 adds two layers gathered whole (weights and gradients: one working, one
 prefetched); other transients (communication buckets, the allocator's fragmentation) are left out: the
-planner keeps a margin for them (``memory_utilization``). Pure: no torch.
+planner keeps a margin for them (``memory_utilization``).
+
+Expert parallelism (``layout.ep > 1``, expert data parallelism: ep folded onto the data-parallel ranks, as
+Megatron-Core and DeepSeek-V3 do): each MoE layer's experts are spread whole over ``ep`` ranks of a stage,
+``n_experts / ep`` each, not split by tp; each expert is kept by ``tp x dp x cp / ep`` ranks of the stage (its
+expert-data-parallel group, ``expert_dp``), over which ``dp_strategy`` shards its gradients and optimizer
+state. Everything else (attention, router, norms, embedding and head) is split by tp and sharded over
+``dp x cp`` as in a dense model. With ``ep = 1`` an MoE layer's experts are split ``tp`` ways as before.
+Pure: no torch.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class TrainingMemory:
     ends_bytes: float  # embedding dropout mask (first stage), head input and fp32 logits (last stage)
     in_flight: float
     gathered_bytes: float = 0.0  # ZeRO-3: two layers' whole weights and gradients (one working, one prefetched)
+    expert_params: float = 0.0  # of ``params``, the experts' (ep > 1: kept by the expert-data-parallel group)
 
     @property
     def states_bytes(self) -> float:
@@ -78,19 +87,55 @@ def layers_of(n_layers: int, pp: int, stage: int, lighter_ends: bool = False) ->
     return stage_layer_counts(n_layers, pp, lighter_ends)[stage]
 
 
+def check_expert_layout(model: ModelConfig, layout: Layout) -> None:
+    """A ValueError in the learner's terms when ``layout.ep`` cannot spread ``model``'s experts: a dense
+    model, an ep that does not divide the experts, or one that does not divide a stage's ranks."""
+    ep = layout.ep
+    if ep == 1:
+        return
+    if not model.is_moe:
+        raise ValueError(f"ep = {ep}: {model.name} is dense (n_experts = 1), it has no experts to spread")
+    if model.n_experts % ep:
+        raise ValueError(f"ep = {ep} does not divide the {model.n_experts} experts of {model.name}: each rank holds "
+                         f"whole experts ({model.n_experts} / {ep} = {model.n_experts / ep:.3g}); use an ep that "
+                         f"divides {model.n_experts}")
+    per_stage = layout.tp * layout.dp * layout.cp
+    if per_stage % ep:
+        raise ValueError(f"ep = {ep} must divide the tp x dp x cp = {layout.tp} x {layout.dp} x {layout.cp} = "
+                         f"{per_stage} ranks of a stage: the experts are spread over ranks of one stage")
+
+
+def expert_dp(layout: Layout) -> int:
+    """Ranks of a stage keeping the same experts when ``ep > 1``: ``tp x dp x cp / ep`` (expert data
+    parallelism); with ``ep = 1`` the experts are split by tp and kept by the ``dp x cp`` ranks."""
+    return layout.tp * layout.dp * layout.cp // layout.ep if layout.ep > 1 else layout.dp * layout.cp
+
+
+def stage_expert_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
+    """Expert parameters one GPU of ``stage`` holds when ``ep > 1``: ``n_experts / ep`` whole experts per
+    layer of the stage (0 with ``ep = 1``: the experts are then split by tp like a dense MLP)."""
+    if layout.ep == 1:
+        return 0.0
+    check_expert_layout(model, layout)
+    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
+    return layers * model.n_experts // layout.ep * model.expert_params
+
+
 def stage_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
     """Parameters one GPU of ``stage`` holds: its layers' share of ``tp`` (norms kept whole), plus the
-    embedding (first stage) and head and final norm (last stage), ``1/tp`` of the padded vocabulary each."""
+    embedding (first stage) and head and final norm (last stage), ``1/tp`` of the padded vocabulary each.
+    With ``ep > 1``, its ``n_experts / ep`` whole experts per layer in place of a ``1/tp`` share of them."""
     layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
     norms = 2 * model.d_model
-    per_layer = (model.params_per_layer - norms) / layout.tp + norms
+    experts = model.n_experts * model.expert_params if layout.ep > 1 else 0  # spread by ep, not by tp
+    per_layer = (model.params_per_layer - norms - experts) / layout.tp + norms
     vocab_rows = padded_vocab_size(model, layout.tp) / layout.tp
     ends = 0.0
     if stage == 0:
         ends += vocab_rows * model.d_model
     if stage == layout.pp - 1:
         ends += model.d_model + (0 if model.tied_embeddings else vocab_rows * model.d_model)
-    return layers * per_layer + ends
+    return layers * per_layer + ends + stage_expert_params(model, layout, stage, lighter_ends)
 
 
 def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", chunks: int = 2) -> float:
@@ -120,8 +165,13 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
     if not 0 <= stage < layout.pp:
         raise ValueError(f"stage {stage} is not one of the {layout.pp} stages (0 to {layout.pp - 1})")
     sp = sequence_parallel and layout.tp > 1
+    check_expert_layout(model, layout)
     params = stage_params(model, layout, stage, lighter_ends)
-    states = memory_per_rank(params, layout.dp_strategy, layout.dp * layout.cp, state_bytes)
+    experts = stage_expert_params(model, layout, stage, lighter_ends)
+    states = memory_per_rank(params - experts, layout.dp_strategy, layout.dp * layout.cp, state_bytes)
+    if experts:
+        kept = memory_per_rank(experts, layout.dp_strategy, expert_dp(layout), state_bytes)
+        states = {key: states[key] + kept[key] for key in states}
     layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
     tokens = seq // layout.cp
     held = in_flight(stage, layout.pp, n_microbatches, schedule, chunks)
@@ -138,7 +188,7 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
     if layout.dp_strategy == "zero3" and layout.dp * layout.cp > 1:
         gathered = 2 * params / layers * (state_bytes["params"] + state_bytes["grads"])
     return TrainingMemory(stage, layers, params, states["params"], states["grads"], states["optimizer"],
-                          activations, ends, held, gathered)
+                          activations, ends, held, gathered, experts)
 
 
 def peak_training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,

@@ -1,4 +1,8 @@
-"""The training planner: every (tp, pp, dp, cp, ZeRO stage) of a model on a cluster, ranked by tokens/s.
+"""The training planner: every (tp, pp, dp, cp, ep, ZeRO stage) of a model on a cluster, ranked by tokens/s.
+
+For an MoE model ``ep`` runs over every divisor of its experts that divides a stage's ``tp x dp x cp`` ranks
+(expert data parallelism: ``memory`` and ``time_model`` say what it keeps and sends); a dense model has
+``ep = 1`` only, and plans exactly as without it.
 
 ``plan_training`` first prunes the values of one axis that no layout
 may use (tp across nodes or past the heads, a ring slice that is not whole, more stages than layers, a
@@ -19,12 +23,13 @@ from ..mesh import DP_STRATEGIES, Layout, Rejected
 from ..models import ModelConfig, tensor_parallel_problems
 from ..pipeline.registry import schedule_spec
 from ..units import gb, ms
-from .memory import TrainingMemory, peak_training_memory, stage_layer_counts
+from .memory import TrainingMemory, expert_dp, peak_training_memory, stage_layer_counts
 from .time_model import TrainingScore, TrainingWorkload, score_training
 
-TERMS = ("compute_s", "bubble_s", "tp_s", "cp_s", "dp_s", "pp_s")
+TERMS = ("compute_s", "bubble_s", "tp_s", "cp_s", "dp_s", "pp_s", "ep_s")
 TERM_NAMES = {"compute_s": "compute", "bubble_s": "pipeline bubble", "tp_s": "tp collectives",
-              "cp_s": "ring K/V not hidden", "dp_s": "gradient sync not hidden", "pp_s": "stage hops"}
+              "cp_s": "ring K/V not hidden", "dp_s": "gradient sync not hidden", "pp_s": "stage hops",
+              "ep_s": "expert all-to-alls"}
 
 
 @dataclass(frozen=True)
@@ -125,13 +130,13 @@ def best_configuration(model: ModelConfig, cluster: Cluster, layout: Layout,
 
 def rank(scores: list[TrainingScore], tie: float = 1e-3) -> list[TrainingScore]:
     """Fastest first; scores within ``tie`` (0.1%) of a group's fastest are a tie, ordered by fewer model
-    splits (tp x pp x cp), then the lower ZeRO stage."""
+    splits (tp x pp x cp), then the lower ZeRO stage, then the smaller ep."""
     rest, out = sorted(scores, key=lambda s: -s.tokens_per_s), []
     while rest:
         group = [s for s in rest if s.tokens_per_s >= rest[0].tokens_per_s * (1 - tie)]
         rest = rest[len(group):]
         out += sorted(group, key=lambda s: (s.layout.tp * s.layout.pp * s.layout.cp,
-                                            DP_STRATEGIES.index(s.layout.dp_strategy)))
+                                            DP_STRATEGIES.index(s.layout.dp_strategy), s.layout.ep))
     return out
 
 
@@ -139,9 +144,11 @@ def own_reasons(s: TrainingScore, cluster: Cluster, workload: TrainingWorkload) 
     """Where ``s``'s memory and time go, in words."""
     lay, mem = s.layout, s.memory
     sp = ", sequence parallel" if workload.sequence_parallel and lay.tp > 1 else ""
+    experts = (f"; {mem.expert_params / 1e9:.2f} B expert parameters, {lay.ep}-way expert parallel, each expert "
+               f"kept by {expert_dp(lay)} ranks" if lay.ep > 1 else "")
     memory = (f"memory: {gb(mem.total_bytes)} of {gb(workload.usable_bytes(cluster))} usable on stage {mem.stage}: "
               f"{gb(mem.states_bytes)} of states ({workload.convention} bytes per parameter, {lay.dp_strategy} over "
-              f"dp x cp = {lay.dp * lay.cp}), {gb(mem.activations_bytes + mem.ends_bytes)} of activations "
+              f"dp x cp = {lay.dp * lay.cp}{experts}), {gb(mem.activations_bytes + mem.ends_bytes)} of activations "
               f"({mem.in_flight:g} microbatch{'' if mem.in_flight == 1 else 'es'} of {s.microbatch} x "
               f"{workload.sequence_tokens // lay.cp:,} tokens in flight, {s.recompute} recomputation{sp})")
     terms = " + ".join(f"{TERM_NAMES[t]} {seconds(getattr(s, t))}" for t in TERMS if getattr(s, t) > 0)
@@ -162,12 +169,14 @@ def _versus(best: TrainingScore, other: TrainingScore) -> str:
 
 def neighbours(layout: Layout) -> list[Layout]:
     """The layouts one step away that move GPUs into data parallelism: half the stages, half the tp, half
-    the ring."""
+    the ring; and, with experts spread, half the ep."""
     out = []
     for axis in ("pp", "tp", "cp"):
         v = getattr(layout, axis)
         if v > 1 and v % 2 == 0:
             out.append(replace(layout, **{axis: v // 2, "dp": layout.dp * 2}))
+    if layout.ep > 1 and layout.ep % 2 == 0:
+        out.append(replace(layout, ep=layout.ep // 2))
     return [o if o.dp * o.cp > 1 else replace(o, dp_strategy="ddp") for o in out]
 
 
@@ -190,10 +199,18 @@ def plan_reasons(ranked: list[TrainingScore], rejected: dict, pruned: list[str],
         elif other in rejected:
             out.append(f"one step away, {other.label} is ruled out: {rejected[other].reasons[0]}")
         else:
-            changed = [a for a in ("pp", "tp", "cp", "dp") if getattr(other, a) != getattr(best.layout, a)]
+            changed = [a for a in ("pp", "tp", "cp", "dp", "ep") if getattr(other, a) != getattr(best.layout, a)]
             why = [p for p in pruned if any(p.startswith(f"{a} = {getattr(other, a)}:") for a in changed)]
             out.append(f"one step away, {other.label} is not allowed: {why[0] if why else 'not enumerated'}")
     return tuple(out)
+
+
+def expert_degrees(model: ModelConfig, stage_ranks: int) -> list[int]:
+    """The ep a stage of ``stage_ranks`` ranks may use: 1 for a dense model; for an MoE model every ep that
+    divides both its experts (whole experts per rank) and the stage's ranks."""
+    if not model.is_moe:
+        return [1]
+    return [e for e in _divisors(stage_ranks) if model.n_experts % e == 0]
 
 
 def plan_training(model: ModelConfig, cluster: Cluster,
@@ -212,12 +229,13 @@ def plan_training(model: ModelConfig, cluster: Cluster,
                 if n % (tp * cp * pp) or n // (tp * cp * pp) not in values["dp"]:
                     continue
                 dp = n // (tp * cp * pp)
-                for strategy in workload.dp_strategies:
-                    if dp * cp == 1 and strategy != "ddp":
-                        continue  # nothing to shard over
-                    layout = Layout(tp, pp, dp, cp=cp, dp_strategy=strategy)
-                    result = best_configuration(model, cluster, layout, workload)
-                    (rejected if isinstance(result, Rejected) else scored)[layout] = result
+                for ep in expert_degrees(model, tp * dp * cp):
+                    for strategy in workload.dp_strategies:
+                        if dp * cp == 1 and strategy != "ddp" and (ep == 1 or ep == tp * dp * cp):
+                            continue  # nothing to shard over
+                        layout = Layout(tp, pp, dp, ep=ep, cp=cp, dp_strategy=strategy)
+                        result = best_configuration(model, cluster, layout, workload)
+                        (rejected if isinstance(result, Rejected) else scored)[layout] = result
     ranked = rank(list(scored.values()))
     ranked = [replace(s, reasons=own_reasons(s, cluster, workload)) for s in ranked]
     return TrainingPlan(model.name, cluster.name, workload, tuple(ranked), tuple(rejected.values()), tuple(pruned),
@@ -226,14 +244,16 @@ def plan_training(model: ModelConfig, cluster: Cluster,
 
 def format_training_plan(p: TrainingPlan, top: int = 6, rejected: int = 4) -> str:
     """The ranked layouts, term by term, why the best won, and a few rejections with their numbers."""
+    moe = any(s.layout.ep > 1 for s in p.ranked)
     lines = [f"{p.model} on {p.cluster}, training {p.workload.global_batch_tokens:,} tokens a step in sequences of "
              f"{p.workload.sequence_tokens:,}, ranked by tokens/s:",
              f"{'layout':<30}{'b x m':>8}{'recompute':>10}{'GB/GPU':>8}{'step':>10}{'bubble':>9}{'tp':>9}"
-             f"{'cp':>9}{'dp':>9}{'tokens/s':>12}{'MFU':>6}"]
+             f"{'cp':>9}{'dp':>9}" + (f"{'ep':>9}" if moe else "") + f"{'tokens/s':>12}{'MFU':>6}"]
     for s in p.ranked[:top]:
         lines.append(f"{s.layout.label:<30}{f'{s.microbatch}x{s.n_microbatches}':>8}{s.recompute:>10}"
                      f"{s.memory.total_bytes / 1e9:>8.1f}{seconds(s.step_s):>10}{ms(s.bubble_s):>9}{ms(s.tp_s):>9}"
-                     f"{ms(s.cp_s):>9}{ms(s.dp_s):>9}{s.tokens_per_s:>12,.0f}{s.mfu:>6.0%}")
+                     f"{ms(s.cp_s):>9}{ms(s.dp_s):>9}" + (f"{ms(s.ep_s):>9}" if moe else "")
+                     + f"{s.tokens_per_s:>12,.0f}{s.mfu:>6.0%}")
     if len(p.ranked) > top:
         lines.append(f"... and {len(p.ranked) - top} more that fit")
     lines += [f"why: {r}" for r in p.reasons]

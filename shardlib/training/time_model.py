@@ -8,6 +8,12 @@ sequence parallelism's gathers and scatters; **cp**: the ring's K/V hidden behin
 **dp** over the ``dp x cp`` ranks holding the same weights (DDP and ZeRO-1 once a step but for the last
 bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a reduce-scatter per
 microbatch behind its compute, the first gather exposed); **pp**: the first and last microbatches' hops;
+**ep** (``ep > 1``): each MoE layer's dispatch and combine all-to-alls, forward and backward (a third pair
+when the forward is recomputed), for the rank's tokens of each microbatch (``s / cp x b``, ``/ tp`` under
+sequence parallelism), node-limited where the model's router is (``experts.node_limit``), exposed unless
+``ep_overlap`` (DualPipe, DeepSeek-V3 section 3.2.1: one microbatch's all-to-alls run under another's
+compute, so a layer exposes only what passes its compute); the experts' gradients sync over their
+expert-data-parallel group (``memory.expert_dp``) beside the dense ones;
 **optimizer**: AdamW's pass. **Latency**: every collective pays alpha once per ring step (``n - 1`` over
 ``n`` ranks: NCCL's ring for all-gather and reduce-scatter; its tree, about ``log2 n``, serves all-reduce
 only), so a ZeRO-3 gather over 2,048 replicas pays 2,047 latencies. A model: no kernel launch, no
@@ -21,11 +27,12 @@ from dataclasses import dataclass, field
 from ..checks import choice, flag, number_between, whole_number
 from ..costs.alpha_beta import collective_time_s, point_to_point_s
 from ..data_parallel.predict import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
+from ..experts.node_limit import ep_group_nodes, expert_all_to_all
 from ..hardware import LATENCY_CHARGES, Cluster, Link
 from ..mesh import DP_STRATEGIES, Layout
 from ..models import ModelConfig
 from ..pipeline.registry import schedule_spec
-from .memory import SCHEDULES, TrainingMemory, peak_training_memory, stage_layer_counts
+from .memory import SCHEDULES, TrainingMemory, expert_dp, peak_training_memory, stage_layer_counts
 
 CONVENTIONS = {"megatron": STATE_BYTES_MEGATRON, "zero": STATE_BYTES_MIXED}
 
@@ -51,6 +58,8 @@ class TrainingWorkload:
     ``comm_in_bubble``: whether a bubble slot also lasts a microbatch's exposed tp and cp time (it does:
     they sit on each microbatch's path; False, the default, counts compute only, as the published plans do).
     ``lighter_ends``: one layer fewer on the first and last stage (Llama 3's balance; ``stage_layer_counts``).
+    ``ep_overlap``: whether the experts' all-to-alls run under another microbatch's compute (DualPipe;
+    False: every all-to-all exposed, as a plain 1F1B step runs them).
     ``latency_charge``: how a collective pays its link's latency ("per_step": at every ring step, NCCL's ring;
     "per_call": once, the optimistic convention notebook 02 contrasts)."""
 
@@ -72,6 +81,7 @@ class TrainingWorkload:
     comm_in_bubble: bool = False
     lighter_ends: bool = False
     latency_charge: str = "per_step"
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         s = whole_number(self.sequence_tokens, "sequence_tokens (tokens per sequence)")
@@ -103,6 +113,7 @@ class TrainingWorkload:
         flag(self.dp_overlap, "dp_overlap")
         flag(self.comm_in_bubble, "comm_in_bubble")
         flag(self.lighter_ends, "lighter_ends")
+        flag(self.ep_overlap, "ep_overlap")
         choice(self.latency_charge, LATENCY_CHARGES, "latency_charge")
 
     @property
@@ -139,10 +150,12 @@ class TrainingScore:
     links: dict = field(default_factory=dict, compare=False)  # axis -> link name
     reasons: tuple[str, ...] = ()
     optimizer_s: float = 0.0  # AdamW's pass, when the workload counts it
+    ep_s: float = 0.0  # the experts' all-to-alls, exposed (ep > 1)
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s + self.optimizer_s
+        return (self.compute_s + self.bubble_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s + self.optimizer_s
+                + self.ep_s)
 
 
 def model_flops_per_token(model: ModelConfig, seq: int, causal: bool = True) -> float:
@@ -180,10 +193,31 @@ def _span_link(cluster: Cluster, span: int, size: int) -> Link:
 
 
 def axis_links(cluster: Cluster, layout: Layout) -> dict[str, Link]:
-    """The link each axis of ``layout`` uses on ``cluster`` (Megatron's order: tp, cp, dp, pp outermost)."""
+    """The link each axis of ``layout`` uses on ``cluster`` (Megatron's order: tp, cp, dp, pp outermost);
+    with ``ep > 1`` also the expert group's (``ep`` consecutive ranks of a stage) and the experts' data-parallel
+    group's (``expert_dp``: ranks ``ep`` apart across the stage)."""
     t, c, d, p = layout.tp, layout.cp, layout.dp, layout.pp
-    return {"tp": _span_link(cluster, t, t), "cp": _span_link(cluster, t * c, c),
-            "dp": _span_link(cluster, t * c * d, d * c), "pp": _span_link(cluster, t * c * d * p, p)}
+    links = {"tp": _span_link(cluster, t, t), "cp": _span_link(cluster, t * c, c),
+             "dp": _span_link(cluster, t * c * d, d * c), "pp": _span_link(cluster, t * c * d * p, p)}
+    if layout.ep > 1:
+        links["ep"] = _span_link(cluster, layout.ep, layout.ep)
+        links["expert_dp"] = _span_link(cluster, t * c * d, expert_dp(layout))
+    return links
+
+
+def ep_all_to_all_s(model: ModelConfig, cluster: Cluster, layout: Layout, workload: TrainingWorkload,
+                    microbatch: int) -> float:
+    """One dispatch (or combine) of one MoE layer for one microbatch on one rank (``experts.node_limit``):
+    its ``s / cp x b`` tokens (``/ tp`` under sequence parallelism), ``k`` rows each."""
+    if layout.ep == 1:
+        return 0.0
+    tokens = workload.sequence_tokens // layout.cp * microbatch
+    if workload.sequence_parallel and layout.tp > 1:
+        tokens /= layout.tp
+    nodes = ep_group_nodes(layout.ep, cluster.gpus_per_node)
+    return expert_all_to_all(tokens, model.d_model, model.experts_per_token, layout.ep, nodes,
+                             cluster.intra_link, cluster.inter_link, workload.comm_bytes_per_value, model.node_limit,
+                             workload.latency_charge).seconds
 
 
 def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workload: TrainingWorkload, microbatch: int,
@@ -229,10 +263,15 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     bubble = spec.bubble.idle_s(lay.pp, chunk_op, chunk_op, chunk_op)  # (p-1)(F+B+W): p - 1 turns, / v interleaved
     dp = 0.0
     ranks = lay.dp * lay.cp
-    if ranks > 1:
-        bucket = memory.params * vb / layers  # one layer's gradients (or weights): one collective each
-        rs = layers * collective_time_s("reduce_scatter", bucket, ranks, links["dp"], charge)
-        ag = layers * collective_time_s("all_gather", bucket, ranks, links["dp"], charge)
+    edp = expert_dp(lay)
+    if ranks > 1 or (memory.expert_params and edp > 1):
+        rs = ag = 0.0
+        # one layer's gradients (or weights): one collective each; the experts' over their own group
+        for params, group, link in ((memory.params - memory.expert_params, ranks, links["dp"]),
+                                    (memory.expert_params, edp, links.get("expert_dp"))):
+            if params and group > 1:
+                rs += layers * collective_time_s("reduce_scatter", params * vb / layers, group, link, charge)
+                ag += layers * collective_time_s("all_gather", params * vb / layers, group, link, charge)
         backward = per_mb * 2 / 3
         if not w.dp_overlap:  # every collective after (or before) the compute it serves: nothing hidden
             dp = {"ddp": rs + ag, "zero1": rs + ag, "zero2": m * rs + ag}.get(lay.dp_strategy, m * (2 * ag + rs))
@@ -248,9 +287,15 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     if lay.pp > 1:
         hop = act / (lay.tp if w.sequence_parallel else 1)
         pp = 2 * (lay.pp - 1) * point_to_point_s(hop, links["pp"])
-    updated = memory.params / (1 if lay.dp_strategy == "ddp" else ranks)  # ZeRO: each rank updates its shard
+    ep = 0.0
+    if lay.ep > 1:
+        passes = 3 if recompute == "full" else 2  # forward, backward, and the recomputed forward
+        layer = 2 * passes * ep_all_to_all_s(model, cluster, lay, w, b)  # dispatch and combine, one layer
+        ep = layers * m * (max(0.0, layer - per_mb / layers) if w.ep_overlap else layer)
+    shards = (1, 1) if lay.dp_strategy == "ddp" else (ranks, edp)  # ZeRO: each rank updates its shard
+    updated = (memory.params - memory.expert_params) / shards[0] + memory.expert_params / shards[1]
     optimizer = updated * w.optimizer_bytes_per_param / cluster.memory_bytes_per_s
-    step = compute + bubble + tp + cp + dp + pp + optimizer
+    step = compute + bubble + tp + cp + dp + pp + optimizer + ep
     mfu = w.global_batch_tokens * model_flops_per_token(model, s) / (step * n * cluster.peak_flops_per_s)
     return TrainingScore(lay, b, m, recompute, memory, compute, bubble, tp, cp, dp, pp, w.global_batch_tokens / step,
-                         mfu, {k: v.name for k, v in links.items()}, optimizer_s=optimizer)
+                         mfu, {k: v.name for k, v in links.items()}, optimizer_s=optimizer, ep_s=ep)
