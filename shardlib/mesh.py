@@ -127,6 +127,19 @@ class Layout:
         return [[s * per_stage + j * self.ep + i for i in range(self.ep)]
                 for s in range(self.pp) for j in range(per_stage // self.ep)]
 
+    def expert_dp_groups(self) -> list[list[int]]:
+        """The ranks of a stage holding the same experts (expert data parallelism): one place of each ep
+        group, ``ep`` ranks apart; their experts' gradients are summed over this group."""
+        per_stage = self.tp * self.dp * self.cp
+        return [[s * per_stage + j * self.ep + i for j in range(per_stage // self.ep)]
+                for s in range(self.pp) for i in range(self.ep)]
+
+    def stage_groups(self) -> list[list[int]]:
+        """Every rank of each stage: what a weight replicated over tp, dp and cp (an MoE router under
+        sequence parallelism) sums its gradient over."""
+        per_stage = self.tp * self.dp * self.cp
+        return [list(range(s * per_stage, (s + 1) * per_stage)) for s in range(self.pp)]
+
 
 def check_mesh(layout: Layout, n_gpus: int, what: str = "GPUs") -> None:
     """A layout must use every device exactly once: ValueError with the arithmetic otherwise."""

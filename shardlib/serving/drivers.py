@@ -25,6 +25,7 @@ from ..hardware import Cluster, toy_cluster
 from ..mesh import Layout, check_mesh
 from ..models import ModelConfig, check_tensor_parallel
 from ..runtime.gather import gather
+from .memory import stack_weight_bytes
 from .ranks import combined_forward_on_rank, decode_on_rank, effective_flops_on_rank
 from .traffic import AxisTraffic, forward_traffic
 
@@ -33,8 +34,10 @@ def check_combined_inputs(layout: Layout, model: ModelConfig, layers: list[dict]
                           n_microbatches: int) -> None:
     """Every shape rule, checked before any rank starts, with the numbers."""
     whole_number(n_microbatches, "n_microbatches")
-    if layout.ep != 1:
+    if layout.ep != 1 and not model.is_moe:
         raise ValueError(f"the combined run on ranks splits dense blocks: ep must be 1, got ep = {layout.ep}")
+    if model.is_moe:
+        check_expert_inputs(layout, model, layers, x, n_microbatches)
     check_tensor_parallel(model, layout.tp)
     if len(layers) != model.n_layers:
         raise ValueError(f"{model.name} has {model.n_layers} layers but {len(layers)} sets of weights were given")
@@ -49,6 +52,26 @@ def check_combined_inputs(layout: Layout, model: ModelConfig, layers: list[dict]
     if rows % pieces:
         raise ValueError(f"a batch of {rows} sequences cannot be cut into dp x m = {layout.dp} x {n_microbatches} = "
                          f"{pieces} equal microbatches ({rows} % {pieces} = {rows % pieces})")
+
+
+def check_expert_inputs(layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                        n_microbatches: int) -> None:
+    """The rules an MoE model adds: whole experts per rank, ep inside a stage, MoE weights, and tokens
+    that split evenly over the tp ranks that route them."""
+    ep, per_stage = layout.ep, layout.tp * layout.dp
+    if model.n_experts % ep:
+        raise ValueError(f"ep = {ep} does not divide the {model.n_experts} experts of {model.name}: each rank holds "
+                         f"whole experts ({model.n_experts} / {ep} = {model.n_experts / ep:.3g})")
+    if per_stage % ep:
+        raise ValueError(f"ep = {ep} must divide the tp x dp = {layout.tp} x {layout.dp} = {per_stage} ranks of a "
+                         "stage: each stage's experts are spread over its own ranks, whole")
+    if layers and "router" not in layers[0]:
+        raise ValueError(f"{model.name} has experts: give its MoE weights (experts.stack.moe_stack_weights), "
+                         "not a dense stack's")
+    rows = x.shape[0] // max(layout.dp * n_microbatches, 1) * (x.shape[1] if x.dim() == 3 else 1)
+    if x.dim() == 3 and x.shape[0] % (layout.dp * n_microbatches) == 0 and rows % layout.tp:
+        raise ValueError(f"a microbatch of {rows} tokens does not split over tp = {layout.tp} ranks, each routing "
+                         "an equal share to the experts")
 
 
 def traffic_by_axis(records) -> list[AxisTraffic]:
@@ -81,6 +104,8 @@ class CombinedRun:
     comm_s_by_axis: dict  # axis -> seconds spent in its calls, summed over ranks
     wall_s: float  # from the start line (a barrier every rank has passed) to the last rank's end
     spans: tuple = ()  # every rank's timeline: compute per microbatch, and each call
+    weight_bytes: tuple = ()  # per rank: the weights its stage keeps
+    comm_bytes: tuple = ()  # per rank: the bytes of its forward's calls (comm.py's buffer count)
 
 
 def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -97,9 +122,48 @@ def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], 
     for rec in forward:
         comm_s[rec.group] = comm_s.get(rec.group, 0.0) + rec.duration_s
     predicted = forward_traffic(model, layout, x.shape[0] // layout.dp, x.shape[1], n_microbatches)
+    per_rank = [0] * ranks.world_size
+    for rec in forward:
+        per_rank[rec.rank] += rec.size_bytes
     return CombinedRun(layout, torch.cat([outs[0] for outs in by_replica]), agree,
                        tuple(traffic_by_axis(forward)), tuple(sorted(predicted, key=_axis_op)), comm_s,
-                       max(got.each("end_s")) - min(got.each("start_s")), tuple(ranks.last_spans))
+                       max(got.each("end_s")) - min(got.each("start_s")), tuple(ranks.last_spans),
+                       tuple(got.each("weight_bytes")), tuple(per_rank))
+
+
+@dataclass(frozen=True)
+class WideEPComparison:
+    """Wide EP with data-parallel attention beside the same experts under tp attention, on one pool: each
+    run's output, traffic per axis, and per rank the weights kept and the bytes sent, measured and predicted."""
+
+    dp_attention: CombinedRun  # Layout(tp=1, dp=W, ep=W): attention replicated, each rank its own sequences
+    tp_attention: CombinedRun  # Layout(tp=W, dp=1, ep=W): attention split by heads, each rank routes 1/W
+    predicted_weight_bytes: tuple[tuple[int, ...], tuple[int, ...]]  # per layout, per rank
+    predicted_comm_bytes: tuple[float, float]  # per layout: per rank, the mean (the combine's rows vary)
+
+    def rows(self) -> list[dict]:
+        """One row per layout: bytes per rank, measured and predicted (weights, and the forward's calls)."""
+        out = []
+        for name, run, w, c in zip(("wide EP, DP attention", "EP, TP attention"), (self.dp_attention,
+                                   self.tp_attention), self.predicted_weight_bytes, self.predicted_comm_bytes):
+            out.append({"layout": f"{name} ({run.layout.label})", "weights_measured": max(run.weight_bytes),
+                        "weights_predicted": max(w), "comm_measured": sum(run.comm_bytes) / len(run.comm_bytes),
+                        "comm_predicted": c})
+        return out
+
+
+def run_wide_ep(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor) -> WideEPComparison:
+    """``x`` ``(batch, seq, d_model)`` through ``model``'s MoE stack on every rank of ``ranks`` twice: wide EP
+    with data-parallel attention (``Layout(tp=1, pp=1, dp=W, ep=W)``: each rank attends to its own
+    ``batch / W`` sequences with the whole attention, then its tokens go to the experts, spread over all
+    ``W`` ranks), and the same experts under tensor-parallel attention (``Layout(tp=W, pp=1, ep=W)``: every
+    rank attends to every sequence with ``1/W`` of the heads, one all-reduce, then routes ``1/W`` of the
+    tokens and all-gathers the results). Compare each ``output`` with ``experts.stack.moe_stack_reference``."""
+    w = ranks.world_size
+    runs = [run_combined(ranks, lay, model, layers, x, 1) for lay in (Layout(1, 1, w, ep=w), Layout(w, 1, 1, ep=w))]
+    weights = tuple(tuple(stack_weight_bytes(model, r.layout)) for r in runs)
+    comm = tuple(sum(a.size_bytes for a in r.predicted) / w for r in runs)
+    return WideEPComparison(runs[0], runs[1], weights, comm)
 
 
 @dataclass(frozen=True)

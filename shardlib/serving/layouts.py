@@ -9,6 +9,15 @@ microbatches going round the stages step after step, the last stage handing each
 first as its next input (steady-state decode, ``serving.decode``'s model). Measurement attaches through
 ``probe`` (``runtime.measure.Probe``). Each rank receives the full weights and keeps only its slices.
 
+A model with experts (``models.TOY_MOE``, weights from ``experts.stack.moe_stack_weights``) keeps the
+attention split over tp and replaces each MLP by the experts package's dropless layer
+(``experts.autograd.moe_forward``), its experts spread over ``ep`` ranks of the stage
+(``Layout.ep_groups``: consecutive ranks, across tp and the replicas): each tp rank routes its ``1/tp`` share
+of the tokens (which the attention's all-reduce left whole on every tp rank), the all-to-alls dispatch and
+combine them over the ep group, and an all-gather on the tp axis makes the rows whole again. ``ep`` over
+the replicas with ``tp = 1`` is wide EP with data-parallel attention (each rank its own batch, attention
+replicated, experts over every rank).
+
 Neither loop runs on ``pipeline.engine``: steady-state decode feeds each output back to the first stage as
 the next input, step after step, which a one-step schedule does not express; and the single forward sends
 only one way, in microbatch order, so it needs none of the engine's backward or its message threads.
@@ -20,23 +29,41 @@ from dataclasses import dataclass
 
 import torch
 
+from ..experts.autograd import LocalExperts, moe_forward
+from ..experts.dropless import moe_layer
+from ..experts.groups import ExpertGroups, expert_groups
+from ..experts.stack import EXPERT_KEYS, moe_config
 from ..mesh import Layout, check_mesh
 from ..models import ModelConfig
 from ..pipeline.predict import split_layers
 from ..runtime.measure import NO_PROBE, Probe
 from ..tensor_parallel.blocks import ParallelBlock
 from ..tensor_parallel.layers import TPGroup
+from ..toy import ATTENTION_WEIGHTS, rms_norm
+
+
+@dataclass(frozen=True)
+class RankExperts:
+    """One MoE layer on this rank: the router (whole on every rank) and the experts it holds."""
+
+    router: torch.Tensor  # (n_experts, d_model)
+    local: LocalExperts  # (n_experts / ep, ...) gate, up, down: the block at this rank's place of its ep group
 
 
 @dataclass(frozen=True)
 class RankStage:
-    """This rank's place on the mesh, its pipeline group, and its stage's blocks split over its tp group."""
+    """This rank's place on the mesh, its pipeline group, and its stage's blocks split over its tp group
+    (with experts: each block's attention, and its MoE layer in ``experts``)."""
 
     stage: int
     replica: int
     tp_rank: int
     pp_group: object
     blocks: tuple[ParallelBlock, ...]
+    experts: tuple[RankExperts, ...] = ()  # one per block of an MoE model, else empty
+    tp_group: TPGroup | None = None
+    groups: ExpertGroups | None = None
+    moe: object = None  # the layer's MoETrainConfig
 
 
 def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> RankStage:
@@ -46,8 +73,47 @@ def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> 
     stage, replica, tp_rank = layout.coords(ctx.rank)
     tp_group = TPGroup.of_mesh(ctx, mesh, "tp")  # the ranks of this stage and replica: one "node"
     mine = split_layers(model.n_layers, layout.pp)[stage]  # this stage's layer numbers
-    blocks = tuple(ParallelBlock(layers[i], model, tp_group).to(ctx.device) for i in mine)
-    return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks)
+    if not model.is_moe:
+        blocks = tuple(ParallelBlock(layers[i], model, tp_group).to(ctx.device) for i in mine)
+        return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks)
+    groups = expert_groups(ctx, layout)  # every rank makes every group, so before any early return
+    cfg = moe_config(model)
+    n_local = cfg.experts_per_rank(layout.ep)
+    block = slice(groups.place * n_local, (groups.place + 1) * n_local)  # this rank's experts
+    blocks = tuple(ParallelBlock({k: layers[i][k] for k in ATTENTION_WEIGHTS}, model, tp_group).to(ctx.device)
+                   for i in mine)  # the attention only
+    experts = tuple(RankExperts(layers[i]["router"].to(ctx.device),
+                                LocalExperts(*(layers[i][k][block].to(ctx.device) for k in EXPERT_KEYS)))
+                    for i in mine)
+    return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks, experts, tp_group, groups, cfg)
+
+
+def moe_mlp(ctx, me: RankStage, part: RankExperts, n: torch.Tensor) -> torch.Tensor:
+    """The MoE layer on ``n`` ``(rows, seq, d_model)``, normed and whole on every tp rank: this tp rank's
+    ``1/tp`` of the tokens through the experts (over the ep group), then gathered whole on the tp axis."""
+    tpg = me.tp_group
+    tokens = n.reshape(-1, n.shape[-1])  # (rows * seq, d_model)
+    mine = tokens.tensor_split(tpg.tp)[tpg.index]  # (rows * seq / tp, d_model): this tp rank's share
+    if me.groups.ep is None:  # ep = 1: every expert here
+        y = moe_layer(mine, part.router, *part.local, me.moe).output
+    else:  # dispatch, the local experts, combine: three all-to-alls on the ep axis
+        y, _ = moe_forward(ctx, mine, part.local, part.router, me.moe, group=me.groups.ep)
+    if tpg.tp > 1:
+        y = ctx.comm.all_gather(y, dim=0, group=tpg.group)  # (rows * seq, d_model), whole again
+    return y.view(n.shape)
+
+
+def run_blocks(ctx, me: RankStage, h: torch.Tensor) -> torch.Tensor:
+    """This stage's blocks on ``h`` ``(rows, seq, d_model)``: two all-reduces on the tp axis per dense block;
+    per MoE block one (the attention's), the ep axis's all-to-alls and one all-gather on the tp axis."""
+    if not me.experts:
+        for block in me.blocks:
+            h = block(h)
+        return h
+    for block, part in zip(me.blocks, me.experts):
+        h = block(h)  # h + attention(norm h)
+        h = h + moe_mlp(ctx, me, part, rms_norm(h))
+    return h
 
 
 def combined_forward(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int,
@@ -62,8 +128,7 @@ def combined_forward(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_micr
             if s > 0:  # from the same tp rank of the previous stage
                 ctx.comm.recv(h, layout.rank(s - 1, d, t), group=me.pp_group)
             with probe.span(f"F{i}", kind="compute", stage=s):
-                for block in me.blocks:
-                    h = block(h)  # two all-reduces on the tp axis per block
+                h = run_blocks(ctx, me, h)  # two all-reduces on the tp axis per dense block
             if s < layout.pp - 1:  # to the same tp rank of the next stage
                 ctx.comm.send(h, layout.rank(s + 1, d, t), group=me.pp_group)
             else:
@@ -88,8 +153,7 @@ def pipelined_decode(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_micr
                 if pp > 1 and not (first and step == 0):
                     ctx.comm.recv(h, src, group=me.pp_group)
                 with probe.span(f"T{step}.{i}", kind="compute", stage=s):
-                    for block in me.blocks:
-                        h = block(h)
+                    h = run_blocks(ctx, me, h)
                 if last:
                     outputs.append(h)
                 if pp == 1:

@@ -30,6 +30,7 @@ from ..models import (
     stage_layers,
     tensor_parallel_problems,
 )
+from ..pipeline.predict import split_layers
 from ..units import gb
 
 
@@ -89,6 +90,20 @@ def weights_per_gpu(model: ModelConfig, layout: Layout) -> float:
     copies = (1 if model.tied_embeddings else 2) if layout.pp == 1 else 1
     embed = copies * padded_vocab_size(model, tp) * model.d_model / tp
     return layers * ((attention + experts) * model.matrix_bytes_per_param + replicated * b) + embed * b
+
+
+def stack_weight_bytes(model: ModelConfig, layout: Layout) -> list[int]:
+    """Per rank, the weights the combined run on ranks keeps (``layouts.build_stage``: blocks only, no
+    embedding or head): per layer of its stage the attention's ``attention_params_per_device``, and a
+    dense MLP split ``tp`` ways, or an MoE layer's router (whole) and its ``n_experts / ep`` whole experts."""
+    check_mesh(layout, layout.world_size)
+    if model.is_moe:
+        mlp = model.d_model * model.n_experts + model.n_experts // layout.ep * model.expert_params
+    else:
+        mlp = model.expert_params / layout.tp
+    per_layer = attention_params_per_device(model, layout.tp) + mlp
+    stages = [len(r) for r in split_layers(model.n_layers, layout.pp)]
+    return [int(stages[layout.position(r).stage] * per_layer * model.bytes_per_param) for r in range(layout.world_size)]
 
 
 def kv_bytes_per_sequence(model: ModelConfig, layout: Layout, context_tokens: int) -> float:

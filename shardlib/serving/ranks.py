@@ -32,6 +32,15 @@ class CombinedResult:
     output: torch.Tensor | None  # (batch / dp, seq, d_model) on the last stage
     start_s: float
     end_s: float
+    weight_bytes: int = 0  # the weights this rank's stage keeps: its blocks' slices, its routers and experts
+
+
+def held_weight_bytes(me) -> int:
+    """Bytes of the weights a rank's stage holds (``layouts.RankStage``): its blocks' parameters, and of an
+    MoE model each layer's router and the experts at its place of the ep group."""
+    tensors = [p for block in me.blocks for p in block.parameters()]
+    tensors += [t for part in me.experts for t in (part.router, *part.local)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def combined_forward_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -43,7 +52,7 @@ def combined_forward_on_rank(ctx, layout: Layout, model: ModelConfig, layers: li
     start_s = time.perf_counter()
     output = combined_forward(ctx, layout, me, x, n_microbatches, probe=ctx.timeline)
     end_s = time.perf_counter()
-    return CombinedResult(me.stage, me.replica, output, start_s, end_s)
+    return CombinedResult(me.stage, me.replica, output, start_s, end_s, held_weight_bytes(me))
 
 
 class _ReadyProbe:

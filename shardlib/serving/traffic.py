@@ -69,13 +69,21 @@ class AxisTraffic:
     size_bytes: int
 
 
+COUNT_BYTES = 8  # the dispatch's counts: one int64 per expert
+
+
 def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: int,
                     n_microbatches: int) -> list[AxisTraffic]:
     """The collectives of one forward pass of ``batch`` sequences of ``seq_tokens`` per replica, cut
-    into ``n_microbatches`` equal microbatches: per rank, 2 all-reduces per layer of its stage per
-    microbatch on the tp axis (1 per layer when ep > 1, plus 2 all-to-alls on the ep axis), and each tp
-    rank of a stage sends its copy of the microbatch's activations to its counterpart in the next
-    stage. Stages may be uneven: summed over the ranks, every layer is counted once per tp x dp rank."""
+    into ``n_microbatches`` equal microbatches, summed over every rank. A dense block: 2 all-reduces per
+    layer of its stage per microbatch on the tp axis. An MoE block (``layouts.moe_mlp``): 1 all-reduce
+    (the attention's) and 1 all-gather of the MoE's output rows on the tp axis, and on the ep axis (ep > 1)
+    3 all-to-alls per rank: the counts (one int64 per expert), the dispatch (the rank's ``1/tp`` of the
+    tokens, ``k`` rows each) and the combine (the rows its experts served). Dropless: every token-slot is
+    sent and served, so summed over a stage the combine's rows equal the dispatch's, whatever the router
+    chose. Each tp rank of a stage sends its copy of the microbatch's activations to its counterpart in
+    the next stage. Stages may be uneven: summed over the ranks, every layer is counted once per tp x dp
+    rank."""
     whole_number(batch, "batch")
     whole_number(seq_tokens, "seq_tokens")
     m = whole_number(n_microbatches, "n_microbatches")
@@ -86,12 +94,16 @@ def forward_traffic(model: ModelConfig, layout: Layout, batch: int, seq_tokens: 
     ranks_per_stage = layout.tp * layout.dp
     out = []
     if layout.tp > 1:
-        calls = ranks_per_stage * (1 if layout.ep > 1 else 2) * model.n_layers * m
+        calls = ranks_per_stage * (1 if model.is_moe else 2) * model.n_layers * m
         out.append(AxisTraffic("tp", "all_reduce", calls, calls * mb_bytes))
-    if layout.ep > 1:
-        a2a = mb_bytes * model.experts_per_token
-        calls = ranks_per_stage * 2 * model.n_layers * m
-        out.append(AxisTraffic("ep", "all_to_all_single", calls, calls * a2a))
+        if model.is_moe:  # the MoE output rows, gathered whole on every tp rank
+            calls = ranks_per_stage * model.n_layers * m
+            out.append(AxisTraffic("tp", "all_gather", calls, calls * mb_bytes))
+    if model.is_moe and layout.ep > 1:
+        calls = 3 * ranks_per_stage * model.n_layers * m
+        counts = ranks_per_stage * model.n_experts * COUNT_BYTES
+        rows = 2 * layout.dp * mb_bytes * model.experts_per_token  # dispatch and combine, the stage's tokens x k
+        out.append(AxisTraffic("ep", "all_to_all_single", calls, (counts + rows) * model.n_layers * m))
     if layout.pp > 1:
         n = (layout.pp - 1) * layout.tp * layout.dp * m
         out += [AxisTraffic("pp", "send", n, n * mb_bytes), AxisTraffic("pp", "recv", n, n * mb_bytes)]
