@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..costs.alpha_beta import point_to_point_s
-from ..experts.node_limit import ExpertAllToAll, expert_all_to_all
+from ..experts.all_to_all_cost import ExpertAllToAll, expert_all_to_all
 from ..hardware import Cluster, Link
 from ..mesh import Layout
 from ..models import ModelConfig, kv_head_copies, padded_vocab_size, stage_layers
@@ -75,7 +75,7 @@ def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, t
 def ep_all_to_all(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float) -> ExpertAllToAll:
     """One dispatch (or combine) of ``tokens`` per rank over ``layout``'s expert groups on ``cluster``: inside a
     node, across nodes at the network's rate, or node-limited where the model's router is
-    (``experts.node_limit``; DeepSeek-V3: each token on at most 4 nodes, one network copy per node)."""
+    (``experts.all_to_all_cost``; DeepSeek-V3: each token on at most 4 nodes, one network copy per node)."""
     nodes = max(len({cluster.node_of(r) for r in g}) for g in layout.ep_groups())
     return expert_all_to_all(tokens, model.d_model, model.experts_per_token, layout.ep, nodes, cluster.intra_link,
                              cluster.inter_link, model.bytes_per_param, model.node_limit, cluster.latency_charge)

@@ -10,7 +10,7 @@ bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a r
 microbatch behind its compute, the first gather exposed); **pp**: the first and last microbatches' hops;
 **ep** (``ep > 1``): each MoE layer's dispatch and combine all-to-alls, forward and backward (a third pair
 when the forward is recomputed), for the rank's tokens of each microbatch (``s / cp x b``, ``/ tp`` under
-sequence parallelism), node-limited where the model's router is (``experts.node_limit``), exposed unless
+sequence parallelism), node-limited where the model's router is (``experts.all_to_all_cost``), exposed unless
 ``ep_overlap`` (DualPipe, DeepSeek-V3 section 3.2.1: one microbatch's all-to-alls run under another's
 compute, so a layer exposes only what passes its compute); the experts' gradients sync over their
 expert-data-parallel group (``memory.expert_dp``) beside the dense ones;
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ..checks import choice, flag, number_between, whole_number
 from ..costs.alpha_beta import collective_time_s, point_to_point_s
 from ..data_parallel.predict import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
-from ..experts.node_limit import ep_group_nodes, expert_all_to_all
+from ..experts.all_to_all_cost import ep_group_nodes, expert_all_to_all
 from ..hardware import LATENCY_CHARGES, Cluster, Link
 from ..mesh import DP_STRATEGIES, Layout
 from ..models import ModelConfig
@@ -207,7 +207,7 @@ def axis_links(cluster: Cluster, layout: Layout) -> dict[str, Link]:
 
 def ep_all_to_all_s(model: ModelConfig, cluster: Cluster, layout: Layout, workload: TrainingWorkload,
                     microbatch: int) -> float:
-    """One dispatch (or combine) of one MoE layer for one microbatch on one rank (``experts.node_limit``):
+    """One dispatch (or combine) of one MoE layer for one microbatch on one rank (``experts.all_to_all_cost``):
     its ``s / cp x b`` tokens (``/ tp`` under sequence parallelism), ``k`` rows each."""
     if layout.ep == 1:
         return 0.0

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from shardlib.experts.node_limit import ep_group_nodes, expert_all_to_all
+from shardlib.experts.all_to_all_cost import ep_group_nodes, expert_all_to_all
 from shardlib.hardware import H100_80GB, H800, INFINIBAND_400G, NVLINK_H800, gpu_cluster
 from shardlib.mesh import Layout
 from shardlib.models import DEEPSEEK_V3, LLAMA_3_8B, MIXTRAL_8X7B, kv_cache_bytes
