@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import choice, number_at_least, positive_number, whole_number
+from .node_limited import check_node_limit, limit_to_nodes
 from .routing import blocked_rows, check_tokens
 
 BALANCING = ("none", "aux-loss", "aux-free")
@@ -79,6 +80,8 @@ class MoETrainConfig:
     balance: str = "none"
     aux_loss_coef: float = 0.01
     bias_rate: float = 0.01
+    n_nodes: int = 1  # the nodes the experts sit on, in contiguous blocks (``node_limited``)
+    max_nodes: int | None = None  # M: the nodes one token may reach (DeepSeek-V3: 4 of 8); None: no limit
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "d_model", "d_ff"):
@@ -90,6 +93,7 @@ class MoETrainConfig:
         choice(self.balance, BALANCING, "balance (how the load is balanced)")
         number_at_least(self.aux_loss_coef, "aux_loss_coef (Switch's alpha)")
         positive_number(self.bias_rate, "bias_rate (DeepSeek-V3's gamma, the bias step per training step)")
+        check_node_limit(self.n_experts, self.k, self.n_nodes, self.max_nodes)
 
     @property
     def gate_spec(self) -> GateSpec:
@@ -120,7 +124,8 @@ def train_route(x: torch.Tensor, router: torch.Tensor, cfg: MoETrainConfig,
                 bias: torch.Tensor | None = None) -> TrainRouting:
     """Score every expert for each token of ``x`` ``(T, d_model)`` with ``router`` ``(E, d_model)``; pick
     each token's top ``k`` by affinity plus ``bias`` (ties: the lower expert id); weight them by the gate
-    function of ``cfg.gate`` applied to the affinities *without* the bias."""
+    function of ``cfg.gate`` applied to the affinities *without* the bias. With ``cfg.max_nodes`` the
+    top-k is taken only among the experts of each token's ``max_nodes`` best nodes (``node_limited``)."""
     check_tokens(x, cfg.d_model, router.dtype)
     if tuple(router.shape) != (cfg.n_experts, cfg.d_model):
         raise ValueError(f"the router must be (n_experts, d_model) = ({cfg.n_experts}, {cfg.d_model}), "
@@ -129,6 +134,8 @@ def train_route(x: torch.Tensor, router: torch.Tensor, cfg: MoETrainConfig,
     logits = blocked_rows(lambda b: F.linear(b, router), x, cfg.n_experts)  # (T, E)
     affinity = spec.affinity(logits)  # (T, E)
     ranked = affinity.detach() if bias is None else affinity.detach() + bias.to(affinity.dtype)
+    if cfg.max_nodes is not None:  # DeepSeek-V3's node limit: only the experts of each token's M best nodes
+        ranked = limit_to_nodes(ranked, cfg.k, cfg.n_nodes, cfg.max_nodes)
     experts = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :cfg.k]  # (T, k)
     gates = spec.gates(affinity.gather(1, experts), logits)  # (T, k)
     return TrainRouting(logits, experts, gates, spec.balance_probs(logits))

@@ -1,6 +1,8 @@
 """The MoE training step run on a pool: ``run_moe_training`` (steps of SGD, gathered, set beside the
-one-process reference in float64) and ``run_balance_training`` (Switch's auxiliary loss against
-DeepSeek-V3's auxiliary-loss-free bias over training steps: the loads per expert per step)."""
+one-process reference in float64), ``run_balance_training`` (Switch's auxiliary loss against
+DeepSeek-V3's auxiliary-loss-free bias over training steps: the loads per expert per step) and
+``run_node_limited`` (the cross-node rows of node-limited routing against unlimited, predicted and
+measured)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import choice, positive_number, whole_number
-from .gating import MoETrainConfig
-from .train_reference import PARAMETERS, MoEProblem, ReferenceRun, make_moe_problem, train_steps_reference
-from .train_step import EXPERT_PARAMETERS, check_expert_layout, moe_train_on_rank
+from .balance import split_groups
+from .gating import MoETrainConfig, train_route
+from .node_limited import cross_node_rows, nodes_per_token, tokens_changed
+from .train_reference import PARAMETERS, MoEProblem, ReferenceRun, make_moe_problem, project, train_steps_reference
+from .train_step import EXPERT_PARAMETERS, check_expert_layout, moe_train_on_rank, node_dispatch_on_rank
 
 EXACT_RTOL = 1e-12  # float64: the gradients' sums are reordered across ranks, nothing else differs
 
@@ -111,3 +115,59 @@ def run_balance_training(ranks, config: MoETrainConfig, balance: str = "aux-free
     return BalanceTraining(balance, steps, run.losses, run.max_over_mean,
                            tuple(tuple(int(v) for v in c) for c in run.counts),
                            tuple(tuple(float(v) for v in b) for b in run.biases), run.max_error, run.exact)
+
+
+POLICIES = ("unlimited", "limited")
+
+
+@dataclass(frozen=True)
+class NodeLimitedRun:
+    """Unlimited against node-limited routing of the same tokens, each rank an emulated node. Per policy,
+    the rows sent off their home node, one per token-slot (``"slots"``) and one per distinct remote node
+    (``"dedup"``, DeepSeek-V3's dispatch): ``predicted`` counted from the one-process routing
+    (``node_limited.cross_node_rows``), ``measured`` from the ranks' comm logs (wire bytes over the row's
+    bytes). ``bound_rows`` is DeepSeek-V3's bound on the dedup rows, ``max_nodes`` per token."""
+
+    n_nodes: int
+    max_nodes: int
+    n_tokens: int
+    row_bytes: int
+    predicted: dict  # policy -> {"slots": rows, "dedup": rows}
+    measured: dict
+    bound_rows: int
+    most_nodes_per_token: dict  # policy -> the most nodes any token reached
+    tokens_changed: int  # tokens whose top-k differs from unlimited routing: the quality cost
+
+    @property
+    def exact(self) -> bool:
+        return self.predicted == self.measured
+
+    def cross_node_bytes(self, policy: str, kind: str = "dedup") -> int:
+        return self.measured[policy][kind] * self.row_bytes
+
+
+def run_node_limited(ranks, config: MoETrainConfig, max_nodes: int = 1, n_tokens: int = 256, seed: int = 0,
+                     skew: float = 0.0) -> NodeLimitedRun:
+    """Route ``n_tokens`` tokens with ``config`` unlimited and limited to ``max_nodes`` of ``world_size``
+    emulated nodes (one per rank); send each policy's rows through real all-to-alls; set the cross-node
+    rows measured from the comm logs beside the counts from the one-process routing."""
+    n_nodes = ranks.world_size
+    limited = config.but(n_nodes=n_nodes, max_nodes=max_nodes)
+    cfgs = {"unlimited": config.but(n_nodes=n_nodes, max_nodes=None), "limited": limited}
+    check_expert_layout(limited, ranks.world_size, ranks.world_size)
+    problem = make_moe_problem(limited, n_tokens, skew=skew, seed=seed)
+    home = torch.cat([torch.full((b - a,), r) for r, (a, b) in enumerate(split_groups(n_tokens, n_nodes))])
+    row_bytes = limited.d_model * problem.x.element_size()
+    predicted, measured, most, chosen = {}, {}, {}, {}
+    for policy, cfg in cfgs.items():
+        with ranks.same_threads():
+            experts = train_route(project(problem.x, problem.weights.w_in), problem.weights.router, cfg).experts
+        chosen[policy] = experts
+        predicted[policy] = {kind: cross_node_rows(experts, home, cfg.n_experts, n_nodes, dedup=kind == "dedup")
+                             for kind in ("slots", "dedup")}
+        got = ranks.run(node_dispatch_on_rank, problem.x, problem.weights, cfg)
+        measured[policy] = {"slots": sum(g.slot_wire_bytes for g in got) // row_bytes,
+                            "dedup": sum(g.dedup_wire_bytes for g in got) // row_bytes}
+        most[policy] = int(nodes_per_token(experts, cfg.n_experts, n_nodes).max())
+    return NodeLimitedRun(n_nodes, max_nodes, n_tokens, row_bytes, predicted, measured, n_tokens * max_nodes, most,
+                          tokens_changed(chosen["limited"], chosen["unlimited"]))

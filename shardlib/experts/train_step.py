@@ -144,3 +144,51 @@ def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETr
     mine = {n: (getattr(weights, n)[first:first + n_local] if n in EXPERT_PARAMETERS else getattr(weights, n))
             for n in PARAMETERS}
     return MoETrainResult(losses, counts, biases, step, mine, first, ops)
+
+
+@dataclass(frozen=True)
+class NodeDispatch:
+    """One rank's dispatch under a routing policy, each rank an emulated node: the chosen experts of its
+    tokens and the wire bytes of two real all-to-alls of its rows, one row per token-slot and one per
+    distinct remote node (DeepSeek-V3's dispatch sends a token to a node once)."""
+
+    experts: torch.Tensor  # (T_r, k)
+    slot_rows_to_rank: list[int]
+    dedup_rows_to_rank: list[int]
+    slot_wire_bytes: int  # rows to other ranks (other nodes), from the comm log
+    dedup_wire_bytes: int
+
+
+def node_dispatch_on_rank(ctx, x: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig) -> NodeDispatch:
+    """Route this rank's share of ``x`` with ``cfg`` (node-limited when ``cfg.max_nodes`` is set), then send
+    its rows to the ranks holding their experts twice: once per token-slot, once per distinct rank (a
+    token whose two experts share a rank sends one row there). Each rank is a node (``cfg.n_nodes`` must
+    be the world size). The bytes come from the comm log."""
+    from .gating import train_route
+
+    if cfg.n_nodes != ctx.world_size:
+        raise ValueError(f"this measurement makes each rank a node: n_nodes must be the world size "
+                         f"{ctx.world_size}, got {cfg.n_nodes}")
+    n_local = check_expert_layout(cfg, ctx.world_size, ctx.world_size)
+    start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
+    with torch.no_grad():
+        h = project(x[start:stop], weights.w_in)  # (T_r, d_model)
+        routing = train_route(h, weights.router, cfg)
+    dest = routing.experts // n_local  # (T_r, k) the rank holding each slot's expert
+    slot_token = torch.arange(dest.shape[0]).repeat_interleave(cfg.k)  # (T_r * k,)
+    reached = torch.zeros(dest.shape[0], ctx.world_size, dtype=torch.bool).scatter_(1, dest, True)  # (T_r, ep)
+    dedup_token, dedup_rank = torch.nonzero(reached, as_tuple=True)  # one row per (token, destination rank)
+    slot_rows, slot_wire = _send_rows(ctx, h, slot_token, dest.flatten())
+    dedup_rows, dedup_wire = _send_rows(ctx, h, dedup_token, dedup_rank)
+    return NodeDispatch(routing.experts, slot_rows, dedup_rows, slot_wire, dedup_wire)
+
+
+def _send_rows(ctx, h: torch.Tensor, token: torch.Tensor, rank: torch.Tensor) -> tuple[list[int], int]:
+    """Send row ``h[token[i]]`` to rank ``rank[i]`` for every ``i`` in one all-to-all; its rows per rank
+    and its wire bytes (rows that left this rank) from the comm log."""
+    order = torch.sort(rank, stable=True).indices
+    to_rank = torch.bincount(rank, minlength=ctx.world_size).tolist()
+    from_rank = ctx.comm.exchange_counts(to_rank)
+    first = len(ctx.comm.records)
+    ctx.comm.all_to_all_single(h[token[order]], to_rank, from_rank)
+    return to_rank, ctx.comm.records[first].wire_bytes
