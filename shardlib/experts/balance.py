@@ -158,9 +158,16 @@ def aux_load_balancing_loss(routing: Routing) -> float:
     tokens. Both are ``1/n`` when the load is uniform, giving 1; all tokens on one expert that also takes
     all the probability gives ``n``. Training adds it to the loss to pull the router towards balance.
     """
-    n = routing.probs.shape[1]
-    f = torch.bincount(routing.experts.flatten(), minlength=n).double() / routing.experts.numel()
-    return float(n * (f * routing.probs.double().mean(0)).sum())
+    return float(switch_aux_loss(routing.experts, routing.probs.double()))
+
+
+def switch_aux_loss(experts: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """``aux_load_balancing_loss`` as a tensor that carries the router's gradient: ``n * sum_i f_i * P_i``
+    for ``experts`` ``(T, k)`` chosen and ``probs`` ``(T, n)``. ``f_i`` is a count (no gradient); the
+    gradient flows through ``P_i``, pulling probability away from the busy experts (Switch, eq. 4)."""
+    n = probs.shape[1]
+    f = torch.bincount(experts.flatten(), minlength=n).to(probs.dtype) / experts.numel()  # (n,)
+    return n * (f * probs.mean(0)).sum()
 
 
 @dataclass(frozen=True)
@@ -240,7 +247,19 @@ def balance_by_bias(batches, router: torch.Tensor, cfg: MoEConfig, rate: float =
         experts = torch.sort(routing.logits + bias, dim=-1, descending=True, stable=True).indices[:, :cfg.k]
         counts = torch.bincount(experts.flatten(), minlength=cfg.n_experts).to(torch.float64)  # (E,)
         loads.append(float(counts.max() / counts.mean()))
-        bias = bias - rate * torch.sign(counts - counts.mean()).to(bias.dtype)
+        bias = bias_update(bias, counts, rate)
     chosen = routing.logits.gather(1, experts)  # (T, k) unbiased scores of the chosen experts
     gates = torch.softmax(chosen, dim=-1) if cfg.renormalize else routing.probs.gather(1, experts)
     return BiasBalancing(tuple(loads), bias, routing, experts, gates)
+
+
+def bias_update(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3's update of the selection bias after a step (section 2.1.2): ``bias + rate *
+    sign(mean load - load)``, down by ``rate`` for each expert that took more token-slots than the mean,
+    up for each that took fewer, unchanged at the mean. ``counts`` ``(n_experts,)`` must be the token-slots
+    of the *whole* step: on ranks, summed over every rank first (each rank's own counts would move each
+    rank's bias differently). Returns a new tensor in ``bias``'s dtype."""
+    if counts.shape != bias.shape:
+        raise ValueError(f"counts has shape {tuple(counts.shape)}, the bias {tuple(bias.shape)}: one count per expert")
+    counts = counts.to(torch.float64)
+    return bias + rate * torch.sign(counts.mean() - counts).to(bias.dtype)

@@ -1,0 +1,150 @@
+"""Expert parallelism that trains, on 2 and 4 ranks against one process, in float64.
+
+Tolerance: ``EXACT_RTOL`` = 1e-12 relative (the largest difference over the largest value of each
+gradient). The forward is bit for bit (fixed blocks of rows, the weighted sum in slot order); the
+gradients are sums whose order differs between ranks and one process (rows arrive per source rank,
+the all-reduces add ranks pairwise), which float64 rounds at about 1e-16 per term. Routing decisions
+and counts are compared exactly.
+"""
+
+import pytest
+import torch
+
+from shardlib.experts import (
+    GATES,
+    LocalExperts,
+    MoETrainConfig,
+    bias_update,
+    check_expert_layout,
+    make_moe_problem,
+    moe_forward,
+    moe_layer,
+    project,
+    run_balance_training,
+    split_groups,
+)
+from shardlib.experts.train_drivers import EXACT_RTOL, relative_error, run_moe_training
+
+CFG = MoETrainConfig(n_experts=8, k=2, d_model=16, d_ff=32)
+
+
+# -- the layer's forward and its comm log ------------------------------------------------------------------
+def _forward_backward(ctx, x, weights, cfg):
+    start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
+    n_local = cfg.n_experts // ctx.world_size
+    block = slice(ctx.rank * n_local, (ctx.rank + 1) * n_local)
+    experts = LocalExperts(*(getattr(weights, n)[block].clone().requires_grad_(True) for n in ("gate", "up", "down")))
+    h = project(x[start:stop], weights.w_in.clone().requires_grad_(True))  # the rows need a gradient too
+    first = len(ctx.comm.records)
+    y, aux = moe_forward(ctx, h, experts, weights.router, cfg)
+    forward_ops = len(ctx.comm.records) - first
+    y.square().sum().backward()
+    records = ctx.comm.records[first:]
+    return y.detach(), forward_ops, [(r.op, r.size_bytes) for r in records], aux.rows_to_rank, aux.rows_from_rank
+
+
+@pytest.mark.parametrize("gate", sorted(GATES))
+def test_the_forward_equals_one_process_bit_for_bit(pool, gate):
+    cfg = CFG.but(gate=gate)
+    problem = make_moe_problem(cfg, 64, skew=1.0)
+    w = problem.weights
+    got = pool.run(_forward_backward, problem.x, w, cfg)
+    with pool.same_threads():
+        h = project(problem.x, w.w_in)
+        expected = torch.cat([moe_layer(h[a:b], w.router, w.gate, w.up, w.down, cfg).output
+                              for a, b in split_groups(64, pool.world_size)])
+    assert torch.equal(torch.cat([g[0] for g in got]), expected)
+
+
+def test_the_backward_is_the_reverse_all_to_all_in_the_comm_log(pool):
+    """Forward: counts, rows out, rows back. Backward: the rows-back gradient goes out with the dispatch's
+    sizes, then the rows-out gradient comes back with the combine's: splits swapped."""
+    problem = make_moe_problem(CFG, 64, skew=1.0)
+    for _, forward_ops, ops, rows_to, rows_from in pool.run(_forward_backward, problem.x, problem.weights, CFG):
+        assert forward_ops == 3
+        assert [op for op, _ in ops] == ["all_to_all_single"] * 5
+        row_bytes = CFG.d_model * 8
+        (_, counts), (_, dispatch), (_, combine), (_, combine_grad), (_, dispatch_grad) = ops
+        assert counts == CFG.n_experts * 8
+        assert dispatch == sum(rows_to) * row_bytes == combine_grad
+        assert combine == sum(rows_from) * row_bytes == dispatch_grad
+        assert rows_to != rows_from or pool.world_size == 1  # skewed: a rank does not get back what it sent
+
+
+# -- the training step: every gradient against one process ---------------------------------------------------
+@pytest.mark.parametrize("gate", sorted(GATES))
+def test_every_gradient_matches_one_process_with_the_aux_loss(pool, gate):
+    cfg = CFG.but(gate=gate, balance="aux-loss")
+    run = run_moe_training(pool, make_moe_problem(cfg, 64, skew=1.0), cfg, steps=2)
+    assert run.errors["router"] <= EXACT_RTOL and run.errors["w_in"] <= EXACT_RTOL
+    assert max(run.errors[n] for n in ("gate", "up", "down")) <= EXACT_RTOL
+    assert run.errors["loss"] <= EXACT_RTOL and run.counts_exact and run.copies_agree
+    assert run.exact
+    assert float(run.grads["router"].abs().max()) > 0  # the router learns through the gates
+
+
+def test_ep_2_on_4_ranks_reduces_each_expert_over_its_two_copies(pool4):
+    cfg = CFG.but(balance="aux-free")
+    run = run_moe_training(pool4, make_moe_problem(cfg, 64, skew=1.0), cfg, ep=2, steps=3)
+    assert run.exact, run.errors
+    assert run.biases[-1].abs().sum() > 0  # the bias moved, the same on every rank
+
+
+def test_the_expert_gradient_needs_the_expert_data_parallel_sum(pool4):
+    """Leave out the sum over the expert-data-parallel group and the gradient is wrong by about half:
+    the test of the reduction can fail."""
+    from shardlib.experts import train_step
+
+    cfg = CFG.but(balance="aux-loss")
+    problem = make_moe_problem(cfg, 64, skew=1.0)
+
+    def no_edp_sum(ctx, *args):
+        original = ctx.comm.all_reduce
+
+        def all_reduce(tensor, op="sum", group=None, async_op=False):
+            if group is not None:
+                return tensor
+            return original(tensor, op, group=group, async_op=async_op)
+
+        ctx.comm.all_reduce = all_reduce
+        try:
+            return train_step.moe_train_on_rank(ctx, *args)
+        finally:
+            del ctx.comm.all_reduce
+
+    results = pool4.run(no_edp_sum, problem.x, problem.target, problem.weights, cfg, 2, 1)
+    good = run_moe_training(pool4, problem, cfg, ep=2)
+    wrong = torch.cat([results[p].last.grads["up"] for p in range(2)])
+    assert relative_error(wrong, good.grads["up"]) > 1e-3
+
+
+@pytest.mark.parametrize("balance", ["aux-loss", "aux-free"])
+def test_both_balancing_methods_train_exactly_on_ranks_and_balance(pool, balance):
+    got = run_balance_training(pool, CFG, balance=balance, steps=12, n_tokens=64)
+    assert got.exact, got.max_error
+    assert len(got.loads) == 12 and all(sum(step) == 64 * CFG.k for step in got.loads)
+    if balance == "aux-free":
+        assert got.max_over_mean[-1] < got.max_over_mean[0]
+        assert got.biases[0] == (0.0,) * CFG.n_experts and got.biases[1] != got.biases[0]
+
+
+# -- the bias update and bad input (pure) -----------------------------------------------------------------
+def test_the_bias_moves_against_the_load_and_not_at_the_mean():
+    bias = torch.zeros(4, dtype=torch.float64)
+    new = bias_update(bias, torch.tensor([6, 2, 4, 4]), 0.5)
+    assert new.tolist() == [-0.5, 0.5, 0.0, 0.0]
+    with pytest.raises(ValueError, match="one count per expert"):
+        bias_update(bias, torch.tensor([1, 2]), 0.5)
+
+
+def test_bad_layouts_say_what_is_wrong():
+    with pytest.raises(ValueError, match="does not divide the 8 experts"):
+        CFG.experts_per_rank(3)
+    with pytest.raises(ValueError, match="ep must divide the world size 4"):
+        check_expert_layout(CFG, 4, 3)
+    with pytest.raises(ValueError, match="does not divide the 6 experts"):
+        check_expert_layout(CFG.but(n_experts=6), 4, 4)
+    with pytest.raises(ValueError, match="cannot go to 9 different experts out of 8"):
+        MoETrainConfig(n_experts=8, k=9)
+    with pytest.raises(ValueError, match="unknown gate"):
+        MoETrainConfig(gate="softmax")

@@ -1,0 +1,65 @@
+"""Node-limited routing (DeepSeek-V3): the pure parts by hand, then the cross-node rows on 4 ranks (each an
+emulated node), measured from the comm log, equal to the count from the one-process routing."""
+
+import pytest
+import torch
+
+from shardlib.experts import (
+    MoETrainConfig,
+    check_node_limit,
+    cross_node_rows,
+    limit_to_nodes,
+    node_of_expert,
+    node_scores,
+    nodes_per_token,
+    tokens_changed,
+    train_route,
+)
+from shardlib.experts.train_drivers import run_node_limited
+
+
+def test_nodes_are_scored_by_their_highest_scores_and_the_rest_masked():
+    # 8 experts on 4 nodes (2 each); k = 2, M = 1: each node scored by its best one score
+    scores = torch.tensor([[0.1, 0.2, 0.9, 0.0, 0.5, 0.6, 0.3, 0.3]], dtype=torch.float64)
+    assert node_of_expert(8, 4).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert torch.allclose(node_scores(scores, 4, 1), torch.tensor([[0.2, 0.9, 0.6, 0.3]], dtype=torch.float64))
+    assert torch.allclose(node_scores(scores, 4, 2), torch.tensor([[0.3, 0.9, 1.1, 0.6]], dtype=torch.float64))
+    limited = limit_to_nodes(scores, k=2, n_nodes=4, max_nodes=1)  # per node: k // M = 2 scores: node 2 wins
+    assert torch.isinf(limited[0, [0, 1, 2, 3, 6, 7]]).all() and limited[0, 4:6].tolist() == [0.5, 0.6]
+    two = limit_to_nodes(scores, k=2, n_nodes=4, max_nodes=2)  # per node: 1 score: nodes 1 and 2
+    assert (~torch.isinf(two[0])).nonzero().flatten().tolist() == [2, 3, 4, 5]
+
+
+def test_m_equal_to_the_nodes_changes_nothing():
+    cfg = MoETrainConfig(n_experts=8, k=2, n_nodes=4)
+    x, router = torch.randn(40, cfg.d_model, dtype=torch.float64), torch.randn(8, cfg.d_model, dtype=torch.float64)
+    free = train_route(x, router, cfg).experts
+    assert torch.equal(train_route(x, router, cfg.but(max_nodes=4)).experts, free)
+    one = train_route(x, router, cfg.but(max_nodes=1)).experts
+    assert int(nodes_per_token(one, 8, 4).max()) == 1
+    assert tokens_changed(free, free) == 0 and tokens_changed(one, free) > 0
+
+
+def test_cross_node_rows_by_hand():
+    experts = torch.tensor([[0, 1], [2, 5], [6, 7]])  # nodes of 2 experts: (0, 0), (1, 2), (3, 3)
+    home = torch.tensor([0, 1, 2])
+    assert cross_node_rows(experts, home, 8, 4) == 0 + 1 + 2
+    assert cross_node_rows(experts, home, 8, 4, dedup=True) == 0 + 1 + 1
+
+
+def test_a_limit_that_cannot_hold_k_experts_is_refused():
+    with pytest.raises(ValueError, match="can reach only 2 experts, fewer than k = 4"):
+        check_node_limit(8, 4, 4, 1)
+    with pytest.raises(ValueError, match="from 1 to n_nodes = 4"):
+        MoETrainConfig(n_experts=8, k=2, n_nodes=4, max_nodes=5)
+    with pytest.raises(ValueError, match="cannot be spread evenly over 3 nodes"):
+        MoETrainConfig(n_experts=8, k=2, n_nodes=3)
+
+
+def test_on_ranks_the_limit_bounds_the_cross_node_rows(pool4):
+    run = run_node_limited(pool4, MoETrainConfig(n_experts=16, k=4), max_nodes=2, n_tokens=128)
+    assert run.exact, (run.predicted, run.measured)
+    assert run.most_nodes_per_token == {"unlimited": 4, "limited": 2}
+    assert run.measured["limited"]["dedup"] <= run.bound_rows < run.measured["unlimited"]["dedup"]
+    assert 0 < run.tokens_changed < 128
+    assert run.cross_node_bytes("limited") == run.measured["limited"]["dedup"] * 16 * 8
