@@ -15,6 +15,10 @@
 * ``dropless`` (pure): every token-slot served, a loop over the experts on their row slices; the layer in
   one process.
 * ``node_limited`` (pure): DeepSeek-V3's node-limited routing, the cross-node rows, the tokens it changed.
+* ``all_to_all_cost`` (pure): what one dispatch costs on a cluster (inside a node, across nodes, node-limited),
+  for the planners.
+* ``stack`` (pure): the toy transformer with MoE MLPs, its weights and its one-process forward.
+* ``groups``: a ``Layout``'s expert-parallel, expert-data-parallel and stage groups on a rank.
 * ``autograd``: the differentiable all-to-all and ``moe_forward``, the dropless layer on ranks that trains.
 * ``train_reference`` (pure): the toy's training step and SGD steps in one process.
 * ``train_step``: ``moe_train_step``, gradients reduced over the dense and the expert-data-parallel groups.

@@ -38,7 +38,7 @@ def _group(ctx, layout, kind: str):
     return _MADE[key]
 
 
-def expert_groups(ctx, layout) -> ExpertGroups:
+def layout_expert_groups(ctx, layout) -> ExpertGroups:
     """This rank's expert groups on ``layout`` (the module docstring)."""
     ep = _group(ctx, layout, "ep")
     edp, stage = _group(ctx, layout, "edp"), _group(ctx, layout, "stage")

@@ -31,7 +31,7 @@ import torch
 
 from ..experts.autograd import LocalExperts, moe_forward
 from ..experts.dropless import moe_layer
-from ..experts.groups import ExpertGroups, expert_groups
+from ..experts.groups import ExpertGroups, layout_expert_groups
 from ..experts.stack import EXPERT_KEYS, moe_config
 from ..mesh import Layout, check_mesh
 from ..models import ModelConfig
@@ -76,7 +76,7 @@ def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> 
     if not model.is_moe:
         blocks = tuple(ParallelBlock(layers[i], model, tp_group).to(ctx.device) for i in mine)
         return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks)
-    groups = expert_groups(ctx, layout)  # every rank makes every group, so before any early return
+    groups = layout_expert_groups(ctx, layout)  # every rank makes every group, so before any early return
     cfg = moe_config(model)
     n_local = cfg.experts_per_rank(layout.ep)
     block = slice(groups.place * n_local, (groups.place + 1) * n_local)  # this rank's experts
