@@ -19,18 +19,17 @@ KINDS = {"ep": "ep_groups", "edp": "expert_dp_groups", "stage": "stage_groups"}
 
 
 class ExpertGroups(NamedTuple):
-    """This rank's process groups (``None`` where the group is the rank alone) and its place in the ep group."""
+    """This rank's process groups (``ep`` is ``None`` when ``layout.ep = 1``: every expert on every rank; the
+    others may be a group of one) and its place in the ep group."""
 
     ep: object | None
-    edp: object | None
-    stage: object | None
+    edp: object
+    stage: object
     place: int  # this rank's index in its ep group: which block of experts it holds
 
 
 def _group(ctx, layout, kind: str):
     groups = getattr(layout, KINDS[kind])()
-    if len(groups[0]) == 1:
-        return None
     key = (ctx.world_size, layout.mesh_shape, layout.ep, kind)
     if key not in _MADE:
         made = [ctx.new_group(g, kind) for g in groups]  # every rank makes every group
@@ -40,7 +39,7 @@ def _group(ctx, layout, kind: str):
 
 def layout_expert_groups(ctx, layout) -> ExpertGroups:
     """This rank's expert groups on ``layout`` (the module docstring)."""
-    ep = _group(ctx, layout, "ep")
+    ep = _group(ctx, layout, "ep") if layout.ep > 1 else None
     edp, stage = _group(ctx, layout, "edp"), _group(ctx, layout, "stage")
     place = 0 if ep is None else dist.get_rank(ep)  # the group's ranks in order: its place is its expert block
     return ExpertGroups(ep, edp, stage, place)

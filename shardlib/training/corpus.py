@@ -2,7 +2,10 @@
 
 ``TrainingConfig``: the model's sizes, the vocabulary, the sequence, the microbatch, ``m`` microbatches
 per step, the steps, AdamW's hyper-parameters, the seed, the dtype, and the pipeline schedule (a registry
-name, with its model chunks per rank). The global batch is
+name, with its model chunks per rank). ``n_experts > 1`` makes every block's MLP a dropless MoE layer
+(``experts.dropless``) of ``n_experts`` experts of width ``d_ff``, ``experts_per_token`` per token, balanced by
+Switch's auxiliary loss (``"aux-loss"``, ``aux_loss_coef`` times it, per microbatch) or DeepSeek-V3's selection
+bias (``"aux-free"``, moved by ``bias_rate`` after each step). The global batch is
 ``microbatch x m x dp`` sequences (``global_batch``), each of ``seq`` tokens.
 ``MarkovCorpus``: a seeded sparse Markov chain over the vocabulary (each token has a few likely
 successors), so a model can learn it: the loss starts near ``ln(V)`` (uniform guessing) and falls
@@ -19,10 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import choice, positive_number, whole_number
+from ..experts.gating import MoETrainConfig
 from ..models import ModelConfig
 from ..pipeline.schedules import SCHEDULES
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+BALANCES = ("aux-loss", "aux-free")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,11 @@ class TrainingConfig:
     dtype: str = "float32"
     schedule: str = "1f1b"  # the pipeline schedule, a name of the registry (``pipeline.schedules.SCHEDULES``)
     chunks: int = 1  # model chunks per pipeline rank (interleaved 1F1B: 2 or more; the V schedules take 2)
+    n_experts: int = 1  # 1: a dense MLP per block; more: a dropless MoE layer of that many experts
+    experts_per_token: int = 1  # k, the experts each token goes to
+    balance: str = "aux-loss"  # "aux-loss" (Switch) or "aux-free" (DeepSeek-V3's bias)
+    aux_loss_coef: float = 0.01  # Switch's alpha
+    bias_rate: float = 0.01  # DeepSeek-V3's gamma (1e-3 there; a toy trained a few steps needs more)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq", "microbatch",
@@ -57,6 +67,15 @@ class TrainingConfig:
             raise ValueError(f"weight_decay must be a number of 0 or more, got {self.weight_decay!r}")
         choice(self.dtype, tuple(DTYPES), "dtype")
         choice(self.schedule, tuple(SCHEDULES), "schedule (a pipeline schedule)")
+        whole_number(self.n_experts, "n_experts (1: a dense MLP)")
+        whole_number(self.experts_per_token, "experts_per_token (k)")
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"each token cannot go to experts_per_token = {self.experts_per_token} experts when "
+                             f"there are n_experts = {self.n_experts}")
+        choice(self.balance, BALANCES, "balance (how the experts' load is balanced)")
+        if not isinstance(self.aux_loss_coef, (int, float)) or self.aux_loss_coef < 0:
+            raise ValueError(f"aux_loss_coef must be a number of 0 or more, got {self.aux_loss_coef!r}")
+        positive_number(self.bias_rate, "bias_rate (the selection bias's step)")
         if self.successors > self.vocab_size:
             raise ValueError(f"each token cannot have {self.successors} likely successors in a vocabulary of "
                              f"{self.vocab_size}")
@@ -67,7 +86,19 @@ class TrainingConfig:
         """The blocks' shapes, as the toy's ``ModelConfig`` (what ``toy.stack_weights`` reads)."""
         return ModelConfig("toy-lm", n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
                            n_kv_heads=self.n_kv_heads, d_ff=self.d_ff, vocab_size=self.vocab_size,
-                           bytes_per_param=float(self.element_bytes))
+                           bytes_per_param=float(self.element_bytes), n_experts=self.n_experts,
+                           experts_per_token=self.experts_per_token)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 1
+
+    @property
+    def moe(self):
+        """The MoE layer's configuration (``experts.gating.MoETrainConfig``: Mixtral's softmax over the top k)."""
+        return MoETrainConfig(n_experts=self.n_experts, k=self.experts_per_token, d_model=self.d_model,
+                              d_ff=self.d_ff, balance=self.balance, aux_loss_coef=float(self.aux_loss_coef),
+                              bias_rate=float(self.bias_rate))
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -31,8 +31,10 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
     layers each takes (``None``: as even as whole layers allow)."""
     if not isinstance(layout, Layout) or not isinstance(config, TrainingConfig):
         raise ValueError("give a mesh.Layout and a training.corpus.TrainingConfig")
-    if layout.ep != 1:
+    if layout.ep != 1 and not config.is_moe:
         raise ValueError(f"the toy language model is dense: ep must be 1, got {layout.ep}")
+    if config.is_moe:
+        check_experts(layout, config)
     problems = head_problems(config.model, layout.tp)
     if problems:
         raise ValueError("; ".join(problems))
@@ -66,8 +68,31 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
     return split_layers(config.n_layers, v, stage_counts)
 
 
-def reference_key(name: str) -> tuple[str, int]:
-    """A stage model's parameter name -> (the reference's key, the dim tp splits it along)."""
+def check_experts(layout: Layout, config: TrainingConfig) -> None:
+    """The rules experts add, in the learner's terms: whole experts per rank, ep inside a stage, no ring,
+    no ZeRO-3."""
+    ep, per_stage = layout.ep, layout.tp * layout.dp * layout.cp
+    if config.n_experts % ep:
+        raise ValueError(f"ep = {ep} does not divide the {config.n_experts} experts: each rank holds whole experts "
+                         f"({config.n_experts} / {ep} = {config.n_experts / ep:.3g}); use an ep that divides "
+                         f"{config.n_experts}")
+    if per_stage % ep:
+        raise ValueError(f"ep = {ep} must divide the tp x dp = {layout.tp} x {layout.dp} = {per_stage} ranks of a "
+                         "stage: the experts are spread over ranks of one stage, ep folded onto its tp and dp ranks")
+    if layout.cp > 1:
+        raise ValueError(f"experts with a context-parallel ring (cp = {layout.cp}) are not combined in this step: "
+                         "use cp = 1")
+    if layout.dp_strategy == "zero3":
+        raise ValueError("experts with ZeRO-3 are not combined in this step: use ddp, zero1 or zero2")
+
+
+def reference_key(name: str) -> tuple[str, int | str | None]:
+    """A stage model's parameter name -> (the reference's key, the dim tp splits it along; ``None``: whole on
+    every rank, a router; ``"ep"``: a block of experts, by place in the ep group)."""
+    if ".moe." in name:
+        layer, _, part, short = name.split(".")[:4]
+        key = f"layers.{layer[len('layer'):]}."
+        return (key + "router", None) if part == "router" else (key + short, "ep")
     if name.startswith("embed."):
         return "embed", 0
     if name.startswith("head."):
@@ -99,6 +124,7 @@ class TrainingRun:
     records: tuple  # per rank: its comm records of the training steps (CommRecord)
     spans: tuple  # every rank's timeline
     stage_layers: tuple  # the layers of each virtual stage
+    biases: tuple = ()  # with experts, balance "aux-free": each layer's selection bias after the last step
 
     def against_reference(self, ref: ReferenceRun) -> float:
         """The largest gap, over every step's loss and every final weight, against the reference."""
@@ -134,12 +160,26 @@ def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=Non
     for r in (r for r in res if r.position[1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
         for name, t in r.shards.items():
             key, dim = reference_key(name)
-            pieces.setdefault(key, {})[r.position[3]] = (t, dim)
+            if isinstance(dim, int):
+                pieces.setdefault(key, {})[r.position[3]] = (t, dim)
+            elif dim is None and r.position[3] == 0:  # a router, whole on every rank
+                pieces.setdefault(key, {})[0] = (t, 0)
+    per_stage = layout.tp * layout.dp * layout.cp
+    first_ep = {r for g in layout.ep_groups() if g[0] % per_stage == 0 for r in g}  # each stage's first ep group
+    for r in res:  # each block of experts from the rank at its place of that group
+        if r.rank not in first_ep:
+            continue
+        for name, t in r.shards.items():
+            key, dim = reference_key(name)
+            if dim == "ep":
+                pieces.setdefault(key, {})[r.ep_place] = (t, 0)
     weights = {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
     by_rank: dict = {i: [] for i in range(ranks.world_size)}
     for rec in ranks.last_comm:
         by_rank[rec.rank].append(rec)
     records = tuple(tuple(sorted(by_rank[r.rank], key=lambda c: c.start_s)[r.marks[0]:r.marks[-1]]) for r in res)
     got = gather(res)
+    biases = dict(b for r in res for b in r.biases)  # layer -> its selection bias (the same on a stage's ranks)
     return TrainingRun(layout, config, losses, weights, got.each("position"), got.each("ledger"),
-                       got.each("activation_bytes"), records, tuple(ranks.last_spans), stage_layers)
+                       got.each("activation_bytes"), records, tuple(ranks.last_spans), stage_layers,
+                       tuple(biases[i] for i in sorted(biases)))

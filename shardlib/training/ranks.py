@@ -34,6 +34,8 @@ class TrainingRankResult:
     ledger: dict
     activation_bytes: tuple[int, ...]
     shards: dict
+    ep_place: int = 0  # with experts: this rank's place in its ep group (which block of experts it holds)
+    biases: tuple = ()  # with experts, balance "aux-free": each of its layers' selection bias after the last step
 
 
 class LedgerProbe(Probe):
@@ -78,14 +80,15 @@ def ledger(step: TrainingStep, probe: LedgerProbe) -> dict[str, int]:
     a bucket's padding, fewer than ``dp x cp`` elements, left out) with ZeRO-1/2's shard AdamW updates
     (and its gradient) kept apart; or ZeRO-3's shards. Then AdamW's state, the activations' in-flight peak
     and the transient peak."""
-    dp = step.dp
-    if isinstance(dp, ShardedUnits):
-        weights, grads = tensor_bytes(dp.owned), tensor_bytes(shard.grad for shard in dp.owned)
-    else:
+    weights = grads = 0
+    for dp in step.replicas or (step.dp,):  # with experts: the tp-split weights', the routers', the experts'
+        if isinstance(dp, ShardedUnits):
+            weights, grads = tensor_bytes(dp.owned), tensor_bytes(shard.grad for shard in dp.owned)
+            continue
         e = dp.flats[0].element_size()
-        weights = sum(g.numel for g in dp.groups) * e  # the model's weights, in the buckets
-        grads = sum(g.numel * e if grad.numel() == g.padded_numel else tensor_bytes([grad])
-                    for g, grad in zip(dp.groups, dp.grads))  # a whole bucket's gradient, or ZeRO-2's shard
+        weights += sum(g.numel for g in dp.groups) * e  # the model's weights, in the buckets
+        grads += sum(g.numel * e if grad.numel() == g.padded_numel else tensor_bytes([grad])
+                     for g, grad in zip(dp.groups, dp.grads))  # a whole bucket's gradient, or ZeRO-2's shard
         if dp.master:  # the shards AdamW updates, buffers of their own (ZeRO-2's gradient is its bucket)
             weights += tensor_bytes(dp.owned)
             grads += tensor_bytes(o.grad for o in dp.owned if all(o.grad is not g for g in dp.grads))
@@ -113,5 +116,9 @@ def training_on_rank(ctx, layout, config, stage_layers) -> TrainingRankResult:
         shards = step.dp.full_state()
     else:
         shards = {n: p.detach().clone() for chunk in step.chunks for n, p in chunk.named_parameters()}
+    place = step.experts_groups.place if config.is_moe else 0
+    biases = tuple((layer_index, layer.bias) for chunk in step.chunks for layer_index, layer in
+                   ((i, getattr(chunk, f"layer{i}").moe) for i in chunk.layers)) if config.is_moe else ()
     return TrainingRankResult(ctx.rank, tuple(me), tuple(losses), tuple(marks), kept,
-                              tuple(probe.per_microbatch[:config.m * step.schedule.n_chunks]), shards)
+                              tuple(probe.per_microbatch[:config.m * step.schedule.n_chunks]), shards, place,
+                              tuple((i, b) for i, b in biases if b is not None))

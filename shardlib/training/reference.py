@@ -6,7 +6,16 @@ gated MLP, no positional encoding, the causal mask alone orders the tokens) betw
 is the mean cross-entropy over every token of the global batch. Weights live in one dict keyed
 ``embed``, ``layers.{i}.{q,k,v,o,gate,up,down}``, ``head``: the ranks' gathered weights use the same
 keys. ``train_reference`` runs AdamW (``AdamW``, written out: the same update the ranks run on their shards)
-on the batches ``corpus.MarkovCorpus`` draws. Torch only, no ranks.
+on the batches ``corpus.MarkovCorpus`` draws.
+
+With experts (``config.n_experts > 1``) each block's MLP is the dropless MoE layer
+(``experts.stack.moe_block_reference``'s block: ``experts.dropless.moe_layer`` on the normed tokens as rows),
+its weights ``layers.{i}.router`` and ``layers.{i}.expert_{gate,up,down}``. ``balance="aux-loss"`` adds
+``aux_loss_coef`` times Switch's auxiliary loss (``experts.balance.switch_aux_loss``) of each layer, taken per
+microbatch (``config.microbatch`` sequences of one replica: the tokens one pipeline microbatch carries) and
+averaged over the step's ``dp x m`` microbatches; the reported loss is the cross-entropy alone.
+``balance="aux-free"``: each layer's selection bias (DeepSeek-V3) moves after each step by
+``experts.balance.bias_update`` on the step's counts. Torch only, no ranks.
 """
 
 from __future__ import annotations
@@ -18,15 +27,18 @@ import torch.nn.functional as F
 
 from ..checks import whole_number
 from ..data_parallel.reference import AdamW  # the one AdamW, written out (notebook 08's)
-from ..toy import block_reference, generator, rms_norm, stack_weights, weight
+from ..experts.balance import bias_update, switch_aux_loss
+from ..experts.dropless import moe_layer
+from ..experts.stack import EXPERT_KEYS, moe_stack_weights
+from ..toy import attention_layer_reference, block_reference, generator, rms_norm, stack_weights, weight
 from .corpus import MarkovCorpus, TrainingConfig
 
 
 def init_weights(config: TrainingConfig) -> dict[str, torch.Tensor]:
     """The model's seeded weights, in ``config.dtype``: the blocks from ``toy.stack_weights``, then the
     embedding (unit normal rows) and the head (scaled by ``1/sqrt(d)``) from a second generator."""
-    out = {f"layers.{i}.{name}": w for i, layer in enumerate(stack_weights(config.model, config.seed))
-           for name, w in layer.items()}
+    stack = moe_stack_weights(config.model, config.seed) if config.is_moe else stack_weights(config.model, config.seed)
+    out = {f"layers.{i}.{name}": w for i, layer in enumerate(stack) for name, w in layer.items()}
     g = generator(config.seed + 1)
     out["embed"] = torch.randn(config.vocab_size, config.d_model, generator=g)
     out["head"] = weight(g, config.vocab_size, config.d_model)
@@ -41,11 +53,43 @@ def layer_of(weights: dict, i: int) -> dict[str, torch.Tensor]:
 
 def token_losses(weights: dict, tokens: torch.Tensor, config: TrainingConfig) -> torch.Tensor:
     """Per-token cross-entropy ``(b, s)`` of ``tokens (b, s + 1)``: inputs ``[:, :-1]``, targets ``[:, 1:]``."""
+    return forward(weights, tokens, config).token_losses
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The model on a batch: per-token losses, and with experts the auxiliary loss (the layers' sum, each the
+    mean over the batch's microbatches) and each layer's token-slots per expert."""
+
+    token_losses: torch.Tensor  # (b, s)
+    aux_loss: torch.Tensor | None = None  # carries the routers' gradient
+    counts: tuple = ()  # per layer: (n_experts,) token-slots
+
+
+def forward(weights: dict, tokens: torch.Tensor, config: TrainingConfig, biases=None) -> Forward:
+    """``tokens (b, s + 1)`` through the model (``biases``: each MoE layer's selection bias, or none)."""
     h = weights["embed"][tokens[:, :-1]]  # (b, s, d)
+    aux, counts = None, []
     for i in range(config.n_layers):
-        h = block_reference(h, layer_of(weights, i), config.model)
+        w = layer_of(weights, i)
+        if not config.is_moe:
+            h = block_reference(h, w, config.model)
+            continue
+        m = config.model
+        h = h + attention_layer_reference(rms_norm(h), w["q"], w["k"], w["v"], w["o"], m.n_heads, m.n_kv_heads)
+        n = rms_norm(h)  # (b, s, d)
+        out = moe_layer(n.reshape(-1, n.shape[-1]), w["router"], *(w[k] for k in EXPERT_KEYS), config.moe,
+                        None if biases is None else biases[i])
+        h = h + out.output.view(n.shape)
+        counts.append(out.counts)
+        per_mb = config.microbatch * config.seq  # a microbatch's tokens: one group of the auxiliary loss
+        groups = [switch_aux_loss(e, p) for e, p in zip(out.routing.experts.split(per_mb),
+                                                        out.routing.balance_probs.split(per_mb))]
+        layer_aux = torch.stack(groups).mean()
+        aux = layer_aux if aux is None else aux + layer_aux
     logits = F.linear(rms_norm(h), weights["head"])  # (b, s, V)
-    return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
+    losses = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
+    return Forward(losses, aux, tuple(counts))
 
 
 def adamw(params, config: TrainingConfig) -> AdamW:
@@ -61,6 +105,7 @@ class ReferenceRun:
     dp: int
     losses: tuple[float, ...]
     weights: dict
+    biases: tuple = ()  # with experts, balance "aux-free": each layer's selection bias after the last step
 
 
 def train_reference(config: TrainingConfig, dp: int = 1) -> ReferenceRun:
@@ -70,11 +115,18 @@ def train_reference(config: TrainingConfig, dp: int = 1) -> ReferenceRun:
     corpus = MarkovCorpus(config)
     weights = {k: v.clone().requires_grad_(True) for k, v in init_weights(config).items()}
     optimizer = adamw(list(weights.values()), config)
+    free = config.is_moe and config.balance == "aux-free"
+    biases = [torch.zeros(config.n_experts, dtype=config.torch_dtype) for _ in range(config.n_layers)] if free else None
     losses = []
     for step in range(config.steps):
-        loss = token_losses(weights, corpus.batch(step, config.global_batch(dp)), config).mean()
+        out = forward(weights, corpus.batch(step, config.global_batch(dp)), config, biases)
+        loss = out.token_losses.mean()
+        total = loss + config.aux_loss_coef * out.aux_loss if config.is_moe and not free else loss
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    return ReferenceRun(config, dp, tuple(losses), {k: v.detach().clone() for k, v in weights.items()})
+        if free:  # DeepSeek-V3: each layer's bias moves by the step's counts, after the update
+            biases = [bias_update(b, c, config.bias_rate) for b, c in zip(biases, out.counts)]
+    return ReferenceRun(config, dp, tuple(losses), {k: v.detach().clone() for k, v in weights.items()},
+                        tuple(biases or ()))

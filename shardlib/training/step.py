@@ -13,17 +13,36 @@ parallelism over the ``dp x cp`` ranks that hold the same weights: ``data_parall
 or ``data_parallel.zero3`` (``ShardedUnits``: layers gathered before use; pp = 1). The residual stream
 between ops is ``(b, s/(cp tp), d)``. Measurement attaches through ``probe`` (the engine's spans) and
 ``on_saved`` (sees what autograd saves).
+
+With experts (``config.n_experts > 1``; cp = 1) each block's MLP is the experts package's dropless layer
+(``experts.autograd.moe_forward``): each rank routes its sequence-parallel tokens, ``(b, s/tp, d)`` as rows,
+so the MoE sublayer needs no tp collective; the experts are spread over ``layout.ep`` ranks of the stage
+(``Layout.ep_groups``: ep folded onto the tp and data-parallel ranks, Megatron-Core's expert mesh over the
+attention's). Three gradient groups, each a ``BucketedReplica``: the tp-split weights over ``dp`` as before,
+the routers (whole on every rank of the stage, each rank's tokens its own) over the stage's ``tp x dp``
+ranks, and the experts over the ranks holding the same ones (``Layout.expert_dp_groups``). Switch's
+auxiliary loss is per microbatch: each rank adds its tokens' share (the microbatch's counts summed over tp
+first, then ``E sum_i f_i P_i`` over its own tokens' probabilities) to the backward through
+``AttachAuxLoss`` (Megatron-Core's ``MoEAuxLossAutoScaler``); DeepSeek-V3's bias moves after the step by
+the counts summed over the stage.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..context_parallel.placement import positions_of_rank
 from ..context_parallel.ring import ring_attention
 from ..data_parallel.buckets import BucketedReplica
 from ..data_parallel.zero3 import ShardedUnits
+from ..experts.autograd import LocalExperts, moe_forward
+from ..experts.balance import bias_update
+from ..experts.dropless import moe_layer
+from ..experts.groups import layout_expert_groups
+from ..experts.routing import blocked_rows
+from ..experts.stack import EXPERT_KEYS
 from ..pipeline.engine import Stage, run_stage
 from ..pipeline.messages import Links
 from ..pipeline.orders import make_schedule
@@ -89,6 +108,100 @@ class Block(nn.Module):
         return h + scatter_seq(self.mlp.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
 
 
+class AttachAuxLoss(torch.autograd.Function):
+    """Megatron-Core's ``MoEAuxLossAutoScaler``: the forward passes ``h`` through; the backward also hands the
+    auxiliary loss ``aux`` the gradient ``scale`` (its weight in the step's loss), so a side loss made on any
+    pipeline stage joins the backward the stage already runs."""
+
+    @staticmethod
+    def forward(fctx, h, aux, scale):
+        fctx.save_for_backward(aux)
+        fctx.scale = scale
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(fctx, grad):
+        (aux,) = fctx.saved_tensors
+        return grad, torch.full_like(aux, fctx.scale), None
+
+
+class Experts(nn.Module):
+    """The experts this rank holds: the block at its place of its ep group, each a gated MLP."""
+
+    def __init__(self, w: dict, first: int, n_local: int) -> None:
+        super().__init__()
+        block = slice(first, first + n_local)
+        for key in EXPERT_KEYS:  # (n_local, d_ff, d) or (n_local, d, d_ff)
+            setattr(self, key, nn.Parameter(w[key][block].detach().clone()))
+
+    def local(self) -> LocalExperts:
+        return LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS))
+
+
+class Router(nn.Module):
+    def __init__(self, weight) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())  # (n_experts, d_model), whole on every rank
+
+
+class MoEMLP(nn.Module):
+    """The dropless MoE layer on this rank's sequence-parallel tokens (the module docstring)."""
+
+    def __init__(self, ctx, w: dict, config, groups, tpg: TPGroup, aux_scale: float) -> None:
+        super().__init__()
+        self.ctx, self.cfg, self.groups, self.tpg, self.aux_scale = ctx, config.moe, groups, tpg, aux_scale
+        n_local = self.cfg.experts_per_rank(1 if groups.ep is None else dist_size(groups.ep))
+        self.router, self.experts = Router(w["router"]), Experts(w, groups.place * n_local, n_local)
+        self.tokens_per_microbatch = config.microbatch * config.seq
+        self.bias = torch.zeros(self.cfg.n_experts, dtype=w["router"].dtype) if config.balance == "aux-free" else None
+        self.step_counts = torch.zeros(self.cfg.n_experts, dtype=torch.long)
+
+    def forward(self, n):  # n (b, s/tp, d), normed: this rank's tokens -> the experts' weighted sum, same shape
+        rows = n.reshape(-1, n.shape[-1])  # (b s/tp, d)
+        experts, router, cfg = self.experts.local(), self.router.weight, self.cfg
+        if self.groups.ep is None:  # every expert here
+            out = moe_layer(rows, router, *experts, cfg, self.bias)
+            y, counts = out.output, out.counts
+        else:
+            y, aux = moe_forward(self.ctx, rows, experts, router, cfg, group=self.groups.ep, bias=self.bias)
+            counts = aux.counts
+        # every expert weight joins every microbatch's graph, even when the router sent its experts no rows
+        y = y + 0 * sum(t.sum() for t in experts)
+        self.step_counts += counts.detach().to(torch.long)
+        y = y.view(n.shape)
+        if cfg.balance == "aux-loss":
+            y = AttachAuxLoss.apply(y, self.aux_share(rows, counts), self.aux_scale)
+        return y
+
+    def aux_share(self, rows, counts):
+        """This rank's share of Switch's loss of the microbatch, ``E sum_i f_i P_i``: ``f`` from the counts of
+        the microbatch (summed over the tp ranks that hold its tokens), ``P`` over this rank's tokens only."""
+        cfg, t = self.cfg, self.tokens_per_microbatch
+        counts = self.tpg.all_reduce(counts.detach().to(rows.dtype)) if self.tpg.tp > 1 else counts.to(rows.dtype)
+        logits = blocked_rows(lambda b: F.linear(b, self.router.weight), rows, cfg.n_experts)  # (T_r, E)
+        probs = cfg.gate_spec.balance_probs(logits)  # (T_r, E), the router's gradient flows through these
+        return cfg.n_experts * (counts / (t * cfg.k) * probs.sum(0) / t).sum()
+
+
+def dist_size(group) -> int:
+    return torch.distributed.get_world_size(group)
+
+
+class MoEBlock(nn.Module):
+    """One toy block with experts: the attention as ``Block``'s (cp = 1), then the MoE layer on this rank's
+    sequence-parallel tokens."""
+
+    def __init__(self, ctx, w: dict, config, tpg: TPGroup, groups, aux_scale: float) -> None:
+        super().__init__()
+        self.tpg = tpg
+        self.attention = ParallelAttention(w, config.model, tpg)
+        self.moe = MoEMLP(ctx, w, config, groups, tpg, aux_scale)
+
+    def forward(self, h):  # (b, s/tp, d)
+        h = h + scatter_seq(self.attention.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
+        return h + self.moe(rms_norm(h))
+
+
 class Embedding(nn.Module):
     def __init__(self, weight, tpg: TPGroup) -> None:
         super().__init__()
@@ -113,13 +226,15 @@ class StageModel(nn.Module):
     embedding on the first virtual stage and the head and loss on the last. ZeRO-3 gathers each child as
     one unit. ``forward(tokens or h, targets)``: the hidden state on, or the per-token loss at the end."""
 
-    def __init__(self, weights: dict, config, layers: range, first: bool, last: bool, tpg, ring) -> None:
+    def __init__(self, weights: dict, config, layers: range, first: bool, last: bool, tpg, ring, moe=None) -> None:
         super().__init__()
         self.layers = list(layers)
         if first:
             self.embed = Embedding(weights["embed"], tpg)
         for i in self.layers:
-            self.add_module(f"layer{i}", Block(layer_of(weights, i), config.model, tpg, ring))
+            block = (MoEBlock(moe[0], layer_of(weights, i), config, tpg, moe[1], moe[2]) if config.is_moe
+                     else Block(layer_of(weights, i), config.model, tpg, ring))
+            self.add_module(f"layer{i}", block)
         if last:
             self.head = Head(weights["head"], tpg)
         self.first, self.last = first, last
@@ -145,20 +260,74 @@ class TrainingStep:
         self.schedule = make_schedule(config.schedule, layout.pp, config.m, n_chunks=config.chunks)
         ends = self.schedule.n_virtual_stages - 1
         virtual = [self.schedule.virtual_stage_of(self.me.stage, c) for c in range(self.schedule.n_chunks)]
-        self.chunks = [StageModel(weights, config, stage_layers[v], v == 0, v == ends, self.tpg, self.ring)
+        moe = None
+        if config.is_moe:
+            self.experts_groups = layout_expert_groups(ctx, layout)
+            moe = (ctx, self.experts_groups, config.aux_loss_coef / (layout.dp * config.m))
+        self.chunks = [StageModel(weights, config, stage_layers[v], v == 0, v == ends, self.tpg, self.ring, moe)
                        for v in virtual]  # chunk c is virtual stage virtual[c]
         self.model = self.chunks[0] if len(self.chunks) == 1 else nn.ModuleList(self.chunks)
         placement = "zigzag" if layout.cp > 1 else "contiguous"
         self.positions = positions_of_rank(self.me.cp_rank, layout.cp, config.seq, placement)  # my tokens
         self.tokens_per_step = config.global_tokens(layout.dp)
+        self.replicas = ()
         if layout.dp_strategy == "zero3":
             self.dp = ShardedUnits(self.dp_cp, self.model, prefetch=False, overlap=False, probe=probe)
+        elif config.is_moe:  # three gradient groups: tp-split weights over dp, routers over the stage, experts
+            self.replicas = tuple(BucketedReplica(group, part, layout.dp_strategy, None, overlap=False,
+                                                  microbatches=config.m)
+                                  for group, part in zip(self.moe_groups(), self.moe_parts()))
+            self.dp = self.replicas[0]
         else:
             self.dp = BucketedReplica(self.dp_cp, self.model, layout.dp_strategy, None, overlap=False,
                                       microbatches=config.m)  # one bucket; AdamW's shard a view of it
-        self.optimizer = adamw(self.dp.owned, config)
+        owned = [p for r in self.replicas for p in r.owned] if self.replicas else self.dp.owned
+        self.optimizer = adamw(owned, config)
         zero3 = layout.dp_strategy == "zero3"  # its saved-tensor hooks keep notes, not gathered weights
         self.pack, self.unpack = (self.dp.pack, self.dp.unpack) if zero3 else (lambda t: t, lambda t: t)
+
+    def moe_parts(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        """The model's weights in its three gradient groups: tp-split (attention, embedding, head), the
+        routers, the experts. Each a container of the modules that own them (the buckets replace those
+        modules' parameters by views, as for the whole model)."""
+        dense, routers, experts = nn.ModuleList(), nn.ModuleList(), nn.ModuleList()
+        for chunk in self.chunks:
+            for name in ("embed", "head"):
+                if hasattr(chunk, name):
+                    dense.append(getattr(chunk, name))
+            for i in chunk.layers:
+                block = getattr(chunk, f"layer{i}")
+                dense.append(block.attention)
+                routers.append(block.moe.router)
+                experts.append(block.moe.experts)
+        return dense, routers, experts
+
+    def moe_groups(self):
+        """The groups the three sum over: ``dp`` (as a dense step's), the stage's ranks, the expert-data-
+        parallel ranks (``RankGroup`` s, named "dp", "stage" and "edp" in the comm log)."""
+        lay, rank = self.layout, self.ctx.rank
+        stage = next(g for g in lay.stage_groups() if rank in g)
+        edp = next(g for g in lay.expert_dp_groups() if rank in g)
+        return (self.dp_cp, self.ctx.group(stage, self.experts_groups.stage),
+                self.ctx.group(edp, self.experts_groups.edp))
+
+    def moe_layers(self) -> list[MoEMLP]:
+        return [getattr(chunk, f"layer{i}").moe for chunk in self.chunks for i in chunk.layers]
+
+    def move_biases(self) -> None:
+        """DeepSeek-V3's bias update after the step: each layer's counts summed over the stage's ranks
+        (one all-reduce for all of this rank's layers), then ``bias_update``."""
+        layers = self.moe_layers()
+        for layer in layers:
+            counts = layer.step_counts
+            layer.step_counts = torch.zeros_like(counts)
+            layer.pending = counts
+        if not layers or layers[0].bias is None:
+            return
+        counts = torch.stack([layer.pending for layer in layers])  # (layers, E)
+        self.moe_groups()[1].comm.all_reduce(counts)  # summed in place over the stage's ranks
+        for layer, c in zip(layers, counts):
+            layer.bias = bias_update(layer.bias, c, self.config.bias_rate)
 
     def chunk(self, c: int):
         """Chunk ``c`` as the engine calls it: its forward under autograd's saved-tensor hooks (ZeRO-3's
@@ -186,10 +355,16 @@ class TrainingStep:
         d_loss = torch.full(y[:mb].shape, 1 / t, dtype=c.torch_dtype, device=self.ctx.device)  # d(sum / t)
         stage = Stage(self.schedule, self.me.stage, [self.chunk(k) for k in range(len(self.chunks))],
                       x.split(mb), links, [d_loss] * c.m, y.split(mb))
-        self.dp.start_step()
+        replicas = self.replicas or (self.dp,)
+        for r in replicas:
+            r.start_step()
         run_stage(stage, self.probe)
         with self.probe.span("optimizer", op="optimizer"):
-            self.dp.finish_backward()  # the last bucket's sum over dp x cp
+            for r in replicas:
+                r.finish_backward()  # the last bucket's sum over its group (dp x cp, the stage, the experts')
             self.optimizer.step()
-            self.dp.after_step()  # ZeRO-1/2: every rank's updated shard, gathered
+            for r in replicas:
+                r.after_step()  # ZeRO-1/2: every rank's updated shard, gathered
+        if self.config.is_moe:
+            self.move_biases()
         return sum(float(stage.outputs[k].sum()) / t for k in sorted(stage.outputs))
