@@ -144,6 +144,25 @@ class TrainingRun:
         """``predict.predict_traffic`` for ``rank``: compare with ``traffic_by_axis(rank)``."""
         return predict_traffic(self.config, self.layout, self.stage_layers, rank)
 
+    def traffic_mismatches(self) -> list[str]:
+        """Where the measured traffic differs from ``predicted_traffic`` (empty: it matches), in words. Every
+        axis, rank by rank: calls, buffer and wire bytes; on the ep axis (the router decides how many rows
+        each rank's experts serve) the calls rank by rank and the buffer bytes summed over each ep group."""
+        out = []
+        for rank in range(self.layout.world_size):
+            got, want = self.traffic_by_axis(rank), self.predicted_traffic(rank)
+            for key in sorted(set(got) | set(want)):
+                g, w = got.get(key, (0, 0, 0)), want.get(key, (0, 0, 0))
+                if (g if key[0] != "ep" else g[0]) != (w if key[0] != "ep" else w[0]):
+                    out.append(f"rank {rank} {key[0]} {key[1]}: predicted {w}, measured {g}")
+        for group in self.layout.ep_groups() if self.layout.ep > 1 else []:
+            key = ("ep", "all_to_all_single")
+            got = sum(self.traffic_by_axis(r).get(key, (0, 0, 0))[1] for r in group)
+            want = sum(self.predicted_traffic(r).get(key, (0, 0, 0))[1] for r in group)
+            if got != want:
+                out.append(f"ep group {group}: predicted {want:,} buffer bytes, measured {got:,}")
+        return out
+
     def ledger_text(self) -> str:
         """Each rank's ledger, predicted / measured, as text."""
         return format_ledger(self.predicted_ledgers(), self.ledgers, self.positions)

@@ -3,12 +3,24 @@
 ``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments; ZeRO-1/2
 keep the full weights, AdamW updating a view of its shard; ZeRO-3 keeps only shards), the activations autograd
 keeps for the backward at the in-flight peak (``activation_bytes`` per microbatch and chunk, played through
-the schedule's order: 1F1B's stage ``s`` holds ``p - s``), and the transient peak (ZeRO-3's largest gathered
+the schedule's order: 1F1B's stage ``s`` holds ``p - s``; with experts, not predicted: ``None``, what autograd
+keeps for the experts depends on how many rows the router sends each), and the transient peak (ZeRO-3's largest gathered
 layer; the other strategies' flat buffers are not followed, so 0). ``activation_bytes`` counts every tensor
 autograd saves, op by op: SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every token count by
 ``cp``, the ring keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls, buffer bytes and
 wire bytes per (axis, op), the way ``runtime.records`` counts them; the pipeline's messages read from the
 schedule. ``format_ledger``: predicted beside measured.
+
+With experts (``config.n_experts > 1``) a rank keeps three groups of weights, each in a bucket of its own
+(``step.TrainingStep.moe_parts``): the tp-split ones (attention, embedding, head) sharded over ``dp``, the
+routers (``E x d`` a layer) over the stage's ``tp x dp`` ranks ("stage"), and its ``n_experts / ep`` experts a
+layer over the ranks holding the same ones ("edp"). On the ep axis each MoE layer sends, per microbatch,
+five all-to-alls: the counts (one int64 per expert), the dispatch (its ``b s / tp`` tokens, ``k`` rows each),
+the combine, and their two reverses in the backward. The combine's rows (and the dispatch's reverse) are
+the rows the rank's experts served: the router decides them, so a rank's prediction takes its even share
+(``b s / tp x k``); summed over an ep group the bytes are exact whatever the router chose, and so are the
+calls on every rank. Switch's loss with tp > 1 adds one all-reduce of the counts on the tp axis per layer
+and microbatch; DeepSeek-V3's bias one all-reduce of every layer's counts on the stage axis per step.
 """
 
 from __future__ import annotations
@@ -22,10 +34,33 @@ INDEX_BYTES, MASK_BYTES = 8, 1  # token ids (int64) and masks (bool) autograd ke
 
 
 def layer_params(config, tp: int) -> int:
-    """One block's parameters on one tp rank: Q, K, V, O and the gated MLP, split ``tp`` ways."""
+    """One block's parameters on one tp rank: Q, K, V, O and the gated MLP, split ``tp`` ways (with experts:
+    the attention only; ``moe_units`` counts the router and the experts)."""
     hd = config.d_model // config.n_heads
     attention = config.d_model * hd * (2 * config.n_heads + 2 * config.n_kv_heads)
-    return (attention + 3 * config.d_model * config.d_ff) // tp
+    mlp = 0 if config.n_experts > 1 else 3 * config.d_model * config.d_ff
+    return (attention + mlp) // tp
+
+
+def moe_units(config, layout, chunks) -> tuple[tuple[list[int], int], ...]:
+    """With experts: ``(units, group size)`` of each bucket a rank keeps, in ``TrainingStep.moe_parts``'s
+    order: the tp-split weights over dp, the routers over the stage, its experts over the expert-dp ranks."""
+    dense = [u for lay, f, la in chunks for u in chunk_units(config, layout, len(lay), f, la)]
+    layers = sum(len(lay) for lay, _, _ in chunks)
+    per_stage = layout.tp * layout.dp * layout.cp
+    experts = config.n_experts // layout.ep * 3 * config.d_model * config.d_ff
+    return ((dense, layout.dp * layout.cp), ([config.n_experts * config.d_model] * layers, per_stage),
+            ([experts] * layers, per_stage // layout.ep))
+
+
+def _states(units: list[int], strategy: str, n: int, e: int) -> dict:
+    """Weights, gradients and AdamW's state of one bucket of ``units`` sharded over ``n`` ranks."""
+    p = sum(units)
+    shard = padded(p, n) // n
+    if strategy == "ddp":
+        return {"weights": p * e, "gradients": p * e, "optimizer": 2 * p * e}
+    grads = p if strategy == "zero1" else shard
+    return {"weights": p * e, "gradients": grads * e, "optimizer": 2 * shard * e}
 
 
 def stage_units(config, layout, layers: range, stage: int) -> list[int]:
@@ -96,7 +131,11 @@ def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
         acts = peak_in_flight_bytes(schedule, layout.position(rank).stage,
                                     [activation_bytes(config, layout, len(lay), f, la) for lay, f, la in chunks])
         row = {"activations": acts, "transient": 0}
-        if layout.dp_strategy == "ddp":
+        if config.n_experts > 1:  # three buckets; what the experts keep for the backward is the router's choice
+            parts = [_states(u, layout.dp_strategy, g, e) for u, g in moe_units(config, layout, chunks)]
+            row.update({k: sum(part[k] for part in parts) for k in ("weights", "gradients", "optimizer")},
+                       activations=None)
+        elif layout.dp_strategy == "ddp":
             row.update(weights=p * e, gradients=p * e, optimizer=2 * p * e)
         elif layout.dp_strategy in ("zero1", "zero2"):
             # the model's weights (the bucket, its padding of fewer than n elements left out; the shard AdamW
@@ -122,14 +161,25 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
     calls: dict = {}
 
     def add(axis, op, count, size, group):  # the data-parallel mechanisms call on a group of one too (no wire)
-        if count and (group > 1 or axis in ("dp", "dp-cp")):
+        if count and (group > 1 or axis in ("dp", "dp-cp", "stage", "edp")):
             c = calls.setdefault((axis, op), [0, 0, 0])
             c[0], c[1], c[2] = c[0] + count, c[1] + count * size, c[2] + count * wire_bytes(op, size, group)
-    # tp: each block gathers and scatters twice forward and twice backward; embedding, head, the loss's sums
-    seq_ops = 4 * layers + first + last
+    # tp: each block gathers and scatters twice forward and twice backward (an MoE block once: its attention;
+    # the experts take the sequence-parallel tokens as they are); embedding, head, the loss's sums
+    moe = config.n_experts > 1
+    seq_ops = (2 if moe else 4) * layers + first + last
     add("tp", "all_gather", m * seq_ops, t * config.d_model * e, tp)
     add("tp", "reduce_scatter", m * seq_ops, t * config.d_model * e, tp)
     add("tp", "all_reduce", m * 3 * last, t * e, tp)
+    if moe and config.balance == "aux-loss":  # the microbatch's counts, for Switch's f
+        add("tp", "all_reduce", m * layers, config.n_experts * e, tp)
+    if moe and layout.ep > 1:  # counts, dispatch, combine; the backward's two reverses
+        ep, n_local, rows = layout.ep, config.n_experts // layout.ep, t // tp * config.experts_per_token
+        row = config.d_model * e
+        c = calls.setdefault(("ep", "all_to_all_single"), [0, 0, 0])
+        c[0] += 5 * m * layers
+        c[1] += m * layers * (config.n_experts * INDEX_BYTES + 4 * rows * row)
+        c[2] += m * layers * ((config.n_experts - n_local) * INDEX_BYTES + 4 * rows * (ep - 1) // ep * row)
     # cp: K and V hop n - 1 times forward; backward, n - 1 hops with their dK/dV following n times
     kv = 2 * config.microbatch * (config.n_kv_heads // tp) * (config.seq // cp) * (config.d_model // config.n_heads) * e
     hidden = config.microbatch * (config.seq // (cp * tp)) * config.d_model * e  # (b, s/(cp tp), d)
@@ -141,12 +191,20 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
     add("pp", "recv", sum(len(schedule.messages(d, s)) for d in others), hidden, layout.pp)
     axis = "dp" if cp == 1 else "dp-cp"
     units = [u for lay, f, la in chunks for u in chunk_units(config, layout, len(lay), f, la)]
-    if layout.dp_strategy == "ddp":  # DDP's bucket is not padded: nothing is cut
-        add(axis, "all_reduce", 1, sum(units) * e, n)
-    elif layout.dp_strategy in ("zero1", "zero2"):
-        flat = padded(sum(units), n) * e
-        add(axis, "reduce_scatter", 1 if layout.dp_strategy == "zero1" else m, flat, n)
-        add(axis, "all_gather", 1, flat, n)
+    buckets = [(axis, units, n)]
+    if moe:
+        (_, _), (routers, stage_n), (experts, edp_n) = moe_units(config, layout, chunks)
+        buckets += [("stage", routers, stage_n), ("edp", experts, edp_n)]
+        if config.balance == "aux-free":  # every layer's counts, summed over the stage, once a step
+            add("stage", "all_reduce", 1, layers * config.n_experts * INDEX_BYTES, stage_n)
+    if layout.dp_strategy in ("ddp", "zero1", "zero2"):
+        for name, part, size in buckets:
+            if layout.dp_strategy == "ddp":  # DDP's bucket is not padded: nothing is cut
+                add(name, "all_reduce", 1, sum(part) * e, size)
+                continue
+            flat = padded(sum(part), size) * e
+            add(name, "reduce_scatter", 1 if layout.dp_strategy == "zero1" else m, flat, size)
+            add(name, "all_gather", 1, flat, size)
     else:
         for u in units:
             add(axis, "all_gather", 2 * m, padded(u, n) * e, n)
@@ -158,5 +216,6 @@ def format_ledger(predicted, measured, positions) -> str:
     """Per rank, each term predicted / measured in bytes (deterministic text for a notebook)."""
     lines = [f"{'rank':>4} {'stage':>5}  " + "  ".join(f"{k:>21}" for k in KEYS)]
     for r, (p, mm, pos) in enumerate(zip(predicted, measured, positions)):
-        lines.append(f"{r:>4} {pos[0]:>5}  " + "  ".join(f"{f'{p[k]:,} / {mm[k]:,}':>21}" for k in KEYS))
+        lines.append(f"{r:>4} {pos[0]:>5}  " + "  ".join(
+            f"{f'{p[k]:,} / {mm[k]:,}' if p[k] is not None else f'- / {mm[k]:,}':>21}" for k in KEYS))
     return "\n".join(lines)
