@@ -17,7 +17,8 @@ Pure (no ranks, no torch):
 
 On ranks:
 
-* ``layouts``: the mechanism, tensor parallelism inside a "node" and pipeline stages across "nodes" on a
+* ``layouts``: the mechanism, tensor parallelism inside a "node" and pipeline stages across "nodes" (experts
+  spread over ``ep`` ranks of a stage, for a model with experts) on a
   torch ``DeviceMesh`` built from a ``Layout``: ``build_stage``, ``combined_forward``, ``pipelined_decode``.
 * ``ranks``: ``combined_forward_on_rank`` and ``decode_on_rank`` (the mechanism with spans and times
   attached), and the arithmetic speed of a rank.
@@ -36,24 +37,26 @@ from .._lazy import exports
 __all__, __getattr__, __dir__ = exports(__name__, {
     "memory": ("Workload", "memory_per_gpu", "weights_per_gpu", "kv_bytes_per_sequence", "affordable_batch",
                "active_params_per_gpu", "shape_problems", "memory_problem", "layout_problems",
-               "check_layout"),
+               "check_layout", "stack_weight_bytes"),
     "traffic": ("hop_links", "return_link", "axis_link", "pipeline_crosses_nodes", "tp_crosses_nodes", "AxisTraffic",
                 "forward_traffic"),
     "cost": ("ALL_REDUCES_PER_LAYER", "TPAllReduces", "tp_all_reduces", "PhaseCost", "tp_forward_cost",
              "tp_decode_cost", "tp_prefill_cost", "tp_cost_table", "format_tp_cost_table", "decode_crossover_batch",
              "PipelineVsTensor", "pipeline_vs_tensor", "decode_step_compute_s", "forward_flops", "layer_read_bytes",
              "fits_on_device"),
-    "decode": ("StageCost", "stage_costs", "Score", "score"),
+    "decode": ("StageCost", "stage_costs", "Score", "score", "ep_all_to_all"),
     "reasons": ("TP_ACROSS", "PP_ACROSS", "kind", "counterpart", "compare"),
     "planner": ("OBJECTIVES", "Plan", "enumerate_layouts", "objective_workload", "plan_serving",
                 "format_plan"),
     "fit": ("GpuFit", "fit_on_gpus", "gpus_needed"),
     "replicas": ("ServingPoint", "replicas_against_tp", "latency_vs_throughput", "format_latency_vs_throughput"),
-    "layouts": ("RankStage", "build_stage", "combined_forward", "pipelined_decode"),
+    "layouts": ("RankStage", "RankExperts", "build_stage", "moe_mlp", "run_blocks", "combined_forward",
+                "pipelined_decode"),
     "ranks": ("combined_forward_on_rank", "CombinedResult", "decode_on_rank", "DecodeResult", "effective_flops_per_s",
               "effective_flops_on_rank"),
-    "drivers": ("check_combined_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
-                "format_traffic", "DecodeRun", "run_decode", "ToyClusterFit", "run_toy_cluster_calibration"),
+    "drivers": ("check_combined_inputs", "check_expert_inputs", "traffic_by_axis", "CombinedRun", "run_combined",
+                "WideEPComparison", "run_wide_ep", "format_traffic", "DecodeRun", "run_decode", "ToyClusterFit",
+                "run_toy_cluster_calibration"),
     "across": ("AcrossRow", "AcrossNodes", "across_layouts", "across_workload", "run_across_nodes", "format_across",
                "check_across_nodes", "across_verdicts"),
     "machines": ("across_layout", "tp_inside_pp_across_on_rank", "AcrossResult"),

@@ -16,7 +16,7 @@ from ..hardware import Cluster
 from ..mesh import Layout
 from ..models import ModelConfig
 from ..units import gb, ms
-from .decode import Score, score
+from .decode import Score, ep_all_to_all, score
 from .memory import Workload, kv_bytes_per_sequence, layout_problems
 from .traffic import pipeline_crosses_nodes, tp_crosses_nodes
 
@@ -82,7 +82,21 @@ def own_reasons(model: ModelConfig, cluster: Cluster, workload: Workload, s: Sco
         trip = (f"a token's trip: {lay.pp} stages one after another ({stages}) + {ms(s.hops_s)} of hops = "
                 f"{ms(s.trip_s)}; {in_flight}, the slowest stage busy {m} x {ms(s.decode_stage_s)}: a token every "
                 f"{ms(s.decode_step_s)} per sequence")
-    return (batch, trip)
+    return (batch, trip) + ((expert_reason(model, cluster, s),) if lay.ep > 1 else ())
+
+
+def expert_reason(model: ModelConfig, cluster: Cluster, s: Score) -> str:
+    """Where an ep layout's experts sit and what its all-to-alls cost, in words (``decode.ep_all_to_all``)."""
+    lay = s.layout
+    one = ep_all_to_all(model, cluster, lay, s.batch / s.n_microbatches)  # a decode microbatch's tokens, per rank
+    where = (f"on {one.nodes} nodes" if one.nodes > 1 else "inside one node")
+    limit = ""
+    if one.nodes > 1 and model.node_limit:
+        limit = (f"; each token's experts on at most {model.node_limit} nodes, so it sends "
+                 f"{one.network_rows_per_token:.2f} rows over {cluster.inter_link.name} instead of "
+                 f"{model.experts_per_token * (lay.ep - 1) / lay.ep:.2f}")
+    return (f"experts: {model.n_experts // lay.ep} of {model.n_experts} per GPU, spread over ep = {lay.ep} ranks "
+            f"{where}; each MoE layer's dispatch and combine take {ms(one.seconds)} each for a microbatch{limit}")
 
 
 def _side(s: Score, cluster: Cluster) -> str:

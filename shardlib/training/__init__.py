@@ -25,13 +25,14 @@ Pure (no ranks):
 * ``toy_prediction``: the toy's layouts and global batch in that time model; Spearman's rank correlation.
 * ``planner``: ``plan_training``, every (tp, pp, dp, cp, ZeRO stage) pruned, rejected or ranked by tokens/s.
 * ``choices``: its choices for Llama 3 8B, 70B, 405B beside the Llama 3 paper's layouts.
+* ``moe_choices``: its choice for DeepSeek-V3 on 2,048 H800s beside the published layout (PP 16 x EP 64, ZeRO-1).
 """
 
 from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "corpus": ("TrainingConfig", "MarkovCorpus"),
-    "reference": ("init_weights", "token_losses", "train_reference", "ReferenceRun"),
+    "reference": ("init_weights", "token_losses", "forward", "Forward", "train_reference", "ReferenceRun"),
     "step": ("TrainingStep", "StageModel"),
     "ranks": ("training_on_rank", "TrainingRankResult", "LedgerProbe"),
     "drivers": ("check_training", "run_training", "TrainingRun"),
@@ -39,10 +40,14 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "predict": ("predict_ledger", "predict_traffic", "activation_bytes", "format_ledger"),
     "toy_prediction": ("LAYOUTS_4", "STEP_TIME_CONFIG", "predict_step", "spearman"),
     "step_time": ("run_step_time_check", "claim_ranking", "run_ranking_check", "fit_step_cluster", "StepTimeCheck"),
-    "memory": ("TrainingMemory", "stage_params", "in_flight", "training_memory", "peak_training_memory"),
+    "memory": ("TrainingMemory", "stage_params", "in_flight", "training_memory", "peak_training_memory",
+               "check_expert_layout", "expert_dp", "stage_expert_params"),
     "published": ("FigureRow", "zero_figure_rows", "megatron_rows", "deepspeed_zero3_estimate", "deepspeed_rows",
                   "activation_rows", "published_rows", "format_rows"),
-    "time_model": ("TrainingWorkload", "TrainingScore", "model_flops_per_token", "axis_links", "score_training"),
-    "planner": ("TrainingPlan", "plan_training", "best_configuration", "format_training_plan"),
+    "time_model": ("TrainingWorkload", "TrainingScore", "model_flops_per_token", "axis_links", "score_training",
+                   "ep_all_to_all_s"),
+    "planner": ("TrainingPlan", "plan_training", "best_configuration", "format_training_plan", "expert_degrees"),
     "choices": ("PublishedLayout", "LLAMA_3_PUBLISHED", "ChoiceRow", "training_choices", "format_training_choices"),
+    "moe_choices": ("PublishedMoELayout", "DEEPSEEK_V3_PUBLISHED", "MoEChoiceRow", "deepseek_v3_choices",
+                    "format_deepseek_v3_choices"),
 })

@@ -138,3 +138,7 @@ def test_serving_prices_node_limited_all_to_alls():
     assert limited.seconds < free.seconds
     p = plan_serving(DEEPSEEK_V3, gpu_cluster(H800, 4))
     assert p.best is not None and p.best.layout.ep > 1  # 701B of weights need the experts spread
+    said = [r for r in p.best.reasons if r.startswith("experts:")]
+    assert said and f"{256 // p.best.layout.ep} of 256 per GPU" in said[0]
+    if p.best.layout.ep > 8:  # its expert groups cross nodes: the node limit bounds what crosses
+        assert "at most 4 nodes" in said[0]
