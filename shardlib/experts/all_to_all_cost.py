@@ -1,18 +1,16 @@
 """What one expert-parallel all-to-all costs on a cluster, with node-limited routing (DeepSeek-V3's).
 
-A token's ``k`` rows go to the ranks holding its experts (GShard, Lepikhin et al. 2020). Once the ``ep``
-ranks of an expert group span several nodes, the rows that leave a node cross the slower link between
-nodes. DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437, sections 2.1.2 and 3.2.2) bounds that traffic:
-each token's experts lie in at most ``M = 4`` nodes (its router keeps the best 4 of 8 expert groups), the
-token crosses InfiniBand once per node it reaches, and NVLink forwards it there to each expert's GPU;
-the two legs overlap. Priced by alpha-beta (``costs.alpha_beta``), per rank, for ``tokens`` home tokens:
+A token's ``k`` rows go to the ranks holding its experts (GShard). Once an expert group's ``ep`` ranks span
+nodes, the rows that leave a node cross the slower link. DeepSeek-V3 (arXiv 2412.19437, sections 2.1.2 and
+3.2.2) bounds that: each token's experts lie in at most ``M = 4`` nodes, the token crosses InfiniBand once
+per node it reaches and NVLink forwards it there; the two legs overlap. Priced by alpha-beta
+(``costs.alpha_beta``), per rank, for ``tokens`` home tokens:
 
 * inside one node: a plain all-to-all of ``tokens x k`` rows over the ``ep`` ranks on the node's link;
-* across ``N`` nodes, unlimited routing (``node_limit = 0``): the same all-to-all at the network's rate
-  (each of the ``k`` copies travels on its own, ``(ep - 1)/ep`` of them leave the rank);
-* across ``N`` nodes, limited to ``M``: ``min(k, M, N)`` copies a token over the network, ``(N - 1)/N``
-  of them to other nodes (an all-to-all over the ``N`` nodes), and ``k`` rows forwarded over NVLink among
-  the group's ``ep / N`` ranks of a node; the slower leg sets the time.
+* across ``N`` nodes, unlimited (``node_limit = 0``): the same all-to-all at the network's rate;
+* across ``N`` nodes, limited to ``M``: ``min(k, M, N)`` copies a token over the network, ``(N - 1)/N`` of
+  them to other nodes (an all-to-all over the ``N`` nodes), and ``k`` rows forwarded over NVLink among the
+  group's ``ep / N`` ranks of a node; the slower leg sets the time.
 
 Uniform routing is assumed (no load imbalance). Pure: no torch.
 """

@@ -7,13 +7,11 @@ serving, as in Megatron-LM and vLLM), so nothing fills or drains between steps::
     latency per token = cycle;   tokens/s = dp x batch / cycle;   m from pp up to 2 pp
 
 One stage on one microbatch is a roofline (Williams et al. 2009), ``max(bytes read / memory bandwidth,
-FLOPs / peak)``, both peaks times ``Workload.kernel_efficiency`` (1.0: every time is a floor), plus its
-collectives: 2 tp all-reduces per layer of the stage (Megatron-LM, Shoeybi et al. 2019; uneven stages
-from ``pipeline.predict.split_layers``, the slowest setting the pace),
-ep all-to-alls (dispatch and combine per MoE layer, node-limited where the model's router is:
-``ep_all_to_all``), one hop per stage boundary. Bytes read: the GPU's weights (of an MoE layer only the
-experts the tokens reach), the head on the last stage, the KV cache (weights, FLOPs and TP all-reduces
-priced by ``cost``, as notebook 02's tables are). Prefill fills and drains (GPipe, Huang et al. 2019):
+FLOPs / peak)``, both peaks times ``Workload.kernel_efficiency`` (1.0: a floor), plus its collectives: 2 tp
+all-reduces per layer of the stage (Megatron-LM; uneven stages from ``pipeline.predict.split_layers``), the
+ep all-to-alls (``ep_all_to_all``, node-limited where the router is), one hop per stage boundary. Bytes
+read: the GPU's weights (of an MoE layer only the experts the tokens reach), the head on the last stage,
+the KV cache (priced by ``cost``, as notebook 02's tables are). Prefill fills and drains (GPipe):
 ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication with compute. Pure: no torch.
 """
 

@@ -4,19 +4,11 @@ A ``plan.Layout`` numbers ranks ``(stage * dp + replica) * tp + tp_rank`` and gi
 ``DeviceMesh`` with axes ``("pp", "dp", "tp")``. The ranks of one stage split every block of its layers
 (``tensor_parallel.blocks.ParallelBlock``, Megatron-LM: Shoeybi et al. 2019, two all-reduces per block
 on the tp axis); activations cross from stage to stage by point-to-point sends on the pp axis (GPipe's
-forward: Huang et al. 2019). ``combined_forward`` runs a batch through once; ``pipelined_decode`` keeps
+forward: Huang et al. 2019). A model with experts replaces each MLP by the dropless MoE layer over ``ep``
+ranks of the stage (``moe_mlp``). ``combined_forward`` runs a batch through once; ``pipelined_decode`` keeps
 microbatches going round the stages step after step, the last stage handing each output back to the
 first as its next input (steady-state decode, ``serving.decode``'s model). Measurement attaches through
 ``probe`` (``runtime.measure.Probe``). Each rank receives the full weights and keeps only its slices.
-
-A model with experts (``models.TOY_MOE``, weights from ``experts.stack.moe_stack_weights``) keeps the
-attention split over tp and replaces each MLP by the experts package's dropless layer
-(``experts.autograd.moe_forward``), its experts spread over ``ep`` ranks of the stage
-(``Layout.ep_groups``: consecutive ranks, across tp and the replicas): each tp rank routes its ``1/tp`` share
-of the tokens (which the attention's all-reduce left whole on every tp rank), the all-to-alls dispatch and
-combine them over the ep group, and an all-gather on the tp axis makes the rows whole again. ``ep`` over
-the replicas with ``tp = 1`` is wide EP with data-parallel attention (each rank its own batch, attention
-replicated, experts over every rank).
 
 Neither loop runs on ``pipeline.engine``: steady-state decode feeds each output back to the first stage as
 the next input, step after step, which a one-step schedule does not express; and the single forward sends
@@ -89,8 +81,12 @@ def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> 
 
 
 def moe_mlp(ctx, me: RankStage, part: RankExperts, n: torch.Tensor) -> torch.Tensor:
-    """The MoE layer on ``n`` ``(rows, seq, d_model)``, normed and whole on every tp rank: this tp rank's
-    ``1/tp`` of the tokens through the experts (over the ep group), then gathered whole on the tp axis."""
+    """The MoE layer on ``n`` ``(rows, seq, d_model)``, normed and whole on every tp rank (the attention's
+    all-reduce left it so): this tp rank's ``1/tp`` of the tokens through the experts package's dropless layer
+    (``experts.autograd.moe_forward``), dispatched to and combined from the ``ep`` ranks of the stage holding
+    their experts (``Layout.ep_groups``: consecutive ranks, across tp and the replicas), then gathered whole
+    on the tp axis. ``ep`` over the replicas with ``tp = 1`` is wide EP with data-parallel attention: each
+    rank its own sequences, the attention whole on every rank, the experts over all of them."""
     tpg = me.tp_group
     tokens = n.reshape(-1, n.shape[-1])  # (rows * seq, d_model)
     mine = tokens.tensor_split(tpg.tp)[tpg.index]  # (rows * seq / tp, d_model): this tp rank's share

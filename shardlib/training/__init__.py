@@ -10,6 +10,7 @@ On ranks:
 * ``step``: ``TrainingStep``, the course's mechanisms composed: TP with SP, vocabulary-parallel head and
   loss, CP ring attention, the pipeline engine running any schedule of the registry on ``StageModel``
   chunks, DDP or ZeRO-1/2 (``data_parallel.buckets``) or ZeRO-3 (``data_parallel.zero3``) over ``dp x cp``.
+* ``moe_block``: ``MoEBlock``, a block whose MLP is the dropless MoE layer over ``ep`` ranks of a stage.
 * ``ranks``: ``training_on_rank``, the step with its ledger measured (``LedgerProbe``).
 * ``drivers``: ``check_training`` and ``run_training`` (a layout on a warm pool, as a ``TrainingRun``).
 * ``machines``: ``training_across_on_rank``, the step under ``torchrun`` with tp inside machines.
@@ -34,6 +35,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "corpus": ("TrainingConfig", "MarkovCorpus"),
     "reference": ("init_weights", "token_losses", "forward", "Forward", "train_reference", "ReferenceRun"),
     "step": ("TrainingStep", "StageModel"),
+    "moe_block": ("MoEBlock", "MoEMLP", "AttachAuxLoss"),
     "ranks": ("training_on_rank", "TrainingRankResult", "LedgerProbe"),
     "drivers": ("check_training", "run_training", "TrainingRun"),
     "machines": ("training_across_on_rank",),

@@ -1,26 +1,17 @@
 """What one GPU of a training layout keeps: weights, gradients, optimizer state and activations, per stage.
 
 A GPU of stage ``i`` holds its stage's layers split ``tp`` ways (the first stage also the embedding, the
-last the final norm and head, the vocabulary padded to ``128 x tp`` rows). Bytes per parameter, by
-convention: ``STATE_BYTES_MEGATRON`` (Megatron-LM's docs, ``distrib_optimizer.md``: bf16 weights, fp32
-gradients, fp32 master copy and Adam's two moments: 2 + 4 + 12 = 18, and 6 + 12/d with its distributed
-optimizer) or ``STATE_BYTES_MIXED`` (ZeRO, Rajbhandari et al. 2020, section 3.1: 2 + 2 + 12 = 16).
-``dp_strategy`` shards over ``dp x cp`` ranks (Megatron shards its distributed optimizer over both: they
-hold the same weights). Activations: ``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per layer
-of the stage, for the tokens of the GPU's ring slice (``seq / cp``), times the microbatches in flight:
-1F1B's stage ``i`` of ``p`` keeps ``min(p - i, m)`` (interleaved 1F1B: ``in_flight``). The first stage adds
-the embedding's dropout mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3:
-``4 s b h / t (1 + v / h)``). ZeRO-3 adds two layers gathered whole (weights and gradients: one working, one
-prefetched); other transients (communication buckets, the allocator's fragmentation) are left out: the
-planner keeps a margin for them (``memory_utilization``).
-
-Expert parallelism (``layout.ep > 1``, expert data parallelism: ep folded onto the data-parallel ranks, as
-Megatron-Core and DeepSeek-V3 do): each MoE layer's experts are spread whole over ``ep`` ranks of a stage,
-``n_experts / ep`` each, not split by tp; each expert is kept by ``tp x dp x cp / ep`` ranks of the stage (its
-expert-data-parallel group, ``expert_dp``), over which ``dp_strategy`` shards its gradients and optimizer
-state. Everything else (attention, router, norms, embedding and head) is split by tp and sharded over
-``dp x cp`` as in a dense model. With ``ep = 1`` an MoE layer's experts are split ``tp`` ways as before.
-Pure: no torch.
+last the final norm and head, the vocabulary padded to ``128 x tp`` rows; with ``ep > 1`` its ``n_experts /
+ep`` whole experts a layer, ``check_expert_layout``). Bytes per parameter, by convention:
+``STATE_BYTES_MEGATRON`` (Megatron-LM's ``distrib_optimizer.md``: 2 + 4 + 12 = 18, and 6 + 12/d with its
+distributed optimizer) or ``STATE_BYTES_MIXED`` (ZeRO, Rajbhandari et al. 2020, section 3.1: 2 + 2 + 12 =
+16). ``dp_strategy`` shards over ``dp x cp`` ranks (the experts' over their holders, ``expert_dp``).
+Activations: ``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per layer of the stage, for the
+tokens of the GPU's ring slice (``seq / cp``), times the microbatches in flight: 1F1B's stage ``i`` of ``p``
+keeps ``min(p - i, m)`` (interleaved 1F1B: ``in_flight``). The first stage adds the embedding's dropout
+mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3). ZeRO-3 adds two layers
+gathered whole; other transients are left out: the planner keeps a margin for them
+(``memory_utilization``). Pure: no torch.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """The toy language model's ledger per rank and its traffic per mesh axis, predicted. Pure: no torch.
 
 ``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments; ZeRO-1/2
-keep the full weights, AdamW updating a view of its shard; ZeRO-3 keeps only shards), the activations autograd
-keeps for the backward at the in-flight peak (``activation_bytes`` per microbatch and chunk, played through
-the schedule's order: 1F1B's stage ``s`` holds ``p - s``; with experts, not predicted: ``None``, what autograd
-keeps for the experts depends on how many rows the router sends each), and the transient peak (ZeRO-3's largest gathered
-layer; the other strategies' flat buffers are not followed, so 0). ``activation_bytes`` counts every tensor
-autograd saves, op by op: SP keeps the norms' inputs at ``s/(cp tp)`` tokens, CP divides every token count by
-``cp``, the ring keeps K and V unrepeated. ``predict_traffic``: per rank and step, calls, buffer bytes and
-wire bytes per (axis, op), the way ``runtime.records`` counts them; the pipeline's messages read from the
-schedule. ``format_ledger``: predicted beside measured.
-
-With experts (``config.n_experts > 1``) a rank keeps three groups of weights, each in a bucket of its own
-(``step.TrainingStep.moe_parts``): the tp-split ones (attention, embedding, head) sharded over ``dp``, the
-routers (``E x d`` a layer) over the stage's ``tp x dp`` ranks ("stage"), and its ``n_experts / ep`` experts a
-layer over the ranks holding the same ones ("edp"). On the ep axis each MoE layer sends, per microbatch,
-five all-to-alls: the counts (one int64 per expert), the dispatch (its ``b s / tp`` tokens, ``k`` rows each),
-the combine, and their two reverses in the backward. The combine's rows (and the dispatch's reverse) are
-the rows the rank's experts served: the router decides them, so a rank's prediction takes its even share
-(``b s / tp x k``); summed over an ep group the bytes are exact whatever the router chose, and so are the
-calls on every rank. Switch's loss with tp > 1 adds one all-reduce of the counts on the tp axis per layer
-and microbatch; DeepSeek-V3's bias one all-reduce of every layer's counts on the stage axis per step.
+keep the full weights, AdamW updating a view of its shard; ZeRO-3 keeps only shards; with experts three
+buckets, ``moe_units``), the activations autograd keeps for the backward at the in-flight peak
+(``activation_bytes`` per microbatch and chunk, played through the schedule's order: 1F1B's stage ``s``
+holds ``p - s``; with experts ``None``: what the experts keep depends on the rows the router sends them),
+and the transient peak (ZeRO-3's largest gathered layer; the other strategies' flat buffers are not
+followed, so 0). ``activation_bytes`` counts every tensor autograd saves, op by op. ``predict_traffic``: per
+rank and step, calls, buffer bytes and wire bytes per (axis, op), the way ``runtime.records`` counts them;
+the pipeline's messages read from the schedule; the experts' all-to-alls as ``predict_traffic`` says.
+``format_ledger``: predicted beside measured.
 """
 
 from __future__ import annotations
@@ -151,7 +140,16 @@ def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
 
 
 def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
-    """(axis, op) -> (calls, buffer bytes, wire bytes) of one step on ``rank``."""
+    """(axis, op) -> (calls, buffer bytes, wire bytes) of one step on ``rank``.
+
+    With experts, on the ep axis each MoE layer sends per microbatch five all-to-alls: the counts (one int64
+    per expert), the dispatch (the rank's ``b s / tp`` tokens, ``k`` rows each), the combine, and their two
+    reverses in the backward. The combine's rows (and the dispatch's reverse) are the rows the rank's experts
+    served, which the router decides: a rank's prediction takes its even share (``b s / tp x k``); summed
+    over an ep group the bytes are exact whatever the router chose, and so are the calls on every rank
+    (``drivers.TrainingRun.traffic_mismatches``). The router's gradient sums over the stage ("stage"), the
+    experts' over their holders ("edp"); Switch's loss with tp > 1 all-reduces the counts on the tp axis per
+    layer and microbatch, DeepSeek-V3's bias every layer's counts on the stage axis once a step."""
     e, m, tp, cp, n = config.element_bytes, config.m, layout.tp, layout.cp, layout.dp * layout.cp
     s = layout.position(rank).stage
     schedule, chunks = rank_chunks(config, layout, stage_layers, s)

@@ -1,21 +1,15 @@
 """The toy language model in one process: its weights, its loss, and its training run, the reference.
 
 The model is the toy's blocks (``toy.block_reference``: pre-norm, causal grouped-query attention and a
-gated MLP, no positional encoding, the causal mask alone orders the tokens) between a token embedding
-``embed (V, d)`` and, after a final RMS norm without scale, an untied LM head ``head (V, d)``. The loss
-is the mean cross-entropy over every token of the global batch. Weights live in one dict keyed
-``embed``, ``layers.{i}.{q,k,v,o,gate,up,down}``, ``head``: the ranks' gathered weights use the same
-keys. ``train_reference`` runs AdamW (``AdamW``, written out: the same update the ranks run on their shards)
-on the batches ``corpus.MarkovCorpus`` draws.
-
-With experts (``config.n_experts > 1``) each block's MLP is the dropless MoE layer
-(``experts.stack.moe_block_reference``'s block: ``experts.dropless.moe_layer`` on the normed tokens as rows),
-its weights ``layers.{i}.router`` and ``layers.{i}.expert_{gate,up,down}``. ``balance="aux-loss"`` adds
-``aux_loss_coef`` times Switch's auxiliary loss (``experts.balance.switch_aux_loss``) of each layer, taken per
-microbatch (``config.microbatch`` sequences of one replica: the tokens one pipeline microbatch carries) and
-averaged over the step's ``dp x m`` microbatches; the reported loss is the cross-entropy alone.
-``balance="aux-free"``: each layer's selection bias (DeepSeek-V3) moves after each step by
-``experts.balance.bias_update`` on the step's counts. Torch only, no ranks.
+gated MLP, no positional encoding) between a token embedding ``embed (V, d)`` and, after a final RMS norm
+without scale, an untied LM head ``head (V, d)``; with experts (``config.n_experts > 1``) each MLP is the
+dropless MoE layer (``experts.dropless.moe_layer`` on the normed tokens as rows). The loss is the mean
+cross-entropy over every token of the global batch, plus, with ``balance="aux-loss"``, Switch's auxiliary
+loss per microbatch (``forward``); with ``"aux-free"`` each layer's selection bias moves after each step
+(DeepSeek-V3). Weights live in one dict keyed ``embed``, ``layers.{i}.{q,k,v,o,gate,up,down}`` (with
+experts ``router`` and ``expert_{gate,up,down}`` for the MLP), ``head``: the ranks' gathered weights use
+the same keys. ``train_reference`` runs AdamW (``AdamW``, written out: the same update the ranks run on
+their shards) on the batches ``corpus.MarkovCorpus`` draws. Torch only, no ranks.
 """
 
 from __future__ import annotations

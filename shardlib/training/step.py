@@ -1,48 +1,30 @@
-"""One training step on a rank over ``dp x pp x cp x tp``: the course's mechanisms, composed.
+"""One training step on a rank over ``dp x pp x cp x tp`` (and ``ep``): the course's mechanisms, composed.
 
 The mesh is ``Layout``'s: ``ctx.device_mesh(layout.mesh_shape, layout.mesh_axes)``, Megatron's
-``tp-cp-dp-pp`` order, tp innermost (its ranks consecutive, inside a node), pp outermost; each axis is a
-``ctx.group`` the mechanisms run on. Inside a stage: tensor parallelism with sequence parallelism in every
-block (Korthikanti et al. 2022), the embedding and LM head split over the vocabulary with
-vocabulary-parallel cross-entropy (Megatron's); tokens split over cp in the zigzag placement, attention over
-the cp ring (``context_parallel.ring``). Across stages: the pipeline engine (``pipeline.engine``) runs the
-schedule ``config.schedule`` of the registry on this rank's ``StageModel`` s, one per model chunk (the
-embedding on the first virtual stage, the final norm, head and per-token loss on the last). Then data
-parallelism over the ``dp x cp`` ranks that hold the same weights: ``data_parallel.buckets``
-(``BucketedReplica``: DDP, ZeRO-1, ZeRO-2, the gradients of the m microbatches accumulated in its buckets)
-or ``data_parallel.zero3`` (``ShardedUnits``: layers gathered before use; pp = 1). The residual stream
-between ops is ``(b, s/(cp tp), d)``. Measurement attaches through ``probe`` (the engine's spans) and
-``on_saved`` (sees what autograd saves).
-
-With experts (``config.n_experts > 1``; cp = 1) each block's MLP is the experts package's dropless layer
-(``experts.autograd.moe_forward``): each rank routes its sequence-parallel tokens, ``(b, s/tp, d)`` as rows,
-so the MoE sublayer needs no tp collective; the experts are spread over ``layout.ep`` ranks of the stage
-(``Layout.ep_groups``: ep folded onto the tp and data-parallel ranks, Megatron-Core's expert mesh over the
-attention's). Three gradient groups, each a ``BucketedReplica``: the tp-split weights over ``dp`` as before,
-the routers (whole on every rank of the stage, each rank's tokens its own) over the stage's ``tp x dp``
-ranks, and the experts over the ranks holding the same ones (``Layout.expert_dp_groups``). Switch's
-auxiliary loss is per microbatch: each rank adds its tokens' share (the microbatch's counts summed over tp
-first, then ``E sum_i f_i P_i`` over its own tokens' probabilities) to the backward through
-``AttachAuxLoss`` (Megatron-Core's ``MoEAuxLossAutoScaler``); DeepSeek-V3's bias moves after the step by
-the counts summed over the stage.
+``tp-cp-dp-pp`` order, tp innermost, pp outermost; each axis is a ``ctx.group`` the mechanisms run on.
+Inside a stage: tensor parallelism with sequence parallelism in every block (Korthikanti et al. 2022), the
+embedding and LM head split over the vocabulary with vocabulary-parallel cross-entropy (Megatron's); tokens
+split over cp in the zigzag placement, attention over the cp ring (``context_parallel.ring``); with experts,
+each MLP the dropless MoE layer over ``ep`` ranks of the stage (``moe_block``). Across stages: the pipeline
+engine (``pipeline.engine``) runs the schedule ``config.schedule`` on this rank's ``StageModel`` s, one per
+model chunk. Then data parallelism over the ranks that hold the same weights: ``data_parallel.buckets``
+(``BucketedReplica``: DDP, ZeRO-1, ZeRO-2; with experts one for the tp-split weights over ``dp x cp``, one
+for the routers over the stage, one for the experts over their holders) or ``data_parallel.zero3``
+(``ShardedUnits``; pp = 1). The residual stream between ops is ``(b, s/(cp tp), d)``. Measurement attaches
+through ``probe`` (the engine's spans) and ``on_saved`` (sees what autograd saves).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..context_parallel.placement import positions_of_rank
 from ..context_parallel.ring import ring_attention
 from ..data_parallel.buckets import BucketedReplica
 from ..data_parallel.zero3 import ShardedUnits
-from ..experts.autograd import LocalExperts, moe_forward
 from ..experts.balance import bias_update
-from ..experts.dropless import moe_layer
 from ..experts.groups import layout_expert_groups
-from ..experts.routing import blocked_rows
-from ..experts.stack import EXPERT_KEYS
 from ..pipeline.engine import Stage, run_stage
 from ..pipeline.messages import Links
 from ..pipeline.orders import make_schedule
@@ -52,6 +34,7 @@ from ..tensor_parallel.layers import ColumnParallelLinear, TPGroup
 from ..tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
 from ..tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from ..toy import rms_norm, split_heads
+from .moe_block import MoEBlock, MoEMLP
 from .reference import adamw, layer_of
 
 
@@ -106,100 +89,6 @@ class Block(nn.Module):
     def forward(self, h):  # (b, s/(cp tp), d)
         h = h + scatter_seq(self.attend(gather_seq(rms_norm(h), self.tpg)), self.tpg)
         return h + scatter_seq(self.mlp.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
-
-
-class AttachAuxLoss(torch.autograd.Function):
-    """Megatron-Core's ``MoEAuxLossAutoScaler``: the forward passes ``h`` through; the backward also hands the
-    auxiliary loss ``aux`` the gradient ``scale`` (its weight in the step's loss), so a side loss made on any
-    pipeline stage joins the backward the stage already runs."""
-
-    @staticmethod
-    def forward(fctx, h, aux, scale):
-        fctx.save_for_backward(aux)
-        fctx.scale = scale
-        return h.view_as(h)
-
-    @staticmethod
-    def backward(fctx, grad):
-        (aux,) = fctx.saved_tensors
-        return grad, torch.full_like(aux, fctx.scale), None
-
-
-class Experts(nn.Module):
-    """The experts this rank holds: the block at its place of its ep group, each a gated MLP."""
-
-    def __init__(self, w: dict, first: int, n_local: int) -> None:
-        super().__init__()
-        block = slice(first, first + n_local)
-        for key in EXPERT_KEYS:  # (n_local, d_ff, d) or (n_local, d, d_ff)
-            setattr(self, key, nn.Parameter(w[key][block].detach().clone()))
-
-    def local(self) -> LocalExperts:
-        return LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS))
-
-
-class Router(nn.Module):
-    def __init__(self, weight) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone())  # (n_experts, d_model), whole on every rank
-
-
-class MoEMLP(nn.Module):
-    """The dropless MoE layer on this rank's sequence-parallel tokens (the module docstring)."""
-
-    def __init__(self, ctx, w: dict, config, groups, tpg: TPGroup, aux_scale: float) -> None:
-        super().__init__()
-        self.ctx, self.cfg, self.groups, self.tpg, self.aux_scale = ctx, config.moe, groups, tpg, aux_scale
-        n_local = self.cfg.experts_per_rank(1 if groups.ep is None else dist_size(groups.ep))
-        self.router, self.experts = Router(w["router"]), Experts(w, groups.place * n_local, n_local)
-        self.tokens_per_microbatch = config.microbatch * config.seq
-        self.bias = torch.zeros(self.cfg.n_experts, dtype=w["router"].dtype) if config.balance == "aux-free" else None
-        self.step_counts = torch.zeros(self.cfg.n_experts, dtype=torch.long)
-
-    def forward(self, n):  # n (b, s/tp, d), normed: this rank's tokens -> the experts' weighted sum, same shape
-        rows = n.reshape(-1, n.shape[-1])  # (b s/tp, d)
-        experts, router, cfg = self.experts.local(), self.router.weight, self.cfg
-        if self.groups.ep is None:  # every expert here
-            out = moe_layer(rows, router, *experts, cfg, self.bias)
-            y, counts = out.output, out.counts
-        else:
-            y, aux = moe_forward(self.ctx, rows, experts, router, cfg, group=self.groups.ep, bias=self.bias)
-            counts = aux.counts
-        # every expert weight joins every microbatch's graph, even when the router sent its experts no rows
-        y = y + 0 * sum(t.sum() for t in experts)
-        self.step_counts += counts.detach().to(torch.long)
-        y = y.view(n.shape)
-        if cfg.balance == "aux-loss":
-            y = AttachAuxLoss.apply(y, self.aux_share(rows, counts), self.aux_scale)
-        return y
-
-    def aux_share(self, rows, counts):
-        """This rank's share of Switch's loss of the microbatch, ``E sum_i f_i P_i``: ``f`` from the counts of
-        the microbatch (summed over the tp ranks that hold its tokens), ``P`` over this rank's tokens only."""
-        cfg, t = self.cfg, self.tokens_per_microbatch
-        counts = self.tpg.all_reduce(counts.detach().to(rows.dtype)) if self.tpg.tp > 1 else counts.to(rows.dtype)
-        logits = blocked_rows(lambda b: F.linear(b, self.router.weight), rows, cfg.n_experts)  # (T_r, E)
-        probs = cfg.gate_spec.balance_probs(logits)  # (T_r, E), the router's gradient flows through these
-        return cfg.n_experts * (counts / (t * cfg.k) * probs.sum(0) / t).sum()
-
-
-def dist_size(group) -> int:
-    return torch.distributed.get_world_size(group)
-
-
-class MoEBlock(nn.Module):
-    """One toy block with experts: the attention as ``Block``'s (cp = 1), then the MoE layer on this rank's
-    sequence-parallel tokens."""
-
-    def __init__(self, ctx, w: dict, config, tpg: TPGroup, groups, aux_scale: float) -> None:
-        super().__init__()
-        self.tpg = tpg
-        self.attention = ParallelAttention(w, config.model, tpg)
-        self.moe = MoEMLP(ctx, w, config, groups, tpg, aux_scale)
-
-    def forward(self, h):  # (b, s/tp, d)
-        h = h + scatter_seq(self.attention.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
-        return h + self.moe(rms_norm(h))
 
 
 class Embedding(nn.Module):

@@ -1,23 +1,17 @@
 """What training one layout costs: the workload, and one step's time on a cluster, term by term.
 
 Each of ``dp`` replicas runs ``m`` microbatches of ``b`` sequences (``global batch = b x m x dp``).
-**compute**: ``6 N`` FLOPs per token plus attention's ``12 L h s``, halved for a causal mask (a causal
-kernel skips the masked half; MFU counts the same work), plus recomputation's, at ``kernel_efficiency`` of
-peak, the heaviest stage setting the pace; **bubble**: the registry's published idle; **tp** (exposed):
-sequence parallelism's gathers and scatters; **cp**: the ring's K/V hidden behind attention up to its time;
-**dp** over the ``dp x cp`` ranks holding the same weights (DDP and ZeRO-1 once a step but for the last
-bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two gathers and a reduce-scatter per
-microbatch behind its compute, the first gather exposed); **pp**: the first and last microbatches' hops;
-**ep** (``ep > 1``): each MoE layer's dispatch and combine all-to-alls, forward and backward (a third pair
-when the forward is recomputed), for the rank's tokens of each microbatch (``s / cp x b``, ``/ tp`` under
-sequence parallelism), node-limited where the model's router is (``experts.all_to_all_cost``), exposed unless
-``ep_overlap`` (DualPipe, DeepSeek-V3 section 3.2.1: one microbatch's all-to-alls run under another's
-compute, so a layer exposes only what passes its compute); the experts' gradients sync over their
-expert-data-parallel group (``memory.expert_dp``) beside the dense ones;
-**optimizer**: AdamW's pass. **Latency**: every collective pays alpha once per ring step (``n - 1`` over
-``n`` ranks: NCCL's ring for all-gather and reduce-scatter; its tree, about ``log2 n``, serves all-reduce
-only), so a ZeRO-3 gather over 2,048 replicas pays 2,047 latencies. A model: no kernel launch, no
-imbalance but the heaviest stage's, no failures. Pure: no torch.
+**compute**: ``6 N`` FLOPs per token plus attention's ``12 L h s``, halved for a causal mask, plus
+recomputation's, at ``kernel_efficiency`` of peak, the heaviest stage setting the pace; **bubble**: the
+registry's published idle; **tp** (exposed): sequence parallelism's gathers and scatters; **cp**: the ring's
+K/V hidden behind attention up to its time; **dp** over the ``dp x cp`` ranks holding the same weights (DDP
+and ZeRO-1 once a step but for the last bucket, ZeRO-2 every microbatch plus a weight gather, ZeRO-3 two
+gathers and a reduce-scatter per microbatch behind its compute, the first gather exposed; experts over
+their own holders); **pp**: the first and last microbatches' hops; **ep**: the experts' all-to-alls
+(``ep_all_to_all_s``), exposed unless ``ep_overlap``; **optimizer**: AdamW's pass. **Latency**: every
+collective pays alpha once per ring step (``n - 1`` over ``n`` ranks: NCCL's ring), so a ZeRO-3 gather over
+2,048 replicas pays 2,047 latencies. A model: no kernel launch, no imbalance but the heaviest stage's, no
+failures. Pure: no torch.
 """
 
 from __future__ import annotations
