@@ -9,7 +9,7 @@ from shardlib.experts.stack import moe_stack_reference, moe_stack_weights
 from shardlib.mesh import Layout
 from shardlib.models import TOY, TOY_MOE
 from shardlib.runtime.measure import TOLERANCE
-from shardlib.serving.drivers import check_combined_inputs, format_traffic, run_combined, run_wide_ep
+from shardlib.serving.drivers import check_combined_inputs, format_traffic, run_combined, run_decode, run_wide_ep
 from shardlib.serving.memory import stack_weight_bytes
 from shardlib.serving.traffic import AxisTraffic, forward_traffic
 from shardlib.toy import activations, stack_weights
@@ -89,3 +89,14 @@ def test_bad_expert_layouts_are_refused_before_any_rank_starts():
         check_combined_inputs(Layout(tp=2, pp=2, ep=2), TOY, stack_weights(TOY), activations(4, 6, 64), 1)
     with pytest.raises(ValueError, match="a microbatch of 3 tokens does not split over tp = 2"):
         check_combined_inputs(Layout(tp=2, pp=1, ep=2), TOY_MOE, LAYERS, activations(2, 3, 64), 2)
+
+
+def test_pipelined_decode_with_experts_equals_one_process(pool4):
+    x = activations(4, 1, TOY_MOE.d_model, seed=7)  # (batch, 1, d): one token per sequence, fed back each step
+    steps, expected, h = 3, [], x
+    for _ in range(steps):
+        h = moe_stack_reference(h, LAYERS, TOY_MOE)
+        expected.append(h)
+    for layout in (Layout(tp=1, pp=2, dp=2, ep=2), Layout(tp=2, pp=2, ep=2)):
+        run = run_decode(pool4, layout, TOY_MOE, LAYERS, x, n_microbatches=2, steps=steps)
+        assert torch.allclose(run.outputs, torch.stack(expected), atol=TOLERANCE, rtol=TOLERANCE), layout.label
