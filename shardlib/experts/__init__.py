@@ -52,7 +52,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                   "weighted_sum", "combine", "MoEOutput", "moe_reference", "reference_for", "check_layer_inputs",
                   "EPSimulation", "simulate_expert_parallel"),
     "predict": ("BYTES_PER_VALUE", "predicted_weight_bytes", "predicted_all_to_all_bytes",
-                "predicted_cross_rank_share", "predicted_exposed_s"),
+                "predicted_cross_rank_share", "predicted_exposed_s", "predicted_moe_step_bytes"),
     "dispatch": ("EPForward", "expert_parallel_moe"),
     "ranks": ("ep_forward_on_rank", "EPForwardResult", "overlap_on_rank", "OverlapResult"),
     "overlap": ("moe_two_microbatches",),

@@ -173,3 +173,18 @@ def test_the_gate_functions_and_a_bias_that_chooses_but_never_weighs():
         else:
             assert torch.allclose(sums, torch.ones_like(sums))
         assert not plain.experts.requires_grad and plain.gates.requires_grad
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_each_groups_bytes_are_predicted(pool4, ep):
+    """The comm log of one step, summed per (op, group), equals ``predicted_moe_step_bytes``."""
+    from shardlib.experts import moe_train_on_rank, predicted_moe_step_bytes
+
+    cfg = CFG.but(balance="aux-free")
+    problem = make_moe_problem(cfg, 64, skew=1.0)
+    for result in pool4.run(moe_train_on_rank, problem.x, problem.target, problem.weights, cfg, ep, 1):
+        measured = {}
+        for op, group, size in result.comm_ops:
+            measured[(op, group)] = measured.get((op, group), 0) + size
+        assert measured == predicted_moe_step_bytes(8, CFG.d_model, CFG.d_ff, CFG.d_model, ep, 4,
+                                                    sum(result.last.rows_to_rank), sum(result.last.rows_from_rank))
