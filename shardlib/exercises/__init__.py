@@ -7,6 +7,7 @@
 * ``pipeline_schedules``: ``grade_small_table``, ``grade_schedule_table`` (a schedule as a table of F, B, W, by hand at
   2 stages and 2 microbatches, then for any size; run on ranks).
 * ``experts``: ``grade_top_k_router``, ``grade_dispatch_plan`` (a router; where each slot goes).
+* ``experts_training``: ``grade_aux_free_bias`` (DeepSeek-V3's balancing bias, chosen with and updated on ranks).
 * ``data_parallel``: ``grade_zero1_step`` (ZeRO-1's step on ranks, and its comm log).
 * ``serving``: ``grade_mesh_coordinates`` (a rank's place in the mesh, beside a ``DeviceMesh``).
 * ``context_parallel``: ``grade_merge_partial_attention`` (the online softmax's merge).
@@ -29,6 +30,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "pipeline": ("grade_one_f_one_b", "grade_bubble_fraction"),
     "pipeline_schedules": ("grade_small_table", "grade_schedule_table"),
     "experts": ("grade_top_k_router", "grade_dispatch_plan"),
+    "experts_training": ("grade_aux_free_bias", "bias_exercise_inputs", "library_choice"),
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),
     "serving_engine": ("grade_block_manager",),

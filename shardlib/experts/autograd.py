@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ..runtime.measure import NO_PROBE
 from .balance import switch_aux_loss
 from .dropless import gate_weighted_sum, grouped_experts, inverse_permutation
-from .gating import MoETrainConfig, train_route
+from .gating import MoETrainConfig, TrainRouting, train_route
 
 
 class _AllToAll(torch.autograd.Function):
@@ -93,35 +93,64 @@ def moe_forward(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Tenso
     it to the loss for ``balance="aux-loss"``), the counts per expert (sum them over the ranks for
     DeepSeek-V3's bias update) and the rows sent and received.
     """
-    place, ep = group_place(ctx, group)
+    plan = plan_dispatch(ctx, x, experts, router, cfg, group, bias, probe)  # route at home, exchange counts
+    # dispatch: each row to the place holding its expert (differentiable: the backward sends the gradients home)
+    received = all_to_all(ctx.comm, x[plan.order // cfg.k], plan.rows_to, plan.rows_from, group)  # (rows in, d_model)
+    with probe.span("experts", kind="compute", rows=received.shape[0]):
+        out = local_expert_rows(received, plan.got, experts)  # dropless: each local expert on all its rows
+    back = all_to_all(ctx.comm, out, plan.rows_from, plan.rows_to, group)  # combine: splits swapped, (T_r * k, d)
+    with probe.span("weighted sum", kind="compute"):
+        y = weighted_at_home(back, plan, cfg)  # (T_r, d_model)
+    routing = plan.routing
+    aux = MoEAux(switch_aux_loss(routing.experts, routing.balance_probs), plan.counts, routing.experts,
+                 routing.gates, plan.rows_to, plan.rows_from)
+    return y, aux
+
+
+class TrainDispatchPlan(NamedTuple):
+    """One rank's routing and where its rows go: what the dispatch, the experts and the combine need."""
+
+    routing: TrainRouting
+    order: torch.Tensor  # (T_r * k,) slot ids t * k + s in send order: by expert, so by place, then expert
+    counts: torch.Tensor  # (E,) token-slots this rank sends to each expert
+    rows_to: list[int]  # (ep,) rows sent to each place
+    got: torch.Tensor  # (ep, n_local) rows coming from each place for each local expert
+    rows_from: list[int]  # (ep,) rows coming from each place
+
+
+def plan_dispatch(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Tensor, cfg: MoETrainConfig,
+                  group=None, bias: torch.Tensor | None = None, probe=NO_PROBE) -> TrainDispatchPlan:
+    """Route ``x`` at home and exchange the counts, so every place knows how many rows will come for
+    each of its experts (the first, small all-to-all of a dispatch)."""
+    _, ep = group_place(ctx, group)
     n_local = cfg.experts_per_rank(ep)
     if experts.n_local != n_local or tuple(experts.gate.shape[1:]) != (cfg.d_ff, cfg.d_model):
         raise ValueError(f"this rank must hold {n_local} experts of (d_ff, d_model) = ({cfg.d_ff}, {cfg.d_model}) "
                          f"({cfg.n_experts} experts over ep = {ep}), got gate weights {tuple(experts.gate.shape)}")
-    # 1. route at home
     with probe.span("route", kind="compute"):
         routing = train_route(x, router, cfg, bias)  # experts, gates: (T_r, k)
         flat = routing.experts.flatten()  # (T_r * k,) slot t * k + s
         order = torch.sort(flat, stable=True).indices  # slots by expert, so by destination place, then expert
         counts = torch.bincount(flat, minlength=cfg.n_experts)  # (E,)
         rows_to = counts.view(ep, n_local).sum(1).tolist()  # (ep,)
-    # 2. dispatch: counts first (each place learns how many rows come for each of its experts), then the rows
     got = ctx.comm.all_to_all_single(counts, [n_local] * ep, [n_local] * ep, group=group).view(ep, n_local)
-    rows_from = got.sum(1).tolist()  # (ep,)
-    received = all_to_all(ctx.comm, x[order // cfg.k], rows_to, rows_from, group)  # (rows in, d_model), by source
-    # 3. dropless: each local expert on all of its rows, however many
-    with probe.span("experts", kind="compute", rows=received.shape[0]):
-        local = torch.arange(n_local, device=x.device).repeat(ep)  # (ep * n_local,) the local expert of each block
-        local = local.repeat_interleave(got.flatten())  # (rows in,) the local expert of each row
-        by_expert = torch.sort(local, stable=True).indices  # source-major to expert-major
-        out = grouped_experts(received[by_expert], got.sum(0).tolist(), *experts)  # (rows in, d_model)
-        out = out[inverse_permutation(by_expert)]  # back to source-major, the order the rows came in
-    # 4. combine: the reverse all-to-all, splits swapped
-    back = all_to_all(ctx.comm, out, rows_from, rows_to, group)  # (T_r * k, d_model), in send order
-    # 5. the gate-weighted sum at home
-    with probe.span("weighted sum", kind="compute"):
-        slot_outputs = back[inverse_permutation(order)].view(x.shape[0], cfg.k, -1)  # (T_r, k, d_model)
-        y = gate_weighted_sum(routing.gates, slot_outputs)  # (T_r, d_model)
-    aux = MoEAux(switch_aux_loss(routing.experts, routing.balance_probs), counts, routing.experts, routing.gates,
-                 rows_to, rows_from)
-    return y, aux
+    return TrainDispatchPlan(routing, order, counts, rows_to, got, got.sum(1).tolist())
+
+
+def local_expert_rows(received: torch.Tensor, got: torch.Tensor, experts: LocalExperts) -> torch.Tensor:
+    """Each local expert on its rows of ``received`` ``(rows in, d_model)``, which arrive source by source
+    and, within a source, expert by expert (``got`` ``(ep, n_local)``): regroup by expert, run
+    ``dropless.grouped_experts``, and put the results back in the order the rows came."""
+    n_local = got.shape[1]
+    local = torch.arange(n_local, device=received.device).repeat(got.shape[0])  # (ep * n_local,) expert of each block
+    local = local.repeat_interleave(got.flatten())  # (rows in,) the local expert of each row
+    by_expert = torch.sort(local, stable=True).indices  # source-major to expert-major
+    out = grouped_experts(received[by_expert], got.sum(0).tolist(), *experts)  # (rows in, d_model)
+    return out[inverse_permutation(by_expert)]
+
+
+def weighted_at_home(back: torch.Tensor, plan: TrainDispatchPlan, cfg: MoETrainConfig) -> torch.Tensor:
+    """The rows back home ``(T_r * k, d_model)`` in send order, un-sorted to slot order and weighted by
+    the gates: ``sum_s gate_s * expert_output_s`` per token."""
+    slot_outputs = back[inverse_permutation(plan.order)].view(plan.routing.experts.shape[0], cfg.k, -1)
+    return gate_weighted_sum(plan.routing.gates, slot_outputs)  # (T_r, d_model)

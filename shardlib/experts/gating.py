@@ -133,7 +133,7 @@ def train_route(x: torch.Tensor, router: torch.Tensor, cfg: MoETrainConfig,
     spec = cfg.gate_spec
     logits = blocked_rows(lambda b: F.linear(b, router), x, cfg.n_experts)  # (T, E)
     affinity = spec.affinity(logits)  # (T, E)
-    ranked = affinity.detach() if bias is None else affinity.detach() + bias.to(affinity.dtype)
+    ranked = affinity.detach() if bias is None else affinity.detach() + bias.to(affinity.device, affinity.dtype)
     if cfg.max_nodes is not None:  # DeepSeek-V3's node limit: only the experts of each token's M best nodes
         ranked = limit_to_nodes(ranked, cfg.k, cfg.n_nodes, cfg.max_nodes)
     experts = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :cfg.k]  # (T, k)

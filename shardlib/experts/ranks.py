@@ -1,5 +1,7 @@
 """Expert parallelism on a rank: ``dispatch.expert_parallel_moe`` with its timing attached.
 
+``overlap_on_rank`` runs two microbatches through the layer in turn or overlapped, over an emulated slow
+link, with the expert phase padded; it reads the exposed all-to-all time from the comm log.
 ``ep_forward_on_rank`` runs the layer ``repeats`` times after a barrier each, through a probe that
 records each phase on the rank's timeline and times the expert FFNs (wall clock and CPU time, optionally
 padded by a sleep per row), and reads the all-to-alls' bytes and durations from the comm log.
@@ -107,3 +109,76 @@ def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig
         forward_s=[end - t0 for t0, _, _, end, _ in times], expert_s=[e1 - e0 for _, e0, e1, _, _ in times],
         expert_cpu_s=[cpu for *_, cpu in times], start_s=[t[0] for t in times], expert_end_s=[t[2] for t in times],
         end_s=[t[3] for t in times])
+
+
+# -- two microbatches, in turn or overlapped ---------------------------------------------------------------------
+class _PaddedExperts:
+    """A probe: every phase a span on ``timeline``; the expert phase padded by a sleep to at least
+    ``expert_s`` seconds, a stand-in for an accelerator's expert GEMMs (the sleep leaves the cores to the
+    communication, as a GPU's kernels would)."""
+
+    def __init__(self, timeline, expert_s: float) -> None:
+        self.timeline, self.expert_s = timeline, expert_s
+
+    def span(self, name: str, kind: str = "compute", **attrs):
+        if name == "experts":
+            return self._experts(kind, attrs)
+        return self.timeline.span(name, kind, **attrs)
+
+    @contextmanager
+    def _experts(self, kind: str, attrs: dict):
+        with self.timeline.span("experts", kind, **attrs):
+            start_s = now_s()
+            yield
+            left_s = start_s + self.expert_s - now_s()
+            if left_s > 0:
+                time.sleep(left_s)
+
+
+@dataclass(frozen=True)
+class OverlapResult:
+    """One rank's two-microbatch forwards: the outputs (the last repeat's), the bytes of its all-to-alls
+    in the order issued (counts A, counts B, then the rows: dispatch A, dispatch B, combine A, combine B
+    whatever the order they ran in), and per repeat the seconds it was blocked in them."""
+
+    outputs: list  # [microbatch] (T_mb, d_model)
+    counts_bytes: list[int]
+    rows_bytes: list[int]
+    exposed_s: list[float]  # per repeat
+    forward_s: list[float]
+
+
+def overlap_on_rank(ctx, x: torch.Tensor, weights, cfg, overlap: bool, expert_s: float, link,
+                    repeats: int = 3) -> OverlapResult:
+    """``overlap.moe_two_microbatches`` on this rank's share of ``x`` (halved into two microbatches, after
+    the input projection), experts spread over every rank, each rank on its own emulated node joined by
+    ``link`` (a ``hardware.Link``: each all-to-all lasts as the alpha-beta model prices it there), the
+    expert phase padded to ``expert_s``, after one warm-up forward. Exposed time: a blocking call's
+    duration, an asynchronous one's ``waited_s``."""
+    from ..costs.emulation import EmulatedLink
+    from .overlap import moe_two_microbatches
+    from .train_reference import project
+    from .train_step import local_experts
+
+    start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
+    h = project(x[start:stop], weights.w_in)  # (T_r, d_model)
+    xs = list(torch.tensor_split(h, 2))  # two microbatches of this rank's tokens
+    experts = local_experts(weights, ctx.rank, cfg.experts_per_rank(ctx.world_size))
+    probe = _PaddedExperts(ctx.timeline, expert_s)
+    exposed, forwards = [], []
+    moe_two_microbatches(ctx, xs, experts, weights.router, cfg, overlap=overlap)  # warm-up, not measured
+    ctx.comm.emulate(EmulatedLink(tuple(range(ctx.world_size)), link))
+    try:
+        for _ in range(repeats):
+            ctx.comm.barrier()
+            first = len(ctx.comm.records)
+            t0 = now_s()
+            outputs = moe_two_microbatches(ctx, xs, experts, weights.router, cfg, overlap=overlap, probe=probe)
+            forwards.append(now_s() - t0)
+            calls = [r for r in ctx.comm.records[first:] if r.op == "all_to_all_single"]
+            exposed.append(sum(r.duration_s if r.waited_s is None else r.waited_s for r in calls))
+    finally:
+        ctx.comm.emulate(None)
+    sizes = [r.size_bytes for r in calls]  # logged as each finished: overlapped, dispatch A, B, combine A, B
+    rows = [sizes[2], sizes[4], sizes[3], sizes[5]] if not overlap else sizes[2:]  # in turn: A's two, then B's
+    return OverlapResult(outputs, sizes[:2], rows, exposed, forwards)

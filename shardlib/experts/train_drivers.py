@@ -44,6 +44,7 @@ class MoETrainingRun:
     counts_exact: bool  # every step's counts equal the reference's
     copies_agree: bool  # every copy of an expert holds the same gradient, bit for bit
     reference: ReferenceRun
+    task_losses: tuple[float, ...] = ()  # per step, the loss without the auxiliary term
 
     @property
     def max_error(self) -> float:
@@ -82,15 +83,23 @@ def run_moe_training(ranks, problem: MoEProblem, cfg: MoETrainConfig, ep: int | 
         grads[name] = torch.cat(blocks)
     errors = {n: relative_error(grads[n], reference.last.grads[n]) for n in PARAMETERS}
     errors["loss"] = max(abs(a - b) / abs(b) for a, b in zip(first.losses, reference.losses))
+    errors["task_loss"] = max(abs(a - b) / abs(b) for a, b in zip(first.task_losses, reference.task_losses))
     counts_exact = all(torch.equal(a, b) for r in results for a, b in zip(r.counts, reference.counts))
     return MoETrainingRun(ep, ranks.world_size, tuple(first.losses), tuple(first.counts), tuple(first.biases), grads,
-                          errors, counts_exact, copies_agree, reference)
+                          errors, counts_exact, copies_agree, reference, tuple(first.task_losses))
+
+
+# The toy trains for tens of steps, not DeepSeek-V3's hundreds of thousands: the published coefficients
+# (Switch's alpha 1e-2, DeepSeek-V3's gamma 1e-3) barely move it in that time, so the demo takes ten and
+# fifty times as much.
+BALANCE_CONFIG = MoETrainConfig(aux_loss_coef=0.1, bias_rate=0.05)
 
 
 @dataclass(frozen=True)
 class BalanceTraining:
-    """One balancing method over training steps on ranks: per step the loss, the busiest expert's load
-    over the mean, and the load of every expert; ``exact`` against the one-process run."""
+    """One balancing method over training steps on ranks: per step the loss (with the auxiliary term
+    under ``"aux-loss"``), the task loss alone (what the balancing costs the model), the busiest expert's
+    load over the mean, every expert's load and the selection bias; ``exact`` against one process."""
 
     balance: str
     steps: int
@@ -100,21 +109,24 @@ class BalanceTraining:
     biases: tuple[tuple[float, ...], ...]  # [step][expert] the selection bias that step chose with
     max_error: float
     exact: bool
+    task_losses: tuple[float, ...] = ()
 
 
-def run_balance_training(ranks, config: MoETrainConfig, balance: str = "aux-free", steps: int = 20,
-                         n_tokens: int = 128, skew: float = 2.0, ep: int | None = None, lr: float = 0.1,
+def run_balance_training(ranks, config: MoETrainConfig = BALANCE_CONFIG, balance: str = "aux-free", steps: int = 20,
+                         n_tokens: int = 128, skew: float = 1.0, ep: int | None = None, lr: float = 0.1,
                          seed: int = 0) -> BalanceTraining:
-    """Train the toy for ``steps`` steps with one balancing method (``"aux-loss"``: Switch's auxiliary loss;
-    ``"aux-free"``: DeepSeek-V3's bias; ``"none"``), from weights that send most tokens to expert 0
-    (``skew``, ``train_reference.make_moe_problem``). Returns the loads per expert per step."""
+    """Train the toy for ``steps`` steps with one balancing method (``"aux-loss"``: Switch's auxiliary loss
+    times ``config.aux_loss_coef``; ``"aux-free"``: DeepSeek-V3's bias moved by ``config.bias_rate``;
+    ``"none"``), from weights that send most tokens to expert 0 (``skew``,
+    ``train_reference.make_moe_problem``). Returns the loads per expert per step."""
     choice(balance, ("none", "aux-loss", "aux-free"), "balance (how the load is balanced)")
     cfg = config.but(balance=balance)
     problem = make_moe_problem(cfg, n_tokens, skew=skew, seed=seed)
     run = run_moe_training(ranks, problem, cfg, ep, steps, lr)
     return BalanceTraining(balance, steps, run.losses, run.max_over_mean,
                            tuple(tuple(int(v) for v in c) for c in run.counts),
-                           tuple(tuple(float(v) for v in b) for b in run.biases), run.max_error, run.exact)
+                           tuple(tuple(float(v) for v in b) for b in run.biases), run.max_error, run.exact,
+                           run.task_losses)
 
 
 POLICIES = ("unlimited", "limited")

@@ -85,34 +85,43 @@ def project(x: torch.Tensor, w_in: torch.Tensor) -> torch.Tensor:
     return blocked_rows(lambda b: F.linear(b, w_in), x, w_in.shape[0])
 
 
+def task_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """What the model is for: the mean squared error of ``y`` against ``target``."""
+    return ((y - target) ** 2).mean()
+
+
 def group_loss(y: torch.Tensor, target: torch.Tensor, aux_loss: torch.Tensor, cfg: MoETrainConfig) -> torch.Tensor:
-    """One group's loss: mean squared error, plus ``aux_loss_coef`` times Switch's loss under ``"aux-loss"``."""
-    loss = ((y - target) ** 2).mean()
+    """One group's loss: ``task_loss``, plus ``aux_loss_coef`` times Switch's loss under ``"aux-loss"``."""
+    loss = task_loss(y, target)
     return loss + cfg.aux_loss_coef * aux_loss if cfg.balance == "aux-loss" else loss
 
 
 @dataclass(frozen=True)
 class ReferenceStep:
-    """One step in one process: the loss, every parameter's gradient, the token-slots per expert."""
+    """One step in one process: the loss, every parameter's gradient, the token-slots per expert, and the
+    task loss alone (the loss without the auxiliary term)."""
 
     loss: float
     grads: dict[str, torch.Tensor]  # by PARAMETERS name, full shapes
     counts: torch.Tensor  # (n_experts,) over every token
+    task_loss: float = 0.0
 
 
 def reference_step(x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig,
                    n_groups: int, bias: torch.Tensor | None = None) -> ReferenceStep:
     """The loss ``mean_g loss_g`` over ``n_groups`` contiguous token groups and its gradients."""
     params = {n: t.detach().clone().requires_grad_(True) for n, t in weights.as_dict().items()}
-    losses, counts = [], torch.zeros(cfg.n_experts, dtype=torch.long)
+    losses, tasks, counts = [], [], torch.zeros(cfg.n_experts, dtype=torch.long)
     for a, b in split_groups(x.shape[0], n_groups):
         h = project(x[a:b], params["w_in"])  # (T_g, d_model)
         layer = moe_layer(h, params["router"], params["gate"], params["up"], params["down"], cfg, bias)
         losses.append(group_loss(h + layer.output, target[a:b], layer.aux_loss, cfg))
+        tasks.append(task_loss(h + layer.output, target[a:b]).detach())
         counts += layer.counts
     loss = torch.stack(losses).mean()
     loss.backward()
-    return ReferenceStep(float(loss.detach()), {n: p.grad for n, p in params.items()}, counts)
+    return ReferenceStep(float(loss.detach()), {n: p.grad for n, p in params.items()}, counts,
+                         float(torch.stack(tasks).mean()))
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,7 @@ class ReferenceRun:
     biases: tuple[torch.Tensor, ...]
     last: ReferenceStep
     weights: MoETrainWeights  # after the last step
+    task_losses: tuple[float, ...] = ()
 
 
 def train_steps_reference(problem: MoEProblem, cfg: MoETrainConfig, n_groups: int, steps: int = 1,
@@ -134,14 +144,15 @@ def train_steps_reference(problem: MoEProblem, cfg: MoETrainConfig, n_groups: in
     positive_number(lr, "lr (the learning rate)")
     weights = problem.weights
     bias = torch.zeros(cfg.n_experts, dtype=weights.router.dtype)
-    losses, counts, biases, step = [], [], [], None
+    losses, tasks, counts, biases, step = [], [], [], [], None
     for _ in range(steps):
         used = bias if cfg.balance == "aux-free" else None
         step = reference_step(problem.x, problem.target, weights, cfg, n_groups, used)
         losses.append(step.loss)
+        tasks.append(step.task_loss)
         counts.append(step.counts)
         biases.append(bias.clone())
         weights = MoETrainWeights(**{n: t - lr * step.grads[n] for n, t in weights.as_dict().items()})
         if cfg.balance == "aux-free":
             bias = bias_update(bias, step.counts, cfg.bias_rate)
-    return ReferenceRun(tuple(losses), tuple(counts), tuple(biases), step, weights)
+    return ReferenceRun(tuple(losses), tuple(counts), tuple(biases), step, weights, tuple(tasks))

@@ -23,7 +23,7 @@ from ..checks import positive_number, whole_number
 from .autograd import LocalExperts, moe_forward
 from .balance import bias_update, split_groups
 from .gating import MoETrainConfig
-from .train_reference import PARAMETERS, MoETrainWeights, group_loss, project
+from .train_reference import PARAMETERS, MoETrainWeights, group_loss, project, task_loss
 
 EXPERT_PARAMETERS = ("gate", "up", "down")
 
@@ -64,6 +64,7 @@ class MoEStep:
     counts: torch.Tensor  # (n_experts,) summed over every rank
     rows_to_rank: list[int]
     rows_from_rank: list[int]
+    task_loss: float = 0.0  # the mean over every rank of the loss without the auxiliary term
 
 
 def moe_train_step(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig,
@@ -90,11 +91,13 @@ def moe_train_step(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrain
         grads[name] = w.grad
         if ctx.world_size > ep:
             ctx.comm.all_reduce(w.grad, group=edp_group)
-    total = torch.stack([loss.detach() / ctx.world_size]).to(torch.float64)
-    ctx.comm.all_reduce(total)
+    total = torch.stack([loss.detach(), task_loss(h + y, target[start:stop]).detach()]).to(torch.float64)
+    total /= ctx.world_size
+    ctx.comm.all_reduce(total)  # (loss, task loss), the means over every rank
     counts = aux.counts.clone()
     ctx.comm.all_reduce(counts)
-    return MoEStep(float(total[0]), grads, place * n_local, counts, aux.rows_to_rank, aux.rows_from_rank)
+    return MoEStep(float(total[0]), grads, place * n_local, counts, aux.rows_to_rank, aux.rows_from_rank,
+                   float(total[1]))
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class MoETrainResult:
     weights: dict[str, torch.Tensor]  # dense full, experts this rank's block
     first_expert: int
     comm_ops: list[tuple[str, str, int]]  # (op, group, bytes) of the last step, as the comm log has them
+    task_losses: list[float] = ()
 
 
 def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig,
@@ -121,11 +125,12 @@ def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETr
     n_local = check_expert_layout(cfg, ctx.world_size, ep)
     first = (ctx.rank % ep) * n_local
     bias = torch.zeros(cfg.n_experts, dtype=weights.router.dtype)
-    losses, counts, biases = [], [], []
+    losses, tasks, counts, biases = [], [], [], []
     for _ in range(steps):
         first_record = len(ctx.comm.records)
         step = moe_train_step(ctx, x, target, weights, cfg, ep, bias if cfg.balance == "aux-free" else None)
         losses.append(step.loss)
+        tasks.append(step.task_loss)
         counts.append(step.counts)
         biases.append(bias.clone())
         new = {}
@@ -143,7 +148,7 @@ def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETr
     ops = [(r.op, r.group, r.size_bytes) for r in ctx.comm.records[first_record:]]
     mine = {n: (getattr(weights, n)[first:first + n_local] if n in EXPERT_PARAMETERS else getattr(weights, n))
             for n in PARAMETERS}
-    return MoETrainResult(losses, counts, biases, step, mine, first, ops)
+    return MoETrainResult(losses, counts, biases, step, mine, first, ops, tasks)
 
 
 @dataclass(frozen=True)

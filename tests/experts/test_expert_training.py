@@ -22,6 +22,7 @@ from shardlib.experts import (
     project,
     run_balance_training,
     split_groups,
+    train_route,
 )
 from shardlib.experts.train_drivers import EXACT_RTOL, relative_error, run_moe_training
 
@@ -118,14 +119,19 @@ def test_the_expert_gradient_needs_the_expert_data_parallel_sum(pool4):
     assert relative_error(wrong, good.grads["up"]) > 1e-3
 
 
-@pytest.mark.parametrize("balance", ["aux-loss", "aux-free"])
-def test_both_balancing_methods_train_exactly_on_ranks_and_balance(pool, balance):
-    got = run_balance_training(pool, CFG, balance=balance, steps=12, n_tokens=64)
-    assert got.exact, got.max_error
-    assert len(got.loads) == 12 and all(sum(step) == 64 * CFG.k for step in got.loads)
-    if balance == "aux-free":
-        assert got.max_over_mean[-1] < got.max_over_mean[0]
-        assert got.biases[0] == (0.0,) * CFG.n_experts and got.biases[1] != got.biases[0]
+def test_both_balancing_methods_train_exactly_on_ranks_and_balance(pool):
+    """From a router that sends most tokens to expert 0, 16 steps of each method (float64, deterministic:
+    the same numbers on every machine, so the order of the three is a fact of this toy, not a timing)."""
+    runs = {b: run_balance_training(pool, balance=b, steps=16) for b in ("none", "aux-loss", "aux-free")}
+    for balance, got in runs.items():
+        assert got.exact, (balance, got.max_error)
+        assert len(got.loads) == 16 and all(sum(step) == 128 * 2 for step in got.loads)
+        assert len(got.task_losses) == 16 and got.task_losses[-1] < got.task_losses[0]
+    final = {b: r.max_over_mean[-1] for b, r in runs.items()}
+    assert final["aux-free"] < final["aux-loss"] < final["none"], final
+    assert runs["aux-free"].biases[0] == (0.0,) * 8 and runs["aux-free"].biases[1][0] < 0  # the hot expert's goes down
+    assert runs["aux-loss"].losses[-1] > runs["aux-loss"].task_losses[-1]  # the auxiliary term is in the loss
+    assert runs["aux-free"].losses == runs["aux-free"].task_losses  # and nothing is added without it
 
 
 # -- the bias update and bad input (pure) -----------------------------------------------------------------
@@ -148,3 +154,37 @@ def test_bad_layouts_say_what_is_wrong():
         MoETrainConfig(n_experts=8, k=9)
     with pytest.raises(ValueError, match="unknown gate"):
         MoETrainConfig(gate="softmax")
+
+
+def test_the_gate_functions_and_a_bias_that_chooses_but_never_weighs():
+    x = torch.randn(20, CFG.d_model, dtype=torch.float64)
+    router = torch.randn(CFG.n_experts, CFG.d_model, dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(CFG.n_experts, dtype=torch.float64)
+    bias[3] = 100.0  # every token must now choose expert 3
+    for name in GATES:
+        cfg = CFG.but(gate=name)
+        plain, biased = train_route(x, router, cfg), train_route(x, router, cfg, bias)
+        assert (biased.experts == 3).any(dim=1).all() and not (plain.experts == 3).any(dim=1).all()
+        affinity = GATES[name].affinity(plain.logits)
+        assert torch.equal(biased.gates, GATES[name].gates(affinity.gather(1, biased.experts), plain.logits))
+        sums = plain.gates.sum(dim=1)
+        if name == "softmax-then-topk":  # Switch: the top-k of a softmax over all, not renormalised
+            assert (sums < 1).all()
+        else:
+            assert torch.allclose(sums, torch.ones_like(sums))
+        assert not plain.experts.requires_grad and plain.gates.requires_grad
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_each_groups_bytes_are_predicted(pool4, ep):
+    """The comm log of one step, summed per (op, group), equals ``predicted_moe_step_bytes``."""
+    from shardlib.experts import moe_train_on_rank, predicted_moe_step_bytes
+
+    cfg = CFG.but(balance="aux-free")
+    problem = make_moe_problem(cfg, 64, skew=1.0)
+    for result in pool4.run(moe_train_on_rank, problem.x, problem.target, problem.weights, cfg, ep, 1):
+        measured = {}
+        for op, group, size in result.comm_ops:
+            measured[(op, group)] = measured.get((op, group), 0) + size
+        assert measured == predicted_moe_step_bytes(8, CFG.d_model, CFG.d_ff, CFG.d_model, ep, 4,
+                                                    sum(result.last.rows_to_rank), sum(result.last.rows_from_rank))
