@@ -10,6 +10,8 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
+# The unit tests run on this many pytest-xdist workers (each starts its own warm pools: about 1.5 GB).
+TEST_WORKERS ?= 2
 # The static site's pages, written by the nbval run from its one execution of each notebook (notebooks/conftest.py).
 SITE_DIR := artifacts/site
 
@@ -32,7 +34,7 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
-	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site
+	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site -n $(TEST_WORKERS)
 	$(BIN)/python scripts/course_counts.py --check
 	rm -rf $(SITE_DIR)
 	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15

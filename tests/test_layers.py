@@ -19,6 +19,7 @@ every package a module lives in, because Python runs those too.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -37,7 +38,19 @@ UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
 
 
 def _docstring(path: Path) -> str:
-    return " ".join((ast.get_docstring(ast.parse(path.read_text()), clean=False) or "").split())
+    return _docstring_of(path.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(source: str) -> ast.Module:
+    return ast.parse(source)
+
+
+@functools.lru_cache(maxsize=None)
+def _docstring_of(source: str) -> str:
+    # keyed by the file's text: the walk asks for each module's layer once per module that reaches it,
+    # and the copies the tests below break differ from the tree in one file only
+    return " ".join((ast.get_docstring(_tree(source), clean=False) or "").split())
 
 
 def says_pure(path: Path) -> bool:
@@ -65,7 +78,7 @@ def direct_imports(name: str, path: Path, known: set[str]) -> tuple[set[str], se
     ``if TYPE_CHECKING:``, which Python never runs."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     internal, external = set(), set()
-    tree = ast.parse(path.read_text())
+    tree = _tree(path.read_text())
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(block.test) for stmt in block.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):

@@ -1,12 +1,16 @@
 """Every notebook as a learner meets it: Run All in real JupyterLab in headless Chromium, then every control.
 
-Per notebook: the whole notebook runs with JupyterLab's own Run All; no cell has an error output; no
-widget failed to display ("Error displaying widget", "Failed to load model class"); every plotly figure
-the kernel sent is drawn. Then, after the last cell has run (as a learner would, scrolling back up), every
-slider, dropdown, toggle button, checkbox and check-yourself choice is moved once, and what its widget
-shows (figures and text) must change. Last, JupyterLab's log console, where a widget callback's
-exception goes and where no learner looks, must hold no error. Screenshots and a JSON report per
-notebook go to artifacts/browser/.
+One JupyterLab page opens the notebooks in turn, as one learner's session does (each notebook closed, its
+kernel shut down, before the next opens). Per notebook: the whole notebook runs with JupyterLab's own Run
+All; no cell has an error output; no widget failed to display ("Error displaying widget", "Failed to load
+model class"); every plotly figure the kernel sent is drawn. Then, after the last cell has run (as a
+learner would, scrolling back up), every slider, dropdown, toggle button, checkbox and check-yourself
+choice is moved once, and what its widget shows (figures and text) must change. Last, JupyterLab's log
+console, where a widget callback's exception goes and where no learner looks, must hold no error.
+
+Every wait polls for what it waits for (the kernel's answer to each message the page sent, a view that
+changed, a figure drawn); none is a fixed sleep. Screenshots and a JSON report per notebook, with the
+seconds each phase took, go to artifacts/browser/.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,14 +41,36 @@ RUN_ALL = "() => { void window.jupyterapp.commands.execute('notebook:run-all-cel
 ALL_DONE = """() => { const panel = window.jupyterapp.shell.currentWidget; const cells = panel.content.model.cells;
   const session = panel.sessionContext.session;
   if (!(session && session.kernel && session.kernel.status === 'idle')) return false;
+  let pending = false;
   for (let i = 0; i < cells.length; i++) {
-    const c = cells.get(i);
-    if (c.type === 'code' && c.sharedModel.getSource().trim() && c.executionCount === null) return false;
+    const c = cells.get(i); if (c.type !== 'code') continue;
+    if (c.outputs.toJSON().some(o => o.output_type === 'error')) return true;  // Run All stops there
+    if (c.sharedModel.getSource().trim() && c.executionCount === null) pending = true;
   }
-  return true; }"""
+  return !pending; }"""
 
 KERNEL_IDLE = """() => { const s = window.jupyterapp.shell.currentWidget.sessionContext.session;
   return !!(s && s.kernel && s.kernel.status === 'idle'); }"""
+
+# Every request the page sends the kernel (a widget's comm message, an execution) is pending until the
+# kernel's "idle" status for it arrives: the kernel has then answered it, its outputs included.
+TRACK_REQUESTS = """() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  window.__pending = new Set(); window.__quietSince = null;
+  k.anyMessage.connect((_, args) => { const msg = args.msg;
+    if (args.direction === 'send') { if (msg.channel === 'shell') window.__pending.add(msg.header.msg_id); }
+    else if (msg.header.msg_type === 'status' && msg.content.execution_state === 'idle' && msg.parent_header)
+      window.__pending.delete(msg.parent_header.msg_id);
+  }); }"""
+
+# Quiet: no request pending and the kernel idle, without a break for QUIET_MS (a callback that sends
+# another message, or a figure that reports its new layout back, breaks it).
+QUIET_MS = 150
+QUIET = f"""() => {{ const s = window.jupyterapp.shell.currentWidget.sessionContext.session;
+  const now = performance.now();
+  if (window.__pending.size || !(s && s.kernel && s.kernel.status === 'idle')) {{
+    window.__quietSince = null; return false; }}
+  if (window.__quietSince === null) window.__quietSince = now;
+  return now - window.__quietSince >= {QUIET_MS}; }}"""
 
 CELL_REPORTS = """() => { const panel = window.jupyterapp.shell.currentWidget; const out = [];
   const cells = panel.content.model.cells;
@@ -122,6 +149,28 @@ HANDLE = """([i, k]) => { const node = window.jupyterapp.shell.currentWidget.con
           max: Number(h.getAttribute('aria-valuemax')), x: box.x + box.width / 2, y: box.y + box.height / 2,
           left: track.x, right: track.x + track.width}; }"""
 
+# Every plotly figure the kernel sent is drawn, and the page's widgets and figures have stopped appearing
+# (the same count of widget views and drawn figures for 300 ms).
+ALL_DRAWN = """() => { const panel = window.jupyterapp.shell.currentWidget; const cells = panel.content.model.cells;
+  for (let i = 0; i < cells.length; i++) {
+    const model = cells.get(i); if (model.type !== 'code') continue;
+    const sent = model.outputs.toJSON().filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length;
+    const node = panel.content.widgets[i].node;
+    const drawn = Array.from(node.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg'));
+    if (drawn.length < sent) return false;
+  }
+  const count = panel.content.node.querySelectorAll('.jupyter-widgets, .js-plotly-plot .main-svg').length;
+  const now = performance.now();
+  if (window.__drawnCount !== count) { window.__drawnCount = count; window.__drawnSince = now; return false; }
+  return now - window.__drawnSince >= 300; }"""
+DRAW_TIMEOUT_MS = 15_000
+
+# The log console is open and has shown the same entries for 300 ms.
+LOG_SHOWN = """() => { const panel = document.querySelector('.jp-LogConsolePanel'); if (!panel) return false;
+  const count = panel.querySelectorAll('.jp-OutputArea-output').length, now = performance.now();
+  if (window.__logCount !== count) { window.__logCount = count; window.__logSince = now; return false; }
+  return now - window.__logSince >= 300; }"""
+
 LOG_ENTRIES = """() => Array.from(document.querySelectorAll('.jp-LogConsolePanel .jp-OutputArea-output'))
   .map(e => e.innerText)"""
 
@@ -129,6 +178,25 @@ OPEN_LOG = """() => window.jupyterapp.commands.execute('logconsole:open',
   {source: window.jupyterapp.shell.currentWidget.context.path, insertMode: 'split-bottom'})"""
 
 SHUT_DOWN_KERNEL = """async () => { await window.jupyterapp.shell.currentWidget.sessionContext.shutdown(); }"""
+
+APP_STARTED = "() => !!(window.jupyterapp && window.jupyterapp.shell)"
+APP_RESTORED = "async () => { await window.jupyterapp.restored; }"
+
+# One JupyterLab page serves every notebook, as one learner's does: each is opened in turn with
+# JupyterLab's own command, and closed (its kernel shut down first, its log console closed) before the next.
+OPEN_NOTEBOOK = """async (path) => { const app = window.jupyterapp;
+  const widget = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
+  app.shell.activateById(widget.id); window.__drawnCount = null; }"""
+
+CLOSE_ALL = """async () => { const app = window.jupyterapp;
+  // the log console's command toggles it: close it the same way, so that the next opens a fresh one
+  if (app.commands.isToggled('logconsole:open')) await app.commands.execute('logconsole:open');
+  for (const w of Array.from(app.shell.widgets('main'))) {
+    const session = w.sessionContext && w.sessionContext.session;
+    if (session && session.kernel) await w.sessionContext.shutdown();
+    if (w.context) w.context.model.dirty = false;  // nothing to save: the copies are thrown away
+    w.dispose();
+  } }"""
 
 
 def _move(page, control, stem: str, report: dict) -> None:
@@ -142,18 +210,18 @@ def _move(page, control, stem: str, report: dict) -> None:
         page.keyboard.press(action)
     try:
         page.wait_for_function(f"(c) => ({VIEW})(c) !== {json.dumps(before)}", arg=control,
-                               timeout=MOVE_TIMEOUT_MS, polling=250)
+                               timeout=MOVE_TIMEOUT_MS, polling=50)
     except Exception:
         report["unchanged"].append({"control": control, "action": action})
         return
-    page.wait_for_function(KERNEL_IDLE, timeout=MOVE_TIMEOUT_MS, polling=250)
-    page.wait_for_timeout(200)
+    _settle(page)  # what it drives has changed: let the kernel finish, so the next control starts from rest
     report["moved"].append({"control": control, "action": action})
 
 
 def _settle(page) -> None:
-    page.wait_for_timeout(300)
-    page.wait_for_function(KERNEL_IDLE, timeout=MOVE_TIMEOUT_MS, polling=250)
+    """Until every request the page has sent is answered and the kernel has been idle for QUIET_MS."""
+    page.evaluate("() => { window.__quietSince = null; }")
+    page.wait_for_function(QUIET, timeout=MOVE_TIMEOUT_MS, polling=25)
 
 
 def _push_past_the_ends(page, cell: int, k: int, report: dict) -> None:
@@ -181,29 +249,51 @@ def _push_past_the_ends(page, cell: int, k: int, report: dict) -> None:
 
 def _run_notebook(page, lab: LabServer, name: str) -> dict:
     stem = Path(name).stem
-    page.goto(lab.url(name))
-    page.wait_for_function(NOTEBOOK_READY, timeout=120_000, polling=250)
+    clock = [time.perf_counter()]
+    timings_s = {}
+
+    def lap(phase: str) -> None:  # where the test spends its time, per phase, in the report
+        now = time.perf_counter()
+        timings_s[phase] = round(now - clock[0], 2)
+        clock[0] = now
+
+    page.evaluate(OPEN_NOTEBOOK, name)
+    page.wait_for_function(NOTEBOOK_READY, timeout=120_000, polling=100)
+    page.evaluate(TRACK_REQUESTS)
+    lap("open")
     page.evaluate(RUN_ALL)
-    page.wait_for_function(ALL_DONE, timeout=RUN_ALL_TIMEOUT_MS, polling=500)
-    page.wait_for_timeout(1000)  # let the renderers draw what arrived last
+    page.wait_for_function(ALL_DONE, timeout=RUN_ALL_TIMEOUT_MS, polling=100)
+    lap("run_all")
+    _settle(page)
+    try:  # let the renderers draw what arrived last (plotly.js loads lazily the first time)
+        page.wait_for_function(ALL_DRAWN, timeout=DRAW_TIMEOUT_MS, polling=100)
+    except Exception:
+        pass  # the report below counts what was drawn, and the test says which figures were not
     report = {"notebook": name, "cells": page.evaluate(CELL_REPORTS), "moved": [], "unchanged": [],
-              "skipped_disabled": [], "log": [], "ends_pushed": [], "ends_not_reached": []}
-    if any(c["plotly_outputs"] > c["drawn_figures"] for c in report["cells"]):
-        page.wait_for_timeout(3000)  # plotly.js loads lazily the first time
-        report["cells"] = page.evaluate(CELL_REPORTS)
+              "skipped_disabled": [], "log": [], "ends_pushed": [], "ends_not_reached": [],
+              "timings_s": timings_s}
+    lap("drawn")
     page.screenshot(path=str(ARTIFACTS / f"{stem}-after-run-all.png"), full_page=True)
+    lap("screenshot")
     controls = page.evaluate(CONTROLS)
     report["controls"] = len(controls)
     for control in controls:  # after the last cell has run, top to bottom, as a learner scrolls back
         _move(page, control, stem, report)
+    lap("moves")
     for cell, kind, k in controls:
         if kind == "slider":
             _push_past_the_ends(page, cell, k, report)
+    lap("ends")
     page.screenshot(path=str(ARTIFACTS / f"{stem}-after-moves.png"), full_page=True)
+    lap("screenshot_2")
+    _settle(page)
+    page.evaluate("() => { window.__logCount = null; }")
     page.evaluate(OPEN_LOG)
-    page.wait_for_timeout(1500)
+    page.wait_for_function(LOG_SHOWN, timeout=DRAW_TIMEOUT_MS, polling=100)
     report["log"] = page.evaluate(LOG_ENTRIES)
+    lap("log")
     page.evaluate(SHUT_DOWN_KERNEL)
+    lap("shutdown")
     return report
 
 
@@ -226,17 +316,50 @@ def browser(chromium):
         b.close()
 
 
+class LabPage:
+    """The one JupyterLab page the notebooks share; a fresh one after a notebook that left it broken."""
+
+    def __init__(self, browser, lab: LabServer) -> None:
+        self.browser, self.lab, self.page = browser, lab, None
+
+    def get(self):
+        if self.page is None:
+            self.page = self.browser.new_page(viewport={"width": 1400, "height": 1000})
+            self.page.goto(f"http://127.0.0.1:{self.lab.port}/lab?reset")  # a clean workspace
+            self.page.wait_for_function(APP_STARTED, timeout=120_000, polling=100)
+            self.page.evaluate(APP_RESTORED)
+        return self.page
+
+    def close_all(self) -> None:
+        try:
+            self.page.evaluate(CLOSE_ALL)
+        except Exception:
+            self.discard()
+
+    def discard(self) -> None:
+        if self.page is not None:
+            self.page.close()
+            self.page = None
+
+
+@pytest.fixture(scope="module")
+def lab_page(lab, browser):
+    shared = LabPage(browser, lab)
+    yield shared
+    shared.discard()
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_all_then_every_control_answers(name, lab, browser):
+def test_notebook_runs_all_then_every_control_answers(name, lab, lab_page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = lab_page.get()
     try:
         report = _run_notebook(page, lab, name)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-failure.png"), full_page=True)
+        lab_page.close_all()
         raise
-    finally:
-        page.close()
+    lab_page.close_all()
     (ARTIFACTS / f"{Path(name).stem}-report.json").write_text(json.dumps(report, indent=1))
     problems = []
     for cell in report["cells"]:
