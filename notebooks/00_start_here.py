@@ -45,6 +45,10 @@
 # The GPUs on sale today, from their data sheets (`shardlib.hardware`):
 
 # %%
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.hardware import GPUS
 
 print(f"{'GPU':<11} {'memory':>8} {'reads memory at':>16}  source")

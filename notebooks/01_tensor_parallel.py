@@ -44,6 +44,10 @@
 # colours each cell of one stored weight by the shard that holds it.
 
 # %% tags=["nbval-ignore-output"]
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.ui.tensor_parallel_figures import weight_cut_figure
 
 weight_cut_figure(out_features=8, in_features=12, n_shards=4)

@@ -91,6 +91,10 @@
 # 1 GB/s each way, one latency per ring step.
 
 # %%
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.costs import all_reduce_s, bus_bandwidth, collective_terms_s, crossover_bytes, point_to_point_s
 from shardlib.hardware import Link
 

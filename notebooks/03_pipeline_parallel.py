@@ -61,6 +61,10 @@
 # This table of both is the prediction every measurement below is set against.
 
 # %%
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
 
 microbatches = (1, 2, 4, 8, 16, 32, 64)

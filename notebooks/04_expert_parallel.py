@@ -52,6 +52,10 @@
 # expert 0.
 
 # %% tags=["nbval-ignore-output"]
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.experts import ExpertPlacement, MoEConfig, make_moe_weights, make_tokens, route
 from shardlib.ui.experts_figures import walkthrough_figure
 

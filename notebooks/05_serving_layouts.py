@@ -49,6 +49,10 @@
 # [the crossover batch](02_communication_costs.ipynb) per link. One line uses it here:
 
 # %%
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.hardware import NVLINK
 from shardlib.models import LLAMA_3_70B
 from shardlib.serving.cost import decode_crossover_batch, tp_decode_cost

@@ -83,6 +83,10 @@
 # admits prompts computes them whole and nothing else.
 
 # %% tags=["nbval-ignore-output"]
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.serving.engine.blocks import BlockManager
 from shardlib.serving.engine.paged import KVCache, Layer, attend_decodes
 from shardlib.serving.engine.scheduler import Scheduler

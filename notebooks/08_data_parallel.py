@@ -123,6 +123,10 @@
 # </details>
 
 # %% tags=["nbval-ignore-output"]
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.data_parallel.buckets import BucketedReplica
 from shardlib.ui.code import show_code
 

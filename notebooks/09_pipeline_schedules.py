@@ -52,6 +52,10 @@
 # W are always one action's times and B is the input gradient, so DualPipe's B is our `B + W`:
 
 # %%
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.pipeline import OpCosts, notation_rows
 
 p = 4

@@ -57,6 +57,10 @@
 # Before running the cell: how much of the cache does one device hold at `tp = 8`, and at `tp = 8, cp = 4`?
 
 # %% tags=["nbval-ignore-output"]
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.context_parallel import context_parallel_needed, device_memory
 from shardlib.hardware import H100_80GB
 from shardlib.models import LLAMA_3_1_8B, LLAMA_3_1_70B, kv_cache_bytes

@@ -28,6 +28,10 @@
 # - An explorer that trains any layout of the four ranks and draws its ledger.
 
 # %%
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside this cell's imports
+
 from shardlib import Ranks
 from shardlib.mesh import Layout
 from shardlib.runtime.measure import TOLERANCE

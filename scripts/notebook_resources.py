@@ -1,13 +1,14 @@
 """Run notebooks as a learner's Run All would, and measure each: time, and peak memory of kernel and ranks.
 
-    python scripts/notebook_resources.py [notebooks ...] [--python PYTHON]
+    python scripts/notebook_resources.py [notebooks ...] [--python PYTHON] [--cells]
 
 Each notebook is executed top to bottom in a fresh kernel (``jupyter nbconvert --execute``, cell timing
 recorded), while the proportional set size (PSS) of the kernel and every process under it (the template
 and the ranks) is sampled every 50 ms: PSS splits each shared page between the processes sharing it, so
 the sum is what a container's memory limit (a Binder box's 2 GiB) sees. Run All is the time from the
 first cell's start to the last cell's end, as the kernel recorded them; the wall time adds the kernel's
-own start. Used by ``scripts/binder_check.py`` and ``scripts/busy_check.py``.
+own start. ``--cells`` also prints each code cell's time with its first line, slowest first. Used by
+``scripts/binder_check.py`` and ``scripts/busy_check.py``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,22 @@ def tree_pss_bytes(root_pid: int) -> int:
     return total
 
 
+def tree_cpu_s(root_pid: int, seen: dict[int, float]) -> None:
+    """Record in ``seen`` the CPU seconds (user and system) each process of ``root_pid``'s tree has used
+    so far: sampled often, their sum is the tree's CPU time, a measure a busy machine disturbs less than
+    wall time."""
+    children, stack, tick = _children(), [root_pid], os.sysconf("SC_CLK_TCK")
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            seen[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+
+
 def kernel_pid(root_pid: int) -> int | None:
     """The ipykernel process started under ``root_pid``, if it is running yet."""
     stack, children = [root_pid], _children()
@@ -82,6 +99,12 @@ class Measurement:
     peak_kernel_bytes: int  # the kernel, its template and its ranks
     peak_all_bytes: int  # everything the run started, the converter included
     error: str = ""
+    cells: tuple[tuple[int, float, str], ...] = ()  # (code cell's position, seconds, its first line)
+    cpu_s: float = 0.0  # CPU seconds of the kernel, its template and its ranks
+
+
+def _parse(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _run_all_s(executed: Path) -> float:
@@ -91,8 +114,20 @@ def _run_all_s(executed: Path) -> float:
     ends = [t["shell.execute_reply"] for t in times if "shell.execute_reply" in t]
     if not starts or not ends:
         return float("nan")
-    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
-    return (max(map(parse, ends)) - min(map(parse, starts))).total_seconds()
+    return (max(map(_parse, ends)) - min(map(_parse, starts))).total_seconds()
+
+
+def _cell_times(executed: Path) -> tuple[tuple[int, float, str], ...]:
+    """Each code cell's time, from the kernel's receipt of it to its reply, with the cell's first line."""
+    code = [c for c in json.loads(executed.read_text())["cells"] if c["cell_type"] == "code"]
+    out = []
+    for i, c in enumerate(code):
+        t = c.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in t and "shell.execute_reply" in t:
+            first = next((line for line in "".join(c["source"]).splitlines() if line.strip()), "")
+            out.append((i, (_parse(t["shell.execute_reply"]) - _parse(t["iopub.execute_input"])).total_seconds(),
+                        first[:70]))
+    return tuple(out)
 
 
 def measure(notebook: Path, python: str = sys.executable, prefix: list[str] | None = None,
@@ -106,17 +141,20 @@ def measure(notebook: Path, python: str = sys.executable, prefix: list[str] | No
     proc = subprocess.Popen(cmd, cwd=notebook.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     peak_kernel = peak_all = 0
     kernel = None
+    cpu: dict[int, float] = {}
     while proc.poll() is None:
         kernel = kernel or kernel_pid(proc.pid)
         if kernel:
             peak_kernel = max(peak_kernel, tree_pss_bytes(kernel))
+            tree_cpu_s(kernel, cpu)
         peak_all = max(peak_all, tree_pss_bytes(proc.pid))
         time.sleep(0.05)
     wall = time.perf_counter() - started
     log = proc.stdout.read().decode(errors="replace")
     passed = proc.returncode == 0
     return Measurement(notebook.name, passed, wall, _run_all_s(out) if passed else float("nan"), peak_kernel,
-                       peak_all, "" if passed else log[-3000:])
+                       peak_all, "" if passed else log[-3000:], _cell_times(out) if passed else (),
+                       sum(cpu.values()))
 
 
 HEADER = f"{'notebook':<34}{'result':>8}{'Run All':>10}{'wall':>9}{'kernel + ranks':>16}{'everything':>12}"
@@ -140,12 +178,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path, default=MAIN_NOTEBOOKS)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--cells", action="store_true", help="print each code cell's time, slowest first")
     args = parser.parse_args()
     results = []
     print(HEADER, flush=True)
     for nb in args.notebooks:
         results.append(measure(nb.resolve(), args.python))
         print(row(results[-1]), flush=True)
+        if args.cells:
+            print(f"    CPU of kernel, template and ranks: {results[-1].cpu_s:.1f} s", flush=True)
+            for i, seconds, first in sorted(results[-1].cells, key=lambda c: -c[1]):
+                print(f"    cell {i:>3} {seconds:6.2f} s  {first}", flush=True)
     return finish(results)
 
 

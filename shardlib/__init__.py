@@ -14,14 +14,16 @@ package is organised by workload; imports point down only (a test walks them):
   planners (``plan_serving``, ``plan_training``), and layouts run on ranks.
 * ``ui``: figures, widgets, check-yourself questions, static export. ``exercises``: graders.
 
-The runtime's main names are importable from here: ``from shardlib import Ranks``. They load on first
-use, so ``import shardlib.models`` stays light.
+The runtime's main names are importable from here: ``from shardlib import Ranks``, and ``start_template``,
+which a notebook's first cell calls so that the ranks' template imports torch while the cells before the
+first pool run. They load on first use, so ``import shardlib.models`` stays light.
 """
 
 from ._lazy import exports
 
 __all__, __getattr__, __dir__ = exports("shardlib.runtime", {
     "ranks": ("Ranks",),
+    "launcher": ("start_template",),
     "errors": ("RankError", "RankTimeoutError"),
     "context": ("RankContext",),
     "records": ("CommRecord",),

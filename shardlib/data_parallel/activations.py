@@ -1,10 +1,12 @@
 """Activations measured on one process: the bytes each layer keeps for its backward, with and without
-recomputation (Chen et al. 2016; ``torch.utils.checkpoint``).
+recomputation (Chen et al. 2016; torch ships it as ``torch.utils.checkpoint``).
 
 ``measure_activations`` counts, per unit (``reference.parameter_units``), the bytes autograd saves
 while the unit's forward runs (``runtime.measure.SavedBytes``: weights left out, a tensor saved twice
 counted once), and how many unit forwards one step ran. A checkpointed unit keeps only its input,
-which ``torch.utils.checkpoint`` saves through the same hooks. Set beside ``predict.mlp_activation_bytes``.
+saved through the same hooks. ``Recompute`` is the recomputation written out, as the reentrant
+``torch.utils.checkpoint`` does it: torch's own function loads torch's compiler (``torch._dynamo``,
+seconds of imports) the first time it runs. Set beside ``predict.mlp_activation_bytes``.
 Torch, one process, no ranks.
 """
 
@@ -17,22 +19,46 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint as run_checkpointed
 
 from ..checks import flag, whole_number
 from ..runtime.measure import SavedBytes
 from .reference import global_mse, parameter_units
 
 
+class Recompute(torch.autograd.Function):
+    """Recomputation (Chen et al. 2016): the forward runs ``inner`` without autograd and saves only its
+    input; the backward runs ``inner`` again, with autograd, and backpropagates through that copy."""
+
+    @staticmethod
+    def forward(ctx, inner: nn.Module, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.inner = inner
+        ctx.save_for_backward(x)  # the one activation kept: the unit's input
+        with torch.no_grad():
+            return inner(x)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            h = x.detach().requires_grad_(x.requires_grad)
+            out = ctx.inner(h)  # the second forward: the activations exist again, briefly
+            seeded = (out * grad_out).sum()  # its gradient at ``out`` is grad_out itself, bit for bit
+        params = tuple(ctx.inner.parameters())
+        wanted = ((h,) if h.requires_grad else ()) + params
+        grads = torch.autograd.grad(seeded, wanted)
+        grad_x = grads[0] if h.requires_grad else None
+        return (None, grad_x) + tuple(grads[len(wanted) - len(params):])
+
+
 class Checkpointed(nn.Module):
-    """``inner`` run under ``torch.utils.checkpoint``: only its input is kept for the backward."""
+    """``inner`` run under ``Recompute``: only its input is kept for the backward."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return run_checkpointed(self.inner, x, use_reentrant=False)
+        return Recompute.apply(self.inner, x, *self.inner.parameters())
 
 
 @dataclass(frozen=True)

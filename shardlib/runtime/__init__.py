@@ -2,7 +2,8 @@
 
 * ``ranks``: ``Ranks``, the warm pool of rank processes a notebook starts once and calls many times.
 * ``errors``: ``RankError``, ``RankTimeoutError`` and ``PoolClosedError``, for a rank that fails or hangs.
-* ``launcher``: how a rank starts (forked from the ``template``, or spawned) and how many a machine allows.
+* ``launcher``: how a rank starts (forked from the ``template``, or spawned) and how many a machine allows;
+  ``start_template`` starts the template early, without waiting for it.
 * ``template``: the process that imports torch once and forks ranks from it on demand.
 * ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
 * ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
@@ -28,7 +29,7 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "ranks": ("Ranks",),
-    "launcher": ("max_world_size",),
+    "launcher": ("max_world_size", "start_template"),
     "errors": ("RankError", "RankTimeoutError", "PoolClosedError"),
     "context": ("RankContext", "RankGroup", "gpu_count", "prepare_device"),
     "devices": ("Placement", "place_ranks", "BACKENDS"),

@@ -97,9 +97,12 @@ class ForkedRank:
 
 
 class Template:
-    """This process's side of the template: start it, ask it for ranks, hear when they exit."""
+    """This process's side of the template: start it, ask it for ranks, hear when they exit.
 
-    def __init__(self, start_timeout_s: float) -> None:
+    Made in two steps: the constructor starts the process and returns at once (the template imports
+    torch meanwhile); ``wait_ready`` waits for it to say so. ``get_template`` does both."""
+
+    def __init__(self) -> None:
         self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-template-")
         parent_end, child_end = socket.socketpair()
         with open(os.path.join(self._logdir.name, "template.log"), "ab") as log:
@@ -113,17 +116,25 @@ class Template:
         self._codes: dict[int, int] = {}
         self._cond = threading.Condition()
         self._answers: queue.Queue = queue.Queue()
+        self.info: dict | None = None  # the template's ``ready`` message, once it came
         self.conn.send_bytes(pickle.dumps({"parent_pid": os.getpid(), "sys_path": _sys_path()}))
+
+    def wait_ready(self, start_timeout_s: float) -> None:
+        """Wait until the template has torch imported (at most ``start_timeout_s``); a ``RuntimeError``
+        saying why if it does not get there (it is closed then)."""
+        if self.info is not None:
+            return
         if not wait([self.conn], timeout=start_timeout_s):
             self.close()
             raise RuntimeError(f"the template did not start within {start_timeout_s:.0f} s")
         try:
-            status, self.info = pickle.loads(self.conn.recv_bytes())
+            status, info = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
-            status, self.info = "failed", self.log_tail()
+            status, info = "failed", self.log_tail()
         if status != "ready":
             self.close()
-            raise RuntimeError(f"the template failed to start:\n{self.info}")
+            raise RuntimeError(f"the template failed to start:\n{info}")
+        self.info = info
         threading.Thread(target=self._listen, name="shardlib-template", daemon=True).start()
 
     def _listen(self) -> None:
@@ -195,19 +206,44 @@ _TEMPLATE: Template | None = None
 _TEMPLATE_LOCK = threading.Lock()
 
 
+def _current() -> Template | None:
+    """This process's template, if one is started and alive (a forked child's inherited one is not its own)."""
+    if _TEMPLATE is not None and _TEMPLATE.alive() and _TEMPLATE.owner_pid == os.getpid():
+        return _TEMPLATE
+    return None
+
+
 def get_template(start_timeout_s: float) -> Template | None:
-    """This process's template, started on first use (and again if it died); ``None`` if it cannot
-    start, after a warning saying why."""
+    """This process's template, started on first use (and again if it died), ready to fork ranks; ``None``
+    if it cannot start, after a warning saying why."""
     global _TEMPLATE
     with _TEMPLATE_LOCK:
-        if _TEMPLATE is not None and _TEMPLATE.alive() and _TEMPLATE.owner_pid == os.getpid():
-            return _TEMPLATE
         try:
-            _TEMPLATE = Template(start_timeout_s)
+            template = _current() or Template()
+            _TEMPLATE = template
+            template.wait_ready(start_timeout_s)
         except (RuntimeError, OSError) as exc:
             warnings.warn(f"rank processes will start as fresh Pythons (slower): {exc}", RuntimeWarning, stacklevel=3)
             _TEMPLATE = None
         return _TEMPLATE
+
+
+def start_template() -> bool:
+    """Start this process's template now and return without waiting for it: the template imports torch
+    (seconds on a laptop) while this process goes on, and the first pool (``Ranks``) finds it ready
+    instead of starting it. A notebook calls it in its first cell. Does nothing where pools start ranks
+    as fresh Pythons (``resolve_method``), or a template is already started. Whether it started one."""
+    global _TEMPLATE
+    if resolve_method("auto") != "template":
+        return False
+    with _TEMPLATE_LOCK:
+        if _current() is not None:
+            return False
+        try:
+            _TEMPLATE = Template()
+        except OSError:  # the first pool tries again, and warns if it cannot
+            return False
+        return True
 
 
 @atexit.register

@@ -93,6 +93,11 @@ def main() -> int:
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
+    # torch.autograd imports this (and sympy with it: 0.6 s, 35 MB) the first time a backward is handed its
+    # output's gradient, as every pipeline stage and tensor-parallel backward is: imported once here, its
+    # pages are shared by every rank instead of copied into each.
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
     from . import worker  # noqa: F401
 
     gc.collect()

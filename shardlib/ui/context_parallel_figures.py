@@ -17,9 +17,11 @@ from plotly.subplots import make_subplots
 from ..context_parallel.placement import DIAGONAL, FUTURE, PLACEMENTS, block_kind, chunks_of_rank, chunks_per_rank
 from ..runtime.timeline import Span
 from .gantt import Bar, gantt_figure
+from .mime import mime_figure
 from .theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, colours
 
 
+@mime_figure
 def ring_steps_figure(world_size: int, placement: str = "contiguous", causal: bool = True) -> go.Figure:
     """A grid, ranks down and ring steps across: whose K/V each rank holds at each step, and how much
     of it it computes (whole, diagonal only, or nothing: the block is in its queries' future)."""
@@ -45,6 +47,7 @@ def ring_steps_figure(world_size: int, placement: str = "contiguous", causal: bo
     return fig
 
 
+@mime_figure
 def block_owner_figure(world_size: int) -> go.Figure:
     """The causal attention matrix cut into ``2 x world_size`` chunks each way, each block coloured by the
     rank that computes it (blank: skipped, in the future), contiguous placement and zigzag side by side."""
@@ -73,6 +76,7 @@ def block_owner_figure(world_size: int) -> go.Figure:
     return fig
 
 
+@mime_figure
 def balance_figure(compute_s: Mapping[str, Sequence[float]], predicted_scores: Mapping[str, Sequence[int]],
                    timing_note: str = "CPU time of each rank's compute, median of the passes") -> go.Figure:
     """Per-rank compute measured (bars, ms) in each placement, and (diamonds) the measured total split
@@ -91,6 +95,7 @@ def balance_figure(compute_s: Mapping[str, Sequence[float]], predicted_scores: M
     return fig
 
 
+@mime_figure
 def ring_timeline_figure(spans: Sequence[Span], title: str) -> go.Figure:
     """A ring pass on three rows per rank: its compute (with the time it spent blocked in ``wait`` in
     grey), its sends and its receives (each from the issue until the rank confirmed it in ``wait``,
@@ -114,6 +119,7 @@ def ring_timeline_figure(spans: Sequence[Span], title: str) -> go.Figure:
     return gantt_figure(bars, rows, title)
 
 
+@mime_figure
 def method_bytes_figure(predicted: Mapping[str, Sequence[float]], world_sizes: Sequence[int],
                         measured: Mapping[str, Mapping[int, float]] | None = None,
                         title: str = "Bytes each rank sends per attention call") -> go.Figure:
@@ -132,6 +138,7 @@ def method_bytes_figure(predicted: Mapping[str, Sequence[float]], world_sizes: S
     return fig
 
 
+@mime_figure
 def memory_figure(seqs: Sequence[int], per_layout: Mapping[str, Sequence[float]], memory_bytes: float | None = None,
                   memory_label: str = "", title: str = "Memory per device against sequence length",
                   highlight: float | None = None) -> go.Figure:
@@ -151,6 +158,7 @@ def memory_figure(seqs: Sequence[int], per_layout: Mapping[str, Sequence[float]]
     return fig
 
 
+@mime_figure
 def attention_memory_figure(parts: Mapping[str, Mapping[str, float]], title: str = "What one rank holds") -> go.Figure:
     """Stacked bars, one per way of running (``parts[label][part]`` bytes), in MiB."""
     names = list(dict.fromkeys(name for p in parts.values() for name in p))

@@ -17,6 +17,7 @@ from ..costs.alpha_beta import collective_time_s, crossover_bytes
 from ..hardware import Link
 from ..serving.cost import PhaseCost
 from .gantt import titled
+from .mime import mime_figure
 from .theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
 
 GPU_MODEL = ("model: alpha-beta with each link's published bandwidth and an order-of-magnitude latency, "
@@ -36,6 +37,7 @@ def _log_x_marker(fig: go.Figure, x: float, text: str, y_paper: float = 1.0) -> 
                        xanchor="left", yanchor="bottom", font={"size": 11, "color": LABEL_GREY})
 
 
+@mime_figure
 def calibration_figure(samples: Sequence, link: Link, latency_charge: str = "per_step",
                        title: str = "Measured on this machine, with the fitted line", where: str = "") -> go.Figure:
     """Measured time against message size for each operation of a calibration (dots), the fitted link's
@@ -61,6 +63,7 @@ def calibration_figure(samples: Sequence, link: Link, latency_charge: str = "per
     return fig
 
 
+@mime_figure
 def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int = 8,
                            marks: Mapping[str, float] | None = None, latency_charge: str = "per_step",
                            lo_bytes: float = 64, hi_bytes: float = 2 ** 30, where: str = GPU_MODEL) -> go.Figure:
@@ -88,6 +91,7 @@ def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int
     return fig
 
 
+@mime_figure
 def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel communication per forward pass",
                       where: str = GPU_MODEL) -> go.Figure:
     """Stacked bars, one per ``PhaseCost``: the latency part and the bandwidth part, in milliseconds;
@@ -103,6 +107,7 @@ def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel 
     return fig
 
 
+@mime_figure
 def slow_rank_figure(collective_s: Sequence[Mapping[str, float]], slow_rank: int,
                      delay_s: float, where: str = "") -> go.Figure:
     """Grouped bars: the time each rank spent inside each collective (``collective_s[rank][op]``, seconds),
@@ -118,6 +123,7 @@ def slow_rank_figure(collective_s: Sequence[Mapping[str, float]], slow_rank: int
     return fig
 
 
+@mime_figure
 def replicas_vs_tp_figure(result, where: str = "") -> go.Figure:
     """Two panels for a ``costs.ReplicasVsTPRun``: latency per token (the step) and tokens per second per
     device, of replicas and of one tensor-parallel copy, measured (``where``: on which ranks) beside predicted."""
@@ -137,6 +143,7 @@ def replicas_vs_tp_figure(result, where: str = "") -> go.Figure:
     return fig
 
 
+@mime_figure
 def latency_throughput_figure(curves: Mapping[str, Sequence], where: str = PLANNER_MODEL) -> go.Figure:
     """One line per entry of ``curves`` (label -> ``plan.ServingPoint`` s from ``latency_vs_throughput``):
     each serving option's latency per token for a lone request (x) against its tokens per second per GPU

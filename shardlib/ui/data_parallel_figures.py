@@ -10,12 +10,14 @@ import plotly.graph_objects as go
 from ..data_parallel.flat import STRATEGY_TITLES
 from ..runtime.timeline import Span, shift_to_zero
 from .gantt import Bar, gantt_figure
+from .mime import mime_figure
 from .theme import BLUE, GREEN, GREY, LIGHT_BLUE, OP_COLOURS, ORANGE, PURPLE, RED, TEAL, WAIT_COLOUR
 
 PART_COLOURS = {"params": BLUE, "grads": ORANGE, "optimizer": GREEN, "activations": PURPLE}
 PHASE_COLOURS = {"forward": BLUE, "backward": LIGHT_BLUE, "optimizer": GREEN}
 
 
+@mime_figure
 def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]],
                            predicted: Mapping[str, Mapping[str, float]] | None = None,
                            title: str = "What one rank keeps between steps", unit: str = "KiB") -> go.Figure:
@@ -39,6 +41,7 @@ def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]],
     return fig
 
 
+@mime_figure
 def step_bytes_figure(measured: Mapping[str, Mapping[str, float]], predicted: Mapping[str, float] | None = None,
                       title: str = "Bytes one rank sends per step, by collective") -> go.Figure:
     """Stacked bars per strategy: wire bytes per op (``{strategy: {op: bytes}}``, measured), with a marker
@@ -60,6 +63,7 @@ def step_bytes_figure(measured: Mapping[str, Mapping[str, float]], predicted: Ma
     return fig
 
 
+@mime_figure
 def zero_table_figure(rows: Sequence[Mapping], gpu_memory_bytes: Mapping[str, float] | None = None,
                       title: str = "Memory per GPU for mixed-precision Adam, (2 + 2 + 12) bytes per parameter",
                       ) -> go.Figure:
@@ -79,6 +83,7 @@ def zero_table_figure(rows: Sequence[Mapping], gpu_memory_bytes: Mapping[str, fl
     return fig
 
 
+@mime_figure
 def overlap_timeline_figure(spans: Sequence[Span], step: int, title: str) -> go.Figure:
     """One training step on every rank: a compute row (forward, backward, optimizer, and grey where the
     rank blocked in ``wait()``) above a communication row (each collective from issue to completion).
@@ -103,6 +108,7 @@ def overlap_timeline_figure(spans: Sequence[Span], step: int, title: str) -> go.
     return gantt_figure(bars, rows, title)
 
 
+@mime_figure
 def activation_figure(measurements: Mapping[str, Sequence[int]], unit_names: Sequence[str],
                       predicted: Mapping[str, Sequence[int]] | None = None,
                       title: str = "Bytes each layer keeps for its backward") -> go.Figure:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from .gantt import row_axis, titled
-from .pipeline_figures import _MimeFigure
+from .mime import mime_figure
 from .theme import colour
 
 
+@mime_figure
 def token_timeline_figure(requests, token_times_s: dict, title: str = "Each request: waiting, then its tokens",
                           where: str = "", limit: int = 16) -> go.Figure:
     """Rows: the first ``limit`` requests by arrival; x: milliseconds after the first arrival."""
@@ -41,10 +42,10 @@ def token_timeline_figure(requests, token_times_s: dict, title: str = "Each requ
                       yaxis=row_axis(rows), height=140 + 24 * len(rows),
                       margin={"l": 90, "r": 20, "t": 70 if where else 50, "b": 40},
                       legend={"orientation": "h", "y": -0.15 if len(rows) > 6 else -0.4})
-    fig.__class__ = _MimeFigure  # shown without loading plotly's renderers (slow to import)
     return fig
 
 
+@mime_figure
 def kv_use_figure(paged: float, contiguous: float, paper: tuple[float, float], where: str = "") -> go.Figure:
     """Bars: the share of KV slots holding real tokens, paged and reserved, beside the paper's range."""
     names = ["paged blocks (this run)", "each request reserves the context", "earlier systems (vLLM paper)"]
@@ -54,5 +55,4 @@ def kv_use_figure(paged: float, contiguous: float, paper: tuple[float, float], w
                            hovertemplate="%{x}: %{y:.1f} %<extra></extra>"))
     fig.update_layout(title=titled("KV memory holding real tokens", where), yaxis_title="% of the slots in use",
                       yaxis_range=[0, 105], height=340, margin={"l": 60, "r": 20, "t": 70 if where else 50, "b": 40})
-    fig.__class__ = _MimeFigure
     return fig

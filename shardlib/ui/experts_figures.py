@@ -11,6 +11,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
+from .mime import mime_figure
 from .theme import BLUE, DARK_GREY, GREY, LIGHT_BLUE, RED, colour
 
 STAGES = (
@@ -22,6 +23,7 @@ STAGES = (
 )
 
 
+@mime_figure
 def walkthrough_figure(home_rank: Sequence[int], experts: Sequence[Sequence[int]], gates: Sequence[Sequence[float]],
                        owner: Sequence[int]) -> go.Figure:
     """The MoE layer as a five-step animation (press play, or drag the slider).
@@ -161,6 +163,7 @@ def walkthrough_figure(home_rank: Sequence[int], experts: Sequence[Sequence[int]
     return fig
 
 
+@mime_figure
 def send_matrix_figure(send_matrix: Sequence[Sequence[int]],
                        title: str = "All-to-all dispatch: token rows from rank i to rank j") -> go.Figure:
     """A heatmap of rows sent from each rank (row) to each rank (column), the count in each cell."""
@@ -177,6 +180,7 @@ def send_matrix_figure(send_matrix: Sequence[Sequence[int]],
     return fig
 
 
+@mime_figure
 def expert_load_figure(counts: Sequence[int], owner: Sequence[int], capacity_total: int | None = None,
                        title: str = "Token-slots each expert serves") -> go.Figure:
     """Bars of each expert's load, coloured by the rank that holds it, with the even share (mean) and,
@@ -197,6 +201,7 @@ def expert_load_figure(counts: Sequence[int], owner: Sequence[int], capacity_tot
     return fig
 
 
+@mime_figure
 def rank_time_figure(expert_s: Sequence[float], forward_s: Sequence[float], step_s: float,
                      expert_cpu_s: Sequence[float] | None = None,
                      title: str = "Measured time on each rank") -> go.Figure:
@@ -223,6 +228,7 @@ def rank_time_figure(expert_s: Sequence[float], forward_s: Sequence[float], step
     return fig
 
 
+@mime_figure
 def mitigation_sweep_figure(skews: Sequence[float], series: dict[str, Sequence[float]], y_title: str,
                             title: str) -> go.Figure:
     """One line per series (for example per mitigation) against the skew knob."""

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
+from .mime import mime_figure
+
 
 @dataclass(frozen=True)
 class Bar:
@@ -60,6 +62,7 @@ def row_axis(rows: Sequence[str]) -> dict:
     return {"categoryorder": "array", "categoryarray": list(reversed(list(rows)))}
 
 
+@mime_figure
 def gantt_figure(bars: Sequence[Bar], rows: Sequence[str], title: str, x_title: str = "time (ms)",
                  extra_traces: Sequence = (), where: str = "") -> go.Figure:
     """A Gantt chart of ``bars`` with one row per entry of ``rows`` (top to bottom); ``where`` (``titled``)

@@ -6,9 +6,11 @@ from typing import Mapping
 
 import plotly.graph_objects as go
 
+from .mime import mime_figure
 from .theme import GREEN, PURPLE, RED, colour
 
 
+@mime_figure
 def weights_vs_memory_figure(weight_bytes: Mapping[str, float], gpu_memory_bytes: Mapping[str, float],
                              title: str = "Weights alone, against one GPU's memory") -> go.Figure:
     """Bars of each model's weight bytes (GB) with a dashed line per GPU memory size; GPUs of the same

@@ -8,9 +8,6 @@ each other. Pure: no torch, no processes.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -21,6 +18,7 @@ from ..pipeline.predict import compute_spans, pipeline_bubble_fraction, pipeline
 from ..pipeline.schedules import Schedule, TimedAction, simulate
 from ..runtime.timeline import Span
 from .gantt import Bar, bar_traces, row_axis
+from .mime import mime_figure
 from .theme import WAIT_COLOUR, colour
 
 # legend entry and hatching of each op
@@ -60,6 +58,7 @@ def measured_traces(spans: Sequence[Span], origin_s: float, show_waits: bool = T
     return bar_traces(waits, show_legend, width=0.25) + bar_traces(bars, show_legend)
 
 
+@mime_figure
 def schedule_figure(schedule: Schedule, forward_s=1, backward_s=1, title: str | None = None) -> go.Figure:
     """The schedule's Gantt chart, as ``simulate`` times it. With the default durations (1 and 1) the
     x axis counts slots; give seconds and it is in milliseconds."""
@@ -73,6 +72,7 @@ def schedule_figure(schedule: Schedule, forward_s=1, backward_s=1, title: str | 
     return fig
 
 
+@mime_figure
 def measured_figure(spans: Sequence[Span], n_stages: int, title: str, show_waits: bool = True) -> go.Figure:
     """What each rank did in a real pipeline step: its forwards and backwards (and, thin and grey, the
     time it spent waiting for a message), time from the first compute span, in ms."""
@@ -86,6 +86,7 @@ def measured_figure(spans: Sequence[Span], n_stages: int, title: str, show_waits
     return fig
 
 
+@mime_figure
 def predicted_vs_measured_figure(schedule: Schedule, spans: Sequence[Span], forward_s, backward_s,
                                  timing_note: str, measured_idle: float | None = None, where: str = "") -> go.Figure:
     """The schedule's prediction (top, a model) and the real run (bottom), on one time axis in ms.
@@ -117,6 +118,7 @@ def predicted_vs_measured_figure(schedule: Schedule, spans: Sequence[Span], forw
     return fig
 
 
+@mime_figure
 def bubble_curve_figure(n_stages: Sequence[int] = (2, 4, 8), max_microbatches: int = 32,
                         measured: Mapping[int, Mapping[int, float]] | None = None,
                         highlight: tuple[int, int] | None = None, timing_note: str = "") -> go.Figure:
@@ -151,6 +153,7 @@ def bubble_curve_figure(n_stages: Sequence[int] = (2, 4, 8), max_microbatches: i
     return fig
 
 
+@mime_figure
 def in_flight_figure(peaks: Mapping[str, Sequence[int]], activation_bytes: Mapping[str, Sequence[int]] | None = None,
                      title: str = "Microbatches in flight per stage (measured)") -> go.Figure:
     """Grouped bars: peak microbatches in flight on each stage, one group per schedule. With
@@ -170,6 +173,7 @@ def in_flight_figure(peaks: Mapping[str, Sequence[int]], activation_bytes: Mappi
     return fig
 
 
+@mime_figure
 def step_through_figure(schedule: Schedule, title: str | None = None) -> go.Figure:
     """The schedule played slot by slot (every forward or backward one slot): press play, or drag the
     slider, and watch microbatches enter stage 0, move down the stages and (training) come back up;
@@ -222,29 +226,7 @@ def _bar(stage: int, start_ms: float, end_ms: float, label: str, op: str, microb
     return Bar(f"stage {stage}", start_ms, end_ms, label, group, colour(microbatch), pattern)
 
 
-_OWN_RENDERERS = ("PLOTLY_RENDERER", "COLAB_NOTEBOOK_ID", "AZURE_NOTEBOOKS_HOST", "VSCODE_PID", "NTERACT_EXE",
-                  "COCALC_PROJECT_ID", "DATABRICKS_RUNTIME_VERSION")  # where plotly picks a renderer of its own
-
-
-class _MimeFigure(go.Figure):
-    """A figure that, in a plain Jupyter kernel where no plotly renderer was chosen, sends the very bundle
-    plotly's default there (``plotly_mimetype``) sends, without loading ``plotly.io``'s renderers: they
-    import nbformat and jsonschema, which cost this suite's first figure 1 to 10 s. Anywhere else, plotly."""
-
-    def _ipython_display_(self) -> None:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        shell = get_ipython()
-        plain = (shell is not None and type(shell).__module__.startswith("ipykernel.")
-                 and "plotly.io._renderers" not in sys.modules and not any(k in os.environ for k in _OWN_RENDERERS)
-                 and not os.path.exists("/kaggle/input"))
-        if not plain:
-            return super()._ipython_display_()
-        bundle = json.loads(self.to_json(validate=False, remove_uids=False))
-        display({"application/vnd.plotly.v1+json": bundle, "text/plain": f"<{self.layout.title.text}>"}, raw=True)
-
-
+@mime_figure
 def split_gantt_figure(schedule: Schedule, spans: Sequence[Span], costs: OpCosts, title: str,
                        measured_idle: float | None = None) -> go.Figure:
     """``schedule`` timed by ``simulate`` with ``costs`` (one action's F, B, W, seconds) on top, the real
@@ -274,5 +256,4 @@ def split_gantt_figure(schedule: Schedule, spans: Sequence[Span], costs: OpCosts
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
     fig.update_layout(title=title, barmode="overlay", bargap=0.15, height=220 + 90 * schedule.n_stages,
                       margin={"l": 70, "r": 20, "t": 80, "b": 40}, title_font_size=13)
-    fig.__class__ = _MimeFigure  # the same figure, shown without loading plotly's renderers (see _MimeFigure)
     return fig

@@ -9,9 +9,11 @@ import plotly.graph_objects as go
 
 from ..runtime.timeline import Span, shift_to_zero
 from .gantt import Bar, gantt_figure, titled
+from .mime import mime_figure
 from .theme import KIND_COLOURS, TEAL
 
 
+@mime_figure
 def timeline_figure(spans: Sequence[Span], origin_s: float | None = None,
                     title: str = "What each rank did", where: str = "") -> go.Figure:
     """A Gantt chart: one row per rank, one bar per span, coloured by kind, time in milliseconds.
@@ -27,6 +29,7 @@ def timeline_figure(spans: Sequence[Span], origin_s: float | None = None,
     return gantt_figure(bars, [f"rank {r}" for r in sorted({s.rank for s in spans})], title, where=where)
 
 
+@mime_figure
 def measured_points_figure(x: Sequence[float], y: Sequence[float], x_title: str, y_title: str, title: str,
                            log_x: bool = True, where: str = "") -> go.Figure:
     """A scatter of measured points (for example all-reduce time against message size), ``where`` they

@@ -6,9 +6,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..serving.planner import Plan
+from .mime import mime_figure
 from .theme import BLUE, ORANGE
 
 
+@mime_figure
 def plan_figure(p: Plan, top: int = 10) -> go.Figure:
     """Decode throughput (tokens/s, whole cluster) and decode latency (ms per token) of the best
     ``top`` feasible layouts, best first; batch, memory and idle share in the hover text."""

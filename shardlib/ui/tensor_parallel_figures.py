@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from .mime import mime_figure
 from .theme import BLUE, ORANGE, colour, colours
 
 
@@ -13,6 +14,7 @@ def _owner_scale(n: int) -> list:
     return [[k / (n - 1), c] for k, c in enumerate(colours(n))] if n > 1 else [[0, colour(0)], [1, colour(0)]]
 
 
+@mime_figure
 def shard_layout_figure(tp: int, d_in: int, d_hidden: int, d_out: int) -> go.Figure:
     """Which rank holds which part of a column-then-row pair: ``W1 (d_hidden, d_in)`` cut by output
     rows (column parallel), ``W2 (d_out, d_hidden)`` cut by input columns (row parallel)."""
@@ -36,6 +38,7 @@ def shard_layout_figure(tp: int, d_in: int, d_hidden: int, d_out: int) -> go.Fig
     return fig
 
 
+@mime_figure
 def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.Figure:
     """One ``nn.Linear`` weight, stored ``(out_features, in_features)``, cut both ways the code cuts it:
     each cell is coloured by the shard that holds it, as ``shard_columns`` and ``shard_rows`` return it.
@@ -75,6 +78,7 @@ def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.
     return fig
 
 
+@mime_figure
 def kv_cache_per_gpu_figure(model_name: str, n_kv_heads: int, degrees, cache_bytes, weight_bytes) -> go.Figure:
     """One sequence's KV cache and the weights per GPU against ``tp`` (log-log): the weights keep halving,
     the cache flattens once ``tp`` passes the ``n_kv_heads`` KV heads (each then copied). Shape arithmetic."""

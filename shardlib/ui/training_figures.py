@@ -12,12 +12,14 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from .mime import mime_figure
 from .theme import DARK_GREY, GUIDE_GREY, colour
 
 LEDGER_TERMS = ("weights", "gradients", "optimizer", "activations", "transient")
 AXES = ("tp", "cp", "pp", "dp", "dp-cp")
 
 
+@mime_figure
 def loss_figure(losses: Mapping[str, Sequence[float]], reference: Mapping[str, Sequence[float]],
                 floor_nats: float | None = None, start_nats: float | None = None) -> go.Figure:
     """Each layout's loss per step (markers) over its one-process reference (lines, one per global batch)."""
@@ -37,6 +39,7 @@ def loss_figure(losses: Mapping[str, Sequence[float]], reference: Mapping[str, S
     return fig
 
 
+@mime_figure
 def ledger_figure(measured: Sequence[Mapping[str, int]], predicted: Sequence[Mapping[str, int]],
                   labels: Sequence[str], title: str) -> go.Figure:
     """Per rank, each ledger term measured (stacked bars) with the predicted total of each term marked."""
@@ -54,6 +57,7 @@ def ledger_figure(measured: Sequence[Mapping[str, int]], predicted: Sequence[Map
     return fig
 
 
+@mime_figure
 def traffic_figure(bytes_by_layout: Mapping[str, Mapping[str, float]], title: str) -> go.Figure:
     """Wire bytes one rank sends in a step, per mesh axis, for each layout (grouped bars)."""
     fig = go.Figure()
@@ -65,6 +69,7 @@ def traffic_figure(bytes_by_layout: Mapping[str, Mapping[str, float]], title: st
     return fig
 
 
+@mime_figure
 def step_time_figure(predicted_s: Mapping[str, float], measured_s: Mapping[str, float], title: str) -> go.Figure:
     """Measured against predicted step time per layout, with the diagonal where they agree and 2x bands."""
     names = list(predicted_s)

@@ -201,6 +201,22 @@ def test_checkpointing_leaves_the_gradients_unchanged():
     for m in (model, checkpointed):
         global_mse(m(x), y, y.numel()).backward()
     assert torch.allclose(model[0].up.weight.grad, checkpointed[0].inner.up.weight.grad, atol=1e-7)
+    # the recomputation runs the same operations on the same numbers: every gradient, bit for bit
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), checkpointed.parameters()))
+
+
+def test_recomputation_does_not_load_torchs_compiler():
+    """``torch.utils.checkpoint`` imports ``torch._dynamo`` (seconds) at its first call; ``Recompute`` does not."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from shardlib.data_parallel import measure_activations, toy_batches, toy_model; "
+            "x, y = toy_batches(1, 8, 8, 3)[0]; "
+            "m = measure_activations(toy_model(8, 16, 2, 3), x, y, checkpoint=True, repeats=1); "
+            "print(m.unit_forwards, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["6", "False"]
 
 
 def test_the_meter_counts_until_a_tensor_is_freed():

@@ -204,6 +204,36 @@ def test_the_template_forks_from_a_single_thread_and_a_killed_template_is_replac
     assert "AFTER [0, 1] True" in out.stdout  # the pool came back on a new template
 
 
+def test_a_template_started_early_serves_the_first_pool(tmp_path):
+    """``start_template`` returns before the template is ready; the first pool waits for that one and forks
+    its ranks from it. Run in a process of its own, which has no template yet."""
+    script = tmp_path / "early.py"
+    script.write_text(textwrap.dedent("""
+        from shardlib import Ranks, start_template
+        from shardlib.runtime import launcher
+
+        print("STARTED", start_template(), start_template())  # one template per process
+        template = launcher._TEMPLATE
+        print("PENDING", template.info is None)
+        with Ranks(2) as ranks:
+            print("FORKED", set(ranks.parent_pids) == {template.pid}, ranks.run(lambda ctx: ctx.rank))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                         env=dict(os.environ, SHARDLIB_START="template"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "STARTED True False" in out.stdout and "FORKED True [0, 1]" in out.stdout, out.stdout
+
+
+def test_start_template_does_nothing_where_ranks_are_spawned(tmp_path):
+    script = tmp_path / "spawned.py"
+    script.write_text("from shardlib import start_template\nfrom shardlib.runtime import launcher\n"
+                      "print(start_template(), launcher._TEMPLATE)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env=dict(os.environ, SHARDLIB_START="spawn"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "None"]
+
+
 def test_two_kernels_never_share_a_template(tmp_path):
     script = tmp_path / "kernel.py"
     script.write_text("from shardlib import Ranks\nr = Ranks(2)\nprint(r.parent_pids[0])\nr.close()\n")
