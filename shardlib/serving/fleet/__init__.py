@@ -1,0 +1,22 @@
+"""Serving at scale, past one engine: replicas behind a router.
+
+* ``router``: the routing policies (``ROUTERS``: round robin, least loaded, prefix-aware with a balance
+  threshold), ``ReplicaLoad``, ``make_router``, ``route_trace`` (a pure replay).
+"""
+
+from ..._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "router": (
+        "ReplicaLoad",
+        "Router",
+        "RoundRobinRouter",
+        "LeastLoadedRouter",
+        "PrefixAwareRouter",
+        "PrefixTree",
+        "ROUTERS",
+        "make_router",
+        "route_trace",
+        "prompt_block_hashes",
+    ),
+})
