@@ -2,6 +2,8 @@
 
 * ``router``: the routing policies (``ROUTERS``: round robin, least loaded, prefix-aware with a balance
   threshold), ``ReplicaLoad``, ``make_router``, ``route_trace`` (a pure replay).
+* ``replicas``: ``replicas_on_rank``, replicas of the engine on ranks, the router co-hosted on rank 0.
+* ``replica_drivers``: ``run_replicas`` -> ``ReplicaRun`` (the engine's result plus ``replica_of``).
 """
 
 from ..._lazy import exports
@@ -18,5 +20,14 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "make_router",
         "route_trace",
         "prompt_block_hashes",
+    ),
+    "replicas": (
+        "replicas_on_rank",
+        "ReplicaRankResult",
+    ),
+    "replica_drivers": (
+        "run_replicas",
+        "ReplicaRun",
+        "check_replicas",
     ),
 })

@@ -197,7 +197,6 @@ class PrefixAwareRouter(Router):
         self.balance_threshold, self.balance_rel_threshold = balance_threshold, balance_rel_threshold
         self.cache_threshold = cache_threshold
         self.trees = [PrefixTree(max_tree_blocks) for _ in range(replicas)]
-        self.balanced_routes = 0  # decisions the threshold took from the prefix match
 
     def imbalanced(self, loads: Sequence[ReplicaLoad]) -> bool:
         """SGLang's test: most minus least queued above the threshold, and most above rel x least."""
