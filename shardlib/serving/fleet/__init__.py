@@ -4,7 +4,9 @@
   threshold), ``ReplicaLoad``, ``make_router``, ``route_trace`` (a pure replay).
 * ``traces``: ``hot_prefix_trace``, most requests under one system prompt, the rest unrelated.
 * ``replicas``: ``replicas_on_rank``, replicas of the engine on ranks, the router co-hosted on rank 0.
-* ``replica_drivers``: ``run_replicas`` -> ``ReplicaRun`` (the engine's result plus ``replica_of``).
+* ``fleet_predict``: ``simulate_replicas``, the routing replayed and each replica on the fitted step cost.
+* ``replica_drivers``: ``run_replicas`` -> ``ReplicaRun`` (the engine's result plus ``replica_of``);
+  ``run_router_check`` (policies predicted, then served, one verdict per claim).
 """
 
 from ..._lazy import exports
@@ -29,9 +31,15 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "replicas_on_rank",
         "ReplicaRankResult",
     ),
+    "fleet_predict": (
+        "simulate_replicas",
+        "PredictedReplicas",
+    ),
     "replica_drivers": (
         "run_replicas",
         "ReplicaRun",
         "check_replicas",
+        "run_router_check",
+        "RouterCheck",
     ),
 })
