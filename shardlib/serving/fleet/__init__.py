@@ -1,0 +1,40 @@
+"""Serving at scale, past one engine: a replica's cold start, and the KV hand-off's bytes for real models.
+
+* ``cold_start``: a replica's start measured (process, weights read from a checkpoint file, first step) and
+  predicted (``run_cold_start_check``); ``burst_at_scale``, what a burst waits for a real model's new replica.
+* ``presets``: for real models (``shardlib.models``), KV bytes per request and the link a request rate needs
+  between a prefill pool and a decode pool (``handoff_need``, ``handoff_table``).
+"""
+
+from ..._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "cold_start": (
+        "run_cold_start_check",
+        "ColdStart",
+        "ReplicaStart",
+        "cold_start_on_rank",
+        "save_checkpoint",
+        "load_checkpoint",
+        "write_cold_start_files",
+        "COLD_START_MODEL",
+        "Storage",
+        "STORAGE",
+        "NVME_GEN4",
+        "NETWORK_BLOCK",
+        "OBJECT_STORE_100G",
+        "BurstWait",
+        "burst_at_scale",
+        "warm_replicas_needed",
+    ),
+    "presets": (
+        "REAL_MODELS",
+        "HANDOFF_LINKS",
+        "kv_heads_on_rank",
+        "kv_bytes_on_rank",
+        "model_kv_bytes_per_request",
+        "HandoffNeed",
+        "handoff_need",
+        "handoff_table",
+    ),
+})
