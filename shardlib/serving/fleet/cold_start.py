@@ -15,8 +15,8 @@ parts account for the whole start (nothing else hides in it). Here the rank is f
 that has torch imported; a real replica starts a fresh interpreter, imports torch, initialises CUDA and
 NCCL and often compiles graphs: seconds to minutes, which ``burst_at_scale`` takes as given.
 
-``burst_at_scale`` (pure) is what it means for a real model: its weights (``shardlib.models``, e.g. Llama 3
-70B in bf16) read at a stated storage bandwidth (``STORAGE``, each figure with its source), how long a
+``burst_at_scale`` (arithmetic alone) is what it means for a real model: its weights (``shardlib.models``,
+e.g. Llama 3 70B in bf16) read at a stated storage bandwidth (``STORAGE``, each figure with its source), how long a
 burst of requests waits for a new replica, and how many replicas must be warm to serve it without waiting.
 """
 
