@@ -175,7 +175,8 @@ def test_the_pure_modules_say_so_and_the_ones_without_torch_say_that_too():
     layers = {m: layer_of(m, files) for m in files}
     no_torch = {m for m in files if layers[m] == "pure" and says_no_torch(files[m])}
     assert {"shardlib.models", "shardlib.checks", "shardlib.costs.alpha_beta", "shardlib.serving.cost",
-            "shardlib.serving.planner", "shardlib.training.time_model", "shardlib.runtime.records"} <= no_torch
+            "shardlib.serving.planner", "shardlib.training.time_model", "shardlib.runtime.records",
+            "shardlib.serving.fleet.router"} <= no_torch
     assert {"shardlib.toy", "shardlib.runtime.measure", "shardlib.training.toy_prediction"} <= {
         m for m in files if layers[m] == "pure"} - no_torch  # pure, with torch
     assert layers["shardlib.runtime.comm"] == "runtime" and layers["shardlib.runtime.ranks"] == "runtime"

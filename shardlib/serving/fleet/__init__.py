@@ -1,5 +1,8 @@
-"""Serving at scale, past one engine: a replica's cold start, and the KV hand-off's bytes for real models.
+"""Serving at scale, past one engine: replicas behind a router, a replica's cold start, and the KV
+hand-off's bytes for real models.
 
+* ``router``: the routing policies (``ROUTERS``: round robin, least loaded, prefix-aware with a balance
+  threshold), ``ReplicaLoad``, ``make_router``, ``route_trace`` (a pure replay).
 * ``cold_start``: a replica's start measured (process, weights read from a checkpoint file, first step) and
   predicted (``run_cold_start_check``); ``burst_at_scale``, what a burst waits for a real model's new replica.
 * ``presets``: for real models (``shardlib.models``), KV bytes per request and the link a request rate needs
@@ -9,6 +12,18 @@
 from ..._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
+    "router": (
+        "ReplicaLoad",
+        "Router",
+        "RoundRobinRouter",
+        "LeastLoadedRouter",
+        "PrefixAwareRouter",
+        "PrefixTree",
+        "ROUTERS",
+        "make_router",
+        "route_trace",
+        "prompt_block_hashes",
+    ),
     "cold_start": (
         "run_cold_start_check",
         "ColdStart",
