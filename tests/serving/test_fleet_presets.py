@@ -10,9 +10,9 @@ from shardlib.serving.fleet.presets import (
     HandoffNeed,
     handoff_need,
     handoff_table,
-    kv_bytes_on_rank,
-    kv_heads_on_rank,
     model_kv_bytes_per_request,
+    rank_kv_bytes,
+    rank_kv_heads,
 )
 
 
@@ -35,10 +35,10 @@ def test_llama_3_8b_and_mixtral_share_a_shape_of_attention():
 def test_one_formula_for_the_presets_and_the_toy_llama():
     toy = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
     for tp in (1, 2, 4):
-        assert kv_bytes_on_rank(toy.n_layers, toy.n_kv_heads, toy.head_dim, 8, 10, tp) == \
+        assert rank_kv_bytes(toy.n_layers, toy.n_kv_heads, toy.head_dim, 8, 10, tp) == \
             toy.kv_bytes_per_token(8, tp) * 10
     assert model_kv_bytes_per_request(TOY, 5) == TOY.kv_bytes_per_token() * 5
-    assert [kv_heads_on_rank(8, tp) for tp in (1, 2, 8, 16)] == [8, 4, 1, 1]
+    assert [rank_kv_heads(8, tp) for tp in (1, 2, 8, 16)] == [8, 4, 1, 1]
 
 
 def test_the_link_a_rate_needs():

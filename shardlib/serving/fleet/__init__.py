@@ -45,8 +45,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "presets": (
         "REAL_MODELS",
         "HANDOFF_LINKS",
-        "kv_heads_on_rank",
-        "kv_bytes_on_rank",
+        "rank_kv_heads",
+        "rank_kv_bytes",
         "model_kv_bytes_per_request",
         "HandoffNeed",
         "handoff_need",

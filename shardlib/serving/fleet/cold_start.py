@@ -1,23 +1,15 @@
 """A replica's cold start: the process started, the weights read from a checkpoint, the first engine step.
 
-A new replica is no use until three things are done, one after the other: its process is up (here a pool
-of one rank, the engine's code imported), its weights are read from a checkpoint file into memory, and it
-has run its first engine step (the model built, one prompt's prefill, one token out). The prediction:
-
-    cold start = process start + checkpoint bytes / load bandwidth + first step
-
-``run_cold_start_check`` measures all three on this machine. The load bandwidth is calibrated on the
-same rank by reading a *different* file of known size; both files were just written, so both reads come
-from the page cache: the figure is a memory copy through the kernel (page faults included), not a disk.
-The start and the first step in the prediction are this replica's own, measured; only the load is
-predicted. So the load's verdict tests the bandwidth model, and the total's verdict says that the three
-parts account for the whole start (nothing else hides in it). Here the rank is forked from a template
-that has torch imported; a real replica starts a fresh interpreter, imports torch, initialises CUDA and
-NCCL and often compiles graphs: seconds to minutes, which ``burst_at_scale`` takes as given.
-
-``burst_at_scale`` (arithmetic alone) is what it means for a real model: its weights (``shardlib.models``,
-e.g. Llama 3 70B in bf16) read at a stated storage bandwidth (``STORAGE``, each figure with its source), how long a
-burst of requests waits for a new replica, and how many replicas must be warm to serve it without waiting.
+Predicted: ``process start + checkpoint bytes / load bandwidth + first step``. ``run_cold_start_check``
+measures the three on a fresh pool of one rank (the engine's code imported, a checkpoint file read with
+``torch.load``, one prompt prefilled). The bandwidth is calibrated on the same rank by reading a different
+file of known size; both were just written, so both reads come from the page cache (a memory copy, page
+faults included), not a disk. Only the load is predicted: start and first step are the replica's own, so
+the total's verdict says the three parts account for the whole. The rank is forked from a template with
+torch imported; a real replica imports torch, initialises CUDA and NCCL, captures graphs: far longer.
+``burst_at_scale`` (arithmetic alone) prices a real model (``shardlib.models``, e.g. Llama 3 70B in bf16)
+read at a stated bandwidth (``STORAGE``, each figure with its source): how long a burst waits for a new
+replica, how many replicas it needs warm. One idea: a replica's start, measured here and priced at scale.
 """
 
 from __future__ import annotations

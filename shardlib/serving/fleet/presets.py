@@ -25,12 +25,12 @@ REAL_MODELS: tuple[ModelConfig, ...] = (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, L
 HANDOFF_LINKS: tuple[Link, ...] = (NVLINK, PCIE_GEN5, INFINIBAND_400G, ETHERNET_100G)
 
 
-def kv_heads_on_rank(n_kv_heads: int, tp: int) -> int:
+def rank_kv_heads(n_kv_heads: int, tp: int) -> int:
     """KV heads one of ``tp`` ranks holds: ``n_kv_heads / tp``, or 1 (a copy) once ``tp`` passes them."""
     return max(1, whole_number(n_kv_heads, "n_kv_heads") // whole_number(tp, "tp"))
 
 
-def kv_bytes_on_rank(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: float, tokens: int,
+def rank_kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: float, tokens: int,
                      tp: int = 1) -> int:
     """K and V of ``tokens`` tokens on one of ``tp`` ranks: ``2 x layers x KV heads on the rank x head dim x
     bytes x tokens``. The one formula of the hand-off's bytes, for the toy Llama and the presets alike."""
@@ -38,7 +38,7 @@ def kv_bytes_on_rank(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes:
     whole_number(head_dim, "head_dim")
     positive_number(dtype_bytes, "dtype_bytes (bytes per K/V element)")
     whole_number(tokens, "prompt_tokens (tokens whose K/V are handed off)")
-    return int(2 * n_layers * kv_heads_on_rank(n_kv_heads, tp) * head_dim * dtype_bytes * tokens)
+    return int(2 * n_layers * rank_kv_heads(n_kv_heads, tp) * head_dim * dtype_bytes * tokens)
 
 
 def model_kv_bytes_per_request(model: ModelConfig, prompt_tokens: int, tp: int = 1) -> int:
@@ -47,7 +47,7 @@ def model_kv_bytes_per_request(model: ModelConfig, prompt_tokens: int, tp: int =
     if not isinstance(model, ModelConfig):
         raise ValueError(f"model must be a ModelConfig (a preset of shardlib.models), got {type(model).__name__}")
     check_tensor_parallel(model, tp, copy_kv_heads=True)
-    return kv_bytes_on_rank(model.n_layers, model.n_kv_heads, model.head_dim, model.bytes_per_param,
+    return rank_kv_bytes(model.n_layers, model.n_kv_heads, model.head_dim, model.bytes_per_param,
                             prompt_tokens, tp)
 
 
