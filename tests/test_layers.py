@@ -30,7 +30,7 @@ ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, 
 ROLES = {"reference": "pure", "predict": "pure", "ranks": "rank", "drivers": "driver"}
 # Entry points that run rank functions on a pool or under torchrun without a role's file name.
 DRIVERS = {"shardlib.serving.across", "shardlib.serving.machines", "shardlib.training.machines",
-           "shardlib.training.step_time", "shardlib.launch"}
+           "shardlib.training.step_time", "shardlib.launch", "shardlib.serving.fleet.cold_start"}
 PURE_WORDS = re.compile(r"\bpure\b|\bno ranks\b", re.IGNORECASE)
 NO_TORCH_WORDS = re.compile(r"\bno (``)?torch(``)?(?!\.\w)")  # "no torch", not "no torch.distributed"
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")

@@ -1,5 +1,5 @@
-"""Serving at scale, past one engine: prefill and decode pools with the KV hand-off between them, goodput, and
-replicas behind a router.
+"""Serving at scale, past one engine: prefill and decode pools with the KV hand-off between them, goodput,
+replicas behind a router, and a replica's cold start.
 
 * ``handoff``: ``kv_bytes_per_request`` and the rank-side send and receive of one request's K/V, whole or
   layer by layer (``KVSender``, ``KVReceiver``).
@@ -12,6 +12,10 @@ replicas behind a router.
 * ``fleet_predict``: ``simulate_replicas``, the routing replayed and each replica on the fitted step cost.
 * ``replica_drivers``: ``run_replicas`` -> ``ReplicaRun`` (the engine's result plus ``replica_of``);
   ``run_router_check`` (policies predicted, then served, one verdict per claim).
+* ``cold_start``: a replica's start measured (process, weights read from a checkpoint file, first step) and
+  predicted (``run_cold_start_check``); ``burst_at_scale``, what a burst waits for a real model's new replica.
+* ``presets``: for real models (``shardlib.models``), KV bytes per request and the link a request rate needs
+  between a prefill pool and a decode pool (``handoff_need``, ``handoff_table``).
 """
 
 from ..._lazy import exports
@@ -49,5 +53,33 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "check_replicas",
         "run_router_check",
         "RouterCheck",
+    ),
+    "cold_start": (
+        "run_cold_start_check",
+        "ColdStart",
+        "ReplicaStart",
+        "cold_start_on_rank",
+        "save_checkpoint",
+        "load_checkpoint",
+        "write_cold_start_files",
+        "COLD_START_MODEL",
+        "Storage",
+        "STORAGE",
+        "NVME_GEN4",
+        "NETWORK_BLOCK",
+        "OBJECT_STORE_100G",
+        "BurstWait",
+        "burst_at_scale",
+        "warm_replicas_needed",
+    ),
+    "presets": (
+        "REAL_MODELS",
+        "HANDOFF_LINKS",
+        "rank_kv_heads",
+        "rank_kv_bytes",
+        "model_kv_bytes_per_request",
+        "HandoffNeed",
+        "handoff_need",
+        "handoff_table",
     ),
 })
