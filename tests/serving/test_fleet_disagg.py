@@ -161,3 +161,48 @@ def test_kv_bytes_per_request_is_the_formula():
     assert kv_bytes_per_request(big, 1000, tp=16) == 2 * 32 * 1 * 128 * 2 * 1000
     with pytest.raises(ValueError, match="whole number of tokens"):
         kv_bytes_per_request(big, 2.5)
+
+
+def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeypatch):
+    """The exact parts of ``run_disaggregation_check``: what it runs, predicts and tabulates, and the bytes
+    claim, which holds exactly. Its timing verdicts are the notebook's to show (they are not asserted here:
+    ``verified`` is replaced by one plain measurement)."""
+    from shardlib.serving.fleet import drivers
+    from shardlib.serving.fleet.goodput import ServingObjective
+
+    def once(measure, verdicts, attempts=3):
+        result = measure()
+        return result, tuple(verdicts(result))
+
+    monkeypatch.setattr(drivers, "verified", once)
+    trace = poisson_trace(10, 60.0, prompt_tokens=(4, 40), new_tokens=(2, 12), seed=5)
+    objective = ServingObjective(1.0, 0.5, 0.9, "roomy")
+    check = drivers.run_disaggregation_check(pool2, weights, trace, CONFIG, objectives=[objective])
+    assert list(check.runs) == list(drivers.CONFIGURATIONS)
+    assert set(check.predicted) == set(drivers.CONFIGURATIONS) | {drivers.REPLICAS}
+    colocated = check.runs["colocated"].tokens
+    assert all(run.tokens == colocated for run in check.runs.values())  # every configuration, the same tokens
+    lines = check.table().splitlines()
+    assert len(lines) == 2 + 5 and "roomy" in lines[0] and lines[-1].startswith(drivers.REPLICAS)
+    bytes_claim = check.verdicts[0]
+    assert bytes_claim.what.startswith("K/V bytes") and bytes_claim.held and bytes_claim.ratio == 1.0
+    assert len(check.verdicts) == 5 and all(v.line for v in check.verdicts)
+    assert check.predicted_goodput["disaggregated", objective.label] > 0  # a roomy objective is met somewhere
+    assert check.attainment["colocated", objective.label] == 1.0  # 1 s of TTFT: every request meets it
+    assert check.interference.n_mixed > 0 and check.interference.n_decode_only > 0
+    assert len(check.sweep_rates) == 8 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
+
+
+def test_interference_needs_both_kinds_of_step():
+    from shardlib.serving.engine.predict import StepCost
+    from shardlib.serving.engine.ranks import StepRecord
+    from shardlib.serving.fleet.drivers import interference
+
+    cost = StepCost(1.0, 0.1, 0.0, 2, 32, 8)
+    alone = StepRecord(2, 2, 2, 20, 0.0, 1.2, 4, 20)
+    mixed = StepRecord(12, 2, 3, 90, 1.2, 3.4, 6, 40)
+    got = interference([alone, mixed, alone], cost)
+    assert got.decode_only_s == pytest.approx(1.2) and got.mixed_s == pytest.approx(2.2)
+    assert got.predicted_ratio == pytest.approx((1.0 + 1.2) / (1.0 + 0.2))
+    with pytest.raises(ValueError, match="the run needs both"):
+        interference([alone], cost)

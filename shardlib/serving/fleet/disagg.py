@@ -27,9 +27,9 @@ from ...tensor_parallel.layers import TPGroup
 from ..engine.loop import run_engine, sample_token
 from ..engine.paged import PagedModel
 from ..engine.ranks import StepRecord, pack, unpack
-from ..engine.requests import SequenceState
 from ..engine.scheduler import Scheduler, StepPlan
 from .handoff import KVReceiver, KVSender
+from .pools import admit_handed_off, decode_config
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
         inbox.wait_end()
         return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes)
 
-    sched = Scheduler(replace(config, prefix_caching=False))  # the K/V arrive whole: nothing to share
+    sched = Scheduler(decode_config(config))
     steps: list[StepRecord] = []
     while True:
         inbox.poll()
@@ -208,20 +208,7 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
                 break
             inbox.poll(block=True)
             continue
-        admits = []
-        while inbox.tokens:  # admit what has been handed over, while the cache and max_num_seqs allow
-            i, first, first_s = inbox.tokens[0]
-            r = requests[i]
-            n = len(r.prompt_token_ids)
-            if config.max_num_seqs and len(sched.running) >= config.max_num_seqs:
-                break
-            if not sched.blocks.can_allocate(r.prompt_token_ids, n):
-                break
-            inbox.tokens.popleft()
-            seq = SequenceState(r, output=[first], computed=n, token_times_s=[first_s])
-            sched.blocks.allocate(r.request_id, seq.tokens, n)
-            sched.running.append(seq)
-            admits.append((i, tuple(sched.blocks.tables[r.request_id])))
+        admits = admit_handed_off(sched, inbox.tokens, requests, config)
         plan = sched.schedule() if not sched.idle else StepPlan(())
         if p > 1:
             _pool_broadcast(ctx, torch.cat([_pack_admits(admits), pack(plan.chunks)]), leader, groups.decode)

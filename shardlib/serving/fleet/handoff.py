@@ -8,12 +8,14 @@ prompt's last step or **layer by layer** during it (Splitwise's layer-wise trans
 prefill rank and its peer: control messages on the default group (four float64: a *header* announcing a
 request before its last step, so the receives are posted early; from the pool's leader, the *token*, the
 first token and when; *end*), and the K/V on a ``handoff`` group, tagged by request so several requests'
-layers may interleave. gloo's point-to-point work has no completion callback: both ends poll
-``Pending.is_completed()`` between steps. No timing here: the rank function measures.
+layers may interleave. gloo's point-to-point work learns it is complete only in ``wait()``: the decode
+side waits its control messages on a thread of its own and reads them between steps. No timing here.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
 
 import torch
@@ -68,7 +70,8 @@ class KVSender:
         self._flight.append((index, self.comm.isend(kv, self.peer, group=self.group, tag=_tag(index))))
 
     def poll(self) -> None:
-        """Wait what has completed, oldest first (so the comm log keeps the order of ``sent``)."""
+        """Wait what has completed, oldest first (so the comm log keeps the order of ``sent``); on gloo
+        nothing says so before ``wait()``, and ``finish`` waits it all."""
         while self._flight and self._flight[0][1].is_completed():
             self._done(*self._flight.popleft())
 
@@ -84,9 +87,11 @@ class KVSender:
 
 
 class KVReceiver:
-    """A decode rank's side: one control receive always posted from ``peer``; a header posts the
-    request's K/V receives at once (``layers`` of them layer by layer, else one), into buffers shaped for
-    this rank's ``kv_heads``; ``land`` waits them and writes them into the cache's slots."""
+    """A decode rank's side. A listener thread keeps one control receive posted from ``peer`` and queues
+    what arrives (gloo's point-to-point work reports completion only to ``wait()``, so polling
+    ``is_completed()`` would never see a message: a thread waits instead); ``poll`` reads the queue. A
+    header posts the request's K/V receives at once (``layers`` of them layer by layer, else one) into
+    buffers shaped for this rank's ``kv_heads``; ``land`` waits them and writes them into the cache."""
 
     def __init__(self, comm, peer: int, group, n_layers: int, kv_heads: int, head_dim: int, dtype, device,
                  layerwise: bool) -> None:
@@ -97,22 +102,36 @@ class KVReceiver:
         self.incoming: dict[int, tuple[int, list]] = {}  # request index -> (tokens, pending receives)
         self.tokens: deque = deque()  # (request index, first token, time it was sampled), in arrival order
         self.ended = False
-        self._control = self._post_control()
+        self._arrived: queue.Queue = queue.Queue()
+        self._listener = threading.Thread(target=self._listen, daemon=True, name=f"control from rank {peer}")
+        self._listener.start()
 
-    def _post_control(self):
-        return self.comm.irecv(torch.empty(4, dtype=torch.float64), self.peer)
+    def _listen(self) -> None:
+        try:
+            while True:
+                msg = self.comm.irecv(torch.empty(4, dtype=torch.float64), self.peer).wait().tolist()
+                self._arrived.put(msg)
+                if msg[0] == END:
+                    return
+        except Exception as exc:  # the peer failed: say so on the rank's own thread
+            self._arrived.put(exc)
 
     def poll(self, block: bool = False) -> None:
         """Read the control messages that have arrived (with ``block``, wait for at least one)."""
-        while not self.ended and (block or self._control.is_completed()):
-            kind, index, a, b = self._control.wait().tolist()
+        while not self.ended:
+            try:
+                msg = self._arrived.get(block=block)
+            except queue.Empty:
+                return
             block = False
+            if isinstance(msg, Exception):
+                raise RuntimeError(f"the control channel from rank {self.peer} failed") from msg
+            kind, index, a, b = msg
+            index = int(index)
             if kind == END:
                 self.ended = True
-                return
-            self._control = self._post_control()
-            index = int(index)
-            if kind == HEADER:
+                self._listener.join()
+            elif kind == HEADER:
                 self.incoming[index] = (int(a), self._post_kv(index, int(a)))
             elif kind == TOKEN:
                 self.tokens.append((index, int(a), b))
