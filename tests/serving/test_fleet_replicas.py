@@ -8,7 +8,7 @@ import torch
 
 from shardlib.serving.engine import EngineConfig, StepCost, reference_tokens
 from shardlib.serving.engine.llama import LlamaConfig, random_weights
-from shardlib.serving.fleet.replica_drivers import run_replicas, run_router_check
+from shardlib.serving.fleet.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
 from shardlib.serving.fleet.router import make_router, route_trace
 from shardlib.serving.fleet.traces import hot_prefix_trace
 
@@ -106,3 +106,19 @@ def test_router_check_predicts_the_routing_it_serves(pool4, weights):
         run_router_check(pool4, weights, requests, CONFIG, cost=cost, claims=[("speed", "round-robin")])
     with pytest.raises(ValueError, match="give a step cost"):
         run_router_check(pool4, weights, requests, CONFIG)
+
+
+@pytest.mark.parametrize("replicas", [4, 2])
+def test_replicas_and_the_split_copy_serve_the_same_tokens(pool4, weights, trace_and_reference, replicas):
+    requests, reference = trace_and_reference
+    check = run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests[:6], replicas=replicas, ratios=())
+    assert check.replicas_run.tokens == check.tp_run.tokens == reference
+    assert check.tp_run.tp == 4 and check.replicas_run.tp == 4 // replicas and check.verdicts == ()
+    assert (check.planner is not None) == (replicas == 4)  # the planner's pair: n replicas against tp = n
+    if check.planner is not None:
+        assert check.planner.world_size == 4 and check.planner.replica_step_s == pytest.approx(
+            check.replica_cost.step_s(check.planner.tokens_per_step, 0))
+    assert check.labels == ((f"{replicas} replicas" + ("" if replicas == 4 else " x tp 2")), "tp = 4")
+    assert len(check.table().splitlines()) == 4
+    with pytest.raises(ValueError, match="ratios name"):
+        run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, ratios=("hit_rate",))

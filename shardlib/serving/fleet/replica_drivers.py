@@ -258,20 +258,24 @@ def _decode_batch(steps) -> int:
 
 
 def run_replicas_vs_tp_check(ranks, weights, requests, config, fit_requests, replicas: int | None = None,
-                             policy: str = "least-loaded", attempts: int = 3, **router_options) -> ReplicasVsTPCheck:
+                             policy: str = "least-loaded", ratios=("tokens_per_s", "tpot_p50_s"), attempts: int = 3,
+                             **router_options) -> ReplicasVsTPCheck:
     """Serve ``requests`` on ``replicas`` replicas (one per rank by default) and on one copy split over all
     of ``ranks``, each predicted first on a step cost fitted to its own run of ``fit_requests``.
 
-    Claims: tokens per second of the replicas over the split copy's, and TPOT p50 of the split copy over
-    the replicas', each predicted against measured within ``TIME_BAND`` (two runs back to back share the
-    machine's load, so their ratio survives a busy machine better than either time). Measured again, the
-    fits included, up to ``attempts`` times until both hold."""
+    Claims, one per figure of ``ratios``: tokens per second of the replicas over the split copy's, a time
+    (TTFT, TPOT) of the split copy over the replicas', each predicted against measured within
+    ``TIME_BAND`` (two runs back to back share the machine's load, so their ratio survives a busy machine
+    better than either time). Measured again, the fits included, up to ``attempts`` times until all hold."""
     requests = tuple(requests)
     replicas = ranks.world_size if replicas is None else replicas
     tp = check_replicas(ranks.world_size, replicas)
     check_serving(weights, requests, config, tp)
     check_serving(weights, requests, config, ranks.world_size)
     make_router(policy, replicas, config.block_size, **router_options)
+    bad = [f for f in ratios if f not in FIGURE_WORDS or f == "hit_rate"]
+    if bad:
+        raise ValueError(f"ratios name {bad}: use figures of {[f for f in FIGURE_WORDS if f != 'hit_rate']}")
     element_bytes = weights.embed.element_size()
 
     def measure():
@@ -296,10 +300,15 @@ def run_replicas_vs_tp_check(ranks, weights, requests, config, fit_requests, rep
         (rep, tpr), (p_rep, p_tp), _, _ = result
         pr, pt = p_rep.figures(requests), p_tp.figures(requests)
         mr, mt = rep.figures(requests), tpr.figures(requests)
-        return [Verdict("tokens/s, replicas over the split copy", pr["tokens_per_s"] / pt["tokens_per_s"],
-                        mr["tokens_per_s"] / mt["tokens_per_s"], "x", *TIME_BAND),
-                Verdict("TPOT p50, the split copy over replicas", pt["tpot_p50_s"] / pr["tpot_p50_s"],
-                        mt["tpot_p50_s"] / mr["tpot_p50_s"], "x", *TIME_BAND)]
+        out = []
+        for fig in ratios:
+            if fig == "tokens_per_s":
+                out.append(Verdict("tokens/s, replicas over the split copy", pr[fig] / pt[fig], mr[fig] / mt[fig],
+                                   "x", *TIME_BAND))
+            else:
+                out.append(Verdict(f"{FIGURE_WORDS[fig]}, the split copy over replicas", pt[fig] / pr[fig],
+                                   mt[fig] / mr[fig], "x", *TIME_BAND))
+        return out
 
     ((rep, tpr), (p_rep, p_tp), (rep_cost, tp_cost), planner), found = verified(measure, verdicts, attempts)
     return ReplicasVsTPCheck(requests, replicas, policy, rep, tpr, rep_cost, tp_cost, p_rep, p_tp, planner, found)
