@@ -8,7 +8,8 @@ import torch
 
 from shardlib.serving.engine import EngineConfig, StepCost, reference_tokens
 from shardlib.serving.engine.llama import LlamaConfig, random_weights
-from shardlib.serving.fleet.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
+from shardlib.serving.fleet.layout_drivers import run_replicas_vs_tp_check
+from shardlib.serving.fleet.replica_drivers import run_replicas, run_router_check
 from shardlib.serving.fleet.router import make_router, route_trace
 from shardlib.serving.fleet.traces import hot_prefix_trace
 

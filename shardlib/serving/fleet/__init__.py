@@ -7,6 +7,7 @@
 * ``fleet_predict``: ``simulate_replicas``, the routing replayed and each replica on the fitted step cost.
 * ``replica_drivers``: ``run_replicas`` -> ``ReplicaRun`` (the engine's result plus ``replica_of``);
   ``run_router_check`` (policies predicted, then served, one verdict per claim).
+* ``layout_drivers``: ``run_replicas_vs_tp_check``, one trace on replicas and on one copy split over every rank.
 """
 
 from ..._lazy import exports
@@ -41,5 +42,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "check_replicas",
         "run_router_check",
         "RouterCheck",
+    ),
+    "layout_drivers": (
+        "run_replicas_vs_tp_check",
+        "ReplicasVsTPCheck",
     ),
 })
