@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlib.serving.engine import EngineConfig, reference_tokens
+from shardlib.serving.engine import EngineConfig, StepCost, reference_tokens
 from shardlib.serving.engine.llama import LlamaConfig, random_weights
-from shardlib.serving.fleet.replica_drivers import run_replicas
+from shardlib.serving.fleet.layout_drivers import run_replicas_vs_tp_check
+from shardlib.serving.fleet.replica_drivers import run_replicas, run_router_check
 from shardlib.serving.fleet.router import make_router, route_trace
 from shardlib.serving.fleet.traces import hot_prefix_trace
 
@@ -89,3 +90,36 @@ def test_bad_input_is_refused_before_any_rank_starts(pool4, weights, trace_and_r
     with pytest.raises(ValueError, match="replicas must be a whole number"):
         run_replicas(pool4, weights, requests, CONFIG, replicas=0)
     assert run_replicas(pool4, weights, requests[:2], CONFIG, replicas=2).tokens  # the pool still serves
+
+
+def test_router_check_predicts_the_routing_it_serves(pool4, weights):
+    """Every request at once: the router decides before any step, so the replay routes exactly as the ranks."""
+    requests = hot_prefix_trace(16, rate_per_s=float("inf"), seed=4)
+    cost = StepCost(overhead_s=2e-3, per_token_s=1e-4, per_key_s=0.0, n_layers=2, d_model=32, element_bytes=8)
+    policies = {"round-robin": "round-robin", "least-loaded": "least-loaded",
+                "prefix-aware, no threshold": ("prefix-aware", {"balance_threshold": None})}
+    check = run_router_check(pool4, weights, requests, CONFIG, policies, cost=cost, claims=())
+    for label in policies:
+        assert check.runs[label].replica_of == check.predicted[label].replica_of, label
+    assert [row["policy"] for row in check.rows()] == list(policies) and check.verdicts == ()
+    assert len(check.table().splitlines()) == 2 + len(policies)
+    with pytest.raises(ValueError, match="figures are"):
+        run_router_check(pool4, weights, requests, CONFIG, cost=cost, claims=[("speed", "round-robin")])
+    with pytest.raises(ValueError, match="give a step cost"):
+        run_router_check(pool4, weights, requests, CONFIG)
+
+
+@pytest.mark.parametrize("replicas", [4, 2])
+def test_replicas_and_the_split_copy_serve_the_same_tokens(pool4, weights, trace_and_reference, replicas):
+    requests, reference = trace_and_reference
+    check = run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests[:6], replicas=replicas, ratios=())
+    assert check.replicas_run.tokens == check.tp_run.tokens == reference
+    assert check.tp_run.tp == 4 and check.replicas_run.tp == 4 // replicas and check.verdicts == ()
+    assert (check.planner is not None) == (replicas == 4)  # the planner's pair: n replicas against tp = n
+    if check.planner is not None:
+        assert check.planner.world_size == 4 and check.planner.replica_step_s == pytest.approx(
+            check.replica_cost.step_s(check.planner.tokens_per_step, 0))
+    assert check.labels == ((f"{replicas} replicas" + ("" if replicas == 4 else " x tp 2")), "tp = 4")
+    assert len(check.table().splitlines()) == 4
+    with pytest.raises(ValueError, match="ratios name"):
+        run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, ratios=("hit_rate",))

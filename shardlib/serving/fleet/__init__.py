@@ -19,6 +19,7 @@ replicas behind a router, and a replica's cold start.
   predicted (``run_cold_start_check``); ``burst_at_scale``, what a burst waits for a real model's new replica.
 * ``presets``: for real models (``shardlib.models``), KV bytes per request and the link a request rate needs
   between a prefill pool and a decode pool (``handoff_need``, ``handoff_table``).
+* ``layout_drivers``: ``run_replicas_vs_tp_check``, one trace on replicas and on one copy split over every rank.
 """
 
 from ..._lazy import exports
@@ -87,5 +88,9 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "HandoffNeed",
         "handoff_need",
         "handoff_table",
+    ),
+    "layout_drivers": (
+        "run_replicas_vs_tp_check",
+        "ReplicasVsTPCheck",
     ),
 })

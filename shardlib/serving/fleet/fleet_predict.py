@@ -12,7 +12,7 @@ replica's cache. Pure: torch for the replay's stand-in logits, no ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...checks import whole_number
 from ..engine.predict import PredictedServing, StepCost, figures, simulate_serving
@@ -51,8 +51,11 @@ def simulate_replicas(requests, engine_config, cost: StepCost, replicas: int, po
                       **router_options) -> PredictedReplicas:
     """``requests`` on ``replicas`` engines of ``engine_config``, each step costing ``cost.step_s``, routed
     by ``policy`` (``router_options`` as for ``make_router``)."""
-    requests = list(requests)
+    given = list(requests)
     whole_number(max_rounds, "max_rounds (routing replays)")
+    # ids by place in the trace, zero-padded: each replica's scheduler then takes requests that arrive
+    # together in trace order, as a replica on the ranks does (the replay sorts equal arrivals by id)
+    requests = [replace(r, request_id=f"{i:08d}") for i, r in enumerate(given)]
     finish_s, routes, rounds = None, None, 0
     while rounds < max_rounds:
         rounds += 1
@@ -65,6 +68,8 @@ def simulate_replicas(requests, engine_config, cost: StepCost, replicas: int, po
         per = tuple(simulate_serving([r for r, k in zip(requests, routes) if k == j], engine_config, cost)
                     if j in routes else PredictedServing({}, ()) for j in range(replicas))  # a replica sent nothing
         finish_s = {rid: times[-1] for p in per for rid, times in p.token_times_s.items()}
+    ids = {r.request_id: g.request_id for r, g in zip(requests, given)}
+    per = tuple(replace(p, token_times_s={ids[rid]: t for rid, t in p.token_times_s.items()}) for p in per)
     times = {rid: t for p in per for rid, t in p.token_times_s.items()}
-    return PredictedReplicas(policy, {r.request_id: k for r, k in zip(requests, routes)}, per, times, rounds)
+    return PredictedReplicas(policy, {g.request_id: k for g, k in zip(given, routes)}, per, times, rounds)
 
