@@ -8,6 +8,7 @@ import torch
 
 from shardlib.serving.engine import EngineConfig, StepCost, reference_tokens
 from shardlib.serving.engine.llama import LlamaConfig, random_weights
+from shardlib.serving.engine.predict import simulate_serving
 from shardlib.serving.fleet.layout_drivers import run_replicas_vs_tp_check
 from shardlib.serving.fleet.replica_drivers import run_replicas, run_router_check
 from shardlib.serving.fleet.router import make_router, route_trace
@@ -123,3 +124,18 @@ def test_replicas_and_the_split_copy_serve_the_same_tokens(pool4, weights, trace
     assert len(check.table().splitlines()) == 4
     with pytest.raises(ValueError, match="ratios name"):
         run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, ratios=("hit_rate",))
+
+
+def test_replicas_against_the_split_copy_on_costs_fitted_before(pool4, weights, trace_and_reference):
+    requests, reference = trace_and_reference
+    costs = (StepCost(2e-3, 1e-4, 0.0, 2, 32, 8), StepCost(9e-3, 1e-4, 0.0, 2, 32, 8))
+    check = run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, costs=costs, ratios=())
+    assert check.replicas_run.tokens == check.tp_run.tokens == reference
+    assert (check.replica_cost, check.tp_cost) == costs  # used as given: no fit run
+    assert check.predicted_tp.token_times_s == simulate_serving(requests, CONFIG, costs[1]).token_times_s
+    with pytest.raises(ValueError, match="not both or neither"):
+        run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, costs=costs)
+    with pytest.raises(ValueError, match="not both or neither"):
+        run_replicas_vs_tp_check(pool4, weights, requests, CONFIG)
+    with pytest.raises(ValueError, match="two StepCosts"):
+        run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, costs=costs[:1])

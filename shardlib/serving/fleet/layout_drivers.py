@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ...costs.predict import replicas_vs_tensor_parallel
 from ...runtime.verdict import Verdict, verified
 from ..engine.drivers import ServingRun, check_serving, run_serving
-from ..engine.predict import fit_step_cost, simulate_serving
+from ..engine.predict import StepCost, fit_step_cost, simulate_serving
 from .fleet_predict import simulate_replicas
 from .replica_drivers import FIGURE_WORDS, TIME_BAND, ReplicaRun, check_replicas, run_replicas
 from .router import make_router
@@ -65,11 +65,12 @@ def _decode_batch(steps) -> int:
     return max(1, round(sum(decodes) / len(decodes))) if decodes else 1
 
 
-def run_replicas_vs_tp_check(ranks, weights, requests, config, fit_requests, replicas: int | None = None,
+def run_replicas_vs_tp_check(ranks, weights, requests, config, fit_requests=None, replicas: int | None = None,
                              policy: str = "least-loaded", ratios=("tokens_per_s", "tpot_p50_s"), attempts: int = 3,
-                             **router_options) -> ReplicasVsTPCheck:
+                             costs=None, **router_options) -> ReplicasVsTPCheck:
     """Serve ``requests`` on ``replicas`` replicas (one per rank by default) and on one copy split over all
-    of ``ranks``, each predicted first on a step cost fitted to its own run of ``fit_requests``.
+    of ``ranks``, each predicted first on a step cost fitted to its own run of ``fit_requests``, or on
+    ``costs``: ``(a replica's StepCost, the split copy's)`` fitted to earlier runs of the same two ways.
 
     Claims, one per figure of ``ratios``: tokens per second of the replicas over the split copy's, a time
     (TTFT, TPOT) of the split copy over the replicas', each predicted against measured within
@@ -85,12 +86,20 @@ def run_replicas_vs_tp_check(ranks, weights, requests, config, fit_requests, rep
     if bad:
         raise ValueError(f"ratios name {bad}: use figures of {[f for f in FIGURE_WORDS if f != 'hit_rate']}")
     element_bytes = weights.embed.element_size()
+    if (costs is None) == (fit_requests is None):
+        raise ValueError("give either the requests to fit both step costs on (fit_requests=) or the two step costs "
+                         "(costs=(a replica's, the split copy's)), not both or neither")
+    if costs is not None and (len(costs) != 2 or not all(isinstance(c, StepCost) for c in costs)):
+        raise ValueError("costs must be two StepCosts: a replica's, then the split copy's")
 
     def measure():
-        rep_fit = run_replicas(ranks, weights, fit_requests, config, replicas, policy, **router_options)
-        tp_fit = run_serving(ranks, weights, fit_requests, config)
-        rep_cost = fit_step_cost(rep_fit.steps, weights.config, element_bytes)
-        tp_cost = fit_step_cost(tp_fit.steps, weights.config, element_bytes)
+        if costs is not None:
+            rep_cost, tp_cost = costs
+        else:
+            rep_fit = run_replicas(ranks, weights, fit_requests, config, replicas, policy, **router_options)
+            tp_fit = run_serving(ranks, weights, fit_requests, config)
+            rep_cost = fit_step_cost(rep_fit.steps, weights.config, element_bytes)
+            tp_cost = fit_step_cost(tp_fit.steps, weights.config, element_bytes)
         predicted = (simulate_replicas(requests, config, rep_cost, replicas, policy, **router_options),
                      simulate_serving(requests, config, tp_cost))
         runs = (run_replicas(ranks, weights, requests, config, replicas, policy, **router_options),
