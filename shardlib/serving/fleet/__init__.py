@@ -20,6 +20,8 @@ replicas behind a router, and a replica's cold start.
 * ``presets``: for real models (``shardlib.models``), KV bytes per request and the link a request rate needs
   between a prefill pool and a decode pool (``handoff_need``, ``handoff_table``).
 * ``layout_drivers``: ``run_replicas_vs_tp_check``, one trace on replicas and on one copy split over every rank.
+* ``splits``: a number of engines all colocated or split prefill : decode, predicted on a fitted step cost
+  (``split_figures``: TTFT, TPOT, SLO attainment and goodput per engine).
 """
 
 from ..._lazy import exports
@@ -92,5 +94,11 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "layout_drivers": (
         "run_replicas_vs_tp_check",
         "ReplicasVsTPCheck",
+    ),
+    "splits": (
+        "simulate_colocated",
+        "simulate_split",
+        "split_figures",
+        "SplitFigures",
     ),
 })
