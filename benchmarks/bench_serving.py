@@ -225,7 +225,6 @@ def fleet_main(args) -> None:
         STORAGE,
         burst_at_scale,
         default_objectives,
-        goodput,
         handoff_table,
         hot_prefix_trace,
         run_cold_start_check,
@@ -238,6 +237,7 @@ def fleet_main(args) -> None:
         slo_attainment,
     )
     from shardlib.serving.fleet.drivers import LOOPBACK
+    from shardlib.serving.fleet.goodput import goodput
 
     model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
     weights = random_weights(model, seed=0, dtype=torch.float64)
@@ -374,7 +374,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tp", type=int, default=1, help="engine: tensor-parallel ranks")
     parser.add_argument("--rounds", type=int, default=3, help="engine: alternating rounds, the fastest kept")
     parser.add_argument("--fleet-requests", type=int, default=32, help="fleet: requests a trace, per rate")
-    parser.add_argument("--fleet-rates", type=float, nargs="+", default=(50.0, 100.0, 200.0, 400.0),
+    parser.add_argument("--fleet-rates", type=float, nargs="+", default=(25.0, 50.0, 100.0, 200.0, 400.0),
                         help="fleet: request rates (a second) goodput is read over")
     parser.add_argument("--router-requests", type=int, default=64, help="fleet: requests in the router's trace")
     args = parser.parse_args(argv)

@@ -337,8 +337,8 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 # </details>
 
 # %% [markdown]
-# On these CPU ranks each all-reduce costs far more than the compute it splits, so replicas win both
-# figures. On GPUs with NVLink a split copy often wins TPOT, as 02 showed, and replicas win throughput
+# On these CPU ranks an all-reduce costs more than the compute it splits, so the fits predict replicas
+# ahead on both figures. On GPUs with NVLink a split copy often wins TPOT, as 02 showed, and replicas win throughput
 # whenever the model fits. The objective decides.
 
 # %% [markdown]
@@ -422,10 +422,10 @@ for attempt in (lambda: run_disaggregated(four, weights, trace, config, prefill_
 # one pool of your run. They are either all colocated (chunked prefill, requests dealt in turn), or split
 # between prefill and decode. The rates are in requests a second for all 4 engines.
 #
-# **Your task.** (1) At the tightest TPOT objective, which split gives the most goodput per engine, and
-# does colocated reach it? (2) Loosen the TPOT objective to its end: what happens to the gap between
-# colocated and the best split? (3) At a loose TPOT, tighten TTFT to its lowest: which split suffers, and
-# why?
+# **Your task.** (1) At the loosest TPOT objective, which has the most goodput per engine: colocated or a
+# split? Why? (2) At the tightest TPOT objective, compare colocated with 2 : 2. Which TPOT p90 is lower,
+# and does the goodput gap close? (3) Try 1 : 3 and 3 : 1. Which pool is the bottleneck in each, and
+# which figure shows it?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.fleet_widgets import pools_explorer
@@ -435,11 +435,13 @@ pools_explorer(split.costs["disaggregated"], model, where="a model: 4 engines on
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# (1) A split with enough decode engines wins; colocated falls short, because its decode steps carry
-# prompt chunks and miss a tight TPOT. (2) The gap closes: once mixed steps meet the TPOT bound,
-# colocated engines serve as many requests as the split, with no hand-off. This is vLLM's condition.
-# (3) The splits with one prefill engine suffer: a single prefill engine queues the prompts, and TTFT
-# grows. DistServe picks the ratio per objective for this reason. Your numbers follow your machine's fit.
+# (1) Colocated. Every colocated engine works on both phases, while a split leaves part of each pool
+# idle. This is vLLM's condition: disaggregation does not raise throughput. (2) The split's TPOT p90 is
+# lower, since its decode steps carry no prompt chunks. Its goodput comes close to colocated's or passes
+# it; the more a prompt token costs in a step, the more the split gains. (3) With 1 : 3 the lone prefill
+# engine queues the prompts, and TTFT p90 is the highest. With 3 : 1 the lone decode engine batches every
+# decode, and TPOT p90 is the highest. DistServe picks the ratio per objective for this reason. Your
+# numbers follow your machine's fit.
 #
 # </details>
 
@@ -450,9 +452,9 @@ pools_explorer(split.costs["disaggregated"], model, where="a model: 4 engines on
 # threshold applies to the prefix-aware policy only.
 #
 # **Your task.** (1) With prefix-aware routing and no threshold, move the hot share from 25 % to 100 %:
-# what happens to the requests per replica, and to TTFT p90? (2) At 75 % hot, find the threshold that
-# keeps the best hit rate while keeping TTFT p90 near least loaded's. (3) Why does round robin's hit rate
-# rise with the hot share too?
+# what happens to the requests per replica, the hit rate and TTFT p90? (2) At 100 % hot, try thresholds
+# 0, 2 and 16: which behaves like least loaded, and which lets one replica run far ahead? (3) Why does
+# round robin's hit rate rise with the hot share too?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.fleet_widgets import router_explorer
@@ -462,10 +464,11 @@ router_explorer(routing.cost, config, where="a model: 4 replicas on your fitted 
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# (1) The hot replica takes more and more of the trace, up to all of it at 100 %. Its queue, and TTFT p90,
-# grow while the other replicas idle. (2) A small threshold (2 to 4) usually keeps most of the hit rate
-# and most of the balance; 0 behaves like least loaded, and 16 like no threshold. (3) Every replica
-# misses the hot prompt once, then hits it: the more requests share it, the more hits each replica finds.
+# (1) The hot replica takes more and more of the trace, all of it at 100 %. Its hit rate is the best, but
+# its queue and TTFT p90 grow while the other replicas idle. (2) A threshold of 0 is least loaded: any gap
+# in the queues is above it. A threshold of 2 balances almost as well. A threshold of 16 lets the hot
+# replica run far ahead before the router balances. (3) Every replica misses the hot prompt once, then
+# hits it: the more requests share it, the more hits each replica finds.
 #
 # </details>
 
