@@ -211,10 +211,10 @@ assert all(run.tokens == reference for run in split.runs.values())
 # GPU is predicted over a sweep of rates. The pools' TPOT is lower than the colocated engine's: no prompt
 # shares a decode step. That is what a tight TPOT objective rewards. On this toy a prompt chunk adds
 # little to a step, whose fixed overhead dominates, so the interference ratio stays small. On a GPU a
-# 512-token chunk can double a decode step.
+# step's cost grows with its tokens, and the same chunk weighs far more.
 #
 # Now the condition. The last row, predicted only, is the fair colocated rival: two colocated engines of
-# 2 ranks each, the same pieces as the pools. Its throughput matches the pools'. Splitting moved the
+# 2 ranks each, the same pieces as the pools. Its throughput about matches the pools'. Splitting moved the
 # prompts away from the decodes; it did not make more tokens. The one engine over 4 ranks lost here for
 # another reason: its all-reduces span 4 ranks on 2 cores
 # ([notebook 02's](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) replicas against tensor
