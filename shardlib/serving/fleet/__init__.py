@@ -5,8 +5,9 @@
 * ``disagg``: ``disaggregated_on_rank``, a prefill pool and a decode pool in one job.
 * ``goodput``: ``ServingObjective``, ``slo_attainment``, ``goodput`` (DistServe's, per GPU).
 * ``pools``: the two pools replayed on a fitted step cost (``simulate_pools``), the hand-off included.
-* ``drivers``: ``run_disaggregated`` (a ``DisaggregatedRun``) and ``run_disaggregation_check`` (colocated
-  against disaggregated, predicted then measured: a ``DisaggregationCheck``).
+* ``drivers``: ``run_disaggregated`` (a ``DisaggregatedRun``).
+* ``disagg_drivers``: ``run_disaggregation_check``, colocated against disaggregated, predicted then measured
+  (a ``DisaggregationCheck``).
 """
 
 from ..._lazy import exports
@@ -16,6 +17,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "disagg": ("disaggregated_on_rank", "DisaggRankResult"),
     "goodput": ("ServingObjective", "slo_attainment", "goodput"),
     "pools": ("simulate_pools", "PredictedPools", "admit_handed_off", "handoff_s", "predicted_goodput"),
-    "drivers": ("run_disaggregated", "DisaggregatedRun", "check_split", "run_disaggregation_check",
-                "DisaggregationCheck", "Interference", "interference", "default_objectives", "CONFIGURATIONS"),
+    "drivers": ("run_disaggregated", "DisaggregatedRun", "check_split"),
+    "disagg_drivers": ("run_disaggregation_check", "DisaggregationCheck", "Interference", "interference",
+                       "default_objectives", "CONFIGURATIONS"),
 })
