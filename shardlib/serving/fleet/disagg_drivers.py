@@ -171,9 +171,13 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
 
     Verdicts (measured / predicted within 0.5-2; the whole measurement repeated up to ``attempts`` times until
     all hold, ``runtime.verdict.verified``): the K/V bytes handed off (exact), the interference ratio, the
-    TTFT p50 of the disaggregated run, the tokens per second of disaggregated over colocated with chunked
-    prefill; and one-sided, that colocated prefill-first has the higher TPOT p90 (what splitting buys a
-    decode: no prompt computed in its way), its predicted ratio shown for scale."""
+    TTFT p50 of the disaggregated run, the TPOT p50 of colocated prefill-first over disaggregated, and the
+    tokens per second of disaggregated over colocated with chunked prefill. Medians, not tails: on a shared
+    machine one stalled process moves a p90 of a few requests. With a toy model a step's fixed cost
+    dominates, so the TPOT gap comes mostly from the colocated engine's all-reduces over every rank, not
+    from the interference (its ratio is near 1): the replicas row, predicted, shows the split buys no
+    throughput over colocated engines of the pools' size.
+    """
     requests = tuple(requests)
     p = ranks.world_size // 2
     check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
@@ -221,10 +225,9 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
                         inter.ratio, "x"),
                 Verdict("TTFT p50, disaggregated", pred["disaggregated"]["ttft_p50_s"],
                         meas["disaggregated"]["ttft_p50_s"]),
-                Verdict.one_sided("TPOT p90, colocated (prefill first) over disaggregated",
-                                  pred["colocated"]["tpot_p90_s"] / pred["disaggregated"]["tpot_p90_s"],
-                                  meas["colocated"]["tpot_p90_s"] / meas["disaggregated"]["tpot_p90_s"], "x",
-                                  at_least=1.0),
+                Verdict("TPOT p50, colocated (prefill first) over disaggregated",
+                        pred["colocated"]["tpot_p50_s"] / pred["disaggregated"]["tpot_p50_s"],
+                        meas["colocated"]["tpot_p50_s"] / meas["disaggregated"]["tpot_p50_s"], "x"),
                 Verdict("tokens/s, disaggregated over colocated with chunked prefill",
                         pred["disaggregated"]["tokens_per_s"] / pred["colocated, chunked prefill"]["tokens_per_s"],
                         meas["disaggregated"]["tokens_per_s"] / meas["colocated, chunked prefill"]["tokens_per_s"],
