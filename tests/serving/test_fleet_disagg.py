@@ -210,7 +210,7 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     assert check.predicted_goodput["disaggregated", objective.label] > 0  # a roomy objective is met somewhere
     assert check.attainment["colocated", objective.label] == 1.0  # 1 s of TTFT: every request meets it
     assert check.interference.n_mixed > 0 and check.interference.n_decode_only > 0
-    assert len(check.sweep_rates) == 8 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
+    assert len(check.sweep_rates) == 10 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
 
 
 def test_interference_needs_both_kinds_of_step():

@@ -106,7 +106,8 @@ class DisaggregationCheck:
             "runs predict each other, the two disaggregated runs each other); the K/V bytes are read from the "
             "comm log's point-to-point records of the handoff group.",
             f"Goodput per GPU is predicted over {len(self.sweep_rates)} rates, {min(self.sweep_rates):.3g} to "
-            f"{max(self.sweep_rates):.3g} requests/s, the same requests arriving faster or slower; "
+            f"{max(self.sweep_rates):.3g} requests/s, the same requests arriving faster or slower (at the "
+            "highest rates they come as one burst); "
             f"{self.gpus} GPUs serve every configuration."])
 
     def table(self) -> str:
@@ -145,14 +146,14 @@ def _trace_at(requests, rate_per_s: float, rate: float):
 
 
 def default_objectives(cost, requests) -> tuple:
-    """A tight and a loose objective set from a pool's fitted step cost: TTFT within 8 prefills of the
-    longest prompt alone; TPOT within 3 (tight) or 12 (loose) decode steps of a batch of four."""
+    """A tight and a loose objective set from a pool's fitted step cost: TTFT within 4 prefills of the
+    longest prompt alone; TPOT within 2 (tight) or 8 (loose) decode steps of a batch of four."""
     n = max(len(r.prompt_token_ids) for r in requests)
     context = 4 * sum(len(r.prompt_token_ids) + r.max_new_tokens // 2 for r in requests) // len(requests)
     decode_s = cost.step_s(4, context)
-    ttft_s = 8 * cost.step_s(n, n * (n + 1) // 2)
-    return (ServingObjective(ttft_s, 3 * decode_s, 0.9, "tight TPOT"),
-            ServingObjective(ttft_s, 12 * decode_s, 0.9, "loose TPOT"))
+    ttft_s = 4 * cost.step_s(n, n * (n + 1) // 2)
+    return (ServingObjective(ttft_s, 2 * decode_s, 0.9, "tight TPOT"),
+            ServingObjective(ttft_s, 8 * decode_s, 0.9, "loose TPOT"))
 
 
 SIBLING = {"colocated": "colocated, chunked prefill", "colocated, chunked prefill": "colocated",
@@ -166,7 +167,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
     step cost fitted to its sibling's run (``SIBLING``: the colocated pair predict each other, the two
     disaggregated runs each other), so no run predicts itself and no extra run is needed. ``objectives``:
     ``ServingObjective`` s (default: a tight and a loose TPOT, ``default_objectives``); goodput per GPU of the
-    job is predicted over rates from an eighth to 16 times the trace's (``rate_per_s``, read from its
+    job is predicted over rates from an eighth to 64 times the trace's (``rate_per_s``, read from its
     arrivals if not given).
 
     Verdicts (measured / predicted within 0.5-2; the whole measurement repeated up to ``attempts`` times until
@@ -190,7 +191,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
         if span <= 0:
             raise ValueError("the requests all arrive at once: give rate_per_s, the rate the sweep is centred on")
         rate_per_s = (len(requests) - 1) / span
-    sweep = tuple(rate_per_s * 2.0 ** k for k in range(-3, 5))  # an eighth to 16 times the trace's rate
+    sweep = tuple(rate_per_s * 2.0 ** k for k in range(-3, 7))  # an eighth to 64 times the trace's rate
     element, model = weights.embed.element_size(), weights.config
     replicas = ranks.world_size // p
 
@@ -243,7 +244,8 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
         return [request_metrics(arrivals[rid], t) for rid, t in predicted.token_times_s.items()]
 
     names = CONFIGURATIONS + (REPLICAS,)
-    here = {n: metrics(predict(n, requests, costs), requests) for n in names}
+    simulated = {n: predict(n, requests, costs) for n in names}
+    here = {n: metrics(simulated[n], requests) for n in names}
     swept = {n: {rate: metrics(predict(n, trace, costs), trace) for rate in sweep
                  for trace in [_trace_at(requests, rate_per_s, rate)]} for n in names}
     attained, predicted_attained, good = {}, {}, {}
@@ -253,8 +255,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
             good[n, o.label] = goodput(swept[n], o, ranks.world_size)  # the whole trace's rate, every GPU
             if n in runs:
                 attained[n, o.label] = slo_attainment(runs[n].metrics, o)
-    predicted = {n: predict(n, requests, costs).figures(requests[::replicas] if n == REPLICAS else requests)
-                 for n in names}
+    predicted = {n: simulated[n].figures(requests[::replicas] if n == REPLICAS else requests) for n in names}
     predicted[REPLICAS]["tokens_per_s"] *= replicas  # every replica's tokens
     return DisaggregationCheck(requests, rate_per_s, ranks.world_size, objectives, runs, predicted, attained,
                                predicted_attained, good, sweep, costs,
