@@ -16,7 +16,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "handoff": ("kv_bytes_per_request", "KVSender", "KVReceiver"),
     "disagg": ("disaggregated_on_rank", "DisaggRankResult"),
     "goodput": ("ServingObjective", "slo_attainment", "goodput"),
-    "pools": ("simulate_pools", "PredictedPools", "admit_handed_off", "handoff_s", "predicted_goodput"),
+    "pools": ("simulate_pools", "PredictedPools", "admit_handed_off", "handoff_s"),
     "drivers": ("run_disaggregated", "DisaggregatedRun", "check_split"),
     "disagg_drivers": ("run_disaggregation_check", "DisaggregationCheck", "Interference", "interference",
                        "default_objectives", "CONFIGURATIONS"),

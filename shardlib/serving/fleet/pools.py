@@ -7,7 +7,7 @@ with every request cut to one token: it gives each prompt's first-token time. Th
 by layer (Splitwise), only the part the prompt's later layers do not cover shows: at least the last layer's
 share. The decode pool admits a request when its K/V have arrived (``admit_handed_off``, the admission the
 rank function runs too) and decodes on the same step cost. From the token times: TTFT and TPOT percentiles,
-and over a sweep of request rates, goodput (``goodput``). Pure: no ``torch.distributed``.
+and over a sweep of request rates, goodput (``goodput.goodput``). Pure: no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from ...costs.alpha_beta import point_to_point_s
 from ..engine.predict import figures, simulate_serving
 from ..engine.requests import SequenceState, request_metrics
 from ..engine.scheduler import Scheduler
-from .goodput import goodput
 
 
 def admit_handed_off(sched: Scheduler, queue: deque, requests, config) -> list[tuple[int, tuple[int, ...]]]:
@@ -115,8 +114,3 @@ def _decode_pool(handed, requests, config, cost):
         sched.update(plan, {ch.seq: 0 for ch in plan.chunks if ch.sample}, clock)
     return {rid: tuple(s.token_times_s) for rid, s in sched.finished.items()}, steps
 
-
-def predicted_goodput(trace_at, rates, predict, objective, gpus: int) -> float:
-    """Goodput per GPU predicted over ``rates``: ``trace_at(rate)`` is the trace at that rate, ``predict``
-    maps a trace to its per-request metrics (a dict)."""
-    return goodput({rate: list(predict(trace_at(rate)).values()) for rate in rates}, objective, gpus)
