@@ -46,9 +46,11 @@ def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
         raise ValueError(f"prefill_ranks = {prefill_ranks} of a job of {world_size} ranks leaves no rank to decode: "
                          f"give the decode pool at least one (prefill_ranks <= {world_size - 1})")
     if decode != prefill_ranks:
+        fix = (f"prefill_ranks = {world_size // 2} of {world_size}" if world_size % 2 == 0
+               else f"a job of an even number of ranks, not {world_size}")
         raise ValueError(f"{prefill_ranks} prefill + {decode} decode ranks: each prefill rank hands its KV heads to "
                          "the decode rank of the same tensor-parallel index, so the pools must be the same size "
-                         f"(prefill_ranks = {world_size / 2:g} of {world_size})")
+                         f"({fix})")
     problems = tensor_parallel_problems(model_config, prefill_ranks) if model_config is not None else []
     if problems:
         raise ValueError(f"each pool splits the model over its {prefill_ranks} ranks, and it does not split:\n  "
