@@ -70,6 +70,8 @@ def test_tokens_equal_the_colocated_engine_and_bytes_the_formula(weights, trace,
         assert run.kv_bytes_sent[r.request_id] == expected  # measured: the comm log's handoff sends
         messages = (MODEL.n_layers if layerwise else 1) * p if r.max_new_tokens > 1 else 0
         assert run.kv_messages[r.request_id] == messages
+    handed = {r.request_id for r in trace if r.max_new_tokens > 1}
+    assert set(run.handoff_s) == handed and all(run.handoff_s[rid] > 0 for rid in handed)
     for r in trace:  # every token has a time; the first one came from the prefill pool, before the rest
         times = run.token_times_s[r.request_id]
         assert len(times) == r.max_new_tokens and list(times) == sorted(times)
@@ -210,6 +212,8 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     assert check.predicted_goodput["disaggregated", objective.label] > 0  # a roomy objective is met somewhere
     assert check.attainment["colocated", objective.label] == 1.0  # 1 s of TTFT: every request meets it
     assert check.interference.n_mixed > 0 and check.interference.n_decode_only > 0
+    assert set(check.handoff_s) == {"disaggregated", "disaggregated, layerwise"}
+    assert "whole predicted" in check.handoff_line and "layerwise predicted" in check.handoff_line
     assert len(check.sweep_rates) == 10 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
 
 

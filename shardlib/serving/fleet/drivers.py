@@ -24,7 +24,9 @@ from .handoff import kv_bytes_per_request
 @dataclass(frozen=True)
 class DisaggregatedRun(ServingRun):
     """A disaggregated run: the engine's figures, each pool's steps, and the K/V each request handed off
-    (bytes measured from the comm log, and predicted) and in how many messages."""
+    (bytes measured from the comm log, and predicted) and in how many messages; ``handoff_s``: seconds from
+    a request's first token to its K/V written into the decode cache (the wait for the decode pool's step
+    in progress included)."""
 
     prefill_ranks: int = 1
     decode_ranks: int = 1
@@ -34,6 +36,7 @@ class DisaggregatedRun(ServingRun):
     kv_bytes_sent: dict = field(default_factory=dict)
     kv_bytes_predicted: dict = field(default_factory=dict)
     kv_messages: dict = field(default_factory=dict)  # request id -> K/V messages sent, every prefill rank together
+    handoff_s: dict = field(default_factory=dict)  # request id -> first token to its K/V in the decode cache
 
 
 def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
@@ -91,7 +94,8 @@ def run_disaggregated(ranks, weights, requests, config, prefill_ranks: int | Non
         prefix_hit_tokens=head.prefix_hit_tokens, prefix_lookup_tokens=head.prefix_lookup_tokens,
         preemptions=head.preemptions + tail.preemptions, tp=prefill_ranks, block_size=config.block_size,
         prefill_ranks=prefill_ranks, decode_ranks=decode, layerwise=layerwise, prefill_steps=head.steps,
-        decode_steps=tail.steps, kv_bytes_sent=sent, kv_bytes_predicted=predicted, kv_messages=messages)
+        decode_steps=tail.steps, kv_bytes_sent=sent, kv_bytes_predicted=predicted, kv_messages=messages,
+        handoff_s=dict(tail.handoff_s or {}))
 
 
 def _kv_bytes_sent(comm, prefill_results, requests) -> tuple[dict, dict]:
