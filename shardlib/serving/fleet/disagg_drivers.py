@@ -93,14 +93,15 @@ class DisaggregationCheck:
     costs: dict
     interference: Interference
     verdicts: tuple
-    handoff_s: dict | None = None  # disaggregated configuration -> (predicted, measured) median seconds of the hand-off
+    handoff_s: dict | None = None  # disaggregated configuration -> (predicted, measured) median wait, seconds
 
     def measured(self, name: str) -> dict:
         return self.runs[name].figures(self.requests)
 
     @property
     def handoff_line(self) -> str:
-        """The hand-off, first token to K/V in the decode cache (median over requests), whole and layer by layer."""
+        """The hand-off, first token to K/V in the decode cache (median over requests; the decode step in progress
+        waited out), whole and layer by layer."""
         return "hand-off, first token to K/V in the decode cache (median): " + "; ".join(
             f"{name.replace('disaggregated', '').strip(', ') or 'whole'} predicted {p * 1e3:.2f} ms, measured "
             f"{m * 1e3:.2f} ms" for name, (p, m) in self.handoff_s.items())
@@ -265,7 +266,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
                 attained[n, o.label] = slo_attainment(runs[n].metrics, o)
     predicted = {n: simulated[n].figures(requests[::replicas] if n == REPLICAS else requests) for n in names}
     predicted[REPLICAS]["tokens_per_s"] *= replicas  # every replica's tokens
-    handoff = {n: (statistics.median(simulated[n].handoff_s.values()), statistics.median(runs[n].handoff_s.values()))
+    handoff = {n: (statistics.median(simulated[n].admitted_s.values()), statistics.median(runs[n].handoff_s.values()))
                for n in CONFIGURATIONS[2:] if runs[n].handoff_s}
     return DisaggregationCheck(requests, rate_per_s, ranks.world_size, objectives, runs, predicted, attained,
                                predicted_attained, good, sweep, costs,
