@@ -236,7 +236,7 @@ def fleet_main(args) -> None:
         simulate_replicas,
         slo_attainment,
     )
-    from shardlib.serving.fleet.drivers import LOOPBACK
+    from shardlib.serving.fleet.disagg_drivers import LOOPBACK
     from shardlib.serving.fleet.goodput import goodput
 
     model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)

@@ -184,7 +184,7 @@ def test_the_pure_modules_say_so_and_the_ones_without_torch_say_that_too():
     assert layers["shardlib.pipeline.bubble_drivers"] == layers["shardlib.serving.drivers"] == "driver"
     assert "shardlib.serving.fleet.goodput" in no_torch and layers["shardlib.serving.fleet.pools"] == "pure"
     assert layers["shardlib.serving.fleet.handoff"] == layers["shardlib.serving.fleet.disagg"] == "rank"
-    assert layers["shardlib.serving.fleet.drivers"] == "driver"
+    assert layers["shardlib.serving.fleet.drivers"] == layers["shardlib.serving.fleet.disagg_drivers"] == "driver"
 
 
 @pytest.mark.parametrize("module, line, expected", [

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from ..serving.engine.traces import poisson_trace
-from ..serving.fleet.drivers import LOOPBACK
+from ..serving.fleet.disagg_drivers import LOOPBACK
 from ..serving.fleet.fleet_predict import simulate_replicas
 from ..serving.fleet.goodput import ServingObjective
 from ..serving.fleet.splits import split_figures

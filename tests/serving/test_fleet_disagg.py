@@ -15,7 +15,14 @@ import pytest
 import torch
 
 from shardlib import Ranks
-from shardlib.serving.engine import EngineConfig, Request, poisson_trace, reference_tokens, run_serving
+from shardlib.serving.engine import (
+    EngineConfig,
+    Request,
+    poisson_trace,
+    reference_tokens,
+    run_serving,
+    shared_prefix_trace,
+)
 from shardlib.serving.engine.llama import LlamaConfig, random_weights
 from shardlib.serving.fleet import kv_bytes_per_request, run_disaggregated
 
@@ -63,6 +70,8 @@ def test_tokens_equal_the_colocated_engine_and_bytes_the_formula(weights, trace,
         assert run.kv_bytes_sent[r.request_id] == expected  # measured: the comm log's handoff sends
         messages = (MODEL.n_layers if layerwise else 1) * p if r.max_new_tokens > 1 else 0
         assert run.kv_messages[r.request_id] == messages
+    handed = {r.request_id for r in trace if r.max_new_tokens > 1}
+    assert set(run.handoff_s) == handed and all(run.handoff_s[rid] > 0 for rid in handed)
     for r in trace:  # every token has a time; the first one came from the prefill pool, before the rest
         times = run.token_times_s[r.request_id]
         assert len(times) == r.max_new_tokens and list(times) == sorted(times)
@@ -91,6 +100,19 @@ def test_a_tight_decode_cache_waits_and_still_gives_the_tokens(weights, pool2):
     run = run_disaggregated(pool2, weights, requests, tight)
     assert run.tokens == colocated.tokens
     assert max(s.n_sequences for s in run.decode_steps) <= 3
+
+
+def test_a_prefix_cached_on_the_prefill_pool_is_still_handed_off_whole(weights, pool2):
+    """Later turns find the system prompt in the prefill pool's prefix cache and compute only the rest, but
+    the decode pool has no copy: the whole prompt's K/V cross, and the tokens stay the colocated engine's."""
+    requests = shared_prefix_trace(2, 2, system_tokens=16, message_tokens=(4, 8), new_tokens=(3, 6), gap_s=0.02)
+    colocated = run_serving(pool2, weights, requests, CONFIG)
+    run = run_disaggregated(pool2, weights, requests, CONFIG)
+    assert run.prefix_hit_tokens > 0
+    assert run.tokens == colocated.tokens
+    assert run.kv_bytes_sent == run.kv_bytes_predicted
+    assert all(run.kv_bytes_sent[r.request_id] == MODEL.kv_bytes_per_token(8) * len(r.prompt_token_ids)
+               for r in requests)
 
 
 @pytest.mark.parametrize("world, prefill, message", [
@@ -167,7 +189,7 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     """The exact parts of ``run_disaggregation_check``: what it runs, predicts and tabulates, and the bytes
     claim, which holds exactly. Its timing verdicts are the notebook's to show (they are not asserted here:
     ``verified`` is replaced by one plain measurement)."""
-    from shardlib.serving.fleet import drivers
+    from shardlib.serving.fleet import disagg_drivers as drivers
     from shardlib.serving.fleet.goodput import ServingObjective
 
     def once(measure, verdicts, attempts=3):
@@ -190,13 +212,15 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     assert check.predicted_goodput["disaggregated", objective.label] > 0  # a roomy objective is met somewhere
     assert check.attainment["colocated", objective.label] == 1.0  # 1 s of TTFT: every request meets it
     assert check.interference.n_mixed > 0 and check.interference.n_decode_only > 0
-    assert len(check.sweep_rates) == 8 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
+    assert set(check.handoff_s) == {"disaggregated", "disaggregated, layerwise"}
+    assert "whole predicted" in check.handoff_line and "layerwise predicted" in check.handoff_line
+    assert len(check.sweep_rates) == 10 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
 
 
 def test_interference_needs_both_kinds_of_step():
     from shardlib.serving.engine.predict import StepCost
     from shardlib.serving.engine.ranks import StepRecord
-    from shardlib.serving.fleet.drivers import interference
+    from shardlib.serving.fleet.disagg_drivers import interference
 
     cost = StepCost(1.0, 0.1, 0.0, 2, 32, 8)
     alone = StepRecord(2, 2, 2, 20, 0.0, 1.2, 4, 20)

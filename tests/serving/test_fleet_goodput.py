@@ -90,6 +90,7 @@ def test_one_request_through_the_pools_by_hand():
     assert pred.token_times_s[0] == pytest.approx((first_s, first_s + wait + decode, first_s + wait + 2 * decode,
                                                    first_s + wait + 3 * decode))
     assert pred.prefill_step_s == pytest.approx((first_s,)) and len(pred.decode_step_s) == 3
+    assert pred.admitted_s[0] == pytest.approx(wait)  # nothing else decoding: admitted as the K/V land
     layerwise = simulate_pools([r], CONFIG, COST, LINK, MODEL, layerwise=True)
     assert layerwise.handoff_s[0] == pytest.approx(max(wait / 2, wait - first_s / 2))
     assert layerwise.token_times_s[0][1] < pred.token_times_s[0][1]  # the hidden part came off the wait

@@ -10,7 +10,7 @@ import pytest
 from shardlib.serving.engine import EngineConfig, StepCost, poisson_trace
 from shardlib.serving.engine.llama import LlamaConfig
 from shardlib.serving.engine.predict import simulate_serving
-from shardlib.serving.fleet.drivers import LOOPBACK
+from shardlib.serving.fleet.disagg_drivers import LOOPBACK
 from shardlib.serving.fleet.goodput import ServingObjective
 from shardlib.serving.fleet.pools import simulate_pools
 from shardlib.serving.fleet.splits import simulate_colocated, simulate_split, split_figures

@@ -6,8 +6,9 @@ replicas behind a router, and a replica's cold start.
 * ``disagg``: ``disaggregated_on_rank``, a prefill pool and a decode pool in one job.
 * ``goodput``: ``ServingObjective``, ``slo_attainment``, ``goodput`` (DistServe's, per GPU).
 * ``pools``: the two pools replayed on a fitted step cost (``simulate_pools``), the hand-off included.
-* ``drivers``: ``run_disaggregated`` (a ``DisaggregatedRun``) and ``run_disaggregation_check`` (colocated
-  against disaggregated, predicted then measured: a ``DisaggregationCheck``).
+* ``drivers``: ``run_disaggregated`` (a ``DisaggregatedRun``).
+* ``disagg_drivers``: ``run_disaggregation_check``, colocated against disaggregated, predicted then measured
+  (a ``DisaggregationCheck``).
 * ``router``: the routing policies (``ROUTERS``: round robin, least loaded, prefix-aware with a balance
   threshold), ``ReplicaLoad``, ``make_router``, ``route_trace`` (a pure replay).
 * ``traces``: ``hot_prefix_trace``, most requests under one system prompt, the rest unrelated.
@@ -30,9 +31,10 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "handoff": ("kv_bytes_per_request", "KVSender", "KVReceiver"),
     "disagg": ("disaggregated_on_rank", "DisaggRankResult"),
     "goodput": ("ServingObjective", "slo_attainment", "goodput"),
-    "pools": ("simulate_pools", "PredictedPools", "admit_handed_off", "handoff_s", "predicted_goodput"),
-    "drivers": ("run_disaggregated", "DisaggregatedRun", "check_split", "run_disaggregation_check",
-                "DisaggregationCheck", "Interference", "interference", "default_objectives", "CONFIGURATIONS"),
+    "pools": ("simulate_pools", "PredictedPools", "admit_handed_off", "handoff_s"),
+    "drivers": ("run_disaggregated", "DisaggregatedRun", "check_split"),
+    "disagg_drivers": ("run_disaggregation_check", "DisaggregationCheck", "Interference", "interference",
+                       "default_objectives", "CONFIGURATIONS"),
     "router": (
         "ReplicaLoad",
         "Router",

@@ -35,7 +35,8 @@ from .pools import admit_handed_off, decode_config
 @dataclass(frozen=True)
 class DisaggRankResult:
     """What one rank saw. The prefill leader: per request its first token and when (``outputs``), its
-    steps; the decode leader: per handed-off request every token, their times and preemptions, its steps;
+    steps; the decode leader: per handed-off request every token, their times and preemptions, its steps, and
+    the seconds from its first token to its K/V in the cache (the hand-off as the decode pool saw it);
     every prefill rank: the request of each K/V message it sent, in the order its comm log holds them."""
 
     rank: int
@@ -47,6 +48,7 @@ class DisaggRankResult:
     prefix_hit_tokens: int = 0
     prefix_lookup_tokens: int = 0
     preemptions: int = 0
+    handoff_s: dict | None = None  # the decode leader: per request, first token to its K/V in this cache
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
 
     sched = Scheduler(decode_config(config))
     steps: list[StepRecord] = []
+    handoff, first_s = {}, {}  # request id -> seconds from its first token to its K/V here; when it was sampled
     while True:
         inbox.poll()
         if sched.idle and not inbox.tokens:
@@ -208,12 +211,15 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
                 break
             inbox.poll(block=True)
             continue
+        first_s.update((requests[i].request_id, t) for i, _, t in inbox.tokens)
         admits = admit_handed_off(sched, inbox.tokens, requests, config)
         plan = sched.schedule() if not sched.idle else StepPlan(())
         if p > 1:
             _pool_broadcast(ctx, torch.cat([_pack_admits(admits), pack(plan.chunks)]), leader, groups.decode)
         for i, table in admits:
             inbox.land(i, model.cache, table)
+            rid = requests[i].request_id
+            handoff[rid] = clock() - first_s[rid]
         if not plan.chunks:
             continue
         start_s = clock()
@@ -231,7 +237,7 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
     inbox.wait_end()
     outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
     return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes, outputs, tuple(steps),
-                            preemptions=sched.preemptions)
+                            preemptions=sched.preemptions, handoff_s=handoff)
 
 
 def weights_dtype(model) -> torch.dtype:

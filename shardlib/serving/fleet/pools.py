@@ -7,7 +7,7 @@ with every request cut to one token: it gives each prompt's first-token time. Th
 by layer (Splitwise), only the part the prompt's later layers do not cover shows: at least the last layer's
 share. The decode pool admits a request when its K/V have arrived (``admit_handed_off``, the admission the
 rank function runs too) and decodes on the same step cost. From the token times: TTFT and TPOT percentiles,
-and over a sweep of request rates, goodput (``goodput``). Pure: no ``torch.distributed``.
+and over a sweep of request rates, goodput (``goodput.goodput``). Pure: no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from ...costs.alpha_beta import point_to_point_s
 from ..engine.predict import figures, simulate_serving
 from ..engine.requests import SequenceState, request_metrics
 from ..engine.scheduler import Scheduler
-from .goodput import goodput
 
 
 def admit_handed_off(sched: Scheduler, queue: deque, requests, config) -> list[tuple[int, tuple[int, ...]]]:
@@ -59,13 +58,14 @@ def handoff_s(kv_bytes: int, link, n_layers: int, layerwise: bool, prefill_s: fl
 
 @dataclass(frozen=True)
 class PredictedPools:
-    """What the replay predicts: per request its token times, the exposed hand-off (seconds), and the
-    steps' predicted times of each pool."""
+    """What the replay predicts: per request its token times, the exposed hand-off (seconds) and the wait
+    from its first token to its admission by the decode pool, and the steps' predicted times of each pool."""
 
     token_times_s: dict
-    handoff_s: dict
+    handoff_s: dict  # request id -> the link's exposed seconds
     prefill_step_s: tuple[float, ...]
     decode_step_s: tuple[float, ...]
+    admitted_s: dict = None  # request id -> first token to admission, the decode step in progress waited out
 
     def figures(self, requests) -> dict[str, float]:
         return figures(requests, self.token_times_s)
@@ -91,14 +91,14 @@ def simulate_pools(requests, config, cost, link, model, prefill_ranks: int = 1,
         wait = handoff_s(kv_bytes, link, model.n_layers, layerwise, cost.step_s(n, n * (n + 1) // 2))
         waits[r.request_id] = wait
         handed.append((first_s + wait, i, first_s))
-    times, steps = _decode_pool(handed, requests, config, cost)
+    times, steps, admitted = _decode_pool(handed, requests, config, cost)
     out = {r.request_id: times.get(r.request_id, first.token_times_s[r.request_id]) for r in requests}
-    return PredictedPools(out, waits, first.step_s, tuple(steps))
+    return PredictedPools(out, waits, first.step_s, tuple(steps), admitted)
 
 
 def _decode_pool(handed, requests, config, cost):
     sched = Scheduler(decode_config(config))
-    pending, queue, clock, steps = deque(sorted(handed)), deque(), 0.0, []
+    pending, queue, clock, steps, admitted = deque(sorted(handed)), deque(), 0.0, [], {}
     while pending or queue or not sched.idle:
         while pending and pending[0][0] <= clock:
             _, i, first_s = pending.popleft()
@@ -106,17 +106,14 @@ def _decode_pool(handed, requests, config, cost):
         if sched.idle and not queue:
             clock = pending[0][0]
             continue
-        admit_handed_off(sched, queue, requests, config)
+        firsts = {i: first_s for i, _, first_s in queue}
+        for i, _ in admit_handed_off(sched, queue, requests, config):
+            admitted[requests[i].request_id] = clock - firsts[i]
         plan = sched.schedule()
         if not plan.chunks:
             raise RuntimeError("the decode pool could schedule nothing: its cache is too small for a request")
         steps.append(cost.step_s(plan.n_tokens, plan.n_context))
         clock += steps[-1]
         sched.update(plan, {ch.seq: 0 for ch in plan.chunks if ch.sample}, clock)
-    return {rid: tuple(s.token_times_s) for rid, s in sched.finished.items()}, steps
+    return {rid: tuple(s.token_times_s) for rid, s in sched.finished.items()}, steps, admitted
 
-
-def predicted_goodput(trace_at, rates, predict, objective, gpus: int) -> float:
-    """Goodput per GPU predicted over ``rates``: ``trace_at(rate)`` is the trace at that rate, ``predict``
-    maps a trace to its per-request metrics (a dict)."""
-    return goodput({rate: list(predict(trace_at(rate)).values()) for rate in rates}, objective, gpus)
