@@ -162,7 +162,9 @@ def run_router_check(ranks, weights, requests, config, policies=("round-robin", 
     prefix hit rate); ``ratios``: ``(figure, label_a, label_b)``, a's figure over b's, predicted against
     measured. A hit rate holds within ``HIT_RATE_BAND`` (it is counted, not timed); times and ratios of
     times within ``TIME_BAND``. Measured again, the fit included, up to ``attempts`` times until every
-    verdict holds (``runtime.verdict.verified``)."""
+    verdict holds (``runtime.verdict.verified``). On fewer cores than ranks the replicas share cores: one
+    left idle lends its core to a busy one, which softens a pile-up's cost against the replay (fitted with
+    every replica busy); a core per replica (2 replicas on 2 ranks of a 2-core machine) shows it whole."""
     requests = tuple(requests)
     replicas = ranks.world_size if replicas is None else replicas
     tp = check_replicas(ranks.world_size, replicas)
