@@ -42,6 +42,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "check_replicas",
         "run_router_check",
         "RouterCheck",
+        "HOT_PREFIX_POLICIES",
     ),
     "layout_drivers": (
         "run_replicas_vs_tp_check",

@@ -91,6 +91,10 @@ def run_replicas(ranks, weights, requests, config, replicas: int = 2, policy: st
 FIGURE_WORDS = {"hit_rate": "prefix hit rate", "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90",
                 "tpot_p50_s": "TPOT p50", "tokens_per_s": "tokens/s"}
 TABLE_FIGURES = ("hit_rate", "ttft_p50_s", "ttft_p90_s", "tokens_per_s")
+# the three policies, prefix-aware with and without its threshold: what a hot prefix does to each
+HOT_PREFIX_POLICIES = {"round-robin": "round-robin", "least-loaded": "least-loaded",
+                       "prefix-aware, no threshold": ("prefix-aware", {"balance_threshold": None}),
+                       "prefix-aware, threshold 2": ("prefix-aware", {"balance_threshold": 2})}
 HIT_RATE_BAND = (0.75, 1.33)  # a count, not a time: the replay routes as the ranks do, up to one-step-old reports
 TIME_BAND = (0.5, 2.0)
 
