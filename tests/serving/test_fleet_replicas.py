@@ -3,10 +3,12 @@ is served by the replica the router chose, and a hot prefix piles up without a t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from shardlib.serving.engine import EngineConfig, StepCost, reference_tokens
+from shardlib.serving.engine import EngineConfig, StepCost, reference_tokens, run_serving
 from shardlib.serving.engine.llama import LlamaConfig, random_weights
 from shardlib.serving.engine.predict import simulate_serving
 from shardlib.serving.fleet.layout_drivers import run_replicas_vs_tp_check
@@ -139,3 +141,11 @@ def test_replicas_against_the_split_copy_on_costs_fitted_before(pool4, weights, 
         run_replicas_vs_tp_check(pool4, weights, requests, CONFIG)
     with pytest.raises(ValueError, match="two StepCosts"):
         run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, costs=costs[:1])
+
+
+def test_seeded_requests_sample_the_same_tokens_on_replicas(pool2, weights):
+    """A request's seed travels with it to its replica: the draws do not depend on where it ran."""
+    requests = [replace(r, seed=i) for i, r in enumerate(hot_prefix_trace(8, rate_per_s=float("inf"), seed=6))]
+    alone = run_serving(pool2, weights, requests, CONFIG)
+    spread = run_replicas(pool2, weights, requests, CONFIG, replicas=2, policy="round-robin")
+    assert spread.tokens == alone.tokens and set(spread.routed) == {4}

@@ -64,6 +64,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "check_replicas",
         "run_router_check",
         "RouterCheck",
+        "HOT_PREFIX_POLICIES",
     ),
     "cold_start": (
         "run_cold_start_check",

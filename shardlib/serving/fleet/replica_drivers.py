@@ -91,6 +91,10 @@ def run_replicas(ranks, weights, requests, config, replicas: int = 2, policy: st
 FIGURE_WORDS = {"hit_rate": "prefix hit rate", "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90",
                 "tpot_p50_s": "TPOT p50", "tokens_per_s": "tokens/s"}
 TABLE_FIGURES = ("hit_rate", "ttft_p50_s", "ttft_p90_s", "tokens_per_s")
+# the three policies, prefix-aware with and without its threshold: what a hot prefix does to each
+HOT_PREFIX_POLICIES = {"round-robin": "round-robin", "least-loaded": "least-loaded",
+                       "prefix-aware, no threshold": ("prefix-aware", {"balance_threshold": None}),
+                       "prefix-aware, threshold 2": ("prefix-aware", {"balance_threshold": 2})}
 HIT_RATE_BAND = (0.75, 1.33)  # a count, not a time: the replay routes as the ranks do, up to one-step-old reports
 TIME_BAND = (0.5, 2.0)
 
@@ -162,7 +166,9 @@ def run_router_check(ranks, weights, requests, config, policies=("round-robin", 
     prefix hit rate); ``ratios``: ``(figure, label_a, label_b)``, a's figure over b's, predicted against
     measured. A hit rate holds within ``HIT_RATE_BAND`` (it is counted, not timed); times and ratios of
     times within ``TIME_BAND``. Measured again, the fit included, up to ``attempts`` times until every
-    verdict holds (``runtime.verdict.verified``)."""
+    verdict holds (``runtime.verdict.verified``). On fewer cores than ranks the replicas share cores: one
+    left idle lends its core to a busy one, which softens a pile-up's cost against the replay (fitted with
+    every replica busy); a core per replica (2 replicas on 2 ranks of a 2-core machine) shows it whole."""
     requests = tuple(requests)
     replicas = ranks.world_size if replicas is None else replicas
     tp = check_replicas(ranks.world_size, replicas)
