@@ -53,8 +53,9 @@ def test_least_loaded_by_queue_and_by_kv():
     ld = loads(3, 1, 2, kv=[0, 8, 4])
     assert by_queue.choose(req(0, [1]), ld) == 1
     assert by_kv.choose(req(0, [1]), ld) == 0
-    assert by_queue.choose(req(0, [1]), loads(2, 1, 1, kv=[0, 5, 3])) == 2  # tie on queue: fewer blocks
-    assert by_queue.choose(req(0, [1]), loads(1, 1, 1)) == 0  # all equal: the lower index
+    assert by_queue.choose(req(0, [1]), loads(2, 1, 1, kv=[0, 5, 3])) == 1  # tie on queue: the lower index
+    assert by_kv.choose(req(0, [1]), loads(2, 1, 3, kv=[4, 5, 4])) == 0  # tie on blocks: fewer queued
+    assert by_kv.choose(req(0, [1]), loads(1, 1, 1)) == 0  # all equal: the lower index
     # by kv the share counts, not the count: 4 of 40 blocks is less loaded than 2 of 10
     mixed = [ReplicaLoad(0, 0, 2, 10), ReplicaLoad(1, 0, 4, 40)]
     assert make_router("least-loaded", 2, by="kv").choose(req(0, [1]), mixed) == 1

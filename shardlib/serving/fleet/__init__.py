@@ -7,6 +7,11 @@ hand-off's bytes for real models.
   predicted (``run_cold_start_check``); ``burst_at_scale``, what a burst waits for a real model's new replica.
 * ``presets``: for real models (``shardlib.models``), KV bytes per request and the link a request rate needs
   between a prefill pool and a decode pool (``handoff_need``, ``handoff_table``).
+* ``traces``: ``hot_prefix_trace``, most requests under one system prompt, the rest unrelated.
+* ``replicas``: ``replicas_on_rank``, replicas of the engine on ranks, the router co-hosted on rank 0.
+* ``fleet_predict``: ``simulate_replicas``, the routing replayed and each replica on the fitted step cost.
+* ``replica_drivers``: ``run_replicas`` -> ``ReplicaRun`` (the engine's result plus ``replica_of``);
+  ``run_router_check`` (policies predicted, then served, one verdict per claim).
 """
 
 from ..._lazy import exports
@@ -52,5 +57,23 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "HandoffNeed",
         "handoff_need",
         "handoff_table",
+    ),
+    "traces": (
+        "hot_prefix_trace",
+    ),
+    "replicas": (
+        "replicas_on_rank",
+        "ReplicaRankResult",
+    ),
+    "fleet_predict": (
+        "simulate_replicas",
+        "PredictedReplicas",
+    ),
+    "replica_drivers": (
+        "run_replicas",
+        "ReplicaRun",
+        "check_replicas",
+        "run_router_check",
+        "RouterCheck",
     ),
 })

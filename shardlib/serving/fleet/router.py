@@ -113,8 +113,9 @@ class RoundRobinRouter(Router):
 
 
 class LeastLoadedRouter(Router):
-    """The replica with the fewest requests queued (``by="queue"``) or the smallest share of its KV blocks
-    in use (``by="kv"``); ties by the other measure, then the lower index."""
+    """The replica with the fewest requests queued (``by="queue"``; ties by the lower index, as a shortest
+    queue does) or the smallest share of its KV blocks in use (``by="kv"``; ties by fewer queued, then the
+    lower index)."""
 
     name = "least-loaded"
 
@@ -125,7 +126,7 @@ class LeastLoadedRouter(Router):
     def choose(self, request: Request, loads: Sequence[ReplicaLoad]) -> int:
         self._check_loads(loads)
         if self.by == "queue":
-            return min(loads, key=lambda ld: (ld.queued, ld.kv_share, ld.replica)).replica
+            return min(loads, key=lambda ld: (ld.queued, ld.replica)).replica
         return min(loads, key=lambda ld: (ld.kv_share, ld.queued, ld.replica)).replica
 
     def __repr__(self) -> str:
@@ -197,7 +198,6 @@ class PrefixAwareRouter(Router):
         self.balance_threshold, self.balance_rel_threshold = balance_threshold, balance_rel_threshold
         self.cache_threshold = cache_threshold
         self.trees = [PrefixTree(max_tree_blocks) for _ in range(replicas)]
-        self.balanced_routes = 0  # decisions the threshold took from the prefix match
 
     def imbalanced(self, loads: Sequence[ReplicaLoad]) -> bool:
         """SGLang's test: most minus least queued above the threshold, and most above rel x least."""
