@@ -51,8 +51,6 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "presets": (
         "REAL_MODELS",
         "HANDOFF_LINKS",
-        "rank_kv_heads",
-        "rank_kv_bytes",
         "model_kv_bytes_per_request",
         "HandoffNeed",
         "handoff_need",
