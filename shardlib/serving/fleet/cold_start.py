@@ -195,7 +195,10 @@ def run_cold_start_check(config: LlamaConfig = COLD_START_MODEL, prompt_tokens: 
     Two claims, each measured / predicted within 0.5-2: the weights' read against checkpoint bytes over the
     bandwidth calibrated on another file, and the whole start against the sum of its parts. Each attempt
     starts a new pool (a cold start happens once per process); at most ``attempts`` (``verified``). About
-    half a second an attempt here: writing the files, the pool, the load and the step."""
+    half a second an attempt on an idle 2-core machine: writing the files, the pool, the load and the step.
+    ``torch.load`` does more than the calibration's plain read (one zip record and one tensor per weight):
+    here the read ran 1.2-1.9 times the prediction, inside the band; the gap is the loader's, not the
+    bandwidth's."""
     from ...runtime.ranks import Ranks
 
     if not isinstance(config, LlamaConfig):
