@@ -3,7 +3,7 @@
 import pytest
 
 from shardlib.hardware import ETHERNET_100G, INFINIBAND_400G, NVLINK
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig
 from shardlib.serving.engine.llama import LlamaConfig
 from shardlib.serving.fleet.presets import (
     REAL_MODELS,
@@ -11,8 +11,6 @@ from shardlib.serving.fleet.presets import (
     handoff_need,
     handoff_table,
     model_kv_bytes_per_request,
-    rank_kv_bytes,
-    rank_kv_heads,
 )
 
 
@@ -32,13 +30,16 @@ def test_llama_3_8b_and_mixtral_share_a_shape_of_attention():
     assert model_kv_bytes_per_request(LLAMA_3_8B, 1) == 131_072 == model_kv_bytes_per_request(MIXTRAL_8X7B, 1)
 
 
-def test_one_formula_for_the_presets_and_the_toy_llama():
-    toy = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
-    for tp in (1, 2, 4):
-        assert rank_kv_bytes(toy.n_layers, toy.n_kv_heads, toy.head_dim, 8, 10, tp) == \
-            toy.kv_bytes_per_token(8, tp) * 10
+def test_one_formula_for_the_presets_and_the_engine_llama():
+    """The presets' bytes (``models.kv_cache_bytes``) and the engine's (``LlamaConfig.kv_bytes_per_token``, which
+    the hand-off reads) agree on the same shape, KV heads split or copied."""
+    shape = dict(n_layers=3, d_model=64, n_heads=8, n_kv_heads=4, d_ff=128, vocab_size=97)
+    llama = LlamaConfig(vocab_size=97, d_model=64, n_layers=3, n_heads=8, n_kv_heads=4, d_ff=128, max_positions=64)
+    for dtype_bytes in (2, 4):
+        model = ModelConfig("same-shape", bytes_per_param=float(dtype_bytes), **shape)
+        for tp in (1, 2, 4, 8):
+            assert model_kv_bytes_per_request(model, 10, tp) == llama.kv_bytes_per_token(dtype_bytes, tp) * 10
     assert model_kv_bytes_per_request(TOY, 5) == TOY.kv_bytes_per_token() * 5
-    assert [rank_kv_heads(8, tp) for tp in (1, 2, 8, 16)] == [8, 4, 1, 1]
 
 
 def test_the_link_a_rate_needs():

@@ -74,6 +74,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "save_checkpoint",
         "load_checkpoint",
         "write_cold_start_files",
+        "checkpoint_weights",
         "COLD_START_MODEL",
         "Storage",
         "STORAGE",

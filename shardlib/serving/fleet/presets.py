@@ -9,8 +9,9 @@ requests a second the link between the pools carries ``bytes per request x R``; 
 ``shardlib.models`` preset (Llama 3 8B and 70B, Llama 3.1 405B, Mixtral 8x7B) and sets it beside real
 links (``shardlib.hardware``: NVLink, PCIe, InfiniBand, Ethernet), each quoted one way.
 
-The bytes are those of the toy engine's hand-off (``handoff.kv_bytes_per_request``), one formula for
-both. Pure: no torch.
+The bytes are ``models.kv_cache_bytes`` of one request (the KV-cache formula's home for the presets); the
+toy engine's hand-off (``handoff.kv_bytes_per_request``) reads ``LlamaConfig.kv_bytes_per_token``, and a
+test holds the two equal on the same shape. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -19,26 +20,18 @@ from dataclasses import dataclass
 
 from ...checks import positive_number, whole_number
 from ...hardware import ETHERNET_100G, INFINIBAND_400G, NVLINK, PCIE_GEN5, Link
-from ...models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, ModelConfig, check_tensor_parallel
+from ...models import (
+    LLAMA_3_1_405B,
+    LLAMA_3_8B,
+    LLAMA_3_70B,
+    MIXTRAL_8X7B,
+    ModelConfig,
+    check_tensor_parallel,
+    kv_cache_bytes,
+)
 
 REAL_MODELS: tuple[ModelConfig, ...] = (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, LLAMA_3_1_405B)
 HANDOFF_LINKS: tuple[Link, ...] = (NVLINK, PCIE_GEN5, INFINIBAND_400G, ETHERNET_100G)
-
-
-def rank_kv_heads(n_kv_heads: int, tp: int) -> int:
-    """KV heads one of ``tp`` ranks holds: ``n_kv_heads / tp``, or 1 (a copy) once ``tp`` passes them."""
-    return max(1, whole_number(n_kv_heads, "n_kv_heads") // whole_number(tp, "tp"))
-
-
-def rank_kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: float, tokens: int,
-                     tp: int = 1) -> int:
-    """K and V of ``tokens`` tokens on one of ``tp`` ranks: ``2 x layers x KV heads on the rank x head dim x
-    bytes x tokens``. The one formula of the hand-off's bytes, for the toy Llama and the presets alike."""
-    whole_number(n_layers, "n_layers")
-    whole_number(head_dim, "head_dim")
-    positive_number(dtype_bytes, "dtype_bytes (bytes per K/V element)")
-    whole_number(tokens, "prompt_tokens (tokens whose K/V are handed off)")
-    return int(2 * n_layers * rank_kv_heads(n_kv_heads, tp) * head_dim * dtype_bytes * tokens)
 
 
 def model_kv_bytes_per_request(model: ModelConfig, prompt_tokens: int, tp: int = 1) -> int:
@@ -47,8 +40,8 @@ def model_kv_bytes_per_request(model: ModelConfig, prompt_tokens: int, tp: int =
     if not isinstance(model, ModelConfig):
         raise ValueError(f"model must be a ModelConfig (a preset of shardlib.models), got {type(model).__name__}")
     check_tensor_parallel(model, tp, copy_kv_heads=True)
-    return rank_kv_bytes(model.n_layers, model.n_kv_heads, model.head_dim, model.bytes_per_param,
-                            prompt_tokens, tp)
+    return int(kv_cache_bytes(model, whole_number(prompt_tokens, "prompt_tokens (tokens whose K/V are handed off)"),
+                              tp=tp))
 
 
 @dataclass(frozen=True)
