@@ -1,7 +1,7 @@
 """Serving, benchmarked: the toy model in every layout the planner allows, and the serving engine against
 transformers' generate, each predicted against measured.
 
-    .venv/bin/python benchmarks/bench_serving.py [--section all|layouts|engine] [--requests 48] [--batch 16] [--tp 1]
+    .venv/bin/python benchmarks/bench_serving.py [--section all|layouts|engine|fleet] [--requests 48] [--batch 16]
 
 **Layouts.** Measures the link (a latency-bandwidth sweep on the 4 ranks) and this process's arithmetic
 speed, plans the toy model (``models.TOY``, 4 blocks, d_model 64) on 4 CPU ranks seen as 2 "nodes" of 2
@@ -21,6 +21,14 @@ one seeded trace of mixed prompt and output lengths, all arriving at once (offli
 * the engine's fitted cost model (fitted on another trace) predicting each policy's figures, with its
   error;
 * a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT.
+
+**Fleet.** The tiny Llama of notebook 07 (float64) on 4 ranks: the KV hand-off's bytes and tokens on
+2 + 2 and 1 + 1 ranks; five configurations (one engine over 4 ranks, prefill first and chunked; 2
+replicas of 2 ranks; 2 + 2 pools, whole and layerwise) each served at ``--fleet-rates`` and predicted on
+a step cost fitted to a run of another trace (``fleet.pools``, ``fleet_predict``): TTFT, TPOT, tokens/s
+and SLO attainment per rate, goodput per GPU under a tight and a loose TPOT objective, measured beside
+predicted with the ratio; the router per policy on a longer hot-prefix trace; 4 x 1 and 2 x 2
+replicas against one copy split 4 ways; a replica's cold start and what a burst waits at scale.
 
 Everything in one run, side by side, so the ratios are measured under the same load. No target is
 asserted here: the aim (continuous batching at least 1.5x transformers' static batches) is printed with
@@ -47,6 +55,7 @@ from shardlib.serving.engine.predict import (
     FIGURES,
     PAPER_CONTIGUOUS_UTILIZATION,
     contiguous_utilization,
+    figures,
     fit_step_cost,
     simulate_serving,
 )
@@ -205,20 +214,176 @@ def engine_main(args) -> None:
 
 
 
+def fleet_main(args) -> None:
+    """Serving at scale on 4 ranks: goodput over request rates per configuration, measured and predicted;
+    the router per policy; replicas against one split copy; the KV hand-off's bytes; a cold start."""
+    from shardlib.models import LLAMA_3_70B
+    from shardlib.serving.engine.drivers import reference_tokens
+    from shardlib.serving.engine.llama import LlamaConfig, random_weights
+    from shardlib.serving.engine.requests import request_metrics
+    from shardlib.serving.fleet import (
+        STORAGE,
+        burst_at_scale,
+        default_objectives,
+        handoff_table,
+        hot_prefix_trace,
+        run_cold_start_check,
+        run_disaggregated,
+        run_replicas,
+        run_replicas_vs_tp_check,
+        run_router_check,
+        simulate_pools,
+        simulate_replicas,
+        slo_attainment,
+    )
+    from shardlib.serving.fleet.disagg_drivers import LOOPBACK
+    from shardlib.serving.fleet.goodput import goodput
+
+    model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+    weights = random_weights(model, seed=0, dtype=torch.float64)
+    config = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
+    rates = tuple(args.fleet_rates)
+    n = args.fleet_requests
+
+    def trace_at(rate):
+        return poisson_trace(n, rate, prompt_tokens=(4, 40), new_tokens=(2, 24), seed=11)
+
+    fit_trace = poisson_trace(16, float("inf"), prompt_tokens=(4, 40), new_tokens=(2, 24), seed=12)
+    with Ranks(4) as four:
+        print(f"serving at scale on {four.world_size} ranks ({four.description}); the tiny Llama of notebook 07, "
+              f"float64; {n} requests a trace")
+
+        # -- the hand-off: bytes and tokens, 2 + 2 here and 1 + 1 below --------------------------------------
+        probe = trace_at(rates[0])
+        with four.same_threads():
+            reference, _ = reference_tokens(weights, probe)
+        for layerwise in (False, True):
+            run = run_disaggregated(four, weights, probe, config, 2, layerwise=layerwise)
+            how = "layerwise" if layerwise else "whole    "
+            print(f"hand-off 2 + 2 {how}: {sum(run.kv_bytes_sent.values()):,} bytes sent, "
+                  f"{sum(run.kv_bytes_predicted.values()):,} predicted; bytes exact per request: "
+                  f"{run.kv_bytes_sent == run.kv_bytes_predicted}; tokens equal one process's: "
+                  f"{run.tokens == reference}")
+
+        # -- goodput over rates -------------------------------------------------------------------------------
+        colocated = {"colocated": replace(config, chunked_prefill=False), "colocated, chunked": config}
+        fits = {name: fit_step_cost(run_serving(four, weights, fit_trace, c).steps, model, 8)
+                for name, c in colocated.items()}
+        pool_fit = run_disaggregated(four, weights, fit_trace, config, 2)
+        pool_cost = fit_step_cost(pool_fit.prefill_steps + pool_fit.decode_steps, model, 8)
+        replica_cost = fit_step_cost(run_replicas(four, weights, fit_trace, config, 2, "round-robin").steps, model, 8)
+        prefill_first, chunked = colocated["colocated"], fits["colocated, chunked"]
+        configurations = {
+            "colocated, tp 4": (lambda t: run_serving(four, weights, t, prefill_first),
+                                lambda t: simulate_serving(t, prefill_first, fits["colocated"]).token_times_s),
+            "colocated, tp 4, chunked": (lambda t: run_serving(four, weights, t, config),
+                                         lambda t: simulate_serving(t, config, chunked).token_times_s),
+            "2 replicas of tp 2": (lambda t: run_replicas(four, weights, t, config, 2, "round-robin"),
+                                   lambda t: simulate_replicas(t, config, replica_cost, 2, "round-robin")
+                                   .token_times_s),
+            "2 + 2 pools, whole": (lambda t: run_disaggregated(four, weights, t, config, 2),
+                                   lambda t: simulate_pools(t, config, pool_cost, LOOPBACK, model, 2).token_times_s),
+            "2 + 2 pools, layerwise": (
+                lambda t: run_disaggregated(four, weights, t, config, 2, layerwise=True),
+                lambda t: simulate_pools(t, config, pool_cost, LOOPBACK, model, 2, layerwise=True).token_times_s),
+        }
+        objectives = default_objectives(pool_cost, trace_at(rates[0]))
+        print("\nobjectives (from the pools' fitted step cost): " + "; ".join(
+            f"{o.name}: TTFT <= {o.ttft_s * 1e3:.0f} ms, TPOT <= {o.tpot_s * 1e3:.1f} ms, {o.share:.0%} of requests"
+            for o in objectives))
+        measured, predicted, figures_at = {}, {}, {}
+        for name, (serve, predict) in configurations.items():
+            for rate in rates:
+                t = trace_at(rate)
+                by_id = {r.request_id: r for r in t}
+                run = serve(t)
+                times = predict(t)
+                measured[name, rate] = list(run.metrics.values())
+                predicted[name, rate] = [request_metrics(by_id[rid], ts) for rid, ts in times.items()]
+                figures_at[name, rate] = (run.figures(t), figures(t, times))
+        head = f"{'configuration':<26}{'rate/s':>7}{'TTFT p90 ms':>18}{'TPOT p90 ms':>16}{'tokens/s':>16}" + "".join(
+            f"{'met, ' + o.name:>20}" for o in objectives)
+        print("\nper rate, measured / predicted\n" + head)
+        for name in configurations:
+            for rate in rates:
+                m, p = figures_at[name, rate]
+                row = (f"{name:<26}{rate:>7.0f}{m['ttft_p90_s'] * 1e3:>9.1f} /{p['ttft_p90_s'] * 1e3:>6.1f}"
+                       f"{m['tpot_p90_s'] * 1e3:>8.1f} /{p['tpot_p90_s'] * 1e3:>5.1f}"
+                       f"{m['tokens_per_s']:>8.0f} /{p['tokens_per_s']:>6.0f}")
+                for o in objectives:
+                    met = slo_attainment(measured[name, rate], o), slo_attainment(predicted[name, rate], o)
+                    row += f"{met[0]:>12.0%} /{met[1]:>5.0%}"
+                print(row)
+        print(f"\ngoodput per GPU (4 GPUs), the highest of rates {', '.join(f'{r:g}' for r in rates)} a second whose "
+              "attainment holds from the lowest up: measured, predicted, predicted / measured")
+        for name in configurations:
+            cells = ""
+            for o in objectives:
+                gm = goodput({r: measured[name, r] for r in rates}, o, 4)
+                gp = goodput({r: predicted[name, r] for r in rates}, o, 4)
+                ratio = f"{gp / gm:.2f}" if gm else ("equal" if gp == gm else "-")
+                cells += f"   {o.name}: {gm:6.1f} / {gp:6.1f} ({ratio})"
+            print(f"  {name:<26}{cells}")
+        print(f"\n{handoff_table(4096, 10.0)}")
+
+        # -- the router ---------------------------------------------------------------------------------------
+        hot = hot_prefix_trace(args.router_requests, rate_per_s=400.0, hot=0.75, seed=2)
+        policies = {"round-robin": ("round-robin", {}), "least-loaded": ("least-loaded", {}),
+                    "least-loaded (kv)": ("least-loaded", {"by": "kv"}),
+                    "prefix-aware, no threshold": ("prefix-aware", {"balance_threshold": None}),
+                    "prefix-aware, threshold 2": ("prefix-aware", {"balance_threshold": 2}),
+                    "prefix-aware, threshold 8": ("prefix-aware", {"balance_threshold": 8})}
+        routing = run_router_check(four, weights, hot, config, policies,
+                                   fit_requests=hot_prefix_trace(16, rate_per_s=float("inf"), hot=0.5, seed=3))
+        print(f"\nrouter: {len(hot)} requests, 75 % under one 48-token system prompt, 4 replicas of 1 rank")
+        for v in routing.verdicts:
+            print("  " + v.line)
+        print(routing.table())
+
+        # -- replicas against one split copy ------------------------------------------------------------------
+        for replicas in (4, 2):
+            layouts = run_replicas_vs_tp_check(four, weights, trace_at(rates[1]), config, fit_trace, replicas=replicas)
+            print(f"\n{layouts.labels[0]} against {layouts.labels[1]}, {n} requests at {rates[1]:g} a second")
+            for v in layouts.verdicts:
+                print("  " + v.line)
+            print(layouts.table())
+            if layouts.planner is not None:
+                pl = layouts.planner
+                print(f"  the planner's pair (costs.predict.replicas_vs_tensor_parallel) on the two fits: throughput "
+                      f"ratio {pl.throughput_ratio:.2f}x, latency ratio {pl.latency_ratio:.2f}x")
+
+    with Ranks(2) as two:
+        run = run_disaggregated(two, weights, probe, config, 1)
+        print(f"\nhand-off 1 + 1: {sum(run.kv_bytes_sent.values()):,} bytes sent, exact per request: "
+              f"{run.kv_bytes_sent == run.kv_bytes_predicted}; tokens equal: {run.tokens == reference}")
+
+    start = run_cold_start_check()
+    print("\ncold start of one replica")
+    for v in start.verdicts:
+        print("  " + v.line)
+    print(start.table())
+    for storage in STORAGE.values():
+        print("  " + burst_at_scale(LLAMA_3_70B, storage, 20.0, 4.0, 2, process_start_s=30.0, first_step_s=10.0).line)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--section", choices=("all", "layouts", "engine"), default="all")
+    parser.add_argument("--section", choices=("all", "layouts", "engine", "fleet"), default="all")
     parser.add_argument("--requests", type=int, default=48, help="engine: requests in the trace")
     parser.add_argument("--batch", type=int, default=16, help="engine: sequences at once, for every policy")
     parser.add_argument("--tp", type=int, default=1, help="engine: tensor-parallel ranks")
     parser.add_argument("--rounds", type=int, default=3, help="engine: alternating rounds, the fastest kept")
+    parser.add_argument("--fleet-requests", type=int, default=32, help="fleet: requests a trace, per rate")
+    parser.add_argument("--fleet-rates", type=float, nargs="+", default=(25.0, 50.0, 100.0, 200.0, 400.0),
+                        help="fleet: request rates (a second) goodput is read over")
+    parser.add_argument("--router-requests", type=int, default=64, help="fleet: requests in the router's trace")
     args = parser.parse_args(argv)
-    if args.section in ("all", "layouts"):
-        layouts_main()
-    if args.section in ("all", "engine"):
-        if args.section == "all":
+    sections = ("layouts", "engine", "fleet") if args.section == "all" else (args.section,)
+    for i, section in enumerate(sections):
+        if i:
             print("\n" + "-" * 100 + "\n")
-        engine_main(args)
+        {"layouts": lambda: layouts_main(), "engine": lambda: engine_main(args), "fleet": lambda: fleet_main(args)}[
+            section]()
 
 
 if __name__ == "__main__":

@@ -526,4 +526,5 @@ show_questions(
 #   flowing while prompts ran. Prefix caching skipped the shared prompt's blocks.
 #
 # The exercise: `exercises/06_serving_engine_exercises.ipynb` has you write the block manager.
-# Notebook 07 will take this engine to many replicas.
+# [Notebook 07](07_serving_at_scale.ipynb) takes this engine past one copy: prefill and decode pools,
+# replicas behind a router.

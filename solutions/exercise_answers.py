@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shardlib.exercises.serving_at_scale import PrefixRouterState
+
 
 # -- 01 tensor parallelism ------------------------------------------------------------------------------
 def shard_rows(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
@@ -216,3 +218,23 @@ class PrefixBlockManager:
             self.refs[block] -= 1
             if self.refs[block] == 0:
                 self.free_blocks.append(block)
+
+
+# -- 07 serving at scale: the prefix-aware router -----------------------------------------------------------
+class PrefixRouter(PrefixRouterState):
+    """SGLang's cache-aware choice: the least queued replica when the queues are imbalanced (most minus
+    least above the threshold) or no replica holds a block of the prompt; else the longest match, ties to
+    the fewer queued, then the lower index. The decision recorded: one more queued there, the prompt
+    remembered in its tree."""
+
+    def route(self, request) -> int:
+        queued, replicas = self.queued, range(len(self.queued))
+        least = min(replicas, key=lambda i: (queued[i], i))
+        if max(queued) - min(queued) > self.balance_threshold:
+            choice = least  # imbalanced: balance, whatever the prefixes say
+        else:
+            matched = self.matched_blocks(request)  # per replica: leading full blocks its tree holds
+            choice = least if max(matched) == 0 else min(replicas, key=lambda i: (-matched[i], queued[i], i))
+        self.queued[choice] += 1
+        self.remember(choice, request)
+        return choice

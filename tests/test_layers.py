@@ -31,7 +31,7 @@ ORDER = {"infra": -1, "pure": 0, "runtime": 1, "rank": 2, "driver": 3, "ui": 4, 
 ROLES = {"reference": "pure", "predict": "pure", "ranks": "rank", "drivers": "driver"}
 # Entry points that run rank functions on a pool or under torchrun without a role's file name.
 DRIVERS = {"shardlib.serving.across", "shardlib.serving.machines", "shardlib.training.machines",
-           "shardlib.training.step_time", "shardlib.launch"}
+           "shardlib.training.step_time", "shardlib.launch", "shardlib.serving.fleet.cold_start"}
 PURE_WORDS = re.compile(r"\bpure\b|\bno ranks\b", re.IGNORECASE)
 NO_TORCH_WORDS = re.compile(r"\bno (``)?torch(``)?(?!\.\w)")  # "no torch", not "no torch.distributed"
 UI_LIBRARIES = ("plotly", "ipywidgets", "IPython", "anywidget")
@@ -188,12 +188,16 @@ def test_the_pure_modules_say_so_and_the_ones_without_torch_say_that_too():
     layers = {m: layer_of(m, files) for m in files}
     no_torch = {m for m in files if layers[m] == "pure" and says_no_torch(files[m])}
     assert {"shardlib.models", "shardlib.checks", "shardlib.costs.alpha_beta", "shardlib.serving.cost",
-            "shardlib.serving.planner", "shardlib.training.time_model", "shardlib.runtime.records"} <= no_torch
+            "shardlib.serving.planner", "shardlib.training.time_model", "shardlib.runtime.records",
+            "shardlib.serving.fleet.router"} <= no_torch
     assert {"shardlib.toy", "shardlib.runtime.measure", "shardlib.training.toy_prediction"} <= {
         m for m in files if layers[m] == "pure"} - no_torch  # pure, with torch
     assert layers["shardlib.runtime.comm"] == "runtime" and layers["shardlib.runtime.ranks"] == "runtime"
     assert layers["shardlib.pipeline.engine"] == layers["shardlib.tensor_parallel.layers"] == "rank"
     assert layers["shardlib.pipeline.bubble_drivers"] == layers["shardlib.serving.drivers"] == "driver"
+    assert "shardlib.serving.fleet.goodput" in no_torch and layers["shardlib.serving.fleet.pools"] == "pure"
+    assert layers["shardlib.serving.fleet.handoff"] == layers["shardlib.serving.fleet.disagg"] == "rank"
+    assert layers["shardlib.serving.fleet.drivers"] == layers["shardlib.serving.fleet.disagg_drivers"] == "driver"
 
 
 @pytest.mark.parametrize("module, line, expected", [

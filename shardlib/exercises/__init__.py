@@ -12,6 +12,8 @@
 * ``serving``: ``grade_mesh_coordinates`` (a rank's place in the mesh, beside a ``DeviceMesh``).
 * ``context_parallel``: ``grade_merge_partial_attention`` (the online softmax's merge).
 * ``serving_engine``: ``grade_block_manager`` (allocate and free with prefix reuse, on traces).
+* ``serving_at_scale``: ``grade_prefix_router`` (the prefix-aware router's choice with its balance threshold,
+  on traces, beside the library's router), ``PrefixRouterState`` (what the learner's router starts from).
 * ``training``: ``grade_training_memory`` (a training rank's bytes, against its measured ledger).
 * ``training_ledger``: ``parameters_per_unit``, ``activation_bytes_per_microbatch`` (what that learner is
   given), ``kept_bytes`` (a rank's kept bytes, right or with one mistake made) and the hint naming each mistake.
@@ -34,6 +36,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "data_parallel": ("grade_zero1_step", "zero1_inputs", "zero1_reference"),
     "context_parallel": ("grade_merge_partial_attention",),
     "serving_engine": ("grade_block_manager",),
+    "serving_at_scale": ("grade_prefix_router", "PrefixRouterState"),
     "serving": ("grade_mesh_coordinates", "reference_groups", "groups_met_on_rank", "GroupsMet"),
     "training": ("grade_training_memory",),
     "training_ledger": ("parameters_per_unit", "activation_bytes_per_microbatch", "kept_bytes"),

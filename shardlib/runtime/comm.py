@@ -263,22 +263,23 @@ class Comm:
         """Receive from rank ``src`` into ``tensor`` (same shape and dtype as sent)."""
         return self._call("recv", _nbytes(tensor), group, dist.recv, tensor, src, peer=src, finish=lambda: tensor)
 
-    def isend(self, tensor: torch.Tensor, dst: int, group=None) -> Pending:
+    def isend(self, tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> Pending:
         """Start sending ``tensor`` to rank ``dst`` and return at once; ``wait()`` on the result. Two
-        neighbours may both isend first and then irecv: neither blocks the other."""
+        neighbours may both isend first and then irecv: neither blocks the other. Messages between two
+        ranks meet their receives in order, per ``tag``."""
         data = tensor.contiguous()
-        return self._call("send", _nbytes(data), group, _p2p(dist.isend), data, dst, peer=dst, async_op=True)
+        return self._call("send", _nbytes(data), group, _p2p(dist.isend, tag), data, dst, peer=dst, async_op=True)
 
-    def irecv(self, tensor: torch.Tensor, src: int, group=None) -> Pending:
+    def irecv(self, tensor: torch.Tensor, src: int, group=None, tag: int = 0) -> Pending:
         """Start receiving from rank ``src`` into ``tensor``; ``wait()`` returns it once it has arrived."""
-        return self._call("recv", _nbytes(tensor), group, _p2p(dist.irecv), tensor, src, peer=src, async_op=True,
-                          finish=lambda: tensor)
+        return self._call("recv", _nbytes(tensor), group, _p2p(dist.irecv, tag), tensor, src, peer=src,
+                          async_op=True, finish=lambda: tensor)
 
     def barrier(self, group=None) -> None:
         """Wait until every rank of the group has arrived."""
         self._call("barrier", 0, group, dist.barrier)
 
 
-def _p2p(fn):
+def _p2p(fn, tag: int = 0):
     """``dist.isend`` / ``dist.irecv`` are asynchronous by nature and take no ``async_op``."""
-    return lambda *args, group=None, async_op=True: fn(*args, group=group)
+    return lambda *args, group=None, async_op=True: fn(*args, group=group, tag=tag)

@@ -7,7 +7,7 @@
   ``intro_figures``, ``intro_widgets``; ``tensor_parallel_figures``, ``tensor_parallel_widgets``;
   ``costs_figures``, ``costs_widgets``; ``pipeline_figures``, ``pipeline_widgets``; ``experts_figures``,
   ``experts_widgets``; ``serving_figures``, ``serving_widgets``; ``engine_figures``, ``engine_widgets`` (the
-  serving engine); ``data_parallel_figures``,
+  serving engine); ``fleet_figures``, ``fleet_widgets`` (serving at scale); ``data_parallel_figures``,
   ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``; ``training_figures``,
   ``training_widgets``.
 * ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.

@@ -26,19 +26,26 @@ def sample_token(logits: torch.Tensor, seed: int | None, index: int) -> int:
     return int(torch.multinomial(torch.softmax(logits.double().cpu(), -1), 1, generator=g))
 
 
-def run_engine(requests, config: EngineConfig, model_step, clock, wait, on_step=None) -> Scheduler:
+def run_engine(requests, config: EngineConfig, model_step, clock, wait, on_step=None, poll=None) -> Scheduler:
     """Serve every request to its end; return the scheduler, whose ``finished`` holds each
     ``SequenceState`` (tokens, token times). ``model_step(chunks)`` returns the logits of the chunks that
     sample, in order; ``clock()`` is seconds since the start, ``wait(s)`` sleeps; ``on_step(plan, start_s,
-    end_s, scheduler)`` sees every step, after it."""
+    end_s, scheduler)`` sees every step, after it. ``poll(scheduler, now_s)``, between steps and while
+    idle, adds requests that reach the engine some other way (from a router) and returns whether more may
+    still come; the loop ends only once it has said no (while idle it is called again at once: it waits
+    itself)."""
     pending = sorted(requests, key=lambda r: (r.arrival_s, str(r.request_id)))
     sched = Scheduler(config)
-    while pending or not sched.idle:
+    more = poll is not None
+    while pending or more or not sched.idle:
         now = clock()
         while pending and pending[0].arrival_s <= now:
             sched.add(pending.pop(0))
+        if more:
+            more = poll(sched, now)
         if sched.idle:
-            wait(pending[0].arrival_s - now)
+            if pending:
+                wait(pending[0].arrival_s - now)
             continue
         plan = sched.schedule()
         if not plan.chunks:

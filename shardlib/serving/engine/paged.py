@@ -121,8 +121,9 @@ class PagedModel(torch.nn.Module):
                              weights.dtype, device)
 
     @torch.no_grad()
-    def step(self, chunks) -> torch.Tensor:
-        """Logits ``(sampled chunks, V)`` of the last token of each chunk with ``sample`` set, in order."""
+    def step(self, chunks, on_layer=None) -> torch.Tensor:
+        """Logits ``(sampled chunks, V)`` of the last token of each chunk with ``sample`` set, in order.
+        ``on_layer(i)``, if given, runs once layer ``i``'s K/V are in the cache (a hand-off sends them)."""
         tokens = torch.tensor([t for ch in chunks for t in ch.tokens], device=self.device)
         positions = torch.tensor([p for ch in chunks for p in range(ch.start, ch.start + len(ch.tokens))],
                                  device=self.device)
@@ -141,6 +142,8 @@ class PagedModel(torch.nn.Module):
         h = self.embed[tokens]  # (tokens, d)
         for i, layer in enumerate(self.layers):
             h = layer(h, positions, spans, self.cache, i, decodes)
+            if on_layer is not None:
+                on_layer(i)
         h = h[last_rows]
         return F.linear(rms_norm(h, self.norm, self.config.rms_eps), self.head)  # (sampled, V)
 

@@ -4,7 +4,8 @@ Rank 0 runs the loop (``loop.run_engine``); before each step it broadcasts the s
 positions, block tables, packed into one int64 tensor) and every rank runs its tensor-parallel share of
 the model step on them (``paged.PagedModel``); the two all-reduces a layer make the logits the same on
 every rank, and rank 0 samples. An empty broadcast ends the loop. Times are rank 0's clock, seconds
-after the start.
+after the start. Given a ``RankGroup`` (one replica's ranks), the same runs inside the group, its first
+rank leading.
 """
 
 from __future__ import annotations
@@ -71,41 +72,51 @@ def unpack(flat: torch.Tensor) -> list[Chunk]:
     return chunks
 
 
-def _broadcast(ctx, flat: torch.Tensor | None) -> torch.Tensor:
-    """Rank 0's packed step to every rank (its length first); an empty one says the loop is over."""
-    size = ctx.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), src=0)
+def _broadcast(job, flat: torch.Tensor | None) -> torch.Tensor:
+    """The leader's packed step to every rank of ``job`` (its length first); an empty one says the loop is
+    over. ``job``: the context, or a ``RankGroup``."""
+    size = job.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), src=0)
     if int(size) == 0:
         return torch.empty(0, dtype=torch.int64)
-    buffer = flat if ctx.rank == 0 else torch.empty(int(size), dtype=torch.int64)
-    return ctx.comm.broadcast(buffer, src=0)
+    buffer = flat if job.rank == 0 else torch.empty(int(size), dtype=torch.int64)
+    return job.comm.broadcast(buffer, src=0)
 
 
-def serving_engine_on_rank(ctx, weights, requests, config) -> EngineRankResult:
-    """Serve ``requests`` with tensor parallelism over every rank of the job."""
-    model = PagedModel(weights, TPGroup.world(ctx), config.num_blocks, config.block_size, ctx.device)
-    ctx.comm.barrier()
-    if ctx.rank != 0:
-        while (flat := _broadcast(ctx, None)).numel():
+def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None, on_step=None,
+                           start_s: float | None = None) -> EngineRankResult:
+    """Serve ``requests`` with tensor parallelism over every rank of the job, or over ``group`` (a
+    ``RankGroup``). The leader's ``run_engine`` gets ``poll`` and ``on_step``; its times count from the
+    ``perf_counter`` reading ``start_s`` (default: its own, after the barrier)."""
+    job = ctx if group is None else group
+    tpg = TPGroup.world(ctx) if group is None else TPGroup(group.world_size, group.rank, ctx.comm,
+                                                           group.process_group)
+    model = PagedModel(weights, tpg, config.num_blocks, config.block_size, ctx.device)
+    if job.world_size > 1:
+        job.comm.barrier()
+    if job.rank != 0:
+        while (flat := _broadcast(job, None)).numel():
             model.step(unpack(flat))
         return EngineRankResult(ctx.rank, model.cache.size_bytes, None)
 
     steps: list[StepRecord] = []
-    start = time.perf_counter()
+    start = time.perf_counter() if start_s is None else start_s
 
     def step(chunks):
-        if ctx.world_size > 1:  # alone, there is no one to tell
-            _broadcast(ctx, pack(chunks))
+        if job.world_size > 1:  # alone, there is no one to tell
+            _broadcast(job, pack(chunks))
         return model.step(chunks)
 
     def record(plan, start_s, end_s, sched):
         steps.append(StepRecord(plan.n_tokens, plan.n_decodes, len(plan.chunks), plan.n_context, start_s, end_s,
                                 sched.blocks.stats().used, sched.tokens_held))
+        if on_step is not None:
+            on_step(plan, start_s, end_s, sched)
 
     sched = run_engine(requests, config, step, clock=lambda: time.perf_counter() - start,
-                       wait=lambda s: time.sleep(max(0.0, s)), on_step=record)
-    if ctx.world_size > 1:
-        _broadcast(ctx, None)
+                       wait=lambda s: time.sleep(max(0.0, s)), on_step=record, poll=poll)
+    if job.world_size > 1:
+        _broadcast(job, None)
     outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
     stats = sched.blocks.stats()
-    return EngineRankResult(0, model.cache.size_bytes, outputs, tuple(steps), stats.hit_tokens, stats.lookup_tokens,
-                            sched.preemptions)
+    return EngineRankResult(ctx.rank, model.cache.size_bytes, outputs, tuple(steps), stats.hit_tokens,
+                            stats.lookup_tokens, sched.preemptions)

@@ -1,0 +1,169 @@
+"""The KV hand-off: one request's K and V from the prefill rank that computed them to the decode rank
+that will read them (Patel et al. 2024, Splitwise; Zhong et al. 2024, DistServe).
+
+Each prefill rank holds the K/V of its own KV heads (``paged.Layer``) and sends them to the decode rank of
+the same tensor-parallel index: ``2 x layers x KV heads per rank x head_dim x bytes x prompt tokens`` per
+rank (``kv_bytes_per_request``), point to point (``ctx.comm.isend`` / ``irecv``), **whole** after the
+prompt's last step or **layer by layer** during it (Splitwise's layer-wise transfer). Two channels join a
+prefill rank and its peer: control messages on the default group (four float64: a *header* announcing a
+request before its last step, so the receives are posted early; from the pool's leader, the *token*, the
+first token and when; *end*), and the K/V on a ``handoff`` group, tagged by request so several requests'
+layers may interleave. gloo's point-to-point work learns it is complete only in ``wait()``: the decode
+side waits its control messages on a thread of its own and reads them between steps. No timing here.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+
+import torch
+
+HEADER, TOKEN, END = 0.0, 1.0, -1.0
+
+
+def kv_bytes_per_request(llama_config, prompt_tokens: int, tp: int = 1, dtype_bytes: int = 2) -> int:
+    """Bytes one rank of a ``tp``-way pool sends for one request: ``2 x layers x its KV heads x head_dim x
+    dtype_bytes x prompt_tokens`` (the KV heads copied when ``tp`` passes their count: one each)."""
+    if int(prompt_tokens) != prompt_tokens or prompt_tokens < 0:
+        raise ValueError(f"prompt_tokens must be a whole number of tokens, got {prompt_tokens}")
+    return llama_config.kv_bytes_per_token(dtype_bytes, tp) * int(prompt_tokens)
+
+
+def _tag(index: int) -> int:
+    return int(index) + 1  # tag 0 is the control channel's
+
+
+class KVSender:
+    """A prefill rank's side: control messages to ``peer`` (the decode rank of the same TP index) and each
+    request's K/V on ``group``. ``sent`` lists, per K/V message in the order it was waited, its request."""
+
+    def __init__(self, comm, peer: int, group) -> None:
+        self.comm, self.peer, self.group = comm, peer, group
+        self._flight: deque = deque()  # (request index or None for control, Pending), oldest first
+        self.sent: list[int] = []
+
+    def _control(self, kind: float, index: int, a: float = 0.0, b: float = 0.0) -> None:
+        msg = torch.tensor([kind, float(index), float(a), float(b)], dtype=torch.float64)
+        self._flight.append((None, self.comm.isend(msg, self.peer)))
+
+    def announce(self, index: int, n_tokens: int) -> None:
+        """The header: request ``index``'s ``n_tokens`` of K/V will follow."""
+        self._control(HEADER, index, n_tokens)
+
+    def token(self, index: int, first_token: int, time_s: float) -> None:
+        """From the pool's leader: the request's first token, sampled at ``time_s``."""
+        self._control(TOKEN, index, first_token, time_s)
+
+    def end(self) -> None:
+        self._control(END, -1)
+
+    def send(self, index: int, cache, table, n_tokens: int, layer: int | None = None) -> None:
+        """Request ``index``'s K/V from ``cache``, read through its block ``table``: every layer at once
+        (``layer`` None) or one layer."""
+        slots = cache.slots(table, torch.arange(n_tokens, device=cache.k.device))
+        if layer is None:
+            kv = torch.stack([cache.k[:, slots], cache.v[:, slots]], dim=1)  # (layers, 2, tokens, kv heads, hd)
+        else:
+            kv = torch.stack([cache.k[layer, slots], cache.v[layer, slots]])  # (2, tokens, kv heads, hd)
+        self._flight.append((index, self.comm.isend(kv, self.peer, group=self.group, tag=_tag(index))))
+
+    def poll(self) -> None:
+        """Wait what has completed, oldest first (so the comm log keeps the order of ``sent``); on gloo
+        nothing says so before ``wait()``, and ``finish`` waits it all."""
+        while self._flight and self._flight[0][1].is_completed():
+            self._done(*self._flight.popleft())
+
+    def finish(self) -> None:
+        """Wait every message still in flight."""
+        while self._flight:
+            self._done(*self._flight.popleft())
+
+    def _done(self, index, pending) -> None:
+        pending.wait()
+        if index is not None:
+            self.sent.append(index)
+
+
+class KVReceiver:
+    """A decode rank's side. A listener thread keeps one control receive posted from ``peer`` and queues
+    what arrives (gloo's point-to-point work reports completion only to ``wait()``, so polling
+    ``is_completed()`` would never see a message: a thread waits instead); ``poll`` reads the queue. A
+    header posts the request's K/V receives at once (``layers`` of them layer by layer, else one) into
+    buffers shaped for this rank's ``kv_heads``; ``land`` waits them and writes them into the cache."""
+
+    def __init__(self, comm, peer: int, group, n_layers: int, kv_heads: int, head_dim: int, dtype, device,
+                 layerwise: bool) -> None:
+        self.comm, self.peer, self.group = comm, peer, group
+        self.n_layers, self.kv_heads, self.head_dim = n_layers, kv_heads, head_dim
+        self.dtype, self.device = dtype, device
+        self.layerwise = layerwise
+        self.incoming: dict[int, tuple[int, list]] = {}  # request index -> (tokens, pending receives)
+        self.tokens: deque = deque()  # (request index, first token, time it was sampled), in arrival order
+        self.ended = False
+        self._arrived: queue.Queue = queue.Queue()
+        self._listener = threading.Thread(target=self._listen, daemon=True, name=f"control from rank {peer}")
+        self._listener.start()
+
+    def _listen(self) -> None:
+        try:
+            while True:
+                msg = self.comm.irecv(torch.empty(4, dtype=torch.float64), self.peer).wait().tolist()
+                self._arrived.put(msg)
+                if msg[0] == END:
+                    return
+        except Exception as exc:  # the peer failed: say so on the rank's own thread
+            self._arrived.put(exc)
+
+    def poll(self, block: bool = False) -> None:
+        """Read the control messages that have arrived (with ``block``, wait for at least one)."""
+        while not self.ended:
+            try:
+                msg = self._arrived.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if isinstance(msg, Exception):
+                raise RuntimeError(f"the control channel from rank {self.peer} failed") from msg
+            kind, index, a, b = msg
+            index = int(index)
+            if kind == END:
+                self.ended = True
+                self._listener.join()
+            elif kind == HEADER:
+                self.incoming[index] = (int(a), self._post_kv(index, int(a)))
+            elif kind == TOKEN:
+                self.tokens.append((index, int(a), b))
+            else:
+                raise RuntimeError(f"unknown control message {kind} from rank {self.peer}")
+
+    def _post_kv(self, index: int, n: int) -> list:
+        shape = (2, n, self.kv_heads, self.head_dim)
+        if not self.layerwise:
+            shape = (self.n_layers,) + shape
+        count = self.n_layers if self.layerwise else 1
+        return [self.comm.irecv(torch.empty(shape, dtype=self.dtype, device=self.device), self.peer,
+                                group=self.group, tag=_tag(index)) for _ in range(count)]
+
+    def land(self, index: int, cache, table) -> None:
+        """Request ``index``'s K/V, once arrived, written into ``cache`` at the slots of its block ``table``."""
+        while index not in self.incoming:
+            if self.ended:
+                raise RuntimeError(f"rank {self.peer} ended without sending the K/V of request {index}")
+            self.poll(block=True)
+        n, pending = self.incoming.pop(index)
+        slots = cache.slots(table, torch.arange(n, device=cache.k.device))
+        if self.layerwise:
+            for layer, p in enumerate(pending):
+                kv = p.wait()  # (2, tokens, kv heads, hd)
+                cache.k[layer, slots], cache.v[layer, slots] = kv[0], kv[1]
+        else:
+            kv = pending[0].wait()  # (layers, 2, tokens, kv heads, hd)
+            cache.k[:, slots], cache.v[:, slots] = kv[:, 0], kv[:, 1]
+
+    def wait_end(self) -> None:
+        while not self.ended:
+            self.poll(block=True)
+        if self.incoming:
+            raise RuntimeError(f"K/V of requests {sorted(self.incoming)} arrived but were never admitted")

@@ -1,0 +1,71 @@
+"""The KV hand-off for real models: bytes per request worked by hand, the link a rate needs, bad input."""
+
+import pytest
+
+from shardlib.hardware import ETHERNET_100G, INFINIBAND_400G, NVLINK
+from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig
+from shardlib.serving.engine.llama import LlamaConfig
+from shardlib.serving.fleet.presets import (
+    REAL_MODELS,
+    HandoffNeed,
+    handoff_need,
+    handoff_table,
+    model_kv_bytes_per_request,
+)
+
+
+def test_llama_3_70b_by_hand():
+    # 2 (K and V) x 80 layers x 8 KV heads x 128 head dim x 2 bytes (bf16) = 327,680 bytes a token
+    assert model_kv_bytes_per_request(LLAMA_3_70B, 1) == 327_680
+    assert model_kv_bytes_per_request(LLAMA_3_70B, 1000) == 327_680_000
+    # tp = 8: one KV head a rank, an eighth each
+    assert model_kv_bytes_per_request(LLAMA_3_70B, 1000, tp=8) == 40_960_000
+    # tp = 16 passes the 8 KV heads: each rank holds a copy of one, so a rank's share stops shrinking
+    assert model_kv_bytes_per_request(LLAMA_3_70B, 1000, tp=16) == 40_960_000
+    assert handoff_need(LLAMA_3_70B, 1000, 1.0, tp=16).kv_bytes_per_request == 655_360_000
+
+
+def test_llama_3_8b_and_mixtral_share_a_shape_of_attention():
+    # 2 x 32 layers x 8 KV heads x 128 x 2 bytes = 131,072 bytes (128 KiB) a token, for both
+    assert model_kv_bytes_per_request(LLAMA_3_8B, 1) == 131_072 == model_kv_bytes_per_request(MIXTRAL_8X7B, 1)
+
+
+def test_one_formula_for_the_presets_and_the_engine_llama():
+    """The presets' bytes (``models.kv_cache_bytes``) and the engine's (``LlamaConfig.kv_bytes_per_token``, which
+    the hand-off reads) agree on the same shape, KV heads split or copied."""
+    shape = dict(n_layers=3, d_model=64, n_heads=8, n_kv_heads=4, d_ff=128, vocab_size=97)
+    llama = LlamaConfig(vocab_size=97, d_model=64, n_layers=3, n_heads=8, n_kv_heads=4, d_ff=128, max_positions=64)
+    for dtype_bytes in (2, 4):
+        model = ModelConfig("same-shape", bytes_per_param=float(dtype_bytes), **shape)
+        for tp in (1, 2, 4, 8):
+            assert model_kv_bytes_per_request(model, 10, tp) == llama.kv_bytes_per_token(dtype_bytes, tp) * 10
+    assert model_kv_bytes_per_request(TOY, 5) == TOY.kv_bytes_per_token() * 5
+
+
+def test_the_link_a_rate_needs():
+    need = handoff_need(LLAMA_3_70B, 1000, 10.0, tp=8)
+    assert need.bytes_per_s == pytest.approx(3.2768e9)  # 327.68 MB a request x 10 a second
+    assert need.bytes_per_s_per_rank == pytest.approx(4.096e8)
+    assert need.link_share(INFINIBAND_400G) == pytest.approx(4.096e8 / 50e9)
+    assert need.link_share(NVLINK) == pytest.approx(4.096e8 / 450e9)  # NVLink's 900 GB/s is both ways
+    assert need.handoff_s(ETHERNET_100G) == pytest.approx(40.96e6 / 12.5e9)
+    assert need.max_rate_per_s(ETHERNET_100G) == pytest.approx(12.5e9 / 40.96e6)
+    assert need.link_share(ETHERNET_100G) < 1 < handoff_need(LLAMA_3_70B, 1000, 400.0, tp=8).link_share(ETHERNET_100G)
+
+
+def test_the_table_has_a_row_per_real_model():
+    text = handoff_table(4096, 10.0)
+    assert all(m.name in text for m in REAL_MODELS)
+    assert "1342.2" in text  # Llama 3 70B: 327,680 x 4096 bytes
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: model_kv_bytes_per_request(LLAMA_3_70B, 1000, tp=3), "cannot use tp = 3"),
+    (lambda: model_kv_bytes_per_request(LLAMA_3_70B, 0), "prompt_tokens"),
+    (lambda: model_kv_bytes_per_request("Llama-3-70B", 10), "must be a ModelConfig"),
+    (lambda: handoff_need(LLAMA_3_70B, 10, 0.0), "rate_per_s"),
+    (lambda: HandoffNeed("m", 10, 2, 1.0, 5, 11), "2 ranks x 5 bytes"),
+])
+def test_bad_input_is_refused_in_words(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

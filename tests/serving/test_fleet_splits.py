@@ -1,0 +1,65 @@
+"""A prefill : decode split of engines predicted on a step cost: one engine each way is the two pools'
+replay, round robin deals the requests, and bad splits are refused in words."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from shardlib.serving.engine import EngineConfig, StepCost, poisson_trace
+from shardlib.serving.engine.llama import LlamaConfig
+from shardlib.serving.engine.predict import simulate_serving
+from shardlib.serving.fleet.disagg_drivers import LOOPBACK
+from shardlib.serving.fleet.goodput import ServingObjective
+from shardlib.serving.fleet.pools import simulate_pools
+from shardlib.serving.fleet.splits import simulate_colocated, simulate_split, split_figures
+
+MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+COST = StepCost(8e-3, 3e-4, 2e-6, 2, 32, 8)
+CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
+
+
+def trace_at(rate):
+    return poisson_trace(16, rate, prompt_tokens=(4, 40), new_tokens=(2, 24), seed=7)
+
+
+def test_one_engine_each_way_is_the_two_pools_replay():
+    trace = trace_at(100.0)
+    assert simulate_split(trace, CONFIG, COST, LOOPBACK, MODEL, 1, 1) == simulate_pools(
+        trace, CONFIG, COST, LOOPBACK, MODEL, 1).token_times_s
+    assert simulate_colocated(trace, CONFIG, COST, 1) == simulate_serving(trace, CONFIG, COST).token_times_s
+
+
+def test_round_robin_deals_the_requests_over_the_engines():
+    trace = trace_at(100.0)
+    colocated = simulate_colocated(trace, CONFIG, COST, 2)
+    assert colocated == {**simulate_serving(trace[0::2], CONFIG, COST).token_times_s,
+                         **simulate_serving(trace[1::2], CONFIG, COST).token_times_s}
+    split = simulate_split(trace, CONFIG, COST, LOOPBACK, MODEL, 2, 1)
+    firsts = {**simulate_serving([replace(r, max_new_tokens=1) for r in trace[0::2]], CONFIG, COST).token_times_s,
+              **simulate_serving([replace(r, max_new_tokens=1) for r in trace[1::2]], CONFIG, COST).token_times_s}
+    assert {rid: times[0] for rid, times in split.items()} == {rid: t[0] for rid, t in firsts.items()}
+    assert all(len(split[r.request_id]) == r.max_new_tokens for r in trace)
+
+
+def test_split_figures_read_goodput_over_the_sweep():
+    tight, loose = ServingObjective(0.2, 0.009, 0.9, "tight"), ServingObjective(0.2, 0.05, 0.9, "loose")
+    sweep = tuple(25.0 * 2 ** k for k in range(6))
+    for split in (None, (1, 3), (2, 2)):
+        f = split_figures(trace_at, 100.0, sweep, CONFIG, COST, LOOPBACK, MODEL, 4, split, (tight, loose))
+        assert f.goodput_per_engine["loose"] >= f.goodput_per_engine["tight"]
+        assert [rate for rate, _ in f.swept["loose"]] == list(sweep)
+        assert f.goodput_per_engine["loose"] in {0.0} | {rate / 4 for rate in sweep}
+        assert f.label == ("colocated" if split is None else f"{split[0]} prefill : {split[1]} decode")
+
+
+def test_bad_splits_are_refused_in_words():
+    with pytest.raises(ValueError, match="at least one to prefill and one to decode, summing to 4; got 0 : 4"):
+        split_figures(trace_at, 100.0, (100.0,), CONFIG, COST, LOOPBACK, MODEL, 4, (0, 4))
+    with pytest.raises(ValueError, match="summing to 4; got 2 : 3"):
+        split_figures(trace_at, 100.0, (100.0,), CONFIG, COST, LOOPBACK, MODEL, 4, (2, 3))
+    with pytest.raises(ValueError, match="decode_engines"):
+        simulate_split(trace_at(100.0), CONFIG, COST, LOOPBACK, MODEL, 1, 0)
+    with pytest.raises(ValueError, match="ServingObjective"):
+        split_figures(trace_at, 100.0, (100.0,), CONFIG, COST, LOOPBACK, MODEL, 4, None, (0.1,))
