@@ -10,7 +10,8 @@
   serving engine); ``fleet_figures``, ``fleet_widgets`` (serving at scale); ``data_parallel_figures``,
   ``data_parallel_widgets``; ``context_parallel_figures``, ``context_parallel_widgets``; ``training_figures``,
   ``training_widgets``.
-* ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site.
+* ``quiz``: check-yourself questions. ``static``: widgets and figures as still HTML for the site. ``mime``:
+  ``MimeFigure``, a figure shown without importing plotly's renderers.
 
 The UI sits on top: it may import anything below it, and nothing below imports it.
 """
