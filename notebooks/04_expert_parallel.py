@@ -394,7 +394,7 @@ assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly a
 # - **A copy of the hot expert**, in serving. A second copy goes on the least-loaded other rank, and each
 #   home rank sends it every other row. Outputs unchanged. Price: memory, one more expert's weights.
 #
-# The bias is measured in training, in [its own section](#Training-through-the-all-to-all).
+# The loss and the bias act over training steps: measured in [their own section](#Balancing-over-training-steps).
 #
 # <details><summary>DeepSeek-V3's other balancing choices</summary>
 #
@@ -491,7 +491,8 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 #
 # Training today is dropless: every token-slot is served (Megatron-Core, MegaBlocks). Capacity factors
 # were the GShard and Switch way; they remain where a fixed buffer per expert is worth a dropped token.
-# Our training layer (`shardlib.experts.autograd`) is float64, 8 experts, top-2, Mixtral's gates.
+# The toy model: one dense input projection, then this layer (`shardlib.experts.autograd`), float64,
+# 8 experts, top-2, Mixtral's gates.
 #
 # An all-to-all only moves rows between ranks. Its backward moves each row's gradient back the same
 # way: the **reverse all-to-all**, with each rank's send and receive sizes swapped (GShard;
@@ -501,6 +502,14 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # Predict the comm log of one step on 2 ranks: three all-to-alls forward (the counts, the dispatch, the
 # combine), then two backward. The combine's backward sends as many rows as the dispatch did, and the
 # dispatch's backward as many as the combine.
+#
+# Which group sums which gradient? The router and the input projection are on every rank, and every
+# rank's tokens used them: summed over **every rank**. At `ep = 2` each expert lives on one rank. The
+# combine's backward already brought it the gradient of every row it served: nothing to sum. At
+# `ep = 1` each rank holds a copy of every expert, fed by its own tokens only. Those copies are summed
+# over the **expert-data-parallel group** (`edp`), the ranks that hold the same expert (Megatron-Core's
+# `expert_data_parallel`; [notebook 08](08_data_parallel.ipynb) teaches data parallelism). Leaving that
+# sum out gives wrong weights, as a test in `tests/experts` shows.
 
 # %%
 from shardlib.experts import MoETrainConfig, run_moe_training
@@ -522,23 +531,20 @@ for ep in (2, 1):
         for phase, r in zip(phases, log[1:]):
             print(f"  rank 0, {phase:<31} {r.size_bytes // row_bytes:>3} rows sent")
         assert len(log) == 5 and log[3].size_bytes == log[1].size_bytes and log[4].size_bytes == log[2].size_bytes
-    sums = sorted({(r.group, r.size_bytes) for r in ranks.last_comm if r.op == "all_reduce" and r.rank == 0})
-    print(f"  gradient sums on rank 0 (group, bytes): {sums}")
+    sums = {}  # group -> bytes of each all-reduce: the gradients, then the loss and the counts
+    for r in ranks.last_comm:
+        if r.op == "all_reduce" and r.rank == 0:
+            sums.setdefault(r.group, []).append(r.size_bytes)
+    print(f"  all-reduces on rank 0, bytes by group: {sums}")
+    assert ("edp" in sums) == (ep == 1)  # expert copies exist, and are summed, only when ep < world size
 
 # %% [markdown]
-# Which group sums which gradient? The router and the input projection are on every rank, and every
-# rank's tokens used them: summed over **every rank**. At `ep = 2` each expert lives on one rank. The
-# combine's backward already brought it the gradient of every row it served: nothing to sum. At
-# `ep = 1` each rank holds a copy of every expert, fed by its own tokens only. Those copies are summed
-# over the **expert-data-parallel group** (`edp`), the ranks that hold the same expert (Megatron-Core's
-# `expert_data_parallel`). Leaving that sum out gives wrong weights, as a test in `tests/experts` shows.
-#
 # ## Balancing over training steps
 #
 # Now train 12 steps from weights that send most tokens to expert 0, three ways: no balancing, Switch's
 # auxiliary loss, and DeepSeek-V3's bias. The bias moves by a fixed rate after each step, on the
 # token-slots counted over every rank. Predict: without balancing the load stays uneven. The loss pulls
-# it down slowly. The bias brings busiest/mean close to 1.
+# it down slowly. The bias brings max/mean close to 1.
 #
 # <details><summary>Why the coefficients are ten and fifty times the published ones</summary>
 #
@@ -555,7 +561,7 @@ from shardlib.ui.experts_figures import balance_steps_figure
 balancing = {b: run_balance_training(ranks, BALANCE_CONFIG, balance=b, steps=12)
              for b in ("none", "aux-loss", "aux-free")}
 for b, t in balancing.items():
-    print(f"{b:>8}: busiest/mean {t.max_over_mean[0]:.2f} at step 1, {t.max_over_mean[-1]:.2f} at step 12; "
+    print(f"{b:>8}: max/mean {t.max_over_mean[0]:.2f} at step 1, {t.max_over_mean[-1]:.2f} at step 12; "
           f"task loss {t.task_losses[-1]:.3f}; exact against one process: {t.exact}")
     assert t.exact
 assert balancing["aux-free"].max_over_mean[-1] < balancing["aux-loss"].max_over_mean[-1] \
@@ -564,8 +570,8 @@ balance_steps_figure({b: t.max_over_mean for b, t in balancing.items()},
                      title=f"The same toy trained 12 steps three ways, on {ranks.description}")
 
 # %% [markdown]
-# The bias evened the load without a loss term, and no token was dropped. Neither method is free: each
-# cost a little task loss here, against no balancing.
+# The bias evened the load without a loss term or a dropped token. Neither method is free: each cost a
+# little task loss here.
 #
 # **Your task.** The bias's rate is DeepSeek-V3's one knob. Find the rate whose load is most even at
 # step 12. Then move to the largest rate: why does the load stop improving?
@@ -578,10 +584,10 @@ bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": balanc
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# Around 0.05 to 0.1. A small rate needs many steps to push the hot expert's bias far enough; at 0.005 it
-# has barely moved. At 0.5 each step overshoots: the bias jumps by 0.5, so the hot expert flips from too
-# busy to too idle and back. The load hovers well above 1. DeepSeek-V3's 1e-3 suits hundreds of
-# thousands of steps, each moving the router a little.
+# 0.05, with 0.1 close behind. A small rate needs many steps to push the hot expert's bias far enough;
+# at 0.005 it has barely moved. At 0.5 each step overshoots: every bias jumps by 0.5, so experts near
+# the mean swing from too busy to too idle and back. The load hovers well above 1. DeepSeek-V3's 1e-3
+# suits hundreds of thousands of steps.
 #
 # </details>
 #
@@ -590,7 +596,7 @@ bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": balanc
 # DeepSeek-V3 lets each token reach experts on at most `M = 4` of its 8 nodes: the nodes with the best
 # expert scores. Its dispatch sends a token to a node once; NVLink fans it out inside. So cross-node
 # rows are at most `M` per token. Here each rank is an emulated node, `M = 1` of 2. Predict: rows per
-# remote node fall. Rows per token-slot do not: the k slots now share a node.
+# remote node fall. Rows per token-slot hardly change: the k slots now share a node.
 
 # %%
 from shardlib.experts import run_node_limited

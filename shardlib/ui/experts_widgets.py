@@ -130,18 +130,18 @@ def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_token
     slider = SelectionSlider(options=BIAS_RATES, value=start, description="bias rate")
     text = widgets.HTML()
     empty = {**baseline, "aux-free": [1.0] * steps}
-    fig = go.FigureWidget(balance_steps_figure(empty, title="Auxiliary-loss-free bias: busiest/mean per step"))
+    fig = go.FigureWidget(balance_steps_figure(empty, title="Auxiliary-loss-free bias: max/mean per step"))
 
     def show(change=None) -> None:
         run = train_steps_reference(problem, cfg.but(bias_rate=slider.value), 2, steps)
         loads = [float(c.max() / c.double().mean()) for c in run.counts]
         new = balance_steps_figure({**baseline, f"aux-free, rate {slider.value:g}": loads},
-                                   title="Auxiliary-loss-free bias: busiest/mean per step")
+                                   title="Auxiliary-loss-free bias: max/mean per step")
         _refresh(fig, new)
         with fig.batch_update():
             fig.data[-1].name = new.data[-1].name
         late = loads[-5:]
-        text.value = (f"rate {slider.value:g}: busiest/mean <b>{loads[-1]:.2f}</b> at step {steps}, "
+        text.value = (f"rate {slider.value:g}: max/mean <b>{loads[-1]:.2f}</b> at step {steps}, "
                       f"{min(late):.2f} to {max(late):.2f} over the last five steps; task loss "
                       f"{run.task_losses[-1]:.3f}; bias of the hot expert {float(run.biases[-1][0]):+.3f}")
 
