@@ -709,7 +709,7 @@ show_questions(
         "A layer with Mixtral's gates trains with top-1 and no auxiliary loss: the gate is a softmax over the one "
         "chosen score. What gradient does the router get from the task loss?",
         ("The full gradient, through the top-1 choice as through the gate",
-         "None: that gate is always 1, so the output ignores the scores",
+         "None: that gate is always 1, whatever the router's scores",
          "Half of it: the other half comes back through the combine's backward",
          "Only on the rank that holds the chosen expert, summed over no group"),
         1,
