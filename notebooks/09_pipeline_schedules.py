@@ -520,4 +520,4 @@ show_questions(
 # - ZB-H2 and ZB-V reach zero inside each stage's span; a whole step needs post-validation too.
 # - ZB-V holds 1F1B's memory exactly (2p half-stage chunks); DualPipeV half a stage more (2p + 1).
 # - DualPipeV is DualPipe cut in half. DualPipe's purpose is hiding all-to-all under compute: with two
-#   microbatches overlapped, your ranks' exposed all-to-all time fell by about half, as predicted.
+#   microbatches overlapped, your ranks' exposed all-to-all time fell by close to half, as predicted.
