@@ -133,7 +133,12 @@ def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_token
     fig = go.FigureWidget(balance_steps_figure(empty, title="Auxiliary-loss-free bias: max/mean per step"))
 
     def show(change=None) -> None:
-        run = train_steps_reference(problem, cfg.but(bias_rate=slider.value), 2, steps)
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)  # a toy this small runs fastest on one thread; more only contend for cores
+        try:
+            run = train_steps_reference(problem, cfg.but(bias_rate=slider.value), 2, steps)
+        finally:
+            torch.set_num_threads(before)
         loads = [float(c.max() / c.double().mean()) for c in run.counts]
         new = balance_steps_figure({**baseline, f"aux-free, rate {slider.value:g}": loads},
                                    title="Auxiliary-loss-free bias: max/mean per step")
