@@ -27,6 +27,7 @@
 # - Two all-to-alls whose bytes you predict, and whose pattern changes from batch to batch.
 # - The busiest rank setting the step time, measured.
 # - Four ways to balance the load (a capacity cap, dropless layers, a bias, a copy), each with its price.
+# - The layer trained on ranks: the backward's reverse all-to-all, and the load over training steps.
 
 # %% [markdown]
 # ## The idea: an expert is a whole unit, so place it whole
@@ -90,8 +91,7 @@ assert expert_params / mixtral.n_params > 0.95  # almost all of the model is exp
 assert weights_per_device[8] < GPU_MEMORY_BYTES["A100 80GB"] / 4
 
 # %% [markdown]
-# Almost all of Mixtral is experts, and only a quarter of them fire per token. Spread over 8 devices,
-# each holds about 14 GB of weights instead of 93 GB.
+# Spread over 8 devices, each holds about 14 GB of weights instead of 93 GB.
 
 # %% [markdown]
 # ## The router, top-k and the load-imbalance knob
@@ -154,7 +154,7 @@ from shardlib.ui.code import show_code
 show_code(expert_parallel_moe, apply_hosted_experts)
 
 # %% [markdown]
-# Top to bottom, the four steps of the idea:
+# <details><summary>Top to bottom, the four steps of the idea</summary>
 #
 # - **Route**: `route` keeps each home token's top-k with their gates. Then `assign` applies a capacity cap
 #   if the config sets one (none until the balancing section). Last, `dispatch_plan` orders the
@@ -167,6 +167,8 @@ show_code(expert_parallel_moe, apply_hosted_experts)
 # - **Combine**: the same all-to-all backwards. No rank gets through it before the busiest rank has
 #   finished its experts. Then `combine` adds `gate · expert output` for every slot to the residual `x`,
 #   in the order the one-process `moe_reference` uses.
+#
+# </details>
 
 # %% [markdown]
 # ## All-to-all dispatch and combine: predict the bytes
@@ -396,26 +398,7 @@ assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly a
 # - **A copy of the hot expert**, in serving. A second copy goes on the least-loaded other rank, and each
 #   home rank sends it every other row. Outputs unchanged. Price: memory, one more expert's weights.
 #
-# Predict: the bias should bring max/mean from about 4 towards 1 within a few dozen batches, with no token
-# dropped and no gate changed.
-
-# %%
-from shardlib.experts import aux_load_balancing_loss, balance_by_bias
-
-tilted = cfg.but(skew=0.75)
-for s in (0.0, 0.75):
-    print(f"skew {s}: auxiliary loss {aux_load_balancing_loss(route(x, weights.router, cfg.but(skew=s))):.2f}")
-biased = balance_by_bias([make_tokens(1024, cfg.d_model, seed=100 + i) for i in range(30)], weights.router, tilted,
-                         rate=0.1)
-late = biased.max_over_mean[-10:]  # the last ten batches
-print(f"bias balancing at skew 0.75, 30 batches: max/mean {biased.max_over_mean[0]:.2f} in the first batch, "
-      f"{sum(late) / len(late):.2f} on average over the last ten")
-print(f"bias after 30 batches: {[round(b, 1) for b in biased.bias.tolist()]} (expert {cfg.hot_expert} pushed down)")
-assert sum(late) / len(late) < 1.3 < 3 < biased.max_over_mean[0] and max(late) < 1.5
-assert torch.equal(biased.gates, torch.softmax(biased.routing.logits.gather(1, biased.experts), dim=-1))
-
-# %% [markdown]
-# The gates came from the plain scores, so the bias changed only *which* experts serve a token.
+# The loss and the bias act over training steps: measured in [their own section](#Balancing-over-training-steps).
 #
 # <details><summary>DeepSeek-V3's other balancing choices</summary>
 #
@@ -508,6 +491,131 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # </details>
 
 # %% [markdown]
+# ## Training through the all-to-all
+#
+# Training today is dropless: every token-slot is served (Megatron-Core, MegaBlocks). Capacity factors
+# were the GShard and Switch way; they remain where a fixed buffer per expert is worth a dropped token.
+# The toy model: one dense input projection, then this layer (`shardlib.experts.autograd`), float64,
+# 8 experts, top-2, Mixtral's gates.
+#
+# An all-to-all only moves rows between ranks. Its backward moves each row's gradient back the same
+# way: the **reverse all-to-all**, with each rank's send and receive sizes swapped (GShard;
+# Megatron-Core's `_AllToAll`). The top-k choice is discrete, so **the router learns only through the
+# gates**.
+#
+# Predict the comm log of one step on 2 ranks: three all-to-alls forward (the counts, the dispatch, the
+# combine), then two backward. The combine's backward sends as many rows as the dispatch did, and the
+# dispatch's backward as many as the combine.
+#
+# Which group sums which gradient? The router and the input projection are on every rank, and every
+# rank's tokens used them: summed over **every rank**. At `ep = 2` each expert lives on one rank. The
+# combine's backward already brought it the gradient of every row it served: nothing to sum. At
+# `ep = 1` each rank holds a copy of every expert, fed by its own tokens only. Those copies are summed
+# over the **expert-data-parallel group** (`edp`), the ranks that hold the same expert (Megatron-Core's
+# `expert_data_parallel`; [notebook 08](08_data_parallel.ipynb) teaches data parallelism). Leaving that
+# sum out gives wrong weights, as a test in `tests/experts` shows.
+
+# %%
+from shardlib.experts import MoETrainConfig, run_moe_training
+from shardlib.experts.train_reference import make_moe_problem
+
+train_cfg = MoETrainConfig()  # 8 experts, top-2, d_model 16, dropless
+problem = make_moe_problem(train_cfg, n_tokens=64, seed=0)
+row_bytes = train_cfg.d_model * 8  # float64 rows
+steps = {}
+for ep in (2, 1):
+    steps[ep] = run_moe_training(ranks, problem, train_cfg, ep=ep)
+    assert steps[ep].exact  # every gradient within 1e-12 of one process (the sums are reordered)
+    print(f"ep = {ep}: loss and the gradients of the router, the input projection and every expert against one "
+          f"process: worst relative error {steps[ep].max_error:.1e}")
+    if ep == 2:
+        log = [r for r in ranks.last_comm if r.rank == 0 and r.op == "all_to_all_single"]
+        print(f"  rank 0, forward: the counts             {log[0].size_bytes // 8} integers")
+        phases = ("forward: dispatch", "forward: combine", "backward of the combine", "backward of the dispatch")
+        for phase, r in zip(phases, log[1:]):
+            print(f"  rank 0, {phase:<31} {r.size_bytes // row_bytes:>3} rows sent")
+        assert len(log) == 5 and log[3].size_bytes == log[1].size_bytes and log[4].size_bytes == log[2].size_bytes
+    sums = {}  # group -> bytes of each all-reduce: the gradients, then the loss and the counts
+    for r in ranks.last_comm:
+        if r.op == "all_reduce" and r.rank == 0:
+            sums.setdefault(r.group, []).append(r.size_bytes)
+    print(f"  all-reduces on rank 0, bytes by group: {sums}")
+    assert ("edp" in sums) == (ep == 1)  # expert copies exist, and are summed, only when ep < world size
+
+# %% [markdown]
+# ## Balancing over training steps
+#
+# Now train 12 steps from weights that send most tokens to expert 0, three ways: no balancing, Switch's
+# auxiliary loss, and DeepSeek-V3's bias. The bias moves by a fixed rate after each step, on the
+# token-slots counted over every rank. Predict: without balancing the load stays uneven. The loss pulls
+# it down slowly. The bias brings max/mean close to 1.
+#
+# <details><summary>Why the coefficients are ten and fifty times the published ones</summary>
+#
+# Switch uses an auxiliary-loss coefficient of 1e-2; DeepSeek-V3 a bias rate of 1e-3. Both act over
+# hundreds of thousands of steps. In this toy's 12 steps they barely move the load, so `BALANCE_CONFIG`
+# takes 0.1 and 0.05. The lesson is the shape of the curves, not the values.
+#
+# </details>
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.experts import BALANCE_CONFIG, run_balance_training
+from shardlib.ui.experts_figures import balance_steps_figure
+
+balancing = {b: run_balance_training(ranks, BALANCE_CONFIG, balance=b, steps=12)
+             for b in ("none", "aux-loss", "aux-free")}
+for b, t in balancing.items():
+    print(f"{b:>8}: max/mean {t.max_over_mean[0]:.2f} at step 1, {t.max_over_mean[-1]:.2f} at step 12; "
+          f"task loss {t.task_losses[-1]:.3f}; exact against one process: {t.exact}")
+    assert t.exact
+assert balancing["aux-free"].max_over_mean[-1] < balancing["aux-loss"].max_over_mean[-1] \
+    < balancing["none"].max_over_mean[-1]
+balance_steps_figure({b: t.max_over_mean for b, t in balancing.items()},
+                     title=f"The same toy trained 12 steps three ways, on {ranks.description}")
+
+# %% [markdown]
+# The bias evened the load without a loss term or a dropped token. Neither method is free: each cost a
+# little task loss here.
+#
+# **Your task.** The bias's rate is DeepSeek-V3's one knob. Find the rate whose load is most even at
+# step 12. Then move to the largest rate: why does the load stop improving?
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.experts_widgets import bias_rate_explorer
+
+bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": balancing["none"].max_over_mean})
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# 0.05, with 0.1 close behind. A small rate needs many steps to push the hot expert's bias far enough;
+# at 0.005 it has barely moved. At 0.5 each step overshoots: every bias jumps by 0.5, so experts near
+# the mean swing from too busy to too idle and back. The load hovers well above 1. DeepSeek-V3's 1e-3
+# suits hundreds of thousands of steps.
+#
+# </details>
+#
+# ## Node-limited routing
+#
+# DeepSeek-V3 lets each token reach experts on at most `M = 4` of its 8 nodes: the nodes with the best
+# expert scores. Its dispatch sends a token to a node once; NVLink fans it out inside. So cross-node
+# rows are at most `M` per token. Here each rank is an emulated node, `M = 1` of 2. Predict: rows per
+# remote node fall. Rows per token-slot hardly change: the k slots now share a node.
+
+# %%
+from shardlib.experts import run_node_limited
+
+limited = run_node_limited(ranks, train_cfg, max_nodes=1, n_tokens=256)
+assert limited.exact  # the rows counted from the routing = the rows the ranks' comm logs sent
+for policy in ("unlimited", "limited"):
+    print(f"{policy:>9}: cross-node rows, one per remote node {limited.measured[policy]['dedup']:>3}, one per "
+          f"token-slot {limited.measured[policy]['slots']:>3}; at most {limited.most_nodes_per_token[policy]} nodes "
+          f"per token")
+print(f"the price: {limited.tokens_changed} of {limited.n_tokens} tokens chose a different top-{train_cfg.k}")
+assert limited.measured["limited"]["dedup"] < limited.measured["unlimited"]["dedup"]
+assert limited.measured["limited"]["dedup"] <= limited.bound_rows  # DeepSeek-V3's bound: M rows per token
+
+# %% [markdown]
 # ## Wide expert parallelism with data-parallel attention
 #
 # [Notebook 05](05_serving_layouts.ipynb) shows the usual layout for dense models: tensor parallelism inside
@@ -517,10 +625,17 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # ([notebook 08](08_data_parallel.ipynb) teaches data parallelism). The all-to-alls then cross the network
 # between them.
 #
-# - DeepSeek-V3 **trains** with 16-way pipeline and 64-way expert parallelism over 8 nodes, with no tensor
+# DeepSeek-V3 trains with 16-way pipeline and 64-way expert parallelism, with no tensor parallelism.
+# vLLM and SGLang serve it with wide EP and DP attention.
+#
+# <details><summary>DeepSeek-V3's layouts in detail</summary>
+#
+# - It **trains** with 16-way pipeline and 64-way expert parallelism over 8 nodes, with no tensor
 #   parallelism (technical report section 3.2).
 # - It **serves** prefill on 32 GPUs (attention in groups of 4, experts 32 ways) and decode on 320 GPUs
-#   (experts 320 ways), report section 3.4. vLLM and SGLang support this layout.
+#   (experts 320 ways), report section 3.4.
+#
+# </details>
 #
 # It pays when the batch is large enough that every expert gets rows. The busiest GPU sets every step, so
 # the hot experts get redundant copies.
@@ -595,14 +710,28 @@ show_questions(
         "drops only what lies above it: this batch runs as a dropless layer would, and waits for expert 3.",
     ),
     Question(
-        "DeepSeek-V3 balances its experts with a per-expert bias on the router's scores. Which is true?",
-        ("The bias enters the gates too, so busy experts get smaller weights",
-         "The bias changes which experts are chosen, not the gates",
-         "The bias is learned by gradient descent through an auxiliary loss",
-         "The bias caps each expert at a fixed number of tokens per batch"),
+        "A layer with Mixtral's gates trains with top-1 and no auxiliary loss: the gate is a softmax over the one "
+        "chosen score. What gradient does the router get from the task loss?",
+        ("The full gradient, through the top-1 choice as through the gate",
+         "None: that gate is always 1, whatever the router's scores",
+         "Half of it: the other half comes back through the combine's backward",
+         "Only on the rank that holds the chosen expert, summed over no group"),
         1,
-        "The bias is added only for the top-k choice, and nudged after each step by the expert's load. The gates "
-        "use the plain scores, and no loss term is added. Measured above: the load evened, the gates matched.",
+        "The top-k choice is discrete and has no gradient: the router learns only through the gates. A softmax "
+        "over one score is 1 whatever the score. Switch's top-1 gate is the softmax over all experts, read at the "
+        "chosen one, so it does carry a gradient (and Switch adds its auxiliary loss as well).",
+    ),
+    Question(
+        "16 ranks train a layer of 32 experts with ep = 8. How many copies of each expert are there, and over "
+        "which ranks is an expert's gradient summed?",
+        ("One copy; nothing to sum, the combine's backward brought it all",
+         "2 copies, one per ep group, summed over those 2 ranks (edp)",
+         "8 copies, one per rank of its ep group, summed over that group",
+         "16 copies, one per rank, summed over every rank like the router"),
+        1,
+        "16 / 8 = 2 expert-parallel groups, each holding all 32 experts, 4 per rank. Each group's copy saw only "
+        "that group's tokens, so the two copies are summed over the expert-data-parallel group: the 2 ranks at "
+        "the same place of each group. The router, on every rank, is summed over all 16.",
     ),
     Question(
         "An MoE model has 24 layers; each expert is 3 matrices of 2048 x 8192 in bf16. A copy of one hot expert "
@@ -631,14 +760,14 @@ show_questions(
 # %% [markdown]
 # ## What you saw
 #
-# - A router picks `k` distinct experts per token; the skew knob moved the load from even (max/mean near
-#   1) to one hot expert taking every token.
+# - A router picks `k` distinct experts per token; the skew knob moved the load from even to one hot expert.
 # - Whole experts per rank: Mixtral's 90 GB of experts become about 11 GB per device at `ep = 8`.
 # - One forward is two all-to-alls with uneven splits, after an exchange of counts. Their bytes matched
-#   `T · k · d_model · 4` exactly, and the layer on 2 and 4 ranks equalled the one-process layer bit for bit.
-# - The send matrix changed from batch to batch, unlike tensor or pipeline parallelism's traffic.
-# - At skew 1 the busy rank's CPU time followed its rows, and the other rank waited in the combine.
-# - Balancing is a choice with a price. A capacity cap drops tokens (the older GShard and Switch way).
-#   Dropless layers (current practice) wait for the busiest expert. DeepSeek-V3's bias evened the load
-#   without a loss or a drop. A copy of the hot expert costs one expert's weights.
+#   `T · k · d_model · 4`, and the layer on 2 and 4 ranks equalled the one-process layer bit for bit.
+# - The send matrix changed from batch to batch; the busy rank's CPU time followed its rows.
+# - A capacity cap drops tokens (GShard, Switch). Dropless layers wait for the busiest expert. A copy of
+#   the hot expert costs one expert's weights.
+# - Training: the backward is the reverse all-to-all, and the router learns through the gates. Experts'
+#   gradients sum over the expert-data-parallel group, the rest over every rank. DeepSeek-V3's bias
+#   evened the load faster than Switch's loss. Node-limited routing cut the cross-node rows.
 # - For large MoE models the cross-node axis is expert parallelism, with data-parallel attention.

@@ -240,3 +240,21 @@ def mitigation_sweep_figure(skews: Sequence[float], series: dict[str, Sequence[f
                                  line={"color": colour(i)}))
     fig.update_layout(title=title, xaxis_title="skew (0 uniform, 1 one hot expert)", yaxis_title=y_title, height=340)
     return fig
+
+
+def balance_steps_figure(series: dict[str, Sequence[float]],
+                         title: str = "Max/mean: the busiest expert's load over the mean, step by step") -> go.Figure:
+    """One line per balancing method: the busiest expert's token-slots over the mean at each training
+    step (1 is perfectly even), with a dotted line at 1."""
+    if not series:
+        raise ValueError("balance_steps_figure needs at least one series of loads per step")
+    fig = go.Figure()
+    for i, (name, ys) in enumerate(series.items()):
+        fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=list(ys), mode="lines+markers", name=name,
+                                 line={"color": colour(i)},
+                                 hovertemplate=f"{name}, step %{{x}}: max/mean %{{y:.2f}}<extra></extra>"))
+    fig.add_hline(y=1, line_dash="dot", line_color=DARK_GREY, annotation_text="even",
+                  annotation_position="bottom right")
+    fig.update_layout(title=title, xaxis_title="training step", yaxis_title="max / mean (busiest expert)", height=340,
+                      yaxis={"rangemode": "tozero"}, legend={"orientation": "h", "y": -0.25})
+    return fig

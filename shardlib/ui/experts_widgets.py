@@ -5,6 +5,10 @@ what the ranks reported: the all-to-all send matrix, the load on each expert, an
 time. The controls clamp to their ranges: skew 0 to 1, k from 1 to the number of experts (at most 4
 offered), capacity factor 0.25 to 3; rerouting is offered only when a capacity factor is set, and
 replication only when there is a second rank.
+
+``bias_rate_explorer`` is pure: a slider of DeepSeek-V3's bias rate replays the toy's auxiliary-loss-free
+training in one process (``experts.train_reference``, which the ranks match exactly) and redraws the
+busiest expert's load per step beside a baseline.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from ..experts.placement import ExpertPlacement
 from ..experts.predict import predicted_all_to_all_bytes
 from ..experts.reference import MoEWeights
 from ..experts.routing import MoEConfig, route
-from .experts_figures import expert_load_figure, rank_time_figure, send_matrix_figure
-from .live import Feedback, observe_all
+from .experts_figures import balance_steps_figure, expert_load_figure, rank_time_figure, send_matrix_figure
+from .live import Feedback, SelectionSlider, observe_all
 
 
 def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -105,3 +109,48 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
                              widgets.VBox([reroute, replicate])])
     figures = widgets.HBox([matrix_fig, load_fig])
     return widgets.VBox([controls, summary, figures, time_fig, feedback.area])
+
+
+BIAS_RATES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_tokens: int = 128, skew: float = 1.0,
+                       baseline: dict | None = None, seed: int = 0) -> widgets.VBox:
+    """Slide the selection bias's rate (DeepSeek-V3's gamma, one of ``BIAS_RATES``); each move trains the
+    toy for ``steps`` steps in one process with that rate (``train_steps_reference`` on 2 token groups,
+    as 2 ranks would) and redraws the busiest expert's load over the mean per step, beside ``baseline``
+    (name -> loads per step, e.g. the ranks' run without balancing), with the task loss at the end."""
+    from ..experts.train_drivers import BALANCE_CONFIG
+    from ..experts.train_reference import make_moe_problem, train_steps_reference
+
+    cfg = (BALANCE_CONFIG if config is None else config).but(balance="aux-free")
+    problem = make_moe_problem(cfg, n_tokens, skew=skew, seed=seed)
+    baseline = dict(baseline or {})
+    start = min(BIAS_RATES, key=lambda r: abs(r - rate))
+    slider = SelectionSlider(options=BIAS_RATES, value=start, description="bias rate")
+    text = widgets.HTML()
+    empty = {**baseline, "aux-free": [1.0] * steps}
+    fig = go.FigureWidget(balance_steps_figure(empty, title="Auxiliary-loss-free bias: max/mean per step"))
+
+    def show(change=None) -> None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)  # a toy this small runs fastest on one thread; more only contend for cores
+        try:
+            run = train_steps_reference(problem, cfg.but(bias_rate=slider.value), 2, steps)
+        finally:
+            torch.set_num_threads(before)
+        loads = [float(c.max() / c.double().mean()) for c in run.counts]
+        new = balance_steps_figure({**baseline, f"aux-free, rate {slider.value:g}": loads},
+                                   title="Auxiliary-loss-free bias: max/mean per step")
+        _refresh(fig, new)
+        with fig.batch_update():
+            fig.data[-1].name = new.data[-1].name
+        late = loads[-5:]
+        text.value = (f"rate {slider.value:g}: max/mean <b>{loads[-1]:.2f}</b> at step {steps}, "
+                      f"{min(late):.2f} to {max(late):.2f} over the last five steps; task loss "
+                      f"{run.task_losses[-1]:.3f}; bias of the hot expert {float(run.biases[-1][0]):+.3f}")
+
+    feedback = Feedback()
+    observe_all((slider,), show, feedback)
+    show()
+    return widgets.VBox([slider, text, fig, feedback.area])

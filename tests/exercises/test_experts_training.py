@@ -83,3 +83,9 @@ def test_the_grader_needs_a_pool_and_a_function():
         grade_aux_free_bias(right)
     with pytest.raises(ValueError, match="pass your function itself"):
         grade_aux_free_bias("right")
+
+
+def test_the_instructors_answer_passes(pool2):
+    from solutions_module import answers
+
+    assert grade_aux_free_bias(answers.aux_free_route, pool2).passed
