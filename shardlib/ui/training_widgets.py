@@ -17,6 +17,26 @@ from .live import Feedback, SelectionSlider, observe_all
 from .training_figures import LEDGER_TERMS, ledger_figure
 
 STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+MLP_OPTIONS = (("dense", 0), ("4 experts, ep 1", 1), ("ep 2", 2), ("ep 4", 4))  # experts: 4, each token to 2
+MOE_SHAPE = {"n_experts": 4, "experts_per_token": 2}
+
+
+def expert_choice(ep: int, tp: int, pp: int, dp: int, cp: int, strategy: str) -> tuple[int, str, list[str]]:
+    """The ``ep`` (0: the dense MLP) and data-parallel strategy the explorer can run for the ``MLP`` control's
+    ``ep`` on a layout, and a note for each change: experts run without the context-parallel ring and
+    without ZeRO-3; ``ep`` must divide a stage's ``tp x dp`` ranks (the largest that does is taken)."""
+    notes = []
+    if ep and cp > 1:
+        notes.append("experts do not run with the context-parallel ring here: showing the dense MLP")
+        return 0, strategy, notes
+    if ep and strategy == "zero3":
+        notes.append("experts with ZeRO-3 are not combined here: showing ZeRO-1")
+        strategy = "zero1"
+    if ep and (tp * dp) % ep:
+        fits = max(e for e in (1, 2, 4) if (tp * dp) % e == 0)
+        notes.append(f"ep = {ep} does not divide a stage's tp x dp = {tp * dp} ranks: showing ep = {fits}")
+        ep = fits
+    return ep, strategy, notes
 
 
 def four_rank_layouts(world_size: int, config=None) -> list[tuple[str, tuple[int, int, int, int]]]:
@@ -43,8 +63,8 @@ def _runs(layout: Layout, config) -> bool:
 
 
 def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2, 1)) -> widgets.VBox:
-    """A slider over the layouts of ``ranks``, the data-parallel strategy and ``m``: each move trains
-    ``config``'s model on the warm ranks and shows every rank's ledger and the gap to one process.
+    """A slider over the layouts of ``ranks``, the data-parallel strategy, the MLP (dense, or 4 experts spread
+    over ``ep`` ranks) and ``m``: each move trains ``config``'s model on the warm ranks and shows every rank's ledger and the gap to one process.
     ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first option if it cannot run)."""
     options = four_rank_layouts(ranks.world_size, config)  # the slider holds only layouts that run
     first = start if start in [v for _, v in options] else options[0][1]
@@ -53,6 +73,7 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
                                     layout={"width": "460px"})
     strategy = widgets.ToggleButtons(options=[(STRATEGY_NAMES[s], s) for s in DP_STRATEGIES], value="ddp",
                                      description="dp keeps")
+    mlp = widgets.ToggleButtons(options=list(MLP_OPTIONS), value=0, description="MLP")
     microbatches = widgets.IntSlider(value=config.m, min=1, max=4, description="m (microbatches)",
                                      continuous_update=False, style={"description_width": "initial"})
     note, feedback = widgets.HTML(), Feedback()
@@ -73,26 +94,35 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
             notes.append("ZeRO-3 gathers layer by layer and runs here without a pipeline only: showing ZeRO-1")
         if dp * cp == 1 and chosen != "ddp":
             notes.append("one replica and no ring: nothing to shard, every strategy keeps the same")
-        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, dp_strategy=chosen)
-        cfg = replace(config, m=m)
+        ep, chosen, expert_notes = expert_choice(mlp.value, tp, pp, dp, cp, chosen)
+        notes += expert_notes
+        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=max(ep, 1), dp_strategy=chosen)
+        cfg = replace(config, m=m, **(MOE_SHAPE if ep else {}))
         run = run_training(ranks, lay, cfg)
-        if (m, dp) not in references:
+        if (m, dp, bool(ep)) not in references:
             with ranks.same_threads():
-                references[m, dp] = train_reference(cfg, dp)
-        gap = run.against_reference(references[m, dp])
+                references[m, dp, bool(ep)] = train_reference(cfg, dp)
+        gap = run.against_reference(references[m, dp, bool(ep)])
         labels = [f"rank {r}<br>stage {p[0]}, cp {p[2]}, tp {p[3]}" for r, p in enumerate(run.positions)]
-        new = ledger_figure(run.ledgers, run.predicted_ledgers(), labels,
-                            f"{lay.label}, m = {m}: what each rank keeps, measured (bars) and predicted (marks)")
+        predicted = [{k: (v if v is not None else got[k]) for k, v in want.items()}
+                     for want, got in zip(run.predicted_ledgers(), run.ledgers)]
+        if ep:
+            notes.append("with experts the router decides each rank's rows: the activations are measured, not "
+                         "predicted (their mark sits on the bar)")
+        new = ledger_figure(run.ledgers, predicted, labels,
+                            f"{lay.label}, m = {m}{', 4 experts' if ep else ''}: what each rank keeps, measured "
+                            "(bars) and predicted (marks)")
         with figure.batch_update():
             for live, fresh in zip(figure.data, new.data):
                 live.update(fresh.to_plotly_json())
             figure.layout.title = new.layout.title
-        same = run.ledgers == run.predicted_ledgers()
+        same = all(got[k] == v for want, got in zip(run.predicted_ledgers(), run.ledgers) for k, v in want.items()
+                   if v is not None)
         notes.append(f"{cfg.batch_text(dp)}; loss {run.losses[0]:.3f} to {run.losses[-1]:.3f} in {cfg.steps} steps; "
                      f"largest gap to one process {gap:.1e} ({'within' if gap < TOLERANCE else 'OUTSIDE'} "
                      f"{TOLERANCE:g}); ledger {'equal to' if same else 'DIFFERENT from'} the prediction on every rank")
         note.value = "<br>".join(html.escape(n) for n in notes)
 
     show()
-    observe_all([layout_slider, strategy, microbatches], show, feedback)
-    return widgets.VBox([layout_slider, strategy, microbatches, feedback.area, note, figure])
+    observe_all([layout_slider, strategy, mlp, microbatches], show, feedback)
+    return widgets.VBox([layout_slider, strategy, mlp, microbatches, feedback.area, note, figure])
