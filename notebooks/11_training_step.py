@@ -498,6 +498,16 @@ show_questions(
         "whole, so both must add their gradients.",
     ),
     Question(
+        "The MoE model above runs on Layout(tp=2, dp=2, ep=4): 4 experts, one per rank. Over which ranks is an "
+        "expert's gradient summed?",
+        ("Over the two dp replicas, as attention's is", "None: each expert's rows all came to its one rank",
+         "Over the tp pair that routed its tokens", "Over all four ranks of the stage"),
+        1,
+        "The all-to-all brought every row routed to the expert to its rank, and the backward's reverse all-to-all "
+        "sends their gradients back. Its expert-data-parallel group has one rank: nothing to add. The router, "
+        "held by every rank, is summed over the stage.",
+    ),
+    Question(
         "Llama 3 orders its mesh [TP, CP, PP, DP], data parallelism outermost. Why can FSDP take the "
         "slowest links?",
         ("It sends fewer bytes per step than the pipeline's sends between stages",
@@ -540,3 +550,5 @@ show_questions(
 #   activations; the tensor axis carries the most bytes.
 # - The planner's step-time model, with the toy's five settings, set against seven measured layouts:
 #   the verdict line says whether the order held, against a floor luck rarely passes.
+# - Experts over `dp x ep x tp`: equal to one process, each weight summed over its own group (`dp`, `edp`,
+#   the stage), every kept term and every axis's bytes as predicted.
