@@ -14,6 +14,7 @@ from ..runtime.measure import TOLERANCE
 from ..training.drivers import check_training, run_training
 from ..training.reference import train_reference
 from .live import Feedback, SelectionSlider, observe_all
+from .theme import colour
 from .training_figures import LEDGER_TERMS, ledger_figure
 
 STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
@@ -126,3 +127,59 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
     show()
     observe_all([layout_slider, strategy, mlp, microbatches], show, feedback)
     return widgets.VBox([layout_slider, strategy, mlp, microbatches, feedback.area, note, figure])
+
+
+STEP_TERMS = (("compute_s", "compute"), ("bubble_s", "bubble"), ("ep_s", "all-to-alls"), ("dp_s", "dp"),
+              ("pp_s", "pp hops"), ("tp_s", "tp"), ("optimizer_s", "optimizer"))
+MOE_PP = (4, 8, 16, 32)
+MOE_EP = (1, 8, 16, 32, 64, 128, 256)
+
+
+def moe_layout_explorer() -> widgets.VBox:
+    """DeepSeek-V3 on its 2,048 H800 (``training.moe_choices``), no tensor parallelism, ZeRO-1: sliders for
+    ``pp`` and ``ep`` and a toggle for the all-to-alls (exposed, or under compute as DualPipe runs them).
+    Each move scores that layout with the planner's model (``planner.best_configuration``) and draws its step,
+    term by term, beside the published layout (PP 16 x EP 64) scored the same way."""
+    from ..mesh import Rejected
+    from ..training.moe_choices import DEEPSEEK_V3_PUBLISHED as pub
+    from ..training.planner import best_configuration
+
+    pp = SelectionSlider(options=list(MOE_PP), value=16, description="pp", continuous_update=False)
+    ep = SelectionSlider(options=list(MOE_EP), value=64, description="ep", continuous_update=False)
+    overlap = widgets.ToggleButtons(options=[("exposed", False), ("under compute (DualPipe)", True)], value=False,
+                                    description="all-to-alls", style={"description_width": "initial"})
+    note, feedback = widgets.HTML(), Feedback()
+    figure = go.FigureWidget()
+    names = ["your layout", f"published (PP {pub.pp} x EP {pub.ep})"]
+    figure.update_layout(barmode="stack", height=360, yaxis_title="seconds per step")
+    for i, (_, label) in enumerate(STEP_TERMS):
+        figure.add_bar(x=names, y=[0, 0], name=label, marker_color=colour(i))
+
+    def show(change=None) -> None:
+        p, e, notes = pp.value, ep.value, []
+        dp = pub.gpus // p
+        if dp % e:
+            fits = max(v for v in MOE_EP if dp % v == 0)
+            notes.append(f"ep = {e} does not divide dp = {dp}: showing ep = {fits}")
+            e = fits
+        w = pub.workload(ep_overlap=overlap.value)
+        mine = best_configuration(pub.model, pub.cluster(), Layout(1, p, dp, ep=e, dp_strategy="zero1"), w)
+        published = best_configuration(pub.model, pub.cluster(), pub.layout(), w)
+        scored = [s if not isinstance(s, Rejected) else None for s in (mine, published)]
+        with figure.batch_update():
+            for bar, (term, _) in zip(figure.data, STEP_TERMS):
+                bar.y = [getattr(s, term) if s else 0.0 for s in scored]
+            figure.layout.title = f"{pub.model.name} on {pub.gpus:,} H800: one step of {pub.sequences:,} sequences"
+        for name, s, raw in zip(("your layout", "published"), scored, (mine, published)):
+            lay = raw.layout
+            if s is None:
+                notes.append(f"{name} ({lay.label}) does not fit: {raw.reasons[0]}")
+            else:
+                notes.append(f"{name} ({lay.label}): {s.tokens_per_s / 1e6:.2f} M tokens/s, MFU {s.mfu:.0%}, "
+                             f"{s.recompute} recomputation, {s.memory.total_bytes / 1e9:.1f} GB on the fullest GPU; "
+                             f"all-to-alls {s.ep_s:.2f} s and bubble {s.bubble_s:.2f} s of a {s.step_s:.2f} s step")
+        note.value = "<br>".join(html.escape(n) for n in notes)
+
+    show()
+    observe_all([pp, ep, overlap], show, feedback)
+    return widgets.VBox([widgets.HBox([pp, ep]), overlap, feedback.area, note, figure])

@@ -237,3 +237,18 @@ def test_the_training_figures_draw_what_they_are_given():
     assert len(loss_figure({"a": [3, 2]}, {"ref": [3, 2]}, floor_nats=1.0).data) == 2
     assert [t.name for t in traffic_figure({"x": {"tp": 10, "dp": 5}}, "t").data] == ["tp axis", "dp axis"]
     assert len(step_time_figure({"a": 0.1}, {"a": 0.2}, "t").data) == 4
+
+
+def test_the_moe_layout_explorer_scores_what_its_controls_pick():
+    from shardlib.ui.training_widgets import moe_layout_explorer
+
+    box = moe_layout_explorer()
+    (pp, ep), overlap, feedback, note, figure = box.children[0].children, *box.children[1:]
+    assert "your layout (tp=1 pp=16 dp=128 ep=64 zero1): 1.75 M tokens/s" in note.value  # the published layout
+    exposed = figure.data[2].y[0]
+    overlap.value = True  # DualPipe's overlap: the all-to-alls under compute
+    assert exposed > 0 == figure.data[2].y[0] and feedback.value == ""
+    pp.value, ep.value = 32, 256  # dp = 64: ep 256 cannot divide it
+    assert "showing ep = 64" in note.value and "pp=32" in note.value
+    pp.value, ep.value = 4, 1  # every expert on every GPU of 4 stages: does not fit
+    assert "does not fit" in note.value and figure.data[0].y[0] == 0 and feedback.value == ""
