@@ -237,7 +237,7 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # %% [markdown]
 # ## Experts in the layout: EP inside each stage
 #
-# Now give the toy MoE MLPs: `models.TOY_MOE`, 8 experts, each token routed to `k = 2`. The same 4
+# Now the toy gets MoE MLPs: `models.TOY_MOE`, 8 experts, each token routed to `k = 2`. The same 4
 # ranks run `Layout(tp=2, pp=2, ep=2)`. Attention stays split over `tp`. Each stage's 8 experts are
 # spread over its 2 ranks, 4 whole experts each. Each tp rank routes its half of the tokens to them
 # (three all-to-alls: counts, dispatch, combine), and a tp all-gather makes the tokens whole again.
@@ -247,8 +247,8 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 from shardlib.experts.stack import moe_stack_reference, moe_stack_weights
 
 moe_layers = moe_stack_weights(TOY_MOE, seed=0)
-moe_x = activations(4, 8, TOY_MOE.d_model)  # (4, 8, 64)
-moe_reference = moe_stack_reference(moe_x, moe_layers, TOY_MOE)
+moe_seqs = activations(4, 8, TOY_MOE.d_model)  # (4, 8, 64)
+moe_reference = moe_stack_reference(moe_seqs, moe_layers, TOY_MOE)
 ep_layout = Layout(tp=2, pp=2, ep=2)
 for a in forward_traffic(TOY_MOE, ep_layout, batch=4, seq_tokens=8, n_microbatches=2):
     print(f"predicted: {a.axis} axis, {a.op:<17} {a.count:>3} calls, {a.size_bytes:>8,} bytes")
@@ -263,21 +263,21 @@ for a in forward_traffic(TOY_MOE, ep_layout, batch=4, seq_tokens=8, n_microbatch
 # </details>
 
 # %%
-ep_run = run_combined(four, ep_layout, TOY_MOE, moe_layers, moe_x, n_microbatches=2)
-gap = (ep_run.output - moe_reference).abs().max().item()
+ep_stack_run = run_combined(four, ep_layout, TOY_MOE, moe_layers, moe_seqs, n_microbatches=2)
+gap = (ep_stack_run.output - moe_reference).abs().max().item()
 print(f"largest difference from the one-process MoE stack: {'below 1e-5' if gap < TOLERANCE else gap}")
-print(format_traffic(ep_run))
-assert torch.allclose(ep_run.output, moe_reference, atol=TOLERANCE, rtol=TOLERANCE)  # the tp sums' order
-assert ep_run.measured == ep_run.predicted
+print(format_traffic(ep_stack_run))
+assert torch.allclose(ep_stack_run.output, moe_reference, atol=TOLERANCE, rtol=TOLERANCE)  # the tp sums' order
+assert ep_stack_run.measured == ep_stack_run.predicted
 
 # %% [markdown]
 # ## Wide EP with data-parallel attention
 #
 # Large MoE servers take another layout. **Wide EP with data-parallel attention** gives every rank the
 # whole attention and its own sequences, and spreads the experts over all the ranks. So
-# `Layout(tp=1, dp=4, ep=4)` against `Layout(tp=4, ep=4)` (attention split by heads). Predict, per rank:
-# DP attention keeps more weights, since attention is copied. It sends less, since only the experts'
-# rows travel.
+# `Layout(tp=1, dp=4, ep=4)`, one sequence per rank, against `Layout(tp=4, ep=4)` (attention split by
+# heads), both within `1e-5` of one process. Predict, per rank:
+# DP attention keeps more weights (attention is copied) and sends less (only the experts' rows travel).
 
 # %%
 from shardlib.serving import run_wide_ep
@@ -286,16 +286,17 @@ from shardlib.serving.memory import stack_weight_bytes
 wide_layouts = {"wide EP, DP attention": Layout(tp=1, pp=1, dp=4, ep=4), "EP, TP attention": Layout(tp=4, pp=1, ep=4)}
 for name, lay in wide_layouts.items():
     sent = sum(a.size_bytes for a in forward_traffic(TOY_MOE, lay, 4 // lay.dp, 8, 1)) / 4
-    print(f"predicted, {name:<22}: {max(stack_weight_bytes(TOY_MOE, lay)):>9,} B of weights, {sent:>8,.0f} B sent per rank")
+    weights = max(stack_weight_bytes(TOY_MOE, lay))
+    print(f"predicted, {name:<22}: {weights:>9,} B of weights, {sent:>8,.0f} B sent per rank")
 
 # %%
-wide = run_wide_ep(four, TOY_MOE, moe_layers, moe_x)
+wide = run_wide_ep(four, TOY_MOE, moe_layers, moe_seqs)
 for row in wide.rows():
     print(f"measured,  {row['layout']:<42}: {row['weights_measured']:>9,} B of weights, "
           f"{row['comm_measured']:>8,.0f} B sent per rank")
     assert (row["weights_measured"], row["comm_measured"]) == (row["weights_predicted"], row["comm_predicted"])
-for run in (wide.dp_attention, wide.tp_attention):  # DP attention: no cross-rank sum, the gap is 0
-    assert torch.allclose(run.output, moe_reference, atol=TOLERANCE, rtol=TOLERANCE)
+for side in (wide.dp_attention, wide.tp_attention):  # TP attention's all-reduce adds in another order
+    assert torch.allclose(side.output, moe_reference, atol=TOLERANCE, rtol=TOLERANCE)
 
 # %% [markdown]
 # DP attention sent a third of the bytes for about 17% more weights. On a real MoE model the experts
@@ -550,7 +551,8 @@ print(f"{DEEPSEEK_V3.name} on {FOUR_NODES_8_H100.name}: {ds.layout.label}, batch
 print("why:", ds.reasons[-1])
 mixtral = best[MIXTRAL_8X7B.name, 2, "throughput"]
 print(f"{MIXTRAL_8X7B.name} on two nodes: {mixtral.layout.label}; why:", mixtral.reasons[-1])
-assert ds.layout.tp == 1 and ds.layout.ep > FOUR_NODES_8_H100.gpus_per_node  # DP attention, EP across nodes
+assert ds.layout == Layout(tp=1, pp=2, dp=16, ep=16)  # DP attention, each stage's experts on 16 GPUs, 2 nodes
+assert mixtral.layout == Layout(tp=1, pp=2, dp=8, ep=8)  # 8 experts in one node; the pipeline crosses
 
 # %% [markdown]
 # DeepSeek-V3 takes no tensor parallelism: attention runs data-parallel and 16 experts sit on each

@@ -65,8 +65,9 @@ def _runs(layout: Layout, config) -> bool:
 
 def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2, 1)) -> widgets.VBox:
     """A slider over the layouts of ``ranks``, the data-parallel strategy, the MLP (dense, or 4 experts spread
-    over ``ep`` ranks) and ``m``: each move trains ``config``'s model on the warm ranks and shows every rank's ledger and the gap to one process.
-    ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first option if it cannot run)."""
+    over ``ep`` ranks) and ``m``: each move trains ``config``'s model on the warm ranks and shows every rank's
+    ledger and the gap to one process. ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first
+    option if it cannot run)."""
     options = four_rank_layouts(ranks.world_size, config)  # the slider holds only layouts that run
     first = start if start in [v for _, v in options] else options[0][1]
     layout_slider = SelectionSlider(options=options, value=first, description="layout",
