@@ -45,9 +45,8 @@
 # parallelism's all-to-alls carry what the router sends; its price is
 # [load imbalance](04_expert_parallel.ipynb).
 #
-# In decode, each of these messages carries one `d_model` vector per sequence in flight. Whether that
-# is latency-bound or bandwidth-bound depends on the batch: notebook 02 derives
-# [the crossover batch](02_communication_costs.ipynb) per link. One line uses it here:
+# In decode, each message carries one `d_model` vector per sequence in flight. Whether that is
+# latency-bound or bandwidth-bound depends on the batch ([the crossover batch](02_communication_costs.ipynb)):
 
 # %%
 from shardlib.hardware import NVLINK
@@ -556,11 +555,11 @@ assert mixtral.layout == Layout(tp=1, pp=2, dp=8, ep=8)  # 8 experts in one node
 
 # %% [markdown]
 # DeepSeek-V3 takes no tensor parallelism: attention runs data-parallel and 16 experts sit on each
-# GPU, 16 GPUs over two nodes. Its router sends each token to at most 4 nodes, so the "experts:" line
-# counts one row per token over the network, not 7.5. Mixtral's 8 experts fit one node: its `ep = 8`
-# stays inside, and the pipeline crosses. So "TP inside a node, PP across" holds for dense models.
-# For large MoE models the cross-node axis is EP with DP attention, as DeepSeek-V3 is served by
-# SGLang and vLLM (wide EP).
+# GPU, 16 GPUs over two nodes per stage. Its routing sends a token to a remote node once (and to at
+# most 4 nodes), so the "experts:" line counts one network row per token, not 7.5. Mixtral's 8
+# experts fit one node: its `ep = 8` stays inside, and the pipeline crosses. So "TP inside a node, PP
+# across" holds for dense models. For large MoE models the cross-node axis is EP with DP attention
+# (wide EP).
 
 # %% [markdown]
 # ## Explore: the planner as a widget
