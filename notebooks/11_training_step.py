@@ -293,7 +293,7 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # - an expert: over the ranks that hold the same expert (`edp`, the expert-data-parallel group);
 # - the router: over every rank of the stage, since each routed its own tokens.
 #
-# Predict each rank's ledger and rank 0's traffic per axis:
+# Predict rank 0's ledger and its traffic per axis (the four ranks are alike):
 
 # %%
 moe_config = replace(train_config, n_experts=4, experts_per_token=2)
@@ -302,9 +302,10 @@ predicted_ep = predict_ledger(moe_config, ep_layout, check_training(ep_layout, m
 print(f"{ep_layout.label}: ep groups {ep_layout.ep_groups()}, expert-data-parallel groups "
       f"{ep_layout.expert_dp_groups()}")
 print("rank 0 keeps, predicted: " + ", ".join(f"{k} {v:,} B" for k, v in predicted_ep[0].items() if v is not None))
-print("rank 0 sends per step, predicted: " + ", ".join(
-    f"{axis} {op} {calls} x = {size:,} B" for (axis, op), (calls, size, wire) in
-    predict_traffic(moe_config, ep_layout, check_training(ep_layout, moe_config), 0).items()))
+print("rank 0 per step, predicted:")
+for (axis, op), (calls, size, wire) in predict_traffic(moe_config, ep_layout, check_training(ep_layout, moe_config),
+                                                       0).items():
+    print(f"  {axis:<6}{op:<19}{calls:>3} calls, {size:>9,} B")
 
 # %% [markdown]
 # <details><summary>Why the ep bytes are a prediction, and the activations are not</summary>
@@ -331,9 +332,10 @@ print("measured = predicted on every rank: " + ", ".join(
     f"{k} {v:,} B" for k, v in moe_run.ledgers[0].items() if k != "activations" and v))
 
 # %% [markdown]
-# The expert gradients are the largest sum of the step here (`edp`, 393,216 bytes), six times the
-# attention's (`dp`). The `ep` and `edp` groups are a second grouping of the same four ranks, laid over
-# the attention's `tp x dp` mesh, as Megatron-Core's MoE parallel folding does.
+# Here the `ep` groups are the `tp` pairs and the `edp` groups the `dp` pairs: a second grouping of
+# the same four ranks, laid over the attention's mesh, as Megatron-Core's MoE parallel folding does.
+# The expert gradients are the step's largest sum (`edp`, 393,216 bytes), six times the dense weights'
+# (`dp`).
 #
 # ## Step time: predicted, then measured
 #
