@@ -311,17 +311,17 @@ assert overlap_row.published.tokens_per_s < DEEPSEEK_V3_PUBLISHED.tokens_per_s  
 # Every `tp` inside a node, every `pp` and `dp` that multiply to 2,048, every `ep` dividing a stage's
 # `tp x dp` ranks and the 256 experts, each with its best microbatch and recomputation; ZeRO-1 only, the
 # published strategy. A search over DDP and ZeRO-1/2/3 as well takes about twice as long and picks the
-# same two layouts. The preset `models.DEEPSEEK_V3` counts its 3 dense first
-# layers as MoE and leaves out the shared expert: 701B parameters, 34.9B active (published: 671B,
-# 37B). Its time model prices BF16 matrices, not FP8.
+# same two layouts. The preset `models.DEEPSEEK_V3` counts its 3 dense first layers as MoE and leaves
+# out the shared expert: 701B parameters, 34.9B active (published: 671B, 37B). Its time model prices
+# BF16 matrices, not FP8.
 #
 # </details>
 #
 # Where the planner and the paper differ, and why:
 #
 # - **Memory.** Our count needs full recomputation for the published layout: selective would need
-#   83 GB on stage 0. DeepSeek-V3 recomputes only its norms and MLA up-projections, keeps some
-#   activations in FP8 and moves its weight average to the CPU. Our dense-layer count sees none of it.
+#   83 GB on stage 0. DeepSeek-V3 recomputes its norms and MLA up-projections instead of storing them,
+#   keeps some activations in FP8 and moves its weight average to the CPU. Our count sees none of it.
 # - **The all-to-alls.** One dispatch takes 4.3 ms against 43.7 ms of a layer's compute. Exposed, they
 #   cost 12 s a step. So the planner avoids them: `ep = 1`, each expert cut `tp = 4` ways. It does not
 #   price how small those cut matrices become.
