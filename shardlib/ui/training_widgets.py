@@ -1,5 +1,7 @@
-"""The training explorer: pick a layout of the warm ranks, a data-parallel strategy and the microbatches;
-each move trains the toy language model there and redraws every rank's ledger, measured beside predicted."""
+"""The training explorer: pick a layout of the warm ranks, a data-parallel strategy, the MLP (dense or experts
+over ``ep``) and the microbatches; each move trains the toy language model there and redraws every rank's
+ledger, measured beside predicted. ``moe_layout_explorer``: a DeepSeek-V3 layout of its 2,048 H800, scored by
+the training planner's model beside the published one (no ranks)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from dataclasses import replace
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from ..mesh import DP_STRATEGIES, Layout
+from ..mesh import DP_STRATEGIES, Layout, Rejected
 from ..runtime.measure import TOLERANCE
 from ..training.drivers import check_training, run_training
+from ..training.moe_choices import DEEPSEEK_V3_PUBLISHED
+from ..training.planner import best_configuration
 from ..training.reference import train_reference
 from .live import Feedback, SelectionSlider, observe_all
 from .theme import colour
@@ -141,10 +145,7 @@ def moe_layout_explorer() -> widgets.VBox:
     ``pp`` and ``ep`` and a toggle for the all-to-alls (exposed, or under compute as DualPipe runs them).
     Each move scores that layout with the planner's model (``planner.best_configuration``) and draws its step,
     term by term, beside the published layout (PP 16 x EP 64) scored the same way."""
-    from ..mesh import Rejected
-    from ..training.moe_choices import DEEPSEEK_V3_PUBLISHED as pub
-    from ..training.planner import best_configuration
-
+    pub = DEEPSEEK_V3_PUBLISHED
     pp = SelectionSlider(options=list(MOE_PP), value=16, description="pp", continuous_update=False)
     ep = SelectionSlider(options=list(MOE_EP), value=64, description="ep", continuous_update=False)
     overlap = widgets.ToggleButtons(options=[("exposed", False), ("under compute (DualPipe)", True)], value=False,
