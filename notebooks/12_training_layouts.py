@@ -427,14 +427,12 @@ show_questions(
 #
 # - One GPU's memory in training, counted stage by stage: states at 16 or 18 bytes per parameter, sharded by
 #   ZeRO over `dp x cp`, plus activations times the microbatches in flight.
-# - The counts agree with ZeRO's Figure 1 and Megatron's bytes per parameter. Korthikanti's rows check
-#   our code against the paper's formulas.
+# - The counts agree with ZeRO's Figure 1, Megatron's bytes per parameter and Korthikanti's formulas.
 # - Llama 3.1 405B's layout: with lighter end stages, stage 1 is the fullest, about 79.8 GB without
 #   recomputation, just inside 80 GB and over our 90 % budget.
 # - With a ring's `n - 1` latencies, wide ZeRO-3 loses, and the planner picks `tp = 8`, `pp = 16` as Meta
 #   did; it adds `cp = 2` where Meta kept a wider `dp`.
-# - On DeepSeek-V3, exposed all-to-alls keep the planner off wide EP; hidden under compute, as DualPipe
-#   hides them, wide EP wins. Memory tricks and FP8 it does not model explain the rest.
+# - On DeepSeek-V3, exposed all-to-alls keep the planner off wide EP; under DualPipe's overlap it wins.
 #
 # Checklist for training: count memory per rank first, the fullest stage included. Keep `tp` inside the
 # NVLink domain: one 8-GPU node for H100, up to 72 GPUs on a GB200 NVL72 rack. Add `pp` across nodes.
