@@ -12,11 +12,8 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..mesh import DP_STRATEGIES, Layout, Rejected
-from ..runtime.measure import TOLERANCE
-from ..training.drivers import check_training, run_training
 from ..training.moe_choices import DEEPSEEK_V3_PUBLISHED
 from ..training.planner import best_configuration
-from ..training.reference import train_reference
 from .live import Feedback, SelectionSlider, observe_all
 from .theme import colour
 from .training_figures import LEDGER_TERMS, ledger_figure
@@ -60,6 +57,8 @@ def four_rank_layouts(world_size: int, config=None) -> list[tuple[str, tuple[int
 
 
 def _runs(layout: Layout, config) -> bool:
+    from ..training.drivers import check_training  # torch: imported only where ranks train
+
     try:
         check_training(layout, replace(config, m=max(config.m, layout.pp)))
     except ValueError:
@@ -72,6 +71,10 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
     over ``ep`` ranks) and ``m``: each move trains ``config``'s model on the warm ranks and shows every rank's
     ledger and the gap to one process. ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first
     option if it cannot run)."""
+    from ..runtime.measure import TOLERANCE  # torch: imported only where ranks train
+    from ..training.drivers import run_training
+    from ..training.reference import train_reference
+
     options = four_rank_layouts(ranks.world_size, config)  # the slider holds only layouts that run
     first = start if start in [v for _, v in options] else options[0][1]
     layout_slider = SelectionSlider(options=options, value=first, description="layout",
