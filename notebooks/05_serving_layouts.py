@@ -24,6 +24,7 @@
 #
 # - The comm logs of tensor, pipeline and expert parallelism, measured on 4 ranks and put on one scale.
 # - Two pipeline stages of two-way tensor parallelism on 4 ranks: exact, its traffic split by mesh axis.
+# - Experts in the mesh: EP inside each stage of TP x PP, exact; wide EP with data-parallel attention.
 # - TP across two "nodes" against PP across them, over an emulated slow link, beside the planner's numbers.
 # - The serving planner's layouts for four models on one and two nodes of H100s, and its reasons.
 # - When replicas beat splitting, and a checklist for dense and for MoE models.
@@ -44,9 +45,8 @@
 # parallelism's all-to-alls carry what the router sends; its price is
 # [load imbalance](04_expert_parallel.ipynb).
 #
-# In decode, each of these messages carries one `d_model` vector per sequence in flight. Whether that
-# is latency-bound or bandwidth-bound depends on the batch: notebook 02 derives
-# [the crossover batch](02_communication_costs.ipynb) per link. One line uses it here:
+# In decode, each message carries one `d_model` vector per sequence in flight. Whether that is
+# latency-bound or bandwidth-bound depends on the batch ([the crossover batch](02_communication_costs.ipynb)):
 
 # %%
 from shardlib import start_template
@@ -77,11 +77,10 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # The combined forward of `shardlib.serving.layouts`, the code every layout below runs on the ranks:
 #
 # - `build_stage` builds a torch `DeviceMesh` of shape `(pp, dp, tp)`, one process group per axis, and
-#   this stage's blocks, split over the `"tp"` axis as in notebook 01.
-# - `combined_forward` is a forward pass: each stage receives a microbatch from the *same tp rank* of the
-#   previous stage, runs its blocks and sends the result on.
-# - `pipelined_decode` runs the same loop as a server decodes: the last stage hands each output back to
-#   the first as its next input.
+#   this stage's blocks, split over `"tp"` as in notebook 01 (with experts, spread over `"ep"`).
+# - `combined_forward`: each stage receives a microbatch from the *same tp rank* of the previous stage,
+#   runs its blocks and sends the result on.
+# - `pipelined_decode` loops as a server decodes: the last stage hands each output back to the first.
 #
 # <details><summary>More on what the code does</summary>
 #
@@ -103,9 +102,9 @@ show_code(build_stage, combined_forward, pipelined_decode)
 # %% [markdown]
 # ## Measured, not copied: the three comm logs, side by side
 #
-# One warm pool of 4 ranks runs three things. A tensor-parallel MLP block (notebook 01). A forward-only
-# GPipe pipeline of 4 one-layer stages (notebook 03). An expert-parallel MoE layer (notebook 04). Each
-# table row is built from that run's comm log, summed over the ranks.
+# One warm pool of 4 ranks runs a tensor-parallel MLP block (notebook 01), a forward-only GPipe
+# pipeline of 4 one-layer stages (notebook 03) and an expert-parallel MoE layer (notebook 04). Each
+# row sums that run's comm log over the ranks.
 #
 # The runs differ in tokens and layers, so the last column puts them on one scale. It is the wire bytes
 # per token and per layer, in units of one token's activation (`d_model` values). Predict first, per
@@ -182,8 +181,7 @@ assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) 
 
 # %% [markdown]
 # Tensor parallelism put the most on the wire, the pipeline least. Expert parallelism's figure moves
-# with the router: rows sent to an expert on their own rank do not travel. Counting buffers instead of
-# the wire, or runs of different sizes, ranks them differently: compare like with like.
+# with the router: rows sent to an expert on their own rank do not travel. Compare like with like.
 
 # %% [markdown]
 # ## Predict: two stages of two-way tensor parallelism on 4 ranks
@@ -240,6 +238,77 @@ from shardlib.ui.runtime_figures import timeline_figure
 timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ranks 2-3 stage 1 (F0, F1: microbatches)")
 
 # %% [markdown]
+# ## Experts in the layout: EP inside each stage
+#
+# Now the toy gets MoE MLPs: `models.TOY_MOE`, 8 experts, each token routed to `k = 2`. The same 4
+# ranks run `Layout(tp=2, pp=2, ep=2)`. Attention stays split over `tp`. Each stage's 8 experts are
+# spread over its 2 ranks, 4 whole experts each. Each tp rank routes its half of the tokens to them
+# (three all-to-alls: counts, dispatch, combine), and a tp all-gather makes the tokens whole again.
+# Predict, for 4 sequences of 8 tokens in 2 microbatches:
+
+# %%
+from shardlib.experts.stack import moe_stack_reference, moe_stack_weights
+
+moe_layers = moe_stack_weights(TOY_MOE, seed=0)
+moe_seqs = activations(4, 8, TOY_MOE.d_model)  # (4, 8, 64)
+moe_reference = moe_stack_reference(moe_seqs, moe_layers, TOY_MOE)
+ep_layout = Layout(tp=2, pp=2, ep=2)
+for a in forward_traffic(TOY_MOE, ep_layout, batch=4, seq_tokens=8, n_microbatches=2):
+    print(f"predicted: {a.axis} axis, {a.op:<17} {a.count:>3} calls, {a.size_bytes:>8,} bytes")
+
+# %% [markdown]
+# <details><summary>Where the all-to-all's bytes come from</summary>
+#
+# Per layer and microbatch, each of a stage's 2 ranks sends its counts (8 experts x 8 bytes), then
+# dispatches and combines its 8 tokens x `k = 2` rows of 64 float32 values. Every row is counted,
+# including those that stay on their own rank, so the router's choices do not move the buffer bytes.
+#
+# </details>
+
+# %%
+ep_stack_run = run_combined(four, ep_layout, TOY_MOE, moe_layers, moe_seqs, n_microbatches=2)
+gap = (ep_stack_run.output - moe_reference).abs().max().item()
+print(f"largest difference from the one-process MoE stack: {'below 1e-5' if gap < TOLERANCE else gap}")
+print(format_traffic(ep_stack_run))
+assert torch.allclose(ep_stack_run.output, moe_reference, atol=TOLERANCE, rtol=TOLERANCE)  # the tp sums' order
+assert ep_stack_run.measured == ep_stack_run.predicted
+
+# %% [markdown]
+# ## Wide EP with data-parallel attention
+#
+# Large MoE servers take another layout. **Wide EP with data-parallel attention** gives every rank the
+# whole attention and its own sequences, and spreads the experts over all the ranks. So
+# `Layout(tp=1, dp=4, ep=4)`, one sequence per rank, against `Layout(tp=4, ep=4)` (attention split by
+# heads), both within `1e-5` of one process. Predict, per rank:
+# DP attention keeps more weights (attention is copied) and sends less (only the experts' rows travel).
+
+# %%
+from shardlib.serving import run_wide_ep
+from shardlib.serving.memory import stack_weight_bytes
+
+wide_layouts = {"wide EP, DP attention": Layout(tp=1, pp=1, dp=4, ep=4), "EP, TP attention": Layout(tp=4, pp=1, ep=4)}
+for name, lay in wide_layouts.items():
+    sent = sum(a.size_bytes for a in forward_traffic(TOY_MOE, lay, 4 // lay.dp, 8, 1)) / 4
+    weights = max(stack_weight_bytes(TOY_MOE, lay))
+    print(f"predicted, {name:<22}: {weights:>9,} B of weights, {sent:>8,.0f} B sent per rank")
+
+# %%
+wide = run_wide_ep(four, TOY_MOE, moe_layers, moe_seqs)
+for row in wide.rows():
+    print(f"measured,  {row['layout']:<42}: {row['weights_measured']:>9,} B of weights, "
+          f"{row['comm_measured']:>8,.0f} B sent per rank")
+    assert (row["weights_measured"], row["comm_measured"]) == (row["weights_predicted"], row["comm_predicted"])
+for side in (wide.dp_attention, wide.tp_attention):  # TP attention's all-reduce adds in another order
+    assert torch.allclose(side.output, moe_reference, atol=TOLERANCE, rtol=TOLERANCE)
+
+# %% [markdown]
+# DP attention sent a third of the bytes for about 17% more weights. On a real MoE model the experts
+# are most of the weights, so the copied attention costs little. DeepSeek-V3's attention (MLA) also
+# caches one small latent per token for all heads: under TP every rank would copy it, under DP
+# attention each request's cache sits on one rank. That is why SGLang and vLLM serve DeepSeek-V3 with
+# wide EP and DP attention.
+
+# %% [markdown]
 # ## Across the slow link: TP across nodes or PP across nodes, measured
 #
 # A copy of a model that needs two nodes must cross the link between them somehow. **TP across nodes**
@@ -254,9 +323,8 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 #
 # Predict first. Decode's messages are a few kilobytes, so each crossing costs about the link's latency.
 # The pipeline crosses twice per token (there and back). Tensor parallelism crosses `2 x 2 x 4 = 16`
-# times (two all-reduces in each of the toy's 4 layers, two ring steps each). At 2 ms a crossing, the
-# crossings alone give about 4 ms per token for PP and 32 ms for TP, a ratio near 8. The planner makes
-# the same count, with the arithmetic speed measured on these ranks; its table is printed first.
+# times (two all-reduces in each of 4 layers, two ring steps each). At 2 ms a crossing: about 4 ms per
+# token for PP, 32 ms for TP. The planner makes the same count; its table is printed first.
 
 # %%
 from shardlib.hardware import Link
@@ -443,15 +511,11 @@ assert 1 < gain < 1.1
 # Read it with the objectives in mind:
 #
 # - **Latency** on one node always takes the largest split, `tp = 8`. On two nodes the 70B and the 405B
-#   take `tp = 16` across them (KV heads copied); the 8B and Mixtral keep `tp = 8` beside a replica. For
-#   Llama-3-70B, `tp = 16` is about 1% faster, at half the tokens: a second node is better spent on a
-#   replica.
-# - **Throughput** packs smaller splits with replicas beside them. Llama-3-8B fits one GPU, yet `tp = 2`
-#   with 4 replicas serves about 10% more than 8 replicas at this context. The memory a split frees holds
-#   KV cache for a bigger batch (238 sequences per pair).
-# - **Llama-3.1-405B** (812 GB in bf16) fits no single node of 80 GB GPUs in bf16. In 8 bits (about
-#   416 GB) it fits one node at `tp = 8`. In bf16 on two nodes, for throughput, it takes **TP inside each
-#   node, PP across the two**.
+#   take `tp = 16` (KV heads copied), only about 1% faster for the 70B, at half the tokens.
+# - **Throughput** packs smaller splits with replicas beside them. The memory a split frees holds KV
+#   cache for a bigger batch.
+# - **Llama-3.1-405B** (812 GB in bf16) fits one node only in 8 bits (about 416 GB). In bf16 on two
+#   nodes, for throughput, it takes **TP inside each node, PP across the two**.
 #
 # That last rule is for a dense model. Is TP across nodes ever better? Predict which wins for a full
 # batch, and which for one request alone, before the planner weighs them:
@@ -476,11 +540,30 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 # 20-microsecond latency, while the pipeline's two stages run one after another. Then TP across nodes is
 # about 1.5 times faster per token. Throughput is why dense deployments put the pipeline across nodes.
 #
-# **Large MoE models cross nodes differently.** Their experts are most of the weights, so expert
-# parallelism crosses the nodes, with attention run data-parallel (each rank its own requests).
-# DeepSeek-V3 trained with 16 pipeline stages x 64-way EP and no tensor parallelism (its technical
-# report, section 3.2); vLLM and SGLang serve it with wide EP. This planner keeps attention and experts
-# on one axis, so it does not show that layout.
+# That rule is for dense models. **A large MoE model crosses nodes with its experts.** Predict the
+# planner's choice for DeepSeek-V3 (701B parameters in this preset, 256 experts, 8 per token) on four
+# nodes, for throughput:
+
+# %%
+from shardlib.hardware import FOUR_NODES_8_H100
+from shardlib.models import DEEPSEEK_V3
+
+ds = plan_serving(DEEPSEEK_V3, FOUR_NODES_8_H100, Workload(), "throughput").best
+print(f"{DEEPSEEK_V3.name} on {FOUR_NODES_8_H100.name}: {ds.layout.label}, batch {ds.batch}, "
+      f"{ds.tokens_per_s:,.0f} tokens/s")
+print("why:", ds.reasons[-1])
+mixtral = best[MIXTRAL_8X7B.name, 2, "throughput"]
+print(f"{MIXTRAL_8X7B.name} on two nodes: {mixtral.layout.label}; why:", mixtral.reasons[-1])
+assert ds.layout == Layout(tp=1, pp=2, dp=16, ep=16)  # DP attention, each stage's experts on 16 GPUs, 2 nodes
+assert mixtral.layout == Layout(tp=1, pp=2, dp=8, ep=8)  # 8 experts in one node; the pipeline crosses
+
+# %% [markdown]
+# DeepSeek-V3 takes no tensor parallelism: attention runs data-parallel and 16 experts sit on each
+# GPU, 16 GPUs over two nodes per stage. Its routing sends a token to a remote node once (and to at
+# most 4 nodes), so the "experts:" line counts one network row per token, not 7.5. Mixtral's 8
+# experts fit one node: its `ep = 8` stays inside, and the pipeline crosses. So "TP inside a node, PP
+# across" holds for dense models. For large MoE models the cross-node axis is EP with DP attention
+# (wide EP).
 
 # %% [markdown]
 # ## Explore: the planner as a widget
@@ -490,7 +573,9 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 #
 # **Your task.** Choose Llama-3-8B on one node of 8 H100s, ranked by throughput, batch "from memory".
 # Move the context from 1,024 tokens upwards. At which context does the planner first choose a single
-# copy split 8 ways? What does its "why" line say sets the batch there, and the runner-up's?
+# copy split 8 ways? What does its "why" line say sets the batch there, and the runner-up's? Then pick
+# Mixtral-8x7B on the same node: up to which context does the best layout spread the experts
+# (`ep = 8`), and what does its "experts:" line say the all-to-alls cost?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.serving_widgets import planner_widget
@@ -506,6 +591,11 @@ planner_widget()
 # is set by free memory: 126 sequences each. Each sequence's KV cache grows with the context. Splitting
 # frees the memory each replica spent on its own copy of the weights, and that memory holds KV cache for
 # more sequences. Only 1% separates the two here.
+#
+# Mixtral keeps `ep = 8` up to 8,192 tokens: eight replicas of attention with one expert per GPU (wide
+# EP with DP attention inside the node) up to 2,048, then `tp = 2` with 4 replicas. From 16,384 it takes
+# one copy at `tp = 8`, each expert split 8 ways. Inside a node each dispatch or combine costs about
+# 0.01 ms: the all-to-alls hardly count, memory does.
 #
 # </details>
 
@@ -531,11 +621,10 @@ assert p8.best.layout == Layout(tp=1, pp=1, dp=8)
 assert one[Layout(tp=8, pp=1, dp=1)].decode_step_s < one[Layout(tp=1, pp=1, dp=8)].decode_step_s
 
 # %% [markdown]
-# "Split it" and "run replicas" are both right, for different objectives. Tensor parallelism lowers the
-# latency of a request, since every weight read is split 8 ways. It costs throughput per GPU: each GPU
-# waits on all-reduces and streams its weights for a smaller share of the batch. When a model fits with
-# room for its batch, replicas serve the most tokens. When it does not, or when a user's wait is what
-# matters, split it.
+# Both are right, for different objectives. Tensor parallelism lowers a request's latency: every weight
+# read is split 8 ways. It costs throughput per GPU, spent waiting on all-reduces. When a model fits
+# with room for its batch, replicas serve the most tokens. When it does not, or a user's wait matters,
+# split it.
 
 # %% [markdown]
 # ## Worked problems
@@ -622,6 +711,16 @@ show_questions(
         "requests. DeepSeek-V3 trained with PP16 x EP64 and no tensor parallelism.",
     ),
     Question(
+        f"Your run: wide EP with DP attention sent {wide.rows()[0]['comm_measured']:,.0f} B per rank, TP attention "
+        f"{wide.rows()[1]['comm_measured']:,.0f} B. What did TP attention send that DP attention did not?",
+        ("Bigger all-to-alls, since each rank routed every token", "An all-reduce and an all-gather per layer",
+         "The experts' weights, gathered before every layer"),
+        1,
+        "Under TP attention each rank holds a quarter of the heads: their outputs are summed (all-reduce), and "
+        "each rank routes a quarter of the tokens, then gathers the rest. The all-to-alls carry the same rows in "
+        "both layouts; the experts' weights never move.",
+    ),
+    Question(
         "The planner's floor for a layout is 10 ms per token, all of it memory reads. Your kernels reach 80% "
         "of peak bandwidth. About how long does a token take?",
         ("8 ms", "10 ms", "11 ms", "12.5 ms"),
@@ -634,6 +733,8 @@ show_questions(
 # %% [markdown]
 # ## A checklist for choosing a layout
 #
+# <details><summary>Seven questions, in order</summary>
+#
 # 1. Does one copy fit one GPU, weights plus KV cache for the batch you want? Then replicas usually serve
 #    the most tokens, and you split for latency. At long contexts a small split can still win, because
 #    the memory it frees holds KV cache for a bigger batch.
@@ -645,8 +746,11 @@ show_questions(
 # 5. A dense model across nodes: pipeline stages for throughput. For latency, compare with TP across
 #    nodes on your network: the numbers decide.
 # 6. A large MoE model across nodes: expert parallelism with data-parallel attention, as DeepSeek-V3 is
-#    trained and as vLLM and SGLang serve it. Watch the load balance.
+#    trained and as vLLM and SGLang serve it. Watch the load balance. Experts that fit one node keep
+#    `ep` inside it (Mixtral).
 # 7. Whatever you pick, check it is exact against the unsharded model on a small case first.
+#
+# </details>
 
 # %% [markdown]
 # ## What you saw
@@ -660,5 +764,7 @@ show_questions(
 # - The planner takes TP inside a node and PP across nodes for Llama-3.1-405B in bf16 on two nodes. It
 #   prices copied KV heads and uneven stages, and its times are floors.
 # - Replicas serve the most tokens when a copy fits; a split serves each request faster.
+# - With experts, EP inside each stage was exact, its all-to-alls as predicted. DP attention sent a third
+#   of TP attention's bytes for more weights; DeepSeek-V3's planner layout puts EP across nodes, no TP.
 #
 # Next: **06 · Serving engine**, which serves many requests at once on one of these layouts.

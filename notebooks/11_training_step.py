@@ -24,6 +24,7 @@
 # - One small language model trained on four real ranks in five layouts, each equal to one process.
 # - The rank order: how a mesh numbers its ranks, Megatron-LM's way and Llama 3's, and why each.
 # - Every rank's ledger (what it keeps) and its traffic per axis, predicted to the byte, then measured.
+# - Experts in the step: `dp x ep x tp`, each weight's gradient summed over its own group.
 # - Step time: the training planner's model predicts seven layouts; the measured order is set beside it.
 # - An explorer that trains any layout of the four ranks and draws its ledger.
 
@@ -166,7 +167,7 @@ show_code(Block.forward, TrainingStep.__init__, TrainingStep.run, run_stage, Buc
 
 # %%
 from shardlib.training.drivers import check_training
-from shardlib.training.predict import KEYS, predict_ledger
+from shardlib.training.predict import KEYS, predict_ledger, predict_traffic
 
 pp_tp = Layout(tp=2, pp=2)
 predicted_pp_tp = predict_ledger(train_config, pp_tp, check_training(pp_tp, train_config))
@@ -285,6 +286,61 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # heads). The pipeline sends one activation per microbatch each way. The data axis moves the gradients
 # once a step, whatever `m` is. ZeRO-3 gathers each layer twice and reduce-scatters it, every microbatch.
 #
+# ## The ep axis: experts in the step
+#
+# Now each block's MLP becomes 4 experts, each token routed to `k = 2` of them, with Switch's auxiliary
+# loss ([notebook 04](04_expert_parallel.ipynb)). The layout `dp 2 x ep 2 x tp 2` folds `ep` onto
+# ranks the other axes already use: each stage's experts are spread over `ep` ranks, 2 whole experts
+# each. Three kinds of weight are summed over three groups:
+#
+# - attention, embedding and head: over the `dp` replicas, as before;
+# - an expert: over the ranks that hold the same expert (`edp`, the expert-data-parallel group);
+# - the router: over every rank of the stage, since each routed its own tokens.
+#
+# Predict rank 0's ledger and its traffic per axis (the four ranks are alike):
+
+# %%
+moe_config = replace(train_config, n_experts=4, experts_per_token=2)
+ep_layout = Layout(tp=2, pp=1, dp=2, ep=2)
+predicted_ep = predict_ledger(moe_config, ep_layout, check_training(ep_layout, moe_config))
+print(f"{ep_layout.label}: ep groups {ep_layout.ep_groups()}, expert-data-parallel groups "
+      f"{ep_layout.expert_dp_groups()}")
+print("rank 0 keeps, predicted: " + ", ".join(f"{k} {v:,} B" for k, v in predicted_ep[0].items() if v is not None))
+print("rank 0 per step, predicted:")
+for (axis, op), (calls, size, wire) in predict_traffic(moe_config, ep_layout, check_training(ep_layout, moe_config),
+                                                       0).items():
+    print(f"  {axis:<6}{op:<19}{calls:>3} calls, {size:>9,} B")
+
+# %% [markdown]
+# <details><summary>Why the ep bytes are a prediction, and the activations are not</summary>
+#
+# The router decides how many rows each rank's experts receive, so one rank's all-to-all bytes vary
+# from step to step. Their sum over an ep group does not: every token sends `k` rows. That sum is what
+# is checked. For the same reason the activations the experts keep are measured, not predicted.
+#
+# </details>
+
+# %%
+moe_run = run_training(four, ep_layout, moe_config)
+with four.same_threads():
+    moe_gap = moe_run.against_reference(train_reference(moe_config, ep_layout.dp))
+print(f"{ep_layout.label}: losses {' '.join(f'{v:.3f}' for v in moe_run.losses)}; largest gap to one process "
+      f"{moe_gap:.1e} (float64, tolerance 1e-9)")
+assert moe_gap < 1e-9  # cross-rank sums over dp, edp and the stage, in another order
+for measured, predicted in zip(moe_run.ledgers, moe_run.predicted_ledgers()):
+    assert all(measured[k] == v for k, v in predicted.items() if v is not None)  # every kept term, to the byte
+assert moe_run.traffic_mismatches() == []  # every axis on every rank; ep bytes summed over each group
+sums = moe_run.traffic_by_axis(0)
+assert sums[("edp", "all_reduce")][1] == 6 * sums[("dp", "all_reduce")][1]  # experts' gradients: 6x attention's
+print("measured = predicted on every rank: " + ", ".join(
+    f"{k} {v:,} B" for k, v in moe_run.ledgers[0].items() if k != "activations" and v))
+
+# %% [markdown]
+# Here the `ep` groups are the `tp` pairs and the `edp` groups the `dp` pairs: a second grouping of
+# the same four ranks, laid over the attention's mesh, as Megatron-Core's MoE parallel folding does.
+# The expert gradients are the step's largest sum (`edp`, 393,216 bytes), six times the dense weights'
+# (`dp`).
+#
 # ## Step time: predicted, then measured
 #
 # [Notebook 12](12_training_layouts.ipynb)'s training planner prices a step as a sum of terms. The
@@ -385,13 +441,15 @@ step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
 # ## Explore: train any layout of the four ranks
 #
 # The slider holds every layout of four ranks this model can run. (`tp = 4` is missing: 2 KV heads cannot
-# be split 4 ways.) Pick a layout, a data-parallel strategy and `m`. The model trains three steps on the
-# warm ranks and every rank's ledger is drawn, measured beside predicted.
+# be split 4 ways.) Pick a layout, a data-parallel strategy, the MLP (dense, or 4 experts over `ep`
+# ranks) and `m`. The model trains three steps on the warm ranks and every rank's ledger is drawn,
+# measured beside predicted.
 #
 # **Your task.** The explorer opens on `pp 2 x tp 2`. Move `m` from 2 to 4: does stage 0's activation
 # bar grow? What would GPipe keep there at `m = 4`? Then pick `pp 4`: how many microbatches' activations
-# does each stage hold? Last, pick `dp 2 x tp 2` and switch DDP to ZeRO-1, ZeRO-2, ZeRO-3: which kept
-# term shrinks at each switch?
+# does each stage hold? Then pick `dp 2 x tp 2` and switch DDP to ZeRO-1, ZeRO-2, ZeRO-3: which kept
+# term shrinks at each switch? Last, on `dp 2 x tp 2` with DDP, set the MLP to 4 experts and move `ep`
+# from 1 to 4: which bars shrink, and why does `ep 4` keep the fewest expert bytes?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.training_widgets import training_explorer
@@ -408,6 +466,11 @@ training_explorer(four, train_config, start=(2, 2, 1, 1))  # (tp, pp, dp, cp): p
 # DDP to ZeRO-1 shrinks only the optimizer bar (two moments of the shard). ZeRO-2 shrinks the
 # gradients too. ZeRO-3 shrinks the weights as well, and a transient appears: the layer gathered whole
 # while it runs.
+#
+# With 4 experts, weights, gradients and moments all shrink: rank 0 keeps 856 kB of weights at `ep 1`,
+# 463 kB at `ep 2` and 266 kB at `ep 4`. The experts' share halves each time (786, 393, 197 kB). At
+# `ep 4` each rank holds one expert of each layer. The other 70 kB (attention, embedding, head,
+# routers) never moves: `ep` splits only the experts.
 #
 # </details>
 #
@@ -439,6 +502,16 @@ show_questions(
         2,
         "Context parallelism splits the tokens, as data parallelism splits the batch. Both leave the weights "
         "whole, so both must add their gradients.",
+    ),
+    Question(
+        "The MoE model above runs on Layout(tp=2, dp=2, ep=4): 4 experts, one per rank. Over which ranks is an "
+        "expert's gradient summed?",
+        ("Over the two dp replicas, as attention's is", "None: each expert's rows all came to its one rank",
+         "Over the tp pair that routed its tokens", "Over all four ranks of the stage"),
+        1,
+        "The all-to-all brought every row routed to the expert to its rank, and the backward's reverse all-to-all "
+        "sends their gradients back. Its expert-data-parallel group has one rank: nothing to add. The router, "
+        "held by every rank, is summed over the stage.",
     ),
     Question(
         "Llama 3 orders its mesh [TP, CP, PP, DP], data parallelism outermost. Why can FSDP take the "
@@ -483,3 +556,5 @@ show_questions(
 #   activations; the tensor axis carries the most bytes.
 # - The planner's step-time model, with the toy's five settings, set against seven measured layouts:
 #   the verdict line says whether the order held, against a floor luck rarely passes.
+# - Experts over `dp x ep x tp`: equal to one process, each weight summed over its own group (`dp`, `edp`,
+#   the stage), every kept term and every axis's bytes as predicted.

@@ -25,6 +25,7 @@
 # - Llama 3.1 405B's published layout on one GPU: which stage is fullest, and what does not fit.
 # - The training planner: every layout of 16,384 H100s priced, with a ring's real latency.
 # - The planner's choices beside Llama 3's published layouts, and the terms where they differ.
+# - The planner on DeepSeek-V3: expert parallelism priced, beside its published PP 16 x EP 64.
 
 # %% [markdown]
 # ## Memory per GPU at scale
@@ -282,6 +283,79 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 #
 # </details>
 #
+# ## The planner on an MoE model: DeepSeek-V3
+#
+# DeepSeek-V3 trained on 2,048 H800 GPUs with **16 pipeline stages x 64-way expert parallelism (8
+# nodes), ZeRO-1 and no tensor parallelism** (its technical report, section 3.2). That is about 3.1 M
+# tokens a second (180K GPU hours per trillion tokens). Its DualPipe schedule runs one microbatch's
+# all-to-alls under another's compute ([notebook 09](09_pipeline_schedules.ipynb)).
+#
+# The planner now also searches `ep`: each stage's experts spread over `ep` of its ranks, their
+# gradients summed over the ranks holding the same expert ([notebook 11](11_training_step.ipynb)). It
+# runs twice: the all-to-alls exposed, then hidden under compute as DualPipe runs them. Predict: with
+# the all-to-alls exposed, does it pick wide EP at all?
+
+# %%
+from shardlib.training.moe_choices import DEEPSEEK_V3_PUBLISHED, deepseek_v3_choices, format_deepseek_v3_choices
+
+moe_rows = deepseek_v3_choices(dp_strategies=("zero1",))  # ZeRO-1 only: see "What was searched" below
+print(format_deepseek_v3_choices(moe_rows))
+exposed_row, overlap_row = moe_rows
+assert exposed_row.chosen.layout.ep == 1 < overlap_row.chosen.layout.ep  # the overlap makes wide EP pay
+assert overlap_row.published.ep_s == 0 < exposed_row.published.ep_s
+assert overlap_row.published.tokens_per_s < DEEPSEEK_V3_PUBLISHED.tokens_per_s  # FP8 and memory: not modelled
+
+# %% [markdown]
+# <details><summary>What was searched, and the preset's approximations</summary>
+#
+# Every `tp` inside a node, every `pp` and `dp` that multiply to 2,048, every `ep` dividing a stage's
+# `tp x dp` ranks and the 256 experts, each with its best microbatch and recomputation; ZeRO-1 only, the
+# published strategy. A search over DDP and ZeRO-1/2/3 as well takes about twice as long and picks the
+# same two layouts. The preset `models.DEEPSEEK_V3` counts its 3 dense first layers as MoE and leaves
+# out the shared expert: 701B parameters, 34.9B active (published: 671B, 37B). Its time model prices
+# BF16 matrices, not FP8.
+#
+# </details>
+#
+# Where the planner and the paper differ, and why:
+#
+# - **Memory.** Our count needs full recomputation for the published layout: selective would need
+#   83 GB on stage 0. DeepSeek-V3 recomputes its norms and MLA up-projections instead of storing them,
+#   keeps some activations in FP8 and moves its weight average to the CPU. Our count sees none of it.
+# - **The all-to-alls.** One dispatch takes 4.3 ms against 43.7 ms of a layer's compute. Exposed, they
+#   cost 12 s a step. So the planner avoids them: `ep = 1`, each expert cut `tp = 4` ways. It does not
+#   price how small those cut matrices become.
+# - **With DualPipe's overlap** the all-to-alls cost nothing here, and wide EP wins: `ep = 256`, one
+#   expert per GPU. The planner still takes `tp = 2` for memory, over the H800's cut-down NVLink.
+# - **What it leaves out:** FP8, and DualPipe's smaller bubble (it prices 1F1B's). So it prefers 2
+#   stages to 16.
+#
+# ## Explore: a DeepSeek-V3 layout, term by term
+#
+# The explorer scores one layout of the 2,048 H800 (no tensor parallelism, ZeRO-1) with the planner's
+# model, beside the published layout.
+#
+# **Your task.** With the all-to-alls exposed and `pp = 16`, find the `ep` with the most tokens per
+# second. Then put the all-to-alls under compute: does `ep` still matter? Which `pp` is best now, and
+# which term decides it?
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.training_widgets import moe_layout_explorer
+
+moe_layout_explorer()
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Exposed, `ep = 16` is best at `pp = 16`: 2.01 M tokens/s, against 1.75 for the published `ep = 64`.
+# The all-to-alls cost 7.5 s a step at `ep = 8` or 16, and grow past that (10.3 s at 32, 12.2 s at 64).
+# Under compute, `ep` barely moves the step at `pp = 16` (2.61 to 2.66 M tokens/s): it changes memory,
+# not time. Then fewer stages win: `pp = 4` with `ep = 256` reaches about 3.0 M tokens/s (`pp = 8`:
+# 2.87). The bubble decides: priced as 1F1B's, it shrinks with fewer stages. At `pp = 4` the experts fit
+# only from `ep = 32`. DualPipe's own bubble is smaller, which is why 16 stages pay for DeepSeek-V3.
+#
+# </details>
+#
 # ## Check yourself
 
 # %% tags=["nbval-ignore-output"]
@@ -327,6 +401,15 @@ show_questions(
         "The scores grow with s^2 and are cheap to recompute; FlashAttention never stores them at all.",
     ),
     Question(
+        "An MoE model's exposed all-to-alls cost 12 s of a 36 s step. A new schedule hides them all under other "
+        "microbatches' compute. Which ep does a planner now favour?",
+        ("ep = 1, the experts split by tp like a dense MLP", "The same ep as before: hiding a cost keeps the order",
+         "The smallest ep whose groups stay inside a node", "A wide ep: the all-to-alls are free, memory falls"),
+        3,
+        "Once the all-to-alls cost no time, ep's only effect is fewer experts per GPU: less memory, which buys "
+        "fewer stages or less recomputation. Under DualPipe's overlap the planner took ep = 256 for DeepSeek-V3.",
+    ),
+    Question(
         "ZeRO-3 all-gathers a layer over 1,024 replicas on a ring with 10 µs per step. What latency does one "
         "gather pay?",
         ("10 µs: a collective pays its latency once per call",
@@ -344,12 +427,12 @@ show_questions(
 #
 # - One GPU's memory in training, counted stage by stage: states at 16 or 18 bytes per parameter, sharded by
 #   ZeRO over `dp x cp`, plus activations times the microbatches in flight.
-# - The counts agree with ZeRO's Figure 1 and Megatron's bytes per parameter. Korthikanti's rows check
-#   our code against the paper's formulas.
+# - The counts agree with ZeRO's Figure 1, Megatron's bytes per parameter and Korthikanti's formulas.
 # - Llama 3.1 405B's layout: with lighter end stages, stage 1 is the fullest, about 79.8 GB without
 #   recomputation, just inside 80 GB and over our 90 % budget.
 # - With a ring's `n - 1` latencies, wide ZeRO-3 loses, and the planner picks `tp = 8`, `pp = 16` as Meta
 #   did; it adds `cp = 2` where Meta kept a wider `dp`.
+# - On DeepSeek-V3, exposed all-to-alls keep the planner off wide EP; under DualPipe's overlap it wins.
 #
 # Checklist for training: count memory per rank first, the fullest stage included. Keep `tp` inside the
 # NVLink domain: one 8-GPU node for H100, up to 72 GPUs on a GB200 NVL72 rack. Add `pp` across nodes.

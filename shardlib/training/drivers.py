@@ -157,7 +157,9 @@ class TrainingRun:
                     out.append(f"rank {rank} {key[0]} {key[1]}: predicted {w}, measured {g}")
         for group in self.layout.ep_groups() if self.layout.ep > 1 else []:
             key = ("ep", "all_to_all_single")
-            got = sum(self.traffic_by_axis(r).get(key, (0, 0, 0))[1] for r in group)
+            # summed over the group's records before the division by steps: each rank's share varies per step
+            got = sum(r.size_bytes for g in group for r in self.records[g] if (r.group, r.op) == key
+                      ) // self.config.steps
             want = sum(self.predicted_traffic(r).get(key, (0, 0, 0))[1] for r in group)
             if got != want:
                 out.append(f"ep group {group}: predicted {want:,} buffer bytes, measured {got:,}")

@@ -31,7 +31,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                       "replicas_vs_tp_figure", "latency_throughput_figure"),
     "costs_widgets": ("tp_cost_explorer", "slow_rank_explorer"),
     "training_figures": ("loss_figure", "ledger_figure", "traffic_figure", "step_time_figure"),
-    "training_widgets": ("training_explorer",),
+    "training_widgets": ("training_explorer", "moe_layout_explorer"),
     "pipeline_figures": ("schedule_figure", "split_gantt_figure",
                          "measured_figure", "predicted_vs_measured_figure", "bubble_curve_figure",
                          "in_flight_figure", "step_through_figure"),

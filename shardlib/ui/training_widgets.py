@@ -1,5 +1,7 @@
-"""The training explorer: pick a layout of the warm ranks, a data-parallel strategy and the microbatches;
-each move trains the toy language model there and redraws every rank's ledger, measured beside predicted."""
+"""The training explorer: pick a layout of the warm ranks, a data-parallel strategy, the MLP (dense or experts
+over ``ep``) and the microbatches; each move trains the toy language model there and redraws every rank's
+ledger, measured beside predicted. ``moe_layout_explorer``: a DeepSeek-V3 layout of its 2,048 H800, scored by
+the training planner's model beside the published one (no ranks)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,34 @@ from dataclasses import replace
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from ..mesh import DP_STRATEGIES, Layout
-from ..runtime.measure import TOLERANCE
-from ..training.drivers import check_training, run_training
-from ..training.reference import train_reference
+from ..mesh import DP_STRATEGIES, Layout, Rejected
+from ..training.moe_choices import DEEPSEEK_V3_PUBLISHED
+from ..training.planner import best_configuration
 from .live import Feedback, SelectionSlider, observe_all
+from .theme import colour
 from .training_figures import LEDGER_TERMS, ledger_figure
 
 STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+MLP_OPTIONS = (("dense", 0), ("4 experts, ep 1", 1), ("ep 2", 2), ("ep 4", 4))  # experts: 4, each token to 2
+MOE_SHAPE = {"n_experts": 4, "experts_per_token": 2}
+
+
+def expert_choice(ep: int, tp: int, pp: int, dp: int, cp: int, strategy: str) -> tuple[int, str, list[str]]:
+    """The ``ep`` (0: the dense MLP) and data-parallel strategy the explorer can run for the ``MLP`` control's
+    ``ep`` on a layout, and a note for each change: experts run without the context-parallel ring and
+    without ZeRO-3; ``ep`` must divide a stage's ``tp x dp`` ranks (the largest that does is taken)."""
+    notes = []
+    if ep and cp > 1:
+        notes.append("experts do not run with the context-parallel ring here: showing the dense MLP")
+        return 0, strategy, notes
+    if ep and strategy == "zero3":
+        notes.append("experts with ZeRO-3 are not combined here: showing ZeRO-1")
+        strategy = "zero1"
+    if ep and (tp * dp) % ep:
+        fits = max(e for e in (1, 2, 4) if (tp * dp) % e == 0)
+        notes.append(f"ep = {ep} does not divide a stage's tp x dp = {tp * dp} ranks: showing ep = {fits}")
+        ep = fits
+    return ep, strategy, notes
 
 
 def four_rank_layouts(world_size: int, config=None) -> list[tuple[str, tuple[int, int, int, int]]]:
@@ -35,6 +57,8 @@ def four_rank_layouts(world_size: int, config=None) -> list[tuple[str, tuple[int
 
 
 def _runs(layout: Layout, config) -> bool:
+    from ..training.drivers import check_training  # torch: imported only where ranks train
+
     try:
         check_training(layout, replace(config, m=max(config.m, layout.pp)))
     except ValueError:
@@ -43,9 +67,14 @@ def _runs(layout: Layout, config) -> bool:
 
 
 def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2, 1)) -> widgets.VBox:
-    """A slider over the layouts of ``ranks``, the data-parallel strategy and ``m``: each move trains
-    ``config``'s model on the warm ranks and shows every rank's ledger and the gap to one process.
-    ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first option if it cannot run)."""
+    """A slider over the layouts of ``ranks``, the data-parallel strategy, the MLP (dense, or 4 experts spread
+    over ``ep`` ranks) and ``m``: each move trains ``config``'s model on the warm ranks and shows every rank's
+    ledger and the gap to one process. ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first
+    option if it cannot run)."""
+    from ..runtime.measure import TOLERANCE  # torch: imported only where ranks train
+    from ..training.drivers import run_training
+    from ..training.reference import train_reference
+
     options = four_rank_layouts(ranks.world_size, config)  # the slider holds only layouts that run
     first = start if start in [v for _, v in options] else options[0][1]
     layout_slider = SelectionSlider(options=options, value=first, description="layout",
@@ -53,6 +82,7 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
                                     layout={"width": "460px"})
     strategy = widgets.ToggleButtons(options=[(STRATEGY_NAMES[s], s) for s in DP_STRATEGIES], value="ddp",
                                      description="dp keeps")
+    mlp = widgets.ToggleButtons(options=list(MLP_OPTIONS), value=0, description="MLP")
     microbatches = widgets.IntSlider(value=config.m, min=1, max=4, description="m (microbatches)",
                                      continuous_update=False, style={"description_width": "initial"})
     note, feedback = widgets.HTML(), Feedback()
@@ -73,26 +103,88 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
             notes.append("ZeRO-3 gathers layer by layer and runs here without a pipeline only: showing ZeRO-1")
         if dp * cp == 1 and chosen != "ddp":
             notes.append("one replica and no ring: nothing to shard, every strategy keeps the same")
-        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, dp_strategy=chosen)
-        cfg = replace(config, m=m)
+        ep, chosen, expert_notes = expert_choice(mlp.value, tp, pp, dp, cp, chosen)
+        notes += expert_notes
+        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=max(ep, 1), dp_strategy=chosen)
+        cfg = replace(config, m=m, **(MOE_SHAPE if ep else {}))
         run = run_training(ranks, lay, cfg)
-        if (m, dp) not in references:
+        if (m, dp, bool(ep)) not in references:
             with ranks.same_threads():
-                references[m, dp] = train_reference(cfg, dp)
-        gap = run.against_reference(references[m, dp])
+                references[m, dp, bool(ep)] = train_reference(cfg, dp)
+        gap = run.against_reference(references[m, dp, bool(ep)])
         labels = [f"rank {r}<br>stage {p[0]}, cp {p[2]}, tp {p[3]}" for r, p in enumerate(run.positions)]
-        new = ledger_figure(run.ledgers, run.predicted_ledgers(), labels,
-                            f"{lay.label}, m = {m}: what each rank keeps, measured (bars) and predicted (marks)")
+        predicted = [{k: (v if v is not None else got[k]) for k, v in want.items()}
+                     for want, got in zip(run.predicted_ledgers(), run.ledgers)]
+        if ep:
+            notes.append("with experts the router decides each rank's rows: the activations are measured, not "
+                         "predicted (their mark sits on the bar)")
+        new = ledger_figure(run.ledgers, predicted, labels,
+                            f"{lay.label}, m = {m}{', 4 experts' if ep else ''}: what each rank keeps, measured "
+                            "(bars) and predicted (marks)")
         with figure.batch_update():
             for live, fresh in zip(figure.data, new.data):
                 live.update(fresh.to_plotly_json())
             figure.layout.title = new.layout.title
-        same = run.ledgers == run.predicted_ledgers()
+        same = all(got[k] == v for want, got in zip(run.predicted_ledgers(), run.ledgers) for k, v in want.items()
+                   if v is not None)
         notes.append(f"{cfg.batch_text(dp)}; loss {run.losses[0]:.3f} to {run.losses[-1]:.3f} in {cfg.steps} steps; "
                      f"largest gap to one process {gap:.1e} ({'within' if gap < TOLERANCE else 'OUTSIDE'} "
                      f"{TOLERANCE:g}); ledger {'equal to' if same else 'DIFFERENT from'} the prediction on every rank")
         note.value = "<br>".join(html.escape(n) for n in notes)
 
     show()
-    observe_all([layout_slider, strategy, microbatches], show, feedback)
-    return widgets.VBox([layout_slider, strategy, microbatches, feedback.area, note, figure])
+    observe_all([layout_slider, strategy, mlp, microbatches], show, feedback)
+    return widgets.VBox([layout_slider, strategy, mlp, microbatches, feedback.area, note, figure])
+
+
+STEP_TERMS = (("compute_s", "compute"), ("bubble_s", "bubble"), ("ep_s", "all-to-alls"), ("dp_s", "dp"),
+              ("pp_s", "pp hops"), ("tp_s", "tp"), ("optimizer_s", "optimizer"))
+MOE_PP = (4, 8, 16, 32)
+MOE_EP = (1, 8, 16, 32, 64, 128, 256)
+
+
+def moe_layout_explorer() -> widgets.VBox:
+    """DeepSeek-V3 on its 2,048 H800 (``training.moe_choices``), no tensor parallelism, ZeRO-1: sliders for
+    ``pp`` and ``ep`` and a toggle for the all-to-alls (exposed, or under compute as DualPipe runs them).
+    Each move scores that layout with the planner's model (``planner.best_configuration``) and draws its step,
+    term by term, beside the published layout (PP 16 x EP 64) scored the same way."""
+    pub = DEEPSEEK_V3_PUBLISHED
+    pp = SelectionSlider(options=list(MOE_PP), value=16, description="pp", continuous_update=False)
+    ep = SelectionSlider(options=list(MOE_EP), value=64, description="ep", continuous_update=False)
+    overlap = widgets.ToggleButtons(options=[("exposed", False), ("under compute (DualPipe)", True)], value=False,
+                                    description="all-to-alls", style={"description_width": "initial"})
+    note, feedback = widgets.HTML(), Feedback()
+    figure = go.FigureWidget()
+    names = ["your layout", f"published (PP {pub.pp} x EP {pub.ep})"]
+    figure.update_layout(barmode="stack", height=360, yaxis_title="seconds per step")
+    for i, (_, label) in enumerate(STEP_TERMS):
+        figure.add_bar(x=names, y=[0, 0], name=label, marker_color=colour(i))
+
+    def show(change=None) -> None:
+        p, e, notes = pp.value, ep.value, []
+        dp = pub.gpus // p
+        if dp % e:
+            fits = max(v for v in MOE_EP if dp % v == 0)
+            notes.append(f"ep = {e} does not divide dp = {dp}: showing ep = {fits}")
+            e = fits
+        w = pub.workload(ep_overlap=overlap.value)
+        mine = best_configuration(pub.model, pub.cluster(), Layout(1, p, dp, ep=e, dp_strategy="zero1"), w)
+        published = best_configuration(pub.model, pub.cluster(), pub.layout(), w)
+        scored = [s if not isinstance(s, Rejected) else None for s in (mine, published)]
+        with figure.batch_update():
+            for bar, (term, _) in zip(figure.data, STEP_TERMS):
+                bar.y = [getattr(s, term) if s else 0.0 for s in scored]
+            figure.layout.title = f"{pub.model.name} on {pub.gpus:,} H800: one step of {pub.sequences:,} sequences"
+        for name, s, raw in zip(("your layout", "published"), scored, (mine, published)):
+            lay = raw.layout
+            if s is None:
+                notes.append(f"{name} ({lay.label}) does not fit: {raw.reasons[0]}")
+            else:
+                notes.append(f"{name} ({lay.label}): {s.tokens_per_s / 1e6:.2f} M tokens/s, MFU {s.mfu:.0%}, "
+                             f"{s.recompute} recomputation, {s.memory.total_bytes / 1e9:.1f} GB on the fullest GPU; "
+                             f"all-to-alls {s.ep_s:.2f} s and bubble {s.bubble_s:.2f} s of a {s.step_s:.2f} s step")
+        note.value = "<br>".join(html.escape(n) for n in notes)
+
+    show()
+    observe_all([pp, ep, overlap], show, feedback)
+    return widgets.VBox([widgets.HBox([pp, ep]), overlap, feedback.area, note, figure])

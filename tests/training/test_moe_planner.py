@@ -142,3 +142,10 @@ def test_serving_prices_node_limited_all_to_alls():
     assert said and f"{256 // p.best.layout.ep} of 256 per GPU" in said[0]
     if p.best.layout.ep > 8:  # its expert groups cross nodes: the node limit bounds what crosses
         assert "at most 4 nodes" in said[0]
+
+
+def test_the_zero1_search_the_notebook_runs_picks_what_the_full_search_picks(deepseek_rows):
+    small = deepseek_v3_choices(dp_strategies=("zero1",))
+    assert [r.chosen.layout for r in small] == [r.chosen.layout for r in deepseek_rows]
+    assert [r.published.step_s for r in small] == [r.published.step_s for r in deepseek_rows]
+    assert deepseek_v3_choices(dp_strategies=("zero1",)) == small  # computed once, then cached

@@ -194,7 +194,7 @@ def test_the_training_explorer_runs_every_layout_it_offers_and_clamps_the_rest(p
     config = TrainingConfig(dtype="float64", steps=2)
     options = four_rank_layouts(4, config)
     assert (4, 1, 1, 1) not in [v for _, v in options]  # 2 KV heads cannot be split 4 ways: not offered
-    slider, strategy, m, feedback, note, figure = training_explorer(pool4, config).children
+    slider, strategy, mlp, m, feedback, note, figure = training_explorer(pool4, config).children
     for _, value in options:
         slider.value = value
         assert feedback.value == "" and "equal to the prediction on every rank" in note.value
@@ -204,6 +204,27 @@ def test_the_training_explorer_runs_every_layout_it_offers_and_clamps_the_rest(p
     m.value = 1
     assert feedback.value == "" and "showing ZeRO-1" in note.value and "m = 2" in note.value
     assert len(figure.data) == 10 and list(figure.data[0].x)[0].startswith("rank 0")
+    dense = [tuple(t.y) for t in figure.data[:3]]
+    mlp.value = 4  # 4 experts over ep 4: a stage of tp x dp = 2 ranks holds them over ep 2
+    assert feedback.value == "" and "showing ep = 2" in note.value and "4 experts" in figure.layout.title.text
+    assert "equal to the prediction on every rank" in note.value and "within" in note.value
+    assert [tuple(t.y) for t in figure.data[:3]] != dense  # the experts' weights, gradients and moments
+    slider.value, strategy.value = (2, 1, 2, 1), "ddp"  # dp 2 x tp 2: ep 4 runs, one expert per rank
+    assert "showing ep" not in note.value and "ep=4" in figure.layout.title.text
+    slider.value = (2, 1, 1, 2)  # cp 2 x tp 2: the experts do not run with the ring
+    assert "showing the dense MLP" in note.value and "within" in note.value
+    slider.value, mlp.value = (2, 1, 2, 1), 1  # every expert on every rank: no all-to-all, still exact
+    assert feedback.value == "" and "within" in note.value and "equal to the prediction" in note.value
+
+
+def test_the_explorer_picks_an_ep_it_can_run_and_says_why():
+    from shardlib.ui.training_widgets import expert_choice
+
+    assert expert_choice(2, 2, 1, 2, 1, "ddp") == (2, "ddp", [])
+    assert expert_choice(4, 2, 2, 1, 1, "zero1")[:2] == (2, "zero1")
+    assert expert_choice(2, 2, 1, 2, 1, "zero3")[1] == "zero1"
+    assert expert_choice(1, 1, 1, 2, 2, "ddp")[0] == 0
+    assert expert_choice(0, 2, 1, 2, 1, "zero3") == (0, "zero3", [])
 
 
 def test_the_training_figures_draw_what_they_are_given():
@@ -216,3 +237,18 @@ def test_the_training_figures_draw_what_they_are_given():
     assert len(loss_figure({"a": [3, 2]}, {"ref": [3, 2]}, floor_nats=1.0).data) == 2
     assert [t.name for t in traffic_figure({"x": {"tp": 10, "dp": 5}}, "t").data] == ["tp axis", "dp axis"]
     assert len(step_time_figure({"a": 0.1}, {"a": 0.2}, "t").data) == 4
+
+
+def test_the_moe_layout_explorer_scores_what_its_controls_pick():
+    from shardlib.ui.training_widgets import moe_layout_explorer
+
+    box = moe_layout_explorer()
+    (pp, ep), overlap, feedback, note, figure = box.children[0].children, *box.children[1:]
+    assert "your layout (tp=1 pp=16 dp=128 ep=64 zero1): 1.75 M tokens/s" in note.value  # the published layout
+    exposed = figure.data[2].y[0]
+    overlap.value = True  # DualPipe's overlap: the all-to-alls under compute
+    assert exposed > 0 == figure.data[2].y[0] and feedback.value == ""
+    pp.value, ep.value = 32, 256  # dp = 64: ep 256 cannot divide it
+    assert "showing ep = 64" in note.value and "pp=32" in note.value
+    pp.value, ep.value = 4, 1  # every expert on every GPU of 4 stages: does not fit
+    assert "does not fit" in note.value and figure.data[0].y[0] == 0 and feedback.value == ""
