@@ -242,6 +242,7 @@ def mitigation_sweep_figure(skews: Sequence[float], series: dict[str, Sequence[f
     return fig
 
 
+@mime_figure
 def balance_steps_figure(series: dict[str, Sequence[float]],
                          title: str = "Max/mean: the busiest expert's load over the mean, step by step") -> go.Figure:
     """One line per balancing method: the busiest expert's token-slots over the mean at each training

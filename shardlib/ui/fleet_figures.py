@@ -12,10 +12,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from .gantt import titled
-from .pipeline_figures import _MimeFigure
+from .mime import mime_figure
 from .theme import colour
 
 
+@mime_figure
 def attainment_figure(curves: dict, share: float, title: str = "Requests meeting both objectives",
                       where: str = "") -> go.Figure:
     """``curves``: label -> ((rate per engine, share meeting the objectives), ...); ``share``: the
@@ -34,10 +35,10 @@ def attainment_figure(curves: dict, share: float, title: str = "Requests meeting
                       xaxis_type="log", yaxis_title="% of requests", yaxis_range=[0, 105], height=360,
                       margin={"l": 60, "r": 20, "t": 70 if where else 50, "b": 40},
                       legend={"orientation": "h", "y": -0.25})
-    fig.__class__ = _MimeFigure  # shown without loading plotly's renderers (slow to import)
     return fig
 
 
+@mime_figure
 def routed_figure(routed, title: str = "Requests sent to each replica", where: str = "") -> go.Figure:
     """``routed``: requests per replica, in replica order."""
     routed = list(routed)
@@ -48,5 +49,4 @@ def routed_figure(routed, title: str = "Requests sent to each replica", where: s
                            hovertemplate="%{x}: %{y} requests<extra></extra>"))
     fig.update_layout(title=titled(title, where), yaxis_title="requests", yaxis_range=[0, max(routed) + 1],
                       height=300, margin={"l": 60, "r": 20, "t": 70 if where else 50, "b": 40})
-    fig.__class__ = _MimeFigure
     return fig
