@@ -12,7 +12,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from .gantt import titled
-from .pipeline_figures import _MimeFigure
+from .mime import as_mime
 from .theme import colour
 
 
@@ -34,8 +34,7 @@ def attainment_figure(curves: dict, share: float, title: str = "Requests meeting
                       xaxis_type="log", yaxis_title="% of requests", yaxis_range=[0, 105], height=360,
                       margin={"l": 60, "r": 20, "t": 70 if where else 50, "b": 40},
                       legend={"orientation": "h", "y": -0.25})
-    fig.__class__ = _MimeFigure  # shown without loading plotly's renderers (slow to import)
-    return fig
+    return as_mime(fig)  # shown without loading plotly's renderers (slow to import)
 
 
 def routed_figure(routed, title: str = "Requests sent to each replica", where: str = "") -> go.Figure:
@@ -48,5 +47,4 @@ def routed_figure(routed, title: str = "Requests sent to each replica", where: s
                            hovertemplate="%{x}: %{y} requests<extra></extra>"))
     fig.update_layout(title=titled(title, where), yaxis_title="requests", yaxis_range=[0, max(routed) + 1],
                       height=300, margin={"l": 60, "r": 20, "t": 70 if where else 50, "b": 40})
-    fig.__class__ = _MimeFigure
-    return fig
+    return as_mime(fig)
