@@ -48,8 +48,8 @@
 # its K/V cache moves from the prefill GPU to a decode GPU: the **KV hand-off**. It can go whole, after the
 # prompt's last layer, or layer by layer while the later layers still compute (Splitwise's trick).
 #
-# Splitting is judged by **goodput**, DistServe's measure. An objective is a TTFT bound and a TPOT bound.
-# **SLO attainment** is the share of requests that meet both. Goodput is the highest request rate whose
+# Splitting is judged by **goodput**, DistServe's measure. A service-level objective (an SLO) is a TTFT
+# bound and a TPOT bound. **SLO attainment** is the share of requests that meet both. Goodput is the highest request rate whose
 # attainment stays at or above a stated share (90 % here), divided by the GPUs. Throughput counts every
 # token. Goodput counts only the requests served in time. vLLM's documentation adds the condition:
 # disaggregated prefill does not raise throughput. It buys latency control.
@@ -61,14 +61,15 @@
 #
 # | policy | sends a request to | used by |
 # | --- | --- | --- |
-# | round robin | the next replica in turn | every load balancer |
-# | least loaded | the replica with the fewest requests queued (or the least KV in use) | vLLM production stack, llm-d |
-# | prefix-aware | the replica whose cache most likely holds its prompt's prefix | SGLang's router, llm-d, Dynamo |
+# | round robin | the next replica in turn | most load balancers, vLLM production stack |
+# | least loaded | the replica with the fewest requests queued (or the least KV in use) | llm-d's queue and KV scorers |
+# | prefix-aware | the replica whose cache most likely holds its prompt's prefix | SGLang's router, vLLM production stack, llm-d, Dynamo |
 #
 # Prefix-aware routing has a failure mode. If most requests share one system prompt, they all go to one
 # replica. SGLang's router guards against it with a **balance threshold**. When the most queued replica
 # has more than that many requests above the least queued, the router sends the request to the least
-# queued instead.
+# queued instead. (SGLang also asks the gap to be a set multiple of the shorter queue; this router uses
+# the gap alone.)
 #
 # Last, replicas come and go with the load. A new replica's **cold start** is the time from asking for
 # it to its first token: start the process, read the weights, run the first step. A burst waits for it.
@@ -81,6 +82,10 @@
 # apart by the message's tag.
 
 # %% tags=["nbval-ignore-output"]
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.serving.fleet.handoff import KVReceiver, KVSender
 from shardlib.serving.fleet.router import PrefixAwareRouter
 from shardlib.ui.code import show_code
@@ -179,12 +184,15 @@ assert small.tokens == reference and small.kv_bytes_sent == small.kv_bytes_predi
 # [06](06_serving_engine.ipynb#Requests-under-load:-predict,-then-measure). A decode step that also
 # carries prompt tokens costs more, so colocated TPOT suffers. The decode pool never carries prompts. Its
 # TPOT should be lower, most of all at p90. A request's TTFT in the pools adds the hand-off, small here.
-# The library fits each configuration's step cost on a sibling's run and predicts it from that.
+# The library fits a step cost on each run and predicts the other way of the same pair from it: prefill
+# first from chunked, whole hand-off from layerwise, and back. The tight objective allows 2 decode steps
+# of a batch of four per token, the loose one 8; both allow 4 prefills of the longest prompt to the
+# first token.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.serving.fleet import run_disaggregation_check
 
-split = run_disaggregation_check(four, weights, trace, config)
+split = run_disaggregation_check(four, weights, trace, config, runs={"disaggregated": pools})
 for v in split.verdicts:
     print(v.line)
 print(split.interference.line)
@@ -197,7 +205,8 @@ assert all(run.tokens == reference for run in split.runs.values())
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Every figure comes from rank 0's clock, as in 06. The interference compares the median decode step
+# Every figure comes from rank 0's clock, as in 06. The disaggregated run above is reused as this check's
+# first "disaggregated" run. The interference compares the median decode step
 # with and without prompt tokens in the colocated run with chunked prefill. Each configuration is
 # predicted on the step cost fitted to a sibling's run: the two colocated runs predict each other, and so
 # do the two disaggregated ones. A timing claim holds when measured / predicted lies within 0.5-2, and
@@ -243,7 +252,8 @@ print(handoff_table(4096, 10.0))
 #
 # Each rank holds 2 KV heads: `2 x 32 x 2 x 128 x 2 = 32,768` bytes a token, so `65.5` MB a request. At
 # 20 a second that is `1.31` GB/s per rank, `10.5 %` of the link. One request's share crosses in
-# `65.5 MB / 12.5 GB/s = 5.2` ms, far less than a 2,000-token prefill.
+# `65.5 MB / 12.5 GB/s = 5.2` ms. That is less than the prefill of 2,000 tokens on most GPUs, so a
+# layerwise send hides most of it.
 #
 # </details>
 
@@ -322,7 +332,7 @@ for name, f in (("4 replicas", as_replicas), ("tp = 4", as_split)):
 # %% tags=["nbval-ignore-output"]
 from shardlib.serving.fleet import run_replicas_vs_tp_check
 
-layouts = run_replicas_vs_tp_check(four, weights, trace, config, poisson_trace(12, float("inf"), seed=2))
+layouts = run_replicas_vs_tp_check(four, weights, trace, config, costs=costs)
 for v in layouts.verdicts:
     print(v.line)
 print(layouts.table())
@@ -331,17 +341,18 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# The check fits each way's step cost again, on its own run of 12 other requests arriving at once, and
-# predicts from that. The two runs go back to back, so their ratio survives a busy machine better than
-# either time. A ratio holds when measured / predicted lies within 0.5-2; the fits and runs are repeated
-# up to 3 times while one fails.
+# The check predicts from the two step costs printed above, fitted on earlier runs: a replica's on the
+# routing check's fit, the split copy's on the colocated engine's run. The two runs go back to back, so
+# their ratio survives a busy machine better than either time. A ratio holds when measured / predicted
+# lies within 0.5-2; the runs are repeated up to 3 times while one fails.
 #
 # </details>
 
 # %% [markdown]
 # On these CPU ranks an all-reduce costs more than the compute it splits, so the fits predict replicas
-# ahead on both figures. On GPUs with NVLink a split copy often wins TPOT, as 02 showed, and replicas win throughput
-# whenever the model fits. The objective decides.
+# ahead on both figures. On GPUs with NVLink a split copy can win TPOT, as 02 showed, when a step's
+# compute is large beside its all-reduces. Replicas win throughput whenever the model fits. The
+# objective decides.
 
 # %% [markdown]
 # ## Cold start
@@ -364,8 +375,8 @@ assert start.first_token == start.reference_token
 # <details><summary>How this was measured</summary>
 #
 # Each attempt starts a fresh pool of one rank: a cold start happens once per process. The rank is forked
-# from a template with torch already imported; a real replica also initialises CUDA and NCCL, which takes
-# far longer. Only the weights' read is predicted from the bandwidth; the total's claim says the three
+# from a template with torch already imported, and computes with one thread. A real replica also
+# initialises CUDA and NCCL, which takes far longer. Only the weights' read is predicted from the bandwidth; the total's claim says the three
 # parts account for the whole. Both hold within 0.5-2, with up to 3 attempts.
 #
 # </details>
@@ -384,8 +395,8 @@ for storage in STORAGE.values():
 print(f"to wait for no cold start, keep {warm_replicas_needed(20.0, 4.0)} replicas warm")
 
 # %% [markdown]
-# Scaling up is minutes, not milliseconds, from network storage. Fleets keep spare replicas warm, cache
-# weights on local disks, or load shards in parallel.
+# Scaling up takes about a minute even from a fast local disk, and minutes from a network volume. Fleets
+# keep spare replicas warm, cache weights on local disks, or load shards in parallel.
 #
 # **Worked problem 2.** A 140 GB model loads at 1 GB/s; the process start and first step take 40 s in
 # all. A burst of 30 requests a second arrives. Each replica serves 5 a second, and 4 are warm. How long
