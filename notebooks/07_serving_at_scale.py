@@ -49,10 +49,11 @@
 # prompt's last layer, or layer by layer while the later layers still compute (Splitwise's trick).
 #
 # Splitting is judged by **goodput**, DistServe's measure. A service-level objective (an SLO) is a TTFT
-# bound and a TPOT bound. **SLO attainment** is the share of requests that meet both. Goodput is the highest request rate whose
-# attainment stays at or above a stated share (90 % here), divided by the GPUs. Throughput counts every
-# token. Goodput counts only the requests served in time. vLLM's documentation adds the condition:
-# disaggregated prefill does not raise throughput. It buys latency control.
+# bound and a TPOT bound. **SLO attainment** is the share of requests that meet both. Goodput is the
+# highest request rate whose attainment stays at or above a stated share (90 % here), divided by the
+# GPUs. Throughput counts every token. Goodput counts only the requests served in time. vLLM's
+# documentation adds the condition: disaggregated prefill does not raise throughput. It buys latency
+# control.
 #
 # **Step two: copy the engine.** When the model fits, more GPUs can run more copies, the replicas
 # ([notebook 05](05_serving_layouts.ipynb#Replicas-against-parallelism:-the-objective-decides) chose between
@@ -62,8 +63,8 @@
 # | policy | sends a request to | used by |
 # | --- | --- | --- |
 # | round robin | the next replica in turn | most load balancers, vLLM production stack |
-# | least loaded | the replica with the fewest requests queued (or the least KV in use) | llm-d's queue and KV scorers |
-# | prefix-aware | the replica whose cache most likely holds its prompt's prefix | SGLang's router, vLLM production stack, llm-d, Dynamo |
+# | least loaded | the replica with the fewest requests queued (or the least KV in use) | llm-d's load scorers |
+# | prefix-aware | the replica whose cache most likely holds its prompt's prefix | SGLang, vLLM stack, llm-d, Dynamo |
 #
 # Prefix-aware routing has a failure mode. If most requests share one system prompt, they all go to one
 # replica. SGLang's router guards against it with a **balance threshold**. When the most queued replica
@@ -374,10 +375,11 @@ assert start.first_token == start.reference_token
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Each attempt starts a fresh pool of one rank: a cold start happens once per process. The rank is forked
-# from a template with torch already imported, and computes with one thread. A real replica also
-# initialises CUDA and NCCL, which takes far longer. Only the weights' read is predicted from the bandwidth; the total's claim says the three
-# parts account for the whole. Both hold within 0.5-2, with up to 3 attempts.
+# Each attempt starts a fresh pool of one rank: a cold start happens once per process. The rank is
+# forked from a template with torch already imported, and computes with one thread. A real replica also
+# initialises CUDA and NCCL, which takes far longer. Only the weights' read is predicted from the
+# bandwidth; the total's claim says the three parts account for the whole. Both hold within 0.5-2, with
+# up to 3 attempts.
 #
 # </details>
 

@@ -184,11 +184,11 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
     TTFT p50 of the disaggregated run, the TPOT p50 of colocated prefill-first over disaggregated, and the
     tokens per second of disaggregated over colocated with chunked prefill. ``runs``: configurations already
     served on these ranks, ``requests`` and ``config`` (``{"disaggregated": run_disaggregated(...)}``), used
-    by the first attempt instead of serving them again; a repeated attempt serves every configuration. Medians, not tails: on a shared
-    machine one stalled process moves a p90 of a few requests. With a toy model a step's fixed cost
-    dominates, so the TPOT gap comes mostly from the colocated engine's all-reduces over every rank, not
-    from the interference (its ratio is near 1): the replicas row, predicted, shows the split buys no
-    throughput over colocated engines of the pools' size.
+    by the first attempt instead of serving them again; a repeated attempt serves every configuration.
+    Medians, not tails: on a shared machine one stalled process moves a p90 of a few requests. With a toy
+    model a step's fixed cost dominates, so the TPOT gap comes mostly from the colocated engine's all-reduces
+    over every rank, not from the interference (its ratio is near 1): the replicas row, predicted, shows the
+    split buys no throughput over colocated engines of the pools' size.
     """
     requests = tuple(requests)
     p = ranks.world_size // 2
