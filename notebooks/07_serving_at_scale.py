@@ -17,8 +17,8 @@
 #
 # > **Part I, serving a model that does not fit.** Assumes: [06](06_serving_engine.ipynb),
 # > [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb). Reading time: about 20 minutes.
-# > Trades: a K/V transfer per request and idle pools for decodes that no prompt slows; one engine's
-# > cache hits for many engines' throughput, with a router to choose between them.
+# > Trades: one K/V transfer per request, and pools that can idle, for decode steps no prompt slows; one
+# > engine's cache hits for many engines' throughput, with a router choosing between them.
 #
 # **What you will see.**
 #
@@ -162,8 +162,14 @@ assert pools.tokens == reference and pools.kv_bytes_sent == pools.kv_bytes_predi
     r.request_id: 2 * kv_bytes_per_request(model, len(r.prompt_token_ids) if r in handed else 0, 2, 8) for r in trace}
 
 # %% [markdown]
-# Predict 1 + 1 on two ranks before you run it. One rank now holds both KV heads, so it sends twice the
-# bytes a token. There is one rank instead of two, so the total is the same.
+# Predict 1 + 1 on two ranks before you run it. One rank now holds both KV heads. How many bytes a prompt
+# token does it send, and how does the total compare with 2 + 2?
+#
+# <details><summary>Answer</summary>
+#
+# Twice the bytes a token, from one rank instead of two: the same total.
+#
+# </details>
 
 # %%
 with Ranks(2) as two:
@@ -224,9 +230,10 @@ assert all(run.tokens == reference for run in split.runs.values())
 # GPU is predicted over a sweep of rates. The pools' TPOT is lower than the one engine's. Part of that is
 # the point of the split: no prompt shares a decode step. On this toy most of it is something else. A
 # prompt chunk adds little to a step whose fixed overhead dominates, so the interference ratio stays
-# near 1. Instead the one engine's all-reduces span 4 ranks on 2 cores, and each pool's span 2
+# near 1. The gap is the all-reduces: the one engine's span 4 CPU ranks, each pool's only 2
 # ([notebook 02's](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) replicas against tensor
-# parallelism). On a GPU a step's cost grows with its tokens, and a chunk weighs far more.
+# parallelism). On a GPU a large model's step grows with its tokens once they number in the hundreds, so
+# a chunk weighs far more.
 #
 # Now the condition. The last row, predicted only, is the fair colocated rival: two colocated engines of
 # 2 ranks each, the same pieces as the pools. Its throughput about matches the pools'. Splitting moved the
@@ -516,13 +523,13 @@ show_questions(
         "With a loose objective already met, you pay the hand-off for nothing.",
     ),
     Question(
-        "A pool of 2 prefill ranks hands a prompt to 2 decode ranks. The same model on 1 + 1 ranks: how do "
-        "the bytes sent per request compare?",
-        ("Half as many, since there is one rank", "The same total, from one rank instead of two",
-         "Twice as many, since each KV head is then copied to both", "None, since one rank shares its memory"),
+        "A model has 8 KV heads. Its prefill and decode pools grow from tp = 2 to tp = 4, for the same prompt. "
+        "What happens to the K/V bytes each prefill rank sends?",
+        ("The same per rank, so the total doubles", "Half per rank, and the same total as before",
+         "Twice per rank, since heads are copied", "Nothing is sent, since the pools now share memory"),
         1,
-        "The K/V of every head crosses once either way. With tp = 2 each rank sends half; with one rank it "
-        "sends all of it.",
+        "Each rank sends only its own KV heads: 4 of 8 at tp = 2, 2 of 8 at tp = 4. Every head still crosses "
+        "exactly once, so the total is the same.",
     ),
     Question(
         "Most requests share one system prompt. Four replicas, prefix-aware routing with no balance "
