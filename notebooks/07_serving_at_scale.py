@@ -582,8 +582,9 @@ show_questions(
 #
 # - A prefill pool and a decode pool on real ranks: every request's K/V crossed point to point, in
 #   exactly the predicted bytes, and the tokens equalled one engine's, whole or layer by layer.
-# - Prompts in a decode step slow it: interference. The pools removed it and won a tight TPOT objective.
-#   They did not make more tokens than colocated replicas of the same size.
+# - Prompts in a decode step slow it: interference. On this toy it was small, and the pools' lower TPOT
+#   came mostly from all-reduces over fewer ranks. The pools made no more tokens than colocated replicas
+#   of the same size.
 # - Goodput counts requests served within both objectives at a stated share, per GPU.
 # - On a shared-prefix trace prefix-aware routing hit the cache most. Without a threshold a hot prompt
 #   piled onto one replica; a threshold of 2 spread it.
