@@ -17,8 +17,8 @@
 #
 # > **Part I, serving a model that does not fit.** Assumes: [06](06_serving_engine.ipynb),
 # > [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb). Reading time: about 20 minutes.
-# > Trades: a K/V transfer per request and idle pools for decodes that no prompt slows; one engine's
-# > cache hits for many engines' throughput, with a router to choose between them.
+# > Trades: one K/V transfer per request, and pools that can idle, for decode steps no prompt slows; one
+# > engine's cache hits for many engines' throughput, with a router choosing between them.
 #
 # **What you will see.**
 #
@@ -48,11 +48,12 @@
 # its K/V cache moves from the prefill GPU to a decode GPU: the **KV hand-off**. It can go whole, after the
 # prompt's last layer, or layer by layer while the later layers still compute (Splitwise's trick).
 #
-# Splitting is judged by **goodput**, DistServe's measure. An objective is a TTFT bound and a TPOT bound.
-# **SLO attainment** is the share of requests that meet both. Goodput is the highest request rate whose
-# attainment stays at or above a stated share (90 % here), divided by the GPUs. Throughput counts every
-# token. Goodput counts only the requests served in time. vLLM's documentation adds the condition:
-# disaggregated prefill does not raise throughput. It buys latency control.
+# Splitting is judged by **goodput**, DistServe's measure. A service-level objective (an SLO) is a TTFT
+# bound and a TPOT bound. **SLO attainment** is the share of requests that meet both. Goodput is the
+# highest request rate whose attainment stays at or above a stated share (90 % here), divided by the
+# GPUs. Throughput counts every token. Goodput counts only the requests served in time. vLLM's
+# documentation adds the condition: disaggregated prefill does not raise throughput. It buys latency
+# control.
 #
 # **Step two: copy the engine.** When the model fits, more GPUs can run more copies, the replicas
 # ([notebook 05](05_serving_layouts.ipynb#Replicas-against-parallelism:-the-objective-decides) chose between
@@ -61,14 +62,15 @@
 #
 # | policy | sends a request to | used by |
 # | --- | --- | --- |
-# | round robin | the next replica in turn | every load balancer |
-# | least loaded | the replica with the fewest requests queued (or the least KV in use) | vLLM production stack, llm-d |
-# | prefix-aware | the replica whose cache most likely holds its prompt's prefix | SGLang's router, llm-d, Dynamo |
+# | round robin | the next replica in turn | most load balancers, vLLM production stack |
+# | least loaded | the replica with the fewest requests queued (or the least KV in use) | llm-d's load scorers |
+# | prefix-aware | the replica whose cache most likely holds its prompt's prefix | SGLang, vLLM stack, llm-d, Dynamo |
 #
 # Prefix-aware routing has a failure mode. If most requests share one system prompt, they all go to one
 # replica. SGLang's router guards against it with a **balance threshold**. When the most queued replica
 # has more than that many requests above the least queued, the router sends the request to the least
-# queued instead.
+# queued instead. (SGLang also asks the gap to be a set multiple of the shorter queue; this router uses
+# the gap alone.)
 #
 # Last, replicas come and go with the load. A new replica's **cold start** is the time from asking for
 # it to its first token: start the process, read the weights, run the first step. A burst waits for it.
@@ -81,6 +83,10 @@
 # apart by the message's tag.
 
 # %% tags=["nbval-ignore-output"]
+from shardlib import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
 from shardlib.serving.fleet.handoff import KVReceiver, KVSender
 from shardlib.serving.fleet.router import PrefixAwareRouter
 from shardlib.ui.code import show_code
@@ -156,8 +162,14 @@ assert pools.tokens == reference and pools.kv_bytes_sent == pools.kv_bytes_predi
     r.request_id: 2 * kv_bytes_per_request(model, len(r.prompt_token_ids) if r in handed else 0, 2, 8) for r in trace}
 
 # %% [markdown]
-# Predict 1 + 1 on two ranks before you run it. One rank now holds both KV heads, so it sends twice the
-# bytes a token. There is one rank instead of two, so the total is the same.
+# Predict 1 + 1 on two ranks before you run it. One rank now holds both KV heads. How many bytes a prompt
+# token does it send, and how does the total compare with 2 + 2?
+#
+# <details><summary>Answer</summary>
+#
+# Twice the bytes a token, from one rank instead of two: the same total.
+#
+# </details>
 
 # %%
 with Ranks(2) as two:
@@ -179,12 +191,15 @@ assert small.tokens == reference and small.kv_bytes_sent == small.kv_bytes_predi
 # [06](06_serving_engine.ipynb#Requests-under-load:-predict,-then-measure). A decode step that also
 # carries prompt tokens costs more, so colocated TPOT suffers. The decode pool never carries prompts. Its
 # TPOT should be lower, most of all at p90. A request's TTFT in the pools adds the hand-off, small here.
-# The library fits each configuration's step cost on a sibling's run and predicts it from that.
+# The library fits a step cost on each run and predicts the other way of the same pair from it: prefill
+# first from chunked, whole hand-off from layerwise, and back. The tight objective allows 2 decode steps
+# of a batch of four per token, the loose one 8; both allow 4 prefills of the longest prompt to the
+# first token.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.serving.fleet import run_disaggregation_check
 
-split = run_disaggregation_check(four, weights, trace, config)
+split = run_disaggregation_check(four, weights, trace, config, runs={"disaggregated": pools})
 for v in split.verdicts:
     print(v.line)
 print(split.interference.line)
@@ -197,7 +212,8 @@ assert all(run.tokens == reference for run in split.runs.values())
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Every figure comes from rank 0's clock, as in 06. The interference compares the median decode step
+# Every figure comes from rank 0's clock, as in 06. The disaggregated run above is reused as this check's
+# first "disaggregated" run. The interference compares the median decode step
 # with and without prompt tokens in the colocated run with chunked prefill. Each configuration is
 # predicted on the step cost fitted to a sibling's run: the two colocated runs predict each other, and so
 # do the two disaggregated ones. A timing claim holds when measured / predicted lies within 0.5-2, and
@@ -214,9 +230,10 @@ assert all(run.tokens == reference for run in split.runs.values())
 # GPU is predicted over a sweep of rates. The pools' TPOT is lower than the one engine's. Part of that is
 # the point of the split: no prompt shares a decode step. On this toy most of it is something else. A
 # prompt chunk adds little to a step whose fixed overhead dominates, so the interference ratio stays
-# near 1. Instead the one engine's all-reduces span 4 ranks on 2 cores, and each pool's span 2
+# near 1. The gap is the all-reduces: the one engine's span 4 CPU ranks, each pool's only 2
 # ([notebook 02's](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) replicas against tensor
-# parallelism). On a GPU a step's cost grows with its tokens, and a chunk weighs far more.
+# parallelism). On a GPU a large model's step grows with its tokens once they number in the hundreds, so
+# a chunk weighs far more.
 #
 # Now the condition. The last row, predicted only, is the fair colocated rival: two colocated engines of
 # 2 ranks each, the same pieces as the pools. Its throughput about matches the pools'. Splitting moved the
@@ -243,7 +260,8 @@ print(handoff_table(4096, 10.0))
 #
 # Each rank holds 2 KV heads: `2 x 32 x 2 x 128 x 2 = 32,768` bytes a token, so `65.5` MB a request. At
 # 20 a second that is `1.31` GB/s per rank, `10.5 %` of the link. One request's share crosses in
-# `65.5 MB / 12.5 GB/s = 5.2` ms, far less than a 2,000-token prefill.
+# `65.5 MB / 12.5 GB/s = 5.2` ms. That is less than the prefill of 2,000 tokens on most GPUs, so a
+# layerwise send hides most of it.
 #
 # </details>
 
@@ -332,16 +350,18 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 # <details><summary>How this was measured</summary>
 #
 # The check fits each way's step cost again, on its own run of 12 other requests arriving at once, and
-# predicts from that. The two runs go back to back, so their ratio survives a busy machine better than
-# either time. A ratio holds when measured / predicted lies within 0.5-2; the fits and runs are repeated
-# up to 3 times while one fails.
+# predicts from that: two fits back to back, then two runs back to back, so their ratio survives a busy
+# machine better than either time. (Predicting from the two costs fitted above, at other moments, put
+# the TPOT ratio near the edge of its band.) A ratio holds when measured / predicted lies within 0.5-2;
+# the fits and runs are repeated up to 3 times while one fails.
 #
 # </details>
 
 # %% [markdown]
 # On these CPU ranks an all-reduce costs more than the compute it splits, so the fits predict replicas
-# ahead on both figures. On GPUs with NVLink a split copy often wins TPOT, as 02 showed, and replicas win throughput
-# whenever the model fits. The objective decides.
+# ahead on both figures. On GPUs with NVLink a split copy can win TPOT, as 02 showed, when a step's
+# compute is large beside its all-reduces. Replicas win throughput whenever the model fits. The
+# objective decides.
 
 # %% [markdown]
 # ## Cold start
@@ -363,10 +383,11 @@ assert start.first_token == start.reference_token
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Each attempt starts a fresh pool of one rank: a cold start happens once per process. The rank is forked
-# from a template with torch already imported; a real replica also initialises CUDA and NCCL, which takes
-# far longer. Only the weights' read is predicted from the bandwidth; the total's claim says the three
-# parts account for the whole. Both hold within 0.5-2, with up to 3 attempts.
+# Each attempt starts a fresh pool of one rank: a cold start happens once per process. The rank is
+# forked from a template with torch already imported, and computes with one thread. A real replica also
+# initialises CUDA and NCCL, which takes far longer. Only the weights' read is predicted from the
+# bandwidth; the total's claim says the three parts account for the whole. Both hold within 0.5-2, with
+# up to 3 attempts.
 #
 # </details>
 
@@ -384,8 +405,8 @@ for storage in STORAGE.values():
 print(f"to wait for no cold start, keep {warm_replicas_needed(20.0, 4.0)} replicas warm")
 
 # %% [markdown]
-# Scaling up is minutes, not milliseconds, from network storage. Fleets keep spare replicas warm, cache
-# weights on local disks, or load shards in parallel.
+# Scaling up takes about a minute even from a fast local disk, and minutes from a network volume. Fleets
+# keep spare replicas warm, cache weights on local disks, or load shards in parallel.
 #
 # **Worked problem 2.** A 140 GB model loads at 1 GB/s; the process start and first step take 40 s in
 # all. A burst of 30 requests a second arrives. Each replica serves 5 a second, and 4 are warm. How long
@@ -503,13 +524,13 @@ show_questions(
         "With a loose objective already met, you pay the hand-off for nothing.",
     ),
     Question(
-        "A pool of 2 prefill ranks hands a prompt to 2 decode ranks. The same model on 1 + 1 ranks: how do "
-        "the bytes sent per request compare?",
-        ("Half as many, since there is one rank", "The same total, from one rank instead of two",
-         "Twice as many, since each KV head is then copied to both", "None, since one rank shares its memory"),
+        "A model has 8 KV heads. Its prefill and decode pools grow from tp = 2 to tp = 4, for the same prompt. "
+        "What happens to the K/V bytes each prefill rank sends?",
+        ("The same per rank, so the total doubles", "Half per rank, and the same total as before",
+         "Twice per rank, since heads are copied", "Nothing is sent, since the pools now share memory"),
         1,
-        "The K/V of every head crosses once either way. With tp = 2 each rank sends half; with one rank it "
-        "sends all of it.",
+        "Each rank sends only its own KV heads: 4 of 8 at tp = 2, 2 of 8 at tp = 4. Every head still crosses "
+        "exactly once, so the total is the same.",
     ),
     Question(
         "Most requests share one system prompt. Four replicas, prefix-aware routing with no balance "
@@ -561,8 +582,9 @@ show_questions(
 #
 # - A prefill pool and a decode pool on real ranks: every request's K/V crossed point to point, in
 #   exactly the predicted bytes, and the tokens equalled one engine's, whole or layer by layer.
-# - Prompts in a decode step slow it: interference. The pools removed it and won a tight TPOT objective.
-#   They did not make more tokens than colocated replicas of the same size.
+# - Prompts in a decode step slow it: interference. On this toy it was small, and the pools' lower TPOT
+#   came mostly from all-reduces over fewer ranks. The pools made no more tokens than colocated replicas
+#   of the same size.
 # - Goodput counts requests served within both objectives at a stated share, per GPU.
 # - On a shared-prefix trace prefix-aware routing hit the cache most. Without a threshold a hot prompt
 #   piled onto one replica; a threshold of 2 spread it.

@@ -15,13 +15,13 @@
 # %% [markdown]
 # # 07 · Exercise: route requests by prefix, with a balance threshold
 #
-# **What you will do.** Write the choice at the heart of notebook 07's prefix-aware router, the policy of
-# SGLang's cache-aware router. A request should go to the replica that already holds its prompt's prefix
-# in its cache. But if every request shares one system prompt, that sends them all to one replica. So
-# the router balances once the queues differ by more than a threshold. The checker replays traces of
-# requests beside the library's router (`shardlib.serving.fleet.router`). It names the first mistake it
-# sees: the threshold ignored, the threshold inverted, balancing at the threshold itself, or the load not
-# updated after a decision.
+# **What you will do.** Write the choice at the heart of notebook 07's prefix-aware router, a simplified
+# form of SGLang's cache-aware router (SGLang also asks the queues to differ by a ratio). A request should
+# go to the replica that already holds its prompt's prefix in its cache. But if every request shares one
+# system prompt, that sends them all to one replica. So the router balances once the queues differ by more
+# than a threshold. The checker replays traces of requests beside the library's router
+# (`shardlib.serving.fleet.router`). It names the first mistake it sees: the threshold ignored, the
+# threshold inverted, balancing at the threshold itself, or the load not updated after a decision.
 #
 # Until you write `route`, the checker says "not written yet". About 20 minutes.
 

@@ -217,6 +217,32 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     assert len(check.sweep_rates) == 10 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
 
 
+def test_the_check_reuses_a_run_given_and_refuses_a_mismatched_one(weights, pool2, monkeypatch):
+    """A ``runs=`` entry replaces that configuration's first serving (the very object comes back); a run of
+    another trace, or of another split, is refused before anything runs."""
+    from shardlib.serving.fleet import disagg_drivers as drivers
+    from shardlib.serving.fleet.goodput import ServingObjective
+
+    def once(measure, verdicts, attempts=3):
+        result = measure()
+        return result, tuple(verdicts(result))
+
+    monkeypatch.setattr(drivers, "verified", once)
+    trace = poisson_trace(10, 60.0, prompt_tokens=(4, 40), new_tokens=(2, 12), seed=5)
+    given = run_disaggregated(pool2, weights, trace, CONFIG, prefill_ranks=1)
+    objective = ServingObjective(1.0, 0.5, 0.9, "roomy")
+    check = drivers.run_disaggregation_check(pool2, weights, trace, CONFIG, objectives=[objective],
+                                             runs={"disaggregated": given})
+    assert check.runs["disaggregated"] is given and check.runs["disaggregated, layerwise"] is not given
+    assert check.runs["disaggregated, layerwise"].tokens == given.tokens
+    with pytest.raises(ValueError, match="other requests"):
+        drivers.run_disaggregation_check(pool2, weights, trace[:5], CONFIG, runs={"disaggregated": given})
+    with pytest.raises(ValueError, match="layerwise"):
+        drivers.run_disaggregation_check(pool2, weights, trace, CONFIG, runs={"disaggregated, layerwise": given})
+    with pytest.raises(ValueError, match="configurations are"):
+        drivers.run_disaggregation_check(pool2, weights, trace, CONFIG, runs={"pools": given})
+
+
 def test_interference_needs_both_kinds_of_step():
     from shardlib.serving.engine.predict import StepCost
     from shardlib.serving.engine.ranks import StepRecord

@@ -37,6 +37,10 @@ from ..engine.requests import EngineConfig, Request
 # read and serve in well under a second.
 COLD_START_MODEL = LlamaConfig(vocab_size=2048, d_model=256, n_layers=8, n_heads=8, n_kv_heads=4, d_ff=1024,
                                max_positions=256)
+# The replica's rank computes with one thread, and the reference beside it too. A pool of one rank would
+# get every core; with two threads on a shared two-core machine each op of the first step waits at its
+# barrier for a thread the scheduler gave away, and the step ran 0.05-1.7 s from one start to the next.
+REPLICA_THREADS = 1
 CHECKPOINT_NAME = "checkpoint.pt"
 CALIBRATION_NAME = "calibration.bin"
 _HF_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -100,7 +104,8 @@ def _ready_on_rank(ctx) -> int:
 
 def cold_start_on_rank(ctx, checkpoint, calibration, prompt, config: EngineConfig) -> ReplicaStart:
     """Load the checkpoint, run the first step, then read the calibration file (the weights still held, so
-    both reads fill fresh memory)."""
+    both reads fill fresh memory). Computes with ``REPLICA_THREADS`` threads (see there)."""
+    torch.set_num_threads(REPLICA_THREADS)
     start = time.perf_counter()
     loaded = read_checkpoint(checkpoint)
     loaded_at = time.perf_counter()
@@ -212,7 +217,12 @@ def run_cold_start_check(config: LlamaConfig = COLD_START_MODEL, prompt_tokens: 
     with tempfile.TemporaryDirectory(prefix="shardlib-cold-start-") as folder:
         checkpoint, calibration, weights = write_cold_start_files(folder, config, seed)
         checkpoint_bytes = os.path.getsize(checkpoint)
-        reference = greedy_reference(weights, prompt, 1)[0]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(REPLICA_THREADS)  # the replica's arithmetic, bit for bit
+        try:
+            reference = greedy_reference(weights, prompt, 1)[0]
+        finally:
+            torch.set_num_threads(threads)
         del weights
 
         def measure() -> ColdStart:
