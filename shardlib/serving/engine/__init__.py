@@ -27,7 +27,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "blocks": ("BlockManager", "BlockStats", "block_hash"),
     "scheduler": ("Scheduler", "Chunk", "StepPlan"),
     "paged": ("PagedModel", "KVCache"),
-    "loop": ("run_engine", "sample_token", "serve_in_process"),
+    "loop": ("run_engine", "sample_token", "sample_step", "serve_in_process"),
     "ranks": ("serving_engine_on_rank", "EngineRankResult", "StepRecord"),
     "drivers": ("run_serving", "ServingRun", "check_serving", "reference_tokens", "run_policy_check", "PolicyCheck",
                 "run_step_cost_fit"),

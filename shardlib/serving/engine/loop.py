@@ -26,6 +26,17 @@ def sample_token(logits: torch.Tensor, seed: int | None, index: int) -> int:
     return int(torch.multinomial(torch.softmax(logits.double().cpu(), -1), 1, generator=g))
 
 
+def sample_step(sched: Scheduler, plan, logits) -> dict:
+    """The token each sampling chunk of ``plan`` draws from its row of ``logits`` (in the plan's order):
+    ``{sequence id: token}``, for ``Scheduler.update``."""
+    states = {s.request.request_id: s for s in sched.running}
+    sampled = {}
+    for row, chunk in zip(logits, [c for c in plan.chunks if c.sample]):
+        seq = states[chunk.seq]
+        sampled[chunk.seq] = sample_token(row, seq.request.seed, len(seq.output))
+    return sampled
+
+
 def run_engine(requests, config: EngineConfig, model_step, clock, wait, on_step=None, poll=None) -> Scheduler:
     """Serve every request to its end; return the scheduler, whose ``finished`` holds each
     ``SequenceState`` (tokens, token times). ``model_step(chunks)`` returns the logits of the chunks that
@@ -51,12 +62,7 @@ def run_engine(requests, config: EngineConfig, model_step, clock, wait, on_step=
         if not plan.chunks:
             raise RuntimeError(f"nothing could be scheduled with {len(sched.waiting)} waiting: the cache or the "
                                "token budget is too small for the next request")
-        logits = model_step(plan.chunks)
-        states = {s.request.request_id: s for s in sched.running}
-        sampled = {}
-        for row, chunk in zip(logits, [c for c in plan.chunks if c.sample]):
-            seq = states[chunk.seq]
-            sampled[chunk.seq] = sample_token(row, seq.request.seed, len(seq.output))
+        sampled = sample_step(sched, plan, model_step(plan.chunks))
         end = clock()
         sched.update(plan, sampled, end)
         if on_step is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ...tensor_parallel.layers import TPGroup
-from ..engine.loop import run_engine, sample_token
+from ..engine.loop import run_engine, sample_step
 from ..engine.paged import PagedModel
 from ..engine.ranks import StepRecord, pack, unpack
 from ..engine.scheduler import Scheduler, StepPlan
@@ -223,12 +223,7 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
         if not plan.chunks:
             continue
         start_s = clock()
-        logits = model.step(plan.chunks)
-        states = {s.request.request_id: s for s in sched.running}
-        sampled = {}
-        for row, chunk in zip(logits, [c for c in plan.chunks if c.sample]):
-            seq = states[chunk.seq]
-            sampled[chunk.seq] = sample_token(row, seq.request.seed, len(seq.output))
+        sampled = sample_step(sched, plan, model.step(plan.chunks))
         end_s = clock()
         sched.update(plan, sampled, end_s)
         steps.append(_step_record(plan, start_s, end_s, sched))
