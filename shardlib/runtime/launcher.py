@@ -16,6 +16,7 @@ If the template cannot be started (an unusual platform, a broken environment), p
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import pickle
 import queue
@@ -105,10 +106,14 @@ class Template:
     def __init__(self) -> None:
         self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-template-")
         parent_end, child_end = socket.socketpair()
+        # A session of its own: a Jupyter kernel asked to shut down first terminates the children in its
+        # process group and waits while any is listed (a dead one stays listed until this process reaps
+        # it), until the kernel itself is terminated 2.5 s later. The template dies with this process all
+        # the same (``template.die_with_parent``), as a spawned rank does (``worker._exit_with_parent``).
         with open(os.path.join(self._logdir.name, "template.log"), "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "shardlib.runtime.template", str(child_end.fileno())],
                                          pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log, env=_child_env(1))
+                                         stderr=log, env=_child_env(1), start_new_session=True)
         child_end.close()
         self.pid, self.owner_pid = self.proc.pid, os.getpid()
         self.conn = Connection(parent_end.detach())
@@ -232,8 +237,13 @@ def start_template() -> bool:
     """Start this process's template now and return without waiting for it: the template imports torch
     (seconds on a laptop) while this process goes on, and the first pool (``Ranks``) finds it ready
     instead of starting it. A notebook calls it in its first cell. Does nothing where pools start ranks
-    as fresh Pythons (``resolve_method``), or a template is already started. Whether it started one."""
+    as fresh Pythons (``resolve_method``), or a template is already started. Whether it started one.
+
+    It also makes this process's exit skip its last garbage collection (``gc.freeze`` at exit): with torch
+    imported that collection takes about 0.6 s, to free memory the system takes back anyway, and a
+    learner's kernel restart waits for it."""
     global _TEMPLATE
+    _exit_without_collecting()
     if resolve_method("auto") != "template":
         return False
     with _TEMPLATE_LOCK:
@@ -244,6 +254,15 @@ def start_template() -> bool:
         except OSError:  # the first pool tries again, and warns if it cannot
             return False
         return True
+
+
+_FROZEN_AT_EXIT = []
+
+
+def _exit_without_collecting() -> None:
+    if not _FROZEN_AT_EXIT:
+        atexit.register(gc.freeze)  # registered last, so run first: every later handler still runs
+        _FROZEN_AT_EXIT.append(True)
 
 
 @atexit.register
@@ -264,7 +283,7 @@ def start_rank(method: str, threads: int, log_path: str, start_timeout_s: float)
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen([sys.executable, "-m", "shardlib.runtime.worker", str(child_end.fileno())],
                                         pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        env=_child_env(threads))
+                                        env=_child_env(threads), start_new_session=True)  # as the template
             handle = SpawnedRank(proc)
     finally:
         child_end.close()

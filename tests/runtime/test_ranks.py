@@ -163,6 +163,39 @@ def test_ranks_and_their_template_exit_when_the_kernel_is_killed(tmp_path):
         parent.kill()
 
 
+@pytest.mark.parametrize("start", ["template", "spawn"])
+def test_a_jupyter_kernel_with_a_pool_shuts_down_by_itself(start):
+    """Shut down as JupyterLab does (a shutdown request, then a wait): the kernel exits by itself (code 0),
+    not terminated by its manager after half the wait, and leaves no rank or template behind."""
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=os.getcwd(), env=dict(os.environ))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        found = []
+        kc.execute_interactive(
+            "from shardlib import Ranks, start_template\n"
+            f"start_template()\nranks = Ranks(2, start={start!r})\n"
+            "print(*(ranks.pids + ranks.parent_pids))",
+            timeout=120, output_hook=lambda msg: found.extend(msg["content"].get("text", "").split()))
+        pids = {int(p) for p in found}
+        assert len(pids) >= 3, found  # two ranks, and their parent: the template or the kernel
+        kernel = km.provisioner.process
+        km.shutdown_kernel(now=False)
+        assert kernel.returncode == 0, f"the kernel was stopped with signal {-kernel.returncode}"
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in pids)
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+
+
 def test_ranks_forked_from_the_template_and_spawned_ones_give_the_same_answers():
     with Ranks(2, start="spawn") as spawned:
         assert spawned.parent_pids == [os.getpid()] * 2  # fresh Pythons, children of this process
