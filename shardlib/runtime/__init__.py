@@ -2,14 +2,15 @@
 
 * ``ranks``: ``Ranks``, the warm pool of rank processes a notebook starts once and calls many times.
 * ``errors``: ``RankError``, ``RankTimeoutError`` and ``PoolClosedError``, for a rank that fails or hangs.
-* ``launcher``: how a rank starts (forked from the ``template``, or spawned) and how many a machine allows;
-  ``start_template`` starts the template early, without waiting for it.
+* ``launcher``: how a rank starts (forked from the ``template``, or spawned); ``start_template`` starts
+  the template early, without waiting for it.
 * ``template``: the process that imports torch once and forks ranks from it on demand.
 * ``worker``: the rank process itself (``python -m shardlib.runtime.worker``).
 * ``context``: ``RankContext``, the ``ctx`` every rank function receives (also made by ``torchrun``
   through ``RankContext.from_env``), ``RankGroup`` (some ranks as a job of their own, ``ctx.group``), and
   the GPUs this machine has (``gpu_count``).
-* ``devices``: where ranks compute and how they talk, given the GPUs (``place_ranks``, ``Placement``). Pure.
+* ``devices``: where ranks compute and how they talk, given the GPUs (``place_ranks``, ``Placement``), and
+  how many ranks a machine allows (``max_world_size``). Pure.
 * ``comm``: recorded collectives, ``ctx.comm``: blocking or asynchronous (``Pending``), every call
   logged; GPU tensors on a gloo path go through host memory (``staging``), calls across an emulated slow
   link are held to its time (``holding``).
@@ -29,10 +30,10 @@ from .._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "ranks": ("Ranks",),
-    "launcher": ("max_world_size", "start_template"),
+    "launcher": ("start_template",),
     "errors": ("RankError", "RankTimeoutError", "PoolClosedError"),
     "context": ("RankContext", "RankGroup", "gpu_count", "prepare_device"),
-    "devices": ("Placement", "place_ranks", "BACKENDS"),
+    "devices": ("Placement", "place_ranks", "BACKENDS", "max_world_size"),
     "comm": ("Comm", "Pending"),
     "records": ("CommRecord", "wire_bytes", "summarize", "format_log", "format_seconds"),
     "timeline": ("Span", "Timeline", "now_s", "shift_to_zero"),

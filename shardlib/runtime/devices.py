@@ -1,4 +1,5 @@
-"""Where ranks compute and how they talk, given the GPUs a machine has: ``place_ranks`` -> ``Placement``.
+"""Where ranks compute and how they talk, given the GPUs a machine has: ``place_ranks`` -> ``Placement``;
+and how many ranks a machine allows (``check_world_size``: four per CPU core, at least 8).
 
 * ``"nccl"``: one GPU per rank, collectives GPU to GPU (NCCL refuses two ranks on one GPU).
 * ``"cuda:gloo"``: rank ``r`` computes on ``cuda:(r % n_gpus)``, shared when GPUs are fewer than ranks, and
@@ -11,6 +12,7 @@ Pure: no torch. The GPU count is an argument, so every branch is tested on a mac
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..checks import whole_number
@@ -95,3 +97,18 @@ def place_ranks(backend: str, world_size: int, n_gpus: int) -> Placement:
                              "use backend='gloo' (CPU) or 'auto'")
         return Placement("gloo", tuple(f"cuda:{r % n_gpus}" for r in range(world_size)))
     return Placement("gloo", ("cpu",) * world_size)
+
+
+def max_world_size() -> int:
+    """The most ranks this machine is allowed to start: four per CPU core, and at least 8."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def check_world_size(world_size) -> int:
+    world_size = whole_number(world_size, "world_size (the number of ranks, like 2 or 4)")
+    if world_size > max_world_size():
+        raise ValueError(
+            f"{world_size} ranks is far beyond this machine ({os.cpu_count()} CPU cores): each rank is a "
+            f"whole Python process with its own copy of torch; use at most {max_world_size()}"
+        )
+    return world_size

@@ -30,7 +30,7 @@ import warnings
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import send_handle
 
-from ..checks import choice, whole_number
+from ..checks import choice
 
 START_METHODS = ("auto", "template", "spawn")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,6 +51,15 @@ def _child_env(threads: int) -> dict:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(threads)
     return env
+
+
+def _start_python(module: str, fd: int, log, threads: int) -> subprocess.Popen:
+    """``python -m module FD`` writing to ``log``, in a session of its own: a Jupyter kernel asked to shut
+    down terminates the children in its process group and waits while any is listed (a dead one is, until
+    this process reaps it), until its manager terminates the kernel 2.5 s later. The child dies with this
+    process all the same (``template.die_with_parent``, ``worker._exit_with_parent``)."""
+    return subprocess.Popen([sys.executable, "-m", module, str(fd)], pass_fds=[fd], stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=log, env=_child_env(threads), start_new_session=True)
 
 
 def _sys_path() -> list[str]:
@@ -106,14 +115,8 @@ class Template:
     def __init__(self) -> None:
         self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-template-")
         parent_end, child_end = socket.socketpair()
-        # A session of its own: a Jupyter kernel asked to shut down first terminates the children in its
-        # process group and waits while any is listed (a dead one stays listed until this process reaps
-        # it), until the kernel itself is terminated 2.5 s later. The template dies with this process all
-        # the same (``template.die_with_parent``), as a spawned rank does (``worker._exit_with_parent``).
         with open(os.path.join(self._logdir.name, "template.log"), "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "shardlib.runtime.template", str(child_end.fileno())],
-                                         pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log, env=_child_env(1), start_new_session=True)
+            self.proc = _start_python("shardlib.runtime.template", child_end.fileno(), log, 1)
         child_end.close()
         self.pid, self.owner_pid = self.proc.pid, os.getpid()
         self.conn = Connection(parent_end.detach())
@@ -208,6 +211,7 @@ class Template:
 
 
 _TEMPLATE: Template | None = None
+_FROZEN_AT_EXIT = False
 _TEMPLATE_LOCK = threading.Lock()
 
 
@@ -240,10 +244,10 @@ def start_template() -> bool:
     as fresh Pythons (``resolve_method``), or a template is already started. Whether it started one.
 
     It also makes this process's exit skip its last garbage collection (``gc.freeze`` at exit): with torch
-    imported that collection takes about 0.6 s, to free memory the system takes back anyway, and a
-    learner's kernel restart waits for it."""
-    global _TEMPLATE
-    _exit_without_collecting()
+    imported it takes about 0.6 s, to free memory the system takes back anyway, and a kernel restart waits."""
+    global _TEMPLATE, _FROZEN_AT_EXIT
+    if not _FROZEN_AT_EXIT:  # registered last, so run first: every later handler still runs
+        _FROZEN_AT_EXIT = atexit.register(gc.freeze) is gc.freeze
     if resolve_method("auto") != "template":
         return False
     with _TEMPLATE_LOCK:
@@ -254,15 +258,6 @@ def start_template() -> bool:
         except OSError:  # the first pool tries again, and warns if it cannot
             return False
         return True
-
-
-_FROZEN_AT_EXIT = []
-
-
-def _exit_without_collecting() -> None:
-    if not _FROZEN_AT_EXIT:
-        atexit.register(gc.freeze)  # registered last, so run first: every later handler still runs
-        _FROZEN_AT_EXIT.append(True)
 
 
 @atexit.register
@@ -281,28 +276,11 @@ def start_rank(method: str, threads: int, log_path: str, start_timeout_s: float)
             handle = ForkedRank(template, template.spawn(child_end.fileno(), log_path))
         else:
             with open(log_path, "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "shardlib.runtime.worker", str(child_end.fileno())],
-                                        pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        env=_child_env(threads), start_new_session=True)  # as the template
+                proc = _start_python("shardlib.runtime.worker", child_end.fileno(), log, threads)
             handle = SpawnedRank(proc)
     finally:
         child_end.close()
     return handle, Connection(parent_end.detach())
-
-
-def max_world_size() -> int:
-    """The most ranks this machine is allowed to start: four per CPU core, and at least 8."""
-    return max(8, 4 * (os.cpu_count() or 1))
-
-
-def check_world_size(world_size) -> int:
-    world_size = whole_number(world_size, "world_size (the number of ranks, like 2 or 4)")
-    if world_size > max_world_size():
-        raise ValueError(
-            f"{world_size} ranks is far beyond this machine ({os.cpu_count()} CPU cores): each rank is a "
-            f"whole Python process with its own copy of torch; use at most {max_world_size()}"
-        )
-    return world_size
 
 
 def kill_ranks(procs: list) -> None:

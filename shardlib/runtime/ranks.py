@@ -29,9 +29,9 @@ import torch.distributed as dist
 
 from ..checks import positive_number
 from .context import gpu_count
-from .devices import place_ranks
+from .devices import check_world_size, place_ranks
 from .errors import PoolClosedError, RankError, RankTimeoutError, pack_call
-from .launcher import check_world_size, kill_ranks, resolve_method, start_rank
+from .launcher import kill_ranks, resolve_method, start_rank
 from .records import CommRecord
 from .timeline import Span, now_s
 

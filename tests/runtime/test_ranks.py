@@ -1,6 +1,7 @@
 """The rank runtime: results, by-value functions, errors, timeouts, restarts, no orphans, bad input."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,7 +234,7 @@ def test_the_template_forks_from_a_single_thread_and_a_killed_template_is_replac
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "REPORTED rank 0 died" in out.stdout  # reported, not a broken pipe
+    assert re.search(r"REPORTED rank [01] died", out.stdout)  # reported, not a broken pipe (either rank first)
     assert "AFTER [0, 1] True" in out.stdout  # the pool came back on a new template
 
 
