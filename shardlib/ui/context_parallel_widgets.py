@@ -12,7 +12,6 @@ import html
 import time
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 import torch
 
 from ..context_parallel.drivers import run_ring_attention
@@ -21,7 +20,7 @@ from ..context_parallel.placement import PLACEMENTS
 from ..context_parallel.predict import AttentionShape
 from ..context_parallel.reference import attention_reference
 from .context_parallel_figures import attention_memory_figure, ring_timeline_figure
-from .live import Feedback, observe_all
+from .live import Feedback, FigureArea, observe_all
 
 
 def _qkv(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int):
@@ -40,8 +39,7 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
                                style={"description_width": "initial"})
     picker = widgets.ToggleButtons(options=list(PLACEMENTS), value="zigzag", description="placement")
     label = widgets.HTML()
-    memory = go.FigureWidget(attention_memory_figure({"one process": {}, f"ring, {n} ranks": {}}))
-    timeline = go.FigureWidget()  # a figure widget, not an Output: no captured output for a runner to wait on
+    memory, timeline = FigureArea(), FigureArea()
 
     def show_memory() -> AttentionShape:
         shape = AttentionShape(batch, heads, kv_heads, slider.value, head_dim)
@@ -49,11 +47,7 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
                                        f"ring, {n} ranks": attention_bytes_per_rank(shape, n, picker.value)},
                                       f"What one rank holds at {slider.value:,} tokens (float32, {heads} query "
                                       f"heads, {kv_heads} KV heads)")
-        with memory.batch_update():
-            memory.data = []
-            for trace in fig.data:
-                memory.add_trace(trace)
-            memory.layout.title = fig.layout.title
+        memory.show(fig)
         return shape
 
     def rerun(change=None) -> None:
@@ -71,13 +65,8 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
             f"ring {run.step_s * 1e3:.0f} ms "
             f"against {one_s * 1e3:.0f} ms in this one process (scaled_dot_product_attention, a fused kernel); "
             f"compute per rank {cpu} ms (CPU time); sent per rank {run.sent_bytes_per_rank[0] / 2 ** 20:.2f} MiB")
-        fig = ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} placement, "
-                                              f"measured on {ranks.description}")
-        with timeline.batch_update():
-            timeline.data = []
-            for trace in fig.data:
-                timeline.add_trace(trace)
-        timeline.layout = fig.layout
+        timeline.show(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} "
+                                                      f"placement, measured on {ranks.description}"))
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from ..costs.drivers import run_slow_rank
 from ..costs.ranks import MAX_DELAY_S
@@ -13,7 +12,7 @@ from ..hardware import LATENCY_CHARGES, LINKS, Link
 from ..models import LLAMA_3_8B, ModelConfig
 from ..serving.cost import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from .costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
-from .live import Feedback, SelectionSlider, observe_all
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
 
 PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens
 BATCH_CHOICES = tuple(2 ** k for k in range(0, 9))  # 1 .. 256 sequences
@@ -42,7 +41,7 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
                                         description="batch")
     charge = widgets.ToggleButtons(options=list(LATENCY_CHARGES), value="per_call", description="latency")
     text = widgets.HTML()
-    fig = go.FigureWidget(phase_cost_figure([]))
+    fig = FigureArea()
 
     def show(change=None) -> None:
         link = by_name[link_box.value]
@@ -50,11 +49,7 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
         prefill = tp_prefill_cost(model, degree.value, link, prompt.value, batch_box.value, charge.value)
         pipe = pipeline_vs_tensor(model, degree.value, link, prompt.value * batch_box.value, charge.value)
         where = GPU_MODEL if link.name in PRESET_NAMES else f"model: alpha-beta with {link.name}'s fitted figures"
-        new = phase_cost_figure([decode, prefill], where=where)
-        with fig.batch_update():
-            for trace, fresh in zip(fig.data, new.data):
-                trace.x, trace.y = fresh.x, fresh.y
-            fig.layout.title = new.layout.title
+        fig.show(phase_cost_figure([decode, prefill], where=where))
         crossover = decode_crossover_batch(model, degree.value, link, charge.value)
         latencies = 1 if charge.value == "per_call" else 2 * (degree.value - 1)
         text.value = (
@@ -85,18 +80,13 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
     slow = widgets.Dropdown(options=list(range(ranks.world_size)), value=ranks.world_size - 1,
                             description="slow rank")
     text = widgets.HTML()
-    fig = go.FigureWidget(slow_rank_figure([{"all_reduce": 0.0}] * ranks.world_size, 0, 0.0))
+    fig = FigureArea()
 
     def run(change=None) -> None:
         delay_s = delay.value / 1e3
         run = run_slow_rank(ranks, slow.value, delay_s)
-        new = slow_rank_figure([r.collective_s for r in run.per_rank], slow.value, delay_s,
-                               f"measured on {ranks.description}")
-        with fig.batch_update():
-            for trace, fresh in zip(fig.data, new.data):
-                trace.x, trace.y, trace.name = fresh.x, fresh.y, fresh.name
-            fig.layout.shapes, fig.layout.annotations = new.layout.shapes, new.layout.annotations
-            fig.layout.title = new.layout.title
+        fig.show(slow_rank_figure([r.collective_s for r in run.per_rank], slow.value, delay_s,
+                                  f"measured on {ranks.description}"))
         steps = [run.step_s(op) for op in run.ops]
         text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
                       f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")

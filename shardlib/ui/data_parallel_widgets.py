@@ -6,8 +6,6 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
-from IPython.display import display
 
 from ..data_parallel.drivers import run_data_parallel
 from ..data_parallel.flat import STRATEGIES, STRATEGY_TITLES
@@ -15,17 +13,10 @@ from ..data_parallel.reference import train_reference
 from ..runtime.measure import TOLERANCE
 from ..runtime.records import format_seconds
 from .data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
-from .live import Feedback, SelectionSlider, observe_all
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
 
 ONE_BUCKET = 0  # the slider's value for "one bucket" (bucket_bytes=None): a slider option is never None
 BUCKET_CHOICES = (("1 KiB", 1024), ("4 KiB", 4096), ("16 KiB", 16384), ("64 KiB", 65536), ("one bucket", ONE_BUCKET))
-
-
-def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
-    with widget.batch_update():
-        for live, new in zip(widget.data, fig.data):
-            live.update(new.to_plotly_json())
-        widget.layout.title = fig.layout.title
 
 
 def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int | None = 4096) -> widgets.VBox:
@@ -41,11 +32,7 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     overlap = widgets.Checkbox(value=True, description="overlap with compute", indent=False)
     summary = widgets.HTML()
     empty = {s: {"params": 0, "grads": 0, "optimizer": 0} for s in STRATEGIES}
-    memory_fig = go.FigureWidget(memory_per_rank_figure(empty, empty))
-    bytes_fig = go.FigureWidget(step_bytes_figure({s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
-                                                   for s in STRATEGIES}, {s: 0 for s in STRATEGIES}))
-    memory_fig.layout.width = bytes_fig.layout.width = 480
-    timeline = widgets.Output()
+    memory_fig, bytes_fig, timeline = FigureArea(), FigureArea(), FigureArea()
     measured_memory, predicted_memory = dict(empty), dict(empty)
     measured_bytes = {s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0} for s in STRATEGIES}
     predicted_bytes = {s: 0 for s in STRATEGIES}
@@ -59,10 +46,10 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
         measured_memory[s], predicted_memory[s] = run.memory_per_rank[0], run.predicted_memory()
         measured_bytes[s] = {op: row["wire_bytes"] for op, row in run.bytes_per_step().items()}
         predicted_bytes[s] = sum(row["wire_bytes"] for row in run.predicted_bytes_per_step().values())
-        _refresh(memory_fig, memory_per_rank_figure(measured_memory, predicted_memory))
+        memory_fig.show(memory_per_rank_figure(measured_memory, predicted_memory).update_layout(width=480))
         ops = ("all_reduce", "reduce_scatter", "all_gather")
-        _refresh(bytes_fig, step_bytes_figure({k: {op: v.get(op, 0) for op in ops} for k, v in measured_bytes.items()},
-                                              predicted_bytes))
+        bytes_fig.show(step_bytes_figure({k: {op: v.get(op, 0) for op in ops} for k, v in measured_bytes.items()},
+                                         predicted_bytes).update_layout(width=480))
         mem = run.memory_per_rank[0]
         summary.value = (
             f"<b>{html.escape(STRATEGY_TITLES[s])}</b> on {ranks.world_size} live ranks "
@@ -74,11 +61,9 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
             f"compute {run.hidden_share():.0%}; weights within {TOLERANCE:g} of one process: "
             f"{run.against_reference(one_process) <= TOLERANCE}"
         )
-        with timeline:
-            timeline.clear_output(wait=True)
-            display(overlap_timeline_figure(run.spans, run.n_steps - 1,
-                                            f"{STRATEGY_TITLES[s]}: the last step on each rank, measured on "
-                                            f"{ranks.description}"))
+        timeline.show(overlap_timeline_figure(run.spans, run.n_steps - 1,
+                                              f"{STRATEGY_TITLES[s]}: the last step on each rank, measured on "
+                                              f"{ranks.description}"))
 
     feedback = Feedback()
     observe_all((picker, buckets, overlap), show, feedback)

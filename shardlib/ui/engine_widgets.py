@@ -12,13 +12,12 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-from IPython.display import display
 
 from ..serving.engine.predict import paged_utilization, simulate_serving
 from ..serving.engine.requests import EngineConfig
 from ..serving.engine.traces import poisson_trace
 from .engine_figures import token_timeline_figure
-from .live import Feedback, SelectionSlider, observe_all
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
 
 RATES = (("5 / s", 5.0), ("10 / s", 10.0), ("20 / s", 20.0), ("50 / s", 50.0), ("100 / s", 100.0),
          ("200 / s", 200.0), ("all at once", float("inf")))
@@ -51,8 +50,7 @@ def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_pos
                              continuous_update=False, style=style)
     chunked = widgets.ToggleButtons(options=(("chunked prefill", True), ("prefill-first", False)), value=True)
     table = widgets.HTML()
-    figure = widgets.Output()  # a plain figure redrawn in it: a FigureWidget costs seconds to make the first time
-    drawn = [False]
+    figure = FigureArea()
 
     def update(change=None) -> None:
         requests, config, predicted = explorer_state(cost, rate.value, block.value, budget.value, chunked.value,
@@ -72,11 +70,7 @@ def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_pos
             for k, v in rows) + "</table>")
         new = token_timeline_figure(requests, predicted.token_times_s, "Predicted: each request's wait and tokens",
                                     where)
-        with figure:
-            if drawn[0]:  # not on the first draw: a clear while the cell first renders can stall nbclient
-                figure.clear_output(wait=True)
-            display(new)
-        drawn[0] = True
+        figure.show(new)
 
     feedback = Feedback()
     observe_all((rate, block, budget, chunked), update, feedback)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 import torch
 
 from ..experts.balance import aux_load_balancing_loss
@@ -26,16 +25,7 @@ from ..experts.predict import predicted_all_to_all_bytes
 from ..experts.reference import MoEWeights
 from ..experts.routing import MoEConfig, route
 from .experts_figures import balance_steps_figure, expert_load_figure, rank_time_figure, send_matrix_figure
-from .live import Feedback, SelectionSlider, observe_all
-
-
-def _refresh(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Copy ``fig``'s traces, shapes and annotations into the live ``widget``."""
-    with widget.batch_update():
-        for live, new in zip(widget.data, fig.data):
-            live.update(new.to_plotly_json())
-        widget.layout.shapes = fig.layout.shapes
-        widget.layout.annotations = fig.layout.annotations
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
 
 
 def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
@@ -54,11 +44,7 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
                                  disabled=ranks.world_size < 2)  # a replica needs a second rank
     summary = widgets.HTML()
     owner = [ExpertPlacement(cfg.n_experts, ranks.world_size).owner(e) for e in range(cfg.n_experts)]
-    zeros = [0.0] * ranks.world_size
-    matrix_fig = go.FigureWidget(send_matrix_figure([[0] * ranks.world_size for _ in range(ranks.world_size)]))
-    load_fig = go.FigureWidget(expert_load_figure([0] * cfg.n_experts, owner))
-    time_fig = go.FigureWidget(rank_time_figure(zeros, zeros, 0.0, zeros))
-    load_fig.layout.width = 560
+    matrix_fig, load_fig, time_fig = FigureArea(), FigureArea(), FigureArea()
 
     updating = []  # set while show() runs, so that unticking reroute from inside it does not run twice
 
@@ -81,10 +67,10 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
         run, placement, per_expert, per_rank = policy.run, policy.run.placement, policy.expert_load, policy.rank_load
         predicted = predicted_all_to_all_bytes(x.shape[0], now.k, now.d_model)
         capacity_total = None if run.capacity is None else run.capacity * ranks.world_size
-        _refresh(matrix_fig, send_matrix_figure(run.send_matrix))
-        _refresh(load_fig, expert_load_figure(run.expert_counts.tolist(), owner, capacity_total))
-        _refresh(time_fig, rank_time_figure(run.expert_s, run.forward_s, run.step_s, run.expert_cpu_s,
-                                            title=f"Measured time on each rank ({ranks.description})"))
+        matrix_fig.show(send_matrix_figure(run.send_matrix))
+        load_fig.show(expert_load_figure(run.expert_counts.tolist(), owner, capacity_total).update_layout(width=560))
+        time_fig.show(rank_time_figure(run.expert_s, run.forward_s, run.step_s, run.expert_cpu_s,
+                                       title=f"Measured time on each rank ({ranks.description})"))
         replica = (f"expert {placement.replicas[0][0]} copied to rank {placement.replicas[0][1]} "
                    f"(+{weights.expert_bytes / 1024:.0f} KiB of weights there)" if placement.replicas else "none")
         cap = run.capacity if run.capacity is not None else "none"
@@ -129,8 +115,7 @@ def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_token
     start = min(BIAS_RATES, key=lambda r: abs(r - rate))
     slider = SelectionSlider(options=BIAS_RATES, value=start, description="bias rate")
     text = widgets.HTML()
-    empty = {**baseline, "aux-free": [1.0] * steps}
-    fig = go.FigureWidget(balance_steps_figure(empty, title="Auxiliary-loss-free bias: max/mean per step"))
+    fig = FigureArea()
 
     def show(change=None) -> None:
         before = torch.get_num_threads()
@@ -142,9 +127,7 @@ def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_token
         loads = [float(c.max() / c.double().mean()) for c in run.counts]
         new = balance_steps_figure({**baseline, f"aux-free, rate {slider.value:g}": loads},
                                    title="Auxiliary-loss-free bias: max/mean per step")
-        _refresh(fig, new)
-        with fig.batch_update():
-            fig.data[-1].name = new.data[-1].name
+        fig.show(new)
         late = loads[-5:]
         text.value = (f"rate {slider.value:g}: max/mean <b>{loads[-1]:.2f}</b> at step {steps}, "
                       f"{min(late):.2f} to {max(late):.2f} over the last five steps; task loss "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-from IPython.display import display
 
 from ..serving.engine.traces import poisson_trace
 from ..serving.fleet.disagg_drivers import LOOPBACK
@@ -23,7 +22,7 @@ from ..serving.fleet.goodput import ServingObjective
 from ..serving.fleet.splits import split_figures
 from ..serving.fleet.traces import hot_prefix_trace
 from .fleet_figures import attainment_figure, routed_figure
-from .live import Feedback, SelectionSlider, observe_all
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
 
 RATE_STEPS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # times one engine's pace (see ``engine_pace``), per engine
 TTFT_STEPS = (1, 2, 4, 8, 16)  # times the longest prompt's prefill alone
@@ -90,8 +89,7 @@ def pools_explorer(cost, model, engines: int = 4, n_requests: int = 24, seed: in
                             value=(engines // 2, engines - engines // 2), description="prefill : decode",
                             continuous_update=False, style=style)
     table = widgets.HTML()
-    figure = widgets.Output()
-    drawn = [False]
+    figure = FigureArea()
 
     def update(change=None) -> None:
         objective, found, r = pools_state(cost, model, rate.value, ttft.value, tpot.value, split.value, engines,
@@ -108,11 +106,7 @@ def pools_explorer(cost, model, engines: int = 4, n_requests: int = 24, seed: in
         table.value = _table(rows)
         curves = {label: tuple((x / engines, s) for x, s in f.swept[objective.label]) for label, f in found.items()}
         new = attainment_figure(curves, objective.share, where=where)
-        with figure:
-            if drawn[0]:  # not on the first draw: a clear while the cell first renders can stall nbclient
-                figure.clear_output(wait=True)
-            display(new)
-        drawn[0] = True
+        figure.show(new)
 
     feedback = Feedback()
     observe_all((rate, ttft, tpot, split), update, feedback)
@@ -139,8 +133,7 @@ def router_explorer(cost, config, replicas: int = 4, n_requests: int = 32, seed:
     hot = SelectionSlider(options=[(f"{s:.0%}", s) for s in HOT_SHARES], value=0.75,
                           description="requests under the hot prompt", continuous_update=False, style=style)
     table = widgets.HTML()
-    figure = widgets.Output()
-    drawn = [False]
+    figure = FigureArea()
 
     def update(change=None) -> None:
         requests, predicted = router_state(cost, config, policy.value, threshold.value, hot.value, replicas,
@@ -157,11 +150,7 @@ def router_explorer(cost, config, replicas: int = 4, n_requests: int = 32, seed:
                 ("throughput", f"{f['tokens_per_s']:.0f} tokens/s")]
         table.value = _table(rows)
         new = routed_figure(predicted.routed, where=where)
-        with figure:
-            if drawn[0]:
-                figure.clear_output(wait=True)
-            display(new)
-        drawn[0] = True
+        figure.show(new)
 
     feedback = Feedback()
     observe_all((policy, threshold, hot), update, feedback)

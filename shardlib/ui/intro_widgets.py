@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from ..intro.ranks import all_reduce_time_on_rank
-from .live import Feedback, observe_all
+from .live import Feedback, FigureArea, observe_all
 from .runtime_figures import measured_points_figure
 
 MIN_LOG2_ELEMENTS, MAX_LOG2_ELEMENTS = 4, 22  # 64 B .. 16 MiB of float32
@@ -24,10 +23,7 @@ def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
         continuous_update=False, style={"description_width": "initial"},
     )
     label = widgets.HTML()
-    fig = go.FigureWidget(measured_points_figure(
-        [], [], "message size (bytes)", "all-reduce time (ms, slowest rank)",
-        f"All-reduce on {ranks.world_size} live ranks", where=f"measured on {ranks.description}",
-    ))
+    fig = FigureArea()
     seen: dict[int, float] = {}
 
     def measure(change=None) -> None:
@@ -36,9 +32,9 @@ def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
         size_bytes = 4 * n_elements
         seen[size_bytes] = seconds
         xs = sorted(seen)
-        with fig.batch_update():
-            fig.data[0].x = xs
-            fig.data[0].y = [seen[x] * 1e3 for x in xs]
+        fig.show(measured_points_figure(
+            xs, [seen[x] * 1e3 for x in xs], "message size (bytes)", "all-reduce time (ms, slowest rank)",
+            f"All-reduce on {ranks.world_size} live ranks", where=f"measured on {ranks.description}"))
         label.value = (f"<b>{size_bytes:,} bytes</b>: {seconds * 1e3:.3f} ms, "
                        f"{size_bytes / seconds / 1e9:.3f} GB/s of buffer per second")
 

@@ -1,6 +1,7 @@
 """Widgets that never die silently: a callback's error is shown under the widget, in the learner's terms.
 
 ``SelectionSlider`` is the stock slider, refusing the option value that breaks it at an end.
+``FigureArea`` is where a widget draws its figure, each draw in place of the last.
 
 In JupyterLab an exception raised inside a widget's callback does not appear in the notebook: it goes to
 the log console, which a learner never opens, and the widget just stops answering. Every widget of the
@@ -16,6 +17,7 @@ import html
 from typing import Callable
 
 import ipywidgets as widgets
+from IPython.display import display
 
 from ..runtime.errors import PoolClosedError, RankError, RankTimeoutError
 from .theme import WRONG_COLOUR
@@ -81,3 +83,20 @@ class SelectionSlider(widgets.SelectionSlider):
             raise ValueError(f"slider option {empty[0]!r} has the value None, which ipywidgets takes for 'nothing "
                              "selected': the slider breaks when taken there; give it another value")
         super().__init__(*args, **kwargs)
+
+
+class FigureArea(widgets.Output):
+    """Where a widget draws its figure: ``show(fig)`` puts a plain figure (a ``MimeFigure``) in place of the
+    last one, and ``figure`` is the one shown. Not a ``go.FigureWidget``: making the first of those in a
+    kernel imports plotly's renderers (nbformat, jsonschema and a grammar built at import), about 2 s."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.figure = None
+
+    def show(self, fig) -> None:
+        with self:
+            if self.figure is not None:  # not before the first draw: a clear while the cell first renders
+                self.clear_output(wait=True)  # can stall a notebook runner (nbclient)
+            display(fig)
+        self.figure = fig

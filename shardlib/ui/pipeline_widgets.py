@@ -6,15 +6,13 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
-from IPython.display import display
 
 from ..pipeline.bubbles import PUBLISHED, OpCosts, published_fraction, simulated_fraction
 from ..pipeline.drivers import run_pipeline
 from ..pipeline.orders import make_schedule
 from ..pipeline.predict import pipeline_bubble_fraction, predicted_step_s
 from ..pipeline.registry import SCHEDULE_TITLES, SPECS, split_schedules
-from .live import Feedback, SelectionSlider, observe_all
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
 from .pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure, split_gantt_figure
 from .theme import RED
 
@@ -34,21 +32,19 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     picker = widgets.ToggleButtons(options=[(SCHEDULE_TITLES[n], n) for n in EXPLORER_SCHEDULES],
                                    value=EXPLORER_SCHEDULES[0], description="schedule")
     label = widgets.HTML()
-    curve = go.FigureWidget(bubble_curve_figure((p,), max_microbatches=top, highlight=(p, slider.value),
-                                                timing_note=f"red circles measured on {ranks.description}"))
     measured_at: dict[int, float] = {}
-    curve.add_scatter(x=[], y=[], mode="markers", name="measured with the slider",
-                      marker={"color": RED, "size": 9, "symbol": "circle-open", "line": {"width": 2}})
-    gantt = widgets.Output()
+    curve, gantt = FigureArea(), FigureArea()
 
-    def move_marker() -> None:
-        m = slider.value
-        with curve.batch_update():
-            now = next(t for t in curve.data if t.name == "now")
-            now.x, now.y = [m], [pipeline_bubble_fraction(p, m)]
+    def draw_curve() -> None:
+        fig = bubble_curve_figure((p,), max_microbatches=top, highlight=(p, slider.value),
+                                  timing_note=f"red circles measured on {ranks.description}")
+        xs = sorted(measured_at)
+        fig.add_scatter(x=xs, y=[measured_at[k] for k in xs], mode="markers", name="measured with the slider",
+                        marker={"color": RED, "size": 9, "symbol": "circle-open", "line": {"width": 2}})
+        curve.show(fig)
 
     def rerun(change=None) -> None:
-        move_marker()  # the formula answers at once; the ranks take a moment
+        draw_curve()  # the formula answers at once; the ranks take a moment
         m = slider.value
         schedule = make_schedule(picker.value, p, m, training=True)
         run = run_pipeline(ranks, schedule, model, layers, x, grad_output, forward_s=forward_s, backward_s=backward_s)
@@ -56,10 +52,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
         predicted = pipeline_bubble_fraction(p, m)
         if picker.value == EXPLORER_SCHEDULES[0]:
             measured_at[m] = bubble.idle_fraction
-        with curve.batch_update():
-            dots = next(t for t in curve.data if t.name == "measured with the slider")
-            xs = sorted(measured_at)
-            dots.x, dots.y = xs, [measured_at[k] for k in xs]
+            draw_curve()
         step_s = predicted_step_s(schedule, forward_s, backward_s)
         label.value = (
             f"<b>{html.escape(schedule.title)}</b><br>idle fraction: predicted {predicted:.3f}, measured "
@@ -68,10 +61,8 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
             f"in flight per stage {list(run.peak_in_flight)}; this re-run took {run.wall_s * 1e3:.0f} ms"
             "<br><i>red circles: GPipe measurements made with this slider</i>"
         )
-        with gantt:
-            gantt.clear_output(wait=True)
-            display(predicted_vs_measured_figure(schedule, run.spans, forward_s, backward_s, run.timing_note,
-                                                 bubble.idle_fraction, ranks.description))
+        gantt.show(predicted_vs_measured_figure(schedule, run.spans, forward_s, backward_s, run.timing_note,
+                                                bubble.idle_fraction, ranks.description))
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)
@@ -102,7 +93,7 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
                                continuous_update=False, style={"description_width": "initial"})
     picker = widgets.ToggleButtons(options=[(SCHEDULE_TITLES[n], n) for n in ZERO_BUBBLE_SCHEDULES], value="zb-h1",
                                    description="schedule")
-    label, gantt = widgets.HTML(), widgets.Output()
+    label, gantt = widgets.HTML(), FigureArea()
 
     reuse = [first_run] if first_run is not None else []
 
@@ -128,10 +119,8 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
         label.value = (f"<b>{html.escape(schedule.title)}</b>, W = {w_slider.value:g} x F: idle fraction "
                        f"{formula}this list {simulated_fraction(schedule, costs):.3f}, measured {measured:.3f}; "
                        f"peak chunks in flight per stage {list(run.peak_in_flight)}")
-        with gantt:
-            gantt.clear_output(wait=True)
-            display(split_gantt_figure(schedule, run.spans, costs, f"{schedule.title}: each stage's F and B "
-                                       f"padded to {op_s * 1e3:g} ms, W to {weight_s * 1e3:g} ms", measured))
+        gantt.show(split_gantt_figure(schedule, run.spans, costs, f"{schedule.title}: each stage's F and B "
+                                      f"padded to {op_s * 1e3:g} ms, W to {weight_s * 1e3:g} ms", measured))
 
     feedback = Feedback()
     observe_all([m_slider, w_slider, picker], rerun, feedback)

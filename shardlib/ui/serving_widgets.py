@@ -7,13 +7,12 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from ..hardware import CLUSTERS
 from ..models import PRESETS
 from ..serving.memory import Workload
 from ..serving.planner import OBJECTIVES, format_plan, plan_serving
-from .live import Feedback, SelectionSlider, observe_all
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
 from .serving_figures import plan_figure
 
 BATCHES = (("from memory", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), ("64", 64),
@@ -40,7 +39,7 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
     efficiency = SelectionSlider(options=EFFICIENCIES, value=1.0, description="kernel efficiency",
                                  continuous_update=False, style={"description_width": "initial"})
     table = widgets.HTML()
-    fig = go.FigureWidget()
+    fig = FigureArea()
 
     def update(change=None) -> None:
         ctx = context.value
@@ -51,12 +50,7 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
             chosen = chosen.quantized(weights.value)
         p = plan_serving(chosen, CLUSTERS[cluster_box.value], workload, objective.value)
         table.value = f"<pre style='font-size:11px; white-space:pre-wrap'>{html.escape(format_plan(p))}</pre>"
-        new = plan_figure(p)
-        with fig.batch_update():
-            fig.data = []
-            for trace in new.data:
-                fig.add_trace(trace)
-            fig.layout = new.layout
+        fig.show(plan_figure(p))
 
     feedback = Feedback()
     observe_all((model_box, weights, cluster_box, objective, batch, context, efficiency), update, feedback)

@@ -85,3 +85,13 @@ def step_time_figure(predicted_s: Mapping[str, float], measured_s: Mapping[str, 
     fig.update_layout(title=title, height=420, xaxis_title="predicted ms per step",
                       yaxis_title="measured ms per step (median)", xaxis_range=[0, hi], yaxis_range=[0, hi])
     return fig
+
+
+@mime_figure
+def step_terms_figure(seconds_by_term: Mapping[str, Sequence[float]], names: Sequence[str], title: str) -> go.Figure:
+    """One stacked bar per layout in ``names``: each term of its step (``term -> seconds per layout``)."""
+    fig = go.Figure()
+    for i, (term, seconds) in enumerate(seconds_by_term.items()):
+        fig.add_bar(x=list(names), y=list(seconds), name=term, marker_color=colour(i))
+    fig.update_layout(barmode="stack", height=360, yaxis_title="seconds per step", title=title)
+    return fig

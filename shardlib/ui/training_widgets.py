@@ -9,14 +9,12 @@ import html
 from dataclasses import replace
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from ..mesh import DP_STRATEGIES, Layout, Rejected
 from ..training.moe_choices import DEEPSEEK_V3_PUBLISHED
 from ..training.planner import best_configuration
-from .live import Feedback, SelectionSlider, observe_all
-from .theme import colour
-from .training_figures import LEDGER_TERMS, ledger_figure
+from .live import Feedback, FigureArea, SelectionSlider, observe_all
+from .training_figures import ledger_figure, step_terms_figure
 
 STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 MLP_OPTIONS = (("dense", 0), ("4 experts, ep 1", 1), ("ep 2", 2), ("ep 4", 4))  # experts: 4, each token to 2
@@ -86,8 +84,7 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
     microbatches = widgets.IntSlider(value=config.m, min=1, max=4, description="m (microbatches)",
                                      continuous_update=False, style={"description_width": "initial"})
     note, feedback = widgets.HTML(), Feedback()
-    blank = [{k: 0 for k in LEDGER_TERMS}] * ranks.world_size
-    figure = go.FigureWidget(ledger_figure(blank, blank, [f"rank {r}" for r in range(ranks.world_size)], ""))
+    figure = FigureArea()
     references: dict = {}
 
     def show(change=None) -> None:
@@ -118,13 +115,9 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
         if ep:
             notes.append("with experts the router decides each rank's rows: the activations are measured, not "
                          "predicted (their mark sits on the bar)")
-        new = ledger_figure(run.ledgers, predicted, labels,
-                            f"{lay.label}, m = {m}{', 4 experts' if ep else ''}: what each rank keeps, measured "
-                            "(bars) and predicted (marks)")
-        with figure.batch_update():
-            for live, fresh in zip(figure.data, new.data):
-                live.update(fresh.to_plotly_json())
-            figure.layout.title = new.layout.title
+        figure.show(ledger_figure(run.ledgers, predicted, labels,
+                                  f"{lay.label}, m = {m}{', 4 experts' if ep else ''}: what each rank keeps, "
+                                  "measured (bars) and predicted (marks)"))
         same = all(got[k] == v for want, got in zip(run.predicted_ledgers(), run.ledgers) for k, v in want.items()
                    if v is not None)
         notes.append(f"{cfg.batch_text(dp)}; loss {run.losses[0]:.3f} to {run.losses[-1]:.3f} in {cfg.steps} steps; "
@@ -154,11 +147,8 @@ def moe_layout_explorer() -> widgets.VBox:
     overlap = widgets.ToggleButtons(options=[("exposed", False), ("under compute (DualPipe)", True)], value=False,
                                     description="all-to-alls", style={"description_width": "initial"})
     note, feedback = widgets.HTML(), Feedback()
-    figure = go.FigureWidget()
+    figure = FigureArea()
     names = ["your layout", f"published (PP {pub.pp} x EP {pub.ep})"]
-    figure.update_layout(barmode="stack", height=360, yaxis_title="seconds per step")
-    for i, (_, label) in enumerate(STEP_TERMS):
-        figure.add_bar(x=names, y=[0, 0], name=label, marker_color=colour(i))
 
     def show(change=None) -> None:
         p, e, notes = pp.value, ep.value, []
@@ -171,10 +161,9 @@ def moe_layout_explorer() -> widgets.VBox:
         mine = best_configuration(pub.model, pub.cluster(), Layout(1, p, dp, ep=e, dp_strategy="zero1"), w)
         published = best_configuration(pub.model, pub.cluster(), pub.layout(), w)
         scored = [s if not isinstance(s, Rejected) else None for s in (mine, published)]
-        with figure.batch_update():
-            for bar, (term, _) in zip(figure.data, STEP_TERMS):
-                bar.y = [getattr(s, term) if s else 0.0 for s in scored]
-            figure.layout.title = f"{pub.model.name} on {pub.gpus:,} H800: one step of {pub.sequences:,} sequences"
+        title = f"{pub.model.name} on {pub.gpus:,} H800: one step of {pub.sequences:,} sequences"
+        figure.show(step_terms_figure({label: [getattr(s, term) if s else 0.0 for s in scored]
+                                       for term, label in STEP_TERMS}, names, title))
         for name, s, raw in zip(("your layout", "published"), scored, (mine, published)):
             lay = raw.layout
             if s is None:

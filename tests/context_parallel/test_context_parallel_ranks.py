@@ -292,9 +292,9 @@ def test_the_sequence_slider_stays_in_range_and_reruns(pool2):
     assert "256 tokens, zigzag placement" in label.value
     picker.value = "contiguous"
     assert "256 tokens, contiguous placement" in label.value and app.children[-1].value == ""
-    assert {t.name for t in memory.data} == {"q and output rows", "own K/V", "K/V arriving", "scores"}
+    assert {t.name for t in memory.figure.data} == {"q and output rows", "own K/V", "K/V arriving", "scores"}
     timeline = app.children[3]  # the last run's timeline, redrawn in place
-    assert timeline.data and "256 tokens, contiguous placement" in timeline.layout.title.text
+    assert timeline.figure.data and "256 tokens, contiguous placement" in timeline.figure.layout.title.text
 
 
 # -- all-gather K/V (Llama 3) ----------------------------------------------------------------------------

@@ -224,5 +224,5 @@ def test_the_slow_rank_explorer_runs_live(pool2):
     assert delay.value == 200  # clamped to the slider's range
     delay.value = 30
     assert "sleeps 30 ms" in text.value
-    assert [t.name for t in fig.data] == ["rank 0", "rank 1 (slow)"]
-    assert min(fig.data[0].y) > 15  # rank 0 waited most of the 30 ms in every collective
+    assert [t.name for t in fig.figure.data] == ["rank 0", "rank 1 (slow)"]
+    assert min(fig.figure.data[0].y) > 15  # rank 0 waited most of the 30 ms in every collective

@@ -298,9 +298,9 @@ def test_the_knob_app_runs_the_layer_live_and_clamps(pool2):
     (skew, k), (capped, factor), (reroute, replicate) = (box.children for box in controls.children)
     assert "equals the single-process layer exactly" in summary.value and reroute.disabled
     matrix_fig, load_fig = figures.children
-    assert sum(map(sum, matrix_fig.data[0].z)) == X.shape[0] * 2
+    assert sum(map(sum, matrix_fig.figure.data[0].z)) == X.shape[0] * 2
     skew.value = 1.0
-    assert list(load_fig.data[0].y)[0] == X.shape[0]  # every token's first choice: expert 0
+    assert list(load_fig.figure.data[0].y)[0] == X.shape[0]  # every token's first choice: expert 0
     capped.value = True
     assert not reroute.disabled and "dropped slots" in summary.value
     assert "dropped slots 0," not in summary.value

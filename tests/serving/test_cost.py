@@ -141,15 +141,15 @@ def test_explorer_updates_and_offers_only_usable_shard_counts():
     link.value, shards.value, prompt.value = "Ethernet 100 Gb/s", 8, 2048
     expected = tp_prefill_cost(LLAMA_3_8B, 8, ETHERNET_100G, 2048, latency_charge="per_call")
     assert f"{expected.total_s * 1e3:,.2f} ms" in text.value and "bandwidth-bound" in text.value
-    assert close(fig.data[1].y[1], expected.bandwidth_s * 1e3)
+    assert close(fig.figure.data[1].y[1], expected.bandwidth_s * 1e3)
     assert "each paying 1 latency (one per call)" in text.value
     charge.value = "per_step"
     assert "each paying 14 latencies (one per ring step)" in text.value
     crossover = decode_crossover_batch(LLAMA_3_8B, 8, ETHERNET_100G, "per_step")
     assert f"bandwidth-bound from a batch of {crossover:,.0f} on" in text.value
-    assert "model: alpha-beta" in fig.layout.title.text  # a GPU link's figure says it is a model
+    assert "model: alpha-beta" in fig.figure.layout.title.text  # a GPU link's figure says it is a model
     mine = tp_cost_explorer([Link("this machine", 1e9, 1e-4)])
-    assert "this machine's fitted figures" in mine.children[6].layout.title.text
+    assert "this machine's fitted figures" in mine.children[6].figure.layout.title.text
 
 
 def test_latency_throughput_figure_draws_the_planners_points():

@@ -203,14 +203,14 @@ def test_the_training_explorer_runs_every_layout_it_offers_and_clamps_the_rest(p
     strategy.value = "zero3"
     m.value = 1
     assert feedback.value == "" and "showing ZeRO-1" in note.value and "m = 2" in note.value
-    assert len(figure.data) == 10 and list(figure.data[0].x)[0].startswith("rank 0")
-    dense = [tuple(t.y) for t in figure.data[:3]]
+    assert len(figure.figure.data) == 10 and list(figure.figure.data[0].x)[0].startswith("rank 0")
+    dense = [tuple(t.y) for t in figure.figure.data[:3]]
     mlp.value = 4  # 4 experts over ep 4: a stage of tp x dp = 2 ranks holds them over ep 2
-    assert feedback.value == "" and "showing ep = 2" in note.value and "4 experts" in figure.layout.title.text
+    assert feedback.value == "" and "showing ep = 2" in note.value and "4 experts" in figure.figure.layout.title.text
     assert "equal to the prediction on every rank" in note.value and "within" in note.value
-    assert [tuple(t.y) for t in figure.data[:3]] != dense  # the experts' weights, gradients and moments
+    assert [tuple(t.y) for t in figure.figure.data[:3]] != dense  # the experts' weights, gradients and moments
     slider.value, strategy.value = (2, 1, 2, 1), "ddp"  # dp 2 x tp 2: ep 4 runs, one expert per rank
-    assert "showing ep" not in note.value and "ep=4" in figure.layout.title.text
+    assert "showing ep" not in note.value and "ep=4" in figure.figure.layout.title.text
     slider.value = (2, 1, 1, 2)  # cp 2 x tp 2: the experts do not run with the ring
     assert "showing the dense MLP" in note.value and "within" in note.value
     slider.value, mlp.value = (2, 1, 2, 1), 1  # every expert on every rank: no all-to-all, still exact
@@ -245,10 +245,10 @@ def test_the_moe_layout_explorer_scores_what_its_controls_pick():
     box = moe_layout_explorer()
     (pp, ep), overlap, feedback, note, figure = box.children[0].children, *box.children[1:]
     assert "your layout (tp=1 pp=16 dp=128 ep=64 zero1): 1.75 M tokens/s" in note.value  # the published layout
-    exposed = figure.data[2].y[0]
+    exposed = figure.figure.data[2].y[0]
     overlap.value = True  # DualPipe's overlap: the all-to-alls under compute
-    assert exposed > 0 == figure.data[2].y[0] and feedback.value == ""
+    assert exposed > 0 == figure.figure.data[2].y[0] and feedback.value == ""
     pp.value, ep.value = 32, 256  # dp = 64: ep 256 cannot divide it
     assert "showing ep = 64" in note.value and "pp=32" in note.value
     pp.value, ep.value = 4, 1  # every expert on every GPU of 4 stages: does not fit
-    assert "does not fit" in note.value and figure.data[0].y[0] == 0 and feedback.value == ""
+    assert "does not fit" in note.value and figure.figure.data[0].y[0] == 0 and feedback.value == ""

@@ -27,8 +27,8 @@ def test_each_end_of_the_rate_slider_redraws_that_rates_replay():
         cfg = BALANCE_CONFIG.but(balance="aux-free", bias_rate=rate)
         want = [float(c.max() / c.double().mean())
                 for c in train_steps_reference(make_moe_problem(cfg, 128, skew=1.0), cfg, 2, steps).counts]
-        assert list(fig.data[-1].y) == pytest.approx(want)
-        assert fig.data[-1].name == f"aux-free, rate {rate:g}" and f"rate {rate:g}:" in text.value
-        seen.append(tuple(fig.data[-1].y))
+        assert list(fig.figure.data[-1].y) == pytest.approx(want)
+        assert fig.figure.data[-1].name == f"aux-free, rate {rate:g}" and f"rate {rate:g}:" in text.value
+        seen.append(tuple(fig.figure.data[-1].y))
     assert seen[0] != seen[1]
-    assert list(fig.data[0].y) == [3.0] * steps  # the baseline stays
+    assert list(fig.figure.data[0].y) == [3.0] * steps  # the baseline stays

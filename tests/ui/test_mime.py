@@ -43,3 +43,21 @@ def test_making_a_figure_does_not_import_the_renderers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["MimeFigure", "False"]
+
+
+def test_no_widget_draws_in_a_figure_widget():
+    """A ``go.FigureWidget`` imports the renderers the first time one is made (about 2 s of a notebook's
+    Run All): every widget draws in a ``FigureArea`` instead."""
+    users = [p.name for p in sorted(UI.glob("*_widgets.py")) if "FigureWidget(" in p.read_text()]
+    assert users == []
+
+
+def test_making_and_moving_an_explorer_does_not_import_the_renderers():
+    code = ("import sys; from shardlib.ui.costs_widgets import tp_cost_explorer; "
+            "from shardlib.hardware import LINKS; from shardlib.ui.training_widgets import moe_layout_explorer; "
+            "box = tp_cost_explorer(list(LINKS.values())); box.children[1].value = box.children[1].options[-1]; "
+            "moe = moe_layout_explorer(); area = box.children[6]; "
+            "print(type(area).__name__, type(area.figure).__name__, 'plotly.io._renderers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-3:] == ["FigureArea", "MimeFigure", "False"]  # (outside a kernel, display prints)
