@@ -20,6 +20,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from ..runtime.errors import PoolClosedError, RankError, RankTimeoutError
+from .mime import plain_kernel, plotly_bundle
 from .theme import WRONG_COLOUR
 
 
@@ -86,17 +87,27 @@ class SelectionSlider(widgets.SelectionSlider):
 
 
 class FigureArea(widgets.Output):
-    """Where a widget draws its figure: ``show(fig)`` puts a plain figure (a ``MimeFigure``) in place of the
-    last one, and ``figure`` is the one shown. Not a ``go.FigureWidget``: making the first of those in a
-    kernel imports plotly's renderers (nbformat, jsonschema and a grammar built at import), about 2 s."""
+    """Where a widget draws its figure: ``show(fig)`` puts ``fig`` in place of the last one, and ``figure`` is
+    the one shown. Not a ``go.FigureWidget``: making the first of those in a kernel imports plotly's
+    renderers (nbformat, jsonschema and a grammar built at import), about 2 s.
+
+    In a plain Jupyter kernel the figure is written into the widget's outputs from the kernel, as one mime
+    bundle. Captured instead (``with area: display(fig)``), it would make a notebook runner (nbclient: nbconvert,
+    papermill) echo each captured output back on the shell channel while it waits there for the cell's reply,
+    and that wait sometimes never ends (nbclient issue 312). Elsewhere (a renderer of plotly's own) it is
+    captured, so that renderer draws it."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.figure = None
 
     def show(self, fig) -> None:
-        with self:
-            if self.figure is not None:  # not before the first draw: a clear while the cell first renders
-                self.clear_output(wait=True)  # can stall a notebook runner (nbclient)
-            display(fig)
+        from IPython import get_ipython
+
+        if plain_kernel():
+            self.outputs = ({"output_type": "display_data", "data": plotly_bundle(fig), "metadata": {}},)
+        elif get_ipython() is not None:
+            with self:
+                self.clear_output(wait=True)
+                display(fig)
         self.figure = fig

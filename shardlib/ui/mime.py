@@ -21,22 +21,33 @@ _OWN_RENDERERS = ("PLOTLY_RENDERER", "COLAB_NOTEBOOK_ID", "AZURE_NOTEBOOKS_HOST"
                   "COCALC_PROJECT_ID", "DATABRICKS_RUNTIME_VERSION")  # where plotly picks a renderer of its own
 
 
+def plain_kernel() -> bool:
+    """Whether this is a plain Jupyter kernel where plotly would pick its default renderer (the mime bundle
+    of ``plotly_bundle``): no renderer chosen by the user, imported or implied by the environment."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return (shell is not None and type(shell).__module__.startswith("ipykernel.")
+            and "plotly.io._renderers" not in sys.modules and not any(k in os.environ for k in _OWN_RENDERERS)
+            and not os.path.exists("/kaggle/input"))
+
+
+def plotly_bundle(fig: go.Figure) -> dict:
+    """The mime bundle plotly's default renderer sends for ``fig`` in a plain Jupyter kernel."""
+    return {"application/vnd.plotly.v1+json": json.loads(fig.to_json(validate=False, remove_uids=False)),
+            "text/plain": f"<{fig.layout.title.text}>"}
+
+
 class MimeFigure(go.Figure):
     """A figure that, in a plain Jupyter kernel where no plotly renderer was chosen, sends the bundle
     plotly's default renderer there sends, without importing the renderers (see the module docstring)."""
 
     def _ipython_display_(self) -> None:
-        from IPython import get_ipython
         from IPython.display import display
 
-        shell = get_ipython()
-        plain = (shell is not None and type(shell).__module__.startswith("ipykernel.")
-                 and "plotly.io._renderers" not in sys.modules and not any(k in os.environ for k in _OWN_RENDERERS)
-                 and not os.path.exists("/kaggle/input"))
-        if not plain:
+        if not plain_kernel():
             return super()._ipython_display_()
-        bundle = json.loads(self.to_json(validate=False, remove_uids=False))
-        display({"application/vnd.plotly.v1+json": bundle, "text/plain": f"<{self.layout.title.text}>"}, raw=True)
+        display(plotly_bundle(self), raw=True)
 
 
 def as_mime(fig: go.Figure) -> go.Figure:

@@ -13,6 +13,8 @@ import html
 import ipywidgets as widgets
 from plotly.basedatatypes import BaseFigure
 
+from .live import FigureArea
+
 
 def figure_html(fig: BaseFigure) -> str:
     """A plotly figure as a ``<div>``; the page must load plotly.js itself (once, in its head)."""
@@ -60,6 +62,8 @@ def widget_html(w) -> str:
         return f"<div>{w.value}</div>"
     if isinstance(w, widgets.Label):
         return f"<div>{html.escape(w.value)}</div>"
+    if isinstance(w, FigureArea):
+        return figure_html(w.figure) if w.figure is not None else ""
     if isinstance(w, widgets.Output):
         return "".join(_output_html(o) for o in w.outputs)
     return _control_html(w)

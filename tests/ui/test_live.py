@@ -1,5 +1,7 @@
 """Widgets never die silently: a failing callback writes, under the widget, what happened and what to do."""
 
+import os
+
 import pytest
 
 from shardlib import Ranks
@@ -63,3 +65,32 @@ def test_a_slider_option_is_never_none():
     safe = SelectionSlider(options=(("1 KiB", 1024), ("one bucket", 0)), value=1024)
     safe.set_state({"index": 1})
     assert (safe.value, safe.label) == (0, "one bucket")
+
+
+def test_a_figure_area_writes_its_figure_from_the_kernel_and_shows_statically():
+    """In a real kernel, ``show`` writes the figure into the widget's outputs from the kernel side (nothing
+    captured: no display message a notebook runner would echo back on the shell channel), each figure in
+    place of the last; the static page draws the last figure shown."""
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env=dict(os.environ))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        seen = []
+        code = ("import plotly.graph_objects as go\nfrom shardlib.ui.live import FigureArea\n"
+                "from shardlib.ui import static\narea = FigureArea()\n"
+                "for y in (1, 2):\n    area.show(go.Figure(go.Bar(y=[y]), layout={'title': f'y {y}'}))\n"
+                "(out,) = area.outputs\n"
+                "print(len(area.outputs), out['data']['application/vnd.plotly.v1+json']['data'][0]['y'], "
+                "out['data']['text/plain'], 'plotly-graph-div' in static.widget_html(area))")
+        reply = kc.execute_interactive(code, timeout=120, output_hook=lambda msg: seen.append(msg))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        printed = "".join(m["content"].get("text", "") for m in seen if m["msg_type"] == "stream")
+        assert printed.split() == ["1", "[2]", "<y", "2>", "True"]
+        assert not [m for m in seen if m["msg_type"] == "display_data"]  # nothing captured
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
