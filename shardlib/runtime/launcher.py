@@ -54,12 +54,14 @@ def _child_env(threads: int) -> dict:
 
 
 def _start_python(module: str, fd: int, log, threads: int) -> subprocess.Popen:
-    """``python -m module FD`` writing to ``log``, in a session of its own: a Jupyter kernel asked to shut
-    down terminates the children in its process group and waits while any is listed (a dead one is, until
-    this process reaps it), until its manager terminates the kernel 2.5 s later. The child dies with this
-    process all the same (``template.die_with_parent``, ``worker._exit_with_parent``)."""
+    """``python -m module FD`` writing to ``log``, in a process group of its own: a Jupyter kernel asked to
+    shut down terminates the children in its group and waits while any is listed (a dead one is, until this
+    process reaps it), until its manager terminates the kernel 2.5 s later. The child dies with this process
+    all the same (``template.die_with_parent``, ``worker._exit_with_parent``). Same session, so the same
+    scheduling group as this process (Linux's autogroup); Python 3.10 has no ``process_group``: a session."""
+    own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
     return subprocess.Popen([sys.executable, "-m", module, str(fd)], pass_fds=[fd], stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=log, env=_child_env(threads), start_new_session=True)
+                            stdout=log, stderr=log, env=_child_env(threads), **own_group)
 
 
 def _sys_path() -> list[str]:
