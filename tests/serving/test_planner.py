@@ -357,18 +357,18 @@ def test_planner_widget_follows_its_controls():
     objective = next(c for c in controls if isinstance(c, widgets.ToggleButtons))
     objective.value = "latency"
     assert "ranked by latency" in table.value
-    fig = next(c for c in controls if hasattr(c, "data"))
-    assert len(fig.data) == 2  # throughput and latency bars
+    area = next(c for c in controls if hasattr(c, "figure"))
+    assert len(area.figure.data) == 2  # throughput and latency bars
     weights = next(c for c in controls if getattr(c, "description", "") == "weights")
     model_box.value, weights.value = "Llama-3-70B", 4
     assert "Llama-3-70B 4-bit on 1 node x 8 H100 80GB" in table.value
     batch = next(c for c in controls if getattr(c, "description", "") == "batch per replica")
     batch.value = 16
     assert "batch 16 per replica, as the workload fixes it" in table.value
-    assert "times are floors" in table.value and "floors at 100% of peak" in fig.layout.title.text
+    assert "times are floors" in table.value and "floors at 100% of peak" in area.figure.layout.title.text
     efficiency = next(c for c in controls if getattr(c, "description", "") == "kernel efficiency")
     efficiency.value = 0.8
-    assert "kernels at 80% of peak" in table.value and "not a measurement" in fig.layout.title.text
+    assert "kernels at 80% of peak" in table.value and "not a measurement" in area.figure.layout.title.text
     fallback = planner_widget("no such model", "no such cluster")  # unknown names fall back to presets
     assert "Llama-3-70B" in next(c for c in fallback.children if isinstance(c, widgets.HTML)).value
 
