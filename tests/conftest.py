@@ -46,3 +46,15 @@ def pool4():
 @pytest.fixture(params=[2, 4], ids=["world2", "world4"])
 def pool(request):
     return request.getfixturevalue(f"pool{request.param}")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread in this process for a module, as a rank has: two threads beside busy ranks on two
+    cores crawl. A module asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -30,13 +30,7 @@ from shardlib.tensor_parallel.layers import TPGroup
 pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One thread in this process, as a rank has: two threads beside busy ranks on two cores crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread here, as a rank has
 
 
 @pytest.fixture(scope="module")

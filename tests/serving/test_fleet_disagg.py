@@ -31,12 +31,7 @@ CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the failing rank function below travels by value
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread here, as a rank has
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,7 @@ POLICIES = ("round-robin", "least-loaded", "prefix-aware")
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread here, as a rank has
 
 
 @pytest.fixture(scope="module")
