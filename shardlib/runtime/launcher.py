@@ -248,8 +248,9 @@ def start_template() -> bool:
     It also makes this process's exit skip its last garbage collection (``gc.freeze`` at exit): with torch
     imported it takes about 0.6 s, to free memory the system takes back anyway, and a kernel restart waits."""
     global _TEMPLATE, _FROZEN_AT_EXIT
-    if not _FROZEN_AT_EXIT:  # registered last, so run first: every later handler still runs
-        _FROZEN_AT_EXIT = atexit.register(gc.freeze) is gc.freeze
+    if not _FROZEN_AT_EXIT:
+        atexit.register(gc.freeze)  # registered last, so run first: every other handler still runs after it
+        _FROZEN_AT_EXIT = True
     if resolve_method("auto") != "template":
         return False
     with _TEMPLATE_LOCK:
