@@ -367,9 +367,9 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 # ## Cold start
 #
 # A new replica starts a process, reads its weights and runs its first step. Predict its start as
-# `process start + weight bytes / load bandwidth + first step`. The bandwidth is measured first by reading
-# another file of about the same size. Here both files were just written, so both reads come from the
-# page cache, not the disk.
+# `process start + weight bytes / load bandwidth + first step`. The bandwidth is measured first, by loading
+# another checkpoint of about the same size. Here both files were just written, so both reads come from
+# the page cache, not the disk.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.serving.fleet import run_cold_start_check

@@ -39,7 +39,7 @@ def test_a_cold_start_runs_and_is_predicted():
     for figure in (run.process_start_s, run.load_s, run.first_step_s, run.total_s, run.load_bandwidth_bytes_per_s):
         assert figure > 0
     assert run.total_s >= run.process_start_s + run.load_s + run.first_step_s
-    assert run.calibration_bytes == run.checkpoint_bytes  # the other file is as large, and not the same file
+    assert abs(run.calibration_bytes - run.checkpoint_bytes) < 0.01 * run.checkpoint_bytes  # another file, as large
     assert [v.what.split(",")[0] for v in run.verdicts] == ["weights read from a 36 MB checkpoint",
                                                               "cold start"]
     assert "page cache" in run.table() and "first step" in run.table()
