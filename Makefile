@@ -10,10 +10,16 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 LAB_PORT ?= 8888
-# The unit tests run on this many pytest-xdist workers (each starts its own warm pools: about 1.5 GB).
+# The unit tests run on this many pytest-xdist workers (each starts its own warm pools: about 1.5 GB), and the
+# browser test too (each worker its own JupyterLab and chromium: about 1.5 GB).
 TEST_WORKERS ?= 2
 # The static site's pages, written by the nbval run from its one execution of each notebook (notebooks/conftest.py).
 SITE_DIR := artifacts/site
+NBVAL := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
+# The main notebooks run under nbval alone, their timing claims asserted. Then the browser test, which keeps about
+# one core of two busy, runs beside the exercises and solutions (graded answers, no timings) and the static
+# site's pages (scripts/side_by_side.py).
+MAIN_NOTEBOOKS := $(wildcard notebooks/[0-9]*.ipynb)
 
 .PHONY: lab test lint bench site binder-check busy-check bursty-check install clean
 
@@ -37,8 +43,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site -n $(TEST_WORKERS)
 	$(BIN)/python scripts/course_counts.py --check
 	rm -rf $(SITE_DIR)
-	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 notebooks solutions -p no:cacheprovider --durations=15
-	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(BIN)/python -m pytest tests/browser tests/static_site -rs --durations=0
+	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) $(MAIN_NOTEBOOKS) --durations=10
+	SHARDLIB_SITE_DIR=$(SITE_DIR) $(BIN)/python scripts/side_by_side.py \
+		"$(BIN)/python -m pytest tests/browser -n $(TEST_WORKERS) -rs --durations=0" \
+		"SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) notebooks/exercises solutions tests/static_site -rs --durations=5"
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -75,6 +75,10 @@ class LabServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
         env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
+        # A timing claim that does not hold prints its numbers in the page, as for a learner, instead of failing
+        # the cell: make test's nbval run asserts the same claims, alone on the machine, and this run shares
+        # the cores with another (scripts/side_by_side.py). Errors of any other kind still fail the test.
+        env["SHARDLIB_STRICT_CLAIMS"] = "0"
         cmd = [
             self.python, "-m", "jupyterlab", "--no-browser",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", f"--ServerApp.root_dir={self.root}",

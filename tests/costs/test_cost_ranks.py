@@ -115,6 +115,11 @@ def test_a_timing_claim_fails_under_a_test_run_and_speaks_to_a_learner_elsewhere
     monkeypatch.setenv("CI", "1")
     with pytest.raises(AssertionError):
         timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms")
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "0")  # said outright, it wins: the browser test's kernels
+    assert not strict_checks() and not timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms")
+    monkeypatch.delenv("CI")
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # make busy-check's
+    assert strict_checks()
 
 
 def test_measure_until_says_how_many_attempts_it_took():

@@ -108,7 +108,7 @@ def test_wrong_answers_fail_with_a_hint(pool2, wrong, phrases):
 
 
 def test_a_step_that_hangs_is_reported_not_stuck():
-    with Ranks(2, timeout=5) as short:
+    with Ranks(2, timeout=2.5) as short:
         result = grade_zero1_step(only_rank_0_reduces, short)
         assert result.status == NOT_RIGHT and "never finished" in result.messages[0]
         assert short.run(lambda ctx: ctx.rank) == [0, 1]

@@ -186,7 +186,7 @@ def only_rank_0_reduces(ctx, x, w1, b1, w2, b2):
 
 
 def test_pair_that_hangs_is_reported_not_stuck():
-    with Ranks(2, timeout=5) as short:
+    with Ranks(2, timeout=2.5) as short:
         result = grade_tp_pair_forward(only_rank_0_reduces, short)
         assert_wrong(result, "never finished", "same collectives in the same order")
         assert short.run(lambda ctx: ctx.rank) == [0, 1]
