@@ -371,3 +371,32 @@ def test_same_threads_computes_with_a_ranks_threads_and_restores_them(pool2):
         inside = torch.get_num_threads()
     assert inside == pool2.threads_per_rank == pool2.run(lambda ctx: torch.get_num_threads())[0]
     assert torch.get_num_threads() == before
+
+
+def _fragment_the_heap(ctx, pieces: int = 400) -> int:
+    """Allocate ``pieces`` tensors of 64 KB (below malloc's mmap threshold: they come from the heap), keep one in
+    twenty past the call and free the rest: the kept ones pin the heap, so without a trim the freed pages
+    between them stay in the rank. Returns the rank's resident bytes with all of them alive."""
+    import gc
+
+    chunks = [torch.ones(16 * 1024) for _ in range(pieces)]  # 64 KB each: 25 MB
+    ctx.__dict__.setdefault("kept", []).extend(chunks[::20])  # 1.3 MB kept, spread over the 25
+    alive = _resident_bytes(ctx)
+    del chunks
+    gc.collect()
+    return alive
+
+
+def _resident_bytes(ctx) -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; malloc_trim is glibc's")
+def test_a_rank_gives_back_the_memory_its_call_freed(pool2):
+    before = pool2.run(_resident_bytes)
+    alive = pool2.run(_fragment_the_heap)
+    after = pool2.run(_resident_bytes)
+    for b, a, c in zip(before, alive, after):
+        assert a - b > 20e6  # the 25 MB were resident during the call
+        assert c - b < 5e6, f"resident {b / 1e6:.0f} MB before, {a / 1e6:.0f} during, {c / 1e6:.0f} after"
