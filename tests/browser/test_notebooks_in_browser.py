@@ -11,8 +11,9 @@ must change. Last, JupyterLab's log console, where a widget callback's exception
 learner looks, must hold no error.
 
 The timing claims are not asserted here: the kernels run with ``SHARDLIB_STRICT_CLAIMS=0`` (``lab_server``),
-so a claim the machine's load spoiled prints its numbers, as it would for a learner, and the report lists it
-(``claims_not_shown``). ``make test``'s nbval run asserts every one of them, alone on the machine, first.
+so a claim the machine's load spoiled prints its numbers, as it would for a learner; the report lists it
+(``claims_not_shown``) and the test warns. ``make test``'s nbval run asserts every one of them first, alone
+on the machine; here the browser's two workers and another lane share the two cores.
 
 Every wait polls for what it waits for (the kernel's answer to each message the page sent, a view that
 changed, a figure drawn); none is a fixed sleep. Screenshots and a JSON report per notebook, with the
@@ -26,6 +27,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,7 @@ CELL_REPORTS = """() => { const panel = window.jupyterapp.shell.currentWidget; c
         .filter(d => d.querySelector('.main-svg')).length,
       code_blocks: node.querySelectorAll('.shardlib-code').length,
       widget_failures: (node.innerText.match(/Error displaying widget|Failed to load model class/g) || []),
-      claims_not_shown: (node.innerText.match(/[^\\n]*not shown this time[^\\n]*/gi) || []),
+      claims_not_shown: [...new Set(node.innerText.match(/[^\\n]*not shown this time[^\\n]*/gi) || [])],
     });
   }
   return out; }"""
@@ -384,6 +386,10 @@ def test_notebook_runs_all_then_every_control_answers(name, lab, lab_page):
     problems += [f"log console: {entry}" for entry in report["log"] if ERROR_IN_LOG.search(entry)]
     problems += [f"cell {c}: slider {k} did not reach its end with {key} (stopped at {now})"
                  for c, k, key, now in report["ends_not_reached"]]
+    not_shown = [line for c in report["cells"] for line in c["claims_not_shown"]]
+    if not_shown:  # said, not failed: the nbval run asserts these claims alone on the machine
+        warnings.warn(f"{name}: {len(not_shown)} timing claim(s) did not hold beside the other lane: "
+                      + "; ".join(not_shown), stacklevel=1)
     assert not problems, "\n".join(problems)
     assert all(c["executed"] for c in report["cells"] if c["source"].strip()), "Run All did not reach every cell"
     assert sum(c["drawn_figures"] for c in report["cells"]) >= 1, f"{name} drew no figure at all"
