@@ -6,17 +6,15 @@ import torch
 
 from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
 from shardlib.serving.engine.llama import LlamaConfig, random_weights
-from shardlib.serving.fleet.cold_start import (
+from shardlib.serving.fleet.burst import (
     NETWORK_BLOCK,
     NVME_GEN4,
     STORAGE,
     Storage,
     burst_at_scale,
-    load_checkpoint,
-    run_cold_start_check,
-    save_checkpoint,
     warm_replicas_needed,
 )
+from shardlib.serving.fleet.cold_start import load_checkpoint, run_cold_start_check, save_checkpoint
 
 SMALL = LlamaConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_positions=64)
 

@@ -17,7 +17,8 @@ replicas behind a router, and a replica's cold start.
 * ``replica_drivers``: ``run_replicas`` -> ``ReplicaRun`` (the engine's result plus ``replica_of``);
   ``run_router_check`` (policies predicted, then served, one verdict per claim).
 * ``cold_start``: a replica's start measured (process, weights read from a checkpoint file, first step) and
-  predicted (``run_cold_start_check``); ``burst_at_scale``, what a burst waits for a real model's new replica.
+  predicted (``run_cold_start_check``).
+* ``burst``: ``burst_at_scale``, what a burst waits for a real model's new replica (pure).
 * ``presets``: for real models (``shardlib.models``), KV bytes per request and the link a request rate needs
   between a prefill pool and a decode pool (``handoff_need``, ``handoff_table``).
 * ``layout_drivers``: ``run_replicas_vs_tp_check``, one trace on replicas and on one copy split over every rank.
@@ -76,6 +77,8 @@ __all__, __getattr__, __dir__ = exports(__name__, {
         "write_cold_start_files",
         "checkpoint_weights",
         "COLD_START_MODEL",
+    ),
+    "burst": (
         "Storage",
         "STORAGE",
         "NVME_GEN4",
