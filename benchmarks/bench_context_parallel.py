@@ -51,27 +51,28 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from shardlib import Ranks
-    from shardlib.context_parallel import (
-        AttentionShape,
-        attention_reference,
-        causal_work,
-        imbalance,
-        ring_backward_bytes_per_rank,
-        ring_bytes_per_rank,
+    from shardlib.core.context_parallel.online_softmax import attention_reference
+    from shardlib.core.context_parallel.placement import causal_work, imbalance
+    from shardlib.core.toy import activations, layer_weights
+    from shardlib.facts.models import TOY
+    from shardlib.lab.context_parallel.drivers import (
         run_exchange_calibration,
         run_ring_attention,
-        run_ring_attention_grads,
         run_ring_balance,
         run_ring_overlap,
         run_ulysses_attention,
+    )
+    from shardlib.lab.context_parallel.grad_drivers import run_ring_attention_grads
+    from shardlib.lab.context_parallel.reference import simulate_ring_attention
+    from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
+    from shardlib.predict.context_parallel import (
+        AttentionShape,
+        ring_backward_bytes_per_rank,
+        ring_bytes_per_rank,
         sequence_parallel_bytes_per_rank,
-        simulate_ring_attention,
         ulysses_bytes_per_rank,
     )
-    from shardlib.models import TOY
-    from shardlib.tensor_parallel import run_sequence_parallel
-    from shardlib.toy import activations, layer_weights
+    from shardlib.runtime.ranks import Ranks
 
     g = torch.Generator().manual_seed(0)
 

@@ -38,19 +38,11 @@ def row(label: str, value: str, note: str = "") -> None:
 
 
 def main() -> int:
-    from shardlib import Ranks
-    from shardlib.data_parallel import (
-        STRATEGIES,
-        STRATEGY_TITLES,
-        TOLERANCE,
-        run_collective_identity,
-        run_data_parallel,
-        run_overlap,
-        run_peer,
-        toy_batches,
-        toy_model,
-        train_reference,
-    )
+    from shardlib.core.checks import TOLERANCE
+    from shardlib.core.data_parallel.flat import STRATEGIES, STRATEGY_TITLES
+    from shardlib.lab.data_parallel.drivers import run_collective_identity, run_data_parallel, run_overlap, run_peer
+    from shardlib.lab.data_parallel.reference import toy_batches, toy_model, train_reference
+    from shardlib.runtime.ranks import Ranks
     from shardlib.runtime.records import format_seconds
 
     model = toy_model(D_MODEL, D_HIDDEN, N_LAYERS, D_OUT, seed=0)

@@ -28,18 +28,14 @@ import time
 
 import torch
 
-from shardlib import Ranks
-from shardlib.experts import (
-    MITIGATIONS,
-    MoEConfig,
-    make_moe_weights,
-    make_tokens,
-    predicted_all_to_all_bytes,
-    reference_for,
-    run_expert_parallel,
-    run_mitigation,
-)
-from shardlib.models import TOY_MOE
+from shardlib.core.experts.dispatch import make_moe_weights
+from shardlib.core.experts.routing import MoEConfig
+from shardlib.facts.models import TOY_MOE
+from shardlib.lab.experts.balance import MITIGATIONS
+from shardlib.lab.experts.drivers import run_expert_parallel, run_mitigation
+from shardlib.lab.experts.reference import make_tokens, reference_for
+from shardlib.predict.experts import predicted_all_to_all_bytes
+from shardlib.runtime.ranks import Ranks
 
 TOKENS = 4096
 TARGET_S = 0.5

@@ -44,17 +44,13 @@ def main() -> int:
         return zero_bubble_only(sys.argv[2:] or ZB_SCHEDULES)
     import torch
 
-    from shardlib import Ranks
-    from shardlib.models import ModelConfig
-    from shardlib.pipeline import (
-        make_schedule,
-        peak_in_flight,
-        pipeline_bubble_fraction,
-        predicted_step_s,
-        run_pipeline,
-        unpipelined_step,
-    )
-    from shardlib.toy import activations, stack_weights
+    from shardlib.core.config import ModelConfig
+    from shardlib.core.pipeline.orders import make_schedule
+    from shardlib.core.toy import activations, stack_weights
+    from shardlib.lab.pipeline.drivers import run_pipeline
+    from shardlib.lab.pipeline.reference import unpipelined_step
+    from shardlib.predict.pipeline import peak_in_flight, pipeline_bubble_fraction, predicted_step_s
+    from shardlib.runtime.ranks import Ranks
 
     model = ModelConfig("pipeline benchmark", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2, d_ff=D_FF,
                         vocab_size=64, bytes_per_param=4.0)
@@ -150,7 +146,7 @@ ZB_W_COSTS = (1.0, 0.5, 2.0)
 
 def _zero_bubble_schedules() -> tuple[str, ...]:
     """1F1B and every schedule of the registry with the backward split (the pure registry: no ranks start)."""
-    from shardlib.pipeline.registry import split_schedules
+    from shardlib.core.pipeline.registry import split_schedules
 
     return ("1f1b",) + split_schedules()
 
@@ -160,10 +156,11 @@ ZB_SCHEDULES = _zero_bubble_schedules()
 
 def zero_bubble_only(names) -> int:
     """Section 6 alone, for the schedules named (a sweep of its own takes minutes)."""
-    from shardlib import Ranks
-    from shardlib.models import ModelConfig
-    from shardlib.pipeline import make_schedule, run_pipeline
-    from shardlib.toy import activations, stack_weights
+    from shardlib.core.config import ModelConfig
+    from shardlib.core.pipeline.orders import make_schedule
+    from shardlib.core.toy import activations, stack_weights
+    from shardlib.lab.pipeline.drivers import run_pipeline
+    from shardlib.runtime.ranks import Ranks
 
     model = ModelConfig("pipeline benchmark", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2, d_ff=D_FF,
                         vocab_size=64, bytes_per_param=4.0)
@@ -182,7 +179,7 @@ def zero_bubble_section(pools, model, layers, x, grad, names=ZB_SCHEDULES) -> No
     """6. The schedules past 1F1B: the idle share measured against the published formula and against the
     list's own prediction, both evaluated with F, B and W measured on the ranks, and the list's prediction
     again with the hand-over between stages measured on the ranks added to every message; p = 2 and 4."""
-    from shardlib.pipeline import run_split_bubble
+    from shardlib.lab.pipeline.bubble_drivers import run_split_bubble
 
     print(f"\n6. zero bubble: F and B padded to {ZB_OP_S * 1e3:.0f} ms per stage, W to a share of it; "
           f"median of {REPEATS} runs; published formula with measured F, B, W (B: the input gradient;\n"

@@ -29,10 +29,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="plans made per planner (default 5)")
     args = parser.parse_args()
 
-    from shardlib.hardware import H100_80GB, gpu_cluster
-    from shardlib.models import LLAMA_3_1_405B, LLAMA_3_70B
-    from shardlib.serving import plan_serving
-    from shardlib.training import TrainingWorkload, plan_training
+    from shardlib.facts.hardware import H100_80GB, gpu_cluster
+    from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_70B
+    from shardlib.predict.serving.planner import plan_serving
+    from shardlib.predict.training.planner import plan_training
+    from shardlib.predict.training.time_model import TrainingWorkload
 
     cases = {
         "training: Llama-3.1-405B on 16,384 H100s": lambda: plan_training(LLAMA_3_1_405B, gpu_cluster(H100_80GB, 2048),

@@ -79,7 +79,7 @@ def row(label: str, value: str, target: str, ok: bool) -> None:
 def main() -> int:
     from _launchers import start_join_allreduce_exit, start_until_ready
 
-    from shardlib import Ranks
+    from shardlib.runtime.ranks import Ranks
 
     print(f"rank runtime benchmark: {WORLD} ranks, gloo on CPU, {os.cpu_count()} cores, pid {os.getpid()}\n")
 

@@ -44,14 +44,17 @@ from dataclasses import replace
 
 import torch
 
-from shardlib import Ranks
-from shardlib.costs.drivers import run_calibration
-from shardlib.models import TOY
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.serving import Workload, format_plan, plan_serving, run_combined, run_toy_cluster_calibration
-from shardlib.serving.engine import EngineConfig, run_serving
-from shardlib.serving.engine.llama import random_hf_llama, weights_from_hf_llama
-from shardlib.serving.engine.predict import (
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.serving.llama import weights_from_hf_llama
+from shardlib.core.serving.requests import EngineConfig
+from shardlib.core.toy import activations, stack_reference, stack_weights
+from shardlib.facts.models import TOY
+from shardlib.lab.costs.drivers import run_calibration
+from shardlib.lab.serving.drivers import run_combined, run_toy_cluster_calibration
+from shardlib.lab.serving.engine_drivers import run_serving
+from shardlib.lab.serving.hf import random_hf_llama
+from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
+from shardlib.predict.serving.engine import (
     FIGURES,
     PAPER_CONTIGUOUS_UTILIZATION,
     contiguous_utilization,
@@ -59,8 +62,9 @@ from shardlib.serving.engine.predict import (
     fit_step_cost,
     simulate_serving,
 )
-from shardlib.serving.engine.traces import poisson_trace, shared_prefix_trace
-from shardlib.toy import activations, stack_reference, stack_weights
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.planner import format_plan, plan_serving
+from shardlib.runtime.ranks import Ranks
 
 ROUNDS, REPEATS = 4, 5
 
@@ -217,27 +221,21 @@ def engine_main(args) -> None:
 def fleet_main(args) -> None:
     """Serving at scale on 4 ranks: goodput over request rates per configuration, measured and predicted;
     the router per policy; replicas against one split copy; the KV hand-off's bytes; a cold start."""
-    from shardlib.models import LLAMA_3_70B
-    from shardlib.serving.engine.drivers import reference_tokens
-    from shardlib.serving.engine.llama import LlamaConfig, random_weights
-    from shardlib.serving.engine.requests import request_metrics
-    from shardlib.serving.fleet import (
-        STORAGE,
-        burst_at_scale,
-        default_objectives,
-        handoff_table,
-        hot_prefix_trace,
-        run_cold_start_check,
-        run_disaggregated,
-        run_replicas,
-        run_replicas_vs_tp_check,
-        run_router_check,
-        simulate_pools,
-        simulate_replicas,
-        slo_attainment,
-    )
-    from shardlib.serving.fleet.disagg_drivers import LOOPBACK
-    from shardlib.serving.fleet.goodput import goodput
+    from shardlib.core.serving.llama import LlamaConfig, random_weights
+    from shardlib.core.serving.requests import request_metrics
+    from shardlib.facts.models import LLAMA_3_70B
+    from shardlib.lab.serving.cold_start import run_cold_start_check
+    from shardlib.lab.serving.disagg_drivers import LOOPBACK, default_objectives
+    from shardlib.lab.serving.disagg_run import run_disaggregated
+    from shardlib.lab.serving.engine_drivers import reference_tokens
+    from shardlib.lab.serving.fleet_traces import hot_prefix_trace
+    from shardlib.lab.serving.layout_drivers import run_replicas_vs_tp_check
+    from shardlib.lab.serving.replica_drivers import run_replicas, run_router_check
+    from shardlib.predict.serving.burst import STORAGE, burst_at_scale
+    from shardlib.predict.serving.fleet import simulate_replicas
+    from shardlib.predict.serving.goodput import goodput, slo_attainment
+    from shardlib.predict.serving.pools import simulate_pools
+    from shardlib.predict.serving.presets import handoff_table
 
     model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
     weights = random_weights(model, seed=0, dtype=torch.float64)

@@ -35,7 +35,7 @@ def make_weights(seed: int):
     Built inside each rank from the seed rather than shipped: every process gets the same numbers
     (the output check below would fail otherwise) without pickling ~140 MB per rank.
     """
-    from shardlib.toy import generator, mlp_weights
+    from shardlib.core.toy import generator, mlp_weights
 
     w = mlp_weights(generator(seed), D_MODEL, D_FF)
     return w["gate"], w["up"], w["down"]
@@ -45,7 +45,7 @@ def single_forward(ctx, x, seed: int, warmup: int, repeats: int) -> dict:
     """The unsharded MLP on one rank with one thread: seconds per forward, and the last output."""
     import torch
 
-    from shardlib.toy import mlp_reference
+    from shardlib.core.toy import mlp_reference
 
     torch.set_num_threads(1)
     w_gate, w_up, w_down = make_weights(seed)
@@ -68,7 +68,8 @@ def tp_forward(ctx, x, seed: int, warmup: int, repeats: int) -> dict:
     """
     import torch
 
-    from shardlib.tensor_parallel import ParallelMLP, TPGroup
+    from shardlib.core.tensor_parallel.blocks import ParallelMLP
+    from shardlib.core.tensor_parallel.layers import TPGroup
 
     torch.set_num_threads(1)
     w_gate, w_up, w_down = make_weights(seed)
@@ -98,7 +99,7 @@ def row(label: str, value: str, note: str = "") -> None:
 def main() -> int:
     import torch
 
-    from shardlib import Ranks
+    from shardlib.runtime.ranks import Ranks
 
     assert D_FF % WORLD == 0, f"d_ff {D_FF} must split evenly over {WORLD} ranks"
     torch.manual_seed(SEED + 1)

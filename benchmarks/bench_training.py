@@ -4,7 +4,7 @@
 
 Fits the toy cluster on the 4 ranks (a latency-bandwidth sweep, the extra time of a call between
 computing ranks, the model's forward and backward and AdamW's step timed on every rank at once), then
-trains the toy language model (``training.time_model.STEP_TIME_CONFIG``: 4 blocks, d_model 128, 64-token
+trains the toy language model (``predict.training.time_model.STEP_TIME_CONFIG``: 4 blocks, d_model 128, 64-token
 sequences, 4 sequences a step) on every 4-rank layout: the five that mix two axes and dp4, tp4, pp4. Each layout
 runs ``rounds`` times (the order reversed every other round), 4 steps a run, the first a warm-up; the
 median of the others is set against the planner's ``score_training`` on the cluster fitted from samples
@@ -21,15 +21,15 @@ import argparse
 import statistics
 import time
 
-from shardlib import Ranks
-from shardlib.training.step_time import run_step_time_check
-from shardlib.training.toy_prediction import (
+from shardlib.lab.training.step_time import run_step_time_check
+from shardlib.predict.training.toy_prediction import (
     LAYOUTS_4,
     RANKED_4,
     SINGLE_AXIS_4,
     chance_of_correlation,
     floor_for_chance,
 )
+from shardlib.runtime.ranks import Ranks
 
 
 def main() -> None:

@@ -42,14 +42,14 @@
 # layer, of 128 numbers each.) The room left beside the weights decides how many sequences, and so how
 # many users, one copy serves.
 #
-# The GPUs on sale today, from their data sheets (`shardlib.hardware`):
+# The GPUs on sale today, from their data sheets (`shardlib.facts.hardware`):
 
 # %%
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.hardware import GPUS
+from shardlib.facts.hardware import GPUS
 
 print(f"{'GPU':<11} {'memory':>8} {'reads memory at':>16}  source")
 for g in GPUS.values():
@@ -62,13 +62,13 @@ for g in GPUS.values():
 #
 # Predict before running the next cell: does Llama-3-70B in bf16 fit on one of these? If so, how many
 # sequences of 4,096 tokens does it leave room for? The planner's memory model answers
-# (`shardlib.serving.fit`). A serving system typically fills 90 % of a GPU's memory. The model puts the
+# (`shardlib.predict.serving.fit`). A serving system typically fills 90 % of a GPU's memory. The model puts the
 # weights there first, then 1.3 GB of KV cache for each 4K-token sequence.
 
 # %%
-from shardlib.hardware import B200, H100_80GB, H200, MI300X, MI325X
-from shardlib.models import LLAMA_3_70B, PRESETS
-from shardlib.serving.fit import fit_on_gpus, gpus_needed
+from shardlib.facts.hardware import B200, H100_80GB, H200, MI300X, MI325X
+from shardlib.facts.models import LLAMA_3_70B, PRESETS
+from shardlib.predict.serving.fit import fit_on_gpus, gpus_needed
 
 for model in PRESETS.values():
     if model.n_params > 1e9:
@@ -120,7 +120,7 @@ assert need == {1: 2, 32: 4, 128: 8} and fit_on_gpus(LLAMA_3_70B, H100_80GB, 4).
 # </details>
 
 # %%
-from shardlib.models import LLAMA_3_70B as llama70
+from shardlib.facts.models import LLAMA_3_70B as llama70
 
 for bits in (8, 4):
     q = llama70.quantized(bits)
@@ -138,7 +138,7 @@ assert not fit_on_gpus(llama70.quantized(8), H100_80GB).fits and four_bit_on_h10
 # bits (74 GB) it still misses by a little. The bars: each model's weights against each GPU size.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.hardware import GPU_MEMORY_BYTES
+from shardlib.facts.hardware import GPU_MEMORY_BYTES
 from shardlib.ui.intro_figures import weights_vs_memory_figure
 
 big = {m.name: m.weight_bytes for m in PRESETS.values() if m.n_params > 1e9}
@@ -165,7 +165,7 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # ## Read the code
 #
 # A rank function is an ordinary Python function whose first argument is `ctx`. The three this notebook
-# runs first are shown from the library (`shardlib/intro/ranks.py`), so what you read is what runs.
+# runs first are shown from the library (`shardlib/lab/intro/ranks.py`), so what you read is what runs.
 #
 # - `whoami_on_rank` only looks around: its rank, the world size, its device, the backend, its process
 #   id. No communication at all.
@@ -180,7 +180,7 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # (operation, bytes, time), which is how the log further down knows what moved.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
+from shardlib.lab.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
 from shardlib.ui.code import show_code
 
 show_code(whoami_on_rank, first_all_reduce_on_rank, straggler_on_rank)
@@ -188,7 +188,7 @@ show_code(whoami_on_rank, first_all_reduce_on_rank, straggler_on_rank)
 # %%
 import time
 
-from shardlib import Ranks
+from shardlib.runtime.ranks import Ranks
 
 started = time.perf_counter()
 ranks = Ranks(2)
@@ -250,7 +250,7 @@ assert [r.before[0] for r in results] == [1.0, 2.0]
 # The log of the last call is in `ranks.last_comm`.
 
 # %%
-from shardlib.runtime import format_log, summarize
+from shardlib.runtime.records import format_log, summarize
 
 print(format_log(ranks.last_comm))
 log = summarize(ranks.last_comm)
@@ -303,7 +303,7 @@ assert squares == [0, 1]
 # both ranks side by side.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.intro.drivers import run_straggler_check
+from shardlib.lab.intro.drivers import run_straggler_check
 
 straggler = run_straggler_check(ranks, work_units=(1, 4))
 for v in straggler.verdicts:
@@ -363,7 +363,7 @@ all_reduce_explorer(ranks)
 # ratio below 1 holds: a hang would never end.
 
 # %%
-from shardlib.intro.drivers import run_failure_check
+from shardlib.lab.intro.drivers import run_failure_check
 
 
 def broken(ctx):
@@ -482,7 +482,7 @@ show_questions(
 # The same rank functions run outside a notebook under `torchrun`:
 #
 # ```
-# torchrun --standalone --nproc-per-node 2 -m shardlib.launch shardlib.intro.ranks:first_all_reduce_on_rank
+# torchrun --standalone --nproc-per-node 2 -m shardlib.runtime.launch shardlib.lab.intro.ranks:first_all_reduce_on_rank
 # ```
 #
 # Next: **01 · Tensor parallelism**, which cuts each layer's matrices across ranks.

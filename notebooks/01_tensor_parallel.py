@@ -44,7 +44,7 @@
 # colours each cell of one stored weight by the shard that holds it.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
@@ -55,7 +55,7 @@ weight_cut_figure(out_features=8, in_features=12, n_shards=4)
 # %%
 import torch
 
-from shardlib.tensor_parallel import shard_columns, shard_rows
+from shardlib.core.tensor_parallel.layers import shard_columns, shard_rows
 
 W = torch.zeros(8, 12)  # (out_features, in_features), as nn.Linear(12, 8) stores it
 assert shard_columns(W, 4)[0].shape == (2, 12)  # dim 0 cut: 2 whole output features, every input feature
@@ -79,7 +79,7 @@ shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 # ## Read the code
 #
 # This is the whole mechanism that runs on the ranks later, shown from the library itself
-# (`shardlib/tensor_parallel/layers.py` and `blocks.py`). Megatron-LM (Shoeybi et al. 2019, section 3)
+# (`shardlib/core/tensor_parallel/layers.py` and `blocks.py`). Megatron-LM (Shoeybi et al. 2019, section 3)
 # writes the communication of a pair as two operators, and the code keeps its names:
 #
 # - **f** (`CopyToParallelRegion`) does nothing forward, since every rank already holds the whole
@@ -106,8 +106,8 @@ shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.tensor_parallel.blocks import ParallelMLP
-from shardlib.tensor_parallel.layers import (
+from shardlib.core.tensor_parallel.blocks import ParallelMLP
+from shardlib.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     CopyToParallelRegion,
     ReduceFromParallelRegion,
@@ -139,7 +139,7 @@ show_code(CopyToParallelRegion, ReduceFromParallelRegion, ColumnParallelLinear, 
 # of its buffer would, gives the `1/2`.
 
 # %%
-from shardlib.tensor_parallel import CUTS, other_cut_ratios, pair_collectives, pair_wire_collectives
+from shardlib.predict.tensor_parallel import CUTS, other_cut_ratios, pair_collectives, pair_wire_collectives
 
 tokens, d_model, d_hidden = 2 * 6, 32, 128
 for n in (2, 4):
@@ -162,7 +162,7 @@ print(f"row-then-column / column-then-row at d_hidden = {d_hidden // d_model} x 
 import torch
 from torch import nn
 
-from shardlib.tensor_parallel import TensorParallelPair
+from shardlib.lab.tensor_parallel.reference import TensorParallelPair
 
 torch.manual_seed(0)
 first, second = nn.Linear(64, 128, bias=False), nn.Linear(128, 64, bias=False)
@@ -181,10 +181,10 @@ for n_shards in (2, 4, 8):
 # through `torch.distributed`. Both cut orders run on the same input, on 2 ranks and on 4.
 
 # %%
-from shardlib import Ranks
-from shardlib.runtime import format_log
-from shardlib.tensor_parallel import run_pair
-from shardlib.toy import activations, generator, weight
+from shardlib.runtime.ranks import Ranks
+from shardlib.runtime.records import format_log
+from shardlib.lab.tensor_parallel.drivers import run_pair
+from shardlib.core.toy import activations, generator, weight
 
 ranks, four = Ranks(2), Ranks(4)  # started once, used by every cell below
 print(f"{ranks.world_size} and {four.world_size} ranks: {ranks.description}")  # where every number below is measured
@@ -250,9 +250,9 @@ for n in (2, 4):
 # of 4 ranks holds 2 query heads and the 1 KV head they share.
 
 # %%
-from shardlib.models import TOY
-from shardlib.tensor_parallel import run_tp_block
-from shardlib.toy import layer_weights
+from shardlib.facts.models import TOY
+from shardlib.lab.tensor_parallel.drivers import run_tp_block
+from shardlib.core.toy import layer_weights
 
 w = layer_weights(TOY, seed=3)  # one block of the toy model: d_model 64, 8 query heads, 4 KV heads, d_ff 256
 block_x, block_grad = activations(2, 6, TOY.d_model, seed=4), activations(2, 6, TOY.d_model, seed=5)
@@ -292,19 +292,19 @@ check_blocks(four)
 # per GPU, against `tp = 8`? The table is arithmetic on the published shapes, in bf16, not a measurement.
 
 # %%
-from shardlib.models import (
-    LLAMA_3_70B,
-    PRESETS,
+from shardlib.facts.models import LLAMA_3_70B, PRESETS
+from shardlib.predict.shapes import (
+    usable_tensor_parallel_degrees,
     check_tensor_parallel,
     kv_cache_bytes,
     kv_head_copies,
     kv_heads_per_device,
     tensor_parallel_problems,
 )
-from shardlib.tensor_parallel import max_tensor_parallel_shards
+from shardlib.predict.tensor_parallel import max_tensor_parallel_shards
 
 for m in PRESETS.values():
-    print(f"{m.name:<14} heads {m.n_heads:>3}, KV heads {m.n_kv_heads}: usable tp {m.usable_tp}, "
+    print(f"{m.name:<14} heads {m.n_heads:>3}, KV heads {m.n_kv_heads}: usable tp {usable_tensor_parallel_degrees(m)}, "
           f"largest {max_tensor_parallel_shards(m)}")
 
 print(f"\n{LLAMA_3_70B.name}, one 8,192-token sequence (a model: shape arithmetic)")
@@ -319,8 +319,8 @@ assert cache[8] == cache[16] == cache[32] == cache[64]  # flat past the 8 KV hea
 assert tensor_parallel_problems(LLAMA_3_70B, 16) == []  # allowed: each KV head on 2 GPUs
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.mesh import Layout
-from shardlib.serving import weights_per_gpu
+from shardlib.core.mesh import Layout
+from shardlib.predict.serving.memory import weights_per_gpu
 from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
 
 kv_cache_per_gpu_figure(LLAMA_3_70B.name + ", one 8,192-token sequence, bf16", LLAMA_3_70B.n_kv_heads, cache,
@@ -365,10 +365,11 @@ assert "8 KV heads cannot be shared by 12 devices: tp must divide the KV heads" 
 # </details>
 
 # %%
-from shardlib.models import SHAPE_RULE_EXAMPLES, binding_rule, padded_vocab_size, vocab_padding_bytes
+from shardlib.facts.models import SHAPE_RULE_EXAMPLES
+from shardlib.predict.shapes import binding_rule, padded_vocab_size, vocab_padding_bytes
 
 m = SHAPE_RULE_EXAMPLES["d_ff"]
-print(f"{m.name}: {m.n_kv_heads} KV heads, d_ff {m.d_ff:,}; usable tp {m.usable_tp}; "
+print(f"{m.name}: {m.n_kv_heads} KV heads, d_ff {m.d_ff:,}; usable tp {usable_tensor_parallel_degrees(m)}; "
       f"tp = 4 refused: {'; '.join(tensor_parallel_problems(m, 4))}")
 assert binding_rule(m, 4) == "d_ff" and m.n_kv_heads % 4 == 0  # the KV heads would allow it
 

@@ -91,12 +91,18 @@
 # 1 GB/s each way, one latency per ring step.
 
 # %%
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.costs import all_reduce_s, bus_bandwidth, collective_terms_s, crossover_bytes, point_to_point_s
-from shardlib.hardware import Link
+from shardlib.predict.alpha_beta import (
+    all_reduce_s,
+    bus_bandwidth,
+    collective_terms_s,
+    crossover_bytes,
+    point_to_point_s,
+)
+from shardlib.facts.hardware import Link
 
 link = Link("worked example", 1e9, 10e-6)  # 1 GB/s each way, 10 us per message
 latency, bandwidth = collective_terms_s("all_reduce", 1_000_000, 4, link)
@@ -118,7 +124,7 @@ assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 # above. `collective_terms_s` multiplies the two by a link's `alpha` and `1/B`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.costs.alpha_beta import collective_terms_s, cost_terms
+from shardlib.predict.alpha_beta import collective_terms_s, cost_terms
 from shardlib.ui.code import show_code
 
 show_code(cost_terms, collective_terms_s)
@@ -129,7 +135,7 @@ show_code(cost_terms, collective_terms_s)
 # the last rank is done.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.costs.ranks import one_call, sweep_on_rank
+from shardlib.lab.costs.ranks import one_call, sweep_on_rank
 
 show_code(one_call, sweep_on_rank)
 
@@ -141,7 +147,7 @@ show_code(one_call, sweep_on_rank)
 # latency: the values below are orders of magnitude.
 
 # %%
-from shardlib.hardware import LINKS
+from shardlib.facts.hardware import LINKS
 
 for preset in LINKS.values():
     print(f"{preset.name:<26} {preset.bandwidth_bytes_per_s / 1e9:>6.1f} GB/s {preset.direction:<13} "
@@ -165,8 +171,8 @@ for preset in LINKS.values():
 # number of shards?
 
 # %%
-from shardlib.models import LLAMA_3_8B
-from shardlib.serving import format_tp_cost_table, tp_decode_cost, tp_prefill_cost
+from shardlib.facts.models import LLAMA_3_8B
+from shardlib.predict.serving.cost import format_tp_cost_table, tp_decode_cost, tp_prefill_cost
 
 print(format_tp_cost_table(LLAMA_3_8B, LINKS.values(), tp_degrees=(2, 4, 8), prompt_tokens=2048))
 
@@ -216,8 +222,8 @@ assert 13.5 < gap < 14.0
 # crossover batch is larger, and by about how much?
 
 # %%
-from shardlib.models import LLAMA_3_70B
-from shardlib.serving import decode_crossover_batch
+from shardlib.facts.models import LLAMA_3_70B
+from shardlib.predict.serving.cost import decode_crossover_batch
 
 print("Llama-3-8B decode, one latency per call: the batch above which an all-reduce is bandwidth-bound")
 print(f"{'':<34}{'tp=2':>7}{'tp=4':>7}{'tp=8':>7}")
@@ -255,7 +261,7 @@ link_comparison_figure(list(LINKS.values()), "all_reduce", 8, latency_charge="pe
 # every device sends `2(n-1)/n` of the tensor.
 
 # %%
-from shardlib.serving import pipeline_vs_tensor
+from shardlib.predict.serving.cost import pipeline_vs_tensor
 
 for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
     cmp = pipeline_vs_tensor(LLAMA_3_8B, 4, LINKS[name], tokens=2048)
@@ -284,8 +290,8 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 # scale.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import Ranks
-from shardlib.costs import run_calibration_check
+from shardlib.runtime.ranks import Ranks
+from shardlib.lab.costs.claims import run_calibration_check
 
 ranks = Ranks(4)
 where = f"measured on {ranks.description}"  # where every number below is measured
@@ -361,7 +367,8 @@ for tokens, what in messages.items():
 # between cells.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.costs import fit_link, run_decode_vs_prefill_check
+from shardlib.predict.calibration import fit_link
+from shardlib.lab.costs.claims import run_decode_vs_prefill_check
 
 measured = run_decode_vs_prefill_check(ranks, here, LLAMA_3_8B, tokens=tuple(messages))
 dvp = measured.run
@@ -435,7 +442,7 @@ tp_cost_explorer([*LINKS.values(), here])
 # the 50 ms waiting *inside* the collective; the slow rank hardly waits there.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.costs import run_slow_rank_check
+from shardlib.lab.costs.claims import run_slow_rank_check
 
 delay_s = 0.05
 slowed = run_slow_rank_check(ranks, 1, delay_s)
@@ -516,8 +523,9 @@ slow_rank_explorer(ranks)
 # room left beside its 16 GB of weights. Where will 4 replicas beat tp = 4 in tokens per second per GPU?
 
 # %%
-from shardlib.hardware import H100_80GB
-from shardlib.serving import Workload, format_latency_vs_throughput, latency_vs_throughput
+from shardlib.facts.hardware import H100_80GB
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.replicas import format_latency_vs_throughput, latency_vs_throughput
 
 curves = {}
 for context, prompt in ((1024, 512), (4096, 2048), (8192, 2048)):
@@ -577,7 +585,8 @@ latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 # per second per device?
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.costs import run_replicas_vs_tp_check, serving_model
+from shardlib.lab.costs.drivers import serving_model
+from shardlib.lab.costs.claims import run_replicas_vs_tp_check
 
 served_check = run_replicas_vs_tp_check(ranks, here, model=serving_model(n_layers=2, d_model=768, d_ff=3072),
                                         batch=16, steps=8, tp=2)

@@ -61,11 +61,11 @@
 # This table of both is the prediction every measurement below is set against.
 
 # %%
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
+from shardlib.predict.pipeline import pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
 
 microbatches = (1, 2, 4, 8, 16, 32, 64)
 print("idle fraction (p - 1) / (m + p - 1)")
@@ -94,7 +94,8 @@ assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy 
 # %%
 from fractions import Fraction
 
-from shardlib.pipeline import idle_slots, make_schedule, peak_in_flight, schedule_text, step_slots
+from shardlib.predict.pipeline import idle_slots, peak_in_flight, schedule_text, step_slots
+from shardlib.core.pipeline.orders import make_schedule
 
 for name in ("gpipe", "1f1b"):
     s = make_schedule(name, 4, 8)
@@ -144,11 +145,11 @@ assert Fraction(sum(idle), 2 * step) == Fraction(1, 9)
 # ## Read the code
 #
 # That list is all a rank follows. Here is the whole mechanism that runs it, rendered from
-# `shardlib/pipeline/engine.py`. The class `Stage` holds one rank's part of a step, and `run_stage`
+# `shardlib/core/pipeline/engine.py`. The class `Stage` holds one rank's part of a step, and `run_stage`
 # walks its list.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.pipeline.engine import Stage, run_stage
+from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.ui.code import show_code
 
 show_code(Stage, run_stage)
@@ -196,10 +197,10 @@ show_code(Stage, run_stage)
 # </details>
 
 # %%
-from shardlib import Ranks
-from shardlib.models import TOY
-from shardlib.pipeline import run_pipeline
-from shardlib.toy import activations, stack_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.facts.models import TOY
+from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.core.toy import activations, stack_weights
 
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)  # 8 MLP layers of the toy's width
 x = activations(16, 4, TOY.d_model, seed=1)  # (batch, seq, d_model)
@@ -225,7 +226,7 @@ for name in ("gpipe", "1f1b"):
 # all-reduces the whole batch's activations once forward and once backward, on every rank.
 
 # %%
-from shardlib.pipeline import run_pipeline_vs_tp_bytes
+from shardlib.lab.pipeline.drivers import run_pipeline_vs_tp_bytes
 
 both = run_pipeline_vs_tp_bytes(ranks, TOY, layers, x, grad, n_microbatches=4)
 print(f"pipeline, 2 stages, m = 4: {both.pipeline_messages} sends in all, {both.pipeline_bytes:,} bytes "
@@ -280,7 +281,7 @@ predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, r
 # messages take time the formula does not count.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.pipeline import run_bubble_check
+from shardlib.lab.pipeline.bubble_drivers import run_bubble_check
 
 GRID_M, GRID_OP_S = (1, 4, 8), 0.03
 two = run_bubble_check(ranks, GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
@@ -378,7 +379,7 @@ assert pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8) / 4
 # `6 × 30 = 180` ms of it, 80 %; the others compute 40 % and wait for it.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.pipeline import run_pace_check
+from shardlib.lab.pipeline.bubble_drivers import run_pace_check
 
 pace = run_pace_check(four, TOY, layers, x, n_microbatches=6, op_s=0.015, slow_stage=1)
 for v in pace.verdicts:
@@ -409,8 +410,10 @@ print(f"share of the slow step each stage computes: {[f'{s:.0%}' for s in pace.b
 # engines such as vLLM accept uneven splits as well.
 
 # %%
-from shardlib.models import LLAMA_3_1_405B
-from shardlib.pipeline import split_layers, stage_imbalance, stage_layer_counts
+from shardlib.facts.models import LLAMA_3_1_405B
+from shardlib.predict.pipeline import stage_imbalance
+from shardlib.core.pipeline.stages import split_layers
+from shardlib.core.pipeline.stages import stage_layer_counts
 
 n = LLAMA_3_1_405B.n_layers
 ends = [1] + [0] * 14 + [1]  # the embedding on the first stage, the output layer and loss on the last: a layer each
@@ -437,7 +440,7 @@ assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
 # 144 ms. A training step with lighter ends must also be exact, bit for bit.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.pipeline import run_uneven_check
+from shardlib.lab.pipeline.bubble_drivers import run_uneven_check
 
 CUTS = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
 uneven = run_uneven_check(four, TOY, layers[:6], x, grad, CUTS, n_microbatches=6, layer_s=0.008)
@@ -480,7 +483,7 @@ assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2
 # ms, and once the pipeline is full a microbatch leaves every 15 ms.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.pipeline import run_trip_check
+from shardlib.lab.pipeline.bubble_drivers import run_trip_check
 
 trips = run_trip_check(four, TOY, layers, x, n_microbatches=4, op_s=0.015)
 for v in trips.verdicts:

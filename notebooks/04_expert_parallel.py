@@ -53,11 +53,14 @@
 # expert 0.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.experts import ExpertPlacement, MoEConfig, make_moe_weights, make_tokens, route
+from shardlib.core.experts.placement import ExpertPlacement
+from shardlib.core.experts.routing import MoEConfig, route
+from shardlib.core.experts.dispatch import make_moe_weights
+from shardlib.lab.experts.reference import make_tokens
 from shardlib.ui.experts_figures import walkthrough_figure
 
 small = MoEConfig(n_experts=4, k=2, skew=0.9)
@@ -66,14 +69,14 @@ walkthrough_figure(home_rank=[0] * 4 + [1] * 4, experts=small_routing.experts.to
                    gates=small_routing.gates.tolist(), owner=[ExpertPlacement(4, 2).owner(e) for e in range(4)])
 
 # %% [markdown]
-# How much memory is at stake? Mixtral-8x7B's shape, from its published config (`shardlib.models`), with
+# How much memory is at stake? Mixtral-8x7B's shape, from its published config, with
 # its experts spread over `ep` devices and everything else on each:
 
 # %%
-from shardlib.hardware import GPU_MEMORY_BYTES
-from shardlib.mesh import Layout
-from shardlib.models import MIXTRAL_8X7B as mixtral
-from shardlib.serving import Workload, memory_per_gpu
+from shardlib.facts.hardware import GPU_MEMORY_BYTES
+from shardlib.core.mesh import Layout
+from shardlib.facts.models import MIXTRAL_8X7B as mixtral
+from shardlib.predict.serving.memory import Workload, memory_per_gpu
 
 expert_params = mixtral.n_layers * mixtral.n_experts * mixtral.expert_params
 print(f"{mixtral.name}: {mixtral.n_params / 1e9:.1f} B parameters, {mixtral.active_params_per_token / 1e9:.1f} B "
@@ -111,8 +114,8 @@ assert weights_per_device[8] < GPU_MEMORY_BYTES["A100 80GB"] / 4
 # %%
 import torch
 
-from shardlib.experts import load_stats
-from shardlib.models import TOY_MOE
+from shardlib.lab.experts.balance import load_stats
+from shardlib.facts.models import TOY_MOE
 
 cfg = MoEConfig.from_model(TOY_MOE)
 weights = make_moe_weights(cfg, seed=0)
@@ -142,13 +145,13 @@ for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
 # ## Read the code
 #
 # The whole forward of the layer on one rank, as every run below executes it, from
-# `shardlib/experts/dispatch.py`; second, the helper that runs the experts on the rows received. Every
+# `shardlib/core/experts/dispatch.py`; second, the helper that runs the experts on the rows received. Every
 # rank calls `expert_parallel_moe` at the same moment, each with its own *home* tokens `x`. `ctx.comm`
 # records the rank's collectives. `probe` is where timing attaches from outside; by default it records
 # nothing.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.experts import apply_hosted_experts, expert_parallel_moe
+from shardlib.core.experts.dispatch import apply_hosted_experts, expert_parallel_moe
 from shardlib.ui.code import show_code
 
 show_code(expert_parallel_moe, apply_hosted_experts)
@@ -181,7 +184,7 @@ show_code(expert_parallel_moe, apply_hosted_experts)
 # - with uniform routing a share `(w − 1) / w` of the rows leaves its home rank.
 
 # %%
-from shardlib.experts import predicted_all_to_all_bytes, predicted_cross_rank_share
+from shardlib.predict.experts import predicted_all_to_all_bytes, predicted_cross_rank_share
 
 predicted_bytes = predicted_all_to_all_bytes(len(x), cfg.k, cfg.d_model)
 print(f"dispatch: {len(x)} x {cfg.k} x {cfg.d_model} x 4 = {predicted_bytes:,} bytes; the combine the same again")
@@ -197,8 +200,9 @@ print(f"rows leaving their rank with uniform routing: {predicted_cross_rank_shar
 # result does not depend on which other tokens shared the call.
 
 # %%
-from shardlib import Ranks
-from shardlib.experts import moe_reference, run_expert_parallel
+from shardlib.runtime.ranks import Ranks
+from shardlib.lab.experts.reference import moe_reference
+from shardlib.lab.experts.drivers import run_expert_parallel
 
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
@@ -230,7 +234,7 @@ assert abs(run.cross_rank_share - predicted_cross_rank_share(2)) < 0.05
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.runtime import format_log
+from shardlib.runtime.records import format_log
 from shardlib.ui.experts_figures import send_matrix_figure
 
 print(format_log(ranks.last_comm))
@@ -271,7 +275,7 @@ with Ranks(4) as four:
 # size, through the same layer, send different rows between the ranks.
 
 # %%
-from shardlib.tensor_parallel import CUTS, pair_wire_collectives
+from shardlib.predict.tensor_parallel import CUTS, pair_wire_collectives
 
 sends = {}
 for seed in (1, 2, 3):
@@ -332,7 +336,7 @@ for skew in (0.0, 1.0):
 # equals their rows' ratio.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.experts import run_stall_check
+from shardlib.lab.experts.drivers import run_stall_check
 from shardlib.ui.experts_figures import rank_time_figure
 
 wide = cfg.but(d_ff=1024)
@@ -415,7 +419,8 @@ assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly a
 # only the busiest *rank's* load.
 
 # %%
-from shardlib.experts import capacity, run_mitigations
+from shardlib.core.experts.balance import capacity
+from shardlib.lab.experts.drivers import run_mitigations
 
 print(f"capacity at cf 1.25 for one rank's {len(x) // 2} tokens, top-1, 8 experts: "
       f"ceil({len(x) // 2} x 1 x 1.25 / 8) = {capacity(len(x) // 2, 1, 1.25, 8)} slots per expert")
@@ -460,7 +465,7 @@ print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {i
 # (each rank's experts times `3 · d_model · d_ff · 4` bytes: gate, up and down matrices).
 
 # %%
-from shardlib.experts import predicted_weight_bytes
+from shardlib.predict.experts import predicted_weight_bytes
 
 one_expert = 3 * top1.d_model * top1.d_ff * 4
 extra = [c - n for c, n in zip(copied.run.weight_bytes, none.run.weight_bytes)]
@@ -495,7 +500,7 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 #
 # Training today is dropless: every token-slot is served (Megatron-Core, MegaBlocks). Capacity factors
 # were the GShard and Switch way; they remain where a fixed buffer per expert is worth a dropped token.
-# The toy model: one dense input projection, then this layer (`shardlib.experts.autograd`), float64,
+# The toy model: one dense input projection, then this layer (`shardlib.core.experts.autograd`), float64,
 # 8 experts, top-2, Mixtral's gates.
 #
 # An all-to-all only moves rows between ranks. Its backward moves each row's gradient back the same
@@ -516,8 +521,9 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # sum out gives wrong weights, as a test in `tests/experts` shows.
 
 # %%
-from shardlib.experts import MoETrainConfig, run_moe_training
-from shardlib.experts.train_reference import make_moe_problem
+from shardlib.core.experts.gating import MoETrainConfig
+from shardlib.lab.experts.train_drivers import run_moe_training
+from shardlib.lab.experts.train_reference import make_moe_problem
 
 train_cfg = MoETrainConfig()  # 8 experts, top-2, d_model 16, dropless
 problem = make_moe_problem(train_cfg, n_tokens=64, seed=0)
@@ -559,7 +565,7 @@ for ep in (2, 1):
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.experts import BALANCE_CONFIG, run_balance_training
+from shardlib.lab.experts.train_drivers import BALANCE_CONFIG, run_balance_training
 from shardlib.ui.experts_figures import balance_steps_figure
 
 balancing = {b: run_balance_training(ranks, BALANCE_CONFIG, balance=b, steps=12)
@@ -603,7 +609,7 @@ bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": balanc
 # remote node fall. Rows per token-slot hardly change: the k slots now share a node.
 
 # %%
-from shardlib.experts import run_node_limited
+from shardlib.lab.experts.train_drivers import run_node_limited
 
 limited = run_node_limited(ranks, train_cfg, max_nodes=1, n_tokens=256)
 assert limited.exact  # the rows counted from the routing = the rows the ranks' comm logs sent

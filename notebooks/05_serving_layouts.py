@@ -49,13 +49,13 @@
 # latency-bound or bandwidth-bound depends on the batch ([the crossover batch](02_communication_costs.ipynb)):
 
 # %%
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.hardware import NVLINK
-from shardlib.models import LLAMA_3_70B
-from shardlib.serving.cost import decode_crossover_batch, tp_decode_cost
+from shardlib.facts.hardware import NVLINK
+from shardlib.facts.models import LLAMA_3_70B
+from shardlib.predict.serving.cost import decode_crossover_batch, tp_decode_cost
 
 loaded = tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 256)
 print(f"{LLAMA_3_70B.name} at tp = 8 on {NVLINK.name}: decode turns bandwidth-bound past "
@@ -74,7 +74,7 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # %% [markdown]
 # ## Read the code
 #
-# The combined forward of `shardlib.serving.layouts`, the code every layout below runs on the ranks:
+# The combined forward of `shardlib.core.serving.layouts`, the code every layout below runs on the ranks:
 #
 # - `build_stage` builds a torch `DeviceMesh` of shape `(pp, dp, tp)`, one process group per axis, and
 #   this stage's blocks, split over `"tp"` as in notebook 01 (with experts, spread over `"ep"`).
@@ -88,13 +88,13 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # microbatches. Every tp rank of a stage sends its own copy, so no rank ever gathers or scatters; that is
 # why the pp axis carries `tp` sends per microbatch per boundary. The `probe.span` around the blocks is
 # where a timeline can attach; by default it records nothing. In `pipelined_decode` each send is
-# `isend`, so a stage goes straight on to the next microbatch. `serving.ranks` passes the rank's
+# `isend`, so a stage goes straight on to the next microbatch. `lab.serving.ranks` passes the rank's
 # timeline as the probe and reads the clock around the call.
 #
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.serving.layouts import build_stage, combined_forward, pipelined_decode
+from shardlib.core.serving.layouts import build_stage, combined_forward, pipelined_decode
 from shardlib.ui.code import show_code
 
 show_code(build_stage, combined_forward, pipelined_decode)
@@ -115,12 +115,18 @@ show_code(build_stage, combined_forward, pipelined_decode)
 # %%
 import torch
 
-from shardlib import Ranks
-from shardlib.experts import MoEConfig, make_moe_weights, make_tokens, predicted_all_to_all_bytes, run_expert_parallel
-from shardlib.models import TOY, TOY_MOE
-from shardlib.pipeline import make_schedule, messages_per_step, run_pipeline
-from shardlib.tensor_parallel import run_tp_block
-from shardlib.toy import activations, layer_weights, stack_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.core.experts.routing import MoEConfig
+from shardlib.core.experts.dispatch import make_moe_weights
+from shardlib.lab.experts.reference import make_tokens
+from shardlib.predict.experts import predicted_all_to_all_bytes
+from shardlib.lab.experts.drivers import run_expert_parallel
+from shardlib.facts.models import TOY, TOY_MOE
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.predict.pipeline import messages_per_step
+from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.lab.tensor_parallel.drivers import run_tp_block
+from shardlib.core.toy import activations, layer_weights, stack_weights
 
 four = Ranks(4)
 print(f"{four.world_size} ranks: {four.description}")  # where every number below is measured
@@ -196,11 +202,11 @@ assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) 
 #   `2 x 2 = 4` sends (and 4 receives).
 
 # %%
-from shardlib.serving import format_traffic, run_combined
-from shardlib.mesh import Layout
-from shardlib.serving import forward_traffic
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.toy import stack_reference
+from shardlib.lab.serving.drivers import format_traffic, run_combined
+from shardlib.core.mesh import Layout
+from shardlib.predict.serving.traffic import forward_traffic
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.toy import stack_reference
 
 layers = stack_weights(TOY, seed=0)
 x = activations(4, 6, TOY.d_model)  # (4, 6, 64)
@@ -247,7 +253,7 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # Predict, for 4 sequences of 8 tokens in 2 microbatches:
 
 # %%
-from shardlib.experts.stack import moe_stack_reference, moe_stack_weights
+from shardlib.core.experts.stack import moe_stack_reference, moe_stack_weights
 
 moe_layers = moe_stack_weights(TOY_MOE, seed=0)
 moe_seqs = activations(4, 8, TOY_MOE.d_model)  # (4, 8, 64)
@@ -283,8 +289,8 @@ assert ep_stack_run.measured == ep_stack_run.predicted
 # DP attention keeps more weights (attention is copied) and sends less (only the experts' rows travel).
 
 # %%
-from shardlib.serving import run_wide_ep
-from shardlib.serving.memory import stack_weight_bytes
+from shardlib.lab.serving.drivers import run_wide_ep
+from shardlib.predict.serving.memory import stack_weight_bytes
 
 wide_layouts = {"wide EP, DP attention": Layout(tp=1, pp=1, dp=4, ep=4), "EP, TP attention": Layout(tp=4, pp=1, ep=4)}
 for name, lay in wide_layouts.items():
@@ -327,9 +333,10 @@ for side in (wide.dp_attention, wide.tp_attention):  # TP attention's all-reduce
 # token for PP, 32 ms for TP. The planner makes the same count; its table is printed first.
 
 # %%
-from shardlib.hardware import Link
-from shardlib.serving import across_workload, check_across_nodes, format_plan, plan_serving
-from shardlib.toy import decode_reference
+from shardlib.facts.hardware import Link
+from shardlib.lab.serving.across import across_workload, check_across_nodes
+from shardlib.predict.serving.planner import format_plan, plan_serving
+from shardlib.core.toy import decode_reference
 
 two = Ranks(2)
 print(f"{two.world_size} ranks: {two.description}")  # where the runs below are measured
@@ -418,9 +425,11 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 # Predict: for one request on one node of 8 H100s, which `tp` should Llama-3-70B take, and why?
 
 # %%
-from shardlib.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
-from shardlib.models import LLAMA_3_1_405B, LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B
-from shardlib.serving import Workload, kind, score
+from shardlib.facts.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
+from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.reasons import kind
+from shardlib.predict.serving.decode import score
 
 print(format_plan(plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"), top=4))
 floor = plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), "latency").best
@@ -545,8 +554,8 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 # nodes, for throughput:
 
 # %%
-from shardlib.hardware import FOUR_NODES_8_H100
-from shardlib.models import DEEPSEEK_V3
+from shardlib.facts.hardware import FOUR_NODES_8_H100
+from shardlib.facts.models import DEEPSEEK_V3
 
 ds = plan_serving(DEEPSEEK_V3, FOUR_NODES_8_H100, Workload(), "throughput").best
 print(f"{DEEPSEEK_V3.name} on {FOUR_NODES_8_H100.name}: {ds.layout.label}, batch {ds.batch}, "

@@ -83,13 +83,13 @@
 # admits prompts computes them whole and nothing else.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.serving.engine.blocks import BlockManager
-from shardlib.serving.engine.paged import KVCache, Layer, attend_decodes
-from shardlib.serving.engine.scheduler import Scheduler
+from shardlib.core.serving.blocks import BlockManager
+from shardlib.core.serving.paged import KVCache, Layer, attend_decodes
+from shardlib.core.serving.scheduler import Scheduler
 from shardlib.ui.code import show_code
 
 show_code(Scheduler.schedule, Scheduler._admit)
@@ -124,9 +124,11 @@ show_code(KVCache.slots, Layer.forward, attend_decodes)
 # %%
 import torch
 
-from shardlib import Ranks
-from shardlib.serving.engine import EngineConfig, poisson_trace, reference_tokens, run_serving
-from shardlib.serving.engine.llama import LlamaConfig, random_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.core.serving.requests import EngineConfig
+from shardlib.lab.serving.traces import poisson_trace
+from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
+from shardlib.core.serving.llama import LlamaConfig, random_weights
 
 model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
 weights = random_weights(model, seed=0, dtype=torch.float64)
@@ -205,7 +207,7 @@ print(f"the longest request ({longest} tokens) needs {blocks_each} blocks: {conf
 # end:
 
 # %%
-from shardlib.serving.engine.predict import PAPER_CONTIGUOUS_UTILIZATION, contiguous_utilization, paged_utilization
+from shardlib.predict.serving.engine import PAPER_CONTIGUOUS_UTILIZATION, contiguous_utilization, paged_utilization
 
 predicted_paged = paged_utilization(trace, config.block_size)
 reserved = contiguous_utilization(trace, model.max_positions)
@@ -227,9 +229,9 @@ kv_use_figure(measured_paged, reserved, PAPER_CONTIGUOUS_UTILIZATION, where=f"me
 # left holds KV blocks.
 
 # %%
-from shardlib.hardware import H100_80GB
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
-from shardlib.serving.fit import fit_on_gpus
+from shardlib.facts.hardware import H100_80GB
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.predict.serving.fit import fit_on_gpus
 
 for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
     print(f"{preset.name}: {preset.kv_bytes_per_token() / 1024:.0f} KiB of KV a token (bf16, all ranks)")
@@ -261,8 +263,8 @@ for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
 # fixed overhead.
 
 # %%
-from shardlib.serving.engine import run_step_cost_fit
-from shardlib.serving.engine.predict import simulate_serving
+from shardlib.lab.serving.engine_drivers import run_step_cost_fit
+from shardlib.predict.serving.engine import simulate_serving
 
 fit_trace = poisson_trace(12, float("inf"), prompt_tokens=(4, 40), new_tokens=(2, 24), seed=2)  # another trace
 cost = run_step_cost_fit(two, weights, fit_trace, config)
@@ -273,7 +275,7 @@ print(f"predicted on the trace: TTFT p50 {predicted['ttft_p50_s'] * 1e3:.1f} ms,
       f"{predicted['tpot_p50_s'] * 1e3:.1f} ms, {predicted['tokens_per_s']:.0f} tokens/s")
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.serving.engine import run_policy_check
+from shardlib.lab.serving.engine_drivers import run_policy_check
 
 load = run_policy_check(two, weights, trace, {"continuous": config}, cost=cost,
                         claims=[("tpot_p50_s", "continuous"), ("tokens_per_s", "continuous")])
@@ -373,7 +375,7 @@ assert all(run.tokens == reference for run in prefill_check.runs.values())
 # in the cache. Predict: the replay on the fitted prices counts the hits.
 
 # %%
-from shardlib.serving.engine import shared_prefix_trace
+from shardlib.lab.serving.traces import shared_prefix_trace
 
 chats = shared_prefix_trace(conversations=4, turns=3, system_tokens=32, message_tokens=(4, 8), new_tokens=(4, 8),
                             gap_s=0.05, seed=5)
@@ -402,7 +404,7 @@ assert runs["prefix on"].tokens == runs["prefix off"].tokens and runs["prefix on
 # before any rank starts, in words.
 
 # %%
-from shardlib.serving.engine import Request
+from shardlib.core.serving.requests import Request
 
 try:
     run_serving(two, weights, [Request("too long", [5] * 120, 20)], config)

@@ -83,12 +83,12 @@
 # apart by the message's tag.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.serving.fleet.handoff import KVReceiver, KVSender
-from shardlib.serving.fleet.router import PrefixAwareRouter
+from shardlib.core.serving.handoff import KVReceiver, KVSender
+from shardlib.core.serving.router import PrefixAwareRouter
 from shardlib.ui.code import show_code
 
 show_code(KVSender.send, KVReceiver.land)
@@ -113,9 +113,11 @@ show_code(PrefixAwareRouter.imbalanced, PrefixAwareRouter.choose)
 # %%
 import torch
 
-from shardlib import Ranks
-from shardlib.serving.engine import EngineConfig, poisson_trace, reference_tokens
-from shardlib.serving.engine.llama import LlamaConfig, random_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.core.serving.requests import EngineConfig
+from shardlib.lab.serving.traces import poisson_trace
+from shardlib.lab.serving.engine_drivers import reference_tokens
+from shardlib.core.serving.llama import LlamaConfig, random_weights
 
 model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
 weights = random_weights(model, seed=0, dtype=torch.float64)
@@ -138,7 +140,7 @@ assert margin > 1e-9
 # A request that wants one token is done after its prefill, and sends nothing.
 
 # %%
-from shardlib.serving.fleet import kv_bytes_per_request
+from shardlib.core.serving.handoff import kv_bytes_per_request
 
 handed = [r for r in trace if r.max_new_tokens > 1]
 per_rank = kv_bytes_per_request(model, 1, tp=2, dtype_bytes=8)
@@ -151,7 +153,7 @@ print(f"predicted for the {len(handed)} requests handed off: {predicted_bytes:,}
 # point-to-point records, not from the formula.
 
 # %%
-from shardlib.serving.fleet import run_disaggregated
+from shardlib.lab.serving.disagg_run import run_disaggregated
 
 pools = run_disaggregated(four, weights, trace, config, prefill_ranks=2)
 sent = sum(pools.kv_bytes_sent.values())
@@ -197,7 +199,7 @@ assert small.tokens == reference and small.kv_bytes_sent == small.kv_bytes_predi
 # first token.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.serving.fleet import run_disaggregation_check
+from shardlib.lab.serving.disagg_drivers import run_disaggregation_check
 
 split = run_disaggregation_check(four, weights, trace, config, runs={"disaggregated": pools})
 for v in split.verdicts:
@@ -243,7 +245,7 @@ assert all(run.tokens == reference for run in split.runs.values())
 # On real models the hand-off is large. A prompt of 4,096 tokens, 10 requests a second, 8 GPUs a pool:
 
 # %%
-from shardlib.serving.fleet import handoff_table
+from shardlib.predict.serving.presets import handoff_table
 
 print(handoff_table(4096, 10.0))
 
@@ -273,7 +275,8 @@ print(handoff_table(4096, 10.0))
 # trace alone, each request held until the trace ends.
 
 # %%
-from shardlib.serving.fleet import hot_prefix_trace, make_router, route_trace
+from shardlib.lab.serving.fleet_traces import hot_prefix_trace
+from shardlib.core.serving.router import make_router, route_trace
 
 hot = hot_prefix_trace(24, rate_per_s=400.0, hot=0.75, seed=2)
 policies = {"round-robin": ("round-robin", {}), "least-loaded": ("least-loaded", {}),
@@ -289,7 +292,7 @@ for label, (name, options) in policies.items():
 # a step cost fitted to one run of another trace.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.serving.fleet import run_router_check
+from shardlib.lab.serving.replica_drivers import run_router_check
 
 fit_trace = hot_prefix_trace(12, rate_per_s=float("inf"), hot=0.5, seed=3)
 routing = run_router_check(four, weights, hot, config, policies, fit_requests=fit_trace)
@@ -328,8 +331,8 @@ assert max(runs["prefix-aware, threshold 2"].routed) < max(piled.routed)
 # above: the routing check's (one rank) and the colocated engine's (4 ranks).
 
 # %%
-from shardlib.serving.engine.predict import simulate_serving
-from shardlib.serving.fleet import simulate_replicas
+from shardlib.predict.serving.engine import simulate_serving
+from shardlib.predict.serving.fleet import simulate_replicas
 
 costs = (routing.cost, split.costs["colocated"])
 as_replicas = simulate_replicas(trace, config, costs[0], 4, "least-loaded").figures(trace)
@@ -338,7 +341,7 @@ for name, f in (("4 replicas", as_replicas), ("tp = 4", as_split)):
     print(f"predicted, {name}: TPOT p50 {f['tpot_p50_s'] * 1e3:.1f} ms, {f['tokens_per_s']:.0f} tokens/s")
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.serving.fleet import run_replicas_vs_tp_check
+from shardlib.lab.serving.layout_drivers import run_replicas_vs_tp_check
 
 layouts = run_replicas_vs_tp_check(four, weights, trace, config, poisson_trace(12, float("inf"), seed=2))
 for v in layouts.verdicts:
@@ -372,7 +375,7 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 # the page cache, not the disk.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.serving.fleet import run_cold_start_check
+from shardlib.lab.serving.cold_start import run_cold_start_check
 
 start = run_cold_start_check()
 for v in start.verdicts:
@@ -397,8 +400,8 @@ assert start.first_token == start.reference_token
 # assumptions: measure yours.
 
 # %%
-from shardlib.models import LLAMA_3_70B
-from shardlib.serving.fleet import STORAGE, burst_at_scale, warm_replicas_needed
+from shardlib.facts.models import LLAMA_3_70B
+from shardlib.predict.serving.burst import STORAGE, burst_at_scale, warm_replicas_needed
 
 for storage in STORAGE.values():
     print(burst_at_scale(LLAMA_3_70B, storage, 20.0, 4.0, 2, process_start_s=30.0, first_step_s=10.0).line)
@@ -427,7 +430,8 @@ print(f"to wait for no cold start, keep {warm_replicas_needed(20.0, 4.0)} replic
 # ranks: each is refused before any rank starts, in words.
 
 # %%
-from shardlib.serving.fleet import ServingObjective, run_replicas
+from shardlib.predict.serving.goodput import ServingObjective
+from shardlib.lab.serving.replica_drivers import run_replicas
 
 for attempt in (lambda: run_disaggregated(four, weights, trace, config, prefill_ranks=0),
                 lambda: run_disaggregated(four, weights, trace, config, prefill_ranks=4),

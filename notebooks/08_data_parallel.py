@@ -123,11 +123,11 @@
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.data_parallel.buckets import BucketedReplica
+from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.ui.code import show_code
 
 show_code(BucketedReplica._build_bucket, BucketedReplica._ready, BucketedReplica._launch, BucketedReplica.after_step)
@@ -151,7 +151,7 @@ show_code(BucketedReplica._build_bucket, BucketedReplica._ready, BucketedReplica
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.data_parallel.zero3 import Gathered, ShardedUnits
+from shardlib.core.data_parallel.zero3 import Gathered, ShardedUnits
 
 show_code(Gathered, ShardedUnits._before_forward, ShardedUnits._after_forward, ShardedUnits._before_backward,
           ShardedUnits.reduce, ShardedUnits.take, ShardedUnits._gather, ShardedUnits._free, ShardedUnits._prefetch)
@@ -159,13 +159,14 @@ show_code(Gathered, ShardedUnits._before_forward, ShardedUnits._after_forward, S
 # %% [markdown]
 # ## Predict: Llama-3-8B and 70B on 8 GPUs
 #
-# The table above, applied to the published parameter counts (`shardlib.models`), mixed-precision Adam,
+# The table above, applied to the published parameter counts (`shardlib.facts.models`), mixed-precision Adam,
 # `dp = 8`.
 
 # %%
-from shardlib.data_parallel import STATE_BYTES_MEGATRON, STRATEGY_TITLES, memory_per_rank, step_wire_bytes, zero_table
-from shardlib.hardware import H100_80GB
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.predict.data_parallel import STATE_BYTES_MEGATRON, memory_per_rank, step_wire_bytes, zero_table
+from shardlib.core.data_parallel.flat import STRATEGY_TITLES
+from shardlib.facts.hardware import H100_80GB
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
 
 DP = 8
 rows = zero_table([LLAMA_3_8B, LLAMA_3_70B], dp=DP)
@@ -208,8 +209,10 @@ zero_table_figure(rows, {H100_80GB.name: H100_80GB.memory_bytes},
 # different order). The two ranks agree bit for bit.
 
 # %%
-from shardlib import Ranks
-from shardlib.data_parallel import TOLERANCE, run_strategies, toy_batches, toy_model, train_reference
+from shardlib.runtime.ranks import Ranks
+from shardlib.core.checks import TOLERANCE
+from shardlib.lab.data_parallel.drivers import run_strategies
+from shardlib.lab.data_parallel.reference import toy_batches, toy_model, train_reference
 
 model = toy_model(d_model=32, d_hidden=64, n_layers=4, d_out=8, seed=0)
 batches = toy_batches(4, rows=16, d_in=32, d_out=8, seed=1)
@@ -233,7 +236,7 @@ for s, run in runs.items():
 # moments are the optimizer). ZeRO-3 on 2 ranks keeps exactly half of what DDP keeps.
 
 # %%
-from shardlib.data_parallel import STATE_BYTES_FP32
+from shardlib.predict.data_parallel import STATE_BYTES_FP32
 
 n_params = runs["ddp"].n_params
 print(f"{n_params:,} parameters, 2 ranks; bytes rank 0 keeps between steps (measured = predicted?)")
@@ -282,7 +285,7 @@ assert wire["ddp"] == wire["zero1"] == wire["zero2"] and 2 * wire["zero3"] == 3 
 # so its pair makes four passes. Predict the all-reduce at half the pair's time.
 
 # %%
-from shardlib.data_parallel import run_identity_check
+from shardlib.lab.data_parallel.claims import run_identity_check
 
 check = run_identity_check(ranks, 2 ** 18, repeats=5)
 same = check.identity
@@ -309,7 +312,8 @@ for v in check.verdicts:
 # arrives while this one computes). The peak is the largest layer, or the largest pair of neighbours.
 
 # %%
-from shardlib.data_parallel import gathered_peak_bytes, run_data_parallel
+from shardlib.predict.data_parallel import gathered_peak_bytes
+from shardlib.lab.data_parallel.drivers import run_data_parallel
 
 for prefetch in (False, True):  # the ZeRO-3 run above already prefetched
     run = runs["zero3"] if prefetch else run_data_parallel(ranks, "zero3", model, batches, LR, prefetch=False)
@@ -333,7 +337,7 @@ for prefetch in (False, True):  # the ZeRO-3 run above already prefetched
 # of 64 KiB) makes the effect visible.
 
 # %%
-from shardlib.data_parallel import run_overlap_check
+from shardlib.lab.data_parallel.claims import run_overlap_check
 
 mid = toy_model(d_model=128, d_hidden=512, n_layers=4, d_out=8, seed=0)
 mid_batches = toy_batches(4, rows=64, d_in=128, d_out=8, seed=1)
@@ -381,7 +385,7 @@ overlap_timeline_figure(on.spans, on.n_steps - 1,
 # same gradient.
 
 # %%
-from shardlib.data_parallel import run_peer
+from shardlib.lab.data_parallel.drivers import run_peer
 
 for peer in ("torch_ddp", "torch_fsdp2"):
     result = run_peer(ranks, peer, model, batches, LR)
@@ -402,7 +406,8 @@ for peer in ("torch_ddp", "torch_fsdp2"):
 # as many layer forwards per step. The linear head, the fifth layer, keeps its input (8 KiB) either way.
 
 # %%
-from shardlib.data_parallel import measure_activations, mlp_activation_bytes
+from shardlib.lab.data_parallel.activations import measure_activations
+from shardlib.predict.data_parallel import mlp_activation_bytes
 
 x64, y64 = toy_batches(1, rows=64, d_in=32, d_out=8, seed=3)[0]
 plain = measure_activations(model, x64, y64, checkpoint=False, repeats=1)
@@ -439,8 +444,9 @@ activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.sav
 # which stores attention's `s × s` tensors, should overflow an 80 GB GPU.
 
 # %%
-from shardlib.data_parallel import layer_activation_bytes, training_memory_per_gpu
-from shardlib.pipeline import make_schedule, peak_in_flight
+from shardlib.predict.data_parallel import layer_activation_bytes, training_memory_per_gpu
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.predict.pipeline import peak_in_flight
 
 in_flight = peak_in_flight(make_schedule("1f1b", 4, 8))[0]  # 1F1B, 4 stages: the first stage holds 4
 print(f"Llama-3-8B, sequences of 4096 tokens, microbatch 1, ZeRO-1 over 8 ranks; pp = 4 with 1F1B ({in_flight} in "

@@ -52,11 +52,11 @@
 # W are always one action's times and B is the input gradient, so DualPipe's B is our `B + W`:
 
 # %%
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.pipeline import OpCosts, notation_rows
+from shardlib.predict.bubbles import OpCosts, notation_rows
 
 p = 4
 equal = OpCosts(forward_s=1.0, backward_s=1.0, weight_s=1.0)  # F = B = W = 1 unit, B the input gradient
@@ -88,7 +88,8 @@ assert zb_h1 * 3 == one_f_one_b  # ZB-H1 idles a third of 1F1B when F = B = W
 # below.
 
 # %%
-from shardlib.pipeline import make_schedule, schedule_text
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.predict.pipeline import schedule_text
 
 for name in ("1f1b", "zb-h1"):
     s = make_schedule(name, 4, 8)
@@ -152,11 +153,11 @@ for name in ("zb-v", "dualpipev"):
 # ## Read the code
 #
 # The stage loop of notebook 03 did not change; its `Stage.ops` gained the split. Here are the three
-# backward methods and ZB-H1's builder (`shardlib/pipeline/engine.py`, `shardlib/pipeline/zero_bubble.py`).
+# backward methods and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `shardlib/core/pipeline/zero_bubble.py`).
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.pipeline.engine import Stage
-from shardlib.pipeline.zero_bubble import zb_h1_order
+from shardlib.core.pipeline.engine import Stage
+from shardlib.core.pipeline.zero_bubble import zb_h1_order
 from shardlib.ui.code import show_code
 
 show_code(Stage.backward, Stage.backward_input, Stage.backward_weight, zb_h1_order)
@@ -184,7 +185,7 @@ show_code(Stage.backward, Stage.backward_input, Stage.backward_weight, zb_h1_ord
 # `(p-1) F` per device, with F one chunk's forward.
 
 # %%
-from shardlib.pipeline import published_fraction, simulated_fraction
+from shardlib.predict.bubbles import published_fraction, simulated_fraction
 
 print("idle share of one step at F = B = W")
 print(f"{'schedule':12}" + "".join(f"p={p},m={m:<6}" for p in (2, 4) for m in (2 * p, 4 * p)))
@@ -207,10 +208,10 @@ for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
 # the same microbatches.
 
 # %%
-from shardlib import Ranks
-from shardlib.models import TOY
-from shardlib.pipeline import run_pipeline
-from shardlib.toy import activations, stack_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.facts.models import TOY
+from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.core.toy import activations, stack_weights
 
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)
 x = activations(16, 4, TOY.d_model, seed=1)
@@ -240,7 +241,7 @@ for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
 # hidden all-to-alls are shorter than 40 ms, so about half the rows' time disappears.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.experts import run_overlap_check
+from shardlib.lab.experts.overlap_drivers import run_overlap_check
 
 overlap = run_overlap_check(ranks, repeats=2)
 for v in overlap.verdicts:
@@ -270,7 +271,7 @@ assert overlap.exact  # both orders give the one-process layer's outputs bit for
 # 260 ms and 1F1B's 300 ms. At `m = 8`, ZB-H1's idle stays 20 ms while its work doubles: 500 ms.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.pipeline import run_zero_bubble_check
+from shardlib.lab.pipeline.split_drivers import run_zero_bubble_check
 
 check = run_zero_bubble_check(ranks, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 8, 1.0)],
                               TOY, layers, x, grad, op_s=0.02)
@@ -352,7 +353,7 @@ for v in dear_check.verdicts:
 # Measured on the two ranks (p = 2), in the steps run above:
 
 # %%
-from shardlib.pipeline import peak_in_flight
+from shardlib.predict.pipeline import peak_in_flight
 
 print(f"{'p = 2, m = 4':14}{'chunks held':14}{'whole stages':14}{'layers per device':20}")
 for name, run in runs.items():
@@ -417,7 +418,9 @@ for name, run in runs.items():
 # per stage than ours at F = B = W, fewer, or the same? Each schedule's line ends with both counts.
 
 # %%
-from shardlib.pipeline import import_pipelining_on_rank, run_torch_runtime, simulate
+from shardlib.lab.pipeline.torch_peer import import_pipelining_on_rank
+from shardlib.lab.pipeline.drivers import run_torch_runtime
+from shardlib.core.pipeline.schedules import simulate
 
 ranks.run(import_pipelining_on_rank)  # each rank loads torch.distributed.pipelining once
 for name, mine in (("DualPipeV", "dualpipev"), ("ZBVZeroBubble", "zb-v")):

@@ -57,13 +57,14 @@
 # Before running the cell: how much of the cache does one device hold at `tp = 8`, and at `tp = 8, cp = 4`?
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.context_parallel import context_parallel_needed, device_memory
-from shardlib.hardware import H100_80GB
-from shardlib.models import LLAMA_3_1_8B, LLAMA_3_1_70B, kv_cache_bytes
+from shardlib.predict.context_parallel_memory import context_parallel_needed, device_memory
+from shardlib.facts.hardware import H100_80GB
+from shardlib.facts.models import LLAMA_3_1_8B, LLAMA_3_1_70B
+from shardlib.predict.shapes import kv_cache_bytes
 from shardlib.ui.context_parallel_figures import memory_figure
 
 seqs = [2 ** k for k in range(12, 21)]  # 4k to 1M tokens
@@ -120,7 +121,7 @@ for model, tokens in ((LLAMA_3_1_8B, 1_000_000), (LLAMA_3_1_70B, 1_000_000)):
 # so the wire bytes cannot change. The two halves are autograd functions, each the other's transpose.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
+from shardlib.core.tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
 from shardlib.ui.code import show_code
 
 show_code(GatherFromSequence, ScatterToSequence)
@@ -131,11 +132,11 @@ show_code(GatherFromSequence, ScatterToSequence)
 # forward and backward; autograd's saved tensors are counted on each rank.
 
 # %%
-from shardlib import Ranks
-from shardlib.context_parallel import toy_block_activation_bytes
-from shardlib.models import TOY
-from shardlib.tensor_parallel import run_sequence_parallel
-from shardlib.toy import activations, layer_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.predict.context_parallel_memory import toy_block_activation_bytes
+from shardlib.facts.models import TOY
+from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
+from shardlib.core.toy import activations, layer_weights
 
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
@@ -190,7 +191,7 @@ assert sp_run.activation_saving < 1
 import torch
 import torch.nn.functional as F
 
-from shardlib.context_parallel import block_partial, merge
+from shardlib.core.context_parallel.online_softmax import block_partial, merge
 
 g = torch.Generator().manual_seed(0)
 q1, k1, v1 = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(3))
@@ -223,7 +224,8 @@ ring_steps_figure(4, "contiguous")
 # share 2 KV heads (grouped-query attention: only the 2 KV heads travel), head size 12, 10 tokens per rank.
 
 # %%
-from shardlib.context_parallel import attention_reference, simulate_ring_attention
+from shardlib.core.context_parallel.online_softmax import attention_reference
+from shardlib.lab.context_parallel.reference import simulate_ring_attention
 
 for n in (2, 3, 4):
     q, k, v = (torch.randn(2, h, 10 * n, 12, generator=g) for h in (6, 2, 2))
@@ -238,7 +240,8 @@ for n in (2, 3, 4):
 # Predict the bytes: each rank sends a K/V block `n − 1` times (once here), `2 · b · KV · (s/n) · hd · 4` bytes.
 
 # %%
-from shardlib.context_parallel import AttentionShape, run_ring_attention
+from shardlib.predict.context_parallel import AttentionShape
+from shardlib.lab.context_parallel.drivers import run_ring_attention
 
 q, k, v = (torch.randn(2, h, 70, 12, generator=g) for h in (6, 2, 2))
 block_bytes = AttentionShape(2, 6, 2, 70, 12).kv_block_bytes(2)
@@ -287,7 +290,7 @@ for causal in (True, False):
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.context_parallel.ring import Hop, RingAttention
+from shardlib.core.context_parallel.ring import Hop, RingAttention
 
 show_code(Hop, RingAttention)
 
@@ -297,8 +300,9 @@ show_code(Hop, RingAttention)
 # 6 query heads sharing 2 KV heads of 12, batch 2:
 
 # %%
-from shardlib.context_parallel import attention_grads_reference, run_ring_attention_grads, shard_sequence
-from shardlib.runtime.measure import TOLERANCE
+from shardlib.lab.context_parallel.reference import attention_grads_reference, shard_sequence
+from shardlib.lab.context_parallel.grad_drivers import run_ring_attention_grads
+from shardlib.core.checks import TOLERANCE
 
 q, k, v = (torch.randn(2, h, 72, 12, generator=g) for h in (6, 2, 2))
 d_out = torch.randn_like(q)  # the gradient arriving from above, shaped like the output
@@ -321,7 +325,11 @@ print(f"dk on each rank: {tuple(grads.shards[0][1].shape)}: only the 2 KV heads'
 # log-sum-exp per row (counted by autograd's saved-tensor hooks).
 
 # %%
-from shardlib.context_parallel import ring_backward_bytes_per_rank, ring_bytes_per_rank, ring_saved_bytes_per_rank
+from shardlib.predict.context_parallel import (
+    ring_backward_bytes_per_rank,
+    ring_bytes_per_rank,
+    ring_saved_bytes_per_rank,
+)
 
 grad_shape = AttentionShape(2, 6, 2, 72, 12)
 print(f"one K/V block {grad_shape.kv_block_bytes(2):,.0f} bytes; forward sent {grads.forward_bytes:,} per rank "
@@ -341,7 +349,8 @@ assert grads.saved_bytes == (ring_saved_bytes_per_rank(grad_shape, 2),) * 2
 # whole sequence. Predict: the two losses agree at every step, and fall.
 
 # %%
-from shardlib.context_parallel import attention_layer_weights, run_ring_training
+from shardlib.lab.context_parallel.reference import attention_layer_weights
+from shardlib.lab.context_parallel.grad_drivers import run_ring_training
 
 x_train, target = torch.randn(2, 32, 16, generator=g), torch.randn(2, 32, 16, generator=g)
 training = run_ring_training(ranks, x_train, target, attention_layer_weights(16, 4, 2, 8, seed=3), head_dim=8,
@@ -372,7 +381,7 @@ block_owner_figure(4)
 # in CPU time.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.context_parallel import run_balance_check
+from shardlib.lab.context_parallel.claims import run_balance_check
 from shardlib.ui.context_parallel_figures import balance_figure
 
 qb, kb, vb = (torch.randn(1, 4, 1024, 64, generator=g) for _ in range(3))
@@ -436,7 +445,7 @@ assert balance.runs["contiguous"].computed_blocks == (1, 2) and balance.runs["zi
 # step. Predict: with overlap, almost no time blocked in `wait`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.context_parallel import run_overlap_check
+from shardlib.lab.context_parallel.claims import run_overlap_check
 from shardlib.ui.context_parallel_figures import ring_timeline_figure
 
 qo, ko, vo = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
@@ -471,8 +480,8 @@ assert overlap.overlapped.exact and overlap.sequential.exact
 # K/V. The heads are Llama-3.1-70B's: 64 query heads sharing 8 KV heads of 128. A model, not a measurement.
 
 # %%
-from shardlib.context_parallel import ring_block_attention_s, ring_hiding_tokens
-from shardlib.hardware import INFINIBAND_400G, NVLINK, PCIE_GEN4
+from shardlib.predict.context_parallel import ring_block_attention_s, ring_hiding_tokens
+from shardlib.facts.hardware import INFINIBAND_400G, NVLINK, PCIE_GEN4
 
 m70 = LLAMA_3_1_70B
 head_dim = m70.d_model // m70.n_heads
@@ -509,7 +518,8 @@ assert hiding[NVLINK.name] < 1000 < hiding[INFINIBAND_400G.name]
 # of its buffer and sends the rest.
 
 # %%
-from shardlib.context_parallel import run_ulysses_attention, run_ulysses_attention_grads
+from shardlib.lab.context_parallel.drivers import run_ulysses_attention
+from shardlib.lab.context_parallel.grad_drivers import run_ulysses_attention_grads
 
 q, k, v = (torch.randn(2, h, 70, 12, generator=g) for h in (6, 2, 2))
 uly = run_ulysses_attention(ranks, q, k, v)
@@ -551,7 +561,8 @@ assert run_ring_attention(ranks, q3, k3, v3).exact  # the ring does not care abo
 # sending half of a `2 · 2 · 70 · 12 · 4`-byte buffer, equal to what the ring sent.
 
 # %%
-from shardlib.context_parallel import all_gather_kv_bytes_per_rank, run_all_gather_attention
+from shardlib.predict.context_parallel import all_gather_kv_bytes_per_rank
+from shardlib.lab.context_parallel.drivers import run_all_gather_attention
 
 shape = AttentionShape(2, 6, 2, 70, 12)
 gathered = run_all_gather_attention(ranks, q, k, v)
@@ -569,7 +580,7 @@ assert gathered.wire_bytes_per_rank == ring_run.sent_bytes_per_rank[0] == all_ga
 # groups of 8 and the ring across the 2 groups.
 
 # %%
-from shardlib.context_parallel import all_gather_kv_held_bytes, cp_comm_bytes_per_rank
+from shardlib.predict.context_parallel import all_gather_kv_held_bytes, cp_comm_bytes_per_rank
 
 llama = AttentionShape(1, m70.n_heads, m70.n_kv_heads, 131_072, head_dim, bytes_per_value=2)
 methods = cp_comm_bytes_per_rank(llama, 16, inner=8)

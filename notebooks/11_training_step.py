@@ -29,13 +29,13 @@
 # - An explorer that trains any layout of the four ranks and draws its ledger.
 
 # %%
-from shardlib import start_template
+from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside this cell's imports
 
-from shardlib import Ranks
-from shardlib.mesh import Layout
-from shardlib.runtime.measure import TOLERANCE
+from shardlib.runtime.ranks import Ranks
+from shardlib.core.mesh import Layout
+from shardlib.core.checks import TOLERANCE
 from shardlib.ui.code import show_code
 
 four = Ranks(4)
@@ -99,7 +99,9 @@ print(f"{four.world_size} ranks: {four.description}")
 # %%
 from dataclasses import replace
 
-from shardlib.training import MarkovCorpus, TrainingConfig, train_reference
+from shardlib.lab.training.corpus import MarkovCorpus
+from shardlib.core.training.config import TrainingConfig
+from shardlib.lab.training.reference import train_reference
 
 train_config = TrainingConfig(dtype="float64", steps=3)  # float64: see "Run it" below
 corpus = MarkovCorpus(train_config)
@@ -115,7 +117,7 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 # %% [markdown]
 # ## Read the code
 #
-# `shardlib.training.step` is one rank's part of the step. It re-implements none of the earlier
+# `shardlib.core.training.step` is one rank's part of the step. It re-implements none of the earlier
 # strategies. It builds this rank's model pieces and hands them to the mechanisms you have met.
 #
 # - A `Block` takes this rank's slice of the residual stream, `(b, s/(cp tp), d)`. It norms its own
@@ -136,9 +138,9 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 # - ZeRO-3 is notebook 08's `ShardedUnits` on the same group, here with `pp = 1`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.data_parallel.buckets import BucketedReplica
-from shardlib.pipeline.engine import run_stage
-from shardlib.training.step import Block, TrainingStep
+from shardlib.core.data_parallel.buckets import BucketedReplica
+from shardlib.core.pipeline.engine import run_stage
+from shardlib.core.training.step import Block, TrainingStep
 
 show_code(Block.forward, TrainingStep.__init__, TrainingStep.run, run_stage, BucketedReplica._ready,
           BucketedReplica._launch)
@@ -146,7 +148,7 @@ show_code(Block.forward, TrainingStep.__init__, TrainingStep.run, run_stage, Buc
 # %% [markdown]
 # ## Predict: what each rank keeps and sends
 #
-# A rank's **ledger** is the bytes it keeps. `training.predict` counts it from the shapes alone:
+# A rank's **ledger** is the bytes it keeps. `predict.training.ledger` counts it from the shapes alone:
 #
 # - between steps: weights, gradients and AdamW's two moments, as [notebook 08](08_data_parallel.ipynb)
 #   counts them (ZeRO-1 keeps all `P` weights and gradients and two moments of its shard `S`);
@@ -166,8 +168,8 @@ show_code(Block.forward, TrainingStep.__init__, TrainingStep.run, run_stage, Buc
 # Here is the ledger for two stages of two-way tensor parallelism. The ranks of one stage are alike.
 
 # %%
-from shardlib.training.drivers import check_training
-from shardlib.training.predict import KEYS, predict_ledger, predict_traffic
+from shardlib.lab.training.drivers import check_training
+from shardlib.predict.training.ledger import KEYS, predict_ledger, predict_traffic
 
 pp_tp = Layout(tp=2, pp=2)
 predicted_pp_tp = predict_ledger(train_config, pp_tp, check_training(pp_tp, train_config))
@@ -205,7 +207,7 @@ assert predicted_pp_tp[0]["activations"] > predicted_pp_tp[2]["activations"]  # 
 # each update by the root of its second moment, which makes those last-bit differences grow step by step.
 
 # %%
-from shardlib.training import run_training
+from shardlib.lab.training.drivers import run_training
 
 train_layouts = (Layout(tp=2, pp=1, dp=2), Layout(tp=2, pp=2), Layout(tp=1, pp=2, dp=2), Layout(tp=2, pp=1, cp=2),
                  Layout(tp=2, pp=1, dp=2, dp_strategy="zero3"))
@@ -368,8 +370,9 @@ print("measured = predicted on every rank: " + ", ".join(
 # global batch of 4 sequences (`m` set to make it so). First the prediction, fastest first:
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.training.step_time import fit_step_cluster, run_ranking_check
-from shardlib.training.toy_prediction import RANKED_4, STEP_TIME_CONFIG, predict_step
+from shardlib.lab.training.step_time import fit_step_cluster
+from shardlib.lab.training.ranking import run_ranking_check
+from shardlib.predict.training.toy_prediction import RANKED_4, STEP_TIME_CONFIG, predict_step
 
 timed = replace(STEP_TIME_CONFIG, n_layers=2, steps=3)  # each run's first step left out: the median of two
 this_machine = fit_step_cluster(four, timed, samples=2)  # the "cluster" of these four ranks, fitted now

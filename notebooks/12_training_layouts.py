@@ -30,7 +30,7 @@
 # %% [markdown]
 # ## Memory per GPU at scale
 #
-# Serving keeps weights and KV cache. Training keeps much more per GPU. `training.memory` counts one GPU
+# Serving keeps weights and KV cache. Training keeps much more per GPU. `predict.training.memory` counts one GPU
 # of a `(tp, pp, dp, cp, ZeRO stage)` layout, stage by stage:
 #
 # - **States**: the stage's parameters (its layers split `tp` ways; the first stage also holds the
@@ -63,7 +63,7 @@
 # reads those from the schedule.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.training.memory import in_flight, training_memory
+from shardlib.predict.training.memory import in_flight, training_memory
 from shardlib.ui.code import show_code
 
 show_code(training_memory, in_flight)
@@ -75,7 +75,7 @@ show_code(training_memory, in_flight)
 # GPU do DDP and the three ZeRO stages keep? Then the published figures, beside the same formulas.
 
 # %%
-from shardlib.training.published import format_rows, published_rows
+from shardlib.predict.training.published import format_rows, published_rows
 
 rows = published_rows()
 print(format_rows(rows))
@@ -111,10 +111,10 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 # microbatches of 7 layers. Predict: how many does stage 1 hold, of 8 layers? Which stage is fuller?
 
 # %%
-from shardlib.hardware import H100_80GB
-from shardlib.models import LLAMA_3_1_405B
-from shardlib.training.choices import LLAMA_3_PUBLISHED
-from shardlib.training.memory import training_memory
+from shardlib.facts.hardware import H100_80GB
+from shardlib.facts.models import LLAMA_3_1_405B
+from shardlib.predict.training.choices import LLAMA_3_PUBLISHED
+from shardlib.predict.training.memory import training_memory
 
 llama_layout = LLAMA_3_PUBLISHED[1].layout()  # tp 8, pp 16, dp 128; FSDP as Llama 3 ran it: ZeRO-2
 print(f"{LLAMA_3_1_405B.name}, {llama_layout.label}, 8,192 tokens, microbatch 1, 16 microbatches, per GPU:")
@@ -186,10 +186,11 @@ assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["ful
 # %%
 from dataclasses import replace
 
-from shardlib.hardware import gpu_cluster
-from shardlib.mesh import Layout
-from shardlib.training import TrainingWorkload, format_training_plan, plan_training
-from shardlib.training.planner import best_configuration
+from shardlib.facts.hardware import gpu_cluster
+from shardlib.core.mesh import Layout
+from shardlib.predict.training.time_model import TrainingWorkload
+from shardlib.predict.training.planner import format_training_plan, plan_training
+from shardlib.predict.training.planner import best_configuration
 
 workload = TrainingWorkload(sequence_tokens=8192, global_batch_tokens=2048 * 8192, schedule="interleaved-1f1b",
                             chunks=4, lighter_ends=True)
@@ -251,7 +252,7 @@ fig
 # does a wider `dp` cost a pipeline?
 
 # %%
-from shardlib.training.choices import format_training_choices, training_choices
+from shardlib.predict.training.choices import format_training_choices, training_choices
 
 choices = training_choices(schedule="interleaved-1f1b", chunks=4)
 print(format_training_choices(choices))
@@ -296,7 +297,11 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 # the all-to-alls exposed, does it pick wide EP at all?
 
 # %%
-from shardlib.training.moe_choices import DEEPSEEK_V3_PUBLISHED, deepseek_v3_choices, format_deepseek_v3_choices
+from shardlib.predict.training.moe_choices import (
+    DEEPSEEK_V3_PUBLISHED,
+    deepseek_v3_choices,
+    format_deepseek_v3_choices,
+)
 
 moe_rows = deepseek_v3_choices(dp_strategies=("zero1",))  # ZeRO-1 only: see "What was searched" below
 print(format_deepseek_v3_choices(moe_rows))

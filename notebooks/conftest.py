@@ -4,9 +4,10 @@ With ``SHARDLIB_SITE_DIR`` set (``make test`` sets it), the nbval run of a main 
 (``notebooks/NN_*.ipynb``) first installs the static widgets in its kernel (``shardlib.ui.static``, as
 ``scripts/build_site.py`` does), keeps every cell's outputs, and writes the executed notebook as a page
 into that folder when the notebook's last cell has run. ``tests/static_site`` then reads those pages
-instead of executing every notebook again. Without the variable, nothing here does anything: an
-instructor's plain ``pytest --nbval`` runs the notebooks as a learner's kernel would. It lives beside the
-notebooks so that it applies to their cells only (and no module named ``conftest`` sits at the root).
+instead of executing every notebook again. Without the variable, no page is written. Under nbval the
+kernels' timing claims are strict (``SHARDLIB_STRICT_CLAIMS=1``, unless already set): a claim a busy machine
+spoiled fails the run, as it only prints its numbers in a learner's kernel. It lives beside the notebooks so
+that it applies to their cells only (and no module named ``conftest`` sits at the root).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# nbval asserts the notebooks' timing claims: their kernels (started after this) run strict unless told otherwise
+os.environ.setdefault("SHARDLIB_STRICT_CLAIMS", "1")
 SITE = os.environ.get("SHARDLIB_SITE_DIR")
 _outputs: dict[Path, dict[int, list]] = {}
 _installed: set[Path] = set()

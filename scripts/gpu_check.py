@@ -15,7 +15,7 @@ Steps, each reported as passed or failed with its numbers (one failing does not 
   collectives and the host staging (``TEST_FILES``) with their pools on the GPU path: once as ``auto``
   places them, once more shared through host memory when ``auto`` picks NCCL.
 * ``sweep``: an all-reduce size sweep on each path, with the bus bandwidth as nccl-tests reports it.
-* ``fit``: this machine's latency and bandwidth fitted (``costs.drivers.run_calibration``) on 2 CPU
+* ``fit``: this machine's latency and bandwidth fitted (``lab.costs.drivers.run_calibration``) on 2 CPU
   ranks, 2 ranks sharing a GPU, and 2 NCCL ranks, side by side with their ratio to the CPU run.
 * ``torchrun``: ``tp_inside_pp_across_on_rank`` on two torchrun agents standing in for two nodes, two processes
   each: NCCL with two GPUs per agent where there are four (``CUDA_VISIBLE_DEVICES`` split between the
@@ -42,15 +42,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shardlib import Ranks  # noqa: E402
-from shardlib.costs.drivers import run_calibration  # noqa: E402
-from shardlib.intro.ranks import all_reduce_time_on_rank, first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
-from shardlib.launch import failed_check, start_local_nodes  # noqa: E402
-from shardlib.models import TOY  # noqa: E402
+from shardlib.core.toy import activations, layer_weights  # noqa: E402
+from shardlib.facts.models import TOY  # noqa: E402
+from shardlib.lab.costs.drivers import run_calibration  # noqa: E402
+from shardlib.lab.intro.ranks import all_reduce_time_on_rank, first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
+from shardlib.lab.tensor_parallel.drivers import run_tp_block  # noqa: E402
 from shardlib.runtime.context import gpu_count  # noqa: E402
 from shardlib.runtime.devices import place_ranks  # noqa: E402
-from shardlib.tensor_parallel import run_tp_block  # noqa: E402
-from shardlib.toy import activations, layer_weights  # noqa: E402
+from shardlib.runtime.launch import failed_check, start_local_nodes  # noqa: E402
+from shardlib.runtime.ranks import Ranks  # noqa: E402
 
 STEPS = ("pools", "tests", "sweep", "fit", "torchrun", "notebooks")
 TOLERANCE = 1e-4  # float32 on a GPU (TF32 off) against float32 on the CPU: the summation order differs
@@ -195,7 +195,7 @@ def check_torchrun(report: Report, n_gpus: int, rehearse: bool) -> None:
     else:
         backend, devices = "cuda:gloo", None  # two agents would see the same GPUs: share them
     started = time.perf_counter()
-    agents, _ = start_local_nodes("shardlib.serving.machines:tp_inside_pp_across_on_rank", [2, 2],
+    agents, _ = start_local_nodes("shardlib.lab.serving.machines:tp_inside_pp_across_on_rank", [2, 2],
                                   backend=backend, devices_per_node=devices, timeout_s=300)
     results = [r for agent in agents for r in agent.results]
     ok = (all(a.returncode == 0 for a in agents) and len(results) == 4

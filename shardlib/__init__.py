@@ -1,32 +1,29 @@
 """shardlib: how a model too big for one GPU is served and trained across many, on real ranks.
 
 Tensor, pipeline, expert, data and context parallelism, each shown on real processes exchanging real
-tensors beside the formula that predicts it, and composed the way real deployments combine them. The
-package is organised by workload; imports point down only (a test walks them):
+tensors beside the formula that predicts it. The layers, imports pointing down only:
 
-* ``checks``, ``models``, ``hardware``, ``toy``, ``mesh``, ``units``: what everything shares. Model shapes,
-  hardware facts with sources, the small transformer every demo runs, the device mesh (``Layout``).
-* ``runtime``: ``Ranks`` (a warm pool of rank processes), ``RankContext``, recorded collectives, spans.
-* ``tensor_parallel``, ``pipeline``, ``experts``, ``data_parallel``, ``context_parallel``: one strategy each,
-  with its mechanism, a one-process reference, predictions, rank functions and drivers; ``costs``: the
-  alpha-beta model of one collective and its calibration on the ranks.
-* ``serving``, ``training``: the workloads, composed from the strategies' own mechanisms: cost models,
-  planners (``plan_serving``, ``plan_training``), and layouts run on ranks.
-* ``ui``: figures, widgets, check-yourself questions, static export. ``exercises``: graders.
+* ``core``: the reference, the mechanisms of every strategy and their compositions (the training step,
+  the serving engine), importing only ``torch`` and itself. Read it in an afternoon.
+* ``facts``: real models' shapes and the hardware they run on, with sources. ``runtime``: ``Ranks``, a warm
+  pool of rank processes, ``RankContext``, recorded collectives, spans.
+* ``predict``: the formulas, cost models and planners (no ``torch.distributed``). ``lab``: the mechanisms
+  run on ranks, against their references, beside their predictions.
+* ``ui``: figures, widgets, check-yourself questions. ``exercises``: graders.
 
-The runtime's main names are importable from here: ``from shardlib import Ranks``, and ``start_template``,
-which a notebook's first cell calls so that the ranks' template imports torch while the cells before the
-first pool run. They load on first use, so ``import shardlib.models`` stays light.
+``from shardlib import Ranks`` works, and ``start_template``, which a notebook's first cell calls so that the
+ranks' template imports torch while the cells before the first pool run. Both load on first use.
 """
 
-from ._lazy import exports
+from importlib import import_module
 
-__all__, __getattr__, __dir__ = exports("shardlib.runtime", {
-    "ranks": ("Ranks",),
-    "launcher": ("start_template",),
-    "errors": ("RankError", "RankTimeoutError"),
-    "context": ("RankContext",),
-    "records": ("CommRecord",),
-    "timeline": ("Span",),
-})
+_HOME = {"Ranks": "ranks", "start_template": "launcher", "RankError": "errors", "RankTimeoutError": "errors",
+         "RankContext": "context", "CommRecord": "records", "Span": "timeline"}
+__all__ = ["core", "facts", "runtime", "predict", "lab", "ui", "exercises", *_HOME]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        return getattr(import_module(f"shardlib.runtime.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'shardlib' has no attribute {name!r}")

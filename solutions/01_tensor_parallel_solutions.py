@@ -23,7 +23,7 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises import grade_shard_rows, grade_tp_pair_forward
+from shardlib.exercises.tensor_parallel import grade_shard_rows, grade_tp_pair_forward
 
 print(inspect.getsource(answers.shard_rows))
 result = grade_shard_rows(answers.shard_rows)
@@ -31,7 +31,7 @@ print(result)
 assert result.passed
 
 # %%
-from shardlib import Ranks
+from shardlib.runtime.ranks import Ranks
 
 print(inspect.getsource(answers.tp_pair_forward))
 with Ranks(2) as ranks, Ranks(4) as four:

@@ -23,8 +23,8 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib import Ranks
-from shardlib.exercises import grade_fit_alpha_beta
+from shardlib.runtime.ranks import Ranks
+from shardlib.exercises.costs import grade_fit_alpha_beta
 
 print(inspect.getsource(answers.fit_alpha_beta))
 ranks = Ranks(2)

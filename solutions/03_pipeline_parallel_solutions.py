@@ -18,17 +18,17 @@
 # The answer to `notebooks/exercises/03_pipeline_parallel_exercises`, kept apart from the starter. It
 # lives in `exercise_answers.py` beside this notebook. Below, it is printed and then graded by the same
 # checker the learners run, on two real ranks, which must pass. It is the order of
-# `shardlib.pipeline.classic.one_f_one_b_order`, as the last cell checks.
+# `shardlib.core.pipeline.classic.one_f_one_b_order`, as the last cell checks.
 
 # %%
 import inspect
 
 import exercise_answers as answers
-from shardlib import Ranks
-from shardlib.exercises import grade_one_f_one_b
-from shardlib.models import TOY
-from shardlib.pipeline import one_f_one_b_order
-from shardlib.toy import activations, stack_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.exercises.pipeline import grade_one_f_one_b
+from shardlib.facts.models import TOY
+from shardlib.core.pipeline.classic import one_f_one_b_order
+from shardlib.core.toy import activations, stack_weights
 
 print(inspect.getsource(answers.one_f_one_b))
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)

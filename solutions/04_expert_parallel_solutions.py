@@ -23,7 +23,8 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises import grade_aux_free_bias, grade_dispatch_plan, grade_top_k_router
+from shardlib.exercises.experts_training import grade_aux_free_bias
+from shardlib.exercises.experts import grade_dispatch_plan, grade_top_k_router
 
 print(inspect.getsource(answers.top_k_router))
 result = grade_top_k_router(answers.top_k_router)
@@ -37,7 +38,7 @@ print(result)
 assert result.passed
 
 # %%
-from shardlib import Ranks
+from shardlib.runtime.ranks import Ranks
 
 print(inspect.getsource(answers.aux_free_route))
 with Ranks(2) as ranks, Ranks(4) as four:

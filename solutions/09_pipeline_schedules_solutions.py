@@ -24,10 +24,10 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib import Ranks
-from shardlib.exercises import grade_schedule_table, grade_small_table
-from shardlib.models import TOY
-from shardlib.toy import activations, stack_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.exercises.pipeline_schedules import grade_schedule_table, grade_small_table
+from shardlib.facts.models import TOY
+from shardlib.core.toy import activations, stack_weights
 
 print(inspect.getsource(answers.small_table))
 small = grade_small_table(answers.small_table)

@@ -23,7 +23,7 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises import grade_merge_partial_attention
+from shardlib.exercises.context_parallel import grade_merge_partial_attention
 
 print(inspect.getsource(answers.merge_partials))
 result = grade_merge_partial_attention(answers.merge_partials)

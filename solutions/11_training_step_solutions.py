@@ -25,8 +25,8 @@ import inspect
 import cloudpickle
 
 import exercise_answers as answers
-from shardlib import Ranks
-from shardlib.exercises import grade_mesh_coordinates
+from shardlib.runtime.ranks import Ranks
+from shardlib.exercises.serving import grade_mesh_coordinates
 
 cloudpickle.register_pickle_by_value(answers)  # the ranks receive the solution by value
 print(inspect.getsource(answers.mesh_coordinates))
@@ -45,7 +45,7 @@ assert result.passed
 # rank's ledger with it, to the byte; below, the pipeline layout's ranks side by side (the stages differ).
 
 # %%
-from shardlib.exercises import grade_training_memory
+from shardlib.exercises.training import grade_training_memory
 from shardlib.exercises.training import LAYOUTS, measured_ledgers
 
 print(inspect.getsource(answers.rank_memory))

@@ -136,7 +136,7 @@ def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
 
 def rank_memory(config, layout, rank: int) -> dict[str, int]:
     """The bytes ``rank`` keeps between training steps, and its activations at 1F1B's in-flight peak."""
-    from shardlib.exercises import activation_bytes_per_microbatch, parameters_per_unit
+    from shardlib.exercises.training_ledger import activation_bytes_per_microbatch, parameters_per_unit
 
     stage, e, n = layout.position(rank).stage, config.element_bytes, layout.dp * layout.cp
     full = parameters_per_unit(config)
@@ -194,7 +194,7 @@ class PrefixBlockManager:
         self.name_of: dict = {}  # block -> name
 
     def allocate(self, seq, tokens) -> int:
-        from shardlib.serving.engine.blocks import block_hash
+        from shardlib.core.serving.blocks import block_hash
 
         bs, table, parent = self.block_size, [], None
         usable = len(tokens) - 1  # the last token is computed whatever the cache holds

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from shardlib import Ranks
+from shardlib.runtime.ranks import Ranks
 
 
 def child_pids(pid: int | None = None) -> set[int]:

@@ -44,8 +44,8 @@ def threads(ctx):
 
 def emulated_calls(ctx, node_of_rank, latency_s):
     """Inside-node and cross-node collectives and point-to-point under an emulated slow link."""
-    from shardlib.costs.emulation import EmulatedLink
-    from shardlib.hardware import Link
+    from shardlib.facts.hardware import Link
+    from shardlib.lab.costs.emulation import EmulatedLink
 
     nodes = sorted(set(node_of_rank))
     groups = {n: ctx.new_group([r for r, m in enumerate(node_of_rank) if m == n], f"node{n}") for n in nodes}
@@ -67,8 +67,8 @@ def records_after_emulation(ctx):
 
 
 def emulate_with(ctx, node_of_rank):
-    from shardlib.costs.emulation import EmulatedLink
-    from shardlib.hardware import INFINIBAND_400G
+    from shardlib.facts.hardware import INFINIBAND_400G
+    from shardlib.lab.costs.emulation import EmulatedLink
 
     ctx.comm.emulate(EmulatedLink(node_of_rank, INFINIBAND_400G))
 
@@ -79,6 +79,6 @@ def decode_pieces_reference(ctx, x, layers, model, dp, m, steps):
     cross-rank sum (a matmul's rounding may depend on its row count and threads)."""
     if ctx.rank:
         return None
-    from shardlib.toy import decode_reference
+    from shardlib.core.toy import decode_reference
     return torch.cat([decode_reference(mb, layers, model, steps) for part in x.tensor_split(dp)
                       for mb in part.tensor_split(m)], dim=1)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from shardlib.checks import near_equal_parts
+from shardlib.core.checks import near_equal_parts
 
 
 @pytest.mark.parametrize("n, k", [(0, 1), (1, 1), (7, 3), (8, 4), (126, 16), (3, 5), (10, 10)])

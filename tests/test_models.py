@@ -2,7 +2,8 @@
 
 import pytest
 
-from shardlib.models import (
+from shardlib.core.config import ModelConfig
+from shardlib.facts.models import (
     LLAMA_3_1_405B,
     LLAMA_3_8B,
     LLAMA_3_70B,
@@ -10,7 +11,8 @@ from shardlib.models import (
     PRESETS,
     SHAPE_RULE_EXAMPLES,
     TOY,
-    ModelConfig,
+)
+from shardlib.predict.shapes import (
     binding_rule,
     kv_cache_bytes,
     kv_head_copies,
@@ -19,6 +21,7 @@ from shardlib.models import (
     pipeline_parallel_problems,
     stage_layers,
     tensor_parallel_problems,
+    usable_tensor_parallel_degrees,
     vocab_padding_bytes,
 )
 
@@ -103,7 +106,7 @@ def test_kv_heads_are_copied_past_their_count_at_a_price():
     # the stricter rule, for code that only splits KV heads
     assert tensor_parallel_problems(LLAMA_3_70B, 16, copy_kv_heads=False)[0].startswith(
         "8 KV heads cannot be split 16 ways")
-    assert LLAMA_3_70B.usable_tp == [1, 2, 4, 8, 16, 32, 64]  # up to the 64 query heads
+    assert usable_tensor_parallel_degrees(LLAMA_3_70B) == [1, 2, 4, 8, 16, 32, 64]  # up to the 64 query heads
     assert binding_rule(LLAMA_3_70B, 16) == "" and binding_rule(LLAMA_3_70B, 12) == "kv_heads"
     assert binding_rule(LLAMA_3_70B, 128) == "query_heads"
 
@@ -120,7 +123,8 @@ def test_the_vocabulary_is_padded_never_refused():
 
 def test_the_mlp_width_still_binds():
     model = SHAPE_RULE_EXAMPLES["d_ff"]  # 8,190 = 2 x 4,095
-    assert max(model.usable_tp) == 2 and binding_rule(model, 4) == "d_ff" and model.n_kv_heads == 8
+    assert max(usable_tensor_parallel_degrees(model)) == 2
+    assert binding_rule(model, 4) == "d_ff" and model.n_kv_heads == 8
     problems = tensor_parallel_problems(model, 4)
     assert len(problems) == 1 and "d_ff = 8190 cannot be split 4 ways" in problems[0]
     layers = SHAPE_RULE_EXAMPLES["layers"]

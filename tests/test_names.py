@@ -1,5 +1,6 @@
 """The package keeps its own vocabulary: every module is on the README's map and in its package's
-docstring, pool drivers are ``run_*`` and return frozen dataclasses, rank functions end in ``_on_rank``."""
+docstring, pool drivers are ``run_*`` and return frozen dataclasses, rank functions end in ``_on_rank``, a module
+is at most 300 lines, and the core measures nothing."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def modules() -> list[Path]:
 
 
 def readme_map() -> set[str]:
-    """Paths of the modules the README's layout block names (``shardlib/pipeline/engine.py``); a folder's
+    """Paths of the modules the README's layout block names (``shardlib/core/pipeline/engine.py``); a folder's
     entries are indented two more spaces than the folder."""
     text = (ROOT / "README.md").read_text()
     block = text[text.index("## Layout"):]
@@ -46,7 +47,7 @@ def readme_map() -> set[str]:
 
 
 def dotted(path: Path) -> str:
-    """``shardlib/serving/engine/blocks.py`` -> ``shardlib.serving.engine.blocks``."""
+    """``shardlib/core/serving/blocks.py`` -> ``shardlib.core.serving.blocks``."""
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
@@ -122,66 +123,28 @@ def test_module_docstrings_say_what_the_module_holds_in_about_15_lines():
     assert long == []
 
 
-def test_a_module_over_300_lines_says_why_it_is_one_idea():
-    """Modules are split by idea, not by a line count: one past 300 lines says in its docstring, in a
-    sentence beginning "One idea:", why it stays whole."""
-    import ast
-
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in modules() if (n := len(p.read_text().splitlines())) > 300
-            and "One idea:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+def test_a_module_is_at_most_300_lines():
+    """Modules are cut by idea; an idea that needs more than 300 lines is two ideas."""
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in modules() if (n := len(p.read_text().splitlines())) > 300]
     assert long == []
 
 
-def mechanism_modules() -> tuple[str, ...]:
-    """The mechanisms, found in the tree: every module a rank runs (``test_layers``' rank layer) that is
-    not a rank-function module (``ranks.py``, or one defining ``*_on_rank``), and the pure modules of its
-    own package it imports (the online softmax of the ring, the experts' routing)."""
+CORE_MODULES = sorted(p for p in (PACKAGE / "core").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", CORE_MODULES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_a_core_module_holds_no_measurement(path):
+    """What a learner reads is the algorithm: clocks, spans and meters attach from ``lab/`` through a probe,
+    and the serving engine reads the rank's clock through ``ctx.now_s()``."""
     import ast
 
-    from test_layers import direct_imports, layer_of, module_files
-
-    files = module_files(PACKAGE)
-
-    def rank_functions(path):
-        body = ast.parse(path.read_text()).body
-        return any(isinstance(n, ast.FunctionDef) and n.name.endswith("_on_rank") for n in body)
-
-    found = {m for m in files if len(m.split(".")) == 3 and m.split(".")[1] != "runtime"
-             and m.split(".")[2] != "ranks" and layer_of(m, files) == "rank" and not rank_functions(files[m])}
-    for m in list(found):
-        package = m.rpartition(".")[0]
-        found |= {d for d in direct_imports(m, files[m], set(files))[0]
-                  if d.rpartition(".")[0] == package and layer_of(d, files) == "pure"
-                  and d.rpartition(".")[2] not in ("predict", "reference")}
-    return tuple(sorted(m.removeprefix("shardlib.").replace(".", "/") for m in found))
-
-
-MECHANISMS = mechanism_modules()
-
-
-def test_the_mechanisms_are_found():
-    assert {"tensor_parallel/layers", "tensor_parallel/blocks", "tensor_parallel/sequence_parallel", "pipeline/engine",
-            "pipeline/messages", "experts/dispatch", "data_parallel/buckets", "data_parallel/zero3",
-            "context_parallel/ring", "context_parallel/ulysses", "context_parallel/online_softmax",
-            "serving/layouts"} <= set(MECHANISMS)
-    assert "pipeline/torch_peer" not in MECHANISMS  # it runs torch's runtime on a rank, timed: a rank function
-
-
-@pytest.mark.parametrize("module", MECHANISMS)
-def test_a_mechanism_module_holds_no_measurement(module):
-    """What a learner reads is the algorithm: clocks, spans and meters attach from ``ranks.py`` through a probe."""
-    import ast
-
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names if a.name.split(".")[0] in ("time", "timeit", "statistics")]
-        elif isinstance(node, ast.ImportFrom):
-            if (node.module or "").split(".")[0] in ("time", "timeit", "statistics"):
-                found.append(node.module)
-            if (node.module or "").endswith("measure"):
-                found += [a.name for a in node.names if a.name not in ("NO_PROBE", "Probe")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("time", "timeit",
+                                                                                        "statistics"):
+            found.append(node.module)
         elif isinstance(node, ast.Attribute) and node.attr in ("timeline", "perf_counter", "thread_time", "sleep"):
             found.append(node.attr)
-    assert found == [], f"{module} measures: {found}"
+    assert found == [], f"{path.relative_to(PACKAGE)} measures: {found}"

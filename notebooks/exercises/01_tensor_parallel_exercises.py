@@ -42,7 +42,7 @@ def shard_rows(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_shard_rows
+from shardlib.exercises.tensor_parallel import grade_shard_rows
 
 grade_shard_rows(shard_rows)
 
@@ -58,7 +58,7 @@ grade_shard_rows(shard_rows)
 # <details><summary>Hints, if you are stuck</summary>
 #
 # - `w1` and `b1` are cut **by columns** (dim 0): rank `r` keeps hidden features
-#   `r·d_hidden/tp .. (r+1)·d_hidden/tp` (`shardlib.tensor_parallel.shard_columns` does this, or
+#   `r·d_hidden/tp .. (r+1)·d_hidden/tp` (`shardlib.core.tensor_parallel.layers.shard_columns` does this, or
 #   `tensor.chunk`). The gelu acts on that slice.
 # - `w2` is cut **by rows** (dim 1), over the same hidden features.
 # - Each rank's product is then a partial sum over all `d_model` outputs: add them up with
@@ -70,7 +70,7 @@ grade_shard_rows(shard_rows)
 # on 4 ranks and also reads the comm log: exactly one all-reduce per rank.
 
 # %%
-from shardlib import Ranks
+from shardlib.runtime.ranks import Ranks
 
 ranks, four = Ranks(2), Ranks(4)  # started once: rerun the cells below as often as you like
 
@@ -84,7 +84,7 @@ def pair_forward(ctx, x, w1, b1, w2, b2):
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_tp_pair_forward
+from shardlib.exercises.tensor_parallel import grade_tp_pair_forward
 
 grade_tp_pair_forward(pair_forward, ranks, four)
 

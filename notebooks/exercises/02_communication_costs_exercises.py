@@ -47,12 +47,12 @@ def fit_alpha_beta(sizes_bytes, times_s):
 
 
 # %%
-from shardlib import Ranks
+from shardlib.runtime.ranks import Ranks
 
 ranks = Ranks(2)  # started once: rerun the checker as often as you like
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_fit_alpha_beta
+from shardlib.exercises.costs import grade_fit_alpha_beta
 
 grade_fit_alpha_beta(fit_alpha_beta, ranks)
 

@@ -61,10 +61,10 @@ except NotImplementedError:
     print("not written yet")
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import Ranks
-from shardlib.exercises import grade_one_f_one_b
-from shardlib.models import TOY
-from shardlib.toy import activations, stack_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.exercises.pipeline import grade_one_f_one_b
+from shardlib.facts.models import TOY
+from shardlib.core.toy import activations, stack_weights
 
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)
 x, grad = activations(16, 4, TOY.d_model, seed=1), activations(16, 4, TOY.d_model, seed=2)

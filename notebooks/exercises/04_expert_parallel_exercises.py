@@ -41,7 +41,7 @@ def top_k_router(x: torch.Tensor, router: torch.Tensor, k: int):
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_top_k_router
+from shardlib.exercises.experts import grade_top_k_router
 
 grade_top_k_router(top_k_router)
 
@@ -63,7 +63,7 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_dispatch_plan
+from shardlib.exercises.experts import grade_dispatch_plan
 
 grade_dispatch_plan(plan_dispatch)
 
@@ -99,7 +99,7 @@ grade_dispatch_plan(plan_dispatch)
 # a different expert, so one rank's load is not the step's.
 
 # %%
-from shardlib import Ranks
+from shardlib.runtime.ranks import Ranks
 
 ranks, four = Ranks(2), Ranks(4)  # started once: rerun the cells below as often as you like
 
@@ -111,7 +111,7 @@ def aux_free_route(ctx, scores: torch.Tensor, bias: torch.Tensor, k: int, rate: 
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_aux_free_bias
+from shardlib.exercises.experts_training import grade_aux_free_bias
 
 grade_aux_free_bias(aux_free_route, ranks, four)
 

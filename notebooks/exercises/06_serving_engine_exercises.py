@@ -59,7 +59,7 @@
 # end of `free_blocks` when no one holds it. Keep its name: a later request may reuse it.
 
 # %%
-from shardlib.serving.engine.blocks import block_hash  # noqa: F401  (yours to use: block_hash(parent, tokens))
+from shardlib.core.serving.blocks import block_hash
 
 
 class MyBlockManager:

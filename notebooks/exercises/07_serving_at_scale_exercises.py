@@ -20,7 +20,7 @@
 # go to the replica that already holds its prompt's prefix in its cache. But if every request shares one
 # system prompt, that sends them all to one replica. So the router balances once the queues differ by more
 # than a threshold. The checker replays traces of requests beside the library's router
-# (`shardlib.serving.fleet.router`). It names the first mistake it sees: the threshold ignored, the
+# (`shardlib.core.serving.router`). It names the first mistake it sees: the threshold ignored, the
 # threshold inverted, balancing at the threshold itself, or the load not updated after a decision.
 #
 # Until you write `route`, the checker says "not written yet". About 20 minutes.

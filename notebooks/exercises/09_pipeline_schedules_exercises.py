@@ -48,7 +48,7 @@ def small_table() -> list[list[str]]:
 
 
 # %%
-from shardlib.exercises import grade_small_table
+from shardlib.exercises.pipeline_schedules import grade_small_table
 
 grade_small_table(small_table)
 
@@ -67,10 +67,10 @@ def my_schedule(n_stages: int, n_microbatches: int) -> list[list[str]]:
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import Ranks
-from shardlib.exercises import grade_schedule_table
-from shardlib.models import TOY
-from shardlib.toy import activations, stack_weights
+from shardlib.runtime.ranks import Ranks
+from shardlib.exercises.pipeline_schedules import grade_schedule_table
+from shardlib.facts.models import TOY
+from shardlib.core.toy import activations, stack_weights
 
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)
 x, grad = activations(16, 4, TOY.d_model, seed=1), activations(16, 4, TOY.d_model, seed=2)

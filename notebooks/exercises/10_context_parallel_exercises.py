@@ -44,7 +44,7 @@ def merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b):
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_merge_partial_attention
+from shardlib.exercises.context_parallel import grade_merge_partial_attention
 
 grade_merge_partial_attention(merge_partials)
 

@@ -68,8 +68,8 @@ def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib import Ranks
-from shardlib.exercises import grade_mesh_coordinates
+from shardlib.runtime.ranks import Ranks
+from shardlib.exercises.serving import grade_mesh_coordinates
 
 ranks = Ranks(4)
 grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
@@ -115,7 +115,7 @@ grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
 # `s` of `p`, with `m` microbatches?
 
 # %%
-from shardlib.exercises import activation_bytes_per_microbatch, parameters_per_unit
+from shardlib.exercises.training_ledger import activation_bytes_per_microbatch, parameters_per_unit
 
 
 def rank_memory(config, layout, rank: int) -> dict[str, int]:
@@ -133,7 +133,7 @@ def rank_memory(config, layout, rank: int) -> dict[str, int]:
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises import grade_training_memory
+from shardlib.exercises.training import grade_training_memory
 
 grade_training_memory(rank_memory, ranks)
 

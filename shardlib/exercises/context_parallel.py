@@ -4,7 +4,7 @@ The learner writes ``merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b) ->
 attention results over disjoint blocks of keys, each normalised over its own block, with its rows'
 largest score and the sum of ``exp(score - max)``, merged into the result over both blocks (the online
 softmax of Milakov and Gimelshein 2018, the step every ring-attention rank repeats; reference:
-``context_parallel.online_softmax.merge``). The final check is against attention over all the keys at
+``core.context_parallel.online_softmax.merge``). The final check is against attention over all the keys at
 once, ``scaled_dot_product_attention``. A case with scores near 1000 catches a merge that exponentiates
 the maxes themselves (``exp(1000)`` overflows).
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..context_parallel.online_softmax import Partial, block_partial, merge
-from ..runtime.measure import TOLERANCE
-from .result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.context_parallel.online_softmax import Partial, block_partial, merge
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
 
 # (heads, queries, keys in block a, keys in block b, head_dim, score scale): the last case's scores are ~1000
 CASES = ((2, 4, 5, 7, 8, 1.0), (1, 3, 6, 2, 4, 4.0), (2, 3, 4, 4, 8, 400.0))

@@ -2,7 +2,7 @@
 
 The learner writes ``fit_alpha_beta(sizes_bytes, times_s) -> (latency_s, bandwidth_bytes_per_s)``: the
 alpha-beta model (Hockney 1994), ``t = alpha + S / bandwidth``, a straight line in ``S``. The reference,
-``costs.calibration.fit_link``, divides each equation by its own measured time (relative errors): otherwise
+``predict.calibration.fit_link``, divides each equation by its own measured time (relative errors): otherwise
 the largest messages decide everything and the latency is left to their noise (or comes out negative).
 The starter does not say so: a first, unweighted fit passes the exact sweeps, fails the noisy ones, and
 the grader shows why in numbers (the line's smallest and largest message against their times); the
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import is_number
-from ..costs.calibration import DEFAULT_SIZES_BYTES, Sample, fit_link
-from ..runtime.ranks import PoolClosedError, RankError, RankTimeoutError
-from .result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.checks import is_number
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.predict.calibration import DEFAULT_SIZES_BYTES, Sample, fit_link
+from shardlib.runtime.errors import PoolClosedError, RankError, RankTimeoutError
 
 LATENCY_RTOL, BANDWIDTH_RTOL = 0.25, 0.15  # against the truth; the reference is within 7 % on every case
 LIVE_RTOL, LIVE_LATENCY_ATOL_S = 0.2, 5e-6  # against the library's fit of the same live points
@@ -175,7 +175,7 @@ def _check_sweep(got: Collector, sweep: Sweep, sizes, times, answer) -> None:
 
 def _live(got: Collector, fit_fn, ranks) -> str:
     """Time point-to-point messages on ranks 0 and 1 and compare the learner's fit with the library's."""
-    from ..costs.drivers import run_calibration
+    from shardlib.lab.costs.drivers import run_calibration
 
     try:
         cal = run_calibration(ranks, DEFAULT_SIZES_BYTES, rounds=5, calls=2, n_ranks=2, statistic="median",

@@ -19,10 +19,10 @@ import math
 
 import torch
 
-from ..runtime.ranks import RankError, RankTimeoutError
-from ..runtime.records import wire_bytes
-from ..toy import generator
-from .result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.toy import generator
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.runtime.errors import RankError, RankTimeoutError
+from shardlib.runtime.records import wire_bytes
 
 N_PER_RANK = 12  # shard size: n = 12 x world_size weights
 LR = 0.01

@@ -1,7 +1,7 @@
 """Graders for the expert-parallel exercises: a top-k router, and the dispatch plan of one home rank.
 
-References: ``experts.routing.route`` (top-k with gates renormalised over the chosen experts, as in Mixtral,
-Jiang et al. 2024) and ``experts.placement.dispatch_plan`` (GShard's placement, Lepikhin et al. 2020: expert
+References: ``core.experts.routing.route`` (top-k with gates renormalised over the chosen experts, as in Mixtral,
+Jiang et al. 2024) and ``core.experts.placement.dispatch_plan`` (GShard's placement, Lepikhin et al. 2020: expert
 ``e`` on rank ``e // (n_experts / ep)``).
 """
 
@@ -11,10 +11,11 @@ from collections import Counter
 
 import torch
 
-from ..experts.placement import ExpertPlacement, dispatch_plan
-from ..experts.reference import make_moe_weights, make_tokens
-from ..experts.routing import MoEConfig, route
-from .result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.experts.dispatch import make_moe_weights
+from shardlib.core.experts.placement import ExpertPlacement, dispatch_plan
+from shardlib.core.experts.routing import MoEConfig, route
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.lab.experts.reference import make_tokens
 
 ROUTER_CASES = ((16, 8, 2), (16, 8, 1), (10, 4, 3))  # (tokens, experts, k)
 D_MODEL = 16
@@ -106,7 +107,7 @@ def grade_dispatch_plan(plan_fn) -> ExerciseResult:
     one home rank: ``experts`` ``(T, k)`` are its tokens' chosen experts; expert ``e`` lives on rank
     ``e // (n_experts / ep)``. ``order`` lists every slot id ``t * k + c`` exactly once, grouped
     by destination rank, within a rank by expert, within an expert by slot id; ``rows_to_rank[r]`` counts
-    the rows sent to rank ``r``. Checked against ``experts.placement.dispatch_plan`` at 2, 4 and 8 ranks."""
+    the rows sent to rank ``r``. Checked against ``core.experts.placement.dispatch_plan`` at 2, 4 and 8 ranks."""
     check_callable(plan_fn, "plan_dispatch")
     got = Collector("dispatch plan", "(tokens, experts, k, ep, skew) = " + ", ".join(map(str, DISPATCH_CASES)))
     for seed, (n_tokens, n_experts, k, ep, skew) in enumerate(DISPATCH_CASES):

@@ -6,7 +6,7 @@ new_bias)``: ``scores`` ``(T_r, n_experts)`` are this rank's tokens' sigmoid aff
 ``scores + bias``, weighs them by the chosen *scores* normalised to sum to 1 (the bias never weighs),
 counts the token-slots per expert **over every rank** (``ctx.comm.all_reduce``) and returns ``bias +
 rate * sign(mean load - load)``. The grader runs it on ranks for a few steps, each step from the
-library's bias (``experts.balance.bias_update``), and names the mistakes it finds: the bias left out of
+library's bias (``core.experts.balance.bias_update``), and names the mistakes it finds: the bias left out of
 the choice, the bias used in the gates, gates not normalised, the sign flipped, the counts not summed
 over the ranks, the load difference used without its sign.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from ..experts.balance import bias_update
-from ..runtime.ranks import RankError, RankTimeoutError
-from ..toy import generator
-from .result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.experts.balance import bias_update
+from shardlib.core.toy import generator
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.runtime.errors import RankError, RankTimeoutError
 
 N_EXPERTS, K, TOKENS_PER_RANK, STEPS, RATE = 8, 2, 12, 3, 0.05
 ATOL = 1e-9

@@ -2,12 +2,12 @@
 
 * ``grade_one_f_one_b``: the learner writes stage ``s``'s 1F1B order for ``p`` stages and ``m`` microbatches,
   a list of ``("F", i)`` and ``("B", i)``. The grader plays the stages' lists out together (the reference
-  is ``pipeline.classic.one_f_one_b_order``, PipeDream-Flush as Megatron-LM runs it) and names the mistake:
+  is ``core.pipeline.classic.one_f_one_b_order``, PipeDream-Flush as Megatron-LM runs it) and names the mistake:
   an action run twice or never, a B before its own F, a stage running a B before the next stage sent its
   gradient (or an F before the previous stage sent its activation), more than ``p - s`` microbatches in
   flight on stage ``s``, or a valid order slower than 1F1B. With a pool, the order runs a training step on
   the ranks, checked bit for bit.
-* ``grade_bubble_fraction``: ``(p - 1) / (m + p - 1)`` against ``pipeline.predict.pipeline_bubble_fraction``;
+* ``grade_bubble_fraction``: ``(p - 1) / (m + p - 1)`` against ``predict.pipeline.pipeline_bubble_fraction``;
   Megatron-LM's ratio of idle time to ideal compute, ``(p - 1) / m``, is the mistake it names most often.
 """
 
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 
-from ..checks import is_number
-from ..pipeline.drivers import run_pipeline
-from ..pipeline.predict import pipeline_bubble_fraction
-from ..pipeline.schedules import Action, Schedule
-from .result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.checks import is_number
+from shardlib.core.pipeline.schedules import Action, Schedule
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.predict.pipeline import pipeline_bubble_fraction
 
 STAGES = (1, 2, 3, 4, 8)
 MICROBATCHES = (1, 3, 4, 8, 32)
@@ -51,7 +51,7 @@ def _mistake(wrong: list[tuple[int, int, float, float]]) -> str:
 
 def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
     """Grade a learner's ``bubble_fraction(n_stages, n_microbatches) -> float`` against
-    ``pipeline.predict.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
+    ``predict.pipeline.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
     stages or no microbatches raises ``ValueError``."""
     check_callable(bubble_fn, "bubble_fraction")
     got = Collector("bubble fraction", f"n_stages in {STAGES} x n_microbatches in {MICROBATCHES}, and "

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 
-from ..pipeline.drivers import run_pipeline
-from ..pipeline.orders import make_schedule
-from ..pipeline.predict import peak_in_flight
-from ..pipeline.schedules import Action, Schedule, ScheduleError, simulate
-from .result import Collector, ExerciseResult, check_callable
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.schedules import Action, Schedule, ScheduleError, simulate
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable
+from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.predict.pipeline import peak_in_flight
 
 SIZES = ((2, 4), (3, 6), (4, 8))  # (n_stages, n_microbatches) checked on paper
 LABEL = re.compile(r"^([FBW])(\d+)$")

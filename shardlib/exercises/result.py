@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from ..ui.theme import MUTED_COLOUR, RIGHT_COLOUR, WRONG_COLOUR
+from shardlib.ui.theme import MUTED_COLOUR, RIGHT_COLOUR, WRONG_COLOUR
 
 PASSED, NOT_WRITTEN, NOT_RIGHT = "passed", "not written yet", "not yet right"
 MAX_MESSAGES = 4  # the first few differences say enough; the rest usually repeat them

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..mesh import Layout
-from ..runtime.ranks import RankError, RankTimeoutError
-from .result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.mesh import Layout
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.runtime.errors import RankError, RankTimeoutError
 
 LAYOUTS = (Layout(2, 1, 1), Layout(1, 2, 1), Layout(1, 1, 4), Layout(2, 2, 1), Layout(2, 1, 2), Layout(1, 2, 2),
            Layout(4, 2, 1), Layout(2, 2, 2), Layout(3, 2, 1), Layout(2, 4, 2), Layout(8, 2, 2))

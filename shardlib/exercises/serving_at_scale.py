@@ -4,7 +4,7 @@ The learner subclasses ``PrefixRouterState`` (per replica its ``queued`` count a
 tree, with ``matched_blocks``, ``remember`` and ``finished`` given) and writes ``route(request)``: the
 replica for the request, the decision recorded. The grader replays traces of requests that share system
 prompts, arrive one after another and finish after a while, and sets each choice beside the library's
-router (``serving.fleet.router``, ``make_router("prefix-aware", ...)``, as ``route_trace`` replays it). The
+router (``core.serving.router``, ``make_router("prefix-aware", ...)``, as ``route_trace`` replays it). The
 mistakes it names:
 
 * the load not updated after a routing decision (``queued`` not counted up at the chosen replica), or
@@ -18,9 +18,9 @@ mistakes it names:
 
 from __future__ import annotations
 
-from ..serving.engine.requests import Request
-from ..serving.fleet.router import PrefixTree, ReplicaLoad, make_router, prompt_block_hashes
-from .result import Collector, ExerciseResult, check_callable
+from shardlib.core.serving.requests import Request
+from shardlib.core.serving.router import PrefixTree, ReplicaLoad, make_router, prompt_block_hashes
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 
 BLOCK_SIZE = 4
 

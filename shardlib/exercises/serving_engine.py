@@ -3,7 +3,7 @@
 The learner writes a class with ``allocate(seq, tokens) -> cached tokens`` and ``free(seq)`` over the
 state the starter gives (``free_blocks``: free block ids, least recently freed first; ``refs``; ``tables``;
 ``cached``: name -> block; ``name_of``: block -> name), naming full blocks with ``block_hash``. The grader
-replays traces against ``serving.engine.blocks.BlockManager`` and watches what each block holds. The
+replays traces against ``core.serving.blocks.BlockManager`` and watches what each block holds. The
 mistakes it names:
 
 * leaked blocks: blocks still out after every sequence is freed;
@@ -15,8 +15,8 @@ mistakes it names:
 
 from __future__ import annotations
 
-from ..serving.engine.blocks import BlockManager, block_hash
-from .result import Collector, ExerciseResult
+from shardlib.core.serving.blocks import BlockManager, block_hash
+from shardlib.exercises.result import Collector, ExerciseResult
 
 BLOCK_SIZE = 4
 

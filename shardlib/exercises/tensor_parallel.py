@@ -1,7 +1,7 @@
 """Graders for the tensor-parallel exercises: ``shard_rows``, and a column-then-row pair on real ranks.
 
-References: ``tensor_parallel.reference.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
-``tensor_parallel.ranks`` (Shoeybi et al. 2019): ``w1`` cut by columns, ``w2`` by rows, one all-reduce.
+References: ``core.tensor_parallel.layers.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
+``lab.tensor_parallel.ranks`` (Shoeybi et al. 2019): ``w1`` cut by columns, ``w2`` by rows, one all-reduce.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..runtime.ranks import RankError, RankTimeoutError
-from ..tensor_parallel.reference import shard_columns, shard_rows
-from ..toy import generator, weight
-from .result import Collector, ExerciseResult, call, check_callable, span
+from shardlib.core.tensor_parallel.layers import shard_columns, shard_rows
+from shardlib.core.toy import generator, weight
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable, span
+from shardlib.runtime.errors import RankError, RankTimeoutError
 
 SHARD_COUNTS = (2, 3, 4, 8)
 UNEVEN_SHARDS = 5  # does not divide the 24 input features: the learner must refuse it

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..mesh import Layout
-from ..training.corpus import TrainingConfig
-from ..training.drivers import run_training
-from .result import Collector, ExerciseResult, call, check_callable
-from .training_ledger import KEPT, STRATEGY_NAMES, TERMS, diagnose, hint, kept_bytes, shown
+from shardlib.core.mesh import Layout
+from shardlib.core.training.config import TrainingConfig
+from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.exercises.training_ledger import KEPT, STRATEGY_NAMES, TERMS, diagnose, hint, kept_bytes, shown
+from shardlib.lab.training.drivers import run_training
 
 WORLD = 4
 EVEN = TrainingConfig(n_layers=4, steps=1)  # d_model 32, 4 heads (2 KV), d_ff 64, vocabulary 64: all split evenly

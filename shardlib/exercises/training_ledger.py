@@ -3,7 +3,7 @@
 * ``parameters_per_unit``, ``activation_bytes_per_microbatch``: what the learner is given (the units
   before any split; one microbatch's saved activations on a rank's stage).
 * ``kept_bytes``: a rank's weights, gradients and optimizer state (with the activations above, its
-  ledger); with no mistake, equal to ``training.predict.predict_ledger``'s; with ``RIGHT``'s knobs
+  ledger); with no mistake, equal to ``predict.training.ledger.predict_ledger``'s; with ``RIGHT``'s knobs
   turned, what a learner making that mistake would answer (tp not splitting, the embedding and head
   misplaced or tied, all layers on every stage, the cp ranks splitting weights, the ZeRO-1/2 flat shard
   left out, one or three AdamW moments, no padding or padding to dp only, another ZeRO stage's terms,
@@ -18,12 +18,13 @@ from __future__ import annotations
 from functools import lru_cache
 from itertools import combinations
 
-from ..data_parallel.flat import padded
-from ..mesh import DP_STRATEGIES, Layout
-from ..pipeline.orders import make_schedule
-from ..pipeline.predict import peak_in_flight, split_layers
-from ..training.corpus import TrainingConfig
-from ..training.predict import activation_bytes
+from shardlib.core.data_parallel.flat import padded
+from shardlib.core.mesh import DP_STRATEGIES, Layout
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.stages import split_layers
+from shardlib.core.training.config import TrainingConfig
+from shardlib.predict.pipeline import peak_in_flight
+from shardlib.predict.training.ledger import activation_bytes
 
 KEPT = ("weights", "gradients", "optimizer")
 TERMS = KEPT + ("activations",)

@@ -18,9 +18,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .holding import Hold, sleep_until
-from .records import CommRecord, summarize, wire_bytes
-from .staging import nothing, stage_on_host
+from shardlib.runtime.holding import Hold, sleep_until
+from shardlib.runtime.records import CommRecord, summarize, wire_bytes
+from shardlib.runtime.staging import nothing, stage_on_host
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}

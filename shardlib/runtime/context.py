@@ -2,9 +2,9 @@
 
 A rank function is any function ``fn(ctx, *args, **kwargs)``. It finds out who it is from ``ctx.rank``
 and ``ctx.world_size``, puts its tensors on ``ctx.device``, talks to the other ranks through
-``ctx.comm`` (recorded collectives) and marks what it is doing with ``ctx.timeline``. The same function
-runs on a warm ``Ranks`` pool in a notebook and under ``torchrun`` (``RankContext.from_env()``), on one
-machine or across nodes with NCCL.
+``ctx.comm`` (recorded collectives), reads the clock with ``ctx.now_s()`` and marks what it is doing with
+``ctx.timeline``. The same function runs on a warm ``Ranks`` pool in a notebook and under ``torchrun``
+(``RankContext.from_env()``), on one machine or across nodes with NCCL.
 
 Where the ranks compute is decided by ``devices.place_ranks`` (one GPU per rank with NCCL; GPUs shared,
 collectives through host memory with gloo; or CPU). On a GPU, ``prepare_device`` selects the rank's GPU
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from math import prod
 from typing import Sequence
@@ -26,9 +27,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .comm import Comm
-from .devices import place_ranks
-from .timeline import Timeline
+from shardlib.runtime.comm import Comm
+from shardlib.runtime.devices import place_ranks
+from shardlib.runtime.timeline import Timeline
 
 
 class RankContext:
@@ -53,6 +54,16 @@ class RankContext:
         this, not before, when you time GPU work yourself."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def now_s() -> float:
+        """This rank's clock in seconds (``perf_counter``): the serving engine admits requests by it."""
+        return time.perf_counter()
+
+    @staticmethod
+    def wait_s(seconds: float) -> None:
+        """Sleep ``seconds`` (nothing if not positive): an idle engine waits for the next arrival."""
+        time.sleep(max(0.0, seconds))
 
     def __repr__(self) -> str:
         return (f"RankContext(rank={self.rank}, world_size={self.world_size}, device={self.device}, "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..checks import whole_number
+from shardlib.core.checks import whole_number
 
 BACKENDS = ("auto", "gloo", "cuda:gloo", "nccl")
 

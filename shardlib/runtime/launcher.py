@@ -30,7 +30,7 @@ import warnings
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import send_handle
 
-from ..checks import choice
+from shardlib.core.checks import choice
 
 START_METHODS = ("auto", "template", "spawn")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -27,13 +27,13 @@ from multiprocessing.connection import Connection, wait
 import torch
 import torch.distributed as dist
 
-from ..checks import positive_number
-from .context import gpu_count
-from .devices import check_world_size, place_ranks
-from .errors import PoolClosedError, RankError, RankTimeoutError, pack_call
-from .launcher import kill_ranks, resolve_method, start_rank
-from .records import CommRecord
-from .timeline import Span, now_s
+from shardlib.core.checks import positive_number
+from shardlib.runtime.context import gpu_count
+from shardlib.runtime.devices import check_world_size, place_ranks
+from shardlib.runtime.errors import PoolClosedError, RankError, RankTimeoutError, pack_call
+from shardlib.runtime.launcher import kill_ranks, resolve_method, start_rank
+from shardlib.runtime.records import CommRecord
+from shardlib.runtime.timeline import Span, now_s
 
 START_TIMEOUT_S = 180.0  # importing torch on a busy 2-core box can take a while
 
@@ -286,4 +286,3 @@ class Ranks:
 def _echo(rank: int, text: str) -> None:
     for line in text.splitlines():
         print(f"[rank {rank}] {line}")
-

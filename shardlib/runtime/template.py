@@ -68,7 +68,7 @@ def _become_rank(control: Connection, fd: int, log_path: str) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        from . import worker
+        from shardlib.runtime import worker
 
         code = worker.serve(Connection(fd))
     except BaseException:
@@ -98,7 +98,7 @@ def main() -> int:
     # pages are shared by every rank instead of copied into each.
     import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
-    from . import worker  # noqa: F401
+    from shardlib.runtime import worker  # noqa: F401
 
     gc.collect()
     gc.freeze()  # keep the collector from touching (and so copying) the pages every rank shares

@@ -103,4 +103,3 @@ def shift_to_zero(spans: list[Span], origin_s: float | None = None) -> list[Span
         return []
     origin = min(s.start_s for s in spans) if origin_s is None else origin_s
     return [Span(s.rank, s.name, s.kind, s.start_s - origin, s.end_s - origin, s.attrs) for s in spans]
-

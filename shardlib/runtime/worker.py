@@ -34,7 +34,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .context import RankContext, prepare_device, use_loopback_for_gloo
+from shardlib.runtime.context import RankContext, prepare_device, use_loopback_for_gloo
 
 CLOSE = b"close"
 # glibc's malloc_trim: after a call, the heap's free pages go back to the system. Without it a call's freed

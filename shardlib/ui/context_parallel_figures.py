@@ -4,7 +4,7 @@ Which K/V block each rank holds at each step of the ring; who computes which blo
 attention matrix in each placement; per-rank compute measured against the blocks predicted; the ring's
 timeline with and without overlap; bytes per rank of each method against the number of ranks; and
 memory per device against sequence length. No torch, no widgets, no processes: the numbers come from
-``shardlib.context_parallel``.
+``shardlib.lab.context_parallel``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,18 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..context_parallel.placement import DIAGONAL, FUTURE, PLACEMENTS, block_kind, chunks_of_rank, chunks_per_rank
-from ..runtime.timeline import Span
-from .gantt import Bar, gantt_figure
-from .mime import mime_figure
-from .theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, colours
+from shardlib.core.context_parallel.placement import (
+    DIAGONAL,
+    FUTURE,
+    PLACEMENTS,
+    block_kind,
+    chunks_of_rank,
+    chunks_per_rank,
+)
+from shardlib.runtime.timeline import Span
+from shardlib.ui.gantt import Bar, gantt_figure
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, colours
 
 
 @mime_figure

@@ -14,13 +14,13 @@ import time
 import ipywidgets as widgets
 import torch
 
-from ..context_parallel.drivers import run_ring_attention
-from ..context_parallel.memory import attention_bytes_per_rank
-from ..context_parallel.placement import PLACEMENTS
-from ..context_parallel.predict import AttentionShape
-from ..context_parallel.reference import attention_reference
-from .context_parallel_figures import attention_memory_figure, ring_timeline_figure
-from .live import Feedback, FigureArea, observe_all
+from shardlib.core.context_parallel.online_softmax import attention_reference
+from shardlib.core.context_parallel.placement import PLACEMENTS
+from shardlib.lab.context_parallel.drivers import run_ring_attention
+from shardlib.predict.context_parallel import AttentionShape
+from shardlib.predict.context_parallel_memory import attention_bytes_per_rank
+from shardlib.ui.context_parallel_figures import attention_memory_figure, ring_timeline_figure
+from shardlib.ui.live import Feedback, FigureArea, observe_all
 
 
 def _qkv(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int):

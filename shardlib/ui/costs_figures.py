@@ -13,12 +13,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..costs.alpha_beta import collective_time_s, crossover_bytes
-from ..hardware import Link
-from ..serving.cost import PhaseCost
-from .gantt import titled
-from .mime import mime_figure
-from .theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
+from shardlib.facts.hardware import Link
+from shardlib.predict.alpha_beta import collective_time_s, crossover_bytes
+from shardlib.predict.serving.cost import PhaseCost
+from shardlib.ui.gantt import titled
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
 
 GPU_MODEL = ("model: alpha-beta with each link's published bandwidth and an order-of-magnitude latency, "
              "not a measurement")

@@ -6,13 +6,15 @@ import html
 
 import ipywidgets as widgets
 
-from ..costs.drivers import run_slow_rank
-from ..costs.ranks import MAX_DELAY_S
-from ..hardware import LATENCY_CHARGES, LINKS, Link
-from ..models import LLAMA_3_8B, ModelConfig
-from ..serving.cost import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
-from .costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.core.config import ModelConfig
+from shardlib.facts.hardware import LATENCY_CHARGES, LINKS, Link
+from shardlib.facts.models import LLAMA_3_8B
+from shardlib.lab.costs.drivers import run_slow_rank
+from shardlib.lab.costs.ranks import MAX_DELAY_S
+from shardlib.predict.serving.cost import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
+from shardlib.predict.shapes import usable_tensor_parallel_degrees
+from shardlib.ui.costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
 
 PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens
 BATCH_CHOICES = tuple(2 ** k for k in range(0, 9))  # 1 .. 256 sequences
@@ -32,7 +34,7 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
     if not links:
         raise ValueError("tp_cost_explorer needs at least one Link")
     by_name = {link.name: link for link in links}
-    usable = [n for n in model.usable_tp if n > 1] or [1]
+    usable = [n for n in usable_tensor_parallel_degrees(model) if n > 1] or [1]
     link_box = widgets.Dropdown(options=list(by_name), description="link")
     degree = SelectionSlider(options=usable, value=_nearest(tp, tuple(usable)), description="tp")
     prompt = SelectionSlider(options=PROMPT_CHOICES, value=_nearest(prompt_tokens, PROMPT_CHOICES),

@@ -7,11 +7,11 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from ..data_parallel.flat import STRATEGY_TITLES
-from ..runtime.timeline import Span, shift_to_zero
-from .gantt import Bar, gantt_figure
-from .mime import mime_figure
-from .theme import BLUE, GREEN, GREY, LIGHT_BLUE, OP_COLOURS, ORANGE, PURPLE, RED, TEAL, WAIT_COLOUR
+from shardlib.core.data_parallel.flat import STRATEGY_TITLES
+from shardlib.runtime.timeline import Span, shift_to_zero
+from shardlib.ui.gantt import Bar, gantt_figure
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import BLUE, GREEN, GREY, LIGHT_BLUE, OP_COLOURS, ORANGE, PURPLE, RED, TEAL, WAIT_COLOUR
 
 PART_COLOURS = {"params": BLUE, "grads": ORANGE, "optimizer": GREEN, "activations": PURPLE}
 PHASE_COLOURS = {"forward": BLUE, "backward": LIGHT_BLUE, "optimizer": GREEN}
@@ -127,4 +127,3 @@ def activation_figure(measurements: Mapping[str, Sequence[int]], unit_names: Seq
     fig.update_layout(title=title, barmode="group", yaxis_title="KiB", height=340,
                       margin={"l": 60, "r": 20, "t": 50, "b": 40})
     return fig
-

@@ -7,13 +7,13 @@ import html
 
 import ipywidgets as widgets
 
-from ..data_parallel.drivers import run_data_parallel
-from ..data_parallel.flat import STRATEGIES, STRATEGY_TITLES
-from ..data_parallel.reference import train_reference
-from ..runtime.measure import TOLERANCE
-from ..runtime.records import format_seconds
-from .data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.data_parallel.flat import STRATEGIES, STRATEGY_TITLES
+from shardlib.lab.data_parallel.drivers import run_data_parallel
+from shardlib.lab.data_parallel.reference import train_reference
+from shardlib.runtime.records import format_seconds
+from shardlib.ui.data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
 
 ONE_BUCKET = 0  # the slider's value for "one bucket" (bucket_bytes=None): a slider option is never None
 BUCKET_CHOICES = (("1 KiB", 1024), ("4 KiB", 4096), ("16 KiB", 16384), ("64 KiB", 65536), ("one bucket", ONE_BUCKET))

@@ -1,7 +1,7 @@
 """The serving engine's explorer: the scheduler replayed on a fitted step cost, moved by sliders.
 
 ``engine_explorer(cost, ...)``: a seeded Poisson trace served by the engine's own scheduler on the clock of
-``cost`` (``serving.engine.predict.simulate_serving``: no ranks, an answer in milliseconds). Sliders for the
+``cost`` (``predict.serving.engine.simulate_serving``: no ranks, an answer in milliseconds). Sliders for the
 request rate, the block size (the cache keeps the same number of token slots), the token budget per step,
 and chunked prefill on or off; it shows TTFT, TPOT, the longest gap, throughput, preemptions and the KV
 slots real tokens hold, and each request's timeline.
@@ -13,11 +13,11 @@ import html
 
 import ipywidgets as widgets
 
-from ..serving.engine.predict import paged_utilization, simulate_serving
-from ..serving.engine.requests import EngineConfig
-from ..serving.engine.traces import poisson_trace
-from .engine_figures import token_timeline_figure
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.core.serving.requests import EngineConfig
+from shardlib.lab.serving.traces import poisson_trace
+from shardlib.predict.serving.engine import paged_utilization, simulate_serving
+from shardlib.ui.engine_figures import token_timeline_figure
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
 
 RATES = (("5 / s", 5.0), ("10 / s", 10.0), ("20 / s", 20.0), ("50 / s", 50.0), ("100 / s", 100.0),
          ("200 / s", 200.0), ("all at once", float("inf")))

@@ -2,7 +2,7 @@
 
 The step-through of one MoE layer (router, dispatch, expert FFN, combine, the stall), the all-to-all
 send matrix, the load on each expert, and the measured time of each rank. Pure: no torch, no widgets,
-no processes; the numbers come from the router and the live runs of ``shardlib.experts``.
+no processes; the numbers come from the router and the live runs of ``shardlib.lab.experts``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from .mime import mime_figure
-from .theme import BLUE, DARK_GREY, GREY, LIGHT_BLUE, RED, colour
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import BLUE, DARK_GREY, GREY, LIGHT_BLUE, RED, colour
 
 STAGES = (
     "1 · The router picks the top-k experts for each token",

@@ -7,7 +7,7 @@ offered), capacity factor 0.25 to 3; rerouting is offered only when a capacity f
 replication only when there is a second rank.
 
 ``bias_rate_explorer`` is pure: a slider of DeepSeek-V3's bias rate replays the toy's auxiliary-loss-free
-training in one process (``experts.train_reference``, which the ranks match exactly) and redraws the
+training in one process (``lab.experts.train_reference``, which the ranks match exactly) and redraws the
 busiest expert's load per step beside a baseline.
 """
 
@@ -18,14 +18,14 @@ import html
 import ipywidgets as widgets
 import torch
 
-from ..experts.balance import aux_load_balancing_loss
-from ..experts.drivers import run_moe_policy
-from ..experts.placement import ExpertPlacement
-from ..experts.predict import predicted_all_to_all_bytes
-from ..experts.reference import MoEWeights
-from ..experts.routing import MoEConfig, route
-from .experts_figures import balance_steps_figure, expert_load_figure, rank_time_figure, send_matrix_figure
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.core.experts.dispatch import MoEWeights
+from shardlib.core.experts.placement import ExpertPlacement
+from shardlib.core.experts.routing import MoEConfig, route
+from shardlib.lab.experts.balance import aux_load_balancing_loss
+from shardlib.lab.experts.drivers import run_moe_policy
+from shardlib.predict.experts import predicted_all_to_all_bytes
+from shardlib.ui.experts_figures import balance_steps_figure, expert_load_figure, rank_time_figure, send_matrix_figure
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
 
 
 def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
@@ -106,8 +106,8 @@ def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_token
     toy for ``steps`` steps in one process with that rate (``train_steps_reference`` on 2 token groups,
     as 2 ranks would) and redraws the busiest expert's load over the mean per step, beside ``baseline``
     (name -> loads per step, e.g. the ranks' run without balancing), with the task loss at the end."""
-    from ..experts.train_drivers import BALANCE_CONFIG
-    from ..experts.train_reference import make_moe_problem, train_steps_reference
+    from shardlib.lab.experts.train_drivers import BALANCE_CONFIG
+    from shardlib.lab.experts.train_reference import make_moe_problem, train_steps_reference
 
     cfg = (BALANCE_CONFIG if config is None else config).but(balance="aux-free")
     problem = make_moe_problem(cfg, n_tokens, skew=skew, seed=seed)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .gantt import titled
-from .mime import mime_figure
-from .theme import colour
+from shardlib.ui.gantt import titled
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import colour
 
 
 @mime_figure

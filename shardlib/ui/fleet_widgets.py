@@ -1,10 +1,10 @@
 """Serving at scale's explorers, each a replay on a fitted step cost (no ranks: an answer in a blink).
 
 ``pools_explorer(cost, model)``: a seeded Poisson trace on a handful of engines, all colocated or split
-between prefill and decode (``serving.fleet.splits``). Sliders for the request rate, the TTFT and TPOT
+between prefill and decode (``predict.serving.splits``). Sliders for the request rate, the TTFT and TPOT
 objectives and the prefill : decode split; it shows TTFT and TPOT, the share of requests meeting both
 objectives and goodput per engine, and the share met over a sweep of rates. ``router_explorer(cost,
-config)``: a hot-prefix trace routed over replicas (``serving.fleet.fleet_predict.simulate_replicas``):
+config)``: a hot-prefix trace routed over replicas (``predict.serving.fleet.simulate_replicas``):
 the policy, the balance threshold and how hot the prefix is; it shows the requests per replica, the
 prefix hit rate, TTFT p50 and p90 and throughput.
 """
@@ -15,14 +15,14 @@ import html
 
 import ipywidgets as widgets
 
-from ..serving.engine.traces import poisson_trace
-from ..serving.fleet.disagg_drivers import LOOPBACK
-from ..serving.fleet.fleet_predict import simulate_replicas
-from ..serving.fleet.goodput import ServingObjective
-from ..serving.fleet.splits import split_figures
-from ..serving.fleet.traces import hot_prefix_trace
-from .fleet_figures import attainment_figure, routed_figure
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.lab.serving.disagg_drivers import LOOPBACK
+from shardlib.lab.serving.fleet_traces import hot_prefix_trace
+from shardlib.lab.serving.traces import poisson_trace
+from shardlib.predict.serving.fleet import simulate_replicas
+from shardlib.predict.serving.goodput import ServingObjective
+from shardlib.predict.serving.splits import split_figures
+from shardlib.ui.fleet_figures import attainment_figure, routed_figure
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
 
 RATE_STEPS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # times one engine's pace (see ``engine_pace``), per engine
 TTFT_STEPS = (1, 2, 4, 8, 16)  # times the longest prompt's prefill alone
@@ -50,7 +50,7 @@ def pools_state(cost, model, rate_step: float, ttft_step: float, tpot_step: floa
                 n_requests: int = 24, seed: int = 7, link=LOOPBACK, config=None):
     """``(objective, {label: SplitFigures}, rate)`` for one setting of the pools explorer: colocated and
     the ``split``, on the trace at ``rate_step`` times the engines' pace."""
-    from ..serving.engine.requests import EngineConfig
+    from shardlib.core.serving.requests import EngineConfig
 
     config = config or EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
     pace = engine_pace(cost) * engines

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from .mime import mime_figure
+from shardlib.ui.mime import mime_figure
 
 
 @dataclass(frozen=True)

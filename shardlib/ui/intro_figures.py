@@ -6,8 +6,8 @@ from typing import Mapping
 
 import plotly.graph_objects as go
 
-from .mime import mime_figure
-from .theme import GREEN, PURPLE, RED, colour
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import GREEN, PURPLE, RED, colour
 
 
 @mime_figure

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from ..intro.ranks import all_reduce_time_on_rank
-from .live import Feedback, FigureArea, observe_all
-from .runtime_figures import measured_points_figure
+from shardlib.lab.intro.ranks import all_reduce_time_on_rank
+from shardlib.ui.live import Feedback, FigureArea, observe_all
+from shardlib.ui.runtime_figures import measured_points_figure
 
 MIN_LOG2_ELEMENTS, MAX_LOG2_ELEMENTS = 4, 22  # 64 B .. 16 MiB of float32
 

@@ -19,9 +19,9 @@ from typing import Callable
 import ipywidgets as widgets
 from IPython.display import display
 
-from ..runtime.errors import PoolClosedError, RankError, RankTimeoutError
-from .mime import plain_kernel, plotly_bundle
-from .theme import WRONG_COLOUR
+from shardlib.runtime.errors import PoolClosedError, RankError, RankTimeoutError
+from shardlib.ui.mime import plain_kernel, plotly_bundle
+from shardlib.ui.theme import WRONG_COLOUR
 
 
 def explain(exc: BaseException) -> str:

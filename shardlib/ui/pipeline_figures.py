@@ -13,13 +13,13 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..pipeline.bubbles import OpCosts, simulated_fraction
-from ..pipeline.predict import compute_spans, pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
-from ..pipeline.schedules import Schedule, TimedAction, simulate
-from ..runtime.timeline import Span
-from .gantt import Bar, bar_traces, row_axis
-from .mime import mime_figure
-from .theme import WAIT_COLOUR, colour
+from shardlib.core.pipeline.schedules import Schedule, TimedAction, simulate
+from shardlib.predict.bubbles import OpCosts, simulated_fraction
+from shardlib.predict.pipeline import compute_spans, pipeline_bubble_fraction, pipeline_bubble_ratio_to_ideal
+from shardlib.runtime.timeline import Span
+from shardlib.ui.gantt import Bar, bar_traces, row_axis
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import WAIT_COLOUR, colour
 
 # legend entry and hatching of each op
 _OP_STYLE = {"F": ("forward", ""), "B": ("backward", "/"), "W": ("weight gradient", "x")}

@@ -7,14 +7,14 @@ import html
 
 import ipywidgets as widgets
 
-from ..pipeline.bubbles import PUBLISHED, OpCosts, published_fraction, simulated_fraction
-from ..pipeline.drivers import run_pipeline
-from ..pipeline.orders import make_schedule
-from ..pipeline.predict import pipeline_bubble_fraction, predicted_step_s
-from ..pipeline.registry import SCHEDULE_TITLES, SPECS, split_schedules
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
-from .pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure, split_gantt_figure
-from .theme import RED
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import SCHEDULE_TITLES, SPECS, split_schedules
+from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.predict.bubbles import PUBLISHED, OpCosts, published_fraction, simulated_fraction
+from shardlib.predict.pipeline import pipeline_bubble_fraction, predicted_step_s
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure, split_gantt_figure
+from shardlib.ui.theme import RED
 
 # one chunk, whole backward: GPipe and 1F1B, the pair notebook 03 compares against the bubble formula
 EXPLORER_SCHEDULES = tuple(n for n, spec in SPECS.items() if spec.chunks == 1 and not spec.split_backward)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import ipywidgets as widgets
 
-from .theme import RIGHT_COLOUR, WRONG_COLOUR
+from shardlib.ui.theme import RIGHT_COLOUR, WRONG_COLOUR
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from ..runtime.timeline import Span, shift_to_zero
-from .gantt import Bar, gantt_figure, titled
-from .mime import mime_figure
-from .theme import KIND_COLOURS, TEAL
+from shardlib.runtime.timeline import Span, shift_to_zero
+from shardlib.ui.gantt import Bar, gantt_figure, titled
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import KIND_COLOURS, TEAL
 
 
 @mime_figure

@@ -5,9 +5,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..serving.planner import Plan
-from .mime import mime_figure
-from .theme import BLUE, ORANGE
+from shardlib.predict.serving.planner import Plan
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import BLUE, ORANGE
 
 
 @mime_figure

@@ -8,12 +8,12 @@ import html
 
 import ipywidgets as widgets
 
-from ..hardware import CLUSTERS
-from ..models import PRESETS
-from ..serving.memory import Workload
-from ..serving.planner import OBJECTIVES, format_plan, plan_serving
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
-from .serving_figures import plan_figure
+from shardlib.facts.hardware import CLUSTERS
+from shardlib.facts.models import PRESETS
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.planner import OBJECTIVES, format_plan, plan_serving
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.serving_figures import plan_figure
 
 BATCHES = (("from memory", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), ("64", 64),
            ("128", 128), ("256", 256))

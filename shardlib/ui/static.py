@@ -13,7 +13,7 @@ import html
 import ipywidgets as widgets
 from plotly.basedatatypes import BaseFigure
 
-from .live import FigureArea
+from shardlib.ui.live import FigureArea
 
 
 def figure_html(fig: BaseFigure) -> str:

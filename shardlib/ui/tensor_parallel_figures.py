@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .mime import mime_figure
-from .theme import BLUE, ORANGE, colour, colours
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import BLUE, ORANGE, colour, colours
 
 
 def _owner_scale(n: int) -> list:
@@ -50,7 +50,7 @@ def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.
     import torch
     from plotly.subplots import make_subplots
 
-    from ..tensor_parallel.reference import shard_columns, shard_rows
+    from shardlib.core.tensor_parallel.layers import shard_columns, shard_rows
 
     cells = torch.arange(out_features * in_features).view(out_features, in_features)  # (out, in): cell ids
     owners = {}

@@ -6,20 +6,21 @@ import html
 
 import ipywidgets as widgets
 
-from ..models import (
-    PRESETS,
+from shardlib.core.toy import generator, weight
+from shardlib.facts.models import PRESETS
+from shardlib.lab.tensor_parallel.drivers import run_pair
+from shardlib.predict.shapes import (
     kv_cache_bytes,
     kv_head_copies,
     kv_heads_per_device,
     padded_vocab_size,
     tensor_parallel_problems,
+    usable_tensor_parallel_degrees,
     vocab_padding_bytes,
 )
-from ..tensor_parallel.drivers import run_pair
-from ..tensor_parallel.predict import CUTS, pair_collectives, pair_wire_collectives
-from ..toy import generator, weight
-from .live import Feedback, observe_all
-from .theme import GREEN, RED
+from shardlib.predict.tensor_parallel import CUTS, pair_collectives, pair_wire_collectives
+from shardlib.ui.live import Feedback, observe_all
+from shardlib.ui.theme import GREEN, RED
 
 
 def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 256) -> widgets.VBox:
@@ -79,7 +80,7 @@ def tp_wall_picker(tp: int = 8, context_tokens: int = 8192) -> widgets.VBox:
                        f"vocabulary padded to {padded_vocab_size(m, t):,} (+{vocab_padding_bytes(m, t) / 1e6:,.1f} "
                        "MB in all)")
         out.value = (f"{m.name}: {m.n_heads} query heads, {m.n_kv_heads} KV heads, d_ff {m.d_ff}, vocab "
-                     f"{m.vocab_size}<br>usable tp: {m.usable_tp}<br>tp = {t}: {verdict}"
+                     f"{m.vocab_size}<br>usable tp: {usable_tensor_parallel_degrees(m)}<br>tp = {t}: {verdict}"
                      "<br><i>shape arithmetic (a model), not a measurement</i>")
 
     feedback = Feedback()

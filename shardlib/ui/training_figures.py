@@ -1,6 +1,6 @@
 """Figures of the training step: losses on the reference's, each rank's ledger, traffic by mesh axis.
 
-Data in, ``go.Figure`` out: the runs come from ``training.drivers.run_training``; nothing here starts a
+Data in, ``go.Figure`` out: the runs come from ``lab.training.drivers.run_training``; nothing here starts a
 process. ``ledger_figure`` draws measured bars with the prediction as a mark on each, ``traffic_figure``
 the bytes one rank sends per step on each mesh axis, ``loss_figure`` every layout's loss over the
 one-process reference's, ``step_time_figure`` predicted against measured step time with the diagonal.
@@ -12,8 +12,8 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from .mime import mime_figure
-from .theme import DARK_GREY, GUIDE_GREY, colour
+from shardlib.ui.mime import mime_figure
+from shardlib.ui.theme import DARK_GREY, GUIDE_GREY, colour
 
 LEDGER_TERMS = ("weights", "gradients", "optimizer", "activations", "transient")
 AXES = ("tp", "cp", "pp", "dp", "dp-cp")

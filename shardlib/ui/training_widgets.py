@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import ipywidgets as widgets
 
-from ..mesh import DP_STRATEGIES, Layout, Rejected
-from ..training.moe_choices import DEEPSEEK_V3_PUBLISHED
-from ..training.planner import best_configuration
-from .live import Feedback, FigureArea, SelectionSlider, observe_all
-from .training_figures import ledger_figure, step_terms_figure
+from shardlib.core.mesh import DP_STRATEGIES, Layout, Rejected
+from shardlib.predict.training.moe_choices import DEEPSEEK_V3_PUBLISHED
+from shardlib.predict.training.planner import best_configuration
+from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.training_figures import ledger_figure, step_terms_figure
 
 STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 MLP_OPTIONS = (("dense", 0), ("4 experts, ep 1", 1), ("ep 2", 2), ("ep 4", 4))  # experts: 4, each token to 2
@@ -41,7 +41,7 @@ def expert_choice(ep: int, tp: int, pp: int, dp: int, cp: int, strategy: str) ->
 
 def four_rank_layouts(world_size: int, config=None) -> list[tuple[str, tuple[int, int, int, int]]]:
     """Every ``(tp, pp, dp, cp)`` of ``world_size`` ranks with each degree 1, 2 or 4, as slider options;
-    with ``config``, only those its model can run (``training.drivers.check_training``)."""
+    with ``config``, only those its model can run (``lab.training.drivers.check_training``)."""
     out = []
     for tp in (1, 2, 4):
         for pp in (1, 2, 4):
@@ -55,7 +55,7 @@ def four_rank_layouts(world_size: int, config=None) -> list[tuple[str, tuple[int
 
 
 def _runs(layout: Layout, config) -> bool:
-    from ..training.drivers import check_training  # torch: imported only where ranks train
+    from shardlib.lab.training.drivers import check_training  # torch: imported only where ranks train
 
     try:
         check_training(layout, replace(config, m=max(config.m, layout.pp)))
@@ -69,9 +69,9 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
     over ``ep`` ranks) and ``m``: each move trains ``config``'s model on the warm ranks and shows every rank's
     ledger and the gap to one process. ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first
     option if it cannot run)."""
-    from ..runtime.measure import TOLERANCE  # torch: imported only where ranks train
-    from ..training.drivers import run_training
-    from ..training.reference import train_reference
+    from shardlib.core.checks import TOLERANCE
+    from shardlib.lab.training.drivers import run_training
+    from shardlib.lab.training.reference import train_reference
 
     options = four_rank_layouts(ranks.world_size, config)  # the slider holds only layouts that run
     first = start if start in [v for _, v in options] else options[0][1]
@@ -137,7 +137,7 @@ MOE_EP = (1, 8, 16, 32, 64, 128, 256)
 
 
 def moe_layout_explorer() -> widgets.VBox:
-    """DeepSeek-V3 on its 2,048 H800 (``training.moe_choices``), no tensor parallelism, ZeRO-1: sliders for
+    """DeepSeek-V3 on its 2,048 H800 (``predict.training.moe_choices``), no tensor parallelism, ZeRO-1: sliders for
     ``pp`` and ``ep`` and a toggle for the all-to-alls (exposed, or under compute as DualPipe runs them).
     Each move scores that layout with the planner's model (``planner.best_configuration``) and draws its step,
     term by term, beside the published layout (PP 16 x EP 64) scored the same way."""

@@ -12,39 +12,49 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardlib.context_parallel import (
-    METHODS,
-    AttentionShape,
+from shardlib.core.config import ModelConfig
+from shardlib.core.context_parallel.online_softmax import (
     Partial,
-    attention_grads_reference,
     attention_reference,
     block_grads,
     block_partial,
-    causal_work,
     check_qkv,
+    merge,
+)
+from shardlib.core.context_parallel.placement import (
+    causal_work,
     check_sequence,
     chunks_of_rank,
-    context_parallel_needed,
-    device_memory,
-    gather_sequence,
-    hidden_share,
     imbalance,
-    merge,
     positions_of_rank,
-    ring_backward_bytes_per_rank,
-    ring_bytes_per_rank,
+)
+from shardlib.facts.hardware import Link
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, TOY
+from shardlib.lab.context_parallel.reference import (
+    attention_grads_reference,
+    gather_sequence,
     ring_pass,
-    ring_time_s,
-    sequence_parallel_bytes_per_rank,
     shard_sequence,
     simulate_ring_attention,
-    toy_block_activation_bytes,
+)
+from shardlib.predict.context_parallel import (
+    METHODS,
+    AttentionShape,
+    hidden_share,
+    ring_backward_bytes_per_rank,
+    ring_bytes_per_rank,
+    ring_time_s,
+    ring_transfer_s,
+    sequence_parallel_bytes_per_rank,
     ulysses_bytes_per_rank,
     ulysses_collectives,
 )
-from shardlib.context_parallel.predict import ring_transfer_s
-from shardlib.hardware import Link
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, TOY, ModelConfig, kv_cache_bytes, kv_heads_per_device
+from shardlib.predict.context_parallel_memory import (
+    context_parallel_needed,
+    device_memory,
+    toy_block_activation_bytes,
+)
+from shardlib.predict.shapes import kv_cache_bytes, kv_heads_per_device
 
 ATOL = 1e-5
 
@@ -273,7 +283,7 @@ def test_toy_block_activation_formula_hand_worked():
 
 
 def test_attention_bytes_per_rank_hand_worked():
-    from shardlib.context_parallel import attention_bytes_per_rank
+    from shardlib.predict.context_parallel_memory import attention_bytes_per_rank
 
     shape = AttentionShape(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=64)  # float32
     one = attention_bytes_per_rank(shape)
@@ -337,9 +347,9 @@ def test_the_other_figures_draw_their_data():
 def test_the_ring_hides_its_transfer_from_more_tokens_on_slower_links():
     """Llama-3.1-70B's heads on an H100 at peak: a few hundred tokens per rank over NVLink, thousands over
     InfiniBand; at the threshold the block's attention first outlasts its K/V transfer."""
-    from shardlib.context_parallel import ring_block_attention_s, ring_hiding_tokens
-    from shardlib.costs.alpha_beta import point_to_point_s
-    from shardlib.hardware import H100_80GB, INFINIBAND_400G, NVLINK
+    from shardlib.facts.hardware import H100_80GB, INFINIBAND_400G, NVLINK
+    from shardlib.predict.alpha_beta import point_to_point_s
+    from shardlib.predict.context_parallel import ring_block_attention_s, ring_hiding_tokens
 
     flops = H100_80GB.bf16_flops_per_s
     found = {link.name: ring_hiding_tokens(64, 8, 128, 2, flops, link) for link in (NVLINK, INFINIBAND_400G)}
@@ -351,7 +361,7 @@ def test_the_ring_hides_its_transfer_from_more_tokens_on_slower_links():
 
 
 def test_all_gather_and_megatron_comm_types_hand_worked():
-    from shardlib.context_parallel import (
+    from shardlib.predict.context_parallel import (
         CP_COMM_TYPES,
         all_gather_kv_bytes_per_rank,
         all_gather_kv_collectives,
@@ -387,7 +397,7 @@ class _Balance:
 
 
 def test_the_balance_verdict_holds_exactly_when_zigzag_is_more_even():
-    from shardlib.context_parallel import balance_verdicts
+    from shardlib.lab.context_parallel.claims import balance_verdicts
 
     predicted = {"contiguous": 4 / 3, "zigzag": 1.0}
     (held,) = balance_verdicts(_Balance({"contiguous": 1.25, "zigzag": 1.05}, predicted))

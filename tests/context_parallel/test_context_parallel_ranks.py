@@ -4,44 +4,43 @@ sequence parallelism, each against the unsharded computation in one process.
 Exactness: ring attention merges partial softmaxes in another order than one softmax, and its backward
 sums each K/V block's gradient over the ranks in ring order; sequence and tensor parallelism add
 partial sums in another order than one matrix product. All are compared with ``TOLERANCE`` from
-``shardlib.runtime.measure`` (1e-5; values of order 1; gradients with ``rtol = atol = TOLERANCE``). The
+``shardlib.lab.measure`` (1e-5; values of order 1; gradients with ``rtol = atol = TOLERANCE``). The
 all-to-all method moves whole heads and does no cross-rank arithmetic: it is held to the same
 tolerance here, and measured bit for bit where the CPU kernel allows (printed by the benchmark).
 
-Timing: only on 2 ranks, medians of several passes, bands no wider than 2x, each a claim measured again
-while a busy machine spoils it (``tests/timing_claims.py``).
+Timing: not asserted here; the notebook's claims (under nbval) and the benchmark measure it. The balance
+and overlap drivers are checked for what does not depend on the clock: the blocks each rank computed, read
+from its spans, the bytes moved, exactness, and that what they timed is a finite number of seconds.
 """
+
+import math
 
 import pytest
 import torch
-from timing_claims import claim_timing
 
-from shardlib import RankError
-from shardlib.context_parallel import (
-    AttentionShape,
-    attention_grads_reference,
-    attention_layer_weights,
-    attention_reference,
-    causal_work,
-    ring_attention_on_rank,
-    ring_backward_bytes_per_rank,
-    ring_saved_bytes_per_rank,
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.context_parallel.online_softmax import attention_reference
+from shardlib.core.context_parallel.placement import causal_work
+from shardlib.core.toy import activations, layer_weights
+from shardlib.facts.models import TOY
+from shardlib.lab.context_parallel.drivers import (
     run_exchange_calibration,
     run_ring_attention,
-    run_ring_attention_grads,
     run_ring_balance,
     run_ring_overlap,
-    run_ring_training,
     run_ulysses_attention,
-    run_ulysses_attention_grads,
-    shard_sequence,
-    toy_block_activation_bytes,
-    ulysses_attention_on_rank,
 )
-from shardlib.models import TOY
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.tensor_parallel import run_sequence_parallel
-from shardlib.toy import activations, layer_weights
+from shardlib.lab.context_parallel.grad_drivers import (
+    run_ring_attention_grads,
+    run_ring_training,
+    run_ulysses_attention_grads,
+)
+from shardlib.lab.context_parallel.ranks import ring_attention_on_rank, ulysses_attention_on_rank
+from shardlib.lab.context_parallel.reference import attention_grads_reference, attention_layer_weights, shard_sequence
+from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
+from shardlib.predict.context_parallel import AttentionShape, ring_backward_bytes_per_rank, ring_saved_bytes_per_rank
+from shardlib.predict.context_parallel_memory import toy_block_activation_bytes
+from shardlib.runtime.errors import RankError
 
 
 def qkv(batch, heads, kv_heads, seq, head_dim, seed=0):
@@ -78,7 +77,7 @@ def test_ring_without_overlap_is_exact_too_and_moves_the_same_bytes(pool):
 
 
 def test_ring_on_one_rank_is_plain_attention():
-    from shardlib import Ranks
+    from shardlib.runtime.ranks import Ranks
 
     q, k, v = qkv(1, 2, 1, 9, 8)
     with Ranks(1) as one:
@@ -147,7 +146,7 @@ def test_ring_gradients_without_overlap_are_the_same(pool2):
 
 
 def test_ring_gradients_on_one_rank_send_nothing():
-    from shardlib import Ranks
+    from shardlib.runtime.ranks import Ranks
 
     q, k, v = qkv(1, 2, 1, 6, 8, seed=13)
     with Ranks(1) as one:
@@ -172,61 +171,54 @@ def test_all_to_all_gradients_equal_sdpa(pool2, causal):
 
 
 # -- causal balance --------------------------------------------------------------------------------------
-def test_zigzag_evens_the_causal_work_measured_per_rank(pool2):
-    """Contiguous: rank 1 computes a whole block and a diagonal, rank 0 a diagonal only (predicted
-    4/3 of the mean, counted in blocks); zigzag: each computes the same. Per-rank compute is the median
-    of 5 passes: a timing claim, measured again if a busy machine spoils it."""
+def test_zigzag_evens_the_causal_work_counted_per_rank(pool2):
+    """Contiguous: rank 1 computes a whole block and a diagonal, rank 0 a diagonal only (predicted 4/3 of
+    the mean, counted in blocks); zigzag: each computes the same. The blocks are read from each rank's spans;
+    how the compute times follow is the notebook's claim (``run_balance_check``) and the benchmark's."""
     q, k, v = qkv(1, 4, 4, 1024, 64, seed=5)
-    run_ring_attention(pool2, q, k, v)  # warm-up
-
-    def balanced(b):
-        contiguous = b.compute_s("contiguous")
-        return (contiguous[1] > 1.2 * contiguous[0]  # the last rank does the most
-                and b.measured_imbalance("zigzag") < min(b.measured_imbalance("contiguous"), 1.15))
-
-    balance = claim_timing(lambda: run_ring_balance(pool2, q, k, v, repeats=5), balanced,
-                           "zigzag evens the causal work that contiguous gives the last rank",
-                           lambda b: f"compute per rank, s: contiguous {b.compute_s('contiguous')}, zigzag "
-                                     f"{b.compute_s('zigzag')}; imbalance {b.measured_imbalance('contiguous'):.2f} "
-                                     f"against {b.measured_imbalance('zigzag'):.2f}")
+    balance = run_ring_balance(pool2, q, k, v, repeats=1)
+    assert set(balance.runs) == {"contiguous", "zigzag"}
     assert balance.runs["contiguous"].exact and balance.runs["zigzag"].exact
     assert balance.predicted_imbalance("contiguous") == pytest.approx(4 / 3)
     assert balance.predicted_imbalance("zigzag") == 1.0
+    for placement, run in balance.runs.items():
+        assert run.computed_blocks == tuple(w.computed_pairs for w in run.predicted_work), placement
+        assert all(math.isfinite(t) and t > 0 for t in run.compute_cpu_s), placement
+    contiguous, zigzag = balance.runs["contiguous"].computed_blocks, balance.runs["zigzag"].computed_blocks
+    assert contiguous[1] > contiguous[0] and zigzag[0] == zigzag[1]  # the last rank does the most, unless zigzag
 
 
 # -- overlap ---------------------------------------------------------------------------------------------
-def test_the_next_block_moves_while_this_one_computes(pool2):
-    """Each step's compute padded to 40 ms (the cores stay free for the bytes): with overlap the ranks
-    barely wait for a 2 MiB block; without, they wait for all of it. Step times against the alpha-beta
-    prediction within a 2x band (a busy machine only adds time), claimed after retries."""
+def test_the_overlap_driver_runs_both_rings_exactly_on_the_same_bytes(pool2):
+    """Each step's compute padded to 40 ms, the link fitted on the spot: the ring with and without overlap
+    give the same exact output over the same K/V blocks (2 MiB each), and each side's times and predictions
+    are finite numbers of seconds. Whether the overlap hides the transfer is the notebook's claim
+    (``run_overlap_check``) and the benchmark's."""
     q, k, v = qkv(1, 8, 8, 1024, 64, seed=6)  # K/V block: 2 x 8 x 512 x 64 x 4 = 2 MiB
-
-    def overlapped(o):
-        # the predictions are built from this run's measured compute and link: under load they too can move,
-        # so the model's ordering (overlap predicts the shorter step) is part of what is retried
-        return (o.hidden_share >= 0.5 and o.overlapped.waited_s < o.sequential.waited_s
-                and o.predicted_overlapped_s < o.predicted_sequential_s
-                and all(0.5 <= measured / predicted <= 2.0
-                        for measured, predicted in ((o.overlapped.step_s, o.predicted_overlapped_s),
-                                                    (o.sequential.step_s, o.predicted_sequential_s))))
-
-    over = claim_timing(lambda: run_ring_overlap(pool2, q, k, v, repeats=5, pad_compute_s=0.04), overlapped,
-                        "the next K/V block moves while this one computes",
-                        lambda o: f"hidden share {o.hidden_share:.2f}; waited {o.overlapped.waited_s * 1e3:.1f} ms "
-                                  f"with overlap, {o.sequential.waited_s * 1e3:.1f} ms without; steps "
-                                  f"{o.overlapped.step_s * 1e3:.1f} / {o.sequential.step_s * 1e3:.1f} ms against "
-                                  f"{o.predicted_overlapped_s * 1e3:.1f} / {o.predicted_sequential_s * 1e3:.1f} ms")
+    over = run_ring_overlap(pool2, q, k, v, repeats=1, pad_compute_s=0.04)
+    assert over.overlapped.overlap and not over.sequential.overlap
     assert over.overlapped.exact and over.sequential.exact
+    assert torch.equal(over.overlapped.output, over.sequential.output)  # the same blocks merged in the same order
+    block = AttentionShape(1, 8, 8, 1024, 64).kv_block_bytes(2)
+    assert block == 2 * 2 ** 20
+    assert over.overlapped.sent_bytes_per_rank == over.sequential.sent_bytes_per_rank == (block, block)
+    assert "ring exchange" in over.link.name
+    assert over.transfer_s == pytest.approx(over.link.latency_s + block / over.link.one_way_bytes_per_s)
+    for t in (over.overlapped.step_s, over.sequential.step_s, over.overlapped.waited_s, over.sequential.waited_s,
+              over.predicted_overlapped_s, over.predicted_sequential_s):
+        assert math.isfinite(t) and t >= 0
+    assert 0 <= over.hidden_share <= 1
 
 
-def test_the_exchange_calibration_fits_a_link(pool2):
-    def plausible(fit):  # loopback: well above 10 MB/s, well under 50 ms a message (a busy machine can spoil it)
-        return fit.link.one_way_bytes_per_s > 1e7 and fit.link.latency_s < 0.05
-
-    link = claim_timing(lambda: run_exchange_calibration(pool2, 1 << 20), plausible,
-                        "the ring exchange fits a loopback link",
-                        lambda f: f"{f.link.one_way_bytes_per_s / 1e9:.3f} GB/s, {f.link.latency_s * 1e3:.2f} ms").link
-    assert "ring exchange" in link.name
+def test_the_exchange_calibration_fits_a_link_to_its_sizes(pool2):
+    """Exchanges from 1/256 of the block up to all of it, fitted by ``fit_link``: a latency of at least 0 and
+    a positive bandwidth (it refuses or clamps anything else). How plausible the numbers are for loopback is
+    the notebook's claim and the benchmark's."""
+    fit = run_exchange_calibration(pool2, 1 << 20)
+    assert fit.sizes_bytes == (4096, 16384, 65536, 262144, 1 << 20)
+    assert fit.rounds in (5, 10)  # measured once more with twice the rounds if the first sweep could not be fitted
+    assert "ring exchange" in fit.link.name
+    assert fit.link.latency_s >= 0 and math.isfinite(fit.link.one_way_bytes_per_s) and fit.link.one_way_bytes_per_s > 0
 
 
 # -- all-to-all (Ulysses) --------------------------------------------------------------------------------
@@ -300,7 +292,8 @@ def test_the_sequence_slider_stays_in_range_and_reruns(pool2):
 # -- all-gather K/V (Llama 3) ----------------------------------------------------------------------------
 @pytest.mark.parametrize("causal", [True, False])
 def test_all_gather_kv_attention_equals_whole_sequence_attention(pool, causal):
-    from shardlib.context_parallel import all_gather_kv_bytes_per_rank, run_all_gather_attention
+    from shardlib.lab.context_parallel.drivers import run_all_gather_attention
+    from shardlib.predict.context_parallel import all_gather_kv_bytes_per_rank
 
     n = pool.world_size
     q, k, v = qkv(2, 6, 2, 9 * n, 12, seed=8)  # 9 tokens per rank; GQA 3:1, heads need not divide the ranks
@@ -314,7 +307,7 @@ def test_all_gather_kv_attention_equals_whole_sequence_attention(pool, causal):
 
 
 def test_all_gather_kv_refuses_a_sequence_that_does_not_split(pool2):
-    from shardlib.context_parallel import run_all_gather_attention
+    from shardlib.lab.context_parallel.drivers import run_all_gather_attention
 
     q, k, v = qkv(1, 4, 2, 15, 8)
     with pytest.raises(ValueError, match="15 tokens does not split evenly into 2 ranks"):

@@ -5,19 +5,17 @@ claim that does not hold is measured again, and that bad input is refused before
 
 import pytest
 
-from shardlib.costs import (
-    Calibration,
-    LinkFit,
-    Sample,
+from shardlib.lab.costs import claims
+from shardlib.lab.costs.claims import (
     calibration_verdicts,
     decode_vs_prefill_verdicts,
-    drivers,
     replicas_vs_tp_verdicts,
     run_calibration_check,
     run_decode_vs_prefill_check,
     run_replicas_vs_tp_check,
-    serving_model,
 )
+from shardlib.lab.costs.drivers import serving_model
+from shardlib.predict.calibration import Calibration, LinkFit, Sample
 
 from .test_cost_checks import LINK, SIZES, on_the_line, replicas_run, run_of
 
@@ -58,7 +56,7 @@ def calibration(large_s: float) -> Calibration:
 def test_the_calibration_check_passes_its_arguments_and_returns_the_fits_verdicts(monkeypatch):
     cal = calibration(large_s=0.02)
     fake = Recorder(cal)
-    monkeypatch.setattr(drivers, "run_calibration", fake)
+    monkeypatch.setattr(claims, "run_calibration", fake)
     pool = NoRanks(4)
     check = run_calibration_check(pool, rounds=3)
     assert fake.calls == [((pool,), {"n_ranks": 2, "rounds": 3, "statistic": "fastest"})]
@@ -70,14 +68,15 @@ def test_the_calibration_check_passes_its_arguments_and_returns_the_fits_verdict
 
 def test_the_calibration_check_measures_again_until_bytes_cost_time(monkeypatch):
     fake = Recorder(calibration(large_s=1.5e-3), calibration(large_s=0.02))  # 1.5x, then 20x the 64 B
-    monkeypatch.setattr(drivers, "run_calibration", fake)
+    monkeypatch.setattr(claims, "run_calibration", fake)
     (v,) = run_calibration_check(NoRanks(2)).verdicts
     assert len(fake.calls) == 2 and v.attempts == 2 and v.held
 
 
 def test_a_calibration_that_never_grows_fails_with_its_claim(monkeypatch):
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # as nbval runs the notebooks
     fake = Recorder(calibration(large_s=1.5e-3))
-    monkeypatch.setattr(drivers, "run_calibration", fake)
+    monkeypatch.setattr(claims, "run_calibration", fake)
     with pytest.raises(AssertionError, match="measured 1.5x; claimed at least 2x: not shown this time"):
         run_calibration_check(NoRanks(2), attempts=2)
     assert len(fake.calls) == 2
@@ -98,7 +97,7 @@ def test_the_calibration_check_refuses_bad_input_before_any_rank_runs(kwargs, me
 def test_the_decode_vs_prefill_check_sorts_its_tokens_and_returns_the_runs_verdicts(monkeypatch):
     run = run_of([on_the_line(tp, s, 1.0 if tp == 2 else 3.0) for tp in (2, 4) for s in SIZES])
     fake = Recorder(run)
-    monkeypatch.setattr(drivers, "run_decode_vs_prefill", fake)
+    monkeypatch.setattr(claims, "run_decode_vs_prefill", fake)
     pool = NoRanks(4)
     check = run_decode_vs_prefill_check(pool, LINK, tokens=(2048, 1, 256, 8), rounds=2)
     (args, kwargs), = fake.calls
@@ -121,7 +120,7 @@ def test_the_decode_vs_prefill_check_refuses_bad_input_before_any_rank_runs(kwar
 def test_the_replicas_check_passes_its_arguments_and_returns_the_runs_verdicts(monkeypatch):
     run = replicas_run(0.1, 0.06, 0.005)  # C = 100 ms, a 60 ms split step against 55 ms predicted
     fake = Recorder(run)
-    monkeypatch.setattr(drivers, "run_replicas_vs_tp", fake)
+    monkeypatch.setattr(claims, "run_replicas_vs_tp", fake)
     pool = NoRanks(2)
     check = run_replicas_vs_tp_check(pool, LINK, batch=16, tp=2)
     assert fake.calls == [((pool, LINK), {"batch": 16, "tp": 2})]
@@ -132,8 +131,9 @@ def test_the_replicas_check_passes_its_arguments_and_returns_the_runs_verdicts(m
 
 
 def test_a_split_copy_slower_than_a_replica_fails_the_latency_claim_after_three_runs(monkeypatch):
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # as nbval runs the notebooks
     fake = Recorder(replicas_run(0.1, 0.11, 0.005))
-    monkeypatch.setattr(drivers, "run_replicas_vs_tp", fake)
+    monkeypatch.setattr(claims, "run_replicas_vs_tp", fake)
     with pytest.raises(AssertionError, match="claimed at most 1x: not shown this time"):
         run_replicas_vs_tp_check(NoRanks(2), LINK)
     assert len(fake.calls) == 3

@@ -1,22 +1,18 @@
 """The notebook's measured claims as verdicts: each driver's bands worked by hand on made-up results, and
-the sleep-based slow-rank check on real ranks (a sleep only ever oversleeps, so it cannot be spoiled).
+the slow-rank check on real ranks for what does not depend on the clock.
 
-No bare wall-clock comparison: the verdict functions are pure (numbers in, verdicts out), and the one
-live check goes through ``runtime.verdict.verified``, which retries and, under a test run, raises with
-its numbers."""
+No wall-clock comparison: the verdict functions are pure (numbers in, verdicts out), and the one live check
+measures once with ``verified`` replaced, so only what it sets beside what, and which rank slept, is
+checked; whether its verdicts hold is the notebook's claim under nbval."""
 
 import math
 
 import pytest
 
-from shardlib.costs import (
-    Calibration,
-    DecodeVsPrefillRun,
-    LinkFit,
-    ReplicasVsTPRun,
-    Sample,
-    SlowRankRun,
-    SlowRankTimes,
+from shardlib.facts.hardware import Link
+from shardlib.facts.models import LLAMA_3_8B
+from shardlib.lab.costs import claims
+from shardlib.lab.costs.claims import (
     calibration_verdicts,
     decode_vs_prefill_verdicts,
     replicas_vs_tp_verdicts,
@@ -24,9 +20,10 @@ from shardlib.costs import (
     run_slow_rank_check,
     slow_rank_verdicts,
 )
-from shardlib.costs.predict import ReplicasVsTensorParallel
-from shardlib.hardware import Link
-from shardlib.models import LLAMA_3_8B
+from shardlib.lab.costs.drivers import DecodeVsPrefillRun, ReplicasVsTPRun, SlowRankRun
+from shardlib.lab.costs.ranks import SlowRankTimes
+from shardlib.predict.calibration import Calibration, LinkFit, Sample
+from shardlib.predict.costs import ReplicasVsTensorParallel
 
 LINK = Link("hand", 1e9, 1e-4)  # 1 GB/s each way, 100 us per ring step
 KIB, MIB = 2 ** 10, 2 ** 20
@@ -131,16 +128,29 @@ def test_slow_rank_verdicts_by_hand():
     assert not slow_rank_verdicts(slow_run(0.1, 0.0, 0.03))[0].held  # steps shorter than the sleep
 
 
-def test_the_slow_rank_check_on_real_ranks(pool2):
+def test_the_slow_rank_check_on_real_ranks_sets_its_steps_beside_the_sleeps(pool2, monkeypatch):
+    """One measurement (``verified`` replaced: its verdicts come back as found, not judged): what each verdict
+    sets beside what, and which rank slept. Whether they hold is the notebook's claim under nbval."""
+    def measure_once(measure, verdicts, attempts=3):
+        result = measure()
+        return result, tuple(verdicts(result))
+
+    monkeypatch.setattr(claims, "verified", measure_once)
     check = run_slow_rank_check(pool2, 1, 0.05)
-    assert len(check.verdicts) == 2 and all(v.held for v in check.verdicts)
-    assert all(v.line.endswith("as predicted") for v in check.verdicts)
+    assert check.run.slow_rank == 1 and check.run.delay_s == 0.05
+    assert check.verdicts == slow_rank_verdicts(check.run)
+    steps, waited = check.verdicts
+    assert steps.what == f"the fastest rank's {len(check.run.ops)} steps"
+    assert waited.what == "rank 0's wait inside them, beyond rank 1's"
+    assert steps.predicted == waited.predicted == pytest.approx(len(check.run.ops) * 0.05)
+    assert {s.rank for s in check.run.spans if s.name == "throttled"} == {1}  # which rank slept: no clock
     with pytest.raises(ValueError, match="needs a delay above 0 s"):
         run_slow_rank_check(pool2, 1, 0.0)
 
 
 def replicas_run(replica_step_s: float, tp_step_s: float, comm_s: float) -> ReplicasVsTPRun:
-    from shardlib.costs import replicas_vs_tensor_parallel, serving_model
+    from shardlib.lab.costs.drivers import serving_model
+    from shardlib.predict.costs import replicas_vs_tensor_parallel
 
     measured = ReplicasVsTensorParallel(2, 16, replica_step_s, tp_step_s)
     predicted = replicas_vs_tensor_parallel(replica_step_s, comm_s, 2, 16)

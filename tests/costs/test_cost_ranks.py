@@ -1,35 +1,34 @@
 """Costs shown on real ranks: decode- and prefill-sized all-reduces, one slow rank, replicas vs TP.
 
-Timing claims here use a set delay (a sleep), or none at all: the machine is shared and noisy, and the
-notebook holds the measured-against-predicted bands (with retries) where it can say why.
+No timing is claimed here: the machine is shared and noisy, and the notebook holds the measured-against-
+predicted bands (with retries, under nbval) where it can say why; the benchmarks measure. What is checked
+does not depend on the clock: which rank was delayed, the calls and their bytes, exactness.
 Tolerance: the tensor-parallel MLP stack sums partial outputs across ranks, so it is compared with the
 unsharded stack at ``atol=1e-5`` (float32 values of order 1, the sum taken in another order).
 """
 
+import math
 import statistics
+from collections import Counter
 
 import pytest
 import torch
-from timing_claims import claim_timing
 
-from shardlib import RankError
-from shardlib.costs import (
-    SLOW_RANK_OPS,
+from shardlib.core.toy import stack_reference, stack_weights
+from shardlib.facts.hardware import Link
+from shardlib.facts.models import LLAMA_3_8B
+from shardlib.lab.costs.drivers import (
     DecodeVsPrefillRun,
-    Sample,
-    measure_until,
     run_decode_vs_prefill,
     run_replicas_vs_tp,
     run_slow_rank,
     serving_model,
-    slow_rank_on_rank,
 )
-from shardlib.costs.drivers import _spread_sweep as spread_sweep
-from shardlib.costs.ranks import request_stream
-from shardlib.hardware import Link
-from shardlib.models import LLAMA_3_8B
-from shardlib.runtime.measure import strict_checks, timing_claim
-from shardlib.toy import stack_reference, stack_weights
+from shardlib.lab.costs.drivers import _spread_sweep as spread_sweep
+from shardlib.lab.costs.ranks import SLOW_RANK_OPS, request_stream, slow_rank_on_rank
+from shardlib.lab.verdict import measure_until, strict_checks, timing_claim
+from shardlib.predict.calibration import Sample
+from shardlib.runtime.errors import RankError
 
 ATOL = 1e-5
 DELAY_S = 0.1
@@ -102,24 +101,19 @@ def test_a_spread_sweep_runs_each_round_as_its_own_pool_call_every_degree_in_tur
     assert {(r.rank, r.size_bytes) for r in pool4.last_comm if r.op == "all_reduce"} == {(k, 1024) for k in range(4)}
 
 
-def test_a_timing_claim_fails_under_a_test_run_and_speaks_to_a_learner_elsewhere(monkeypatch, capsys):
+def test_a_timing_claim_fails_when_strict_and_speaks_to_a_learner_otherwise(monkeypatch, capsys):
     assert timing_claim(True, "tp = 2 is faster", "1 ms against 2 ms")
-    assert strict_checks()  # pytest sets PYTEST_CURRENT_TEST, as nbval's kernel inherits it
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # the notebooks' conftest under nbval, make busy-check
+    assert strict_checks()
     with pytest.raises(AssertionError, match="Not shown this time: tp = 2 is faster"):
         timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms", attempts=3)
-    monkeypatch.delenv("PYTEST_CURRENT_TEST")
-    monkeypatch.delenv("CI", raising=False)
-    assert not timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms", attempts=3)
-    said = capsys.readouterr().out
-    assert "3 ms against 2 ms" in said and "After 3 attempt(s)" in said and "run the cell again" in said
-    monkeypatch.setenv("CI", "1")
-    with pytest.raises(AssertionError):
-        timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms")
-    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "0")  # said outright, it wins: the browser test's kernels
-    assert not strict_checks() and not timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms")
-    monkeypatch.delenv("CI")
-    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # make busy-check's
-    assert strict_checks()
+    for unstrict in ("0", ""):  # the browser test's kernels; a learner's
+        monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", unstrict)
+        monkeypatch.setenv("CI", "1")  # the surroundings change nothing
+        assert not strict_checks()
+        assert not timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms", attempts=3)
+        said = capsys.readouterr().out
+        assert "3 ms against 2 ms" in said and "After 3 attempt(s)" in said and "run the cell again" in said
 
 
 def test_measure_until_says_how_many_attempts_it_took():
@@ -129,38 +123,31 @@ def test_measure_until_says_how_many_attempts_it_took():
     assert measure_until(lambda: next(results), lambda x: x < 3, attempts=3) == (9, 3)  # none held: the last
 
 
-def test_every_rank_takes_the_slow_ranks_time(pool):
+def _finite_times(run) -> bool:
+    """Every step and every time inside a collective: a finite number of seconds, never negative."""
+    return all(math.isfinite(t) and t >= 0 for res in run.per_rank for t in (*res.step_s.values(),
+                                                                               *res.collective_s.values()))
+
+
+def test_the_slow_rank_alone_is_throttled_before_every_collective(pool):
+    """Which rank was delayed, and before which collectives, is read from the spans: no clock involved.
+    That the others then wait for it is the notebook's claim (``run_slow_rank_check``) and the benchmark's."""
     slow = pool.world_size - 1
-
-    def waits(run):
-        return {rank: sum(res.collective_s[op] for op in SLOW_RANK_OPS) for rank, res in enumerate(run.per_rank)}
-
-    def slow_rank_sets_the_pace(run):
-        # every rank's step lasts the delay (sleep only ever oversleeps); a fast rank spends it waiting inside
-        # the collectives, the slow rank, arriving last, does not (summed over the five collectives: one badly
-        # scheduled call on a busy machine cannot decide it)
-        budget = 0.5 * len(SLOW_RANK_OPS) * DELAY_S
-        return (all(res.step_s[op] > 0.8 * DELAY_S for res in run.per_rank for op in SLOW_RANK_OPS)
-                and all((inside < budget) if rank == slow else (inside > budget)
-                        for rank, inside in waits(run).items()))
-
-    run = claim_timing(lambda: run_slow_rank(pool, slow, DELAY_S), slow_rank_sets_the_pace,
-                       f"rank {slow}, {DELAY_S * 1e3:.0f} ms late to each collective, makes every other rank wait",
-                       lambda r: ", ".join(f"rank {k} {v * 1e3:.0f} ms inside" for k, v in waits(r).items()))
+    run = run_slow_rank(pool, slow, DELAY_S)
+    assert (run.slow_rank, run.delay_s) == (slow, DELAY_S) and len(run.per_rank) == pool.world_size
     assert all(list(res.step_s) == list(res.collective_s) == list(SLOW_RANK_OPS) for res in run.per_rank)
+    assert _finite_times(run)
     throttled = [s for s in pool.last_spans if s.name == "throttled"]  # which rank was delayed: no clock involved
     assert {s.rank for s in throttled} == {slow} and len(throttled) == len(SLOW_RANK_OPS)
+    for rank in range(pool.world_size):  # one call of each, every one after a barrier that lines the ranks up
+        calls = Counter(r.op for r in pool.last_comm if r.rank == rank)
+        assert calls == {"barrier": len(SLOW_RANK_OPS) + 1, "all_reduce": 1, "all_gather": 1, "reduce_scatter": 1,
+                         "all_to_all_single": 1}, (rank, calls)
 
 
-def test_without_a_delay_nobody_waits_that_long(pool2):
-    # the same collectives with no delay: the slowest step (median over the ops) far below the delay
-    def median_step_s(run):
-        steps = sorted(run.step_s(op) for op in SLOW_RANK_OPS)
-        return steps[len(steps) // 2]
-
-    run = claim_timing(lambda: run_slow_rank(pool2, 1, 0.0), lambda r: median_step_s(r) < 0.5 * DELAY_S,
-                       "without a delay a collective takes far less than the delay",
-                       lambda r: f"median step {median_step_s(r) * 1e3:.1f} ms against {DELAY_S * 1e3:.0f} ms")
+def test_without_a_delay_no_rank_is_throttled(pool2):
+    run = run_slow_rank(pool2, 1, 0.0)
+    assert all(list(res.step_s) == list(SLOW_RANK_OPS) for res in run.per_rank) and _finite_times(run)
     assert not [s for s in run.spans if s.name == "throttled"]  # nobody was delayed
 
 
@@ -230,4 +217,5 @@ def test_the_slow_rank_explorer_runs_live(pool2):
     delay.value = 30
     assert "sleeps 30 ms" in text.value
     assert [t.name for t in fig.figure.data] == ["rank 0", "rank 1 (slow)"]
-    assert min(fig.figure.data[0].y) > 15  # rank 0 waited most of the 30 ms in every collective
+    assert all(list(t.x) == list(SLOW_RANK_OPS) and all(math.isfinite(y) and y >= 0 for y in t.y)
+               for t in fig.figure.data)  # how long rank 0 waited is the notebook's to show

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from shardlib.costs import (
+from shardlib.facts.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Link
+from shardlib.predict.alpha_beta import (
     algorithm_bandwidth,
     all_reduce_s,
     all_to_all_s,
@@ -16,9 +17,8 @@ from shardlib.costs import (
     cost_terms,
     crossover_bytes,
     point_to_point_s,
-    replicas_vs_tensor_parallel,
 )
-from shardlib.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Link
+from shardlib.predict.costs import replicas_vs_tensor_parallel
 
 # 1 GB/s each way, 10 us per message: easy numbers to work by hand
 LINK = Link("test", 1e9, 1e-5)

@@ -3,11 +3,10 @@ time of that link, calls inside a node are not, and the emulation ends with the 
 
 import pytest
 import rank_fns
-from timing_claims import claim_timing
 
-from shardlib.costs.alpha_beta import collective_time_s
-from shardlib.costs.emulation import EmulatedLink
-from shardlib.hardware import INFINIBAND_400G, Link
+from shardlib.facts.hardware import INFINIBAND_400G, Link
+from shardlib.lab.costs.emulation import EmulatedLink
+from shardlib.predict.alpha_beta import collective_time_s
 
 
 def test_crosses_and_time_follow_the_nodes_and_the_formula():
@@ -31,33 +30,28 @@ def test_bad_emulation_is_refused_in_words(bad, message):
 
 
 @pytest.mark.parametrize("world, nodes", [(2, (0, 1)), (4, (0, 0, 1, 1))])
-def test_cross_node_calls_take_the_emulated_time_and_inside_calls_do_not(request, world, nodes):
-    """perf_counter is one clock for every process of the machine, so ends and starts compare across ranks."""
+def test_cross_node_calls_are_held_to_the_emulated_time_and_inside_calls_are_left_alone(request, world, nodes):
+    """perf_counter is one clock for every process of the machine, so ends and starts compare across ranks.
+    The emulation holds a crossing call until the link's time has passed: a floor, which no load can lower.
+    How fast a call inside a node is, is not asserted (a busy machine decides it): only that it is not emulated."""
     ranks = request.getfixturevalue(f"pool{world}")
     latency_s = 0.05
-
-    def inside_calls_fast(per_rank):  # an upper bound a busy machine can spoil: measured again, then claimed
-        return all(records[0][4] - records[0][3] < latency_s for records in per_rank)
-
-    per_rank = claim_timing(lambda: ranks.run(rank_fns.emulated_calls, nodes, latency_s), inside_calls_fast,
-                            "a call inside a node is not held to the slow link's latency",
-                            lambda pr: ", ".join(f"rank {r}: {(rec[0][4] - rec[0][3]) * 1e3:.1f} ms"
-                                                 for r, rec in enumerate(pr)) + f" against {latency_s * 1e3:.0f} ms")
+    per_rank = ranks.run(rank_fns.emulated_calls, nodes, latency_s)
     link = Link("slow test link", 1e12, latency_s)
     world_link_s = collective_time_s("all_reduce", 16, world, link)  # 2(n-1) latencies
     for call in (1, 2):  # the blocking and the asynchronous all-reduce over every rank
         latest_start = max(records[call][3] for records in per_rank)
         for rank, records in enumerate(per_rank):
             op, group, emulated, start_s, end_s = records[call]
+            assert op == "all_reduce" and group == "world", (rank, call, op, group)
             assert emulated and end_s >= latest_start + world_link_s - 1e-4, (rank, call, end_s - latest_start)
     for rank, records in enumerate(per_rank):
         op, group, emulated, start_s, end_s = records[0]
-        assert group == f"node{nodes[rank]}" and emulated is False
+        assert op == "all_reduce" and group == f"node{nodes[rank]}" and emulated is False
         assert len(records) == (4 if rank in (0, world - 1) else 3)
     send, recv = per_rank[0][3], per_rank[world - 1][3]
     assert send[0] == "send" and recv[0] == "recv" and send[2] and recv[2]
     assert recv[4] >= send[3] + latency_s - 1e-4  # the bytes were "in flight" for the link's latency
-    assert send[4] - send[3] < latency_s  # the sender handed them over and went on
 
 
 def test_the_emulation_ends_with_the_call(pool4):
@@ -66,6 +60,6 @@ def test_the_emulation_ends_with_the_call(pool4):
 
 
 def test_a_node_map_of_the_wrong_length_is_refused(pool2):
-    from shardlib import RankError
+    from shardlib.runtime.errors import RankError
     with pytest.raises(RankError, match="node_of_rank names 4 ranks but the job has 2"):
         pool2.run(rank_fns.emulate_with, (0, 0, 1, 1))

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from shardlib.data_parallel import TOLERANCE, BucketedReplica
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.data_parallel.buckets import BucketedReplica
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 M, ROWS = 3, 2  # microbatches per step, rows per rank and microbatch

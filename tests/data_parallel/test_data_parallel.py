@@ -8,33 +8,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardlib.data_parallel import (
-    STATE_BYTES_FP32,
-    STATE_BYTES_MEGATRON,
-    STRATEGIES,
+from shardlib.core.config import ModelConfig
+from shardlib.core.data_parallel.flat import STRATEGIES, padded, parameter_units, plan_buckets, plan_units
+from shardlib.facts.models import LLAMA_3_8B
+from shardlib.lab.data_parallel.activations import measure_activations
+from shardlib.lab.data_parallel.reference import (
     check_training_inputs,
-    gathered_peak_bytes,
     global_mse,
-    layer_activation_bytes,
-    layout_memory,
-    layout_step_bytes,
     local_rows,
-    measure_activations,
-    memory_per_rank,
-    mlp_activation_bytes,
-    padded,
-    parameter_units,
-    plan_buckets,
-    plan_units,
-    step_wire_bytes,
     toy_batches,
     toy_model,
     train_reference,
+)
+from shardlib.lab.measure import PeakMeter
+from shardlib.predict.data_parallel import (
+    STATE_BYTES_FP32,
+    STATE_BYTES_MEGATRON,
+    gathered_peak_bytes,
+    layer_activation_bytes,
+    layout_memory,
+    layout_step_bytes,
+    memory_per_rank,
+    mlp_activation_bytes,
+    step_wire_bytes,
     training_memory_per_gpu,
     zero_table,
 )
-from shardlib.models import LLAMA_3_8B, ModelConfig
-from shardlib.runtime.measure import PeakMeter
 
 
 # -- flat groups ------------------------------------------------------------------------------------------
@@ -191,7 +190,7 @@ def test_activations_per_layer_match_the_formula_and_checkpointing_keeps_only_in
 
 
 def test_checkpointing_leaves_the_gradients_unchanged():
-    from shardlib.data_parallel import Checkpointed
+    from shardlib.lab.data_parallel.activations import Checkpointed
 
     model = toy_model(8, 16, 2, 3)
     x, y = toy_batches(1, 8, 8, 3)[0]
@@ -210,7 +209,8 @@ def test_recomputation_does_not_load_torchs_compiler():
     import subprocess
     import sys
 
-    code = ("import sys; from shardlib.data_parallel import measure_activations, toy_batches, toy_model; "
+    code = ("import sys; from shardlib.lab.data_parallel.activations import measure_activations; "
+            "from shardlib.lab.data_parallel.reference import toy_batches, toy_model; "
             "x, y = toy_batches(1, 8, 8, 3)[0]; "
             "m = measure_activations(toy_model(8, 16, 2, 3), x, y, checkpoint=True, repeats=1); "
             "print(m.unit_forwards, 'torch._dynamo' in sys.modules)")

@@ -8,9 +8,15 @@ import pytest
 import torch
 from solutions_module import ROOT, answers
 
-from shardlib import Ranks
-from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, grade_zero1_step, zero1_inputs, zero1_reference
-from shardlib.exercises.data_parallel import ShardOptimizer, adamw_first_step
+from shardlib.exercises.data_parallel import (
+    ShardOptimizer,
+    adamw_first_step,
+    grade_zero1_step,
+    zero1_inputs,
+    zero1_reference,
+)
+from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN
+from shardlib.runtime.ranks import Ranks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
 

@@ -11,23 +11,15 @@ import torch
 import torch.nn.functional as F
 from solutions_module import answers
 
-from shardlib import Ranks
-from shardlib.exercises import (
-    NOT_RIGHT,
-    NOT_WRITTEN,
-    PASSED,
-    ExerciseResult,
-    grade_bubble_fraction,
-    grade_dispatch_plan,
-    grade_fit_alpha_beta,
-    grade_merge_partial_attention,
-    grade_one_f_one_b,
-    grade_shard_rows,
-    grade_top_k_router,
-    grade_tp_pair_forward,
-)
-from shardlib.models import TOY
-from shardlib.toy import activations, stack_weights
+from shardlib.core.toy import activations, stack_weights
+from shardlib.exercises.context_parallel import grade_merge_partial_attention
+from shardlib.exercises.costs import grade_fit_alpha_beta
+from shardlib.exercises.experts import grade_dispatch_plan, grade_top_k_router
+from shardlib.exercises.pipeline import grade_bubble_fraction, grade_one_f_one_b
+from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult
+from shardlib.exercises.tensor_parallel import grade_shard_rows, grade_tp_pair_forward
+from shardlib.facts.models import TOY
+from shardlib.runtime.ranks import Ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # and the wrong answers below
@@ -633,6 +625,6 @@ def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
 
 
 def test_the_schedule_grader_refuses_something_that_is_not_a_function():
-    from shardlib.exercises import grade_schedule_table
+    from shardlib.exercises.pipeline_schedules import grade_schedule_table
     with pytest.raises(ValueError, match="pass your function itself"):
         grade_schedule_table(42)

@@ -4,9 +4,10 @@ yet", and each named mistake fails with a message that names it."""
 import pytest
 from solutions_module import answers
 
-from shardlib.exercises import NOT_RIGHT, NOT_WRITTEN, PASSED, PrefixRouterState, grade_prefix_router
+from shardlib.core.serving.router import make_router, route_trace
 from shardlib.exercises import serving_at_scale as grader
-from shardlib.serving.fleet.router import make_router, route_trace
+from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN, PASSED
+from shardlib.exercises.serving_at_scale import PrefixRouterState, grade_prefix_router
 
 
 def _choose(self, request, balance):

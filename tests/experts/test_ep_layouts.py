@@ -5,14 +5,14 @@ tp attention, bytes and memory per rank measured and predicted."""
 import pytest
 import torch
 
-from shardlib.experts.stack import moe_stack_reference, moe_stack_weights
-from shardlib.mesh import Layout
-from shardlib.models import TOY, TOY_MOE
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.serving.drivers import check_combined_inputs, format_traffic, run_combined, run_decode, run_wide_ep
-from shardlib.serving.memory import stack_weight_bytes
-from shardlib.serving.traffic import AxisTraffic, forward_traffic
-from shardlib.toy import activations, stack_weights
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.experts.stack import moe_stack_reference, moe_stack_weights
+from shardlib.core.mesh import Layout
+from shardlib.core.toy import activations, stack_weights
+from shardlib.facts.models import TOY, TOY_MOE
+from shardlib.lab.serving.drivers import check_combined_inputs, format_traffic, run_combined, run_decode, run_wide_ep
+from shardlib.predict.serving.memory import stack_weight_bytes
+from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
 
 LAYERS = moe_stack_weights(TOY_MOE, seed=0)
 X = activations(4, 8, TOY_MOE.d_model)

@@ -10,36 +10,22 @@ tokens, each rank's tokens being one group, so the reference is run with as many
 
 import dataclasses
 import inspect
+import math
 
 import pytest
 import torch
-from timing_claims import claim_timing
 
-from shardlib import RankError
-from shardlib.experts import (
-    MITIGATIONS,
-    ExpertPlacement,
-    MoEConfig,
-    assign,
-    dispatch_plan,
-    ep_forward_on_rank,
-    expert_parallel_moe,
-    make_moe_weights,
-    make_tokens,
-    moe_reference,
-    predicted_all_to_all_bytes,
-    predicted_cross_rank_share,
-    predicted_weight_bytes,
-    reference_for,
-    replicate_hottest,
-    route,
-    run_expert_parallel,
-    run_mitigation,
-    run_mitigations,
-    simulate_expert_parallel,
-    split_groups,
-)
-from shardlib.models import TOY_MOE
+from shardlib.core.experts.balance import assign, split_groups
+from shardlib.core.experts.dispatch import expert_parallel_moe, make_moe_weights
+from shardlib.core.experts.placement import ExpertPlacement, dispatch_plan, replicate_hottest
+from shardlib.core.experts.routing import MoEConfig, route
+from shardlib.facts.models import TOY_MOE
+from shardlib.lab.experts.balance import MITIGATIONS
+from shardlib.lab.experts.drivers import run_expert_parallel, run_mitigation, run_mitigations
+from shardlib.lab.experts.ranks import ep_forward_on_rank
+from shardlib.lab.experts.reference import make_tokens, moe_reference, reference_for, simulate_expert_parallel
+from shardlib.predict.experts import predicted_all_to_all_bytes, predicted_cross_rank_share, predicted_weight_bytes
+from shardlib.runtime.errors import RankError
 
 CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
 WEIGHTS = make_moe_weights(CFG, seed=0)
@@ -227,46 +213,33 @@ def test_every_mitigation_in_one_frozen_result_by_label(pool2):
         measured.runs = ()
 
 
-def test_the_slowest_rank_sets_the_step_time(pool2):
-    """A set cost per expert row (a sleep, on top of the real FFN) makes the claim robust to a noisy
-    machine. At skew 1 rank 0 holds the hot expert and gets most rows."""
+def test_every_rank_waits_for_the_slowest_ranks_experts(pool2):
+    """A set cost per expert row (a sleep, on top of the real FFN). At skew 1 rank 0 holds the hot expert and
+    gets most rows (counted, not timed); in every repeat no rank finished before the last rank's experts did
+    (the combine cannot end sooner: an order of events, not a duration). How much longer the skewed step
+    takes is the notebook's claim and the benchmark's."""
     x = make_tokens(1024, CFG.d_model, seed=4)
     per_row_s = 1e-4
-
-    def both():
-        return (run_expert_parallel(pool2, x, WEIGHTS, CFG.but(skew=1.0), repeats=3, extra_s_per_row=per_row_s),
-                run_expert_parallel(pool2, x, WEIGHTS, CFG, repeats=3, extra_s_per_row=per_row_s))
-
-    def extra_rows(runs):
-        return max(runs[0].expert_rows) - max(runs[1].expert_rows)
-
-    # the knob: the skewed step is longer by about the extra rows' cost (generous band); both steps are
-    # measured again if a busy machine slowed the even one
-    skewed, even = claim_timing(both, lambda r: r[0].step_s - r[1].step_s > 0.3 * extra_rows(r) * per_row_s,
-                                "the skewed step is longer by about its extra rows' cost",
-                                lambda r: f"skewed {r[0].step_s * 1e3:.1f} ms, even {r[1].step_s * 1e3:.1f} ms, "
-                                          f"{extra_rows(r)} extra rows at {per_row_s * 1e3:.1f} ms")
+    skewed = run_expert_parallel(pool2, x, WEIGHTS, CFG.but(skew=1.0), repeats=3, extra_s_per_row=per_row_s)
+    even = run_expert_parallel(pool2, x, WEIGHTS, CFG, repeats=3, extra_s_per_row=per_row_s)
     assert skewed.expert_rows[0] > 1.3 * skewed.expert_rows[1]  # rows: counted, not timed
+    assert max(skewed.expert_rows) > max(even.expert_rows)
     for run in (skewed, even):
         assert run.waited_for_slowest  # no rank finished before the last rank's experts did
-        assert run.step_s >= max(run.expert_s) >= max(run.expert_rows) * per_row_s  # sleeps only ever oversleep
+        # the step spans every rank's experts, each padded by a sleep: floors, which sleeps only ever overshoot
+        assert run.step_s >= max(run.expert_s) >= max(run.expert_rows) * per_row_s
 
 
-def test_expert_cpu_time_follows_the_rows(pool2):
-    """CPU time counts the work done, whatever else runs on the machine: at skew 1 rank 0 computes
-    about 2.5 times the rows of rank 1, with experts wide enough to dominate their own timing."""
+def test_expert_cpu_time_is_measured_per_rank_beside_its_rows(pool2):
+    """Experts wide enough to dominate their own timing, at skew 1: rank 0 computes more than twice the rows
+    of rank 1 (counted), and each rank's CPU time is measured (a positive, finite number of seconds). That
+    the CPU times follow the rows is the notebook's claim (``run_stall_check``) and the benchmark's."""
     wide = CFG.but(d_ff=512, skew=1.0)
     x = make_tokens(2048, CFG.d_model, seed=5)
-
-    def ratios(run):
-        return run.expert_rows[0] / run.expert_rows[1], run.expert_cpu_s[0] / run.expert_cpu_s[1]
-
-    # a burst of other work (or a first call's set-up) can spoil one sample: measured again, then claimed
-    run = claim_timing(lambda: run_expert_parallel(pool2, x, make_moe_weights(wide, seed=0), wide, repeats=3),
-                       lambda r: 0.5 * ratios(r)[0] < ratios(r)[1] < 2 * ratios(r)[0],
-                       "the experts' CPU time follows their rows",
-                       lambda r: "CPU time ratio {1:.2f}, rows ratio {0:.2f}".format(*ratios(r)))
-    assert ratios(run)[0] > 2  # rows: counted, not timed
+    run = run_expert_parallel(pool2, x, make_moe_weights(wide, seed=0), wide, repeats=3)
+    assert run.expert_rows[0] > 2 * run.expert_rows[1]  # rows: counted, not timed
+    assert len(run.expert_cpu_s) == 2 and all(math.isfinite(t) and t > 0 for t in run.expert_cpu_s)
+    assert len(run.expert_cpu_floor_s) == 2 and all(f <= t for f, t in zip(run.expert_cpu_floor_s, run.expert_cpu_s))
 
 
 def test_bad_inputs_are_refused_before_the_ranks_are_involved(pool4):

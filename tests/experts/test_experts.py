@@ -12,26 +12,13 @@ import math
 import pytest
 import torch
 
-from shardlib.experts import (
-    MAX_PREFERENCE_BIAS,
-    MoEConfig,
-    Routing,
-    assign,
-    assign_groups,
-    aux_load_balancing_loss,
-    capacity,
-    expert_ffn,
-    load_stats,
-    make_moe_weights,
-    make_tokens,
-    moe_reference,
-    preference_bias,
-    route,
-    served_gates,
-    split_groups,
-)
-from shardlib.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
-from shardlib.toy import mlp_reference
+from shardlib.core.experts.balance import assign, assign_groups, capacity, served_gates, split_groups
+from shardlib.core.experts.dispatch import expert_ffn, make_moe_weights
+from shardlib.core.experts.routing import MAX_PREFERENCE_BIAS, MoEConfig, Routing, preference_bias, route
+from shardlib.core.toy import mlp_reference
+from shardlib.facts.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
+from shardlib.lab.experts.balance import aux_load_balancing_loss, load_stats
+from shardlib.lab.experts.reference import make_tokens, moe_reference
 
 CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
 WEIGHTS = make_moe_weights(CFG, seed=0)
@@ -334,7 +321,7 @@ def test_bad_tokens_and_groups_name_the_numbers():
 
 
 def test_bias_balancing_evens_a_skewed_load_without_touching_the_gates():
-    from shardlib.experts import balance_by_bias
+    from shardlib.lab.experts.balance import balance_by_bias
 
     cfg = MoEConfig.from_model(TOY_MOE).but(skew=0.75)
     router = make_moe_weights(cfg, seed=0).router
@@ -355,7 +342,7 @@ def test_bias_balancing_evens_a_skewed_load_without_touching_the_gates():
 def test_the_stall_verdict_predicts_the_cpu_ratio_from_the_rows():
     from types import SimpleNamespace
 
-    from shardlib.experts import stall_verdicts
+    from shardlib.lab.experts.drivers import stall_verdicts
 
     def runs(cpu):
         return {1.0: SimpleNamespace(expert_rows=[5000, 3000], expert_cpu_floor_s=cpu)}

@@ -4,8 +4,8 @@ emulated node), measured from the comm log, equal to the count from the one-proc
 import pytest
 import torch
 
-from shardlib.experts import (
-    MoETrainConfig,
+from shardlib.core.experts.gating import MoETrainConfig, train_route
+from shardlib.core.experts.node_limited import (
     check_node_limit,
     cross_node_rows,
     limit_to_nodes,
@@ -13,9 +13,8 @@ from shardlib.experts import (
     node_scores,
     nodes_per_token,
     tokens_changed,
-    train_route,
 )
-from shardlib.experts.train_drivers import run_node_limited
+from shardlib.lab.experts.train_drivers import run_node_limited
 
 
 def test_nodes_are_scored_by_their_highest_scores_and_the_rest_masked():

@@ -9,12 +9,11 @@ from fractions import Fraction
 
 import pytest
 
-from shardlib.pipeline import (
-    Action,
-    Schedule,
-    check_schedule,
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.schedules import Action, Schedule, check_schedule, simulate
+from shardlib.core.pipeline.stages import split_layers, stage_layer_counts
+from shardlib.predict.pipeline import (
     idle_slots,
-    make_schedule,
     measure_bubble,
     measured_in_flight,
     messages_per_step,
@@ -27,10 +26,7 @@ from shardlib.pipeline import (
     pipeline_step_s,
     predicted_step_s,
     schedule_text,
-    simulate,
-    split_layers,
     stage_imbalance,
-    stage_layer_counts,
     step_slots,
 )
 from shardlib.runtime.timeline import Span

@@ -1,21 +1,16 @@
 """The claims notebook 03 prints, as library functions: what each measures, what it predicts, and its
 verdicts' names and bands. The clock is not asserted here (the notebook's run asserts it, under nbval, and
-``test_pipeline_ranks`` holds the same claims through ``claim_timing``): ``verified`` is replaced by one
-measurement whose verdicts are returned as found, so only what does not depend on the clock is checked."""
+the benchmarks measure it): ``verified`` is replaced by one measurement whose verdicts are returned as
+found, so only what does not depend on the clock is checked."""
 
 import pytest
 
-from shardlib.models import ModelConfig
-from shardlib.pipeline import (
-    bubble_drivers,
-    pipeline_bubble_fraction,
-    run_bubble_check,
-    run_pace_check,
-    run_trip_check,
-    run_uneven_check,
-    stage_layer_counts,
-)
-from shardlib.toy import activations, stack_weights
+from shardlib.core.config import ModelConfig
+from shardlib.core.pipeline.stages import stage_layer_counts
+from shardlib.core.toy import activations, stack_weights
+from shardlib.lab.pipeline import bubble_drivers
+from shardlib.lab.pipeline.bubble_drivers import run_bubble_check, run_pace_check, run_trip_check, run_uneven_check
+from shardlib.predict.pipeline import pipeline_bubble_fraction
 
 SHAPE = ModelConfig("pipeline check test", n_layers=8, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64,
                     bytes_per_param=4.0)

@@ -9,19 +9,19 @@ from fractions import Fraction
 
 import pytest
 
-from shardlib.pipeline import (
-    PUBLISHED,
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import (
     SCHEDULE_TITLES,
     SCHEDULES,
     SPECS,
-    OpCosts,
-    make_schedule,
-    peak_in_flight,
-    published_idle_s,
+    Bubble,
+    InFlight,
+    ScheduleSpec,
     schedule_spec,
-    simulate,
 )
-from shardlib.pipeline.registry import Bubble, InFlight, ScheduleSpec
+from shardlib.core.pipeline.schedules import simulate
+from shardlib.predict.bubbles import PUBLISHED, OpCosts, published_idle_s
+from shardlib.predict.pipeline import peak_in_flight
 
 # DualPipe's formula counts F&B as overlapped; this package runs each pair's F and B in turn and its list
 # idles less than the formula: the formula is a bound for it, not its value

@@ -10,10 +10,12 @@ from fractions import Fraction
 import pytest
 import torch
 
-from shardlib.models import ModelConfig
-from shardlib.pipeline import SPECS, Action, Schedule, make_schedule, run_pipeline, simulate, split_schedules
-from shardlib.pipeline.schedules import ScheduleError
-from shardlib.toy import activations, stack_weights
+from shardlib.core.config import ModelConfig
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import SPECS, split_schedules
+from shardlib.core.pipeline.schedules import Action, Schedule, ScheduleError, simulate
+from shardlib.core.toy import activations, stack_weights
+from shardlib.lab.pipeline.drivers import run_pipeline
 
 SPLIT = split_schedules()  # every schedule of the registry with the backward split
 N_LAYERS, BATCH, SEQ, D_MODEL = 8, 16, 4, 32
@@ -65,7 +67,7 @@ def test_zb_h2_bubble_is_the_published_formula(p):
     """Qi et al. 2024's ZB-H2 idles (p-1)(F+B-2W): the fullest stage's idle inside its own span, every
     stage's span starting F after the one before (a parallelogram), zero at F = B = W. One step's window
     keeps the ramp (p-1) F when it is longer: (p-1) max(F, F+B-2W), while W is no dearer than F or B."""
-    from shardlib.pipeline import OpCosts, published_idle_s
+    from shardlib.predict.bubbles import OpCosts, published_idle_s
     for f, b, w in ((1, 1, 1), (2, 3, 1), (3, 2, 2), (1, 1, Fraction(1, 2)), (2, 2, 1), (3, 1, 1), (2, 5, 2)):
         for m in (2 * p - 1, 2 * p, 3 * p + 1):
             s = make_schedule("zb-h2", p, m)
@@ -87,7 +89,7 @@ def test_zb_h2_bubble_is_the_published_formula(p):
 
 
 def test_zb_h2_warms_up_longer_and_holds_2p_minus_1():
-    from shardlib.pipeline import peak_in_flight
+    from shardlib.predict.pipeline import peak_in_flight
     for p in (1, 2, 3, 4, 8):
         for m in (2 * p - 1, 2 * p, 4 * p):
             s = make_schedule("zb-h2", p, m)
@@ -104,7 +106,7 @@ def test_zb_h2_warms_up_longer_and_holds_2p_minus_1():
 def test_zb_v_is_zero_bubble_at_equal_costs_as_the_paper_says(p):
     """Qi et al. 2024 (ZB-V, F = B = W, m >= 2p): no device waits between its first action and its last; one
     step's window keeps only the ramp, (p-1) F per device (F one chunk's forward)."""
-    from shardlib.pipeline import OpCosts, published_fraction, published_idle_s
+    from shardlib.predict.bubbles import OpCosts, published_fraction, published_idle_s
     for m in (2 * p, 2 * p + 1, 4 * p):
         s = make_schedule("zb-v", p, m)
         timed = simulate(s, 2, 2, 0, 2)  # a stage's op 2, a chunk's 1
@@ -218,7 +220,7 @@ def test_zb_h2_on_ranks_holds_more_and_idles_as_published(pool, model):
     more activation bytes than ZB-H1 on stage 0; F, B and W padded to 50 ms, the idle share measured (median
     of 3 steps) is the published one, evaluated with the F, B and W measured on the ranks, within 0.03. A
     point that misses is measured once more and the lesser kept (a stall on this shared machine only adds)."""
-    from shardlib.pipeline import run_split_bubble
+    from shardlib.lab.pipeline.bubble_drivers import run_split_bubble
     p = pool.world_size
     runs = {n: run_pipeline(pool, make_schedule(n, p, 2 * p), SHAPE, model["layers"], model["x"], model["grad"])
             for n in ("zb-h1", "zb-h2")}
@@ -247,7 +249,7 @@ def test_whole_blocks_split_exactly_too(pool2, model):
 
 # -- the published formulas, both notations ---------------------------------------------------------------
 def test_the_notation_trap_gives_one_number_two_ways():
-    from shardlib.pipeline import OpCosts, notation_rows, published_fraction, simulated_fraction
+    from shardlib.predict.bubbles import OpCosts, notation_rows, published_fraction, simulated_fraction
     costs = OpCosts(1.0, 1.0, 1.0)
     for _, _, qi, _, dualpipe in notation_rows(costs, 4):
         assert qi == dualpipe
@@ -270,7 +272,7 @@ def _answer(p, m):
 
 
 def test_the_schedule_grader_passes_the_answer_and_runs_it(pool2, model):
-    from shardlib.exercises import grade_schedule_table
+    from shardlib.exercises.pipeline_schedules import grade_schedule_table
     result = grade_schedule_table(_answer, pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.005)
     assert result.passed, result
     assert "exact; bubble measured" in result.messages[0]
@@ -305,13 +307,13 @@ WRONG_TABLES = [
 
 @pytest.mark.parametrize("table, words", WRONG_TABLES)
 def test_the_schedule_grader_names_each_kind_of_wrong_table(table, words):
-    from shardlib.exercises import grade_schedule_table
+    from shardlib.exercises.pipeline_schedules import grade_schedule_table
     result = grade_schedule_table(table)
     assert not result.passed and words in " ".join(result.messages), result
 
 
 def test_the_schedule_grader_names_too_much_memory():
-    from shardlib.exercises import grade_schedule_table
+    from shardlib.exercises.pipeline_schedules import grade_schedule_table
 
     def all_w_last(p, m):  # ZB-H1's order with every W held back to the end: p + ... microbatches held
         return [[a for a in row if not a.startswith("W")] + [f"W{i}" for i in range(m)] for row in _answer(p, m)]
@@ -320,7 +322,7 @@ def test_the_schedule_grader_names_too_much_memory():
 
 
 def test_the_schedule_grader_says_not_written():
-    from shardlib.exercises import grade_schedule_table
+    from shardlib.exercises.pipeline_schedules import grade_schedule_table
 
     def blank(p, m):
         raise NotImplementedError("write my_schedule")
@@ -330,7 +332,7 @@ def test_the_schedule_grader_says_not_written():
 # -- torch's schedules as a peer -----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV", "InterleavedZeroBubble"])
 def test_torchs_orders_read_as_schedules_and_run_exactly(pool, model, name):
-    from shardlib.pipeline import torch_grid, torch_schedule
+    from shardlib.lab.pipeline.torch_peer import torch_grid, torch_schedule
     p = pool.world_size
     schedule = torch_schedule(name, p, 2 * p)  # checked as it is built: every F, B, W once, no deadlock
     assert schedule.split_backward and schedule.n_chunks == 2
@@ -364,7 +366,7 @@ def test_the_zero_bubble_slider_reruns_each_schedule(pool2, model):
 def test_torchs_own_runtime_runs_on_gloo_and_equals_ours(pool, model, name):
     """torch's PipelineStage and schedule step on the same gloo ranks, the same layers and batch: output and
     every weight gradient equal run_pipeline's bit for bit (the loss (out * g).sum() hands g to the output)."""
-    from shardlib.pipeline import run_torch_runtime
+    from shardlib.lab.pipeline.drivers import run_torch_runtime
     p = pool.world_size
     for layers in ("blocks", "layers") if p == 2 else ("layers",):  # whole blocks too, on 2 ranks
         run = run_torch_runtime(pool, name, SHAPE, model[layers], model["x"], model["grad"], 2 * p)
@@ -378,7 +380,7 @@ def test_torchs_own_runtime_runs_on_gloo_and_equals_ours(pool, model, name):
 
 
 def test_torchs_runtime_refuses_what_torch_refuses(pool2, model):
-    from shardlib.pipeline import run_torch_runtime
+    from shardlib.lab.pipeline.drivers import run_torch_runtime
     with pytest.raises(ValueError, match="DualPipeV needs at least as many microbatches as its 2 x 2 stages; got 3"):
         run_torch_runtime(pool2, "DualPipeV", SHAPE, model["layers"], model["x"], model["grad"], 3)
     with pytest.raises(ValueError, match="torch schedules read here"):
@@ -399,7 +401,7 @@ def test_the_zero_bubble_slider_opens_on_a_step_already_run(pool2, model):
 
 # -- the exercise's first step: a table by hand ----------------------------------------------------------------
 def test_the_small_table_grader_passes_the_answer():
-    from shardlib.exercises import grade_small_table
+    from shardlib.exercises.pipeline_schedules import grade_small_table
     from tests.solutions_module import answers
     result = grade_small_table(answers.small_table)
     assert result.passed, result
@@ -417,14 +419,14 @@ SMALL_WRONG = [
 
 @pytest.mark.parametrize("table, words", SMALL_WRONG)
 def test_the_small_table_grader_says_what_to_check(table, words):
-    from shardlib.exercises import grade_small_table
+    from shardlib.exercises.pipeline_schedules import grade_small_table
     result = grade_small_table(lambda: table)
     assert not result.passed and words in " ".join(result.messages), result
     assert "check" in " ".join(result.messages).lower()  # every message says what to check
 
 
 def test_the_small_table_grader_says_not_written_and_reports_a_crash():
-    from shardlib.exercises import grade_small_table
+    from shardlib.exercises.pipeline_schedules import grade_small_table
 
     def blank():
         raise NotImplementedError("write small_table")
@@ -440,7 +442,7 @@ def test_the_small_table_grader_says_not_written_and_reports_a_crash():
 
 # -- the zero-bubble claims as verdicts ------------------------------------------------------------------------
 def test_the_split_cases_are_checked_in_the_learners_terms():
-    from shardlib.pipeline import SplitCase, run_zero_bubble_check
+    from shardlib.lab.pipeline.split_drivers import SplitCase, run_zero_bubble_check
     with pytest.raises(ValueError, match="no pipeline schedule called 'zb-h9'"):
         SplitCase("zb-h9", 4)
     with pytest.raises(ValueError, match="at least 1 microbatch, got n_microbatches = 0"):
@@ -457,7 +459,8 @@ def test_the_split_cases_are_checked_in_the_learners_terms():
 def test_the_predicted_step_is_the_lists_own():
     """At F = B = W = 1 on 2 stages, m = 4: ZB-H1's step is 12 slots of work plus (p-1)(F+B-W) = 1, 1F1B's
     12 plus (p-1)(F+B+W) = 3, exactly."""
-    from shardlib.pipeline import OpCosts, predicted_step_of
+    from shardlib.lab.pipeline.split_drivers import predicted_step_of
+    from shardlib.predict.bubbles import OpCosts
     ones = OpCosts(1.0, 1.0, 1.0)
     assert predicted_step_of("zb-h1", 2, 4, ones) == pytest.approx((13.0, 1 / 13))
     assert predicted_step_of("1f1b", 2, 4, ones) == pytest.approx((15.0, 3 / 15))
@@ -466,7 +469,8 @@ def test_the_predicted_step_is_the_lists_own():
 
 
 def test_the_verdicts_set_the_lists_step_beside_the_measured_one():
-    from shardlib.pipeline import OpCosts, SplitCase, SplitStep, split_verdicts
+    from shardlib.lab.pipeline.split_drivers import SplitCase, SplitStep, split_verdicts
+    from shardlib.predict.bubbles import OpCosts
     case = SplitCase("zb-h1", 4)
     near, far = (SplitStep(case, 2, OpCosts(0.02, 0.02, 0.02), 0.26, measured, 1 / 13, 0.1, (2, 2), True)
                  for measured in (0.29, 0.52))
@@ -476,7 +480,7 @@ def test_the_verdicts_set_the_lists_step_beside_the_measured_one():
 
 
 def test_the_split_cases_measured_on_ranks_are_exact_and_predicted_from_their_own_spans(pool2, model):
-    from shardlib.pipeline import predicted_step_of, run_split_cases
+    from shardlib.lab.pipeline.split_drivers import predicted_step_of, run_split_cases
     steps = run_split_cases(pool2, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 4, 2.0)], SHAPE,
                             model["layers"], model["x"], model["grad"], op_s=0.004).steps
     assert [s.bit_for_bit for s in steps] == [True, True, True]

@@ -3,12 +3,13 @@
 Inputs are small integers in float32, so sums are exact and every comparison is ``torch.equal``.
 """
 
+import math
+
 import pytest
 import torch
-from timing_claims import claim_timing
 
-from shardlib import RankError
-from shardlib.runtime import format_log, summarize
+from shardlib.runtime.errors import RankError
+from shardlib.runtime.records import format_log, summarize
 
 
 def rank_input(rank, shape=(4, 6)):
@@ -170,7 +171,7 @@ def test_uneven_all_to_all_needs_both_split_lists(pool2):
 
 # -- wire bytes --------------------------------------------------------------------------------------------
 def test_wire_bytes_by_hand():
-    from shardlib.runtime import wire_bytes
+    from shardlib.runtime.records import wire_bytes
 
     # a 1,200-byte buffer on 4 ranks: the ring all-reduce sends 2 x 3/4 of it per rank, an all-gather 3/4
     assert wire_bytes("all_reduce", 1200, 4) == 1800 and wire_bytes("all_gather", 1200, 4) == 900
@@ -219,7 +220,7 @@ def _async_all_reduce_under_compute(ctx, sleep_s):
     return out
 
 
-def test_an_asynchronous_all_reduce_is_exact_and_its_wait_is_short_when_hidden(pool):
+def test_an_asynchronous_all_reduce_is_exact_and_logged_once_at_its_wait(pool):
     n = pool.world_size
     out = pool.run(_async_all_reduce_under_compute, 0.2)
     expected = sum(rank_input(r) for r in range(n))
@@ -227,21 +228,8 @@ def test_an_asynchronous_all_reduce_is_exact_and_its_wait_is_short_when_hidden(p
     records = [r for r in pool.last_comm if r.op == "all_reduce"]
     assert sorted(r.rank for r in records) == list(range(n)) and all(r.waited_s is not None for r in records)
     assert all(r.size_bytes == 96 for r in records)  # logged at wait(), once, with its bytes
-
-    def hidden(recs):
-        # a 96-byte all-reduce takes far less than the 200 ms of "compute": the wait finds it done (median
-        # over the ranks); the record spans the flight (issue to completion), which ended long before
-        waits = sorted(r.waited_s for r in recs)
-        return waits[len(waits) // 2] < 0.05 and all(r.duration_s < 0.15 for r in recs)
-
-    def measure():
-        pool.run(_async_all_reduce_under_compute, 0.2)
-        return [r for r in pool.last_comm if r.op == "all_reduce"]
-
-    claim_timing(measure, hidden,
-                 "an all-reduce issued before 200 ms of compute is done when the rank waits for it",
-                 lambda recs: "waited " + ", ".join(f"{r.waited_s * 1e3:.1f}" for r in recs) + " ms; in flight "
-                              + ", ".join(f"{r.duration_s * 1e3:.1f}" for r in recs) + " ms")
+    # the flight and the wait are durations: finite, never negative (how long is the benchmarks' to say)
+    assert all(math.isfinite(t) and t >= 0 for r in records for t in (r.duration_s, r.waited_s))
 
 
 def _ring_exchange(ctx):

@@ -11,9 +11,9 @@ from conftest import child_pids
 
 import shardlib.runtime.comm
 import shardlib.runtime.ranks
-from shardlib import Ranks
 from shardlib.runtime.context import RankContext, prepare_device
 from shardlib.runtime.devices import Placement, place_ranks
+from shardlib.runtime.ranks import Ranks
 from shardlib.runtime.timeline import Timeline
 
 

@@ -1,4 +1,4 @@
-"""``runtime.gather``: per-rank dataclasses read field by field, in rank order, the absent ranks dropped."""
+"""``lab.gather``: per-rank dataclasses read field by field, in rank order, the absent ranks dropped."""
 
 import statistics
 from dataclasses import dataclass
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from shardlib.runtime.gather import gather
+from shardlib.lab.gather import gather
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,14 @@ def test_spans_of_all_ranks_share_the_parents_clock(pool):
     assert all(before <= s.start_s <= s.end_s <= after for s in spans)
     work = {s.rank: s for s in spans if s.name == "work"}
     assert all(work[r].attrs == {"step": r} for r in work)
-    assert all(work[r].duration_s >= 0.02 * (r + 1) for r in work)
-    # all ranks left the first barrier together, so their work spans start within a few ms of each other
-    starts = [work[r].start_s for r in work]
-    assert max(starts) - min(starts) < 0.05
-    # collectives appear as comm spans
-    assert sum(s.kind == "comm" for s in spans) == 2 * pool.world_size
+    assert all(work[r].duration_s >= 0.02 * (r + 1) for r in work)  # a sleep only ever oversleeps: a floor
+    # collectives appear as comm spans, two per rank
+    comm = sorted((s for s in spans if s.kind == "comm"), key=lambda s: (s.rank, s.start_s))
+    assert [s.rank for s in comm] == [r for r in range(pool.world_size) for _ in range(2)]
+    # on one clock, an order of events: no rank leaves the first barrier before every rank has entered it
+    # (how close together the work spans start is the scheduler's business, not asserted)
+    first_entered = max(s.start_s for s in comm[::2])
+    assert all(work[r].start_s >= first_entered for r in work)
 
 
 def test_span_checks_and_shift():

@@ -17,11 +17,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from shardlib.launch import processes_of_job, start_local_nodes
-from shardlib.mesh import Layout
-from shardlib.models import TOY
-from shardlib.serving import forward_traffic
-from shardlib.serving.machines import across_layout, tp_inside_pp_across_on_rank
+from shardlib.core.mesh import Layout
+from shardlib.facts.models import TOY
+from shardlib.lab.serving.machines import across_layout, tp_inside_pp_across_on_rank
+from shardlib.predict.serving.traffic import forward_traffic
+from shardlib.runtime.launch import processes_of_job, start_local_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_TIMEOUT_S = 120  # a hung rendezvous or rank fails the test instead of hanging it
@@ -34,7 +34,7 @@ def _env() -> dict:
 
 def test_first_all_reduce_under_torchrun(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "shardlib.launch", "shardlib.intro.ranks:first_all_reduce_on_rank", "3"]
+           "-m", "shardlib.runtime.launch", "shardlib.lab.intro.ranks:first_all_reduce_on_rank", "3"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env())
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[rank 0] {'before': [1.0, 1.0, 1.0], 'after': [3.0, 3.0, 3.0]}" in out.stdout
@@ -43,7 +43,7 @@ def test_first_all_reduce_under_torchrun(tmp_path):
 
 
 def test_from_env_outside_torchrun_says_how_to_start(monkeypatch):
-    from shardlib import RankContext
+    from shardlib.runtime.context import RankContext
 
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
@@ -52,10 +52,10 @@ def test_from_env_outside_torchrun_says_how_to_start(monkeypatch):
 
 
 def test_launch_refuses_a_target_without_a_function(capsys):
-    from shardlib.launch import main
+    from shardlib.runtime.launch import main
 
     with pytest.raises(SystemExit):
-        main(["shardlib.intro.ranks"])
+        main(["shardlib.lab.intro.ranks"])
     assert "module:function" in capsys.readouterr().err
 
 
@@ -66,12 +66,12 @@ def reports_error_on_rank(ctx, max_error):
 
 @pytest.mark.parametrize("max_error, code", [(0.0, 0), (1e-5, 0), (2e-5, 1), (float("nan"), 1), ("0", 1)])
 def test_launch_exits_non_zero_when_max_error_exceeds_its_bound(monkeypatch, capsys, max_error, code):
-    import shardlib.launch
+    import shardlib.runtime.launch
 
     fake = SimpleNamespace(rank=0, comm=SimpleNamespace(records=[]))
-    monkeypatch.setattr(shardlib.launch.RankContext, "from_env", staticmethod(lambda backend: fake))
-    monkeypatch.setattr(shardlib.launch.dist, "destroy_process_group", lambda: None)
-    assert shardlib.launch.main([f"{__name__}:reports_error_on_rank", repr(max_error)]) == code
+    monkeypatch.setattr(shardlib.runtime.launch.RankContext, "from_env", staticmethod(lambda backend: fake))
+    monkeypatch.setattr(shardlib.runtime.launch.dist, "destroy_process_group", lambda: None)
+    assert shardlib.runtime.launch.main([f"{__name__}:reports_error_on_rank", repr(max_error)]) == code
     assert ("exceeds 1e-05" in capsys.readouterr().err) == bool(code)
 
 
@@ -141,7 +141,7 @@ def test_tp_inside_pp_across_on_a_pool(pool4):
 
 
 # -- two torchrun agents: two nodes on one machine --------------------------------------------------------
-TARGET = "shardlib.serving.machines:tp_inside_pp_across_on_rank"
+TARGET = "shardlib.lab.serving.machines:tp_inside_pp_across_on_rank"
 
 
 def _no_process_left(run_id: str) -> None:
@@ -176,7 +176,7 @@ def test_bad_input_under_torchrun_fails_every_process_and_leaves_none(procs_per_
 
 
 def test_printed_results_are_read_back():
-    from shardlib.launch import AgentRun
+    from shardlib.runtime.launch import AgentRun
 
     run = AgentRun(0, "[rank 1] {'max_error': 0.0}\n[rank 1] rank  op\n[rank 0] [1, 2]\nother\n", "")
     assert run.results == [{"max_error": 0.0}, [1, 2]]

@@ -1,4 +1,4 @@
-"""One forward pass under tensor parallelism (``serving.cost``) against numbers worked by hand (the working
+"""One forward pass under tensor parallelism (``predict.serving.cost``) against numbers worked by hand (the working
 is in the comments): decode against prefill, the chapter's two lessons, the crossover batch, the table,
 pipeline against tensor traffic, what fits; the planner's stage costs built on the same TP all-reduces;
 the figures and the explorer widget drawn from them."""
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from shardlib.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Link
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
-from shardlib.serving import (
+from shardlib.facts.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Link
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.predict.serving.cost import (
     decode_crossover_batch,
     decode_step_compute_s,
     fits_on_device,
@@ -153,8 +153,9 @@ def test_explorer_updates_and_offers_only_usable_shard_counts():
 
 
 def test_latency_throughput_figure_draws_the_planners_points():
-    from shardlib.hardware import H100_80GB
-    from shardlib.serving import Workload, latency_vs_throughput
+    from shardlib.facts.hardware import H100_80GB
+    from shardlib.predict.serving.memory import Workload
+    from shardlib.predict.serving.replicas import latency_vs_throughput
     from shardlib.ui.costs_figures import latency_throughput_figure
 
     short = latency_vs_throughput(LLAMA_3_8B, H100_80GB, workload=Workload(context_tokens=1024, prompt_tokens=512))
@@ -196,9 +197,9 @@ def test_tp_all_reduces_by_hand():
 def test_the_planners_stage_prices_its_tp_all_reduces_with_the_tables_function():
     """The serving planner's stage and the chapter's table price a TP all-reduce the same way: a change
     to one is a change to the other."""
-    from shardlib.hardware import H100_80GB, gpu_cluster
-    from shardlib.mesh import Layout
-    from shardlib.serving import stage_costs
+    from shardlib.core.mesh import Layout
+    from shardlib.facts.hardware import H100_80GB, gpu_cluster
+    from shardlib.predict.serving.decode import stage_costs
 
     cluster = gpu_cluster(H100_80GB, 1, 8)
     (stage,) = stage_costs(LLAMA_3_8B, cluster, Layout(8, 1, 1), 4, 1, 0.0)
@@ -208,10 +209,11 @@ def test_the_planners_stage_prices_its_tp_all_reduces_with_the_tables_function()
 
 
 def test_the_replicas_pairs_are_replicas_vs_tensor_parallel():
-    """``latency_vs_throughput``'s pairs are ``costs.predict.replicas_vs_tensor_parallel`` of the planner's
+    """``latency_vs_throughput``'s pairs are ``predict.costs.replicas_vs_tensor_parallel`` of the planner's
     scores: the replicas' step, the split copy's compute and all-reduces, each at its own batch."""
-    from shardlib.hardware import H100_80GB
-    from shardlib.serving import Workload, latency_vs_throughput, replicas_against_tp
+    from shardlib.facts.hardware import H100_80GB
+    from shardlib.predict.serving.memory import Workload
+    from shardlib.predict.serving.replicas import latency_vs_throughput, replicas_against_tp
 
     workload = Workload(context_tokens=1024, prompt_tokens=512)
     points = {p.label: p for p in latency_vs_throughput(LLAMA_3_8B, H100_80GB, degrees=(2,), workload=workload)}

@@ -7,24 +7,24 @@ import pytest
 import torch
 from rank_fns import decode_pieces_reference, identity
 
-from shardlib.costs.alpha_beta import collective_time_s, point_to_point_s
-from shardlib.costs.emulation import EmulatedLink
-from shardlib.hardware import Link
-from shardlib.mesh import Layout
-from shardlib.models import TOY
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.serving import (
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.mesh import Layout
+from shardlib.core.toy import activations, decode_reference, stack_weights
+from shardlib.facts.hardware import Link
+from shardlib.facts.models import TOY
+from shardlib.lab.costs.emulation import EmulatedLink
+from shardlib.lab.serving.across import (
     AcrossNodes,
     AcrossRow,
     across_layouts,
     across_verdicts,
     across_workload,
     check_across_nodes,
-    plan_serving,
     run_across_nodes,
-    run_decode,
 )
-from shardlib.toy import activations, decode_reference, stack_weights
+from shardlib.lab.serving.drivers import run_decode
+from shardlib.predict.alpha_beta import collective_time_s, point_to_point_s
+from shardlib.predict.serving.planner import plan_serving
 
 LAYERS = stack_weights(TOY, seed=0)
 X = activations(8, 1, TOY.d_model)  # 8 sequences, one token each per step
@@ -108,12 +108,13 @@ def _fake_across(interval_s: float) -> AcrossNodes:
 
 
 def test_check_across_nodes_measures_again_while_the_claim_fails_and_attaches_the_verdicts(monkeypatch):
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # as nbval runs the notebooks
     runs = iter([_fake_across(5e-3), _fake_across(1.2e-3)])  # the first run 5x slow, as a busy machine makes it
-    monkeypatch.setattr("shardlib.serving.across.run_across_nodes", lambda *args, **kwargs: next(runs))
+    monkeypatch.setattr("shardlib.lab.serving.across.run_across_nodes", lambda *args, **kwargs: next(runs))
     result = check_across_nodes(None, TOY, LAYERS, X, Link("test", 1e9, 1e-3))
     assert result.rows[0].token_interval_s == 1.2e-3  # the second run kept
     assert [v.held for v in result.verdicts] == [True, True] and all(v.attempts == 2 for v in result.verdicts)
     assert "ratio 1.20: as predicted" in result.verdicts[0].line
-    monkeypatch.setattr("shardlib.serving.across.run_across_nodes", lambda *args, **kwargs: _fake_across(5e-3))
+    monkeypatch.setattr("shardlib.lab.serving.across.run_across_nodes", lambda *args, **kwargs: _fake_across(5e-3))
     with pytest.raises(AssertionError, match="ratio 5.00: not shown this time"):  # under pytest, a claim that fails
         check_across_nodes(None, TOY, LAYERS, X, Link("test", 1e9, 1e-3))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlib.serving.engine import EngineConfig, poisson_trace, run_policy_check, shared_prefix_trace
-from shardlib.serving.engine.drivers import reference_tokens
-from shardlib.serving.engine.llama import LlamaConfig, forward_reference, greedy_reference, random_weights
-from shardlib.serving.engine.predict import StepCost, figures, simulate_serving
-from shardlib.serving.engine.requests import Request
+from shardlib.core.serving.llama import LlamaConfig, forward_reference, greedy_reference, random_weights
+from shardlib.core.serving.requests import EngineConfig, Request
+from shardlib.lab.serving.engine_drivers import reference_tokens, run_policy_check
+from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
+from shardlib.predict.serving.engine import StepCost, figures, simulate_serving
 
 MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
 COST = StepCost(0.004, 2e-5, 1e-8, n_layers=2, d_model=32, element_bytes=8)

@@ -12,20 +12,20 @@ import random
 import pytest
 import torch
 
-from shardlib import Ranks
-from shardlib.serving.engine import EngineConfig, Request, run_serving
-from shardlib.serving.engine.llama import (
+from shardlib.core.serving.llama import (
     LlamaConfig,
     forward_reference,
     greedy_reference,
-    load_llama_checkpoint,
-    random_hf_llama,
     random_weights,
     weights_from_hf_llama,
 )
-from shardlib.serving.engine.loop import serve_in_process
-from shardlib.serving.engine.paged import PagedModel
-from shardlib.tensor_parallel.layers import TPGroup
+from shardlib.core.serving.loop import serve_in_process
+from shardlib.core.serving.paged import PagedModel
+from shardlib.core.serving.requests import EngineConfig, Request
+from shardlib.core.tensor_parallel.layers import TPGroup
+from shardlib.lab.serving.engine_drivers import run_serving
+from shardlib.lab.serving.hf import load_llama_checkpoint, random_hf_llama
+from shardlib.runtime.ranks import Ranks
 
 pytest.importorskip("transformers")
 
@@ -169,7 +169,7 @@ def test_random_weights_need_no_transformers_and_serve_exactly():
 
 
 def test_paged_blocks_hold_real_tokens_where_contiguous_reservations_would_not(weights, pool2):
-    from shardlib.serving.engine.predict import contiguous_utilization
+    from shardlib.predict.serving.engine import contiguous_utilization
 
     requests = mixed_trace(n=8)
     config = EngineConfig(block_size=4, num_blocks=64, max_batch_tokens=32, prefix_caching=False)

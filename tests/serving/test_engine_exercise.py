@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from solutions_module import answers
 
+from shardlib.core.serving.blocks import block_hash
 from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN, PASSED
 from shardlib.exercises.serving_engine import grade_block_manager
-from shardlib.serving.engine.blocks import block_hash
 
 Good = answers.PrefixBlockManager
 
@@ -36,7 +36,7 @@ class NoRefCounts(Good):
 
 class NoParent(Good):
     def allocate(self, seq, tokens):
-        import shardlib.serving.engine.blocks as blocks
+        import shardlib.core.serving.blocks as blocks
 
         original = blocks.block_hash
         blocks.block_hash = lambda parent, piece: original(None, piece)

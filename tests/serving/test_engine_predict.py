@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlib.hardware import H100_80GB
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, kv_cache_bytes
-from shardlib.serving.engine.loop import run_engine
-from shardlib.serving.engine.predict import (
+from shardlib.core.serving.engine import StepRecord
+from shardlib.core.serving.loop import run_engine
+from shardlib.core.serving.requests import EngineConfig, Request
+from shardlib.facts.hardware import H100_80GB
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
+from shardlib.predict.serving.engine import (
     PAPER_CONTIGUOUS_UTILIZATION,
     StepCost,
     contiguous_utilization,
@@ -17,10 +20,8 @@ from shardlib.serving.engine.predict import (
     paged_utilization,
     simulate_serving,
 )
-from shardlib.serving.engine.ranks import StepRecord
-from shardlib.serving.engine.requests import EngineConfig, Request
-from shardlib.serving.engine.traces import poisson_trace, shared_prefix_trace
-from shardlib.serving.fit import fit_on_gpus
+from shardlib.predict.serving.fit import fit_on_gpus
+from shardlib.predict.shapes import kv_cache_bytes
 
 
 def test_paged_blocks_waste_only_the_last_block_while_reserving_the_maximum_wastes_most():
@@ -76,7 +77,7 @@ def test_the_fit_recovers_known_coefficients():
 
 
 def test_tp_steps_add_two_all_reduces_a_layer():
-    from shardlib.hardware import Link
+    from shardlib.facts.hardware import Link
 
     link = Link("test", 1e9, 1e-4)
     cost = StepCost(0.0, 0.0, 0.0, n_layers=3, d_model=64, element_bytes=4, tp=2, tp_link=link)

@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from shardlib.serving.engine.blocks import BlockManager, block_hash
-from shardlib.serving.engine.loop import run_engine, sample_token, serve_in_process
-from shardlib.serving.engine.requests import EngineConfig, Request
+from shardlib.core.serving.blocks import BlockManager, block_hash
+from shardlib.core.serving.loop import run_engine, sample_token, serve_in_process
+from shardlib.core.serving.requests import EngineConfig, Request
 
 VOCAB = 50
 

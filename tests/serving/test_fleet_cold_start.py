@@ -4,9 +4,10 @@ positive, its first token is the reference's, its claims hold through ``verified
 import pytest
 import torch
 
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B
-from shardlib.serving.engine.llama import LlamaConfig, random_weights
-from shardlib.serving.fleet.burst import (
+from shardlib.core.serving.llama import LlamaConfig, random_weights
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
+from shardlib.lab.serving.cold_start import load_checkpoint, run_cold_start_check, save_checkpoint
+from shardlib.predict.serving.burst import (
     NETWORK_BLOCK,
     NVME_GEN4,
     STORAGE,
@@ -14,7 +15,6 @@ from shardlib.serving.fleet.burst import (
     burst_at_scale,
     warm_replicas_needed,
 )
-from shardlib.serving.fleet.cold_start import load_checkpoint, run_cold_start_check, save_checkpoint
 
 SMALL = LlamaConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_positions=64)
 
@@ -30,9 +30,9 @@ def test_a_checkpoint_round_trips_exactly(tmp_path):
 
 
 def test_a_cold_start_runs_and_is_predicted():
-    """Its two claims (the read against the calibrated bandwidth, the whole against its parts) are asserted
-    by ``verified`` under the test run, up to three attempts."""
-    run = run_cold_start_check()  # about 35 MB of weights, what the notebook starts
+    """One attempt: its two claims (the read against the calibrated bandwidth, the whole against its parts)
+    are the notebook's under nbval; here, what does not depend on the clock, and that the parts add up."""
+    run = run_cold_start_check(attempts=1)  # about 35 MB of weights, what the notebook starts
     assert run.first_token == run.reference_token  # the replica serves the checkpoint's model
     for figure in (run.process_start_s, run.load_s, run.first_step_s, run.total_s, run.load_bandwidth_bytes_per_s):
         assert figure > 0

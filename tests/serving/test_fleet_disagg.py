@@ -14,17 +14,13 @@ import cloudpickle
 import pytest
 import torch
 
-from shardlib import Ranks
-from shardlib.serving.engine import (
-    EngineConfig,
-    Request,
-    poisson_trace,
-    reference_tokens,
-    run_serving,
-    shared_prefix_trace,
-)
-from shardlib.serving.engine.llama import LlamaConfig, random_weights
-from shardlib.serving.fleet import kv_bytes_per_request, run_disaggregated
+from shardlib.core.serving.handoff import kv_bytes_per_request
+from shardlib.core.serving.llama import LlamaConfig, random_weights
+from shardlib.core.serving.requests import EngineConfig, Request
+from shardlib.lab.serving.disagg_run import run_disaggregated
+from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
+from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
+from shardlib.runtime.ranks import Ranks
 
 MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
@@ -141,7 +137,7 @@ def test_bad_requests_and_flags_are_refused(weights, pool2):
 
 def _decode_fails_mid_run(ctx, *args):
     """The decode rank fails as it lands the second request's K/V; the prefill rank is then waiting on it."""
-    from shardlib.serving.fleet import disagg
+    from shardlib.core.serving import disagg
 
     original, calls = disagg.KVReceiver.land, []
 
@@ -184,8 +180,8 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     """The exact parts of ``run_disaggregation_check``: what it runs, predicts and tabulates, and the bytes
     claim, which holds exactly. Its timing verdicts are the notebook's to show (they are not asserted here:
     ``verified`` is replaced by one plain measurement)."""
-    from shardlib.serving.fleet import disagg_drivers as drivers
-    from shardlib.serving.fleet.goodput import ServingObjective
+    from shardlib.lab.serving import disagg_drivers as drivers
+    from shardlib.predict.serving.goodput import ServingObjective
 
     def once(measure, verdicts, attempts=3):
         result = measure()
@@ -215,8 +211,8 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
 def test_the_check_reuses_a_run_given_and_refuses_a_mismatched_one(weights, pool2, monkeypatch):
     """A ``runs=`` entry replaces that configuration's first serving (the very object comes back); a run of
     another trace, or of another split, is refused before anything runs."""
-    from shardlib.serving.fleet import disagg_drivers as drivers
-    from shardlib.serving.fleet.goodput import ServingObjective
+    from shardlib.lab.serving import disagg_drivers as drivers
+    from shardlib.predict.serving.goodput import ServingObjective
 
     def once(measure, verdicts, attempts=3):
         result = measure()
@@ -239,9 +235,9 @@ def test_the_check_reuses_a_run_given_and_refuses_a_mismatched_one(weights, pool
 
 
 def test_interference_needs_both_kinds_of_step():
-    from shardlib.serving.engine.predict import StepCost
-    from shardlib.serving.engine.ranks import StepRecord
-    from shardlib.serving.fleet.disagg_drivers import interference
+    from shardlib.core.serving.engine import StepRecord
+    from shardlib.lab.serving.disagg_drivers import interference
+    from shardlib.predict.serving.engine import StepCost
 
     cost = StepCost(1.0, 0.1, 0.0, 2, 32, 8)
     alone = StepRecord(2, 2, 2, 20, 0.0, 1.2, 4, 20)

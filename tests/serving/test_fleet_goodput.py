@@ -7,14 +7,14 @@ from collections import deque
 
 import pytest
 
-from shardlib.hardware import Link
-from shardlib.serving.engine import EngineConfig, Request
-from shardlib.serving.engine.llama import LlamaConfig
-from shardlib.serving.engine.predict import StepCost, simulate_serving
-from shardlib.serving.engine.requests import RequestMetrics
-from shardlib.serving.engine.scheduler import Scheduler
-from shardlib.serving.fleet.goodput import ServingObjective, goodput, slo_attainment
-from shardlib.serving.fleet.pools import admit_handed_off, handoff_s, simulate_pools
+from shardlib.core.serving.disagg import admit_handed_off
+from shardlib.core.serving.llama import LlamaConfig
+from shardlib.core.serving.requests import EngineConfig, Request, RequestMetrics
+from shardlib.core.serving.scheduler import Scheduler
+from shardlib.facts.hardware import Link
+from shardlib.predict.serving.engine import StepCost, simulate_serving
+from shardlib.predict.serving.goodput import ServingObjective, goodput, slo_attainment
+from shardlib.predict.serving.pools import handoff_s, simulate_pools
 
 MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
 

@@ -2,10 +2,11 @@
 
 import pytest
 
-from shardlib.hardware import ETHERNET_100G, INFINIBAND_400G, NVLINK
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig
-from shardlib.serving.engine.llama import LlamaConfig
-from shardlib.serving.fleet.presets import (
+from shardlib.core.config import ModelConfig
+from shardlib.core.serving.llama import LlamaConfig
+from shardlib.facts.hardware import ETHERNET_100G, INFINIBAND_400G, NVLINK
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
+from shardlib.predict.serving.presets import (
     REAL_MODELS,
     HandoffNeed,
     handoff_need,
@@ -31,8 +32,8 @@ def test_llama_3_8b_and_mixtral_share_a_shape_of_attention():
 
 
 def test_one_formula_for_the_presets_and_the_engine_llama():
-    """The presets' bytes (``models.kv_cache_bytes``) and the engine's (``LlamaConfig.kv_bytes_per_token``, which
-    the hand-off reads) agree on the same shape, KV heads split or copied."""
+    """The presets' bytes (``predict.shapes.kv_cache_bytes``) and the engine's (``LlamaConfig.kv_bytes_per_token``,
+    which the hand-off reads) agree on the same shape, KV heads split or copied."""
     shape = dict(n_layers=3, d_model=64, n_heads=8, n_kv_heads=4, d_ff=128, vocab_size=97)
     llama = LlamaConfig(vocab_size=97, d_model=64, n_layers=3, n_heads=8, n_kv_heads=4, d_ff=128, max_positions=64)
     for dtype_bytes in (2, 4):

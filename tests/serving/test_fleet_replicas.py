@@ -8,13 +8,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from shardlib.serving.engine import EngineConfig, StepCost, reference_tokens, run_serving
-from shardlib.serving.engine.llama import LlamaConfig, random_weights
-from shardlib.serving.engine.predict import simulate_serving
-from shardlib.serving.fleet.layout_drivers import run_replicas_vs_tp_check
-from shardlib.serving.fleet.replica_drivers import run_replicas, run_router_check
-from shardlib.serving.fleet.router import make_router, route_trace
-from shardlib.serving.fleet.traces import hot_prefix_trace
+from shardlib.core.serving.llama import LlamaConfig, random_weights
+from shardlib.core.serving.requests import EngineConfig
+from shardlib.core.serving.router import make_router, route_trace
+from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
+from shardlib.lab.serving.fleet_traces import hot_prefix_trace
+from shardlib.lab.serving.layout_drivers import run_replicas_vs_tp_check
+from shardlib.lab.serving.replica_drivers import run_replicas, run_router_check
+from shardlib.predict.serving.engine import StepCost, simulate_serving
 
 POLICIES = ("round-robin", "least-loaded", "prefix-aware")
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)

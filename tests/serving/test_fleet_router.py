@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shardlib.serving.engine.blocks import BlockManager
-from shardlib.serving.engine.requests import Request
-from shardlib.serving.engine.traces import shared_prefix_trace
-from shardlib.serving.fleet.router import (
+from shardlib.core.serving.blocks import BlockManager
+from shardlib.core.serving.requests import Request
+from shardlib.core.serving.router import (
     ROUTERS,
     LeastLoadedRouter,
     PrefixAwareRouter,
@@ -18,6 +17,7 @@ from shardlib.serving.fleet.router import (
     prompt_block_hashes,
     route_trace,
 )
+from shardlib.lab.serving.traces import shared_prefix_trace
 
 
 def loads(*queued, kv=None, total=10):

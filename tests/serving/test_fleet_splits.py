@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from shardlib.serving.engine import EngineConfig, StepCost, poisson_trace
-from shardlib.serving.engine.llama import LlamaConfig
-from shardlib.serving.engine.predict import simulate_serving
-from shardlib.serving.fleet.disagg_drivers import LOOPBACK
-from shardlib.serving.fleet.goodput import ServingObjective
-from shardlib.serving.fleet.pools import simulate_pools
-from shardlib.serving.fleet.splits import simulate_colocated, simulate_split, split_figures
+from shardlib.core.serving.llama import LlamaConfig
+from shardlib.core.serving.requests import EngineConfig
+from shardlib.lab.serving.disagg_drivers import LOOPBACK
+from shardlib.lab.serving.traces import poisson_trace
+from shardlib.predict.serving.engine import StepCost, simulate_serving
+from shardlib.predict.serving.goodput import ServingObjective
+from shardlib.predict.serving.pools import simulate_pools
+from shardlib.predict.serving.splits import simulate_colocated, simulate_split, split_figures
 
 MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
 COST = StepCost(8e-3, 3e-4, 2e-6, 2, 32, 8)

@@ -5,13 +5,15 @@ import math
 import pytest
 import torch
 
-from shardlib.hardware import Link, toy_cluster
-from shardlib.mesh import Layout
-from shardlib.models import TOY
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.serving import Workload, check_combined_inputs, plan_serving, run_combined, traffic_by_axis
-from shardlib.tensor_parallel import simulate_tp_stack
-from shardlib.toy import activations, stack_reference, stack_weights
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.mesh import Layout
+from shardlib.core.toy import activations, stack_reference, stack_weights
+from shardlib.facts.hardware import Link, toy_cluster
+from shardlib.facts.models import TOY
+from shardlib.lab.serving.drivers import check_combined_inputs, run_combined, traffic_by_axis
+from shardlib.lab.tensor_parallel.reference import simulate_tp_stack
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.planner import plan_serving
 
 LAYERS = stack_weights(TOY, seed=0)
 X = activations(4, 6, TOY.d_model)
@@ -115,7 +117,7 @@ def test_bad_meshes_and_inputs_fail_before_any_rank(pool4):
 
 
 def test_traffic_by_axis_sums_records():
-    from shardlib.runtime import CommRecord
+    from shardlib.runtime.records import CommRecord
     recs = [CommRecord("all_reduce", 10, 0.1, "tp", 0, 0.0), CommRecord("all_reduce", 10, 0.1, "tp", 1, 0.0),
             CommRecord("send", 5, 0.1, "pp", 0, 0.0, 2)]
     assert [(a.axis, a.op, a.count, a.size_bytes) for a in traffic_by_axis(recs)] == [
@@ -123,7 +125,8 @@ def test_traffic_by_axis_sums_records():
 
 
 def test_measured_toy_cluster_is_built_from_live_numbers(pool4):
-    from shardlib.serving import effective_flops_per_s, run_toy_cluster_calibration
+    from shardlib.lab.serving.drivers import run_toy_cluster_calibration
+    from shardlib.lab.serving.ranks import effective_flops_per_s
 
     fit = run_toy_cluster_calibration(pool4, TOY, LAYERS)
     cluster, cal = fit.cluster, fit.calibration

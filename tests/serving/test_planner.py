@@ -2,7 +2,9 @@
 
 import pytest
 
-from shardlib.hardware import (
+from shardlib.core.config import ModelConfig
+from shardlib.core.mesh import Layout, check_mesh
+from shardlib.facts.hardware import (
     FOUR_NODES_8_H100,
     INFINIBAND_400G,
     NVLINK,
@@ -13,21 +15,18 @@ from shardlib.hardware import (
     Link,
     toy_cluster,
 )
-from shardlib.mesh import Layout, check_mesh
-from shardlib.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, SHAPE_RULE_EXAMPLES, TOY, ModelConfig
-from shardlib.serving import (
+from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, SHAPE_RULE_EXAMPLES, TOY
+from shardlib.predict.serving.decode import score
+from shardlib.predict.serving.memory import (
     Workload,
     affordable_batch,
     check_layout,
-    enumerate_layouts,
-    format_plan,
-    forward_traffic,
     layout_problems,
     memory_per_gpu,
-    plan_serving,
-    score,
     weights_per_gpu,
 )
+from shardlib.predict.serving.planner import enumerate_layouts, format_plan, plan_serving
+from shardlib.predict.serving.traffic import forward_traffic
 
 LLAMA_3_405B = LLAMA_3_1_405B
 
@@ -374,7 +373,7 @@ def test_planner_widget_follows_its_controls():
 
 
 def test_placement_tp_inside_nodes_pp_hops_between_them():
-    from shardlib.serving import axis_link, hop_links
+    from shardlib.predict.serving.traffic import axis_link, hop_links
 
     layout = Layout(8, 2, 1)
     assert layout.tp_groups() == [list(range(8)), list(range(8, 16))]

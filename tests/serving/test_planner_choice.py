@@ -1,6 +1,6 @@
 """The planner's choice across nodes: TP inside a node with PP across nodes, against TP across nodes.
 
-The cost model (``serving.decode``): a pipeline re-reads each stage's weights once per microbatch and runs
+The cost model (``predict.serving.decode``): a pipeline re-reads each stage's weights once per microbatch and runs
 its stages one after another; tensor parallelism across nodes reads ``1/tp`` of the weights at once but
 pays two all-reduces per layer over the network. Which wins depends on the numbers, and the reasons
 say which did and by how much.
@@ -10,20 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from shardlib.hardware import H100_80GB, TWO_NODES_8_H100, gpu_cluster
-from shardlib.mesh import Layout
-from shardlib.models import LLAMA_3_1_405B, LLAMA_3_70B, MIXTRAL_8X7B, ModelConfig
-from shardlib.serving import (
-    OBJECTIVES,
-    PP_ACROSS,
-    TP_ACROSS,
-    Workload,
-    counterpart,
-    format_plan,
-    kind,
-    plan_serving,
-)
-from shardlib.units import ms
+from shardlib.core.config import ModelConfig
+from shardlib.core.mesh import Layout
+from shardlib.facts.hardware import H100_80GB, TWO_NODES_8_H100, gpu_cluster
+from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_70B, MIXTRAL_8X7B
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.planner import OBJECTIVES, format_plan, plan_serving
+from shardlib.predict.serving.reasons import PP_ACROSS, TP_ACROSS, counterpart, kind
+from shardlib.predict.units import ms
 
 # Made-up models with 16 KV heads, so that tensor parallelism may cross two 8-GPU nodes without copying
 # KV heads; both too big for one node of 8 x 80 GB.
@@ -155,8 +149,8 @@ def format_choices(models, clusters, workload: Workload = Workload()) -> str:
 
 
 def test_choices_for_the_real_models_on_one_and_two_nodes():
-    from shardlib.hardware import ONE_NODE_8_H100
-    from shardlib.models import LLAMA_3_8B
+    from shardlib.facts.hardware import ONE_NODE_8_H100
+    from shardlib.facts.models import LLAMA_3_8B
 
     text = format_choices((LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_405B, MIXTRAL_8X7B), (ONE_NODE_8_H100, TWO_NODES_8_H100))
     assert text.count(", by throughput: ") == text.count(", by latency: ") == 8

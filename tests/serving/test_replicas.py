@@ -2,7 +2,9 @@
 
 import pytest
 
-from shardlib.hardware import (
+from shardlib.core.config import ModelConfig
+from shardlib.core.mesh import Layout
+from shardlib.facts.hardware import (
     B200,
     GPU,
     GPU_MEMORY_BYTES,
@@ -17,16 +19,11 @@ from shardlib.hardware import (
     Link,
     gpu_cluster,
 )
-from shardlib.mesh import Layout
-from shardlib.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, ModelConfig
-from shardlib.serving import (
-    Workload,
-    fit_on_gpus,
-    format_latency_vs_throughput,
-    gpus_needed,
-    latency_vs_throughput,
-    plan_serving,
-)
+from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from shardlib.predict.serving.fit import fit_on_gpus, gpus_needed
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.planner import plan_serving
+from shardlib.predict.serving.replicas import format_latency_vs_throughput, latency_vs_throughput
 
 
 # -- GPU facts ----------------------------------------------------------------------------------------------

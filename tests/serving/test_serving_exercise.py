@@ -4,7 +4,8 @@ written yet", and each likely mistake is named."""
 import pytest
 from solutions_module import answers
 
-from shardlib.exercises import NOT_WRITTEN, grade_mesh_coordinates
+from shardlib.exercises.result import NOT_WRITTEN
+from shardlib.exercises.serving import grade_mesh_coordinates
 
 
 def blank(*args):

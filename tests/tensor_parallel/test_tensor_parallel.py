@@ -10,27 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardlib import RankError
-from shardlib.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY, ModelConfig, check_tensor_parallel
-from shardlib.tensor_parallel import (
-    CUTS,
+from shardlib.core.config import ModelConfig
+from shardlib.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
-    TensorParallelPair,
     TPGroup,
-    max_tensor_parallel_shards,
-    other_cut_ratios,
-    pair_collectives,
-    pair_column_then_row_on_rank,
-    pair_wire_collectives,
-    run_pair,
-    run_tp_block,
     shard_columns,
     shard_rows,
-    simulate_tp_stack,
-    tp_attention_on_rank,
 )
-from shardlib.toy import (
+from shardlib.core.toy import (
     activations,
     attention_layer_reference,
     layer_weights,
@@ -38,6 +26,19 @@ from shardlib.toy import (
     stack_reference,
     stack_weights,
 )
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
+from shardlib.lab.tensor_parallel.drivers import run_pair, run_tp_block
+from shardlib.lab.tensor_parallel.ranks import pair_column_then_row_on_rank, tp_attention_on_rank
+from shardlib.lab.tensor_parallel.reference import TensorParallelPair, simulate_tp_stack
+from shardlib.predict.shapes import check_tensor_parallel, usable_tensor_parallel_degrees
+from shardlib.predict.tensor_parallel import (
+    CUTS,
+    max_tensor_parallel_shards,
+    other_cut_ratios,
+    pair_collectives,
+    pair_wire_collectives,
+)
+from shardlib.runtime.errors import RankError
 
 ATOL = 1e-5
 # Heads, KV heads, d_ff and vocabulary that divide 2, 3, 4 and 8 ways: for the single-process simulation.
@@ -98,7 +99,8 @@ def test_bad_splits_say_which_rule_broke(call, words):
 def test_the_kv_head_wall_is_a_cost():
     # past the KV-head count each KV head is copied (vLLM); the query heads are the last wall
     assert [max_tensor_parallel_shards(m) for m in (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY)] == [32, 64, 32, 8]
-    assert LLAMA_3_70B.usable_tp == [1, 2, 4, 8, 16, 32, 64] and TOY.usable_tp == [1, 2, 4, 8]
+    assert usable_tensor_parallel_degrees(LLAMA_3_70B) == [1, 2, 4, 8, 16, 32, 64]
+    assert usable_tensor_parallel_degrees(TOY) == [1, 2, 4, 8]
     check_tensor_parallel(LLAMA_3_70B, 16, copy_kv_heads=True)  # allowed, with copies
     # code on ranks that splits real weights copies no KV heads: its check keeps the strict rule
     with pytest.raises(ValueError, match="8 KV heads cannot be split 16 ways: this code gives each device whole KV "
@@ -290,7 +292,7 @@ def test_the_wall_picker_explains_refusals():
 
 
 def test_kv_cache_figure_flattens_past_the_kv_heads():
-    from shardlib.models import kv_cache_bytes
+    from shardlib.predict.shapes import kv_cache_bytes
     from shardlib.ui.tensor_parallel_figures import kv_cache_per_gpu_figure
 
     degrees = (1, 2, 4, 8, 16, 32)

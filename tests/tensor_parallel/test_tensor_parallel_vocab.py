@@ -1,7 +1,7 @@
 """The two ends of a language model split over the vocabulary: the embedding and the cross-entropy.
 
 Tolerances. The one-process simulation and the ranks are compared with ``F.cross_entropy`` within
-``runtime.measure.TOLERANCE`` (rtol = atol), never bit for bit, at every tp including 1: torch's
+``lab.measure.TOLERANCE`` (rtol = atol), never bit for bit, at every tp including 1: torch's
 ``log_softmax`` kernel adds the exponentials in its own (vectorised) order, ours adds them per slice and
 then across slices, so the last bits differ (one float32 step, near 1e-6, on losses between 2 and 15).
 The embedding is compared exactly: each token's row comes from one rank and the others add zeros, and
@@ -12,19 +12,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardlib import RankError
-from shardlib.checks import whole_number
-from shardlib.runtime.measure import TOLERANCE, SavedBytes
-from shardlib.tensor_parallel import (
-    ColumnParallelLinear,
-    ScatterToSequence,
-    TPGroup,
+from shardlib.core.checks import TOLERANCE, whole_number
+from shardlib.core.tensor_parallel.layers import ColumnParallelLinear, TPGroup
+from shardlib.core.tensor_parallel.sequence_parallel import ScatterToSequence
+from shardlib.core.tensor_parallel.vocab import (
     VocabParallelEmbedding,
     check_vocab_split,
-    simulate_vocab_parallel_cross_entropy,
     vocab_parallel_cross_entropy,
     vocab_range,
 )
+from shardlib.lab.measure import SavedBytes
+from shardlib.lab.tensor_parallel.reference import simulate_vocab_parallel_cross_entropy
+from shardlib.runtime.errors import RankError
 
 
 # -- what the two ends should move and keep, set beside what the ranks measured ---------------------------

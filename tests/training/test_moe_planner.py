@@ -7,16 +7,21 @@ import dataclasses
 
 import pytest
 
-from shardlib.experts.all_to_all_cost import ep_group_nodes, expert_all_to_all
-from shardlib.hardware import H100_80GB, H800, INFINIBAND_400G, NVLINK_H800, gpu_cluster
-from shardlib.mesh import Layout
-from shardlib.models import DEEPSEEK_V3, LLAMA_3_8B, MIXTRAL_8X7B, kv_cache_bytes
-from shardlib.serving.decode import ep_all_to_all
-from shardlib.serving.planner import plan_serving
-from shardlib.training.memory import check_expert_layout, expert_dp, stage_params, training_memory
-from shardlib.training.moe_choices import DEEPSEEK_V3_PUBLISHED, deepseek_v3_choices, format_deepseek_v3_choices
-from shardlib.training.planner import expert_degrees, plan_training
-from shardlib.training.time_model import TrainingWorkload, ep_all_to_all_s, score_training
+from shardlib.core.mesh import Layout
+from shardlib.facts.hardware import H100_80GB, H800, INFINIBAND_400G, NVLINK_H800, gpu_cluster
+from shardlib.facts.models import DEEPSEEK_V3, LLAMA_3_8B, MIXTRAL_8X7B
+from shardlib.predict.all_to_all import ep_group_nodes, expert_all_to_all
+from shardlib.predict.serving.decode import ep_all_to_all
+from shardlib.predict.serving.planner import plan_serving
+from shardlib.predict.shapes import kv_cache_bytes
+from shardlib.predict.training.memory import check_expert_layout, expert_dp, stage_params, training_memory
+from shardlib.predict.training.moe_choices import (
+    DEEPSEEK_V3_PUBLISHED,
+    deepseek_v3_choices,
+    format_deepseek_v3_choices,
+)
+from shardlib.predict.training.planner import expert_degrees, plan_training
+from shardlib.predict.training.time_model import TrainingWorkload, ep_all_to_all_s, score_training
 
 EXPERT = 3 * 7168 * 2048  # one DeepSeek-V3 expert: gate, up, down
 
@@ -32,7 +37,7 @@ def test_deepseek_v3_preset_is_its_published_shape():
     assert m.active_params_per_token / 1e9 == pytest.approx(34.9, abs=0.1)
     assert m.kv_bytes_per_token() == 61 * 576 * 2  # the latent and the RoPE key, per layer, bf16
     assert kv_cache_bytes(m, 4096, tp=8) == kv_cache_bytes(m, 4096, tp=1) == 61 * 576 * 2 * 4096  # whole per rank
-    assert "arXiv 2412.19437" in open(__import__("shardlib.models").models.__file__).read()
+    assert "arXiv 2412.19437" in open(__import__("shardlib.facts.models").facts.models.__file__).read()
 
 
 def test_ep_group_nodes():

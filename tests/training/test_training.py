@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardlib.mesh import Layout
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.tensor_parallel.layers import TPGroup
-from shardlib.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from shardlib.training.corpus import MarkovCorpus, TrainingConfig
-from shardlib.training.drivers import check_training
-from shardlib.training.reference import init_weights, train_reference
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.mesh import Layout
+from shardlib.core.tensor_parallel.layers import TPGroup
+from shardlib.core.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from shardlib.core.training.config import TrainingConfig, init_weights
+from shardlib.lab.training.corpus import MarkovCorpus
+from shardlib.lab.training.drivers import check_training
+from shardlib.lab.training.reference import train_reference
 
 
 def test_config_checks_and_batch_accounting():
@@ -105,7 +106,7 @@ def test_vocab_parallel_loss_equals_the_whole_vocabulary_loss(tp):
 def test_the_written_out_adamw_is_torchs_bit_for_bit():
     import torch
 
-    from shardlib.training.reference import AdamW
+    from shardlib.core.adamw import AdamW
 
     g = torch.Generator().manual_seed(0)
     mine = torch.randn(7, 5, generator=g, dtype=torch.float64).requires_grad_(True)

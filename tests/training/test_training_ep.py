@@ -4,11 +4,11 @@ process in float64, each rank's ledger and traffic per axis as predicted; both b
 import pytest
 import torch
 
-from shardlib.mesh import Layout
-from shardlib.training.corpus import TrainingConfig
-from shardlib.training.drivers import check_training, run_training
-from shardlib.training.predict import predict_ledger
-from shardlib.training.reference import init_weights, train_reference
+from shardlib.core.mesh import Layout
+from shardlib.core.training.config import TrainingConfig, init_weights
+from shardlib.lab.training.drivers import check_training, run_training
+from shardlib.lab.training.reference import train_reference
+from shardlib.predict.training.ledger import predict_ledger
 
 TOLERANCE = 1e-9  # float64: cross-rank sums (gradients over dp, the stage, the experts' holders) in another order
 MOE = TrainingConfig(dtype="float64", n_experts=4, experts_per_token=2, steps=2, m=2)

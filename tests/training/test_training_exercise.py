@@ -7,19 +7,13 @@ answer below costs no rank time."""
 import pytest
 from solutions_module import answers
 
-from shardlib import Ranks
-from shardlib.exercises import (
-    NOT_RIGHT,
-    NOT_WRITTEN,
-    PASSED,
-    activation_bytes_per_microbatch,
-    grade_training_memory,
-    parameters_per_unit,
-    training,
-)
-from shardlib.exercises.training import LAYOUTS, measured_ledgers
-from shardlib.exercises.training_ledger import kept_bytes
-from shardlib.pipeline import make_schedule, peak_in_flight
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.exercises import training
+from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN, PASSED
+from shardlib.exercises.training import LAYOUTS, grade_training_memory, measured_ledgers
+from shardlib.exercises.training_ledger import activation_bytes_per_microbatch, kept_bytes, parameters_per_unit
+from shardlib.predict.pipeline import peak_in_flight
+from shardlib.runtime.ranks import Ranks
 
 
 def ledger_model(config, layout, rank: int) -> dict:

@@ -6,25 +6,37 @@ import dataclasses
 
 import pytest
 
-from shardlib.data_parallel import STATE_BYTES_MEGATRON, layer_activation_bytes
-from shardlib.hardware import H100_80GB, gpu_cluster
-from shardlib.mesh import Layout
-from shardlib.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
-from shardlib.pipeline.registry import schedule_spec
-from shardlib.serving import Workload, plan_serving
-from shardlib.serving.traffic import axis_link
-from shardlib.training import TrainingWorkload, plan_training
-from shardlib.training.choices import LLAMA_3_PUBLISHED, format_training_choices, training_choices
-from shardlib.training.memory import in_flight, peak_training_memory, stage_layer_counts, stage_params, training_memory
-from shardlib.training.planner import best_configuration, format_training_plan, rank
-from shardlib.training.published import (
+from shardlib.core.mesh import Layout
+from shardlib.core.pipeline.registry import schedule_spec
+from shardlib.core.pipeline.stages import stage_layer_counts
+from shardlib.facts.hardware import H100_80GB, gpu_cluster
+from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from shardlib.predict.data_parallel import STATE_BYTES_MEGATRON, layer_activation_bytes
+from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.planner import plan_serving
+from shardlib.predict.serving.traffic import axis_link
+from shardlib.predict.training.choices import LLAMA_3_PUBLISHED, format_training_choices, training_choices
+from shardlib.predict.training.memory import (
+    in_flight,
+    peak_training_memory,
+    stage_params,
+    training_memory,
+)
+from shardlib.predict.training.planner import best_configuration, format_training_plan, plan_training, rank
+from shardlib.predict.training.published import (
     ZERO_FIGURE_1_GB,
     activation_rows,
     deepspeed_zero3_estimate,
     megatron_rows,
     zero_figure_rows,
 )
-from shardlib.training.time_model import axis_links, heaviest_stage_share, model_flops_per_token, score_training
+from shardlib.predict.training.time_model import (
+    TrainingWorkload,
+    axis_links,
+    heaviest_stage_share,
+    model_flops_per_token,
+    score_training,
+)
 
 
 # -- layer_activation_bytes: Korthikanti et al. 2022, Table 2, each case by hand ---------------------------
@@ -131,8 +143,8 @@ def test_korthikanti_table_2_for_530b():
 
 
 def test_layers_of_matches_split_layers():
-    from shardlib.pipeline.predict import split_layers
-    from shardlib.training.memory import layers_of
+    from shardlib.core.pipeline.stages import split_layers
+    from shardlib.predict.training.memory import layers_of
 
     for n, pp in ((126, 16), (32, 4), (80, 3), (7, 7)):
         assert [layers_of(n, pp, s) for s in range(pp)] == [len(r) for r in split_layers(n, pp)]
@@ -237,7 +249,7 @@ def test_the_16k_gpu_plan_is_small_work(monkeypatch):
     """What keeps the 16K-GPU plan fast, without a clock: pruning leaves 188 layouts, each with at most
     one memory evaluation per microbatch size and recomputation, and only those that fit are timed
     (``benchmarks/bench_planners.py`` reads the time: about 0.2 s on a quiet 2-core machine)."""
-    from shardlib.training import planner
+    from shardlib.predict.training import planner
 
     calls = {"memory": 0, "score": 0}
 
@@ -280,11 +292,12 @@ def test_choices_beside_published_llama3_layouts():
 
 
 def test_lighter_end_stages_as_llama_3_cut_them():
-    assert stage_layer_counts(126, 16, lighter_ends=True) == (7,) + (8,) * 14 + (7,)
+    assert stage_layer_counts(126, 16, end_layers=1) == (7,) + (8,) * 14 + (7,)
     assert stage_layer_counts(126, 16) == (8,) * 14 + (7, 7)
-    assert stage_layer_counts(4, 2, lighter_ends=True) == (2, 2)  # two stages: both are ends
-    assert stage_layer_counts(4, 4, lighter_ends=True) == (1, 1, 1, 1)  # too few layers to lighten
-    with pytest.raises(ValueError, match="cannot fill"):
+    assert stage_layer_counts(4, 2, end_layers=1) == (2, 2)  # two stages: both are ends
+    with pytest.raises(ValueError, match="each stage needs at least one whole layer"):
+        stage_layer_counts(4, 4, end_layers=1)  # too few layers to lighten the ends: refused, not evened
+    with pytest.raises(ValueError, match="each stage needs at least one whole layer"):
         stage_layer_counts(4, 8)
     lay = Layout(8, 16, 128, dp_strategy="zero2")
     even = training_memory(LLAMA_3_1_405B, lay, 8192, 1, 16, stage=0)

@@ -1,7 +1,7 @@
 """The training step on real ranks, exact against the one-process reference at every tested layout.
 
 Every run's ledger (bytes kept, activations in flight, transient peak) and traffic per axis also equal
-``training.predict``, rank by rank, to the byte. Tolerance: ``TOLERANCE`` (1e-5) on every step's loss
+``predict.training.ledger``, rank by rank, to the byte. Tolerance: ``TOLERANCE`` (1e-5) on every step's loss
 and every final weight, the runs in float64. A cross-rank sum (tp's all-reduces and reduce-scatters,
 the dp x cp gradient sum, the ring's online softmax) adds the same numbers in another order than one
 process; AdamW then divides each update by ``sqrt(v)``, so a rounding difference in a small gradient
@@ -15,14 +15,14 @@ from dataclasses import replace
 
 import pytest
 
-from shardlib import Ranks
-from shardlib.launch import start_local_nodes
-from shardlib.mesh import Layout
-from shardlib.pipeline import make_schedule
-from shardlib.runtime.measure import TOLERANCE
-from shardlib.training.corpus import TrainingConfig
-from shardlib.training.drivers import run_training
-from shardlib.training.reference import train_reference
+from shardlib.core.checks import TOLERANCE
+from shardlib.core.mesh import Layout
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.training.config import TrainingConfig
+from shardlib.lab.training.drivers import run_training
+from shardlib.lab.training.reference import train_reference
+from shardlib.runtime.launch import start_local_nodes
+from shardlib.runtime.ranks import Ranks
 
 CONFIG = TrainingConfig(dtype="float64")
 FOUR = {
@@ -157,7 +157,7 @@ def test_a_layout_that_does_not_fill_the_pool_is_refused_before_any_rank_starts(
 
 @pytest.mark.parametrize("across", ["pp"])  # "dp" passes too (11 s more); pp is the one 1F1B crosses
 def test_training_across_two_torchrun_agents(across):
-    agents, run_id = start_local_nodes("shardlib.training.machines:training_across_on_rank", [2, 2], across,
+    agents, run_id = start_local_nodes("shardlib.lab.training.machines:training_across_on_rank", [2, 2], across,
                                        backend="gloo", timeout_s=180)
     for agent in agents:
         assert agent.returncode == 0, agent.stdout + agent.stderr
@@ -181,7 +181,7 @@ class _NoCollectives:
     ({"nodes": 3, "per_node": 1, "across": "ep"}, "across"),
 ])
 def test_training_across_refuses_bad_input_before_any_collective(kwargs, words):
-    from shardlib.training.machines import training_across_on_rank
+    from shardlib.lab.training.machines import training_across_on_rank
 
     with pytest.raises(ValueError, match=words):
         training_across_on_rank(_NoCollectives(), **kwargs)

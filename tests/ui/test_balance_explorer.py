@@ -3,8 +3,8 @@ the rate slider redraws the explorer with that rate's replay (too small a rate l
 
 import pytest
 
-from shardlib.experts.train_drivers import BALANCE_CONFIG
-from shardlib.experts.train_reference import make_moe_problem, train_steps_reference
+from shardlib.lab.experts.train_drivers import BALANCE_CONFIG
+from shardlib.lab.experts.train_reference import make_moe_problem, train_steps_reference
 from shardlib.ui.experts_figures import balance_steps_figure
 from shardlib.ui.experts_widgets import BIAS_RATES, bias_rate_explorer
 

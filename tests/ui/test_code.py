@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardlib.runtime import measure
-from shardlib.runtime.measure import SavedBytes, tensor_bytes
+from shardlib.lab import measure
+from shardlib.lab.measure import SavedBytes, tensor_bytes
 from shardlib.ui.code import show_code, source_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ MAIN_NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 
 def test_the_lines_shown_are_the_lines_on_disk():
     block = source_lines(tensor_bytes)
-    assert block.path == "shardlib/runtime/measure.py"
+    assert block.path == "shardlib/lab/measure.py"
     on_disk = (ROOT / block.path).read_text().splitlines()
     assert list(block.lines) == on_disk[block.first - 1:block.last]
     assert block.lines[0].startswith("def tensor_bytes(")
@@ -37,7 +37,7 @@ def test_text_form_numbers_every_line_and_names_each_block():
 
 def test_html_form_is_highlighted_with_line_numbers():
     html = show_code(measure)._repr_html_()
-    assert 'class="shardlib-code"' in html and "shardlib/runtime/measure.py, lines 1-" in html
+    assert 'class="shardlib-code"' in html and "shardlib/lab/measure.py, lines 1-" in html
     assert "linenos" in html
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from shardlib.serving.engine import EngineConfig, StepCost
-from shardlib.serving.engine.llama import LlamaConfig
+from shardlib.core.serving.llama import LlamaConfig
+from shardlib.core.serving.requests import EngineConfig
+from shardlib.predict.serving.engine import StepCost
 
 MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
 COST = StepCost(8e-3, 3e-4, 2e-6, 2, 32, 8)

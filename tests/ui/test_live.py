@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from shardlib import Ranks
-from shardlib.runtime import PoolClosedError, RankError, RankTimeoutError
+from shardlib.runtime.errors import PoolClosedError, RankError, RankTimeoutError
+from shardlib.runtime.ranks import Ranks
 from shardlib.ui.live import Feedback, explain
 
 

@@ -54,7 +54,7 @@ def test_no_widget_draws_in_a_figure_widget():
 
 def test_making_and_moving_an_explorer_does_not_import_the_renderers():
     code = ("import sys; from shardlib.ui.costs_widgets import tp_cost_explorer; "
-            "from shardlib.hardware import LINKS; from shardlib.ui.training_widgets import moe_layout_explorer; "
+            "from shardlib.facts.hardware import LINKS; from shardlib.ui.training_widgets import moe_layout_explorer; "
             "box = tp_cost_explorer(list(LINKS.values())); box.children[1].value = box.children[1].options[-1]; "
             "moe = moe_layout_explorer(); area = box.children[6]; "
             "print(type(area).__name__, type(area.figure).__name__, 'plotly.io._renderers' in sys.modules)")

@@ -1,0 +1,167 @@
+"""``ModelConfig``: one transformer's shape, the one model config of the package.
+
+Layers, widths, heads, experts, the rotary and norm settings, and the bytes a weight takes; the head
+rule every tensor-parallel split obeys (``head_problems``, ``check_heads``). Presets of real models live in
+``shardlib.facts.models``; what a shape costs on devices in ``shardlib.predict.shapes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from shardlib.core.checks import choice, positive_number, whole_number
+
+WEIGHT_BITS = (0, 8, 4)  # 0: weights in the model's dtype; 8 or 4: quantised matrices
+SCALE_BYTES = 2  # one 16-bit scale per group of quantised weights
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    vocab_size: int
+    n_experts: int = 1  # 1 means a dense MLP
+    experts_per_token: int = 1
+    bytes_per_param: float = 2.0  # fp16 / bf16
+    head_dim: int = field(default=0)  # 0: d_model // n_heads
+    tied_embeddings: bool = False
+    weight_bits: int = 0  # 0: weights in bytes_per_param; 8 or 4: layer matrices quantised (see quantized)
+    quant_group_size: int = 128  # weights that share one 16-bit scale
+    vocab_multiple: int = 128  # the vocabulary is padded to a multiple of this x tp (Megatron-LM's default)
+    attention_params: int = 0  # 0: counted from the heads; else one layer's attention weights as given (MLA)
+    kv_latent_dim: int = 0  # 0: a key and a value per KV head; else values one token caches per layer (MLA)
+    node_limit: int = 0  # 0: a token's experts anywhere; else on at most this many nodes (DeepSeek-V3: 4)
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",
+                     "experts_per_token"):
+            whole_number(getattr(self, name), f"{self.name}: {name}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"{self.name}: {self.n_heads} query heads cannot share {self.n_kv_heads} KV heads evenly "
+                f"(grouped-query attention needs n_heads to be a multiple of n_kv_heads)"
+            )
+        if self.head_dim == 0:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"{self.name}: d_model {self.d_model} does not divide into {self.n_heads} heads; "
+                    "give head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(
+                f"{self.name}: each token cannot use {self.experts_per_token} experts when there are "
+                f"only {self.n_experts}"
+            )
+        positive_number(self.bytes_per_param, f"{self.name}: bytes_per_param")
+        choice(self.weight_bits, WEIGHT_BITS, f"{self.name}: weight_bits")
+        whole_number(self.quant_group_size, f"{self.name}: quant_group_size")
+        whole_number(self.vocab_multiple, f"{self.name}: vocab_multiple")
+        whole_number(self.attention_params, f"{self.name}: attention_params (0: counted from the heads)", minimum=0)
+        whole_number(self.kv_latent_dim, f"{self.name}: kv_latent_dim (0: keys and values per KV head)", minimum=0)
+        whole_number(self.node_limit, f"{self.name}: node_limit (0: unlimited routing)", minimum=0)
+
+    def quantized(self, bits: int, group_size: int = 128) -> "ModelConfig":
+        """The same model with its layer matrices stored in ``bits`` (8 or 4) bits per weight plus one
+        16-bit scale per ``group_size`` weights; activations, KV cache, embeddings and norms unchanged."""
+        choice(bits, WEIGHT_BITS[1:], "bits (quantised weights)")
+        return replace(self, name=f"{self.name} {bits}-bit", weight_bits=bits,
+                       quant_group_size=whole_number(group_size, "group_size"))
+
+    # -- counts -------------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 1
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """q and o over the query heads, k and v over the KV heads; or ``attention_params`` where the
+        attention is not shaped so (DeepSeek's MLA: low-rank projections)."""
+        if self.attention_params:
+            return self.attention_params
+        q_and_o = 2 * self.d_model * self.n_heads * self.head_dim
+        k_and_v = 2 * self.d_model * self.n_kv_heads * self.head_dim
+        return q_and_o + k_and_v
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gated MLP (up, gate, down)."""
+        return 3 * self.d_model * self.d_ff
+
+    @property
+    def params_per_layer(self) -> int:
+        router = self.d_model * self.n_experts if self.is_moe else 0
+        norms = 2 * self.d_model
+        return self.attention_params_per_layer + self.n_experts * self.expert_params + router + norms
+
+    @property
+    def embedding_params(self) -> int:
+        """Token embedding, plus the output head when it is not tied to it, plus the final norm."""
+        copies = 1 if self.tied_embeddings else 2
+        return copies * self.vocab_size * self.d_model + self.d_model
+
+    @property
+    def n_params(self) -> int:
+        return self.n_layers * self.params_per_layer + self.embedding_params
+
+    @property
+    def active_params_per_token(self) -> int:
+        """Parameters one token touches: only ``experts_per_token`` of the experts fire."""
+        idle_experts = self.n_experts - self.experts_per_token
+        return self.n_params - self.n_layers * idle_experts * self.expert_params
+
+    @property
+    def matrix_bytes_per_param(self) -> float:
+        """Bytes per weight of the layer matrices (attention projections, experts): the model's dtype, or
+        ``bits / 8`` plus each group's share of its 16-bit scale when quantised."""
+        if not self.weight_bits:
+            return self.bytes_per_param
+        return self.weight_bits / 8 + SCALE_BYTES / self.quant_group_size
+
+    @property
+    def matrix_params_per_layer(self) -> int:
+        """The quantisable part of a layer: attention projections and every expert's MLP."""
+        return self.attention_params_per_layer + self.n_experts * self.expert_params
+
+    @property
+    def weight_bytes(self) -> float:
+        """Every weight in bytes: layer matrices at ``matrix_bytes_per_param``, the rest (norms, router,
+        embeddings, head) in the model's dtype. Unquantised: ``n_params x bytes_per_param``."""
+        matrices = self.n_layers * self.matrix_params_per_layer
+        return matrices * self.matrix_bytes_per_param + (self.n_params - matrices) * self.bytes_per_param
+
+    def kv_bytes_per_token(self) -> float:
+        """KV cache one token adds: a key and a value per KV head per layer (MLA: its ``kv_latent_dim``
+        values per layer), in the model's dtype."""
+        per_layer = self.kv_latent_dim or 2 * self.n_kv_heads * self.head_dim
+        return self.n_layers * per_layer * self.bytes_per_param
+
+
+
+def head_problems(model: ModelConfig, tp: int, copy_kv_heads: bool = False) -> list[str]:
+    """The attention part of the rule: each device needs whole query heads and the whole KV heads they
+    read; with ``copy_kv_heads``, a ``tp`` that is a multiple of the KV heads copies each of them."""
+    problems = []
+    copied = copy_kv_heads and tp > model.n_kv_heads and tp % model.n_kv_heads == 0
+    if model.n_kv_heads % tp and not copied:
+        problems.append(
+            f"{model.n_kv_heads} KV heads cannot be shared by {tp} devices: tp must divide the KV heads (each "
+            f"device holds whole KV heads) or be a multiple of them (each KV head copied on tp / "
+            f"{model.n_kv_heads} devices)" if copy_kv_heads else
+            f"{model.n_kv_heads} KV heads cannot be split {tp} ways: this code gives each device whole KV heads "
+            "and copies none")
+    if model.n_heads % tp:
+        problems.append(f"{model.n_heads} query heads cannot be split {tp} ways: each device needs whole heads")
+    return problems
+
+
+def check_heads(model: ModelConfig, tp: int, copy_kv_heads: bool = False) -> None:
+    """A ValueError naming the head rule ``tp`` breaks, if it breaks one (only the attention's rule:
+    for one attention block, not a whole model)."""
+    problems = head_problems(model, whole_number(tp, "tp"), copy_kv_heads)
+    if problems:
+        raise ValueError("; ".join(problems))

@@ -1,0 +1,89 @@
+"""All-to-all sequence parallelism on a rank (DeepSpeed-Ulysses, Jacobs et al. 2023): sequence to heads and back.
+
+Each rank starts with its run of tokens for every head, ``(b, H, s/n, hd)``; one all-to-all per tensor
+trades it for every token of ``H/n`` heads, ``(b, H/n, s, hd)``; each rank runs plain attention on its
+heads; one more all-to-all hands the output back by sequence. Differentiable: an all-to-all is a
+permutation, so the backward of sequence-to-heads is heads-to-sequence and the other way round.
+``n`` must divide the query heads and the KV heads (``check_heads_divide``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shardlib.core.context_parallel.online_softmax import attention_reference, check_qkv
+from shardlib.core.context_parallel.placement import check_sequence
+from shardlib.core.probe import NO_PROBE
+
+
+def check_heads_divide(heads: int, kv_heads: int, world_size: int) -> None:
+    """A ValueError if ``world_size`` ranks cannot each hold whole query heads and the KV heads they read."""
+    problems = [f"{count} {what} heads do not divide among {world_size} ranks ({count} = {world_size} x "
+                f"{count // world_size} + {count % world_size})"
+                for count, what in ((heads, "query"), (kv_heads, "KV")) if count % world_size]
+    if problems:
+        raise ValueError("all-to-all sequence parallelism gives each rank whole heads, but " + "; ".join(problems)
+                         + ": use a number of ranks that divides both, or ring attention, which splits "
+                           "the sequence only")
+
+
+def check_ulysses_inputs(q_shape, k_shape, v_shape, world_size: int, local: bool) -> None:
+    """Shapes, heads that divide, and a sequence that splits (whole, or one rank's shard when ``local``)."""
+    _, heads, kv_heads, seq, _ = check_qkv(q_shape, k_shape, v_shape)
+    check_heads_divide(heads, kv_heads, world_size)
+    check_sequence(seq * world_size if local else seq, world_size)
+
+
+def sequence_to_heads(ctx, x: torch.Tensor) -> torch.Tensor:
+    """``(b, h, s/n, hd)``, every head for my tokens, to ``(b, h/n, s, hd)``, my heads for every token."""
+    n = ctx.world_size
+    b, h, part, hd = x.shape
+    send = x.reshape(b, n, h // n, part, hd).transpose(0, 1).contiguous()  # (n: head group j goes to rank j, ...)
+    got = ctx.comm.all_to_all_single(send)  # (n: the token run of rank i, b, h/n, s/n, hd)
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * part, hd)
+
+
+def heads_to_sequence(ctx, x: torch.Tensor) -> torch.Tensor:
+    """The way back: ``(b, h/n, s, hd)`` to ``(b, h, s/n, hd)``."""
+    n = ctx.world_size
+    b, mine, seq, hd = x.shape
+    send = x.reshape(b, mine, n, seq // n, hd).permute(2, 0, 1, 3, 4).contiguous()  # (n: token run j to rank j, ...)
+    got = ctx.comm.all_to_all_single(send)  # (n: the head group of rank i, b, h/n, s/n, hd)
+    return got.transpose(0, 1).reshape(b, n * mine, seq // n, hd)
+
+
+class SequenceToHeads(torch.autograd.Function):
+    """``sequence_to_heads`` forward; its backward is ``heads_to_sequence`` of the gradient."""
+
+    @staticmethod
+    def forward(fn, ctx, x):
+        fn.rank_ctx = ctx
+        return sequence_to_heads(ctx, x)
+
+    @staticmethod
+    def backward(fn, grad):
+        return None, heads_to_sequence(fn.rank_ctx, grad)
+
+
+class HeadsToSequence(torch.autograd.Function):
+    """``heads_to_sequence`` forward; its backward is ``sequence_to_heads`` of the gradient."""
+
+    @staticmethod
+    def forward(fn, ctx, x):
+        fn.rank_ctx = ctx
+        return heads_to_sequence(ctx, x)
+
+    @staticmethod
+    def backward(fn, grad):
+        return None, sequence_to_heads(fn.rank_ctx, grad)
+
+
+def ulysses_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                      scale: float | None = None, probe=NO_PROBE) -> torch.Tensor:
+    """This rank's rows of attention over the whole sequence, by two re-shards, differentiable:
+    ``q (b, H, s/n, hd)``, ``k, v (b, KV, s/n, hd)`` (contiguous shards) in, ``(b, H, s/n, hd)`` out."""
+    check_ulysses_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=True)
+    q_h, k_h, v_h = (SequenceToHeads.apply(ctx, t) for t in (q, k, v))  # (b, heads / n, s, hd)
+    with probe.span("attention, my heads, whole sequence"):
+        out = attention_reference(q_h, k_h, v_h, causal, scale)  # (b, H/n, s, hd)
+    return HeadsToSequence.apply(ctx, out)  # (b, H, s/n, hd)

@@ -1,0 +1,124 @@
+"""Flat groups: parameters laid end to end in one buffer, padded so that ``dp`` ranks split it evenly.
+
+As in PyTorch's DDP (gradient buckets, Li et al. 2020) and ZeRO (Rajbhandari et al. 2020): one collective
+per buffer, not per tensor. A ``FlatGroup`` says which parameters sit in one buffer, where each starts,
+and how the buffer is cut among the ranks::
+
+    buffer     | p3 (12) | p2 (4) | p1 (5) | pad (3) |        padded_numel = 24, dp = 4
+    rank r     |  0..6   |  6..12 | 12..18 | 18..24  |        shard_numel  = 6: rank r owns r*6..(r+1)*6
+
+``plan_buckets``: DDP's and ZeRO-1/2's buckets, parameters in reverse order (the order the backward
+finishes them) up to ``bucket_bytes``. ``plan_units``: ZeRO-3's units, one per layer. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # the plans are pure: the planners import them without torch
+    from torch import nn
+
+from shardlib.core.checks import positive_number, whole_number
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+STRATEGY_TITLES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+
+
+@dataclass(frozen=True)
+class FlatGroup:
+    """Parameters ``params`` (indices into the model's parameter list) laid end to end: parameter
+    ``params[i]`` of ``numels[i]`` elements starts at ``offsets[i]``; the buffer holds ``padded_numel``
+    elements, a multiple of ``dp``, of which the last ``padded_numel - numel`` are zeros."""
+
+    index: int
+    params: tuple[int, ...]
+    offsets: tuple[int, ...]
+    numels: tuple[int, ...]
+    padded_numel: int
+    dp: int
+
+    @property
+    def numel(self) -> int:
+        """Elements of real parameters (the padding left out)."""
+        return sum(self.numels)
+
+    @property
+    def shard_numel(self) -> int:
+        """Elements each rank owns: ``padded_numel / dp``."""
+        return self.padded_numel // self.dp
+
+    def owned(self, rank: int) -> tuple[int, int]:
+        """``(start, stop)`` of rank ``rank``'s shard in the buffer."""
+        whole_number(rank, "rank", 0)
+        if rank >= self.dp:
+            raise ValueError(f"rank {rank} is outside a group split {self.dp} ways (ranks 0..{self.dp - 1})")
+        return rank * self.shard_numel, (rank + 1) * self.shard_numel
+
+
+def padded(numel: int, dp: int) -> int:
+    """``numel`` rounded up to a multiple of ``dp`` (at least ``dp``: every rank owns one element or more)."""
+    return max(dp, -(-numel // dp) * dp)
+
+
+def _group(index: int, params: Sequence[int], numels: Sequence[int], dp: int) -> FlatGroup:
+    offsets, at = [], 0
+    for i in params:
+        offsets.append(at)
+        at += numels[i]
+    return FlatGroup(index, tuple(params), tuple(offsets), tuple(numels[i] for i in params), padded(at, dp), dp)
+
+
+def _check_numels(numels: Sequence[int]) -> list[int]:
+    numels = [whole_number(n, "a parameter's element count") for n in numels]
+    if not numels:
+        raise ValueError("the model has no parameters to train")
+    return numels
+
+
+def plan_buckets(numels: Sequence[int], element_bytes: int, dp: int,
+                 bucket_bytes: float | None = None) -> tuple[FlatGroup, ...]:
+    """Gradient buckets for parameters of ``numels`` elements each (registration order) over ``dp`` ranks.
+
+    Parameters go in reverse order, because the backward pass produces the last layer's gradients
+    first; each bucket takes parameters until the next one would push it past ``bucket_bytes`` (a
+    parameter larger than that gets a bucket of its own). ``None``: one bucket for everything, the
+    "no buckets" case. A bucket is launched as soon as all its gradients exist, so smaller buckets
+    start communicating earlier in the backward pass but pay more per-call latency.
+    """
+    numels = _check_numels(numels)
+    dp = whole_number(dp, "dp (the data-parallel degree)")
+    element_bytes = whole_number(element_bytes, "element_bytes")
+    cap = None if bucket_bytes is None else positive_number(bucket_bytes, "bucket_bytes")
+    buckets: list[list[int]] = [[]]
+    size = 0
+    for i in reversed(range(len(numels))):
+        nbytes = numels[i] * element_bytes
+        if cap is not None and buckets[-1] and size + nbytes > cap:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    return tuple(_group(k, b, numels, dp) for k, b in enumerate(buckets))
+
+
+def plan_units(unit_params: Sequence[Sequence[int]], numels: Sequence[int], dp: int) -> tuple[FlatGroup, ...]:
+    """ZeRO-3's flat groups: one per unit (a layer), holding that unit's parameters in registration
+    order. ``unit_params[u]`` lists the indices of unit ``u``'s parameters."""
+    numels = _check_numels(numels)
+    dp = whole_number(dp, "dp (the data-parallel degree)")
+    seen = [i for unit in unit_params for i in unit]
+    if sorted(seen) != list(range(len(numels))):
+        raise ValueError(f"the units must hold every parameter exactly once; they hold {sorted(seen)} of "
+                         f"{len(numels)} parameters")
+    return tuple(_group(k, list(unit), numels, dp) for k, unit in enumerate(unit_params))
+
+
+def parameter_units(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """How ZeRO-3 cuts ``model``: the parameters the model holds itself, if any, as a first unit ``""``
+    (gathered around the whole forward), then one unit per direct child that holds parameters (gathered
+    around the child's forward), in registration order. Each unit is ``(module name, [parameter names])``."""
+    units = [(name, [f"{name}.{p}" for p, _ in child.named_parameters()]) for name, child in model.named_children()]
+    units = [(name, params) for name, params in units if params]
+    own = [name for name, _ in model.named_parameters(recurse=False)]
+    return ([("", own)] if own else []) + units

@@ -1,0 +1,170 @@
+"""Balancing the experts' load: capacity, dropping and rerouting; load statistics and the auxiliary loss.
+
+Capacity (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021): an expert takes at most
+``ceil(tokens * k * capacity_factor / n_experts)`` token-slots from each group of tokens routed together
+(on ranks, each rank's tokens are one group); a slot that does not fit is dropped, or with ``reroute``
+tries the token's next choice with room. What a rerouted slot weighs is a choice (``served_gates``).
+The mitigations notebook 04 measures are named in ``MITIGATIONS``.
+
+Balancing without a loss or a cap (DeepSeek-V3, 2024, section 2.1.2, ``balance_by_bias``): a per-expert
+bias is added to the scores only to choose the top-k, never to the gates, and after each batch it is
+nudged down for the experts that took more than their even share and up for the others.
+Pure: acts on the router's output only; torch, never ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from shardlib.core.checks import near_equal_parts, positive_number, whole_number, whole_number_between
+from shardlib.core.experts.routing import MoEConfig, Routing
+
+
+# -- capacity, dropping, rerouting ---------------------------------------------------------------------------
+def capacity(n_tokens: int, k: int, capacity_factor: float, n_experts: int) -> int:
+    """Token-slots one expert takes from a group: ``ceil(n_tokens * k * capacity_factor / n_experts)``."""
+    whole_number(n_tokens, "n_tokens", 0)
+    whole_number(n_experts, "n_experts")
+    whole_number_between(k, "k (experts per token)", 1, n_experts)
+    positive_number(capacity_factor, "capacity_factor")
+    # rounded first so that e.g. 8 * 2 * 1.1 / 8 = 2.2000000000000002 does not become 3
+    return math.ceil(round(n_tokens * k * capacity_factor / n_experts, 9))
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Which expert serves each token-slot after the capacity cap, and whether it is served at all."""
+
+    experts: torch.Tensor  # (T, k), the final expert of each slot (a rerouted slot's new expert)
+    kept: torch.Tensor  # (T, k) bool, False: dropped
+    rerouted: torch.Tensor  # (T, k) bool
+    capacity: int | None  # per expert per group; None: no cap
+
+    @property
+    def dropped_slots(self) -> int:
+        return int((~self.kept).sum())
+
+    @property
+    def dropped_tokens(self) -> int:
+        """Tokens none of whose slots were served: the layer passes them through unchanged."""
+        return int((~self.kept).all(dim=1).sum())
+
+    @property
+    def rerouted_slots(self) -> int:
+        return int(self.rerouted.sum())
+
+    def counts(self, n_experts: int) -> torch.Tensor:
+        """``(n_experts,)`` token-slots each expert serves."""
+        return torch.bincount(self.experts[self.kept], minlength=n_experts)
+
+
+def _fill(slot_ids: torch.Tensor, experts: torch.Tensor, room: torch.Tensor) -> torch.Tensor:
+    """Serve slots in the order given while their expert has room; update ``room``; return a keep mask."""
+    onehot = F.one_hot(experts, room.shape[0])  # (N, E)
+    position = (onehot.cumsum(0) * onehot).sum(1) - 1  # (N,): how many earlier slots chose the same expert
+    keep = position < room[experts]
+    room -= torch.bincount(experts[keep], minlength=room.shape[0])
+    return keep
+
+
+def assign(routing: Routing, cfg: MoEConfig) -> Assignment:
+    """Apply ``cfg``'s capacity cap (and rerouting) to one group of tokens. Slots are served in priority
+    order, every token's first choice before any second choice, earlier tokens first; a dropped slot
+    contributes nothing (a token with all its slots dropped passes through the residual unchanged)."""
+    final = routing.experts.clone()  # (T, k)
+    n_tokens, k = final.shape
+    if cfg.capacity_factor is None:
+        no = torch.zeros_like(final, dtype=torch.bool)
+        return Assignment(final, ~no, no, None)
+    cap = capacity(n_tokens, k, cfg.capacity_factor, cfg.n_experts)
+    room = torch.full((cfg.n_experts,), cap, dtype=torch.long)
+    # priority: slot-major (every first choice before any second choice), then token order
+    order = torch.arange(n_tokens * k).view(n_tokens, k).T.flatten()  # flat slot ids t * k + s
+    kept = torch.zeros(n_tokens * k, dtype=torch.bool)
+    kept[order] = _fill(order, final.flatten()[order], room)
+    rerouted = torch.zeros(n_tokens * k, dtype=torch.bool)
+    if cfg.reroute:
+        next_choice = torch.full((n_tokens,), k, dtype=torch.long)  # index into each token's preference list
+        waiting = order[~kept[order]]  # overflowing slots, still in priority order
+        while waiting.numel() and bool((next_choice < cfg.n_experts).any()):
+            tokens = waiting // k
+            candidate = torch.full_like(waiting, -1)
+            for s in range(k):  # a token with several overflowing slots takes successive preferences
+                mine = (waiting % k == s) & (next_choice[tokens] < cfg.n_experts)
+                t = tokens[mine]
+                candidate[mine] = routing.preference[t, next_choice[t]]
+                next_choice[t] += 1
+            trying = candidate >= 0
+            slots, experts = waiting[trying], candidate[trying]
+            served = _fill(slots, experts, room)
+            final.view(-1)[slots[served]] = experts[served]
+            kept[slots[served]] = True
+            rerouted[slots[served]] = True
+            waiting = slots[~served]
+    return Assignment(final, kept.view(n_tokens, k), rerouted.view(n_tokens, k), cap)
+
+
+def served_gates(routing: Routing, assignment: Assignment, cfg: MoEConfig) -> torch.Tensor:
+    """``(T, k)`` gates the weighted sum uses under ``cfg.reroute_gate``: the router's gates, except that
+    with ``"rescore"`` a token with a rerouted slot gets gates computed from the router's scores of the
+    experts that serve it (dropped slots excluded). Row by row, so a token's gates do not depend on the
+    batch."""
+    if cfg.reroute_gate == "keep" or not bool(assignment.rerouted.any()):
+        return routing.gates
+    if cfg.renormalize:
+        served_logits = routing.logits.gather(1, assignment.experts)  # (T, k): the experts that serve each slot
+        rescored = torch.softmax(served_logits.masked_fill(~assignment.kept, float("-inf")), dim=-1)
+    else:
+        rescored = routing.probs.gather(1, assignment.experts)
+    rescored = torch.where(assignment.kept, rescored, torch.zeros_like(rescored))  # a dropped slot weighs nothing
+    return torch.where(assignment.rerouted.any(dim=1, keepdim=True), rescored, routing.gates)
+
+
+def split_groups(n_tokens: int, n_groups: int) -> list[tuple[int, int]]:
+    """Contiguous ``(start, stop)`` token ranges of ``n_groups`` near-equal groups (as ``tensor_split``)."""
+    whole_number(n_groups, "n_groups")
+    if n_groups > n_tokens:
+        raise ValueError(f"{n_tokens} tokens cannot be split into {n_groups} groups: each group (each rank) "
+                         f"needs at least one token")
+    bounds, start = [], 0
+    for size in near_equal_parts(n_tokens, n_groups):
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def assign_groups(routing: Routing, cfg: MoEConfig, n_groups: int = 1) -> Assignment:
+    """``assign`` on each of ``n_groups`` contiguous groups of tokens, joined back together."""
+    parts = [assign(_slice(routing, a, b), cfg) for a, b in split_groups(routing.experts.shape[0], n_groups)]
+    return Assignment(torch.cat([p.experts for p in parts]), torch.cat([p.kept for p in parts]),
+                      torch.cat([p.rerouted for p in parts]), parts[0].capacity)
+
+
+def _slice(routing: Routing, start: int, stop: int) -> Routing:
+    return Routing(*(t[start:stop] for t in (routing.logits, routing.probs, routing.preference,
+                                             routing.experts, routing.gates)))
+
+
+def switch_aux_loss(experts: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """``aux_load_balancing_loss`` as a tensor that carries the router's gradient: ``n * sum_i f_i * P_i``
+    for ``experts`` ``(T, k)`` chosen and ``probs`` ``(T, n)``. ``f_i`` is a count (no gradient); the
+    gradient flows through ``P_i``, pulling probability away from the busy experts (Switch, eq. 4)."""
+    n = probs.shape[1]
+    f = torch.bincount(experts.flatten(), minlength=n).to(probs.dtype) / experts.numel()  # (n,)
+    return n * (f * probs.mean(0)).sum()
+
+
+def bias_update(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3's update of the selection bias after a step (section 2.1.2): ``bias + rate *
+    sign(mean load - load)``, down by ``rate`` for each expert that took more token-slots than the mean,
+    up for each that took fewer, unchanged at the mean. ``counts`` ``(n_experts,)`` must be the token-slots
+    of the *whole* step: on ranks, summed over every rank first (each rank's own counts would move each
+    rank's bias differently). Returns a new tensor in ``bias``'s dtype."""
+    if counts.shape != bias.shape:
+        raise ValueError(f"counts has shape {tuple(counts.shape)}, the bias {tuple(bias.shape)}: one count per expert")
+    counts = counts.to(torch.float64)
+    return bias + rate * torch.sign(counts.mean() - counts).to(bias.dtype)

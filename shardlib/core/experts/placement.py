@@ -1,0 +1,123 @@
+"""Where experts live, and how one home rank's token-slots are sent to them: the dispatch plan.
+
+Each of ``ep`` ranks holds ``n_experts / ep`` whole experts (GShard, Lepikhin et al. 2020; Switch
+Transformer, Fedus et al. 2021) and a contiguous share of the tokens, its home tokens.
+``ExpertPlacement`` says which rank holds which expert, and any second copy of a hot one (``replicas``:
+home ranks send alternate rows to the two copies); ``dispatch_plan`` says which of one home rank's rows
+go to which rank and expert. Pure: torch, never ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shardlib.core.checks import whole_number
+
+
+# -- placement ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExpertPlacement:
+    """Expert ``e`` lives on rank ``e // (n_experts / ep)``; ``replicas`` adds second copies."""
+
+    n_experts: int
+    ep: int
+    replicas: tuple[tuple[int, int], ...] = ()  # (expert, rank) pairs
+
+    def __post_init__(self) -> None:
+        for name in ("n_experts", "ep"):
+            whole_number(getattr(self, name), name)
+        if self.n_experts % self.ep:
+            raise ValueError(
+                f"{self.n_experts} experts cannot be placed on {self.ep} ranks: expert parallelism gives "
+                f"each rank the same whole number of experts ({self.n_experts} / {self.ep} = "
+                f"{self.n_experts / self.ep:.3g}); use an ep that divides {self.n_experts}"
+            )
+        pairs = []
+        for pair in self.replicas:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"replicas must be (expert, rank) pairs, for example ((6, 0),); got {pair!r} "
+                                 f"in {self.replicas!r}")
+            pairs.append((whole_number(pair[0], "a replica's expert", 0), whole_number(pair[1], "a replica's rank", 0)))
+        object.__setattr__(self, "replicas", tuple(pairs))
+        seen = set()
+        for e, r in self.replicas:
+            if not 0 <= e < self.n_experts or not 0 <= r < self.ep:
+                raise ValueError(f"replica ({e}, {r}) names expert {e} of 0 .. {self.n_experts - 1} on rank {r} "
+                                 f"of 0 .. {self.ep - 1}")
+            if r == self.owner(e):
+                raise ValueError(f"expert {e} already lives on rank {r}: its replica must go to another rank")
+            if e in seen:
+                raise ValueError(f"expert {e} has more than one replica; this layer supports one second copy")
+            seen.add(e)
+
+    @property
+    def per_rank(self) -> int:
+        return self.n_experts // self.ep
+
+    def owner(self, expert: int) -> int:
+        return expert // self.per_rank
+
+    def copies(self, expert: int) -> tuple[int, ...]:
+        """The ranks holding ``expert``: its owner first, then its replica."""
+        return (self.owner(expert),) + tuple(r for e, r in self.replicas if e == expert)
+
+    def hosted(self, rank: int) -> tuple[int, ...]:
+        """The experts on ``rank``: its own block, then any replicas."""
+        own = tuple(range(rank * self.per_rank, (rank + 1) * self.per_rank))
+        return own + tuple(e for e, r in self.replicas if r == rank)
+
+    @property
+    def copy_slots(self) -> list[tuple[int, int]]:
+        """Every ``(rank, expert)`` copy, rank by rank: the order of a dispatch's count vector."""
+        return [(r, e) for r in range(self.ep) for e in self.hosted(r)]
+
+
+def replicate_hottest(placement: ExpertPlacement, expert_counts) -> ExpertPlacement:
+    """A placement with a second copy of the busiest expert on the least-loaded other rank (by the
+    token-slots ``expert_counts`` sends to each rank; ties go to the lower number)."""
+    counts = [int(c) for c in (expert_counts.tolist() if isinstance(expert_counts, torch.Tensor) else expert_counts)]
+    if len(counts) != placement.n_experts:
+        raise ValueError(f"expert_counts has {len(counts)} entries, one per expert is {placement.n_experts}")
+    hot = max(range(len(counts)), key=lambda e: (counts[e], -e))
+    load = [sum(counts[e] for e in placement.hosted(r)) for r in range(placement.ep)]
+    others = [r for r in range(placement.ep) if r != placement.owner(hot)]
+    if not others:
+        raise ValueError("a replica needs a second rank: this placement has one rank")
+    target = min(others, key=lambda r: (load[r], r))
+    return ExpertPlacement(placement.n_experts, placement.ep, ((hot, target),))
+
+
+# -- the dispatch plan (pure) ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DispatchPlan:
+    """How one home rank sends its served token-slots."""
+
+    order: torch.Tensor  # (rows,) flat slot ids ``t * k + s`` in send order (grouped by rank, then expert)
+    counts: torch.Tensor  # (len(copy_slots),) rows for each (rank, expert) copy
+    rows_to_rank: list[int]  # (ep,) rows sent to each rank, itself included
+
+
+def dispatch_plan(experts: torch.Tensor, kept: torch.Tensor, placement: ExpertPlacement) -> DispatchPlan:
+    """Where each served slot of ``experts`` ``(T, k)`` goes, for one home rank."""
+    slot_index = {copy: i for i, copy in enumerate(placement.copy_slots)}
+    copy_of = torch.full((placement.n_experts, 2), -1, dtype=torch.long)  # expert -> copy slot of each copy
+    n_copies = torch.ones(placement.n_experts, dtype=torch.long)
+    for e in range(placement.n_experts):
+        ranks = placement.copies(e)
+        n_copies[e] = len(ranks)
+        for c, r in enumerate(ranks):
+            copy_of[e, c] = slot_index[(r, e)]
+    slots = torch.nonzero(kept.flatten()).flatten()  # (rows,) served slots, token-major
+    expert = experts.flatten()[slots]
+    onehot = torch.nn.functional.one_hot(expert, placement.n_experts)
+    nth = (onehot.cumsum(0) * onehot).sum(1) - 1  # this slot is the nth row for its expert here
+    target = copy_of[expert, nth % n_copies[expert]]  # alternate rows between an expert's copies
+    order = slots[torch.sort(target, stable=True).indices]
+    counts = torch.bincount(target, minlength=len(slot_index))
+    starts = [0]
+    for r in range(placement.ep):
+        starts.append(starts[-1] + len(placement.hosted(r)))
+    rows_to_rank = [int(counts[starts[r]:starts[r + 1]].sum()) for r in range(placement.ep)]
+    return DispatchPlan(order, counts, rows_to_rank)

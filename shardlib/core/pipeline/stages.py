@@ -1,0 +1,76 @@
+"""Who holds what when stages are not equal: layers per stage set on purpose, and what it costs.
+
+Stages need not hold equal layer counts. ``check_layer_counts`` checks a split given per stage;
+``stage_layer_counts`` makes the first and last stage lighter by the layers' worth of work they do
+besides (the embedding, the output layer and loss), as Llama 3 405B's 126 layers on 16 stages
+(Llama 3 paper, section 3.3.2). The price of an uneven split is the slowest stage: ``stage_imbalance``
+and ``pipeline_step_s``. Pure: no torch. (``predict.split_layers`` turns counts into layer ranges.)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from shardlib.core.checks import near_equal_parts
+from shardlib.core.pipeline.schedules import Schedule, check_count
+
+
+def check_layer_counts(n_layers: int, n_parts: int, counts: Sequence[int]) -> tuple[int, ...]:
+    """``counts`` as a tuple, after a ValueError naming the numbers unless it gives each of the ``n_parts``
+    slices at least one whole layer and adds up to the model's ``n_layers``."""
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+        raise ValueError(f"layer counts must be a list of whole numbers, one per slice, got {counts!r}")
+    if len(counts) != n_parts:
+        raise ValueError(f"{len(counts)} layer counts {list(counts)} for {n_parts} slices: give one per slice")
+    counts = tuple(check_count(f"layer count of slice {i}", c, "layers in one slice") for i, c in enumerate(counts))
+    if sum(counts) != n_layers:
+        raise ValueError(f"the layer counts {list(counts)} add up to {sum(counts)}, but the model has "
+                         f"{n_layers} layers: every layer goes to exactly one slice")
+    return counts
+
+
+def stage_layer_counts(n_layers: int, n_stages: int, end_layers: int = 0) -> tuple[int, ...]:
+    """Layers per stage, as even as whole layers allow when the first and last stage each carry
+    ``end_layers`` layers' worth of other work (the embedding on the first, the output layer and the loss
+    on the last) and hold that many layers fewer. Llama 3 405B: 126 layers on 16 stages with
+    ``end_layers = 1`` gives ``(7, 8, ..., 8, 7)``, every stage 8 layers' worth (Llama 3 paper, 3.3.2)."""
+    n_layers = check_count("n_layers", n_layers, "layers in the model")
+    n_stages = check_count("n_stages", n_stages, "pipeline stages")
+    if isinstance(end_layers, bool) or not isinstance(end_layers, int) or end_layers < 0:
+        raise ValueError(f"end_layers must be a whole number of layers (0 or more), got {end_layers!r}")
+    counts = list(near_equal_parts(n_layers + 2 * end_layers, n_stages))
+    counts[0] -= end_layers
+    counts[-1] -= end_layers
+    if min(counts) < 1:
+        ends = f" with the first and last holding {end_layers} layer(s) fewer" if end_layers else ""
+        raise ValueError(f"cannot cut {n_layers} layers into {n_stages} stages{ends}: each stage needs at least one "
+                         "whole layer")
+    return tuple(counts)
+
+
+def layers_of_stage(schedule: Schedule, n_layers: int, stage: int, layer_counts=None) -> list[range]:
+    """The global layer indices stage ``stage`` holds, one range per model chunk. ``layer_counts``: how
+    many layers each virtual stage holds (one count per stage, or per stage and chunk in virtual-stage
+    order), or ``None`` to cut as evenly as whole layers allow (``split_layers``)."""
+    slices = split_layers(n_layers, schedule.n_virtual_stages, layer_counts)
+    return [slices[schedule.virtual_stage_of(stage, c)] for c in range(schedule.n_chunks)]
+
+
+def split_layers(n_layers: int, n_parts: int, counts: Sequence[int] | None = None) -> tuple[range, ...]:
+    """Cut ``n_layers`` layers into ``n_parts`` contiguous slices. By default the sizes differ by at most
+    one (the earlier slices get the extra layers); ``counts`` (one whole number per slice, summing to
+    ``n_layers``) sets each slice's size, unequal on purpose (``stage_layer_counts``). Each slice needs
+    at least one whole layer."""
+    n_layers = check_count("n_layers", n_layers, "layers in the model")
+    n_parts = check_count("n_parts", n_parts, "slices of the layer stack")
+    if n_parts > n_layers:
+        raise ValueError(f"cannot cut {n_layers} layers into {n_parts} slices: each slice needs at least "
+                         "one whole layer")
+    if counts is None:
+        counts = near_equal_parts(n_layers, n_parts)
+    counts = check_layer_counts(n_layers, n_parts, counts)
+    bounds, start = [], 0
+    for c in counts:
+        bounds.append(range(start, start + c))
+        start += c
+    return tuple(bounds)

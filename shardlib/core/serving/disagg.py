@@ -1,0 +1,265 @@
+"""``disaggregated_on_rank``: a prefill pool and a decode pool of ranks in one job (Zhong et al. 2024,
+DistServe; Patel et al. 2024, Splitwise).
+
+Ranks ``0 .. P-1`` are the prefill pool, ranks ``P .. 2P-1`` the decode pool; each pool splits the model
+over its own ranks with tensor parallelism (``TPGroup`` on a process group of the pool). The prefill pool's
+leader (rank 0) runs the engine's loop (``loop.run_engine``) on the arrivals, every request cut to one new
+token: a step computes prompts (whole or in chunks) and samples their first token. When a prompt's last
+chunk is in a step, each prefill rank announces it to its decode peer (the rank ``P`` further on, same TP
+index) and sends that request's K/V (``handoff.KVSender``): after the step, or layer by layer during it.
+After the step the leader sends the first token to the decode pool's leader (rank ``P``). That leader runs
+a scheduler of its own (``scheduler.Scheduler``) over the requests handed to it: it admits one with its
+prompt's K/V already computed (blocks allocated, the first token in its output), tells its pool which
+blocks (one broadcast a step, as the colocated engine does), every decode rank writes the K/V it received
+into them (``handoff.KVReceiver``), and the pool decodes to the end. A request that wants one token is done
+after its prefill: nothing is handed off. Times are seconds after rank 0's start, on the machine's one
+monotonic clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+import torch
+
+from shardlib.core.serving.engine import StepRecord, pack, unpack
+from shardlib.core.serving.handoff import KVReceiver, KVSender
+from shardlib.core.serving.loop import run_engine, sample_step
+from shardlib.core.serving.paged import PagedModel
+from shardlib.core.serving.requests import SequenceState
+from shardlib.core.serving.scheduler import Scheduler, StepPlan
+from shardlib.core.tensor_parallel.layers import TPGroup
+
+
+@dataclass(frozen=True)
+class DisaggRankResult:
+    """What one rank saw. The prefill leader: per request its first token and when (``outputs``), its
+    steps; the decode leader: per handed-off request every token, their times and preemptions, its steps, and
+    the seconds from its first token to its K/V in the cache (the hand-off as the decode pool saw it);
+    every prefill rank: the request of each K/V message it sent, in the order its comm log holds them."""
+
+    rank: int
+    pool: str  # "prefill" or "decode"
+    kv_cache_bytes: int
+    outputs: dict | None = None
+    steps: tuple[StepRecord, ...] = ()
+    kv_sent: tuple[int, ...] = ()  # request index per K/V message, in the comm log's order
+    prefix_hit_tokens: int = 0
+    prefix_lookup_tokens: int = 0
+    preemptions: int = 0
+    handoff_s: dict | None = None  # the decode leader: per request, first token to its K/V in this cache
+
+
+@dataclass(frozen=True)
+class PoolGroups:
+    prefill: object  # the prefill pool's process group (None with one rank)
+    decode: object
+    handoff: tuple  # per TP index, the group of prefill rank i and decode rank P + i
+
+
+def pool_groups(ctx, prefill_ranks: int) -> PoolGroups:
+    """The pools' process groups, made once per split and kept on the context (every rank calls this)."""
+    cache = ctx.__dict__.setdefault("_pool_groups", {})
+    key = (ctx.world_size, prefill_ranks)
+    if key not in cache:
+        p = prefill_ranks
+        pre = ctx.new_group(range(p), "prefill") if p > 1 else None
+        dec = ctx.new_group(range(p, ctx.world_size), "decode") if ctx.world_size - p > 1 else None
+        cache[key] = PoolGroups(pre, dec, tuple(ctx.new_group([i, p + i], "handoff") for i in range(p)))
+    return cache[key]
+
+
+def _pool_broadcast(ctx, flat: torch.Tensor | None, src: int, group) -> torch.Tensor:
+    """The pool leader's packed message to its pool (its length first); an empty one ends the loop."""
+    size = ctx.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), src=src, group=group)
+    if int(size) == 0:
+        return torch.empty(0, dtype=torch.int64)
+    buffer = flat if ctx.rank == src else torch.empty(int(size), dtype=torch.int64)
+    return ctx.comm.broadcast(buffer, src=src, group=group)
+
+
+def _step_record(plan, start_s, end_s, sched) -> StepRecord:
+    return StepRecord(plan.n_tokens, plan.n_decodes, len(plan.chunks), plan.n_context, start_s, end_s,
+                      sched.blocks.stats().used, sched.tokens_held)
+
+
+def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
+                          layerwise: bool = False) -> DisaggRankResult:
+    """Serve ``requests`` with prefill on ranks ``0 .. prefill_ranks - 1`` and decode on the rest."""
+    p = prefill_ranks
+    groups = pool_groups(ctx, p)
+    prefill = ctx.rank < p
+    index = ctx.rank if prefill else ctx.rank - p
+    pool_group = groups.prefill if prefill else groups.decode
+    model = PagedModel(weights, TPGroup(p, index, ctx.comm, pool_group), config.num_blocks, config.block_size,
+                       ctx.device)
+    ctx.comm.barrier()
+    start = float(ctx.comm.broadcast(torch.tensor([ctx.now_s()], dtype=torch.float64), src=0))
+
+    def clock() -> float:
+        return ctx.now_s() - start
+
+    if prefill:
+        return _prefill(ctx, model, requests, config, p, index, groups, layerwise, clock)
+    return _decode(ctx, model, requests, config, p, index, groups, layerwise, clock)
+
+
+def _prefill(ctx, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
+    sender = KVSender(ctx.comm, ctx.rank + p, groups.handoff[index])
+
+    def run_step(chunks, ids):
+        """The step, with the hand-off of every prompt it finishes (``ids``: their requests, in order)."""
+        done = [(i, c, c.start + len(c.tokens)) for i, c in zip(ids, [c for c in chunks if c.sample])
+                if requests[i].max_new_tokens > 1]
+        for i, _, n in done:
+            sender.announce(i, n)
+        on_layer = None
+        if layerwise and done:
+            def on_layer(layer):
+                for i, c, n in done:
+                    sender.send(i, model.cache, c.table, n, layer)
+        logits = model.step(chunks, on_layer)
+        if not layerwise:
+            for i, c, n in done:
+                sender.send(i, model.cache, c.table, n)
+        sender.poll()
+        return logits
+
+    if index != 0:  # a follower: compute what the leader broadcasts
+        while (flat := _pool_broadcast(ctx, None, 0, groups.prefill)).numel():
+            chunks = unpack(flat)
+            n_sampled = sum(c.sample for c in chunks)
+            run_step(chunks, flat[flat.numel() - n_sampled:].tolist() if n_sampled else [])
+        sender.end()
+        sender.finish()
+        return DisaggRankResult(ctx.rank, "prefill", model.cache.size_bytes, kv_sent=tuple(sender.sent))
+
+    index_of = {r.request_id: i for i, r in enumerate(requests)}
+    first_only = [replace(r, max_new_tokens=1) for r in requests]
+    steps: list[StepRecord] = []
+
+    def step(chunks):
+        ids = [index_of[c.seq] for c in chunks if c.sample]
+        if p > 1:
+            _pool_broadcast(ctx, torch.cat([pack(chunks), torch.tensor(ids, dtype=torch.int64)]), 0, groups.prefill)
+        return run_step(chunks, ids)
+
+    def record(plan, start_s, end_s, sched):
+        steps.append(_step_record(plan, start_s, end_s, sched))
+        for c in plan.chunks:
+            i = index_of[c.seq]
+            if c.sample and requests[i].max_new_tokens > 1:
+                seq = sched.finished[c.seq]
+                sender.token(i, seq.output[0], seq.token_times_s[0])
+
+    sched = run_engine(first_only, config, step, clock=clock, wait=ctx.wait_s,
+                       on_step=record)
+    if p > 1:
+        _pool_broadcast(ctx, None, 0, groups.prefill)
+    sender.end()
+    sender.finish()
+    outputs = {rid: (s.output[0], s.token_times_s[0], s.preemptions) for rid, s in sched.finished.items()}
+    stats = sched.blocks.stats()
+    return DisaggRankResult(ctx.rank, "prefill", model.cache.size_bytes, outputs, tuple(steps), tuple(sender.sent),
+                            stats.hit_tokens, stats.lookup_tokens, sched.preemptions)
+
+
+def _pack_admits(admits) -> torch.Tensor:
+    flat = [len(admits)]
+    for i, table in admits:
+        flat += [i, len(table), *table]
+    return torch.tensor(flat, dtype=torch.int64)
+
+
+def _unpack_admits(flat: torch.Tensor):
+    values, at, admits = flat.tolist(), 1, []
+    for _ in range(values[0]):
+        i, n = values[at:at + 2]
+        admits.append((i, tuple(values[at + 2:at + 2 + n])))
+        at += 2 + n
+    return admits, flat[at:]
+
+
+def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
+    layer = model.layers[0]
+    inbox = KVReceiver(ctx.comm, ctx.rank - p, groups.handoff[index], model.config.n_layers, layer.kv_heads,
+                       model.config.head_dim, weights_dtype(model), ctx.device, layerwise)
+    leader = p  # the decode pool's first rank
+    if ctx.rank != leader:
+        while True:
+            inbox.poll()
+            flat = _pool_broadcast(ctx, None, leader, groups.decode)
+            if not flat.numel():
+                break
+            admits, rest = _unpack_admits(flat)
+            for i, table in admits:
+                inbox.land(i, model.cache, table)
+            chunks = unpack(rest)
+            if chunks:
+                model.step(chunks)
+        inbox.wait_end()
+        return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes)
+
+    sched = Scheduler(decode_config(config))
+    steps: list[StepRecord] = []
+    handoff, first_s = {}, {}  # request id -> seconds from its first token to its K/V here; when it was sampled
+    while True:
+        inbox.poll()
+        if sched.idle and not inbox.tokens:
+            if inbox.ended:
+                break
+            inbox.poll(block=True)
+            continue
+        first_s.update((requests[i].request_id, t) for i, _, t in inbox.tokens)
+        admits = admit_handed_off(sched, inbox.tokens, requests, config)
+        plan = sched.schedule() if not sched.idle else StepPlan(())
+        if p > 1:
+            _pool_broadcast(ctx, torch.cat([_pack_admits(admits), pack(plan.chunks)]), leader, groups.decode)
+        for i, table in admits:
+            inbox.land(i, model.cache, table)
+            rid = requests[i].request_id
+            handoff[rid] = clock() - first_s[rid]
+        if not plan.chunks:
+            continue
+        start_s = clock()
+        sampled = sample_step(sched, plan, model.step(plan.chunks))
+        end_s = clock()
+        sched.update(plan, sampled, end_s)
+        steps.append(_step_record(plan, start_s, end_s, sched))
+    if p > 1:
+        _pool_broadcast(ctx, None, leader, groups.decode)
+    inbox.wait_end()
+    outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
+    return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes, outputs, tuple(steps),
+                            preemptions=sched.preemptions, handoff_s=handoff)
+
+
+def weights_dtype(model) -> torch.dtype:
+    return model.embed.dtype
+
+
+def admit_handed_off(sched: Scheduler, queue: deque, requests, config) -> list[tuple[int, tuple[int, ...]]]:
+    """Admit the handed-off requests at the head of ``queue`` (``(request index, first token, its time)``)
+    while the cache and ``max_num_seqs`` allow: each joins ``sched.running`` with its prompt's K/V counted
+    as computed and its first token in its output. Returns ``(request index, block table)`` per admission."""
+    admits = []
+    while queue:
+        i, first, first_s = queue[0]
+        r = requests[i]
+        n = len(r.prompt_token_ids)
+        if config.max_num_seqs and len(sched.running) >= config.max_num_seqs:
+            break
+        if not sched.blocks.can_allocate(r.prompt_token_ids, n):
+            break
+        queue.popleft()
+        seq = SequenceState(r, output=[first], computed=n, token_times_s=[first_s])
+        sched.blocks.allocate(r.request_id, seq.tokens, n)
+        sched.running.append(seq)
+        admits.append((i, tuple(sched.blocks.tables[r.request_id])))
+    return admits
+
+
+def decode_config(config):
+    """The decode pool's engine settings: the K/V arrive whole, so there is no prefix to share."""
+    return replace(config, prefix_caching=False)

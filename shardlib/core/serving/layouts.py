@@ -1,0 +1,161 @@
+"""Tensor parallelism inside a "node", pipeline stages across "nodes": the combined forward on a rank.
+
+A ``plan.Layout`` numbers ranks ``(stage * dp + replica) * tp + tp_rank`` and gives a torch
+``DeviceMesh`` with axes ``("pp", "dp", "tp")``. The ranks of one stage split every block of its layers
+(``core.tensor_parallel.blocks.ParallelBlock``, Megatron-LM: Shoeybi et al. 2019, two all-reduces per block
+on the tp axis); activations cross from stage to stage by point-to-point sends on the pp axis (GPipe's
+forward: Huang et al. 2019). A model with experts replaces each MLP by the dropless MoE layer over ``ep``
+ranks of the stage (``moe_mlp``). ``combined_forward`` runs a batch through once; ``pipelined_decode`` keeps
+microbatches going round the stages step after step, the last stage handing each output back to the
+first as its next input (steady-state decode, ``predict.serving.decode``'s model). Measurement attaches through
+``probe`` (``core.probe.Probe``). Each rank receives the full weights and keeps only its slices.
+
+Neither loop runs on ``core.pipeline.engine``: steady-state decode feeds each output back to the first stage as
+the next input, step after step, which a one-step schedule does not express; and the single forward sends
+only one way, in microbatch order, so it needs none of the engine's backward or its message threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shardlib.core.config import ModelConfig
+from shardlib.core.experts.autograd import LocalExperts, moe_forward
+from shardlib.core.experts.dropless import moe_layer
+from shardlib.core.experts.groups import ExpertGroups, layout_expert_groups
+from shardlib.core.experts.stack import EXPERT_KEYS, moe_config
+from shardlib.core.mesh import Layout, check_mesh
+from shardlib.core.pipeline.stages import split_layers
+from shardlib.core.probe import NO_PROBE, Probe
+from shardlib.core.tensor_parallel.blocks import ParallelBlock
+from shardlib.core.tensor_parallel.layers import TPGroup
+from shardlib.core.toy import ATTENTION_WEIGHTS, rms_norm
+
+
+@dataclass(frozen=True)
+class RankExperts:
+    """One MoE layer on this rank: the router (whole on every rank) and the experts it holds."""
+
+    router: torch.Tensor  # (n_experts, d_model)
+    local: LocalExperts  # (n_experts / ep, ...) gate, up, down: the block at this rank's place of its ep group
+
+
+@dataclass(frozen=True)
+class RankStage:
+    """This rank's place on the mesh, its pipeline group, and its stage's blocks split over its tp group
+    (with experts: each block's attention, and its MoE layer in ``experts``)."""
+
+    stage: int
+    replica: int
+    tp_rank: int
+    pp_group: object
+    blocks: tuple[ParallelBlock, ...]
+    experts: tuple[RankExperts, ...] = ()  # one per block of an MoE model, else empty
+    tp_group: TPGroup | None = None
+    groups: ExpertGroups | None = None
+    moe: object = None  # the layer's MoETrainConfig
+
+
+def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> RankStage:
+    """The mesh of ``layout`` (made once per pool), this rank's coordinates and its stage's blocks."""
+    check_mesh(layout, ctx.world_size, "ranks")
+    mesh = ctx.device_mesh(layout.mesh_shape, layout.mesh_axes)  # axes ("pp", "dp", "tp"), tp innermost
+    stage, replica, tp_rank = layout.coords(ctx.rank)
+    tp_group = TPGroup.of_mesh(ctx, mesh, "tp")  # the ranks of this stage and replica: one "node"
+    mine = split_layers(model.n_layers, layout.pp)[stage]  # this stage's layer numbers
+    if not model.is_moe:
+        blocks = tuple(ParallelBlock(layers[i], model, tp_group).to(ctx.device) for i in mine)
+        return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks)
+    groups = layout_expert_groups(ctx, layout)  # every rank makes every group, so before any early return
+    cfg = moe_config(model)
+    n_local = cfg.experts_per_rank(layout.ep)
+    block = slice(groups.place * n_local, (groups.place + 1) * n_local)  # this rank's experts
+    blocks = tuple(ParallelBlock({k: layers[i][k] for k in ATTENTION_WEIGHTS}, model, tp_group).to(ctx.device)
+                   for i in mine)  # the attention only
+    experts = tuple(RankExperts(layers[i]["router"].to(ctx.device),
+                                LocalExperts(*(layers[i][k][block].to(ctx.device) for k in EXPERT_KEYS)))
+                    for i in mine)
+    return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks, experts, tp_group, groups, cfg)
+
+
+def moe_mlp(ctx, me: RankStage, part: RankExperts, n: torch.Tensor) -> torch.Tensor:
+    """The MoE layer on ``n`` ``(rows, seq, d_model)``, normed and whole on every tp rank (the attention's
+    all-reduce left it so): this tp rank's ``1/tp`` of the tokens through the experts package's dropless layer
+    (``core.experts.autograd.moe_forward``), dispatched to and combined from the ``ep`` ranks of the stage holding
+    their experts (``Layout.ep_groups``: consecutive ranks, across tp and the replicas), then gathered whole
+    on the tp axis. ``ep`` over the replicas with ``tp = 1`` is wide EP with data-parallel attention: each
+    rank its own sequences, the attention whole on every rank, the experts over all of them."""
+    tpg = me.tp_group
+    tokens = n.reshape(-1, n.shape[-1])  # (rows * seq, d_model)
+    mine = tokens.tensor_split(tpg.tp)[tpg.index]  # (rows * seq / tp, d_model): this tp rank's share
+    if me.groups.ep is None:  # ep = 1: every expert here
+        y = moe_layer(mine, part.router, *part.local, me.moe).output
+    else:  # dispatch, the local experts, combine: three all-to-alls on the ep axis
+        y, _ = moe_forward(ctx, mine, part.local, part.router, me.moe, group=me.groups.ep)
+    if tpg.tp > 1:
+        y = ctx.comm.all_gather(y, dim=0, group=tpg.group)  # (rows * seq, d_model), whole again
+    return y.view(n.shape)
+
+
+def run_blocks(ctx, me: RankStage, h: torch.Tensor) -> torch.Tensor:
+    """This stage's blocks on ``h`` ``(rows, seq, d_model)``: two all-reduces on the tp axis per dense block;
+    per MoE block one (the attention's), the ep axis's all-to-alls and one all-gather on the tp axis."""
+    if not me.experts:
+        for block in me.blocks:
+            h = block(h)
+        return h
+    for block, part in zip(me.blocks, me.experts):
+        h = block(h)  # h + attention(norm h)
+        h = h + moe_mlp(ctx, me, part, rms_norm(h))
+    return h
+
+
+def combined_forward(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int,
+                     probe: Probe = NO_PROBE) -> torch.Tensor | None:
+    """``x`` (batch, seq, d_model) forward through the stack: the output on the last stage, else ``None``."""
+    s, d, t = me.stage, me.replica, me.tp_rank
+    part = x.tensor_split(layout.dp)[d]  # (batch / dp, seq, d_model): this replica's share
+    outputs = []
+    with torch.no_grad():
+        for i, mb in enumerate(part.tensor_split(n_microbatches)):  # (rows, seq, d_model)
+            h = mb.clone().to(ctx.device)
+            if s > 0:  # from the same tp rank of the previous stage
+                ctx.comm.recv(h, layout.rank(s - 1, d, t), group=me.pp_group)
+            with probe.span(f"F{i}", kind="compute", stage=s):
+                h = run_blocks(ctx, me, h)  # two all-reduces on the tp axis per dense block
+            if s < layout.pp - 1:  # to the same tp rank of the next stage
+                ctx.comm.send(h, layout.rank(s + 1, d, t), group=me.pp_group)
+            else:
+                outputs.append(h)
+    return torch.cat(outputs) if outputs else None
+
+
+def pipelined_decode(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int, steps: int,
+                     probe: Probe = NO_PROBE) -> list[torch.Tensor] | None:
+    """``steps`` decode steps of ``x`` (batch, 1, d_model), microbatch after microbatch round the stages.
+
+    A stage receives each microbatch (the first stage, after step 0, from the last), runs its blocks and
+    sends it on without waiting (``isend``). The last stage returns every output, step by step."""
+    s, d, t, pp = me.stage, me.replica, me.tp_rank, layout.pp
+    first, last = s == 0, s == pp - 1
+    src, dst = layout.rank((s - 1) % pp, d, t), layout.rank((s + 1) % pp, d, t)  # round the ring of stages
+    buffers = [mb.clone().to(ctx.device) for mb in x.tensor_split(layout.dp)[d].tensor_split(n_microbatches)]
+    outputs, sends = [], []
+    with torch.no_grad():
+        for step in range(steps):
+            for i, h in enumerate(buffers):  # h: (rows, 1, d_model), this microbatch's input this step
+                if pp > 1 and not (first and step == 0):
+                    ctx.comm.recv(h, src, group=me.pp_group)
+                with probe.span(f"T{step}.{i}", kind="compute", stage=s):
+                    h = run_blocks(ctx, me, h)
+                if last:
+                    outputs.append(h)
+                if pp == 1:
+                    buffers[i] = h  # the next step's input, here on this rank
+                elif not (last and step == steps - 1):
+                    sends.append(ctx.comm.isend(h, dst, group=me.pp_group))
+        for pending in sends:
+            pending.wait()
+    return outputs if last else None

@@ -1,0 +1,11 @@
+"""The training step over every axis, composed from the strategies' mechanisms.
+
+* ``config``: ``TrainingConfig``: the toy language model and its training step, and the model's seeded
+  weights.
+* ``moe_block``: A block of the toy language model with experts, on a rank: the attention as a dense block's,
+  then the dropless MoE layer (``core.experts.autograd.moe_forward``) on this rank's sequence-parallel tokens.
+* ``step``: One training step on a rank over ``dp x pp x cp x tp`` (and ``ep``): the course's mechanisms,
+  composed.
+"""
+
+__all__ = ["config", "moe_block", "step"]

@@ -1,0 +1,129 @@
+"""A block of the toy language model with experts, on a rank: the attention as a dense block's, then the
+dropless MoE layer (``core.experts.autograd.moe_forward``) on this rank's sequence-parallel tokens.
+
+Each rank routes its ``(b, s/tp, d)`` tokens as rows, so the MoE sublayer needs no tp collective; the experts
+are spread over ``layout.ep`` ranks of the stage (``Layout.ep_groups``: ep folded onto the tp and
+data-parallel ranks, Megatron-Core's expert mesh laid over the attention's). The router is whole on every
+rank of the stage and sees only its tokens, so its gradient sums over the stage; each expert's over the ranks
+holding it (``step.TrainingStep.moe_parts``). Switch's auxiliary loss is per microbatch: each rank adds its
+tokens' share (the microbatch's counts summed over tp, then ``E sum_i f_i P_i`` over its own tokens'
+probabilities) to the backward through ``AttachAuxLoss`` (Megatron-Core's ``MoEAuxLossAutoScaler``);
+DeepSeek-V3's selection bias moves after the step (``step.TrainingStep.move_biases``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shardlib.core.experts.autograd import LocalExperts, moe_forward
+from shardlib.core.experts.dropless import moe_layer
+from shardlib.core.experts.routing import blocked_rows
+from shardlib.core.experts.stack import EXPERT_KEYS
+from shardlib.core.tensor_parallel.blocks import ParallelAttention
+from shardlib.core.tensor_parallel.layers import TPGroup
+from shardlib.core.tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
+from shardlib.core.toy import rms_norm
+
+
+def gather_seq(x, tpg):  # (b, s/tp, d) -> (b, s, d), as step's
+    return x if tpg.tp == 1 else GatherFromSequence.apply(x, tpg)
+
+
+def scatter_seq(x, tpg):  # (b, s, d) partial -> (b, s/tp, d) summed, as step's
+    return x if tpg.tp == 1 else ScatterToSequence.apply(x, tpg)
+
+
+class AttachAuxLoss(torch.autograd.Function):
+    """Megatron-Core's ``MoEAuxLossAutoScaler``: the forward passes ``h`` through; the backward also hands the
+    auxiliary loss ``aux`` the gradient ``scale`` (its weight in the step's loss), so a side loss made on any
+    pipeline stage joins the backward the stage already runs."""
+
+    @staticmethod
+    def forward(fctx, h, aux, scale):
+        fctx.save_for_backward(aux)
+        fctx.scale = scale
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(fctx, grad):
+        (aux,) = fctx.saved_tensors
+        return grad, torch.full_like(aux, fctx.scale), None
+
+
+class Experts(nn.Module):
+    """The experts this rank holds: the block at its place of its ep group, each a gated MLP."""
+
+    def __init__(self, w: dict, first: int, n_local: int) -> None:
+        super().__init__()
+        block = slice(first, first + n_local)
+        for key in EXPERT_KEYS:  # (n_local, d_ff, d) or (n_local, d, d_ff)
+            setattr(self, key, nn.Parameter(w[key][block].detach().clone()))
+
+    def local(self) -> LocalExperts:
+        return LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS))
+
+
+class Router(nn.Module):
+    def __init__(self, weight) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())  # (n_experts, d_model), whole on every rank
+
+
+class MoEMLP(nn.Module):
+    """The dropless MoE layer on this rank's sequence-parallel tokens (the module docstring)."""
+
+    def __init__(self, ctx, w: dict, config, groups, tpg: TPGroup, aux_scale: float) -> None:
+        super().__init__()
+        self.ctx, self.cfg, self.groups, self.tpg, self.aux_scale = ctx, config.moe, groups, tpg, aux_scale
+        n_local = self.cfg.experts_per_rank(1 if groups.ep is None else dist_size(groups.ep))
+        self.router, self.experts = Router(w["router"]), Experts(w, groups.place * n_local, n_local)
+        self.tokens_per_microbatch = config.microbatch * config.seq
+        self.bias = torch.zeros(self.cfg.n_experts, dtype=w["router"].dtype) if config.balance == "aux-free" else None
+        self.step_counts = torch.zeros(self.cfg.n_experts, dtype=torch.long)
+
+    def forward(self, n):  # n (b, s/tp, d), normed: this rank's tokens -> the experts' weighted sum, same shape
+        rows = n.reshape(-1, n.shape[-1])  # (b s/tp, d)
+        experts, router, cfg = self.experts.local(), self.router.weight, self.cfg
+        if self.groups.ep is None:  # every expert here
+            out = moe_layer(rows, router, *experts, cfg, self.bias)
+            y, counts = out.output, out.counts
+        else:
+            y, aux = moe_forward(self.ctx, rows, experts, router, cfg, group=self.groups.ep, bias=self.bias)
+            counts = aux.counts
+        # every expert weight joins every microbatch's graph, even when the router sent its experts no rows
+        y = y + 0 * sum(t.sum() for t in experts)
+        self.step_counts += counts.detach().to(torch.long)
+        y = y.view(n.shape)
+        if cfg.balance == "aux-loss":
+            y = AttachAuxLoss.apply(y, self.aux_share(rows, counts), self.aux_scale)
+        return y
+
+    def aux_share(self, rows, counts):
+        """This rank's share of Switch's loss of the microbatch, ``E sum_i f_i P_i``: ``f`` from the counts of
+        the microbatch (summed over the tp ranks that hold its tokens), ``P`` over this rank's tokens only."""
+        cfg, t = self.cfg, self.tokens_per_microbatch
+        counts = self.tpg.all_reduce(counts.detach().to(rows.dtype)) if self.tpg.tp > 1 else counts.to(rows.dtype)
+        logits = blocked_rows(lambda b: F.linear(b, self.router.weight), rows, cfg.n_experts)  # (T_r, E)
+        probs = cfg.gate_spec.balance_probs(logits)  # (T_r, E), the router's gradient flows through these
+        return cfg.n_experts * (counts / (t * cfg.k) * probs.sum(0) / t).sum()
+
+
+def dist_size(group) -> int:
+    return torch.distributed.get_world_size(group)
+
+
+class MoEBlock(nn.Module):
+    """One toy block with experts: the attention as ``Block``'s (cp = 1), then the MoE layer on this rank's
+    sequence-parallel tokens."""
+
+    def __init__(self, ctx, w: dict, config, tpg: TPGroup, groups, aux_scale: float) -> None:
+        super().__init__()
+        self.tpg = tpg
+        self.attention = ParallelAttention(w, config.model, tpg)
+        self.moe = MoEMLP(ctx, w, config, groups, tpg, aux_scale)
+
+    def forward(self, h):  # (b, s/tp, d)
+        h = h + scatter_seq(self.attention.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
+        return h + self.moe(rms_norm(h))

@@ -1,0 +1,88 @@
+"""Rank functions for the first notebook: who am I, a first all-reduce, and a straggler.
+
+Each is an ordinary rank function ``fn(ctx, ...)`` (named ``..._on_rank``, as every rank function in the
+package is): it runs on a ``Ranks`` pool in a notebook and under ``torchrun``
+(``python -m shardlib.runtime.launch shardlib.lab.intro.ranks:first_all_reduce_on_rank``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from shardlib.core.checks import one_per
+
+
+@dataclass(frozen=True)
+class Whoami:
+    """Where a rank lives."""
+
+    rank: int
+    world_size: int
+    pid: int
+    device: str
+    backend: str
+    threads: int
+
+
+def whoami_on_rank(ctx) -> Whoami:
+    """Where this rank lives: its number, its process, its device."""
+    return Whoami(ctx.rank, ctx.world_size, os.getpid(), str(ctx.device), ctx.backend, torch.get_num_threads())
+
+
+@dataclass(frozen=True)
+class AllReduced:
+    """A rank's values before and after the all-reduce."""
+
+    before: list[float]
+    after: list[float]
+
+
+def first_all_reduce_on_rank(ctx, n: int = 4) -> AllReduced:
+    """Rank r starts with ``n`` copies of ``r + 1``; after a sum all-reduce every rank holds the total.
+
+    With ``w`` ranks the total is ``1 + 2 + ... + w = w (w + 1) / 2`` in every position.
+    """
+    x = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
+    before = x.clone()
+    ctx.comm.all_reduce(x)
+    return AllReduced(before.tolist(), x.tolist())
+
+
+@dataclass(frozen=True)
+class StragglerTimes:
+    """A rank's seconds computing, and inside the all-reduce that followed."""
+
+    compute_s: float
+    all_reduce_s: float
+
+
+def straggler_on_rank(ctx, work_units: list[int], size: int = 256) -> StragglerTimes:
+    """Each rank does ``work_units[rank]`` units of matmul work, then all ranks all-reduce a vector.
+
+    The all-reduce cannot finish until the slowest rank arrives, so a rank with less work spends the
+    difference waiting inside the collective. Returns this rank's compute and all-reduce seconds.
+    """
+    one_per(work_units, ctx.world_size, "work_units", "rank")
+    a = torch.randn(size, size, device=ctx.device)
+    ctx.comm.barrier()  # start together, so the chart compares like with like
+    with ctx.timeline.span("matmuls", units=work_units[ctx.rank]):
+        for _ in range(work_units[ctx.rank]):
+            for _ in range(8):
+                a = torch.tanh(a @ a / size)
+    compute_s = ctx.timeline.spans[-1].duration_s
+    x = a.sum(0)
+    ctx.comm.all_reduce(x)
+    return StragglerTimes(compute_s, ctx.comm.records[-1].duration_s)
+
+
+def all_reduce_time_on_rank(ctx, n_elements: int, repeats: int = 5) -> float:
+    """Median seconds for an all-reduce of ``n_elements`` float32 values (4 bytes each) on this rank."""
+    x = torch.ones(n_elements, device=ctx.device)
+    ctx.comm.barrier()
+    for _ in range(repeats):
+        ctx.comm.all_reduce(x)
+    return statistics.median(r.duration_s for r in ctx.comm.records if r.op == "all_reduce")

@@ -1,0 +1,94 @@
+"""The one measurement module: bytes a rank keeps, the peak of short-lived buffers, the bytes autograd saves.
+
+* ``tensor_bytes``, ``optimizer_state_bytes``: what a rank keeps between steps.
+* ``PeakMeter``: short-lived buffers (ZeRO-3's gathered layers, a bucket on its way to a collective),
+  counted until Python frees them (``track``) or the code frees them (``reserve`` then ``release``).
+* ``SavedBytes``: what autograd saves for the backward inside a ``with`` block: a forward's activations.
+* ``timing_claim``: a timing claim a busy machine spoiled: numbers and a sentence for a learner, a failure in CI.
+
+Mechanism modules never call these: the rank functions attach them from outside (through a
+``core.probe.Probe``). Torch, no ranks.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Iterable
+
+import torch
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the tensors' elements (``None`` s skipped)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's per-parameter state (AdamW: ``exp_avg`` and ``exp_avg_sq``); the
+    0-dimensional step counters are left out."""
+    return tensor_bytes(v for state in optimizer.state.values() for v in state.values()
+                        if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+class PeakMeter:
+    """Bytes of followed buffers alive now (``now_bytes``) and the most at once (``peak_bytes``)."""
+
+    def __init__(self) -> None:
+        self.now_bytes = 0
+        self.peak_bytes = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> int:
+        """Count ``nbytes`` from now on (a buffer a collective is filling); ``attach`` it once it exists."""
+        with self._lock:
+            self.now_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.now_bytes)
+        return nbytes
+
+    def attach(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
+        """Stop counting ``nbytes`` (reserved earlier) when ``tensor`` is freed."""
+        weakref.finalize(tensor, self._release, nbytes)
+        return tensor
+
+    def track(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Count ``tensor`` from now until it is freed."""
+        return self.attach(tensor, self.reserve(tensor.numel() * tensor.element_size()))
+
+    def release(self, nbytes: int) -> None:
+        """Stop counting ``nbytes`` (a buffer freed explicitly)."""
+        with self._lock:
+            self.now_bytes -= nbytes
+
+    _release = release
+
+    def restart(self) -> None:
+        """Start a new peak from what is alive now."""
+        with self._lock:
+            self.peak_bytes = self.now_bytes
+
+
+class SavedBytes:
+    """Counts the bytes autograd saves for the backward inside a ``with`` block: the activations of one
+    forward. Tensors in a parameter's storage (``param_ptrs``) are weights, not activations; a tensor
+    saved twice counts once."""
+
+    def __init__(self, param_ptrs: set[int]) -> None:
+        self.param_ptrs = param_ptrs
+        self.size_bytes = 0
+        self._seen: set[tuple[int, int]] = set()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        ident = (t.data_ptr(), t.numel())
+        if t.data_ptr() not in self.param_ptrs and ident not in self._seen:
+            self._seen.add(ident)
+            self.size_bytes += t.numel() * t.element_size()
+        return t
+
+    def __enter__(self) -> "SavedBytes":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)

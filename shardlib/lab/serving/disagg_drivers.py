@@ -1,0 +1,290 @@
+"""``run_disaggregation_check``: colocated against disaggregated on the same ranks and trace, each
+configuration predicted on a fitted step cost, then served; the claims a notebook prints as one line each.
+
+Four configurations (``CONFIGURATIONS``): the colocated engine prefill-first and with chunked prefill
+(``run_serving``, tensor parallelism over every rank), and a prefill pool beside a decode pool, the K/V
+handed over whole or layer by layer (``run_disaggregated``, half the ranks each). A fifth, colocated
+replicas (one engine per pool's worth of ranks), is predicted only. ``DisaggregationCheck`` holds the runs,
+the predictions, SLO attainment and goodput per objective, the interference (decode steps with and
+without prompt tokens), the hand-off's wait and the verdicts (``lab.verdict``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+from shardlib.core.serving.llama import LlamaWeights
+from shardlib.core.serving.requests import request_metrics
+from shardlib.facts.hardware import Link
+from shardlib.lab.serving.disagg_run import check_split, run_disaggregated
+from shardlib.lab.serving.engine_drivers import FIGURE_WORDS, check_serving, run_serving
+from shardlib.lab.verdict import Verdict, verified
+from shardlib.predict.serving.engine import fit_step_cost, simulate_serving
+from shardlib.predict.serving.goodput import ServingObjective, goodput, slo_attainment
+from shardlib.predict.serving.pools import simulate_pools
+
+LOOPBACK = Link("loopback (gloo, one machine)", 1e9, 2e-4, source="about 0.9 GB/s for a 64 MiB all-reduce here",
+                latency_source="a small point-to-point message on gloo over loopback: a fraction of a millisecond")
+CONFIGURATIONS = ("colocated", "colocated, chunked prefill", "disaggregated", "disaggregated, layerwise")
+
+
+@dataclass(frozen=True)
+class Interference:
+    """Decode steps of the colocated engine with chunked prefill: the median seconds of those that carried
+    only decodes, and of those that carried prompt tokens too (the interference a decode feels), with the
+    fitted step cost's prediction of the same two steps."""
+
+    decode_only_s: float
+    mixed_s: float
+    n_decode_only: int
+    n_mixed: int
+    predicted_decode_only_s: float
+    predicted_mixed_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.mixed_s / self.decode_only_s
+
+    @property
+    def predicted_ratio(self) -> float:
+        return self.predicted_mixed_s / self.predicted_decode_only_s
+
+    @property
+    def line(self) -> str:
+        return (f"a decode step with prompt tokens took {self.mixed_s * 1e3:.2f} ms (median of {self.n_mixed}), one "
+                f"without {self.decode_only_s * 1e3:.2f} ms (median of {self.n_decode_only}): {self.ratio:.1f}x")
+
+
+def interference(steps, cost) -> Interference:
+    """``Interference`` measured from a colocated run's ``steps`` and predicted by ``cost``."""
+    alone = [s for s in steps if s.n_decodes and s.n_tokens == s.n_decodes]
+    mixed = [s for s in steps if s.n_decodes and s.n_tokens > s.n_decodes]
+    if not alone or not mixed:
+        raise ValueError(f"{len(alone)} decode-only and {len(mixed)} mixed steps: the run needs both (a trace whose "
+                         "prompts arrive while others decode, with chunked prefill)")
+
+    def median(values):
+        return statistics.median(values)
+
+    return Interference(median(s.duration_s for s in alone), median(s.duration_s for s in mixed), len(alone),
+                        len(mixed), median(cost.step_s(s.n_tokens, s.n_context) for s in alone),
+                        median(cost.step_s(s.n_tokens, s.n_context) for s in mixed))
+
+
+@dataclass(frozen=True)
+class DisaggregationCheck:
+    """The four configurations on one trace (``CONFIGURATIONS``): ``runs[name]`` measured and
+    ``predicted[name]`` its figures predicted on the step cost fitted to a sibling's run (``costs[name]``);
+    ``REPLICAS`` is predicted only (the pools' step cost, one colocated engine per pool's worth of ranks).
+    Per objective: SLO attainment at the trace's rate, measured and predicted, and goodput per GPU predicted
+    over ``sweep_rates``. The interference, and one verdict per claim."""
+
+    requests: tuple
+    rate_per_s: float
+    gpus: int
+    objectives: tuple
+    runs: dict
+    predicted: dict
+    attainment: dict  # (configuration, objective label) -> measured share of requests meeting both
+    predicted_attainment: dict
+    predicted_goodput: dict  # (configuration, objective label) -> requests/s per GPU over ``sweep_rates``
+    sweep_rates: tuple
+    costs: dict
+    interference: Interference
+    verdicts: tuple
+    handoff_s: dict | None = None  # disaggregated configuration -> (predicted, measured) median wait, seconds
+
+    def measured(self, name: str) -> dict:
+        return self.runs[name].figures(self.requests)
+
+    @property
+    def handoff_line(self) -> str:
+        """The hand-off, first token to K/V in the decode cache (median over requests; the decode step in progress
+        waited out), whole and layer by layer."""
+        return "hand-off, first token to K/V in the decode cache (median): " + "; ".join(
+            f"{name.replace('disaggregated', '').strip(', ') or 'whole'} predicted {p * 1e3:.2f} ms, measured "
+            f"{m * 1e3:.2f} ms" for name, (p, m) in self.handoff_s.items())
+
+    @property
+    def how_measured(self) -> str:
+        """What a folded "how this was measured" block says: each verdict's band and attempt, and where the
+        predictions come from."""
+        return "\n".join([v.how_measured for v in self.verdicts] + [
+            "Each configuration is predicted on the step cost fitted to its sibling's run (the two colocated "
+            "runs predict each other, the two disaggregated runs each other); the K/V bytes are read from the "
+            "comm log's point-to-point records of the handoff group.",
+            f"Goodput per GPU is predicted over {len(self.sweep_rates)} rates, {min(self.sweep_rates):.3g} to "
+            f"{max(self.sweep_rates):.3g} requests/s, the same requests arriving faster or slower (at the "
+            "highest rates they come as one burst); "
+            f"{self.gpus} GPUs serve every configuration."])
+
+    def table(self) -> str:
+        """One row per configuration: TTFT and TPOT at p50 and p90 (ms), tokens per second, and per objective
+        the share of requests meeting it at this rate and the goodput per GPU predicted over the sweep ("≥"
+        when the objective held at the sweep's highest rate, so the goodput is at least that)."""
+        figs = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+        head = f"{'':<30}" + "".join(f"{FIGURE_WORDS[f] + ' ms':>16}" for f in figs) + f"{'tokens/s':>15}"
+        for o in self.objectives:
+            head += f"{'met, ' + o.name:>18}{'goodput/GPU':>13}"
+        rows = [head, f"{'':<30}{'(predicted / measured)':>64}"]
+        for name in self.predicted:
+            p = self.predicted[name]
+            m = self.measured(name) if name in self.runs else None
+            row = f"{name:<30}"
+            for f in figs:
+                row += f"{p[f] * 1e3:>8.1f} /" + (f"{m[f] * 1e3:>6.1f}" if m else f"{'-':>6}")
+            row += f"{p['tokens_per_s']:>8.0f} /" + (f"{m['tokens_per_s']:>5.0f}" if m else f"{'-':>5}")
+            for o in self.objectives:
+                key = (name, o.label)
+                measured = f"{self.attainment[key]:>5.0%}" if key in self.attainment else f"{'-':>5}"
+                good = self.predicted_goodput[key]
+                top = good >= max(self.sweep_rates) / self.gpus  # met at every rate swept: at least this
+                shown = ("≥ " if top else "") + f"{good:.1f}"
+                row += f"{self.predicted_attainment[key]:>11.0%} /{measured}{shown:>12}"
+            rows.append(row)
+        return "\n".join(rows)
+
+
+REPLICAS = "colocated replicas (predicted)"
+
+
+def _trace_at(requests, rate_per_s: float, rate: float):
+    """The same requests arriving ``rate / rate_per_s`` times as fast."""
+    return [replace(r, arrival_s=r.arrival_s * rate_per_s / rate) for r in requests]
+
+
+def default_objectives(cost, requests) -> tuple:
+    """A tight and a loose objective set from a pool's fitted step cost: TTFT within 4 prefills of the
+    longest prompt alone; TPOT within 2 (tight) or 8 (loose) decode steps of a batch of four."""
+    n = max(len(r.prompt_token_ids) for r in requests)
+    context = 4 * sum(len(r.prompt_token_ids) + r.max_new_tokens // 2 for r in requests) // len(requests)
+    decode_s = cost.step_s(4, context)
+    ttft_s = 4 * cost.step_s(n, n * (n + 1) // 2)
+    return (ServingObjective(ttft_s, 2 * decode_s, 0.9, "tight TPOT"),
+            ServingObjective(ttft_s, 8 * decode_s, 0.9, "loose TPOT"))
+
+
+SIBLING = {"colocated": "colocated, chunked prefill", "colocated, chunked prefill": "colocated",
+           "disaggregated": "disaggregated, layerwise", "disaggregated, layerwise": "disaggregated"}
+
+
+def run_disaggregation_check(ranks, weights, requests, config, objectives=None, rate_per_s: float | None = None,
+                             link=LOOPBACK, attempts: int = 3, runs=None) -> DisaggregationCheck:
+    """Colocated (prefill first, and with chunked prefill) against disaggregated (whole and layer by layer,
+    half the ranks in each pool) on the same ranks and ``requests``. Each configuration is predicted on the
+    step cost fitted to its sibling's run (``SIBLING``: the colocated pair predict each other, the two
+    disaggregated runs each other), so no run predicts itself and no extra run is needed. ``objectives``:
+    ``ServingObjective`` s (default: a tight and a loose TPOT, ``default_objectives``); goodput per GPU of the
+    job is predicted over rates from an eighth to 64 times the trace's (``rate_per_s``, read from its
+    arrivals if not given).
+
+    Verdicts (measured / predicted within 0.5-2; the whole measurement repeated up to ``attempts`` times until
+    all hold, ``lab.verdict.verified``): the K/V bytes handed off (exact), the interference ratio, the
+    TTFT p50 of the disaggregated run, the TPOT p50 of colocated prefill-first over disaggregated, and the
+    tokens per second of disaggregated over colocated with chunked prefill. ``runs``: configurations already
+    served on these ranks, ``requests`` and ``config`` (``{"disaggregated": run_disaggregated(...)}``), used
+    by the first attempt instead of serving them again; a repeated attempt serves every configuration.
+    Medians, not tails: on a shared machine one stalled process moves a p90 of a few requests. With a toy
+    model a step's fixed cost dominates, so the TPOT gap comes mostly from the colocated engine's all-reduces
+    over every rank, not from the interference (its ratio is near 1): the replicas row, predicted, shows the
+    split buys no throughput over colocated engines of the pools' size.
+    """
+    requests = tuple(requests)
+    p = ranks.world_size // 2
+    check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
+    configs = {"colocated": replace(config, chunked_prefill=False),
+               "colocated, chunked prefill": replace(config, chunked_prefill=True)}
+    for c in configs.values():
+        check_serving(weights, requests, c, ranks.world_size)
+    if rate_per_s is None:
+        span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
+        if span <= 0:
+            raise ValueError("the requests all arrive at once: give rate_per_s, the rate the sweep is centred on")
+        rate_per_s = (len(requests) - 1) / span
+    sweep = tuple(rate_per_s * 2.0 ** k for k in range(-3, 7))  # an eighth to 64 times the trace's rate
+    element, model = weights.embed.element_size(), weights.config
+    replicas = ranks.world_size // p
+    given = dict(runs or {})
+    for name, run in given.items():
+        if name not in CONFIGURATIONS:
+            raise ValueError(f"runs names {name!r}: the configurations are {list(CONFIGURATIONS)}")
+        if set(run.tokens) != {r.request_id for r in requests}:
+            raise ValueError(f"the {name} run served other requests than these: serve the same trace")
+        if name.startswith("disagg") and (run.prefill_ranks != p or run.layerwise != name.endswith("layerwise")):
+            raise ValueError(f"the {name} run has {run.prefill_ranks} prefill ranks (layerwise {run.layerwise}): "
+                             f"the check splits {p} + {p}")
+
+    def serve(name):
+        if name in given:
+            return given.pop(name)  # the first attempt only
+        if name.startswith("colocated"):
+            return run_serving(ranks, weights, requests, configs[name])
+        return run_disaggregated(ranks, weights, requests, config, p, layerwise=name.endswith("layerwise"))
+
+    def measure():
+        runs = {name: serve(name) for name in CONFIGURATIONS}
+        costs = {}
+        for name in CONFIGURATIONS:
+            sibling = runs[SIBLING[name]]
+            steps = sibling.prefill_steps + sibling.decode_steps if name.startswith("disagg") else sibling.steps
+            costs[name] = fit_step_cost(steps, model, element)
+        costs[REPLICAS] = costs["disaggregated"]  # one engine on a pool's worth of ranks: the pools' step cost
+        return runs, costs
+
+    def predict(name, trace, costs):
+        if name == REPLICAS:  # each replica takes every replicas-th request: round robin
+            return simulate_serving(trace[::replicas], configs["colocated, chunked prefill"], costs[name])
+        if name.startswith("colocated"):
+            return simulate_serving(trace, configs[name], costs[name])
+        return simulate_pools(trace, config, costs[name], link, model, p, layerwise=name.endswith("layerwise"))
+
+    def verdicts(result):
+        runs, costs = result
+        pred = {n: predict(n, requests, costs).figures(requests) for n in CONFIGURATIONS}
+        meas = {n: r.figures(requests) for n, r in runs.items()}
+        inter = interference(runs["colocated, chunked prefill"].steps, costs["colocated, chunked prefill"])
+        whole = runs["disaggregated"]
+        sent, predicted_bytes = sum(whole.kv_bytes_sent.values()), sum(whole.kv_bytes_predicted.values())
+        return [Verdict("K/V bytes handed off, every request", predicted_bytes, sent, "bytes", low=1.0, high=1.0),
+                Verdict("interference: a decode step with prompt tokens over one without", inter.predicted_ratio,
+                        inter.ratio, "x"),
+                Verdict("TTFT p50, disaggregated", pred["disaggregated"]["ttft_p50_s"],
+                        meas["disaggregated"]["ttft_p50_s"]),
+                Verdict("TPOT p50, colocated (prefill first) over disaggregated",
+                        pred["colocated"]["tpot_p50_s"] / pred["disaggregated"]["tpot_p50_s"],
+                        meas["colocated"]["tpot_p50_s"] / meas["disaggregated"]["tpot_p50_s"], "x"),
+                Verdict("tokens/s, disaggregated over colocated with chunked prefill",
+                        pred["disaggregated"]["tokens_per_s"] / pred["colocated, chunked prefill"]["tokens_per_s"],
+                        meas["disaggregated"]["tokens_per_s"] / meas["colocated, chunked prefill"]["tokens_per_s"],
+                        "x")]
+
+    (runs, costs), found = verified(measure, verdicts, attempts)
+    objectives = tuple(objectives) if objectives is not None else default_objectives(costs["disaggregated"], requests)
+    for o in objectives:
+        if not isinstance(o, ServingObjective):
+            raise ValueError(f"objectives are ServingObjective(ttft_s, tpot_s, share), got {type(o).__name__}")
+    def metrics(predicted, trace):
+        arrivals = {r.request_id: r for r in trace}
+        return [request_metrics(arrivals[rid], t) for rid, t in predicted.token_times_s.items()]
+
+    names = CONFIGURATIONS + (REPLICAS,)
+    simulated = {n: predict(n, requests, costs) for n in names}
+    here = {n: metrics(simulated[n], requests) for n in names}
+    swept = {n: {rate: metrics(predict(n, trace, costs), trace) for rate in sweep
+                 for trace in [_trace_at(requests, rate_per_s, rate)]} for n in names}
+    attained, predicted_attained, good = {}, {}, {}
+    for o in objectives:
+        for n in names:
+            predicted_attained[n, o.label] = slo_attainment(here[n], o)
+            good[n, o.label] = goodput(swept[n], o, ranks.world_size)  # the whole trace's rate, every GPU
+            if n in runs:
+                attained[n, o.label] = slo_attainment(runs[n].metrics, o)
+    predicted = {n: simulated[n].figures(requests[::replicas] if n == REPLICAS else requests) for n in names}
+    predicted[REPLICAS]["tokens_per_s"] *= replicas  # every replica's tokens
+    handoff = {n: (statistics.median(simulated[n].admitted_s.values()), statistics.median(runs[n].handoff_s.values()))
+               for n in CONFIGURATIONS[2:] if runs[n].handoff_s}
+    return DisaggregationCheck(requests, rate_per_s, ranks.world_size, objectives, runs, predicted, attained,
+                               predicted_attained, good, sweep, costs,
+                               interference(runs["colocated, chunked prefill"].steps,
+                                            costs["colocated, chunked prefill"]), found, handoff)

@@ -1,0 +1,129 @@
+"""Tensor parallelism inside each machine, pipeline stages across machines, under ``torchrun``.
+
+    torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB \\
+        -m shardlib.runtime.launch shardlib.lab.serving.machines:tp_inside_pp_across_on_rank
+
+``torchrun`` numbers the processes of a node consecutively and ``Layout(tp=G, pp=N)`` puts tp innermost,
+so each tensor-parallel group is one node's G processes (Megatron-LM's all-reduces stay on the fast link)
+and each pipeline one process per node (GPipe's activations cross the network). The forward is
+``forward.combined_forward``, as notebook 05 runs it on a pool. Every rank builds the toy stack from one
+seed, checks it against the one-process reference, and returns the error and the bytes per mesh axis
+beside ``predict.serving.traffic.forward_traffic``; ``python -m shardlib.runtime.launch`` exits non-zero above
+``TOLERANCE``. Bad input raises ``ValueError`` on every rank before any collective. On a pool, pass
+``nodes`` and ``per_node`` (torchrun's ``GROUP_WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+
+from shardlib.core.checks import TOLERANCE, whole_number
+from shardlib.core.mesh import Layout
+from shardlib.core.toy import activations, stack_reference, stack_weights
+from shardlib.facts.models import TOY
+from shardlib.lab.serving.drivers import check_combined_inputs, traffic_by_axis
+from shardlib.lab.serving.ranks import combined_forward_on_rank
+from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
+
+
+def across_layout(world_size: int, nodes: int, per_node: int) -> Layout:
+    """``Layout(tp=per_node, pp=nodes)``: one stage per node, a node's processes its tensor-parallel group.
+    ``ValueError`` with the arithmetic when the processes do not fill the nodes evenly."""
+    nodes = whole_number(nodes, "nodes (torchrun --nnodes)")
+    per_node = whole_number(per_node, "processes per node (torchrun --nproc-per-node)")
+    if world_size != nodes * per_node:
+        raise ValueError(f"world size {world_size} is not nodes x processes per node = {nodes} x {per_node} = "
+                         f"{nodes * per_node}: every node must start the same number of processes "
+                         "(the same torchrun --nproc-per-node on each), one pipeline stage per node")
+    return Layout(tp=per_node, pp=nodes)
+
+
+def _from_env(name: str, what: str) -> int:
+    if name not in os.environ:
+        raise ValueError(f"{what} is not given and {name} is not set: run under torchrun, or pass it "
+                         "(nodes=..., per_node=...) when calling on a pool")
+    return int(os.environ[name])
+
+
+def _by_axis(traffic) -> tuple[dict, dict]:
+    """``{axis: calls}``, ``{axis: bytes}`` from ``AxisTraffic`` rows (ops of one axis added up)."""
+    calls: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for a in traffic:
+        calls[a.axis] = calls.get(a.axis, 0) + a.count
+        size[a.axis] = size.get(a.axis, 0) + a.size_bytes
+    return calls, size
+
+
+@dataclass(frozen=True)
+class AcrossResult:
+    """One rank of the job: where it ran, its groups (global ranks), the largest gap to the one-process
+    reference over the whole job (``max_error``), and the calls and bytes per mesh axis: the whole job's,
+    the prediction's and this rank's own (``my_...``). Printed under torchrun as its ``asdict``."""
+
+    rank: int
+    node: int
+    host: str
+    device: str
+    backend: str
+    layout: str
+    stage: int
+    tp_rank: int
+    tp_group: list[int]
+    pp_group: list[int]
+    max_error: float
+    tolerance: float
+    calls_by_axis: dict[str, int]
+    bytes_by_axis: dict[str, int]
+    predicted_calls_by_axis: dict[str, int]
+    predicted_bytes_by_axis: dict[str, int]
+    my_calls_by_axis: dict[str, int]
+    my_bytes_by_axis: dict[str, int]
+    traffic_matches_prediction: bool
+
+
+def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatches: int = 2, seed: int = 0,
+                                nodes: int | None = None, per_node: int | None = None) -> AcrossResult:
+    """The toy stack (``models.TOY``) with tp = processes per node and pp = nodes; see the module docstring."""
+    nodes = _from_env("GROUP_WORLD_SIZE", "nodes") if nodes is None else nodes
+    per_node = _from_env("LOCAL_WORLD_SIZE", "per_node") if per_node is None else per_node
+    layout = across_layout(ctx.world_size, nodes, per_node)
+    node = int(os.environ.get("GROUP_RANK", ctx.rank // layout.tp))
+    if node != ctx.rank // layout.tp:
+        raise ValueError(f"rank {ctx.rank} is on node {node}, but with {layout.tp} processes per node it should be "
+                         f"on node {ctx.rank // layout.tp}: the launcher did not number each node's ranks "
+                         "consecutively, so a tensor-parallel group would span nodes")
+    layers = stack_weights(TOY, seed=seed)
+    x = activations(whole_number(batch, "batch"), whole_number(seq, "seq"), TOY.d_model)  # (batch, seq, d_model)
+    check_combined_inputs(layout, TOY, layers, x, n_microbatches)  # every shape rule, before any collective
+
+    out = combined_forward_on_rank(ctx, layout, TOY, layers, x, n_microbatches)
+    mine = traffic_by_axis(ctx.comm.records)  # the forward's calls only: taken before the summary below
+    predicted = forward_traffic(TOY, layout, batch, seq, n_microbatches)
+    error = 0.0
+    if out.output is not None:  # the last stage: compare with the whole stack in one process
+        error = float((out.output.detach().cpu() - stack_reference(x, layers, TOY)).abs().max())
+
+    # one small all-gather for the job's summary: every rank's error, and its calls and bytes per key
+    keys = [(p.axis, p.op) for p in predicted]
+    seen = {(a.axis, a.op): a for a in mine}
+    row = [error] + [v for key in keys for v in ((seen[key].count, seen[key].size_bytes) if key in seen else (0, 0))]
+    unexpected = [a for a in mine if (a.axis, a.op) not in keys]
+    row += [sum(a.count for a in unexpected), sum(a.size_bytes for a in unexpected)]
+    table = ctx.comm.all_gather(torch.tensor([row], dtype=torch.float64, device=ctx.device)).cpu()  # (ranks, len(row))
+    totals = table.sum(0)  # float64 holds these counts exactly
+    measured = [AxisTraffic(axis, op, int(totals[1 + 2 * i]), int(totals[2 + 2 * i]))
+                for i, (axis, op) in enumerate(keys)]
+    (calls, size), (predicted_calls, predicted_bytes), (my_calls, my_bytes) = map(_by_axis, (measured, predicted, mine))
+    stage, _, tp_rank = layout.coords(ctx.rank)
+    return AcrossResult(
+        rank=ctx.rank, node=node, host=socket.gethostname(), device=str(ctx.device), backend=ctx.backend,
+        layout=layout.label, stage=stage, tp_rank=tp_rank, tp_group=layout.tp_groups()[stage],
+        pp_group=layout.pp_groups()[tp_rank], max_error=float(table[:, 0].max()), tolerance=TOLERANCE,
+        calls_by_axis=calls, bytes_by_axis=size, predicted_calls_by_axis=predicted_calls,
+        predicted_bytes_by_axis=predicted_bytes, my_calls_by_axis=my_calls, my_bytes_by_axis=my_bytes,
+        traffic_matches_prediction=int(totals[-2]) == 0 and measured == list(predicted))

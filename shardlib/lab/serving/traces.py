@@ -1,0 +1,66 @@
+"""Seeded request traces: what the engine is asked, and when.
+
+* ``poisson_trace``: arrivals of a Poisson process at ``rate_per_s`` (exponential gaps), prompt and output
+  lengths drawn uniformly from their ranges: mixed lengths, the case continuous batching and paging are
+  for.
+* ``shared_prefix_trace``: every request starts with the same system prompt; in ``conversations`` of
+  ``turns`` each, a turn's prompt is the conversation so far plus a new user message (multi-turn chat),
+  so a later turn shares all of an earlier turn's prompt.
+Token ids are drawn from ``range(1, vocab)``. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import random
+
+from shardlib.core.checks import number_at_least, positive_number, whole_number
+from shardlib.core.serving.requests import Request
+
+
+def _span(value, what: str) -> tuple[int, int]:
+    lo, hi = value if isinstance(value, tuple) else (value, value)
+    whole_number(lo, f"{what} (shortest)")
+    whole_number(hi, f"{what} (longest)")
+    if hi < lo:
+        raise ValueError(f"{what}: the longest ({hi}) is shorter than the shortest ({lo})")
+    return lo, hi
+
+
+def poisson_trace(n: int, rate_per_s: float, prompt_tokens=(4, 48), new_tokens=(2, 24), vocab: int = 97,
+                  seed: int = 0) -> list[Request]:
+    """``n`` requests arriving at ``rate_per_s`` on average (``inf``: all at once)."""
+    whole_number(n, "n (requests)")
+    number_at_least(rate_per_s, "rate_per_s (requests per second)")
+    if rate_per_s == 0:
+        raise ValueError("rate_per_s must be above 0 requests per second (float('inf'): all arrive at once)")
+    (p_lo, p_hi), (n_lo, n_hi) = _span(prompt_tokens, "prompt_tokens"), _span(new_tokens, "new_tokens")
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(p_lo, p_hi))]
+        out.append(Request(i, prompt, rng.randint(n_lo, n_hi), arrival_s=t))
+        t += 0.0 if rate_per_s == float("inf") else rng.expovariate(rate_per_s)
+    return out
+
+
+def shared_prefix_trace(conversations: int, turns: int, system_tokens: int = 32, message_tokens=(4, 12),
+                        new_tokens=(4, 12), gap_s: float = 0.0, vocab: int = 97, seed: int = 0) -> list[Request]:
+    """Conversations under one system prompt, each turn's prompt the whole conversation so far. Turn ``k``
+    of every conversation arrives at ``k * gap_s``; replies are stand-in tokens (the trace is fixed before
+    the engine runs)."""
+    whole_number(conversations, "conversations")
+    whole_number(turns, "turns (per conversation)")
+    whole_number(system_tokens, "system_tokens", 0)
+    number_at_least(gap_s, "gap_s (seconds between turns)")
+    (m_lo, m_hi), (n_lo, n_hi) = _span(message_tokens, "message_tokens"), _span(new_tokens, "new_tokens")
+    positive_number(vocab, "vocab")
+    rng = random.Random(seed)
+    system = [rng.randrange(1, vocab) for _ in range(system_tokens)]
+    out = []
+    for c in range(conversations):
+        history = list(system)
+        for k in range(turns):
+            history += [rng.randrange(1, vocab) for _ in range(rng.randint(m_lo, m_hi))]
+            n_new = rng.randint(n_lo, n_hi)
+            out.append(Request(f"c{c}t{k}", list(history), n_new, arrival_s=k * gap_s))
+            history += [rng.randrange(1, vocab) for _ in range(n_new)]  # the reply, as the next turn sees it
+    return out

@@ -1,0 +1,206 @@
+"""The training step on a pool: every layout checked before any rank starts, run, gathered and compared.
+
+* ``check_training``: every rule a layout must meet for the toy language model, in the learner's terms.
+* ``run_training``: ``ranks.training_on_rank`` on every rank of a warm pool, gathered into a
+  ``TrainingRun``: the global loss of every step, the full weights (keyed like
+  ``reference.init_weights``), each rank's comm records, spans and ledger; ``against_reference``,
+  ``traffic_by_axis`` and ``ledger_rows`` read it for a notebook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shardlib.core.config import head_problems
+from shardlib.core.mesh import Layout, check_mesh
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.stages import split_layers
+from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
+from shardlib.core.training.config import TrainingConfig
+from shardlib.lab.gather import gather
+from shardlib.lab.training.ranks import training_on_rank
+from shardlib.lab.training.reference import ReferenceRun
+from shardlib.predict.training.ledger import format_ledger, predict_ledger, predict_traffic
+
+
+def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:
+    """A ValueError naming the numbers for any layout or schedule the step cannot run; the layers of each
+    virtual stage (of each stage, with one chunk per rank), in virtual-stage order. ``stage_counts``: how many
+    layers each takes (``None``: as even as whole layers allow)."""
+    if not isinstance(layout, Layout) or not isinstance(config, TrainingConfig):
+        raise ValueError("give a mesh.Layout and a training.corpus.TrainingConfig")
+    if layout.ep != 1 and not config.is_moe:
+        raise ValueError(f"the toy language model is dense: ep must be 1, got {layout.ep}")
+    if config.is_moe:
+        check_experts(layout, config)
+    problems = head_problems(config.model, layout.tp)
+    if problems:
+        raise ValueError("; ".join(problems))
+    for name, value in (("d_ff", config.d_ff), ("vocabulary", config.vocab_size)):
+        if value % layout.tp:
+            raise ValueError(f"a {name} of {value} does not split evenly over tp = {layout.tp} ranks")
+    pieces = layout.cp * layout.tp * (2 if layout.cp > 1 else 1)
+    if config.seq % pieces:
+        how = f"2 x cp x tp = 2 x {layout.cp} x {layout.tp}" if layout.cp > 1 else f"tp = {layout.tp}"
+        raise ValueError(f"a sequence of {config.seq} tokens does not split into {how} = {pieces} equal pieces "
+                         "(zigzag gives each ring place two chunks; sequence parallelism cuts each place's "
+                         "tokens tp ways)" if layout.cp > 1 else f"a sequence of {config.seq} tokens does not "
+                         f"split into {how} equal pieces for sequence parallelism")
+    try:
+        schedule = make_schedule(config.schedule, layout.pp, config.m, n_chunks=config.chunks)
+    except ValueError as e:
+        raise ValueError(f"the schedule {config.schedule!r} cannot run on pp = {layout.pp} stages with m = {config.m} "
+                         f"microbatches and {config.chunks} chunk(s) per rank: {e}") from None
+    v = schedule.n_virtual_stages
+    if v > config.n_layers:
+        cut = f"{layout.pp} pipeline stages" + (f" x {schedule.n_chunks} chunks" if schedule.n_chunks > 1 else "")
+        raise ValueError(f"{config.n_layers} layers cannot fill {cut} = {v} slices: each needs a layer")
+    if layout.dp_strategy == "zero3" and layout.pp > 1:
+        raise ValueError(f"ZeRO-3 runs here with pp = 1 only (got pp = {layout.pp}): its per-layer gathers "
+                         "and the pipeline's interleaved microbatches are not combined in this step")
+    if layout.dp_strategy == "zero3" and (schedule.n_chunks > 1 or schedule.split_backward):
+        raise ValueError(f"ZeRO-3 runs here on one model chunk with a whole backward, and {schedule.title} has "
+                         f"{schedule.n_chunks} chunk(s) per rank" + (" and a split backward (its W would find "
+                         "each layer's gathered weights freed)" if schedule.split_backward else "")
+                         + ": use '1f1b' or 'gpipe'")
+    return split_layers(config.n_layers, v, stage_counts)
+
+
+def check_experts(layout: Layout, config: TrainingConfig) -> None:
+    """The rules experts add, in the learner's terms: whole experts per rank, ep inside a stage, no ring,
+    no ZeRO-3."""
+    ep, per_stage = layout.ep, layout.tp * layout.dp * layout.cp
+    if config.n_experts % ep:
+        raise ValueError(f"ep = {ep} does not divide the {config.n_experts} experts: each rank holds whole experts "
+                         f"({config.n_experts} / {ep} = {config.n_experts / ep:.3g}); use an ep that divides "
+                         f"{config.n_experts}")
+    if per_stage % ep:
+        raise ValueError(f"ep = {ep} must divide the tp x dp = {layout.tp} x {layout.dp} = {per_stage} ranks of a "
+                         "stage: the experts are spread over ranks of one stage, ep folded onto its tp and dp ranks")
+    if layout.cp > 1:
+        raise ValueError(f"experts with a context-parallel ring (cp = {layout.cp}) are not combined in this step: "
+                         "use cp = 1")
+    if layout.dp_strategy == "zero3":
+        raise ValueError("experts with ZeRO-3 are not combined in this step: use ddp, zero1 or zero2")
+
+
+def reference_key(name: str) -> tuple[str, int | str | None]:
+    """A stage model's parameter name -> (the reference's key, the dim tp splits it along; ``None``: whole on
+    every rank, a router; ``"ep"``: a block of experts, by place in the ep group)."""
+    if ".moe." in name:
+        layer, _, part, short = name.split(".")[:4]
+        key = f"layers.{layer[len('layer'):]}."
+        return (key + "router", None) if part == "router" else (key + short, "ep")
+    if name.startswith("embed."):
+        return "embed", 0
+    if name.startswith("head."):
+        return "head", 0
+    layer, _, short = name.split(".")[:3]
+    return f"layers.{layer[len('layer'):]}.{short}", 1 if short in ROW_PARALLEL else 0
+
+
+def traffic_per_step(records, steps: int) -> dict:
+    """(axis, op) -> (calls, buffer bytes, wire bytes) per step, from one rank's records of ``steps`` steps."""
+    out: dict = {}
+    for r in records:
+        row = out.setdefault((r.group, r.op), [0, 0, 0])
+        row[0] += 1
+        row[1] += r.size_bytes
+        row[2] += r.wire_bytes
+    return {k: tuple(v // steps for v in row) for k, row in sorted(out.items())}
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    layout: Layout
+    config: TrainingConfig
+    losses: tuple[float, ...]  # the global mean loss of every step, before its update
+    weights: dict  # the full weights after the last step, keyed like reference.init_weights
+    positions: tuple  # per rank: (stage, replica, cp_rank, tp_rank)
+    ledgers: tuple  # per rank: bytes kept (weights, gradients, optimizer), activations' peak, transient peak
+    activation_bytes: tuple  # per rank: what autograd saved for each microbatch (and chunk) of the first step
+    records: tuple  # per rank: its comm records of the training steps (CommRecord)
+    spans: tuple  # every rank's timeline
+    stage_layers: tuple  # the layers of each virtual stage
+    biases: tuple = ()  # with experts, balance "aux-free": each layer's selection bias after the last step
+
+    def against_reference(self, ref: ReferenceRun) -> float:
+        """The largest gap, over every step's loss and every final weight, against the reference."""
+        gaps = [abs(a - b) for a, b in zip(self.losses, ref.losses)]
+        gaps += [float((self.weights[k].to(v.dtype) - v).abs().max()) for k, v in ref.weights.items()]
+        return max(gaps)
+
+    def traffic_by_axis(self, rank: int) -> dict:
+        """Per (axis, op) on ``rank``, per step: calls, buffer bytes, wire bytes."""
+        return traffic_per_step(self.records[rank], self.config.steps)
+
+    def predicted_ledgers(self) -> tuple[dict, ...]:
+        """``predict.predict_ledger`` for this run: compare with ``ledgers``, rank by rank."""
+        return predict_ledger(self.config, self.layout, self.stage_layers)
+
+    def predicted_traffic(self, rank: int) -> dict:
+        """``predict.predict_traffic`` for ``rank``: compare with ``traffic_by_axis(rank)``."""
+        return predict_traffic(self.config, self.layout, self.stage_layers, rank)
+
+    def traffic_mismatches(self) -> list[str]:
+        """Where the measured traffic differs from ``predicted_traffic`` (empty: it matches), in words. Every
+        axis, rank by rank: calls, buffer and wire bytes; on the ep axis (the router decides how many rows
+        each rank's experts serve) the calls rank by rank and the buffer bytes summed over each ep group."""
+        out = []
+        for rank in range(self.layout.world_size):
+            got, want = self.traffic_by_axis(rank), self.predicted_traffic(rank)
+            for key in sorted(set(got) | set(want)):
+                g, w = got.get(key, (0, 0, 0)), want.get(key, (0, 0, 0))
+                if (g if key[0] != "ep" else g[0]) != (w if key[0] != "ep" else w[0]):
+                    out.append(f"rank {rank} {key[0]} {key[1]}: predicted {w}, measured {g}")
+        for group in self.layout.ep_groups() if self.layout.ep > 1 else []:
+            key = ("ep", "all_to_all_single")
+            # summed over the group's records before the division by steps: each rank's share varies per step
+            got = sum(r.size_bytes for g in group for r in self.records[g] if (r.group, r.op) == key
+                      ) // self.config.steps
+            want = sum(self.predicted_traffic(r).get(key, (0, 0, 0))[1] for r in group)
+            if got != want:
+                out.append(f"ep group {group}: predicted {want:,} buffer bytes, measured {got:,}")
+        return out
+
+    def ledger_text(self) -> str:
+        """Each rank's ledger, predicted / measured, as text."""
+        return format_ledger(self.predicted_ledgers(), self.ledgers, self.positions)
+
+
+def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=None) -> TrainingRun:
+    """Train the toy language model on ``layout`` over the pool ``ranks`` (checked here first)."""
+    check_mesh(layout, ranks.world_size, "ranks")
+    stage_layers = check_training(layout, config, stage_counts)
+    res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r.rank)
+    counted = [r for r in res if r.position[3] == 0]  # tp rank 0 of each place (0.0 off the last virtual stage)
+    losses = tuple(sum(r.losses[k] for r in counted) for k in range(config.steps))
+    pieces: dict = {}
+    for r in (r for r in res if r.position[1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
+        for name, t in r.shards.items():
+            key, dim = reference_key(name)
+            if isinstance(dim, int):
+                pieces.setdefault(key, {})[r.position[3]] = (t, dim)
+            elif dim is None and r.position[3] == 0:  # a router, whole on every rank
+                pieces.setdefault(key, {})[0] = (t, 0)
+    per_stage = layout.tp * layout.dp * layout.cp
+    first_ep = {r for g in layout.ep_groups() if g[0] % per_stage == 0 for r in g}  # each stage's first ep group
+    for r in res:  # each block of experts from the rank at its place of that group
+        if r.rank not in first_ep:
+            continue
+        for name, t in r.shards.items():
+            key, dim = reference_key(name)
+            if dim == "ep":
+                pieces.setdefault(key, {})[r.ep_place] = (t, 0)
+    weights = {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
+    by_rank: dict = {i: [] for i in range(ranks.world_size)}
+    for rec in ranks.last_comm:
+        by_rank[rec.rank].append(rec)
+    records = tuple(tuple(sorted(by_rank[r.rank], key=lambda c: c.start_s)[r.marks[0]:r.marks[-1]]) for r in res)
+    got = gather(res)
+    biases = dict(b for r in res for b in r.biases)  # layer -> its selection bias (the same on a stage's ranks)
+    return TrainingRun(layout, config, losses, weights, got.each("position"), got.each("ledger"),
+                       got.each("activation_bytes"), records, tuple(ranks.last_spans), stage_layers,
+                       tuple(biases[i] for i in sorted(biases)))

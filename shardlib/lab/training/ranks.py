@@ -1,0 +1,125 @@
+"""The training step on a rank, measured: spans, the activations autograd keeps, the bytes kept.
+
+``training_on_rank`` builds ``step.TrainingStep`` with a ``LedgerProbe`` attached and runs every step on
+this replica's rows of the corpus's batches. The probe puts each ``F``/``B`` on the rank's timeline,
+counts what autograd saves during each microbatch's forward (``lab.measure.SavedBytes``), adds it
+while the microbatch is in flight (from its ``F`` to its ``B``, or its ``W``) and keeps the peak, and follows ZeRO-3's
+gathered weights in a ``PeakMeter`` (the transient peak). After the last step it reads the bytes the
+rank keeps: weights, gradients and AdamW's state (``tensor_bytes``, ``optimizer_state_bytes``).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from shardlib.core.data_parallel.zero3 import ShardedUnits
+from shardlib.core.probe import Probe
+from shardlib.core.training.config import init_weights
+from shardlib.core.training.step import TrainingStep
+from shardlib.lab.measure import PeakMeter, SavedBytes, optimizer_state_bytes, tensor_bytes
+from shardlib.lab.training.corpus import MarkovCorpus
+
+
+@dataclass(frozen=True)
+class TrainingRankResult:
+    """What one rank returns from its training run: its place (``position``: stage, replica, cp rank, tp
+    rank), its share of each step's global loss, ``marks`` (how many comm records it had before the first
+    step and after each), its ledger, what autograd saved for each microbatch (and chunk) of the first step,
+    and its weight ``shards`` (tp slices, by the stage model's names)."""
+
+    rank: int
+    position: tuple
+    losses: tuple[float, ...]
+    marks: tuple[int, ...]
+    ledger: dict
+    activation_bytes: tuple[int, ...]
+    shards: dict
+    ep_place: int = 0  # with experts: this rank's place in its ep group (which block of experts it holds)
+    biases: tuple = ()  # with experts, balance "aux-free": each of its layers' selection bias after the last step
+
+
+class LedgerProbe(Probe):
+    """The rank's timeline, plus the activations in flight and the transient buffers. A microbatch's
+    activations on a chunk are in flight from its ``F`` until its ``release`` op (``"W"`` when the backward
+    is split: W still needs what F saved)."""
+
+    def __init__(self, timeline, release: str = "B") -> None:
+        self.timeline, self.meter, self.release = timeline, PeakMeter(), release
+        self.saved: dict[tuple, SavedBytes] = {}  # (microbatch, chunk) -> what its forward saved
+        self.current: SavedBytes | None = None  # the forward running now
+        self.per_microbatch: list[int] = []
+        self.in_flight = self.peak_activation_bytes = 0
+        self.param_ptrs: set[int] = set()
+
+    def on_saved(self):
+        """What sees every tensor the running forward saves (``TrainingStep``'s ``on_saved``)."""
+        return None if self.current is None else self.current._pack
+
+    @contextmanager
+    def span(self, name: str, kind: str = "compute", **attrs):
+        self.meter.reserve(attrs.get("gathered_bytes", 0))
+        self.meter.release(attrs.get("freed_bytes", 0))
+        op = attrs.get("op") if kind == "compute" else None
+        if op == "F":
+            self.current = SavedBytes(self.param_ptrs)
+        with self.timeline.span(name, kind=kind, **attrs):
+            yield
+        key = (attrs.get("microbatch"), attrs.get("chunk"))
+        if op == "F":
+            self.saved[key], self.current = self.current, None
+            self.per_microbatch.append(self.saved[key].size_bytes)
+            self.in_flight += self.saved[key].size_bytes
+            self.peak_activation_bytes = max(self.peak_activation_bytes, self.in_flight)
+        elif op == self.release:
+            self.in_flight -= self.saved.pop(key).size_bytes
+
+
+def ledger(step: TrainingStep, probe: LedgerProbe) -> dict[str, int]:
+    """Bytes this rank keeps, read when the optimizer has stepped, from the data-parallel mechanism's own
+    buffers: ``BucketedReplica``'s buckets (the model's weights and, DDP and ZeRO-1, its whole gradient;
+    a bucket's padding, fewer than ``dp x cp`` elements, left out) with ZeRO-1/2's shard AdamW updates
+    (and its gradient) kept apart; or ZeRO-3's shards. Then AdamW's state, the activations' in-flight peak
+    and the transient peak."""
+    weights = grads = 0
+    for dp in step.replicas or (step.dp,):  # with experts: the tp-split weights', the routers', the experts'
+        if isinstance(dp, ShardedUnits):
+            weights, grads = tensor_bytes(dp.owned), tensor_bytes(shard.grad for shard in dp.owned)
+            continue
+        e = dp.flats[0].element_size()
+        weights += sum(g.numel for g in dp.groups) * e  # the model's weights, in the buckets
+        grads += sum(g.numel * e if grad.numel() == g.padded_numel else tensor_bytes([grad])
+                     for g, grad in zip(dp.groups, dp.grads))  # a whole bucket's gradient, or ZeRO-2's shard
+        if dp.master:  # the shards AdamW updates, buffers of their own (ZeRO-2's gradient is its bucket)
+            weights += tensor_bytes(dp.owned)
+            grads += tensor_bytes(o.grad for o in dp.owned if all(o.grad is not g for g in dp.grads))
+    return {"weights": weights, "gradients": grads, "optimizer": optimizer_state_bytes(step.optimizer),
+            "activations": probe.peak_activation_bytes, "transient": probe.meter.peak_bytes}
+
+
+def training_on_rank(ctx, layout, config, stage_layers) -> TrainingRankResult:
+    """Train on this rank's part of ``layout`` (``stage_layers``: per virtual stage); return what it
+    measured and the weights it holds (``TrainingRankResult``)."""
+    probe = LedgerProbe(ctx.timeline)
+    weights = {k: v.to(ctx.device) for k, v in init_weights(config).items()}
+    step = TrainingStep(ctx, layout, config, weights, stage_layers, probe, probe.on_saved)
+    probe.release = "W" if step.schedule.split_backward else "B"
+    probe.param_ptrs.update(p.data_ptr() for chunk in step.chunks for p in chunk.parameters())
+    corpus, me, rows = MarkovCorpus(config), step.me, config.microbatch * config.m
+    losses, marks = [], [len(ctx.comm.records)]
+    for k in range(config.steps):
+        tokens = corpus.batch(k, config.global_batch(layout.dp))[me.replica * rows:(me.replica + 1) * rows]
+        with ctx.timeline.span(f"step {k}", kind="step", step=k):
+            losses.append(step.run(tokens.to(ctx.device)))
+        marks.append(len(ctx.comm.records))
+    kept = ledger(step, probe)
+    if layout.dp_strategy == "zero3":  # gathered over dp x cp: a collective every rank of the group joins
+        shards = step.dp.full_state()
+    else:
+        shards = {n: p.detach().clone() for chunk in step.chunks for n, p in chunk.named_parameters()}
+    place = step.experts_groups.place if config.is_moe else 0
+    biases = tuple((layer_index, layer.bias) for chunk in step.chunks for layer_index, layer in
+                   ((i, getattr(chunk, f"layer{i}").moe) for i in chunk.layers)) if config.is_moe else ()
+    return TrainingRankResult(ctx.rank, tuple(me), tuple(losses), tuple(marks), kept,
+                              tuple(probe.per_microbatch[:config.m * step.schedule.n_chunks]), shards, place,
+                              tuple((i, b) for i, b in biases if b is not None))

@@ -1,0 +1,261 @@
+"""Step time per layout: the training planner's time model on this machine's ranks, beside the measured step.
+
+* ``fit_step_cluster``: the toy cluster the prediction runs on: a sweep's link (``calibrate_link``), its
+  latency at least what a call between computing pairs of ranks adds, and the model's forward, backward and
+  AdamW's step, timed on every rank at once (``sample_on_rank``: the shared cores counted).
+* ``run_step_time_check``: every layout trained on one warm pool (``drivers.run_training``, all at one
+  global batch), in rounds, the median step after a warm-up read from the spans, beside its prediction
+  (``toy_prediction.predict_step``), as a ``StepTimeCheck``: errors per layout, their mean, the ranking both
+  ways and Spearman's rank correlation (``toy_prediction.spearman``). ``claim_ranking``: the same, retried
+  until the correlation reaches a floor; a claim that still fails prints the numbers, not a traceback.
+
+The ranking claim itself is in ``ranking``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from shardlib.core.adamw import adamw
+from shardlib.core.checks import whole_number
+from shardlib.core.mesh import Layout
+from shardlib.core.training.config import TrainingConfig, init_weights
+from shardlib.facts.hardware import Cluster, Link, toy_cluster
+from shardlib.lab.costs.drivers import run_calibration
+from shardlib.lab.serving.drivers import TOY_SWEEP_BYTES
+from shardlib.lab.training.corpus import MarkovCorpus
+from shardlib.lab.training.drivers import check_training, run_training
+from shardlib.lab.training.reference import token_losses
+from shardlib.lab.verdict import measure_until, timing_claim
+from shardlib.predict.calibration import Calibration
+from shardlib.predict.training.time_model import TrainingScore, model_flops_per_token
+from shardlib.predict.training.toy_prediction import (
+    LAYOUTS_4,
+    STEP_TIME_CONFIG,
+    optimizer_bytes_per_param,
+    predict_step,
+    spearman,
+    step_config,
+)
+
+
+def sample_on_rank(ctx, config: TrainingConfig, repeats: int = 3, calls: int = 20) -> tuple[float, ...]:
+    """On every rank at once: the median seconds of the whole model's forward and backward on one
+    microbatch (the reference's code) and of AdamW's step after it; then, per call, a block's matmuls
+    alone and followed by an all-gather of a sequence-parallel slice over every rank."""
+    weights = {k: v.clone().requires_grad_(True) for k, v in init_weights(config).items()}
+    tokens, optimizer = MarkovCorpus(config).batch(0, config.microbatch), adamw(list(weights.values()), config)
+    passes, steps, per_call = [], [], []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        token_losses(weights, tokens, config).mean().backward()
+        middle = time.perf_counter()
+        optimizer.step()
+        passes.append(middle - start)
+        steps.append(time.perf_counter() - middle)
+    x, w = torch.randn(config.microbatch * config.seq, config.d_model), torch.randn(config.d_model, config.d_ff)
+    piece = torch.randn(max(1, config.microbatch * config.seq // ctx.world_size), config.d_model)
+    lay = Layout(2, 1, ctx.world_size // 2)  # its tp pairs: a mesh a dp2 x tp2 run makes (and keeps) anyway
+    for group in ("none", None, ctx.device_mesh(lay.mesh_shape, lay.mesh_axes).get_group("tp")):  # alone, all, pairs
+        ctx.comm.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            for _ in range(4):
+                x @ w
+            if group != "none":
+                ctx.comm.all_gather(piece, group=group)
+        per_call.append((time.perf_counter() - start) / calls)
+    return statistics.median(passes[1:]), statistics.median(steps[1:]), *per_call
+
+
+@dataclass(frozen=True)
+class StepCluster:
+    """The toy cluster the prediction runs on, and what it was fitted from: the sweep's link, the extra
+    time of one collective between ranks that compute (``busy_calls_s``), the median rank's forward and
+    backward of one microbatch and AdamW step, every rank at once."""
+
+    cluster: Cluster
+    calibration: Calibration
+    busy_calls_s: tuple  # (ranks, seconds a call adds between computing ranks), over pairs and over all
+    microbatch_s: float
+    optimizer_s: float
+    samples: int = 1
+
+    def text(self) -> str:
+        link = self.cluster.intra_link
+        return (f"link: latency {link.latency_s * 1e3:.3f} ms per ring step (sweep's fit "
+                f"{self.calibration.link.latency_s * 1e3:.3f} ms; a call between computing ranks "
+                + ", ".join(f"{s * 1e3:.2f} ms over {n}" for n, s in self.busy_calls_s) + "), bandwidth "
+                f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s; compute {self.cluster.peak_flops_per_s / 1e9:.2f} "
+                f"GFLOP/s per rank (a microbatch's forward and backward in {self.microbatch_s * 1e3:.1f} ms); AdamW "
+                f"at {self.cluster.memory_bytes_per_s / 1e9:.2f} GB/s ({self.optimizer_s * 1e3:.1f} ms a step); "
+                f"every rank at once, medians of {self.samples} samples")
+
+
+def calibrate_link(ranks, attempts: int = 3) -> Calibration:
+    """A short sweep's fit (median rounds), retried if a busy machine leaves no bandwidth to fit."""
+    for attempt in range(attempts):
+        try:
+            return run_calibration(ranks, sizes_bytes=TOY_SWEEP_BYTES, rounds=3, calls=2, statistic="median")
+        except ValueError:
+            if attempt == attempts - 1:
+                raise
+
+
+def step_cluster(cal: Calibration, samples, config: TrainingConfig) -> StepCluster:
+    """The toy cluster from a sweep and ``sample_on_rank``'s samples (each: every rank's tuple), medians over
+    samples: its latency per ring step at least what a call over a pair of computing ranks adds."""
+    world = len(samples[0])
+    pass_s = statistics.median(statistics.median(r[0] for r in one) for one in samples)
+    step_s = statistics.median(statistics.median(r[1] for r in one) for one in samples)
+    calls = {n: statistics.median(max(1e-9, max(r[i] for r in one) - max(r[2] for r in one)) for one in samples)
+             for n, i in ((world, 3), (2, 4))}  # what a call adds over every rank and over pairs
+    fitted = cal.link  # a pair's call is one ring step: the groups of 4-rank layouts are pairs but for tp4, dp4
+    link = Link(f"{fitted.name}, ranks computing", fitted.bandwidth_bytes_per_s, max(fitted.latency_s, calls[2]),
+                source=fitted.source, latency_source="the larger of the sweep's fit and a call between computing pairs")
+    flops = model_flops_per_token(config.model, config.seq) * config.microbatch * config.seq
+    n_params = sum(v.numel() for v in init_weights(config).values())
+    cluster = toy_cluster(link, flops_per_s=flops / pass_s, nodes=1, ranks_per_node=world)
+    cluster = replace(cluster, memory_bytes_per_s=n_params * optimizer_bytes_per_param(config) / step_s)
+    return StepCluster(cluster, cal, tuple(sorted(calls.items())), pass_s, step_s, len(samples))
+
+
+def fit_step_cluster(ranks, config: TrainingConfig = STEP_TIME_CONFIG, samples: int = 3) -> StepCluster:
+    """The toy cluster for ``ranks``: ``calibrate_link``, then ``samples`` rounds of ``sample_on_rank``."""
+    cal = calibrate_link(ranks)
+    return step_cluster(cal, [ranks.run(sample_on_rank, config) for _ in range(samples)], config)
+
+
+def measured_steps_s(run, warmup: int = 1) -> tuple[float, ...]:
+    """Every step after the first ``warmup``: from the first rank's start to the last rank's end."""
+    steps = [[s for s in run.spans if s.kind == "step" and s.attrs.get("step") == k] for k in range(run.config.steps)]
+    return tuple(max(s.end_s for s in one) - min(s.start_s for s in one) for one in steps[warmup:])
+
+
+@dataclass(frozen=True)
+class LayoutTime:
+    """One layout's step: predicted (``score``, term by term) and measured (every step after the warm-up)."""
+
+    label: str
+    layout: Layout
+    score: TrainingScore
+    steps_s: tuple[float, ...]
+
+    @property
+    def predicted_s(self) -> float:
+        return self.score.step_s
+
+    @property
+    def measured_s(self) -> float:
+        return statistics.median(self.steps_s)
+
+    @property
+    def ratio(self) -> float:
+        """Measured over predicted."""
+        return self.measured_s / self.predicted_s
+
+    @property
+    def error(self) -> float:
+        """``|measured - predicted| / measured``: the relative error simulators publish."""
+        return abs(self.measured_s - self.predicted_s) / self.measured_s
+
+
+@dataclass(frozen=True)
+class StepTimeCheck:
+    """Every layout's step, predicted and measured, on one pool at one global batch, and how well the
+    prediction ranks them."""
+
+    fit: StepCluster
+    config: TrainingConfig
+    global_sequences: int
+    layouts: tuple[LayoutTime, ...]
+    wall_s: float
+
+    @property
+    def mean_error(self) -> float:
+        return statistics.mean(t.error for t in self.layouts)
+
+    @property
+    def by_predicted(self) -> tuple[str, ...]:
+        return tuple(t.label for t in sorted(self.layouts, key=lambda t: t.predicted_s))
+
+    @property
+    def by_measured(self) -> tuple[str, ...]:
+        return tuple(t.label for t in sorted(self.layouts, key=lambda t: t.measured_s))
+
+    def only(self, labels) -> StepTimeCheck:
+        """The same check, over the layouts named in ``labels`` only."""
+        return replace(self, layouts=tuple(t for t in self.layouts if t.label in labels))
+
+    @property
+    def rank_correlation(self) -> float:
+        return spearman([t.predicted_s for t in self.layouts], [t.measured_s for t in self.layouts])
+
+    def table(self) -> str:
+        """Per layout: predicted (its terms), measured, ratio and error; then the mean error and ranking."""
+        terms = ("compute", "bubble", "tp", "cp", "dp", "pp", "optimizer")
+        lines = [f"{'layout':<17}{'m':>3}" + "".join(f"{t[:5]:>7}" for t in terms)
+                 + f"{'predicted':>11}{'measured':>10}{'meas/pred':>10}{'error':>8}"]
+        for t in self.layouts:
+            lines.append(f"{t.label:<17}{t.score.n_microbatches:>3}"
+                         + "".join(f"{getattr(t.score, name + '_s') * 1e3:>7.1f}" for name in terms)
+                         + f"{t.predicted_s * 1e3:>11.1f}{t.measured_s * 1e3:>10.1f}{t.ratio:>10.2f}"
+                         f"{t.error:>8.0%}")
+        lines.append(f"(ms per step of {self.global_sequences} sequences of {self.config.seq} tokens; measured: "
+                     f"median of {len(self.layouts[0].steps_s)} steps, each run's warm-up left out)")
+        lines.append(f"mean error {self.mean_error:.0%}; Spearman's rank correlation {self.rank_correlation:+.2f}")
+        lines.append("fastest first, predicted: " + ", ".join(self.by_predicted))
+        lines.append("fastest first, measured:  " + ", ".join(self.by_measured))
+        return "\n".join(lines)
+
+
+def run_step_time_check(ranks, config: TrainingConfig = STEP_TIME_CONFIG, layouts: dict | None = None,
+                        global_sequences: int = 4, warmup: int = 1, rounds: int = 1,
+                        fit: StepCluster | None = None) -> StepTimeCheck:
+    """Predict and measure one training step of every layout in ``layouts`` (label -> ``Layout``; the
+    issue's 4-rank ones by default) on ``ranks``, all at ``global_sequences`` sequences per step.
+    ``config.steps`` steps a run, the first ``warmup`` left out; ``rounds`` runs of every layout, the order
+    reversed every other round, so that a burst of other work spoils a few steps of every layout rather
+    than every step of one: the median over all. Every layout is checked before any rank starts. Unless
+    ``fit`` (a ``StepCluster``) is given, it is fitted here, a sample taken before each run, so that the
+    machine's load while the layouts ran is the fit's."""
+    layouts = dict(LAYOUTS_4 if layouts is None else layouts)
+    whole_number(warmup, "warmup (steps left out of the median)", 0)
+    whole_number(rounds, "rounds (runs of every layout)")
+    if config.steps <= warmup:
+        raise ValueError(f"{config.steps} steps leave none to time after {warmup} warm-up step(s): give "
+                         f"config.steps > warmup")
+    configs = {}
+    for label, layout in layouts.items():
+        if layout.world_size != ranks.world_size:
+            raise ValueError(f"{label} needs {layout.world_size} ranks; the pool has {ranks.world_size}")
+        configs[label] = step_config(config, layout, global_sequences)
+        check_training(layout, configs[label])
+    start = time.perf_counter()
+    cal, samples, measured = None if fit else calibrate_link(ranks), [], {label: () for label in layouts}
+    for r in range(rounds):
+        for label, layout in list(layouts.items())[::1 - 2 * (r % 2)]:
+            if fit is None:
+                samples.append(ranks.run(sample_on_rank, config))
+            measured[label] += measured_steps_s(run_training(ranks, layout, configs[label]), warmup)
+    fit = fit or step_cluster(cal, samples, config)
+    out = tuple(LayoutTime(label, layout, predict_step(fit.cluster, layout, config, global_sequences), measured[label])
+                for label, layout in layouts.items())
+    return StepTimeCheck(fit, config, global_sequences, out, time.perf_counter() - start)
+
+
+def claim_ranking(ranks, floor: float, attempts: int = 2, **kwargs) -> tuple[StepTimeCheck, bool]:
+    """``run_step_time_check(ranks, **kwargs)`` up to ``attempts`` times, until Spearman's correlation of
+    predicted and measured step times reaches ``floor``; then ``lab.verdict.timing_claim``: the
+    check and whether the claim held (when strict, a claim that failed raises)."""
+    if not -1 <= floor <= 1:
+        raise ValueError(f"a rank correlation lies from -1 to 1; a floor of {floor} cannot be reached")
+    check, attempt = measure_until(lambda: run_step_time_check(ranks, **kwargs),
+                                   lambda c: c.rank_correlation >= floor, attempts)
+    held = timing_claim(check.rank_correlation >= floor, f"the predicted step times rank the layouts as the "
+                        f"measured ones do (Spearman's correlation at least {floor:+.2f})", check.table(), attempt)
+    return check, held

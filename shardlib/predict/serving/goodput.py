@@ -1,0 +1,76 @@
+"""Goodput: how many requests a second a deployment serves within its latency objectives.
+
+Zhong et al. 2024 (DistServe): a request meets its service-level objectives when its time to first token
+is within ``ttft_s`` and its time per output token within ``tpot_s``; *SLO attainment* is the share of
+requests that meet both; *goodput* is the highest request rate whose attainment is at least ``share``
+(90 % in DistServe's figures), and goodput per GPU divides it by the GPUs serving. Throughput counts every
+token; goodput counts only the requests served in time, so a deployment can have more of the first and
+less of the second. A request with one token has no TPOT: it meets that objective. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from shardlib.core.serving.requests import RequestMetrics
+
+
+@dataclass(frozen=True)
+class ServingObjective:
+    """The latency a request must meet: TTFT at most ``ttft_s``, TPOT at most ``tpot_s`` (seconds), for at
+    least ``share`` of the requests."""
+
+    ttft_s: float
+    tpot_s: float
+    share: float = 0.9
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name in ("ttft_s", "tpot_s"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{field_name} must be a positive number of seconds, got {value!r}")
+        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)) or not 0 < self.share <= 1:
+            raise ValueError(f"share must be a fraction of the requests in (0, 1], got {self.share!r} "
+                             "(DistServe uses 0.9)")
+
+    @property
+    def label(self) -> str:
+        return self.name or f"TTFT <= {self.ttft_s * 1e3:.3g} ms, TPOT <= {self.tpot_s * 1e3:.3g} ms"
+
+    def met(self, metric: RequestMetrics) -> bool:
+        """Whether one request met both objectives."""
+        return metric.ttft_s <= self.ttft_s and metric.tpot_s <= self.tpot_s
+
+
+def _metrics(metrics) -> list:
+    values = list(metrics.values()) if isinstance(metrics, Mapping) else list(metrics)
+    if not values:
+        raise ValueError("SLO attainment needs the metrics of at least one request")
+    return values
+
+
+def slo_attainment(metrics, objective: ServingObjective) -> float:
+    """The share of requests (``RequestMetrics``, a list or a dict by request id) meeting both objectives."""
+    values = _metrics(metrics)
+    return sum(objective.met(m) for m in values) / len(values)
+
+
+def goodput(metrics_by_rate: Mapping[float, Sequence], objective: ServingObjective, gpus: int = 1) -> float:
+    """Requests a second per GPU: the highest rate of ``metrics_by_rate`` (rate -> the requests' metrics
+    served at that rate) whose SLO attainment, and that of every lower rate given, is at least
+    ``objective.share``, divided by ``gpus``; 0 when even the lowest rate misses it. Reading the rates
+    from the lowest up keeps one lucky high rate from counting past a miss below it."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a whole number of GPUs, at least 1, got {gpus!r}")
+    if not metrics_by_rate:
+        raise ValueError("goodput needs at least one request rate and its metrics")
+    best = 0.0
+    for rate in sorted(metrics_by_rate):
+        if not rate > 0:
+            raise ValueError(f"request rates must be positive (requests per second), got {rate!r}")
+        if slo_attainment(metrics_by_rate[rate], objective) < objective.share:
+            break
+        best = float(rate)
+    return best / gpus

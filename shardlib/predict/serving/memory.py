@@ -1,0 +1,193 @@
+"""What a layout needs and whether it may: the workload, memory per GPU, the batch it affords, the rules.
+
+Memory per GPU is the heaviest stage's weights (``ceil(L / pp)`` layers: attention and MLP matrices split
+``tp`` ways, KV heads split ``tp`` ways or, past their count, one copied head per GPU, experts ``ep`` ways,
+norms and router replicated, the embedding and head, padded to ``128 x tp`` rows, split ``tp`` ways) plus
+the KV cache of its sequences in flight at the workload's context. A replica's batch, unless the workload
+fixes it, is what the memory its weights leave free holds (``affordable_batch``), up to ``max_batch``
+(256: vLLM's default ``max_num_seqs`` on an A100 or a smaller GPU; recent releases allow 1,024 on larger
+ones such as the H100): splitting ``tp`` ways shrinks weights and each sequence's cache per GPU (the
+cache only down to one KV head), so tensor parallelism's freed memory buys batch. Rules:
+whole query heads and whole (or copied) KV heads per tp rank, ``d_ff`` divisible, tp groups inside a
+node, at least a layer per stage, whole experts per ep rank, and memory; each rejection carries its
+numbers. ``kernel_efficiency`` scales the peak the cost model assumes (1.0: the floor). Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlib.core.checks import flag, number_between, whole_number
+from shardlib.core.config import ModelConfig
+from shardlib.core.mesh import Layout, check_mesh
+from shardlib.core.pipeline.stages import split_layers
+from shardlib.facts.hardware import Cluster
+from shardlib.predict.shapes import (
+    Memory,
+    attention_params_per_device,
+    kv_cache_bytes,
+    padded_vocab_size,
+    pipeline_parallel_problems,
+    stage_layers,
+    tensor_parallel_problems,
+)
+from shardlib.predict.units import gb
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is served. ``batch`` sequences in flight per replica (0: as many as free memory holds, up
+    to ``max_batch``), each with a KV cache of ``context_tokens`` (the worst case: every sequence at
+    full length); prefill runs ``prompt_tokens`` per sequence; a pipeline cuts the batch into
+    ``microbatches`` (0: the planner chooses). A server fills at most ``memory_utilization`` of a GPU
+    with weights and KV cache (vLLM's default ``gpu_memory_utilization`` is 0.9; the rest holds
+    activations and the runtime). ``copy_kv_heads`` lets tp pass the KV heads by copying them (vLLM's
+    way; False: the wall). ``kernel_efficiency`` is the share of peak memory bandwidth and FLOPs the
+    kernels reach: 1.0 gives floors (no kernel reaches peak; decode kernels reach roughly 0.7 to 0.85)."""
+
+    batch: int = 0
+    context_tokens: int = 4096
+    prompt_tokens: int = 2048
+    microbatches: int = 0
+    max_batch: int = 256
+    memory_utilization: float = 0.9
+    copy_kv_heads: bool = True
+    kernel_efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        whole_number(self.batch, "batch (0: sized from free memory)", minimum=0)
+        whole_number(self.microbatches, "microbatches (0: the planner chooses)", minimum=0)
+        for name in ("context_tokens", "prompt_tokens", "max_batch"):
+            whole_number(getattr(self, name), name)
+        number_between(self.memory_utilization, "memory_utilization (the share of a GPU's memory a server fills)",
+                       0.01, 1.0)
+        flag(self.copy_kv_heads, "copy_kv_heads")
+        number_between(self.kernel_efficiency, "kernel_efficiency (the share of peak bandwidth and FLOPs kernels "
+                       "reach; 1.0: the floor)", 0.05, 1.0)
+        if self.prompt_tokens > self.context_tokens:
+            raise ValueError(f"a prompt of {self.prompt_tokens} tokens does not fit a context of "
+                             f"{self.context_tokens} tokens")
+
+    def microbatches_for(self, pp: int, batch: int | None = None) -> int:
+        """``m``: 1 without a pipeline (nothing to overlap), else ``microbatches`` (or ``pp`` when the
+        planner chooses), never more than the sequences there are."""
+        batch = self.batch if batch is None else batch
+        if pp == 1:
+            return 1
+        return max(1, min(self.microbatches or pp, batch or pp))
+
+    def usable_bytes(self, cluster: Cluster) -> float:
+        return cluster.memory_per_gpu_bytes * self.memory_utilization
+
+
+# -- memory -------------------------------------------------------------------------------------------
+def weights_per_gpu(model: ModelConfig, layout: Layout) -> float:
+    """Weight bytes on a GPU of the heaviest stage: the formula in the module docstring."""
+    tp, b, layers = layout.tp, model.bytes_per_param, stage_layers(model, layout.pp)
+    attention = attention_params_per_device(model, tp)  # q and o split, k and v per KV head held (or MLA's)
+    experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp)
+    replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
+    copies = (1 if model.tied_embeddings else 2) if layout.pp == 1 else 1
+    embed = copies * padded_vocab_size(model, tp) * model.d_model / tp
+    return layers * ((attention + experts) * model.matrix_bytes_per_param + replicated * b) + embed * b
+
+
+def stack_weight_bytes(model: ModelConfig, layout: Layout) -> list[int]:
+    """Per rank, the weights the combined run on ranks keeps (``layouts.build_stage``: blocks only, no
+    embedding or head): per layer of its stage the attention's ``attention_params_per_device``, and a
+    dense MLP split ``tp`` ways, or an MoE layer's router (whole) and its ``n_experts / ep`` whole experts."""
+    check_mesh(layout, layout.world_size)
+    if model.is_moe:
+        mlp = model.d_model * model.n_experts + model.n_experts // layout.ep * model.expert_params
+    else:
+        mlp = model.expert_params / layout.tp
+    per_layer = attention_params_per_device(model, layout.tp) + mlp
+    stages = [len(r) for r in split_layers(model.n_layers, layout.pp)]
+    return [int(stages[layout.position(r).stage] * per_layer * model.bytes_per_param) for r in range(layout.world_size)]
+
+
+def kv_bytes_per_sequence(model: ModelConfig, layout: Layout, context_tokens: int) -> float:
+    """One sequence's KV cache on one GPU of a stage: its layers, its KV heads, every token of the context."""
+    return kv_cache_bytes(model, context_tokens, tp=layout.tp, pp=layout.pp)
+
+
+def affordable_batch(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> int:
+    """Sequences a replica can hold: the memory its weights leave free over one sequence's cache, at
+    most ``workload.max_batch`` (0 when not even one fits)."""
+    free = workload.usable_bytes(cluster) - weights_per_gpu(model, layout)
+    per_sequence = kv_bytes_per_sequence(model, layout, workload.context_tokens)
+    return max(0, min(workload.max_batch, int(free // per_sequence))) if free > 0 else 0
+
+
+def memory_per_gpu(model: ModelConfig, layout: Layout, workload: Workload, batch: int | None = None) -> Memory:
+    """Bytes on a GPU of the heaviest stage for ``batch`` sequences (default: the workload's batch)."""
+    batch = workload.batch if batch is None else batch
+    return Memory(weights_per_gpu(model, layout), batch * kv_bytes_per_sequence(model, layout, workload.context_tokens))
+
+
+# -- shape rules ----------------------------------------------------------------------------------------
+def shape_problems(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> list[str]:
+    """Every rule of shape and placement ``layout`` breaks (memory aside), each with its numbers."""
+    check_mesh(layout, cluster.n_gpus)
+    tp, pp, ep, dp = layout.tp, layout.pp, layout.ep, layout.dp
+    problems = [f"tp = {tp}: {p}" for p in tensor_parallel_problems(model, tp, workload.copy_kv_heads)]
+    if tp > model.n_kv_heads and not workload.copy_kv_heads and any("KV heads" in p for p in problems):
+        problems[0:0] = [f"tp = {tp} exceeds the {model.n_kv_heads} KV heads (Workload(copy_kv_heads=False))"]
+    if tp < cluster.gpus_per_node and cluster.gpus_per_node % tp:
+        problems.append(f"tp = {tp} groups would straddle nodes of {cluster.gpus_per_node} GPUs "
+                        f"({cluster.gpus_per_node} % {tp} = {cluster.gpus_per_node % tp})")
+    problems += [f"pp = {pp}: {p}" for p in pipeline_parallel_problems(model, pp)]
+    if ep > 1:
+        if not model.is_moe:
+            problems.append(f"ep = {ep}: {model.name} is dense, it has no experts to spread")
+        elif model.n_experts % ep:
+            problems.append(f"ep = {ep}: {model.n_experts} experts cannot be spread evenly over {ep} ranks "
+                            f"({model.n_experts} = {ep} x {model.n_experts // ep} + {model.n_experts % ep})")
+        if (tp * dp) % ep:
+            problems.append(f"ep = {ep} must divide the tp x dp = {tp} x {dp} = {tp * dp} ranks of a stage")
+    return problems
+
+
+def memory_problem(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> str:
+    """Why ``layout``'s memory does not hold the model and its batch ("" when it does), with the sum."""
+    usable, total = workload.usable_bytes(cluster), cluster.memory_per_gpu_bytes
+    share = f"{gb(usable)} a server fills of each {gb(total)} GPU ({workload.memory_utilization:.0%})"
+    weights = weights_per_gpu(model, layout)
+    per_sequence = kv_bytes_per_sequence(model, layout, workload.context_tokens)
+    if workload.batch:
+        mem = memory_per_gpu(model, layout, workload)
+        if mem.total_bytes > usable:
+            sequences = f"{workload.batch} sequence{'s' if workload.batch > 1 else ''}"
+            tokens = f"{workload.context_tokens:,} token{'s' if workload.context_tokens > 1 else ''}"
+            return (f"needs {gb(weights)} of weights + {gb(mem.kv_cache_bytes)} of KV cache ({sequences} x {tokens}) = "
+                    f"{gb(mem.total_bytes)} per GPU, more than the {share}")
+        return ""
+    if weights > usable:
+        return f"needs {gb(weights)} of weights per GPU, more than the {share}"
+    if weights + per_sequence > usable:
+        return (f"{gb(weights)} of weights leave {gb(usable - weights)} of the {share}, less than one sequence's "
+                f"KV cache ({gb(per_sequence)} per GPU at {workload.context_tokens:,} tokens)")
+    return ""
+
+
+def layout_problems(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> list[str]:
+    """Every reason ``layout`` cannot serve ``model`` on ``cluster`` (empty: it can), each with its numbers:
+    the shape rules, then (when those pass) memory."""
+    problems = shape_problems(model, cluster, layout, workload)
+    if not problems:
+        problems = [p for p in [memory_problem(model, cluster, layout, workload)] if p]
+    return problems
+
+
+def check_layout(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload = Workload()) -> None:
+    problems = layout_problems(model, cluster, layout, workload)
+    if problems:
+        raise ValueError(f"{layout.label} cannot serve {model.name} on {cluster.name}: " + "; ".join(problems))
+
+
+def active_params_per_gpu(model: ModelConfig, layout: Layout) -> float:
+    """Parameters one token touches on one GPU of a stage (embedding and head left out)."""
+    router = model.d_model * model.n_experts if model.is_moe else 0
+    dense = (model.attention_params_per_layer + 2 * model.d_model + router) / layout.tp
+    experts = model.experts_per_token * model.expert_params / (layout.ep if layout.ep > 1 else layout.tp)
+    return stage_layers(model, layout.pp) * (dense + experts)

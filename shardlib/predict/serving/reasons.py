@@ -1,0 +1,146 @@
+"""The planner's reasons, in words a learner reads: what set the batch, where a token's time goes, and
+how a layout that crosses nodes with its pipeline compares with the one that crosses them with tensor
+parallelism (the same GPUs per copy, cut the other way), which won and by how much.
+
+A pipeline across nodes sends one small message per stage boundary over the slow link but runs its
+stages one after another; tensor parallelism across nodes splits every weight read over all the GPUs
+but pays two all-reduces per layer over the slow link. Which wins is a matter of numbers (notebook 05
+shows both). Pure: no torch; numbers in, sentences out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shardlib.core.config import ModelConfig
+from shardlib.core.mesh import Layout
+from shardlib.facts.hardware import Cluster
+from shardlib.predict.serving.decode import Score, ep_all_to_all, score
+from shardlib.predict.serving.memory import Workload, kv_bytes_per_sequence, layout_problems
+from shardlib.predict.serving.traffic import pipeline_crosses_nodes, tp_crosses_nodes
+from shardlib.predict.units import gb, ms
+
+TP_ACROSS = "TP across nodes"
+PP_ACROSS = "TP inside node + PP across nodes"
+
+
+def _count(x: float) -> str:
+    return f"{x:,.0f}" if x == int(x) else f"{x:,.1f}"
+
+
+def kind(layout: Layout, cluster: Cluster) -> str:
+    """How ``layout`` sits on ``cluster``'s nodes, in words."""
+    if tp_crosses_nodes(layout, cluster):
+        return TP_ACROSS
+    if pipeline_crosses_nodes(layout, cluster):
+        return PP_ACROSS if layout.tp > 1 else "PP across nodes"
+    if layout.pp > 1:
+        return "TP and PP inside a node" if layout.tp > 1 else "PP inside a node"
+    return "TP inside a node" if layout.tp > 1 else "a whole copy per GPU"
+
+
+def counterpart(layout: Layout, cluster: Cluster) -> Layout | None:
+    """The same GPUs per copy cut the other way across nodes. For a pipeline that crosses nodes: the
+    fewest of its stages merged into a tensor-parallel group that crosses them (tp = 8, pp = 4 on 8-GPU
+    nodes: tp = 16, pp = 2). For a tp that crosses nodes: a node-wide tp, the rest as stages."""
+    g = cluster.gpus_per_node
+    if tp_crosses_nodes(layout, cluster):
+        return Layout(g, layout.pp * layout.tp // g, layout.dp, layout.ep) if layout.tp % g == 0 else None
+    if pipeline_crosses_nodes(layout, cluster):
+        for k in range(2, layout.pp + 1):
+            other = Layout(layout.tp * k, layout.pp // k, layout.dp, layout.ep)
+            if layout.pp % k == 0 and tp_crosses_nodes(other, cluster):
+                return other
+    return None
+
+
+def own_reasons(model: ModelConfig, cluster: Cluster, workload: Workload, s: Score) -> tuple[str, ...]:
+    """What set ``s``'s batch, and where a token's time goes."""
+    lay = s.layout
+    if s.batch_set_by == "the workload":
+        batch = f"batch {s.batch} per replica, as the workload fixes it"
+    else:
+        usable = workload.usable_bytes(cluster)
+        per_seq = kv_bytes_per_sequence(model, lay, workload.context_tokens)
+        held = int((usable - s.memory.weights_bytes) // per_seq)
+        batch = (f"batch {s.batch} per replica, set by {s.batch_set_by}: {gb(s.memory.weights_bytes)} of weights leave "
+                 f"{gb(usable - s.memory.weights_bytes)} of the {gb(usable)} usable per GPU, {gb(per_seq)} of KV cache "
+                 f"per sequence at {workload.context_tokens:,} tokens" + (f" (room for {held:,})"
+                                                                          if s.batch_set_by == "max_batch" else ""))
+    first = s.stages[0]
+    comm = (f" + {first.collectives * lay.pp} collectives over {s.tp_link if lay.tp > 1 else 'the expert link'} "
+            f"({ms(s.comm_s)})" if s.comm_s else "")
+    if lay.pp == 1:
+        work = max(first.read_s, first.compute_s)
+        bound = "reading memory" if first.read_s >= first.compute_s else "arithmetic"
+        trip = f"one step: {ms(work)} of {bound}{comm} = {ms(s.decode_step_s)} per token"
+    else:
+        m = s.n_microbatches
+        stages = " + ".join(ms(st.total_s) for st in s.stages)
+        in_flight = (f"{m} microbatch{'es' if m > 1 else ''} of {_count(s.batch / m)} "
+                     f"sequence{'s' if s.batch != m else ''} in flight")
+        trip = (f"a token's trip: {lay.pp} stages one after another ({stages}) + {ms(s.hops_s)} of hops = "
+                f"{ms(s.trip_s)}; {in_flight}, the slowest stage busy {m} x {ms(s.decode_stage_s)}: a token every "
+                f"{ms(s.decode_step_s)} per sequence")
+    return (batch, trip) + ((expert_reason(model, cluster, s),) if lay.ep > 1 else ())
+
+
+def expert_reason(model: ModelConfig, cluster: Cluster, s: Score) -> str:
+    """Where an ep layout's experts sit and what its all-to-alls cost, in words (``decode.ep_all_to_all``)."""
+    lay = s.layout
+    one = ep_all_to_all(model, cluster, lay, s.batch / s.n_microbatches)  # a decode microbatch's tokens, per rank
+    where = (f"on {one.nodes} nodes" if one.nodes > 1 else "inside one node")
+    limit = ""
+    if one.nodes > 1 and model.node_limit:
+        limit = (f"; each token's experts on at most {model.node_limit} nodes, so it sends "
+                 f"{one.network_rows_per_token:.2f} rows over {cluster.inter_link.name} instead of "
+                 f"{model.experts_per_token * (lay.ep - 1) / lay.ep:.2f}")
+    return (f"experts: {model.n_experts // lay.ep} of {model.n_experts} per GPU, spread over ep = {lay.ep} ranks "
+            f"{where}; each MoE layer's dispatch and combine take {ms(one.seconds)} each for a microbatch{limit}")
+
+
+def _side(s: Score, cluster: Cluster) -> str:
+    """Why one side of a comparison costs what it does: its stages in turn, its all-reduces across nodes."""
+    lay, st = s.layout, s.stages[0]
+    parts = []
+    if lay.pp > 1:
+        parts.append(f"runs its {lay.pp} stages one after another ({' + '.join(ms(x.total_s) for x in s.stages)}, "
+                     f"+ {ms(s.hops_s)} of hops)" + (f" and each stage re-reads its weights for every one of "
+                                                    f"{s.n_microbatches} microbatches" if s.n_microbatches > 1 else ""))
+    if tp_crosses_nodes(lay, cluster):
+        per = " per stage" if lay.pp > 1 else ""
+        parts.append(f"splits {'each stage' if lay.pp > 1 else 'the model'} tp = {lay.tp} ways, reading 1/{lay.tp} "
+                     f"of its weights per GPU at once ({ms(max(st.read_s, st.compute_s))}{per}) but paying "
+                     f"{st.collectives} all-reduces over {s.tp_link} ({ms(st.comm_s)}{per})")
+    return f"{lay.label} " + " and ".join(parts)
+
+
+def compare(a: Score, b: Score, cluster: Cluster) -> str:
+    """``a`` against its counterpart ``b``: both numbers, the winner each way and by how much, and why."""
+    ka, kb = kind(a.layout, cluster), kind(b.layout, cluster)
+    fast, slow = sorted((a, b), key=lambda s: s.decode_step_s)
+    many, few = sorted((a, b), key=lambda s: -s.tokens_per_s)
+    return (f"{ka} ({a.layout.label}): {ms(a.decode_step_s)}/token, {a.tokens_per_s:,.0f} tokens/s at batch {a.batch}; "
+            f"{kb} ({b.layout.label}): {ms(b.decode_step_s)}/token, {b.tokens_per_s:,.0f} tokens/s at batch {b.batch}. "
+            f"Latency: {kind(fast.layout, cluster)} wins, {slow.decode_step_s / fast.decode_step_s:.2f}x faster; "
+            f"throughput: {kind(many.layout, cluster)} wins, {many.tokens_per_s / few.tokens_per_s:.2f}x the tokens. "
+            f"Because {_side(a, cluster)}, while {_side(b, cluster)}.")
+
+
+def counterpart_reason(model: ModelConfig, cluster: Cluster, workload: Workload, s: Score,
+                       scored: dict[Layout, Score]) -> str:
+    """``s`` against its counterpart across nodes ("" when it has none): compared when it is feasible;
+    otherwise why not, and, when only the KV heads forbid it, what copying them would give."""
+    other = counterpart(s.layout, cluster)
+    if other is None:
+        return ""
+    if other in scored:
+        return compare(s, scored[other], cluster)
+    problems = layout_problems(model, cluster, other, workload)
+    text = f"{kind(other, cluster)} ({other.label}) is ruled out: {problems[0] if problems else 'not enumerated'}"
+    copied = replace(workload, copy_kv_heads=True)
+    if not workload.copy_kv_heads and problems and not layout_problems(model, cluster, other, copied):
+        alt = score(model, cluster, other, copied)
+        text += (f". With each KV head copied on {other.tp // model.n_kv_heads} GPUs (vLLM's way past the KV-head "
+                 f"count) it would be: " + compare(s, alt, cluster))
+    return text

@@ -1,0 +1,127 @@
+"""Latency against throughput: ``n`` replicas of a model, or one copy split ``tp = n`` ways, on ``n`` GPUs.
+
+Tensor parallelism shortens the time per token (each GPU reads ``1/tp`` of the weights and KV cache, and
+decode's latency-bound all-reduces cost less than the reads they save); replicas win throughput per GPU
+when the model fits (they send nothing); a split copy frees memory that buys batch, which can win back
+the all-reduces when a replica is short of memory (notebook 02 shows when). Every number comes from the
+planner's cost model (``decode.score``), on one node of ``n`` GPUs joined by ``link``; where both ways
+can serve, the pair is one ``predict.costs.replicas_vs_tensor_parallel`` (the replicas' step, the split
+copy's compute and all-reduces, each at its own batch), the arithmetic notebook 02's live demo predicts
+its measurement with. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shardlib.core.config import ModelConfig
+from shardlib.core.mesh import Layout
+from shardlib.facts.hardware import GPU, Link, gpu_cluster
+from shardlib.predict.costs import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
+from shardlib.predict.serving.decode import score
+from shardlib.predict.serving.memory import Workload, layout_problems
+from shardlib.predict.units import ms
+
+
+@dataclass(frozen=True)
+class ServingPoint:
+    """One way to use ``n_gpus`` GPUs: its batch per copy, per-token latency and tokens per second."""
+
+    label: str  # "4 replicas", "tp = 4"
+    layout: Layout
+    problem: str  # why it cannot serve ("" when it can)
+    batch: int = 0  # sequences per copy, from free memory (up to the workload's max_batch)
+    latency_s: float = 0.0  # per token, at that batch
+    tokens_per_s: float = 0.0  # all its GPUs together
+    latency_alone_s: float = 0.0  # per token, one sequence alone
+
+    @property
+    def n_gpus(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def feasible(self) -> bool:
+        return not self.problem
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.n_gpus
+
+
+def _loaded_and_alone(model, cluster, layout: Layout, workload: Workload):
+    """``(problem, loaded score, score of one sequence alone)``; the scores ``None`` when it cannot serve."""
+    problems = layout_problems(model, cluster, layout, workload)
+    if problems:
+        return problems[0], None, None
+    return "", score(model, cluster, layout, workload), score(model, cluster, layout, replace(workload, batch=1))
+
+
+def _compare(replicas, split, n: int) -> ReplicasVsTensorParallel:
+    """Two scores of one node of ``n`` GPUs (``n`` replicas, one copy at ``tp = n``, no pipeline) as
+    ``replicas_vs_tensor_parallel``: the replicas' step; the split copy's reads or arithmetic (whichever
+    binds), its all-reduces, its batch."""
+    (stage,) = split.stages  # pp = 1: one stage, no hops
+    return replicas_vs_tensor_parallel(replicas.decode_step_s, stage.comm_s, n, replicas.batch,
+                                       tp_compute_s=max(stage.read_s, stage.compute_s), tp_tokens_per_step=split.batch)
+
+
+def _both_ways(model: ModelConfig, gpu: GPU, n: int, link: Link | None, workload: Workload):
+    """``n`` replicas and one copy at ``tp = n`` on one node of ``n`` GPUs: each way's ``(layout, problem,
+    loaded score, alone score)``, and, when both serve, their pairs loaded and alone (else ``None``)."""
+    cluster = gpu_cluster(gpu, 1, n, intra_link=link)
+    rep = (Layout(1, 1, n), *_loaded_and_alone(model, cluster, Layout(1, 1, n), workload))
+    split = (Layout(n, 1, 1), *_loaded_and_alone(model, cluster, Layout(n, 1, 1), workload))
+    if rep[1] or split[1]:
+        return rep, split, None
+    return rep, split, (_compare(rep[2], split[2], n), _compare(rep[3], split[3], n))
+
+
+def replicas_against_tp(model: ModelConfig, gpu: GPU, n: int, link: Link | None = None,
+                        workload: Workload = Workload(), loaded: bool = True) -> ReplicasVsTensorParallel | None:
+    """``n`` replicas against one copy split ``tp = n`` ways on one node of ``n`` ``gpu`` s (``link``: the
+    GPU's node link unless given), each at the batch free memory affords (``loaded``) or one sequence
+    alone; ``None`` when either way cannot serve."""
+    pairs = _both_ways(model, gpu, n, link, workload)[2]
+    return None if pairs is None else pairs[0 if loaded else 1]
+
+
+def _point(label: str, layout: Layout, problem: str, loaded, alone, step_s=None, step_alone_s=None,
+           tokens_per_s=None) -> ServingPoint:
+    if problem:
+        return ServingPoint(label, layout, problem)
+    return ServingPoint(label, layout, "", loaded.batch, loaded.decode_step_s if step_s is None else step_s,
+                        loaded.tokens_per_s if tokens_per_s is None else tokens_per_s,
+                        alone.decode_step_s if step_alone_s is None else step_alone_s)
+
+
+def latency_vs_throughput(model: ModelConfig, gpu: GPU, link: Link | None = None, degrees=(2, 4, 8),
+                          workload: Workload = Workload()) -> tuple[ServingPoint, ...]:
+    """One GPU alone, then for each ``n`` in ``degrees``: ``n`` replicas and one copy split ``tp = n`` ways,
+    on one node of ``n`` ``gpu`` s joined by ``link`` (the GPU's own node link unless given). The batch
+    is sized from free memory unless ``workload`` fixes it. Where both ways serve, their latencies and
+    tokens per second are those of ``replicas_vs_tensor_parallel`` (see the module docstring)."""
+    out = [_point("1 GPU", Layout(1, 1), *_loaded_and_alone(model, gpu_cluster(gpu, 1, 1), Layout(1, 1), workload))]
+    for n in degrees:
+        rep, split, pairs = _both_ways(model, gpu, n, link, workload)
+        if pairs is None:
+            out += [_point(f"{n} replicas", *rep), _point(f"tp = {n}", *split)]
+            continue
+        loaded, alone = pairs
+        out.append(_point(f"{n} replicas", *rep, loaded.replica_step_s, alone.replica_step_s,
+                          loaded.replicas_tokens_per_s))
+        out.append(_point(f"tp = {n}", *split, loaded.tp_step_s, alone.tp_step_s, loaded.tp_tokens_per_s))
+    return tuple(out)
+
+
+def format_latency_vs_throughput(points, model_name: str = "") -> str:
+    """The points as a table: batch, latency (alone and loaded), tokens per second in all and per GPU."""
+    lines = [f"{model_name}".strip(),
+             f"{'':<12}{'GPUs':>5}{'batch':>7}{'ms/token alone':>16}{'ms/token loaded':>17}{'tokens/s':>11}"
+             f"{'per GPU':>9}"]
+    for p in points:
+        if not p.feasible:
+            lines.append(f"{p.label:<12}{p.n_gpus:>5}  not an option: {p.problem}")
+            continue
+        lines.append(f"{p.label:<12}{p.n_gpus:>5}{p.batch:>7}{ms(p.latency_alone_s):>16}{ms(p.latency_s):>17}"
+                     f"{p.tokens_per_s:>11,.0f}{p.tokens_per_s_per_gpu:>9,.0f}")
+    return "\n".join(line for line in lines if line)

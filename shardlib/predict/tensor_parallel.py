@@ -1,0 +1,60 @@
+"""Tensor parallelism's formulas: each cut order's collectives, in buffer and wire bytes; the shape rules
+(the vocabulary split's too) and the largest degree a model's shapes allow (Megatron-LM, Shoeybi et al.
+2019, section 3). Pure."""
+
+from __future__ import annotations
+
+from shardlib.core.checks import choice, whole_number
+from shardlib.core.config import ModelConfig
+from shardlib.predict.shapes import usable_tensor_parallel_degrees
+from shardlib.runtime.records import wire_bytes
+
+CUTS = ("column then row", "row then column")
+
+
+def pair_collectives(cut: str, tp: int, tokens: int, d_model: int, d_hidden: int,
+                     bytes_per_value: int = 4) -> list[tuple[str, int]]:
+    """The forward collectives of one ``d_model -> d_hidden -> d_model`` pair split ``tp`` ways, as
+    ``(op, size_bytes)`` in ``runtime.records``' counting, for ``tokens`` tokens (batch x sequence).
+
+    Column then row: one all-reduce of the output. Row then column: an all-reduce of the wide
+    intermediate before the activation, then an all-gather of the output slices. One rank: nothing.
+    """
+    choice(cut, CUTS, "cut")
+    if whole_number(tp, "tp") == 1:
+        return []
+    if cut == CUTS[0]:
+        return [("all_reduce", tokens * d_model * bytes_per_value)]
+    return [("all_reduce", tokens * d_hidden * bytes_per_value), ("all_gather", tokens * d_model * bytes_per_value)]
+
+
+def pair_wire_collectives(cut: str, tp: int, tokens: int, d_model: int, d_hidden: int,
+                          bytes_per_value: int = 4) -> list[tuple[str, int]]:
+    """``pair_collectives`` with each buffer turned into the bytes one rank puts on the wire under the
+    ring (``runtime.records.wire_bytes``): ``2(tp-1)/tp`` of an all-reduce's buffer, ``(tp-1)/tp`` of an
+    all-gather's."""
+    return [(op, wire_bytes(op, size, tp))
+            for op, size in pair_collectives(cut, tp, tokens, d_model, d_hidden, bytes_per_value)]
+
+
+def other_cut_ratios(d_model: int, d_hidden: int) -> dict[str, float]:
+    """Row-then-column's bill over column-then-row's, for one pair, at any ``tp > 1`` (the ``tp`` terms
+    cancel), counted three ways:
+
+    * ``collectives``: 2 against 1;
+    * ``buffer``: ``(d_hidden + d_model) / d_model``: the wide intermediate's all-reduce plus the output's
+      all-gather, against the output's all-reduce (buffers as nccl-tests' *size* counts them);
+    * ``wire``: ``(2 d_hidden + d_model) / (2 d_model) = d_hidden / d_model + 1/2``: per rank under the
+      ring, where an all-reduce sends ``2(tp-1)/tp`` of its buffer and an all-gather ``(tp-1)/tp``.
+
+    "Doubles the communication" holds for the count of collectives, and so for the time of a pair whose
+    collectives each cost one fixed start-up (latency-bound); in bytes it holds only when ``d_hidden``
+    equals ``d_model`` (buffer), and never exactly on the wire (1.5 there)."""
+    d_model, d_hidden = whole_number(d_model, "d_model"), whole_number(d_hidden, "d_hidden")
+    return {"collectives": 2.0, "buffer": (d_hidden + d_model) / d_model, "wire": d_hidden / d_model + 0.5}
+
+
+def max_tensor_parallel_shards(model: ModelConfig) -> int:
+    """The largest tensor-parallel degree ``model``'s shapes allow: whole query heads per device, whole KV
+    heads (copied past their count), ``d_ff`` divisible (see ``predict.shapes.tensor_parallel_problems``)."""
+    return max(usable_tensor_parallel_degrees(model))

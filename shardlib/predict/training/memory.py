@@ -1,0 +1,176 @@
+"""What one GPU of a training layout keeps: weights, gradients, optimizer state and activations, per stage.
+
+A GPU of stage ``i`` holds its stage's layers split ``tp`` ways (the first stage also the embedding, the
+last the final norm and head, the vocabulary padded to ``128 x tp`` rows; with ``ep > 1`` its ``n_experts /
+ep`` whole experts a layer, ``check_expert_layout``). Bytes per parameter, by convention:
+``STATE_BYTES_MEGATRON`` (Megatron-LM's ``distrib_optimizer.md``: 2 + 4 + 12 = 18, and 6 + 12/d with its
+distributed optimizer) or ``STATE_BYTES_MIXED`` (ZeRO, Rajbhandari et al. 2020, section 3.1: 2 + 2 + 12 =
+16). ``dp_strategy`` shards over ``dp x cp`` ranks (the experts' over their holders, ``expert_dp``).
+Activations: ``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per layer of the stage, for the
+tokens of the GPU's ring slice (``seq / cp``), times the microbatches in flight: 1F1B's stage ``i`` of ``p``
+keeps ``min(p - i, m)`` (interleaved 1F1B: ``in_flight``). The first stage adds the embedding's dropout
+mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3). ZeRO-3 adds two layers
+gathered whole; other transients are left out: the planner keeps a margin for them
+(``memory_utilization``). Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from shardlib.core.checks import choice, whole_number
+from shardlib.core.config import ModelConfig
+from shardlib.core.mesh import Layout
+from shardlib.core.pipeline.registry import schedule_spec
+from shardlib.core.pipeline.stages import stage_layer_counts
+from shardlib.predict.data_parallel import STATE_BYTES_MEGATRON, layer_activation_bytes, memory_per_rank
+from shardlib.predict.shapes import padded_vocab_size
+
+SCHEDULES = ("1f1b", "interleaved-1f1b")  # the registry's schedules this model covers: Megatron-LM's two
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes on one GPU of ``stage``: states kept between steps, activations kept for the backward at the
+    in-flight peak (``in_flight`` microbatches), and the stage's embedding/head activations."""
+
+    stage: int
+    layers: int
+    params: float
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    ends_bytes: float  # embedding dropout mask (first stage), head input and fp32 logits (last stage)
+    in_flight: float
+    gathered_bytes: float = 0.0  # ZeRO-3: two layers' whole weights and gradients (one working, one prefetched)
+    expert_params: float = 0.0  # of ``params``, the experts' (ep > 1: kept by the expert-data-parallel group)
+
+    @property
+    def states_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return self.states_bytes + self.activations_bytes + self.ends_bytes + self.gathered_bytes
+
+
+def layers_of(n_layers: int, pp: int, stage: int, lighter_ends: bool = False) -> int:
+    """Layers of ``stage``: the one stage split (``core.pipeline.stages.stage_layer_counts``), the first and last
+    stage a layer lighter with ``lighter_ends`` (Llama 3's balance)."""
+    return stage_layer_counts(n_layers, pp, end_layers=int(lighter_ends))[stage]
+
+
+def check_expert_layout(model: ModelConfig, layout: Layout) -> None:
+    """A ValueError in the learner's terms when ``layout.ep`` cannot spread ``model``'s experts: a dense
+    model, an ep that does not divide the experts, or one that does not divide a stage's ranks."""
+    ep = layout.ep
+    if ep == 1:
+        return
+    if not model.is_moe:
+        raise ValueError(f"ep = {ep}: {model.name} is dense (n_experts = 1), it has no experts to spread")
+    if model.n_experts % ep:
+        raise ValueError(f"ep = {ep} does not divide the {model.n_experts} experts of {model.name}: each rank holds "
+                         f"whole experts ({model.n_experts} / {ep} = {model.n_experts / ep:.3g}); use an ep that "
+                         f"divides {model.n_experts}")
+    per_stage = layout.tp * layout.dp * layout.cp
+    if per_stage % ep:
+        raise ValueError(f"ep = {ep} must divide the tp x dp x cp = {layout.tp} x {layout.dp} x {layout.cp} = "
+                         f"{per_stage} ranks of a stage: the experts are spread over ranks of one stage")
+
+
+def expert_dp(layout: Layout) -> int:
+    """Ranks of a stage keeping the same experts when ``ep > 1``: ``tp x dp x cp / ep`` (expert data
+    parallelism); with ``ep = 1`` the experts are split by tp and kept by the ``dp x cp`` ranks."""
+    return layout.tp * layout.dp * layout.cp // layout.ep if layout.ep > 1 else layout.dp * layout.cp
+
+
+def stage_expert_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
+    """Expert parameters one GPU of ``stage`` holds when ``ep > 1``: ``n_experts / ep`` whole experts per
+    layer of the stage (0 with ``ep = 1``: the experts are then split by tp like a dense MLP)."""
+    if layout.ep == 1:
+        return 0.0
+    check_expert_layout(model, layout)
+    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
+    return layers * model.n_experts // layout.ep * model.expert_params
+
+
+def stage_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
+    """Parameters one GPU of ``stage`` holds: its layers' share of ``tp`` (norms kept whole), plus the
+    embedding (first stage) and head and final norm (last stage), ``1/tp`` of the padded vocabulary each.
+    With ``ep > 1``, its ``n_experts / ep`` whole experts per layer in place of a ``1/tp`` share of them."""
+    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
+    norms = 2 * model.d_model
+    experts = model.n_experts * model.expert_params if layout.ep > 1 else 0  # spread by ep, not by tp
+    per_layer = (model.params_per_layer - norms - experts) / layout.tp + norms
+    vocab_rows = padded_vocab_size(model, layout.tp) / layout.tp
+    ends = 0.0
+    if stage == 0:
+        ends += vocab_rows * model.d_model
+    if stage == layout.pp - 1:
+        ends += model.d_model + (0 if model.tied_embeddings else vocab_rows * model.d_model)
+    return layers * per_layer + ends + stage_expert_params(model, layout, stage, lighter_ends)
+
+
+def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", chunks: int = 2) -> float:
+    """Microbatches whose activations stage ``stage`` keeps at its peak: 1F1B's warm-up leaves ``p - i``
+    (never more than ``m``); interleaved 1F1B (Narayanan et al. 2021, section 2.2) with ``chunks`` model
+    chunks per GPU keeps ``1 + (p - 1) / (p v)`` times 1F1B's first-stage count (Korthikanti et al. 2022,
+    section 4.2.3): ``p - i + (p - 1) / v`` here, the same extra warm-up on every stage. Stage 0's count
+    is the registry's peak (``ScheduleSpec.in_flight``); the chunks are the spec's (1 for 1F1B)."""
+    choice(schedule, SCHEDULES, "schedule")
+    m = whole_number(n_microbatches, "n_microbatches")
+    v = schedule_spec(schedule).n_chunks(whole_number(chunks, "chunks"))
+    if v == 1 or pp == 1:
+        return min(pp - stage, m)
+    return min(pp - stage + (pp - 1) / v, m)
+
+
+def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
+                    recompute: str = "selective", sequence_parallel: bool = True, stage: int = 0,
+                    state_bytes: Mapping[str, float] = STATE_BYTES_MEGATRON, schedule: str = "1f1b",
+                    chunks: int = 2, activation_bytes_per_value: int = 2, lighter_ends: bool = False) -> TrainingMemory:
+    """Bytes on one GPU of ``stage`` of ``layout`` training ``model`` on sequences of ``seq`` tokens,
+    ``microbatch`` sequences per microbatch, ``n_microbatches`` per step (the module docstring's rules);
+    ``lighter_ends``: the layers cut as ``stage_layer_counts`` says (Llama 3's lighter end stages)."""
+    seq, b = whole_number(seq, "seq"), whole_number(microbatch, "microbatch")
+    if seq % layout.cp:
+        raise ValueError(f"a sequence of {seq} tokens cannot be split into {layout.cp} equal ring slices (cp)")
+    if not 0 <= stage < layout.pp:
+        raise ValueError(f"stage {stage} is not one of the {layout.pp} stages (0 to {layout.pp - 1})")
+    sp = sequence_parallel and layout.tp > 1
+    check_expert_layout(model, layout)
+    params = stage_params(model, layout, stage, lighter_ends)
+    experts = stage_expert_params(model, layout, stage, lighter_ends)
+    states = memory_per_rank(params - experts, layout.dp_strategy, layout.dp * layout.cp, state_bytes)
+    if experts:
+        kept = memory_per_rank(experts, layout.dp_strategy, expert_dp(layout), state_bytes)
+        states = {key: states[key] + kept[key] for key in states}
+    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
+    tokens = seq // layout.cp
+    held = in_flight(stage, layout.pp, n_microbatches, schedule, chunks)
+    per_layer = layer_activation_bytes(model, tokens, b, recompute, layout.tp, sp) * activation_bytes_per_value / 2
+    activations = layers * per_layer * held
+    t, sbh = layout.tp, tokens * b * model.d_model
+    ends = 0.0
+    if stage == 0:
+        ends += sbh / (t if sp else 1) * held  # the embedding's dropout mask, 1 byte a value
+    if stage == layout.pp - 1:
+        v = padded_vocab_size(model, t)
+        ends += 4 * sbh / t * (1 + v / model.d_model)  # norm and head inputs, fp32 logits: one microbatch
+    gathered = 0.0
+    if layout.dp_strategy == "zero3" and layout.dp * layout.cp > 1:
+        gathered = 2 * params / layers * (state_bytes["params"] + state_bytes["grads"])
+    return TrainingMemory(stage, layers, params, states["params"], states["grads"], states["optimizer"],
+                          activations, ends, held, gathered, experts)
+
+
+def peak_training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
+                         **kwargs) -> TrainingMemory:
+    """The fullest of the first, second and last stage. The middle stages never exceed the second (fewer
+    microbatches in flight, no more layers); with even stages the second never exceeds the first, with
+    lighter ends (one layer fewer on stage 0) it may."""
+    stages = {0, min(1, layout.pp - 1), layout.pp - 1}
+    return max((training_memory(model, layout, seq, microbatch, n_microbatches, stage=s, **kwargs) for s in stages),
+               key=lambda m: m.total_bytes)
