@@ -135,7 +135,7 @@ show_code(BucketedReplica._build_bucket, BucketedReplica._ready, BucketedReplica
 # %% [markdown]
 # **ZeRO-3** (`zero3.py`): a rank keeps only its shard of every layer (a "unit").
 #
-# - `Gathered` is a tiny autograd function. Its forward returns the unit's full weights (`take`). Its
+# - `GatheredUnit` is a tiny autograd function. Its forward returns the unit's full weights (`take`). Its
 #   backward hands their gradient to `reduce`, so the reduce-scatter happens at exactly the right moment.
 # - `_before_forward` gathers the unit and **prefetches** the next one, whose all-gather travels while
 #   this unit computes.
@@ -151,9 +151,9 @@ show_code(BucketedReplica._build_bucket, BucketedReplica._ready, BucketedReplica
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.data_parallel.zero3 import Gathered, ShardedUnits
+from shardlib.core.data_parallel.zero3 import GatheredUnit, ShardedUnits
 
-show_code(Gathered, ShardedUnits._before_forward, ShardedUnits._after_forward, ShardedUnits._before_backward,
+show_code(GatheredUnit, ShardedUnits._before_forward, ShardedUnits._after_forward, ShardedUnits._before_backward,
           ShardedUnits.reduce, ShardedUnits.take, ShardedUnits._gather, ShardedUnits._free, ShardedUnits._prefetch)
 
 # %% [markdown]
@@ -337,11 +337,11 @@ for prefetch in (False, True):  # the ZeRO-3 run above already prefetched
 # of 64 KiB) makes the effect visible.
 
 # %%
-from shardlib.lab.data_parallel.claims import run_overlap_check
+from shardlib.lab.data_parallel.claims import run_bucket_overlap_check
 
 mid = toy_model(d_model=128, d_hidden=512, n_layers=4, d_out=8, seed=0)
 mid_batches = toy_batches(4, rows=64, d_in=128, d_out=8, seed=1)
-overlap = run_overlap_check(ranks, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=1)
+overlap = run_bucket_overlap_check(ranks, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=1)
 for s, o in overlap.items():
     launched = o.with_overlap.launched_during_backward()
     print(f"{STRATEGY_TITLES[s]}: {launched} asynchronous collectives issued before the last step's backward ended; "

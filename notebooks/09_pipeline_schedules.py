@@ -241,9 +241,9 @@ for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
 # hidden all-to-alls are shorter than 40 ms, so about half the rows' time disappears.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.experts.overlap_drivers import run_overlap_check
+from shardlib.lab.experts.overlap_drivers import run_expert_overlap_check
 
-overlap = run_overlap_check(ranks, repeats=2)
+overlap = run_expert_overlap_check(ranks, repeats=2)
 for v in overlap.verdicts:
     print(v.line)
 print(f"hidden: {overlap.hidden_share:.0%} of the exposed all-to-all time")
@@ -252,7 +252,7 @@ assert overlap.exact  # both orders give the one-process layer's outputs bit for
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# `run_overlap_check` runs each order twice after a warm-up, on the two warm ranks. A rank's exposed
+# `run_expert_overlap_check` runs each order twice after a warm-up, on the two warm ranks. A rank's exposed
 # time is what it spent blocked in the all-to-alls: a blocking call's whole duration, an asynchronous
 # call's wait. Each rank keeps its least over the repeats (a busy machine only adds), and the slowest
 # rank's counts. The counts exchanges stay exposed in both orders. A verdict holds for a ratio of 0.8

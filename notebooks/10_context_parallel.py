@@ -445,11 +445,11 @@ assert balance.runs["contiguous"].computed_blocks == (1, 2) and balance.runs["zi
 # step. Predict: with overlap, almost no time blocked in `wait`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.context_parallel.claims import run_overlap_check
+from shardlib.lab.context_parallel.claims import run_ring_overlap_check
 from shardlib.ui.context_parallel_figures import ring_timeline_figure
 
 qo, ko, vo = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
-overlap_check = run_overlap_check(ranks, qo, ko, vo, repeats=3, pad_compute_s=0.04)
+overlap_check = run_ring_overlap_check(ranks, qo, ko, vo, repeats=3, pad_compute_s=0.04)
 for v in overlap_check.verdicts:
     print(v.line)
 overlap = overlap_check.overlap

@@ -99,9 +99,9 @@ print(f"{four.world_size} ranks: {four.description}")
 # %%
 from dataclasses import replace
 
-from shardlib.lab.training.corpus import MarkovCorpus
+from shardlib.core.training.corpus import MarkovCorpus
 from shardlib.core.training.config import TrainingConfig
-from shardlib.lab.training.reference import train_reference
+from shardlib.core.training.reference import train_reference
 
 train_config = TrainingConfig(dtype="float64", steps=3)  # float64: see "Run it" below
 corpus = MarkovCorpus(train_config)

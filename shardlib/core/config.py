@@ -134,11 +134,20 @@ class ModelConfig:
         matrices = self.n_layers * self.matrix_params_per_layer
         return matrices * self.matrix_bytes_per_param + (self.n_params - matrices) * self.bytes_per_param
 
-    def kv_bytes_per_token(self) -> float:
-        """KV cache one token adds: a key and a value per KV head per layer (MLA: its ``kv_latent_dim``
-        values per layer), in the model's dtype."""
-        per_layer = self.kv_latent_dim or 2 * self.n_kv_heads * self.head_dim
-        return self.n_layers * per_layer * self.bytes_per_param
+    def kv_bytes_per_token(self, tp: int = 1, n_layers: int | None = None) -> float:
+        """KV cache one token adds on one of ``tp`` ranks, over ``n_layers`` (default: all), in the model's
+        dtype (``kv_bytes_per_token`` below)."""
+        layers = self.n_layers if n_layers is None else n_layers
+        return kv_bytes_per_token(layers, self.n_kv_heads, self.head_dim, self.bytes_per_param, tp, self.kv_latent_dim)
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, element_bytes: float, tp: int = 1,
+                       latent_dim: int = 0) -> float:
+    """The one KV-cache formula: what one token adds on one of ``tp`` ranks. A key and a value per layer
+    per KV head the rank holds (``n_kv_heads / tp``, one copy each once ``tp`` passes them); with multi-head
+    latent attention (DeepSeek-V2/V3) its ``latent_dim`` values per layer instead, whole on every rank."""
+    per_layer = latent_dim or 2 * max(n_kv_heads / tp, 1) * head_dim
+    return n_layers * per_layer * element_bytes
 
 
 

@@ -108,9 +108,14 @@ def attention_layer_reference(x: torch.Tensor, wq, wk, wv, wo, n_heads: int, n_k
     return F.linear(causal_gqa(q, k, v), wo)
 
 
-def rms_norm(h: torch.Tensor) -> torch.Tensor:
-    """RMS norm over the last dim, without a learned scale: keeps the residual stream of order 1."""
-    return F.rms_norm(h, (h.shape[-1],))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = None,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
+    """RMSNorm (Zhang and Sennrich 2019) over the last dim, computed in ``dtype`` (``transformers``' Llama:
+    float32; ``None``: ``x``'s) and cast back, then times ``weight`` (``None``: no learned scale, the toy's).
+    ``eps``: the computing dtype's machine epsilon unless given."""
+    h = x if dtype is None else x.to(dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + (torch.finfo(h.dtype).eps if eps is None else eps))
+    return h.to(x.dtype) if weight is None else weight * h.to(x.dtype)
 
 
 def block_reference(h: torch.Tensor, w: dict, model: ModelConfig) -> torch.Tensor:

@@ -67,12 +67,9 @@ def stage_layers(model: ModelConfig, pp: int) -> int:
 def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1, pp: int = 1) -> float:
     """The KV cache on one device: a key and a value per layer of its stage (the heaviest,
     ``ceil(n_layers / pp)``), per KV head it holds (``kv_heads_per_device``), per token it keeps
-    (``batch x seq / cp``), in the model's dtype."""
+    (``batch x seq / cp``), in the model's dtype; MLA's latent whole on every tp rank (vLLM's MLA)."""
     tokens = whole_number(batch, "batch") * whole_number(seq, "seq") / whole_number(cp, "cp")
-    if model.kv_latent_dim:  # MLA: one latent per token per layer, whole on every tp rank (vLLM's MLA)
-        return stage_layers(model, pp) * model.kv_latent_dim * model.bytes_per_param * tokens
-    per_token = 2 * stage_layers(model, pp) * kv_heads_per_device(model, tp) * model.head_dim * model.bytes_per_param
-    return per_token * tokens
+    return model.kv_bytes_per_token(whole_number(tp, "tp"), stage_layers(model, pp)) * tokens
 
 
 def attention_params_per_device(model: ModelConfig, tp: int) -> float:

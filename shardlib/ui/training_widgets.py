@@ -70,8 +70,8 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
     ledger and the gap to one process. ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first
     option if it cannot run)."""
     from shardlib.core.checks import TOLERANCE
+    from shardlib.core.training.reference import train_reference
     from shardlib.lab.training.drivers import run_training
-    from shardlib.lab.training.reference import train_reference
 
     options = four_rank_layouts(ranks.world_size, config)  # the slider holds only layouts that run
     first = start if start in [v for _, v in options] else options[0][1]

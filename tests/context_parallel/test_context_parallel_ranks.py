@@ -193,7 +193,7 @@ def test_the_overlap_driver_runs_both_rings_exactly_on_the_same_bytes(pool2):
     """Each step's compute padded to 40 ms, the link fitted on the spot: the ring with and without overlap
     give the same exact output over the same K/V blocks (2 MiB each), and each side's times and predictions
     are finite numbers of seconds. Whether the overlap hides the transfer is the notebook's claim
-    (``run_overlap_check``) and the benchmark's."""
+    (``run_ring_overlap_check``) and the benchmark's."""
     q, k, v = qkv(1, 8, 8, 1024, 64, seed=6)  # K/V block: 2 x 8 x 512 x 64 x 4 = 2 MiB
     over = run_ring_overlap(pool2, q, k, v, repeats=1, pad_compute_s=0.04)
     assert over.overlapped.overlap and not over.sequential.overlap

@@ -266,12 +266,12 @@ def test_identity_check_sets_the_all_reduce_beside_the_two_calls(pool2, monkeypa
 
 def test_overlap_check_sets_the_step_with_overlap_beside_the_step_without(pool2, even, monkeypatch):
     from shardlib.lab.data_parallel import claims
-    from shardlib.lab.data_parallel.claims import OverlapCheck, run_overlap_check
+    from shardlib.lab.data_parallel.claims import BucketOverlapCheck, run_bucket_overlap_check
 
     monkeypatch.setattr(claims, "verified", _measure_once)
     model, batches = even
-    check = run_overlap_check(pool2, model, batches, LR, bucket_bytes=4096, repeats=1)
-    assert isinstance(check, OverlapCheck) and [s for s, _ in check.items()] == ["ddp", "zero3"]
+    check = run_bucket_overlap_check(pool2, model, batches, LR, bucket_bytes=4096, repeats=1)
+    assert isinstance(check, BucketOverlapCheck) and [s for s, _ in check.items()] == ["ddp", "zero3"]
     for v, (s, o) in zip(check.verdicts, check.items()):
         assert v.predicted == o.step_s_without and v.measured == o.step_s_with and v.what.startswith(("DDP", "ZeRO-3"))
         assert o.with_overlap.launched_during_backward() > 0 and o.without_overlap.launched_during_backward() == 0

@@ -14,9 +14,9 @@ from shardlib.core.experts.autograd import LocalExperts, moe_forward
 from shardlib.core.experts.balance import bias_update, split_groups
 from shardlib.core.experts.dropless import moe_layer
 from shardlib.core.experts.gating import GATES, MoETrainConfig, train_route
-from shardlib.core.experts.train_step import check_expert_layout, project
 from shardlib.lab.experts.train_drivers import EXACT_RTOL, relative_error, run_balance_training, run_moe_training
 from shardlib.lab.experts.train_reference import make_moe_problem
+from shardlib.lab.experts.train_step import check_ep_degree, project
 
 CFG = MoETrainConfig(n_experts=8, k=2, d_model=16, d_ff=32)
 
@@ -86,7 +86,7 @@ def test_ep_2_on_4_ranks_reduces_each_expert_over_its_two_copies(pool4):
 def test_the_expert_gradient_needs_the_expert_data_parallel_sum(pool4):
     """Leave out the sum over the expert-data-parallel group and the gradient is wrong by about half:
     the test of the reduction can fail."""
-    from shardlib.core.experts import train_step
+    from shardlib.lab.experts import train_step
 
     cfg = CFG.but(balance="aux-loss")
     problem = make_moe_problem(cfg, 64, skew=1.0)
@@ -139,9 +139,9 @@ def test_bad_layouts_say_what_is_wrong():
     with pytest.raises(ValueError, match="does not divide the 8 experts"):
         CFG.experts_per_rank(3)
     with pytest.raises(ValueError, match="ep must divide the world size 4"):
-        check_expert_layout(CFG, 4, 3)
+        check_ep_degree(CFG, 4, 3)
     with pytest.raises(ValueError, match="does not divide the 6 experts"):
-        check_expert_layout(CFG.but(n_experts=6), 4, 4)
+        check_ep_degree(CFG.but(n_experts=6), 4, 4)
     with pytest.raises(ValueError, match="cannot go to 9 different experts out of 8"):
         MoETrainConfig(n_experts=8, k=9)
     with pytest.raises(ValueError, match="unknown gate"):
@@ -170,7 +170,7 @@ def test_the_gate_functions_and_a_bias_that_chooses_but_never_weighs():
 @pytest.mark.parametrize("ep", [2, 4])
 def test_each_groups_bytes_are_predicted(pool4, ep):
     """The comm log of one step, summed per (op, group), equals ``predicted_moe_step_bytes``."""
-    from shardlib.core.experts.train_step import moe_train_on_rank
+    from shardlib.lab.experts.train_step import moe_train_on_rank
     from shardlib.predict.experts import predicted_moe_step_bytes
 
     cfg = CFG.but(balance="aux-free")

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from shardlib.lab.experts import overlap_drivers
-from shardlib.lab.experts.overlap_drivers import EXPOSED_BAND, run_overlap_check
+from shardlib.lab.experts.overlap_drivers import EXPOSED_BAND, run_expert_overlap_check
 from shardlib.predict.experts import predicted_exposed_s
 
 
@@ -31,7 +31,7 @@ def once(monkeypatch):
 
 
 def test_overlap_keeps_the_outputs_and_is_predicted_to_hide_half_the_rows(pool, once):
-    check = run_overlap_check(pool, repeats=2)
+    check = run_expert_overlap_check(pool, repeats=2)
     assert check.exact  # both orders give the one-process layer's outputs bit for bit
     assert [v.what for v in check.verdicts] == ["exposed all-to-all time, two microbatches in turn",
                                                 "exposed all-to-all time, overlapped"]
@@ -45,6 +45,6 @@ def test_overlap_keeps_the_outputs_and_is_predicted_to_hide_half_the_rows(pool, 
 
 def test_bad_overlap_input_says_what_is_wrong(pool2):
     with pytest.raises(ValueError, match="cannot make two microbatches"):
-        run_overlap_check(pool2, n_tokens=3)
+        run_expert_overlap_check(pool2, n_tokens=3)
     with pytest.raises(ValueError, match="expert_s"):
-        run_overlap_check(pool2, expert_s=0)
+        run_expert_overlap_check(pool2, expert_s=0)

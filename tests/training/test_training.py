@@ -13,9 +13,9 @@ from shardlib.core.mesh import Layout
 from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.core.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from shardlib.core.training.config import TrainingConfig, init_weights
-from shardlib.lab.training.corpus import MarkovCorpus
+from shardlib.core.training.corpus import MarkovCorpus
+from shardlib.core.training.reference import train_reference
 from shardlib.lab.training.drivers import check_training
-from shardlib.lab.training.reference import train_reference
 
 
 def test_config_checks_and_batch_accounting():

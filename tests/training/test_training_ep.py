@@ -6,8 +6,8 @@ import torch
 
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig, init_weights
+from shardlib.core.training.reference import train_reference
 from shardlib.lab.training.drivers import check_training, run_training
-from shardlib.lab.training.reference import train_reference
 from shardlib.predict.training.ledger import predict_ledger
 
 TOLERANCE = 1e-9  # float64: cross-rank sums (gradients over dp, the stage, the experts' holders) in another order

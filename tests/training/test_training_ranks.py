@@ -19,8 +19,8 @@ from shardlib.core.checks import TOLERANCE
 from shardlib.core.mesh import Layout
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.training.config import TrainingConfig
+from shardlib.core.training.reference import train_reference
 from shardlib.lab.training.drivers import run_training
-from shardlib.lab.training.reference import train_reference
 from shardlib.runtime.launch import start_local_nodes
 from shardlib.runtime.ranks import Ranks
 

@@ -31,7 +31,7 @@ class _ParamSlice(tuple):
     """What the backward keeps instead of a slice of a gathered unit: ``(unit, size, stride, offset)``."""
 
 
-class Gathered(torch.autograd.Function):
+class GatheredUnit(torch.autograd.Function):
     """Forward: the unit's full flat weights, gathered from the shards. Backward: hand their gradient to
     ``ShardedUnits.reduce`` (which reduce-scatters it into the shard's ``.grad``)."""
 
@@ -87,7 +87,7 @@ class ShardedUnits:
     # -- forward: gather, compute, free ------------------------------------------------------------------
     def _before_forward(self, u: int, module, args) -> None:
         """Hook: gather unit ``u``'s weights, lend them to its module, start gathering the next unit."""
-        full = Gathered.apply(self.owned[u], self, u)  # (padded_numel,), on the autograd graph
+        full = GatheredUnit.apply(self.owned[u], self, u)  # (padded_numel,), on the autograd graph
         for n, offset, numel in zip(self.unit_names[u], self.groups[u].offsets, self.groups[u].numels):
             owner, attr = owner_of(self.model, n)
             setattr(owner, attr, full[offset:offset + numel].view(self.shapes[n]))  # lent for this forward
@@ -115,7 +115,7 @@ class ShardedUnits:
         self._prefetch(u - 1)
 
     def reduce(self, u: int, grad_full: torch.Tensor) -> None:
-        """Unit ``u``'s backward is done (``Gathered.backward``): reduce-scatter its gradient, free its weights."""
+        """Unit ``u``'s backward is done (``GatheredUnit.backward``): reduce-scatter its gradient, free its weights."""
         self._free(u, self._for_backward.pop(u, None))
         self._reduced.add(u)
         result = self.group.comm.reduce_scatter(grad_full.contiguous(), async_op=self.overlap)  # (padded_numel / N,)

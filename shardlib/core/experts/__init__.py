@@ -18,10 +18,7 @@
 * ``routing``: The mixture-of-experts router: the layer's configuration, the load-imbalance knob, the top-k
   choice.
 * ``stack``: The toy transformer with mixture-of-experts MLPs: its seeded weights and its one-process forward.
-* ``train_step``: The MoE training step on a rank: forward through ``autograd.moe_forward``, the loss, the
-  backward, and each gradient summed over the ranks that share its weight (``expert_groups``: a ``(world / ep)
-  x ep`` grid).
 """
 
 __all__ = ["autograd", "balance", "dispatch", "dropless", "gating", "groups", "node_limited", "overlap", "placement",
-           "routing", "stack", "train_step"]
+           "routing", "stack"]

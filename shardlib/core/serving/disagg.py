@@ -8,7 +8,7 @@ token: a step computes prompts (whole or in chunks) and samples their first toke
 chunk is in a step, each prefill rank announces it to its decode peer (the rank ``P`` further on, same TP
 index) and sends that request's K/V (``handoff.KVSender``): after the step, or layer by layer during it.
 After the step the leader sends the first token to the decode pool's leader (rank ``P``). That leader runs
-a scheduler of its own (``scheduler.Scheduler``) over the requests handed to it: it admits one with its
+the same loop, its ``poll`` hook admitting the requests handed to it (``admit_handed_off``), each with its
 prompt's K/V already computed (blocks allocated, the first token in its output), tells its pool which
 blocks (one broadcast a step, as the colocated engine does), every decode rank writes the K/V it received
 into them (``handoff.KVReceiver``), and the pool decodes to the end. A request that wants one token is done
@@ -25,10 +25,10 @@ import torch
 
 from shardlib.core.serving.engine import StepRecord, pack, unpack
 from shardlib.core.serving.handoff import KVReceiver, KVSender
-from shardlib.core.serving.loop import run_engine, sample_step
+from shardlib.core.serving.loop import run_engine
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import SequenceState
-from shardlib.core.serving.scheduler import Scheduler, StepPlan
+from shardlib.core.serving.scheduler import Scheduler
 from shardlib.core.tensor_parallel.layers import TPGroup
 
 
@@ -201,32 +201,33 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
         inbox.wait_end()
         return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes)
 
-    sched = Scheduler(decode_config(config))
-    steps: list[StepRecord] = []
     handoff, first_s = {}, {}  # request id -> seconds from its first token to its K/V here; when it was sampled
-    while True:
+    admits, steps = [], []  # admissions not yet told to the pool; a StepRecord per step
+
+    def poll(sched, now_s):
+        """``run_engine``'s hook: admit what has been handed off; while idle, block until something comes."""
         inbox.poll()
         if sched.idle and not inbox.tokens:
             if inbox.ended:
-                break
+                return False
             inbox.poll(block=True)
-            continue
         first_s.update((requests[i].request_id, t) for i, _, t in inbox.tokens)
-        admits = admit_handed_off(sched, inbox.tokens, requests, config)
-        plan = sched.schedule() if not sched.idle else StepPlan(())
+        admits.extend(admit_handed_off(sched, inbox.tokens, requests, config))
+        return not inbox.ended or bool(inbox.tokens)
+
+    def step(chunks):
         if p > 1:
-            _pool_broadcast(ctx, torch.cat([_pack_admits(admits), pack(plan.chunks)]), leader, groups.decode)
-        for i, table in admits:
+            _pool_broadcast(ctx, torch.cat([_pack_admits(admits), pack(chunks)]), leader, groups.decode)
+        for i, table in admits:  # the admitted requests' K/V into their blocks, before the step reads them
             inbox.land(i, model.cache, table)
-            rid = requests[i].request_id
-            handoff[rid] = clock() - first_s[rid]
-        if not plan.chunks:
-            continue
-        start_s = clock()
-        sampled = sample_step(sched, plan, model.step(plan.chunks))
-        end_s = clock()
-        sched.update(plan, sampled, end_s)
+            handoff[requests[i].request_id] = clock() - first_s[requests[i].request_id]
+        admits.clear()
+        return model.step(chunks)
+
+    def record(plan, start_s, end_s, sched):
         steps.append(_step_record(plan, start_s, end_s, sched))
+
+    sched = run_engine([], decode_config(config), step, clock=clock, wait=ctx.wait_s, on_step=record, poll=poll)
     if p > 1:
         _pool_broadcast(ctx, None, leader, groups.decode)
     inbox.wait_end()

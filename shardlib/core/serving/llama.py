@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from shardlib.core.checks import positive_number, whole_number
+from shardlib.core.config import kv_bytes_per_token
+from shardlib.core.toy import mlp_reference, rms_norm
 
 LAYER_KEYS = ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "mlp_norm")
 _HF_LAYER = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -63,7 +65,7 @@ class LlamaConfig:
     def kv_bytes_per_token(self, element_bytes: int, tp: int = 1) -> int:
         """K and V of one token in every layer on one rank: ``2 x layers x KV heads per rank x head dim x
         bytes``, the KV heads copied when ``tp`` passes their count (one each)."""
-        return 2 * self.n_layers * max(1, self.n_kv_heads // tp) * self.head_dim * element_bytes
+        return int(kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, element_bytes, tp))
 
 
 @dataclass(frozen=True)
@@ -131,13 +133,6 @@ def weights_from_hf_llama(state_dict: dict, hf_config) -> LlamaWeights:
 
 
 # -- the computation, shared by the reference and the engine ------------------------------------------
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm with its weight, computed in float32 and cast back (as ``transformers`` does)."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding, rotate-half form: ``x`` (tokens, heads, head_dim) at ``positions``."""
     dim = x.shape[-1]
@@ -162,24 +157,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     return torch.einsum("hnc,chd->nhd", torch.softmax(scores, dim=-1), v)
 
 
-def mlp(x: torch.Tensor, w: dict) -> torch.Tensor:
-    """SwiGLU: ``down(silu(gate x) * up x)``."""
-    return F.linear(F.silu(F.linear(x, w["gate"])) * F.linear(x, w["up"]), w["down"])
-
-
 def forward_reference(weights: LlamaWeights, token_ids: torch.Tensor) -> torch.Tensor:
     """Logits (tokens, V) of one whole sequence, in one process, with no cache."""
     c = weights.config
     positions = torch.arange(token_ids.shape[0])
     h = weights.embed[token_ids]  # (tokens, d)
     for w in weights.layers:
-        x = rms_norm(h, w["attn_norm"], c.rms_eps)
+        x = rms_norm(h, w["attn_norm"], c.rms_eps, torch.float32)
         q = rotary(F.linear(x, w["q"]).view(-1, c.n_heads, c.head_dim), positions, c.rope_theta)
         k = rotary(F.linear(x, w["k"]).view(-1, c.n_kv_heads, c.head_dim), positions, c.rope_theta)
         v = F.linear(x, w["v"]).view(-1, c.n_kv_heads, c.head_dim)
         h = h + F.linear(attend(q, k, v, positions).flatten(1), w["o"])
-        h = h + mlp(rms_norm(h, w["mlp_norm"], c.rms_eps), w)
-    return F.linear(rms_norm(h, weights.norm, c.rms_eps), weights.head)
+        h = h + mlp_reference(rms_norm(h, w["mlp_norm"], c.rms_eps, torch.float32), w["gate"], w["up"], w["down"])
+    return F.linear(rms_norm(h, weights.norm, c.rms_eps, torch.float32), weights.head)
 
 
 def greedy_reference(weights: LlamaWeights, prompt_token_ids, max_new_tokens: int) -> tuple[int, ...]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shardlib.core.serving.llama import LlamaWeights, attend, rms_norm, rotary
+from shardlib.core.serving.llama import LlamaWeights, attend, rotary
 from shardlib.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, TPGroup
+from shardlib.core.toy import rms_norm
 
 
 class KVCache:
@@ -88,7 +89,7 @@ class Layer(torch.nn.Module):
         the slots of its whole sequence so far, its positions); ``decodes``: the one-token chunks together,
         (their rows, their new slots, their contexts' slots (n, longest), which of those are real)."""
         c = self.config
-        x = rms_norm(h, self.attn_norm, c.rms_eps)
+        x = rms_norm(h, self.attn_norm, c.rms_eps, torch.float32)
         q = rotary(self.q.local(x).view(-1, self.heads, c.head_dim), positions, c.rope_theta)  # (tokens, H/tp, hd)
         k = rotary(self.k.local(x).view(-1, self.kv_heads, c.head_dim), positions, c.rope_theta)
         v = self.v.local(x).view(-1, self.kv_heads, c.head_dim)
@@ -103,7 +104,7 @@ class Layer(torch.nn.Module):
             k_ctx, v_ctx = cache.read(layer, slot_matrix)  # (n, longest context, kv heads here, hd)
             out[rows] = attend_decodes(q[rows], k_ctx, v_ctx, valid)
         h = h + self.tpg.all_reduce(self.o.partial(out.flatten(1)))  # (tokens, d): every rank's heads summed
-        x = rms_norm(h, self.mlp_norm, c.rms_eps)
+        x = rms_norm(h, self.mlp_norm, c.rms_eps, torch.float32)
         return h + self.tpg.all_reduce(self.down.partial(F.silu(self.gate.local(x)) * self.up.local(x)))
 
 
@@ -145,7 +146,7 @@ class PagedModel(torch.nn.Module):
             if on_layer is not None:
                 on_layer(i)
         h = h[last_rows]
-        return F.linear(rms_norm(h, self.norm, self.config.rms_eps), self.head)  # (sampled, V)
+        return F.linear(rms_norm(h, self.norm, self.config.rms_eps, torch.float32), self.head)  # (sampled, V)
 
     def _decodes(self, one):
         """The one-token chunks' rows, new slots, and their contexts' slots padded to the longest."""

@@ -47,6 +47,14 @@ class ScatterToSequence(torch.autograd.Function):
         return fctx.tpg.all_gather(grad, SEQ_DIM), None  # (b, s/tp, d) -> (b, s, d)
 
 
+def gather_seq(x, tpg: TPGroup):  # (b, s/tp, d) -> (b, s, d); nothing to gather at tp = 1
+    return x if tpg.tp == 1 else GatherFromSequence.apply(x, tpg)
+
+
+def scatter_seq(x, tpg: TPGroup):  # (b, s, d) partial -> (b, s/tp, d) summed; nothing to sum at tp = 1
+    return x if tpg.tp == 1 else ScatterToSequence.apply(x, tpg)
+
+
 class SequenceParallelBlock(nn.Module):
     """``toy.block_reference`` with tensor parallelism inside each pair and sequence parallelism
     outside: takes and returns this rank's shard of the residual stream, (b, s/tp, d_model)."""

@@ -23,16 +23,8 @@ from shardlib.core.experts.routing import blocked_rows
 from shardlib.core.experts.stack import EXPERT_KEYS
 from shardlib.core.tensor_parallel.blocks import ParallelAttention
 from shardlib.core.tensor_parallel.layers import TPGroup
-from shardlib.core.tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
+from shardlib.core.tensor_parallel.sequence_parallel import gather_seq, scatter_seq
 from shardlib.core.toy import rms_norm
-
-
-def gather_seq(x, tpg):  # (b, s/tp, d) -> (b, s, d), as step's
-    return x if tpg.tp == 1 else GatherFromSequence.apply(x, tpg)
-
-
-def scatter_seq(x, tpg):  # (b, s, d) partial -> (b, s/tp, d) summed, as step's
-    return x if tpg.tp == 1 else ScatterToSequence.apply(x, tpg)
 
 
 class AttachAuxLoss(torch.autograd.Function):
@@ -65,7 +57,7 @@ class Experts(nn.Module):
         return LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS))
 
 
-class Router(nn.Module):
+class RouterWeight(nn.Module):
     def __init__(self, weight) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight.detach().clone())  # (n_experts, d_model), whole on every rank
@@ -78,7 +70,7 @@ class MoEMLP(nn.Module):
         super().__init__()
         self.ctx, self.cfg, self.groups, self.tpg, self.aux_scale = ctx, config.moe, groups, tpg, aux_scale
         n_local = self.cfg.experts_per_rank(1 if groups.ep is None else dist_size(groups.ep))
-        self.router, self.experts = Router(w["router"]), Experts(w, groups.place * n_local, n_local)
+        self.router, self.experts = RouterWeight(w["router"]), Experts(w, groups.place * n_local, n_local)
         self.tokens_per_microbatch = config.microbatch * config.seq
         self.bias = torch.zeros(self.cfg.n_experts, dtype=w["router"].dtype) if config.balance == "aux-free" else None
         self.step_counts = torch.zeros(self.cfg.n_experts, dtype=torch.long)

@@ -32,20 +32,11 @@ from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.probe import NO_PROBE
 from shardlib.core.tensor_parallel.blocks import ParallelAttention, ParallelMLP
 from shardlib.core.tensor_parallel.layers import ColumnParallelLinear, TPGroup
-from shardlib.core.tensor_parallel.sequence_parallel import GatherFromSequence, ScatterToSequence
+from shardlib.core.tensor_parallel.sequence_parallel import gather_seq, scatter_seq
 from shardlib.core.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from shardlib.core.toy import rms_norm, split_heads
 from shardlib.core.training.config import layer_of
 from shardlib.core.training.moe_block import MoEBlock, MoEMLP
-
-
-def gather_seq(x, tpg):  # (b, s/(cp tp), d) -> (b, s/cp, d)
-    return x if tpg.tp == 1 else GatherFromSequence.apply(x, tpg)
-
-
-def scatter_seq(x, tpg):  # (b, s/cp, d) partial -> (b, s/(cp tp), d) summed
-    return x if tpg.tp == 1 else ScatterToSequence.apply(x, tpg)
-
 
 _DP_CP_GROUPS: dict = {}  # (world size, layout) -> this rank's dp x cp group, made once per warm worker
 

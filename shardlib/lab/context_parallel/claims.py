@@ -14,7 +14,7 @@ from shardlib.lab.context_parallel.drivers import (
 from shardlib.lab.verdict import Verdict, verified
 
 ZIGZAG_HIGH = 4 / 3  # zigzag's imbalance over contiguous's, measured over predicted (3/4): at most 1, as claimed
-OVERLAP_BAND = (0.95, 1.35)  # each ring's step time over its alpha-beta prediction; the Python between steps adds
+RING_OVERLAP_BAND = (0.95, 1.35)  # each ring's step time over its alpha-beta prediction; the Python between steps adds
 HIDDEN_AT_LEAST = 0.5  # the share of the transfer hidden under compute, overlapped
 
 
@@ -44,7 +44,7 @@ def run_balance_check(ranks, q, k, v, repeats: int = 3) -> BalanceCheck:
 
 
 @dataclass(frozen=True)
-class OverlapCheck:
+class RingOverlapCheck:
     """``run_ring_overlap``'s result (``overlap``) and its ``verdicts``."""
 
     overlap: Overlap
@@ -52,19 +52,19 @@ class OverlapCheck:
 
 
 def overlap_verdicts(o: Overlap) -> tuple[Verdict, ...]:
-    """Three verdicts: each ring's step time against its alpha-beta prediction (within ``OVERLAP_BAND``),
+    """Three verdicts: each ring's step time against its alpha-beta prediction (within ``RING_OVERLAP_BAND``),
     and the share of the transfer hidden, predicted whole, held from ``HIDDEN_AT_LEAST``. A ring that
     blocked longer overlapped than not counts as nothing hidden."""
-    low, high = OVERLAP_BAND
+    low, high = RING_OVERLAP_BAND
     hidden = o.hidden_share if o.overlapped.waited_s < o.sequential.waited_s else 0.0
     return (Verdict("ring pass, overlapped", o.predicted_overlapped_s, o.overlapped.step_s, "s", low, high),
             Verdict("ring pass, one after the other", o.predicted_sequential_s, o.sequential.step_s, "s", low, high),
             Verdict("share of the transfer hidden", 1.0, max(hidden, 1e-9), "%", HIDDEN_AT_LEAST, 1.0))
 
 
-def run_overlap_check(ranks, q, k, v, repeats: int = 3, pad_compute_s: float | None = 0.04) -> OverlapCheck:
+def run_ring_overlap_check(ranks, q, k, v, repeats: int = 3, pad_compute_s: float | None = 0.04) -> RingOverlapCheck:
     """The ring with and without overlap (``run_ring_overlap``, the link fitted here each attempt, each
     step's compute padded to ``pad_compute_s``), measured until its verdicts hold, at most three times."""
     overlap, verdicts = verified(lambda: run_ring_overlap(ranks, q, k, v, repeats=repeats,
                                                           pad_compute_s=pad_compute_s), overlap_verdicts)
-    return OverlapCheck(overlap, verdicts)
+    return RingOverlapCheck(overlap, verdicts)

@@ -16,7 +16,7 @@ from shardlib.lab.data_parallel.drivers import (
 from shardlib.lab.verdict import Verdict, verified
 
 IDENTITY_BAND = (0.5, 2.0)  # all-reduce time / its prediction from the pair's time and passes
-OVERLAP_BAND = (0.5, 2.0)  # step with overlap / step without, on ranks that share their cores with the transfers
+BUCKET_OVERLAP_BAND = (0.5, 2.0)  # step with overlap / step without, on ranks that share their cores with the transfers
 
 
 PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # ring passes of (n-1)/n over the buffer
@@ -58,10 +58,10 @@ def run_identity_check(ranks, numel: int, repeats: int = 5) -> IdentityCheck:
 
 
 @dataclass(frozen=True)
-class OverlapCheck:
+class BucketOverlapCheck:
     """``run_overlap`` per strategy with its timing claim. On ranks whose "network" is the cores that
     compute (gloo on a CPU), the transfers hidden under the backward take their cycles from it, so the
-    step with overlap is predicted to take as long as the step without (band ``OVERLAP_BAND``), although
+    step with overlap is predicted to take as long as the step without (band ``BUCKET_OVERLAP_BAND``), although
     most of the communication's time is hidden (``hidden_share``). Perfect overlap, the step less its
     communication (``perfect_s``), is what GPUs approach, where the bytes travel on other hardware.
     ``comparisons``: strategy -> ``OverlapComparison``."""
@@ -76,11 +76,11 @@ class OverlapCheck:
         return self.comparisons.items()
 
 
-def run_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero3"), *,
-                      bucket_bytes: float | None = None, repeats: int = 2) -> OverlapCheck:
+def run_bucket_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero3"), *,
+                      bucket_bytes: float | None = None, repeats: int = 2) -> BucketOverlapCheck:
     """``run_overlap`` for each of ``strategies`` and one ``Verdict`` each: the step with overlap against
     the step without (predicted equal on CPU ranks)."""
-    low, high = OVERLAP_BAND
+    low, high = BUCKET_OVERLAP_BAND
 
     def measure():
         return {s: run_overlap(ranks, s, model, batches, lr, bucket_bytes=bucket_bytes, repeats=repeats)
@@ -91,4 +91,4 @@ def run_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero
                         o.step_s_with, "s", low, high) for s, o in found.items()]
 
     found, verdicts = verified(measure, claims)
-    return OverlapCheck(found, verdicts)
+    return BucketOverlapCheck(found, verdicts)

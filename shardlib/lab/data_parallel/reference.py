@@ -112,14 +112,14 @@ def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_
 
 
 @dataclass(frozen=True)
-class ReferenceRun:
+class DataParallelReference:
     """One process's training: the trained ``state_dict`` and the loss of each step."""
 
     state_dict: dict
     losses: tuple[float, ...]
 
 
-def train_reference(model: nn.Module, batches, lr: float) -> ReferenceRun:
+def train_reference(model: nn.Module, batches, lr: float) -> DataParallelReference:
     """Train a copy of ``model`` on each whole batch in turn: mean squared error, ``AdamW(lr)``."""
     check_training_inputs(1, "ddp", model, batches, lr)
     model = copy.deepcopy(model)
@@ -131,7 +131,7 @@ def train_reference(model: nn.Module, batches, lr: float) -> ReferenceRun:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-    return ReferenceRun({k: v.detach().clone() for k, v in model.state_dict().items()}, tuple(losses))
+    return DataParallelReference({k: v.detach().clone() for k, v in model.state_dict().items()}, tuple(losses))
 
 
 def largest_gap(state: dict, reference: dict) -> float:

@@ -6,7 +6,7 @@
   imbalance knob against each mitigation (``run_moe_policy``, ``run_mitigation``, ``run_mitigations``), each
   run compared with the single-process layer under the same policy. ``run_stall_check``: the skewed layer's
   stall as a learner reads it, one verdict line (``lab.verdict``).
-* ``overlap_drivers``: DualPipe's point measured: ``run_overlap_check`` runs two microbatches through the MoE
+* ``overlap_drivers``: DualPipe's point measured: ``run_expert_overlap_check`` runs two microbatches through the MoE
   layer in turn and overlapped (``overlap.moe_two_microbatches``) over an emulated slow link, and sets the
   exposed all-to-all time of each beside the alpha-beta prediction, one verdict line each
   (``lab.verdict``).
@@ -20,6 +20,9 @@
   measured).
 * ``train_reference``: The MoE training step in one process: what ``train_step.moe_train_step`` on ranks must
   equal.
+* ``train_step``: The MoE training step of notebook 04's toy on a rank: ``core.experts.autograd.moe_forward``,
+  the loss, the backward, each gradient summed over the ranks that share its weight.
 """
 
-__all__ = ["balance", "drivers", "overlap_drivers", "ranks", "reference", "train_drivers", "train_reference"]
+__all__ = ["balance", "drivers", "overlap_drivers", "ranks", "reference", "train_drivers", "train_reference",
+           "train_step"]

@@ -1,4 +1,4 @@
-"""DualPipe's point measured: ``run_overlap_check`` runs two microbatches through the MoE layer in turn and
+"""DualPipe's point measured: ``run_expert_overlap_check`` runs two microbatches through the MoE layer in turn and
 overlapped (``overlap.moe_two_microbatches``) over an emulated slow link, and sets the exposed all-to-all
 time of each beside the alpha-beta prediction, one verdict line each (``lab.verdict``)."""
 
@@ -12,10 +12,10 @@ from shardlib.core.checks import positive_number, whole_number
 from shardlib.core.experts.balance import split_groups
 from shardlib.core.experts.dropless import moe_layer
 from shardlib.core.experts.gating import MoETrainConfig
-from shardlib.core.experts.train_step import project
 from shardlib.facts.hardware import Link
 from shardlib.lab.experts.ranks import overlap_on_rank
 from shardlib.lab.experts.train_reference import make_moe_problem
+from shardlib.lab.experts.train_step import project
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.alpha_beta import collective_time_s
 from shardlib.predict.experts import predicted_exposed_s
@@ -27,7 +27,7 @@ EXPOSED_BAND = (0.8, 1.5)  # sleeps and the pool's own dispatch only add; a busy
 
 
 @dataclass(frozen=True)
-class OverlapCheck:
+class ExpertOverlapCheck:
     """The exposed all-to-all seconds of the slowest rank, predicted and measured (its least over the
     repeats: the emulated link's time is a floor, and a busy machine only adds), with the microbatches
     in turn (``before``) and overlapped (``after``); whether both orders give the one-process layer's
@@ -53,8 +53,8 @@ def _predicted(result, world_size: int, link: Link, expert_s: float, overlap: bo
     return predicted_exposed_s(price[:2], price[2:], expert_s, overlap)
 
 
-def run_overlap_check(ranks, config: MoETrainConfig | None = None, n_tokens: int = 128, expert_s: float = 0.04,
-                      link: Link = OVERLAP_LINK, repeats: int = 3, seed: int = 0) -> OverlapCheck:
+def run_expert_overlap_check(ranks, config: MoETrainConfig | None = None, n_tokens: int = 128, expert_s: float = 0.04,
+                      link: Link = OVERLAP_LINK, repeats: int = 3, seed: int = 0) -> ExpertOverlapCheck:
     """Both orders on ``ranks`` (each rank its own node over ``link``; the expert phase padded to
     ``expert_s``), ``repeats`` times each, measured again (at most three times) until both verdicts hold.
     The exposed time is what each rank spent blocked in the all-to-alls (a blocking call's duration, an
@@ -93,4 +93,4 @@ def run_overlap_check(ranks, config: MoETrainConfig | None = None, n_tokens: int
     f = figures(runs)
     exact = all(torch.equal(got, want) for overlap in (False, True)
                 for got, want in zip([y for r in runs[overlap] for y in r.outputs], expected))
-    return OverlapCheck(link, expert_s, *f[False], *f[True], exact, found)
+    return ExpertOverlapCheck(link, expert_s, *f[False], *f[True], exact, found)

@@ -156,8 +156,8 @@ def overlap_on_rank(ctx, x: torch.Tensor, weights, cfg, overlap: bool, expert_s:
     expert phase padded to ``expert_s``, after one warm-up forward. Exposed time: a blocking call's
     duration, an asynchronous one's ``waited_s``."""
     from shardlib.core.experts.overlap import moe_two_microbatches
-    from shardlib.core.experts.train_step import local_experts, project
     from shardlib.lab.costs.emulation import EmulatedLink
+    from shardlib.lab.experts.train_step import local_experts, project
 
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     h = project(x[start:stop], weights.w_in)  # (T_r, d_model)

@@ -14,15 +14,15 @@ from shardlib.core.checks import choice, positive_number, whole_number
 from shardlib.core.experts.balance import split_groups
 from shardlib.core.experts.gating import MoETrainConfig, train_route
 from shardlib.core.experts.node_limited import cross_node_rows, nodes_per_token, tokens_changed
-from shardlib.core.experts.train_step import (
+from shardlib.lab.experts.train_reference import MoEProblem, MoEReference, make_moe_problem, train_steps_reference
+from shardlib.lab.experts.train_step import (
     EXPERT_PARAMETERS,
     PARAMETERS,
-    check_expert_layout,
+    check_ep_degree,
     moe_train_on_rank,
     node_dispatch_on_rank,
     project,
 )
-from shardlib.lab.experts.train_reference import MoEProblem, ReferenceRun, make_moe_problem, train_steps_reference
 
 EXACT_RTOL = 1e-12  # float64: the gradients' sums are reordered across ranks, nothing else differs
 
@@ -50,7 +50,7 @@ class MoETrainingRun:
     errors: dict
     counts_exact: bool  # every step's counts equal the reference's
     copies_agree: bool  # every copy of an expert holds the same gradient, bit for bit
-    reference: ReferenceRun
+    reference: MoEReference
     task_losses: tuple[float, ...] = ()  # per step, the loss without the auxiliary term
 
     @property
@@ -73,7 +73,7 @@ def run_moe_training(ranks, problem: MoEProblem, cfg: MoETrainConfig, ep: int | 
     """``train_step.moe_train_on_rank`` on every rank (experts over ``ep`` ranks, default every rank),
     gathered and compared with ``train_steps_reference`` on as many token groups as ranks."""
     ep = ranks.world_size if ep is None else ep
-    n_local = check_expert_layout(cfg, ranks.world_size, ep)
+    n_local = check_ep_degree(cfg, ranks.world_size, ep)
     whole_number(steps, "steps")
     positive_number(lr, "lr (the learning rate)")
     if problem.x.shape[0] < ranks.world_size:
@@ -173,7 +173,7 @@ def run_node_limited(ranks, config: MoETrainConfig, max_nodes: int = 1, n_tokens
     n_nodes = ranks.world_size
     limited = config.but(n_nodes=n_nodes, max_nodes=max_nodes)
     cfgs = {"unlimited": config.but(n_nodes=n_nodes, max_nodes=None), "limited": limited}
-    check_expert_layout(limited, ranks.world_size, ranks.world_size)
+    check_ep_degree(limited, ranks.world_size, ranks.world_size)
     problem = make_moe_problem(limited, n_tokens, skew=skew, seed=seed)
     home = torch.cat([torch.full((b - a,), r) for r, (a, b) in enumerate(split_groups(n_tokens, n_nodes))])
     row_bytes = limited.d_model * problem.x.element_size()

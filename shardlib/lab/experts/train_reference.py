@@ -19,8 +19,8 @@ from shardlib.core.checks import number_at_least, positive_number, whole_number
 from shardlib.core.experts.balance import bias_update, split_groups
 from shardlib.core.experts.dropless import moe_layer
 from shardlib.core.experts.gating import MoETrainConfig
-from shardlib.core.experts.train_step import MoETrainWeights, group_loss, project, task_loss
 from shardlib.core.toy import generator, weight
+from shardlib.lab.experts.train_step import MoETrainWeights, group_loss, project, task_loss
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def reference_step(x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeigh
 
 
 @dataclass(frozen=True)
-class ReferenceRun:
+class MoEReference:
     """``steps`` SGD steps in one process: per step the loss, the counts and the bias it chose with."""
 
     losses: tuple[float, ...]
@@ -101,7 +101,7 @@ class ReferenceRun:
 
 
 def train_steps_reference(problem: MoEProblem, cfg: MoETrainConfig, n_groups: int, steps: int = 1,
-                          lr: float = 0.1) -> ReferenceRun:
+                          lr: float = 0.1) -> MoEReference:
     """Plain SGD (``w -= lr * grad``) for ``steps`` steps; under ``"aux-free"`` the bias starts at 0 and
     moves by ``balance.bias_update`` after each step."""
     whole_number(steps, "steps")
@@ -119,4 +119,4 @@ def train_steps_reference(problem: MoEProblem, cfg: MoETrainConfig, n_groups: in
         weights = MoETrainWeights(**{n: t - lr * step.grads[n] for n, t in weights.as_dict().items()})
         if cfg.balance == "aux-free":
             bias = bias_update(bias, step.counts, cfg.bias_rate)
-    return ReferenceRun(tuple(losses), tuple(counts), tuple(biases), step, weights, tuple(tasks))
+    return MoEReference(tuple(losses), tuple(counts), tuple(biases), step, weights, tuple(tasks))

@@ -18,7 +18,7 @@ from shardlib.core.serving.handoff import kv_bytes_per_request
 from shardlib.core.serving.llama import LlamaWeights
 from shardlib.core.serving.requests import request_metrics
 from shardlib.lab.gather import gather
-from shardlib.lab.serving.engine_drivers import ServingRun, check_serving, tensor_parallel_problems
+from shardlib.lab.serving.engine_drivers import ServingRun, check_serving, engine_tp_problems
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
         raise ValueError(f"{prefill_ranks} prefill + {decode} decode ranks: each prefill rank hands its KV heads to "
                          "the decode rank of the same tensor-parallel index, so the pools must be the same size "
                          f"({fix})")
-    problems = tensor_parallel_problems(model_config, prefill_ranks) if model_config is not None else []
+    problems = engine_tp_problems(model_config, prefill_ranks) if model_config is not None else []
     if problems:
         raise ValueError(f"each pool splits the model over its {prefill_ranks} ranks, and it does not split:\n  "
                          + "\n  ".join(problems))

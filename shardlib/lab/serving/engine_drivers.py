@@ -68,7 +68,7 @@ class ServingRun:
         return percentile([getattr(m, field) for m in self.metrics.values()], q)
 
 
-def tensor_parallel_problems(config, tp: int) -> list[str]:
+def engine_tp_problems(config, tp: int) -> list[str]:
     """Why the model cannot be split over ``tp`` ranks, in words ("" for none)."""
     out = []
     if config.n_heads % tp:
@@ -92,7 +92,7 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> list[Requ
     if not requests or not all(isinstance(r, Request) for r in requests):
         raise ValueError("give at least one Request, and only Requests")
     model = weights.config
-    problems = config.problems(requests, model.max_positions) + tensor_parallel_problems(model, tp)
+    problems = config.problems(requests, model.max_positions) + engine_tp_problems(model, tp)
     problems += [f"request {r.request_id!r} has token id {max(r.prompt_token_ids)}, past the vocabulary of "
                  f"{model.vocab_size}" for r in requests if max(r.prompt_token_ids) >= model.vocab_size]
     if problems:

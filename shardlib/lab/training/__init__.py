@@ -1,17 +1,13 @@
 """The training step measured on ranks: against one process in float64, its ledger and its time.
 
-* ``corpus``: What the toy language model learns from, and how big one step is: ``TrainingConfig`` and the
-  corpus.
 * ``drivers``: The training step on a pool: every layout checked before any rank starts, run, gathered and
   compared.
 * ``machines``: The training step under ``torchrun`` across machines: tp inside each machine, pp or dp across
   them.
 * ``ranking``: The ranking claim: predicted against measured step times over the layouts.
 * ``ranks``: The training step on a rank, measured: spans, the activations autograd keeps, the bytes kept.
-* ``reference``: The toy language model in one process: its weights, its loss, and its training run, the
-  reference.
 * ``step_time``: Step time per layout: the training planner's time model on this machine's ranks, beside the
   measured step.
 """
 
-__all__ = ["corpus", "drivers", "machines", "ranking", "ranks", "reference", "step_time"]
+__all__ = ["drivers", "machines", "ranking", "ranks", "step_time"]

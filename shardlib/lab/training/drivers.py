@@ -19,9 +19,9 @@ from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
 from shardlib.core.training.config import TrainingConfig
+from shardlib.core.training.reference import TrainingReference
 from shardlib.lab.gather import gather
 from shardlib.lab.training.ranks import training_on_rank
-from shardlib.lab.training.reference import ReferenceRun
 from shardlib.predict.training.ledger import format_ledger, predict_ledger, predict_traffic
 
 
@@ -126,7 +126,7 @@ class TrainingRun:
     stage_layers: tuple  # the layers of each virtual stage
     biases: tuple = ()  # with experts, balance "aux-free": each layer's selection bias after the last step
 
-    def against_reference(self, ref: ReferenceRun) -> float:
+    def against_reference(self, ref: TrainingReference) -> float:
         """The largest gap, over every step's loss and every final weight, against the reference."""
         gaps = [abs(a - b) for a, b in zip(self.losses, ref.losses)]
         gaps += [float((self.weights[k].to(v.dtype) - v).abs().max()) for k, v in ref.weights.items()]

@@ -23,9 +23,9 @@ import torch
 from shardlib.core.checks import choice
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig
+from shardlib.core.training.reference import train_reference
 from shardlib.lab.training.drivers import check_training, reference_key, traffic_per_step
 from shardlib.lab.training.ranks import training_on_rank
-from shardlib.lab.training.reference import train_reference
 from shardlib.predict.training.ledger import predict_traffic
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.probe import Probe
 from shardlib.core.training.config import init_weights
+from shardlib.core.training.corpus import MarkovCorpus
 from shardlib.core.training.step import TrainingStep
 from shardlib.lab.measure import PeakMeter, SavedBytes, optimizer_state_bytes, tensor_bytes
-from shardlib.lab.training.corpus import MarkovCorpus
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,12 @@ from shardlib.core.adamw import adamw
 from shardlib.core.checks import whole_number
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig, init_weights
+from shardlib.core.training.corpus import MarkovCorpus
+from shardlib.core.training.reference import token_losses
 from shardlib.facts.hardware import Cluster, Link, toy_cluster
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.serving.drivers import TOY_SWEEP_BYTES
-from shardlib.lab.training.corpus import MarkovCorpus
 from shardlib.lab.training.drivers import check_training, run_training
-from shardlib.lab.training.reference import token_losses
 from shardlib.lab.verdict import measure_until, timing_claim
 from shardlib.predict.calibration import Calibration
 from shardlib.predict.training.time_model import TrainingScore, model_flops_per_token

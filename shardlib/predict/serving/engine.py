@@ -119,8 +119,10 @@ class PredictedServing:
         return figures(requests, self.token_times_s)
 
 
-def simulate_serving(requests, engine_config, cost: StepCost) -> PredictedServing:
-    """The engine's scheduler run on a predicted clock: each step takes ``cost.step_s`` seconds."""
+def simulate_serving(requests, engine_config, cost: StepCost, poll=None) -> PredictedServing:
+    """The engine's scheduler run on a predicted clock: each step takes ``cost.step_s`` seconds. ``poll(sched,
+    now_s, wait)``: the loop's hook for requests that arrive some other way (a decode pool's hand-offs);
+    ``wait(s)`` moves the predicted clock on while nothing runs."""
     clock, steps = [0.0], []
 
     def model_step(chunks):
@@ -133,6 +135,7 @@ def simulate_serving(requests, engine_config, cost: StepCost) -> PredictedServin
     def wait(s):
         clock[0] += max(0.0, s)
 
-    sched = run_engine(list(requests), engine_config, model_step, clock=lambda: clock[0], wait=wait)
+    hook = None if poll is None else (lambda sched, now_s: poll(sched, now_s, wait))
+    sched = run_engine(list(requests), engine_config, model_step, clock=lambda: clock[0], wait=wait, poll=hook)
     return PredictedServing({rid: tuple(s.token_times_s) for rid, s in sched.finished.items()}, tuple(steps),
                             sched.preemptions, sched.blocks.stats().hit_rate)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 from shardlib.core.serving.disagg import admit_handed_off, decode_config
 from shardlib.core.serving.requests import request_metrics
-from shardlib.core.serving.scheduler import Scheduler
 from shardlib.predict.alpha_beta import point_to_point_s
 from shardlib.predict.serving.engine import figures, simulate_serving
 
@@ -72,22 +71,20 @@ def simulate_pools(requests, config, cost, link, model, prefill_ranks: int = 1,
 
 
 def _decode_pool(handed, requests, config, cost):
-    sched = Scheduler(decode_config(config))
-    pending, queue, clock, steps, admitted = deque(sorted(handed)), deque(), 0.0, [], {}
-    while pending or queue or not sched.idle:
-        while pending and pending[0][0] <= clock:
+    """The decode pool: the engine's loop on the predicted clock, each request admitted (``admit_handed_off``)
+    once its K/V have arrived and the cache allows."""
+    pending, queue, admitted = deque(sorted(handed)), deque(), {}
+
+    def poll(sched, now_s, wait):
+        while pending and pending[0][0] <= now_s:
             _, i, first_s = pending.popleft()
             queue.append((i, 0, first_s))
-        if sched.idle and not queue:
-            clock = pending[0][0]
-            continue
         firsts = {i: first_s for i, _, first_s in queue}
         for i, _ in admit_handed_off(sched, queue, requests, config):
-            admitted[requests[i].request_id] = clock - firsts[i]
-        plan = sched.schedule()
-        if not plan.chunks:
-            raise RuntimeError("the decode pool could schedule nothing: its cache is too small for a request")
-        steps.append(cost.step_s(plan.n_tokens, plan.n_context))
-        clock += steps[-1]
-        sched.update(plan, {ch.seq: 0 for ch in plan.chunks if ch.sample}, clock)
-    return {rid: tuple(s.token_times_s) for rid, s in sched.finished.items()}, steps, admitted
+            admitted[requests[i].request_id] = now_s - firsts[i]
+        if sched.idle and not queue and pending:
+            wait(pending[0][0] - now_s)  # nothing to decode until the next hand-off lands
+        return bool(pending or queue)
+
+    run = simulate_serving([], decode_config(config), cost, poll)
+    return run.token_times_s, list(run.step_s), admitted

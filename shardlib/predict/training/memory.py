@@ -27,7 +27,7 @@ from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.predict.data_parallel import STATE_BYTES_MEGATRON, layer_activation_bytes, memory_per_rank
 from shardlib.predict.shapes import padded_vocab_size
 
-SCHEDULES = ("1f1b", "interleaved-1f1b")  # the registry's schedules this model covers: Megatron-LM's two
+MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # the registry's schedules this model covers: Megatron-LM's two
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", 
     chunks per GPU keeps ``1 + (p - 1) / (p v)`` times 1F1B's first-stage count (Korthikanti et al. 2022,
     section 4.2.3): ``p - i + (p - 1) / v`` here, the same extra warm-up on every stage. Stage 0's count
     is the registry's peak (``ScheduleSpec.in_flight``); the chunks are the spec's (1 for 1F1B)."""
-    choice(schedule, SCHEDULES, "schedule")
+    choice(schedule, MEGATRON_SCHEDULES, "schedule")
     m = whole_number(n_microbatches, "n_microbatches")
     v = schedule_spec(schedule).n_chunks(whole_number(chunks, "chunks"))
     if v == 1 or pp == 1:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shardlib.core.checks import choice, flag, number_between, whole_number
-from shardlib.core.config import ModelConfig
+from shardlib.core.config import ModelConfig, kv_bytes_per_token
 from shardlib.core.mesh import DP_STRATEGIES, Layout
 from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
@@ -27,7 +27,7 @@ from shardlib.predict.all_to_all import ep_group_nodes, expert_all_to_all
 from shardlib.predict.alpha_beta import collective_time_s, point_to_point_s
 from shardlib.predict.data_parallel import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
 from shardlib.predict.training.memory import (
-    SCHEDULES,
+    MEGATRON_SCHEDULES,
     TrainingMemory,
     expert_dp,
     peak_training_memory,
@@ -101,7 +101,7 @@ class TrainingWorkload:
                              f"{self.microbatch_sizes!r}")
         for b in self.microbatch_sizes:
             whole_number(b, "a microbatch size (sequences per microbatch)")
-        choice(self.schedule, SCHEDULES, "schedule")
+        choice(self.schedule, MEGATRON_SCHEDULES, "schedule")
         whole_number(self.chunks, "chunks (model chunks per GPU, interleaved schedule)")
         flag(self.sequence_parallel, "sequence_parallel")
         choice(self.convention, tuple(CONVENTIONS), "convention (bytes per parameter)")
@@ -252,7 +252,7 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
         tp = 2 * one * passes * layers * m
     cp = 0.0
     if lay.cp > 1:
-        kv = 2 * (s // lay.cp) * b * max(model.n_kv_heads // lay.tp, 1) * model.head_dim * vb
+        kv = kv_bytes_per_token(1, model.n_kv_heads, model.head_dim, vb, lay.tp) * (s // lay.cp) * b  # a layer
         ring = 3 * (lay.cp - 1) * point_to_point_s(kv, links["cp"])
         attention = 12 * model.d_model * s * (s // lay.cp) * b / lay.tp / rate / 2  # causal: half the scores
         cp = max(0.0, ring - attention) * layers * m

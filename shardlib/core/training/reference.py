@@ -26,7 +26,7 @@ from shardlib.core.experts.dropless import moe_layer
 from shardlib.core.experts.stack import EXPERT_KEYS
 from shardlib.core.toy import attention_layer_reference, block_reference, rms_norm
 from shardlib.core.training.config import TrainingConfig, init_weights, layer_of
-from shardlib.lab.training.corpus import MarkovCorpus
+from shardlib.core.training.corpus import MarkovCorpus
 
 
 def token_losses(weights: dict, tokens: torch.Tensor, config: TrainingConfig) -> torch.Tensor:
@@ -71,7 +71,7 @@ def forward(weights: dict, tokens: torch.Tensor, config: TrainingConfig, biases=
 
 
 @dataclass(frozen=True)
-class ReferenceRun:
+class TrainingReference:
     """The one-process run: the loss of every step (before its update) and the weights after the last."""
 
     config: TrainingConfig
@@ -81,7 +81,7 @@ class ReferenceRun:
     biases: tuple = ()  # with experts, balance "aux-free": each layer's selection bias after the last step
 
 
-def train_reference(config: TrainingConfig, dp: int = 1) -> ReferenceRun:
+def train_reference(config: TrainingConfig, dp: int = 1) -> TrainingReference:
     """Train the model in one process on the global batches of ``dp`` replicas (``microbatch x m x dp``
     sequences a step, drawn by ``MarkovCorpus.batch``), AdamW after each step."""
     dp = whole_number(dp, "dp")
@@ -101,5 +101,5 @@ def train_reference(config: TrainingConfig, dp: int = 1) -> ReferenceRun:
         losses.append(float(loss.detach()))
         if free:  # DeepSeek-V3: each layer's bias moves by the step's counts, after the update
             biases = [bias_update(b, c, config.bias_rate) for b, c in zip(biases, out.counts)]
-    return ReferenceRun(config, dp, tuple(losses), {k: v.detach().clone() for k, v in weights.items()},
+    return TrainingReference(config, dp, tuple(losses), {k: v.detach().clone() for k, v in weights.items()},
                         tuple(biases or ()))

@@ -29,7 +29,7 @@ from shardlib.core.experts.routing import blocked_rows
 EXPERT_PARAMETERS = ("gate", "up", "down")
 
 
-def check_expert_layout(cfg: MoETrainConfig, world_size: int, ep: int) -> int:
+def check_ep_degree(cfg: MoETrainConfig, world_size: int, ep: int) -> int:
     """Experts per rank for ``ep`` on ``world_size`` ranks, or a ValueError in the learner's terms."""
     whole_number(ep, "ep (ranks the experts are spread over)")
     if ep > world_size or world_size % ep:
@@ -74,7 +74,7 @@ def moe_train_step(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrain
     ``target`` ``(T, d_model)`` (every rank passes the whole batch and keeps its contiguous share),
     with the experts spread over ``ep`` ranks: the gradients of the dense weights summed over every rank,
     those of the experts over the expert-data-parallel group (see the module's docstring for why)."""
-    n_local = check_expert_layout(cfg, ctx.world_size, ep)
+    n_local = check_ep_degree(cfg, ctx.world_size, ep)
     ep_group, edp_group = expert_groups(ctx, ep)
     place = ctx.rank % ep
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
@@ -123,7 +123,7 @@ def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETr
     rank holds the same bias."""
     whole_number(steps, "steps")
     positive_number(lr, "lr (the learning rate)")
-    n_local = check_expert_layout(cfg, ctx.world_size, ep)
+    n_local = check_ep_degree(cfg, ctx.world_size, ep)
     first = (ctx.rank % ep) * n_local
     bias = torch.zeros(cfg.n_experts, dtype=weights.router.dtype)
     losses, tasks, counts, biases = [], [], [], []
@@ -175,7 +175,7 @@ def node_dispatch_on_rank(ctx, x: torch.Tensor, weights: MoETrainWeights, cfg: M
     if cfg.n_nodes != ctx.world_size:
         raise ValueError(f"this measurement makes each rank a node: n_nodes must be the world size "
                          f"{ctx.world_size}, got {cfg.n_nodes}")
-    n_local = check_expert_layout(cfg, ctx.world_size, ctx.world_size)
+    n_local = check_ep_degree(cfg, ctx.world_size, ctx.world_size)
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     with torch.no_grad():
         h = project(x[start:stop], weights.w_in)  # (T_r, d_model)
