@@ -521,11 +521,11 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # sum out gives wrong weights, as a test in `tests/experts` shows.
 
 # %%
-from shardlib.core.experts.gating import MoETrainConfig
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.lab.experts.train_drivers import run_moe_training
 from shardlib.lab.experts.train_reference import make_moe_problem
 
-train_cfg = MoETrainConfig()  # 8 experts, top-2, d_model 16, dropless
+train_cfg = MoEConfig(d_model=16, d_ff=32)  # 8 experts, top-2, dropless (no capacity)
 problem = make_moe_problem(train_cfg, n_tokens=64, seed=0)
 row_bytes = train_cfg.d_model * 8  # float64 rows
 steps = {}

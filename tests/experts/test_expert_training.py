@@ -13,12 +13,12 @@ import torch
 from shardlib.core.experts.autograd import LocalExperts, moe_forward
 from shardlib.core.experts.balance import bias_update, split_groups
 from shardlib.core.experts.dropless import moe_layer
-from shardlib.core.experts.gating import GATES, MoETrainConfig, train_route
+from shardlib.core.experts.routing import GATES, MoEConfig, route
 from shardlib.lab.experts.train_drivers import EXACT_RTOL, relative_error, run_balance_training, run_moe_training
 from shardlib.lab.experts.train_reference import make_moe_problem
 from shardlib.lab.experts.train_step import check_ep_degree, project
 
-CFG = MoETrainConfig(n_experts=8, k=2, d_model=16, d_ff=32)
+CFG = MoEConfig(n_experts=8, k=2, d_model=16, d_ff=32)
 
 
 # -- the layer's forward and its comm log ------------------------------------------------------------------
@@ -142,10 +142,10 @@ def test_bad_layouts_say_what_is_wrong():
         check_ep_degree(CFG, 4, 3)
     with pytest.raises(ValueError, match="does not divide the 6 experts"):
         check_ep_degree(CFG.but(n_experts=6), 4, 4)
-    with pytest.raises(ValueError, match="cannot go to 9 different experts out of 8"):
-        MoETrainConfig(n_experts=8, k=9)
+    with pytest.raises(ValueError, match=r"k \(experts per token\) must be a whole number from 1 to 8, got 9"):
+        MoEConfig(n_experts=8, k=9)
     with pytest.raises(ValueError, match="unknown gate"):
-        MoETrainConfig(gate="softmax")
+        MoEConfig(gate="softmax")
 
 
 def test_the_gate_functions_and_a_bias_that_chooses_but_never_weighs():
@@ -155,7 +155,7 @@ def test_the_gate_functions_and_a_bias_that_chooses_but_never_weighs():
     bias[3] = 100.0  # every token must now choose expert 3
     for name in GATES:
         cfg = CFG.but(gate=name)
-        plain, biased = train_route(x, router, cfg), train_route(x, router, cfg, bias)
+        plain, biased = route(x, router, cfg), route(x, router, cfg, bias)
         assert (biased.experts == 3).any(dim=1).all() and not (plain.experts == 3).any(dim=1).all()
         affinity = GATES[name].affinity(plain.logits)
         assert torch.equal(biased.gates, GATES[name].gates(affinity.gather(1, biased.experts), plain.logits))

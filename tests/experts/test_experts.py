@@ -49,7 +49,7 @@ def test_every_token_gets_k_distinct_experts_the_k_best_scoring(k, skew):
 
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_renormalised_gates_are_a_softmax_over_the_top_k_logits_and_sum_to_one(k):
-    r = route(X, WEIGHTS.router, CFG.but(k=k, renormalize=True))
+    r = route(X, WEIGHTS.router, CFG.but(k=k, gate="softmax-topk"))
     assert torch.allclose(r.gates.sum(1), torch.ones(X.shape[0]), atol=1e-6)
     assert torch.allclose(r.gates, torch.softmax(r.logits.gather(1, r.experts), dim=1), atol=1e-7)
     # the same as the full softmax's probabilities, renormalised over the chosen experts
@@ -61,7 +61,7 @@ def test_renormalised_gates_are_a_softmax_over_the_top_k_logits_and_sum_to_one(k
 
 @pytest.mark.parametrize("k", [1, 2, 8])
 def test_gates_without_renormalising_are_the_router_probabilities(k):
-    r = route(X, WEIGHTS.router, CFG.but(k=k, renormalize=False))
+    r = route(X, WEIGHTS.router, CFG.but(k=k, gate="softmax-then-topk"))
     assert torch.equal(r.gates, r.probs.gather(1, r.experts))
     sums = r.gates.sum(1)
     if k < CFG.n_experts:
@@ -122,7 +122,7 @@ def _routing(experts, probs) -> Routing:
     experts, probs = torch.tensor(experts), torch.tensor(probs)
     logits = probs.log()
     return Routing(logits, probs, torch.sort(logits, dim=1, descending=True, stable=True).indices, experts,
-                   torch.ones(experts.shape, dtype=probs.dtype))
+                   torch.ones(experts.shape, dtype=probs.dtype), probs)
 
 
 def test_the_switch_auxiliary_loss_by_hand():
@@ -166,7 +166,7 @@ def _three_tokens() -> Routing:
 def route_from_logits(logits, k) -> Routing:
     probs = torch.softmax(logits, 1)
     pref = torch.sort(logits, dim=1, descending=True, stable=True).indices
-    return Routing(logits, probs, pref, pref[:, :k], torch.softmax(logits.gather(1, pref[:, :k]), 1))
+    return Routing(logits, probs, pref, pref[:, :k], torch.softmax(logits.gather(1, pref[:, :k]), 1), probs)
 
 
 def test_first_choices_are_served_before_second_choices_and_overflow_is_dropped():
@@ -202,7 +202,7 @@ def test_a_rerouted_slot_keeps_its_gate_or_is_rescored_by_choice():
     rescored = served_gates(r, a, cfg.but(reroute_gate="rescore"))
     want = torch.softmax(r.logits[0, [1, 2]], dim=-1)  # t0 is now served by experts 1 and 2
     assert torch.allclose(rescored[0], want) and torch.equal(rescored[1:], r.gates[1:])  # others untouched
-    switch = MoEConfig(n_experts=3, k=2, d_model=4, d_ff=4, capacity_factor=1.0, reroute=True, renormalize=False,
+    switch = MoEConfig(n_experts=3, k=2, d_model=4, d_ff=4, capacity_factor=1.0, reroute=True, gate="softmax-then-topk",
                        reroute_gate="rescore")
     assert torch.allclose(served_gates(r, a, switch)[0], r.probs[0, [1, 2]])  # the router's probabilities
     with pytest.raises(ValueError, match="unknown reroute_gate .* 'favourite'; use one of 'keep', 'rescore'"):
@@ -295,7 +295,7 @@ def test_top_2_tokens_that_lose_one_slot_keep_the_other():
     (dict(skew=1.5), "skew \\(0: uniform preferences, 1: one hot expert\\) must be a number from 0 to 1, got 1.5"),
     (dict(skew=-0.1), "got -0.1"),
     (dict(hot_expert=8), "hot_expert must be a whole number from 0 to 7, got 8"),
-    (dict(renormalize=1), "renormalize must be True or False, got 1"),
+    (dict(gate="top-2"), "unknown gate \\(the router's gate function\\) 'top-2'"),
     (dict(reroute=True), "reroute=True moves token-slots that overflow.*set a capacity_factor too"),
     (dict(n_experts=0), "n_experts must be a whole number of at least 1, got 0"),
 ])
@@ -310,7 +310,7 @@ def test_bad_tokens_and_groups_name_the_numbers():
         route(torch.zeros(5, 32), WEIGHTS.router, CFG)
     with pytest.raises(ValueError, match="got \\(2, 5, 64\\)"):
         moe_reference(torch.zeros(2, 5, 64), WEIGHTS, CFG)
-    with pytest.raises(ValueError, match="the router scores 8 experts but the config has 4"):
+    with pytest.raises(ValueError, match=r"the router must be \(n_experts, d_model\) = \(4, 64\), got \(8, 64\)"):
         route(X, WEIGHTS.router, MoEConfig(n_experts=4))
     with pytest.raises(ValueError, match="weights hold 8 experts of width 64, the config says 8 of width 32"):
         moe_reference(X, WEIGHTS, CFG.but(d_model=32))

@@ -4,7 +4,6 @@ emulated node), measured from the comm log, equal to the count from the one-proc
 import pytest
 import torch
 
-from shardlib.core.experts.gating import MoETrainConfig, train_route
 from shardlib.core.experts.node_limited import (
     check_node_limit,
     cross_node_rows,
@@ -14,6 +13,7 @@ from shardlib.core.experts.node_limited import (
     nodes_per_token,
     tokens_changed,
 )
+from shardlib.core.experts.routing import MoEConfig, route
 from shardlib.lab.experts.train_drivers import run_node_limited
 
 
@@ -30,11 +30,11 @@ def test_nodes_are_scored_by_their_highest_scores_and_the_rest_masked():
 
 
 def test_m_equal_to_the_nodes_changes_nothing():
-    cfg = MoETrainConfig(n_experts=8, k=2, n_nodes=4)
+    cfg = MoEConfig(n_experts=8, k=2, d_model=16, d_ff=32, n_nodes=4)
     x, router = torch.randn(40, cfg.d_model, dtype=torch.float64), torch.randn(8, cfg.d_model, dtype=torch.float64)
-    free = train_route(x, router, cfg).experts
-    assert torch.equal(train_route(x, router, cfg.but(max_nodes=4)).experts, free)
-    one = train_route(x, router, cfg.but(max_nodes=1)).experts
+    free = route(x, router, cfg).experts
+    assert torch.equal(route(x, router, cfg.but(max_nodes=4)).experts, free)
+    one = route(x, router, cfg.but(max_nodes=1)).experts
     assert int(nodes_per_token(one, 8, 4).max()) == 1
     assert tokens_changed(free, free) == 0 and tokens_changed(one, free) > 0
 
@@ -50,13 +50,13 @@ def test_a_limit_that_cannot_hold_k_experts_is_refused():
     with pytest.raises(ValueError, match="can reach only 2 experts, fewer than k = 4"):
         check_node_limit(8, 4, 4, 1)
     with pytest.raises(ValueError, match="from 1 to n_nodes = 4"):
-        MoETrainConfig(n_experts=8, k=2, n_nodes=4, max_nodes=5)
+        MoEConfig(n_experts=8, k=2, n_nodes=4, max_nodes=5)
     with pytest.raises(ValueError, match="cannot be spread evenly over 3 nodes"):
-        MoETrainConfig(n_experts=8, k=2, n_nodes=3)
+        MoEConfig(n_experts=8, k=2, n_nodes=3)
 
 
 def test_on_ranks_the_limit_bounds_the_cross_node_rows(pool4):
-    run = run_node_limited(pool4, MoETrainConfig(n_experts=16, k=4), max_nodes=2, n_tokens=128)
+    run = run_node_limited(pool4, MoEConfig(n_experts=16, k=4, d_model=16, d_ff=32), max_nodes=2, n_tokens=128)
     assert run.exact, (run.predicted, run.measured)
     assert run.most_nodes_per_token == {"unlimited": 4, "limited": 2}
     assert run.measured["limited"]["dedup"] <= run.bound_rows < run.measured["unlimited"]["dedup"]

@@ -7,7 +7,7 @@ received ``outs[j]`` from it, so the rows' gradients go back with the split size
 the forward's two all-to-alls (dispatch, combine) and the backward's two.
 
 ``moe_forward`` is the layer on this rank's tokens: route at home (the gate function of
-``gating.GATES``, a selection bias for DeepSeek-V3's balancing), exchange counts, dispatch the rows
+``routing.GATES``, a selection bias for DeepSeek-V3's balancing), exchange counts, dispatch the rows
 (differentiable), each local expert on its rows (dropless: ``dropless.grouped_experts``), combine
 (differentiable), the gate-weighted sum at home. The router's gradient comes back through the gates;
 each expert's gradient gathers every rank's rows it served. Measurement attaches through ``probe``.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from shardlib.core.experts.balance import switch_aux_loss
 from shardlib.core.experts.dropless import gate_weighted_sum, grouped_experts, inverse_permutation
-from shardlib.core.experts.gating import MoETrainConfig, TrainRouting, train_route
+from shardlib.core.experts.routing import MoEConfig, Routing, route
 from shardlib.core.probe import NO_PROBE
 
 
@@ -78,7 +78,7 @@ def group_place(ctx, group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def moe_forward(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Tensor, cfg: MoETrainConfig,
+def moe_forward(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Tensor, cfg: MoEConfig,
                 group=None, bias: torch.Tensor | None = None, probe=NO_PROBE) -> tuple[torch.Tensor, MoEAux]:
     """The dropless MoE layer on this rank's tokens ``x`` ``(T_r, d_model)``, differentiable end to end.
 
@@ -110,7 +110,7 @@ def moe_forward(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Tenso
 class TrainDispatchPlan(NamedTuple):
     """One rank's routing and where its rows go: what the dispatch, the experts and the combine need."""
 
-    routing: TrainRouting
+    routing: Routing
     order: torch.Tensor  # (T_r * k,) slot ids t * k + s in send order: by expert, so by place, then expert
     counts: torch.Tensor  # (E,) token-slots this rank sends to each expert
     rows_to: list[int]  # (ep,) rows sent to each place
@@ -118,7 +118,7 @@ class TrainDispatchPlan(NamedTuple):
     rows_from: list[int]  # (ep,) rows coming from each place
 
 
-def plan_dispatch(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Tensor, cfg: MoETrainConfig,
+def plan_dispatch(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Tensor, cfg: MoEConfig,
                   group=None, bias: torch.Tensor | None = None, probe=NO_PROBE) -> TrainDispatchPlan:
     """Route ``x`` at home and exchange the counts, so every place knows how many rows will come for
     each of its experts (the first, small all-to-all of a dispatch)."""
@@ -128,7 +128,7 @@ def plan_dispatch(ctx, x: torch.Tensor, experts: LocalExperts, router: torch.Ten
         raise ValueError(f"this rank must hold {n_local} experts of (d_ff, d_model) = ({cfg.d_ff}, {cfg.d_model}) "
                          f"({cfg.n_experts} experts over ep = {ep}), got gate weights {tuple(experts.gate.shape)}")
     with probe.span("route", kind="compute"):
-        routing = train_route(x, router, cfg, bias)  # experts, gates: (T_r, k)
+        routing = route(x, router, cfg, bias)  # experts, gates: (T_r, k)
         flat = routing.experts.flatten()  # (T_r * k,) slot t * k + s
         order = torch.sort(flat, stable=True).indices  # slots by expert, so by destination place, then expert
         counts = torch.bincount(flat, minlength=cfg.n_experts)  # (E,)
@@ -149,7 +149,7 @@ def local_expert_rows(received: torch.Tensor, got: torch.Tensor, experts: LocalE
     return out[inverse_permutation(by_expert)]
 
 
-def weighted_at_home(back: torch.Tensor, plan: TrainDispatchPlan, cfg: MoETrainConfig) -> torch.Tensor:
+def weighted_at_home(back: torch.Tensor, plan: TrainDispatchPlan, cfg: MoEConfig) -> torch.Tensor:
     """The rows back home ``(T_r * k, d_model)`` in send order, un-sorted to slot order and weighted by
     the gates: ``sum_s gate_s * expert_output_s`` per token."""
     slot_outputs = back[inverse_permutation(plan.order)].view(plan.routing.experts.shape[0], cfg.k, -1)

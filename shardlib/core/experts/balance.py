@@ -115,11 +115,13 @@ def served_gates(routing: Routing, assignment: Assignment, cfg: MoEConfig) -> to
     batch."""
     if cfg.reroute_gate == "keep" or not bool(assignment.rerouted.any()):
         return routing.gates
-    if cfg.renormalize:
+    if cfg.gate == "softmax-topk":
         served_logits = routing.logits.gather(1, assignment.experts)  # (T, k): the experts that serve each slot
         rescored = torch.softmax(served_logits.masked_fill(~assignment.kept, float("-inf")), dim=-1)
-    else:
+    elif cfg.gate == "softmax-then-topk":
         rescored = routing.probs.gather(1, assignment.experts)
+    else:
+        raise ValueError(f"reroute_gate='rescore' rescores with a softmax gate, not {cfg.gate!r}")
     rescored = torch.where(assignment.kept, rescored, torch.zeros_like(rescored))  # a dropped slot weighs nothing
     return torch.where(assignment.rerouted.any(dim=1, keepdim=True), rescored, routing.gates)
 
@@ -146,7 +148,7 @@ def assign_groups(routing: Routing, cfg: MoEConfig, n_groups: int = 1) -> Assign
 
 def _slice(routing: Routing, start: int, stop: int) -> Routing:
     return Routing(*(t[start:stop] for t in (routing.logits, routing.probs, routing.preference,
-                                             routing.experts, routing.gates)))
+                                             routing.experts, routing.gates, routing.balance_probs)))
 
 
 def switch_aux_loss(experts: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

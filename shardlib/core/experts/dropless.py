@@ -18,8 +18,7 @@ from typing import NamedTuple
 import torch
 
 from shardlib.core.experts.balance import switch_aux_loss
-from shardlib.core.experts.gating import MoETrainConfig, TrainRouting, train_route
-from shardlib.core.experts.routing import blocked_rows
+from shardlib.core.experts.routing import MoEConfig, Routing, blocked_rows, route
 from shardlib.core.toy import mlp_reference
 
 
@@ -55,17 +54,17 @@ def gate_weighted_sum(gates: torch.Tensor, slot_outputs: torch.Tensor) -> torch.
 
 class LayerOutput(NamedTuple):
     output: torch.Tensor  # (T, d_model), the experts' weighted sum, no residual
-    routing: TrainRouting
+    routing: Routing
     counts: torch.Tensor  # (n_experts,) token-slots each expert served
     aux_loss: torch.Tensor  # Switch's auxiliary loss over these tokens (without its coefficient)
 
 
 def moe_layer(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-              cfg: MoETrainConfig, bias: torch.Tensor | None = None) -> LayerOutput:
+              cfg: MoEConfig, bias: torch.Tensor | None = None) -> LayerOutput:
     """The dropless layer on ``x`` ``(T, d_model)`` in one process, every expert here."""
     if gate.shape[0] != cfg.n_experts:
         raise ValueError(f"the weights hold {gate.shape[0]} experts, the config says {cfg.n_experts}")
-    routing = train_route(x, router, cfg, bias)
+    routing = route(x, router, cfg, bias)
     flat = routing.experts.flatten()  # (T * k,) slot t * k + s
     order = torch.sort(flat, stable=True).indices  # slots grouped by expert, token order inside
     counts = torch.bincount(flat, minlength=cfg.n_experts)  # (E,)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 
 from shardlib.core.experts.autograd import LocalExperts, local_expert_rows, plan_dispatch, weighted_at_home
-from shardlib.core.experts.gating import MoETrainConfig
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.probe import NO_PROBE
 
 
 def moe_two_microbatches(ctx, xs: list[torch.Tensor], experts: LocalExperts, router: torch.Tensor,
-                         cfg: MoETrainConfig, group=None, overlap: bool = True, probe=NO_PROBE) -> list[torch.Tensor]:
+                         cfg: MoEConfig, group=None, overlap: bool = True, probe=NO_PROBE) -> list[torch.Tensor]:
     """The layer (``autograd.moe_forward``'s phases, no residual) on two microbatches ``xs`` of this
     rank's tokens, each ``(T_mb, d_model)``; every rank calls it at once with the same ``overlap``."""
     if len(xs) != 2:

@@ -1,18 +1,26 @@
-"""The mixture-of-experts router: the layer's configuration, the load-imbalance knob, the top-k choice.
+"""The mixture-of-experts router: the layer's one configuration, the gate functions, the top-k choice.
 
 A router is a ``(n_experts, d_model)`` matrix that scores every expert for every token; each token goes
 to its ``k`` best experts, weighted by gates (Shazeer et al. 2017, arXiv:1701.06538; GShard, Lepikhin et
-al. 2020; Switch Transformer, Fedus et al. 2021; Mixtral, Jiang et al. 2024). Gates are a softmax over
-the ``k`` chosen logits (``renormalize``, as Mixtral) or the router's probabilities of the chosen experts
-(Switch Transformer). Every multiply runs on fixed blocks of rows (``blocked_rows``), so a token's result
-never depends on which tokens shared the call. Notebook 04 explains each knob. Pure: torch, never
-``torch.distributed``.
+al. 2020). Three gate functions, one registry (``GATES``), each a ``GateSpec`` naming the model that uses it:
+
+* ``"softmax-topk"`` (Mixtral, Jiang et al. 2024, arXiv:2401.04088): a softmax over the k chosen logits.
+* ``"softmax-then-topk"`` (Switch Transformer, Fedus et al. 2021, arXiv:2101.03961; GShard; DeepSeek-V2):
+  a softmax over every expert, then the k largest probabilities, not renormalised.
+* ``"sigmoid-topk"`` (DeepSeek-V3, 2024, arXiv:2412.19437, eqs. 13-15): a sigmoid affinity per expert,
+  the top-k by affinity plus a per-expert balancing bias, gates the chosen affinities normalised to sum
+  to 1. The bias chooses; it never weighs.
+
+The gradient flows through the gates only; ``skew`` tilts every token towards one expert (notebook 04's
+knob); ``node_limited`` keeps each token on ``M`` nodes. Multiplies run on fixed blocks of rows
+(``blocked_rows``): a token's result never depends on who shared the call. No ``torch.distributed``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +28,7 @@ import torch.nn.functional as F
 from shardlib.core.checks import (
     choice,
     flag,
+    number_at_least,
     number_between,
     positive_number,
     same_dtype,
@@ -27,37 +36,83 @@ from shardlib.core.checks import (
     whole_number_between,
 )
 from shardlib.core.config import ModelConfig
+from shardlib.core.experts.node_limited import check_node_limit, limit_to_nodes
 
 BLOCK_ROWS = 64  # rows per matrix-multiply call (see ``blocked_rows``)
 MAX_PREFERENCE_BIAS = 1e4  # the hot expert's logit bonus at skew = 1
 REROUTE_GATES = ("keep", "rescore")  # what a rerouted slot weighs (see ``balance.served_gates``)
+BALANCING = ("none", "aux-loss", "aux-free")
 
 
-# -- configuration -------------------------------------------------------------------------------------
+# -- the gate functions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GateSpec:
+    """One gate function: ``affinity`` turns ``(T, E)`` logits into the scores the top-k ranks (a bias is
+    added to these for the choice only); ``gates`` turns the chosen experts' ``(T, k)`` affinities into
+    their weights (it also sees all logits); ``balance_probs`` is the ``(T, E)`` distribution Switch's
+    auxiliary loss averages (``P_i``)."""
+
+    name: str
+    source: str
+    affinity: Callable[[torch.Tensor], torch.Tensor]
+    gates: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chosen affinities, logits) -> (T, k)
+    balance_probs: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _normalised_sigmoid(logits: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(logits)  # (T, E)
+    return s / s.sum(dim=-1, keepdim=True)
+
+
+GATES: dict[str, GateSpec] = {spec.name: spec for spec in (
+    GateSpec("softmax-topk", "Mixtral: softmax over the k chosen logits",
+             affinity=lambda logits: logits, gates=lambda chosen, logits: torch.softmax(chosen, dim=-1),
+             balance_probs=lambda logits: torch.softmax(logits, dim=-1)),
+    GateSpec("softmax-then-topk", "Switch Transformer, GShard, DeepSeek-V2: softmax over all experts, then the "
+             "top-k probabilities", affinity=lambda logits: torch.softmax(logits, dim=-1),
+             gates=lambda chosen, logits: chosen, balance_probs=lambda logits: torch.softmax(logits, dim=-1)),
+    GateSpec("sigmoid-topk", "DeepSeek-V3: sigmoid affinities, the chosen ones normalised to sum to 1",
+             affinity=torch.sigmoid, gates=lambda chosen, logits: chosen / chosen.sum(dim=-1, keepdim=True),
+             balance_probs=_normalised_sigmoid),
+)}
+
+
+# -- configuration -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MoEConfig:
-    """Shapes and routing policy of one MoE layer. ``skew`` in ``[0, 1]`` tilts every token towards
-    ``hot_expert`` (``preference_bias``); ``capacity_factor``, ``reroute`` and ``reroute_gate`` are the
-    capacity cap's policy (``balance``)."""
+    """Shapes and policies of one MoE layer: ``n_experts`` gated-MLP experts of ``d_model`` x ``d_ff``, ``k``
+    per token, weighted by the gate function ``gate`` (one of ``GATES``). ``skew`` in ``[0, 1]`` tilts every
+    token towards ``hot_expert`` (``preference_bias``). ``capacity_factor``, ``reroute`` and
+    ``reroute_gate``: the capacity cap's policy (``balance``; ``None``: dropless, every token-slot served,
+    as MegaBlocks and Megatron-Core). ``balance``: ``"aux-loss"`` adds Switch's auxiliary loss times
+    ``aux_loss_coef`` (Switch's alpha, 1e-2) to a training loss; ``"aux-free"`` moves a selection bias by
+    ``bias_rate`` per step (DeepSeek-V3's gamma, 1e-3 there; a toy trained for a few steps needs more).
+    ``n_nodes``, ``max_nodes``: the experts on nodes in contiguous blocks, a token reaching at most
+    ``max_nodes`` of them (DeepSeek-V3: 4 of 8; ``None``: no limit)."""
 
     n_experts: int = 8
     k: int = 2
     d_model: int = 64
     d_ff: int = 128
-    renormalize: bool = True
+    gate: str = "softmax-topk"
     skew: float = 0.0
     hot_expert: int = 0
     capacity_factor: float | None = None  # None: no cap, nothing is dropped
     reroute: bool = False
     reroute_gate: str = "keep"  # a rerouted slot's gate: "keep" the first choice's, or "rescore"
+    balance: str = "none"
+    aux_loss_coef: float = 0.01
+    bias_rate: float = 0.01
+    n_nodes: int = 1
+    max_nodes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "d_model", "d_ff"):
             whole_number(getattr(self, name), name)
         whole_number_between(self.k, "k (experts per token)", 1, self.n_experts)
+        choice(self.gate, tuple(GATES), "gate (the router's gate function)")
         number_between(self.skew, "skew (0: uniform preferences, 1: one hot expert)", 0.0, 1.0)
         whole_number_between(self.hot_expert, "hot_expert", 0, self.n_experts - 1)
-        flag(self.renormalize, "renormalize")
         flag(self.reroute, "reroute")
         choice(self.reroute_gate, REROUTE_GATES, "reroute_gate (what a rerouted slot weighs)")
         if self.capacity_factor is not None:
@@ -66,6 +121,10 @@ class MoEConfig:
         if self.reroute and self.capacity_factor is None:
             raise ValueError("reroute=True moves token-slots that overflow an expert's capacity, but "
                              "capacity_factor is None (no capacity): set a capacity_factor too")
+        choice(self.balance, BALANCING, "balance (how the load is balanced)")
+        number_at_least(self.aux_loss_coef, "aux_loss_coef (Switch's alpha)")
+        positive_number(self.bias_rate, "bias_rate (DeepSeek-V3's gamma, the bias step per training step)")
+        check_node_limit(self.n_experts, self.k, self.n_nodes, self.max_nodes)
 
     @classmethod
     def from_model(cls, model: ModelConfig, **overrides) -> "MoEConfig":
@@ -74,6 +133,19 @@ class MoEConfig:
             raise ValueError(f"{model.name} is a dense model (n_experts = {model.n_experts}): no experts to route to")
         base = dict(n_experts=model.n_experts, k=model.experts_per_token, d_model=model.d_model, d_ff=model.d_ff)
         return cls(**{**base, **overrides})
+
+    @property
+    def gate_spec(self) -> GateSpec:
+        return GATES[self.gate]
+
+    def experts_per_rank(self, ep: int) -> int:
+        """Whole experts each of ``ep`` ranks holds, or a ValueError in the learner's terms."""
+        whole_number(ep, "ep (ranks the experts are spread over)")
+        if self.n_experts % ep:
+            raise ValueError(f"ep = {ep} does not divide the {self.n_experts} experts: each rank of an expert-parallel "
+                             f"group holds the same whole number of experts ({self.n_experts} / {ep} = "
+                             f"{self.n_experts / ep:.3g}); use an ep that divides {self.n_experts}")
+        return self.n_experts // ep
 
     def but(self, **changes) -> "MoEConfig":
         """A copy with some fields changed (checked again)."""
@@ -119,11 +191,12 @@ def blocked_rows(fn, rows: torch.Tensor, out_features: int) -> torch.Tensor:
 class Routing:
     """What the router decided for ``T`` tokens."""
 
-    logits: torch.Tensor  # (T, n_experts), with the skew's bonus
+    logits: torch.Tensor  # (T, n_experts), with the skew's bonus; carries the router's gradient
     probs: torch.Tensor  # (T, n_experts), softmax over all experts
-    preference: torch.Tensor  # (T, n_experts), expert ids from most to least preferred
+    preference: torch.Tensor  # (T, n_experts), expert ids from most to least preferred (the bias counted)
     experts: torch.Tensor  # (T, k), the top-k: preference[:, :k]
-    gates: torch.Tensor  # (T, k)
+    gates: torch.Tensor  # (T, k), from the affinities without the bias; carries the gradient
+    balance_probs: torch.Tensor  # (T, n_experts), Switch's P_i per token under the gate function
 
 
 def check_tokens(x: torch.Tensor, d_model: int, dtype: torch.dtype | None = None) -> None:
@@ -134,15 +207,22 @@ def check_tokens(x: torch.Tensor, d_model: int, dtype: torch.dtype | None = None
         same_dtype(x.dtype, dtype, "the tokens' dtype")
 
 
-def route(x: torch.Tensor, router: torch.Tensor, cfg: MoEConfig) -> Routing:
-    """Score every expert for every token of ``x`` ``(T, d_model)`` and pick each token's top ``k``."""
-    check_tokens(x, router.shape[1], router.dtype)
-    if router.shape[0] != cfg.n_experts:
-        raise ValueError(f"the router scores {router.shape[0]} experts but the config has {cfg.n_experts}")
+def route(x: torch.Tensor, router: torch.Tensor, cfg: MoEConfig, bias: torch.Tensor | None = None) -> Routing:
+    """Score every expert for each token of ``x`` ``(T, d_model)`` with ``router`` ``(E, d_model)``; rank
+    them by affinity plus ``bias`` (DeepSeek-V3's selection bias; ties: the lower expert id), only among
+    each token's ``cfg.max_nodes`` best nodes when set; take the top ``k``; weight them by the gate
+    function of ``cfg.gate`` applied to the affinities *without* the bias."""
+    check_tokens(x, cfg.d_model, router.dtype)
+    if tuple(router.shape) != (cfg.n_experts, cfg.d_model):
+        raise ValueError(f"the router must be (n_experts, d_model) = ({cfg.n_experts}, {cfg.d_model}), "
+                         f"got {tuple(router.shape)}")
+    spec = cfg.gate_spec
     logits = blocked_rows(lambda b: F.linear(b, router), x, cfg.n_experts) + preference_bias(cfg)  # (T, E)
-    probs = torch.softmax(logits, dim=-1)  # (T, E)
-    preference = torch.sort(logits, dim=-1, descending=True, stable=True).indices  # ties: lower id first
+    affinity = spec.affinity(logits)  # (T, E)
+    ranked = affinity.detach() if bias is None else affinity.detach() + bias.to(affinity.device, affinity.dtype)
+    if cfg.max_nodes is not None:  # only the experts of each token's M best nodes
+        ranked = limit_to_nodes(ranked, cfg.k, cfg.n_nodes, cfg.max_nodes)
+    preference = torch.sort(ranked, dim=-1, descending=True, stable=True).indices  # (T, E)
     experts = preference[:, :cfg.k]  # (T, k), k distinct experts per token
-    chosen = logits.gather(1, experts)  # (T, k)
-    gates = torch.softmax(chosen, dim=-1) if cfg.renormalize else probs.gather(1, experts)
-    return Routing(logits, probs, preference, experts, gates)
+    gates = spec.gates(affinity.gather(1, experts), logits)  # (T, k)
+    return Routing(logits, torch.softmax(logits, dim=-1), preference, experts, gates, spec.balance_probs(logits))

@@ -14,19 +14,19 @@ import torch
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.experts.dropless import moe_layer
-from shardlib.core.experts.gating import MoETrainConfig
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.toy import attention_layer_reference, attention_weights, generator, rms_norm, weight
 
 EXPERT_KEYS = ("expert_gate", "expert_up", "expert_down")
 
 
-def moe_config(model: ModelConfig, **overrides) -> MoETrainConfig:
+def moe_config(model: ModelConfig, **overrides) -> MoEConfig:
     """The dropless layer's shape for ``model`` (its experts, ``k``, widths; Mixtral's softmax over the
     top-k gate unless overridden)."""
     if not model.is_moe:
         raise ValueError(f"{model.name} is dense (n_experts = {model.n_experts}): it has no experts to route to")
     base = dict(n_experts=model.n_experts, k=model.experts_per_token, d_model=model.d_model, d_ff=model.d_ff)
-    return MoETrainConfig(**{**base, **overrides})
+    return MoEConfig(**{**base, **overrides})
 
 
 def moe_stack_weights(model: ModelConfig, seed: int = 0) -> list[dict]:
@@ -45,7 +45,7 @@ def moe_stack_weights(model: ModelConfig, seed: int = 0) -> list[dict]:
     return layers
 
 
-def moe_sublayer_reference(n: torch.Tensor, w: dict, cfg: MoETrainConfig) -> torch.Tensor:
+def moe_sublayer_reference(n: torch.Tensor, w: dict, cfg: MoEConfig) -> torch.Tensor:
     """The MoE MLP on ``n`` ``(batch, seq, d_model)`` (already normed): every token a row, no residual."""
     rows = n.reshape(-1, n.shape[-1])  # (batch * seq, d_model)
     y = moe_layer(rows, w["router"], *(w[k] for k in EXPERT_KEYS), cfg).output

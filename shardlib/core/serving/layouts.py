@@ -55,7 +55,7 @@ class RankStage:
     experts: tuple[RankExperts, ...] = ()  # one per block of an MoE model, else empty
     tp_group: TPGroup | None = None
     groups: ExpertGroups | None = None
-    moe: object = None  # the layer's MoETrainConfig
+    moe: object = None  # the layer's MoEConfig
 
 
 def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> RankStage:

@@ -8,7 +8,7 @@ import torch
 
 from shardlib.core.checks import choice, positive_number, whole_number
 from shardlib.core.config import ModelConfig
-from shardlib.core.experts.gating import MoETrainConfig
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.experts.stack import moe_stack_weights
 from shardlib.core.pipeline.registry import SCHEDULES
 from shardlib.core.toy import generator, stack_weights, weight
@@ -82,8 +82,8 @@ class TrainingConfig:
 
     @property
     def moe(self):
-        """The MoE layer's configuration (``core.experts.gating.MoETrainConfig``: Mixtral's softmax over the top k)."""
-        return MoETrainConfig(n_experts=self.n_experts, k=self.experts_per_token, d_model=self.d_model,
+        """The MoE layer's configuration (``core.experts.routing.MoEConfig``: Mixtral's softmax over the top k)."""
+        return MoEConfig(n_experts=self.n_experts, k=self.experts_per_token, d_model=self.d_model,
                               d_ff=self.d_ff, balance=self.balance, aux_loss_coef=float(self.aux_loss_coef),
                               bias_rate=float(self.bias_rate))
 

@@ -103,6 +103,5 @@ def balance_by_bias(batches, router: torch.Tensor, cfg: MoEConfig, rate: float =
         counts = torch.bincount(experts.flatten(), minlength=cfg.n_experts).to(torch.float64)  # (E,)
         loads.append(float(counts.max() / counts.mean()))
         bias = bias_update(bias, counts, rate)
-    chosen = routing.logits.gather(1, experts)  # (T, k) unbiased scores of the chosen experts
-    gates = torch.softmax(chosen, dim=-1) if cfg.renormalize else routing.probs.gather(1, experts)
+    gates = cfg.gate_spec.gates(cfg.gate_spec.affinity(routing.logits).gather(1, experts), routing.logits)
     return BiasBalancing(tuple(loads), bias, routing, experts, gates)

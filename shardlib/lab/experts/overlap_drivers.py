@@ -11,7 +11,7 @@ import torch
 from shardlib.core.checks import positive_number, whole_number
 from shardlib.core.experts.balance import split_groups
 from shardlib.core.experts.dropless import moe_layer
-from shardlib.core.experts.gating import MoETrainConfig
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.facts.hardware import Link
 from shardlib.lab.experts.ranks import overlap_on_rank
 from shardlib.lab.experts.train_reference import make_moe_problem
@@ -53,14 +53,14 @@ def _predicted(result, world_size: int, link: Link, expert_s: float, overlap: bo
     return predicted_exposed_s(price[:2], price[2:], expert_s, overlap)
 
 
-def run_expert_overlap_check(ranks, config: MoETrainConfig | None = None, n_tokens: int = 128, expert_s: float = 0.04,
+def run_expert_overlap_check(ranks, config: MoEConfig | None = None, n_tokens: int = 128, expert_s: float = 0.04,
                       link: Link = OVERLAP_LINK, repeats: int = 3, seed: int = 0) -> ExpertOverlapCheck:
     """Both orders on ``ranks`` (each rank its own node over ``link``; the expert phase padded to
     ``expert_s``), ``repeats`` times each, measured again (at most three times) until both verdicts hold.
     The exposed time is what each rank spent blocked in the all-to-alls (a blocking call's duration, an
     asynchronous one's wait), each rank's least over the repeats, then the slowest rank's; the
     prediction prices the bytes each rank logged with the alpha-beta model of ``link``."""
-    cfg = MoETrainConfig() if config is None else config
+    cfg = MoEConfig(d_model=16, d_ff=32) if config is None else config
     whole_number(repeats, "repeats")
     positive_number(expert_s, "expert_s (one microbatch's expert phase, seconds)")
     cfg.experts_per_rank(ranks.world_size)

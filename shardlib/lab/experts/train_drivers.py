@@ -12,8 +12,8 @@ import torch
 
 from shardlib.core.checks import choice, positive_number, whole_number
 from shardlib.core.experts.balance import split_groups
-from shardlib.core.experts.gating import MoETrainConfig, train_route
 from shardlib.core.experts.node_limited import cross_node_rows, nodes_per_token, tokens_changed
+from shardlib.core.experts.routing import MoEConfig, route
 from shardlib.lab.experts.train_reference import MoEProblem, MoEReference, make_moe_problem, train_steps_reference
 from shardlib.lab.experts.train_step import (
     EXPERT_PARAMETERS,
@@ -68,7 +68,7 @@ class MoETrainingRun:
         return tuple(float(c.max() / c.double().mean()) for c in self.counts)
 
 
-def run_moe_training(ranks, problem: MoEProblem, cfg: MoETrainConfig, ep: int | None = None, steps: int = 1,
+def run_moe_training(ranks, problem: MoEProblem, cfg: MoEConfig, ep: int | None = None, steps: int = 1,
                      lr: float = 0.1) -> MoETrainingRun:
     """``train_step.moe_train_on_rank`` on every rank (experts over ``ep`` ranks, default every rank),
     gathered and compared with ``train_steps_reference`` on as many token groups as ranks."""
@@ -99,7 +99,7 @@ def run_moe_training(ranks, problem: MoEProblem, cfg: MoETrainConfig, ep: int | 
 # The toy trains for tens of steps, not DeepSeek-V3's hundreds of thousands: the published coefficients
 # (Switch's alpha 1e-2, DeepSeek-V3's gamma 1e-3) barely move it in that time, so the demo takes ten and
 # fifty times as much.
-BALANCE_CONFIG = MoETrainConfig(aux_loss_coef=0.1, bias_rate=0.05)
+BALANCE_CONFIG = MoEConfig(d_model=16, d_ff=32, aux_loss_coef=0.1, bias_rate=0.05)
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class BalanceTraining:
     task_losses: tuple[float, ...] = ()
 
 
-def run_balance_training(ranks, config: MoETrainConfig = BALANCE_CONFIG, balance: str = "aux-free", steps: int = 20,
+def run_balance_training(ranks, config: MoEConfig = BALANCE_CONFIG, balance: str = "aux-free", steps: int = 20,
                          n_tokens: int = 128, skew: float = 1.0, ep: int | None = None, lr: float = 0.1,
                          seed: int = 0) -> BalanceTraining:
     """Train the toy for ``steps`` steps with one balancing method (``"aux-loss"``: Switch's auxiliary loss
@@ -165,7 +165,7 @@ class NodeLimitedRun:
         return self.measured[policy][kind] * self.row_bytes
 
 
-def run_node_limited(ranks, config: MoETrainConfig, max_nodes: int = 1, n_tokens: int = 256, seed: int = 0,
+def run_node_limited(ranks, config: MoEConfig, max_nodes: int = 1, n_tokens: int = 256, seed: int = 0,
                      skew: float = 0.0) -> NodeLimitedRun:
     """Route ``n_tokens`` tokens with ``config`` unlimited and limited to ``max_nodes`` of ``world_size``
     emulated nodes (one per rank); send each policy's rows through real all-to-alls; set the cross-node
@@ -180,7 +180,7 @@ def run_node_limited(ranks, config: MoETrainConfig, max_nodes: int = 1, n_tokens
     predicted, measured, most, chosen = {}, {}, {}, {}
     for policy, cfg in cfgs.items():
         with ranks.same_threads():
-            experts = train_route(project(problem.x, problem.weights.w_in), problem.weights.router, cfg).experts
+            experts = route(project(problem.x, problem.weights.w_in), problem.weights.router, cfg).experts
         chosen[policy] = experts
         predicted[policy] = {kind: cross_node_rows(experts, home, cfg.n_experts, n_nodes, dedup=kind == "dedup")
                              for kind in ("slots", "dedup")}

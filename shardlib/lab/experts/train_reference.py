@@ -18,7 +18,7 @@ import torch
 from shardlib.core.checks import number_at_least, positive_number, whole_number
 from shardlib.core.experts.balance import bias_update, split_groups
 from shardlib.core.experts.dropless import moe_layer
-from shardlib.core.experts.gating import MoETrainConfig
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.toy import generator, weight
 from shardlib.lab.experts.train_step import MoETrainWeights, group_loss, project, task_loss
 
@@ -32,7 +32,7 @@ class MoEProblem:
     weights: MoETrainWeights
 
 
-def make_moe_problem(cfg: MoETrainConfig, n_tokens: int = 64, d_in: int | None = None, skew: float = 0.0,
+def make_moe_problem(cfg: MoEConfig, n_tokens: int = 64, d_in: int | None = None, skew: float = 0.0,
                      hot_expert: int = 0, seed: int = 0, dtype: torch.dtype = torch.float64) -> MoEProblem:
     """Reproducible tokens, targets and weights. The tokens share a mean direction ``u``; ``skew`` adds
     ``skew`` times that direction (through ``w_in``) to router row ``hot_expert``, so most tokens start
@@ -71,7 +71,7 @@ class ReferenceStep:
     task_loss: float = 0.0
 
 
-def reference_step(x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig,
+def reference_step(x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoEConfig,
                    n_groups: int, bias: torch.Tensor | None = None) -> ReferenceStep:
     """The loss ``mean_g loss_g`` over ``n_groups`` contiguous token groups and its gradients."""
     params = {n: t.detach().clone().requires_grad_(True) for n, t in weights.as_dict().items()}
@@ -100,7 +100,7 @@ class MoEReference:
     task_losses: tuple[float, ...] = ()
 
 
-def train_steps_reference(problem: MoEProblem, cfg: MoETrainConfig, n_groups: int, steps: int = 1,
+def train_steps_reference(problem: MoEProblem, cfg: MoEConfig, n_groups: int, steps: int = 1,
                           lr: float = 0.1) -> MoEReference:
     """Plain SGD (``w -= lr * grad``) for ``steps`` steps; under ``"aux-free"`` the bias starts at 0 and
     moves by ``balance.bias_update`` after each step."""

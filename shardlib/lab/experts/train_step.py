@@ -23,13 +23,12 @@ import torch.nn.functional as F
 from shardlib.core.checks import positive_number, whole_number
 from shardlib.core.experts.autograd import LocalExperts, moe_forward
 from shardlib.core.experts.balance import bias_update, split_groups
-from shardlib.core.experts.gating import MoETrainConfig
-from shardlib.core.experts.routing import blocked_rows
+from shardlib.core.experts.routing import MoEConfig, blocked_rows
 
 EXPERT_PARAMETERS = ("gate", "up", "down")
 
 
-def check_ep_degree(cfg: MoETrainConfig, world_size: int, ep: int) -> int:
+def check_ep_degree(cfg: MoEConfig, world_size: int, ep: int) -> int:
     """Experts per rank for ``ep`` on ``world_size`` ranks, or a ValueError in the learner's terms."""
     whole_number(ep, "ep (ranks the experts are spread over)")
     if ep > world_size or world_size % ep:
@@ -68,7 +67,7 @@ class MoEStep:
     task_loss: float = 0.0  # the mean over every rank of the loss without the auxiliary term
 
 
-def moe_train_step(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig,
+def moe_train_step(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoEConfig,
                    ep: int, bias: torch.Tensor | None = None) -> MoEStep:
     """One training step of the toy (``train_reference``) on this rank's share of ``x`` ``(T, d_in)`` and
     ``target`` ``(T, d_model)`` (every rank passes the whole batch and keeps its contiguous share),
@@ -116,7 +115,7 @@ class MoETrainResult:
     task_losses: list[float] = ()
 
 
-def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig,
+def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeights, cfg: MoEConfig,
                       ep: int, steps: int = 1, lr: float = 0.1) -> MoETrainResult:
     """``moe_train_step`` ``steps`` times with plain SGD; under ``balance="aux-free"`` the selection bias
     starts at 0 and moves by ``balance.bias_update`` on the counts summed over every rank, so every
@@ -165,12 +164,12 @@ class NodeDispatch:
     dedup_wire_bytes: int
 
 
-def node_dispatch_on_rank(ctx, x: torch.Tensor, weights: MoETrainWeights, cfg: MoETrainConfig) -> NodeDispatch:
+def node_dispatch_on_rank(ctx, x: torch.Tensor, weights: MoETrainWeights, cfg: MoEConfig) -> NodeDispatch:
     """Route this rank's share of ``x`` with ``cfg`` (node-limited when ``cfg.max_nodes`` is set), then send
     its rows to the ranks holding their experts twice: once per token-slot, once per distinct rank (a
     token whose two experts share a rank sends one row there). Each rank is a node (``cfg.n_nodes`` must
     be the world size). The bytes come from the comm log."""
-    from shardlib.core.experts.gating import train_route
+    from shardlib.core.experts.routing import route
 
     if cfg.n_nodes != ctx.world_size:
         raise ValueError(f"this measurement makes each rank a node: n_nodes must be the world size "
@@ -179,7 +178,7 @@ def node_dispatch_on_rank(ctx, x: torch.Tensor, weights: MoETrainWeights, cfg: M
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     with torch.no_grad():
         h = project(x[start:stop], weights.w_in)  # (T_r, d_model)
-        routing = train_route(h, weights.router, cfg)
+        routing = route(h, weights.router, cfg)
     dest = routing.experts // n_local  # (T_r, k) the rank holding each slot's expert
     slot_token = torch.arange(dest.shape[0]).repeat_interleave(cfg.k)  # (T_r * k,)
     reached = torch.zeros(dest.shape[0], ctx.world_size, dtype=torch.bool).scatter_(1, dest, True)  # (T_r, ep)
@@ -230,7 +229,7 @@ def task_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((y - target) ** 2).mean()
 
 
-def group_loss(y: torch.Tensor, target: torch.Tensor, aux_loss: torch.Tensor, cfg: MoETrainConfig) -> torch.Tensor:
+def group_loss(y: torch.Tensor, target: torch.Tensor, aux_loss: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
     """One group's loss: ``task_loss``, plus ``aux_loss_coef`` times Switch's loss under ``"aux-loss"``."""
     loss = task_loss(y, target)
     return loss + cfg.aux_loss_coef * aux_loss if cfg.balance == "aux-loss" else loss
