@@ -1,8 +1,9 @@
 """The measurement side: each strategy's mechanism run on ``Ranks``, compared with its one-process reference and
 set beside its prediction, one verdict line per claim.
 
-* ``gather``: ``gather``: a pool's per-rank results, read field by field.
-* ``measure``: The one measurement module: bytes a rank keeps, the peak of short-lived buffers, the bytes
+* ``harness``: The one measurement harness: a function run on every rank, and what came back, read in one
+  place.
+* ``measure``: What a rank keeps: bytes a rank keeps, the peak of short-lived buffers, the bytes
   autograd saves.
 * ``verdict``: A measured claim as a learner reads it: one line, predicted, measured, their ratio and a
   verdict.
@@ -21,5 +22,5 @@ set beside its prediction, one verdict line per claim.
 * ``training``: The training step measured on ranks: against one process in float64, its ledger and its time.
 """
 
-__all__ = ["gather", "measure", "verdict", "context_parallel", "costs", "data_parallel", "experts", "intro",
+__all__ = ["harness", "measure", "verdict", "context_parallel", "costs", "data_parallel", "experts", "intro",
            "pipeline", "serving", "tensor_parallel", "training"]

@@ -1,4 +1,4 @@
-"""The one measurement module: bytes a rank keeps, the peak of short-lived buffers, the bytes autograd saves.
+"""What a rank keeps: bytes a rank keeps, the peak of short-lived buffers, the bytes autograd saves.
 
 * ``tensor_bytes``, ``optimizer_state_bytes``: what a rank keeps between steps.
 * ``PeakMeter``: short-lived buffers (ZeRO-3's gathered layers, a bucket on its way to a collective),

@@ -30,7 +30,7 @@ from shardlib.lab.context_parallel.ranks import (
     ulysses_attention_on_rank,
 )
 from shardlib.lab.context_parallel.reference import gather_sequence
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import on_ranks
 from shardlib.predict.calibration import fastest_of_slowest, fit_link
 from shardlib.predict.context_parallel import (
     AttentionShape,
@@ -115,8 +115,8 @@ def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     flag(overlap, "overlap")
     if pad_compute_s is not None:
         number_at_least(pad_compute_s, "pad_compute_s")
-    got = gather(ranks.run(ring_attention_on_rank, q, k, v, causal, placement, overlap, scale,
-                           whole_number(repeats, "repeats"), pad_compute_s))
+    got = on_ranks(ranks, ring_attention_on_rank, q, k, v, causal, placement, overlap, scale,
+                           whole_number(repeats, "repeats"), pad_compute_s)
     out = gather_sequence(list(got.each("output")), placement)
     compute, cpu = (got.each(key, lambda runs: statistics.median(sum(steps) for steps in runs))
                     for key in ("step_compute_s", "step_cpu_s"))
@@ -242,7 +242,7 @@ def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | No
     """``ulysses.ulysses_attention`` on every rank (contiguous shards), against the whole-sequence attention."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
     flag(causal, "causal")
-    got = gather(ranks.run(ulysses_attention_on_rank, q, k, v, causal, scale))
+    got = on_ranks(ranks, ulysses_attention_on_rank, q, k, v, causal, scale)
     out = got.cat("output", dim=2)
     predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
                       ulysses_collectives(attention_shape(q, k), ranks.world_size))
@@ -254,7 +254,7 @@ def run_all_gather_attention(ranks, q, k, v, causal: bool = True, scale: float |
     attention; ``measured`` is rank 0's comm log, ``predicted`` ``predict.all_gather_kv_collectives``."""
     check_all_gather_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
     flag(causal, "causal")
-    got = gather(ranks.run(all_gather_attention_on_rank, q, k, v, causal, scale))
+    got = on_ranks(ranks, all_gather_attention_on_rank, q, k, v, causal, scale)
     out = got.cat("output", dim=2)
     predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
                       all_gather_kv_collectives(attention_shape(q, k), ranks.world_size))

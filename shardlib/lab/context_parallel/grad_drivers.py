@@ -27,7 +27,7 @@ from shardlib.lab.context_parallel.reference import (
     shard_sequence,
     train_attention_layer_reference,
 )
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import Measured
 from shardlib.predict.context_parallel import ring_backward_bytes_per_rank, ulysses_collectives
 
 
@@ -58,7 +58,7 @@ class AttentionGrads:
 
 
 def _grads(method, ranks, per_rank, q, k, v, d_out, causal, placement, scale, predicted) -> AttentionGrads:
-    n, got = ranks.world_size, gather(per_rank)
+    n, got = ranks.world_size, Measured.of(per_rank)
     whole = attention_grads_reference(q, k, v, d_out, causal, scale)
     reference = tuple(zip(*(shard_sequence(t, n, placement) for t in whole)))
     shards = tuple(zip(*(got.each(name, torch.Tensor.cpu) for name in ("dq", "dk", "dv"))))

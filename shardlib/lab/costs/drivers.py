@@ -22,7 +22,7 @@ from shardlib.core.config import ModelConfig
 from shardlib.facts.hardware import LATENCY_CHARGES, Link
 from shardlib.facts.models import LLAMA_3_8B
 from shardlib.lab.costs.ranks import SlowRankTimes, serve_both_ways_on_rank, slow_rank_on_rank, sweep_on_rank
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import on_ranks
 from shardlib.predict.alpha_beta import all_reduce_s, collective_terms_s, collective_time_s
 from shardlib.predict.calibration import (
     DEFAULT_CALLS,
@@ -288,7 +288,7 @@ def run_replicas_vs_tp(ranks, link: Link, model: ModelConfig | None = None, batc
         raise ValueError(f"d_ff = {model.d_ff} cannot be split {n} ways")
     for name, value in (("batch", batch), ("steps", steps)):
         whole_number(value, name)
-    got = gather(ranks.run(serve_both_ways_on_rank, model, seed, batch, steps, tp))
+    got = on_ranks(ranks, serve_both_ways_on_rank, model, seed, batch, steps, tp)
     replica_steps, tp_steps = got.across("replica_s", max), got.across("tp_s", max)  # the group's slowest rank
     reduce_s = statistics.median(got.across("all_reduce_s", max))
     replica_step_s, tp_step_s = statistics.median(replica_steps), statistics.median(tp_steps)

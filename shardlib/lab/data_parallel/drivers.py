@@ -22,7 +22,7 @@ from shardlib.core.data_parallel.flat import STRATEGIES, FlatGroup
 from shardlib.lab.data_parallel.peer import PEERS, torch_ddp_on_rank, torch_fsdp2_on_rank
 from shardlib.lab.data_parallel.ranks import collectives_on_rank, train_on_rank
 from shardlib.lab.data_parallel.reference import check_training_inputs, largest_gap, train_reference
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import on_ranks
 from shardlib.predict.data_parallel import gathered_peak_bytes, layout_memory, layout_step_bytes
 from shardlib.runtime.records import CommRecord, summarize
 from shardlib.runtime.timeline import Span
@@ -146,7 +146,7 @@ def run_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr:
     check_training_inputs(ranks.world_size, strategy, model, batches, lr, bucket_bytes)
     overlap, prefetch = flag(overlap, "overlap"), flag(prefetch, "prefetch")
     start = time.perf_counter()
-    got = gather(ranks.run(train_on_rank, strategy, model, batches, lr, bucket_bytes, overlap, prefetch))
+    got = on_ranks(ranks, train_on_rank, strategy, model, batches, lr, bucket_bytes, overlap, prefetch)
     wall = time.perf_counter() - start
     first = got.first("state_dict")
     agree = all(sd.keys() == first.keys() and all(torch.equal(sd[k], first[k]) for k in first)

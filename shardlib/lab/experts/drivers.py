@@ -18,34 +18,88 @@ from shardlib.core.experts.routing import MoEConfig
 from shardlib.lab.experts.balance import MITIGATIONS, LoadStats, load_stats, mitigated
 from shardlib.lab.experts.ranks import ep_forward_on_rank
 from shardlib.lab.experts.reference import MoEOutput, check_layer_inputs, moe_reference, reference_for
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
 
 
 @dataclass(frozen=True)
 class EPRun:
-    """One expert-parallel forward on live ranks, gathered from every rank."""
+    """One expert-parallel forward on live ranks (``got``: what ``on_ranks`` gathered from
+    ``ep_forward_on_rank``), read as the notebook reads it. Per-rank times are medians over the repeats."""
 
-    output: torch.Tensor  # (T, d_model), the home ranks' outputs joined in rank order
-    send_matrix: list[list[int]]  # rows sent from rank i (row) to rank j (column)
-    expert_rows: list[int]  # rows each rank's experts computed
-    expert_counts: torch.Tensor  # (n_experts,) served token-slots per expert
-    dropped_slots: int
-    dropped_tokens: int
-    rerouted_slots: int
-    capacity: int | None  # per expert per rank
-    expert_s: list[float]  # per rank, median over repeats: wall-clock seconds of the expert FFNs
-    expert_cpu_s: list[float]  # per rank, median over repeats: CPU seconds of the FFNs (the sleep excluded)
-    forward_s: list[float]  # per rank, median over repeats
-    step_s: float  # median over repeats of (last rank's end - first rank's start)
-    waited_for_slowest: bool  # in every repeat, no rank finished before the last rank's experts did
-    dispatch_bytes: int  # token rows into the dispatch all-to-all, summed over ranks (from the comm log)
-    combine_bytes: int
-    counts_bytes: int
-    weight_bytes: list[int]  # expert weights each rank holds
+    got: Measured
+    cfg: MoEConfig
+    weights: MoEWeights
     placement: ExpertPlacement
-    rows_wire_bytes: int = 0  # token rows sent to other ranks, dispatch and combine, summed over ranks
-    expert_cpu_floor_s: tuple[float, ...] = ()  # per rank, the least over repeats: what other work spoils least
+
+    @property
+    def output(self) -> torch.Tensor:  # (T, d_model), the home ranks' outputs joined in rank order
+        return self.got.cat("output")
+
+    @property
+    def send_matrix(self) -> list[list[int]]:  # rows sent from rank i (row) to rank j (column)
+        return [list(r) for r in self.got.each("rows_to_rank")]
+
+    @property
+    def expert_rows(self) -> list[int]:  # rows each rank's experts computed
+        return [sum(r) for r in self.got.each("rows_from_rank")]
+
+    @property
+    def expert_counts(self) -> torch.Tensor:  # (n_experts,) served token-slots per expert
+        return sum(a.counts(self.cfg.n_experts) for a in self.got.each("assignment"))
+
+    dropped_slots = property(lambda self: sum(a.dropped_slots for a in self.got.each("assignment")))
+    dropped_tokens = property(lambda self: sum(a.dropped_tokens for a in self.got.each("assignment")))
+    rerouted_slots = property(lambda self: sum(a.rerouted_slots for a in self.got.each("assignment")))
+    capacity = property(lambda self: self.got.first("assignment").capacity)  # per expert per rank
+
+    def _experts(self, rank: int) -> list:  # the expert phase's span, per repeat
+        return [span for i in range(len(self.got.times_s[rank])) for span in self.got.spans("experts", rank, i)]
+
+    @property
+    def expert_s(self) -> list[float]:  # wall clock of the expert FFNs, padding included
+        return [statistics.median(s.duration_s for s in self._experts(r)) for r in self.got.ranks]
+
+    @property
+    def expert_cpu_s(self) -> list[float]:  # CPU seconds of the FFNs, the padding excluded
+        return [statistics.median(s.attrs["cpu_s"] for s in self._experts(r)) for r in self.got.ranks]
+
+    @property
+    def expert_cpu_floor_s(self) -> tuple[float, ...]:  # the least over repeats: what other work spoils least
+        return tuple(min(s.attrs["cpu_s"] for s in self._experts(r)) for r in self.got.ranks)
+
+    @property
+    def forward_s(self) -> list[float]:
+        return [statistics.median(self.got.elapsed_s(r)) for r in self.got.ranks]
+
+    @property
+    def step_s(self) -> float:  # the last rank's end - the first rank's start
+        return statistics.median(self.got.step_s())
+
+    @property
+    def waited_for_slowest(self) -> bool:
+        """In every repeat, no rank finished before the last rank's experts did."""
+        ends = zip(*self.got.times_s)
+        expert_ends = zip(*(self._experts(r) for r in self.got.ranks))
+        return all(min(e for _, e in per_rank) >= max(s.end_s for s in spans)
+                   for per_rank, spans in zip(ends, expert_ends))
+
+    def _all_to_all(self, which: int, wire: bool = False) -> int:
+        """Bytes of each rank's ``which``-th all-to-all (0 counts, 1 dispatch, 2 combine), summed."""
+        calls = [self.got.records("all_to_all_single", rank) for rank in self.got.ranks]
+        return sum(c[which].wire_bytes if wire else c[which].size_bytes for c in calls)
+
+    counts_bytes = property(lambda self: self._all_to_all(0))
+    dispatch_bytes = property(lambda self: self._all_to_all(1))  # token rows, summed over ranks
+    combine_bytes = property(lambda self: self._all_to_all(2))
+
+    @property
+    def rows_wire_bytes(self) -> int:  # token rows sent to other ranks, dispatch and combine
+        return self._all_to_all(1, wire=True) + self._all_to_all(2, wire=True)
+
+    @property
+    def weight_bytes(self) -> list[int]:  # the expert weights each rank runs: what it must hold
+        return [len(self.placement.hosted(r)) * self.weights.expert_bytes for r in self.got.ranks]
 
     def wire_bytes_per_token_per_width(self, d_model: int) -> float:
         """``rows_wire_bytes`` per token per unit of ``d_model``: comparable across batch sizes and widths."""
@@ -61,27 +115,14 @@ class EPRun:
 def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
                         placement: ExpertPlacement | None = None, repeats: int = 1,
                         extra_s_per_row: float = 0.0) -> EPRun:
-    """Check the inputs here (a clear ``ValueError`` before any rank is involved), run
-    ``ep_forward_on_rank`` on every rank of ``ranks``, and gather the results."""
+    """Check the inputs here (a clear ``ValueError`` before any rank is involved), then run
+    ``ep_forward_on_rank`` on every rank of ``ranks``, ``repeats`` times."""
     placement = ExpertPlacement(cfg.n_experts, ranks.world_size) if placement is None else placement
     check_layer_inputs(x, weights, cfg, placement, ranks.world_size)
     whole_number(repeats, "repeats")
     number_at_least(extra_s_per_row, "extra_s_per_row (seconds)")
-    got = gather(ranks.run(ep_forward_on_rank, x, weights, cfg, placement, repeats, extra_s_per_row))
-    steps = [end - start for end, start in zip(got.across("end_s", max), got.across("start_s", min))]
-    waited = all(first_end >= last_experts for first_end, last_experts in
-                 zip(got.across("end_s", min), got.across("expert_end_s", max)))
-    median = statistics.median
-    return EPRun(
-        output=got.cat("output"), send_matrix=list(got.each("rows_to_rank")), expert_rows=list(got.each("expert_rows")),
-        expert_counts=got.sum("expert_counts"), dropped_slots=got.sum("dropped_slots"),
-        dropped_tokens=got.sum("dropped_tokens"), rerouted_slots=got.sum("rerouted_slots"),
-        capacity=got.first("capacity"), expert_s=list(got.each("expert_s", median)),
-        expert_cpu_s=list(got.each("expert_cpu_s", median)), forward_s=list(got.each("forward_s", median)),
-        step_s=median(steps), waited_for_slowest=waited, weight_bytes=list(got.each("weight_bytes")),
-        dispatch_bytes=got.sum("dispatch_bytes"), combine_bytes=got.sum("combine_bytes"),
-        counts_bytes=got.sum("counts_bytes"), placement=placement, rows_wire_bytes=got.sum("rows_wire_bytes"),
-        expert_cpu_floor_s=got.each("expert_cpu_s", min))
+    got = on_ranks(ranks, ep_forward_on_rank, x, weights, cfg, placement, extra_s_per_row, repeats=repeats)
+    return EPRun(got, cfg, weights, placement)
 
 
 # -- the knob against the mitigations -----------------------------------------------------------------------------

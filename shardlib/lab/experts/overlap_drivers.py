@@ -16,6 +16,7 @@ from shardlib.facts.hardware import Link
 from shardlib.lab.experts.ranks import overlap_on_rank
 from shardlib.lab.experts.train_reference import make_moe_problem
 from shardlib.lab.experts.train_step import project
+from shardlib.lab.harness import on_ranks
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.alpha_beta import collective_time_s
 from shardlib.predict.experts import predicted_exposed_s
@@ -48,8 +49,21 @@ class ExpertOverlapCheck:
         return 1 - self.measured_after_s / self.measured_before_s
 
 
-def _predicted(result, world_size: int, link: Link, expert_s: float, overlap: bool) -> float:
-    price = [collective_time_s("all_to_all", b, world_size, link) for b in result.counts_bytes + result.rows_bytes]
+def _bytes(got, rank: int, overlap: bool) -> list[int]:
+    """The rank's all-to-all bytes: counts A, counts B, then the rows: dispatch A, dispatch B, combine A,
+    combine B, whatever the order they ran in (in turn, A's two came before B's)."""
+    sizes = [r.size_bytes for r in got.records("all_to_all_single", rank)]
+    return sizes[:2] + (sizes[2:] if overlap else [sizes[2], sizes[4], sizes[3], sizes[5]])
+
+
+def _exposed_s(got, rank: int, repeat: int) -> float:
+    """Seconds the rank was blocked in its all-to-alls: a blocking call's duration, an asynchronous one's wait."""
+    return sum(r.duration_s if r.waited_s is None else r.waited_s
+               for r in got.records("all_to_all_single", rank, repeat))
+
+
+def _predicted(sizes: list[int], world_size: int, link: Link, expert_s: float, overlap: bool) -> float:
+    price = [collective_time_s("all_to_all", b, world_size, link) for b in sizes]
     return predicted_exposed_s(price[:2], price[2:], expert_s, overlap)
 
 
@@ -74,15 +88,14 @@ def run_expert_overlap_check(ranks, config: MoEConfig | None = None, n_tokens: i
                     for a, b in split_groups(n_tokens, ranks.world_size) for part in torch.tensor_split(h[a:b], 2)]
 
     def measure():
-        return {overlap: ranks.run(overlap_on_rank, problem.x, w, cfg, overlap, expert_s, link, repeats)
-                for overlap in (False, True)}
+        return {overlap: on_ranks(ranks, overlap_on_rank, problem.x, w, cfg, overlap, expert_s, link,
+                                  repeats=repeats + 1) for overlap in (False, True)}  # the first, a warm-up
 
     def figures(runs):
-        out = {}
-        for overlap, results in runs.items():
-            out[overlap] = (max(_predicted(r, ranks.world_size, link, expert_s, overlap) for r in results),
-                            max(min(r.exposed_s) for r in results))
-        return out
+        return {overlap: (max(_predicted(_bytes(got, r, overlap), ranks.world_size, link, expert_s, overlap)
+                              for r in got.ranks),
+                          max(min(_exposed_s(got, r, i) for i in range(1, repeats + 1)) for r in got.ranks))
+                for overlap, got in runs.items()}
 
     def verdicts(runs):
         f = figures(runs)
@@ -92,5 +105,5 @@ def run_expert_overlap_check(ranks, config: MoEConfig | None = None, n_tokens: i
     runs, found = verified(measure, verdicts)
     f = figures(runs)
     exact = all(torch.equal(got, want) for overlap in (False, True)
-                for got, want in zip([y for r in runs[overlap] for y in r.outputs], expected))
+                for got, want in zip([y for outputs in runs[overlap].each() for y in outputs], expected))
     return ExpertOverlapCheck(link, expert_s, *f[False], *f[True], exact, found)

@@ -17,7 +17,7 @@ from shardlib.core.serving.engine import StepRecord
 from shardlib.core.serving.handoff import kv_bytes_per_request
 from shardlib.core.serving.llama import LlamaWeights
 from shardlib.core.serving.requests import request_metrics
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.engine_drivers import ServingRun, check_serving, engine_tp_problems
 
 
@@ -73,15 +73,15 @@ def run_disaggregated(ranks, weights, requests, config, prefill_ranks: int | Non
     decode = check_split(ranks.world_size, prefill_ranks,
                          weights.config if isinstance(weights, LlamaWeights) else None)
     requests = check_serving(weights, requests, config, prefill_ranks)
-    got = gather(ranks.run(disaggregated_on_rank, weights, requests, config, prefill_ranks, layerwise))
-    head, tail = got.results[0], got.results[prefill_ranks]  # the two leaders
+    got = on_ranks(ranks, disaggregated_on_rank, weights, requests, config, prefill_ranks, layerwise)
+    head, tail = got.values[0], got.values[prefill_ranks]  # the two leaders
     tokens, times, preempted = {}, {}, {}
     for rid, (first, first_s, n) in head.outputs.items():
         tokens[rid], times[rid], preempted[rid] = (first,), (first_s,), n
     for rid, (out, out_s, n) in tail.outputs.items():
         tokens[rid], times[rid], preempted[rid] = out, out_s, preempted[rid] + n
     by_id = {r.request_id: r for r in requests}
-    sent, messages = _kv_bytes_sent(ranks.last_comm, got.results[:prefill_ranks], requests)
+    sent, messages = _kv_bytes_sent(ranks.last_comm, got.values[:prefill_ranks], requests)
     element = weights.embed.element_size()
     predicted = {r.request_id: (prefill_ranks * kv_bytes_per_request(weights.config, len(r.prompt_token_ids),
                                                                     prefill_ranks, element)

@@ -23,7 +23,7 @@ from shardlib.core.mesh import Layout, check_mesh
 from shardlib.facts.hardware import Cluster, toy_cluster
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.costs.emulation import EmulatedLink
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.serving.ranks import combined_forward_on_rank, decode_on_rank, effective_flops_on_rank
 from shardlib.predict.calibration import Calibration
 from shardlib.predict.serving.memory import stack_weight_bytes
@@ -114,8 +114,8 @@ def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], 
     """Check the inputs here, run ``combined_forward_on_rank`` on ``ranks``, gather outputs and the comm log."""
     check_mesh(layout, ranks.world_size, "ranks")
     check_combined_inputs(layout, model, layers, x, n_microbatches)
-    got = gather(ranks.run(combined_forward_on_rank, layout, model, layers, x, n_microbatches))
-    last = [r for r in got.results if r.stage == layout.pp - 1]
+    got = on_ranks(ranks, combined_forward_on_rank, layout, model, layers, x, n_microbatches)
+    last = [r for r in got.values if r.stage == layout.pp - 1]
     by_replica = [[r.output for r in last if r.replica == d] for d in range(layout.dp)]
     agree = all(torch.equal(o, outs[0]) for outs in by_replica for o in outs)
     forward = forward_records(ranks.last_comm)
@@ -194,7 +194,7 @@ def run_decode(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x:
         raise ValueError(f"the emulated link places {len(emulation.node_of_rank)} ranks on nodes but the pool has "
                          f"{ranks.world_size}")
     res = ranks.run(decode_on_rank, layout, model, layers, x, n_microbatches, steps, emulation)
-    last = gather(sorted((r for r in res if r.stage == layout.pp - 1 and r.tp_rank == 0), key=lambda r: r.replica))
+    last = Measured.of(sorted((r for r in res if r.stage == layout.pp - 1 and r.tp_rank == 0), key=lambda r: r.replica))
     ready = last.first("ready_s")  # (steps, m)
     interval_s = statistics.median(ready[k][i] - ready[k - 1][i] for k in range(1, steps) for i in range(len(ready[0])))
     comm_s: dict[str, float] = {}

@@ -20,7 +20,7 @@ import torch
 from shardlib.core.serving.engine import StepRecord, serving_engine_on_rank
 from shardlib.core.serving.llama import LlamaWeights, forward_reference, greedy_reference
 from shardlib.core.serving.requests import EngineConfig, Request, percentile, request_metrics
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import on_ranks
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.engine import FIGURES, StepCost, figures, fit_step_cost, simulate_serving
 
@@ -103,8 +103,8 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> list[Requ
 def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> ServingRun:
     """Serve ``requests`` with tensor parallelism over all of ``ranks``: greedy unless a request has a seed."""
     requests = check_serving(weights, requests, config, ranks.world_size)
-    got = gather(ranks.run(serving_engine_on_rank, weights, requests, config))
-    head = got.results[0]  # rank 0 ran the scheduler: every request's tokens and times
+    got = on_ranks(ranks, serving_engine_on_rank, weights, requests, config)
+    head = got.values[0]  # rank 0 ran the scheduler: every request's tokens and times
     by_id = {r.request_id: r for r in requests}
     return ServingRun(
         tokens={rid: out[0] for rid, out in head.outputs.items()},

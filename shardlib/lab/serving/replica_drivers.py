@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from shardlib.core.serving.replicas import replicas_on_rank
 from shardlib.core.serving.requests import request_metrics
 from shardlib.core.serving.router import make_router
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.engine_drivers import ServingRun, check_serving
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.engine import fit_step_cost
@@ -64,8 +64,8 @@ def run_replicas(ranks, weights, requests, config, replicas: int = 2, policy: st
     requests = check_serving(weights, requests, config, tp)
     make_router(policy, replicas, config.block_size, **router_options)  # an unknown policy or option fails here
     longest = max(len(r.prompt_token_ids) for r in requests)
-    got = gather(ranks.run(replicas_on_rank, weights, requests, config, replicas, policy, router_options, longest))
-    parts = got.results
+    got = on_ranks(ranks, replicas_on_rank, weights, requests, config, replicas, policy, router_options, longest)
+    parts = got.values
     leaders = [p for p in parts if p.leader]
     head = parts[0]
     outputs = {requests[i].request_id: out for p in leaders for i, out in p.engine.outputs.items()}

@@ -17,7 +17,7 @@ from shardlib.core.config import ModelConfig, check_heads
 from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
 from shardlib.core.tensor_parallel.sequence_parallel import SEQ_DIM, check_sequence_parallel
 from shardlib.core.toy import attention_layer_reference, block_reference, mlp_reference
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import on_ranks
 from shardlib.lab.tensor_parallel.ranks import (
     pair_column_then_row_on_rank,
     pair_row_then_column_on_rank,
@@ -68,9 +68,9 @@ def run_tp_block(ranks, part: str, x: torch.Tensor, w: dict, model: ModelConfig,
     if grad_output is not None:
         reference.backward(grad_output)
     if part == "mlp":
-        got = gather(ranks.run(tp_mlp_on_rank, x, w, grad_output))
+        got = on_ranks(ranks, tp_mlp_on_rank, x, w, grad_output)
     else:
-        got = gather(ranks.run(tp_attention_on_rank, x, w, model, grad_output))
+        got = on_ranks(ranks, tp_attention_on_rank, x, w, model, grad_output)
     return TPBlockRun(
         part, ranks.world_size, got.first("output"), got.max_gap("output", reference.detach()),
         got.max_gap("grad_x", x_ref.grad) if grad_output is not None else None,
@@ -108,7 +108,7 @@ def run_pair(ranks, cut: str, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     """``w2 @ activation(w1 @ x)`` cut ``cut``-wise over every rank of ``ranks``."""
     choice(cut, CUTS, "cut")
     fn = pair_column_then_row_on_rank if cut == CUTS[0] else pair_row_then_column_on_rank
-    got = gather(ranks.run(fn, x, w1, w2, activation))
+    got = on_ranks(ranks, fn, x, w1, w2, activation)
     reference = F.linear(activation(F.linear(x, w1)), w2)
     tokens = x.numel() // x.shape[-1]
     shape = (cut, ranks.world_size, tokens, w1.shape[1], w1.shape[0], x.element_size())
@@ -200,6 +200,6 @@ def run_sequence_parallel(ranks, x: torch.Tensor, w: dict, model: ModelConfig,
     reference = _block_reference(x, w, model, grad_output)
     modes = {}
     for sp in (False, True):
-        per_rank = gather(ranks.run(sp_block_on_rank, x, w, model, grad_output, sp))
+        per_rank = on_ranks(ranks, sp_block_on_rank, x, w, model, grad_output, sp)
         modes[sp] = _mode("sequence parallel" if sp else "tensor parallel", per_rank, reference, tp, model, x, sp)
     return SequenceParallelRun(tp, modes[False], modes[True])

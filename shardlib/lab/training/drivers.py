@@ -20,7 +20,7 @@ from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
 from shardlib.core.training.config import TrainingConfig
 from shardlib.core.training.reference import TrainingReference
-from shardlib.lab.gather import gather
+from shardlib.lab.harness import Measured
 from shardlib.lab.training.ranks import training_on_rank
 from shardlib.predict.training.ledger import format_ledger, predict_ledger, predict_traffic
 
@@ -199,7 +199,7 @@ def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=Non
     for rec in ranks.last_comm:
         by_rank[rec.rank].append(rec)
     records = tuple(tuple(sorted(by_rank[r.rank], key=lambda c: c.start_s)[r.marks[0]:r.marks[-1]]) for r in res)
-    got = gather(res)
+    got = Measured.of(res)
     biases = dict(b for r in res for b in r.biases)  # layer -> its selection bias (the same on a stage's ranks)
     return TrainingRun(layout, config, losses, weights, got.each("position"), got.each("ledger"),
                        got.each("activation_bytes"), records, tuple(ranks.last_spans), stage_layers,
