@@ -146,7 +146,7 @@ def main() -> int:
         grads = run_ring_attention_grads(two, q, k, v, torch.randn_like(q))
         row("2 ranks, ring backward (K/V + dK/dV): measured / formula", f"{grads.backward_bytes:,}",
             f"{ring_backward_bytes_per_rank(shape, 2):,.0f} (gradients within tolerance: {grads.exact})")
-        row("2 ranks, all-to-all: measured / formula", f"{uly.wire_bytes_per_rank:,}",
+        row("2 ranks, all-to-all: measured / formula", f"{uly.sent_bytes_per_rank[0]:,}",
             f"{ulysses_bytes_per_rank(shape, 2):,.0f} (gap {uly.gap:.1e}, bit for bit: "
             f"{bool(torch.equal(uly.output, attention_reference(q, k, v)))})")
         w = layer_weights(TOY, seed=0)
@@ -169,7 +169,7 @@ def main() -> int:
         q, k, v = (torch.randn(1, HEADS, seq, HEAD_DIM, generator=g) for _ in range(3))
         ring, uly = run_ring_attention(four, q, k, v), run_ulysses_attention(four, q, k, v)
         row(f"4 ranks, {HEADS} KV heads: ring / all-to-all measured", f"{ring.sent_bytes_per_rank[0]:,}",
-            f"{uly.wire_bytes_per_rank:,} (formulas {ring_bytes_per_rank(mha, 4):,.0f} / "
+            f"{uly.sent_bytes_per_rank[0]:,} (formulas {ring_bytes_per_rank(mha, 4):,.0f} / "
             f"{ulysses_bytes_per_rank(mha, 4):,.0f})")
         for n in (8, 16):
             row(f"{n} ranks (formula only), {KV_HEADS} KV heads: ring / all-to-all",

@@ -40,7 +40,8 @@ def row(label: str, value: str, note: str = "") -> None:
 def main() -> int:
     from shardlib.core.checks import TOLERANCE
     from shardlib.core.data_parallel.flat import STRATEGIES, STRATEGY_TITLES
-    from shardlib.lab.data_parallel.drivers import run_collective_identity, run_data_parallel, run_overlap, run_peer
+    from shardlib.lab.data_parallel.claims import median_run, run_collective_identity, run_overlap
+    from shardlib.lab.data_parallel.drivers import run_data_parallel, run_peer
     from shardlib.lab.data_parallel.reference import toy_batches, toy_model, train_reference
     from shardlib.runtime.ranks import Ranks
     from shardlib.runtime.records import format_seconds
@@ -59,7 +60,7 @@ def main() -> int:
         runs = {}
         for s in STRATEGIES:
             tries = [run_data_parallel(ranks, s, model, batches, LR, bucket_bytes=BUCKET_BYTES) for _ in range(REPEATS)]
-            runs[s] = sorted(tries, key=lambda r: r.step_s())[(REPEATS - 1) // 2]
+            runs[s] = median_run(tries)
             steps = [r.step_s() for r in tries]
             row(f"{STRATEGY_TITLES[s]}: step (spread over runs)", format_seconds(runs[s].step_s()),
                 f"[{format_seconds(min(steps))}, {format_seconds(max(steps))}]; gap from one process "

@@ -57,8 +57,8 @@ def main() -> int:
     layers = stack_weights(model, seed=0, parts=("mlp",))
     x, grad = activations(BATCH, SEQ, D_MODEL, seed=1), activations(BATCH, SEQ, D_MODEL, seed=2)
 
-    def run_on(pool, schedule, layers, x, grad_output=None, forward_s=None, backward_s=None):
-        return run_pipeline(pool, schedule, model, layers, x, grad_output, forward_s, backward_s)
+    def run_on(pool, schedule, layers, x, grad_output=None, forward_s=None, backward_s=None, repeats=1):
+        return run_pipeline(pool, schedule, model, layers, x, grad_output, forward_s, backward_s, repeats=repeats)
     print(f"pipeline benchmark: {N_LAYERS} layers (d_model {D_MODEL}, d_ff {D_FF}), batch {BATCH} x {SEQ} tokens, "
           f"{os.cpu_count()} cores, pid {os.getpid()}\n")
     wall = time.perf_counter()
@@ -77,8 +77,8 @@ def main() -> int:
             for p in GRID_P:
                 for m in GRID_M:
                     schedule = make_schedule(name, p, m)
-                    runs = [run_on(pools[p], schedule, layers, x, grad, forward_s=op_s,
-                                   backward_s=op_s).bubble.idle_fraction for _ in range(REPEATS)]
+                    runs = [b.idle_fraction for b in run_on(pools[p], schedule, layers, x, grad, forward_s=op_s,
+                                                            backward_s=op_s, repeats=REPEATS).bubbles]
                     measured, predicted = statistics.median(runs), pipeline_bubble_fraction(p, m)
                     worst = max(worst, abs(measured - predicted))
                     print(f"   {p:>3} {m:>4} {predicted:>9.3f} {measured:>9.3f}   [{min(runs):.3f}, {max(runs):.3f}] "
@@ -91,9 +91,8 @@ def main() -> int:
               f"backward padded to {INTERLEAVED_OP_S * 1e3:.0f} ms ({INTERLEAVED_OP_S * 1e3 / 2:.0f} ms per chunk)")
         for m in (4, 8):
             schedule = make_schedule("interleaved-1f1b", 4, m, n_chunks=2)
-            runs = [run_on(four, schedule, layers, x, grad, forward_s=INTERLEAVED_OP_S,
-                           backward_s=INTERLEAVED_OP_S).bubble.idle_fraction
-                    for _ in range(REPEATS)]
+            runs = [b.idle_fraction for b in run_on(four, schedule, layers, x, grad, forward_s=INTERLEAVED_OP_S,
+                                                    backward_s=INTERLEAVED_OP_S, repeats=REPEATS).bubbles]
             row(f"p = 4, m = {m}: formula {pipeline_bubble_fraction(4, m, 2):.3f} (plain 1F1B "
                 f"{pipeline_bubble_fraction(4, m):.3f})", f"{statistics.median(runs):.3f}",
                 f"[{min(runs):.3f}, {max(runs):.3f}]")
@@ -115,7 +114,7 @@ def main() -> int:
         schedule = make_schedule("gpipe", 4, 8, training=False)
         slow = [0.02, 0.04, 0.02, 0.02]
         for label, durations in (("uniform", 0.02), ("stage 1 twice as slow", slow)):
-            steps = [run_on(four, schedule, layers, x, forward_s=durations).bubble for _ in range(REPEATS)]
+            steps = run_on(four, schedule, layers, x, forward_s=durations, repeats=REPEATS).bubbles
             measured = statistics.median(b.window_s for b in steps)
             predicted = predicted_step_s(schedule, durations, 0)
             row(f"{label}: step predicted {predicted * 1e3:.0f} ms, measured", f"{measured * 1e3:.0f} ms",
@@ -179,7 +178,7 @@ def zero_bubble_section(pools, model, layers, x, grad, names=ZB_SCHEDULES) -> No
     """6. The schedules past 1F1B: the idle share measured against the published formula and against the
     list's own prediction, both evaluated with F, B and W measured on the ranks, and the list's prediction
     again with the hand-over between stages measured on the ranks added to every message; p = 2 and 4."""
-    from shardlib.lab.pipeline.bubble_drivers import run_split_bubble
+    from shardlib.lab.pipeline.split_drivers import SplitCase, run_split_step
 
     print(f"\n6. zero bubble: F and B padded to {ZB_OP_S * 1e3:.0f} ms per stage, W to a share of it; "
           f"median of {REPEATS} runs; published formula with measured F, B, W (B: the input gradient;\n"
@@ -191,11 +190,12 @@ def zero_bubble_section(pools, model, layers, x, grad, names=ZB_SCHEDULES) -> No
         for w in ZB_W_COSTS:
             for name in names:
                 for m in (2 * p, 4 * p):
-                    r = run_split_bubble(pool, name, m, model, layers, x, grad, ZB_OP_S, ZB_OP_S * w, REPEATS)
+                    r = run_split_step(pool, SplitCase(name, m, w), model, layers, x, grad, ZB_OP_S, REPEATS)
                     formula = "-" if r.published is None else f"{r.published:.3f}"
-                    diff = "" if r.published is None else f"{r.measured - r.published:+.3f}"
-                    print(f"   {name:10} {p:>3} {m:>4} {w:>5g} {formula:>9} {r.simulated:>7.3f} {r.with_hops:>10.3f} "
-                          f"{r.handover_s * 1e3:>5.1f} {r.measured:>9.3f} {diff:>7}  {list(r.peak_in_flight)}")
+                    diff = "" if r.published is None else f"{r.measured_idle - r.published:+.3f}"
+                    print(f"   {name:10} {p:>3} {m:>4} {w:>5g} {formula:>9} {r.predicted_idle:>7.3f} "
+                          f"{r.with_hops:>10.3f} {r.handover_s * 1e3:>5.1f} {r.measured_idle:>9.3f} {diff:>7}  "
+                          f"{list(r.peak_in_flight)}")
 
 
 if __name__ == "__main__":

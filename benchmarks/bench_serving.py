@@ -53,7 +53,7 @@ from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.serving.drivers import run_combined, run_toy_cluster_calibration
 from shardlib.lab.serving.engine_drivers import run_serving
 from shardlib.lab.serving.hf import random_hf_llama
-from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
+from shardlib.lab.serving.traces import hot_prefix_trace, poisson_trace, shared_prefix_trace
 from shardlib.predict.serving.engine import (
     FIGURES,
     PAPER_CONTIGUOUS_UTILIZATION,
@@ -228,9 +228,7 @@ def fleet_main(args) -> None:
     from shardlib.lab.serving.disagg_drivers import LOOPBACK, default_objectives
     from shardlib.lab.serving.disagg_run import run_disaggregated
     from shardlib.lab.serving.engine_drivers import reference_tokens
-    from shardlib.lab.serving.fleet_traces import hot_prefix_trace
-    from shardlib.lab.serving.layout_drivers import run_replicas_vs_tp_check
-    from shardlib.lab.serving.replica_drivers import run_replicas, run_router_check
+    from shardlib.lab.serving.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
     from shardlib.predict.serving.burst import STORAGE, burst_at_scale
     from shardlib.predict.serving.fleet import simulate_replicas
     from shardlib.predict.serving.goodput import goodput, slo_attainment

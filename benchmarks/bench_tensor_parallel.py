@@ -8,7 +8,8 @@ ranks; the sharded version runs on ``Ranks(2)``: gate and up split by columns, d
 all-reduce of the output per forward. Every process computes with one thread. The two are measured in
 alternating rounds so both see the same machine load. Prints the times, the speedup, the efficiency
 per device and the share of the sharded forward spent in the all-reduce; there are no targets here,
-absolute times move with the machine's load.
+absolute times move with the machine's load. ``lab.harness.on_ranks`` repeats each forward after a
+barrier and reads its time and its all-reduce's from the ranks' clocks and comm logs.
 """
 
 from __future__ import annotations
@@ -41,55 +42,40 @@ def make_weights(seed: int):
     return w["gate"], w["up"], w["down"]
 
 
-def single_forward(ctx, x, seed: int, warmup: int, repeats: int) -> dict:
-    """The unsharded MLP on one rank with one thread: seconds per forward, and the last output."""
+_BUILT: dict = {}  # on a rank, within one call: what ``built`` made, kept across the repeats
+
+
+def built(key: str, make):
+    """``make()`` once per rank per call (the first repeat, a warm-up), then kept."""
+    if key not in _BUILT:
+        _BUILT[key] = make()
+    return _BUILT[key]
+
+
+def single_forward(ctx, x, seed: int):
+    """The unsharded MLP on one rank with one thread: one forward, its output."""
     import torch
 
     from shardlib.core.toy import mlp_reference
 
     torch.set_num_threads(1)
-    w_gate, w_up, w_down = make_weights(seed)
-    times = []
+    weights = built("single", lambda: make_weights(seed))
     with torch.no_grad():
-        for i in range(warmup + repeats):
-            t = time.perf_counter()
-            out = mlp_reference(x, w_gate, w_up, w_down)
-            elapsed = time.perf_counter() - t
-            if i >= warmup:
-                times.append(elapsed)
-    return {"times_s": times, "output": out}
+        return mlp_reference(x, *weights)  # (batch, seq, d_model)
 
 
-def tp_forward(ctx, x, seed: int, warmup: int, repeats: int) -> dict:
-    """The sharded MLP on this rank with one thread. The shards are cut once, before any timing.
-
-    Each timed repeat starts after a barrier, so both ranks begin together; the time inside the
-    all-reduce is read back from this rank's comm log.
-    """
+def tp_forward(ctx, x, seed: int):
+    """The sharded MLP on this rank with one thread: one forward, its output. The shards are cut in the
+    first repeat: gate and up column-parallel (d_ff / tp, d_model) each, down row-parallel (d_model, d_ff / tp)."""
     import torch
 
     from shardlib.core.tensor_parallel.blocks import ParallelMLP
     from shardlib.core.tensor_parallel.layers import TPGroup
 
     torch.set_num_threads(1)
-    w_gate, w_up, w_down = make_weights(seed)
-    # gate and up column-parallel (d_ff / tp, d_model) each, down row-parallel (d_model, d_ff / tp)
-    forward = ParallelMLP({"gate": w_gate, "up": w_up, "down": w_down}, TPGroup.world(ctx))
-    del w_gate, w_up, w_down  # keep only this rank's slices
-
-    times, reduce_times = [], []
+    mlp = built("tp", lambda: ParallelMLP(dict(zip(("gate", "up", "down"), make_weights(seed))), TPGroup.world(ctx)))
     with torch.no_grad():
-        for i in range(warmup + repeats):
-            ctx.comm.barrier()
-            seen = len(ctx.comm.records)
-            t = time.perf_counter()
-            out = forward(x)
-            elapsed = time.perf_counter() - t
-            in_reduce = sum(rec.duration_s for rec in ctx.comm.records[seen:] if rec.op == "all_reduce")
-            if i >= warmup:
-                times.append(elapsed)
-                reduce_times.append(in_reduce)
-    return {"times_s": times, "all_reduce_s": reduce_times, "output": out}
+        return mlp(x)  # (batch, seq, d_model), whole on every rank
 
 
 def row(label: str, value: str, note: str = "") -> None:
@@ -99,6 +85,7 @@ def row(label: str, value: str, note: str = "") -> None:
 def main() -> int:
     import torch
 
+    from shardlib.lab.harness import on_ranks
     from shardlib.runtime.ranks import Ranks
 
     assert D_FF % WORLD == 0, f"d_ff {D_FF} must split evenly over {WORLD} ranks"
@@ -113,21 +100,20 @@ def main() -> int:
     single_times: list[float] = []
     tp_times: list[list[float]] = [[] for _ in range(WORLD)]
     tp_reduce: list[list[float]] = [[] for _ in range(WORLD)]
+    timed = range(WARMUP, WARMUP + REPEATS)
     wall = time.perf_counter()
     with Ranks(1) as one, Ranks(WORLD) as two:
         for _ in range(ROUNDS):
-            (single,) = one.run(single_forward, x, SEED, WARMUP, REPEATS)
-            single_times += single["times_s"]
-            per_rank = two.run(tp_forward, x, SEED, WARMUP, REPEATS)
-            for r, res in enumerate(per_rank):
-                tp_times[r] += res["times_s"]
-                tp_reduce[r] += res["all_reduce_s"]
+            single = on_ranks(one, single_forward, x, SEED, repeats=WARMUP + REPEATS)
+            single_times += single.elapsed_s(0)[WARMUP:]
+            sharded = on_ranks(two, tp_forward, x, SEED, repeats=WARMUP + REPEATS)
+            for r in range(WORLD):
+                tp_times[r] += sharded.elapsed_s(r)[WARMUP:]
+                tp_reduce[r] += [sum(c.duration_s for c in sharded.records("all_reduce", r, i)) for i in timed]
     wall = time.perf_counter() - wall
 
     # the sharded output must be the unsharded one, on every rank
-    reference = single["output"]
-    diffs = [(res["output"] - reference).abs().max().item() for res in per_rank]
-    max_diff = max(diffs)
+    max_diff = sharded.max_gap(None, single.first())
     print("correctness (sharded output vs mlp_reference)")
     row("max |difference| over both ranks", f"{max_diff:.2e}", f"(must be <= {ATOL:g})")
     assert max_diff <= ATOL, f"the sharded MLP differs from mlp_reference by {max_diff:.3e} > {ATOL:g}"

@@ -172,9 +172,9 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # - `first_all_reduce_on_rank` builds a tensor whose values depend on its rank and calls
 #   `ctx.comm.all_reduce(x)`. Every rank must make that same call. When it returns, `x` holds the sum over
 #   all ranks, on every rank.
-# - `straggler_on_rank` times something. `ctx.comm.barrier()` lines the ranks up. The
-#   `ctx.timeline.span(...)` block records when this rank's compute began and ended, on a clock every
-#   rank shares. The all-reduce at the bottom cannot finish before the slowest rank arrives.
+# - `straggler_on_rank` times something. The `ctx.timeline.span(...)` block records when this rank's
+#   compute began and ended, on a clock every rank shares. The all-reduce at the bottom cannot finish
+#   before the slowest rank arrives. Whoever runs it lines the ranks up first, with a barrier.
 #
 # `ctx.comm` is `torch.distributed`'s collectives with a recorder around them. Each call is logged
 # (operation, bytes, time), which is how the log further down knows what moved.
@@ -312,12 +312,12 @@ for v in straggler.verdicts:
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# `run_straggler_check` runs the step 5 times and compares the medians of the predicted and the measured
-# wait. The verdict holds when measured over predicted is within 0.8-1.25. Your machine runs other
-# programs too: a rank that wakes late from the opening barrier starts late, and its partner waits for
-# that as well. So when the verdict fails, the 5 runs are taken again, at most 3 times in all, and the
-# last set is kept. The ratio is close to 1 but not exactly: the message itself takes a little time to
-# cross, and both ranks share the machine's cores.
+# `run_straggler_check` runs the step 5 times, each after a barrier, and compares the medians of the
+# predicted and the measured wait. The verdict holds when measured over predicted is within 0.8-1.25.
+# Your machine runs other programs too: a rank that wakes late from the barrier starts late, and its
+# partner waits for that as well. So when the verdict fails, the 5 runs are taken again, at most 3 times
+# in all, and the last set is kept. The ratio is close to 1 but not exactly: the message itself takes a
+# little time to cross, and both ranks share the machine's cores.
 #
 # </details>
 

@@ -296,7 +296,8 @@ from shardlib.lab.costs.claims import run_calibration_check
 ranks = Ranks(4)
 where = f"measured on {ranks.description}"  # where every number below is measured
 calibrated = run_calibration_check(ranks, n_ranks=2)
-cal, here = calibrated.calibration, calibrated.link
+cal = calibrated.run
+here = cal.op_link("all_reduce")  # the all-reduce's own fit
 print(f"{ranks.world_size} ranks: {ranks.description}; {len(cal.samples)} points on the first 2 in {cal.wall_s:.1f} s")
 for op, fit in cal.per_op.items():
     print(f"  {op:<15} latency {fit.latency_s * 1e6:5.0f} us, bandwidth {fit.bandwidth_bytes_per_s / 1e9:5.2f} GB/s, "
@@ -448,8 +449,7 @@ delay_s = 0.05
 slowed = run_slow_rank_check(ranks, 1, delay_s)
 slow = slowed.run
 for op in slow.ops:
-    steps = [res.step_s[op] for res in slow.per_rank]
-    inside = [res.collective_s[op] for res in slow.per_rank]
+    steps, inside = slow.steps_s(op), slow.collective_s(op)
     print(f"{op:<15} step per rank {', '.join(f'{s * 1e3:5.1f}' for s in steps)} ms; inside the collective: "
           f"rank 0 {inside[0] * 1e3:5.1f} ms, rank 1 {inside[1] * 1e3:5.1f} ms")
 for v in slowed.verdicts:
@@ -585,7 +585,7 @@ latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 # per second per device?
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.costs.drivers import serving_model
+from shardlib.lab.costs.ranks import serving_model
 from shardlib.lab.costs.claims import run_replicas_vs_tp_check
 
 served_check = run_replicas_vs_tp_check(ranks, here, model=serving_model(n_layers=2, d_model=768, d_ff=3072),
@@ -603,8 +603,9 @@ assert served.max_output_gap < 1e-5  # exactness is no timing: it always holds
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Eight steps each way, a replica step then a tensor-parallel step, and each way's median step kept
-# (the slowest rank of each step). Each line passes within 2x of the prediction. The split copy's
+# Eight steps each way after an untimed one, a replica step then a tensor-parallel step, and each way's
+# median step kept: a replica step is the slowest rank's, a tensor-parallel step runs from its last
+# rank's start to its last rank's end. Each line passes within 2x of the prediction. The split copy's
 # latency ratio must also stay under 1, and the replicas' throughput ratio over 1. A run that fails is
 # measured again, at most three times in all. The tensor-parallel outputs are checked against rank 0's
 # replica, which served the same requests, within `1e-5`: the all-reduce adds the halves in another

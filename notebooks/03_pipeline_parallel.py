@@ -389,8 +389,8 @@ print(f"share of the slow step each stage computes: {[f'{s:.0%}' for s in pace.b
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# The uniform and the slow pipeline ran in turn, three rounds, and each kept its fastest round: with every
-# op padded, other work on the machine only ever adds time. A step passes within 0.95 to 1.3 of its
+# Each pipeline ran three times in a row and kept its fastest run: with every op padded, other work on the
+# machine only ever adds time. A step passes within 0.95 to 1.3 of its
 # prediction (the hops between stages only add time). The ratio of the two steps and the slow stage's
 # share pass within 0.85 to 1.15. If any fails, the whole measurement runs again, at most three times
 # (`run_pace_check` in `pipeline/bubble_drivers.py`).
@@ -454,7 +454,7 @@ assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# As for the slow stage: the two cuts ran in turn, three rounds, each keeping its fastest round. A step
+# As for the slow stage: each cut ran three times in a row and kept its fastest run. A step
 # passes within 0.95 to 1.3 of `pipeline_step_s`, their ratio within 0.85 to 1.15, and the whole
 # measurement runs again if either fails (`run_uneven_check`).
 # </details>

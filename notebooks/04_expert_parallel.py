@@ -499,9 +499,9 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # ## Training through the all-to-all
 #
 # Training today is dropless: every token-slot is served (Megatron-Core, MegaBlocks). Capacity factors
-# were the GShard and Switch way; they remain where a fixed buffer per expert is worth a dropped token.
-# The toy model: one dense input projection, then this layer (`shardlib.core.experts.autograd`), float64,
-# 8 experts, top-2, Mixtral's gates.
+# were GShard's and Switch's way; they remain where a fixed buffer is worth a dropped token. The toy
+# model: one dense input projection, then the training step's MoE layer (`shardlib.core.training.moe_block`),
+# float64, 8 experts, top-2, Mixtral's gates.
 #
 # An all-to-all only moves rows between ranks. Its backward moves each row's gradient back the same
 # way: the **reverse all-to-all**, with each rank's send and receive sizes swapped (GShard;
@@ -535,16 +535,15 @@ for ep in (2, 1):
     print(f"ep = {ep}: loss and the gradients of the router, the input projection and every expert against one "
           f"process: worst relative error {steps[ep].max_error:.1e}")
     if ep == 2:
-        log = [r for r in ranks.last_comm if r.rank == 0 and r.op == "all_to_all_single"]
+        log = steps[ep].got.records("all_to_all_single", rank=0)  # rank 0's comm log, in order
         print(f"  rank 0, forward: the counts             {log[0].size_bytes // 8} integers")
         phases = ("forward: dispatch", "forward: combine", "backward of the combine", "backward of the dispatch")
         for phase, r in zip(phases, log[1:]):
             print(f"  rank 0, {phase:<31} {r.size_bytes // row_bytes:>3} rows sent")
         assert len(log) == 5 and log[3].size_bytes == log[1].size_bytes and log[4].size_bytes == log[2].size_bytes
     sums = {}  # group -> bytes of each all-reduce: the gradients, then the loss and the counts
-    for r in ranks.last_comm:
-        if r.op == "all_reduce" and r.rank == 0:
-            sums.setdefault(r.group, []).append(r.size_bytes)
+    for r in steps[ep].got.records("all_reduce", rank=0):
+        sums.setdefault(r.group, []).append(r.size_bytes)
     print(f"  all-reduces on rank 0, bytes by group: {sums}")
     assert ("edp" in sums) == (ep == 1)  # expert copies exist, and are summed, only when ep < world size
 

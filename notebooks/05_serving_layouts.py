@@ -89,7 +89,7 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # why the pp axis carries `tp` sends per microbatch per boundary. The `probe.span` around the blocks is
 # where a timeline can attach; by default it records nothing. In `pipelined_decode` each send is
 # `isend`, so a stage goes straight on to the next microbatch. `lab.serving.ranks` passes the rank's
-# timeline as the probe and reads the clock around the call.
+# timeline as the probe, so each microbatch's compute is a span: its end is when that output was ready.
 #
 # </details>
 

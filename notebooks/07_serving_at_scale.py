@@ -275,7 +275,7 @@ print(handoff_table(4096, 10.0))
 # trace alone, each request held until the trace ends.
 
 # %%
-from shardlib.lab.serving.fleet_traces import hot_prefix_trace
+from shardlib.lab.serving.traces import hot_prefix_trace
 from shardlib.core.serving.router import make_router, route_trace
 
 hot = hot_prefix_trace(24, rate_per_s=400.0, hot=0.75, seed=2)
@@ -341,7 +341,7 @@ for name, f in (("4 replicas", as_replicas), ("tp = 4", as_split)):
     print(f"predicted, {name}: TPOT p50 {f['tpot_p50_s'] * 1e3:.1f} ms, {f['tokens_per_s']:.0f} tokens/s")
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.serving.layout_drivers import run_replicas_vs_tp_check
+from shardlib.lab.serving.replica_drivers import run_replicas_vs_tp_check
 
 layouts = run_replicas_vs_tp_check(four, weights, trace, config, poisson_trace(12, float("inf"), seed=2))
 for v in layouts.verdicts:

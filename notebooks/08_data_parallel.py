@@ -287,15 +287,14 @@ assert wire["ddp"] == wire["zero1"] == wire["zero2"] and 2 * wire["zero3"] == 3 
 # %%
 from shardlib.lab.data_parallel.claims import run_identity_check
 
-check = run_identity_check(ranks, 2 ** 18, repeats=5)
-same = check.identity
+same = run_identity_check(ranks, 2 ** 18, repeats=5)
 print(f"results differ by at most {same.max_gap:.1e}; wire bytes per rank: all-reduce "
       f"{same.wire_bytes['all_reduce']:,} = reduce-scatter {same.wire_bytes['reduce_scatter']:,} + all-gather "
       f"{same.wire_bytes['all_gather']:,}")
 assert same.max_gap <= 1e-5 and same.wire_bytes["all_reduce"] == same.split_wire_bytes
 
 # %% tags=["nbval-ignore-output"]
-for v in check.verdicts:
+for v in same.verdicts:
     print(v.line)
 
 # %% [markdown]

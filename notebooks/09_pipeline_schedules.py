@@ -418,8 +418,7 @@ for name, run in runs.items():
 # per stage than ours at F = B = W, fewer, or the same? Each schedule's line ends with both counts.
 
 # %%
-from shardlib.lab.pipeline.torch_peer import import_pipelining_on_rank
-from shardlib.lab.pipeline.drivers import run_torch_runtime
+from shardlib.lab.pipeline.torch_peer import import_pipelining_on_rank, run_torch_runtime
 from shardlib.core.pipeline.schedules import simulate
 
 ranks.run(import_pipelining_on_rank)  # each rank loads torch.distributed.pipelining once

@@ -386,10 +386,10 @@ from shardlib.ui.context_parallel_figures import balance_figure
 
 qb, kb, vb = (torch.randn(1, 4, 1024, 64, generator=g) for _ in range(3))
 run_ring_attention(ranks, qb, kb, vb)  # warm-up
-checked = run_balance_check(ranks, qb, kb, vb, repeats=3)
-for v in checked.verdicts:
-    print(v.line)
-balance, placements = checked.balance, ("contiguous", "zigzag")
+balance, verdicts = run_balance_check(ranks, qb, kb, vb, repeats=3)
+for verdict in verdicts:
+    print(verdict.line)
+placements = ("contiguous", "zigzag")
 for placement in placements:
     print(f"{placement:<10} blocks per rank {balance.runs[placement].computed_blocks}; busiest over mean: predicted "
           f"{balance.predicted_imbalance(placement):.2f}, measured {balance.measured_imbalance(placement):.2f}")
@@ -449,10 +449,9 @@ from shardlib.lab.context_parallel.claims import run_ring_overlap_check
 from shardlib.ui.context_parallel_figures import ring_timeline_figure
 
 qo, ko, vo = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
-overlap_check = run_ring_overlap_check(ranks, qo, ko, vo, repeats=3, pad_compute_s=0.04)
-for v in overlap_check.verdicts:
-    print(v.line)
-overlap = overlap_check.overlap
+overlap, verdicts = run_ring_overlap_check(ranks, qo, ko, vo, repeats=3, pad_compute_s=0.04)
+for verdict in verdicts:
+    print(verdict.line)
 print(f"blocked waiting for blocks: {overlap.overlapped.waited_s * 1e3:.2f} ms overlapped, "
       f"{overlap.sequential.waited_s * 1e3:.2f} ms one after the other")
 ring_timeline_figure(overlap.overlapped.spans, "Overlapped: the next block is in flight while this one computes "
@@ -568,11 +567,11 @@ shape = AttentionShape(2, 6, 2, 70, 12)
 gathered = run_all_gather_attention(ranks, q, k, v)
 ring_run = run_ring_attention(ranks, q, k, v)
 print(f"all-gather K/V: largest gap {gathered.gap:.1e}; collectives on rank 0 {list(gathered.measured)}")
-print(f"wire bytes per rank: all-gather {gathered.wire_bytes_per_rank:,} (formula "
+print(f"wire bytes per rank: all-gather {gathered.sent_bytes_per_rank[0]:,} (formula "
       f"{all_gather_kv_bytes_per_rank(shape, 2):,.0f}), ring {ring_run.sent_bytes_per_rank[0]:,}, "
-      f"all-to-all {uly.wire_bytes_per_rank:,}")
+      f"all-to-all {uly.sent_bytes_per_rank[0]:,}")
 assert gathered.gap <= TOLERANCE and gathered.measured == gathered.predicted
-assert gathered.wire_bytes_per_rank == ring_run.sent_bytes_per_rank[0] == all_gather_kv_bytes_per_rank(shape, 2)
+assert gathered.sent_bytes_per_rank[0] == ring_run.sent_bytes_per_rank[0] == all_gather_kv_bytes_per_rank(shape, 2)
 
 # %% [markdown]
 # Now the four at Llama-3.1-70B's shape, one layer, 128K tokens over 16 ranks in bf16. The all-to-all

@@ -21,6 +21,7 @@ import torch
 
 from shardlib.core.toy import generator
 from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.lab.harness import on_ranks
 from shardlib.runtime.errors import RankError, RankTimeoutError
 from shardlib.runtime.records import wire_bytes
 
@@ -85,12 +86,12 @@ def zero1_reference(params: torch.Tensor, grads, lr: float, combine: str = "sum"
     return adamw_first_step(params, total if combine == "sum" else total / len(grads), lr)
 
 
-def _run_learner(ctx, fn, params, grads, lr):
+def _run_learner(ctx, fn, params, grads, lr) -> dict:
     """What each rank runs: the learner's step on its own gradient, with its shard of the optimizer;
-    returns what it returned and the sizes it stepped."""
+    returns what it returned (``out``) and the sizes it stepped (``steps``)."""
     optimizer = ShardOptimizer(params.numel() // ctx.world_size, lr)
     out = fn(ctx, params.clone(), grads[ctx.rank].clone(), optimizer)
-    return out, tuple(optimizer.steps)
+    return {"out": out, "steps": tuple(optimizer.steps)}
 
 
 class _Alone:
@@ -162,16 +163,16 @@ def _disagreement(outs) -> str:
     return ""
 
 
-def _check_comm(got: Collector, records, world_size: int, n_bytes: int) -> None:
+def _check_comm(got: Collector, measured, world_size: int, n_bytes: int) -> None:
     """Right numbers; now the bytes: each rank must move no more than DDP's all-reduce of the gradient."""
     budget = wire_bytes("all_reduce", n_bytes, world_size)
     for rank in range(world_size):
-        mine = [c for c in records if c.rank == rank]
+        mine = measured.records(rank=rank)
         if not mine:
             got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but its comm log is empty: use ctx.comm's "
                      "collectives (not torch.distributed directly), so that the bytes can be counted")
             return
-        sent = sum(c.wire_bytes for c in mine)
+        sent = measured.bytes(rank=rank, wire=True)
         if sent <= budget:
             continue
         calls = ", ".join(f"{c.op} of {c.size_bytes:,} bytes" for c in mine)
@@ -202,7 +203,7 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
         inputs = zero1_inputs(n_ranks)
         want = zero1_reference(inputs["params"], inputs["grads"], LR)
         try:
-            results = pool.run(_run_learner, step_fn, inputs["params"], inputs["grads"], LR)
+            measured = on_ranks(pool, _run_learner, step_fn, inputs["params"], inputs["grads"], LR)
         except RankTimeoutError as err:
             got.fail(f"{n_ranks} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
                      "collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
@@ -213,8 +214,8 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
                 return got.result()
             got.fail(f"{n_ranks} ranks: {str(err).splitlines()[0]}")
             continue
-        outs = [out for out, _ in results]
-        idle = next((r for r, (_, steps) in enumerate(results) if not steps), None)
+        outs = list(measured.each("out"))
+        idle = next((r for r, steps in enumerate(measured.each("steps")) if not steps), None)
         if idle is not None:
             got.fail(f"{n_ranks} ranks, rank {idle}: it never called its optimizer: each rank must update its "
                      "shard with optimizer(weights_shard, gradient_shard)")
@@ -230,6 +231,6 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
             got.fail(f"{n_ranks} ranks: every rank is within {ATOL:g} of the answer, but {apart} bit for bit: "
                      "gather the same shards on every rank rather than computing them apart")
             continue
-        _check_comm(got, pool.last_comm, n_ranks, inputs["params"].numel() * 4)
+        _check_comm(got, measured, n_ranks, inputs["params"].numel() * 4)
     return got.result("every rank returned the weights of one AdamW step on the summed gradient (within 1e-6), "
                       "the same on every rank, sending no more bytes than DDP's all-reduce")

@@ -18,6 +18,7 @@ import torch
 from shardlib.core.experts.balance import bias_update
 from shardlib.core.toy import generator
 from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.lab.harness import on_ranks
 from shardlib.runtime.errors import RankError, RankTimeoutError
 
 N_EXPERTS, K, TOKENS_PER_RANK, STEPS, RATE = 8, 2, 12, 3, 0.05
@@ -152,7 +153,7 @@ def grade_aux_free_bias(route_fn, *pools) -> ExerciseResult:
         w = pool.world_size
         inputs = bias_exercise_inputs(w)
         try:
-            results = pool.run(_run_learner, route_fn, inputs["scores"], inputs["biases"], K, RATE)
+            results = on_ranks(pool, _run_learner, route_fn, inputs["scores"], inputs["biases"], K, RATE).values
         except RankTimeoutError as err:
             got.fail(f"{w} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
                      "collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")

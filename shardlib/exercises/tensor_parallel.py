@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from shardlib.core.tensor_parallel.layers import shard_columns, shard_rows
 from shardlib.core.toy import generator, weight
 from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable, span
+from shardlib.lab.harness import on_ranks
 from shardlib.runtime.errors import RankError, RankTimeoutError
 
 SHARD_COUNTS = (2, 3, 4, 8)
@@ -231,7 +232,7 @@ def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
             raise ValueError(f"this exercise's d_hidden = {w['w1'].shape[0]} cannot be split {tp} ways: "
                              "use 2 or 4 ranks")
         try:
-            outs = pool.run(pair_fn, w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
+            ran = on_ranks(pool, pair_fn, w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
         except RankTimeoutError as err:
             got.fail(f"{tp} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
                      f"collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
@@ -247,16 +248,14 @@ def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
                         "shard_columns; w2 is (d_model, d_hidden) and is cut by rows, dim 1, with shard_rows)")
             got.fail(f"{tp} ranks: rank {err.rank} raised {summary}{hint}")
             continue
-        ops = {}
-        for rec in pool.last_comm:
-            ops.setdefault(rec.rank, []).append((rec.op, rec.size_bytes))
-        for rank, out in enumerate(outs):
-            if not _close(out, ref):
-                got.fail(f"{tp} ranks, rank {rank}: {_pair_hint(out, rank, tp, w, ref)}")
+        outs = dict(zip(ran.ranks, ran.each()))  # a rank that returned None is missing
+        for rank in range(tp):
+            if not _close(outs.get(rank), ref):
+                got.fail(f"{tp} ranks, rank {rank}: {_pair_hint(outs.get(rank), rank, tp, w, ref)}")
                 break
         else:
             for rank in range(tp):
-                mine = ops.get(rank, [])
+                mine = [(rec.op, rec.size_bytes) for rec in ran.records(rank=rank)]
                 if mine != [("all_reduce", expected_bytes)]:
                     got.fail(f"{tp} ranks, rank {rank}: the right numbers, but it issued {mine or 'no collectives'}; "
                              f"the pair needs exactly one all_reduce of the output ({expected_bytes} bytes), "

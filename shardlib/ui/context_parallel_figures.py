@@ -2,9 +2,8 @@
 
 Which K/V block each rank holds at each step of the ring; who computes which block of the causal
 attention matrix in each placement; per-rank compute measured against the blocks predicted; the ring's
-timeline with and without overlap; bytes per rank of each method against the number of ranks; and
-memory per device against sequence length. No torch, no widgets, no processes: the numbers come from
-``shardlib.lab.context_parallel``.
+timeline with and without overlap; memory per device against sequence length, and what one rank holds.
+No torch, no widgets, no processes: the numbers come from ``shardlib.lab.context_parallel``.
 """
 
 from __future__ import annotations
@@ -124,25 +123,6 @@ def ring_timeline_figure(spans: Sequence[Span], title: str) -> go.Figure:
     n = max(s.rank for s in spans) + 1
     rows = [f"rank {r} {what}" for r in range(n) for what in ("compute", "send", "recv")]
     return gantt_figure(bars, rows, title)
-
-
-@mime_figure
-def method_bytes_figure(predicted: Mapping[str, Sequence[float]], world_sizes: Sequence[int],
-                        measured: Mapping[str, Mapping[int, float]] | None = None,
-                        title: str = "Bytes each rank sends per attention call") -> go.Figure:
-    """Lines: the formula's wire bytes per rank of each method against the number of ranks; markers: the
-    comm log's, where measured."""
-    fig = go.Figure()
-    for i, (method, values) in enumerate(predicted.items()):
-        fig.add_trace(go.Scatter(x=list(world_sizes), y=[v / 2 ** 20 for v in values], name=f"{method}: formula",
-                                 mode="lines", line={"color": colour(i)}))
-        if measured and method in measured:
-            pts = measured[method]
-            fig.add_trace(go.Scatter(x=list(pts), y=[v / 2 ** 20 for v in pts.values()], name=f"{method}: measured",
-                                     mode="markers", marker={"color": colour(i), "size": 11, "symbol": "circle-open",
-                                                             "line": {"width": 2}}))
-    fig.update_layout(title=title, xaxis_title="ranks n", yaxis_title="MiB per rank", height=340)
-    return fig
 
 
 @mime_figure

@@ -108,16 +108,15 @@ def phase_cost_figure(costs: Sequence[PhaseCost], title: str = "Tensor-parallel 
 
 
 @mime_figure
-def slow_rank_figure(collective_s: Sequence[Mapping[str, float]], slow_rank: int,
-                     delay_s: float, where: str = "") -> go.Figure:
-    """Grouped bars: the time each rank spent inside each collective (``collective_s[rank][op]``, seconds),
-    with the delay as a dashed line; ``where`` it was measured (``ranks.description``) under the title."""
-    ops = list(collective_s[0])
-    fig = go.Figure([go.Bar(name=f"rank {r}" + (" (slow)" if r == slow_rank else ""), x=ops,
-                            y=[inside[op] * 1e3 for op in ops], marker_color=colour(r))
-                     for r, inside in enumerate(collective_s)])
-    fig.add_hline(y=delay_s * 1e3, line_dash="dash",
-                  annotation_text=f"delay of rank {slow_rank}: {delay_s * 1e3:.0f} ms")
+def slow_rank_figure(run, where: str = "") -> go.Figure:
+    """Grouped bars for a ``costs.SlowRankRun``: the time each rank spent inside each collective, with the
+    delay as a dashed line; ``where`` it was measured (``ranks.description``) under the title."""
+    inside = [run.collective_s(op) for op in run.ops]  # (ops,) each (ranks,) seconds
+    fig = go.Figure([go.Bar(name=f"rank {r}" + (" (slow)" if r == run.slow_rank else ""), x=run.ops,
+                            y=[per_rank[r] * 1e3 for per_rank in inside], marker_color=colour(r))
+                     for r in range(len(inside[0]))])
+    fig.add_hline(y=run.delay_s * 1e3, line_dash="dash",
+                  annotation_text=f"delay of rank {run.slow_rank}: {run.delay_s * 1e3:.0f} ms")
     fig.update_layout(title=titled("Time inside each collective: the fast ranks wait for the slow one", where),
                       barmode="group", yaxis_title="ms", height=360)
     return fig

@@ -87,8 +87,7 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
     def run(change=None) -> None:
         delay_s = delay.value / 1e3
         run = run_slow_rank(ranks, slow.value, delay_s)
-        fig.show(slow_rank_figure([r.collective_s for r in run.per_rank], slow.value, delay_s,
-                                  f"measured on {ranks.description}"))
+        fig.show(slow_rank_figure(run, f"measured on {ranks.description}"))
         steps = [run.step_s(op) for op in run.ops]
         text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
                       f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")

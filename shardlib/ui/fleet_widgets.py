@@ -16,8 +16,7 @@ import html
 import ipywidgets as widgets
 
 from shardlib.lab.serving.disagg_drivers import LOOPBACK
-from shardlib.lab.serving.fleet_traces import hot_prefix_trace
-from shardlib.lab.serving.traces import poisson_trace
+from shardlib.lab.serving.traces import hot_prefix_trace, poisson_trace
 from shardlib.predict.serving.fleet import simulate_replicas
 from shardlib.predict.serving.goodput import ServingObjective
 from shardlib.predict.serving.splits import split_figures

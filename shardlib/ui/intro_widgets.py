@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from shardlib.lab.intro.ranks import all_reduce_time_on_rank
+from shardlib.lab.intro.drivers import run_all_reduce_time
 from shardlib.ui.live import Feedback, FigureArea, observe_all
 from shardlib.ui.runtime_figures import measured_points_figure
 
@@ -28,8 +28,8 @@ def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
 
     def measure(change=None) -> None:
         n_elements = 2 ** slider.value
-        seconds = max(ranks.run(all_reduce_time_on_rank, n_elements))
-        size_bytes = 4 * n_elements
+        timing = run_all_reduce_time(ranks, n_elements)
+        seconds, size_bytes = timing.seconds, timing.size_bytes  # the slowest rank's median; float32
         seen[size_bytes] = seconds
         xs = sorted(seen)
         fig.show(measured_points_figure(

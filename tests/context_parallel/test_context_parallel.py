@@ -323,14 +323,11 @@ def test_the_other_figures_draw_their_data():
         attention_memory_figure,
         balance_figure,
         memory_figure,
-        method_bytes_figure,
         ring_timeline_figure,
     )
 
     fig = memory_figure([1000, 2000], {"tp 8": [1e9, 2e9], "tp 8 x cp 2": [5e8, 1e9]}, 80e9)
     assert [t.name for t in fig.data] == ["tp 8", "tp 8 x cp 2"] and list(fig.data[0].y) == [1.0, 2.0]
-    fig = method_bytes_figure({"ring attention": [2 ** 20, 2 ** 21]}, [2, 4], {"ring attention": {2: 2 ** 20}})
-    assert list(fig.data[0].y) == [1.0, 2.0] and list(fig.data[1].x) == [2]
     fig = balance_figure({"contiguous": [0.01, 0.02]}, {"contiguous": [1, 3]})
     assert list(fig.data[0].y) == [10.0, 20.0] and list(fig.data[1].y) == [7.5, 22.5]  # 30 ms split 1 : 3
     spans = [Span(0, "attend K/V of rank 0", "compute", 1.0, 1.010),

@@ -9,6 +9,7 @@ import pytest
 from shardlib.facts.hardware import Link
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.costs.ranks import sweep_on_rank
+from shardlib.lab.harness import on_ranks
 from shardlib.predict.alpha_beta import collective_time_s
 from shardlib.predict.calibration import (
     DEFAULT_SIZES_BYTES,
@@ -144,13 +145,16 @@ def test_the_sweep_on_real_ranks_times_every_op_at_every_size_and_fits_a_link(po
     assert f"{pool.world_size} ranks" in cal.link.name
 
 
-def test_the_sweep_is_recorded_through_ctx_comm(pool2):
-    per_rank = pool2.run(sweep_on_rank, (64, 256), 1, 2)
-    assert per_rank[0].keys() == {(op, s) for op in SWEEP_OPS for s in (64, 256)}
-    ops = {r.op for r in pool2.last_comm}
-    assert {"all_reduce", "all_to_all_single", "send", "recv", "barrier"} <= ops
-    # 2 sizes x (1 warm-up + 1 round x 2 calls) = 6 all-reduces per rank
-    assert sum(r.op == "all_reduce" and r.rank == 0 for r in pool2.last_comm) == 6
+def test_a_sweep_round_is_recorded_through_ctx_comm(pool2):
+    points = (("all_reduce", 64, 3), ("all_to_all", 256, 2), ("point_to_point", 1024, 1))
+    got = on_ranks(pool2, sweep_on_rank, points, repeats=2)
+    for rank in (0, 1):  # in the order of the points; a ping-pong is a send and a recv each way
+        logged = [(r.op, r.size_bytes) for r in got.records(rank=rank)]
+        ping_pong = [("send", 1024), ("recv", 1024)][::1 - 2 * rank]  # rank 1 receives first
+        assert logged == [("all_reduce", 64)] * 3 + [("all_to_all_single", 256)] * 2 + ping_pong  # no barriers
+    bursts = got.spans("burst")  # one span a point, on both ranks, with what it timed
+    assert sorted((s.rank, s.attrs["op"], s.attrs["size_bytes"]) for s in bursts) == sorted(
+        (rank, op, size) for rank in (0, 1) for op, size, _ in points)
 
 
 def test_a_sweep_on_the_first_ranks_of_a_larger_pool(pool4):
@@ -158,11 +162,9 @@ def test_a_sweep_on_the_first_ranks_of_a_larger_pool(pool4):
     cal = run_calibration(pool4, sizes, rounds=3, n_ranks=2, statistic="median", ops=("all_reduce", "point_to_point"))
     assert {(s.op, s.n_ranks) for s in cal.samples} == {("all_reduce", 2), ("point_to_point", 2)}
     assert set(cal.per_op) == {"all_reduce", "point_to_point"}
-    reduces = [r for r in pool4.last_comm if r.op == "all_reduce"]
+    got = on_ranks(pool4, sweep_on_rank, (("all_reduce", 64, 2),), 2)  # a round of the sweep on the first 2 ranks
+    reduces = got.records("all_reduce")
     assert {r.rank for r in reduces} == {0, 1} and {r.group for r in reduces} == {"tp"}  # ranks 2 and 3 sat out
-    # rounds are spread over time, one pool call each; the last one: 3 sizes x 2 calls + 1 warm-up (of the
-    # smallest size: the first round warmed up every size) = 7
-    assert sum(r.rank == 0 for r in reduces) == 7
     link = cal.op_link("all_reduce")
     assert link.name == "this machine (gloo, 2 ranks, all-reduce)"
     assert link.latency_s == cal.per_op["all_reduce"].latency_s
@@ -172,4 +174,4 @@ def test_a_sweep_on_the_first_ranks_of_a_larger_pool(pool4):
 
 def test_a_group_that_does_not_divide_the_pool_is_named_on_the_rank(pool4):
     with pytest.raises(RankError, match="a group of the first 3 ranks needs a pool whose size is a multiple of 3"):
-        pool4.run(sweep_on_rank, (64,), 1, 1, ("all_reduce",), 3)
+        on_ranks(pool4, sweep_on_rank, (("all_reduce", 64, 1),), 3)

@@ -13,8 +13,9 @@ from shardlib.lab.costs.claims import (
     run_calibration_check,
     run_decode_vs_prefill_check,
     run_replicas_vs_tp_check,
+    run_slow_rank_check,
 )
-from shardlib.lab.costs.drivers import serving_model
+from shardlib.lab.costs.ranks import serving_model
 from shardlib.predict.calibration import Calibration, LinkFit, Sample
 
 from .test_cost_checks import LINK, SIZES, on_the_line, replicas_run, run_of
@@ -60,10 +61,9 @@ def test_the_calibration_check_passes_its_arguments_and_returns_the_fits_verdict
     pool = NoRanks(4)
     check = run_calibration_check(pool, rounds=3)
     assert fake.calls == [((pool,), {"n_ranks": 2, "rounds": 3, "statistic": "fastest"})]
-    assert check.calibration is cal and check.verdicts == calibration_verdicts(cal)
+    assert check.run is cal and check.verdicts == calibration_verdicts(cal)
     (v,) = check.verdicts
     assert v.what == "all-reduce, 16 MiB over 64 B" and v.measured == pytest.approx(20.0) and v.held
-    assert check.link == cal.op_link("all_reduce") and check.link.latency_s == 5e-4
 
 
 def test_the_calibration_check_measures_again_until_bytes_cost_time(monkeypatch):
@@ -82,18 +82,6 @@ def test_a_calibration_that_never_grows_fails_with_its_claim(monkeypatch):
     assert len(fake.calls) == 2
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(n_ranks=1), "needs at least 2 ranks, got 1"),
-    (dict(n_ranks=3), "multiple of 3; this pool has 4 ranks"),
-    (dict(statistic="mean"), "statistic must be one of fastest, median, got 'mean'"),
-    (dict(sizes_bytes=(64, 100)), "100 bytes cannot be cut into 2 equal float32 pieces"),
-    (dict(attempts=0), "attempts must be at least 1, got 0"),
-])
-def test_the_calibration_check_refuses_bad_input_before_any_rank_runs(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        run_calibration_check(NoRanks(4), **kwargs)
-
-
 def test_the_decode_vs_prefill_check_sorts_its_tokens_and_returns_the_runs_verdicts(monkeypatch):
     run = run_of([on_the_line(tp, s, 1.0 if tp == 2 else 3.0) for tp in (2, 4) for s in SIZES])
     fake = Recorder(run)
@@ -104,17 +92,6 @@ def test_the_decode_vs_prefill_check_sorts_its_tokens_and_returns_the_runs_verdi
     assert args[0] is pool and args[1] is LINK and args[3] == (1, 8, 256, 2048) and kwargs == {"rounds": 2}
     assert check.run is run and check.verdicts == decode_vs_prefill_verdicts(run)
     assert len(check.verdicts) == 9 and all(v.held and v.attempts == 1 for v in check.verdicts)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(tokens=(1, 1, 8, 256)), r"at least 4 different token counts, got \(1, 1, 8, 256\)"),
-    (dict(tp_degrees=(2, 3)), "tp = 3 needs a pool whose size is a multiple of 3"),
-    (dict(latency_charge="per_byte"), "latency_charge must be one of"),
-    (dict(rounds=0), "rounds must be a whole number of at least 1"),
-])
-def test_the_decode_vs_prefill_check_refuses_bad_input_before_any_rank_runs(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        run_decode_vs_prefill_check(NoRanks(4), LINK, **kwargs)
 
 
 def test_the_replicas_check_passes_its_arguments_and_returns_the_runs_verdicts(monkeypatch):
@@ -139,12 +116,23 @@ def test_a_split_copy_slower_than_a_replica_fails_the_latency_claim_after_three_
     assert len(fake.calls) == 3
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(tp=3), "tp = 3 needs a pool whose size is a multiple of 3"),
-    (dict(model=serving_model(d_ff=3002), tp=4), "d_ff = 3002 cannot be split 4 ways"),
-    (dict(batch=0), "batch must be a whole number of at least 1"),
-    (dict(steps=1.5), "steps must be a whole number"),
+@pytest.mark.parametrize("check, kwargs, message", [
+    (run_calibration_check, dict(n_ranks=1), "needs at least 2 ranks, got 1"),
+    (run_calibration_check, dict(n_ranks=3), "multiple of 3; this pool has 4 ranks"),
+    (run_calibration_check, dict(statistic="mean"), "statistic must be one of fastest, median, got 'mean'"),
+    (run_calibration_check, dict(sizes_bytes=(64, 100)), "100 bytes cannot be cut into 2 equal float32 pieces"),
+    (run_calibration_check, dict(attempts=0), "attempts must be at least 1, got 0"),
+    (run_decode_vs_prefill_check, dict(tokens=(1, 1, 8, 256)), r"4 different token counts, got \(1, 1, 8, 256\)"),
+    (run_decode_vs_prefill_check, dict(tp_degrees=(2, 3)), "tp = 3 needs a pool whose size is a multiple of 3"),
+    (run_decode_vs_prefill_check, dict(latency_charge="per_byte"), "latency_charge must be one of"),
+    (run_decode_vs_prefill_check, dict(rounds=0), "rounds must be a whole number of at least 1"),
+    (run_replicas_vs_tp_check, dict(tp=3), "tp = 3 needs a pool whose size is a multiple of 3"),
+    (run_replicas_vs_tp_check, dict(model=serving_model(d_ff=3002), tp=4), "d_ff = 3002 cannot be split 4 ways"),
+    (run_replicas_vs_tp_check, dict(batch=0), "batch must be a whole number of at least 1"),
+    (run_replicas_vs_tp_check, dict(steps=1.5), "steps must be a whole number"),
+    (run_slow_rank_check, dict(slow_rank=4, delay_s=0.01), "slow_rank must be a whole number from 0 to 3, got 4"),
 ])
-def test_the_replicas_check_refuses_bad_input_before_any_rank_runs(kwargs, message):
+def test_every_check_refuses_bad_input_before_any_rank_runs(check, kwargs, message):
+    args = (LINK,) if check in (run_decode_vs_prefill_check, run_replicas_vs_tp_check) else ()
     with pytest.raises(ValueError, match=message):
-        run_replicas_vs_tp_check(NoRanks(4), LINK, **kwargs)
+        check(NoRanks(4), *args, **kwargs)

@@ -6,6 +6,7 @@ measures once with ``verified`` replaced, so only what it sets beside what, and 
 checked; whether its verdicts hold is the notebook's claim under nbval."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,10 +21,12 @@ from shardlib.lab.costs.claims import (
     run_slow_rank_check,
     slow_rank_verdicts,
 )
-from shardlib.lab.costs.drivers import DecodeVsPrefillRun, ReplicasVsTPRun, SlowRankRun
-from shardlib.lab.costs.ranks import SlowRankTimes
+from shardlib.lab.costs.drivers import DecodeVsPrefillRun, SlowRankRun
+from shardlib.lab.costs.ranks import SLOW_RANK_OPS
+from shardlib.lab.harness import Measured
 from shardlib.predict.calibration import Calibration, LinkFit, Sample
-from shardlib.predict.costs import ReplicasVsTensorParallel
+from shardlib.predict.costs import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
+from shardlib.runtime.records import CommRecord
 
 LINK = Link("hand", 1e9, 1e-4)  # 1 GB/s each way, 100 us per ring step
 KIB, MIB = 2 ** 10, 2 ** 20
@@ -36,7 +39,7 @@ def on_the_line(tp: int, size_bytes: int, scale: float = 1.0) -> Sample:
 
 
 def run_of(floors, tokens=(1, 8, 256, 2048), tp_degrees=(2, 4)) -> DecodeVsPrefillRun:
-    return DecodeVsPrefillRun(LLAMA_3_8B, LINK, "per_step", tokens, tp_degrees, tuple(floors), 0.0, tuple(floors))
+    return DecodeVsPrefillRun(LLAMA_3_8B, LINK, "per_step", tokens, tp_degrees, tuple(floors), tuple(floors))
 
 
 SIZES = (8 * KIB, 64 * KIB, 2 * MIB, 16 * MIB)  # 1, 8, 256 and 2,048 tokens of Llama-3-8B
@@ -113,10 +116,13 @@ def test_calibration_verdicts_claim_that_bytes_cost_time():
 
 
 def slow_run(inside_fast_s: float, inside_slow_s: float, step_s: float, delay_s: float = 0.05) -> SlowRankRun:
-    ops = ("all_reduce", "barrier")
-    fast = SlowRankTimes({op: step_s for op in ops}, {op: inside_fast_s / 2 for op in ops})
-    slow = SlowRankTimes({op: step_s for op in ops}, {op: inside_slow_s / 2 for op in ops})
-    return SlowRankRun(1, delay_s, (fast, slow))
+    """Rank 1 slow, two collectives: every step ``step_s``, each rank's time inside them split evenly."""
+    def measured(op: str) -> Measured:  # one record per rank, inside its one repeat (0 s to step_s)
+        inside = (inside_fast_s / 2, inside_slow_s / 2)
+        comm = tuple(CommRecord(SLOW_RANK_OPS[op], 4096, s, "world", rank, 0.0) for rank, s in enumerate(inside))
+        return Measured((), (), comm, (), (((0.0, step_s),),) * 2)
+
+    return SlowRankRun(1, delay_s, {op: measured(op) for op in ("all_reduce", "barrier")})
 
 
 def test_slow_rank_verdicts_by_hand():
@@ -137,7 +143,7 @@ def test_the_slow_rank_check_on_real_ranks_sets_its_steps_beside_the_sleeps(pool
 
     monkeypatch.setattr(claims, "verified", measure_once)
     check = run_slow_rank_check(pool2, 1, 0.05)
-    assert check.run.slow_rank == 1 and check.run.delay_s == 0.05
+    assert check.run.slow_rank == 1 and check.run.delay_s == 0.05 and check.run.ops == list(SLOW_RANK_OPS)
     assert check.verdicts == slow_rank_verdicts(check.run)
     steps, waited = check.verdicts
     assert steps.what == f"the fastest rank's {len(check.run.ops)} steps"
@@ -148,13 +154,10 @@ def test_the_slow_rank_check_on_real_ranks_sets_its_steps_beside_the_sleeps(pool
         run_slow_rank_check(pool2, 1, 0.0)
 
 
-def replicas_run(replica_step_s: float, tp_step_s: float, comm_s: float) -> ReplicasVsTPRun:
-    from shardlib.lab.costs.drivers import serving_model
-    from shardlib.predict.costs import replicas_vs_tensor_parallel
-
-    measured = ReplicasVsTensorParallel(2, 16, replica_step_s, tp_step_s)
-    predicted = replicas_vs_tensor_parallel(replica_step_s, comm_s, 2, 16)
-    return ReplicasVsTPRun(serving_model(), measured, predicted, comm_s, comm_s, 0.0)
+def replicas_run(replica_step_s: float, tp_step_s: float, comm_s: float) -> SimpleNamespace:
+    """What ``replicas_vs_tp_verdicts`` reads of a run: its measured and predicted steps, on 2 ranks."""
+    return SimpleNamespace(measured=ReplicasVsTensorParallel(2, 16, replica_step_s, tp_step_s),
+                           predicted=replicas_vs_tensor_parallel(replica_step_s, comm_s, 2, 16))
 
 
 def test_replicas_vs_tp_verdicts_by_hand():

@@ -19,55 +19,50 @@ from shardlib.facts.hardware import Link
 from shardlib.facts.models import LLAMA_3_8B
 from shardlib.lab.costs.drivers import (
     DecodeVsPrefillRun,
+    _sweep,
     run_decode_vs_prefill,
     run_replicas_vs_tp,
     run_slow_rank,
-    serving_model,
 )
-from shardlib.lab.costs.drivers import _spread_sweep as spread_sweep
-from shardlib.lab.costs.ranks import SLOW_RANK_OPS, request_stream, slow_rank_on_rank
+from shardlib.lab.costs.ranks import SLOW_RANK_OPS, requests, serving_model
 from shardlib.lab.verdict import measure_until, strict_checks, timing_claim
 from shardlib.predict.calibration import Sample
-from shardlib.runtime.errors import RankError
 
 ATOL = 1e-5
 DELAY_S = 0.1
-
-
 LINK = Link("hand", 1e9, 1e-4)  # 1 GB/s each way, 100 us per ring step
 
 
 def test_decode_and_prefill_all_reduces_on_the_first_ranks_of_one_pool(pool4):
     run = run_decode_vs_prefill(pool4, LINK, LLAMA_3_8B, tokens=(1, 16), tp_degrees=(2, 4), rounds=2, calls=2)
     assert run.tp_degrees == (2, 4) and run.tokens == (1, 16)
-    assert {(s.n_ranks, s.size_bytes) for s in run.samples} == {(tp, t * 4096 * 2) for tp in (2, 4) for t in (1, 16)}
-    assert all(s.op == "all_reduce" for s in run.samples)
+    points = {(tp, t * 4096 * 2) for tp in (2, 4) for t in (1, 16)}
+    assert {(s.n_ranks, s.size_bytes) for s in run.floors} == {(s.n_ranks, s.size_bytes) for s in run.medians} == points
+    assert all(s.op == "all_reduce" for s in run.floors)
     # the fastest round is a floor under the median round of the same point
-    assert all(run.measured_s(tp, t) <= run.typical_s(tp, t) for tp in (2, 4) for t in (1, 16))
-    # the last call ran tp = 4 over the whole pool; tp = 2 ran on ranks 0 and 1 alone, logged as "tp"
-    assert {r.rank for r in pool4.last_comm if r.op == "all_reduce"} == {0, 1, 2, 3}
-    run2 = run_decode_vs_prefill(pool4, LINK, LLAMA_3_8B, tokens=(1,), tp_degrees=(2,), rounds=1, calls=1)
-    reduces = [r for r in pool4.last_comm if r.op == "all_reduce"]
+    assert all(run.measured_s(tp, t) <= run.measured_s(tp, t, typical=True) for tp in (2, 4) for t in (1, 16))
+    run_decode_vs_prefill(pool4, LINK, LLAMA_3_8B, tokens=(1,), tp_degrees=(2,), rounds=1, calls=3)
+    reduces = [r for r in pool4.last_comm if r.op == "all_reduce"]  # tp = 2: ranks 0 and 1 alone, logged as "tp"
     assert {r.rank for r in reduces} == {0, 1} and {r.group for r in reduces} == {"tp"}
     assert {r.size_bytes for r in reduces} == {8192}  # one token of Llama-3-8B: 4096 fp16 values
-    assert run2.measured_s(2, 1) == run2.samples[0].seconds
+    assert sum(r.rank == 0 for r in reduces) == 6  # the first round runs its 3 calls twice, one untimed
 
 
 def test_decode_vs_prefill_predictions_by_hand():
-    samples = (Sample("all_reduce", 2, 8192, 416e-6), Sample("all_reduce", 2, 16 * 2 ** 20, 30e-3),
-               Sample("all_reduce", 4, 8192, 2e-3), Sample("all_reduce", 4, 16 * 2 ** 20, 40e-3))
-    run = DecodeVsPrefillRun(LLAMA_3_8B, LINK, "per_step", (1, 2048), (2, 4), samples)
+    floors = (Sample("all_reduce", 2, 8192, 416e-6), Sample("all_reduce", 2, 16 * 2 ** 20, 30e-3),
+              Sample("all_reduce", 4, 8192, 2e-3), Sample("all_reduce", 4, 16 * 2 ** 20, 40e-3))
+    medians = tuple(Sample(s.op, s.n_ranks, s.size_bytes, 2 * s.seconds) for s in floors)
+    run = DecodeVsPrefillRun(LLAMA_3_8B, LINK, "per_step", (1, 2048), (2, 4), floors, medians)
     # tp = 2, one token: 2 x 100 us + 8,192 B / 1 GB/s = 208.192 us, measured 416 us: 1.998x
     assert run.predicted_terms_s(2, 1) == pytest.approx((200e-6, 8.192e-6))
     assert run.ratio(2, 1) == pytest.approx(416 / 208.192) and run.bound(2, 1) == "latency"
-    # tp = 2, 2,048 tokens: 200 us + 16.78 ms = 16.98 ms, measured 30 ms: 1.77x, bandwidth-bound
-    assert run.predicted_s(2, 2048) == pytest.approx(200e-6 + 16 * 2 ** 20 / 1e9)
-    assert run.bound(2, 2048) == "bandwidth" and run.within(2.0, tp_degrees=(2,))
+    # tp = 2, 2,048 tokens: 200 us + 16.78 ms = 16.98 ms, bandwidth-bound
+    assert run.predicted_s(2, 2048) == pytest.approx(200e-6 + 16 * 2 ** 20 / 1e9) and run.bound(2, 2048) == "bandwidth"
     # tp = 4, one token: 6 x 100 us + 1.5 x 8,192 B / 1 GB/s = 612.3 us, measured 2 ms: 3.27x
     assert run.predicted_s(4, 1) == pytest.approx(600e-6 + 1.5 * 8192 / 1e9)
-    assert not run.within(2.0) and run.within(2.0, bound="bandwidth") and not run.within(3.0, bound="latency")
-    assert run.within(3.5, tokens=(1,))
-    assert "  2,048   16,777,216" in run.format() and "3.27" in run.format()
+    assert run.measured_s(4, 1) == 2e-3 and run.measured_s(4, 1, typical=True) == 4e-3
+    table = run.format()  # the fastest round, the median in brackets, the prediction, the ratio
+    assert "  2,048   16,777,216" in table and "3.27" in table and "  0.416 ms (  0.832)" in table
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -82,23 +77,17 @@ def test_bad_decode_vs_prefill_arguments_are_refused_before_any_rank_runs(pool4,
         run_decode_vs_prefill(pool4, LINK, **kwargs)
 
 
-def test_points_are_read_by_their_fastest_round_with_the_median_beside_it():
-    medians = (Sample("all_reduce", 2, 8192, 2e-3), Sample("all_reduce", 2, 16 * 2 ** 20, 30e-3))
-    floors = (Sample("all_reduce", 2, 8192, 300e-6), Sample("all_reduce", 2, 16 * 2 ** 20, 20e-3))
-    run = DecodeVsPrefillRun(LLAMA_3_8B, LINK, "per_step", (1, 2048), (2,), medians, 0.0, floors)
-    assert run.measured_s(2, 1) == 300e-6 and run.typical_s(2, 1) == 2e-3  # a burst cannot inflate a floor
-    assert run.measured_s(2, 2048) == 20e-3 and run.typical_s(2, 2048) == 30e-3
-    assert "  0.300 ms (  2.000)" in run.format() and "20.000 ms ( 30.000)" in run.format()
-
-
-def test_a_spread_sweep_runs_each_round_as_its_own_pool_call_every_degree_in_turn(pool4):
-    out = spread_sweep(pool4, [((64, 256), 1), ((1024,), 2)], 3, ("all_reduce",), (2, 4))
+def test_a_sweep_runs_each_round_as_its_own_pool_call_every_degree_in_turn(pool4):
+    out = _sweep(pool4, [("all_reduce", 64, 1), ("all_reduce", 1024, 2), ("point_to_point", 256, 1)], 3, (2, 4))
     assert set(out) == {2, 4} and out[2][2] is None and out[2][3] is None  # ranks 2, 3 sat tp = 2 out
     for n, per_rank in out.items():
-        for res in per_rank[:n]:
-            assert {size for _, size in res} == {64, 256, 1024} and all(len(t) == 3 for t in res.values())
-    # the last pool call: tp = 4, the second batch, in the third round
-    assert {(r.rank, r.size_bytes) for r in pool4.last_comm if r.op == "all_reduce"} == {(k, 1024) for k in range(4)}
+        for rank, res in enumerate(per_rank[:n]):
+            assert len(res[("all_reduce", 64)]) == len(res[("all_reduce", 1024)]) == 3  # one a round
+            assert all(t > 0 for t in res[("all_reduce", 1024)])
+            assert (res[("point_to_point", 256)] is None) == (rank > 1)  # the ping-pong is ranks 0 and 1
+    # the last pool call: the third round (in order again) at tp = 4, every point once
+    assert Counter((r.op, r.size_bytes) for r in pool4.last_comm if r.rank == 0) == {
+        ("all_reduce", 64): 1, ("all_reduce", 1024): 2, ("send", 256): 1, ("recv", 256): 1}
 
 
 def test_a_timing_claim_fails_when_strict_and_speaks_to_a_learner_otherwise(monkeypatch, capsys):
@@ -123,38 +112,30 @@ def test_measure_until_says_how_many_attempts_it_took():
     assert measure_until(lambda: next(results), lambda x: x < 3, attempts=3) == (9, 3)  # none held: the last
 
 
-def _finite_times(run) -> bool:
-    """Every step and every time inside a collective: a finite number of seconds, never negative."""
-    return all(math.isfinite(t) and t >= 0 for res in run.per_rank for t in (*res.step_s.values(),
-                                                                               *res.collective_s.values()))
-
-
-def test_the_slow_rank_alone_is_throttled_before_every_collective(pool):
+@pytest.mark.parametrize("delay_s", [DELAY_S, 0.0])
+def test_the_slow_rank_alone_is_throttled_before_every_collective(pool, delay_s):
     """Which rank was delayed, and before which collectives, is read from the spans: no clock involved.
     That the others then wait for it is the notebook's claim (``run_slow_rank_check``) and the benchmark's."""
     slow = pool.world_size - 1
-    run = run_slow_rank(pool, slow, DELAY_S)
-    assert (run.slow_rank, run.delay_s) == (slow, DELAY_S) and len(run.per_rank) == pool.world_size
-    assert all(list(res.step_s) == list(res.collective_s) == list(SLOW_RANK_OPS) for res in run.per_rank)
-    assert _finite_times(run)
-    throttled = [s for s in pool.last_spans if s.name == "throttled"]  # which rank was delayed: no clock involved
-    assert {s.rank for s in throttled} == {slow} and len(throttled) == len(SLOW_RANK_OPS)
-    for rank in range(pool.world_size):  # one call of each, every one after a barrier that lines the ranks up
-        calls = Counter(r.op for r in pool.last_comm if r.rank == rank)
-        assert calls == {"barrier": len(SLOW_RANK_OPS) + 1, "all_reduce": 1, "all_gather": 1, "reduce_scatter": 1,
-                         "all_to_all_single": 1}, (rank, calls)
+    run = run_slow_rank(pool, slow, delay_s)
+    assert (run.slow_rank, run.delay_s, run.ops) == (slow, delay_s, list(SLOW_RANK_OPS))
+    for op in run.ops:  # every time a finite number of seconds, one per rank, never negative
+        for times in (run.steps_s(op), run.collective_s(op)):
+            assert len(times) == pool.world_size and all(math.isfinite(t) and t >= 0 for t in times)
+    throttled = [s for s in run.spans if s.name == "throttled"]
+    assert {s.rank for s in throttled} == ({slow} if delay_s else set())
+    assert len(throttled) == (len(SLOW_RANK_OPS) if delay_s else 0)
+    for op, got in run.got.items():  # one call of the collective on every rank, nothing else logged
+        assert Counter((r.op, r.rank) for r in got.comm) == {(SLOW_RANK_OPS[op], k): 1 for k in range(pool.world_size)}
 
 
-def test_without_a_delay_no_rank_is_throttled(pool2):
-    run = run_slow_rank(pool2, 1, 0.0)
-    assert all(list(res.step_s) == list(SLOW_RANK_OPS) for res in run.per_rank) and _finite_times(run)
-    assert not [s for s in run.spans if s.name == "throttled"]  # nobody was delayed
-
-
-def test_a_bad_slow_rank_is_named(pool2):
-    with pytest.raises(RankError, match="slow_rank must be a whole number from 0 to 1, got 5"):
-        pool2.run(slow_rank_on_rank, 5, 0.01)
-    assert pool2.run(slow_rank_on_rank, 0, 0.0)[0].step_s.keys() == set(SLOW_RANK_OPS)  # the pool recovered
+@pytest.mark.parametrize("slow_rank, delay_s, words", [
+    (5, 0.01, "slow_rank must be a whole number from 0 to 1, got 5"),
+    (0, 2.0, r"delay_s \(seconds\) must be a number from 0 to 1, got 2"),
+])
+def test_a_bad_slow_rank_or_delay_is_named_before_any_rank_runs(pool2, slow_rank, delay_s, words):
+    with pytest.raises(ValueError, match=words):
+        run_slow_rank(pool2, slow_rank, delay_s)
 
 
 def test_the_stack_weights_and_requests_are_reproducible():
@@ -162,17 +143,20 @@ def test_the_stack_weights_and_requests_are_reproducible():
     w1, w2 = stack_weights(model, 3, ("mlp",)), stack_weights(model, 3, ("mlp",))
     assert all(torch.equal(l1[k], l2[k]) for l1, l2 in zip(w1, w2) for k in l1)
     assert [tuple(w1[0][k].shape) for k in ("gate", "up", "down")] == [(16, 8), (16, 8), (8, 16)]
-    x = request_stream(1, 3, 2, 8)
-    assert x.shape == (3, 2, 8) and torch.equal(x, request_stream(1, 3, 2, 8))
-    assert not torch.equal(x, request_stream(2, 3, 2, 8))  # another replica gets other requests
-    assert stack_reference(x[0], w1, model).shape == (2, 8)
+    x = requests(1, 2, 8)
+    assert x.shape == (2, 8) and torch.equal(x, requests(1, 2, 8))
+    assert not torch.equal(x, requests(2, 2, 8))  # another replica gets other requests
+    assert stack_reference(x, w1, model).shape == (2, 8)
 
 
 def test_replicas_and_one_tensor_parallel_copy_compute_the_same_outputs(pool):
     model = serving_model(n_layers=3, d_model=32, d_ff=64)
     result = run_replicas_vs_tp(pool, LINK, model, batch=2, steps=3)
     assert result.max_output_gap < ATOL
-    assert len(result.replica_steps_s) == len(result.tp_steps_s) == 3
+    # rank 0's replica against the stack in one process, on the same requests
+    reference = stack_reference(requests(1, 2, 32), stack_weights(model, 0, ("mlp",)), model)  # (batch, d_model)
+    assert (result.got.first("replica") - reference).abs().max() < ATOL
+    assert len(result.replica_steps_s) == len(result.tp_steps_s) == 3  # the warm-up step left out
     measured, predicted = result.measured, result.predicted
     assert result.tp == pool.world_size  # the median step of each way, a step ending with the group's slowest rank
     assert measured.replica_step_s == statistics.median(result.replica_steps_s)
@@ -183,7 +167,7 @@ def test_replicas_and_one_tensor_parallel_copy_compute_the_same_outputs(pool):
     n = pool.world_size
     assert result.predicted_comm_s_per_step == pytest.approx(3 * (2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 256 / 1e9))
     assert predicted.tp_step_s == pytest.approx(measured.replica_step_s / n + result.predicted_comm_s_per_step)
-    assert result.tp_step_ratio == pytest.approx(measured.tp_step_s / predicted.tp_step_s)
+    assert 0 < result.tp_all_reduce_s_per_step < max(result.tp_steps_s)
     from shardlib.ui.costs_figures import replicas_vs_tp_figure
 
     fig = replicas_vs_tp_figure(result)  # latency and tokens per device, measured beside predicted
@@ -194,11 +178,11 @@ def test_replicas_and_one_tensor_parallel_copy_compute_the_same_outputs(pool):
 
 def test_serving_on_two_ranks_of_a_pool_of_four(pool4):
     result = run_replicas_vs_tp(pool4, LINK, serving_model(n_layers=2, d_model=32, d_ff=64), batch=2, steps=2, tp=2)
-    assert result.max_output_gap < ATOL and result.tp == 2
-    reduces = [r for r in pool4.last_comm if r.op == "all_reduce"]
+    assert result.max_output_gap < ATOL and result.tp == 2 and result.got.ranks == (0, 1)
+    reduces = result.got.records("all_reduce", repeat=None)
     # ranks 0 and 1 only, on their "tp" group: 2 layers x (1 warm-up step + 2 steps) all-reduces each
     assert {r.rank for r in reduces} == {0, 1} and {r.group for r in reduces} == {"tp"}
-    assert sum(r.rank == 0 for r in reduces) == 6
+    assert sum(r.rank == 0 for r in reduces) == 6 and {r.size_bytes for r in reduces} == {2 * 32 * 4}
 
 
 def test_replicas_vs_tp_refuses_a_width_that_does_not_split(pool2):

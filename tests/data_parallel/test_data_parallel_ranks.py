@@ -17,13 +17,8 @@ from shardlib.core.checks import TOLERANCE
 from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.core.data_parallel.flat import STRATEGIES, parameter_units
 from shardlib.core.data_parallel.zero3 import ShardedUnits
-from shardlib.lab.data_parallel.drivers import (
-    StrategyRuns,
-    run_collective_identity,
-    run_data_parallel,
-    run_peer,
-    run_strategies,
-)
+from shardlib.lab.data_parallel.claims import run_collective_identity
+from shardlib.lab.data_parallel.drivers import StrategyRuns, run_data_parallel, run_peer, run_strategies
 from shardlib.lab.data_parallel.ranks import train_on_rank
 from shardlib.lab.data_parallel.reference import global_mse, local_rows, toy_batches, toy_model
 from shardlib.predict.data_parallel import gathered_peak_bytes
@@ -148,12 +143,6 @@ def test_the_mechanisms_train_the_same_without_a_probe(pool2, even, strategy):
 
 
 # -- overlap and prefetch, read from the comm log -------------------------------------------------------
-def _backward_end(run, step, rank):
-    window = run.step_span(step, rank)
-    return next(s.end_s for s in run.spans
-                if s.rank == rank and s.name == "backward" and window.start_s <= s.start_s <= window.end_s)
-
-
 @pytest.mark.parametrize("strategy, op", [("ddp", "all_reduce"), ("zero2", "reduce_scatter")])
 def test_buckets_launch_during_the_backward_only_with_overlap(pool2, even, strategy, op):
     model, batches = even
@@ -165,7 +154,7 @@ def test_buckets_launch_during_the_backward_only_with_overlap(pool2, even, strat
                 calls = [c for c in run.step_records(step, rank) if c.op == op]
                 assert len(calls) == len(run.groups) > 1
                 assert all((c.waited_s is not None) == overlapped for c in calls)
-                during = [c.start_s < _backward_end(run, step, rank) for c in calls]
+                during = [c.start_s < run.step_span(step, rank, "backward").end_s for c in calls]
                 assert all(during[:-1]) if overlapped else not any(during)
 
 
@@ -251,27 +240,29 @@ def _measure_once(measure, verdicts, attempts=3):
 
 def test_identity_check_sets_the_all_reduce_beside_the_two_calls(pool2, monkeypatch):
     from shardlib.lab.data_parallel import claims
-    from shardlib.lab.data_parallel.claims import IdentityCheck, run_identity_check
+    from shardlib.lab.data_parallel.claims import CollectiveIdentity, run_identity_check
 
     monkeypatch.setattr(claims, "verified", _measure_once)
     check = run_identity_check(pool2, 4096 * 2, repeats=2)
-    assert isinstance(check, IdentityCheck) and len(check.verdicts) == 1
+    assert isinstance(check, CollectiveIdentity) and len(check.verdicts) == 1
     (v,) = check.verdicts
     assert check.backend == "gloo" and claims.pair_passes("gloo") == 4 and claims.pair_passes("nccl") == 2
-    assert v.predicted == pytest.approx(check.identity.split_s / 2)
-    assert v.measured == check.identity.median_s["all_reduce"]
+    assert v.predicted == pytest.approx(check.split_s / 2)
+    assert v.measured == check.median_s["all_reduce"]
     assert (v.low, v.high) == claims.IDENTITY_BAND and v.line.startswith("all-reduce time")
-    assert check.identity.wire_bytes["all_reduce"] == check.identity.split_wire_bytes
+    assert check.wire_bytes["all_reduce"] == check.split_wire_bytes
+    assert [check.all_reduce.count(op, repeat=None) for op in claims.OPS] == [4, 0, 0]  # 2 ranks x 2 repeats
+    assert [check.split.count(op, repeat=None) for op in claims.OPS] == [0, 4, 4]  # 2 ranks x 2 repeats
 
 
 def test_overlap_check_sets_the_step_with_overlap_beside_the_step_without(pool2, even, monkeypatch):
     from shardlib.lab.data_parallel import claims
-    from shardlib.lab.data_parallel.claims import BucketOverlapCheck, run_bucket_overlap_check
+    from shardlib.lab.data_parallel.claims import run_bucket_overlap_check
 
     monkeypatch.setattr(claims, "verified", _measure_once)
     model, batches = even
     check = run_bucket_overlap_check(pool2, model, batches, LR, bucket_bytes=4096, repeats=1)
-    assert isinstance(check, BucketOverlapCheck) and [s for s, _ in check.items()] == ["ddp", "zero3"]
+    assert isinstance(check, StrategyRuns) and [s for s, _ in check.items()] == ["ddp", "zero3"]
     for v, (s, o) in zip(check.verdicts, check.items()):
         assert v.predicted == o.step_s_without and v.measured == o.step_s_with and v.what.startswith(("DDP", "ZeRO-3"))
         assert o.with_overlap.launched_during_backward() > 0 and o.without_overlap.launched_during_backward() == 0
@@ -281,4 +272,4 @@ def test_overlap_check_sets_the_step_with_overlap_beside_the_step_without(pool2,
         assert off.comm_s() == pytest.approx(per_step[len(per_step) // 2] if len(per_step) % 2 else
                                              (per_step[len(per_step) // 2 - 1] + per_step[len(per_step) // 2]) / 2)
         assert o.perfect_s == pytest.approx(o.step_s_without - off.comm_s())
-    assert check["ddp"] is check.comparisons["ddp"]
+    assert check["ddp"] is check.runs["ddp"]

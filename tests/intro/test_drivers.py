@@ -7,14 +7,20 @@ import pytest
 from shardlib.lab.intro import drivers
 from shardlib.lab.intro.drivers import run_failure_check, run_straggler_check
 
-TWO_RANKS = SimpleNamespace(world_size=2, last_spans=(), last_started_s=0.0)
+TWO_RANKS = SimpleNamespace(world_size=2)
+
+
+def _measured(monkeypatch, *attempts):
+    """Each attempt's runs, (predicted, measured) per run, in place of what the ranks would give."""
+    batches = iter(attempts)
+    monkeypatch.setattr(drivers, "on_ranks", lambda ranks, fn, work, repeats: next(batches))
+    monkeypatch.setattr(drivers, "_waits_s", lambda got: got)
 
 
 def test_straggler_check_keeps_the_medians_and_measures_again_while_the_wait_disagrees(monkeypatch):
-    # (predicted, measured) per run: the first five runs spoiled (measured twice the prediction), then five good
-    runs = iter([(0.010, 0.020)] * 5 + [(0.010, 0.011), (0.012, 0.012), (0.009, 0.010), (0.011, 0.011),
-                                        (0.010, 0.009)])
-    monkeypatch.setattr(drivers, "_straggler_once", lambda ranks, work: next(runs))
+    # the first five runs spoiled (measured twice the prediction), then five good
+    _measured(monkeypatch, [(0.010, 0.020)] * 5,
+              [(0.010, 0.011), (0.012, 0.012), (0.009, 0.010), (0.011, 0.011), (0.010, 0.009)])
     result = run_straggler_check(TWO_RANKS)
     assert (result.predicted_wait_s, result.measured_wait_s) == (0.010, 0.011)  # the medians of the kept runs
     (v,) = result.verdicts
@@ -23,7 +29,7 @@ def test_straggler_check_keeps_the_medians_and_measures_again_while_the_wait_dis
 
 def test_straggler_check_fails_when_strict_and_the_wait_never_agrees(monkeypatch):
     monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # as nbval runs the notebooks
-    monkeypatch.setattr(drivers, "_straggler_once", lambda ranks, work: (0.010, 0.030))
+    _measured(monkeypatch, *[[(0.010, 0.030)] * 5] * 3)
     with pytest.raises(AssertionError, match="ratio 3.00: not shown this time"):
         run_straggler_check(TWO_RANKS)
 
@@ -48,6 +54,15 @@ def test_failure_check_names_the_rank_and_the_pool_recovers(pool2):
     result = run_failure_check(pool2, fails_on_rank_1)
     assert result.error.rank == 1 and "bad day" in str(result.error) and result.recovered
     assert "reporting rank 1's error (at most): predicted 2 s" in result.verdicts[0].line
+
+
+def test_the_straggler_waits_and_the_all_reduce_time_are_read_off_live_ranks(pool2, monkeypatch):
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "0")  # a loaded machine may spoil the timing, not the reading
+    result = run_straggler_check(pool2, runs=2, attempts=1)
+    assert len(result.verdicts) == 1 and len(drivers._waits_s(result.got)) == 2  # one (predicted, measured) a run
+    assert {s.name for s in result.spans} == {"matmuls", "all_reduce"} and result.started_s > 0
+    timing = drivers.run_all_reduce_time(pool2, 1024, repeats=3)
+    assert timing.size_bytes == 4096 and timing.seconds > 0
 
 
 def test_failure_check_refuses_a_function_that_does_not_fail(pool2):

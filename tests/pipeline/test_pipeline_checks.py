@@ -31,9 +31,12 @@ def once(monkeypatch):
     monkeypatch.setattr(bubble_drivers, "verified", measure_once)
 
 
-def test_bubble_check_predicts_the_formula_on_both_pools(pool2, pool4, model, once):
-    check = run_bubble_check((pool2, pool4), (1, 4), SHAPE, model["layers"], model["x"], model["grad"], op_s=0.002)
-    assert [c.n_stages for c in check.curves] == [2, 4] and check.op_s == 0.002
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_bubble_check_predicts_the_formula_on_both_pools(pool2, pool4, model, once, name):
+    check = run_bubble_check((pool2, pool4), (1, 4), SHAPE, model["layers"], model["x"], model["grad"], op_s=0.002,
+                             name=name)
+    assert list(check.attempts) == [(p, m) for p in (2, 4) for m in (1, 4)] and check.op_s == 0.002
+    assert all(len(found) == 1 for found in check.attempts.values())  # measured once, as ``once`` asks
     assert [(v.predicted, v.unit) for v in check.verdicts] == [
         (pipeline_bubble_fraction(p, m), "%") for p in (2, 4) for m in (1, 4)]
     assert all((v.low, v.high) == bubble_drivers.BUBBLE_BAND for v in check.verdicts)

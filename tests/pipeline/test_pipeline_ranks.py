@@ -25,7 +25,8 @@ from shardlib.core.pipeline.registry import SCHEDULES, SPECS
 from shardlib.core.pipeline.schedules import Action, Schedule
 from shardlib.core.pipeline.stages import layers_of_stage, split_layers, stage_layer_counts
 from shardlib.core.toy import activations, block_reference, stack_weights
-from shardlib.lab.pipeline.drivers import run_bubble_curve, run_pipeline, run_pipeline_median
+from shardlib.lab.harness import Measured
+from shardlib.lab.pipeline.drivers import run_pipeline
 from shardlib.lab.pipeline.ranks import pipeline_step_on_rank
 from shardlib.lab.pipeline.reference import unpipelined_step
 from shardlib.predict.pipeline import (
@@ -33,7 +34,6 @@ from shardlib.predict.pipeline import (
     measured_in_flight,
     messages_per_step,
     peak_in_flight,
-    pipeline_bubble_fraction,
     pipeline_step_s,
     predicted_step_s,
 )
@@ -105,8 +105,9 @@ def test_whole_transformer_blocks_pipeline_exactly_too(pool, model):
 def test_a_wrong_step_is_caught_by_the_reference_check(pool2, model):
     """``against_reference`` can fail: a step whose output was tampered with is not bit for bit."""
     run = run_on(pool2, make_schedule("gpipe", 2, 4), model["layers"], model["x"], model["grad"])
-    tampered = tuple(r if r.output is None else dataclasses.replace(r, output=r.output + 1e-6) for r in run.per_rank)
-    assert not dataclasses.replace(run, per_rank=tampered).against_reference().bit_for_bit
+    nudged = [{**v, "output": None if v["output"] is None else v["output"] + 1e-6} for v in run.got.values]
+    tampered = Measured.of(nudged)
+    assert not dataclasses.replace(run, got=tampered).against_reference().bit_for_bit
     assert run.against_reference().bit_for_bit
 
 
@@ -125,7 +126,7 @@ def test_in_flight_measured_1f1b_holds_p_gpipe_holds_m(pool4, model):
             for name in ("gpipe", "1f1b")}
     assert runs["gpipe"].peak_in_flight == (8, 8, 8, 8) == peak_in_flight(make_schedule("gpipe", 4, m))
     assert runs["1f1b"].peak_in_flight == (4, 3, 2, 1) == peak_in_flight(make_schedule("1f1b", 4, m))
-    for name, run in runs.items():  # the same count read back from the real timeline
+    for name, run in runs.items():  # read back from the real timeline
         assert measured_in_flight(run.spans, 4) == run.peak_in_flight, name
     # activation memory, measured with saved-tensor hooks, follows the count: equal-sized microbatches
     gpipe_bytes, one_f_bytes = runs["gpipe"].peak_activation_bytes, runs["1f1b"].peak_activation_bytes
@@ -134,23 +135,7 @@ def test_in_flight_measured_1f1b_holds_p_gpipe_holds_m(pool4, model):
     assert one_f_bytes == tuple(k * per_microbatch for k in (4, 3, 2, 1))
 
 
-# -- the bubble, measured --------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
-def test_the_bubble_curve_sets_each_measured_point_beside_the_formula(pool, model, name):
-    """``run_bubble_curve``: one point per microbatch count, each predicted by the formula and measured on the
-    real timeline once (no remeasuring asked for), an idle fraction in [0, 1). How close the two come is
-    the notebook's claim and the benchmark's, not asserted here."""
-    curve = run_bubble_curve(pool, name, GRID_MICROBATCHES, SHAPE, model["layers"], model["x"], model["grad"],
-                             op_s=GRID_OP_S, remeasure_over=None)
-    p = pool.world_size
-    assert (curve.name, curve.n_stages, curve.op_s) == (name, p, GRID_OP_S)
-    assert [pt.n_microbatches for pt in curve.points] == list(GRID_MICROBATCHES)
-    assert all(pt.n_stages == p and pt.predicted == pipeline_bubble_fraction(p, pt.n_microbatches)
-               for pt in curve.points)
-    assert all(len(pt.attempts) == 1 and pt.measured == pt.attempts[0] and 0 <= pt.measured < 1
-               for pt in curve.points)
-
-
+# -- padded steps ----------------------------------------------------------------------------------------
 def _padded_to(run, op="F"):
     """Per rank, the durations its ``op`` spans were padded to (set by the schedule's padding, not measured)."""
     return [{s.attrs["padded_to_s"] for s in compute_spans(run.spans) if s.rank == r and s.attrs["op"] == op}
@@ -158,18 +143,23 @@ def _padded_to(run, op="F"):
 
 
 def test_a_slow_stage_is_padded_on_its_own_rank_and_paces_the_predicted_step(pool, model):
-    """One stage twice as slow, the median of three runs kept: every forward of the slow stage is padded to
-    twice the others', the step stays exact, and the schedule's simulation puts the whole step at that
-    stage's pace. Whether the measured step follows is the notebook's claim (``run_pace_check``)."""
+    """One stage twice as slow, three repeats, the median kept: every forward of the slow stage is padded to
+    twice the others' in every repeat, the step stays exact, and the schedule's simulation puts the whole
+    step at that stage's pace. Whether the measured step follows is the notebook's claim (``run_pace_check``)."""
     p, m, op_s = pool.world_size, 8, 0.005
     slow = 1
     durations = [op_s] * p
     durations[slow] = 2 * op_s
     schedule = make_schedule("gpipe", p, m, training=False)
-    run = run_pipeline_median(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=durations, repeats=3)
+    runs = run_pipeline(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=durations, repeats=3)
+    run = runs.median()
     assert run.forward_s == durations and run.against_reference().bit_for_bit
-    assert _padded_to(run) == [{d} for d in durations]
-    assert [sum(s.rank == r and s.attrs["op"] == "F" for s in compute_spans(run.spans)) for r in range(p)] == [m] * p
+    assert run.repeats == len(runs.bubbles) == 3 and run.bubble.window_s == sorted(b.window_s for b in runs.bubbles)[1]
+    assert runs.fastest().bubble.window_s == min(b.window_s for b in runs.bubbles)
+    for each in runs.per_repeat:  # each repeat's spans on their own: m forwards per rank, each padded
+        assert _padded_to(each) == [{d} for d in durations]
+        forwards = [s.rank for s in compute_spans(each.spans) if s.attrs["op"] == "F"]
+        assert [forwards.count(r) for r in range(p)] == [m] * p
     assert len(run.bubble.busy_s) == p and all(math.isfinite(b) and b > 0 for b in run.bubble.busy_s)
     # sum(t) + (m - 1) max(t), against (m + p - 1) t when every stage takes op_s
     assert predicted_step_s(schedule, op_s, 0) == pytest.approx((m + p - 1) * op_s)
@@ -220,8 +210,8 @@ def test_uneven_cuts_pad_each_stage_to_its_work_and_predict_the_slowest_stages_p
     even_predicted, light_predicted = predicted.values()
     assert even_predicted / light_predicted == pytest.approx(23 / 18)  # (8 + 5 x 3) / (8 + 5 x 2) layer-times
     for counts in cuts:
-        run = run_pipeline_median(pool4, schedule, SHAPE, layers, model["x"], forward_s=stage_s[counts], repeats=1,
-                                  layer_counts=list(counts))
+        run = run_pipeline(pool4, schedule, SHAPE, layers, model["x"], forward_s=stage_s[counts],
+                           layer_counts=list(counts))
         assert run.against_reference().bit_for_bit, counts
         assert [len(h) for h in run.layers_held] == list(counts)
         assert _padded_to(run) == [{t} for t in stage_s[counts]]

@@ -102,9 +102,10 @@ def test_both_ways_across_an_emulated_link_on_two_ranks(pool2):
 def _fake_across(interval_s: float) -> AcrossNodes:
     """An across-nodes result with a planner prediction of 1 ms per token for both rows."""
     predicted = SimpleNamespace(decode_step_s=1e-3)
-    rows = tuple(AcrossRow(layout, kind, predicted, interval_s, 8 / interval_s, 0.0, 0)
+    run = SimpleNamespace(token_interval_s=interval_s, tokens_per_s=8 / interval_s, emulated_calls=0)
+    rows = tuple(AcrossRow(layout, kind, predicted, run, 0.0)
                  for layout, kind in zip(across_layouts(2), ("PP across nodes", "TP across nodes")))
-    return AcrossNodes(None, 8, rows)
+    return AcrossNodes(None, rows)
 
 
 def test_check_across_nodes_measures_again_while_the_claim_fails_and_attaches_the_verdicts(monkeypatch):

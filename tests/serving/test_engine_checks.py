@@ -59,7 +59,8 @@ def test_the_policy_check_serves_every_policy_and_predicts_with_the_given_cost(w
     reference, _ = reference_tokens(weights, trace)
     assert set(check.runs) == set(policies) and all(run.tokens == reference for run in check.runs.values())
     for name, policy in policies.items():
-        assert check.predicted[name] == simulate_serving(trace, policy, COST).figures(trace)
+        replay = simulate_serving(trace, policy, COST)
+        assert check.predicted[name] == {"hit_rate": replay.prefix_hit_rate, **replay.figures(trace)}
     assert check.cost is COST and check.verdicts == ()
     table = check.table(("tokens_per_s",))
     assert "continuous" in table and "static" in table and "tokens/s" in table

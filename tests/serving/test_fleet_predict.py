@@ -7,7 +7,7 @@ import pytest
 
 from shardlib.core.serving.requests import EngineConfig
 from shardlib.core.serving.router import make_router, route_trace
-from shardlib.lab.serving.fleet_traces import hot_prefix_trace
+from shardlib.lab.serving.traces import hot_prefix_trace
 from shardlib.predict.serving.engine import StepCost, simulate_serving
 from shardlib.predict.serving.fleet import simulate_replicas
 

@@ -12,9 +12,8 @@ from shardlib.core.serving.llama import LlamaConfig, random_weights
 from shardlib.core.serving.requests import EngineConfig
 from shardlib.core.serving.router import make_router, route_trace
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
-from shardlib.lab.serving.fleet_traces import hot_prefix_trace
-from shardlib.lab.serving.layout_drivers import run_replicas_vs_tp_check
-from shardlib.lab.serving.replica_drivers import run_replicas, run_router_check
+from shardlib.lab.serving.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
+from shardlib.lab.serving.traces import hot_prefix_trace
 from shardlib.predict.serving.engine import StepCost, simulate_serving
 
 POLICIES = ("round-robin", "least-loaded", "prefix-aware")
@@ -99,9 +98,10 @@ def test_router_check_predicts_the_routing_it_serves(pool4, weights):
                 "prefix-aware, no threshold": ("prefix-aware", {"balance_threshold": None})}
     check = run_router_check(pool4, weights, requests, CONFIG, policies, cost=cost, claims=())
     for label in policies:
-        assert check.runs[label].replica_of == check.predicted[label].replica_of, label
-    assert [row["policy"] for row in check.rows()] == list(policies) and check.verdicts == ()
-    assert len(check.table().splitlines()) == 2 + len(policies)
+        assert check.runs[label].replica_of == check.simulated[label].replica_of, label
+    assert list(check.runs) == list(policies) and check.verdicts == ()
+    lines = check.table(("hit_rate", "tokens_per_s")).splitlines()  # two heads, a row a figure, the routed counts
+    assert len(lines) == 2 + 2 + 1 and lines[-1].startswith("routed")
     with pytest.raises(ValueError, match="figures are"):
         run_router_check(pool4, weights, requests, CONFIG, cost=cost, claims=[("speed", "round-robin")])
     with pytest.raises(ValueError, match="give a step cost"):
@@ -119,7 +119,7 @@ def test_replicas_and_the_split_copy_serve_the_same_tokens(pool4, weights, trace
         assert check.planner.world_size == 4 and check.planner.replica_step_s == pytest.approx(
             check.replica_cost.step_s(check.planner.tokens_per_step, 0))
     assert check.labels == ((f"{replicas} replicas" + ("" if replicas == 4 else " x tp 2")), "tp = 4")
-    assert len(check.table().splitlines()) == 4
+    assert len(check.table().splitlines()) == 2 + 4  # two heads, then TTFT p50 and p90, TPOT p50, tokens/s
     with pytest.raises(ValueError, match="ratios name"):
         run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, ratios=("hit_rate",))
 

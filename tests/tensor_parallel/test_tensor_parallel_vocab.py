@@ -21,6 +21,7 @@ from shardlib.core.tensor_parallel.vocab import (
     vocab_parallel_cross_entropy,
     vocab_range,
 )
+from shardlib.lab.harness import on_ranks
 from shardlib.lab.measure import SavedBytes
 from shardlib.lab.tensor_parallel.reference import simulate_vocab_parallel_cross_entropy
 from shardlib.runtime.errors import RankError
@@ -148,31 +149,30 @@ def test_the_collectives_by_hand():
 
 
 # -- on real ranks ------------------------------------------------------------------------------------
-def _ops(records) -> list[tuple[str, int]]:
-    return [(r.op, r.size_bytes) for r in records]
+def _ops(got, stage: str, rank: int) -> list[tuple[str, int]]:
+    """(op, buffer bytes) of each collective ``rank`` issued inside its span ``stage``."""
+    (span,) = got.spans(stage, rank)
+    return [(r.op, r.size_bytes) for r in got.records(rank=rank) if span.start_s <= r.start_s <= span.end_s]
 
 
 def _lm_ends_on_rank(ctx, tokens, targets, emb_w, head_w):
     """Embedding (vocabulary-parallel), LM head (column-parallel), loss (vocabulary-parallel): forward and
-    backward of the mean loss, the comm log cut at each stage."""
-    tpg = TPGroup.world(ctx)
+    backward of the mean loss, each stage a span on the rank's timeline."""
+    tpg, stage = TPGroup.world(ctx), ctx.timeline.span
     emb, head = VocabParallelEmbedding(emb_w, tpg), ColumnParallelLinear(head_w, None, tpg)
-    h = emb(tokens)
-    n_emb = len(ctx.comm.records)
-    logits = head(h)  # (b, s, V/tp); f is the identity forward
+    with stage("embedding"):
+        h = emb(tokens)
+    with stage("head"):
+        logits = head(h)  # (b, s, V/tp); f is the identity forward
     shard = logits.detach().requires_grad_()  # the loss's backward alone, then the rest
-    n_head = len(ctx.comm.records)
-    with SavedBytes(set()) as saved:
+    with stage("loss_forward"), SavedBytes(set()) as saved:
         loss = vocab_parallel_cross_entropy(shard, targets, tpg)
-    n_loss = len(ctx.comm.records)
-    loss.mean().backward()
-    n_loss_back = len(ctx.comm.records)
-    logits.backward(shard.grad)
-    rec = ctx.comm.records
+    with stage("loss_backward"):
+        loss.mean().backward()
+    with stage("rest_backward"):
+        logits.backward(shard.grad)
     return {"h": h.detach(), "loss": loss.detach(), "grad_logits": shard.grad, "grad_emb": emb.weight.grad,
-            "grad_head": head.weight.grad, "embedding": _ops(rec[:n_emb]), "head": _ops(rec[n_emb:n_head]),
-            "loss_forward": _ops(rec[n_head:n_loss]), "loss_backward": _ops(rec[n_loss:n_loss_back]),
-            "rest_backward": _ops(rec[n_loss_back:]), "loss_saved_bytes": saved.size_bytes}
+            "grad_head": head.weight.grad, "loss_saved_bytes": saved.size_bytes}
 
 
 def _weights(seed: int = 3):
@@ -191,7 +191,8 @@ def test_the_vocabulary_parallel_ends_equal_one_process(pool):
     ref_loss.mean().backward()
 
     tp = pool.world_size
-    runs = pool.run(_lm_ends_on_rank, tokens, targets, emb_w, head_w)
+    got = on_ranks(pool, _lm_ends_on_rank, tokens, targets, emb_w, head_w)
+    runs = got.each()
     tokens_bytes = B * S * 4
     for r, run in enumerate(runs):
         assert torch.equal(run["h"], ref_h.detach())  # one non-zero partial per token: exact
@@ -199,31 +200,34 @@ def test_the_vocabulary_parallel_ends_equal_one_process(pool):
         assert _close(run["grad_emb"], ref_emb.grad.chunk(tp)[r]), r  # this rank's rows of each gradient
         assert _close(run["grad_head"], ref_head.grad.chunk(tp)[r]), r
         # the comm log: g's one all-reduce; three all-reduces of one float per token; nothing back but f's
-        assert run["embedding"] == vocab_embedding_collectives(B * S, D, tp) == [("all_reduce", tokens_bytes * D)]
-        assert run["head"] == []
-        assert run["loss_forward"] == vocab_parallel_loss_collectives(B * S, tp) == [("all_reduce", tokens_bytes)] * 3
-        assert run["loss_backward"] == []
-        assert run["rest_backward"] == [("all_reduce", tokens_bytes * D)]  # the head's f: dL/dh summed
+        assert _ops(got, "embedding", r) == vocab_embedding_collectives(B * S, D, tp) == [
+            ("all_reduce", tokens_bytes * D)]
+        assert _ops(got, "head", r) == []
+        assert _ops(got, "loss_forward", r) == vocab_parallel_loss_collectives(B * S, tp) == [
+            ("all_reduce", tokens_bytes)] * 3
+        assert _ops(got, "loss_backward", r) == []
+        assert _ops(got, "rest_backward", r) == [("all_reduce", tokens_bytes * D)]  # the head's f: dL/dh summed
         # kept for the backward: this rank's softmax (b, s, V/tp), and per token a flag and an index
         assert run["loss_saved_bytes"] == vocab_parallel_loss_saved_bytes(B * S, V, tp) == B * S * (V // tp * 4 + 9)
     assert _close(torch.cat([run["grad_logits"] for run in runs], dim=-1), ref_logits.grad)
     # never the logits: 3 x 16 x 4 bytes, not the 16 x 96 x 4 a gather would move: V / 3 = 32 times fewer
-    moved = sum(b for _, b in runs[0]["loss_forward"])
+    moved = sum(b for _, b in _ops(got, "loss_forward", 0))
     assert sum(b for _, b in gathered_logits_collectives(B * S, V, tp)) / moved == V / 3
 
 
 def _sp_embedding_on_rank(ctx, tokens, emb_w):
     tpg = TPGroup.world(ctx)
-    out = ScatterToSequence.apply(VocabParallelEmbedding(emb_w, tpg).local(tokens), tpg)
-    return out, _ops(ctx.comm.records)
+    return ScatterToSequence.apply(VocabParallelEmbedding(emb_w, tpg).local(tokens), tpg)
 
 
 def test_with_sequence_parallelism_each_rank_keeps_its_tokens_exactly(pool):
     tokens, _, emb_w, _ = _weights(seed=4)
     tp, ref = pool.world_size, F.embedding(tokens, emb_w)
-    for r, (out, ops) in enumerate(pool.run(_sp_embedding_on_rank, tokens, emb_w)):
+    got = on_ranks(pool, _sp_embedding_on_rank, tokens, emb_w)
+    for r, out in enumerate(got.each()):
         assert torch.equal(out, ref.chunk(tp, dim=1)[r])  # (b, s/tp, d): my run of tokens
-        assert ops == vocab_embedding_collectives(B * S, D, tp, sequence_parallel=True)
+        assert [(c.op, c.size_bytes) for c in got.records(rank=r)] == vocab_embedding_collectives(
+            B * S, D, tp, sequence_parallel=True)
 
 
 def _loss_on_rank(ctx, logits, targets):

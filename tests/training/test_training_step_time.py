@@ -12,7 +12,7 @@ import pytest
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig
 from shardlib.facts.hardware import Link, toy_cluster
-from shardlib.lab.training.step_time import claim_ranking, run_step_time_check
+from shardlib.lab.training.step_time import run_step_time_check
 from shardlib.predict.training.time_model import TrainingWorkload, model_flops_per_token, score_training
 from shardlib.predict.training.toy_prediction import (
     LAYOUTS_4,
@@ -208,11 +208,11 @@ def test_bad_input_is_refused_before_any_rank_starts(pool4):
         run_step_time_check(pool4, TrainingConfig(steps=1))
 
 
-def test_claim_ranking_retries_then_says_whether_it_held(monkeypatch, check):
+def test_the_ranking_claim_retries_then_says_whether_it_held(monkeypatch, check):
     """The claim's path without the clock: checks whose correlation is set by hand (the same layouts,
     measured steps in the predicted order or reversed), retried until one reaches the floor."""
     monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # as nbval runs the notebooks
-    from shardlib.lab.training import step_time
+    from shardlib.lab.training import ranking
 
     def with_order(agree: bool):
         order = sorted(check.layouts, key=lambda t: t.predicted_s)
@@ -222,15 +222,16 @@ def test_claim_ranking_retries_then_says_whether_it_held(monkeypatch, check):
 
     runs = iter([with_order(False), with_order(True)])
     seen = []
-    monkeypatch.setattr(step_time, "run_step_time_check", lambda ranks, **kw: seen.append(kw) or next(runs))
-    again, held = claim_ranking(None, 0.7, attempts=2, global_sequences=4)
-    assert held and again.rank_correlation == pytest.approx(1.0) and len(seen) == 2  # the second attempt held
-    assert seen[0] == {"global_sequences": 4}  # the arguments reach the check
+    monkeypatch.setattr(ranking, "run_step_time_check", lambda ranks, **kw: seen.append(kw) or next(runs))
+    again = ranking.run_ranking_check(None, layouts=LAYOUTS_4, global_sequences=4)
+    assert again.held and again.check.rank_correlation == pytest.approx(1.0) and len(seen) == 2
+    assert seen[0] == {"layouts": LAYOUTS_4, "global_sequences": 4}  # the arguments reach the check
+    assert again.verdicts[0].attempt == 2  # the second attempt held
     runs = iter([with_order(False), with_order(False)])
-    with pytest.raises(AssertionError, match=r"Not shown this time.*Spearman's correlation at least \+0.70"):
-        claim_ranking(None, 0.7, attempts=2)  # under a test run a claim that never held fails, with its numbers
-    with pytest.raises(ValueError, match="from -1 to 1"):
-        claim_ranking(None, 1.5)
+    with pytest.raises(AssertionError, match=r"Not shown this time.*\(Spearman at least \+0.90\)"):
+        ranking.run_ranking_check(None, layouts=LAYOUTS_4)  # under a test run a claim that never held fails
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        ranking.run_ranking_check(None, chance=1.5)
 
 
 def test_a_random_order_rarely_reaches_the_floor():

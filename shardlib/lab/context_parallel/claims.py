@@ -1,29 +1,17 @@
 """Notebook 10's timing claims as verdicts (``lab.verdict``): zigzag's balance and the ring's overlap.
+
+``run_balance_check`` and ``run_ring_overlap_check`` return ``(result, verdicts)``: the drivers' result
+whose verdicts held (or the last attempt's) and the verdicts themselves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from shardlib.lab.context_parallel.drivers import (
-    Balance,
-    Overlap,
-    run_ring_balance,
-    run_ring_overlap,
-)
+from shardlib.lab.context_parallel.drivers import Balance, Overlap, run_ring_balance, run_ring_overlap
 from shardlib.lab.verdict import Verdict, verified
 
 ZIGZAG_HIGH = 4 / 3  # zigzag's imbalance over contiguous's, measured over predicted (3/4): at most 1, as claimed
 RING_OVERLAP_BAND = (0.95, 1.35)  # each ring's step time over its alpha-beta prediction; the Python between steps adds
 HIDDEN_AT_LEAST = 0.5  # the share of the transfer hidden under compute, overlapped
-
-
-@dataclass(frozen=True)
-class BalanceCheck:
-    """``run_ring_balance``'s result (``balance``) and its ``verdicts``."""
-
-    balance: Balance
-    verdicts: tuple[Verdict, ...]
 
 
 def balance_verdicts(balance: Balance) -> tuple[Verdict, ...]:
@@ -36,19 +24,10 @@ def balance_verdicts(balance: Balance) -> tuple[Verdict, ...]:
                     low=0.5, high=1 / predicted if predicted < 1 else ZIGZAG_HIGH),)
 
 
-def run_balance_check(ranks, q, k, v, repeats: int = 3) -> BalanceCheck:
+def run_balance_check(ranks, q, k, v, repeats: int = 3) -> tuple[Balance, tuple[Verdict, ...]]:
     """The causal ring in both placements (``run_ring_balance``), measured until zigzag evens the work, at
     most three times. Each rank's compute is its thread's CPU time, the median of ``repeats`` passes."""
-    balance, verdicts = verified(lambda: run_ring_balance(ranks, q, k, v, repeats=repeats), balance_verdicts)
-    return BalanceCheck(balance, verdicts)
-
-
-@dataclass(frozen=True)
-class RingOverlapCheck:
-    """``run_ring_overlap``'s result (``overlap``) and its ``verdicts``."""
-
-    overlap: Overlap
-    verdicts: tuple[Verdict, ...]
+    return verified(lambda: run_ring_balance(ranks, q, k, v, repeats=repeats), balance_verdicts)
 
 
 def overlap_verdicts(o: Overlap) -> tuple[Verdict, ...]:
@@ -62,9 +41,9 @@ def overlap_verdicts(o: Overlap) -> tuple[Verdict, ...]:
             Verdict("share of the transfer hidden", 1.0, max(hidden, 1e-9), "%", HIDDEN_AT_LEAST, 1.0))
 
 
-def run_ring_overlap_check(ranks, q, k, v, repeats: int = 3, pad_compute_s: float | None = 0.04) -> RingOverlapCheck:
+def run_ring_overlap_check(ranks, q, k, v, repeats: int = 3,
+                           pad_compute_s: float | None = 0.04) -> tuple[Overlap, tuple[Verdict, ...]]:
     """The ring with and without overlap (``run_ring_overlap``, the link fitted here each attempt, each
     step's compute padded to ``pad_compute_s``), measured until its verdicts hold, at most three times."""
-    overlap, verdicts = verified(lambda: run_ring_overlap(ranks, q, k, v, repeats=repeats,
-                                                          pad_compute_s=pad_compute_s), overlap_verdicts)
-    return RingOverlapCheck(overlap, verdicts)
+    return verified(lambda: run_ring_overlap(ranks, q, k, v, repeats=repeats, pad_compute_s=pad_compute_s),
+                    overlap_verdicts)

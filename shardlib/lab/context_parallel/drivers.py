@@ -1,12 +1,12 @@
 """Context parallelism run on a pool, against the unsharded attention, the work count and the cost model.
 
-``run_ring_attention`` (the ring's output, gap, compute, step time, transfers), ``run_ring_balance``
-(contiguous and zigzag placements side by side), ``run_ring_overlap`` (with and without overlap against
-alpha-beta on the link ``run_exchange_calibration`` fits), ``run_ulysses_attention`` and
-``run_all_gather_attention``, forward only (the backward's drivers are in ``grad_drivers``). Inputs are
-checked here, before any rank starts; the rank functions check again.
-
-The timing claims of notebook 10, as verdicts, are in ``claims``.
+``run_ring_attention``, ``run_ulysses_attention`` and ``run_all_gather_attention`` (forward only; the
+backward's drivers are in ``grad_drivers``) each return an ``AttentionRun``: the output, its gap, and what
+the harness gathered, read as the ring's compute, step time and transfers or as the collectives measured
+against ``predict``. ``run_ring_balance`` sets the two placements side by side, ``run_ring_overlap`` the
+ring with and without overlap against alpha-beta on the link ``run_exchange_calibration`` fits. Inputs are
+checked here, before any rank starts; the rank functions check again. The timing claims of notebook 10,
+as verdicts, are in ``claims``.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ import torch
 from shardlib.core.checks import TOLERANCE, flag, number_at_least, whole_number
 from shardlib.core.context_parallel.all_gather import check_all_gather_inputs
 from shardlib.core.context_parallel.online_softmax import attention_reference
-from shardlib.core.context_parallel.placement import PLACEMENTS, RankWork, causal_work, imbalance
+from shardlib.core.context_parallel.placement import PLACEMENTS, RankWork, blocks_between, causal_work, imbalance
 from shardlib.core.context_parallel.ring import check_ring_inputs
 from shardlib.core.context_parallel.ulysses import check_ulysses_inputs
 from shardlib.facts.hardware import Link
 from shardlib.lab.context_parallel.ranks import (
     all_gather_attention_on_rank,
-    exchange_sweep_on_rank,
+    exchange_on_rank,
     ring_attention_on_rank,
     ulysses_attention_on_rank,
 )
 from shardlib.lab.context_parallel.reference import gather_sequence
-from shardlib.lab.harness import on_ranks
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.predict.calibration import fastest_of_slowest, fit_link
 from shardlib.predict.context_parallel import (
     AttentionShape,
@@ -40,7 +40,6 @@ from shardlib.predict.context_parallel import (
     ring_transfer_s,
     ulysses_collectives,
 )
-from shardlib.runtime.timeline import Span
 
 
 def _gap(out: torch.Tensor, q, k, v, causal: bool, scale) -> float:
@@ -52,80 +51,97 @@ def attention_shape(q: torch.Tensor, k: torch.Tensor) -> AttentionShape:
     return AttentionShape(b, heads, k.shape[1], seq, hd, q.element_size())
 
 
-def _median_of_slowest(got, key: str) -> float:
-    """Per run, the slowest rank's value; then the median over the runs (noise on a shared machine only
-    ever adds time, so no single run decides)."""
-    return statistics.median(got.across(key, max))
-
-
 @dataclass(frozen=True)
-class RingRun:
-    """One ring pass on a pool, run ``repeats`` times: the gathered ``output`` and its ``gap`` from the
-    whole-sequence attention, and (medians over the runs) per rank its compute (``compute_s``, wall
-    time, and ``compute_cpu_s``, its thread's CPU time: what a busy machine does not inflate), per step
-    the slowest rank's compute, the slowest rank's whole pass (``step_s``), time blocked waiting for
-    transfers (``waited_s``) and the transfers' time from issue to completion (``transfer_s``).
-    ``blocks`` and ``transfers`` are each rank's of the last run."""
+class AttentionRun:
+    """An attention method on a pool, ``repeats`` times (``got``: each rank's rows, comm log and spans), its
+    ``gap`` from the whole-sequence attention, and its prediction: the ring's work (``placement.causal_work``)
+    or the other methods' collectives, ``(op, size_bytes, wire_bytes)`` each, against rank 0's ``measured``.
+    The ring's times are medians over the repeats: each rank's compute (``compute_s`` wall time,
+    ``compute_cpu_s`` its thread's CPU time, which a busy machine does not inflate); the slowest rank's
+    compute per step, whole pass (``step_s``), time blocked in ``wait`` (``waited_s``) and transfers from
+    issue to completion (``transfer_s``). Blocks, bytes and spans are the last repeat's."""
 
-    world_size: int
+    got: Measured = field(repr=False)
     placement: str
     causal: bool
-    overlap: bool
-    output: torch.Tensor = field(repr=False)
     gap: float
-    compute_s: tuple[float, ...]
-    compute_cpu_s: tuple[float, ...]
-    step_compute_s: tuple[float, ...]
-    step_s: float
-    waited_s: float
-    transfer_s: float
-    blocks: tuple[tuple, ...]
-    transfers: tuple[tuple, ...]
-    predicted_work: tuple[RankWork, ...]
-    spans: tuple[Span, ...] = field(default=(), repr=False)
+    predicted_work: tuple[RankWork, ...] = ()
+    predicted: tuple[tuple, ...] = ()
+
+    world_size = property(lambda self: len(self.got.times_s))
+    exact = property(lambda self: self.gap <= TOLERANCE)
+    output = property(lambda self: gather_sequence(self.got.each(), self.placement))  # (b, H, s, hd)
+    spans = property(lambda self: self.got.spans())
+    compute_s = property(lambda self: self._compute(lambda s: s.duration_s))
+    compute_cpu_s = property(lambda self: self._compute(lambda s: s.attrs["cpu_s"]))
+
+    def _steps(self, rank: int, repeat: int = -1) -> list:
+        """The rank's ring steps in ``repeat``, in order, each a compute span from ``ranks.RingProbe``."""
+        return [s for s in self.got.spans(None, rank, repeat) if s.kind == "compute"]
+
+    def _compute(self, seconds) -> tuple[float, ...]:
+        return tuple(statistics.median(sum(map(seconds, self._steps(r, i))) for i in range(len(times)))
+                     for r, times in enumerate(self.got.times_s))
+
+    def _slowest(self, figure) -> float:
+        """Per repeat the slowest rank's ``figure(rank, repeat)``, then the median over the repeats (noise on
+        a shared machine only ever adds time, so no single repeat decides)."""
+        return statistics.median(max(figure(r, i) for r in range(self.world_size))
+                                 for i in range(len(self.got.times_s[0])))
 
     @property
-    def exact(self) -> bool:
-        return self.gap <= TOLERANCE
+    def step_compute_s(self) -> tuple[float, ...]:
+        return tuple(self._slowest(lambda r, i: self._steps(r, i)[step].duration_s) for step in range(self.world_size))
+
+    @property
+    def step_s(self) -> float:
+        return self._slowest(lambda r, i: self.got.spans("forward", r, i)[0].duration_s)
+
+    @property
+    def waited_s(self) -> float:
+        return self._slowest(lambda r, i: sum(c.waited_s or 0.0 for c in self.got.records(None, r, i)))
+
+    @property
+    def transfer_s(self) -> float:  # per moving step the longer of the send and the receive, summed
+        return self._slowest(lambda r, i: sum(max(s.duration_s, v.duration_s) for s, v in
+                                              zip(self.got.records("send", r, i), self.got.records("recv", r, i))))
 
     @property
     def computed_blocks(self) -> tuple[int, ...]:
-        """Blocks each rank computed, read from its spans (the prediction is ``predicted_work``)."""
-        return tuple(sum(vis + diag for _, vis, diag in steps) for steps in self.blocks)
+        """Blocks each rank computed against the K/V its steps met (the prediction is ``predicted_work``)."""
+        return tuple(sum(sum(blocks_between(r, s.attrs["source"], self.world_size, self.placement, self.causal))
+                         for s in self._steps(r)) for r in range(self.world_size))
 
     @property
     def sent_bytes_per_rank(self) -> tuple[int, ...]:
-        return tuple(sum(wire for op, _, wire, _, _ in t if op == "send") for t in self.transfers)
+        return tuple(self.got.bytes(None, r, wire=True) for r in range(self.world_size))
+
+    @property
+    def measured(self) -> tuple[tuple, ...]:
+        return tuple((c.op, c.size_bytes, c.wire_bytes) for c in self.got.records(rank=0))
 
     @property
     def compute_imbalance(self) -> float:
         """The busiest rank's compute (CPU time) over the mean (1: even)."""
-        return max(self.compute_cpu_s) * len(self.compute_cpu_s) / sum(self.compute_cpu_s)
+        return max(self.compute_cpu_s) * self.world_size / sum(self.compute_cpu_s)
 
 
 def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                        placement: str = "contiguous", overlap: bool = True, scale: float | None = None,
-                       repeats: int = 1, pad_compute_s: float | None = None) -> RingRun:
+                       repeats: int = 1, pad_compute_s: float | None = None) -> AttentionRun:
     """``ring.ring_attention`` on every rank of ``ranks``: each takes its shard of the whole ``q, k, v``
     (``q (b, H, s, hd)``, ``k, v (b, KV, s, hd)``) in ``placement``; run ``repeats`` times, each step's
     compute padded to ``pad_compute_s`` if given."""
-    n = ranks.world_size
-    check_ring_inputs(q.shape, k.shape, v.shape, n, placement, local=False)
+    check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
     flag(causal, "causal")
     flag(overlap, "overlap")
     if pad_compute_s is not None:
         number_at_least(pad_compute_s, "pad_compute_s")
-    got = on_ranks(ranks, ring_attention_on_rank, q, k, v, causal, placement, overlap, scale,
-                           whole_number(repeats, "repeats"), pad_compute_s)
-    out = gather_sequence(list(got.each("output")), placement)
-    compute, cpu = (got.each(key, lambda runs: statistics.median(sum(steps) for steps in runs))
-                    for key in ("step_compute_s", "step_cpu_s"))
-    slowest_per_step = got.across("step_compute_s", lambda ranks_steps: [max(s) for s in zip(*ranks_steps)])
-    per_step = tuple(statistics.median(run[step] for run in slowest_per_step) for step in range(n))
-    return RingRun(n, placement, causal, overlap, out, _gap(out, q, k, v, causal, scale), compute, cpu, per_step,
-                   _median_of_slowest(got, "times_s"), _median_of_slowest(got, "waited_s"),
-                   _median_of_slowest(got, "transfer_s"), got.each("blocks"), got.each("transfers"),
-                   tuple(causal_work(q.shape[2], n, placement, causal)), tuple(ranks.last_spans))
+    got = on_ranks(ranks, ring_attention_on_rank, q, k, v, causal, placement, overlap, scale, pad_compute_s,
+                   repeats=whole_number(repeats, "repeats"))
+    gap = _gap(gather_sequence(got.each(), placement), q, k, v, causal, scale)
+    return AttentionRun(got, placement, causal, gap, tuple(causal_work(q.shape[2], ranks.world_size, placement,
+                                                                       causal)))
 
 
 @dataclass(frozen=True)
@@ -155,11 +171,11 @@ def run_ring_balance(ranks, q, k, v, repeats: int = 3, scale: float | None = Non
 
 @dataclass(frozen=True)
 class Overlap:
-    """The ring with and without overlap (median step times over repeats), the alpha-beta prediction
-    of each from the measured compute and ``link``, and the share of the transfer hidden."""
+    """The ring with and without overlap, the alpha-beta prediction of each from the measured compute and
+    ``link``, and the share of the transfer hidden."""
 
-    overlapped: RingRun
-    sequential: RingRun
+    overlapped: AttentionRun
+    sequential: AttentionRun
     link: Link
     transfer_s: float  # one block over ``link``, predicted
 
@@ -188,23 +204,33 @@ class ExchangeCalibration:
     rounds: int
 
 
+def _exchange_s(got: Measured, rank: int, repeat: int) -> float:
+    """From the rank's send's start to the later of its send's and its receive's completion."""
+    calls = got.records(None, rank, repeat)
+    return max(c.start_s + c.duration_s for c in calls) - min(c.start_s for c in calls)
+
+
 def run_exchange_calibration(ranks, block_bytes: float, rounds: int = 5) -> ExchangeCalibration:
-    """Every rank sending to the next while receiving from the previous, fitted by
-    ``predict.calibration.fit_link`` to exchanges from 1/256 of ``block_bytes`` up to all of it, the fastest
-    of ``rounds`` rounds each. A sweep too noisy to fit (times that do not grow with size, on a busy
-    machine) is measured once more with twice the rounds."""
+    """Every rank sending to the next while receiving from the previous (``ranks.exchange_on_rank``), fitted
+    by ``predict.calibration.fit_link`` to exchanges from 1/256 of ``block_bytes`` up to all of it, the
+    fastest of ``rounds`` rounds each after a warm-up. A sweep too noisy to fit (times that do not grow with
+    size, on a busy machine) is measured once more with twice the rounds."""
     sizes = tuple(sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)}))
+    n = ranks.world_size
     for attempt in (1, 2):
         used = whole_number(rounds, "rounds") * attempt
-        per_rank = ranks.run(exchange_sweep_on_rank, sizes, used)
+        per_rank = [{} for _ in range(n)]  # {("point_to_point", size): [seconds per round]}
+        for size in sizes:
+            got = on_ranks(ranks, exchange_on_rank, size, repeats=used + 1)  # the first, a warm-up
+            for rank in range(n):
+                per_rank[rank]["point_to_point", size] = [_exchange_s(got, rank, i) for i in range(1, used + 1)]
         try:
-            fit = fit_link(fastest_of_slowest(per_rank, ranks.world_size))
+            fit = fit_link(fastest_of_slowest(per_rank, n))
             break
         except ValueError:
             if attempt == 2:
                 raise
-    link = fit.link(f"this machine, ring exchange ({ranks.backend}, {ranks.world_size} ranks)")
-    return ExchangeCalibration(link, sizes, used)
+    return ExchangeCalibration(fit.link(f"this machine, ring exchange ({ranks.backend}, {n} ranks)"), sizes, used)
 
 
 def run_ring_overlap(ranks, q, k, v, causal: bool = True, placement: str = "contiguous", repeats: int = 5,
@@ -222,40 +248,22 @@ def run_ring_overlap(ranks, q, k, v, causal: bool = True, placement: str = "cont
     return Overlap(runs[True], runs[False], link, ring_transfer_s(shape, ranks.world_size, link))
 
 
-@dataclass(frozen=True)
-class UlyssesRun:
-    """The all-to-all method on a pool: gathered output, gap, and rank 0's collectives measured and
-    predicted (``(op, size_bytes, wire_bytes)`` each)."""
-
-    world_size: int
-    output: torch.Tensor = field(repr=False)
-    gap: float
-    measured: tuple[tuple, ...]
-    predicted: tuple[tuple, ...]
-
-    @property
-    def wire_bytes_per_rank(self) -> int:
-        return sum(wire for _, _, wire in self.measured)
+def _heads_run(ranks, fn, collectives, q, k, v, causal: bool, scale) -> AttentionRun:
+    got = on_ranks(ranks, fn, q, k, v, flag(causal, "causal"), scale)
+    predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
+                      collectives(attention_shape(q, k), ranks.world_size))
+    return AttentionRun(got, "contiguous", causal, _gap(got.cat(dim=2), q, k, v, causal, scale), predicted=predicted)
 
 
-def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> UlyssesRun:
-    """``ulysses.ulysses_attention`` on every rank (contiguous shards), against the whole-sequence attention."""
+def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> AttentionRun:
+    """``ulysses.ulysses_attention`` on every rank (contiguous shards), against the whole-sequence attention
+    and ``predict.ulysses_collectives``."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
-    flag(causal, "causal")
-    got = on_ranks(ranks, ulysses_attention_on_rank, q, k, v, causal, scale)
-    out = got.cat("output", dim=2)
-    predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
-                      ulysses_collectives(attention_shape(q, k), ranks.world_size))
-    return UlyssesRun(ranks.world_size, out, _gap(out, q, k, v, causal, scale), got.first("collectives"), predicted)
+    return _heads_run(ranks, ulysses_attention_on_rank, ulysses_collectives, q, k, v, causal, scale)
 
 
-def run_all_gather_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> UlyssesRun:
+def run_all_gather_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> AttentionRun:
     """``all_gather.all_gather_kv_attention`` on every rank (contiguous shards), against the whole-sequence
-    attention; ``measured`` is rank 0's comm log, ``predicted`` ``predict.all_gather_kv_collectives``."""
+    attention and ``predict.all_gather_kv_collectives``."""
     check_all_gather_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
-    flag(causal, "causal")
-    got = on_ranks(ranks, all_gather_attention_on_rank, q, k, v, causal, scale)
-    out = got.cat("output", dim=2)
-    predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
-                      all_gather_kv_collectives(attention_shape(q, k), ranks.world_size))
-    return UlyssesRun(ranks.world_size, out, _gap(out, q, k, v, causal, scale), got.first("collectives"), predicted)
+    return _heads_run(ranks, all_gather_attention_on_rank, all_gather_kv_collectives, q, k, v, causal, scale)

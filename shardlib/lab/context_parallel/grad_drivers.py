@@ -13,42 +13,47 @@ from dataclasses import dataclass, field
 import torch
 
 from shardlib.core.checks import TOLERANCE, flag, whole_number
+from shardlib.core.context_parallel.online_softmax import attention_reference
 from shardlib.core.context_parallel.placement import check_sequence
 from shardlib.core.context_parallel.ring import check_ring_inputs
 from shardlib.core.context_parallel.ulysses import check_ulysses_inputs
 from shardlib.lab.context_parallel.drivers import attention_shape
-from shardlib.lab.context_parallel.ranks import (
-    ring_attention_grads_on_rank,
-    ring_training_on_rank,
-    ulysses_attention_on_rank,
-)
-from shardlib.lab.context_parallel.reference import (
-    attention_grads_reference,
-    shard_sequence,
-    train_attention_layer_reference,
-)
-from shardlib.lab.harness import Measured
+from shardlib.lab.context_parallel.ranks import ring_attention_on_rank, ring_training_on_rank, ulysses_attention_on_rank
+from shardlib.lab.context_parallel.reference import attention_grads_reference, shard_sequence, train_attention_layer
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.predict.context_parallel import ring_backward_bytes_per_rank, ulysses_collectives
 
 
 @dataclass(frozen=True)
 class AttentionGrads:
-    """Forward and backward of an attention method on a pool: each rank's ``(dq, dk, dv)`` shards
-    (``shards[rank]``) against autograd through the whole-sequence attention cut the same way
-    (``gaps[rank]``, the largest difference of each), rank 0's wire bytes sent per pass, and the bytes
-    each rank's forward saved for its backward (``saved_bytes``)."""
+    """Forward and backward of an attention method on a pool (``got``: each rank's gradients and saved
+    bytes, and its ``forward`` and ``backward`` spans). Each rank's ``(dq, dk, dv)`` shards (``shards[rank]``)
+    against autograd through the whole-sequence attention cut the same way (``reference[rank]``;
+    ``gaps[rank]``, the largest difference of each), rank 0's wire bytes sent per pass, and the bytes each
+    rank's forward saved for its backward (``saved_bytes``)."""
 
-    method: str
-    world_size: int
-    placement: str
-    causal: bool
-    shards: tuple[tuple[torch.Tensor, ...], ...] = field(repr=False)
+    got: Measured = field(repr=False)
     reference: tuple[tuple[torch.Tensor, ...], ...] = field(repr=False)
-    gaps: tuple[tuple[float, float, float], ...]
-    forward_bytes: int
-    backward_bytes: int
     predicted_backward_bytes: float
-    saved_bytes: tuple[int, ...]
+
+    saved_bytes = property(lambda self: self.got.each("saved_bytes"))
+
+    @property
+    def shards(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        return tuple(zip(*(self.got.each(name) for name in ("dq", "dk", "dv"))))
+
+    @property
+    def gaps(self) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(float((a - b).abs().max()) for a, b in zip(mine, want))
+                     for mine, want in zip(self.shards, self.reference))
+
+    def _sent(self, part: str) -> int:
+        """Rank 0's wire bytes in the ``part`` span (``forward`` or ``backward``)."""
+        (span,) = self.got.spans(part, rank=0)
+        return sum(c.wire_bytes for c in self.got.records(rank=0) if span.start_s <= c.start_s <= span.end_s)
+
+    forward_bytes = property(lambda self: self._sent("forward"))
+    backward_bytes = property(lambda self: self._sent("backward"))
 
     @property
     def exact(self) -> bool:
@@ -57,15 +62,9 @@ class AttentionGrads:
                    for got, want in zip(self.shards, self.reference) for mine, ref in zip(got, want))
 
 
-def _grads(method, ranks, per_rank, q, k, v, d_out, causal, placement, scale, predicted) -> AttentionGrads:
-    n, got = ranks.world_size, Measured.of(per_rank)
+def _grads(got: Measured, q, k, v, d_out, causal: bool, placement: str, scale, predicted) -> AttentionGrads:
     whole = attention_grads_reference(q, k, v, d_out, causal, scale)
-    reference = tuple(zip(*(shard_sequence(t, n, placement) for t in whole)))
-    shards = tuple(zip(*(got.each(name, torch.Tensor.cpu) for name in ("dq", "dk", "dv"))))
-    gaps = tuple(tuple(float((a - b).abs().max()) for a, b in zip(mine, want)) for mine, want in zip(shards, reference))
-    sent = [sum(entry[2] for entry in got.first(part) if entry[0] != "recv") for part in ("forward", "backward")]
-    return AttentionGrads(method, n, placement, causal, shards, reference, gaps, *sent, predicted,
-                          got.each("saved_bytes"))
+    return AttentionGrads(got, tuple(zip(*(shard_sequence(t, len(got.times_s), placement) for t in whole))), predicted)
 
 
 def run_ring_attention_grads(ranks, q, k, v, d_out, causal: bool = True, placement: str = "contiguous",
@@ -73,10 +72,10 @@ def run_ring_attention_grads(ranks, q, k, v, d_out, causal: bool = True, placeme
     """``ring.ring_attention`` forward and backward on every rank, ``d_out`` the upstream gradient of
     the whole output (shaped like ``q``)."""
     check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
-    per_rank = ranks.run(ring_attention_grads_on_rank, q, k, v, d_out, flag(causal, "causal"), placement,
-                         flag(overlap, "overlap"), scale)
+    got = on_ranks(ranks, ring_attention_on_rank, q, k, v, flag(causal, "causal"), placement,
+                   flag(overlap, "overlap"), scale, d_out=d_out)
     predicted = ring_backward_bytes_per_rank(attention_shape(q, k), ranks.world_size)
-    return _grads("ring attention", ranks, per_rank, q, k, v, d_out, causal, placement, scale, predicted)
+    return _grads(got, q, k, v, d_out, causal, placement, scale, predicted)
 
 
 def run_ulysses_attention_grads(ranks, q, k, v, d_out, causal: bool = True,
@@ -84,9 +83,9 @@ def run_ulysses_attention_grads(ranks, q, k, v, d_out, causal: bool = True,
     """``ulysses.ulysses_attention`` forward and backward on every rank (contiguous shards): the
     backward runs the four all-to-alls again, each the transpose of its forward."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
-    per_rank = ranks.run(ulysses_attention_on_rank, q, k, v, flag(causal, "causal"), scale, d_out)
+    got = on_ranks(ranks, ulysses_attention_on_rank, q, k, v, flag(causal, "causal"), scale, d_out=d_out)
     predicted = sum(wire for _, _, wire in ulysses_collectives(attention_shape(q, k), ranks.world_size))
-    return _grads("all-to-all (Ulysses)", ranks, per_rank, q, k, v, d_out, causal, "contiguous", scale, predicted)
+    return _grads(got, q, k, v, d_out, causal, "contiguous", scale, predicted)
 
 
 @dataclass(frozen=True)
@@ -115,9 +114,10 @@ def run_ring_training(ranks, x, target, weights: dict, head_dim: int, causal: bo
     every rank, each rank holding its tokens; the same steps in one process with whole-sequence attention."""
     check_sequence(x.shape[1], ranks.world_size, placement)
     steps = whole_number(steps, "steps")
-    per_rank = ranks.run(ring_training_on_rank, x, target, weights, head_dim, flag(causal, "causal"), placement,
-                         steps, lr)
-    losses, final = train_attention_layer_reference(x, target, weights, head_dim, causal, steps, lr)
-    weights = per_rank[0].weights
-    gap = max(float((weights[name] - final[name]).abs().max()) for name in final)
-    return RingTraining(tuple(per_rank[0].losses), tuple(losses), gap)
+    got = on_ranks(ranks, ring_training_on_rank, x, target, weights, head_dim, flag(causal, "causal"), placement,
+                   steps, lr)
+    losses, trained = got.first()  # every rank holds the same losses and weights
+    reference_losses, final = train_attention_layer(x, target, weights, head_dim,
+                                                    lambda q, k, v: attention_reference(q, k, v, causal), steps, lr)
+    gap = max(float((trained[name] - final[name]).abs().max()) for name in final)
+    return RingTraining(tuple(losses), tuple(reference_losses), gap)

@@ -4,7 +4,8 @@ gradients, the q/k/v checks, shards cut and joined, the ring played out, and a t
 ``attention_reference`` is ``torch.nn.functional.scaled_dot_product_attention`` on the whole sequence
 (grouped-query heads by ``enable_gqa``); ``simulate_ring_attention`` runs every rank's ring pass here with
 the code the ranks run (``online_softmax.attend_block``). ``attention_layer`` (q/k/v and output
-projections around any attention) is what notebook 10 trains, here and through the ring on ranks.
+projections around any attention) is what notebook 10 trains by ``train_attention_layer``, here with
+whole-sequence attention and through the ring on ranks.
 Pure: torch, no ``torch.distributed``.
 """
 
@@ -90,18 +91,21 @@ def attention_layer(x: torch.Tensor, w: dict, head_dim: int, attend) -> torch.Te
     return attend(q, k, v).transpose(1, 2).reshape(b, s, -1) @ w["o"]
 
 
-def train_attention_layer_reference(x, target, weights: dict, head_dim: int, causal: bool = True, steps: int = 5,
-                                    lr: float = 0.5) -> tuple[list[float], dict]:
-    """Plain SGD on ``attention_layer`` with whole-sequence attention, loss the mean squared error
-    against ``target``: the loss before each step and the final weights."""
-    w = {name: t.clone().requires_grad_() for name, t in weights.items()}
+def train_attention_layer(x, target, weights: dict, head_dim: int, attend, steps: int = 5, lr: float = 0.5,
+                          count: int | None = None, all_reduce=None) -> tuple[list[float], dict]:
+    """Plain SGD on ``attention_layer`` through ``attend``, the loss the squared error against ``target``
+    summed over ``x``'s tokens over ``count`` (default: ``target``'s elements, the mean): the loss before each
+    step and the final weights. On a rank holding a shard of the tokens, ``count`` is the whole batch's and
+    ``all_reduce`` sums the loss and each gradient over the ranks."""
+    total = all_reduce or (lambda t: t)
+    count = target.numel() if count is None else count
+    w = {name: t.detach().clone().to(x.device).requires_grad_() for name, t in weights.items()}
     losses = []
     for _ in range(steps):
-        y = attention_layer(x, w, head_dim, lambda q, k, v: attention_reference(q, k, v, causal))
-        loss = ((y - target) ** 2).mean()
-        losses.append(float(loss.detach()))
+        loss = ((attention_layer(x, w, head_dim, attend) - target) ** 2).sum() / count
+        losses.append(float(total(loss.detach().clone())))
         grads = torch.autograd.grad(loss, list(w.values()))
         with torch.no_grad():
             for t, g in zip(w.values(), grads):
-                t -= lr * g
+                t -= lr * total(g.contiguous())
     return losses, {name: t.detach() for name, t in w.items()}

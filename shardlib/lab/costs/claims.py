@@ -1,13 +1,15 @@
-"""Notebook 02's measured claims, each a measurement from ``drivers`` with its verdicts (``lab.verdict``).
+"""Notebook 02's measured claims: each ``run_*_check`` returns a ``Check``, a measurement from ``drivers``
+and its verdicts (``lab.verdict``), the bands worked by its ``*_verdicts`` function.
 
-Each ``run_*_check`` measures through ``verified``: again, at most ``attempts`` times, while a verdict does not
-hold, since a busy machine only ever slows a run. The notebook prints ``v.line`` for each of ``.verdicts``
-and folds the bands below in a "How this was measured" block.
+Each measures through ``verified``: again, at most ``attempts`` times, while a verdict does not hold, since
+a busy machine only ever slows a run. The notebook prints ``v.line`` for each of ``.verdicts`` and folds
+the bands below in a "How this was measured" block.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shardlib.core.config import ModelConfig
 from shardlib.facts.hardware import Link
@@ -35,23 +37,16 @@ SERVING_BAND = 2.0  # replicas against a split copy: measured within 2x of the p
 
 
 @dataclass(frozen=True)
-class CalibrationCheck:
-    """``calibration`` (``run_calibration``'s fit of this machine's latency and bandwidth) and its
-    ``verdicts``: per operation, how many times longer its largest message took than its smallest,
-    measured against what the operation's own fit predicts. The claim is that bytes cost time: at least
-    ``GROWTH_AT_LEAST`` times longer (one-sided: the fit's ratio is shown for scale)."""
+class Check:
+    """A measurement (``run``: what the driver returned) and the ``verdicts`` it was kept for."""
 
-    calibration: Calibration
+    run: Any
     verdicts: tuple[Verdict, ...]
-
-    @property
-    def link(self) -> Link:
-        """The all-reduce's own fit: what every all-reduce after the sweep is predicted with."""
-        return self.calibration.op_link("all_reduce")
 
 
 def calibration_verdicts(cal: Calibration) -> tuple[Verdict, ...]:
-    """Per operation of ``cal``: its largest message's time over its smallest's, measured against its fit."""
+    """Per operation of ``cal``: its largest message took at least ``GROWTH_AT_LEAST`` times its smallest's
+    (bytes cost time), the operation's own fit's ratio beside it for scale."""
     out = []
     for op, fit in cal.per_op.items():
         mine = sorted((s for s in cal.samples if s.op == op), key=lambda s: s.size_bytes)
@@ -71,37 +66,12 @@ def _size(size_bytes: int) -> str:
     return f"{size_bytes:,} B"
 
 
-def run_calibration_check(ranks, n_ranks: int = 2, attempts: int = CHECK_ATTEMPTS, **kwargs) -> CalibrationCheck:
+def run_calibration_check(ranks, n_ranks: int = 2, attempts: int = CHECK_ATTEMPTS, **kwargs) -> Check:
     """``run_calibration`` on the first ``n_ranks`` ranks (fastest rounds; other arguments as it takes them),
     measured again while a verdict of ``calibration_verdicts`` does not hold."""
     kwargs.setdefault("statistic", "fastest")
-    cal, verdicts = verified(lambda: run_calibration(ranks, n_ranks=n_ranks, **kwargs), calibration_verdicts,
-                             attempts)
-    return CalibrationCheck(cal, verdicts)
-
-
-@dataclass(frozen=True)
-class DecodeVsPrefillCheck:
-    """``run`` (a ``DecodeVsPrefillRun``) and its ``verdicts``:
-
-    * at tp = 2, each **bandwidth-bound** point (fastest round) against the calibration's prediction,
-      within ``BANDWIDTH_BAND`` either way: a floor against a fit to floors;
-    * at tp = 2, each **latency-bound** point against a fit of *the other points of the same run at the
-      same degree* (``DecodeVsPrefillRun.neighbours_s``), within ``LATENCY_BAND``. A latency-bound point is
-      a fraction of a millisecond, and the machine's scheduling delay can change between the calibration
-      cell and this one (a 3.2x miss was seen on a loaded machine, the calibration having run while it
-      was quieter). The points measured in the same rounds saw the same machine; the claim is the model's
-      shape (one latency per ring step, bytes next to nothing), not the earlier cell's number;
-    * per degree, the decode step's growth (less than ``DECODE_GROWTH_AT_MOST``: bytes do not decide it)
-      and the prompt's (more than ``PREFILL_GROWTH_AT_LEAST``: bytes do), each measured ratio set beside
-      the predicted one, one-sided;
-    * one token at the larger degree over the smaller: more ring steps, more latencies. Only "slower" is
-      claimed (no upper band): 4 ranks share 2 cores, so each step can wait for a parked rank.
-
-    ``tp = 4`` points get no band against the 2-rank fit for the same reason."""
-
-    run: DecodeVsPrefillRun
-    verdicts: tuple[Verdict, ...]
+    return Check(*verified(lambda: run_calibration(ranks, n_ranks=n_ranks, **kwargs), calibration_verdicts,
+                           attempts))
 
 
 def _tokens(count: int) -> str:
@@ -109,7 +79,12 @@ def _tokens(count: int) -> str:
 
 
 def decode_vs_prefill_verdicts(run: DecodeVsPrefillRun) -> tuple[Verdict, ...]:
-    """The verdicts ``DecodeVsPrefillCheck`` describes, for ``run``."""
+    """The verdicts of a ``DecodeVsPrefillRun``, on fastest rounds. At tp = 2, each bandwidth-bound point
+    against the calibration within ``BANDWIDTH_BAND``, each latency-bound one against a fit of the run's
+    other points at tp = 2 (``neighbours_s``: the machine's delays drift between cells) within
+    ``LATENCY_BAND``. Per degree, one-sided: the decode step's growth under ``DECODE_GROWTH_AT_MOST``, the
+    prompt's over ``PREFILL_GROWTH_AT_LEAST``. One token at the larger degree slower than at the smaller
+    (no band: 4 ranks on 2 cores wait for parked ranks). Notebook 02 says why each band."""
     out = []
     smallest = min(run.tp_degrees)
     if smallest == 2:
@@ -120,27 +95,27 @@ def decode_vs_prefill_verdicts(run: DecodeVsPrefillRun) -> tuple[Verdict, ...]:
             else:
                 out.append(Verdict(f"tp = 2, {_tokens(t)}, against this run's other points",
                                    run.neighbours_s(2, t), run.measured_s(2, t), "s", 1 / LATENCY_BAND, LATENCY_BAND))
+
+    def growth(what: str, tp: int, t0: int, t1: int, small: int | None = None, **claim) -> Verdict:
+        small = tp if small is None else small
+        return Verdict.one_sided(what, run.predicted_s(tp, t1) / run.predicted_s(small, t0),
+                                 run.measured_s(tp, t1) / run.measured_s(small, t0), "x", **claim)
+
     if len(run.tokens) >= 4:
         (d0, d1), (p0, p1) = run.tokens[:2], run.tokens[-2:]
         for tp in run.tp_degrees:
-            out.append(Verdict.one_sided(f"tp = {tp}: decode, {d1:,} tokens over {d0:,}",
-                                         run.predicted_s(tp, d1) / run.predicted_s(tp, d0),
-                                         run.measured_s(tp, d1) / run.measured_s(tp, d0), "x",
-                                         at_most=DECODE_GROWTH_AT_MOST))
-            out.append(Verdict.one_sided(f"tp = {tp}: prefill, {p1:,} tokens over {p0:,}",
-                                         run.predicted_s(tp, p1) / run.predicted_s(tp, p0),
-                                         run.measured_s(tp, p1) / run.measured_s(tp, p0), "x",
-                                         at_least=PREFILL_GROWTH_AT_LEAST))
+            out.append(growth(f"tp = {tp}: decode, {d1:,} tokens over {d0:,}", tp, d0, d1,
+                              at_most=DECODE_GROWTH_AT_MOST))
+            out.append(growth(f"tp = {tp}: prefill, {p1:,} tokens over {p0:,}", tp, p0, p1,
+                              at_least=PREFILL_GROWTH_AT_LEAST))
     if len(run.tp_degrees) >= 2:
-        small, large, t = smallest, max(run.tp_degrees), run.tokens[0]
-        out.append(Verdict.one_sided(f"{_tokens(t)}: tp = {large} over tp = {small}",
-                                     run.predicted_s(large, t) / run.predicted_s(small, t),
-                                     run.measured_s(large, t) / run.measured_s(small, t), "x", at_least=1.0))
+        large, t = max(run.tp_degrees), run.tokens[0]
+        out.append(growth(f"{_tokens(t)}: tp = {large} over tp = {smallest}", large, t, t, smallest, at_least=1.0))
     return tuple(out)
 
 
 def run_decode_vs_prefill_check(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, tokens=(1, 8, 256, 2048),
-                                attempts: int = CHECK_ATTEMPTS, **kwargs) -> DecodeVsPrefillCheck:
+                                attempts: int = CHECK_ATTEMPTS, **kwargs) -> Check:
     """``run_decode_vs_prefill`` (arguments as it takes them), measured again while a verdict of
     ``decode_vs_prefill_verdicts`` does not hold. ``tokens``: the two smallest counts are the decode
     steps compared, the two largest the prompts (measured in increasing order)."""
@@ -148,69 +123,48 @@ def run_decode_vs_prefill_check(ranks, link: Link, model: ModelConfig = LLAMA_3_
     if len(set(tokens)) < 4:
         raise ValueError(f"the check compares two decode steps and two prompts, and judges each latency-bound "
                          f"point against the others: give at least 4 different token counts, got {tokens}")
-    run, verdicts = verified(lambda: run_decode_vs_prefill(ranks, link, model, tokens, **kwargs),
-                             decode_vs_prefill_verdicts, attempts)
-    return DecodeVsPrefillCheck(run, verdicts)
-
-
-@dataclass(frozen=True)
-class SlowRankCheck:
-    """``run`` (a ``SlowRankRun``) and its ``verdicts``: the fastest rank's steps, summed over the
-    collectives, against the slow rank's sleeps (every rank takes the slow one's time: at least
-    ``SLOW_STEP_LOW`` of it, since other work only adds to a sleep); and the time a fast rank spends inside
-    the collectives beyond the slow rank's time there, against the same sleeps (the fast ranks do the
-    waiting: at least ``SLOW_WAIT_LOW`` of it). Neither may pass ``SLOW_HIGH`` times the sleeps."""
-
-    run: SlowRankRun
-    verdicts: tuple[Verdict, ...]
+    return Check(*verified(lambda: run_decode_vs_prefill(ranks, link, model, tokens, **kwargs),
+                           decode_vs_prefill_verdicts, attempts))
 
 
 def slow_rank_verdicts(run: SlowRankRun) -> tuple[Verdict, ...]:
-    """The verdicts ``SlowRankCheck`` describes, for ``run``."""
+    """Against the slow rank's sleeps, summed: the fastest rank's steps (every rank takes the slow one's
+    time: from ``SLOW_STEP_LOW`` of it), and a fast rank's time inside the collectives beyond the slow
+    rank's (the fast ranks do the waiting: from ``SLOW_WAIT_LOW``); each at most ``SLOW_HIGH`` times."""
     sleeps = len(run.ops) * run.delay_s
-    fast = next(r for r in range(len(run.per_rank)) if r != run.slow_rank)
-    fastest_steps = sum(min(res.step_s[op] for res in run.per_rank) for op in run.ops)
+    fast = 1 if run.slow_rank == 0 else 0
+    fastest_steps = sum(min(run.steps_s(op)) for op in run.ops)
     waited = run.inside_s(fast) - run.inside_s(run.slow_rank)
     return (Verdict(f"the fastest rank's {len(run.ops)} steps", sleeps, fastest_steps, "s", SLOW_STEP_LOW, SLOW_HIGH),
             Verdict(f"rank {fast}'s wait inside them, beyond rank {run.slow_rank}'s", sleeps, max(waited, 1e-12), "s",
                     SLOW_WAIT_LOW, SLOW_HIGH))
 
 
-def run_slow_rank_check(ranks, slow_rank: int, delay_s: float, attempts: int = CHECK_ATTEMPTS) -> SlowRankCheck:
+def run_slow_rank_check(ranks, slow_rank: int, delay_s: float, attempts: int = CHECK_ATTEMPTS) -> Check:
     """``run_slow_rank``, measured again while a verdict of ``slow_rank_verdicts`` does not hold."""
     if not delay_s > 0:
         raise ValueError(f"a slow-rank check needs a delay above 0 s to set the steps beside, got {delay_s}")
     if ranks.world_size < 2:
         raise ValueError(f"a slow rank needs others to wait for it: a pool of {ranks.world_size} rank has none")
-    run, verdicts = verified(lambda: run_slow_rank(ranks, slow_rank, delay_s), slow_rank_verdicts, attempts)
-    return SlowRankCheck(run, verdicts)
-
-
-@dataclass(frozen=True)
-class ReplicasVsTPCheck:
-    """``run`` (a ``ReplicasVsTPRun``) and its ``verdicts``, each measured against the cost model within
-    ``SERVING_BAND`` either way: the tensor-parallel step; the split copy's latency per token over a
-    replica's (which must also stay under 1: the split copy answers sooner); the replicas' tokens per
-    second over the split copy's (which must also stay over 1: replicas serve more at the same batch)."""
-
-    run: ReplicasVsTPRun
-    verdicts: tuple[Verdict, ...]
+    return Check(*verified(lambda: run_slow_rank(ranks, slow_rank, delay_s), slow_rank_verdicts, attempts))
 
 
 def replicas_vs_tp_verdicts(run: ReplicasVsTPRun) -> tuple[Verdict, ...]:
-    """The verdicts ``ReplicasVsTPCheck`` describes, for ``run``."""
+    """Within ``SERVING_BAND`` of the cost model: the tensor-parallel step; its latency per token over a
+    replica's (under 1 too: it answers sooner); the replicas' tokens per second over its own (over 1 too:
+    replicas serve more at the same batch). Reads ``run.measured`` and ``run.predicted`` alone."""
     measured, predicted = run.measured, run.predicted
-    return (Verdict(f"the tp = {run.tp} step", predicted.tp_step_s, measured.tp_step_s, "s",
+    tp = measured.world_size
+    return (Verdict(f"the tp = {tp} step", predicted.tp_step_s, measured.tp_step_s, "s",
                     1 / SERVING_BAND, SERVING_BAND),
-            Verdict.one_sided(f"latency per token, tp = {run.tp} over a replica", predicted.latency_ratio,
+            Verdict.one_sided(f"latency per token, tp = {tp} over a replica", predicted.latency_ratio,
                               measured.latency_ratio, "x", at_most=1.0, within=SERVING_BAND),
-            Verdict.one_sided(f"tokens per second per device, replicas over tp = {run.tp}",
+            Verdict.one_sided(f"tokens per second per device, replicas over tp = {tp}",
                               predicted.throughput_ratio, measured.throughput_ratio, "x", at_least=1.0,
                               within=SERVING_BAND))
 
 
-def run_replicas_vs_tp_check(ranks, link: Link, attempts: int = CHECK_ATTEMPTS, **kwargs) -> ReplicasVsTPCheck:
+def run_replicas_vs_tp_check(ranks, link: Link, attempts: int = CHECK_ATTEMPTS, **kwargs) -> Check:
     """``run_replicas_vs_tp`` (arguments as it takes them), measured again while a verdict of
     ``replicas_vs_tp_verdicts`` does not hold."""
-    run, verdicts = verified(lambda: run_replicas_vs_tp(ranks, link, **kwargs), replicas_vs_tp_verdicts, attempts)
-    return ReplicasVsTPCheck(run, verdicts)
+    return Check(*verified(lambda: run_replicas_vs_tp(ranks, link, **kwargs), replicas_vs_tp_verdicts, attempts))

@@ -69,12 +69,12 @@ class ActivationMeasurement:
     checkpointing), ``step_s`` (median forward + backward time), ``total_bytes`` (their sum)."""
 
     checkpointed: bool
-    rows: int
     unit_names: tuple[str, ...]
     saved_bytes_per_unit: tuple[int, ...]
     unit_forwards: int
     step_s: float
-    total_bytes: int  # all units together
+
+    total_bytes = property(lambda self: sum(self.saved_bytes_per_unit))  # all units together
 
 
 def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, checkpoint: bool = False,
@@ -87,9 +87,8 @@ def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chec
     names = [name for name, _ in parameter_units(model) if name]
     if not names:
         raise ValueError("the model has no children with parameters to measure")
-    for name in names:
-        if checkpoint:
-            setattr(model, name, Checkpointed(getattr(model, name)))
+    for name in names if checkpoint else ():
+        setattr(model, name, Checkpointed(getattr(model, name)))
     param_ptrs = {p.data_ptr() for p in model.parameters()}
     counters: list[SavedBytes] = []  # per unit: what it saves, counted while its forward runs
     forwards = [0]
@@ -115,6 +114,5 @@ def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chec
 
     step()  # the measured step: bytes and forwards
     saved, n_forwards = tuple(c.size_bytes for c in counters), forwards[0]
-    times = [step() for _ in range(repeats)]
-    return ActivationMeasurement(checkpoint, x.shape[0], tuple(names), saved, n_forwards, statistics.median(times),
-                                 sum(saved))
+    step_s = statistics.median(step() for _ in range(repeats))
+    return ActivationMeasurement(checkpoint, tuple(names), saved, n_forwards, step_s)

@@ -1,24 +1,29 @@
-"""Notebook 08's measured claims (the collective identity, the overlap), each one line: predicted, measured,
-ratio, verdict (``lab.verdict``).
+"""Notebook 08's timed comparisons on a pool and their claims, each one line: predicted, measured, ratio,
+verdict (``lab.verdict``).
+
+``run_collective_identity``: all-reduce against reduce-scatter + all-gather of one buffer (values, bytes,
+median times); ``run_identity_check`` adds the timing claim. ``run_overlap``: the same training with its
+collectives overlapped with compute and without; ``run_bucket_overlap_check`` adds the claim per strategy.
+Timing claims keep the median of repeated runs: a busy machine can stall any single run, and a stall
+only ever adds time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field, replace
 
+from shardlib.core.checks import whole_number
 from shardlib.core.data_parallel.flat import STRATEGY_TITLES
-from shardlib.lab.data_parallel.drivers import (
-    CollectiveIdentity,
-    OverlapComparison,
-    run_collective_identity,
-    run_overlap,
-)
+from shardlib.lab.data_parallel.drivers import DataParallelRun, StrategyRuns, run_data_parallel
+from shardlib.lab.data_parallel.ranks import summed_on_rank
+from shardlib.lab.data_parallel.reference import check_training_inputs
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
 
 IDENTITY_BAND = (0.5, 2.0)  # all-reduce time / its prediction from the pair's time and passes
 BUCKET_OVERLAP_BAND = (0.5, 2.0)  # step with overlap / step without, on ranks that share their cores with the transfers
-
-
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
 PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # ring passes of (n-1)/n over the buffer
 GLOO_PASSES = {**PASSES, "reduce_scatter": 2, "all_gather": 2}  # gloo builds both on an all-reduce of the whole buffer
 
@@ -31,56 +36,112 @@ def pair_passes(backend: str) -> int:
 
 
 @dataclass(frozen=True)
-class IdentityCheck:
-    """``run_collective_identity`` with its one timing claim. The bytes are the same, so the all-reduce
-    takes the pair's time scaled by their passes over the buffer: ``2 / pair_passes(backend)`` of it, all
-    of it on NCCL and half on gloo. ``verdicts``: that claim, measured up to three times
-    (``lab.verdict.verified``)."""
+class CollectiveIdentity:
+    """An all-reduce against a reduce-scatter followed by an all-gather of the same buffer (``all_reduce``,
+    ``split``: what ``summed_on_rank`` gathered each way): the largest difference of the results, per op
+    rank 0's wire bytes and the median time, and with ``run_identity_check`` the ``verdicts`` of the
+    timing claim. The bytes are the same, so the all-reduce takes the pair's time scaled by their passes
+    over the buffer: ``2 / pair_passes(backend)`` of it, all of it on NCCL and half on gloo."""
 
-    identity: CollectiveIdentity
-    backend: str
-    verdicts: tuple[Verdict, ...]
+    all_reduce: Measured = field(repr=False)
+    split: Measured = field(repr=False)
+    backend: str = "gloo"
+    verdicts: tuple[Verdict, ...] = ()
+
+    def _got(self, op: str) -> Measured:
+        return self.all_reduce if op == "all_reduce" else self.split
+
+    @property
+    def max_gap(self) -> float:
+        return max(float((a - b).abs().max()) for a, b in zip(self.all_reduce.each(), self.split.each()))
+
+    @property
+    def wire_bytes(self) -> dict[str, int]:
+        return {op: self._got(op).bytes(op, rank=0, wire=True) for op in OPS}
+
+    @property
+    def median_s(self) -> dict[str, float]:
+        """Per op, the median over repeats of the slowest rank's time."""
+        return {op: statistics.median(max(c.duration_s for c in self._got(op).records(op, repeat=i))
+                                      for i in range(len(self._got(op).times_s[0]))) for op in OPS}
+
+    split_wire_bytes = property(lambda self: self.wire_bytes["reduce_scatter"] + self.wire_bytes["all_gather"])
+    split_s = property(lambda self: self.median_s["reduce_scatter"] + self.median_s["all_gather"])
 
 
-def run_identity_check(ranks, numel: int, repeats: int = 5) -> IdentityCheck:
-    """All-reduce against reduce-scatter + all-gather of ``numel`` float32 values: the values and bytes
-    exactly, the times as one ``Verdict`` (predicted: the pair's time x 2 / its passes; band
-    ``IDENTITY_BAND``)."""
-    low, high = IDENTITY_BAND
+def run_collective_identity(ranks, numel: int, repeats: int = 5) -> CollectiveIdentity:
+    """All-reduce ``numel`` float32 values ``repeats`` times, then reduce-scatter and all-gather them
+    ``repeats`` times, each after a barrier."""
+    numel, repeats = whole_number(numel, "numel"), whole_number(repeats, "repeats")
+    if numel % ranks.world_size:
+        raise ValueError(f"numel = {numel} must divide among {ranks.world_size} ranks for a reduce-scatter")
+    return CollectiveIdentity(*(on_ranks(ranks, summed_on_rank, numel, split, repeats=repeats)
+                                for split in (False, True)), ranks.backend)
+
+
+def run_identity_check(ranks, numel: int, repeats: int = 5) -> CollectiveIdentity:
+    """``run_collective_identity`` with its timing claim as one ``Verdict`` (predicted: the pair's time x
+    2 / its passes; band ``IDENTITY_BAND``), measured up to three times (``lab.verdict.verified``)."""
     share = PASSES["all_reduce"] / pair_passes(ranks.backend)
 
     def claims(found: CollectiveIdentity):
         return [Verdict(f"all-reduce time, against {share:.2g} x (reduce-scatter + all-gather)", share * found.split_s,
-                        found.median_s["all_reduce"], "s", low, high)]
+                        found.median_s["all_reduce"], "s", *IDENTITY_BAND)]
 
     found, verdicts = verified(lambda: run_collective_identity(ranks, numel, repeats), claims)
-    return IdentityCheck(found, ranks.backend, verdicts)
+    return replace(found, verdicts=verdicts)
 
 
 @dataclass(frozen=True)
-class BucketOverlapCheck:
-    """``run_overlap`` per strategy with its timing claim. On ranks whose "network" is the cores that
-    compute (gloo on a CPU), the transfers hidden under the backward take their cycles from it, so the
-    step with overlap is predicted to take as long as the step without (band ``BUCKET_OVERLAP_BAND``), although
-    most of the communication's time is hidden (``hidden_share``). Perfect overlap, the step less its
-    communication (``perfect_s``), is what GPUs approach, where the bytes travel on other hardware.
-    ``comparisons``: strategy -> ``OverlapComparison``."""
+class OverlapComparison:
+    """The same training with its collectives overlapped with compute (DDP's and ZeRO-2's buckets
+    launched during the backward; ZeRO-3's prefetch and asynchronous reduce-scatters) and without."""
 
-    comparisons: dict[str, OverlapComparison]
-    verdicts: tuple[Verdict, ...]
+    strategy: str
+    with_overlap: DataParallelRun
+    without_overlap: DataParallelRun
 
-    def __getitem__(self, strategy: str) -> OverlapComparison:
-        return self.comparisons[strategy]
+    step_s_with = property(lambda self: self.with_overlap.step_s())
+    step_s_without = property(lambda self: self.without_overlap.step_s())
+    hidden_share = property(lambda self: self.with_overlap.hidden_share())  # with overlap
 
-    def items(self):
-        return self.comparisons.items()
+    @property
+    def perfect_s(self) -> float:
+        """The step perfect overlap would give: the step without overlap less all of its communication."""
+        return self.step_s_without - self.without_overlap.comm_s()
+
+    @property
+    def saved_share(self) -> float:
+        """How much shorter the step is with overlap, as a share of the step without."""
+        return 1.0 - self.step_s_with / self.step_s_without
+
+
+def median_run(runs: list[DataParallelRun]) -> DataParallelRun:
+    """The run of median step time (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r.step_s())[(len(runs) - 1) // 2]
+
+
+def run_overlap(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes: float | None = None,
+                repeats: int = 3) -> OverlapComparison:
+    """Train with and without overlap, ``repeats`` times each (alternating), and keep each side's median
+    run by step time."""
+    repeats = whole_number(repeats, "repeats")
+    check_training_inputs(ranks.world_size, strategy, model, batches, lr, bucket_bytes)
+    runs = {True: [], False: []}
+    for _ in range(repeats):
+        for on in (True, False):
+            runs[on].append(run_data_parallel(ranks, strategy, model, batches, lr, bucket_bytes=bucket_bytes,
+                                              overlap=on, prefetch=on))
+    return OverlapComparison(strategy, median_run(runs[True]), median_run(runs[False]))
 
 
 def run_bucket_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero3"), *,
-                      bucket_bytes: float | None = None, repeats: int = 2) -> BucketOverlapCheck:
+                             bucket_bytes: float | None = None, repeats: int = 2) -> StrategyRuns:
     """``run_overlap`` for each of ``strategies`` and one ``Verdict`` each: the step with overlap against
-    the step without (predicted equal on CPU ranks)."""
-    low, high = BUCKET_OVERLAP_BAND
+    the step without. On ranks whose "network" is the cores that compute (gloo on a CPU), the transfers
+    hidden under the backward take their cycles from it, so the two are predicted equal (band
+    ``BUCKET_OVERLAP_BAND``), although most of the communication's time is hidden (``hidden_share``).
+    Perfect overlap (``perfect_s``) is what GPUs approach, where the bytes travel on other hardware."""
 
     def measure():
         return {s: run_overlap(ranks, s, model, batches, lr, bucket_bytes=bucket_bytes, repeats=repeats)
@@ -88,7 +149,7 @@ def run_bucket_overlap_check(ranks, model, batches, lr: float, strategies=("ddp"
 
     def claims(found):
         return [Verdict(f"{STRATEGY_TITLES[s]} step with overlap, against the step without", o.step_s_without,
-                        o.step_s_with, "s", low, high) for s, o in found.items()]
+                        o.step_s_with, "s", *BUCKET_OVERLAP_BAND) for s, o in found.items()]
 
     found, verdicts = verified(measure, claims)
-    return BucketOverlapCheck(found, verdicts)
+    return StrategyRuns(found, verdicts)

@@ -1,15 +1,16 @@
-"""Data-parallel training on a rank, measured: the loop every strategy shares, and a collectives check.
+"""Data parallelism's rank functions: the training loop every strategy shares, and one buffer summed two ways.
+``lab.harness.on_ranks`` runs them and gathers what they returned, sent and spanned.
 
 ``train_on_rank`` runs ``buckets.BucketedReplica`` (DDP, ZeRO-1/2) or ``zero3.ShardedUnits`` (ZeRO-3)
 with a ``BufferProbe`` attached, marks step, forward, backward and optimizer on the timeline, and counts
-the bytes the rank keeps. ``collectives_on_rank``: all-reduce against reduce-scatter + all-gather.
+the bytes the rank keeps. ``summed_on_rank`` sums a buffer over the ranks: one all-reduce, or a
+reduce-scatter and an all-gather.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 
@@ -52,20 +53,11 @@ def kept_bytes(engine, optimizer, probe: BufferProbe) -> dict[str, int]:
             "optimizer": optimizer_state_bytes(optimizer), "transient_peak": probe.meter.peak_bytes}
 
 
-@dataclass(frozen=True)
-class TrainResult:
-    """One rank's training: all the trained weights (by the model's names), this rank's share of each
-    step's global loss and, for this package's strategies, ``kept_bytes`` and the flat layout."""
-
-    state_dict: dict
-    local_losses: list[float]
-    memory: dict[str, int] = field(default_factory=dict)  # kept_bytes: params, grads, optimizer, transient_peak
-    groups: tuple = ()  # flat.FlatGroup s
-
-
 def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: float | None = None,
-                  overlap: bool = True, prefetch: bool = True) -> TrainResult:
-    """Train ``model`` (this rank's copy of the parent's) on this rank's rows of every batch."""
+                  overlap: bool = True, prefetch: bool = True) -> dict:
+    """Train ``model`` (this rank's copy of the parent's) on this rank's rows of every batch. Returns all
+    the trained weights (``state_dict``, by the model's names), this rank's share of each step's global
+    loss (``local_losses``), what it kept (``memory``: ``kept_bytes``) and its flat ``groups``."""
     check_training_inputs(ctx.world_size, strategy, model, batches, lr, bucket_bytes)
     model = model.to(ctx.device)
     probe = BufferProbe()
@@ -77,7 +69,7 @@ def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: f
     losses = []
     for k, (x, y) in enumerate(batches):
         mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)
-        x_mine, y_mine = x[mine].to(ctx.device), y[mine].to(ctx.device)  # (rows / dp, ...)
+        x_mine, y_mine = x[mine].to(ctx.device), y[mine].to(ctx.device)  # (rows / dp, d_in), (rows / dp, d_out)
         engine.start_step()
         with ctx.timeline.span(f"step {k}", kind="step", step=k):
             with ctx.timeline.span("forward", step=k), engine.forward_context():
@@ -89,28 +81,15 @@ def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: f
                 optimizer.step()  # AdamW on what this rank owns: all the weights (DDP) or its shard (ZeRO)
             engine.after_step()
         losses.append(float(loss.detach()))
-    memory = kept_bytes(engine, optimizer, probe)
-    return TrainResult(engine.full_state(), losses, memory, tuple(engine.groups))
+    return {"state_dict": engine.full_state(), "local_losses": losses,
+            "memory": kept_bytes(engine, optimizer, probe), "groups": tuple(engine.groups)}
 
 
-@dataclass(frozen=True)
-class CollectivesResult:
-    """The last round's results of both ways of summing one buffer: they must agree."""
-
-    all_reduce: torch.Tensor  # (numel,)
-    reduce_scatter_all_gather: torch.Tensor  # (numel,)
-
-
-def collectives_on_rank(ctx, numel: int, repeats: int = 3) -> CollectivesResult:
-    """``repeats`` times: all-reduce a buffer of ``numel`` float32 values (different on every rank), then
-    reduce-scatter the same buffer and all-gather the result. Returns both results of the last round;
-    the times are in the comm log."""
+def summed_on_rank(ctx, numel: int, split: bool = False) -> torch.Tensor:
+    """A buffer of ``numel`` float32 values (different on every rank) summed over the ranks: by an
+    all-reduce, or (``split``) by a reduce-scatter and then an all-gather of the result."""
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     buffer = torch.randn(numel, generator=g).to(ctx.device)  # (numel,), numel divisible by world_size
-    for _ in range(repeats):
-        ctx.comm.barrier()
-        reduced = ctx.comm.all_reduce(buffer.clone())
-        ctx.comm.barrier()
-        shard = ctx.comm.reduce_scatter(buffer.clone())  # (numel / world_size,)
-        both = ctx.comm.all_gather(shard)  # (numel,)
-    return CollectivesResult(reduced, both)
+    if split:
+        return ctx.comm.all_gather(ctx.comm.reduce_scatter(buffer))  # (numel / world_size,), then (numel,)
+    return ctx.comm.all_reduce(buffer)  # (numel,)

@@ -1,12 +1,17 @@
-"""The MoE training step run on a pool: ``run_moe_training`` (steps of SGD, gathered, set beside the
-one-process reference in float64), ``run_balance_training`` (Switch's auxiliary loss against
-DeepSeek-V3's auxiliary-loss-free bias over training steps: the loads per expert per step) and
-``run_node_limited`` (the cross-node rows of node-limited routing against unlimited, predicted and
-measured)."""
+"""Notebook 04's MoE toy trained on a pool and set beside one process.
+
+* ``run_moe_training``: steps of SGD on ranks (``train_step.moe_train_on_rank``), as a ``MoETrainingRun``:
+  the losses, loads and biases per step, the last step's gradients assembled, each against the one-process
+  reference in float64. ``run_balance_training``: the same from a skewed router, one balancing method
+  (Switch's auxiliary loss, DeepSeek-V3's bias, or none).
+* ``run_node_limited``: the cross-node rows of node-limited routing against unlimited, counted from the
+  one-process routing and measured from the comm logs.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -23,6 +28,7 @@ from shardlib.lab.experts.train_step import (
     node_dispatch_on_rank,
     project,
 )
+from shardlib.lab.harness import Measured, on_ranks
 
 EXACT_RTOL = 1e-12  # float64: the gradients' sums are reordered across ranks, nothing else differs
 
@@ -34,24 +40,63 @@ def relative_error(measured: torch.Tensor, reference: torch.Tensor) -> float:
     return diff / scale if scale else diff
 
 
+def _relative(got, want) -> float:
+    return max(abs(a - b) / abs(b) for a, b in zip(got, want))
+
+
 @dataclass(frozen=True)
 class MoETrainingRun:
-    """``steps`` SGD steps of the MoE toy on ranks, gathered: per step the loss and the token-slots per
-    expert (over every rank); the last step's gradients assembled to full shapes (each expert's from the
-    ranks holding it, which must agree); the worst relative error of each against the one-process
-    reference (``errors``, by parameter name, plus ``"loss"``)."""
+    """``steps`` SGD steps of the toy on ranks (``got``: what ``on_ranks`` gathered), beside ``reference``.
+    The losses, counts and biases are every rank's alike (each reduced over every rank): rank 0's."""
 
+    got: Measured
+    cfg: MoEConfig
     ep: int
-    world_size: int
-    losses: tuple[float, ...]
-    counts: tuple[torch.Tensor, ...]
-    biases: tuple[torch.Tensor, ...]
-    grads: dict
-    errors: dict
-    counts_exact: bool  # every step's counts equal the reference's
-    copies_agree: bool  # every copy of an expert holds the same gradient, bit for bit
     reference: MoEReference
-    task_losses: tuple[float, ...] = ()  # per step, the loss without the auxiliary term
+
+    world_size = property(lambda self: len(self.got))
+    balance = property(lambda self: self.cfg.balance)
+    steps = property(lambda self: len(self.losses))
+    losses = property(lambda self: tuple(self.got.first("losses")))  # per step, the auxiliary term included
+    task_losses = property(lambda self: tuple(self.got.first("task_losses")))  # per step, without it
+    counts = property(lambda self: tuple(self.got.first("counts")))  # per step (n_experts,) over every rank
+    biases = property(lambda self: tuple(self.got.first("biases")))  # per step, the bias it chose with
+
+    @property
+    def loads(self) -> tuple[tuple[int, ...], ...]:
+        """[step][expert] token-slots over every rank."""
+        return tuple(tuple(int(v) for v in c) for c in self.counts)
+
+    @cached_property
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The last step's gradients, full shapes: dense ones from rank 0, each block of experts from the
+        rank at its place of the first ep group."""
+        grads = self.got.each("grads")
+        out = {n: grads[0][n] for n in PARAMETERS if n not in EXPERT_PARAMETERS}
+        out.update({n: torch.cat([grads[p][n] for p in range(self.ep)]) for n in EXPERT_PARAMETERS})
+        return out
+
+    @property
+    def copies_agree(self) -> bool:
+        """Every copy of a weight holds the same gradient, bit for bit."""
+        n_local = self.cfg.n_experts // self.ep
+        return all(torch.equal(g[n], self.grads[n] if n not in EXPERT_PARAMETERS else
+                               self.grads[n][first:first + n_local])
+                   for g, first in zip(self.got.each("grads"), self.got.each("first_expert")) for n in PARAMETERS)
+
+    @property
+    def counts_exact(self) -> bool:
+        """Every rank's counts of every step equal the reference's."""
+        want = self.reference.counts
+        return all(torch.equal(a, b) for counts in self.got.each("counts") for a, b in zip(counts, want))
+
+    @cached_property
+    def errors(self) -> dict[str, float]:
+        """The worst relative error against the reference: each gradient, the loss and the task loss."""
+        out = {n: relative_error(self.grads[n], self.reference.last.grads[n]) for n in PARAMETERS}
+        out["loss"] = _relative(self.losses, self.reference.losses)
+        out["task_loss"] = _relative(self.task_losses, self.reference.task_losses)
+        return out
 
     @property
     def max_error(self) -> float:
@@ -70,30 +115,18 @@ class MoETrainingRun:
 
 def run_moe_training(ranks, problem: MoEProblem, cfg: MoEConfig, ep: int | None = None, steps: int = 1,
                      lr: float = 0.1) -> MoETrainingRun:
-    """``train_step.moe_train_on_rank`` on every rank (experts over ``ep`` ranks, default every rank),
-    gathered and compared with ``train_steps_reference`` on as many token groups as ranks."""
+    """``train_step.moe_train_on_rank`` on every rank (experts over ``ep`` ranks, default every rank), beside
+    ``train_steps_reference`` on as many token groups as ranks."""
     ep = ranks.world_size if ep is None else ep
-    n_local = check_ep_degree(cfg, ranks.world_size, ep)
+    check_ep_degree(cfg, ranks.world_size, ep)
     whole_number(steps, "steps")
     positive_number(lr, "lr (the learning rate)")
     if problem.x.shape[0] < ranks.world_size:
         raise ValueError(f"{problem.x.shape[0]} tokens cannot be shared by {ranks.world_size} ranks: each needs one")
     with ranks.same_threads():
         reference = train_steps_reference(problem, cfg, ranks.world_size, steps, lr)
-    results = ranks.run(moe_train_on_rank, problem.x, problem.target, problem.weights, cfg, ep, steps, lr)
-    first = results[0]
-    grads = {n: first.last.grads[n] for n in PARAMETERS if n not in EXPERT_PARAMETERS}
-    copies_agree = all(torch.equal(r.last.grads[n], first.last.grads[n]) for r in results for n in grads)
-    for name in EXPERT_PARAMETERS:
-        blocks = [results[p].last.grads[name] for p in range(ep)]  # places 0 .. ep-1 of the first ep group
-        copies_agree &= all(torch.equal(r.last.grads[name], blocks[r.first_expert // n_local]) for r in results)
-        grads[name] = torch.cat(blocks)
-    errors = {n: relative_error(grads[n], reference.last.grads[n]) for n in PARAMETERS}
-    errors["loss"] = max(abs(a - b) / abs(b) for a, b in zip(first.losses, reference.losses))
-    errors["task_loss"] = max(abs(a - b) / abs(b) for a, b in zip(first.task_losses, reference.task_losses))
-    counts_exact = all(torch.equal(a, b) for r in results for a, b in zip(r.counts, reference.counts))
-    return MoETrainingRun(ep, ranks.world_size, tuple(first.losses), tuple(first.counts), tuple(first.biases), grads,
-                          errors, counts_exact, copies_agree, reference, tuple(first.task_losses))
+    got = on_ranks(ranks, moe_train_on_rank, problem.x, problem.target, problem.weights, cfg, ep, steps, lr)
+    return MoETrainingRun(got, cfg, ep, reference)
 
 
 # The toy trains for tens of steps, not DeepSeek-V3's hundreds of thousands: the published coefficients
@@ -102,50 +135,24 @@ def run_moe_training(ranks, problem: MoEProblem, cfg: MoEConfig, ep: int | None 
 BALANCE_CONFIG = MoEConfig(d_model=16, d_ff=32, aux_loss_coef=0.1, bias_rate=0.05)
 
 
-@dataclass(frozen=True)
-class BalanceTraining:
-    """One balancing method over training steps on ranks: per step the loss (with the auxiliary term
-    under ``"aux-loss"``), the task loss alone (what the balancing costs the model), the busiest expert's
-    load over the mean, every expert's load and the selection bias; ``exact`` against one process."""
-
-    balance: str
-    steps: int
-    losses: tuple[float, ...]
-    max_over_mean: tuple[float, ...]
-    loads: tuple[tuple[int, ...], ...]  # [step][expert] token-slots over every rank
-    biases: tuple[tuple[float, ...], ...]  # [step][expert] the selection bias that step chose with
-    max_error: float
-    exact: bool
-    task_losses: tuple[float, ...] = ()
-
-
 def run_balance_training(ranks, config: MoEConfig = BALANCE_CONFIG, balance: str = "aux-free", steps: int = 20,
                          n_tokens: int = 128, skew: float = 1.0, ep: int | None = None, lr: float = 0.1,
-                         seed: int = 0) -> BalanceTraining:
-    """Train the toy for ``steps`` steps with one balancing method (``"aux-loss"``: Switch's auxiliary loss
+                         seed: int = 0) -> MoETrainingRun:
+    """Train the toy ``steps`` steps with one balancing method (``"aux-loss"``: Switch's auxiliary loss
     times ``config.aux_loss_coef``; ``"aux-free"``: DeepSeek-V3's bias moved by ``config.bias_rate``;
-    ``"none"``), from weights that send most tokens to expert 0 (``skew``,
-    ``train_reference.make_moe_problem``). Returns the loads per expert per step."""
+    ``"none"``), from weights that send most tokens to expert 0 (``skew``, ``make_moe_problem``)."""
     choice(balance, ("none", "aux-loss", "aux-free"), "balance (how the load is balanced)")
     cfg = config.but(balance=balance)
-    problem = make_moe_problem(cfg, n_tokens, skew=skew, seed=seed)
-    run = run_moe_training(ranks, problem, cfg, ep, steps, lr)
-    return BalanceTraining(balance, steps, run.losses, run.max_over_mean,
-                           tuple(tuple(int(v) for v in c) for c in run.counts),
-                           tuple(tuple(float(v) for v in b) for b in run.biases), run.max_error, run.exact,
-                           run.task_losses)
-
-
-POLICIES = ("unlimited", "limited")
+    return run_moe_training(ranks, make_moe_problem(cfg, n_tokens, skew=skew, seed=seed), cfg, ep, steps, lr)
 
 
 @dataclass(frozen=True)
 class NodeLimitedRun:
     """Unlimited against node-limited routing of the same tokens, each rank an emulated node. Per policy,
     the rows sent off their home node, one per token-slot (``"slots"``) and one per distinct remote node
-    (``"dedup"``, DeepSeek-V3's dispatch): ``predicted`` counted from the one-process routing
-    (``node_limited.cross_node_rows``), ``measured`` from the ranks' comm logs (wire bytes over the row's
-    bytes). ``bound_rows`` is DeepSeek-V3's bound on the dedup rows, ``max_nodes`` per token."""
+    (``"dedup"``, DeepSeek-V3's dispatch): ``predicted`` from the one-process routing
+    (``node_limited.cross_node_rows``), ``measured`` from the comm logs (wire bytes over the row's bytes).
+    ``bound_rows`` is DeepSeek-V3's bound on the dedup rows, ``max_nodes`` per token."""
 
     n_nodes: int
     max_nodes: int
@@ -153,9 +160,10 @@ class NodeLimitedRun:
     row_bytes: int
     predicted: dict  # policy -> {"slots": rows, "dedup": rows}
     measured: dict
-    bound_rows: int
     most_nodes_per_token: dict  # policy -> the most nodes any token reached
     tokens_changed: int  # tokens whose top-k differs from unlimited routing: the quality cost
+
+    bound_rows = property(lambda self: self.n_tokens * self.max_nodes)
 
     @property
     def exact(self) -> bool:
@@ -163,6 +171,11 @@ class NodeLimitedRun:
 
     def cross_node_bytes(self, policy: str, kind: str = "dedup") -> int:
         return self.measured[policy][kind] * self.row_bytes
+
+
+def _rows_sent(got: Measured, which: int, row_bytes: int) -> int:
+    """Rows every rank sent to other ranks in its ``which``-th dispatch (0 per slot, 1 deduplicated)."""
+    return sum(got.records("all_to_all_single", rank)[2 * which + 1].wire_bytes for rank in got.ranks) // row_bytes
 
 
 def run_node_limited(ranks, config: MoEConfig, max_nodes: int = 1, n_tokens: int = 256, seed: int = 0,
@@ -180,13 +193,12 @@ def run_node_limited(ranks, config: MoEConfig, max_nodes: int = 1, n_tokens: int
     predicted, measured, most, chosen = {}, {}, {}, {}
     for policy, cfg in cfgs.items():
         with ranks.same_threads():
-            experts = route(project(problem.x, problem.weights.w_in), problem.weights.router, cfg).experts
-        chosen[policy] = experts
+            chosen[policy] = experts = route(project(problem.x, problem.weights.w_in), problem.weights.router,
+                                             cfg).experts  # (T, k)
         predicted[policy] = {kind: cross_node_rows(experts, home, cfg.n_experts, n_nodes, dedup=kind == "dedup")
                              for kind in ("slots", "dedup")}
-        got = ranks.run(node_dispatch_on_rank, problem.x, problem.weights, cfg)
-        measured[policy] = {"slots": sum(g.slot_wire_bytes for g in got) // row_bytes,
-                            "dedup": sum(g.dedup_wire_bytes for g in got) // row_bytes}
+        got = on_ranks(ranks, node_dispatch_on_rank, problem.x, problem.weights, cfg)
+        measured[policy] = {"slots": _rows_sent(got, 0, row_bytes), "dedup": _rows_sent(got, 1, row_bytes)}
         most[policy] = int(nodes_per_token(experts, cfg.n_experts, n_nodes).max())
-    return NodeLimitedRun(n_nodes, max_nodes, n_tokens, row_bytes, predicted, measured, n_tokens * max_nodes, most,
+    return NodeLimitedRun(n_nodes, max_nodes, n_tokens, row_bytes, predicted, measured, most,
                           tokens_changed(chosen["limited"], chosen["unlimited"]))

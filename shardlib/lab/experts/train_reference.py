@@ -1,4 +1,4 @@
-"""The MoE training step in one process: what ``train_step.moe_train_step`` on ranks must equal.
+"""The MoE training step in one process: what ``train_step.moe_train_on_rank`` on ranks must equal.
 
 The toy model is a dense input projection ``w_in`` then one dropless MoE layer with its residual,
 ``y = h + moe(h)`` with ``h = x w_in^T``, trained to regress a fixed target. The step's loss is the

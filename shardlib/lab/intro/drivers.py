@@ -1,24 +1,19 @@
-"""The measured claims of notebook 00, run on a pool and reported as one line each.
-
-* ``run_straggler_check``: a collective waits for its slowest rank. Rank 0 does less work than rank 1
-  (``straggler_on_rank``); the wait rank 0 spends inside the all-reduce is predicted by the difference of
-  the two ranks' arrivals, read off the shared timeline.
-* ``run_failure_check``: a rank that raises is reported at once (a ``RankError`` naming it), not waited
-  on, and the pool starts fresh ranks so the next call works.
-
-Each returns a result whose ``verdicts`` (``lab.verdict``) print as one line: predicted, measured,
-ratio, verdict.
+"""The measured claims of notebook 00, on a pool: a collective waits for its slowest rank
+(``run_straggler_check``), a failing rank is reported at once and the pool recovers (``run_failure_check``),
+and an all-reduce's time at a given size (``run_all_reduce_time``). The checks' ``verdicts`` (``lab.verdict``)
+print as one line each: predicted, measured, ratio, verdict.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from shardlib.core.checks import one_per, whole_number
-from shardlib.lab.intro.ranks import straggler_on_rank
+from shardlib.lab.harness import Measured, on_ranks
+from shardlib.lab.intro.ranks import all_reduce_on_rank, straggler_on_rank
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.runtime.errors import RankError
 
@@ -26,53 +21,72 @@ WAIT_BAND = (0.8, 1.25)  # measured wait / predicted wait
 REPORT_LIMIT_S = 2.0  # a failed rank is reported within this
 
 
+def _waits_s(got: Measured) -> list[tuple[float, float]]:
+    """Per run: (rank 1's arrival - rank 0's, on the shared clock; rank 0's seconds inside the all-reduce
+    - rank 1's)."""
+    waits = []
+    for i in range(len(got.times_s[0])):
+        arrived = [got.spans("matmuls", rank, i)[0].end_s for rank in (0, 1)]
+        inside = [got.records("all_reduce", rank, i)[0].duration_s for rank in (0, 1)]
+        waits.append((arrived[1] - arrived[0], inside[0] - inside[1]))
+    return waits
+
+
 @dataclass(frozen=True)
 class StragglerCheck:
-    """Rank 0's predicted and measured wait inside the all-reduce (medians over ``runs``), and the spans
-    of the last run for a timeline."""
+    """Every run of ``straggler_on_rank`` (``got``), read as rank 0's predicted and measured wait inside
+    the all-reduce (medians over the runs), and the last run's spans for a timeline."""
 
-    work_units: tuple[int, ...]
-    runs: int
-    predicted_wait_s: float  # median of (rank 1's arrival - rank 0's), on the shared clock
-    measured_wait_s: float  # median of (rank 0's all-reduce time - rank 1's)
-    spans: tuple = ()
-    started_s: float = 0.0  # the last run's start, the timeline's origin
+    got: Measured
     verdicts: tuple[Verdict, ...] = ()
 
-
-def _straggler_once(ranks, work_units: list[int]) -> tuple[float, float]:
-    """One run: (rank 1's arrival - rank 0's; rank 0's extra seconds inside the all-reduce)."""
-    times = ranks.run(straggler_on_rank, work_units)
-    arrived = {s.rank: s.end_s for s in ranks.last_spans if s.name == "matmuls"}
-    return arrived[1] - arrived[0], times[0].all_reduce_s - times[1].all_reduce_s
+    predicted_wait_s = property(lambda self: statistics.median(p for p, _ in _waits_s(self.got)))
+    measured_wait_s = property(lambda self: statistics.median(m for _, m in _waits_s(self.got)))
+    spans = property(lambda self: self.got.spans())  # the last run's, every rank's
+    started_s = property(lambda self: min(times[-1][0] for times in self.got.times_s))  # the timeline's origin
 
 
 def run_straggler_check(ranks, work_units=(1, 4), runs: int = 5, attempts: int = 3) -> StragglerCheck:
-    """Rank ``r`` does ``work_units[r]`` units of matmuls, then all ranks all-reduce (``straggler_on_rank``).
-    Prediction: rank 0 waits inside the all-reduce for as long as rank 1 arrives after it. The medians of
-    ``runs`` runs are compared; the verdict holds when measured / predicted is within 0.8-1.25. A busy
-    machine spoils a run (a rank that wakes late from the opening barrier starts late), so the ``runs``
-    are taken again, at most ``attempts`` times in all; the last set is kept. Needs 2 ranks, the later
-    one with more work."""
+    """Rank ``r`` does ``work_units[r]`` units of matmuls, then all ranks all-reduce (``straggler_on_rank``),
+    ``runs`` times, each after a barrier. Prediction: rank 0 waits inside the all-reduce for as long as
+    rank 1 arrives after it. The medians of the runs are compared; the verdict holds when measured /
+    predicted is within 0.8-1.25. A busy machine spoils a run (a rank that wakes late from the barrier
+    starts late), so the runs are taken again, at most ``attempts`` times in all; the last set is kept.
+    Needs 2 ranks, the later one with more work."""
     one_per(list(work_units), ranks.world_size, "work_units", "rank")
     whole_number(runs, "runs")
     if ranks.world_size != 2 or not work_units[1] > work_units[0]:
         raise ValueError(f"the straggler check needs 2 ranks, rank 1 with more work than rank 0; got "
                          f"{ranks.world_size} ranks with work {tuple(work_units)}")
 
-    def measure() -> StragglerCheck:
-        pairs = [_straggler_once(ranks, list(work_units)) for _ in range(runs)]
-        return StragglerCheck(tuple(work_units), runs, statistics.median(p for p, _ in pairs),
-                              statistics.median(m for _, m in pairs), tuple(ranks.last_spans),
-                              ranks.last_started_s)
-
     def verdicts(r: StragglerCheck) -> list[Verdict]:
         return [Verdict("rank 0's wait inside the all-reduce", max(r.predicted_wait_s, 1e-9), r.measured_wait_s,
                         "s", *WAIT_BAND)]
 
+    def measure() -> StragglerCheck:
+        return StragglerCheck(on_ranks(ranks, straggler_on_rank, list(work_units), repeats=runs))
+
     result, found = verified(measure, verdicts, attempts)
-    return StragglerCheck(result.work_units, result.runs, result.predicted_wait_s, result.measured_wait_s,
-                          result.spans, result.started_s, found)
+    return replace(result, verdicts=found)
+
+
+@dataclass(frozen=True)
+class AllReduceTime:
+    """Every rank's all-reduces of one size (``got``), read as the slowest rank's median seconds."""
+
+    got: Measured
+
+    size_bytes = property(lambda self: self.got.first())  # the buffer, float32
+
+    @property
+    def seconds(self) -> float:
+        return max(statistics.median(r.duration_s for r in self.got.records("all_reduce", rank, None))
+                   for rank in self.got.ranks)
+
+
+def run_all_reduce_time(ranks, n_elements: int, repeats: int = 5) -> AllReduceTime:
+    """An all-reduce of ``n_elements`` float32 values on every rank, ``repeats`` times, each after a barrier."""
+    return AllReduceTime(on_ranks(ranks, all_reduce_on_rank, n_elements, repeats=repeats))
 
 
 @dataclass(frozen=True)
@@ -106,4 +120,4 @@ def run_failure_check(ranks, fn: Callable, attempts: int = 3) -> FailureCheck:
                         REPORT_LIMIT_S, r.reported_after_s, "s", low=1e-9, high=1.0)]
 
     result, found = verified(measure, verdicts, attempts)
-    return FailureCheck(result.error, result.reported_after_s, result.recovered, found)
+    return replace(result, verdicts=found)

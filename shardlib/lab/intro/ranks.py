@@ -52,35 +52,31 @@ def first_all_reduce_on_rank(ctx, n: int = 4) -> AllReduced:
     return AllReduced(before.tolist(), x.tolist())
 
 
-@dataclass(frozen=True)
-class StragglerTimes:
-    """A rank's seconds computing, and inside the all-reduce that followed."""
-
-    compute_s: float
-    all_reduce_s: float
-
-
-def straggler_on_rank(ctx, work_units: list[int], size: int = 256) -> StragglerTimes:
+def straggler_on_rank(ctx, work_units: list[int], size: int = 256) -> float:
     """Each rank does ``work_units[rank]`` units of matmul work, then all ranks all-reduce a vector.
 
     The all-reduce cannot finish until the slowest rank arrives, so a rank with less work spends the
-    difference waiting inside the collective. Returns this rank's compute and all-reduce seconds.
+    difference waiting inside the collective. The ``matmuls`` span records when this rank arrived.
     """
     one_per(work_units, ctx.world_size, "work_units", "rank")
-    a = torch.randn(size, size, device=ctx.device)
-    ctx.comm.barrier()  # start together, so the chart compares like with like
+    a = torch.randn(size, size, device=ctx.device)  # (size, size)
     with ctx.timeline.span("matmuls", units=work_units[ctx.rank]):
         for _ in range(work_units[ctx.rank]):
             for _ in range(8):
                 a = torch.tanh(a @ a / size)
-    compute_s = ctx.timeline.spans[-1].duration_s
-    x = a.sum(0)
+    return float(ctx.comm.all_reduce(a.sum(0))[0])  # the first of (size,) sums, the same on every rank
+
+
+def all_reduce_on_rank(ctx, n_elements: int) -> int:
+    """One all-reduce of ``n_elements`` float32 values (4 bytes each); returns its buffer bytes."""
+    x = torch.ones(n_elements, device=ctx.device)  # (n_elements,)
     ctx.comm.all_reduce(x)
-    return StragglerTimes(compute_s, ctx.comm.records[-1].duration_s)
+    return x.numel() * x.element_size()
 
 
 def all_reduce_time_on_rank(ctx, n_elements: int, repeats: int = 5) -> float:
-    """Median seconds for an all-reduce of ``n_elements`` float32 values (4 bytes each) on this rank."""
+    """Median seconds for an all-reduce of ``n_elements`` float32 values on this rank, in one call, for a
+    caller without ``lab.harness`` (``scripts/gpu_check.py``)."""
     x = torch.ones(n_elements, device=ctx.device)
     ctx.comm.barrier()
     for _ in range(repeats):

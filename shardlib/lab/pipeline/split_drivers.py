@@ -1,32 +1,31 @@
-"""The zero-bubble claims of notebook 09 as one-line verdicts: each schedule's step measured on the ranks
-beside the prediction of its own list of actions (``simulate``), evaluated with the F, B and W measured
-in the same run.
+"""The zero-bubble claims of notebook 09: each schedule's step measured on the ranks beside the prediction
+of its own list of actions (``simulate``), evaluated with the F, B and W measured in the same run.
 
 * ``SplitCase``: one schedule to measure (its name, ``m``, and W's cost as a multiple of F's).
-* ``run_split_cases``: the cases run on a pool, in order, each a ``SplitStep`` (step and idle share,
-  predicted and measured, and whether it equals the one-process model bit for bit); a 1F1B case (whole
-  backward, no W of its own) takes its F, B and W from the split case before it with the same W.
-* ``split_verdicts``: one ``lab.verdict.Verdict`` per case, on the step time, the band below.
-* ``run_zero_bubble_check``: both, measured again while a busy machine spoils a verdict
-  (``lab.verdict.verified``), gathered into a ``ZeroBubbleCheck`` whose ``verdicts`` a notebook prints.
+* ``run_split_step``: one case on a pool, read as a ``SplitStep`` (predicted: the list, the list with the
+  measured hand-over, the published formula; measured: step, idle share, chunks in flight; exactness).
+* ``run_split_cases``: the cases in order; a 1F1B case (whole backward) borrows the F, B and W of the split
+  case before it with the same W. ``split_verdicts``: one ``Verdict`` per step, on the step time.
+* ``run_zero_bubble_check``: both, measured again while a busy machine spoils a verdict (``verified``).
 
 The band (``LOW``-``HIGH``, 0.9-1.5) is on the step, not the idle share (a few per cent doubles from a few
-milliseconds of overhead); the hand-overs between stages and the Python between ops add about 5-20 % to
-ops padded to 20 ms; below 0.9 the list does not describe the run, above 1.5 the ranks waited far beyond.
+milliseconds of overhead). The hand-overs and the Python between ops add about 5-20 % to ops of 20 ms.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.registry import SCHEDULE_TITLES, schedule_spec
-from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.lab.pipeline.drivers import PipelineRun, run_pipeline
 from shardlib.lab.verdict import Verdict, verified
-from shardlib.predict.bubbles import OpCosts, busy_s, op_costs, simulated_fraction
+from shardlib.predict import bubbles
+from shardlib.predict.bubbles import OpCosts, simulated_fraction
 
 LOW, HIGH = 0.9, 1.5  # measured / predicted step (see the module docstring)
 
@@ -58,36 +57,64 @@ class SplitCase:
         return f"{SCHEDULE_TITLES[self.name]} step, m = {self.n_microbatches}{w}"
 
 
+def predicted_step_of(name: str, n_stages: int, n_microbatches: int, costs: OpCosts) -> tuple[float, float]:
+    """``(step_s, idle share)`` of schedule ``name``'s own list, played out with one action's ``costs``."""
+    schedule = make_schedule(name, n_stages, n_microbatches)
+    idle = simulated_fraction(schedule, costs)
+    return bubbles.busy_s(schedule, costs) / (1 - idle), idle
+
+
 @dataclass(frozen=True)
 class SplitStep:
-    """One case on the ranks: the F, B and W it was predicted with (``costs``, one action's), the list's
-    step and idle share (``predicted_step_s``, ``predicted_idle``), the measured ones, the peak chunks in
-    flight per stage, and whether output and gradients equal the one-process model's bit for bit."""
+    """One case on the ranks (``run``, every repeat) and the F, B and W it is predicted with (``costs``, one
+    action's). Predicted: the list played out with them; measured: medians over the repeats."""
 
     case: SplitCase
-    n_stages: int
+    run: PipelineRun = field(repr=False)
     costs: OpCosts
-    predicted_step_s: float
-    measured_step_s: float
-    predicted_idle: float
-    measured_idle: float
-    peak_in_flight: tuple[int, ...]
-    bit_for_bit: bool
+
+    schedule = property(lambda self: self.run.schedule)
+    n_stages = property(lambda self: self.run.schedule.n_stages)
+    predicted_step_s = property(lambda self: predicted_step_of(self.case.name, self.n_stages,
+                                                               self.case.n_microbatches, self.costs)[0])
+    predicted_idle = property(lambda self: simulated_fraction(self.schedule, self.costs))
+    with_hops = property(lambda self: simulated_fraction(self.schedule, self.costs, self.handover_s))
+    attempts = property(lambda self: tuple(b.idle_fraction for b in self.run.bubbles))  # per repeat
+    measured_idle = property(lambda self: statistics.median(self.attempts))
+    measured_step_s = property(lambda self: statistics.median(b.window_s for b in self.run.bubbles))
+    peak_in_flight = property(lambda self: self.run.peak_in_flight)
+    bit_for_bit = property(lambda self: self.run.against_reference().bit_for_bit)
+
+    @property
+    def handover_s(self) -> float:
+        """The hand-over between stages measured on the ranks (median over the repeats)."""
+        return statistics.median(bubbles.handover_s(r.spans, self.schedule) for r in self.run.per_repeat)
+
+    @property
+    def published(self) -> float | None:
+        """The published formula with ``costs``; ``None`` where none applies (ZB-V's needs F = B = W)."""
+        if self.case.name not in bubbles.PUBLISHED:
+            return None
+        try:
+            return bubbles.published_fraction(self.schedule, self.costs)
+        except ValueError:
+            return None
 
 
-@dataclass(frozen=True)
-class ZeroBubbleCheck:
-    """The cases' ``steps`` (the last round kept) and their ``verdicts``."""
-
-    steps: tuple[SplitStep, ...]
-    verdicts: tuple[Verdict, ...]
-
-    def step(self, name: str, n_microbatches: int, weight_ratio: float = 1.0) -> SplitStep:
-        for s in self.steps:
-            if (s.case.name, s.case.n_microbatches, s.case.weight_ratio) == (name, n_microbatches, weight_ratio):
-                return s
-        raise ValueError(f"no case {name!r}, m = {n_microbatches}, W = {weight_ratio:g} F was measured; the cases "
-                         f"are {[s.case.label for s in self.steps]}")
+def run_split_step(ranks, case, model: ModelConfig, layers: list[dict], x: torch.Tensor, grad_output: torch.Tensor,
+                   op_s: float = 0.02, repeats: int = 1, costs: OpCosts | None = None) -> SplitStep:
+    """``case`` (a ``SplitCase`` or ``(name, m, weight_ratio)``) run ``repeats`` times on ``ranks``, F and B
+    padded to ``op_s``, W to ``weight_ratio * op_s``. The costs are read from the first repeat's spans (for
+    1F1B, whose backward is whole, from a ZB-H1 run with the same pads), unless given."""
+    case = case if isinstance(case, SplitCase) else SplitCase(*case)
+    p, m, weight_s = ranks.world_size, case.n_microbatches, case.weight_ratio * op_s
+    run = run_pipeline(ranks, make_schedule(case.name, p, m), model, layers, x, grad_output, op_s, op_s,
+                       weight_s=weight_s, repeats=repeats)
+    if costs is None:
+        twin = run if case.split else run_pipeline(ranks, make_schedule("zb-h1", p, m), model, layers, x,
+                                                   grad_output, op_s, op_s, weight_s=weight_s)
+        costs = bubbles.op_costs(twin.at(0).spans)
+    return SplitStep(case, run, costs)
 
 
 def _cases(cases) -> tuple[SplitCase, ...]:
@@ -101,44 +128,29 @@ def _cases(cases) -> tuple[SplitCase, ...]:
     return cases
 
 
-def predicted_step_of(name: str, n_stages: int, n_microbatches: int, costs: OpCosts) -> tuple[float, float]:
-    """``(step_s, idle share)`` of schedule ``name``'s own list, played out with one action's ``costs``."""
-    schedule = make_schedule(name, n_stages, n_microbatches)
-    idle = simulated_fraction(schedule, costs)
-    return busy_s(schedule, costs) / (1 - idle), idle
-
-
-@dataclass(frozen=True)
-class SplitRun:
-    """The cases' steps, in the order they ran."""
-
-    steps: tuple[SplitStep, ...]
-
-
-def run_split_cases(ranks, cases, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                    grad_output: torch.Tensor, op_s: float = 0.02) -> SplitRun:
-    """Each case run once on ``ranks`` (``ranks.world_size`` stages), F and B padded to ``op_s``, W to
-    ``weight_ratio * op_s``; the prediction uses the median F, B and W of the case's own spans."""
-    cases = _cases(cases)
-    p = ranks.world_size
-    out: list[SplitStep] = []
-    for case in cases:
-        schedule = make_schedule(case.name, p, case.n_microbatches)
-        run = run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s,
-                           weight_s=case.weight_ratio * op_s)
-        if case.split:
-            costs = op_costs(run.spans)
-        else:
-            costs = next(s.costs for s in out if s.case.split and s.case.weight_ratio == case.weight_ratio)
-        step_s, idle = predicted_step_of(case.name, p, case.n_microbatches, costs)
-        out.append(SplitStep(case, p, costs, step_s, run.bubble.window_s, idle, run.bubble.idle_fraction,
-                             run.peak_in_flight, run.against_reference().bit_for_bit))
-    return SplitRun(tuple(out))
-
-
 def split_verdicts(steps) -> tuple[Verdict, ...]:
     """One verdict per step: the list's step predicted, the step measured beside it, within ``LOW``-``HIGH``."""
     return tuple(Verdict(s.case.label, s.predicted_step_s, s.measured_step_s, "s", LOW, HIGH) for s in steps)
+
+
+@dataclass(frozen=True)
+class ZeroBubbleCheck:
+    """The cases' ``steps`` and their ``verdicts``."""
+
+    steps: tuple[SplitStep, ...]
+    verdicts: tuple[Verdict, ...]
+
+
+def run_split_cases(ranks, cases, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                    grad_output: torch.Tensor, op_s: float = 0.02) -> ZeroBubbleCheck:
+    """Each case run once on ``ranks`` (``run_split_step``), in order, and judged once; a whole-backward
+    case borrows the costs of the split case before it with the same W."""
+    steps: list[SplitStep] = []
+    for case in _cases(cases):
+        borrowed = None if case.split else next(s.costs for s in steps
+                                                if s.case.split and s.case.weight_ratio == case.weight_ratio)
+        steps.append(run_split_step(ranks, case, model, layers, x, grad_output, op_s, costs=borrowed))
+    return ZeroBubbleCheck(tuple(steps), split_verdicts(steps))
 
 
 def run_zero_bubble_check(ranks, cases, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -148,12 +160,12 @@ def run_zero_bubble_check(ranks, cases, model: ModelConfig, layers: list[dict], 
     differs from the one-process model raises at once: that is a bug, not a busy machine."""
     cases = _cases(cases)
 
-    def measure() -> tuple[SplitStep, ...]:
-        steps = run_split_cases(ranks, cases, model, layers, x, grad_output, op_s).steps
-        wrong = [s.case.label for s in steps if not s.bit_for_bit]
+    def measure() -> ZeroBubbleCheck:
+        check = run_split_cases(ranks, cases, model, layers, x, grad_output, op_s)
+        wrong = [s.case.label for s in check.steps if not s.bit_for_bit]
         if wrong:
             raise AssertionError(f"{wrong}: the step differs from the one-process model")
-        return steps
+        return check
 
-    steps, verdicts = verified(measure, split_verdicts)
-    return ZeroBubbleCheck(steps, verdicts)
+    check, found = verified(measure, lambda check: check.verdicts)
+    return replace(check, verdicts=found)

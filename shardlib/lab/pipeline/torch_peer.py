@@ -1,50 +1,50 @@
-"""torch's own zero-bubble schedules as a peer: their action grids as ``Schedule`` s, and their runtime on a rank.
+"""torch's own zero-bubble schedules as a peer: their action grids as ``Schedule`` s, and their runtime on the
+ranks beside ours.
 
 ``torch.distributed.pipelining`` ships ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV`` and
-``ScheduleInterleavedZeroBubble``; ``_schedule_visualizer.get_schedule_ops`` (a private helper, present
-in torch 2.13) lists each rank's actions without running anything. Its ops map onto ours: ``F`` is F,
-``I`` (input gradient) is our split B, ``W`` is W, a whole ``B`` is our B then its W at once, and an
-``OVERLAP_F_B`` pair is its forward then its backward. Its stage index is our virtual stage. Read this
-way, torch's orders are checked by ``check_schedule`` and run by the same engine on the same ranks.
-``torch_runtime_on_rank`` runs torch's runtime itself instead: one ``PipelineStage`` per chunk of the
-same layers (``TorchChunk``), the schedule's ``step``, on the pool's gloo (or NCCL) group; rank 0 also
-reads the grid, so the kernel need not import ``torch.distributed.pipelining`` (seconds) itself.
+``ScheduleInterleavedZeroBubble``; ``_schedule_visualizer.get_schedule_ops`` (private, in torch 2.13) lists
+each rank's actions without running anything. Its ``F`` is F, ``I`` (input gradient) our split B, ``W`` is
+W, a whole ``B`` our B then its W, an ``OVERLAP_F_B`` pair its forward then its backward; its stage index
+is our virtual stage. So ``torch_schedule`` reads torch's orders into checked ``Schedule`` s for our engine.
+``run_torch_runtime`` runs torch's runtime itself (``torch_runtime_on_rank``: one ``PipelineStage`` per
+chunk, ``TorchChunk``, and the schedule's ``step``) and sets it beside ``run_pipeline`` of the same order.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from shardlib.core.config import ModelConfig
+from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.schedules import Action, Schedule
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.toy import block_reference
+from shardlib.lab.harness import Measured, on_ranks
+from shardlib.lab.pipeline.drivers import PipelineRun, compared, gathered_grads, gathered_output, run_pipeline
+from shardlib.lab.pipeline.reference import check_pipeline_inputs
 
 TORCH_SCHEDULES = {"ZBVZeroBubble": "v", "DualPipeV": "v", "InterleavedZeroBubble": "loop"}  # and their placement
 
 
-def torch_grid(name: str, n_stages: int, n_microbatches: int) -> list[list[str]]:
-    """torch's action grid for schedule ``name`` (``TORCH_SCHEDULES``), one list of labels per rank."""
+def _known(name: str) -> None:
     if name not in TORCH_SCHEDULES:
         raise ValueError(f"torch schedules read here: {', '.join(TORCH_SCHEDULES)}; got {name!r}")
+
+
+def _ops(name: str, n_stages: int, n_microbatches: int) -> list:
+    """torch's actions for schedule ``name`` (``TORCH_SCHEDULES``), one row per rank (``None``: idle)."""
+    _known(name)
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-    ops = get_schedule_ops(name, n_stages, n_microbatches, num_stages_per_rank=2)
-    return [[str(a) for a in row if a is not None] for row in ops]
+    return get_schedule_ops(name, n_stages, n_microbatches, num_stages_per_rank=2)
 
 
-def check_torch_schedule(name: str, n_stages: int, n_microbatches: int) -> None:
-    """A ValueError, before any rank starts, for what torch's schedule ``name`` refuses (its ``__init__``)."""
-    if name not in TORCH_SCHEDULES:
-        raise ValueError(f"torch schedules read here: {', '.join(TORCH_SCHEDULES)}; got {name!r}")
-    p, m = n_stages, n_microbatches
-    if name == "DualPipeV" and m < 2 * p:
-        raise ValueError(f"torch's DualPipeV needs at least as many microbatches as its 2 x {p} stages; got {m}")
-    rounds = max(1, m // p)
-    if name == "InterleavedZeroBubble" and m % rounds:
-        raise ValueError(f"torch's InterleavedZeroBubble runs {m} microbatches in {rounds} rounds of {p}: give a "
-                         f"multiple of {rounds}")
+def torch_grid(name: str, n_stages: int, n_microbatches: int) -> list[list[str]]:
+    """torch's action grid for schedule ``name``, one list of labels per rank."""
+    return [[str(a) for a in row if a is not None] for row in _ops(name, n_stages, n_microbatches)]
 
 
 def _virtual_stages(name: str, n_stages: int, rank: int) -> tuple[int, int]:
@@ -52,35 +52,25 @@ def _virtual_stages(name: str, n_stages: int, rank: int) -> tuple[int, int]:
     return (rank, 2 * n_stages - 1 - rank) if TORCH_SCHEDULES[name] == "v" else (rank, rank + n_stages)
 
 
+TORCH_OPS = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W", "FULL_BACKWARD": "BW"}  # as ours
+
+
 def torch_schedule(name: str, n_stages: int, n_microbatches: int) -> Schedule:
     """torch's order for ``name`` as a checked ``Schedule`` of this package (two chunks per rank)."""
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
-
-    if name not in TORCH_SCHEDULES:
-        raise ValueError(f"torch schedules read here: {', '.join(TORCH_SCHEDULES)}; got {name!r}")
-    p = n_stages
+    p, ops = n_stages, _ops(name, n_stages, n_microbatches)
     chunk_of = {vs: (r, c) for r in range(p) for c, vs in enumerate(_virtual_stages(name, p, r))}
 
     def ours(a) -> list[Action]:
         kind = a.computation_type.name
-        if kind == "OVERLAP_F_B":
+        if kind == "OVERLAP_F_B":  # its forward, then its backward
             return [x for sub in a.sub_actions for x in ours(sub)]
+        if kind not in TORCH_OPS:
+            raise ValueError(f"torch's {name} lists an action this package does not run: {a}")
         rank, chunk = chunk_of[a.stage_index]
-        i = a.microbatch_index
-        if kind == "FORWARD":
-            return [Action(rank, i, "F", chunk)]
-        if kind == "BACKWARD_INPUT":
-            return [Action(rank, i, "B", chunk)]
-        if kind == "BACKWARD_WEIGHT":
-            return [Action(rank, i, "W", chunk)]
-        if kind == "FULL_BACKWARD":
-            return [Action(rank, i, "B", chunk), Action(rank, i, "W", chunk)]
-        raise ValueError(f"torch's {name} lists an action this package does not run: {a}")
+        return [Action(rank, a.microbatch_index, op, chunk) for op in TORCH_OPS[kind]]
 
-    rows = [[x for a in row if a is not None for x in ours(a)]
-            for row in get_schedule_ops(name, p, n_microbatches, num_stages_per_rank=2)]
-    return Schedule(f"torch {name}", p, n_microbatches, True, 2, tuple(tuple(r) for r in rows),
-                    TORCH_SCHEDULES[name])
+    rows = tuple(tuple(x for a in row if a is not None for x in ours(a)) for row in ops)
+    return Schedule(f"torch {name}", p, n_microbatches, True, 2, rows, TORCH_SCHEDULES[name])
 
 
 def import_pipelining_on_rank(ctx) -> None:
@@ -112,12 +102,10 @@ class TorchChunk(nn.Module):
 def torch_runtime_on_rank(ctx, name: str, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                           grad_output: torch.Tensor, n_microbatches: int) -> dict:
     """One training step of torch's own schedule ``name`` on this rank: a ``PipelineStage`` for each of
-    its two chunks (the same slices of ``layers`` as ``pipeline_step_on_rank``), ``step`` with the batch
-    on the rank of the first stage and ``grad_output`` as the target on the rank of the last. The loss
-    ``(out * g).sum()`` makes the output's gradient ``g`` itself; ``scale_grads=False`` keeps the sum over
-    microbatches unscaled, as ``run_pipeline`` sums it. Returns ``output`` (or ``None``), ``grads`` by
-    global layer index, ``virtual_stages``, ``step_s``, and on rank 0 torch's ``grid`` and its order as a
-    ``schedule`` (``torch_grid``, ``torch_schedule``)."""
+    its two chunks (the same slices of ``layers`` as ``pipeline_step_on_rank``), then ``step``. The loss
+    ``(out * g).sum()`` hands the output ``g`` as its gradient; ``scale_grads=False`` keeps the microbatches'
+    sum unscaled, as ours. Returns ``output`` (or ``None``), ``grads`` by global layer index, and on rank 0
+    torch's ``grid`` and its order as a ``schedule`` (``torch_grid``, ``torch_schedule``)."""
     from torch.distributed import pipelining
 
     p = ctx.world_size
@@ -128,14 +116,52 @@ def torch_runtime_on_rank(ctx, name: str, model: ModelConfig, layers: list[dict]
     schedule = getattr(pipelining, f"Schedule{name}")(stages, n_microbatches, scale_grads=False,
                                                       loss_fn=lambda out, g: (out * g).sum())
     args = (x.to(ctx.device),) if 0 in mine else ()
-    target = grad_output.to(ctx.device) if 2 * p - 1 in mine else None
-    start_s = ctx.timeline.now_s()
-    output = schedule.step(*args, target=target)
-    step_s = ctx.timeline.now_s() - start_s
-    ctx.timeline.record(f"torch {name} step", start_s, start_s + step_s, "compute")
-    grads = {i: {k: w.grad for k, w in chunks[vs].blocks[j].items()}
-             for vs in mine for j, i in enumerate(slices[vs])}
+    output = schedule.step(*args, target=grad_output.to(ctx.device) if 2 * p - 1 in mine else None)
     read = ctx.rank == 0
-    return {"output": None if output is None else output.detach(), "grads": grads, "virtual_stages": mine,
-            "step_s": step_s, "grid": torch_grid(name, p, n_microbatches) if read else None,
+    return {"output": None if output is None else output.detach(),
+            "grads": {i: {k: w.grad for k, w in chunks[vs].blocks[j].items()} for vs in mine
+                      for j, i in enumerate(slices[vs])},
+            "grid": torch_grid(name, p, n_microbatches) if read else None,
             "schedule": torch_schedule(name, p, n_microbatches) if read else None}
+
+
+@dataclass(frozen=True)
+class TorchRuntimeRun:
+    """torch's runtime for schedule ``name`` on the pool (``got``: what ``on_ranks`` gathered from
+    ``torch_runtime_on_rank``), and ``ours``, ``run_pipeline`` of the same order on this package's engine."""
+
+    name: str
+    got: Measured = field(repr=False)
+    ours: PipelineRun = field(repr=False)
+
+    output = property(lambda self: gathered_output(self.got))  # (batch, seq, d_model)
+    grads = property(lambda self: gathered_grads(self.got))  # every layer's weight gradients, in layer order
+    grid = property(lambda self: self.got.first("grid"))  # torch's action labels, one list per rank
+    bit_for_bit = property(lambda self: self._against_ours()[0])  # output and every weight gradient
+    largest_gap = property(lambda self: self._against_ours()[1])
+    close = property(lambda self: self._against_ours()[2])  # within TOLERANCE everywhere
+
+    def _against_ours(self) -> tuple[bool, float, bool]:
+        grads = zip(self.grads, self.ours.grads, strict=True)
+        return compared([(self.output, self.ours.output)] + [(t[k], o[k]) for t, o in grads for k in o])
+
+
+def run_torch_runtime(ranks, name: str, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                      grad_output: torch.Tensor, n_microbatches: int) -> TorchRuntimeRun:
+    """One training step of torch's ``Schedule{name}`` (a key of ``TORCH_SCHEDULES``) run by torch on
+    ``ranks``, then the same order run by ``run_pipeline``. What torch would refuse (its schedules'
+    ``__init__``, microbatches of unequal rows) is a ValueError before any rank starts."""
+    _known(name)
+    p, m = ranks.world_size, n_microbatches
+    if name == "DualPipeV" and m < 2 * p:
+        raise ValueError(f"torch's DualPipeV needs at least as many microbatches as its 2 x {p} stages; got {m}")
+    if name == "InterleavedZeroBubble" and m % (rounds := max(1, m // p)):
+        raise ValueError(f"torch's InterleavedZeroBubble runs {m} microbatches in {rounds} rounds of {p}: give a "
+                         f"multiple of {rounds}")
+    same_cut = make_schedule("zb-v", p, m)  # 2 p slices, as torch cuts them
+    check_pipeline_inputs(same_cut, layers, tuple(x.shape), tuple(grad_output.shape), p, x.dtype)
+    if x.shape[0] % m:
+        raise ValueError(f"torch's PipelineStage sizes its receive buffers from the first microbatch, so every "
+                         f"microbatch needs as many rows: {m} microbatches must divide the batch's {x.shape[0]} rows")
+    got = on_ranks(ranks, torch_runtime_on_rank, name, model, layers, x, grad_output, n_microbatches)
+    return TorchRuntimeRun(name, got, run_pipeline(ranks, got.first("schedule"), model, layers, x, grad_output))

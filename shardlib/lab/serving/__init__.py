@@ -5,25 +5,18 @@
 * ``cold_start``: A replica's cold start: the process started, the weights read from a checkpoint, the first
   engine step.
 * ``disagg_drivers``: ``run_disaggregation_check``: colocated against disaggregated on the same ranks and
-  trace, each configuration predicted on a fitted step cost, then served; the claims a notebook prints as one
-  line each.
-* ``disagg_run``: ``run_disaggregated``: a prefill pool and a decode pool on a warm pool of ranks, every
-  request checked before any rank starts.
+  trace, each configuration predicted on a fitted step cost, then served.
+* ``disagg_run``: ``run_disaggregated``: a prefill pool and a decode pool on a warm pool of ranks.
 * ``drivers``: A layout run on a pool and checked against its prediction, and the toy cluster measured.
-* ``engine_drivers``: ``run_serving``: the engine on a warm pool, every request checked before any rank
-  starts.
-* ``fleet_traces``: A trace for routers: one hot system prompt that most requests share, the rest unrelated
-  prompts.
+* ``engine_drivers``: The serving engine on a warm pool, and configurations served on one trace, each
+  predicted first.
 * ``hf``: ``transformers`` as the engine's peer: a tiny random Llama, and a checkpoint read from disk.
-* ``layout_drivers``: ``run_replicas_vs_tp_check``: "if it fits, run replicas", request by request, on real
-  ranks.
 * ``machines``: Tensor parallelism inside each machine, pipeline stages across machines, under ``torchrun``.
-* ``ranks``: The combined forward and decode on ranks, with measurement attached, and the arithmetic speed of
-  a rank.
-* ``replica_drivers``: ``run_replicas``: replicas of the engine behind a router on a warm pool, every input
-  checked first.
+* ``ranks``: The layouts' rank functions, and the arithmetic speed of a rank.
+* ``replica_drivers``: Replicas of the engine behind a router on a warm pool; routing policies and "if it fits,
+  run replicas" predicted, then served.
 * ``traces``: Seeded request traces: what the engine is asked, and when.
 """
 
-__all__ = ["across", "cold_start", "disagg_drivers", "disagg_run", "drivers", "engine_drivers", "fleet_traces",
-           "hf", "layout_drivers", "machines", "ranks", "replica_drivers", "traces"]
+__all__ = ["across", "cold_start", "disagg_drivers", "disagg_run", "drivers", "engine_drivers", "hf", "machines",
+           "ranks", "replica_drivers", "traces"]

@@ -1,14 +1,12 @@
 """A replica's cold start: the process started, the weights read from a checkpoint, the first engine step.
 
 Predicted: ``process start + checkpoint bytes / load bandwidth + first step``. ``run_cold_start_check``
-measures the three on a fresh pool of one rank (the engine's code imported, a checkpoint file read with
-``torch.load``, one prompt prefilled). The bandwidth is calibrated on the same rank, first, by loading a
-different checkpoint of about the same size (one tensor of random bytes) with the same loader; both were
-just written, so both reads come from the page cache (a memory copy, page faults included), not a disk.
-Only the load is predicted: start and first step are the replica's own, so the total's verdict says the
-three parts account for the whole. The rank is forked from a template with
-torch imported; a real replica imports torch, initialises CUDA and NCCL, captures graphs: far longer.
-``burst`` prices the same start for a real model at a stated bandwidth.
+measures the three on a fresh pool of one rank (the engine's code imported, a checkpoint read with
+``torch.load``, one prompt prefilled). The bandwidth is calibrated on the same rank, first, by loading
+another checkpoint of about the same size with the same loader; both were just written, so both reads come
+from the page cache (a memory copy), not a disk. Only the load is predicted: the total's verdict says the
+three parts account for the whole. The rank is forked from a template with torch imported; a real replica
+also initialises CUDA and NCCL and captures graphs: far longer. ``burst`` prices a real model's start.
 """
 
 from __future__ import annotations
@@ -22,11 +20,12 @@ from pathlib import Path
 import torch
 
 from shardlib.core.checks import whole_number
-from shardlib.core.serving.llama import LAYER_KEYS, LlamaConfig, LlamaWeights, greedy_reference, weights_from_hf_llama
+from shardlib.core.serving.llama import LAYER_KEYS, LlamaConfig, greedy_reference, random_weights, weights_from_hf_llama
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.core.tensor_parallel.layers import TPGroup
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
 
 # About 35 MB of float32 weights: large enough that reading them takes milliseconds, small enough to write,
@@ -72,67 +71,51 @@ def load_checkpoint(path):
     return weights_from_hf_llama(loaded["state_dict"], loaded["config"])
 
 
-def timed_read_checkpoint(path) -> tuple[dict, float]:
-    """``(tensors, seconds)``: ``read_checkpoint(path)`` and how long it took."""
-    start = time.perf_counter()
-    loaded = read_checkpoint(path)
-    return loaded, time.perf_counter() - start
-
-
-# -- on the new replica's rank ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ReplicaStart:
-    """What the new replica's rank measured: the checkpoint read (``load_s``), the first step (the model
-    built and one prompt prefilled, ``first_step_s``), and the first token."""
-
-    load_s: float
-    first_step_s: float
-    first_token: int
-
-
+# -- on the new replica's rank, and the check ------------------------------------------------------------
 def _ready_on_rank(ctx) -> int:
     """Nothing but being there: the call that brings this module (and the engine's code) into the process."""
     return os.getpid()
 
 
-def calibrate_on_rank(ctx, calibration) -> tuple[int, float]:
-    """``(bytes, seconds)``: the calibration checkpoint loaded, before the replica's own load (so this call
-    pays the loader's first use in the process, not the replica's)."""
-    _, seconds = timed_read_checkpoint(calibration)
-    return os.path.getsize(calibration), seconds
-
-
-def cold_start_on_rank(ctx, checkpoint, prompt, config: EngineConfig) -> ReplicaStart:
-    """Load the checkpoint, then run the first step. Computes with ``REPLICA_THREADS`` threads (see there)."""
+def cold_start_on_rank(ctx, calibration, checkpoint, prompt, config: EngineConfig) -> int:
+    """The calibration checkpoint read (this pays the loader's first use in the process, not the replica's),
+    then the replica's own checkpoint loaded and its first step run (the model built, one prompt
+    prefilled), each a span on the rank's timeline. Returns the first token. Computes with
+    ``REPLICA_THREADS`` threads (see there)."""
     torch.set_num_threads(REPLICA_THREADS)
-    loaded, load_s = timed_read_checkpoint(checkpoint)
-    start = time.perf_counter()
-    weights = weights_from_hf_llama(loaded["state_dict"], loaded["config"])
-    model = PagedModel(weights, TPGroup.world(ctx), config.num_blocks, config.block_size, ctx.device)
-    tokens = serve_in_process([Request(0, prompt, 1)], config, model.step)[0]  # one step: the prefill
-    first_step_s = time.perf_counter() - start
-    return ReplicaStart(load_s, first_step_s, tokens[0])
+    with ctx.timeline.span("calibration"):
+        read_checkpoint(calibration)
+    with ctx.timeline.span("load"):
+        loaded = read_checkpoint(checkpoint)
+    with ctx.timeline.span("first step"):
+        weights = weights_from_hf_llama(loaded["state_dict"], loaded["config"])
+        model = PagedModel(weights, TPGroup.world(ctx), config.num_blocks, config.block_size, ctx.device)
+        return serve_in_process([Request(0, prompt, 1)], config, model.step)[0][0]  # one step: the prefill
 
 
-# -- the check ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ColdStart:
-    """One replica started cold: measured (``process_start_s``, ``load_s``, ``first_step_s``; ``total_s`` from
-    asking for the replica to its first token, the check's calibration call left out) and predicted
-    (``predicted_load_s``: checkpoint bytes over the calibrated bandwidth; ``predicted_total_s``), with one
-    ``Verdict`` per claim."""
+    """One replica started cold (``got``: what ``cold_start_on_rank`` returned and its spans). Measured:
+    ``process_start_s``, ``load_s``, ``first_step_s`` and ``total_s``, from asking for the replica to its first
+    token (the calibration read left out). Predicted: ``predicted_load_s``, checkpoint bytes over the
+    calibrated bandwidth, and ``predicted_total_s``. One ``Verdict`` per claim."""
 
+    got: Measured
+    process_start_s: float
     checkpoint_bytes: int
     calibration_bytes: int
-    calibration_s: float
-    process_start_s: float
-    load_s: float
-    first_step_s: float
-    total_s: float
-    first_token: int
     reference_token: int
     verdicts: tuple = ()
     bandwidth_source: str = "page cache: both files were just written, so their reads are memory copies"
+
+    calibration_s = property(lambda self: self.got.spans("calibration")[0].duration_s)
+    load_s = property(lambda self: self.got.spans("load")[0].duration_s)
+    first_step_s = property(lambda self: self.got.spans("first step")[0].duration_s)
+    first_token = property(lambda self: self.got.first())
+
+    @property
+    def total_s(self) -> float:
+        return self.process_start_s + self.got.times_s[0][-1][1] - self.got.spans("load")[0].start_s
 
     @property
     def load_bandwidth_bytes_per_s(self) -> float:
@@ -161,30 +144,12 @@ class ColdStart:
         return "\n".join(out)
 
 
-def checkpoint_weights(config: LlamaConfig, seed: int = 0, scale: float = 0.3) -> LlamaWeights:
-    """Seeded float32 weights of ``config``'s shape, drawn in float32 (``llama.random_weights`` draws in float64,
-    four times slower at this size): every matrix normal with standard deviation ``scale``, the norms 1."""
-    g = torch.Generator().manual_seed(seed)
-    c = config
-
-    def matrix(rows: int, cols: int) -> torch.Tensor:
-        return torch.empty(rows, cols).normal_(0.0, scale, generator=g)
-
-    shapes = {"q": (c.n_heads * c.head_dim, c.d_model), "k": (c.n_kv_heads * c.head_dim, c.d_model),
-              "v": (c.n_kv_heads * c.head_dim, c.d_model), "o": (c.d_model, c.n_heads * c.head_dim),
-              "gate": (c.d_ff, c.d_model), "up": (c.d_ff, c.d_model), "down": (c.d_model, c.d_ff)}
-    layers = tuple({**{k: matrix(*shape) for k, shape in shapes.items()}, "attn_norm": torch.ones(c.d_model),
-                    "mlp_norm": torch.ones(c.d_model)} for _ in range(c.n_layers))
-    return LlamaWeights(c, matrix(c.vocab_size, c.d_model), torch.ones(c.d_model), matrix(c.vocab_size, c.d_model),
-                        layers)
-
-
 def write_cold_start_files(folder, config: LlamaConfig = COLD_START_MODEL, seed: int = 0):
     """``(checkpoint path, calibration path, weights)``: seeded weights saved as a checkpoint, and beside it
     another checkpoint of about as many bytes, one tensor of random bytes (the file the bandwidth is
     calibrated on: the same format, so the same loader reads it)."""
     folder = Path(folder)
-    weights = checkpoint_weights(config, seed=seed)
+    weights = random_weights(config, seed=seed)  # float32
     checkpoint = folder / CHECKPOINT_NAME
     size = save_checkpoint(weights, checkpoint)
     noise = torch.frombuffer(bytearray(os.urandom(size)), dtype=torch.uint8)  # incompressible, like weights
@@ -199,11 +164,9 @@ def run_cold_start_check(config: LlamaConfig = COLD_START_MODEL, prompt_tokens: 
 
     Two claims, each measured / predicted within 0.5-2: the weights' read against checkpoint bytes over the
     bandwidth calibrated on another file, and the whole start against the sum of its parts. Each attempt
-    starts a new pool (a cold start happens once per process); at most ``attempts`` (``verified``). About
-    half a second an attempt on an idle 2-core machine: writing the files, the pool, the load and the step.
-    The checkpoint holds one zip record and one tensor per weight, the calibration one: on an idle 2-core
-    machine the read ran 1.1-1.2 times the prediction. (Calibrated by a plain ``read`` instead, after the
-    first step, it ran 1.5-2.1 times: the loader's first use and its records, not the bandwidth.)"""
+    starts a new pool (a cold start happens once per process); at most ``attempts`` (``verified``). On an
+    idle 2-core machine an attempt takes about half a second, and the read ran 1.1-1.2 times the prediction
+    (the checkpoint holds one zip record and one tensor per weight, the calibration one)."""
     from shardlib.runtime.ranks import Ranks
 
     if not isinstance(config, LlamaConfig):
@@ -228,14 +191,10 @@ def run_cold_start_check(config: LlamaConfig = COLD_START_MODEL, prompt_tokens: 
         def measure() -> ColdStart:
             asked = time.perf_counter()
             with Ranks(1) as replica:
-                replica.run(_ready_on_rank)
+                on_ranks(replica, _ready_on_rank)
                 ready = time.perf_counter()
-                ((calibration_bytes, calibration_s),) = replica.run(calibrate_on_rank, str(calibration))
-                asked_again = time.perf_counter()  # the calibration is the check's, not the replica's: left out
-                (got,) = replica.run(cold_start_on_rank, str(checkpoint), prompt, engine)
-                done = time.perf_counter()
-            return ColdStart(checkpoint_bytes, calibration_bytes, calibration_s, ready - asked, got.load_s,
-                             got.first_step_s, (ready - asked) + (done - asked_again), got.first_token, reference)
+                got = on_ranks(replica, cold_start_on_rank, str(calibration), str(checkpoint), prompt, engine)
+            return ColdStart(got, ready - asked, checkpoint_bytes, os.path.getsize(calibration), reference)
 
         def verdicts(run: ColdStart):
             return [Verdict(f"weights read from a {run.checkpoint_bytes / 1e6:.0f} MB checkpoint", run.predicted_load_s,

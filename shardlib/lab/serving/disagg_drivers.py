@@ -31,9 +31,8 @@ CONFIGURATIONS = ("colocated", "colocated, chunked prefill", "disaggregated", "d
 
 @dataclass(frozen=True)
 class Interference:
-    """Decode steps of the colocated engine with chunked prefill: the median seconds of those that carried
-    only decodes, and of those that carried prompt tokens too (the interference a decode feels), with the
-    fitted step cost's prediction of the same two steps."""
+    """Decode steps of the colocated engine with chunked prefill, measured (median seconds) and predicted by
+    the fitted step cost: those that carried only decodes, and those that carried prompt tokens too."""
 
     decode_only_s: float
     mixed_s: float
@@ -63,10 +62,7 @@ def interference(steps, cost) -> Interference:
     if not alone or not mixed:
         raise ValueError(f"{len(alone)} decode-only and {len(mixed)} mixed steps: the run needs both (a trace whose "
                          "prompts arrive while others decode, with chunked prefill)")
-
-    def median(values):
-        return statistics.median(values)
-
+    median = statistics.median
     return Interference(median(s.duration_s for s in alone), median(s.duration_s for s in mixed), len(alone),
                         len(mixed), median(cost.step_s(s.n_tokens, s.n_context) for s in alone),
                         median(cost.step_s(s.n_tokens, s.n_context) for s in mixed))
@@ -74,11 +70,10 @@ def interference(steps, cost) -> Interference:
 
 @dataclass(frozen=True)
 class DisaggregationCheck:
-    """The four configurations on one trace (``CONFIGURATIONS``): ``runs[name]`` measured and
-    ``predicted[name]`` its figures predicted on the step cost fitted to a sibling's run (``costs[name]``);
-    ``REPLICAS`` is predicted only (the pools' step cost, one colocated engine per pool's worth of ranks).
-    Per objective: SLO attainment at the trace's rate, measured and predicted, and goodput per GPU predicted
-    over ``sweep_rates``. The interference, and one verdict per claim."""
+    """The four configurations on one trace: ``runs[name]`` measured, ``predicted[name]`` its figures on the
+    step cost fitted to a sibling's run (``costs[name]``); ``REPLICAS`` predicted only. Per objective: SLO
+    attainment at the trace's rate, measured and predicted, and goodput per GPU predicted over
+    ``sweep_rates``. The interference, and one verdict per claim."""
 
     requests: tuple
     rate_per_s: float
@@ -105,19 +100,6 @@ class DisaggregationCheck:
         return "hand-off, first token to K/V in the decode cache (median): " + "; ".join(
             f"{name.replace('disaggregated', '').strip(', ') or 'whole'} predicted {p * 1e3:.2f} ms, measured "
             f"{m * 1e3:.2f} ms" for name, (p, m) in self.handoff_s.items())
-
-    @property
-    def how_measured(self) -> str:
-        """What a folded "how this was measured" block says: each verdict's band and attempt, and where the
-        predictions come from."""
-        return "\n".join([v.how_measured for v in self.verdicts] + [
-            "Each configuration is predicted on the step cost fitted to its sibling's run (the two colocated "
-            "runs predict each other, the two disaggregated runs each other); the K/V bytes are read from the "
-            "comm log's point-to-point records of the handoff group.",
-            f"Goodput per GPU is predicted over {len(self.sweep_rates)} rates, {min(self.sweep_rates):.3g} to "
-            f"{max(self.sweep_rates):.3g} requests/s, the same requests arriving faster or slower (at the "
-            "highest rates they come as one burst); "
-            f"{self.gpus} GPUs serve every configuration."])
 
     def table(self) -> str:
         """One row per configuration: TTFT and TPOT at p50 and p90 (ms), tokens per second, and per objective
@@ -172,24 +154,16 @@ SIBLING = {"colocated": "colocated, chunked prefill", "colocated, chunked prefil
 def run_disaggregation_check(ranks, weights, requests, config, objectives=None, rate_per_s: float | None = None,
                              link=LOOPBACK, attempts: int = 3, runs=None) -> DisaggregationCheck:
     """Colocated (prefill first, and with chunked prefill) against disaggregated (whole and layer by layer,
-    half the ranks in each pool) on the same ranks and ``requests``. Each configuration is predicted on the
-    step cost fitted to its sibling's run (``SIBLING``: the colocated pair predict each other, the two
-    disaggregated runs each other), so no run predicts itself and no extra run is needed. ``objectives``:
-    ``ServingObjective`` s (default: a tight and a loose TPOT, ``default_objectives``); goodput per GPU of the
-    job is predicted over rates from an eighth to 64 times the trace's (``rate_per_s``, read from its
-    arrivals if not given).
+    half the ranks in each pool) on the same ranks and ``requests``, each predicted on the step cost fitted to
+    its sibling's run (``SIBLING``), so no run predicts itself. ``objectives`` default to
+    ``default_objectives``; goodput per GPU is predicted over an eighth to 64 times the trace's rate
+    (``rate_per_s``, read from the arrivals if not given). ``runs``: configurations already served on these
+    ranks, requests and config, used by the first attempt.
 
-    Verdicts (measured / predicted within 0.5-2; the whole measurement repeated up to ``attempts`` times until
-    all hold, ``lab.verdict.verified``): the K/V bytes handed off (exact), the interference ratio, the
-    TTFT p50 of the disaggregated run, the TPOT p50 of colocated prefill-first over disaggregated, and the
-    tokens per second of disaggregated over colocated with chunked prefill. ``runs``: configurations already
-    served on these ranks, ``requests`` and ``config`` (``{"disaggregated": run_disaggregated(...)}``), used
-    by the first attempt instead of serving them again; a repeated attempt serves every configuration.
-    Medians, not tails: on a shared machine one stalled process moves a p90 of a few requests. With a toy
-    model a step's fixed cost dominates, so the TPOT gap comes mostly from the colocated engine's all-reduces
-    over every rank, not from the interference (its ratio is near 1): the replicas row, predicted, shows the
-    split buys no throughput over colocated engines of the pools' size.
-    """
+    Verdicts (within 0.5-2, up to ``attempts`` tries): the K/V bytes handed off (exact), the interference
+    ratio, the disaggregated TTFT p50, the TPOT p50 of colocated prefill-first over disaggregated, and the
+    tokens per second of disaggregated over colocated with chunked prefill. Medians, not tails: one stalled
+    process moves a p90."""
     requests = tuple(requests)
     p = ranks.world_size // 2
     check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
@@ -206,6 +180,9 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
     element, model = weights.embed.element_size(), weights.config
     replicas = ranks.world_size // p
     given = dict(runs or {})
+    for o in objectives or ():
+        if not isinstance(o, ServingObjective):
+            raise ValueError(f"objectives are ServingObjective(ttft_s, tpot_s, share), got {type(o).__name__}")
     for name, run in given.items():
         if name not in CONFIGURATIONS:
             raise ValueError(f"runs names {name!r}: the configurations are {list(CONFIGURATIONS)}")
@@ -261,25 +238,19 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
 
     (runs, costs), found = verified(measure, verdicts, attempts)
     objectives = tuple(objectives) if objectives is not None else default_objectives(costs["disaggregated"], requests)
-    for o in objectives:
-        if not isinstance(o, ServingObjective):
-            raise ValueError(f"objectives are ServingObjective(ttft_s, tpot_s, share), got {type(o).__name__}")
+
     def metrics(predicted, trace):
         arrivals = {r.request_id: r for r in trace}
         return [request_metrics(arrivals[rid], t) for rid, t in predicted.token_times_s.items()]
 
     names = CONFIGURATIONS + (REPLICAS,)
     simulated = {n: predict(n, requests, costs) for n in names}
-    here = {n: metrics(simulated[n], requests) for n in names}
     swept = {n: {rate: metrics(predict(n, trace, costs), trace) for rate in sweep
                  for trace in [_trace_at(requests, rate_per_s, rate)]} for n in names}
-    attained, predicted_attained, good = {}, {}, {}
-    for o in objectives:
-        for n in names:
-            predicted_attained[n, o.label] = slo_attainment(here[n], o)
-            good[n, o.label] = goodput(swept[n], o, ranks.world_size)  # the whole trace's rate, every GPU
-            if n in runs:
-                attained[n, o.label] = slo_attainment(runs[n].metrics, o)
+    keys = [(n, o) for o in objectives for n in names]
+    attained = {(n, o.label): slo_attainment(runs[n].metrics, o) for n, o in keys if n in runs}
+    predicted_attained = {(n, o.label): slo_attainment(metrics(simulated[n], requests), o) for n, o in keys}
+    good = {(n, o.label): goodput(swept[n], o, ranks.world_size) for n, o in keys}  # every GPU of the job
     predicted = {n: simulated[n].figures(requests[::replicas] if n == REPLICAS else requests) for n in names}
     predicted[REPLICAS]["tokens_per_s"] *= replicas  # every replica's tokens
     handoff = {n: (statistics.median(simulated[n].admitted_s.values()), statistics.median(runs[n].handoff_s.values()))

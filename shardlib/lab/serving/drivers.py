@@ -1,13 +1,12 @@
 """A layout run on a pool and checked against its prediction, and the toy cluster measured.
 
-* ``run_combined``: ``ranks.combined_forward_on_rank`` on every rank, gathered into a ``CombinedRun``:
-  the output (compare it with ``toy.stack_reference``), the comm log summed per mesh axis beside
-  ``planner.forward_traffic``'s prediction, the time each axis spent in its calls.
-* ``run_decode``: ``ranks.decode_on_rank``, steady-state pipelined decode, gathered into a ``DecodeRun``:
-  each step's output (compare it with ``toy.decode_reference``), the time between two tokens of a
-  sequence and the tokens per second, measured, with the calls that crossed an emulated slow link.
-* ``run_toy_cluster_calibration``: the planner's toy cluster for a pool, with its link fitted on the
-  ranks (``lab.costs.drivers.run_calibration``) and its arithmetic speed measured on the ranks.
+* ``run_combined``: one forward on every rank (``ranks.combined_forward_on_rank``), read as a ``CombinedRun``:
+  the output, the comm log summed per mesh axis beside ``traffic.forward_traffic``, each rank's weights.
+* ``run_wide_ep``: wide EP with data-parallel attention beside the same experts under tp attention.
+* ``run_decode``: steady-state pipelined decode (``ranks.decode_on_rank``), read as a ``DecodeRun``: each
+  step's output, the time between two tokens of a sequence, the calls that crossed an emulated link.
+* ``run_toy_cluster_calibration``: the planner's toy cluster for a pool, its link and arithmetic speed
+  measured on the ranks.
 """
 
 from __future__ import annotations
@@ -76,19 +75,13 @@ def check_expert_inputs(layout: Layout, model: ModelConfig, layers: list[dict], 
 
 
 def traffic_by_axis(records) -> list[AxisTraffic]:
-    """The forward's comm log summed per (mesh axis, op), all ranks together; the start line (a
-    barrier every rank passes before the forward) is not the forward's and is left out."""
+    """A comm log summed per (mesh axis, op), all ranks together, barriers left out."""
     sums: dict[tuple[str, str], list[int]] = {}
-    for r in forward_records(records):
-        row = sums.setdefault((r.group, r.op), [0, 0])
-        row[0] += 1
-        row[1] += r.size_bytes
+    for r in records:
+        if r.op != "barrier":
+            row = sums.setdefault((r.group, r.op), [0, 0])
+            row[0], row[1] = row[0] + 1, row[1] + r.size_bytes
     return sorted((AxisTraffic(axis, op, n, b) for (axis, op), (n, b) in sums.items()), key=_axis_op)
-
-
-def forward_records(records) -> list:
-    """The records of the forward itself: every call but the start line's barrier."""
-    return [r for r in records if r.op != "barrier"]
 
 
 def _axis_op(a: AxisTraffic) -> tuple[str, str]:
@@ -97,93 +90,118 @@ def _axis_op(a: AxisTraffic) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class CombinedRun:
+    """One forward of a layout on live ranks (``got``: what ``on_ranks`` gathered from
+    ``combined_forward_on_rank``), beside the traffic ``forward_traffic`` predicted."""
+
+    got: Measured
     layout: Layout
-    output: torch.Tensor  # (batch, seq, d_model): the last stage's output, replicas in order
-    last_stage_agree: bool  # every tp rank of every last stage returned the same tensor
-    measured: tuple[AxisTraffic, ...]
     predicted: tuple[AxisTraffic, ...]
-    comm_s_by_axis: dict  # axis -> seconds spent in its calls, summed over ranks
-    wall_s: float  # from the start line (a barrier every rank has passed) to the last rank's end
-    spans: tuple = ()  # every rank's timeline: compute per microbatch, and each call
-    weight_bytes: tuple = ()  # per rank: the weights its stage keeps
-    comm_bytes: tuple = ()  # per rank: the bytes of its forward's calls (comm.py's buffer count)
+
+    def _last_stage(self, replica: int) -> list[torch.Tensor]:  # each tp rank's (rows, seq, d_model)
+        return [v["output"] for r, v in zip(self.got.ranks, self.got.values)
+                if self.layout.coords(r)[:2] == (self.layout.pp - 1, replica)]
+
+    @property
+    def output(self) -> torch.Tensor:  # (batch, seq, d_model): the last stage's output, replicas in order
+        return torch.cat([self._last_stage(d)[0] for d in range(self.layout.dp)])
+
+    @property
+    def last_stage_agree(self) -> bool:  # every tp rank of every last stage returned the same tensor
+        return all(torch.equal(o, outs[0]) for d in range(self.layout.dp) for outs in [self._last_stage(d)]
+                   for o in outs)
+
+    measured = property(lambda self: tuple(traffic_by_axis(self.got.records())))
+    spans = property(lambda self: self.got.spans())  # every rank's timeline: compute per microbatch, each call
+    weight_bytes = property(lambda self: self.got.each("weight_bytes"))  # per rank: the weights its stage keeps
+
+    @property
+    def wall_s(self) -> float:  # the first rank's first span to the last rank's last: the forward itself
+        return max(s.end_s for s in self.spans) - min(s.start_s for s in self.spans)
+
+    @property
+    def comm_bytes(self) -> tuple[int, ...]:  # per rank: the bytes of its forward's calls
+        return tuple(self.got.bytes(rank=r) for r in range(self.layout.world_size))
 
 
 def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                  n_microbatches: int = 2) -> CombinedRun:
-    """Check the inputs here, run ``combined_forward_on_rank`` on ``ranks``, gather outputs and the comm log."""
+    """Check the inputs here, then run ``combined_forward_on_rank`` on every rank of ``ranks``."""
     check_mesh(layout, ranks.world_size, "ranks")
     check_combined_inputs(layout, model, layers, x, n_microbatches)
     got = on_ranks(ranks, combined_forward_on_rank, layout, model, layers, x, n_microbatches)
-    last = [r for r in got.values if r.stage == layout.pp - 1]
-    by_replica = [[r.output for r in last if r.replica == d] for d in range(layout.dp)]
-    agree = all(torch.equal(o, outs[0]) for outs in by_replica for o in outs)
-    forward = forward_records(ranks.last_comm)
-    comm_s: dict[str, float] = {}
-    for rec in forward:
-        comm_s[rec.group] = comm_s.get(rec.group, 0.0) + rec.duration_s
     predicted = forward_traffic(model, layout, x.shape[0] // layout.dp, x.shape[1], n_microbatches)
-    per_rank = [0] * ranks.world_size
-    for rec in forward:
-        per_rank[rec.rank] += rec.size_bytes
-    return CombinedRun(layout, torch.cat([outs[0] for outs in by_replica]), agree,
-                       tuple(traffic_by_axis(forward)), tuple(sorted(predicted, key=_axis_op)), comm_s,
-                       max(got.each("end_s")) - min(got.each("start_s")), tuple(ranks.last_spans),
-                       tuple(got.each("weight_bytes")), tuple(per_rank))
+    return CombinedRun(got, layout, tuple(sorted(predicted, key=_axis_op)))
 
 
 @dataclass(frozen=True)
 class WideEPComparison:
-    """Wide EP with data-parallel attention beside the same experts under tp attention, on one pool: each
-    run's output, traffic per axis, and per rank the weights kept and the bytes sent, measured and predicted."""
+    """Wide EP with data-parallel attention beside the same experts under tp attention, on one pool."""
 
     dp_attention: CombinedRun  # Layout(tp=1, dp=W, ep=W): attention replicated, each rank its own sequences
     tp_attention: CombinedRun  # Layout(tp=W, dp=1, ep=W): attention split by heads, each rank routes 1/W
-    predicted_weight_bytes: tuple[tuple[int, ...], tuple[int, ...]]  # per layout, per rank
-    predicted_comm_bytes: tuple[float, float]  # per layout: per rank, the mean (the combine's rows vary)
+    model: ModelConfig
 
     def rows(self) -> list[dict]:
         """One row per layout: bytes per rank, measured and predicted (weights, and the forward's calls)."""
-        out = []
-        for name, run, w, c in zip(("wide EP, DP attention", "EP, TP attention"), (self.dp_attention,
-                                   self.tp_attention), self.predicted_weight_bytes, self.predicted_comm_bytes):
-            out.append({"layout": f"{name} ({run.layout.label})", "weights_measured": max(run.weight_bytes),
-                        "weights_predicted": max(w), "comm_measured": sum(run.comm_bytes) / len(run.comm_bytes),
-                        "comm_predicted": c})
-        return out
+        runs = {"wide EP, DP attention": self.dp_attention, "EP, TP attention": self.tp_attention}
+        return [{"layout": f"{name} ({run.layout.label})", "weights_measured": max(run.weight_bytes),
+                 "weights_predicted": max(stack_weight_bytes(self.model, run.layout)),
+                 "comm_measured": sum(run.comm_bytes) / len(run.comm_bytes),  # the mean: the combine's rows vary
+                 "comm_predicted": sum(a.size_bytes for a in run.predicted) / run.layout.world_size}
+                for name, run in runs.items()]
 
 
 def run_wide_ep(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor) -> WideEPComparison:
-    """``x`` ``(batch, seq, d_model)`` through ``model``'s MoE stack on every rank of ``ranks`` twice: wide EP
-    with data-parallel attention (``Layout(tp=1, pp=1, dp=W, ep=W)``: each rank attends to its own
-    ``batch / W`` sequences with the whole attention, then its tokens go to the experts, spread over all
-    ``W`` ranks), and the same experts under tensor-parallel attention (``Layout(tp=W, pp=1, ep=W)``: every
-    rank attends to every sequence with ``1/W`` of the heads, one all-reduce, then routes ``1/W`` of the
-    tokens and all-gathers the results). Compare each ``output`` with ``core.experts.stack.moe_stack_reference``."""
+    """``x`` (batch, seq, d_model) through ``model``'s MoE stack on every rank twice. Wide EP with DP attention
+    (``Layout(tp=1, pp=1, dp=W, ep=W)``): each rank attends to its own ``batch / W`` sequences, then its tokens
+    go to the experts on all ``W`` ranks. TP attention (``Layout(tp=W, pp=1, ep=W)``): every rank attends to
+    every sequence with ``1/W`` of the heads, one all-reduce, then routes ``1/W`` of the tokens and all-gathers
+    the results. Compare each ``output`` with ``core.experts.stack.moe_stack_reference``."""
     w = ranks.world_size
-    runs = [run_combined(ranks, lay, model, layers, x, 1) for lay in (Layout(1, 1, w, ep=w), Layout(w, 1, 1, ep=w))]
-    weights = tuple(tuple(stack_weight_bytes(model, r.layout)) for r in runs)
-    comm = tuple(sum(a.size_bytes for a in r.predicted) / w for r in runs)
-    return WideEPComparison(runs[0], runs[1], weights, comm)
+    dp, tp = (run_combined(ranks, lay, model, layers, x, 1) for lay in (Layout(1, 1, w, ep=w), Layout(w, 1, 1, ep=w)))
+    return WideEPComparison(dp, tp, model)
 
 
 @dataclass(frozen=True)
 class DecodeRun:
+    """Pipelined decode on live ranks (``got``: from ``decode_on_rank``, answered by tp rank 0 of each
+    replica's last stage, replicas in rank order). Times are medians over the repeats."""
+
+    got: Measured
     layout: Layout
-    outputs: torch.Tensor  # (steps, batch, 1, d_model): every step's output, replicas in order
-    token_interval_s: float  # median time between two tokens of one microbatch, after the first step
-    tokens_per_s: float  # the whole batch's tokens over that interval
     n_microbatches: int
-    emulated_calls: int  # calls that crossed the emulated link, all ranks together
-    comm_s_by_axis: dict  # axis -> seconds in its calls, summed over ranks
-    spans: tuple = ()
+
+    def _steps(self, outputs) -> torch.Tensor:  # (steps, batch, 1, d_model), replicas in order
+        m = self.n_microbatches
+        return torch.cat([torch.stack([torch.cat(outs[k:k + m]) for k in range(0, len(outs), m)]) for outs in outputs],
+                         dim=1)
+
+    outputs = property(lambda self: self._steps(self.got.values))  # the last repeat's every step
+
+    def each_repeat_outputs(self) -> list[torch.Tensor]:
+        """``outputs`` of every repeat."""
+        return [self._steps(outs) for outs in zip(*self.got.each_repeat())]
+
+    def _interval_s(self, repeat: int) -> float:
+        """Per microbatch, its output at one step to its output at the next (a compute span's end), median
+        over steps 1.. and microbatches, on the first replica's last stage."""
+        m = self.n_microbatches
+        ready = [s.end_s for s in self.got.spans(rank=self.got.ranks[0], repeat=repeat) if s.kind == "compute"]
+        return statistics.median(ready[j] - ready[j - m] for j in range(m, len(ready)))
+
+    @property
+    def token_interval_s(self) -> float:  # median time between two tokens of one microbatch, after the first step
+        return statistics.median(self._interval_s(i) for i in range(len(self.got.times_s[0])))
+
+    tokens_per_s = property(lambda self: self.outputs.shape[1] / self.token_interval_s)  # the batch's tokens
+    emulated_calls = property(lambda self: sum(r.emulated for r in self.got.records()))  # the last repeat's
+    spans = property(lambda self: self.got.spans())
 
 
 def run_decode(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor, n_microbatches: int,
-               steps: int = 6, emulation: EmulatedLink | None = None) -> DecodeRun:
-    """``steps`` decode steps of ``x`` (batch, 1, d_model) on ``ranks`` (``ranks.decode_on_rank``), checked
-    here first. The interval between tokens is read on the last stage: for each microbatch, the time
-    from its output at one step to its output at the next, median over steps 1.. and microbatches."""
+               steps: int = 6, emulation: EmulatedLink | None = None, repeats: int = 1) -> DecodeRun:
+    """``steps`` decode steps of ``x`` (batch, 1, d_model) on ``ranks`` (``ranks.decode_on_rank``), ``repeats``
+    times, the inputs checked here first."""
     check_mesh(layout, ranks.world_size, "ranks")
     check_combined_inputs(layout, model, layers, x, n_microbatches)
     whole_number(steps, "steps (decode steps, at least 2 to time one interval)", minimum=2)
@@ -193,15 +211,8 @@ def run_decode(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x:
     if emulation is not None and len(emulation.node_of_rank) != ranks.world_size:
         raise ValueError(f"the emulated link places {len(emulation.node_of_rank)} ranks on nodes but the pool has "
                          f"{ranks.world_size}")
-    res = ranks.run(decode_on_rank, layout, model, layers, x, n_microbatches, steps, emulation)
-    last = Measured.of(sorted((r for r in res if r.stage == layout.pp - 1 and r.tp_rank == 0), key=lambda r: r.replica))
-    ready = last.first("ready_s")  # (steps, m)
-    interval_s = statistics.median(ready[k][i] - ready[k - 1][i] for k in range(1, steps) for i in range(len(ready[0])))
-    comm_s: dict[str, float] = {}
-    for rec in ranks.last_comm:
-        comm_s[rec.group] = comm_s.get(rec.group, 0.0) + rec.duration_s
-    return DecodeRun(layout, last.cat("outputs", dim=1), interval_s, x.shape[0] / interval_s,
-                     len(ready[0]), sum(rec.emulated for rec in ranks.last_comm), comm_s, tuple(ranks.last_spans))
+    got = on_ranks(ranks, decode_on_rank, layout, model, layers, x, n_microbatches, steps, emulation, repeats=repeats)
+    return DecodeRun(got, layout, n_microbatches)
 
 
 def format_traffic(run: CombinedRun) -> str:
@@ -227,11 +238,10 @@ class ToyClusterFit:
 
 
 def run_toy_cluster_calibration(ranks, model: ModelConfig, layers: list[dict], attempts: int = 3) -> ToyClusterFit:
-    """The toy cluster (``hardware.toy_cluster``) for ``ranks``: its link fitted on the ranks, its
-    arithmetic speed by ``effective_flops_per_s`` on every rank at once (the median rank), so that it
-    counts the cores the ranks share. On a busy machine a short sweep can come out with
-    times that do not grow with size (no bandwidth to fit): the sweep is then repeated, up to
-    ``attempts`` times."""
+    """The toy cluster (``hardware.toy_cluster``) for ``ranks``: its link fitted on the ranks, its arithmetic
+    speed the median rank's ``effective_flops_per_s``, every rank at once (so it counts the cores they
+    share). On a busy machine a short sweep can give times that do not grow with size (no bandwidth to
+    fit): the sweep is then taken again, up to ``attempts`` times in all."""
     for attempt in range(attempts):
         try:
             cal = run_calibration(ranks, sizes_bytes=TOY_SWEEP_BYTES, rounds=3, calls=2)
@@ -239,5 +249,5 @@ def run_toy_cluster_calibration(ranks, model: ModelConfig, layers: list[dict], a
         except ValueError:
             if attempt == attempts - 1:
                 raise
-    flops = statistics.median(ranks.run(effective_flops_on_rank, model, layers, 2, 6))  # every rank at once
+    flops = statistics.median(on_ranks(ranks, effective_flops_on_rank, model, layers, 2, 6).each())
     return ToyClusterFit(toy_cluster(cal.link, flops_per_s=flops), cal)

@@ -1,44 +1,64 @@
-"""``run_serving``: the engine on a warm pool, every request checked before any rank starts.
+"""The serving engine on a warm pool, and configurations served on one trace, each predicted first.
 
-Returns a ``ServingRun``: ``tokens[request_id]`` (the generated ids), ``metrics[request_id]`` (time to first
-token, time per output token, end to end, in seconds from the request's arrival), the steps, the prefix
-cache's hits and the preemptions, and each rank's KV cache bytes.
-
-``reference_tokens``: one-process greedy decoding of every request (``llama.greedy_reference``) and the
-smallest gap between the best and second-best logit it met, the margin that keeps greedy tokens exact
-when tensor parallelism reorders a sum. ``run_policy_check``: several engine configurations served on the
-same trace, each predicted first by the step cost fitted on another run (``predict.simulate_serving``),
-with the claims a notebook prints as one line each (``lab.verdict``).
+* ``run_serving``: the engine over all of the ranks, every request checked before any rank starts; a
+  ``ServingRun`` reads what the ranks returned: per request its tokens, token times (seconds after the
+  start, on rank 0's clock) and metrics, the steps, the prefix cache's hits, the preemptions and each
+  rank's KV cache bytes. Pools (``disagg_run``) and replicas (``replica_drivers``) are read the same way.
+* ``reference_tokens``: one-process greedy decoding of every request and the smallest gap between the top
+  two logits it met, the margin that keeps greedy tokens exact when tensor parallelism reorders a sum.
+* ``served_check``: named configurations replayed on a step cost, then served, one ``Verdict`` per claim;
+  ``run_policy_check`` is that for engine configurations.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from shardlib.core.serving.engine import StepRecord, serving_engine_on_rank
 from shardlib.core.serving.llama import LlamaWeights, forward_reference, greedy_reference
 from shardlib.core.serving.requests import EngineConfig, Request, percentile, request_metrics
-from shardlib.lab.harness import on_ranks
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.engine import FIGURES, StepCost, figures, fit_step_cost, simulate_serving
 
 
 @dataclass(frozen=True)
 class ServingRun:
-    """A run of the engine: per request its tokens, token times (seconds after the start) and metrics."""
+    """A run of the engine on ranks (``got``: what ``on_ranks`` gathered), read per request."""
 
-    tokens: dict
-    token_times_s: dict
-    metrics: dict
-    steps: tuple[StepRecord, ...]
-    kv_cache_bytes: tuple[int, ...]  # per rank
-    prefix_hit_tokens: int
-    prefix_lookup_tokens: int
-    preemptions: int
-    tp: int
-    block_size: int = 16
+    got: Measured
+    requests: tuple
+    config: EngineConfig
+    tp: int  # the ranks one copy of the model is split over
+
+    @property
+    def engines(self) -> tuple:
+        """The results of the ranks that scheduled, each holding its requests' outputs and its steps."""
+        return tuple(v for v in self.got.values if v.outputs is not None)
+
+    @property
+    def outputs(self) -> dict:
+        """Request id -> (tokens, token times, preemptions)."""
+        return {rid: out for e in self.engines for rid, out in e.outputs.items()}
+
+    tokens = property(lambda self: {rid: out[0] for rid, out in self.outputs.items()})
+    token_times_s = property(lambda self: {rid: out[1] for rid, out in self.outputs.items()})
+    kv_cache_bytes = property(lambda self: self.got.each("kv_cache_bytes"))  # per rank
+    prefix_hit_tokens = property(lambda self: sum(e.prefix_hit_tokens for e in self.engines))
+    prefix_lookup_tokens = property(lambda self: sum(e.prefix_lookup_tokens for e in self.engines))
+    preemptions = property(lambda self: sum(e.preemptions for e in self.engines))
+    block_size = property(lambda self: self.config.block_size)
+
+    @property
+    def metrics(self) -> dict:
+        by_id = {r.request_id: r for r in self.requests}
+        return {rid: request_metrics(by_id[rid], times, n) for rid, (_, times, n) in self.outputs.items()}
+
+    @property
+    def steps(self) -> tuple[StepRecord, ...]:  # every scheduling rank's, in start order
+        return tuple(sorted((s for e in self.engines for s in e.steps), key=lambda s: s.start_s))
 
     def kv_utilization(self) -> float:
         """Measured: the share of the cache's used slots that held a real token, averaged over the steps
@@ -69,7 +89,7 @@ class ServingRun:
 
 
 def engine_tp_problems(config, tp: int) -> list[str]:
-    """Why the model cannot be split over ``tp`` ranks, in words ("" for none)."""
+    """Why the model cannot be split over ``tp`` ranks, in words (none: an empty list)."""
     out = []
     if config.n_heads % tp:
         out.append(f"{config.n_heads} query heads do not split over tp = {tp} ranks")
@@ -81,18 +101,18 @@ def engine_tp_problems(config, tp: int) -> list[str]:
     return out
 
 
-def check_serving(weights, requests, config: EngineConfig, tp: int) -> list[Request]:
+def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Request, ...]:
     """Every problem at once, as a ValueError in the learner's terms, before any rank starts."""
     if not isinstance(weights, LlamaWeights):
         raise ValueError("weights must be LlamaWeights (weights_from_hf_llama gives them), got "
                          f"{type(weights).__name__}")
     if not isinstance(config, EngineConfig):
         raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
-    requests = list(requests)
+    requests = tuple(requests)
     if not requests or not all(isinstance(r, Request) for r in requests):
         raise ValueError("give at least one Request, and only Requests")
     model = weights.config
-    problems = config.problems(requests, model.max_positions) + engine_tp_problems(model, tp)
+    problems = config.problems(list(requests), model.max_positions) + engine_tp_problems(model, tp)
     problems += [f"request {r.request_id!r} has token id {max(r.prompt_token_ids)}, past the vocabulary of "
                  f"{model.vocab_size}" for r in requests if max(r.prompt_token_ids) >= model.vocab_size]
     if problems:
@@ -103,16 +123,8 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> list[Requ
 def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> ServingRun:
     """Serve ``requests`` with tensor parallelism over all of ``ranks``: greedy unless a request has a seed."""
     requests = check_serving(weights, requests, config, ranks.world_size)
-    got = on_ranks(ranks, serving_engine_on_rank, weights, requests, config)
-    head = got.values[0]  # rank 0 ran the scheduler: every request's tokens and times
-    by_id = {r.request_id: r for r in requests}
-    return ServingRun(
-        tokens={rid: out[0] for rid, out in head.outputs.items()},
-        token_times_s={rid: out[1] for rid, out in head.outputs.items()},
-        metrics={rid: request_metrics(by_id[rid], out[1], out[2]) for rid, out in head.outputs.items()},
-        steps=head.steps, kv_cache_bytes=got.each("kv_cache_bytes"),
-        prefix_hit_tokens=head.prefix_hit_tokens, prefix_lookup_tokens=head.prefix_lookup_tokens,
-        preemptions=head.preemptions, tp=ranks.world_size, block_size=config.block_size)
+    return ServingRun(on_ranks(ranks, serving_engine_on_rank, weights, list(requests), config), requests, config,
+                      ranks.world_size)
 
 
 def reference_tokens(weights: LlamaWeights, requests) -> tuple[dict, float]:
@@ -133,42 +145,79 @@ def reference_tokens(weights: LlamaWeights, requests) -> tuple[dict, float]:
 
 FIGURE_WORDS = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "tpot_p50_s": "TPOT p50",
                 "tpot_p90_s": "TPOT p90", "e2e_p50_s": "end to end p50", "gap_max_s": "longest gap",
-                "tokens_per_s": "tokens/s"}
+                "tokens_per_s": "tokens/s", "hit_rate": "prefix hit rate"}
+UNITS = {"tokens_per_s": "tokens/s", "hit_rate": "%"}
+TIME_BAND = (0.5, 2.0)
 
 
 @dataclass(frozen=True)
-class PolicyCheck:
-    """Engine configurations served on one trace: ``runs[name]`` measured, ``predicted[name]`` the figures
-    the fitted ``cost`` predicted for it before it ran (``simulated[name]``: the whole replay, with its
-    preemptions and prefix hits), and one ``Verdict`` per claim."""
+class ServedCheck:
+    """Configurations served on one trace: ``runs[name]`` measured, ``simulated[name]`` the replay on the step
+    ``cost`` before it ran (its figures: ``predicted[name]``), and one ``Verdict`` per claim."""
 
     requests: tuple
     runs: dict
-    predicted: dict
-    cost: StepCost
-    verdicts: tuple
     simulated: dict
+    cost: object
+    verdicts: tuple = ()
+
+    @property
+    def predicted(self) -> dict:
+        return {n: {"hit_rate": getattr(s, "prefix_hit_rate", 0.0), **s.figures(self.requests)}
+                for n, s in self.simulated.items()}
 
     def measured(self, name: str) -> dict:
-        return self.runs[name].figures(self.requests)
+        run = self.runs[name]
+        return {**run.figures(self.requests), "hit_rate": run.prefix_hit_rate}
 
     def table(self, shown=FIGURES) -> str:
-        """Predicted and measured figures, one row per figure, one column pair per configuration (ms,
-        tokens per second)."""
+        """Predicted and measured figures, one row per figure, one column per configuration."""
         names = list(self.runs)
-        head = f"{'':<16}" + "".join(f"{n[:22]:>24}" for n in names)
-        rows = [head, f"{'':<16}" + "".join(f"{'predicted / measured':>24}" for _ in names)]
+        rows = [f"{'':<16}" + "".join(f"{n[:22]:>24}" for n in names),
+                f"{'':<16}" + f"{'predicted / measured':>24}" * len(names)]
         for fig in shown:
-            scale = 1 if fig == "tokens_per_s" else 1e3
+            scale, unit = {"tokens_per_s": (1, ""), "hit_rate": (100, " %")}.get(fig, (1e3, " ms"))
             cells = "".join(f"{self.predicted[n][fig] * scale:>13.1f} / {self.measured(n)[fig] * scale:<8.1f}"
                             for n in names)
-            rows.append(f"{FIGURE_WORDS[fig] + ('' if fig == 'tokens_per_s' else ' ms'):<16}{cells}")
+            rows.append(f"{FIGURE_WORDS[fig] + unit:<16}{cells}")
+        if all(hasattr(run, "routed") for run in self.runs.values()):  # replicas: requests each one served
+            rows.append(f"{'routed':<16}" + "".join(f"{str(self.runs[n].routed):>24}" for n in names))
         return "\n".join(rows)
 
 
-def _claim(fig: str, predicted: float, measured: float, what: str) -> Verdict:
-    unit = "tokens/s" if fig == "tokens_per_s" else "s"
-    return Verdict(f"{FIGURE_WORDS[fig]}, {what}", predicted, measured, unit)
+def check_claims(claims, ratios, names) -> None:
+    """A ValueError unless every claim names a figure of ``FIGURE_WORDS`` and configurations of ``names``."""
+    for fig, *named in list(claims) + list(ratios):
+        if fig not in FIGURE_WORDS or not set(named) <= set(names):
+            raise ValueError(f"a claim names figure {fig!r} of {named}: figures are {list(FIGURE_WORDS)}, "
+                             f"policies {list(names)}")
+
+
+def served_check(requests, names, fit, predict, serve, claims=(), ratios=(), attempts: int = 3,
+                 band=lambda fig: TIME_BAND, kind=ServedCheck) -> ServedCheck:
+    """``fit()`` a step cost, replay every configuration of ``names`` on it (``predict(name, cost)``), then
+    ``serve(name)`` each. ``claims``: ``(figure, name)``, predicted against measured within ``band(figure)``;
+    ``ratios``: ``(figure, a, b)``, a's figure over b's (two runs back to back share the machine's load, so
+    their ratio survives a busy machine better than either time). The whole measurement, the fit included,
+    is repeated up to ``attempts`` times until every verdict holds (``lab.verdict.verified``). ``kind``: the
+    ``ServedCheck`` class returned."""
+    requests = tuple(requests)
+    check_claims(claims, ratios, names)
+
+    def measure() -> ServedCheck:
+        cost = fit()
+        simulated = {n: predict(n, cost) for n in names}
+        return kind(requests, {n: serve(n) for n in names}, simulated, cost)
+
+    def verdicts(check: ServedCheck) -> list[Verdict]:
+        pred, meas = check.predicted, {n: check.measured(n) for n in names}
+        out = [Verdict(f"{FIGURE_WORDS[fig]}, {n}", pred[n][fig], meas[n][fig], UNITS.get(fig, "s"), *band(fig))
+               for fig, n in claims if pred[n][fig] > 0]  # a zero (no hit predicted) has no ratio to check
+        return out + [Verdict(f"{FIGURE_WORDS[fig]}, {a} over {b}", pred[a][fig] / pred[b][fig],
+                              meas[a][fig] / meas[b][fig], "x", *TIME_BAND) for fig, a, b in ratios]
+
+    check, found = verified(measure, verdicts, attempts)
+    return replace(check, verdicts=found)
 
 
 def run_step_cost_fit(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> StepCost:
@@ -180,43 +229,16 @@ def run_step_cost_fit(ranks, weights: LlamaWeights, requests, config: EngineConf
 
 
 def run_policy_check(ranks, weights: LlamaWeights, requests, policies: dict, fit_requests=None, claims=(),
-                     ratios=(), cost: StepCost | None = None, attempts: int = 3) -> PolicyCheck:
-    """Predict every policy on ``requests`` with a step cost, then serve them for real. The cost is ``cost``
-    if given, else fitted to a run of ``fit_requests`` under the first policy (``run_step_cost_fit``), again at
-    every attempt.
-
-    ``claims``: ``(figure, policy)`` pairs, each a verdict of the figure predicted against measured;
-    ``ratios``: ``(figure, policy_a, policy_b)``, the figure of ``a`` over that of ``b``, predicted against
-    measured (two runs back to back share the machine's load, so their ratio survives a busy machine
-    better than either time). A verdict holds when measured / predicted is within 0.5-2; the whole
-    measurement (fit included) is repeated up to ``attempts`` times until every verdict holds
-    (``lab.verdict.verified``), and fails when strict if none did."""
+                     ratios=(), cost: StepCost | None = None, attempts: int = 3) -> ServedCheck:
+    """Every engine configuration of ``policies`` predicted on ``requests`` with a step cost, then served
+    (``served_check``). The cost is ``cost`` if given, else fitted to a run of ``fit_requests`` under the
+    first policy (``run_step_cost_fit``), again at every attempt."""
     requests, names = tuple(requests), list(policies)
     for name in names:
         check_serving(weights, requests, policies[name], ranks.world_size)
-    for fig, *policy in list(claims) + list(ratios):
-        if fig not in FIGURE_WORDS or not set(policy) <= set(names):
-            raise ValueError(f"a claim names figure {fig!r} of {policy}: figures are {list(FIGURE_WORDS)}, "
-                             f"policies {names}")
     if cost is None and fit_requests is None:
         raise ValueError("give a step cost (cost=) or the requests to fit one on (fit_requests=)")
-    given = cost
-
-    def measure():
-        cost = given or run_step_cost_fit(ranks, weights, fit_requests, policies[names[0]])
-        simulated = {n: simulate_serving(requests, policies[n], cost) for n in names}
-        predicted = {n: sim.figures(requests) for n, sim in simulated.items()}
-        runs = {n: run_serving(ranks, weights, requests, policies[n]) for n in names}
-        return runs, predicted, cost, simulated
-
-    def verdicts(result):
-        runs, predicted = result[:2]
-        measured = {n: run.figures(requests) for n, run in runs.items()}
-        out = [_claim(fig, predicted[n][fig], measured[n][fig], n) for fig, n in claims]
-        for fig, a, b in ratios:
-            out.append(Verdict(f"{FIGURE_WORDS[fig]}, {a} over {b}", predicted[a][fig] / predicted[b][fig],
-                               measured[a][fig] / measured[b][fig], "x"))
-        return out
-
-    (runs, predicted, cost, simulated), found = verified(measure, verdicts, attempts)
-    return PolicyCheck(requests, runs, predicted, cost, found, simulated)
+    return served_check(requests, names,
+                        lambda: cost or run_step_cost_fit(ranks, weights, fit_requests, policies[names[0]]),
+                        lambda n, c: simulate_serving(requests, policies[n], c),
+                        lambda n: run_serving(ranks, weights, requests, policies[n]), claims, ratios, attempts)

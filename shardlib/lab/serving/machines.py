@@ -101,12 +101,12 @@ def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatche
     x = activations(whole_number(batch, "batch"), whole_number(seq, "seq"), TOY.d_model)  # (batch, seq, d_model)
     check_combined_inputs(layout, TOY, layers, x, n_microbatches)  # every shape rule, before any collective
 
-    out = combined_forward_on_rank(ctx, layout, TOY, layers, x, n_microbatches)
+    output = combined_forward_on_rank(ctx, layout, TOY, layers, x, n_microbatches)["output"]
     mine = traffic_by_axis(ctx.comm.records)  # the forward's calls only: taken before the summary below
     predicted = forward_traffic(TOY, layout, batch, seq, n_microbatches)
     error = 0.0
-    if out.output is not None:  # the last stage: compare with the whole stack in one process
-        error = float((out.output.detach().cpu() - stack_reference(x, layers, TOY)).abs().max())
+    if output is not None:  # the last stage: compare with the whole stack in one process
+        error = float((output.detach().cpu() - stack_reference(x, layers, TOY)).abs().max())
 
     # one small all-gather for the job's summary: every rank's error, and its calls and bytes per key
     keys = [(p.axis, p.op) for p in predicted]

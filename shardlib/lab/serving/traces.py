@@ -6,6 +6,8 @@
 * ``shared_prefix_trace``: every request starts with the same system prompt; in ``conversations`` of
   ``turns`` each, a turn's prompt is the conversation so far plus a new user message (multi-turn chat),
   so a later turn shares all of an earlier turn's prompt.
+* ``hot_prefix_trace``: a trace for routers, Poisson arrivals; a share ``hot`` of the requests start with one
+  system prompt and a short message of their own, the others are fresh prompts.
 Token ids are drawn from ``range(1, vocab)``. Pure: no torch.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from shardlib.core.checks import number_at_least, positive_number, whole_number
+from shardlib.core.checks import number_at_least, number_between, positive_number, whole_number
 from shardlib.core.serving.requests import Request
 
 
@@ -29,10 +31,7 @@ def _span(value, what: str) -> tuple[int, int]:
 def poisson_trace(n: int, rate_per_s: float, prompt_tokens=(4, 48), new_tokens=(2, 24), vocab: int = 97,
                   seed: int = 0) -> list[Request]:
     """``n`` requests arriving at ``rate_per_s`` on average (``inf``: all at once)."""
-    whole_number(n, "n (requests)")
-    number_at_least(rate_per_s, "rate_per_s (requests per second)")
-    if rate_per_s == 0:
-        raise ValueError("rate_per_s must be above 0 requests per second (float('inf'): all arrive at once)")
+    _arrivals(n, rate_per_s)
     (p_lo, p_hi), (n_lo, n_hi) = _span(prompt_tokens, "prompt_tokens"), _span(new_tokens, "new_tokens")
     rng, t, out = random.Random(seed), 0.0, []
     for i in range(n):
@@ -40,6 +39,13 @@ def poisson_trace(n: int, rate_per_s: float, prompt_tokens=(4, 48), new_tokens=(
         out.append(Request(i, prompt, rng.randint(n_lo, n_hi), arrival_s=t))
         t += 0.0 if rate_per_s == float("inf") else rng.expovariate(rate_per_s)
     return out
+
+
+def _arrivals(n: int, rate_per_s: float) -> None:
+    whole_number(n, "n (requests)")
+    number_at_least(rate_per_s, "rate_per_s (requests per second)")
+    if rate_per_s == 0:
+        raise ValueError("rate_per_s must be above 0 requests per second (float('inf'): all arrive at once)")
 
 
 def shared_prefix_trace(conversations: int, turns: int, system_tokens: int = 32, message_tokens=(4, 12),
@@ -63,4 +69,28 @@ def shared_prefix_trace(conversations: int, turns: int, system_tokens: int = 32,
             n_new = rng.randint(n_lo, n_hi)
             out.append(Request(f"c{c}t{k}", list(history), n_new, arrival_s=k * gap_s))
             history += [rng.randrange(1, vocab) for _ in range(n_new)]  # the reply, as the next turn sees it
+    return out
+
+
+def hot_prefix_trace(n: int = 32, rate_per_s: float = 200.0, hot: float = 0.75, system_tokens: int = 48,
+                     message_tokens=(4, 12), cold_tokens=(16, 48), new_tokens=(6, 12), vocab: int = 97,
+                     seed: int = 0) -> list[Request]:
+    """``n`` requests; request ``i`` is hot with probability ``hot`` (ids ``h<i>`` for hot, ``c<i>`` cold).
+    Prefix-aware routing without a balance threshold sends every hot request to the one replica that saw
+    the prompt first."""
+    _arrivals(n, rate_per_s)
+    number_between(hot, "hot (the share of requests under the hot system prompt)", 0.0, 1.0)
+    whole_number(system_tokens, "system_tokens")
+    message, cold, new = (_span(v, what) for v, what in ((message_tokens, "message_tokens"),
+                                                         (cold_tokens, "cold_tokens"), (new_tokens, "new_tokens")))
+    rng = random.Random(seed)
+    system = [rng.randrange(1, vocab) for _ in range(system_tokens)]
+    out, t = [], 0.0
+    for i in range(n):
+        if rng.random() < hot:
+            prompt, rid = system + [rng.randrange(1, vocab) for _ in range(rng.randint(*message))], f"h{i}"
+        else:
+            prompt, rid = [rng.randrange(1, vocab) for _ in range(rng.randint(*cold))], f"c{i}"
+        out.append(Request(rid, prompt, rng.randint(*new), arrival_s=t))
+        t += 0.0 if rate_per_s == float("inf") else rng.expovariate(rate_per_s)
     return out

@@ -3,6 +3,7 @@
 ``run_tp_block`` (the MLP or attention, forward and backward), ``run_pair`` (a pair cut either way, its
 collectives against ``predict``'s) and ``run_sequence_parallel`` (one block tensor parallel alone and with
 sequence parallelism: gaps, wire bytes and the activation bytes autograd kept, against their formulas).
+``BlockRun`` and ``PairRun`` read what ``on_ranks`` gathered.
 """
 
 from __future__ import annotations
@@ -17,14 +18,8 @@ from shardlib.core.config import ModelConfig, check_heads
 from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
 from shardlib.core.tensor_parallel.sequence_parallel import SEQ_DIM, check_sequence_parallel
 from shardlib.core.toy import attention_layer_reference, block_reference, mlp_reference
-from shardlib.lab.harness import on_ranks
-from shardlib.lab.tensor_parallel.ranks import (
-    pair_column_then_row_on_rank,
-    pair_row_then_column_on_rank,
-    sp_block_on_rank,
-    tp_attention_on_rank,
-    tp_mlp_on_rank,
-)
+from shardlib.lab.harness import Measured, on_ranks
+from shardlib.lab.tensor_parallel.ranks import PAIRS, tp_block_on_rank
 from shardlib.predict.context_parallel import sequence_parallel_bytes_per_rank
 from shardlib.predict.context_parallel_memory import toy_block_activation_bytes
 from shardlib.predict.tensor_parallel import CUTS, pair_collectives, pair_wire_collectives
@@ -32,123 +27,117 @@ from shardlib.predict.tensor_parallel import CUTS, pair_collectives, pair_wire_c
 BLOCKS = ("mlp", "attention")
 
 
-@dataclass(frozen=True)
-class TPBlockRun:
-    """One tensor-parallel block on a pool: its output (rank 0's: every rank ends with the whole
-    output), the largest gaps from the unsharded block, and per rank the collectives of each pass."""
-
-    part: str
-    tp: int
-    output: torch.Tensor
-    output_gap: float  # largest |sharded - reference| over every rank's output
-    grad_x_gap: float | None  # the same for the input gradient (None: forward only)
-    forward_collectives: tuple[int, ...]
-    backward_collectives: tuple[int, ...]
-    forward_bytes: tuple[int, ...]
-    backward_bytes: tuple[int, ...]
-    weight_grads: tuple[dict, ...]  # per rank: its slices of the weights' gradients (empty: forward only)
-
-
-def _reference(part: str, x: torch.Tensor, w: dict, model: ModelConfig) -> torch.Tensor:
+def _reference(part: str, x: torch.Tensor, w: dict, model: ModelConfig, grad_output) -> tuple:
+    """The unsharded ``part``: its output, and with ``grad_output`` the gradients of ``x`` and of each weight."""
+    x = x.clone().requires_grad_(grad_output is not None)
+    w = {k: t.clone().requires_grad_(grad_output is not None) for k, t in w.items()}
     if part == "mlp":
-        return mlp_reference(x, w["gate"], w["up"], w["down"])
-    return attention_layer_reference(x, w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
-
-
-def run_tp_block(ranks, part: str, x: torch.Tensor, w: dict, model: ModelConfig,
-                 grad_output: torch.Tensor | None = None) -> TPBlockRun:
-    """Run ``part`` (``"mlp"`` or ``"attention"``) of one block with weights ``w`` split over every rank
-    of ``ranks``, and compare it with the unsharded block on ``x`` (and, with ``grad_output``, the
-    gradient of ``x``)."""
-    choice(part, BLOCKS, "block part")
-    if part == "attention":
-        check_heads(model, ranks.world_size)
-    x_ref = x.clone().requires_grad_(grad_output is not None)
-    reference = _reference(part, x_ref, w, model)
-    if grad_output is not None:
-        reference.backward(grad_output)
-    if part == "mlp":
-        got = on_ranks(ranks, tp_mlp_on_rank, x, w, grad_output)
+        out = mlp_reference(x, w["gate"], w["up"], w["down"])
+    elif part == "attention":
+        out = attention_layer_reference(x, w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
     else:
-        got = on_ranks(ranks, tp_attention_on_rank, x, w, model, grad_output)
-    return TPBlockRun(
-        part, ranks.world_size, got.first("output"), got.max_gap("output", reference.detach()),
-        got.max_gap("grad_x", x_ref.grad) if grad_output is not None else None,
-        got.each("forward_collectives"), got.each("backward_collectives"),
-        got.each("forward_bytes"), got.each("backward_bytes"), got.each("weight_grads"))
+        out = block_reference(x, w, model)
+    if grad_output is not None:
+        out.backward(grad_output)
+    return out.detach(), x.grad, {k: t.grad for k, t in w.items() if t.grad is not None}
 
 
 @dataclass(frozen=True)
-class PairRun:
-    """A pair cut one way on a pool: rank 0's output, its gap from the unsharded pair, and its
-    collectives as measured (rank 0's comm log: buffer bytes, and wire bytes under the ring) and as
-    predicted by ``pair_collectives`` and ``pair_wire_collectives``."""
+class BlockRun:
+    """One block on a pool (``got``: what ``on_ranks`` gathered from ``tp_block_on_rank``) against the
+    unsharded one (``reference``: output, input gradient, weight gradients). The weight gradients, summed
+    over every token, are larger numbers: ``weight_grads_close`` checks them with ``rtol = atol = TOLERANCE``."""
 
-    cut: str
-    tp: int
-    output: torch.Tensor
-    output_gap: float
-    measured: tuple[tuple[str, int], ...]
-    predicted: tuple[tuple[str, int], ...]
-    measured_wire: tuple[tuple[str, int], ...] = ()
-    predicted_wire: tuple[tuple[str, int], ...] = ()
+    name: str  # "mlp", "attention", "tensor parallel" or "sequence parallel"
+    got: Measured
+    reference: tuple
+    model: ModelConfig
+    x: torch.Tensor  # (b, s, d_model), the whole input
+
+    tp = property(lambda self: len(self.got))
+    sequence_parallel = property(lambda self: self.name == "sequence parallel")
+
+    def _gap(self, key: str, reference: torch.Tensor | None) -> float | None:
+        """Largest |sharded - reference| over every rank's ``key`` (sequence parallel: the shards joined)."""
+        if reference is None:
+            return None
+        if self.sequence_parallel:
+            return float((self.got.cat(key, dim=SEQ_DIM) - reference).abs().max())
+        return self.got.max_gap(key, reference)
+
+    output_gap = property(lambda self: self._gap("output", self.reference[0]))
+    grad_x_gap = property(lambda self: self._gap("grad_x", self.reference[1]))  # None: forward only
+    weight_grads = property(lambda self: self.got.each("weight_grads"))  # per rank: its slices, by weight name
+
+    def _weight_pairs(self) -> list:
+        """(rank r's slice, the same slice of the reference gradient), every weight of every rank."""
+        return [(g, self.reference[2][k].chunk(self.tp, dim=1 if k in ROW_PARALLEL else 0)[r])
+                for r, grads in enumerate(self.weight_grads) for k, g in grads.items()]
+
+    weight_grad_gap = property(lambda self: max((float((a - b).abs().max()) for a, b in self._weight_pairs()),
+                                                default=0.0))
 
     @property
-    def measured_bytes(self) -> int:
-        """Buffer bytes of rank 0's collectives."""
-        return sum(size for _, size in self.measured)
-
-    @property
-    def measured_wire_bytes(self) -> int:
-        """Bytes rank 0 put on the wire under the ring."""
-        return sum(size for _, size in self.measured_wire)
-
-
-def run_pair(ranks, cut: str, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, activation=F.gelu) -> PairRun:
-    """``w2 @ activation(w1 @ x)`` cut ``cut``-wise over every rank of ``ranks``."""
-    choice(cut, CUTS, "cut")
-    fn = pair_column_then_row_on_rank if cut == CUTS[0] else pair_row_then_column_on_rank
-    got = on_ranks(ranks, fn, x, w1, w2, activation)
-    reference = F.linear(activation(F.linear(x, w1)), w2)
-    tokens = x.numel() // x.shape[-1]
-    shape = (cut, ranks.world_size, tokens, w1.shape[1], w1.shape[0], x.element_size())
-    return PairRun(cut, ranks.world_size, got.first("output"), got.max_gap("output", reference),
-                   got.first("collectives"), tuple(pair_collectives(*shape)), got.first("wire"),
-                   tuple(pair_wire_collectives(*shape)))
-
-
-@dataclass(frozen=True)
-class BlockMode:
-    """One way of running the block on the pool: its largest gaps from the unsharded block (the weight
-    gradients, summed over every token, are larger numbers: ``weight_grads_close`` checks them with
-    ``rtol = atol = TOLERANCE``), what each pass sent (per rank, wire bytes), and the activation bytes
-    each rank kept, with the formula's."""
-
-    name: str
-    output_gap: float
-    grad_x_gap: float
-    weight_grad_gap: float
-    weight_grads_close: bool
-    forward_ops: tuple[str, ...]
-    backward_ops: tuple[str, ...]
-    forward_wire_bytes: int
-    backward_wire_bytes: int
-    activation_bytes: tuple[int, ...]
-    predicted_activation_bytes: float
-    predicted_wire_bytes: float  # per pass
+    def weight_grads_close(self) -> bool:
+        pairs = self._weight_pairs()
+        return (len(pairs) == len(self.reference[2]) * self.tp
+                and all(torch.allclose(a, b, rtol=TOLERANCE, atol=TOLERANCE) for a, b in pairs))
 
     @property
     def exact(self) -> bool:
-        return max(self.output_gap, self.grad_x_gap) <= TOLERANCE and self.weight_grads_close
+        return max(self.output_gap, self.grad_x_gap or 0.0) <= TOLERANCE and self.weight_grads_close
+
+    def _pass(self, name: str, rank: int) -> tuple:
+        """The comm records ``rank`` issued inside its ``name`` span (``forward`` or ``backward``)."""
+        return tuple(r for s in self.got.spans(name, rank) for r in self.got.records(rank=rank)
+                     if s.start_s <= r.start_s <= s.end_s)
+
+    def _per_rank(self, name: str, read) -> tuple:
+        return tuple(read(self._pass(name, rank)) for rank in self.got.ranks)
+
+    forward_collectives = property(lambda self: self._per_rank("forward", len))
+    backward_collectives = property(lambda self: self._per_rank("backward", len))
+    forward_bytes = property(lambda self: self._per_rank("forward", lambda rs: sum(r.size_bytes for r in rs)))
+    backward_bytes = property(lambda self: self._per_rank("backward", lambda rs: sum(r.size_bytes for r in rs)))
+    forward_ops = property(lambda self: tuple(r.op for r in self._pass("forward", 0)))  # rank 0's
+    backward_ops = property(lambda self: tuple(r.op for r in self._pass("backward", 0)))
+    forward_wire_bytes = property(lambda self: sum(r.wire_bytes for r in self._pass("forward", 0)))  # per rank
+    backward_wire_bytes = property(lambda self: sum(r.wire_bytes for r in self._pass("backward", 0)))
+    activation_bytes = property(lambda self: self.got.each("activation_bytes"))  # per rank, autograd's
+
+    @property
+    def predicted_activation_bytes(self) -> float:
+        b, s, _ = self.x.shape
+        return toy_block_activation_bytes(self.model, b, s, self.tp, self.sequence_parallel, self.x.element_size())
+
+    @property
+    def predicted_wire_bytes(self) -> float:  # per rank per pass
+        b, s, d = self.x.shape
+        return sequence_parallel_bytes_per_rank(b, s, d, self.tp, 2, self.x.element_size())[self.name]
+
+
+def _run_block(ranks, part: str, x: torch.Tensor, w: dict, model: ModelConfig, grad_output) -> BlockRun:
+    got = on_ranks(ranks, tp_block_on_rank, part, x, w, model, grad_output)
+    return BlockRun(part, got, _reference(part, x, w, model, grad_output), model, x)
+
+
+def run_tp_block(ranks, part: str, x: torch.Tensor, w: dict, model: ModelConfig,
+                 grad_output: torch.Tensor | None = None) -> BlockRun:
+    """Run ``part`` (``"mlp"`` or ``"attention"``) of one block with weights ``w`` split over every rank
+    of ``ranks``, and compare it with the unsharded block on ``x`` (and, with ``grad_output``, the
+    gradients of ``x`` and of the weights)."""
+    choice(part, BLOCKS, "block part")
+    if part == "attention":
+        check_heads(model, ranks.world_size)
+    return _run_block(ranks, part, x, w, model, grad_output)
 
 
 @dataclass(frozen=True)
 class SequenceParallelRun:
-    """The same block, tensor parallel alone and sequence parallel, on ``tp`` ranks."""
+    """The same block, tensor parallel alone and sequence parallel, on the same ranks."""
 
-    tp: int
-    tensor_parallel: BlockMode
-    sequence_parallel: BlockMode
+    tensor_parallel: BlockRun
+    sequence_parallel: BlockRun
 
     @property
     def activation_saving(self) -> float:
@@ -156,39 +145,11 @@ class SequenceParallelRun:
         return max(self.sequence_parallel.activation_bytes) / max(self.tensor_parallel.activation_bytes)
 
 
-def _block_reference(x, w, model, grad_output):
-    x_ref = x.clone().requires_grad_(True)
-    w_ref = {k: t.clone().requires_grad_(True) for k, t in w.items()}
-    out = block_reference(x_ref, w_ref, model)
-    out.backward(grad_output)
-    return out.detach(), x_ref.grad, {k: t.grad for k, t in w_ref.items()}
-
-
-def _mode(name, per_rank, reference, tp, model, x, sp: bool) -> BlockMode:
-    out_ref, grad_x_ref, grads_ref = reference
-    join = (lambda key: per_rank.cat(key, dim=SEQ_DIM)) if sp else per_rank.first
-    pairs = [(g, grads_ref[k].chunk(tp, dim=1 if k in ROW_PARALLEL else 0)[r])
-             for r, grads in enumerate(per_rank.each("weight_grads")) for k, g in grads.items()]
-    forward, backward = per_rank.first("forward"), per_rank.first("backward")
-    b, s, d = x.shape
-    return BlockMode(
-        name, float((join("output") - out_ref).abs().max()), float((join("grad_x") - grad_x_ref).abs().max()),
-        max(float((a - b).abs().max()) for a, b in pairs),
-        len(pairs) == 7 * tp and all(torch.allclose(a, b, rtol=TOLERANCE, atol=TOLERANCE) for a, b in pairs),
-        tuple(op for op, _, _ in forward), tuple(op for op, _, _ in backward),
-        sum(wire for _, _, wire in forward), sum(wire for _, _, wire in backward),
-        per_rank.each("activation_bytes"),
-        toy_block_activation_bytes(model, b, s, tp, sp, x.element_size()),
-        sequence_parallel_bytes_per_rank(b, s, d, tp, 2, x.element_size())[
-            "sequence parallel" if sp else "tensor parallel"])
-
-
 def run_sequence_parallel(ranks, x: torch.Tensor, w: dict, model: ModelConfig,
                           grad_output: torch.Tensor) -> SequenceParallelRun:
     """One block of ``model`` with weights ``w`` (attention and MLP) on ``x (b, s, d_model)``, forward and
     backward (``grad_output`` fed to the output), tensor parallel alone and sequence parallel, on every
     rank of ``ranks``."""
-    tp = ranks.world_size
     if x.dim() != 3 or x.shape[-1] != model.d_model:
         raise ValueError(f"x must be (batch, seq, d_model = {model.d_model}), got shape {tuple(x.shape)}")
     if tuple(grad_output.shape) != tuple(x.shape):
@@ -196,10 +157,33 @@ def run_sequence_parallel(ranks, x: torch.Tensor, w: dict, model: ModelConfig,
     if not ("q" in w and "gate" in w):
         raise ValueError(f"w must hold a whole block (q, k, v, o, gate, up, down), got {sorted(w)}")
     same_dtype(x.dtype, w["q"].dtype, "x")
-    check_sequence_parallel(model, x.shape[SEQ_DIM], tp)
-    reference = _block_reference(x, w, model, grad_output)
-    modes = {}
-    for sp in (False, True):
-        per_rank = on_ranks(ranks, sp_block_on_rank, x, w, model, grad_output, sp)
-        modes[sp] = _mode("sequence parallel" if sp else "tensor parallel", per_rank, reference, tp, model, x, sp)
-    return SequenceParallelRun(tp, modes[False], modes[True])
+    check_sequence_parallel(model, x.shape[SEQ_DIM], ranks.world_size)
+    return SequenceParallelRun(*(_run_block(ranks, part, x, w, model, grad_output)
+                                 for part in ("tensor parallel", "sequence parallel")))
+
+
+@dataclass(frozen=True)
+class PairRun:
+    """A pair cut one way on a pool (``got``: every rank's output and comm log) against the unsharded
+    pair, and its collectives as ``pair_collectives`` and ``pair_wire_collectives`` predict them."""
+
+    cut: str
+    got: Measured
+    reference: torch.Tensor  # (b, s, d_model)
+    predicted: tuple[tuple[str, int], ...]
+    predicted_wire: tuple[tuple[str, int], ...]
+
+    output_gap = property(lambda self: self.got.max_gap(None, self.reference))  # over every rank's output
+    # rank 0's collectives from its comm log: (op, buffer bytes), and (op, wire bytes) under the ring
+    measured = property(lambda self: tuple((r.op, r.size_bytes) for r in self.got.records(rank=0)))
+    measured_wire = property(lambda self: tuple((r.op, r.wire_bytes) for r in self.got.records(rank=0)))
+    measured_bytes = property(lambda self: self.got.bytes(rank=0))
+    measured_wire_bytes = property(lambda self: self.got.bytes(rank=0, wire=True))
+
+
+def run_pair(ranks, cut: str, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, activation=F.gelu) -> PairRun:
+    """``w2 @ activation(w1 @ x)`` cut ``cut``-wise over every rank of ``ranks``."""
+    choice(cut, CUTS, "cut")
+    shape = (cut, ranks.world_size, x.numel() // x.shape[-1], w1.shape[1], w1.shape[0], x.element_size())
+    return PairRun(cut, on_ranks(ranks, PAIRS[cut], x, w1, w2, activation), F.linear(activation(F.linear(x, w1)), w2),
+                   tuple(pair_collectives(*shape)), tuple(pair_wire_collectives(*shape)))

@@ -1,15 +1,17 @@
 """The training step on a pool: every layout checked before any rank starts, run, gathered and compared.
 
 * ``check_training``: every rule a layout must meet for the toy language model, in the learner's terms.
-* ``run_training``: ``ranks.training_on_rank`` on every rank of a warm pool, gathered into a
-  ``TrainingRun``: the global loss of every step, the full weights (keyed like
-  ``reference.init_weights``), each rank's comm records, spans and ledger; ``against_reference``,
-  ``traffic_by_axis`` and ``ledger_rows`` read it for a notebook.
+* ``run_training``: ``ranks.training_on_rank`` on every rank of a warm pool (``lab.harness.on_ranks``),
+  read as a ``TrainingRun``: the global loss of every step, the full weights (keyed like
+  ``reference.init_weights``), each rank's comm records of the steps, spans and ledger;
+  ``against_reference``, ``traffic_by_axis`` and ``ledger_text`` set them beside the reference and the
+  predictions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -20,7 +22,7 @@ from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
 from shardlib.core.training.config import TrainingConfig
 from shardlib.core.training.reference import TrainingReference
-from shardlib.lab.harness import Measured
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.training.ranks import training_on_rank
 from shardlib.predict.training.ledger import format_ledger, predict_ledger, predict_traffic
 
@@ -112,19 +114,69 @@ def traffic_per_step(records, steps: int) -> dict:
     return {k: tuple(v // steps for v in row) for k, row in sorted(out.items())}
 
 
+def step_records(records, spans) -> tuple:
+    """The comm records that started inside a ``"step"`` span of their rank."""
+    steps = [s for s in spans if s.kind == "step"]
+    return tuple(r for r in records if any(s.rank == r.rank and s.start_s <= r.start_s <= s.end_s for s in steps))
+
+
+def full_weights(got, layout: Layout) -> dict:
+    """The full weights, keyed like ``reference.init_weights``, from the ranks' shards: each tp slice from
+    replica 0 at ring place 0, each router from tp rank 0 there, each block of experts from the rank at its
+    place of its stage's first ep group."""
+    pieces: dict = {}
+    per_stage = layout.tp * layout.dp * layout.cp
+    first_ep = {r for g in layout.ep_groups() if g[0] % per_stage == 0 for r in g}
+    for rank, value in zip(got.ranks, got.values):
+        position = value["position"]
+        for name, t in value["shards"].items():
+            key, dim = reference_key(name)
+            if position[1:3] == (0, 0) and isinstance(dim, int):
+                pieces.setdefault(key, {})[position[3]] = (t, dim)
+            elif position[1:] == (0, 0, 0) and dim is None:  # a router, whole on every rank
+                pieces.setdefault(key, {})[0] = (t, 0)
+            elif dim == "ep" and rank in first_ep:
+                pieces.setdefault(key, {})[value["ep_place"]] = (t, 0)
+    return {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
+
+
 @dataclass(frozen=True)
 class TrainingRun:
+    """The toy language model trained on ``layout`` (``got``: what ``on_ranks`` gathered from
+    ``ranks.training_on_rank``), read as the notebooks read it."""
+
     layout: Layout
     config: TrainingConfig
-    losses: tuple[float, ...]  # the global mean loss of every step, before its update
-    weights: dict  # the full weights after the last step, keyed like reference.init_weights
-    positions: tuple  # per rank: (stage, replica, cp_rank, tp_rank)
-    ledgers: tuple  # per rank: bytes kept (weights, gradients, optimizer), activations' peak, transient peak
-    activation_bytes: tuple  # per rank: what autograd saved for each microbatch (and chunk) of the first step
-    records: tuple  # per rank: its comm records of the training steps (CommRecord)
-    spans: tuple  # every rank's timeline
+    got: Measured
     stage_layers: tuple  # the layers of each virtual stage
-    biases: tuple = ()  # with experts, balance "aux-free": each layer's selection bias after the last step
+
+    positions = property(lambda self: self.got.each("position"))  # per rank: (stage, replica, cp_rank, tp_rank)
+    ledgers = property(lambda self: self.got.each("ledger"))  # per rank: bytes kept, activations' and transient peak
+    activation_bytes = property(lambda self: self.got.each("activation_bytes"))  # per rank, per microbatch (chunk)
+    spans = property(lambda self: self.got.timeline)  # every rank's timeline
+
+    @property
+    def losses(self) -> tuple[float, ...]:
+        """The global mean loss of every step, before its update: tp rank 0 of each place adds its share."""
+        counted = [v["losses"] for v in self.got.values if v["position"][3] == 0]
+        return tuple(sum(one[k] for one in counted) for k in range(self.config.steps))
+
+    @cached_property
+    def weights(self) -> dict:
+        """The full weights after the last step, keyed like ``reference.init_weights``."""
+        return full_weights(self.got, self.layout)
+
+    @cached_property
+    def records(self) -> tuple:
+        """Per rank, its comm records of the training steps."""
+        steps = step_records(self.got.comm, self.got.timeline)
+        return tuple(tuple(r for r in steps if r.rank == rank) for rank in self.got.ranks)
+
+    @property
+    def biases(self) -> tuple:
+        """With experts, balance "aux-free": each layer's selection bias after the last step."""
+        biases = {layer: b for v in self.got.values for layer, b in v["biases"].items()}
+        return tuple(biases[i] for i in sorted(biases))
 
     def against_reference(self, ref: TrainingReference) -> float:
         """The largest gap, over every step's loss and every final weight, against the reference."""
@@ -174,33 +226,4 @@ def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=Non
     """Train the toy language model on ``layout`` over the pool ``ranks`` (checked here first)."""
     check_mesh(layout, ranks.world_size, "ranks")
     stage_layers = check_training(layout, config, stage_counts)
-    res = sorted(ranks.run(training_on_rank, layout, config, stage_layers), key=lambda r: r.rank)
-    counted = [r for r in res if r.position[3] == 0]  # tp rank 0 of each place (0.0 off the last virtual stage)
-    losses = tuple(sum(r.losses[k] for r in counted) for k in range(config.steps))
-    pieces: dict = {}
-    for r in (r for r in res if r.position[1:3] == (0, 0)):  # replica 0, ring place 0: one of each slice
-        for name, t in r.shards.items():
-            key, dim = reference_key(name)
-            if isinstance(dim, int):
-                pieces.setdefault(key, {})[r.position[3]] = (t, dim)
-            elif dim is None and r.position[3] == 0:  # a router, whole on every rank
-                pieces.setdefault(key, {})[0] = (t, 0)
-    per_stage = layout.tp * layout.dp * layout.cp
-    first_ep = {r for g in layout.ep_groups() if g[0] % per_stage == 0 for r in g}  # each stage's first ep group
-    for r in res:  # each block of experts from the rank at its place of that group
-        if r.rank not in first_ep:
-            continue
-        for name, t in r.shards.items():
-            key, dim = reference_key(name)
-            if dim == "ep":
-                pieces.setdefault(key, {})[r.ep_place] = (t, 0)
-    weights = {k: torch.cat([p[i][0] for i in sorted(p)], dim=p[0][1]) for k, p in pieces.items()}
-    by_rank: dict = {i: [] for i in range(ranks.world_size)}
-    for rec in ranks.last_comm:
-        by_rank[rec.rank].append(rec)
-    records = tuple(tuple(sorted(by_rank[r.rank], key=lambda c: c.start_s)[r.marks[0]:r.marks[-1]]) for r in res)
-    got = Measured.of(res)
-    biases = dict(b for r in res for b in r.biases)  # layer -> its selection bias (the same on a stage's ranks)
-    return TrainingRun(layout, config, losses, weights, got.each("position"), got.each("ledger"),
-                       got.each("activation_bytes"), records, tuple(ranks.last_spans), stage_layers,
-                       tuple(biases[i] for i in sorted(biases)))
+    return TrainingRun(layout, config, on_ranks(ranks, training_on_rank, layout, config, stage_layers), stage_layers)

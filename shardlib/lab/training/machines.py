@@ -24,7 +24,7 @@ from shardlib.core.checks import choice
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig
 from shardlib.core.training.reference import train_reference
-from shardlib.lab.training.drivers import check_training, reference_key, traffic_per_step
+from shardlib.lab.training.drivers import check_training, reference_key, step_records, traffic_per_step
 from shardlib.lab.training.ranks import training_on_rank
 from shardlib.predict.training.ledger import predict_traffic
 
@@ -52,14 +52,14 @@ def training_across_on_rank(ctx, across: str = "pp", steps: int = 3, nodes: int 
     out = training_on_rank(ctx, layout, config, stage_layers)
     me, ref = layout.position(ctx.rank), train_reference(config, layout.dp)
     weight_error = 0.0
-    for name, t in out.shards.items():
+    for name, t in out["shards"].items():
         key, dim = reference_key(name)
         piece = ref.weights[key].chunk(layout.tp, dim)[me.tp_rank]  # the reference's slice this rank holds
         weight_error = max(weight_error, float((t - piece).abs().max()))
-    records = ctx.comm.records[out.marks[0]:out.marks[-1]]
+    records = step_records(ctx.comm.records, ctx.timeline.spans)
     traffic_ok = traffic_per_step(records, steps) == predict_traffic(config, layout, stage_layers, ctx.rank)
     counts = me.tp_rank == 0  # whose losses add up to the job's (0.0 off the last virtual stage)
-    row = [weight_error, float(not traffic_ok)] + [v if counts else 0.0 for v in out.losses]
+    row = [weight_error, float(not traffic_ok)] + [v if counts else 0.0 for v in out["losses"]]
     table = ctx.comm.all_gather(torch.tensor([row], dtype=torch.float64, device=ctx.device)).cpu()
     losses = table[:, 2:].sum(0).tolist()
     loss_error = max(abs(a - b) for a, b in zip(losses, ref.losses))

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlib.lab.training.step_time import (
-    StepTimeCheck,
-    run_step_time_check,
-)
+from shardlib.lab.training.step_time import StepTimeCheck, run_step_time_check
 from shardlib.lab.verdict import measure_until, timing_claim
 
 
@@ -66,6 +63,8 @@ def run_ranking_check(ranks, attempts: int = 2, chance: float = 0.05, **kwargs) 
     strict a claim that never held raises (``lab.verdict.timing_claim``)."""
     from shardlib.predict.training.toy_prediction import RANKED_4, chance_of_correlation, floor_for_chance
 
+    if not 0 < chance < 1:
+        raise ValueError(f"chance is a probability between 0 and 1, got {chance}")
     kwargs.setdefault("layouts", RANKED_4)
     n = len(kwargs["layouts"])
     floor = floor_for_chance(n, chance)

@@ -1,17 +1,16 @@
 """The training step on a rank, measured: spans, the activations autograd keeps, the bytes kept.
 
 ``training_on_rank`` builds ``step.TrainingStep`` with a ``LedgerProbe`` attached and runs every step on
-this replica's rows of the corpus's batches. The probe puts each ``F``/``B`` on the rank's timeline,
-counts what autograd saves during each microbatch's forward (``lab.measure.SavedBytes``), adds it
-while the microbatch is in flight (from its ``F`` to its ``B``, or its ``W``) and keeps the peak, and follows ZeRO-3's
-gathered weights in a ``PeakMeter`` (the transient peak). After the last step it reads the bytes the
-rank keeps: weights, gradients and AdamW's state (``tensor_bytes``, ``optimizer_state_bytes``).
+this replica's rows of the corpus's batches, each a ``"step"`` span. The probe puts each ``F``/``B`` on
+the rank's timeline, counts what autograd saves during each microbatch's forward
+(``lab.measure.SavedBytes``), adds it while the microbatch is in flight (from its ``F`` to its ``B``, or
+its ``W``) and keeps the peak, and follows ZeRO-3's gathered weights in a ``PeakMeter`` (the transient
+peak). After the last step it reads the bytes the rank keeps: weights, gradients and AdamW's state.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.probe import Probe
@@ -19,24 +18,6 @@ from shardlib.core.training.config import init_weights
 from shardlib.core.training.corpus import MarkovCorpus
 from shardlib.core.training.step import TrainingStep
 from shardlib.lab.measure import PeakMeter, SavedBytes, optimizer_state_bytes, tensor_bytes
-
-
-@dataclass(frozen=True)
-class TrainingRankResult:
-    """What one rank returns from its training run: its place (``position``: stage, replica, cp rank, tp
-    rank), its share of each step's global loss, ``marks`` (how many comm records it had before the first
-    step and after each), its ledger, what autograd saved for each microbatch (and chunk) of the first step,
-    and its weight ``shards`` (tp slices, by the stage model's names)."""
-
-    rank: int
-    position: tuple
-    losses: tuple[float, ...]
-    marks: tuple[int, ...]
-    ledger: dict
-    activation_bytes: tuple[int, ...]
-    shards: dict
-    ep_place: int = 0  # with experts: this rank's place in its ep group (which block of experts it holds)
-    biases: tuple = ()  # with experts, balance "aux-free": each of its layers' selection bias after the last step
 
 
 class LedgerProbe(Probe):
@@ -97,29 +78,31 @@ def ledger(step: TrainingStep, probe: LedgerProbe) -> dict[str, int]:
             "activations": probe.peak_activation_bytes, "transient": probe.meter.peak_bytes}
 
 
-def training_on_rank(ctx, layout, config, stage_layers) -> TrainingRankResult:
-    """Train on this rank's part of ``layout`` (``stage_layers``: per virtual stage); return what it
-    measured and the weights it holds (``TrainingRankResult``)."""
+def training_on_rank(ctx, layout, config, stage_layers) -> dict:
+    """Train on this rank's part of ``layout`` (``stage_layers``: per virtual stage), each step a ``"step"``
+    span. Returns its place (``position``: stage, replica, cp rank, tp rank), its share of each step's
+    global loss, its ``ledger``, what autograd saved for each microbatch (and chunk) of the first step, its
+    weight ``shards`` (tp slices, by the stage model's names) and, with experts, its place in its ep group
+    and each of its layers' selection bias after the last step (balance "aux-free")."""
     probe = LedgerProbe(ctx.timeline)
     weights = {k: v.to(ctx.device) for k, v in init_weights(config).items()}
     step = TrainingStep(ctx, layout, config, weights, stage_layers, probe, probe.on_saved)
     probe.release = "W" if step.schedule.split_backward else "B"
     probe.param_ptrs.update(p.data_ptr() for chunk in step.chunks for p in chunk.parameters())
     corpus, me, rows = MarkovCorpus(config), step.me, config.microbatch * config.m
-    losses, marks = [], [len(ctx.comm.records)]
+    losses = []
     for k in range(config.steps):
         tokens = corpus.batch(k, config.global_batch(layout.dp))[me.replica * rows:(me.replica + 1) * rows]
         with ctx.timeline.span(f"step {k}", kind="step", step=k):
             losses.append(step.run(tokens.to(ctx.device)))
-        marks.append(len(ctx.comm.records))
     kept = ledger(step, probe)
     if layout.dp_strategy == "zero3":  # gathered over dp x cp: a collective every rank of the group joins
         shards = step.dp.full_state()
     else:
         shards = {n: p.detach().clone() for chunk in step.chunks for n, p in chunk.named_parameters()}
-    place = step.experts_groups.place if config.is_moe else 0
-    biases = tuple((layer_index, layer.bias) for chunk in step.chunks for layer_index, layer in
-                   ((i, getattr(chunk, f"layer{i}").moe) for i in chunk.layers)) if config.is_moe else ()
-    return TrainingRankResult(ctx.rank, tuple(me), tuple(losses), tuple(marks), kept,
-                              tuple(probe.per_microbatch[:config.m * step.schedule.n_chunks]), shards, place,
-                              tuple((i, b) for i, b in biases if b is not None))
+    moe = step.moe_layers() if config.is_moe else []
+    return {"position": tuple(me), "losses": tuple(losses), "ledger": kept, "shards": shards,
+            "activation_bytes": tuple(probe.per_microbatch[:config.m * step.schedule.n_chunks]),
+            "ep_place": step.experts_groups.place if config.is_moe else 0,
+            "biases": {layer: m.bias for layer, m in zip((i for c in step.chunks for i in c.layers), moe)
+                       if m.bias is not None}}

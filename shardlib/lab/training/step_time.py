@@ -2,14 +2,11 @@
 
 * ``fit_step_cluster``: the toy cluster the prediction runs on: a sweep's link (``calibrate_link``), its
   latency at least what a call between computing pairs of ranks adds, and the model's forward, backward and
-  AdamW's step, timed on every rank at once (``sample_on_rank``: the shared cores counted).
+  AdamW's step, timed on every rank at once (``sample``: the shared cores counted).
 * ``run_step_time_check``: every layout trained on one warm pool (``drivers.run_training``, all at one
   global batch), in rounds, the median step after a warm-up read from the spans, beside its prediction
   (``toy_prediction.predict_step``), as a ``StepTimeCheck``: errors per layout, their mean, the ranking both
-  ways and Spearman's rank correlation (``toy_prediction.spearman``). ``claim_ranking``: the same, retried
-  until the correlation reaches a floor; a claim that still fails prints the numbers, not a traceback.
-
-The ranking claim itself is in ``ranking``.
+  ways and Spearman's rank correlation (``toy_prediction.spearman``). The ranking claim is in ``ranking``.
 """
 
 from __future__ import annotations
@@ -28,9 +25,9 @@ from shardlib.core.training.corpus import MarkovCorpus
 from shardlib.core.training.reference import token_losses
 from shardlib.facts.hardware import Cluster, Link, toy_cluster
 from shardlib.lab.costs.drivers import run_calibration
+from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.drivers import TOY_SWEEP_BYTES
 from shardlib.lab.training.drivers import check_training, run_training
-from shardlib.lab.verdict import measure_until, timing_claim
 from shardlib.predict.calibration import Calibration
 from shardlib.predict.training.time_model import TrainingScore, model_flops_per_token
 from shardlib.predict.training.toy_prediction import (
@@ -43,33 +40,42 @@ from shardlib.predict.training.toy_prediction import (
 )
 
 
-def sample_on_rank(ctx, config: TrainingConfig, repeats: int = 3, calls: int = 20) -> tuple[float, ...]:
-    """On every rank at once: the median seconds of the whole model's forward and backward on one
-    microbatch (the reference's code) and of AdamW's step after it; then, per call, a block's matmuls
-    alone and followed by an all-gather of a sequence-parallel slice over every rank."""
+def pass_on_rank(ctx, config: TrainingConfig) -> None:
+    """The whole model's forward and backward on one microbatch (the reference's code), then AdamW's step:
+    the spans ``"forward-backward"`` and ``"optimizer"``."""
     weights = {k: v.clone().requires_grad_(True) for k, v in init_weights(config).items()}
     tokens, optimizer = MarkovCorpus(config).batch(0, config.microbatch), adamw(list(weights.values()), config)
-    passes, steps, per_call = [], [], []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        start = time.perf_counter()
+    with ctx.timeline.span("forward-backward"):
         token_losses(weights, tokens, config).mean().backward()
-        middle = time.perf_counter()
+    with ctx.timeline.span("optimizer"):
         optimizer.step()
-        passes.append(middle - start)
-        steps.append(time.perf_counter() - middle)
+
+
+def calls_on_rank(ctx, config: TrainingConfig, group: str, calls: int = 20) -> None:
+    """``calls`` times a block's matmuls, each followed (``group``: ``"all"``, ``"pairs"``; not ``"none"``)
+    by an all-gather of a sequence-parallel slice over every rank or over tp pairs."""
     x, w = torch.randn(config.microbatch * config.seq, config.d_model), torch.randn(config.d_model, config.d_ff)
     piece = torch.randn(max(1, config.microbatch * config.seq // ctx.world_size), config.d_model)
     lay = Layout(2, 1, ctx.world_size // 2)  # its tp pairs: a mesh a dp2 x tp2 run makes (and keeps) anyway
-    for group in ("none", None, ctx.device_mesh(lay.mesh_shape, lay.mesh_axes).get_group("tp")):  # alone, all, pairs
-        ctx.comm.barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            for _ in range(4):
-                x @ w
-            if group != "none":
-                ctx.comm.all_gather(piece, group=group)
-        per_call.append((time.perf_counter() - start) / calls)
-    return statistics.median(passes[1:]), statistics.median(steps[1:]), *per_call
+    pg = ctx.device_mesh(lay.mesh_shape, lay.mesh_axes).get_group("tp") if group == "pairs" else None
+    for _ in range(calls):
+        for _ in range(4):
+            x @ w
+        if group != "none":
+            ctx.comm.all_gather(piece, group=pg)
+
+
+def sample(ranks, config: TrainingConfig, repeats: int = 3, calls: int = 20) -> list[tuple[float, ...]]:
+    """Per rank: the median seconds of ``pass_on_rank``'s two spans over ``repeats`` (after a warm-up), then
+    the seconds per call of ``calls_on_rank`` alone, over every rank and over pairs (its second run)."""
+    passes = on_ranks(ranks, pass_on_rank, config, repeats=repeats + 1)
+    per_call = [on_ranks(ranks, calls_on_rank, config, group, calls, repeats=2) for group in ("none", "all", "pairs")]
+
+    def median_s(name: str, rank: int) -> float:
+        return statistics.median(s.duration_s for i in range(1, repeats + 1) for s in passes.spans(name, rank, i))
+
+    return [(median_s("forward-backward", r), median_s("optimizer", r),
+             *(got.elapsed_s(r)[-1] / calls for got in per_call)) for r in range(ranks.world_size)]
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ def calibrate_link(ranks, attempts: int = 3) -> Calibration:
 
 
 def step_cluster(cal: Calibration, samples, config: TrainingConfig) -> StepCluster:
-    """The toy cluster from a sweep and ``sample_on_rank``'s samples (each: every rank's tuple), medians over
+    """The toy cluster from a sweep and ``sample``'s samples (each: every rank's tuple), medians over
     samples: its latency per ring step at least what a call over a pair of computing ranks adds."""
     world = len(samples[0])
     pass_s = statistics.median(statistics.median(r[0] for r in one) for one in samples)
@@ -125,9 +131,9 @@ def step_cluster(cal: Calibration, samples, config: TrainingConfig) -> StepClust
 
 
 def fit_step_cluster(ranks, config: TrainingConfig = STEP_TIME_CONFIG, samples: int = 3) -> StepCluster:
-    """The toy cluster for ``ranks``: ``calibrate_link``, then ``samples`` rounds of ``sample_on_rank``."""
+    """The toy cluster for ``ranks``: ``calibrate_link``, then ``samples`` rounds of ``sample``."""
     cal = calibrate_link(ranks)
-    return step_cluster(cal, [ranks.run(sample_on_rank, config) for _ in range(samples)], config)
+    return step_cluster(cal, [sample(ranks, config) for _ in range(samples)], config)
 
 
 def measured_steps_s(run, warmup: int = 1) -> tuple[float, ...]:
@@ -240,22 +246,9 @@ def run_step_time_check(ranks, config: TrainingConfig = STEP_TIME_CONFIG, layout
     for r in range(rounds):
         for label, layout in list(layouts.items())[::1 - 2 * (r % 2)]:
             if fit is None:
-                samples.append(ranks.run(sample_on_rank, config))
+                samples.append(sample(ranks, config))
             measured[label] += measured_steps_s(run_training(ranks, layout, configs[label]), warmup)
     fit = fit or step_cluster(cal, samples, config)
     out = tuple(LayoutTime(label, layout, predict_step(fit.cluster, layout, config, global_sequences), measured[label])
                 for label, layout in layouts.items())
     return StepTimeCheck(fit, config, global_sequences, out, time.perf_counter() - start)
-
-
-def claim_ranking(ranks, floor: float, attempts: int = 2, **kwargs) -> tuple[StepTimeCheck, bool]:
-    """``run_step_time_check(ranks, **kwargs)`` up to ``attempts`` times, until Spearman's correlation of
-    predicted and measured step times reaches ``floor``; then ``lab.verdict.timing_claim``: the
-    check and whether the claim held (when strict, a claim that failed raises)."""
-    if not -1 <= floor <= 1:
-        raise ValueError(f"a rank correlation lies from -1 to 1; a floor of {floor} cannot be reached")
-    check, attempt = measure_until(lambda: run_step_time_check(ranks, **kwargs),
-                                   lambda c: c.rank_correlation >= floor, attempts)
-    held = timing_claim(check.rank_correlation >= floor, f"the predicted step times rank the layouts as the "
-                        f"measured ones do (Spearman's correlation at least {floor:+.2f})", check.table(), attempt)
-    return check, held
