@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 from shardlib.core.toy import activations, layer_weights  # noqa: E402
 from shardlib.facts.models import TOY  # noqa: E402
 from shardlib.lab.costs.drivers import run_calibration  # noqa: E402
-from shardlib.lab.intro.ranks import all_reduce_time_on_rank, first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
+from shardlib.lab.intro.drivers import run_all_reduce_time  # noqa: E402
+from shardlib.lab.intro.ranks import first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
 from shardlib.lab.tensor_parallel.drivers import run_tp_block  # noqa: E402
 from shardlib.runtime.context import gpu_count  # noqa: E402
 from shardlib.runtime.devices import place_ranks  # noqa: E402
@@ -161,7 +162,7 @@ def check_sweep(report: Report, world: int, backend: str, max_log2: int) -> None
         rows = []
         for log2 in range(8, max_log2 + 1, 2):
             n = 2 ** log2
-            seconds = max(ranks.run(all_reduce_time_on_rank, n))  # the slowest rank's median of 5
+            seconds = run_all_reduce_time(ranks, n).seconds  # the slowest rank's median of 5
             algbw = 4 * n / seconds / 1e9
             rows.append({"bytes": 4 * n, "seconds": seconds, "busbw_gb_s": algbw * 2 * (world - 1) / world})
             print(f"  {4 * n:>14,} {seconds * 1e6:>9.1f} us {algbw:>11.3f} {rows[-1]['busbw_gb_s']:>11.3f}", flush=True)

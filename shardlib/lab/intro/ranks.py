@@ -8,7 +8,6 @@ package is): it runs on a ``Ranks`` pool in a notebook and under ``torchrun``
 from __future__ import annotations
 
 import os
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -73,12 +72,3 @@ def all_reduce_on_rank(ctx, n_elements: int) -> int:
     ctx.comm.all_reduce(x)
     return x.numel() * x.element_size()
 
-
-def all_reduce_time_on_rank(ctx, n_elements: int, repeats: int = 5) -> float:
-    """Median seconds for an all-reduce of ``n_elements`` float32 values on this rank, in one call, for a
-    caller without ``lab.harness`` (``scripts/gpu_check.py``)."""
-    x = torch.ones(n_elements, device=ctx.device)
-    ctx.comm.barrier()
-    for _ in range(repeats):
-        ctx.comm.all_reduce(x)
-    return statistics.median(r.duration_s for r in ctx.comm.records if r.op == "all_reduce")
