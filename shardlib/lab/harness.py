@@ -9,6 +9,7 @@ mechanism never knows it is measured; a rank function is the core call and nothi
     got.each("output"), got.cat("output"), got.sum("dropped"), got.first("capacity")  # in rank order
     got.bytes("all_reduce"), got.bytes(wire=True, rank=0, repeat=0), got.count("all_to_all_single")
     got.step_s(), got.spans("experts")  # per repeat: last end - first start; the spans of that name
+    got.within(got.spans("forward", rank=0)[0])  # the records rank 0 issued inside its forward span
 
 ``Measured.of(values)`` reads results a caller gathered itself. A rank outside the group a function needs
 returns ``None``: its values are dropped. A field a value lacks is a ``ValueError`` listing what it has.
@@ -132,6 +133,10 @@ class Measured:
         """The comm records of ``op`` issued by ``rank`` in ``repeat`` (``None``: any op, every rank,
         every repeat), in the order each rank logged them."""
         return tuple(r for r in self.comm if (op is None or r.op == op) and self._in(r, rank, repeat))
+
+    def within(self, span) -> tuple:
+        """The comm records ``span``'s rank issued while ``span`` was open (e.g. a ``forward`` span)."""
+        return tuple(r for r in self.comm if r.rank == span.rank and span.start_s <= r.start_s <= span.end_s)
 
     def bytes(self, op: str | None = None, rank: int | None = None, wire: bool = False,
               repeat: int | None = -1) -> int:

@@ -74,6 +74,8 @@ def test_on_ranks_reads_each_repeat_on_its_own(pool2):
     assert got.bytes("all_reduce", rank=1, wire=True) == (4 + 8) * 4  # 2(n-1)/n = 1 on two ranks
     assert sorted(s.attrs["rank_twice"] for s in got.spans("work")) == [0, 2]
     assert len(got.spans("work", rank=0, repeat=None)) == 3
+    (work,) = got.spans("work", rank=1)
+    assert [r.size_bytes for r in got.within(work)] == [4 * 4, 8 * 4]  # rank 1's two calls, in that span only
     steps, elapsed = got.step_s(), got.elapsed_s(0)
     assert len(steps) == 3 and len(elapsed) == 3
     assert all(step >= e > 0 for step, e in zip(steps, elapsed))

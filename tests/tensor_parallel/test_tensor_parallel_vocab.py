@@ -152,7 +152,7 @@ def test_the_collectives_by_hand():
 def _ops(got, stage: str, rank: int) -> list[tuple[str, int]]:
     """(op, buffer bytes) of each collective ``rank`` issued inside its span ``stage``."""
     (span,) = got.spans(stage, rank)
-    return [(r.op, r.size_bytes) for r in got.records(rank=rank) if span.start_s <= r.start_s <= span.end_s]
+    return [(r.op, r.size_bytes) for r in got.within(span)]
 
 
 def _lm_ends_on_rank(ctx, tokens, targets, emb_w, head_w):

@@ -50,7 +50,7 @@ class AttentionGrads:
     def _sent(self, part: str) -> int:
         """Rank 0's wire bytes in the ``part`` span (``forward`` or ``backward``)."""
         (span,) = self.got.spans(part, rank=0)
-        return sum(c.wire_bytes for c in self.got.records(rank=0) if span.start_s <= c.start_s <= span.end_s)
+        return sum(c.wire_bytes for c in self.got.within(span))
 
     forward_bytes = property(lambda self: self._sent("forward"))
     backward_bytes = property(lambda self: self._sent("backward"))

@@ -70,8 +70,7 @@ class DataParallelRun:
         weights, after the last step, belongs to no step)."""
         out = []
         for r in range(self.world_size) if rank is None else [rank]:
-            window = self.step_span(step, r)
-            out += [c for c in self.got.records(rank=r) if window.start_s <= c.start_s <= window.end_s]
+            out += self.got.within(self.step_span(step, r))
         return out
 
     def bytes_per_step(self, step: int = -1, rank: int = 0) -> dict[str, dict[str, float]]:

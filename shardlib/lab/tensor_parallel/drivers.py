@@ -89,8 +89,7 @@ class BlockRun:
 
     def _pass(self, name: str, rank: int) -> tuple:
         """The comm records ``rank`` issued inside its ``name`` span (``forward`` or ``backward``)."""
-        return tuple(r for s in self.got.spans(name, rank) for r in self.got.records(rank=rank)
-                     if s.start_s <= r.start_s <= s.end_s)
+        return tuple(r for s in self.got.spans(name, rank) for r in self.got.within(s))
 
     def _per_rank(self, name: str, read) -> tuple:
         return tuple(read(self._pass(name, rank)) for rank in self.got.ranks)
