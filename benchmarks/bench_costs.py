@@ -26,8 +26,8 @@ def main() -> int:
     from shardlib.lab.costs.drivers import run_calibration
     from shardlib.predict.alpha_beta import crossover_bytes
     from shardlib.predict.calibration import DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES
-    from shardlib.predict.serving.cost import format_tp_cost_table
     from shardlib.runtime.ranks import Ranks
+    from shardlib.ui.tables import format_tp_cost_table
 
     print(f"calibration sweep: {len(DEFAULT_SIZES_BYTES)} sizes from {DEFAULT_SIZES_BYTES[0]} B to "
           f"{DEFAULT_SIZES_BYTES[-1] / 2 ** 20:.0f} MiB x all-reduce, all-to-all, point-to-point; "

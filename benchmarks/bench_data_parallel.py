@@ -39,7 +39,8 @@ def row(label: str, value: str, note: str = "") -> None:
 
 def main() -> int:
     from shardlib.core.checks import TOLERANCE
-    from shardlib.core.data_parallel.flat import STRATEGIES, STRATEGY_TITLES
+    from shardlib.core.data_parallel.flat import STRATEGY_TITLES
+    from shardlib.core.mesh import DP_STRATEGIES
     from shardlib.lab.data_parallel.claims import median_run, run_collective_identity, run_overlap
     from shardlib.lab.data_parallel.drivers import run_data_parallel, run_peer
     from shardlib.lab.data_parallel.reference import toy_batches, toy_model, train_reference
@@ -58,7 +59,7 @@ def main() -> int:
 
         print("1. one training step per strategy on 2 ranks (overlap on; buckets of 1 MiB)")
         runs = {}
-        for s in STRATEGIES:
+        for s in DP_STRATEGIES:
             tries = [run_data_parallel(ranks, s, model, batches, LR, bucket_bytes=BUCKET_BYTES) for _ in range(REPEATS)]
             runs[s] = median_run(tries)
             steps = [r.step_s() for r in tries]

@@ -45,9 +45,9 @@ from dataclasses import replace
 import torch
 
 from shardlib.core.checks import TOLERANCE
-from shardlib.core.serving.llama import weights_from_hf_llama
+from shardlib.core.model import stack_reference, weights_from_hf_llama
 from shardlib.core.serving.requests import EngineConfig
-from shardlib.core.toy import activations, stack_reference, stack_weights
+from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.models import TOY
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.serving.drivers import run_combined, run_toy_cluster_calibration
@@ -63,8 +63,9 @@ from shardlib.predict.serving.engine import (
     simulate_serving,
 )
 from shardlib.predict.serving.memory import Workload
-from shardlib.predict.serving.planner import format_plan, plan_serving
+from shardlib.predict.serving.planner import plan_serving
 from shardlib.runtime.ranks import Ranks
+from shardlib.ui.tables import format_plan
 
 ROUNDS, REPEATS = 4, 5
 
@@ -221,7 +222,8 @@ def engine_main(args) -> None:
 def fleet_main(args) -> None:
     """Serving at scale on 4 ranks: goodput over request rates per configuration, measured and predicted;
     the router per policy; replicas against one split copy; the KV hand-off's bytes; a cold start."""
-    from shardlib.core.serving.llama import LlamaConfig, random_weights
+    from shardlib.core.config import ModelConfig
+    from shardlib.core.model import random_weights
     from shardlib.core.serving.requests import request_metrics
     from shardlib.facts.models import LLAMA_3_70B
     from shardlib.lab.serving.cold_start import run_cold_start_check
@@ -233,9 +235,11 @@ def fleet_main(args) -> None:
     from shardlib.predict.serving.fleet import simulate_replicas
     from shardlib.predict.serving.goodput import goodput, slo_attainment
     from shardlib.predict.serving.pools import simulate_pools
-    from shardlib.predict.serving.presets import handoff_table
+    from shardlib.ui.serving_tables import cold_start_table, served_table
+    from shardlib.ui.tables import handoff_table
 
-    model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+    model = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                        max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
     weights = random_weights(model, seed=0, dtype=torch.float64)
     config = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
     rates = tuple(args.fleet_rates)
@@ -334,7 +338,7 @@ def fleet_main(args) -> None:
         print(f"\nrouter: {len(hot)} requests, 75 % under one 48-token system prompt, 4 replicas of 1 rank")
         for v in routing.verdicts:
             print("  " + v.line)
-        print(routing.table())
+        print(served_table(routing))
 
         # -- replicas against one split copy ------------------------------------------------------------------
         for replicas in (4, 2):
@@ -342,7 +346,7 @@ def fleet_main(args) -> None:
             print(f"\n{layouts.labels[0]} against {layouts.labels[1]}, {n} requests at {rates[1]:g} a second")
             for v in layouts.verdicts:
                 print("  " + v.line)
-            print(layouts.table())
+            print(served_table(layouts))
             if layouts.planner is not None:
                 pl = layouts.planner
                 print(f"  the planner's pair (costs.predict.replicas_vs_tensor_parallel) on the two fits: throughput "
@@ -357,7 +361,7 @@ def fleet_main(args) -> None:
     print("\ncold start of one replica")
     for v in start.verdicts:
         print("  " + v.line)
-    print(start.table())
+    print(cold_start_table(start))
     for storage in STORAGE.values():
         print("  " + burst_at_scale(LLAMA_3_70B, storage, 20.0, 4.0, 2, process_start_s=30.0, first_step_s=10.0).line)
 

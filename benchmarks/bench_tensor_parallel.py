@@ -56,7 +56,7 @@ def single_forward(ctx, x, seed: int):
     """The unsharded MLP on one rank with one thread: one forward, its output."""
     import torch
 
-    from shardlib.core.toy import mlp_reference
+    from shardlib.core.model import mlp_reference
 
     torch.set_num_threads(1)
     weights = built("single", lambda: make_weights(seed))

@@ -30,6 +30,7 @@ from shardlib.predict.training.toy_prediction import (
     floor_for_chance,
 )
 from shardlib.runtime.ranks import Ranks
+from shardlib.ui.training_figures import step_cluster_text, step_time_table
 
 
 def main() -> None:
@@ -46,8 +47,8 @@ def main() -> None:
             check = run_step_time_check(four, layouts=layouts, rounds=args.rounds)
             checks.append(check)
             print(f"\n-- run {k + 1} of {args.runs} ({time.perf_counter() - start:.1f} s, fit and every layout)")
-            print(check.fit.text())
-            print(check.table())
+            print(step_cluster_text(check.fit))
+            print(step_time_table(check))
     print(f"\n-- over {len(checks)} runs: measured/predicted per layout (min .. max) and its median error")
     for label in layouts:
         rows = [next(t for t in c.layouts if t.label == label) for c in checks]

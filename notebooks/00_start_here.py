@@ -69,6 +69,7 @@ for g in GPUS.values():
 from shardlib.facts.hardware import B200, H100_80GB, H200, MI300X, MI325X
 from shardlib.facts.models import LLAMA_3_70B, PRESETS
 from shardlib.predict.serving.fit import fit_on_gpus, gpus_needed
+from shardlib.ui.tables import format_fit
 
 for model in PRESETS.values():
     if model.n_params > 1e9:
@@ -77,7 +78,7 @@ for model in PRESETS.values():
 print()
 fits = {g.name: fit_on_gpus(LLAMA_3_70B, g) for g in GPUS.values()}
 for f in fits.values():
-    print(f.describe())
+    print(format_fit(f))
 
 assert 140e9 < LLAMA_3_70B.weight_bytes < 142e9, "70.6 B parameters at 2 bytes is 141 GB"
 assert not fits[H100_80GB.name].fits and not fits[H200.name].fits, "80 and 141 GB GPUs cannot hold 141 GB of weights"
@@ -94,7 +95,7 @@ assert (fits[B200.name].sequences, fits[MI300X.name].sequences) == (15, 23), "wi
 
 # %%
 for tp in (2, 4, 8):
-    print(fit_on_gpus(LLAMA_3_70B, H100_80GB, tp).describe())
+    print(format_fit(fit_on_gpus(LLAMA_3_70B, H100_80GB, tp)))
 need = {s: gpus_needed(LLAMA_3_70B, H100_80GB, sequences=s) for s in (1, 32, 128)}
 print("\nfewest 80 GB H100s for Llama-3-70B in bf16: " + ", ".join(
     f"{gpus} GPUs for {s} sequence{'s' if s > 1 else ''} of 4K tokens" for s, gpus in need.items()))
@@ -128,7 +129,7 @@ for bits in (8, 4):
           f"KV cache per token {q.kv_bytes_per_token() / 1e3:.0f} KB "
           f"(bf16: {llama70.kv_bytes_per_token() / 1e3:.0f} KB)")
 four_bit_on_h100 = fit_on_gpus(llama70.quantized(4), H100_80GB)
-print(four_bit_on_h100.describe())
+print(format_fit(four_bit_on_h100))
 assert llama70.quantized(4).matrix_bytes_per_param == 0.5 + 2 / 128  # 4 bits + a 16-bit scale per 128
 assert llama70.quantized(4).kv_bytes_per_token() == llama70.kv_bytes_per_token()
 assert not fit_on_gpus(llama70.quantized(8), H100_80GB).fits and four_bit_on_h100.sequences == 24

@@ -301,11 +301,10 @@ from shardlib.predict.shapes import (
     kv_heads_per_device,
     tensor_parallel_problems,
 )
-from shardlib.predict.tensor_parallel import max_tensor_parallel_shards
 
 for m in PRESETS.values():
     print(f"{m.name:<14} heads {m.n_heads:>3}, KV heads {m.n_kv_heads}: usable tp {usable_tensor_parallel_degrees(m)}, "
-          f"largest {max_tensor_parallel_shards(m)}")
+          f"largest {max(usable_tensor_parallel_degrees(m))}")
 
 print(f"\n{LLAMA_3_70B.name}, one 8,192-token sequence (a model: shape arithmetic)")
 print(f"{'tp':>4}{'KV heads/GPU':>14}{'copies/head':>13}{'KV cache/GPU':>15}")

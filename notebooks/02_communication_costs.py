@@ -172,7 +172,8 @@ for preset in LINKS.values():
 
 # %%
 from shardlib.facts.models import LLAMA_3_8B
-from shardlib.predict.serving.cost import format_tp_cost_table, tp_decode_cost, tp_prefill_cost
+from shardlib.predict.serving.cost import tp_decode_cost, tp_prefill_cost
+from shardlib.ui.tables import format_tp_cost_table
 
 print(format_tp_cost_table(LLAMA_3_8B, LINKS.values(), tp_degrees=(2, 4, 8), prompt_tokens=2048))
 
@@ -370,10 +371,11 @@ for tokens, what in messages.items():
 # %% tags=["nbval-ignore-output"]
 from shardlib.predict.calibration import fit_link
 from shardlib.lab.costs.claims import run_decode_vs_prefill_check
+from shardlib.ui.costs_figures import decode_vs_prefill_table
 
 measured = run_decode_vs_prefill_check(ranks, here, LLAMA_3_8B, tokens=tuple(messages))
 dvp = measured.run
-print(dvp.format())
+print(decode_vs_prefill_table(dvp))
 at_four = fit_link([s for s in dvp.floors if s.n_ranks == 4])
 print(f"fitted on the tp = 4 points alone: {at_four.latency_s * 1e6:,.0f} us per ring step "
       f"(2 ranks: {here.latency_s * 1e6:,.0f} us)")
@@ -525,7 +527,8 @@ slow_rank_explorer(ranks)
 # %%
 from shardlib.facts.hardware import H100_80GB
 from shardlib.predict.serving.memory import Workload
-from shardlib.predict.serving.replicas import format_latency_vs_throughput, latency_vs_throughput
+from shardlib.predict.serving.replicas import latency_vs_throughput
+from shardlib.ui.tables import format_latency_vs_throughput
 
 curves = {}
 for context, prompt in ((1024, 512), (4096, 2048), (8192, 2048)):

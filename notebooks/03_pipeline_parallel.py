@@ -94,7 +94,8 @@ assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy 
 # %%
 from fractions import Fraction
 
-from shardlib.predict.pipeline import idle_slots, peak_in_flight, schedule_text, step_slots
+from shardlib.predict.pipeline import idle_slots, peak_in_flight, step_slots
+from shardlib.ui.tables import schedule_text
 from shardlib.core.pipeline.orders import make_schedule
 
 for name in ("gpipe", "1f1b"):
@@ -262,7 +263,7 @@ from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
 OP_S = 0.03
 schedule = make_schedule("gpipe", 2, 4)
 run = run_pipeline(ranks, schedule, TOY, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
-predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.timing_note, run.bubble.idle_fraction,
+predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.bubble.idle_fraction,
                              ranks.description)
 
 # %% [markdown]

@@ -144,32 +144,34 @@ for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
 # %% [markdown]
 # ## Read the code
 #
-# The whole forward of the layer on one rank, as every run below executes it, from
-# `shardlib/core/experts/dispatch.py`; second, the helper that runs the experts on the rows received. Every
-# rank calls `expert_parallel_moe` at the same moment, each with its own *home* tokens `x`. `ctx.comm`
-# records the rank's collectives. `probe` is where timing attaches from outside; by default it records
-# nothing.
+# The layer's forward on one rank, from `shardlib/core/experts/dispatch.py`, then the function that runs the
+# experts on the rows received. Every rank calls `moe_layer` at once, each with its own *home* tokens `x`.
+# With `ctx=None` it runs in one process with every expert: the reference. Timing attaches through `probe`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.experts.dispatch import apply_hosted_experts, expert_parallel_moe
+from shardlib.core.experts.dispatch import moe_layer, run_experts
 from shardlib.ui.code import show_code
 
-show_code(expert_parallel_moe, apply_hosted_experts)
+show_code(moe_layer, run_experts)
 
 # %% [markdown]
 # <details><summary>Top to bottom, the four steps of the idea</summary>
 #
-# - **Route**: `route` keeps each home token's top-k with their gates. Then `assign` applies a capacity cap
-#   if the config sets one (none until the balancing section). Last, `dispatch_plan` orders the
-#   token-slots by destination rank, then by expert, and counts the rows for each expert on each rank.
-# - **Dispatch**, two all-to-alls. The first carries only the counts: a rank cannot know how many rows
-#   are coming until the senders' routers have decided. The second carries the rows. Slot `t · k + s`
-#   belongs to token `t`, so `x[plan.order // cfg.k]` repeats a token's row once per expert it goes to.
-# - **Experts**: `apply_hosted_experts` gathers the rows for each expert it holds and runs that expert's
-#   MLP on them, however many there are.
+# - **Route**: `route` keeps each home token's top-k with their gates. Then
+#   `assign` applies a capacity cap if the config sets one (none until the balancing section). Last,
+#   `dispatch_plan` orders the token-slots by destination rank, then by expert, and counts the rows for each
+#   expert on each rank.
+# - **Dispatch**, two all-to-alls. The first carries only the counts: a rank cannot know how
+#   many rows are coming until the senders' routers have decided. The second carries the rows. Slot
+#   `t · k + s` belongs to token `t`, so `x[routed.plan.order // cfg.k]` repeats a token's row once per
+#   expert it goes to.
+# - **Experts**: `run_experts` sorts the rows by expert and runs each expert's MLP on its slice.
 # - **Combine**: the same all-to-all backwards. No rank gets through it before the busiest rank has
-#   finished its experts. Then `combine` adds `gate · expert output` for every slot to the residual `x`,
-#   in the order the one-process `moe_reference` uses.
+#   finished its experts. Then `weighted_at_home` adds up `gate · expert output` over each token's slots;
+#   the caller adds the residual `x`.
+#
+# `all_to_all` is an autograd function: in training its backward is the reverse all-to-all (the last
+# section).
 #
 # </details>
 
@@ -608,7 +610,7 @@ bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": balanc
 # remote node fall. Rows per token-slot hardly change: the k slots now share a node.
 
 # %%
-from shardlib.lab.experts.train_drivers import run_node_limited
+from shardlib.lab.experts.node_limited import run_node_limited
 
 limited = run_node_limited(ranks, train_cfg, max_nodes=1, n_tokens=256)
 assert limited.exact  # the rows counted from the routing = the rows the ranks' comm logs sent

@@ -81,23 +81,25 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # - `combined_forward`: each stage receives a microbatch from the *same tp rank* of the previous stage,
 #   runs its blocks and sends the result on.
 # - `pipelined_decode` loops as a server decodes: the last stage hands each output back to the first.
+# - Both are one loop, `run_round`; its messages go through notebook 03's pipeline engine.
 #
 # <details><summary>More on what the code does</summary>
 #
 # The replica takes its share of the batch (`tensor_split` along the batch) and cuts it into
 # microbatches. Every tp rank of a stage sends its own copy, so no rank ever gathers or scatters; that is
 # why the pp axis carries `tp` sends per microbatch per boundary. The `probe.span` around the blocks is
-# where a timeline can attach; by default it records nothing. In `pipelined_decode` each send is
-# `isend`, so a stage goes straight on to the next microbatch. `lab.serving.ranks` passes the rank's
-# timeline as the probe, so each microbatch's compute is a span: its end is when that output was ready.
+# where a timeline can attach; by default it records nothing. A thread sends to the next stage and
+# another receives ahead from the one before, so a stage goes straight on to the next microbatch.
+# The lab passes the rank's timeline as the probe: each microbatch's compute is a span, ending when its output
+# was ready.
 #
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.serving.layouts import build_stage, combined_forward, pipelined_decode
+from shardlib.core.serving.layouts import build_stage, combined_forward, pipelined_decode, run_round
 from shardlib.ui.code import show_code
 
-show_code(build_stage, combined_forward, pipelined_decode)
+show_code(build_stage, run_round, combined_forward, pipelined_decode)
 
 # %% [markdown]
 # ## Measured, not copied: the three comm logs, side by side
@@ -202,11 +204,12 @@ assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) 
 #   `2 x 2 = 4` sends (and 4 receives).
 
 # %%
-from shardlib.lab.serving.drivers import format_traffic, run_combined
+from shardlib.lab.serving.drivers import run_combined
+from shardlib.ui.serving_tables import traffic_table
 from shardlib.core.mesh import Layout
 from shardlib.predict.serving.traffic import forward_traffic
 from shardlib.core.checks import TOLERANCE
-from shardlib.core.toy import stack_reference
+from shardlib.core.model import stack_reference
 
 layers = stack_weights(TOY, seed=0)
 x = activations(4, 6, TOY.d_model)  # (4, 6, 64)
@@ -226,7 +229,7 @@ layout = Layout(tp=2, pp=2)
 run = run_combined(four, layout, TOY, layers, x, n_microbatches=2)
 gap = (run.output - reference).abs().max().item()
 print(f"largest difference from the unsharded stack: {'below 1e-5' if gap < TOLERANCE else gap}")
-print(format_traffic(run))
+print(traffic_table(run))
 assert torch.allclose(run.output, reference, atol=TOLERANCE, rtol=TOLERANCE) and run.last_stage_agree
 assert run.measured == run.predicted
 calls = {(a.axis, a.op): a.count for a in run.measured}
@@ -275,7 +278,7 @@ for a in forward_traffic(TOY_MOE, ep_layout, batch=4, seq_tokens=8, n_microbatch
 ep_stack_run = run_combined(four, ep_layout, TOY_MOE, moe_layers, moe_seqs, n_microbatches=2)
 gap = (ep_stack_run.output - moe_reference).abs().max().item()
 print(f"largest difference from the one-process MoE stack: {'below 1e-5' if gap < TOLERANCE else gap}")
-print(format_traffic(ep_stack_run))
+print(traffic_table(ep_stack_run))
 assert torch.allclose(ep_stack_run.output, moe_reference, atol=TOLERANCE, rtol=TOLERANCE)  # the tp sums' order
 assert ep_stack_run.measured == ep_stack_run.predicted
 
@@ -335,7 +338,8 @@ for side in (wide.dp_attention, wide.tp_attention):  # TP attention's all-reduce
 # %%
 from shardlib.facts.hardware import Link
 from shardlib.lab.serving.across import across_workload, check_across_nodes
-from shardlib.predict.serving.planner import format_plan, plan_serving
+from shardlib.predict.serving.planner import plan_serving
+from shardlib.ui.tables import format_plan
 from shardlib.core.toy import decode_reference
 
 two = Ranks(2)

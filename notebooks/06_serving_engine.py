@@ -88,7 +88,7 @@ from shardlib.runtime.launcher import start_template
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
 from shardlib.core.serving.blocks import BlockManager
-from shardlib.core.serving.paged import KVCache, Layer, attend_decodes
+from shardlib.core.serving.paged import KVCache, PagedModel, attend_decodes
 from shardlib.core.serving.scheduler import Scheduler
 from shardlib.ui.code import show_code
 
@@ -113,7 +113,7 @@ show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.releas
 # heads, and two all-reduces a layer sum the heads.
 
 # %% tags=["nbval-ignore-output"]
-show_code(KVCache.slots, Layer.forward, attend_decodes)
+show_code(KVCache.slots, PagedModel.attend, attend_decodes)
 
 # %% [markdown]
 # ## The model and the ranks
@@ -128,9 +128,11 @@ from shardlib.runtime.ranks import Ranks
 from shardlib.core.serving.requests import EngineConfig
 from shardlib.lab.serving.traces import poisson_trace
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
-from shardlib.core.serving.llama import LlamaConfig, random_weights
+from shardlib.core.config import ModelConfig, kv_bytes_per_token
+from shardlib.core.model import random_weights
 
-model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+model = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
 weights = random_weights(model, seed=0, dtype=torch.float64)
 two = Ranks(2)
 print(f"{two.world_size} ranks: {two.description}")
@@ -188,7 +190,7 @@ assert roomy_run.tokens == reference and tight_run.tokens == reference and tight
 # `2 x 2 x 1 x 8 x 8 = 256` bytes. The cache holds `num_blocks x block_size` token slots per rank.
 
 # %%
-per_token = model.kv_bytes_per_token(element_bytes=8, tp=two.world_size)
+per_token = int(kv_bytes_per_token(model.n_layers, model.n_kv_heads, model.head_dim, 8, two.world_size))
 predicted_cache = per_token * config.capacity_tokens
 print(f"predicted: {per_token} bytes a token x {config.capacity_tokens} slots = {predicted_cache:,} bytes per rank")
 
@@ -232,10 +234,11 @@ kv_use_figure(measured_paged, reserved, PAPER_CONTIGUOUS_UTILIZATION, where=f"me
 from shardlib.facts.hardware import H100_80GB
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
 from shardlib.predict.serving.fit import fit_on_gpus
+from shardlib.ui.tables import format_fit
 
 for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
     print(f"{preset.name}: {preset.kv_bytes_per_token() / 1024:.0f} KiB of KV a token (bf16, all ranks)")
-    print("   " + fit_on_gpus(preset, H100_80GB, tp=tp, context_tokens=4096).describe())
+    print("   " + format_fit(fit_on_gpus(preset, H100_80GB, tp=tp, context_tokens=4096)))
 
 # %% [markdown]
 # Tensor parallelism splits the KV heads too, so each GPU holds a share of every token. Past the KV-head
@@ -276,12 +279,13 @@ print(f"predicted on the trace: TTFT p50 {predicted['ttft_p50_s'] * 1e3:.1f} ms,
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.serving.engine_drivers import run_policy_check
+from shardlib.ui.serving_tables import served_table
 
 load = run_policy_check(two, weights, trace, {"continuous": config}, cost=cost,
                         claims=[("tpot_p50_s", "continuous"), ("tokens_per_s", "continuous")])
 for v in load.verdicts:
     print(v.line)
-print(load.table())
+print(served_table(load))
 assert load.runs["continuous"].tokens == reference
 
 # %% [markdown]
@@ -320,7 +324,7 @@ static_check = run_policy_check(two, weights, trace, batching, cost=cost,
                                 ratios=[("tokens_per_s", "continuous", "static")])
 for v in static_check.verdicts:
     print(v.line)
-print(static_check.table(("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tokens_per_s")))
+print(served_table(static_check, ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tokens_per_s")))
 assert all(run.tokens == reference for run in static_check.runs.values())
 
 # %% [markdown]
@@ -346,7 +350,7 @@ prefill_check = run_policy_check(two, weights, trace, prefill, cost=cost,
                                  ratios=[("tpot_p90_s", "prefill-first", "chunked")])
 for v in prefill_check.verdicts:
     print(v.line)
-print(prefill_check.table(("ttft_p50_s", "tpot_p50_s", "tpot_p90_s", "gap_max_s")))
+print(served_table(prefill_check, ("ttft_p50_s", "tpot_p50_s", "tpot_p90_s", "gap_max_s")))
 assert all(run.tokens == reference for run in prefill_check.runs.values())
 
 # %% [markdown]

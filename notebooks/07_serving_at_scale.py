@@ -117,9 +117,11 @@ from shardlib.runtime.ranks import Ranks
 from shardlib.core.serving.requests import EngineConfig
 from shardlib.lab.serving.traces import poisson_trace
 from shardlib.lab.serving.engine_drivers import reference_tokens
-from shardlib.core.serving.llama import LlamaConfig, random_weights
+from shardlib.core.config import ModelConfig
+from shardlib.core.model import random_weights
 
-model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+model = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
 weights = random_weights(model, seed=0, dtype=torch.float64)
 four = Ranks(4)
 print(f"{four.world_size} ranks: {four.description}")
@@ -200,15 +202,16 @@ assert small.tokens == reference and small.kv_bytes_sent == small.kv_bytes_predi
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.serving.disagg_drivers import run_disaggregation_check
+from shardlib.ui.serving_tables import disaggregation_table, handoff_line, interference_line
 
 split = run_disaggregation_check(four, weights, trace, config, runs={"disaggregated": pools})
 for v in split.verdicts:
     print(v.line)
-print(split.interference.line)
-print(split.handoff_line)
+print(interference_line(split.interference))
+print(handoff_line(split))
 for o in split.objectives:
     print(f"{o.name}: {o.share:.0%} of requests within TTFT {o.ttft_s * 1e3:.0f} ms and TPOT {o.tpot_s * 1e3:.1f} ms")
-print(split.table())
+print(disaggregation_table(split))
 assert all(run.tokens == reference for run in split.runs.values())
 
 # %% [markdown]
@@ -245,7 +248,7 @@ assert all(run.tokens == reference for run in split.runs.values())
 # On real models the hand-off is large. A prompt of 4,096 tokens, 10 requests a second, 8 GPUs a pool:
 
 # %%
-from shardlib.predict.serving.presets import handoff_table
+from shardlib.ui.tables import handoff_table
 
 print(handoff_table(4096, 10.0))
 
@@ -293,12 +296,13 @@ for label, (name, options) in policies.items():
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.serving.replica_drivers import run_router_check
+from shardlib.ui.serving_tables import served_table
 
 fit_trace = hot_prefix_trace(12, rate_per_s=float("inf"), hot=0.5, seed=3)
 routing = run_router_check(four, weights, hot, config, policies, fit_requests=fit_trace)
 for v in routing.verdicts:
     print(v.line)
-print(routing.table())
+print(served_table(routing))
 runs = routing.runs
 assert all(run.tokens == runs["round-robin"].tokens for run in runs.values())
 hot_ids = [r.request_id for r in hot if r.request_id.startswith("h")]
@@ -346,7 +350,7 @@ from shardlib.lab.serving.replica_drivers import run_replicas_vs_tp_check
 layouts = run_replicas_vs_tp_check(four, weights, trace, config, poisson_trace(12, float("inf"), seed=2))
 for v in layouts.verdicts:
     print(v.line)
-print(layouts.table())
+print(served_table(layouts))
 assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 
 # %% [markdown]
@@ -376,11 +380,12 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.serving.cold_start import run_cold_start_check
+from shardlib.ui.serving_tables import cold_start_table
 
 start = run_cold_start_check()
 for v in start.verdicts:
     print(v.line)
-print(start.table())
+print(cold_start_table(start))
 assert start.first_token == start.reference_token
 
 # %% [markdown]

@@ -443,24 +443,24 @@ activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.sav
 # which stores attention's `s × s` tensors, should overflow an 80 GB GPU.
 
 # %%
-from shardlib.predict.data_parallel import layer_activation_bytes, training_memory_per_gpu
-from shardlib.core.pipeline.orders import make_schedule
-from shardlib.predict.pipeline import peak_in_flight
+from shardlib.core.mesh import Layout
+from shardlib.predict.data_parallel import STATE_BYTES_MIXED, layer_activation_bytes
+from shardlib.predict.training.memory import training_memory
 
-in_flight = peak_in_flight(make_schedule("1f1b", 4, 8))[0]  # 1F1B, 4 stages: the first stage holds 4
-print(f"Llama-3-8B, sequences of 4096 tokens, microbatch 1, ZeRO-1 over 8 ranks; pp = 4 with 1F1B ({in_flight} in "
-      "flight); a model, not a measurement")
+stage_0 = Layout(1, 4, 8, dp_strategy="zero1")  # 4 stages of 1F1B, ZeRO-1 over 8 ranks; the first stage
+print("Llama-3-8B, sequences of 4096 tokens, microbatch 1, ZeRO-1 over 8 ranks; the first of 4 stages of 1F1B; "
+      "a model, not a measurement")
 LABELS = {"none": "s x s tensors stored (34 + 5as/h)", "selective": "never stored (34)", "full": "full recompute (2)"}
 budgets = {}
 for recompute, label in LABELS.items():
-    budgets[recompute] = training_memory_per_gpu(LLAMA_3_8B, "zero1", 8, 4096, 1, pp=4, in_flight=in_flight,
-                                                 recompute=recompute)
-    b = budgets[recompute]
+    b = budgets[recompute] = training_memory(LLAMA_3_8B, stage_0, 4096, 1, 8, recompute=recompute,
+                                             state_bytes=STATE_BYTES_MIXED)
     per_layer = layer_activation_bytes(LLAMA_3_8B, 4096, 1, recompute)
-    print(f"  {label:<33}: {per_layer / 1e9:5.2f} GB per layer; states {(b['total'] - b['activations']) / 1e9:5.1f} GB"
-          f" + activations {b['activations'] / 1e9:6.1f} GB = {b['total'] / 1e9:6.1f} GB per GPU")
-assert budgets["selective"]["total"] < H100_80GB.memory_bytes < budgets["none"]["total"]
-assert budgets["full"]["total"] < budgets["selective"]["total"]
+    print(f"  {label:<33}: {per_layer / 1e9:5.2f} GB per layer, {b.in_flight:g} in flight; states "
+          f"{b.states_bytes / 1e9:5.1f} GB + activations {(b.activations_bytes + b.ends_bytes) / 1e9:6.1f} GB = "
+          f"{b.total_bytes / 1e9:6.1f} GB per GPU")
+assert budgets["selective"].total_bytes < H100_80GB.memory_bytes < budgets["none"].total_bytes
+assert budgets["full"].total_bytes < budgets["selective"].total_bytes
 
 # %% [markdown]
 # With fused attention, which current training stacks use, the stage fits without recomputing anything.

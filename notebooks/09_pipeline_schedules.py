@@ -89,7 +89,7 @@ assert zb_h1 * 3 == one_f_one_b  # ZB-H1 idles a third of 1F1B when F = B = W
 
 # %%
 from shardlib.core.pipeline.orders import make_schedule
-from shardlib.predict.pipeline import schedule_text
+from shardlib.ui.tables import schedule_text
 
 for name in ("1f1b", "zb-h1"):
     s = make_schedule(name, 4, 8)

@@ -61,7 +61,7 @@ from shardlib.runtime.launcher import start_template
 
 start_template()  # the rank processes' template starts importing torch now, beside the cells below
 
-from shardlib.predict.context_parallel_memory import context_parallel_needed, device_memory
+from shardlib.predict.context_parallel import context_parallel_needed, device_memory
 from shardlib.facts.hardware import H100_80GB
 from shardlib.facts.models import LLAMA_3_1_8B, LLAMA_3_1_70B
 from shardlib.predict.shapes import kv_cache_bytes
@@ -133,7 +133,7 @@ show_code(GatherFromSequence, ScatterToSequence)
 
 # %%
 from shardlib.runtime.ranks import Ranks
-from shardlib.predict.context_parallel_memory import toy_block_activation_bytes
+from shardlib.predict.context_parallel import toy_block_activation_bytes
 from shardlib.facts.models import TOY
 from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
 from shardlib.core.toy import activations, layer_weights

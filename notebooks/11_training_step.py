@@ -233,7 +233,7 @@ assert train_runs["tp=2 pp=1 dp=2"].losses[-1] < train_runs["tp=2 pp=1 dp=2"].lo
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.ui.training_figures import ledger_figure, loss_figure, step_time_figure, traffic_figure
+from shardlib.ui.training_figures import ledger_figure, loss_figure, step_time_figure, step_time_table, traffic_figure
 
 loss_figure({name: run.losses for name, run in train_runs.items()},
             {f"global batch of {train_config.global_batch(dp)}": ref.losses for dp, ref in train_refs.items()},
@@ -370,8 +370,7 @@ print("measured = predicted on every rank: " + ", ".join(
 # global batch of 4 sequences (`m` set to make it so). First the prediction, fastest first:
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.training.step_time import fit_step_cluster
-from shardlib.lab.training.ranking import run_ranking_check
+from shardlib.lab.training.step_time import fit_step_cluster, run_ranking_check
 from shardlib.predict.training.toy_prediction import RANKED_4, STEP_TIME_CONFIG, predict_step
 
 timed = replace(STEP_TIME_CONFIG, n_layers=2, steps=3)  # each run's first step left out: the median of two
@@ -388,10 +387,9 @@ for label, step_s in sorted(predicted_steps.items(), key=lambda kv: kv[1]):
 # 5 % of the time. Now the measurement:
 
 # %% tags=["nbval-ignore-output"]
-ranking = run_ranking_check(four, fit=this_machine, config=timed)
-for v in ranking.verdicts:
+step_check, verdicts = run_ranking_check(four, fit=this_machine, config=timed)
+for v in verdicts:
     print(v.line)
-step_check = ranking.check
 ratios = [t.ratio for t in step_check.layouts]
 print(f"measured / predicted per layout: from {min(ratios):.1f} to {max(ratios):.1f}")
 
@@ -409,7 +407,7 @@ print(f"measured / predicted per layout: from {min(ratios):.1f} to {max(ratios):
 # The table gives each layout's terms as predicted, then the measured step and their ratio:
 
 # %% tags=["nbval-ignore-output"]
-print(step_check.table())
+print(step_time_table(step_check))
 
 # %% tags=["nbval-ignore-output"]
 step_time_figure({t.label: t.predicted_s for t in step_check.layouts},

@@ -75,7 +75,8 @@ show_code(training_memory, in_flight)
 # GPU do DDP and the three ZeRO stages keep? Then the published figures, beside the same formulas.
 
 # %%
-from shardlib.predict.training.published import format_rows, published_rows
+from shardlib.predict.training.published import published_rows
+from shardlib.ui.tables import format_rows
 
 rows = published_rows()
 print(format_rows(rows))
@@ -189,7 +190,8 @@ from dataclasses import replace
 from shardlib.facts.hardware import gpu_cluster
 from shardlib.core.mesh import Layout
 from shardlib.predict.training.time_model import TrainingWorkload
-from shardlib.predict.training.planner import format_training_plan, plan_training
+from shardlib.predict.training.planner import plan_training
+from shardlib.ui.tables import format_training_plan
 from shardlib.predict.training.planner import best_configuration
 
 workload = TrainingWorkload(sequence_tokens=8192, global_batch_tokens=2048 * 8192, schedule="interleaved-1f1b",
@@ -252,7 +254,8 @@ fig
 # does a wider `dp` cost a pipeline?
 
 # %%
-from shardlib.predict.training.choices import format_training_choices, training_choices
+from shardlib.predict.training.choices import training_choices
+from shardlib.ui.tables import format_training_choices
 
 choices = training_choices(schedule="interleaved-1f1b", chunks=4)
 print(format_training_choices(choices))
@@ -300,8 +303,8 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 from shardlib.predict.training.moe_choices import (
     DEEPSEEK_V3_PUBLISHED,
     deepseek_v3_choices,
-    format_deepseek_v3_choices,
 )
+from shardlib.ui.tables import format_deepseek_v3_choices
 
 moe_rows = deepseek_v3_choices(dp_strategies=("zero1",))  # ZeRO-1 only: see "What was searched" below
 print(format_deepseek_v3_choices(moe_rows))

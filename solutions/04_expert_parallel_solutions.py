@@ -23,8 +23,7 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises.experts_training import grade_aux_free_bias
-from shardlib.exercises.experts import grade_dispatch_plan, grade_top_k_router
+from shardlib.exercises.experts import grade_aux_free_bias, grade_dispatch_plan, grade_top_k_router
 
 print(inspect.getsource(answers.top_k_router))
 result = grade_top_k_router(answers.top_k_router)

@@ -25,7 +25,7 @@ import inspect
 
 import exercise_answers as answers
 from shardlib.runtime.ranks import Ranks
-from shardlib.exercises.pipeline_schedules import grade_schedule_table, grade_small_table
+from shardlib.exercises.pipeline import grade_schedule_table, grade_small_table
 from shardlib.facts.models import TOY
 from shardlib.core.toy import activations, stack_weights
 

@@ -26,7 +26,7 @@ import cloudpickle
 
 import exercise_answers as answers
 from shardlib.runtime.ranks import Ranks
-from shardlib.exercises.serving import grade_mesh_coordinates
+from shardlib.exercises.mesh import grade_mesh_coordinates
 
 cloudpickle.register_pickle_by_value(answers)  # the ranks receive the solution by value
 print(inspect.getsource(answers.mesh_coordinates))

@@ -111,7 +111,7 @@ def aux_free_route(ctx, scores: torch.Tensor, bias: torch.Tensor, k: int, rate: 
 
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.exercises.experts_training import grade_aux_free_bias
+from shardlib.exercises.experts import grade_aux_free_bias
 
 grade_aux_free_bias(aux_free_route, ranks, four)
 

@@ -48,7 +48,7 @@ def small_table() -> list[list[str]]:
 
 
 # %%
-from shardlib.exercises.pipeline_schedules import grade_small_table
+from shardlib.exercises.pipeline import grade_small_table
 
 grade_small_table(small_table)
 
@@ -68,7 +68,7 @@ def my_schedule(n_stages: int, n_microbatches: int) -> list[list[str]]:
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.runtime.ranks import Ranks
-from shardlib.exercises.pipeline_schedules import grade_schedule_table
+from shardlib.exercises.pipeline import grade_schedule_table
 from shardlib.facts.models import TOY
 from shardlib.core.toy import activations, stack_weights
 

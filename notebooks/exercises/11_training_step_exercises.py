@@ -69,7 +69,7 @@ def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.runtime.ranks import Ranks
-from shardlib.exercises.serving import grade_mesh_coordinates
+from shardlib.exercises.mesh import grade_mesh_coordinates
 
 ranks = Ranks(4)
 grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)

@@ -6,10 +6,13 @@ process group, ``ctx.comm``) and lets measurement attach through a ``probe``.
 * ``adamw``: AdamW (Loshchilov and Hutter 2019), written out: the one optimizer every training run here uses.
 * ``checks``: The argument checks every config, formula and driver makes, with messages that show the value.
 * ``config``: ``ModelConfig``: one transformer's shape, the one model config of the package.
+* ``model``: The transformer (Llama's, Touvron et al. 2023) as one process computes it: RMSNorm, rotary,
+  grouped-query attention, SwiGLU; the toy and the served model are two configs of it.
 * ``mesh``: The one mesh: ``Layout(tp, pp, dp, ep, cp, dp_strategy)``, how it numbers ranks, the groups per
   axis.
 * ``probe``: Where a mechanism lets measurement attach from outside, doing nothing by default.
-* ``toy``: The small transformer every demo runs: its reference blocks and its seeded weights.
+* ``toy``: The toy every demo runs: ``model``'s blocks with no rotary, no norm weights, no embedding or head;
+  its seeded weights.
 * ``context_parallel``: Context parallelism: a long sequence split over ranks, attention still exact (ring,
   Ulysses, all-gather).
 * ``data_parallel``: Data parallelism: flat buckets of gradients (DDP, ZeRO-1, ZeRO-2) and ZeRO-3's gathered
@@ -23,5 +26,5 @@ process group, ``ctx.comm``) and lets measurement attach through a ``probe``.
 * ``training``: The training step over every axis, composed from the strategies' mechanisms.
 """
 
-__all__ = ["adamw", "checks", "config", "mesh", "probe", "toy", "context_parallel", "data_parallel", "experts",
+__all__ = ["adamw", "checks", "config", "mesh", "model", "probe", "toy", "context_parallel", "data_parallel", "experts",
            "pipeline", "serving", "tensor_parallel", "training"]

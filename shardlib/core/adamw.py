@@ -8,11 +8,9 @@ from shardlib.core.training.config import TrainingConfig
 
 
 class AdamW:
-    """AdamW (Loshchilov and Hutter 2019) with torch's defaults (betas 0.9 and 0.999, eps 1e-8, weight decay
-    0.01), one tensor at a time: decoupled weight decay, then the bias-corrected moments. The arithmetic of
-    ``torch.optim.AdamW(foreach=False)``, written out because making a ``torch.optim`` optimizer imports
-    torch's compiler stack: seconds of CPU in every fresh process (the kernel and each rank). ``state``:
-    per parameter its ``exp_avg`` and ``exp_avg_sq``, what ``lab.measure.optimizer_state_bytes`` counts."""
+    """The arithmetic of ``torch.optim.AdamW(foreach=False)`` with its defaults, one tensor at a time, written
+    out because a ``torch.optim`` optimizer imports torch's compiler stack (seconds in every fresh process).
+    ``state``: per parameter its ``exp_avg`` and ``exp_avg_sq``."""
 
     def __init__(self, params, lr: float, weight_decay: float = 1e-2, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
         self.params, self.lr, self.weight_decay, self.betas, self.eps = list(params), lr, weight_decay, betas, eps

@@ -1,15 +1,17 @@
 """``ModelConfig``: one transformer's shape, the one model config of the package.
 
-Layers, widths, heads, experts, the rotary and norm settings, and the bytes a weight takes; the head
-rule every tensor-parallel split obeys (``head_problems``, ``check_heads``). Presets of real models live in
-``shardlib.facts.models``; what a shape costs on devices in ``shardlib.predict.shapes``.
+Layers, widths, heads, experts, the context, the rotary and norm settings (``core.model`` reads them:
+the toy has no rotary and norms in its own dtype; the served Llama rotates, and norms in float32 as
+``transformers`` does), and the bytes a weight takes; the head rule every tensor-parallel split obeys
+(``head_problems``, ``check_heads``). Presets of real models live in ``shardlib.facts.models``; what a
+shape costs on devices in ``shardlib.predict.shapes``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from shardlib.core.checks import choice, positive_number, whole_number
+from shardlib.core.checks import choice, flag, number_at_least, positive_number, whole_number
 
 WEIGHT_BITS = (0, 8, 4)  # 0: weights in the model's dtype; 8 or 4: quantised matrices
 SCALE_BYTES = 2  # one 16-bit scale per group of quantised weights
@@ -35,6 +37,10 @@ class ModelConfig:
     attention_params: int = 0  # 0: counted from the heads; else one layer's attention weights as given (MLA)
     kv_latent_dim: int = 0  # 0: a key and a value per KV head; else values one token caches per layer (MLA)
     node_limit: int = 0  # 0: a token's experts anywhere; else on at most this many nodes (DeepSeek-V3: 4)
+    max_positions: int = 0  # the longest sequence the model serves (0: not set, the toy's)
+    rope_theta: float = 0.0  # rotary base (Llama: 10000); 0: no rotary, the toy's
+    rms_eps: float = 0.0  # RMSNorm's epsilon; 0: the computing dtype's machine epsilon, the toy's
+    norm_float32: bool = False  # RMSNorm computed in float32 and cast back, as transformers' Llama does
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",
@@ -64,6 +70,10 @@ class ModelConfig:
         whole_number(self.attention_params, f"{self.name}: attention_params (0: counted from the heads)", minimum=0)
         whole_number(self.kv_latent_dim, f"{self.name}: kv_latent_dim (0: keys and values per KV head)", minimum=0)
         whole_number(self.node_limit, f"{self.name}: node_limit (0: unlimited routing)", minimum=0)
+        whole_number(self.max_positions, f"{self.name}: max_positions (0: not set)", minimum=0)
+        number_at_least(self.rope_theta, f"{self.name}: rope_theta (0: no rotary)")
+        number_at_least(self.rms_eps, f"{self.name}: rms_eps (0: the dtype's epsilon)")
+        flag(self.norm_float32, f"{self.name}: norm_float32")
 
     def quantized(self, bits: int, group_size: int = 128) -> "ModelConfig":
         """The same model with its layer matrices stored in ``bits`` (8 or 4) bits per weight plus one
@@ -73,6 +83,11 @@ class ModelConfig:
                        quant_group_size=whole_number(group_size, "group_size"))
 
     # -- counts -------------------------------------------------------------------------------------
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 1

@@ -87,13 +87,12 @@ class Layout:
         p = self.position(rank)
         return p.stage, p.replica, p.tp_rank
 
-    def _groups(self, axis: str) -> list[list[int]]:
-        """The ranks that differ only along ``axis``, one list per fixed place on the other axes."""
-        names = ("pp", "dp", "cp", "tp")
+    def _groups(self, *axes: str) -> list[list[int]]:
+        """The ranks that differ only along ``axes``, one list per fixed place on the other axes."""
         lines: dict[tuple, list[int]] = {}
         for r in range(self.world_size):
-            p = dict(zip(names, self.position(r)))
-            lines.setdefault(tuple(v for k, v in p.items() if k != axis), []).append(r)
+            p = dict(zip(("pp", "dp", "cp", "tp"), self.position(r)))
+            lines.setdefault(tuple(v for k, v in p.items() if k not in axes), []).append(r)
         return list(lines.values())
 
     def tp_groups(self) -> list[list[int]]:
@@ -115,11 +114,7 @@ class Layout:
     def dp_cp_groups(self) -> list[list[int]]:
         """The ranks holding the same weights of a stage: every replica and every place in the ring (the
         gradients of weights replicated over ``dp x cp`` are summed over both)."""
-        out = []
-        for s in range(self.pp):
-            for t in range(self.tp):
-                out.append([self.rank(s, d, t, c) for d in range(self.dp) for c in range(self.cp)])
-        return out
+        return self._groups("dp", "cp")
 
     def ep_groups(self) -> list[list[int]]:
         """The ranks each MoE layer's experts are spread over: ``ep`` consecutive ranks of a stage."""
@@ -137,8 +132,7 @@ class Layout:
     def stage_groups(self) -> list[list[int]]:
         """Every rank of each stage: what a weight replicated over tp, dp and cp (an MoE router under
         sequence parallelism) sums its gradient over."""
-        per_stage = self.tp * self.dp * self.cp
-        return [list(range(s * per_stage, (s + 1) * per_stage)) for s in range(self.pp)]
+        return self._groups("dp", "cp", "tp")
 
 
 def check_mesh(layout: Layout, n_gpus: int, what: str = "GPUs") -> None:

@@ -11,10 +11,7 @@ import contextlib
 
 
 class Probe:
-    """Where a mechanism lets measurement attach from outside. The mechanism wraps each phase in
-    ``with probe.span(name, kind=..., **attrs):``; this probe records nothing. A rank function passes
-    ``ctx.timeline`` (its ``span`` records the phase on the rank's timeline) or a probe of its own that
-    also pads, meters or counts."""
+    """A probe that records nothing; a probe of a measurement's own may pad, meter or count."""
 
     def span(self, name: str, kind: str = "compute", **attrs):
         return contextlib.nullcontext()

@@ -1,20 +1,18 @@
-"""The small transformer every demo runs: its reference blocks and its seeded weights.
+"""The toy every demo runs: ``core.model``'s blocks with no rotary, no norm weights, no embedding or head.
 
-One block is Llama's, pre-norm and residual: ``h = h + attention(rms_norm(h))`` (causal grouped-query
-attention) then ``h = h + mlp(rms_norm(h))`` (gated: ``down(silu(gate(n)) * up(n))``); no learned norm
-scale, no embedding or head. A layer's weights are a dict of ``(out, in)`` matrices (``q, k, v, o``,
-``gate, up, down``); a layer may hold only one part (the pipeline demos use MLP-only layers). Every weight
-comes from ``weight``: seeded, scaled by ``1/sqrt(in)``, the same in the notebook and on every rank.
-These are the one-process references every sharded computation is checked against. Pure: torch, no ranks.
+A layer's weights are a dict of ``(out, in)`` matrices (``q, k, v, o``, ``gate, up, down``); a layer may
+hold only one part (the pipeline demos use MLP-only layers). Every weight comes from ``weight``: seeded,
+scaled by ``1/sqrt(in)``, the same in the notebook and on every rank. ``activations`` are a demo's inputs;
+``decode_reference`` is the toy's decode, which has no vocabulary. Pure: torch, no ranks.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from shardlib.core.checks import choice, whole_number
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import stack_reference
 
 BLOCK_PARTS = ("attention", "mlp")
 ATTENTION_WEIGHTS = ("q", "k", "v", "o")
@@ -79,62 +77,7 @@ def activations(batch: int, seq: int, d_model: int, seed: int = 100) -> torch.Te
     return torch.randn(*shape, generator=generator(seed))
 
 
-# -- reference computations ---------------------------------------------------------------------------
-def mlp_reference(x: torch.Tensor, w_gate, w_up, w_down) -> torch.Tensor:
-    """The gated MLP of Llama and Mixtral experts: ``down(silu(gate(x)) * up(x))``."""
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
-
-
-def split_heads(t: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """``(batch, seq, n_heads * head_dim)`` to ``(batch, n_heads, seq, head_dim)``."""
-    batch, seq, width = t.shape
-    return t.view(batch, seq, n_heads, width // n_heads).transpose(1, 2)
-
-
-def causal_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention of ``q (b, H, s, hd)`` over ``k, v (b, KV, s, hd)``, each KV head shared by
-    ``H / KV`` query heads; returns ``(b, s, H * hd)``."""
-    group = q.shape[1] // k.shape[1]  # query heads per KV head
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, H, s, hd)
-    return o.transpose(1, 2).flatten(2)
-
-
-def attention_layer_reference(x: torch.Tensor, wq, wk, wv, wo, n_heads: int, n_kv_heads: int) -> torch.Tensor:
-    """Causal grouped-query attention on ``x (batch, seq, d_model)``: ``n_heads`` query heads share
-    ``n_kv_heads`` KV heads."""
-    q = split_heads(F.linear(x, wq), n_heads)  # (b, H, s, hd)
-    k, v = split_heads(F.linear(x, wk), n_kv_heads), split_heads(F.linear(x, wv), n_kv_heads)  # (b, KV, s, hd)
-    return F.linear(causal_gqa(q, k, v), wo)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = None,
-             dtype: torch.dtype | None = None) -> torch.Tensor:
-    """RMSNorm (Zhang and Sennrich 2019) over the last dim, computed in ``dtype`` (``transformers``' Llama:
-    float32; ``None``: ``x``'s) and cast back, then times ``weight`` (``None``: no learned scale, the toy's).
-    ``eps``: the computing dtype's machine epsilon unless given."""
-    h = x if dtype is None else x.to(dtype)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + (torch.finfo(h.dtype).eps if eps is None else eps))
-    return h.to(x.dtype) if weight is None else weight * h.to(x.dtype)
-
-
-def block_reference(h: torch.Tensor, w: dict, model: ModelConfig) -> torch.Tensor:
-    """One block, unsharded: ``h + attention(norm(h))`` if ``w`` has attention weights, then
-    ``+ mlp(norm(.))`` if it has MLP weights. Shape kept: (batch, seq, d_model)."""
-    if "q" in w:
-        h = h + attention_layer_reference(rms_norm(h), w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
-    if "gate" in w:
-        h = h + mlp_reference(rms_norm(h), w["gate"], w["up"], w["down"])
-    return h
-
-
-def stack_reference(x: torch.Tensor, layers: list[dict], model: ModelConfig) -> torch.Tensor:
-    """The whole stack of blocks in one process."""
-    for w in layers:
-        x = block_reference(x, w, model)
-    return x
-
-
+# -- the toy's decode ----------------------------------------------------------------------------------
 def decode_reference(x: torch.Tensor, layers: list[dict], model: ModelConfig, steps: int) -> torch.Tensor:
     """``steps`` decode steps of the toy in one process: each step's output is the next step's input
     (the toy has no vocabulary: its "next token" is the last output itself). ``x``: (batch, 1, d_model);

@@ -6,16 +6,13 @@ live ranks where it matters.
 * ``costs``: Grader for the communication-costs exercise: fit a latency and a bandwidth to a sweep of timings.
 * ``data_parallel``: Grader for the data-parallel exercise: ZeRO-1's step on real ranks, designed by the
   learner.
-* ``experts``: Graders for the expert-parallel exercises: a top-k router, and the dispatch plan of one home
-  rank.
-* ``experts_training``: Grader for the auxiliary-loss-free balancing exercise (DeepSeek-V3, 2024,
-  arXiv:2412.19437, section 2.1.2).
-* ``pipeline``: Graders for the pipeline exercises: one stage's 1F1B order, and the bubble fraction.
-* ``pipeline_schedules``: Grader for the schedule exercise: the learner writes a pipeline schedule as a table
-  of actions.
-* ``result``: What a grader hands back: passed or not, and messages a learner can act on.
-* ``serving``: Grader for the mesh exercise: a global rank's (stage, replica, tp rank), and its tp, pp and dp
+* ``experts``: Graders for the expert-parallel exercises: a top-k router, one home rank's dispatch plan, and
+  the auxiliary-loss-free bias on ranks.
+* ``mesh``: Grader for the mesh exercise: a global rank's (stage, replica, tp rank), and its tp, pp and dp
   groups.
+* ``pipeline``: Graders for the pipeline exercises: the bubble fraction, one stage's 1F1B order, and a
+  schedule table.
+* ``result``: What a grader hands back, and the checks every grader shares.
 * ``serving_at_scale``: Grader: the prefix-aware router's choice with its balance threshold (serving at
   scale).
 * ``serving_engine``: Grader: the block manager's ``allocate`` and ``free`` with prefix reuse (the serving
@@ -28,6 +25,5 @@ live ranks where it matters.
   with a mistake made.
 """
 
-__all__ = ["context_parallel", "costs", "data_parallel", "experts", "experts_training", "pipeline",
-           "pipeline_schedules", "result", "serving", "serving_at_scale", "serving_engine", "tensor_parallel",
-           "training", "training_ledger"]
+__all__ = ["context_parallel", "costs", "data_parallel", "experts", "mesh", "pipeline", "result",
+           "serving_at_scale", "serving_engine", "tensor_parallel", "training", "training_ledger"]

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from shardlib.core.checks import TOLERANCE
 from shardlib.core.context_parallel.online_softmax import Partial, block_partial, merge
-from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.exercises import result as grading
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 
 # (heads, queries, keys in block a, keys in block b, head_dim, score scale): the last case's scores are ~1000
 CASES = ((2, 4, 5, 7, 8, 1.0), (1, 3, 6, 2, 4, 4.0), (2, 3, 4, 4, 8, 400.0))
@@ -59,12 +60,11 @@ LIKELY_MISTAKES = (
 
 
 def _hint(a: Partial, b: Partial, out: torch.Tensor) -> str:
-    for wrong, hint in LIKELY_MISTAKES:
-        if torch.allclose(out, wrong(a, b), atol=TOLERANCE):
-            return hint
-    return ("check three things in turn: is your new max m the larger of max_a and max_b; is each block's weight "
-            "its sum rescaled to m, sum x exp(max - m), and does each weight go with its own block's out; is the "
-            "weighted sum of the outs divided by the sum of the weights")
+    return grading.first_match(out, ((wrong(a, b), hint) for wrong, hint in LIKELY_MISTAKES),
+                               lambda x, y: grading.close(x, y, TOLERANCE)) or (
+        "check three things in turn: is your new max m the larger of max_a and max_b; is each block's weight "
+        "its sum rescaled to m, sum x exp(max - m), and does each weight go with its own block's out; is the "
+        "weighted sum of the outs divided by the sum of the weights")
 
 
 def _check(got: Collector, where: str, answer, a: Partial, b: Partial, whole: torch.Tensor) -> None:
@@ -82,13 +82,13 @@ def _check(got: Collector, where: str, answer, a: Partial, b: Partial, whole: to
         got.fail(f"{where}: your result holds inf or nan: the scores here are near 1000, and exp(1000) overflows. "
                  "Never exponentiate a max itself, only differences: exp(max_a - m) with m the larger max")
         return
-    if not torch.allclose(out, whole, atol=TOLERANCE):
+    if not grading.close(out, whole, TOLERANCE):
         gap = float((out - whole).abs().max())
         got.fail(f"{where}: out differs from attention over all the keys by up to {gap:.3g}: {_hint(a, b, out)}")
         return
-    if not torch.allclose(row_max, want.row_max, atol=TOLERANCE):
+    if not grading.close(row_max, want.row_max, TOLERANCE):
         got.fail(f"{where}: out is right but max is not the largest score of the two blocks, max(max_a, max_b)")
-    elif not torch.allclose(row_sum, want.row_sum, rtol=TOLERANCE, atol=TOLERANCE):
+    elif not grading.close(row_sum, want.row_sum, TOLERANCE, TOLERANCE):
         got.fail(f"{where}: out and max are right but sum is not: measured from the new max, it is "
                  "sum_a x exp(max_a - m) + sum_b x exp(max_b - m); the next merge needs it")
 
@@ -118,7 +118,7 @@ def grade_merge_partial_attention(merge_fn) -> ExerciseResult:
         a, b, whole = _case(*case, seed=seed)
         for first, second, order in ((a, b, "a then b"), (b, a, "b then a")):
             where = f"blocks of {case[2]} and {case[3]} keys ({order}{', scores near 1000' if case[5] > 100 else ''})"
-            answer = call(got, where, _shapes_hinted(merge_fn), *(t.clone() for p in (first, second)
+            answer = grading.call(got, where, _shapes_hinted(merge_fn), *(t.clone() for p in (first, second)
                                                    for t in (p.out, p.row_max, p.row_sum)))
             if got.not_written:
                 return got.result()

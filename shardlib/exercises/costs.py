@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlib.core.checks import is_number
-from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.exercises import result as grading
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 from shardlib.predict.calibration import DEFAULT_SIZES_BYTES, Sample, fit_link
 from shardlib.runtime.errors import PoolClosedError, RankError, RankTimeoutError
 
@@ -53,11 +54,8 @@ class Sweep:
 
 
 def _sizes(first: int, last: int, step: int) -> tuple[int, ...]:
-    out, s = [], first
-    while s <= last:
-        out.append(s)
-        s *= step
-    return tuple(out)
+    """``first, first x step, ...`` up to ``last``."""
+    return tuple(first * step ** i for i in range(round(math.log(last / first, step)) + 1))
 
 
 SWEEPS = (
@@ -114,17 +112,17 @@ def _hint(sweep: Sweep, sizes, times, latency: float, bandwidth: float) -> str:
     """The likely mistake behind a wrong ``(latency, bandwidth)`` on ``sweep``."""
     alpha, beta = sweep.latency_s, sweep.bandwidth_bytes_per_s
     smallest = times[int(np.argmin(sizes))]
-    if _close(latency, beta, 0.25) and _close(bandwidth, alpha, 0.25):
-        return "the two numbers are swapped: return (latency_s, bandwidth_bytes_per_s), in that order"
-    if _close(bandwidth * beta, 1.0, 0.25):
-        return ("the bandwidth is the slope, seconds per byte: the line's slope is 1 / bandwidth, so return "
-                "1 / slope")
-    for factor, unit in ((1e3, "milliseconds"), (1e6, "microseconds")):
-        if _close(latency, alpha * factor, 0.25):
-            return f"the latency is in {unit}: every time here is in seconds, and so must the answer be"
-    for factor, unit in ((1e3, "bytes per millisecond"), (1e6, "MB/s"), (1e9, "GB/s")):
-        if _close(bandwidth * factor, beta, 0.25):
-            return f"the bandwidth is in {unit}: return bytes per second"
+    units = [((beta, alpha), "the two numbers are swapped: return (latency_s, bandwidth_bytes_per_s), in that order"),
+             ((None, 1 / beta), "the bandwidth is the slope, seconds per byte: the line's slope is 1 / bandwidth, "
+                                "so return 1 / slope"),
+             *(((alpha * f, None), f"the latency is in {unit}: every time here is in seconds, and so must the "
+                                   "answer be") for f, unit in ((1e3, "milliseconds"), (1e6, "microseconds"))),
+             *(((None, beta / f), f"the bandwidth is in {unit}: return bytes per second")
+               for f, unit in ((1e3, "bytes per millisecond"), (1e6, "MB/s"), (1e9, "GB/s")))]
+    hint = grading.first_match((latency, bandwidth), units, lambda mine, want: all(
+        w is None or _close(m, w, 0.25) for m, w in zip(mine, want)))
+    if hint:
+        return hint
     if latency < 0:
         return ("the latency came out negative, which no link has. " + _misfit(sizes, times, latency, bandwidth)
                 + " Your line follows the largest messages and leaves the small ones to chance. " + _WHY_PLAIN)
@@ -186,7 +184,7 @@ def _live(got: Collector, fit_fn, ranks) -> str:
         return ""
     samples: list[Sample] = sorted(cal.samples, key=lambda s: s.size_bytes)
     sizes, times = [s.size_bytes for s in samples], [s.seconds for s in samples]
-    answer = call(got, "this machine's sweep", fit_fn, list(sizes), list(times))
+    answer = grading.call(got, "this machine's sweep", fit_fn, list(sizes), list(times))
     if answer is None:
         return ""
     pair = _two_numbers(answer)
@@ -218,7 +216,7 @@ def grade_fit_alpha_beta(fit_fn, ranks=None) -> ExerciseResult:
     got = Collector("fit latency and bandwidth", checked)
     for sweep in SWEEPS:
         sizes, times = sweep.data()
-        answer = call(got, sweep.name, fit_fn, list(sizes), list(times))
+        answer = grading.call(got, sweep.name, fit_fn, list(sizes), list(times))
         if got.not_written:
             return got.result()
         if answer is not None:

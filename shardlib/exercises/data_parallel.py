@@ -15,31 +15,25 @@ The gradients span ``1e-10`` to ``1``, so that near Adam's ``eps`` a mean in pla
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from shardlib.core.adamw import AdamW
 from shardlib.core.toy import generator
-from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
-from shardlib.lab.harness import on_ranks
-from shardlib.runtime.errors import RankError, RankTimeoutError
+from shardlib.exercises import result as grading
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 from shardlib.runtime.records import wire_bytes
 
 N_PER_RANK = 12  # shard size: n = 12 x world_size weights
 LR = 0.01
 ATOL = 1e-6
-BETAS, EPS, WEIGHT_DECAY = (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW's defaults
 
 
 def adamw_first_step(weights: torch.Tensor, grad: torch.Tensor, lr: float = LR) -> torch.Tensor:
-    """One step of ``torch.optim.AdamW(lr)`` (its defaults) from a fresh state, written out (Loshchilov and
-    Hutter 2019): decay the weights, then ``m / (sqrt(v) + eps)`` with both moments bias-corrected. Written
-    out because making a ``torch.optim`` optimizer costs seconds of imports in every fresh process."""
-    (b1, b2), out = BETAS, weights.detach().clone()  # (k,)
-    m, v = (1 - b1) * grad, (1 - b2) * grad * grad  # the two moments after one step, (k,) each
-    out.mul_(1 - lr * WEIGHT_DECAY)
-    denom = (v.sqrt() / math.sqrt(1 - b2)).add_(EPS)
-    return out.addcdiv_(m, denom, value=-lr / (1 - b1))
+    """One step of the library's ``AdamW(lr)`` (torch's defaults) from a fresh state: new weights, ``(k,)``."""
+    out = weights.detach().clone()  # (k,)
+    out.grad = grad.detach().clone()
+    AdamW([out], lr).step()
+    return out
 
 
 class ShardOptimizer:
@@ -94,30 +88,6 @@ def _run_learner(ctx, fn, params, grads, lr) -> dict:
     return {"out": out, "steps": tuple(optimizer.steps)}
 
 
-class _Alone:
-    """A one-rank stand-in for ``ctx`` (every collective hands its input back), used only to see whether
-    the function is written without sending a blank starter to the ranks (a failure there restarts them)."""
-
-    rank, world_size, device = 0, 1, torch.device("cpu")
-
-    def __init__(self) -> None:
-        self.comm = self
-
-    def __getattr__(self, name):
-        return lambda tensor, *args, **kwargs: tensor
-
-
-def _written(fn) -> bool:
-    """False if ``fn`` still raises ``NotImplementedError``; any other error is the real run's to report."""
-    inputs, probe = zero1_inputs(1), Collector("probe", "one rank, alone")
-    call(probe, "alone", fn, _Alone(), inputs["params"], inputs["grads"][0], ShardOptimizer(N_PER_RANK))
-    return not probe.not_written
-
-
-def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=ATOL)
-
-
 def _hint(out, rank: int, world_size: int, inputs: dict, want: torch.Tensor) -> str:
     """Why rank ``rank``'s result differs, naming the likely mistake."""
     params, n = inputs["params"], inputs["params"].numel()
@@ -129,18 +99,18 @@ def _hint(out, rank: int, world_size: int, inputs: dict, want: torch.Tensor) -> 
                 "shards have to travel to every rank")
     if out.shape != want.shape:
         return f"it has shape {tuple(out.shape)}, expected the full weights {tuple(want.shape)}"
-    if _close(out, zero1_reference(params, inputs["grads"], LR, combine="mean")):
+    if grading.close(out, zero1_reference(params, inputs["grads"], LR, combine="mean"), ATOL):
         return ("it matches the gradients averaged over the ranks; each rank's gradient is its share of the global "
                 "loss, so the global gradient is their sum: combine with a sum, and do not divide")
     mine = slice(rank * shard, (rank + 1) * shard)
-    if _close(out[mine], want[mine]) and torch.equal(torch.cat([out[:mine.start], out[mine.stop:]]),
-                                                    torch.cat([params[:mine.start], params[mine.stop:]])):
+    others = [slice(0, mine.start), slice(mine.stop, n)]
+    if grading.close(out[mine], want[mine], ATOL) and all(torch.equal(out[o], params[o]) for o in others):
         return ("only this rank's own shard changed; the other shards are still the old weights: the other ranks' "
                 "updated shards never reached it")
     summed = torch.stack(list(inputs["grads"])).sum(0)
     for other in range(world_size):
         theirs = slice(other * shard, (other + 1) * shard)
-        if other != rank and _close(out[mine], zero1_reference(params[theirs], [summed[mine]], LR)):
+        if other != rank and grading.close(out[mine], zero1_reference(params[theirs], [summed[mine]], LR), ATOL):
             return (f"its shard {mine.start}..{mine.stop} is weights chunk {other} updated with gradient chunk {rank}: "
                     f"check which chunk of the weights your rank updates; it must be the chunk whose summed "
                     f"gradient it holds (rank r: elements r x {shard} to (r + 1) x {shard})")
@@ -192,27 +162,19 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
     gradient gives, within 1e-6, all ranks the same, having stepped its shard optimizer once and sent no
     more bytes than DDP's all-reduce of the gradient."""
     check_callable(step_fn, "zero1_step")
-    if not pools:
-        raise ValueError("grade_zero1_step needs at least one Ranks pool, e.g. grade_zero1_step(fn, ranks)")
-    got = Collector("ZeRO-1 step on ranks", "on " + " and ".join(f"{p.world_size} ranks" for p in pools))
-    if not _written(step_fn):
+    got = Collector("ZeRO-1 step on ranks", grading.need_pools(pools, "grade_zero1_step"))
+    alone = zero1_inputs(1)
+    if not grading.written(step_fn, alone["params"], alone["grads"][0], ShardOptimizer(N_PER_RANK)):
         got.not_written = True
         return got.result()
     for pool in pools:
         n_ranks = pool.world_size
         inputs = zero1_inputs(n_ranks)
         want = zero1_reference(inputs["params"], inputs["grads"], LR)
-        try:
-            measured = on_ranks(pool, _run_learner, step_fn, inputs["params"], inputs["grads"], LR)
-        except RankTimeoutError as err:
-            got.fail(f"{n_ranks} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
-                     "collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
-            continue
-        except RankError as err:
-            if "NotImplementedError" in err.remote_traceback:
-                got.not_written = True
-                return got.result()
-            got.fail(f"{n_ranks} ranks: {str(err).splitlines()[0]}")
+        measured = grading.run_on(got, pool, _run_learner, step_fn, inputs["params"], inputs["grads"], LR)
+        if got.not_written:
+            return got.result()
+        if measured is None:
             continue
         outs = list(measured.each("out"))
         idle = next((r for r, steps in enumerate(measured.each("steps")) if not steps), None)
@@ -220,7 +182,7 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
             got.fail(f"{n_ranks} ranks, rank {idle}: it never called its optimizer: each rank must update its "
                      "shard with optimizer(weights_shard, gradient_shard)")
             continue
-        wrong = next((r for r, out in enumerate(outs) if not _close(out, want)), None)
+        wrong = next((r for r, out in enumerate(outs) if not grading.close(out, want, ATOL)), None)
         if wrong is not None:
             apart = _disagreement(outs)
             got.fail(f"{n_ranks} ranks, rank {wrong}: {_hint(outs[wrong], wrong, n_ranks, inputs, want)}"

@@ -1,25 +1,30 @@
-"""Graders for the pipeline exercises: one stage's 1F1B order, and the bubble fraction.
+"""Graders for the pipeline exercises: the bubble fraction, one stage's 1F1B order, and a schedule table.
 
-* ``grade_one_f_one_b``: the learner writes stage ``s``'s 1F1B order for ``p`` stages and ``m`` microbatches,
-  a list of ``("F", i)`` and ``("B", i)``. The grader plays the stages' lists out together (the reference
-  is ``core.pipeline.classic.one_f_one_b_order``, PipeDream-Flush as Megatron-LM runs it) and names the mistake:
-  an action run twice or never, a B before its own F, a stage running a B before the next stage sent its
-  gradient (or an F before the previous stage sent its activation), more than ``p - s`` microbatches in
-  flight on stage ``s``, or a valid order slower than 1F1B. With a pool, the order runs a training step on
-  the ranks, checked bit for bit.
 * ``grade_bubble_fraction``: ``(p - 1) / (m + p - 1)`` against ``predict.pipeline.pipeline_bubble_fraction``;
   Megatron-LM's ratio of idle time to ideal compute, ``(p - 1) / m``, is the mistake it names most often.
+* ``grade_one_f_one_b``: stage ``s``'s 1F1B order (PipeDream-Flush, as Megatron-LM runs it), a list of
+  ``("F", i)`` and ``("B", i)``. The stages' lists become a ``Schedule``, checked by the library (every
+  action once, no deadlock), then held to 1F1B's own schedule: its microbatches in flight per stage and
+  its step length. With a pool, the order runs a training step on the ranks, checked bit for bit.
+* ``grade_small_table`` and ``grade_schedule_table``: ZB-H1 (Qi et al. 2024) as a table of labels, ``"F3"``
+  (forward of microbatch 3), ``"B3"`` (its input gradient), ``"W3"`` (its weight gradient), one list per
+  stage: first by hand for 2 stages and 2 microbatches, then for any size. Each kind of
+  ``pipeline.SCHEDULE_MISTAKES`` is named with what to check; the table must have ZB-H1's bubble at
+  F = B = W and 1F1B's memory. A valid table runs on real ranks, exact, its bubble measured beside ZB-H1's.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from shardlib.core.checks import is_number
-from shardlib.core.pipeline.schedules import Action, Schedule
-from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
+from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.schedules import Action, Schedule, ScheduleError
+from shardlib.exercises import result as grading
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 from shardlib.lab.pipeline.drivers import run_pipeline
-from shardlib.predict.pipeline import pipeline_bubble_fraction
+from shardlib.predict.pipeline import idle_slots, peak_in_flight, pipeline_bubble_fraction, step_slots
 
 STAGES = (1, 2, 3, 4, 8)
 MICROBATCHES = (1, 3, 4, 8, 32)
@@ -37,16 +42,10 @@ LIKELY_MISTAKES = (
 )
 
 
-def _mistake(wrong: list[tuple[int, int, float, float]]) -> str:
-    """The hint whose formula gives the learner's value at every point that differs (one point alone can
-    fit several: at p = m = 1, p / (m + p - 1) and the busy fraction are both 1)."""
-    for formula, hint in LIKELY_MISTAKES:
-        try:
-            if all(math.isclose(value, formula(p, m), rel_tol=1e-9, abs_tol=1e-12) for p, m, value, _ in wrong):
-                return hint
-        except ZeroDivisionError:
-            continue
-    return "picture the schedule: how many microbatch-times does a step last, and for how many is a stage busy?"
+def _same_everywhere(wrong: list[tuple[int, int, float]], formula) -> bool:
+    """``formula`` gives the learner's value at every point that differs (one point alone can fit
+    several: at p = m = 1, p / (m + p - 1) and the busy fraction are both 1)."""
+    return all(math.isclose(value, formula(p, m), rel_tol=1e-9, abs_tol=1e-12) for p, m, value in wrong)
 
 
 def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
@@ -59,36 +58,51 @@ def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
     wrong = []
     for p in STAGES:
         for m in MICROBATCHES:
-            value = call(got, f"p = {p}, m = {m}", bubble_fn, p, m)
+            value = grading.call(got, f"p = {p}, m = {m}", bubble_fn, p, m)
             if got.not_written:
                 return got.result()
-            if value is None:
-                continue
-            want = pipeline_bubble_fraction(p, m)
-            if not is_number(value):
+            if value is not None and not is_number(value):
                 got.fail(f"p = {p}, m = {m}: return a number, got {type(value).__name__} {value!r}")
-            elif not math.isclose(float(value), want, rel_tol=1e-9, abs_tol=1e-12):
-                wrong.append((p, m, float(value), want))
+            elif value is not None and not _same_everywhere([(p, m, float(value))], pipeline_bubble_fraction):
+                wrong.append((p, m, float(value)))
     if wrong:
-        p, m, value, want = wrong[0]
+        p, m, value = wrong[0]
+        hint = grading.first_match(wrong, LIKELY_MISTAKES, _same_everywhere) or (
+            "picture the schedule: how many microbatch-times does a step last, and for how many is a stage busy?")
         got.fail(f"p = {p} stages, m = {m} microbatches: you returned {value:.4g}, the bubble fraction is "
-                 f"{want:.4g}: {_mistake(wrong)} ({len(wrong)} of the {len(STAGES) * len(MICROBATCHES)} "
-                 f"points differ)")
+                 f"{pipeline_bubble_fraction(p, m):.4g}: {hint} ({len(wrong)} of the "
+                 f"{len(STAGES) * len(MICROBATCHES)} points differ)")
     for p, m in BAD_INPUTS:
-        try:
-            value = bubble_fn(p, m)
-        except ValueError:
-            continue
-        except NotImplementedError:
-            got.not_written = True
-            return got.result()
-        except Exception as exc:
-            got.fail(f"p = {p}, m = {m}: raise ValueError (a pipeline needs at least 1 stage and 1 microbatch), "
-                     f"not {type(exc).__name__}: {exc}")
-        else:
-            got.fail(f"p = {p}, m = {m}: a pipeline needs at least 1 stage and 1 microbatch, so raise ValueError "
-                     f"saying so; you returned {value!r}")
+        grading.must_refuse(got, f"p = {p}, m = {m}", bubble_fn, (p, m),
+                            "a pipeline needs at least 1 stage and 1 microbatch")
     return got.result(f"matches (p - 1) / (m + p - 1) at all {len(STAGES) * len(MICROBATCHES)} points")
+
+
+# -- a schedule from the learner's lists -------------------------------------------------------------------
+HINTS = {  # what each kind of broken schedule means, and what to check, in the learner's terms
+    "wrong stage": "check that each stage's list holds only its own actions",
+    "not in this step": "check the microbatch numbers: they run 0 .. m-1",
+    "twice": "check for an action written twice: each runs once per microbatch on each stage",
+    "receive with no send": "check the neighbours: the forward of microbatch i comes from the stage before, "
+                            "its B from the stage after, so each needs its partner on that stage",
+    "never runs": "check for a missing action: every stage runs each of them for every microbatch",
+    "W before its B": "check the order on that stage: W needs the output gradients its own B computed, so "
+                      "it goes anywhere after that B",
+    "deadlock": "check the stages that wait for each other: each runs its list in order and waits for each "
+                "input, a B for its own F and the gradient of the stage after, an F for the activation of the "
+                "stage before",
+}
+
+
+def _schedule(got: Collector, where: str, rows: list[list[Action]], m: int) -> Schedule | None:
+    """The stages' actions as a ``Schedule`` the library has checked, or ``None`` after naming the problem."""
+    try:
+        return Schedule("yours", len(rows), m, True, 1, tuple(tuple(row) for row in rows))
+    except ScheduleError as exc:
+        got.fail(f"{where}: {exc.kind}: {exc} ({HINTS[exc.kind]})")
+    except ValueError as exc:
+        got.fail(f"{where}: {exc}")
+    return None
 
 
 # -- the 1F1B order of one stage -----------------------------------------------------------------------------
@@ -96,158 +110,150 @@ ORDER_SIZES = ((2, 4), (4, 8), (4, 3), (3, 1))  # (n_stages, n_microbatches): m 
 RANK_SIZE = 4  # m for the run on ranks (p = the pool's world size)
 
 
-def _parse_order(got: Collector, where: str, row, m: int) -> list[Action] | None:
-    """The learner's list for one stage as ``Action`` s, or ``None`` after saying what is wrong with it."""
-    if not isinstance(row, (list, tuple)):
-        got.fail(f"{where}: return a list of actions like [('F', 0), ('F', 1), ('B', 0), ...]; got "
-                 f"{type(row).__name__} {row!r:.60}")
-        return None
-    actions = []
-    for item in row:
-        ok = (isinstance(item, (list, tuple)) and len(item) == 2 and item[0] in ("F", "B")
-              and isinstance(item[1], int) and not isinstance(item[1], bool))
-        if not ok:
-            got.fail(f"{where}: write each action as a pair, ('F', i) for the forward of microbatch i or ('B', i) "
-                     f"for its backward; got {item!r:.40}")
+def _order(got: Collector, order_fn, p: int, m: int) -> Schedule | None:
+    """Every stage's list from ``order_fn`` as a checked ``Schedule``, or ``None`` after saying what is wrong."""
+    rows = []
+    for s in range(p):
+        where = f"p = {p}, m = {m}, stage {s}"
+        row = grading.call(got, where, order_fn, s, p, m)
+        if row is None:
             return None
-        if not 0 <= item[1] < m:
-            got.fail(f"{where}: microbatches are numbered 0 .. m - 1 = {m - 1}; got {tuple(item)}")
+        if not isinstance(row, (list, tuple)):
+            got.fail(f"{where}: return a list of actions like [('F', 0), ('F', 1), ('B', 0), ...]; got "
+                     f"{type(row).__name__} {row!r:.60}")
             return None
-        actions.append(Action(0, item[1], item[0]))
-    return actions
-
-
-def _name(a: Action) -> str:
-    return f"{a.op} {a.microbatch}"
-
-
-def _each_once(got: Collector, where: str, row: list[Action], m: int) -> bool:
-    """Every F and B of microbatches 0 .. m - 1 exactly once, and each F before its own B."""
-    seen: dict[tuple[str, int], int] = {}
-    for k, a in enumerate(row):
-        key = (a.op, a.microbatch)
-        if key in seen:
-            got.fail(f"{where}: runs {_name(a)} twice: each forward and each backward runs once per stage")
-            return False
-        seen[key] = k
-    missing = [f"{op} {i}" for i in range(m) for op in ("F", "B") if (op, i) not in seen]
-    if missing:
-        got.fail(f"{where}: never runs {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}: every stage runs "
-                 f"the forward and the backward of all m = {m} microbatches")
-        return False
-    for i in range(m):
-        if seen[("B", i)] < seen[("F", i)]:
-            got.fail(f"{where}: runs B {i} before its own F {i}: a backward needs the activations its forward kept, "
-                     "so each F comes before its B")
-            return False
-    return True
-
-
-def _play(rows: list[list[Action]]) -> tuple[int | None, int, str]:
-    """Play the stages' lists out, one slot per action, each stage in its own order, an action starting once
-    its input has arrived (F i on stage s needs stage s - 1's F i; B i needs stage s + 1's B i, or on the last
-    stage its own F i). ``(slots the step takes, 0, "")``, or ``(None, the first stuck stage, why)``."""
-    p = len(rows)
-    done: dict[tuple[int, str, int], int] = {}
-    free, pos = [0] * p, [0] * p
-
-    def needs(s: int, a: Action):
-        if a.op == "F":
-            return None if s == 0 else (s - 1, "F", a.microbatch)
-        return (s, "F", a.microbatch) if s == p - 1 else (s + 1, "B", a.microbatch)
-
-    while any(pos[s] < len(rows[s]) for s in range(p)):
-        progressed = False
-        for s in range(p):
-            while pos[s] < len(rows[s]):
-                a = rows[s][pos[s]]
-                dep = needs(s, a)
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[s], 0 if dep is None else done[dep])
-                done[(s, a.op, a.microbatch)] = free[s] = start + 1
-                pos[s] += 1
-                progressed = True
-        if not progressed:  # follow who waits for whom from the first stuck stage until the chain closes
-            chain = [next(s for s in range(p) if pos[s] < len(rows[s]))]
-            while (nxt := needs(chain[-1], rows[chain[-1]][pos[chain[-1]]])[0]) not in chain:
-                chain.append(nxt)
-            s = nxt
-            a = rows[s][pos[s]]
-            other, op, i = needs(s, a)
-            b = rows[other][pos[other]]
-            what = "its activation" if op == "F" else "its gradient"
-            back = "activation" if b.op == "F" else "gradient"
-            return None, s, (f"stage {s} runs {_name(a)} before stage {other} sent {what} for microbatch {i} "
-                             f"(stage {other}'s {op} {i} comes later in its list), and stage {other} is itself "
-                             f"waiting, at {_name(b)}, for stage {s}'s {back}: the two wait for each other (a "
-                             "deadlock)")
-    return max(free), 0, ""
-
-
-def _in_flight(row: list[Action]) -> int:
-    """The most microbatches a stage holds at once: forwards run whose backwards have not."""
-    held = peak = 0
-    for a in row:
-        held += 1 if a.op == "F" else -1
-        peak = max(peak, held)
-    return peak
+        for item in row:
+            if not (isinstance(item, (list, tuple)) and len(item) == 2 and item[0] in ("F", "B")
+                    and isinstance(item[1], int) and not isinstance(item[1], bool)):
+                got.fail(f"{where}: write each action as a pair, ('F', i) for the forward of microbatch i or "
+                         f"('B', i) for its backward; got {item!r:.40}")
+                return None
+        rows.append([Action(s, i, op) for op, i in row])
+    return _schedule(got, f"p = {p}, m = {m}", rows, m)
 
 
 def grade_one_f_one_b(order_fn, ranks=None, model=None, layers=None, x=None, grad_output=None) -> ExerciseResult:
     """Grade ``order_fn(stage, n_stages, n_microbatches) -> [("F", 0), ("B", 0), ...]``, one stage's 1F1B order,
-    at each of ``ORDER_SIZES``: every F and B once, each F before its B, an order the stages can run together
-    (a forward after the previous stage's, a backward after the next stage's), at most ``p - s`` microbatches in
-    flight on stage ``s``, and 1F1B's step length (``2 (m + p - 1)`` slots when F and B take one each). With a
-    pool ``ranks`` (and the toy ``model``, ``layers``, ``x``, ``grad_output``), the order also runs a training
-    step on the ranks, checked bit for bit against the one-process model."""
+    at each of ``ORDER_SIZES``: every F and B once, an order the stages can run together, at most as many
+    microbatches in flight per stage as 1F1B holds, and 1F1B's step length. With a pool ``ranks`` (and the
+    toy ``model``, ``layers``, ``x``, ``grad_output``), the order also runs a training step on the ranks,
+    checked bit for bit against the one-process model."""
     check_callable(order_fn, "one_f_one_b")
     got = Collector("1F1B order", f"(p, m) in {ORDER_SIZES}: every F and B once, runs without waiting forever, at "
                                   "most p - s in flight on stage s, 1F1B's step length"
                                   + (", and a step on the ranks" if ranks is not None else ""))
     for p, m in ORDER_SIZES:
-        rows = []
-        for s in range(p):
-            where = f"p = {p}, m = {m}, stage {s}"
-            row = call(got, where, order_fn, s, p, m)
-            if got.not_written:
-                return got.result()
-            row = None if row is None else _parse_order(got, where, row, m)
-            if row is None or not _each_once(got, where, row, m):
-                break
-            rows.append(row)
-        if len(rows) < p:
+        yours, best = _order(got, order_fn, p, m), make_schedule("1f1b", p, m)
+        if got.not_written:
+            return got.result()
+        if yours is None:
             continue
-        slots, stage, stuck = _play(rows)
-        if slots is None:
-            got.fail(f"p = {p}, m = {m}: {stuck}. Check where stage {stage}'s list puts {stuck.split()[3]} "
-                     f"{stuck.split()[4]}: a stage runs its list in order and waits for each input")
-            continue
-        for s, row in enumerate(rows):
-            limit = min(p - s, m)
-            if _in_flight(row) > limit:
-                got.fail(f"p = {p}, m = {m}: stage {s} holds {_in_flight(row)} microbatches in flight (forward done, "
-                         f"backward not yet); 1F1B holds at most {limit} there (p - s = {p - s}). Count the "
-                         f"forwards stage {s} runs before its first backward, and how many it holds when that "
-                         "backward's gradient can first have come back")
-                break
-        else:
-            best = 2 * (m + p - 1)
-            if slots > best:
-                got.fail(f"p = {p}, m = {m}: the order runs, but the step takes {slots} slots where 1F1B takes "
-                         f"2 (m + p - 1) = {best}: a stage waits that need not. Check how many forwards each "
-                         "stage runs before its first backward: too few, and it sits idle until the gradient "
-                         "comes back")
+        held, limit = peak_in_flight(yours), peak_in_flight(best)
+        s = next((s for s in range(p) if held[s] > limit[s]), None)
+        if s is not None:
+            got.fail(f"p = {p}, m = {m}: stage {s} holds {held[s]} microbatches in flight (forward done, backward "
+                     f"not yet); 1F1B holds at most {limit[s]} there (p - s = {p - s}). Count the forwards stage {s} "
+                     "runs before its first backward, and how many it holds when that backward's gradient can "
+                     "first have come back")
+        elif step_slots(yours) > step_slots(best):
+            got.fail(f"p = {p}, m = {m}: the order runs, but the step takes {step_slots(yours)} slots where 1F1B "
+                     f"takes 2 (m + p - 1) = {step_slots(best)}: a stage waits that need not. Check how many "
+                     "forwards each stage runs before its first backward: too few, and it sits idle until the "
+                     "gradient comes back")
     if got.failed or ranks is None:
         return got.result("every F and B once, runs, holds at most p - s microbatches, 1F1B's step length")
-    p = ranks.world_size
-    rows = [[Action(s, a.microbatch, a.op) for a in _parse_order(got, f"stage {s}", order_fn(s, p, RANK_SIZE),
-                                                                 RANK_SIZE)] for s in range(p)]
-    schedule = Schedule("yours", p, RANK_SIZE, True, 1, tuple(tuple(r) for r in rows))
-    run = run_pipeline(ranks, schedule, model, layers, x, grad_output)
+    run = run_pipeline(ranks, _order(got, order_fn, ranks.world_size, RANK_SIZE), model, layers, x, grad_output)
     if not run.against_reference().bit_for_bit:
-        got.fail(f"on {p} ranks the step differs from the one-process model: each stage must run every microbatch's "
-                 "forward and backward once, in an order the checks above accept")
+        got.fail(f"on {ranks.world_size} ranks the step differs from the one-process model: each stage must run "
+                 "every microbatch's forward and backward once, in an order the checks above accept")
         return got.result()
-    return got.result(f"on {p} ranks with m = {RANK_SIZE}: output and gradients bit for bit; microbatches in "
-                      f"flight per stage, measured: {list(run.peak_in_flight)}")
+    return got.result(f"on {ranks.world_size} ranks with m = {RANK_SIZE}: output and gradients bit for bit; "
+                      f"microbatches in flight per stage, measured: {list(run.peak_in_flight)}")
+
+
+# -- a schedule as a table of labels ----------------------------------------------------------------------
+SIZES = ((2, 4), (3, 6), (4, 8))  # (n_stages, n_microbatches) checked on paper
+SMALL = (2, 2)  # the first step: 2 stages, 2 microbatches, by hand
+LABEL = re.compile(r"^([FBW])(\d+)$")
+TABLE_HINT = ". Check that it returns one list per stage of labels like 'F0', 'B0', 'W0', built only from " \
+             "n_stages and n_microbatches"
+
+
+def _table(got: Collector, where: str, rows, p: int, m: int) -> Schedule | None:
+    """The learner's table as a checked ``Schedule``, held to ZB-H1's bubble and 1F1B's memory."""
+    if not isinstance(rows, (list, tuple)) or len(rows) != p:
+        got.fail(f"{where}: return one list of actions per stage ({p} lists), got {rows!r:.80}. Check that the "
+                 "outer list holds one inner list per stage, stage 0 first")
+        return None
+    actions = []
+    for s, row in enumerate(rows):
+        found = [LABEL.match(str(label)) for label in row]
+        bad = next((label for label, f in zip(row, found) if not f), None)
+        if bad is not None:
+            got.fail(f"{where}: stage {s}: write each action as F, B or W and a microbatch number, like 'F0' or "
+                     f"'W3'; got {bad!r}. Check the spelling of that label")
+            return None
+        actions.append([Action(s, int(f.group(2)), f.group(1)) for f in found])
+    schedule = _schedule(got, where, actions, m)
+    if schedule is None:
+        return None
+    idle, best = max(idle_slots(schedule)), max(idle_slots(make_schedule("zb-h1", p, m)))
+    if idle > best:
+        got.fail(f"{where}: with F = B = W = 1 each stage idles {idle} slots; ZB-H1 idles p - 1 = {best}. Check "
+                 "the last stage: it should run each B right after its F. Then put W's off on the later stages "
+                 "(up to s of them waiting on stage s): they fill the end of the step, where those stages would "
+                 "wait while the B's travel back")
+    peak = max(peak_in_flight(schedule))
+    if peak > p:
+        got.fail(f"{where}: a stage holds {peak} microbatches' activations at once (F done, W not); 1F1B's "
+                 f"memory is at most p = {p}. Check how many F's run before each stage's first B, and run W's sooner")
+    return schedule
+
+
+def grade_small_table(table_fn) -> ExerciseResult:
+    """Step 1: ``table_fn()`` returns ZB-H1's table for 2 stages and 2 microbatches, written by hand: every
+    action once, each W after its B, no deadlock, at most 1 slot idle per stage at F = B = W, at most 2
+    microbatches held."""
+    check_callable(table_fn, "small_table")
+    p, m = SMALL
+    got = Collector("small table", f"p = {p}, m = {m}: runs, W after B, at most {p - 1} slot idle, at most {p} held")
+    rows = grading.call(got, f"p = {p}, m = {m}", table_fn, hint=TABLE_HINT)
+    if rows is None:
+        return got.result()
+    if isinstance(rows, (list, tuple)) and len(rows) == p and all(isinstance(r, (list, tuple)) for r in rows):
+        for s, row in enumerate(rows):
+            if len(row) != 3 * m:
+                got.fail(f"stage {s} lists {len(row)} actions; each stage runs F, B and W of both microbatches, "
+                         f"{3 * m} in all. Check that none is missing or written twice")
+        if got.failed:
+            return got.result()
+    _table(got, f"p = {p}, m = {m}", rows, p, m)
+    return got.result("your table runs, idles 1 slot per stage at F = B = W and holds at most 2 microbatches: "
+                      "now write my_schedule for any size")
+
+
+def grade_schedule_table(schedule_fn, ranks=None, model=None, layers=None, x=None, grad_output=None,
+                         op_s: float = 0.02) -> ExerciseResult:
+    """Grade ``schedule_fn(n_stages, n_microbatches) -> list of lists of labels`` at each of ``SIZES``;
+    with a pool ``ranks`` (and the toy ``model``, ``layers``, ``x``, ``grad_output``), run the table for
+    ``ranks.world_size`` stages on it, each F, B and W padded to ``op_s``, beside ZB-H1."""
+    check_callable(schedule_fn, "schedule")
+    got = Collector("schedule table", f"(p, m) in {SIZES}: runs, W after B, ZB-H1's bubble at F = B = W, "
+                                      "at most p microbatches held" + (", and on the ranks" if ranks else ""))
+    for p, m in SIZES:
+        rows = grading.call(got, f"p = {p}, m = {m}", schedule_fn, p, m, hint=TABLE_HINT)
+        if got.not_written:
+            return got.result()
+        if rows is not None:
+            _table(got, f"p = {p}, m = {m}", rows, p, m)
+    if got.failed or ranks is None:
+        return got.result("runs, W after its B, ZB-H1's bubble and 1F1B's memory at every size")
+    p, m = ranks.world_size, 2 * ranks.world_size
+    runs = [run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s=op_s)
+            for schedule in (_table(got, "on the ranks", schedule_fn(p, m), p, m), make_schedule("zb-h1", p, m))]
+    if not runs[0].against_reference().bit_for_bit:
+        got.fail(f"on {p} ranks the step differs from the one-process model. Check that each stage runs its W's "
+                 "of a chunk in microbatch order (W0 before W1), so the weight gradients add up in the same order")
+        return got.result()
+    return got.result(f"on {p} ranks, exact; bubble measured {runs[0].bubble.idle_fraction:.3f}, ZB-H1's "
+                      f"{runs[1].bubble.idle_fraction:.3f} in the same run (each op padded to {op_s * 1e3:g} ms)")

@@ -1,10 +1,12 @@
-"""What a grader hands back: passed or not, and messages a learner can act on.
+"""What a grader hands back, and the checks every grader shares.
 
-Every grader in ``shardlib.exercises`` calls the learner's function on several cases, compares each
-answer with the library's reference, and collects what differs (which shard, which shard count, which
-rank) with a hint naming the likely mistake. It never raises for a wrong answer: the notebook shows
-the result, and an unfinished exercise (one whose body still raises ``NotImplementedError``) is
-reported as "not written yet".
+A grader calls the learner's function on several cases, compares each answer with the library's own
+result, and collects what differs with a hint naming the likely mistake. It never raises for a wrong
+answer: the notebook shows the result. An unfinished exercise (its body still raises
+``NotImplementedError``) is "not written yet". Shared here: calling the learner's function safely
+(``call``), tensors compared within a tolerance (``close``), the first likely mistake that reproduces an
+answer (``first_match``), a bad input that must raise ``ValueError`` (``must_refuse``), and a rank
+function run on real ranks (``written`` first, alone; then ``run_on``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+import torch
+
+from shardlib.lab.harness import on_ranks
+from shardlib.runtime.errors import RankError, RankTimeoutError
 from shardlib.ui.theme import MUTED_COLOUR, RIGHT_COLOUR, WRONG_COLOUR
 
 PASSED, NOT_WRITTEN, NOT_RIGHT = "passed", "not written yet", "not yet right"
@@ -84,18 +90,96 @@ def check_callable(fn, what: str) -> None:
         raise ValueError(f"pass your function itself, e.g. check(my_{what}), not {type(fn).__name__} {fn!r}")
 
 
-def call(collector: Collector, where: str, fn, *args):
-    """``fn(*args)``, or ``None`` after recording why it could not be called (not written, or an error)."""
+def call(collector: Collector, where: str, fn, *args, hint: str = ""):
+    """``fn(*args)``, or ``None`` after recording why it could not be called (not written, or an error,
+    followed by ``hint``)."""
     try:
         return fn(*args)
     except NotImplementedError:
         collector.not_written = True
         return None
     except Exception as exc:  # the learner's bug, reported in their terms rather than raised
-        collector.fail(f"{where}: your function raised {type(exc).__name__}: {exc}")
+        collector.fail(f"{where}: your function raised {type(exc).__name__}: {exc}{hint}")
         return None
 
 
 def span(start: int, stop: int) -> str:
     """``start..stop`` (stop exclusive, as in a Python slice)."""
     return f"{start}..{stop}"
+
+
+def close(a, b: torch.Tensor, atol: float = 1e-5, rtol: float = 0.0) -> bool:
+    """``a`` is a tensor of ``b``'s shape, equal to it within ``atol`` (and ``rtol``)."""
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and torch.allclose(a.to(b.dtype), b, rtol=rtol, atol=atol))
+
+
+def first_match(value, mistakes, same=close) -> str | None:
+    """The hint of the first ``(what that mistake gives, hint)`` pair whose value ``same(value, ...)``
+    accepts; ``None`` when no likely mistake reproduces the learner's value."""
+    return next((hint for wrong, hint in mistakes if same(value, wrong)), None)
+
+
+def must_refuse(collector: Collector, where: str, fn, args: tuple, why: str, shown=repr) -> None:
+    """``fn(*args)`` must raise ``ValueError``: ``why`` says why the input is bad, in the learner's terms;
+    ``shown`` describes what was returned instead."""
+    try:
+        value = fn(*args)
+    except ValueError:
+        return
+    except NotImplementedError:
+        collector.not_written = True
+    except Exception as exc:  # the learner's bug, reported rather than raised
+        collector.fail(f"{where}: raise ValueError ({why}), not {type(exc).__name__}: {exc}")
+    else:
+        collector.fail(f"{where}: {why}, so it should raise ValueError saying so; it returned {shown(value)}")
+
+
+class Alone:
+    """A one-rank stand-in for ``ctx``: every collective hands its input back."""
+
+    rank, world_size, device = 0, 1, torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.comm = self
+
+    def __getattr__(self, name):
+        return lambda tensor, *args, **kwargs: tensor
+
+
+def written(rank_fn, *args) -> bool:
+    """False if ``rank_fn(Alone(), *args)`` raises ``NotImplementedError`` at once, so that a blank starter
+    never reaches the ranks (a failed call restarts the pool, which costs seconds)."""
+    try:
+        rank_fn(Alone(), *args)
+    except NotImplementedError:
+        return False
+    except Exception:  # noqa: BLE001 - any other error is the real run's to report
+        return True
+    return True
+
+
+def need_pools(pools, grader: str) -> str:
+    """``"on 2 ranks and 4 ranks"`` for the pools given; a clear error when there are none."""
+    if not pools:
+        raise ValueError(f"{grader} needs at least one Ranks pool, e.g. {grader}(fn, ranks)")
+    return "on " + " and ".join(f"{p.world_size} ranks" for p in pools)
+
+
+def run_on(collector: Collector, pool, rank_fn, *args, shapes_hint: str = ""):
+    """``on_ranks(pool, rank_fn, *args)``, or ``None`` after recording why it failed: ranks that hang, a
+    rank that raised (``shapes_hint`` added when it was a shape mismatch), or the body not written."""
+    n = pool.world_size
+    try:
+        return on_ranks(pool, rank_fn, *args)
+    except RankTimeoutError as err:
+        collector.fail(f"{n} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
+                       "collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
+    except RankError as err:
+        if "NotImplementedError" in err.remote_traceback:
+            collector.not_written = True
+            return None
+        shapes = any(s in err.remote_traceback for s in ("cannot be multiplied", "size of tensor"))
+        collector.fail(f"{n} ranks: rank {err.rank} raised {str(err).splitlines()[0]}"
+                       + (shapes_hint if shapes else ""))
+    return None

@@ -18,8 +18,9 @@ mistakes it names:
 
 from __future__ import annotations
 
+from shardlib.core.serving.blocks import prompt_block_hashes
 from shardlib.core.serving.requests import Request
-from shardlib.core.serving.router import PrefixTree, ReplicaLoad, make_router, prompt_block_hashes
+from shardlib.core.serving.router import PrefixAwareRouter, PrefixTree, make_router, route_trace
 from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 
 BLOCK_SIZE = 4
@@ -73,16 +74,18 @@ def _trace(kind: str) -> tuple[list[Request], dict]:
 CASES = (("three replicas", 3, 2), ("two replicas", 2, 1))  # (trace, replicas, balance threshold)
 
 
-def _rule(matched, queued, threshold, mistake=None) -> int:
-    """The choice, right (``mistake=None``) or with one named mistake made."""
-    n = range(len(queued))
-    least = min(n, key=lambda i: (queued[i], i))
-    spread = max(queued) - min(queued)
-    balance = {None: spread > threshold, "threshold ignored": False, "threshold inverted": spread <= threshold,
-               "threshold's edge": spread >= threshold}[mistake]
-    if balance or max(matched) == 0:
-        return least
-    return min(n, key=lambda i: (-matched[i], queued[i], i))
+class _Mistaken(PrefixAwareRouter):
+    """The library's prefix-aware router with one named mistake in its balance test (``None``: none)."""
+
+    def __init__(self, replicas: int, threshold: int, mistake: str | None) -> None:
+        super().__init__(replicas, BLOCK_SIZE, balance_threshold=threshold)
+        self.mistake = mistake
+
+    def imbalanced(self, loads) -> bool:
+        spread = max(ld.queued for ld in loads) - min(ld.queued for ld in loads)
+        return {None: super().imbalanced(loads), "threshold ignored": False,
+                "threshold inverted": spread <= self.balance_threshold,
+                "threshold's edge": spread >= self.balance_threshold}[self.mistake]
 
 
 MISTAKES = ("threshold ignored", "threshold inverted", "threshold's edge")
@@ -96,6 +99,23 @@ HINTS = {
     "threshold's edge": "you balance when most minus least queued equals the threshold: the rule is strictly more "
                         "than balance_threshold (at the threshold, the prefix still wins)",
 }
+
+
+def routed(requests, hold, replicas, threshold, mistake: str | None = None) -> list[int]:
+    """Each request's replica under the library's prefix-aware router (``route_trace``), or under that router
+    with ``mistake`` made."""
+    return route_trace(_Mistaken(replicas, threshold, mistake), requests, replicas,
+                       finish=lambda r: hold[r.request_id])
+
+
+def _seen(requests, hold, choices, i: int, replicas: int) -> tuple[list[int], list[int]]:
+    """What the router saw at request ``i`` after ``choices``: queued per replica, and blocks matched."""
+    r, router = requests[i], make_router("prefix-aware", replicas, BLOCK_SIZE)
+    queued = [sum(1 for j in range(i) if choices[j] == k and requests[j].arrival_s + hold[requests[j].request_id]
+                  > r.arrival_s) for k in range(replicas)]
+    for j in range(i):
+        router.routed(requests[j], choices[j])
+    return queued, router.matches(r)
 
 
 def _replay(router_cls, requests, hold, replicas, threshold, col: Collector, case: str):
@@ -128,23 +148,9 @@ def _replay(router_cls, requests, hold, replicas, threshold, col: Collector, cas
         except Exception as exc:  # noqa: BLE001
             col.fail(f"{case}: route({r.request_id!r}) raised {type(exc).__name__}: {exc}")
             return None
-        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < replicas:
-            col.fail(f"{case}: route({r.request_id!r}) returned {k!r}: give a replica's index, 0..{replicas - 1}")
-            return None
-        if router.queued == before:
-            col.fail(f"{case}: route({r.request_id!r}) chose replica {k} but queued is still {before}: the load was "
-                     "not updated after the routing decision. Add one to queued[replica] for the replica you "
-                     "chose, or the next requests see an idle replica that is not")
-            return None
-        expected = before[:k] + [before[k] + 1] + before[k + 1:]
-        if router.queued != expected:
-            col.fail(f"{case}: route({r.request_id!r}) chose replica {k}, and queued went from {before} to "
-                     f"{list(router.queued)}: add one at the chosen replica only ({expected})")
-            return None
-        names = prompt_block_hashes(r.prompt_token_ids, BLOCK_SIZE)
-        if router.trees[k].match(names) != len(names):
-            col.fail(f"{case}: route({r.request_id!r}) chose replica {k} but did not remember the prompt there: "
-                     "call self.remember(replica, request), so the next request with this prefix finds it")
+        problem = _route_problem(router, r, k, before)
+        if problem:
+            col.fail(f"{case}: route({r.request_id!r}) {problem}")
             return None
         counts[k] += 1
         held.append((r.arrival_s + hold[r.request_id], k))
@@ -152,39 +158,24 @@ def _replay(router_cls, requests, hold, replicas, threshold, col: Collector, cas
     return out
 
 
-def _library(requests, hold, replicas, threshold) -> tuple[list[int], list[tuple]]:
-    """The library's choices (the prefix-aware router as ``route_trace`` replays it) and, per request, what
-    it saw: queued and blocks matched."""
-    router = make_router("prefix-aware", replicas, BLOCK_SIZE, balance_threshold=threshold)
-    held: list[tuple[float, int]] = []
-    out, seen = [], []
-    for r in requests:
-        held = [h for h in held if h[0] > r.arrival_s]
-        queued = [sum(1 for _, k in held if k == i) for i in range(replicas)]
-        loads = [ReplicaLoad(i, queued[i], 0, 64) for i in range(replicas)]
-        matched = router.matches(r)
-        k = router.choose(r, loads)
-        router.routed(r, k)
-        held.append((r.arrival_s + hold[r.request_id], k))
-        out.append(k)
-        seen.append((queued, matched))
-    return out, seen
-
-
-def _with_mistake(requests, hold, replicas, threshold, mistake) -> list[int]:
-    """The choices a router with ``mistake`` made would give on the same trace."""
-    trees = [PrefixTree() for _ in range(replicas)]
-    held: list[tuple[float, int]] = []
-    out = []
-    for r in requests:
-        held = [h for h in held if h[0] > r.arrival_s]
-        queued = [sum(1 for _, k in held if k == i) for i in range(replicas)]
-        names = prompt_block_hashes(r.prompt_token_ids, BLOCK_SIZE)
-        k = _rule([t.match(names) for t in trees], queued, threshold, mistake)
-        trees[k].insert(names)
-        held.append((r.arrival_s + hold[r.request_id], k))
-        out.append(k)
-    return out
+def _route_problem(router, r: Request, k, before: list[int]) -> str:
+    """What is wrong with the choice ``k`` and the state ``route(r)`` left, or ``""``."""
+    replicas = len(before)
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < replicas:
+        return f"returned {k!r}: give a replica's index, 0..{replicas - 1}"
+    if router.queued == before:
+        return (f"chose replica {k} but queued is still {before}: the load was not updated after the routing "
+                "decision. Add one to queued[replica] for the replica you chose, or the next requests see an "
+                "idle replica that is not")
+    expected = before[:k] + [before[k] + 1] + before[k + 1:]
+    if router.queued != expected:
+        return (f"chose replica {k}, and queued went from {before} to {list(router.queued)}: add one at the "
+                f"chosen replica only ({expected})")
+    names = prompt_block_hashes(r.prompt_token_ids, BLOCK_SIZE)
+    if router.trees[k].match(names) != len(names):
+        return (f"chose replica {k} but did not remember the prompt there: call self.remember(replica, request), "
+                "so the next request with this prefix finds it")
+    return ""
 
 
 def _why(queued, matched, threshold, k) -> str:
@@ -207,12 +198,12 @@ def grade_prefix_router(router_cls) -> ExerciseResult:
         mine = _replay(router_cls, requests, hold, replicas, threshold, col, case)
         if mine is None:
             break
-        right, seen = _library(requests, hold, replicas, threshold)
+        right = routed(requests, hold, replicas, threshold)
         if mine == right:
             continue
-        named = [m for m in MISTAKES if mine == _with_mistake(requests, hold, replicas, threshold, m)]
+        named = [m for m in MISTAKES if mine == routed(requests, hold, replicas, threshold, m)]
         i = next(j for j, (a, b) in enumerate(zip(mine, right)) if a != b)
-        queued, matched = seen[i]
+        queued, matched = _seen(requests, hold, right, i, replicas)
         why = _why(queued, matched, threshold, right[i])
         where = (f"{case}: request {requests[i].request_id!r} (queued {queued}, blocks matched per replica "
                  f"{matched}, threshold {threshold}) goes to replica {right[i]} ({why}); yours went to {mine[i]}")

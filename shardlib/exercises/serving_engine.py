@@ -36,8 +36,53 @@ TRACE = (("allocate", "a"), ("allocate", "b"), ("allocate", "c"), ("free", "a"),
          ("allocate", "e"), ("free", "b"), ("free", "c"), ("free", "d"), ("free", "e"))
 
 
+def _freed(mine, ref, seq: str) -> str:
+    """After ``free(seq)``: leaked or freed-while-in-use blocks, or ``""``."""
+    theirs, right = len(mine.free_blocks), len(ref.free)
+    if theirs < right:
+        return (f"after free({seq!r}), {theirs} blocks are free where {right} should be: leaked blocks (a block "
+                "goes back to free_blocks once no sequence holds it)")
+    if theirs > right:
+        return (f"after free({seq!r}), {theirs} blocks are free where {right} should be: a shared block was freed "
+                "while in use (another sequence still holds it: count references, free at zero)")
+    return ""
+
+
+def _allocated(mine, seq: str, tokens: list[int], cached, holds: dict, live: dict) -> str:
+    """After ``allocate(seq, tokens)``: what is wrong with its table and the blocks it reuses, or ``""``.
+    ``holds``: block -> (prefix name, tokens), what each of the learner's blocks holds, kept up to date."""
+    table = list(mine.tables.get(seq, []))
+    need = -(-len(tokens) // BLOCK_SIZE)
+    if len(table) != need:
+        return f"{seq!r} has {len(tokens)} tokens, so {need} blocks of {BLOCK_SIZE}; its table has {len(table)}"
+    if cached >= len(tokens):
+        return (f"allocate({seq!r}) says all {len(tokens)} tokens are cached: the last token's logits are needed, "
+                "so at most the full blocks of the first len(tokens) - 1 tokens can come from the cache")
+    parent = None
+    for i, block in enumerate(table):
+        piece = tuple(tokens[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE])
+        users = [s for s, t in live.items() if block in t]
+        had = holds.get(block)
+        if i * BLOCK_SIZE < cached and (had is None or had[1] != piece):  # reused: these very tokens
+            return (f"{seq!r} reuses block {block} for tokens {list(piece)}, but that block holds "
+                    f"{list(had[1]) if had else 'nothing yet'}")
+        if i * BLOCK_SIZE < cached and had[0] != parent:  # ... after this very prefix
+            return (f"{seq!r} reuses block {block} for {list(piece)} after a different prefix: the same tokens "
+                    "after other tokens have other K/V. A block's name must chain its parent's name: "
+                    "block_hash(parent_name, tokens)")
+        if i * BLOCK_SIZE >= cached and users:
+            return (f"block {block} is handed to {seq!r} while {users[0]!r} still holds it: a shared block was "
+                    "freed while in use (free a block only when its last holder lets go: count references)")
+        if i * BLOCK_SIZE >= cached:
+            holds[block] = (parent, piece)  # a fresh block: its K/V are these tokens' now
+        parent = block_hash(parent, piece) if len(piece) == BLOCK_SIZE else None
+    live[seq] = table
+    return ""
+
+
 def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str, compare_counts: bool) -> bool:
-    """Replay ``trace``; watch every block's tokens. Returns False once a mistake has been named."""
+    """Replay ``trace`` beside the library's ``BlockManager``, watching every block's tokens. Returns False
+    once a mistake has been named."""
     mine, ref = manager_cls(num_blocks, BLOCK_SIZE), BlockManager(num_blocks, BLOCK_SIZE)
     holds: dict[int, tuple] = {}  # block -> (prefix name, its tokens): what the learner's block holds
     live: dict[str, list[int]] = {}
@@ -51,70 +96,29 @@ def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str
                 return False
             ref.release(seq)
             live.pop(seq)
-            theirs, right = len(mine.free_blocks), len(ref.free)
-            if theirs < right:
-                col.fail(f"{case}: after free({seq!r}), {theirs} blocks are free where {right} should be: leaked "
-                         "blocks (a block goes back to free_blocks once no sequence holds it)")
+            problem = _freed(mine, ref, seq)
+        else:
+            try:
+                cached = mine.allocate(seq, list(tokens))
+            except Exception as exc:  # noqa: BLE001 - a learner's error is reported, not raised
+                col.fail(f"{case}: allocate({seq!r}) raised {type(exc).__name__}: {exc}. With {num_blocks} blocks "
+                         "there is room: a request starved. Blocks that are free but still named in the cache may "
+                         "be handed out again (forget their name first).")
                 return False
-            if theirs > right:
-                col.fail(f"{case}: after free({seq!r}), {theirs} blocks are free where {right} should be: a shared "
-                         "block was freed while in use (another sequence still holds it: count references, free "
-                         "at zero)")
-                return False
-            continue
-        try:
-            cached = mine.allocate(seq, list(tokens))
-        except Exception as exc:  # noqa: BLE001 - a learner's error is reported, not raised
-            col.fail(f"{case}: allocate({seq!r}) raised {type(exc).__name__}: {exc}. With {num_blocks} blocks there is "
-                    "room: a request starved. Blocks that are free but still named in the cache may be handed out "
-                    "again (forget their name first).")
-            return False
-        expected = ref.allocate(seq, tokens, len(tokens))
-        ref.seal(seq, tokens)
-        table = list(mine.tables.get(seq, []))
-        need = -(-len(tokens) // BLOCK_SIZE)
-        if len(table) != need:
-            col.fail(f"{case}: {seq!r} has {len(tokens)} tokens, so {need} blocks of {BLOCK_SIZE}; its table has "
-                    f"{len(table)}")
-            return False
-        if cached >= len(tokens):
-            col.fail(f"{case}: allocate({seq!r}) says all {len(tokens)} tokens are cached: the last token's logits are "
-                    "needed, so at most the full blocks of the first len(tokens) - 1 tokens can come from the cache")
-            return False
-        parent = None
-        for i, block in enumerate(table):
-            piece = tuple(tokens[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE])
-            users = [s for s, t in live.items() if block in t]
-            if i * BLOCK_SIZE < cached:  # reused: it must hold these very tokens after this very prefix
-                had = holds.get(block)
-                if had is None or had[1] != piece:
-                    col.fail(f"{case}: {seq!r} reuses block {block} for tokens {list(piece)}, but that block holds "
-                            f"{list(had[1]) if had else 'nothing yet'}")
-                    return False
-                if had[0] != parent:
-                    col.fail(f"{case}: {seq!r} reuses block {block} for {list(piece)} after a different prefix: "
-                            "the same tokens after other tokens have other K/V. A block's name must chain its "
-                            "parent's name: block_hash(parent_name, tokens)")
-                    return False
-            elif users:
-                col.fail(f"{case}: block {block} is handed to {seq!r} while {users[0]!r} still holds it: a shared "
-                        "block was freed while in use (free a block only when its last holder lets go: count "
-                        "references)")
-                return False
-            if i * BLOCK_SIZE >= cached:
-                holds[block] = (parent, piece)  # a fresh block: its K/V are these tokens' now
-            parent = block_hash(parent, piece) if len(piece) == BLOCK_SIZE else None
-        live[seq] = table
-        if compare_counts and cached != expected:
-            col.fail(f"{case}: allocate({seq!r}) found {cached} cached tokens; the cache held {expected} "
-                    f"({expected // BLOCK_SIZE} full blocks of its prompt)")
+            expected = ref.allocate(seq, tokens, len(tokens))
+            ref.seal(seq, tokens)
+            problem = _allocated(mine, seq, tokens, cached, holds, live)
+            if not problem and compare_counts and cached != expected:
+                problem = (f"allocate({seq!r}) found {cached} cached tokens; the cache held {expected} "
+                           f"({expected // BLOCK_SIZE} full blocks of its prompt)")
+        if problem:
+            col.fail(f"{case}: {problem}")
             return False
     out = num_blocks - len(mine.free_blocks)
     if out:
         col.fail(f"{case}: after every sequence is freed, {out} of {num_blocks} blocks are still out: leaked blocks "
-                "(every block a sequence held goes back to free once no one holds it)")
-        return False
-    return True
+                 "(every block a sequence held goes back to free once no one holds it)")
+    return not out
 
 
 def grade_block_manager(manager_cls) -> ExerciseResult:

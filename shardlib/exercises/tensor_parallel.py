@@ -11,9 +11,8 @@ import torch.nn.functional as F
 
 from shardlib.core.tensor_parallel.layers import shard_columns, shard_rows
 from shardlib.core.toy import generator, weight
-from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable, span
-from shardlib.lab.harness import on_ranks
-from shardlib.runtime.errors import RankError, RankTimeoutError
+from shardlib.exercises import result as grading
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable, span
 
 SHARD_COUNTS = (2, 3, 4, 8)
 UNEVEN_SHARDS = 5  # does not divide the 24 input features: the learner must refuse it
@@ -76,7 +75,7 @@ def grade_shard_rows(shard_rows_fn) -> ExerciseResult:
     got = Collector("shard_rows", f"a (12, 24) weight at n_shards = {', '.join(map(str, SHARD_COUNTS))}, "
                                   f"and n_shards = {UNEVEN_SHARDS} (must raise ValueError)")
     for n in SHARD_COUNTS:
-        shards = call(got, f"n_shards = {n}", shard_rows_fn, weight.clone(), n)
+        shards = grading.call(got, f"n_shards = {n}", shard_rows_fn, weight.clone(), n)
         if got.not_written:
             return got.result()
         if shards is None:
@@ -95,19 +94,10 @@ def grade_shard_rows(shard_rows_fn) -> ExerciseResult:
             if not torch.equal(piece, ref):
                 got.fail(f"n_shards = {n}, shard {i} of {n}: {_shard_hint(piece, i, n, weight)}")
                 break
-    try:
-        answer = shard_rows_fn(weight.clone(), UNEVEN_SHARDS)
-    except ValueError:
-        pass
-    except NotImplementedError:
-        got.not_written = True
-    except Exception as exc:
-        got.fail(f"n_shards = {UNEVEN_SHARDS}: raise ValueError (24 input features do not split {UNEVEN_SHARDS} ways), "
-                 f"not {type(exc).__name__}: {exc}")
-    else:
-        widths = [tuple(s.shape)[-1] for s in answer] if isinstance(answer, (list, tuple)) else answer
-        got.fail(f"n_shards = {UNEVEN_SHARDS}: 24 input features cannot be split {UNEVEN_SHARDS} equal ways, so "
-                 f"shard_rows should raise ValueError saying so; it returned shards of widths {widths}")
+    grading.must_refuse(got, f"n_shards = {UNEVEN_SHARDS}", shard_rows_fn, (weight.clone(), UNEVEN_SHARDS),
+                        f"24 input features cannot be split {UNEVEN_SHARDS} equal ways",
+                        lambda out: f"shards of widths {[tuple(s.shape)[-1] for s in out]}"
+                        if isinstance(out, (list, tuple)) else repr(out))
     return got.result(f"every shard equals the reference at n_shards = {', '.join(map(str, SHARD_COUNTS))}")
 
 
@@ -126,47 +116,16 @@ def pair_reference(x, w1, b1, w2, b2) -> torch.Tensor:
     return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
 
 
-class _LocalComm:
-    """A one-rank stand-in for ``ctx.comm``: every collective returns its input."""
-
-    def all_reduce(self, tensor, op="sum", group=None):
-        return tensor
-
-    def all_gather(self, tensor, dim=0, group=None):
-        return tensor
-
-    def barrier(self, group=None):
-        return None
-
-
-class _LocalContext:
-    """A one-rank stand-in for ``ctx``, used only to see, without the ranks, whether the body is written."""
-
-    rank, world_size, device = 0, 1, torch.device("cpu")
-    comm = _LocalComm()
-
-
-def _probe_written(fn, w: dict) -> bool:
-    """False if ``fn`` raises ``NotImplementedError`` at once, so a blank starter never reaches the ranks
-    (a failed call restarts the pool, which costs seconds). Any other error is left to the real run."""
-    try:
-        fn(_LocalContext(), w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
-    except NotImplementedError:
-        return False
-    except Exception:
-        return True
-    return True
-
-
-def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+def _partials(w: dict, tp: int, act=F.gelu, b1: bool = True, shift: int = 0) -> list[torch.Tensor]:
+    """Each rank's partial output (before the all-reduce and ``b2``), optionally with a mistake made:
+    another activation, no ``b1``, or ``w2``'s slices shifted by ``shift`` ranks."""
+    rows = shard_rows(w["w2"], tp)
+    return [F.linear(act(F.linear(w["x"], c, b if b1 else None)), rows[(r + shift) % tp])
+            for r, (c, b) in enumerate(zip(shard_columns(w["w1"], tp), shard_columns(w["b1"], tp)))]
 
 
 def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
     """Why rank ``rank``'s output differs from the reference, naming the likely mistake."""
-    x, w1, b1, w2, b2 = w["x"], w["w1"], w["b1"], w["w2"], w["b2"]
-    partials = [F.linear(F.gelu(F.linear(x, c, b)), r)
-                for c, b, r in zip(shard_columns(w1, tp), shard_columns(b1, tp), shard_rows(w2, tp))]
     if not isinstance(out, torch.Tensor):
         return f"return the output tensor, got {type(out).__name__}"
     if out.shape != ref.shape:
@@ -175,40 +134,35 @@ def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
                     f"rows (its input features), so each rank's product covers all {ref.shape[-1]} outputs "
                     f"and is summed: return the full {tuple(ref.shape)}")
         return f"it has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-    if _close(out, partials[rank]) or _close(out, partials[rank] + b2):
-        return ("it equals this rank's own partial product: the partials of the row-parallel matrix must be "
-                "summed across ranks (the all-reduce is missing)")
-    if _close(out, ref + (tp - 1) * b2):
-        return f"it is off by {tp - 1} x b2: b2 was added on every rank before the sum; add it once, after"
-    if _close(out, ref - b2):
-        return "it lacks b2: add the second bias once, after the all-reduce"
-    total = sum(partials)  # the all-reduce of the right partials, before b2: (batch, seq, d_model)
-    if _close(out, total / tp + b2):
-        return (f"it is the mean of the partial products, not their sum (1/{tp} of it): each partial is a share of "
-                "the output, so add them up (all_reduce's default op, 'sum') and do not divide by tp")
-    if _close(out, tp * total + b2) or _close(out, tp * (total + b2)):
-        return (f"it is {tp} times the sum: the partials were summed twice, or each rank used the whole w1 or w2; "
-                f"each rank uses only its 1/{tp} of the hidden features")
-    linear = sum(F.linear(F.linear(x, c, b), r)  # the pair with no gelu between the matrices
-                 for c, b, r in zip(shard_columns(w1, tp), shard_columns(b1, tp), shard_rows(w2, tp)))
-    if _close(out, F.gelu(linear) + b2) or _close(out, F.gelu(linear + b2)):
-        return ("gelu was applied after the all-reduce: apply it to this rank's slice of the hidden layer, "
-                "between the two matrices, before w2")
-    no_b1 = sum(F.linear(F.gelu(F.linear(x, c)), r) for c, r in zip(shard_columns(w1, tp), shard_rows(w2, tp)))
-    if _close(out, no_b1 + b2):
-        return f"it lacks b1: add this rank's slice of b1 (entries cut like w1's rows, 1/{tp} each) before gelu"
-    if tp > 1:
-        rows = shard_rows(w2, tp)
-        shifted = sum(F.linear(F.gelu(F.linear(x, c, b)), r)
-                      for c, b, r in zip(shard_columns(w1, tp), shard_columns(b1, tp), rows[1:] + rows[:1]))
-        if _close(out, shifted + b2):
-            return ("rank r's slice of w2 does not match its slice of w1: both must cover the same hidden features, "
-                    "w1's rows and w2's columns r*d_hidden/tp .. (r+1)*d_hidden/tp")
-    return (f"largest difference {float((out - ref).abs().max()):.3g} from the unsharded pair (tolerance 1e-5), and no "
-            f"usual mistake matches. Check, on rank r of {tp}: (1) w1's rows and b1's entries for hidden features "
-            f"r*d_hidden/tp .. (r+1)*d_hidden/tp (shard_columns); (2) w2's columns for the same features "
-            f"(shard_rows); (3) F.gelu (not relu) on that hidden slice, before w2; (4) one ctx.comm.all_reduce of "
-            f"the partial output, its result used; (5) b2 added once, after the sum")
+    b2, mine, total = w["b2"], _partials(w, tp)[rank], sum(_partials(w, tp))  # (batch, seq, d_model) each
+    linear = sum(_partials(w, tp, act=lambda h: h))  # the pair with no gelu between the matrices
+    mistakes = [
+        (mine, "it equals this rank's own partial product: the partials of the row-parallel matrix must be "
+               "summed across ranks (the all-reduce is missing)"),
+        (mine + b2, "it equals this rank's own partial product: the partials of the row-parallel matrix must be "
+                    "summed across ranks (the all-reduce is missing)"),
+        (ref + (tp - 1) * b2, f"it is off by {tp - 1} x b2: b2 was added on every rank before the sum; add it "
+                              "once, after"),
+        (ref - b2, "it lacks b2: add the second bias once, after the all-reduce"),
+        (total / tp + b2, f"it is the mean of the partial products, not their sum (1/{tp} of it): each partial is "
+                          "a share of the output, so add them up (all_reduce's default op, 'sum') and do not "
+                          "divide by tp"),
+        *((t, f"it is {tp} times the sum: the partials were summed twice, or each rank used the whole w1 or w2; "
+              f"each rank uses only its 1/{tp} of the hidden features") for t in (tp * total + b2, tp * (total + b2))),
+        *((t, "gelu was applied after the all-reduce: apply it to this rank's slice of the hidden layer, between "
+              "the two matrices, before w2") for t in (F.gelu(linear) + b2, F.gelu(linear + b2))),
+        (sum(_partials(w, tp, b1=False)) + b2, f"it lacks b1: add this rank's slice of b1 (entries cut like w1's "
+                                               f"rows, 1/{tp} each) before gelu"),
+        *([(sum(_partials(w, tp, shift=1)) + b2, "rank r's slice of w2 does not match its slice of w1: both must "
+                                                 "cover the same hidden features, w1's rows and w2's columns "
+                                                 "r*d_hidden/tp .. (r+1)*d_hidden/tp")] if tp > 1 else []),
+    ]
+    return grading.first_match(out, mistakes) or (
+        f"largest difference {float((out - ref).abs().max()):.3g} from the unsharded pair (tolerance 1e-5), and no "
+        f"usual mistake matches. Check, on rank r of {tp}: (1) w1's rows and b1's entries for hidden features "
+        f"r*d_hidden/tp .. (r+1)*d_hidden/tp (shard_columns); (2) w2's columns for the same features "
+        f"(shard_rows); (3) F.gelu (not relu) on that hidden slice, before w2; (4) one ctx.comm.all_reduce of "
+        f"the partial output, its result used; (5) b2 added once, after the sum")
 
 
 def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
@@ -217,13 +171,12 @@ def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
     partial outputs summed with one ``ctx.comm.all_reduce``, ``b2`` added once; every rank returns the
     full output. It runs on each warm ``Ranks`` pool given (2 and 4 ranks in the notebook)."""
     check_callable(pair_fn, "pair_forward")
-    if not pools:
-        raise ValueError("grade_tp_pair_forward needs at least one Ranks pool, e.g. grade_tp_pair_forward(fn, ranks)")
+    got = Collector("tensor-parallel pair on ranks", grading.need_pools(pools, "grade_tp_pair_forward"))
     w = pair_weights()
-    ref = pair_reference(**w)  # (2, 3, d_model)
-    expected_bytes = ref.numel() * ref.element_size()
-    got = Collector("tensor-parallel pair on ranks", "on " + " and ".join(f"{p.world_size} ranks" for p in pools))
-    if not _probe_written(pair_fn, w):
+    args = (w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
+    ref = pair_reference(*args)  # (2, 3, d_model)
+    expected = [("all_reduce", ref.numel() * ref.element_size())]
+    if not grading.written(pair_fn, *args):
         got.not_written = True
         return got.result()
     for pool in pools:
@@ -231,35 +184,22 @@ def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
         if w["w1"].shape[0] % tp:
             raise ValueError(f"this exercise's d_hidden = {w['w1'].shape[0]} cannot be split {tp} ways: "
                              "use 2 or 4 ranks")
-        try:
-            ran = on_ranks(pool, pair_fn, w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
-        except RankTimeoutError as err:
-            got.fail(f"{tp} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
-                     f"collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
-            continue
-        except RankError as err:
-            if "NotImplementedError" in err.remote_traceback:
-                got.not_written = True
-                return got.result()
-            summary = str(err).splitlines()[0]
-            hint = ""
-            if "cannot be multiplied" in err.remote_traceback or "size of tensor" in err.remote_traceback:
-                hint = (" (shapes do not fit: w1 is (d_hidden, d_model) and is cut by columns, dim 0, with "
-                        "shard_columns; w2 is (d_model, d_hidden) and is cut by rows, dim 1, with shard_rows)")
-            got.fail(f"{tp} ranks: rank {err.rank} raised {summary}{hint}")
+        ran = grading.run_on(got, pool, pair_fn, *args, shapes_hint=(
+            " (shapes do not fit: w1 is (d_hidden, d_model) and is cut by columns, dim 0, with shard_columns; "
+            "w2 is (d_model, d_hidden) and is cut by rows, dim 1, with shard_rows)"))
+        if got.not_written:
+            return got.result()
+        if ran is None:
             continue
         outs = dict(zip(ran.ranks, ran.each()))  # a rank that returned None is missing
-        for rank in range(tp):
-            if not _close(outs.get(rank), ref):
-                got.fail(f"{tp} ranks, rank {rank}: {_pair_hint(outs.get(rank), rank, tp, w, ref)}")
-                break
-        else:
-            for rank in range(tp):
-                mine = [(rec.op, rec.size_bytes) for rec in ran.records(rank=rank)]
-                if mine != [("all_reduce", expected_bytes)]:
-                    got.fail(f"{tp} ranks, rank {rank}: the right numbers, but it issued {mine or 'no collectives'}; "
-                             f"the pair needs exactly one all_reduce of the output ({expected_bytes} bytes), "
-                             f"with each rank using only its own slices")
-                    break
+        wrong = next((r for r in range(tp) if not grading.close(outs.get(r), ref)), None)
+        issued = {r: [(rec.op, rec.size_bytes) for rec in ran.records(rank=r)] for r in range(tp)}
+        extra = next((r for r in range(tp) if issued[r] != expected), None)
+        if wrong is not None:
+            got.fail(f"{tp} ranks, rank {wrong}: {_pair_hint(outs.get(wrong), wrong, tp, w, ref)}")
+        elif extra is not None:
+            got.fail(f"{tp} ranks, rank {extra}: the right numbers, but it issued {issued[extra] or 'no collectives'}; "
+                     f"the pair needs exactly one all_reduce of the output ({expected[0][1]} bytes), "
+                     f"with each rank using only its own slices")
     return got.result("every rank's output equals the unsharded pair (within 1e-5), "
                       "with one all-reduce per rank")

@@ -24,7 +24,7 @@ from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.training.config import TrainingConfig
 from shardlib.predict.pipeline import peak_in_flight
-from shardlib.predict.training.ledger import activation_bytes
+from shardlib.predict.training.ledger import activation_bytes, chunk_units
 
 KEPT = ("weights", "gradients", "optimizer")
 TERMS = KEPT + ("activations",)
@@ -34,9 +34,7 @@ STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "
 def parameters_per_unit(config: TrainingConfig) -> dict[str, int]:
     """The whole model's parameters per unit, before any split: the embedding (V x d), one block (Q, K, V,
     O and the gated MLP's gate, up and down; the RMS norms have no weights) and the LM head (V x d)."""
-    d, hd = config.d_model, config.d_model // config.n_heads
-    block = d * hd * (2 * config.n_heads + 2 * config.n_kv_heads) + 3 * d * config.d_ff
-    return {"embedding": config.vocab_size * d, "block": block, "head": config.vocab_size * d}
+    return dict(zip(("embedding", "block", "head"), chunk_units(config, Layout(1, 1), 1, True, True)))
 
 
 def activation_bytes_per_microbatch(config: TrainingConfig, layout: Layout, rank: int) -> int:

@@ -1,8 +1,8 @@
 """Hardware facts, each with its source: links between devices, GPUs, clusters.
 
 Everything a cost model or the planner needs to know about machines lives here, and nothing else does:
-``costs`` turns these facts into seconds, the planners (``serving``, ``training``) into layouts. Pure: numbers
-only, no torch.
+``predict.alpha_beta`` turns these facts into seconds, the planners (``serving``, ``training``) into
+layouts. Pure: numbers only, no torch.
 
 * **Links** (``Link``): a bandwidth as quoted (``direction`` says whether for one direction or both
   together; the formulas use one direction, ``one_way_bytes_per_s``) and a fixed start-up cost per
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from shardlib.core.checks import choice, number_at_least, positive_number, whole_number
 
 DIRECTIONS = ("per direction", "aggregate")
-# How a collective pays its links' latency (see costs.alpha_beta): every step of the ring, or once.
+# How a collective pays its links' latency (see predict.alpha_beta): every step of the ring, or once.
 LATENCY_CHARGES = ("per_step", "per_call")
 
 

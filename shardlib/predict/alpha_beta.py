@@ -60,12 +60,6 @@ def all_reduce_s(size_bytes: float, world_size: int, link: Link, latency_charge:
     return collective_time_s("all_reduce", size_bytes, world_size, link, latency_charge)
 
 
-def all_to_all_s(size_bytes: float, world_size: int, link: Link, latency_charge: str = "per_step") -> float:
-    """Pairwise all-to-all, ``size_bytes`` sent per rank (``size_bytes / n`` to each peer):
-    ``(n-1) alpha + (n-1)/n * size_bytes / bandwidth``."""
-    return collective_time_s("all_to_all", size_bytes, world_size, link, latency_charge)
-
-
 def point_to_point_s(size_bytes: float, link: Link) -> float:
     """One message from one rank to another: ``alpha + size_bytes / bandwidth``."""
     return collective_time_s("point_to_point", size_bytes, 2, link)

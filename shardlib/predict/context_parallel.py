@@ -1,4 +1,4 @@
-"""Context parallelism's formulas: bytes per rank of each method, forward and backward, and the ring's time.
+"""Context parallelism's formulas: bytes per rank of each method, the ring's time, memory per device.
 
 Wire bytes one rank sends per attention call (``runtime.records``' convention), ``n`` ranks, ``b``
 sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of ``B`` bytes:
@@ -6,14 +6,12 @@ sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of `
     ring forward     (n-1) K/V blocks                       (n-1) x 2 b KV (s/n) hd B
     ring backward    (n-1) K/V blocks + n dK/dV blocks      (2n-1) x 2 b KV (s/n) hd B   (0 on one rank)
     all-to-all       4 all-to-alls (q, k, v, output)        (n-1)/n x (2H + 2KV) b (s/n) hd B, each pass
-    all-gather K/V   2 all-gathers (k, v), not overlapped   (n-1) x 2 b KV (s/n) hd B: the ring's bytes,
-                     the whole K/V held for the call        2 b KV s hd B (small with few KV heads)
+    all-gather K/V   2 all-gathers (k, v), not overlapped   the ring's bytes, the whole K/V held
 
-``cp_comm_bytes_per_rank``: the four as Megatron-Core's ``cp_comm_type`` (``p2p``, ``all_gather``, ``a2a``,
-``a2a+p2p``: all-to-all in groups of ``inner``, ring across); ``ring_saved_bytes_per_rank``: what a ring rank
-keeps for its backward, O(s/n); ``ring_time_s``: alpha-beta, a moving step ``max(compute, transfer)``
-overlapped, ``compute + transfer`` not; ``ring_hiding_tokens``: the tokens per rank from which a block's
-attention outlasts its K/V transfer. Liu et al. 2023, Jacobs et al. 2023, Korthikanti et al. 2022. Pure.
+``cp_comm_bytes_per_rank``: Megatron-Core's four ``cp_comm_type``; ``ring_time_s``: alpha-beta, a step
+``max(compute, transfer)`` overlapped; ``ring_hiding_tokens``: where a block's attention outlasts its K/V
+transfer. Memory: weights and KV cache under ``tp x cp`` (the cache splits by token), one ring rank's
+holdings, the toy block's activations (Korthikanti et al. 2022). Liu et al. 2023, Jacobs et al. 2023. Pure.
 """
 
 from __future__ import annotations
@@ -22,8 +20,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from shardlib.core.checks import flag, number_at_least, positive_number, whole_number
+from shardlib.core.config import ModelConfig, kv_bytes_per_token
+from shardlib.core.context_parallel.placement import check_sequence
+from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import Link
 from shardlib.predict.alpha_beta import point_to_point_s
+from shardlib.predict.serving.memory import weights_per_gpu
+from shardlib.predict.shapes import Memory, kv_cache_bytes
 
 METHODS = ("ring attention", "all-to-all (Ulysses)", "sequence parallel (Megatron)")
 
@@ -52,7 +55,8 @@ class AttentionShape:
 
     def kv_block_bytes(self, world_size: int) -> float:
         """One rank's K and V shard, the ring's message: ``2 b KV (s/n) hd B``."""
-        return 2 * self.values_per_token(self.kv_heads) * self.seq / world_size * self.bytes_per_value
+        per_token = kv_bytes_per_token(1, self.kv_heads, self.head_dim, self.bytes_per_value)  # one layer
+        return per_token * self.batch * self.seq / world_size
 
 
 def ring_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
@@ -112,7 +116,7 @@ def all_gather_kv_bytes_per_rank(shape: AttentionShape, world_size: int) -> floa
 def all_gather_kv_held_bytes(shape: AttentionShape) -> float:
     """The whole sequence's K and V, which the all-gather method holds on every rank during the call:
     ``2 b KV s hd B`` (the ring holds two blocks of ``s/n``)."""
-    return 2 * shape.values_per_token(shape.kv_heads) * shape.seq * shape.bytes_per_value
+    return shape.kv_block_bytes(1)
 
 
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
@@ -131,7 +135,8 @@ def cp_comm_bytes_per_rank(shape: AttentionShape, world_size: int, inner: int = 
     if 1 < a < n and n % a == 0 and shape.kv_heads % a == 0:
         outer = n // a
         a2a = (a - 1) / a * (2 * shape.heads + 2 * shape.kv_heads) * shape.batch * shape.head_dim * shape.seq / n
-        ring = (outer - 1) * 2 * shape.batch * (shape.kv_heads // a) * shape.head_dim * shape.seq / outer
+        per_token = kv_bytes_per_token(1, shape.kv_heads // a, shape.head_dim, 1.0)  # values, one layer
+        ring = (outer - 1) * per_token * shape.batch * shape.seq / outer
         out["a2a+p2p"] = (a2a + ring) * shape.bytes_per_value
     return out
 
@@ -187,10 +192,10 @@ def ring_hiding_tokens(heads: int, kv_heads: int, head_dim: int, bytes_per_value
     least as long as sending its K/V block (``2 c KV hd B`` bytes, ``alpha + bytes / bandwidth`` over
     ``link``): from there on the overlapped ring hides the transfer. Compute grows as ``c^2``, bytes as
     ``c``, so there is one crossing; found by bisection on whole tokens."""
-    shape = AttentionShape(1, heads, kv_heads, 1, head_dim, bytes_per_value)
+    AttentionShape(1, heads, kv_heads, 1, head_dim, bytes_per_value)  # the shape's checks
 
     def hidden(c: int) -> bool:
-        transfer = point_to_point_s(2 * c * shape.kv_heads * shape.head_dim * shape.bytes_per_value, link)
+        transfer = point_to_point_s(c * kv_bytes_per_token(1, kv_heads, head_dim, bytes_per_value), link)
         return ring_block_attention_s(c, heads, head_dim, flops_per_s) >= transfer
 
     low, high = 0, 1
@@ -200,3 +205,69 @@ def ring_hiding_tokens(heads: int, kv_heads: int, head_dim: int, bytes_per_value
         mid = (low + high) // 2
         low, high = (low, mid) if hidden(mid) else (mid, high)
     return high
+
+
+# -- memory per device ------------------------------------------------------------------------------------
+def _degrees(tp: int, cp: int) -> tuple[int, int]:
+    return whole_number(tp, "tp"), whole_number(cp, "cp")
+
+
+def device_memory(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> Memory:
+    """Weights and KV cache on one device of a ``tp x cp`` layout (the serving planner's ``Memory``): the
+    weights split ``tp`` ways (``weights_per_gpu``) and copied on every context-parallel rank, the cache
+    split both ways."""
+    tp, cp = _degrees(tp, cp)
+    return Memory(weights_per_gpu(model, Layout(tp, 1)), kv_cache_bytes(model, seq, batch, tp, cp))
+
+
+def context_parallel_needed(model: ModelConfig, seq: int, memory_per_device_bytes: float, batch: int = 1,
+                            tp: int = 1, max_cp: int = 64) -> int:
+    """The smallest ``cp`` (a power of two up to ``max_cp``) at which ``seq`` tokens' KV cache and the
+    weights fit in ``memory_per_device_bytes`` with ``tp``-way tensor parallelism; a ValueError with
+    the numbers when none does (the weights alone may not fit: then no ``cp`` helps)."""
+    cap = positive_number(memory_per_device_bytes, "memory_per_device_bytes")
+    cp = 1
+    while cp <= max_cp:
+        if device_memory(model, seq, batch, tp, cp).total_bytes <= cap:
+            return cp
+        cp *= 2
+    best = device_memory(model, seq, batch, tp, max_cp)
+    raise ValueError(f"{model.name} with tp = {tp} and {seq:,} tokens does not fit {cap / 1e9:.0f} GB per device "
+                     f"even at cp = {max_cp}: weights {best.weights_bytes / 1e9:.1f} GB + KV cache "
+                     f"{best.kv_cache_bytes / 1e9:.1f} GB")
+
+
+def toy_block_activation_bytes(model: ModelConfig, batch: int, seq: int, tp: int = 1,
+                               sequence_parallel: bool = False, bytes_per_value: float = 4.0) -> float:
+    """What autograd keeps for one toy block's backward on one rank, ``T = batch x seq`` tokens::
+
+        outside the pairs  2 norms x (input T d + one scale T)   / tp with sequence parallelism
+        pair inputs        2 x T d (the normed input, whole)
+        attention          4 x T (H/tp) hd + T (H/tp)            (q, K and V expanded to H/tp heads, out; lse)
+        MLP                4 x T d_ff/tp                         (gate, silu(gate), up, their product)
+    """
+    tp = whole_number(tp, "tp")
+    tokens = whole_number(batch, "batch") * whole_number(seq, "seq")
+    d, hd, heads = model.d_model, model.head_dim, model.n_heads / tp
+    outside = 2 * (tokens * d + tokens) / (tp if flag(sequence_parallel, "sequence_parallel") else 1)
+    pair_inputs = 2 * tokens * d
+    attention = 4 * tokens * heads * hd + tokens * heads
+    mlp = 4 * tokens * model.d_ff / tp
+    return (outside + pair_inputs + attention + mlp) * positive_number(bytes_per_value, "bytes_per_value")
+
+
+def attention_bytes_per_rank(shape: AttentionShape, world_size: int = 1,
+                             placement: str = "contiguous") -> dict[str, float]:
+    """What one rank holds during one attention call on ``shape``, part by part. One rank (``world_size``
+    1): q, k, v, the output and the whole score matrix, as a plain implementation materialises it. A
+    ring rank: its rows of q and the output, its own K/V shard, the next one arriving (the ring's only
+    extra), and the scores of one block, a chunk of queries against a chunk of keys."""
+    n = whole_number(world_size, "world_size")
+    chunk = check_sequence(shape.seq, n, placement) if n > 1 else shape.seq
+    b, hd, B = shape.batch, shape.head_dim, shape.bytes_per_value
+    rows = shape.seq / n
+    parts = {"q and output rows": 2 * b * shape.heads * rows * hd * B, "own K/V": shape.kv_block_bytes(n)}
+    if n > 1:
+        parts["K/V arriving"] = shape.kv_block_bytes(n)
+    parts["scores"] = b * shape.heads * (chunk if n > 1 else shape.seq) ** 2 * B
+    return parts

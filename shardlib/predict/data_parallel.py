@@ -1,18 +1,15 @@
 """What each strategy keeps on a GPU and sends per training step, from formulas. Pure: no torch.
 
-Rajbhandari et al. 2020 (ZeRO, section 3): per parameter, mixed-precision Adam keeps 2 + 2 + 12 bytes
-(``STATE_BYTES_MIXED``); Megatron-LM's fp32 gradients make it 2 + 4 + 12 (``STATE_BYTES_MEGATRON``: 18, and
-6 + 12/d under its distributed optimizer, ZeRO-1); the toy on the ranks trains in 32-bit, 4 + 4 + 8::
+Rajbhandari et al. 2020 (ZeRO, section 3): mixed-precision Adam keeps 2 + 2 + 12 bytes a parameter
+(``STATE_BYTES_MIXED``); Megatron-LM's fp32 gradients make it 2 + 4 + 12 (``STATE_BYTES_MEGATRON``); the toy
+trains in 32-bit, 4 + 4 + 8::
 
     memory per rank   DDP (2+2+12) P, ZeRO-1 (2+2) P + 12 P/N, ZeRO-2 2 P + (2+12) P/N, ZeRO-3 (2+2+12) P/N
     bytes per step    DDP, ZeRO-1/2: 2 (N-1)/N P b;  ZeRO-3: 3 (N-1)/N P b  (ring convention)
 
-``layout_*`` give the same for real flat groups, padding included, to compare with the ranks exactly.
-Activations per layer from Korthikanti et al. 2022, Table 2: ``s b h (34 + 5 a s / h)`` bytes, ``34 s b h``
-with the scores recomputed or never stored (fused attention), ``2 s b h`` with full recomputation, and
-their shares on one GPU of ``tp`` with or without sequence parallelism;
-``mlp_activation_bytes`` for the toy's block; ``training_memory_per_gpu`` adds a pipeline stage's states and
-in-flight activations.
+``layout_*``: the same for real flat groups, padding included. Activations per layer (Korthikanti et al.
+2022, Table 2): ``s b h (34 + 5 a s / h)``, ``34 s b h`` with the scores recomputed or never stored, ``2 s b h``
+with full recomputation; ``mlp_activation_bytes`` for the toy's block. A stage's budget: ``training.memory``.
 """
 
 from __future__ import annotations
@@ -21,7 +18,8 @@ from typing import Mapping, Sequence
 
 from shardlib.core.checks import choice, flag, whole_number
 from shardlib.core.config import ModelConfig
-from shardlib.core.data_parallel.flat import STRATEGIES, FlatGroup
+from shardlib.core.data_parallel.flat import FlatGroup
+from shardlib.core.mesh import DP_STRATEGIES
 from shardlib.runtime.records import wire_bytes
 
 STATE_BYTES_MIXED = {"params": 2, "grads": 2, "optimizer": 12}  # ZeRO's mixed-precision Adam: K = 12
@@ -33,7 +31,7 @@ SHARDED = {"ddp": (), "zero1": ("optimizer",), "zero2": ("grads", "optimizer"),
 
 
 def check_strategy(strategy) -> str:
-    return choice(strategy, STRATEGIES, "strategy")
+    return choice(strategy, DP_STRATEGIES, "strategy")
 
 
 def memory_per_rank(n_params: float, strategy: str, dp: int,
@@ -60,7 +58,7 @@ def zero_table(models: Sequence[ModelConfig], dp: int, state_bytes: Mapping[str,
     """One row per model and strategy: parameters, memory per rank (GB) and bytes sent per step (GB)."""
     rows = []
     for model in models:
-        for strategy in STRATEGIES:
+        for strategy in DP_STRATEGIES:
             mem = memory_per_rank(model.n_params, strategy, dp, state_bytes)
             rows.append({"model": model.name, "strategy": strategy, "n_params": model.n_params, "dp": dp,
                          **{f"{k}_gb": mem[k] / 1e9 for k in (*MEMORY_KEYS, "total")},
@@ -140,17 +138,6 @@ def layer_activation_bytes(model: ModelConfig, seq: int, microbatch: int, recomp
     if sp:
         return sbh / t * (34 + scores)
     return sbh * (10 + 24 / t + scores / t)
-
-
-def training_memory_per_gpu(model: ModelConfig, strategy: str, dp: int, seq: int, microbatch: int, pp: int = 1,
-                            in_flight: int = 1, recompute: str = "selective",
-                            state_bytes: Mapping[str, float] = STATE_BYTES_MIXED) -> dict[str, float]:
-    """Bytes on one GPU of a pipeline stage: the states of its ``1/pp`` of the parameters under
-    ``strategy`` over ``dp`` ranks, plus ``in_flight`` microbatches' activations of its ``L/pp`` layers."""
-    pp, in_flight = whole_number(pp, "pp"), whole_number(in_flight, "in_flight")
-    states = memory_per_rank(model.n_params / pp, strategy, dp, state_bytes)
-    activations = model.n_layers / pp * layer_activation_bytes(model, seq, microbatch, recompute) * in_flight
-    return {**{k: states[k] for k in MEMORY_KEYS}, "activations": activations, "total": states["total"] + activations}
 
 
 def mlp_activation_bytes(rows: int, d_model: int, d_hidden: int, element_bytes: int = 4,

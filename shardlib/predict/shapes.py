@@ -1,6 +1,7 @@
-"""What a model's shape alone says, before any device is chosen: which tensor-parallel degrees its
-heads and widths allow and what passing a wall costs (KV heads copied, the vocabulary padded), KV heads per
-device and KV-cache bytes, uneven pipeline stages. Pure: no torch.
+"""What a model's shape says per device: which tensor-parallel degrees its heads and widths allow and
+what passing a wall costs (KV heads copied, the vocabulary padded), KV heads and KV-cache bytes per device,
+a layer's and a stage's parameters per GPU (the memory model both planners share), uneven pipeline stages.
+Pure: no torch.
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ from shardlib.core.pipeline.stages import stage_layer_counts
 
 # -- which tensor-parallel degrees a model's shapes allow, and what each costs --------------------------
 def tensor_parallel_problems(model: ModelConfig, tp: int, copy_kv_heads: bool = True) -> list[str]:
-    """Every reason ``model`` cannot be split ``tp`` ways by tensor parallelism (empty: it can).
-
-    Each device gets whole query heads, an equal slice of the MLP's hidden width ``d_ff``, and whole KV
-    heads (a query head needs its KV head on the same device): ``tp`` divides the KV heads, or, past them,
-    is a multiple of them and each KV head is copied on ``tp / n_kv_heads`` devices (vLLM's way; the cost
-    is ``kv_head_copies``). ``copy_kv_heads=False`` keeps the stricter rule of code that only splits KV
-    heads. The vocabulary never blocks: it is padded to a multiple of ``vocab_multiple x tp`` (``padded_vocab_size``).
-    """
+    """Every reason ``model`` cannot be split ``tp`` ways (empty: it can): whole query heads per device, an
+    equal slice of ``d_ff``, and whole KV heads, or past their count each copied on ``tp / n_kv_heads``
+    devices (vLLM's way; ``copy_kv_heads=False`` keeps the stricter rule). The vocabulary never blocks: it is
+    padded (``padded_vocab_size``)."""
     try:
         whole_number(tp, "tp (the tensor-parallel degree)")
     except ValueError as err:
@@ -80,6 +77,30 @@ def attention_params_per_device(model: ModelConfig, tp: int) -> float:
         return model.attention_params / whole_number(tp, "tp")
     return (2 * model.d_model * model.n_heads * model.head_dim / tp
             + 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp))
+
+
+def layer_params_per_device(model: ModelConfig, tp: int, ep: int = 1) -> tuple[float, float, float]:
+    """One layer's parameters on one GPU, ``(attention, experts, replicated)``: the attention's
+    ``attention_params_per_device``; its ``n_experts / ep`` whole experts (``ep > 1``), or a ``1/tp`` slice of
+    each (a dense MLP is one expert); the two norms and the router, whole on every GPU."""
+    experts = model.n_experts * model.expert_params / (ep if ep > 1 else tp)
+    replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
+    return attention_params_per_device(model, tp), experts, replicated
+
+
+def stage_params_per_device(model: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1,
+                            lighter_ends: bool = False) -> tuple[float, float]:
+    """``(layer matrices, the rest)`` one GPU of ``stage`` holds, in parameters: its layers
+    (``stage_layer_counts``, the ends a layer lighter with ``lighter_ends``) as ``layer_params_per_device``;
+    the first stage also the embedding, the last the final norm and (untied) the head, ``1/tp`` of the padded
+    vocabulary each. The memory model of both planners: serving reads it in bytes (``weights_per_gpu``),
+    training keeps states for it (``training.memory.stage_params``)."""
+    layers = stage_layer_counts(model.n_layers, whole_number(pp, "pp"), end_layers=int(lighter_ends))[stage]
+    attention, experts, replicated = layer_params_per_device(model, tp, ep)
+    table = padded_vocab_size(model, tp) / tp * model.d_model
+    ends = (table if stage == 0 else 0.0) + ((model.d_model + (0 if model.tied_embeddings else table))
+                                             if stage == pp - 1 else 0.0)
+    return layers * (attention + experts), layers * replicated + ends
 
 
 def pipeline_parallel_problems(model: ModelConfig, pp: int) -> list[str]:

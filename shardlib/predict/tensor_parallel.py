@@ -1,12 +1,9 @@
-"""Tensor parallelism's formulas: each cut order's collectives, in buffer and wire bytes; the shape rules
-(the vocabulary split's too) and the largest degree a model's shapes allow (Megatron-LM, Shoeybi et al.
-2019, section 3). Pure."""
+"""Tensor parallelism's formulas: each cut order's collectives, in buffer and wire bytes (Megatron-LM,
+Shoeybi et al. 2019, section 3). The shape rules are ``shapes``'. Pure."""
 
 from __future__ import annotations
 
 from shardlib.core.checks import choice, whole_number
-from shardlib.core.config import ModelConfig
-from shardlib.predict.shapes import usable_tensor_parallel_degrees
 from shardlib.runtime.records import wire_bytes
 
 CUTS = ("column then row", "row then column")
@@ -53,8 +50,3 @@ def other_cut_ratios(d_model: int, d_hidden: int) -> dict[str, float]:
     d_model, d_hidden = whole_number(d_model, "d_model"), whole_number(d_hidden, "d_hidden")
     return {"collectives": 2.0, "buffer": (d_hidden + d_model) / d_model, "wire": d_hidden / d_model + 0.5}
 
-
-def max_tensor_parallel_shards(model: ModelConfig) -> int:
-    """The largest tensor-parallel degree ``model``'s shapes allow: whole query heads per device, whole KV
-    heads (copied past their count), ``d_ff`` divisible (see ``predict.shapes.tensor_parallel_problems``)."""
-    return max(usable_tensor_parallel_degrees(model))

@@ -1,4 +1,4 @@
-"""How the planners write numbers: bytes in GB (or MB, kB), seconds in ms. Pure: no torch."""
+"""How the planners write numbers: bytes in GB (or MB, kB), seconds in ms (or s). Pure: no torch."""
 
 from __future__ import annotations
 
@@ -12,3 +12,7 @@ def gb(size_bytes: float) -> str:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 0.1 else f"{seconds * 1e3:,.0f} ms"
+
+
+def seconds(x: float) -> str:
+    return f"{x:,.2f} s" if x >= 1 else ms(x)

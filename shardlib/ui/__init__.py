@@ -43,9 +43,13 @@
   beside a curve. Data in, ``go.Figure`` out.
 * ``serving_figures``: Figures of a plan: the feasible layouts side by side (data in, ``go.Figure`` out; pure,
   no processes).
+* ``serving_tables``: Serving runs as plain text: traffic per mesh axis, figures predicted beside measured, a cold
+  start's parts.
 * ``serving_widgets``: The planner as a widget: pick a model, its weights' precision, a cluster, a workload
   and an objective; see the ranked layouts, a figure of the best ones, the reasons, and why every other layout
   fails. Pure computation: no ranks.
+* ``tables``: Plans and predictions as plain text: the serving and training plans, the tensor-parallel cost
+  table, replicas against tp, the KV hand-off, published layouts and figures, a fit, a schedule's grid.
 * ``static``: Widgets as static pages: what a live widget shows at the moment it is displayed, as plain HTML.
 * ``tensor_parallel_figures``: Figures of tensor parallelism: who holds which slice of a pair, how the code
   cuts one ``(out, in)`` weight, and what the KV cache per GPU does as tp passes the KV heads. Data in,
@@ -66,5 +70,5 @@ __all__ = ["code", "context_parallel_figures", "context_parallel_widgets", "cost
            "data_parallel_figures", "data_parallel_widgets", "engine_figures", "engine_widgets", "experts_figures",
            "experts_widgets", "fleet_figures", "fleet_widgets", "gantt", "intro_figures", "intro_widgets", "live",
            "mime", "pipeline_figures", "pipeline_widgets", "quiz", "runtime_figures", "serving_figures",
-           "serving_widgets", "static", "tensor_parallel_figures", "tensor_parallel_widgets", "theme",
-           "training_figures", "training_widgets"]
+           "serving_tables", "serving_widgets", "static", "tables", "tensor_parallel_figures",
+           "tensor_parallel_widgets", "theme", "training_figures", "training_widgets"]

@@ -17,8 +17,7 @@ import torch
 from shardlib.core.context_parallel.online_softmax import attention_reference
 from shardlib.core.context_parallel.placement import PLACEMENTS
 from shardlib.lab.context_parallel.drivers import run_ring_attention
-from shardlib.predict.context_parallel import AttentionShape
-from shardlib.predict.context_parallel_memory import attention_bytes_per_rank
+from shardlib.predict.context_parallel import AttentionShape, attention_bytes_per_rank
 from shardlib.ui.context_parallel_figures import attention_memory_figure, ring_timeline_figure
 from shardlib.ui.live import Feedback, FigureArea, observe_all
 

@@ -3,6 +3,7 @@
 Every predicted curve is drawn by the same ``costs`` function that the notebook prints its
 predictions with, so a figure and a printed number can never disagree. Each figure says under its title
 where its numbers come from: the ranks it measured (``where``), or that it is a model (``GPU_MODEL``).
+``decode_vs_prefill_table`` prints a ``lab.costs.drivers.DecodeVsPrefillRun`` row by row.
 """
 
 from __future__ import annotations
@@ -166,3 +167,14 @@ def latency_throughput_figure(curves: Mapping[str, Sequence], where: str = PLANN
                       xaxis_title="latency per token, one request alone (ms, log scale)",
                       yaxis_title="tokens per second per GPU, full batch")
     return fig
+
+
+def decode_vs_prefill_table(run) -> str:
+    """A row per message: its size, then per tp degree the fastest round (median), prediction, ratio."""
+    head = "".join(f"{'tp = ' + str(tp) + ': fastest (median)   predicted  ratio':>50}" for tp in run.tp_degrees)
+    lines = [f"{'tokens':>7} {'bytes':>12}{head}"]
+    for t in run.tokens:
+        cells = "".join(f"{run.measured_s(tp, t) * 1e3:>16.3f} ms ({run.measured_s(tp, t, True) * 1e3:>7.3f}) "
+                        f"{run.predicted_s(tp, t) * 1e3:>8.3f} ms {run.ratio(tp, t):>6.2f}" for tp in run.tp_degrees)
+        lines.append(f"{t:>7,} {run.size_bytes(t):>12,}{cells}")
+    return "\n".join(lines)

@@ -8,7 +8,8 @@ import html
 import ipywidgets as widgets
 
 from shardlib.core.checks import TOLERANCE
-from shardlib.core.data_parallel.flat import STRATEGIES, STRATEGY_TITLES
+from shardlib.core.data_parallel.flat import STRATEGY_TITLES
+from shardlib.core.mesh import DP_STRATEGIES
 from shardlib.lab.data_parallel.drivers import run_data_parallel
 from shardlib.lab.data_parallel.reference import train_reference
 from shardlib.runtime.records import format_seconds
@@ -24,18 +25,18 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     ``ranks`` and the figures show what rank 0 kept and sent, measured beside predicted, and the last
     step's timeline. It starts with the picked strategy's bars only; each strategy's bars appear when it
     is first picked (one training run per move, none spent in advance)."""
-    picker = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in STRATEGIES], value="ddp",
+    picker = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in DP_STRATEGIES], value="ddp",
                                    description="strategy")
     start = ONE_BUCKET if bucket_bytes is None else bucket_bytes
     buckets = SelectionSlider(options=BUCKET_CHOICES, value=start, description="bucket size",
                               continuous_update=False, style={"description_width": "initial"})
     overlap = widgets.Checkbox(value=True, description="overlap with compute", indent=False)
     summary = widgets.HTML()
-    empty = {s: {"params": 0, "grads": 0, "optimizer": 0} for s in STRATEGIES}
+    empty = {s: {"params": 0, "grads": 0, "optimizer": 0} for s in DP_STRATEGIES}
     memory_fig, bytes_fig, timeline = FigureArea(), FigureArea(), FigureArea()
     measured_memory, predicted_memory = dict(empty), dict(empty)
-    measured_bytes = {s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0} for s in STRATEGIES}
-    predicted_bytes = {s: 0 for s in STRATEGIES}
+    measured_bytes = {s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0} for s in DP_STRATEGIES}
+    predicted_bytes = {s: 0 for s in DP_STRATEGIES}
     one_process = train_reference(model, batches, lr).state_dict
 
     def show(change=None, strategy: str | None = None) -> None:

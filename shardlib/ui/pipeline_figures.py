@@ -86,14 +86,19 @@ def measured_figure(spans: Sequence[Span], n_stages: int, title: str, show_waits
     return fig
 
 
+def _ms(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(f"{v * 1e3:g} ms" for v in value) + "]"
+    return f"{value * 1e3:g} ms"
+
+
 @mime_figure
 def predicted_vs_measured_figure(schedule: Schedule, spans: Sequence[Span], forward_s, backward_s,
-                                 timing_note: str, measured_idle: float | None = None, where: str = "") -> go.Figure:
+                                 measured_idle: float | None = None, where: str = "") -> go.Figure:
     """The schedule's prediction (top, a model) and the real run (bottom), on one time axis in ms.
 
-    ``forward_s`` / ``backward_s`` are the durations the prediction uses (the run's set durations);
-    ``timing_note`` says how the run was timed and goes in the title; ``where`` says where the run was
-    measured (the pool's ``Ranks.description``)."""
+    ``forward_s`` / ``backward_s`` are the durations the prediction uses and the run's ops were padded to
+    (a number, or one per stage); ``where`` says where the run was measured (``Ranks.description``)."""
     timed = simulate(schedule, forward_s, backward_s)
     work = compute_spans(spans)
     if not work:
@@ -112,7 +117,8 @@ def predicted_vs_measured_figure(schedule: Schedule, spans: Sequence[Span], forw
     fig.update_yaxes(**axis, row=1, col=1)
     fig.update_yaxes(**axis, row=2, col=1)
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
-    fig.update_layout(title=f"{schedule.title}. {timing_note}", barmode="overlay", bargap=0.15,
+    fig.update_layout(title=f"{schedule.title}. Each op padded with sleep to a set duration (forward "
+                      f"{_ms(forward_s)}, backward {_ms(backward_s)})", barmode="overlay", bargap=0.15,
                       height=220 + 90 * schedule.n_stages, margin={"l": 70, "r": 20, "t": 80, "b": 40},
                       title_font_size=13)
     return fig

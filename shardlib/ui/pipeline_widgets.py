@@ -61,8 +61,8 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
             f"in flight per stage {list(run.peak_in_flight)}; this re-run took {run.wall_s * 1e3:.0f} ms"
             "<br><i>red circles: GPipe measurements made with this slider</i>"
         )
-        gantt.show(predicted_vs_measured_figure(schedule, run.spans, forward_s, backward_s, run.timing_note,
-                                                bubble.idle_fraction, ranks.description))
+        gantt.show(predicted_vs_measured_figure(schedule, run.spans, forward_s, backward_s, bubble.idle_fraction,
+                                                ranks.description))
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)

@@ -11,9 +11,10 @@ import ipywidgets as widgets
 from shardlib.facts.hardware import CLUSTERS
 from shardlib.facts.models import PRESETS
 from shardlib.predict.serving.memory import Workload
-from shardlib.predict.serving.planner import OBJECTIVES, format_plan, plan_serving
+from shardlib.predict.serving.planner import OBJECTIVES, plan_serving
 from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
 from shardlib.ui.serving_figures import plan_figure
+from shardlib.ui.tables import format_plan
 
 BATCHES = (("from memory", 0), ("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32", 32), ("64", 64),
            ("128", 128), ("256", 256))

@@ -4,6 +4,7 @@ Data in, ``go.Figure`` out: the runs come from ``lab.training.drivers.run_traini
 process. ``ledger_figure`` draws measured bars with the prediction as a mark on each, ``traffic_figure``
 the bytes one rank sends per step on each mesh axis, ``loss_figure`` every layout's loss over the
 one-process reference's, ``step_time_figure`` predicted against measured step time with the diagonal.
+``step_time_table`` and ``step_cluster_text`` print a ``lab.training.step_time`` check and its fit.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import plotly.graph_objects as go
 from shardlib.ui.mime import mime_figure
 from shardlib.ui.theme import DARK_GREY, GUIDE_GREY, colour
 
+STEP_TERMS = ("compute", "bubble", "tp", "cp", "dp", "pp", "optimizer")
 LEDGER_TERMS = ("weights", "gradients", "optimizer", "activations", "transient")
 AXES = ("tp", "cp", "pp", "dp", "dp-cp")
 
@@ -95,3 +97,32 @@ def step_terms_figure(seconds_by_term: Mapping[str, Sequence[float]], names: Seq
         fig.add_bar(x=list(names), y=list(seconds), name=term, marker_color=colour(i))
     fig.update_layout(barmode="stack", height=360, yaxis_title="seconds per step", title=title)
     return fig
+
+
+def step_time_table(check) -> str:
+    """Per layout of a ``StepTimeCheck``: predicted (its terms), measured, ratio and error; then the mean
+    error and the ranking both ways."""
+    lines = [f"{'layout':<17}{'m':>3}" + "".join(f"{t[:5]:>7}" for t in STEP_TERMS)
+             + f"{'predicted':>11}{'measured':>10}{'meas/pred':>10}{'error':>8}"]
+    for t in check.layouts:
+        lines.append(f"{t.label:<17}{t.score.n_microbatches:>3}"
+                     + "".join(f"{getattr(t.score, name + '_s') * 1e3:>7.1f}" for name in STEP_TERMS)
+                     + f"{t.predicted_s * 1e3:>11.1f}{t.measured_s * 1e3:>10.1f}{t.ratio:>10.2f}{t.error:>8.0%}")
+    lines.append(f"(ms per step of {check.global_sequences} sequences of {check.config.seq} tokens; measured: "
+                 f"median of {len(check.layouts[0].steps_s)} steps, each run's warm-up left out)")
+    lines.append(f"mean error {check.mean_error:.0%}; Spearman's rank correlation {check.rank_correlation:+.2f}")
+    lines.append("fastest first, predicted: " + ", ".join(check.by_predicted))
+    lines.append("fastest first, measured:  " + ", ".join(check.by_measured))
+    return "\n".join(lines)
+
+
+def step_cluster_text(fit) -> str:
+    """A ``StepCluster`` in one paragraph: the link, the compute rate, AdamW's rate, and what they came from."""
+    link = fit.cluster.intra_link
+    return (f"link: latency {link.latency_s * 1e3:.3f} ms per ring step (sweep's fit "
+            f"{fit.calibration.link.latency_s * 1e3:.3f} ms; a call between computing ranks "
+            + ", ".join(f"{s * 1e3:.2f} ms over {n}" for n, s in fit.busy_calls_s) + "), bandwidth "
+            f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s; compute {fit.cluster.peak_flops_per_s / 1e9:.2f} "
+            f"GFLOP/s per rank (a microbatch's forward and backward in {fit.microbatch_s * 1e3:.1f} ms); AdamW "
+            f"at {fit.cluster.memory_bytes_per_s / 1e9:.2f} GB/s ({fit.optimizer_s * 1e3:.1f} ms a step); "
+            f"every rank at once, medians of {fit.samples} samples")

@@ -28,6 +28,7 @@ from shardlib.core.context_parallel.placement import (
     imbalance,
     positions_of_rank,
 )
+from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import Link
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, TOY
 from shardlib.lab.context_parallel.reference import (
@@ -40,20 +41,19 @@ from shardlib.lab.context_parallel.reference import (
 from shardlib.predict.context_parallel import (
     METHODS,
     AttentionShape,
+    context_parallel_needed,
+    device_memory,
     hidden_share,
     ring_backward_bytes_per_rank,
     ring_bytes_per_rank,
     ring_time_s,
     ring_transfer_s,
     sequence_parallel_bytes_per_rank,
+    toy_block_activation_bytes,
     ulysses_bytes_per_rank,
     ulysses_collectives,
 )
-from shardlib.predict.context_parallel_memory import (
-    context_parallel_needed,
-    device_memory,
-    toy_block_activation_bytes,
-)
+from shardlib.predict.serving.memory import weights_per_gpu
 from shardlib.predict.shapes import kv_cache_bytes, kv_heads_per_device
 
 ATOL = 1e-5
@@ -244,7 +244,7 @@ def test_kv_cache_hits_the_kv_head_wall_under_tp_but_not_under_cp():
     assert kv_cache_bytes(LLAMA_3_70B, 131_072, tp=8) == whole / 8
     assert kv_cache_bytes(LLAMA_3_70B, 131_072, tp=16) == whole / 8  # each device keeps one whole KV head
     assert kv_cache_bytes(LLAMA_3_70B, 131_072, tp=8, cp=4) == whole / 32
-    assert device_memory(LLAMA_3_8B, 8192, tp=2, cp=2).weights_bytes == LLAMA_3_8B.weight_bytes / 2
+    assert device_memory(LLAMA_3_8B, 8192, tp=2, cp=2).weights_bytes == weights_per_gpu(LLAMA_3_8B, Layout(2, 1))
 
 
 def attention_activation_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> float:
@@ -283,7 +283,7 @@ def test_toy_block_activation_formula_hand_worked():
 
 
 def test_attention_bytes_per_rank_hand_worked():
-    from shardlib.predict.context_parallel_memory import attention_bytes_per_rank
+    from shardlib.predict.context_parallel import attention_bytes_per_rank
 
     shape = AttentionShape(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=64)  # float32
     one = attention_bytes_per_rank(shape)

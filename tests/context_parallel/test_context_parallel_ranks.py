@@ -38,8 +38,12 @@ from shardlib.lab.context_parallel.grad_drivers import (
 from shardlib.lab.context_parallel.ranks import ring_attention_on_rank, ulysses_attention_on_rank
 from shardlib.lab.context_parallel.reference import attention_grads_reference, attention_layer_weights, shard_sequence
 from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
-from shardlib.predict.context_parallel import AttentionShape, ring_backward_bytes_per_rank, ring_saved_bytes_per_rank
-from shardlib.predict.context_parallel_memory import toy_block_activation_bytes
+from shardlib.predict.context_parallel import (
+    AttentionShape,
+    ring_backward_bytes_per_rank,
+    ring_saved_bytes_per_rank,
+    toy_block_activation_bytes,
+)
 from shardlib.runtime.errors import RankError
 
 

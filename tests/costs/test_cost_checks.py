@@ -25,7 +25,7 @@ from shardlib.lab.costs.drivers import DecodeVsPrefillRun, SlowRankRun
 from shardlib.lab.costs.ranks import SLOW_RANK_OPS
 from shardlib.lab.harness import Measured
 from shardlib.predict.calibration import Calibration, LinkFit, Sample
-from shardlib.predict.costs import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
+from shardlib.predict.serving.replicas import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 from shardlib.runtime.records import CommRecord
 
 LINK = Link("hand", 1e9, 1e-4)  # 1 GB/s each way, 100 us per ring step

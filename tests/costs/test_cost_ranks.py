@@ -14,7 +14,8 @@ from collections import Counter
 import pytest
 import torch
 
-from shardlib.core.toy import stack_reference, stack_weights
+from shardlib.core.model import stack_reference
+from shardlib.core.toy import stack_weights
 from shardlib.facts.hardware import Link
 from shardlib.facts.models import LLAMA_3_8B
 from shardlib.lab.costs.drivers import (
@@ -27,6 +28,7 @@ from shardlib.lab.costs.drivers import (
 from shardlib.lab.costs.ranks import SLOW_RANK_OPS, requests, serving_model
 from shardlib.lab.verdict import measure_until, strict_checks, timing_claim
 from shardlib.predict.calibration import Sample
+from shardlib.ui.costs_figures import decode_vs_prefill_table
 
 ATOL = 1e-5
 DELAY_S = 0.1
@@ -61,7 +63,7 @@ def test_decode_vs_prefill_predictions_by_hand():
     # tp = 4, one token: 6 x 100 us + 1.5 x 8,192 B / 1 GB/s = 612.3 us, measured 2 ms: 3.27x
     assert run.predicted_s(4, 1) == pytest.approx(600e-6 + 1.5 * 8192 / 1e9)
     assert run.measured_s(4, 1) == 2e-3 and run.measured_s(4, 1, typical=True) == 4e-3
-    table = run.format()  # the fastest round, the median in brackets, the prediction, the ratio
+    table = decode_vs_prefill_table(run)  # the fastest round, the median in brackets, the prediction, the ratio
     assert "  2,048   16,777,216" in table and "3.27" in table and "  0.416 ms (  0.832)" in table
 
 

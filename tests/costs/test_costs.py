@@ -10,7 +10,6 @@ from shardlib.facts.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Lin
 from shardlib.predict.alpha_beta import (
     algorithm_bandwidth,
     all_reduce_s,
-    all_to_all_s,
     bus_bandwidth,
     collective_terms_s,
     collective_time_s,
@@ -18,7 +17,7 @@ from shardlib.predict.alpha_beta import (
     crossover_bytes,
     point_to_point_s,
 )
-from shardlib.predict.costs import replicas_vs_tensor_parallel
+from shardlib.predict.serving.replicas import replicas_vs_tensor_parallel
 
 # 1 GB/s each way, 10 us per message: easy numbers to work by hand
 LINK = Link("test", 1e9, 1e-5)
@@ -44,6 +43,10 @@ def all_gather_s(size_bytes, world_size, link, latency_charge="per_step"):
 
 def reduce_scatter_s(size_bytes, world_size, link, latency_charge="per_step"):
     return collective_time_s("reduce_scatter", size_bytes, world_size, link, latency_charge)
+
+
+def all_to_all_s(size_bytes, world_size, link, latency_charge="per_step"):
+    return collective_time_s("all_to_all", size_bytes, world_size, link, latency_charge)
 
 
 @pytest.mark.parametrize("fn", [all_gather_s, reduce_scatter_s, all_to_all_s])

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlib.core.config import ModelConfig
-from shardlib.core.data_parallel.flat import STRATEGIES, padded, parameter_units, plan_buckets, plan_units
+from shardlib.core.data_parallel.flat import padded, parameter_units, plan_buckets, plan_units
+from shardlib.core.mesh import DP_STRATEGIES, Layout
 from shardlib.facts.models import LLAMA_3_8B
 from shardlib.lab.data_parallel.activations import measure_activations
 from shardlib.lab.data_parallel.reference import (
@@ -24,6 +25,7 @@ from shardlib.lab.measure import PeakMeter
 from shardlib.predict.data_parallel import (
     STATE_BYTES_FP32,
     STATE_BYTES_MEGATRON,
+    STATE_BYTES_MIXED,
     gathered_peak_bytes,
     layer_activation_bytes,
     layout_memory,
@@ -31,9 +33,9 @@ from shardlib.predict.data_parallel import (
     memory_per_rank,
     mlp_activation_bytes,
     step_wire_bytes,
-    training_memory_per_gpu,
     zero_table,
 )
+from shardlib.predict.training.memory import training_memory
 
 
 # -- flat groups ------------------------------------------------------------------------------------------
@@ -116,9 +118,10 @@ def test_activation_formulas():
     assert layer_activation_bytes(model, 2048, 1, "none") == sbh * (34 + 5 * 32 * 2048 / 4096)  # 114 sbh
     assert layer_activation_bytes(model, 2048, 1, "selective") == 34 * sbh
     assert layer_activation_bytes(model, 2048, 1, "full") == 2 * sbh
-    budget = training_memory_per_gpu(model, "zero1", 8, 2048, 1, pp=2, in_flight=2, recompute="full")
-    assert budget["activations"] == 1 * 2 * sbh * 2  # one layer per stage, 2 microbatches in flight
-    assert budget["total"] == pytest.approx(sum(budget[k] for k in ("params", "grads", "optimizer", "activations")))
+    budget = training_memory(model, Layout(1, 2, 8, dp_strategy="zero1"), 2048, 1, 2, recompute="full",
+                             state_bytes=STATE_BYTES_MIXED)
+    assert budget.activations_bytes == 1 * 2 * sbh * 2  # one layer per stage, 2 microbatches in flight
+    assert budget.total_bytes == pytest.approx(budget.states_bytes + budget.activations_bytes + budget.ends_bytes)
 
 
 # -- the reference, the loss and the checks -----------------------------------------------------------------
@@ -232,7 +235,7 @@ def test_the_meter_counts_until_a_tensor_is_freed():
 
 
 def test_every_strategy_has_a_formula():
-    for strategy in STRATEGIES:
+    for strategy in DP_STRATEGIES:
         mem = memory_per_rank(1000, strategy, 4, STATE_BYTES_FP32)
         assert mem["total"] == sum(mem[k] for k in ("params", "grads", "optimizer"))
     with pytest.raises(ValueError, match="unknown strategy"):

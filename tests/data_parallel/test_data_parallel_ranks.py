@@ -15,8 +15,9 @@ import torch
 
 from shardlib.core.checks import TOLERANCE
 from shardlib.core.data_parallel.buckets import BucketedReplica
-from shardlib.core.data_parallel.flat import STRATEGIES, parameter_units
+from shardlib.core.data_parallel.flat import parameter_units
 from shardlib.core.data_parallel.zero3 import ShardedUnits
+from shardlib.core.mesh import DP_STRATEGIES
 from shardlib.lab.data_parallel.claims import run_collective_identity
 from shardlib.lab.data_parallel.drivers import StrategyRuns, run_data_parallel, run_peer, run_strategies
 from shardlib.lab.data_parallel.ranks import train_on_rank
@@ -42,7 +43,7 @@ def uneven():
 
 
 # -- exactness -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", DP_STRATEGIES)
 @pytest.mark.parametrize("shape", ["even", "uneven"])
 def test_every_strategy_trains_to_one_processs_weights(pool, request, strategy, shape):
     model, batches = request.getfixturevalue(shape)
@@ -64,7 +65,7 @@ def test_the_global_loss_is_one_processs_loss(pool2, even):
 
 
 # -- memory and bytes against the formulas ------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", DP_STRATEGIES)
 def test_memory_per_rank_is_what_the_layout_predicts(pool, uneven, strategy):
     model, batches = uneven
     run = run_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
@@ -90,7 +91,7 @@ def test_zero3_holds_one_gathered_layer_at_a_time_or_two_with_prefetch(pool2, ev
     assert run.memory_per_rank[0]["transient_peak"] < sum(p.numel() for p in model.parameters()) * 4 / 2
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", DP_STRATEGIES)
 def test_bytes_per_step_are_what_the_layout_predicts(pool, uneven, strategy):
     model, batches = uneven
     run = run_data_parallel(pool, strategy, model, batches, LR, bucket_bytes=2048)
@@ -105,7 +106,7 @@ def test_bytes_per_step_are_what_the_layout_predicts(pool, uneven, strategy):
 def test_all_reduce_costs_what_reduce_scatter_plus_all_gather_cost(pool, even):
     model, batches = even  # no padding: the identity holds to the byte
     runs = run_strategies(pool, model, batches, LR)
-    assert isinstance(runs, StrategyRuns) and list(runs.runs) == list(STRATEGIES)
+    assert isinstance(runs, StrategyRuns) and list(runs.runs) == list(DP_STRATEGIES)
     wire = {s: run.wire_bytes_per_step() for s, run in runs.items()}
     assert wire["ddp"] == wire["zero1"] == wire["zero2"]
     assert wire["zero3"] * 2 == wire["ddp"] * 3  # ZeRO-3: 1.5 x
@@ -134,7 +135,7 @@ def _train_without_a_probe(ctx, strategy, model, batches):
     return engine.full_state()
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", DP_STRATEGIES)
 def test_the_mechanisms_train_the_same_without_a_probe(pool2, even, strategy):
     model, batches = even
     measured = run_data_parallel(pool2, strategy, model, batches, LR, bucket_bytes=2048).state_dict

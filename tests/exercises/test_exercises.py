@@ -259,13 +259,13 @@ def test_one_f_one_b_solution_passes_and_blank_is_not_written():
     (_with_warmup(lambda s, p, m: 0), ("step takes 16 slots where 1F1B takes 2 (m + p - 1) = 10",
                                        "Check how many forwards")),
     (_with_warmup(lambda s, p, m: p - s - 1, steady_b_first=True),
-     ("stage 1: runs B 0 before its own F 0", "each F comes before its B")),
-    (_b0_too_early, ("stage 1 runs B 0 before stage 2 sent its gradient for microbatch 0",
-                     "stage 2 is itself waiting, at F 1", "deadlock", "Check where stage 1's list puts B 0")),
-    (lambda s, p, m: answers.one_f_one_b(s, p, m)[:-1], ("never runs B",)),
-    (lambda s, p, m: answers.one_f_one_b(s, p, m) + [("F", 0)], ("runs F 0 twice",)),
+     ("p = 2, m = 4: deadlock", "stage 1 waits at B0 for F0 of stage 1", "a B for its own F")),
+    (_b0_too_early, ("p = 4, m = 8: deadlock", "stage 1 waits at B0 for B0 of stage 2",
+                     "stage 2 waits at F1 for F1 of stage 1", "runs its list in order")),
+    (lambda s, p, m: answers.one_f_one_b(s, p, m)[:-1], ("never run: stage 0 B3",)),
+    (lambda s, p, m: answers.one_f_one_b(s, p, m) + [("F", 0)], ("stage 0 runs F0 twice",)),
     (lambda s, p, m: [f"F{i}" for i in range(m)], ("write each action as a pair", "got 'F0'")),
-    (lambda s, p, m: answers.one_f_one_b(s, p, m) + [("B", m)], ("numbered 0 .. m - 1",)),
+    (lambda s, p, m: answers.one_f_one_b(s, p, m) + [("B", m)], ("not part of this step", "they run 0 .. m-1")),
     (lambda s, p, m: 1 / 0, ("raised ZeroDivisionError",)),
 ])
 def test_one_f_one_b_wrong_orders_fail_with_a_hint(wrong, phrases):
@@ -625,6 +625,6 @@ def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
 
 
 def test_the_schedule_grader_refuses_something_that_is_not_a_function():
-    from shardlib.exercises.pipeline_schedules import grade_schedule_table
+    from shardlib.exercises.pipeline import grade_schedule_table
     with pytest.raises(ValueError, match="pass your function itself"):
         grade_schedule_table(42)

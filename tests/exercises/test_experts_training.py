@@ -4,7 +4,7 @@ yet" without reaching the ranks, and each likely mistake fails with the hint tha
 import pytest
 import torch
 
-from shardlib.exercises.experts_training import grade_aux_free_bias
+from shardlib.exercises.experts import grade_aux_free_bias
 from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN
 
 

@@ -59,18 +59,18 @@ def test_the_answer_passes_and_a_blank_is_not_written():
 def test_the_grader_follows_the_library_router_and_route_trace():
     for case, replicas, threshold in grader.CASES:
         requests, hold = grader._trace(case)
-        right, _ = grader._library(requests, hold, replicas, threshold)
+        right = grader.routed(requests, hold, replicas, threshold)
         replayed = route_trace(make_router("prefix-aware", replicas, grader.BLOCK_SIZE, balance_threshold=threshold),
                                requests, replicas, finish=lambda r: hold[r.request_id])
-        assert right == replayed == grader._with_mistake(requests, hold, replicas, threshold, None)
+        assert right == replayed
 
 
 def test_the_first_trace_tells_every_mistake_apart():
     case, replicas, threshold = grader.CASES[0]
     requests, hold = grader._trace(case)
-    runs = [grader._with_mistake(requests, hold, replicas, threshold, m) for m in (None, *grader.MISTAKES)]
+    runs = [grader.routed(requests, hold, replicas, threshold, m) for m in (None, *grader.MISTAKES)]
     assert len({tuple(r) for r in runs}) == len(runs)
-    queued = [q for q, _ in grader._library(requests, hold, replicas, threshold)[1]]
+    queued = [grader._seen(requests, hold, runs[0], i, replicas)[0] for i in range(len(requests))]
     spreads = {max(q) - min(q) for q in queued}
     assert {threshold - 1, threshold, threshold + 1} <= spreads  # below, at and past the threshold all met
 

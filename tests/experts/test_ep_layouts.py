@@ -10,9 +10,10 @@ from shardlib.core.experts.stack import moe_stack_reference, moe_stack_weights
 from shardlib.core.mesh import Layout
 from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.models import TOY, TOY_MOE
-from shardlib.lab.serving.drivers import check_combined_inputs, format_traffic, run_combined, run_decode, run_wide_ep
+from shardlib.lab.serving.drivers import check_combined_inputs, run_combined, run_decode, run_wide_ep
 from shardlib.predict.serving.memory import stack_weight_bytes
 from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
+from shardlib.ui.serving_tables import traffic_table
 
 LAYERS = moe_stack_weights(TOY_MOE, seed=0)
 X = activations(4, 8, TOY_MOE.d_model)
@@ -43,7 +44,7 @@ def test_tp_ep_pp_forward_equals_one_process(world, request):
         # the tp all-reduce adds the heads' partial outputs in another order: float32, TOLERANCE
         assert torch.allclose(run.output, REFERENCE, atol=TOLERANCE, rtol=TOLERANCE), layout.label
         assert run.last_stage_agree
-        assert run.measured == run.predicted, (layout.label, format_traffic(run))
+        assert run.measured == run.predicted, (layout.label, traffic_table(run))
         assert list(run.weight_bytes) == stack_weight_bytes(TOY_MOE, layout)
         if layout.ep > 1:
             assert any(a.axis == "ep" and a.op == "all_to_all_single" for a in run.measured)

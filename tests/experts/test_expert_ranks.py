@@ -1,6 +1,6 @@
 """Expert parallelism: placement, the dispatch plan, the single-process simulation at 2, 3, 4 and 8
 ranks, and the layer on real ranks (2 and 4) against the single-process reference: the mechanism alone
-(``dispatch.expert_parallel_moe``, measuring nothing) and with the rank function's timing attached.
+(``dispatch.moe_layer``, measuring nothing) and with the rank function's timing attached.
 
 Tolerance: none. The combine is a gate-weighted sum done at home in the same order as the reference,
 and every multiply runs on fixed blocks of rows (see ``routing.blocked_rows``), so the layer on ranks must
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from shardlib.core.experts.balance import assign, split_groups
-from shardlib.core.experts.dispatch import expert_parallel_moe, make_moe_weights
-from shardlib.core.experts.placement import ExpertPlacement, dispatch_plan, replicate_hottest
+from shardlib.core.experts.dispatch import make_moe_weights, moe_layer
+from shardlib.core.experts.placement import ExpertPlacement, dispatch_plan
 from shardlib.core.experts.routing import MoEConfig, route
 from shardlib.facts.models import TOY_MOE
-from shardlib.lab.experts.balance import MITIGATIONS
+from shardlib.lab.experts.balance import MITIGATIONS, replicate_hottest
 from shardlib.lab.experts.drivers import run_expert_parallel, run_mitigation, run_mitigations
 from shardlib.lab.experts.ranks import ep_forward_on_rank
 from shardlib.lab.experts.reference import make_tokens, moe_reference, reference_for, simulate_expert_parallel
@@ -137,11 +137,13 @@ def test_the_layer_on_ranks_equals_the_reference_exactly(pool, k, skew):
 
 
 def test_the_mechanism_alone_equals_the_reference_and_measures_nothing(pool):
-    """``expert_parallel_moe`` called with its default probe, as a learner would call it in a cell: the
-    same output, three all-to-alls per rank (counts, rows out, rows back), and no compute spans."""
+    """``moe_layer`` called with its default probe, as a learner would call it in a cell: the same output,
+    three all-to-alls per rank (counts, rows out, rows back), and no compute spans."""
     def forward(ctx, x, weights, cfg, placement):
         start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
-        return expert_parallel_moe(ctx, x[start:stop], weights, cfg, placement).output
+        home = x[start:stop]
+        experts = weights.experts(placement.hosted(ctx.rank))
+        return home + moe_layer(home, weights.router, experts, cfg, ctx=ctx, placement=placement).output
 
     cfg = CFG.but(skew=0.5)
     outputs = pool.run(forward, X, WEIGHTS, cfg, ExpertPlacement(8, pool.world_size))
@@ -151,7 +153,7 @@ def test_the_mechanism_alone_equals_the_reference_and_measures_nothing(pool):
 
 
 def test_the_mechanism_holds_no_measurement_and_the_rank_function_attaches_it(pool2):
-    source = inspect.getsource(inspect.getmodule(expert_parallel_moe))
+    source = inspect.getsource(inspect.getmodule(moe_layer))
     for word in ("import time", "now_s", "perf_counter", "process_time", "sleep", "timeline", "records"):
         assert word not in source
     run_expert_parallel(pool2, X, WEIGHTS, CFG, repeats=2)

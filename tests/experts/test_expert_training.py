@@ -10,9 +10,8 @@ and counts are compared exactly.
 import pytest
 import torch
 
-from shardlib.core.experts.autograd import LocalExperts, moe_forward
 from shardlib.core.experts.balance import bias_update, split_groups
-from shardlib.core.experts.dropless import moe_layer
+from shardlib.core.experts.dispatch import moe_layer
 from shardlib.core.experts.routing import GATES, MoEConfig, route
 from shardlib.lab.experts.train_drivers import EXACT_RTOL, relative_error, run_balance_training, run_moe_training
 from shardlib.lab.experts.train_reference import make_moe_problem
@@ -26,14 +25,15 @@ def _forward_backward(ctx, x, weights, cfg):
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     n_local = cfg.n_experts // ctx.world_size
     block = slice(ctx.rank * n_local, (ctx.rank + 1) * n_local)
-    experts = LocalExperts(*(getattr(weights, n)[block].clone().requires_grad_(True) for n in ("gate", "up", "down")))
+    experts = [getattr(weights, n)[block].clone().requires_grad_(True) for n in ("gate", "up", "down")]
     h = project(x[start:stop], weights.w_in.clone().requires_grad_(True))  # the rows need a gradient too
     first = len(ctx.comm.records)
-    y, aux = moe_forward(ctx, h, experts, weights.router, cfg)
+    out = moe_layer(h, weights.router, experts, cfg, ctx=ctx)
+    y = out.output
     forward_ops = len(ctx.comm.records) - first
     y.square().sum().backward()
     records = ctx.comm.records[first:]
-    return y.detach(), forward_ops, [(r.op, r.size_bytes) for r in records], aux.rows_to_rank, aux.rows_from_rank
+    return y.detach(), forward_ops, [(r.op, r.size_bytes) for r in records], out.rows_to_rank, out.rows_from_rank
 
 
 @pytest.mark.parametrize("gate", sorted(GATES))
@@ -44,7 +44,7 @@ def test_the_forward_equals_one_process_bit_for_bit(pool, gate):
     got = pool.run(_forward_backward, problem.x, w, cfg)
     with pool.same_threads():
         h = project(problem.x, w.w_in)
-        expected = torch.cat([moe_layer(h[a:b], w.router, w.gate, w.up, w.down, cfg).output
+        expected = torch.cat([moe_layer(h[a:b], w.router, w.experts(), cfg).output
                               for a, b in split_groups(64, pool.world_size)])
     assert torch.equal(torch.cat([g[0] for g in got]), expected)
 

@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from shardlib.core.experts.balance import assign, assign_groups, capacity, served_gates, split_groups
-from shardlib.core.experts.dispatch import expert_ffn, make_moe_weights
+from shardlib.core.experts.balance import assign, bias_update, capacity, served_gates, split_groups
+from shardlib.core.experts.dispatch import make_moe_weights, run_experts
 from shardlib.core.experts.routing import MAX_PREFERENCE_BIAS, MoEConfig, Routing, preference_bias, route
-from shardlib.core.toy import mlp_reference
+from shardlib.core.model import mlp_reference
 from shardlib.facts.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
 from shardlib.lab.experts.balance import aux_load_balancing_loss, load_stats
 from shardlib.lab.experts.reference import make_tokens, moe_reference
@@ -241,7 +241,7 @@ def test_capacity_holds_and_rerouting_keeps_experts_distinct(k, cf):
 def test_groups_each_get_their_own_capacity():
     cfg = CFG.but(skew=1.0, capacity_factor=1.0, k=1)
     r = route(X, WEIGHTS.router, cfg)
-    one, four = assign_groups(r, cfg, 1), assign_groups(r, cfg, 4)
+    one, four = (moe_reference(X, WEIGHTS, cfg, n_groups).assignment for n_groups in (1, 4))
     assert one.capacity == capacity(1024, 1, 1.0, 8) == 128 and four.capacity == capacity(256, 1, 1.0, 8) == 32
     assert torch.equal(one.kept, assign(r, cfg).kept)
     assert four.counts(8)[0].item() == 4 * 32  # the hot expert fills its capacity in each group
@@ -252,19 +252,22 @@ def test_groups_each_get_their_own_capacity():
 def test_the_reference_layer_against_a_token_by_token_loop():
     cfg = CFG.but(skew=0.3)
     x = X[:40]
-    out = moe_reference(x, WEIGHTS, cfg)
+    out, routing = moe_reference(x, WEIGHTS, cfg), route(x, WEIGHTS.router, cfg)
     for t in range(x.shape[0]):
         expected = x[t].clone()
-        for e, g in zip(out.routing.experts[t].tolist(), out.routing.gates[t]):
+        for e, g in zip(routing.experts[t].tolist(), routing.gates[t]):
             expected += g * mlp_reference(x[t:t + 1], WEIGHTS.gate[e], WEIGHTS.up[e], WEIGHTS.down[e])[0]
         assert torch.allclose(out.output[t], expected, atol=1e-6)
 
 
 def test_an_expert_result_does_not_depend_on_its_batch():
+    def expert_2(rows):  # every row to expert 2
+        return run_experts(rows, torch.tensor([[rows.shape[0]]]), WEIGHTS.experts([2]))
+
     rows = X[:300]
-    full = expert_ffn(rows, WEIGHTS, 2)
+    full = expert_2(rows)
     for lo, hi in ((0, 1), (5, 6), (7, 70), (100, 299)):
-        assert torch.equal(expert_ffn(rows[lo:hi], WEIGHTS, 2), full[lo:hi])
+        assert torch.equal(expert_2(rows[lo:hi]), full[lo:hi])
 
 
 def test_dropped_tokens_pass_through_the_residual_and_kept_ones_are_unchanged():
@@ -321,22 +324,21 @@ def test_bad_tokens_and_groups_name_the_numbers():
 
 
 def test_bias_balancing_evens_a_skewed_load_without_touching_the_gates():
-    from shardlib.lab.experts.balance import balance_by_bias
-
+    """DeepSeek-V3's bias played over batches: ``route`` chooses with it, ``bias_update`` moves it."""
     cfg = MoEConfig.from_model(TOY_MOE).but(skew=0.75)
     router = make_moe_weights(cfg, seed=0).router
-    batches = [make_tokens(1024, cfg.d_model, seed=s) for s in range(30)]
-    b = balance_by_bias(batches, router, cfg, rate=0.1)
-    assert b.max_over_mean[0] > 3  # skew 0.75: the hot expert takes most first choices
-    assert max(b.max_over_mean[-5:]) < 1.3  # the bias has evened the load
-    assert int(b.bias.argmin()) == cfg.hot_expert  # pushed down for the overloaded expert
+    bias, loads = torch.zeros(cfg.n_experts), []
+    for s in range(30):
+        r = route(make_tokens(1024, cfg.d_model, seed=s), router, cfg, bias)
+        counts = torch.bincount(r.experts.flatten(), minlength=cfg.n_experts)
+        loads.append(float(counts.max() / counts.double().mean()))
+        bias = bias_update(bias, counts, 0.1)
+    assert loads[0] > 3  # skew 0.75: the hot expert takes most first choices
+    assert max(loads[-5:]) < 1.3  # the bias has evened the load
+    assert int(bias.argmin()) == cfg.hot_expert  # pushed down for the overloaded expert
     # the gates come from the scores without the bias: a softmax over the chosen experts' own logits
-    assert torch.equal(b.gates, torch.softmax(b.routing.logits.gather(1, b.experts), dim=-1))
-    assert not torch.equal(b.experts, b.routing.experts)  # the bias changed some choices
-    with pytest.raises(ValueError, match="rate"):
-        balance_by_bias(batches, router, cfg, rate=0)
-    with pytest.raises(ValueError, match="at least one batch"):
-        balance_by_bias([], router, cfg)
+    assert torch.equal(r.gates, torch.softmax(r.logits.gather(1, r.experts), dim=-1))
+    assert not torch.equal(r.experts, route(make_tokens(1024, cfg.d_model, seed=29), router, cfg).experts)
 
 
 def test_the_stall_verdict_predicts_the_cpu_ratio_from_the_rows():

@@ -4,17 +4,14 @@ emulated node), measured from the comm log, equal to the count from the one-proc
 import pytest
 import torch
 
-from shardlib.core.experts.node_limited import (
-    check_node_limit,
+from shardlib.core.experts.routing import MoEConfig, check_node_limit, limit_to_nodes, node_scores, route
+from shardlib.lab.experts.node_limited import (
     cross_node_rows,
-    limit_to_nodes,
     node_of_expert,
-    node_scores,
     nodes_per_token,
+    run_node_limited,
     tokens_changed,
 )
-from shardlib.core.experts.routing import MoEConfig, route
-from shardlib.lab.experts.train_drivers import run_node_limited
 
 
 def test_nodes_are_scored_by_their_highest_scores_and_the_rest_masked():

@@ -19,17 +19,16 @@ from shardlib.predict.pipeline import (
     messages_per_step,
     microbatch_sizes,
     microbatch_trips,
-    order_text,
     peak_in_flight,
     pipeline_bubble_fraction,
     pipeline_bubble_ratio_to_ideal,
     pipeline_step_s,
     predicted_step_s,
-    schedule_text,
     stage_imbalance,
     step_slots,
 )
 from shardlib.runtime.timeline import Span
+from shardlib.ui.tables import order_text, schedule_text
 
 
 def _all_schedules():

@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import block_reference
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.registry import SCHEDULES, SPECS
 from shardlib.core.pipeline.schedules import Action, Schedule
 from shardlib.core.pipeline.stages import layers_of_stage, split_layers, stage_layer_counts
-from shardlib.core.toy import activations, block_reference, stack_weights
+from shardlib.core.toy import activations, stack_weights
 from shardlib.lab.harness import Measured
 from shardlib.lab.pipeline.drivers import run_pipeline
 from shardlib.lab.pipeline.ranks import pipeline_step_on_rank
@@ -152,10 +153,9 @@ def test_a_slow_stage_is_padded_on_its_own_rank_and_paces_the_predicted_step(poo
     durations[slow] = 2 * op_s
     schedule = make_schedule("gpipe", p, m, training=False)
     runs = run_pipeline(pool, schedule, SHAPE, model["layers"], model["x"], forward_s=durations, repeats=3)
-    run = runs.median()
+    run = runs.fastest()
     assert run.forward_s == durations and run.against_reference().bit_for_bit
-    assert run.repeats == len(runs.bubbles) == 3 and run.bubble.window_s == sorted(b.window_s for b in runs.bubbles)[1]
-    assert runs.fastest().bubble.window_s == min(b.window_s for b in runs.bubbles)
+    assert run.repeats == len(runs.bubbles) == 3 and run.bubble.window_s == min(b.window_s for b in runs.bubbles)
     for each in runs.per_repeat:  # each repeat's spans on their own: m forwards per rank, each padded
         assert _padded_to(each) == [{d} for d in durations]
         forwards = [s.rank for s in compute_spans(each.spans) if s.attrs["op"] == "F"]

@@ -272,7 +272,7 @@ def _answer(p, m):
 
 
 def test_the_schedule_grader_passes_the_answer_and_runs_it(pool2, model):
-    from shardlib.exercises.pipeline_schedules import grade_schedule_table
+    from shardlib.exercises.pipeline import grade_schedule_table
     result = grade_schedule_table(_answer, pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.005)
     assert result.passed, result
     assert "exact; bubble measured" in result.messages[0]
@@ -307,13 +307,13 @@ WRONG_TABLES = [
 
 @pytest.mark.parametrize("table, words", WRONG_TABLES)
 def test_the_schedule_grader_names_each_kind_of_wrong_table(table, words):
-    from shardlib.exercises.pipeline_schedules import grade_schedule_table
+    from shardlib.exercises.pipeline import grade_schedule_table
     result = grade_schedule_table(table)
     assert not result.passed and words in " ".join(result.messages), result
 
 
 def test_the_schedule_grader_names_too_much_memory():
-    from shardlib.exercises.pipeline_schedules import grade_schedule_table
+    from shardlib.exercises.pipeline import grade_schedule_table
 
     def all_w_last(p, m):  # ZB-H1's order with every W held back to the end: p + ... microbatches held
         return [[a for a in row if not a.startswith("W")] + [f"W{i}" for i in range(m)] for row in _answer(p, m)]
@@ -322,7 +322,7 @@ def test_the_schedule_grader_names_too_much_memory():
 
 
 def test_the_schedule_grader_says_not_written():
-    from shardlib.exercises.pipeline_schedules import grade_schedule_table
+    from shardlib.exercises.pipeline import grade_schedule_table
 
     def blank(p, m):
         raise NotImplementedError("write my_schedule")
@@ -401,7 +401,7 @@ def test_the_zero_bubble_slider_opens_on_a_step_already_run(pool2, model):
 
 # -- the exercise's first step: a table by hand ----------------------------------------------------------------
 def test_the_small_table_grader_passes_the_answer():
-    from shardlib.exercises.pipeline_schedules import grade_small_table
+    from shardlib.exercises.pipeline import grade_small_table
     from tests.solutions_module import answers
     result = grade_small_table(answers.small_table)
     assert result.passed, result
@@ -419,14 +419,14 @@ SMALL_WRONG = [
 
 @pytest.mark.parametrize("table, words", SMALL_WRONG)
 def test_the_small_table_grader_says_what_to_check(table, words):
-    from shardlib.exercises.pipeline_schedules import grade_small_table
+    from shardlib.exercises.pipeline import grade_small_table
     result = grade_small_table(lambda: table)
     assert not result.passed and words in " ".join(result.messages), result
     assert "check" in " ".join(result.messages).lower()  # every message says what to check
 
 
 def test_the_small_table_grader_says_not_written_and_reports_a_crash():
-    from shardlib.exercises.pipeline_schedules import grade_small_table
+    from shardlib.exercises.pipeline import grade_small_table
 
     def blank():
         raise NotImplementedError("write small_table")

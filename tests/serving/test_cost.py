@@ -11,15 +11,13 @@ from shardlib.facts.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Lin
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
 from shardlib.predict.serving.cost import (
     decode_crossover_batch,
-    decode_step_compute_s,
-    fits_on_device,
-    format_tp_cost_table,
     pipeline_vs_tensor,
     tp_all_reduces,
     tp_cost_table,
     tp_decode_cost,
     tp_prefill_cost,
 )
+from shardlib.ui.tables import format_tp_cost_table
 
 
 def close(a, b):
@@ -114,13 +112,6 @@ def test_pipeline_communicates_far_less_than_tensor():
     assert cmp.pipeline_s < cmp.tensor_s / 20
 
 
-def test_memory_bound_decode_and_what_fits():
-    # Llama-3-8B: 8.03e9 params x 2 bytes = 16.06 GB read per step at 3.35 TB/s = 4.79 ms
-    assert close(decode_step_compute_s(LLAMA_3_8B, 3.35e12), LLAMA_3_8B.weight_bytes / 3.35e12)
-    assert 4.7e-3 < decode_step_compute_s(LLAMA_3_8B, 3.35e12) < 4.9e-3
-    # 70B: 141 GB does not fit one 80 GB GPU; split two ways it is 70.5 GB each
-    assert not fits_on_device(LLAMA_3_70B, 80e9) and fits_on_device(LLAMA_3_70B, 80e9, 2)
-
 
 def test_phase_cost_figure_stacks_latency_and_bandwidth():
     from shardlib.ui.costs_figures import phase_cost_figure
@@ -209,7 +200,7 @@ def test_the_planners_stage_prices_its_tp_all_reduces_with_the_tables_function()
 
 
 def test_the_replicas_pairs_are_replicas_vs_tensor_parallel():
-    """``latency_vs_throughput``'s pairs are ``predict.costs.replicas_vs_tensor_parallel`` of the planner's
+    """``latency_vs_throughput``'s pairs are ``replicas.replicas_vs_tensor_parallel`` of the planner's
     scores: the replicas' step, the split copy's compute and all-reduces, each at its own batch."""
     from shardlib.facts.hardware import H100_80GB
     from shardlib.predict.serving.memory import Workload

@@ -6,13 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlib.core.serving.llama import LlamaConfig, forward_reference, greedy_reference, random_weights
+from shardlib.core.config import ModelConfig
+from shardlib.core.model import forward_reference, greedy_reference, random_weights
 from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_policy_check
 from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
 from shardlib.predict.serving.engine import StepCost, figures, simulate_serving
+from shardlib.ui.serving_tables import served_table
 
-MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+MODEL = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
 COST = StepCost(0.004, 2e-5, 1e-8, n_layers=2, d_model=32, element_bytes=8)
 
 
@@ -62,7 +65,7 @@ def test_the_policy_check_serves_every_policy_and_predicts_with_the_given_cost(w
         replay = simulate_serving(trace, policy, COST)
         assert check.predicted[name] == {"hit_rate": replay.prefix_hit_rate, **replay.figures(trace)}
     assert check.cost is COST and check.verdicts == ()
-    table = check.table(("tokens_per_s",))
+    table = served_table(check, ("tokens_per_s",))
     assert "continuous" in table and "static" in table and "tokens/s" in table
 
 

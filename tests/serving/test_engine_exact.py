@@ -12,13 +12,8 @@ import random
 import pytest
 import torch
 
-from shardlib.core.serving.llama import (
-    LlamaConfig,
-    forward_reference,
-    greedy_reference,
-    random_weights,
-    weights_from_hf_llama,
-)
+from shardlib.core.config import ModelConfig, kv_bytes_per_token
+from shardlib.core.model import forward_reference, greedy_reference, random_weights, weights_from_hf_llama
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request
@@ -111,7 +106,7 @@ def test_kv_cache_bytes_predicted_equal_the_cache_tensors(weights, pool4):
     run = run_serving(pool4, weights, [Request(0, [1, 2, 3], 2)], config)
     c = weights.config  # 2 KV heads over 4 ranks: one copy of one head each
     per_token = 2 * c.n_layers * 1 * c.head_dim * 8
-    assert c.kv_bytes_per_token(8, tp=4) == per_token
+    assert kv_bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, 8, tp=4) == per_token
     assert run.kv_cache_bytes == (per_token * config.capacity_tokens,) * 4
 
 
@@ -144,7 +139,7 @@ def test_bad_input_is_refused_before_any_rank_starts(weights, pool2, bad, messag
 def test_a_model_that_does_not_split_is_refused(pool4):
     odd = random_hf_llama(seed=1, num_attention_heads=2, num_key_value_heads=2, hidden_size=16)
     w = weights_from_hf_llama(odd.state_dict(), odd.config)
-    with pytest.raises(ValueError, match="2 query heads do not split over tp = 4"):
+    with pytest.raises(ValueError, match="2 query heads cannot be split 4 ways"):
         run_serving(pool4, w, [Request(0, [1, 2], 2)], EngineConfig())
 
 
@@ -158,7 +153,8 @@ def test_a_checkpoint_on_disk_loads_to_the_same_weights(hf_model, weights, tmp_p
 
 
 def test_random_weights_need_no_transformers_and_serve_exactly():
-    config = LlamaConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_positions=64)
+    config = ModelConfig("llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48,
+                         max_positions=64, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
     w = random_weights(config, seed=3, dtype=torch.float64)
     requests = mixed_trace(n=4)
     requests = [Request(r.request_id, [t % 64 for t in r.prompt_token_ids], r.max_new_tokens) for r in requests]

@@ -4,7 +4,8 @@ positive, its first token is the reference's, its claims hold through ``verified
 import pytest
 import torch
 
-from shardlib.core.serving.llama import LlamaConfig, random_weights
+from shardlib.core.config import ModelConfig
+from shardlib.core.model import random_weights
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
 from shardlib.lab.serving.cold_start import load_checkpoint, run_cold_start_check, save_checkpoint
 from shardlib.predict.serving.burst import (
@@ -15,8 +16,10 @@ from shardlib.predict.serving.burst import (
     burst_at_scale,
     warm_replicas_needed,
 )
+from shardlib.ui.serving_tables import cold_start_table
 
-SMALL = LlamaConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_positions=64)
+SMALL = ModelConfig("llama", vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+                    max_positions=64, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
 
 
 def test_a_checkpoint_round_trips_exactly(tmp_path):
@@ -40,11 +43,11 @@ def test_a_cold_start_runs_and_is_predicted():
     assert abs(run.calibration_bytes - run.checkpoint_bytes) < 0.01 * run.checkpoint_bytes  # another file, as large
     assert [v.what.split(",")[0] for v in run.verdicts] == ["weights read from a 36 MB checkpoint",
                                                               "cold start"]
-    assert "page cache" in run.table() and "first step" in run.table()
+    assert "page cache" in cold_start_table(run) and "first step" in cold_start_table(run)
 
 
 def test_bad_input_to_the_check_is_refused_before_any_rank_starts():
-    with pytest.raises(ValueError, match="must be a LlamaConfig"):
+    with pytest.raises(ValueError, match="must be a ModelConfig"):
         run_cold_start_check(LLAMA_3_8B)
     with pytest.raises(ValueError, match="does not fit in 64 positions"):
         run_cold_start_check(SMALL, prompt_tokens=64)

@@ -14,15 +14,18 @@ import cloudpickle
 import pytest
 import torch
 
+from shardlib.core.config import ModelConfig, kv_bytes_per_token
+from shardlib.core.model import random_weights
 from shardlib.core.serving.handoff import kv_bytes_per_request
-from shardlib.core.serving.llama import LlamaConfig, random_weights
 from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.lab.serving.disagg_run import run_disaggregated
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
 from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
 from shardlib.runtime.ranks import Ranks
+from shardlib.ui.serving_tables import disaggregation_table, handoff_line
 
-MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+MODEL = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the failing rank function below travels by value
 
@@ -102,8 +105,8 @@ def test_a_prefix_cached_on_the_prefill_pool_is_still_handed_off_whole(weights, 
     assert run.prefix_hit_tokens > 0
     assert run.tokens == colocated.tokens
     assert run.kv_bytes_sent == run.kv_bytes_predicted
-    assert all(run.kv_bytes_sent[r.request_id] == MODEL.kv_bytes_per_token(8) * len(r.prompt_token_ids)
-               for r in requests)
+    per_token = kv_bytes_per_token(MODEL.n_layers, MODEL.n_kv_heads, MODEL.head_dim, 8)
+    assert all(run.kv_bytes_sent[r.request_id] == per_token * len(r.prompt_token_ids) for r in requests)
 
 
 @pytest.mark.parametrize("world, prefill, message", [
@@ -120,9 +123,10 @@ def test_a_split_that_does_not_work_is_refused(weights, request, world, prefill,
 
 
 def test_a_pool_whose_tp_does_not_fit_the_heads_is_refused(pool4):
-    odd = random_weights(LlamaConfig(vocab_size=97, d_model=24, n_layers=1, n_heads=3, n_kv_heads=1, d_ff=48,
-                                     max_positions=64))
-    with pytest.raises(ValueError, match="3 query heads do not split over tp = 2"):
+    odd = random_weights(ModelConfig("llama", vocab_size=97, d_model=24, n_layers=1, n_heads=3, n_kv_heads=1, d_ff=48,
+                                     max_positions=64, rope_theta=10000.0, rms_eps=1e-6,
+                                     norm_float32=True))
+    with pytest.raises(ValueError, match="3 query heads cannot be split 2 ways"):
         run_disaggregated(pool4, odd, [Request(0, [1, 2], 2)], CONFIG, prefill_ranks=2)
 
 
@@ -167,8 +171,8 @@ def test_an_error_on_one_rank_surfaces_and_the_pool_recovers(weights, trace):
 
 def test_kv_bytes_per_request_is_the_formula():
     # Llama-3-8B-like: 32 layers, 8 KV heads of 128, bf16: 128 KiB a token; tp 2 halves it, tp 16 copies heads
-    big = LlamaConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
-                      max_positions=8192)
+    big = ModelConfig("llama", vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
+                      max_positions=8192, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
     assert kv_bytes_per_request(big, 1000) == 2 * 32 * 8 * 128 * 2 * 1000
     assert kv_bytes_per_request(big, 1000, tp=2) == 2 * 32 * 4 * 128 * 2 * 1000
     assert kv_bytes_per_request(big, 1000, tp=16) == 2 * 32 * 1 * 128 * 2 * 1000
@@ -195,7 +199,7 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     assert set(check.predicted) == set(drivers.CONFIGURATIONS) | {drivers.REPLICAS}
     colocated = check.runs["colocated"].tokens
     assert all(run.tokens == colocated for run in check.runs.values())  # every configuration, the same tokens
-    lines = check.table().splitlines()
+    lines = disaggregation_table(check).splitlines()
     assert len(lines) == 2 + 5 and "roomy" in lines[0] and lines[-1].startswith(drivers.REPLICAS)
     bytes_claim = check.verdicts[0]
     assert bytes_claim.what.startswith("K/V bytes") and bytes_claim.held and bytes_claim.ratio == 1.0
@@ -204,7 +208,7 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     assert check.attainment["colocated", objective.label] == 1.0  # 1 s of TTFT: every request meets it
     assert check.interference.n_mixed > 0 and check.interference.n_decode_only > 0
     assert set(check.handoff_s) == {"disaggregated", "disaggregated, layerwise"}
-    assert "whole predicted" in check.handoff_line and "layerwise predicted" in check.handoff_line
+    assert "whole predicted" in handoff_line(check) and "layerwise predicted" in handoff_line(check)
     assert len(check.sweep_rates) == 10 and check.rate_per_s == pytest.approx(9 / trace[-1].arrival_s)
 
 

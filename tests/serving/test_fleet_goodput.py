@@ -7,8 +7,8 @@ from collections import deque
 
 import pytest
 
+from shardlib.core.config import ModelConfig
 from shardlib.core.serving.disagg import admit_handed_off
-from shardlib.core.serving.llama import LlamaConfig
 from shardlib.core.serving.requests import EngineConfig, Request, RequestMetrics
 from shardlib.core.serving.scheduler import Scheduler
 from shardlib.facts.hardware import Link
@@ -16,7 +16,8 @@ from shardlib.predict.serving.engine import StepCost, simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective, goodput, slo_attainment
 from shardlib.predict.serving.pools import handoff_s, simulate_pools
 
-MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+MODEL = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
 
 
 def m(ttft_s, tpot_s):

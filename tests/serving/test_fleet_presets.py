@@ -2,17 +2,16 @@
 
 import pytest
 
-from shardlib.core.config import ModelConfig
-from shardlib.core.serving.llama import LlamaConfig
+from shardlib.core.config import ModelConfig, kv_bytes_per_token
 from shardlib.facts.hardware import ETHERNET_100G, INFINIBAND_400G, NVLINK
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
 from shardlib.predict.serving.presets import (
     REAL_MODELS,
     HandoffNeed,
     handoff_need,
-    handoff_table,
     model_kv_bytes_per_request,
 )
+from shardlib.ui.tables import handoff_table
 
 
 def test_llama_3_70b_by_hand():
@@ -32,14 +31,16 @@ def test_llama_3_8b_and_mixtral_share_a_shape_of_attention():
 
 
 def test_one_formula_for_the_presets_and_the_engine_llama():
-    """The presets' bytes (``predict.shapes.kv_cache_bytes``) and the engine's (``LlamaConfig.kv_bytes_per_token``,
+    """The presets' bytes (``predict.shapes.kv_cache_bytes``) and the engine's (``config.kv_bytes_per_token``,
     which the hand-off reads) agree on the same shape, KV heads split or copied."""
     shape = dict(n_layers=3, d_model=64, n_heads=8, n_kv_heads=4, d_ff=128, vocab_size=97)
-    llama = LlamaConfig(vocab_size=97, d_model=64, n_layers=3, n_heads=8, n_kv_heads=4, d_ff=128, max_positions=64)
+    llama = ModelConfig("llama", vocab_size=97, d_model=64, n_layers=3, n_heads=8, n_kv_heads=4, d_ff=128,
+                        max_positions=64, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
     for dtype_bytes in (2, 4):
         model = ModelConfig("same-shape", bytes_per_param=float(dtype_bytes), **shape)
         for tp in (1, 2, 4, 8):
-            assert model_kv_bytes_per_request(model, 10, tp) == llama.kv_bytes_per_token(dtype_bytes, tp) * 10
+            engine = kv_bytes_per_token(llama.n_layers, llama.n_kv_heads, llama.head_dim, dtype_bytes, tp)
+            assert model_kv_bytes_per_request(model, 10, tp) == engine * 10
     assert model_kv_bytes_per_request(TOY, 5) == TOY.kv_bytes_per_token() * 5
 
 

@@ -8,13 +8,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from shardlib.core.serving.llama import LlamaConfig, random_weights
+from shardlib.core.config import ModelConfig
+from shardlib.core.model import random_weights
 from shardlib.core.serving.requests import EngineConfig
 from shardlib.core.serving.router import make_router, route_trace
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
 from shardlib.lab.serving.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
 from shardlib.lab.serving.traces import hot_prefix_trace
 from shardlib.predict.serving.engine import StepCost, simulate_serving
+from shardlib.ui.serving_tables import served_table
 
 POLICIES = ("round-robin", "least-loaded", "prefix-aware")
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
@@ -25,7 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # one torch thread here, as 
 
 @pytest.fixture(scope="module")
 def weights():
-    model = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+    model = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                        max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
     return random_weights(model, seed=0, dtype=torch.float64)
 
 
@@ -100,7 +103,7 @@ def test_router_check_predicts_the_routing_it_serves(pool4, weights):
     for label in policies:
         assert check.runs[label].replica_of == check.simulated[label].replica_of, label
     assert list(check.runs) == list(policies) and check.verdicts == ()
-    lines = check.table(("hit_rate", "tokens_per_s")).splitlines()  # two heads, a row a figure, the routed counts
+    lines = served_table(check, ("hit_rate", "tokens_per_s")).splitlines()  # heads, figures, routed
     assert len(lines) == 2 + 2 + 1 and lines[-1].startswith("routed")
     with pytest.raises(ValueError, match="figures are"):
         run_router_check(pool4, weights, requests, CONFIG, cost=cost, claims=[("speed", "round-robin")])
@@ -119,7 +122,7 @@ def test_replicas_and_the_split_copy_serve_the_same_tokens(pool4, weights, trace
         assert check.planner.world_size == 4 and check.planner.replica_step_s == pytest.approx(
             check.replica_cost.step_s(check.planner.tokens_per_step, 0))
     assert check.labels == ((f"{replicas} replicas" + ("" if replicas == 4 else " x tp 2")), "tp = 4")
-    assert len(check.table().splitlines()) == 2 + 4  # two heads, then TTFT p50 and p90, TPOT p50, tokens/s
+    assert len(served_table(check).splitlines()) == 2 + 4  # two heads, then TTFT p50 and p90, TPOT p50, tokens/s
     with pytest.raises(ValueError, match="ratios name"):
         run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, ratios=("hit_rate",))
 

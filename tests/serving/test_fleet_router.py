@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardlib.core.serving.blocks import BlockManager
+from shardlib.core.serving.blocks import BlockManager, prompt_block_hashes
 from shardlib.core.serving.requests import Request
 from shardlib.core.serving.router import (
     ROUTERS,
@@ -14,7 +14,6 @@ from shardlib.core.serving.router import (
     ReplicaLoad,
     RoundRobinRouter,
     make_router,
-    prompt_block_hashes,
     route_trace,
 )
 from shardlib.lab.serving.traces import shared_prefix_trace

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from shardlib.core.serving.llama import LlamaConfig
+from shardlib.core.config import ModelConfig
 from shardlib.core.serving.requests import EngineConfig
 from shardlib.lab.serving.disagg_drivers import LOOPBACK
 from shardlib.lab.serving.traces import poisson_trace
@@ -16,7 +16,8 @@ from shardlib.predict.serving.goodput import ServingObjective
 from shardlib.predict.serving.pools import simulate_pools
 from shardlib.predict.serving.splits import simulate_colocated, simulate_split, split_figures
 
-MODEL = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128)
+MODEL = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
 COST = StepCost(8e-3, 3e-4, 2e-6, 2, 32, 8)
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
 

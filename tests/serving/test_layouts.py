@@ -7,7 +7,8 @@ import torch
 
 from shardlib.core.checks import TOLERANCE
 from shardlib.core.mesh import Layout
-from shardlib.core.toy import activations, stack_reference, stack_weights
+from shardlib.core.model import stack_reference
+from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.hardware import Link, toy_cluster
 from shardlib.facts.models import TOY
 from shardlib.lab.serving.drivers import check_combined_inputs, run_combined, traffic_by_axis
@@ -125,15 +126,14 @@ def test_traffic_by_axis_sums_records():
 
 
 def test_measured_toy_cluster_is_built_from_live_numbers(pool4):
-    from shardlib.lab.serving.drivers import run_toy_cluster_calibration
-    from shardlib.lab.serving.ranks import effective_flops_per_s
+    from shardlib.lab.serving.drivers import effective_flops_per_s, run_toy_cluster_calibration
 
     fit = run_toy_cluster_calibration(pool4, TOY, LAYERS)
     cluster, cal = fit.cluster, fit.calibration
     assert cluster.n_gpus == 4 and cluster.intra_link.latency_s == cal.overall.latency_s
     assert cluster.intra_link.bandwidth_bytes_per_s == cal.overall.bandwidth_bytes_per_s
     assert cluster == toy_cluster(cal.link, flops_per_s=cluster.peak_flops_per_s)  # the fit's link, the toy's shape
-    assert math.isfinite(effective_flops_per_s(TOY, LAYERS, 2, 6))
+    assert math.isfinite(effective_flops_per_s(None, TOY, LAYERS, 2, 6))
     p = plan_serving(TOY, cluster, Workload(batch=4, context_tokens=6, prompt_tokens=6, microbatches=2))
     assert p.ranked and p.best.prefill_s >= p.best.first_token_s  # four prompts take at least as long as one
 

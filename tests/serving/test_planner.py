@@ -25,8 +25,9 @@ from shardlib.predict.serving.memory import (
     memory_per_gpu,
     weights_per_gpu,
 )
-from shardlib.predict.serving.planner import enumerate_layouts, format_plan, plan_serving
+from shardlib.predict.serving.planner import enumerate_layouts, plan_serving
 from shardlib.predict.serving.traffic import forward_traffic
+from shardlib.ui.tables import format_plan
 
 LLAMA_3_405B = LLAMA_3_1_405B
 
@@ -166,15 +167,15 @@ def test_memory_of_llama_70b_at_tp8_by_hand():
     # MLP 3 x 8192 x 28672 = 704,643,072: 855,638,016 split 8 ways; norms 2 x 8192 = 16,384 on every GPU.
     # 80 layers: 68,451,041,280 / 8 x 2 bytes = 17,112,760,320; norms 80 x 16,384 x 2 = 2,621,440;
     # embedding and head, padded to 128 x 8 = 1,024 rows: 2 x 129,024 x 8192 = 2,113,929,216 / 8 x 2 =
-    # 528,482,304 (3,145,728 of it the 768 padded rows). Sum 17,643,864,064.
+    # 528,482,304 (3,145,728 of it the 768 padded rows); the final norm 8192 x 2 = 16,384. Sum 17,643,880,448.
     # KV cache: 2 x 80 layers x (8/8) KV heads x 128 x 2 bytes x 8 sequences x 4096 tokens = 1,342,177,280.
     mem = memory_per_gpu(LLAMA_3_70B, Layout(8, 1), Workload(batch=8, context_tokens=4096))
-    assert mem.weights_bytes == 17_643_864_064
+    assert mem.weights_bytes == 17_643_880_448
     assert mem.kv_cache_bytes == 1_342_177_280
 
 
 def test_batch_from_free_memory_by_hand():
-    # 70B at tp = 8: 72 GB usable - 17,643,864,064 B of weights = 54,356,135,936 B free; one sequence of
+    # 70B at tp = 8: 72 GB usable - 17,643,880,448 B of weights = 54,356,119,552 B free; one sequence of
     # 4,096 tokens is 1,342,177,280 / 8 = 167,772,160 B per GPU: 323 sequences, capped at max_batch 256.
     wl = Workload()
     assert affordable_batch(LLAMA_3_70B, ONE_NODE_8_H100, Layout(8, 1), wl) == 256

@@ -15,9 +15,10 @@ from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import H100_80GB, TWO_NODES_8_H100, gpu_cluster
 from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_70B, MIXTRAL_8X7B
 from shardlib.predict.serving.memory import Workload
-from shardlib.predict.serving.planner import OBJECTIVES, format_plan, plan_serving
+from shardlib.predict.serving.planner import OBJECTIVES, plan_serving
 from shardlib.predict.serving.reasons import PP_ACROSS, TP_ACROSS, counterpart, kind
 from shardlib.predict.units import ms
+from shardlib.ui.tables import format_plan
 
 # Made-up models with 16 KV heads, so that tensor parallelism may cross two 8-GPU nodes without copying
 # KV heads; both too big for one node of 8 x 80 GB.

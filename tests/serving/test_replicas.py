@@ -23,7 +23,8 @@ from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
 from shardlib.predict.serving.fit import fit_on_gpus, gpus_needed
 from shardlib.predict.serving.memory import Workload
 from shardlib.predict.serving.planner import plan_serving
-from shardlib.predict.serving.replicas import format_latency_vs_throughput, latency_vs_throughput
+from shardlib.predict.serving.replicas import latency_vs_throughput
+from shardlib.ui.tables import format_fit, format_latency_vs_throughput
 
 
 # -- GPU facts ----------------------------------------------------------------------------------------------
@@ -50,7 +51,7 @@ def test_70b_in_bf16_on_one_gpu_of_each_class():
     sequences = {g.name: fit_on_gpus(LLAMA_3_70B, g).sequences for g in (B200, MI300X, MI325X)}
     assert sequences == {"B200": 15, "MI300X": 23, "MI325X": 66}
     assert fit_on_gpus(LLAMA_3_70B, B200, context_tokens=32768).sequences == 1  # 10.7 GB each: one long one
-    text = fit_on_gpus(LLAMA_3_70B, B200).describe()
+    text = format_fit(fit_on_gpus(LLAMA_3_70B, B200))
     assert text == ("Llama-3-70B on one B200: 141.1 GB of weights per GPU leave 20.9 GB of the 162.0 GB a server fills "
                     "of 180.0 GB: room for 15 sequences of 4,096 tokens (1.3 GB of KV cache each)")
 

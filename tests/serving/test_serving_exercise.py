@@ -4,8 +4,8 @@ written yet", and each likely mistake is named."""
 import pytest
 from solutions_module import answers
 
+from shardlib.exercises.mesh import grade_mesh_coordinates
 from shardlib.exercises.result import NOT_WRITTEN
-from shardlib.exercises.serving import grade_mesh_coordinates
 
 
 def blank(*args):
@@ -78,8 +78,8 @@ def test_wrong_answers_fail_with_a_hint(coords, groups, phrases):
 def test_the_live_check_reports_who_met(pool4):
     """The check on ranks alone (the pure check would stop a wrong function first): groups of the wrong
     axis, built on 4 real ranks, meet other ranks than the DeviceMesh's."""
+    from shardlib.exercises.mesh import _check_on_ranks
     from shardlib.exercises.result import Collector
-    from shardlib.exercises.serving import _check_on_ranks
 
     got = Collector("mesh", "live")
     _check_on_ranks(got, swapped_axes, [pool4])

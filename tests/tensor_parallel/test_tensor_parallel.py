@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import stack_reference
 from shardlib.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -18,12 +19,7 @@ from shardlib.core.tensor_parallel.layers import (
     shard_columns,
     shard_rows,
 )
-from shardlib.core.toy import (
-    activations,
-    layer_weights,
-    stack_reference,
-    stack_weights,
-)
+from shardlib.core.toy import activations, layer_weights, stack_weights
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
 from shardlib.lab.tensor_parallel.drivers import run_pair, run_tp_block
 from shardlib.lab.tensor_parallel.ranks import pair_column_then_row_on_rank, tp_block_on_rank
@@ -31,7 +27,6 @@ from shardlib.lab.tensor_parallel.reference import TensorParallelPair, simulate_
 from shardlib.predict.shapes import check_tensor_parallel, usable_tensor_parallel_degrees
 from shardlib.predict.tensor_parallel import (
     CUTS,
-    max_tensor_parallel_shards,
     other_cut_ratios,
     pair_collectives,
     pair_wire_collectives,
@@ -96,7 +91,8 @@ def test_bad_splits_say_which_rule_broke(call, words):
 
 def test_the_kv_head_wall_is_a_cost():
     # past the KV-head count each KV head is copied (vLLM); the query heads are the last wall
-    assert [max_tensor_parallel_shards(m) for m in (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY)] == [32, 64, 32, 8]
+    models = (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY)
+    assert [max(usable_tensor_parallel_degrees(m)) for m in models] == [32, 64, 32, 8]
     assert usable_tensor_parallel_degrees(LLAMA_3_70B) == [1, 2, 4, 8, 16, 32, 64]
     assert usable_tensor_parallel_degrees(TOY) == [1, 2, 4, 8]
     check_tensor_parallel(LLAMA_3_70B, 16, copy_kv_heads=True)  # allowed, with copies

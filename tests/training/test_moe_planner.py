@@ -10,7 +10,7 @@ import pytest
 from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import H100_80GB, H800, INFINIBAND_400G, NVLINK_H800, gpu_cluster
 from shardlib.facts.models import DEEPSEEK_V3, LLAMA_3_8B, MIXTRAL_8X7B
-from shardlib.predict.all_to_all import ep_group_nodes, expert_all_to_all
+from shardlib.predict.experts import ep_group_nodes, expert_all_to_all
 from shardlib.predict.serving.decode import ep_all_to_all
 from shardlib.predict.serving.planner import plan_serving
 from shardlib.predict.shapes import kv_cache_bytes
@@ -18,10 +18,10 @@ from shardlib.predict.training.memory import check_expert_layout, expert_dp, sta
 from shardlib.predict.training.moe_choices import (
     DEEPSEEK_V3_PUBLISHED,
     deepseek_v3_choices,
-    format_deepseek_v3_choices,
 )
 from shardlib.predict.training.planner import expert_degrees, plan_training
 from shardlib.predict.training.time_model import TrainingWorkload, ep_all_to_all_s, score_training
+from shardlib.ui.tables import format_deepseek_v3_choices
 
 EXPERT = 3 * 7168 * 2048  # one DeepSeek-V3 expert: gate, up, down
 

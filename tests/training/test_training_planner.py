@@ -15,14 +15,14 @@ from shardlib.predict.data_parallel import STATE_BYTES_MEGATRON, layer_activatio
 from shardlib.predict.serving.memory import Workload
 from shardlib.predict.serving.planner import plan_serving
 from shardlib.predict.serving.traffic import axis_link
-from shardlib.predict.training.choices import LLAMA_3_PUBLISHED, format_training_choices, training_choices
+from shardlib.predict.training.choices import LLAMA_3_PUBLISHED, training_choices
 from shardlib.predict.training.memory import (
     in_flight,
     peak_training_memory,
     stage_params,
     training_memory,
 )
-from shardlib.predict.training.planner import best_configuration, format_training_plan, plan_training, rank
+from shardlib.predict.training.planner import best_configuration, plan_training, rank
 from shardlib.predict.training.published import (
     ZERO_FIGURE_1_GB,
     activation_rows,
@@ -37,6 +37,7 @@ from shardlib.predict.training.time_model import (
     model_flops_per_token,
     score_training,
 )
+from shardlib.ui.tables import format_training_choices, format_training_plan
 
 
 # -- layer_activation_bytes: Korthikanti et al. 2022, Table 2, each case by hand ---------------------------

@@ -26,6 +26,7 @@ from shardlib.predict.training.toy_prediction import (
     step_workload,
     toy_config_settings,
 )
+from shardlib.ui.training_figures import step_time_table
 
 LINK = Link("test link", 1e9, 1e-3)
 
@@ -189,7 +190,7 @@ def test_every_layout_measured_beside_its_prediction(check):
     flops = model_flops_per_token(TINY.model, TINY.seq) * TINY.microbatch * TINY.seq
     assert fit.cluster.peak_flops_per_s == pytest.approx(flops / fit.microbatch_s)
     assert fit.cluster.intra_link.latency_s == max(fit.calibration.link.latency_s, dict(fit.busy_calls_s)[2])
-    text = check.table()
+    text = step_time_table(check)
     assert "Spearman" in text and all(label in text for label in LAYOUTS_4)
 
 
@@ -212,7 +213,7 @@ def test_the_ranking_claim_retries_then_says_whether_it_held(monkeypatch, check)
     """The claim's path without the clock: checks whose correlation is set by hand (the same layouts,
     measured steps in the predicted order or reversed), retried until one reaches the floor."""
     monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # as nbval runs the notebooks
-    from shardlib.lab.training import ranking
+    from shardlib.lab.training import step_time
 
     def with_order(agree: bool):
         order = sorted(check.layouts, key=lambda t: t.predicted_s)
@@ -222,16 +223,16 @@ def test_the_ranking_claim_retries_then_says_whether_it_held(monkeypatch, check)
 
     runs = iter([with_order(False), with_order(True)])
     seen = []
-    monkeypatch.setattr(ranking, "run_step_time_check", lambda ranks, **kw: seen.append(kw) or next(runs))
-    again = ranking.run_ranking_check(None, layouts=LAYOUTS_4, global_sequences=4)
-    assert again.held and again.check.rank_correlation == pytest.approx(1.0) and len(seen) == 2
+    monkeypatch.setattr(step_time, "run_step_time_check", lambda ranks, **kw: seen.append(kw) or next(runs))
+    again, verdicts = step_time.run_ranking_check(None, layouts=LAYOUTS_4, global_sequences=4)
+    assert verdicts[0].held and again.rank_correlation == pytest.approx(1.0) and len(seen) == 2
     assert seen[0] == {"layouts": LAYOUTS_4, "global_sequences": 4}  # the arguments reach the check
-    assert again.verdicts[0].attempt == 2  # the second attempt held
+    assert verdicts[0].attempts == 2  # the second attempt held
     runs = iter([with_order(False), with_order(False)])
-    with pytest.raises(AssertionError, match=r"Not shown this time.*\(Spearman at least \+0.90\)"):
-        ranking.run_ranking_check(None, layouts=LAYOUTS_4)  # under a test run a claim that never held fails
+    with pytest.raises(AssertionError, match=r"Spearman.*claimed at least 0.9: not shown this time"):
+        step_time.run_ranking_check(None, layouts=LAYOUTS_4)  # under a test run a claim that never held fails
     with pytest.raises(ValueError, match="between 0 and 1"):
-        ranking.run_ranking_check(None, chance=1.5)
+        step_time.run_ranking_check(None, chance=1.5)
 
 
 def test_a_random_order_rarely_reaches_the_floor():
@@ -246,11 +247,17 @@ def test_a_random_order_rarely_reaches_the_floor():
         chance_of_correlation(0.5, 10)
 
 
-def test_the_ranking_verdict_says_what_held():
-    from shardlib.lab.training.ranking import RankingVerdict
+def test_the_ranking_verdict_says_what_held(check):
+    from shardlib.lab.training.step_time import ranking_verdict
 
-    v = RankingVerdict(7, 0.93, 5 / 7, 0.044, 1, "dp2 x tp2", "dp2 x tp2")
-    assert v.held and "Spearman +0.93" in v.line and "4.4% of the time" in v.line and v.line.endswith("as predicted")
-    w = RankingVerdict(7, 0.5, 5 / 7, 0.044, 2, "dp4", "tp4")
-    assert not w.held and "fastest predicted dp4, measured tp4" in w.line and "not shown" in w.line
-    assert "attempt 2 of at most 2" in w.how_measured
+    order = sorted(check.layouts, key=lambda t: t.predicted_s)
+
+    def measured_in(order) -> object:  # the first of order measured fastest, and so on
+        return dataclasses.replace(check, layouts=tuple(dataclasses.replace(t, steps_s=(float(i + 1),))
+                                                        for i, t in enumerate(order)))
+
+    v = ranking_verdict(measured_in(order), 0.5)
+    assert v.held and "measured 1;" in v.line and "the same layout fastest both ways" in v.line
+    assert "a random order reaches 0.50" in v.line and v.line.endswith("holds")
+    w = ranking_verdict(measured_in(order[::-1]), 0.5)
+    assert not w.held and "measured -1;" in w.line and "fastest predicted" in w.line and "not shown" in w.line

@@ -19,11 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from shardlib.core.context_parallel.placement import (
-    DIAGONAL,
-    FUTURE,
-    block_kind,
-)
+from shardlib.core.context_parallel.placement import DIAGONAL, FUTURE, block_kind
 
 
 @dataclass(frozen=True)
@@ -73,25 +69,27 @@ def merge(a: Partial, b: Partial) -> Partial:
     return Partial(out, row_max, row_sum)
 
 
+def _computed_blocks(q_ids, k_ids, causal: bool):
+    """``(i, j, diagonal)`` for each query chunk ``q_ids[i]`` against key chunk ``k_ids[j]`` not in its future."""
+    for i, a in enumerate(q_ids):
+        for j, b in enumerate(k_ids):
+            kind = block_kind(a, b, causal)
+            if kind != FUTURE:
+                yield i, j, kind == DIAGONAL
+
+
 def attend_block(acc: list, q_chunks, q_ids, k: torch.Tensor, v: torch.Tensor, k_ids, causal: bool,
                  scale: float | None = None) -> tuple[int, int]:
-    """Fold one rank's block of keys into the accumulators of this rank's query chunks.
-
-    ``q_chunks`` are this rank's query chunks (sequence-chunk indices ``q_ids``); ``k, v`` a whole K/V
-    shard made of chunks ``k_ids``, laid end to end; ``acc[i]`` is the ``Partial`` of query chunk ``i``
-    so far (``None`` before its first block), updated in place. Future blocks are skipped. Returns
+    """Fold one K/V shard (chunks ``k_ids`` laid end to end) into ``acc[i]``, the ``Partial`` of this rank's
+    query chunk ``q_chunks[i]`` (chunk ``q_ids[i]``; ``None`` before its first block), in place. Returns
     ``(visible, diagonal)``: the blocks computed."""
     k_parts, v_parts = k.chunk(len(k_ids), dim=2), v.chunk(len(k_ids), dim=2)
-    visible = diagonal = 0
-    for i, (q_part, a) in enumerate(zip(q_chunks, q_ids)):
-        for k_part, v_part, b in zip(k_parts, v_parts, k_ids):
-            kind = block_kind(a, b, causal)
-            if kind == FUTURE:
-                continue
-            part = block_partial(q_part, k_part, v_part, diagonal=kind == DIAGONAL, scale=scale)
-            acc[i] = part if acc[i] is None else merge(acc[i], part)
-            visible, diagonal = visible + (kind != DIAGONAL), diagonal + (kind == DIAGONAL)
-    return visible, diagonal
+    counts = [0, 0]
+    for i, j, diagonal in _computed_blocks(q_ids, k_ids, causal):
+        part = block_partial(q_chunks[i], k_parts[j], v_parts[j], diagonal=diagonal, scale=scale)
+        acc[i] = part if acc[i] is None else merge(acc[i], part)
+        counts[diagonal] += 1
+    return counts[0], counts[1]
 
 
 def block_grads(q, d_out, lse, delta, k, v, diagonal: bool = False, scale: float | None = None):
@@ -117,21 +115,14 @@ def block_grads(q, d_out, lse, delta, k, v, diagonal: bool = False, scale: float
 
 def attend_block_backward(dq: torch.Tensor, dkv: torch.Tensor, rows, q_ids, kv: torch.Tensor, k_ids,
                           causal: bool, scale: float | None = None) -> None:
-    """Add one K/V shard's gradients into ``dq`` (this rank's queries) and ``dkv`` (``(2, b, KV, keys,
-    hd)``, the shard's travelling dK/dV), in place. ``rows``: this rank's ``(q, d_out, lse, delta)``;
-    chunks ``q_ids`` against ``k_ids`` as in ``attend_block``, future blocks skipped."""
+    """Add one K/V shard's gradients into ``dq`` (this rank's queries) and ``dkv`` (``(2, b, KV, keys, hd)``,
+    the shard's travelling dK/dV), in place. ``rows``: this rank's ``(q, d_out, lse, delta)``."""
     per_q = [t.chunk(len(q_ids), dim=2) for t in (dq, *rows)]
     per_k = [t.chunk(len(k_ids), dim=2) for t in (kv[0], kv[1], dkv[0], dkv[1])]
-    for i, a in enumerate(q_ids):
-        for j, c in enumerate(k_ids):
-            kind = block_kind(a, c, causal)
-            if kind == FUTURE:
-                continue
-            dq_i, dk_j, dv_j = block_grads(*(t[i] for t in per_q[1:]), per_k[0][j], per_k[1][j],
-                                           diagonal=kind == DIAGONAL, scale=scale)
-            per_q[0][i].add_(dq_i)
-            per_k[2][j].add_(dk_j)
-            per_k[3][j].add_(dv_j)
+    for i, j, diagonal in _computed_blocks(q_ids, k_ids, causal):
+        grads = block_grads(*(t[i] for t in per_q[1:]), per_k[0][j], per_k[1][j], diagonal=diagonal, scale=scale)
+        for into, grad in zip((per_q[0][i], per_k[2][j], per_k[3][j]), grads):  # dq, dk, dv
+            into.add_(grad)
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,

@@ -25,10 +25,9 @@ def chunks_per_rank(placement: str) -> int:
 
 
 def check_sequence(seq: int, world_size: int, placement: str = "contiguous") -> int:
-    """``seq // (chunks)``: the length of one chunk, or a ValueError saying why ``seq`` does not split."""
+    """The length of one chunk, or a ValueError saying why ``seq`` does not split."""
     whole_number(seq, "sequence length")
-    whole_number(world_size, "world_size")
-    pieces = world_size * chunks_per_rank(placement)
+    pieces = whole_number(world_size, "world_size") * chunks_per_rank(placement)
     if seq % pieces:
         how = (f"{world_size} ranks" if placement == "contiguous" else
                f"2 x {world_size} = {pieces} chunks (the zigzag placement gives each of the {world_size} ranks two)")
@@ -38,11 +37,9 @@ def check_sequence(seq: int, world_size: int, placement: str = "contiguous") -> 
 
 
 def chunks_of_rank(rank: int, world_size: int, placement: str = "contiguous") -> tuple[int, ...]:
-    """The chunk indices rank ``rank`` holds, in order: ``(rank,)`` of ``world_size`` chunks
-    (contiguous), or ``(rank, 2 world_size - 1 - rank)`` of ``2 world_size`` chunks (zigzag)."""
+    """The chunk indices rank ``rank`` holds, in order (see the module docstring)."""
     n = whole_number(world_size, "world_size")
-    whole_number(rank, "rank", 0)
-    if rank >= n:
+    if whole_number(rank, "rank", 0) >= n:
         raise ValueError(f"rank {rank} is outside a group of {n} ranks")
     return (rank,) if chunks_per_rank(placement) == 1 else (rank, 2 * n - 1 - rank)
 
@@ -70,9 +67,8 @@ def blocks_between(q_rank: int, k_rank: int, world_size: int, placement: str = "
 
 @dataclass(frozen=True)
 class RankWork:
-    """One rank's attention work over a whole ring pass, in chunk pairs: ``visible`` blocks computed
-    whole, ``diagonal`` blocks computed with the causal mask (full cost, half of it useful),
-    ``skipped`` future blocks. ``chunk`` is the chunk length in tokens."""
+    """One rank's blocks over a whole ring pass: ``visible``, ``diagonal`` (masked: full cost, half of it
+    useful) and ``skipped`` future ones, each ``chunk`` tokens square."""
 
     rank: int
     visible: int
@@ -81,20 +77,19 @@ class RankWork:
     chunk: int
 
     @property
-    def scores(self) -> int:
-        """Query-key scores computed (masked ones included), per head."""
-        return (self.visible + self.diagonal) * self.chunk ** 2
-
-    @property
     def computed_pairs(self) -> int:
         """Blocks computed: what the time follows (a masked block costs as much as a whole one)."""
-        return self.scores // self.chunk ** 2
+        return self.visible + self.diagonal
+
+    @property
+    def scores(self) -> int:
+        """Query-key scores computed (masked ones included), per head."""
+        return self.computed_pairs * self.chunk ** 2
 
 
 def causal_work(seq: int, world_size: int, placement: str = "contiguous", causal: bool = True) -> list[RankWork]:
-    """Per rank, the blocks it computes over a ring pass of ``seq`` tokens (every rank's keys meet
-    every rank's queries once). Contiguous and causal: rank ``r`` computes ``r`` whole blocks and one
-    diagonal; zigzag: every rank the same."""
+    """Per rank, the blocks it computes over a ring pass of ``seq`` tokens. Contiguous and causal: rank
+    ``r`` computes ``r`` whole blocks and one diagonal; zigzag: every rank the same."""
     size = check_sequence(seq, world_size, placement)
     pairs = chunks_per_rank(placement) ** 2 * world_size
     out = []
@@ -106,7 +101,6 @@ def causal_work(seq: int, world_size: int, placement: str = "contiguous", causal
 
 
 def imbalance(work) -> float:
-    """The busiest rank's computed blocks over the mean: 1 is perfectly even (and the step's length
-    follows the busiest rank)."""
+    """The busiest rank's computed blocks over the mean: 1 is perfectly even."""
     counts = [w.scores for w in work]
     return max(counts) * len(counts) / sum(counts)

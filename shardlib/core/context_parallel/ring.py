@@ -82,8 +82,7 @@ class RingAttention(torch.autograd.Function):
 
 
 def check_ring_inputs(q_shape, k_shape, v_shape, world_size: int, placement: str, local: bool) -> None:
-    """Shapes (``reference.check_qkv``) and the sequence's split: of the whole sequence (``local=False``)
-    or of one rank's shard (``local=True``), whose length times ``world_size`` is the whole sequence."""
+    """Shapes and the split of the whole sequence (or, ``local``, of one rank's shard)."""
     _, _, _, seq, _ = check_qkv(q_shape, k_shape, v_shape)
     if local and seq % chunks_per_rank(placement):
         raise ValueError(f"the zigzag placement gives each rank 2 chunks, so a rank's shard of {seq} tokens must be "

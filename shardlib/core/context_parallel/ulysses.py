@@ -52,30 +52,17 @@ def heads_to_sequence(ctx, x: torch.Tensor) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, n * mine, seq // n, hd)
 
 
-class SequenceToHeads(torch.autograd.Function):
-    """``sequence_to_heads`` forward; its backward is ``heads_to_sequence`` of the gradient."""
+class Reshard(torch.autograd.Function):
+    """``there(ctx, x)`` forward; its backward is ``back(ctx, grad)``, the inverse permutation."""
 
     @staticmethod
-    def forward(fn, ctx, x):
-        fn.rank_ctx = ctx
-        return sequence_to_heads(ctx, x)
-
-    @staticmethod
-    def backward(fn, grad):
-        return None, heads_to_sequence(fn.rank_ctx, grad)
-
-
-class HeadsToSequence(torch.autograd.Function):
-    """``heads_to_sequence`` forward; its backward is ``sequence_to_heads`` of the gradient."""
-
-    @staticmethod
-    def forward(fn, ctx, x):
-        fn.rank_ctx = ctx
-        return heads_to_sequence(ctx, x)
+    def forward(fn, ctx, x, there, back):
+        fn.rank_ctx, fn.back = ctx, back
+        return there(ctx, x)
 
     @staticmethod
     def backward(fn, grad):
-        return None, sequence_to_heads(fn.rank_ctx, grad)
+        return None, fn.back(fn.rank_ctx, grad), None, None
 
 
 def ulysses_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -83,7 +70,7 @@ def ulysses_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     """This rank's rows of attention over the whole sequence, by two re-shards, differentiable:
     ``q (b, H, s/n, hd)``, ``k, v (b, KV, s/n, hd)`` (contiguous shards) in, ``(b, H, s/n, hd)`` out."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=True)
-    q_h, k_h, v_h = (SequenceToHeads.apply(ctx, t) for t in (q, k, v))  # (b, heads / n, s, hd)
+    q_h, k_h, v_h = (Reshard.apply(ctx, t, sequence_to_heads, heads_to_sequence) for t in (q, k, v))  # (b, H/n, s, hd)
     with probe.span("attention, my heads, whole sequence"):
         out = attention_reference(q_h, k_h, v_h, causal, scale)  # (b, H/n, s, hd)
-    return HeadsToSequence.apply(ctx, out)  # (b, H, s/n, hd)
+    return Reshard.apply(ctx, out, heads_to_sequence, sequence_to_heads)  # (b, H, s/n, hd)

@@ -65,7 +65,7 @@ class BucketedReplica:
         self.start_step()
 
     def _build_bucket(self, g: FlatGroup, named: list[tuple[str, nn.Parameter]]) -> None:
-        """Lay bucket ``g``'s parameters end to end; hand the optimizer all of it (DDP) or my shard (ZeRO)."""
+        """Lay bucket ``g``'s parameters end to end; the optimizer gets all of it (DDP) or my shard (ZeRO)."""
         flat = torch.zeros(g.padded_numel, dtype=named[0][1].dtype, device=self.group.device)  # (padded_numel,)
         for i, offset, numel in zip(g.params, g.offsets, g.numels):
             name, param = named[i]
@@ -146,8 +146,7 @@ class BucketedReplica:
         while self._next < len(self._order):
             self._launch(self._order[self._next][1], async_op=False)
 
-    def forward_context(self):
-        """Nothing to swap during the forward: every rank holds all the weights."""
+    def forward_context(self):  # every rank holds all the weights: nothing to swap
         return contextlib.nullcontext()
 
     # -- after the optimizer -----------------------------------------------------------------------
@@ -161,5 +160,4 @@ class BucketedReplica:
                 flat.copy_(gathered)
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """The trained weights by the model's own names (every rank holds all of them)."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

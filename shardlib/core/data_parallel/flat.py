@@ -21,15 +21,13 @@ if TYPE_CHECKING:  # the plans are pure: the planners import them without torch
 
 from shardlib.core.checks import positive_number, whole_number
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 STRATEGY_TITLES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
 @dataclass(frozen=True)
 class FlatGroup:
-    """Parameters ``params`` (indices into the model's parameter list) laid end to end: parameter
-    ``params[i]`` of ``numels[i]`` elements starts at ``offsets[i]``; the buffer holds ``padded_numel``
-    elements, a multiple of ``dp``, of which the last ``padded_numel - numel`` are zeros."""
+    """Parameters ``params`` (indices into the model's list) laid end to end, ``params[i]`` at ``offsets[i]``;
+    the buffer holds ``padded_numel`` elements, a multiple of ``dp``, zeros after the last parameter."""
 
     index: int
     params: tuple[int, ...]
@@ -38,15 +36,8 @@ class FlatGroup:
     padded_numel: int
     dp: int
 
-    @property
-    def numel(self) -> int:
-        """Elements of real parameters (the padding left out)."""
-        return sum(self.numels)
-
-    @property
-    def shard_numel(self) -> int:
-        """Elements each rank owns: ``padded_numel / dp``."""
-        return self.padded_numel // self.dp
+    numel = property(lambda self: sum(self.numels))  # the padding left out
+    shard_numel = property(lambda self: self.padded_numel // self.dp)  # what each rank owns
 
     def owned(self, rank: int) -> tuple[int, int]:
         """``(start, stop)`` of rank ``rank``'s shard in the buffer."""
@@ -78,14 +69,10 @@ def _check_numels(numels: Sequence[int]) -> list[int]:
 
 def plan_buckets(numels: Sequence[int], element_bytes: int, dp: int,
                  bucket_bytes: float | None = None) -> tuple[FlatGroup, ...]:
-    """Gradient buckets for parameters of ``numels`` elements each (registration order) over ``dp`` ranks.
-
-    Parameters go in reverse order, because the backward pass produces the last layer's gradients
-    first; each bucket takes parameters until the next one would push it past ``bucket_bytes`` (a
-    parameter larger than that gets a bucket of its own). ``None``: one bucket for everything, the
-    "no buckets" case. A bucket is launched as soon as all its gradients exist, so smaller buckets
-    start communicating earlier in the backward pass but pay more per-call latency.
-    """
+    """Gradient buckets over ``dp`` ranks for parameters of ``numels`` elements (registration order), taken
+    in reverse (the backward finishes the last layer first), each bucket filled until the next parameter
+    would pass ``bucket_bytes`` (``None``: one bucket). Smaller buckets start sending earlier in the
+    backward but pay more per-call latency."""
     numels = _check_numels(numels)
     dp = whole_number(dp, "dp (the data-parallel degree)")
     element_bytes = whole_number(element_bytes, "element_bytes")
@@ -103,8 +90,7 @@ def plan_buckets(numels: Sequence[int], element_bytes: int, dp: int,
 
 
 def plan_units(unit_params: Sequence[Sequence[int]], numels: Sequence[int], dp: int) -> tuple[FlatGroup, ...]:
-    """ZeRO-3's flat groups: one per unit (a layer), holding that unit's parameters in registration
-    order. ``unit_params[u]`` lists the indices of unit ``u``'s parameters."""
+    """ZeRO-3's flat groups: one per unit, ``unit_params[u]`` the indices of unit ``u``'s parameters."""
     numels = _check_numels(numels)
     dp = whole_number(dp, "dp (the data-parallel degree)")
     seen = [i for unit in unit_params for i in unit]
@@ -115,9 +101,8 @@ def plan_units(unit_params: Sequence[Sequence[int]], numels: Sequence[int], dp: 
 
 
 def parameter_units(model: nn.Module) -> list[tuple[str, list[str]]]:
-    """How ZeRO-3 cuts ``model``: the parameters the model holds itself, if any, as a first unit ``""``
-    (gathered around the whole forward), then one unit per direct child that holds parameters (gathered
-    around the child's forward), in registration order. Each unit is ``(module name, [parameter names])``."""
+    """How ZeRO-3 cuts ``model``, as ``(module name, [parameter names])``: the model's own parameters, if
+    any, as unit ``""``, then one unit per direct child that holds parameters."""
     units = [(name, [f"{name}.{p}" for p, _ in child.named_parameters()]) for name, child in model.named_children()]
     units = [(name, params) for name, params in units if params]
     own = [name for name, _ in model.named_parameters(recurse=False)]

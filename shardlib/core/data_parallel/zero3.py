@@ -1,7 +1,7 @@
 """ZeRO-3 (FSDP's full sharding) on one rank: each unit's weights gathered just in time, then freed.
 
 Rajbhandari et al. 2020 (ZeRO, section 5.3: P_os+g+p) and Zhao et al. 2023 (PyTorch FSDP). The model is
-cut into units (``reference.parameter_units``), each laid flat (``flat.plan_units``); a rank keeps only
+cut into units (``flat.parameter_units``), each laid flat (``flat.plan_units``); a rank keeps only
 its shard of each, ``(padded_numel / N,)``. Per step and per unit::
 
     before its forward    all-gather the unit's weights       (padded_numel,) from N shards
@@ -188,13 +188,12 @@ class ShardedUnits:
             self._free(u, full)
         self._for_backward.clear()
 
-    def after_step(self) -> None:
-        """Nothing to send: the next forward gathers the updated shards."""
+    def after_step(self) -> None:  # nothing to send: the next forward gathers the updated shards
+        pass
 
     # -- reading it out ---------------------------------------------------------------------------------
     def full_state(self) -> dict[str, torch.Tensor]:
-        """Every weight by the model's own names, gathered from the shards (collectives: every rank calls
-        this), with the model's buffers."""
+        """Every weight by the model's own names, gathered from the shards (every rank calls this)."""
         state = {}
         for u, names in enumerate(self.unit_names):
             full = self.group.comm.all_gather(self.owned[u].detach())

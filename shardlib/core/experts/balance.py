@@ -1,14 +1,11 @@
-"""Balancing the experts' load: capacity, dropping and rerouting; load statistics and the auxiliary loss.
+"""Balancing the experts' load: capacity, dropping and rerouting; Switch's auxiliary loss; DeepSeek-V3's bias.
 
 Capacity (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021): an expert takes at most
 ``ceil(tokens * k * capacity_factor / n_experts)`` token-slots from each group of tokens routed together
 (on ranks, each rank's tokens are one group); a slot that does not fit is dropped, or with ``reroute``
 tries the token's next choice with room. What a rerouted slot weighs is a choice (``served_gates``).
-The mitigations notebook 04 measures are named in ``MITIGATIONS``.
-
-Balancing without a loss or a cap (DeepSeek-V3, 2024, section 2.1.2, ``balance_by_bias``): a per-expert
-bias is added to the scores only to choose the top-k, never to the gates, and after each batch it is
-nudged down for the experts that took more than their even share and up for the others.
+Switch's auxiliary loss pulls the router towards balance (``switch_aux_loss``); DeepSeek-V3 (2024, section
+2.1.2) instead moves a selection bias after each step, down for the busy experts (``bias_update``).
 Pure: acts on the router's output only; torch, never ``torch.distributed``.
 """
 
@@ -16,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -44,18 +42,9 @@ class Assignment:
     rerouted: torch.Tensor  # (T, k) bool
     capacity: int | None  # per expert per group; None: no cap
 
-    @property
-    def dropped_slots(self) -> int:
-        return int((~self.kept).sum())
-
-    @property
-    def dropped_tokens(self) -> int:
-        """Tokens none of whose slots were served: the layer passes them through unchanged."""
-        return int((~self.kept).all(dim=1).sum())
-
-    @property
-    def rerouted_slots(self) -> int:
-        return int(self.rerouted.sum())
+    dropped_slots = property(lambda self: int((~self.kept).sum()))
+    dropped_tokens = property(lambda self: int((~self.kept).all(dim=1).sum()))  # all slots dropped: unchanged
+    rerouted_slots = property(lambda self: int(self.rerouted.sum()))
 
     def counts(self, n_experts: int) -> torch.Tensor:
         """``(n_experts,)`` token-slots each expert serves."""
@@ -81,14 +70,15 @@ def assign(routing: Routing, cfg: MoEConfig) -> Assignment:
         no = torch.zeros_like(final, dtype=torch.bool)
         return Assignment(final, ~no, no, None)
     cap = capacity(n_tokens, k, cfg.capacity_factor, cfg.n_experts)
-    room = torch.full((cfg.n_experts,), cap, dtype=torch.long)
+    on = final.device
+    room = torch.full((cfg.n_experts,), cap, dtype=torch.long, device=on)
     # priority: slot-major (every first choice before any second choice), then token order
-    order = torch.arange(n_tokens * k).view(n_tokens, k).T.flatten()  # flat slot ids t * k + s
-    kept = torch.zeros(n_tokens * k, dtype=torch.bool)
+    order = torch.arange(n_tokens * k, device=on).view(n_tokens, k).T.flatten()  # flat slot ids t * k + s
+    kept = torch.zeros(n_tokens * k, dtype=torch.bool, device=on)
     kept[order] = _fill(order, final.flatten()[order], room)
-    rerouted = torch.zeros(n_tokens * k, dtype=torch.bool)
+    rerouted = torch.zeros(n_tokens * k, dtype=torch.bool, device=on)
     if cfg.reroute:
-        next_choice = torch.full((n_tokens,), k, dtype=torch.long)  # index into each token's preference list
+        next_choice = torch.full((n_tokens,), k, dtype=torch.long, device=on)  # index into each token's preference list
         waiting = order[~kept[order]]  # overflowing slots, still in priority order
         while waiting.numel() and bool((next_choice < cfg.n_experts).any()):
             tokens = waiting // k
@@ -109,10 +99,8 @@ def assign(routing: Routing, cfg: MoEConfig) -> Assignment:
 
 
 def served_gates(routing: Routing, assignment: Assignment, cfg: MoEConfig) -> torch.Tensor:
-    """``(T, k)`` gates the weighted sum uses under ``cfg.reroute_gate``: the router's gates, except that
-    with ``"rescore"`` a token with a rerouted slot gets gates computed from the router's scores of the
-    experts that serve it (dropped slots excluded). Row by row, so a token's gates do not depend on the
-    batch."""
+    """``(T, k)`` gates the weighted sum uses: the router's, except that with ``reroute_gate="rescore"`` a
+    token with a rerouted slot gets gates from the router's scores of the experts serving it (row by row)."""
     if cfg.reroute_gate == "keep" or not bool(assignment.rerouted.any()):
         return routing.gates
     if cfg.gate == "softmax-topk":
@@ -132,23 +120,8 @@ def split_groups(n_tokens: int, n_groups: int) -> list[tuple[int, int]]:
     if n_groups > n_tokens:
         raise ValueError(f"{n_tokens} tokens cannot be split into {n_groups} groups: each group (each rank) "
                          f"needs at least one token")
-    bounds, start = [], 0
-    for size in near_equal_parts(n_tokens, n_groups):
-        bounds.append((start, start + size))
-        start += size
-    return bounds
-
-
-def assign_groups(routing: Routing, cfg: MoEConfig, n_groups: int = 1) -> Assignment:
-    """``assign`` on each of ``n_groups`` contiguous groups of tokens, joined back together."""
-    parts = [assign(_slice(routing, a, b), cfg) for a, b in split_groups(routing.experts.shape[0], n_groups)]
-    return Assignment(torch.cat([p.experts for p in parts]), torch.cat([p.kept for p in parts]),
-                      torch.cat([p.rerouted for p in parts]), parts[0].capacity)
-
-
-def _slice(routing: Routing, start: int, stop: int) -> Routing:
-    return Routing(*(t[start:stop] for t in (routing.logits, routing.probs, routing.preference,
-                                             routing.experts, routing.gates, routing.balance_probs)))
+    ends = list(accumulate(near_equal_parts(n_tokens, n_groups)))
+    return list(zip([0] + ends[:-1], ends))
 
 
 def switch_aux_loss(experts: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -161,11 +134,9 @@ def switch_aux_loss(experts: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 
 def bias_update(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> torch.Tensor:
-    """DeepSeek-V3's update of the selection bias after a step (section 2.1.2): ``bias + rate *
-    sign(mean load - load)``, down by ``rate`` for each expert that took more token-slots than the mean,
-    up for each that took fewer, unchanged at the mean. ``counts`` ``(n_experts,)`` must be the token-slots
-    of the *whole* step: on ranks, summed over every rank first (each rank's own counts would move each
-    rank's bias differently). Returns a new tensor in ``bias``'s dtype."""
+    """DeepSeek-V3's update of the selection bias after a step: ``bias + rate * sign(mean load - load)``.
+    ``counts`` ``(n_experts,)`` are the token-slots of the *whole* step: on ranks, summed over every rank
+    first, so every rank's bias moves alike. A new tensor in ``bias``'s dtype."""
     if counts.shape != bias.shape:
         raise ValueError(f"counts has shape {tuple(counts.shape)}, the bias {tuple(bias.shape)}: one count per expert")
     counts = counts.to(torch.float64)

@@ -41,16 +41,14 @@ class ExpertPlacement:
                                  f"in {self.replicas!r}")
             pairs.append((whole_number(pair[0], "a replica's expert", 0), whole_number(pair[1], "a replica's rank", 0)))
         object.__setattr__(self, "replicas", tuple(pairs))
-        seen = set()
-        for e, r in self.replicas:
+        for i, (e, r) in enumerate(self.replicas):
             if not 0 <= e < self.n_experts or not 0 <= r < self.ep:
                 raise ValueError(f"replica ({e}, {r}) names expert {e} of 0 .. {self.n_experts - 1} on rank {r} "
                                  f"of 0 .. {self.ep - 1}")
             if r == self.owner(e):
                 raise ValueError(f"expert {e} already lives on rank {r}: its replica must go to another rank")
-            if e in seen:
+            if e in (x for x, _ in pairs[:i]):
                 raise ValueError(f"expert {e} has more than one replica; this layer supports one second copy")
-            seen.add(e)
 
     @property
     def per_rank(self) -> int:
@@ -74,21 +72,6 @@ class ExpertPlacement:
         return [(r, e) for r in range(self.ep) for e in self.hosted(r)]
 
 
-def replicate_hottest(placement: ExpertPlacement, expert_counts) -> ExpertPlacement:
-    """A placement with a second copy of the busiest expert on the least-loaded other rank (by the
-    token-slots ``expert_counts`` sends to each rank; ties go to the lower number)."""
-    counts = [int(c) for c in (expert_counts.tolist() if isinstance(expert_counts, torch.Tensor) else expert_counts)]
-    if len(counts) != placement.n_experts:
-        raise ValueError(f"expert_counts has {len(counts)} entries, one per expert is {placement.n_experts}")
-    hot = max(range(len(counts)), key=lambda e: (counts[e], -e))
-    load = [sum(counts[e] for e in placement.hosted(r)) for r in range(placement.ep)]
-    others = [r for r in range(placement.ep) if r != placement.owner(hot)]
-    if not others:
-        raise ValueError("a replica needs a second rank: this placement has one rank")
-    target = min(others, key=lambda r: (load[r], r))
-    return ExpertPlacement(placement.n_experts, placement.ep, ((hot, target),))
-
-
 # -- the dispatch plan (pure) ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DispatchPlan:
@@ -102,22 +85,16 @@ class DispatchPlan:
 def dispatch_plan(experts: torch.Tensor, kept: torch.Tensor, placement: ExpertPlacement) -> DispatchPlan:
     """Where each served slot of ``experts`` ``(T, k)`` goes, for one home rank."""
     slot_index = {copy: i for i, copy in enumerate(placement.copy_slots)}
-    copy_of = torch.full((placement.n_experts, 2), -1, dtype=torch.long)  # expert -> copy slot of each copy
-    n_copies = torch.ones(placement.n_experts, dtype=torch.long)
-    for e in range(placement.n_experts):
-        ranks = placement.copies(e)
-        n_copies[e] = len(ranks)
-        for c, r in enumerate(ranks):
-            copy_of[e, c] = slot_index[(r, e)]
+    copies = [[slot_index[(r, e)] for r in placement.copies(e)] for e in range(placement.n_experts)]
+    copy_of = torch.tensor([c + c[:1] * (2 - len(c)) for c in copies], device=experts.device)  # (E, 2) copy slots
     slots = torch.nonzero(kept.flatten()).flatten()  # (rows,) served slots, token-major
     expert = experts.flatten()[slots]
-    onehot = torch.nn.functional.one_hot(expert, placement.n_experts)
-    nth = (onehot.cumsum(0) * onehot).sum(1) - 1  # this slot is the nth row for its expert here
-    target = copy_of[expert, nth % n_copies[expert]]  # alternate rows between an expert's copies
+    nth = torch.zeros_like(expert)
+    if placement.replicas:  # alternate rows between an expert's copies
+        onehot = torch.nn.functional.one_hot(expert, placement.n_experts)
+        nth = ((onehot.cumsum(0) * onehot).sum(1) - 1) % 2  # the slot is the nth row for its expert here
+    target = copy_of[expert, nth]  # (rows,) copy slot
     order = slots[torch.sort(target, stable=True).indices]
     counts = torch.bincount(target, minlength=len(slot_index))
-    starts = [0]
-    for r in range(placement.ep):
-        starts.append(starts[-1] + len(placement.hosted(r)))
-    rows_to_rank = [int(counts[starts[r]:starts[r + 1]].sum()) for r in range(placement.ep)]
-    return DispatchPlan(order, counts, rows_to_rank)
+    per_rank = counts.split([len(placement.hosted(r)) for r in range(placement.ep)])
+    return DispatchPlan(order, counts, [int(c.sum()) for c in per_rank])

@@ -2,18 +2,15 @@
 
 A router is a ``(n_experts, d_model)`` matrix that scores every expert for every token; each token goes
 to its ``k`` best experts, weighted by gates (Shazeer et al. 2017, arXiv:1701.06538; GShard, Lepikhin et
-al. 2020). Three gate functions, one registry (``GATES``), each a ``GateSpec`` naming the model that uses it:
-
-* ``"softmax-topk"`` (Mixtral, Jiang et al. 2024, arXiv:2401.04088): a softmax over the k chosen logits.
-* ``"softmax-then-topk"`` (Switch Transformer, Fedus et al. 2021, arXiv:2101.03961; GShard; DeepSeek-V2):
-  a softmax over every expert, then the k largest probabilities, not renormalised.
-* ``"sigmoid-topk"`` (DeepSeek-V3, 2024, arXiv:2412.19437, eqs. 13-15): a sigmoid affinity per expert,
-  the top-k by affinity plus a per-expert balancing bias, gates the chosen affinities normalised to sum
-  to 1. The bias chooses; it never weighs.
-
-The gradient flows through the gates only; ``skew`` tilts every token towards one expert (notebook 04's
-knob); ``node_limited`` keeps each token on ``M`` nodes. Multiplies run on fixed blocks of rows
-(``blocked_rows``): a token's result never depends on who shared the call. No ``torch.distributed``.
+al. 2020). One registry of gate functions, ``GATES``: ``"softmax-topk"`` (Mixtral, Jiang et al. 2024: a
+softmax over the k chosen logits); ``"softmax-then-topk"`` (Switch Transformer, Fedus et al. 2021; GShard;
+DeepSeek-V2: the k largest of a softmax over every expert); ``"sigmoid-topk"`` (DeepSeek-V3, 2024,
+arXiv:2412.19437, eqs. 13-15: sigmoid affinities, the chosen ones normalised to sum to 1). A selection
+bias (DeepSeek-V3's auxiliary-loss-free balancing) chooses but never weighs; node-limited routing
+(DeepSeek-V3, section 2.1.2) keeps a token on its ``M`` best nodes, each scored by the sum of its
+``k // M`` best scores. ``skew`` tilts every token towards one expert (notebook 04's knob). The gradient
+flows through the gates only. Multiplies run on fixed blocks of rows (``blocked_rows``): a token's result
+never depends on who shared the call. No ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from shardlib.core.checks import (
     whole_number_between,
 )
 from shardlib.core.config import ModelConfig
-from shardlib.core.experts.node_limited import check_node_limit, limit_to_nodes
 
 BLOCK_ROWS = 64  # rows per matrix-multiply call (see ``blocked_rows``)
 MAX_PREFERENCE_BIAS = 1e4  # the hot expert's logit bonus at skew = 1
@@ -47,21 +43,15 @@ BALANCING = ("none", "aux-loss", "aux-free")
 # -- the gate functions ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GateSpec:
-    """One gate function: ``affinity`` turns ``(T, E)`` logits into the scores the top-k ranks (a bias is
-    added to these for the choice only); ``gates`` turns the chosen experts' ``(T, k)`` affinities into
-    their weights (it also sees all logits); ``balance_probs`` is the ``(T, E)`` distribution Switch's
-    auxiliary loss averages (``P_i``)."""
+    """One gate function: ``affinity`` turns ``(T, E)`` logits into the scores the top-k ranks; ``gates``
+    turns the chosen ``(T, k)`` affinities (and all logits) into weights; ``balance_probs`` is Switch's
+    ``P_i`` per token ``(T, E)``."""
 
     name: str
     source: str
     affinity: Callable[[torch.Tensor], torch.Tensor]
     gates: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chosen affinities, logits) -> (T, k)
     balance_probs: Callable[[torch.Tensor], torch.Tensor]
-
-
-def _normalised_sigmoid(logits: torch.Tensor) -> torch.Tensor:
-    s = torch.sigmoid(logits)  # (T, E)
-    return s / s.sum(dim=-1, keepdim=True)
 
 
 GATES: dict[str, GateSpec] = {spec.name: spec for spec in (
@@ -73,7 +63,7 @@ GATES: dict[str, GateSpec] = {spec.name: spec for spec in (
              gates=lambda chosen, logits: chosen, balance_probs=lambda logits: torch.softmax(logits, dim=-1)),
     GateSpec("sigmoid-topk", "DeepSeek-V3: sigmoid affinities, the chosen ones normalised to sum to 1",
              affinity=torch.sigmoid, gates=lambda chosen, logits: chosen / chosen.sum(dim=-1, keepdim=True),
-             balance_probs=_normalised_sigmoid),
+             balance_probs=lambda logits: torch.sigmoid(logits) / torch.sigmoid(logits).sum(dim=-1, keepdim=True)),
 )}
 
 
@@ -81,14 +71,12 @@ GATES: dict[str, GateSpec] = {spec.name: spec for spec in (
 @dataclass(frozen=True)
 class MoEConfig:
     """Shapes and policies of one MoE layer: ``n_experts`` gated-MLP experts of ``d_model`` x ``d_ff``, ``k``
-    per token, weighted by the gate function ``gate`` (one of ``GATES``). ``skew`` in ``[0, 1]`` tilts every
-    token towards ``hot_expert`` (``preference_bias``). ``capacity_factor``, ``reroute`` and
-    ``reroute_gate``: the capacity cap's policy (``balance``; ``None``: dropless, every token-slot served,
-    as MegaBlocks and Megatron-Core). ``balance``: ``"aux-loss"`` adds Switch's auxiliary loss times
-    ``aux_loss_coef`` (Switch's alpha, 1e-2) to a training loss; ``"aux-free"`` moves a selection bias by
-    ``bias_rate`` per step (DeepSeek-V3's gamma, 1e-3 there; a toy trained for a few steps needs more).
-    ``n_nodes``, ``max_nodes``: the experts on nodes in contiguous blocks, a token reaching at most
-    ``max_nodes`` of them (DeepSeek-V3: 4 of 8; ``None``: no limit)."""
+    per token, gates from ``gate`` (one of ``GATES``). ``skew`` in ``[0, 1]`` tilts every token towards
+    ``hot_expert``. ``capacity_factor`` (``None``: dropless), ``reroute``, ``reroute_gate``: the capacity
+    cap's policy (``balance``). ``balance``: ``"aux-loss"`` adds Switch's loss times ``aux_loss_coef``
+    (Switch: 1e-2); ``"aux-free"`` moves a selection bias by ``bias_rate`` per step (DeepSeek-V3: 1e-3; a
+    toy trained a few steps needs more). ``n_nodes``, ``max_nodes``: a token reaches at most ``max_nodes``
+    of the nodes holding the experts in contiguous blocks (DeepSeek-V3: 4 of 8; ``None``: no limit)."""
 
     n_experts: int = 8
     k: int = 2
@@ -134,10 +122,6 @@ class MoEConfig:
         base = dict(n_experts=model.n_experts, k=model.experts_per_token, d_model=model.d_model, d_ff=model.d_ff)
         return cls(**{**base, **overrides})
 
-    @property
-    def gate_spec(self) -> GateSpec:
-        return GATES[self.gate]
-
     def experts_per_rank(self, ep: int) -> int:
         """Whole experts each of ``ep`` ranks holds, or a ValueError in the learner's terms."""
         whole_number(ep, "ep (ranks the experts are spread over)")
@@ -153,14 +137,9 @@ class MoEConfig:
 
 
 def preference_bias(cfg: MoEConfig) -> torch.Tensor:
-    """The ``(n_experts,)`` logit bonus the skew knob adds: zero except at ``cfg.hot_expert``.
-
-    The bonus ``b`` would give the hot expert a router probability ``p = 1/n + skew (1 - 1/n)`` for a
-    token with no other preference (all logits equal): ``b = log((n - 1) p / (1 - p))``. Skew 0 adds
-    nothing (router rows of equal norm: every expert equally preferred); skew 1 adds
-    ``MAX_PREFERENCE_BIAS``, far beyond any gap between these unit-scale logits, so every token ranks
-    the hot expert first, and it takes nearly all of each token's gate too.
-    """
+    """The ``(n_experts,)`` logit bonus the skew knob adds at ``cfg.hot_expert``: ``b = log((n - 1) p / (1 - p))``
+    gives an indifferent token (all logits equal) the probability ``p = 1/n + skew (1 - 1/n)`` for it. Skew 1
+    adds ``MAX_PREFERENCE_BIAS``, beyond any gap between unit-scale logits: every token ranks it first."""
     bias = torch.zeros(cfg.n_experts)
     if cfg.skew >= 1.0:
         bias[cfg.hot_expert] = MAX_PREFERENCE_BIAS
@@ -173,10 +152,8 @@ def preference_bias(cfg: MoEConfig) -> torch.Tensor:
 
 # -- batch-invariant multiplies ------------------------------------------------------------------------
 def blocked_rows(fn, rows: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``fn`` applied to ``rows`` in zero-padded blocks of ``BLOCK_ROWS``: the rows' results do not depend
-    on how many rows came with them. A matrix multiply's last bits can depend on how many rows share the
-    call (the BLAS library picks kernels by batch size and thread count); fixed blocks let the layer on
-    ranks reproduce the single-process layer bit for bit."""
+    """``fn`` on ``rows`` in zero-padded blocks of ``BLOCK_ROWS``, so a row's result does not depend on how
+    many rows came with it (BLAS picks kernels by batch size): the layer on ranks equals one process's."""
     n = rows.shape[0]
     if n == 0:
         return rows.new_zeros(0, out_features)
@@ -184,6 +161,41 @@ def blocked_rows(fn, rows: torch.Tensor, out_features: int) -> torch.Tensor:
     if pad:
         rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
     return torch.cat([fn(rows[i:i + BLOCK_ROWS]) for i in range(0, rows.shape[0], BLOCK_ROWS)])[:n]
+
+
+# -- node-limited routing -----------------------------------------------------------------------------------
+def check_node_limit(n_experts: int, k: int, n_nodes: int, max_nodes: int | None) -> None:
+    """A ValueError in the learner's terms if ``k`` experts cannot be found on ``max_nodes`` of ``n_nodes``."""
+    whole_number(n_nodes, "n_nodes (the nodes the experts are spread over)")
+    if n_experts % n_nodes:
+        raise ValueError(f"{n_experts} experts cannot be spread evenly over {n_nodes} nodes: n_nodes must divide "
+                         f"n_experts")
+    if max_nodes is None:
+        return
+    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or not 1 <= max_nodes <= n_nodes:
+        raise ValueError(f"max_nodes (M, the nodes one token may reach) must be a whole number from 1 to n_nodes = "
+                         f"{n_nodes}, got {max_nodes!r}")
+    reachable = max_nodes * (n_experts // n_nodes)
+    if k > reachable:
+        raise ValueError(f"a token limited to {max_nodes} node(s) of {n_experts // n_nodes} experts each can reach "
+                         f"only {reachable} experts, fewer than k = {k}: raise max_nodes or lower k")
+
+
+def node_scores(scores: torch.Tensor, n_nodes: int, per_node: int) -> torch.Tensor:
+    """``(T, n_nodes)``: per token, the sum of each node's ``per_node`` highest of ``scores`` ``(T, E)``."""
+    grouped = scores.view(scores.shape[0], n_nodes, -1)  # (T, N, E / N)
+    return grouped.topk(min(per_node, grouped.shape[2]), dim=-1).values.sum(dim=-1)
+
+
+def limit_to_nodes(scores: torch.Tensor, k: int, n_nodes: int, max_nodes: int) -> torch.Tensor:
+    """``scores`` ``(T, E)`` with every expert outside each token's ``max_nodes`` best nodes set to
+    ``-inf``, so a top-k over the result picks only from those nodes (ties: the lower node first)."""
+    check_node_limit(scores.shape[1], k, n_nodes, max_nodes)
+    ranked = node_scores(scores, n_nodes, max(1, k // max_nodes))  # (T, N)
+    chosen = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :max_nodes]  # (T, M)
+    allowed = torch.zeros_like(ranked, dtype=torch.bool).scatter_(1, chosen, True)  # (T, N)
+    allowed = allowed.repeat_interleave(scores.shape[1] // n_nodes, dim=1)  # (T, E)
+    return scores.masked_fill(~allowed, float("-inf"))
 
 
 # -- the router ---------------------------------------------------------------------------------------------
@@ -216,8 +228,8 @@ def route(x: torch.Tensor, router: torch.Tensor, cfg: MoEConfig, bias: torch.Ten
     if tuple(router.shape) != (cfg.n_experts, cfg.d_model):
         raise ValueError(f"the router must be (n_experts, d_model) = ({cfg.n_experts}, {cfg.d_model}), "
                          f"got {tuple(router.shape)}")
-    spec = cfg.gate_spec
-    logits = blocked_rows(lambda b: F.linear(b, router), x, cfg.n_experts) + preference_bias(cfg)  # (T, E)
+    spec = GATES[cfg.gate]
+    logits = blocked_rows(lambda b: F.linear(b, router), x, cfg.n_experts) + preference_bias(cfg).to(x.device)
     affinity = spec.affinity(logits)  # (T, E)
     ranked = affinity.detach() if bias is None else affinity.detach() + bias.to(affinity.device, affinity.dtype)
     if cfg.max_nodes is not None:  # only the experts of each token's M best nodes

@@ -10,10 +10,8 @@ Pure: no torch.
 from __future__ import annotations
 
 from shardlib.core.checks import flag
-from shardlib.core.pipeline.registry import SPECS, schedule_spec
+from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.schedules import Schedule, check_count
-
-SPLIT_ORDERS = {name: spec.order for name, spec in SPECS.items() if spec.split_backward}  # B and W apart
 
 
 def make_schedule(name: str, n_stages: int, n_microbatches: int, training: bool = True,

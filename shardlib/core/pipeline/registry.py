@@ -30,14 +30,6 @@ Order = Callable[[int, int, int, bool], list[list[Action]]]  # (p, m, v, trainin
 Idle = Callable[[int, float, float, float], float]  # (p devices, F, B, W) -> idle seconds per device per step
 
 
-def _no_problems(p: int, m: int, v: int) -> tuple[str, ...]:
-    return ()
-
-
-def _always_holds(f: float, b: float, w: float) -> str | None:
-    return None
-
-
 @dataclass(frozen=True)
 class Bubble:
     """A published bubble: idle time per device per step. ``qi`` writes it with Qi et al.'s B (the input
@@ -54,7 +46,7 @@ class Bubble:
     dualpipe_idle: Idle | None
     window_idle: Idle | None = None
     holds: str = ""
-    condition: Callable[[float, float, float], str | None] = _always_holds
+    condition: Callable[[float, float, float], str | None] = lambda f, b, w: None
 
     def __post_init__(self) -> None:
         if self.qi_idle is None and self.window_idle is None:
@@ -108,7 +100,7 @@ class ScheduleSpec:
     in_flight: InFlight
     bubble: Bubble | None = None
     no_bubble: str = ""
-    needs: Callable[[int, int, int], tuple[str, ...]] = _no_problems
+    needs: Callable[[int, int, int], tuple[str, ...]] = lambda p, m, v: ()
     also_called: str = ""
 
     def __post_init__(self) -> None:

@@ -101,31 +101,16 @@ class Schedule:
 
     def virtual_stage_of(self, stage: int, chunk: int) -> int:
         """Which virtual stage (slice of the layer stack) stage ``stage`` runs as chunk ``chunk``."""
-        if self.placement == "v" and chunk == 1:
-            return 2 * self.n_stages - 1 - stage
-        return chunk * self.n_stages + stage
+        return _virtual_stage(stage, chunk, self.n_stages, self.placement)
 
     def virtual_stage(self, action: Action) -> int:
         return self.virtual_stage_of(action.stage, action.chunk)
 
     def at_virtual_stage(self, virtual_stage: int, microbatch: int, op: str) -> Action:
-        chunk, stage = divmod(virtual_stage, self.n_stages)
-        if self.placement == "v" and chunk == 1:
-            stage = self.n_stages - 1 - stage
-        return Action(stage, microbatch, op, chunk)
+        return _at_virtual_stage(virtual_stage, microbatch, op, self.n_stages, self.placement)
 
     def producer(self, action: Action) -> Action | None:
-        """The action whose result ``action`` consumes: the previous virtual stage's forward for a
-        forward, the next virtual stage's backward for a backward (for the last virtual stage: its
-        own forward of that microbatch; for a W: its own B). ``None`` for the first forward."""
-        vs = self.virtual_stage(action)
-        if action.op == "W":
-            return Action(action.stage, action.microbatch, "B", action.chunk)
-        if action.op == "F":
-            return None if vs == 0 else self.at_virtual_stage(vs - 1, action.microbatch, "F")
-        if vs == self.n_virtual_stages - 1:
-            return self.at_virtual_stage(vs, action.microbatch, "F")
-        return self.at_virtual_stage(vs + 1, action.microbatch, "B")
+        return producer_of(action, self.n_stages, self.n_chunks, self.placement)
 
     def destination(self, action: Action) -> int | None:
         """The stage that ``action``'s result is sent to, or ``None`` when nothing is sent (the last
@@ -144,6 +129,30 @@ class Schedule:
 
     def all_actions(self) -> list[Action]:
         return [a for row in self.actions for a in row]
+
+
+def _virtual_stage(stage: int, chunk: int, p: int, placement: str) -> int:
+    return 2 * p - 1 - stage if placement == "v" and chunk == 1 else chunk * p + stage
+
+
+def _at_virtual_stage(vs: int, microbatch: int, op: str, p: int, placement: str) -> Action:
+    chunk, stage = divmod(vs, p)
+    return Action(p - 1 - stage if placement == "v" and chunk == 1 else stage, microbatch, op, chunk)
+
+
+def producer_of(a: Action, p: int, v: int = 1, placement: str = "loop") -> Action | None:
+    """The action whose result ``a`` consumes, with ``p`` stages of ``v`` chunks placed by ``placement``:
+    the previous virtual stage's F for an F, the next one's B for a B (the last virtual stage's own F of
+    that microbatch), its own B for a W; ``None`` for the first forward. The orders use it before their
+    ``Schedule`` exists."""
+    if a.op == "W":
+        return Action(a.stage, a.microbatch, "B", a.chunk)
+    vs = _virtual_stage(a.stage, a.chunk, p, placement)
+    if a.op == "F":
+        return None if vs == 0 else _at_virtual_stage(vs - 1, a.microbatch, "F", p, placement)
+    if vs == p * v - 1:
+        return _at_virtual_stage(vs, a.microbatch, "F", p, placement)
+    return _at_virtual_stage(vs + 1, a.microbatch, "B", p, placement)
 
 
 class ScheduleError(ValueError):

@@ -1,10 +1,7 @@
-"""Who holds what when stages are not equal: layers per stage set on purpose, and what it costs.
-
-Stages need not hold equal layer counts. ``check_layer_counts`` checks a split given per stage;
-``stage_layer_counts`` makes the first and last stage lighter by the layers' worth of work they do
-besides (the embedding, the output layer and loss), as Llama 3 405B's 126 layers on 16 stages
-(Llama 3 paper, section 3.3.2). The price of an uneven split is the slowest stage: ``stage_imbalance``
-and ``pipeline_step_s``. Pure: no torch. (``predict.split_layers`` turns counts into layer ranges.)
+"""Who holds which layers: ``split_layers`` cuts the stack into contiguous slices, even or counted per
+slice; ``layers_of_stage`` gives a stage its chunks' slices; ``stage_layer_counts`` makes the first and
+last stage lighter by the work they do besides the layers (the embedding, the output layer and loss), as
+Llama 3 405B's 126 layers on 16 stages (Llama 3 paper, section 3.3.2). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -13,20 +10,6 @@ from typing import Sequence
 
 from shardlib.core.checks import near_equal_parts
 from shardlib.core.pipeline.schedules import Schedule, check_count
-
-
-def check_layer_counts(n_layers: int, n_parts: int, counts: Sequence[int]) -> tuple[int, ...]:
-    """``counts`` as a tuple, after a ValueError naming the numbers unless it gives each of the ``n_parts``
-    slices at least one whole layer and adds up to the model's ``n_layers``."""
-    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
-        raise ValueError(f"layer counts must be a list of whole numbers, one per slice, got {counts!r}")
-    if len(counts) != n_parts:
-        raise ValueError(f"{len(counts)} layer counts {list(counts)} for {n_parts} slices: give one per slice")
-    counts = tuple(check_count(f"layer count of slice {i}", c, "layers in one slice") for i, c in enumerate(counts))
-    if sum(counts) != n_layers:
-        raise ValueError(f"the layer counts {list(counts)} add up to {sum(counts)}, but the model has "
-                         f"{n_layers} layers: every layer goes to exactly one slice")
-    return counts
 
 
 def stage_layer_counts(n_layers: int, n_stages: int, end_layers: int = 0) -> tuple[int, ...]:
@@ -66,9 +49,15 @@ def split_layers(n_layers: int, n_parts: int, counts: Sequence[int] | None = Non
     if n_parts > n_layers:
         raise ValueError(f"cannot cut {n_layers} layers into {n_parts} slices: each slice needs at least "
                          "one whole layer")
-    if counts is None:
-        counts = near_equal_parts(n_layers, n_parts)
-    counts = check_layer_counts(n_layers, n_parts, counts)
+    counts = near_equal_parts(n_layers, n_parts) if counts is None else counts
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+        raise ValueError(f"layer counts must be a list of whole numbers, one per slice, got {counts!r}")
+    if len(counts) != n_parts:
+        raise ValueError(f"{len(counts)} layer counts {list(counts)} for {n_parts} slices: give one per slice")
+    counts = [check_count(f"layer count of slice {i}", c, "layers in one slice") for i, c in enumerate(counts)]
+    if sum(counts) != n_layers:
+        raise ValueError(f"the layer counts {counts} add up to {sum(counts)}, but the model has "
+                         f"{n_layers} layers: every layer goes to exactly one slice")
     bounds, start = [], 0
     for c in counts:
         bounds.append(range(start, start + c))

@@ -17,7 +17,7 @@ Pure: no torch.
 
 from __future__ import annotations
 
-from shardlib.core.pipeline.schedules import Action
+from shardlib.core.pipeline.schedules import Action, producer_of
 
 OVERLAPPED = "F&B"  # DualPipe's name for a forward and a backward of two microbatches overlapped
 
@@ -41,18 +41,6 @@ def zb_h1_order(p: int, m: int) -> list[list[Action]]:
     return rows
 
 
-def _loop_producer(p: int, a: Action) -> Action | None:
-    """The action ``a`` consumes, one chunk per stage: the stage before's F, the stage after's B (the
-    last stage's own F), a W's own B."""
-    if a.op == "W":
-        return Action(a.stage, a.microbatch, "B")
-    if a.op == "F":
-        return None if a.stage == 0 else Action(a.stage - 1, a.microbatch, "F")
-    if a.stage == p - 1:
-        return Action(a.stage, a.microbatch, "F")  # the loss turns the last forward into the first backward
-    return Action(a.stage + 1, a.microbatch, "B")
-
-
 def zb_h2_order(p: int, m: int) -> list[list[Action]]:
     """ZB-H2 as a pass in unit time: at each step a stage runs a B if one is ready (the input gradient is
     what the stage before waits for), else an F if one is ready and it holds fewer than ``2 p - 1``
@@ -70,7 +58,7 @@ def zb_h2_order(p: int, m: int) -> list[list[Action]]:
                 options.append(Action(s, next_b[s], "B"))
             if next_f[s] < m and held[s] < 2 * p - 1:
                 options.append(Action(s, next_f[s], "F"))
-            ready = [a for a in options if (dep := _loop_producer(p, a)) is None or done.get(dep, t + 1) <= t]
+            ready = [a for a in options if (dep := producer_of(a, p)) is None or done.get(dep, t + 1) <= t]
             pick = ready[0] if ready else waiting_w[s][0] if waiting_w[s] else None
             if pick is None:
                 continue
@@ -88,23 +76,6 @@ def zb_h2_order(p: int, m: int) -> list[list[Action]]:
     return rows
 
 
-def _v_producer(p: int, a: Action) -> Action | None:
-    """The action ``a`` consumes, on the V placement (chunk 0 down the stages, chunk 1 back up)."""
-    vs = a.stage if a.chunk == 0 else 2 * p - 1 - a.stage
-    if a.op == "W":
-        return Action(a.stage, a.microbatch, "B", a.chunk)
-    if a.op == "F":
-        vs -= 1
-    elif vs == 2 * p - 1:
-        return Action(a.stage, a.microbatch, "F", a.chunk)
-    else:
-        vs += 1
-    if vs < 0:
-        return None
-    chunk, stage = divmod(vs, p)
-    return Action(p - 1 - stage if chunk else stage, a.microbatch, a.op, chunk)
-
-
 def zb_v_order(p: int, m: int) -> list[list[Action]]:
     """ZB-V as a pass in unit time (see the module docstring): the steady state runs F, B and W in turn."""
     rows: list[list[Action]] = [[] for _ in range(p)]
@@ -115,7 +86,7 @@ def zb_v_order(p: int, m: int) -> list[list[Action]]:
     while left:
         for s in range(p):
             def ready(a: Action) -> bool:
-                dep = _v_producer(p, a)
+                dep = producer_of(a, p, 2, "v")
                 return dep is None or done.get(dep, t + 1) <= t
             last = next((a.op for a in reversed(rows[s]) if a.op != "W"), "F")
             forwards_left = min(next_f[s]) < m

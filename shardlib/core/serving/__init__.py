@@ -10,7 +10,6 @@ router.
   rank that will read them (Patel et al. 2024, Splitwise; Zhong et al. 2024, DistServe).
 * ``layouts``: Tensor parallelism inside a "node", pipeline stages across "nodes": the combined forward on a
   rank.
-* ``llama``: A Llama-architecture language model to serve: its shape, its weights, and one process running it.
 * ``loop``: The engine's loop: admit what has arrived, schedule a step, run the model, sample, repeat.
 * ``paged``: The model step on one rank: the Llama layers split over tensor parallelism, K/V in a paged cache.
 * ``replicas``: ``replicas_on_rank``: replicas of the engine behind a router co-hosted on rank 0, on real
@@ -22,5 +21,5 @@ router.
 * ``scheduler``: The iteration-level scheduler: which tokens of which sequences one model step computes.
 """
 
-__all__ = ["blocks", "disagg", "engine", "handoff", "layouts", "llama", "loop", "paged", "replicas", "requests",
+__all__ = ["blocks", "disagg", "engine", "handoff", "layouts", "loop", "paged", "replicas", "requests",
            "router", "scheduler"]

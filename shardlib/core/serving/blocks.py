@@ -23,6 +23,16 @@ def block_hash(parent: int | None, tokens) -> int:
     return hash((parent, tuple(tokens)))
 
 
+def prompt_block_hashes(tokens, block_size: int, parent: int | None = None) -> list[int]:
+    """The chained names of the full blocks of ``tokens``, in order, the first chained to ``parent``. A
+    partial block at the end has no name."""
+    names = []
+    for start in range(0, len(tokens) - len(tokens) % block_size, block_size):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        names.append(parent)
+    return names
+
+
 @dataclass(frozen=True)
 class BlockStats:
     """What the manager has done so far: blocks in use, free, and prefix-cache lookups."""
@@ -57,17 +67,11 @@ class BlockManager:
     def cached_prefix(self, tokens) -> list[int]:
         """The blocks already holding the longest run of ``tokens``' full blocks (prefix caching). The last
         token is never among them: its logits are needed, so it is computed, in a block of its own."""
-        found, parent = [], None
-        if not self.prefix_caching:
-            return found
-        bs, usable = self.block_size, len(tokens) - 1
-        for start in range(0, usable - usable % bs, bs):
-            name = block_hash(parent, tokens[start:start + bs])
-            block = self.block_of.get(name)
-            if block is None:
+        found = []
+        for name in prompt_block_hashes(tokens[:len(tokens) - 1], self.block_size) if self.prefix_caching else ():
+            if name not in self.block_of:
                 break
-            found.append(block)
-            parent = name
+            found.append(self.block_of[name])
         return found
 
     def blocks_needed(self, n_tokens: int) -> int:
@@ -116,9 +120,9 @@ class BlockManager:
         later sequences with the same prefix can reuse it."""
         if not self.prefix_caching:
             return
-        names, bs = self.hashes[seq], self.block_size
-        for i in range(len(names), len(tokens) // bs):
-            name = block_hash(names[-1] if names else None, tokens[i * bs:(i + 1) * bs])
+        names = self.hashes[seq]
+        new = prompt_block_hashes(tokens[len(names) * self.block_size:], self.block_size, names[-1] if names else None)
+        for i, name in enumerate(new, start=len(names)):
             names.append(name)
             block = self.tables[seq][i]
             if name not in self.block_of:  # an equal block elsewhere keeps the name: this one stays private

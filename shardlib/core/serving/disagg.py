@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from shardlib.core.serving.engine import StepRecord, pack, unpack
+from shardlib.core.serving.engine import StepRecord, broadcast_step, outputs_of, pack, unpack
 from shardlib.core.serving.handoff import KVReceiver, KVSender
 from shardlib.core.serving.loop import run_engine
 from shardlib.core.serving.paged import PagedModel
@@ -70,20 +70,6 @@ def pool_groups(ctx, prefill_ranks: int) -> PoolGroups:
     return cache[key]
 
 
-def _pool_broadcast(ctx, flat: torch.Tensor | None, src: int, group) -> torch.Tensor:
-    """The pool leader's packed message to its pool (its length first); an empty one ends the loop."""
-    size = ctx.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), src=src, group=group)
-    if int(size) == 0:
-        return torch.empty(0, dtype=torch.int64)
-    buffer = flat if ctx.rank == src else torch.empty(int(size), dtype=torch.int64)
-    return ctx.comm.broadcast(buffer, src=src, group=group)
-
-
-def _step_record(plan, start_s, end_s, sched) -> StepRecord:
-    return StepRecord(plan.n_tokens, plan.n_decodes, len(plan.chunks), plan.n_context, start_s, end_s,
-                      sched.blocks.stats().used, sched.tokens_held)
-
-
 def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
                           layerwise: bool = False) -> DisaggRankResult:
     """Serve ``requests`` with prefill on ranks ``0 .. prefill_ranks - 1`` and decode on the rest."""
@@ -91,9 +77,9 @@ def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
     groups = pool_groups(ctx, p)
     prefill = ctx.rank < p
     index = ctx.rank if prefill else ctx.rank - p
-    pool_group = groups.prefill if prefill else groups.decode
-    model = PagedModel(weights, TPGroup(p, index, ctx.comm, pool_group), config.num_blocks, config.block_size,
-                       ctx.device)
+    ranks, group = (range(p), groups.prefill) if prefill else (range(p, ctx.world_size), groups.decode)
+    pool = ctx.group(list(ranks), group)  # this rank's pool, its first rank leading
+    model = PagedModel(weights, TPGroup(p, index, ctx.comm, group), config.num_blocks, config.block_size, ctx.device)
     ctx.comm.barrier()
     start = float(ctx.comm.broadcast(torch.tensor([ctx.now_s()], dtype=torch.float64), src=0))
 
@@ -101,11 +87,11 @@ def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
         return ctx.now_s() - start
 
     if prefill:
-        return _prefill(ctx, model, requests, config, p, index, groups, layerwise, clock)
-    return _decode(ctx, model, requests, config, p, index, groups, layerwise, clock)
+        return _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, clock)
+    return _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clock)
 
 
-def _prefill(ctx, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
+def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
     sender = KVSender(ctx.comm, ctx.rank + p, groups.handoff[index])
 
     def run_step(chunks, ids):
@@ -127,7 +113,7 @@ def _prefill(ctx, model, requests, config, p, index, groups, layerwise, clock) -
         return logits
 
     if index != 0:  # a follower: compute what the leader broadcasts
-        while (flat := _pool_broadcast(ctx, None, 0, groups.prefill)).numel():
+        while (flat := broadcast_step(pool, None)).numel():
             chunks = unpack(flat)
             n_sampled = sum(c.sample for c in chunks)
             run_step(chunks, flat[flat.numel() - n_sampled:].tolist() if n_sampled else [])
@@ -142,21 +128,20 @@ def _prefill(ctx, model, requests, config, p, index, groups, layerwise, clock) -
     def step(chunks):
         ids = [index_of[c.seq] for c in chunks if c.sample]
         if p > 1:
-            _pool_broadcast(ctx, torch.cat([pack(chunks), torch.tensor(ids, dtype=torch.int64)]), 0, groups.prefill)
+            broadcast_step(pool, torch.cat([pack(chunks), torch.tensor(ids, dtype=torch.int64)]))
         return run_step(chunks, ids)
 
     def record(plan, start_s, end_s, sched):
-        steps.append(_step_record(plan, start_s, end_s, sched))
+        steps.append(StepRecord.after(plan, start_s, end_s, sched))
         for c in plan.chunks:
             i = index_of[c.seq]
             if c.sample and requests[i].max_new_tokens > 1:
                 seq = sched.finished[c.seq]
                 sender.token(i, seq.output[0], seq.token_times_s[0])
 
-    sched = run_engine(first_only, config, step, clock=clock, wait=ctx.wait_s,
-                       on_step=record)
+    sched = run_engine(first_only, config, step, clock=clock, wait=ctx.wait_s, on_step=record)
     if p > 1:
-        _pool_broadcast(ctx, None, 0, groups.prefill)
+        broadcast_step(pool, None)
     sender.end()
     sender.finish()
     outputs = {rid: (s.output[0], s.token_times_s[0], s.preemptions) for rid, s in sched.finished.items()}
@@ -181,15 +166,13 @@ def _unpack_admits(flat: torch.Tensor):
     return admits, flat[at:]
 
 
-def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
-    layer = model.layers[0]
-    inbox = KVReceiver(ctx.comm, ctx.rank - p, groups.handoff[index], model.config.n_layers, layer.kv_heads,
-                       model.config.head_dim, weights_dtype(model), ctx.device, layerwise)
-    leader = p  # the decode pool's first rank
-    if ctx.rank != leader:
+def _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
+    inbox = KVReceiver(ctx.comm, ctx.rank - p, groups.handoff[index], model.config.n_layers, model.kv_heads,
+                       model.config.head_dim, model.embed.dtype, ctx.device, layerwise)
+    if pool.rank != 0:  # a follower: land what the leader admits, compute what it broadcasts
         while True:
             inbox.poll()
-            flat = _pool_broadcast(ctx, None, leader, groups.decode)
+            flat = broadcast_step(pool, None)
             if not flat.numel():
                 break
             admits, rest = _unpack_admits(flat)
@@ -217,7 +200,7 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
 
     def step(chunks):
         if p > 1:
-            _pool_broadcast(ctx, torch.cat([_pack_admits(admits), pack(chunks)]), leader, groups.decode)
+            broadcast_step(pool, torch.cat([_pack_admits(admits), pack(chunks)]))
         for i, table in admits:  # the admitted requests' K/V into their blocks, before the step reads them
             inbox.land(i, model.cache, table)
             handoff[requests[i].request_id] = clock() - first_s[requests[i].request_id]
@@ -225,19 +208,14 @@ def _decode(ctx, model, requests, config, p, index, groups, layerwise, clock) ->
         return model.step(chunks)
 
     def record(plan, start_s, end_s, sched):
-        steps.append(_step_record(plan, start_s, end_s, sched))
+        steps.append(StepRecord.after(plan, start_s, end_s, sched))
 
     sched = run_engine([], decode_config(config), step, clock=clock, wait=ctx.wait_s, on_step=record, poll=poll)
     if p > 1:
-        _pool_broadcast(ctx, None, leader, groups.decode)
+        broadcast_step(pool, None)
     inbox.wait_end()
-    outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
-    return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes, outputs, tuple(steps),
+    return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes, outputs_of(sched), tuple(steps),
                             preemptions=sched.preemptions, handoff_s=handoff)
-
-
-def weights_dtype(model) -> torch.dtype:
-    return model.embed.dtype
 
 
 def admit_handed_off(sched: Scheduler, queue: deque, requests, config) -> list[tuple[int, tuple[int, ...]]]:

@@ -38,6 +38,12 @@ class StepRecord:
     def duration_s(self) -> float:
         return self.end_s - self.start_s
 
+    @classmethod
+    def after(cls, plan, start_s: float, end_s: float, sched) -> "StepRecord":
+        """The record of ``plan``, run from ``start_s`` to ``end_s``, read from the scheduler after it."""
+        return cls(plan.n_tokens, plan.n_decodes, len(plan.chunks), plan.n_context, start_s, end_s,
+                   sched.blocks.stats().used, sched.tokens_held)
+
 
 @dataclass(frozen=True)
 class EngineRankResult:
@@ -71,14 +77,18 @@ def unpack(flat: torch.Tensor) -> list[Chunk]:
     return chunks
 
 
-def _broadcast(job, flat: torch.Tensor | None) -> torch.Tensor:
-    """The leader's packed step to every rank of ``job`` (its length first); an empty one says the loop is
-    over. ``job``: the context, or a ``RankGroup``."""
+def broadcast_step(job, flat: torch.Tensor | None) -> torch.Tensor:
+    """The leader's packed step (``flat`` on the first rank of ``job``, ``None`` elsewhere) to every rank of
+    ``job`` (the context, or a ``RankGroup``), its length first; an empty one says the loop is over."""
     size = job.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), src=0)
     if int(size) == 0:
         return torch.empty(0, dtype=torch.int64)
-    buffer = flat if job.rank == 0 else torch.empty(int(size), dtype=torch.int64)
-    return job.comm.broadcast(buffer, src=0)
+    return job.comm.broadcast(torch.empty(int(size), dtype=torch.int64) if flat is None else flat, src=0)
+
+
+def outputs_of(sched) -> dict:
+    """Request id -> (tokens, token times, preemptions) of every finished sequence."""
+    return {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
 
 
 def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None, on_step=None,
@@ -93,7 +103,7 @@ def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None
     if job.world_size > 1:
         job.comm.barrier()
     if job.rank != 0:
-        while (flat := _broadcast(job, None)).numel():
+        while (flat := broadcast_step(job, None)).numel():
             model.step(unpack(flat))
         return EngineRankResult(ctx.rank, model.cache.size_bytes, None)
 
@@ -102,20 +112,18 @@ def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None
 
     def step(chunks):
         if job.world_size > 1:  # alone, there is no one to tell
-            _broadcast(job, pack(chunks))
+            broadcast_step(job, pack(chunks))
         return model.step(chunks)
 
     def record(plan, start_s, end_s, sched):
-        steps.append(StepRecord(plan.n_tokens, plan.n_decodes, len(plan.chunks), plan.n_context, start_s, end_s,
-                                sched.blocks.stats().used, sched.tokens_held))
+        steps.append(StepRecord.after(plan, start_s, end_s, sched))
         if on_step is not None:
             on_step(plan, start_s, end_s, sched)
 
     sched = run_engine(requests, config, step, clock=lambda: ctx.now_s() - start,
                        wait=ctx.wait_s, on_step=record, poll=poll)
     if job.world_size > 1:
-        _broadcast(job, None)
-    outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
+        broadcast_step(job, None)
     stats = sched.blocks.stats()
-    return EngineRankResult(ctx.rank, model.cache.size_bytes, outputs, tuple(steps), stats.hit_tokens,
+    return EngineRankResult(ctx.rank, model.cache.size_bytes, outputs_of(sched), tuple(steps), stats.hit_tokens,
                             stats.lookup_tokens, sched.preemptions)

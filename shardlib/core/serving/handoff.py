@@ -20,6 +20,8 @@ from collections import deque
 
 import torch
 
+from shardlib.core.config import kv_bytes_per_token
+
 HEADER, TOKEN, END = 0.0, 1.0, -1.0
 
 
@@ -28,7 +30,39 @@ def kv_bytes_per_request(llama_config, prompt_tokens: int, tp: int = 1, dtype_by
     dtype_bytes x prompt_tokens`` (the KV heads copied when ``tp`` passes their count: one each)."""
     if int(prompt_tokens) != prompt_tokens or prompt_tokens < 0:
         raise ValueError(f"prompt_tokens must be a whole number of tokens, got {prompt_tokens}")
-    return llama_config.kv_bytes_per_token(dtype_bytes, tp) * int(prompt_tokens)
+    c = llama_config
+    return int(kv_bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, dtype_bytes, tp)) * int(prompt_tokens)
+
+
+class Listener:
+    """A thread that receives ``length``-value messages of ``dtype`` from ``src`` and hands each to ``take``
+    until ``last(values)`` says it was the last. gloo's point-to-point work reports completion only to
+    ``wait()``, so a thread waits. A failure goes to ``take`` too (the exception), and ``check`` raises it."""
+
+    def __init__(self, comm, src: int, length: int, dtype, take, last) -> None:
+        self.src, self.error = src, None
+        self._thread = threading.Thread(target=self._loop, args=(comm, length, dtype, take, last), daemon=True,
+                                        name=f"listen-to-{src}")
+        self._thread.start()
+
+    def _loop(self, comm, length, dtype, take, last) -> None:
+        try:
+            while True:
+                values = comm.recv(torch.empty(length, dtype=dtype), self.src).tolist()
+                take(values)
+                if last(values):  # asked after take, which may keep what it decides on
+                    return
+        except BaseException as exc:  # raised on the rank's own thread by check()
+            self.error = exc
+            take(exc)
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"receiving from rank {self.src} failed: {self.error!r}")
+
+    def join(self) -> None:
+        self._thread.join()
+        self.check()
 
 
 def _tag(index: int) -> int:
@@ -87,9 +121,7 @@ class KVSender:
 
 
 class KVReceiver:
-    """A decode rank's side. A listener thread keeps one control receive posted from ``peer`` and queues
-    what arrives (gloo's point-to-point work reports completion only to ``wait()``, so polling
-    ``is_completed()`` would never see a message: a thread waits instead); ``poll`` reads the queue. A
+    """A decode rank's side. A ``Listener`` queues the control messages from ``peer``; ``poll`` reads them. A
     header posts the request's K/V receives at once (``layers`` of them layer by layer, else one) into
     buffers shaped for this rank's ``kv_heads``; ``land`` waits them and writes them into the cache."""
 
@@ -103,18 +135,7 @@ class KVReceiver:
         self.tokens: deque = deque()  # (request index, first token, time it was sampled), in arrival order
         self.ended = False
         self._arrived: queue.Queue = queue.Queue()
-        self._listener = threading.Thread(target=self._listen, daemon=True, name=f"control from rank {peer}")
-        self._listener.start()
-
-    def _listen(self) -> None:
-        try:
-            while True:
-                msg = self.comm.irecv(torch.empty(4, dtype=torch.float64), self.peer).wait().tolist()
-                self._arrived.put(msg)
-                if msg[0] == END:
-                    return
-        except Exception as exc:  # the peer failed: say so on the rank's own thread
-            self._arrived.put(exc)
+        self._listener = Listener(comm, peer, 4, torch.float64, self._arrived.put, lambda msg: msg[0] == END)
 
     def poll(self, block: bool = False) -> None:
         """Read the control messages that have arrived (with ``block``, wait for at least one)."""
@@ -124,7 +145,7 @@ class KVReceiver:
             except queue.Empty:
                 return
             block = False
-            if isinstance(msg, Exception):
+            if isinstance(msg, BaseException):
                 raise RuntimeError(f"the control channel from rank {self.peer} failed") from msg
             kind, index, a, b = msg
             index = int(index)

@@ -7,12 +7,9 @@ on the tp axis); activations cross from stage to stage by point-to-point sends o
 forward: Huang et al. 2019). A model with experts replaces each MLP by the dropless MoE layer over ``ep``
 ranks of the stage (``moe_mlp``). ``combined_forward`` runs a batch through once; ``pipelined_decode`` keeps
 microbatches going round the stages step after step, the last stage handing each output back to the
-first as its next input (steady-state decode, ``predict.serving.decode``'s model). Measurement attaches through
-``probe`` (``core.probe.Probe``). Each rank receives the full weights and keeps only its slices.
-
-Neither loop runs on ``core.pipeline.engine``: steady-state decode feeds each output back to the first stage as
-the next input, step after step, which a one-step schedule does not express; and the single forward sends
-only one way, in microbatch order, so it needs none of the engine's backward or its message threads.
+first as its next input (steady-state decode, ``predict.serving.decode``'s model). Both are one loop,
+``run_round``, its stage-to-stage messages the pipeline engine's (``core.pipeline.messages``). Measurement
+attaches through ``probe`` (``core.probe.Probe``). Each rank receives the full weights and keeps its slices.
 """
 
 from __future__ import annotations
@@ -22,16 +19,18 @@ from dataclasses import dataclass
 import torch
 
 from shardlib.core.config import ModelConfig
-from shardlib.core.experts.autograd import LocalExperts, moe_forward
-from shardlib.core.experts.dropless import moe_layer
+from shardlib.core.experts.dispatch import LocalExperts, moe_layer
 from shardlib.core.experts.groups import ExpertGroups, layout_expert_groups
-from shardlib.core.experts.stack import EXPERT_KEYS, moe_config
+from shardlib.core.experts.routing import MoEConfig
+from shardlib.core.experts.stack import layer_experts
 from shardlib.core.mesh import Layout, check_mesh
+from shardlib.core.model import rms_norm
+from shardlib.core.pipeline.messages import Inbox, Outbox
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.probe import NO_PROBE, Probe
 from shardlib.core.tensor_parallel.blocks import ParallelBlock
 from shardlib.core.tensor_parallel.layers import TPGroup
-from shardlib.core.toy import ATTENTION_WEIGHTS, rms_norm
+from shardlib.core.toy import ATTENTION_WEIGHTS
 
 
 @dataclass(frozen=True)
@@ -69,13 +68,13 @@ def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> 
         blocks = tuple(ParallelBlock(layers[i], model, tp_group).to(ctx.device) for i in mine)
         return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks)
     groups = layout_expert_groups(ctx, layout)  # every rank makes every group, so before any early return
-    cfg = moe_config(model)
+    cfg = MoEConfig.from_model(model)
     n_local = cfg.experts_per_rank(layout.ep)
     block = slice(groups.place * n_local, (groups.place + 1) * n_local)  # this rank's experts
     blocks = tuple(ParallelBlock({k: layers[i][k] for k in ATTENTION_WEIGHTS}, model, tp_group).to(ctx.device)
                    for i in mine)  # the attention only
     experts = tuple(RankExperts(layers[i]["router"].to(ctx.device),
-                                LocalExperts(*(layers[i][k][block].to(ctx.device) for k in EXPERT_KEYS)))
+                                LocalExperts(*(t.to(ctx.device) for t in layer_experts(layers[i], block))))
                     for i in mine)
     return RankStage(stage, replica, tp_rank, mesh.get_group("pp"), blocks, experts, tp_group, groups, cfg)
 
@@ -83,17 +82,16 @@ def build_stage(ctx, layout: Layout, model: ModelConfig, layers: list[dict]) -> 
 def moe_mlp(ctx, me: RankStage, part: RankExperts, n: torch.Tensor) -> torch.Tensor:
     """The MoE layer on ``n`` ``(rows, seq, d_model)``, normed and whole on every tp rank (the attention's
     all-reduce left it so): this tp rank's ``1/tp`` of the tokens through the experts package's dropless layer
-    (``core.experts.autograd.moe_forward``), dispatched to and combined from the ``ep`` ranks of the stage holding
+    (``core.experts.dispatch.moe_layer``), dispatched to and combined from the ``ep`` ranks of the stage holding
     their experts (``Layout.ep_groups``: consecutive ranks, across tp and the replicas), then gathered whole
     on the tp axis. ``ep`` over the replicas with ``tp = 1`` is wide EP with data-parallel attention: each
     rank its own sequences, the attention whole on every rank, the experts over all of them."""
     tpg = me.tp_group
     tokens = n.reshape(-1, n.shape[-1])  # (rows * seq, d_model)
     mine = tokens.tensor_split(tpg.tp)[tpg.index]  # (rows * seq / tp, d_model): this tp rank's share
-    if me.groups.ep is None:  # ep = 1: every expert here
-        y = moe_layer(mine, part.router, *part.local, me.moe).output
-    else:  # dispatch, the local experts, combine: three all-to-alls on the ep axis
-        y, _ = moe_forward(ctx, mine, part.local, part.router, me.moe, group=me.groups.ep)
+    ep = me.groups.ep  # None (ep = 1): every expert here; else three all-to-alls on the ep axis
+    y = moe_layer(mine, part.router, part.local, me.moe, ctx=None if ep is None else ctx, group=ep,
+                  place=me.groups.place).output
     if tpg.tp > 1:
         y = ctx.comm.all_gather(y, dim=0, group=tpg.group)  # (rows * seq, d_model), whole again
     return y.view(n.shape)
@@ -112,50 +110,63 @@ def run_blocks(ctx, me: RankStage, h: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def combined_forward(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int,
-                     probe: Probe = NO_PROBE) -> torch.Tensor | None:
-    """``x`` (batch, seq, d_model) forward through the stack: the output on the last stage, else ``None``."""
-    s, d, t = me.stage, me.replica, me.tp_rank
-    part = x.tensor_split(layout.dp)[d]  # (batch / dp, seq, d_model): this replica's share
+class _OnAxis:
+    """``ctx.comm``'s point-to-point calls on one mesh axis's group, so the comm log names that axis."""
+
+    def __init__(self, comm, group) -> None:
+        self.comm, self.group = comm, group
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self.comm.send(tensor, dst, group=self.group)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return self.comm.recv(tensor, src, group=self.group)
+
+
+def run_round(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int, steps: int,
+              probe: Probe = NO_PROBE) -> list[torch.Tensor] | None:
+    """``steps`` passes of ``x`` (batch, seq, d_model) through the stages, microbatch after microbatch.
+
+    A stage takes each microbatch from the same tp rank of the stage before (the first stage, after step 0,
+    from the last: its outputs are the next step's inputs), runs its blocks and hands the result on. The
+    hand-offs are the pipeline engine's (``core.pipeline.messages``): a thread sends to the next stage, a
+    thread receives ahead from the one before, so a stage goes straight on to its next microbatch. On the
+    last stage, every output, step by step; elsewhere ``None``."""
+    s, d, t, pp = me.stage, me.replica, me.tp_rank, layout.pp
+    first, last = s == 0, s == pp - 1
+    inputs = [mb.to(ctx.device) for mb in x.tensor_split(layout.dp)[d].tensor_split(n_microbatches)]
+    order = [(step, i) for step in range(steps) for i in range(len(inputs))]  # each message: its consumer's key
+    if pp > 1:
+        comm = _OnAxis(ctx.comm, me.pp_group)
+        outbox = Outbox(comm, layout.rank((s + 1) % pp, d, t))  # round the ring of stages
+        inbox = Inbox(comm, layout.rank((s - 1) % pp, d, t), [k for k in order if not (first and k[0] == 0)],
+                      lambda k: inputs[k[1]].shape, ctx.device, x.dtype)
     outputs = []
     with torch.no_grad():
-        for i, mb in enumerate(part.tensor_split(n_microbatches)):  # (rows, seq, d_model)
-            h = mb.clone().to(ctx.device)
-            if s > 0:  # from the same tp rank of the previous stage
-                ctx.comm.recv(h, layout.rank(s - 1, d, t), group=me.pp_group)
-            with probe.span(f"F{i}", kind="compute", stage=s):
+        for step, i in order:
+            h = inputs[i] if pp == 1 or (first and step == 0) else inbox.take((step, i))  # (rows, seq, d_model)
+            with probe.span(f"F{i}" if steps == 1 else f"T{step}.{i}", kind="compute", stage=s):
                 h = run_blocks(ctx, me, h)  # two all-reduces on the tp axis per dense block
-            if s < layout.pp - 1:  # to the same tp rank of the next stage
-                ctx.comm.send(h, layout.rank(s + 1, d, t), group=me.pp_group)
-            else:
+            if last:
                 outputs.append(h)
+            if pp == 1:
+                inputs[i] = h  # the next step's input, here on this rank
+            elif not (last and step == steps - 1):
+                outbox.put(h)
+    if pp > 1:
+        outbox.close()  # every message sent has been received
+    return outputs if last else None
+
+
+def combined_forward(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int,
+                     probe: Probe = NO_PROBE) -> torch.Tensor | None:
+    """``x`` (batch, seq, d_model) forward through the stack once: the output on the last stage, else ``None``."""
+    outputs = run_round(ctx, layout, me, x, n_microbatches, 1, probe)
     return torch.cat(outputs) if outputs else None
 
 
 def pipelined_decode(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int, steps: int,
                      probe: Probe = NO_PROBE) -> list[torch.Tensor] | None:
-    """``steps`` decode steps of ``x`` (batch, 1, d_model), microbatch after microbatch round the stages.
-
-    A stage receives each microbatch (the first stage, after step 0, from the last), runs its blocks and
-    sends it on without waiting (``isend``). The last stage returns every output, step by step."""
-    s, d, t, pp = me.stage, me.replica, me.tp_rank, layout.pp
-    first, last = s == 0, s == pp - 1
-    src, dst = layout.rank((s - 1) % pp, d, t), layout.rank((s + 1) % pp, d, t)  # round the ring of stages
-    buffers = [mb.clone().to(ctx.device) for mb in x.tensor_split(layout.dp)[d].tensor_split(n_microbatches)]
-    outputs, sends = [], []
-    with torch.no_grad():
-        for step in range(steps):
-            for i, h in enumerate(buffers):  # h: (rows, 1, d_model), this microbatch's input this step
-                if pp > 1 and not (first and step == 0):
-                    ctx.comm.recv(h, src, group=me.pp_group)
-                with probe.span(f"T{step}.{i}", kind="compute", stage=s):
-                    h = run_blocks(ctx, me, h)
-                if last:
-                    outputs.append(h)
-                if pp == 1:
-                    buffers[i] = h  # the next step's input, here on this rank
-                elif not (last and step == steps - 1):
-                    sends.append(ctx.comm.isend(h, dst, group=me.pp_group))
-        for pending in sends:
-            pending.wait()
-    return outputs if last else None
+    """``steps`` decode steps of ``x`` (batch, 1, d_model) in steady state: the last stage hands each output
+    back to the first as its next input. The last stage returns every output, step by step."""
+    return run_round(ctx, layout, me, x, n_microbatches, steps, probe)

@@ -7,10 +7,9 @@ router: between its own steps, and while idle, it routes every request that has 
 (``router.Router``), its own into its scheduler, the others packed into an int64 tensor and ``isend`` to
 their replica's leader. Each leader, after every step, sends rank 0 a small load report (sequence number,
 queued, KV blocks used, requests finished). The router decides from the last reports plus what it
-routed since (queued = routed there minus finished there). gloo's point-to-point work never reports
-itself complete before ``wait()`` (``is_completed()`` stays False), so each receiver is a thread that
-waits, and the engine's loop polls its queue (``run_engine``'s ``poll``). What this costs: a request that
-arrives during rank 0's step waits for the step's end, and the reports are a step old. Real routers
+routed since (queued = routed there minus finished there). Each receiver is a thread (``handoff.Listener``),
+and the engine's loop polls its queue (``run_engine``'s ``poll``). What this costs: a request that arrives
+during rank 0's step waits for the step's end, and the reports are a step old. Real routers
 (SGLang's, vLLM's production stack) are a separate process in front of the engines, counting the
 requests in flight themselves. An end message, carrying how many requests were sent, closes each
 leader's inbox; a final report closes rank 0's.
@@ -25,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from shardlib.core.serving.engine import EngineRankResult, serving_engine_on_rank
+from shardlib.core.serving.handoff import Listener
 from shardlib.core.serving.requests import Request
 from shardlib.core.serving.router import ReplicaLoad, make_router
 
@@ -59,35 +59,6 @@ class ReplicaRankResult:
     max_queued: tuple[int, ...] | None = None
 
 
-class _Receiver:
-    """A thread that receives ``length``-value int64 messages from ``src`` until ``last(values)`` says so."""
-
-    def __init__(self, comm, src: int, length: int, take, last) -> None:
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, args=(comm, src, length, take, last), daemon=True,
-                                        name=f"replica-recv-from-{src}")
-        self._thread.start()
-
-    def _loop(self, comm, src, length, take, last) -> None:
-        try:
-            while True:
-                values = comm.recv(torch.zeros(length, dtype=torch.int64), src).tolist()
-                take(values)
-                if last(values):
-                    return
-        except BaseException as exc:  # raised on the main thread by check() or join()
-            self.error = exc
-            take(None)
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"receiving failed: {self.error!r}")
-
-    def join(self) -> None:
-        self._thread.join()
-        self.check()
-
-
 class _RouterHost:
     """Rank 0's router: routes what has arrived, reads the leaders' reports."""
 
@@ -102,12 +73,12 @@ class _RouterHost:
         self.counts = [0] * replicas  # reports received per leader
         self.sends, self.ended = [], False
         self._lock = threading.Lock()
-        self.inboxes = [_Receiver(ctx.comm, k * tp, REPORT_VALUES, self._take(k), self._last(k))
+        self.inboxes = [Listener(ctx.comm, k * tp, REPORT_VALUES, torch.int64, self._take(k), self._last(k))
                         for k in range(1, replicas)]
 
     def _take(self, k):
         def take(values):
-            if values is not None:
+            if not isinstance(values, BaseException):  # a failure: check() raises it
                 with self._lock:
                     self.counts[k] += 1
                     self.finished[k], self.kv_used[k] = values[4], values[3]
@@ -162,17 +133,17 @@ class _ReplicaLeader:
     def __init__(self, ctx, length: int) -> None:
         self.ctx, self.arrived, self.received, self.expected = ctx, queue.Queue(), 0, None
         self.reports, self.sent, self.done = [], 0, False
-        self.inbox = _Receiver(ctx.comm, 0, length, self._take, self._last)
+        self.inbox = Listener(ctx.comm, 0, length, torch.int64, self._take, self._last)
 
     def _take(self, values) -> None:
-        if values is None:
+        if isinstance(values, BaseException):  # poll() raises it
             self.arrived.put(None)
         elif values[0] == END:
             self.expected = values[1]
         else:
             self.received += 1
             self.arrived.put(unpack_request(values))
-        if values is not None and self._last(values):
+        if not isinstance(values, BaseException) and self._last(values):
             self.arrived.put(None)  # the inbox is closed
 
     def _last(self, values) -> bool:
@@ -193,16 +164,15 @@ class _ReplicaLeader:
                 sched.add(item)
         return not self.done
 
-    def report(self, sched, final: bool = False, steps: int = 0) -> None:
+    def _send(self, *values: int) -> None:  # a numbered report to rank 0 (``REPORT_VALUES``)
         self.sent += 1
-        values = [self.sent, int(final), len(sched.waiting) + len(sched.running), sched.blocks.stats().used,
-                  len(sched.finished), steps]
-        self.reports.append(self.ctx.comm.isend(torch.tensor(values, dtype=torch.int64), 0))
+        self.reports.append(self.ctx.comm.isend(torch.tensor([self.sent, *values], dtype=torch.int64), 0))
+
+    def report(self, sched) -> None:
+        self._send(0, len(sched.waiting) + len(sched.running), sched.blocks.stats().used, len(sched.finished), 0)
 
     def close(self, result: EngineRankResult) -> None:
-        self.sent += 1
-        values = [self.sent, 1, 0, 0, len(result.outputs), len(result.steps)]
-        self.reports.append(self.ctx.comm.isend(torch.tensor(values, dtype=torch.int64), 0))
+        self._send(1, 0, 0, len(result.outputs), len(result.steps))  # the final report: rank 0's inbox closes
         for pending in self.reports:
             pending.wait()
         self.inbox.join()

@@ -7,7 +7,7 @@ the router knows of each replica (a ``ReplicaLoad``, built by the caller), ``rou
 records it (the round-robin turn, the prefix tree). ``round-robin`` takes turns; ``least-loaded`` picks
 the fewest requests queued (``by="queue"``) or the smallest share of KV blocks in use (``by="kv"``);
 ``prefix-aware`` is SGLang's cache-aware router: the replica whose approximate prefix tree (what the
-router sent there, as chained block hashes, ``engine.blocks.block_hash``) matches the most leading
+router sent there, as chained block hashes, ``blocks.prompt_block_hashes``) matches the most leading
 blocks of the prompt, unless the queues are imbalanced by more than ``balance_threshold`` (then the least
 queued). ``PrefixAwareRouter`` says where SGLang, vLLM's production stack and llm-d differ.
 ``route_trace`` replays a trace on a simple finish model, for tests and graders. Pure: no torch.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from shardlib.core.checks import choice, number_at_least, whole_number
-from shardlib.core.serving.blocks import block_hash
+from shardlib.core.serving.blocks import prompt_block_hashes
 from shardlib.core.serving.requests import Request
 
 LOAD_MEASURES = ("queue", "kv")
@@ -51,15 +51,6 @@ class ReplicaLoad:
     def kv_share(self) -> float:
         """The share of its KV blocks in use (0 to 1)."""
         return self.kv_blocks_used / self.kv_blocks_total
-
-
-def prompt_block_hashes(prompt_token_ids, block_size: int) -> list[int]:
-    """The chained names of a prompt's full blocks, in order (``engine.blocks.block_hash``)."""
-    names, parent = [], None
-    for start in range(0, len(prompt_token_ids) - len(prompt_token_ids) % block_size, block_size):
-        parent = block_hash(parent, prompt_token_ids[start:start + block_size])
-        names.append(parent)
-    return names
 
 
 class Router:
@@ -236,24 +227,17 @@ ROUTERS: dict[str, type[Router]] = {
     "prefix-aware": PrefixAwareRouter,
 }
 
-_UNSET = object()
-
-
-def make_router(policy: str, replicas: int, block_size: int = 16, balance_threshold=_UNSET, by=_UNSET,
-                balance_rel_threshold=_UNSET, cache_threshold=_UNSET, max_tree_blocks=_UNSET) -> Router:
+def make_router(policy: str, replicas: int, block_size: int = 16, **options) -> Router:
     """A fresh router of ``policy`` (a name of ``ROUTERS``) over ``replicas`` replicas. An option the
     policy does not take is refused (a threshold given to round robin is a mistake, not a no-op); the
     defaults are the classes' (``balance_threshold=4``, ``by="queue"``)."""
     if policy not in ROUTERS:
         raise ValueError(f"unknown routing policy {policy!r}; the known ones are {', '.join(map(repr, ROUTERS))}")
-    given = {k: v for k, v in dict(balance_threshold=balance_threshold, by=by,
-                                   balance_rel_threshold=balance_rel_threshold, cache_threshold=cache_threshold,
-                                   max_tree_blocks=max_tree_blocks).items() if v is not _UNSET}
     takes = [p for p in inspect.signature(ROUTERS[policy]).parameters if p not in ("replicas", "block_size")]
-    extra = sorted(set(given) - set(takes))
+    extra = sorted(set(options) - set(takes))
     if extra:
         raise ValueError(f"policy {policy!r} takes no {', '.join(extra)}; its options are {', '.join(takes) or 'none'}")
-    return ROUTERS[policy](replicas, block_size, **given)
+    return ROUTERS[policy](replicas, block_size, **options)
 
 
 def route_trace(router: Router, requests, n_replicas: int, finish: Callable[[Request], float] | None = None,

@@ -1,18 +1,22 @@
-"""The toy transformer's blocks split over a ``TPGroup`` (Megatron-LM, Shoeybi et al. 2019, section 3).
+"""The transformer's blocks split over a ``TPGroup`` (Megatron-LM, Shoeybi et al. 2019, section 3).
 
 ``ParallelMLP``: gate and up column-parallel behind one f, down row-parallel. ``ParallelAttention``:
-split by whole heads, Q, K, V column-parallel, the output projection row-parallel. ``ParallelBlock``:
-``toy.block_reference`` with both, one all-reduce each forward. Each part has ``local(x)``, this rank's
-share from an input already in place (no communication), and ``forward(x)``: f, ``local``, then g.
+split by whole heads, Q, K, V column-parallel, the output projection row-parallel; with
+``copy_kv_heads``, each KV head copied onto ``tp / KV`` ranks when there are fewer KV heads than ranks
+(serving: nothing to train, so nothing to keep in step). ``ParallelBlock``: ``model.block_reference``
+with both, one all-reduce each forward, the norm weights whole on every rank. Each part has
+``local(x)``, this rank's share from an input already in place (no communication): ``core.model``'s own
+computation on this rank's slices. ``forward(x)``: f, ``local``, then g. The attention takes the
+tokens' ``positions`` and an ``attend(q, k, v)`` (a paged KV cache stands in there when serving).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shardlib.core.config import ModelConfig, check_heads
+from shardlib.core.model import attention_layer_reference, mlp_reference, norm
 from shardlib.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     CopyToParallelRegion,
@@ -20,7 +24,6 @@ from shardlib.core.tensor_parallel.layers import (
     RowParallelLinear,
     TPGroup,
 )
-from shardlib.core.toy import causal_gqa, rms_norm, split_heads
 
 
 class ParallelMLP(nn.Module):
@@ -34,48 +37,58 @@ class ParallelMLP(nn.Module):
         self.down = RowParallelLinear(w["down"], None, tpg)  # (d_model, d_ff / tp)
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate.local(x), self.up.local(x)  # each (b, s, d_ff / tp)
-        return self.down.partial(F.silu(gate) * up)  # (b, s, d_model): this rank's share
+        return mlp_reference(x, self.gate.weight, self.up.weight, self.down.weight)  # (..., d_model): my share
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = CopyToParallelRegion.apply(x, self.tpg)  # f, once for gate and up
         return ReduceFromParallelRegion.apply(self.local(x), self.tpg)  # g: summed over the group
 
 
+def copy_kv_heads(w: torch.Tensor, model: ModelConfig, tp: int) -> torch.Tensor:
+    """k or v's ``(KV hd, d)`` weight, each KV head repeated ``tp / KV`` times when ``tp > KV``."""
+    if tp <= model.n_kv_heads:
+        return w
+    copies = tp // model.n_kv_heads
+    return w.view(model.n_kv_heads, model.head_dim, -1).repeat_interleave(copies, dim=0).flatten(0, 1)  # (tp hd, d)
+
+
 class ParallelAttention(nn.Module):
     """Causal GQA split by whole heads: rank ``r`` holds ``H / tp`` query heads and the KV heads they read."""
 
-    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup) -> None:
+    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup, copy_kv: bool = False) -> None:
         super().__init__()
-        check_heads(model, tpg.tp)
-        self.tpg = tpg
-        self.heads, self.kv_heads = model.n_heads // tpg.tp, model.n_kv_heads // tpg.tp
+        check_heads(model, tpg.tp, copy_kv)
+        self.tpg, self.model = tpg, model
+        self.heads, self.kv_heads = model.n_heads // tpg.tp, max(1, model.n_kv_heads // tpg.tp)
         self.q = ColumnParallelLinear(w["q"], None, tpg)  # (H/tp * hd, d)
-        self.k = ColumnParallelLinear(w["k"], None, tpg)  # (KV/tp * hd, d)
-        self.v = ColumnParallelLinear(w["v"], None, tpg)  # (KV/tp * hd, d)
+        self.k = ColumnParallelLinear(copy_kv_heads(w["k"], model, tpg.tp), None, tpg)  # (KV/tp * hd, d)
+        self.v = ColumnParallelLinear(copy_kv_heads(w["v"], model, tpg.tp), None, tpg)  # (KV/tp * hd, d)
         self.o = RowParallelLinear(w["o"], None, tpg)  # (d, H/tp * hd)
 
-    def local(self, x: torch.Tensor) -> torch.Tensor:
-        q = split_heads(self.q.local(x), self.heads)  # (b, H/tp, s, hd)
-        k, v = split_heads(self.k.local(x), self.kv_heads), split_heads(self.v.local(x), self.kv_heads)
-        return self.o.partial(causal_gqa(q, k, v))  # local heads only, then this rank's share of o
+    def local(self, x: torch.Tensor, positions: torch.Tensor | None = None, attend=None) -> torch.Tensor:
+        """This rank's heads on ``x`` (..., seq, d), then its share of o: (..., seq, d), to be summed."""
+        mine = {k: getattr(self, k).weight for k in ("q", "k", "v", "o")}
+        return attention_layer_reference(x, mine, self.model, positions, attend)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, attend=None) -> torch.Tensor:
         x = CopyToParallelRegion.apply(x, self.tpg)  # f, once for Q, K and V
-        return ReduceFromParallelRegion.apply(self.local(x), self.tpg)  # g
+        return ReduceFromParallelRegion.apply(self.local(x, positions, attend), self.tpg)  # g
 
 
 class ParallelBlock(nn.Module):
-    """``toy.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)``."""
+    """``model.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)``."""
 
-    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup) -> None:
+    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup, copy_kv: bool = False) -> None:
         super().__init__()
-        self.attention = ParallelAttention(w, model, tpg) if "q" in w else None
+        self.model = model
+        self.attention = ParallelAttention(w, model, tpg, copy_kv) if "q" in w else None
         self.mlp = ParallelMLP(w, tpg) if "gate" in w else None
+        self.register_buffer("attn_norm", w.get("attn_norm"))  # (d,), whole on every rank; None: no weight
+        self.register_buffer("mlp_norm", w.get("mlp_norm"))
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None, attend=None) -> torch.Tensor:
         if self.attention is not None:
-            h = h + self.attention(rms_norm(h))  # one all-reduce
+            h = h + self.attention(norm(h, self.attn_norm, self.model), positions, attend)  # one all-reduce
         if self.mlp is not None:
-            h = h + self.mlp(rms_norm(h))  # one all-reduce
+            h = h + self.mlp(norm(h, self.mlp_norm, self.model))  # one all-reduce
         return h

@@ -122,12 +122,8 @@ class RowParallelLinear(nn.Module):
         return out if self.bias is None else out + self.bias  # the bias once, after the sum
 
 
-def _check_shards(n_shards) -> int:
-    return whole_number(n_shards, "n_shards")
-
-
 def _split(weight: torch.Tensor, n_shards: int, dim: int, what: str) -> list[torch.Tensor]:
-    n_shards = _check_shards(n_shards)
+    n_shards = whole_number(n_shards, "n_shards")
     if weight.dim() != 2 and not (dim == 0 and weight.dim() == 1):
         raise ValueError(f"expected an (out, in) weight matrix, got shape {tuple(weight.shape)}")
     size = weight.shape[dim]
@@ -141,19 +137,12 @@ ROW_PARALLEL = ("o", "down")  # the weights cut along their inputs (dim 1); ever
 
 
 def shard_columns(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
-    """Split an ``(out, in)`` weight (or an ``(out,)`` bias) along its output dim into ``n_shards`` slices.
-
-    For the first matrix of a pair (the QKV projections; the MLP's up and gate): each device computes
-    ``out / n`` whole output features from the whole input, with no communication.
-    """
+    """An ``(out, in)`` weight (or an ``(out,)`` bias) cut along its outputs: the first matrix of a pair (q,
+    k, v; gate, up). Each device computes ``out / n`` whole features from the whole input, alone."""
     return _split(weight, n_shards, 0, "output features")
 
 
 def shard_rows(weight: torch.Tensor, n_shards: int) -> list[torch.Tensor]:
-    """Split an ``(out, in)`` weight along its input dim into ``n_shards`` slices.
-
-    For the second matrix of a pair (the attention output projection; the MLP's down projection): each
-    device holds ``in / n`` input features and computes a partial output over all ``out`` features.
-    The partials must be summed across devices: that all-reduce is the communication of the pair.
-    """
+    """An ``(out, in)`` weight cut along its inputs: the second matrix of a pair (o; down). Each device
+    computes a partial output over all ``out`` features; their sum is the pair's all-reduce."""
     return _split(weight, n_shards, 1, "input features")

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from shardlib.core.config import ModelConfig, check_heads
+from shardlib.core.model import rms_norm
 from shardlib.core.tensor_parallel.blocks import ParallelAttention, ParallelMLP
 from shardlib.core.tensor_parallel.layers import TPGroup
-from shardlib.core.toy import rms_norm
 
 SEQ_DIM = 1  # activations are (batch, seq, d_model)
 
@@ -74,8 +74,7 @@ class SequenceParallelBlock(nn.Module):
 
 
 def check_sequence_parallel(model: ModelConfig, seq: int, tp: int) -> None:
-    """Sequence parallelism's shape rules: the heads split ``tp`` ways (the pair's rule) and the sequence
-    ``tp`` ways (the shards' rule)."""
+    """The heads split ``tp`` ways (the pair's rule) and the sequence ``tp`` ways (the shards' rule)."""
     check_heads(model, tp)
     if seq % tp:
         raise ValueError(f"sequence parallelism gives each of the {tp} ranks an equal run of tokens, but a "

@@ -1,15 +1,13 @@
 """The two ends of a language model split over the vocabulary (Megatron-LM, Shoeybi et al. 2019, section 3).
 
-``VocabParallelEmbedding``: rank ``i`` keeps token rows ``[i V/tp, (i+1) V/tp)`` of the embedding; each
-rank looks up the tokens it owns and writes zeros for the others (``local``, no communication), and
-Megatron's g sums the partials (with sequence parallelism the caller reduce-scatters them instead, each
-rank keeping its tokens). Exactly one partial is non-zero per token, so the sum is exact.
+``VocabParallelEmbedding``: rank ``i`` keeps token rows ``[i V/tp, (i+1) V/tp)``, looks up the tokens it
+owns and writes zeros for the others (``local``); Megatron's g sums the partials, exactly, one non-zero
+per token (with sequence parallelism the caller reduce-scatters them instead).
 
-``vocab_parallel_cross_entropy``: the loss from this rank's ``V/tp`` logits (a column-parallel LM head's
-output) without ever gathering the ``V`` logits. Forward: three all-reduces of one value per token (the
-row max, for stability; the sum of exponentials; the target's logit, which only its owner has), then
-``loss = log sum exp(z - m) - (z_t - m)``. Backward: ``softmax - one_hot`` on this rank's slice, times the
-incoming gradient, with no communication: the sums it needs were kept from the forward.
+``vocab_parallel_cross_entropy``: the loss from this rank's ``V/tp`` logits, never gathering all ``V``.
+Forward: three all-reduces of one value per token (the row max; the sum of exponentials; the target's
+logit, which only its owner has), then ``loss = log sum exp(z - m) - (z_t - m)``. Backward: ``softmax -
+one_hot`` on this rank's slice, with no communication.
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, targets: torch.Tens
 
 
 def check_vocab_split(vocab: int, tp: int) -> int:
-    """The vocabulary's shape rule: each of the ``tp`` ranks keeps an equal, whole run of ``vocab / tp``
-    token rows (of the embedding, of the LM head, of the logits); returns that run's length."""
+    """``vocab / tp``, the token rows each rank keeps, or a ValueError if they are not equal and whole."""
     vocab, tp = whole_number(vocab, "vocab (tokens in the vocabulary)"), whole_number(tp, "tp")
     if vocab % tp:
         raise ValueError(f"a vocabulary of {vocab} tokens cannot be split {tp} ways: each rank keeps an equal, "
@@ -100,8 +97,7 @@ def vocab_range(vocab: int, tp: int, index: int) -> tuple[int, int]:
 
 
 def check_targets(targets: torch.Tensor, logits_shape: tuple, vocab: int, what: str = "target") -> None:
-    """The loss's input rules: one integer target per row of logits, each a token id in ``[0, vocab)``
-    (the embedding's too: ``what="input"``)."""
+    """One integer token id in ``[0, vocab)`` per row of logits (the embedding's input too: ``what="input"``)."""
     if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
         raise ValueError(f"{what} tokens must be integer token ids, got a {targets.dtype} tensor")
     if tuple(targets.shape) != tuple(logits_shape[:-1]):

@@ -1,5 +1,5 @@
 """A block of the toy language model with experts, on a rank: the attention as a dense block's, then the
-dropless MoE layer (``core.experts.autograd.moe_forward``) on this rank's sequence-parallel tokens.
+MoE layer (``core.experts.dispatch.moe_layer``, dropless) on this rank's sequence-parallel tokens.
 
 Each rank routes its ``(b, s/tp, d)`` tokens as rows, so the MoE sublayer needs no tp collective; the experts
 are spread over ``layout.ep`` ranks of the stage (``Layout.ep_groups``: ep folded onto the tp and
@@ -14,17 +14,15 @@ DeepSeek-V3's selection bias moves after the step (``step.TrainingStep.move_bias
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 from torch import nn
 
-from shardlib.core.experts.autograd import LocalExperts, moe_forward
-from shardlib.core.experts.dropless import moe_layer
-from shardlib.core.experts.routing import blocked_rows
-from shardlib.core.experts.stack import EXPERT_KEYS
+from shardlib.core.experts.dispatch import LocalExperts, moe_layer
+from shardlib.core.experts.stack import EXPERT_KEYS, layer_experts
+from shardlib.core.model import rms_norm
 from shardlib.core.tensor_parallel.blocks import ParallelAttention
 from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.core.tensor_parallel.sequence_parallel import gather_seq, scatter_seq
-from shardlib.core.toy import rms_norm
 
 
 class AttachAuxLoss(torch.autograd.Function):
@@ -49,9 +47,8 @@ class Experts(nn.Module):
 
     def __init__(self, w: dict, first: int, n_local: int) -> None:
         super().__init__()
-        block = slice(first, first + n_local)
-        for key in EXPERT_KEYS:  # (n_local, d_ff, d) or (n_local, d, d_ff)
-            setattr(self, key, nn.Parameter(w[key][block].detach().clone()))
+        for key, t in zip(EXPERT_KEYS, layer_experts(w, slice(first, first + n_local))):  # (n_local, d_ff, d) ...
+            setattr(self, key, nn.Parameter(t.detach().clone()))
 
     def local(self) -> LocalExperts:
         return LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS))
@@ -64,46 +61,40 @@ class RouterWeight(nn.Module):
 
 
 class MoEMLP(nn.Module):
-    """The dropless MoE layer on this rank's sequence-parallel tokens (the module docstring)."""
+    """The MoE layer on this rank's sequence-parallel tokens (the module docstring). ``aux`` keeps the last
+    microbatch's share of Switch's loss (``"aux-loss"``), ``step_counts`` the step's token-slots per expert."""
 
     def __init__(self, ctx, w: dict, config, groups, tpg: TPGroup, aux_scale: float) -> None:
         super().__init__()
         self.ctx, self.cfg, self.groups, self.tpg, self.aux_scale = ctx, config.moe, groups, tpg, aux_scale
-        n_local = self.cfg.experts_per_rank(1 if groups.ep is None else dist_size(groups.ep))
+        n_local = self.cfg.experts_per_rank(1 if groups.ep is None else dist.get_world_size(groups.ep))
         self.router, self.experts = RouterWeight(w["router"]), Experts(w, groups.place * n_local, n_local)
         self.tokens_per_microbatch = config.microbatch * config.seq
         self.bias = torch.zeros(self.cfg.n_experts, dtype=w["router"].dtype) if config.balance == "aux-free" else None
         self.step_counts = torch.zeros(self.cfg.n_experts, dtype=torch.long)
+        self.aux = None
 
     def forward(self, n):  # n (b, s/tp, d), normed: this rank's tokens -> the experts' weighted sum, same shape
         rows = n.reshape(-1, n.shape[-1])  # (b s/tp, d)
-        experts, router, cfg = self.experts.local(), self.router.weight, self.cfg
-        if self.groups.ep is None:  # every expert here
-            out = moe_layer(rows, router, *experts, cfg, self.bias)
-            y, counts = out.output, out.counts
-        else:
-            y, aux = moe_forward(self.ctx, rows, experts, router, cfg, group=self.groups.ep, bias=self.bias)
-            counts = aux.counts
+        experts, cfg, ep = self.experts.local(), self.cfg, self.groups.ep
+        out = moe_layer(rows, self.router.weight, experts, cfg, self.bias, ctx=None if ep is None else self.ctx,
+                        group=ep, place=self.groups.place)  # ep = 1: every expert here, no all-to-all
         # every expert weight joins every microbatch's graph, even when the router sent its experts no rows
-        y = y + 0 * sum(t.sum() for t in experts)
-        self.step_counts += counts.detach().to(torch.long)
-        y = y.view(n.shape)
+        y = (out.output + 0 * sum(t.sum() for t in experts)).view(n.shape)
+        self.step_counts += out.counts.detach().to(torch.long).cpu()
         if cfg.balance == "aux-loss":
-            y = AttachAuxLoss.apply(y, self.aux_share(rows, counts), self.aux_scale)
+            share = self.aux_share(out.routing.balance_probs, out.counts)
+            self.aux = share.detach()
+            y = AttachAuxLoss.apply(y, share, self.aux_scale)
         return y
 
-    def aux_share(self, rows, counts):
+    def aux_share(self, probs, counts):
         """This rank's share of Switch's loss of the microbatch, ``E sum_i f_i P_i``: ``f`` from the counts of
-        the microbatch (summed over the tp ranks that hold its tokens), ``P`` over this rank's tokens only."""
+        the microbatch (summed over the tp ranks that hold its tokens), ``P`` over this rank's tokens only
+        (``probs`` ``(T_r, E)``, through which the router's gradient flows)."""
         cfg, t = self.cfg, self.tokens_per_microbatch
-        counts = self.tpg.all_reduce(counts.detach().to(rows.dtype)) if self.tpg.tp > 1 else counts.to(rows.dtype)
-        logits = blocked_rows(lambda b: F.linear(b, self.router.weight), rows, cfg.n_experts)  # (T_r, E)
-        probs = cfg.gate_spec.balance_probs(logits)  # (T_r, E), the router's gradient flows through these
+        counts = self.tpg.all_reduce(counts.detach().to(probs.dtype)) if self.tpg.tp > 1 else counts.to(probs.dtype)
         return cfg.n_experts * (counts / (t * cfg.k) * probs.sum(0) / t).sum()
-
-
-def dist_size(group) -> int:
-    return torch.distributed.get_world_size(group)
 
 
 class MoEBlock(nn.Module):

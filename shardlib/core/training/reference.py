@@ -3,7 +3,7 @@
 The model is the toy's blocks (``toy.block_reference``: pre-norm, causal grouped-query attention and a
 gated MLP, no positional encoding) between a token embedding ``embed (V, d)`` and, after a final RMS norm
 without scale, an untied LM head ``head (V, d)``; with experts (``config.n_experts > 1``) each MLP is the
-dropless MoE layer (``core.experts.dropless.moe_layer`` on the normed tokens as rows). The loss is the mean
+dropless MoE layer (``core.experts.dispatch.moe_layer`` on the normed tokens as rows). The loss is the mean
 cross-entropy over every token of the global batch, plus, with ``balance="aux-loss"``, Switch's auxiliary
 loss per microbatch (``forward``); with ``"aux-free"`` each layer's selection bias moves after each step
 (DeepSeek-V3). Weights live in one dict keyed ``embed``, ``layers.{i}.{q,k,v,o,gate,up,down}`` (with
@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from shardlib.core.adamw import adamw
 from shardlib.core.checks import whole_number
 from shardlib.core.experts.balance import bias_update, switch_aux_loss
-from shardlib.core.experts.dropless import moe_layer
-from shardlib.core.experts.stack import EXPERT_KEYS
-from shardlib.core.toy import attention_layer_reference, block_reference, rms_norm
+from shardlib.core.experts.dispatch import moe_layer
+from shardlib.core.experts.stack import layer_experts
+from shardlib.core.model import attention_layer_reference, block_reference, rms_norm
 from shardlib.core.training.config import TrainingConfig, init_weights, layer_of
 from shardlib.core.training.corpus import MarkovCorpus
 
@@ -54,9 +54,9 @@ def forward(weights: dict, tokens: torch.Tensor, config: TrainingConfig, biases=
             h = block_reference(h, w, config.model)
             continue
         m = config.model
-        h = h + attention_layer_reference(rms_norm(h), w["q"], w["k"], w["v"], w["o"], m.n_heads, m.n_kv_heads)
+        h = h + attention_layer_reference(rms_norm(h), w, m)
         n = rms_norm(h)  # (b, s, d)
-        out = moe_layer(n.reshape(-1, n.shape[-1]), w["router"], *(w[k] for k in EXPERT_KEYS), config.moe,
+        out = moe_layer(n.reshape(-1, n.shape[-1]), w["router"], layer_experts(w), config.moe,
                         None if biases is None else biases[i])
         h = h + out.output.view(n.shape)
         counts.append(out.counts)

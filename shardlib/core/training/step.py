@@ -26,6 +26,7 @@ from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.experts.balance import bias_update
 from shardlib.core.experts.groups import layout_expert_groups
+from shardlib.core.model import rms_norm, split_heads
 from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.core.pipeline.messages import Links
 from shardlib.core.pipeline.orders import make_schedule
@@ -34,7 +35,6 @@ from shardlib.core.tensor_parallel.blocks import ParallelAttention, ParallelMLP
 from shardlib.core.tensor_parallel.layers import ColumnParallelLinear, TPGroup
 from shardlib.core.tensor_parallel.sequence_parallel import gather_seq, scatter_seq
 from shardlib.core.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from shardlib.core.toy import rms_norm, split_heads
 from shardlib.core.training.config import layer_of
 from shardlib.core.training.moe_block import MoEBlock, MoEMLP
 

@@ -1,12 +1,10 @@
 """Context parallelism run on a pool, against the unsharded attention, the work count and the cost model.
 
-``run_ring_attention``, ``run_ulysses_attention`` and ``run_all_gather_attention`` (forward only; the
-backward's drivers are in ``grad_drivers``) each return an ``AttentionRun``: the output, its gap, and what
-the harness gathered, read as the ring's compute, step time and transfers or as the collectives measured
-against ``predict``. ``run_ring_balance`` sets the two placements side by side, ``run_ring_overlap`` the
-ring with and without overlap against alpha-beta on the link ``run_exchange_calibration`` fits. Inputs are
-checked here, before any rank starts; the rank functions check again. The timing claims of notebook 10,
-as verdicts, are in ``claims``.
+``run_ring_attention``, ``run_ulysses_attention`` and ``run_all_gather_attention`` (forward only) each
+return an ``AttentionRun``: the output's gap, the ring's compute, step time and transfers, or the
+collectives against ``predict``. ``run_ring_balance`` sets the two placements side by side,
+``run_ring_overlap`` the ring with and without overlap against alpha-beta on the link
+``run_exchange_calibration`` fits. Inputs are checked here, before any rank starts.
 """
 
 from __future__ import annotations
@@ -53,13 +51,11 @@ def attention_shape(q: torch.Tensor, k: torch.Tensor) -> AttentionShape:
 
 @dataclass(frozen=True)
 class AttentionRun:
-    """An attention method on a pool, ``repeats`` times (``got``: each rank's rows, comm log and spans), its
-    ``gap`` from the whole-sequence attention, and its prediction: the ring's work (``placement.causal_work``)
-    or the other methods' collectives, ``(op, size_bytes, wire_bytes)`` each, against rank 0's ``measured``.
-    The ring's times are medians over the repeats: each rank's compute (``compute_s`` wall time,
-    ``compute_cpu_s`` its thread's CPU time, which a busy machine does not inflate); the slowest rank's
-    compute per step, whole pass (``step_s``), time blocked in ``wait`` (``waited_s``) and transfers from
-    issue to completion (``transfer_s``). Blocks, bytes and spans are the last repeat's."""
+    """An attention method on a pool, ``repeats`` times, its ``gap`` from the whole-sequence attention, and
+    its prediction: the ring's work (``placement.causal_work``) or the collectives, ``(op, size_bytes,
+    wire_bytes)`` each, against rank 0's ``measured``. Times are medians over the repeats (per rank, or of
+    the slowest rank); ``compute_cpu_s`` is CPU time, which a busy machine does not inflate. Blocks, bytes
+    and spans are the last repeat's."""
 
     got: Measured = field(repr=False)
     placement: str
@@ -84,8 +80,7 @@ class AttentionRun:
                      for r, times in enumerate(self.got.times_s))
 
     def _slowest(self, figure) -> float:
-        """Per repeat the slowest rank's ``figure(rank, repeat)``, then the median over the repeats (noise on
-        a shared machine only ever adds time, so no single repeat decides)."""
+        """The median over the repeats of the slowest rank's ``figure(rank, repeat)``."""
         return statistics.median(max(figure(r, i) for r in range(self.world_size))
                                  for i in range(len(self.got.times_s[0])))
 
@@ -129,9 +124,8 @@ class AttentionRun:
 def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                        placement: str = "contiguous", overlap: bool = True, scale: float | None = None,
                        repeats: int = 1, pad_compute_s: float | None = None) -> AttentionRun:
-    """``ring.ring_attention`` on every rank of ``ranks``: each takes its shard of the whole ``q, k, v``
-    (``q (b, H, s, hd)``, ``k, v (b, KV, s, hd)``) in ``placement``; run ``repeats`` times, each step's
-    compute padded to ``pad_compute_s`` if given."""
+    """``ring.ring_attention`` on every rank, each on its shard of the whole ``q (b, H, s, hd)``, ``k, v
+    (b, KV, s, hd)`` in ``placement``, ``repeats`` times, each step's compute padded to ``pad_compute_s``."""
     check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
     flag(causal, "causal")
     flag(overlap, "overlap")
@@ -146,8 +140,7 @@ def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @dataclass(frozen=True)
 class Balance:
-    """The same causal ring in each placement, ``runs[placement]``: per-rank compute measured (CPU time,
-    medians over the repeats) against the blocks predicted."""
+    """The same causal ring in each placement, ``runs[placement]``: per-rank CPU time against the blocks."""
 
     runs: dict
 
@@ -171,8 +164,7 @@ def run_ring_balance(ranks, q, k, v, repeats: int = 3, scale: float | None = Non
 
 @dataclass(frozen=True)
 class Overlap:
-    """The ring with and without overlap, the alpha-beta prediction of each from the measured compute and
-    ``link``, and the share of the transfer hidden."""
+    """The ring with and without overlap, each against alpha-beta on ``link``, and the transfer hidden."""
 
     overlapped: AttentionRun
     sequential: AttentionRun
@@ -181,8 +173,7 @@ class Overlap:
 
     @property
     def predicted_overlapped_s(self) -> float:
-        """``predict.ring_time_s`` from the per-step compute this run measured (on a shared machine
-        compute varies from run to run more than the transfer does) and ``transfer_s``."""
+        """``predict.ring_time_s`` from the per-step compute this run measured and ``transfer_s``."""
         return ring_time_s(self.overlapped.step_compute_s, self.transfer_s, overlap=True)
 
     @property
@@ -211,10 +202,9 @@ def _exchange_s(got: Measured, rank: int, repeat: int) -> float:
 
 
 def run_exchange_calibration(ranks, block_bytes: float, rounds: int = 5) -> ExchangeCalibration:
-    """Every rank sending to the next while receiving from the previous (``ranks.exchange_on_rank``), fitted
-    by ``predict.calibration.fit_link`` to exchanges from 1/256 of ``block_bytes`` up to all of it, the
-    fastest of ``rounds`` rounds each after a warm-up. A sweep too noisy to fit (times that do not grow with
-    size, on a busy machine) is measured once more with twice the rounds."""
+    """``predict.fit_link`` to ring exchanges (``ranks.exchange_on_rank``) from 1/256 of ``block_bytes`` to
+    all of it, the fastest of ``rounds`` each after a warm-up; a sweep too noisy to fit, once more with
+    twice the rounds."""
     sizes = tuple(sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)}))
     n = ranks.world_size
     for attempt in (1, 2):
@@ -236,9 +226,8 @@ def run_exchange_calibration(ranks, block_bytes: float, rounds: int = 5) -> Exch
 def run_ring_overlap(ranks, q, k, v, causal: bool = True, placement: str = "contiguous", repeats: int = 5,
                      link: Link | None = None, scale: float | None = None,
                      pad_compute_s: float | None = None) -> Overlap:
-    """The ring with overlap and without, ``repeats`` passes each, against the prediction. ``link``:
-    the link to predict with (default: this machine's, fitted now by ``run_exchange_calibration``);
-    ``pad_compute_s``: each step's compute padded to a set length (see ``ranks.RingProbe``)."""
+    """The ring with overlap and without, ``repeats`` passes each, against the prediction on ``link``
+    (default: this machine's, fitted now by ``run_exchange_calibration``)."""
     check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
     shape = attention_shape(q, k)
     if link is None:
@@ -256,14 +245,12 @@ def _heads_run(ranks, fn, collectives, q, k, v, causal: bool, scale) -> Attentio
 
 
 def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> AttentionRun:
-    """``ulysses.ulysses_attention`` on every rank (contiguous shards), against the whole-sequence attention
-    and ``predict.ulysses_collectives``."""
+    """``ulysses.ulysses_attention`` on every rank, against ``predict.ulysses_collectives``."""
     check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
     return _heads_run(ranks, ulysses_attention_on_rank, ulysses_collectives, q, k, v, causal, scale)
 
 
 def run_all_gather_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> AttentionRun:
-    """``all_gather.all_gather_kv_attention`` on every rank (contiguous shards), against the whole-sequence
-    attention and ``predict.all_gather_kv_collectives``."""
+    """``all_gather.all_gather_kv_attention`` on every rank, against ``predict.all_gather_kv_collectives``."""
     check_all_gather_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
     return _heads_run(ranks, all_gather_attention_on_rank, all_gather_kv_collectives, q, k, v, causal, scale)

@@ -26,11 +26,9 @@ from shardlib.predict.context_parallel import ring_backward_bytes_per_rank, ulys
 
 @dataclass(frozen=True)
 class AttentionGrads:
-    """Forward and backward of an attention method on a pool (``got``: each rank's gradients and saved
-    bytes, and its ``forward`` and ``backward`` spans). Each rank's ``(dq, dk, dv)`` shards (``shards[rank]``)
-    against autograd through the whole-sequence attention cut the same way (``reference[rank]``;
-    ``gaps[rank]``, the largest difference of each), rank 0's wire bytes sent per pass, and the bytes each
-    rank's forward saved for its backward (``saved_bytes``)."""
+    """Forward and backward of an attention method on a pool: each rank's ``(dq, dk, dv)`` shards against
+    autograd through the whole-sequence attention cut the same way (``gaps[rank]``), rank 0's wire bytes
+    per pass, and the bytes each rank's forward saved for its backward."""
 
     got: Measured = field(repr=False)
     reference: tuple[tuple[torch.Tensor, ...], ...] = field(repr=False)
@@ -90,9 +88,7 @@ def run_ulysses_attention_grads(ranks, q, k, v, d_out, causal: bool = True,
 
 @dataclass(frozen=True)
 class RingTraining:
-    """SGD through ring attention on a pool against the same steps in one process: the loss before
-    each step (``losses`` on the ranks, ``reference_losses`` here) and the largest gap of the final
-    weights."""
+    """SGD through ring attention on a pool against the same steps in one process."""
 
     losses: tuple[float, ...]
     reference_losses: tuple[float, ...]
@@ -110,8 +106,8 @@ class RingTraining:
 
 def run_ring_training(ranks, x, target, weights: dict, head_dim: int, causal: bool = True,
                       placement: str = "contiguous", steps: int = 5, lr: float = 0.5) -> RingTraining:
-    """``steps`` of SGD on ``reference.attention_layer`` (``x, target (b, s, d)``), ring attention on
-    every rank, each rank holding its tokens; the same steps in one process with whole-sequence attention."""
+    """``steps`` of SGD on ``reference.attention_layer`` (``x, target (b, s, d)``) through the ring, each
+    rank holding its tokens, and in one process with whole-sequence attention."""
     check_sequence(x.shape[1], ranks.world_size, placement)
     steps = whole_number(steps, "steps")
     got = on_ranks(ranks, ring_training_on_rank, x, target, weights, head_dim, flag(causal, "causal"), placement,

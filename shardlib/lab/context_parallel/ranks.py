@@ -1,12 +1,9 @@
 """Context parallelism's rank functions: each method's attention on this rank's shard of the whole q, k, v.
 
-``lab.harness.on_ranks`` runs them and gathers what they return, send and record. ``ring_attention_on_rank``,
-``ulysses_attention_on_rank`` and ``all_gather_attention_on_rank`` return this rank's output rows, the
-forward a ``forward`` span on the timeline. Given the upstream gradient ``d_out`` the first two run the
-backward too (a ``backward`` span) and return the gradients of the rank's shards and the bytes its forward
-saved. ``RingProbe`` adds each ring step's CPU time to its span and can pad the step.
-``ring_training_on_rank`` trains a tiny attention layer through the ring; ``exchange_on_rank`` is one hop
-of the ring on its own, for the link fit.
+Each returns this rank's output rows (a ``forward`` span); given the upstream gradient ``d_out``, the
+gradients of its shards too (a ``backward`` span) and the bytes its forward saved. ``RingProbe`` adds each
+ring step's CPU time to its span and can pad the step. ``ring_training_on_rank`` trains a tiny attention
+layer through the ring; ``exchange_on_rank`` is one hop on its own, for the link fit.
 """
 
 from __future__ import annotations
@@ -25,11 +22,9 @@ from shardlib.lab.measure import SavedBytes
 
 
 class RingProbe:
-    """Records each ring step's compute on ``timeline`` with ``cpu_s``, the CPU time of this rank's thread
-    (a span's wall time also counts moments another process held the core). ``pad_compute_s``: each step
-    padded with sleep to that many seconds, the blocks still computed for real. On a laptop the compute and
-    the transfers share two cores; padding sets the compute's length and leaves the cores free for the
-    bytes, as a GPU's links leave its arithmetic free."""
+    """Records each ring step's compute on ``timeline`` with ``cpu_s``, its thread's CPU time. With
+    ``pad_compute_s`` each step sleeps out to that length: on a CPU the compute and the transfers share the
+    cores, and padding leaves them free for the bytes, as a GPU's links leave its arithmetic free."""
 
     def __init__(self, timeline, pad_compute_s: float | None = None) -> None:
         self.timeline = timeline
@@ -87,9 +82,8 @@ def all_gather_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch
 
 def ring_training_on_rank(ctx, x, target, weights: dict, head_dim: int, causal: bool = True,
                           placement: str = "contiguous", steps: int = 5, lr: float = 0.5) -> tuple[list, dict]:
-    """``reference.train_attention_layer`` with ring attention: this rank holds its shard of the tokens
-    ``x, target (b, s, d)`` and all the weights; its loss is its share of the whole batch's mean squared
-    error, and the loss and the weight gradients are summed over the ranks."""
+    """``reference.train_attention_layer`` through the ring on this rank's tokens of ``x, target (b, s, d)``:
+    its loss is its share of the whole batch's, and the loss and the gradients are summed over the ranks."""
     x, target = (shard_sequence(t, ctx.world_size, placement, dim=1)[ctx.rank].to(ctx.device) for t in (x, target))
     return train_attention_layer(x, target, weights, head_dim,
                                  lambda q, k, v: ring_attention(ctx, q, k, v, causal, placement), steps, lr,
@@ -97,6 +91,5 @@ def ring_training_on_rank(ctx, x, target, weights: dict, head_dim: int, causal: 
 
 
 def exchange_on_rank(ctx, size_bytes: int) -> None:
-    """One ``ring.Hop``: ``size_bytes`` sent to the next rank while as many arrive from the previous (on one
-    machine the two directions share the cores and the wire)."""
+    """One ``ring.Hop``: ``size_bytes`` to the next rank while as many arrive from the previous."""
     Hop(ctx, torch.ones(int(size_bytes) // 4, device=ctx.device)).wait()  # (size / 4,) float32

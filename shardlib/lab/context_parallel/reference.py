@@ -1,12 +1,10 @@
 """Context parallelism in one process: the whole-sequence attention every run is checked against, its
 gradients, the q/k/v checks, shards cut and joined, the ring played out, and a tiny attention layer.
 
-``attention_reference`` is ``torch.nn.functional.scaled_dot_product_attention`` on the whole sequence
-(grouped-query heads by ``enable_gqa``); ``simulate_ring_attention`` runs every rank's ring pass here with
-the code the ranks run (``online_softmax.attend_block``). ``attention_layer`` (q/k/v and output
-projections around any attention) is what notebook 10 trains by ``train_attention_layer``, here with
-whole-sequence attention and through the ring on ranks.
-Pure: torch, no ``torch.distributed``.
+``simulate_ring_attention`` runs every rank's ring pass here with the code the ranks run
+(``online_softmax.attend_block``). ``attention_layer`` (q/k/v and output projections around any
+attention) is what notebook 10 trains by ``train_attention_layer``, here with whole-sequence attention
+and through the ring on ranks. Pure: torch, no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -67,9 +65,7 @@ def simulate_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w
 
 
 def attention_grads_reference(q, k, v, d_out, causal: bool = True, scale: float | None = None):
-    """``(dq, dk, dv)`` of ``attention_reference`` on the whole sequence, for the upstream gradient
-    ``d_out``: autograd through ``scaled_dot_product_attention`` (a KV head's gradient sums over its
-    query heads)."""
+    """``(dq, dk, dv)`` of ``attention_reference`` on the whole sequence for the upstream gradient ``d_out``."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     return torch.autograd.grad(attention_reference(q, k, v, causal, scale), (q, k, v), d_out)
 

@@ -44,7 +44,7 @@ from shardlib.predict.calibration import (
     fit_link,
     median_of_slowest,
 )
-from shardlib.predict.costs import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
+from shardlib.predict.serving.replicas import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 
 STATISTICS = {"fastest": fastest_of_slowest, "median": median_of_slowest}
 CALL_BUDGET_BYTES = 2 * 2 ** 20  # calls per round for a large message: as many as fit 2 MiB, at least 1
@@ -151,17 +151,6 @@ class DecodeVsPrefillRun:
     def bound(self, tp: int, tokens: int) -> str:  # "latency" or "bandwidth": the larger part of the prediction
         latency, bandwidth = self.predicted_terms_s(tp, tokens)
         return "latency" if latency >= bandwidth else "bandwidth"
-
-    def format(self) -> str:
-        """A row per message: its size, then per tp degree the fastest round (median), prediction, ratio."""
-        head = "".join(f"{'tp = ' + str(tp) + ': fastest (median)   predicted  ratio':>50}" for tp in self.tp_degrees)
-        lines = [f"{'tokens':>7} {'bytes':>12}{head}"]
-        for t in self.tokens:
-            cells = "".join(f"{self.measured_s(tp, t) * 1e3:>16.3f} ms ({self.measured_s(tp, t, True) * 1e3:>7.3f}) "
-                            f"{self.predicted_s(tp, t) * 1e3:>8.3f} ms {self.ratio(tp, t):>6.2f}"
-                            for tp in self.tp_degrees)
-            lines.append(f"{t:>7,} {self.size_bytes(t):>12,}{cells}")
-        return "\n".join(lines)
 
 
 def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, tokens=(1, 16, 256, 2048),

@@ -19,9 +19,9 @@ import torch
 
 from shardlib.core.checks import whole_number
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import stack_reference
 from shardlib.core.tensor_parallel.blocks import ParallelBlock
 from shardlib.core.tensor_parallel.layers import TPGroup
-from shardlib.core.toy import stack_reference
 
 # the collectives a slow rank is shown on, each with the comm log's name for it
 SLOW_RANK_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",

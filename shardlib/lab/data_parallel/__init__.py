@@ -1,17 +1,15 @@
 """Data parallelism measured on ranks: DDP and ZeRO against one process, bytes kept and sent.
 
 * ``activations``: Activations measured on one process: the bytes each layer keeps for its backward, with and
-  without recomputation (Chen et al. 2016; torch ships it as ``torch.utils.checkpoint``).
+  without recomputation (Chen et al. 2016).
 * ``claims``: Notebook 08's timed comparisons on a pool and their claims: the collective identity and the
   overlap.
 * ``drivers``: Data-parallel runs on a pool, read from what ``lab.harness.on_ranks`` gathered and set beside
-  the formulas.
-* ``peer``: PyTorch's own data parallelism on the same ranks: ``DistributedDataParallel`` and FSDP2's
-  ``fully_shard``.
+  the formulas, and PyTorch's own DDP and FSDP2 on the same ranks.
 * ``ranks``: Data parallelism's rank functions: the training loop every strategy shares, and one buffer
   summed two ways.
 * ``reference``: Data parallelism's reference: one process training on the whole batch with AdamW, and the
   input checks.
 """
 
-__all__ = ["activations", "claims", "drivers", "peer", "ranks", "reference"]
+__all__ = ["activations", "claims", "drivers", "ranks", "reference"]

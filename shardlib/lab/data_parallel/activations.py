@@ -1,13 +1,10 @@
 """Activations measured on one process: the bytes each layer keeps for its backward, with and without
 recomputation (Chen et al. 2016; torch ships it as ``torch.utils.checkpoint``).
 
-``measure_activations`` counts, per unit (``reference.parameter_units``), the bytes autograd saves
-while the unit's forward runs (``lab.measure.SavedBytes``: weights left out, a tensor saved twice
-counted once), and how many unit forwards one step ran. A checkpointed unit keeps only its input,
-saved through the same hooks. ``Recompute`` is the recomputation written out, as the reentrant
-``torch.utils.checkpoint`` does it: torch's own function loads torch's compiler (``torch._dynamo``,
-seconds of imports) the first time it runs. Set beside ``predict.mlp_activation_bytes``.
-Torch, one process, no ranks.
+``measure_activations`` counts, per unit (``flat.parameter_units``), the bytes autograd saves while
+the unit's forward runs (``lab.measure.SavedBytes``), and how many unit forwards one step ran.
+``Recompute`` is the reentrant ``torch.utils.checkpoint`` written out (torch's own loads its compiler,
+seconds of imports, the first time it runs). Set beside ``predict.mlp_activation_bytes``.
 """
 
 from __future__ import annotations
@@ -27,8 +24,8 @@ from shardlib.lab.measure import SavedBytes
 
 
 class Recompute(torch.autograd.Function):
-    """Recomputation (Chen et al. 2016): the forward runs ``inner`` without autograd and saves only its
-    input; the backward runs ``inner`` again, with autograd, and backpropagates through that copy."""
+    """The forward runs ``inner`` without autograd and saves only its input; the backward runs ``inner``
+    again, with autograd, and backpropagates through that copy."""
 
     @staticmethod
     def forward(ctx, inner: nn.Module, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
@@ -64,9 +61,8 @@ class Checkpointed(nn.Module):
 
 @dataclass(frozen=True)
 class ActivationMeasurement:
-    """One training step's activations on one process: ``saved_bytes_per_unit`` (what each unit keeps
-    for its backward), ``unit_forwards`` (unit forwards the step ran: one per unit, two with
-    checkpointing), ``step_s`` (median forward + backward time), ``total_bytes`` (their sum)."""
+    """One training step's activations on one process: what each unit keeps for its backward, the unit
+    forwards the step ran (two per unit with checkpointing), the median forward + backward time."""
 
     checkpointed: bool
     unit_names: tuple[str, ...]
@@ -80,8 +76,7 @@ class ActivationMeasurement:
 def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, checkpoint: bool = False,
                         repeats: int = 5) -> ActivationMeasurement:
     """One training step of a copy of ``model`` on ``(x, y)`` (mean squared error), every unit
-    checkpointed or none: what each unit saves, how many unit forwards ran, and the median step time
-    over ``repeats`` steps (after one warm-up)."""
+    checkpointed or none, then ``repeats`` more timed."""
     checkpoint, repeats = flag(checkpoint, "checkpoint"), whole_number(repeats, "repeats")
     model = copy.deepcopy(model)
     names = [name for name, _ in parameter_units(model) if name]

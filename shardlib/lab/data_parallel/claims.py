@@ -1,11 +1,9 @@
-"""Notebook 08's timed comparisons on a pool and their claims, each one line: predicted, measured, ratio,
-verdict (``lab.verdict``).
+"""Notebook 08's timed comparisons on a pool and their claims (``lab.verdict``).
 
 ``run_collective_identity``: all-reduce against reduce-scatter + all-gather of one buffer (values, bytes,
 median times); ``run_identity_check`` adds the timing claim. ``run_overlap``: the same training with its
 collectives overlapped with compute and without; ``run_bucket_overlap_check`` adds the claim per strategy.
-Timing claims keep the median of repeated runs: a busy machine can stall any single run, and a stall
-only ever adds time.
+Timing claims keep the median of repeated runs: a stall on a busy machine only ever adds time.
 """
 
 from __future__ import annotations
@@ -24,24 +22,19 @@ from shardlib.lab.verdict import Verdict, verified
 IDENTITY_BAND = (0.5, 2.0)  # all-reduce time / its prediction from the pair's time and passes
 BUCKET_OVERLAP_BAND = (0.5, 2.0)  # step with overlap / step without, on ranks that share their cores with the transfers
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
-PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # ring passes of (n-1)/n over the buffer
-GLOO_PASSES = {**PASSES, "reduce_scatter": 2, "all_gather": 2}  # gloo builds both on an all-reduce of the whole buffer
 
 
 def pair_passes(backend: str) -> int:
-    """Ring passes a reduce-scatter and an all-gather of one buffer make together on ``backend``: 2 on
-    NCCL (the all-reduce's two halves), 4 on gloo (which builds both on an all-reduce of the whole buffer)."""
-    passes = GLOO_PASSES if backend == "gloo" else PASSES
-    return passes["reduce_scatter"] + passes["all_gather"]
+    """Ring passes of (n-1)/n over the buffer a reduce-scatter and an all-gather make together: 2 on NCCL
+    (the all-reduce's two halves), 4 on gloo (which builds each on an all-reduce of the whole buffer)."""
+    return 4 if backend == "gloo" else 2
 
 
 @dataclass(frozen=True)
 class CollectiveIdentity:
-    """An all-reduce against a reduce-scatter followed by an all-gather of the same buffer (``all_reduce``,
-    ``split``: what ``summed_on_rank`` gathered each way): the largest difference of the results, per op
-    rank 0's wire bytes and the median time, and with ``run_identity_check`` the ``verdicts`` of the
-    timing claim. The bytes are the same, so the all-reduce takes the pair's time scaled by their passes
-    over the buffer: ``2 / pair_passes(backend)`` of it, all of it on NCCL and half on gloo."""
+    """An all-reduce (2 ring passes) against a reduce-scatter then an all-gather of the same buffer
+    (``pair_passes``): the largest difference of the results, per op rank 0's wire bytes and the median
+    time, and the ``verdicts`` of the timing claim (``run_identity_check``)."""
 
     all_reduce: Measured = field(repr=False)
     split: Measured = field(repr=False)
@@ -82,7 +75,7 @@ def run_collective_identity(ranks, numel: int, repeats: int = 5) -> CollectiveId
 def run_identity_check(ranks, numel: int, repeats: int = 5) -> CollectiveIdentity:
     """``run_collective_identity`` with its timing claim as one ``Verdict`` (predicted: the pair's time x
     2 / its passes; band ``IDENTITY_BAND``), measured up to three times (``lab.verdict.verified``)."""
-    share = PASSES["all_reduce"] / pair_passes(ranks.backend)
+    share = 2 / pair_passes(ranks.backend)
 
     def claims(found: CollectiveIdentity):
         return [Verdict(f"all-reduce time, against {share:.2g} x (reduce-scatter + all-gather)", share * found.split_s,
@@ -94,8 +87,7 @@ def run_identity_check(ranks, numel: int, repeats: int = 5) -> CollectiveIdentit
 
 @dataclass(frozen=True)
 class OverlapComparison:
-    """The same training with its collectives overlapped with compute (DDP's and ZeRO-2's buckets
-    launched during the backward; ZeRO-3's prefetch and asynchronous reduce-scatters) and without."""
+    """The same training with its collectives overlapped with compute and without."""
 
     strategy: str
     with_overlap: DataParallelRun
@@ -137,11 +129,10 @@ def run_overlap(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes
 
 def run_bucket_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero3"), *,
                              bucket_bytes: float | None = None, repeats: int = 2) -> StrategyRuns:
-    """``run_overlap`` for each of ``strategies`` and one ``Verdict`` each: the step with overlap against
-    the step without. On ranks whose "network" is the cores that compute (gloo on a CPU), the transfers
-    hidden under the backward take their cycles from it, so the two are predicted equal (band
-    ``BUCKET_OVERLAP_BAND``), although most of the communication's time is hidden (``hidden_share``).
-    Perfect overlap (``perfect_s``) is what GPUs approach, where the bytes travel on other hardware."""
+    """``run_overlap`` for each of ``strategies``, one ``Verdict`` each: where the "network" is the cores that
+    compute (gloo on a CPU), hidden transfers take their cycles from the backward, so the steps with and
+    without overlap are predicted equal, although most of the communication is hidden (``hidden_share``).
+    GPUs, whose bytes travel on other hardware, approach ``perfect_s``."""
 
     def measure():
         return {s: run_overlap(ranks, s, model, batches, lr, bucket_bytes=bucket_bytes, repeats=repeats)

@@ -1,9 +1,11 @@
 """Data-parallel runs on a pool, read from what ``lab.harness.on_ranks`` gathered and set beside the formulas.
 
 ``run_data_parallel`` trains one strategy on every rank (``ranks.train_on_rank``); its ``DataParallelRun``
-reads the trained weights, what each rank kept, the comm log and the timeline, cut into steps, beside
-``predict``. ``run_strategies`` trains every strategy side by side; ``run_peer`` sets PyTorch's DDP and
-FSDP2 beside this package's. The timed comparisons are in ``claims``.
+reads the weights, the bytes kept, the comm log and the timeline, cut into steps. ``run_strategies``
+trains every strategy side by side. ``run_peer`` trains PyTorch's own ``DistributedDataParallel`` or
+FSDP2's ``fully_shard`` on the same rows with the same AdamW: they must end where ``ddp`` and ``zero3``
+end. They *average* gradients, so each rank's loss is the mean over its own rows, and they call
+``torch.distributed`` directly, so their traffic is not in the comm log.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import statistics
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
+from shardlib.core.adamw import AdamW
 from shardlib.core.checks import choice, flag
-from shardlib.core.data_parallel.flat import STRATEGIES
-from shardlib.lab.data_parallel.peer import PEERS, torch_ddp_on_rank, torch_fsdp2_on_rank
+from shardlib.core.mesh import DP_STRATEGIES
 from shardlib.lab.data_parallel.ranks import train_on_rank
-from shardlib.lab.data_parallel.reference import check_training_inputs, largest_gap, train_reference
+from shardlib.lab.data_parallel.reference import check_training_inputs, largest_gap, local_rows, train_reference
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.predict.data_parallel import gathered_peak_bytes, layout_memory, layout_step_bytes
 from shardlib.runtime.records import CommRecord, summarize
@@ -26,11 +29,9 @@ from shardlib.runtime.timeline import Span
 
 @dataclass(frozen=True)
 class DataParallelRun:
-    """One training run on the ranks (``got``: what ``train_on_rank`` returned on each). ``state_dict``:
-    rank 0's trained weights (``ranks_agree``: every rank ended with exactly these); ``memory_per_rank``:
-    per rank, bytes of ``params``, ``grads`` and ``optimizer`` state kept between steps, and
-    ``transient_peak``; ``losses``: the global loss of each step; ``comm`` and ``spans``: every rank's
-    comm log and timeline."""
+    """One training run on the ranks: rank 0's trained weights (``ranks_agree``: every rank's are these),
+    per rank the bytes kept between steps and the transient peak, the global loss of each step, and every
+    rank's comm log and timeline."""
 
     got: Measured = field(repr=False)
     strategy: str
@@ -80,16 +81,17 @@ class DataParallelRun:
     def wire_bytes_per_step(self, step: int = -1, rank: int = 0) -> int:
         return sum(c.wire_bytes for c in self.step_records(step, rank))
 
+    def _slowest_median(self, seconds, skip_first: bool) -> float:
+        """The median over steps (the first, warm-up, left out) of the slowest rank's ``seconds(step, rank)``."""
+        return statistics.median(max(seconds(k, r) for r in range(self.world_size)) for k in self._steps(skip_first))
+
     def step_s(self, skip_first: bool = True) -> float:
-        """The median step time (the slowest rank's, per step), leaving out the first step (warm-up)."""
-        return statistics.median(max(self.step_span(k, r).duration_s for r in range(self.world_size))
-                                 for k in self._steps(skip_first))
+        """The median step time (the slowest rank's, per step)."""
+        return self._slowest_median(lambda k, r: self.step_span(k, r).duration_s, skip_first)
 
     def comm_s(self, skip_first: bool = True) -> float:
-        """The median over steps (first left out) of the time the slowest rank spent in communication:
-        every call's whole duration, exposed or hidden."""
-        return statistics.median(max(sum(c.duration_s for c in self.step_records(k, r)) for r in range(self.world_size))
-                                 for k in self._steps(skip_first))
+        """The median time the slowest rank spent in communication: every call's whole duration, exposed or hidden."""
+        return self._slowest_median(lambda k, r: sum(c.duration_s for c in self.step_records(k, r)), skip_first)
 
     def hidden_share(self, skip_first: bool = True) -> float:
         """The share of communication time hidden under compute, over the steps (first left out):
@@ -156,7 +158,7 @@ class StrategyRuns:
         return self.runs.items()
 
 
-def run_strategies(ranks, model, batches, lr: float, strategies=STRATEGIES, **options) -> StrategyRuns:
+def run_strategies(ranks, model, batches, lr: float, strategies=DP_STRATEGIES, **options) -> StrategyRuns:
     """``run_data_parallel`` once per strategy, on the same model and batches."""
     return StrategyRuns({s: run_data_parallel(ranks, s, model, batches, lr, **options) for s in strategies})
 
@@ -176,14 +178,40 @@ class PeerComparison:
 PEER_OF = {"torch_ddp": "ddp", "torch_fsdp2": "zero3"}
 
 
+def torch_peer_on_rank(ctx, peer: str, model, batches, lr: float) -> dict:
+    """Train with ``DistributedDataParallel`` or ``fully_shard`` (one unit per child with parameters, then
+    the root, as ``flat.parameter_units`` cuts ZeRO-3's); return the trained ``state_dict``, gathered whole."""
+    check_training_inputs(ctx.world_size, PEER_OF[peer], model, batches, lr)
+    model = model.to(ctx.device)
+    if peer == "torch_ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = ctx.device_mesh((ctx.world_size,), ("dp",))
+        for child in model.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        wrapped = model
+    optimizer = AdamW(wrapped.parameters(), lr=lr)
+    for x, y in batches:
+        mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)
+        F.mse_loss(wrapped(x[mine].to(ctx.device)), y[mine].to(ctx.device)).backward()  # averaged over ranks
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in model.state_dict().items()}
+
+
 def run_peer(ranks, peer: str, model, batches, lr: float) -> PeerComparison:
     """Train with ``peer`` (``"torch_ddp"`` or ``"torch_fsdp2"``) and with the matching strategy of this
     package (``ddp`` or ``zero3``), and compare the trained weights."""
-    choice(peer, PEERS, "peer")
-    strategy = PEER_OF[peer]
+    strategy = PEER_OF[choice(peer, tuple(PEER_OF), "peer")]
     check_training_inputs(ranks.world_size, strategy, model, batches, lr)
-    fn = torch_ddp_on_rank if peer == "torch_ddp" else torch_fsdp2_on_rank
-    theirs = on_ranks(ranks, fn, model, batches, lr).first()
+    theirs = on_ranks(ranks, torch_peer_on_rank, peer, model, batches, lr).first()
     ours = run_data_parallel(ranks, strategy, model, batches, lr).state_dict
     reference = train_reference(model, batches, lr).state_dict
     return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference),

@@ -1,10 +1,8 @@
 """Data parallelism's rank functions: the training loop every strategy shares, and one buffer summed two ways.
-``lab.harness.on_ranks`` runs them and gathers what they returned, sent and spanned.
 
 ``train_on_rank`` runs ``buckets.BucketedReplica`` (DDP, ZeRO-1/2) or ``zero3.ShardedUnits`` (ZeRO-3)
 with a ``BufferProbe`` attached, marks step, forward, backward and optimizer on the timeline, and counts
-the bytes the rank keeps. ``summed_on_rank`` sums a buffer over the ranks: one all-reduce, or a
-reduce-scatter and an all-gather.
+the bytes the rank keeps. ``summed_on_rank``: one all-reduce, or a reduce-scatter and an all-gather.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ class BufferProbe(Probe):
 
 
 def kept_bytes(engine, optimizer, probe: BufferProbe) -> dict[str, int]:
-    """Bytes ``engine`` keeps between steps (its weights, gradients and AdamW's state) and the transient
-    peak: gradients on their way into buckets, ZeRO-2's staged buckets, all-gathered weights."""
+    """Bytes ``engine`` keeps between steps (weights, gradients, AdamW's state) and the transient peak."""
     if isinstance(engine, ShardedUnits):
         params, grads = engine.owned, [shard.grad for shard in engine.owned]
     else:
@@ -55,9 +52,8 @@ def kept_bytes(engine, optimizer, probe: BufferProbe) -> dict[str, int]:
 
 def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: float | None = None,
                   overlap: bool = True, prefetch: bool = True) -> dict:
-    """Train ``model`` (this rank's copy of the parent's) on this rank's rows of every batch. Returns all
-    the trained weights (``state_dict``, by the model's names), this rank's share of each step's global
-    loss (``local_losses``), what it kept (``memory``: ``kept_bytes``) and its flat ``groups``."""
+    """Train ``model`` on this rank's rows of every batch: the trained ``state_dict`` (whole), this rank's
+    share of each step's global loss (``local_losses``), ``memory`` (``kept_bytes``) and its flat ``groups``."""
     check_training_inputs(ctx.world_size, strategy, model, batches, lr, bucket_bytes)
     model = model.to(ctx.device)
     probe = BufferProbe()
@@ -86,8 +82,8 @@ def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: f
 
 
 def summed_on_rank(ctx, numel: int, split: bool = False) -> torch.Tensor:
-    """A buffer of ``numel`` float32 values (different on every rank) summed over the ranks: by an
-    all-reduce, or (``split``) by a reduce-scatter and then an all-gather of the result."""
+    """``numel`` float32 values, different on every rank, summed by an all-reduce or (``split``) by a
+    reduce-scatter then an all-gather."""
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     buffer = torch.randn(numel, generator=g).to(ctx.device)  # (numel,), numel divisible by world_size
     if split:

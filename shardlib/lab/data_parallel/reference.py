@@ -1,11 +1,9 @@
 """Data parallelism's reference: one process training on the whole batch with AdamW, and the input checks.
 
-With the loss written as the mean squared error over the *global* batch (``global_mse``), the sum of
-the ranks' gradients is one process's gradient on the whole batch, so every strategy must end with the
-weights ``train_reference`` ends with, within ``core.checks.TOLERANCE`` (the sum runs in another
-order). ``toy_model`` and ``toy_batches`` build what notebook 08 trains: residual MLP blocks and a
-linear head from the suite's seeded weights; ``parameter_units`` cuts a model into ZeRO-3 units.
-Torch, never ``torch.distributed``.
+With the loss the mean squared error over the *global* batch (``global_mse``), the sum of the ranks'
+gradients is one process's gradient on the whole batch, so every strategy must end with the weights
+``train_reference`` ends with, within ``core.checks.TOLERANCE``. ``toy_model`` and ``toy_batches``
+build what notebook 08 trains. Torch, never ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class ResidualMLP(nn.Module):
 
 
 def toy_model(d_model: int = 32, d_hidden: int = 64, n_layers: int = 4, d_out: int = 8, seed: int = 0) -> nn.Sequential:
-    """``n_layers`` residual MLP blocks and a linear head ``(d_out, d_model)``; weights from ``toy.weight``
-    (seeded), biases small and seeded too, so the same seed gives the same model everywhere."""
+    """``n_layers`` residual MLP blocks and a linear head ``(d_out, d_model)``, seeded weights and biases."""
     dims = [whole_number(v, name) for v, name in ((d_model, "d_model"), (d_hidden, "d_hidden"),
                                                    (n_layers, "n_layers"), (d_out, "d_out"))]
     d_model, d_hidden, n_layers, d_out = dims
@@ -71,10 +68,7 @@ def global_mse(output: torch.Tensor, target: torch.Tensor, global_numel: int) ->
 
 
 def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_bytes=None) -> None:
-    """A ValueError naming the value, before any rank starts, for anything ``run_data_parallel``
-    cannot run: an unknown strategy, a global batch whose rows do not divide among the ranks, a model
-    with no parameters, with parameters that are not floating point, frozen, shared or of mixed dtypes,
-    or an ``lr`` that is not positive."""
+    """A ValueError naming the value, before any rank starts, for anything ``run_data_parallel`` cannot run."""
     check_strategy(strategy)
     positive_number(lr, "lr (the learning rate)")
     if bucket_bytes is not None:

@@ -1,5 +1,5 @@
-"""The experts' load read and balanced from outside the layer: load statistics, the auxiliary loss's value,
-the mitigations notebook 04 compares, and DeepSeek-V3's bias balancing played over batches."""
+"""The experts' load read from outside the layer: load statistics, the auxiliary loss's value, and the
+mitigations notebook 04 compares (``replicate_hottest`` plans the copy of the hottest expert)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from shardlib.core.checks import choice, positive_number
-from shardlib.core.experts.balance import bias_update, switch_aux_loss
+from shardlib.core.checks import choice
+from shardlib.core.experts.balance import switch_aux_loss
+from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig, Routing
 
 
@@ -70,38 +71,16 @@ def mitigated(cfg: MoEConfig, mitigation: str, capacity_factor: float = 1.25) ->
     return cfg.but(capacity_factor=None, reroute=False)
 
 
-# -- auxiliary-loss-free balancing (DeepSeek-V3) -------------------------------------------------------------
-@dataclass(frozen=True)
-class BiasBalancing:
-    """``balance_by_bias`` over a run of batches: per batch the busiest expert's load over the mean (before
-    that batch's update), the bias after the last batch, and the last batch's routing and choice."""
-
-    max_over_mean: tuple[float, ...]
-    bias: torch.Tensor  # (n_experts,)
-    routing: Routing  # the last batch, unbiased scores
-    experts: torch.Tensor  # (T, k) the last batch's experts, chosen with the bias
-    gates: torch.Tensor  # (T, k) their gates, from the unbiased scores
-
-
-def balance_by_bias(batches, router: torch.Tensor, cfg: MoEConfig, rate: float = 0.1) -> BiasBalancing:
-    """DeepSeek-V3's auxiliary-loss-free balancing, batch by batch: choose each token's top-k by its
-    scores plus a per-expert ``bias`` (``(n_experts,)``, starting at 0); weight the chosen experts by gates
-    from the scores without the bias (a softmax over the chosen ones, as ``route``); then move the bias by
-    ``rate`` towards balance: down for each expert that took more token-slots than the mean, up for each
-    that took fewer. Nothing is dropped and no loss term is added."""
-    from shardlib.core.experts.routing import route
-
-    positive_number(rate, "rate (the bias update per batch)")
-    bias = torch.zeros(cfg.n_experts)
-    loads = []
-    batches = list(batches)
-    if not batches:
-        raise ValueError("balance_by_bias needs at least one batch of tokens")
-    for x in batches:
-        routing = route(x, router, cfg)  # (T, E) scores with the skew, no balancing bias
-        experts = torch.sort(routing.logits + bias, dim=-1, descending=True, stable=True).indices[:, :cfg.k]
-        counts = torch.bincount(experts.flatten(), minlength=cfg.n_experts).to(torch.float64)  # (E,)
-        loads.append(float(counts.max() / counts.mean()))
-        bias = bias_update(bias, counts, rate)
-    gates = cfg.gate_spec.gates(cfg.gate_spec.affinity(routing.logits).gather(1, experts), routing.logits)
-    return BiasBalancing(tuple(loads), bias, routing, experts, gates)
+def replicate_hottest(placement: ExpertPlacement, expert_counts) -> ExpertPlacement:
+    """A placement with a second copy of the busiest expert on the least-loaded other rank (by the
+    token-slots ``expert_counts`` sends to each rank; ties go to the lower number)."""
+    counts = [int(c) for c in (expert_counts.tolist() if isinstance(expert_counts, torch.Tensor) else expert_counts)]
+    if len(counts) != placement.n_experts:
+        raise ValueError(f"expert_counts has {len(counts)} entries, one per expert is {placement.n_experts}")
+    hot = max(range(len(counts)), key=lambda e: (counts[e], -e))
+    load = [sum(counts[e] for e in placement.hosted(r)) for r in range(placement.ep)]
+    others = [r for r in range(placement.ep) if r != placement.owner(hot)]
+    if not others:
+        raise ValueError("a replica needs a second rank: this placement has one rank")
+    target = min(others, key=lambda r: (load[r], r))
+    return ExpertPlacement(placement.n_experts, placement.ep, ((hot, target),))

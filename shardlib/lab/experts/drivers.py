@@ -13,9 +13,9 @@ import torch
 
 from shardlib.core.checks import number_at_least, whole_number
 from shardlib.core.experts.dispatch import MoEWeights
-from shardlib.core.experts.placement import ExpertPlacement, replicate_hottest
+from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig
-from shardlib.lab.experts.balance import MITIGATIONS, LoadStats, load_stats, mitigated
+from shardlib.lab.experts.balance import MITIGATIONS, LoadStats, load_stats, mitigated, replicate_hottest
 from shardlib.lab.experts.ranks import ep_forward_on_rank
 from shardlib.lab.experts.reference import MoEOutput, check_layer_inputs, moe_reference, reference_for
 from shardlib.lab.harness import Measured, on_ranks

@@ -10,7 +10,7 @@ import torch
 
 from shardlib.core.checks import positive_number, whole_number
 from shardlib.core.experts.balance import split_groups
-from shardlib.core.experts.dropless import moe_layer
+from shardlib.core.experts.dispatch import moe_layer
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.facts.hardware import Link
 from shardlib.lab.experts.ranks import overlap_on_rank
@@ -84,7 +84,7 @@ def run_expert_overlap_check(ranks, config: MoEConfig | None = None, n_tokens: i
     w = problem.weights
     with ranks.same_threads():
         h = project(problem.x, w.w_in)
-        expected = [moe_layer(part, w.router, w.gate, w.up, w.down, cfg).output
+        expected = [moe_layer(part, w.router, w.experts(), cfg).output
                     for a, b in split_groups(n_tokens, ranks.world_size) for part in torch.tensor_split(h[a:b], 2)]
 
     def measure():

@@ -1,7 +1,7 @@
 """Expert parallelism's rank functions: the core layer on this rank's share of the batch, with a probe that
 times the expert phase. ``lab.harness.on_ranks`` runs them and gathers what they returned and sent.
 
-``ep_forward_on_rank`` is one forward of ``dispatch.expert_parallel_moe``; ``overlap_on_rank`` is
+``ep_forward_on_rank`` is one forward of ``dispatch.moe_layer``; ``overlap_on_rank`` is
 ``overlap.moe_two_microbatches`` over an emulated slow link. Their probe records the expert phase as a
 span with its CPU seconds, optionally padded by a sleep: per row received (a stall that survives a noisy
 machine) or to a floor (a stand-in for an accelerator's expert GEMMs; the sleep leaves the cores to the
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import torch
 
 from shardlib.core.experts.balance import split_groups
-from shardlib.core.experts.dispatch import EPForward, MoEWeights, expert_parallel_moe
+from shardlib.core.experts.dispatch import MoEWeights, moe_layer
 from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.lab.experts.reference import check_layer_inputs
@@ -46,13 +46,17 @@ class ExpertTimer:
 
 
 def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, placement: ExpertPlacement,
-                       extra_s_per_row: float = 0.0) -> EPForward:
-    """One expert-parallel forward of this rank's contiguous share of ``x`` (the whole batch). Each rank is
-    sent every expert's weights and uses only its own; a deployment would load only those."""
+                       extra_s_per_row: float = 0.0) -> dict:
+    """One expert-parallel forward of this rank's contiguous share of ``x`` (the whole batch): the output with
+    its residual, the assignment, the rows sent to and received from each rank. Each rank is sent every
+    expert's weights and uses only those it hosts; a deployment would load only those."""
     check_layer_inputs(x, weights, cfg, placement, ctx.world_size)
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
-    probe = ExpertTimer(ctx.timeline, extra_s_per_row)
-    return expert_parallel_moe(ctx, x[start:stop].to(ctx.device), weights, cfg, placement, probe=probe)
+    home = x[start:stop].to(ctx.device)  # (T_r, d_model)
+    out = moe_layer(home, weights.router, weights.experts(placement.hosted(ctx.rank)), cfg, ctx=ctx,
+                    placement=placement, probe=ExpertTimer(ctx.timeline, extra_s_per_row))
+    return {"output": home + out.output, "assignment": out.assignment, "rows_to_rank": out.rows_to_rank,
+            "rows_from_rank": out.rows_from_rank}
 
 
 def overlap_on_rank(ctx, x: torch.Tensor, weights, cfg, overlap: bool, expert_s: float, link) -> list:
@@ -62,11 +66,12 @@ def overlap_on_rank(ctx, x: torch.Tensor, weights, cfg, overlap: bool, expert_s:
     expert phase padded to ``expert_s``. Returns the two microbatches' outputs."""
     from shardlib.core.experts.overlap import moe_two_microbatches
     from shardlib.lab.costs.emulation import EmulatedLink
-    from shardlib.lab.experts.train_step import local_experts, project
+    from shardlib.lab.experts.train_step import project
 
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     xs = list(torch.tensor_split(project(x[start:stop], weights.w_in), 2))  # two microbatches, (T_r / 2, d_model)
-    experts = local_experts(weights, ctx.rank, cfg.experts_per_rank(ctx.world_size))
+    n_local = cfg.experts_per_rank(ctx.world_size)
+    experts = weights.experts(range(ctx.rank * n_local, (ctx.rank + 1) * n_local))
     ctx.comm.emulate(EmulatedLink(tuple(range(ctx.world_size)), link))
     try:
         return moe_two_microbatches(ctx, xs, experts, weights.router, cfg, overlap=overlap,

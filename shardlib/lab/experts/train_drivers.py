@@ -1,11 +1,9 @@
 """Notebook 04's MoE toy trained on a pool and set beside one process.
 
-* ``run_moe_training``: steps of SGD on ranks (``train_step.moe_train_on_rank``), as a ``MoETrainingRun``:
-  the losses, loads and biases per step, the last step's gradients assembled, each against the one-process
-  reference in float64. ``run_balance_training``: the same from a skewed router, one balancing method
-  (Switch's auxiliary loss, DeepSeek-V3's bias, or none).
-* ``run_node_limited``: the cross-node rows of node-limited routing against unlimited, counted from the
-  one-process routing and measured from the comm logs.
+``run_moe_training``: steps of SGD on ranks (``train_step.moe_train_on_rank``), as a ``MoETrainingRun``: the
+losses, loads and biases per step, the last step's gradients assembled, each against the one-process
+reference in float64. ``run_balance_training``: the same from a skewed router, one balancing method
+(Switch's auxiliary loss, DeepSeek-V3's bias, or none).
 """
 
 from __future__ import annotations
@@ -16,18 +14,9 @@ from functools import cached_property
 import torch
 
 from shardlib.core.checks import choice, positive_number, whole_number
-from shardlib.core.experts.balance import split_groups
-from shardlib.core.experts.node_limited import cross_node_rows, nodes_per_token, tokens_changed
-from shardlib.core.experts.routing import MoEConfig, route
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.lab.experts.train_reference import MoEProblem, MoEReference, make_moe_problem, train_steps_reference
-from shardlib.lab.experts.train_step import (
-    EXPERT_PARAMETERS,
-    PARAMETERS,
-    check_ep_degree,
-    moe_train_on_rank,
-    node_dispatch_on_rank,
-    project,
-)
+from shardlib.lab.experts.train_step import EXPERT_PARAMETERS, PARAMETERS, check_ep_degree, moe_train_on_rank
 from shardlib.lab.harness import Measured, on_ranks
 
 EXACT_RTOL = 1e-12  # float64: the gradients' sums are reordered across ranks, nothing else differs
@@ -144,61 +133,3 @@ def run_balance_training(ranks, config: MoEConfig = BALANCE_CONFIG, balance: str
     choice(balance, ("none", "aux-loss", "aux-free"), "balance (how the load is balanced)")
     cfg = config.but(balance=balance)
     return run_moe_training(ranks, make_moe_problem(cfg, n_tokens, skew=skew, seed=seed), cfg, ep, steps, lr)
-
-
-@dataclass(frozen=True)
-class NodeLimitedRun:
-    """Unlimited against node-limited routing of the same tokens, each rank an emulated node. Per policy,
-    the rows sent off their home node, one per token-slot (``"slots"``) and one per distinct remote node
-    (``"dedup"``, DeepSeek-V3's dispatch): ``predicted`` from the one-process routing
-    (``node_limited.cross_node_rows``), ``measured`` from the comm logs (wire bytes over the row's bytes).
-    ``bound_rows`` is DeepSeek-V3's bound on the dedup rows, ``max_nodes`` per token."""
-
-    n_nodes: int
-    max_nodes: int
-    n_tokens: int
-    row_bytes: int
-    predicted: dict  # policy -> {"slots": rows, "dedup": rows}
-    measured: dict
-    most_nodes_per_token: dict  # policy -> the most nodes any token reached
-    tokens_changed: int  # tokens whose top-k differs from unlimited routing: the quality cost
-
-    bound_rows = property(lambda self: self.n_tokens * self.max_nodes)
-
-    @property
-    def exact(self) -> bool:
-        return self.predicted == self.measured
-
-    def cross_node_bytes(self, policy: str, kind: str = "dedup") -> int:
-        return self.measured[policy][kind] * self.row_bytes
-
-
-def _rows_sent(got: Measured, which: int, row_bytes: int) -> int:
-    """Rows every rank sent to other ranks in its ``which``-th dispatch (0 per slot, 1 deduplicated)."""
-    return sum(got.records("all_to_all_single", rank)[2 * which + 1].wire_bytes for rank in got.ranks) // row_bytes
-
-
-def run_node_limited(ranks, config: MoEConfig, max_nodes: int = 1, n_tokens: int = 256, seed: int = 0,
-                     skew: float = 0.0) -> NodeLimitedRun:
-    """Route ``n_tokens`` tokens with ``config`` unlimited and limited to ``max_nodes`` of ``world_size``
-    emulated nodes (one per rank); send each policy's rows through real all-to-alls; set the cross-node
-    rows measured from the comm logs beside the counts from the one-process routing."""
-    n_nodes = ranks.world_size
-    limited = config.but(n_nodes=n_nodes, max_nodes=max_nodes)
-    cfgs = {"unlimited": config.but(n_nodes=n_nodes, max_nodes=None), "limited": limited}
-    check_ep_degree(limited, ranks.world_size, ranks.world_size)
-    problem = make_moe_problem(limited, n_tokens, skew=skew, seed=seed)
-    home = torch.cat([torch.full((b - a,), r) for r, (a, b) in enumerate(split_groups(n_tokens, n_nodes))])
-    row_bytes = limited.d_model * problem.x.element_size()
-    predicted, measured, most, chosen = {}, {}, {}, {}
-    for policy, cfg in cfgs.items():
-        with ranks.same_threads():
-            chosen[policy] = experts = route(project(problem.x, problem.weights.w_in), problem.weights.router,
-                                             cfg).experts  # (T, k)
-        predicted[policy] = {kind: cross_node_rows(experts, home, cfg.n_experts, n_nodes, dedup=kind == "dedup")
-                             for kind in ("slots", "dedup")}
-        got = on_ranks(ranks, node_dispatch_on_rank, problem.x, problem.weights, cfg)
-        measured[policy] = {"slots": _rows_sent(got, 0, row_bytes), "dedup": _rows_sent(got, 1, row_bytes)}
-        most[policy] = int(nodes_per_token(experts, cfg.n_experts, n_nodes).max())
-    return NodeLimitedRun(n_nodes, max_nodes, n_tokens, row_bytes, predicted, measured, most,
-                          tokens_changed(chosen["limited"], chosen["unlimited"]))

@@ -17,10 +17,10 @@ import torch
 
 from shardlib.core.checks import number_at_least, positive_number, whole_number
 from shardlib.core.experts.balance import bias_update, split_groups
-from shardlib.core.experts.dropless import moe_layer
+from shardlib.core.experts.dispatch import make_moe_weights, moe_layer
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.toy import generator, weight
-from shardlib.lab.experts.train_step import MoETrainWeights, group_loss, project, task_loss
+from shardlib.lab.experts.train_step import EXPERT_PARAMETERS, MoETrainWeights, group_loss, project, task_loss
 
 
 @dataclass(frozen=True)
@@ -49,14 +49,10 @@ def make_moe_problem(cfg: MoEConfig, n_tokens: int = 64, d_in: int | None = None
     teacher = weight(g, cfg.d_model, d_in)
     target = torch.tanh(x @ teacher.T)  # (T, d_model)
     w_in = weight(g, cfg.d_model, d_in)
-    router = weight(g, cfg.n_experts, cfg.d_model)
-    router = router / router.norm(dim=1, keepdim=True)
+    moe = make_moe_weights(cfg, g)
     direction = w_in @ u
-    router[hot_expert] += skew * direction / direction.norm()
-    gate = torch.stack([weight(g, cfg.d_ff, cfg.d_model) for _ in range(cfg.n_experts)])
-    up = torch.stack([weight(g, cfg.d_ff, cfg.d_model) for _ in range(cfg.n_experts)])
-    down = torch.stack([weight(g, cfg.d_model, cfg.d_ff) for _ in range(cfg.n_experts)])
-    weights = MoETrainWeights(w_in, router, gate, up, down).to(dtype)
+    moe.router[hot_expert] += skew * direction / direction.norm()
+    weights = MoETrainWeights(moe.router, moe.gate, moe.up, moe.down, w_in).to(dtype)
     return MoEProblem(x.to(dtype), target.to(dtype), weights)
 
 
@@ -78,7 +74,7 @@ def reference_step(x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeigh
     losses, tasks, counts = [], [], torch.zeros(cfg.n_experts, dtype=torch.long)
     for a, b in split_groups(x.shape[0], n_groups):
         h = project(x[a:b], params["w_in"])  # (T_g, d_model)
-        layer = moe_layer(h, params["router"], params["gate"], params["up"], params["down"], cfg, bias)
+        layer = moe_layer(h, params["router"], [params[n] for n in EXPERT_PARAMETERS], cfg, bias)
         losses.append(group_loss(h + layer.output, target[a:b], layer.aux_loss, cfg))
         tasks.append(task_loss(h + layer.output, target[a:b]).detach())
         counts += layer.counts

@@ -1,5 +1,5 @@
 """Notebook 04's MoE toy on a rank: a dense input projection ``w_in``, then the training step's MoE layer
-(``core.training.moe_block.MoEMLP``) with its residual, trained by plain SGD; and node-limited dispatch.
+(``core.training.moe_block.MoEMLP``) with its residual, trained by plain SGD.
 
 The experts are spread by ``core.experts.groups.layout_expert_groups`` on ``Layout(dp=world, ep=ep)``: ep
 groups of ``ep`` consecutive ranks, expert-data-parallel (``edp``) groups of the ranks ``ep`` apart.
@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlib.core.checks import positive_number, whole_number
-from shardlib.core.experts.autograd import LocalExperts
 from shardlib.core.experts.balance import bias_update, split_groups
+from shardlib.core.experts.dispatch import MoEWeights
 from shardlib.core.experts.groups import layout_expert_groups
-from shardlib.core.experts.routing import MoEConfig, blocked_rows, route
+from shardlib.core.experts.routing import MoEConfig, blocked_rows
 from shardlib.core.experts.stack import EXPERT_KEYS
 from shardlib.core.mesh import Layout
 from shardlib.core.tensor_parallel.layers import TPGroup
@@ -39,14 +39,11 @@ PARAMETERS = ("w_in", "router", *EXPERT_PARAMETERS)
 
 
 @dataclass(frozen=True)
-class MoETrainWeights:
-    """Every weight of the toy: the dense input projection, the router, all experts' gated MLPs."""
+class MoETrainWeights(MoEWeights):
+    """Every weight of the toy: the MoE layer's (the router and the experts: dense, and a block per rank of an
+    ep group), and the dense input projection, replicated on every rank."""
 
-    w_in: torch.Tensor  # (d_model, d_in), dense: replicated on every rank
-    router: torch.Tensor  # (n_experts, d_model), dense
-    gate: torch.Tensor  # (n_experts, d_ff, d_model), expert weights: each rank of an ep group holds a block
-    up: torch.Tensor  # (n_experts, d_ff, d_model)
-    down: torch.Tensor  # (n_experts, d_model, d_ff)
+    w_in: torch.Tensor  # (d_model, d_in)
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in PARAMETERS}
@@ -78,13 +75,6 @@ def check_ep_degree(cfg: MoEConfig, world_size: int, ep: int) -> int:
         raise ValueError(f"ep = {ep} on {world_size} ranks: the ranks must form whole expert-parallel groups of ep "
                          f"ranks each, so ep must divide the world size {world_size}")
     return cfg.experts_per_rank(ep)
-
-
-def local_experts(weights: MoETrainWeights, place: int, n_local: int) -> LocalExperts:
-    """The block of experts at ``place`` of an ep group, as fresh leaves that collect gradients."""
-    block = slice(place * n_local, (place + 1) * n_local)
-    return LocalExperts(*(getattr(weights, n)[block].detach().clone().requires_grad_(True)
-                          for n in EXPERT_PARAMETERS))
 
 
 class _LayerShape(NamedTuple):
@@ -132,7 +122,7 @@ class ToyMoE(nn.Module):
             elif ctx.world_size > self.ep:  # experts: the other ep groups' copies
                 ctx.comm.all_reduce(w.grad, group=self.groups.edp)
         with torch.no_grad():  # Switch's loss of this rank's tokens, for the loss reported; then SGD
-            aux = self.moe.aux_share(h, counts) if cfg.balance == "aux-loss" else torch.zeros((), dtype=h.dtype)
+            aux = self.moe.aux if cfg.balance == "aux-loss" else torch.zeros((), dtype=h.dtype)
             for w in weights.values():
                 w -= lr * w.grad
         total = torch.stack([task.detach() + cfg.aux_loss_coef * aux, task.detach()]).to(torch.float64)
@@ -166,27 +156,3 @@ def moe_train_on_rank(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETr
     out["grads"] = {n: w.grad for n, w in model.named_weights().items()}
     out["first_expert"] = model.groups.place * n_local
     return out
-
-
-def node_dispatch_on_rank(ctx, x: torch.Tensor, weights: MoETrainWeights, cfg: MoEConfig) -> torch.Tensor:
-    """Route this rank's share of ``x`` with ``cfg`` (node-limited when ``cfg.max_nodes`` is set), then send
-    its rows to the ranks holding their experts twice, each an all-to-all after its counts: once per
-    token-slot, once per distinct rank (DeepSeek-V3's dispatch sends a token to a node once). Each rank is
-    a node (``cfg.n_nodes`` must be the world size). Returns the chosen experts ``(T_r, k)``."""
-    if cfg.n_nodes != ctx.world_size:
-        raise ValueError(f"this measurement makes each rank a node: n_nodes must be the world size "
-                         f"{ctx.world_size}, got {cfg.n_nodes}")
-    n_local = check_ep_degree(cfg, ctx.world_size, ctx.world_size)
-    start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
-    with torch.no_grad():
-        h = project(x[start:stop], weights.w_in)  # (T_r, d_model)
-        experts = route(h, weights.router, cfg).experts  # (T_r, k)
-    dest = experts // n_local  # (T_r, k) the rank holding each slot's expert
-    reached = torch.zeros(dest.shape[0], ctx.world_size, dtype=torch.bool).scatter_(1, dest, True)  # (T_r, ep)
-    dedup_token, dedup_rank = torch.nonzero(reached, as_tuple=True)  # one row per (token, destination rank)
-    for token, rank in ((torch.arange(dest.shape[0]).repeat_interleave(cfg.k), dest.flatten()),
-                        (dedup_token, dedup_rank)):
-        to_rank = torch.bincount(rank, minlength=ctx.world_size).tolist()
-        order = torch.sort(rank, stable=True).indices
-        ctx.comm.all_to_all_single(h[token[order]], to_rank, ctx.comm.exchange_counts(to_rank))
-    return experts

@@ -1,7 +1,6 @@
 """The measured claims of notebook 00, on a pool: a collective waits for its slowest rank
 (``run_straggler_check``), a failing rank is reported at once and the pool recovers (``run_failure_check``),
-and an all-reduce's time at a given size (``run_all_reduce_time``). The checks' ``verdicts`` (``lab.verdict``)
-print as one line each: predicted, measured, ratio, verdict.
+and an all-reduce's time at a given size (``run_all_reduce_time``), each claim a ``lab.verdict.Verdict``.
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ def _waits_s(got: Measured) -> list[tuple[float, float]]:
 
 @dataclass(frozen=True)
 class StragglerCheck:
-    """Every run of ``straggler_on_rank`` (``got``), read as rank 0's predicted and measured wait inside
-    the all-reduce (medians over the runs), and the last run's spans for a timeline."""
+    """Rank 0's predicted and measured wait inside the all-reduce (medians over the runs), and the last
+    run's spans for a timeline."""
 
     got: Measured
     verdicts: tuple[Verdict, ...] = ()
@@ -47,12 +46,9 @@ class StragglerCheck:
 
 
 def run_straggler_check(ranks, work_units=(1, 4), runs: int = 5, attempts: int = 3) -> StragglerCheck:
-    """Rank ``r`` does ``work_units[r]`` units of matmuls, then all ranks all-reduce (``straggler_on_rank``),
-    ``runs`` times, each after a barrier. Prediction: rank 0 waits inside the all-reduce for as long as
-    rank 1 arrives after it. The medians of the runs are compared; the verdict holds when measured /
-    predicted is within 0.8-1.25. A busy machine spoils a run (a rank that wakes late from the barrier
-    starts late), so the runs are taken again, at most ``attempts`` times in all; the last set is kept.
-    Needs 2 ranks, the later one with more work."""
+    """``straggler_on_rank`` ``runs`` times on 2 ranks, rank 1 with more work. Prediction: rank 0 waits
+    inside the all-reduce for as long as rank 1 arrives after it; the medians must agree within
+    ``WAIT_BAND``. A busy machine spoils runs, so they are taken again, at most ``attempts`` times."""
     one_per(list(work_units), ranks.world_size, "work_units", "rank")
     whole_number(runs, "runs")
     if ranks.world_size != 2 or not work_units[1] > work_units[0]:
@@ -72,7 +68,7 @@ def run_straggler_check(ranks, work_units=(1, 4), runs: int = 5, attempts: int =
 
 @dataclass(frozen=True)
 class AllReduceTime:
-    """Every rank's all-reduces of one size (``got``), read as the slowest rank's median seconds."""
+    """Every rank's all-reduces of one size, read as the slowest rank's median seconds."""
 
     got: Measured
 
@@ -91,7 +87,7 @@ def run_all_reduce_time(ranks, n_elements: int, repeats: int = 5) -> AllReduceTi
 
 @dataclass(frozen=True)
 class FailureCheck:
-    """What a failing rank function produced: the error, how soon it came, and whether the pool recovered."""
+    """A failing rank function's error, how soon it came, and whether the pool recovered."""
 
     error: RankError
     reported_after_s: float
@@ -100,9 +96,8 @@ class FailureCheck:
 
 
 def run_failure_check(ranks, fn: Callable, attempts: int = 3) -> FailureCheck:
-    """Run ``fn``, a rank function that raises on some rank, and time how long the pool takes to report it
-    (the verdict: within 2 s, where a hang would never end); then check that the pool answers again on
-    every rank. A ``ValueError`` if ``fn`` raises on no rank."""
+    """Time how long the pool takes to report ``fn``'s error (within ``REPORT_LIMIT_S``, where a hang would
+    never end), then check that it answers again on every rank."""
 
     def measure() -> FailureCheck:
         started = time.perf_counter()

@@ -1,7 +1,6 @@
 """Rank functions for the first notebook: who am I, a first all-reduce, and a straggler.
 
-Each is an ordinary rank function ``fn(ctx, ...)`` (named ``..._on_rank``, as every rank function in the
-package is): it runs on a ``Ranks`` pool in a notebook and under ``torchrun``
+Each runs on a ``Ranks`` pool in a notebook and under ``torchrun``
 (``python -m shardlib.runtime.launch shardlib.lab.intro.ranks:first_all_reduce_on_rank``).
 """
 
@@ -41,10 +40,8 @@ class AllReduced:
 
 
 def first_all_reduce_on_rank(ctx, n: int = 4) -> AllReduced:
-    """Rank r starts with ``n`` copies of ``r + 1``; after a sum all-reduce every rank holds the total.
-
-    With ``w`` ranks the total is ``1 + 2 + ... + w = w (w + 1) / 2`` in every position.
-    """
+    """Rank r starts with ``n`` copies of ``r + 1``; after a sum all-reduce every rank holds
+    ``1 + 2 + ... + w = w (w + 1) / 2`` in every position."""
     x = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
     before = x.clone()
     ctx.comm.all_reduce(x)
@@ -52,11 +49,8 @@ def first_all_reduce_on_rank(ctx, n: int = 4) -> AllReduced:
 
 
 def straggler_on_rank(ctx, work_units: list[int], size: int = 256) -> float:
-    """Each rank does ``work_units[rank]`` units of matmul work, then all ranks all-reduce a vector.
-
-    The all-reduce cannot finish until the slowest rank arrives, so a rank with less work spends the
-    difference waiting inside the collective. The ``matmuls`` span records when this rank arrived.
-    """
+    """Each rank does ``work_units[rank]`` units of matmuls (a ``matmuls`` span), then all ranks all-reduce:
+    a rank with less work waits inside the collective for the slowest."""
     one_per(work_units, ctx.world_size, "work_units", "rank")
     a = torch.randn(size, size, device=ctx.device)  # (size, size)
     with ctx.timeline.span("matmuls", units=work_units[ctx.rank]):

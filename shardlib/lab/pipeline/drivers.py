@@ -21,7 +21,7 @@ from shardlib.core.pipeline.schedules import Schedule
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.pipeline.ranks import pipeline_step_on_rank
 from shardlib.lab.pipeline.reference import check_pipeline_inputs, durations, unpipelined_step
-from shardlib.lab.tensor_parallel.ranks import tp_mlp_on_rank
+from shardlib.lab.tensor_parallel.ranks import tp_block_on_rank
 from shardlib.predict.pipeline import measure_bubble, measured_in_flight
 
 
@@ -68,11 +68,6 @@ class PipelineRun:
     def at(self, repeat: int) -> "PipelineRun":
         return replace(self, repeat=repeat)
 
-    def median(self) -> "PipelineRun":
-        """The repeat with the median step (window): one repeat stalled by another program does not decide."""
-        windows = [b.window_s for b in self.bubbles]
-        return self.at(sorted(range(len(windows)), key=windows.__getitem__)[(len(windows) - 1) // 2])
-
     def fastest(self) -> "PipelineRun":
         """The repeat with the shortest step: with every op padded, other work only ever adds time."""
         windows = [b.window_s for b in self.bubbles]
@@ -88,14 +83,6 @@ class PipelineRun:
     def peak_activation_bytes(self) -> tuple[int, ...]:  # per stage, the most its forwards in flight had saved
         return tuple(max((s.attrs.get("held_bytes", 0) for s in self.spans if s.rank == r), default=0)
                      for r in range(self.schedule.n_stages))
-
-    @property
-    def timing_note(self) -> str:
-        """Which timing the run used, in words, for figure titles."""
-        if self.forward_s is None and self.backward_s is None:
-            return "real compute (no padding)"
-        return (f"each op padded with sleep to a set duration (forward {_fmt(self.forward_s)}, "
-                f"backward {_fmt(self.backward_s)})")
 
     def sent_bytes(self) -> int:  # between stages this step: the comm log's sends, every rank
         return self.got.bytes("send", repeat=self.repeat)
@@ -134,14 +121,6 @@ def gathered_grads(got: Measured) -> list[dict]:
     """Every layer's weight gradients, gathered from the ranks' ``grads`` (by layer index), in layer order."""
     merged = {i: g for per_rank in got.each("grads") for i, g in per_rank.items()}
     return [merged[i] for i in sorted(merged)]
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "real"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(f"{v * 1e3:g} ms" for v in value) + "]"
-    return f"{value * 1e3:g} ms"
 
 
 def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -187,6 +166,6 @@ def run_pipeline_vs_tp_bytes(ranks, model: ModelConfig, layers: list[dict], x: t
     if any("q" in w for w in layers):
         raise ValueError("the comparison splits each layer's MLP: give MLP-only layers (parts=('mlp',))")
     pp = run_pipeline(ranks, make_schedule("1f1b", ranks.world_size, n_microbatches), model, layers, x, grad_output)
-    tp = [on_ranks(ranks, tp_mlp_on_rank, x, w, grad_output) for w in layers]  # one layer at a time
+    tp = [on_ranks(ranks, tp_block_on_rank, "mlp", x, w, None, grad_output) for w in layers]  # one layer at a time
     return PipelineVsTPBytes(x.numel() * x.element_size(), pp.sent_messages(), pp.sent_bytes(),
                              sum(t.count(rank=0) for t in tp), sum(t.bytes(rank=0) for t in tp))

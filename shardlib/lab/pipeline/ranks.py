@@ -15,11 +15,11 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import block_reference
 from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.core.pipeline.messages import Links
 from shardlib.core.pipeline.schedules import Schedule
 from shardlib.core.pipeline.stages import layers_of_stage
-from shardlib.core.toy import block_reference
 from shardlib.lab.measure import SavedBytes
 from shardlib.lab.pipeline.reference import check_pipeline_inputs, durations
 from shardlib.predict.pipeline import microbatch_sizes

@@ -12,9 +12,9 @@ import torch
 
 from shardlib.core.checks import number_at_least, one_per, same_dtype
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import stack_reference
 from shardlib.core.pipeline.schedules import Schedule
 from shardlib.core.pipeline.stages import split_layers
-from shardlib.core.toy import stack_reference
 from shardlib.predict.pipeline import microbatch_sizes
 
 

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import block_reference
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.schedules import Action, Schedule
 from shardlib.core.pipeline.stages import split_layers
-from shardlib.core.toy import block_reference
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.pipeline.drivers import PipelineRun, compared, gathered_grads, gathered_output, run_pipeline
 from shardlib.lab.pipeline.reference import check_pipeline_inputs

@@ -7,16 +7,16 @@
 * ``disagg_drivers``: ``run_disaggregation_check``: colocated against disaggregated on the same ranks and
   trace, each configuration predicted on a fitted step cost, then served.
 * ``disagg_run``: ``run_disaggregated``: a prefill pool and a decode pool on a warm pool of ranks.
-* ``drivers``: A layout run on a pool and checked against its prediction, and the toy cluster measured.
+* ``drivers``: A layout run on a pool and checked against its prediction, and the toy cluster measured: the
+  layouts' rank functions, and the arithmetic speed of a rank.
 * ``engine_drivers``: The serving engine on a warm pool, and configurations served on one trace, each
   predicted first.
 * ``hf``: ``transformers`` as the engine's peer: a tiny random Llama, and a checkpoint read from disk.
 * ``machines``: Tensor parallelism inside each machine, pipeline stages across machines, under ``torchrun``.
-* ``ranks``: The layouts' rank functions, and the arithmetic speed of a rank.
 * ``replica_drivers``: Replicas of the engine behind a router on a warm pool; routing policies and "if it fits,
   run replicas" predicted, then served.
 * ``traces``: Seeded request traces: what the engine is asked, and when.
 """
 
 __all__ = ["across", "cold_start", "disagg_drivers", "disagg_run", "drivers", "engine_drivers", "hf", "machines",
-           "ranks", "replica_drivers", "traces"]
+           "replica_drivers", "traces"]

@@ -22,8 +22,7 @@ from shardlib.core.toy import decode_reference
 from shardlib.facts.hardware import Cluster, Link, toy_cluster
 from shardlib.lab.costs.emulation import EmulatedLink
 from shardlib.lab.harness import on_ranks
-from shardlib.lab.serving.drivers import DecodeRun, run_decode
-from shardlib.lab.serving.ranks import effective_flops_on_rank
+from shardlib.lab.serving.drivers import DecodeRun, effective_flops_per_s, run_decode
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.decode import Score, score
 from shardlib.predict.serving.memory import Workload, weights_per_gpu
@@ -89,7 +88,7 @@ def run_across_nodes(ranks, model: ModelConfig, layers: list[dict], x: torch.Ten
         raise ValueError(f"a batch of {batch} sequences cannot be cut into {pipeline.pp} equal microbatches, one "
                          f"per stage")
     # the arithmetic speed of a rank, measured on every rank at once (as they compute in the runs)
-    flops = statistics.median(on_ranks(ranks, effective_flops_on_rank, model, layers, batch // pipeline.pp, 1).each())
+    flops = statistics.median(on_ranks(ranks, effective_flops_per_s, model, layers, batch // pipeline.pp, 1).each())
     g = ranks.world_size // 2
     cap = 0.75 * weights_per_gpu(model, Layout(tp=1, pp=1)) if memory_per_rank_bytes is None else memory_per_rank_bytes
     cluster = toy_cluster(inter_link, memory_per_rank_bytes=cap, flops_per_s=flops, inter_link=inter_link, nodes=2,

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from shardlib.core.checks import whole_number
-from shardlib.core.serving.llama import LAYER_KEYS, LlamaConfig, greedy_reference, random_weights, weights_from_hf_llama
+from shardlib.core.config import ModelConfig
+from shardlib.core.model import LAYER_KEYS, greedy_reference, random_weights, weights_from_hf_llama
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request
@@ -30,8 +31,9 @@ from shardlib.lab.verdict import Verdict, verified
 
 # About 35 MB of float32 weights: large enough that reading them takes milliseconds, small enough to write,
 # read and serve in well under a second.
-COLD_START_MODEL = LlamaConfig(vocab_size=2048, d_model=256, n_layers=8, n_heads=8, n_kv_heads=4, d_ff=1024,
-                               max_positions=256)
+COLD_START_MODEL = ModelConfig("llama", vocab_size=2048, d_model=256, n_layers=8, n_heads=8, n_kv_heads=4, d_ff=1024,
+                               max_positions=256, rope_theta=10000.0, rms_eps=1e-6,
+                               norm_float32=True)
 # The replica's rank computes with one thread, and the reference beside it too. A pool of one rank would
 # get every core; with two threads on a shared two-core machine each op of the first step waits at its
 # barrier for a thread the scheduler gave away, and the step ran 0.05-1.7 s from one start to the next.
@@ -130,21 +132,8 @@ class ColdStart:
     def predicted_total_s(self) -> float:
         return self.process_start_s + self.predicted_load_s + self.first_step_s
 
-    def table(self) -> str:
-        """The parts of the start, in milliseconds."""
-        rows = [("process start (a pool of one rank, the engine imported)", self.process_start_s, None),
-                (f"weights read ({self.checkpoint_bytes / 1e6:.0f} MB)", self.load_s, self.predicted_load_s),
-                ("first step (model built, one prefill)", self.first_step_s, None),
-                ("asked for to first token", self.total_s, self.predicted_total_s)]
-        out = [f"{'':<58}{'measured':>10}{'predicted':>11}"]
-        for name, measured, predicted in rows:
-            out.append(f"{name:<58}{measured * 1e3:>8.1f}ms" + (f"{predicted * 1e3:>9.1f}ms" if predicted else ""))
-        out.append(f"load bandwidth {self.load_bandwidth_bytes_per_s / 1e9:.2f} GB/s, from a "
-                   f"{self.calibration_bytes / 1e6:.0f} MB file ({self.bandwidth_source})")
-        return "\n".join(out)
 
-
-def write_cold_start_files(folder, config: LlamaConfig = COLD_START_MODEL, seed: int = 0):
+def write_cold_start_files(folder, config: ModelConfig = COLD_START_MODEL, seed: int = 0):
     """``(checkpoint path, calibration path, weights)``: seeded weights saved as a checkpoint, and beside it
     another checkpoint of about as many bytes, one tensor of random bytes (the file the bandwidth is
     calibrated on: the same format, so the same loader reads it)."""
@@ -157,7 +146,7 @@ def write_cold_start_files(folder, config: LlamaConfig = COLD_START_MODEL, seed:
     return checkpoint, folder / CALIBRATION_NAME, weights
 
 
-def run_cold_start_check(config: LlamaConfig = COLD_START_MODEL, prompt_tokens: int = 16, attempts: int = 3,
+def run_cold_start_check(config: ModelConfig = COLD_START_MODEL, prompt_tokens: int = 16, attempts: int = 3,
                          seed: int = 0) -> ColdStart:
     """Start a replica cold (a fresh pool of one rank), load a checkpoint of ``config``'s weights from a file,
     serve one prompt of ``prompt_tokens`` tokens its first token; predict it first.
@@ -169,8 +158,9 @@ def run_cold_start_check(config: LlamaConfig = COLD_START_MODEL, prompt_tokens: 
     (the checkpoint holds one zip record and one tensor per weight, the calibration one)."""
     from shardlib.runtime.ranks import Ranks
 
-    if not isinstance(config, LlamaConfig):
-        raise ValueError(f"config must be a LlamaConfig (the model to start), got {type(config).__name__}")
+    if not isinstance(config, ModelConfig) or not config.max_positions:
+        raise ValueError("config must be a ModelConfig of a model to serve (its max_positions set), got "
+                         f"{getattr(config, 'name', type(config).__name__)}")
     whole_number(prompt_tokens, "prompt_tokens")
     if prompt_tokens >= config.max_positions:
         raise ValueError(f"a prompt of {prompt_tokens} tokens does not fit in {config.max_positions} positions")

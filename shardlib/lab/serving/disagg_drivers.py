@@ -14,13 +14,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from shardlib.core.serving.llama import LlamaWeights
+from shardlib.core.model import LlamaWeights
 from shardlib.core.serving.requests import request_metrics
 from shardlib.facts.hardware import Link
 from shardlib.lab.serving.disagg_run import check_split, run_disaggregated
-from shardlib.lab.serving.engine_drivers import FIGURE_WORDS, check_serving, run_serving
+from shardlib.lab.serving.engine_drivers import check_serving, run_serving
 from shardlib.lab.verdict import Verdict, verified
-from shardlib.predict.serving.engine import fit_step_cost, simulate_serving
+from shardlib.predict.serving.engine import simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective, goodput, slo_attainment
 from shardlib.predict.serving.pools import simulate_pools
 
@@ -49,10 +49,6 @@ class Interference:
     def predicted_ratio(self) -> float:
         return self.predicted_mixed_s / self.predicted_decode_only_s
 
-    @property
-    def line(self) -> str:
-        return (f"a decode step with prompt tokens took {self.mixed_s * 1e3:.2f} ms (median of {self.n_mixed}), one "
-                f"without {self.decode_only_s * 1e3:.2f} ms (median of {self.n_decode_only}): {self.ratio:.1f}x")
 
 
 def interference(steps, cost) -> Interference:
@@ -92,40 +88,6 @@ class DisaggregationCheck:
 
     def measured(self, name: str) -> dict:
         return self.runs[name].figures(self.requests)
-
-    @property
-    def handoff_line(self) -> str:
-        """The hand-off, first token to K/V in the decode cache (median over requests; the decode step in progress
-        waited out), whole and layer by layer."""
-        return "hand-off, first token to K/V in the decode cache (median): " + "; ".join(
-            f"{name.replace('disaggregated', '').strip(', ') or 'whole'} predicted {p * 1e3:.2f} ms, measured "
-            f"{m * 1e3:.2f} ms" for name, (p, m) in self.handoff_s.items())
-
-    def table(self) -> str:
-        """One row per configuration: TTFT and TPOT at p50 and p90 (ms), tokens per second, and per objective
-        the share of requests meeting it at this rate and the goodput per GPU predicted over the sweep ("≥"
-        when the objective held at the sweep's highest rate, so the goodput is at least that)."""
-        figs = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
-        head = f"{'':<30}" + "".join(f"{FIGURE_WORDS[f] + ' ms':>16}" for f in figs) + f"{'tokens/s':>15}"
-        for o in self.objectives:
-            head += f"{'met, ' + o.name:>18}{'goodput/GPU':>13}"
-        rows = [head, f"{'':<30}{'(predicted / measured)':>64}"]
-        for name in self.predicted:
-            p = self.predicted[name]
-            m = self.measured(name) if name in self.runs else None
-            row = f"{name:<30}"
-            for f in figs:
-                row += f"{p[f] * 1e3:>8.1f} /" + (f"{m[f] * 1e3:>6.1f}" if m else f"{'-':>6}")
-            row += f"{p['tokens_per_s']:>8.0f} /" + (f"{m['tokens_per_s']:>5.0f}" if m else f"{'-':>5}")
-            for o in self.objectives:
-                key = (name, o.label)
-                measured = f"{self.attainment[key]:>5.0%}" if key in self.attainment else f"{'-':>5}"
-                good = self.predicted_goodput[key]
-                top = good >= max(self.sweep_rates) / self.gpus  # met at every rate swept: at least this
-                shown = ("≥ " if top else "") + f"{good:.1f}"
-                row += f"{self.predicted_attainment[key]:>11.0%} /{measured}{shown:>12}"
-            rows.append(row)
-        return "\n".join(rows)
 
 
 REPLICAS = "colocated replicas (predicted)"
@@ -177,8 +139,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
             raise ValueError("the requests all arrive at once: give rate_per_s, the rate the sweep is centred on")
         rate_per_s = (len(requests) - 1) / span
     sweep = tuple(rate_per_s * 2.0 ** k for k in range(-3, 7))  # an eighth to 64 times the trace's rate
-    element, model = weights.embed.element_size(), weights.config
-    replicas = ranks.world_size // p
+    model, replicas = weights.config, 2  # colocated replicas: one per pool's worth of ranks
     given = dict(runs or {})
     for o in objectives or ():
         if not isinstance(o, ServingObjective):
@@ -201,11 +162,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
 
     def measure():
         runs = {name: serve(name) for name in CONFIGURATIONS}
-        costs = {}
-        for name in CONFIGURATIONS:
-            sibling = runs[SIBLING[name]]
-            steps = sibling.prefill_steps + sibling.decode_steps if name.startswith("disagg") else sibling.steps
-            costs[name] = fit_step_cost(steps, model, element)
+        costs = {name: runs[SIBLING[name]].step_cost(weights) for name in CONFIGURATIONS}
         costs[REPLICAS] = costs["disaggregated"]  # one engine on a pool's worth of ranks: the pools' step cost
         return runs, costs
 
@@ -255,7 +212,6 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
     predicted[REPLICAS]["tokens_per_s"] *= replicas  # every replica's tokens
     handoff = {n: (statistics.median(simulated[n].admitted_s.values()), statistics.median(runs[n].handoff_s.values()))
                for n in CONFIGURATIONS[2:] if runs[n].handoff_s}
+    inter = interference(runs["colocated, chunked prefill"].steps, costs["colocated, chunked prefill"])
     return DisaggregationCheck(requests, rate_per_s, ranks.world_size, objectives, runs, predicted, attained,
-                               predicted_attained, good, sweep, costs,
-                               interference(runs["colocated, chunked prefill"].steps,
-                                            costs["colocated, chunked prefill"]), found, handoff)
+                               predicted_attained, good, sweep, costs, inter, found, handoff)

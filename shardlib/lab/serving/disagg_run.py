@@ -1,10 +1,6 @@
 """``run_disaggregated``: a prefill pool and a decode pool on a warm pool of ranks, every request checked
-before any rank starts.
-
-A ``DisaggregatedRun`` is the engine's ``ServingRun`` (tokens, token times, metrics per request) plus the
-hand-off: ``kv_bytes_sent[request_id]``, the bytes of that request's K/V read from the comm log (the
-``handoff`` group's sends, every prefill rank together), beside ``kv_bytes_predicted[request_id]``
-(``handoff.kv_bytes_per_request`` times the ranks of a pool).
+before any rank starts. A ``DisaggregatedRun`` is a ``ServingRun`` plus the hand-off: each request's K/V
+bytes read from the comm log beside ``handoff.kv_bytes_per_request`` times the ranks of a pool.
 """
 
 from __future__ import annotations
@@ -12,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shardlib.core.checks import flag, whole_number
+from shardlib.core.model import LlamaWeights
 from shardlib.core.serving.disagg import disaggregated_on_rank
 from shardlib.core.serving.handoff import kv_bytes_per_request
-from shardlib.core.serving.llama import LlamaWeights
 from shardlib.lab.harness import on_ranks
-from shardlib.lab.serving.engine_drivers import ServingRun, check_serving, engine_tp_problems
+from shardlib.lab.serving.engine_drivers import ServingRun, check_serving
+from shardlib.predict.shapes import tensor_parallel_problems
 
 
 @dataclass(frozen=True)
@@ -63,9 +60,7 @@ class DisaggregatedRun(ServingRun):
 
 def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
     """The decode pool's size, or a ValueError saying why ``prefill_ranks`` does not split the job."""
-    if isinstance(prefill_ranks, bool) or not isinstance(prefill_ranks, int) or prefill_ranks < 1:
-        raise ValueError(f"prefill_ranks must be a whole number of ranks, at least 1 (a pool of zero ranks "
-                         f"serves nothing), got {prefill_ranks!r}")
+    whole_number(prefill_ranks, "prefill_ranks (a whole number of ranks: a pool of zero ranks serves nothing)")
     decode = world_size - prefill_ranks
     if decode < 1:
         raise ValueError(f"prefill_ranks = {prefill_ranks} of a job of {world_size} ranks leaves no rank to decode: "
@@ -76,7 +71,7 @@ def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
         raise ValueError(f"{prefill_ranks} prefill + {decode} decode ranks: each prefill rank hands its KV heads to "
                          "the decode rank of the same tensor-parallel index, so the pools must be the same size "
                          f"({fix})")
-    problems = engine_tp_problems(model_config, prefill_ranks) if model_config is not None else []
+    problems = tensor_parallel_problems(model_config, prefill_ranks) if model_config is not None else []
     if problems:
         raise ValueError(f"each pool splits the model over its {prefill_ranks} ranks, and it does not split:\n  "
                          + "\n  ".join(problems))

@@ -1,10 +1,13 @@
 """A layout run on a pool and checked against its prediction, and the toy cluster measured.
 
-* ``run_combined``: one forward on every rank (``ranks.combined_forward_on_rank``), read as a ``CombinedRun``:
-  the output, the comm log summed per mesh axis beside ``traffic.forward_traffic``, each rank's weights.
+* ``combined_forward_on_rank`` / ``decode_on_rank``: ``layouts.combined_forward`` and ``pipelined_decode``
+  on a rank, each microbatch a span on its timeline (a decode over an ``EmulatedLink`` between "nodes").
+* ``run_combined``: one forward on every rank, read as a ``CombinedRun``: the output, the comm log summed per
+  mesh axis beside ``traffic.forward_traffic``, each rank's weights.
 * ``run_wide_ep``: wide EP with data-parallel attention beside the same experts under tp attention.
-* ``run_decode``: steady-state pipelined decode (``ranks.decode_on_rank``), read as a ``DecodeRun``: each
-  step's output, the time between two tokens of a sequence, the calls that crossed an emulated link.
+* ``run_decode``: steady-state pipelined decode, read as a ``DecodeRun``: each step's output, the time
+  between two tokens of a sequence, the calls that crossed an emulated link.
+* ``effective_flops_per_s``: how fast a rank computes the toy stack.
 * ``run_toy_cluster_calibration``: the planner's toy cluster for a pool, its link and arithmetic speed
   measured on the ranks.
 """
@@ -12,6 +15,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -19,15 +23,44 @@ import torch
 from shardlib.core.checks import same_dtype, whole_number
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout, check_mesh
+from shardlib.core.model import stack_reference
+from shardlib.core.serving.layouts import build_stage, combined_forward, pipelined_decode
+from shardlib.core.toy import activations
 from shardlib.facts.hardware import Cluster, toy_cluster
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.costs.emulation import EmulatedLink
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.lab.serving.ranks import combined_forward_on_rank, decode_on_rank, effective_flops_on_rank
 from shardlib.predict.calibration import Calibration
-from shardlib.predict.serving.memory import stack_weight_bytes
+from shardlib.predict.serving.memory import active_params_per_gpu, stack_weight_bytes
 from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
 from shardlib.predict.shapes import check_tensor_parallel
+
+
+def held_weight_bytes(me) -> int:
+    """Bytes of the weights a rank's stage holds (``layouts.RankStage``): its blocks' parameters, and of an
+    MoE model each layer's router and the experts at its place of the ep group."""
+    tensors = [p for block in me.blocks for p in block.parameters()]
+    tensors += [t for part in me.experts for t in (part.router, *part.local)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def combined_forward_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                             n_microbatches: int = 2) -> dict:
+    """``x`` (batch, seq, d_model) forward on ``layout``'s mesh: the output on the last stage (else ``None``)
+    and the bytes of the weights this rank's stage keeps."""
+    me = build_stage(ctx, layout, model, layers)
+    output = combined_forward(ctx, layout, me, x, n_microbatches, probe=ctx.timeline)
+    return {"output": output, "weight_bytes": held_weight_bytes(me)}
+
+
+def decode_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                   n_microbatches: int, steps: int, emulation=None) -> list[torch.Tensor] | None:
+    """``steps`` decode steps of ``x`` (batch, 1, d_model): on tp rank 0 of the last stage every microbatch's
+    output, step by step, else ``None``. ``emulation`` makes calls that cross "nodes" last as that link would."""
+    ctx.comm.emulate(emulation)
+    me = build_stage(ctx, layout, model, layers)
+    outputs = pipelined_decode(ctx, layout, me, x, n_microbatches, steps, probe=ctx.timeline)
+    return outputs if me.tp_rank == 0 else None
 
 
 def check_combined_inputs(layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -200,7 +233,7 @@ class DecodeRun:
 
 def run_decode(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor, n_microbatches: int,
                steps: int = 6, emulation: EmulatedLink | None = None, repeats: int = 1) -> DecodeRun:
-    """``steps`` decode steps of ``x`` (batch, 1, d_model) on ``ranks`` (``ranks.decode_on_rank``), ``repeats``
+    """``steps`` decode steps of ``x`` (batch, 1, d_model) on ``ranks`` (``decode_on_rank``), ``repeats``
     times, the inputs checked here first."""
     check_mesh(layout, ranks.world_size, "ranks")
     check_combined_inputs(layout, model, layers, x, n_microbatches)
@@ -215,15 +248,21 @@ def run_decode(ranks, layout: Layout, model: ModelConfig, layers: list[dict], x:
     return DecodeRun(got, layout, n_microbatches)
 
 
-def format_traffic(run: CombinedRun) -> str:
-    """Predicted and measured calls and bytes per mesh axis, as plain text (deterministic)."""
-    lines = [f"{'axis':<5}{'op':<19}{'predicted':>22}{'measured':>22}"]
-    measured = {(a.axis, a.op): a for a in run.measured}
-    for p in run.predicted:
-        m = measured.get((p.axis, p.op), AxisTraffic(p.axis, p.op, 0, 0))
-        lines.append(f"{p.axis:<5}{p.op:<19}{f'{p.count} calls, {p.size_bytes:,} B':>22}"
-                     f"{f'{m.count} calls, {m.size_bytes:,} B':>22}")
-    return "\n".join(lines)
+def effective_flops_per_s(ctx, model: ModelConfig, layers: list[dict], batch: int, seq: int,
+                          repeats: int = 10) -> float:
+    """This process's arithmetic speed on the stack, as the planner counts work: ``2 x active parameters x
+    tokens`` (``memory.active_params_per_gpu``) over the fastest of ``repeats`` timed forwards of ``batch``
+    sequences of ``seq`` tokens. On tiny matrices it is far below the CPU's peak: dispatch overhead
+    dominates, and the toy's compute proxy should include it. ``ctx`` is unused: a rank function."""
+    x = activations(batch, seq, model.d_model)  # (batch, seq, d_model)
+    best_s = float("inf")
+    with torch.no_grad():
+        stack_reference(x, layers, model)  # warm-up
+        for _ in range(repeats):
+            start = time.perf_counter()
+            stack_reference(x, layers, model)
+            best_s = min(best_s, time.perf_counter() - start)
+    return 2 * active_params_per_gpu(model, Layout(tp=1, pp=1)) * batch * seq / best_s
 
 
 TOY_SWEEP_BYTES = (256, 16384, 1 << 20, 4 << 20)  # latency-bound to bandwidth-bound, a 4-rank sweep in ~1 s
@@ -249,5 +288,5 @@ def run_toy_cluster_calibration(ranks, model: ModelConfig, layers: list[dict], a
         except ValueError:
             if attempt == attempts - 1:
                 raise
-    flops = statistics.median(on_ranks(ranks, effective_flops_on_rank, model, layers, 2, 6).each())
+    flops = statistics.median(on_ranks(ranks, effective_flops_per_s, model, layers, 2, 6).each())
     return ToyClusterFit(toy_cluster(cal.link, flops_per_s=flops), cal)

@@ -1,12 +1,9 @@
 """The serving engine on a warm pool, and configurations served on one trace, each predicted first.
 
-* ``run_serving``: the engine over all of the ranks, every request checked before any rank starts; a
-  ``ServingRun`` reads what the ranks returned: per request its tokens, token times (seconds after the
-  start, on rank 0's clock) and metrics, the steps, the prefix cache's hits, the preemptions and each
-  rank's KV cache bytes. Pools (``disagg_run``) and replicas (``replica_drivers``) are read the same way.
-* ``reference_tokens``: one-process greedy decoding of every request and the smallest gap between the top
-  two logits it met, the margin that keeps greedy tokens exact when tensor parallelism reorders a sum.
-* ``served_check``: named configurations replayed on a step cost, then served, one ``Verdict`` per claim;
+* ``run_serving``: the engine over every rank, read as a ``ServingRun``: per request its tokens, token times
+  (rank 0's clock) and metrics; the steps, prefix-cache hits, preemptions. Pools and replicas subclass it.
+* ``reference_tokens``: one-process greedy tokens, and the margin that keeps them exact under tensor parallelism.
+* ``served_check``: configurations replayed on a step cost, then served, a ``Verdict`` per claim;
   ``run_policy_check`` is that for engine configurations.
 """
 
@@ -16,12 +13,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from shardlib.core.model import LlamaWeights, forward_reference, greedy_reference
 from shardlib.core.serving.engine import StepRecord, serving_engine_on_rank
-from shardlib.core.serving.llama import LlamaWeights, forward_reference, greedy_reference
 from shardlib.core.serving.requests import EngineConfig, Request, percentile, request_metrics
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.engine import FIGURES, StepCost, figures, fit_step_cost, simulate_serving
+from shardlib.predict.shapes import tensor_parallel_problems
 
 
 @dataclass(frozen=True)
@@ -83,22 +81,14 @@ class ServingRun:
         """TTFT and TPOT at p50 and p90, end to end at p50, tokens per second (``predict.figures``)."""
         return figures(requests, self.token_times_s)
 
+    def step_cost(self, weights: LlamaWeights) -> StepCost:
+        """The step cost fitted to this run's steps (``predict.fit_step_cost``): seconds a step, a token and a key
+        attended. At ``tp > 1`` the fit absorbs a step's small all-reduces into its per-step overhead."""
+        return fit_step_cost(self.steps, weights.config, weights.embed.element_size())
+
     def percentile(self, field: str, q: float) -> float:
         """The ``q``-th percentile (0-100, nearest rank) of one metric over the requests."""
         return percentile([getattr(m, field) for m in self.metrics.values()], q)
-
-
-def engine_tp_problems(config, tp: int) -> list[str]:
-    """Why the model cannot be split over ``tp`` ranks, in words (none: an empty list)."""
-    out = []
-    if config.n_heads % tp:
-        out.append(f"{config.n_heads} query heads do not split over tp = {tp} ranks")
-    if config.n_kv_heads % tp and tp % config.n_kv_heads:
-        out.append(f"{config.n_kv_heads} KV heads: tp = {tp} must divide them, or be a multiple of them so each "
-                   "rank holds a copy of one")
-    if config.d_ff % tp:
-        out.append(f"d_ff = {config.d_ff} does not split over tp = {tp} ranks")
-    return out
 
 
 def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Request, ...]:
@@ -112,7 +102,7 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Req
     if not requests or not all(isinstance(r, Request) for r in requests):
         raise ValueError("give at least one Request, and only Requests")
     model = weights.config
-    problems = config.problems(list(requests), model.max_positions) + engine_tp_problems(model, tp)
+    problems = config.problems(list(requests), model.max_positions) + tensor_parallel_problems(model, tp)
     problems += [f"request {r.request_id!r} has token id {max(r.prompt_token_ids)}, past the vocabulary of "
                  f"{model.vocab_size}" for r in requests if max(r.prompt_token_ids) >= model.vocab_size]
     if problems:
@@ -160,6 +150,7 @@ class ServedCheck:
     simulated: dict
     cost: object
     verdicts: tuple = ()
+    shown = FIGURES  # the figures a table of it shows
 
     @property
     def predicted(self) -> dict:
@@ -169,20 +160,6 @@ class ServedCheck:
     def measured(self, name: str) -> dict:
         run = self.runs[name]
         return {**run.figures(self.requests), "hit_rate": run.prefix_hit_rate}
-
-    def table(self, shown=FIGURES) -> str:
-        """Predicted and measured figures, one row per figure, one column per configuration."""
-        names = list(self.runs)
-        rows = [f"{'':<16}" + "".join(f"{n[:22]:>24}" for n in names),
-                f"{'':<16}" + f"{'predicted / measured':>24}" * len(names)]
-        for fig in shown:
-            scale, unit = {"tokens_per_s": (1, ""), "hit_rate": (100, " %")}.get(fig, (1e3, " ms"))
-            cells = "".join(f"{self.predicted[n][fig] * scale:>13.1f} / {self.measured(n)[fig] * scale:<8.1f}"
-                            for n in names)
-            rows.append(f"{FIGURE_WORDS[fig] + unit:<16}{cells}")
-        if all(hasattr(run, "routed") for run in self.runs.values()):  # replicas: requests each one served
-            rows.append(f"{'routed':<16}" + "".join(f"{str(self.runs[n].routed):>24}" for n in names))
-        return "\n".join(rows)
 
 
 def check_claims(claims, ratios, names) -> None:
@@ -221,11 +198,16 @@ def served_check(requests, names, fit, predict, serve, claims=(), ratios=(), att
 
 
 def run_step_cost_fit(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> StepCost:
-    """Serve ``requests`` once and fit the step cost to its steps (``predict.fit_step_cost``): seconds a step,
-    a token and a key attended. At ``tp > 1`` the fit absorbs a step's small all-reduces into its per-step
-    overhead (the link is not priced apart)."""
-    run = run_serving(ranks, weights, requests, config)
-    return fit_step_cost(run.steps, weights.config, weights.embed.element_size())
+    """Serve ``requests`` once and fit the step cost to its steps (``ServingRun.step_cost``)."""
+    return run_serving(ranks, weights, requests, config).step_cost(weights)
+
+
+def cost_or_fit(cost: StepCost | None, fit_requests, serve, weights: LlamaWeights):
+    """``served_check``'s ``fit``: ``cost`` if given, else the step cost of ``serve(fit_requests)``'s run, again
+    at every attempt. A ValueError when neither is given."""
+    if cost is None and fit_requests is None:
+        raise ValueError("give a step cost (cost=) or the requests to fit one on (fit_requests=)")
+    return lambda: cost or serve(fit_requests).step_cost(weights)
 
 
 def run_policy_check(ranks, weights: LlamaWeights, requests, policies: dict, fit_requests=None, claims=(),
@@ -236,9 +218,8 @@ def run_policy_check(ranks, weights: LlamaWeights, requests, policies: dict, fit
     requests, names = tuple(requests), list(policies)
     for name in names:
         check_serving(weights, requests, policies[name], ranks.world_size)
-    if cost is None and fit_requests is None:
-        raise ValueError("give a step cost (cost=) or the requests to fit one on (fit_requests=)")
     return served_check(requests, names,
-                        lambda: cost or run_step_cost_fit(ranks, weights, fit_requests, policies[names[0]]),
+                        cost_or_fit(cost, fit_requests, lambda t: run_serving(ranks, weights, t, policies[names[0]]),
+                                    weights),
                         lambda n, c: simulate_serving(requests, policies[n], c),
                         lambda n: run_serving(ranks, weights, requests, policies[n]), claims, ratios, attempts)

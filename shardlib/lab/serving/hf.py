@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from shardlib.core.serving.llama import LlamaWeights, weights_from_hf_llama
+from shardlib.core.model import LlamaWeights, weights_from_hf_llama
 
 
 def load_llama_checkpoint(folder) -> LlamaWeights:

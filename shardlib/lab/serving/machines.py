@@ -23,10 +23,10 @@ import torch
 
 from shardlib.core.checks import TOLERANCE, whole_number
 from shardlib.core.mesh import Layout
-from shardlib.core.toy import activations, stack_reference, stack_weights
+from shardlib.core.model import stack_reference
+from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.models import TOY
-from shardlib.lab.serving.drivers import check_combined_inputs, traffic_by_axis
-from shardlib.lab.serving.ranks import combined_forward_on_rank
+from shardlib.lab.serving.drivers import check_combined_inputs, combined_forward_on_rank, traffic_by_axis
 from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
 
 

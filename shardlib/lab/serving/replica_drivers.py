@@ -1,19 +1,17 @@
 """Replicas of the engine behind a router on a warm pool, every input checked first.
 
-* ``run_replicas``: a ``ReplicaRun``, the engine's ``ServingRun`` (per request its tokens, token times and
-  metrics, on rank 0's clock) plus ``replica_of[request_id]``, and per replica its steps, the prompt tokens
-  it looked up and the most requests the router saw queued there.
-* ``run_router_check``: routing policies replayed on a step cost (``fleet_predict``), then served, one verdict
-  per claim (``lab.verdict``), and a table of hit rate, TTFT p50 and p90 and throughput per policy.
-* ``run_replicas_vs_tp_check``: "if it fits, run replicas", request by request: one trace served by replicas
-  and by one copy split over every rank, each replayed first on a step cost fitted to its own run; their
-  ratios predicted against measured, and the planner's arithmetic (``predict.costs``) fed with the two fits.
+* ``run_replicas``: a ``ReplicaRun``: the engine's ``ServingRun`` plus each request's replica and per replica
+  its steps, its prefix lookups and the most requests the router saw queued there.
+* ``run_router_check``: routing policies replayed on a step cost (``predict.serving.fleet``), then served.
+* ``run_replicas_vs_tp_check``: "if it fits, run replicas": one trace served by replicas and by one copy
+  split over every rank, each replayed first on its own fitted step cost, and the planner's arithmetic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardlib.core.checks import whole_number
 from shardlib.core.serving.replicas import replicas_on_rank
 from shardlib.core.serving.router import make_router
 from shardlib.lab.harness import on_ranks
@@ -23,12 +21,13 @@ from shardlib.lab.serving.engine_drivers import (
     ServedCheck,
     ServingRun,
     check_serving,
+    cost_or_fit,
     run_serving,
     served_check,
 )
-from shardlib.predict.costs import replicas_vs_tensor_parallel
-from shardlib.predict.serving.engine import StepCost, fit_step_cost, simulate_serving
+from shardlib.predict.serving.engine import StepCost, simulate_serving
 from shardlib.predict.serving.fleet import simulate_replicas
+from shardlib.predict.serving.replicas import replicas_vs_tensor_parallel
 
 HIT_RATE_BAND = (0.75, 1.33)  # a count, not a time: the replay routes as the ranks do, up to one-step-old reports
 
@@ -61,8 +60,7 @@ class ReplicaRun(ServingRun):
 
 def check_replicas(world_size: int, replicas) -> int:
     """The tensor-parallel degree inside a replica, or a ValueError in the learner's terms."""
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas must be a whole number of at least 1, got {replicas!r}")
+    whole_number(replicas, "replicas")
     if world_size % replicas:
         raise ValueError(f"{replicas} replicas do not divide {world_size} ranks: each replica needs the same number "
                          f"of ranks (try {', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)})")
@@ -107,16 +105,9 @@ def run_router_check(ranks, weights, requests, config, policies=("round-robin", 
     for name, options in specs.values():
         make_router(name, replicas, config.block_size, **options)
     claims = [("hit_rate", label) for label in specs] if claims is None else list(claims)
-    if cost is None and fit_requests is None:
-        raise ValueError("give a step cost (cost=) or the requests to fit one on (fit_requests=)")
     first_name, first_options = next(iter(specs.values()))
-
-    def fit():
-        if cost is not None:
-            return cost
-        run = run_replicas(ranks, weights, fit_requests, config, replicas, first_name, **first_options)
-        return fit_step_cost(run.steps, weights.config, weights.embed.element_size())
-
+    fit = cost_or_fit(cost, fit_requests, lambda t: run_replicas(ranks, weights, t, config, replicas, first_name,
+                                                                 **first_options), weights)
     return served_check(requests, list(specs), fit,
                         lambda label, c: simulate_replicas(requests, config, c, replicas, specs[label][0],
                                                            **specs[label][1]),
@@ -138,10 +129,10 @@ class ReplicasVsTPCheck(ServedCheck):
     replica's, the split copy's) and served; ``planner``: ``predict.costs.replicas_vs_tensor_parallel`` fed
     with the two fits at the decode batch each run held (``None`` unless one replica a rank)."""
 
+    shown = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tokens_per_s")
     labels = property(lambda self: tuple(self.runs))
     replicas_run = property(lambda self: self.runs[self.labels[0]])
     tp_run = property(lambda self: self.runs[self.labels[1]])
-    predicted_replicas = property(lambda self: self.simulated[self.labels[0]])
     predicted_tp = property(lambda self: self.simulated[self.labels[1]])
     replica_cost = property(lambda self: self.cost[0])
     tp_cost = property(lambda self: self.cost[1])
@@ -156,9 +147,6 @@ class ReplicasVsTPCheck(ServedCheck):
         comm = max(0.0, self.tp_cost.step_s(tp_batch, 0) - compute / self.replicas_run.replicas)
         return replicas_vs_tensor_parallel(compute, comm, self.replicas_run.replicas, batch,
                                            tp_tokens_per_step=tp_batch)
-
-    def table(self, shown=("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tokens_per_s")) -> str:
-        return super().table(shown)
 
 
 def run_replicas_vs_tp_check(ranks, weights, requests, config, fit_requests=None, replicas: int | None = None,
@@ -187,11 +175,9 @@ def run_replicas_vs_tp_check(ranks, weights, requests, config, fit_requests=None
     rep, split = f"{replicas} replicas" + (f" x tp {tp}" if tp > 1 else ""), f"tp = {ranks.world_size}"
     ways = {rep: lambda t: run_replicas(ranks, weights, t, config, replicas, policy, **router_options),
             split: lambda t: run_serving(ranks, weights, t, config)}
-    element = weights.embed.element_size()
 
     def fit():
-        return costs or tuple(fit_step_cost(serve(fit_requests).steps, weights.config, element)
-                              for serve in ways.values())
+        return costs or tuple(serve(fit_requests).step_cost(weights) for serve in ways.values())
 
     def predict(label, cost):
         if label == rep:

@@ -1,14 +1,8 @@
-"""Seeded request traces: what the engine is asked, and when.
+"""Seeded request traces: what the engine is asked, and when. Token ids from ``range(1, vocab)``; no torch.
 
-* ``poisson_trace``: arrivals of a Poisson process at ``rate_per_s`` (exponential gaps), prompt and output
-  lengths drawn uniformly from their ranges: mixed lengths, the case continuous batching and paging are
-  for.
-* ``shared_prefix_trace``: every request starts with the same system prompt; in ``conversations`` of
-  ``turns`` each, a turn's prompt is the conversation so far plus a new user message (multi-turn chat),
-  so a later turn shares all of an earlier turn's prompt.
-* ``hot_prefix_trace``: a trace for routers, Poisson arrivals; a share ``hot`` of the requests start with one
-  system prompt and a short message of their own, the others are fresh prompts.
-Token ids are drawn from ``range(1, vocab)``. Pure: no torch.
+* ``poisson_trace``: Poisson arrivals, prompt and output lengths drawn from ranges (mixed lengths).
+* ``shared_prefix_trace``: multi-turn chats under one system prompt; a turn's prompt holds the earlier turns.
+* ``hot_prefix_trace``: for routers: a share ``hot`` of the requests under one system prompt, the rest fresh.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 ``run_tp_block`` (the MLP or attention, forward and backward), ``run_pair`` (a pair cut either way, its
 collectives against ``predict``'s) and ``run_sequence_parallel`` (one block tensor parallel alone and with
-sequence parallelism: gaps, wire bytes and the activation bytes autograd kept, against their formulas).
-``BlockRun`` and ``PairRun`` read what ``on_ranks`` gathered.
+sequence parallelism: gaps, wire bytes and activation bytes against their formulas).
 """
 
 from __future__ import annotations
@@ -15,13 +14,12 @@ import torch.nn.functional as F
 
 from shardlib.core.checks import TOLERANCE, choice, same_dtype
 from shardlib.core.config import ModelConfig, check_heads
+from shardlib.core.model import attention_layer_reference, block_reference, mlp_reference
 from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
 from shardlib.core.tensor_parallel.sequence_parallel import SEQ_DIM, check_sequence_parallel
-from shardlib.core.toy import attention_layer_reference, block_reference, mlp_reference
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.tensor_parallel.ranks import PAIRS, tp_block_on_rank
-from shardlib.predict.context_parallel import sequence_parallel_bytes_per_rank
-from shardlib.predict.context_parallel_memory import toy_block_activation_bytes
+from shardlib.predict.context_parallel import sequence_parallel_bytes_per_rank, toy_block_activation_bytes
 from shardlib.predict.tensor_parallel import CUTS, pair_collectives, pair_wire_collectives
 
 BLOCKS = ("mlp", "attention")
@@ -34,7 +32,7 @@ def _reference(part: str, x: torch.Tensor, w: dict, model: ModelConfig, grad_out
     if part == "mlp":
         out = mlp_reference(x, w["gate"], w["up"], w["down"])
     elif part == "attention":
-        out = attention_layer_reference(x, w["q"], w["k"], w["v"], w["o"], model.n_heads, model.n_kv_heads)
+        out = attention_layer_reference(x, w, model)
     else:
         out = block_reference(x, w, model)
     if grad_output is not None:
@@ -44,9 +42,8 @@ def _reference(part: str, x: torch.Tensor, w: dict, model: ModelConfig, grad_out
 
 @dataclass(frozen=True)
 class BlockRun:
-    """One block on a pool (``got``: what ``on_ranks`` gathered from ``tp_block_on_rank``) against the
-    unsharded one (``reference``: output, input gradient, weight gradients). The weight gradients, summed
-    over every token, are larger numbers: ``weight_grads_close`` checks them with ``rtol = atol = TOLERANCE``."""
+    """One block on a pool against the unsharded one (``reference``: output, input gradient, weight
+    gradients). The weight gradients, summed over every token, are checked with ``rtol = atol = TOLERANCE``."""
 
     name: str  # "mlp", "attention", "tensor parallel" or "sequence parallel"
     got: Measured

@@ -1,7 +1,6 @@
 """Rank functions of tensor and sequence parallelism: a pair cut either way, and one block (the MLP,
-attention, or the whole block, tensor parallel alone or sequence parallel) forward and backward.
-``lab.harness.on_ranks`` runs them and gathers what they returned and sent; each pass of a block is a
-span on the rank's timeline (``forward``, ``backward``), so its collectives can be told apart."""
+attention, or the whole block, tensor parallel alone or sequence parallel) forward and backward, each
+pass a span on the rank's timeline (``forward``, ``backward``), so its collectives can be told apart."""
 
 from __future__ import annotations
 
@@ -30,13 +29,10 @@ BLOCK_MODULES = {  # part -> its core module on one rank
 
 def tp_block_on_rank(ctx, part: str, x: torch.Tensor, w: dict, model=None,
                      grad_output: torch.Tensor | None = None) -> dict:
-    """``part`` (a key of ``BLOCK_MODULES``) of one block of ``model`` with weights ``w``, split over every rank:
-    forward, and backward when ``grad_output`` is given. ``x`` and ``grad_output`` are whole ``(b, s, d)``;
-    sequence parallel, this rank takes its run of tokens of each.
-
-    Returns ``output`` and ``grad_x`` (this rank's shard sequence parallel, else whole), ``weight_grads``
-    (this rank's slices, by weight name: rows of q, k, v, gate, up; columns of o, down) and
-    ``activation_bytes`` (what autograd saved in the forward)."""
+    """``part`` (a key of ``BLOCK_MODULES``) of one block of ``model`` with weights ``w``, split over every
+    rank, forward and (with ``grad_output``) backward, on whole ``(b, s, d)`` tensors (sequence parallel:
+    this rank's run of tokens). Returns ``output``, ``grad_x``, ``weight_grads`` (this rank's slices, by
+    weight name) and ``activation_bytes`` (what autograd saved in the forward)."""
     tp, r = ctx.world_size, ctx.rank
     if part == "sequence parallel":
         check_sequence_parallel(model, x.shape[SEQ_DIM], tp)
@@ -53,11 +49,6 @@ def tp_block_on_rank(ctx, part: str, x: torch.Tensor, w: dict, model=None,
     return {"output": out.detach(), "grad_x": h.grad, "weight_grads": grads, "activation_bytes": saved.size_bytes}
 
 
-def tp_mlp_on_rank(ctx, x: torch.Tensor, w: dict, grad_output: torch.Tensor | None = None) -> dict:
-    """The gated MLP (``w``: gate, up, down) split over every rank: ``tp_block_on_rank``'s ``"mlp"``."""
-    return tp_block_on_rank(ctx, "mlp", x, w, None, grad_output)
-
-
 def pair_column_then_row_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                                  activation=F.gelu) -> torch.Tensor:
     """The right cut: ``w1`` by columns, ``w2`` by rows. One all-reduce of the output."""
@@ -68,9 +59,8 @@ def pair_column_then_row_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: tor
 
 def pair_row_then_column_on_rank(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                                  activation=F.gelu) -> torch.Tensor:
-    """The other cut: ``w1`` by rows, ``w2`` by columns. The first product is partial, and the
-    activation is not linear, so the partials must be summed *before* it (an all-reduce of the wide
-    intermediate); the second product leaves each rank a slice of the output, gathered at the end."""
+    """The other cut: ``w1`` by rows, ``w2`` by columns. The activation is not linear, so the partial first
+    product is summed *before* it (an all-reduce of the wide intermediate); the output slices are gathered."""
     tp, r = ctx.world_size, ctx.rank
     x_slice = x.chunk(tp, dim=-1)[r]  # (b, s, d_model / tp): this rank's input features
     hidden = ctx.comm.all_reduce(F.linear(x_slice, shard_rows(w1, tp)[r]))  # (b, s, d_ff): partial -> summed

@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shardlib.core.checks import whole_number
 from shardlib.core.config import ModelConfig
-from shardlib.core.tensor_parallel.layers import ROW_PARALLEL, _check_shards, shard_columns, shard_rows
+from shardlib.core.model import attention_layer_reference, mlp_reference, rms_norm
+from shardlib.core.tensor_parallel.layers import ROW_PARALLEL, shard_columns, shard_rows
 from shardlib.core.tensor_parallel.vocab import check_targets, check_vocab_split, vocab_range
-from shardlib.core.toy import attention_layer_reference, mlp_reference, rms_norm
 from shardlib.predict.shapes import check_tensor_parallel
 
 
@@ -44,7 +45,7 @@ class TensorParallelPair(nn.Module):
                 f"the pair does not chain: first produces {first.out_features} features but second expects "
                 f"{second.in_features}"
             )
-        self.n_shards = _check_shards(n_shards)
+        self.n_shards = whole_number(n_shards, "n_shards")
         self.activation = activation
         self.first_weights = _parameters(shard_columns(first.weight, n_shards))
         self.first_biases = None if first.bias is None else _parameters(shard_columns(first.bias, n_shards))
@@ -74,15 +75,13 @@ def simulate_tp_stack(x: torch.Tensor, layers: list[dict], model: ModelConfig, t
     (its heads, its ``d_ff / tp`` features), and the shares are summed (a stand-in for the all-reduce).
     Equal to ``toy.stack_reference`` within float32 rounding: the partials add in another order."""
     check_tensor_parallel(model, tp)
-    heads, kv_heads = model.n_heads // tp, model.n_kv_heads // tp
     h = x
     with torch.no_grad():
         for w in layers:
             shards = [{k: _slice(t, k, tp, r) for k, t in w.items()} for r in range(tp)]
             if "q" in w:
                 n = rms_norm(h)
-                h = h + sum(attention_layer_reference(n, s["q"], s["k"], s["v"], s["o"], heads, kv_heads)
-                            for s in shards)
+                h = h + sum(attention_layer_reference(n, s, model) for s in shards)
             if "gate" in w:
                 n = rms_norm(h)
                 h = h + sum(mlp_reference(n, s["gate"], s["up"], s["down"]) for s in shards)

@@ -4,10 +4,9 @@
   compared.
 * ``machines``: The training step under ``torchrun`` across machines: tp inside each machine, pp or dp across
   them.
-* ``ranking``: The ranking claim: predicted against measured step times over the layouts.
 * ``ranks``: The training step on a rank, measured: spans, the activations autograd keeps, the bytes kept.
 * ``step_time``: Step time per layout: the training planner's time model on this machine's ranks, beside the
-  measured step.
+  measured step, and the ranking claim: predicted against measured step times over the layouts.
 """
 
-__all__ = ["drivers", "machines", "ranking", "ranks", "step_time"]
+__all__ = ["drivers", "machines", "ranks", "step_time"]

@@ -4,8 +4,8 @@
 * ``run_training``: ``ranks.training_on_rank`` on every rank of a warm pool (``lab.harness.on_ranks``),
   read as a ``TrainingRun``: the global loss of every step, the full weights (keyed like
   ``reference.init_weights``), each rank's comm records of the steps, spans and ledger;
-  ``against_reference``, ``traffic_by_axis`` and ``ledger_text`` set them beside the reference and the
-  predictions.
+  ``against_reference``, ``traffic_by_axis`` and ``traffic_mismatches`` set them beside the reference and
+  the predictions.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from shardlib.core.training.config import TrainingConfig
 from shardlib.core.training.reference import TrainingReference
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.training.ranks import training_on_rank
-from shardlib.predict.training.ledger import format_ledger, predict_ledger, predict_traffic
+from shardlib.predict.training.ledger import predict_ledger, predict_traffic
 
 
 def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:
@@ -114,10 +114,10 @@ def traffic_per_step(records, steps: int) -> dict:
     return {k: tuple(v // steps for v in row) for k, row in sorted(out.items())}
 
 
-def step_records(records, spans) -> tuple:
-    """The comm records that started inside a ``"step"`` span of their rank."""
-    steps = [s for s in spans if s.kind == "step"]
-    return tuple(r for r in records if any(s.rank == r.rank and s.start_s <= r.start_s <= s.end_s for s in steps))
+def step_records(got: Measured) -> tuple:
+    """The comm records each rank issued inside its ``"step"`` spans (a pool's ``on_ranks``, or one rank's
+    log under torchrun read as ``Measured((), comm=..., timeline=...)``)."""
+    return tuple(r for s in got.spans(repeat=None) if s.kind == "step" for r in got.within(s))
 
 
 def full_weights(got, layout: Layout) -> dict:
@@ -156,6 +156,12 @@ class TrainingRun:
     spans = property(lambda self: self.got.timeline)  # every rank's timeline
 
     @property
+    def steps_s(self) -> tuple[float, ...]:
+        """Every step: from the first rank's start to the last rank's end."""
+        steps = [[s for s in self.spans if s.kind == "step" and s.attrs["step"] == k] for k in range(self.config.steps)]
+        return tuple(max(s.end_s for s in one) - min(s.start_s for s in one) for one in steps)
+
+    @property
     def losses(self) -> tuple[float, ...]:
         """The global mean loss of every step, before its update: tp rank 0 of each place adds its share."""
         counted = [v["losses"] for v in self.got.values if v["position"][3] == 0]
@@ -169,7 +175,7 @@ class TrainingRun:
     @cached_property
     def records(self) -> tuple:
         """Per rank, its comm records of the training steps."""
-        steps = step_records(self.got.comm, self.got.timeline)
+        steps = step_records(self.got)
         return tuple(tuple(r for r in steps if r.rank == rank) for rank in self.got.ranks)
 
     @property
@@ -216,10 +222,6 @@ class TrainingRun:
             if got != want:
                 out.append(f"ep group {group}: predicted {want:,} buffer bytes, measured {got:,}")
         return out
-
-    def ledger_text(self) -> str:
-        """Each rank's ledger, predicted / measured, as text."""
-        return format_ledger(self.predicted_ledgers(), self.ledgers, self.positions)
 
 
 def run_training(ranks, layout: Layout, config: TrainingConfig, stage_counts=None) -> TrainingRun:

@@ -24,6 +24,7 @@ from shardlib.core.checks import choice
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig
 from shardlib.core.training.reference import train_reference
+from shardlib.lab.harness import Measured
 from shardlib.lab.training.drivers import check_training, reference_key, step_records, traffic_per_step
 from shardlib.lab.training.ranks import training_on_rank
 from shardlib.predict.training.ledger import predict_traffic
@@ -56,7 +57,7 @@ def training_across_on_rank(ctx, across: str = "pp", steps: int = 3, nodes: int 
         key, dim = reference_key(name)
         piece = ref.weights[key].chunk(layout.tp, dim)[me.tp_rank]  # the reference's slice this rank holds
         weight_error = max(weight_error, float((t - piece).abs().max()))
-    records = step_records(ctx.comm.records, ctx.timeline.spans)
+    records = step_records(Measured((), comm=tuple(ctx.comm.records), timeline=tuple(ctx.timeline.spans)))
     traffic_ok = traffic_per_step(records, steps) == predict_traffic(config, layout, stage_layers, ctx.rank)
     counts = me.tp_rank == 0  # whose losses add up to the job's (0.0 off the last virtual stage)
     row = [weight_error, float(not traffic_ok)] + [v if counts else 0.0 for v in out["losses"]]

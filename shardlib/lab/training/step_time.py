@@ -6,7 +6,9 @@
 * ``run_step_time_check``: every layout trained on one warm pool (``drivers.run_training``, all at one
   global batch), in rounds, the median step after a warm-up read from the spans, beside its prediction
   (``toy_prediction.predict_step``), as a ``StepTimeCheck``: errors per layout, their mean, the ranking both
-  ways and Spearman's rank correlation (``toy_prediction.spearman``). The ranking claim is in ``ranking``.
+  ways and Spearman's rank correlation (``toy_prediction.spearman``).
+* ``run_ranking_check``: the ranking claim: Spearman's correlation of predicted and measured step times
+  against the floor a random order reaches with a small chance (``ranking_verdict``).
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.drivers import TOY_SWEEP_BYTES
 from shardlib.lab.training.drivers import check_training, run_training
+from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.calibration import Calibration
 from shardlib.predict.training.time_model import TrainingScore, model_flops_per_token
 from shardlib.predict.training.toy_prediction import (
     LAYOUTS_4,
+    RANKED_4,
     STEP_TIME_CONFIG,
+    chance_of_correlation,
+    floor_for_chance,
     optimizer_bytes_per_param,
     predict_step,
     spearman,
@@ -91,16 +97,6 @@ class StepCluster:
     optimizer_s: float
     samples: int = 1
 
-    def text(self) -> str:
-        link = self.cluster.intra_link
-        return (f"link: latency {link.latency_s * 1e3:.3f} ms per ring step (sweep's fit "
-                f"{self.calibration.link.latency_s * 1e3:.3f} ms; a call between computing ranks "
-                + ", ".join(f"{s * 1e3:.2f} ms over {n}" for n, s in self.busy_calls_s) + "), bandwidth "
-                f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s; compute {self.cluster.peak_flops_per_s / 1e9:.2f} "
-                f"GFLOP/s per rank (a microbatch's forward and backward in {self.microbatch_s * 1e3:.1f} ms); AdamW "
-                f"at {self.cluster.memory_bytes_per_s / 1e9:.2f} GB/s ({self.optimizer_s * 1e3:.1f} ms a step); "
-                f"every rank at once, medians of {self.samples} samples")
-
 
 def calibrate_link(ranks, attempts: int = 3) -> Calibration:
     """A short sweep's fit (median rounds), retried if a busy machine leaves no bandwidth to fit."""
@@ -134,12 +130,6 @@ def fit_step_cluster(ranks, config: TrainingConfig = STEP_TIME_CONFIG, samples: 
     """The toy cluster for ``ranks``: ``calibrate_link``, then ``samples`` rounds of ``sample``."""
     cal = calibrate_link(ranks)
     return step_cluster(cal, [sample(ranks, config) for _ in range(samples)], config)
-
-
-def measured_steps_s(run, warmup: int = 1) -> tuple[float, ...]:
-    """Every step after the first ``warmup``: from the first rank's start to the last rank's end."""
-    steps = [[s for s in run.spans if s.kind == "step" and s.attrs.get("step") == k] for k in range(run.config.steps)]
-    return tuple(max(s.end_s for s in one) - min(s.start_s for s in one) for one in steps[warmup:])
 
 
 @dataclass(frozen=True)
@@ -201,23 +191,6 @@ class StepTimeCheck:
     def rank_correlation(self) -> float:
         return spearman([t.predicted_s for t in self.layouts], [t.measured_s for t in self.layouts])
 
-    def table(self) -> str:
-        """Per layout: predicted (its terms), measured, ratio and error; then the mean error and ranking."""
-        terms = ("compute", "bubble", "tp", "cp", "dp", "pp", "optimizer")
-        lines = [f"{'layout':<17}{'m':>3}" + "".join(f"{t[:5]:>7}" for t in terms)
-                 + f"{'predicted':>11}{'measured':>10}{'meas/pred':>10}{'error':>8}"]
-        for t in self.layouts:
-            lines.append(f"{t.label:<17}{t.score.n_microbatches:>3}"
-                         + "".join(f"{getattr(t.score, name + '_s') * 1e3:>7.1f}" for name in terms)
-                         + f"{t.predicted_s * 1e3:>11.1f}{t.measured_s * 1e3:>10.1f}{t.ratio:>10.2f}"
-                         f"{t.error:>8.0%}")
-        lines.append(f"(ms per step of {self.global_sequences} sequences of {self.config.seq} tokens; measured: "
-                     f"median of {len(self.layouts[0].steps_s)} steps, each run's warm-up left out)")
-        lines.append(f"mean error {self.mean_error:.0%}; Spearman's rank correlation {self.rank_correlation:+.2f}")
-        lines.append("fastest first, predicted: " + ", ".join(self.by_predicted))
-        lines.append("fastest first, measured:  " + ", ".join(self.by_measured))
-        return "\n".join(lines)
-
 
 def run_step_time_check(ranks, config: TrainingConfig = STEP_TIME_CONFIG, layouts: dict | None = None,
                         global_sequences: int = 4, warmup: int = 1, rounds: int = 1,
@@ -247,8 +220,30 @@ def run_step_time_check(ranks, config: TrainingConfig = STEP_TIME_CONFIG, layout
         for label, layout in list(layouts.items())[::1 - 2 * (r % 2)]:
             if fit is None:
                 samples.append(sample(ranks, config))
-            measured[label] += measured_steps_s(run_training(ranks, layout, configs[label]), warmup)
+            measured[label] += run_training(ranks, layout, configs[label]).steps_s[warmup:]
     fit = fit or step_cluster(cal, samples, config)
     out = tuple(LayoutTime(label, layout, predict_step(fit.cluster, layout, config, global_sequences), measured[label])
                 for label, layout in layouts.items())
     return StepTimeCheck(fit, config, global_sequences, out, time.perf_counter() - start)
+
+
+def ranking_verdict(check: StepTimeCheck, floor: float) -> Verdict:
+    """Spearman's correlation of ``check``'s predicted and measured step times, claimed at least ``floor``
+    (a perfect order, 1, shown for scale)."""
+    n = len(check.layouts)
+    fastest = ("the same layout fastest both ways" if check.by_predicted[0] == check.by_measured[0] else
+               f"fastest predicted {check.by_predicted[0]}, measured {check.by_measured[0]}")
+    return Verdict.one_sided(f"ranking {n} layouts by step time, Spearman's correlation of predicted and measured "
+                             f"(a random order reaches {floor:.2f} {chance_of_correlation(floor, n):.1%} of the "
+                             f"time; {fastest})", 1.0, check.rank_correlation, "", at_least=floor)
+
+
+def run_ranking_check(ranks, attempts: int = 2, chance: float = 0.05, **kwargs) -> tuple[StepTimeCheck, tuple]:
+    """``(check, (its ranking_verdict,))``: ``run_step_time_check(ranks, **kwargs)`` (``RANKED_4``'s seven
+    layouts unless ``layouts`` is given), measured again while Spearman's correlation stays under the floor
+    a random order reaches with probability ``chance`` (``floor_for_chance``); strict, one never held raises."""
+    if not 0 < chance < 1:
+        raise ValueError(f"chance is a probability between 0 and 1, got {chance}")
+    kwargs.setdefault("layouts", RANKED_4)
+    floor = floor_for_chance(len(kwargs["layouts"]), chance)
+    return verified(lambda: run_step_time_check(ranks, **kwargs), lambda c: [ranking_verdict(c, floor)], attempts)

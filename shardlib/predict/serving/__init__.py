@@ -22,8 +22,8 @@ replayed on a fitted step cost, pools, goodput.
 * ``reasons``: The planner's reasons, in words a learner reads: what set the batch, where a token's time goes,
   and how a layout that crosses nodes with its pipeline compares with the one that crosses them with tensor
   parallelism (the same GPUs per copy, cut the other way), which won and by how much.
-* ``replicas``: Latency against throughput: ``n`` replicas of a model, or one copy split ``tp = n`` ways, on
-  ``n`` GPUs.
+* ``replicas``: Replicas against tensor parallelism: ``n`` copies of a model, or one copy split ``tp = n``
+  ways, on ``n`` GPUs.
 * ``splits``: How to split a fixed number of engines between prefill and decode, predicted on a fitted step
   cost.
 * ``traffic``: Where each mesh axis talks, and what one forward pass sends along it.

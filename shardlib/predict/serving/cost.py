@@ -8,22 +8,21 @@ explorer and for the serving planner's stages (``decode``):
   activations. Every TP all-reduce of a serving cost goes through it.
 * decode against prefill, ``decode_crossover_batch`` (where decode turns bandwidth-bound), the table;
   pipeline against tensor traffic (one send per stage boundary, GPipe, Huang et al. 2019);
-* ``layer_read_bytes``, ``forward_flops`` (``2 x params x tokens``), ``decode_step_compute_s`` (the
-  memory-bound floor), ``fits_on_device``.
+* ``layer_read_bytes``, ``forward_flops`` (``2 x params x tokens``).
 
-Replicas against tp: ``replicas``, built on ``predict.costs``. Pure: no torch.
+Replicas against tp: ``replicas``. Pure: no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlib.core.checks import positive_number, whole_number
+from shardlib.core.checks import whole_number
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import Link
 from shardlib.predict.alpha_beta import collective_terms_s, cost_terms, point_to_point_s
-from shardlib.predict.shapes import attention_params_per_device, check_tensor_parallel
+from shardlib.predict.shapes import check_tensor_parallel, layer_params_per_device
 
 ALL_REDUCES_PER_LAYER = 2  # Megatron-LM: after attention and after the MLP
 
@@ -142,28 +141,6 @@ def tp_cost_table(model: ModelConfig, links, tp_degrees=(2, 4, 8), prompt_tokens
             for link in links]
 
 
-def format_tp_cost_table(model: ModelConfig, links, tp_degrees=(2, 4, 8), prompt_tokens: int = 2048,
-                         latency_charge: str = "per_call") -> str:
-    """The table as plain text: decode in microseconds per token, prefill in milliseconds per prompt."""
-    rows = tp_cost_table(model, links, tp_degrees, prompt_tokens, latency_charge)
-    decode0, prefill0 = rows[0]["decode"][tp_degrees[0]], rows[0]["prefill"][tp_degrees[0]]
-    name_w = max(26, max(len(row["link"]) for row in rows) + 2)
-    heads = "".join(f"{'tp=' + str(n):>9}" for n in tp_degrees)
-    lines = [f"{model.name}: {model.n_layers} layers, d_model {model.d_model}, {model.bytes_per_param:g} bytes per "
-             f"value; {decode0.collectives} all-reduces per forward pass ({latency_charge} latency; "
-             f"alpha-beta model, not a measurement)",
-             f"decode: 1 token, {decode0.size_bytes:,} bytes per all-reduce;  prefill: {prompt_tokens:,}-token "
-             f"prompt, {prefill0.size_bytes:,} bytes per all-reduce",
-             f"{'':<{name_w}}{'decode, us per token':>{9 * len(tp_degrees)}}   "
-             f"{'prefill, ms per prompt':>{9 * len(tp_degrees)}}",
-             f"{'link':<{name_w}}{heads}   {heads}"]
-    for row in rows:
-        decode = "".join(f"{row['decode'][n].total_s * 1e6:>9.0f}" for n in tp_degrees)
-        prefill = "".join(f"{row['prefill'][n].total_s * 1e3:>9.1f}" for n in tp_degrees)
-        lines.append(f"{row['link']:<{name_w}}{decode}   {prefill}")
-    return "\n".join(lines)
-
-
 # -- pipeline vs tensor -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PipelineVsTensor:
@@ -198,13 +175,6 @@ def pipeline_vs_tensor(model: ModelConfig, world_size: int, link, tokens: int,
 
 
 # -- weights read and FLOPs ------------------------------------------------------------------------------
-def decode_step_compute_s(model: ModelConfig, memory_bytes_per_s: float, tp: int = 1) -> float:
-    """The memory-bound floor of one decode step: every weight is read once, ``weight_bytes / tp`` per
-    device, at the memory's bandwidth. (Real steps also read the KV cache and are slower; the planner's
-    ``decode.stage_costs`` counts the layers, the head and the KV cache one by one.)"""
-    return model.weight_bytes / whole_number(tp, "tp") / positive_number(memory_bytes_per_s, "memory_bytes_per_s")
-
-
 def forward_flops(params: float, tokens: float) -> float:
     """A forward pass's arithmetic: a multiply and an add per weight per token, ``2 x params x tokens``."""
     return 2 * params * tokens
@@ -214,17 +184,11 @@ def layer_read_bytes(model: ModelConfig, layout: Layout, tokens: float, layers: 
     """Weight bytes of ``layers`` layers one GPU of ``layout`` reads for ``tokens`` tokens: its ``1/tp``
     of the attention's q and o, its KV heads' k and v, its share of the experts (of an MoE layer only the
     experts the tokens reach), and the replicated norms and router."""
-    tp, b, bw = layout.tp, model.bytes_per_param, model.matrix_bytes_per_param
-    attention = attention_params_per_device(model, tp)
+    attention, experts, replicated = layer_params_per_device(model, layout.tp, layout.ep)
     reached = 1.0
     if model.is_moe:  # tokens of every replica in the ep group reach its experts
         routed = tokens * max(1, layout.ep // layout.tp)
         reached = 1 - (1 - model.experts_per_token / model.n_experts) ** routed
-    experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp) * reached
-    replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
-    return layers * ((attention + experts) * bw + replicated * b)
+    return layers * ((attention + experts * reached) * model.matrix_bytes_per_param
+                     + replicated * model.bytes_per_param)
 
-
-def fits_on_device(model: ModelConfig, memory_bytes: float, tp: int = 1) -> bool:
-    """Whether the weights alone, split ``tp`` ways, fit in one device's memory."""
-    return model.weight_bytes / whole_number(tp, "tp") <= positive_number(memory_bytes, "memory_bytes")

@@ -7,12 +7,11 @@ serving, as in Megatron-LM and vLLM), so nothing fills or drains between steps::
     latency per token = cycle;   tokens/s = dp x batch / cycle;   m from pp up to 2 pp
 
 One stage on one microbatch is a roofline (Williams et al. 2009), ``max(bytes read / memory bandwidth,
-FLOPs / peak)``, both peaks times ``Workload.kernel_efficiency`` (1.0: a floor), plus its collectives: 2 tp
-all-reduces per layer of the stage (Megatron-LM; uneven stages from ``predict.pipeline.split_layers``), the
-ep all-to-alls (``ep_all_to_all``, node-limited where the router is), one hop per stage boundary. Bytes
-read: the GPU's weights (of an MoE layer only the experts the tokens reach), the head on the last stage,
-the KV cache (priced by ``cost``, as notebook 02's tables are). Prefill fills and drains (GPipe):
-``(m + pp - 1)`` slowest-stage times plus the hops. Nothing overlaps communication with compute. Pure: no torch.
+FLOPs / peak)`` at ``Workload.kernel_efficiency`` of both peaks, plus its collectives: 2 tp all-reduces a
+layer (Megatron-LM), the ep all-to-alls (node-limited where the router is), one hop per stage boundary.
+Bytes read: the GPU's weights (of an MoE layer only the experts reached), the head on the last stage, the
+KV cache. Prefill fills and drains (GPipe): ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing
+overlaps communication with compute. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from dataclasses import dataclass, field
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout
-from shardlib.core.pipeline.stages import split_layers
+from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import Cluster, Link
-from shardlib.predict.all_to_all import ExpertAllToAll, expert_all_to_all
 from shardlib.predict.alpha_beta import point_to_point_s
+from shardlib.predict.experts import ExpertAllToAll, expert_all_to_all
 from shardlib.predict.serving.cost import ALL_REDUCES_PER_LAYER, forward_flops, layer_read_bytes, tp_all_reduces
 from shardlib.predict.serving.memory import (
     Workload,
@@ -73,7 +72,7 @@ def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, t
 def ep_all_to_all(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float) -> ExpertAllToAll:
     """One dispatch (or combine) of ``tokens`` per rank over ``layout``'s expert groups on ``cluster``: inside a
     node, across nodes at the network's rate, or node-limited where the model's router is
-    (``predict.all_to_all``; DeepSeek-V3: each token on at most 4 nodes, one network copy per node)."""
+    (``predict.experts``; DeepSeek-V3: each token on at most 4 nodes, one network copy per node)."""
     nodes = max(len({cluster.node_of(r) for r in g}) for g in layout.ep_groups())
     return expert_all_to_all(tokens, model.d_model, model.experts_per_token, layout.ep, nodes, cluster.intra_link,
                              cluster.inter_link, model.bytes_per_param, model.node_limit, cluster.latency_charge)
@@ -91,7 +90,7 @@ def stage_costs(model: ModelConfig, cluster: Cluster, layout: Layout, sequences:
     heaviest = stage_layers(model, layout.pp)
     bandwidth, peak = cluster.memory_bytes_per_s * efficiency, cluster.peak_flops_per_s * efficiency
     out = []
-    for stage, layers in enumerate(len(r) for r in split_layers(model.n_layers, layout.pp)):
+    for stage, layers in enumerate(stage_layer_counts(model.n_layers, layout.pp)):
         last = stage == layout.pp - 1
         comm_s, count = _comm(model, cluster, layout, tokens, tp_link, ep_link, layers)
         read = (layer_read_bytes(model, layout, tokens, layers) + kv_bytes_per_gpu * layers / heaviest
@@ -154,8 +153,6 @@ class Score:
         """Steady state (no fill and drain): the share of a cycle the slowest stage waits, for hops or for
         want of microbatches."""
         return max(0.0, 1 - self.n_microbatches * self.decode_stage_s / self.decode_step_s)
-
-    bubble_fraction = idle_fraction
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -223,7 +220,7 @@ def score_notes(model: ModelConfig, cluster: Cluster, layout: Layout, workload: 
         notes.append(f"each of the {model.n_kv_heads} KV heads copied on {copies} GPUs: a sequence's KV cache stays "
                      f"{gb(kv)} per GPU, as at tp = {model.n_kv_heads} (it would be {gb(kv / copies)} if it still "
                      f"shrank), and {gb(kv_weights * (1 - 1 / copies))} of k and v weights per GPU are copies")
-    sizes = sorted({len(r) for r in split_layers(model.n_layers, layout.pp)}, reverse=True)
+    sizes = sorted(set(stage_layer_counts(model.n_layers, layout.pp)), reverse=True)
     if len(sizes) > 1:
         notes.append(f"uneven stages of {' and '.join(map(str, sizes))} layers: the {sizes[0]}-layer stages set the "
                      f"pace, the others wait {1 - sizes[1] / sizes[0]:.0%} of each step")

@@ -1,16 +1,13 @@
 """The engine's figures predicted: KV memory, the share of it real tokens hold, and times under load.
 
-* Memory: K and V of one token on one rank, ``2 x layers x KV heads here x head_dim x bytes``
-  (``LlamaConfig.kv_bytes_per_token``); the share of the cache that holds real tokens when each request
-  reserves its longest possible length in one contiguous piece (what systems before vLLM did; Kwon et
-  al. 2023 measured 20.4 % to 38.2 % there) against paged blocks (only the last block of a sequence is
-  part empty).
-* Time: one step costs ``overhead_s + per_token_s x tokens + per_key_s x keys attended`` plus its tensor-
-  parallel all-reduces (two a layer, each of ``tokens x d_model`` values, priced by ``predict.alpha_beta``
-  on a link). ``fit_step_cost`` fits the three coefficients to measured steps; ``simulate_serving`` replays
-  the very scheduler of the real run (``loop.run_engine``) on a clock advanced by the predicted step
-  times, so TTFT, TPOT and throughput are predicted per request, the policy included. Pure: no
-  ``torch.distributed``.
+* Memory: the KV cache's share that holds real tokens when each request reserves its longest length in
+  one contiguous piece (systems before vLLM; Kwon et al. 2023 measured 20.4 % to 38.2 %) against paged
+  blocks (only a sequence's last block is part empty).
+* Time: a step costs ``overhead_s + per_token_s x tokens + per_key_s x keys attended`` plus its tp
+  all-reduces (``predict.alpha_beta``). ``fit_step_cost`` fits the three coefficients to measured steps;
+  ``simulate_serving`` replays the real run's scheduler (``loop.run_engine``) on a clock of predicted step
+  times: TTFT, TPOT and throughput per request, the policy included. ``torch`` only for the scheduler's
+  logits (zeros); no ``torch.distributed``.
 """
 
 from __future__ import annotations

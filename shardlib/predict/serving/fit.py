@@ -18,7 +18,6 @@ from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import GPU
 from shardlib.predict.serving.memory import kv_bytes_per_sequence, weights_per_gpu
 from shardlib.predict.shapes import tensor_parallel_problems
-from shardlib.predict.units import gb
 
 
 @dataclass(frozen=True)
@@ -48,17 +47,6 @@ class GpuFit:
     def fits(self) -> bool:
         """The weights and at least one sequence's cache fit."""
         return self.sequences >= 1
-
-    def describe(self) -> str:
-        where = f"one {self.gpu}" if self.tp == 1 else f"{self.tp} x {self.gpu} (tp = {self.tp})"
-        usable = f"{gb(self.usable_bytes)} a server fills of {gb(self.gpu_bytes)}"
-        if self.room_bytes <= 0:
-            return (f"{self.model} on {where}: {gb(self.weights_bytes)} of weights per GPU, more than the {usable}: "
-                    "does not fit")
-        return (f"{self.model} on {where}: {gb(self.weights_bytes)} of weights per GPU leave "
-                f"{gb(self.room_bytes)} of the "
-                f"{usable}: room for {self.sequences:,} sequence{'s' if self.sequences != 1 else ''} of "
-                f"{self.context_tokens:,} tokens ({gb(self.kv_bytes_per_sequence)} of KV cache each)")
 
 
 def fit_on_gpus(model: ModelConfig, gpu: GPU, tp: int = 1, context_tokens: int = 4096,

@@ -1,9 +1,7 @@
 """What a layout needs and whether it may: the workload, memory per GPU, the batch it affords, the rules.
 
-Memory per GPU is the heaviest stage's weights (``ceil(L / pp)`` layers: attention and MLP matrices split
-``tp`` ways, KV heads split ``tp`` ways or, past their count, one copied head per GPU, experts ``ep`` ways,
-norms and router replicated, the embedding and head, padded to ``128 x tp`` rows, split ``tp`` ways) plus
-the KV cache of its sequences in flight at the workload's context. A replica's batch, unless the workload
+Memory per GPU is the heaviest stage's weights (``shapes.stage_params_per_device``, the training planner's
+too) plus the KV cache of its sequences in flight at the workload's context. A replica's batch, unless the workload
 fixes it, is what the memory its weights leave free holds (``affordable_batch``), up to ``max_batch``
 (256: vLLM's default ``max_num_seqs`` on an A100 or a smaller GPU; recent releases allow 1,024 on larger
 ones such as the H100): splitting ``tp`` ways shrinks weights and each sequence's cache per GPU (the
@@ -20,15 +18,15 @@ from dataclasses import dataclass
 from shardlib.core.checks import flag, number_between, whole_number
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout, check_mesh
-from shardlib.core.pipeline.stages import split_layers
+from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import Cluster
 from shardlib.predict.shapes import (
     Memory,
     attention_params_per_device,
     kv_cache_bytes,
-    padded_vocab_size,
     pipeline_parallel_problems,
     stage_layers,
+    stage_params_per_device,
     tensor_parallel_problems,
 )
 from shardlib.predict.units import gb
@@ -82,14 +80,11 @@ class Workload:
 
 # -- memory -------------------------------------------------------------------------------------------
 def weights_per_gpu(model: ModelConfig, layout: Layout) -> float:
-    """Weight bytes on a GPU of the heaviest stage: the formula in the module docstring."""
-    tp, b, layers = layout.tp, model.bytes_per_param, stage_layers(model, layout.pp)
-    attention = attention_params_per_device(model, tp)  # q and o split, k and v per KV head held (or MLA's)
-    experts = model.n_experts * model.expert_params / (layout.ep if layout.ep > 1 else tp)
-    replicated = 2 * model.d_model + (model.d_model * model.n_experts if model.is_moe else 0)
-    copies = (1 if model.tied_embeddings else 2) if layout.pp == 1 else 1
-    embed = copies * padded_vocab_size(model, tp) * model.d_model / tp
-    return layers * ((attention + experts) * model.matrix_bytes_per_param + replicated * b) + embed * b
+    """Weight bytes on a GPU of the heaviest stage (``shapes.stage_params_per_device``): layer matrices at
+    ``matrix_bytes_per_param``, the rest in the model's dtype."""
+    return max(matrices * model.matrix_bytes_per_param + rest * model.bytes_per_param
+               for matrices, rest in (stage_params_per_device(model, layout.tp, layout.pp, s, layout.ep)
+                                      for s in range(layout.pp)))
 
 
 def stack_weight_bytes(model: ModelConfig, layout: Layout) -> list[int]:
@@ -102,7 +97,7 @@ def stack_weight_bytes(model: ModelConfig, layout: Layout) -> list[int]:
     else:
         mlp = model.expert_params / layout.tp
     per_layer = attention_params_per_device(model, layout.tp) + mlp
-    stages = [len(r) for r in split_layers(model.n_layers, layout.pp)]
+    stages = stage_layer_counts(model.n_layers, layout.pp)
     return [int(stages[layout.position(r).stage] * per_layer * model.bytes_per_param) for r in range(layout.world_size)]
 
 

@@ -19,7 +19,7 @@ from shardlib.facts.hardware import Cluster
 from shardlib.predict.serving.decode import Score, score
 from shardlib.predict.serving.memory import Workload, layout_problems
 from shardlib.predict.serving.reasons import counterpart_reason, kind, own_reasons
-from shardlib.predict.units import gb, ms
+from shardlib.predict.units import ms
 
 OBJECTIVES = ("throughput", "latency")
 
@@ -118,33 +118,3 @@ def plan_serving(model: ModelConfig, cluster: Cluster, workload: Workload | None
     ranked.sort(key=key)
     return Plan(model.name, cluster.name, objective, tuple(ranked), tuple(rejected),
                 _plan_reasons(objective, workload, ranked, cluster), workload.kernel_efficiency)
-
-
-def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
-    """The ranked layouts (units in the headings), why the best won, the reasons of the first
-    ``reasons_for`` layouts, and every rejection, as plain text."""
-    lines = [f"{p.model} on {p.cluster}, ranked by {p.objective}:",
-             f"{'layout':<20}{'batch':>6}{'memory/GPU':>12}{'ms/token':>10}{'tokens/s':>11}{'per GPU':>9}"
-             f"{'1st token ms':>13}{'idle':>6}  tp link"]
-    for s in p.ranked[:top]:
-        lines.append(f"{s.layout.label:<20}{s.batch:>6}{gb(s.memory.total_bytes):>12}{s.decode_step_s * 1e3:>10.2f}"
-                     f"{s.tokens_per_s:>11,.0f}{s.tokens_per_s_per_gpu:>9,.0f}{s.first_token_s * 1e3:>13.1f}"
-                     f"{s.idle_fraction:>6.2f}  {s.tp_link if s.layout.tp > 1 else '-'}")
-        lines += [f"{'':<4}note: {n}" for n in s.notes]
-    if len(p.ranked) > top:
-        lines.append(f"... and {len(p.ranked) - top} more feasible layouts")
-    if p.ranked:
-        lines.append("(batch: sequences in flight per replica; ms/token: time between two tokens of a sequence; "
-                     "per GPU: tokens/s per GPU; idle: share of a cycle the slowest stage waits)")
-        lines.append("(a model, not a measurement: " + ("times are floors, at 100% of peak memory bandwidth and FLOPs "
-                     "with no kernel overhead; set Workload(kernel_efficiency=...) for real kernels)"
-                     if p.kernel_efficiency == 1 else f"kernels at {p.kernel_efficiency:.0%} of peak memory bandwidth "
-                     "and FLOPs)"))
-    if not p.ranked:
-        lines.append("(no layout fits)")
-    lines += [f"why: {r}" for r in p.reasons]
-    for s in p.ranked[:reasons_for]:
-        lines += [f"  {s.layout.label}: {r}" for r in s.reasons]
-    lines.append(f"rejected ({len(p.rejected)}):")
-    lines += [f"  {r.layout.label}: " + "; ".join(r.reasons) for r in p.rejected]
-    return "\n".join(lines)

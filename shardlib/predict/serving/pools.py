@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
+from shardlib.core.config import kv_bytes_per_token
 from shardlib.core.serving.disagg import admit_handed_off, decode_config
 from shardlib.core.serving.requests import request_metrics
 from shardlib.predict.alpha_beta import point_to_point_s
@@ -61,7 +62,8 @@ def simulate_pools(requests, config, cost, link, model, prefill_ranks: int = 1,
         if r.max_new_tokens == 1:
             continue
         n = len(r.prompt_token_ids)
-        kv_bytes = model.kv_bytes_per_token(cost.element_bytes, prefill_ranks) * n  # one rank's share
+        kv_bytes = kv_bytes_per_token(model.n_layers, model.n_kv_heads, model.head_dim, cost.element_bytes,
+                                      prefill_ranks) * n  # one rank's share
         wait = handoff_s(kv_bytes, link, model.n_layers, layerwise, cost.step_s(n, n * (n + 1) // 2))
         waits[r.request_id] = wait
         handed.append((first_s + wait, i, first_s))

@@ -1,17 +1,10 @@
 """The KV hand-off for real models: bytes per request, and the link a request rate needs between pools.
 
 With prefill and decode on separate pools (Zhong et al. 2024, DistServe; Patel et al. 2024, Splitwise),
-every request's K/V cache crosses from a prefill rank to a decode rank once its prompt is computed. For a
-prompt of ``P`` tokens each rank sends its share: ``2 x layers x its KV heads x head dim x bytes x P``
-(its KV heads: ``n_kv_heads / tp``, or one copy each once ``tp`` passes the KV-head count). At ``R``
-requests a second the link between the pools carries ``bytes per request x R``; each rank's own link
-(one prefill rank to its decode peer) carries its share of that. ``handoff_need`` works it out for a
-``shardlib.facts.models`` preset (Llama 3 8B and 70B, Llama 3.1 405B, Mixtral 8x7B) and sets it beside real
-links (``shardlib.facts.hardware``: NVLink, PCIe, InfiniBand, Ethernet), each quoted one way.
-
-The bytes are ``predict.shapes.kv_cache_bytes`` of one request (the KV-cache formula's home for the presets); the
-toy engine's hand-off (``handoff.kv_bytes_per_request``) reads ``LlamaConfig.kv_bytes_per_token``, and a
-test holds the two equal on the same shape. Pure: no torch.
+each request's KV cache (``shapes.kv_cache_bytes``) crosses from a prefill rank to a decode rank once its
+prompt is computed; at ``R`` requests a second each rank's link carries its share times ``R``.
+``handoff_need`` works it out for a ``shardlib.facts.models`` preset, beside real links quoted one way.
+Pure: no torch.
 """
 
 from __future__ import annotations
@@ -86,18 +79,3 @@ def handoff_need(model: ModelConfig, prompt_tokens: int, rate_per_s: float, tp: 
     per_rank = model_kv_bytes_per_request(model, prompt_tokens, tp)
     return HandoffNeed(model.name, prompt_tokens, tp, positive_number(rate_per_s, "rate_per_s (requests a second)"),
                        per_rank, per_rank * tp)
-
-
-def handoff_table(prompt_tokens: int, rate_per_s: float, models=REAL_MODELS, links=HANDOFF_LINKS,
-                  tp: int = 8) -> str:
-    """One row per model: KV bytes a request (every rank), GB/s each rank's link carries, and the share of
-    each link (one way) that takes. ``tp`` ranks a pool's replica (8: one node)."""
-    head = f"{'model':<16}{'MB/request':>11}{'GB/s/rank':>10}" + "".join(f"{lk.name[:18]:>20}" for lk in links)
-    rows = [f"{prompt_tokens} prompt tokens, {rate_per_s:g} requests/s, tp = {tp}: share of each link (one way)",
-            head]
-    for model in models:
-        need = handoff_need(model, prompt_tokens, rate_per_s, tp)
-        cells = "".join(f"{need.link_share(lk):>20.1%}" for lk in links)
-        rows.append(f"{model.name:<16}{need.kv_bytes_per_request / 1e6:>11.1f}{need.bytes_per_s_per_rank / 1e9:>10.2f}"
-                    + cells)
-    return "\n".join(rows)

@@ -1,26 +1,85 @@
-"""Latency against throughput: ``n`` replicas of a model, or one copy split ``tp = n`` ways, on ``n`` GPUs.
+"""Replicas against tensor parallelism: ``n`` copies of a model, or one copy split ``tp = n`` ways, on ``n`` GPUs.
 
-Tensor parallelism shortens the time per token (each GPU reads ``1/tp`` of the weights and KV cache, and
-decode's latency-bound all-reduces cost less than the reads they save); replicas win throughput per GPU
-when the model fits (they send nothing); a split copy frees memory that buys batch, which can win back
-the all-reduces when a replica is short of memory (notebook 02 shows when). Every number comes from the
-planner's cost model (``decode.score``), on one node of ``n`` GPUs joined by ``link``; where both ways
-can serve, the pair is one ``predict.costs.replicas_vs_tensor_parallel`` (the replicas' step, the split
-copy's compute and all-reduces, each at its own batch), the arithmetic notebook 02's live demo predicts
-its measurement with. Pure: no torch.
+``replicas_vs_tensor_parallel``: the throughput and latency of both from a step's compute and its
+communication (a replica's step is the whole compute; the split copy's ``compute / n`` plus its
+all-reduces, serving one batch for all ``n``). Notebook 02's live demo predicts its measurement with it.
+``latency_vs_throughput`` feeds it the planner's cost model (``decode.score``) on one node: tensor
+parallelism shortens the time per token; replicas win throughput per GPU when the model fits; a split copy
+frees memory that buys batch, which can win back the all-reduces. Pure: no torch.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from shardlib.core.checks import number_at_least, positive_number, whole_number
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import GPU, Link, gpu_cluster
-from shardlib.predict.costs import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 from shardlib.predict.serving.decode import score
 from shardlib.predict.serving.memory import Workload, layout_problems
-from shardlib.predict.units import ms
+
+
+@dataclass(frozen=True)
+class ReplicasVsTensorParallel:
+    """``world_size`` devices as independent replicas, or as one tensor-parallel copy, serving decode steps
+    of ``tokens_per_step`` tokens (one per sequence). A replica's step is the whole compute; the
+    tensor-parallel step is ``compute / n`` plus its communication, and serves one batch for all ``n``
+    devices. A step makes one token of every sequence, so the step *is* the latency per token.
+    ``tp_tokens_per_step``: the split copy's batch where it differs (its freed memory buys more; 0: the same)."""
+
+    world_size: int
+    tokens_per_step: int
+    replica_step_s: float
+    tp_step_s: float
+    tp_tokens_per_step: int = 0
+
+    @property
+    def tp_batch(self) -> int:
+        return self.tp_tokens_per_step or self.tokens_per_step
+
+    @property
+    def replicas_tokens_per_s(self) -> float:
+        return self.world_size * self.tokens_per_step / self.replica_step_s
+
+    @property
+    def tp_tokens_per_s(self) -> float:
+        return self.tp_batch / self.tp_step_s
+
+    @property
+    def replicas_tokens_per_s_per_device(self) -> float:
+        return self.replicas_tokens_per_s / self.world_size
+
+    @property
+    def tp_tokens_per_s_per_device(self) -> float:
+        return self.tp_tokens_per_s / self.world_size
+
+    @property
+    def throughput_ratio(self) -> float:
+        """Replicas' tokens/s over tensor parallelism's: ``1 + n * comm / compute`` at the same batch,
+        never below 1 then."""
+        return self.replicas_tokens_per_s / self.tp_tokens_per_s
+
+    @property
+    def latency_ratio(self) -> float:
+        """Tensor parallelism's latency per token over a replica's: ``1/n + comm / compute``, below 1
+        while the communication costs less than the ``1 - 1/n`` of the compute it saves."""
+        return self.tp_step_s / self.replica_step_s
+
+
+def replicas_vs_tensor_parallel(step_compute_s: float, comm_s_per_step: float, world_size: int,
+                                tokens_per_step: int, tp_compute_s: float | None = None,
+                                tp_tokens_per_step: int = 0) -> ReplicasVsTensorParallel:
+    """Throughput of ``world_size`` devices as replicas against one tensor-parallel copy (see the dataclass).
+
+    ``tp_compute_s``: the split copy's compute per step, ``step_compute_s / n`` unless given (a cost model
+    that prices the split copy's reads on its own, at its own batch ``tp_tokens_per_step``, passes both)."""
+    compute = positive_number(step_compute_s, "step_compute_s")
+    number_at_least(comm_s_per_step, "comm_s_per_step (seconds)")
+    n = whole_number(world_size, "world_size")
+    split = compute / n if tp_compute_s is None else positive_number(tp_compute_s, "tp_compute_s")
+    return ReplicasVsTensorParallel(n, whole_number(tokens_per_step, "tokens_per_step"), compute,
+                                    split + (comm_s_per_step if n > 1 else 0.0),
+                                    whole_number(tp_tokens_per_step, "tp_tokens_per_step", 0))
 
 
 @dataclass(frozen=True)
@@ -111,17 +170,3 @@ def latency_vs_throughput(model: ModelConfig, gpu: GPU, link: Link | None = None
                           loaded.replicas_tokens_per_s))
         out.append(_point(f"tp = {n}", *split, loaded.tp_step_s, alone.tp_step_s, loaded.tp_tokens_per_s))
     return tuple(out)
-
-
-def format_latency_vs_throughput(points, model_name: str = "") -> str:
-    """The points as a table: batch, latency (alone and loaded), tokens per second in all and per GPU."""
-    lines = [f"{model_name}".strip(),
-             f"{'':<12}{'GPUs':>5}{'batch':>7}{'ms/token alone':>16}{'ms/token loaded':>17}{'tokens/s':>11}"
-             f"{'per GPU':>9}"]
-    for p in points:
-        if not p.feasible:
-            lines.append(f"{p.label:<12}{p.n_gpus:>5}  not an option: {p.problem}")
-            continue
-        lines.append(f"{p.label:<12}{p.n_gpus:>5}{p.batch:>7}{ms(p.latency_alone_s):>16}{ms(p.latency_s):>17}"
-                     f"{p.tokens_per_s:>11,.0f}{p.tokens_per_s_per_gpu:>9,.0f}")
-    return "\n".join(line for line in lines if line)

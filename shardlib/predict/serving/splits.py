@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from shardlib.core.checks import whole_number
+from shardlib.core.config import kv_bytes_per_token
 from shardlib.core.serving.requests import request_metrics
 from shardlib.predict.serving.engine import figures, simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective, goodput, slo_attainment
@@ -59,8 +60,9 @@ def simulate_split(requests, config, cost, link, model, prefill_engines: int, de
             first_times[r.request_id] = first[r.request_id]
             if r.max_new_tokens > 1:
                 n = len(r.prompt_token_ids)
-                wait = handoff_s(model.kv_bytes_per_token(cost.element_bytes, cost.tp) * n, link, model.n_layers,
-                                 layerwise, cost.step_s(n, n * (n + 1) // 2))
+                kv_bytes = kv_bytes_per_token(model.n_layers, model.n_kv_heads, model.head_dim, cost.element_bytes,
+                                              cost.tp) * n
+                wait = handoff_s(kv_bytes, link, model.n_layers, layerwise, cost.step_s(n, n * (n + 1) // 2))
                 handed.append((first_s + wait, index[r.request_id], first_s))
     out = dict(first_times)
     for share in _deal(sorted(handed), decode_engines):

@@ -11,7 +11,7 @@ microbatch and recomputation that fit) and says where the choice differs and why
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout, Rejected
@@ -154,18 +154,3 @@ def training_choices(kernel_efficiency: float = 0.5, schedule: str = "1f1b", chu
         rows.append(ChoiceRow(model.name, gpus, w.sequence_tokens, p.best, None, None,
                               p.reasons[:2] + (p.best.reasons if p.best else ())))
     return rows
-
-
-def format_training_choices(rows: list[ChoiceRow]) -> str:
-    """The rows as a table (ours, published), then each row's notes."""
-    lines = [f"{'model':<16}{'GPUs':>7}{'seq':>8}  {'planner':<42}{'MFU':>5}  {'published':<28}{'MFU':>5}"]
-    for r in rows:
-        mine = f"{r.chosen.layout.label} ({r.chosen.recompute})" if r.chosen else "nothing fits"
-        pub = (replace(r.published.layout(), dp_strategy="ddp").label + " FSDP") if r.published else "-"
-        lines.append(f"{r.model:<16}{r.gpus:>7,}{r.sequence_tokens:>8,}  {mine:<42}"
-                     f"{(f'{r.chosen.mfu:.0%}' if r.chosen else '-'):>5}  {pub:<28}"
-                     f"{(f'{r.published.mfu:.0%}' if r.published else '-'):>5}")
-    for r in rows:
-        lines.append(f"{r.model} on {r.gpus:,} GPUs, {r.sequence_tokens:,} tokens:")
-        lines += [f"  - {n}" for n in r.notes]
-    return "\n".join(lines)

@@ -1,19 +1,16 @@
 """The toy language model's ledger per rank and its traffic per mesh axis, predicted. Pure: no torch.
 
-``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments; ZeRO-1/2
-keep the full weights, AdamW updating a view of its shard; ZeRO-3 keeps only shards; with experts three
-buckets, ``moe_units``), the activations autograd keeps for the backward at the in-flight peak
-(``activation_bytes`` per microbatch and chunk, played through the schedule's order: 1F1B's stage ``s``
-holds ``p - s``; with experts ``None``: what the experts keep depends on the rows the router sends them),
-and the transient peak (ZeRO-3's largest gathered layer; the other strategies' flat buffers are not
-followed, so 0). ``activation_bytes`` counts every tensor autograd saves, op by op. ``predict_traffic``: per
-rank and step, calls, buffer bytes and wire bytes per (axis, op), the way ``runtime.records`` counts them;
-the pipeline's messages read from the schedule; the experts' all-to-alls as ``predict_traffic`` says.
-``format_ledger``: predicted beside measured.
+``predict_ledger``: per rank, the bytes kept between steps (weights, gradients, AdamW's two moments, as each
+ZeRO stage keeps them; with experts three buckets, ``moe_units``), the activations autograd keeps at the
+in-flight peak (``activation_bytes`` per microbatch and chunk, counted op by op and played through the
+schedule; with experts ``None``: the router decides), and ZeRO-3's largest gathered layer.
+``predict_traffic``: per rank and step, calls, buffer and wire bytes per (axis, op), as ``runtime.records``
+counts them. ``format_ledger``: predicted beside measured (``lab.training`` prints it).
 """
 
 from __future__ import annotations
 
+from shardlib.core.config import kv_bytes_per_token
 from shardlib.core.data_parallel.flat import padded
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.runtime.records import wire_bytes
@@ -50,11 +47,6 @@ def _states(units: list[int], strategy: str, n: int, e: int) -> dict:
         return {"weights": p * e, "gradients": p * e, "optimizer": 2 * p * e}
     grads = p if strategy == "zero1" else shard
     return {"weights": p * e, "gradients": grads * e, "optimizer": 2 * shard * e}
-
-
-def stage_units(config, layout, layers: range, stage: int) -> list[int]:
-    """Parameters per unit (ZeRO-3's: the embedding, each layer, the head) on one rank of ``stage``."""
-    return chunk_units(config, layout, len(layers), stage == 0, stage == layout.pp - 1)
 
 
 def chunk_units(config, layout, n_layers: int, first: bool, last: bool) -> list[int]:
@@ -179,7 +171,8 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
         c[1] += m * layers * (config.n_experts * INDEX_BYTES + 4 * rows * row)
         c[2] += m * layers * ((config.n_experts - n_local) * INDEX_BYTES + 4 * rows * (ep - 1) // ep * row)
     # cp: K and V hop n - 1 times forward; backward, n - 1 hops with their dK/dV following n times
-    kv = 2 * config.microbatch * (config.n_kv_heads // tp) * (config.seq // cp) * (config.d_model // config.n_heads) * e
+    kv = int(kv_bytes_per_token(1, config.n_kv_heads, config.d_model // config.n_heads, e, tp)) * config.microbatch * (
+        config.seq // cp)  # one layer's K/V block
     hidden = config.microbatch * (config.seq // (cp * tp)) * config.d_model * e  # (b, s/(cp tp), d)
     for op in ("send", "recv"):
         add("cp", op, m * layers * (3 * cp - 2), kv, cp)

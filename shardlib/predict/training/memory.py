@@ -1,17 +1,13 @@
 """What one GPU of a training layout keeps: weights, gradients, optimizer state and activations, per stage.
 
-A GPU of stage ``i`` holds its stage's layers split ``tp`` ways (the first stage also the embedding, the
-last the final norm and head, the vocabulary padded to ``128 x tp`` rows; with ``ep > 1`` its ``n_experts /
-ep`` whole experts a layer, ``check_expert_layout``). Bytes per parameter, by convention:
-``STATE_BYTES_MEGATRON`` (Megatron-LM's ``distrib_optimizer.md``: 2 + 4 + 12 = 18, and 6 + 12/d with its
-distributed optimizer) or ``STATE_BYTES_MIXED`` (ZeRO, Rajbhandari et al. 2020, section 3.1: 2 + 2 + 12 =
-16). ``dp_strategy`` shards over ``dp x cp`` ranks (the experts' over their holders, ``expert_dp``).
-Activations: ``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per layer of the stage, for the
-tokens of the GPU's ring slice (``seq / cp``), times the microbatches in flight: 1F1B's stage ``i`` of ``p``
-keeps ``min(p - i, m)`` (interleaved 1F1B: ``in_flight``). The first stage adds the embedding's dropout
-mask, the last its final norm, head input and fp32 logits (Korthikanti section 4.3). ZeRO-3 adds two layers
-gathered whole; other transients are left out: the planner keeps a margin for them
-(``memory_utilization``). Pure: no torch.
+Parameters per GPU of stage ``i``: ``shapes.stage_params_per_device`` (the serving planner's too), with
+``ep > 1`` its ``n_experts / ep`` whole experts (``check_expert_layout``). Bytes per parameter:
+``STATE_BYTES_MEGATRON`` (2 + 4 + 12) or ``STATE_BYTES_MIXED`` (ZeRO, Rajbhandari et al. 2020: 2 + 2 + 12),
+sharded by ``dp_strategy`` over ``dp x cp`` ranks (the experts' over ``expert_dp``). Activations:
+``layer_activation_bytes`` (Korthikanti et al. 2022, Table 2) per layer, for ``seq / cp`` tokens, times the
+microbatches in flight (1F1B's stage ``i`` of ``p``: ``min(p - i, m)``); the first stage adds the
+embedding's dropout mask, the last its head input and fp32 logits. ZeRO-3 adds two layers gathered whole;
+other transients are the planner's margin (``memory_utilization``). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from shardlib.core.mesh import Layout
 from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.predict.data_parallel import STATE_BYTES_MEGATRON, layer_activation_bytes, memory_per_rank
-from shardlib.predict.shapes import padded_vocab_size
+from shardlib.predict.shapes import padded_vocab_size, stage_params_per_device
 
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # the registry's schedules this model covers: Megatron-LM's two
 
@@ -57,8 +53,7 @@ class TrainingMemory:
 
 
 def layers_of(n_layers: int, pp: int, stage: int, lighter_ends: bool = False) -> int:
-    """Layers of ``stage``: the one stage split (``core.pipeline.stages.stage_layer_counts``), the first and last
-    stage a layer lighter with ``lighter_ends`` (Llama 3's balance)."""
+    """Layers of ``stage`` (``stage_layer_counts``; the ends a layer lighter with ``lighter_ends``)."""
     return stage_layer_counts(n_layers, pp, end_layers=int(lighter_ends))[stage]
 
 
@@ -97,28 +92,15 @@ def stage_expert_params(model: ModelConfig, layout: Layout, stage: int, lighter_
 
 
 def stage_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
-    """Parameters one GPU of ``stage`` holds: its layers' share of ``tp`` (norms kept whole), plus the
-    embedding (first stage) and head and final norm (last stage), ``1/tp`` of the padded vocabulary each.
-    With ``ep > 1``, its ``n_experts / ep`` whole experts per layer in place of a ``1/tp`` share of them."""
-    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
-    norms = 2 * model.d_model
-    experts = model.n_experts * model.expert_params if layout.ep > 1 else 0  # spread by ep, not by tp
-    per_layer = (model.params_per_layer - norms - experts) / layout.tp + norms
-    vocab_rows = padded_vocab_size(model, layout.tp) / layout.tp
-    ends = 0.0
-    if stage == 0:
-        ends += vocab_rows * model.d_model
-    if stage == layout.pp - 1:
-        ends += model.d_model + (0 if model.tied_embeddings else vocab_rows * model.d_model)
-    return layers * per_layer + ends + stage_expert_params(model, layout, stage, lighter_ends)
+    """Parameters one GPU of ``stage`` holds (``shapes.stage_params_per_device``, the serving planner's too)."""
+    check_expert_layout(model, layout)
+    return sum(stage_params_per_device(model, layout.tp, layout.pp, stage, layout.ep, lighter_ends))
 
 
 def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", chunks: int = 2) -> float:
-    """Microbatches whose activations stage ``stage`` keeps at its peak: 1F1B's warm-up leaves ``p - i``
-    (never more than ``m``); interleaved 1F1B (Narayanan et al. 2021, section 2.2) with ``chunks`` model
-    chunks per GPU keeps ``1 + (p - 1) / (p v)`` times 1F1B's first-stage count (Korthikanti et al. 2022,
-    section 4.2.3): ``p - i + (p - 1) / v`` here, the same extra warm-up on every stage. Stage 0's count
-    is the registry's peak (``ScheduleSpec.in_flight``); the chunks are the spec's (1 for 1F1B)."""
+    """Microbatches whose activations ``stage`` keeps at its peak: 1F1B's ``p - i`` (at most ``m``);
+    interleaved with ``v`` chunks ``p - i + (p - 1) / v`` (Narayanan et al. 2021; Korthikanti et al. 2022,
+    4.2.3)."""
     choice(schedule, MEGATRON_SCHEDULES, "schedule")
     m = whole_number(n_microbatches, "n_microbatches")
     v = schedule_spec(schedule).n_chunks(whole_number(chunks, "chunks"))
@@ -131,9 +113,7 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
                     recompute: str = "selective", sequence_parallel: bool = True, stage: int = 0,
                     state_bytes: Mapping[str, float] = STATE_BYTES_MEGATRON, schedule: str = "1f1b",
                     chunks: int = 2, activation_bytes_per_value: int = 2, lighter_ends: bool = False) -> TrainingMemory:
-    """Bytes on one GPU of ``stage`` of ``layout`` training ``model`` on sequences of ``seq`` tokens,
-    ``microbatch`` sequences per microbatch, ``n_microbatches`` per step (the module docstring's rules);
-    ``lighter_ends``: the layers cut as ``stage_layer_counts`` says (Llama 3's lighter end stages)."""
+    """Bytes on one GPU of ``stage`` of ``layout`` training ``model`` (the module docstring's rules)."""
     seq, b = whole_number(seq, "seq"), whole_number(microbatch, "microbatch")
     if seq % layout.cp:
         raise ValueError(f"a sequence of {seq} tokens cannot be split into {layout.cp} equal ring slices (cp)")
@@ -168,9 +148,7 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
 
 def peak_training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
                          **kwargs) -> TrainingMemory:
-    """The fullest of the first, second and last stage. The middle stages never exceed the second (fewer
-    microbatches in flight, no more layers); with even stages the second never exceeds the first, with
-    lighter ends (one layer fewer on stage 0) it may."""
+    """The fullest of the first, second and last stage (the middle ones never exceed the second)."""
     stages = {0, min(1, layout.pp - 1), layout.pp - 1}
     return max((training_memory(model, layout, seq, microbatch, n_microbatches, stage=s, **kwargs) for s in stages),
                key=lambda m: m.total_bytes)

@@ -151,25 +151,3 @@ def _choices(kernel_efficiency: float, pub: PublishedMoELayout, dp_strategies: t
         rows.append(MoEChoiceRow(overlap, plan.best, ours,
                                  tuple(_choice_reasons(pub, plan.best, ours, w) + _published_reasons(pub, ours, w))))
     return tuple(rows)
-
-
-def format_deepseek_v3_choices(rows: list[MoEChoiceRow], pub: PublishedMoELayout = DEEPSEEK_V3_PUBLISHED) -> str:
-    """The rows as a table (the planner's choice, the published layout scored), then each row's reasons."""
-    lines = [f"{pub.model.name} on {pub.gpus:,} H800, {pub.sequences:,} x {pub.sequence_tokens:,} tokens a step "
-             f"(published: {replace(pub.layout(), dp_strategy='ddp').label} ZeRO-1, "
-             f"about {pub.tokens_per_s / 1e6:.1f} M tokens/s)",
-             f"{'all-to-alls':<16}{'planner':<44}{'M tok/s':>8}{'MFU':>5}  {'published, scored':<20}{'M tok/s':>8}"
-             f"{'MFU':>5}"]
-    for r in rows:
-        mine = f"{r.chosen.layout.label} ({r.chosen.recompute})" if r.chosen else "nothing fits"
-        pub_ok = isinstance(r.published, TrainingScore)
-        lines.append(f"{'under compute' if r.overlap else 'exposed':<16}{mine:<44}"
-                     f"{(r.chosen.tokens_per_s / 1e6 if r.chosen else 0):>8.2f}"
-                     f"{(r.chosen.mfu if r.chosen else 0):>5.0%}  "
-                     f"{(r.published.recompute + ' recompute') if pub_ok else 'does not fit':<20}"
-                     f"{(r.published.tokens_per_s / 1e6 if pub_ok else 0):>8.2f}"
-                     f"{(r.published.mfu if pub_ok else 0):>5.0%}")
-    for r in rows:
-        lines.append(f"all-to-alls {'under compute (DualPipe)' if r.overlap else 'exposed'}:")
-        lines += [f"  - {x}" for x in r.reasons]
-    return "\n".join(lines)

@@ -26,7 +26,7 @@ from shardlib.facts.hardware import Cluster
 from shardlib.predict.shapes import tensor_parallel_problems
 from shardlib.predict.training.memory import TrainingMemory, expert_dp, peak_training_memory
 from shardlib.predict.training.time_model import TrainingScore, TrainingWorkload, score_training
-from shardlib.predict.units import gb, ms
+from shardlib.predict.units import gb, seconds
 
 TERMS = ("compute_s", "bubble_s", "tp_s", "cp_s", "dp_s", "pp_s", "ep_s")
 TERM_NAMES = {"compute_s": "compute", "bubble_s": "pipeline bubble", "tp_s": "tp collectives",
@@ -51,10 +51,6 @@ class TrainingPlan:
     @property
     def best(self) -> TrainingScore | None:
         return self.ranked[0] if self.ranked else None
-
-
-def seconds(x: float) -> str:
-    return f"{x:,.2f} s" if x >= 1 else ms(x)
 
 
 def _divisors(n: int) -> list[int]:
@@ -253,26 +249,3 @@ def plan_training(model: ModelConfig, cluster: Cluster,
     ranked = [replace(s, reasons=own_reasons(s, cluster, workload)) for s in ranked]
     return TrainingPlan(model.name, cluster.name, workload, tuple(ranked), tuple(rejected.values()), tuple(pruned),
                         plan_reasons(ranked, rejected, pruned, scored))
-
-
-def format_training_plan(p: TrainingPlan, top: int = 6, rejected: int = 4) -> str:
-    """The ranked layouts, term by term, why the best won, and a few rejections with their numbers."""
-    moe = any(s.layout.ep > 1 for s in p.ranked)
-    lines = [f"{p.model} on {p.cluster}, training {p.workload.global_batch_tokens:,} tokens a step in sequences of "
-             f"{p.workload.sequence_tokens:,}, ranked by tokens/s:",
-             f"{'layout':<30}{'b x m':>8}{'recompute':>10}{'GB/GPU':>8}{'step':>10}{'bubble':>9}{'tp':>9}"
-             f"{'cp':>9}{'dp':>9}" + (f"{'ep':>9}" if moe else "") + f"{'tokens/s':>12}{'MFU':>6}"]
-    for s in p.ranked[:top]:
-        lines.append(f"{s.layout.label:<30}{f'{s.microbatch}x{s.n_microbatches}':>8}{s.recompute:>10}"
-                     f"{s.memory.total_bytes / 1e9:>8.1f}{seconds(s.step_s):>10}{ms(s.bubble_s):>9}{ms(s.tp_s):>9}"
-                     f"{ms(s.cp_s):>9}{ms(s.dp_s):>9}" + (f"{ms(s.ep_s):>9}" if moe else "")
-                     + f"{s.tokens_per_s:>12,.0f}{s.mfu:>6.0%}")
-    if len(p.ranked) > top:
-        lines.append(f"... and {len(p.ranked) - top} more that fit")
-    lines += [f"why: {r}" for r in p.reasons]
-    if p.best:
-        lines += [f"  {r}" for r in p.best.reasons]
-    lines.append(f"rejected: {len(p.rejected)} layouts (first {min(rejected, len(p.rejected))}); pruned axis values: "
-                 f"{len(p.pruned)}")
-    lines += [f"  {r.layout.label}: {r.reasons[0]}" for r in p.rejected[:rejected]]
-    return "\n".join(lines)

@@ -169,15 +169,3 @@ def activation_rows(model: ModelConfig = GPT_530B, seq: int = 2048, microbatch: 
 def published_rows() -> list[FigureRow]:
     """Every published figure beside ours."""
     return zero_figure_rows() + megatron_rows() + deepspeed_rows() + activation_rows()
-
-
-def format_rows(rows) -> str:
-    """The rows as a plain-text table, then each row's note."""
-    lines = [f"{'source':<54}{'what':<62}{'published':>11}{'ours':>11}  unit"]
-    for r in rows:
-        lines.append(f"{r.source:<54}{r.what:<62}{r.published:>11,.2f}{r.ours:>11,.2f}  {r.unit}")
-    notes = {}
-    for r in rows:
-        notes.setdefault(r.note, r.what)
-    lines += [f"  {what}: {note}" for note, what in notes.items() if note]
-    return "\n".join(lines)

@@ -23,9 +23,10 @@ from shardlib.core.mesh import DP_STRATEGIES, Layout
 from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import LATENCY_CHARGES, Cluster, Link
-from shardlib.predict.all_to_all import ep_group_nodes, expert_all_to_all
 from shardlib.predict.alpha_beta import collective_time_s, point_to_point_s
 from shardlib.predict.data_parallel import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
+from shardlib.predict.experts import ep_group_nodes, expert_all_to_all
+from shardlib.predict.pipeline import stage_imbalance
 from shardlib.predict.training.memory import (
     MEGATRON_SCHEDULES,
     TrainingMemory,
@@ -38,29 +39,18 @@ CONVENTIONS = {"megatron": STATE_BYTES_MEGATRON, "zero": STATE_BYTES_MIXED}
 
 @dataclass(frozen=True)
 class TrainingWorkload:
-    """What is trained: sequences of ``sequence_tokens``, ``global_batch_tokens`` per step (a whole number
-    of sequences), at most ``memory_utilization`` of each GPU's memory for states and activations (the
-    rest: buffers, fragmentation), the ``recompute`` and ``microbatch_sizes`` and ``dp_strategies`` the
-    planner may choose from, the pipeline ``schedule`` ("1f1b" or "interleaved-1f1b", the registry's names;
-    ``chunks`` per GPU when interleaved), sequence
-    parallelism with tp, bytes per parameter by ``convention`` ("megatron": 2 + 4 + 12; "zero": 2 + 2 +
-    12), and ``kernel_efficiency``: the share of dense BF16 peak the kernels reach (0.5 assumed: large
-    matmuls reach 0.6 to 0.75 of it, attention, norms and the optimizer step less). The time model has no
-    term for kernels starved by small shapes; ``min_ring_slice_tokens`` stands in for it where it matters
-    most: context parallelism only cuts sequences into ring slices of at least that many tokens (cp is
-    for long sequences: Llama 3 used none at 8K and 16 ways at 128K). ``comm_bytes_per_value``: bytes of
-    each activation, K/V and gradient value the collectives move (2: bf16; a float32 toy: 4).
-    ``optimizer_bytes_per_param``: bytes AdamW reads and writes per parameter it updates, at the cluster's
-    memory bandwidth (0: no optimizer term, negligible beside a real step of millions of tokens).
-    ``dp_overlap``: whether the data-parallel collectives run behind the compute, as DDP's buckets and
-    ZeRO-3's prefetch do (False: each waits for, or is waited on by, the compute it serves).
-    ``comm_in_bubble``: whether a bubble slot also lasts a microbatch's exposed tp and cp time (it does:
-    they sit on each microbatch's path; False, the default, counts compute only, as the published plans do).
-    ``lighter_ends``: one layer fewer on the first and last stage (Llama 3's balance; ``stage_layer_counts``).
-    ``ep_overlap``: whether the experts' all-to-alls run under another microbatch's compute (DualPipe;
-    False: every all-to-all exposed, as a plain 1F1B step runs them).
-    ``latency_charge``: how a collective pays its link's latency ("per_step": at every ring step, NCCL's ring;
-    "per_call": once, the optimistic convention notebook 02 contrasts)."""
+    """What is trained, and what the planner may choose. Sequences of ``sequence_tokens``, ``global_batch_tokens``
+    a step (whole sequences); at most ``memory_utilization`` of each GPU for states and activations; the
+    ``recompute``, ``microbatch_sizes``, ``dp_strategies`` to try; the registry's ``schedule`` ("1f1b" or
+    "interleaved-1f1b" with ``chunks`` per GPU); bytes per parameter by ``convention`` ("megatron" 2 + 4 + 12,
+    "zero" 2 + 2 + 12); ``kernel_efficiency``, the share of BF16 peak kernels reach (0.5; large matmuls reach
+    0.6 to 0.75). ``min_ring_slice_tokens``: the shortest ring slice cp may cut (small shapes starve kernels;
+    Llama 3 used no cp at 8K, 16 at 128K). ``comm_bytes_per_value``: bytes a collective moves per value.
+    ``optimizer_bytes_per_param``: AdamW's traffic per updated parameter at memory bandwidth (0: none).
+    ``dp_overlap``: data-parallel collectives behind compute (DDP's buckets, ZeRO-3's prefetch).
+    ``comm_in_bubble``: a bubble slot also lasts a microbatch's exposed tp and cp time (default: compute only,
+    as published plans count). ``lighter_ends``: Llama 3's lighter end stages. ``ep_overlap``: all-to-alls
+    under another microbatch's compute (DualPipe). ``latency_charge``: alpha per ring step or per call."""
 
     sequence_tokens: int = 8192
     global_batch_tokens: int = 2048 * 8192
@@ -130,8 +120,8 @@ class TrainingWorkload:
 
 @dataclass(frozen=True)
 class TrainingScore:
-    """One layout's best configuration: microbatch ``b`` x ``m`` per replica, ``recompute``, the fullest
-    stage's memory, and a step's time term by term (exposed seconds), tokens per second and MFU."""
+    """One layout's best configuration (``b`` x ``m`` per replica, ``recompute``, the fullest stage's memory)
+    and its step term by term (exposed seconds), tokens per second and MFU."""
 
     layout: Layout
     microbatch: int
@@ -158,9 +148,8 @@ class TrainingScore:
 
 
 def model_flops_per_token(model: ModelConfig, seq: int, causal: bool = True) -> float:
-    """Forward and backward: ``6 N`` over the parameters a token multiplies (the embedding is a lookup)
-    plus attention's scores and values, ``12 L h s``, halved when ``causal`` (a causal kernel computes the
-    unmasked half only; Narayanan et al.'s count, ``causal=False``, does not halve it)."""
+    """Forward and backward: ``6 N`` over the matrices a token multiplies, plus attention's ``12 L h s``,
+    halved when ``causal`` (Narayanan et al. count it whole: ``causal=False``)."""
     matrix = model.active_params_per_token - model.vocab_size * model.d_model - model.d_model
     return 6 * matrix + 12 * model.n_layers * model.d_model * seq * (0.5 if causal else 1.0)
 
@@ -174,27 +163,24 @@ def recompute_flops_per_token(model: ModelConfig, seq: int, recompute: str, caus
 
 
 def heaviest_stage_share(model: ModelConfig, pp: int, seq: int, lighter_ends: bool = False) -> float:
-    """The slowest stage's FLOPs over the mean stage's: its layers, plus the LM head (``6 V d`` a token)
-    on the last stage. 1 when the stages are balanced; the pipeline runs at the slowest stage's pace."""
+    """The slowest stage's FLOPs over the mean stage's (``stage_imbalance``), the head on the last stage."""
     counts = stage_layer_counts(model.n_layers, pp, end_layers=int(lighter_ends))
     layer = (model_flops_per_token(model, seq) - 6 * model.vocab_size * model.d_model) / model.n_layers
     head = 6 * model.vocab_size * model.d_model
     stages = [c * layer + (head if i == pp - 1 else 0.0) for i, c in enumerate(counts)]
-    return max(stages) / (sum(stages) / pp)
+    return stage_imbalance(stages)
 
 
 def _span_link(cluster: Cluster, span: int, size: int) -> Link:
-    """The link of a group of ``size`` ranks spread over blocks of ``span`` consecutive ranks: inside a node
-    when the block fits one node and nodes hold whole blocks (what ``traffic.axis_link`` finds rank by rank)."""
+    """The link of a group of ``size`` ranks over blocks of ``span`` consecutive ranks."""
     g = cluster.gpus_per_node
     inside = size == 1 or (span <= g and g % span == 0)
     return cluster.intra_link if inside else cluster.inter_link
 
 
 def axis_links(cluster: Cluster, layout: Layout) -> dict[str, Link]:
-    """The link each axis of ``layout`` uses on ``cluster`` (Megatron's order: tp, cp, dp, pp outermost);
-    with ``ep > 1`` also the expert group's (``ep`` consecutive ranks of a stage) and the experts' data-parallel
-    group's (``expert_dp``: ranks ``ep`` apart across the stage)."""
+    """The link each axis uses (Megatron's order: tp, cp, dp, pp outermost; the expert group and its
+    data-parallel group with ``ep > 1``)."""
     t, c, d, p = layout.tp, layout.cp, layout.dp, layout.pp
     links = {"tp": _span_link(cluster, t, t), "cp": _span_link(cluster, t * c, c),
              "dp": _span_link(cluster, t * c * d, d * c), "pp": _span_link(cluster, t * c * d * p, p)}
@@ -206,8 +192,7 @@ def axis_links(cluster: Cluster, layout: Layout) -> dict[str, Link]:
 
 def ep_all_to_all_s(model: ModelConfig, cluster: Cluster, layout: Layout, workload: TrainingWorkload,
                     microbatch: int) -> float:
-    """One dispatch (or combine) of one MoE layer for one microbatch on one rank (``predict.all_to_all``):
-    its ``s / cp x b`` tokens (``/ tp`` under sequence parallelism), ``k`` rows each."""
+    """One MoE layer's dispatch (or combine) for one microbatch on one rank (``predict.experts``)."""
     if layout.ep == 1:
         return 0.0
     tokens = workload.sequence_tokens // layout.cp * microbatch
@@ -221,8 +206,7 @@ def ep_all_to_all_s(model: ModelConfig, cluster: Cluster, layout: Layout, worklo
 
 def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workload: TrainingWorkload, microbatch: int,
                    recompute: str, memory: TrainingMemory | None = None) -> TrainingScore:
-    """One step of ``layout`` with microbatches of ``microbatch`` sequences and ``recompute``, term by term
-    (the module docstring's model)."""
+    """One step of ``layout``, term by term (the module docstring's model)."""
     w, lay = workload, layout
     s, b = w.sequence_tokens, microbatch
     m = w.sequences // (lay.dp * b)

@@ -13,13 +13,11 @@ in the groups of a torch ``DeviceMesh`` of that layout: the ranks that met must 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from shardlib.core.mesh import Layout
-from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
-from shardlib.runtime.errors import RankError, RankTimeoutError
+from shardlib.exercises import result as grading
+from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 
 LAYOUTS = (Layout(2, 1, 1), Layout(1, 2, 1), Layout(1, 1, 4), Layout(2, 2, 1), Layout(2, 1, 2), Layout(1, 2, 2),
            Layout(4, 2, 1), Layout(2, 2, 2), Layout(3, 2, 1), Layout(2, 4, 2), Layout(8, 2, 2))
@@ -58,7 +56,8 @@ def _check_coordinates(got: Collector, coordinates_fn) -> None:
     wrong = []
     for layout in LAYOUTS:
         for rank in range(layout.world_size):
-            value = call(got, f"{layout.label}, rank {rank}", coordinates_fn, rank, layout.tp, layout.pp, layout.dp)
+            where = f"{layout.label}, rank {rank}"
+            value = grading.call(got, where, coordinates_fn, rank, layout.tp, layout.pp, layout.dp)
             if got.not_written or value is None:
                 return
             try:
@@ -88,7 +87,7 @@ def _group_hint(axis: str, rank: int, mine: list[int], want: list[int], layout: 
             return f"that is the rank's {other} group, not its {axis} group"
     if len(mine) != len(want):
         return f"a {axis} group has {axis} = {len(want)} ranks, yours has {len(mine)}"
-    stride = {"tp": 1, "pp": layout.dp * layout.tp, "dp": layout.tp}[axis]
+    stride = want[1] - want[0]  # the layout's own group: its members are evenly spaced
     return f"the members of a {axis} group are {stride} rank{'s' if stride > 1 else ''} apart"
 
 
@@ -96,7 +95,7 @@ def _check_groups(got: Collector, groups_fn) -> None:
     for layout in LAYOUTS:
         for rank in range(layout.world_size):
             where = f"{layout.label}, rank {rank}"
-            value = call(got, where, groups_fn, rank, layout.tp, layout.pp, layout.dp)
+            value = grading.call(got, where, groups_fn, rank, layout.tp, layout.pp, layout.dp)
             if got.not_written or value is None:
                 return
             if not isinstance(value, dict) or set(value) != set(AXES):
@@ -115,19 +114,11 @@ def _check_groups(got: Collector, groups_fn) -> None:
                     return
 
 
-@dataclass(frozen=True)
-class GroupsMet:
-    """Per axis, the fingerprint (a sum of ``2 ** rank`` over the members) of the ranks one rank met in
-    the group built from the learner's ``groups_fn`` (``yours``) and in the ``DeviceMesh``'s (``theirs``)."""
-
-    yours: dict[str, int]
-    theirs: dict[str, int]
-
-
-def groups_met_on_rank(ctx, layout: Layout, groups_fn) -> GroupsMet:
-    """Build every group of every axis from ``groups_fn`` and from the ``DeviceMesh``; see who met in each."""
+def groups_met_on_rank(ctx, layout: Layout, groups_fn) -> dict[str, tuple[int, int]]:
+    """Per axis, the fingerprints (sums of ``2 ** rank`` over the members) of the ranks this rank met in the
+    group built from the learner's ``groups_fn`` and in the ``DeviceMesh``'s: ``(yours, theirs)``."""
     mesh = ctx.device_mesh(layout.mesh_shape, layout.mesh_axes)
-    yours, theirs = {}, {}
+    met = {}
     for axis in AXES:
         # every rank builds every group, in the same order (new_group's rule), from the learner's function
         groups = sorted({tuple(sorted(int(r) for r in groups_fn(r, layout.tp, layout.pp, layout.dp)[axis]))
@@ -135,11 +126,10 @@ def groups_met_on_rank(ctx, layout: Layout, groups_fn) -> GroupsMet:
         mine = None
         for members in groups:
             group = ctx.new_group(members, f"your {axis}")
-            if ctx.rank in members:
-                mine = group
-        yours[axis] = int(ctx.comm.all_reduce(torch.tensor([2 ** ctx.rank]), group=mine).item())
-        theirs[axis] = int(ctx.comm.all_reduce(torch.tensor([2 ** ctx.rank]), group=mesh.get_group(axis)).item())
-    return GroupsMet(yours, theirs)
+            mine = group if ctx.rank in members else mine
+        met[axis] = tuple(int(ctx.comm.all_reduce(torch.tensor([2 ** ctx.rank]), group=g).item())
+                          for g in (mine, mesh.get_group(axis)))
+    return met
 
 
 def _members(fingerprint: int) -> list[int]:
@@ -148,20 +138,17 @@ def _members(fingerprint: int) -> list[int]:
 
 def _check_on_ranks(got: Collector, groups_fn, pools) -> None:
     for pool in pools:
-        n = pool.world_size
-        for layout in (L for L in LAYOUTS if L.world_size == n):
-            try:
-                met = pool.run(groups_met_on_rank, layout, groups_fn)
-            except (RankError, RankTimeoutError) as exc:
-                got.fail(f"{layout.label} on {n} ranks: building your groups failed: {str(exc).splitlines()[0]}")
+        for layout in (L for L in LAYOUTS if L.world_size == pool.world_size):
+            ran = grading.run_on(got, pool, groups_met_on_rank, layout, groups_fn)
+            if ran is None:
                 return
-            for rank, groups in enumerate(met):
-                for axis in AXES:
-                    yours, theirs = groups.yours[axis], groups.theirs[axis]
-                    if yours != theirs:
-                        got.fail(f"{layout.label} on {n} ranks: rank {rank} met ranks {_members(yours)} in your "
-                                 f"{axis} group, but {_members(theirs)} in the DeviceMesh's")
-                        return
+            wrong = [(rank, axis, *met[axis]) for rank, met in enumerate(ran.each()) for axis in AXES
+                     if met[axis][0] != met[axis][1]]
+            if wrong:
+                rank, axis, yours, theirs = wrong[0]
+                got.fail(f"{layout.label} on {pool.world_size} ranks: rank {rank} met ranks {_members(yours)} in "
+                         f"your {axis} group, but {_members(theirs)} in the DeviceMesh's")
+                return
 
 
 def grade_mesh_coordinates(coordinates_fn, groups_fn, *pools) -> ExerciseResult:
