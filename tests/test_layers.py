@@ -184,7 +184,7 @@ def test_importing_the_predictions_does_not_start_the_runtime():
     assert out.stdout.strip() == "[]"
 
 
-CORE_LINES_AT_MOST = 7_320  # lowered as each duplicate merges, down to the aim of 5,000
+CORE_LINES_AT_MOST = 6_800  # lowered as each duplicate merges, down to the aim of 5,000
 
 
 def test_the_core_stays_small():
