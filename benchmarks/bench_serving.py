@@ -349,7 +349,7 @@ def fleet_main(args) -> None:
             print(served_table(layouts))
             if layouts.planner is not None:
                 pl = layouts.planner
-                print(f"  the planner's pair (costs.predict.replicas_vs_tensor_parallel) on the two fits: throughput "
+                print(f"  the planner's pair (predict.serving.replicas.replicas_vs_tensor_parallel) on the two fits: throughput "
                       f"ratio {pl.throughput_ratio:.2f}x, latency ratio {pl.latency_ratio:.2f}x")
 
     with Ranks(2) as two:

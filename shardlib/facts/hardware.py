@@ -208,7 +208,7 @@ def toy_cluster(link: Link, memory_per_rank_bytes: float = 500e3, flops_per_s: f
     inside a "node" by ``link`` (one machine: a link measured here) and between nodes by ``inter_link``
     (the same ``link`` unless given: a slower one is made real on the ranks by
     ``lab.costs.emulation.EmulatedLink.of_cluster``), computing at ``flops_per_s`` (measure it with
-    ``lab.serving.ranks.effective_flops_per_s``). The default memory cap is chosen so that the toy model,
+    ``lab.serving.drivers.effective_flops_per_s``). The default memory cap is chosen so that the toy model,
     like a real large one, does not fit on one rank."""
     return Cluster(f"{nodes * ranks_per_node} CPU ranks ({nodes} x {ranks_per_node})", nodes, ranks_per_node,
                    memory_per_rank_bytes, link, inter_link or link, CPU_MEMORY_BYTES_PER_S, flops_per_s, "per_step")

@@ -72,7 +72,7 @@ def pools_state(cost, model, rate_step: float, ttft_step: float, tpot_step: floa
 def pools_explorer(cost, model, engines: int = 4, n_requests: int = 24, seed: int = 7, link=LOOPBACK,
                    where: str = "") -> widgets.VBox:
     """The pools explorer over ``cost`` (a ``StepCost`` of one engine, e.g. fitted to your run) and
-    ``model`` (its ``LlamaConfig``, for the K/V handed over)."""
+    ``model`` (its ``ModelConfig``, for the K/V handed over)."""
     style = {"description_width": "initial"}
     pace = engine_pace(cost) * engines
     longest = PROMPTS[1]

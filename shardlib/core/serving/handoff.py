@@ -1,7 +1,7 @@
 """The KV hand-off: one request's K and V from the prefill rank that computed them to the decode rank
 that will read them (Patel et al. 2024, Splitwise; Zhong et al. 2024, DistServe).
 
-Each prefill rank holds the K/V of its own KV heads (``paged.Layer``) and sends them to the decode rank of
+Each prefill rank holds the K/V of its own KV heads (``paged.PagedModel``) and sends them to the decode rank of
 the same tensor-parallel index: ``2 x layers x KV heads per rank x head_dim x bytes x prompt tokens`` per
 rank (``kv_bytes_per_request``), point to point (``ctx.comm.isend`` / ``irecv``), **whole** after the
 prompt's last step or **layer by layer** during it (Splitwise's layer-wise transfer). Two channels join a

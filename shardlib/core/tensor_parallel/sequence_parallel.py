@@ -56,7 +56,7 @@ def scatter_seq(x, tpg: TPGroup):  # (b, s, d) partial -> (b, s/tp, d) summed; n
 
 
 class SequenceParallelBlock(nn.Module):
-    """``toy.block_reference`` with tensor parallelism inside each pair and sequence parallelism
+    """``model.block_reference`` with tensor parallelism inside each pair and sequence parallelism
     outside: takes and returns this rank's shard of the residual stream, (b, s/tp, d_model)."""
 
     def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup) -> None:

@@ -1,6 +1,6 @@
 """The toy language model in one process: its weights, its loss, and its training run, the reference.
 
-The model is the toy's blocks (``toy.block_reference``: pre-norm, causal grouped-query attention and a
+The model is the toy's blocks (``model.block_reference``: pre-norm, causal grouped-query attention and a
 gated MLP, no positional encoding) between a token embedding ``embed (V, d)`` and, after a final RMS norm
 without scale, an untied LM head ``head (V, d)``; with experts (``config.n_experts > 1``) each MLP is the
 dropless MoE layer (``core.experts.dispatch.moe_layer`` on the normed tokens as rows). The loss is the mean

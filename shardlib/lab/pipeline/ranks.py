@@ -26,7 +26,7 @@ from shardlib.predict.pipeline import microbatch_sizes
 
 
 def toy_chunk(weights: dict, layers: range, model: ModelConfig):
-    """A model chunk for the engine: the toy's blocks ``layers`` (``toy.block_reference``, the same layer
+    """A model chunk for the engine: the toy's blocks ``layers`` (``model.block_reference``, the same layer
     function the one-process reference calls), on ``weights`` (layer index -> that layer's weights)."""
     def chunk(h):  # (rows, seq, d_model) -> (rows, seq, d_model)
         for i in layers:

@@ -20,7 +20,7 @@ from shardlib.predict.pipeline import microbatch_sizes
 
 def unpipelined_step(model: ModelConfig, layers: list[dict], x: torch.Tensor, n_microbatches: int = 1,
                      grad_output: torch.Tensor | None = None) -> dict:
-    """The whole stack (``toy.stack_reference``) in one process, microbatch by microbatch
+    """The whole stack (``model.stack_reference``) in one process, microbatch by microbatch
     (``n_microbatches = 1`` is one pass over the whole batch). Returns the output, and with
     ``grad_output`` (the gradient of the loss with respect to the output) the input gradient and every
     layer's weight gradients, accumulated over the microbatches in order."""

@@ -85,7 +85,7 @@ def import_pipelining_on_rank(ctx) -> None:
 
 class TorchChunk(nn.Module):
     """One virtual stage's layers as the ``nn.Module`` torch's ``PipelineStage`` wraps: the toy's blocks
-    (``toy.block_reference``) over copies of the given weights, one ``ParameterDict`` per layer."""
+    (``model.block_reference``) over copies of the given weights, one ``ParameterDict`` per layer."""
 
     def __init__(self, model: ModelConfig, weights: list[dict]) -> None:
         super().__init__()

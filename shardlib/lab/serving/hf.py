@@ -28,7 +28,7 @@ def load_llama_checkpoint(folder) -> LlamaWeights:
 
 def random_hf_llama(seed: int = 0, dtype: torch.dtype = torch.float64, **shape):
     """A tiny ``transformers`` ``LlamaForCausalLM`` with seeded random weights, made here (nothing from a
-    hub): the peer the engine's tokens are checked against. ``shape`` overrides the ``LlamaConfig``."""
+    hub): the peer the engine's tokens are checked against. ``shape`` overrides the ``transformers`` config."""
     from transformers import LlamaConfig as HFLlamaConfig
     from transformers import LlamaForCausalLM
 

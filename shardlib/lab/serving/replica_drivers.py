@@ -126,7 +126,7 @@ def _decode_batch(steps) -> int:
 @dataclass(frozen=True)
 class ReplicasVsTPCheck(ServedCheck):
     """The two ways (``labels``: the replicas first), each replayed on its own step cost (``cost``: the
-    replica's, the split copy's) and served; ``planner``: ``predict.costs.replicas_vs_tensor_parallel`` fed
+    replica's, the split copy's) and served; ``planner``: ``predict.serving.replicas.replicas_vs_tensor_parallel`` fed
     with the two fits at the decode batch each run held (``None`` unless one replica a rank)."""
 
     shown = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tokens_per_s")

@@ -73,7 +73,7 @@ def _slice(w: torch.Tensor, name: str, tp: int, r: int) -> torch.Tensor:
 def simulate_tp_stack(x: torch.Tensor, layers: list[dict], model: ModelConfig, tp: int) -> torch.Tensor:
     """The tensor-parallel stack in one process: each rank's share is the unsharded layer on its slices
     (its heads, its ``d_ff / tp`` features), and the shares are summed (a stand-in for the all-reduce).
-    Equal to ``toy.stack_reference`` within float32 rounding: the partials add in another order."""
+    Equal to ``model.stack_reference`` within float32 rounding: the partials add in another order."""
     check_tensor_parallel(model, tp)
     h = x
     with torch.no_grad():

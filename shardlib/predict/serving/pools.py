@@ -53,7 +53,7 @@ class PredictedPools:
 def simulate_pools(requests, config, cost, link, model, prefill_ranks: int = 1,
                    layerwise: bool = False) -> PredictedPools:
     """The two pools replayed on ``cost`` (a ``StepCost`` of one pool of ``prefill_ranks``) with the
-    hand-off of ``model``'s K/V (a ``LlamaConfig``) on ``link``."""
+    hand-off of ``model``'s K/V (a ``ModelConfig``) on ``link``."""
     requests = list(requests)
     first = simulate_serving([replace(r, max_new_tokens=1) for r in requests], config, cost)
     handed, waits = [], {}

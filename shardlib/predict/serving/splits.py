@@ -45,7 +45,7 @@ def simulate_colocated(requests, config, cost, engines: int) -> dict:
 def simulate_split(requests, config, cost, link, model, prefill_engines: int, decode_engines: int,
                    layerwise: bool = False) -> dict:
     """Per request its predicted token times when ``prefill_engines`` engines prefill and ``decode_engines``
-    decode, the K/V of ``model`` (a ``LlamaConfig``) handed over ``link``, whole or layer by layer."""
+    decode, the K/V of ``model`` (a ``ModelConfig``) handed over ``link``, whole or layer by layer."""
     whole_number(prefill_engines, "prefill_engines (a pool of zero engines serves nothing)")
     whole_number(decode_engines, "decode_engines (a split needs at least one engine to decode)")
     requests = sorted(requests, key=lambda r: r.arrival_s)
