@@ -349,8 +349,8 @@ def fleet_main(args) -> None:
             print(served_table(layouts))
             if layouts.planner is not None:
                 pl = layouts.planner
-                print(f"  the planner's pair (predict.serving.replicas.replicas_vs_tensor_parallel) on the two fits: throughput "
-                      f"ratio {pl.throughput_ratio:.2f}x, latency ratio {pl.latency_ratio:.2f}x")
+                print(f"  the planner's pair (predict.serving.replicas.replicas_vs_tensor_parallel) on the two fits: "
+                      f"throughput ratio {pl.throughput_ratio:.2f}x, latency ratio {pl.latency_ratio:.2f}x")
 
     with Ranks(2) as two:
         run = run_disaggregated(two, weights, probe, config, 1)
