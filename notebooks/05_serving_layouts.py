@@ -81,15 +81,15 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # - `combined_forward`: each stage receives a microbatch from the *same tp rank* of the previous stage,
 #   runs its blocks and sends the result on.
 # - `pipelined_decode` loops as a server decodes: the last stage hands each output back to the first.
-# - Both are one loop, `run_round`; its messages go through notebook 03's pipeline engine.
+# - Both are one loop, `run_round`.
 #
 # <details><summary>More on what the code does</summary>
 #
 # The replica takes its share of the batch (`tensor_split` along the batch) and cuts it into
 # microbatches. Every tp rank of a stage sends its own copy, so no rank ever gathers or scatters; that is
 # why the pp axis carries `tp` sends per microbatch per boundary. The `probe.span` around the blocks is
-# where a timeline can attach; by default it records nothing. A thread sends to the next stage and
-# another receives ahead from the one before, so a stage goes straight on to the next microbatch.
+# where a timeline can attach; by default it records nothing. Each send is `isend`, so a stage goes
+# straight on to the next microbatch.
 # The lab passes the rank's timeline as the probe: each microbatch's compute is a span, ending when its output
 # was ready.
 #

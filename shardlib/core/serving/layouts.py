@@ -8,8 +8,10 @@ forward: Huang et al. 2019). A model with experts replaces each MLP by the dropl
 ranks of the stage (``moe_mlp``). ``combined_forward`` runs a batch through once; ``pipelined_decode`` keeps
 microbatches going round the stages step after step, the last stage handing each output back to the
 first as its next input (steady-state decode, ``predict.serving.decode``'s model). Both are one loop,
-``run_round``, its stage-to-stage messages the pipeline engine's (``core.pipeline.messages``). Measurement
-attaches through ``probe`` (``core.probe.Probe``). Each rank receives the full weights and keeps its slices.
+``run_round``. It sends with ``isend`` and receives in place rather than through the pipeline engine's message
+threads (``core.pipeline.messages``): in steady-state decode a thread hand-off per microbatch costs as much
+as the step's compute on a small model. Measurement attaches through ``probe`` (``core.probe.Probe``). Each
+rank receives the full weights and keeps its slices.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.experts.stack import layer_experts
 from shardlib.core.mesh import Layout, check_mesh
 from shardlib.core.model import rms_norm
-from shardlib.core.pipeline.messages import Inbox, Outbox
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.probe import NO_PROBE, Probe
 from shardlib.core.tensor_parallel.blocks import ParallelBlock
@@ -110,51 +111,34 @@ def run_blocks(ctx, me: RankStage, h: torch.Tensor) -> torch.Tensor:
     return h
 
 
-class _OnAxis:
-    """``ctx.comm``'s point-to-point calls on one mesh axis's group, so the comm log names that axis."""
-
-    def __init__(self, comm, group) -> None:
-        self.comm, self.group = comm, group
-
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self.comm.send(tensor, dst, group=self.group)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        return self.comm.recv(tensor, src, group=self.group)
-
-
 def run_round(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int, steps: int,
               probe: Probe = NO_PROBE) -> list[torch.Tensor] | None:
     """``steps`` passes of ``x`` (batch, seq, d_model) through the stages, microbatch after microbatch.
 
-    A stage takes each microbatch from the same tp rank of the stage before (the first stage, after step 0,
-    from the last: its outputs are the next step's inputs), runs its blocks and hands the result on. The
-    hand-offs are the pipeline engine's (``core.pipeline.messages``): a thread sends to the next stage, a
-    thread receives ahead from the one before, so a stage goes straight on to its next microbatch. On the
-    last stage, every output, step by step; elsewhere ``None``."""
+    A stage receives each microbatch from the same tp rank of the stage before (the first stage, after step
+    0, from the last: its outputs are the next step's inputs), runs its blocks and sends the result on
+    without waiting (``isend``), so it goes straight on to its next microbatch. On the last stage, every
+    output, step by step; elsewhere ``None``."""
     s, d, t, pp = me.stage, me.replica, me.tp_rank, layout.pp
     first, last = s == 0, s == pp - 1
-    inputs = [mb.to(ctx.device) for mb in x.tensor_split(layout.dp)[d].tensor_split(n_microbatches)]
-    order = [(step, i) for step in range(steps) for i in range(len(inputs))]  # each message: its consumer's key
-    if pp > 1:
-        comm = _OnAxis(ctx.comm, me.pp_group)
-        outbox = Outbox(comm, layout.rank((s + 1) % pp, d, t))  # round the ring of stages
-        inbox = Inbox(comm, layout.rank((s - 1) % pp, d, t), [k for k in order if not (first and k[0] == 0)],
-                      lambda k: inputs[k[1]].shape, ctx.device, x.dtype)
-    outputs = []
+    src, dst = layout.rank((s - 1) % pp, d, t), layout.rank((s + 1) % pp, d, t)  # round the ring of stages
+    buffers = [mb.clone().to(ctx.device) for mb in x.tensor_split(layout.dp)[d].tensor_split(n_microbatches)]
+    outputs, sends = [], []
     with torch.no_grad():
-        for step, i in order:
-            h = inputs[i] if pp == 1 or (first and step == 0) else inbox.take((step, i))  # (rows, seq, d_model)
-            with probe.span(f"F{i}" if steps == 1 else f"T{step}.{i}", kind="compute", stage=s):
-                h = run_blocks(ctx, me, h)  # two all-reduces on the tp axis per dense block
-            if last:
-                outputs.append(h)
-            if pp == 1:
-                inputs[i] = h  # the next step's input, here on this rank
-            elif not (last and step == steps - 1):
-                outbox.put(h)
-    if pp > 1:
-        outbox.close()  # every message sent has been received
+        for step in range(steps):
+            for i, h in enumerate(buffers):  # h: (rows, seq, d_model), this microbatch's input this step
+                if pp > 1 and not (first and step == 0):
+                    ctx.comm.recv(h, src, group=me.pp_group)
+                with probe.span(f"F{i}" if steps == 1 else f"T{step}.{i}", kind="compute", stage=s):
+                    h = run_blocks(ctx, me, h)  # two all-reduces on the tp axis per dense block
+                if last:
+                    outputs.append(h)
+                if pp == 1:
+                    buffers[i] = h  # the next step's input, here on this rank
+                elif not (last and step == steps - 1):
+                    sends.append(ctx.comm.isend(h, dst, group=me.pp_group))
+        for pending in sends:
+            pending.wait()
     return outputs if last else None
 
 
