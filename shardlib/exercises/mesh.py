@@ -52,26 +52,31 @@ def _order_hint(wrong: list[tuple[Layout, int, tuple, tuple]]) -> str:
     return "divide the rank by tp first: the remainder is the tp rank; then divide by dp: stage, replica"
 
 
-def _check_coordinates(got: Collector, coordinates_fn) -> None:
-    wrong = []
+def _answers(got: Collector, fn):
+    """``(layout, rank, where, value)``: the learner's ``fn(rank, tp, pp, dp)`` on every rank of every layout,
+    stopping at the first call that fails or is not written yet."""
     for layout in LAYOUTS:
         for rank in range(layout.world_size):
             where = f"{layout.label}, rank {rank}"
-            value = grading.call(got, where, coordinates_fn, rank, layout.tp, layout.pp, layout.dp)
+            value = grading.call(got, where, fn, rank, layout.tp, layout.pp, layout.dp)
             if got.not_written or value is None:
                 return
-            try:
-                value = tuple(int(v) for v in value)
-            except (TypeError, ValueError):
-                got.fail(f"{layout.label}, rank {rank}: return three whole numbers (stage, replica, tp_rank), got "
-                         f"{value!r}")
-                return
-            if len(value) != 3:
-                got.fail(f"{layout.label}, rank {rank}: return three whole numbers (stage, replica, tp_rank), got "
-                         f"{len(value)}")
-                return
-            if value != layout.coords(rank):
-                wrong.append((layout, rank, value, layout.coords(rank)))
+            yield layout, rank, where, value
+
+
+def _check_coordinates(got: Collector, coordinates_fn) -> None:
+    wrong = []
+    for layout, rank, where, value in _answers(got, coordinates_fn):
+        try:
+            value = tuple(int(v) for v in value)
+        except (TypeError, ValueError):
+            got.fail(f"{where}: return three whole numbers (stage, replica, tp_rank), got {value!r}")
+            return
+        if len(value) != 3:
+            got.fail(f"{where}: return three whole numbers (stage, replica, tp_rank), got {len(value)}")
+            return
+        if value != layout.coords(rank):
+            wrong.append((layout, rank, value, layout.coords(rank)))
     if wrong:
         layout, rank, value, want = wrong[0]
         total = sum(L.world_size for L in LAYOUTS)
@@ -92,26 +97,21 @@ def _group_hint(axis: str, rank: int, mine: list[int], want: list[int], layout: 
 
 
 def _check_groups(got: Collector, groups_fn) -> None:
-    for layout in LAYOUTS:
-        for rank in range(layout.world_size):
-            where = f"{layout.label}, rank {rank}"
-            value = grading.call(got, where, groups_fn, rank, layout.tp, layout.pp, layout.dp)
-            if got.not_written or value is None:
+    for layout, rank, where, value in _answers(got, groups_fn):
+        if not isinstance(value, dict) or set(value) != set(AXES):
+            got.fail(f"{where}: return a dict with the keys 'tp', 'pp' and 'dp', got {value!r}")
+            return
+        want = reference_groups(layout, rank)
+        for axis in AXES:
+            try:
+                mine = [int(r) for r in value[axis]]
+            except (TypeError, ValueError):
+                got.fail(f"{where}: the {axis} group must be a list of ranks, got {value[axis]!r}")
                 return
-            if not isinstance(value, dict) or set(value) != set(AXES):
-                got.fail(f"{where}: return a dict with the keys 'tp', 'pp' and 'dp', got {value!r}")
+            if sorted(mine) != want[axis]:
+                got.fail(f"{where}: its {axis} group is {want[axis]}, you returned {mine}: "
+                         f"{_group_hint(axis, rank, mine, want[axis], layout)}")
                 return
-            want = reference_groups(layout, rank)
-            for axis in AXES:
-                try:
-                    mine = [int(r) for r in value[axis]]
-                except (TypeError, ValueError):
-                    got.fail(f"{where}: the {axis} group must be a list of ranks, got {value[axis]!r}")
-                    return
-                if sorted(mine) != want[axis]:
-                    got.fail(f"{where}: its {axis} group is {want[axis]}, you returned {mine}: "
-                             f"{_group_hint(axis, rank, mine, want[axis], layout)}")
-                    return
 
 
 def groups_met_on_rank(ctx, layout: Layout, groups_fn) -> dict[str, tuple[int, int]]:
