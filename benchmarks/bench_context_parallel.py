@@ -51,27 +51,22 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from shardlib.core.context_parallel.online_softmax import attention_reference
-    from shardlib.core.context_parallel.placement import causal_work, imbalance
+    from shardlib.core.context_parallel.ring import simulate_ring_attention
+    from shardlib.core.model import attention
     from shardlib.core.toy import activations, layer_weights
     from shardlib.facts.models import TOY
-    from shardlib.lab.context_parallel.drivers import (
-        run_exchange_calibration,
-        run_ring_attention,
-        run_ring_balance,
-        run_ring_overlap,
-        run_ulysses_attention,
-    )
-    from shardlib.lab.context_parallel.grad_drivers import run_ring_attention_grads
-    from shardlib.lab.context_parallel.reference import simulate_ring_attention
+    from shardlib.lab.context_parallel.claims import run_exchange_calibration, run_ring_balance, run_ring_overlap
+    from shardlib.lab.context_parallel.drivers import run_ring_attention, run_ulysses_attention
     from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
     from shardlib.predict.context_parallel import (
         AttentionShape,
+        causal_work,
+        imbalance,
         ring_backward_bytes_per_rank,
         ring_bytes_per_rank,
-        sequence_parallel_bytes_per_rank,
         ulysses_bytes_per_rank,
     )
+    from shardlib.predict.tensor_parallel import sequence_parallel_bytes_per_rank
     from shardlib.runtime.ranks import Ranks
 
     g = torch.Generator().manual_seed(0)
@@ -94,7 +89,7 @@ def main() -> int:
               f"{'meas/pred':>10} {'speed-up':>9} {'hidden':>7} {'exact':>6}")
         for seq in SEQS:
             q, k, v = qkv(seq)
-            fused_s = median_time(lambda: attention_reference(q, k, v))
+            fused_s = median_time(lambda: attention(q, k, v))
             blocks_s = median_time(lambda: simulate_ring_attention(q, k, v, 2, placement="zigzag"))
             over = run_ring_overlap(two, q, k, v, placement="zigzag", repeats=REPEATS, link=link)
             ring_s, predicted = over.overlapped.step_s, over.predicted_overlapped_s
@@ -116,9 +111,9 @@ def main() -> int:
         balance = run_ring_balance(two, q, k, v, repeats=REPEATS)
         for placement in ("contiguous", "zigzag"):
             row(f"2 ranks, {placement}: compute per rank (ms)",
-                str([round(c * 1e3, 1) for c in balance.compute_s(placement)]),
-                f"busiest/mean measured {balance.measured_imbalance(placement):.2f}, predicted "
-                f"{balance.predicted_imbalance(placement):.2f}")
+                str([round(c * 1e3, 1) for c in balance[placement].compute_cpu_s]),
+                f"busiest/mean measured {balance[placement].measured_imbalance:.2f}, predicted "
+                f"{balance[placement].predicted_imbalance:.2f}")
 
         heads, kv_heads, hd, seq = PAD_SHAPE
         print(f"\n3. overlap: {heads} heads (all KV), head_dim {hd}, {seq} tokens, "
@@ -143,12 +138,12 @@ def main() -> int:
         uly = run_ulysses_attention(two, q, k, v)
         row("2 ranks, ring: measured / formula", f"{ring.sent_bytes_per_rank[0]:,}",
             f"{ring_bytes_per_rank(shape, 2):,.0f}")
-        grads = run_ring_attention_grads(two, q, k, v, torch.randn_like(q))
-        row("2 ranks, ring backward (K/V + dK/dV): measured / formula", f"{grads.backward_bytes:,}",
+        grads = run_ring_attention(two, q, k, v, d_out=torch.randn_like(q))
+        row("2 ranks, ring backward (K/V + dK/dV): measured / formula", f"{grads.backward_wire_bytes:,}",
             f"{ring_backward_bytes_per_rank(shape, 2):,.0f} (gradients within tolerance: {grads.exact})")
         row("2 ranks, all-to-all: measured / formula", f"{uly.sent_bytes_per_rank[0]:,}",
             f"{ulysses_bytes_per_rank(shape, 2):,.0f} (gap {uly.gap:.1e}, bit for bit: "
-            f"{bool(torch.equal(uly.output, attention_reference(q, k, v)))})")
+            f"{bool(torch.equal(uly.output, attention(q, k, v)))})")
         w = layer_weights(TOY, seed=0)
         x, grad = activations(2, 64, TOY.d_model, seed=1), activations(2, 64, TOY.d_model, seed=2)
         sp = run_sequence_parallel(two, x, w, TOY, grad)
@@ -180,8 +175,8 @@ def main() -> int:
         balance = run_ring_balance(four, *qkv(LONG_SEQ // 2), repeats=3)
         for placement in ("contiguous", "zigzag"):
             row(f"4 ranks on 2 cores, {placement}: compute per rank (ms, CPU)",
-                str([round(c * 1e3) for c in balance.compute_s(placement)]),
-                f"busiest/mean {balance.measured_imbalance(placement):.2f}, predicted "
+                str([round(c * 1e3) for c in balance[placement].compute_cpu_s]),
+                f"busiest/mean {balance[placement].measured_imbalance:.2f}, predicted "
                 f"{imbalance(causal_work(LONG_SEQ // 2, 4, placement)):.2f}")
     print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")
     return 0

@@ -24,8 +24,7 @@ def main() -> int:
     from shardlib.facts.hardware import LINKS
     from shardlib.facts.models import LLAMA_3_8B
     from shardlib.lab.costs.drivers import run_calibration
-    from shardlib.predict.alpha_beta import crossover_bytes
-    from shardlib.predict.calibration import DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES
+    from shardlib.predict.alpha_beta import DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES, crossover_bytes
     from shardlib.runtime.ranks import Ranks
     from shardlib.ui.tables import format_tp_cost_table
 

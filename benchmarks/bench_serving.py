@@ -224,7 +224,6 @@ def fleet_main(args) -> None:
     the router per policy; replicas against one split copy; the KV hand-off's bytes; a cold start."""
     from shardlib.core.config import ModelConfig
     from shardlib.core.model import random_weights
-    from shardlib.core.serving.requests import request_metrics
     from shardlib.facts.models import LLAMA_3_70B
     from shardlib.lab.serving.cold_start import run_cold_start_check
     from shardlib.lab.serving.disagg_drivers import LOOPBACK, default_objectives
@@ -233,7 +232,7 @@ def fleet_main(args) -> None:
     from shardlib.lab.serving.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
     from shardlib.predict.serving.burst import STORAGE, burst_at_scale
     from shardlib.predict.serving.fleet import simulate_replicas
-    from shardlib.predict.serving.goodput import goodput, slo_attainment
+    from shardlib.predict.serving.goodput import goodput, request_metrics, slo_attainment
     from shardlib.predict.serving.pools import simulate_pools
     from shardlib.ui.serving_tables import cold_start_table, served_table
     from shardlib.ui.tables import handoff_table

@@ -62,13 +62,13 @@ for g in GPUS.values():
 #
 # Predict before running the next cell: does Llama-3-70B in bf16 fit on one of these? If so, how many
 # sequences of 4,096 tokens does it leave room for? The planner's memory model answers
-# (`shardlib.predict.serving.fit`). A serving system typically fills 90 % of a GPU's memory. The model puts the
+# (`shardlib.predict.serving.memory`). A serving system typically fills 90 % of a GPU's memory. The model puts the
 # weights there first, then 1.3 GB of KV cache for each 4K-token sequence.
 
 # %%
 from shardlib.facts.hardware import B200, H100_80GB, H200, MI300X, MI325X
 from shardlib.facts.models import LLAMA_3_70B, PRESETS
-from shardlib.predict.serving.fit import fit_on_gpus, gpus_needed
+from shardlib.predict.serving.memory import fit_on_gpus, gpus_needed
 from shardlib.ui.tables import format_fit
 
 for model in PRESETS.values():
@@ -165,26 +165,31 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # %% [markdown]
 # ## Read the code
 #
-# A rank function is an ordinary Python function whose first argument is `ctx`. The three this notebook
-# runs first are shown from the library (`shardlib/lab/intro/ranks.py`), so what you read is what runs.
+# A rank function is an ordinary Python function whose first argument is `ctx`. The cells below run
+# three, from `shardlib/lab/intro/ranks.py`:
 #
 # - `whoami_on_rank` only looks around: its rank, the world size, its device, the backend, its process
 #   id. No communication at all.
 # - `first_all_reduce_on_rank` builds a tensor whose values depend on its rank and calls
 #   `ctx.comm.all_reduce(x)`. Every rank must make that same call. When it returns, `x` holds the sum over
 #   all ranks, on every rank.
-# - `straggler_on_rank` times something. The `ctx.timeline.span(...)` block records when this rank's
-#   compute began and ended, on a clock every rank shares. The all-reduce at the bottom cannot finish
-#   before the slowest rank arrives. Whoever runs it lines the ranks up first, with a barrier.
+# - `straggler_on_rank` times some work in a `ctx.timeline.span(...)` block, on a clock every rank
+#   shares, then all-reduces. The all-reduce cannot finish before the slowest rank arrives.
 #
 # `ctx.comm` is `torch.distributed`'s collectives with a recorder around them. Each call is logged
 # (operation, bytes, time), which is how the log further down knows what moved.
+#
+# How can an all-reduce work with only messages between two ranks? The library's mechanisms live in
+# `shardlib.core`; `ring_all_reduce` is the all-reduce written out. The ranks stand in a ring. Each
+# cuts its tensor into chunks, passes one chunk to the next rank while adding the one arriving, then
+# passes the sums round. A cell further down checks it against `ctx.comm.all_reduce`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.intro.ranks import first_all_reduce_on_rank, straggler_on_rank, whoami_on_rank
+from shardlib.core.collectives import ring_all_reduce
+from shardlib.lab.intro.ranks import first_all_reduce_on_rank, whoami_on_rank
 from shardlib.ui.code import show_code
 
-show_code(whoami_on_rank, first_all_reduce_on_rank, straggler_on_rank)
+show_code(ring_all_reduce)
 
 # %%
 import time
@@ -260,6 +265,21 @@ assert log["all_reduce"]["size_bytes"] == 2 * 16
 assert log["all_reduce"]["wire_bytes"] == 2 * 16  # 2(n-1)/n x 16 bytes = 16 at n = 2, on each rank
 
 # %% [markdown]
+# The ring, written out, gives the same sum. At `n = 2` it is two steps of one chunk of 8 bytes each
+# way: the same 16 bytes per rank, now as sends.
+
+# %%
+import torch
+
+
+def ring_on_rank(ctx):
+    return ring_all_reduce(ctx, torch.full((4,), float(ctx.rank + 1))).tolist()
+
+
+assert ranks.run(ring_on_rank) == [[predicted] * 4] * world
+assert sum(r.size_bytes for r in ranks.last_comm if r.op == "send") == 2 * 16  # 16 bytes from each rank
+
+# %% [markdown]
 # ## Your turn: write a rank function
 #
 # A rank function is any function whose first argument is `ctx`. Define it right here in a cell: it is
@@ -268,9 +288,6 @@ assert log["all_reduce"]["wire_bytes"] == 2 * 16  # 2(n-1)/n x 16 bytes = 16 at 
 # `ctx.comm.all_reduce(t, op="max")`. The `assert` checks the version given, so change it to match.
 
 # %%
-import torch
-
-
 def my_rank_function(ctx):
     mine = torch.tensor([10.0 * ctx.rank])
     everyone = ctx.comm.all_gather(mine)

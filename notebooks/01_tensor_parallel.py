@@ -154,7 +154,8 @@ print(f"row-then-column / column-then-row at d_hidden = {d_hidden // d_model} x 
 # %% [markdown]
 # ## Exact, in one process, at 2, 4 and 8 shards
 #
-# `TensorParallelPair` computes each shard's part separately and adds them up, all in this process.
+# `pair_in_one_process` computes each shard's part with the column- and row-parallel layers the ranks run,
+# separately, and adds them up, all in this process.
 # Splitting changes where the work happens, never the answer. The only difference allowed is float32
 # rounding from adding the partials in another order (tolerance `1e-5` on values of order 1).
 
@@ -162,14 +163,14 @@ print(f"row-then-column / column-then-row at d_hidden = {d_hidden // d_model} x 
 import torch
 from torch import nn
 
-from shardlib.lab.tensor_parallel.reference import TensorParallelPair
+from shardlib.lab.tensor_parallel.drivers import pair_in_one_process
 
 torch.manual_seed(0)
 first, second = nn.Linear(64, 128, bias=False), nn.Linear(128, 64, bias=False)
 x = torch.randn(3, 5, 64)
 reference = second(first(x))
 for n_shards in (2, 4, 8):
-    sharded = TensorParallelPair(first, second, n_shards=n_shards)(x)
+    sharded = pair_in_one_process(x, first.weight, second.weight, n_shards)
     gap = (sharded - reference).abs().max().item()
     print(f"{n_shards} shards: largest difference {gap:.1e}")
     assert torch.allclose(sharded, reference, atol=1e-5)

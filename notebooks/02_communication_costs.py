@@ -119,25 +119,15 @@ assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 # %% [markdown]
 # ## Read the code
 #
-# Every prediction here goes through one function, `cost_terms`. For an operation on `n` ranks it
-# returns how many latencies the call pays and the factor in front of `S/B`. Read it against the table
-# above. `collective_terms_s` multiplies the two by a link's `alpha` and `1/B`.
+# `ring_all_reduce`, from `shardlib/core/collectives.py`, is the ring of the table written out with
+# point-to-point sends. Read its two loops against the formula: `n-1` steps of the reduce-scatter,
+# `n-1` of the all-gather, one chunk of `S/n` sent per step. A cell further down runs it.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.predict.alpha_beta import collective_terms_s, cost_terms
+from shardlib.core.collectives import ring_all_reduce
 from shardlib.ui.code import show_code
 
-show_code(cost_terms, collective_terms_s)
-
-# %% [markdown]
-# Further down, `sweep_on_rank` measures the same two numbers on this machine's ranks. It times a few
-# calls back to back per size, as nccl-tests does, and keeps the slowest rank: a collective ends when
-# the last rank is done.
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.lab.costs.ranks import one_call, sweep_on_rank
-
-show_code(one_call, sweep_on_rank)
+show_code(ring_all_reduce)
 
 # %% [markdown]
 # ## The links of real clusters
@@ -296,8 +286,7 @@ from shardlib.lab.costs.claims import run_calibration_check
 
 ranks = Ranks(4)
 where = f"measured on {ranks.description}"  # where every number below is measured
-calibrated = run_calibration_check(ranks, n_ranks=2)
-cal = calibrated.run
+cal, verdicts = run_calibration_check(ranks, n_ranks=2)
 here = cal.op_link("all_reduce")  # the all-reduce's own fit
 print(f"{ranks.world_size} ranks: {ranks.description}; {len(cal.samples)} points on the first 2 in {cal.wall_s:.1f} s")
 for op, fit in cal.per_op.items():
@@ -305,8 +294,29 @@ for op, fit in cal.per_op.items():
           f"R^2 {fit.r_squared:.2f}")
 print(f"every all-reduce below is predicted with the all-reduce's own fit: {here.latency_s * 1e6:.0f} us per "
       f"ring step, {here.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
-for v in calibrated.verdicts:
+for v in verdicts:
     print(v.line)
+
+# %% [markdown]
+# The ring from "Read the code" on these 4 ranks: the library's sum, and `2(n-1)/n` of the buffer
+# sent by each rank in `2(n-1)` messages, as the formula counts.
+
+# %%
+import torch
+
+from shardlib.predict.alpha_beta import cost_terms
+
+
+def ring_on_rank(ctx):
+    x = torch.arange(1024.0) * (ctx.rank + 1)  # (1024,) float32 of whole numbers: any order sums exactly
+    return torch.equal(ring_all_reduce(ctx, x), ctx.comm.all_reduce(x.clone()))
+
+
+assert all(ranks.run(ring_on_rank))
+steps, factor = cost_terms("all_reduce", ranks.world_size)
+sends = [r for r in ranks.last_comm if r.op == "send" and r.rank == 0]
+print(f"rank 0 sent {len(sends)} messages, {sum(r.size_bytes for r in sends):,} bytes of a 4,096-byte buffer")
+assert len(sends) == steps and sum(r.size_bytes for r in sends) == factor * 4096
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -369,17 +379,16 @@ for tokens, what in messages.items():
 # between cells.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.predict.calibration import fit_link
+from shardlib.predict.alpha_beta import fit_link
 from shardlib.lab.costs.claims import run_decode_vs_prefill_check
 from shardlib.ui.costs_figures import decode_vs_prefill_table
 
-measured = run_decode_vs_prefill_check(ranks, here, LLAMA_3_8B, tokens=tuple(messages))
-dvp = measured.run
+dvp, verdicts = run_decode_vs_prefill_check(ranks, here, LLAMA_3_8B, tokens=tuple(messages))
 print(decode_vs_prefill_table(dvp))
 at_four = fit_link([s for s in dvp.floors if s.n_ranks == 4])
 print(f"fitted on the tp = 4 points alone: {at_four.latency_s * 1e6:,.0f} us per ring step "
       f"(2 ranks: {here.latency_s * 1e6:,.0f} us)")
-for v in measured.verdicts:
+for v in verdicts:
     print(v.line)
 
 # %% [markdown]
@@ -448,13 +457,12 @@ tp_cost_explorer([*LINKS.values(), here])
 from shardlib.lab.costs.claims import run_slow_rank_check
 
 delay_s = 0.05
-slowed = run_slow_rank_check(ranks, 1, delay_s)
-slow = slowed.run
+slow, verdicts = run_slow_rank_check(ranks, 1, delay_s)
 for op in slow.ops:
     steps, inside = slow.steps_s(op), slow.collective_s(op)
     print(f"{op:<15} step per rank {', '.join(f'{s * 1e3:5.1f}' for s in steps)} ms; inside the collective: "
           f"rank 0 {inside[0] * 1e3:5.1f} ms, rank 1 {inside[1] * 1e3:5.1f} ms")
-for v in slowed.verdicts:
+for v in verdicts:
     print(v.line)
 
 # %% [markdown]
@@ -591,14 +599,13 @@ latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 from shardlib.lab.costs.ranks import serving_model
 from shardlib.lab.costs.claims import run_replicas_vs_tp_check
 
-served_check = run_replicas_vs_tp_check(ranks, here, model=serving_model(n_layers=2, d_model=768, d_ff=3072),
-                                        batch=16, steps=8, tp=2)
-served = served_check.run
+served, verdicts = run_replicas_vs_tp_check(ranks, here, model=serving_model(n_layers=2, d_model=768, d_ff=3072),
+                                            batch=16, steps=8, tp=2)
 print(f"median of {len(served.tp_steps_s)} steps each way: replica {served.measured.replica_step_s * 1e3:.1f} ms, "
       f"tp = 2 {served.measured.tp_step_s * 1e3:.1f} ms; inside the all-reduces "
       f"{served.tp_all_reduce_s_per_step * 1e3:.1f} ms per step ({served.predicted_comm_s_per_step * 1e3:.2f} ms "
       "to move the bytes)")
-for v in served_check.verdicts:
+for v in verdicts:
     print(v.line)
 print(f"largest gap between tensor-parallel and replica outputs: {served.max_output_gap:.1e}")
 assert served.max_output_gap < 1e-5  # exactness is no timing: it always holds

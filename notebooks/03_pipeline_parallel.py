@@ -263,8 +263,7 @@ from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
 OP_S = 0.03
 schedule = make_schedule("gpipe", 2, 4)
 run = run_pipeline(ranks, schedule, TOY, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
-predicted_vs_measured_figure(schedule, run.spans, OP_S, OP_S, run.bubble.idle_fraction,
-                             ranks.description)
+predicted_vs_measured_figure(run, ranks.description)
 
 # %% [markdown]
 # <details><summary>Why not real compute?</summary>

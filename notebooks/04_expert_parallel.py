@@ -60,7 +60,7 @@ start_template()  # the rank processes' template starts importing torch now, bes
 from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig, route
 from shardlib.core.experts.dispatch import make_moe_weights
-from shardlib.lab.experts.reference import make_tokens
+from shardlib.lab.experts.drivers import make_tokens
 from shardlib.ui.experts_figures import walkthrough_figure
 
 small = MoEConfig(n_experts=4, k=2, skew=0.9)
@@ -203,8 +203,7 @@ print(f"rows leaving their rank with uniform routing: {predicted_cross_rank_shar
 
 # %%
 from shardlib.runtime.ranks import Ranks
-from shardlib.lab.experts.reference import moe_reference
-from shardlib.lab.experts.drivers import run_expert_parallel
+from shardlib.lab.experts.drivers import moe_reference, run_expert_parallel
 
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
@@ -524,8 +523,7 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 
 # %%
 from shardlib.core.experts.routing import MoEConfig
-from shardlib.lab.experts.train_drivers import run_moe_training
-from shardlib.lab.experts.train_reference import make_moe_problem
+from shardlib.lab.experts.training import make_moe_problem, run_moe_training
 
 train_cfg = MoEConfig(d_model=16, d_ff=32)  # 8 experts, top-2, dropless (no capacity)
 problem = make_moe_problem(train_cfg, n_tokens=64, seed=0)
@@ -566,7 +564,7 @@ for ep in (2, 1):
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.experts.train_drivers import BALANCE_CONFIG, run_balance_training
+from shardlib.lab.experts.training import BALANCE_CONFIG, run_balance_training
 from shardlib.ui.experts_figures import balance_steps_figure
 
 balancing = {b: run_balance_training(ranks, BALANCE_CONFIG, balance=b, steps=12)

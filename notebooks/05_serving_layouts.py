@@ -120,7 +120,7 @@ import torch
 from shardlib.runtime.ranks import Ranks
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.experts.dispatch import make_moe_weights
-from shardlib.lab.experts.reference import make_tokens
+from shardlib.lab.experts.drivers import make_tokens
 from shardlib.predict.experts import predicted_all_to_all_bytes
 from shardlib.lab.experts.drivers import run_expert_parallel
 from shardlib.facts.models import TOY, TOY_MOE
@@ -339,6 +339,7 @@ for side in (wide.dp_attention, wide.tp_attention):  # TP attention's all-reduce
 from shardlib.facts.hardware import Link
 from shardlib.lab.serving.across import across_workload, check_across_nodes
 from shardlib.predict.serving.planner import plan_serving
+from shardlib.ui.serving_reasons import score_reasons
 from shardlib.ui.tables import format_plan
 from shardlib.core.toy import decode_reference
 
@@ -432,7 +433,7 @@ timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step
 from shardlib.facts.hardware import ONE_NODE_8_H100, TWO_NODES_8_H100
 from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_70B, LLAMA_3_8B, MIXTRAL_8X7B
 from shardlib.predict.serving.memory import Workload
-from shardlib.predict.serving.reasons import kind
+from shardlib.predict.serving.traffic import kind
 from shardlib.predict.serving.decode import score
 
 print(format_plan(plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="latency"), top=4))
@@ -542,7 +543,8 @@ for obj in ("throughput", "latency"):
     print(f"{obj:<11} PP across: batch {p.batch:>3}, {p.decode_step_s * 1e3:6.2f} ms/token, "
           f"{p.tokens_per_s:>6,.0f} tokens/s | TP across: batch {t.batch:>3}, "
           f"{t.decode_step_s * 1e3:6.2f} ms/token, {t.tokens_per_s:>6,.0f} tokens/s")
-print("why, for one request:", plan_serving(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(), "latency").best.reasons[-1])
+one_request = plan_serving(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(), "latency")
+print("why, for one request:", score_reasons(one_request, one_request.best)[-1])
 assert pp_across["throughput"].tokens_per_s > 2 * tp_across["throughput"].tokens_per_s  # full batch: the pipeline
 assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  # one request: TP across is faster
 
@@ -561,12 +563,15 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 from shardlib.facts.hardware import FOUR_NODES_8_H100
 from shardlib.facts.models import DEEPSEEK_V3
 
-ds = plan_serving(DEEPSEEK_V3, FOUR_NODES_8_H100, Workload(), "throughput").best
+ds_plan = plan_serving(DEEPSEEK_V3, FOUR_NODES_8_H100, Workload(), "throughput")
+ds = ds_plan.best
 print(f"{DEEPSEEK_V3.name} on {FOUR_NODES_8_H100.name}: {ds.layout.label}, batch {ds.batch}, "
       f"{ds.tokens_per_s:,.0f} tokens/s")
-print("why:", ds.reasons[-1])
-mixtral = best[MIXTRAL_8X7B.name, 2, "throughput"]
-print(f"{MIXTRAL_8X7B.name} on two nodes: {mixtral.layout.label}; why:", mixtral.reasons[-1])
+print("why:", score_reasons(ds_plan, ds)[-1])
+mixtral_plan = plan_serving(MIXTRAL_8X7B, TWO_NODES_8_H100, Workload(), "throughput")
+mixtral = mixtral_plan.best
+assert mixtral.layout == best[MIXTRAL_8X7B.name, 2, "throughput"].layout
+print(f"{MIXTRAL_8X7B.name} on two nodes: {mixtral.layout.label}; why:", score_reasons(mixtral_plan, mixtral)[-1])
 assert ds.layout == Layout(tp=1, pp=2, dp=16, ep=16)  # DP attention, each stage's experts on 16 GPUs, 2 nodes
 assert mixtral.layout == Layout(tp=1, pp=2, dp=8, ep=8)  # 8 experts in one node; the pipeline crosses
 

@@ -233,7 +233,7 @@ kv_use_figure(measured_paged, reserved, PAPER_CONTIGUOUS_UTILIZATION, where=f"me
 # %%
 from shardlib.facts.hardware import H100_80GB
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
-from shardlib.predict.serving.fit import fit_on_gpus
+from shardlib.predict.serving.memory import fit_on_gpus
 from shardlib.ui.tables import format_fit
 
 for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
@@ -266,11 +266,10 @@ for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
 # fixed overhead.
 
 # %%
-from shardlib.lab.serving.engine_drivers import run_step_cost_fit
 from shardlib.predict.serving.engine import simulate_serving
 
 fit_trace = poisson_trace(12, float("inf"), prompt_tokens=(4, 40), new_tokens=(2, 24), seed=2)  # another trace
-cost = run_step_cost_fit(two, weights, fit_trace, config)
+cost = run_serving(two, weights, fit_trace, config).step_cost(weights)
 print(f"fitted: {cost.overhead_s * 1e3:.2f} ms a step + {cost.per_token_s * 1e6:.1f} us a token + "
       f"{cost.per_key_s * 1e9:.1f} ns a key")
 predicted = simulate_serving(trace, config, cost).figures(trace)

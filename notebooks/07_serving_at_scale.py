@@ -142,11 +142,11 @@ assert margin > 1e-9
 # A request that wants one token is done after its prefill, and sends nothing.
 
 # %%
-from shardlib.core.serving.handoff import kv_bytes_per_request
+from shardlib.predict.serving.presets import kv_bytes_per_rank
 
 handed = [r for r in trace if r.max_new_tokens > 1]
-per_rank = kv_bytes_per_request(model, 1, tp=2, dtype_bytes=8)
-predicted_bytes = sum(2 * kv_bytes_per_request(model, len(r.prompt_token_ids), tp=2, dtype_bytes=8) for r in handed)
+per_rank = kv_bytes_per_rank(model, 1, tp=2, element_bytes=8)
+predicted_bytes = sum(2 * kv_bytes_per_rank(model, len(r.prompt_token_ids), tp=2, element_bytes=8) for r in handed)
 print(f"2 + 2: each rank sends 2 x 2 layers x 1 KV head x 8 x 8 bytes = {per_rank} bytes a prompt token")
 print(f"predicted for the {len(handed)} requests handed off: {predicted_bytes:,} bytes, both ranks together")
 
@@ -163,7 +163,7 @@ print(f"measured: {sent:,} bytes in {sum(pools.kv_messages.values())} messages; 
       f"{pools.kv_bytes_sent == pools.kv_bytes_predicted}")
 print(f"tokens equal one engine's: {pools.tokens == reference}")
 assert pools.tokens == reference and pools.kv_bytes_sent == pools.kv_bytes_predicted == {
-    r.request_id: 2 * kv_bytes_per_request(model, len(r.prompt_token_ids) if r in handed else 0, 2, 8) for r in trace}
+    r.request_id: 2 * kv_bytes_per_rank(model, len(r.prompt_token_ids), 2, 8) if r in handed else 0 for r in trace}
 
 # %% [markdown]
 # Predict 1 + 1 on two ranks before you run it. One rank now holds both KV heads. How many bytes a prompt
@@ -279,7 +279,8 @@ print(handoff_table(4096, 10.0))
 
 # %%
 from shardlib.lab.serving.traces import hot_prefix_trace
-from shardlib.core.serving.router import make_router, route_trace
+from shardlib.core.serving.router import make_router
+from shardlib.predict.serving.fleet import route_trace
 
 hot = hot_prefix_trace(24, rate_per_s=400.0, hot=0.75, seed=2)
 policies = {"round-robin": ("round-robin", {}), "least-loaded": ("least-loaded", {}),

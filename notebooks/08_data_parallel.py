@@ -211,8 +211,9 @@ zero_table_figure(rows, {H100_80GB.name: H100_80GB.memory_bytes},
 # %%
 from shardlib.runtime.ranks import Ranks
 from shardlib.core.checks import TOLERANCE
-from shardlib.lab.data_parallel.drivers import run_strategies
-from shardlib.lab.data_parallel.reference import toy_batches, toy_model, train_reference
+from shardlib.core.mesh import DP_STRATEGIES
+from shardlib.lab.data_parallel.drivers import run_data_parallel
+from shardlib.lab.data_parallel.reference import toy_batches, toy_model, train_one_process
 
 model = toy_model(d_model=32, d_hidden=64, n_layers=4, d_out=8, seed=0)
 batches = toy_batches(4, rows=16, d_in=32, d_out=8, seed=1)
@@ -220,8 +221,8 @@ LR = 0.01
 
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
-runs = run_strategies(ranks, model, batches, LR, bucket_bytes=4096)
-one_process = train_reference(model, batches, LR).state_dict  # the same 4 steps on all 16 rows at once
+runs = {s: run_data_parallel(ranks, s, model, batches, LR, bucket_bytes=4096) for s in DP_STRATEGIES}
+one_process = train_one_process(model, batches, LR).state_dict  # the same 4 steps on all 16 rows at once
 for s, run in runs.items():
     gap = run.against_reference(one_process)
     print(f"{STRATEGY_TITLES[s]:<8} largest gap from one process {gap:.1e}; ranks agree bit for bit: "
@@ -251,12 +252,12 @@ zero3_total = sum(runs["zero3"].memory_per_rank[0][k] for k in ("params", "grads
 assert zero3_total * 2 == ddp_total  # ZeRO-3 on 2 ranks: half of everything
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.ui.data_parallel_figures import memory_per_rank_figure
+from shardlib.ui.data_parallel_figures import strategy_bars_figure
 
-memory_per_rank_figure({s: r.memory_per_rank[0] for s, r in runs.items()},
-                       {s: r.predicted_memory() for s, r in runs.items()},
-                       title=f"What rank 0 keeps between steps, measured (bars) on {ranks.description}, "
-                             "and predicted (red)")
+strategy_bars_figure({s: r.memory_per_rank[0] for s, r in runs.items()}, ("params", "grads", "optimizer"),
+                     {s: r.predicted_memory() for s, r in runs.items()},
+                     title=f"What rank 0 keeps between steps, measured (bars) on {ranks.description}, "
+                           "and predicted (red)")
 
 # %% [markdown]
 # ## What one rank sends per step, from the comm log
@@ -340,7 +341,8 @@ from shardlib.lab.data_parallel.claims import run_bucket_overlap_check
 
 mid = toy_model(d_model=128, d_hidden=512, n_layers=4, d_out=8, seed=0)
 mid_batches = toy_batches(4, rows=64, d_in=128, d_out=8, seed=1)
-overlap = run_bucket_overlap_check(ranks, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=1)
+overlap = {s: run_bucket_overlap_check(ranks, s, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=1)
+           for s in ("ddp", "zero3")}
 for s, o in overlap.items():
     launched = o.with_overlap.launched_during_backward()
     print(f"{STRATEGY_TITLES[s]}: {launched} asynchronous collectives issued before the last step's backward ended; "
@@ -349,10 +351,9 @@ for s, o in overlap.items():
     assert o.without_overlap.hidden_share() == 0.0
 
 # %% tags=["nbval-ignore-output"]
-for v in overlap.verdicts:
-    print(v.line)
 for s, o in overlap.items():
-    print(f"{STRATEGY_TITLES[s]}: communication hidden {o.hidden_share:.0%}; perfect overlap would take "
+    print(o.verdicts[0].line)
+    print(f"{STRATEGY_TITLES[s]}: communication hidden {o.with_overlap.hidden_share():.0%}; perfect overlap would take "
           f"{o.perfect_s * 1e3:.3g} ms")
 
 # %% [markdown]
@@ -409,8 +410,8 @@ from shardlib.lab.data_parallel.activations import measure_activations
 from shardlib.predict.data_parallel import mlp_activation_bytes
 
 x64, y64 = toy_batches(1, rows=64, d_in=32, d_out=8, seed=3)[0]
-plain = measure_activations(model, x64, y64, checkpoint=False, repeats=1)
-kept = measure_activations(model, x64, y64, checkpoint=True, repeats=1)
+plain = measure_activations(model, x64, y64, checkpoint=False)
+kept = measure_activations(model, x64, y64, checkpoint=True)
 for m in (plain, kept):
     label = "checkpointed" if m.checkpointed else "plain       "
     print(f"{label}: {[b // 1024 for b in m.saved_bytes_per_unit]} KiB per layer kept for the backward "

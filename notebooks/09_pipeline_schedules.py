@@ -152,7 +152,7 @@ for name in ("zb-v", "dualpipev"):
 # %% [markdown]
 # ## Read the code
 #
-# The stage loop of notebook 03 did not change; its `Stage.ops` gained the split. Here are the three
+# The stage loop of notebook 03 did not change; its `Stage.backward` gained the split. Here are the two
 # backward methods and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `shardlib/core/pipeline/zero_bubble.py`).
 
 # %% tags=["nbval-ignore-output"]
@@ -160,12 +160,12 @@ from shardlib.core.pipeline.engine import Stage
 from shardlib.core.pipeline.zero_bubble import zb_h1_order
 from shardlib.ui.code import show_code
 
-show_code(Stage.backward, Stage.backward_input, Stage.backward_weight, zb_h1_order)
+show_code(Stage.backward, Stage.backward_weight, zb_h1_order)
 
 # %% [markdown]
-# - **`backward`** is 1F1B's whole backward: one `torch.autograd.backward`, weight gradients accumulating.
-# - **`backward_input`** (B) asks autograd for the gradient of the chunk's input *and* of every linear
-#   layer's output, keeping the graph. It returns the input's gradient at once, to be sent on.
+# - **`backward`** (B), whole as in 1F1B, is one `torch.autograd.backward`, weight gradients accumulating.
+#   Split, it asks autograd for the gradient of the chunk's input *and* of every linear layer's output,
+#   keeping the graph. Either way it returns the input's gradient at once, to be sent on.
 # - **`backward_weight`** (W) turns each linear's output gradient into its weight gradient, one linear at
 #   a time (`autograd.backward(y, grad_y, inputs=[w])`). Autograd adds it to `w.grad` as a whole backward
 #   would, and a hook on the weight fires, as data parallelism's buckets need.

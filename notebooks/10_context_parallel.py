@@ -133,7 +133,7 @@ show_code(GatherFromSequence, ScatterToSequence)
 
 # %%
 from shardlib.runtime.ranks import Ranks
-from shardlib.predict.context_parallel import toy_block_activation_bytes
+from shardlib.predict.tensor_parallel import toy_block_activation_bytes
 from shardlib.facts.models import TOY
 from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
 from shardlib.core.toy import activations, layer_weights
@@ -224,13 +224,13 @@ ring_steps_figure(4, "contiguous")
 # share 2 KV heads (grouped-query attention: only the 2 KV heads travel), head size 12, 10 tokens per rank.
 
 # %%
-from shardlib.core.context_parallel.online_softmax import attention_reference
-from shardlib.lab.context_parallel.reference import simulate_ring_attention
+from shardlib.core.model import attention
+from shardlib.core.context_parallel.ring import simulate_ring_attention
 
 for n in (2, 3, 4):
     q, k, v = (torch.randn(2, h, 10 * n, 12, generator=g) for h in (6, 2, 2))
     gaps = {(placement, causal): float((simulate_ring_attention(q, k, v, n, causal, placement)
-                                     - attention_reference(q, k, v, causal)).abs().max())
+                                     - attention(q, k, v, causal=causal)).abs().max())
             for placement in ("contiguous", "zigzag") for causal in (True, False)}
     print(f"{n} ranks, {10 * n} tokens: largest gap {max(gaps.values()):.1e}")
     assert max(gaps.values()) <= 1e-5
@@ -300,19 +300,19 @@ show_code(Hop, RingAttention)
 # 6 query heads sharing 2 KV heads of 12, batch 2:
 
 # %%
-from shardlib.lab.context_parallel.reference import attention_grads_reference, shard_sequence
-from shardlib.lab.context_parallel.grad_drivers import run_ring_attention_grads
+from shardlib.core.context_parallel.placement import shard_sequence
+from shardlib.lab.context_parallel.drivers import attention_and_grads
 from shardlib.core.checks import TOLERANCE
 
 q, k, v = (torch.randn(2, h, 72, 12, generator=g) for h in (6, 2, 2))
 d_out = torch.randn_like(q)  # the gradient arriving from above, shaped like the output
 for placement in ("contiguous", "zigzag"):
     for causal in (True, False):
-        grads = run_ring_attention_grads(ranks, q, k, v, d_out, causal=causal, placement=placement)
+        grads = run_ring_attention(ranks, q, k, v, causal=causal, placement=placement, d_out=d_out)
         print(f"{placement:<10} causal={causal!s:<5} largest gap per rank (dq, dk, dv): "
               + "; ".join(", ".join(f"{gap:.0e}" for gap in rank_gaps) for rank_gaps in grads.gaps))
         assert grads.exact
-whole = attention_grads_reference(q, k, v, d_out, causal=False)
+whole = attention_and_grads(q, k, v, d_out, causal=False)[1:]  # (output, dq, dk, dv): the gradients
 for rank, shards in enumerate(grads.shards):  # the last run by hand: zigzag, not causal
     for mine, ref in zip(shards, whole):
         assert torch.allclose(mine, shard_sequence(ref, 2, "zigzag")[rank], rtol=TOLERANCE, atol=TOLERANCE)
@@ -332,28 +332,30 @@ from shardlib.predict.context_parallel import (
 )
 
 grad_shape = AttentionShape(2, 6, 2, 72, 12)
-print(f"one K/V block {grad_shape.kv_block_bytes(2):,.0f} bytes; forward sent {grads.forward_bytes:,} per rank "
-      f"(formula {ring_bytes_per_rank(grad_shape, 2):,.0f}); backward sent {grads.backward_bytes:,} "
+print(f"one K/V block {grad_shape.kv_block_bytes(2):,.0f} bytes; forward sent {grads.forward_wire_bytes:,} per rank "
+      f"(formula {ring_bytes_per_rank(grad_shape, 2):,.0f}); backward sent {grads.backward_wire_bytes:,} "
       f"(formula {ring_backward_bytes_per_rank(grad_shape, 2):,.0f})")
-assert grads.forward_bytes == ring_bytes_per_rank(grad_shape, 2)
-assert grads.backward_bytes == ring_backward_bytes_per_rank(grad_shape, 2) == 3 * grad_shape.kv_block_bytes(2)
+assert grads.forward_wire_bytes == ring_bytes_per_rank(grad_shape, 2)
+assert grads.backward_wire_bytes == ring_backward_bytes_per_rank(grad_shape, 2) == 3 * grad_shape.kv_block_bytes(2)
 print(f"kept for the backward: {grads.saved_bytes} bytes per rank (formula "
       f"{ring_saved_bytes_per_rank(grad_shape, 2):,.0f}; the whole sequence in one process "
       f"{ring_saved_bytes_per_rank(grad_shape, 1):,.0f})")
 assert grads.saved_bytes == (ring_saved_bytes_per_rank(grad_shape, 2),) * 2
 
 # %% [markdown]
-# **Training through the ring.** A tiny attention layer (4 query heads, 2 KV heads of 8) is fitted by
+# **Training through the ring.** A tiny attention layer (`core.model`'s, 4 query heads, 2 KV heads of 8) is fitted by
 # plain SGD to a random target. On the ranks each holds its zigzag share of the 32 tokens and all the
 # weights, and every rank's weight gradients are summed. The same steps run in this one process on the
 # whole sequence. Predict: the two losses agree at every step, and fall.
 
 # %%
-from shardlib.lab.context_parallel.reference import attention_layer_weights
-from shardlib.lab.context_parallel.grad_drivers import run_ring_training
+from shardlib.core.config import ModelConfig
+from shardlib.lab.context_parallel.drivers import run_ring_training
 
+tiny = ModelConfig("tiny attention", n_layers=1, d_model=16, n_heads=4, n_kv_heads=2, d_ff=16, vocab_size=16,
+                   head_dim=8)
 x_train, target = torch.randn(2, 32, 16, generator=g), torch.randn(2, 32, 16, generator=g)
-training = run_ring_training(ranks, x_train, target, attention_layer_weights(16, 4, 2, 8, seed=3), head_dim=8,
+training = run_ring_training(ranks, x_train, target, layer_weights(tiny, seed=3, parts=("attention",)), tiny,
                              placement="zigzag", steps=4, lr=0.5)
 for step, (mine, ref) in enumerate(zip(training.losses, training.reference_losses)):
     print(f"step {step}: loss on the ranks {mine:.6f}, in one process {ref:.6f}")
@@ -391,15 +393,15 @@ for verdict in verdicts:
     print(verdict.line)
 placements = ("contiguous", "zigzag")
 for placement in placements:
-    print(f"{placement:<10} blocks per rank {balance.runs[placement].computed_blocks}; busiest over mean: predicted "
-          f"{balance.predicted_imbalance(placement):.2f}, measured {balance.measured_imbalance(placement):.2f}")
-balance_figure({p: balance.compute_s(p) for p in placements},
-               {p: [w.scores for w in balance.runs[p].predicted_work] for p in placements},
+    print(f"{placement:<10} blocks per rank {balance[placement].computed_blocks}; busiest over mean: predicted "
+          f"{balance[placement].predicted_imbalance:.2f}, measured {balance[placement].measured_imbalance:.2f}")
+balance_figure({p: balance[p].compute_cpu_s for p in placements},
+               {p: [w.scores for w in balance[p].predicted_work] for p in placements},
                f"CPU time of each rank's compute, median of the passes, measured on {ranks.description}")
 
 # %%
-assert balance.runs["zigzag"].exact and balance.runs["contiguous"].exact
-assert balance.runs["contiguous"].computed_blocks == (1, 2) and balance.runs["zigzag"].computed_blocks == (5, 5)
+assert balance["zigzag"].exact and balance["contiguous"].exact
+assert balance["contiguous"].computed_blocks == (1, 2) and balance["zigzag"].computed_blocks == (5, 5)
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -518,17 +520,17 @@ assert hiding[NVLINK.name] < 1000 < hiding[INFINIBAND_400G.name]
 
 # %%
 from shardlib.lab.context_parallel.drivers import run_ulysses_attention
-from shardlib.lab.context_parallel.grad_drivers import run_ulysses_attention_grads
 
 q, k, v = (torch.randn(2, h, 70, 12, generator=g) for h in (6, 2, 2))
 uly = run_ulysses_attention(ranks, q, k, v)
 print(f"all-to-all: largest gap {uly.gap:.1e}; collectives on rank 0 (op, buffer bytes, wire bytes): "
       f"{list(uly.measured)}")
 assert uly.gap <= 1e-5 and uly.measured == uly.predicted
-uly_grads = run_ulysses_attention_grads(ranks, q, k, v, torch.randn_like(q))
+uly_grads = run_ulysses_attention(ranks, q, k, v, d_out=torch.randn_like(q))
 print(f"backward: largest gradient gap {max(max(gaps) for gaps in uly_grads.gaps):.1e}; "
-      f"{uly_grads.backward_bytes:,} wire bytes per rank, as many as the forward ({uly_grads.forward_bytes:,})")
-assert uly_grads.exact and uly_grads.backward_bytes == uly_grads.forward_bytes
+      f"{uly_grads.backward_wire_bytes:,} wire bytes per rank, as many as the forward "
+      f"({uly_grads.forward_wire_bytes:,})")
+assert uly_grads.exact and uly_grads.backward_wire_bytes == uly_grads.forward_wire_bytes
 
 q3, k3, v3 = (torch.randn(1, 3, 16, 8, generator=g) for _ in range(3))  # 3 heads on 2 ranks
 try:

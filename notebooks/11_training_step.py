@@ -123,7 +123,7 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 # - A `Block` takes this rank's slice of the residual stream, `(b, s/(cp tp), d)`. It norms its own
 #   tokens and all-gathers them over `tp` (`gather_seq`). It runs its share of attention or the MLP.
 #   Then it reduce-scatters the partial sums back to token shards (`scatter_seq`). Attention over the
-#   `cp` ring is notebook 10's `ring_attention`.
+#   `cp` ring is notebook 10's `ring_attention`, passed to notebook 01's `ParallelAttention` as its `attend`.
 # - `TrainingStep.__init__` builds this rank's model chunks. The embedding goes in the first chunk, the
 #   head and per-token loss in the last.
 # - `TrainingStep.run` hands the chunks to notebook 03's pipeline engine (`run_stage`). The engine walks
@@ -142,7 +142,7 @@ from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.core.pipeline.engine import run_stage
 from shardlib.core.training.step import Block, TrainingStep
 
-show_code(Block.forward, TrainingStep.__init__, TrainingStep.run, run_stage, BucketedReplica._ready,
+show_code(Block, TrainingStep.__init__, TrainingStep.run, run_stage, BucketedReplica._ready,
           BucketedReplica._launch)
 
 # %% [markdown]

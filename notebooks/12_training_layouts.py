@@ -58,15 +58,18 @@
 # %% [markdown]
 # ## Read the code
 #
-# `training_memory` is the whole count for one GPU. It adds the states for the ZeRO stage to the
-# activations of one layer and microbatch, times the layers and the microbatches in flight. `in_flight`
-# reads those from the schedule.
+# The count divides by what the training step's mesh cuts. The mesh's `dp_cp_groups` lists the ranks
+# that hold the same weights of a stage, every replica and every ring place. ZeRO shards the states over
+# each such group of `dp x cp` ranks. The function `stage_layer_counts` gives each stage its layers, the
+# first and last a few fewer when asked (Llama 3's cut, below). The count multiplies one layer's bytes by
+# those layers.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.predict.training.memory import in_flight, training_memory
+from shardlib.core.mesh import Layout
+from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.ui.code import show_code
 
-show_code(training_memory, in_flight)
+show_code(Layout._groups, Layout.dp_cp_groups, stage_layer_counts)
 
 # %% [markdown]
 # ## Published figures beside ours
@@ -300,18 +303,14 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 # the all-to-alls exposed, does it pick wide EP at all?
 
 # %%
-from shardlib.predict.training.moe_choices import (
-    DEEPSEEK_V3_PUBLISHED,
-    deepseek_v3_choices,
-)
-from shardlib.ui.tables import format_deepseek_v3_choices
+from shardlib.predict.training.choices import DEEPSEEK_V3_PUBLISHED, deepseek_v3_choices
 
 moe_rows = deepseek_v3_choices(dp_strategies=("zero1",))  # ZeRO-1 only: see "What was searched" below
-print(format_deepseek_v3_choices(moe_rows))
+print(format_training_choices(moe_rows))
 exposed_row, overlap_row = moe_rows
 assert exposed_row.chosen.layout.ep == 1 < overlap_row.chosen.layout.ep  # the overlap makes wide EP pay
-assert overlap_row.published.ep_s == 0 < exposed_row.published.ep_s
-assert overlap_row.published.tokens_per_s < DEEPSEEK_V3_PUBLISHED.tokens_per_s  # FP8 and memory: not modelled
+assert overlap_row.published_score.ep_s == 0 < exposed_row.published_score.ep_s
+assert overlap_row.published_score.tokens_per_s < DEEPSEEK_V3_PUBLISHED.tokens_per_s  # FP8, memory: not modelled
 
 # %% [markdown]
 # <details><summary>What was searched, and the preset's approximations</summary>

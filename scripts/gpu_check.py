@@ -196,7 +196,7 @@ def check_torchrun(report: Report, n_gpus: int, rehearse: bool) -> None:
     else:
         backend, devices = "cuda:gloo", None  # two agents would see the same GPUs: share them
     started = time.perf_counter()
-    agents, _ = start_local_nodes("shardlib.lab.serving.machines:tp_inside_pp_across_on_rank", [2, 2],
+    agents, _ = start_local_nodes("shardlib.lab.machines:tp_inside_pp_across_on_rank", [2, 2],
                                   backend=backend, devices_per_node=devices, timeout_s=300)
     results = [r for agent in agents for r in agent.results]
     ok = (all(a.returncode == 0 for a in agents) and len(results) == 4

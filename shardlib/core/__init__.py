@@ -5,6 +5,8 @@ process group, ``ctx.comm``) and lets measurement attach through a ``probe``.
 
 * ``adamw``: AdamW (Loshchilov and Hutter 2019), written out: the one optimizer every training run here uses.
 * ``checks``: The argument checks every config, formula and driver makes, with messages that show the value.
+* ``collectives``: The ring all-reduce (Patarasuk and Yuan 2009), written out: a reduce-scatter, then an all-gather,
+  over point-to-point sends.
 * ``config``: ``ModelConfig``: one transformer's shape, the one model config of the package.
 * ``model``: The transformer (Llama's, Touvron et al. 2023) as one process computes it: RMSNorm, rotary,
   grouped-query attention, SwiGLU; the toy and the served model are two configs of it.
@@ -26,5 +28,5 @@ process group, ``ctx.comm``) and lets measurement attach through a ``probe``.
 * ``training``: The training step over every axis, composed from the strategies' mechanisms.
 """
 
-__all__ = ["adamw", "checks", "config", "mesh", "model", "probe", "toy", "context_parallel", "data_parallel", "experts",
-           "pipeline", "serving", "tensor_parallel", "training"]
+__all__ = ["adamw", "checks", "collectives", "config", "mesh", "model", "probe", "toy", "context_parallel",
+           "data_parallel", "experts", "pipeline", "serving", "tensor_parallel", "training"]

@@ -84,11 +84,6 @@ class ModelConfig:
 
     # -- counts -------------------------------------------------------------------------------------
     @property
-    def group_size(self) -> int:
-        """Query heads per KV head."""
-        return self.n_heads // self.n_kv_heads
-
-    @property
     def is_moe(self) -> bool:
         return self.n_experts > 1
 
@@ -114,14 +109,10 @@ class ModelConfig:
         return self.attention_params_per_layer + self.n_experts * self.expert_params + router + norms
 
     @property
-    def embedding_params(self) -> int:
-        """Token embedding, plus the output head when it is not tied to it, plus the final norm."""
-        copies = 1 if self.tied_embeddings else 2
-        return copies * self.vocab_size * self.d_model + self.d_model
-
-    @property
     def n_params(self) -> int:
-        return self.n_layers * self.params_per_layer + self.embedding_params
+        """Every layer, the token embedding, the output head when it is not tied to it, the final norm."""
+        tables = 1 if self.tied_embeddings else 2
+        return self.n_layers * self.params_per_layer + tables * self.vocab_size * self.d_model + self.d_model
 
     @property
     def active_params_per_token(self) -> int:
@@ -138,15 +129,11 @@ class ModelConfig:
         return self.weight_bits / 8 + SCALE_BYTES / self.quant_group_size
 
     @property
-    def matrix_params_per_layer(self) -> int:
-        """The quantisable part of a layer: attention projections and every expert's MLP."""
-        return self.attention_params_per_layer + self.n_experts * self.expert_params
-
-    @property
     def weight_bytes(self) -> float:
-        """Every weight in bytes: layer matrices at ``matrix_bytes_per_param``, the rest (norms, router,
-        embeddings, head) in the model's dtype. Unquantised: ``n_params x bytes_per_param``."""
-        matrices = self.n_layers * self.matrix_params_per_layer
+        """Every weight in bytes: layer matrices (attention projections, every expert's MLP: what quantising
+        shrinks) at ``matrix_bytes_per_param``, the rest (norms, router, embeddings, head) in the model's
+        dtype. Unquantised: ``n_params x bytes_per_param``."""
+        matrices = self.n_layers * (self.attention_params_per_layer + self.n_experts * self.expert_params)
         return matrices * self.matrix_bytes_per_param + (self.n_params - matrices) * self.bytes_per_param
 
     def kv_bytes_per_token(self, tp: int = 1, n_layers: int | None = None) -> float:

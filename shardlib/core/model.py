@@ -8,8 +8,9 @@ positions (Su et al. 2021, the rotate-half form); the SwiGLU MLP ``down(silu(gat
 ``ModelConfig`` says the rest: no rotary when ``rope_theta`` is 0, the norm in float32 when
 ``norm_float32`` (``transformers``' Llama). Two configs of it run in the course: the toy (``core.toy``:
 blocks only, no rotary, no norm weights) and the served Llama (``LlamaWeights``: embedding, blocks, final
-norm and head, read from a ``transformers`` state dict or drawn by ``random_weights``). ``greedy_reference``
-recomputes the whole sequence at every token: slow, plainly right. Pure: torch, no ``torch.distributed``.
+norm and head, read from a ``transformers`` state dict and written back with one name map, or drawn by
+``random_weights``). ``greedy_reference`` recomputes the whole sequence at every token: slow, plainly right.
+Pure: torch, no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ import torch.nn.functional as F
 
 from shardlib.core.config import ModelConfig
 
-LAYER_KEYS = ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "mlp_norm")
 _HF_LAYER = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
              "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
              "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+_HF_TOP = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight"}
+# LlamaConfig's name of each ModelConfig field: read by ``config_from_hf``, written by ``hf_llama_from_weights``
+_HF_CONFIG = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+              "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
+              "max_positions": "max_position_embeddings", "rope_theta": "rope_theta", "rms_eps": "rms_norm_eps",
+              "head_dim": "head_dim"}
 
 
 # -- the pieces ---------------------------------------------------------------------------------------
@@ -61,31 +67,32 @@ def split_heads(t: torch.Tensor, n_heads: int) -> torch.Tensor:
     return t.unflatten(-1, (n_heads, -1)).transpose(-3, -2)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     q_positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of ``q`` (..., H, new, hd) at ``q_positions`` on ``k, v`` (..., KV, context, hd) at
-    places ``0 .. context - 1``; query head ``h`` reads KV head ``h // (H / KV)``. ``q_positions`` ``None``:
-    the whole sequence (``new == context``), no mask kept. Returns (..., H, new, hd)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor | None = None,
+              causal: bool = True, scale: float | None = None) -> torch.Tensor:
+    """Attention of ``q`` (..., H, new, hd) at ``q_positions`` on ``k, v`` (..., KV, context, hd) at places
+    ``0 .. context - 1``; query head ``h`` reads KV head ``h // (H / KV)``. ``q_positions`` ``None``: the
+    whole sequence (``new == context``), no mask kept. ``causal=False``: every query reads every key.
+    ``scale``: default ``1 / sqrt(hd)``. Returns (..., H, new, hd)."""
     group = q.shape[-3] // k.shape[-3]  # query heads per KV head
     k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)  # (..., H, context, hd)
-    if q_positions is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if q_positions is None or not causal:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     visible = torch.arange(k.shape[-2], device=q.device)[None, :] <= q_positions[:, None]  # (new, context)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
 
 
 def attention_layer_reference(x: torch.Tensor, w: dict, model: ModelConfig,
                               positions: torch.Tensor | None = None, attend=None) -> torch.Tensor:
     """Grouped-query attention on ``x`` (..., seq, d_model) with the heads ``w``'s ``q, k, v, o`` hold (all of
     them, or one rank's share: then the output is that rank's share of the sum). ``positions`` (seq,),
-    default ``0 .. seq - 1``; ``attend(q, k, v)``, default ``causal_attention``, sees the rotated
+    default ``0 .. seq - 1``; ``attend(q, k, v)``, default ``attention``, sees the rotated
     q (..., H, seq, hd) and k, v (..., KV, seq, hd) (a paged cache or a ring may stand in)."""
     hd, theta = model.head_dim, model.rope_theta
     at = torch.arange(x.shape[-2], device=x.device) if positions is None else positions
     q = rotary(split_heads(F.linear(x, w["q"]), w["q"].shape[0] // hd), at, theta)  # (..., H, seq, hd)
     k = rotary(split_heads(F.linear(x, w["k"]), w["k"].shape[0] // hd), at, theta)  # (..., KV, seq, hd)
     v = split_heads(F.linear(x, w["v"]), w["v"].shape[0] // hd)
-    o = causal_attention(q, k, v, positions) if attend is None else attend(q, k, v)  # (..., H, seq, hd)
+    o = attention(q, k, v, positions) if attend is None else attend(q, k, v)  # (..., H, seq, hd)
     return F.linear(o.transpose(-3, -2).flatten(-2), w["o"])  # (..., seq, d_model)
 
 
@@ -117,7 +124,7 @@ def stack_reference(x: torch.Tensor, layers, model: ModelConfig,
 @dataclass(frozen=True)
 class LlamaWeights:
     """The whole model's weights: ``embed`` (V, d), ``norm`` (d,), ``head`` (V, d), and per layer a dict of
-    ``LAYER_KEYS`` (the projections as ``(out, in)`` matrices, the norms as vectors)."""
+    ``q, k, v, o, gate, up, down`` (``(out, in)`` matrices) and ``attn_norm, mlp_norm`` (vectors)."""
 
     config: ModelConfig
     embed: torch.Tensor
@@ -135,11 +142,6 @@ class LlamaWeights:
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
-
-    def to(self, dtype: torch.dtype) -> "LlamaWeights":
-        cast = {k: t.to(dtype) for k, t in (("embed", self.embed), ("norm", self.norm), ("head", self.head))}
-        return LlamaWeights(self.config, layers=tuple({k: t.to(dtype) for k, t in w.items()} for w in self.layers),
-                            **cast)
 
 
 def forward_reference(weights: LlamaWeights, token_ids: torch.Tensor) -> torch.Tensor:
@@ -169,19 +171,16 @@ def config_from_hf(hf_config) -> ModelConfig:
     if kind not in ("default", None):
         raise ValueError(f"rotary scaling {kind!r} is not implemented; only the default rotary embedding is")
     theta = get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None) or 10000.0
-    return ModelConfig(name=str(get("model_type") or "llama"), vocab_size=get("vocab_size"),
-                       d_model=get("hidden_size"), n_layers=get("num_hidden_layers"),
-                       n_heads=get("num_attention_heads"),
-                       n_kv_heads=get("num_key_value_heads") or get("num_attention_heads"),
-                       d_ff=get("intermediate_size"), max_positions=get("max_position_embeddings"),
-                       rope_theta=float(theta), rms_eps=float(get("rms_norm_eps", 1e-6)), norm_float32=True,
-                       head_dim=get("head_dim") or 0)
+    fields = {k: get(hf) for k, hf in _HF_CONFIG.items()}
+    fields.update(n_kv_heads=fields["n_kv_heads"] or fields["n_heads"], head_dim=fields["head_dim"] or 0,
+                  rope_theta=float(theta), rms_eps=float(get("rms_norm_eps", 1e-6)))
+    return ModelConfig(name=str(get("model_type") or "llama"), norm_float32=True, **fields)
 
 
 def weights_from_hf_llama(state_dict: dict, hf_config) -> LlamaWeights:
     """The engine's weights from a ``LlamaForCausalLM`` state dict and its config."""
     config = config_from_hf(hf_config)
-    missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight") if k not in state_dict]
+    missing = [v for v in _HF_TOP.values() if v not in state_dict]
     if missing:
         raise ValueError(f"not a LlamaForCausalLM state dict: {missing} missing")
     layers = []
@@ -191,9 +190,15 @@ def weights_from_hf_llama(state_dict: dict, hf_config) -> LlamaWeights:
         if absent:
             raise ValueError(f"layer {i} is incomplete: {absent[:3]} missing")
         layers.append({k: state_dict[v].detach().clone() for k, v in keys.items()})
-    return LlamaWeights(config, state_dict["model.embed_tokens.weight"].detach().clone(),
-                        state_dict["model.norm.weight"].detach().clone(),
-                        state_dict["lm_head.weight"].detach().clone(), tuple(layers))
+    return LlamaWeights(config, layers=tuple(layers), **{k: state_dict[v].detach().clone() for k, v in _HF_TOP.items()})
+
+
+def hf_llama_from_weights(weights: LlamaWeights) -> tuple[dict, dict]:
+    """``weights_from_hf_llama``'s inverse: a ``LlamaForCausalLM`` state dict and its config as a dict."""
+    state = {v: getattr(weights, k) for k, v in _HF_TOP.items()}
+    for i, layer in enumerate(weights.layers):
+        state.update({f"model.layers.{i}.{hf}.weight": layer[k] for k, hf in _HF_LAYER.items()})
+    return state, {hf: getattr(weights.config, k) for k, hf in _HF_CONFIG.items()}
 
 
 def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,

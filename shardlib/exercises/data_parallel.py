@@ -7,9 +7,6 @@ step). Every rank must return the full weights of one AdamW step on the summed g
 more bytes than DDP's all-reduce; which collectives and which shard are the learner's choice (ZeRO-1,
 Rajbhandari et al. 2020: reduce-scatter, step the shard, all-gather). Reference: ``zero1_reference``.
 
-Mistakes named: a mean for the sum; the wrong shard updated; shards never gathered back; ranks ending
-apart; an all-reduce where a reduce-scatter suffices (more bytes); collectives outside ``ctx.comm``;
-the optimizer stepped twice, on more than its shard, or never; a collective only some ranks call.
 The gradients span ``1e-10`` to ``1``, so that near Adam's ``eps`` a mean in place of the sum shows.
 """
 
@@ -164,18 +161,12 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
     check_callable(step_fn, "zero1_step")
     got = Collector("ZeRO-1 step on ranks", grading.need_pools(pools, "grade_zero1_step"))
     alone = zero1_inputs(1)
-    if not grading.written(step_fn, alone["params"], alone["grads"][0], ShardOptimizer(N_PER_RANK)):
-        got.not_written = True
+    if not grading.written(got, step_fn, alone["params"], alone["grads"][0], ShardOptimizer(N_PER_RANK)):
         return got.result()
-    for pool in pools:
-        n_ranks = pool.world_size
-        inputs = zero1_inputs(n_ranks)
+    for pool, _, measured in grading.runs(got, pools, _run_learner, lambda pool: (
+            step_fn, *zero1_inputs(pool.world_size).values())):  # (fn, params, grads, lr)
+        n_ranks, inputs = pool.world_size, zero1_inputs(pool.world_size)
         want = zero1_reference(inputs["params"], inputs["grads"], LR)
-        measured = grading.run_on(got, pool, _run_learner, step_fn, inputs["params"], inputs["grads"], LR)
-        if got.not_written:
-            return got.result()
-        if measured is None:
-            continue
         outs = list(measured.each("out"))
         idle = next((r for r, steps in enumerate(measured.each("steps")) if not steps), None)
         if idle is not None:
@@ -183,12 +174,11 @@ def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
                      "shard with optimizer(weights_shard, gradient_shard)")
             continue
         wrong = next((r for r, out in enumerate(outs) if not grading.close(out, want, ATOL)), None)
+        apart = _disagreement(outs)
         if wrong is not None:
-            apart = _disagreement(outs)
             got.fail(f"{n_ranks} ranks, rank {wrong}: {_hint(outs[wrong], wrong, n_ranks, inputs, want)}"
                      + (f"; and {apart}" if apart else ""))
             continue
-        apart = _disagreement(outs)
         if apart:
             got.fail(f"{n_ranks} ranks: every rank is within {ATOL:g} of the answer, but {apart} bit for bit: "
                      "gather the same shards on every rank rather than computing them apart")

@@ -18,7 +18,7 @@ from shardlib.core.experts.routing import MoEConfig, route
 from shardlib.core.toy import generator
 from shardlib.exercises import result as grading
 from shardlib.exercises.result import Collector, ExerciseResult, check_callable
-from shardlib.lab.experts.reference import make_tokens
+from shardlib.lab.experts.drivers import make_tokens
 
 ROUTER_CASES = ((16, 8, 2), (16, 8, 1), (10, 4, 3))  # (tokens, experts, k)
 D_MODEL = 16
@@ -56,8 +56,6 @@ def grade_top_k_router(router_fn) -> ExerciseResult:
         x, router, ref = _routed(MoEConfig(n_experts=n_experts, k=k, d_model=D_MODEL, d_ff=8), n_tokens, seed)
         where = f"{n_tokens} tokens, {n_experts} experts, k = {k}"
         answer = grading.call(got, where, router_fn, x.clone(), router.clone(), k)
-        if got.not_written:
-            return got.result()
         if answer is None:
             continue
         if not isinstance(answer, (tuple, list)) or len(answer) != 2:
@@ -134,8 +132,6 @@ def grade_dispatch_plan(plan_fn) -> ExerciseResult:
         ref = dispatch_plan(experts, torch.ones_like(experts, dtype=torch.bool), placement)
         where = f"{n_tokens} tokens, k = {k}, {n_experts} experts on {ep} ranks" + (f", skew {skew}" if skew else "")
         answer = grading.call(got, where, plan_fn, experts.clone(), n_experts, ep)
-        if got.not_written:
-            return got.result()
         if answer is None:
             continue
         try:
@@ -261,16 +257,13 @@ def grade_aux_free_bias(route_fn, *pools) -> ExerciseResult:
     got = Collector("auxiliary-loss-free bias on ranks",
                     grading.need_pools(pools, "grade_aux_free_bias") + f", {STEPS} steps each")
     alone = bias_exercise_inputs(1, 1)
-    if not grading.written(route_fn, alone["scores"][0], alone["biases"][0], K, RATE):
-        got.not_written = True
+    if not grading.written(got, route_fn, alone["scores"][0], alone["biases"][0], K, RATE):
         return got.result()
-    for pool in pools:
-        inputs = bias_exercise_inputs(pool.world_size)
-        ran = grading.run_on(got, pool, _run_learner, route_fn, inputs["scores"], inputs["biases"], K, RATE)
-        if got.not_written:
-            return got.result()
-        problem = "" if ran is None else next(filter(None, (
-            _step_problem(inputs, s, r, ran.values[r][s]) for s in range(STEPS) for r in range(pool.world_size))), "")
+    inputs = {n: bias_exercise_inputs(n) for n in {pool.world_size for pool in pools}}
+    for pool, _, ran in grading.runs(got, pools, _run_learner, lambda pool: (
+            route_fn, inputs[pool.world_size]["scores"], inputs[pool.world_size]["biases"], K, RATE)):
+        problem = next(filter(None, (_step_problem(inputs[pool.world_size], s, r, ran.values[r][s])
+                                     for s in range(STEPS) for r in range(pool.world_size))), "")
         if problem:
             got.fail(f"{pool.world_size} ranks, {problem}")
     return got.result("every rank chose by scores + bias, weighed by the scores alone (normalised), and moved "

@@ -8,9 +8,9 @@
   its step length. With a pool, the order runs a training step on the ranks, checked bit for bit.
 * ``grade_small_table`` and ``grade_schedule_table``: ZB-H1 (Qi et al. 2024) as a table of labels, ``"F3"``
   (forward of microbatch 3), ``"B3"`` (its input gradient), ``"W3"`` (its weight gradient), one list per
-  stage: first by hand for 2 stages and 2 microbatches, then for any size. Each kind of
-  ``pipeline.SCHEDULE_MISTAKES`` is named with what to check; the table must have ZB-H1's bubble at
-  F = B = W and 1F1B's memory. A valid table runs on real ranks, exact, its bubble measured beside ZB-H1's.
+  stage: first by hand for 2 stages and 2 microbatches, then for any size. Each kind of ``ScheduleError``
+  is named with what to check (``HINTS``); the table must have ZB-H1's bubble at F = B = W and 1F1B's
+  memory. A valid table runs on real ranks, exact, its bubble measured beside ZB-H1's.
 """
 
 from __future__ import annotations

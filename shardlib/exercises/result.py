@@ -6,7 +6,7 @@ answer: the notebook shows the result. An unfinished exercise (its body still ra
 ``NotImplementedError``) is "not written yet". Shared here: calling the learner's function safely
 (``call``), tensors compared within a tolerance (``close``), the first likely mistake that reproduces an
 answer (``first_match``), a bad input that must raise ``ValueError`` (``must_refuse``), and a rank
-function run on real ranks (``written`` first, alone; then ``run_on``).
+function run on real ranks (``written`` first, alone; then ``run_on``, or ``runs`` over several pools).
 """
 
 from __future__ import annotations
@@ -90,17 +90,20 @@ def check_callable(fn, what: str) -> None:
         raise ValueError(f"pass your function itself, e.g. check(my_{what}), not {type(fn).__name__} {fn!r}")
 
 
-def call(collector: Collector, where: str, fn, *args, hint: str = ""):
-    """``fn(*args)``, or ``None`` after recording why it could not be called (not written, or an error,
-    followed by ``hint``)."""
+def call(collector: Collector, where: str, fn, *args, hint: str = "", answers: bool = True):
+    """``fn(*args)``, or ``None`` after recording why there is no answer (not written, an error followed by
+    ``hint``, or, where the function ``answers``, ``None`` returned)."""
     try:
-        return fn(*args)
+        value = fn(*args)
     except NotImplementedError:
         collector.not_written = True
         return None
     except Exception as exc:  # the learner's bug, reported in their terms rather than raised
         collector.fail(f"{where}: your function raised {type(exc).__name__}: {exc}{hint}")
         return None
+    if value is None and answers:
+        collector.fail(f"{where}: your function returned None: end it with `return` and its answer")
+    return value
 
 
 def span(start: int, stop: int) -> str:
@@ -147,12 +150,13 @@ class Alone:
         return lambda tensor, *args, **kwargs: tensor
 
 
-def written(rank_fn, *args) -> bool:
-    """False if ``rank_fn(Alone(), *args)`` raises ``NotImplementedError`` at once, so that a blank starter
-    never reaches the ranks (a failed call restarts the pool, which costs seconds)."""
+def written(collector: Collector, rank_fn, *args) -> bool:
+    """False, recorded as not written, if ``rank_fn(Alone(), *args)`` raises ``NotImplementedError`` at once,
+    so that a blank starter never reaches the ranks (a failed call restarts the pool, which costs seconds)."""
     try:
         rank_fn(Alone(), *args)
     except NotImplementedError:
+        collector.not_written = True
         return False
     except Exception:  # noqa: BLE001 - any other error is the real run's to report
         return True
@@ -183,3 +187,15 @@ def run_on(collector: Collector, pool, rank_fn, *args, shapes_hint: str = ""):
         collector.fail(f"{n} ranks: rank {err.rank} raised {str(err).splitlines()[0]}"
                        + (shapes_hint if shapes else ""))
     return None
+
+
+def runs(collector: Collector, pools, rank_fn, inputs, shapes_hint: str = ""):
+    """Per pool, ``(pool, args, measured)`` with ``args = inputs(pool)`` and ``measured`` from ``run_on``;
+    a pool whose run failed is skipped (its failure recorded), and it stops once the body is not written."""
+    for pool in pools:
+        args = inputs(pool)
+        measured = run_on(collector, pool, rank_fn, *args, shapes_hint=shapes_hint)
+        if collector.not_written:
+            return
+        if measured is not None:
+            yield pool, args, measured

@@ -4,24 +4,20 @@ The learner subclasses ``PrefixRouterState`` (per replica its ``queued`` count a
 tree, with ``matched_blocks``, ``remember`` and ``finished`` given) and writes ``route(request)``: the
 replica for the request, the decision recorded. The grader replays traces of requests that share system
 prompts, arrive one after another and finish after a while, and sets each choice beside the library's
-router (``core.serving.router``, ``make_router("prefix-aware", ...)``, as ``route_trace`` replays it). The
-mistakes it names:
-
-* the load not updated after a routing decision (``queued`` not counted up at the chosen replica), or
-  the prompt not remembered in that replica's tree;
-* always the longest prefix: the balance threshold ignored;
-* the threshold inverted: balancing while the queues are even, following the prefix once they are not;
-* the threshold's edge: balancing when most minus least queued *equals* the threshold (the rule is "more
-  than");
-* ties and the case where no replica matches, told apart at the first request routed elsewhere.
+router (``core.serving.router``, ``make_router("prefix-aware", ...)``, as ``route_trace`` replays it). It
+names a load or prefix tree not updated in ``route``, and the balance threshold ignored, inverted or
+taken at its edge (``HINTS``); ties and the no-match case are told apart at the first request routed
+elsewhere.
 """
 
 from __future__ import annotations
 
 from shardlib.core.serving.blocks import prompt_block_hashes
 from shardlib.core.serving.requests import Request
-from shardlib.core.serving.router import PrefixAwareRouter, PrefixTree, make_router, route_trace
+from shardlib.core.serving.router import PrefixAwareRouter, PrefixTree
+from shardlib.exercises import result as grading
 from shardlib.exercises.result import Collector, ExerciseResult, check_callable
+from shardlib.predict.serving.fleet import route_trace
 
 BLOCK_SIZE = 4
 
@@ -75,11 +71,16 @@ CASES = (("three replicas", 3, 2), ("two replicas", 2, 1))  # (trace, replicas, 
 
 
 class _Mistaken(PrefixAwareRouter):
-    """The library's prefix-aware router with one named mistake in its balance test (``None``: none)."""
+    """The library's prefix-aware router with one named mistake in its balance test (``None``: none); ``seen``
+    keeps, per request routed, what it saw: (queued per replica, blocks matched per replica)."""
 
     def __init__(self, replicas: int, threshold: int, mistake: str | None) -> None:
         super().__init__(replicas, BLOCK_SIZE, balance_threshold=threshold)
-        self.mistake = mistake
+        self.mistake, self.seen = mistake, []
+
+    def choose(self, request: Request, loads) -> int:
+        self.seen.append(([ld.queued for ld in loads], self.matches(request)))
+        return super().choose(request, loads)
 
     def imbalanced(self, loads) -> bool:
         spread = max(ld.queued for ld in loads) - min(ld.queued for ld in loads)
@@ -88,7 +89,6 @@ class _Mistaken(PrefixAwareRouter):
                 "threshold's edge": spread >= self.balance_threshold}[self.mistake]
 
 
-MISTAKES = ("threshold ignored", "threshold inverted", "threshold's edge")
 HINTS = {
     "threshold ignored": "you always follow the longest prefix: the balance threshold is ignored. First compare most "
                          "minus least queued with balance_threshold; above it, send the request to the least queued "
@@ -99,32 +99,21 @@ HINTS = {
     "threshold's edge": "you balance when most minus least queued equals the threshold: the rule is strictly more "
                         "than balance_threshold (at the threshold, the prefix still wins)",
 }
+MISTAKES = tuple(HINTS)
 
 
-def routed(requests, hold, replicas, threshold, mistake: str | None = None) -> list[int]:
+def routed(requests, hold, replicas, threshold, mistake: str | None = None) -> tuple[list[int], list]:
     """Each request's replica under the library's prefix-aware router (``route_trace``), or under that router
-    with ``mistake`` made."""
-    return route_trace(_Mistaken(replicas, threshold, mistake), requests, replicas,
-                       finish=lambda r: hold[r.request_id])
-
-
-def _seen(requests, hold, choices, i: int, replicas: int) -> tuple[list[int], list[int]]:
-    """What the router saw at request ``i`` after ``choices``: queued per replica, and blocks matched."""
-    r, router = requests[i], make_router("prefix-aware", replicas, BLOCK_SIZE)
-    queued = [sum(1 for j in range(i) if choices[j] == k and requests[j].arrival_s + hold[requests[j].request_id]
-                  > r.arrival_s) for k in range(replicas)]
-    for j in range(i):
-        router.routed(requests[j], choices[j])
-    return queued, router.matches(r)
+    with ``mistake`` made; and what the router saw at each request (``_Mistaken.seen``)."""
+    router = _Mistaken(replicas, threshold, mistake)
+    return route_trace(router, requests, replicas, finish=lambda r: hold[r.request_id]), router.seen
 
 
 def _replay(router_cls, requests, hold, replicas, threshold, col: Collector, case: str):
     """The learner's choices, request by request; ``None`` once a mistake in its state has been named."""
-    try:
-        router = router_cls(replicas, BLOCK_SIZE, threshold)
-    except Exception as exc:  # noqa: BLE001 - a learner's error is reported, not raised
-        col.fail(f"{case}: the class could not be made with (replicas={replicas}, block_size={BLOCK_SIZE}, "
-                 f"balance_threshold={threshold}): {type(exc).__name__}: {exc}")
+    router = grading.call(col, f"{case}: making the class with (replicas={replicas}, block_size={BLOCK_SIZE}, "
+                          f"balance_threshold={threshold})", router_cls, replicas, BLOCK_SIZE, threshold)
+    if router is None:
         return None
     held: list[tuple[float, int]] = []  # (until_s, replica)
     counts = [0] * replicas
@@ -140,13 +129,8 @@ def _replay(router_cls, requests, hold, replicas, threshold, col: Collector, cas
                      "each replica: queued should change only by one at the chosen replica in route, and by "
                      "finished")
             return None
-        try:
-            k = router.route(r)
-        except NotImplementedError:
-            col.not_written = True
-            return None
-        except Exception as exc:  # noqa: BLE001
-            col.fail(f"{case}: route({r.request_id!r}) raised {type(exc).__name__}: {exc}")
+        k = grading.call(col, f"{case}: route({r.request_id!r})", router.route, r)
+        if col.failed:
             return None
         problem = _route_problem(router, r, k, before)
         if problem:
@@ -198,12 +182,12 @@ def grade_prefix_router(router_cls) -> ExerciseResult:
         mine = _replay(router_cls, requests, hold, replicas, threshold, col, case)
         if mine is None:
             break
-        right = routed(requests, hold, replicas, threshold)
+        right, seen = routed(requests, hold, replicas, threshold)
         if mine == right:
             continue
-        named = [m for m in MISTAKES if mine == routed(requests, hold, replicas, threshold, m)]
+        named = [m for m in MISTAKES if mine == routed(requests, hold, replicas, threshold, m)[0]]
         i = next(j for j, (a, b) in enumerate(zip(mine, right)) if a != b)
-        queued, matched = _seen(requests, hold, right, i, replicas)
+        queued, matched = seen[i]
         why = _why(queued, matched, threshold, right[i])
         where = (f"{case}: request {requests[i].request_id!r} (queued {queued}, blocks matched per replica "
                  f"{matched}, threshold {threshold}) goes to replica {right[i]} ({why}); yours went to {mine[i]}")

@@ -1,7 +1,8 @@
 """Graders for the tensor-parallel exercises: ``shard_rows``, and a column-then-row pair on real ranks.
 
-References: ``core.tensor_parallel.layers.shard_rows`` / ``shard_columns`` and the Megatron-LM pair of
-``lab.tensor_parallel.ranks`` (Shoeybi et al. 2019): ``w1`` cut by columns, ``w2`` by rows, one all-reduce.
+References: ``core.tensor_parallel.layers.shard_rows`` / ``shard_columns`` and the Megatron-LM pair
+(Shoeybi et al. 2019), ``lab.tensor_parallel.drivers.pair_in_one_process``: ``w1`` cut by columns, ``w2``
+by rows, one all-reduce.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from shardlib.core.tensor_parallel.layers import shard_columns, shard_rows
 from shardlib.core.toy import generator, weight
 from shardlib.exercises import result as grading
 from shardlib.exercises.result import Collector, ExerciseResult, check_callable, span
+from shardlib.lab.tensor_parallel.drivers import pair_in_one_process
 
 SHARD_COUNTS = (2, 3, 4, 8)
 UNEVEN_SHARDS = 5  # does not divide the 24 input features: the learner must refuse it
@@ -76,8 +78,6 @@ def grade_shard_rows(shard_rows_fn) -> ExerciseResult:
                                   f"and n_shards = {UNEVEN_SHARDS} (must raise ValueError)")
     for n in SHARD_COUNTS:
         shards = grading.call(got, f"n_shards = {n}", shard_rows_fn, weight.clone(), n)
-        if got.not_written:
-            return got.result()
         if shards is None:
             continue
         if isinstance(shards, torch.Tensor) or not all(isinstance(s, torch.Tensor) for s in shards):
@@ -111,19 +111,7 @@ def pair_weights(seed: int = 0, d_model: int = 8, d_hidden: int = 16) -> dict:
             "b2": torch.randn(d_model, generator=g)}
 
 
-def pair_reference(x, w1, b1, w2, b2) -> torch.Tensor:
-    """The unsharded pair: ``gelu(x @ w1.T + b1) @ w2.T + b2``."""
-    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
-
-
-def _partials(w: dict, tp: int, act=F.gelu, b1: bool = True, shift: int = 0) -> list[torch.Tensor]:
-    """Each rank's partial output (before the all-reduce and ``b2``), optionally with a mistake made:
-    another activation, no ``b1``, or ``w2``'s slices shifted by ``shift`` ranks."""
-    rows = shard_rows(w["w2"], tp)
-    return [F.linear(act(F.linear(w["x"], c, b if b1 else None)), rows[(r + shift) % tp])
-            for r, (c, b) in enumerate(zip(shard_columns(w["w1"], tp), shard_columns(w["b1"], tp)))]
-
-
+@torch.no_grad()
 def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
     """Why rank ``rank``'s output differs from the reference, naming the likely mistake."""
     if not isinstance(out, torch.Tensor):
@@ -134,13 +122,15 @@ def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
                     f"rows (its input features), so each rank's product covers all {ref.shape[-1]} outputs "
                     f"and is summed: return the full {tuple(ref.shape)}")
         return f"it has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-    b2, mine, total = w["b2"], _partials(w, tp)[rank], sum(_partials(w, tp))  # (batch, seq, d_model) each
-    linear = sum(_partials(w, tp, act=lambda h: h))  # the pair with no gelu between the matrices
+    x, w1, b1, w2, b2 = (w[k] for k in ("x", "w1", "b1", "w2", "b2"))
+    mine = pair_in_one_process(x, shard_columns(w1, tp)[rank], shard_rows(w2, tp)[rank], 1,
+                               shard_columns(b1, tp)[rank], None, F.gelu)  # (batch, seq, d_model): this rank's
+    total = pair_in_one_process(x, w1, w2, tp, b1, None, F.gelu)  # the partials summed, before b2
+    linear = pair_in_one_process(x, w1, w2, tp, b1)  # the pair with no gelu between the matrices
+    shifted = torch.roll(w2, -w1.shape[0] // tp, dims=1)  # rank r's slice of w2 is rank r + 1's
     mistakes = [
-        (mine, "it equals this rank's own partial product: the partials of the row-parallel matrix must be "
-               "summed across ranks (the all-reduce is missing)"),
-        (mine + b2, "it equals this rank's own partial product: the partials of the row-parallel matrix must be "
-                    "summed across ranks (the all-reduce is missing)"),
+        *((t, "it equals this rank's own partial product: the partials of the row-parallel matrix must be "
+              "summed across ranks (the all-reduce is missing)") for t in (mine, mine + b2)),
         (ref + (tp - 1) * b2, f"it is off by {tp - 1} x b2: b2 was added on every rank before the sum; add it "
                               "once, after"),
         (ref - b2, "it lacks b2: add the second bias once, after the all-reduce"),
@@ -151,11 +141,11 @@ def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
               f"each rank uses only its 1/{tp} of the hidden features") for t in (tp * total + b2, tp * (total + b2))),
         *((t, "gelu was applied after the all-reduce: apply it to this rank's slice of the hidden layer, between "
               "the two matrices, before w2") for t in (F.gelu(linear) + b2, F.gelu(linear + b2))),
-        (sum(_partials(w, tp, b1=False)) + b2, f"it lacks b1: add this rank's slice of b1 (entries cut like w1's "
-                                               f"rows, 1/{tp} each) before gelu"),
-        *([(sum(_partials(w, tp, shift=1)) + b2, "rank r's slice of w2 does not match its slice of w1: both must "
-                                                 "cover the same hidden features, w1's rows and w2's columns "
-                                                 "r*d_hidden/tp .. (r+1)*d_hidden/tp")] if tp > 1 else []),
+        (pair_in_one_process(x, w1, w2, tp, None, b2, F.gelu), f"it lacks b1: add this rank's slice of b1 (entries "
+                                                                 f"cut like w1's rows, 1/{tp} each) before gelu"),
+        *([(pair_in_one_process(x, w1, shifted, tp, b1, b2, F.gelu), "rank r's slice of w2 does not match its slice "
+            "of w1: both must cover the same hidden features, w1's rows and w2's columns "
+            "r*d_hidden/tp .. (r+1)*d_hidden/tp")] if tp > 1 else []),
     ]
     return grading.first_match(out, mistakes) or (
         f"largest difference {float((out - ref).abs().max()):.3g} from the unsharded pair (tolerance 1e-5), and no "
@@ -174,23 +164,18 @@ def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
     got = Collector("tensor-parallel pair on ranks", grading.need_pools(pools, "grade_tp_pair_forward"))
     w = pair_weights()
     args = (w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
-    ref = pair_reference(*args)  # (2, 3, d_model)
+    ref = pair_in_one_process(w["x"], w["w1"], w["w2"], 1, w["b1"], w["b2"], F.gelu).detach()  # (2, 3, d_model)
     expected = [("all_reduce", ref.numel() * ref.element_size())]
-    if not grading.written(pair_fn, *args):
-        got.not_written = True
+    if not grading.written(got, pair_fn, *args):
         return got.result()
-    for pool in pools:
-        tp = pool.world_size
-        if w["w1"].shape[0] % tp:
-            raise ValueError(f"this exercise's d_hidden = {w['w1'].shape[0]} cannot be split {tp} ways: "
-                             "use 2 or 4 ranks")
-        ran = grading.run_on(got, pool, pair_fn, *args, shapes_hint=(
+    uneven = [pool.world_size for pool in pools if w["w1"].shape[0] % pool.world_size]
+    if uneven:
+        raise ValueError(f"this exercise's d_hidden = {w['w1'].shape[0]} cannot be split {uneven[0]} ways: "
+                         "use 2 or 4 ranks")
+    for pool, _, ran in grading.runs(got, pools, pair_fn, lambda pool: args, shapes_hint=(
             " (shapes do not fit: w1 is (d_hidden, d_model) and is cut by columns, dim 0, with shard_columns; "
-            "w2 is (d_model, d_hidden) and is cut by rows, dim 1, with shard_rows)"))
-        if got.not_written:
-            return got.result()
-        if ran is None:
-            continue
+            "w2 is (d_model, d_hidden) and is cut by rows, dim 1, with shard_rows)")):
+        tp = pool.world_size
         outs = dict(zip(ran.ranks, ran.each()))  # a rank that returned None is missing
         wrong = next((r for r in range(tp) if not grading.close(outs.get(r), ref)), None)
         issued = {r: [(rec.op, rec.size_bytes) for rec in ran.records(rank=r)] for r in range(tp)}

@@ -12,12 +12,15 @@ two), the one that reproduces most of the learner's numbers first, and named wit
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
+from shardlib.core.checks import is_number
+from shardlib.core.data_parallel.flat import STRATEGY_TITLES
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig
 from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
-from shardlib.exercises.training_ledger import KEPT, STRATEGY_NAMES, TERMS, diagnose, hint, kept_bytes, shown
+from shardlib.exercises.training_ledger import KEPT, TERMS, diagnose, hint, kept_bytes, shown
 from shardlib.lab.training.drivers import run_training
 
 WORLD = 4
@@ -34,15 +37,6 @@ LAYOUTS = (  # (config, layout): each run once on the learner's 4 ranks; ODD's 1
 _MEASURED: dict = {}  # (config, layout) -> the ledgers measured on the ranks, one per rank
 
 
-def _number(value):
-    """The learner's number as a float, or ``None`` if it is not one."""
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if out != out else out
-
-
 def _check_answer(got: Collector, where: str, answer) -> dict | None:
     """The answer's terms as floats, or ``None`` after saying what is wrong with its form."""
     if not isinstance(answer, dict):
@@ -55,12 +49,11 @@ def _check_answer(got: Collector, where: str, answer) -> dict | None:
         got.fail(f"{where}: the keys are {', '.join(repr(t) for t in TERMS)}"
                  + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else ""))
         return None
-    out = {key: _number(answer[key]) for key in TERMS if key in answer}
-    bad = [key for key, v in out.items() if v is None]
+    bad = [key for key in TERMS if key in answer and not (is_number(answer[key]) and math.isfinite(answer[key]))]
     if bad:
         got.fail(f"{where}: {bad[0]} must be a number of bytes, got {answer[bad[0]]!r}")
         return None
-    return out
+    return {key: float(answer[key]) for key in TERMS if key in answer}
 
 
 def _answers(got: Collector, predict_fn) -> list | None:
@@ -97,7 +90,7 @@ def measured_ledgers(ranks) -> tuple:
 def _case_name(config, layout) -> str:
     """``dp2 x tp2 ZeRO-1``: the axes split (dp, pp, cp, tp) and the data-parallel strategy where it acts."""
     axes = " x ".join(f"{a}{getattr(layout, a)}" for a in ("dp", "pp", "cp", "tp") if getattr(layout, a) > 1)
-    strategy = f" {STRATEGY_NAMES[layout.dp_strategy]}" if layout.dp * layout.cp > 1 else ""
+    strategy = f" {STRATEGY_TITLES[layout.dp_strategy]}" if layout.dp * layout.cp > 1 else ""
     return axes + strategy + (" (odd sizes)" if config == ODD else "")
 
 

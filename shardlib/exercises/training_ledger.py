@@ -4,10 +4,7 @@
   before any split; one microbatch's saved activations on a rank's stage).
 * ``kept_bytes``: a rank's weights, gradients and optimizer state (with the activations above, its
   ledger); with no mistake, equal to ``predict.training.ledger.predict_ledger``'s; with ``RIGHT``'s knobs
-  turned, what a learner making that mistake would answer (tp not splitting, the embedding and head
-  misplaced or tied, all layers on every stage, the cp ranks splitting weights, the ZeRO-1/2 flat shard
-  left out, one or three AdamW moments, no padding or padding to dp only, another ZeRO stage's terms,
-  elements for bytes).
+  turned (``VARIANTS``), what a learner making that mistake would answer.
 * ``diagnose``: which mistake (one, else two at once) reproduces a learner's number, the one that agrees
   with most of their answers first; ``hint``: that mistake in the learner's words, with the numbers.
 Pure: no ranks.
@@ -18,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from itertools import combinations
 
-from shardlib.core.data_parallel.flat import padded
+from shardlib.core.data_parallel.flat import STRATEGY_TITLES, padded
 from shardlib.core.mesh import DP_STRATEGIES, Layout
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.stages import split_layers
@@ -28,7 +25,6 @@ from shardlib.predict.training.ledger import activation_bytes, chunk_units
 
 KEPT = ("weights", "gradients", "optimizer")
 TERMS = KEPT + ("activations",)
-STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
 def parameters_per_unit(config: TrainingConfig) -> dict[str, int]:
@@ -147,7 +143,7 @@ def hint(kind: str, term: str, config, layout, rank: int, yours: float) -> str:
         return (f"ZeRO shards over every rank holding the same weights: dp x cp = {L.dp} x {L.cp} = {c['n']} "
                 f"(the cp ranks of a replica hold the same weights too), not over dp = {L.dp}")
     if kind.startswith("strategy "):
-        return f"that is the {term} {STRATEGY_NAMES[kind.split()[1]]} would keep; {STRATEGY_KEEPS[L.dp_strategy]}"
+        return f"that is the {term} {STRATEGY_TITLES[kind.split()[1]]} would keep; {STRATEGY_KEEPS[L.dp_strategy]}"
     if kind == "in flight":
         count = yours / activation_bytes_per_microbatch(cfg, L, rank)
         gpipe = " (GPipe's count, all m)" if count == cfg.m and L.pp > 1 else ""

@@ -3,6 +3,8 @@ set beside its prediction, one verdict line per claim.
 
 * ``harness``: The one measurement harness: a function run on every rank, and what came back, read in one
   place.
+* ``machines``: The toy forward and the training step under ``torchrun`` across machines: tp inside each
+  machine.
 * ``measure``: What a rank keeps: bytes a rank keeps, the peak of short-lived buffers, the bytes
   autograd saves.
 * ``verdict``: A measured claim as a learner reads it: one line, predicted, measured, their ratio and a
@@ -22,5 +24,5 @@ set beside its prediction, one verdict line per claim.
 * ``training``: The training step measured on ranks: against one process in float64, its ledger and its time.
 """
 
-__all__ = ["harness", "measure", "verdict", "context_parallel", "costs", "data_parallel", "experts", "intro",
-           "pipeline", "serving", "tensor_parallel", "training"]
+__all__ = ["harness", "machines", "measure", "verdict", "context_parallel", "costs", "data_parallel", "experts",
+           "intro", "pipeline", "serving", "tensor_parallel", "training"]

@@ -3,8 +3,8 @@
 * ``tensor_bytes``, ``optimizer_state_bytes``: what a rank keeps between steps.
 * ``PeakMeter``: short-lived buffers (ZeRO-3's gathered layers, a bucket on its way to a collective),
   counted until Python frees them (``track``) or the code frees them (``reserve`` then ``release``).
+* ``BufferProbe``: a ``core.probe.Probe`` that feeds a ``PeakMeter`` from the spans the mechanisms open.
 * ``SavedBytes``: what autograd saves for the backward inside a ``with`` block: a forward's activations.
-* ``timing_claim``: a timing claim a busy machine spoiled: numbers and a sentence for a learner, a failure in CI.
 
 Mechanism modules never call these: the rank functions attach them from outside (through a
 ``core.probe.Probe``). Torch, no ranks.
@@ -12,11 +12,14 @@ Mechanism modules never call these: the rank functions attach them from outside 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Iterable
 
 import torch
+
+from shardlib.core.probe import Probe
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -66,6 +69,30 @@ class PeakMeter:
         """Start a new peak from what is alive now."""
         with self._lock:
             self.peak_bytes = self.now_bytes
+
+
+class BufferProbe(Probe):
+    """Counts the mechanisms' short-lived buffers in a ``PeakMeter``: a span's ``gathered_bytes`` from then
+    until a later span's ``freed_bytes`` (ZeRO-3 frees a gathered unit's storage itself) and, with
+    ``tensors``, a tensor among a span's attributes from then until Python frees it (each tensor once)."""
+
+    def __init__(self, tensors: bool = True) -> None:
+        self.meter, self.tensors = PeakMeter(), tensors
+        self._followed: set[int] = set()
+
+    def count(self, attrs: dict) -> None:
+        """Count what one span's attributes say was gathered, freed or (``tensors``) handed over."""
+        self.meter.reserve(attrs.get("gathered_bytes", 0))
+        self.meter.release(attrs.get("freed_bytes", 0))
+        for value in attrs.values() if self.tensors else ():
+            if isinstance(value, torch.Tensor) and id(value) not in self._followed:
+                self._followed.add(id(value))
+                weakref.finalize(value, self._followed.discard, id(value))
+                self.meter.track(value)
+
+    def span(self, name: str, kind: str = "compute", **attrs):
+        self.count(attrs)
+        return contextlib.nullcontext()
 
 
 class SavedBytes:

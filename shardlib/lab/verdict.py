@@ -7,8 +7,7 @@ its line says which: "predicted 80x, measured 20x; claimed at least 2x: holds".
 machine slows a run, it never speeds one up), then reports: when strict (``strict_checks``: nbval, CI) a
 verdict that never held raises ``AssertionError`` with its numbers; for a learner it prints them with a
 sentence instead of a traceback. A library driver calls ``verified``; a learner's cell prints the lines
-the driver returns and reads how they were measured (``how_measured``) in a folded block.
-``measure_until`` retries a measurement until it is accepted and says how many tries it took. No ranks.
+the driver returns and reads how they were measured (``how_measured``) in a folded block. No ranks.
 """
 
 from __future__ import annotations
@@ -146,35 +145,9 @@ def verified(measure: Callable[[], T], verdicts: Callable[[T], Sequence[Verdict]
     return result, found
 
 
-def measure_until(measure, accept, attempts: int = 3):
-    """``(result, attempt)``: ``measure()`` run up to ``attempts`` times, stopping at the first result that
-    ``accept(result)`` takes (else the last). A retry that says how many attempts it took hides nothing."""
-    if attempts < 1:
-        raise ValueError(f"attempts must be at least 1, got {attempts}")
-    for attempt in range(1, attempts + 1):
-        result = measure()
-        if accept(result):
-            break
-    return result, attempt
-
-
 def strict_checks() -> bool:
     """Whether a timing claim that did not hold must fail: what whoever runs the notebooks said in
     ``SHARDLIB_STRICT_CLAIMS`` (1: the notebooks' conftest under nbval, ``make busy-check``; 0 or unset: a
     learner's kernel, the browser test's). The library never guesses it from its surroundings."""
     return os.environ.get("SHARDLIB_STRICT_CLAIMS", "").strip().lower() in ("1", "true", "yes")
 
-
-def timing_claim(held: bool, claim: str, numbers: str, attempts: int = 1) -> bool:
-    """``held``, said to a learner: a claim a measurement did not show after ``attempts`` tries prints
-    ``numbers`` and a sentence (the machine was busy; rerun the cell) instead of a traceback. When strict
-    (``strict_checks``) it raises ``AssertionError`` with the same text, so the check still fails."""
-    if held:
-        return True
-    text = (f"Not shown this time: {claim}.\nMeasured: {numbers}\nAfter {attempts} attempt(s) the timings still "
-            "disagree; on a shared machine that almost always means other programs took the cores while the cell "
-            "measured. Close what you can and run the cell again.")
-    if strict_checks():
-        raise AssertionError(text)
-    print(text)
-    return False

@@ -1,11 +1,10 @@
 """Predictions, pure (no ``torch.distributed``): the alpha-beta model and its calibration, bubbles, memory, the
 serving and training cost models and planners, replays of the engine's scheduler.
 
-* ``alpha_beta``: The alpha-beta model: each collective's time from a link's latency and bandwidth.
+* ``alpha_beta``: The alpha-beta model: each collective's time from a link's latency and bandwidth, and the fit
+  of both.
 * ``bubbles``: The published bubbles (the registry's), in both notations, over one step's window; F, B and W
   from a run.
-* ``calibration``: Calibrate the alpha-beta model: a latency and a bandwidth fitted to measured times by least
-  squares.
 * ``context_parallel``: Context parallelism's formulas: bytes per rank of each method, the ring's time, memory
   per device.
 * ``data_parallel``: What each strategy keeps on a GPU and sends per training step, from formulas. Pure: no
@@ -26,6 +25,6 @@ serving and training cost models and planners, replays of the engine's scheduler
   published layouts beside it.
 """
 
-__all__ = ["alpha_beta", "bubbles", "calibration", "context_parallel",
+__all__ = ["alpha_beta", "bubbles", "context_parallel",
            "data_parallel", "experts", "pipeline", "shapes", "tensor_parallel", "units", "serving",
            "training"]

@@ -15,12 +15,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from shardlib.core.checks import number_at_least
+from shardlib.core.checks import number_at_least, whole_number
 from shardlib.core.pipeline.registry import (
     SPECS,
     schedule_spec,
 )
-from shardlib.core.pipeline.schedules import Action, Schedule, check_count, simulate
+from shardlib.core.pipeline.schedules import Action, Schedule, simulate
 from shardlib.runtime.timeline import Span
 
 PUBLISHED = tuple(name for name, spec in SPECS.items() if spec.bubble is not None)  # ZB-V's: F = B = W only
@@ -45,34 +45,22 @@ class OpCosts:
 
 
 def published_idle_s(name: str, n_stages: int, costs: OpCosts) -> float:
-    """Per device, the idle time of one step by the published formula (the registry's ``Bubble``), in Qi's
-    notation (B the input gradient), over one step's window. ZB-H1's holds for ``m >= p`` while W is no
-    dearer than F or B: a dearer W has no wait left to fill, and the step idles more (``simulate`` of the
-    list says how much). DualPipeV's F&B (a forward and a backward overlapped) is taken as F plus the full
-    backward: here they run in turn.
-
-    ZB-V: the paper and its authors' README give no formula, only "zero bubble" when F = B = W (and
-    ``m >= 2p``): no device waits between its first action and its last, the ramp at each end overlapping
-    the next step's once the optimizer's synchronisation is bypassed (their post-validation). Within one
-    step's window, as measured here, the ramp stays: ``(p-1) F`` per device, the ``p - 1`` chunk forwards
-    before the last device starts. A ValueError unless F, B and W are equal within ``EQUAL_WITHIN``."""
+    """Per device, the idle time of one step by the published formula (the registry's ``Bubble``, where it
+    holds: its ``holds`` and ``condition``), in Qi's notation (B the input gradient), over one step's
+    window. ZB-V has no published formula, only "zero bubble" at F = B = W; within one step's window the
+    ramp stays, ``(p-1) F`` per device, and F, B and W must be equal within ``EQUAL_WITHIN``."""
     spec = schedule_spec(name)
-    p = check_count("n_stages", n_stages, "pipeline stages (devices)")
+    p = whole_number(n_stages, "n_stages (pipeline stages, devices)")
     if spec.bubble is None:
         raise ValueError(f"no published closed-form bubble for {name!r} ({spec.no_bubble}); the formulas cover "
                          f"{', '.join(PUBLISHED)} (simulate gives any schedule's)")
     return spec.bubble.idle_s(p, costs.forward_s, costs.backward_s, costs.weight_s)
 
 
-def busy_s(schedule: Schedule, costs: OpCosts) -> float:
-    """Per device, the compute of one step: ``m v (F + B + W)``."""
-    return schedule.n_microbatches * schedule.n_chunks * (costs.forward_s + costs.full_backward_s)
-
-
 def published_fraction(schedule: Schedule, costs: OpCosts) -> float:
-    """The published bubble as a share of the step: ``idle / (idle + busy)``."""
+    """The published bubble as a share of the step: ``idle / (idle + busy)``, busy ``m v (F + B + W)``."""
     idle = published_idle_s(schedule.name, schedule.n_stages, costs)
-    return idle / (idle + busy_s(schedule, costs))
+    return idle / (idle + schedule.n_microbatches * schedule.n_chunks * (costs.forward_s + costs.full_backward_s))
 
 
 def simulated_fraction(schedule: Schedule, costs: OpCosts, hop_s: float = 0.0) -> float:

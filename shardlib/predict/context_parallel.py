@@ -10,8 +10,9 @@ sequences of ``s`` tokens, ``H`` query and ``KV`` KV heads of ``hd`` values of `
 
 ``cp_comm_bytes_per_rank``: Megatron-Core's four ``cp_comm_type``; ``ring_time_s``: alpha-beta, a step
 ``max(compute, transfer)`` overlapped; ``ring_hiding_tokens``: where a block's attention outlasts its K/V
-transfer. Memory: weights and KV cache under ``tp x cp`` (the cache splits by token), one ring rank's
-holdings, the toy block's activations (Korthikanti et al. 2022). Liu et al. 2023, Jacobs et al. 2023. Pure.
+transfer; ``causal_work``: the blocks each rank computes under a causal mask, per placement. Memory: weights
+and KV cache under ``tp x cp`` (the cache splits by token), one ring rank's holdings. Liu et al. 2023,
+Jacobs et al. 2023. Pure.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from typing import Sequence
 
 from shardlib.core.checks import flag, number_at_least, positive_number, whole_number
 from shardlib.core.config import ModelConfig, kv_bytes_per_token
-from shardlib.core.context_parallel.placement import check_sequence
+from shardlib.core.context_parallel.placement import (
+    DIAGONAL,
+    VISIBLE,
+    block_kind,
+    check_sequence,
+    chunks_of_rank,
+    chunks_per_rank,
+)
 from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import Link
 from shardlib.predict.alpha_beta import point_to_point_s
@@ -84,9 +92,7 @@ def ring_saved_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
 
 def ulysses_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
     """Wire bytes one rank sends in the four all-to-alls: ``(n-1)/n`` of its q, k, v and output shards."""
-    n = whole_number(world_size, "world_size")
-    held = (2 * shape.heads + 2 * shape.kv_heads) * shape.batch * shape.head_dim * shape.seq / n
-    return (n - 1) / n * held * shape.bytes_per_value
+    return sum(wire for _, _, wire in ulysses_collectives(shape, world_size))
 
 
 def ulysses_collectives(shape: AttentionShape, world_size: int) -> list[tuple[str, float, float]]:
@@ -139,18 +145,6 @@ def cp_comm_bytes_per_rank(shape: AttentionShape, world_size: int, inner: int = 
         ring = (outer - 1) * per_token * shape.batch * shape.seq / outer
         out["a2a+p2p"] = (a2a + ring) * shape.bytes_per_value
     return out
-
-
-def sequence_parallel_bytes_per_rank(batch: int, seq: int, d_model: int, world_size: int, pairs: int = 2,
-                                     bytes_per_value: float = 4.0) -> dict[str, float]:
-    """Wire bytes per rank of one forward pass of ``pairs`` tensor-parallel pairs (2 per transformer
-    block), as tensor parallelism alone (one all-reduce each) and with sequence parallelism (an
-    all-gather and a reduce-scatter each): equal."""
-    n = whole_number(world_size, "world_size")
-    size = whole_number(batch, "batch") * whole_number(seq, "seq") * whole_number(d_model, "d_model") * bytes_per_value
-    per_pair_tp = 2 * (n - 1) / n * size  # ring all-reduce
-    per_pair_sp = (n - 1) / n * size + (n - 1) / n * size  # all-gather + reduce-scatter
-    return {"tensor parallel": whole_number(pairs, "pairs") * per_pair_tp, "sequence parallel": pairs * per_pair_sp}
 
 
 def ring_time_s(compute_s: Sequence[float], transfer_s: float, overlap: bool = True) -> float:
@@ -207,16 +201,62 @@ def ring_hiding_tokens(heads: int, kv_heads: int, head_dim: int, bytes_per_value
     return high
 
 
+# -- the ring's causal work per rank ---------------------------------------------------------------------
+def blocks_between(q_rank: int, k_rank: int, world_size: int, placement: str = "contiguous",
+                   causal: bool = True) -> tuple[int, int]:
+    """``(visible, diagonal)``: the blocks rank ``q_rank``'s queries compute against rank ``k_rank``'s keys."""
+    kinds = [block_kind(a, b, causal) for a in chunks_of_rank(q_rank, world_size, placement)
+             for b in chunks_of_rank(k_rank, world_size, placement)]
+    return kinds.count(VISIBLE), kinds.count(DIAGONAL)
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """One rank's blocks over a whole ring pass: ``visible``, ``diagonal`` (masked: full cost, half of it
+    useful) and ``skipped`` future ones, each ``chunk`` tokens square."""
+
+    rank: int
+    visible: int
+    diagonal: int
+    skipped: int
+    chunk: int
+
+    @property
+    def computed_pairs(self) -> int:
+        """Blocks computed: what the time follows (a masked block costs as much as a whole one)."""
+        return self.visible + self.diagonal
+
+    @property
+    def scores(self) -> int:
+        """Query-key scores computed (masked ones included), per head."""
+        return self.computed_pairs * self.chunk ** 2
+
+
+def causal_work(seq: int, world_size: int, placement: str = "contiguous", causal: bool = True) -> list[RankWork]:
+    """Per rank, the blocks it computes over a ring pass of ``seq`` tokens. Contiguous and causal: rank
+    ``r`` computes ``r`` whole blocks and one diagonal; zigzag: every rank the same."""
+    size = check_sequence(seq, world_size, placement)
+    pairs = chunks_per_rank(placement) ** 2 * world_size
+    out = []
+    for r in range(world_size):
+        counts = [blocks_between(r, j, world_size, placement, causal) for j in range(world_size)]
+        visible, diagonal = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        out.append(RankWork(r, visible, diagonal, pairs - visible - diagonal, size))
+    return out
+
+
+def imbalance(work) -> float:
+    """The busiest rank's computed blocks over the mean: 1 is perfectly even."""
+    counts = [w.scores for w in work]
+    return max(counts) * len(counts) / sum(counts)
+
+
 # -- memory per device ------------------------------------------------------------------------------------
-def _degrees(tp: int, cp: int) -> tuple[int, int]:
-    return whole_number(tp, "tp"), whole_number(cp, "cp")
-
-
 def device_memory(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp: int = 1) -> Memory:
     """Weights and KV cache on one device of a ``tp x cp`` layout (the serving planner's ``Memory``): the
     weights split ``tp`` ways (``weights_per_gpu``) and copied on every context-parallel rank, the cache
     split both ways."""
-    tp, cp = _degrees(tp, cp)
+    tp, cp = whole_number(tp, "tp"), whole_number(cp, "cp")
     return Memory(weights_per_gpu(model, Layout(tp, 1)), kv_cache_bytes(model, seq, batch, tp, cp))
 
 
@@ -235,25 +275,6 @@ def context_parallel_needed(model: ModelConfig, seq: int, memory_per_device_byte
     raise ValueError(f"{model.name} with tp = {tp} and {seq:,} tokens does not fit {cap / 1e9:.0f} GB per device "
                      f"even at cp = {max_cp}: weights {best.weights_bytes / 1e9:.1f} GB + KV cache "
                      f"{best.kv_cache_bytes / 1e9:.1f} GB")
-
-
-def toy_block_activation_bytes(model: ModelConfig, batch: int, seq: int, tp: int = 1,
-                               sequence_parallel: bool = False, bytes_per_value: float = 4.0) -> float:
-    """What autograd keeps for one toy block's backward on one rank, ``T = batch x seq`` tokens::
-
-        outside the pairs  2 norms x (input T d + one scale T)   / tp with sequence parallelism
-        pair inputs        2 x T d (the normed input, whole)
-        attention          4 x T (H/tp) hd + T (H/tp)            (q, K and V expanded to H/tp heads, out; lse)
-        MLP                4 x T d_ff/tp                         (gate, silu(gate), up, their product)
-    """
-    tp = whole_number(tp, "tp")
-    tokens = whole_number(batch, "batch") * whole_number(seq, "seq")
-    d, hd, heads = model.d_model, model.head_dim, model.n_heads / tp
-    outside = 2 * (tokens * d + tokens) / (tp if flag(sequence_parallel, "sequence_parallel") else 1)
-    pair_inputs = 2 * tokens * d
-    attention = 4 * tokens * heads * hd + tokens * heads
-    mlp = 4 * tokens * model.d_ff / tp
-    return (outside + pair_inputs + attention + mlp) * positive_number(bytes_per_value, "bytes_per_value")
 
 
 def attention_bytes_per_rank(shape: AttentionShape, world_size: int = 1,

@@ -30,15 +30,11 @@ SHARDED = {"ddp": (), "zero1": ("optimizer",), "zero2": ("grads", "optimizer"),
            "zero3": ("params", "grads", "optimizer")}
 
 
-def check_strategy(strategy) -> str:
-    return choice(strategy, DP_STRATEGIES, "strategy")
-
-
 def memory_per_rank(n_params: float, strategy: str, dp: int,
                     state_bytes: Mapping[str, float] = STATE_BYTES_MIXED) -> dict[str, float]:
     """Bytes one rank keeps between steps for ``n_params`` parameters: ``params``, ``grads``,
     ``optimizer`` and their ``total`` (the table in the module docstring)."""
-    check_strategy(strategy)
+    choice(strategy, DP_STRATEGIES, "strategy")
     dp = whole_number(dp, "dp (the data-parallel degree)")
     out = {k: n_params * state_bytes[k] / (dp if k in SHARDED[strategy] else 1) for k in MEMORY_KEYS}
     out["total"] = sum(out[k] for k in MEMORY_KEYS)
@@ -47,7 +43,7 @@ def memory_per_rank(n_params: float, strategy: str, dp: int,
 
 def step_wire_bytes(n_params: float, strategy: str, dp: int, value_bytes: float = 2) -> float:
     """Bytes one rank sends per training step (the table in the module docstring)."""
-    check_strategy(strategy)
+    choice(strategy, DP_STRATEGIES, "strategy")
     dp = whole_number(dp, "dp (the data-parallel degree)")
     passes = 3 if strategy == "zero3" else 2  # each pass moves (N-1)/N of the buffer
     return passes * (dp - 1) / dp * n_params * value_bytes
@@ -72,35 +68,28 @@ def layout_memory(groups: Sequence[FlatGroup], strategy: str, element_bytes: int
     """Bytes one rank keeps between steps with these flat groups (padding included): the full buffers,
     or one shard of each where ``strategy`` shards that part. ``optimizer_states``: AdamW keeps two
     values per parameter (its 0-dimensional step counters are left out)."""
-    check_strategy(strategy)
+    choice(strategy, DP_STRATEGIES, "strategy")
     full = sum(g.padded_numel for g in groups) * element_bytes
     shard = sum(g.shard_numel for g in groups) * element_bytes
     per = {"params": 1, "grads": 1, "optimizer": optimizer_states}
     return {k: per[k] * (shard if k in SHARDED[strategy] else full) for k in MEMORY_KEYS}
 
 
-def layout_step_ops(groups: Sequence[FlatGroup], strategy: str, element_bytes: int) -> list[tuple[str, int]]:
-    """The collectives one rank issues per step, in order of kind, as ``(op, buffer bytes)``: per bucket an
-    all-reduce (DDP), or a reduce-scatter and an all-gather (ZeRO-1/2); per unit two all-gathers and a
-    reduce-scatter (ZeRO-3)."""
-    check_strategy(strategy)
-    sizes = [g.padded_numel * element_bytes for g in groups]
-    if strategy == "ddp":
-        return [("all_reduce", s) for s in sizes]
-    if strategy in ("zero1", "zero2"):
-        return [("reduce_scatter", s) for s in sizes] + [("all_gather", s) for s in sizes]
-    return [("all_gather", s) for s in sizes] * 2 + [("reduce_scatter", s) for s in sizes]
-
-
 def layout_step_bytes(groups: Sequence[FlatGroup], strategy: str, element_bytes: int,
                       dp: int) -> dict[str, dict[str, int]]:
-    """Per op: ``count``, ``size_bytes`` and ``wire_bytes`` one rank moves in one step."""
+    """Per op: ``count``, ``size_bytes`` and ``wire_bytes`` one rank moves in one step. Per bucket an
+    all-reduce (DDP), or a reduce-scatter and an all-gather (ZeRO-1/2); per unit two all-gathers and a
+    reduce-scatter (ZeRO-3)."""
+    choice(strategy, DP_STRATEGIES, "strategy")
+    per_group = {"ddp": ("all_reduce",), "zero3": ("all_gather", "all_gather", "reduce_scatter")}
     out: dict[str, dict[str, int]] = {}
-    for op, size in layout_step_ops(groups, strategy, element_bytes):
-        row = out.setdefault(op, {"count": 0, "size_bytes": 0, "wire_bytes": 0})
-        row["count"] += 1
-        row["size_bytes"] += size
-        row["wire_bytes"] += wire_bytes(op, size, dp)
+    for op in per_group.get(strategy, ("reduce_scatter", "all_gather")):
+        for g in groups:
+            size = g.padded_numel * element_bytes
+            row = out.setdefault(op, {"count": 0, "size_bytes": 0, "wire_bytes": 0})
+            row["count"] += 1
+            row["size_bytes"] += size
+            row["wire_bytes"] += wire_bytes(op, size, dp)
     return out
 
 

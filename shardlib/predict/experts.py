@@ -62,8 +62,8 @@ def predicted_exposed_s(counts_s: list[float], rows_s: list[float], expert_s: fl
 
 def predicted_moe_step_bytes(n_experts: int, d_model: int, d_ff: int, d_in: int, ep: int, world_size: int,
                              rows_to: int, rows_from: int, bytes_per_value: int = 8) -> dict[tuple[str, str], int]:
-    """Buffer bytes one rank puts into each (op, group) in one MoE training step (``train_step``), as the
-    comm log counts them: on ``"ep"``, the counts (int64) and four all-to-alls of rows, the dispatch
+    """Buffer bytes one rank puts into each (op, group) in one MoE training step (``lab.experts.training``), as
+    the comm log counts them: on ``"ep"``, the counts (int64) and four all-to-alls of rows, the dispatch
     (``rows_to`` rows out) and the combine (``rows_from`` back) in the forward, the same two reversed in
     the backward; on ``"world"``, the dense gradients (``w_in``, the router), the loss pair and the counts;
     on ``"edp"``, this rank's experts' gradients (only when ``world_size > ep``)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from shardlib.core.checks import near_equal_parts
-from shardlib.core.pipeline.schedules import OPS, Schedule, check_count, simulate
+from shardlib.core.checks import near_equal_parts, whole_number
+from shardlib.core.pipeline.schedules import OPS, Schedule, simulate
 from shardlib.runtime.timeline import Span
 
 
@@ -20,26 +20,24 @@ from shardlib.runtime.timeline import Span
 def pipeline_bubble_fraction(n_stages: int, n_microbatches: int, n_chunks: int = 1) -> float:
     """The share of each device's step spent idle: ``(p - 1) / (m + p - 1)``, or ``(p - 1) / (v m + p - 1)``
     with ``v`` model chunks per device (interleaved: fill and drain shrink ``v``-fold). 0 at ``p = 1``."""
-    p = check_count("n_stages", n_stages, "pipeline stages")
-    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
-    v = check_count("n_chunks", n_chunks, "model chunks per device")
+    p = whole_number(n_stages, "n_stages (pipeline stages)")
+    m = whole_number(n_microbatches, "n_microbatches (microbatches per step)")
+    v = whole_number(n_chunks, "n_chunks (model chunks per device)")
     return (p - 1) / (v * m + p - 1)
 
 
 def pipeline_bubble_ratio_to_ideal(n_stages: int, n_microbatches: int, n_chunks: int = 1) -> float:
     """Idle time over ideal compute: ``(p - 1) / (v m)``, Megatron-LM's and the Ultra-Scale Playbook's
     convention. Not a share of the step (3 at ``p = 4, m = 1``): ``fraction = ratio / (1 + ratio)``."""
-    p = check_count("n_stages", n_stages, "pipeline stages")
-    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
-    v = check_count("n_chunks", n_chunks, "model chunks per device")
-    return (p - 1) / (v * m)
+    fraction = pipeline_bubble_fraction(n_stages, n_microbatches, n_chunks)
+    return fraction / (1 - fraction)
 
 
 # -- who holds what --------------------------------------------------------------------------------
 def microbatch_sizes(batch_size: int, n_microbatches: int) -> tuple[int, ...]:
     """Rows per microbatch, cut as ``torch.tensor_split`` cuts: the first ``batch % m`` get one more."""
-    batch_size = check_count("batch_size", batch_size, "rows in the batch")
-    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
+    batch_size = whole_number(batch_size, "batch_size (rows in the batch)")
+    m = whole_number(n_microbatches, "n_microbatches (microbatches per step)")
     if m > batch_size:
         raise ValueError(
             f"cannot cut a batch of {batch_size} rows into {m} microbatches: each microbatch needs at "
@@ -49,41 +47,36 @@ def microbatch_sizes(batch_size: int, n_microbatches: int) -> tuple[int, ...]:
 
 
 # -- predictions from a schedule ----------------------------------------------------------------
-def predicted_step_s(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0) -> float:
-    """The step time ``simulate`` predicts: first action's start to last action's end."""
-    return float(max(t.end_s for t in simulate(schedule, forward_s, backward_s, hop_s)))
+def predicted_step_s(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0, weight_s=None) -> float:
+    """The step time ``simulate`` predicts (its durations): first action's start to last action's end."""
+    return float(max(t.end_s for t in simulate(schedule, forward_s, backward_s, hop_s, weight_s)))
+
+
+def step_slots(schedule: Schedule) -> int:
+    """Slots in one step when every action takes one slot."""
+    v = schedule.n_chunks
+    return int(max(t.end_s for t in simulate(schedule, forward_s=v, backward_s=v)))  # each chunk op: one slot
 
 
 def idle_slots(schedule: Schedule) -> tuple[int, ...]:
     """Per stage, the slots it idles in one step when every action takes one slot."""
-    v = schedule.n_chunks
-    timed = simulate(schedule, forward_s=v, backward_s=v)  # each chunk op: exactly one slot
-    step = max(t.end_s for t in timed)
-    busy = [0] * schedule.n_stages
-    for t in timed:
-        busy[t.action.stage] += 1
-    return tuple(int(step) - b for b in busy)
+    return tuple(step_slots(schedule) - len(row) for row in schedule.actions)
 
 
-def step_slots(schedule: Schedule) -> int:
-    """Slots in one step when every action takes one slot (see ``idle_slots``)."""
-    v = schedule.n_chunks
-    return int(max(t.end_s for t in simulate(schedule, forward_s=v, backward_s=v)))
+def _peak_held(ops: Sequence[str], release: str) -> int:
+    """The most microbatches held at once along ``ops``: one more at each F, one fewer at each ``release``."""
+    held = peak = 0
+    for op in ops:
+        held += 1 if op == "F" else -1 if op == release else 0
+        peak = max(peak, held)
+    return peak
 
 
 def peak_in_flight(schedule: Schedule) -> tuple[int, ...]:
     """Per stage, the most microbatches (chunks) whose activations it holds at once: from F until B
     (until W when the backward is split). GPipe holds ``m``; 1F1B ``p - s`` on stage ``s``; forward only 0."""
     release = "W" if schedule.split_backward else "B"
-    peaks = []
-    for row in schedule.actions:
-        held = peak = 0
-        if schedule.training:
-            for a in row:
-                held += 1 if a.op == "F" else -1 if a.op == release else 0
-                peak = max(peak, held)
-        peaks.append(peak)
-    return tuple(peaks)
+    return tuple(_peak_held([a.op for a in row], release) if schedule.training else 0 for row in schedule.actions)
 
 
 def messages_per_step(schedule: Schedule) -> int:
@@ -102,10 +95,6 @@ class MeasuredBubble:
     busy_s: tuple[float, ...]
     idle_fraction: float
 
-    @property
-    def n_stages(self) -> int:
-        return len(self.busy_s)
-
 
 def compute_spans(spans: Sequence[Span]) -> list[Span]:
     """The pipeline's compute spans among all the spans of a run."""
@@ -114,7 +103,7 @@ def compute_spans(spans: Sequence[Span]) -> list[Span]:
 
 def measure_bubble(spans: Sequence[Span], n_stages: int) -> MeasuredBubble:
     """The idle fraction of one step, measured from its spans (``MeasuredBubble``)."""
-    p = check_count("n_stages", n_stages, "pipeline stages")
+    p = whole_number(n_stages, "n_stages (pipeline stages)")
     work = compute_spans(spans)
     if not work:
         raise ValueError("no pipeline compute spans to measure: run a pipeline step on the ranks first")
@@ -141,7 +130,7 @@ class Trips:
 
 def microbatch_trips(spans: Sequence[Span], n_stages: int) -> Trips:
     """Each microbatch's trip through a forward-only run, read from the timeline (``Trips``)."""
-    p = check_count("n_stages", n_stages, "pipeline stages")
+    p = whole_number(n_stages, "n_stages (pipeline stages)")
     forwards = [s for s in compute_spans(spans) if s.attrs["op"] == "F"]
     entered = {s.attrs["microbatch"]: s.start_s for s in forwards if s.rank == 0}
     left = {s.attrs["microbatch"]: s.end_s for s in forwards if s.rank == p - 1}
@@ -157,17 +146,13 @@ def microbatch_trips(spans: Sequence[Span], n_stages: int) -> Trips:
 def measured_in_flight(spans: Sequence[Span], n_stages: int) -> tuple[int, ...]:
     """Per rank, the most microbatches in flight on the real timeline: +1 at each F's end, -1 at each B's
     (W's when split). A forward-only run keeps nothing: 0."""
-    p = check_count("n_stages", n_stages, "pipeline stages")
-    peaks = [0] * p
-    if not any(s.attrs["op"] == "B" for s in compute_spans(spans)):
-        return tuple(peaks)
-    release = "W" if any(s.attrs["op"] == "W" for s in compute_spans(spans)) else "B"
-    for rank in range(p):
-        held = 0
-        for s in sorted((s for s in compute_spans(spans) if s.rank == rank), key=lambda s: s.end_s):
-            held += 1 if s.attrs["op"] == "F" else -1 if s.attrs["op"] == release else 0
-            peaks[rank] = max(peaks[rank], held)
-    return tuple(peaks)
+    p = whole_number(n_stages, "n_stages (pipeline stages)")
+    work = sorted(compute_spans(spans), key=lambda s: s.end_s)
+    ops = {s.attrs["op"] for s in work}
+    if "B" not in ops:
+        return (0,) * p
+    release = "W" if "W" in ops else "B"
+    return tuple(_peak_held([s.attrs["op"] for s in work if s.rank == r], release) for r in range(p))
 
 
 def stage_imbalance(work_per_stage: Sequence[float]) -> float:
@@ -181,7 +166,7 @@ def stage_imbalance(work_per_stage: Sequence[float]) -> float:
 
 def pipeline_step_s(stage_s: Sequence[float], n_microbatches: int) -> float:
     """One forward-only GPipe pass of ``m`` microbatches: ``sum(stage_s) + (m - 1) x max(stage_s)``."""
-    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
+    m = whole_number(n_microbatches, "n_microbatches (microbatches per step)")
     times = [float(t) for t in stage_s]
     if not times or min(times) < 0:
         raise ValueError(f"give each stage's seconds per microbatch (0 or more), got {list(stage_s)}")

@@ -25,13 +25,13 @@ import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, is_dataclass
-from pathlib import Path
 
 import torch.distributed as dist
 
 from shardlib.core.checks import TOLERANCE
 from shardlib.runtime.context import RankContext
 from shardlib.runtime.devices import BACKENDS
+from shardlib.runtime.launcher import child_env
 from shardlib.runtime.records import format_log
 
 
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     fn = getattr(importlib.import_module(module_name), fn_name)
     ctx = RankContext.from_env(opts.backend)
     try:
+        if dist.is_initialized():  # every rank connected before any raises: none sees a broken mesh
+            dist.barrier()
         try:
             result = fn(ctx, *[_value(a) for a in opts.args])
             if is_dataclass(result):  # printed as a dict: a line Python reads back (``AgentRun.results``)
@@ -91,9 +93,6 @@ def _say(line: str) -> None:
 
 
 # -- several torchrun agents on this machine, standing in for nodes -------------------------------------
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
-
-
 @dataclass(frozen=True)
 class AgentRun:
     """One torchrun agent's exit code and what its processes printed."""
@@ -129,10 +128,9 @@ def start_local_nodes(target: str, procs_per_node: list[int], *args: str, backen
     each agent its ``CUDA_VISIBLE_DEVICES`` (two agents on one machine would otherwise see the same GPUs)."""
     run_id = f"shardlib-{uuid.uuid4().hex[:12]}"
     endpoint = f"127.0.0.1:{_free_port()}"
-    path = os.pathsep.join([PACKAGE_PARENT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     agents = []
     for i, n in enumerate(procs_per_node):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
+        env = child_env(threads=1)
         if devices_per_node is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices_per_node[i]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(procs_per_node)),

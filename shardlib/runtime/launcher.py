@@ -45,7 +45,8 @@ def resolve_method(method: str) -> str:
     return method
 
 
-def _child_env(threads: int) -> dict:
+def child_env(threads: int) -> dict:
+    """This process's environment, with this package importable and ``threads`` threads per math library."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -61,11 +62,13 @@ def _start_python(module: str, fd: int, log, threads: int) -> subprocess.Popen:
     scheduling group as this process (Linux's autogroup); Python 3.10 has no ``process_group``: a session."""
     own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
     return subprocess.Popen([sys.executable, "-m", module, str(fd)], pass_fds=[fd], stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=log, env=_child_env(threads), **own_group)
+                            stdout=log, stderr=log, env=child_env(threads), **own_group)
 
 
-def _sys_path() -> list[str]:
+def sys_path() -> list[str]:
+    """This process's import path, absolute: what a template or a rank puts first on its own."""
     return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+
 
 
 class SpawnedRank:
@@ -127,7 +130,7 @@ class Template:
         self._cond = threading.Condition()
         self._answers: queue.Queue = queue.Queue()
         self.info: dict | None = None  # the template's ``ready`` message, once it came
-        self.conn.send_bytes(pickle.dumps({"parent_pid": os.getpid(), "sys_path": _sys_path()}))
+        self.conn.send_bytes(pickle.dumps({"parent_pid": os.getpid(), "sys_path": sys_path()}))
 
     def wait_ready(self, start_timeout_s: float) -> None:
         """Wait until the template has torch imported (at most ``start_timeout_s``); a ``RuntimeError``

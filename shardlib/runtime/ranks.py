@@ -15,7 +15,6 @@ import os
 import pickle
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,7 +30,7 @@ from shardlib.core.checks import positive_number
 from shardlib.runtime.context import gpu_count
 from shardlib.runtime.devices import check_world_size, place_ranks
 from shardlib.runtime.errors import PoolClosedError, RankError, RankTimeoutError, pack_call
-from shardlib.runtime.launcher import kill_ranks, resolve_method, start_rank
+from shardlib.runtime.launcher import kill_ranks, resolve_method, start_rank, sys_path
 from shardlib.runtime.records import CommRecord
 from shardlib.runtime.timeline import Span, now_s
 
@@ -88,7 +87,7 @@ class Ranks:
                 "store_host": "127.0.0.1", "store_port": self._store.port,
                 "store_prefix": f"shardlib/{self._generation}", "parent_pid": handle.parent_pid,
                 "start_timeout_s": START_TIMEOUT_S, "op_timeout_s": self.timeout + 60.0,
-                "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
+                "sys_path": sys_path(),
             }))
             self._procs.append(handle)
             self._conns.append(conn)

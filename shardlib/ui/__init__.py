@@ -43,6 +43,8 @@
   beside a curve. Data in, ``go.Figure`` out.
 * ``serving_figures``: Figures of a plan: the feasible layouts side by side (data in, ``go.Figure`` out; pure,
   no processes).
+* ``serving_reasons``: The serving planner's reasons, in words a learner reads: what set a layout's batch, where a
+  token's time goes, how it compares with its counterpart across nodes, and why the best won.
 * ``serving_tables``: Serving runs as plain text: traffic per mesh axis, figures predicted beside measured, a cold
   start's parts.
 * ``serving_widgets``: The planner as a widget: pick a model, its weights' precision, a cluster, a workload
@@ -70,5 +72,5 @@ __all__ = ["code", "context_parallel_figures", "context_parallel_widgets", "cost
            "data_parallel_figures", "data_parallel_widgets", "engine_figures", "engine_widgets", "experts_figures",
            "experts_widgets", "fleet_figures", "fleet_widgets", "gantt", "intro_figures", "intro_widgets", "live",
            "mime", "pipeline_figures", "pipeline_widgets", "quiz", "runtime_figures", "serving_figures",
-           "serving_tables", "serving_widgets", "static", "tables", "tensor_parallel_figures",
+           "serving_reasons", "serving_tables", "serving_widgets", "static", "tables", "tensor_parallel_figures",
            "tensor_parallel_widgets", "theme", "training_figures", "training_widgets"]

@@ -21,10 +21,11 @@ from shardlib.core.context_parallel.placement import (
     chunks_of_rank,
     chunks_per_rank,
 )
+from shardlib.predict.context_parallel import blocks_between
 from shardlib.runtime.timeline import Span
 from shardlib.ui.gantt import Bar, gantt_figure
 from shardlib.ui.mime import mime_figure
-from shardlib.ui.theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, colours
+from shardlib.ui.theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, owner_heatmap
 
 
 @mime_figure
@@ -36,12 +37,10 @@ def ring_steps_figure(world_size: int, placement: str = "contiguous", causal: bo
     for r in range(n):
         row_text, row_z = [], []
         for step in range(n):
-            src = (r - step) % n
-            kinds = [block_kind(a, b, causal) for a in chunks_of_rank(r, n, placement)
-                     for b in chunks_of_rank(src, n, placement)]
-            done = sum(k != FUTURE for k in kinds)
-            row_text.append(f"K/V of rank {src}<br>{done} of {len(kinds)} block{'s' if len(kinds) > 1 else ''}")
-            row_z.append(done / len(kinds))
+            src, blocks = (r - step) % n, chunks_per_rank(placement) ** 2
+            done = sum(blocks_between(r, src, n, placement, causal))
+            row_text.append(f"K/V of rank {src}<br>{done} of {blocks} block{'s' if blocks > 1 else ''}")
+            row_z.append(done / blocks)
         text.append(row_text)
         z.append(row_z)
     fig = go.Figure(go.Heatmap(z=z, x=[f"step {i}" for i in range(n)], y=[f"rank {r}" for r in range(n)], text=text,
@@ -68,14 +67,11 @@ def block_owner_figure(world_size: int) -> go.Figure:
 
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=["contiguous: 1 chunk per rank", "zigzag: chunks r and 2n - 1 - r"])
-    scale = ([[k / (world_size - 1), c] for k, c in enumerate(colours(world_size))] if world_size > 1
-             else [[0, colour(0)], [1, colour(0)]])
     for col, placement in enumerate(PLACEMENTS, start=1):
         cells = [[cell(placement, qc, kc) for kc in range(fine)] for qc in range(fine)]
-        fig.add_trace(go.Heatmap(z=[[c[0] for c in row] for row in cells], text=[[c[1] for c in row] for row in cells],
-                                 colorscale=scale, zmin=0, zmax=max(world_size - 1, 1), showscale=col == 2,
-                                 xgap=1, ygap=1, colorbar={"title": "rank", "tickvals": list(range(world_size))},
-                                 hovertemplate="queries %{y}, keys %{x}: %{text}<extra></extra>"), row=1, col=col)
+        fig.add_trace(owner_heatmap([[c[0] for c in row] for row in cells], world_size,
+                                    "queries %{y}, keys %{x}: %{text}<extra></extra>", col == 2,
+                                    text=[[c[1] for c in row] for row in cells], xgap=1, ygap=1), row=1, col=col)
     fig.update_yaxes(autorange="reversed", title_text=f"query chunk (of {fine})")
     fig.update_xaxes(title_text=f"key chunk (of {fine})")
     fig.update_layout(title=f"Who computes which block of causal attention, {world_size} ranks", height=380)

@@ -14,12 +14,12 @@ import time
 import ipywidgets as widgets
 import torch
 
-from shardlib.core.context_parallel.online_softmax import attention_reference
 from shardlib.core.context_parallel.placement import PLACEMENTS
+from shardlib.core.model import attention
 from shardlib.lab.context_parallel.drivers import run_ring_attention
 from shardlib.predict.context_parallel import AttentionShape, attention_bytes_per_rank
 from shardlib.ui.context_parallel_figures import attention_memory_figure, ring_timeline_figure
-from shardlib.ui.live import Feedback, FigureArea, observe_all
+from shardlib.ui.live import FigureArea, wire
 
 
 def _qkv(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int):
@@ -54,7 +54,7 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
         q, k, v = _qkv(batch, heads, kv_heads, slider.value, head_dim)
         run = run_ring_attention(ranks, q, k, v, True, picker.value)
         start = time.perf_counter()
-        attention_reference(q, k, v)
+        attention(q, k, v)
         one_s = time.perf_counter() - start
         cpu = ", ".join(f"{c * 1e3:.0f}" for c in run.compute_cpu_s)
         label.value = (
@@ -67,7 +67,4 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
         timeline.show(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} "
                                                       f"placement, measured on {ranks.description}"))
 
-    feedback = Feedback()
-    observe_all([slider, picker], rerun, feedback)
-    rerun()
-    return widgets.VBox([widgets.HBox([slider, picker]), label, memory, timeline, feedback.area])
+    return widgets.VBox([widgets.HBox([slider, picker]), label, memory, timeline, wire([slider, picker], rerun)])

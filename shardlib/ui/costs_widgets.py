@@ -14,15 +14,11 @@ from shardlib.lab.costs.ranks import MAX_DELAY_S
 from shardlib.predict.serving.cost import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from shardlib.predict.shapes import usable_tensor_parallel_degrees
 from shardlib.ui.costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.live import FigureArea, SelectionSlider, nearest, wire
 
 PROMPT_CHOICES = tuple(2 ** k for k in range(4, 16))  # 16 .. 32,768 tokens
 BATCH_CHOICES = tuple(2 ** k for k in range(0, 9))  # 1 .. 256 sequences
 PRESET_NAMES = {link.name for link in LINKS.values()}
-
-
-def _nearest(value: int, choices: tuple[int, ...]) -> int:
-    return min(choices, key=lambda c: abs(c - value))
 
 
 def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int = 2,
@@ -36,11 +32,9 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
     by_name = {link.name: link for link in links}
     usable = [n for n in usable_tensor_parallel_degrees(model) if n > 1] or [1]
     link_box = widgets.Dropdown(options=list(by_name), description="link")
-    degree = SelectionSlider(options=usable, value=_nearest(tp, tuple(usable)), description="tp")
-    prompt = SelectionSlider(options=PROMPT_CHOICES, value=_nearest(prompt_tokens, PROMPT_CHOICES),
-                                     description="prompt")
-    batch_box = SelectionSlider(options=BATCH_CHOICES, value=_nearest(batch, BATCH_CHOICES),
-                                        description="batch")
+    degree = SelectionSlider(options=usable, value=nearest(tp, usable), description="tp")
+    prompt = SelectionSlider(options=PROMPT_CHOICES, value=nearest(prompt_tokens, PROMPT_CHOICES), description="prompt")
+    batch_box = SelectionSlider(options=BATCH_CHOICES, value=nearest(batch, BATCH_CHOICES), description="batch")
     charge = widgets.ToggleButtons(options=list(LATENCY_CHARGES), value="per_call", description="latency")
     text = widgets.HTML()
     fig = FigureArea()
@@ -67,10 +61,8 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
             f"point-to-point send(s), {pipe.pipeline_bytes / 1e6:,.1f} MB and {pipe.pipeline_s * 1e3:,.2f} ms, "
             f"against {pipe.tensor_bytes / 1e6:,.0f} MB for tensor parallelism")
 
-    feedback = Feedback()
-    observe_all((link_box, degree, prompt, batch_box, charge), show, feedback)
-    show()
-    return widgets.VBox([link_box, degree, prompt, batch_box, charge, text, fig, feedback.area])
+    area = wire((link_box, degree, prompt, batch_box, charge), show)
+    return widgets.VBox([link_box, degree, prompt, batch_box, charge, text, fig, area])
 
 
 def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
@@ -92,7 +84,4 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
         text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
                       f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")
 
-    feedback = Feedback()
-    observe_all([delay, slow], run, feedback)
-    run()
-    return widgets.VBox([delay, slow, text, fig, feedback.area])
+    return widgets.VBox([delay, slow, text, fig, wire([delay, slow], run)])

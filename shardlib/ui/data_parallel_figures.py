@@ -18,47 +18,25 @@ PHASE_COLOURS = {"forward": BLUE, "backward": LIGHT_BLUE, "optimizer": GREEN}
 
 
 @mime_figure
-def memory_per_rank_figure(measured: Mapping[str, Mapping[str, float]],
-                           predicted: Mapping[str, Mapping[str, float]] | None = None,
-                           title: str = "What one rank keeps between steps", unit: str = "KiB") -> go.Figure:
-    """Stacked bars per strategy (``params``, ``grads``, ``optimizer``: measured on the ranks), with a
-    marker at each predicted total."""
-    scale = {"KiB": 1024, "MB": 1e6, "GB": 1e9}[unit]
+def strategy_bars_figure(measured: Mapping[str, Mapping[str, float]], parts: Sequence[str],
+                         predicted: Mapping[str, float | Mapping[str, float]] | None = None,
+                         title: str = "What one rank keeps between steps", yaxis_title: str = "KiB") -> go.Figure:
+    """Stacked bars per strategy, a segment per part (``measured[strategy][part]`` bytes, measured on the
+    ranks: what a rank keeps, or what it sent per op), with a red marker at each predicted total (a number
+    of bytes, or the predicted parts, added up)."""
     names = list(measured)
     labels = [STRATEGY_TITLES.get(s, s) for s in names]
     fig = go.Figure()
-    for part in ("params", "grads", "optimizer"):
-        fig.add_trace(go.Bar(name=part, x=labels, y=[measured[s][part] / scale for s in names],
-                             marker_color=PART_COLOURS[part],
-                             hovertemplate=f"%{{x}}: {part} %{{y:,.1f}} {unit}<extra>measured</extra>"))
+    for part in parts:
+        fig.add_trace(go.Bar(name=part, x=labels, y=[measured[s].get(part, 0) / 1024 for s in names],
+                             marker_color=PART_COLOURS.get(part, OP_COLOURS.get(part, TEAL)),
+                             hovertemplate=f"%{{x}}: {part} %{{y:,.1f}} KiB<extra>measured</extra>"))
     if predicted:
-        fig.add_trace(go.Scatter(name="predicted total", x=labels, mode="markers",
-                                 y=[sum(predicted[s][p] for p in ("params", "grads", "optimizer")) / scale
-                                    for s in names],
+        totals = [p if isinstance(p, (int, float)) else sum(p[k] for k in parts)
+                  for p in (predicted[s] for s in names)]
+        fig.add_trace(go.Scatter(name="predicted total", x=labels, y=[t / 1024 for t in totals], mode="markers",
                                  marker={"symbol": "line-ew-open", "size": 40, "color": RED, "line": {"width": 3}}))
-    fig.update_layout(title=title, barmode="stack", yaxis_title=unit, yaxis_rangemode="tozero", height=360,
-                      margin={"l": 60, "r": 20, "t": 50, "b": 40})
-    return fig
-
-
-@mime_figure
-def step_bytes_figure(measured: Mapping[str, Mapping[str, float]], predicted: Mapping[str, float] | None = None,
-                      title: str = "Bytes one rank sends per step, by collective") -> go.Figure:
-    """Stacked bars per strategy: wire bytes per op (``{strategy: {op: bytes}}``, measured), with a marker
-    at each predicted total (``{strategy: bytes}``)."""
-    names = list(measured)
-    labels = [STRATEGY_TITLES.get(s, s) for s in names]
-    ops = list(dict.fromkeys(op for s in names for op in measured[s]))
-    fig = go.Figure()
-    for op in ops:
-        fig.add_trace(go.Bar(name=op, x=labels, y=[measured[s].get(op, 0) / 1024 for s in names],
-                             marker_color=OP_COLOURS.get(op, TEAL),
-                             hovertemplate=f"%{{x}}: {op} %{{y:,.1f}} KiB<extra>measured</extra>"))
-    if predicted:
-        fig.add_trace(go.Scatter(name="predicted", x=labels, y=[predicted[s] / 1024 for s in names], mode="markers",
-                                 marker={"symbol": "line-ew-open", "size": 40, "color": RED, "line": {"width": 3}}))
-    fig.update_layout(title=title, barmode="stack", yaxis_title="KiB on the wire (ring convention)",
-                      yaxis_rangemode="tozero", height=360,
+    fig.update_layout(title=title, barmode="stack", yaxis_title=yaxis_title, yaxis_rangemode="tozero", height=360,
                       margin={"l": 60, "r": 20, "t": 50, "b": 40})
     return fig
 

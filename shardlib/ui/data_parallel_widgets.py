@@ -10,11 +10,13 @@ import ipywidgets as widgets
 from shardlib.core.checks import TOLERANCE
 from shardlib.core.data_parallel.flat import STRATEGY_TITLES
 from shardlib.core.mesh import DP_STRATEGIES
+from shardlib.lab.data_parallel.claims import OPS
 from shardlib.lab.data_parallel.drivers import run_data_parallel
-from shardlib.lab.data_parallel.reference import train_reference
+from shardlib.lab.data_parallel.reference import train_one_process
+from shardlib.predict.data_parallel import MEMORY_KEYS
 from shardlib.runtime.records import format_seconds
-from shardlib.ui.data_parallel_figures import memory_per_rank_figure, overlap_timeline_figure, step_bytes_figure
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.data_parallel_figures import overlap_timeline_figure, strategy_bars_figure
+from shardlib.ui.live import FigureArea, slider, wire
 
 ONE_BUCKET = 0  # the slider's value for "one bucket" (bucket_bytes=None): a slider option is never None
 BUCKET_CHOICES = (("1 KiB", 1024), ("4 KiB", 4096), ("16 KiB", 16384), ("64 KiB", 65536), ("one bucket", ONE_BUCKET))
@@ -28,16 +30,13 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     picker = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in DP_STRATEGIES], value="ddp",
                                    description="strategy")
     start = ONE_BUCKET if bucket_bytes is None else bucket_bytes
-    buckets = SelectionSlider(options=BUCKET_CHOICES, value=start, description="bucket size",
-                              continuous_update=False, style={"description_width": "initial"})
+    buckets = slider(BUCKET_CHOICES, start, "bucket size")
     overlap = widgets.Checkbox(value=True, description="overlap with compute", indent=False)
     summary = widgets.HTML()
-    empty = {s: {"params": 0, "grads": 0, "optimizer": 0} for s in DP_STRATEGIES}
     memory_fig, bytes_fig, timeline = FigureArea(), FigureArea(), FigureArea()
-    measured_memory, predicted_memory = dict(empty), dict(empty)
-    measured_bytes = {s: {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0} for s in DP_STRATEGIES}
-    predicted_bytes = {s: 0 for s in DP_STRATEGIES}
-    one_process = train_reference(model, batches, lr).state_dict
+    measured_memory, predicted_memory = {s: {} for s in DP_STRATEGIES}, {s: 0 for s in DP_STRATEGIES}
+    measured_bytes, predicted_bytes = {s: {} for s in DP_STRATEGIES}, {s: 0 for s in DP_STRATEGIES}
+    one_process = train_one_process(model, batches, lr).state_dict
 
     def show(change=None, strategy: str | None = None) -> None:
         s = strategy or picker.value
@@ -47,10 +46,10 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
         measured_memory[s], predicted_memory[s] = run.memory_per_rank[0], run.predicted_memory()
         measured_bytes[s] = {op: row["wire_bytes"] for op, row in run.bytes_per_step().items()}
         predicted_bytes[s] = sum(row["wire_bytes"] for row in run.predicted_bytes_per_step().values())
-        memory_fig.show(memory_per_rank_figure(measured_memory, predicted_memory).update_layout(width=480))
-        ops = ("all_reduce", "reduce_scatter", "all_gather")
-        bytes_fig.show(step_bytes_figure({k: {op: v.get(op, 0) for op in ops} for k, v in measured_bytes.items()},
-                                         predicted_bytes).update_layout(width=480))
+        memory_fig.show(strategy_bars_figure(measured_memory, MEMORY_KEYS, predicted_memory).update_layout(width=480))
+        sent = strategy_bars_figure(measured_bytes, OPS, predicted_bytes, "Bytes one rank sends per step, by op",
+                                    "KiB on the wire (ring convention)")
+        bytes_fig.show(sent.update_layout(width=480))
         mem = run.memory_per_rank[0]
         summary.value = (
             f"<b>{html.escape(STRATEGY_TITLES[s])}</b> on {ranks.world_size} live ranks "
@@ -66,8 +65,7 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
                                               f"{STRATEGY_TITLES[s]}: the last step on each rank, measured on "
                                               f"{ranks.description}"))
 
-    feedback = Feedback()
-    observe_all((picker, buckets, overlap), show, feedback)
-    show()  # only the strategy picked: each pick adds its bars, so the comparison is the learner's to make
+    # the first draw shows the strategy picked only: each pick adds its bars, so the comparison is the learner's
+    area = wire((picker, buckets, overlap), show)
     return widgets.VBox([picker, widgets.HBox([buckets, overlap]), summary, widgets.HBox([memory_fig, bytes_fig]),
-                         timeline, feedback.area])
+                         timeline, area])

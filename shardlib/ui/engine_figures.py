@@ -1,11 +1,5 @@
 """The serving engine's figures: each request's life on one row (waiting, then its tokens), and KV memory.
-
-``token_timeline_figure``: per request a grey bar from its arrival to its first token (TTFT) and a dot at
-every generated token, so continuous batching (a newcomer starts while others decode), static batching
-(newcomers wait for a whole batch) and a prefill stall (a gap in everyone's dots) read at a glance.
-``kv_use_figure``: the KV slots real tokens hold, paged against each request reserving its longest
-length. Plotly only: data in, a figure out.
-"""
+Plotly only: data in, a figure out."""
 
 from __future__ import annotations
 
@@ -19,7 +13,10 @@ from shardlib.ui.theme import colour
 @mime_figure
 def token_timeline_figure(requests, token_times_s: dict, title: str = "Each request: waiting, then its tokens",
                           where: str = "", limit: int = 16) -> go.Figure:
-    """Rows: the first ``limit`` requests by arrival; x: milliseconds after the first arrival."""
+    """Rows: the first ``limit`` requests by arrival; x: milliseconds after the first arrival. A grey bar from
+    a request's arrival to its first token (TTFT), a dot at every generated token: continuous batching (a
+    newcomer starts while others decode), static batching (newcomers wait for a whole batch) and a prefill
+    stall (a gap in everyone's dots) read at a glance."""
     if not token_times_s:
         raise ValueError("no token times to draw: serve some requests first")
     shown = sorted((r for r in requests if r.request_id in token_times_s), key=lambda r: r.arrival_s)[:limit]

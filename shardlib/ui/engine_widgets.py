@@ -17,12 +17,20 @@ from shardlib.core.serving.requests import EngineConfig
 from shardlib.lab.serving.traces import poisson_trace
 from shardlib.predict.serving.engine import paged_utilization, simulate_serving
 from shardlib.ui.engine_figures import token_timeline_figure
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.live import FigureArea, slider, wire
 
 RATES = (("5 / s", 5.0), ("10 / s", 10.0), ("20 / s", 20.0), ("50 / s", 50.0), ("100 / s", 100.0),
          ("200 / s", 200.0), ("all at once", float("inf")))
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BUDGETS = (16, 32, 64, 128, 256)
+
+
+def html_table(rows) -> str:
+    """Rows of cells as an HTML table, every cell after the first in bold."""
+    return ("<table style='font-size:12px'>" + "".join(
+        "<tr>" + "".join(f"<td style='padding-right:14px'>{'<b>' if i else ''}{html.escape(str(c))}"
+                         f"{'</b>' if i else ''}</td>" for i, c in enumerate(row)) + "</tr>"
+        for row in rows) + "</table>")
 
 
 def explorer_state(cost, rate_per_s: float, block_size: int, max_batch_tokens: int, chunked: bool,
@@ -41,13 +49,9 @@ def explorer_state(cost, rate_per_s: float, block_size: int, max_batch_tokens: i
 def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_positions: int = 128,
                     seed: int = 7, where: str = "") -> widgets.VBox:
     """The explorer over ``cost`` (a ``StepCost``, e.g. the one fitted to your run)."""
-    style = {"description_width": "initial"}
-    rate = SelectionSlider(options=RATES, value=20.0, description="request rate", continuous_update=False,
-                           style=style)
-    block = SelectionSlider(options=BLOCK_SIZES, value=16, description="block size (tokens)",
-                            continuous_update=False, style=style)
-    budget = SelectionSlider(options=BUDGETS, value=64, description="token budget per step",
-                             continuous_update=False, style=style)
+    rate = slider(RATES, 20.0, "request rate")
+    block = slider(BLOCK_SIZES, 16, "block size (tokens)")
+    budget = slider(BUDGETS, 64, "token budget per step")
     chunked = widgets.ToggleButtons(options=(("chunked prefill", True), ("prefill-first", False)), value=True)
     table = widgets.HTML()
     figure = FigureArea()
@@ -65,14 +69,10 @@ def engine_explorer(cost, n_requests: int = 24, cache_tokens: int = 512, max_pos
                 ("preemptions", f"{predicted.preemptions}"),
                 ("KV slots holding real tokens", f"{paged_utilization(requests, config.block_size):.1%} "
                                                  f"({config.num_blocks} blocks of {config.block_size})")]
-        table.value = ("<table style='font-size:12px'>" + "".join(
-            f"<tr><td style='padding-right:12px'>{html.escape(k)}</td><td><b>{html.escape(v)}</b></td></tr>"
-            for k, v in rows) + "</table>")
+        table.value = html_table(rows)
         new = token_timeline_figure(requests, predicted.token_times_s, "Predicted: each request's wait and tokens",
                                     where)
         figure.show(new)
 
-    feedback = Feedback()
-    observe_all((rate, block, budget, chunked), update, feedback)
-    update()
-    return widgets.VBox([widgets.HBox([rate, block]), widgets.HBox([budget, chunked]), feedback.area, table, figure])
+    area = wire((rate, block, budget, chunked), update)
+    return widgets.VBox([widgets.HBox([rate, block]), widgets.HBox([budget, chunked]), area, table, figure])

@@ -229,20 +229,6 @@ def rank_time_figure(expert_s: Sequence[float], forward_s: Sequence[float], step
 
 
 @mime_figure
-def mitigation_sweep_figure(skews: Sequence[float], series: dict[str, Sequence[float]], y_title: str,
-                            title: str) -> go.Figure:
-    """One line per series (for example per mitigation) against the skew knob."""
-    fig = go.Figure()
-    for i, (name, ys) in enumerate(series.items()):
-        if len(ys) != len(skews):
-            raise ValueError(f"series {name!r} has {len(ys)} points for {len(skews)} skews")
-        fig.add_trace(go.Scatter(x=list(skews), y=list(ys), mode="lines+markers", name=name,
-                                 line={"color": colour(i)}))
-    fig.update_layout(title=title, xaxis_title="skew (0 uniform, 1 one hot expert)", yaxis_title=y_title, height=340)
-    return fig
-
-
-@mime_figure
 def balance_steps_figure(series: dict[str, Sequence[float]],
                          title: str = "Max/mean: the busiest expert's load over the mean, step by step") -> go.Figure:
     """One line per balancing method: the busiest expert's token-slots over the mean at each training

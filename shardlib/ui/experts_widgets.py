@@ -4,11 +4,7 @@ Every move of a control runs one forward of the layer on the warm ranks and redr
 what the ranks reported: the all-to-all send matrix, the load on each expert, and each rank's measured
 time. The controls clamp to their ranges: skew 0 to 1, k from 1 to the number of experts (at most 4
 offered), capacity factor 0.25 to 3; rerouting is offered only when a capacity factor is set, and
-replication only when there is a second rank.
-
-``bias_rate_explorer`` is pure: a slider of DeepSeek-V3's bias rate replays the toy's auxiliary-loss-free
-training in one process (``lab.experts.train_reference``, which the ranks match exactly) and redraws the
-busiest expert's load per step beside a baseline.
+replication only when there is a second rank. ``bias_rate_explorer`` is pure: no ranks.
 """
 
 from __future__ import annotations
@@ -18,14 +14,14 @@ import html
 import ipywidgets as widgets
 import torch
 
+from shardlib.core.experts.balance import switch_aux_loss
 from shardlib.core.experts.dispatch import MoEWeights
 from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig, route
-from shardlib.lab.experts.balance import aux_load_balancing_loss
 from shardlib.lab.experts.drivers import run_moe_policy
 from shardlib.predict.experts import predicted_all_to_all_bytes
 from shardlib.ui.experts_figures import balance_steps_figure, expert_load_figure, rank_time_figure, send_matrix_figure
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.live import FigureArea, SelectionSlider, nearest, wire
 
 
 def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
@@ -74,10 +70,11 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
         replica = (f"expert {placement.replicas[0][0]} copied to rank {placement.replicas[0][1]} "
                    f"(+{weights.expert_bytes / 1024:.0f} KiB of weights there)" if placement.replicas else "none")
         cap = run.capacity if run.capacity is not None else "none"
+        routing = route(x, weights.router, now)
         summary.value = (
             f"<b>{x.shape[0]} tokens, top-{now.k}, skew {now.skew:.2f}</b> on {ranks.world_size} live ranks "
             f"({html.escape(ranks.description)})<br>"
-            f"per expert: {per_expert}; aux loss {aux_load_balancing_loss(route(x, weights.router, now)):.2f} "
+            f"per expert: {per_expert}; aux loss {float(switch_aux_loss(routing.experts, routing.probs.double())):.2f} "
             f"(1 is balanced)<br>per rank (rows computed): max/mean {per_rank.max_over_mean:.2f}, CV {per_rank.cv:.2f}"
             f"<br>replica: {replica}<br>capacity per expert per rank: {cap}; "
             f"dropped slots {run.dropped_slots}, tokens passed through untouched {run.dropped_tokens}, "
@@ -88,13 +85,11 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
             f"{'equals the single-process layer exactly' if policy.exact else 'DIFFERS from the single-process layer'}"
         )
 
-    feedback = Feedback()
-    observe_all((skew, k, capped, factor, reroute, replicate), show, feedback)
-    show()
+    area = wire((skew, k, capped, factor, reroute, replicate), show)
     controls = widgets.HBox([widgets.VBox([skew, k]), widgets.VBox([capped, factor]),
                              widgets.VBox([reroute, replicate])])
     figures = widgets.HBox([matrix_fig, load_fig])
-    return widgets.VBox([controls, summary, figures, time_fig, feedback.area])
+    return widgets.VBox([controls, summary, figures, time_fig, area])
 
 
 BIAS_RATES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -103,17 +98,16 @@ BIAS_RATES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_tokens: int = 128, skew: float = 1.0,
                        baseline: dict | None = None, seed: int = 0) -> widgets.VBox:
     """Slide the selection bias's rate (DeepSeek-V3's gamma, one of ``BIAS_RATES``); each move trains the
-    toy for ``steps`` steps in one process with that rate (``train_steps_reference`` on 2 token groups,
-    as 2 ranks would) and redraws the busiest expert's load over the mean per step, beside ``baseline``
-    (name -> loads per step, e.g. the ranks' run without balancing), with the task loss at the end."""
-    from shardlib.lab.experts.train_drivers import BALANCE_CONFIG
-    from shardlib.lab.experts.train_reference import make_moe_problem, train_steps_reference
+    toy for ``steps`` steps in one process with that rate (``train_toy`` on 2 token groups, as 2 ranks
+    would; the ranks match it exactly) and redraws the busiest expert's load over the mean per step,
+    beside ``baseline`` (name -> loads per step, e.g. the ranks' run without balancing), with the task
+    loss at the end."""
+    from shardlib.lab.experts.training import BALANCE_CONFIG, make_moe_problem, train_toy
 
     cfg = (BALANCE_CONFIG if config is None else config).but(balance="aux-free")
     problem = make_moe_problem(cfg, n_tokens, skew=skew, seed=seed)
     baseline = dict(baseline or {})
-    start = min(BIAS_RATES, key=lambda r: abs(r - rate))
-    slider = SelectionSlider(options=BIAS_RATES, value=start, description="bias rate")
+    slider = SelectionSlider(options=BIAS_RATES, value=nearest(rate, BIAS_RATES), description="bias rate")
     text = widgets.HTML()
     fig = FigureArea()
 
@@ -121,10 +115,11 @@ def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_token
         before = torch.get_num_threads()
         torch.set_num_threads(1)  # a toy this small runs fastest on one thread; more only contend for cores
         try:
-            run = train_steps_reference(problem, cfg.but(bias_rate=slider.value), 2, steps)
+            run = train_toy(None, problem.x, problem.target, problem.weights, cfg.but(bias_rate=slider.value),
+                            steps=steps, n_groups=2)
         finally:
             torch.set_num_threads(before)
-        loads = [float(c.max() / c.double().mean()) for c in run.counts]
+        loads = list(run.max_over_mean)
         new = balance_steps_figure({**baseline, f"aux-free, rate {slider.value:g}": loads},
                                    title="Auxiliary-loss-free bias: max/mean per step")
         fig.show(new)
@@ -133,7 +128,4 @@ def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_token
                       f"{min(late):.2f} to {max(late):.2f} over the last five steps; task loss "
                       f"{run.task_losses[-1]:.3f}; bias of the hot expert {float(run.biases[-1][0]):+.3f}")
 
-    feedback = Feedback()
-    observe_all((slider,), show, feedback)
-    show()
-    return widgets.VBox([slider, text, fig, feedback.area])
+    return widgets.VBox([slider, text, fig, wire((slider,), show)])

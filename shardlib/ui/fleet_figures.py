@@ -1,11 +1,5 @@
 """Serving at scale's figures: SLO attainment over the request rate (where goodput is read), and the
-requests each replica was sent.
-
-``attainment_figure``: per configuration the share of requests meeting both objectives at each rate of
-a sweep, with the share the objective asks for as a line: goodput is the last rate above it.
-``routed_figure``: bars of requests sent to each replica, so a hot prefix piled on one replica shows at
-a glance. Plotly only: data in, a figure out.
-"""
+requests each replica was sent. Plotly only: data in, a figure out."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ from shardlib.ui.theme import colour
 def attainment_figure(curves: dict, share: float, title: str = "Requests meeting both objectives",
                       where: str = "") -> go.Figure:
     """``curves``: label -> ((rate per engine, share meeting the objectives), ...); ``share``: the
-    objective's (0.9 in DistServe)."""
+    objective's (0.9 in DistServe), drawn as a line: goodput is the last rate above it."""
     if not curves:
         raise ValueError("no configuration to draw: give at least one curve")
     traces = [go.Scatter(x=[r for r, _ in points], y=[s * 100 for _, s in points], mode="lines+markers",
@@ -40,7 +34,7 @@ def attainment_figure(curves: dict, share: float, title: str = "Requests meeting
 
 @mime_figure
 def routed_figure(routed, title: str = "Requests sent to each replica", where: str = "") -> go.Figure:
-    """``routed``: requests per replica, in replica order."""
+    """``routed``: requests per replica, in replica order (a hot prefix piled on one replica shows at a glance)."""
     routed = list(routed)
     if not routed:
         raise ValueError("no replicas to draw")

@@ -1,7 +1,7 @@
 """Serving at scale's explorers, each a replay on a fitted step cost (no ranks: an answer in a blink).
 
 ``pools_explorer(cost, model)``: a seeded Poisson trace on a handful of engines, all colocated or split
-between prefill and decode (``predict.serving.splits``). Sliders for the request rate, the TTFT and TPOT
+between prefill and decode (``predict.serving.pools``). Sliders for the request rate, the TTFT and TPOT
 objectives and the prefill : decode split; it shows TTFT and TPOT, the share of requests meeting both
 objectives and goodput per engine, and the share met over a sweep of rates. ``router_explorer(cost,
 config)``: a hot-prefix trace routed over replicas (``predict.serving.fleet.simulate_replicas``):
@@ -11,17 +11,16 @@ prefix hit rate, TTFT p50 and p90 and throughput.
 
 from __future__ import annotations
 
-import html
-
 import ipywidgets as widgets
 
 from shardlib.lab.serving.disagg_drivers import LOOPBACK
 from shardlib.lab.serving.traces import hot_prefix_trace, poisson_trace
 from shardlib.predict.serving.fleet import simulate_replicas
 from shardlib.predict.serving.goodput import ServingObjective
-from shardlib.predict.serving.splits import split_figures
+from shardlib.predict.serving.pools import split_figures
+from shardlib.ui.engine_widgets import html_table
 from shardlib.ui.fleet_figures import attainment_figure, routed_figure
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.live import FigureArea, slider, wire
 
 RATE_STEPS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # times one engine's pace (see ``engine_pace``), per engine
 TTFT_STEPS = (1, 2, 4, 8, 16)  # times the longest prompt's prefill alone
@@ -31,11 +30,10 @@ HOT_SHARES = (0.25, 0.5, 0.75, 0.9, 1.0)
 PROMPTS, NEW_TOKENS = (4, 40), (2, 24)
 
 
-def _table(rows) -> str:
-    return ("<table style='font-size:12px'>" + "".join(
-        "<tr>" + "".join(f"<td style='padding-right:14px'>{'<b>' if i else ''}{html.escape(str(c))}"
-                         f"{'</b>' if i else ''}</td>" for i, c in enumerate(row)) + "</tr>"
-        for row in rows) + "</table>")
+def objective_steps_s(cost) -> tuple[float, float]:
+    """The objectives' units: the longest prompt's prefill alone, and a decode step of four sequences."""
+    longest = PROMPTS[1]
+    return cost.step_s(longest, longest * (longest + 1) // 2), cost.step_s(4, 4 * (sum(PROMPTS) // 2 + 6))
 
 
 def engine_pace(cost) -> float:
@@ -53,9 +51,8 @@ def pools_state(cost, model, rate_step: float, ttft_step: float, tpot_step: floa
 
     config = config or EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64)
     pace = engine_pace(cost) * engines
-    longest = PROMPTS[1]
-    objective = ServingObjective(ttft_step * cost.step_s(longest, longest * (longest + 1) // 2),
-                                 tpot_step * cost.step_s(4, 4 * (sum(PROMPTS) // 2 + 6)), 0.9)
+    prefill_s, decode_s = objective_steps_s(cost)
+    objective = ServingObjective(ttft_step * prefill_s, tpot_step * decode_s, 0.9)
 
     def trace_at(rate):
         return poisson_trace(n_requests, rate, prompt_tokens=PROMPTS, new_tokens=NEW_TOKENS, seed=seed)
@@ -73,20 +70,13 @@ def pools_explorer(cost, model, engines: int = 4, n_requests: int = 24, seed: in
                    where: str = "") -> widgets.VBox:
     """The pools explorer over ``cost`` (a ``StepCost`` of one engine, e.g. fitted to your run) and
     ``model`` (its ``ModelConfig``, for the K/V handed over)."""
-    style = {"description_width": "initial"}
     pace = engine_pace(cost) * engines
-    longest = PROMPTS[1]
-    prefill_ms = cost.step_s(longest, longest * (longest + 1) // 2) * 1e3
-    decode_ms = cost.step_s(4, 4 * (sum(PROMPTS) // 2 + 6)) * 1e3
-    rate = SelectionSlider(options=[(f"{pace * k:.0f} / s", k) for k in RATE_STEPS], value=4.0,
-                           description="request rate", continuous_update=False, style=style)
-    ttft = SelectionSlider(options=[(f"{prefill_ms * k:.0f} ms", k) for k in TTFT_STEPS], value=4,
-                           description="TTFT objective", continuous_update=False, style=style)
-    tpot = SelectionSlider(options=[(f"{decode_ms * k:.1f} ms", k) for k in TPOT_STEPS], value=2,
-                           description="TPOT objective", continuous_update=False, style=style)
-    split = SelectionSlider(options=[(f"{p} : {engines - p}", (p, engines - p)) for p in range(1, engines)],
-                            value=(engines // 2, engines - engines // 2), description="prefill : decode",
-                            continuous_update=False, style=style)
+    prefill_s, decode_s = objective_steps_s(cost)
+    rate = slider([(f"{pace * k:.0f} / s", k) for k in RATE_STEPS], 4.0, "request rate")
+    ttft = slider([(f"{prefill_s * 1e3 * k:.0f} ms", k) for k in TTFT_STEPS], 4, "TTFT objective")
+    tpot = slider([(f"{decode_s * 1e3 * k:.1f} ms", k) for k in TPOT_STEPS], 2, "TPOT objective")
+    split = slider([(f"{p} : {engines - p}", (p, engines - p)) for p in range(1, engines)],
+                   (engines // 2, engines - engines // 2), "prefill : decode")
     table = widgets.HTML()
     figure = FigureArea()
 
@@ -102,15 +92,13 @@ def pools_explorer(cost, model, engines: int = 4, n_requests: int = 24, seed: in
                          f"{g['tpot_p50_s'] * 1e3:.1f} / {g['tpot_p90_s'] * 1e3:.1f} ms",
                          f"{f.attainment[objective.label]:.0%}",
                          f"{f.goodput_per_engine[objective.label]:.1f} requests/s"))
-        table.value = _table(rows)
+        table.value = html_table(rows)
         curves = {label: tuple((x / engines, s) for x, s in f.swept[objective.label]) for label, f in found.items()}
         new = attainment_figure(curves, objective.share, where=where)
         figure.show(new)
 
-    feedback = Feedback()
-    observe_all((rate, ttft, tpot, split), update, feedback)
-    update()
-    return widgets.VBox([widgets.HBox([rate, split]), widgets.HBox([ttft, tpot]), feedback.area, table, figure])
+    area = wire((rate, ttft, tpot, split), update)
+    return widgets.VBox([widgets.HBox([rate, split]), widgets.HBox([ttft, tpot]), area, table, figure])
 
 
 def router_state(cost, config, policy: str, threshold: int, hot: float, replicas: int = 4, n_requests: int = 32,
@@ -125,12 +113,9 @@ def router_state(cost, config, policy: str, threshold: int, hot: float, replicas
 def router_explorer(cost, config, replicas: int = 4, n_requests: int = 32, seed: int = 2,
                     where: str = "") -> widgets.VBox:
     """The router explorer over ``cost`` (a ``StepCost`` of one replica) and ``config`` (its engine)."""
-    style = {"description_width": "initial"}
     policy = widgets.ToggleButtons(options=("round-robin", "least-loaded", "prefix-aware"), value="prefix-aware")
-    threshold = SelectionSlider(options=THRESHOLDS, value=-1, description="balance threshold (prefix-aware)",
-                                continuous_update=False, style=style)
-    hot = SelectionSlider(options=[(f"{s:.0%}", s) for s in HOT_SHARES], value=0.75,
-                          description="requests under the hot prompt", continuous_update=False, style=style)
+    threshold = slider(THRESHOLDS, -1, "balance threshold (prefix-aware)")
+    hot = slider([(f"{s:.0%}", s) for s in HOT_SHARES], 0.75, "requests under the hot prompt")
     table = widgets.HTML()
     figure = FigureArea()
 
@@ -147,11 +132,9 @@ def router_explorer(cost, config, replicas: int = 4, n_requests: int = 32, seed:
                 ("prefix hit rate", f"{f['hit_rate']:.0%}"),
                 ("TTFT p50 / p90", f"{f['ttft_p50_s'] * 1e3:.0f} / {f['ttft_p90_s'] * 1e3:.0f} ms"),
                 ("throughput", f"{f['tokens_per_s']:.0f} tokens/s")]
-        table.value = _table(rows)
+        table.value = html_table(rows)
         new = routed_figure(predicted.routed, where=where)
         figure.show(new)
 
-    feedback = Feedback()
-    observe_all((policy, threshold, hot), update, feedback)
-    update()
-    return widgets.VBox([policy, widgets.HBox([threshold, hot]), feedback.area, table, figure])
+    return widgets.VBox([policy, widgets.HBox([threshold, hot]), wire((policy, threshold, hot), update), table,
+                         figure])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from shardlib.lab.intro.drivers import run_all_reduce_time
-from shardlib.ui.live import Feedback, FigureArea, observe_all
+from shardlib.ui.live import FigureArea, wire
 from shardlib.ui.runtime_figures import measured_points_figure
 
 MIN_LOG2_ELEMENTS, MAX_LOG2_ELEMENTS = 4, 22  # 64 B .. 16 MiB of float32
@@ -38,7 +38,4 @@ def all_reduce_explorer(ranks, log2_elements: int = 10) -> widgets.VBox:
         label.value = (f"<b>{size_bytes:,} bytes</b>: {seconds * 1e3:.3f} ms, "
                        f"{size_bytes / seconds / 1e9:.3f} GB/s of buffer per second")
 
-    feedback = Feedback()
-    observe_all([slider], measure, feedback)
-    measure()
-    return widgets.VBox([slider, label, fig, feedback.area])
+    return widgets.VBox([slider, label, fig, wire([slider], measure)])

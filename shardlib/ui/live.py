@@ -1,11 +1,12 @@
 """Widgets that never die silently: a callback's error is shown under the widget, in the learner's terms.
 
-``SelectionSlider`` is the stock slider, refusing the option value that breaks it at an end.
-``FigureArea`` is where a widget draws its figure, each draw in place of the last.
+``SelectionSlider`` is the stock slider, refusing the option value that breaks it at an end; ``slider``
+one that answers when released. ``FigureArea`` is where a widget draws its figure, each draw in place of
+the last. ``wire`` draws an explorer once and redraws it, guarded, on every move of its controls.
 
 In JupyterLab an exception raised inside a widget's callback does not appear in the notebook: it goes to
 the log console, which a learner never opens, and the widget just stops answering. Every widget of the
-suite therefore runs its callbacks through ``Feedback.guard``: the first draw runs unguarded (an error
+suite therefore runs its callbacks through ``Feedback.guard`` (``wire``): the first draw runs unguarded (an error
 there is a cell error, which everybody sees), and every later move that fails writes what went wrong
 into ``Feedback.area``, a line under the controls, and how to get going again. The log console stays
 clean.
@@ -71,6 +72,20 @@ def observe_all(controls, callback: Callable[..., None], feedback: Feedback) -> 
         control.observe(guarded, names="value")
 
 
+def wire(controls, redraw: Callable[..., None]) -> widgets.HTML:
+    """Draw once (unguarded: an error is the cell's), then redraw, guarded, whenever any of ``controls``
+    changes value. Returns the error line to place under the controls."""
+    feedback = Feedback()
+    redraw()
+    observe_all(controls, redraw, feedback)
+    return feedback.area
+
+
+def nearest(value: float, choices) -> float:
+    """The one of ``choices`` closest to ``value``: where a slider of those choices starts."""
+    return min(choices, key=lambda c: abs(c - value))
+
+
 class SelectionSlider(widgets.SelectionSlider):
     """ipywidgets' ``SelectionSlider``, refusing ``None`` as an option's value: ipywidgets reads a ``None``
     value as "nothing selected", so a slider taken to that option raises a ``TraitError`` into the log
@@ -84,6 +99,12 @@ class SelectionSlider(widgets.SelectionSlider):
             raise ValueError(f"slider option {empty[0]!r} has the value None, which ipywidgets takes for 'nothing "
                              "selected': the slider breaks when taken there; give it another value")
         super().__init__(*args, **kwargs)
+
+
+def slider(options, value, description: str, **kwargs) -> SelectionSlider:
+    """A ``SelectionSlider`` over ``options`` that answers when released, its description shown in full."""
+    return SelectionSlider(options=options, value=value, description=description, continuous_update=False,
+                           style={"description_width": "initial"}, **kwargs)
 
 
 class FigureArea(widgets.Output):

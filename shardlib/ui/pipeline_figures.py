@@ -1,9 +1,10 @@
-"""Plotly figures for pipeline parallelism: a schedule's Gantt chart, the same chart measured on real
-ranks, the two side by side, and the bubble curve. Data in, ``go.Figure`` out.
+"""Plotly figures for pipeline parallelism: a schedule played slot by slot, a schedule's prediction above
+the same step measured on real ranks, the bubble curve and the microbatches in flight. Data in,
+``go.Figure`` out.
 
-The schedule chart and the measured chart draw the same things the same way (one row per stage, one
-bar per forward or backward, coloured by microbatch, backwards hatched), so they can be read against
-each other. Pure: no torch, no processes.
+The prediction and the measurement draw the same things the same way (one row per stage, one bar per
+F, B or W, coloured by microbatch, B hatched, W crossed), so they can be read against each other. Pure:
+no torch, no processes.
 """
 
 from __future__ import annotations
@@ -21,69 +22,39 @@ from shardlib.ui.gantt import Bar, bar_traces, row_axis
 from shardlib.ui.mime import mime_figure
 from shardlib.ui.theme import WAIT_COLOUR, colour
 
-# legend entry and hatching of each op
-_OP_STYLE = {"F": ("forward", ""), "B": ("backward", "/"), "W": ("weight gradient", "x")}
-
-
-def _stage_rows(n_stages: int) -> list[str]:
-    return [f"stage {s}" for s in range(n_stages)]
+# legend entry and hatching of each op; without W actions a B is the whole backward
+_OP_STYLE = {"F": ("forward F", ""), "B": ("backward B", "/"), "W": ("weight gradient W", "x")}
+WHOLE_BACKWARD = "whole backward B (input and weights)"
 
 
 def _stage_axis(n_stages: int) -> dict:
-    return row_axis(_stage_rows(n_stages))
+    return row_axis([f"stage {s}" for s in range(n_stages)])
 
 
-def _op_bar(stage: int, start: float, end: float, label: str, op: str, microbatch: int) -> Bar:
+def _op_bar(stage: int, start: float, end: float, label: str, op: str, microbatch: int, split: bool) -> Bar:
     group, pattern = _OP_STYLE[op]
-    return Bar(f"stage {stage}", start, end, label, group, colour(microbatch), pattern)
+    return Bar(f"stage {stage}", start, end, label, group if op != "B" or split else WHOLE_BACKWARD,
+               colour(microbatch), pattern)
 
 
 def schedule_traces(schedule: Schedule, timed: Sequence[TimedAction], scale: float = 1.0, show_legend: bool = True):
-    """The schedule's forwards and backwards as bars, ``scale`` turning its times into the axis unit."""
-    unit = "slots" if scale == 1.0 else "ms"
+    """The schedule's actions as bars, ``scale`` turning its times into the axis unit (1: slots, 1e3: ms)."""
     bars = [_op_bar(t.action.stage, float(t.start_s) * scale, float(t.end_s) * scale, t.action.label, t.action.op,
-                    t.action.microbatch) for t in sorted(timed, key=lambda t: t.action.op, reverse=True)]
-    return bar_traces(bars, show_legend, unit)
+                    t.action.microbatch, schedule.split_backward) for t in timed]
+    return bar_traces(bars, show_legend, "slots" if scale == 1.0 else "ms")
 
 
-def measured_traces(spans: Sequence[Span], origin_s: float, show_waits: bool = True, show_legend: bool = True):
-    """A real run's forwards and backwards as bars (ms from ``origin_s``), and thin grey waits."""
-    work = sorted(compute_spans(spans), key=lambda s: s.attrs["op"], reverse=True)
-    bars = [_op_bar(s.rank, (s.start_s - origin_s) * 1e3, (s.end_s - origin_s) * 1e3, s.name, s.attrs["op"],
-                    s.attrs["microbatch"]) for s in work]
-    waits = [Bar(f"stage {s.rank}", (s.start_s - origin_s) * 1e3, (s.end_s - origin_s) * 1e3, "waiting",
-                 "waiting for a message", WAIT_COLOUR) for s in spans if s.kind == "wait"]
-    if not show_waits or not waits:
-        return bar_traces(bars, show_legend)
-    return bar_traces(waits, show_legend, width=0.25) + bar_traces(bars, show_legend)
-
-
-@mime_figure
-def schedule_figure(schedule: Schedule, forward_s=1, backward_s=1, title: str | None = None) -> go.Figure:
-    """The schedule's Gantt chart, as ``simulate`` times it. With the default durations (1 and 1) the
-    x axis counts slots; give seconds and it is in milliseconds."""
-    timed = simulate(schedule, forward_s, backward_s)
-    slots = all(isinstance(v, int) for v in (forward_s, backward_s))
-    fig = go.Figure(schedule_traces(schedule, timed, 1.0 if slots else 1e3))
-    fig.update_layout(title=title or f"{schedule.title}: the schedule", barmode="overlay",
-                      xaxis_title="time (slots: one forward or backward each)" if slots else "time (ms)",
-                      yaxis=_stage_axis(schedule.n_stages), height=140 + 45 * schedule.n_stages,
-                      margin={"l": 70, "r": 20, "t": 50, "b": 40}, bargap=0.15)
-    return fig
-
-
-@mime_figure
-def measured_figure(spans: Sequence[Span], n_stages: int, title: str, show_waits: bool = True) -> go.Figure:
-    """What each rank did in a real pipeline step: its forwards and backwards (and, thin and grey, the
-    time it spent waiting for a message), time from the first compute span, in ms."""
+def measured_traces(spans: Sequence[Span], split: bool, show_legend: bool = True):
+    """A real run's actions as bars, in ms from the first action, and thin grey waits under them."""
     work = compute_spans(spans)
     if not work:
         raise ValueError("no pipeline compute spans to draw: run a pipeline step on the ranks first")
     origin = min(s.start_s for s in work)
-    fig = go.Figure(measured_traces(spans, origin, show_waits))
-    fig.update_layout(title=title, barmode="overlay", xaxis_title="time (ms)", yaxis=_stage_axis(n_stages),
-                      height=140 + 45 * n_stages, margin={"l": 70, "r": 20, "t": 50, "b": 40}, bargap=0.15)
-    return fig
+    bars = [_op_bar(s.rank, (s.start_s - origin) * 1e3, (s.end_s - origin) * 1e3, s.name, s.attrs["op"],
+                    s.attrs["microbatch"], split) for s in work]
+    waits = [Bar(f"stage {s.rank}", (s.start_s - origin) * 1e3, (s.end_s - origin) * 1e3, "waiting",
+                 "waiting for a message", WAIT_COLOUR) for s in spans if s.kind == "wait" and "source" in s.attrs]
+    return (bar_traces(waits, show_legend, width=0.25) if waits else []) + bar_traces(bars, show_legend)
 
 
 def _ms(value) -> str:
@@ -93,34 +64,35 @@ def _ms(value) -> str:
 
 
 @mime_figure
-def predicted_vs_measured_figure(schedule: Schedule, spans: Sequence[Span], forward_s, backward_s,
-                                 measured_idle: float | None = None, where: str = "") -> go.Figure:
-    """The schedule's prediction (top, a model) and the real run (bottom), on one time axis in ms.
-
-    ``forward_s`` / ``backward_s`` are the durations the prediction uses and the run's ops were padded to
-    (a number, or one per stage); ``where`` says where the run was measured (``Ranks.description``)."""
-    timed = simulate(schedule, forward_s, backward_s)
-    work = compute_spans(spans)
-    if not work:
-        raise ValueError("no pipeline compute spans to draw: run a pipeline step on the ranks first")
-    predicted = pipeline_bubble_fraction(schedule.n_stages, schedule.n_microbatches, schedule.n_chunks)
-    measured = f", measured {measured_idle:.1%}" if measured_idle is not None else ""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=(f"predicted by the schedule, a model (idle {predicted:.1%})",
-                                        f"measured on {schedule.n_stages} ranks{measured}"
-                                        + (f"<br>{where}" if where else "")))
+def predicted_vs_measured_figure(run, where: str = "", title: str | None = None) -> go.Figure:
+    """A padded ``lab.pipeline.drivers.PipelineRun``: its schedule timed by ``simulate`` with the pads
+    (top, a model) and the real run (bottom, waits in grey), on one time axis in ms. ``where`` says where
+    the run was measured (``Ranks.description``)."""
+    schedule, v = run.schedule, run.schedule.n_chunks
+    if run.forward_s is None or (schedule.training and run.backward_s is None):
+        raise ValueError("the prediction needs the pads: run the step with forward_s and backward_s set")
+    if isinstance(run.forward_s, (list, tuple)) or isinstance(run.backward_s, (list, tuple)):
+        raise ValueError("draw a run padded alike on every stage: one forward_s, one backward_s")
+    backward_s = run.forward_s if run.backward_s is None else run.backward_s
+    costs = OpCosts(run.forward_s / v, backward_s / v, (run.weight_s or 0) / v)  # one action's, in seconds
+    timed = simulate(schedule, run.forward_s, backward_s, 0, run.weight_s)
+    pads = f"forward {_ms(run.forward_s)}" + (f", backward {_ms(backward_s)}" if schedule.training else "")
+    pads += f", weight gradient {_ms(run.weight_s)}" if run.weight_s is not None else ""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=(
+        f"predicted by the schedule, a model (idle {simulated_fraction(schedule, costs):.1%})",
+        f"measured on {schedule.n_stages} ranks, idle {run.bubble.idle_fraction:.1%}"
+        + (f"<br>{where}" if where else "")))
     for trace in schedule_traces(schedule, timed, 1e3):
         fig.add_trace(trace, row=1, col=1)
-    for trace in measured_traces(spans, min(s.start_s for s in work), show_legend=False):
+    for trace in measured_traces(run.spans, schedule.split_backward, show_legend=False):
         fig.add_trace(trace, row=2, col=1)
     axis = _stage_axis(schedule.n_stages)
     fig.update_yaxes(**axis, row=1, col=1)
     fig.update_yaxes(**axis, row=2, col=1)
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
-    fig.update_layout(title=f"{schedule.title}. Each op padded with sleep to a set duration (forward "
-                      f"{_ms(forward_s)}, backward {_ms(backward_s)})", barmode="overlay", bargap=0.15,
-                      height=220 + 90 * schedule.n_stages, margin={"l": 70, "r": 20, "t": 80, "b": 40},
-                      title_font_size=13)
+    fig.update_layout(title=title or f"{schedule.title}. Each op padded with sleep to a set duration ({pads})",
+                      barmode="overlay", bargap=0.15, height=220 + 90 * schedule.n_stages,
+                      margin={"l": 70, "r": 20, "t": 80, "b": 40}, title_font_size=13)
     return fig
 
 
@@ -187,17 +159,17 @@ def step_through_figure(schedule: Schedule, title: str | None = None) -> go.Figu
     v = schedule.n_chunks
     timed = simulate(schedule, forward_s=v, backward_s=v)
     n_slots = int(max(t.end_s for t in timed))
+    names = [t.name for t in schedule_traces(schedule, timed)]
 
     def upto(k: int):
         return schedule_traces(schedule, [t for t in timed if t.start_s < k], 1.0)
 
     def padded(traces):
-        # every frame needs the same traces: a forward and a backward one, even when empty
+        # every frame needs the same traces, one per op, even when empty
         by_name = {t.name: t for t in traces}
-        return [by_name.get(name, go.Bar(orientation="h", name=name, x=[], y=[], base=[]))
-                for name in ("forward", "backward")]
+        return [by_name.get(name, go.Bar(orientation="h", name=name, x=[], y=[], base=[])) for name in names]
 
-    frames = [go.Frame(data=padded(upto(k)), name=str(k), traces=[0, 1],
+    frames = [go.Frame(data=padded(upto(k)), name=str(k), traces=list(range(len(names))),
                        layout={"title": f"{title or schedule.title}: after slot {k} of {n_slots}"})
               for k in range(1, n_slots + 1)]
     # an invisible point per stage keeps every stage's row on the axis before its first bar arrives
@@ -219,47 +191,4 @@ def step_through_figure(schedule: Schedule, title: str | None = None) -> go.Figu
                              "args": [[str(k)], {"frame": {"duration": 0, "redraw": True}, "mode": "immediate"}]}
                             for k in range(1, n_slots + 1)]}],
     )
-    return fig
-
-
-_STYLE = {"F": ("forward F", ""), "B": ("backward B", "/"), "W": ("weight gradient W", "x")}
-
-
-def _bar(stage: int, start_ms: float, end_ms: float, label: str, op: str, microbatch: int, split: bool) -> Bar:
-    group, pattern = _STYLE[op]
-    if op == "B" and not split:
-        group = "whole backward B (input and weights)"
-    return Bar(f"stage {stage}", start_ms, end_ms, label, group, colour(microbatch), pattern)
-
-
-@mime_figure
-def split_gantt_figure(schedule: Schedule, spans: Sequence[Span], costs: OpCosts, title: str,
-                       measured_idle: float | None = None) -> go.Figure:
-    """``schedule`` timed by ``simulate`` with ``costs`` (one action's F, B, W, seconds) on top, the real
-    run's ``spans`` below, both in ms from the first action."""
-    v = schedule.n_chunks
-    timed = simulate(schedule, costs.forward_s * v, costs.backward_s * v, 0, costs.weight_s * v)
-    split = schedule.split_backward
-    predicted = [_bar(t.action.stage, float(t.start_s) * 1e3, float(t.end_s) * 1e3, t.action.label, t.action.op,
-                      t.action.microbatch, split) for t in timed]
-    work = [s for s in spans if s.kind == "compute" and s.attrs.get("op") in _STYLE]
-    if not work:
-        raise ValueError("no pipeline compute spans to draw: run a pipeline step on the ranks first")
-    origin = min(s.start_s for s in work)
-    measured = [_bar(s.rank, (s.start_s - origin) * 1e3, (s.end_s - origin) * 1e3, s.name, s.attrs["op"],
-                     s.attrs["microbatch"], split) for s in work]
-    said = f", measured {measured_idle:.1%}" if measured_idle is not None else ""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=(f"predicted from the list (idle {simulated_fraction(schedule, costs):.1%})",
-                                        f"measured on {schedule.n_stages} ranks{said}"))
-    for trace in bar_traces(predicted, True):
-        fig.add_trace(trace, row=1, col=1)
-    for trace in bar_traces(measured, False):
-        fig.add_trace(trace, row=2, col=1)
-    axis = row_axis([f"stage {s}" for s in range(schedule.n_stages)])
-    fig.update_yaxes(**axis, row=1, col=1)
-    fig.update_yaxes(**axis, row=2, col=1)
-    fig.update_xaxes(title_text="time (ms)", row=2, col=1)
-    fig.update_layout(title=title, barmode="overlay", bargap=0.15, height=220 + 90 * schedule.n_stages,
-                      margin={"l": 70, "r": 20, "t": 80, "b": 40}, title_font_size=13)
     return fig

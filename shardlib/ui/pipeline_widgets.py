@@ -8,12 +8,12 @@ import html
 import ipywidgets as widgets
 
 from shardlib.core.pipeline.orders import make_schedule
-from shardlib.core.pipeline.registry import SCHEDULE_TITLES, SPECS, split_schedules
+from shardlib.core.pipeline.registry import SPECS, split_schedules
 from shardlib.lab.pipeline.drivers import run_pipeline
 from shardlib.predict.bubbles import PUBLISHED, OpCosts, published_fraction, simulated_fraction
 from shardlib.predict.pipeline import pipeline_bubble_fraction, predicted_step_s
 from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
-from shardlib.ui.pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure, split_gantt_figure
+from shardlib.ui.pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure
 from shardlib.ui.theme import RED
 
 # one chunk, whole backward: GPipe and 1F1B, the pair notebook 03 compares against the bubble formula
@@ -29,7 +29,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     top = max(1, min(int(max_microbatches), x.shape[0]))
     slider = widgets.IntSlider(value=min(4, top), min=1, max=top, description="microbatches m",
                                continuous_update=False, style={"description_width": "initial"})
-    picker = widgets.ToggleButtons(options=[(SCHEDULE_TITLES[n], n) for n in EXPLORER_SCHEDULES],
+    picker = widgets.ToggleButtons(options=[(SPECS[n].title, n) for n in EXPLORER_SCHEDULES],
                                    value=EXPLORER_SCHEDULES[0], description="schedule")
     label = widgets.HTML()
     measured_at: dict[int, float] = {}
@@ -58,11 +58,10 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
             f"<b>{html.escape(schedule.title)}</b><br>idle fraction: predicted {predicted:.3f}, measured "
             f"{bubble.idle_fraction:.3f} (ratio {bubble.idle_fraction / predicted if predicted else float('nan'):.2f})"
             f"<br>step: predicted {step_s * 1e3:.0f} ms, measured {bubble.window_s * 1e3:.0f} ms; peak microbatches "
-            f"in flight per stage {list(run.peak_in_flight)}; this re-run took {run.wall_s * 1e3:.0f} ms"
+            f"in flight per stage {list(run.peak_in_flight)}"
             "<br><i>red circles: GPipe measurements made with this slider</i>"
         )
-        gantt.show(predicted_vs_measured_figure(schedule, run.spans, forward_s, backward_s, bubble.idle_fraction,
-                                                ranks.description))
+        gantt.show(predicted_vs_measured_figure(run, ranks.description))
 
     feedback = Feedback()
     observe_all([slider, picker], rerun, feedback)
@@ -75,12 +74,10 @@ W_COSTS = (0.25, 0.5, 1.0, 1.5, 2.0)  # W's time as a multiple of F's (and B's)
 
 
 def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.02,
-                         microbatches=(4, 6, 8, 12, 16), first_run=None) -> widgets.VBox:
+                         microbatches=(4, 6, 8, 12, 16)) -> widgets.VBox:
     """Sliders for ``m`` (each of ``microbatches`` that every schedule here can run: at least ``2 p`` for
-    DualPipeV, as the registry's specs say) and for W's cost
-    (``W_COSTS`` times ``op_s``), buttons for the schedule; one step per move on ``ranks``, each stage's F
-    and B padded to ``op_s`` seconds. ``first_run``: a ``PipelineRun`` of the opening setting (ZB-H1, the
-    first ``m``, F, B and W all padded to ``op_s``) to draw at once instead of running it again."""
+    DualPipeV, as the registry's specs say) and for W's cost (``W_COSTS`` times ``op_s``), buttons for the
+    schedule; one step per move on ``ranks``, each stage's F and B padded to ``op_s`` seconds."""
     p = ranks.world_size
     options = [m for m in microbatches if m <= x.shape[0]
                and not any(SPECS[n].problems(p, m, 1, True) for n in ZERO_BUBBLE_SCHEDULES)]
@@ -91,19 +88,14 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
                                continuous_update=False, style={"description_width": "initial"})
     w_slider = SelectionSlider(options=[(f"{w:g} x F", w) for w in W_COSTS], value=1.0, description="W costs",
                                continuous_update=False, style={"description_width": "initial"})
-    picker = widgets.ToggleButtons(options=[(SCHEDULE_TITLES[n], n) for n in ZERO_BUBBLE_SCHEDULES], value="zb-h1",
+    picker = widgets.ToggleButtons(options=[(SPECS[n].title, n) for n in ZERO_BUBBLE_SCHEDULES], value="zb-h1",
                                    description="schedule")
     label, gantt = widgets.HTML(), FigureArea()
-
-    reuse = [first_run] if first_run is not None else []
 
     def rerun(change=None) -> None:
         schedule = make_schedule(picker.value, p, m_slider.value)
         weight_s = op_s * w_slider.value
-        same = reuse and reuse[0].schedule == schedule and reuse[0].forward_s == op_s and weight_s == op_s
-        run = reuse.pop() if same else run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s,
-                                                    weight_s=weight_s)
-        reuse.clear()
+        run = run_pipeline(ranks, schedule, model, layers, x, grad_output, op_s, op_s, weight_s=weight_s)
         v = schedule.n_chunks
         costs = OpCosts(op_s / v, op_s / v, weight_s / v)  # the pads, per action
         measured = run.bubble.idle_fraction
@@ -119,8 +111,8 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
         label.value = (f"<b>{html.escape(schedule.title)}</b>, W = {w_slider.value:g} x F: idle fraction "
                        f"{formula}this list {simulated_fraction(schedule, costs):.3f}, measured {measured:.3f}; "
                        f"peak chunks in flight per stage {list(run.peak_in_flight)}")
-        gantt.show(split_gantt_figure(schedule, run.spans, costs, f"{schedule.title}: each stage's F and B "
-                                      f"padded to {op_s * 1e3:g} ms, W to {weight_s * 1e3:g} ms", measured))
+        gantt.show(predicted_vs_measured_figure(run, ranks.description, f"{schedule.title}: each stage's F and B "
+                                                f"padded to {op_s * 1e3:g} ms, W to {weight_s * 1e3:g} ms"))
 
     feedback = Feedback()
     observe_all([m_slider, w_slider, picker], rerun, feedback)

@@ -25,8 +25,9 @@ def plan_figure(p: Plan, top: int = 10) -> go.Figure:
                 hoverinfo="text", row=1, col=1, showlegend=False)
     fig.add_bar(x=labels, y=[s.decode_step_s * 1e3 for s in shown], marker_color=colors, hovertext=hover,
                 hoverinfo="text", row=1, col=2, showlegend=False)
-    peak = "floors at 100% of peak" if p.kernel_efficiency == 1 else f"kernels at {p.kernel_efficiency:.0%} of peak"
-    fig.update_layout(title=f"{p.model} on {p.cluster}: feasible layouts ranked by {p.objective} "
+    efficiency = p.workload.kernel_efficiency
+    peak = "floors at 100% of peak" if efficiency == 1 else f"kernels at {efficiency:.0%} of peak"
+    fig.update_layout(title=f"{p.model.name} on {p.cluster.name}: feasible layouts ranked by {p.objective} "
                             f"(best in orange; {len(p.rejected)} rejected)<br><sup>the planner's model, not a "
                             f"measurement: {peak}</sup>", height=380,
                       margin={"t": 70, "b": 90})

@@ -12,7 +12,7 @@ from shardlib.facts.hardware import CLUSTERS
 from shardlib.facts.models import PRESETS
 from shardlib.predict.serving.memory import Workload
 from shardlib.predict.serving.planner import OBJECTIVES, plan_serving
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.live import FigureArea, slider, wire
 from shardlib.ui.serving_figures import plan_figure
 from shardlib.ui.tables import format_plan
 
@@ -33,12 +33,9 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
     cluster_box = widgets.Dropdown(options=list(CLUSTERS), value=cluster if cluster in CLUSTERS else list(CLUSTERS)[0],
                                    description="cluster", style={"description_width": "initial"})
     objective = widgets.ToggleButtons(options=list(OBJECTIVES), value=OBJECTIVES[0], description="rank by")
-    batch = SelectionSlider(options=BATCHES, value=0, description="batch per replica",
-                                    continuous_update=False, style={"description_width": "initial"})
-    context = SelectionSlider(options=CONTEXTS, value=4096, description="context tokens",
-                                      continuous_update=False, style={"description_width": "initial"})
-    efficiency = SelectionSlider(options=EFFICIENCIES, value=1.0, description="kernel efficiency",
-                                 continuous_update=False, style={"description_width": "initial"})
+    batch = slider(BATCHES, 0, "batch per replica")
+    context = slider(CONTEXTS, 4096, "context tokens")
+    efficiency = slider(EFFICIENCIES, 1.0, "kernel efficiency")
     table = widgets.HTML()
     fig = FigureArea()
 
@@ -53,8 +50,6 @@ def planner_widget(model: str = "Llama-3-70B", cluster: str = "1 node x 8 H100 8
         table.value = f"<pre style='font-size:11px; white-space:pre-wrap'>{html.escape(format_plan(p))}</pre>"
         fig.show(plan_figure(p))
 
-    feedback = Feedback()
-    observe_all((model_box, weights, cluster_box, objective, batch, context, efficiency), update, feedback)
-    update()
+    area = wire((model_box, weights, cluster_box, objective, batch, context, efficiency), update)
     return widgets.VBox([widgets.HBox([model_box, weights, cluster_box]), objective,
-                         widgets.HBox([batch, context, efficiency]), fig, table, feedback.area])
+                         widgets.HBox([batch, context, efficiency]), fig, table, area])

@@ -6,25 +6,24 @@ text out.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from shardlib.core.config import ModelConfig
 from shardlib.core.pipeline.schedules import Schedule, simulate
 from shardlib.predict.serving.cost import tp_cost_table
-from shardlib.predict.serving.fit import GpuFit
+from shardlib.predict.serving.memory import GpuFit
 from shardlib.predict.serving.planner import Plan
 from shardlib.predict.serving.presets import HANDOFF_LINKS, REAL_MODELS, handoff_need
 from shardlib.predict.training.choices import ChoiceRow
-from shardlib.predict.training.moe_choices import DEEPSEEK_V3_PUBLISHED, MoEChoiceRow, PublishedMoELayout
 from shardlib.predict.training.planner import TrainingPlan
 from shardlib.predict.training.time_model import TrainingScore
 from shardlib.predict.units import gb, ms, seconds
+from shardlib.ui.serving_reasons import plan_reasons, score_reasons
 
 
 def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
     """The ranked layouts (units in the headings), why the best won, the reasons of the first
     ``reasons_for`` layouts, and every rejection, as plain text."""
-    lines = [f"{p.model} on {p.cluster}, ranked by {p.objective}:",
+    efficiency = p.workload.kernel_efficiency
+    lines = [f"{p.model.name} on {p.cluster.name}, ranked by {p.objective}:",
              f"{'layout':<20}{'batch':>6}{'memory/GPU':>12}{'ms/token':>10}{'tokens/s':>11}{'per GPU':>9}"
              f"{'1st token ms':>13}{'idle':>6}  tp link"]
     for s in p.ranked[:top]:
@@ -39,13 +38,13 @@ def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
                      "per GPU: tokens/s per GPU; idle: share of a cycle the slowest stage waits)")
         lines.append("(a model, not a measurement: " + ("times are floors, at 100% of peak memory bandwidth and FLOPs "
                      "with no kernel overhead; set Workload(kernel_efficiency=...) for real kernels)"
-                     if p.kernel_efficiency == 1 else f"kernels at {p.kernel_efficiency:.0%} of peak memory bandwidth "
+                     if efficiency == 1 else f"kernels at {efficiency:.0%} of peak memory bandwidth "
                      "and FLOPs)"))
     if not p.ranked:
         lines.append("(no layout fits)")
-    lines += [f"why: {r}" for r in p.reasons]
+    lines += [f"why: {r}" for r in plan_reasons(p)]
     for s in p.ranked[:reasons_for]:
-        lines += [f"  {s.layout.label}: {r}" for r in s.reasons]
+        lines += [f"  {s.layout.label}: {r}" for r in score_reasons(p, s)]
     lines.append(f"rejected ({len(p.rejected)}):")
     lines += [f"  {r.layout.label}: " + "; ".join(r.reasons) for r in p.rejected]
     return "\n".join(lines)
@@ -126,39 +125,23 @@ def format_training_plan(p: TrainingPlan, top: int = 6, rejected: int = 4) -> st
 
 
 def format_training_choices(rows: list[ChoiceRow]) -> str:
-    """The rows as a table (ours, published), then each row's notes."""
-    lines = [f"{'model':<16}{'GPUs':>7}{'seq':>8}  {'planner':<42}{'MFU':>5}  {'published':<28}{'MFU':>5}"]
+    """The rows as a table (the planner's choice; the published layout, its reported throughput and its score
+    under the same model), then each row's notes."""
+    lines = [f"{'model':<16}{'GPUs':>7}{'seq':>8}  {'planner':<42}{'M tok/s':>8}{'MFU':>5}  {'published':<38}"
+             f"{'reported':>13}{'scored':>7}"]
     for r in rows:
-        mine = f"{r.chosen.layout.label} ({r.chosen.recompute})" if r.chosen else "nothing fits"
-        pub = (replace(r.published.layout(), dp_strategy="ddp").label + " FSDP") if r.published else "-"
+        c, pub, ours = r.chosen, r.published, r.published_score
+        mine = f"{c.layout.label} ({c.recompute})" if c else "nothing fits"
+        reported = ("-" if pub is None else f"{pub.mfu:.0%} MFU" if pub.mfu else
+                    f"{pub.tokens_per_s / 1e6:.1f} M tok/s")
+        scored = f"{ours.mfu:.0%}" if isinstance(ours, TrainingScore) else "-" if pub is None else "no fit"
         lines.append(f"{r.model:<16}{r.gpus:>7,}{r.sequence_tokens:>8,}  {mine:<42}"
-                     f"{(f'{r.chosen.mfu:.0%}' if r.chosen else '-'):>5}  {pub:<28}"
-                     f"{(f'{r.published.mfu:.0%}' if r.published else '-'):>5}")
+                     f"{(c.tokens_per_s / 1e6 if c else 0):>8.2f}{(c.mfu if c else 0):>5.0%}  "
+                     f"{pub.label if pub else '-':<38}{reported:>13}{scored:>7}")
     for r in rows:
-        lines.append(f"{r.model} on {r.gpus:,} GPUs, {r.sequence_tokens:,} tokens:")
+        lines.append(f"{r.model} on {r.gpus:,} GPUs, {r.sequence_tokens:,} tokens"
+                     + (", all-to-alls under compute (DualPipe):" if r.overlap else ":"))
         lines += [f"  - {n}" for n in r.notes]
-    return "\n".join(lines)
-
-
-def format_deepseek_v3_choices(rows: list[MoEChoiceRow], pub: PublishedMoELayout = DEEPSEEK_V3_PUBLISHED) -> str:
-    """The rows as a table (the planner's choice, the published layout scored), then each row's reasons."""
-    lines = [f"{pub.model.name} on {pub.gpus:,} H800, {pub.sequences:,} x {pub.sequence_tokens:,} tokens a step "
-             f"(published: {replace(pub.layout(), dp_strategy='ddp').label} ZeRO-1, "
-             f"about {pub.tokens_per_s / 1e6:.1f} M tokens/s)",
-             f"{'all-to-alls':<16}{'planner':<44}{'M tok/s':>8}{'MFU':>5}  {'published, scored':<20}{'M tok/s':>8}"
-             f"{'MFU':>5}"]
-    for r in rows:
-        mine = f"{r.chosen.layout.label} ({r.chosen.recompute})" if r.chosen else "nothing fits"
-        pub_ok = isinstance(r.published, TrainingScore)
-        lines.append(f"{'under compute' if r.overlap else 'exposed':<16}{mine:<44}"
-                     f"{(r.chosen.tokens_per_s / 1e6 if r.chosen else 0):>8.2f}"
-                     f"{(r.chosen.mfu if r.chosen else 0):>5.0%}  "
-                     f"{(r.published.recompute + ' recompute') if pub_ok else 'does not fit':<20}"
-                     f"{(r.published.tokens_per_s / 1e6 if pub_ok else 0):>8.2f}"
-                     f"{(r.published.mfu if pub_ok else 0):>5.0%}")
-    for r in rows:
-        lines.append(f"all-to-alls {'under compute (DualPipe)' if r.overlap else 'exposed'}:")
-        lines += [f"  - {x}" for x in r.reasons]
     return "\n".join(lines)
 
 

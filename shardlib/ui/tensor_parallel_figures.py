@@ -6,12 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from shardlib.ui.mime import mime_figure
-from shardlib.ui.theme import BLUE, ORANGE, colour, colours
-
-
-def _owner_scale(n: int) -> list:
-    """A plotly colour scale giving owner ``0 .. n-1`` (rank or shard) its palette colour."""
-    return [[k / (n - 1), c] for k, c in enumerate(colours(n))] if n > 1 else [[0, colour(0)], [1, colour(0)]]
+from shardlib.ui.theme import BLUE, ORANGE, owner_heatmap
 
 
 @mime_figure
@@ -28,11 +23,9 @@ def shard_layout_figure(tp: int, d_in: int, d_hidden: int, d_out: int) -> go.Fig
     fig = make_subplots(rows=1, cols=2, column_widths=[d_in, d_hidden], horizontal_spacing=0.08,
                         subplot_titles=(f"first: W1 ({d_hidden} x {d_in}), split by columns of the output",
                                         f"second: W2 ({d_out} x {d_hidden}), split by rows of the input"))
-    scale = _owner_scale(tp)
     for col, owners in ((1, owner_w1), (2, owner_w2)):
-        fig.add_trace(go.Heatmap(z=owners, colorscale=scale, zmin=0, zmax=max(tp - 1, 1), showscale=col == 2,
-                                 colorbar={"title": "rank", "tickvals": list(range(tp))},
-                                 hovertemplate="row %{y}, column %{x}: rank %{z}<extra></extra>"), row=1, col=col)
+        fig.add_trace(owner_heatmap(owners, tp, "row %{y}, column %{x}: rank %{z}<extra></extra>", col == 2),
+                      row=1, col=col)
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(height=360, title=f"{tp} ranks: each colour is one rank's slice")
     return fig
@@ -64,12 +57,9 @@ def weight_cut_figure(out_features: int, in_features: int, n_shards: int) -> go.
         "(columns of W.T in y = x W.T; rows of the stored W)",
         f"shard_rows(W, {n_shards}): cuts dim 1, the input features<br>"
         "(rows of W.T; columns of the stored W)"))
-    scale = _owner_scale(n_shards)
     for col, name in ((1, "columns"), (2, "rows")):
-        fig.add_trace(go.Heatmap(z=owners[name], colorscale=scale, zmin=0, zmax=max(n_shards - 1, 1),
-                                 showscale=col == 2, colorbar={"title": "shard", "tickvals": list(range(n_shards))},
-                                 xgap=1, ygap=1, name=f"shard_{name}",
-                                 hovertemplate="W[%{y}, %{x}]: shard %{z}<extra></extra>"), row=1, col=col)
+        fig.add_trace(owner_heatmap(owners[name], n_shards, "W[%{y}, %{x}]: shard %{z}<extra></extra>", col == 2,
+                                    "shard", xgap=1, ygap=1, name=f"shard_{name}"), row=1, col=col)
         fig.update_xaxes(title_text="dim 1: input feature (in_features)", row=1, col=col)
         fig.update_yaxes(title_text="dim 0: output feature (out_features)", autorange="reversed", row=1, col=col)
     fig.update_layout(height=400, margin={"t": 110},

@@ -19,7 +19,7 @@ from shardlib.predict.shapes import (
     vocab_padding_bytes,
 )
 from shardlib.predict.tensor_parallel import CUTS, pair_collectives, pair_wire_collectives
-from shardlib.ui.live import Feedback, observe_all
+from shardlib.ui.live import wire
 from shardlib.ui.theme import GREEN, RED
 
 
@@ -52,10 +52,7 @@ def tp_cut_explorer(ranks, tokens: int = 12, d_model: int = 64, d_hidden: int = 
             text += f"<i>live measurement: set shards to {ranks.world_size}, the size of the running pool</i>"
         out.value = text
 
-    feedback = Feedback()
-    observe_all([shards, cut], show, feedback)
-    show()
-    return widgets.VBox([shards, cut, out, feedback.area])
+    return widgets.VBox([shards, cut, out, wire([shards, cut], show)])
 
 
 def tp_wall_picker(tp: int = 8, context_tokens: int = 8192) -> widgets.VBox:
@@ -83,7 +80,4 @@ def tp_wall_picker(tp: int = 8, context_tokens: int = 8192) -> widgets.VBox:
                      f"{m.vocab_size}<br>usable tp: {usable_tensor_parallel_degrees(m)}<br>tp = {t}: {verdict}"
                      "<br><i>shape arithmetic (a model), not a measurement</i>")
 
-    feedback = Feedback()
-    observe_all([model, degree], show, feedback)
-    show()
-    return widgets.VBox([model, degree, out, feedback.area])
+    return widgets.VBox([model, degree, out, wire([model, degree], show)])

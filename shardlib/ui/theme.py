@@ -1,4 +1,5 @@
-"""The suite's one palette: every figure colours ranks, microbatches, operations and kinds of span from it."""
+"""The suite's one palette: every figure colours ranks, microbatches, operations and kinds of span from it,
+and owner maps (which rank or shard holds each cell) with ``owner_heatmap``."""
 
 from __future__ import annotations
 
@@ -23,3 +24,12 @@ def colour(i: int) -> str:
 def colours(n: int) -> list[str]:
     """The first ``n`` colours, cycling."""
     return [colour(i) for i in range(n)]
+
+
+def owner_heatmap(z, n: int, hovertemplate: str, showscale: bool, owner: str = "rank", **kwargs):
+    """A heatmap of owners ``0 .. n-1`` (ranks or shards), each cell in its owner's palette colour."""
+    import plotly.graph_objects as go
+
+    scale = [[k / (n - 1), c] for k, c in enumerate(colours(n))] if n > 1 else [[0, colour(0)], [1, colour(0)]]
+    return go.Heatmap(z=z, colorscale=scale, zmin=0, zmax=max(n - 1, 1), showscale=showscale,
+                      colorbar={"title": owner, "tickvals": list(range(n))}, hovertemplate=hovertemplate, **kwargs)

@@ -13,11 +13,11 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from shardlib.predict.training.ledger import KEYS
 from shardlib.ui.mime import mime_figure
 from shardlib.ui.theme import DARK_GREY, GUIDE_GREY, colour
 
 STEP_TERMS = ("compute", "bubble", "tp", "cp", "dp", "pp", "optimizer")
-LEDGER_TERMS = ("weights", "gradients", "optimizer", "activations", "transient")
 AXES = ("tp", "cp", "pp", "dp", "dp-cp")
 
 
@@ -46,11 +46,11 @@ def ledger_figure(measured: Sequence[Mapping[str, int]], predicted: Sequence[Map
                   labels: Sequence[str], title: str) -> go.Figure:
     """Per rank, each ledger term measured (stacked bars) with the predicted total of each term marked."""
     fig = go.Figure()
-    for i, term in enumerate(LEDGER_TERMS):
+    for i, term in enumerate(KEYS):
         fig.add_bar(x=list(labels), y=[m[term] / 1e3 for m in measured], name=f"{term} (measured)",
                     marker_color=colour(i))
     tops = [0.0] * len(labels)
-    for i, term in enumerate(LEDGER_TERMS):  # the predicted top of each stacked term
+    for i, term in enumerate(KEYS):  # the predicted top of each stacked term
         tops = [t + p[term] / 1e3 for t, p in zip(tops, predicted)]
         fig.add_scatter(x=list(labels), y=tops, mode="markers", name="predicted" if i == 0 else None,
                         showlegend=i == 0, marker={"symbol": "line-ew-open", "size": 36, "color": "black",

@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import ipywidgets as widgets
 
+from shardlib.core.data_parallel.flat import STRATEGY_TITLES
 from shardlib.core.mesh import DP_STRATEGIES, Layout, Rejected
-from shardlib.predict.training.moe_choices import DEEPSEEK_V3_PUBLISHED
-from shardlib.predict.training.planner import best_configuration
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.predict.training.choices import DEEPSEEK_V3_PUBLISHED
+from shardlib.predict.training.planner import TERM_NAMES, best_configuration
+from shardlib.ui.live import FigureArea, SelectionSlider, slider, wire
 from shardlib.ui.training_figures import ledger_figure, step_terms_figure
 
-STRATEGY_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 MLP_OPTIONS = (("dense", 0), ("4 experts, ep 1", 1), ("ep 2", 2), ("ep 4", 4))  # experts: 4, each token to 2
 MOE_SHAPE = {"n_experts": 4, "experts_per_token": 2}
 
@@ -75,16 +75,13 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
 
     options = four_rank_layouts(ranks.world_size, config)  # the slider holds only layouts that run
     first = start if start in [v for _, v in options] else options[0][1]
-    layout_slider = SelectionSlider(options=options, value=first, description="layout",
-                                    continuous_update=False, style={"description_width": "initial"},
-                                    layout={"width": "460px"})
-    strategy = widgets.ToggleButtons(options=[(STRATEGY_NAMES[s], s) for s in DP_STRATEGIES], value="ddp",
+    layout_slider = slider(options, first, "layout", layout={"width": "460px"})
+    strategy = widgets.ToggleButtons(options=[(STRATEGY_TITLES[s], s) for s in DP_STRATEGIES], value="ddp",
                                      description="dp keeps")
     mlp = widgets.ToggleButtons(options=list(MLP_OPTIONS), value=0, description="MLP")
     microbatches = widgets.IntSlider(value=config.m, min=1, max=4, description="m (microbatches)",
                                      continuous_update=False, style={"description_width": "initial"})
-    note, feedback = widgets.HTML(), Feedback()
-    figure = FigureArea()
+    note, figure = widgets.HTML(), FigureArea()
     references: dict = {}
 
     def show(change=None) -> None:
@@ -125,19 +122,16 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
                      f"{TOLERANCE:g}); ledger {'equal to' if same else 'DIFFERENT from'} the prediction on every rank")
         note.value = "<br>".join(html.escape(n) for n in notes)
 
-    show()
-    observe_all([layout_slider, strategy, mlp, microbatches], show, feedback)
-    return widgets.VBox([layout_slider, strategy, mlp, microbatches, feedback.area, note, figure])
+    area = wire([layout_slider, strategy, mlp, microbatches], show)
+    return widgets.VBox([layout_slider, strategy, mlp, microbatches, area, note, figure])
 
 
-STEP_TERMS = (("compute_s", "compute"), ("bubble_s", "bubble"), ("ep_s", "all-to-alls"), ("dp_s", "dp"),
-              ("pp_s", "pp hops"), ("tp_s", "tp"), ("optimizer_s", "optimizer"))
 MOE_PP = (4, 8, 16, 32)
 MOE_EP = (1, 8, 16, 32, 64, 128, 256)
 
 
 def moe_layout_explorer() -> widgets.VBox:
-    """DeepSeek-V3 on its 2,048 H800 (``predict.training.moe_choices``), no tensor parallelism, ZeRO-1: sliders for
+    """DeepSeek-V3 on its 2,048 H800 (``predict.training.choices``), no tensor parallelism, ZeRO-1: sliders for
     ``pp`` and ``ep`` and a toggle for the all-to-alls (exposed, or under compute as DualPipe runs them).
     Each move scores that layout with the planner's model (``planner.best_configuration``) and draws its step,
     term by term, beside the published layout (PP 16 x EP 64) scored the same way."""
@@ -146,8 +140,7 @@ def moe_layout_explorer() -> widgets.VBox:
     ep = SelectionSlider(options=list(MOE_EP), value=64, description="ep", continuous_update=False)
     overlap = widgets.ToggleButtons(options=[("exposed", False), ("under compute (DualPipe)", True)], value=False,
                                     description="all-to-alls", style={"description_width": "initial"})
-    note, feedback = widgets.HTML(), Feedback()
-    figure = FigureArea()
+    note, figure = widgets.HTML(), FigureArea()
     names = ["your layout", f"published (PP {pub.pp} x EP {pub.ep})"]
 
     def show(change=None) -> None:
@@ -163,7 +156,7 @@ def moe_layout_explorer() -> widgets.VBox:
         scored = [s if not isinstance(s, Rejected) else None for s in (mine, published)]
         title = f"{pub.model.name} on {pub.gpus:,} H800: one step of {pub.sequences:,} sequences"
         figure.show(step_terms_figure({label: [getattr(s, term) if s else 0.0 for s in scored]
-                                       for term, label in STEP_TERMS}, names, title))
+                                       for term, label in TERM_NAMES.items()}, names, title))
         for name, s, raw in zip(("your layout", "published"), scored, (mine, published)):
             lay = raw.layout
             if s is None:
@@ -174,6 +167,4 @@ def moe_layout_explorer() -> widgets.VBox:
                              f"all-to-alls {s.ep_s:.2f} s and bubble {s.bubble_s:.2f} s of a {s.step_s:.2f} s step")
         note.value = "<br>".join(html.escape(n) for n in notes)
 
-    show()
-    observe_all([pp, ep, overlap], show, feedback)
-    return widgets.VBox([widgets.HBox([pp, ep]), overlap, feedback.area, note, figure])
+    return widgets.VBox([widgets.HBox([pp, ep]), overlap, wire([pp, ep, overlap], show), note, figure])

@@ -7,6 +7,7 @@ shards moves values without arithmetic and is compared with ``torch.equal``.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,46 +16,42 @@ import torch.nn.functional as F
 from shardlib.core.config import ModelConfig
 from shardlib.core.context_parallel.online_softmax import (
     Partial,
-    attention_reference,
     block_grads,
     block_partial,
-    check_qkv,
+    check_shards,
     merge,
 )
 from shardlib.core.context_parallel.placement import (
-    causal_work,
     check_sequence,
     chunks_of_rank,
-    imbalance,
+    gather_sequence,
     positions_of_rank,
+    shard_sequence,
 )
+from shardlib.core.context_parallel.ring import simulate_ring_attention
 from shardlib.core.mesh import Layout
+from shardlib.core.model import attention
 from shardlib.facts.hardware import Link
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, TOY
-from shardlib.lab.context_parallel.reference import (
-    attention_grads_reference,
-    gather_sequence,
-    ring_pass,
-    shard_sequence,
-    simulate_ring_attention,
-)
+from shardlib.lab.context_parallel.drivers import attention_and_grads
 from shardlib.predict.context_parallel import (
     METHODS,
     AttentionShape,
+    causal_work,
     context_parallel_needed,
     device_memory,
     hidden_share,
+    imbalance,
     ring_backward_bytes_per_rank,
     ring_bytes_per_rank,
     ring_time_s,
     ring_transfer_s,
-    sequence_parallel_bytes_per_rank,
-    toy_block_activation_bytes,
     ulysses_bytes_per_rank,
     ulysses_collectives,
 )
 from shardlib.predict.serving.memory import weights_per_gpu
 from shardlib.predict.shapes import kv_cache_bytes, kv_heads_per_device
+from shardlib.predict.tensor_parallel import sequence_parallel_bytes_per_rank, toy_block_activation_bytes
 
 ATOL = 1e-5
 
@@ -113,12 +110,12 @@ def test_causal_work_contiguous_is_a_staircase_and_zigzag_is_flat():
 def test_a_block_partial_is_attention_over_that_block():
     q, k, v = qkv(2, 4, 2, 7, 5)
     part = block_partial(q, k, v)
-    assert torch.allclose(part.out, attention_reference(q, k, v, causal=False), atol=ATOL)
+    assert torch.allclose(part.out, attention(q, k, v, causal=False), atol=ATOL)
     scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)) / math.sqrt(5)
     assert torch.allclose(part.row_max, scores.amax(-1), atol=ATOL)
     assert torch.allclose(part.log_sum_exp, scores.logsumexp(-1), atol=ATOL)
     diag = block_partial(q, k, v, diagonal=True)
-    assert torch.allclose(diag.out, attention_reference(q, k, v, causal=True), atol=ATOL)
+    assert torch.allclose(diag.out, attention(q, k, v), atol=ATOL)
 
 
 def test_merging_two_halves_of_the_keys_gives_attention_over_all_of_them():
@@ -152,32 +149,27 @@ def test_the_simulated_ring_equals_whole_sequence_attention(world_size, placemen
     seq = 2 * world_size * 5  # 5 tokens a chunk: not a power of two
     q, k, v = qkv(2, 6, 3, seq, 12, seed=world_size)  # GQA: 2 query heads per KV head; head_dim 12
     ring = simulate_ring_attention(q, k, v, world_size, causal, placement)
-    assert (ring - attention_reference(q, k, v, causal)).abs().max() <= ATOL
-    # the last rank met every rank's block once, in ring order: its own, then its left neighbour's, ...
-    kvs = list(zip(shard_sequence(k, world_size, placement), shard_sequence(v, world_size, placement)))
-    last = world_size - 1
-    _, steps = ring_pass(last, world_size, shard_sequence(q, world_size, placement)[last], kvs, placement, causal)
-    assert [src for src, _, _ in steps] == [(last - i) % world_size for i in range(world_size)]
+    assert (ring - attention(q, k, v, causal=causal)).abs().max() <= ATOL
 
 
 def test_the_simulated_ring_is_exact_in_float64():
     q, k, v = qkv(1, 4, 1, 48, 8, dtype=torch.float64)
-    gap = (simulate_ring_attention(q, k, v, 4, True, "zigzag") - attention_reference(q, k, v)).abs().max()
+    gap = (simulate_ring_attention(q, k, v, 4, True, "zigzag") - attention(q, k, v)).abs().max()
     assert gap < 1e-12
 
 
 def test_mismatched_shapes_are_refused_with_their_numbers():
     q, k, v = qkv(1, 4, 2, 8, 8)
     with pytest.raises(ValueError, match=r"q has sequence length 8 but k and v have 6"):
-        check_qkv(q.shape, k[:, :, :6].shape, v[:, :, :6].shape)
+        check_shards(q.shape, k[:, :, :6].shape, v[:, :, :6].shape)
     with pytest.raises(ValueError, match="k and v must have the same shape"):
-        check_qkv(q.shape, k.shape, v[:, :1].shape)
+        check_shards(q.shape, k.shape, v[:, :1].shape)
     with pytest.raises(ValueError, match="4 query heads cannot share 3 KV heads"):
-        check_qkv(q.shape, (1, 3, 8, 8), (1, 3, 8, 8))
+        check_shards(q.shape, (1, 3, 8, 8), (1, 3, 8, 8))
     with pytest.raises(ValueError, match=r"q has head_dim 8 but k and v have 4"):
-        check_qkv(q.shape, (1, 2, 8, 4), (1, 2, 8, 4))
+        check_shards(q.shape, (1, 2, 8, 4), (1, 2, 8, 4))
     with pytest.raises(ValueError, match="must be 4-d"):
-        check_qkv((8, 8), k.shape, v.shape)
+        check_shards((8, 8), k.shape, v.shape)
     with pytest.raises(ValueError, match="does not split evenly into 3 ranks"):
         simulate_ring_attention(q, k, v, 3)
 
@@ -224,7 +216,7 @@ def test_block_grads_of_the_whole_sequence_equal_sdpa_grads(causal):
     part = block_partial(q, k, v, diagonal=causal)
     delta = (d_out * part.out).sum(-1)
     got = block_grads(q, d_out, part.log_sum_exp, delta, k, v, diagonal=causal)
-    for mine, ref in zip(got, attention_grads_reference(q, k, v, d_out, causal)):
+    for mine, ref in zip(got, attention_and_grads(q, k, v, d_out, causal)[1:]):
         assert torch.allclose(mine, ref, atol=ATOL, rtol=ATOL)
 
 
@@ -382,23 +374,16 @@ def test_all_gather_and_megatron_comm_types_hand_worked():
     assert "a2a" not in cp_comm_bytes_per_rank(shape, 8, inner=2)
 
 
-class _Balance:
-    def __init__(self, measured, predicted):
-        self.m, self.p = measured, predicted
-
-    def measured_imbalance(self, placement):
-        return self.m[placement]
-
-    def predicted_imbalance(self, placement):
-        return self.p[placement]
+def _balance(measured, predicted):
+    return {p: SimpleNamespace(measured_imbalance=measured[p], predicted_imbalance=predicted[p]) for p in predicted}
 
 
 def test_the_balance_verdict_holds_exactly_when_zigzag_is_more_even():
     from shardlib.lab.context_parallel.claims import balance_verdicts
 
     predicted = {"contiguous": 4 / 3, "zigzag": 1.0}
-    (held,) = balance_verdicts(_Balance({"contiguous": 1.25, "zigzag": 1.05}, predicted))
+    (held,) = balance_verdicts(_balance({"contiguous": 1.25, "zigzag": 1.05}, predicted))
     assert held.predicted == pytest.approx(0.75) and held.measured == pytest.approx(1.05 / 1.25) and held.held
-    (failed,) = balance_verdicts(_Balance({"contiguous": 1.1, "zigzag": 1.12}, predicted))
+    (failed,) = balance_verdicts(_balance({"contiguous": 1.1, "zigzag": 1.12}, predicted))
     assert not failed.held  # zigzag measured less even than contiguous: the claim fails
     assert "predicted 0.75" in failed.line and "not shown" in failed.line

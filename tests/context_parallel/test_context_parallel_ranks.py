@@ -19,31 +19,27 @@ import pytest
 import torch
 
 from shardlib.core.checks import TOLERANCE
-from shardlib.core.context_parallel.online_softmax import attention_reference
-from shardlib.core.context_parallel.placement import causal_work
+from shardlib.core.config import ModelConfig
+from shardlib.core.context_parallel.placement import shard_sequence
+from shardlib.core.model import attention
 from shardlib.core.toy import activations, layer_weights
 from shardlib.facts.models import TOY
+from shardlib.lab.context_parallel.claims import run_exchange_calibration, run_ring_balance, run_ring_overlap
 from shardlib.lab.context_parallel.drivers import (
-    run_exchange_calibration,
+    attention_and_grads,
     run_ring_attention,
-    run_ring_balance,
-    run_ring_overlap,
+    run_ring_training,
     run_ulysses_attention,
 )
-from shardlib.lab.context_parallel.grad_drivers import (
-    run_ring_attention_grads,
-    run_ring_training,
-    run_ulysses_attention_grads,
-)
 from shardlib.lab.context_parallel.ranks import ring_attention_on_rank, ulysses_attention_on_rank
-from shardlib.lab.context_parallel.reference import attention_grads_reference, attention_layer_weights, shard_sequence
 from shardlib.lab.tensor_parallel.drivers import run_sequence_parallel
 from shardlib.predict.context_parallel import (
     AttentionShape,
+    causal_work,
     ring_backward_bytes_per_rank,
     ring_saved_bytes_per_rank,
-    toy_block_activation_bytes,
 )
+from shardlib.predict.tensor_parallel import toy_block_activation_bytes
 from shardlib.runtime.errors import RankError
 
 
@@ -61,9 +57,13 @@ def test_ring_attention_equals_whole_sequence_attention(pool, placement, causal)
     q, k, v = qkv(2, 6, 2, seq, 12, seed=n)  # GQA: 3 query heads per KV head
     run = run_ring_attention(pool, q, k, v, causal, placement)
     assert run.gap <= TOLERANCE and run.exact
-    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=TOLERANCE)
+    assert torch.allclose(run.output, attention(q, k, v, causal=causal), atol=TOLERANCE)
     # each rank computed exactly the blocks the placement predicts (read from its spans)
     assert run.computed_blocks == tuple(w.computed_pairs for w in causal_work(seq, n, placement, causal))
+    # every rank met every rank's K/V block once, in ring order: its own, then its left neighbour's, ...
+    for r in range(n):
+        sources = [s.attrs["source"] for s in run.got.spans(None, r) if s.kind == "compute"]
+        assert sources == [(r - i) % n for i in range(n)]
     # every rank passed its K/V block on n - 1 times: only the 2 KV heads travel, never the 6 expanded ones
     block = AttentionShape(2, 6, 2, seq, 12).kv_block_bytes(n)
     assert run.sent_bytes_per_rank == (int((n - 1) * block),) * n
@@ -125,8 +125,8 @@ def test_every_ranks_ring_gradients_equal_sdpa(pool, placement, causal, heads, k
     n = pool.world_size
     q, k, v = qkv(2, heads, kv_heads, 4 * n, 8, seed=10 + n)  # small: 4 ranks share 2 cores
     d_out = torch.randn_like(q)
-    run = run_ring_attention_grads(pool, q, k, v, d_out, causal, placement)
-    whole = attention_grads_reference(q, k, v, d_out, causal)
+    run = run_ring_attention(pool, q, k, v, causal, placement, d_out=d_out)
+    whole = attention_and_grads(q, k, v, d_out, causal)[1:]
     for rank, (dq, dk, dv) in enumerate(run.shards):
         for got, want in zip((dq, dk, dv), whole):
             assert got.shape == shard_sequence(want, n, placement)[rank].shape
@@ -134,8 +134,8 @@ def test_every_ranks_ring_gradients_equal_sdpa(pool, placement, causal, heads, k
     assert run.exact and run.shards[0][1].shape[1] == kv_heads  # only the KV heads' gradients travel
     # the backward's bytes: K/V passed on n - 1 times, dK/dV n times (the last hop home)
     block = AttentionShape(2, heads, kv_heads, 4 * n, 8).kv_block_bytes(n)
-    assert run.forward_bytes == (n - 1) * block
-    assert run.backward_bytes == run.predicted_backward_bytes == (2 * n - 1) * block
+    assert run.forward_wire_bytes == (n - 1) * block
+    assert run.backward_wire_bytes == run.predicted_backward_bytes == (2 * n - 1) * block
     # memory O(s/n): each rank saved its own rows of q and output, its own K/V and one lse per row
     assert run.saved_bytes == (ring_saved_bytes_per_rank(AttentionShape(2, heads, kv_heads, 4 * n, 8), n),) * n
 
@@ -143,8 +143,8 @@ def test_every_ranks_ring_gradients_equal_sdpa(pool, placement, causal, heads, k
 def test_ring_gradients_without_overlap_are_the_same(pool2):
     q, k, v = qkv(1, 4, 2, 16, 8, seed=12)
     d_out = torch.randn_like(q)
-    a = run_ring_attention_grads(pool2, q, k, v, d_out, placement="zigzag", overlap=False)
-    b = run_ring_attention_grads(pool2, q, k, v, d_out, placement="zigzag", overlap=True)
+    a = run_ring_attention(pool2, q, k, v, placement="zigzag", overlap=False, d_out=d_out)
+    b = run_ring_attention(pool2, q, k, v, placement="zigzag", overlap=True, d_out=d_out)
     assert a.exact and b.exact
     assert all(torch.equal(x, y) for xs, ys in zip(a.shards, b.shards) for x, y in zip(xs, ys))
 
@@ -154,14 +154,17 @@ def test_ring_gradients_on_one_rank_send_nothing():
 
     q, k, v = qkv(1, 2, 1, 6, 8, seed=13)
     with Ranks(1) as one:
-        run = run_ring_attention_grads(one, q, k, v, torch.randn_like(q))
-    assert run.exact and run.backward_bytes == 0 == ring_backward_bytes_per_rank(AttentionShape(1, 2, 1, 6, 8), 1)
+        run = run_ring_attention(one, q, k, v, d_out=torch.randn_like(q))
+    assert run.exact and run.backward_wire_bytes == 0 == ring_backward_bytes_per_rank(AttentionShape(1, 2, 1, 6, 8), 1)
 
 
 def test_training_through_the_ring_equals_one_process_and_the_loss_falls(pool2):
     g = torch.Generator().manual_seed(14)
     x, target = torch.randn(2, 16, 16, generator=g), torch.randn(2, 16, 16, generator=g)
-    run = run_ring_training(pool2, x, target, attention_layer_weights(16, 4, 2, 8), 8, placement="zigzag", steps=4)
+    tiny = ModelConfig("tiny attention", n_layers=1, d_model=16, n_heads=4, n_kv_heads=2, d_ff=16, vocab_size=16,
+                       head_dim=8)
+    run = run_ring_training(pool2, x, target, layer_weights(tiny, parts=("attention",)), tiny, placement="zigzag",
+                            steps=4)
     assert run.exact, run
     assert run.loss_fell and list(run.losses) == sorted(run.losses, reverse=True)
 
@@ -169,9 +172,10 @@ def test_training_through_the_ring_equals_one_process_and_the_loss_falls(pool2):
 @pytest.mark.parametrize("causal", [True, False])
 def test_all_to_all_gradients_equal_sdpa(pool2, causal):
     q, k, v = qkv(2, 4, 2, 12, 8, seed=15)
-    run = run_ulysses_attention_grads(pool2, q, k, v, torch.randn_like(q), causal)
+    run = run_ulysses_attention(pool2, q, k, v, causal, d_out=torch.randn_like(q))
     assert run.exact, run.gaps
-    assert run.backward_bytes == run.forward_bytes == run.predicted_backward_bytes  # each all-to-all's transpose
+    # the backward's all-to-alls are the transposes of the forward's: as many bytes
+    assert run.backward_wire_bytes == run.forward_wire_bytes == run.predicted_backward_bytes
     assert run.saved_bytes[0] > 0
 
 
@@ -182,15 +186,15 @@ def test_zigzag_evens_the_causal_work_counted_per_rank(pool2):
     how the compute times follow is the notebook's claim (``run_balance_check``) and the benchmark's."""
     q, k, v = qkv(1, 4, 4, 1024, 64, seed=5)
     balance = run_ring_balance(pool2, q, k, v, repeats=2)
-    assert set(balance.runs) == {"contiguous", "zigzag"}
-    assert balance.runs["contiguous"].exact and balance.runs["zigzag"].exact
-    assert balance.predicted_imbalance("contiguous") == pytest.approx(4 / 3)
-    assert balance.predicted_imbalance("zigzag") == 1.0
-    for placement, run in balance.runs.items():
+    assert set(balance) == {"contiguous", "zigzag"}
+    assert balance["contiguous"].exact and balance["zigzag"].exact
+    assert balance["contiguous"].predicted_imbalance == pytest.approx(4 / 3)
+    assert balance["zigzag"].predicted_imbalance == 1.0
+    for placement, run in balance.items():
         assert run.computed_blocks == tuple(w.computed_pairs for w in run.predicted_work), placement
         assert all(math.isfinite(t) and t > 0 for t in run.compute_cpu_s), placement
         assert len(run.got.times_s[0]) == 2 and math.isfinite(run.step_s), placement  # the median of 2 passes
-    contiguous, zigzag = balance.runs["contiguous"].computed_blocks, balance.runs["zigzag"].computed_blocks
+    contiguous, zigzag = balance["contiguous"].computed_blocks, balance["zigzag"].computed_blocks
     assert contiguous[1] > contiguous[0] and zigzag[0] == zigzag[1]  # the last rank does the most, unless zigzag
 
 
@@ -233,7 +237,7 @@ def test_all_to_all_attention_equals_whole_sequence_attention(pool, causal):
     q, k, v = qkv(2, 12, 4, 15 * n, 10, seed=7)  # 15 tokens per rank, head_dim 10, GQA 3:1
     run = run_ulysses_attention(pool, q, k, v, causal)
     assert run.gap <= TOLERANCE
-    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=TOLERANCE)
+    assert torch.allclose(run.output, attention(q, k, v, causal=causal), atol=TOLERANCE)
     assert run.measured == run.predicted  # four all-to-alls, bytes as the formula says
     assert [op for op, _, _ in run.measured] == ["all_to_all_single"] * 4
 
@@ -304,7 +308,7 @@ def test_all_gather_kv_attention_equals_whole_sequence_attention(pool, causal):
     q, k, v = qkv(2, 6, 2, 9 * n, 12, seed=8)  # 9 tokens per rank; GQA 3:1, heads need not divide the ranks
     run = run_all_gather_attention(pool, q, k, v, causal)
     assert run.gap <= TOLERANCE
-    assert torch.allclose(run.output, attention_reference(q, k, v, causal), atol=TOLERANCE)
+    assert torch.allclose(run.output, attention(q, k, v, causal=causal), atol=TOLERANCE)
     assert run.measured == run.predicted  # two all-gathers, k then v, as the formula says
     assert [op for op, _, _ in run.measured] == ["all_gather"] * 2
     assert run.sent_bytes_per_rank == (all_gather_kv_bytes_per_rank(AttentionShape(2, 6, 2, 9 * n, 12), n),) * n

@@ -10,15 +10,14 @@ from shardlib.facts.hardware import Link
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.costs.ranks import sweep_on_rank
 from shardlib.lab.harness import on_ranks
-from shardlib.predict.alpha_beta import collective_time_s
-from shardlib.predict.calibration import (
+from shardlib.predict.alpha_beta import (
     DEFAULT_SIZES_BYTES,
     SWEEP_OPS,
     Sample,
-    fastest_of_slowest,
+    collective_time_s,
     fit_link,
-    median_of_slowest,
     r_squared,
+    slowest_samples,
 )
 from shardlib.runtime.errors import RankError
 
@@ -83,12 +82,13 @@ def test_a_sample_is_the_slowest_rank_in_the_fastest_round():
                 {("all_reduce", 64): [1.0, 1.0, 9.0], ("point_to_point", 64): None}]
     # all-reduce: slowest per round 4, 5, 9 -> fastest round 4
     # point-to-point: ranks 0 and 1 only, slowest per round 2, 3, 4 -> 2
-    assert fastest_of_slowest(per_rank, 3) == [Sample("all_reduce", 3, 64, 4.0), Sample("point_to_point", 3, 64, 2.0)]
+    assert slowest_samples(per_rank, 3) == [Sample("all_reduce", 3, 64, 4.0), Sample("point_to_point", 3, 64, 2.0)]
     # the median round instead: all-reduce 4, 5, 9 -> 5; point-to-point 2, 3, 4 -> 3
-    assert median_of_slowest(per_rank, 3) == [Sample("all_reduce", 3, 64, 5.0), Sample("point_to_point", 3, 64, 3.0)]
+    assert slowest_samples(per_rank, 3, "median") == [Sample("all_reduce", 3, 64, 5.0),
+                                                      Sample("point_to_point", 3, 64, 3.0)]
     # ranks outside the group report None and are left out: all-reduce 4, 5, 2 -> 4
-    assert median_of_slowest(per_rank[:2] + [None], 2) == [Sample("all_reduce", 2, 64, 4.0),
-                                                            Sample("point_to_point", 2, 64, 3.0)]
+    assert slowest_samples(per_rank[:2] + [None], 2, "median") == [Sample("all_reduce", 2, 64, 4.0),
+                                                                    Sample("point_to_point", 2, 64, 3.0)]
 
 
 @pytest.mark.parametrize("samples, words", [

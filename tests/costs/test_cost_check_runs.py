@@ -16,7 +16,7 @@ from shardlib.lab.costs.claims import (
     run_slow_rank_check,
 )
 from shardlib.lab.costs.ranks import serving_model
-from shardlib.predict.calibration import Calibration, LinkFit, Sample
+from shardlib.predict.alpha_beta import Calibration, LinkFit, Sample
 
 from .test_cost_checks import LINK, SIZES, on_the_line, replicas_run, run_of
 
@@ -59,17 +59,17 @@ def test_the_calibration_check_passes_its_arguments_and_returns_the_fits_verdict
     fake = Recorder(cal)
     monkeypatch.setattr(claims, "run_calibration", fake)
     pool = NoRanks(4)
-    check = run_calibration_check(pool, rounds=3)
+    got, verdicts = run_calibration_check(pool, rounds=3)
     assert fake.calls == [((pool,), {"n_ranks": 2, "rounds": 3, "statistic": "fastest"})]
-    assert check.run is cal and check.verdicts == calibration_verdicts(cal)
-    (v,) = check.verdicts
+    assert got is cal and verdicts == calibration_verdicts(cal)
+    (v,) = verdicts
     assert v.what == "all-reduce, 16 MiB over 64 B" and v.measured == pytest.approx(20.0) and v.held
 
 
 def test_the_calibration_check_measures_again_until_bytes_cost_time(monkeypatch):
     fake = Recorder(calibration(large_s=1.5e-3), calibration(large_s=0.02))  # 1.5x, then 20x the 64 B
     monkeypatch.setattr(claims, "run_calibration", fake)
-    (v,) = run_calibration_check(NoRanks(2)).verdicts
+    _, (v,) = run_calibration_check(NoRanks(2))
     assert len(fake.calls) == 2 and v.attempts == 2 and v.held
 
 
@@ -87,11 +87,11 @@ def test_the_decode_vs_prefill_check_sorts_its_tokens_and_returns_the_runs_verdi
     fake = Recorder(run)
     monkeypatch.setattr(claims, "run_decode_vs_prefill", fake)
     pool = NoRanks(4)
-    check = run_decode_vs_prefill_check(pool, LINK, tokens=(2048, 1, 256, 8), rounds=2)
+    got, verdicts = run_decode_vs_prefill_check(pool, LINK, tokens=(2048, 1, 256, 8), rounds=2)
     (args, kwargs), = fake.calls
     assert args[0] is pool and args[1] is LINK and args[3] == (1, 8, 256, 2048) and kwargs == {"rounds": 2}
-    assert check.run is run and check.verdicts == decode_vs_prefill_verdicts(run)
-    assert len(check.verdicts) == 9 and all(v.held and v.attempts == 1 for v in check.verdicts)
+    assert got is run and verdicts == decode_vs_prefill_verdicts(run)
+    assert len(verdicts) == 9 and all(v.held and v.attempts == 1 for v in verdicts)
 
 
 def test_the_replicas_check_passes_its_arguments_and_returns_the_runs_verdicts(monkeypatch):
@@ -99,10 +99,10 @@ def test_the_replicas_check_passes_its_arguments_and_returns_the_runs_verdicts(m
     fake = Recorder(run)
     monkeypatch.setattr(claims, "run_replicas_vs_tp", fake)
     pool = NoRanks(2)
-    check = run_replicas_vs_tp_check(pool, LINK, batch=16, tp=2)
+    got, verdicts = run_replicas_vs_tp_check(pool, LINK, batch=16, tp=2)
     assert fake.calls == [((pool, LINK), {"batch": 16, "tp": 2})]
-    assert check.run is run and check.verdicts == replicas_vs_tp_verdicts(run)
-    step, latency, throughput = check.verdicts
+    assert got is run and verdicts == replicas_vs_tp_verdicts(run)
+    step, latency, throughput = verdicts
     assert step.what == "the tp = 2 step" and not step.one_sided_claim and step.held
     assert latency.at_most == 1.0 and throughput.at_least == 1.0 and latency.held and throughput.held
 

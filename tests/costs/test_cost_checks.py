@@ -24,7 +24,7 @@ from shardlib.lab.costs.claims import (
 from shardlib.lab.costs.drivers import DecodeVsPrefillRun, SlowRankRun
 from shardlib.lab.costs.ranks import SLOW_RANK_OPS
 from shardlib.lab.harness import Measured
-from shardlib.predict.calibration import Calibration, LinkFit, Sample
+from shardlib.predict.alpha_beta import Calibration, LinkFit, Sample
 from shardlib.predict.serving.replicas import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 from shardlib.runtime.records import CommRecord
 
@@ -142,14 +142,14 @@ def test_the_slow_rank_check_on_real_ranks_sets_its_steps_beside_the_sleeps(pool
         return result, tuple(verdicts(result))
 
     monkeypatch.setattr(claims, "verified", measure_once)
-    check = run_slow_rank_check(pool2, 1, 0.05)
-    assert check.run.slow_rank == 1 and check.run.delay_s == 0.05 and check.run.ops == list(SLOW_RANK_OPS)
-    assert check.verdicts == slow_rank_verdicts(check.run)
-    steps, waited = check.verdicts
-    assert steps.what == f"the fastest rank's {len(check.run.ops)} steps"
+    run, verdicts = run_slow_rank_check(pool2, 1, 0.05)
+    assert run.slow_rank == 1 and run.delay_s == 0.05 and run.ops == list(SLOW_RANK_OPS)
+    assert verdicts == slow_rank_verdicts(run)
+    steps, waited = verdicts
+    assert steps.what == f"the fastest rank's {len(run.ops)} steps"
     assert waited.what == "rank 0's wait inside them, beyond rank 1's"
-    assert steps.predicted == waited.predicted == pytest.approx(len(check.run.ops) * 0.05)
-    assert {s.rank for s in check.run.spans if s.name == "throttled"} == {1}  # which rank slept: no clock
+    assert steps.predicted == waited.predicted == pytest.approx(len(run.ops) * 0.05)
+    assert {s.rank for s in run.spans if s.name == "throttled"} == {1}  # which rank slept: no clock
     with pytest.raises(ValueError, match="needs a delay above 0 s"):
         run_slow_rank_check(pool2, 1, 0.0)
 

@@ -26,8 +26,7 @@ from shardlib.lab.costs.drivers import (
     run_slow_rank,
 )
 from shardlib.lab.costs.ranks import SLOW_RANK_OPS, requests, serving_model
-from shardlib.lab.verdict import measure_until, strict_checks, timing_claim
-from shardlib.predict.calibration import Sample
+from shardlib.predict.alpha_beta import Sample
 from shardlib.ui.costs_figures import decode_vs_prefill_table
 
 ATOL = 1e-5
@@ -90,28 +89,6 @@ def test_a_sweep_runs_each_round_as_its_own_pool_call_every_degree_in_turn(pool4
     # the last pool call: the third round (in order again) at tp = 4, every point once
     assert Counter((r.op, r.size_bytes) for r in pool4.last_comm if r.rank == 0) == {
         ("all_reduce", 64): 1, ("all_reduce", 1024): 2, ("send", 256): 1, ("recv", 256): 1}
-
-
-def test_a_timing_claim_fails_when_strict_and_speaks_to_a_learner_otherwise(monkeypatch, capsys):
-    assert timing_claim(True, "tp = 2 is faster", "1 ms against 2 ms")
-    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # the notebooks' conftest under nbval, make busy-check
-    assert strict_checks()
-    with pytest.raises(AssertionError, match="Not shown this time: tp = 2 is faster"):
-        timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms", attempts=3)
-    for unstrict in ("0", ""):  # the browser test's kernels; a learner's
-        monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", unstrict)
-        monkeypatch.setenv("CI", "1")  # the surroundings change nothing
-        assert not strict_checks()
-        assert not timing_claim(False, "tp = 2 is faster", "3 ms against 2 ms", attempts=3)
-        said = capsys.readouterr().out
-        assert "3 ms against 2 ms" in said and "After 3 attempt(s)" in said and "run the cell again" in said
-
-
-def test_measure_until_says_how_many_attempts_it_took():
-    results = iter([3, 1, 2, 5])
-    assert measure_until(lambda: next(results), lambda x: x < 3) == (1, 2)
-    results = iter([7, 8, 9, 10])
-    assert measure_until(lambda: next(results), lambda x: x < 3, attempts=3) == (9, 3)  # none held: the last
 
 
 @pytest.mark.parametrize("delay_s", [DELAY_S, 0.0])

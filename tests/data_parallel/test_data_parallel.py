@@ -19,7 +19,7 @@ from shardlib.lab.data_parallel.reference import (
     local_rows,
     toy_batches,
     toy_model,
-    train_reference,
+    train_one_process,
 )
 from shardlib.lab.measure import PeakMeter
 from shardlib.predict.data_parallel import (
@@ -135,7 +135,7 @@ def test_the_ranks_losses_add_up_to_the_global_mean():
 def test_reference_trains_with_adamw():
     model = toy_model(8, 16, 2, 3)
     batches = toy_batches(2, 8, 8, 3)
-    run = train_reference(model, batches, 0.01)
+    run = train_one_process(model, batches, 0.01)
     twin = toy_model(8, 16, 2, 3)
     optimizer = torch.optim.AdamW(twin.parameters(), lr=0.01)
     for x, y in batches:
@@ -184,8 +184,8 @@ def test_activations_per_layer_match_the_formula_and_checkpointing_keeps_only_in
     rows, d, h = 16, 32, 64
     model = toy_model(d, h, 3, 8)
     x, y = toy_batches(1, rows, d, 8)[0]
-    plain = measure_activations(model, x, y, repeats=1)
-    kept = measure_activations(model, x, y, checkpoint=True, repeats=1)
+    plain = measure_activations(model, x, y)
+    kept = measure_activations(model, x, y, checkpoint=True)
     assert plain.saved_bytes_per_unit[:3] == (mlp_activation_bytes(rows, d, h),) * 3  # rows x (d + 2h) x 4
     assert plain.saved_bytes_per_unit[3] == rows * d * 4  # the head keeps its input
     assert kept.saved_bytes_per_unit == (mlp_activation_bytes(rows, d, h, checkpoint=True),) * 4
@@ -215,7 +215,7 @@ def test_recomputation_does_not_load_torchs_compiler():
     code = ("import sys; from shardlib.lab.data_parallel.activations import measure_activations; "
             "from shardlib.lab.data_parallel.reference import toy_batches, toy_model; "
             "x, y = toy_batches(1, 8, 8, 3)[0]; "
-            "m = measure_activations(toy_model(8, 16, 2, 3), x, y, checkpoint=True, repeats=1); "
+            "m = measure_activations(toy_model(8, 16, 2, 3), x, y, checkpoint=True); "
             "print(m.unit_forwards, 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

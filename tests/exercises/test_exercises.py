@@ -614,6 +614,12 @@ def test_graders_refuse_something_that_is_not_a_function(grader):
         grader(42)
 
 
+@pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_one_f_one_b, grade_top_k_router,
+                                    grade_dispatch_plan, grade_merge_partial_attention, grade_fit_alpha_beta])
+def test_a_function_that_returns_nothing_is_not_right(grader):
+    assert_wrong(grader(lambda *args: None), "your function returned None")
+
+
 def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
     starter = (ROOT / "notebooks" / "exercises" / "09_pipeline_schedules_exercises.py").read_text()
     solution = (ROOT / "solutions" / "09_pipeline_schedules_solutions.py").read_text()

@@ -4,10 +4,11 @@ yet", and each named mistake fails with a message that names it."""
 import pytest
 from solutions_module import answers
 
-from shardlib.core.serving.router import make_router, route_trace
+from shardlib.core.serving.router import make_router
 from shardlib.exercises import serving_at_scale as grader
 from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN, PASSED
 from shardlib.exercises.serving_at_scale import PrefixRouterState, grade_prefix_router
+from shardlib.predict.serving.fleet import route_trace
 
 
 def _choose(self, request, balance):
@@ -59,7 +60,7 @@ def test_the_answer_passes_and_a_blank_is_not_written():
 def test_the_grader_follows_the_library_router_and_route_trace():
     for case, replicas, threshold in grader.CASES:
         requests, hold = grader._trace(case)
-        right = grader.routed(requests, hold, replicas, threshold)
+        right = grader.routed(requests, hold, replicas, threshold)[0]
         replayed = route_trace(make_router("prefix-aware", replicas, grader.BLOCK_SIZE, balance_threshold=threshold),
                                requests, replicas, finish=lambda r: hold[r.request_id])
         assert right == replayed
@@ -68,9 +69,9 @@ def test_the_grader_follows_the_library_router_and_route_trace():
 def test_the_first_trace_tells_every_mistake_apart():
     case, replicas, threshold = grader.CASES[0]
     requests, hold = grader._trace(case)
-    runs = [grader.routed(requests, hold, replicas, threshold, m) for m in (None, *grader.MISTAKES)]
+    runs = [grader.routed(requests, hold, replicas, threshold, m)[0] for m in (None, *grader.MISTAKES)]
     assert len({tuple(r) for r in runs}) == len(runs)
-    queued = [grader._seen(requests, hold, runs[0], i, replicas)[0] for i in range(len(requests))]
+    queued = [q for q, _ in grader.routed(requests, hold, replicas, threshold)[1]]
     spreads = {max(q) - min(q) for q in queued}
     assert {threshold - 1, threshold, threshold + 1} <= spreads  # below, at and past the threshold all met
 

@@ -13,9 +13,16 @@ import torch
 from shardlib.core.experts.balance import bias_update, split_groups
 from shardlib.core.experts.dispatch import moe_layer
 from shardlib.core.experts.routing import GATES, MoEConfig, route
-from shardlib.lab.experts.train_drivers import EXACT_RTOL, relative_error, run_balance_training, run_moe_training
-from shardlib.lab.experts.train_reference import make_moe_problem
-from shardlib.lab.experts.train_step import check_ep_degree, project
+from shardlib.lab.experts.training import (
+    EXACT_RTOL,
+    check_ep_degree,
+    make_moe_problem,
+    project,
+    relative_error,
+    run_balance_training,
+    run_moe_training,
+    train_toy,
+)
 
 CFG = MoEConfig(n_experts=8, k=2, d_model=16, d_ff=32)
 
@@ -86,8 +93,6 @@ def test_ep_2_on_4_ranks_reduces_each_expert_over_its_two_copies(pool4):
 def test_the_expert_gradient_needs_the_expert_data_parallel_sum(pool4):
     """Leave out the sum over the expert-data-parallel group and the gradient is wrong by about half:
     the test of the reduction can fail."""
-    from shardlib.lab.experts import train_step
-
     cfg = CFG.but(balance="aux-loss")
     problem = make_moe_problem(cfg, 64, skew=1.0)
 
@@ -101,13 +106,13 @@ def test_the_expert_gradient_needs_the_expert_data_parallel_sum(pool4):
 
         ctx.comm.all_reduce = all_reduce
         try:
-            return train_step.moe_train_on_rank(ctx, *args)
+            return train_toy(ctx, *args)
         finally:
             del ctx.comm.all_reduce
 
     results = pool4.run(no_edp_sum, problem.x, problem.target, problem.weights, cfg, 2, 1)
     good = run_moe_training(pool4, problem, cfg, ep=2)
-    wrong = torch.cat([results[p]["grads"]["up"] for p in range(2)])
+    wrong = torch.cat([results[p].grads["up"] for p in range(2)])
     assert relative_error(wrong, good.grads["up"]) > 1e-3
 
 

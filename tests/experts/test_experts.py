@@ -12,13 +12,13 @@ import math
 import pytest
 import torch
 
-from shardlib.core.experts.balance import assign, bias_update, capacity, served_gates, split_groups
+from shardlib.core.experts.balance import assign, bias_update, capacity, served_gates, split_groups, switch_aux_loss
 from shardlib.core.experts.dispatch import make_moe_weights, run_experts
 from shardlib.core.experts.routing import MAX_PREFERENCE_BIAS, MoEConfig, Routing, preference_bias, route
 from shardlib.core.model import mlp_reference
 from shardlib.facts.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
-from shardlib.lab.experts.balance import aux_load_balancing_loss, load_stats
-from shardlib.lab.experts.reference import make_tokens, moe_reference
+from shardlib.lab.experts.balance import load_stats
+from shardlib.lab.experts.drivers import make_tokens, moe_reference
 
 CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
 WEIGHTS = make_moe_weights(CFG, seed=0)
@@ -123,6 +123,10 @@ def _routing(experts, probs) -> Routing:
     logits = probs.log()
     return Routing(logits, probs, torch.sort(logits, dim=1, descending=True, stable=True).indices, experts,
                    torch.ones(experts.shape, dtype=probs.dtype), probs)
+
+
+def aux_load_balancing_loss(routing: Routing) -> float:
+    return float(switch_aux_loss(routing.experts, routing.probs.double()))
 
 
 def test_the_switch_auxiliary_loss_by_hand():

@@ -288,13 +288,13 @@ def test_measured_idle_fraction_definition():
 
 
 def test_figures_draw_exactly_the_schedule():
-    from shardlib.ui.pipeline_figures import bubble_curve_figure, in_flight_figure, schedule_figure
+    from shardlib.ui.pipeline_figures import bubble_curve_figure, in_flight_figure, step_through_figure
 
     s = make_schedule("1f1b", 4, 8)
-    fig = schedule_figure(s)
-    labels = [(y, t) for trace in fig.data for y, t in zip(trace.y, trace.text)]
+    last = step_through_figure(s).frames[-1].data  # the schedule played to its last slot
+    labels = [(y, t) for trace in last for y, t in zip(trace.y, trace.text)]
     assert sorted(labels) == sorted((f"stage {a.stage}", a.label) for a in s.all_actions())
-    ends = [b + x for trace in fig.data for b, x in zip(trace.base, trace.x)]
+    ends = [b + x for trace in last for b, x in zip(trace.base, trace.x)]
     assert max(ends) == step_slots(s)
     curve = bubble_curve_figure((2, 4), max_microbatches=16, measured={4: {8: 0.3}}, highlight=(4, 8))
     assert [t.name for t in curve.data] == ["p = 2: formula", "p = 4: formula", "p = 4: measured", "now"]

@@ -11,7 +11,6 @@ import pytest
 
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.registry import (
-    SCHEDULE_TITLES,
     SCHEDULES,
     SPECS,
     Bubble,
@@ -19,7 +18,7 @@ from shardlib.core.pipeline.registry import (
     ScheduleSpec,
     schedule_spec,
 )
-from shardlib.core.pipeline.schedules import simulate
+from shardlib.core.pipeline.schedules import Schedule, simulate
 from shardlib.predict.bubbles import PUBLISHED, OpCosts, published_idle_s
 from shardlib.predict.pipeline import peak_in_flight
 
@@ -47,8 +46,7 @@ def _window_idle(schedule, f, b, w):
 
 
 def test_the_names_and_titles_are_the_registrys():
-    assert SCHEDULES == tuple(SPECS) and set(SCHEDULE_TITLES) == set(SCHEDULES)
-    assert all(SCHEDULE_TITLES[n] == SPECS[n].title for n in SCHEDULES)
+    assert SCHEDULES == tuple(SPECS)
     assert PUBLISHED == tuple(n for n in SCHEDULES if SPECS[n].bubble is not None)
     assert {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"} <= set(SCHEDULES)
     with pytest.raises(ValueError, match="no pipeline schedule called 'interleaved'; the schedules are 'gpipe'"):
@@ -143,11 +141,14 @@ def test_the_peak_in_flight_is_the_papers(name):
 def test_a_spec_is_checked_as_it_is_made():
     base = SPECS["zb-v"]
     fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
-    for change, words in (({"placement": "w"}, "placement is 'loop' or 'v'"),
-                          ({"chunks": 3}, "the V placement holds 2 chunks per device, got chunks = 3"),
-                          ({"bubble": None, "no_bubble": ""}, "say in no_bubble why there is none")):
+    with pytest.raises(ValueError, match="say in no_bubble why there is none"):
+        ScheduleSpec(**{**fields, "bubble": None, "no_bubble": ""})
+    rows = tuple(tuple(r) for r in base.order(2, 4, 2, True))
+    for change, words in (({"placement": "w"}, "placement is 'loop' or 'v'"),  # checked as the schedule is built
+                          ({"chunks": 3}, "the V placement gives each stage 2 chunks .* got n_chunks = 3")):
+        spec = ScheduleSpec(**{**fields, **change})
         with pytest.raises(ValueError, match=words):
-            ScheduleSpec(**{**fields, **change})
+            Schedule(spec.name, 2, 4, True, spec.chunks, rows, spec.placement)
     with pytest.raises(ValueError, match="needs a formula or a one-step value"):
         Bubble("?", "?", "nowhere", None, None)
     with pytest.raises(ValueError, match="'microbatches' or 'chunk-microbatches'"):

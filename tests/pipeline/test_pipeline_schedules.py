@@ -389,16 +389,6 @@ def test_torchs_runtime_refuses_what_torch_refuses(pool2, model):
         run_torch_runtime(pool2, "ZBVZeroBubble", SHAPE, model["layers"], model["x"], model["grad"], 5)
 
 
-def test_the_zero_bubble_slider_opens_on_a_step_already_run(pool2, model):
-    from shardlib.ui.pipeline_widgets import zero_bubble_explorer
-
-    first = run_pipeline(pool2, make_schedule("zb-h1", 2, 4), SHAPE, model["layers"], model["x"], model["grad"],
-                         0.004, 0.004, weight_s=0.004)
-    app = zero_bubble_explorer(pool2, SHAPE, model["layers"], model["x"], model["grad"], op_s=0.004,
-                               microbatches=(4, 8), first_run=first)
-    assert f"measured {first.bubble.idle_fraction:.3f}" in app.children[2].value
-
-
 # -- the exercise's first step: a table by hand ----------------------------------------------------------------
 def test_the_small_table_grader_passes_the_answer():
     from shardlib.exercises.pipeline import grade_small_table
@@ -459,13 +449,13 @@ def test_the_split_cases_are_checked_in_the_learners_terms():
 def test_the_predicted_step_is_the_lists_own():
     """At F = B = W = 1 on 2 stages, m = 4: ZB-H1's step is 12 slots of work plus (p-1)(F+B-W) = 1, 1F1B's
     12 plus (p-1)(F+B+W) = 3, exactly."""
-    from shardlib.lab.pipeline.split_drivers import predicted_step_of
-    from shardlib.predict.bubbles import OpCosts
-    ones = OpCosts(1.0, 1.0, 1.0)
-    assert predicted_step_of("zb-h1", 2, 4, ones) == pytest.approx((13.0, 1 / 13))
-    assert predicted_step_of("1f1b", 2, 4, ones) == pytest.approx((15.0, 3 / 15))
-    dear = OpCosts(1.0, 1.0, 2.0)  # a dear W: the ramp of one F stays idle
-    assert predicted_step_of("zb-h1", 2, 4, dear)[0] == pytest.approx(17.0)
+    from shardlib.predict.bubbles import OpCosts, simulated_fraction
+    from shardlib.predict.pipeline import predicted_step_s
+    zb_h1, one_f_one_b, ones = make_schedule("zb-h1", 2, 4), make_schedule("1f1b", 2, 4), OpCosts(1.0, 1.0, 1.0)
+    assert (predicted_step_s(zb_h1, 1, 1, 0, 1), simulated_fraction(zb_h1, ones)) == pytest.approx((13.0, 1 / 13))
+    assert (predicted_step_s(one_f_one_b, 1, 1, 0, 1), simulated_fraction(one_f_one_b, ones)) == pytest.approx(
+        (15.0, 3 / 15))
+    assert predicted_step_s(zb_h1, 1, 1, 0, 2) == 17  # a dear W: the ramp of one F stays idle
 
 
 def test_the_verdicts_set_the_lists_step_beside_the_measured_one():
@@ -481,7 +471,9 @@ def test_the_verdicts_set_the_lists_step_beside_the_measured_one():
 
 
 def test_the_split_cases_measured_on_ranks_are_exact_and_predicted_from_their_own_spans(pool2, model):
-    from shardlib.lab.pipeline.split_drivers import predicted_step_of, run_split_cases
+    from shardlib.lab.pipeline.split_drivers import run_split_cases
+    from shardlib.predict.bubbles import simulated_fraction
+    from shardlib.predict.pipeline import predicted_step_s
     check = run_split_cases(pool2, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 4, 2.0)], SHAPE,
                             model["layers"], model["x"], model["grad"], op_s=0.004)
     steps = check.steps
@@ -490,6 +482,8 @@ def test_the_split_cases_measured_on_ranks_are_exact_and_predicted_from_their_ow
     assert steps[1].costs == steps[0].costs  # 1F1B's whole backward borrows ZB-H1's measured F, B and W
     assert steps[2].costs.weight_s > steps[0].costs.weight_s  # W padded to twice F
     for s in steps:
-        assert (s.predicted_step_s, s.predicted_idle) == predicted_step_of(s.case.name, 2, 4, s.costs)
+        c = s.costs  # one action's F, B and W
+        assert s.predicted_step_s == predicted_step_s(s.schedule, c.forward_s, c.backward_s, 0, c.weight_s)
+        assert s.predicted_idle == simulated_fraction(make_schedule(s.case.name, 2, 4), c)
         assert s.peak_in_flight == ((2, 2) if s.case.name == "zb-h1" else (2, 1))
         assert s.measured_step_s > 0 and 0 <= s.measured_idle < 1

@@ -19,7 +19,7 @@ import torch
 
 from shardlib.core.mesh import Layout
 from shardlib.facts.models import TOY
-from shardlib.lab.serving.machines import across_layout, tp_inside_pp_across_on_rank
+from shardlib.lab.machines import across_layout, tp_inside_pp_across_on_rank
 from shardlib.predict.serving.traffic import forward_traffic
 from shardlib.runtime.launch import processes_of_job, start_local_nodes
 
@@ -141,7 +141,7 @@ def test_tp_inside_pp_across_on_a_pool(pool4):
 
 
 # -- two torchrun agents: two nodes on one machine --------------------------------------------------------
-TARGET = "shardlib.lab.serving.machines:tp_inside_pp_across_on_rank"
+TARGET = "shardlib.lab.machines:tp_inside_pp_across_on_rank"
 
 
 def _no_process_left(run_id: str) -> None:

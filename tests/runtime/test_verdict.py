@@ -2,7 +2,7 @@
 
 import pytest
 
-from shardlib.lab.verdict import Verdict, verified
+from shardlib.lab.verdict import Verdict, strict_checks, verified
 
 
 def test_a_verdict_prints_prediction_measurement_ratio_and_whether_it_held():
@@ -31,6 +31,15 @@ def test_a_learner_reads_the_numbers_not_a_traceback(monkeypatch, capsys):
     monkeypatch.delenv("SHARDLIB_STRICT_CLAIMS", raising=False)
     _, (v,) = verified(lambda: 5.0, lambda m: [Verdict("step", 1.0, m)], attempts=2)
     assert not v.held and v.attempts == 2 and "run the cell again" in capsys.readouterr().out
+
+
+def test_only_shardlib_strict_claims_makes_a_claim_fail(monkeypatch):
+    monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "1")  # the notebooks' conftest under nbval, make busy-check
+    assert strict_checks()
+    for unstrict in ("0", ""):  # the browser test's kernels; a learner's
+        monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", unstrict)
+        monkeypatch.setenv("CI", "1")  # the surroundings change nothing
+        assert not strict_checks()
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from shardlib.core.config import ModelConfig, kv_bytes_per_token
-from shardlib.core.model import forward_reference, greedy_reference, random_weights, weights_from_hf_llama
+from shardlib.core.model import (
+    forward_reference,
+    greedy_reference,
+    hf_llama_from_weights,
+    random_weights,
+    weights_from_hf_llama,
+)
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request
@@ -150,6 +156,14 @@ def test_a_checkpoint_on_disk_loads_to_the_same_weights(hf_model, weights, tmp_p
     assert all(torch.equal(a[k], b[k]) for a, b in zip(loaded.layers, weights.layers) for k in a)
     with pytest.raises(ValueError, match="has no config.json"):
         load_llama_checkpoint(tmp_path / "nowhere")
+
+
+def test_weights_written_back_are_the_transformers_state_dict(hf_model, weights):
+    state, config = hf_llama_from_weights(weights)
+    original = hf_model.state_dict()
+    assert set(state) == {k for k in original if k.endswith(".weight")}
+    assert all(torch.equal(t, original[k]) for k, t in state.items())
+    assert weights_from_hf_llama(state, config).config == weights.config
 
 
 def test_random_weights_need_no_transformers_and_serve_exactly():

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlib.core.serving.engine import StepRecord
-from shardlib.core.serving.loop import run_engine
+from shardlib.core.serving.loop import StepRecord, run_engine
 from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.facts.hardware import H100_80GB
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B
@@ -20,7 +19,7 @@ from shardlib.predict.serving.engine import (
     paged_utilization,
     simulate_serving,
 )
-from shardlib.predict.serving.fit import fit_on_gpus
+from shardlib.predict.serving.memory import fit_on_gpus
 from shardlib.predict.shapes import kv_cache_bytes
 
 

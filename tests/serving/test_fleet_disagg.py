@@ -16,11 +16,11 @@ import torch
 
 from shardlib.core.config import ModelConfig, kv_bytes_per_token
 from shardlib.core.model import random_weights
-from shardlib.core.serving.handoff import kv_bytes_per_request
 from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.lab.serving.disagg_run import run_disaggregated
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
 from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
+from shardlib.predict.serving.presets import kv_bytes_per_rank
 from shardlib.runtime.ranks import Ranks
 from shardlib.ui.serving_tables import disaggregation_table, handoff_line
 
@@ -59,7 +59,7 @@ def test_tokens_equal_the_colocated_engine_and_bytes_the_formula(weights, trace,
     for r in trace:
         per_rank = 2 * MODEL.n_layers * max(1, MODEL.n_kv_heads // p) * MODEL.head_dim * 8 * len(r.prompt_token_ids)
         expected = p * per_rank if r.max_new_tokens > 1 else 0  # one token: done at the prefill, nothing sent
-        assert kv_bytes_per_request(MODEL, len(r.prompt_token_ids), p, 8) == per_rank
+        assert kv_bytes_per_rank(MODEL, len(r.prompt_token_ids), p, 8) == per_rank
         assert run.kv_bytes_predicted[r.request_id] == expected
         assert run.kv_bytes_sent[r.request_id] == expected  # measured: the comm log's handoff sends
         messages = (MODEL.n_layers if layerwise else 1) * p if r.max_new_tokens > 1 else 0
@@ -169,17 +169,6 @@ def test_an_error_on_one_rank_surfaces_and_the_pool_recovers(weights, trace):
         assert all(len(run.tokens[r.request_id]) == r.max_new_tokens for r in trace[:3])
 
 
-def test_kv_bytes_per_request_is_the_formula():
-    # Llama-3-8B-like: 32 layers, 8 KV heads of 128, bf16: 128 KiB a token; tp 2 halves it, tp 16 copies heads
-    big = ModelConfig("llama", vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
-                      max_positions=8192, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
-    assert kv_bytes_per_request(big, 1000) == 2 * 32 * 8 * 128 * 2 * 1000
-    assert kv_bytes_per_request(big, 1000, tp=2) == 2 * 32 * 4 * 128 * 2 * 1000
-    assert kv_bytes_per_request(big, 1000, tp=16) == 2 * 32 * 1 * 128 * 2 * 1000
-    with pytest.raises(ValueError, match="whole number of tokens"):
-        kv_bytes_per_request(big, 2.5)
-
-
 def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeypatch):
     """The exact parts of ``run_disaggregation_check``: what it runs, predicts and tabulates, and the bytes
     claim, which holds exactly. Its timing verdicts are the notebook's to show (they are not asserted here:
@@ -239,7 +228,7 @@ def test_the_check_reuses_a_run_given_and_refuses_a_mismatched_one(weights, pool
 
 
 def test_interference_needs_both_kinds_of_step():
-    from shardlib.core.serving.engine import StepRecord
+    from shardlib.core.serving.loop import StepRecord
     from shardlib.lab.serving.disagg_drivers import interference
     from shardlib.predict.serving.engine import StepCost
 

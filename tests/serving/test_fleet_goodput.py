@@ -9,11 +9,11 @@ import pytest
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.serving.disagg import admit_handed_off
-from shardlib.core.serving.requests import EngineConfig, Request, RequestMetrics
+from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.core.serving.scheduler import Scheduler
 from shardlib.facts.hardware import Link
 from shardlib.predict.serving.engine import StepCost, simulate_serving
-from shardlib.predict.serving.goodput import ServingObjective, goodput, slo_attainment
+from shardlib.predict.serving.goodput import RequestMetrics, ServingObjective, goodput, slo_attainment
 from shardlib.predict.serving.pools import handoff_s, simulate_pools
 
 MODEL = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from shardlib.core.serving.requests import EngineConfig
-from shardlib.core.serving.router import make_router, route_trace
+from shardlib.core.serving.router import make_router
 from shardlib.lab.serving.traces import hot_prefix_trace
 from shardlib.predict.serving.engine import StepCost, simulate_serving
-from shardlib.predict.serving.fleet import simulate_replicas
+from shardlib.predict.serving.fleet import route_trace, simulate_replicas
 
 COST = StepCost(overhead_s=2e-3, per_token_s=1e-4, per_key_s=0.0, n_layers=2, d_model=32, element_bytes=8)
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_batch_tokens=64, max_num_seqs=4)

@@ -7,27 +7,26 @@ from shardlib.facts.hardware import ETHERNET_100G, INFINIBAND_400G, NVLINK
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
 from shardlib.predict.serving.presets import (
     REAL_MODELS,
-    HandoffNeed,
     handoff_need,
-    model_kv_bytes_per_request,
+    kv_bytes_per_rank,
 )
 from shardlib.ui.tables import handoff_table
 
 
 def test_llama_3_70b_by_hand():
     # 2 (K and V) x 80 layers x 8 KV heads x 128 head dim x 2 bytes (bf16) = 327,680 bytes a token
-    assert model_kv_bytes_per_request(LLAMA_3_70B, 1) == 327_680
-    assert model_kv_bytes_per_request(LLAMA_3_70B, 1000) == 327_680_000
+    assert kv_bytes_per_rank(LLAMA_3_70B, 1) == 327_680
+    assert kv_bytes_per_rank(LLAMA_3_70B, 1000) == 327_680_000
     # tp = 8: one KV head a rank, an eighth each
-    assert model_kv_bytes_per_request(LLAMA_3_70B, 1000, tp=8) == 40_960_000
+    assert kv_bytes_per_rank(LLAMA_3_70B, 1000, tp=8) == 40_960_000
     # tp = 16 passes the 8 KV heads: each rank holds a copy of one, so a rank's share stops shrinking
-    assert model_kv_bytes_per_request(LLAMA_3_70B, 1000, tp=16) == 40_960_000
+    assert kv_bytes_per_rank(LLAMA_3_70B, 1000, tp=16) == 40_960_000
     assert handoff_need(LLAMA_3_70B, 1000, 1.0, tp=16).kv_bytes_per_request == 655_360_000
 
 
 def test_llama_3_8b_and_mixtral_share_a_shape_of_attention():
     # 2 x 32 layers x 8 KV heads x 128 x 2 bytes = 131,072 bytes (128 KiB) a token, for both
-    assert model_kv_bytes_per_request(LLAMA_3_8B, 1) == 131_072 == model_kv_bytes_per_request(MIXTRAL_8X7B, 1)
+    assert kv_bytes_per_rank(LLAMA_3_8B, 1) == 131_072 == kv_bytes_per_rank(MIXTRAL_8X7B, 1)
 
 
 def test_one_formula_for_the_presets_and_the_engine_llama():
@@ -40,8 +39,19 @@ def test_one_formula_for_the_presets_and_the_engine_llama():
         model = ModelConfig("same-shape", bytes_per_param=float(dtype_bytes), **shape)
         for tp in (1, 2, 4, 8):
             engine = kv_bytes_per_token(llama.n_layers, llama.n_kv_heads, llama.head_dim, dtype_bytes, tp)
-            assert model_kv_bytes_per_request(model, 10, tp) == engine * 10
-    assert model_kv_bytes_per_request(TOY, 5) == TOY.kv_bytes_per_token() * 5
+            assert kv_bytes_per_rank(model, 10, tp) == engine * 10
+    assert kv_bytes_per_rank(TOY, 5) == TOY.kv_bytes_per_token() * 5
+
+
+def test_kv_bytes_per_rank_is_the_formula():
+    # Llama-3-8B-like: 32 layers, 8 KV heads of 128, bf16: 128 KiB a token; tp 2 halves it, tp 16 copies heads
+    big = ModelConfig("llama", vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
+                      max_positions=8192, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
+    assert kv_bytes_per_rank(big, 1000) == 2 * 32 * 8 * 128 * 2 * 1000
+    assert kv_bytes_per_rank(big, 1000, tp=2) == 2 * 32 * 4 * 128 * 2 * 1000
+    assert kv_bytes_per_rank(big, 1000, tp=16) == 2 * 32 * 1 * 128 * 2 * 1000
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        kv_bytes_per_rank(big, 2.5)
 
 
 def test_the_link_a_rate_needs():
@@ -62,11 +72,10 @@ def test_the_table_has_a_row_per_real_model():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: model_kv_bytes_per_request(LLAMA_3_70B, 1000, tp=3), "cannot use tp = 3"),
-    (lambda: model_kv_bytes_per_request(LLAMA_3_70B, 0), "prompt_tokens"),
-    (lambda: model_kv_bytes_per_request("Llama-3-70B", 10), "must be a ModelConfig"),
+    (lambda: kv_bytes_per_rank(LLAMA_3_70B, 1000, tp=3), "cannot use tp = 3"),
+    (lambda: kv_bytes_per_rank(LLAMA_3_70B, 0), "prompt_tokens"),
+    (lambda: kv_bytes_per_rank("Llama-3-70B", 10), "must be a ModelConfig"),
     (lambda: handoff_need(LLAMA_3_70B, 10, 0.0), "rate_per_s"),
-    (lambda: HandoffNeed("m", 10, 2, 1.0, 5, 11), "2 ranks x 5 bytes"),
 ])
 def test_bad_input_is_refused_in_words(call, message):
     with pytest.raises(ValueError, match=message):

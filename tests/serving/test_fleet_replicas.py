@@ -11,11 +11,12 @@ import torch
 from shardlib.core.config import ModelConfig
 from shardlib.core.model import random_weights
 from shardlib.core.serving.requests import EngineConfig
-from shardlib.core.serving.router import make_router, route_trace
+from shardlib.core.serving.router import make_router
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
 from shardlib.lab.serving.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
 from shardlib.lab.serving.traces import hot_prefix_trace
 from shardlib.predict.serving.engine import StepCost, simulate_serving
+from shardlib.predict.serving.fleet import route_trace
 from shardlib.ui.serving_tables import served_table
 
 POLICIES = ("round-robin", "least-loaded", "prefix-aware")

@@ -14,9 +14,9 @@ from shardlib.core.serving.router import (
     ReplicaLoad,
     RoundRobinRouter,
     make_router,
-    route_trace,
 )
 from shardlib.lab.serving.traces import shared_prefix_trace
+from shardlib.predict.serving.fleet import route_trace
 
 
 def loads(*queued, kv=None, total=10):

@@ -1,5 +1,5 @@
-"""A prefill : decode split of engines predicted on a step cost: one engine each way is the two pools'
-replay, round robin deals the requests, and bad splits are refused in words."""
+"""A prefill : decode split of engines predicted on a step cost: one engine each way first-tokens as the
+engine alone, round robin deals the requests, and bad splits are refused in words."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from shardlib.lab.serving.disagg_drivers import LOOPBACK
 from shardlib.lab.serving.traces import poisson_trace
 from shardlib.predict.serving.engine import StepCost, simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective
-from shardlib.predict.serving.pools import simulate_pools
-from shardlib.predict.serving.splits import simulate_colocated, simulate_split, split_figures
+from shardlib.predict.serving.pools import simulate_colocated, simulate_pools, split_figures
 
 MODEL = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
                     max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
@@ -26,10 +25,11 @@ def trace_at(rate):
     return poisson_trace(16, rate, prompt_tokens=(4, 40), new_tokens=(2, 24), seed=7)
 
 
-def test_one_engine_each_way_is_the_two_pools_replay():
+def test_one_engine_each_way_is_the_engine_alone():
     trace = trace_at(100.0)
-    assert simulate_split(trace, CONFIG, COST, LOOPBACK, MODEL, 1, 1) == simulate_pools(
-        trace, CONFIG, COST, LOOPBACK, MODEL, 1).token_times_s
+    firsts = simulate_serving([replace(r, max_new_tokens=1) for r in trace], CONFIG, COST).token_times_s
+    pools = simulate_pools(trace, CONFIG, COST, LOOPBACK, MODEL)
+    assert {rid: times[0] for rid, times in pools.token_times_s.items()} == {rid: t[0] for rid, t in firsts.items()}
     assert simulate_colocated(trace, CONFIG, COST, 1) == simulate_serving(trace, CONFIG, COST).token_times_s
 
 
@@ -38,7 +38,7 @@ def test_round_robin_deals_the_requests_over_the_engines():
     colocated = simulate_colocated(trace, CONFIG, COST, 2)
     assert colocated == {**simulate_serving(trace[0::2], CONFIG, COST).token_times_s,
                          **simulate_serving(trace[1::2], CONFIG, COST).token_times_s}
-    split = simulate_split(trace, CONFIG, COST, LOOPBACK, MODEL, 2, 1)
+    split = simulate_pools(trace, CONFIG, COST, LOOPBACK, MODEL, prefill_engines=2, decode_engines=1).token_times_s
     firsts = {**simulate_serving([replace(r, max_new_tokens=1) for r in trace[0::2]], CONFIG, COST).token_times_s,
               **simulate_serving([replace(r, max_new_tokens=1) for r in trace[1::2]], CONFIG, COST).token_times_s}
     assert {rid: times[0] for rid, times in split.items()} == {rid: t[0] for rid, t in firsts.items()}
@@ -62,6 +62,6 @@ def test_bad_splits_are_refused_in_words():
     with pytest.raises(ValueError, match="summing to 4; got 2 : 3"):
         split_figures(trace_at, 100.0, (100.0,), CONFIG, COST, LOOPBACK, MODEL, 4, (2, 3))
     with pytest.raises(ValueError, match="decode_engines"):
-        simulate_split(trace_at(100.0), CONFIG, COST, LOOPBACK, MODEL, 1, 0)
+        simulate_pools(trace_at(100.0), CONFIG, COST, LOOPBACK, MODEL, decode_engines=0)
     with pytest.raises(ValueError, match="ServingObjective"):
         split_figures(trace_at, 100.0, (100.0,), CONFIG, COST, LOOPBACK, MODEL, 4, None, (0.1,))

@@ -12,7 +12,7 @@ from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.hardware import Link, toy_cluster
 from shardlib.facts.models import TOY
 from shardlib.lab.serving.drivers import check_combined_inputs, run_combined, traffic_by_axis
-from shardlib.lab.tensor_parallel.reference import simulate_tp_stack
+from shardlib.lab.tensor_parallel.drivers import tp_stack_in_one_process
 from shardlib.predict.serving.memory import Workload
 from shardlib.predict.serving.planner import plan_serving
 
@@ -23,7 +23,7 @@ REFERENCE = stack_reference(X, LAYERS, TOY)
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_single_process_tp_stack_matches_reference(tp):
-    out = simulate_tp_stack(X, LAYERS, TOY, tp)
+    out = tp_stack_in_one_process(X, LAYERS, TOY, tp)
     if tp == 1:
         assert torch.equal(out, REFERENCE)
     else:
@@ -32,7 +32,7 @@ def test_single_process_tp_stack_matches_reference(tp):
 
 def test_single_process_rejects_tp_that_breaks_heads():
     with pytest.raises(ValueError, match="4 KV heads cannot be split 3 ways"):
-        simulate_tp_stack(X, LAYERS, TOY, 3)
+        tp_stack_in_one_process(X, LAYERS, TOY, 3)
 
 
 MESHES = {2: [Layout(tp=1, pp=2), Layout(tp=2, pp=1), Layout(tp=1, pp=1, dp=2)],

@@ -27,6 +27,7 @@ from shardlib.predict.serving.memory import (
 )
 from shardlib.predict.serving.planner import enumerate_layouts, plan_serving
 from shardlib.predict.serving.traffic import forward_traffic
+from shardlib.ui.serving_reasons import score_reasons
 from shardlib.ui.tables import format_plan
 
 LLAMA_3_405B = LLAMA_3_1_405B
@@ -312,7 +313,7 @@ def test_llama_8b_fits_on_one_gpu_so_replicas_win_throughput_when_memory_holds_a
     by_layout = {s.layout: s for s in p.ranked}
     replicas, pairs = by_layout[Layout(1, 1, 8)], by_layout[Layout(2, 1, 4)]
     assert (replicas.batch, pairs.batch) == (104, 238) and pairs.tokens_per_s > replicas.tokens_per_s
-    assert "set by free memory" in p.best.reasons[0]
+    assert "set by free memory" in score_reasons(p, p.best)[0]
 
 
 def test_mixtral_needs_two_or_more_gpus():

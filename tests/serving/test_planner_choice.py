@@ -16,8 +16,9 @@ from shardlib.facts.hardware import H100_80GB, TWO_NODES_8_H100, gpu_cluster
 from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_70B, MIXTRAL_8X7B
 from shardlib.predict.serving.memory import Workload
 from shardlib.predict.serving.planner import OBJECTIVES, plan_serving
-from shardlib.predict.serving.reasons import PP_ACROSS, TP_ACROSS, counterpart, kind
+from shardlib.predict.serving.traffic import PP_ACROSS, TP_ACROSS, counterpart, kind
 from shardlib.predict.units import ms
+from shardlib.ui.serving_reasons import plan_reasons, score_reasons
 from shardlib.ui.tables import format_plan
 
 # Made-up models with 16 KV heads, so that tensor parallelism may cross two 8-GPU nodes without copying
@@ -60,7 +61,7 @@ def test_pp_across_nodes_beats_tp_across_nodes_for_throughput_with_a_full_batch(
     assert pp_at < tp_at and pp_best.tokens_per_s > tp_best.tokens_per_s
     assert p.best.layout == pp_best.layout  # and it is the planner's choice
     # the winner's reasons name the counterpart, the winner each way, and by how much
-    versus = next(r for r in p.best.reasons if "ms/token" in r and "tokens/s" in r)
+    versus = next(r for r in score_reasons(p, p.best) if "ms/token" in r and "tokens/s" in r)
     assert f"throughput: {PP_ACROSS} wins" in versus and "x the tokens" in versus
 
 
@@ -76,7 +77,7 @@ def test_with_a_small_batch_tp_across_nodes_wins_throughput_and_the_reasons_say_
     kinds = [kind(s.layout, cluster) for s in p.ranked]
     tp_at = kinds.index(TP_ACROSS)
     assert all(k not in (PP_ACROSS, "PP across nodes") for k in kinds[:tp_at])
-    why = next(r for r in p.ranked[tp_at].reasons if "Because" in r)
+    why = next(r for r in score_reasons(p, p.ranked[tp_at]) if "Because" in r)
     assert f"throughput: {TP_ACROSS} wins" in why and "re-reads its weights" in why and "all-reduces over" in why
 
 
@@ -89,21 +90,21 @@ def test_latency_is_weighed_both_ways_with_the_margin():
     by_layout = {s.layout: s for s in p.ranked}
     margin = by_layout[Layout(8, 2, 1)].decode_step_s / p.best.decode_step_s
     assert 1.3 < margin < 1.8
-    why = next(r for r in p.best.reasons if "Because" in r)
+    why = next(r for r in score_reasons(p, p.best) if "Because" in r)
     assert f"Latency: {TP_ACROSS} wins, {margin:.2f}x faster" in why
     assert "paying 252 all-reduces over InfiniBand NDR 400 Gb/s" in why and "runs its 2 stages one after another" in why
     # A loaded server (64 sequences): each all-reduce now carries 64 tokens (2 MB) over the network, and the
     # pipeline wins latency too.
     q = plan_serving(LLAMA_3_1_405B, TWO_NODES_8_H100, replace(copy, batch=64), "latency")
     assert q.best.layout == Layout(8, 2, 1)
-    assert f"Latency: {PP_ACROSS} wins" in next(r for r in q.best.reasons if "Because" in r)
+    assert f"Latency: {PP_ACROSS} wins" in next(r for r in score_reasons(q, q.best) if "Because" in r)
 
 
 def test_without_copying_kv_heads_tp_across_is_ruled_out_and_the_margin_is_still_reported():
     p = plan_serving(LLAMA_3_1_405B, TWO_NODES_8_H100, Workload(copy_kv_heads=False), "latency")
     assert p.best.layout == Layout(8, 2, 1)  # as Meta served it; uneven stages (4 of 32, 32, 31, 31) rank below
     assert all(s.layout.tp <= 8 for s in p.ranked)
-    line = next(r for r in p.best.reasons if TP_ACROSS in r)
+    line = next(r for r in score_reasons(p, p.best) if TP_ACROSS in r)
     assert line.startswith(f"{TP_ACROSS} (tp=16 pp=1 dp=1) is ruled out: tp = 16 exceeds the 8 KV heads")
     assert "With each KV head copied on 2 GPUs" in line and "x faster" in line
 
@@ -142,9 +143,9 @@ def format_choices(models, clusters, workload: Workload = Workload()) -> str:
                 lines.append(f"{model.name} on {cluster.name}, by {objective}: " + (
                     f"{b.layout.label} ({kind(b.layout, cluster)}), batch {b.batch}, {ms(b.decode_step_s)}/token, "
                     f"{b.tokens_per_s:,.0f} tokens/s" if b else "nothing fits"))
-                lines.append(f"    why: {p.reasons[-1]}")
+                lines.append(f"    why: {plan_reasons(p)[-1]}")
                 across = [r for s in p.ranked if kind(s.layout, cluster) == PP_ACROSS
-                          for r in s.reasons if TP_ACROSS in r]
+                          for r in score_reasons(p, s) if TP_ACROSS in r]
                 lines += [f"    across nodes: {r}" for r in across[:1]]  # the best-ranked such layout's
     return "\n".join(lines)
 

@@ -20,8 +20,7 @@ from shardlib.facts.hardware import (
     gpu_cluster,
 )
 from shardlib.facts.models import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
-from shardlib.predict.serving.fit import fit_on_gpus, gpus_needed
-from shardlib.predict.serving.memory import Workload
+from shardlib.predict.serving.memory import Workload, fit_on_gpus, gpus_needed
 from shardlib.predict.serving.planner import plan_serving
 from shardlib.predict.serving.replicas import latency_vs_throughput
 from shardlib.ui.tables import format_fit, format_latency_vs_throughput

@@ -21,9 +21,13 @@ from shardlib.core.tensor_parallel.layers import (
 )
 from shardlib.core.toy import activations, layer_weights, stack_weights
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
-from shardlib.lab.tensor_parallel.drivers import run_pair, run_tp_block
+from shardlib.lab.tensor_parallel.drivers import (
+    pair_in_one_process,
+    run_pair,
+    run_tp_block,
+    tp_stack_in_one_process,
+)
 from shardlib.lab.tensor_parallel.ranks import pair_column_then_row_on_rank, tp_block_on_rank
-from shardlib.lab.tensor_parallel.reference import TensorParallelPair, simulate_tp_stack
 from shardlib.predict.shapes import check_tensor_parallel, usable_tensor_parallel_degrees
 from shardlib.predict.tensor_parallel import (
     CUTS,
@@ -44,7 +48,7 @@ def test_a_sharded_pair_computes_what_the_unsharded_one_does(n_shards):
     torch.manual_seed(0)
     first, second = nn.Linear(64, 128, bias=False), nn.Linear(128, 64, bias=False)
     x = torch.randn(3, 5, 64)
-    assert torch.allclose(second(first(x)), TensorParallelPair(first, second, n_shards=n_shards)(x), atol=ATOL)
+    assert torch.allclose(second(first(x)), pair_in_one_process(x, first.weight, second.weight, n_shards), atol=ATOL)
 
 
 @pytest.mark.parametrize("n_shards", [1, 2, 3, 4, 8])
@@ -52,16 +56,15 @@ def test_odd_shapes_biases_and_an_activation(n_shards):
     torch.manual_seed(1)
     first, second = nn.Linear(30, 96), nn.Linear(96, 7)  # 96 divides 1, 2, 3, 4 and 8 ways
     x = torch.randn(2, 9, 30)
-    pair = TensorParallelPair(first, second, n_shards, activation=F.gelu)
-    assert torch.allclose(second(F.gelu(first(x))), pair(x), atol=ATOL)
+    pair = pair_in_one_process(x, first.weight, second.weight, n_shards, first.bias, second.bias, F.gelu)
+    assert torch.allclose(second(F.gelu(first(x))), pair, atol=ATOL)
 
 
 def test_the_row_bias_is_added_once_after_the_sum():
     torch.manual_seed(2)
     first, second = nn.Linear(8, 16), nn.Linear(16, 4)
-    pair = TensorParallelPair(first, second, 4)
     x = torch.randn(5, 8)
-    partials = sum(pair.shard_output(x, i) for i in range(4))
+    partials = pair_in_one_process(x, first.weight, second.weight, 4, first.bias)
     assert torch.allclose(partials + second.bias, second(first(x)), atol=ATOL)
     assert not torch.allclose(partials + 4 * second.bias, second(first(x)), atol=1e-3)
 
@@ -81,8 +84,10 @@ def test_shards_are_slices_that_reassemble_exactly():
     (lambda: shard_rows(torch.zeros(8, 8), -2), "at least 1"),
     (lambda: shard_rows(torch.zeros(8, 8), 2.0), "at least 1"),
     (lambda: shard_rows(torch.zeros(2, 8, 8), 2), "expected an \\(out, in\\) weight"),
-    (lambda: TensorParallelPair(nn.Linear(4, 8), nn.Linear(6, 4), 2), "first produces 8 features but second expects 6"),
-    (lambda: TensorParallelPair(nn.Linear(4, 10), nn.Linear(10, 4), 4), "10 output features cannot be split 4 ways"),
+    (lambda: pair_in_one_process(torch.zeros(4), torch.zeros(8, 4), torch.zeros(4, 6), 2),
+     "w1 produces 8 features but w2 expects 6"),
+    (lambda: pair_in_one_process(torch.zeros(4), torch.zeros(10, 4), torch.zeros(4, 10), 4),
+     "10 output features cannot be split 4 ways"),
 ])
 def test_bad_splits_say_which_rule_broke(call, words):
     with pytest.raises(ValueError, match=words):
@@ -117,13 +122,14 @@ def test_the_blocks_simulated_in_one_process_equal_the_unsharded_stack(tp):
     of two whole transformer blocks): equal to the unsharded stack within float32 rounding."""
     layers = stack_weights(DIVISIBLE, seed=1)
     x = activations(2, 5, DIVISIBLE.d_model, seed=2)
-    assert torch.allclose(simulate_tp_stack(x, layers, DIVISIBLE, tp), stack_reference(x, layers, DIVISIBLE), atol=ATOL)
+    got = tp_stack_in_one_process(x, layers, DIVISIBLE, tp)
+    assert torch.allclose(got, stack_reference(x, layers, DIVISIBLE), atol=ATOL)
 
 
 def test_one_shard_is_the_reference_bit_for_bit():
     layers = stack_weights(TOY, seed=1)
     x = activations(2, 5, TOY.d_model, seed=2)
-    assert torch.equal(simulate_tp_stack(x, layers, TOY, 1), stack_reference(x, layers, TOY))
+    assert torch.equal(tp_stack_in_one_process(x, layers, TOY, 1), stack_reference(x, layers, TOY))
 
 
 # -- on real ranks ----------------------------------------------------------------------------------

@@ -14,14 +14,12 @@ from shardlib.predict.experts import ep_group_nodes, expert_all_to_all
 from shardlib.predict.serving.decode import ep_all_to_all
 from shardlib.predict.serving.planner import plan_serving
 from shardlib.predict.shapes import kv_cache_bytes
+from shardlib.predict.training.choices import DEEPSEEK_V3_PUBLISHED, deepseek_v3_choices
 from shardlib.predict.training.memory import check_expert_layout, expert_dp, stage_params, training_memory
-from shardlib.predict.training.moe_choices import (
-    DEEPSEEK_V3_PUBLISHED,
-    deepseek_v3_choices,
-)
 from shardlib.predict.training.planner import expert_degrees, plan_training
 from shardlib.predict.training.time_model import TrainingWorkload, ep_all_to_all_s, score_training
-from shardlib.ui.tables import format_deepseek_v3_choices
+from shardlib.ui.serving_reasons import score_reasons
+from shardlib.ui.tables import format_training_choices
 
 EXPERT = 3 * 7168 * 2048  # one DeepSeek-V3 expert: gate, up, down
 
@@ -125,13 +123,13 @@ def test_deepseek_v3_choice_beside_the_published_layout(deepseek_rows):
     assert (pub.tp, pub.pp, pub.ep, pub.dp, pub.dp_strategy, pub.gpus) == (1, 16, 64, 128, "zero1", 2048)
     for row in deepseek_rows:
         assert row.chosen is not None and row.chosen.layout.world_size == 2048
-        assert row.published.layout == pub.layout()
-        assert row.chosen.tokens_per_s >= row.published.tokens_per_s  # the planner's best beats what it scores
-        assert any(r.startswith("the planner differs in") or r.startswith("the planner picks") for r in row.reasons)
-        assert any("ep = 64 spans 8 nodes" in r and "at most 4 nodes" in r for r in row.reasons)
-    assert overlapped.published.ep_s == 0 < exposed.published.ep_s  # DualPipe's overlap hides the all-to-alls
-    text = format_deepseek_v3_choices(deepseek_rows)
-    assert "published: tp=1 pp=16 dp=128 ep=64 ZeRO-1" in text and "DualPipe" in text
+        assert row.published == pub and row.published_score.layout == pub.layout()
+        assert row.chosen.tokens_per_s >= row.published_score.tokens_per_s  # the planner's best beats what it scores
+        assert any(r.startswith("the planner differs in") or r.startswith("the planner picks") for r in row.notes)
+        assert any("ep = 64 spans 8 nodes" in r and "at most 4 nodes" in r for r in row.notes)
+    assert overlapped.published_score.ep_s == 0 < exposed.published_score.ep_s  # DualPipe hides the all-to-alls
+    text = format_training_choices(deepseek_rows)
+    assert "tp=1 pp=16 dp=128 ep=64 ZeRO-1" in text and "DualPipe" in text
 
 
 def test_serving_prices_node_limited_all_to_alls():
@@ -143,7 +141,7 @@ def test_serving_prices_node_limited_all_to_alls():
     assert limited.seconds < free.seconds
     p = plan_serving(DEEPSEEK_V3, gpu_cluster(H800, 4))
     assert p.best is not None and p.best.layout.ep > 1  # 701B of weights need the experts spread
-    said = [r for r in p.best.reasons if r.startswith("experts:")]
+    said = [r for r in score_reasons(p, p.best) if r.startswith("experts:")]
     assert said and f"{256 // p.best.layout.ep} of 256 per GPU" in said[0]
     if p.best.layout.ep > 8:  # its expert groups cross nodes: the node limit bounds what crosses
         assert "at most 4 nodes" in said[0]
@@ -152,5 +150,5 @@ def test_serving_prices_node_limited_all_to_alls():
 def test_the_zero1_search_the_notebook_runs_picks_what_the_full_search_picks(deepseek_rows):
     small = deepseek_v3_choices(dp_strategies=("zero1",))
     assert [r.chosen.layout for r in small] == [r.chosen.layout for r in deepseek_rows]
-    assert [r.published.step_s for r in small] == [r.published.step_s for r in deepseek_rows]
+    assert [r.published_score.step_s for r in small] == [r.published_score.step_s for r in deepseek_rows]
     assert deepseek_v3_choices(dp_strategies=("zero1",)) == small  # computed once, then cached

@@ -64,17 +64,17 @@ def test_dense_configs_are_unchanged():
 
 
 def test_bad_expert_layouts_are_refused_in_words():
-    with pytest.raises(ValueError, match="ep = 3 does not divide the 4 experts: each rank holds whole experts"):
+    with pytest.raises(ValueError, match="ep = 3 does not divide the 4 experts of the toy language model: each rank"):
         check_training(Layout(tp=1, pp=1, dp=3, ep=3), MOE)
-    with pytest.raises(ValueError, match=r"ep = 4 must divide the tp x dp = 1 x 2 = 2 ranks of a stage"):
+    with pytest.raises(ValueError, match=r"ep = 4 must divide the tp x dp x cp = 1 x 2 x 1 = 2 ranks of a stage"):
         check_training(Layout(tp=1, pp=2, dp=2, ep=4), MOE)
     with pytest.raises(ValueError, match="experts with ZeRO-3 are not combined"):
         check_training(Layout(tp=1, pp=1, dp=2, ep=2, dp_strategy="zero3"), MOE)
     with pytest.raises(ValueError, match="context-parallel ring"):
         check_training(Layout(tp=1, pp=1, dp=1, ep=2, cp=2), TrainingConfig(**{**MOE.__dict__, "seq": 16}))
-    with pytest.raises(ValueError, match="the toy language model is dense: ep must be 1"):
+    with pytest.raises(ValueError, match=r"ep = 2: the toy language model is dense \(n_experts = 1\)"):
         check_training(Layout(tp=1, pp=1, dp=2, ep=2), TrainingConfig())
-    with pytest.raises(ValueError, match="experts_per_token = 3 experts when there are n_experts = 2"):
+    with pytest.raises(ValueError, match="each token cannot use 3 experts when there are only 2"):
         TrainingConfig(n_experts=2, experts_per_token=3)
     with pytest.raises(ValueError, match="balance"):
         TrainingConfig(n_experts=4, experts_per_token=2, balance="capacity")

@@ -143,12 +143,11 @@ def test_korthikanti_table_2_for_530b():
     assert rows["no parallelism"].ours == pytest.approx(sbh * (34 + 5 * 128 * 2048 / 20480))
 
 
-def test_layers_of_matches_split_layers():
+def test_stage_layer_counts_match_split_layers():
     from shardlib.core.pipeline.stages import split_layers
-    from shardlib.predict.training.memory import layers_of
 
     for n, pp in ((126, 16), (32, 4), (80, 3), (7, 7)):
-        assert [layers_of(n, pp, s) for s in range(pp)] == [len(r) for r in split_layers(n, pp)]
+        assert list(stage_layer_counts(n, pp)) == [len(r) for r in split_layers(n, pp)]
 
 
 # -- the training planner -----------------------------------------------------------------------------------
@@ -250,7 +249,7 @@ def test_the_16k_gpu_plan_is_small_work(monkeypatch):
     """What keeps the 16K-GPU plan fast, without a clock: pruning leaves 188 layouts, each with at most
     one memory evaluation per microbatch size and recomputation, and only those that fit are timed
     (``benchmarks/bench_planners.py`` reads the time: about 0.2 s on a quiet 2-core machine)."""
-    from shardlib.predict.training import planner
+    from shardlib.predict.training import planner, time_model
 
     calls = {"memory": 0, "score": 0}
 
@@ -260,7 +259,7 @@ def test_the_16k_gpu_plan_is_small_work(monkeypatch):
             return fn(*args, **kwargs)
         return call
 
-    monkeypatch.setattr(planner, "peak_training_memory", counted("memory", planner.peak_training_memory))
+    monkeypatch.setattr(time_model, "peak_training_memory", counted("memory", time_model.peak_training_memory))
     monkeypatch.setattr(planner, "score_training", counted("score", planner.score_training))
     w = TrainingWorkload()
     p = plan_training(LLAMA_3_1_405B, gpu_cluster(H100_80GB, 2048), w)

@@ -3,8 +3,7 @@ the rate slider redraws the explorer with that rate's replay (too small a rate l
 
 import pytest
 
-from shardlib.lab.experts.train_drivers import BALANCE_CONFIG
-from shardlib.lab.experts.train_reference import make_moe_problem, train_steps_reference
+from shardlib.lab.experts.training import BALANCE_CONFIG, make_moe_problem, train_toy
 from shardlib.ui.experts_figures import balance_steps_figure
 from shardlib.ui.experts_widgets import BIAS_RATES, bias_rate_explorer
 
@@ -25,8 +24,9 @@ def test_each_end_of_the_rate_slider_redraws_that_rates_replay():
     for rate in (BIAS_RATES[0], BIAS_RATES[-1]):
         slider.value = rate
         cfg = BALANCE_CONFIG.but(balance="aux-free", bias_rate=rate)
-        want = [float(c.max() / c.double().mean())
-                for c in train_steps_reference(make_moe_problem(cfg, 128, skew=1.0), cfg, 2, steps).counts]
+        problem = make_moe_problem(cfg, 128, skew=1.0)
+        run = train_toy(None, problem.x, problem.target, problem.weights, cfg, steps=steps, n_groups=2)
+        want = [float(c.max() / c.double().mean()) for c in run.counts]
         assert list(fig.figure.data[-1].y) == pytest.approx(want)
         assert fig.figure.data[-1].name == f"aux-free, rate {rate:g}" and f"rate {rate:g}:" in text.value
         seen.append(tuple(fig.figure.data[-1].y))

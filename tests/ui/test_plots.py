@@ -23,7 +23,7 @@ def test_timeline_figure_draws_one_bar_per_span_from_time_zero():
 
 def test_model_figures_say_they_are_models_and_measured_ones_where():
     from shardlib.facts.hardware import LINKS
-    from shardlib.predict.calibration import Sample
+    from shardlib.predict.alpha_beta import Sample
     from shardlib.ui.costs_figures import GPU_MODEL, calibration_figure, link_comparison_figure
 
     assert GPU_MODEL in link_comparison_figure(list(LINKS.values())).layout.title.text

@@ -4,8 +4,8 @@
   gather, then attend.
 * ``online_softmax``: Attention one block of keys at a time: partials, their merge, and each block's
   gradients.
-* ``placement``: Token placement: which tokens each rank holds, contiguous or zigzag, and the causal blocks
-  each computes.
+* ``placement``: Token placement: which tokens each rank holds, contiguous or zigzag, and each rank's shard cut
+  and joined.
 * ``ring``: Ring attention on a rank, forward and backward: queries stay, keys and values travel round the
   ring.
 * ``ulysses``: All-to-all sequence parallelism on a rank (DeepSpeed-Ulysses, Jacobs et al. 2023): sequence to

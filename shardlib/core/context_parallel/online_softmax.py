@@ -17,9 +17,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from shardlib.core.context_parallel.placement import DIAGONAL, FUTURE, block_kind
+from shardlib.core.context_parallel.placement import DIAGONAL, FUTURE, block_kind, check_sequence, chunks_per_rank
 
 
 @dataclass(frozen=True)
@@ -35,23 +34,31 @@ class Partial:
         return self.row_max + self.row_sum.log()
 
 
+def _scores(q: torch.Tensor, k: torch.Tensor, diagonal: bool, scale: float | None):
+    """``q (b, H, rows, hd)`` grouped by KV head, ``(b, KV, group, rows, hd)``, its scores against ``k (b,
+    KV, keys, hd)``, ``(b, KV, group, rows, keys)`` (``-inf`` where key ``j`` is in the future of query ``i <
+    j`` of a ``diagonal`` block), and the scale used."""
+    b, heads, rows, hd = q.shape
+    scale = 1.0 / math.sqrt(hd) if scale is None else scale
+    qg = q.reshape(b, k.shape[1], heads // k.shape[1], rows, hd)
+    scores = (qg @ k.unsqueeze(2).transpose(-1, -2)).mul_(scale)
+    if diagonal:
+        scores.masked_fill_(torch.ones(rows, k.shape[2], dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
+    return qg, scores, scale
+
+
 def block_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diagonal: bool = False,
                   scale: float | None = None) -> Partial:
     """Attention of ``q (b, H, rows, hd)`` over one block ``k, v (b, KV, keys, hd)``. ``diagonal``: the
     block holds the same positions as the queries, so key ``j`` is hidden from query ``i < j``.
     Forward only (the scores are reworked in place to save memory)."""
     b, heads, rows, hd = q.shape
-    kv_heads, keys = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(hd) if scale is None else scale
-    qg = q.reshape(b, kv_heads, heads // kv_heads, rows, hd)  # (b, KV, group, rows, hd)
-    scores = (qg @ k.unsqueeze(2).transpose(-1, -2)).mul_(scale)  # (b, KV, group, rows, keys)
+    _, scores, _ = _scores(q, k, diagonal, scale)  # (b, KV, group, rows, keys)
     like = {"dtype": scores.dtype, "device": scores.device}
-    if diagonal:  # key j is in the future of query i < j: score -inf
-        scores.add_(torch.full((rows, keys), float("-inf"), **like).triu_(1))
     row_max = scores.amax(dim=-1)  # (b, KV, group, rows): finite, each query sees at least its own key
     weights = scores.sub_(row_max.unsqueeze(-1))  # in place: the block's scores are its largest tensor
     if diagonal:  # exp(-inf) takes a slow path on CPU: clamp, exponentiate, then zero the future exactly
-        weights.clamp_min_(-80.0).exp_().mul_(torch.ones(rows, keys, **like).tril_())
+        weights.clamp_min_(-80.0).exp_().mul_(torch.ones(rows, k.shape[2], **like).tril_())
     else:
         weights.exp_()
     row_sum = weights.sum(dim=-1)
@@ -97,14 +104,10 @@ def block_grads(q, d_out, lse, delta, k, v, diagonal: bool = False, scale: float
     ``k, v (b, KV, keys, hd)``, given the upstream gradient ``d_out`` (like ``q``), the rows' final
     log-sum-exp ``lse`` and ``delta = rowsum(d_out * out)`` (``(b, H, rows)`` each)."""
     b, heads, rows, hd = q.shape
-    kv_heads, keys = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(hd) if scale is None else scale
-    grouped = (b, kv_heads, heads // kv_heads, rows)
-    qg, dog = q.reshape(*grouped, hd), d_out.reshape(*grouped, hd)  # (b, KV, group, rows, hd)
+    qg, scores, scale = _scores(q, k, diagonal, scale)  # (b, KV, group, rows, hd), (b, KV, group, rows, keys)
+    grouped = qg.shape[:-1]
+    dog = d_out.reshape(qg.shape)
     k1, v1 = k.unsqueeze(2), v.unsqueeze(2)  # (b, KV, 1, keys, hd)
-    scores = (qg @ k1.transpose(-1, -2)).mul_(scale)  # (b, KV, group, rows, keys)
-    if diagonal:  # key j is in the future of query i < j
-        scores.masked_fill_(torch.ones(rows, keys, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
     p = scores.sub_(lse.reshape(*grouped, 1)).exp_()  # P = exp(S - lse): the softmax, rebuilt
     dv = (p.transpose(-1, -2) @ dog).sum(2)  # dV = P^T dO, summed over the group: (b, KV, keys, hd)
     ds = p * (dog @ v1.transpose(-1, -2) - delta.reshape(*grouped, 1))  # dS = P * (dP - D), dP = dO V^T
@@ -125,15 +128,11 @@ def attend_block_backward(dq: torch.Tensor, dkv: torch.Tensor, rows, q_ids, kv: 
             into.add_(grad)
 
 
-def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                        scale: float | None = None) -> torch.Tensor:
-    """Attention of ``q (b, H, s, hd)`` over ``k, v (b, KV, s, hd)`` on the whole sequence, in one call."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-
-
-def check_qkv(q_shape, k_shape, v_shape, what: str = "q, k, v") -> tuple[int, int, int, int, int]:
+def check_shards(q_shape, k_shape, v_shape, world_size: int = 1, placement: str = "contiguous",
+                 local: bool = False) -> tuple[int, int, int, int, int]:
     """``(batch, heads, kv_heads, seq, head_dim)`` of ``q (b, H, s, hd)``, ``k, v (b, KV, s, hd)``, or a
-    ValueError naming the mismatch."""
+    ValueError naming the mismatch, or saying why the sequence does not split over ``world_size`` ranks in
+    ``placement`` (the whole one, or with ``local`` one rank's shard)."""
     shapes = {"q": tuple(q_shape), "k": tuple(k_shape), "v": tuple(v_shape)}
     for name, shape in shapes.items():
         if len(shape) != 4:
@@ -143,11 +142,14 @@ def check_qkv(q_shape, k_shape, v_shape, what: str = "q, k, v") -> tuple[int, in
     (b, heads, s, hd), (kb, kv_heads, ks, khd) = shapes["q"], shapes["k"]
     for label, mine, theirs in (("batch", b, kb), ("sequence length", s, ks), ("head_dim", hd, khd)):
         if mine != theirs:
-            raise ValueError(f"{what}: q has {label} {mine} but k and v have {theirs} "
-                             f"(q {shapes['q']}, k {shapes['k']})")
+            raise ValueError(f"q has {label} {mine} but k and v have {theirs} (q {shapes['q']}, k {shapes['k']})")
     if min(b, heads, kv_heads, s, hd) < 1:
-        raise ValueError(f"{what}: every dimension must be at least 1, got q {shapes['q']}, k {shapes['k']}")
+        raise ValueError(f"every dimension must be at least 1, got q {shapes['q']}, k {shapes['k']}")
     if heads % kv_heads:
-        raise ValueError(f"{what}: {heads} query heads cannot share {kv_heads} KV heads evenly (grouped-query "
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} KV heads evenly (grouped-query "
                          "attention needs the query heads to be a multiple of the KV heads)")
+    if local and s % chunks_per_rank(placement):
+        raise ValueError(f"the zigzag placement gives each rank 2 chunks, so a rank's shard of {s} tokens must be "
+                         f"even (the whole sequence a multiple of 2 x {world_size} = {2 * world_size})")
+    check_sequence(s * world_size if local else s, world_size, placement)
     return b, heads, kv_heads, s, hd

@@ -1,17 +1,17 @@
-"""Token placement: which tokens each rank holds, contiguous or zigzag, and the causal blocks each computes.
+"""Token placement: which tokens each rank holds, contiguous or zigzag, and each rank's shard cut and joined.
 
 The zigzag placement (Llama 3 training, ring-flash-attention; striped attention, Brandon et al. 2023,
 is its cousin token by token) cuts the sequence into ``2 x world_size`` chunks and gives rank ``r``
 chunks ``r`` and ``2 world_size - 1 - r``, so that under a causal mask every rank holds the same
-amount of past. A rank's shard is its chunks laid end to end (``reference.shard_sequence``).
+amount of past. A rank's shard is its chunks laid end to end (``shard_sequence``).
 
 A query chunk ``a`` against a key chunk ``b`` is *visible* (``b < a``), *diagonal* (``b == a``, computed
-under the causal mask) or *future* (``b > a``, skipped). Pure: no torch.
+under the causal mask) or *future* (``b > a``, skipped); ``predict.context_parallel`` counts them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import torch
 
 from shardlib.core.checks import choice, whole_number
 
@@ -57,50 +57,20 @@ def block_kind(q_chunk: int, k_chunk: int, causal: bool = True) -> str:
     return DIAGONAL if k_chunk == q_chunk else FUTURE
 
 
-def blocks_between(q_rank: int, k_rank: int, world_size: int, placement: str = "contiguous",
-                   causal: bool = True) -> tuple[int, int]:
-    """``(visible, diagonal)``: the blocks rank ``q_rank``'s queries compute against rank ``k_rank``'s keys."""
-    kinds = [block_kind(a, b, causal) for a in chunks_of_rank(q_rank, world_size, placement)
-             for b in chunks_of_rank(k_rank, world_size, placement)]
-    return kinds.count(VISIBLE), kinds.count(DIAGONAL)
+def shard_sequence(t: torch.Tensor, world_size: int, placement: str = "contiguous", dim: int = 2) -> list[torch.Tensor]:
+    """Every rank's shard of ``t`` along ``dim`` (default 2: ``(batch, heads, seq, head_dim)``)."""
+    size = check_sequence(t.shape[dim], world_size, placement)
+    pieces = t.split(size, dim=dim)
+    return [torch.cat([pieces[c] for c in chunks_of_rank(r, world_size, placement)], dim=dim)
+            for r in range(world_size)]
 
 
-@dataclass(frozen=True)
-class RankWork:
-    """One rank's blocks over a whole ring pass: ``visible``, ``diagonal`` (masked: full cost, half of it
-    useful) and ``skipped`` future ones, each ``chunk`` tokens square."""
-
-    rank: int
-    visible: int
-    diagonal: int
-    skipped: int
-    chunk: int
-
-    @property
-    def computed_pairs(self) -> int:
-        """Blocks computed: what the time follows (a masked block costs as much as a whole one)."""
-        return self.visible + self.diagonal
-
-    @property
-    def scores(self) -> int:
-        """Query-key scores computed (masked ones included), per head."""
-        return self.computed_pairs * self.chunk ** 2
-
-
-def causal_work(seq: int, world_size: int, placement: str = "contiguous", causal: bool = True) -> list[RankWork]:
-    """Per rank, the blocks it computes over a ring pass of ``seq`` tokens. Contiguous and causal: rank
-    ``r`` computes ``r`` whole blocks and one diagonal; zigzag: every rank the same."""
-    size = check_sequence(seq, world_size, placement)
-    pairs = chunks_per_rank(placement) ** 2 * world_size
-    out = []
-    for r in range(world_size):
-        counts = [blocks_between(r, j, world_size, placement, causal) for j in range(world_size)]
-        visible, diagonal = sum(c[0] for c in counts), sum(c[1] for c in counts)
-        out.append(RankWork(r, visible, diagonal, pairs - visible - diagonal, size))
-    return out
-
-
-def imbalance(work) -> float:
-    """The busiest rank's computed blocks over the mean: 1 is perfectly even."""
-    counts = [w.scores for w in work]
-    return max(counts) * len(counts) / sum(counts)
+def gather_sequence(shards, placement: str = "contiguous", dim: int = 2) -> torch.Tensor:
+    """The inverse of ``shard_sequence``: the whole tensor, tokens back in sequence order."""
+    shards = list(shards)
+    n, per = len(shards), chunks_per_rank(placement)
+    pieces: dict[int, torch.Tensor] = {}
+    for r, shard in enumerate(shards):
+        for c, piece in zip(chunks_of_rank(r, n, placement), shard.chunk(per, dim=dim)):
+            pieces[c] = piece
+    return torch.cat([pieces[c] for c in range(n * per)], dim=dim)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from shardlib.core.context_parallel.online_softmax import attention_reference, check_qkv
-from shardlib.core.context_parallel.placement import check_sequence
+from shardlib.core.context_parallel.online_softmax import check_shards
+from shardlib.core.model import attention
 from shardlib.core.probe import NO_PROBE
 
 
@@ -25,13 +25,6 @@ def check_heads_divide(heads: int, kv_heads: int, world_size: int) -> None:
         raise ValueError("all-to-all sequence parallelism gives each rank whole heads, but " + "; ".join(problems)
                          + ": use a number of ranks that divides both, or ring attention, which splits "
                            "the sequence only")
-
-
-def check_ulysses_inputs(q_shape, k_shape, v_shape, world_size: int, local: bool) -> None:
-    """Shapes, heads that divide, and a sequence that splits (whole, or one rank's shard when ``local``)."""
-    _, heads, kv_heads, seq, _ = check_qkv(q_shape, k_shape, v_shape)
-    check_heads_divide(heads, kv_heads, world_size)
-    check_sequence(seq * world_size if local else seq, world_size)
 
 
 def sequence_to_heads(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -69,8 +62,9 @@ def ulysses_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
                       scale: float | None = None, probe=NO_PROBE) -> torch.Tensor:
     """This rank's rows of attention over the whole sequence, by two re-shards, differentiable:
     ``q (b, H, s/n, hd)``, ``k, v (b, KV, s/n, hd)`` (contiguous shards) in, ``(b, H, s/n, hd)`` out."""
-    check_ulysses_inputs(q.shape, k.shape, v.shape, ctx.world_size, local=True)
+    _, heads, kv_heads, _, _ = check_shards(q.shape, k.shape, v.shape, ctx.world_size, local=True)
+    check_heads_divide(heads, kv_heads, ctx.world_size)
     q_h, k_h, v_h = (Reshard.apply(ctx, t, sequence_to_heads, heads_to_sequence) for t in (q, k, v))  # (b, H/n, s, hd)
     with probe.span("attention, my heads, whole sequence"):
-        out = attention_reference(q_h, k_h, v_h, causal, scale)  # (b, H/n, s, hd)
+        out = attention(q_h, k_h, v_h, causal=causal, scale=scale)  # (b, H/n, s, hd)
     return Reshard.apply(ctx, out, heads_to_sequence, sequence_to_heads)  # (b, H, s/n, hd)

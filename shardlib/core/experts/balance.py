@@ -125,9 +125,12 @@ def split_groups(n_tokens: int, n_groups: int) -> list[tuple[int, int]]:
 
 
 def switch_aux_loss(experts: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """``aux_load_balancing_loss`` as a tensor that carries the router's gradient: ``n * sum_i f_i * P_i``
-    for ``experts`` ``(T, k)`` chosen and ``probs`` ``(T, n)``. ``f_i`` is a count (no gradient); the
-    gradient flows through ``P_i``, pulling probability away from the busy experts (Switch, eq. 4)."""
+    """Switch Transformer's auxiliary loss (eq. 4, without its scale alpha), ``n * sum_i f_i * P_i``, for
+    ``experts`` ``(T, k)`` chosen and ``probs`` ``(T, n)``. ``f_i`` is the share of token-slots routed to
+    expert ``i`` (all ``k`` choices, before any capacity cap; GShard counts only first choices), a count with
+    no gradient; ``P_i`` the probability of expert ``i`` averaged over tokens. Both are ``1/n`` when the load
+    is uniform, giving 1; all tokens on one expert that also takes all the probability gives ``n``. The
+    gradient flows through ``P_i``, pulling probability away from the busy experts."""
     n = probs.shape[1]
     f = torch.bincount(experts.flatten(), minlength=n).to(probs.dtype) / experts.numel()  # (n,)
     return n * (f * probs.mean(0)).sum()

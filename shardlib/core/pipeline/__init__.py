@@ -3,7 +3,8 @@
 * ``classic``: The orders before the backward split, built as data: GPipe, 1F1B and interleaved 1F1B.
 * ``engine``: The pipeline's mechanism: one stage works through its list of actions, in exactly the schedule's
   order.
-* ``messages``: Messages between pipeline stages: each neighbour gets a sending thread and a receiving thread.
+* ``messages``: Messages between pipeline stages, posted ahead: every receive at the start, every send without
+  waiting.
 * ``orders``: ``make_schedule``: a pipeline schedule built from its spec in ``core.pipeline.registry``, and
   checked.
 * ``registry``: The pipeline schedules, one ``ScheduleSpec`` each: the one place a schedule's facts live.

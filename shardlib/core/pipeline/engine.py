@@ -52,8 +52,7 @@ class Stage:
         self.outputs, self.grad_x = {}, {}  # the step's results, by microbatch
         self.split = schedule.split_backward
         # an action runs the method its op names; B is the whole backward unless the schedule has W actions
-        self.ops = {"F": self.forward, "B": self.backward_input if self.split else self.backward,
-                    "W": self.backward_weight}
+        self.ops = {"F": self.forward, "B": self.backward, "W": self.backward_weight}
 
     def forward(self, a, x):
         linears, ends = _Linears(), self.schedule.virtual_stage(a) == self.last
@@ -67,20 +66,19 @@ class Stage:
             self.outputs[a.microbatch] = out.detach()
         return out
 
-    def backward(self, a, grad):  # grad: dL/d(this chunk's output), the output's shape
-        h, out, _ = self.stash.pop((a.microbatch, a.chunk))
-        torch.autograd.backward(out, grad)  # weight gradients accumulate, microbatch by microbatch
-        if self.schedule.virtual_stage(a) == 0 and h.requires_grad:
-            self.grad_x[a.microbatch] = h.grad
-        return h.grad  # dL/d(this chunk's input), for the chunk before
-
-    def backward_input(self, a, grad):
-        """B of a split backward: the input gradient, and the gradient at each weighted op's output (for W)."""
+    def backward(self, a, grad):
+        """B: from ``grad``, dL/d(this chunk's output), the input gradient for the chunk before. Whole, the
+        weight gradients accumulate too, microbatch by microbatch; split, it keeps the gradient at each
+        weighted op's output for W."""
         h, out, linears = self.stash.pop((a.microbatch, a.chunk))
-        inputs = [h] * h.requires_grad + [y for y, _ in linears]
-        grads = torch.autograd.grad(out, inputs, grad, retain_graph=True)
-        grad_h, grad_ys = (grads[0], grads[1:]) if h.requires_grad else (None, grads)
-        self.pending[a.microbatch, a.chunk] = [(y, w, g) for (y, w), g in zip(linears, grad_ys)]
+        if not self.split:
+            torch.autograd.backward(out, grad)
+            grad_h = h.grad
+        else:
+            inputs = [h] * h.requires_grad + [y for y, _ in linears]
+            grads = torch.autograd.grad(out, inputs, grad, retain_graph=True)
+            grad_h, grad_ys = (grads[0], grads[1:]) if h.requires_grad else (None, grads)
+            self.pending[a.microbatch, a.chunk] = [(y, w, g) for (y, w), g in zip(linears, grad_ys)]
         if self.schedule.virtual_stage(a) == 0 and grad_h is not None:
             self.grad_x[a.microbatch] = grad_h
         return grad_h

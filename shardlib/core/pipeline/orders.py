@@ -9,9 +9,9 @@ Pure: no torch.
 
 from __future__ import annotations
 
-from shardlib.core.checks import flag
+from shardlib.core.checks import flag, whole_number
 from shardlib.core.pipeline.registry import schedule_spec
-from shardlib.core.pipeline.schedules import Schedule, check_count
+from shardlib.core.pipeline.schedules import Schedule
 
 
 def make_schedule(name: str, n_stages: int, n_microbatches: int, training: bool = True,
@@ -22,9 +22,9 @@ def make_schedule(name: str, n_stages: int, n_microbatches: int, training: bool 
     in words, what the spec says the schedule cannot do (forward only for a split schedule, ``m`` not a
     multiple of ``p`` for interleaved 1F1B, ``m < 2p`` for DualPipeV, ...)."""
     spec = schedule_spec(name)
-    p = check_count("n_stages", n_stages, "pipeline stages")
-    m = check_count("n_microbatches", n_microbatches, "microbatches per step")
-    v = check_count("n_chunks", n_chunks, "model chunks per device")
+    p = whole_number(n_stages, "n_stages (pipeline stages)")
+    m = whole_number(n_microbatches, "n_microbatches (microbatches per step)")
+    v = whole_number(n_chunks, "n_chunks (model chunks per device)")
     flag(training, "training (True: forward and backward; False: forward only)")
     problems = spec.problems(p, m, v, training)
     if problems:

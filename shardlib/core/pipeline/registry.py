@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from shardlib.core.pipeline.classic import gpipe_order, interleaved_order, one_f_one_b_order
-from shardlib.core.pipeline.schedules import PLACEMENTS, Action
+from shardlib.core.pipeline.schedules import Action
 from shardlib.core.pipeline.zero_bubble import dualpipev_order, zb_h1_order, zb_h2_order, zb_v_order
 
 EQUAL_WITHIN = 0.05  # F, B and W "equal" for ZB-V's claim when the largest is at most 5 % above the smallest
@@ -103,14 +103,7 @@ class ScheduleSpec:
     needs: Callable[[int, int, int], tuple[str, ...]] = lambda p, m, v: ()
     also_called: str = ""
 
-    def __post_init__(self) -> None:
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"{self.name}: placement is 'loop' or 'v', got {self.placement!r}")
-        if self.chunks is not None and self.chunks < 1:
-            raise ValueError(f"{self.name}: chunks is a whole number of at least 1 or None (any >= 2), got "
-                             f"{self.chunks}")
-        if self.placement == "v" and self.chunks != 2:
-            raise ValueError(f"{self.name}: the V placement holds 2 chunks per device, got chunks = {self.chunks}")
+    def __post_init__(self) -> None:  # its placement and chunks are checked by ``Schedule`` as it is built
         if self.bubble is None and not self.no_bubble:
             raise ValueError(f"{self.name}: give a published bubble or say in no_bubble why there is none")
 
@@ -134,30 +127,19 @@ class ScheduleSpec:
         return v if self.chunks is None else self.chunks
 
 
-def _split(order: Callable[[int, int], list[list[Action]]]) -> Order:
-    """A split schedule's order (training only, its own chunks) in the registry's signature."""
-    return lambda p, m, v, training: order(p, m)
-
-
 def _interleaved_needs(p: int, m: int, v: int) -> tuple[str, ...]:
-    if m % p:
-        return (f"interleaved 1F1B sends microbatches through in groups of n_stages = {p}, so n_microbatches "
-                f"must be a multiple of {p}; got {m}",)
-    return ()
+    return (f"interleaved 1F1B sends microbatches through in groups of n_stages = {p}, so n_microbatches must be "
+            f"a multiple of {p}; got {m}",) if m % p else ()
 
 
 def _dualpipev_needs(p: int, m: int, v: int) -> tuple[str, ...]:
-    if m < 2 * p:
-        return (f"DualPipeV needs at least 2 n_stages = {2 * p} microbatches to fill both legs of its V; got "
-                f"n_microbatches = {m}",)
-    return ()
+    return (f"DualPipeV needs at least 2 n_stages = {2 * p} microbatches to fill both legs of its V; got "
+            f"n_microbatches = {m}",) if m < 2 * p else ()
 
 
 def _zb_h2_needs(p: int, m: int, v: int) -> tuple[str, ...]:
-    if m < 2 * p - 1:
-        return (f"ZB-H2 runs 2 n_stages - 1 = {2 * p - 1} forwards on stage 0 before its first backward, so it needs "
-                f"n_microbatches >= {2 * p - 1}; got {m}",)
-    return ()
+    return (f"ZB-H2 runs 2 n_stages - 1 = {2 * p - 1} forwards on stage 0 before its first backward, so it needs "
+            f"n_microbatches >= {2 * p - 1}; got {m}",) if m < 2 * p - 1 else ()
 
 
 def _equal_costs(f: float, b: float, w: float) -> str | None:
@@ -196,7 +178,7 @@ SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
                       holds="m a multiple of p"),
         needs=_interleaved_needs),
     ScheduleSpec(
-        "zb-h1", "ZB-H1", "Qi et al. 2024, section 2.1", _split(zb_h1_order),
+        "zb-h1", "ZB-H1", "Qi et al. 2024, section 2.1", lambda p, m, v, training: zb_h1_order(p, m),
         chunks=1, placement="loop", training_only=True, split_backward=True, also_called="ZB1P",
         in_flight=InFlight(lambda p, m, v: min(p, m), "microbatches", "Qi et al. 2024, its handcrafted "
                            "schedules' table: p M_B, 1F1B's"),
@@ -205,7 +187,7 @@ SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
                       lambda p, f, b, w: (p - 1) * (f + b - 2 * w),
                       holds="m >= p, W no dearer than F or B (a dearer W has no wait left to fill)")),
     ScheduleSpec(
-        "zb-h2", "ZB-H2", "Qi et al. 2024, section 2.2", _split(zb_h2_order),
+        "zb-h2", "ZB-H2", "Qi et al. 2024, section 2.2", lambda p, m, v, training: zb_h2_order(p, m),
         chunks=1, placement="loop", training_only=True, split_backward=True, also_called="ZB2P",
         in_flight=InFlight(lambda p, m, v: min(2 * p - 1, m), "microbatches", "Qi et al. 2024, its handcrafted "
                            "schedules' table: (2p-1) M_B"),
@@ -218,7 +200,7 @@ SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
                       "when that is longer"),
         needs=_zb_h2_needs),
     ScheduleSpec(
-        "zb-v", "ZB-V", "Qi et al. 2024, section 6", _split(zb_v_order),
+        "zb-v", "ZB-V", "Qi et al. 2024, section 6", lambda p, m, v, training: zb_v_order(p, m),
         chunks=2, placement="v", training_only=True, split_backward=True,
         in_flight=InFlight(lambda p, m, v: p, "microbatches", "Qi et al. 2024, section 6: p M_B, 1F1B's exactly "
                            "(2p chunks of half a stage)"),
@@ -230,7 +212,7 @@ SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
                       condition=_equal_costs)),
     ScheduleSpec(
         "dualpipev", "DualPipeV", "Sea AI Lab's cut-in-half of DualPipe (DeepSeek-V3 report, section 3.2.1)",
-        _split(dualpipev_order),
+        lambda p, m, v, training: dualpipev_order(p, m),
         chunks=2, placement="v", training_only=True, split_backward=True,
         in_flight=InFlight(lambda p, m, v: 2 * p + 1, "chunk-microbatches", f"{DUALPIPE_TABLE}: PP + 1, PP = 2p "
                            "(half a stage more than 1F1B's p)"),
@@ -242,7 +224,6 @@ SPECS: dict[str, ScheduleSpec] = {s.name: s for s in (
 )}
 
 SCHEDULES = tuple(SPECS)  # every schedule's name, in the order they came
-SCHEDULE_TITLES = {name: spec.title for name, spec in SPECS.items()}
 
 
 def schedule_spec(name: str) -> ScheduleSpec:

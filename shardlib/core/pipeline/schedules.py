@@ -21,11 +21,6 @@ OPS = ("F", "B", "W")
 PLACEMENTS = ("loop", "v")  # where a stage's chunks sit among the virtual stages (see ``Schedule``)
 
 
-def check_count(name: str, value, what: str) -> int:
-    """``value`` as an int, or a ValueError saying it must be a whole number of at least 1."""
-    return whole_number(value, f"{name} ({what})")
-
-
 # -- schedules as data -----------------------------------------------------------------------------
 @dataclass(frozen=True, order=True)
 class Action:
@@ -72,9 +67,9 @@ class Schedule:
     short_title: str = ""  # as people write it: ``GPipe``, ``1F1B``; ``make_schedule`` takes it from the registry
 
     def __post_init__(self) -> None:
-        check_count("n_stages", self.n_stages, "pipeline stages")
-        check_count("n_microbatches", self.n_microbatches, "microbatches per step")
-        check_count("n_chunks", self.n_chunks, "model chunks per device")
+        whole_number(self.n_stages, "n_stages (pipeline stages)")
+        whole_number(self.n_microbatches, "n_microbatches (microbatches per step)")
+        whole_number(self.n_chunks, "n_chunks (model chunks per device)")
         if not self.short_title:
             object.__setattr__(self, "short_title", self.name)
         if self.placement not in PLACEMENTS:
@@ -156,15 +151,12 @@ def producer_of(a: Action, p: int, v: int = 1, placement: str = "loop") -> Actio
 
 
 class ScheduleError(ValueError):
-    """A schedule that cannot run, and why: ``kind`` names the mistake (``SCHEDULE_MISTAKES``)."""
+    """A schedule that cannot run, and why: ``kind`` names the mistake ("wrong stage", "not in this step",
+    "twice", "receive with no send", "never runs", "W before its B" or "deadlock")."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-SCHEDULE_MISTAKES = ("wrong stage", "not in this step", "twice", "receive with no send", "never runs",
-                     "W before its B", "deadlock")
 
 
 def check_schedule(schedule: Schedule) -> None:
@@ -216,13 +208,23 @@ class TimedAction:
     end_s: float
 
 
-def _per_stage(value, n_stages: int, name: str) -> list:
+def per_stage(value, n_stages: int, name: str) -> list:
+    """Seconds per op, one per stage: ``value`` for every stage, or a list of one per stage; ``None`` (no
+    time set: real compute) for every stage when ``value`` is ``None``."""
+    if value is None:
+        return [None] * n_stages
     values = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else [value] * n_stages
     values = one_per(values, n_stages, name, "stage")
     for x in values:
         number_at_least(x, f"{name} (seconds per op)")
-    # whole numbers stay exact (slot counting); anything else is float seconds
-    return [Fraction(x) if isinstance(x, (Integral, Fraction)) else float(x) for x in values]
+    return values
+
+
+def _exact(value, n_stages: int, name: str) -> list:
+    """``per_stage`` for a timing: a number is required; whole numbers stay exact (slot counting), the rest float."""
+    if value is None:
+        raise ValueError(f"{name} (seconds per op) must be a number to time the schedule, got None")
+    return [Fraction(x) if isinstance(x, (Integral, Fraction)) else float(x) for x in per_stage(value, n_stages, name)]
 
 
 def simulate(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0, weight_s=None) -> list[TimedAction]:
@@ -237,12 +239,12 @@ def simulate(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0, weight_s=No
     Whole-number durations give exact results (fractions). Raises ``ScheduleError`` on a deadlock.
     """
     p, v = schedule.n_stages, schedule.n_chunks
-    fwd, bwd = _per_stage(forward_s, p, "forward_s"), _per_stage(backward_s, p, "backward_s")
-    wgt = bwd if weight_s is None else _per_stage(weight_s, p, "weight_s")
+    fwd, bwd = _exact(forward_s, p, "forward_s"), _exact(backward_s, p, "backward_s")
+    wgt = bwd if weight_s is None else _exact(weight_s, p, "weight_s")
     if weight_s is not None and not schedule.split_backward:
         bwd = [b + w for b, w in zip(bwd, wgt)]  # B is the whole backward here
     cost = {"F": fwd, "B": bwd, "W": wgt}
-    hop = _per_stage(hop_s, 1, "hop_s")[0]
+    hop = _exact(hop_s, 1, "hop_s")[0]
     done: dict[Action, object] = {}
     free = [Fraction(0)] * p
     pos = [0] * p

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from shardlib.core.checks import near_equal_parts
-from shardlib.core.pipeline.schedules import Schedule, check_count
+from shardlib.core.checks import near_equal_parts, whole_number
+from shardlib.core.pipeline.schedules import Schedule
 
 
 def stage_layer_counts(n_layers: int, n_stages: int, end_layers: int = 0) -> tuple[int, ...]:
@@ -17,8 +17,8 @@ def stage_layer_counts(n_layers: int, n_stages: int, end_layers: int = 0) -> tup
     ``end_layers`` layers' worth of other work (the embedding on the first, the output layer and the loss
     on the last) and hold that many layers fewer. Llama 3 405B: 126 layers on 16 stages with
     ``end_layers = 1`` gives ``(7, 8, ..., 8, 7)``, every stage 8 layers' worth (Llama 3 paper, 3.3.2)."""
-    n_layers = check_count("n_layers", n_layers, "layers in the model")
-    n_stages = check_count("n_stages", n_stages, "pipeline stages")
+    n_layers = whole_number(n_layers, "n_layers (layers in the model)")
+    n_stages = whole_number(n_stages, "n_stages (pipeline stages)")
     if isinstance(end_layers, bool) or not isinstance(end_layers, int) or end_layers < 0:
         raise ValueError(f"end_layers must be a whole number of layers (0 or more), got {end_layers!r}")
     counts = list(near_equal_parts(n_layers + 2 * end_layers, n_stages))
@@ -44,8 +44,8 @@ def split_layers(n_layers: int, n_parts: int, counts: Sequence[int] | None = Non
     one (the earlier slices get the extra layers); ``counts`` (one whole number per slice, summing to
     ``n_layers``) sets each slice's size, unequal on purpose (``stage_layer_counts``). Each slice needs
     at least one whole layer."""
-    n_layers = check_count("n_layers", n_layers, "layers in the model")
-    n_parts = check_count("n_parts", n_parts, "slices of the layer stack")
+    n_layers = whole_number(n_layers, "n_layers (layers in the model)")
+    n_parts = whole_number(n_parts, "n_parts (slices of the layer stack)")
     if n_parts > n_layers:
         raise ValueError(f"cannot cut {n_layers} layers into {n_parts} slices: each slice needs at least "
                          "one whole layer")
@@ -54,7 +54,7 @@ def split_layers(n_layers: int, n_parts: int, counts: Sequence[int] | None = Non
         raise ValueError(f"layer counts must be a list of whole numbers, one per slice, got {counts!r}")
     if len(counts) != n_parts:
         raise ValueError(f"{len(counts)} layer counts {list(counts)} for {n_parts} slices: give one per slice")
-    counts = [check_count(f"layer count of slice {i}", c, "layers in one slice") for i, c in enumerate(counts)]
+    counts = [whole_number(c, f"layer count of slice {i} (layers in one slice)") for i, c in enumerate(counts)]
     if sum(counts) != n_layers:
         raise ValueError(f"the layer counts {counts} add up to {sum(counts)}, but the model has "
                          f"{n_layers} layers: every layer goes to exactly one slice")

@@ -10,16 +10,14 @@
   (nearer the loss), under ``2 p`` chunks held; else the oldest W. The steady state is the paper's F, B, W.
 * DualPipeV (Sea AI Lab's "cut-in-half" of DualPipe, DeepSeek-V3 report section 3.2.1, as DualPipe's README
   credits it): two chunks per stage in a V; in the steady state a chunk-0 forward runs beside a chunk-1
-  backward and then the reverse. DualPipe pairs them so that one microbatch's all-to-all and pipeline sends
-  hide under the other's compute; here they run one after the other (``OVERLAPPED`` names the pairs).
+  backward and then the reverse. DualPipe pairs them (its "F&B") so that one microbatch's all-to-all and
+  pipeline sends hide under the other's compute; here they run one after the other.
 Pure: no torch.
 """
 
 from __future__ import annotations
 
 from shardlib.core.pipeline.schedules import Action, producer_of
-
-OVERLAPPED = "F&B"  # DualPipe's name for a forward and a backward of two microbatches overlapped
 
 
 def zb_h1_order(p: int, m: int) -> list[list[Action]]:
@@ -41,77 +39,61 @@ def zb_h1_order(p: int, m: int) -> list[list[Action]]:
     return rows
 
 
+def _unit_time_pass(p: int, m: int, v: int, placement: str, choose) -> list[list[Action]]:
+    """Each stage's list, built by playing the step out in unit time: at each step every stage runs
+    ``choose(s, row, nxt, held, waiting_w, ready)``, an action whose input is ``ready`` (or ``None``: it
+    idles). ``nxt[op, chunk]`` is the next microbatch of that F or B, ``held`` the microbatches from F to
+    W, ``waiting_w`` the W's whose B has run, oldest first."""
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    done: dict[Action, int] = {}  # action -> the step it ends
+    nxt = [{(op, c): 0 for op in "FB" for c in range(v)} for _ in range(p)]
+    waiting_w: list[list[Action]] = [[] for _ in range(p)]
+    held, left, t = [0] * p, 3 * p * m * v, 0
+    while left:
+        for s in range(p):
+            def ready(a: Action) -> bool:
+                dep = producer_of(a, p, v, placement)
+                return dep is None or done.get(dep, t + 1) <= t
+            pick = choose(s, rows[s], nxt[s], held[s], waiting_w[s], ready)
+            if pick is None:
+                continue
+            rows[s].append(pick)
+            done[pick], left = t + 1, left - 1
+            if pick.op == "W":
+                waiting_w[s].pop(0)
+                held[s] -= 1
+            else:
+                nxt[s][pick.op, pick.chunk] += 1
+                held[s] += pick.op == "F"
+                if pick.op == "B":
+                    waiting_w[s].append(Action(s, pick.microbatch, "W", pick.chunk))
+        t += 1
+    return rows
+
+
 def zb_h2_order(p: int, m: int) -> list[list[Action]]:
     """ZB-H2 as a pass in unit time: at each step a stage runs a B if one is ready (the input gradient is
     what the stage before waits for), else an F if one is ready and it holds fewer than ``2 p - 1``
     microbatches (F until W), else its oldest waiting W. Stage ``s`` runs ``2 (p - 1 - s) + 1`` forwards
     before its first B, and with ``m >= 2 p - 1`` no stage idles between its first action and its last."""
-    rows: list[list[Action]] = [[] for _ in range(p)]
-    done: dict[Action, int] = {}  # action -> the step it ends
-    next_f, next_b, held = [0] * p, [0] * p, [0] * p
-    waiting_w: list[list[Action]] = [[] for _ in range(p)]
-    left, t = 3 * p * m, 0
-    while left:
-        for s in range(p):
-            options = []
-            if next_b[s] < next_f[s]:
-                options.append(Action(s, next_b[s], "B"))
-            if next_f[s] < m and held[s] < 2 * p - 1:
-                options.append(Action(s, next_f[s], "F"))
-            ready = [a for a in options if (dep := producer_of(a, p)) is None or done.get(dep, t + 1) <= t]
-            pick = ready[0] if ready else waiting_w[s][0] if waiting_w[s] else None
-            if pick is None:
-                continue
-            rows[s].append(pick)
-            done[pick], left = t + 1, left - 1
-            if pick.op == "F":
-                next_f[s], held[s] = next_f[s] + 1, held[s] + 1
-            elif pick.op == "B":
-                next_b[s] += 1
-                waiting_w[s].append(Action(s, pick.microbatch, "W"))
-            else:
-                waiting_w[s].pop(0)
-                held[s] -= 1
-        t += 1
-    return rows
+    def choose(s, row, nxt, held, waiting_w, ready):
+        options = [Action(s, nxt["B", 0], "B")] if nxt["B", 0] < nxt["F", 0] else []
+        options += [Action(s, nxt["F", 0], "F")] if nxt["F", 0] < m and held < 2 * p - 1 else []
+        return next((a for a in options if ready(a)), waiting_w[0] if waiting_w else None)
+    return _unit_time_pass(p, m, 1, "loop", choose)
 
 
 def zb_v_order(p: int, m: int) -> list[list[Action]]:
     """ZB-V as a pass in unit time (see the module docstring): the steady state runs F, B and W in turn."""
-    rows: list[list[Action]] = [[] for _ in range(p)]
-    done: dict[Action, int] = {}
-    next_f, next_b = [[0, 0] for _ in range(p)], [[0, 0] for _ in range(p)]
-    waiting_w: list[list[Action]] = [[] for _ in range(p)]
-    held, left, t = [0] * p, 6 * p * m, 0
-    while left:
-        for s in range(p):
-            def ready(a: Action) -> bool:
-                dep = producer_of(a, p, 2, "v")
-                return dep is None or done.get(dep, t + 1) <= t
-            last = next((a.op for a in reversed(rows[s]) if a.op != "W"), "F")
-            forwards_left = min(next_f[s]) < m
-            if rows[s] and rows[s][-1].op == "B" and forwards_left:  # the W of the B just run, at once
-                pick = waiting_w[s][0]
-            else:
-                backs = [Action(s, next_b[s][c], "B", c) for c in (0, 1) if next_b[s][c] < m]
-                fwds = [Action(s, next_f[s][c], "F", c) for c in (1, 0) if next_f[s][c] < m and held[s] < 2 * p]
-                pick = next((a for a in (fwds + backs if last == "B" else backs + fwds) if ready(a)),
-                            waiting_w[s][0] if waiting_w[s] else None)
-            if pick is None:
-                continue
-            rows[s].append(pick)
-            done[pick], left = t + 1, left - 1
-            if pick.op == "F":
-                next_f[s][pick.chunk] += 1
-                held[s] += 1
-            elif pick.op == "B":
-                next_b[s][pick.chunk] += 1
-                waiting_w[s].append(Action(s, pick.microbatch, "W", pick.chunk))
-            else:
-                waiting_w[s].pop(0)
-                held[s] -= 1
-        t += 1
-    return rows
+    def choose(s, row, nxt, held, waiting_w, ready):
+        if row and row[-1].op == "B" and min(nxt["F", 0], nxt["F", 1]) < m:  # the W of the B just run, at once
+            return waiting_w[0]
+        last = next((a.op for a in reversed(row) if a.op != "W"), "F")
+        backs = [Action(s, nxt["B", c], "B", c) for c in (0, 1) if nxt["B", c] < m]
+        fwds = [Action(s, nxt["F", c], "F", c) for c in (1, 0) if nxt["F", c] < m and held < 2 * p]
+        return next((a for a in (fwds + backs if last == "B" else backs + fwds) if ready(a)),
+                    waiting_w[0] if waiting_w else None)
+    return _unit_time_pass(p, m, 2, "v", choose)
 
 
 def dualpipev_order(p: int, m: int) -> list[list[Action]]:

@@ -23,32 +23,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from shardlib.core.serving.engine import StepRecord, broadcast_step, outputs_of, pack, unpack
+from shardlib.core.serving.engine import EngineRankResult, broadcast_step, pack, unpack
 from shardlib.core.serving.handoff import KVReceiver, KVSender
 from shardlib.core.serving.loop import run_engine
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import SequenceState
 from shardlib.core.serving.scheduler import Scheduler
 from shardlib.core.tensor_parallel.layers import TPGroup
-
-
-@dataclass(frozen=True)
-class DisaggRankResult:
-    """What one rank saw. The prefill leader: per request its first token and when (``outputs``), its
-    steps; the decode leader: per handed-off request every token, their times and preemptions, its steps, and
-    the seconds from its first token to its K/V in the cache (the hand-off as the decode pool saw it);
-    every prefill rank: the request of each K/V message it sent, in the order its comm log holds them."""
-
-    rank: int
-    pool: str  # "prefill" or "decode"
-    kv_cache_bytes: int
-    outputs: dict | None = None
-    steps: tuple[StepRecord, ...] = ()
-    kv_sent: tuple[int, ...] = ()  # request index per K/V message, in the comm log's order
-    prefix_hit_tokens: int = 0
-    prefix_lookup_tokens: int = 0
-    preemptions: int = 0
-    handoff_s: dict | None = None  # the decode leader: per request, first token to its K/V in this cache
 
 
 @dataclass(frozen=True)
@@ -71,7 +52,7 @@ def pool_groups(ctx, prefill_ranks: int) -> PoolGroups:
 
 
 def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
-                          layerwise: bool = False) -> DisaggRankResult:
+                          layerwise: bool = False) -> EngineRankResult:
     """Serve ``requests`` with prefill on ranks ``0 .. prefill_ranks - 1`` and decode on the rest."""
     p = prefill_ranks
     groups = pool_groups(ctx, p)
@@ -91,7 +72,7 @@ def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
     return _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clock)
 
 
-def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
+def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> EngineRankResult:
     sender = KVSender(ctx.comm, ctx.rank + p, groups.handoff[index])
 
     def run_step(chunks, ids):
@@ -114,16 +95,13 @@ def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, cl
 
     if index != 0:  # a follower: compute what the leader broadcasts
         while (flat := broadcast_step(pool, None)).numel():
-            chunks = unpack(flat)
-            n_sampled = sum(c.sample for c in chunks)
-            run_step(chunks, flat[flat.numel() - n_sampled:].tolist() if n_sampled else [])
+            run_step(*unpack(flat))  # the chunks, then the request of each that samples
         sender.end()
         sender.finish()
-        return DisaggRankResult(ctx.rank, "prefill", model.cache.size_bytes, kv_sent=tuple(sender.sent))
+        return EngineRankResult.of(ctx.rank, model, kv_sent=tuple(sender.sent))
 
     index_of = {r.request_id: i for i, r in enumerate(requests)}
     first_only = [replace(r, max_new_tokens=1) for r in requests]
-    steps: list[StepRecord] = []
 
     def step(chunks):
         ids = [index_of[c.seq] for c in chunks if c.sample]
@@ -131,8 +109,7 @@ def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, cl
             broadcast_step(pool, torch.cat([pack(chunks), torch.tensor(ids, dtype=torch.int64)]))
         return run_step(chunks, ids)
 
-    def record(plan, start_s, end_s, sched):
-        steps.append(StepRecord.after(plan, start_s, end_s, sched))
+    def record(plan, start_s, end_s, sched):  # the first token of each finished prompt, to the decode pool
         for c in plan.chunks:
             i = index_of[c.seq]
             if c.sample and requests[i].max_new_tokens > 1:
@@ -144,48 +121,40 @@ def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, cl
         broadcast_step(pool, None)
     sender.end()
     sender.finish()
-    outputs = {rid: (s.output[0], s.token_times_s[0], s.preemptions) for rid, s in sched.finished.items()}
-    stats = sched.blocks.stats()
-    return DisaggRankResult(ctx.rank, "prefill", model.cache.size_bytes, outputs, tuple(steps), tuple(sender.sent),
-                            stats.hit_tokens, stats.lookup_tokens, sched.preemptions)
+    return EngineRankResult.of(ctx.rank, model, sched, kv_sent=tuple(sender.sent))
 
 
 def _pack_admits(admits) -> torch.Tensor:
-    flat = [len(admits)]
-    for i, table in admits:
-        flat += [i, len(table), *table]
-    return torch.tensor(flat, dtype=torch.int64)
+    return torch.tensor([v for i, table in admits for v in (i, len(table), *table)], dtype=torch.int64)
 
 
-def _unpack_admits(flat: torch.Tensor):
-    values, at, admits = flat.tolist(), 1, []
-    for _ in range(values[0]):
+def _unpack_admits(values: list[int]) -> list[tuple[int, tuple[int, ...]]]:
+    admits, at = [], 0
+    while at < len(values):
         i, n = values[at:at + 2]
         admits.append((i, tuple(values[at + 2:at + 2 + n])))
         at += 2 + n
-    return admits, flat[at:]
+    return admits
 
 
-def _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> DisaggRankResult:
-    inbox = KVReceiver(ctx.comm, ctx.rank - p, groups.handoff[index], model.config.n_layers, model.kv_heads,
-                       model.config.head_dim, model.embed.dtype, ctx.device, layerwise)
+def _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> EngineRankResult:
+    inbox = KVReceiver(ctx.comm, ctx.rank - p, groups.handoff[index], model.cache, layerwise)
     if pool.rank != 0:  # a follower: land what the leader admits, compute what it broadcasts
         while True:
             inbox.poll()
             flat = broadcast_step(pool, None)
             if not flat.numel():
                 break
-            admits, rest = _unpack_admits(flat)
-            for i, table in admits:
-                inbox.land(i, model.cache, table)
-            chunks = unpack(rest)
+            chunks, rest = unpack(flat)
+            for i, table in _unpack_admits(rest):
+                inbox.land(i, table)
             if chunks:
                 model.step(chunks)
         inbox.wait_end()
-        return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes)
+        return EngineRankResult.of(ctx.rank, model)
 
     handoff, first_s = {}, {}  # request id -> seconds from its first token to its K/V here; when it was sampled
-    admits, steps = [], []  # admissions not yet told to the pool; a StepRecord per step
+    admits = []  # admissions not yet told to the pool
 
     def poll(sched, now_s):
         """``run_engine``'s hook: admit what has been handed off; while idle, block until something comes."""
@@ -200,22 +169,20 @@ def _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clo
 
     def step(chunks):
         if p > 1:
-            broadcast_step(pool, torch.cat([_pack_admits(admits), pack(chunks)]))
+            broadcast_step(pool, torch.cat([pack(chunks), _pack_admits(admits)]))
         for i, table in admits:  # the admitted requests' K/V into their blocks, before the step reads them
-            inbox.land(i, model.cache, table)
+            inbox.land(i, table)
             handoff[requests[i].request_id] = clock() - first_s[requests[i].request_id]
         admits.clear()
         return model.step(chunks)
 
-    def record(plan, start_s, end_s, sched):
-        steps.append(StepRecord.after(plan, start_s, end_s, sched))
-
-    sched = run_engine([], decode_config(config), step, clock=clock, wait=ctx.wait_s, on_step=record, poll=poll)
+    sched = run_engine([], decode_config(config), step, clock=clock, wait=ctx.wait_s, poll=poll)
     if p > 1:
         broadcast_step(pool, None)
     inbox.wait_end()
-    return DisaggRankResult(ctx.rank, "decode", model.cache.size_bytes, outputs_of(sched), tuple(steps),
-                            preemptions=sched.preemptions, handoff_s=handoff)
+    # its blocks were allocated for K/V computed elsewhere: no prompt was looked up in its prefix cache
+    return replace(EngineRankResult.of(ctx.rank, model, sched, handoff_s=handoff), prefix_hit_tokens=0,
+                   prefix_lookup_tokens=0)
 
 
 def admit_handed_off(sched: Scheduler, queue: deque, requests, config) -> list[tuple[int, tuple[int, ...]]]:

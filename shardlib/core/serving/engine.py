@@ -14,48 +14,38 @@ from dataclasses import dataclass
 
 import torch
 
-from shardlib.core.serving.loop import run_engine
+from shardlib.core.serving.loop import StepRecord, run_engine
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.scheduler import Chunk
 from shardlib.core.tensor_parallel.layers import TPGroup
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    """One engine step: tokens computed, decodes among them, sequences, keys attended, and when (seconds);
-    after it, the cache's blocks in use and the tokens they hold."""
-
-    n_tokens: int
-    n_decodes: int
-    n_sequences: int
-    n_context: int
-    start_s: float
-    end_s: float
-    blocks_used: int
-    tokens_held: int
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
-
-    @classmethod
-    def after(cls, plan, start_s: float, end_s: float, sched) -> "StepRecord":
-        """The record of ``plan``, run from ``start_s`` to ``end_s``, read from the scheduler after it."""
-        return cls(plan.n_tokens, plan.n_decodes, len(plan.chunks), plan.n_context, start_s, end_s,
-                   sched.blocks.stats().used, sched.tokens_held)
-
-
-@dataclass(frozen=True)
 class EngineRankResult:
-    """What one rank saw: rank 0 has every request's tokens and token times, every rank its cache size."""
+    """What one rank saw: a leader has its requests' tokens and token times and its steps, every rank its
+    cache size. A prefill rank of a disaggregated job adds the request of each K/V message it sent (in its
+    comm log's order); the decode pool's leader, per request, the seconds from its first token to its K/V
+    in the cache (the hand-off as the decode pool saw it)."""
 
     rank: int
     kv_cache_bytes: int
-    outputs: dict | None  # rank 0: request id -> (tokens, token times, preemptions)
+    outputs: dict | None  # a leader: request id -> (tokens, token times, preemptions)
     steps: tuple[StepRecord, ...] = ()
     prefix_hit_tokens: int = 0
     prefix_lookup_tokens: int = 0
     preemptions: int = 0
+    kv_sent: tuple[int, ...] = ()  # request index per K/V message, in the comm log's order
+    handoff_s: dict | None = None
+
+    @classmethod
+    def of(cls, rank: int, model, sched=None, **extra) -> "EngineRankResult":
+        """A follower's result (``sched`` None), or a leader's read from its scheduler after the loop."""
+        if sched is None:
+            return cls(rank, model.cache.size_bytes, None, **extra)
+        stats = sched.blocks.stats()
+        outputs = {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
+        return cls(rank, model.cache.size_bytes, outputs, tuple(sched.steps), stats.hit_tokens, stats.lookup_tokens,
+                   sched.preemptions, **extra)
 
 
 def pack(chunks) -> torch.Tensor:
@@ -66,7 +56,8 @@ def pack(chunks) -> torch.Tensor:
     return torch.tensor(flat, dtype=torch.int64)
 
 
-def unpack(flat: torch.Tensor) -> list[Chunk]:
+def unpack(flat: torch.Tensor) -> tuple[list[Chunk], list[int]]:
+    """``pack``'s chunks, and the values after them (what a caller appended)."""
     values, at, chunks = flat.tolist(), 1, []
     for _ in range(values[0]):
         start, n, n_table, sample = values[at:at + 4]
@@ -74,7 +65,7 @@ def unpack(flat: torch.Tensor) -> list[Chunk]:
         chunks.append(Chunk(None, start, tuple(values[at:at + n]), tuple(values[at + n:at + n + n_table]),
                             bool(sample)))
         at += n + n_table
-    return chunks
+    return chunks, values[at:]
 
 
 def broadcast_step(job, flat: torch.Tensor | None) -> torch.Tensor:
@@ -84,11 +75,6 @@ def broadcast_step(job, flat: torch.Tensor | None) -> torch.Tensor:
     if int(size) == 0:
         return torch.empty(0, dtype=torch.int64)
     return job.comm.broadcast(torch.empty(int(size), dtype=torch.int64) if flat is None else flat, src=0)
-
-
-def outputs_of(sched) -> dict:
-    """Request id -> (tokens, token times, preemptions) of every finished sequence."""
-    return {rid: (tuple(s.output), tuple(s.token_times_s), s.preemptions) for rid, s in sched.finished.items()}
 
 
 def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None, on_step=None,
@@ -104,10 +90,9 @@ def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None
         job.comm.barrier()
     if job.rank != 0:
         while (flat := broadcast_step(job, None)).numel():
-            model.step(unpack(flat))
-        return EngineRankResult(ctx.rank, model.cache.size_bytes, None)
+            model.step(unpack(flat)[0])
+        return EngineRankResult.of(ctx.rank, model)
 
-    steps: list[StepRecord] = []
     start = ctx.now_s() if start_s is None else start_s
 
     def step(chunks):
@@ -115,15 +100,8 @@ def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None
             broadcast_step(job, pack(chunks))
         return model.step(chunks)
 
-    def record(plan, start_s, end_s, sched):
-        steps.append(StepRecord.after(plan, start_s, end_s, sched))
-        if on_step is not None:
-            on_step(plan, start_s, end_s, sched)
-
     sched = run_engine(requests, config, step, clock=lambda: ctx.now_s() - start,
-                       wait=ctx.wait_s, on_step=record, poll=poll)
+                       wait=ctx.wait_s, on_step=on_step, poll=poll)
     if job.world_size > 1:
         broadcast_step(job, None)
-    stats = sched.blocks.stats()
-    return EngineRankResult(ctx.rank, model.cache.size_bytes, outputs_of(sched), tuple(steps), stats.hit_tokens,
-                            stats.lookup_tokens, sched.preemptions)
+    return EngineRankResult.of(ctx.rank, model, sched)

@@ -3,13 +3,14 @@ that will read them (Patel et al. 2024, Splitwise; Zhong et al. 2024, DistServe)
 
 Each prefill rank holds the K/V of its own KV heads (``paged.PagedModel``) and sends them to the decode rank of
 the same tensor-parallel index: ``2 x layers x KV heads per rank x head_dim x bytes x prompt tokens`` per
-rank (``kv_bytes_per_request``), point to point (``ctx.comm.isend`` / ``irecv``), **whole** after the
-prompt's last step or **layer by layer** during it (Splitwise's layer-wise transfer). Two channels join a
-prefill rank and its peer: control messages on the default group (four float64: a *header* announcing a
-request before its last step, so the receives are posted early; from the pool's leader, the *token*, the
-first token and when; *end*), and the K/V on a ``handoff`` group, tagged by request so several requests'
-layers may interleave. gloo's point-to-point work learns it is complete only in ``wait()``: the decode
-side waits its control messages on a thread of its own and reads them between steps. No timing here.
+rank (``predict.serving.presets.kv_bytes_per_rank``), point to point (``ctx.comm.isend`` / ``irecv``),
+**whole** after the prompt's last step or **layer by layer** during it (Splitwise's layer-wise transfer).
+Two channels join a prefill rank and its peer: control messages on the default group (four float64: a
+*header* announcing a request before its last step, so the receives are posted early; from the pool's
+leader, the *token*, the first token and when; *end*), and the K/V on a ``handoff`` group, tagged by
+request so several requests' layers may interleave. gloo's point-to-point work learns it is complete
+only in ``wait()``: the decode side waits its control messages on a thread of its own and reads them
+between steps. No timing here.
 """
 
 from __future__ import annotations
@@ -20,18 +21,7 @@ from collections import deque
 
 import torch
 
-from shardlib.core.config import kv_bytes_per_token
-
 HEADER, TOKEN, END = 0.0, 1.0, -1.0
-
-
-def kv_bytes_per_request(llama_config, prompt_tokens: int, tp: int = 1, dtype_bytes: int = 2) -> int:
-    """Bytes one rank of a ``tp``-way pool sends for one request: ``2 x layers x its KV heads x head_dim x
-    dtype_bytes x prompt_tokens`` (the KV heads copied when ``tp`` passes their count: one each)."""
-    if int(prompt_tokens) != prompt_tokens or prompt_tokens < 0:
-        raise ValueError(f"prompt_tokens must be a whole number of tokens, got {prompt_tokens}")
-    c = llama_config
-    return int(kv_bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, dtype_bytes, tp)) * int(prompt_tokens)
 
 
 class Listener:
@@ -122,15 +112,11 @@ class KVSender:
 
 class KVReceiver:
     """A decode rank's side. A ``Listener`` queues the control messages from ``peer``; ``poll`` reads them. A
-    header posts the request's K/V receives at once (``layers`` of them layer by layer, else one) into
-    buffers shaped for this rank's ``kv_heads``; ``land`` waits them and writes them into the cache."""
+    header posts the request's K/V receives at once (one per layer layer by layer, else one) into buffers
+    shaped like this rank's ``cache`` (``paged.KVCache``); ``land`` waits them and writes them into it."""
 
-    def __init__(self, comm, peer: int, group, n_layers: int, kv_heads: int, head_dim: int, dtype, device,
-                 layerwise: bool) -> None:
-        self.comm, self.peer, self.group = comm, peer, group
-        self.n_layers, self.kv_heads, self.head_dim = n_layers, kv_heads, head_dim
-        self.dtype, self.device = dtype, device
-        self.layerwise = layerwise
+    def __init__(self, comm, peer: int, group, cache, layerwise: bool) -> None:
+        self.comm, self.peer, self.group, self.cache, self.layerwise = comm, peer, group, cache, layerwise
         self.incoming: dict[int, tuple[int, list]] = {}  # request index -> (tokens, pending receives)
         self.tokens: deque = deque()  # (request index, first token, time it was sampled), in arrival order
         self.ended = False
@@ -160,28 +146,27 @@ class KVReceiver:
                 raise RuntimeError(f"unknown control message {kind} from rank {self.peer}")
 
     def _post_kv(self, index: int, n: int) -> list:
-        shape = (2, n, self.kv_heads, self.head_dim)
-        if not self.layerwise:
-            shape = (self.n_layers,) + shape
-        count = self.n_layers if self.layerwise else 1
-        return [self.comm.irecv(torch.empty(shape, dtype=self.dtype, device=self.device), self.peer,
-                                group=self.group, tag=_tag(index)) for _ in range(count)]
+        n_layers, _, kv_heads, head_dim = self.cache.k.shape
+        shape = (2, n, kv_heads, head_dim) if self.layerwise else (n_layers, 2, n, kv_heads, head_dim)
+        return [self.comm.irecv(self.cache.k.new_empty(shape), self.peer, group=self.group, tag=_tag(index))
+                for _ in range(n_layers if self.layerwise else 1)]
 
-    def land(self, index: int, cache, table) -> None:
-        """Request ``index``'s K/V, once arrived, written into ``cache`` at the slots of its block ``table``."""
+    def land(self, index: int, table) -> None:
+        """Request ``index``'s K/V, once arrived, written into the cache at the slots of its block ``table``."""
         while index not in self.incoming:
             if self.ended:
                 raise RuntimeError(f"rank {self.peer} ended without sending the K/V of request {index}")
             self.poll(block=True)
         n, pending = self.incoming.pop(index)
-        slots = cache.slots(table, torch.arange(n, device=cache.k.device))
+        k, v = self.cache.k, self.cache.v  # (layers, slots, kv heads, hd)
+        slots = self.cache.slots(table, torch.arange(n, device=k.device))
         if self.layerwise:
             for layer, p in enumerate(pending):
                 kv = p.wait()  # (2, tokens, kv heads, hd)
-                cache.k[layer, slots], cache.v[layer, slots] = kv[0], kv[1]
+                k[layer, slots], v[layer, slots] = kv[0], kv[1]
         else:
             kv = pending[0].wait()  # (layers, 2, tokens, kv heads, hd)
-            cache.k[:, slots], cache.v[:, slots] = kv[:, 0], kv[:, 1]
+            k[:, slots], v[:, slots] = kv[:, 0], kv[:, 1]
 
     def wait_end(self) -> None:
         while not self.ended:

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from shardlib.core.model import LlamaWeights, causal_attention, norm
+from shardlib.core.model import LlamaWeights, attention, norm
 from shardlib.core.tensor_parallel.blocks import ParallelBlock
 from shardlib.core.tensor_parallel.layers import TPGroup
 
@@ -112,7 +112,7 @@ class PagedModel(torch.nn.Module):
         for rows, new_slots, all_slots, pos in spans:
             self.cache.write(layer, new_slots, k[rows], v[rows])
             k_seq, v_seq = self.cache.read(layer, all_slots)  # the paged read: (context, KV here, hd)
-            out[:, rows] = causal_attention(q[:, rows], k_seq.transpose(0, 1), v_seq.transpose(0, 1), pos)
+            out[:, rows] = attention(q[:, rows], k_seq.transpose(0, 1), v_seq.transpose(0, 1), pos)
         if decodes is not None:
             rows, new_slots, slot_matrix, valid = decodes
             self.cache.write(layer, new_slots, k[rows], v[rows])

@@ -6,7 +6,7 @@ The world is cut into ``replicas`` replicas of ``tp = world / replicas`` ranks (
 router: between its own steps, and while idle, it routes every request that has arrived
 (``router.Router``), its own into its scheduler, the others packed into an int64 tensor and ``isend`` to
 their replica's leader. Each leader, after every step, sends rank 0 a small load report (sequence number,
-queued, KV blocks used, requests finished). The router decides from the last reports plus what it
+KV blocks used, requests finished). The router decides from the last reports plus what it
 routed since (queued = routed there minus finished there). Each receiver is a thread (``handoff.Listener``),
 and the engine's loop polls its queue (``run_engine``'s ``poll``). What this costs: a request that arrives
 during rank 0's step waits for the step's end, and the reports are a step old. Real routers
@@ -29,7 +29,7 @@ from shardlib.core.serving.requests import Request
 from shardlib.core.serving.router import ReplicaLoad, make_router
 
 END = -1  # a route message whose first value is END closes the inbox; its second: how many were sent
-REPORT_VALUES = 6  # sequence number, final, queued, KV blocks used, finished, steps
+REPORT_VALUES = 4  # sequence number, final, KV blocks used, requests finished
 IDLE_WAIT_S = 0.05  # an idle leader blocks this long on its inbox before it looks again
 
 
@@ -47,16 +47,12 @@ def unpack_request(values: list[int]) -> Request:
 
 
 @dataclass(frozen=True)
-class ReplicaRankResult:
-    """One rank's part: its engine's result (``engine`` holds the outputs on a leader, keyed by the
-    request's place in the trace), its replica, and on rank 0 the router's record: each request's
-    replica, and the most requests it saw queued at each replica."""
+class RouterRankResult(EngineRankResult):
+    """Rank 0's result: its engine's (a leader's outputs are keyed by the request's place in the trace),
+    and the router's record: each request's replica, and the most requests it saw queued at each replica."""
 
-    engine: EngineRankResult
-    replica: int
-    leader: bool
-    replica_of: tuple[int, ...] | None = None
-    max_queued: tuple[int, ...] | None = None
+    replica_of: tuple[int, ...] = ()
+    max_queued: tuple[int, ...] = ()
 
 
 class _RouterHost:
@@ -81,7 +77,7 @@ class _RouterHost:
             if not isinstance(values, BaseException):  # a failure: check() raises it
                 with self._lock:
                     self.counts[k] += 1
-                    self.finished[k], self.kv_used[k] = values[4], values[3]
+                    self.kv_used[k], self.finished[k] = values[2], values[3]
         return take
 
     def _last(self, k):
@@ -169,17 +165,17 @@ class _ReplicaLeader:
         self.reports.append(self.ctx.comm.isend(torch.tensor([self.sent, *values], dtype=torch.int64), 0))
 
     def report(self, sched) -> None:
-        self._send(0, len(sched.waiting) + len(sched.running), sched.blocks.stats().used, len(sched.finished), 0)
+        self._send(0, sched.blocks.stats().used, len(sched.finished))
 
     def close(self, result: EngineRankResult) -> None:
-        self._send(1, 0, 0, len(result.outputs), len(result.steps))  # the final report: rank 0's inbox closes
+        self._send(1, 0, len(result.outputs))  # the final report: rank 0's inbox closes
         for pending in self.reports:
             pending.wait()
         self.inbox.join()
 
 
 def replicas_on_rank(ctx, weights, requests, config, replicas: int, policy: str, router_options: dict,
-                     max_prompt_tokens: int) -> ReplicaRankResult:
+                     max_prompt_tokens: int) -> EngineRankResult:
     """Serve ``requests`` on ``replicas`` replicas routed by ``policy``. Every rank is handed the trace
     (a pool ships the same arguments to all), but only rank 0 reads it: a leader learns each of its
     requests from the message rank 0 sends it."""
@@ -194,15 +190,15 @@ def replicas_on_rank(ctx, weights, requests, config, replicas: int, policy: str,
     ctx.comm.barrier()
     start_s = float(ctx.comm.broadcast(torch.tensor([ctx.now_s()], dtype=torch.float64), src=0))
     if group.rank != 0:
-        return ReplicaRankResult(serving_engine_on_rank(ctx, weights, [], config, group=group), replica, False)
+        return serving_engine_on_rank(ctx, weights, [], config, group=group)
     if ctx.rank == 0:
         router = make_router(policy, replicas, config.block_size, **router_options)
         host = _RouterHost(ctx, router, list(requests), replicas, tp, config, length)
         result = serving_engine_on_rank(ctx, weights, [], config, group=group, poll=host.poll, start_s=start_s)
         host.close()
-        return ReplicaRankResult(result, 0, True, tuple(host.replica_of), tuple(host.max_queued))
+        return RouterRankResult(**vars(result), replica_of=tuple(host.replica_of), max_queued=tuple(host.max_queued))
     leader = _ReplicaLeader(ctx, length)
     result = serving_engine_on_rank(ctx, weights, [], config, group=group, poll=leader.poll, start_s=start_s,
                                     on_step=lambda plan, a, b, sched: leader.report(sched))
     leader.close(result)
-    return ReplicaRankResult(result, replica, True)
+    return result

@@ -5,13 +5,11 @@ seed (greedy without one). ``EngineConfig`` sizes the paged KV cache (``block_si
 ``num_blocks`` blocks per rank) and the scheduler (``max_batch_tokens`` per step, chunked prefill on or
 off, prefix caching on or off, continuous or static batching). ``SequenceState`` is the scheduler's
 view of one request, in vLLM v1's terms: no prefill or decode phase, just the tokens so far and how
-many of them have their K/V computed. ``RequestMetrics``: what a request waited (TTFT, TPOT, end to end,
-its longest stall). Pure: no torch.
+many of them have their K/V computed. Pure: no torch.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from shardlib.core.checks import choice, flag, number_at_least, whole_number
@@ -116,31 +114,3 @@ class SequenceState:
     @property
     def done(self) -> bool:
         return len(self.output) >= self.request.max_new_tokens
-
-
-@dataclass(frozen=True)
-class RequestMetrics:
-    """One request's times, seconds: ``ttft_s`` (arrival to first token), ``tpot_s`` (mean gap between its
-    later tokens; 0 with one token), ``e2e_s`` (arrival to last token), ``max_gap_s`` (its longest wait
-    between two tokens: a generation stall shows here)."""
-
-    arrival_s: float
-    ttft_s: float
-    tpot_s: float
-    e2e_s: float
-    max_gap_s: float
-    preemptions: int
-
-
-def request_metrics(request: Request, times, preemptions: int = 0) -> RequestMetrics:
-    """A request's metrics from its token times (seconds after the start)."""
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    return RequestMetrics(request.arrival_s, times[0] - request.arrival_s,
-                          (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
-                          times[-1] - request.arrival_s, max(gaps, default=0.0), preemptions)
-
-
-def percentile(values, q: float) -> float:
-    """The ``q``-th percentile (0 to 100) of ``values``, nearest rank."""
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]

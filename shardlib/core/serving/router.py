@@ -9,17 +9,15 @@ the fewest requests queued (``by="queue"``) or the smallest share of KV blocks i
 ``prefix-aware`` is SGLang's cache-aware router: the replica whose approximate prefix tree (what the
 router sent there, as chained block hashes, ``blocks.prompt_block_hashes``) matches the most leading
 blocks of the prompt, unless the queues are imbalanced by more than ``balance_threshold`` (then the least
-queued). ``PrefixAwareRouter`` says where SGLang, vLLM's production stack and llm-d differ.
-``route_trace`` replays a trace on a simple finish model, for tests and graders. Pure: no torch.
+queued). ``PrefixAwareRouter`` says where SGLang, vLLM's production stack and llm-d differ. Pure: no torch.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from shardlib.core.checks import choice, number_at_least, whole_number
 from shardlib.core.serving.blocks import prompt_block_hashes
@@ -120,9 +118,6 @@ class LeastLoadedRouter(Router):
             return min(loads, key=lambda ld: (ld.queued, ld.replica)).replica
         return min(loads, key=lambda ld: (ld.kv_share, ld.queued, ld.replica)).replica
 
-    def __repr__(self) -> str:
-        return f"LeastLoadedRouter(replicas={self.replicas}, by={self.by!r})"
-
 
 class PrefixTree:
     """What the router sent to one replica: the chained names of the prompts' full blocks, least recently
@@ -162,7 +157,7 @@ class PrefixAwareRouter(Router):
     the replica that saw it first.
 
     Where projects differ. SGLang's router keys its radix tree by the request's characters (no tokenizer
-    in the router), evicts least recently used leaves past a size (``max_tree_blocks`` here), sends a
+    in the router), evicts least recently used leaves past a size (``PrefixTree(max_blocks)`` here), sends a
     request whose best match is under ``cache_threshold`` (half its length there, 0 here) to the replica
     with the smallest tree rather than the least loaded, and balances on its own count of requests in
     flight with ``balance_abs_threshold = 32`` by default (a small trace wants a few). vLLM's production
@@ -174,8 +169,7 @@ class PrefixAwareRouter(Router):
     name = "prefix-aware"
 
     def __init__(self, replicas: int, block_size: int = 16, balance_threshold: int | None = 4,
-                 balance_rel_threshold: float = 1.0, cache_threshold: float = 0.0,
-                 max_tree_blocks: int | None = None) -> None:
+                 balance_rel_threshold: float = 1.0, cache_threshold: float = 0.0) -> None:
         super().__init__(replicas, block_size)
         if balance_threshold is not None:
             whole_number(balance_threshold, "balance_threshold (requests queued, most minus least; None: never "
@@ -184,11 +178,9 @@ class PrefixAwareRouter(Router):
         number_at_least(cache_threshold, "cache_threshold (share of the prompt matched)")
         if cache_threshold >= 1:
             raise ValueError(f"cache_threshold is a share of the prompt below 1, got {cache_threshold!r}")
-        if max_tree_blocks is not None:
-            whole_number(max_tree_blocks, "max_tree_blocks (blocks a replica's tree keeps; None: all)")
         self.balance_threshold, self.balance_rel_threshold = balance_threshold, balance_rel_threshold
         self.cache_threshold = cache_threshold
-        self.trees = [PrefixTree(max_tree_blocks) for _ in range(replicas)]
+        self.trees = [PrefixTree() for _ in range(replicas)]
 
     def imbalanced(self, loads: Sequence[ReplicaLoad]) -> bool:
         """SGLang's test: most minus least queued above the threshold, and most above rel x least."""
@@ -217,9 +209,6 @@ class PrefixAwareRouter(Router):
         super().routed(request, replica)
         self.trees[replica].insert(prompt_block_hashes(request.prompt_token_ids, self.block_size))
 
-    def __repr__(self) -> str:
-        return f"PrefixAwareRouter(replicas={self.replicas}, balance_threshold={self.balance_threshold})"
-
 
 ROUTERS: dict[str, type[Router]] = {
     "round-robin": RoundRobinRouter,
@@ -238,34 +227,3 @@ def make_router(policy: str, replicas: int, block_size: int = 16, **options) -> 
     if extra:
         raise ValueError(f"policy {policy!r} takes no {', '.join(extra)}; its options are {', '.join(takes) or 'none'}")
     return ROUTERS[policy](replicas, block_size, **options)
-
-
-def route_trace(router: Router, requests, n_replicas: int, finish: Callable[[Request], float] | None = None,
-                kv_blocks_total: int = 64) -> list[int]:
-    """Each request's replica, in the order given, when ``router`` routes ``requests`` in arrival order
-    (ties by position). The loads it sees: a request holds its replica from its arrival until
-    ``finish(request)`` seconds later (``None``: until the trace ends), counting one in ``queued`` and the
-    blocks of its prompt and outputs in ``kv_blocks_used`` (no sharing counted; at most
-    ``kv_blocks_total``). The router is used as given: pass a fresh one."""
-    requests = list(requests)
-    if not all(isinstance(r, Request) for r in requests):
-        raise ValueError("route_trace takes Requests (engine.requests.Request)")
-    whole_number(n_replicas, "n_replicas")
-    whole_number(kv_blocks_total, "kv_blocks_total (KV blocks per replica)")
-    if router.replicas != n_replicas:
-        raise ValueError(f"the router routes over {router.replicas} replicas, the trace asks for {n_replicas}")
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
-    holding: list[list[tuple[float, int]]] = [[] for _ in range(n_replicas)]  # per replica: (until_s, blocks)
-    out = [0] * len(requests)
-    for i in order:
-        r = requests[i]
-        for h in holding:
-            h[:] = [(until, b) for until, b in h if until > r.arrival_s]
-        loads = [ReplicaLoad(k, len(h), min(kv_blocks_total, sum(b for _, b in h)), kv_blocks_total)
-                 for k, h in enumerate(holding)]
-        k = router.choose(r, loads)
-        router.routed(r, k)
-        until = math.inf if finish is None else r.arrival_s + number_at_least(finish(r), "finish(request) (seconds)")
-        holding[k].append((until, -(-r.total_tokens // router.block_size)))
-        out[i] = k
-    return out

@@ -61,6 +61,7 @@ class Scheduler:
         self.running: list[SequenceState] = []
         self.finished: dict[object, SequenceState] = {}
         self.preemptions = 0
+        self.steps: list = []  # the loop's ``StepRecord`` of each step
 
     def add(self, request: Request) -> None:
         self.waiting.append(SequenceState(request))

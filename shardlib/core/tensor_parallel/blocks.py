@@ -4,7 +4,8 @@
 split by whole heads, Q, K, V column-parallel, the output projection row-parallel; with
 ``copy_kv_heads``, each KV head copied onto ``tp / KV`` ranks when there are fewer KV heads than ranks
 (serving: nothing to train, so nothing to keep in step). ``ParallelBlock``: ``model.block_reference``
-with both, one all-reduce each forward, the norm weights whole on every rank. Each part has
+with both, one all-reduce each forward, the norm weights whole on every rank; with ``sequence_parallel``
+each all-reduce is ``sequence_parallel``'s all-gather before and reduce-scatter after. Each part has
 ``local(x)``, this rank's share from an input already in place (no communication): ``core.model``'s own
 computation on this rank's slices. ``forward(x)``: f, ``local``, then g. The attention takes the
 tokens' ``positions`` and an ``attend(q, k, v)`` (a paged KV cache stands in there when serving).
@@ -24,6 +25,7 @@ from shardlib.core.tensor_parallel.layers import (
     RowParallelLinear,
     TPGroup,
 )
+from shardlib.core.tensor_parallel.sequence_parallel import gather_seq, scatter_seq
 
 
 class ParallelMLP(nn.Module):
@@ -76,19 +78,28 @@ class ParallelAttention(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    """``model.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)``."""
+    """``model.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)``. With
+    ``sequence_parallel`` it takes and returns this rank's run of the residual stream, (b, s/tp, d_model)."""
 
-    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup, copy_kv: bool = False) -> None:
+    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup, copy_kv: bool = False,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.tpg, self.sequence_parallel = model, tpg, sequence_parallel
         self.attention = ParallelAttention(w, model, tpg, copy_kv) if "q" in w else None
         self.mlp = ParallelMLP(w, tpg) if "gate" in w else None
         self.register_buffer("attn_norm", w.get("attn_norm"))  # (d,), whole on every rank; None: no weight
         self.register_buffer("mlp_norm", w.get("mlp_norm"))
 
+    def _pair(self, part: nn.Module, x: torch.Tensor, *args) -> torch.Tensor:
+        """``part`` on ``x``: f, its share, g (one all-reduce); sequence parallel: all-gather my tokens'
+        ``x``, the share, reduce-scatter it back to my tokens, (b, s/tp, d)."""
+        if self.sequence_parallel:
+            return scatter_seq(part.local(gather_seq(x, self.tpg), *args), self.tpg)
+        return part(x, *args)
+
     def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None, attend=None) -> torch.Tensor:
         if self.attention is not None:
-            h = h + self.attention(norm(h, self.attn_norm, self.model), positions, attend)  # one all-reduce
+            h = h + self._pair(self.attention, norm(h, self.attn_norm, self.model), positions, attend)
         if self.mlp is not None:
-            h = h + self.mlp(norm(h, self.mlp_norm, self.model))  # one all-reduce
+            h = h + self._pair(self.mlp, norm(h, self.mlp_norm, self.model))
         return h

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardlib.core.checks import choice, positive_number, whole_number
+from shardlib.core.checks import choice, number_at_least, positive_number, whole_number
 from shardlib.core.config import ModelConfig
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.experts.stack import moe_stack_weights
@@ -45,33 +45,25 @@ class TrainingConfig:
     bias_rate: float = 0.01  # DeepSeek-V3's gamma (1e-3 there; a toy trained a few steps needs more)
 
     def __post_init__(self) -> None:
-        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq", "microbatch",
-                     "m", "steps", "successors", "chunks"):
+        for name in ("seq", "microbatch", "m", "steps", "successors", "chunks"):
             whole_number(getattr(self, name), name)
         whole_number(self.seed, "seed", 0)
         positive_number(self.lr, "lr (AdamW's learning rate)")
-        if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be a number of 0 or more, got {self.weight_decay!r}")
+        number_at_least(self.weight_decay, "weight_decay")
         choice(self.dtype, tuple(DTYPES), "dtype")
         choice(self.schedule, tuple(SCHEDULES), "schedule (a pipeline schedule)")
-        whole_number(self.n_experts, "n_experts (1: a dense MLP)")
-        whole_number(self.experts_per_token, "experts_per_token (k)")
-        if self.experts_per_token > self.n_experts:
-            raise ValueError(f"each token cannot go to experts_per_token = {self.experts_per_token} experts when "
-                             f"there are n_experts = {self.n_experts}")
         choice(self.balance, BALANCES, "balance (how the experts' load is balanced)")
-        if not isinstance(self.aux_loss_coef, (int, float)) or self.aux_loss_coef < 0:
-            raise ValueError(f"aux_loss_coef must be a number of 0 or more, got {self.aux_loss_coef!r}")
+        number_at_least(self.aux_loss_coef, "aux_loss_coef (Switch's alpha)")
         positive_number(self.bias_rate, "bias_rate (the selection bias's step)")
+        self.model  # the shapes' own checks: whole numbers, heads that divide, at most n_experts per token
         if self.successors > self.vocab_size:
             raise ValueError(f"each token cannot have {self.successors} likely successors in a vocabulary of "
                              f"{self.vocab_size}")
-        self.model  # the block shapes' own checks (heads divide d_model, KV heads divide heads)
 
     @property
     def model(self) -> ModelConfig:
         """The blocks' shapes, as the toy's ``ModelConfig`` (what ``toy.stack_weights`` reads)."""
-        return ModelConfig("toy-lm", n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
+        return ModelConfig("the toy language model", n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
                            n_kv_heads=self.n_kv_heads, d_ff=self.d_ff, vocab_size=self.vocab_size,
                            bytes_per_param=float(self.element_bytes), n_experts=self.n_experts,
                            experts_per_token=self.experts_per_token)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardlib.core.experts.dispatch import LocalExperts, moe_layer
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.experts.stack import EXPERT_KEYS, layer_experts
 from shardlib.core.model import rms_norm
 from shardlib.core.tensor_parallel.blocks import ParallelAttention
@@ -61,16 +62,16 @@ class RouterWeight(nn.Module):
 
 
 class MoEMLP(nn.Module):
-    """The MoE layer on this rank's sequence-parallel tokens (the module docstring). ``aux`` keeps the last
-    microbatch's share of Switch's loss (``"aux-loss"``), ``step_counts`` the step's token-slots per expert."""
+    """The MoE layer of ``cfg`` on this rank's sequence-parallel tokens (the module docstring); ``ctx=None``:
+    one process, every expert here. ``aux`` keeps the last microbatch's share of Switch's loss
+    (``"aux-loss"``), ``step_counts`` the step's token-slots per expert."""
 
-    def __init__(self, ctx, w: dict, config, groups, tpg: TPGroup, aux_scale: float) -> None:
+    def __init__(self, ctx, w: dict, cfg: MoEConfig, groups, tpg: TPGroup, aux_scale: float) -> None:
         super().__init__()
-        self.ctx, self.cfg, self.groups, self.tpg, self.aux_scale = ctx, config.moe, groups, tpg, aux_scale
-        n_local = self.cfg.experts_per_rank(1 if groups.ep is None else dist.get_world_size(groups.ep))
+        self.ctx, self.cfg, self.groups, self.tpg, self.aux_scale = ctx, cfg, groups, tpg, aux_scale
+        n_local = cfg.experts_per_rank(1 if groups.ep is None else dist.get_world_size(groups.ep))
         self.router, self.experts = RouterWeight(w["router"]), Experts(w, groups.place * n_local, n_local)
-        self.tokens_per_microbatch = config.microbatch * config.seq
-        self.bias = torch.zeros(self.cfg.n_experts, dtype=w["router"].dtype) if config.balance == "aux-free" else None
+        self.bias = torch.zeros(cfg.n_experts, dtype=w["router"].dtype) if cfg.balance == "aux-free" else None
         self.step_counts = torch.zeros(self.cfg.n_experts, dtype=torch.long)
         self.aux = None
 
@@ -91,8 +92,8 @@ class MoEMLP(nn.Module):
     def aux_share(self, probs, counts):
         """This rank's share of Switch's loss of the microbatch, ``E sum_i f_i P_i``: ``f`` from the counts of
         the microbatch (summed over the tp ranks that hold its tokens), ``P`` over this rank's tokens only
-        (``probs`` ``(T_r, E)``, through which the router's gradient flows)."""
-        cfg, t = self.cfg, self.tokens_per_microbatch
+        (``probs`` ``(T_r, E)``, through which the router's gradient flows); ``t = T_r tp`` tokens in all."""
+        cfg, t = self.cfg, probs.shape[0] * self.tpg.tp
         counts = self.tpg.all_reduce(counts.detach().to(probs.dtype)) if self.tpg.tp > 1 else counts.to(probs.dtype)
         return cfg.n_experts * (counts / (t * cfg.k) * probs.sum(0) / t).sum()
 
@@ -105,7 +106,7 @@ class MoEBlock(nn.Module):
         super().__init__()
         self.tpg = tpg
         self.attention = ParallelAttention(w, config.model, tpg)
-        self.moe = MoEMLP(ctx, w, config, groups, tpg, aux_scale)
+        self.moe = MoEMLP(ctx, w, config.moe, groups, tpg, aux_scale)
 
     def forward(self, h):  # (b, s/tp, d)
         h = h + scatter_seq(self.attention.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)

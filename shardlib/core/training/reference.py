@@ -29,11 +29,6 @@ from shardlib.core.training.config import TrainingConfig, init_weights, layer_of
 from shardlib.core.training.corpus import MarkovCorpus
 
 
-def token_losses(weights: dict, tokens: torch.Tensor, config: TrainingConfig) -> torch.Tensor:
-    """Per-token cross-entropy ``(b, s)`` of ``tokens (b, s + 1)``: inputs ``[:, :-1]``, targets ``[:, 1:]``."""
-    return forward(weights, tokens, config).token_losses
-
-
 @dataclass(frozen=True)
 class Forward:
     """The model on a batch: per-token losses, and with experts the auxiliary loss (the layers' sum, each the
@@ -45,7 +40,8 @@ class Forward:
 
 
 def forward(weights: dict, tokens: torch.Tensor, config: TrainingConfig, biases=None) -> Forward:
-    """``tokens (b, s + 1)`` through the model (``biases``: each MoE layer's selection bias, or none)."""
+    """``tokens (b, s + 1)`` through the model: inputs ``[:, :-1]``, targets ``[:, 1:]`` (``biases``: each MoE
+    layer's selection bias, or none)."""
     h = weights["embed"][tokens[:, :-1]]  # (b, s, d)
     aux, counts = None, []
     for i in range(config.n_layers):

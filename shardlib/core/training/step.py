@@ -16,6 +16,8 @@ through ``probe`` (the engine's spans) and ``on_saved`` (sees what autograd save
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -26,7 +28,7 @@ from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.experts.balance import bias_update
 from shardlib.core.experts.groups import layout_expert_groups
-from shardlib.core.model import rms_norm, split_heads
+from shardlib.core.model import rms_norm
 from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.core.pipeline.messages import Links
 from shardlib.core.pipeline.orders import make_schedule
@@ -66,20 +68,13 @@ class Block(nn.Module):
 
     def __init__(self, w: dict, model, tpg: TPGroup, ring) -> None:
         super().__init__()
-        self.tpg, self.ring = tpg, ring
-        self.attention, self.mlp = ParallelAttention(w, model, tpg), ParallelMLP(w, tpg)
-
-    def attend(self, x):  # x (b, s/cp, d): this ring place's tokens, whole
-        a = self.attention
-        if self.ring is None:
-            return a.local(x)
-        q = split_heads(a.q.local(x), a.heads)  # (b, H/tp, s/cp, hd)
-        k, v = split_heads(a.k.local(x), a.kv_heads), split_heads(a.v.local(x), a.kv_heads)
-        o = ring_attention(self.ring, q, k, v, causal=True, placement="zigzag")  # (b, H/tp, s/cp, hd)
-        return a.o.partial(o.transpose(1, 2).flatten(2))  # (b, s/cp, d): this tp rank's share
+        self.tpg, self.attention, self.mlp = tpg, ParallelAttention(w, model, tpg), ParallelMLP(w, tpg)
+        # q (b, H/tp, s/cp, hd), k, v (b, KV/tp, s/cp, hd) attend over the whole sequence round the ring
+        self.ring = None if ring is None else partial(ring_attention, ring, causal=True, placement="zigzag")
 
     def forward(self, h):  # (b, s/(cp tp), d)
-        h = h + scatter_seq(self.attend(gather_seq(rms_norm(h), self.tpg)), self.tpg)
+        attention = self.attention.local(gather_seq(rms_norm(h), self.tpg), attend=self.ring)  # (b, s/cp, d): a share
+        h = h + scatter_seq(attention, self.tpg)
         return h + scatter_seq(self.mlp.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
 
 

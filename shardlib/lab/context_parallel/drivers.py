@@ -1,10 +1,11 @@
 """Context parallelism run on a pool, against the unsharded attention, the work count and the cost model.
 
-``run_ring_attention``, ``run_ulysses_attention`` and ``run_all_gather_attention`` (forward only) each
-return an ``AttentionRun``: the output's gap, the ring's compute, step time and transfers, or the
-collectives against ``predict``. ``run_ring_balance`` sets the two placements side by side,
-``run_ring_overlap`` the ring with and without overlap against alpha-beta on the link
-``run_exchange_calibration`` fits. Inputs are checked here, before any rank starts.
+``run_ring_attention``, ``run_ulysses_attention`` and ``run_all_gather_attention`` each return an
+``AttentionRun``: the output's gap, the ring's compute, step time and transfers, or the collectives
+against ``predict``; given the upstream gradient ``d_out`` (ring, Ulysses), every rank's dQ, dK, dV
+shards against autograd through the whole sequence's attention and the backward's wire bytes.
+``run_ring_training``: SGD on ``core.model``'s attention layer through the ring, against the same steps
+in one process. Inputs are checked here, before any rank starts.
 """
 
 from __future__ import annotations
@@ -15,33 +16,36 @@ from dataclasses import dataclass, field
 import torch
 
 from shardlib.core.checks import TOLERANCE, flag, number_at_least, whole_number
-from shardlib.core.context_parallel.all_gather import check_all_gather_inputs
-from shardlib.core.context_parallel.online_softmax import attention_reference
-from shardlib.core.context_parallel.placement import PLACEMENTS, RankWork, blocks_between, causal_work, imbalance
-from shardlib.core.context_parallel.ring import check_ring_inputs
-from shardlib.core.context_parallel.ulysses import check_ulysses_inputs
-from shardlib.facts.hardware import Link
+from shardlib.core.config import ModelConfig
+from shardlib.core.context_parallel.online_softmax import check_shards
+from shardlib.core.context_parallel.placement import check_sequence, gather_sequence, shard_sequence
+from shardlib.core.context_parallel.ulysses import check_heads_divide
+from shardlib.core.model import attention
 from shardlib.lab.context_parallel.ranks import (
     all_gather_attention_on_rank,
-    exchange_on_rank,
     ring_attention_on_rank,
+    ring_training_on_rank,
+    train_attention_layer,
     ulysses_attention_on_rank,
 )
-from shardlib.lab.context_parallel.reference import gather_sequence
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.predict.calibration import fastest_of_slowest, fit_link
 from shardlib.predict.context_parallel import (
     AttentionShape,
+    RankWork,
     all_gather_kv_collectives,
-    hidden_share,
-    ring_time_s,
-    ring_transfer_s,
+    blocks_between,
+    causal_work,
+    imbalance,
+    ring_backward_bytes_per_rank,
     ulysses_collectives,
 )
 
 
-def _gap(out: torch.Tensor, q, k, v, causal: bool, scale) -> float:
-    return float((out - attention_reference(q, k, v, causal, scale)).abs().max())
+def attention_and_grads(q, k, v, d_out=None, causal: bool = True, scale=None) -> tuple[torch.Tensor, ...]:
+    """The whole sequence's attention output and, given ``d_out``, autograd's ``(dq, dk, dv)`` of it."""
+    q, k, v = (t.detach().requires_grad_(d_out is not None) for t in (q, k, v))
+    out = attention(q, k, v, causal=causal, scale=scale)
+    return (out.detach(),) if d_out is None else (out.detach(), *torch.autograd.grad(out, (q, k, v), d_out))
 
 
 def attention_shape(q: torch.Tensor, k: torch.Tensor) -> AttentionShape:
@@ -51,32 +55,35 @@ def attention_shape(q: torch.Tensor, k: torch.Tensor) -> AttentionShape:
 
 @dataclass(frozen=True)
 class AttentionRun:
-    """An attention method on a pool, ``repeats`` times, its ``gap`` from the whole-sequence attention, and
-    its prediction: the ring's work (``placement.causal_work``) or the collectives, ``(op, size_bytes,
-    wire_bytes)`` each, against rank 0's ``measured``. Times are medians over the repeats (per rank, or of
-    the slowest rank); ``compute_cpu_s`` is CPU time, which a busy machine does not inflate. Blocks, bytes
-    and spans are the last repeat's."""
+    """An attention method on a pool, ``repeats`` times, against the whole sequence's attention
+    (``reference``: its output and, with a backward, ``(dq, dk, dv)``), and its prediction: the ring's work
+    (``predict.causal_work``) or the collectives, ``(op, size_bytes, wire_bytes)`` each, against rank 0's
+    ``measured``. Times are medians over the repeats (per rank, or of the slowest rank); ``compute_cpu_s``
+    is CPU time, which a busy machine does not inflate. Blocks, bytes and spans are the last repeat's. The
+    gradients are checked with ``rtol = atol = TOLERANCE``."""
 
     got: Measured = field(repr=False)
     placement: str
     causal: bool
-    gap: float
+    reference: tuple[torch.Tensor, ...] = field(repr=False)
     predicted_work: tuple[RankWork, ...] = ()
     predicted: tuple[tuple, ...] = ()
+    predicted_backward_bytes: float = 0.0
 
     world_size = property(lambda self: len(self.got.times_s))
-    exact = property(lambda self: self.gap <= TOLERANCE)
-    output = property(lambda self: gather_sequence(self.got.each(), self.placement))  # (b, H, s, hd)
+    output = property(lambda self: gather_sequence(self.got.each("out"), self.placement))  # (b, H, s, hd)
+    gap = property(lambda self: float((self.output - self.reference[0]).abs().max()))
+    saved_bytes = property(lambda self: self.got.each("saved_bytes"))
     spans = property(lambda self: self.got.spans())
-    compute_s = property(lambda self: self._compute(lambda s: s.duration_s))
-    compute_cpu_s = property(lambda self: self._compute(lambda s: s.attrs["cpu_s"]))
 
     def _steps(self, rank: int, repeat: int = -1) -> list:
         """The rank's ring steps in ``repeat``, in order, each a compute span from ``ranks.RingProbe``."""
         return [s for s in self.got.spans(None, rank, repeat) if s.kind == "compute"]
 
-    def _compute(self, seconds) -> tuple[float, ...]:
-        return tuple(statistics.median(sum(map(seconds, self._steps(r, i))) for i in range(len(times)))
+    @property
+    def compute_cpu_s(self) -> tuple[float, ...]:
+        """Per rank, the CPU time of its ring steps, the median over the repeats."""
+        return tuple(statistics.median(sum(s.attrs["cpu_s"] for s in self._steps(r, i)) for i in range(len(times)))
                      for r, times in enumerate(self.got.times_s))
 
     def _slowest(self, figure) -> float:
@@ -116,141 +123,116 @@ class AttentionRun:
         return tuple((c.op, c.size_bytes, c.wire_bytes) for c in self.got.records(rank=0))
 
     @property
-    def compute_imbalance(self) -> float:
+    def measured_imbalance(self) -> float:
         """The busiest rank's compute (CPU time) over the mean (1: even)."""
         return max(self.compute_cpu_s) * self.world_size / sum(self.compute_cpu_s)
+
+    predicted_imbalance = property(lambda self: imbalance(self.predicted_work))  # the same, from the blocks
+
+    @property
+    def shards(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Each rank's ``(dq, dk, dv)``: the gradients of its shards (none without a backward)."""
+        if len(self.reference) == 1:
+            return ()
+        return tuple(zip(*(self.got.each(name) for name in ("dq", "dk", "dv"))))
+
+    @property
+    def reference_shards(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Autograd's ``(dq, dk, dv)`` cut as each rank holds its shard."""
+        return tuple(zip(*(shard_sequence(t, self.world_size, self.placement) for t in self.reference[1:])))
+
+    @property
+    def gaps(self) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(float((a - b).abs().max()) for a, b in zip(mine, want))
+                     for mine, want in zip(self.shards, self.reference_shards))
+
+    def _sent(self, part: str) -> int:
+        """Rank 0's wire bytes in the ``part`` span (``forward`` or ``backward``)."""
+        (span,) = self.got.spans(part, rank=0)
+        return sum(c.wire_bytes for c in self.got.within(span))
+
+    forward_wire_bytes = property(lambda self: self._sent("forward"))
+    backward_wire_bytes = property(lambda self: self._sent("backward"))
+
+    @property
+    def exact(self) -> bool:
+        """The output within ``TOLERANCE`` and, with a backward, every rank's every gradient too."""
+        return self.gap <= TOLERANCE and all(torch.allclose(mine, ref, rtol=TOLERANCE, atol=TOLERANCE)
+                                             for got, want in zip(self.shards, self.reference_shards)
+                                             for mine, ref in zip(got, want))
 
 
 def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                        placement: str = "contiguous", overlap: bool = True, scale: float | None = None,
-                       repeats: int = 1, pad_compute_s: float | None = None) -> AttentionRun:
+                       repeats: int = 1, pad_compute_s: float | None = None,
+                       d_out: torch.Tensor | None = None) -> AttentionRun:
     """``ring.ring_attention`` on every rank, each on its shard of the whole ``q (b, H, s, hd)``, ``k, v
-    (b, KV, s, hd)`` in ``placement``, ``repeats`` times, each step's compute padded to ``pad_compute_s``."""
-    check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
+    (b, KV, s, hd)`` in ``placement``, ``repeats`` times, each step's compute padded to ``pad_compute_s``;
+    with ``d_out``, the upstream gradient of the whole output (shaped like ``q``), the backward too."""
+    check_shards(q.shape, k.shape, v.shape, ranks.world_size, placement)
     flag(causal, "causal")
     flag(overlap, "overlap")
     if pad_compute_s is not None:
         number_at_least(pad_compute_s, "pad_compute_s")
     got = on_ranks(ranks, ring_attention_on_rank, q, k, v, causal, placement, overlap, scale, pad_compute_s,
-                   repeats=whole_number(repeats, "repeats"))
-    gap = _gap(gather_sequence(got.each(), placement), q, k, v, causal, scale)
-    return AttentionRun(got, placement, causal, gap, tuple(causal_work(q.shape[2], ranks.world_size, placement,
-                                                                       causal)))
+                   d_out=d_out, repeats=whole_number(repeats, "repeats"))
+    return AttentionRun(got, placement, causal, attention_and_grads(q, k, v, d_out, causal, scale),
+                        tuple(causal_work(q.shape[2], ranks.world_size, placement, causal)),
+                        predicted_backward_bytes=ring_backward_bytes_per_rank(attention_shape(q, k), ranks.world_size))
 
 
-@dataclass(frozen=True)
-class Balance:
-    """The same causal ring in each placement, ``runs[placement]``: per-rank CPU time against the blocks."""
-
-    runs: dict
-
-    def compute_s(self, placement: str) -> tuple[float, ...]:
-        return self.runs[placement].compute_cpu_s
-
-    def measured_imbalance(self, placement: str) -> float:
-        return self.runs[placement].compute_imbalance
-
-    def predicted_imbalance(self, placement: str) -> float:
-        return imbalance(self.runs[placement].predicted_work)
-
-
-def run_ring_balance(ranks, q, k, v, repeats: int = 3, scale: float | None = None) -> Balance:
-    """Causal ring attention in the contiguous and the zigzag placement, ``repeats`` passes each."""
-    for placement in PLACEMENTS:
-        check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
-    return Balance({placement: run_ring_attention(ranks, q, k, v, True, placement, True, scale, repeats)
-                    for placement in PLACEMENTS})
-
-
-@dataclass(frozen=True)
-class Overlap:
-    """The ring with and without overlap, each against alpha-beta on ``link``, and the transfer hidden."""
-
-    overlapped: AttentionRun
-    sequential: AttentionRun
-    link: Link
-    transfer_s: float  # one block over ``link``, predicted
-
-    @property
-    def predicted_overlapped_s(self) -> float:
-        """``predict.ring_time_s`` from the per-step compute this run measured and ``transfer_s``."""
-        return ring_time_s(self.overlapped.step_compute_s, self.transfer_s, overlap=True)
-
-    @property
-    def predicted_sequential_s(self) -> float:
-        return ring_time_s(self.sequential.step_compute_s, self.transfer_s, overlap=False)
-
-    @property
-    def hidden_share(self) -> float:
-        """1 minus the wait left with overlap over the transfer time without it."""
-        return hidden_share(self.overlapped.waited_s, self.sequential.transfer_s)
-
-
-@dataclass(frozen=True)
-class ExchangeCalibration:
-    """This machine's link as the ring uses it, fitted to exchanges of ``sizes_bytes`` (``rounds`` each)."""
-
-    link: Link
-    sizes_bytes: tuple[int, ...]
-    rounds: int
-
-
-def _exchange_s(got: Measured, rank: int, repeat: int) -> float:
-    """From the rank's send's start to the later of its send's and its receive's completion."""
-    calls = got.records(None, rank, repeat)
-    return max(c.start_s + c.duration_s for c in calls) - min(c.start_s for c in calls)
-
-
-def run_exchange_calibration(ranks, block_bytes: float, rounds: int = 5) -> ExchangeCalibration:
-    """``predict.fit_link`` to ring exchanges (``ranks.exchange_on_rank``) from 1/256 of ``block_bytes`` to
-    all of it, the fastest of ``rounds`` each after a warm-up; a sweep too noisy to fit, once more with
-    twice the rounds."""
-    sizes = tuple(sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)}))
-    n = ranks.world_size
-    for attempt in (1, 2):
-        used = whole_number(rounds, "rounds") * attempt
-        per_rank = [{} for _ in range(n)]  # {("point_to_point", size): [seconds per round]}
-        for size in sizes:
-            got = on_ranks(ranks, exchange_on_rank, size, repeats=used + 1)  # the first, a warm-up
-            for rank in range(n):
-                per_rank[rank]["point_to_point", size] = [_exchange_s(got, rank, i) for i in range(1, used + 1)]
-        try:
-            fit = fit_link(fastest_of_slowest(per_rank, n))
-            break
-        except ValueError:
-            if attempt == 2:
-                raise
-    return ExchangeCalibration(fit.link(f"this machine, ring exchange ({ranks.backend}, {n} ranks)"), sizes, used)
-
-
-def run_ring_overlap(ranks, q, k, v, causal: bool = True, placement: str = "contiguous", repeats: int = 5,
-                     link: Link | None = None, scale: float | None = None,
-                     pad_compute_s: float | None = None) -> Overlap:
-    """The ring with overlap and without, ``repeats`` passes each, against the prediction on ``link``
-    (default: this machine's, fitted now by ``run_exchange_calibration``)."""
-    check_ring_inputs(q.shape, k.shape, v.shape, ranks.world_size, placement, local=False)
-    shape = attention_shape(q, k)
-    if link is None:
-        link = run_exchange_calibration(ranks, shape.kv_block_bytes(ranks.world_size)).link
-    runs = {ov: run_ring_attention(ranks, q, k, v, causal, placement, ov, scale, repeats, pad_compute_s)
-            for ov in (False, True)}
-    return Overlap(runs[True], runs[False], link, ring_transfer_s(shape, ranks.world_size, link))
-
-
-def _heads_run(ranks, fn, collectives, q, k, v, causal: bool, scale) -> AttentionRun:
-    got = on_ranks(ranks, fn, q, k, v, flag(causal, "causal"), scale)
+def _heads_run(ranks, fn, collectives, q, k, v, causal: bool, scale, **d_out) -> AttentionRun:
+    got = on_ranks(ranks, fn, q, k, v, flag(causal, "causal"), scale, **d_out)
     predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
                       collectives(attention_shape(q, k), ranks.world_size))
-    return AttentionRun(got, "contiguous", causal, _gap(got.cat(dim=2), q, k, v, causal, scale), predicted=predicted)
+    return AttentionRun(got, "contiguous", causal, attention_and_grads(q, k, v, d_out.get("d_out"), causal, scale),
+                        predicted=predicted, predicted_backward_bytes=sum(wire for _, _, wire in predicted))
 
 
-def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> AttentionRun:
-    """``ulysses.ulysses_attention`` on every rank, against ``predict.ulysses_collectives``."""
-    check_ulysses_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
-    return _heads_run(ranks, ulysses_attention_on_rank, ulysses_collectives, q, k, v, causal, scale)
+def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None,
+                          d_out: torch.Tensor | None = None) -> AttentionRun:
+    """``ulysses.ulysses_attention`` on every rank, against ``predict.ulysses_collectives``; with ``d_out``
+    the backward too, which runs the four all-to-alls again, each the transpose of its forward."""
+    _, heads, kv_heads, _, _ = check_shards(q.shape, k.shape, v.shape, ranks.world_size)
+    check_heads_divide(heads, kv_heads, ranks.world_size)
+    return _heads_run(ranks, ulysses_attention_on_rank, ulysses_collectives, q, k, v, causal, scale, d_out=d_out)
 
 
 def run_all_gather_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None) -> AttentionRun:
     """``all_gather.all_gather_kv_attention`` on every rank, against ``predict.all_gather_kv_collectives``."""
-    check_all_gather_inputs(q.shape, k.shape, v.shape, ranks.world_size, local=False)
+    check_shards(q.shape, k.shape, v.shape, ranks.world_size)
     return _heads_run(ranks, all_gather_attention_on_rank, all_gather_kv_collectives, q, k, v, causal, scale)
+
+
+@dataclass(frozen=True)
+class RingTraining:
+    """SGD through ring attention on a pool against the same steps in one process."""
+
+    losses: tuple[float, ...]
+    reference_losses: tuple[float, ...]
+    weight_gap: float
+
+    @property
+    def exact(self) -> bool:
+        return self.weight_gap <= TOLERANCE and all(abs(a - b) <= TOLERANCE * max(1.0, abs(b))
+                                                    for a, b in zip(self.losses, self.reference_losses))
+
+    @property
+    def loss_fell(self) -> bool:
+        return self.losses[-1] < self.losses[0]
+
+
+def run_ring_training(ranks, x, target, weights: dict, model: ModelConfig, causal: bool = True,
+                      placement: str = "contiguous", steps: int = 5, lr: float = 0.5) -> RingTraining:
+    """``steps`` of SGD on ``core.model.attention_layer_reference`` with ``weights`` (``q, k, v, o`` of
+    ``model``'s shape; ``x, target (b, s, d)``) through the ring, each rank holding its tokens, and in one
+    process with whole-sequence attention."""
+    check_sequence(x.shape[1], ranks.world_size, placement)
+    steps = whole_number(steps, "steps")
+    got = on_ranks(ranks, ring_training_on_rank, x, target, weights, model, flag(causal, "causal"), placement,
+                   steps, lr)
+    losses, trained = got.first()  # every rank holds the same losses and weights
+    whole = None if causal else (lambda q, k, v: attention(q, k, v, causal=False))
+    reference_losses, final = train_attention_layer(x, target, weights, model, whole, steps, lr)
+    gap = max(float((trained[name] - final[name]).abs().max()) for name in final)
+    return RingTraining(tuple(losses), tuple(reference_losses), gap)

@@ -1,6 +1,6 @@
 """Communication costs measured on ranks, each beside its alpha-beta prediction.
 
-* ``claims``: Notebook 02's measured claims, each a ``Check``: a measurement and its verdicts.
+* ``claims``: Notebook 02's measured claims, each a measurement and its verdicts.
 * ``drivers``: Communication costs measured on a pool through ``lab.harness.on_ranks``, each beside its
   prediction.
 * ``emulation``: A slower link between "nodes" of one machine, emulated: the toy cluster's network, made

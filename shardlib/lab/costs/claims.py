@@ -1,15 +1,12 @@
-"""Notebook 02's measured claims: each ``run_*_check`` returns a ``Check``, a measurement from ``drivers``
-and its verdicts (``lab.verdict``), the bands worked by its ``*_verdicts`` function.
+"""Notebook 02's measured claims: each ``run_*_check`` returns ``(run, verdicts)``, a measurement from
+``drivers`` and its verdicts (``lab.verdict``), the bands worked by its ``*_verdicts`` function.
 
 Each measures through ``verified``: again, at most ``attempts`` times, while a verdict does not hold, since
-a busy machine only ever slows a run. The notebook prints ``v.line`` for each of ``.verdicts`` and folds
+a busy machine only ever slows a run. The notebook prints ``v.line`` for each verdict and folds
 the bands below in a "How this was measured" block.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 from shardlib.core.config import ModelConfig
 from shardlib.facts.hardware import Link
@@ -24,8 +21,7 @@ from shardlib.lab.costs.drivers import (
     run_slow_rank,
 )
 from shardlib.lab.verdict import Verdict, verified
-from shardlib.predict.alpha_beta import collective_time_s
-from shardlib.predict.calibration import Calibration
+from shardlib.predict.alpha_beta import Calibration, collective_time_s
 
 CHECK_ATTEMPTS = 3
 GROWTH_AT_LEAST = 2.0  # the largest message of a sweep takes at least twice the smallest's time
@@ -34,14 +30,6 @@ DECODE_GROWTH_AT_MOST = 4.0  # 8x the tokens of a decode step costs less than 4x
 PREFILL_GROWTH_AT_LEAST = 2.5  # 8x the tokens of a prompt costs more than 2.5x the time
 SLOW_STEP_LOW, SLOW_WAIT_LOW, SLOW_HIGH = 0.8, 0.5, 4.0  # a slow rank: steps and the fast ranks' wait
 SERVING_BAND = 2.0  # replicas against a split copy: measured within 2x of the prediction
-
-
-@dataclass(frozen=True)
-class Check:
-    """A measurement (``run``: what the driver returned) and the ``verdicts`` it was kept for."""
-
-    run: Any
-    verdicts: tuple[Verdict, ...]
 
 
 def calibration_verdicts(cal: Calibration) -> tuple[Verdict, ...]:
@@ -66,12 +54,12 @@ def _size(size_bytes: int) -> str:
     return f"{size_bytes:,} B"
 
 
-def run_calibration_check(ranks, n_ranks: int = 2, attempts: int = CHECK_ATTEMPTS, **kwargs) -> Check:
+def run_calibration_check(ranks, n_ranks: int = 2, attempts: int = CHECK_ATTEMPTS,
+                          **kwargs) -> tuple[Calibration, tuple[Verdict, ...]]:
     """``run_calibration`` on the first ``n_ranks`` ranks (fastest rounds; other arguments as it takes them),
     measured again while a verdict of ``calibration_verdicts`` does not hold."""
     kwargs.setdefault("statistic", "fastest")
-    return Check(*verified(lambda: run_calibration(ranks, n_ranks=n_ranks, **kwargs), calibration_verdicts,
-                           attempts))
+    return verified(lambda: run_calibration(ranks, n_ranks=n_ranks, **kwargs), calibration_verdicts, attempts)
 
 
 def _tokens(count: int) -> str:
@@ -115,7 +103,8 @@ def decode_vs_prefill_verdicts(run: DecodeVsPrefillRun) -> tuple[Verdict, ...]:
 
 
 def run_decode_vs_prefill_check(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, tokens=(1, 8, 256, 2048),
-                                attempts: int = CHECK_ATTEMPTS, **kwargs) -> Check:
+                                attempts: int = CHECK_ATTEMPTS,
+                                **kwargs) -> tuple[DecodeVsPrefillRun, tuple[Verdict, ...]]:
     """``run_decode_vs_prefill`` (arguments as it takes them), measured again while a verdict of
     ``decode_vs_prefill_verdicts`` does not hold. ``tokens``: the two smallest counts are the decode
     steps compared, the two largest the prompts (measured in increasing order)."""
@@ -123,8 +112,8 @@ def run_decode_vs_prefill_check(ranks, link: Link, model: ModelConfig = LLAMA_3_
     if len(set(tokens)) < 4:
         raise ValueError(f"the check compares two decode steps and two prompts, and judges each latency-bound "
                          f"point against the others: give at least 4 different token counts, got {tokens}")
-    return Check(*verified(lambda: run_decode_vs_prefill(ranks, link, model, tokens, **kwargs),
-                           decode_vs_prefill_verdicts, attempts))
+    return verified(lambda: run_decode_vs_prefill(ranks, link, model, tokens, **kwargs), decode_vs_prefill_verdicts,
+                    attempts)
 
 
 def slow_rank_verdicts(run: SlowRankRun) -> tuple[Verdict, ...]:
@@ -140,13 +129,14 @@ def slow_rank_verdicts(run: SlowRankRun) -> tuple[Verdict, ...]:
                     SLOW_WAIT_LOW, SLOW_HIGH))
 
 
-def run_slow_rank_check(ranks, slow_rank: int, delay_s: float, attempts: int = CHECK_ATTEMPTS) -> Check:
+def run_slow_rank_check(ranks, slow_rank: int, delay_s: float,
+                        attempts: int = CHECK_ATTEMPTS) -> tuple[SlowRankRun, tuple[Verdict, ...]]:
     """``run_slow_rank``, measured again while a verdict of ``slow_rank_verdicts`` does not hold."""
     if not delay_s > 0:
         raise ValueError(f"a slow-rank check needs a delay above 0 s to set the steps beside, got {delay_s}")
     if ranks.world_size < 2:
         raise ValueError(f"a slow rank needs others to wait for it: a pool of {ranks.world_size} rank has none")
-    return Check(*verified(lambda: run_slow_rank(ranks, slow_rank, delay_s), slow_rank_verdicts, attempts))
+    return verified(lambda: run_slow_rank(ranks, slow_rank, delay_s), slow_rank_verdicts, attempts)
 
 
 def replicas_vs_tp_verdicts(run: ReplicasVsTPRun) -> tuple[Verdict, ...]:
@@ -164,7 +154,8 @@ def replicas_vs_tp_verdicts(run: ReplicasVsTPRun) -> tuple[Verdict, ...]:
                               within=SERVING_BAND))
 
 
-def run_replicas_vs_tp_check(ranks, link: Link, attempts: int = CHECK_ATTEMPTS, **kwargs) -> Check:
+def run_replicas_vs_tp_check(ranks, link: Link, attempts: int = CHECK_ATTEMPTS,
+                             **kwargs) -> tuple[ReplicasVsTPRun, tuple[Verdict, ...]]:
     """``run_replicas_vs_tp`` (arguments as it takes them), measured again while a verdict of
     ``replicas_vs_tp_verdicts`` does not hold."""
-    return Check(*verified(lambda: run_replicas_vs_tp(ranks, link, **kwargs), replicas_vs_tp_verdicts, attempts))
+    return verified(lambda: run_replicas_vs_tp(ranks, link, **kwargs), replicas_vs_tp_verdicts, attempts)

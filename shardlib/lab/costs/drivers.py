@@ -31,22 +31,23 @@ from shardlib.lab.costs.ranks import (
     sweep_on_rank,
 )
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.predict.alpha_beta import all_reduce_s, collective_terms_s, collective_time_s
-from shardlib.predict.calibration import (
+from shardlib.predict.alpha_beta import (
     DEFAULT_CALLS,
     DEFAULT_ROUNDS,
     DEFAULT_SIZES_BYTES,
+    ROUND_STATISTICS,
     SWEEP_OPS,
     Calibration,
     Sample,
+    all_reduce_s,
     check_sizes,
-    fastest_of_slowest,
+    collective_terms_s,
+    collective_time_s,
     fit_link,
-    median_of_slowest,
+    slowest_samples,
 )
 from shardlib.predict.serving.replicas import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
 
-STATISTICS = {"fastest": fastest_of_slowest, "median": median_of_slowest}
 CALL_BUDGET_BYTES = 2 * 2 ** 20  # calls per round for a large message: as many as fit 2 MiB, at least 1
 
 
@@ -91,8 +92,8 @@ def run_calibration(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAUL
     the way) or ``"median"`` (the typical call)."""
     if ranks.world_size < 2:
         raise ValueError(f"a communication sweep needs at least 2 ranks, got a pool of {ranks.world_size}")
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+    if statistic not in ROUND_STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(ROUND_STATISTICS)}, got {statistic!r}")
     ops = tuple(ops)
     if not ops or any(op not in SWEEP_OPS for op in ops):
         raise ValueError(f"the sweep times some of {', '.join(SWEEP_OPS)}; got {ops!r}")
@@ -101,7 +102,7 @@ def run_calibration(ranks, sizes_bytes=DEFAULT_SIZES_BYTES, rounds: int = DEFAUL
     sizes = check_sizes(sizes_bytes, n)
     start = time.perf_counter()
     per_rank = _sweep(ranks, [(op, size, calls) for size in sizes for op in ops], rounds, (n,))[n]
-    samples = STATISTICS[statistic](per_rank, n)
+    samples = slowest_samples(per_rank, n, statistic)
     per_op = {op: fit_link([s for s in samples if s.op == op], latency_charge) for op in ops}
     return Calibration(tuple(samples), fit_link(samples, latency_charge), per_op, time.perf_counter() - start,
                        latency_charge, ranks.backend)
@@ -172,8 +173,8 @@ def run_decode_vs_prefill(ranks, link: Link, model: ModelConfig = LLAMA_3_8B, to
         check_sizes(sizes, tp)
     points = [("all_reduce", size, max(1, min(calls, CALL_BUDGET_BYTES // size))) for size in sizes]
     per_degree = _sweep(ranks, points, rounds, degrees)
-    floors = [s for tp, per_rank in per_degree.items() for s in fastest_of_slowest(per_rank, tp)]
-    medians = [s for tp, per_rank in per_degree.items() for s in median_of_slowest(per_rank, tp)]
+    floors = [s for tp, per_rank in per_degree.items() for s in slowest_samples(per_rank, tp)]
+    medians = [s for tp, per_rank in per_degree.items() for s in slowest_samples(per_rank, tp, "median")]
     return DecodeVsPrefillRun(model, link, latency_charge, tokens, degrees, tuple(floors), tuple(medians))
 
 

@@ -10,14 +10,12 @@ seconds of imports, the first time it runs). Set beside ``predict.mlp_activation
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from shardlib.core.checks import flag, whole_number
+from shardlib.core.checks import flag
 from shardlib.core.data_parallel.flat import parameter_units
 from shardlib.lab.data_parallel.reference import global_mse
 from shardlib.lab.measure import SavedBytes
@@ -61,23 +59,22 @@ class Checkpointed(nn.Module):
 
 @dataclass(frozen=True)
 class ActivationMeasurement:
-    """One training step's activations on one process: what each unit keeps for its backward, the unit
-    forwards the step ran (two per unit with checkpointing), the median forward + backward time."""
+    """One training step's activations on one process: what each unit keeps for its backward, and the
+    unit forwards the step ran (two per unit with checkpointing)."""
 
     checkpointed: bool
     unit_names: tuple[str, ...]
     saved_bytes_per_unit: tuple[int, ...]
     unit_forwards: int
-    step_s: float
 
     total_bytes = property(lambda self: sum(self.saved_bytes_per_unit))  # all units together
 
 
-def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, checkpoint: bool = False,
-                        repeats: int = 5) -> ActivationMeasurement:
+def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                        checkpoint: bool = False) -> ActivationMeasurement:
     """One training step of a copy of ``model`` on ``(x, y)`` (mean squared error), every unit
-    checkpointed or none, then ``repeats`` more timed."""
-    checkpoint, repeats = flag(checkpoint, "checkpoint"), whole_number(repeats, "repeats")
+    checkpointed or none."""
+    checkpoint = flag(checkpoint, "checkpoint")
     model = copy.deepcopy(model)
     names = [name for name, _ in parameter_units(model) if name]
     if not names:
@@ -85,7 +82,7 @@ def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chec
     for name in names if checkpoint else ():
         setattr(model, name, Checkpointed(getattr(model, name)))
     param_ptrs = {p.data_ptr() for p in model.parameters()}
-    counters: list[SavedBytes] = []  # per unit: what it saves, counted while its forward runs
+    counters = [SavedBytes(param_ptrs) for _ in names]  # per unit: what it saves while its forward runs
     forwards = [0]
 
     def count_from(u: int) -> None:  # a forward pre-hook returns None, or its value replaces the input
@@ -98,16 +95,5 @@ def measure_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chec
         inner = unit.inner if checkpoint else unit
         inner.register_forward_pre_hook(lambda m, args: forwards.__setitem__(0, forwards[0] + 1))
 
-    def step() -> float:
-        counters[:] = [SavedBytes(param_ptrs) for _ in names]
-        forwards[0] = 0
-        start = time.perf_counter()
-        loss = global_mse(model(x), y, y.numel())
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
-
-    step()  # the measured step: bytes and forwards
-    saved, n_forwards = tuple(c.size_bytes for c in counters), forwards[0]
-    step_s = statistics.median(step() for _ in range(repeats))
-    return ActivationMeasurement(checkpoint, tuple(names), saved, n_forwards, step_s)
+    global_mse(model(x), y, y.numel()).backward()  # one step: the forward's bytes, the backward's recomputation
+    return ActivationMeasurement(checkpoint, tuple(names), tuple(c.size_bytes for c in counters), forwards[0])

@@ -2,7 +2,7 @@
 
 ``run_collective_identity``: all-reduce against reduce-scatter + all-gather of one buffer (values, bytes,
 median times); ``run_identity_check`` adds the timing claim. ``run_overlap``: the same training with its
-collectives overlapped with compute and without; ``run_bucket_overlap_check`` adds the claim per strategy.
+collectives overlapped with compute and without; ``run_bucket_overlap_check`` adds the claim.
 Timing claims keep the median of repeated runs: a stall on a busy machine only ever adds time.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from shardlib.core.checks import whole_number
 from shardlib.core.data_parallel.flat import STRATEGY_TITLES
-from shardlib.lab.data_parallel.drivers import DataParallelRun, StrategyRuns, run_data_parallel
+from shardlib.lab.data_parallel.drivers import DataParallelRun, run_data_parallel
 from shardlib.lab.data_parallel.ranks import summed_on_rank
 from shardlib.lab.data_parallel.reference import check_training_inputs
 from shardlib.lab.harness import Measured, on_ranks
@@ -87,25 +87,17 @@ def run_identity_check(ranks, numel: int, repeats: int = 5) -> CollectiveIdentit
 
 @dataclass(frozen=True)
 class OverlapComparison:
-    """The same training with its collectives overlapped with compute and without."""
+    """The same training with its collectives overlapped with compute and without, and the ``verdicts`` of
+    its timing claim (``run_bucket_overlap_check``)."""
 
-    strategy: str
     with_overlap: DataParallelRun
     without_overlap: DataParallelRun
-
-    step_s_with = property(lambda self: self.with_overlap.step_s())
-    step_s_without = property(lambda self: self.without_overlap.step_s())
-    hidden_share = property(lambda self: self.with_overlap.hidden_share())  # with overlap
+    verdicts: tuple[Verdict, ...] = ()
 
     @property
     def perfect_s(self) -> float:
         """The step perfect overlap would give: the step without overlap less all of its communication."""
-        return self.step_s_without - self.without_overlap.comm_s()
-
-    @property
-    def saved_share(self) -> float:
-        """How much shorter the step is with overlap, as a share of the step without."""
-        return 1.0 - self.step_s_with / self.step_s_without
+        return self.without_overlap.step_s() - self.without_overlap.comm_s()
 
 
 def median_run(runs: list[DataParallelRun]) -> DataParallelRun:
@@ -124,23 +116,20 @@ def run_overlap(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes
         for on in (True, False):
             runs[on].append(run_data_parallel(ranks, strategy, model, batches, lr, bucket_bytes=bucket_bytes,
                                               overlap=on, prefetch=on))
-    return OverlapComparison(strategy, median_run(runs[True]), median_run(runs[False]))
+    return OverlapComparison(median_run(runs[True]), median_run(runs[False]))
 
 
-def run_bucket_overlap_check(ranks, model, batches, lr: float, strategies=("ddp", "zero3"), *,
-                             bucket_bytes: float | None = None, repeats: int = 2) -> StrategyRuns:
-    """``run_overlap`` for each of ``strategies``, one ``Verdict`` each: where the "network" is the cores that
-    compute (gloo on a CPU), hidden transfers take their cycles from the backward, so the steps with and
-    without overlap are predicted equal, although most of the communication is hidden (``hidden_share``).
+def run_bucket_overlap_check(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes: float | None = None,
+                             repeats: int = 2) -> OverlapComparison:
+    """``run_overlap`` with its timing claim as one ``Verdict``: where the "network" is the cores that compute
+    (gloo on a CPU), hidden transfers take their cycles from the backward, so the steps with and without
+    overlap are predicted equal, although most of the communication is hidden (``DataParallelRun.hidden_share``).
     GPUs, whose bytes travel on other hardware, approach ``perfect_s``."""
 
-    def measure():
-        return {s: run_overlap(ranks, s, model, batches, lr, bucket_bytes=bucket_bytes, repeats=repeats)
-                for s in strategies}
+    def claims(found: OverlapComparison):
+        return [Verdict(f"{STRATEGY_TITLES[strategy]} step with overlap, against the step without",
+                        found.without_overlap.step_s(), found.with_overlap.step_s(), "s", *BUCKET_OVERLAP_BAND)]
 
-    def claims(found):
-        return [Verdict(f"{STRATEGY_TITLES[s]} step with overlap, against the step without", o.step_s_without,
-                        o.step_s_with, "s", *BUCKET_OVERLAP_BAND) for s, o in found.items()]
-
-    found, verdicts = verified(measure, claims)
-    return StrategyRuns(found, verdicts)
+    found, verdicts = verified(lambda: run_overlap(ranks, strategy, model, batches, lr, bucket_bytes=bucket_bytes,
+                                                   repeats=repeats), claims)
+    return replace(found, verdicts=verdicts)

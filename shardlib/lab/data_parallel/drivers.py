@@ -1,11 +1,10 @@
 """Data-parallel runs on a pool, read from what ``lab.harness.on_ranks`` gathered and set beside the formulas.
 
 ``run_data_parallel`` trains one strategy on every rank (``ranks.train_on_rank``); its ``DataParallelRun``
-reads the weights, the bytes kept, the comm log and the timeline, cut into steps. ``run_strategies``
-trains every strategy side by side. ``run_peer`` trains PyTorch's own ``DistributedDataParallel`` or
-FSDP2's ``fully_shard`` on the same rows with the same AdamW: they must end where ``ddp`` and ``zero3``
-end. They *average* gradients, so each rank's loss is the mean over its own rows, and they call
-``torch.distributed`` directly, so their traffic is not in the comm log.
+reads the weights, the bytes kept, the comm log and the timeline, cut into steps. ``run_peer`` trains
+PyTorch's own ``DistributedDataParallel`` or FSDP2's ``fully_shard`` on the same rows with the same AdamW:
+they must end where ``ddp`` and ``zero3`` end. They *average* gradients, so each rank's loss is the mean
+over its own rows, and they call ``torch.distributed`` directly, so their traffic is not in the comm log.
 """
 
 from __future__ import annotations
@@ -14,13 +13,10 @@ import statistics
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from shardlib.core.adamw import AdamW
 from shardlib.core.checks import choice, flag
-from shardlib.core.mesh import DP_STRATEGIES
 from shardlib.lab.data_parallel.ranks import train_on_rank
-from shardlib.lab.data_parallel.reference import check_training_inputs, largest_gap, local_rows, train_reference
+from shardlib.lab.data_parallel.reference import check_training_inputs, largest_gap, train_one_process, train_rows
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.predict.data_parallel import gathered_peak_bytes, layout_memory, layout_step_bytes
 from shardlib.runtime.records import CommRecord, summarize
@@ -36,16 +32,13 @@ class DataParallelRun:
     got: Measured = field(repr=False)
     strategy: str
     inputs: tuple = field(repr=False)  # (model, batches, lr)
-    bucket_bytes: float | None = None
-    overlap: bool = True
-    prefetch: bool = True
+    prefetch: bool = True  # ZeRO-3's transient peak depends on it
 
     world_size = property(lambda self: len(self.got.ranks))
     state_dict = property(lambda self: self.got.first("state_dict"))
     memory_per_rank = property(lambda self: self.got.each("memory"))
     losses = property(lambda self: self.got.across("local_losses", sum))  # per step, summed over the ranks
     groups = property(lambda self: self.got.first("groups"))  # flat.FlatGroup s
-    comm = property(lambda self: self.got.comm)
     spans = property(lambda self: self.got.timeline)
     element_bytes = property(lambda self: next(iter(self.inputs[0].parameters())).element_size())
     n_steps = property(lambda self: len(self.losses))
@@ -121,8 +114,8 @@ class DataParallelRun:
     def against_reference(self, reference: dict | None = None) -> float:
         """The largest difference from one process trained on the whole batches (within ``TOLERANCE``
         when the strategy is right). ``reference``: that process's ``state_dict``, if already trained
-        (``train_reference(model, batches, lr).state_dict``)."""
-        return largest_gap(self.state_dict, train_reference(*self.inputs).state_dict if reference is None
+        (``train_one_process(model, batches, lr).state_dict``)."""
+        return largest_gap(self.state_dict, train_one_process(*self.inputs).state_dict if reference is None
                            else reference)
 
 
@@ -140,39 +133,21 @@ def run_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr:
     check_training_inputs(ranks.world_size, strategy, model, batches, lr, bucket_bytes)
     overlap, prefetch = flag(overlap, "overlap"), flag(prefetch, "prefetch")
     got = on_ranks(ranks, train_on_rank, strategy, model, batches, lr, bucket_bytes, overlap, prefetch)
-    return DataParallelRun(got, strategy, (model, batches, lr), bucket_bytes, overlap, prefetch)
+    return DataParallelRun(got, strategy, (model, batches, lr), prefetch)
 
 
-@dataclass(frozen=True)
-class StrategyRuns:
-    """One result per strategy (``runs[strategy]``): a ``DataParallelRun``, or a ``claims.OverlapComparison``
-    with the ``verdicts`` of its timing claim."""
-
-    runs: dict
-    verdicts: tuple = ()
-
-    def __getitem__(self, strategy: str):
-        return self.runs[strategy]
-
-    def items(self):
-        return self.runs.items()
-
-
-def run_strategies(ranks, model, batches, lr: float, strategies=DP_STRATEGIES, **options) -> StrategyRuns:
-    """``run_data_parallel`` once per strategy, on the same model and batches."""
-    return StrategyRuns({s: run_data_parallel(ranks, s, model, batches, lr, **options) for s in strategies})
+train_data_parallel = run_data_parallel  # the same call, named for what it does: it trains
 
 
 @dataclass(frozen=True)
 class PeerComparison:
     """PyTorch's own implementation against this package's strategy, both trained on the same ranks: the
-    largest differences between the two, and of each from one process."""
+    largest difference between the two, and the peer's from one process."""
 
     peer: str
     strategy: str
     peer_to_ours: float
     peer_to_reference: float
-    ours_to_reference: float
 
 
 PEER_OF = {"torch_ddp": "ddp", "torch_fsdp2": "zero3"}
@@ -196,12 +171,7 @@ def torch_peer_on_rank(ctx, peer: str, model, batches, lr: float) -> dict:
                 fully_shard(child, mesh=mesh)
         fully_shard(model, mesh=mesh)
         wrapped = model
-    optimizer = AdamW(wrapped.parameters(), lr=lr)
-    for x, y in batches:
-        mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)
-        F.mse_loss(wrapped(x[mine].to(ctx.device)), y[mine].to(ctx.device)).backward()  # averaged over ranks
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    train_rows(wrapped, batches, lr, ctx.world_size, ctx.rank, ctx.device)  # the peer averages over the ranks
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
             for k, v in model.state_dict().items()}
 
@@ -213,6 +183,5 @@ def run_peer(ranks, peer: str, model, batches, lr: float) -> PeerComparison:
     check_training_inputs(ranks.world_size, strategy, model, batches, lr)
     theirs = on_ranks(ranks, torch_peer_on_rank, peer, model, batches, lr).first()
     ours = run_data_parallel(ranks, strategy, model, batches, lr).state_dict
-    reference = train_reference(model, batches, lr).state_dict
-    return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference),
-                          largest_gap(ours, reference))
+    reference = train_one_process(model, batches, lr).state_dict
+    return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference))

@@ -1,43 +1,19 @@
 """Data parallelism's rank functions: the training loop every strategy shares, and one buffer summed two ways.
 
 ``train_on_rank`` runs ``buckets.BucketedReplica`` (DDP, ZeRO-1/2) or ``zero3.ShardedUnits`` (ZeRO-3)
-with a ``BufferProbe`` attached, marks step, forward, backward and optimizer on the timeline, and counts
+with a ``lab.measure.BufferProbe`` attached, marks step, forward, backward and optimizer on the timeline, and counts
 the bytes the rank keeps. ``summed_on_rank``: one all-reduce, or a reduce-scatter and an all-gather.
 """
 
 from __future__ import annotations
-
-import contextlib
-import weakref
 
 import torch
 
 from shardlib.core.adamw import AdamW
 from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.core.data_parallel.zero3 import ShardedUnits
-from shardlib.core.probe import Probe
 from shardlib.lab.data_parallel.reference import check_training_inputs, global_mse, local_rows
-from shardlib.lab.measure import PeakMeter, optimizer_state_bytes, tensor_bytes
-
-
-class BufferProbe(Probe):
-    """Counts the mechanisms' short-lived buffers in a ``PeakMeter``: a tensor among a span's attributes
-    from then until Python frees it (each tensor once); ``gathered_bytes`` from then until a later span's
-    ``freed_bytes`` (ZeRO-3 frees a gathered unit's storage itself)."""
-
-    def __init__(self) -> None:
-        self.meter = PeakMeter()
-        self._followed: set[int] = set()
-
-    def span(self, name: str, kind: str = "compute", **attrs):
-        self.meter.reserve(attrs.get("gathered_bytes", 0))
-        self.meter.release(attrs.get("freed_bytes", 0))
-        for value in attrs.values():
-            if isinstance(value, torch.Tensor) and id(value) not in self._followed:
-                self._followed.add(id(value))
-                weakref.finalize(value, self._followed.discard, id(value))
-                self.meter.track(value)
-        return contextlib.nullcontext()
+from shardlib.lab.measure import BufferProbe, optimizer_state_bytes, tensor_bytes
 
 
 def kept_bytes(engine, optimizer, probe: BufferProbe) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 With the loss the mean squared error over the *global* batch (``global_mse``), the sum of the ranks'
 gradients is one process's gradient on the whole batch, so every strategy must end with the weights
-``train_reference`` ends with, within ``core.checks.TOLERANCE``. ``toy_model`` and ``toy_batches``
+``train_one_process`` ends with, within ``core.checks.TOLERANCE``. ``toy_model`` and ``toy_batches``
 build what notebook 08 trains. Torch, never ``torch.distributed``.
 """
 
@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlib.core.adamw import AdamW
-from shardlib.core.checks import positive_number, whole_number
+from shardlib.core.checks import choice, positive_number, whole_number
+from shardlib.core.mesh import DP_STRATEGIES
 from shardlib.core.toy import generator, weight
-from shardlib.predict.data_parallel import check_strategy
 
 
 class ResidualMLP(nn.Module):
@@ -69,7 +69,7 @@ def global_mse(output: torch.Tensor, target: torch.Tensor, global_numel: int) ->
 
 def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_bytes=None) -> None:
     """A ValueError naming the value, before any rank starts, for anything ``run_data_parallel`` cannot run."""
-    check_strategy(strategy)
+    choice(strategy, DP_STRATEGIES, "strategy")
     positive_number(lr, "lr (the learning rate)")
     if bucket_bytes is not None:
         positive_number(bucket_bytes, "bucket_bytes (None for one bucket)")
@@ -106,26 +106,34 @@ def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_
 
 
 @dataclass(frozen=True)
-class DataParallelReference:
+class OneProcessRun:
     """One process's training: the trained ``state_dict`` and the loss of each step."""
 
     state_dict: dict
     losses: tuple[float, ...]
 
 
-def train_reference(model: nn.Module, batches, lr: float) -> DataParallelReference:
-    """Train a copy of ``model`` on each whole batch in turn: mean squared error, ``AdamW(lr)``."""
-    check_training_inputs(1, "ddp", model, batches, lr)
-    model = copy.deepcopy(model)
+def train_rows(model: nn.Module, batches, lr: float, dp: int = 1, rank: int = 0, device="cpu") -> tuple[float, ...]:
+    """Train ``model`` in place on rank ``rank``'s rows of each batch (every row when ``dp = 1``): the mean
+    squared error over those rows, ``AdamW(lr)``. Returns the loss of each step."""
     optimizer = AdamW(model.parameters(), lr=lr)
     losses = []
     for x, y in batches:
-        loss = F.mse_loss(model(x), y)
+        mine = local_rows(x.shape[0], dp, rank)
+        loss = F.mse_loss(model(x[mine].to(device)), y[mine].to(device))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-    return DataParallelReference({k: v.detach().clone() for k, v in model.state_dict().items()}, tuple(losses))
+    return tuple(losses)
+
+
+def train_one_process(model: nn.Module, batches, lr: float) -> OneProcessRun:
+    """Train a copy of ``model`` on each whole batch in turn (``train_rows``)."""
+    check_training_inputs(1, "ddp", model, batches, lr)
+    model = copy.deepcopy(model)
+    losses = train_rows(model, batches, lr)
+    return OneProcessRun({k: v.detach().clone() for k, v in model.state_dict().items()}, losses)
 
 
 def largest_gap(state: dict, reference: dict) -> float:

@@ -1,5 +1,5 @@
-"""The experts' load read from outside the layer: load statistics, the auxiliary loss's value, and the
-mitigations notebook 04 compares (``replicate_hottest`` plans the copy of the hottest expert)."""
+"""The experts' load read from outside the layer: load statistics, and the mitigations notebook 04 compares
+(``replicate_hottest`` plans the copy of the hottest expert)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,11 @@ from dataclasses import dataclass
 import torch
 
 from shardlib.core.checks import choice
-from shardlib.core.experts.balance import switch_aux_loss
 from shardlib.core.experts.placement import ExpertPlacement
-from shardlib.core.experts.routing import MoEConfig, Routing
+from shardlib.core.experts.routing import MoEConfig
 
 
 # -- load statistics ---------------------------------------------------------------------------------------
-def aux_load_balancing_loss(routing: Routing) -> float:
-    """Switch Transformer's auxiliary loss (eq. 4, without its scale alpha): ``n * sum_i f_i * P_i``.
-
-    ``f_i`` is the share of token-slots routed to expert ``i`` (all ``k`` choices, before any capacity
-    cap; GShard counts only first choices), ``P_i`` the router probability of expert ``i`` averaged over
-    tokens. Both are ``1/n`` when the load is uniform, giving 1; all tokens on one expert that also takes
-    all the probability gives ``n``. Training adds it to the loss to pull the router towards balance.
-    """
-    return float(switch_aux_loss(routing.experts, routing.probs.double()))
-
-
 @dataclass(frozen=True)
 class LoadStats:
     """How evenly a load (tokens per expert, or per rank) is spread."""

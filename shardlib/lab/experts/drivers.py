@@ -1,7 +1,7 @@
-"""Expert parallelism run on a pool: one forward gathered (``run_expert_parallel``), and the
-load-imbalance knob against each mitigation (``run_moe_policy``, ``run_mitigation``, ``run_mitigations``),
-each run compared with the single-process layer under the same policy. ``run_stall_check``: the skewed
-layer's stall as a learner reads it, one verdict line (``lab.verdict``).
+"""Expert parallelism run on a pool, each run set beside the one-process layer (``moe_reference``:
+``dispatch.moe_layer`` with ``ctx=None`` on each capacity group, with its residual). ``run_expert_parallel``:
+one forward gathered; ``run_moe_policy``, ``run_mitigation``, ``run_mitigations``: the load-imbalance knob
+against each mitigation; ``run_stall_check``: the skewed layer's stall as one verdict line (``lab.verdict``).
 """
 
 from __future__ import annotations
@@ -12,14 +12,41 @@ from dataclasses import dataclass
 import torch
 
 from shardlib.core.checks import number_at_least, whole_number
-from shardlib.core.experts.dispatch import MoEWeights
+from shardlib.core.experts.balance import Assignment, split_groups
+from shardlib.core.experts.dispatch import MoEWeights, moe_layer
 from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig
-from shardlib.lab.experts.balance import MITIGATIONS, LoadStats, load_stats, mitigated, replicate_hottest
-from shardlib.lab.experts.ranks import ep_forward_on_rank
-from shardlib.lab.experts.reference import MoEOutput, check_layer_inputs, moe_reference, reference_for
+from shardlib.core.toy import generator
+from shardlib.lab.experts.balance import MITIGATIONS, load_stats, mitigated, replicate_hottest
+from shardlib.lab.experts.ranks import check_layer_inputs, ep_forward_on_rank
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
+
+
+def make_tokens(n_tokens: int, d_model: int, seed: int = 1) -> torch.Tensor:
+    """``(n_tokens, d_model)`` hidden states of unit variance, reproducible from ``seed``."""
+    return torch.randn(whole_number(n_tokens, "n_tokens"), whole_number(d_model, "d_model"), generator=generator(seed))
+
+
+@dataclass(frozen=True)
+class MoEOutput:
+    output: torch.Tensor  # (T, d_model), the residual included
+    assignment: Assignment  # the groups' assignments one after the other
+
+    def counts(self, n_experts: int) -> torch.Tensor:
+        return self.assignment.counts(n_experts)
+
+
+def moe_reference(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, n_groups: int = 1) -> MoEOutput:
+    """The whole layer with its residual in one process. ``n_groups`` contiguous groups get their own
+    capacity (the world size, to compare with the layer on ranks: each rank's tokens are one group)."""
+    if weights.n_experts != cfg.n_experts or weights.d_model != cfg.d_model:
+        raise ValueError(f"the weights hold {weights.n_experts} experts of width {weights.d_model}, the config "
+                         f"says {cfg.n_experts} of width {cfg.d_model}")
+    parts = [moe_layer(x[a:b], weights.router, weights.experts(), cfg) for a, b in split_groups(x.shape[0], n_groups)]
+    joined = Assignment(*(torch.cat([getattr(p.assignment, f) for p in parts])
+                          for f in ("experts", "kept", "rerouted")), parts[0].assignment.capacity)
+    return MoEOutput(x + torch.cat([p.output for p in parts]), joined)
 
 
 @dataclass(frozen=True)
@@ -48,25 +75,22 @@ class EPRun:
     def expert_counts(self) -> torch.Tensor:  # (n_experts,) served token-slots per expert
         return sum(a.counts(self.cfg.n_experts) for a in self.got.each("assignment"))
 
-    dropped_slots = property(lambda self: sum(a.dropped_slots for a in self.got.each("assignment")))
-    dropped_tokens = property(lambda self: sum(a.dropped_tokens for a in self.got.each("assignment")))
-    rerouted_slots = property(lambda self: sum(a.rerouted_slots for a in self.got.each("assignment")))
+    dropped_slots = property(lambda self: sum(self.got.each("assignment", lambda a: a.dropped_slots)))
+    dropped_tokens = property(lambda self: sum(self.got.each("assignment", lambda a: a.dropped_tokens)))
+    rerouted_slots = property(lambda self: sum(self.got.each("assignment", lambda a: a.rerouted_slots)))
     capacity = property(lambda self: self.got.first("assignment").capacity)  # per expert per rank
 
     def _experts(self, rank: int) -> list:  # the expert phase's span, per repeat
         return [span for i in range(len(self.got.times_s[rank])) for span in self.got.spans("experts", rank, i)]
 
-    @property
-    def expert_s(self) -> list[float]:  # wall clock of the expert FFNs, padding included
-        return [statistics.median(s.duration_s for s in self._experts(r)) for r in self.got.ranks]
+    def _per_rank(self, read, over=statistics.median) -> list[float]:  # over the repeats, per rank
+        return [over(read(s) for s in self._experts(r)) for r in self.got.ranks]
 
-    @property
-    def expert_cpu_s(self) -> list[float]:  # CPU seconds of the FFNs, the padding excluded
-        return [statistics.median(s.attrs["cpu_s"] for s in self._experts(r)) for r in self.got.ranks]
-
-    @property
-    def expert_cpu_floor_s(self) -> tuple[float, ...]:  # the least over repeats: what other work spoils least
-        return tuple(min(s.attrs["cpu_s"] for s in self._experts(r)) for r in self.got.ranks)
+    # wall clock of the expert FFNs (padding included), their CPU seconds (padding excluded), and the least CPU
+    # seconds over the repeats (what other work spoils least)
+    expert_s = property(lambda self: self._per_rank(lambda s: s.duration_s))
+    expert_cpu_s = property(lambda self: self._per_rank(lambda s: s.attrs["cpu_s"]))
+    expert_cpu_floor_s = property(lambda self: self._per_rank(lambda s: s.attrs["cpu_s"], min))
 
     @property
     def forward_s(self) -> list[float]:
@@ -94,16 +118,13 @@ class EPRun:
     combine_bytes = property(lambda self: self._all_to_all(2))
 
     @property
-    def rows_wire_bytes(self) -> int:  # token rows sent to other ranks, dispatch and combine
-        return self._all_to_all(1, wire=True) + self._all_to_all(2, wire=True)
-
-    @property
     def weight_bytes(self) -> list[int]:  # the expert weights each rank runs: what it must hold
         return [len(self.placement.hosted(r)) * self.weights.expert_bytes for r in self.got.ranks]
 
     def wire_bytes_per_token_per_width(self, d_model: int) -> float:
-        """``rows_wire_bytes`` per token per unit of ``d_model``: comparable across batch sizes and widths."""
-        return self.rows_wire_bytes / (self.output.shape[0] * d_model)
+        """Bytes of the token rows sent to other ranks (dispatch and combine) per token per unit of ``d_model``:
+        comparable across batch sizes and widths."""
+        return (self._all_to_all(1, wire=True) + self._all_to_all(2, wire=True)) / (self.output.shape[0] * d_model)
 
     @property
     def cross_rank_share(self) -> float:
@@ -136,23 +157,14 @@ class PolicyRun:
     label: str
     cfg: MoEConfig
     run: EPRun
-    expert_load: LoadStats
-    rank_load: LoadStats
     tokens_changed: int  # tokens whose output differs from the uncapped layer's
-    max_output_change: float
     exact: bool
 
-    @property
-    def expert_max_over_mean(self) -> float:
-        return self.expert_load.max_over_mean
-
-    @property
-    def rank_max_over_mean(self) -> float:
-        return self.rank_load.max_over_mean
-
-    @property
-    def busiest_expert_cpu_s(self) -> float:
-        return max(self.run.expert_cpu_s)
+    slots = property(lambda self: self.run.output.shape[0] * self.cfg.k)  # every requested token-slot
+    expert_load = property(lambda self: load_stats(self.run.expert_counts, total=self.slots))
+    rank_load = property(lambda self: load_stats(self.run.expert_rows, total=self.slots))
+    expert_max_over_mean = property(lambda self: self.expert_load.max_over_mean)
+    rank_max_over_mean = property(lambda self: self.rank_load.max_over_mean)
 
 
 def run_moe_policy(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, replicate: bool = False,
@@ -164,16 +176,13 @@ def run_moe_policy(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, 
     plain = cfg.but(capacity_factor=None, reroute=False)
     with ranks.same_threads():  # references computed as a rank computes, so "exact" means bit for bit
         uncapped = moe_reference(x, weights, plain) if uncapped is None else uncapped
-        same_policy = uncapped if cfg == plain else reference_for(x, weights, cfg, ranks.world_size)
+        same_policy = uncapped if cfg == plain else moe_reference(x, weights, cfg, ranks.world_size)
     placement = ExpertPlacement(cfg.n_experts, ranks.world_size)
     if replicate:
         placement = replicate_hottest(placement, uncapped.counts(cfg.n_experts))
     run = run_expert_parallel(ranks, x, weights, cfg, placement, repeats=repeats)
     change = (run.output - uncapped.output).abs().max(dim=1).values  # (T,) per token
-    slots = x.shape[0] * cfg.k
-    return PolicyRun(label, cfg, run, load_stats(run.expert_counts, total=slots),
-                     load_stats(run.expert_rows, total=slots), int((change > 0).sum()), float(change.max()),
-                     torch.equal(run.output, same_policy.output))
+    return PolicyRun(label, cfg, run, int((change > 0).sum()), torch.equal(run.output, same_policy.output))
 
 
 def run_mitigation(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigation: str,
@@ -219,19 +228,10 @@ class StallCheck:
     the verdict: the busiest rank's expert CPU time over the other's, predicted by their rows."""
 
     runs: dict
-    slow: int
-    fast: int
     verdicts: tuple[Verdict, ...]
 
-    @property
-    def rows_ratio(self) -> float:
-        r = self.runs[1.0]
-        return r.expert_rows[self.slow] / r.expert_rows[self.fast]
-
-    @property
-    def cpu_ratio(self) -> float:
-        r = self.runs[1.0]
-        return r.expert_cpu_floor_s[self.slow] / r.expert_cpu_floor_s[self.fast]
+    slow = property(lambda self: _busiest(self.runs[1.0])[0])  # the rank with the most rows
+    fast = property(lambda self: _busiest(self.runs[1.0])[1])  # the rank with the fewest
 
 
 def _busiest(run: EPRun) -> tuple[int, int]:
@@ -258,5 +258,4 @@ def run_stall_check(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
     run_expert_parallel(ranks, x, weights, cfg)  # warm-up
     runs, verdicts = verified(lambda: {skew: run_expert_parallel(ranks, x, weights, cfg.but(skew=skew), repeats=repeats)
                                        for skew in (0.0, 1.0)}, stall_verdicts)
-    slow, fast = _busiest(runs[1.0])
-    return StallCheck(runs, slow, fast, verdicts)
+    return StallCheck(runs, verdicts)

@@ -16,8 +16,7 @@ import torch
 
 from shardlib.core.experts.balance import split_groups
 from shardlib.core.experts.routing import MoEConfig, route
-from shardlib.lab.experts.train_reference import make_moe_problem
-from shardlib.lab.experts.train_step import MoETrainWeights, check_ep_degree, project
+from shardlib.lab.experts.training import MoETrainWeights, check_ep_degree, make_moe_problem, project
 from shardlib.lab.harness import Measured, on_ranks
 
 

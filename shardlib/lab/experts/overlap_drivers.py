@@ -14,8 +14,7 @@ from shardlib.core.experts.dispatch import moe_layer
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.facts.hardware import Link
 from shardlib.lab.experts.ranks import overlap_on_rank
-from shardlib.lab.experts.train_reference import make_moe_problem
-from shardlib.lab.experts.train_step import project
+from shardlib.lab.experts.training import make_moe_problem, project
 from shardlib.lab.harness import on_ranks
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.alpha_beta import collective_time_s

@@ -18,8 +18,7 @@ import torch
 from shardlib.core.experts.balance import split_groups
 from shardlib.core.experts.dispatch import MoEWeights, moe_layer
 from shardlib.core.experts.placement import ExpertPlacement
-from shardlib.core.experts.routing import MoEConfig
-from shardlib.lab.experts.reference import check_layer_inputs
+from shardlib.core.experts.routing import MoEConfig, check_tokens
 from shardlib.runtime.timeline import now_s
 
 
@@ -45,6 +44,19 @@ class ExpertTimer:
         self.timeline.record("experts", start_s, now_s(), kind, cpu_s=cpu_s, **attrs)
 
 
+def check_layer_inputs(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, placement: ExpertPlacement,
+                       world_size: int) -> None:
+    """A ValueError with the numbers if the layer cannot run on ``world_size`` ranks as given."""
+    if placement.ep != world_size or placement.n_experts != cfg.n_experts:
+        raise ValueError(f"the placement is for {placement.n_experts} experts on {placement.ep} ranks, but "
+                         f"the layer has {cfg.n_experts} experts on {world_size} ranks")
+    if weights.n_experts != cfg.n_experts or weights.d_model != cfg.d_model:
+        raise ValueError(f"the weights hold {weights.n_experts} experts of width {weights.d_model}, the config "
+                         f"says {cfg.n_experts} of width {cfg.d_model}")
+    check_tokens(x, cfg.d_model, weights.router.dtype)
+    split_groups(x.shape[0], world_size)  # every rank needs a token
+
+
 def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, placement: ExpertPlacement,
                        extra_s_per_row: float = 0.0) -> dict:
     """One expert-parallel forward of this rank's contiguous share of ``x`` (the whole batch): the output with
@@ -66,7 +78,7 @@ def overlap_on_rank(ctx, x: torch.Tensor, weights, cfg, overlap: bool, expert_s:
     expert phase padded to ``expert_s``. Returns the two microbatches' outputs."""
     from shardlib.core.experts.overlap import moe_two_microbatches
     from shardlib.lab.costs.emulation import EmulatedLink
-    from shardlib.lab.experts.train_step import project
+    from shardlib.lab.experts.training import project
 
     start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     xs = list(torch.tensor_split(project(x[start:stop], weights.w_in), 2))  # two microbatches, (T_r / 2, d_model)

@@ -1,5 +1,6 @@
 """Pipeline steps run on a pool: gathered, measured, and checked against the one-process reference.
 
+* ``unpipelined_step``: the reference, ``core.model.stack_reference`` microbatch by microbatch in one process.
 * ``run_pipeline``: one step of a ``Schedule`` on the ranks (one stage per rank), ``repeats`` times,
   through ``lab.harness.on_ranks``, read as a ``PipelineRun``: output, gradients, spans, comm log, the
   bubble and the activations in flight measured, and ``against_reference()`` for the exactness check.
@@ -9,20 +10,44 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from shardlib.core.checks import TOLERANCE
 from shardlib.core.config import ModelConfig
+from shardlib.core.model import stack_reference
 from shardlib.core.pipeline.orders import make_schedule
-from shardlib.core.pipeline.schedules import Schedule
+from shardlib.core.pipeline.schedules import Schedule, per_stage
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.lab.pipeline.ranks import pipeline_step_on_rank
-from shardlib.lab.pipeline.reference import check_pipeline_inputs, durations, unpipelined_step
+from shardlib.lab.pipeline.ranks import check_pipeline_inputs, pipeline_step_on_rank
 from shardlib.lab.tensor_parallel.ranks import tp_block_on_rank
-from shardlib.predict.pipeline import measure_bubble, measured_in_flight
+from shardlib.predict.pipeline import measure_bubble, measured_in_flight, microbatch_sizes
+
+
+def unpipelined_step(model: ModelConfig, layers: list[dict], x: torch.Tensor, n_microbatches: int = 1,
+                     grad_output: torch.Tensor | None = None) -> dict:
+    """The whole stack (``model.stack_reference``) in one process, microbatch by microbatch
+    (``n_microbatches = 1`` is one pass over the whole batch). Returns the output, and with
+    ``grad_output`` (the gradient of the loss with respect to the output) the input gradient and every
+    layer's weight gradients, accumulated over the microbatches in order."""
+    training = grad_output is not None
+    weights = [{k: t.detach().clone().requires_grad_(training) for k, t in w.items()} for w in layers]
+    sizes = list(microbatch_sizes(x.shape[0], n_microbatches))
+    outputs, grad_xs = [], []
+    with torch.set_grad_enabled(training):
+        for i, x_mb in enumerate(torch.split(x, sizes)):
+            h = x_mb.clone().requires_grad_(training)
+            out = stack_reference(h, weights, model)  # (rows, seq, d_model)
+            if training:
+                out.backward(torch.split(grad_output, sizes)[i])
+                grad_xs.append(h.grad)
+            outputs.append(out.detach())
+    result = {"output": torch.cat(outputs)}
+    if training:
+        result["grad_x"] = torch.cat(grad_xs)
+        result["grads"] = [{k: t.grad for k, t in w.items()} for w in weights]
+    return result
 
 
 @dataclass(frozen=True)
@@ -48,7 +73,6 @@ class PipelineRun:
     forward_s: object = None
     backward_s: object = None
     weight_s: object = None
-    wall_s: float = 0.0  # the whole call, every repeat, timed by the driver
     repeat: int = -1
 
     output = property(lambda self: gathered_output(self.got))  # (batch, seq, d_model), from the last stage
@@ -127,19 +151,14 @@ def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dic
                  grad_output: torch.Tensor | None = None, forward_s=None, backward_s=None,
                  layer_counts=None, weight_s=None, repeats: int = 1) -> PipelineRun:
     """Check the inputs here (a clear ValueError before any rank starts), then run one step of
-    ``schedule`` on ``ranks`` (``pipeline_step_on_rank``), ``repeats`` times. ``layer_counts``: layers per
-    stage, unequal on purpose (``None``: as even as whole layers allow). ``forward_s``, ``backward_s`` and
-    ``weight_s`` pad each F, B and W (a schedule without W pads its whole backward to
-    ``backward_s + weight_s``); ``None`` for real compute."""
+    ``schedule`` on ``ranks``, ``repeats`` times (``pipeline_step_on_rank`` says what each input means)."""
     check_pipeline_inputs(schedule, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
                           ranks.world_size, x.dtype, layer_counts)
     for value, name in ((forward_s, "forward_s"), (backward_s, "backward_s"), (weight_s, "weight_s")):
-        durations(value, schedule.n_stages, name)
-    start = time.perf_counter()
+        per_stage(value, schedule.n_stages, name)
     got = on_ranks(ranks, pipeline_step_on_rank, schedule, model, layers, x, grad_output, forward_s, backward_s,
                    layer_counts=layer_counts, weight_s=weight_s, repeats=repeats)
-    return PipelineRun(schedule, got, (model, layers, x, grad_output), forward_s, backward_s, weight_s,
-                       time.perf_counter() - start)
+    return PipelineRun(schedule, got, (model, layers, x, grad_output), forward_s, backward_s, weight_s)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""``pipeline_step_on_rank``: the stage loop (``core.pipeline.engine``) on a rank, with a probe attached.
+"""``pipeline_step_on_rank``: the stage loop (``core.pipeline.engine``) on a rank, with a probe attached, and
+``check_pipeline_inputs``, run on every rank and in the driver before anything starts, so a mistake is a
+``ValueError`` with the numbers, never a hang.
 
 The rank keeps only its chunks' layers, cuts the batch into microbatches, opens its links to the other
 stages (``core.pipeline.messages``) and runs ``engine.run_stage`` with ``StageProbe``: every op and every
 wait a span on ``ctx.timeline``, each op padded to a set duration when asked (the layers still compute
 for real), and the activation bytes in flight metered (``lab.measure.SavedBytes``). Output and gradients
-equal ``reference.unpipelined_step`` bit for bit.
+equal ``drivers.unpipelined_step`` bit for bit.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from shardlib.core.checks import same_dtype
 from shardlib.core.config import ModelConfig
 from shardlib.core.model import block_reference
 from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.core.pipeline.messages import Links
-from shardlib.core.pipeline.schedules import Schedule
-from shardlib.core.pipeline.stages import layers_of_stage
+from shardlib.core.pipeline.schedules import Schedule, per_stage
+from shardlib.core.pipeline.stages import layers_of_stage, split_layers
 from shardlib.lab.measure import SavedBytes
-from shardlib.lab.pipeline.reference import check_pipeline_inputs, durations
 from shardlib.predict.pipeline import microbatch_sizes
 
 
@@ -82,7 +84,7 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     check_pipeline_inputs(schedule, layers, tuple(x.shape), None if grad_output is None else tuple(grad_output.shape),
                           ctx.world_size, layer_counts=layer_counts)
     p, me, training = schedule.n_stages, ctx.rank, schedule.training
-    fwd_s, bwd_s, wgt_s = (durations(v, p, n)[me] for v, n in
+    fwd_s, bwd_s, wgt_s = (per_stage(v, p, n)[me] for v, n in
                            ((forward_s, "forward_s"), (backward_s, "backward_s"), (weight_s, "weight_s")))
     if wgt_s is not None and bwd_s is not None and not schedule.split_backward:
         bwd_s += wgt_s  # B is the whole backward: input and weight gradients
@@ -96,7 +98,7 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     sizes = list(microbatch_sizes(x.shape[0], schedule.n_microbatches))
     x_mbs = torch.split(x.to(ctx.device), sizes)  # each (rows, seq, d_model)
     g_mbs = None if grad_output is None else torch.split(grad_output.to(ctx.device), sizes)
-    links = Links(ctx.comm, schedule, me, lambda a: (sizes[a.microbatch],) + tuple(x.shape[1:]), ctx.device)
+    links = Links(ctx.comm, schedule, me, lambda a: (sizes[a.microbatch],) + tuple(x.shape[1:]), ctx.device, x.dtype)
     chunks = [toy_chunk(weights, layers_of_chunk, model) for layers_of_chunk in held]
     stage = run_stage(Stage(schedule, me, chunks, x_mbs, links, g_mbs),
                       StageProbe(ctx.timeline, training, param_ptrs, targets, "W" if schedule.split_backward else "B"))
@@ -106,3 +108,41 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
 
     return {"layers": tuple(tuple(r) for r in held), "output": joined(stage.outputs), "grad_x": joined(stage.grad_x),
             "grads": {i: {k: t.grad for k, t in w.items()} for i, w in weights.items()} if training else {}}
+
+
+def check_pipeline_inputs(schedule: Schedule, layers: list[dict], x_shape, grad_output_shape=None,
+                          world_size: int | None = None, x_dtype: torch.dtype | None = None,
+                          layer_counts=None) -> None:
+    """Raise a ValueError saying why this run cannot go ahead, if it cannot, before any rank starts on
+    it (``layer_counts``: as ``layers_of_stage`` takes them)."""
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"expected a Schedule from make_schedule(...), got {type(schedule).__name__}")
+    n_layers = len(layers)
+    weights = [t for t in (layers[0].values() if layers else ()) if isinstance(t, torch.Tensor)]
+    if x_dtype is not None and weights:
+        same_dtype(x_dtype, weights[0].dtype, "the input's dtype")
+    if world_size is not None and world_size != schedule.n_stages:
+        raise ValueError(f"this schedule has {schedule.n_stages} stages but there are {world_size} ranks: "
+                         "a pipeline runs one stage per rank, so use a schedule with "
+                         f"n_stages = {world_size} (or a Ranks({schedule.n_stages}) pool)")
+    if n_layers < schedule.n_virtual_stages:
+        chunks = f" x {schedule.n_chunks} model chunks" if schedule.n_chunks > 1 else ""
+        raise ValueError(f"a pipeline of {schedule.n_stages} stages{chunks} needs at least "
+                         f"{schedule.n_virtual_stages} layers, one whole layer per slice; the model has {n_layers}")
+    if layer_counts is not None:
+        split_layers(n_layers, schedule.n_virtual_stages, layer_counts)  # one count per slice, adding up
+    if len(x_shape) != 3:
+        raise ValueError(f"the input must be (batch, seq, d_model), got shape {tuple(x_shape)}")
+    d_model = int(layers[0]["o" if "o" in layers[0] else "down"].shape[0])
+    if x_shape[-1] != d_model:
+        raise ValueError(f"the input has {x_shape[-1]} features per token but the layers expect d_model = {d_model}")
+    microbatch_sizes(x_shape[0], schedule.n_microbatches)  # more microbatches than rows
+    if schedule.training and grad_output_shape is None:
+        raise ValueError("a training schedule needs grad_output, the gradient of the loss with respect to "
+                         "the output, to start its backwards")
+    if not schedule.training and grad_output_shape is not None:
+        raise ValueError("a forward-only schedule runs no backwards: leave grad_output out, or build the "
+                         "schedule with training=True")
+    if grad_output_shape is not None and tuple(grad_output_shape) != tuple(x_shape):
+        raise ValueError(f"grad_output has shape {tuple(grad_output_shape)} but the output will be "
+                         f"{tuple(x_shape)} (the layers keep the input's shape)")

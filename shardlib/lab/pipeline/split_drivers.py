@@ -21,11 +21,12 @@ import torch
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.pipeline.orders import make_schedule
-from shardlib.core.pipeline.registry import SCHEDULE_TITLES, schedule_spec
+from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.lab.pipeline.drivers import PipelineRun, run_pipeline
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict import bubbles
 from shardlib.predict.bubbles import OpCosts, simulated_fraction
+from shardlib.predict.pipeline import predicted_step_s
 
 LOW, HIGH = 0.9, 1.5  # measured / predicted step (see the module docstring)
 
@@ -54,14 +55,7 @@ class SplitCase:
     @property
     def label(self) -> str:
         w = "" if self.weight_ratio == 1 else f", W = {self.weight_ratio:g} F"
-        return f"{SCHEDULE_TITLES[self.name]} step, m = {self.n_microbatches}{w}"
-
-
-def predicted_step_of(name: str, n_stages: int, n_microbatches: int, costs: OpCosts) -> tuple[float, float]:
-    """``(step_s, idle share)`` of schedule ``name``'s own list, played out with one action's ``costs``."""
-    schedule = make_schedule(name, n_stages, n_microbatches)
-    idle = simulated_fraction(schedule, costs)
-    return bubbles.busy_s(schedule, costs) / (1 - idle), idle
+        return f"{schedule_spec(self.name).title} step, m = {self.n_microbatches}{w}"
 
 
 @dataclass(frozen=True)
@@ -74,9 +68,8 @@ class SplitStep:
     costs: OpCosts
 
     schedule = property(lambda self: self.run.schedule)
-    n_stages = property(lambda self: self.run.schedule.n_stages)
-    predicted_step_s = property(lambda self: predicted_step_of(self.case.name, self.n_stages,
-                                                               self.case.n_microbatches, self.costs)[0])
+    predicted_step_s = property(lambda self: predicted_step_s(self.schedule, *(self.schedule.n_chunks * t for t in (
+        self.costs.forward_s, self.costs.backward_s, 0, self.costs.weight_s))))  # the list played out
     predicted_idle = property(lambda self: simulated_fraction(self.schedule, self.costs))
     with_hops = property(lambda self: simulated_fraction(self.schedule, self.costs, self.handover_s))
     attempts = property(lambda self: tuple(b.idle_fraction for b in self.run.bubbles))  # per repeat

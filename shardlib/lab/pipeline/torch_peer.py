@@ -24,7 +24,7 @@ from shardlib.core.pipeline.schedules import Action, Schedule
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.pipeline.drivers import PipelineRun, compared, gathered_grads, gathered_output, run_pipeline
-from shardlib.lab.pipeline.reference import check_pipeline_inputs
+from shardlib.lab.pipeline.ranks import check_pipeline_inputs
 
 TORCH_SCHEDULES = {"ZBVZeroBubble": "v", "DualPipeV": "v", "InterleavedZeroBubble": "loop"}  # and their placement
 

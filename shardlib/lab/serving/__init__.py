@@ -12,11 +12,10 @@
 * ``engine_drivers``: The serving engine on a warm pool, and configurations served on one trace, each
   predicted first.
 * ``hf``: ``transformers`` as the engine's peer: a tiny random Llama, and a checkpoint read from disk.
-* ``machines``: Tensor parallelism inside each machine, pipeline stages across machines, under ``torchrun``.
 * ``replica_drivers``: Replicas of the engine behind a router on a warm pool; routing policies and "if it fits,
   run replicas" predicted, then served.
 * ``traces``: Seeded request traces: what the engine is asked, and when.
 """
 
-__all__ = ["across", "cold_start", "disagg_drivers", "disagg_run", "drivers", "engine_drivers", "hf", "machines",
-           "replica_drivers", "traces"]
+__all__ = ["across", "cold_start", "disagg_drivers", "disagg_run", "drivers", "engine_drivers", "hf", "replica_drivers",
+           "traces"]

@@ -26,7 +26,7 @@ from shardlib.lab.serving.drivers import DecodeRun, effective_flops_per_s, run_d
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.decode import Score, score
 from shardlib.predict.serving.memory import Workload, weights_per_gpu
-from shardlib.predict.serving.reasons import kind
+from shardlib.predict.serving.traffic import kind
 from shardlib.predict.shapes import check_tensor_parallel
 
 

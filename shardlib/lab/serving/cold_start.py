@@ -21,7 +21,7 @@ import torch
 
 from shardlib.core.checks import whole_number
 from shardlib.core.config import ModelConfig
-from shardlib.core.model import LAYER_KEYS, greedy_reference, random_weights, weights_from_hf_llama
+from shardlib.core.model import greedy_reference, hf_llama_from_weights, random_weights, weights_from_hf_llama
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request
@@ -40,24 +40,13 @@ COLD_START_MODEL = ModelConfig("llama", vocab_size=2048, d_model=256, n_layers=8
 REPLICA_THREADS = 1
 CHECKPOINT_NAME = "checkpoint.pt"
 CALIBRATION_NAME = "calibration.pt"
-_HF_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-             "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
-             "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 
 
 # -- the checkpoint -----------------------------------------------------------------------------------
 def save_checkpoint(weights, path) -> int:
     """``weights`` (``LlamaWeights``) as one file at ``path``, a ``LlamaForCausalLM`` state dict and its config
     in ``torch.save``'s format; returns the file's bytes. ``load_checkpoint`` reads it back."""
-    c = weights.config
-    state = {"model.embed_tokens.weight": weights.embed, "model.norm.weight": weights.norm,
-             "lm_head.weight": weights.head}
-    for i, layer in enumerate(weights.layers):
-        state.update({f"model.layers.{i}.{_HF_NAMES[k]}.weight": layer[k] for k in LAYER_KEYS})
-    config = {"vocab_size": c.vocab_size, "hidden_size": c.d_model, "num_hidden_layers": c.n_layers,
-              "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "intermediate_size": c.d_ff,
-              "max_position_embeddings": c.max_positions, "rope_theta": c.rope_theta, "rms_norm_eps": c.rms_eps,
-              "head_dim": c.head_dim}
+    state, config = hf_llama_from_weights(weights)
     torch.save({"config": config, "state_dict": state}, path)
     return os.path.getsize(path)
 

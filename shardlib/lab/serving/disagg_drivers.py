@@ -15,13 +15,12 @@ import statistics
 from dataclasses import dataclass, replace
 
 from shardlib.core.model import LlamaWeights
-from shardlib.core.serving.requests import request_metrics
 from shardlib.facts.hardware import Link
 from shardlib.lab.serving.disagg_run import check_split, run_disaggregated
 from shardlib.lab.serving.engine_drivers import check_serving, run_serving
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.engine import simulate_serving
-from shardlib.predict.serving.goodput import ServingObjective, goodput, slo_attainment
+from shardlib.predict.serving.goodput import ServingObjective, goodput, request_metrics, slo_attainment
 from shardlib.predict.serving.pools import simulate_pools
 
 LOOPBACK = Link("loopback (gloo, one machine)", 1e9, 2e-4, source="about 0.9 GB/s for a 64 MiB all-reduce here",
@@ -164,7 +163,9 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
         runs = {name: serve(name) for name in CONFIGURATIONS}
         costs = {name: runs[SIBLING[name]].step_cost(weights) for name in CONFIGURATIONS}
         costs[REPLICAS] = costs["disaggregated"]  # one engine on a pool's worth of ranks: the pools' step cost
-        return runs, costs
+        simulated = {n: predict(n, requests, costs) for n in CONFIGURATIONS + (REPLICAS,)}
+        return runs, costs, simulated, interference(runs["colocated, chunked prefill"].steps,
+                                                    costs["colocated, chunked prefill"])
 
     def predict(name, trace, costs):
         if name == REPLICAS:  # each replica takes every replicas-th request: round robin
@@ -174,10 +175,9 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
         return simulate_pools(trace, config, costs[name], link, model, p, layerwise=name.endswith("layerwise"))
 
     def verdicts(result):
-        runs, costs = result
-        pred = {n: predict(n, requests, costs).figures(requests) for n in CONFIGURATIONS}
+        runs, _, simulated, inter = result
+        pred = {n: simulated[n].figures(requests) for n in CONFIGURATIONS}
         meas = {n: r.figures(requests) for n, r in runs.items()}
-        inter = interference(runs["colocated, chunked prefill"].steps, costs["colocated, chunked prefill"])
         whole = runs["disaggregated"]
         sent, predicted_bytes = sum(whole.kv_bytes_sent.values()), sum(whole.kv_bytes_predicted.values())
         return [Verdict("K/V bytes handed off, every request", predicted_bytes, sent, "bytes", low=1.0, high=1.0),
@@ -193,7 +193,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
                         meas["disaggregated"]["tokens_per_s"] / meas["colocated, chunked prefill"]["tokens_per_s"],
                         "x")]
 
-    (runs, costs), found = verified(measure, verdicts, attempts)
+    (runs, costs, simulated, inter), found = verified(measure, verdicts, attempts)
     objectives = tuple(objectives) if objectives is not None else default_objectives(costs["disaggregated"], requests)
 
     def metrics(predicted, trace):
@@ -201,7 +201,6 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
         return [request_metrics(arrivals[rid], t) for rid, t in predicted.token_times_s.items()]
 
     names = CONFIGURATIONS + (REPLICAS,)
-    simulated = {n: predict(n, requests, costs) for n in names}
     swept = {n: {rate: metrics(predict(n, trace, costs), trace) for rate in sweep
                  for trace in [_trace_at(requests, rate_per_s, rate)]} for n in names}
     keys = [(n, o) for o in objectives for n in names]
@@ -212,6 +211,5 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
     predicted[REPLICAS]["tokens_per_s"] *= replicas  # every replica's tokens
     handoff = {n: (statistics.median(simulated[n].admitted_s.values()), statistics.median(runs[n].handoff_s.values()))
                for n in CONFIGURATIONS[2:] if runs[n].handoff_s}
-    inter = interference(runs["colocated, chunked prefill"].steps, costs["colocated, chunked prefill"])
     return DisaggregationCheck(requests, rate_per_s, ranks.world_size, objectives, runs, predicted, attained,
                                predicted_attained, good, sweep, costs, inter, found, handoff)

@@ -1,6 +1,6 @@
 """``run_disaggregated``: a prefill pool and a decode pool on a warm pool of ranks, every request checked
 before any rank starts. A ``DisaggregatedRun`` is a ``ServingRun`` plus the hand-off: each request's K/V
-bytes read from the comm log beside ``handoff.kv_bytes_per_request`` times the ranks of a pool.
+bytes read from the comm log beside ``presets.kv_bytes_per_rank`` times the ranks of a pool.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from shardlib.core.checks import flag, whole_number
 from shardlib.core.model import LlamaWeights
 from shardlib.core.serving.disagg import disaggregated_on_rank
-from shardlib.core.serving.handoff import kv_bytes_per_request
 from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.engine_drivers import ServingRun, check_serving
+from shardlib.predict.serving.presets import kv_bytes_per_rank
 from shardlib.predict.shapes import tensor_parallel_problems
 
 
@@ -37,7 +37,7 @@ class DisaggregatedRun(ServingRun):
     def outputs(self) -> dict:
         """Request id -> (tokens, token times, preemptions): the first token from the prefill pool, the rest
         (the first included) from the decode pool."""
-        out = {rid: ((first,), (first_s,), n) for rid, (first, first_s, n) in self.head.outputs.items()}
+        out = dict(self.head.outputs)
         for rid, (tokens, times, n) in self.tail.outputs.items():
             out[rid] = (tokens, times, out[rid][2] + n)
         return out
@@ -89,7 +89,7 @@ def run_disaggregated(ranks, weights, requests, config, prefill_ranks: int | Non
     check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
     requests = check_serving(weights, requests, config, p)
     element = weights.embed.element_size()
-    predicted = {r.request_id: p * kv_bytes_per_request(weights.config, len(r.prompt_token_ids), p, element)
+    predicted = {r.request_id: p * kv_bytes_per_rank(weights.config, len(r.prompt_token_ids), p, element)
                  if r.max_new_tokens > 1 else 0 for r in requests}
     got = on_ranks(ranks, disaggregated_on_rank, weights, list(requests), config, p, layerwise)
     return DisaggregatedRun(got, requests, config, p, p, layerwise, predicted)

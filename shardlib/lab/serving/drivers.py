@@ -30,7 +30,7 @@ from shardlib.facts.hardware import Cluster, toy_cluster
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.costs.emulation import EmulatedLink
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.predict.calibration import Calibration
+from shardlib.predict.alpha_beta import Calibration
 from shardlib.predict.serving.memory import active_params_per_gpu, stack_weight_bytes
 from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
 from shardlib.predict.shapes import check_tensor_parallel
@@ -114,11 +114,7 @@ def traffic_by_axis(records) -> list[AxisTraffic]:
         if r.op != "barrier":
             row = sums.setdefault((r.group, r.op), [0, 0])
             row[0], row[1] = row[0] + 1, row[1] + r.size_bytes
-    return sorted((AxisTraffic(axis, op, n, b) for (axis, op), (n, b) in sums.items()), key=_axis_op)
-
-
-def _axis_op(a: AxisTraffic) -> tuple[str, str]:
-    return a.axis, a.op
+    return [AxisTraffic(axis, op, n, b) for (axis, op), (n, b) in sorted(sums.items())]  # by axis, then op
 
 
 @dataclass(frozen=True)
@@ -163,7 +159,7 @@ def run_combined(ranks, layout: Layout, model: ModelConfig, layers: list[dict], 
     check_combined_inputs(layout, model, layers, x, n_microbatches)
     got = on_ranks(ranks, combined_forward_on_rank, layout, model, layers, x, n_microbatches)
     predicted = forward_traffic(model, layout, x.shape[0] // layout.dp, x.shape[1], n_microbatches)
-    return CombinedRun(got, layout, tuple(sorted(predicted, key=_axis_op)))
+    return CombinedRun(got, layout, tuple(sorted(predicted, key=lambda a: (a.axis, a.op))))
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from shardlib.core.model import LlamaWeights, forward_reference, greedy_reference
-from shardlib.core.serving.engine import StepRecord, serving_engine_on_rank
-from shardlib.core.serving.requests import EngineConfig, Request, percentile, request_metrics
+from shardlib.core.serving.engine import serving_engine_on_rank
+from shardlib.core.serving.loop import StepRecord
+from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.engine import FIGURES, StepCost, figures, fit_step_cost, simulate_serving
+from shardlib.predict.serving.goodput import percentile, request_metrics
 from shardlib.predict.shapes import tensor_parallel_problems
 
 
@@ -47,7 +49,6 @@ class ServingRun:
     prefix_hit_tokens = property(lambda self: sum(e.prefix_hit_tokens for e in self.engines))
     prefix_lookup_tokens = property(lambda self: sum(e.prefix_lookup_tokens for e in self.engines))
     preemptions = property(lambda self: sum(e.preemptions for e in self.engines))
-    block_size = property(lambda self: self.config.block_size)
 
     @property
     def metrics(self) -> dict:
@@ -61,7 +62,7 @@ class ServingRun:
     def kv_utilization(self) -> float:
         """Measured: the share of the cache's used slots that held a real token, averaged over the steps
         (with prefix caching on, a shared block counts once but its tokens once per sequence)."""
-        used = [(s.tokens_held, s.blocks_used * self.block_size) for s in self.steps if s.blocks_used]
+        used = [(s.tokens_held, s.blocks_used * self.config.block_size) for s in self.steps if s.blocks_used]
         return sum(t / slots for t, slots in used) / len(used)
 
     @property
@@ -162,14 +163,6 @@ class ServedCheck:
         return {**run.figures(self.requests), "hit_rate": run.prefix_hit_rate}
 
 
-def check_claims(claims, ratios, names) -> None:
-    """A ValueError unless every claim names a figure of ``FIGURE_WORDS`` and configurations of ``names``."""
-    for fig, *named in list(claims) + list(ratios):
-        if fig not in FIGURE_WORDS or not set(named) <= set(names):
-            raise ValueError(f"a claim names figure {fig!r} of {named}: figures are {list(FIGURE_WORDS)}, "
-                             f"policies {list(names)}")
-
-
 def served_check(requests, names, fit, predict, serve, claims=(), ratios=(), attempts: int = 3,
                  band=lambda fig: TIME_BAND, kind=ServedCheck) -> ServedCheck:
     """``fit()`` a step cost, replay every configuration of ``names`` on it (``predict(name, cost)``), then
@@ -179,7 +172,10 @@ def served_check(requests, names, fit, predict, serve, claims=(), ratios=(), att
     is repeated up to ``attempts`` times until every verdict holds (``lab.verdict.verified``). ``kind``: the
     ``ServedCheck`` class returned."""
     requests = tuple(requests)
-    check_claims(claims, ratios, names)
+    for fig, *named in list(claims) + list(ratios):
+        if fig not in FIGURE_WORDS or not set(named) <= set(names):
+            raise ValueError(f"a claim names figure {fig!r} of {named}: figures are {list(FIGURE_WORDS)}, "
+                             f"policies {list(names)}")
 
     def measure() -> ServedCheck:
         cost = fit()
@@ -197,11 +193,6 @@ def served_check(requests, names, fit, predict, serve, claims=(), ratios=(), att
     return replace(check, verdicts=found)
 
 
-def run_step_cost_fit(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> StepCost:
-    """Serve ``requests`` once and fit the step cost to its steps (``ServingRun.step_cost``)."""
-    return run_serving(ranks, weights, requests, config).step_cost(weights)
-
-
 def cost_or_fit(cost: StepCost | None, fit_requests, serve, weights: LlamaWeights):
     """``served_check``'s ``fit``: ``cost`` if given, else the step cost of ``serve(fit_requests)``'s run, again
     at every attempt. A ValueError when neither is given."""
@@ -214,7 +205,7 @@ def run_policy_check(ranks, weights: LlamaWeights, requests, policies: dict, fit
                      ratios=(), cost: StepCost | None = None, attempts: int = 3) -> ServedCheck:
     """Every engine configuration of ``policies`` predicted on ``requests`` with a step cost, then served
     (``served_check``). The cost is ``cost`` if given, else fitted to a run of ``fit_requests`` under the
-    first policy (``run_step_cost_fit``), again at every attempt."""
+    first policy (``ServingRun.step_cost``), again at every attempt."""
     requests, names = tuple(requests), list(policies)
     for name in names:
         check_serving(weights, requests, policies[name], ranks.world_size)

@@ -40,8 +40,6 @@ class ReplicaRun(ServingRun):
     replicas: int = 1
     policy: str = "round-robin"
 
-    engines = property(lambda self: tuple(v.engine for v in self.got.values if v.leader))  # one per replica
-    kv_cache_bytes = property(lambda self: tuple(v.engine.kv_cache_bytes for v in self.got.values))
     replica_of = property(lambda self: {self.requests[i].request_id: k
                                         for i, k in enumerate(self.got.first("replica_of"))})
     max_queued = property(lambda self: self.got.first("max_queued"))  # per replica, the most routed, not finished

@@ -1,8 +1,10 @@
-"""Tensor and sequence parallelism run on a pool, against the unsharded computation, in one call each.
+"""Tensor and sequence parallelism against the unsharded computation: in one process, and on a pool.
 
-``run_tp_block`` (the MLP or attention, forward and backward), ``run_pair`` (a pair cut either way, its
-collectives against ``predict``'s) and ``run_sequence_parallel`` (one block tensor parallel alone and with
-sequence parallelism: gaps, wire bytes and activation bytes against their formulas).
+``pair_in_one_process`` and ``tp_stack_in_one_process`` run every rank's share of ``core``'s layers here
+and sum the shares (a stand-in for the all-reduce). On a pool: ``run_tp_block`` (the MLP or attention,
+forward and backward), ``run_pair`` (a pair cut either way, its collectives against ``predict``'s) and
+``run_sequence_parallel`` (one block tensor parallel alone and with sequence parallelism: gaps, wire bytes
+and activation bytes against their formulas).
 """
 
 from __future__ import annotations
@@ -14,15 +16,54 @@ import torch.nn.functional as F
 
 from shardlib.core.checks import TOLERANCE, choice, same_dtype
 from shardlib.core.config import ModelConfig, check_heads
-from shardlib.core.model import attention_layer_reference, block_reference, mlp_reference
-from shardlib.core.tensor_parallel.layers import ROW_PARALLEL
+from shardlib.core.model import attention_layer_reference, block_reference, mlp_reference, norm
+from shardlib.core.tensor_parallel.blocks import ParallelBlock
+from shardlib.core.tensor_parallel.layers import ROW_PARALLEL, ColumnParallelLinear, RowParallelLinear, TPGroup
 from shardlib.core.tensor_parallel.sequence_parallel import SEQ_DIM, check_sequence_parallel
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.tensor_parallel.ranks import PAIRS, tp_block_on_rank
-from shardlib.predict.context_parallel import sequence_parallel_bytes_per_rank, toy_block_activation_bytes
-from shardlib.predict.tensor_parallel import CUTS, pair_collectives, pair_wire_collectives
+from shardlib.predict.shapes import check_tensor_parallel
+from shardlib.predict.tensor_parallel import (
+    CUTS,
+    pair_collectives,
+    pair_wire_collectives,
+    sequence_parallel_bytes_per_rank,
+    toy_block_activation_bytes,
+)
 
 BLOCKS = ("mlp", "attention")
+
+
+def pair_in_one_process(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tp: int, b1: torch.Tensor | None = None,
+                        b2: torch.Tensor | None = None, activation=None) -> torch.Tensor:
+    """``w2 @ activation(w1 @ x + b1) + b2`` as ``tp`` column-then-row shares, summed here. Share ``i`` holds
+    column slice ``i`` of ``w1`` and ``b1``, row slice ``i`` of ``w2``, and needs nothing from any other.
+    ``activation`` must be elementwise: it then acts on each slice as on the whole. ``b2`` is added once,
+    after the sum, or it would be counted ``tp`` times."""
+    if w1.shape[0] != w2.shape[1]:
+        raise ValueError(f"the pair does not chain: w1 produces {w1.shape[0]} features but w2 expects {w2.shape[1]}")
+    act = activation or (lambda t: t)
+    columns = [ColumnParallelLinear(w1, b1, TPGroup(tp, i)) for i in range(tp)]  # (d_hidden / tp, d_in) each
+    rows = [RowParallelLinear(w2, None, TPGroup(tp, i)) for i in range(tp)]  # (d_out, d_hidden / tp) each
+    shares = [row.partial(act(column.local(x))) for column, row in zip(columns, rows)]  # no communication
+    total = torch.stack(shares).sum(0)  # (..., d_out): the all-reduce
+    return total if b2 is None else total + b2
+
+
+@torch.no_grad()
+def tp_stack_in_one_process(x: torch.Tensor, layers: list[dict], model: ModelConfig, tp: int) -> torch.Tensor:
+    """``model.stack_reference`` from the blocks the ranks run: every rank's ``ParallelBlock`` share of each
+    attention and MLP (its heads, its ``d_ff / tp`` features) computed here and summed. Equal to the stack
+    within float32 rounding: the partials add in another order."""
+    check_tensor_parallel(model, tp)
+    h = x
+    for w in layers:
+        blocks = [ParallelBlock(w, model, TPGroup(tp, r)) for r in range(tp)]
+        if "q" in w:
+            h = h + sum(b.attention.local(norm(h, w.get("attn_norm"), model)) for b in blocks)
+        if "gate" in w:
+            h = h + sum(b.mlp.local(norm(h, w.get("mlp_norm"), model)) for b in blocks)
+    return h
 
 
 def _reference(part: str, x: torch.Tensor, w: dict, model: ModelConfig, grad_output) -> tuple:

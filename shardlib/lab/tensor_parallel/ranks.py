@@ -15,7 +15,7 @@ from shardlib.core.tensor_parallel.layers import (
     shard_columns,
     shard_rows,
 )
-from shardlib.core.tensor_parallel.sequence_parallel import SEQ_DIM, SequenceParallelBlock, check_sequence_parallel
+from shardlib.core.tensor_parallel.sequence_parallel import SEQ_DIM, check_sequence_parallel
 from shardlib.lab.measure import SavedBytes
 from shardlib.predict.tensor_parallel import CUTS
 
@@ -23,7 +23,7 @@ BLOCK_MODULES = {  # part -> its core module on one rank
     "mlp": lambda w, model, tpg: ParallelMLP(w, tpg),
     "attention": ParallelAttention,
     "tensor parallel": ParallelBlock,
-    "sequence parallel": SequenceParallelBlock,
+    "sequence parallel": lambda w, model, tpg: ParallelBlock(w, model, tpg, sequence_parallel=True),
 }
 
 

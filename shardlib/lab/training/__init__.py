@@ -2,11 +2,9 @@
 
 * ``drivers``: The training step on a pool: every layout checked before any rank starts, run, gathered and
   compared.
-* ``machines``: The training step under ``torchrun`` across machines: tp inside each machine, pp or dp across
-  them.
 * ``ranks``: The training step on a rank, measured: spans, the activations autograd keeps, the bytes kept.
 * ``step_time``: Step time per layout: the training planner's time model on this machine's ranks, beside the
   measured step, and the ranking claim: predicted against measured step times over the layouts.
 """
 
-__all__ = ["drivers", "machines", "ranks", "step_time"]
+__all__ = ["drivers", "ranks", "step_time"]

@@ -15,7 +15,6 @@ from functools import cached_property
 
 import torch
 
-from shardlib.core.config import head_problems
 from shardlib.core.mesh import Layout, check_mesh
 from shardlib.core.pipeline.orders import make_schedule
 from shardlib.core.pipeline.stages import split_layers
@@ -24,7 +23,9 @@ from shardlib.core.training.config import TrainingConfig
 from shardlib.core.training.reference import TrainingReference
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.training.ranks import training_on_rank
+from shardlib.predict.shapes import tensor_parallel_problems
 from shardlib.predict.training.ledger import predict_ledger, predict_traffic
+from shardlib.predict.training.memory import check_expert_layout
 
 
 def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) -> tuple[range, ...]:
@@ -33,16 +34,14 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
     layers each takes (``None``: as even as whole layers allow)."""
     if not isinstance(layout, Layout) or not isinstance(config, TrainingConfig):
         raise ValueError("give a mesh.Layout and a training.corpus.TrainingConfig")
-    if layout.ep != 1 and not config.is_moe:
-        raise ValueError(f"the toy language model is dense: ep must be 1, got {layout.ep}")
+    check_expert_layout(config.model, layout)
     if config.is_moe:
         check_experts(layout, config)
-    problems = head_problems(config.model, layout.tp)
+    problems = tensor_parallel_problems(config.model, layout.tp, copy_kv_heads=False)
+    if config.vocab_size % layout.tp:  # the toy's vocabulary is not padded
+        problems.append(f"a vocabulary of {config.vocab_size} does not split evenly over tp = {layout.tp} ranks")
     if problems:
         raise ValueError("; ".join(problems))
-    for name, value in (("d_ff", config.d_ff), ("vocabulary", config.vocab_size)):
-        if value % layout.tp:
-            raise ValueError(f"a {name} of {value} does not split evenly over tp = {layout.tp} ranks")
     pieces = layout.cp * layout.tp * (2 if layout.cp > 1 else 1)
     if config.seq % pieces:
         how = f"2 x cp x tp = 2 x {layout.cp} x {layout.tp}" if layout.cp > 1 else f"tp = {layout.tp}"
@@ -71,16 +70,8 @@ def check_training(layout: Layout, config: TrainingConfig, stage_counts=None) ->
 
 
 def check_experts(layout: Layout, config: TrainingConfig) -> None:
-    """The rules experts add, in the learner's terms: whole experts per rank, ep inside a stage, no ring,
-    no ZeRO-3."""
-    ep, per_stage = layout.ep, layout.tp * layout.dp * layout.cp
-    if config.n_experts % ep:
-        raise ValueError(f"ep = {ep} does not divide the {config.n_experts} experts: each rank holds whole experts "
-                         f"({config.n_experts} / {ep} = {config.n_experts / ep:.3g}); use an ep that divides "
-                         f"{config.n_experts}")
-    if per_stage % ep:
-        raise ValueError(f"ep = {ep} must divide the tp x dp = {layout.tp} x {layout.dp} = {per_stage} ranks of a "
-                         "stage: the experts are spread over ranks of one stage, ep folded onto its tp and dp ranks")
+    """The rules experts add to ``check_expert_layout``'s (whole experts per rank, ep inside a stage), in the
+    learner's terms: no ring, no ZeRO-3."""
     if layout.cp > 1:
         raise ValueError(f"experts with a context-parallel ring (cp = {layout.cp}) are not combined in this step: "
                          "use cp = 1")

@@ -4,8 +4,8 @@
 this replica's rows of the corpus's batches, each a ``"step"`` span. The probe puts each ``F``/``B`` on
 the rank's timeline, counts what autograd saves during each microbatch's forward
 (``lab.measure.SavedBytes``), adds it while the microbatch is in flight (from its ``F`` to its ``B``, or
-its ``W``) and keeps the peak, and follows ZeRO-3's gathered weights in a ``PeakMeter`` (the transient
-peak). After the last step it reads the bytes the rank keeps: weights, gradients and AdamW's state.
+its ``W``) and keeps the peak, and follows ZeRO-3's gathered weights (``lab.measure.BufferProbe``: the
+transient peak). After the last step it reads the bytes the rank keeps: weights, gradients and AdamW's state.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from shardlib.core.data_parallel.zero3 import ShardedUnits
-from shardlib.core.probe import Probe
 from shardlib.core.training.config import init_weights
 from shardlib.core.training.corpus import MarkovCorpus
 from shardlib.core.training.step import TrainingStep
-from shardlib.lab.measure import PeakMeter, SavedBytes, optimizer_state_bytes, tensor_bytes
+from shardlib.lab.measure import BufferProbe, SavedBytes, optimizer_state_bytes, tensor_bytes
 
 
-class LedgerProbe(Probe):
-    """The rank's timeline, plus the activations in flight and the transient buffers. A microbatch's
+class LedgerProbe(BufferProbe):
+    """The rank's timeline, plus the activations in flight and the gathered buffers. A microbatch's
     activations on a chunk are in flight from its ``F`` until its ``release`` op (``"W"`` when the backward
     is split: W still needs what F saved)."""
 
     def __init__(self, timeline, release: str = "B") -> None:
-        self.timeline, self.meter, self.release = timeline, PeakMeter(), release
+        super().__init__(tensors=False)
+        self.timeline, self.release = timeline, release
         self.saved: dict[tuple, SavedBytes] = {}  # (microbatch, chunk) -> what its forward saved
         self.current: SavedBytes | None = None  # the forward running now
         self.per_microbatch: list[int] = []
@@ -39,8 +39,7 @@ class LedgerProbe(Probe):
 
     @contextmanager
     def span(self, name: str, kind: str = "compute", **attrs):
-        self.meter.reserve(attrs.get("gathered_bytes", 0))
-        self.meter.release(attrs.get("freed_bytes", 0))
+        self.count(attrs)
         op = attrs.get("op") if kind == "compute" else None
         if op == "F":
             self.current = SavedBytes(self.param_ptrs)

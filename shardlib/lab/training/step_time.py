@@ -1,14 +1,10 @@
 """Step time per layout: the training planner's time model on this machine's ranks, beside the measured step.
 
-* ``fit_step_cluster``: the toy cluster the prediction runs on: a sweep's link (``calibrate_link``), its
-  latency at least what a call between computing pairs of ranks adds, and the model's forward, backward and
-  AdamW's step, timed on every rank at once (``sample``: the shared cores counted).
-* ``run_step_time_check``: every layout trained on one warm pool (``drivers.run_training``, all at one
-  global batch), in rounds, the median step after a warm-up read from the spans, beside its prediction
-  (``toy_prediction.predict_step``), as a ``StepTimeCheck``: errors per layout, their mean, the ranking both
-  ways and Spearman's rank correlation (``toy_prediction.spearman``).
-* ``run_ranking_check``: the ranking claim: Spearman's correlation of predicted and measured step times
-  against the floor a random order reaches with a small chance (``ranking_verdict``).
+The toy cluster is fitted here (``fit_step_cluster``: a sweep's link, at least a call between computing
+ranks, and the model's forward, backward and AdamW step timed on every rank at once); every layout trains
+on one warm pool at one global batch, in rounds, the median step after a warm-up read from the spans
+(``run_step_time_check``), beside ``toy_prediction.predict_step``. The ranking claim: Spearman's correlation
+of predicted and measured step times against the floor a random order reaches with a small chance.
 """
 
 from __future__ import annotations
@@ -24,14 +20,14 @@ from shardlib.core.checks import whole_number
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig, init_weights
 from shardlib.core.training.corpus import MarkovCorpus
-from shardlib.core.training.reference import token_losses
+from shardlib.core.training.reference import forward
 from shardlib.facts.hardware import Cluster, Link, toy_cluster
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.drivers import TOY_SWEEP_BYTES
 from shardlib.lab.training.drivers import check_training, run_training
 from shardlib.lab.verdict import Verdict, verified
-from shardlib.predict.calibration import Calibration
+from shardlib.predict.alpha_beta import Calibration
 from shardlib.predict.training.time_model import TrainingScore, model_flops_per_token
 from shardlib.predict.training.toy_prediction import (
     LAYOUTS_4,
@@ -52,7 +48,7 @@ def pass_on_rank(ctx, config: TrainingConfig) -> None:
     weights = {k: v.clone().requires_grad_(True) for k, v in init_weights(config).items()}
     tokens, optimizer = MarkovCorpus(config).batch(0, config.microbatch), adamw(list(weights.values()), config)
     with ctx.timeline.span("forward-backward"):
-        token_losses(weights, tokens, config).mean().backward()
+        forward(weights, tokens, config).token_losses.mean().backward()
     with ctx.timeline.span("optimizer"):
         optimizer.step()
 

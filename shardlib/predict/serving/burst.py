@@ -102,8 +102,7 @@ def burst_at_scale(model: ModelConfig, storage: Storage, burst_rate_per_s: float
         raise ValueError(f"model must be a ModelConfig (a preset of shardlib.facts.models), got {type(model).__name__}")
     if not isinstance(storage, Storage):
         raise ValueError(f"storage must be a Storage (one of {list(STORAGE)}), got {type(storage).__name__}")
-    positive_number(burst_rate_per_s, "burst_rate_per_s (requests a second)")
-    positive_number(replica_rate_per_s, "replica_rate_per_s (requests a second one replica serves)")
+    warm_replicas_needed(burst_rate_per_s, replica_rate_per_s)  # both rates checked
     whole_number(warm_replicas, "warm_replicas", 0)
     number_at_least(process_start_s, "process_start_s (seconds)")
     number_at_least(first_step_s, "first_step_s (seconds)")

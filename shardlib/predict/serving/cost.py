@@ -15,7 +15,7 @@ Replicas against tp: ``replicas``. Pure: no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardlib.core.checks import whole_number
 from shardlib.core.config import ModelConfig
@@ -29,56 +29,18 @@ ALL_REDUCES_PER_LAYER = 2  # Megatron-LM: after attention and after the MLP
 
 # -- the TP all-reduces of a forward pass -----------------------------------------------------------------
 @dataclass(frozen=True)
-class TPAllReduces:
-    """``count`` all-reduces of ``size_bytes`` each over ``tp`` devices; ``call_latency_s`` and
-    ``call_bandwidth_s`` are one call's two parts (seconds) under the latency charge it was priced with."""
-
-    tp: int
-    count: int
-    size_bytes: float
-    call_latency_s: float
-    call_bandwidth_s: float
-
-    @property
-    def latency_s(self) -> float:
-        return self.count * self.call_latency_s
-
-    @property
-    def bandwidth_s(self) -> float:
-        return self.count * self.call_bandwidth_s
-
-    @property
-    def total_s(self) -> float:
-        """Every call, one after another: ``count x (latency + bytes / bandwidth)``."""
-        return self.count * (self.call_latency_s + self.call_bandwidth_s)
-
-
-def tp_all_reduces(model: ModelConfig, tp: int, link: Link, tokens: float, layers: int | None = None,
-                   latency_charge: str = "per_call", per_layer: int = ALL_REDUCES_PER_LAYER) -> TPAllReduces:
-    """The TP all-reduces of ``layers`` layers (all of the model's by default) in a forward pass of
-    ``tokens`` tokens: ``per_layer`` per layer, each of ``tokens x d_model`` values of
-    ``model.bytes_per_param`` bytes (``tokens`` may be a fraction: a microbatch's share of a batch)."""
-    layers = model.n_layers if layers is None else layers
-    size_bytes = tokens * model.d_model * model.bytes_per_param  # (tokens, d_model) activations
-    if tp == 1:
-        return TPAllReduces(tp, 0, size_bytes, 0.0, 0.0)
-    latency, bandwidth = collective_terms_s("all_reduce", size_bytes, tp, link, latency_charge)
-    return TPAllReduces(tp, per_layer * layers, size_bytes, latency, bandwidth)
-
-
-# -- tensor parallelism: decode vs prefill ---------------------------------------------------------------
-@dataclass(frozen=True)
 class PhaseCost:
-    """The tensor-parallel communication of one forward pass of ``tokens`` tokens: ``collectives``
-    all-reduces of ``size_bytes`` each, split into the latency and the bandwidth part."""
+    """The tensor-parallel communication of a forward pass of ``tokens`` tokens: ``collectives``
+    all-reduces of ``size_bytes`` each over ``tp`` devices, split into the latency and the bandwidth part
+    (seconds, every call one after another)."""
 
     phase: str
     model: str
     link: str
     tp: int
-    tokens: int
+    tokens: float
     collectives: int
-    size_bytes: int
+    size_bytes: float
     latency_s: float
     bandwidth_s: float
 
@@ -94,15 +56,28 @@ class PhaseCost:
         return "latency" if self.latency_s >= self.bandwidth_s else "bandwidth"
 
 
+def tp_all_reduces(model: ModelConfig, tp: int, link: Link, tokens: float, layers: int | None = None,
+                   latency_charge: str = "per_call", per_layer: int = ALL_REDUCES_PER_LAYER,
+                   phase: str = "forward") -> PhaseCost:
+    """The TP all-reduces of ``layers`` layers (all of the model's by default) in a forward pass of
+    ``tokens`` tokens: ``per_layer`` per layer, each of ``tokens x d_model`` values of
+    ``model.bytes_per_param`` bytes (``tokens`` may be a fraction: a microbatch's share of a batch)."""
+    layers = model.n_layers if layers is None else layers
+    size_bytes = tokens * model.d_model * model.bytes_per_param  # (tokens, d_model) activations
+    count = 0 if tp == 1 else per_layer * layers
+    latency, bandwidth = collective_terms_s("all_reduce", size_bytes, tp, link, latency_charge) if count else (0.0, 0.0)
+    return PhaseCost(phase, model.name, link.name, tp, tokens, count, size_bytes, count * latency, count * bandwidth)
+
+
+# -- tensor parallelism: decode vs prefill ---------------------------------------------------------------
 def tp_forward_cost(model: ModelConfig, tp: int, link, tokens: int, phase: str = "forward",
                     latency_charge: str = "per_call") -> PhaseCost:
     """A whole forward pass of ``tokens`` tokens: ``tp_all_reduces`` over every layer."""
     whole_number(tp, "tp")
     check_tensor_parallel(model, tp, copy_kv_heads=True)  # a formula: KV heads copied past the wall are allowed
-    tokens = whole_number(tokens, "tokens")
-    reduces = tp_all_reduces(model, tp, link, tokens, latency_charge=latency_charge)
-    return PhaseCost(phase, model.name, link.name, tp, tokens, reduces.count, int(reduces.size_bytes),
-                     reduces.latency_s, reduces.bandwidth_s)
+    reduces = tp_all_reduces(model, tp, link, whole_number(tokens, "tokens"), latency_charge=latency_charge,
+                             phase=phase)
+    return replace(reduces, size_bytes=int(reduces.size_bytes))
 
 
 def tp_decode_cost(model: ModelConfig, tp: int, link, batch: int = 1,

@@ -16,7 +16,7 @@ overlaps communication with compute. Pure: no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout
@@ -61,7 +61,7 @@ def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, t
     all-to-alls (dispatch and combine per layer)."""
     reduces = tp_all_reduces(model, layout.tp, tp_link, tokens, layers, cluster.latency_charge,
                              per_layer=1 if layout.ep > 1 else ALL_REDUCES_PER_LAYER)
-    seconds, count = reduces.total_s, reduces.count
+    seconds, count = reduces.total_s, reduces.collectives
     if layout.ep > 1:
         n = 2 * layers
         seconds += n * ep_all_to_all(model, cluster, layout, tokens).seconds
@@ -127,11 +127,6 @@ class Score:
     first_token_s: float  # one prompt alone through the layout
     tp_link: str
     notes: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = field(default=(), compare=False)
-
-    @property
-    def decode_latency_s(self) -> float:
-        return self.decode_step_s
 
     @property
     def trip_s(self) -> float:

@@ -19,8 +19,8 @@ import torch
 
 from shardlib.core.checks import number_at_least
 from shardlib.core.serving.loop import run_engine
-from shardlib.core.serving.requests import percentile, request_metrics
 from shardlib.predict.alpha_beta import all_reduce_s
+from shardlib.predict.serving.goodput import percentile, request_metrics
 
 PAPER_CONTIGUOUS_UTILIZATION = (0.204, 0.382)  # Kwon et al. 2023, Figure 2: KV memory holding token states
 

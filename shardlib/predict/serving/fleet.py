@@ -1,22 +1,57 @@
 """Replicas behind a router predicted: the routing replayed, each replica's engine on the fitted step cost.
 
-``simulate_replicas`` routes the trace with the very ``Router`` a run uses (``router.route_trace``), then
-replays each replica's share on its own clock with the engine's scheduler (``engine.predict.
+``route_trace`` replays a trace through a ``Router`` on a simple finish model (a request holds its replica
+until it finishes). ``simulate_replicas`` routes the trace with the very ``Router`` a run uses, then
+replays each replica's share on its own clock with the engine's scheduler (``engine.
 simulate_serving``, one ``StepCost`` for every replica). The router's loads depend on when requests
 finish, and that on the routing: the replay starts from "nothing finishes" and routes again with each
 request's predicted finish until the routes stop changing (a few rounds). The real router sees reports
 a step old; the replay sees its own predicted finishes at once. Returns per request its token times, so
-TTFT p50/p90 and throughput come from ``engine.predict.figures``, and the prefix hit rate of each
+TTFT p50/p90 and throughput come from ``engine.figures``, and the prefix hit rate of each
 replica's cache. Pure: torch for the replay's stand-in logits, no ranks.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
-from shardlib.core.checks import whole_number
-from shardlib.core.serving.router import make_router, route_trace
+from shardlib.core.checks import number_at_least, whole_number
+from shardlib.core.serving.requests import Request
+from shardlib.core.serving.router import ReplicaLoad, Router, make_router
 from shardlib.predict.serving.engine import PredictedServing, StepCost, figures, simulate_serving
+
+
+def route_trace(router: Router, requests, n_replicas: int, finish: Callable[[Request], float] | None = None,
+                kv_blocks_total: int = 64) -> list[int]:
+    """Each request's replica, in the order given, when ``router`` routes ``requests`` in arrival order
+    (ties by position). The loads it sees: a request holds its replica from its arrival until
+    ``finish(request)`` seconds later (``None``: until the trace ends), counting one in ``queued`` and the
+    blocks of its prompt and outputs in ``kv_blocks_used`` (no sharing counted; at most
+    ``kv_blocks_total``). The router is used as given: pass a fresh one."""
+    requests = list(requests)
+    if not all(isinstance(r, Request) for r in requests):
+        raise ValueError("route_trace takes Requests (core.serving.requests.Request)")
+    whole_number(n_replicas, "n_replicas")
+    whole_number(kv_blocks_total, "kv_blocks_total (KV blocks per replica)")
+    if router.replicas != n_replicas:
+        raise ValueError(f"the router routes over {router.replicas} replicas, the trace asks for {n_replicas}")
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
+    holding: list[list[tuple[float, int]]] = [[] for _ in range(n_replicas)]  # per replica: (until_s, blocks)
+    out = [0] * len(requests)
+    for i in order:
+        r = requests[i]
+        for h in holding:
+            h[:] = [(until, b) for until, b in h if until > r.arrival_s]
+        loads = [ReplicaLoad(k, len(h), min(kv_blocks_total, sum(b for _, b in h)), kv_blocks_total)
+                 for k, h in enumerate(holding)]
+        k = router.choose(r, loads)
+        router.routed(r, k)
+        until = math.inf if finish is None else r.arrival_s + number_at_least(finish(r), "finish(request) (seconds)")
+        holding[k].append((until, -(-r.total_tokens // router.block_size)))
+        out[i] = k
+    return out
 
 
 @dataclass(frozen=True)

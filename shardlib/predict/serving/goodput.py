@@ -1,4 +1,5 @@
-"""Goodput: how many requests a second a deployment serves within its latency objectives.
+"""A request's latency (``RequestMetrics``: TTFT, TPOT, end to end, its longest stall), and goodput: how many
+requests a second a deployment serves within its latency objectives.
 
 Zhong et al. 2024 (DistServe): a request meets its service-level objectives when its time to first token
 is within ``ttft_s`` and its time per output token within ``tpot_s``; *SLO attainment* is the share of
@@ -10,10 +11,39 @@ less of the second. A request with one token has no TPOT: it meets that objectiv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from shardlib.core.serving.requests import RequestMetrics
+from shardlib.core.serving.requests import Request
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """One request's times, seconds: ``ttft_s`` (arrival to first token), ``tpot_s`` (mean gap between its
+    later tokens; 0 with one token), ``e2e_s`` (arrival to last token), ``max_gap_s`` (its longest wait
+    between two tokens: a generation stall shows here)."""
+
+    arrival_s: float
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    max_gap_s: float
+    preemptions: int
+
+
+def request_metrics(request: Request, times, preemptions: int = 0) -> RequestMetrics:
+    """A request's metrics from its token times (seconds after the start)."""
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return RequestMetrics(request.arrival_s, times[0] - request.arrival_s,
+                          (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
+                          times[-1] - request.arrival_s, max(gaps, default=0.0), preemptions)
+
+
+def percentile(values, q: float) -> float:
+    """The ``q``-th percentile (0 to 100) of ``values``, nearest rank."""
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
 
 
 @dataclass(frozen=True)

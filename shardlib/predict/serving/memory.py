@@ -1,16 +1,18 @@
 """What a layout needs and whether it may: the workload, memory per GPU, the batch it affords, the rules.
 
 Memory per GPU is the heaviest stage's weights (``shapes.stage_params_per_device``, the training planner's
-too) plus the KV cache of its sequences in flight at the workload's context. A replica's batch, unless the workload
-fixes it, is what the memory its weights leave free holds (``affordable_batch``), up to ``max_batch``
+too) plus the KV cache of its sequences in flight at the workload's context. A replica's batch, unless the
+workload fixes it, is what the memory its weights leave free holds (``affordable_batch``), up to ``max_batch``
 (256: vLLM's default ``max_num_seqs`` on an A100 or a smaller GPU; recent releases allow 1,024 on larger
-ones such as the H100): splitting ``tp`` ways shrinks weights and each sequence's cache per GPU (the
-cache only down to one KV head), so tensor parallelism's freed memory buys batch. Rules:
-whole query heads and whole (or copied) KV heads per tp rank, ``d_ff`` divisible, tp groups inside a
-node, at least a layer per stage, whole experts per ep rank, and memory; each rejection carries its
-numbers. ``kernel_efficiency`` scales the peak the cost model assumes (1.0: the floor). Pure: no torch.
+ones such as the H100): splitting ``tp`` ways shrinks weights and each sequence's cache per GPU (the cache
+only down to one KV head), so tensor parallelism's freed memory buys batch. Rules: whole query heads and
+whole (or copied) KV heads per tp rank, ``d_ff`` divisible, tp groups inside a node, at least a layer per
+stage, whole experts per ep rank, and memory; each rejection carries its numbers. ``kernel_efficiency``
+scales the peak the cost model assumes (1.0: the floor). ``fit_on_gpus``, ``gpus_needed``: does a model fit
+a GPU, with how much room for KV cache. In bf16 a 70B model's 141 GB of weights pass an 80 GB H100 and, by
+a hair, the 141 GB H200; the 180-256 GB class (B200, MI300X, MI325X) holds them, but the room left for the
+KV cache decides how many users one GPU serves. Quantised weights are the other way to fit. Pure: no torch.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from shardlib.core.checks import flag, number_between, whole_number
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout, check_mesh
 from shardlib.core.pipeline.stages import stage_layer_counts
-from shardlib.facts.hardware import Cluster
+from shardlib.facts.hardware import GPU, Cluster
 from shardlib.predict.shapes import (
     Memory,
     attention_params_per_device,
@@ -186,3 +188,58 @@ def active_params_per_gpu(model: ModelConfig, layout: Layout) -> float:
     dense = (model.attention_params_per_layer + 2 * model.d_model + router) / layout.tp
     experts = model.experts_per_token * model.expert_params / (layout.ep if layout.ep > 1 else layout.tp)
     return stage_layers(model, layout.pp) * (dense + experts)
+
+
+# -- does a model fit -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuFit:
+    """``model`` split ``tp`` ways (tensor parallelism; 1: whole) on GPUs of type ``gpu``, per GPU."""
+
+    model: str
+    gpu: str
+    tp: int
+    context_tokens: int
+    weights_bytes: float
+    usable_bytes: float  # the GPU's memory x memory_utilization
+    gpu_bytes: float
+    kv_bytes_per_sequence: float  # one sequence's cache at context_tokens, this GPU's share
+
+    @property
+    def room_bytes(self) -> float:
+        """What the weights leave for KV cache (negative: the weights alone do not fit)."""
+        return self.usable_bytes - self.weights_bytes
+
+    @property
+    def sequences(self) -> int:
+        """Sequences of ``context_tokens`` whose KV cache fits beside the weights."""
+        return max(0, int(self.room_bytes // self.kv_bytes_per_sequence)) if self.room_bytes > 0 else 0
+
+    @property
+    def fits(self) -> bool:
+        """The weights and at least one sequence's cache fit."""
+        return self.sequences >= 1
+
+
+def fit_on_gpus(model: ModelConfig, gpu: GPU, tp: int = 1, context_tokens: int = 4096,
+                memory_utilization: float = 0.9) -> GpuFit:
+    """How ``model`` split ``tp`` ways sits in each ``gpu``: weights, room, sequences of ``context_tokens``."""
+    whole_number(tp, "tp")
+    whole_number(context_tokens, "context_tokens")
+    number_between(memory_utilization, "memory_utilization", 0.01, 1.0)
+    layout = Layout(tp, 1)
+    return GpuFit(model.name, gpu.name, tp, context_tokens, weights_per_gpu(model, layout),
+                  gpu.memory_bytes * memory_utilization, gpu.memory_bytes,
+                  kv_bytes_per_sequence(model, layout, context_tokens))
+
+
+def gpus_needed(model: ModelConfig, gpu: GPU, context_tokens: int = 4096, sequences: int = 1,
+                memory_utilization: float = 0.9, max_tp: int = 64) -> int | None:
+    """The fewest GPUs of type ``gpu`` that hold ``model`` and ``sequences`` sequences of
+    ``context_tokens``, split by tensor parallelism at a degree its shapes allow (None: none up to
+    ``max_tp``)."""
+    whole_number(sequences, "sequences")
+    for tp in range(1, whole_number(max_tp, "max_tp") + 1):
+        if not tensor_parallel_problems(model, tp):
+            if fit_on_gpus(model, gpu, tp, context_tokens, memory_utilization).sequences >= sequences:
+                return tp
+    return None

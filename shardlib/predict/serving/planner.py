@@ -4,8 +4,7 @@
 cluster's GPUs (and, for MoE models, every ``ep``), rejects those that break a rule of ``memory`` (with
 the reason), scores the rest with ``decode`` and ranks them: ``"throughput"`` (decode tokens per second
 for the cluster, each replica with the batch its memory affords) or ``"latency"`` (time between two
-tokens of one request). Every ranked score carries its reasons (``reasons``); the plan adds why its
-best beat the runner-up. Pure: no torch.
+tokens of one request). ``ui.serving_reasons`` says why in words. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -18,21 +17,21 @@ from shardlib.core.mesh import Layout, Rejected
 from shardlib.facts.hardware import Cluster
 from shardlib.predict.serving.decode import Score, score
 from shardlib.predict.serving.memory import Workload, layout_problems
-from shardlib.predict.serving.reasons import counterpart_reason, kind, own_reasons
-from shardlib.predict.units import ms
 
 OBJECTIVES = ("throughput", "latency")
 
 
 @dataclass(frozen=True)
 class Plan:
-    model: str
-    cluster: str
+    """The layouts of ``model`` on ``cluster`` for ``workload`` (as given; ``objective_workload`` is the one
+    ranked): the feasible ones best first, the rest with their reasons."""
+
+    model: ModelConfig
+    cluster: Cluster
+    workload: Workload
     objective: str
     ranked: tuple[Score, ...]  # best first
     rejected: tuple[Rejected, ...]
-    reasons: tuple[str, ...] = ()  # why the best won
-    kernel_efficiency: float = 1.0  # the share of peak the times assume (1.0: floors)
 
     @property
     def best(self) -> Score | None:
@@ -59,37 +58,11 @@ def objective_workload(workload: Workload, objective: str) -> Workload:
     return replace(workload, batch=1) if objective == "latency" and not workload.batch else workload
 
 
-def _value(s: Score, objective: str) -> str:
-    return f"{s.tokens_per_s:,.0f} tokens/s" if objective == "throughput" else f"{ms(s.decode_step_s)} per token"
-
-
-def _plan_reasons(objective: str, workload: Workload, ranked: list[Score], cluster: Cluster) -> tuple[str, ...]:
-    if not ranked:
-        return ("no layout fits: every one breaks a rule below",)
-    best = ranked[0]
-    out = []
-    if objective == "latency" and not workload.batch:
-        out.append("ranked by latency with one sequence per replica: what a user waits per token when the server "
-                   "is not busy (fix Workload(batch=...) to rank a loaded server)")
-    if len(ranked) > 1:
-        second = ranked[1]
-        if objective == "throughput":
-            margin = f"{best.tokens_per_s / second.tokens_per_s:.2f}x the tokens of"
-        else:
-            margin = f"{second.decode_step_s / best.decode_step_s:.2f}x faster than"
-        out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), "
-                   f"{_value(best, objective)}, "
-                   f"{margin} the next, {second.layout.label} ({_value(second, objective)})")
-    else:
-        out.append(f"best for {objective}: {best.layout.label}, the only layout that fits")
-    return tuple(out)
-
-
 def plan_serving(model: ModelConfig, cluster: Cluster, workload: Workload | None = None,
                  objective: str = "throughput") -> Plan:
     """Every layout of ``model`` on ``cluster``: the feasible ones ranked by ``objective`` (highest
     decode throughput, or lowest decode latency per token; ties go to the other, then to fewer model
-    splits), each with its reasons, and the rest with theirs. Training layouts are
+    splits), and the rest with their reasons. Training layouts are
     ``predict.training.planner.plan_training``'s."""
     choice(objective, OBJECTIVES, "objective")
     workload = Workload() if workload is None else workload
@@ -104,10 +77,6 @@ def plan_serving(model: ModelConfig, cluster: Cluster, workload: Workload | None
             rejected.append(Rejected(layout, tuple(problems)))
         else:
             scored[layout] = score(model, cluster, layout, work)
-    ranked = []
-    for s in scored.values():
-        extra = counterpart_reason(model, cluster, work, s, scored)
-        ranked.append(replace(s, reasons=own_reasons(model, cluster, work, s) + ((extra,) if extra else ())))
 
     def key(s: Score):
         splits = s.layout.tp * s.layout.pp
@@ -115,6 +84,4 @@ def plan_serving(model: ModelConfig, cluster: Cluster, workload: Workload | None
             return (-round(s.tokens_per_s, 6), s.decode_step_s, splits)
         return (round(s.decode_step_s, 12), -s.tokens_per_s, splits)
 
-    ranked.sort(key=key)
-    return Plan(model.name, cluster.name, objective, tuple(ranked), tuple(rejected),
-                _plan_reasons(objective, workload, ranked, cluster), workload.kernel_efficiency)
+    return Plan(model, cluster, workload, objective, tuple(sorted(scored.values(), key=key)), tuple(rejected))

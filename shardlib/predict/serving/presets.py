@@ -1,15 +1,15 @@
 """The KV hand-off for real models: bytes per request, and the link a request rate needs between pools.
 
 With prefill and decode on separate pools (Zhong et al. 2024, DistServe; Patel et al. 2024, Splitwise),
-each request's KV cache (``shapes.kv_cache_bytes``) crosses from a prefill rank to a decode rank once its
-prompt is computed; at ``R`` requests a second each rank's link carries its share times ``R``.
+each request's KV cache (``kv_bytes_per_rank`` on each rank) crosses from a prefill rank to a decode rank
+once its prompt is computed; at ``R`` requests a second each rank's link carries its share times ``R``.
 ``handoff_need`` works it out for a ``shardlib.facts.models`` preset, beside real links quoted one way.
 Pure: no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardlib.core.checks import positive_number, whole_number
 from shardlib.core.config import ModelConfig
@@ -21,12 +21,16 @@ REAL_MODELS: tuple[ModelConfig, ...] = (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, L
 HANDOFF_LINKS: tuple[Link, ...] = (NVLINK, PCIE_GEN5, INFINIBAND_400G, ETHERNET_100G)
 
 
-def model_kv_bytes_per_request(model: ModelConfig, prompt_tokens: int, tp: int = 1) -> int:
-    """Bytes one rank of ``tp`` sends to hand off a prompt of ``prompt_tokens`` tokens of ``model`` (its KV
-    cache in the model's dtype, ``bytes_per_param``)."""
+def kv_bytes_per_rank(model: ModelConfig, prompt_tokens: int, tp: int = 1, element_bytes: float | None = None) -> int:
+    """Bytes one rank of a ``tp``-way pool sends to hand off a prompt of ``prompt_tokens`` tokens of ``model``:
+    ``2 x layers x its KV heads x head_dim x element_bytes x prompt_tokens`` (``shapes.kv_cache_bytes``; the
+    KV heads copied when ``tp`` passes their count: one each). ``element_bytes``: the cache's dtype, by
+    default the model's (``bytes_per_param``)."""
     if not isinstance(model, ModelConfig):
         raise ValueError(f"model must be a ModelConfig (a preset of shardlib.facts.models), got {type(model).__name__}")
     check_tensor_parallel(model, tp, copy_kv_heads=True)
+    if element_bytes is not None:
+        model = replace(model, bytes_per_param=positive_number(element_bytes, "element_bytes (bytes a cached value)"))
     return int(kv_cache_bytes(model, whole_number(prompt_tokens, "prompt_tokens (tokens whose K/V are handed off)"),
                               tp=tp))
 
@@ -41,15 +45,14 @@ class HandoffNeed:
     tp: int
     rate_per_s: float
     kv_bytes_per_rank: int  # one rank's share of one request
-    kv_bytes_per_request: int  # every rank together
 
     def __post_init__(self) -> None:
-        whole_number(self.prompt_tokens, "prompt_tokens")
-        whole_number(self.tp, "tp")
         positive_number(self.rate_per_s, "rate_per_s (requests a second)")
-        if self.kv_bytes_per_request != self.kv_bytes_per_rank * self.tp:
-            raise ValueError(f"{self.kv_bytes_per_request} bytes a request must be {self.tp} ranks x "
-                             f"{self.kv_bytes_per_rank} bytes each")
+
+    @property
+    def kv_bytes_per_request(self) -> int:
+        """Every rank together."""
+        return self.kv_bytes_per_rank * self.tp
 
     @property
     def bytes_per_s(self) -> float:
@@ -76,6 +79,4 @@ class HandoffNeed:
 
 def handoff_need(model: ModelConfig, prompt_tokens: int, rate_per_s: float, tp: int = 1) -> HandoffNeed:
     """The hand-off's bytes per request and the bandwidth ``rate_per_s`` requests a second need."""
-    per_rank = model_kv_bytes_per_request(model, prompt_tokens, tp)
-    return HandoffNeed(model.name, prompt_tokens, tp, positive_number(rate_per_s, "rate_per_s (requests a second)"),
-                       per_rank, per_rank * tp)
+    return HandoffNeed(model.name, prompt_tokens, tp, rate_per_s, kv_bytes_per_rank(model, prompt_tokens, tp))

@@ -124,33 +124,25 @@ def _compare(replicas, split, n: int) -> ReplicasVsTensorParallel:
                                        tp_compute_s=max(stage.read_s, stage.compute_s), tp_tokens_per_step=split.batch)
 
 
-def _both_ways(model: ModelConfig, gpu: GPU, n: int, link: Link | None, workload: Workload):
-    """``n`` replicas and one copy at ``tp = n`` on one node of ``n`` GPUs: each way's ``(layout, problem,
-    loaded score, alone score)``, and, when both serve, their pairs loaded and alone (else ``None``)."""
-    cluster = gpu_cluster(gpu, 1, n, intra_link=link)
-    rep = (Layout(1, 1, n), *_loaded_and_alone(model, cluster, Layout(1, 1, n), workload))
-    split = (Layout(n, 1, 1), *_loaded_and_alone(model, cluster, Layout(n, 1, 1), workload))
-    if rep[1] or split[1]:
-        return rep, split, None
-    return rep, split, (_compare(rep[2], split[2], n), _compare(rep[3], split[3], n))
-
-
 def replicas_against_tp(model: ModelConfig, gpu: GPU, n: int, link: Link | None = None,
                         workload: Workload = Workload(), loaded: bool = True) -> ReplicasVsTensorParallel | None:
     """``n`` replicas against one copy split ``tp = n`` ways on one node of ``n`` ``gpu`` s (``link``: the
     GPU's node link unless given), each at the batch free memory affords (``loaded``) or one sequence
     alone; ``None`` when either way cannot serve."""
-    pairs = _both_ways(model, gpu, n, link, workload)[2]
-    return None if pairs is None else pairs[0 if loaded else 1]
+    cluster = gpu_cluster(gpu, 1, n, intra_link=link)
+    _, *rep = _loaded_and_alone(model, cluster, Layout(1, 1, n), workload)
+    _, *split = _loaded_and_alone(model, cluster, Layout(n, 1, 1), workload)
+    if rep[0] is None or split[0] is None:
+        return None
+    return _compare(rep[0], split[0], n) if loaded else _compare(rep[1], split[1], n)
 
 
-def _point(label: str, layout: Layout, problem: str, loaded, alone, step_s=None, step_alone_s=None,
-           tokens_per_s=None) -> ServingPoint:
+def _point(label: str, model: ModelConfig, cluster, layout: Layout, workload: Workload) -> ServingPoint:
+    problem, loaded, alone = _loaded_and_alone(model, cluster, layout, workload)
     if problem:
         return ServingPoint(label, layout, problem)
-    return ServingPoint(label, layout, "", loaded.batch, loaded.decode_step_s if step_s is None else step_s,
-                        loaded.tokens_per_s if tokens_per_s is None else tokens_per_s,
-                        alone.decode_step_s if step_alone_s is None else step_alone_s)
+    return ServingPoint(label, layout, "", loaded.batch, loaded.decode_step_s, loaded.tokens_per_s,
+                        alone.decode_step_s)
 
 
 def latency_vs_throughput(model: ModelConfig, gpu: GPU, link: Link | None = None, degrees=(2, 4, 8),
@@ -158,15 +150,10 @@ def latency_vs_throughput(model: ModelConfig, gpu: GPU, link: Link | None = None
     """One GPU alone, then for each ``n`` in ``degrees``: ``n`` replicas and one copy split ``tp = n`` ways,
     on one node of ``n`` ``gpu`` s joined by ``link`` (the GPU's own node link unless given). The batch
     is sized from free memory unless ``workload`` fixes it. Where both ways serve, their latencies and
-    tokens per second are those of ``replicas_vs_tensor_parallel`` (see the module docstring)."""
-    out = [_point("1 GPU", Layout(1, 1), *_loaded_and_alone(model, gpu_cluster(gpu, 1, 1), Layout(1, 1), workload))]
+    tokens per second are those of ``replicas_against_tp`` (see the module docstring)."""
+    out = [_point("1 GPU", model, gpu_cluster(gpu, 1, 1), Layout(1, 1), workload)]
     for n in degrees:
-        rep, split, pairs = _both_ways(model, gpu, n, link, workload)
-        if pairs is None:
-            out += [_point(f"{n} replicas", *rep), _point(f"tp = {n}", *split)]
-            continue
-        loaded, alone = pairs
-        out.append(_point(f"{n} replicas", *rep, loaded.replica_step_s, alone.replica_step_s,
-                          loaded.replicas_tokens_per_s))
-        out.append(_point(f"tp = {n}", *split, loaded.tp_step_s, alone.tp_step_s, loaded.tp_tokens_per_s))
+        cluster = gpu_cluster(gpu, 1, n, intra_link=link)
+        out += [_point(f"{n} replicas", model, cluster, Layout(1, 1, n), workload),
+                _point(f"tp = {n}", model, cluster, Layout(n, 1, 1), workload)]
     return tuple(out)

@@ -5,6 +5,8 @@
   (``axis_link``, ``hop_links``). A collective whose group crosses nodes is priced as one ring at the
   network's rate: the plain model. NCCL's hierarchical and multi-NIC algorithms do better for large
   messages on nodes with one network port per GPU; on nodes that share fewer ports they do worse.
+  ``kind`` names how a layout sits on the nodes; ``counterpart`` is the same GPUs per copy cut the
+  other way across them.
 * **Traffic**: ``forward_traffic`` is the collectives one forward pass issues per mesh axis: the
   prediction that the combined run on ranks (``drivers.run_combined``) must match call for call and
   byte for byte.
@@ -41,8 +43,7 @@ def hop_links(layout: Layout, cluster: Cluster) -> list[Link]:
 
 def return_link(layout: Layout, cluster: Cluster) -> Link:
     """The link a sampled token takes from the last stage back to the first, to start its next step."""
-    pairs = [(layout.rank(0, d, 0), layout.rank(layout.pp - 1, d, 0)) for d in range(layout.dp)]
-    return cluster.inter_link if any(crosses_nodes(cluster, p) for p in pairs) else cluster.intra_link
+    return axis_link(cluster, [(layout.rank(0, d, 0), layout.rank(layout.pp - 1, d, 0)) for d in range(layout.dp)])
 
 
 def axis_link(cluster: Cluster, groups) -> Link:
@@ -55,6 +56,36 @@ def pipeline_crosses_nodes(layout: Layout, cluster: Cluster) -> bool:
 
 def tp_crosses_nodes(layout: Layout, cluster: Cluster) -> bool:
     return any(crosses_nodes(cluster, g) for g in layout.tp_groups())
+
+
+TP_ACROSS = "TP across nodes"
+PP_ACROSS = "TP inside node + PP across nodes"
+
+
+def kind(layout: Layout, cluster: Cluster) -> str:
+    """How ``layout`` sits on ``cluster``'s nodes, in words."""
+    if tp_crosses_nodes(layout, cluster):
+        return TP_ACROSS
+    if pipeline_crosses_nodes(layout, cluster):
+        return PP_ACROSS if layout.tp > 1 else "PP across nodes"
+    if layout.pp > 1:
+        return "TP and PP inside a node" if layout.tp > 1 else "PP inside a node"
+    return "TP inside a node" if layout.tp > 1 else "a whole copy per GPU"
+
+
+def counterpart(layout: Layout, cluster: Cluster) -> Layout | None:
+    """The same GPUs per copy cut the other way across nodes. For a pipeline that crosses nodes: the
+    fewest of its stages merged into a tensor-parallel group that crosses them (tp = 8, pp = 4 on 8-GPU
+    nodes: tp = 16, pp = 2). For a tp that crosses nodes: a node-wide tp, the rest as stages."""
+    g = cluster.gpus_per_node
+    if tp_crosses_nodes(layout, cluster):
+        return Layout(g, layout.pp * layout.tp // g, layout.dp, layout.ep) if layout.tp % g == 0 else None
+    if pipeline_crosses_nodes(layout, cluster):
+        for k in range(2, layout.pp + 1):
+            other = Layout(layout.tp * k, layout.pp // k, layout.dp, layout.ep)
+            if layout.pp % k == 0 and tp_crosses_nodes(other, cluster):
+                return other
+    return None
 
 
 # -- traffic: what one forward pass sends, per mesh axis (the combined run on ranks checks this) --------

@@ -22,10 +22,8 @@ INDEX_BYTES, MASK_BYTES = 8, 1  # token ids (int64) and masks (bool) autograd ke
 def layer_params(config, tp: int) -> int:
     """One block's parameters on one tp rank: Q, K, V, O and the gated MLP, split ``tp`` ways (with experts:
     the attention only; ``moe_units`` counts the router and the experts)."""
-    hd = config.d_model // config.n_heads
-    attention = config.d_model * hd * (2 * config.n_heads + 2 * config.n_kv_heads)
-    mlp = 0 if config.n_experts > 1 else 3 * config.d_model * config.d_ff
-    return (attention + mlp) // tp
+    model = config.model
+    return (model.attention_params_per_layer + (0 if model.is_moe else model.expert_params)) // tp
 
 
 def moe_units(config, layout, chunks) -> tuple[tuple[list[int], int], ...]:
@@ -34,13 +32,15 @@ def moe_units(config, layout, chunks) -> tuple[tuple[list[int], int], ...]:
     dense = [u for lay, f, la in chunks for u in chunk_units(config, layout, len(lay), f, la)]
     layers = sum(len(lay) for lay, _, _ in chunks)
     per_stage = layout.tp * layout.dp * layout.cp
-    experts = config.n_experts // layout.ep * 3 * config.d_model * config.d_ff
+    experts = config.n_experts // layout.ep * config.model.expert_params
     return ((dense, layout.dp * layout.cp), ([config.n_experts * config.d_model] * layers, per_stage),
             ([experts] * layers, per_stage // layout.ep))
 
 
 def _states(units: list[int], strategy: str, n: int, e: int) -> dict:
-    """Weights, gradients and AdamW's state of one bucket of ``units`` sharded over ``n`` ranks."""
+    """Weights, gradients and AdamW's state of one bucket of ``units`` over ``n`` ranks: the model's weights (the
+    bucket, its padding of fewer than ``n`` elements left out; the shard AdamW updates is a view of it, as in
+    notebook 08); DDP and ZeRO-1 keep the whole gradient, ZeRO-2 its shard's."""
     p = sum(units)
     shard = padded(p, n) // n
     if strategy == "ddp":
@@ -107,8 +107,6 @@ def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
     for rank in range(layout.world_size):
         schedule, chunks = rank_chunks(config, layout, stage_layers, layout.position(rank).stage)
         units = [u for layers, first, last in chunks for u in chunk_units(config, layout, len(layers), first, last)]
-        p = sum(units)
-        shard = padded(p, n) // n
         acts = peak_in_flight_bytes(schedule, layout.position(rank).stage,
                                     [activation_bytes(config, layout, len(lay), f, la) for lay, f, la in chunks])
         row = {"activations": acts, "transient": 0}
@@ -116,17 +114,12 @@ def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
             parts = [_states(u, layout.dp_strategy, g, e) for u, g in moe_units(config, layout, chunks)]
             row.update({k: sum(part[k] for part in parts) for k in ("weights", "gradients", "optimizer")},
                        activations=None)
-        elif layout.dp_strategy == "ddp":
-            row.update(weights=p * e, gradients=p * e, optimizer=2 * p * e)
-        elif layout.dp_strategy in ("zero1", "zero2"):
-            # the model's weights (the bucket, its padding of fewer than n elements left out; the shard AdamW
-            # updates is a view of it, as in notebook 08); ZeRO-1 keeps the whole gradient, ZeRO-2 its shard's
-            grads = p if layout.dp_strategy == "zero1" else shard
-            row.update(weights=p * e, gradients=grads * e, optimizer=2 * shard * e)
-        else:
+        elif layout.dp_strategy == "zero3":
             owned = sum(padded(u, n) // n for u in units)
             row.update(weights=owned * e, gradients=owned * e, optimizer=2 * owned * e,
                        transient=max(padded(u, n) for u in units) * e)
+        else:
+            row.update(_states(units, layout.dp_strategy, n, e))
         out.append({k: row[k] for k in KEYS})
     return tuple(out)
 

@@ -52,11 +52,6 @@ class TrainingMemory:
         return self.states_bytes + self.activations_bytes + self.ends_bytes + self.gathered_bytes
 
 
-def layers_of(n_layers: int, pp: int, stage: int, lighter_ends: bool = False) -> int:
-    """Layers of ``stage`` (``stage_layer_counts``; the ends a layer lighter with ``lighter_ends``)."""
-    return stage_layer_counts(n_layers, pp, end_layers=int(lighter_ends))[stage]
-
-
 def check_expert_layout(model: ModelConfig, layout: Layout) -> None:
     """A ValueError in the learner's terms when ``layout.ep`` cannot spread ``model``'s experts: a dense
     model, an ep that does not divide the experts, or one that does not divide a stage's ranks."""
@@ -81,16 +76,6 @@ def expert_dp(layout: Layout) -> int:
     return layout.tp * layout.dp * layout.cp // layout.ep if layout.ep > 1 else layout.dp * layout.cp
 
 
-def stage_expert_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
-    """Expert parameters one GPU of ``stage`` holds when ``ep > 1``: ``n_experts / ep`` whole experts per
-    layer of the stage (0 with ``ep = 1``: the experts are then split by tp like a dense MLP)."""
-    if layout.ep == 1:
-        return 0.0
-    check_expert_layout(model, layout)
-    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
-    return layers * model.n_experts // layout.ep * model.expert_params
-
-
 def stage_params(model: ModelConfig, layout: Layout, stage: int, lighter_ends: bool = False) -> float:
     """Parameters one GPU of ``stage`` holds (``shapes.stage_params_per_device``, the serving planner's too)."""
     check_expert_layout(model, layout)
@@ -112,7 +97,7 @@ def in_flight(stage: int, pp: int, n_microbatches: int, schedule: str = "1f1b", 
 def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: int, n_microbatches: int,
                     recompute: str = "selective", sequence_parallel: bool = True, stage: int = 0,
                     state_bytes: Mapping[str, float] = STATE_BYTES_MEGATRON, schedule: str = "1f1b",
-                    chunks: int = 2, activation_bytes_per_value: int = 2, lighter_ends: bool = False) -> TrainingMemory:
+                    chunks: int = 2, lighter_ends: bool = False) -> TrainingMemory:
     """Bytes on one GPU of ``stage`` of ``layout`` training ``model`` (the module docstring's rules)."""
     seq, b = whole_number(seq, "seq"), whole_number(microbatch, "microbatch")
     if seq % layout.cp:
@@ -120,18 +105,17 @@ def training_memory(model: ModelConfig, layout: Layout, seq: int, microbatch: in
     if not 0 <= stage < layout.pp:
         raise ValueError(f"stage {stage} is not one of the {layout.pp} stages (0 to {layout.pp - 1})")
     sp = sequence_parallel and layout.tp > 1
-    check_expert_layout(model, layout)
+    layers = stage_layer_counts(model.n_layers, layout.pp, end_layers=int(lighter_ends))[stage]
     params = stage_params(model, layout, stage, lighter_ends)
-    experts = stage_expert_params(model, layout, stage, lighter_ends)
+    # ep > 1: n_experts / ep whole experts per layer, kept by the expert-data-parallel ranks (ep = 1: split by tp)
+    experts = layers * model.n_experts // layout.ep * model.expert_params if layout.ep > 1 else 0.0
     states = memory_per_rank(params - experts, layout.dp_strategy, layout.dp * layout.cp, state_bytes)
     if experts:
         kept = memory_per_rank(experts, layout.dp_strategy, expert_dp(layout), state_bytes)
         states = {key: states[key] + kept[key] for key in states}
-    layers = layers_of(model.n_layers, layout.pp, stage, lighter_ends)
     tokens = seq // layout.cp
     held = in_flight(stage, layout.pp, n_microbatches, schedule, chunks)
-    per_layer = layer_activation_bytes(model, tokens, b, recompute, layout.tp, sp) * activation_bytes_per_value / 2
-    activations = layers * per_layer * held
+    activations = layers * layer_activation_bytes(model, tokens, b, recompute, layout.tp, sp) * held
     t, sbh = layout.tp, tokens * b * model.d_model
     ends = 0.0
     if stage == 0:

@@ -24,7 +24,7 @@ from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import Cluster
 from shardlib.predict.shapes import tensor_parallel_problems
-from shardlib.predict.training.memory import TrainingMemory, expert_dp, peak_training_memory
+from shardlib.predict.training.memory import TrainingMemory, expert_dp
 from shardlib.predict.training.time_model import TrainingScore, TrainingWorkload, score_training
 from shardlib.predict.units import gb, seconds
 
@@ -46,7 +46,6 @@ class TrainingPlan:
     rejected: tuple[Rejected, ...]
     pruned: tuple[str, ...]
     reasons: tuple[str, ...] = ()
-    objective: str = "training"
 
     @property
     def best(self) -> TrainingScore | None:
@@ -119,9 +118,7 @@ def best_configuration(model: ModelConfig, cluster: Cluster, layout: Layout,
         if per_replica % b:
             continue
         for rec in w.recompute:
-            mem = peak_training_memory(model, layout, w.sequence_tokens, b, per_replica // b, recompute=rec,
-                                       sequence_parallel=w.sequence_parallel, state_bytes=w.state_bytes,
-                                       schedule=w.schedule, chunks=w.chunks, lighter_ends=w.lighter_ends)
+            mem = w.memory(model, layout, b, per_replica // b, rec)
             if mem.total_bytes > usable:
                 if tightest is None or mem.total_bytes < tightest[0].total_bytes:
                     tightest = (mem, b, rec)
@@ -156,7 +153,7 @@ def own_reasons(s: TrainingScore, cluster: Cluster, workload: TrainingWorkload) 
     experts = (f"; {mem.expert_params / 1e9:.2f} B expert parameters, {lay.ep}-way expert parallel, each expert "
                f"kept by {expert_dp(lay)} ranks" if lay.ep > 1 else "")
     memory = (f"memory: {gb(mem.total_bytes)} of {gb(workload.usable_bytes(cluster))} usable on stage {mem.stage}: "
-              f"{gb(mem.states_bytes)} of states ({workload.convention} bytes per parameter, {lay.dp_strategy} over "
+              f"{gb(mem.states_bytes)} of states (Megatron-LM's 18 bytes per parameter, {lay.dp_strategy} over "
               f"dp x cp = {lay.dp * lay.cp}{experts}), {gb(mem.activations_bytes + mem.ends_bytes)} of activations "
               f"({mem.in_flight:g} microbatch{'' if mem.in_flight == 1 else 'es'} of {s.microbatch} x "
               f"{workload.sequence_tokens // lay.cp:,} tokens in flight, {s.recompute} recomputation{sp})")

@@ -24,7 +24,7 @@ from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import LATENCY_CHARGES, Cluster, Link
 from shardlib.predict.alpha_beta import collective_time_s, point_to_point_s
-from shardlib.predict.data_parallel import RECOMPUTE, STATE_BYTES_MEGATRON, STATE_BYTES_MIXED
+from shardlib.predict.data_parallel import RECOMPUTE
 from shardlib.predict.experts import ep_group_nodes, expert_all_to_all
 from shardlib.predict.pipeline import stage_imbalance
 from shardlib.predict.training.memory import (
@@ -34,16 +34,14 @@ from shardlib.predict.training.memory import (
     peak_training_memory,
 )
 
-CONVENTIONS = {"megatron": STATE_BYTES_MEGATRON, "zero": STATE_BYTES_MIXED}
-
 
 @dataclass(frozen=True)
 class TrainingWorkload:
     """What is trained, and what the planner may choose. Sequences of ``sequence_tokens``, ``global_batch_tokens``
     a step (whole sequences); at most ``memory_utilization`` of each GPU for states and activations; the
     ``recompute``, ``microbatch_sizes``, ``dp_strategies`` to try; the registry's ``schedule`` ("1f1b" or
-    "interleaved-1f1b" with ``chunks`` per GPU); bytes per parameter by ``convention`` ("megatron" 2 + 4 + 12,
-    "zero" 2 + 2 + 12); ``kernel_efficiency``, the share of BF16 peak kernels reach (0.5; large matmuls reach
+    "interleaved-1f1b" with ``chunks`` per GPU); states at Megatron-LM's 2 + 4 + 12 bytes per parameter
+    (``memory``); ``kernel_efficiency``, the share of BF16 peak kernels reach (0.5; large matmuls reach
     0.6 to 0.75). ``min_ring_slice_tokens``: the shortest ring slice cp may cut (small shapes starve kernels;
     Llama 3 used no cp at 8K, 16 at 128K). ``comm_bytes_per_value``: bytes a collective moves per value.
     ``optimizer_bytes_per_param``: AdamW's traffic per updated parameter at memory bandwidth (0: none).
@@ -61,7 +59,6 @@ class TrainingWorkload:
     schedule: str = "1f1b"
     chunks: int = 2
     sequence_parallel: bool = True
-    convention: str = "megatron"
     kernel_efficiency: float = 0.5
     min_ring_slice_tokens: int = 4096
     comm_bytes_per_value: float = 2.0
@@ -93,16 +90,12 @@ class TrainingWorkload:
             whole_number(b, "a microbatch size (sequences per microbatch)")
         choice(self.schedule, MEGATRON_SCHEDULES, "schedule")
         whole_number(self.chunks, "chunks (model chunks per GPU, interleaved schedule)")
-        flag(self.sequence_parallel, "sequence_parallel")
-        choice(self.convention, tuple(CONVENTIONS), "convention (bytes per parameter)")
         number_between(self.kernel_efficiency, "kernel_efficiency (the share of peak FLOPs kernels reach)", 0.05, 1.0)
         whole_number(self.min_ring_slice_tokens, "min_ring_slice_tokens (the shortest slice cp may cut)")
         number_between(self.comm_bytes_per_value, "comm_bytes_per_value (bytes per value on the wire)", 0.5, 8.0)
         number_between(self.optimizer_bytes_per_param, "optimizer_bytes_per_param", 0.0, 1e3)
-        flag(self.dp_overlap, "dp_overlap")
-        flag(self.comm_in_bubble, "comm_in_bubble")
-        flag(self.lighter_ends, "lighter_ends")
-        flag(self.ep_overlap, "ep_overlap")
+        for name in ("sequence_parallel", "dp_overlap", "comm_in_bubble", "lighter_ends", "ep_overlap"):
+            flag(getattr(self, name), name)
         choice(self.latency_charge, LATENCY_CHARGES, "latency_charge")
 
     @property
@@ -110,12 +103,15 @@ class TrainingWorkload:
         """Sequences per optimizer step."""
         return self.global_batch_tokens // self.sequence_tokens
 
-    @property
-    def state_bytes(self) -> dict[str, float]:
-        return CONVENTIONS[self.convention]
-
     def usable_bytes(self, cluster: Cluster) -> float:
         return cluster.memory_per_gpu_bytes * self.memory_utilization
+
+    def memory(self, model: ModelConfig, layout: Layout, microbatch: int, n_microbatches: int,
+               recompute: str) -> TrainingMemory:
+        """The fullest stage's bytes per GPU (``peak_training_memory``) under this workload's settings."""
+        return peak_training_memory(model, layout, self.sequence_tokens, microbatch, n_microbatches,
+                                    recompute=recompute, sequence_parallel=self.sequence_parallel,
+                                    schedule=self.schedule, chunks=self.chunks, lighter_ends=self.lighter_ends)
 
 
 @dataclass(frozen=True)
@@ -211,10 +207,7 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     s, b = w.sequence_tokens, microbatch
     m = w.sequences // (lay.dp * b)
     n = lay.world_size
-    if memory is None:
-        memory = peak_training_memory(model, lay, s, b, m, recompute=recompute, sequence_parallel=w.sequence_parallel,
-                                      state_bytes=w.state_bytes, schedule=w.schedule, chunks=w.chunks,
-                                      lighter_ends=w.lighter_ends)
+    memory = memory or w.memory(model, lay, b, m, recompute)
     links = axis_links(cluster, lay)
     rate = cluster.peak_flops_per_s * w.kernel_efficiency
     layers = max(stage_layer_counts(model.n_layers, lay.pp, end_layers=int(w.lighter_ends)))
@@ -225,9 +218,9 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     vb = w.comm_bytes_per_value
     act = s // lay.cp * b * model.d_model * vb  # one microbatch's layer input, whole
     charge = w.latency_charge
+    passes = 3 if recompute == "full" else 2  # forward, backward, and the recomputed forward
     tp = 0.0
     if lay.tp > 1:
-        passes = 3 if recompute == "full" else 2
         if w.sequence_parallel:
             one = (collective_time_s("all_gather", act, lay.tp, links["tp"], charge)
                    + collective_time_s("reduce_scatter", act, lay.tp, links["tp"], charge))
@@ -272,7 +265,6 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
         pp = 2 * (lay.pp - 1) * point_to_point_s(hop, links["pp"])
     ep = 0.0
     if lay.ep > 1:
-        passes = 3 if recompute == "full" else 2  # forward, backward, and the recomputed forward
         layer = 2 * passes * ep_all_to_all_s(model, cluster, lay, w, b)  # dispatch and combine, one layer
         ep = layers * m * (max(0.0, layer - per_mb / layers) if w.ep_overlap else layer)
     shards = (1, 1) if lay.dp_strategy == "ddp" else (ranks, edp)  # ZeRO: each rank updates its shard

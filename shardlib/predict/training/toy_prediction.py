@@ -1,13 +1,7 @@
 """The toy's training step in the training planner's time model (no second model: the planner's, with the
-toy's settings as arguments): the layouts, one global batch for all, the prediction term by term;
-Spearman's rank correlation. Pure: numbers in, numbers out.
-
-* ``LAYOUTS_4``, ``SINGLE_AXIS_4``, ``RANKED_4``, ``STEP_TIME_CONFIG``: what ``step_time`` trains and times by default.
-* ``step_config``: a layout's ``TrainingConfig`` at a global batch every layout shares (``m`` set).
-* ``TOY_TIME_SETTINGS``, ``toy_config_settings``: where the toy's step differs from the planner's defaults,
-  listed once; ``step_workload``, ``predict_step``: ``predict.training.time_model.score_training`` with them.
-* ``spearman``, ``average_ranks``: the rank correlation, tied values sharing their average rank;
-  ``chance_of_correlation``, ``floor_for_chance``: how often a random order reaches it.
+toy's settings, ``TOY_TIME_SETTINGS``, listed once): the layouts ``step_time`` trains, one global batch for
+all (``step_config``), the prediction term by term (``predict_step``); Spearman's rank correlation, tied
+values sharing their average rank, and how often a random order reaches it. Pure: numbers in, numbers out.
 """
 
 from __future__ import annotations

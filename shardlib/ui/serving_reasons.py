@@ -1,11 +1,11 @@
-"""The planner's reasons, in words a learner reads: what set the batch, where a token's time goes, and
-how a layout that crosses nodes with its pipeline compares with the one that crosses them with tensor
-parallelism (the same GPUs per copy, cut the other way), which won and by how much.
+"""The serving planner's reasons, in words a learner reads: what set a layout's batch, where a token's time
+goes, how a layout that crosses nodes with its pipeline compares with the one that crosses them with tensor
+parallelism (the same GPUs per copy, cut the other way, ``traffic.counterpart``), and why the best won.
 
 A pipeline across nodes sends one small message per stage boundary over the slow link but runs its
 stages one after another; tensor parallelism across nodes splits every weight read over all the GPUs
 but pays two all-reduces per layer over the slow link. Which wins is a matter of numbers (notebook 05
-shows both). Pure: no torch; numbers in, sentences out.
+shows both). Numbers in (a ``Plan``), sentences out.
 """
 
 from __future__ import annotations
@@ -17,41 +17,21 @@ from shardlib.core.mesh import Layout
 from shardlib.facts.hardware import Cluster
 from shardlib.predict.serving.decode import Score, ep_all_to_all, score
 from shardlib.predict.serving.memory import Workload, kv_bytes_per_sequence, layout_problems
-from shardlib.predict.serving.traffic import pipeline_crosses_nodes, tp_crosses_nodes
+from shardlib.predict.serving.planner import Plan, objective_workload
+from shardlib.predict.serving.traffic import counterpart, kind, tp_crosses_nodes
 from shardlib.predict.units import gb, ms
-
-TP_ACROSS = "TP across nodes"
-PP_ACROSS = "TP inside node + PP across nodes"
 
 
 def _count(x: float) -> str:
     return f"{x:,.0f}" if x == int(x) else f"{x:,.1f}"
 
 
-def kind(layout: Layout, cluster: Cluster) -> str:
-    """How ``layout`` sits on ``cluster``'s nodes, in words."""
-    if tp_crosses_nodes(layout, cluster):
-        return TP_ACROSS
-    if pipeline_crosses_nodes(layout, cluster):
-        return PP_ACROSS if layout.tp > 1 else "PP across nodes"
-    if layout.pp > 1:
-        return "TP and PP inside a node" if layout.tp > 1 else "PP inside a node"
-    return "TP inside a node" if layout.tp > 1 else "a whole copy per GPU"
-
-
-def counterpart(layout: Layout, cluster: Cluster) -> Layout | None:
-    """The same GPUs per copy cut the other way across nodes. For a pipeline that crosses nodes: the
-    fewest of its stages merged into a tensor-parallel group that crosses them (tp = 8, pp = 4 on 8-GPU
-    nodes: tp = 16, pp = 2). For a tp that crosses nodes: a node-wide tp, the rest as stages."""
-    g = cluster.gpus_per_node
-    if tp_crosses_nodes(layout, cluster):
-        return Layout(g, layout.pp * layout.tp // g, layout.dp, layout.ep) if layout.tp % g == 0 else None
-    if pipeline_crosses_nodes(layout, cluster):
-        for k in range(2, layout.pp + 1):
-            other = Layout(layout.tp * k, layout.pp // k, layout.dp, layout.ep)
-            if layout.pp % k == 0 and tp_crosses_nodes(other, cluster):
-                return other
-    return None
+def score_reasons(p: Plan, s: Score) -> tuple[str, ...]:
+    """Why ``s``, one of ``p``'s ranked layouts, scores what it does, and how its counterpart across nodes
+    compares."""
+    work = objective_workload(p.workload, p.objective)
+    extra = counterpart_reason(p.model, p.cluster, work, s, {r.layout: r for r in p.ranked})
+    return own_reasons(p.model, p.cluster, work, s) + ((extra,) if extra else ())
 
 
 def own_reasons(model: ModelConfig, cluster: Cluster, workload: Workload, s: Score) -> tuple[str, ...]:
@@ -144,3 +124,31 @@ def counterpart_reason(model: ModelConfig, cluster: Cluster, workload: Workload,
         text += (f". With each KV head copied on {other.tp // model.n_kv_heads} GPUs (vLLM's way past the KV-head "
                  f"count) it would be: " + compare(s, alt, cluster))
     return text
+
+
+def _value(s: Score, objective: str) -> str:
+    return f"{s.tokens_per_s:,.0f} tokens/s" if objective == "throughput" else f"{ms(s.decode_step_s)} per token"
+
+
+def plan_reasons(p: Plan) -> tuple[str, ...]:
+    """Why ``p``'s best layout won, against the runner-up."""
+    objective, workload, ranked, cluster = p.objective, p.workload, p.ranked, p.cluster
+    if not ranked:
+        return ("no layout fits: every one breaks a rule below",)
+    best = ranked[0]
+    out = []
+    if objective == "latency" and not workload.batch:
+        out.append("ranked by latency with one sequence per replica: what a user waits per token when the server "
+                   "is not busy (fix Workload(batch=...) to rank a loaded server)")
+    if len(ranked) > 1:
+        second = ranked[1]
+        if objective == "throughput":
+            margin = f"{best.tokens_per_s / second.tokens_per_s:.2f}x the tokens of"
+        else:
+            margin = f"{second.decode_step_s / best.decode_step_s:.2f}x faster than"
+        out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), "
+                   f"{_value(best, objective)}, "
+                   f"{margin} the next, {second.layout.label} ({_value(second, objective)})")
+    else:
+        out.append(f"best for {objective}: {best.layout.label}, the only layout that fits")
+    return tuple(out)
