@@ -166,7 +166,7 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # ## Read the code
 #
 # A rank function is an ordinary Python function whose first argument is `ctx`. The cells below run
-# three, from `shardlib/lab/intro/ranks.py`:
+# three rank functions from `shardlib/lab/intro/ranks.py` (open the file to read them). What they do:
 #
 # - `whoami_on_rank` only looks around: its rank, the world size, its device, the backend, its process
 #   id. No communication at all.
@@ -179,17 +179,20 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # `ctx.comm` is `torch.distributed`'s collectives with a recorder around them. Each call is logged
 # (operation, bytes, time), which is how the log further down knows what moved.
 #
-# How can an all-reduce work with only messages between two ranks? The library's mechanisms live in
-# `shardlib.core`; `ring_all_reduce` is the all-reduce written out. The ranks stand in a ring. Each
-# cuts its tensor into chunks, passes one chunk to the next rank while adding the one arriving, then
-# passes the sums round. A cell further down checks it against `ctx.comm.all_reduce`.
+# How can an all-reduce be made of plain messages, each from one rank to one other? The code below,
+# `ring_all_reduce` from `shardlib/core/collectives.py`, does it. The `n` ranks stand in a ring, and each
+# cuts its tensor into `n` chunks. For `n - 1` steps each rank sends one chunk on and adds the chunk
+# arriving into its own copy. Then each rank holds the full sum of one chunk, and `n - 1` more steps pass
+# those sums round. The function `_pass_on` is one step: `isend` and `irecv` start a send and a receive and return at
+# once; `wait()` blocks until each is done. A cell further down checks the ring against
+# `ctx.comm.all_reduce`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.collectives import ring_all_reduce
+from shardlib.core.collectives import _pass_on, ring_all_reduce
 from shardlib.lab.intro.ranks import first_all_reduce_on_rank, whoami_on_rank
 from shardlib.ui.code import show_code
 
-show_code(ring_all_reduce)
+show_code(_pass_on, ring_all_reduce)
 
 # %%
 import time
@@ -265,19 +268,23 @@ assert log["all_reduce"]["size_bytes"] == 2 * 16
 assert log["all_reduce"]["wire_bytes"] == 2 * 16  # 2(n-1)/n x 16 bytes = 16 at n = 2, on each rank
 
 # %% [markdown]
-# The ring, written out, gives the same sum. At `n = 2` it is two steps of one chunk of 8 bytes each
-# way: the same 16 bytes per rank, now as sends.
+# **Predict.** Does the ring give the same sum? At `n = 2` each rank cuts its 16 bytes into two chunks
+# of 8. It sends one in each of two steps (one to add, one to share): 16 bytes per rank, the wire bytes
+# the log showed above, counted here as sends.
 
 # %%
 import torch
 
 
 def ring_on_rank(ctx):
-    return ring_all_reduce(ctx, torch.full((4,), float(ctx.rank + 1))).tolist()
+    return ring_all_reduce(ctx, torch.full((4,), float(ctx.rank + 1), device=ctx.device)).tolist()
 
 
 assert ranks.run(ring_on_rank) == [[predicted] * 4] * world
-assert sum(r.size_bytes for r in ranks.last_comm if r.op == "send") == 2 * 16  # 16 bytes from each rank
+sent = sum(r.size_bytes for r in ranks.last_comm if r.op == "send")
+print(f"sent per rank: predicted 16 bytes, measured {sent // world}: "
+      f"{'as predicted' if sent == world * 16 else 'NOT as predicted'}")
+assert sent == 2 * 16  # 16 bytes from each rank
 
 # %% [markdown]
 # ## Your turn: write a rank function

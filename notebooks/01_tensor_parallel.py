@@ -154,8 +154,8 @@ print(f"row-then-column / column-then-row at d_hidden = {d_hidden // d_model} x 
 # %% [markdown]
 # ## Exact, in one process, at 2, 4 and 8 shards
 #
-# `pair_in_one_process` computes each shard's part with the column- and row-parallel layers the ranks run,
-# separately, and adds them up, all in this process.
+# `pair_in_one_process` builds, for each shard, the column- and row-parallel layers a rank runs, computes
+# that shard's part, and adds the parts up, all in this process.
 # Splitting changes where the work happens, never the answer. The only difference allowed is float32
 # rounding from adding the partials in another order (tolerance `1e-5` on values of order 1).
 

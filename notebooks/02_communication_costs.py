@@ -62,15 +62,14 @@
 #
 # ## Two latency conventions
 #
-# How many latencies does one all-reduce pay? This course uses two conventions, and says which each
-# time:
+# How many latencies does one all-reduce pay? The course uses two conventions and names one each time:
 #
 # - **`per_step`**: one latency per ring step, `2(n-1)` per all-reduce. A plain ring pays this. So does
 #   gloo on the ranks of this machine.
 # - **`per_call`**: one latency per call, whatever `n`. GPU libraries come close to this for small
 #   messages. The GPU presets below use it, as [notebook 05's planner](05_serving_layouts.ipynb) does.
 #
-# The two differ by exactly `2(n-1)` on the latency part. They never differ on the bytes.
+# They differ by a factor of `2(n-1)` on the latency part, never on the bytes.
 #
 # <details><summary>What GPU libraries do for small messages</summary>
 #
@@ -119,15 +118,16 @@ assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 # %% [markdown]
 # ## Read the code
 #
-# `ring_all_reduce`, from `shardlib/core/collectives.py`, is the ring of the table written out with
-# point-to-point sends. Read its two loops against the formula: `n-1` steps of the reduce-scatter,
-# `n-1` of the all-gather, one chunk of `S/n` sent per step. A cell further down runs it.
+# `ring_all_reduce`, from `shardlib/core/collectives.py`, is the table's ring, written with point-to-point
+# sends. Read its two loops against the formula: `n-1` steps of the reduce-scatter, `n-1` of the
+# all-gather, one chunk of `S/n` sent per step. The function `_pass_on` is one step: `isend` and `irecv`
+# start a send and a receive and return at once; `wait()` blocks until each is done.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.collectives import ring_all_reduce
+from shardlib.core.collectives import _pass_on, ring_all_reduce
 from shardlib.ui.code import show_code
 
-show_code(ring_all_reduce)
+show_code(_pass_on, ring_all_reduce)
 
 # %% [markdown]
 # ## The links of real clusters
@@ -198,9 +198,9 @@ print(f"at tp = 8 the two differ {gap:.1f}x: 2(n-1) = 14 latencies against 1, on
 assert 13.5 < gap < 14.0
 
 # %% [markdown]
-# The convention changes what more shards cost. With one latency per call, decode is flat in the shard
-# count. With one per ring step it grows as `2(n-1)`: the ranks of this machine will show that. On
-# NVLink, tensor parallelism is routine; on PCIe it is a real tax, worst on long prompts.
+# With one latency per call, decode is flat in the shard count; with one per ring step it grows as
+# `2(n-1)`, as this machine's ranks will show. On NVLink, tensor parallelism is routine; on PCIe it is a
+# real tax, worst on long prompts.
 #
 # ## The crossover batch
 #
@@ -277,8 +277,7 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 #
 # **Predict.** These ranks are processes on one machine that wake each other through the operating
 # system. Is their latency nearer NVLink's 5 us or Ethernet's 50 us? Will the 16 MiB message take more
-# than twice as long as the 64-byte one? Each line below checks that claim, with the fit's growth for
-# scale.
+# than twice as long as the 64-byte one? Each line below checks it.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.runtime.ranks import Ranks
@@ -298,27 +297,6 @@ for v in verdicts:
     print(v.line)
 
 # %% [markdown]
-# The ring from "Read the code" on these 4 ranks: the library's sum, and `2(n-1)/n` of the buffer
-# sent by each rank in `2(n-1)` messages, as the formula counts.
-
-# %%
-import torch
-
-from shardlib.predict.alpha_beta import cost_terms
-
-
-def ring_on_rank(ctx):
-    x = torch.arange(1024.0) * (ctx.rank + 1)  # (1024,) float32 of whole numbers: any order sums exactly
-    return torch.equal(ring_all_reduce(ctx, x), ctx.comm.all_reduce(x.clone()))
-
-
-assert all(ranks.run(ring_on_rank))
-steps, factor = cost_terms("all_reduce", ranks.world_size)
-sends = [r for r in ranks.last_comm if r.op == "send" and r.rank == 0]
-print(f"rank 0 sent {len(sends)} messages, {sum(r.size_bytes for r in sends):,} bytes of a 4,096-byte buffer")
-assert len(sends) == steps and sum(r.size_bytes for r in sends) == factor * 4096
-
-# %% [markdown]
 # <details><summary>How this was measured</summary>
 #
 # Each round is one pass over every size, five rounds, two calls back to back per round. The rounds are
@@ -333,10 +311,9 @@ assert len(sends) == steps and sum(r.size_bytes for r in sends) == factor * 4096
 #
 # </details>
 #
-# Each operation, fitted alone, gets its own pair of numbers. gloo's all-reduce uses the same CPU cores
-# to move the bytes and to add them, so per byte it is slower than a plain send. The predictions below
-# therefore use the all-reduce's own fit. The figure draws one fit of all three; its diamonds mark where
-# each operation turns bandwidth-bound.
+# gloo's all-reduce uses the same CPU cores to move the bytes and to add them, so per byte it is slower
+# than a plain send. The predictions below therefore use the all-reduce's own fit. The figure draws one
+# fit of all three; its diamonds mark where each operation turns bandwidth-bound.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_figures import calibration_figure
@@ -353,6 +330,32 @@ calibration_figure(cal.samples, cal.link, cal.latency_charge,
 for preset in [*LINKS.values(), here]:
     print(f"{preset.name:<44} latency {preset.latency_s * 1e6:7.1f} us   {preset.one_way_bytes_per_s / 1e9:7.2f} GB/s "
           f"each way   crossover {crossover_bytes(preset) / 1e3:9,.0f} KB")
+
+# %% [markdown]
+# ## The ring, run
+#
+# **Predict.** `ring_all_reduce` on these 4 ranks, on 1,024 float32 values (4,096 bytes): does it give
+# the same sum as `ctx.comm.all_reduce`? How many messages does rank 0 send, and how many bytes?
+# `cost_terms("all_reduce", n)` gives the table's two numbers: `2(n-1)` ring steps and the factor `2(n-1)/n`.
+
+# %%
+import torch
+
+from shardlib.predict.alpha_beta import cost_terms
+
+
+def ring_on_rank(ctx):
+    x = torch.arange(1024.0, device=ctx.device) * (ctx.rank + 1)  # (1024,) float32 of whole numbers: exact sums
+    return torch.equal(ring_all_reduce(ctx, x), ctx.comm.all_reduce(x.clone()))
+
+
+assert all(ranks.run(ring_on_rank))
+steps, factor = cost_terms("all_reduce", ranks.world_size)
+sends = [r for r in ranks.last_comm if r.op == "send" and r.rank == 0]
+sent = sum(r.size_bytes for r in sends)
+print(f"rank 0: predicted {steps} messages, {factor * 4096:,.0f} bytes; measured {len(sends)}, {sent:,}: "
+      f"{'as predicted' if (len(sends), sent) == (steps, factor * 4096) else 'NOT as predicted'}")
+assert len(sends) == steps and sent == factor * 4096
 
 # %% [markdown]
 # ## Measure: decode against prefill on these ranks

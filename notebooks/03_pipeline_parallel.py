@@ -173,8 +173,9 @@ show_code(Stage, run_stage)
 #
 # The messages go through `links` (`pipeline/messages.py`). gloo's `send` waits until the receiver takes
 # the message. In 1F1B a forward goes right while a backward comes left, so two neighbours sending to each
-# other at once would wait forever. Each rank therefore sends on one thread per neighbour and receives
-# ahead on another, the way real pipelines post non-blocking sends and receives early. And because every
+# other at once would wait forever. So as the step opens each stage posts a receive (`irecv`) for every
+# message it will get, and hands each result on with a send that does not wait (`isend`), as real
+# pipelines do (Megatron-LM's `batch_isend_irecv`). And because every
 # rank follows its list exactly, an order that could not run would hang: `make_schedule` plays every
 # schedule out first and refuses one that would leave a stage waiting forever. The rank function
 # (`pipeline_step_on_rank` in `pipeline/ranks.py`) passes the probe that records each op and each wait,

@@ -152,8 +152,9 @@ for name in ("zb-v", "dualpipev"):
 # %% [markdown]
 # ## Read the code
 #
-# The stage loop of notebook 03 did not change; its `Stage.backward` gained the split. Here are the two
-# backward methods and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `shardlib/core/pipeline/zero_bubble.py`).
+# The stage loop is the one you read in notebook 03. Its `Stage.backward` has two branches: 1F1B's whole
+# backward, and a split one, taken when the schedule has W actions. Here are `backward`, `backward_weight`
+# and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `shardlib/core/pipeline/zero_bubble.py`).
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.pipeline.engine import Stage
@@ -163,9 +164,10 @@ from shardlib.ui.code import show_code
 show_code(Stage.backward, Stage.backward_weight, zb_h1_order)
 
 # %% [markdown]
-# - **`backward`** (B), whole as in 1F1B, is one `torch.autograd.backward`, weight gradients accumulating.
-#   Split, it asks autograd for the gradient of the chunk's input *and* of every linear layer's output,
-#   keeping the graph. Either way it returns the input's gradient at once, to be sent on.
+# - **`backward`** is B. Whole (as in 1F1B), it is one `torch.autograd.backward`, and the weight gradients
+#   accumulate. Split, it asks autograd only for the gradient of the chunk's input and of each linear's
+#   output (the embedding's too), keeping the graph for W. `forward` recorded those outputs as the chunk
+#   ran. Either way it returns the input's gradient at once, to be sent on.
 # - **`backward_weight`** (W) turns each linear's output gradient into its weight gradient, one linear at
 #   a time (`autograd.backward(y, grad_y, inputs=[w])`). Autograd adds it to `w.grad` as a whole backward
 #   would, and a hook on the weight fires, as data parallelism's buckets need.

@@ -220,7 +220,7 @@ ring_steps_figure(4, "contiguous")
 
 # %% [markdown]
 # The ring played out in one process first, at 2, 3 and 4 simulated ranks, against
-# `scaled_dot_product_attention` on the whole sequence. The sizes are awkward on purpose: 6 query heads
+# one-process attention (`core.model.attention`) on the whole sequence. The sizes are awkward on purpose: 6 query heads
 # share 2 KV heads (grouped-query attention: only the 2 KV heads travel), head size 12, 10 tokens per rank.
 
 # %%
@@ -343,8 +343,8 @@ print(f"kept for the backward: {grads.saved_bytes} bytes per rank (formula "
 assert grads.saved_bytes == (ring_saved_bytes_per_rank(grad_shape, 2),) * 2
 
 # %% [markdown]
-# **Training through the ring.** A tiny attention layer (`core.model`'s, 4 query heads, 2 KV heads of 8) is fitted by
-# plain SGD to a random target. On the ranks each holds its zigzag share of the 32 tokens and all the
+# **Training through the ring.** A tiny attention layer, the toy model's own (4 query heads sharing 2 KV
+# heads of size 8), is fitted by plain SGD to a random target. On the ranks each holds its zigzag share of the 32 tokens and all the
 # weights, and every rank's weight gradients are summed. The same steps run in this one process on the
 # whole sequence. Predict: the two losses agree at every step, and fall.
 

@@ -121,9 +121,10 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 # strategies. It builds this rank's model pieces and hands them to the mechanisms you have met.
 #
 # - A `Block` takes this rank's slice of the residual stream, `(b, s/(cp tp), d)`. It norms its own
-#   tokens and all-gathers them over `tp` (`gather_seq`). It runs its share of attention or the MLP.
-#   Then it reduce-scatters the partial sums back to token shards (`scatter_seq`). Attention over the
-#   `cp` ring is notebook 10's `ring_attention`, passed to notebook 01's `ParallelAttention` as its `attend`.
+#   tokens and all-gathers them over `tp` (`gather_seq`). It runs its share of attention (its heads).
+#   Then it reduce-scatters the partial sums back to token shards (`scatter_seq`), and does the same for
+#   its share of the MLP. Attention over the `cp` ring is notebook 10's `ring_attention`, passed to
+#   notebook 01's `ParallelAttention` as its `attend`.
 # - `TrainingStep.__init__` builds this rank's model chunks. The embedding goes in the first chunk, the
 #   head and per-token loss in the last.
 # - `TrainingStep.run` hands the chunks to notebook 03's pipeline engine (`run_stage`). The engine walks

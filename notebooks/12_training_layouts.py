@@ -58,11 +58,12 @@
 # %% [markdown]
 # ## Read the code
 #
-# The count divides by what the training step's mesh cuts. The mesh's `dp_cp_groups` lists the ranks
-# that hold the same weights of a stage, every replica and every ring place. ZeRO shards the states over
-# each such group of `dp x cp` ranks. The function `stage_layer_counts` gives each stage its layers, the
-# first and last a few fewer when asked (Llama 3's cut, below). The count multiplies one layer's bytes by
-# those layers.
+# The memory count below (`training_memory`) divides by two things the mesh of notebook 11 decides.
+# First, which ranks hold the same weights of a stage: `Layout.dp_cp_groups`, every replica and every
+# place in the ring. `_groups` keys each rank by its place on the other axes (`position`); ranks with the
+# same key form one group. ZeRO shards the states over those `dp x cp` ranks. Second, how many layers
+# each stage holds: `stage_layer_counts` cuts evenly, and with `end_layers` gives the first and last
+# stage that many fewer (Llama 3's cut, below).
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.mesh import Layout

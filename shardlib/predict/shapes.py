@@ -13,6 +13,11 @@ from shardlib.core.config import ModelConfig, head_problems
 from shardlib.core.pipeline.stages import stage_layer_counts
 
 
+def divisors(n: int) -> list[int]:
+    """Every whole number that divides ``n``: the degrees a planner tries for ``n`` GPUs."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 # -- which tensor-parallel degrees a model's shapes allow, and what each costs --------------------------
 def tensor_parallel_problems(model: ModelConfig, tp: int, copy_kv_heads: bool = True) -> list[str]:
     """Every reason ``model`` cannot be split ``tp`` ways (empty: it can): whole query heads per device, an

@@ -65,19 +65,14 @@ class Feedback:
         return run
 
 
-def observe_all(controls, callback: Callable[..., None], feedback: Feedback) -> None:
-    """Run ``callback`` (guarded by ``feedback``) whenever any of ``controls`` changes value."""
-    guarded = feedback.guard(callback)
-    for control in controls:
-        control.observe(guarded, names="value")
-
-
 def wire(controls, redraw: Callable[..., None]) -> widgets.HTML:
     """Draw once (unguarded: an error is the cell's), then redraw, guarded, whenever any of ``controls``
     changes value. Returns the error line to place under the controls."""
     feedback = Feedback()
     redraw()
-    observe_all(controls, redraw, feedback)
+    guarded = feedback.guard(redraw)
+    for control in controls:
+        control.observe(guarded, names="value")
     return feedback.area
 
 

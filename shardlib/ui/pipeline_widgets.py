@@ -12,7 +12,7 @@ from shardlib.core.pipeline.registry import SPECS, split_schedules
 from shardlib.lab.pipeline.drivers import run_pipeline
 from shardlib.predict.bubbles import PUBLISHED, OpCosts, published_fraction, simulated_fraction
 from shardlib.predict.pipeline import pipeline_bubble_fraction, predicted_step_s
-from shardlib.ui.live import Feedback, FigureArea, SelectionSlider, observe_all
+from shardlib.ui.live import FigureArea, slider, wire
 from shardlib.ui.pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure
 from shardlib.ui.theme import RED
 
@@ -27,8 +27,8 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     forward and backward padded to ``forward_s`` / ``backward_s`` seconds."""
     p = ranks.world_size
     top = max(1, min(int(max_microbatches), x.shape[0]))
-    slider = widgets.IntSlider(value=min(4, top), min=1, max=top, description="microbatches m",
-                               continuous_update=False, style={"description_width": "initial"})
+    m_slider = widgets.IntSlider(value=min(4, top), min=1, max=top, description="microbatches m",
+                                 continuous_update=False, style={"description_width": "initial"})
     picker = widgets.ToggleButtons(options=[(SPECS[n].title, n) for n in EXPLORER_SCHEDULES],
                                    value=EXPLORER_SCHEDULES[0], description="schedule")
     label = widgets.HTML()
@@ -36,7 +36,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     curve, gantt = FigureArea(), FigureArea()
 
     def draw_curve() -> None:
-        fig = bubble_curve_figure((p,), max_microbatches=top, highlight=(p, slider.value),
+        fig = bubble_curve_figure((p,), max_microbatches=top, highlight=(p, m_slider.value),
                                   timing_note=f"red circles measured on {ranks.description}")
         xs = sorted(measured_at)
         fig.add_scatter(x=xs, y=[measured_at[k] for k in xs], mode="markers", name="measured with the slider",
@@ -45,7 +45,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
 
     def rerun(change=None) -> None:
         draw_curve()  # the formula answers at once; the ranks take a moment
-        m = slider.value
+        m = m_slider.value
         schedule = make_schedule(picker.value, p, m, training=True)
         run = run_pipeline(ranks, schedule, model, layers, x, grad_output, forward_s=forward_s, backward_s=backward_s)
         bubble = run.bubble
@@ -63,10 +63,8 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
         )
         gantt.show(predicted_vs_measured_figure(run, ranks.description))
 
-    feedback = Feedback()
-    observe_all([slider, picker], rerun, feedback)
-    rerun()
-    return widgets.VBox([widgets.HBox([slider, picker]), label, curve, gantt, feedback.area])
+    errors = wire([m_slider, picker], rerun)
+    return widgets.VBox([widgets.HBox([m_slider, picker]), label, curve, gantt, errors])
 
 
 ZERO_BUBBLE_SCHEDULES = ("1f1b",) + split_schedules()  # 1F1B beside every schedule with the backward split
@@ -84,10 +82,8 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
     if not options:
         raise ValueError(f"need microbatch counts that every schedule here runs ({', '.join(ZERO_BUBBLE_SCHEDULES)}: "
                          f"from 2 p = {2 * p} for DualPipeV) up to the batch's {x.shape[0]} rows; got {microbatches}")
-    m_slider = SelectionSlider(options=options, value=options[0], description="microbatches m",
-                               continuous_update=False, style={"description_width": "initial"})
-    w_slider = SelectionSlider(options=[(f"{w:g} x F", w) for w in W_COSTS], value=1.0, description="W costs",
-                               continuous_update=False, style={"description_width": "initial"})
+    m_slider = slider(options, options[0], "microbatches m")
+    w_slider = slider([(f"{w:g} x F", w) for w in W_COSTS], 1.0, "W costs")
     picker = widgets.ToggleButtons(options=[(SPECS[n].title, n) for n in ZERO_BUBBLE_SCHEDULES], value="zb-h1",
                                    description="schedule")
     label, gantt = widgets.HTML(), FigureArea()
@@ -114,7 +110,5 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
         gantt.show(predicted_vs_measured_figure(run, ranks.description, f"{schedule.title}: each stage's F and B "
                                                 f"padded to {op_s * 1e3:g} ms, W to {weight_s * 1e3:g} ms"))
 
-    feedback = Feedback()
-    observe_all([m_slider, w_slider, picker], rerun, feedback)
-    rerun()
-    return widgets.VBox([widgets.HBox([m_slider, w_slider]), picker, label, gantt, feedback.area])
+    errors = wire([m_slider, w_slider, picker], rerun)
+    return widgets.VBox([widgets.HBox([m_slider, w_slider]), picker, label, gantt, errors])

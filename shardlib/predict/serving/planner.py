@@ -17,6 +17,7 @@ from shardlib.core.mesh import Layout, Rejected
 from shardlib.facts.hardware import Cluster
 from shardlib.predict.serving.decode import Score, score
 from shardlib.predict.serving.memory import Workload, layout_problems
+from shardlib.predict.shapes import divisors
 
 OBJECTIVES = ("throughput", "latency")
 
@@ -38,17 +39,13 @@ class Plan:
         return self.ranked[0] if self.ranked else None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def enumerate_layouts(model: ModelConfig, n_gpus: int) -> list[Layout]:
     """Every (tp, pp, dp) with tp x pp x dp = n_gpus, and for MoE models every ep dividing n_experts."""
     out = []
-    for tp in _divisors(n_gpus):
-        for pp in _divisors(n_gpus // tp):
+    for tp in divisors(n_gpus):
+        for pp in divisors(n_gpus // tp):
             dp = n_gpus // (tp * pp)
-            eps = [e for e in _divisors(tp * dp) if model.n_experts % e == 0] if model.is_moe else [1]
+            eps = [e for e in divisors(tp * dp) if model.n_experts % e == 0] if model.is_moe else [1]
             out += [Layout(tp, pp, dp, ep) for ep in eps]
     return out
 

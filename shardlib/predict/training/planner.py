@@ -23,7 +23,7 @@ from shardlib.core.mesh import DP_STRATEGIES, Layout, Rejected
 from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import Cluster
-from shardlib.predict.shapes import tensor_parallel_problems
+from shardlib.predict.shapes import divisors, tensor_parallel_problems
 from shardlib.predict.training.memory import TrainingMemory, expert_dp
 from shardlib.predict.training.time_model import TrainingScore, TrainingWorkload, score_training
 from shardlib.predict.units import gb, seconds
@@ -52,10 +52,6 @@ class TrainingPlan:
         return self.ranked[0] if self.ranked else None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _pp_problem(model: ModelConfig, pp: int, workload: TrainingWorkload, chunks: int) -> str:
     """Why ``pp`` stages cannot hold ``model`` (empty: they can): too few layers, or too few per chunk."""
     if pp > model.n_layers:
@@ -74,7 +70,7 @@ def axis_values(model: ModelConfig, cluster: Cluster, workload: TrainingWorkload
     n, g, pruned = cluster.n_gpus, cluster.gpus_per_node, []
     chunks = schedule_spec(workload.schedule).n_chunks(workload.chunks)  # model chunks per stage (1: 1F1B)
     values = {"tp": [], "cp": [], "pp": [], "dp": []}
-    for d in _divisors(n):
+    for d in divisors(n):
         if d > g or g % d:
             pruned.append(f"tp = {d}: its groups would cross nodes of {g} GPUs (tp stays inside a node)")
         elif tensor_parallel_problems(model, d, copy_kv_heads=False):
@@ -216,7 +212,7 @@ def expert_degrees(model: ModelConfig, stage_ranks: int) -> list[int]:
     divides both its experts (whole experts per rank) and the stage's ranks."""
     if not model.is_moe:
         return [1]
-    return [e for e in _divisors(stage_ranks) if model.n_experts % e == 0]
+    return [e for e in divisors(stage_ranks) if model.n_experts % e == 0]
 
 
 def plan_training(model: ModelConfig, cluster: Cluster,
