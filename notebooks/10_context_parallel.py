@@ -344,9 +344,9 @@ assert grads.saved_bytes == (ring_saved_bytes_per_rank(grad_shape, 2),) * 2
 
 # %% [markdown]
 # **Training through the ring.** A tiny attention layer, the toy model's own (4 query heads sharing 2 KV
-# heads of size 8), is fitted by plain SGD to a random target. On the ranks each holds its zigzag share of the 32 tokens and all the
-# weights, and every rank's weight gradients are summed. The same steps run in this one process on the
-# whole sequence. Predict: the two losses agree at every step, and fall.
+# heads of size 8), is fitted by plain SGD to a random target. On the ranks each holds its zigzag share
+# of the 32 tokens and all the weights, and every rank's weight gradients are summed. The same steps run
+# in this one process on the whole sequence. Predict: the two losses agree at every step, and fall.
 
 # %%
 from shardlib.core.config import ModelConfig
