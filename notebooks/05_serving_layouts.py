@@ -356,8 +356,8 @@ print(format_plan(toy_two))
 for v in across.verdicts:
     print(v.line)
 pipeline_row, split_row = across.rows
-print(f"PP across: {split_row.token_interval_s / pipeline_row.token_interval_s:.1f}x faster per token, "
-      f"{pipeline_row.tokens_per_s / split_row.tokens_per_s:.1f}x the tokens per second")
+print(f"PP across: {split_row.run.token_interval_s / pipeline_row.run.token_interval_s:.1f}x faster per token, "
+      f"{pipeline_row.run.tokens_per_s / split_row.run.tokens_per_s:.1f}x the tokens per second")
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -375,8 +375,8 @@ print(f"PP across: {split_row.token_interval_s / pipeline_row.token_interval_s:.
 reference_decode = decode_reference(decode_x, layers, TOY, steps=6)
 assert pipeline_row.max_error == 0 or pipeline_row.max_error < 1e-6 * reference_decode.abs().max().item()
 assert split_row.max_error < TOLERANCE * reference_decode.abs().max().item()  # two partial sums per all-reduce
-assert toy_two.best.layout == pipeline_row.layout  # the planner ranks the pipeline first
-assert split_row.token_interval_s > pipeline_row.token_interval_s  # and so do the ranks
+assert toy_two.best.layout == pipeline_row.run.layout  # the planner ranks the pipeline first
+assert split_row.run.token_interval_s > pipeline_row.run.token_interval_s  # and so do the ranks
 
 # %% [markdown]
 # Both layouts are exact against the one-process decode. On a link this slow, crossings decide it, and
@@ -385,8 +385,8 @@ assert split_row.token_interval_s > pipeline_row.token_interval_s  # and so do t
 # planner below weighs that.
 
 # %% tags=["nbval-ignore-output"]
-timeline_figure(across.spans, title="PP across 2 'nodes' in steady state (T step.microbatch); hops: emulated 2 ms "
-                f"link; measured on {two.description}")
+timeline_figure(pipeline_row.run.spans, title="PP across 2 'nodes' in steady state (T step.microbatch); hops: "
+                f"emulated 2 ms link; measured on {two.description}")
 
 # %% [markdown]
 # ## The planner
@@ -694,7 +694,7 @@ show_questions(
     ),
     Question(
         f"On the emulated 2 ms link, your run measured TP across the two ranks "
-        f"{split_row.token_interval_s / pipeline_row.token_interval_s:.1f} times slower per token than PP "
+        f"{split_row.run.token_interval_s / pipeline_row.run.token_interval_s:.1f} times slower per token than PP "
         "across them. Why?",
         ("It moved many more bytes per token across the link", "Each rank's arithmetic was slower on half a layer",
          "It crossed the link 16 times per token, PP twice"),

@@ -5,6 +5,8 @@
   counted until Python frees them (``track``) or the code frees them (``reserve`` then ``release``).
 * ``BufferProbe``: a ``core.probe.Probe`` that feeds a ``PeakMeter`` from the spans the mechanisms open.
 * ``SavedBytes``: what autograd saves for the backward inside a ``with`` block: a forward's activations.
+* ``ActivationProbe``: a ``BufferProbe`` on the rank's timeline that also counts each forward's
+  ``SavedBytes`` while its microbatch is in flight (a pipeline stage, a training step).
 
 Mechanism modules never call these: the rank functions attach them from outside (through a
 ``core.probe.Probe``). Torch, no ranks.
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
+from contextlib import contextmanager
 from typing import Iterable
 
 import torch
@@ -119,3 +123,57 @@ class SavedBytes:
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
+
+
+class ActivationProbe(BufferProbe):
+    """The rank's timeline, with the activations in flight and the gathered buffers (``BufferProbe``).
+
+    A microbatch's forward ``F`` on a chunk saves activations (``SavedBytes``), kept until its ``release``
+    op: ``"B"``, or ``"W"`` when the backward is split (W still needs what F saved); ``None`` for a
+    forward-only run, which saves nothing. Each ``F`` span carries ``held_bytes``, what every microbatch
+    then in flight holds; ``peak_activation_bytes`` is the most. Each compute op is padded with sleep to
+    ``target_s[op]`` seconds (absent: real compute).
+
+    ``hooks``: whether the probe opens autograd's saved-tensor hooks around each ``F`` itself. Code that
+    opens its own inside the forward (``TrainingStep``: ZeRO-3 saves notes, not gathered weights) hides
+    them, as only the innermost hooks run: it calls ``on_saved()`` from its own instead."""
+
+    def __init__(self, timeline, release: str | None = "B", param_ptrs: set[int] | None = None,
+                 target_s: dict | None = None, hooks: bool = True) -> None:
+        super().__init__(tensors=False)
+        self.timeline, self.release, self.hooks = timeline, release, hooks
+        self.param_ptrs = set() if param_ptrs is None else param_ptrs  # weights' storage: not activations
+        self.target_s = target_s or {}
+        self.saved: dict[tuple, int] = {}  # (microbatch, chunk) -> bytes its forward saved, while in flight
+        self.current: SavedBytes | None = None  # the forward running now
+        self.per_microbatch: list[int] = []  # every forward's saved bytes, in order
+        self.peak_activation_bytes = 0
+
+    def on_saved(self):
+        """What sees every tensor the running forward saves (``TrainingStep``'s ``on_saved``)."""
+        return None if self.current is None else self.current._pack
+
+    @contextmanager
+    def span(self, name: str, kind: str = "compute", **attrs):
+        self.count(attrs)
+        if kind != "compute":
+            with self.timeline.span(name, kind, **attrs):
+                yield
+            return
+        op, key, extra = attrs.get("op"), (attrs.get("microbatch"), attrs.get("chunk")), {}
+        start = self.timeline.now_s()
+        counting = op == "F" and self.release is not None
+        self.current = SavedBytes(self.param_ptrs) if counting else None
+        with self.current if counting and self.hooks else contextlib.nullcontext():
+            yield
+        if counting:
+            self.saved[key], self.current = self.current.size_bytes, None
+            self.per_microbatch.append(self.saved[key])
+            extra["held_bytes"] = sum(self.saved.values())
+            self.peak_activation_bytes = max(self.peak_activation_bytes, extra["held_bytes"])
+        elif op is not None and op == self.release:
+            self.saved.pop(key)
+        target_s = self.target_s.get(op)
+        if target_s is not None and (left := start + target_s - self.timeline.now_s()) > 0:
+            time.sleep(left)
+        self.timeline.record(name, start, self.timeline.now_s(), kind, **attrs, padded_to_s=target_s, **extra)

@@ -7,7 +7,8 @@ its line says which: "predicted 80x, measured 20x; claimed at least 2x: holds".
 machine slows a run, it never speeds one up), then reports: when strict (``strict_checks``: nbval, CI) a
 verdict that never held raises ``AssertionError`` with its numbers; for a learner it prints them with a
 sentence instead of a traceback. A library driver calls ``verified``; a learner's cell prints the lines
-the driver returns and reads how they were measured (``how_measured``) in a folded block. No ranks.
+the driver returns and reads how they were measured (``how_measured``) in a folded block. A fit that a
+busy machine left nothing to fit to is measured again (``refitted``). No ranks.
 """
 
 from __future__ import annotations
@@ -143,6 +144,20 @@ def verified(measure: Callable[[], T], verdicts: Callable[[T], Sequence[Verdict]
             raise AssertionError(text)
         print(text)
     return result, found
+
+
+def refitted(fit: Callable[[int], T], attempts: int = 3) -> T:
+    """``fit(attempt)``, attempt 1, 2, ..., until one returns. A short sweep on a busy machine can give times
+    that do not grow with size, and its fit raises ``ValueError`` (no bandwidth to fit): it is measured again,
+    at most ``attempts`` times; the last attempt's error is raised."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    for attempt in range(1, attempts + 1):
+        try:
+            return fit(attempt)
+        except ValueError:
+            if attempt == attempts:
+                raise
 
 
 def strict_checks() -> bool:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from shardlib.lab.verdict import Verdict, strict_checks, verified
+from shardlib.lab.verdict import Verdict, refitted, strict_checks, verified
 
 
 def test_a_verdict_prints_prediction_measurement_ratio_and_whether_it_held():
@@ -19,6 +19,24 @@ def test_verified_measures_again_until_it_holds_and_says_which_attempt_it_kept()
     runs = iter([3.0, 1.1, 5.0])
     result, (v,) = verified(lambda: next(runs), lambda m: [Verdict("step", 1.0, m)])
     assert result == 1.1 and v.attempts == 2 and v.held
+
+
+def test_a_fit_with_nothing_to_fit_is_measured_again_and_the_last_error_raised():
+    tried = []
+
+    def fit(attempt: int) -> int:
+        tried.append(attempt)
+        if attempt < 3:
+            raise ValueError(f"no bandwidth to fit at attempt {attempt}")
+        return 10 * attempt
+
+    assert refitted(fit) == 30 and tried == [1, 2, 3]
+    tried.clear()
+    with pytest.raises(ValueError, match="no bandwidth to fit at attempt 2"):
+        refitted(fit, attempts=2)
+    assert tried == [1, 2]
+    with pytest.raises(ValueError, match="attempts must be at least 1, got 0"):
+        refitted(fit, attempts=0)
 
 
 def test_a_claim_that_never_holds_fails_when_strict_with_its_numbers(monkeypatch):

@@ -176,13 +176,15 @@ def test_bad_input_names_the_value(call, words):
 def test_tp_all_reduces_by_hand():
     # Llama-3-8B, 2 layers, 3 tokens at tp = 4 over NVLink, per call: 4 all-reduces of 3 x 4096 x 2 = 24,576
     # bytes, each 5 us + 1.5 x 24576 / 450e9
-    reduces = tp_all_reduces(LLAMA_3_8B, 4, NVLINK, 3, layers=2)
+    reduces = tp_all_reduces(LLAMA_3_8B.d_model, LLAMA_3_8B.bytes_per_param, 2, 4, NVLINK, 3)
     assert (reduces.collectives, reduces.size_bytes) == (4, 24_576)
     assert close(reduces.total_s, 4 * (5e-6 + 1.5 * 24_576 / 450e9))
     assert close(reduces.latency_s, 4 * 5e-6) and close(reduces.bandwidth_s, 4 * 1.5 * 24_576 / 450e9)
-    assert tp_all_reduces(LLAMA_3_8B, 1, NVLINK, 3).total_s == 0.0  # one shard: nothing to reduce
+    # one shard: nothing to reduce
+    assert tp_all_reduces(LLAMA_3_8B.d_model, LLAMA_3_8B.bytes_per_param, 32, 1, NVLINK, 3).total_s == 0.0
     # where experts take the MLP's place, one per layer
-    assert tp_all_reduces(LLAMA_3_8B, 4, NVLINK, 3, layers=2, per_layer=1).collectives == 2
+    assert tp_all_reduces(LLAMA_3_8B.d_model, LLAMA_3_8B.bytes_per_param, 2, 4, NVLINK, 3,
+                          per_layer=1).collectives == 2
 
 
 def test_the_planners_stage_prices_its_tp_all_reduces_with_the_tables_function():

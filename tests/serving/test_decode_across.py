@@ -74,36 +74,35 @@ def test_both_ways_across_an_emulated_link_on_two_ranks(pool2):
     steps = 4
     result = run_across_nodes(pool2, TOY, LAYERS, X, link, steps=steps, repeats=1)
     pipeline, split = result.rows
-    assert (pipeline.layout, split.layout) == across_layouts(2)
+    assert (pipeline.run.layout, split.run.layout) == across_layouts(2)
     assert (pipeline.kind, split.kind) == ("PP across nodes", "TP across nodes")
     assert pipeline.max_error == 0 or pipeline.max_error < 1e-6 * REFERENCE.abs().max().item()
     assert split.max_error < TOLERANCE * (1 + REFERENCE.abs().max().item())
     # every crossing call, counted: the pipeline sends each of 2 microbatches forward every step and back
     # every step but the last (each send and its receive are one record each); tp: 2 ranks x 2 per layer
-    assert pipeline.emulated_calls == 2 * (2 * steps + 2 * (steps - 1))
-    assert split.emulated_calls == 2 * steps * 2 * TOY.n_layers
+    assert pipeline.run.emulated_calls == 2 * (2 * steps + 2 * (steps - 1))
+    assert split.run.emulated_calls == 2 * steps * 2 * TOY.n_layers
     # the link's time is imposed, so these are floors, not timing targets
     hop_s = point_to_point_s(X[:4].numel() * 4, link)
-    assert pipeline.token_interval_s >= 2 * hop_s - 1e-4
+    assert pipeline.run.token_interval_s >= 2 * hop_s - 1e-4
     all_reduce_s = collective_time_s("all_reduce", X.numel() * 4, 2, link, "per_step")
-    assert split.token_interval_s >= 2 * TOY.n_layers * all_reduce_s - 1e-4
+    assert split.run.token_interval_s >= 2 * TOY.n_layers * all_reduce_s - 1e-4
     # the planner, on the same cluster, ranks the pipeline first both ways and refuses a whole copy per rank
     for objective in ("latency", "throughput"):
         p = plan_serving(TOY, result.cluster, across_workload(8), objective)
-        assert [s.layout for s in p.ranked] == [pipeline.layout, split.layout]
+        assert [s.layout for s in p.ranked] == [pipeline.run.layout, split.run.layout]
         assert [r.layout for r in p.rejected] == [Layout(tp=1, pp=1, dp=2)]
     # one verdict per way across, built from the row's own numbers (whether it held is a timing matter)
     verdicts = across_verdicts(result)
     assert [(v.predicted, v.measured) for v in verdicts] == [
-        (row.predicted.decode_step_s, row.token_interval_s) for row in result.rows]
+        (row.predicted.decode_step_s, row.run.token_interval_s) for row in result.rows]
     assert "PP across nodes" in verdicts[0].line and "TP across nodes" in verdicts[1].line
 
 
 def _fake_across(interval_s: float) -> AcrossNodes:
     """An across-nodes result with a planner prediction of 1 ms per token for both rows."""
     predicted = SimpleNamespace(decode_step_s=1e-3)
-    run = SimpleNamespace(token_interval_s=interval_s, tokens_per_s=8 / interval_s, emulated_calls=0)
-    rows = tuple(AcrossRow(layout, kind, predicted, run, 0.0)
+    rows = tuple(AcrossRow(kind, predicted, SimpleNamespace(layout=layout, token_interval_s=interval_s), 0.0)
                  for layout, kind in zip(across_layouts(2), ("PP across nodes", "TP across nodes")))
     return AcrossNodes(None, rows)
 
@@ -113,7 +112,7 @@ def test_check_across_nodes_measures_again_while_the_claim_fails_and_attaches_th
     runs = iter([_fake_across(5e-3), _fake_across(1.2e-3)])  # the first run 5x slow, as a busy machine makes it
     monkeypatch.setattr("shardlib.lab.serving.across.run_across_nodes", lambda *args, **kwargs: next(runs))
     result = check_across_nodes(None, TOY, LAYERS, X, Link("test", 1e9, 1e-3))
-    assert result.rows[0].token_interval_s == 1.2e-3  # the second run kept
+    assert result.rows[0].run.token_interval_s == 1.2e-3  # the second run kept
     assert [v.held for v in result.verdicts] == [True, True] and all(v.attempts == 2 for v in result.verdicts)
     assert "ratio 1.20: as predicted" in result.verdicts[0].line
     monkeypatch.setattr("shardlib.lab.serving.across.run_across_nodes", lambda *args, **kwargs: _fake_across(5e-3))

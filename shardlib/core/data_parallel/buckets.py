@@ -11,9 +11,8 @@ et al. 2020 (ZeRO, sections 5.1-5.2: P_os and P_os+g). The model's parameters be
 Over ``microbatches`` backwards per step (gradient accumulation) each gradient is added into its bucket;
 DDP and ZeRO-1 send a bucket once, after its last microbatch (DDP's ``no_sync`` for the others), ZeRO-2
 after every microbatch. AdamW then updates ``owned`` (every bucket whole, or this rank's shard: a view of
-the bucket, or with ``master_shard`` a copy of its own, as DeepSpeed keeps its partition), and ZeRO
-all-gathers the updated shards. ``probe`` (``core.probe.Probe``) is shown every short-lived buffer;
-by default it does nothing.
+the bucket), and ZeRO all-gathers the updated shards. ``probe`` (``core.probe.Probe``) is shown every
+short-lived buffer; by default it does nothing.
 """
 
 from __future__ import annotations
@@ -40,10 +39,9 @@ class BucketedReplica:
     updates, views of the same buffers as the model's."""
 
     def __init__(self, group, model: nn.Module, strategy: str, bucket_bytes: float | None, overlap: bool,
-                 probe=NO_PROBE, microbatches: int = 1, master_shard: bool = False) -> None:
+                 probe=NO_PROBE, microbatches: int = 1) -> None:
         self.group, self.model, self.strategy, self.overlap, self.probe = group, model, strategy, overlap, probe
         self.microbatches = microbatches  # backwards per step: gradients accumulate in the buckets
-        self.master = master_shard and strategy != "ddp"  # ZeRO: AdamW's shard a copy of its own, not a view
         named = list(model.named_parameters())
         self.names = [n for n, _ in named]
         self.groups = plan_buckets([p.numel() for _, p in named], named[0][1].element_size(),
@@ -78,9 +76,6 @@ class BucketedReplica:
         grad = torch.zeros(size, dtype=flat.dtype, device=self.group.device)
         mine = nn.Parameter(flat[start:stop])  # what this rank's AdamW updates: (padded_numel / N,) under ZeRO
         mine.grad = grad[start:stop] if self.strategy == "zero1" else grad
-        if self.master:  # DeepSpeed's partition: the shard (and ZeRO-1's shard gradient) in buffers of their own
-            mine = nn.Parameter(flat[start:stop].clone())
-            mine.grad = grad[start:stop].clone() if self.strategy == "zero1" else grad
         self.flats.append(flat)
         self.grads.append(grad)
         self.owned.append(mine)

@@ -17,7 +17,7 @@ from shardlib.facts.hardware import Link
 from shardlib.lab.context_parallel.drivers import AttentionRun, attention_shape, run_ring_attention
 from shardlib.lab.context_parallel.ranks import exchange_on_rank
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.lab.verdict import Verdict, verified
+from shardlib.lab.verdict import Verdict, refitted, verified
 from shardlib.predict.alpha_beta import fit_link, slowest_samples
 from shardlib.predict.context_parallel import hidden_share, ring_time_s, ring_transfer_s
 
@@ -81,20 +81,19 @@ def run_exchange_calibration(ranks, block_bytes: float, rounds: int = 5) -> Exch
     twice the rounds."""
     sizes = tuple(sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)}))
     n = ranks.world_size
-    for attempt in (1, 2):
-        used = whole_number(rounds, "rounds") * attempt
+    whole_number(rounds, "rounds")
+
+    def fit(attempt: int) -> ExchangeCalibration:
+        used = rounds * attempt
         per_rank = [{} for _ in range(n)]  # {("point_to_point", size): [seconds per round]}
         for size in sizes:
             got = on_ranks(ranks, exchange_on_rank, size, repeats=used + 1)  # the first, a warm-up
             for rank in range(n):
                 per_rank[rank]["point_to_point", size] = [_exchange_s(got, rank, i) for i in range(1, used + 1)]
-        try:
-            fit = fit_link(slowest_samples(per_rank, n))
-            break
-        except ValueError:
-            if attempt == 2:
-                raise
-    return ExchangeCalibration(fit.link(f"this machine, ring exchange ({ranks.backend}, {n} ranks)"), sizes, used)
+        link = fit_link(slowest_samples(per_rank, n)).link(f"this machine, ring exchange ({ranks.backend}, {n} ranks)")
+        return ExchangeCalibration(link, sizes, used)
+
+    return refitted(fit, attempts=2)
 
 
 def run_ring_overlap(ranks, q, k, v, causal: bool = True, placement: str = "contiguous", repeats: int = 5,

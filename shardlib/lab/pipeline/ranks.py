@@ -3,16 +3,13 @@
 ``ValueError`` with the numbers, never a hang.
 
 The rank keeps only its chunks' layers, cuts the batch into microbatches, opens its links to the other
-stages (``core.pipeline.messages``) and runs ``engine.run_stage`` with ``StageProbe``: every op and every
-wait a span on ``ctx.timeline``, each op padded to a set duration when asked (the layers still compute
-for real), and the activation bytes in flight metered (``lab.measure.SavedBytes``). Output and gradients
-equal ``drivers.unpipelined_step`` bit for bit.
+stages (``core.pipeline.messages``) and runs ``engine.run_stage`` with
+``lab.measure.ActivationProbe``: every op and every wait a span on ``ctx.timeline``, each op padded to a
+set duration when asked (the layers still compute for real), and the activation bytes in flight metered.
+Output and gradients equal ``drivers.unpipelined_step`` bit for bit.
 """
 
 from __future__ import annotations
-
-import time
-from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -23,7 +20,7 @@ from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.core.pipeline.messages import Links
 from shardlib.core.pipeline.schedules import Schedule, per_stage
 from shardlib.core.pipeline.stages import layers_of_stage, split_layers
-from shardlib.lab.measure import SavedBytes
+from shardlib.lab.measure import ActivationProbe
 from shardlib.predict.pipeline import microbatch_sizes
 
 
@@ -35,35 +32,6 @@ def toy_chunk(weights: dict, layers: range, model: ModelConfig):
             h = block_reference(h, weights[i], model)
         return h
     return chunk
-
-
-class StageProbe:
-    """Spans on the rank's timeline, each compute op padded with sleep to its target (``None``: real
-    compute). A training forward's span carries ``held_bytes``: what autograd saved for the backwards of
-    every microbatch then in flight (until its ``release`` op: W when the backward is split, else B)."""
-
-    def __init__(self, timeline, training: bool, param_ptrs: set[int], target_s: dict, release: str) -> None:
-        self.timeline, self.training, self.param_ptrs = timeline, training, param_ptrs
-        self.target_s, self.release, self.held = target_s, release, {}  # (microbatch, chunk) -> bytes saved
-
-    @contextmanager
-    def span(self, name: str, kind: str = "compute", **attrs):
-        if kind != "compute":
-            with self.timeline.span(name, kind, **attrs):
-                yield
-            return
-        op, key, start, extra = attrs["op"], (attrs["microbatch"], attrs["chunk"]), self.timeline.now_s(), {}
-        with SavedBytes(self.param_ptrs) if op == "F" and self.training else nullcontext() as saved:
-            yield
-        if saved is not None:
-            self.held[key] = saved.size_bytes
-            extra["held_bytes"] = sum(self.held.values())
-        elif op == self.release:
-            self.held.pop(key, None)
-        target_s = self.target_s.get(op)
-        if target_s is not None and (left := start + target_s - self.timeline.now_s()) > 0:
-            time.sleep(left)
-        self.timeline.record(name, start, self.timeline.now_s(), kind, **attrs, padded_to_s=target_s, **extra)
 
 
 def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -100,8 +68,9 @@ def pipeline_step_on_rank(ctx, schedule: Schedule, model: ModelConfig, layers: l
     g_mbs = None if grad_output is None else torch.split(grad_output.to(ctx.device), sizes)
     links = Links(ctx.comm, schedule, me, lambda a: (sizes[a.microbatch],) + tuple(x.shape[1:]), ctx.device, x.dtype)
     chunks = [toy_chunk(weights, layers_of_chunk, model) for layers_of_chunk in held]
+    release = ("W" if schedule.split_backward else "B") if training else None  # what frees F's activations
     stage = run_stage(Stage(schedule, me, chunks, x_mbs, links, g_mbs),
-                      StageProbe(ctx.timeline, training, param_ptrs, targets, "W" if schedule.split_backward else "B"))
+                      ActivationProbe(ctx.timeline, release, param_ptrs, targets))
 
     def joined(parts: dict):  # microbatch -> (rows, seq, d_model), joined into the batch
         return torch.cat([parts[i] for i in range(len(sizes))]) if parts else None

@@ -32,18 +32,13 @@ from shardlib.predict.shapes import check_tensor_parallel
 
 @dataclass(frozen=True)
 class AcrossRow:
-    """One way across the nodes: the planner's score beside the decode measured on the ranks (``run``, its
-    times medians over the repeats) and its largest difference from the one-process decode."""
+    """One way across the nodes: the planner's score beside the decode measured on the ranks (``run``: its
+    layout, its times, medians over the repeats) and its largest difference from the one-process decode."""
 
-    layout: Layout
     kind: str  # "TP across nodes", "PP across nodes", ...
     predicted: Score
     run: DecodeRun
     max_error: float  # over every step of every repeat
-
-    token_interval_s = property(lambda self: self.run.token_interval_s)  # between two tokens of a sequence
-    tokens_per_s = property(lambda self: self.run.tokens_per_s)  # the batch's tokens over that interval
-    emulated_calls = property(lambda self: self.run.emulated_calls)  # of one run, all ranks together
 
 
 @dataclass(frozen=True)
@@ -53,8 +48,6 @@ class AcrossNodes:
     cluster: Cluster
     rows: tuple[AcrossRow, ...]  # PP across nodes first, then TP across nodes
     verdicts: tuple[Verdict, ...] = ()  # predicted against measured time per token, per row (check_across_nodes)
-
-    spans = property(lambda self: self.rows[0].run.spans)  # the pipeline's last run, for a timeline
 
 
 def across_layouts(world_size: int) -> tuple[Layout, Layout]:
@@ -100,8 +93,7 @@ def run_across_nodes(ranks, model: ModelConfig, layers: list[dict], x: torch.Ten
         m = across_workload(batch).microbatches_for(layout.pp, batch)
         run = run_decode(ranks, layout, model, layers, x, m, steps, emulation, repeats)
         error = max((out - reference).abs().max().item() for out in run.each_repeat_outputs())
-        rows.append(AcrossRow(layout, kind(layout, cluster), score(model, cluster, layout, across_workload(batch)),
-                              run, error))
+        rows.append(AcrossRow(kind(layout, cluster), score(model, cluster, layout, across_workload(batch)), run, error))
     return AcrossNodes(cluster, tuple(rows))
 
 
@@ -110,8 +102,8 @@ BAND = (0.5, 2.0)  # measured / predicted time per token, each way across the no
 
 def across_verdicts(result: AcrossNodes) -> tuple[Verdict, ...]:
     """One verdict per way across the nodes: the planner's time per token against the measured median."""
-    return tuple(Verdict(f"{row.kind} ({row.layout.label}), time per token", row.predicted.decode_step_s,
-                         row.token_interval_s, "s", *BAND) for row in result.rows)
+    return tuple(Verdict(f"{row.kind} ({row.run.layout.label}), time per token", row.predicted.decode_step_s,
+                         row.run.token_interval_s, "s", *BAND) for row in result.rows)
 
 
 def check_across_nodes(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor, inter_link: Link,

@@ -30,6 +30,7 @@ from shardlib.facts.hardware import Cluster, toy_cluster
 from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.costs.emulation import EmulatedLink
 from shardlib.lab.harness import Measured, on_ranks
+from shardlib.lab.verdict import refitted
 from shardlib.predict.alpha_beta import Calibration
 from shardlib.predict.serving.memory import active_params_per_gpu, stack_weight_bytes
 from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
@@ -277,12 +278,6 @@ def run_toy_cluster_calibration(ranks, model: ModelConfig, layers: list[dict], a
     speed the median rank's ``effective_flops_per_s``, every rank at once (so it counts the cores they
     share). On a busy machine a short sweep can give times that do not grow with size (no bandwidth to
     fit): the sweep is then taken again, up to ``attempts`` times in all."""
-    for attempt in range(attempts):
-        try:
-            cal = run_calibration(ranks, sizes_bytes=TOY_SWEEP_BYTES, rounds=3, calls=2)
-            break
-        except ValueError:
-            if attempt == attempts - 1:
-                raise
+    cal = refitted(lambda _: run_calibration(ranks, sizes_bytes=TOY_SWEEP_BYTES, rounds=3, calls=2), attempts)
     flops = statistics.median(on_ranks(ranks, effective_flops_per_s, model, layers, 2, 6).each())
     return ToyClusterFit(toy_cluster(cal.link, flops_per_s=flops), cal)

@@ -1,66 +1,28 @@
 """The training step on a rank, measured: spans, the activations autograd keeps, the bytes kept.
 
-``training_on_rank`` builds ``step.TrainingStep`` with a ``LedgerProbe`` attached and runs every step on
-this replica's rows of the corpus's batches, each a ``"step"`` span. The probe puts each ``F``/``B`` on
-the rank's timeline, counts what autograd saves during each microbatch's forward
-(``lab.measure.SavedBytes``), adds it while the microbatch is in flight (from its ``F`` to its ``B``, or
-its ``W``) and keeps the peak, and follows ZeRO-3's gathered weights (``lab.measure.BufferProbe``: the
-transient peak). After the last step it reads the bytes the rank keeps: weights, gradients and AdamW's state.
+``training_on_rank`` builds ``step.TrainingStep`` with a ``lab.measure.ActivationProbe`` attached and
+runs every step on this replica's rows of the corpus's batches, each a ``"step"`` span. The probe puts
+each ``F``/``B`` on the rank's timeline, counts what autograd saves during each microbatch's forward,
+adds it while the microbatch is in flight (from its ``F`` to its ``B``, or its ``W``) and keeps the peak,
+and follows ZeRO-3's gathered weights (the transient peak). After the last step it reads the bytes the
+rank keeps: weights, gradients and AdamW's state.
 """
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.training.config import init_weights
 from shardlib.core.training.corpus import MarkovCorpus
 from shardlib.core.training.step import TrainingStep
-from shardlib.lab.measure import BufferProbe, SavedBytes, optimizer_state_bytes, tensor_bytes
+from shardlib.lab.measure import ActivationProbe, optimizer_state_bytes, tensor_bytes
 
 
-class LedgerProbe(BufferProbe):
-    """The rank's timeline, plus the activations in flight and the gathered buffers. A microbatch's
-    activations on a chunk are in flight from its ``F`` until its ``release`` op (``"W"`` when the backward
-    is split: W still needs what F saved)."""
-
-    def __init__(self, timeline, release: str = "B") -> None:
-        super().__init__(tensors=False)
-        self.timeline, self.release = timeline, release
-        self.saved: dict[tuple, SavedBytes] = {}  # (microbatch, chunk) -> what its forward saved
-        self.current: SavedBytes | None = None  # the forward running now
-        self.per_microbatch: list[int] = []
-        self.in_flight = self.peak_activation_bytes = 0
-        self.param_ptrs: set[int] = set()
-
-    def on_saved(self):
-        """What sees every tensor the running forward saves (``TrainingStep``'s ``on_saved``)."""
-        return None if self.current is None else self.current._pack
-
-    @contextmanager
-    def span(self, name: str, kind: str = "compute", **attrs):
-        self.count(attrs)
-        op = attrs.get("op") if kind == "compute" else None
-        if op == "F":
-            self.current = SavedBytes(self.param_ptrs)
-        with self.timeline.span(name, kind=kind, **attrs):
-            yield
-        key = (attrs.get("microbatch"), attrs.get("chunk"))
-        if op == "F":
-            self.saved[key], self.current = self.current, None
-            self.per_microbatch.append(self.saved[key].size_bytes)
-            self.in_flight += self.saved[key].size_bytes
-            self.peak_activation_bytes = max(self.peak_activation_bytes, self.in_flight)
-        elif op == self.release:
-            self.in_flight -= self.saved.pop(key).size_bytes
-
-
-def ledger(step: TrainingStep, probe: LedgerProbe) -> dict[str, int]:
+def ledger(step: TrainingStep, probe: ActivationProbe) -> dict[str, int]:
     """Bytes this rank keeps, read when the optimizer has stepped, from the data-parallel mechanism's own
     buffers: ``BucketedReplica``'s buckets (the model's weights and, DDP and ZeRO-1, its whole gradient;
-    a bucket's padding, fewer than ``dp x cp`` elements, left out) with ZeRO-1/2's shard AdamW updates
-    (and its gradient) kept apart; or ZeRO-3's shards. Then AdamW's state, the activations' in-flight peak
-    and the transient peak."""
+    ZeRO-2, its shard; a bucket's padding, fewer than ``dp x cp`` elements, left out; the shard AdamW
+    updates is a view of them, not a buffer of its own), or ZeRO-3's shards. Then AdamW's state, the
+    activations' in-flight peak and the transient peak."""
     weights = grads = 0
     for dp in step.replicas or (step.dp,):  # with experts: the tp-split weights', the routers', the experts'
         if isinstance(dp, ShardedUnits):
@@ -70,9 +32,6 @@ def ledger(step: TrainingStep, probe: LedgerProbe) -> dict[str, int]:
         weights += sum(g.numel for g in dp.groups) * e  # the model's weights, in the buckets
         grads += sum(g.numel * e if grad.numel() == g.padded_numel else tensor_bytes([grad])
                      for g, grad in zip(dp.groups, dp.grads))  # a whole bucket's gradient, or ZeRO-2's shard
-        if dp.master:  # the shards AdamW updates, buffers of their own (ZeRO-2's gradient is its bucket)
-            weights += tensor_bytes(dp.owned)
-            grads += tensor_bytes(o.grad for o in dp.owned if all(o.grad is not g for g in dp.grads))
     return {"weights": weights, "gradients": grads, "optimizer": optimizer_state_bytes(step.optimizer),
             "activations": probe.peak_activation_bytes, "transient": probe.meter.peak_bytes}
 
@@ -83,7 +42,7 @@ def training_on_rank(ctx, layout, config, stage_layers) -> dict:
     global loss, its ``ledger``, what autograd saved for each microbatch (and chunk) of the first step, its
     weight ``shards`` (tp slices, by the stage model's names) and, with experts, its place in its ep group
     and each of its layers' selection bias after the last step (balance "aux-free")."""
-    probe = LedgerProbe(ctx.timeline)
+    probe = ActivationProbe(ctx.timeline, hooks=False)  # the step's own hooks call probe.on_saved
     weights = {k: v.to(ctx.device) for k, v in init_weights(config).items()}
     step = TrainingStep(ctx, layout, config, weights, stage_layers, probe, probe.on_saved)
     probe.release = "W" if step.schedule.split_backward else "B"

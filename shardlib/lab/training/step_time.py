@@ -26,7 +26,7 @@ from shardlib.lab.costs.drivers import run_calibration
 from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.drivers import TOY_SWEEP_BYTES
 from shardlib.lab.training.drivers import check_training, run_training
-from shardlib.lab.verdict import Verdict, verified
+from shardlib.lab.verdict import Verdict, refitted, verified
 from shardlib.predict.alpha_beta import Calibration
 from shardlib.predict.training.time_model import TrainingScore, model_flops_per_token
 from shardlib.predict.training.toy_prediction import (
@@ -95,13 +95,9 @@ class StepCluster:
 
 
 def calibrate_link(ranks, attempts: int = 3) -> Calibration:
-    """A short sweep's fit (median rounds), retried if a busy machine leaves no bandwidth to fit."""
-    for attempt in range(attempts):
-        try:
-            return run_calibration(ranks, sizes_bytes=TOY_SWEEP_BYTES, rounds=3, calls=2, statistic="median")
-        except ValueError:
-            if attempt == attempts - 1:
-                raise
+    """A short sweep's fit (median rounds), taken again if a busy machine leaves no bandwidth to fit."""
+    return refitted(lambda _: run_calibration(ranks, sizes_bytes=TOY_SWEEP_BYTES, rounds=3, calls=2,
+                                              statistic="median"), attempts)
 
 
 def step_cluster(cal: Calibration, samples, config: TrainingConfig) -> StepCluster:

@@ -35,7 +35,6 @@ class PhaseCost:
     (seconds, every call one after another)."""
 
     phase: str
-    model: str
     link: str
     tp: int
     tokens: float
@@ -56,17 +55,16 @@ class PhaseCost:
         return "latency" if self.latency_s >= self.bandwidth_s else "bandwidth"
 
 
-def tp_all_reduces(model: ModelConfig, tp: int, link: Link, tokens: float, layers: int | None = None,
+def tp_all_reduces(d_model: int, bytes_per_value: float, layers: int, tp: int, link: Link, tokens: float,
                    latency_charge: str = "per_call", per_layer: int = ALL_REDUCES_PER_LAYER,
                    phase: str = "forward") -> PhaseCost:
-    """The TP all-reduces of ``layers`` layers (all of the model's by default) in a forward pass of
-    ``tokens`` tokens: ``per_layer`` per layer, each of ``tokens x d_model`` values of
-    ``model.bytes_per_param`` bytes (``tokens`` may be a fraction: a microbatch's share of a batch)."""
-    layers = model.n_layers if layers is None else layers
-    size_bytes = tokens * model.d_model * model.bytes_per_param  # (tokens, d_model) activations
+    """The TP all-reduces of ``layers`` layers in a forward pass of ``tokens`` tokens: ``per_layer`` per
+    layer, each of ``tokens x d_model`` values of ``bytes_per_value`` bytes (``tokens`` may be a fraction:
+    a microbatch's share of a batch)."""
+    size_bytes = tokens * d_model * bytes_per_value  # (tokens, d_model) activations
     count = 0 if tp == 1 else per_layer * layers
     latency, bandwidth = collective_terms_s("all_reduce", size_bytes, tp, link, latency_charge) if count else (0.0, 0.0)
-    return PhaseCost(phase, model.name, link.name, tp, tokens, count, size_bytes, count * latency, count * bandwidth)
+    return PhaseCost(phase, link.name, tp, tokens, count, size_bytes, count * latency, count * bandwidth)
 
 
 # -- tensor parallelism: decode vs prefill ---------------------------------------------------------------
@@ -75,8 +73,8 @@ def tp_forward_cost(model: ModelConfig, tp: int, link, tokens: int, phase: str =
     """A whole forward pass of ``tokens`` tokens: ``tp_all_reduces`` over every layer."""
     whole_number(tp, "tp")
     check_tensor_parallel(model, tp, copy_kv_heads=True)  # a formula: KV heads copied past the wall are allowed
-    reduces = tp_all_reduces(model, tp, link, whole_number(tokens, "tokens"), latency_charge=latency_charge,
-                             phase=phase)
+    reduces = tp_all_reduces(model.d_model, model.bytes_per_param, model.n_layers, tp, link,
+                             whole_number(tokens, "tokens"), latency_charge, phase=phase)
     return replace(reduces, size_bytes=int(reduces.size_bytes))
 
 

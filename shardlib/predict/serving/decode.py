@@ -59,8 +59,8 @@ def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, t
     """Seconds and count of the collectives of a stage of ``layers`` layers for ``tokens`` tokens: the TP
     all-reduces (``cost.tp_all_reduces``; one per layer where experts replace the MLP) and the EP
     all-to-alls (dispatch and combine per layer)."""
-    reduces = tp_all_reduces(model, layout.tp, tp_link, tokens, layers, cluster.latency_charge,
-                             per_layer=1 if layout.ep > 1 else ALL_REDUCES_PER_LAYER)
+    reduces = tp_all_reduces(model.d_model, model.bytes_per_param, layers, layout.tp, tp_link, tokens,
+                             cluster.latency_charge, per_layer=1 if layout.ep > 1 else ALL_REDUCES_PER_LAYER)
     seconds, count = reduces.total_s, reduces.collectives
     if layout.ep > 1:
         n = 2 * layers

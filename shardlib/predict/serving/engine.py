@@ -4,10 +4,10 @@
   one contiguous piece (systems before vLLM; Kwon et al. 2023 measured 20.4 % to 38.2 %) against paged
   blocks (only a sequence's last block is part empty).
 * Time: a step costs ``overhead_s + per_token_s x tokens + per_key_s x keys attended`` plus its tp
-  all-reduces (``predict.alpha_beta``). ``fit_step_cost`` fits the three coefficients to measured steps;
-  ``simulate_serving`` replays the real run's scheduler (``loop.run_engine``) on a clock of predicted step
-  times: TTFT, TPOT and throughput per request, the policy included. ``torch`` only for the scheduler's
-  logits (zeros); no ``torch.distributed``.
+  all-reduces (``cost.tp_all_reduces``, ring). ``fit_step_cost`` fits the three coefficients to measured
+  steps; ``simulate_serving`` replays the real run's scheduler (``loop.run_engine``) on a clock of
+  predicted step times: TTFT, TPOT and throughput per request, the policy included. ``torch`` only for
+  the scheduler's logits (zeros); no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from shardlib.core.checks import number_at_least
 from shardlib.core.serving.loop import run_engine
-from shardlib.predict.alpha_beta import all_reduce_s
+from shardlib.predict.serving.cost import tp_all_reduces
 from shardlib.predict.serving.goodput import percentile, request_metrics
 
 PAPER_CONTIGUOUS_UTILIZATION = (0.204, 0.382)  # Kwon et al. 2023, Figure 2: KV memory holding token states
@@ -56,9 +56,11 @@ class StepCost:
             raise ValueError(f"tp = {self.tp}: give the link its all-reduces travel on (tp_link)")
 
     def comm_s(self, n_tokens: int) -> float:
+        """Two ring all-reduces a layer of ``n_tokens x d_model`` values (``cost.tp_all_reduces``)."""
         if self.tp == 1:
             return 0.0
-        return 2 * self.n_layers * all_reduce_s(n_tokens * self.d_model * self.element_bytes, self.tp, self.tp_link)
+        return tp_all_reduces(self.d_model, self.element_bytes, self.n_layers, self.tp, self.tp_link, n_tokens,
+                              "per_step").total_s
 
     def step_s(self, n_tokens: int, n_context: int) -> float:
         return self.overhead_s + self.per_token_s * n_tokens + self.per_key_s * n_context + self.comm_s(n_tokens)
