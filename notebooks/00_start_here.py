@@ -183,16 +183,16 @@ weights_vs_memory_figure(big, GPU_MEMORY_BYTES)
 # `ring_all_reduce` from `shardlib/core/collectives.py`, does it. The `n` ranks stand in a ring, and each
 # cuts its tensor into `n` chunks. For `n - 1` steps each rank sends one chunk on and adds the chunk
 # arriving into its own copy. Then each rank holds the full sum of one chunk, and `n - 1` more steps pass
-# those sums round. The function `_pass_on` is one step: `isend` and `irecv` start a send and a receive and return at
+# those sums round. The function `ring_step` is one step: `isend` and `irecv` start a send and a receive and return at
 # once; `wait()` blocks until each is done. A cell further down checks the ring against
 # `ctx.comm.all_reduce`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.collectives import _pass_on, ring_all_reduce
+from shardlib.core.collectives import ring_step, ring_all_reduce
 from shardlib.lab.intro.ranks import first_all_reduce_on_rank, whoami_on_rank
 from shardlib.ui.code import show_code
 
-show_code(_pass_on, ring_all_reduce)
+show_code(ring_step, ring_all_reduce)
 
 # %%
 import time

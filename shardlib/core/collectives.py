@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 
-def _pass_on(comm, rank: int, n: int, outgoing: torch.Tensor, arriving: torch.Tensor) -> torch.Tensor:
+def ring_step(comm, rank: int, n: int, outgoing: torch.Tensor, arriving: torch.Tensor) -> torch.Tensor:
     """One ring step: ``outgoing`` to rank ``rank + 1`` while ``arriving`` fills from rank ``rank - 1``."""
     pending = (comm.isend(outgoing, (rank + 1) % n), comm.irecv(arriving, (rank - 1) % n))
     for p in pending:
@@ -32,8 +32,8 @@ def ring_all_reduce(ctx, x: torch.Tensor) -> torch.Tensor:
     chunks = list(x.detach().flatten().clone().tensor_split(n))  # n views of (numel / n,)
     for step in range(n - 1):  # reduce-scatter: chunk rank - step goes on, chunk rank - step - 1 arrives
         out, into = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
-        into += _pass_on(ctx.comm, rank, n, out, torch.empty_like(into))
+        into += ring_step(ctx.comm, rank, n, out, torch.empty_like(into))
     for step in range(n - 1):  # all-gather: the summed chunk rank + 1 - step goes on, rank - step arrives
         out, into = chunks[(rank + 1 - step) % n], chunks[(rank - step) % n]
-        into.copy_(_pass_on(ctx.comm, rank, n, out, torch.empty_like(into)))
+        into.copy_(ring_step(ctx.comm, rank, n, out, torch.empty_like(into)))
     return torch.cat(chunks).view_as(x)
