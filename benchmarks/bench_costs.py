@@ -23,7 +23,7 @@ TARGET_S = 5.0
 def main() -> int:
     from shardlib.facts.hardware import LINKS
     from shardlib.facts.models import LLAMA_3_8B
-    from shardlib.lab.costs.drivers import run_calibration
+    from shardlib.lab.costs.calibration import run_calibration
     from shardlib.predict.alpha_beta import DEFAULT_CALLS, DEFAULT_ROUNDS, DEFAULT_SIZES_BYTES, crossover_bytes
     from shardlib.runtime.ranks import Ranks
     from shardlib.ui.tables import format_tp_cost_table

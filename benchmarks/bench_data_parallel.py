@@ -42,7 +42,7 @@ def main() -> int:
     from shardlib.core.data_parallel.flat import STRATEGY_TITLES
     from shardlib.core.mesh import DP_STRATEGIES
     from shardlib.lab.data_parallel.claims import median_run, run_collective_identity, run_overlap
-    from shardlib.lab.data_parallel.drivers import run_data_parallel, run_peer
+    from shardlib.lab.data_parallel.drivers import PEER_OF, run_data_parallel, run_peer
     from shardlib.lab.data_parallel.reference import toy_batches, toy_model, train_one_process
     from shardlib.runtime.ranks import Ranks
     from shardlib.runtime.records import format_seconds
@@ -53,7 +53,7 @@ def main() -> int:
     print(f"data-parallel benchmark: {n_params:,} parameters ({n_params * 4 / 1e6:.1f} MB float32), batches of "
           f"{ROWS} rows, {STEPS} steps per run, median of {REPEATS} runs, {os.cpu_count()} cores, pid {os.getpid()}\n")
     wall = time.perf_counter()
-    reference = train_one_process(model, batches, LR).state_dict
+    reference = train_one_process(model, batches, LR)
     with Ranks(2) as ranks:
         run_data_parallel(ranks, "ddp", model, batches[:2], LR)  # warm-up: imports and first messages
 
@@ -114,7 +114,7 @@ def main() -> int:
         print("\n6. the peers: PyTorch's DDP and FSDP2 (fully_shard) on the same ranks")
         for peer in ("torch_ddp", "torch_fsdp2"):
             p = run_peer(ranks, peer, model, batches, LR)
-            row(f"{peer} vs this package's {p.strategy}: largest gap", f"{p.peer_to_ours:.1e}",
+            row(f"{peer} vs this package's {PEER_OF[peer]}: largest gap", f"{p.peer_to_ours:.1e}",
                 f"from one process {p.peer_to_reference:.1e} ({'ok' if p.peer_to_ours <= TOLERANCE else 'OVER'} "
                 f"{TOLERANCE:g})")
     print(f"\n  total wall time {time.perf_counter() - wall:.1f} s")

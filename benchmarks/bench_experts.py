@@ -31,8 +31,8 @@ import torch
 from shardlib.core.experts.dispatch import make_moe_weights
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.facts.models import TOY_MOE
-from shardlib.lab.experts.balance import MITIGATIONS
-from shardlib.lab.experts.drivers import make_tokens, moe_reference, run_expert_parallel, run_mitigation
+from shardlib.lab.experts.balance import run_mitigations
+from shardlib.lab.experts.drivers import make_tokens, moe_reference, run_expert_parallel
 from shardlib.predict.experts import predicted_all_to_all_bytes
 from shardlib.runtime.ranks import Ranks
 
@@ -92,12 +92,11 @@ def main() -> int:
         print(f"   {'skew':>4}  {'mitigation':<20} {'expert max/mean':>15} {'rank max/mean':>13} {'dropped':>8} "
               f"{'changed':>8} {'busiest experts: wall':>21} {'CPU':>8} {'step':>9}")
         for skew in SKEWS:
-            for mitigation in MITIGATIONS:
-                m = run_mitigation(ranks, x, wide_weights, wide.but(skew=skew), mitigation,
-                                   capacity_factor=CAPACITY_FACTOR, repeats=KNOB_REPEATS)
+            for mitigation, m in run_mitigations(ranks, x, wide_weights, wide.but(skew=skew),
+                                                 capacity_factor=CAPACITY_FACTOR, repeats=KNOB_REPEATS).items():
                 assert m.exact, f"skew {skew}, {mitigation}: differs from the single-process layer"
-                print(f"   {skew:>4.2f}  {mitigation:<20} {m.expert_max_over_mean:>15.2f} "
-                      f"{m.rank_max_over_mean:>13.2f} "
+                print(f"   {skew:>4.2f}  {mitigation:<20} {m.expert_load.max_over_mean:>15.2f} "
+                      f"{m.rank_load.max_over_mean:>13.2f} "
                       f"{m.run.dropped_slots:>8} {m.tokens_changed:>8} {max(m.run.expert_s) * 1e3:>18.1f} ms "
                       f"{max(m.run.expert_cpu_s) * 1e3:>5.1f} ms {m.run.step_s * 1e3:>6.1f} ms")
         print("\n   max/mean: the busiest expert's (rank's) token-slots over the even share of all requested slots.")

@@ -45,9 +45,9 @@ def main() -> int:
     import torch
 
     from shardlib.core.config import ModelConfig
-    from shardlib.core.pipeline.orders import make_schedule
+    from shardlib.core.pipeline.registry import make_schedule
     from shardlib.core.toy import activations, stack_weights
-    from shardlib.lab.pipeline.drivers import run_pipeline, unpipelined_step
+    from shardlib.lab.pipeline.step import run_pipeline, unpipelined_step
     from shardlib.predict.pipeline import peak_in_flight, pipeline_bubble_fraction, predicted_step_s
     from shardlib.runtime.ranks import Ranks
 
@@ -145,9 +145,9 @@ ZB_W_COSTS = (1.0, 0.5, 2.0)
 
 def _zero_bubble_schedules() -> tuple[str, ...]:
     """1F1B and every schedule of the registry with the backward split (the pure registry: no ranks start)."""
-    from shardlib.core.pipeline.registry import split_schedules
+    from shardlib.core.pipeline.registry import SPLIT_SCHEDULES
 
-    return ("1f1b",) + split_schedules()
+    return ("1f1b",) + SPLIT_SCHEDULES
 
 
 ZB_SCHEDULES = _zero_bubble_schedules()
@@ -156,9 +156,9 @@ ZB_SCHEDULES = _zero_bubble_schedules()
 def zero_bubble_only(names) -> int:
     """Section 6 alone, for the schedules named (a sweep of its own takes minutes)."""
     from shardlib.core.config import ModelConfig
-    from shardlib.core.pipeline.orders import make_schedule
+    from shardlib.core.pipeline.registry import make_schedule
     from shardlib.core.toy import activations, stack_weights
-    from shardlib.lab.pipeline.drivers import run_pipeline
+    from shardlib.lab.pipeline.step import run_pipeline
     from shardlib.runtime.ranks import Ranks
 
     model = ModelConfig("pipeline benchmark", n_layers=N_LAYERS, d_model=D_MODEL, n_heads=4, n_kv_heads=2, d_ff=D_FF,
@@ -178,7 +178,7 @@ def zero_bubble_section(pools, model, layers, x, grad, names=ZB_SCHEDULES) -> No
     """6. The schedules past 1F1B: the idle share measured against the published formula and against the
     list's own prediction, both evaluated with F, B and W measured on the ranks, and the list's prediction
     again with the hand-over between stages measured on the ranks added to every message; p = 2 and 4."""
-    from shardlib.lab.pipeline.split_drivers import SplitCase, run_split_step
+    from shardlib.lab.pipeline.zero_bubble import SplitCase, run_split_step
 
     print(f"\n6. zero bubble: F and B padded to {ZB_OP_S * 1e3:.0f} ms per stage, W to a share of it; "
           f"median of {REPEATS} runs; published formula with measured F, B, W (B: the input gradient;\n"
@@ -195,7 +195,7 @@ def zero_bubble_section(pools, model, layers, x, grad, names=ZB_SCHEDULES) -> No
                     diff = "" if r.published is None else f"{r.measured_idle - r.published:+.3f}"
                     print(f"   {name:10} {p:>3} {m:>4} {w:>5g} {formula:>9} {r.predicted_idle:>7.3f} "
                           f"{r.with_hops:>10.3f} {r.handover_s * 1e3:>5.1f} {r.measured_idle:>9.3f} {diff:>7}  "
-                          f"{list(r.peak_in_flight)}")
+                          f"{list(r.run.peak_in_flight)}")
 
 
 if __name__ == "__main__":

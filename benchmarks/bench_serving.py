@@ -49,7 +49,7 @@ from shardlib.core.model import stack_reference, weights_from_hf_llama
 from shardlib.core.serving.requests import EngineConfig
 from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.models import TOY
-from shardlib.lab.costs.drivers import run_calibration
+from shardlib.lab.costs.calibration import run_calibration
 from shardlib.lab.serving.drivers import run_combined, run_toy_cluster_calibration
 from shardlib.lab.serving.engine_drivers import run_serving
 from shardlib.lab.serving.hf import random_hf_llama
@@ -134,6 +134,11 @@ def transformers_static(model, requests, batch: int) -> tuple[dict, float]:
     return out, time.perf_counter() - start
 
 
+def speed(run) -> float:
+    """A run's generated tokens per second (``predict.serving.engine.figures``)."""
+    return run.figures(run.requests)["tokens_per_s"]
+
+
 def engine_main(args) -> None:
     """The engine against transformers' generate, and its policies, on one trace (see the module's text)."""
     torch.set_num_threads(1)
@@ -169,7 +174,7 @@ def engine_main(args) -> None:
             theirs_s = min(theirs_s, again_s)
             for name, config in policies.items():
                 run = run_serving(ranks, weights, trace, config)
-                if name not in runs or run.tokens_per_s > runs[name].tokens_per_s:
+                if name not in runs or speed(run) > speed(runs[name]):
                     runs[name] = run
         chats = shared_prefix_trace(conversations=6, turns=4, system_tokens=96, message_tokens=(8, 24),
                                     new_tokens=(4, 16), gap_s=0.05, vocab=1024, seed=5)
@@ -187,8 +192,8 @@ def engine_main(args) -> None:
     print(f"\n{'':<30}{'tokens/s':>10}{'vs HF':>8}")
     print(f"{'transformers generate, static':<30}{useful / theirs_s:>10.0f}{1.0:>8.2f}")
     for name, run in runs.items():
-        print(f"{'engine, ' + name:<30}{run.tokens_per_s:>10.0f}{run.tokens_per_s * theirs_s / useful:>8.2f}")
-    ratio = runs["continuous, chunked prefill"].tokens_per_s * theirs_s / useful
+        print(f"{'engine, ' + name:<30}{speed(run):>10.0f}{speed(run) * theirs_s / useful:>8.2f}")
+    ratio = speed(runs["continuous, chunked prefill"]) * theirs_s / useful
     print(f"aim: continuous batching >= 1.5x transformers' static batching: {ratio:.2f}x, "
           f"{'met' if ratio >= 1.5 else 'not met'}")
 
@@ -226,8 +231,7 @@ def fleet_main(args) -> None:
     from shardlib.core.model import random_weights
     from shardlib.facts.models import LLAMA_3_70B
     from shardlib.lab.serving.cold_start import run_cold_start_check
-    from shardlib.lab.serving.disagg_drivers import LOOPBACK, default_objectives
-    from shardlib.lab.serving.disagg_run import run_disaggregated
+    from shardlib.lab.serving.disagg import LOOPBACK, default_objectives, run_disaggregated
     from shardlib.lab.serving.engine_drivers import reference_tokens
     from shardlib.lab.serving.replica_drivers import run_replicas, run_replicas_vs_tp_check, run_router_check
     from shardlib.predict.serving.burst import STORAGE, burst_at_scale
@@ -342,7 +346,7 @@ def fleet_main(args) -> None:
         # -- replicas against one split copy ------------------------------------------------------------------
         for replicas in (4, 2):
             layouts = run_replicas_vs_tp_check(four, weights, trace_at(rates[1]), config, fit_trace, replicas=replicas)
-            print(f"\n{layouts.labels[0]} against {layouts.labels[1]}, {n} requests at {rates[1]:g} a second")
+            print(f"\n{list(layouts.runs)[0]} against {list(layouts.runs)[1]}, {n} requests at {rates[1]:g} a second")
             for v in layouts.verdicts:
                 print("  " + v.line)
             print(served_table(layouts))

@@ -281,7 +281,7 @@ for name in ("NVLink 4 (H100/H200)", "Ethernet 100 Gb/s"):
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.runtime.ranks import Ranks
-from shardlib.lab.costs.claims import run_calibration_check
+from shardlib.lab.costs.calibration import run_calibration_check
 
 ranks = Ranks(4)
 where = f"measured on {ranks.description}"  # where every number below is measured
@@ -383,7 +383,7 @@ for tokens, what in messages.items():
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.predict.alpha_beta import fit_link
-from shardlib.lab.costs.claims import run_decode_vs_prefill_check
+from shardlib.lab.costs.decode_vs_prefill import run_decode_vs_prefill_check
 from shardlib.ui.costs_figures import decode_vs_prefill_table
 
 dvp, verdicts = run_decode_vs_prefill_check(ranks, here, LLAMA_3_8B, tokens=tuple(messages))
@@ -457,7 +457,7 @@ tp_cost_explorer([*LINKS.values(), here])
 # the 50 ms waiting *inside* the collective; the slow rank hardly waits there.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.costs.claims import run_slow_rank_check
+from shardlib.lab.costs.slow_rank import run_slow_rank_check
 
 delay_s = 0.05
 slow, verdicts = run_slow_rank_check(ranks, 1, delay_s)
@@ -599,10 +599,9 @@ latency_throughput_figure({**curves, "Llama-3-70B, 4K context": big})
 # per second per device?
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.costs.ranks import serving_model
-from shardlib.lab.costs.claims import run_replicas_vs_tp_check
+from shardlib.lab.costs.replicas import run_replicas_vs_tp_step_check, serving_model
 
-served, verdicts = run_replicas_vs_tp_check(ranks, here, model=serving_model(n_layers=2, d_model=768, d_ff=3072),
+served, verdicts = run_replicas_vs_tp_step_check(ranks, here, model=serving_model(n_layers=2, d_model=768, d_ff=3072),
                                             batch=16, steps=8, tp=2)
 print(f"median of {len(served.tp_steps_s)} steps each way: replica {served.measured.replica_step_s * 1e3:.1f} ms, "
       f"tp = 2 {served.measured.tp_step_s * 1e3:.1f} ms; inside the all-reduces "

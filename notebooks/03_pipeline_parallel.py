@@ -96,7 +96,7 @@ from fractions import Fraction
 
 from shardlib.predict.pipeline import idle_slots, peak_in_flight, step_slots
 from shardlib.ui.tables import schedule_text
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 
 for name in ("gpipe", "1f1b"):
     s = make_schedule(name, 4, 8)
@@ -178,7 +178,7 @@ show_code(Stage, run_stage)
 # pipelines do (Megatron-LM's `batch_isend_irecv`). And because every
 # rank follows its list exactly, an order that could not run would hang: `make_schedule` plays every
 # schedule out first and refuses one that would leave a stage waiting forever. The rank function
-# (`pipeline_step_on_rank` in `pipeline/ranks.py`) passes the probe that records each op and each wait,
+# (`pipeline_step_on_rank` in `lab/pipeline/step.py`) passes the probe that records each op and each wait,
 # pads an op to a set duration when asked, and counts the bytes each forward saved.
 # </details>
 
@@ -201,7 +201,7 @@ show_code(Stage, run_stage)
 # %%
 from shardlib.runtime.ranks import Ranks
 from shardlib.facts.models import TOY
-from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.lab.pipeline.step import run_pipeline
 from shardlib.core.toy import activations, stack_weights
 
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)  # 8 MLP layers of the toy's width
@@ -228,7 +228,7 @@ for name in ("gpipe", "1f1b"):
 # all-reduces the whole batch's activations once forward and once backward, on every rank.
 
 # %%
-from shardlib.lab.pipeline.drivers import run_pipeline_vs_tp_bytes
+from shardlib.lab.pipeline.step import run_pipeline_vs_tp_bytes
 
 both = run_pipeline_vs_tp_bytes(ranks, TOY, layers, x, grad, n_microbatches=4)
 print(f"pipeline, 2 stages, m = 4: {both.pipeline_messages} sends in all, {both.pipeline_bytes:,} bytes "
@@ -282,7 +282,7 @@ predicted_vs_measured_figure(run, ranks.description)
 # messages take time the formula does not count.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.pipeline.bubble_drivers import run_bubble_check
+from shardlib.lab.pipeline.bubble import run_bubble_check
 
 GRID_M, GRID_OP_S = (1, 4, 8), 0.03
 two = run_bubble_check(ranks, GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
@@ -302,7 +302,7 @@ for v in two.verdicts + four_stages.verdicts:
 # predicted lies between 0.9 and 1.6. Messages only ever add idle time, and at `m = 8` on 2 stages the
 # bubble itself is small, so a hop of a millisecond is a visible share of it. A point that misses is measured again,
 # at most three times, and the least idle attempt is kept: a stall from another program only adds idle
-# time. `run_bubble_check` in `pipeline/bubble_drivers.py` holds these rules. The unit tests hold the gap
+# time. `run_bubble_check` in `pipeline/bubble.py` holds these rules. The unit tests hold the gap
 # to 0.03 with 100 ms ops; `benchmarks/bench_pipeline.py` measures the whole grid for both schedules.
 # </details>
 
@@ -373,14 +373,14 @@ assert pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8) / 4
 #
 # Once the pipeline is full, one microbatch leaves per slowest-stage time, whatever the others do. So a
 # pass of `m` microbatches through stages taking `t_s` each lasts **`sum(t_s) + (m - 1) × max(t_s)`**
-# (`pipeline_step_s`). Equal stages give `(m + p - 1) t`.
+# (`predicted_step_s`, the schedule played out). Equal stages give `(m + p - 1) t`.
 #
 # **Predict.** Four stages, 6 microbatches, forward only, each forward padded to 15 ms: the step takes
 # `9 × 15 = 135` ms. Make stage 1 twice as slow (30 ms): `75 + 5 × 30 = 225` ms. Stage 1 then computes
 # `6 × 30 = 180` ms of it, 80 %; the others compute 40 % and wait for it.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.pipeline.bubble_drivers import run_pace_check
+from shardlib.lab.pipeline.bubble import run_pace_check
 
 pace = run_pace_check(four, TOY, layers, x, n_microbatches=6, op_s=0.015, slow_stage=1)
 for v in pace.verdicts:
@@ -394,7 +394,7 @@ print(f"share of the slow step each stage computes: {[f'{s:.0%}' for s in pace.b
 # machine only ever adds time. A step passes within 0.95 to 1.3 of its
 # prediction (the hops between stages only add time). The ratio of the two steps and the slow stage's
 # share pass within 0.85 to 1.15. If any fails, the whole measurement runs again, at most three times
-# (`run_pace_check` in `pipeline/bubble_drivers.py`).
+# (`run_pace_check` in `pipeline/bubble.py`).
 # </details>
 #
 # The pipeline runs at the pace of its slowest stage. Balancing the stages, so that each holds equal
@@ -441,7 +441,7 @@ assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
 # 144 ms. A training step with lighter ends must also be exact, bit for bit.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.pipeline.bubble_drivers import run_uneven_check
+from shardlib.lab.pipeline.bubble import run_uneven_check
 
 CUTS = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
 uneven = run_uneven_check(four, TOY, layers[:6], x, grad, CUTS, n_microbatches=6, layer_s=0.008)
@@ -456,7 +456,7 @@ assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2
 # <details><summary>How this was measured</summary>
 #
 # As for the slow stage: each cut ran three times in a row and kept its fastest run. A step
-# passes within 0.95 to 1.3 of `pipeline_step_s`, their ratio within 0.85 to 1.15, and the whole
+# passes within 0.95 to 1.3 of `predicted_step_s`, their ratio within 0.85 to 1.15, and the whole
 # measurement runs again if either fails (`run_uneven_check`).
 # </details>
 #
@@ -484,7 +484,7 @@ assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2
 # ms, and once the pipeline is full a microbatch leaves every 15 ms.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.pipeline.bubble_drivers import run_trip_check
+from shardlib.lab.pipeline.bubble import run_trip_check
 
 trips = run_trip_check(four, TOY, layers, x, n_microbatches=4, op_s=0.015)
 for v in trips.verdicts:

@@ -421,16 +421,16 @@ assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly a
 
 # %%
 from shardlib.core.experts.balance import capacity
-from shardlib.lab.experts.drivers import run_mitigations
+from shardlib.lab.experts.balance import run_mitigations
 
 print(f"capacity at cf 1.25 for one rank's {len(x) // 2} tokens, top-1, 8 experts: "
       f"ceil({len(x) // 2} x 1 x 1.25 / 8) = {capacity(len(x) // 2, 1, 1.25, 8)} slots per expert")
 top1 = cfg.but(k=1, skew=0.75)
 measured = run_mitigations(ranks, x, weights, top1, capacity_factor=1.25, repeats=1)
-none, capped, rerouted, copied = measured.runs  # none, capacity, capacity + reroute, replicate hottest
+none, capped, rerouted, copied = measured.values()  # none, capacity, capacity + reroute, replicate hottest
 for m in (none, capped, rerouted, copied):
-    print(f"{m.label:<18}: busiest expert {m.expert_max_over_mean:.2f}x its even share, "
-          f"busiest rank {m.rank_max_over_mean:.2f}x; dropped slots {m.run.dropped_slots:>4}, "
+    print(f"{m.label:<18}: busiest expert {m.expert_load.max_over_mean:.2f}x its even share, "
+          f"busiest rank {m.rank_load.max_over_mean:.2f}x; dropped slots {m.run.dropped_slots:>4}, "
           f"tokens changed {m.tokens_changed:>4}")
     assert m.exact  # each run on ranks equals the one-process layer with the same policy
 
@@ -441,10 +441,10 @@ passed = ~capped_run.assignment.kept[:, 0]
 assert torch.equal(capped_run.output[passed], x[passed])  # dropped: passed through unchanged
 assert torch.equal(capped_run.output[~passed], uncapped.output[~passed])  # kept: untouched by the cap
 assert capped.run.dropped_tokens == int(passed.sum()) == capped.tokens_changed
-assert capped.expert_max_over_mean <= 1.25 and rerouted.expert_max_over_mean <= 1.25
+assert capped.expert_load.max_over_mean <= 1.25 and rerouted.expert_load.max_over_mean <= 1.25
 assert rerouted.run.dropped_slots < capped.run.dropped_slots and copied.tokens_changed == 0
-assert copied.rank_max_over_mean < none.rank_max_over_mean
-assert copied.expert_max_over_mean == none.expert_max_over_mean  # as busy, in two places
+assert copied.rank_load.max_over_mean < none.rank_load.max_over_mean
+assert copied.expert_load.max_over_mean == none.expert_load.max_over_mean  # as busy, in two places
 print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {int((~passed).sum())} others are "
       f"bit for bit the uncapped layer's")
 
@@ -564,19 +564,19 @@ for ep in (2, 1):
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.experts.training import BALANCE_CONFIG, run_balance_training
+from shardlib.lab.experts.training import BALANCE_CONFIG
 from shardlib.ui.experts_figures import balance_steps_figure
 
-balancing = {b: run_balance_training(ranks, BALANCE_CONFIG, balance=b, steps=12)
+skewed_problem = make_moe_problem(BALANCE_CONFIG, n_tokens=128, skew=1.0)  # most tokens start on expert 0
+balancing = {b: run_moe_training(ranks, skewed_problem, BALANCE_CONFIG.but(balance=b), steps=12)
              for b in ("none", "aux-loss", "aux-free")}
+ratios = {b: t.trained.max_over_mean for b, t in balancing.items()}  # per step, the busiest expert over the mean
 for b, t in balancing.items():
-    print(f"{b:>8}: max/mean {t.max_over_mean[0]:.2f} at step 1, {t.max_over_mean[-1]:.2f} at step 12; "
-          f"task loss {t.task_losses[-1]:.3f}; exact against one process: {t.exact}")
+    print(f"{b:>8}: max/mean {ratios[b][0]:.2f} at step 1, {ratios[b][-1]:.2f} at step 12; "
+          f"task loss {t.trained.task_losses[-1]:.3f}; exact against one process: {t.exact}")
     assert t.exact
-assert balancing["aux-free"].max_over_mean[-1] < balancing["aux-loss"].max_over_mean[-1] \
-    < balancing["none"].max_over_mean[-1]
-balance_steps_figure({b: t.max_over_mean for b, t in balancing.items()},
-                     title=f"The same toy trained 12 steps three ways, on {ranks.description}")
+assert ratios["aux-free"][-1] < ratios["aux-loss"][-1] < ratios["none"][-1]
+balance_steps_figure(ratios, title=f"The same toy trained 12 steps three ways, on {ranks.description}")
 
 # %% [markdown]
 # The bias evened the load without a loss term or a dropped token. Neither method is free: each cost a
@@ -588,7 +588,7 @@ balance_steps_figure({b: t.max_over_mean for b, t in balancing.items()},
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.experts_widgets import bias_rate_explorer
 
-bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": balancing["none"].max_over_mean})
+bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": ratios["none"]})
 
 # %% [markdown]
 # <details><summary>Answer</summary>

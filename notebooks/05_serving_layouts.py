@@ -78,10 +78,9 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 #
 # - `build_stage` builds a torch `DeviceMesh` of shape `(pp, dp, tp)`, one process group per axis, and
 #   this stage's blocks, split over `"tp"` as in notebook 01 (with experts, spread over `"ep"`).
-# - `combined_forward`: each stage receives a microbatch from the *same tp rank* of the previous stage,
+# - `run_round`: each stage receives a microbatch from the *same tp rank* of the previous stage,
 #   runs its blocks and sends the result on.
-# - `pipelined_decode` loops as a server decodes: the last stage hands each output back to the first.
-# - Both are one loop, `run_round`.
+# - With several steps, `run_round` loops as a server decodes: the last stage hands each output back to the first.
 #
 # <details><summary>More on what the code does</summary>
 #
@@ -96,10 +95,10 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.serving.layouts import build_stage, combined_forward, pipelined_decode, run_round
+from shardlib.core.serving.layouts import build_stage, run_round
 from shardlib.ui.code import show_code
 
-show_code(build_stage, run_round, combined_forward, pipelined_decode)
+show_code(build_stage, run_round)
 
 # %% [markdown]
 # ## Measured, not copied: the three comm logs, side by side
@@ -124,9 +123,9 @@ from shardlib.lab.experts.drivers import make_tokens
 from shardlib.predict.experts import predicted_all_to_all_bytes
 from shardlib.lab.experts.drivers import run_expert_parallel
 from shardlib.facts.models import TOY, TOY_MOE
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.predict.pipeline import messages_per_step
-from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.lab.pipeline.step import run_pipeline
 from shardlib.lab.tensor_parallel.drivers import run_tp_block
 from shardlib.core.toy import activations, layer_weights, stack_weights
 
@@ -256,7 +255,7 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # Predict, for 4 sequences of 8 tokens in 2 microbatches:
 
 # %%
-from shardlib.core.experts.stack import moe_stack_reference, moe_stack_weights
+from shardlib.core.experts.dispatch import moe_stack_reference, moe_stack_weights
 
 moe_layers = moe_stack_weights(TOY_MOE, seed=0)
 moe_seqs = activations(4, 8, TOY_MOE.d_model)  # (4, 8, 64)
@@ -467,16 +466,20 @@ plan_figure(plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), objective="la
 # </details>
 
 # %%
+from shardlib.ui.serving_reasons import score_notes
+
 p16 = plan_serving(LLAMA_3_70B, TWO_NODES_8_H100, Workload(), objective="latency")
 copied = next(s for s in p16.ranked if s.layout.tp == 16)
-print(f"{LLAMA_3_70B.name}, {copied.layout.label}: " + "; ".join(copied.notes))
-assert any("KV heads copied on 2 GPUs" in n for n in copied.notes)
+copied_notes = score_notes(LLAMA_3_70B, TWO_NODES_8_H100, copied.layout, Workload())
+print(f"{LLAMA_3_70B.name}, {copied.layout.label}: " + "; ".join(copied_notes))
+assert any("KV heads copied on 2 GPUs" in n for n in copied_notes)
 one_node = plan_serving(LLAMA_3_70B, ONE_NODE_8_H100, Workload(), "latency").best
 assert one_node.layout == Layout(tp=8, pp=1)
 assert copied.memory.kv_cache_bytes == one_node.memory.kv_cache_bytes  # one sequence: the same cache per GPU
 uneven = score(LLAMA_3_1_405B, TWO_NODES_8_H100, Layout(tp=4, pp=4), Workload())
 stage_ms = [st.total_s * 1e3 for st in uneven.stages]
-print(f"\n{LLAMA_3_1_405B.name}, {uneven.layout.label}: " + "; ".join(uneven.notes))
+print(f"\n{LLAMA_3_1_405B.name}, {uneven.layout.label}: " + "; ".join(score_notes(LLAMA_3_1_405B, TWO_NODES_8_H100,
+                                                                                  uneven.layout, Workload())))
 print("one microbatch through each stage: " + ", ".join(f"{t:.2f} ms" for t in stage_ms)
       + f"; the pace: {uneven.decode_stage_s * 1e3:.2f} ms per microbatch, the slowest")
 assert uneven.decode_stage_s == max(st.total_s for st in uneven.stages) and stage_ms[0] > stage_ms[2]

@@ -155,7 +155,7 @@ print(f"predicted for the {len(handed)} requests handed off: {predicted_bytes:,}
 # point-to-point records, not from the formula.
 
 # %%
-from shardlib.lab.serving.disagg_run import run_disaggregated
+from shardlib.lab.serving.disagg import run_disaggregated
 
 pools = run_disaggregated(four, weights, trace, config, prefill_ranks=2)
 sent = sum(pools.kv_bytes_sent.values())
@@ -201,7 +201,7 @@ assert small.tokens == reference and small.kv_bytes_sent == small.kv_bytes_predi
 # first token.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.serving.disagg_drivers import run_disaggregation_check
+from shardlib.lab.serving.disagg import run_disaggregation_check
 from shardlib.ui.serving_tables import disaggregation_table, handoff_line, interference_line
 
 split = run_disaggregation_check(four, weights, trace, config, runs={"disaggregated": pools})

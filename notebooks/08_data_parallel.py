@@ -222,7 +222,7 @@ LR = 0.01
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
 runs = {s: run_data_parallel(ranks, s, model, batches, LR, bucket_bytes=4096) for s in DP_STRATEGIES}
-one_process = train_one_process(model, batches, LR).state_dict  # the same 4 steps on all 16 rows at once
+one_process = train_one_process(model, batches, LR)  # the same 4 steps on all 16 rows at once
 for s, run in runs.items():
     gap = run.against_reference(one_process)
     print(f"{STRATEGY_TITLES[s]:<8} largest gap from one process {gap:.1e}; ranks agree bit for bit: "
@@ -286,16 +286,17 @@ assert wire["ddp"] == wire["zero1"] == wire["zero2"] and 2 * wire["zero3"] == 3 
 # so its pair makes four passes. Predict the all-reduce at half the pair's time.
 
 # %%
-from shardlib.lab.data_parallel.claims import run_identity_check
+from shardlib.lab.data_parallel.claims import identity_verdicts, run_collective_identity
+from shardlib.lab.verdict import verified
 
-same = run_identity_check(ranks, 2 ** 18, repeats=5)
+same, identity_claims = verified(lambda: run_collective_identity(ranks, 2 ** 18, repeats=5), identity_verdicts)
 print(f"results differ by at most {same.max_gap:.1e}; wire bytes per rank: all-reduce "
       f"{same.wire_bytes['all_reduce']:,} = reduce-scatter {same.wire_bytes['reduce_scatter']:,} + all-gather "
       f"{same.wire_bytes['all_gather']:,}")
 assert same.max_gap <= 1e-5 and same.wire_bytes["all_reduce"] == same.split_wire_bytes
 
 # %% tags=["nbval-ignore-output"]
-for v in same.verdicts:
+for v in identity_claims:
     print(v.line)
 
 # %% [markdown]
@@ -337,13 +338,13 @@ for prefetch in (False, True):  # the ZeRO-3 run above already prefetched
 # of 64 KiB) makes the effect visible.
 
 # %%
-from shardlib.lab.data_parallel.claims import run_bucket_overlap_check
+from shardlib.lab.data_parallel.claims import overlap_verdicts, run_overlap
 
 mid = toy_model(d_model=128, d_hidden=512, n_layers=4, d_out=8, seed=0)
 mid_batches = toy_batches(4, rows=64, d_in=128, d_out=8, seed=1)
-overlap = {s: run_bucket_overlap_check(ranks, s, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=1)
-           for s in ("ddp", "zero3")}
-for s, o in overlap.items():
+overlap = {s: verified(lambda s=s: run_overlap(ranks, s, mid, mid_batches, 1e-3, bucket_bytes=1 << 16, repeats=1),
+                       overlap_verdicts) for s in ("ddp", "zero3")}  # {strategy: (comparison, verdicts)}
+for s, (o, _) in overlap.items():
     launched = o.with_overlap.launched_during_backward()
     print(f"{STRATEGY_TITLES[s]}: {launched} asynchronous collectives issued before the last step's backward ended; "
           f"without overlap: {o.without_overlap.launched_during_backward()}")
@@ -351,8 +352,8 @@ for s, o in overlap.items():
     assert o.without_overlap.hidden_share() == 0.0
 
 # %% tags=["nbval-ignore-output"]
-for s, o in overlap.items():
-    print(o.verdicts[0].line)
+for s, (o, verdicts) in overlap.items():
+    print(verdicts[0].line)
     print(f"{STRATEGY_TITLES[s]}: communication hidden {o.with_overlap.hidden_share():.0%}; perfect overlap would take "
           f"{o.perfect_s * 1e3:.3g} ms")
 
@@ -372,9 +373,9 @@ for s, o in overlap.items():
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.data_parallel_figures import overlap_timeline_figure
 
-on = overlap["ddp"].with_overlap
-overlap_timeline_figure(on.spans, on.n_steps - 1,
-                        f"DDP, buckets of 64 KiB, launched during the backward; measured on {ranks.description}")
+on = overlap["ddp"][0].with_overlap
+overlap_timeline_figure(on.spans, f"DDP, buckets of 64 KiB, launched during the backward; measured on "
+                        f"{ranks.description}", step=on.n_steps - 1)
 
 # %% [markdown]
 # ## The peers: PyTorch's own DDP and FSDP2
@@ -385,11 +386,11 @@ overlap_timeline_figure(on.spans, on.n_steps - 1,
 # same gradient.
 
 # %%
-from shardlib.lab.data_parallel.drivers import run_peer
+from shardlib.lab.data_parallel.drivers import PEER_OF, run_peer
 
 for peer in ("torch_ddp", "torch_fsdp2"):
     result = run_peer(ranks, peer, model, batches, LR)
-    print(f"{peer:<12} vs this notebook's {STRATEGY_TITLES[result.strategy]:<8}: "
+    print(f"{peer:<12} vs this notebook's {STRATEGY_TITLES[PEER_OF[peer]]:<8}: "
           f"largest gap {result.peer_to_ours:.1e}; from one process {result.peer_to_reference:.1e}")
     assert result.peer_to_ours <= TOLERANCE and result.peer_to_reference <= TOLERANCE
 

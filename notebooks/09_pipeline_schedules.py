@@ -88,7 +88,7 @@ assert zb_h1 * 3 == one_f_one_b  # ZB-H1 idles a third of 1F1B when F = B = W
 # below.
 
 # %%
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.ui.tables import schedule_text
 
 for name in ("1f1b", "zb-h1"):
@@ -154,11 +154,11 @@ for name in ("zb-v", "dualpipev"):
 #
 # The stage loop is the one you read in notebook 03. Its `Stage.backward` has two branches: 1F1B's whole
 # backward, and a split one, taken when the schedule has W actions. Here are `backward`, `backward_weight`
-# and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `shardlib/core/pipeline/zero_bubble.py`).
+# and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `shardlib/core/pipeline/orders.py`).
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.pipeline.engine import Stage
-from shardlib.core.pipeline.zero_bubble import zb_h1_order
+from shardlib.core.pipeline.orders import zb_h1_order
 from shardlib.ui.code import show_code
 
 show_code(Stage.backward, Stage.backward_weight, zb_h1_order)
@@ -212,7 +212,7 @@ for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
 # %%
 from shardlib.runtime.ranks import Ranks
 from shardlib.facts.models import TOY
-from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.lab.pipeline.step import run_pipeline
 from shardlib.core.toy import activations, stack_weights
 
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)
@@ -273,7 +273,7 @@ assert overlap.exact  # both orders give the one-process layer's outputs bit for
 # 260 ms and 1F1B's 300 ms. At `m = 8`, ZB-H1's idle stays 20 ms while its work doubles: 500 ms.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.pipeline.split_drivers import run_zero_bubble_check
+from shardlib.lab.pipeline.zero_bubble import run_zero_bubble_check
 
 check = run_zero_bubble_check(ranks, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 8, 1.0)],
                               TOY, layers, x, grad, op_s=0.02)

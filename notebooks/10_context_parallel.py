@@ -350,7 +350,7 @@ assert grads.saved_bytes == (ring_saved_bytes_per_rank(grad_shape, 2),) * 2
 
 # %%
 from shardlib.core.config import ModelConfig
-from shardlib.lab.context_parallel.drivers import run_ring_training
+from shardlib.lab.context_parallel.training import run_ring_training
 
 tiny = ModelConfig("tiny attention", n_layers=1, d_model=16, n_heads=4, n_kv_heads=2, d_ff=16, vocab_size=16,
                    head_dim=8)
@@ -383,12 +383,13 @@ block_owner_figure(4)
 # in CPU time.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.context_parallel.claims import run_balance_check
+from shardlib.lab.context_parallel.claims import balance_verdicts, run_ring_balance
+from shardlib.lab.verdict import verified
 from shardlib.ui.context_parallel_figures import balance_figure
 
 qb, kb, vb = (torch.randn(1, 4, 1024, 64, generator=g) for _ in range(3))
 run_ring_attention(ranks, qb, kb, vb)  # warm-up
-balance, verdicts = run_balance_check(ranks, qb, kb, vb, repeats=3)
+balance, verdicts = verified(lambda: run_ring_balance(ranks, qb, kb, vb, repeats=3), balance_verdicts)
 for verdict in verdicts:
     print(verdict.line)
 placements = ("contiguous", "zigzag")
@@ -447,17 +448,18 @@ assert balance["contiguous"].computed_blocks == (1, 2) and balance["zigzag"].com
 # step. Predict: with overlap, almost no time blocked in `wait`.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.context_parallel.claims import run_ring_overlap_check
-from shardlib.ui.context_parallel_figures import ring_timeline_figure
+from shardlib.lab.context_parallel.claims import overlap_verdicts, run_ring_overlap
+from shardlib.ui.data_parallel_figures import overlap_timeline_figure
 
 qo, ko, vo = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
-overlap, verdicts = run_ring_overlap_check(ranks, qo, ko, vo, repeats=3, pad_compute_s=0.04)
+overlap, verdicts = verified(lambda: run_ring_overlap(ranks, qo, ko, vo, repeats=3, pad_compute_s=0.04),
+                             overlap_verdicts)  # the link fitted again each attempt
 for verdict in verdicts:
     print(verdict.line)
 print(f"blocked waiting for blocks: {overlap.overlapped.waited_s * 1e3:.2f} ms overlapped, "
       f"{overlap.sequential.waited_s * 1e3:.2f} ms one after the other")
-ring_timeline_figure(overlap.overlapped.spans, "Overlapped: the next block is in flight while this one computes "
-                     f"({ranks.description})")
+overlap_timeline_figure(overlap.overlapped.spans, "Overlapped: the next block is in flight while this one computes "
+                        f"({ranks.description})")
 
 # %%
 assert overlap.overlapped.exact and overlap.sequential.exact
@@ -562,7 +564,7 @@ assert run_ring_attention(ranks, q3, k3, v3).exact  # the ring does not care abo
 # sending half of a `2 · 2 · 70 · 12 · 4`-byte buffer, equal to what the ring sent.
 
 # %%
-from shardlib.predict.context_parallel import all_gather_kv_bytes_per_rank
+from shardlib.predict.context_parallel import ring_bytes_per_rank
 from shardlib.lab.context_parallel.drivers import run_all_gather_attention
 
 shape = AttentionShape(2, 6, 2, 70, 12)
@@ -570,10 +572,10 @@ gathered = run_all_gather_attention(ranks, q, k, v)
 ring_run = run_ring_attention(ranks, q, k, v)
 print(f"all-gather K/V: largest gap {gathered.gap:.1e}; collectives on rank 0 {list(gathered.measured)}")
 print(f"wire bytes per rank: all-gather {gathered.sent_bytes_per_rank[0]:,} (formula "
-      f"{all_gather_kv_bytes_per_rank(shape, 2):,.0f}), ring {ring_run.sent_bytes_per_rank[0]:,}, "
+      f"{ring_bytes_per_rank(shape, 2):,.0f}), ring {ring_run.sent_bytes_per_rank[0]:,}, "
       f"all-to-all {uly.sent_bytes_per_rank[0]:,}")
 assert gathered.gap <= TOLERANCE and gathered.measured == gathered.predicted
-assert gathered.sent_bytes_per_rank[0] == ring_run.sent_bytes_per_rank[0] == all_gather_kv_bytes_per_rank(shape, 2)
+assert gathered.sent_bytes_per_rank[0] == ring_run.sent_bytes_per_rank[0] == ring_bytes_per_rank(shape, 2)
 
 # %% [markdown]
 # Now the four at Llama-3.1-70B's shape, one layer, 128K tokens over 16 ranks in bf16. The all-to-all
@@ -581,20 +583,20 @@ assert gathered.sent_bytes_per_rank[0] == ring_run.sent_bytes_per_rank[0] == all
 # groups of 8 and the ring across the 2 groups.
 
 # %%
-from shardlib.predict.context_parallel import all_gather_kv_held_bytes, cp_comm_bytes_per_rank
+from shardlib.predict.context_parallel import cp_comm_bytes_per_rank
 
 llama = AttentionShape(1, m70.n_heads, m70.n_kv_heads, 131_072, head_dim, bytes_per_value=2)
 methods = cp_comm_bytes_per_rank(llama, 16, inner=8)
 for name, sent in methods.items():
     print(f"cp_comm_type {name:<10} {sent / 2 ** 20:7.1f} MiB sent per rank per layer, forward")
-print(f"all_gather holds the whole K/V for the call: {all_gather_kv_held_bytes(llama) / 2 ** 20:.0f} MiB; the rank's "
+print(f"all_gather holds the whole K/V for the call: {llama.kv_block_bytes(1) / 2 ** 20:.0f} MiB; the rank's "
       f"own queries are {llama.values_per_token(llama.heads) * llama.seq / 16 * 2 / 2 ** 20:.0f} MiB")
 assert "a2a" not in methods and methods["all_gather"] == methods["p2p"]
 no_gqa = AttentionShape(1, m70.n_heads, m70.n_heads, 131_072, head_dim, bytes_per_value=2)  # one KV head per query head
 print(f"without grouped-query attention (64 KV heads) it would hold "
-      f"{all_gather_kv_held_bytes(no_gqa) / 2 ** 20:.0f} MiB and send "
+      f"{no_gqa.kv_block_bytes(1) / 2 ** 20:.0f} MiB and send "
       f"{cp_comm_bytes_per_rank(no_gqa, 16)['all_gather'] / 2 ** 20:.0f} MiB")
-assert all_gather_kv_held_bytes(no_gqa) == 8 * all_gather_kv_held_bytes(llama)
+assert no_gqa.kv_block_bytes(1) == 8 * llama.kv_block_bytes(1)
 
 # %% [markdown]
 # Grouped-query attention is the condition: with 8 KV heads the gathered K/V is an eighth of what 64 would

@@ -222,7 +222,7 @@ for lay in train_layouts:
           f"{'below 1e-12' if gap < 1e-12 else f'{gap:.1e}'}")
     assert gap < TOLERANCE
     assert run.ledgers == run.predicted_ledgers()  # every rank, every term, to the byte
-    assert all(run.traffic_by_axis(r) == run.predicted_traffic(r) for r in range(four.world_size))
+    assert run.traffic_mismatches() == []  # every axis of every rank: calls, buffer and wire bytes
 assert train_runs["tp=2 pp=1 dp=2"].losses[-1] < train_runs["tp=2 pp=1 dp=2"].losses[0] - 0.5  # it learns
 
 # %% [markdown]

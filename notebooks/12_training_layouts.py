@@ -121,7 +121,7 @@ from shardlib.facts.models import LLAMA_3_1_405B
 from shardlib.predict.training.choices import LLAMA_3_PUBLISHED
 from shardlib.predict.training.memory import training_memory
 
-llama_layout = LLAMA_3_PUBLISHED[1].layout()  # tp 8, pp 16, dp 128; FSDP as Llama 3 ran it: ZeRO-2
+llama_layout = LLAMA_3_PUBLISHED[1].layout  # tp 8, pp 16, dp 128; FSDP as Llama 3 ran it: ZeRO-2
 print(f"{LLAMA_3_1_405B.name}, {llama_layout.label}, 8,192 tokens, microbatch 1, 16 microbatches, per GPU:")
 print(f"{'stage':>5}{'layers':>7}{'in flight':>10}{'states GB':>10}{'activations GB':>15}{'total GB':>9}  recompute")
 ledger = {}

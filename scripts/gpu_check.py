@@ -15,7 +15,7 @@ Steps, each reported as passed or failed with its numbers (one failing does not 
   collectives and the host staging (``TEST_FILES``) with their pools on the GPU path: once as ``auto``
   places them, once more shared through host memory when ``auto`` picks NCCL.
 * ``sweep``: an all-reduce size sweep on each path, with the bus bandwidth as nccl-tests reports it.
-* ``fit``: this machine's latency and bandwidth fitted (``lab.costs.drivers.run_calibration``) on 2 CPU
+* ``fit``: this machine's latency and bandwidth fitted (``lab.costs.calibration.run_calibration``) on 2 CPU
   ranks, 2 ranks sharing a GPU, and 2 NCCL ranks, side by side with their ratio to the CPU run.
 * ``torchrun``: ``tp_inside_pp_across_on_rank`` on two torchrun agents standing in for two nodes, two processes
   each: NCCL with two GPUs per agent where there are four (``CUDA_VISIBLE_DEVICES`` split between the
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from shardlib.core.toy import activations, layer_weights  # noqa: E402
 from shardlib.facts.models import TOY  # noqa: E402
-from shardlib.lab.costs.drivers import run_calibration  # noqa: E402
+from shardlib.lab.costs.calibration import run_calibration  # noqa: E402
 from shardlib.lab.intro.drivers import run_all_reduce_time  # noqa: E402
 from shardlib.lab.intro.ranks import first_all_reduce_on_rank, whoami_on_rank  # noqa: E402
 from shardlib.lab.tensor_parallel.drivers import run_tp_block  # noqa: E402

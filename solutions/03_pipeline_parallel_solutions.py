@@ -18,7 +18,7 @@
 # The answer to `notebooks/exercises/03_pipeline_parallel_exercises`, kept apart from the starter. It
 # lives in `exercise_answers.py` beside this notebook. Below, it is printed and then graded by the same
 # checker the learners run, on two real ranks, which must pass. It is the order of
-# `shardlib.core.pipeline.classic.one_f_one_b_order`, as the last cell checks.
+# `shardlib.core.pipeline.orders.one_f_one_b_order`, as the last cell checks.
 
 # %%
 import inspect
@@ -27,7 +27,7 @@ import exercise_answers as answers
 from shardlib.runtime.ranks import Ranks
 from shardlib.exercises.pipeline import grade_one_f_one_b
 from shardlib.facts.models import TOY
-from shardlib.core.pipeline.classic import one_f_one_b_order
+from shardlib.core.pipeline.orders import one_f_one_b_order
 from shardlib.core.toy import activations, stack_weights
 
 print(inspect.getsource(answers.one_f_one_b))

@@ -153,10 +153,10 @@ def test_the_package_keeps_its_layers():
     ("predict/alpha_beta.py", "import torch.distributed as dist", "shardlib.predict.alpha_beta (predict) imports "
      "torch.distributed"),
     ("facts/hardware.py", "import torch", "shardlib.facts.hardware (facts) imports torch"),
-    ("lab/experts/ranks.py", "from shardlib.ui.theme import colour",
-     "shardlib.lab.experts.ranks imports shardlib.ui.theme, a layer above it"),
-    ("lab/costs/drivers.py", "import plotly.graph_objects as go",
-     "shardlib.lab.costs.drivers (lab) imports a UI library"),
+    ("lab/experts/drivers.py", "from shardlib.ui.theme import colour",
+     "shardlib.lab.experts.drivers imports shardlib.ui.theme, a layer above it"),
+    ("lab/costs/calibration.py", "import plotly.graph_objects as go",
+     "shardlib.lab.costs.calibration (lab) imports a UI library"),
     # one step removed: a prediction that imports a lab module, which imports torch.distributed
     ("predict/serving/memory.py", "def _late():\n    from shardlib.lab.serving.drivers import run_combined",
      "shardlib.predict.serving.memory (predict) imports torch.distributed"),
@@ -167,6 +167,7 @@ def test_the_walk_catches_a_module_that_breaks_its_layer(tmp_path, module, line,
     """Copy the package, break one rule, and the walk must say so (a check that cannot fail is no check)."""
     copy = tmp_path / "shardlib"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert (copy / module).is_file(), f"{module} is gone: point this case at a module that exists"
     with open(copy / module, "a") as f:
         f.write("\n" + line + "\n")
     found = violations(copy)

@@ -173,7 +173,7 @@ def _check_sweep(got: Collector, sweep: Sweep, sizes, times, answer) -> None:
 
 def _live(got: Collector, fit_fn, ranks) -> str:
     """Time point-to-point messages on ranks 0 and 1 and compare the learner's fit with the library's."""
-    from shardlib.lab.costs.drivers import run_calibration
+    from shardlib.lab.costs.calibration import run_calibration
 
     try:
         cal = run_calibration(ranks, DEFAULT_SIZES_BYTES, rounds=5, calls=2, n_ranks=2, statistic="median",

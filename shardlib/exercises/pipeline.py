@@ -1,16 +1,12 @@
 """Graders for the pipeline exercises: the bubble fraction, one stage's 1F1B order, and a schedule table.
 
-* ``grade_bubble_fraction``: ``(p - 1) / (m + p - 1)`` against ``predict.pipeline.pipeline_bubble_fraction``;
-  Megatron-LM's ratio of idle time to ideal compute, ``(p - 1) / m``, is the mistake it names most often.
-* ``grade_one_f_one_b``: stage ``s``'s 1F1B order (PipeDream-Flush, as Megatron-LM runs it), a list of
-  ``("F", i)`` and ``("B", i)``. The stages' lists become a ``Schedule``, checked by the library (every
-  action once, no deadlock), then held to 1F1B's own schedule: its microbatches in flight per stage and
-  its step length. With a pool, the order runs a training step on the ranks, checked bit for bit.
-* ``grade_small_table`` and ``grade_schedule_table``: ZB-H1 (Qi et al. 2024) as a table of labels, ``"F3"``
-  (forward of microbatch 3), ``"B3"`` (its input gradient), ``"W3"`` (its weight gradient), one list per
-  stage: first by hand for 2 stages and 2 microbatches, then for any size. Each kind of ``ScheduleError``
-  is named with what to check (``HINTS``); the table must have ZB-H1's bubble at F = B = W and 1F1B's
-  memory. A valid table runs on real ranks, exact, its bubble measured beside ZB-H1's.
+* ``grade_bubble_fraction``: ``(p - 1) / (m + p - 1)``; Megatron-LM's ratio to ideal, ``(p - 1) / m``, is the
+  mistake it names most often.
+* ``grade_one_f_one_b``: stage ``s``'s 1F1B order (PipeDream-Flush, as Megatron-LM runs it) as a checked
+  ``Schedule``, held to 1F1B's microbatches in flight and step length; with a pool, run bit for bit.
+* ``grade_small_table`` and ``grade_schedule_table``: ZB-H1 (Qi et al. 2024) as a table of labels (``"F3"``,
+  ``"B3"`` its input gradient, ``"W3"`` its weight gradient), by hand for 2 stages, then for any size: each
+  ``ScheduleError`` named with what to check (``HINTS``), ZB-H1's bubble and 1F1B's memory required.
 """
 
 from __future__ import annotations
@@ -19,11 +15,11 @@ import math
 import re
 
 from shardlib.core.checks import is_number
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.pipeline.schedules import Action, Schedule, ScheduleError
 from shardlib.exercises import result as grading
 from shardlib.exercises.result import Collector, ExerciseResult, check_callable
-from shardlib.lab.pipeline.drivers import run_pipeline
+from shardlib.lab.pipeline.step import run_pipeline
 from shardlib.predict.pipeline import idle_slots, peak_in_flight, pipeline_bubble_fraction, step_slots
 
 STAGES = (1, 2, 3, 4, 8)

@@ -17,7 +17,7 @@ from itertools import combinations
 
 from shardlib.core.data_parallel.flat import STRATEGY_TITLES, padded
 from shardlib.core.mesh import DP_STRATEGIES, Layout
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.training.config import TrainingConfig
 from shardlib.predict.pipeline import peak_in_flight

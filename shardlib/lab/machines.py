@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
 
 import torch
 
@@ -31,8 +30,13 @@ from shardlib.core.training.reference import train_reference
 from shardlib.facts.models import TOY
 from shardlib.lab.harness import Measured
 from shardlib.lab.serving.drivers import check_combined_inputs, combined_forward_on_rank, traffic_by_axis
-from shardlib.lab.training.drivers import check_training, reference_key, step_records, traffic_per_step
-from shardlib.lab.training.ranks import training_on_rank
+from shardlib.lab.training.drivers import (
+    check_training,
+    reference_key,
+    step_records,
+    traffic_per_step,
+    training_on_rank,
+)
 from shardlib.predict.serving.traffic import AxisTraffic, forward_traffic
 from shardlib.predict.training.ledger import predict_traffic
 
@@ -74,36 +78,13 @@ def _by_axis(traffic) -> tuple[dict, dict]:
     return calls, size
 
 
-@dataclass(frozen=True)
-class AcrossResult:
-    """One rank of the job: where it ran, its groups (global ranks), the largest gap to the one-process
-    reference over the whole job (``max_error``), and the calls and bytes per mesh axis: the whole job's,
-    the prediction's and this rank's own (``my_...``). Printed under torchrun as its ``asdict``."""
-
-    rank: int
-    node: int
-    host: str
-    device: str
-    backend: str
-    layout: str
-    stage: int
-    tp_rank: int
-    tp_group: list[int]
-    pp_group: list[int]
-    max_error: float
-    tolerance: float
-    calls_by_axis: dict[str, int]
-    bytes_by_axis: dict[str, int]
-    predicted_calls_by_axis: dict[str, int]
-    predicted_bytes_by_axis: dict[str, int]
-    my_calls_by_axis: dict[str, int]
-    my_bytes_by_axis: dict[str, int]
-    traffic_matches_prediction: bool
-
-
 def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatches: int = 2, seed: int = 0,
-                                nodes: int | None = None, per_node: int | None = None) -> AcrossResult:
-    """The toy stack (``models.TOY``) with tp = processes per node and pp = nodes; see the module docstring."""
+                                nodes: int | None = None, per_node: int | None = None) -> dict:
+    """The toy stack (``models.TOY``) with tp = processes per node and pp = nodes; see the module docstring.
+
+    One rank of the job: where it ran, its groups (global ranks), the largest gap to the one-process
+    reference over the whole job (``max_error``), and the calls and bytes per mesh axis: the whole job's,
+    the prediction's and this rank's own (``my_...``)."""
     layout = _layout(ctx, nodes, per_node)
     node = int(os.environ.get("GROUP_RANK", ctx.rank // layout.tp))
     if node != ctx.rank // layout.tp:
@@ -133,13 +114,13 @@ def tp_inside_pp_across_on_rank(ctx, batch: int = 4, seq: int = 6, n_microbatche
                 for i, (axis, op) in enumerate(keys)]
     (calls, size), (predicted_calls, predicted_bytes), (my_calls, my_bytes) = map(_by_axis, (measured, predicted, mine))
     stage, _, tp_rank = layout.coords(ctx.rank)
-    return AcrossResult(
-        rank=ctx.rank, node=node, host=socket.gethostname(), device=str(ctx.device), backend=ctx.backend,
-        layout=layout.label, stage=stage, tp_rank=tp_rank, tp_group=layout.tp_groups()[stage],
-        pp_group=layout.pp_groups()[tp_rank], max_error=float(table[:, 0].max()), tolerance=TOLERANCE,
-        calls_by_axis=calls, bytes_by_axis=size, predicted_calls_by_axis=predicted_calls,
-        predicted_bytes_by_axis=predicted_bytes, my_calls_by_axis=my_calls, my_bytes_by_axis=my_bytes,
-        traffic_matches_prediction=int(totals[-2]) == 0 and measured == list(predicted))
+    return {"rank": ctx.rank, "node": node, "host": socket.gethostname(), "device": str(ctx.device),
+            "backend": ctx.backend, "layout": layout.label, "stage": stage, "tp_rank": tp_rank,
+            "tp_group": layout.tp_groups()[stage], "pp_group": layout.pp_groups()[tp_rank],
+            "max_error": float(table[:, 0].max()), "tolerance": TOLERANCE, "calls_by_axis": calls,
+            "bytes_by_axis": size, "predicted_calls_by_axis": predicted_calls,
+            "predicted_bytes_by_axis": predicted_bytes, "my_calls_by_axis": my_calls, "my_bytes_by_axis": my_bytes,
+            "traffic_matches_prediction": int(totals[-2]) == 0 and measured == list(predicted)}
 
 
 def training_across_on_rank(ctx, across: str = "pp", steps: int = 3, nodes: int | None = None,

@@ -46,33 +46,23 @@ class PeakMeter:
         self.peak_bytes = 0
         self._lock = threading.Lock()
 
-    def reserve(self, nbytes: int) -> int:
-        """Count ``nbytes`` from now on (a buffer a collective is filling); ``attach`` it once it exists."""
+    def reserve(self, nbytes: int) -> None:
+        """Count ``nbytes`` from now on (a buffer a collective is filling)."""
         with self._lock:
             self.now_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.now_bytes)
-        return nbytes
-
-    def attach(self, tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
-        """Stop counting ``nbytes`` (reserved earlier) when ``tensor`` is freed."""
-        weakref.finalize(tensor, self._release, nbytes)
-        return tensor
-
-    def track(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Count ``tensor`` from now until it is freed."""
-        return self.attach(tensor, self.reserve(tensor.numel() * tensor.element_size()))
 
     def release(self, nbytes: int) -> None:
         """Stop counting ``nbytes`` (a buffer freed explicitly)."""
         with self._lock:
             self.now_bytes -= nbytes
 
-    _release = release
-
-    def restart(self) -> None:
-        """Start a new peak from what is alive now."""
-        with self._lock:
-            self.peak_bytes = self.now_bytes
+    def track(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Count ``tensor`` from now until it is freed."""
+        nbytes = tensor.numel() * tensor.element_size()
+        self.reserve(nbytes)
+        weakref.finalize(tensor, self.release, nbytes)
+        return tensor
 
 
 class BufferProbe(Probe):
@@ -146,7 +136,6 @@ class ActivationProbe(BufferProbe):
         self.target_s = target_s or {}
         self.saved: dict[tuple, int] = {}  # (microbatch, chunk) -> bytes its forward saved, while in flight
         self.current: SavedBytes | None = None  # the forward running now
-        self.per_microbatch: list[int] = []  # every forward's saved bytes, in order
         self.peak_activation_bytes = 0
 
     def on_saved(self):
@@ -168,7 +157,6 @@ class ActivationProbe(BufferProbe):
             yield
         if counting:
             self.saved[key], self.current = self.current.size_bytes, None
-            self.per_microbatch.append(self.saved[key])
             extra["held_bytes"] = sum(self.saved.values())
             self.peak_activation_bytes = max(self.peak_activation_bytes, extra["held_bytes"])
         elif op is not None and op == self.release:

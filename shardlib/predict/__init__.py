@@ -3,8 +3,8 @@ serving and training cost models and planners, replays of the engine's scheduler
 
 * ``alpha_beta``: The alpha-beta model: each collective's time from a link's latency and bandwidth, and the fit
   of both.
-* ``bubbles``: The published bubbles (the registry's), in both notations, over one step's window; F, B and W
-  from a run.
+* ``bubbles``: The published bubbles (``BUBBLES``), in both notations, over one step's window; F, B and W from
+  a run.
 * ``context_parallel``: Context parallelism's formulas: bytes per rank of each method, the ring's time, memory
   per device.
 * ``data_parallel``: What each strategy keeps on a GPU and sends per training step, from formulas. Pure: no

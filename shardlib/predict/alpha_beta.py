@@ -73,16 +73,11 @@ def point_to_point_s(size_bytes: float, link: Link) -> float:
     return collective_time_s("point_to_point", size_bytes, 2, link)
 
 
-def algorithm_bandwidth(size_bytes: float, seconds: float) -> float:
-    """nccl-tests' algorithm bandwidth: ``size_bytes / seconds`` (bytes/s)."""
-    return positive_number(size_bytes, "size_bytes") / positive_number(seconds, "seconds")
-
-
 def bus_bandwidth(op: str, size_bytes: float, seconds: float, world_size: int) -> float:
-    """nccl-tests' bus bandwidth: the algorithm bandwidth times ``op``'s bandwidth factor, so that one
-    figure can be set against the link's own rate whatever the collective and the number of ranks."""
+    """nccl-tests' bus bandwidth: the algorithm bandwidth (``size_bytes / seconds``) times ``op``'s bandwidth
+    factor, so that one figure can be set against the link's own rate whatever the collective and ranks."""
     _, factor = cost_terms(op, world_size)
-    return algorithm_bandwidth(size_bytes, seconds) * factor
+    return positive_number(size_bytes, "size_bytes") / positive_number(seconds, "seconds") * factor
 
 
 def crossover_bytes(link: Link, op: str = "point_to_point", world_size: int = 2,

@@ -36,8 +36,6 @@ from shardlib.predict.alpha_beta import point_to_point_s
 from shardlib.predict.serving.memory import weights_per_gpu
 from shardlib.predict.shapes import Memory, kv_cache_bytes
 
-METHODS = ("ring attention", "all-to-all (Ulysses)", "sequence parallel (Megatron)")
-
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -62,7 +60,8 @@ class AttentionShape:
         return self.batch * heads * self.head_dim
 
     def kv_block_bytes(self, world_size: int) -> float:
-        """One rank's K and V shard, the ring's message: ``2 b KV (s/n) hd B``."""
+        """One rank's K and V shard, the ring's message: ``2 b KV (s/n) hd B``. With ``world_size`` 1, the
+        whole sequence's K and V, which the all-gather method holds on every rank during the call."""
         per_token = kv_bytes_per_token(1, self.kv_heads, self.head_dim, self.bytes_per_value)  # one layer
         return per_token * self.batch * self.seq / world_size
 
@@ -114,17 +113,6 @@ def all_gather_kv_collectives(shape: AttentionShape, world_size: int) -> list[tu
     return [("all_gather", size, (n - 1) / n * size)] * 2
 
 
-def all_gather_kv_bytes_per_rank(shape: AttentionShape, world_size: int) -> float:
-    """Wire bytes one rank sends gathering K and V: ``(n - 1)`` K/V blocks, the ring's forward bytes."""
-    return sum(wire for _, _, wire in all_gather_kv_collectives(shape, world_size))
-
-
-def all_gather_kv_held_bytes(shape: AttentionShape) -> float:
-    """The whole sequence's K and V, which the all-gather method holds on every rank during the call:
-    ``2 b KV s hd B`` (the ring holds two blocks of ``s/n``)."""
-    return shape.kv_block_bytes(1)
-
-
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
@@ -135,7 +123,8 @@ def cp_comm_bytes_per_rank(shape: AttentionShape, world_size: int, inner: int = 
     ``s / (n / inner)`` tokens, and the ring across the ``n / inner`` groups). ``a2a`` needs ``n`` to divide
     the KV heads and ``a2a+p2p`` needs ``inner`` to; a method that cannot run is left out."""
     n, a = whole_number(world_size, "world_size"), whole_number(inner, "inner")
-    out = {"p2p": ring_bytes_per_rank(shape, n), "all_gather": all_gather_kv_bytes_per_rank(shape, n)}
+    out = {"p2p": ring_bytes_per_rank(shape, n),
+           "all_gather": sum(wire for _, _, wire in all_gather_kv_collectives(shape, n))}  # the ring's bytes
     if shape.kv_heads % n == 0:
         out["a2a"] = ulysses_bytes_per_rank(shape, n)
     if 1 < a < n and n % a == 0 and shape.kv_heads % a == 0:

@@ -25,20 +25,19 @@ if TYPE_CHECKING:
 BYTES_PER_VALUE = 4  # float32 rows
 
 
-def predicted_weight_bytes(placement: ExpertPlacement, cfg: MoEConfig,
-                           bytes_per_value: int = BYTES_PER_VALUE) -> list[int]:
+def predicted_weight_bytes(placement: ExpertPlacement, cfg: MoEConfig) -> list[int]:
     """Expert weight bytes each rank must hold: its ``n_experts / ep`` experts and any replica, each three
     ``d_model x d_ff`` matrices (gate, up, down). A replica's price is one more expert on its rank:
     ``3 d_model d_ff`` values."""
-    one_expert = 3 * cfg.d_model * cfg.d_ff * bytes_per_value
+    one_expert = 3 * cfg.d_model * cfg.d_ff * BYTES_PER_VALUE
     return [len(placement.hosted(r)) * one_expert for r in range(placement.ep)]
 
 
-def predicted_all_to_all_bytes(n_tokens: int, k: int, d_model: int, bytes_per_value: int = BYTES_PER_VALUE) -> int:
+def predicted_all_to_all_bytes(n_tokens: int, k: int, d_model: int) -> int:
     """Bytes of token rows one dispatch (and, the same again, one combine) puts into its all-to-all,
     summed over ranks: every token sends ``k`` rows of ``d_model`` values, rows a rank keeps for
     itself included (``comm.py`` counts the input buffer). Fewer when a capacity cap drops slots."""
-    return n_tokens * k * d_model * bytes_per_value
+    return n_tokens * k * d_model * BYTES_PER_VALUE
 
 
 def predicted_cross_rank_share(world_size: int) -> float:
@@ -48,7 +47,7 @@ def predicted_cross_rank_share(world_size: int) -> float:
 
 def predicted_exposed_s(counts_s: list[float], rows_s: list[float], expert_s: float, overlap: bool) -> float:
     """Seconds a rank is blocked in the all-to-alls of two microbatches A and B through the layer
-    (``overlap.moe_two_microbatches``). ``counts_s``: the two counts exchanges (always exposed);
+    (``dispatch.moe_two_microbatches``). ``counts_s``: the two counts exchanges (always exposed);
     ``rows_s``: A's dispatch, B's dispatch, A's combine, B's combine, each priced by the alpha-beta model;
     ``expert_s``: one microbatch's expert phase. A then B: every one exposed. Overlapped: A's dispatch and
     B's combine exposed, B's dispatch hidden under A's experts and A's combine under B's, but for what
@@ -61,17 +60,18 @@ def predicted_exposed_s(counts_s: list[float], rows_s: list[float], expert_s: fl
 
 
 def predicted_moe_step_bytes(n_experts: int, d_model: int, d_ff: int, d_in: int, ep: int, world_size: int,
-                             rows_to: int, rows_from: int, bytes_per_value: int = 8) -> dict[tuple[str, str], int]:
+                             rows_to: int, rows_from: int) -> dict[tuple[str, str], int]:
     """Buffer bytes one rank puts into each (op, group) in one MoE training step (``lab.experts.training``), as
     the comm log counts them: on ``"ep"``, the counts (int64) and four all-to-alls of rows, the dispatch
     (``rows_to`` rows out) and the combine (``rows_from`` back) in the forward, the same two reversed in
     the backward; on ``"world"``, the dense gradients (``w_in``, the router), the loss pair and the counts;
-    on ``"edp"``, this rank's experts' gradients (only when ``world_size > ep``)."""
-    row = d_model * bytes_per_value
-    out = {("all_to_all_single", "ep"): n_experts * 8 + 2 * (rows_to + rows_from) * row,
-           ("all_reduce", "world"): (d_model * d_in + n_experts * d_model) * bytes_per_value + 2 * 8 + n_experts * 8}
+    on ``"edp"``, this rank's experts' gradients (only when ``world_size > ep``). The toy trains in float64."""
+    value = 8  # bytes: float64 weights and rows, and the int64 counts
+    row = d_model * value
+    out = {("all_to_all_single", "ep"): n_experts * value + 2 * (rows_to + rows_from) * row,
+           ("all_reduce", "world"): (d_model * d_in + n_experts * d_model + 2 + n_experts) * value}
     if world_size > ep:
-        out[("all_reduce", "edp")] = 3 * (n_experts // ep) * d_ff * d_model * bytes_per_value
+        out[("all_reduce", "edp")] = 3 * (n_experts // ep) * d_ff * d_model * value
     return out
 
 
@@ -122,13 +122,11 @@ def expert_all_to_all(tokens: float, d_model: int, k: int, ep: int, nodes: int, 
     size = tokens * k * row  # what the rank puts into the all-to-all
     if ep == 1:
         return ExpertAllToAll(1, 1, node_limit, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    if nodes == 1:
-        s = collective_time_s("all_to_all", size, ep, intra_link, latency_charge)
+    if nodes == 1 or not node_limit:  # a plain all-to-all: inside the node, or all of it over the network
+        s = collective_time_s("all_to_all", size, ep, intra_link if nodes == 1 else inter_link, latency_charge)
         rows = k * (ep - 1) / ep
-        return ExpertAllToAll(ep, 1, node_limit, 0.0, rows, 0.0, tokens * rows * row, 0.0, s)
-    if not node_limit:
-        s = collective_time_s("all_to_all", size, ep, inter_link, latency_charge)
-        rows = k * (ep - 1) / ep
+        if nodes == 1:
+            return ExpertAllToAll(ep, 1, node_limit, 0.0, rows, 0.0, tokens * rows * row, 0.0, s)
         return ExpertAllToAll(ep, nodes, 0, rows, 0.0, tokens * rows * row, 0.0, s, 0.0)
     reached = min(k, node_limit, nodes)  # nodes a token reaches, one network copy each
     per_node = max(ep // nodes, 1)  # the group's ranks on one node

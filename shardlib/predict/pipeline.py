@@ -54,8 +54,7 @@ def predicted_step_s(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0, wei
 
 def step_slots(schedule: Schedule) -> int:
     """Slots in one step when every action takes one slot."""
-    v = schedule.n_chunks
-    return int(max(t.end_s for t in simulate(schedule, forward_s=v, backward_s=v)))  # each chunk op: one slot
+    return int(predicted_step_s(schedule, schedule.n_chunks, schedule.n_chunks))  # each chunk op: one slot
 
 
 def idle_slots(schedule: Schedule) -> tuple[int, ...]:
@@ -163,11 +162,3 @@ def stage_imbalance(work_per_stage: Sequence[float]) -> float:
         raise ValueError(f"give each stage's work as a positive number, got {list(work_per_stage)}")
     return max(work) * len(work) / sum(work)
 
-
-def pipeline_step_s(stage_s: Sequence[float], n_microbatches: int) -> float:
-    """One forward-only GPipe pass of ``m`` microbatches: ``sum(stage_s) + (m - 1) x max(stage_s)``."""
-    m = whole_number(n_microbatches, "n_microbatches (microbatches per step)")
-    times = [float(t) for t in stage_s]
-    if not times or min(times) < 0:
-        raise ValueError(f"give each stage's seconds per microbatch (0 or more), got {list(stage_s)}")
-    return sum(times) + (m - 1) * max(times)

@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from shardlib.core.checks import choice, one_per
 from shardlib.runtime.holding import Hold, sleep_until
-from shardlib.runtime.records import CommRecord, summarize, wire_bytes
+from shardlib.runtime.records import CommRecord, wire_bytes
 from shardlib.runtime.staging import nothing, stage_on_host
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
@@ -30,13 +31,8 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _reduce_op(op: str | dist.ReduceOp) -> dist.ReduceOp:
-    if isinstance(op, str):
-        try:
-            return _REDUCE_OPS[op]
-        except KeyError:
-            raise ValueError(f"unknown reduction {op!r}; use one of {sorted(_REDUCE_OPS)}") from None
-    return op
+def _reduce_op(op: str) -> dist.ReduceOp:
+    return _REDUCE_OPS[choice(op, tuple(_REDUCE_OPS), "reduction")]
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -65,8 +61,7 @@ class Pending:
         wait_s = perf_counter()
         self._work.wait()
         self._land()
-        if self._comm._cuda:
-            torch.cuda.synchronize(self._comm.ctx.device)
+        self._comm.ctx.sync()
         end_s = perf_counter()
         done_s = min(self._done_s[0], end_s) if self._done_s else end_s
         until_s = self._hold.until_s() if self._hold else None
@@ -75,7 +70,7 @@ class Pending:
             end_s = sleep_until(max(end_s, done_s))
         self._comm._log(*self._entry, done_s, waited_s=end_s - wait_s, emulated=self._hold is not None)
         if end_s - wait_s > 1e-6:
-            self._comm.ctx.timeline.append(f"wait {self._entry[0]}", "wait", wait_s, end_s, {"group": self._entry[3]})
+            self._comm.ctx.timeline.record(f"wait {self._entry[0]}", wait_s, end_s, "wait", group=self._entry[3])
         self._result, self._waited = self._finish(), True
         return self._result
 
@@ -90,10 +85,9 @@ class Comm:
         self.ctx = ctx  # the RankContext: rank, world_size, device, timeline
         self._entries: list[tuple] = []  # CommRecord fields, as tuples: cheap to append mid-collective
         self._group_names: dict[object, str] = {}
-        self._cuda = ctx.device.type == "cuda"
         # GPU tensors over gloo: every call goes through host memory (``_stage``). Tests turn this on
         # for CPU ranks too, to run the same copies where there is no GPU.
-        self.host_staged = self._cuda and ctx.backend == "gloo"
+        self.host_staged = ctx.device.type == "cuda" and ctx.backend == "gloo"
         self._lock = threading.Lock()  # pipeline stages send and receive on helper threads
         self._emulation: Any = None
         self._crossing: dict = {}  # group -> whether its ranks span nodes, under the current emulation
@@ -144,24 +138,19 @@ class Comm:
         return Hold(op, group, peer, start_s, em.time_s(op, size_bytes, n),
                      "cpu" if self.host_staged else self.ctx.device) if crosses else None
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Per op: how many calls, how many bytes, how many seconds (this rank)."""
-        return summarize(self.records)
-
     def _log(self, op, size_bytes, wire, name, start_s, peer, end_s, waited_s=None, emulated=False) -> None:
         with self._lock:
             self._entries.append((op, size_bytes, end_s - start_s, name, self.ctx.rank, start_s, peer, wire, waited_s,
                                   emulated))
-        self.ctx.timeline.append(op, "comm", start_s, end_s, {"size_bytes": size_bytes, "wire_bytes": wire,
-                                                              "group": name, "peer": peer, "emulated": emulated})
+        self.ctx.timeline.record(op, start_s, end_s, "comm", size_bytes=size_bytes, wire_bytes=wire, group=name,
+                                 peer=peer, emulated=emulated)
 
     def _call(self, op: str, size_bytes: int, group, call: Callable[..., object], *args, peer: int | None = None,
               wire: int | None = None, async_op: bool = False, finish: Callable[[], object] = lambda: None):
         """Run ``call(*args, group=group)`` and log it; with ``async_op`` return a ``Pending``. Kept
         lean: it sits around every collective."""
-        if self._cuda:
-            torch.cuda.synchronize(self.ctx.device)
-        name = "world" if group is None else self._group_names.get(group, "group")
+        self.ctx.sync()
+        name = self.group_name(group)
         wire = wire_bytes(op, size_bytes, self.group_size(group)) if wire is None else wire
         start_s = perf_counter()
         hold = self._hold(op, size_bytes, group, peer, start_s) if self._emulation else None
@@ -173,8 +162,7 @@ class Comm:
             return Pending(self, (op, size_bytes, wire, name, start_s, peer), work, finish, hold, land)
         call(*args, group=group)
         land()
-        if self._cuda:
-            torch.cuda.synchronize(self.ctx.device)
+        self.ctx.sync()
         end_s = sleep_until(hold.until_s() if hold else None)
         self._log(op, size_bytes, wire, name, start_s, peer, end_s, emulated=hold is not None)
         return finish()
@@ -230,13 +218,10 @@ class Comm:
             ins = outs = None
             rows_out, rows_away = tensor.shape[0], tensor.shape[0] - tensor.shape[0] // n
         else:
-            for label, sizes in (("input_split_sizes", input_split_sizes), ("output_split_sizes", output_split_sizes)):
-                if len(sizes) != n:
-                    raise ValueError(f"{label} has {len(sizes)} entries, one per rank is {n}")
-            if sum(input_split_sizes) != tensor.shape[0]:
-                raise ValueError(f"input_split_sizes add up to {sum(input_split_sizes)} rows but the tensor has "
-                                 f"{tensor.shape[0]}")
-            ins, outs = [int(s) for s in input_split_sizes], [int(s) for s in output_split_sizes]
+            ins = [int(s) for s in one_per(input_split_sizes, n, "input_split_sizes", "rank")]
+            outs = [int(s) for s in one_per(output_split_sizes, n, "output_split_sizes", "rank")]
+            if sum(ins) != tensor.shape[0]:
+                raise ValueError(f"input_split_sizes add up to {sum(ins)} rows but the tensor has {tensor.shape[0]}")
             me = self.ctx.rank if group is None else dist.get_rank(group)
             rows_out, rows_away = sum(outs), sum(ins) - ins[me]
         inp = tensor.contiguous()
@@ -248,9 +233,7 @@ class Comm:
     def exchange_counts(self, counts: Sequence[int], group=None) -> list[int]:
         """Tell rank j how many rows this rank will send it (``counts[j]``); return how many each rank
         will send here. This is the first of the two all-to-alls of a token dispatch."""
-        n = self.group_size(group)
-        if len(counts) != n:
-            raise ValueError(f"exchange_counts needs one count per rank ({n}), got {len(counts)}")
+        counts = one_per(counts, self.group_size(group), "exchange_counts", "rank")
         send = torch.tensor([int(c) for c in counts], dtype=torch.int64, device=self.ctx.device)
         return [int(c) for c in self.all_to_all_single(send, group=group).tolist()]
 

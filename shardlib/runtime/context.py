@@ -6,11 +6,8 @@ and ``ctx.world_size``, puts its tensors on ``ctx.device``, talks to the other r
 ``ctx.timeline``. The same function runs on a warm ``Ranks`` pool in a notebook and under ``torchrun``
 (``RankContext.from_env()``), on one machine or across nodes with NCCL.
 
-Where the ranks compute is decided by ``devices.place_ranks`` (one GPU per rank with NCCL; GPUs shared,
-collectives through host memory with gloo; or CPU). On a GPU, ``prepare_device`` selects the rank's GPU
-and turns TF32 off, so float32 matmuls stay float32 and the exactness checks mean what they say; the
-recorded collectives and the timeline synchronise the GPU (``ctx.sync``), so a span covers the work, not
-its launch.
+Ranks are placed by ``devices.place_ranks``; on a GPU ``prepare_device`` turns TF32 off (the exactness
+checks compare float32 with float32) and ``ctx.sync`` makes a span cover the work, not its launch.
 ``ctx.group(ranks, process_group)``, a ``RankGroup``, is some ranks as a job of their own: a mechanism
 written for ``ctx`` (the buckets, ZeRO-3, the ring, the pipeline's links) runs on it as it is.
 """
@@ -18,7 +15,7 @@ written for ``ctx`` (the buckets, ZeRO-3, the ring, the pipeline's links) runs o
 from __future__ import annotations
 
 import os
-import socket
+import sys
 import time
 from datetime import timedelta
 from math import prod
@@ -29,7 +26,7 @@ import torch.distributed as dist
 
 from shardlib.runtime.comm import Comm
 from shardlib.runtime.devices import place_ranks
-from shardlib.runtime.timeline import Timeline
+from shardlib.runtime.timeline import Timeline, now_s
 
 
 class RankContext:
@@ -44,21 +41,13 @@ class RankContext:
         self.comm = Comm(self)
         self._meshes: dict = {}
 
-    @property
-    def host_staged(self) -> bool:
-        """Whether this rank computes on a GPU but communicates through host memory (gloo)."""
-        return self.device.type == "cuda" and self.backend == "gloo"
-
     def sync(self) -> None:
         """Wait for the work queued on this rank's GPU (nothing to wait for on CPU). Read a clock after
         this, not before, when you time GPU work yourself."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @staticmethod
-    def now_s() -> float:
-        """This rank's clock in seconds (``perf_counter``): the serving engine admits requests by it."""
-        return time.perf_counter()
+    now_s = staticmethod(now_s)  # this rank's clock (``timeline.now_s``): the serving engine admits requests by it
 
     @staticmethod
     def wait_s(seconds: float) -> None:
@@ -206,18 +195,7 @@ def prepare_device(device: str) -> torch.device:
     return device
 
 
-def loopback_interface() -> str:
-    """The name of the loopback network interface ('lo' on Linux, 'lo0' on macOS)."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:  # pragma: no cover - platforms without if_nameindex
-        names = []
-    for name in names:
-        if name == "lo" or name.startswith("lo0"):
-            return name
-    return "lo"
-
-
 def use_loopback_for_gloo() -> None:
-    """Make gloo bind its sockets to the loopback interface (unless the user chose one)."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+    """Make gloo bind its sockets to the loopback interface ('lo' on Linux, 'lo0' on macOS and BSD),
+    unless the user chose one."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo" if sys.platform.startswith("linux") else "lo0")

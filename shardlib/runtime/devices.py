@@ -35,17 +35,9 @@ class Placement:
             raise ValueError(f"NCCL needs one GPU per rank, but devices {list(self.devices)} repeat")
 
     @property
-    def world_size(self) -> int:
-        return len(self.devices)
-
-    @property
-    def on_gpu(self) -> bool:
-        return any(d.startswith("cuda") for d in self.devices)
-
-    @property
     def host_staged(self) -> bool:
         """GPU tensors, gloo collectives: every collective goes through host memory."""
-        return self.on_gpu and self.backend == "gloo"
+        return self.backend == "gloo" and any(d.startswith("cuda") for d in self.devices)
 
     @property
     def choice(self) -> str:
@@ -53,23 +45,18 @@ class Placement:
         return "cuda:gloo" if self.host_staged else self.backend
 
     @property
-    def gpus(self) -> str:
-        """The GPUs used, compactly: ``"cuda:0"``, ``"cuda:0-3"``, ``"cuda:0, cuda:2"``."""
-        ids = sorted({int(d.split(":")[1]) for d in self.devices if d.startswith("cuda")})
-        if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-            return f"cuda:{ids[0]}-{ids[-1]}"
-        return ", ".join(f"cuda:{i}" for i in ids)
-
-    @property
     def label(self) -> str:
-        """Where the ranks compute and how their collectives travel, in a few words (figure titles)."""
+        """Where the ranks compute and how their collectives travel, in a few words (figure titles); the
+        GPUs compactly: ``"cuda:0"``, ``"cuda:0-3"``, ``"cuda:0, cuda:2"``."""
+        ids = sorted({int(d.split(":")[1]) for d in self.devices if d.startswith("cuda")})
+        if not ids:
+            return "compute on CPU, collectives through loopback sockets (gloo)"
+        run = len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1))
+        gpus = f"cuda:{ids[0]}-{ids[-1]}" if run else ", ".join(f"cuda:{i}" for i in ids)
         if self.backend == "nccl":
-            return f"compute on {self.gpus}, one GPU per rank, collectives by NCCL"
-        if self.host_staged:
-            n_gpus = len({d for d in self.devices if d.startswith("cuda")})
-            shared = f", shared by {self.world_size} ranks" if n_gpus < self.world_size else ""
-            return f"compute on {self.gpus}{shared}, collectives through host memory (gloo)"
-        return "compute on CPU, collectives through loopback sockets (gloo)"
+            return f"compute on {gpus}, one GPU per rank, collectives by NCCL"
+        shared = f", shared by {len(self.devices)} ranks" if len(ids) < len(self.devices) else ""
+        return f"compute on {gpus}{shared}, collectives through host memory (gloo)"
 
 
 def place_ranks(backend: str, world_size: int, n_gpus: int) -> Placement:
@@ -99,16 +86,13 @@ def place_ranks(backend: str, world_size: int, n_gpus: int) -> Placement:
     return Placement("gloo", ("cpu",) * world_size)
 
 
-def max_world_size() -> int:
-    """The most ranks this machine is allowed to start: four per CPU core, and at least 8."""
-    return max(8, 4 * (os.cpu_count() or 1))
-
-
 def check_world_size(world_size) -> int:
+    """``world_size`` if this machine allows that many ranks: four per CPU core, and at least 8."""
     world_size = whole_number(world_size, "world_size (the number of ranks, like 2 or 4)")
-    if world_size > max_world_size():
+    most = max(8, 4 * (os.cpu_count() or 1))
+    if world_size > most:
         raise ValueError(
             f"{world_size} ranks is far beyond this machine ({os.cpu_count()} CPU cores): each rank is a "
-            f"whole Python process with its own copy of torch; use at most {max_world_size()}"
+            f"whole Python process with its own copy of torch; use at most {most}"
         )
     return world_size

@@ -1,16 +1,12 @@
 """How a rank process comes to life: forked from the kernel's template, or spawned as a fresh Python.
 
-``start_rank(method, ...)`` returns a handle (``pid``, ``poll``, ``kill``, ``wait``, ``parent_pid``) and
-the socket the pool talks to the rank on. Two methods:
-
-* ``"template"`` (the default on Linux): the rank is forked from this process's template (``template``),
-  which has torch imported already; a pool starts in a fraction of a second and its ranks share the
-  pages of torch. The template is started by the first pool and kept for the life of the process.
-* ``"spawn"``: ``python -m shardlib.runtime.worker FD``, a fresh interpreter that imports torch itself
-  (a second or more per rank). Used where fork is not available, or when asked for.
-
-If the template cannot be started (an unusual platform, a broken environment), pools fall back to
-``"spawn"`` with a warning saying why.
+``start_rank(method, ...)`` returns a handle (``pid``, ``poll``, ``kill``, ``wait``, ``parent_pid``: a
+``ForkedRank`` or a ``subprocess.Popen``) and the socket the pool talks to the rank on. ``"template"``
+(Linux): forked from this process's template (``template``), started by the first pool and kept, which
+has torch imported already: a pool starts in a fraction of a second and its ranks share torch's pages.
+``"spawn"``: ``python -m shardlib.runtime.worker FD``, a fresh interpreter importing torch itself (a
+second or more per rank), where fork is not available, when asked for, or when the template cannot
+start (with a warning saying why).
 """
 
 from __future__ import annotations
@@ -70,22 +66,21 @@ def sys_path() -> list[str]:
     return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
 
 
+def log_tail(path: str, n_chars: int = 4000) -> str:
+    """The last ``n_chars`` a process wrote to its log ``path``."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")[-n_chars:] or "(the process printed nothing)"
+    except OSError:
+        return "(no log)"
 
-class SpawnedRank:
-    """A rank started as its own Python (``subprocess.Popen``): its parent is this process."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.pid, self.parent_pid = proc, proc.pid, os.getpid()
-
-    def poll(self):
-        return self.proc.poll()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-
-    def wait(self, timeout: float | None = None):
-        return self.proc.wait(timeout=timeout)
+def first_reply(conn: Connection, log_path: str) -> tuple[str, object]:
+    """A started process's first word: ``("ready", info)``, or ``("failed", why)`` (its log if it died)."""
+    try:
+        return pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return "failed", log_tail(log_path)
 
 
 class ForkedRank:
@@ -95,7 +90,7 @@ class ForkedRank:
         self.template, self.pid, self.parent_pid = template, pid, template.pid
 
     def poll(self):
-        return self.template.exit_code(self.pid)
+        return self.template.codes.get(self.pid)
 
     def kill(self) -> None:
         if self.poll() is None:
@@ -105,10 +100,15 @@ class ForkedRank:
                 pass
 
     def wait(self, timeout: float | None = None):
-        code = self.template.wait_exit(self.pid, timeout)
-        if code is None:
-            raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout)
-        return code
+        """The exit code, once the template reports it (-9 if the template is gone: its ranks went with it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.template.exited:
+            while self.pid not in self.template.codes and self.template.alive():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout)
+                self.template.exited.wait(0.2 if left is None else min(left, 0.2))
+            return self.template.codes.get(self.pid, -9)
 
 
 class Template:
@@ -120,14 +120,15 @@ class Template:
     def __init__(self) -> None:
         self._logdir = tempfile.TemporaryDirectory(prefix="shardlib-template-")
         parent_end, child_end = socket.socketpair()
-        with open(os.path.join(self._logdir.name, "template.log"), "ab") as log:
+        self._log_path = os.path.join(self._logdir.name, "template.log")
+        with open(self._log_path, "ab") as log:
             self.proc = _start_python("shardlib.runtime.template", child_end.fileno(), log, 1)
         child_end.close()
         self.pid, self.owner_pid = self.proc.pid, os.getpid()
         self.conn = Connection(parent_end.detach())
         self._lock = threading.Lock()
-        self._codes: dict[int, int] = {}
-        self._cond = threading.Condition()
+        self.codes: dict[int, int] = {}  # pid -> exit code of each rank that has exited
+        self.exited = threading.Condition()  # notified when one does, or the template is gone
         self._answers: queue.Queue = queue.Queue()
         self.info: dict | None = None  # the template's ``ready`` message, once it came
         self.conn.send_bytes(pickle.dumps({"parent_pid": os.getpid(), "sys_path": sys_path()}))
@@ -140,10 +141,7 @@ class Template:
         if not wait([self.conn], timeout=start_timeout_s):
             self.close()
             raise RuntimeError(f"the template did not start within {start_timeout_s:.0f} s")
-        try:
-            status, info = pickle.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            status, info = "failed", self.log_tail()
+        status, info = first_reply(self.conn, self._log_path)
         if status != "ready":
             self.close()
             raise RuntimeError(f"the template failed to start:\n{info}")
@@ -155,14 +153,14 @@ class Template:
             try:
                 message = pickle.loads(self.conn.recv_bytes())
             except (EOFError, OSError):
-                with self._cond:
-                    self._cond.notify_all()
+                with self.exited:
+                    self.exited.notify_all()
                 self._answers.put(("gone", None))
                 return
             if message[0] == "exited":
-                with self._cond:
-                    self._codes[message[1]] = message[2]
-                    self._cond.notify_all()
+                with self.exited:
+                    self.codes[message[1]] = message[2]
+                    self.exited.notify_all()
             else:
                 self._answers.put(message)
 
@@ -179,29 +177,8 @@ class Template:
             except queue.Empty:
                 raise RuntimeError(f"the template did not answer within {timeout_s:.0f} s") from None
         if kind != "spawned":
-            raise RuntimeError(f"the template could not start a rank: {value or self.log_tail()}")
+            raise RuntimeError(f"the template could not start a rank: {value or log_tail(self._log_path)}")
         return value
-
-    def exit_code(self, pid: int):
-        with self._cond:
-            return self._codes.get(pid)
-
-    def wait_exit(self, pid: int, timeout: float | None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while pid not in self._codes and self.alive():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                self._cond.wait(0.2 if left is None else min(left, 0.2))
-            return self._codes.get(pid, -9)  # the template is gone, and its ranks with it
-
-    def log_tail(self, n_chars: int = 4000) -> str:
-        try:
-            with open(os.path.join(self._logdir.name, "template.log"), "rb") as f:
-                return f.read().decode(errors="replace")[-n_chars:] or "(the template printed nothing)"
-        except OSError:
-            return "(no log)"
 
     def close(self) -> None:
         try:
@@ -282,8 +259,8 @@ def start_rank(method: str, threads: int, log_path: str, start_timeout_s: float)
             handle = ForkedRank(template, template.spawn(child_end.fileno(), log_path))
         else:
             with open(log_path, "ab") as log:
-                proc = _start_python("shardlib.runtime.worker", child_end.fileno(), log, threads)
-            handle = SpawnedRank(proc)
+                handle = _start_python("shardlib.runtime.worker", child_end.fileno(), log, threads)
+            handle.parent_pid = os.getpid()  # a Popen: poll, kill and wait as a ForkedRank
     finally:
         child_end.close()
     return handle, Connection(parent_end.detach())
@@ -291,8 +268,7 @@ def start_rank(method: str, threads: int, log_path: str, start_timeout_s: float)
 
 def kill_ranks(procs: list) -> None:
     for p in procs:
-        if p.poll() is None:
-            p.kill()
+        p.kill()
     for p in procs:
         try:
             p.wait(timeout=10)

@@ -30,7 +30,7 @@ from shardlib.core.checks import positive_number
 from shardlib.runtime.context import gpu_count
 from shardlib.runtime.devices import check_world_size, place_ranks
 from shardlib.runtime.errors import PoolClosedError, RankError, RankTimeoutError, pack_call
-from shardlib.runtime.launcher import kill_ranks, resolve_method, start_rank, sys_path
+from shardlib.runtime.launcher import first_reply, kill_ranks, log_tail, resolve_method, start_rank, sys_path
 from shardlib.runtime.records import CommRecord
 from shardlib.runtime.timeline import Span, now_s
 
@@ -54,7 +54,7 @@ class Ranks:
         self.last_started_s = 0.0  # when the last run was dispatched, on the spans' clock
         self.devices: list[str] = []
         self._lock = threading.RLock()
-        self._procs: list = []  # launcher.ForkedRank or launcher.SpawnedRank handles
+        self._procs: list = []  # launcher.ForkedRank or subprocess.Popen handles
         self._conns: list[Connection] = []
         self._generation = 0
         self._ready = False
@@ -79,8 +79,7 @@ class Ranks:
         self._generation += 1
         threads = self.threads_per_rank
         for rank in range(self.world_size):
-            log_path = os.path.join(self._logdir.name, f"rank{rank}.log")
-            handle, conn = start_rank(self.start_method, threads, log_path, START_TIMEOUT_S)
+            handle, conn = start_rank(self.start_method, threads, self._log_path(rank), START_TIMEOUT_S)
             conn.send_bytes(pickle.dumps({
                 "rank": rank, "world_size": self.world_size, "backend": self.backend, "threads": threads,
                 "device": self.placement.devices[rank],
@@ -95,7 +94,7 @@ class Ranks:
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        devices: dict[int, str] = {}
+        self.devices = [""] * self.world_size
         pending = set(range(self.world_size))
         while pending:
             ready = wait([self._conns[r] for r in pending], timeout=max(0.0, deadline - time.monotonic()))
@@ -107,16 +106,12 @@ class Ranks:
                 )
             for conn in ready:
                 rank = self._conns.index(conn)
-                try:
-                    status, info = pickle.loads(conn.recv_bytes())
-                except (EOFError, OSError):
-                    status, info = "failed", self._log_tail(rank)
+                status, info = first_reply(conn, self._log_path(rank))
                 if status != "ready":
                     self._stop()
                     raise RankError(f"rank {rank} failed to start:\n{info}", rank, info)
-                devices[rank] = info["device"]
+                self.devices[rank] = info["device"]
                 pending.discard(rank)
-        self.devices = [devices[r] for r in range(self.world_size)]
         self._ready = True
 
     def _stop(self) -> None:
@@ -133,19 +128,17 @@ class Ranks:
         if not self._closed:
             self._start()  # the next run waits for these to be ready
 
-    def _exit_code(self, rank: int):
-        """The exit code of a rank process that has died (``None`` if it did not exit within 5 s)."""
-        try:
-            return self._procs[rank].wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
+    def _log_path(self, rank: int) -> str:
+        return os.path.join(self._logdir.name, f"rank{rank}.log")
 
-    def _log_tail(self, rank: int, n_chars: int = 4000) -> str:
+    def _died(self, rank: int, when: str = "") -> tuple:
+        """The reply of a rank process that has died: its exit code (``None`` if it did not exit within
+        5 s) and the end of its log."""
         try:
-            with open(os.path.join(self._logdir.name, f"rank{rank}.log"), "rb") as f:
-                return f.read().decode(errors="replace")[-n_chars:] or "(the process printed nothing)"
-        except OSError:
-            return "(no log)"
+            code = self._procs[rank].wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        return "err", f"rank {rank} died (exit code {code}){when}", log_tail(self._log_path(rank)), ""
 
     def close(self) -> None:
         """Stop every rank process. Safe to call twice."""
@@ -233,35 +226,30 @@ class Ranks:
 
     def _dispatch(self, payload: bytes) -> list:
         self.last_started_s = now_s()
+        replies: dict[int, tuple] = {}
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send_bytes(payload)
-            except OSError:  # the rank died between calls (killed, out of memory): say so, start afresh
-                code = self._exit_code(rank)
-                self._restart()
-                raise RankError(f"rank {rank} died before the call (exit code {code}); the ranks were restarted, "
-                                f"run the call again\n{self._log_tail(rank)}", rank) from None
+            except OSError:  # the rank died between calls (killed, out of memory)
+                replies[rank] = self._died(rank, " before the call; the ranks were restarted, run the call again")
         deadline = time.monotonic() + self.timeout
-        replies: dict[int, tuple] = {}
-        errors: dict[int, tuple] = {}
         while len(replies) < self.world_size:
             pending = [self._conns[r] for r in range(self.world_size) if r not in replies]
             # once one rank failed, the others are likely blocked on it: collect briefly, then stop
-            limit = 0.05 if errors else max(0.0, deadline - time.monotonic())
-            ready = wait(pending, timeout=limit)
+            failed = any(reply[0] == "err" for reply in replies.values())
+            ready = wait(pending, timeout=0.05 if failed else max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
-                    reply = pickle.loads(conn.recv_bytes())
+                    replies[rank] = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    reply = ("err", f"rank {rank} died (exit code {self._exit_code(rank)})", self._log_tail(rank), "")
-                replies[rank] = reply
-                if reply[0] == "err":
-                    errors[rank] = reply
-        for rank in sorted(replies):
-            _echo(rank, replies[rank][-1])
+                    replies[rank] = self._died(rank)
+        errors = {rank: reply for rank, reply in replies.items() if reply[0] == "err"}
+        for rank in sorted(replies):  # what each rank printed, labelled
+            for line in replies[rank][-1].splitlines():
+                print(f"[rank {rank}] {line}")
         if errors:
             self._restart()
             first = min(errors)
@@ -281,7 +269,3 @@ class Ranks:
         self.last_spans = [s for r in range(self.world_size) for s in replies[r][3]]
         return [replies[r][1] for r in range(self.world_size)]
 
-
-def _echo(rank: int, text: str) -> None:
-    for line in text.splitlines():
-        print(f"[rank {rank}] {line}")

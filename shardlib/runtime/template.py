@@ -81,24 +81,18 @@ def _become_rank(control: Connection, fd: int, log_path: str) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the kernel's to handle
+    from shardlib.runtime import worker  # imports torch: every rank shares these pages
+
     conn = Connection(int(sys.argv[1]))
-    try:
-        settings = pickle.loads(conn.recv_bytes())
-    except (EOFError, OSError):
+    settings = worker.read_settings(conn)
+    if settings is None:
         return 0
     die_with_parent()
     parent_pid = settings["parent_pid"]
-    sys.path[:] = settings["sys_path"] + [p for p in sys.path if p not in settings["sys_path"]]
-    import cloudpickle  # noqa: F401  (preloaded: every rank uses them)
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-
     # torch.autograd imports this (and sympy with it: 0.6 s, 35 MB) the first time a backward is handed its
     # output's gradient, as every pipeline stage and tensor-parallel backward is: imported once here, its
     # pages are shared by every rank instead of copied into each.
     import torch.fx.experimental.symbolic_shapes  # noqa: F401
-
-    from shardlib.runtime import worker  # noqa: F401
 
     gc.collect()
     gc.freeze()  # keep the collector from touching (and so copying) the pages every rank shares

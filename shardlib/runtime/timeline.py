@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping
 
 
@@ -79,10 +79,6 @@ class Timeline:
             raise ValueError(f"span {name!r} ends ({end_s:.6f} s) before it starts ({start_s:.6f} s)")
         self._entries.append((name, kind, start_s, end_s, attrs))
 
-    def append(self, name: str, kind: str, start_s: float, end_s: float, attrs: dict) -> None:
-        """``record`` without the checks, for recorders that already hold consistent times."""
-        self._entries.append((name, kind, start_s, end_s, attrs))
-
     @contextmanager
     def span(self, name: str, kind: str = "compute", **attrs: Any) -> Iterator[None]:
         """Record the time spent inside the ``with`` block as one span (on a GPU, the work queued inside
@@ -91,7 +87,7 @@ class Timeline:
         try:
             yield
         finally:
-            self.append(name, kind, start_s, self.now_s(), attrs)
+            self.record(name, start_s, self.now_s(), kind, **attrs)
 
     def clear(self) -> None:
         self._entries.clear()
@@ -99,7 +95,5 @@ class Timeline:
 
 def shift_to_zero(spans: list[Span], origin_s: float | None = None) -> list[Span]:
     """The same spans with times measured from ``origin_s`` (default: the earliest start)."""
-    if not spans:
-        return []
-    origin = min(s.start_s for s in spans) if origin_s is None else origin_s
-    return [Span(s.rank, s.name, s.kind, s.start_s - origin, s.end_s - origin, s.attrs) for s in spans]
+    origin = min((s.start_s for s in spans), default=0.0) if origin_s is None else origin_s
+    return [replace(s, start_s=s.start_s - origin, end_s=s.end_s - origin) for s in spans]

@@ -36,7 +36,6 @@ import torch.distributed as dist
 
 from shardlib.runtime.context import RankContext, prepare_device, use_loopback_for_gloo
 
-CLOSE = b"close"
 # glibc's malloc_trim: after a call, the heap's free pages go back to the system. Without it a call's freed
 # tensors (a sweep's buffers, a layout's activations) stay in each rank's heap: a notebook's four ranks held
 # about 100 MB more after its step-time cells than they used. None where the C library has none (macOS, musl).
@@ -89,11 +88,6 @@ def _to_host(value):
     return value
 
 
-def _remote_traceback(exc: BaseException) -> str:
-    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # skip this module's frame
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
 def _call(ctx: RankContext, payload: bytes) -> bytes:
     ctx.comm.clear()
     ctx.timeline.clear()
@@ -107,8 +101,9 @@ def _call(ctx: RankContext, payload: bytes) -> bytes:
         with redirect_stdout(printed), redirect_stderr(printed):
             result = fn(ctx, *args, **kwargs)
     except BaseException as exc:
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # from the function's frame
         return pickle.dumps(("err", f"rank {ctx.rank} raised {type(exc).__name__}: {exc}",
-                             _remote_traceback(exc), printed.getvalue()))
+                             "".join(traceback.format_exception(type(exc), exc, tb)), printed.getvalue()))
     reply = ("ok", _to_host(result), ctx.comm.records, ctx.timeline.spans, printed.getvalue())
     try:
         return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
@@ -121,15 +116,24 @@ def _call(ctx: RankContext, payload: bytes) -> bytes:
                              f"sent back to the notebook: {exc}", traceback.format_exc(), printed.getvalue()))
 
 
+def read_settings(conn: Connection) -> dict | None:
+    """The settings the parent sends first (``None`` if it went away), its import path taken on; from
+    now on an interrupt is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        settings = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return None
+    sys.path[:] = settings["sys_path"] + [p for p in sys.path if p not in settings["sys_path"]]
+    return settings
+
+
 def serve(conn: Connection) -> int:
     """Be a rank on ``conn`` until the pool closes or the parent goes away (see the module docstring)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the parent's to handle
-    try:
-        cfg = pickle.loads(conn.recv_bytes())
-    except (EOFError, OSError):
+    cfg = read_settings(conn)
+    if cfg is None:
         return 0
     _exit_with_parent(cfg["parent_pid"])
-    sys.path[:] = cfg["sys_path"] + [p for p in sys.path if p not in cfg["sys_path"]]
     try:
         ctx = _join(cfg)
     except BaseException:
@@ -142,7 +146,7 @@ def serve(conn: Connection) -> int:
             payload = conn.recv_bytes()
         except (EOFError, OSError):
             break
-        if payload == CLOSE:
+        if payload == b"close":
             break
         conn.send_bytes(_call(ctx, payload))
         if _MALLOC_TRIM is not None:

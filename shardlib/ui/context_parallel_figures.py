@@ -1,8 +1,9 @@
 """Plotly figures for sequence and context parallelism: data in, ``go.Figure`` out.
 
 Which K/V block each rank holds at each step of the ring; who computes which block of the causal
-attention matrix in each placement; per-rank compute measured against the blocks predicted; the ring's
-timeline with and without overlap; memory per device against sequence length, and what one rank holds.
+attention matrix in each placement; per-rank compute measured against the blocks predicted; memory per
+device against sequence length, and what one rank holds (the ring's timeline:
+``data_parallel_figures.overlap_timeline_figure``).
 No torch, no widgets, no processes: the numbers come from ``shardlib.lab.context_parallel``.
 """
 
@@ -22,10 +23,8 @@ from shardlib.core.context_parallel.placement import (
     chunks_per_rank,
 )
 from shardlib.predict.context_parallel import blocks_between
-from shardlib.runtime.timeline import Span
-from shardlib.ui.gantt import Bar, gantt_figure
 from shardlib.ui.mime import mime_figure
-from shardlib.ui.theme import BLUE, GREY, KIND_COLOURS, ORANGE, RED, WAIT_COLOUR, colour, owner_heatmap
+from shardlib.ui.theme import BLUE, GREY, ORANGE, RED, colour, owner_heatmap
 
 
 @mime_figure
@@ -95,30 +94,6 @@ def balance_figure(compute_s: Mapping[str, Sequence[float]], predicted_scores: M
     fig.update_layout(title=f"Causal ring attention: work per rank ({timing_note})", barmode="group",
                       scattermode="group", yaxis_title="compute (ms)", height=360)
     return fig
-
-
-@mime_figure
-def ring_timeline_figure(spans: Sequence[Span], title: str) -> go.Figure:
-    """A ring pass on three rows per rank: its compute (with the time it spent blocked in ``wait`` in
-    grey), its sends and its receives (each from the issue until the rank confirmed it in ``wait``,
-    which on gloo is the only completion it is told of)."""
-    if not spans:
-        raise ValueError("no spans to draw: run the ring first")
-    origin = min(s.start_s for s in spans)
-    bars = []
-    for s in sorted(spans, key=lambda s: s.start_s):
-        start, end = (s.start_s - origin) * 1e3, (s.end_s - origin) * 1e3
-        if s.kind == "compute":
-            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "compute", KIND_COLOURS["compute"]))
-        elif s.kind == "comm" and s.name in ("send", "recv"):
-            label = f"{s.name} {s.attrs.get('size_bytes', 0) / 2 ** 20:.1f} MiB"
-            bars.append(Bar(f"rank {s.rank} {s.name}", start, end, label, f"{s.name} in flight", KIND_COLOURS[s.name]))
-        elif s.kind == "wait":
-            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "blocked, waiting for the transfer",
-                            WAIT_COLOUR))
-    n = max(s.rank for s in spans) + 1
-    rows = [f"rank {r} {what}" for r in range(n) for what in ("compute", "send", "recv")]
-    return gantt_figure(bars, rows, title)
 
 
 @mime_figure

@@ -18,7 +18,8 @@ from shardlib.core.context_parallel.placement import PLACEMENTS
 from shardlib.core.model import attention
 from shardlib.lab.context_parallel.drivers import run_ring_attention
 from shardlib.predict.context_parallel import AttentionShape, attention_bytes_per_rank
-from shardlib.ui.context_parallel_figures import attention_memory_figure, ring_timeline_figure
+from shardlib.ui.context_parallel_figures import attention_memory_figure
+from shardlib.ui.data_parallel_figures import overlap_timeline_figure
 from shardlib.ui.live import FigureArea, wire
 
 
@@ -64,7 +65,7 @@ def sequence_explorer(ranks, heads: int = 8, kv_heads: int = 2, head_dim: int = 
             f"ring {run.step_s * 1e3:.0f} ms "
             f"against {one_s * 1e3:.0f} ms in this one process (scaled_dot_product_attention, a fused kernel); "
             f"compute per rank {cpu} ms (CPU time); sent per rank {run.sent_bytes_per_rank[0] / 2 ** 20:.2f} MiB")
-        timeline.show(ring_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} "
-                                                      f"placement, measured on {ranks.description}"))
+        timeline.show(overlap_timeline_figure(run.spans, f"The ring at {slider.value:,} tokens, {picker.value} "
+                                                         f"placement, measured on {ranks.description}"))
 
     return widgets.VBox([widgets.HBox([slider, picker]), label, memory, timeline, wire([slider, picker], rerun)])

@@ -3,7 +3,7 @@
 Every predicted curve is drawn by the same ``costs`` function that the notebook prints its
 predictions with, so a figure and a printed number can never disagree. Each figure says under its title
 where its numbers come from: the ranks it measured (``where``), or that it is a model (``GPU_MODEL``).
-``decode_vs_prefill_table`` prints a ``lab.costs.drivers.DecodeVsPrefillRun`` row by row.
+``decode_vs_prefill_table`` prints a ``lab.costs.decode_vs_prefill.DecodeVsPrefillRun`` row by row.
 """
 
 from __future__ import annotations
@@ -28,14 +28,6 @@ PLANNER_MODEL = "model: the planner's estimates (memory-bound decode, alpha-beta
 
 def _size_grid(lo: float, hi: float, points: int = 60) -> list[float]:
     return list(np.logspace(np.log10(lo), np.log10(hi), points))
-
-
-def _log_x_marker(fig: go.Figure, x: float, text: str, y_paper: float = 1.0) -> None:
-    """A dashed vertical line at ``x`` on a log x axis, labelled at the top (an annotation on a log axis
-    is placed by ``log10(x)``, which ``add_vline`` does not do for its own label)."""
-    fig.add_vline(x=x, line_dash="dash", line_color=GUIDE_GREY)
-    fig.add_annotation(x=float(np.log10(x)), y=y_paper, xref="x", yref="paper", text=text, showarrow=False,
-                       xanchor="left", yanchor="bottom", font={"size": 11, "color": LABEL_GREY})
 
 
 @mime_figure
@@ -83,8 +75,10 @@ def link_comparison_figure(links: Sequence[Link], op: str = "all_reduce", n: int
                                  name=f"{link.name}: crossover {cross / 1e6:.2g} MB", showlegend=False,
                                  hovertemplate=f"{link.name}<br>bandwidth-bound above {cross:,.0f} bytes"
                                                "<extra></extra>"))
-    for label, size in (marks or {}).items():
-        _log_x_marker(fig, size, label)
+    for label, size in (marks or {}).items():  # on a log axis an annotation is placed by log10(x): add_vline's is not
+        fig.add_vline(x=size, line_dash="dash", line_color=GUIDE_GREY)
+        fig.add_annotation(x=float(np.log10(size)), y=1.0, xref="x", yref="paper", text=label, showarrow=False,
+                           xanchor="left", yanchor="bottom", font={"size": 11, "color": LABEL_GREY})
     fig.update_layout(title=titled(f"{op} on {n} ranks ({latency_charge} latency): diamonds mark the crossover",
                                    where),
                       xaxis_type="log", yaxis_type="log", height=440, xaxis_title="message size (bytes)",

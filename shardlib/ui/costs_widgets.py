@@ -9,8 +9,7 @@ import ipywidgets as widgets
 from shardlib.core.config import ModelConfig
 from shardlib.facts.hardware import LATENCY_CHARGES, LINKS, Link
 from shardlib.facts.models import LLAMA_3_8B
-from shardlib.lab.costs.drivers import run_slow_rank
-from shardlib.lab.costs.ranks import MAX_DELAY_S
+from shardlib.lab.costs.slow_rank import MAX_DELAY_S, run_slow_rank
 from shardlib.predict.serving.cost import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from shardlib.predict.shapes import usable_tensor_parallel_degrees
 from shardlib.ui.costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
@@ -80,7 +79,7 @@ def slow_rank_explorer(ranks, delay_ms: int = 50) -> widgets.VBox:
         delay_s = delay.value / 1e3
         run = run_slow_rank(ranks, slow.value, delay_s)
         fig.show(slow_rank_figure(run, f"measured on {ranks.description}"))
-        steps = [run.step_s(op) for op in run.ops]
+        steps = [max(run.steps_s(op)) for op in run.ops]
         text.value = (f"rank {slow.value} sleeps {delay.value} ms before each collective; every rank's step took "
                       f"{min(steps) * 1e3:.1f} to {max(steps) * 1e3:.1f} ms")
 

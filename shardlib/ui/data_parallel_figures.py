@@ -1,5 +1,6 @@
 """Data parallelism's figures: memory per rank, bytes per step, ZeRO's table for real models, the
-overlap timeline, activations with and without recomputation. Data in, ``go.Figure`` out."""
+overlap timeline (of a training step, or of the ring's attention), activations with and without
+recomputation. Data in, ``go.Figure`` out."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from shardlib.ui.theme import BLUE, GREEN, GREY, LIGHT_BLUE, OP_COLOURS, ORANGE,
 
 PART_COLOURS = {"params": BLUE, "grads": ORANGE, "optimizer": GREEN, "activations": PURPLE}
 PHASE_COLOURS = {"forward": BLUE, "backward": LIGHT_BLUE, "optimizer": GREEN}
+MESSAGE_COLOURS = {"send": GREEN, "recv": PURPLE}
 
 
 @mime_figure
@@ -62,28 +64,37 @@ def zero_table_figure(rows: Sequence[Mapping], gpu_memory_bytes: Mapping[str, fl
 
 
 @mime_figure
-def overlap_timeline_figure(spans: Sequence[Span], step: int, title: str) -> go.Figure:
-    """One training step on every rank: a compute row (forward, backward, optimizer, and grey where the
-    rank blocked in ``wait()``) above a communication row (each collective from issue to completion).
-    A collective bar under a backward bar is communication hidden under compute."""
-    window = {s.rank: s for s in spans if s.kind == "step" and s.attrs.get("step") == step}
-    if not window:
-        raise ValueError(f"no spans of step {step} to draw")
-    mine = [s for s in spans if s.rank in window and window[s.rank].start_s <= s.start_s <= window[s.rank].end_s
-            and s.kind != "step"]
-    origin = min(w.start_s for w in window.values())
-    bars, rows = [], []
-    for rank in sorted(window):
-        rows += [f"rank {rank} compute", f"rank {rank} comm"]
-    for s in shift_to_zero(mine, origin):
+def overlap_timeline_figure(spans: Sequence[Span], title: str, step: int | None = None) -> go.Figure:
+    """Each rank's compute on one row (its phases or its ring steps, grey where it blocked in ``wait()``)
+    above its communication: one row of collectives, or a send row and a receive row, each bar from the
+    issue until the rank confirmed it in ``wait`` (on gloo the only completion it is told of). A transfer
+    bar under a compute bar is communication hidden under compute. ``step``: that training step only."""
+    if step is not None:
+        window = {s.rank: s for s in spans if s.kind == "step" and s.attrs.get("step") == step}
+        if not window:
+            raise ValueError(f"no spans of step {step} to draw")
+        spans = [s for s in spans if s.kind != "step" and s.rank in window
+                 and window[s.rank].start_s <= s.start_s <= window[s.rank].end_s]
+    if not spans:
+        raise ValueError("no spans to draw: run it first")
+    comm_rows = ("send", "recv") if any(s.name in ("send", "recv") for s in spans) else ("comm",)
+    bars = []
+    for s in shift_to_zero(sorted(spans, key=lambda s: s.start_s), min(s.start_s for s in spans)):
         start, end = s.start_s * 1e3, s.end_s * 1e3
-        if s.kind == "comm":
-            bars.append(Bar(f"rank {s.rank} comm", start, end, s.name, s.name, OP_COLOURS.get(s.name, ORANGE)))
+        if s.kind == "compute":
+            group = s.name if s.name in PHASE_COLOURS else "compute"
+            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, group,
+                            PHASE_COLOURS.get(s.name, BLUE)))
         elif s.kind == "wait":
-            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "waiting for a collective", WAIT_COLOUR))
-        elif s.name in PHASE_COLOURS:
-            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, s.name, PHASE_COLOURS[s.name]))
-    return gantt_figure(bars, rows, title)
+            bars.append(Bar(f"rank {s.rank} compute", start, end, s.name, "blocked, waiting for the transfer",
+                            WAIT_COLOUR))
+        elif s.kind == "comm" and s.name in ("send", "recv"):
+            label, colour = f"{s.name} {s.attrs.get('size_bytes', 0) / 2 ** 20:.1f} MiB", MESSAGE_COLOURS[s.name]
+            bars.append(Bar(f"rank {s.rank} {s.name}", start, end, label, f"{s.name} in flight", colour))
+        elif s.kind == "comm":
+            bars.append(Bar(f"rank {s.rank} comm", start, end, s.name, s.name, OP_COLOURS.get(s.name, ORANGE)))
+    ranks = sorted({s.rank for s in spans})
+    return gantt_figure(bars, [f"rank {r} {what}" for r in ranks for what in ("compute", *comm_rows)], title)
 
 
 @mime_figure

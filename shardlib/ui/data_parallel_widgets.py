@@ -36,7 +36,7 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
     memory_fig, bytes_fig, timeline = FigureArea(), FigureArea(), FigureArea()
     measured_memory, predicted_memory = {s: {} for s in DP_STRATEGIES}, {s: 0 for s in DP_STRATEGIES}
     measured_bytes, predicted_bytes = {s: {} for s in DP_STRATEGIES}, {s: 0 for s in DP_STRATEGIES}
-    one_process = train_one_process(model, batches, lr).state_dict
+    one_process = train_one_process(model, batches, lr)
 
     def show(change=None, strategy: str | None = None) -> None:
         s = strategy or picker.value
@@ -61,9 +61,8 @@ def strategy_explorer(ranks, model, batches, lr: float = 1e-2, bucket_bytes: int
             f"compute {run.hidden_share():.0%}; weights within {TOLERANCE:g} of one process: "
             f"{run.against_reference(one_process) <= TOLERANCE}"
         )
-        timeline.show(overlap_timeline_figure(run.spans, run.n_steps - 1,
-                                              f"{STRATEGY_TITLES[s]}: the last step on each rank, measured on "
-                                              f"{ranks.description}"))
+        timeline.show(overlap_timeline_figure(run.spans, f"{STRATEGY_TITLES[s]}: the last step on each rank, "
+                                                         f"measured on {ranks.description}", run.n_steps - 1))
 
     # the first draw shows the strategy picked only: each pick adds its bars, so the comparison is the learner's
     area = wire((picker, buckets, overlap), show)

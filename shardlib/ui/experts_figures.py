@@ -46,9 +46,7 @@ def walkthrough_figure(home_rank: Sequence[int], experts: Sequence[Sequence[int]
     load = [sum(1 for _, _, e in copies if e == x) for x in range(n_experts)]
     rank_rows = [sum(load[e] for e in hosted[r]) for r in range(n_ranks)]
     busiest = max(rank_rows) or 1
-    slot_at = {}  # the position of each copy in its expert's little grid
-    for i, (_, _, e) in enumerate(copies):
-        slot_at[i] = sum(1 for _, _, f in copies[:i] if f == e)
+    slot_at = [sum(1 for _, _, f in copies[:i] if f == e) for i, (_, _, e) in enumerate(copies)]  # in its grid
     per_row = 4
 
     def at_expert(i: int) -> tuple[float, float]:

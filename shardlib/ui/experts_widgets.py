@@ -18,7 +18,7 @@ from shardlib.core.experts.balance import switch_aux_loss
 from shardlib.core.experts.dispatch import MoEWeights
 from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig, route
-from shardlib.lab.experts.drivers import run_moe_policy
+from shardlib.lab.experts.balance import run_moe_policy
 from shardlib.predict.experts import predicted_all_to_all_bytes
 from shardlib.ui.experts_figures import balance_steps_figure, expert_load_figure, rank_time_figure, send_matrix_figure
 from shardlib.ui.live import FigureArea, SelectionSlider, nearest, wire
@@ -95,17 +95,16 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
 BIAS_RATES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
-def bias_rate_explorer(config=None, steps: int = 20, rate: float = 0.05, n_tokens: int = 128, skew: float = 1.0,
-                       baseline: dict | None = None, seed: int = 0) -> widgets.VBox:
+def bias_rate_explorer(config, steps: int = 20, rate: float = 0.05, baseline: dict | None = None) -> widgets.VBox:
     """Slide the selection bias's rate (DeepSeek-V3's gamma, one of ``BIAS_RATES``); each move trains the
-    toy for ``steps`` steps in one process with that rate (``train_toy`` on 2 token groups, as 2 ranks
-    would; the ranks match it exactly) and redraws the busiest expert's load over the mean per step,
-    beside ``baseline`` (name -> loads per step, e.g. the ranks' run without balancing), with the task
-    loss at the end."""
-    from shardlib.lab.experts.training import BALANCE_CONFIG, make_moe_problem, train_toy
+    toy (128 tokens, most on expert 0) for ``steps`` steps in one process with that rate (``train_toy`` on 2
+    token groups, as 2 ranks would; the ranks match it exactly) and redraws the busiest expert's load over
+    the mean per step, beside ``baseline`` (name -> loads per step, e.g. the ranks' run without balancing),
+    with the task loss at the end."""
+    from shardlib.lab.experts.training import make_moe_problem, train_toy
 
-    cfg = (BALANCE_CONFIG if config is None else config).but(balance="aux-free")
-    problem = make_moe_problem(cfg, n_tokens, skew=skew, seed=seed)
+    cfg = config.but(balance="aux-free")
+    problem = make_moe_problem(cfg, 128, skew=1.0)
     baseline = dict(baseline or {})
     slider = SelectionSlider(options=BIAS_RATES, value=nearest(rate, BIAS_RATES), description="bias rate")
     text = widgets.HTML()

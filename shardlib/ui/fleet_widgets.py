@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from shardlib.lab.serving.disagg_drivers import LOOPBACK
+from shardlib.lab.serving.disagg import LOOPBACK
 from shardlib.lab.serving.traces import hot_prefix_trace, poisson_trace
 from shardlib.predict.serving.fleet import simulate_replicas
 from shardlib.predict.serving.goodput import ServingObjective

@@ -65,7 +65,7 @@ def _ms(value) -> str:
 
 @mime_figure
 def predicted_vs_measured_figure(run, where: str = "", title: str | None = None) -> go.Figure:
-    """A padded ``lab.pipeline.drivers.PipelineRun``: its schedule timed by ``simulate`` with the pads
+    """A padded ``lab.pipeline.step.PipelineRun``: its schedule timed by ``simulate`` with the pads
     (top, a model) and the real run (bottom, waits in grey), on one time axis in ms. ``where`` says where
     the run was measured (``Ranks.description``)."""
     schedule, v = run.schedule, run.schedule.n_chunks

@@ -7,10 +7,9 @@ import html
 
 import ipywidgets as widgets
 
-from shardlib.core.pipeline.orders import make_schedule
-from shardlib.core.pipeline.registry import SPECS, split_schedules
-from shardlib.lab.pipeline.drivers import run_pipeline
-from shardlib.predict.bubbles import PUBLISHED, OpCosts, published_fraction, simulated_fraction
+from shardlib.core.pipeline.registry import SPECS, SPLIT_SCHEDULES, make_schedule
+from shardlib.lab.pipeline.step import run_pipeline
+from shardlib.predict.bubbles import BUBBLES, OpCosts, published_fraction, simulated_fraction
 from shardlib.predict.pipeline import pipeline_bubble_fraction, predicted_step_s
 from shardlib.ui.live import FigureArea, slider, wire
 from shardlib.ui.pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure
@@ -67,7 +66,7 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     return widgets.VBox([widgets.HBox([m_slider, picker]), label, curve, gantt, errors])
 
 
-ZERO_BUBBLE_SCHEDULES = ("1f1b",) + split_schedules()  # 1F1B beside every schedule with the backward split
+ZERO_BUBBLE_SCHEDULES = ("1f1b",) + SPLIT_SCHEDULES  # 1F1B beside every schedule with the backward split
 W_COSTS = (0.25, 0.5, 1.0, 1.5, 2.0)  # W's time as a multiple of F's (and B's)
 
 
@@ -96,12 +95,10 @@ def zero_bubble_explorer(ranks, model, layers, x, grad_output, op_s: float = 0.0
         costs = OpCosts(op_s / v, op_s / v, weight_s / v)  # the pads, per action
         measured = run.bubble.idle_fraction
         try:
-            bubble = SPECS[picker.value].bubble
-            one_step = bubble is not None and bubble.window_idle is not None
-            name = ("published formula" if not one_step else "published formula, its ramp kept for one step"
-                    if bubble.qi_idle is not None else "no published formula; this course's one-step count")
-            formula = (f"{name} {published_fraction(schedule, costs):.3f}, " if picker.value in PUBLISHED
-                       else "no published closed form, ")
+            bubble = BUBBLES[picker.value]
+            name = ("published formula" if bubble.window_idle is None else "published formula, its ramp kept for "
+                    "one step" if bubble.qi_idle is not None else "no published formula; this course's one-step count")
+            formula = f"{name} {published_fraction(schedule, costs):.3f}, "
         except ValueError:  # ZB-V's published claim holds only for F = B = W
             formula = "no published figure for W != F, "
         label.value = (f"<b>{html.escape(schedule.title)}</b>, W = {w_slider.value:g} x F: idle fraction "

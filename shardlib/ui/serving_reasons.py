@@ -1,6 +1,7 @@
 """The serving planner's reasons, in words a learner reads: what set a layout's batch, where a token's time
 goes, how a layout that crosses nodes with its pipeline compares with the one that crosses them with tensor
-parallelism (the same GPUs per copy, cut the other way, ``traffic.counterpart``), and why the best won.
+parallelism (the same GPUs per copy, cut the other way, ``traffic.counterpart``), why the best won, and what
+a layout pays for passing a wall (``score_notes``).
 
 A pipeline across nodes sends one small message per stage boundary over the slow link but runs its
 stages one after another; tensor parallelism across nodes splits every weight read over all the GPUs
@@ -14,11 +15,13 @@ from dataclasses import replace
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout
+from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import Cluster
 from shardlib.predict.serving.decode import Score, ep_all_to_all, score
 from shardlib.predict.serving.memory import Workload, kv_bytes_per_sequence, layout_problems
 from shardlib.predict.serving.planner import Plan, objective_workload
 from shardlib.predict.serving.traffic import counterpart, kind, tp_crosses_nodes
+from shardlib.predict.shapes import kv_head_copies, stage_layers
 from shardlib.predict.units import gb, ms
 
 
@@ -32,6 +35,26 @@ def score_reasons(p: Plan, s: Score) -> tuple[str, ...]:
     work = objective_workload(p.workload, p.objective)
     extra = counterpart_reason(p.model, p.cluster, work, s, {r.layout: r for r in p.ranked})
     return own_reasons(p.model, p.cluster, work, s) + ((extra,) if extra else ())
+
+
+def score_notes(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> tuple[str, ...]:
+    """What ``layout`` pays for passing a wall, in words: tp across nodes, KV heads copied, uneven stages."""
+    notes = []
+    if tp_crosses_nodes(layout, cluster):
+        notes.append(f"tp = {layout.tp} spans {layout.tp // cluster.gpus_per_node} nodes of {cluster.gpus_per_node}: "
+                     f"its all-reduces run over {cluster.inter_link.name}")
+    copies = kv_head_copies(model, layout.tp)
+    if copies > 1:
+        kv = kv_bytes_per_sequence(model, layout, workload.context_tokens)
+        kv_weights = 2 * model.d_model * model.head_dim * stage_layers(model, layout.pp) * model.matrix_bytes_per_param
+        notes.append(f"each of the {model.n_kv_heads} KV heads copied on {copies} GPUs: a sequence's KV cache stays "
+                     f"{gb(kv)} per GPU, as at tp = {model.n_kv_heads} (it would be {gb(kv / copies)} if it still "
+                     f"shrank), and {gb(kv_weights * (1 - 1 / copies))} of k and v weights per GPU are copies")
+    sizes = sorted(set(stage_layer_counts(model.n_layers, layout.pp)), reverse=True)
+    if len(sizes) > 1:
+        notes.append(f"uneven stages of {' and '.join(map(str, sizes))} layers: the {sizes[0]}-layer stages set the "
+                     f"pace, the others wait {1 - sizes[1] / sizes[0]:.0%} of each step")
+    return tuple(notes)
 
 
 def own_reasons(model: ModelConfig, cluster: Cluster, workload: Workload, s: Score) -> tuple[str, ...]:

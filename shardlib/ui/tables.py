@@ -16,7 +16,7 @@ from shardlib.predict.training.choices import ChoiceRow
 from shardlib.predict.training.planner import TrainingPlan
 from shardlib.predict.training.time_model import TrainingScore
 from shardlib.predict.units import gb, ms, seconds
-from shardlib.ui.serving_reasons import plan_reasons, score_reasons
+from shardlib.ui.serving_reasons import plan_reasons, score_notes, score_reasons
 
 
 def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
@@ -30,7 +30,7 @@ def format_plan(p: Plan, top: int = 8, reasons_for: int = 1) -> str:
         lines.append(f"{s.layout.label:<20}{s.batch:>6}{gb(s.memory.total_bytes):>12}{s.decode_step_s * 1e3:>10.2f}"
                      f"{s.tokens_per_s:>11,.0f}{s.tokens_per_s_per_gpu:>9,.0f}{s.first_token_s * 1e3:>13.1f}"
                      f"{s.idle_fraction:>6.2f}  {s.tp_link if s.layout.tp > 1 else '-'}")
-        lines += [f"{'':<4}note: {n}" for n in s.notes]
+        lines += [f"{'':<4}note: {n}" for n in score_notes(p.model, p.cluster, s.layout, p.workload)]
     if len(p.ranked) > top:
         lines.append(f"... and {len(p.ranked) - top} more feasible layouts")
     if p.ranked:

@@ -21,24 +21,6 @@ MLP_OPTIONS = (("dense", 0), ("4 experts, ep 1", 1), ("ep 2", 2), ("ep 4", 4))  
 MOE_SHAPE = {"n_experts": 4, "experts_per_token": 2}
 
 
-def expert_choice(ep: int, tp: int, pp: int, dp: int, cp: int, strategy: str) -> tuple[int, str, list[str]]:
-    """The ``ep`` (0: the dense MLP) and data-parallel strategy the explorer can run for the ``MLP`` control's
-    ``ep`` on a layout, and a note for each change: experts run without the context-parallel ring and
-    without ZeRO-3; ``ep`` must divide a stage's ``tp x dp`` ranks (the largest that does is taken)."""
-    notes = []
-    if ep and cp > 1:
-        notes.append("experts do not run with the context-parallel ring here: showing the dense MLP")
-        return 0, strategy, notes
-    if ep and strategy == "zero3":
-        notes.append("experts with ZeRO-3 are not combined here: showing ZeRO-1")
-        strategy = "zero1"
-    if ep and (tp * dp) % ep:
-        fits = max(e for e in (1, 2, 4) if (tp * dp) % e == 0)
-        notes.append(f"ep = {ep} does not divide a stage's tp x dp = {tp * dp} ranks: showing ep = {fits}")
-        ep = fits
-    return ep, strategy, notes
-
-
 def four_rank_layouts(world_size: int, config=None) -> list[tuple[str, tuple[int, int, int, int]]]:
     """Every ``(tp, pp, dp, cp)`` of ``world_size`` ranks with each degree 1, 2 or 4, as slider options;
     with ``config``, only those its model can run (``lab.training.drivers.check_training``)."""
@@ -67,8 +49,8 @@ def _runs(layout: Layout, config) -> bool:
 def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2, 1)) -> widgets.VBox:
     """A slider over the layouts of ``ranks``, the data-parallel strategy, the MLP (dense, or 4 experts spread
     over ``ep`` ranks) and ``m``: each move trains ``config``'s model on the warm ranks and shows every rank's
-    ledger and the gap to one process. ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first
-    option if it cannot run)."""
+    ledger and the gap to one process (a combination the step cannot run shows ``check_training``'s reason
+    instead). ``start``: the first layout drawn, as ``(tp, pp, dp, cp)`` (the first option if it cannot run)."""
     from shardlib.core.checks import TOLERANCE
     from shardlib.core.training.reference import train_reference
     from shardlib.lab.training.drivers import run_training
@@ -86,22 +68,17 @@ def training_explorer(ranks, config, start: tuple[int, int, int, int] = (2, 1, 2
 
     def show(change=None) -> None:
         tp, pp, dp, cp = layout_slider.value
-        notes = []
+        notes, note.value = [], ""
         m = max(microbatches.value, pp)  # 1F1B needs a microbatch per stage: clamp, and say so
         if m != microbatches.value:
             notes.append(f"1F1B needs at least one microbatch per stage: m = {m} "
                          f"(the slider asked {microbatches.value})")
-        chosen = strategy.value
-        if chosen == "zero3" and pp > 1:
-            chosen = "zero1"
-            notes.append("ZeRO-3 gathers layer by layer and runs here without a pipeline only: showing ZeRO-1")
-        if dp * cp == 1 and chosen != "ddp":
+        ep = mlp.value
+        if dp * cp == 1 and strategy.value != "ddp":
             notes.append("one replica and no ring: nothing to shard, every strategy keeps the same")
-        ep, chosen, expert_notes = expert_choice(mlp.value, tp, pp, dp, cp, chosen)
-        notes += expert_notes
-        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=max(ep, 1), dp_strategy=chosen)
+        lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=max(ep, 1), dp_strategy=strategy.value)
         cfg = replace(config, m=m, **(MOE_SHAPE if ep else {}))
-        run = run_training(ranks, lay, cfg)
+        run = run_training(ranks, lay, cfg)  # what the step cannot run raises: shown under the controls
         if (m, dp, bool(ep)) not in references:
             with ranks.same_threads():
                 references[m, dp, bool(ep)] = train_reference(cfg, dp)
@@ -141,20 +118,20 @@ def moe_layout_explorer() -> widgets.VBox:
     overlap = widgets.ToggleButtons(options=[("exposed", False), ("under compute (DualPipe)", True)], value=False,
                                     description="all-to-alls", style={"description_width": "initial"})
     note, figure = widgets.HTML(), FigureArea()
-    names = ["your layout", f"published (PP {pub.pp} x EP {pub.ep})"]
+    names = ["your layout", f"published (PP {pub.layout.pp} x EP {pub.layout.ep})"]
 
     def show(change=None) -> None:
         p, e, notes = pp.value, ep.value, []
-        dp = pub.gpus // p
+        dp = pub.layout.world_size // p
         if dp % e:
             fits = max(v for v in MOE_EP if dp % v == 0)
             notes.append(f"ep = {e} does not divide dp = {dp}: showing ep = {fits}")
             e = fits
         w = pub.workload(ep_overlap=overlap.value)
         mine = best_configuration(pub.model, pub.cluster(), Layout(1, p, dp, ep=e, dp_strategy="zero1"), w)
-        published = best_configuration(pub.model, pub.cluster(), pub.layout(), w)
+        published = best_configuration(pub.model, pub.cluster(), pub.layout, w)
         scored = [s if not isinstance(s, Rejected) else None for s in (mine, published)]
-        title = f"{pub.model.name} on {pub.gpus:,} H800: one step of {pub.sequences:,} sequences"
+        title = f"{pub.model.name} on {pub.layout.world_size:,} H800: one step of {pub.sequences:,} sequences"
         figure.show(step_terms_figure({label: [getattr(s, term) if s else 0.0 for s in scored]
                                        for term, label in TERM_NAMES.items()}, names, title))
         for name, s, raw in zip(("your layout", "published"), scored, (mine, published)):

@@ -35,7 +35,6 @@ from shardlib.facts.hardware import Link
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, TOY
 from shardlib.lab.context_parallel.drivers import attention_and_grads
 from shardlib.predict.context_parallel import (
-    METHODS,
     AttentionShape,
     causal_work,
     context_parallel_needed,
@@ -187,7 +186,6 @@ def test_bytes_per_method_hand_worked():
     # the ring's bytes per rank stay near 2 x K/V as ranks are added; the all-to-all's fall like 1/n
     assert ring_bytes_per_rank(shape, 8) > ring_bytes_per_rank(shape, 4)
     assert ulysses_bytes_per_rank(shape, 8) < ulysses_bytes_per_rank(shape, 4)
-    assert METHODS[:2] == ("ring attention", "all-to-all (Ulysses)")  # the two methods the bytes above compare
     # Megatron's sequence parallelism moves exactly tensor parallelism's wire bytes
     both = sequence_parallel_bytes_per_rank(2, 16, 64, 4)
     assert both["tensor parallel"] == both["sequence parallel"] == 2 * 2 * 0.75 * 2 * 16 * 64 * 4
@@ -315,8 +313,8 @@ def test_the_other_figures_draw_their_data():
         attention_memory_figure,
         balance_figure,
         memory_figure,
-        ring_timeline_figure,
     )
+    from shardlib.ui.data_parallel_figures import overlap_timeline_figure
 
     fig = memory_figure([1000, 2000], {"tp 8": [1e9, 2e9], "tp 8 x cp 2": [5e8, 1e9]}, 80e9)
     assert [t.name for t in fig.data] == ["tp 8", "tp 8 x cp 2"] and list(fig.data[0].y) == [1.0, 2.0]
@@ -325,7 +323,7 @@ def test_the_other_figures_draw_their_data():
     spans = [Span(0, "attend K/V of rank 0", "compute", 1.0, 1.010),
              Span(0, "send", "comm", 1.0, 1.004, {"size_bytes": 2 ** 20}),
              Span(1, "wait recv", "wait", 1.010, 1.012)]
-    fig = ring_timeline_figure(spans, "t")
+    fig = overlap_timeline_figure(spans, "t")
     assert {t.name for t in fig.data} == {"compute", "send in flight", "blocked, waiting for the transfer"}
     assert list(fig.layout.yaxis.categoryarray) == ["rank 1 recv", "rank 1 send", "rank 1 compute", "rank 0 recv",
                                                     "rank 0 send", "rank 0 compute"]
@@ -352,9 +350,7 @@ def test_the_ring_hides_its_transfer_from_more_tokens_on_slower_links():
 def test_all_gather_and_megatron_comm_types_hand_worked():
     from shardlib.predict.context_parallel import (
         CP_COMM_TYPES,
-        all_gather_kv_bytes_per_rank,
         all_gather_kv_collectives,
-        all_gather_kv_held_bytes,
         cp_comm_bytes_per_rank,
     )
 
@@ -362,8 +358,8 @@ def test_all_gather_and_megatron_comm_types_hand_worked():
     # gathering K and V: each all-gather's output is 4 heads x 1024 tokens x 64 x 2 bytes = 524,288; 3/4 on the wire
     assert all_gather_kv_collectives(shape, 4) == [("all_gather", 524_288, 393_216)] * 2
     # ... which is the ring's forward bytes: 3 blocks of 2 x 4 x 256 x 64 x 2 = 262,144
-    assert all_gather_kv_bytes_per_rank(shape, 4) == ring_bytes_per_rank(shape, 4) == 786_432
-    assert all_gather_kv_held_bytes(shape) == 1_048_576  # the whole K/V on every rank, for the call
+    assert cp_comm_bytes_per_rank(shape, 4)["all_gather"] == ring_bytes_per_rank(shape, 4) == 786_432
+    assert shape.kv_block_bytes(1) == 1_048_576  # the whole K/V on every rank, for the call
     got = cp_comm_bytes_per_rank(shape, 4, inner=2)
     assert tuple(got) == CP_COMM_TYPES == ("p2p", "all_gather", "a2a", "a2a+p2p")
     assert got["a2a"] == ulysses_bytes_per_rank(shape, 4) == 0.75 * (2 * 8 + 2 * 4) * 256 * 64 * 2

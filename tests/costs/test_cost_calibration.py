@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from shardlib.facts.hardware import Link
-from shardlib.lab.costs.drivers import run_calibration
-from shardlib.lab.costs.ranks import sweep_on_rank
+from shardlib.lab.costs.calibration import run_calibration, sweep_on_rank
 from shardlib.lab.harness import on_ranks
 from shardlib.predict.alpha_beta import (
     DEFAULT_SIZES_BYTES,

@@ -12,17 +12,15 @@ import pytest
 
 from shardlib.facts.hardware import Link
 from shardlib.facts.models import LLAMA_3_8B
-from shardlib.lab.costs import claims
-from shardlib.lab.costs.claims import (
-    calibration_verdicts,
+from shardlib.lab.costs import slow_rank
+from shardlib.lab.costs.calibration import calibration_verdicts
+from shardlib.lab.costs.decode_vs_prefill import (
+    DecodeVsPrefillRun,
     decode_vs_prefill_verdicts,
-    replicas_vs_tp_verdicts,
     run_decode_vs_prefill_check,
-    run_slow_rank_check,
-    slow_rank_verdicts,
 )
-from shardlib.lab.costs.drivers import DecodeVsPrefillRun, SlowRankRun
-from shardlib.lab.costs.ranks import SLOW_RANK_OPS
+from shardlib.lab.costs.replicas import replicas_vs_tp_verdicts
+from shardlib.lab.costs.slow_rank import SLOW_RANK_OPS, SlowRankRun, run_slow_rank_check, slow_rank_verdicts
 from shardlib.lab.harness import Measured
 from shardlib.predict.alpha_beta import Calibration, LinkFit, Sample
 from shardlib.predict.serving.replicas import ReplicasVsTensorParallel, replicas_vs_tensor_parallel
@@ -141,7 +139,7 @@ def test_the_slow_rank_check_on_real_ranks_sets_its_steps_beside_the_sleeps(pool
         result = measure()
         return result, tuple(verdicts(result))
 
-    monkeypatch.setattr(claims, "verified", measure_once)
+    monkeypatch.setattr(slow_rank, "verified", measure_once)
     run, verdicts = run_slow_rank_check(pool2, 1, 0.05)
     assert run.slow_rank == 1 and run.delay_s == 0.05 and run.ops == list(SLOW_RANK_OPS)
     assert verdicts == slow_rank_verdicts(run)

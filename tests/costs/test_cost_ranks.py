@@ -18,14 +18,10 @@ from shardlib.core.model import stack_reference
 from shardlib.core.toy import stack_weights
 from shardlib.facts.hardware import Link
 from shardlib.facts.models import LLAMA_3_8B
-from shardlib.lab.costs.drivers import (
-    DecodeVsPrefillRun,
-    _sweep,
-    run_decode_vs_prefill,
-    run_replicas_vs_tp,
-    run_slow_rank,
-)
-from shardlib.lab.costs.ranks import SLOW_RANK_OPS, requests, serving_model
+from shardlib.lab.costs.calibration import sweep
+from shardlib.lab.costs.decode_vs_prefill import DecodeVsPrefillRun, run_decode_vs_prefill
+from shardlib.lab.costs.replicas import requests, run_replicas_vs_tp, serving_model
+from shardlib.lab.costs.slow_rank import SLOW_RANK_OPS, run_slow_rank
 from shardlib.predict.alpha_beta import Sample
 from shardlib.ui.costs_figures import decode_vs_prefill_table
 
@@ -79,7 +75,7 @@ def test_bad_decode_vs_prefill_arguments_are_refused_before_any_rank_runs(pool4,
 
 
 def test_a_sweep_runs_each_round_as_its_own_pool_call_every_degree_in_turn(pool4):
-    out = _sweep(pool4, [("all_reduce", 64, 1), ("all_reduce", 1024, 2), ("point_to_point", 256, 1)], 3, (2, 4))
+    out = sweep(pool4, [("all_reduce", 64, 1), ("all_reduce", 1024, 2), ("point_to_point", 256, 1)], 3, (2, 4))
     assert set(out) == {2, 4} and out[2][2] is None and out[2][3] is None  # ranks 2, 3 sat tp = 2 out
     for n, per_rank in out.items():
         for rank, res in enumerate(per_rank[:n]):
@@ -137,7 +133,8 @@ def test_replicas_and_one_tensor_parallel_copy_compute_the_same_outputs(pool):
     assert (result.got.first("replica") - reference).abs().max() < ATOL
     assert len(result.replica_steps_s) == len(result.tp_steps_s) == 3  # the warm-up step left out
     measured, predicted = result.measured, result.predicted
-    assert result.tp == pool.world_size  # the median step of each way, a step ending with the group's slowest rank
+    # the median step of each way, a step ending with the group's slowest rank
+    assert measured.world_size == pool.world_size
     assert measured.replica_step_s == statistics.median(result.replica_steps_s)
     assert measured.tp_step_s == statistics.median(result.tp_steps_s)
     assert predicted.world_size == pool.world_size and predicted.tokens_per_step == 2
@@ -162,7 +159,7 @@ def test_replicas_and_one_tensor_parallel_copy_compute_the_same_outputs(pool):
 
 def test_serving_on_two_ranks_of_a_pool_of_four(pool4):
     result = run_replicas_vs_tp(pool4, LINK, serving_model(n_layers=2, d_model=32, d_ff=64), batch=2, steps=2, tp=2)
-    assert result.max_output_gap < ATOL and result.tp == 2 and result.got.ranks == (0, 1)
+    assert result.max_output_gap < ATOL and result.measured.world_size == 2 and result.got.ranks == (0, 1)
     reduces = result.got.records("all_reduce", repeat=None)
     # ranks 0 and 1 only, on their "tp" group: 2 layers x (1 warm-up step + 2 steps) all-reduces each
     assert {r.rank for r in reduces} == {0, 1} and {r.group for r in reduces} == {"tp"}

@@ -8,7 +8,6 @@ import pytest
 
 from shardlib.facts.hardware import ETHERNET_100G, LINKS, NVLINK, PCIE_GEN4, Link
 from shardlib.predict.alpha_beta import (
-    algorithm_bandwidth,
     all_reduce_s,
     bus_bandwidth,
     collective_terms_s,
@@ -85,7 +84,6 @@ def test_doubling_the_bytes_doubles_the_bandwidth_term_only(op, n):
 
 def test_bus_and_algorithm_bandwidth_by_hand():
     # 1 MB in 1 ms: algorithm bandwidth 1 GB/s; an all-reduce on 4 ranks moved 2(n-1)/n = 1.5x that
-    assert close(algorithm_bandwidth(MB, 1e-3), 1e9)
     assert close(bus_bandwidth("all_reduce", MB, 1e-3, 4), 1.5e9)
     assert close(bus_bandwidth("all_gather", MB, 1e-3, 4), 0.75e9)
     assert close(bus_bandwidth("point_to_point", MB, 1e-3, 2), 1e9)

@@ -37,7 +37,7 @@ def _accumulate_on_rank(ctx, strategy, overlap):
         flat = torch.zeros(g.padded_numel, dtype=torch.float64)
         for i, offset, numel in zip(g.params, g.offsets, g.numels):
             flat[offset:offset + numel] = ref_grads[i]
-        start, stop = replica.ranges[b]
+        start, stop = (0, g.padded_numel) if strategy == "ddp" else g.owned(ctx.rank)
         mine = replica.grads[b] if strategy == "ddp" else replica.owned[b].grad
         gap = max(gap, float((mine - flat[start:stop]).abs().max()))
     return gap, len(replica.groups), Counter(r.op for r in ctx.comm.records)

@@ -135,15 +135,15 @@ def test_the_ranks_losses_add_up_to_the_global_mean():
 def test_reference_trains_with_adamw():
     model = toy_model(8, 16, 2, 3)
     batches = toy_batches(2, 8, 8, 3)
-    run = train_one_process(model, batches, 0.01)
+    trained = train_one_process(model, batches, 0.01)
     twin = toy_model(8, 16, 2, 3)
     optimizer = torch.optim.AdamW(twin.parameters(), lr=0.01)
     for x, y in batches:
         F.mse_loss(twin(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-    assert all(torch.equal(run.state_dict[k], v) for k, v in twin.state_dict().items())
-    assert not torch.equal(run.state_dict["0.up.weight"], model.state_dict()["0.up.weight"])  # the copy trained
+    assert all(torch.equal(trained[k], v) for k, v in twin.state_dict().items())
+    assert not torch.equal(trained["0.up.weight"], model.state_dict()["0.up.weight"])  # the copy trained
 
 
 def test_units_put_the_models_own_parameters_first():

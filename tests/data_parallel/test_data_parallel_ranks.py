@@ -19,8 +19,7 @@ from shardlib.core.data_parallel.flat import parameter_units
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.mesh import DP_STRATEGIES
 from shardlib.lab.data_parallel.claims import run_collective_identity
-from shardlib.lab.data_parallel.drivers import run_data_parallel, run_peer
-from shardlib.lab.data_parallel.ranks import train_on_rank
+from shardlib.lab.data_parallel.drivers import run_data_parallel, run_peer, train_on_rank
 from shardlib.lab.data_parallel.reference import global_mse, local_rows, toy_batches, toy_model
 from shardlib.predict.data_parallel import gathered_peak_bytes
 from shardlib.runtime.errors import RankError
@@ -57,11 +56,13 @@ def test_every_strategy_trains_to_one_processs_weights(pool, request, strategy, 
 
 
 def test_the_global_loss_is_one_processs_loss(pool2, even):
-    from shardlib.lab.data_parallel.reference import train_one_process
+    import copy
+
+    from shardlib.lab.data_parallel.reference import train_rows
 
     model, batches = even
     run = run_data_parallel(pool2, "zero2", model, batches, LR)
-    assert run.losses == pytest.approx(train_one_process(model, batches, LR).losses, rel=1e-5)
+    assert run.losses == pytest.approx(train_rows(copy.deepcopy(model), batches, LR), rel=1e-5)
 
 
 # -- memory and bytes against the formulas ------------------------------------------------------------------
@@ -233,19 +234,11 @@ def test_an_unused_parameter_is_reported(pool2):
 
 
 # -- the measured claims' one-line verdicts: what they set beside what (no clock compared here) ----------------
-def _measure_once(measure, verdicts, attempts=3):
-    found = measure()
-    return found, tuple(verdicts(found))
-
-
-def test_identity_check_sets_the_all_reduce_beside_the_two_calls(pool2, monkeypatch):
+def test_identity_check_sets_the_all_reduce_beside_the_two_calls(pool2):
     from shardlib.lab.data_parallel import claims
-    from shardlib.lab.data_parallel.claims import CollectiveIdentity, run_identity_check
 
-    monkeypatch.setattr(claims, "verified", _measure_once)
-    check = run_identity_check(pool2, 4096 * 2, repeats=2)
-    assert isinstance(check, CollectiveIdentity) and len(check.verdicts) == 1
-    (v,) = check.verdicts
+    check = run_collective_identity(pool2, 4096 * 2, repeats=2)
+    (v,) = claims.identity_verdicts(check)
     assert check.backend == "gloo" and claims.pair_passes("gloo") == 4 and claims.pair_passes("nccl") == 2
     assert v.predicted == pytest.approx(check.split_s / 2)
     assert v.measured == check.median_s["all_reduce"]
@@ -255,15 +248,13 @@ def test_identity_check_sets_the_all_reduce_beside_the_two_calls(pool2, monkeypa
     assert [check.split.count(op, repeat=None) for op in claims.OPS] == [0, 4, 4]  # 2 ranks x 2 repeats
 
 
-def test_overlap_check_sets_the_step_with_overlap_beside_the_step_without(pool2, even, monkeypatch):
-    from shardlib.lab.data_parallel import claims
-    from shardlib.lab.data_parallel.claims import run_bucket_overlap_check
+def test_overlap_check_sets_the_step_with_overlap_beside_the_step_without(pool2, even):
+    from shardlib.lab.data_parallel.claims import overlap_verdicts, run_overlap
 
-    monkeypatch.setattr(claims, "verified", _measure_once)
     model, batches = even
     for s in ("ddp", "zero3"):
-        o = run_bucket_overlap_check(pool2, s, model, batches, LR, bucket_bytes=4096, repeats=1)
-        (v,) = o.verdicts
+        o = run_overlap(pool2, s, model, batches, LR, bucket_bytes=4096, repeats=1)
+        (v,) = overlap_verdicts(o)
         assert v.predicted == o.without_overlap.step_s() and v.measured == o.with_overlap.step_s()
         assert v.what.startswith(("DDP", "ZeRO-3"))
         assert o.with_overlap.launched_during_backward() > 0 and o.without_overlap.launched_during_backward() == 0

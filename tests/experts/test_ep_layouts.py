@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardlib.core.checks import TOLERANCE
-from shardlib.core.experts.stack import moe_stack_reference, moe_stack_weights
+from shardlib.core.experts.dispatch import moe_stack_reference, moe_stack_weights
 from shardlib.core.mesh import Layout
 from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.models import TOY, TOY_MOE

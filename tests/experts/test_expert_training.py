@@ -10,16 +10,17 @@ and counts are compared exactly.
 import pytest
 import torch
 
-from shardlib.core.experts.balance import bias_update, split_groups
+from shardlib.core.experts.balance import bias_update
 from shardlib.core.experts.dispatch import moe_layer
 from shardlib.core.experts.routing import GATES, MoEConfig, route
+from shardlib.lab.experts.drivers import token_groups
 from shardlib.lab.experts.training import (
+    BALANCE_CONFIG,
     EXACT_RTOL,
     check_ep_degree,
     make_moe_problem,
     project,
     relative_error,
-    run_balance_training,
     run_moe_training,
     train_toy,
 )
@@ -29,11 +30,11 @@ CFG = MoEConfig(n_experts=8, k=2, d_model=16, d_ff=32)
 
 # -- the layer's forward and its comm log ------------------------------------------------------------------
 def _forward_backward(ctx, x, weights, cfg):
-    start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
     n_local = cfg.n_experts // ctx.world_size
     block = slice(ctx.rank * n_local, (ctx.rank + 1) * n_local)
     experts = [getattr(weights, n)[block].clone().requires_grad_(True) for n in ("gate", "up", "down")]
-    h = project(x[start:stop], weights.w_in.clone().requires_grad_(True))  # the rows need a gradient too
+    home = token_groups(x, ctx.world_size)[ctx.rank]
+    h = project(home, weights.w_in.clone().requires_grad_(True))  # the rows need a gradient too
     first = len(ctx.comm.records)
     out = moe_layer(h, weights.router, experts, cfg, ctx=ctx)
     y = out.output
@@ -51,8 +52,8 @@ def test_the_forward_equals_one_process_bit_for_bit(pool, gate):
     got = pool.run(_forward_backward, problem.x, w, cfg)
     with pool.same_threads():
         h = project(problem.x, w.w_in)
-        expected = torch.cat([moe_layer(h[a:b], w.router, w.experts(), cfg).output
-                              for a, b in split_groups(64, pool.world_size)])
+        expected = torch.cat([moe_layer(group, w.router, w.experts(), cfg).output
+                              for group in token_groups(h, pool.world_size)])
     assert torch.equal(torch.cat([g[0] for g in got]), expected)
 
 
@@ -80,14 +81,14 @@ def test_every_gradient_matches_one_process_with_the_aux_loss(pool, gate):
     assert max(run.errors[n] for n in ("gate", "up", "down")) <= EXACT_RTOL
     assert run.errors["loss"] <= EXACT_RTOL and run.counts_exact and run.copies_agree
     assert run.exact
-    assert float(run.grads["router"].abs().max()) > 0  # the router learns through the gates
+    assert float(run.trained.grads["router"].abs().max()) > 0  # the router learns through the gates
 
 
 def test_ep_2_on_4_ranks_reduces_each_expert_over_its_two_copies(pool4):
     cfg = CFG.but(balance="aux-free")
     run = run_moe_training(pool4, make_moe_problem(cfg, 64, skew=1.0), cfg, ep=2, steps=3)
     assert run.exact, run.errors
-    assert run.biases[-1].abs().sum() > 0  # the bias moved, the same on every rank
+    assert run.trained.biases[-1].abs().sum() > 0  # the bias moved, the same on every rank
 
 
 def test_the_expert_gradient_needs_the_expert_data_parallel_sum(pool4):
@@ -113,23 +114,26 @@ def test_the_expert_gradient_needs_the_expert_data_parallel_sum(pool4):
     results = pool4.run(no_edp_sum, problem.x, problem.target, problem.weights, cfg, 2, 1)
     good = run_moe_training(pool4, problem, cfg, ep=2)
     wrong = torch.cat([results[p].grads["up"] for p in range(2)])
-    assert relative_error(wrong, good.grads["up"]) > 1e-3
+    assert relative_error(wrong, good.trained.grads["up"]) > 1e-3
 
 
 def test_both_balancing_methods_train_exactly_on_ranks_and_balance(pool):
     """From a router that sends most tokens to expert 0, 16 steps of each method (float64, deterministic:
     the same numbers on every machine, so the order of the three is a fact of this toy, not a timing)."""
-    runs = {b: run_balance_training(pool, balance=b, steps=16) for b in ("none", "aux-loss", "aux-free")}
+    problem = make_moe_problem(BALANCE_CONFIG, 128, skew=1.0)
+    runs = {b: run_moe_training(pool, problem, BALANCE_CONFIG.but(balance=b), steps=16)
+            for b in ("none", "aux-loss", "aux-free")}
     for balance, got in runs.items():
         assert got.exact, (balance, got.max_error)
-        assert len(got.loads) == 16 and all(sum(step) == 128 * 2 for step in got.loads)
-        assert len(got.task_losses) == 16 and got.task_losses[-1] < got.task_losses[0]
-    final = {b: r.max_over_mean[-1] for b, r in runs.items()}
+        assert len(got.trained.counts) == 16 and all(int(step.sum()) == 128 * 2 for step in got.trained.counts)
+        assert len(got.trained.task_losses) == 16 and got.trained.task_losses[-1] < got.trained.task_losses[0]
+    final = {b: r.trained.max_over_mean[-1] for b, r in runs.items()}
     assert final["aux-free"] < final["aux-loss"] < final["none"], final
-    assert runs["aux-free"].biases[0].tolist() == [0.0] * 8
-    assert runs["aux-free"].biases[1][0] < 0  # the hot expert's goes down
-    assert runs["aux-loss"].losses[-1] > runs["aux-loss"].task_losses[-1]  # the auxiliary term is in the loss
-    assert runs["aux-free"].losses == runs["aux-free"].task_losses  # and nothing is added without it
+    assert runs["aux-free"].trained.biases[0].tolist() == [0.0] * 8
+    assert runs["aux-free"].trained.biases[1][0] < 0  # the hot expert's goes down
+    aux_loss, aux_free = runs["aux-loss"].trained, runs["aux-free"].trained
+    assert aux_loss.losses[-1] > aux_loss.task_losses[-1]  # the auxiliary term is in the loss
+    assert aux_free.losses == aux_free.task_losses  # and nothing is added without it
 
 
 # -- the bias update and bad input (pure) -----------------------------------------------------------------
@@ -142,11 +146,11 @@ def test_the_bias_moves_against_the_load_and_not_at_the_mean():
 
 
 def test_bad_layouts_say_what_is_wrong():
-    with pytest.raises(ValueError, match="does not divide the 8 experts"):
+    with pytest.raises(ValueError, match="8 experts cannot be placed on 3 ranks"):
         CFG.experts_per_rank(3)
     with pytest.raises(ValueError, match="ep must divide the world size 4"):
         check_ep_degree(CFG, 4, 3)
-    with pytest.raises(ValueError, match="does not divide the 6 experts"):
+    with pytest.raises(ValueError, match="6 experts cannot be placed on 4 ranks"):
         check_ep_degree(CFG.but(n_experts=6), 4, 4)
     with pytest.raises(ValueError, match=r"k \(experts per token\) must be a whole number from 1 to 8, got 9"):
         MoEConfig(n_experts=8, k=9)

@@ -12,13 +12,13 @@ import math
 import pytest
 import torch
 
-from shardlib.core.experts.balance import assign, bias_update, capacity, served_gates, split_groups, switch_aux_loss
+from shardlib.core.experts.balance import assign, bias_update, capacity, served_gates, switch_aux_loss
 from shardlib.core.experts.dispatch import make_moe_weights, run_experts
 from shardlib.core.experts.routing import MAX_PREFERENCE_BIAS, MoEConfig, Routing, preference_bias, route
 from shardlib.core.model import mlp_reference
 from shardlib.facts.models import LLAMA_3_8B, MIXTRAL_8X7B, TOY_MOE
 from shardlib.lab.experts.balance import load_stats
-from shardlib.lab.experts.drivers import make_tokens, moe_reference
+from shardlib.lab.experts.drivers import make_tokens, moe_reference, token_groups
 
 CFG = MoEConfig.from_model(TOY_MOE)  # 8 experts, top-2, d_model 64, d_ff 128
 WEIGHTS = make_moe_weights(CFG, seed=0)
@@ -249,7 +249,7 @@ def test_groups_each_get_their_own_capacity():
     assert one.capacity == capacity(1024, 1, 1.0, 8) == 128 and four.capacity == capacity(256, 1, 1.0, 8) == 32
     assert torch.equal(one.kept, assign(r, cfg).kept)
     assert four.counts(8)[0].item() == 4 * 32  # the hot expert fills its capacity in each group
-    assert split_groups(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert [len(g) for g in token_groups(torch.zeros(10, 1), 4)] == [3, 3, 2, 2]  # contiguous, as tensor_split
 
 
 # -- the reference layer -----------------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_bad_tokens_and_groups_name_the_numbers():
     with pytest.raises(ValueError, match="weights hold 8 experts of width 64, the config says 8 of width 32"):
         moe_reference(X, WEIGHTS, CFG.but(d_model=32))
     with pytest.raises(ValueError, match="3 tokens cannot be split into 4 groups"):
-        split_groups(3, 4)
+        token_groups(X[:3], 4)
     with pytest.raises(ValueError, match="k \\(experts per token\\) must be a whole number from 1 to 8, got 9"):
         capacity(10, 9, 1.0, 8)
 

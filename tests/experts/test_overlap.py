@@ -36,11 +36,10 @@ def test_overlap_keeps_the_outputs_and_is_predicted_to_hide_half_the_rows(pool, 
     assert [v.what for v in check.verdicts] == ["exposed all-to-all time, two microbatches in turn",
                                                 "exposed all-to-all time, overlapped"]
     assert all((v.low, v.high) == EXPOSED_BAND for v in check.verdicts)
-    assert [(v.predicted, v.measured) for v in check.verdicts] == [
-        (check.predicted_before_s, check.measured_before_s), (check.predicted_after_s, check.measured_after_s)]
-    assert all(math.isfinite(t) and t >= 0 for t in (check.measured_before_s, check.measured_after_s))
+    before, after = check.verdicts
+    assert all(math.isfinite(t) and t >= 0 for t in (before.measured, after.measured))
     # the prediction prices the bytes each rank logged: no clock in it
-    assert check.predicted_after_s < 0.6 * check.predicted_before_s
+    assert after.predicted < 0.6 * before.predicted
 
 
 def test_bad_overlap_input_says_what_is_wrong(pool2):

@@ -4,8 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.intro import drivers
-from shardlib.lab.intro.drivers import run_failure_check, run_straggler_check
+from shardlib.lab.intro.drivers import run_all_reduce_time, run_failure_check, run_straggler_check
+from shardlib.lab.intro.ranks import straggler_on_rank
 
 TWO_RANKS = SimpleNamespace(world_size=2)
 
@@ -13,8 +15,9 @@ TWO_RANKS = SimpleNamespace(world_size=2)
 def _measured(monkeypatch, *attempts):
     """Each attempt's runs, (predicted, measured) per run, in place of what the ranks would give."""
     batches = iter(attempts)
-    monkeypatch.setattr(drivers, "on_ranks", lambda ranks, fn, work, repeats: next(batches))
-    monkeypatch.setattr(drivers, "_waits_s", lambda got: got)
+    runs = Measured((), times_s=(((0.0, 1.0),),) * 2)  # each rank's one repeat: no spans, no records
+    monkeypatch.setattr(drivers, "on_ranks", lambda ranks, fn, work, repeats: runs)
+    monkeypatch.setattr(drivers, "_waits_s", lambda got: next(batches))
 
 
 def test_straggler_check_keeps_the_medians_and_measures_again_while_the_wait_disagrees(monkeypatch):
@@ -59,9 +62,11 @@ def test_failure_check_names_the_rank_and_the_pool_recovers(pool2):
 def test_the_straggler_waits_and_the_all_reduce_time_are_read_off_live_ranks(pool2, monkeypatch):
     monkeypatch.setenv("SHARDLIB_STRICT_CLAIMS", "0")  # a loaded machine may spoil the timing, not the reading
     result = run_straggler_check(pool2, runs=2, attempts=1)
-    assert len(result.verdicts) == 1 and len(drivers._waits_s(result.got)) == 2  # one (predicted, measured) a run
+    assert len(result.verdicts) == 1
     assert {s.name for s in result.spans} == {"matmuls", "all_reduce"} and result.started_s > 0
-    timing = drivers.run_all_reduce_time(pool2, 1024, repeats=3)
+    got = on_ranks(pool2, straggler_on_rank, [1, 4], repeats=2)
+    assert len(drivers._waits_s(got)) == 2  # one (predicted, measured) a run
+    timing = run_all_reduce_time(pool2, 1024, repeats=3)
     assert timing.size_bytes == 4096 and timing.seconds > 0
 
 

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.pipeline.schedules import Action, Schedule, check_schedule, simulate
 from shardlib.core.pipeline.stages import split_layers, stage_layer_counts
 from shardlib.predict.pipeline import (
@@ -22,7 +22,6 @@ from shardlib.predict.pipeline import (
     peak_in_flight,
     pipeline_bubble_fraction,
     pipeline_bubble_ratio_to_ideal,
-    pipeline_step_s,
     predicted_step_s,
     stage_imbalance,
     step_slots,
@@ -96,7 +95,6 @@ def test_the_ratio_to_ideal_convention():
     (lambda: stage_layer_counts(4, 4, end_layers=1), "each stage needs at least one whole layer"),
     (lambda: stage_layer_counts(8, 4, end_layers=-1), "end_layers must be a whole number"),
     (lambda: stage_imbalance([2, 0]), "positive"),
-    (lambda: pipeline_step_s([], 4), "seconds per microbatch"),
     (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=-5),
      r"hop_s \(seconds per op\) must be a number of at least 0, got -5"),
     (lambda: simulate(make_schedule("gpipe", 3, 2), hop_s=True),
@@ -128,8 +126,8 @@ def test_stages_may_hold_unequal_layer_counts():
 def test_the_slowest_stage_sets_the_pace_of_a_pass(stage_s, m):
     """``sum(t) + (m - 1) max(t)`` is what the schedule's simulation gives for a forward-only GPipe pass."""
     schedule = make_schedule("gpipe", len(stage_s), m, training=False)
-    assert pipeline_step_s(stage_s, m) == predicted_step_s(schedule, stage_s, 0)
-    assert pipeline_step_s([2] * 4, m) == (m + 4 - 1) * 2
+    assert predicted_step_s(schedule, stage_s, 0) == sum(stage_s) + (m - 1) * max(stage_s)
+    assert predicted_step_s(make_schedule("gpipe", 4, m, training=False), 2, 0) == (m + 4 - 1) * 2
 
 
 def test_layers_and_rows_are_cut_contiguously():
@@ -144,7 +142,7 @@ def test_layers_and_rows_are_cut_contiguously():
 def test_every_action_exactly_once_on_its_own_stage():
     for s in _all_schedules():
         ops = ("F", "B") if s.training else ("F",)
-        counts = Counter(s.all_actions())
+        counts = Counter(a for row in s.actions for a in row)
         expected = {Action(st, i, op, c) for st in range(s.n_stages) for i in range(s.n_microbatches)
                     for op in ops for c in range(s.n_chunks)}
         assert set(counts) == expected, s.title
@@ -176,7 +174,7 @@ def test_every_action_starts_after_what_it_consumes():
 def test_idle_slots_counted_from_the_schedule_equal_the_formula():
     for s in _all_schedules():
         idle, step = idle_slots(s), step_slots(s)
-        busy = len(s.all_actions())
+        busy = sum(len(row) for row in s.actions)
         assert sum(idle) + busy == s.n_stages * step
         expected = Fraction(s.n_stages - 1, s.n_chunks * s.n_microbatches + s.n_stages - 1)
         assert Fraction(sum(idle), s.n_stages * step) == expected, s.title
@@ -293,7 +291,7 @@ def test_figures_draw_exactly_the_schedule():
     s = make_schedule("1f1b", 4, 8)
     last = step_through_figure(s).frames[-1].data  # the schedule played to its last slot
     labels = [(y, t) for trace in last for y, t in zip(trace.y, trace.text)]
-    assert sorted(labels) == sorted((f"stage {a.stage}", a.label) for a in s.all_actions())
+    assert sorted(labels) == sorted((f"stage {a.stage}", a.label) for row in s.actions for a in row)
     ends = [b + x for trace in last for b, x in zip(trace.base, trace.x)]
     assert max(ends) == step_slots(s)
     curve = bubble_curve_figure((2, 4), max_microbatches=16, measured={4: {8: 0.3}}, highlight=(4, 8))

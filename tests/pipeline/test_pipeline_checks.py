@@ -8,8 +8,8 @@ import pytest
 from shardlib.core.config import ModelConfig
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.core.toy import activations, stack_weights
-from shardlib.lab.pipeline import bubble_drivers
-from shardlib.lab.pipeline.bubble_drivers import run_bubble_check, run_pace_check, run_trip_check, run_uneven_check
+from shardlib.lab.pipeline import bubble
+from shardlib.lab.pipeline.bubble import run_bubble_check, run_pace_check, run_trip_check, run_uneven_check
 from shardlib.predict.pipeline import pipeline_bubble_fraction
 
 SHAPE = ModelConfig("pipeline check test", n_layers=8, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64,
@@ -28,7 +28,7 @@ def once(monkeypatch):
     def measure_once(measure, verdicts, attempts=3):
         result = measure()
         return result, tuple(verdicts(result))
-    monkeypatch.setattr(bubble_drivers, "verified", measure_once)
+    monkeypatch.setattr(bubble, "verified", measure_once)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -39,7 +39,7 @@ def test_bubble_check_predicts_the_formula_on_both_pools(pool2, pool4, model, on
     assert all(len(found) == 1 for found in check.attempts.values())  # measured once, as ``once`` asks
     assert [(v.predicted, v.unit) for v in check.verdicts] == [
         (pipeline_bubble_fraction(p, m), "%") for p in (2, 4) for m in (1, 4)]
-    assert all((v.low, v.high) == bubble_drivers.BUBBLE_BAND for v in check.verdicts)
+    assert all((v.low, v.high) == bubble.BUBBLE_BAND for v in check.verdicts)
     assert "p = 4, m = 4" in check.verdicts[-1].line and "predicted 42.9%" in check.verdicts[-1].line
     measured = check.measured()
     assert set(measured) == {2, 4} and set(measured[4]) == {1, 4}

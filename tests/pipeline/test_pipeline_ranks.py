@@ -21,20 +21,17 @@ from torch import nn
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.model import block_reference
-from shardlib.core.pipeline.orders import make_schedule
-from shardlib.core.pipeline.registry import SCHEDULES, SPECS
+from shardlib.core.pipeline.registry import SCHEDULES, SPECS, make_schedule
 from shardlib.core.pipeline.schedules import Action, Schedule
 from shardlib.core.pipeline.stages import layers_of_stage, split_layers, stage_layer_counts
 from shardlib.core.toy import activations, stack_weights
 from shardlib.lab.harness import Measured
-from shardlib.lab.pipeline.drivers import run_pipeline, unpipelined_step
-from shardlib.lab.pipeline.ranks import pipeline_step_on_rank
+from shardlib.lab.pipeline.step import pipeline_step_on_rank, run_pipeline, unpipelined_step
 from shardlib.predict.pipeline import (
     compute_spans,
     measured_in_flight,
     messages_per_step,
     peak_in_flight,
-    pipeline_step_s,
     predicted_step_s,
 )
 from shardlib.runtime.errors import RankError
@@ -155,7 +152,7 @@ def test_a_slow_stage_is_padded_on_its_own_rank_and_paces_the_predicted_step(poo
     run = runs.fastest()
     assert run.forward_s == durations and run.against_reference().bit_for_bit
     assert run.repeats == len(runs.bubbles) == 3 and run.bubble.window_s == min(b.window_s for b in runs.bubbles)
-    for each in runs.per_repeat:  # each repeat's spans on their own: m forwards per rank, each padded
+    for each in map(runs.at, range(runs.repeats)):  # each repeat's spans on their own: m forwards per rank, each padded
         assert _padded_to(each) == [{d} for d in durations]
         forwards = [s.rank for s in compute_spans(each.spans) if s.attrs["op"] == "F"]
         assert [forwards.count(r) for r in range(p)] == [m] * p
@@ -205,7 +202,7 @@ def test_uneven_cuts_pad_each_stage_to_its_work_and_predict_the_slowest_stages_p
     schedule = make_schedule("gpipe", p, m, training=False)
     cuts = ((2, 2, 1, 1), stage_layer_counts(6, p, end_layers=1))
     stage_s = {counts: [(c + (1 if s in (0, p - 1) else 0)) * layer_s for s, c in enumerate(counts)] for counts in cuts}
-    predicted = {counts: pipeline_step_s(stage_s[counts], m) for counts in cuts}
+    predicted = {counts: predicted_step_s(schedule, stage_s[counts], 0) for counts in cuts}
     even_predicted, light_predicted = predicted.values()
     assert even_predicted / light_predicted == pytest.approx(23 / 18)  # (8 + 5 x 3) / (8 + 5 x 2) layer-times
     for counts in cuts:

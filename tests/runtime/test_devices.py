@@ -76,7 +76,6 @@ def test_a_gpu_rank_waits_for_its_gpu_and_stages_only_over_gloo():
     cuda = torch.device("cuda", 0)  # a device object only: nothing here touches a GPU
     staged, nccl, cpu = (RankContext(0, 2, cuda, "gloo"), RankContext(0, 2, cuda, "nccl"),
                          RankContext(0, 2, torch.device("cpu"), "gloo"))
-    assert (staged.host_staged, nccl.host_staged, cpu.host_staged) == (True, False, False)
     assert (staged.comm.host_staged, nccl.comm.host_staged, cpu.comm.host_staged) == (True, False, False)
     assert staged.timeline._sync == staged.sync and nccl.timeline._sync == nccl.sync and cpu.timeline._sync is None
 

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -137,7 +136,7 @@ def _check_layout_results(results: list[dict]) -> None:
 
 
 def test_tp_inside_pp_across_on_a_pool(pool4):
-    _check_layout_results([asdict(r) for r in pool4.run(tp_inside_pp_across_on_rank, nodes=2, per_node=2)])
+    _check_layout_results(pool4.run(tp_inside_pp_across_on_rank, nodes=2, per_node=2))
 
 
 # -- two torchrun agents: two nodes on one machine --------------------------------------------------------

@@ -204,18 +204,32 @@ def test_the_planners_stage_prices_its_tp_all_reduces_with_the_tables_function()
 def test_the_replicas_pairs_are_replicas_vs_tensor_parallel():
     """``latency_vs_throughput``'s pairs are ``replicas.replicas_vs_tensor_parallel`` of the planner's
     scores: the replicas' step, the split copy's compute and all-reduces, each at its own batch."""
-    from shardlib.facts.hardware import H100_80GB
+    from dataclasses import replace
+
+    from shardlib.core.mesh import Layout
+    from shardlib.facts.hardware import H100_80GB, gpu_cluster
+    from shardlib.predict.serving.decode import score
     from shardlib.predict.serving.memory import Workload
-    from shardlib.predict.serving.replicas import latency_vs_throughput, replicas_against_tp
+    from shardlib.predict.serving.replicas import latency_vs_throughput, replicas_vs_tensor_parallel
 
     workload = Workload(context_tokens=1024, prompt_tokens=512)
     points = {p.label: p for p in latency_vs_throughput(LLAMA_3_8B, H100_80GB, degrees=(2,), workload=workload)}
-    pair = replicas_against_tp(LLAMA_3_8B, H100_80GB, 2, workload=workload)
-    assert pair.tokens_per_step == points["2 replicas"].batch and pair.tp_batch == points["tp = 2"].batch
-    assert pair.replicas_tokens_per_s == points["2 replicas"].tokens_per_s
-    assert pair.tp_tokens_per_s == points["tp = 2"].tokens_per_s
-    assert pair.latency_ratio == points["tp = 2"].latency_s / points["2 replicas"].latency_s < 1  # tp answers sooner
-    alone = replicas_against_tp(LLAMA_3_8B, H100_80GB, 2, workload=workload, loaded=False)
+    cluster = gpu_cluster(H100_80GB, 1, 2)
+
+    def pair(work):
+        rep, split = (score(LLAMA_3_8B, cluster, lay, work) for lay in (Layout(1, 1, 2), Layout(2, 1, 1)))
+        (stage,) = split.stages  # pp = 1: one stage, no hops
+        return replicas_vs_tensor_parallel(rep.decode_step_s, stage.comm_s, 2, rep.batch,
+                                           tp_compute_s=max(stage.read_s, stage.compute_s),
+                                           tp_tokens_per_step=split.batch)
+
+    loaded = pair(workload)
+    assert loaded.tokens_per_step == points["2 replicas"].batch and loaded.tp_batch == points["tp = 2"].batch
+    assert loaded.replicas_tokens_per_s == points["2 replicas"].tokens_per_s
+    assert loaded.tp_tokens_per_s == points["tp = 2"].tokens_per_s
+    assert loaded.latency_ratio == points["tp = 2"].latency_s / points["2 replicas"].latency_s < 1  # tp answers sooner
+    alone = pair(replace(workload, batch=1))
     assert (alone.tokens_per_step, alone.tp_batch) == (1, 1)
     assert alone.tp_step_s == points["tp = 2"].latency_alone_s
-    assert replicas_against_tp(LLAMA_3_70B, H100_80GB, 2) is None  # 70B fits no single GPU: no replicas
+    big = {p.label: p for p in latency_vs_throughput(LLAMA_3_70B, H100_80GB, degrees=(2,))}
+    assert not big["2 replicas"].feasible  # 70B fits no single GPU: no replicas

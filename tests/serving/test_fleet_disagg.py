@@ -17,7 +17,7 @@ import torch
 from shardlib.core.config import ModelConfig, kv_bytes_per_token
 from shardlib.core.model import random_weights
 from shardlib.core.serving.requests import EngineConfig, Request
-from shardlib.lab.serving.disagg_run import run_disaggregated
+from shardlib.lab.serving.disagg import run_disaggregated
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
 from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
 from shardlib.predict.serving.presets import kv_bytes_per_rank
@@ -55,7 +55,7 @@ def test_tokens_equal_the_colocated_engine_and_bytes_the_formula(weights, trace,
     p = pool.world_size // 2
     run = run_disaggregated(pool, weights, trace, CONFIG, prefill_ranks=p, layerwise=layerwise)
     assert run.tokens == colocated.tokens
-    assert run.prefill_ranks == run.decode_ranks == p and run.layerwise == layerwise
+    assert run.prefill_ranks == len(run.got.values) - run.prefill_ranks == p and run.layerwise == layerwise
     for r in trace:
         per_rank = 2 * MODEL.n_layers * max(1, MODEL.n_kv_heads // p) * MODEL.head_dim * 8 * len(r.prompt_token_ids)
         expected = p * per_rank if r.max_new_tokens > 1 else 0  # one token: done at the prefill, nothing sent
@@ -173,7 +173,7 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
     """The exact parts of ``run_disaggregation_check``: what it runs, predicts and tabulates, and the bytes
     claim, which holds exactly. Its timing verdicts are the notebook's to show (they are not asserted here:
     ``verified`` is replaced by one plain measurement)."""
-    from shardlib.lab.serving import disagg_drivers as drivers
+    from shardlib.lab.serving import disagg as drivers
     from shardlib.predict.serving.goodput import ServingObjective
 
     def once(measure, verdicts, attempts=3):
@@ -204,7 +204,7 @@ def test_the_check_sets_four_configurations_side_by_side(weights, pool2, monkeyp
 def test_the_check_reuses_a_run_given_and_refuses_a_mismatched_one(weights, pool2, monkeypatch):
     """A ``runs=`` entry replaces that configuration's first serving (the very object comes back); a run of
     another trace, or of another split, is refused before anything runs."""
-    from shardlib.lab.serving import disagg_drivers as drivers
+    from shardlib.lab.serving import disagg as drivers
     from shardlib.predict.serving.goodput import ServingObjective
 
     def once(measure, verdicts, attempts=3):
@@ -229,7 +229,7 @@ def test_the_check_reuses_a_run_given_and_refuses_a_mismatched_one(weights, pool
 
 def test_interference_needs_both_kinds_of_step():
     from shardlib.core.serving.loop import StepRecord
-    from shardlib.lab.serving.disagg_drivers import interference
+    from shardlib.lab.serving.disagg import interference
     from shardlib.predict.serving.engine import StepCost
 
     cost = StepCost(1.0, 0.1, 0.0, 2, 32, 8)

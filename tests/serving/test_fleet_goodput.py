@@ -45,8 +45,8 @@ def test_goodput_is_the_highest_rate_meeting_the_share_per_gpu():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(ttft_s=0, tpot_s=0.1), "ttft_s must be a positive number of seconds"),
-    (dict(ttft_s=0.1, tpot_s=-1), "tpot_s must be a positive number of seconds"),
+    (dict(ttft_s=0, tpot_s=0.1), "ttft_s must be a positive number"),
+    (dict(ttft_s=0.1, tpot_s=-1), "tpot_s must be a positive number"),
     (dict(ttft_s=0.1, tpot_s=0.1, share=1.5), "share must be a fraction"),
     (dict(ttft_s=0.1, tpot_s=0.1, share=0), "share must be a fraction"),
 ])
@@ -60,7 +60,7 @@ def test_goodput_refuses_what_it_cannot_read():
         goodput({}, OBJ)
     with pytest.raises(ValueError, match="gpus must be a whole number"):
         goodput({1.0: [m(0.1, 0.01)]}, OBJ, gpus=0)
-    with pytest.raises(ValueError, match="request rates must be positive"):
+    with pytest.raises(ValueError, match="request rates must be a positive number"):
         goodput({0.0: [m(0.1, 0.01)]}, OBJ)
     with pytest.raises(ValueError, match="at least one request"):
         slo_attainment([], OBJ)

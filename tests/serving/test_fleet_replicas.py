@@ -121,8 +121,8 @@ def test_replicas_and_the_split_copy_serve_the_same_tokens(pool4, weights, trace
     assert (check.planner is not None) == (replicas == 4)  # the planner's pair: n replicas against tp = n
     if check.planner is not None:
         assert check.planner.world_size == 4 and check.planner.replica_step_s == pytest.approx(
-            check.replica_cost.step_s(check.planner.tokens_per_step, 0))
-    assert check.labels == ((f"{replicas} replicas" + ("" if replicas == 4 else " x tp 2")), "tp = 4")
+            check.cost[0].step_s(check.planner.tokens_per_step, 0))
+    assert tuple(check.runs) == ((f"{replicas} replicas" + ("" if replicas == 4 else " x tp 2")), "tp = 4")
     assert len(served_table(check).splitlines()) == 2 + 4  # two heads, then TTFT p50 and p90, TPOT p50, tokens/s
     with pytest.raises(ValueError, match="ratios name"):
         run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, ratios=("hit_rate",))
@@ -133,8 +133,8 @@ def test_replicas_against_the_split_copy_on_costs_fitted_before(pool4, weights, 
     costs = (StepCost(2e-3, 1e-4, 0.0, 2, 32, 8), StepCost(9e-3, 1e-4, 0.0, 2, 32, 8))
     check = run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, costs=costs, ratios=())
     assert check.replicas_run.tokens == check.tp_run.tokens == reference
-    assert (check.replica_cost, check.tp_cost) == costs  # used as given: no fit run
-    assert check.predicted_tp.token_times_s == simulate_serving(requests, CONFIG, costs[1]).token_times_s
+    assert check.cost == costs  # used as given: no fit run
+    assert check.simulated["tp = 4"].token_times_s == simulate_serving(requests, CONFIG, costs[1]).token_times_s
     with pytest.raises(ValueError, match="not both or neither"):
         run_replicas_vs_tp_check(pool4, weights, requests, CONFIG, requests, costs=costs)
     with pytest.raises(ValueError, match="not both or neither"):

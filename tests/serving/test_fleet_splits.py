@@ -9,7 +9,7 @@ import pytest
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.serving.requests import EngineConfig
-from shardlib.lab.serving.disagg_drivers import LOOPBACK
+from shardlib.lab.serving.disagg import LOOPBACK
 from shardlib.lab.serving.traces import poisson_trace
 from shardlib.predict.serving.engine import StepCost, simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective

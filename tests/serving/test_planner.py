@@ -27,7 +27,7 @@ from shardlib.predict.serving.memory import (
 )
 from shardlib.predict.serving.planner import enumerate_layouts, plan_serving
 from shardlib.predict.serving.traffic import forward_traffic
-from shardlib.ui.serving_reasons import score_reasons
+from shardlib.ui.serving_reasons import score_notes, score_reasons
 from shardlib.ui.tables import format_plan
 
 LLAMA_3_405B = LLAMA_3_1_405B
@@ -88,7 +88,8 @@ def test_tp_beyond_the_kv_heads_is_priced_and_the_wall_is_a_choice():
     # by default the planner copies KV heads past their count (vLLM's way) and says what that costs
     assert reasons(LLAMA_3_70B, TWO_NODES_8_H100, Layout(16, 1, 1)) == ""
     s = score(LLAMA_3_70B, TWO_NODES_8_H100, Layout(16, 1, 1))
-    copy_note = next(n for n in s.notes if "KV heads copied" in n)
+    notes = score_notes(LLAMA_3_70B, TWO_NODES_8_H100, s.layout, Workload())
+    copy_note = next(n for n in notes if "KV heads copied" in n)
     assert copy_note.startswith("each of the 8 KV heads copied on 2 GPUs: a sequence's KV cache stays 168 MB per GPU, "
                                 "as at tp = 8 (it would be 84 MB if it still shrank)")
     assert s.memory.weights_bytes > weights_per_gpu(LLAMA_3_70B, Layout(8, 1)) / 2  # the copied k, v weights
@@ -112,7 +113,7 @@ def test_uneven_stages_are_priced_by_the_slowest():
     assert reads[0] == reads[1] > reads[2]  # 8 layers, 8, then 7
     assert s.decode_stage_s == max(st.total_s for st in s.stages)
     assert "uneven stages of 8 and 7 layers: the 8-layer stages set the pace, the others wait 12% of each step" in \
-        s.notes
+        score_notes(model, cluster, s.layout, Workload(batch=4))
 
 
 def test_uneven_stages_for_a_real_model():
@@ -120,7 +121,8 @@ def test_uneven_stages_for_a_real_model():
     p = plan_serving(LLAMA_3_405B, FOUR_NODES_8_H100)
     by_layout = {s.layout: s for s in p.ranked}
     four = by_layout[Layout(8, 4, 1)]
-    assert any("uneven stages of 32 and 31 layers" in n for n in four.notes)
+    notes = score_notes(LLAMA_3_405B, FOUR_NODES_8_H100, four.layout, p.workload)
+    assert any("uneven stages of 32 and 31 layers" in n for n in notes)
     assert four.stages[0].comm_s > four.stages[3].comm_s  # 64 all-reduces against 62
     assert [st.collectives for st in four.stages] == [64, 64, 62, 62]
 
@@ -388,9 +390,10 @@ def test_tp_across_nodes_is_allowed_but_priced_on_the_slow_link():
     wide = ModelConfig("wide", n_layers=4, d_model=1024, n_heads=16, n_kv_heads=16, d_ff=4096, vocab_size=1024)
     s = score(wide, TWO_NODES_8_H100, Layout(16, 1, 1), Workload(batch=1, context_tokens=8, prompt_tokens=8))
     assert s.tp_link == INFINIBAND_400G.name
-    assert s.notes == ("tp = 16 spans 2 nodes of 8: its all-reduces run over InfiniBand NDR 400 Gb/s",)
+    assert score_notes(wide, TWO_NODES_8_H100, s.layout, Workload()) == (
+        "tp = 16 spans 2 nodes of 8: its all-reduces run over InfiniBand NDR 400 Gb/s",)
     inside = score(wide, TWO_NODES_8_H100, Layout(8, 1, 2), Workload(batch=1, context_tokens=8, prompt_tokens=8))
-    assert inside.tp_link == NVLINK.name and not inside.notes
+    assert inside.tp_link == NVLINK.name and not score_notes(wide, TWO_NODES_8_H100, inside.layout, Workload())
 
 
 def test_kernel_efficiency_scales_the_floor():

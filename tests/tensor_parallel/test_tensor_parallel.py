@@ -22,12 +22,13 @@ from shardlib.core.tensor_parallel.layers import (
 from shardlib.core.toy import activations, layer_weights, stack_weights
 from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, TOY
 from shardlib.lab.tensor_parallel.drivers import (
+    pair_column_then_row_on_rank,
     pair_in_one_process,
     run_pair,
     run_tp_block,
+    tp_block_on_rank,
     tp_stack_in_one_process,
 )
-from shardlib.lab.tensor_parallel.ranks import pair_column_then_row_on_rank, tp_block_on_rank
 from shardlib.predict.shapes import check_tensor_parallel, usable_tensor_parallel_degrees
 from shardlib.predict.tensor_parallel import (
     CUTS,

@@ -120,10 +120,11 @@ def test_deepseek_v3_choice_beside_the_published_layout(deepseek_rows):
     exposed, overlapped = deepseek_rows
     assert (exposed.overlap, overlapped.overlap) == (False, True)
     pub = DEEPSEEK_V3_PUBLISHED
-    assert (pub.tp, pub.pp, pub.ep, pub.dp, pub.dp_strategy, pub.gpus) == (1, 16, 64, 128, "zero1", 2048)
+    lay = pub.layout
+    assert (lay.tp, lay.pp, lay.ep, lay.dp, lay.dp_strategy, lay.world_size) == (1, 16, 64, 128, "zero1", 2048)
     for row in deepseek_rows:
         assert row.chosen is not None and row.chosen.layout.world_size == 2048
-        assert row.published == pub and row.published_score.layout == pub.layout()
+        assert row.published == pub and row.published_score.layout == pub.layout
         assert row.chosen.tokens_per_s >= row.published_score.tokens_per_s  # the planner's best beats what it scores
         assert any(r.startswith("the planner differs in") or r.startswith("the planner picks") for r in row.notes)
         assert any("ep = 64 spans 8 nodes" in r and "at most 4 nodes" in r for r in row.notes)

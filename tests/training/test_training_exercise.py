@@ -7,7 +7,7 @@ answer below costs no rank time."""
 import pytest
 from solutions_module import answers
 
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.exercises import training
 from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN, PASSED
 from shardlib.exercises.training import LAYOUTS, grade_training_memory, measured_ledgers

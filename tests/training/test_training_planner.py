@@ -271,9 +271,9 @@ def test_the_16k_gpu_plan_is_small_work(monkeypatch):
 
 
 def test_choices_beside_published_llama3_layouts():
-    assert [(p.gpus, p.tp, p.cp, p.pp, p.dp, p.sequence_tokens) for p in LLAMA_3_PUBLISHED] == [
-        (8192, 8, 1, 16, 64, 8192), (16384, 8, 1, 16, 128, 8192), (16384, 8, 16, 16, 8, 131072)]
-    assert all(p.tp * p.cp * p.pp * p.dp == p.gpus for p in LLAMA_3_PUBLISHED)
+    shown = [(p.layout.world_size, p.layout.tp, p.layout.cp, p.layout.pp, p.layout.dp, p.sequence_tokens)
+             for p in LLAMA_3_PUBLISHED]  # the GPUs are the layout's: tp x cp x pp x dp
+    assert shown == [(8192, 8, 1, 16, 64, 8192), (16384, 8, 1, 16, 128, 8192), (16384, 8, 16, 16, 8, 131072)]
     rows = training_choices()
     assert [(r.model, r.gpus) for r in rows] == [("Llama-3.1-405B", 8192), ("Llama-3.1-405B", 16384),
                                                  ("Llama-3.1-405B", 16384), ("Llama-3-8B", 8), ("Llama-3-70B", 64),

@@ -19,7 +19,6 @@ from shardlib.predict.training.toy_prediction import (
     STEP_TIME_CONFIG,
     TOY_TIME_SETTINGS,
     average_ranks,
-    optimizer_bytes_per_param,
     predict_step,
     spearman,
     step_config,
@@ -78,8 +77,8 @@ def test_the_toy_workload_counts_the_toys_bytes():
     w = step_workload(STEP_TIME_CONFIG, 4)
     assert w.sequence_tokens == 64 and w.global_batch_tokens == 4 * 64 and w.sequences == 4
     assert w.comm_bytes_per_value == 4 and w.kernel_efficiency == 1.0 and w.recompute == ("none",)
-    assert optimizer_bytes_per_param(STEP_TIME_CONFIG) == 28  # read w, g, m, v; write w, m, v; float32
-    assert optimizer_bytes_per_param(TrainingConfig(dtype="float64")) == 56
+    assert w.optimizer_bytes_per_param == 28  # read w, g, m, v; write w, m, v; float32
+    assert step_workload(TrainingConfig(dtype="float64"), 4).optimizer_bytes_per_param == 56
 
 
 def test_the_toy_is_the_planners_model_with_its_settings_listed_once():
@@ -174,9 +173,9 @@ def test_every_layout_measured_beside_its_prediction(check):
     fit = check.fit
     for t in check.layouts:
         assert len(t.steps_s) == 1 and t.measured_s == t.steps_s[0]
-        assert t.score.n_microbatches == 4 // (TINY.microbatch * t.layout.dp)
+        assert t.score.n_microbatches == 4 // (TINY.microbatch * t.score.layout.dp)
         # the prediction is the planner's model on the fitted cluster, nothing else
-        assert t.score == predict_step(fit.cluster, t.layout, TINY, 4)
+        assert t.score == predict_step(fit.cluster, t.score.layout, TINY, 4)
         assert t.ratio == t.measured_s / t.predicted_s
         assert t.error == pytest.approx(abs(1 - 1 / t.ratio))
     assert check.rank_correlation == spearman([t.predicted_s for t in check.layouts],

@@ -86,17 +86,13 @@ def _computed_blocks(q_ids, k_ids, causal: bool):
 
 
 def attend_block(acc: list, q_chunks, q_ids, k: torch.Tensor, v: torch.Tensor, k_ids, causal: bool,
-                 scale: float | None = None) -> tuple[int, int]:
+                 scale: float | None = None) -> None:
     """Fold one K/V shard (chunks ``k_ids`` laid end to end) into ``acc[i]``, the ``Partial`` of this rank's
-    query chunk ``q_chunks[i]`` (chunk ``q_ids[i]``; ``None`` before its first block), in place. Returns
-    ``(visible, diagonal)``: the blocks computed."""
+    query chunk ``q_chunks[i]`` (chunk ``q_ids[i]``; ``None`` before its first block), in place."""
     k_parts, v_parts = k.chunk(len(k_ids), dim=2), v.chunk(len(k_ids), dim=2)
-    counts = [0, 0]
     for i, j, diagonal in _computed_blocks(q_ids, k_ids, causal):
         part = block_partial(q_chunks[i], k_parts[j], v_parts[j], diagonal=diagonal, scale=scale)
         acc[i] = part if acc[i] is None else merge(acc[i], part)
-        counts[diagonal] += 1
-    return counts[0], counts[1]
 
 
 def block_grads(q, d_out, lse, delta, k, v, diagonal: bool = False, scale: float | None = None):

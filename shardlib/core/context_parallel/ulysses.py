@@ -3,7 +3,8 @@
 Each rank starts with its run of tokens for every head, ``(b, H, s/n, hd)``; one all-to-all per tensor
 trades it for every token of ``H/n`` heads, ``(b, H/n, s, hd)``; each rank runs plain attention on its
 heads; one more all-to-all hands the output back by sequence. Differentiable: an all-to-all is a
-permutation, so the backward of sequence-to-heads is heads-to-sequence and the other way round.
+permutation (``experts.dispatch.all_to_all``), so the backward of sequence-to-heads is heads-to-sequence
+and the other way round.
 ``n`` must divide the query heads and the KV heads (``check_heads_divide``).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from shardlib.core.context_parallel.online_softmax import check_shards
+from shardlib.core.experts.dispatch import all_to_all
 from shardlib.core.model import attention
 from shardlib.core.probe import NO_PROBE
 
@@ -32,7 +34,7 @@ def sequence_to_heads(ctx, x: torch.Tensor) -> torch.Tensor:
     n = ctx.world_size
     b, h, part, hd = x.shape
     send = x.reshape(b, n, h // n, part, hd).transpose(0, 1).contiguous()  # (n: head group j goes to rank j, ...)
-    got = ctx.comm.all_to_all_single(send)  # (n: the token run of rank i, b, h/n, s/n, hd)
+    got = all_to_all(ctx, send, [1] * n, [1] * n)  # (n: the token run of rank i, b, h/n, s/n, hd)
     return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * part, hd)
 
 
@@ -41,21 +43,8 @@ def heads_to_sequence(ctx, x: torch.Tensor) -> torch.Tensor:
     n = ctx.world_size
     b, mine, seq, hd = x.shape
     send = x.reshape(b, mine, n, seq // n, hd).permute(2, 0, 1, 3, 4).contiguous()  # (n: token run j to rank j, ...)
-    got = ctx.comm.all_to_all_single(send)  # (n: the head group of rank i, b, h/n, s/n, hd)
+    got = all_to_all(ctx, send, [1] * n, [1] * n)  # (n: the head group of rank i, b, h/n, s/n, hd)
     return got.transpose(0, 1).reshape(b, n * mine, seq // n, hd)
-
-
-class Reshard(torch.autograd.Function):
-    """``there(ctx, x)`` forward; its backward is ``back(ctx, grad)``, the inverse permutation."""
-
-    @staticmethod
-    def forward(fn, ctx, x, there, back):
-        fn.rank_ctx, fn.back = ctx, back
-        return there(ctx, x)
-
-    @staticmethod
-    def backward(fn, grad):
-        return None, fn.back(fn.rank_ctx, grad), None, None
 
 
 def ulysses_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -64,7 +53,7 @@ def ulysses_attention(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     ``q (b, H, s/n, hd)``, ``k, v (b, KV, s/n, hd)`` (contiguous shards) in, ``(b, H, s/n, hd)`` out."""
     _, heads, kv_heads, _, _ = check_shards(q.shape, k.shape, v.shape, ctx.world_size, local=True)
     check_heads_divide(heads, kv_heads, ctx.world_size)
-    q_h, k_h, v_h = (Reshard.apply(ctx, t, sequence_to_heads, heads_to_sequence) for t in (q, k, v))  # (b, H/n, s, hd)
+    q_h, k_h, v_h = (sequence_to_heads(ctx, t) for t in (q, k, v))  # (b, H/n, s, hd)
     with probe.span("attention, my heads, whole sequence"):
         out = attention(q_h, k_h, v_h, causal=causal, scale=scale)  # (b, H/n, s, hd)
-    return Reshard.apply(ctx, out, heads_to_sequence, sequence_to_heads)  # (b, H, s/n, hd)
+    return heads_to_sequence(ctx, out)  # (b, H, s/n, hd)

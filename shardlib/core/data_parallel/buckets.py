@@ -49,7 +49,6 @@ class BucketedReplica:
         self.flats: list[torch.Tensor] = []  # per bucket: the weights, (padded_numel,)
         self.grads: list[torch.Tensor] = []  # per bucket: full (DDP, ZeRO-1) or this rank's shard (ZeRO-2)
         self.owned: list[nn.Parameter] = []
-        self.ranges: list[tuple[int, int]] = []
         self._place: dict[int, tuple[int, int, int]] = {}  # parameter index -> (bucket, offset, numel)
         for g in self.groups:
             self._build_bucket(g, named)
@@ -79,7 +78,6 @@ class BucketedReplica:
         self.flats.append(flat)
         self.grads.append(grad)
         self.owned.append(mine)
-        self.ranges.append((start, stop))
 
     # -- during the backward -----------------------------------------------------------------------
     def start_step(self) -> None:
@@ -100,15 +98,13 @@ class BucketedReplica:
             bucket[offset:offset + numel].add_(param.grad.flatten())
         param.grad = None  # the bucket holds it now
         self._count[i] += 1
-        while self._next < len(self._order) and self._complete(*self._order[self._next]):
+        while self._next < len(self._order):
             r, b = self._order[self._next]
+            if any(self._count[j] <= r for j in self.groups[b].params):
+                break  # bucket b still lacks a gradient of microbatch r
             if r == self.microbatches - 1 and not (self.overlap and self.strategy != "zero1"):
                 break  # the last one waits for finish_backward (ZeRO-1 keeps the full gradient: it reduces after)
             self._launch(b, async_op=self.overlap)  # in flight while the backward goes on
-
-    def _complete(self, r: int, b: int) -> bool:
-        """Whether every parameter of bucket ``b`` has had its gradient of microbatch ``r``."""
-        return all(self._count[i] > r for i in self.groups[b].params)
 
     def _launch(self, b: int, async_op: bool) -> None:
         """Send bucket ``b``'s gradient: DDP all-reduces it; ZeRO reduce-scatters it, rank r keeping its shard's sum."""

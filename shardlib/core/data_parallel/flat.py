@@ -60,22 +60,12 @@ def _group(index: int, params: Sequence[int], numels: Sequence[int], dp: int) ->
     return FlatGroup(index, tuple(params), tuple(offsets), tuple(numels[i] for i in params), padded(at, dp), dp)
 
 
-def _check_numels(numels: Sequence[int]) -> list[int]:
-    numels = [whole_number(n, "a parameter's element count") for n in numels]
-    if not numels:
-        raise ValueError("the model has no parameters to train")
-    return numels
-
-
 def plan_buckets(numels: Sequence[int], element_bytes: int, dp: int,
                  bucket_bytes: float | None = None) -> tuple[FlatGroup, ...]:
     """Gradient buckets over ``dp`` ranks for parameters of ``numels`` elements (registration order), taken
     in reverse (the backward finishes the last layer first), each bucket filled until the next parameter
     would pass ``bucket_bytes`` (``None``: one bucket). Smaller buckets start sending earlier in the
     backward but pay more per-call latency."""
-    numels = _check_numels(numels)
-    dp = whole_number(dp, "dp (the data-parallel degree)")
-    element_bytes = whole_number(element_bytes, "element_bytes")
     cap = None if bucket_bytes is None else positive_number(bucket_bytes, "bucket_bytes")
     buckets: list[list[int]] = [[]]
     size = 0
@@ -91,8 +81,6 @@ def plan_buckets(numels: Sequence[int], element_bytes: int, dp: int,
 
 def plan_units(unit_params: Sequence[Sequence[int]], numels: Sequence[int], dp: int) -> tuple[FlatGroup, ...]:
     """ZeRO-3's flat groups: one per unit, ``unit_params[u]`` the indices of unit ``u``'s parameters."""
-    numels = _check_numels(numels)
-    dp = whole_number(dp, "dp (the data-parallel degree)")
     seen = [i for unit in unit_params for i in unit]
     if sorted(seen) != list(range(len(numels))):
         raise ValueError(f"the units must hold every parameter exactly once; they hold {sorted(seen)} of "

@@ -61,11 +61,11 @@ class ShardedUnits:
         self.groups = plan_units([[index[n] for n in names] for names in self.unit_names],
                                  [p.numel() for p in named.values()], group.world_size)
         self.shapes = {n: p.shape for n, p in named.items()}
-        self.dtype = next(iter(named.values())).dtype
-        self.element_bytes = next(iter(named.values())).element_size()
+        first = next(iter(named.values()))
+        self.element_bytes = first.element_size()
         self.owned: list[nn.Parameter] = []
         for names, g in zip(self.unit_names, self.groups):
-            flat = torch.zeros(g.padded_numel, dtype=self.dtype, device=group.device)
+            flat = torch.zeros(g.padded_numel, dtype=first.dtype, device=group.device)
             for n, offset, numel in zip(names, g.offsets, g.numels):
                 flat[offset:offset + numel].copy_(named[n].detach().flatten())
             start, stop = g.owned(group.rank)

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 
-from shardlib.core.checks import near_equal_parts, positive_number, whole_number, whole_number_between
+from shardlib.core.checks import positive_number, whole_number, whole_number_between
 from shardlib.core.experts.routing import MoEConfig, Routing
 
 
@@ -112,16 +111,6 @@ def served_gates(routing: Routing, assignment: Assignment, cfg: MoEConfig) -> to
         raise ValueError(f"reroute_gate='rescore' rescores with a softmax gate, not {cfg.gate!r}")
     rescored = torch.where(assignment.kept, rescored, torch.zeros_like(rescored))  # a dropped slot weighs nothing
     return torch.where(assignment.rerouted.any(dim=1, keepdim=True), rescored, routing.gates)
-
-
-def split_groups(n_tokens: int, n_groups: int) -> list[tuple[int, int]]:
-    """Contiguous ``(start, stop)`` token ranges of ``n_groups`` near-equal groups (as ``tensor_split``)."""
-    whole_number(n_groups, "n_groups")
-    if n_groups > n_tokens:
-        raise ValueError(f"{n_tokens} tokens cannot be split into {n_groups} groups: each group (each rank) "
-                         f"needs at least one token")
-    ends = list(accumulate(near_equal_parts(n_tokens, n_groups)))
-    return list(zip([0] + ends[:-1], ends))
 
 
 def switch_aux_loss(experts: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

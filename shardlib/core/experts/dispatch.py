@@ -10,7 +10,9 @@ where the gates weight them. ``all_to_all`` is differentiable: its backward is t
 (Megatron-Core's ``_AllToAll``), so the router learns through the gates and each expert from every row it
 served. ``ctx=None`` runs the same layer in one process, every expert here: the reference. Multiplies run on
 fixed blocks of rows (``routing.blocked_rows``), so the layer on ranks equals it bit for bit. Measurement
-attaches through ``probe``.
+attaches through ``probe``. ``moe_two_microbatches`` overlaps two microbatches (DualPipe's point);
+``layout_expert_groups`` makes a ``Layout``'s groups; ``moe_stack_*`` are the toy transformer with MoE MLPs
+(Mixtral, Jiang et al. 2024) and its one-process forward.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from typing import NamedTuple
 
 import torch
 
+from shardlib.core.config import ModelConfig
 from shardlib.core.experts.balance import Assignment, assign, served_gates, switch_aux_loss
 from shardlib.core.experts.placement import DispatchPlan, ExpertPlacement, dispatch_plan
 from shardlib.core.experts.routing import MoEConfig, Routing, blocked_rows, route
-from shardlib.core.model import mlp_reference
+from shardlib.core.model import attention_layer_reference, mlp_reference, rms_norm
 from shardlib.core.probe import NO_PROBE
-from shardlib.core.toy import generator, weight
+from shardlib.core.toy import attention_weights, generator, weight
 
 
 # -- weights -------------------------------------------------------------------------------------------------
@@ -180,3 +183,109 @@ def moe_layer(x: torch.Tensor, router: torch.Tensor, experts, cfg: MoEConfig, bi
     with probe.span("weighted sum", kind="compute"):
         y = weighted_at_home(back, routed, cfg)  # (T, d_model)
     return MoEResult(y, routed.routing, routed.assignment, rows_to, rows_from)
+
+
+# -- two microbatches, one's all-to-all under the other's experts -------------------------------------------
+def moe_two_microbatches(ctx, xs: list[torch.Tensor], experts: LocalExperts, router: torch.Tensor,
+                         cfg: MoEConfig, overlap: bool = True, probe=NO_PROBE) -> list[torch.Tensor]:
+    """The layer's phases (no residual) on two microbatches ``xs`` of this rank's tokens, each ``(T_mb,
+    d_model)``, the experts over every rank; every rank calls it at once with the same ``overlap``. DualPipe
+    (DeepSeek-V3, 2024, arXiv:2412.19437, section 3.2.1) runs one chunk's all-to-all under another's
+    computation: A's dispatch is exposed, B's dispatch flies under A's experts, A's combine under B's
+    experts, B's combine is exposed again: with expert phases longer than an all-to-all, half the rows'
+    all-to-alls hide (each ``wait()`` logs the time blocked). ``overlap=False`` runs A then B. Forward only."""
+    if len(xs) != 2:
+        raise ValueError(f"the overlap pairs two microbatches, got {len(xs)}")
+    comm, placement = ctx.comm, ExpertPlacement(cfg.n_experts, ctx.world_size)
+    with torch.no_grad():
+        with probe.span("route", kind="compute"):
+            routed = [route_and_plan(x, router, cfg, placement) for x in xs]
+        got = [counts_in(ctx, r.plan.counts, placement, ctx.rank) for r in routed]  # both counts first
+        rows_to, rows_from = [r.plan.rows_to_rank for r in routed], [g.sum(1).tolist() for g in got]
+        sends = [x[r.plan.order // cfg.k] for x, r in zip(xs, routed)]  # (rows out, d_model) each
+
+        def dispatch(i, async_op):
+            return comm.all_to_all_single(sends[i], rows_to[i], rows_from[i], async_op=async_op)
+
+        def run(i, received):
+            with probe.span("experts", kind="compute", rows=received.shape[0]):
+                return run_experts(received, got[i], experts)
+
+        def combine(i, out, async_op):
+            return comm.all_to_all_single(out, rows_from[i], rows_to[i], async_op=async_op)
+
+        if not overlap:  # A, then B: every all-to-all exposed
+            return [weighted_at_home(combine(i, run(i, dispatch(i, False)), False), routed[i], cfg) for i in (0, 1)]
+        received_a = dispatch(0, True).wait()  # exposed: nothing to compute yet
+        flying_b = dispatch(1, True)  # B's rows in flight ...
+        out_a = run(0, received_a)  # ... under A's experts
+        received_b = flying_b.wait()
+        flying_a = combine(0, out_a, True)  # A's results in flight ...
+        out_b = run(1, received_b)  # ... under B's experts
+        back_a = flying_a.wait()
+        flying_b = combine(1, out_b, True)  # exposed, but for A's weighted sum
+        y_a = weighted_at_home(back_a, routed[0], cfg)
+        return [y_a, weighted_at_home(flying_b.wait(), routed[1], cfg)]
+
+
+# -- the groups of a Layout --------------------------------------------------------------------------------
+_MADE: dict = {}  # (world size, layout's shape, ep, kind) -> this rank's process group, per warm worker
+KINDS = {"ep": "ep_groups", "edp": "expert_dp_groups", "stage": "stage_groups"}
+
+
+class ExpertGroups(NamedTuple):
+    """This rank's process groups on a ``Layout``: ``ep`` (``ep`` consecutive ranks of a stage holding the
+    experts between them; ``None`` when ``layout.ep = 1``), ``edp`` (the stage's ranks holding the same
+    experts), ``stage``; and its place in the ep group (which block of experts it holds)."""
+
+    ep: object | None
+    edp: object
+    stage: object
+    place: int
+
+
+def _group(ctx, layout, kind: str):
+    groups = getattr(layout, KINDS[kind])()
+    key = (ctx.world_size, layout.mesh_shape, layout.ep, kind)
+    if key not in _MADE:  # as torch.distributed.new_group: every rank makes every group, once per pool
+        made = [ctx.new_group(g, kind) for g in groups]
+        _MADE[key] = next(pg for g, pg in zip(groups, made) if ctx.rank in g)
+    return _MADE[key]
+
+
+def layout_expert_groups(ctx, layout) -> ExpertGroups:
+    """This rank's expert groups on ``layout``, named ``"ep"``, ``"edp"``, ``"stage"`` in the comm log."""
+    ep = _group(ctx, layout, "ep") if layout.ep > 1 else None
+    edp, stage = _group(ctx, layout, "edp"), _group(ctx, layout, "stage")
+    place = next(g.index(ctx.rank) for g in layout.ep_groups() if ctx.rank in g)  # the groups' ranks in order
+    return ExpertGroups(ep, edp, stage, place)
+
+
+# -- the toy transformer with MoE MLPs ---------------------------------------------------------------------
+EXPERT_KEYS = ("expert_gate", "expert_up", "expert_down")
+
+
+def layer_experts(w: dict, ids: slice | None = None) -> LocalExperts:
+    """A block's experts ``ids`` (default: all) as the MoE layer takes them."""
+    return LocalExperts(*(w[k] if ids is None else w[k][ids] for k in EXPERT_KEYS))
+
+
+def moe_stack_weights(model: ModelConfig, seed: int = 0) -> list[dict]:
+    """``model.n_layers`` blocks from one generator: ``toy.attention_weights``, then ``make_moe_weights``."""
+    cfg, g = MoEConfig.from_model(model), generator(seed)
+    layers = []
+    for _ in range(model.n_layers):
+        w, moe = attention_weights(g, model), make_moe_weights(cfg, g)
+        layers.append({**w, "router": moe.router, **dict(zip(EXPERT_KEYS, moe.experts()))})
+    return layers
+
+
+def moe_stack_reference(x: torch.Tensor, layers: list[dict], model: ModelConfig) -> torch.Tensor:
+    """Every block in one process, ``h = h + attention(norm h)``, ``h = h + moe(norm h)``: ``x`` ``(batch, seq,
+    d_model)`` in, the same shape out."""
+    cfg = MoEConfig.from_model(model)
+    for w in layers:
+        x = x + attention_layer_reference(rms_norm(x), w, model)
+        n = rms_norm(x)  # (batch, seq, d_model)
+        x = x + moe_layer(n.reshape(-1, n.shape[-1]), w["router"], layer_experts(w), cfg).output.view(n.shape)
+    return x

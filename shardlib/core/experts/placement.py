@@ -34,20 +34,19 @@ class ExpertPlacement:
                 f"each rank the same whole number of experts ({self.n_experts} / {self.ep} = "
                 f"{self.n_experts / self.ep:.3g}); use an ep that divides {self.n_experts}"
             )
-        pairs = []
         for pair in self.replicas:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise ValueError(f"replicas must be (expert, rank) pairs, for example ((6, 0),); got {pair!r} "
                                  f"in {self.replicas!r}")
-            pairs.append((whole_number(pair[0], "a replica's expert", 0), whole_number(pair[1], "a replica's rank", 0)))
-        object.__setattr__(self, "replicas", tuple(pairs))
+        object.__setattr__(self, "replicas", tuple((whole_number(e, "a replica's expert", 0),
+                                                    whole_number(r, "a replica's rank", 0)) for e, r in self.replicas))
         for i, (e, r) in enumerate(self.replicas):
-            if not 0 <= e < self.n_experts or not 0 <= r < self.ep:
+            if e >= self.n_experts or r >= self.ep:
                 raise ValueError(f"replica ({e}, {r}) names expert {e} of 0 .. {self.n_experts - 1} on rank {r} "
                                  f"of 0 .. {self.ep - 1}")
             if r == self.owner(e):
                 raise ValueError(f"expert {e} already lives on rank {r}: its replica must go to another rank")
-            if e in (x for x, _ in pairs[:i]):
+            if e in (x for x, _ in self.replicas[:i]):
                 raise ValueError(f"expert {e} has more than one replica; this layer supports one second copy")
 
     @property

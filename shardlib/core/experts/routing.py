@@ -33,6 +33,7 @@ from shardlib.core.checks import (
     whole_number_between,
 )
 from shardlib.core.config import ModelConfig
+from shardlib.core.experts.placement import ExpertPlacement
 
 BLOCK_ROWS = 64  # rows per matrix-multiply call (see ``blocked_rows``)
 MAX_PREFERENCE_BIAS = 1e4  # the hot expert's logit bonus at skew = 1
@@ -45,26 +46,23 @@ BALANCING = ("none", "aux-loss", "aux-free")
 class GateSpec:
     """One gate function: ``affinity`` turns ``(T, E)`` logits into the scores the top-k ranks; ``gates``
     turns the chosen ``(T, k)`` affinities (and all logits) into weights; ``balance_probs`` is Switch's
-    ``P_i`` per token ``(T, E)``."""
+    ``P_i`` per token ``(T, E)``. The papers: the module docstring."""
 
-    name: str
-    source: str
     affinity: Callable[[torch.Tensor], torch.Tensor]
     gates: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chosen affinities, logits) -> (T, k)
     balance_probs: Callable[[torch.Tensor], torch.Tensor]
 
 
-GATES: dict[str, GateSpec] = {spec.name: spec for spec in (
-    GateSpec("softmax-topk", "Mixtral: softmax over the k chosen logits",
-             affinity=lambda logits: logits, gates=lambda chosen, logits: torch.softmax(chosen, dim=-1),
-             balance_probs=lambda logits: torch.softmax(logits, dim=-1)),
-    GateSpec("softmax-then-topk", "Switch Transformer, GShard, DeepSeek-V2: softmax over all experts, then the "
-             "top-k probabilities", affinity=lambda logits: torch.softmax(logits, dim=-1),
-             gates=lambda chosen, logits: chosen, balance_probs=lambda logits: torch.softmax(logits, dim=-1)),
-    GateSpec("sigmoid-topk", "DeepSeek-V3: sigmoid affinities, the chosen ones normalised to sum to 1",
-             affinity=torch.sigmoid, gates=lambda chosen, logits: chosen / chosen.sum(dim=-1, keepdim=True),
-             balance_probs=lambda logits: torch.sigmoid(logits) / torch.sigmoid(logits).sum(dim=-1, keepdim=True)),
-)}
+def _softmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits, dim=-1)
+
+
+GATES: dict[str, GateSpec] = {
+    "softmax-topk": GateSpec(lambda logits: logits, lambda chosen, logits: _softmax(chosen), _softmax),
+    "softmax-then-topk": GateSpec(_softmax, lambda chosen, logits: chosen, _softmax),
+    "sigmoid-topk": GateSpec(torch.sigmoid, lambda chosen, logits: chosen / chosen.sum(dim=-1, keepdim=True),
+                             lambda logits: torch.sigmoid(logits) / torch.sigmoid(logits).sum(dim=-1, keepdim=True)),
+}
 
 
 # -- configuration -----------------------------------------------------------------------------------------
@@ -112,7 +110,17 @@ class MoEConfig:
         choice(self.balance, BALANCING, "balance (how the load is balanced)")
         number_at_least(self.aux_loss_coef, "aux_loss_coef (Switch's alpha)")
         positive_number(self.bias_rate, "bias_rate (DeepSeek-V3's gamma, the bias step per training step)")
-        check_node_limit(self.n_experts, self.k, self.n_nodes, self.max_nodes)
+        whole_number(self.n_nodes, "n_nodes (the nodes the experts are spread over)")
+        if self.n_experts % self.n_nodes:
+            raise ValueError(f"{self.n_experts} experts cannot be spread evenly over {self.n_nodes} nodes: n_nodes "
+                             f"must divide n_experts")
+        if self.max_nodes is not None:
+            whole_number_between(self.max_nodes, "max_nodes (M, the nodes one token may reach)", 1, self.n_nodes)
+            reachable = self.max_nodes * (self.n_experts // self.n_nodes)
+            if self.k > reachable:
+                raise ValueError(f"a token limited to {self.max_nodes} node(s) of {self.n_experts // self.n_nodes} "
+                                 f"experts each can reach only {reachable} experts, fewer than k = {self.k}: raise "
+                                 f"max_nodes or lower k")
 
     @classmethod
     def from_model(cls, model: ModelConfig, **overrides) -> "MoEConfig":
@@ -123,13 +131,8 @@ class MoEConfig:
         return cls(**{**base, **overrides})
 
     def experts_per_rank(self, ep: int) -> int:
-        """Whole experts each of ``ep`` ranks holds, or a ValueError in the learner's terms."""
-        whole_number(ep, "ep (ranks the experts are spread over)")
-        if self.n_experts % ep:
-            raise ValueError(f"ep = {ep} does not divide the {self.n_experts} experts: each rank of an expert-parallel "
-                             f"group holds the same whole number of experts ({self.n_experts} / {ep} = "
-                             f"{self.n_experts / ep:.3g}); use an ep that divides {self.n_experts}")
-        return self.n_experts // ep
+        """Whole experts each of ``ep`` ranks holds (``ExpertPlacement`` refuses an ``ep`` not dividing them)."""
+        return ExpertPlacement(self.n_experts, ep).per_rank
 
     def but(self, **changes) -> "MoEConfig":
         """A copy with some fields changed (checked again)."""
@@ -164,34 +167,12 @@ def blocked_rows(fn, rows: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 # -- node-limited routing -----------------------------------------------------------------------------------
-def check_node_limit(n_experts: int, k: int, n_nodes: int, max_nodes: int | None) -> None:
-    """A ValueError in the learner's terms if ``k`` experts cannot be found on ``max_nodes`` of ``n_nodes``."""
-    whole_number(n_nodes, "n_nodes (the nodes the experts are spread over)")
-    if n_experts % n_nodes:
-        raise ValueError(f"{n_experts} experts cannot be spread evenly over {n_nodes} nodes: n_nodes must divide "
-                         f"n_experts")
-    if max_nodes is None:
-        return
-    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or not 1 <= max_nodes <= n_nodes:
-        raise ValueError(f"max_nodes (M, the nodes one token may reach) must be a whole number from 1 to n_nodes = "
-                         f"{n_nodes}, got {max_nodes!r}")
-    reachable = max_nodes * (n_experts // n_nodes)
-    if k > reachable:
-        raise ValueError(f"a token limited to {max_nodes} node(s) of {n_experts // n_nodes} experts each can reach "
-                         f"only {reachable} experts, fewer than k = {k}: raise max_nodes or lower k")
-
-
-def node_scores(scores: torch.Tensor, n_nodes: int, per_node: int) -> torch.Tensor:
-    """``(T, n_nodes)``: per token, the sum of each node's ``per_node`` highest of ``scores`` ``(T, E)``."""
-    grouped = scores.view(scores.shape[0], n_nodes, -1)  # (T, N, E / N)
-    return grouped.topk(min(per_node, grouped.shape[2]), dim=-1).values.sum(dim=-1)
-
-
 def limit_to_nodes(scores: torch.Tensor, k: int, n_nodes: int, max_nodes: int) -> torch.Tensor:
     """``scores`` ``(T, E)`` with every expert outside each token's ``max_nodes`` best nodes set to
-    ``-inf``, so a top-k over the result picks only from those nodes (ties: the lower node first)."""
-    check_node_limit(scores.shape[1], k, n_nodes, max_nodes)
-    ranked = node_scores(scores, n_nodes, max(1, k // max_nodes))  # (T, N)
+    ``-inf``, so a top-k over the result picks only from those nodes (ties: the lower node first). A node
+    scores the sum of its ``k // max_nodes`` (at least 1) highest scores."""
+    grouped = scores.view(scores.shape[0], n_nodes, -1)  # (T, N, E / N)
+    ranked = grouped.topk(min(max(1, k // max_nodes), grouped.shape[2]), dim=-1).values.sum(dim=-1)  # (T, N)
     chosen = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :max_nodes]  # (T, M)
     allowed = torch.zeros_like(ranked, dtype=torch.bool).scatter_(1, chosen, True)  # (T, N)
     allowed = allowed.repeat_interleave(scores.shape[1] // n_nodes, dim=1)  # (T, E)

@@ -70,8 +70,6 @@ class Schedule:
         whole_number(self.n_stages, "n_stages (pipeline stages)")
         whole_number(self.n_microbatches, "n_microbatches (microbatches per step)")
         whole_number(self.n_chunks, "n_chunks (model chunks per device)")
-        if not self.short_title:
-            object.__setattr__(self, "short_title", self.name)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement is 'loop' or 'v', got {self.placement!r}")
         if self.placement == "v" and self.n_chunks != 2:
@@ -88,7 +86,7 @@ class Schedule:
     def title(self) -> str:
         kind = "training" if self.training else "inference (forward only)"
         chunks = f", v = {self.n_chunks}" if self.n_chunks > 1 else ""
-        return f"{self.short_title}, {kind}: p = {self.n_stages}, m = {self.n_microbatches}{chunks}"
+        return f"{self.short_title or self.name}, {kind}: p = {self.n_stages}, m = {self.n_microbatches}{chunks}"
 
     @property
     def n_virtual_stages(self) -> int:
@@ -121,9 +119,6 @@ class Schedule:
         sends them. A receiver reads its messages in this order (point-to-point messages between two
         ranks arrive in the order they were sent)."""
         return tuple(a for a in self.actions[src] if self.destination(a) == dst and dst != src)
-
-    def all_actions(self) -> list[Action]:
-        return [a for row in self.actions for a in row]
 
 
 def _virtual_stage(stage: int, chunk: int, p: int, placement: str) -> int:
@@ -267,11 +262,8 @@ def simulate(schedule: Schedule, forward_s=1, backward_s=1, hop_s=0, weight_s=No
                 pos[s] += 1
                 progressed = True
         if not progressed:
-            stuck = []
-            for s in range(p):
-                if pos[s] < len(schedule.actions[s]):
-                    a = schedule.actions[s][pos[s]]
-                    stuck.append(f"stage {s} waits at {a.label} for {schedule.producer(a).label} "
-                                 f"of stage {schedule.producer(a).stage}")
-            raise ScheduleError("deadlock", "this order deadlocks: " + "; ".join(stuck))
+            stuck = [(s, row[pos[s]], schedule.producer(row[pos[s]])) for s, row in enumerate(schedule.actions)
+                     if pos[s] < len(row)]
+            raise ScheduleError("deadlock", "this order deadlocks: " + "; ".join(
+                f"stage {s} waits at {a.label} for {dep.label} of stage {dep.stage}" for s, a, dep in stuck))
     return timed

@@ -19,8 +19,7 @@ def stage_layer_counts(n_layers: int, n_stages: int, end_layers: int = 0) -> tup
     ``end_layers = 1`` gives ``(7, 8, ..., 8, 7)``, every stage 8 layers' worth (Llama 3 paper, 3.3.2)."""
     n_layers = whole_number(n_layers, "n_layers (layers in the model)")
     n_stages = whole_number(n_stages, "n_stages (pipeline stages)")
-    if isinstance(end_layers, bool) or not isinstance(end_layers, int) or end_layers < 0:
-        raise ValueError(f"end_layers must be a whole number of layers (0 or more), got {end_layers!r}")
+    end_layers = whole_number(end_layers, "end_layers", minimum=0)
     counts = list(near_equal_parts(n_layers + 2 * end_layers, n_stages))
     counts[0] -= end_layers
     counts[-1] -= end_layers

@@ -71,10 +71,10 @@ def unpack(flat: torch.Tensor) -> tuple[list[Chunk], list[int]]:
 def broadcast_step(job, flat: torch.Tensor | None) -> torch.Tensor:
     """The leader's packed step (``flat`` on the first rank of ``job``, ``None`` elsewhere) to every rank of
     ``job`` (the context, or a ``RankGroup``), its length first; an empty one says the loop is over."""
-    size = job.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), src=0)
+    size = job.comm.broadcast(torch.tensor([0 if flat is None else flat.numel()]), 0)  # from the first rank
     if int(size) == 0:
         return torch.empty(0, dtype=torch.int64)
-    return job.comm.broadcast(torch.empty(int(size), dtype=torch.int64) if flat is None else flat, src=0)
+    return job.comm.broadcast(torch.empty(int(size), dtype=torch.int64) if flat is None else flat, 0)
 
 
 def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None, on_step=None,

@@ -5,13 +5,13 @@ A ``plan.Layout`` numbers ranks ``(stage * dp + replica) * tp + tp_rank`` and gi
 (``core.tensor_parallel.blocks.ParallelBlock``, Megatron-LM: Shoeybi et al. 2019, two all-reduces per block
 on the tp axis); activations cross from stage to stage by point-to-point sends on the pp axis (GPipe's
 forward: Huang et al. 2019). A model with experts replaces each MLP by the dropless MoE layer over ``ep``
-ranks of the stage (``moe_mlp``). ``combined_forward`` runs a batch through once; ``pipelined_decode`` keeps
-microbatches going round the stages step after step, the last stage handing each output back to the
-first as its next input (steady-state decode, ``predict.serving.decode``'s model). Both are one loop,
-``run_round``. It sends with ``isend`` and receives in place rather than through the pipeline engine's message
-threads (``core.pipeline.messages``): in steady-state decode a thread hand-off per microbatch costs as much
-as the step's compute on a small model. Measurement attaches through ``probe`` (``core.probe.Probe``). Each
-rank receives the full weights and keeps its slices.
+ranks of the stage (``moe_mlp``). ``run_round`` runs a batch through once (one step), or keeps microbatches
+going round the stages step after step, the last stage handing each output back to the first as its next
+input (steady-state decode, ``predict.serving.decode``'s model). It sends with ``isend`` and receives in
+place rather than through the pipeline engine's message threads (``core.pipeline.messages``): in
+steady-state decode a thread hand-off per microbatch costs as much as the step's compute on a small model.
+Measurement attaches through ``probe`` (``core.probe.Probe``). Each rank receives the full weights and keeps
+its slices.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from shardlib.core.config import ModelConfig
-from shardlib.core.experts.dispatch import LocalExperts, moe_layer
-from shardlib.core.experts.groups import ExpertGroups, layout_expert_groups
+from shardlib.core.experts.dispatch import ExpertGroups, LocalExperts, layer_experts, layout_expert_groups, moe_layer
 from shardlib.core.experts.routing import MoEConfig
-from shardlib.core.experts.stack import layer_experts
 from shardlib.core.mesh import Layout, check_mesh
 from shardlib.core.model import rms_norm
 from shardlib.core.pipeline.stages import split_layers
@@ -140,17 +138,3 @@ def run_round(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatche
         for pending in sends:
             pending.wait()
     return outputs if last else None
-
-
-def combined_forward(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int,
-                     probe: Probe = NO_PROBE) -> torch.Tensor | None:
-    """``x`` (batch, seq, d_model) forward through the stack once: the output on the last stage, else ``None``."""
-    outputs = run_round(ctx, layout, me, x, n_microbatches, 1, probe)
-    return torch.cat(outputs) if outputs else None
-
-
-def pipelined_decode(ctx, layout: Layout, me: RankStage, x: torch.Tensor, n_microbatches: int, steps: int,
-                     probe: Probe = NO_PROBE) -> list[torch.Tensor] | None:
-    """``steps`` decode steps of ``x`` (batch, 1, d_model) in steady state: the last stage hands each output
-    back to the first as its next input. The last stage returns every output, step by step."""
-    return run_round(ctx, layout, me, x, n_microbatches, steps, probe)

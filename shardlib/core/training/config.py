@@ -8,8 +8,8 @@ import torch
 
 from shardlib.core.checks import choice, number_at_least, positive_number, whole_number
 from shardlib.core.config import ModelConfig
+from shardlib.core.experts.dispatch import moe_stack_weights
 from shardlib.core.experts.routing import MoEConfig
-from shardlib.core.experts.stack import moe_stack_weights
 from shardlib.core.pipeline.registry import SCHEDULES
 from shardlib.core.toy import generator, stack_weights, weight
 

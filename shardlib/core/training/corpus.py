@@ -27,7 +27,8 @@ class MarkovCorpus:
         probs = torch.full((v, v), noise / v, dtype=torch.float64)
         for row in range(v):
             nxt = torch.randperm(v, generator=g)[:k]
-            probs[row, nxt] += (1 - noise) * _simplex(g, k)
+            w = -torch.rand(k, generator=g, dtype=torch.float64).log()  # exponential draws: a flat Dirichlet
+            probs[row, nxt] += (1 - noise) * w / w.sum()  # k positive weights summing to 1
         self.transition = probs / probs.sum(1, keepdim=True)  # (V, V): row a is P(next | a)
 
     @property
@@ -53,8 +54,3 @@ class MarkovCorpus:
             tokens[:, t + 1] = torch.multinomial(self.transition[tokens[:, t]], 1, generator=g)[:, 0]
         return tokens  # (rows, seq + 1)
 
-
-def _simplex(g: torch.Generator, k: int) -> torch.Tensor:
-    """``k`` positive weights summing to 1, drawn from ``g``."""
-    w = -torch.rand(k, generator=g, dtype=torch.float64).log()  # exponential draws: a flat Dirichlet
-    return w / w.sum()

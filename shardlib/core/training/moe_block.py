@@ -1,5 +1,5 @@
-"""A block of the toy language model with experts, on a rank: the attention as a dense block's, then the
-MoE layer (``core.experts.dispatch.moe_layer``, dropless) on this rank's sequence-parallel tokens.
+"""The MLP of a toy block with experts, on a rank: the MoE layer (``core.experts.dispatch.moe_layer``,
+dropless) on this rank's sequence-parallel tokens, after the attention of a dense block (``step.Block``).
 
 Each rank routes its ``(b, s/tp, d)`` tokens as rows, so the MoE sublayer needs no tp collective; the experts
 are spread over ``layout.ep`` ranks of the stage (``Layout.ep_groups``: ep folded onto the tp and
@@ -17,13 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardlib.core.experts.dispatch import LocalExperts, moe_layer
+from shardlib.core.experts.dispatch import EXPERT_KEYS, LocalExperts, layer_experts, moe_layer
 from shardlib.core.experts.routing import MoEConfig
-from shardlib.core.experts.stack import EXPERT_KEYS, layer_experts
-from shardlib.core.model import rms_norm
-from shardlib.core.tensor_parallel.blocks import ParallelAttention
 from shardlib.core.tensor_parallel.layers import TPGroup
-from shardlib.core.tensor_parallel.sequence_parallel import gather_seq, scatter_seq
 
 
 class AttachAuxLoss(torch.autograd.Function):
@@ -97,17 +93,3 @@ class MoEMLP(nn.Module):
         counts = self.tpg.all_reduce(counts.detach().to(probs.dtype)) if self.tpg.tp > 1 else counts.to(probs.dtype)
         return cfg.n_experts * (counts / (t * cfg.k) * probs.sum(0) / t).sum()
 
-
-class MoEBlock(nn.Module):
-    """One toy block with experts: the attention as ``Block``'s (cp = 1), then the MoE layer on this rank's
-    sequence-parallel tokens."""
-
-    def __init__(self, ctx, w: dict, config, tpg: TPGroup, groups, aux_scale: float) -> None:
-        super().__init__()
-        self.tpg = tpg
-        self.attention = ParallelAttention(w, config.model, tpg)
-        self.moe = MoEMLP(ctx, w, config.moe, groups, tpg, aux_scale)
-
-    def forward(self, h):  # (b, s/tp, d)
-        h = h + scatter_seq(self.attention.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
-        return h + self.moe(rms_norm(h))

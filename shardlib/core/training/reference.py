@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from shardlib.core.adamw import adamw
 from shardlib.core.checks import whole_number
 from shardlib.core.experts.balance import bias_update, switch_aux_loss
-from shardlib.core.experts.dispatch import moe_layer
-from shardlib.core.experts.stack import layer_experts
+from shardlib.core.experts.dispatch import layer_experts, moe_layer
 from shardlib.core.model import attention_layer_reference, block_reference, rms_norm
 from shardlib.core.training.config import TrainingConfig, init_weights, layer_of
 from shardlib.core.training.corpus import MarkovCorpus
@@ -70,8 +69,6 @@ def forward(weights: dict, tokens: torch.Tensor, config: TrainingConfig, biases=
 class TrainingReference:
     """The one-process run: the loss of every step (before its update) and the weights after the last."""
 
-    config: TrainingConfig
-    dp: int
     losses: tuple[float, ...]
     weights: dict
     biases: tuple = ()  # with experts, balance "aux-free": each layer's selection bias after the last step
@@ -97,5 +94,4 @@ def train_reference(config: TrainingConfig, dp: int = 1) -> TrainingReference:
         losses.append(float(loss.detach()))
         if free:  # DeepSeek-V3: each layer's bias moves by the step's counts, after the update
             biases = [bias_update(b, c, config.bias_rate) for b, c in zip(biases, out.counts)]
-    return TrainingReference(config, dp, tuple(losses), {k: v.detach().clone() for k, v in weights.items()},
-                        tuple(biases or ()))
+    return TrainingReference(tuple(losses), {k: v.detach().clone() for k, v in weights.items()}, tuple(biases or ()))

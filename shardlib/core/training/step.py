@@ -27,18 +27,18 @@ from shardlib.core.context_parallel.ring import ring_attention
 from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.experts.balance import bias_update
-from shardlib.core.experts.groups import layout_expert_groups
+from shardlib.core.experts.dispatch import layout_expert_groups
 from shardlib.core.model import rms_norm
 from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.core.pipeline.messages import Links
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.probe import NO_PROBE
 from shardlib.core.tensor_parallel.blocks import ParallelAttention, ParallelMLP
 from shardlib.core.tensor_parallel.layers import ColumnParallelLinear, TPGroup
 from shardlib.core.tensor_parallel.sequence_parallel import gather_seq, scatter_seq
 from shardlib.core.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from shardlib.core.training.config import layer_of
-from shardlib.core.training.moe_block import MoEBlock, MoEMLP
+from shardlib.core.training.moe_block import MoEMLP
 
 _DP_CP_GROUPS: dict = {}  # (world size, layout) -> this rank's dp x cp group, made once per warm worker
 
@@ -64,17 +64,23 @@ def rank_groups(ctx, layout):
 
 
 class Block(nn.Module):
-    """One toy block: heads split over tp, tokens over cp (ring attention), SP outside the pairs."""
+    """One toy block: heads split over tp, tokens over cp (ring attention), SP outside the pairs. With experts
+    (``moe``, a ``moe_block.MoEMLP``) the MLP is the MoE layer on this rank's sequence-parallel tokens."""
 
-    def __init__(self, w: dict, model, tpg: TPGroup, ring) -> None:
+    def __init__(self, w: dict, model, tpg: TPGroup, ring, moe: MoEMLP | None = None) -> None:
         super().__init__()
-        self.tpg, self.attention, self.mlp = tpg, ParallelAttention(w, model, tpg), ParallelMLP(w, tpg)
+        self.tpg, self.attention = tpg, ParallelAttention(w, model, tpg)
+        if moe is None:
+            self.mlp = ParallelMLP(w, tpg)
+        self.moe = moe
         # q (b, H/tp, s/cp, hd), k, v (b, KV/tp, s/cp, hd) attend over the whole sequence round the ring
         self.ring = None if ring is None else partial(ring_attention, ring, causal=True, placement="zigzag")
 
     def forward(self, h):  # (b, s/(cp tp), d)
         attention = self.attention.local(gather_seq(rms_norm(h), self.tpg), attend=self.ring)  # (b, s/cp, d): a share
         h = h + scatter_seq(attention, self.tpg)
+        if self.moe is not None:  # each rank routes its own tokens as rows: no tp collective
+            return h + self.moe(rms_norm(h))
         return h + scatter_seq(self.mlp.local(gather_seq(rms_norm(h), self.tpg)), self.tpg)
 
 
@@ -108,9 +114,9 @@ class StageModel(nn.Module):
         if first:
             self.embed = Embedding(weights["embed"], tpg)
         for i in self.layers:
-            block = (MoEBlock(moe[0], layer_of(weights, i), config, tpg, moe[1], moe[2]) if config.is_moe
-                     else Block(layer_of(weights, i), config.model, tpg, ring))
-            self.add_module(f"layer{i}", block)
+            w = layer_of(weights, i)
+            mlp = MoEMLP(moe[0], w, config.moe, moe[1], tpg, moe[2]) if config.is_moe else None
+            self.add_module(f"layer{i}", Block(w, config.model, tpg, ring, mlp))
         if last:
             self.head = Head(weights["head"], tpg)
         self.first, self.last = first, last
@@ -194,13 +200,11 @@ class TrainingStep:
         """DeepSeek-V3's bias update after the step: each layer's counts summed over the stage's ranks
         (one all-reduce for all of this rank's layers), then ``bias_update``."""
         layers = self.moe_layers()
+        counts = torch.stack([layer.step_counts for layer in layers])  # (layers, E): the step's token-slots
         for layer in layers:
-            counts = layer.step_counts
-            layer.step_counts = torch.zeros_like(counts)
-            layer.pending = counts
-        if not layers or layers[0].bias is None:
+            layer.step_counts = torch.zeros_like(layer.step_counts)
+        if layers[0].bias is None:
             return
-        counts = torch.stack([layer.pending for layer in layers])  # (layers, E)
         self.moe_groups()[1].comm.all_reduce(counts)  # summed in place over the stage's ranks
         for layer, c in zip(layers, counts):
             layer.bias = bias_update(layer.bias, c, self.config.bias_rate)

@@ -1,30 +1,32 @@
 """Notebook 10's timing claims as verdicts (``lab.verdict``): zigzag's balance and the ring's overlap.
 
 ``run_ring_balance`` sets the two placements side by side, ``run_ring_overlap`` the ring with and without
-overlap against alpha-beta on the link ``run_exchange_calibration`` fits. ``run_balance_check`` and
-``run_ring_overlap_check`` return ``(result, verdicts)``: the result whose verdicts held (or the last
-attempt's) and the verdicts themselves.
+overlap against alpha-beta on the link ``run_exchange_calibration`` fits; ``balance_verdicts`` and
+``overlap_verdicts`` are their claims. Measure until a claim holds with
+``lab.verdict.verified(lambda: run_x(...), x_verdicts)`` (each rank's compute is its thread's CPU time,
+the median of ``repeats`` passes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from shardlib.core.checks import whole_number
 from shardlib.core.context_parallel.online_softmax import check_shards
 from shardlib.core.context_parallel.placement import PLACEMENTS
+from shardlib.core.context_parallel.ring import Hop
 from shardlib.facts.hardware import Link
 from shardlib.lab.context_parallel.drivers import AttentionRun, attention_shape, run_ring_attention
-from shardlib.lab.context_parallel.ranks import exchange_on_rank
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.lab.verdict import Verdict, refitted, verified
+from shardlib.lab.verdict import Verdict, refitted
 from shardlib.predict.alpha_beta import fit_link, slowest_samples
 from shardlib.predict.context_parallel import hidden_share, ring_time_s, ring_transfer_s
 
 ZIGZAG_HIGH = 4 / 3  # zigzag's imbalance over contiguous's, measured over predicted (3/4): at most 1, as claimed
 RING_OVERLAP_BAND = (0.95, 1.35)  # each ring's step time over its alpha-beta prediction; the Python between steps adds
 HIDDEN_AT_LEAST = 0.5  # the share of the transfer hidden under compute, overlapped
-
 
 
 def run_ring_balance(ranks, q, k, v, repeats: int = 3, scale: float | None = None) -> dict[str, AttentionRun]:
@@ -69,6 +71,11 @@ class ExchangeCalibration:
     rounds: int
 
 
+def exchange_on_rank(ctx, size_bytes: int) -> None:
+    """One ``ring.Hop``: ``size_bytes`` to the next rank while as many arrive from the previous."""
+    Hop(ctx, torch.ones(int(size_bytes) // 4, device=ctx.device)).wait()  # (size / 4,) float32
+
+
 def _exchange_s(got: Measured, rank: int, repeat: int) -> float:
     """From the rank's send's start to the later of its send's and its receive's completion."""
     calls = got.records(None, rank, repeat)
@@ -76,7 +83,7 @@ def _exchange_s(got: Measured, rank: int, repeat: int) -> float:
 
 
 def run_exchange_calibration(ranks, block_bytes: float, rounds: int = 5) -> ExchangeCalibration:
-    """``predict.fit_link`` to ring exchanges (``ranks.exchange_on_rank``) from 1/256 of ``block_bytes`` to
+    """``predict.fit_link`` to ring exchanges (``exchange_on_rank``) from 1/256 of ``block_bytes`` to
     all of it, the fastest of ``rounds`` each after a warm-up; a sweep too noisy to fit, once more with
     twice the rounds."""
     sizes = tuple(sorted({max(64, int(block_bytes / f) // 64 * 64) for f in (256, 64, 16, 4, 1)}))
@@ -120,12 +127,6 @@ def balance_verdicts(balance: dict[str, AttentionRun]) -> tuple[Verdict, ...]:
                     low=0.5, high=1 / predicted if predicted < 1 else ZIGZAG_HIGH),)
 
 
-def run_balance_check(ranks, q, k, v, repeats: int = 3) -> tuple[dict[str, AttentionRun], tuple[Verdict, ...]]:
-    """The causal ring in both placements (``run_ring_balance``), measured until zigzag evens the work, at
-    most three times. Each rank's compute is its thread's CPU time, the median of ``repeats`` passes."""
-    return verified(lambda: run_ring_balance(ranks, q, k, v, repeats=repeats), balance_verdicts)
-
-
 def overlap_verdicts(o: Overlap) -> tuple[Verdict, ...]:
     """Three verdicts: each ring's step time against its alpha-beta prediction (within ``RING_OVERLAP_BAND``),
     and the share of the transfer hidden, predicted whole, held from ``HIDDEN_AT_LEAST``. A ring that
@@ -136,10 +137,3 @@ def overlap_verdicts(o: Overlap) -> tuple[Verdict, ...]:
             Verdict("ring pass, one after the other", o.predicted_sequential_s, o.sequential.step_s, "s", low, high),
             Verdict("share of the transfer hidden", 1.0, max(hidden, 1e-9), "%", HIDDEN_AT_LEAST, 1.0))
 
-
-def run_ring_overlap_check(ranks, q, k, v, repeats: int = 3,
-                           pad_compute_s: float | None = 0.04) -> tuple[Overlap, tuple[Verdict, ...]]:
-    """The ring with and without overlap (``run_ring_overlap``, the link fitted here each attempt, each
-    step's compute padded to ``pad_compute_s``), measured until its verdicts hold, at most three times."""
-    return verified(lambda: run_ring_overlap(ranks, q, k, v, repeats=repeats, pad_compute_s=pad_compute_s),
-                    overlap_verdicts)

@@ -1,34 +1,33 @@
 """Context parallelism run on a pool, against the unsharded attention, the work count and the cost model.
 
-``run_ring_attention``, ``run_ulysses_attention`` and ``run_all_gather_attention`` each return an
-``AttentionRun``: the output's gap, the ring's compute, step time and transfers, or the collectives
-against ``predict``; given the upstream gradient ``d_out`` (ring, Ulysses), every rank's dQ, dK, dV
-shards against autograd through the whole sequence's attention and the backward's wire bytes.
-``run_ring_training``: SGD on ``core.model``'s attention layer through the ring, against the same steps
-in one process. Inputs are checked here, before any rank starts.
+Each rank function attends this rank's shard of the whole q, k, v and returns its output rows, ``out`` (a
+``forward`` span); given the upstream gradient ``d_out``, the gradients of its shards too (a ``backward``
+span) and the bytes its forward saved. ``RingProbe`` adds each ring step's CPU time to its span and can
+pad the step. ``run_ring_attention``, ``run_ulysses_attention`` and ``run_all_gather_attention`` each
+return an ``AttentionRun``: the output's gap, the ring's compute, step time and transfers, or the
+collectives against ``predict``; with ``d_out`` (ring, Ulysses), every rank's dQ, dK, dV shards against
+autograd through the whole sequence's attention and the backward's wire bytes. Inputs are checked here,
+before any rank starts.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from shardlib.core.checks import TOLERANCE, flag, number_at_least, whole_number
-from shardlib.core.config import ModelConfig
+from shardlib.core.context_parallel.all_gather import all_gather_kv_attention
 from shardlib.core.context_parallel.online_softmax import check_shards
-from shardlib.core.context_parallel.placement import check_sequence, gather_sequence, shard_sequence
-from shardlib.core.context_parallel.ulysses import check_heads_divide
+from shardlib.core.context_parallel.placement import gather_sequence, shard_sequence
+from shardlib.core.context_parallel.ring import ring_attention
+from shardlib.core.context_parallel.ulysses import check_heads_divide, ulysses_attention
 from shardlib.core.model import attention
-from shardlib.lab.context_parallel.ranks import (
-    all_gather_attention_on_rank,
-    ring_attention_on_rank,
-    ring_training_on_rank,
-    train_attention_layer,
-    ulysses_attention_on_rank,
-)
 from shardlib.lab.harness import Measured, on_ranks
+from shardlib.lab.measure import SavedBytes
 from shardlib.predict.context_parallel import (
     AttentionShape,
     RankWork,
@@ -36,9 +35,65 @@ from shardlib.predict.context_parallel import (
     blocks_between,
     causal_work,
     imbalance,
-    ring_backward_bytes_per_rank,
     ulysses_collectives,
 )
+
+
+class RingProbe:
+    """Records each ring step's compute on ``timeline`` with ``cpu_s``, its thread's CPU time. With
+    ``pad_compute_s`` each step sleeps out to that length: on a CPU the compute and the transfers share the
+    cores, and padding leaves them free for the bytes, as a GPU's links leave its arithmetic free."""
+
+    def __init__(self, timeline, pad_compute_s: float | None = None) -> None:
+        self.timeline = timeline
+        self.pad_s = None if pad_compute_s is None else number_at_least(pad_compute_s, "pad_compute_s")
+
+    @contextmanager
+    def span(self, name: str, kind: str = "compute", **attrs):
+        start_s, cpu_start_s = self.timeline.now_s(), time.thread_time()
+        yield
+        cpu_s = time.thread_time() - cpu_start_s
+        if self.pad_s is not None and start_s + self.pad_s > time.perf_counter():
+            time.sleep(start_s + self.pad_s - time.perf_counter())
+        self.timeline.record(name, start_s, self.timeline.now_s(), kind, cpu_s=cpu_s, **attrs)
+
+
+def _attend(ctx, attend, qkv, placement: str = "contiguous", d_out: torch.Tensor | None = None) -> dict:
+    """``attend`` on this rank's shards of the whole ``q, k, v`` (``attend`` checks them, on every rank before
+    any message): ``{"out"}``, its rows ``(b, H, s / n, hd)``. With ``d_out`` the backward too: ``"dq", "dk",
+    "dv"``, the gradients of its shards, and ``"saved_bytes"``."""
+    n, me = ctx.world_size, ctx.rank
+    mine = [shard_sequence(t, n, placement)[me].to(ctx.device).requires_grad_(d_out is not None) for t in qkv]
+    with ctx.timeline.span("forward", "pass"), SavedBytes(set()) as saved:  # what it keeps for the backward
+        out = attend(*mine)
+    if d_out is None:
+        return {"out": out}
+    with ctx.timeline.span("backward", "pass"):
+        grads = torch.autograd.grad(out, mine, shard_sequence(d_out, n, placement)[me].to(ctx.device))
+    return {"out": out.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2], "saved_bytes": saved.size_bytes}
+
+
+def ring_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                           placement: str = "contiguous", overlap: bool = True, scale: float | None = None,
+                           pad_compute_s: float | None = None, d_out: torch.Tensor | None = None):
+    """``ring.ring_attention`` on this rank's shard, in ``placement``, of the whole ``q, k, v``, each step's
+    compute padded to ``pad_compute_s`` if given."""
+    probe = RingProbe(ctx.timeline, pad_compute_s)
+    return _attend(ctx, lambda *qkv: ring_attention(ctx, *qkv, causal, placement, overlap, scale, probe),
+                   (q, k, v), placement, d_out)
+
+
+def ulysses_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                              scale: float | None = None, d_out: torch.Tensor | None = None):
+    """``ulysses.ulysses_attention`` on this rank's contiguous shard of the whole ``q, k, v``."""
+    return _attend(ctx, lambda *qkv: ulysses_attention(ctx, *qkv, causal, scale, probe=ctx.timeline), (q, k, v),
+                   d_out=d_out)
+
+
+def all_gather_attention_on_rank(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                                 scale: float | None = None) -> dict:
+    """``all_gather.all_gather_kv_attention`` on this rank's contiguous shard of the whole ``q, k, v``."""
+    return _attend(ctx, lambda *qkv: all_gather_kv_attention(ctx, *qkv, causal, scale), (q, k, v))
 
 
 def attention_and_grads(q, k, v, d_out=None, causal: bool = True, scale=None) -> tuple[torch.Tensor, ...]:
@@ -68,7 +123,6 @@ class AttentionRun:
     reference: tuple[torch.Tensor, ...] = field(repr=False)
     predicted_work: tuple[RankWork, ...] = ()
     predicted: tuple[tuple, ...] = ()
-    predicted_backward_bytes: float = 0.0
 
     world_size = property(lambda self: len(self.got.times_s))
     output = property(lambda self: gather_sequence(self.got.each("out"), self.placement))  # (b, H, s, hd)
@@ -77,7 +131,7 @@ class AttentionRun:
     spans = property(lambda self: self.got.spans())
 
     def _steps(self, rank: int, repeat: int = -1) -> list:
-        """The rank's ring steps in ``repeat``, in order, each a compute span from ``ranks.RingProbe``."""
+        """The rank's ring steps in ``repeat``, in order, each a compute span from ``RingProbe``."""
         return [s for s in self.got.spans(None, rank, repeat) if s.kind == "compute"]
 
     @property
@@ -177,8 +231,7 @@ def run_ring_attention(ranks, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     got = on_ranks(ranks, ring_attention_on_rank, q, k, v, causal, placement, overlap, scale, pad_compute_s,
                    d_out=d_out, repeats=whole_number(repeats, "repeats"))
     return AttentionRun(got, placement, causal, attention_and_grads(q, k, v, d_out, causal, scale),
-                        tuple(causal_work(q.shape[2], ranks.world_size, placement, causal)),
-                        predicted_backward_bytes=ring_backward_bytes_per_rank(attention_shape(q, k), ranks.world_size))
+                        tuple(causal_work(q.shape[2], ranks.world_size, placement, causal)))
 
 
 def _heads_run(ranks, fn, collectives, q, k, v, causal: bool, scale, **d_out) -> AttentionRun:
@@ -186,7 +239,7 @@ def _heads_run(ranks, fn, collectives, q, k, v, causal: bool, scale, **d_out) ->
     predicted = tuple((op, int(size), int(round(wire))) for op, size, wire in
                       collectives(attention_shape(q, k), ranks.world_size))
     return AttentionRun(got, "contiguous", causal, attention_and_grads(q, k, v, d_out.get("d_out"), causal, scale),
-                        predicted=predicted, predicted_backward_bytes=sum(wire for _, _, wire in predicted))
+                        predicted=predicted)
 
 
 def run_ulysses_attention(ranks, q, k, v, causal: bool = True, scale: float | None = None,
@@ -202,37 +255,3 @@ def run_all_gather_attention(ranks, q, k, v, causal: bool = True, scale: float |
     """``all_gather.all_gather_kv_attention`` on every rank, against ``predict.all_gather_kv_collectives``."""
     check_shards(q.shape, k.shape, v.shape, ranks.world_size)
     return _heads_run(ranks, all_gather_attention_on_rank, all_gather_kv_collectives, q, k, v, causal, scale)
-
-
-@dataclass(frozen=True)
-class RingTraining:
-    """SGD through ring attention on a pool against the same steps in one process."""
-
-    losses: tuple[float, ...]
-    reference_losses: tuple[float, ...]
-    weight_gap: float
-
-    @property
-    def exact(self) -> bool:
-        return self.weight_gap <= TOLERANCE and all(abs(a - b) <= TOLERANCE * max(1.0, abs(b))
-                                                    for a, b in zip(self.losses, self.reference_losses))
-
-    @property
-    def loss_fell(self) -> bool:
-        return self.losses[-1] < self.losses[0]
-
-
-def run_ring_training(ranks, x, target, weights: dict, model: ModelConfig, causal: bool = True,
-                      placement: str = "contiguous", steps: int = 5, lr: float = 0.5) -> RingTraining:
-    """``steps`` of SGD on ``core.model.attention_layer_reference`` with ``weights`` (``q, k, v, o`` of
-    ``model``'s shape; ``x, target (b, s, d)``) through the ring, each rank holding its tokens, and in one
-    process with whole-sequence attention."""
-    check_sequence(x.shape[1], ranks.world_size, placement)
-    steps = whole_number(steps, "steps")
-    got = on_ranks(ranks, ring_training_on_rank, x, target, weights, model, flag(causal, "causal"), placement,
-                   steps, lr)
-    losses, trained = got.first()  # every rank holds the same losses and weights
-    whole = None if causal else (lambda q, k, v: attention(q, k, v, causal=False))
-    reference_losses, final = train_attention_layer(x, target, weights, model, whole, steps, lr)
-    gap = max(float((trained[name] - final[name]).abs().max()) for name in final)
-    return RingTraining(tuple(losses), tuple(reference_losses), gap)

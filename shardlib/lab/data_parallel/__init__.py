@@ -4,12 +4,10 @@
   without recomputation (Chen et al. 2016).
 * ``claims``: Notebook 08's timed comparisons on a pool and their claims: the collective identity and the
   overlap.
-* ``drivers``: Data-parallel runs on a pool, read from what ``lab.harness.on_ranks`` gathered and set beside
-  the formulas, and PyTorch's own DDP and FSDP2 on the same ranks.
-* ``ranks``: Data parallelism's rank functions: the training loop every strategy shares, and one buffer
-  summed two ways.
+* ``drivers``: Data-parallel runs on a pool: the training loop every strategy shares on each rank, read from
+  what ``lab.harness.on_ranks`` gathered and set beside the formulas, and PyTorch's own DDP and FSDP2.
 * ``reference``: Data parallelism's reference: one process training on the whole batch with AdamW, and the
   input checks.
 """
 
-__all__ = ["activations", "claims", "drivers", "ranks", "reference"]
+__all__ = ["activations", "claims", "drivers", "reference"]

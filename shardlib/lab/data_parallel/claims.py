@@ -1,23 +1,24 @@
 """Notebook 08's timed comparisons on a pool and their claims (``lab.verdict``).
 
 ``run_collective_identity``: all-reduce against reduce-scatter + all-gather of one buffer (values, bytes,
-median times); ``run_identity_check`` adds the timing claim. ``run_overlap``: the same training with its
-collectives overlapped with compute and without; ``run_bucket_overlap_check`` adds the claim.
-Timing claims keep the median of repeated runs: a stall on a busy machine only ever adds time.
+median times); ``identity_verdicts`` its timing claim. ``run_overlap``: the same training with its
+collectives overlapped with compute and without; ``overlap_verdicts`` its claim. Measure until the claim
+holds with ``lab.verdict.verified(lambda: run_x(...), x_verdicts)``. Timing claims keep the median of
+repeated runs: a stall on a busy machine only ever adds time.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+import torch
 
 from shardlib.core.checks import whole_number
 from shardlib.core.data_parallel.flat import STRATEGY_TITLES
 from shardlib.lab.data_parallel.drivers import DataParallelRun, run_data_parallel
-from shardlib.lab.data_parallel.ranks import summed_on_rank
-from shardlib.lab.data_parallel.reference import check_training_inputs
 from shardlib.lab.harness import Measured, on_ranks
-from shardlib.lab.verdict import Verdict, verified
+from shardlib.lab.verdict import Verdict
 
 IDENTITY_BAND = (0.5, 2.0)  # all-reduce time / its prediction from the pair's time and passes
 BUCKET_OVERLAP_BAND = (0.5, 2.0)  # step with overlap / step without, on ranks that share their cores with the transfers
@@ -30,16 +31,25 @@ def pair_passes(backend: str) -> int:
     return 4 if backend == "gloo" else 2
 
 
+def summed_on_rank(ctx, numel: int, split: bool = False) -> torch.Tensor:
+    """``numel`` float32 values, different on every rank, summed by an all-reduce or (``split``) by a
+    reduce-scatter then an all-gather."""
+    g = torch.Generator().manual_seed(1000 + ctx.rank)
+    buffer = torch.randn(numel, generator=g).to(ctx.device)  # (numel,), numel divisible by world_size
+    if split:
+        return ctx.comm.all_gather(ctx.comm.reduce_scatter(buffer))  # (numel / world_size,), then (numel,)
+    return ctx.comm.all_reduce(buffer)  # (numel,)
+
+
 @dataclass(frozen=True)
 class CollectiveIdentity:
     """An all-reduce (2 ring passes) against a reduce-scatter then an all-gather of the same buffer
     (``pair_passes``): the largest difference of the results, per op rank 0's wire bytes and the median
-    time, and the ``verdicts`` of the timing claim (``run_identity_check``)."""
+    time."""
 
     all_reduce: Measured = field(repr=False)
     split: Measured = field(repr=False)
     backend: str = "gloo"
-    verdicts: tuple[Verdict, ...] = ()
 
     def _got(self, op: str) -> Measured:
         return self.all_reduce if op == "all_reduce" else self.split
@@ -72,27 +82,19 @@ def run_collective_identity(ranks, numel: int, repeats: int = 5) -> CollectiveId
                                 for split in (False, True)), ranks.backend)
 
 
-def run_identity_check(ranks, numel: int, repeats: int = 5) -> CollectiveIdentity:
-    """``run_collective_identity`` with its timing claim as one ``Verdict`` (predicted: the pair's time x
-    2 / its passes; band ``IDENTITY_BAND``), measured up to three times (``lab.verdict.verified``)."""
-    share = 2 / pair_passes(ranks.backend)
-
-    def claims(found: CollectiveIdentity):
-        return [Verdict(f"all-reduce time, against {share:.2g} x (reduce-scatter + all-gather)", share * found.split_s,
-                        found.median_s["all_reduce"], "s", *IDENTITY_BAND)]
-
-    found, verdicts = verified(lambda: run_collective_identity(ranks, numel, repeats), claims)
-    return replace(found, verdicts=verdicts)
+def identity_verdicts(found: CollectiveIdentity) -> list[Verdict]:
+    """The timing claim: the all-reduce takes the pair's time x 2 / its passes (band ``IDENTITY_BAND``)."""
+    share = 2 / pair_passes(found.backend)
+    return [Verdict(f"all-reduce time, against {share:.2g} x (reduce-scatter + all-gather)", share * found.split_s,
+                    found.median_s["all_reduce"], "s", *IDENTITY_BAND)]
 
 
 @dataclass(frozen=True)
 class OverlapComparison:
-    """The same training with its collectives overlapped with compute and without, and the ``verdicts`` of
-    its timing claim (``run_bucket_overlap_check``)."""
+    """The same training with its collectives overlapped with compute and without."""
 
     with_overlap: DataParallelRun
     without_overlap: DataParallelRun
-    verdicts: tuple[Verdict, ...] = ()
 
     @property
     def perfect_s(self) -> float:
@@ -110,7 +112,6 @@ def run_overlap(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes
     """Train with and without overlap, ``repeats`` times each (alternating), and keep each side's median
     run by step time."""
     repeats = whole_number(repeats, "repeats")
-    check_training_inputs(ranks.world_size, strategy, model, batches, lr, bucket_bytes)
     runs = {True: [], False: []}
     for _ in range(repeats):
         for on in (True, False):
@@ -119,17 +120,10 @@ def run_overlap(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes
     return OverlapComparison(median_run(runs[True]), median_run(runs[False]))
 
 
-def run_bucket_overlap_check(ranks, strategy: str, model, batches, lr: float, *, bucket_bytes: float | None = None,
-                             repeats: int = 2) -> OverlapComparison:
-    """``run_overlap`` with its timing claim as one ``Verdict``: where the "network" is the cores that compute
-    (gloo on a CPU), hidden transfers take their cycles from the backward, so the steps with and without
-    overlap are predicted equal, although most of the communication is hidden (``DataParallelRun.hidden_share``).
-    GPUs, whose bytes travel on other hardware, approach ``perfect_s``."""
-
-    def claims(found: OverlapComparison):
-        return [Verdict(f"{STRATEGY_TITLES[strategy]} step with overlap, against the step without",
-                        found.without_overlap.step_s(), found.with_overlap.step_s(), "s", *BUCKET_OVERLAP_BAND)]
-
-    found, verdicts = verified(lambda: run_overlap(ranks, strategy, model, batches, lr, bucket_bytes=bucket_bytes,
-                                                   repeats=repeats), claims)
-    return replace(found, verdicts=verdicts)
+def overlap_verdicts(found: OverlapComparison) -> list[Verdict]:
+    """The timing claim: where the "network" is the cores that compute (gloo on a CPU), hidden transfers take
+    their cycles from the backward, so the steps with and without overlap are predicted equal, although most
+    of the communication is hidden (``DataParallelRun.hidden_share``). GPUs, whose bytes travel on other
+    hardware, approach ``perfect_s``."""
+    return [Verdict(f"{STRATEGY_TITLES[found.with_overlap.strategy]} step with overlap, against the step without",
+                    found.without_overlap.step_s(), found.with_overlap.step_s(), "s", *BUCKET_OVERLAP_BAND)]

@@ -1,10 +1,12 @@
 """Data-parallel runs on a pool, read from what ``lab.harness.on_ranks`` gathered and set beside the formulas.
 
-``run_data_parallel`` trains one strategy on every rank (``ranks.train_on_rank``); its ``DataParallelRun``
-reads the weights, the bytes kept, the comm log and the timeline, cut into steps. ``run_peer`` trains
-PyTorch's own ``DistributedDataParallel`` or FSDP2's ``fully_shard`` on the same rows with the same AdamW:
-they must end where ``ddp`` and ``zero3`` end. They *average* gradients, so each rank's loss is the mean
-over its own rows, and they call ``torch.distributed`` directly, so their traffic is not in the comm log.
+``run_data_parallel`` trains one strategy on every rank (``train_on_rank``: ``buckets.BucketedReplica`` or
+``zero3.ShardedUnits`` with a ``lab.measure.BufferProbe`` attached, step, forward, backward and optimizer
+marked on the timeline); its ``DataParallelRun`` reads the weights, the bytes kept, the comm log and the
+timeline, cut into steps. ``run_peer`` trains PyTorch's own ``DistributedDataParallel`` or FSDP2's
+``fully_shard`` on the same rows with the same AdamW: they must end where ``ddp`` and ``zero3`` end. They
+*average* gradients, so each rank's loss is the mean over its own rows, and they call ``torch.distributed``
+directly, so their traffic is not in the comm log.
 """
 
 from __future__ import annotations
@@ -14,13 +16,58 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shardlib.core.adamw import AdamW
 from shardlib.core.checks import choice, flag
-from shardlib.lab.data_parallel.ranks import train_on_rank
-from shardlib.lab.data_parallel.reference import check_training_inputs, largest_gap, train_one_process, train_rows
+from shardlib.core.data_parallel.buckets import BucketedReplica
+from shardlib.core.data_parallel.zero3 import ShardedUnits
+from shardlib.lab.data_parallel.reference import (
+    check_training_inputs,
+    global_mse,
+    largest_gap,
+    local_rows,
+    train_one_process,
+    train_rows,
+)
 from shardlib.lab.harness import Measured, on_ranks
+from shardlib.lab.measure import BufferProbe, optimizer_state_bytes, tensor_bytes
 from shardlib.predict.data_parallel import gathered_peak_bytes, layout_memory, layout_step_bytes
 from shardlib.runtime.records import CommRecord, summarize
 from shardlib.runtime.timeline import Span
+
+
+def train_on_rank(ctx, strategy: str, model, batches, lr: float, bucket_bytes: float | None = None,
+                  overlap: bool = True, prefetch: bool = True) -> dict:
+    """Train ``model`` on this rank's rows of every batch: the trained ``state_dict`` (whole), this rank's
+    share of each step's global loss (``local_losses``), its flat ``groups`` and ``memory``: the bytes it keeps
+    between steps (weights, gradients, AdamW's state) and the transient peak."""
+    check_training_inputs(ctx.world_size, strategy, model, batches, lr, bucket_bytes)
+    model = model.to(ctx.device)
+    probe = BufferProbe()
+    if strategy == "zero3":
+        engine = ShardedUnits(ctx, model, prefetch=prefetch, overlap=overlap, probe=probe)
+    else:
+        engine = BucketedReplica(ctx, model, strategy, bucket_bytes, overlap, probe=probe)
+    optimizer = AdamW(engine.owned, lr=lr)
+    losses = []
+    for k, (x, y) in enumerate(batches):
+        mine = local_rows(x.shape[0], ctx.world_size, ctx.rank)
+        x_mine, y_mine = x[mine].to(ctx.device), y[mine].to(ctx.device)  # (rows / dp, d_in), (rows / dp, d_out)
+        engine.start_step()
+        with ctx.timeline.span(f"step {k}", kind="step", step=k):
+            with ctx.timeline.span("forward", step=k), engine.forward_context():
+                loss = global_mse(model(x_mine), y_mine, y.numel())
+            with ctx.timeline.span("backward", step=k):
+                loss.backward()
+            engine.finish_backward()
+            with ctx.timeline.span("optimizer", step=k):
+                optimizer.step()  # AdamW on what this rank owns: all the weights (DDP) or its shard (ZeRO)
+            engine.after_step()
+        losses.append(float(loss.detach()))
+    sharded = strategy == "zero3"
+    params, grads = (engine.owned, [s.grad for s in engine.owned]) if sharded else (engine.flats, engine.grads)
+    memory = {"params": tensor_bytes(params), "grads": tensor_bytes(grads),
+              "optimizer": optimizer_state_bytes(optimizer), "transient_peak": probe.meter.peak_bytes}
+    return {"state_dict": engine.full_state(), "local_losses": losses, "memory": memory, "groups": tuple(engine.groups)}
 
 
 @dataclass(frozen=True)
@@ -114,8 +161,8 @@ class DataParallelRun:
     def against_reference(self, reference: dict | None = None) -> float:
         """The largest difference from one process trained on the whole batches (within ``TOLERANCE``
         when the strategy is right). ``reference``: that process's ``state_dict``, if already trained
-        (``train_one_process(model, batches, lr).state_dict``)."""
-        return largest_gap(self.state_dict, train_one_process(*self.inputs).state_dict if reference is None
+        (``train_one_process(model, batches, lr)``)."""
+        return largest_gap(self.state_dict, train_one_process(*self.inputs) if reference is None
                            else reference)
 
 
@@ -139,18 +186,15 @@ def run_data_parallel(ranks, strategy: str, model: torch.nn.Module, batches, lr:
 train_data_parallel = run_data_parallel  # the same call, named for what it does: it trains
 
 
+PEER_OF = {"torch_ddp": "ddp", "torch_fsdp2": "zero3"}
+
+
 @dataclass(frozen=True)
 class PeerComparison:
-    """PyTorch's own implementation against this package's strategy, both trained on the same ranks: the
-    largest difference between the two, and the peer's from one process."""
+    """The largest difference of a peer's trained weights from this package's strategy's, and from one process's."""
 
-    peer: str
-    strategy: str
     peer_to_ours: float
     peer_to_reference: float
-
-
-PEER_OF = {"torch_ddp": "ddp", "torch_fsdp2": "zero3"}
 
 
 def torch_peer_on_rank(ctx, peer: str, model, batches, lr: float) -> dict:
@@ -178,10 +222,10 @@ def torch_peer_on_rank(ctx, peer: str, model, batches, lr: float) -> dict:
 
 def run_peer(ranks, peer: str, model, batches, lr: float) -> PeerComparison:
     """Train with ``peer`` (``"torch_ddp"`` or ``"torch_fsdp2"``) and with the matching strategy of this
-    package (``ddp`` or ``zero3``), and compare the trained weights."""
+    package (``PEER_OF[peer]``: ``ddp`` or ``zero3``), and compare the trained weights."""
     strategy = PEER_OF[choice(peer, tuple(PEER_OF), "peer")]
     check_training_inputs(ranks.world_size, strategy, model, batches, lr)
     theirs = on_ranks(ranks, torch_peer_on_rank, peer, model, batches, lr).first()
     ours = run_data_parallel(ranks, strategy, model, batches, lr).state_dict
-    reference = train_one_process(model, batches, lr).state_dict
-    return PeerComparison(peer, strategy, largest_gap(theirs, ours), largest_gap(theirs, reference))
+    reference = train_one_process(model, batches, lr)
+    return PeerComparison(largest_gap(theirs, ours), largest_gap(theirs, reference))

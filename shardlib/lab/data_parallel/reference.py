@@ -9,7 +9,6 @@ build what notebook 08 trains. Torch, never ``torch.distributed``.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -105,14 +104,6 @@ def check_training_inputs(world_size: int, strategy, model, batches, lr, bucket_
                              f"use a multiple of {world_size}")
 
 
-@dataclass(frozen=True)
-class OneProcessRun:
-    """One process's training: the trained ``state_dict`` and the loss of each step."""
-
-    state_dict: dict
-    losses: tuple[float, ...]
-
-
 def train_rows(model: nn.Module, batches, lr: float, dp: int = 1, rank: int = 0, device="cpu") -> tuple[float, ...]:
     """Train ``model`` in place on rank ``rank``'s rows of each batch (every row when ``dp = 1``): the mean
     squared error over those rows, ``AdamW(lr)``. Returns the loss of each step."""
@@ -128,12 +119,12 @@ def train_rows(model: nn.Module, batches, lr: float, dp: int = 1, rank: int = 0,
     return tuple(losses)
 
 
-def train_one_process(model: nn.Module, batches, lr: float) -> OneProcessRun:
-    """Train a copy of ``model`` on each whole batch in turn (``train_rows``)."""
+def train_one_process(model: nn.Module, batches, lr: float) -> dict:
+    """The ``state_dict`` of a copy of ``model`` trained on each whole batch in turn (``train_rows``)."""
     check_training_inputs(1, "ddp", model, batches, lr)
     model = copy.deepcopy(model)
-    losses = train_rows(model, batches, lr)
-    return OneProcessRun({k: v.detach().clone() for k, v in model.state_dict().items()}, losses)
+    train_rows(model, batches, lr)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def largest_gap(state: dict, reference: dict) -> float:

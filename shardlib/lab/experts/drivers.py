@@ -1,26 +1,28 @@
 """Expert parallelism run on a pool, each run set beside the one-process layer (``moe_reference``:
-``dispatch.moe_layer`` with ``ctx=None`` on each capacity group, with its residual). ``run_expert_parallel``:
-one forward gathered; ``run_moe_policy``, ``run_mitigation``, ``run_mitigations``: the load-imbalance knob
-against each mitigation; ``run_stall_check``: the skewed layer's stall as one verdict line (``lab.verdict``).
+``dispatch.moe_layer`` with ``ctx=None`` on each capacity group, with its residual). ``ep_forward_on_rank``
+is one forward of the layer, its expert phase timed by ``ExpertTimer``; ``run_expert_parallel`` runs it and
+reads the gathered results as ``EPRun``; ``run_stall_check``: the skewed layer's stall as one verdict line
+(``lab.verdict``).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from shardlib.core.checks import number_at_least, whole_number
-from shardlib.core.experts.balance import Assignment, split_groups
+from shardlib.core.experts.balance import Assignment
 from shardlib.core.experts.dispatch import MoEWeights, moe_layer
 from shardlib.core.experts.placement import ExpertPlacement
-from shardlib.core.experts.routing import MoEConfig
+from shardlib.core.experts.routing import MoEConfig, check_tokens
 from shardlib.core.toy import generator
-from shardlib.lab.experts.balance import MITIGATIONS, load_stats, mitigated, replicate_hottest
-from shardlib.lab.experts.ranks import check_layer_inputs, ep_forward_on_rank
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import Verdict, verified
+from shardlib.runtime.timeline import now_s
 
 
 def make_tokens(n_tokens: int, d_model: int, seed: int = 1) -> torch.Tensor:
@@ -28,27 +30,80 @@ def make_tokens(n_tokens: int, d_model: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(whole_number(n_tokens, "n_tokens"), whole_number(d_model, "d_model"), generator=generator(seed))
 
 
+def token_groups(x: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, ...]:
+    """``x`` cut into ``n_groups`` contiguous near-equal groups of rows, as ``torch.tensor_split`` cuts (each
+    rank's home tokens are one group, with its own capacity)."""
+    if n_groups > x.shape[0]:
+        raise ValueError(f"{x.shape[0]} tokens cannot be split into {n_groups} groups: each group (each rank) "
+                         f"needs at least one token")
+    return x.tensor_split(n_groups)
+
+
+def check_weights(weights: MoEWeights, cfg: MoEConfig) -> None:
+    if weights.n_experts != cfg.n_experts or weights.d_model != cfg.d_model:
+        raise ValueError(f"the weights hold {weights.n_experts} experts of width {weights.d_model}, the config "
+                         f"says {cfg.n_experts} of width {cfg.d_model}")
+
+
+def check_placement(placement: ExpertPlacement, cfg: MoEConfig, world_size: int) -> None:
+    if placement.ep != world_size or placement.n_experts != cfg.n_experts:
+        raise ValueError(f"the placement is for {placement.n_experts} experts on {placement.ep} ranks, but "
+                         f"the layer has {cfg.n_experts} experts on {world_size} ranks")
+
+
 @dataclass(frozen=True)
 class MoEOutput:
     output: torch.Tensor  # (T, d_model), the residual included
     assignment: Assignment  # the groups' assignments one after the other
 
-    def counts(self, n_experts: int) -> torch.Tensor:
-        return self.assignment.counts(n_experts)
-
 
 def moe_reference(x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, n_groups: int = 1) -> MoEOutput:
     """The whole layer with its residual in one process. ``n_groups`` contiguous groups get their own
     capacity (the world size, to compare with the layer on ranks: each rank's tokens are one group)."""
-    if weights.n_experts != cfg.n_experts or weights.d_model != cfg.d_model:
-        raise ValueError(f"the weights hold {weights.n_experts} experts of width {weights.d_model}, the config "
-                         f"says {cfg.n_experts} of width {cfg.d_model}")
-    parts = [moe_layer(x[a:b], weights.router, weights.experts(), cfg) for a, b in split_groups(x.shape[0], n_groups)]
+    check_weights(weights, cfg)
+    parts = [moe_layer(group, weights.router, weights.experts(), cfg) for group in token_groups(x, n_groups)]
     joined = Assignment(*(torch.cat([getattr(p.assignment, f) for p in parts])
                           for f in ("experts", "kept", "rerouted")), parts[0].assignment.capacity)
     return MoEOutput(x + torch.cat([p.output for p in parts]), joined)
 
 
+# -- on each rank ----------------------------------------------------------------------------------------------
+class ExpertTimer:
+    """A probe: every phase a span on ``timeline``; the ``experts`` span also carries ``cpu_s`` (CPU time,
+    which other programs on the machine do not inflate) and lasts at least ``rows * extra_s_per_row``
+    more than the FFNs, and at least ``floor_s`` in all."""
+
+    def __init__(self, timeline, extra_s_per_row: float = 0.0, floor_s: float = 0.0) -> None:
+        self.timeline, self.extra_s_per_row, self.floor_s = timeline, extra_s_per_row, floor_s
+
+    def span(self, name: str, kind: str = "compute", **attrs):
+        return self._experts(kind, attrs) if name == "experts" else self.timeline.span(name, kind, **attrs)
+
+    @contextmanager
+    def _experts(self, kind: str, attrs: dict):
+        start_s, cpu_start_s = now_s(), time.process_time()
+        yield
+        cpu_s = time.process_time() - cpu_start_s
+        pad_s = max(attrs.get("rows", 0) * self.extra_s_per_row, start_s + self.floor_s - now_s())
+        if pad_s > 0:
+            time.sleep(pad_s)
+        self.timeline.record("experts", start_s, now_s(), kind, cpu_s=cpu_s, **attrs)
+
+
+def ep_forward_on_rank(ctx, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, placement: ExpertPlacement,
+                       extra_s_per_row: float = 0.0) -> dict:
+    """One expert-parallel forward of this rank's contiguous share of ``x`` (the whole batch): the output with
+    its residual, the assignment, the rows sent to and received from each rank. Each rank is sent every
+    expert's weights and uses only those it hosts; a deployment would load only those."""
+    check_placement(placement, cfg, ctx.world_size)
+    home = token_groups(x, ctx.world_size)[ctx.rank].to(ctx.device)  # (T_r, d_model)
+    out = moe_layer(home, weights.router, weights.experts(placement.hosted(ctx.rank)), cfg, ctx=ctx,
+                    placement=placement, probe=ExpertTimer(ctx.timeline, extra_s_per_row))
+    return {"output": home + out.output, "assignment": out.assignment, "rows_to_rank": out.rows_to_rank,
+            "rows_from_rank": out.rows_from_rank}
+
+
+# -- what the ranks measured -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EPRun:
     """One expert-parallel forward on live ranks (``got``: what ``on_ranks`` gathered from
@@ -139,83 +194,14 @@ def run_expert_parallel(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoECon
     """Check the inputs here (a clear ``ValueError`` before any rank is involved), then run
     ``ep_forward_on_rank`` on every rank of ``ranks``, ``repeats`` times."""
     placement = ExpertPlacement(cfg.n_experts, ranks.world_size) if placement is None else placement
-    check_layer_inputs(x, weights, cfg, placement, ranks.world_size)
+    check_placement(placement, cfg, ranks.world_size)
+    check_weights(weights, cfg)
+    check_tokens(x, cfg.d_model, weights.router.dtype)
+    token_groups(x, ranks.world_size)  # every rank needs a token
     whole_number(repeats, "repeats")
     number_at_least(extra_s_per_row, "extra_s_per_row (seconds)")
     got = on_ranks(ranks, ep_forward_on_rank, x, weights, cfg, placement, extra_s_per_row, repeats=repeats)
     return EPRun(got, cfg, weights, placement)
-
-
-# -- the knob against the mitigations -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PolicyRun:
-    """One live run of a routing policy (``cfg``, and whether the hottest expert was replicated): the
-    run itself, the loads against their even share (every requested token-slot counted, dropped ones
-    included: see ``load_stats``), how the outputs moved against the uncapped layer, and whether the run
-    equals the single-process layer under the same policy bit for bit."""
-
-    label: str
-    cfg: MoEConfig
-    run: EPRun
-    tokens_changed: int  # tokens whose output differs from the uncapped layer's
-    exact: bool
-
-    slots = property(lambda self: self.run.output.shape[0] * self.cfg.k)  # every requested token-slot
-    expert_load = property(lambda self: load_stats(self.run.expert_counts, total=self.slots))
-    rank_load = property(lambda self: load_stats(self.run.expert_rows, total=self.slots))
-    expert_max_over_mean = property(lambda self: self.expert_load.max_over_mean)
-    rank_max_over_mean = property(lambda self: self.rank_load.max_over_mean)
-
-
-def run_moe_policy(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, replicate: bool = False,
-                   repeats: int = 3, uncapped: MoEOutput | None = None, label: str = "") -> PolicyRun:
-    """Run the layer with ``cfg``'s routing policy on ``ranks`` (with a second copy of the hottest expert
-    when ``replicate``), and measure it against the uncapped layer on the same tokens (``uncapped``,
-    computed here unless given). Replication is planned from the uncapped expert loads (in practice,
-    from recent batches)."""
-    plain = cfg.but(capacity_factor=None, reroute=False)
-    with ranks.same_threads():  # references computed as a rank computes, so "exact" means bit for bit
-        uncapped = moe_reference(x, weights, plain) if uncapped is None else uncapped
-        same_policy = uncapped if cfg == plain else moe_reference(x, weights, cfg, ranks.world_size)
-    placement = ExpertPlacement(cfg.n_experts, ranks.world_size)
-    if replicate:
-        placement = replicate_hottest(placement, uncapped.counts(cfg.n_experts))
-    run = run_expert_parallel(ranks, x, weights, cfg, placement, repeats=repeats)
-    change = (run.output - uncapped.output).abs().max(dim=1).values  # (T,) per token
-    return PolicyRun(label, cfg, run, int((change > 0).sum()), torch.equal(run.output, same_policy.output))
-
-
-def run_mitigation(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigation: str,
-                   capacity_factor: float = 1.25, repeats: int = 3, uncapped: MoEOutput | None = None) -> PolicyRun:
-    """``run_moe_policy`` with one of ``MITIGATIONS`` applied to ``cfg``."""
-    return run_moe_policy(ranks, x, weights, mitigated(cfg, mitigation, capacity_factor),
-                          mitigation == "replicate hottest", repeats, uncapped, mitigation)
-
-
-@dataclass(frozen=True)
-class Mitigations:
-    """One ``PolicyRun`` per mitigation, in the order run; ``mitigations["capacity"]`` picks one by label."""
-
-    runs: tuple[PolicyRun, ...]
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return tuple(r.label for r in self.runs)
-
-    def __getitem__(self, label: str) -> PolicyRun:
-        for r in self.runs:
-            if r.label == label:
-                return r
-        raise KeyError(f"no run labelled {label!r}; these were run: {', '.join(self.labels)}")
-
-
-def run_mitigations(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, mitigations=MITIGATIONS,
-                    capacity_factor: float = 1.25, repeats: int = 3) -> Mitigations:
-    """``run_mitigation`` for each of ``mitigations``, sharing one uncapped reference."""
-    with ranks.same_threads():
-        uncapped = moe_reference(x, weights, cfg.but(capacity_factor=None, reroute=False))
-    return Mitigations(tuple(run_mitigation(ranks, x, weights, cfg, m, capacity_factor, repeats, uncapped)
-                             for m in mitigations))
 
 
 # -- the stall, as a verdict -------------------------------------------------------------------------------------
@@ -224,31 +210,29 @@ STALL_BAND = (0.65, 1.15)  # CPU ratio over rows ratio: fixed per-call work and 
 
 @dataclass(frozen=True)
 class StallCheck:
-    """The layer at skew 0 and skew 1 (``runs[skew]``), the busiest and the least busy rank at skew 1, and
-    the verdict: the busiest rank's expert CPU time over the other's, predicted by their rows."""
+    """The layer at skew 0 and skew 1 (``runs[skew]``), the busiest (``slow``) and the least busy rank
+    (``fast``) at skew 1, and the verdict: the busiest rank's expert CPU time over the other's, predicted
+    by their rows."""
 
     runs: dict
     verdicts: tuple[Verdict, ...]
-
-    slow = property(lambda self: _busiest(self.runs[1.0])[0])  # the rank with the most rows
-    fast = property(lambda self: _busiest(self.runs[1.0])[1])  # the rank with the fewest
+    slow: int
+    fast: int
 
 
 def _busiest(run: EPRun) -> tuple[int, int]:
     rows = run.expert_rows
-    return max(range(len(rows)), key=rows.__getitem__), min(range(len(rows)), key=rows.__getitem__)
+    return rows.index(max(rows)), rows.index(min(rows))
 
 
 def stall_verdicts(runs: dict) -> tuple[Verdict, ...]:
     """At skew 1: the CPU time of the busiest rank's experts over the least busy rank's (each rank's least
     over the repeats: a burst of other work only adds), predicted as the ratio of their rows, held within
     ``STALL_BAND``."""
-    slow, fast = _busiest(runs[1.0])
-    r = runs[1.0]
-    low, high = STALL_BAND
+    r, (slow, fast) = runs[1.0], _busiest(runs[1.0])
     return (Verdict(f"rank {slow}'s expert CPU time over rank {fast}'s, skew 1",
                     r.expert_rows[slow] / r.expert_rows[fast],
-                    r.expert_cpu_floor_s[slow] / r.expert_cpu_floor_s[fast], "", low, high),)
+                    r.expert_cpu_floor_s[slow] / r.expert_cpu_floor_s[fast], "", *STALL_BAND),)
 
 
 def run_stall_check(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig, repeats: int = 7) -> StallCheck:
@@ -258,4 +242,4 @@ def run_stall_check(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
     run_expert_parallel(ranks, x, weights, cfg)  # warm-up
     runs, verdicts = verified(lambda: {skew: run_expert_parallel(ranks, x, weights, cfg.but(skew=skew), repeats=repeats)
                                        for skew in (0.0, 1.0)}, stall_verdicts)
-    return StallCheck(runs, verdicts)
+    return StallCheck(runs, verdicts, *_busiest(runs[1.0]))

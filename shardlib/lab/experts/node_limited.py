@@ -14,34 +14,29 @@ from dataclasses import dataclass
 
 import torch
 
-from shardlib.core.experts.balance import split_groups
 from shardlib.core.experts.routing import MoEConfig, route
-from shardlib.lab.experts.training import MoETrainWeights, check_ep_degree, make_moe_problem, project
+from shardlib.lab.experts.drivers import token_groups
+from shardlib.lab.experts.training import MoETrainWeights, make_moe_problem, project
 from shardlib.lab.harness import Measured, on_ranks
 
 
 # -- counting ------------------------------------------------------------------------------------------------
-def node_of_expert(n_experts: int, n_nodes: int) -> torch.Tensor:
-    """``(n_experts,)`` the node of each expert: contiguous blocks of ``n_experts / n_nodes``."""
-    return torch.arange(n_experts) // (n_experts // n_nodes)
+def nodes_reached(experts: torch.Tensor, n_experts: int, n_nodes: int) -> torch.Tensor:
+    """``(T, n_nodes)`` bool: the nodes each token's ``experts`` ``(T, k)`` sit on, expert ``e`` on node
+    ``e // (n_experts / n_nodes)``."""
+    nodes = experts // (n_experts // n_nodes)  # (T, k)
+    return torch.zeros(experts.shape[0], n_nodes, dtype=torch.bool).scatter_(1, nodes, True)
 
 
 def cross_node_rows(experts: torch.Tensor, home_node: torch.Tensor, n_experts: int, n_nodes: int,
                     dedup: bool = False) -> int:
     """Rows a dispatch sends off each token's ``home_node`` ``(T,)`` for ``experts`` ``(T, k)``: one per
     token-slot on another node, or with ``dedup`` one per distinct other node. The combine sends as many back."""
-    nodes = node_of_expert(n_experts, n_nodes)[experts]  # (T, k)
     if not dedup:
-        return int((nodes != home_node[:, None]).sum())
-    reached = torch.zeros(experts.shape[0], n_nodes, dtype=torch.bool).scatter_(1, nodes, True)  # (T, N)
+        return int((experts // (n_experts // n_nodes) != home_node[:, None]).sum())
+    reached = nodes_reached(experts, n_experts, n_nodes)  # (T, N)
     reached[torch.arange(experts.shape[0]), home_node] = False
     return int(reached.sum())
-
-
-def nodes_per_token(experts: torch.Tensor, n_experts: int, n_nodes: int) -> torch.Tensor:
-    """``(T,)`` how many distinct nodes each token's experts sit on."""
-    nodes = node_of_expert(n_experts, n_nodes)[experts]  # (T, k)
-    return torch.zeros(experts.shape[0], n_nodes, dtype=torch.bool).scatter_(1, nodes, True).sum(dim=1)
 
 
 def tokens_changed(experts: torch.Tensor, unlimited: torch.Tensor) -> int:
@@ -58,13 +53,12 @@ def node_dispatch_on_rank(ctx, x: torch.Tensor, weights: MoETrainWeights, cfg: M
     if cfg.n_nodes != ctx.world_size:
         raise ValueError(f"this measurement makes each rank a node: n_nodes must be the world size "
                          f"{ctx.world_size}, got {cfg.n_nodes}")
-    n_local = check_ep_degree(cfg, ctx.world_size, ctx.world_size)
-    start, stop = split_groups(x.shape[0], ctx.world_size)[ctx.rank]
+    n_local = cfg.n_experts // ctx.world_size  # MoEConfig checked that the nodes divide the experts
     with torch.no_grad():
-        h = project(x[start:stop], weights.w_in)  # (T_r, d_model)
+        h = project(token_groups(x, ctx.world_size)[ctx.rank], weights.w_in)  # (T_r, d_model)
         experts = route(h, weights.router, cfg).experts  # (T_r, k)
     dest = experts // n_local  # (T_r, k) the rank holding each slot's expert
-    reached = torch.zeros(dest.shape[0], ctx.world_size, dtype=torch.bool).scatter_(1, dest, True)  # (T_r, ep)
+    reached = nodes_reached(experts, cfg.n_experts, ctx.world_size)  # (T_r, ep): each rank a node
     dedup_token, dedup_rank = torch.nonzero(reached, as_tuple=True)  # one row per (token, destination rank)
     for token, rank in ((torch.arange(dest.shape[0]).repeat_interleave(cfg.k), dest.flatten()),
                         (dedup_token, dedup_rank)):
@@ -82,10 +76,9 @@ class NodeLimitedRun:
     (``cross_node_rows``), ``measured`` from the comm logs (wire bytes over the row's bytes).
     ``bound_rows`` is DeepSeek-V3's bound on the dedup rows, ``max_nodes`` per token."""
 
-    n_nodes: int
     max_nodes: int
     n_tokens: int
-    row_bytes: int
+    row_bytes: int  # one token row, d_model values
     predicted: dict  # policy -> {"slots": rows, "dedup": rows}
     measured: dict
     most_nodes_per_token: dict  # policy -> the most nodes any token reached
@@ -97,26 +90,20 @@ class NodeLimitedRun:
     def exact(self) -> bool:
         return self.predicted == self.measured
 
-    def cross_node_bytes(self, policy: str, kind: str = "dedup") -> int:
-        return self.measured[policy][kind] * self.row_bytes
-
-
 def _rows_sent(got: Measured, which: int, row_bytes: int) -> int:
     """Rows every rank sent to other ranks in its ``which``-th dispatch (0 per slot, 1 deduplicated)."""
     return sum(got.records("all_to_all_single", rank)[2 * which + 1].wire_bytes for rank in got.ranks) // row_bytes
 
 
-def run_node_limited(ranks, config: MoEConfig, max_nodes: int = 1, n_tokens: int = 256, seed: int = 0,
-                     skew: float = 0.0) -> NodeLimitedRun:
+def run_node_limited(ranks, config: MoEConfig, max_nodes: int = 1, n_tokens: int = 256) -> NodeLimitedRun:
     """Route ``n_tokens`` tokens with ``config`` unlimited and limited to ``max_nodes`` of ``world_size``
     emulated nodes (one per rank); send each policy's rows through real all-to-alls; set the cross-node
     rows measured from the comm logs beside the counts from the one-process routing."""
     n_nodes = ranks.world_size
     limited = config.but(n_nodes=n_nodes, max_nodes=max_nodes)
     cfgs = {"unlimited": config.but(n_nodes=n_nodes, max_nodes=None), "limited": limited}
-    check_ep_degree(limited, ranks.world_size, ranks.world_size)
-    problem = make_moe_problem(limited, n_tokens, skew=skew, seed=seed)
-    home = torch.cat([torch.full((b - a,), r) for r, (a, b) in enumerate(split_groups(n_tokens, n_nodes))])
+    problem = make_moe_problem(limited, n_tokens)
+    home = torch.cat([torch.full((len(g),), r) for r, g in enumerate(token_groups(problem.x, n_nodes))])  # (T,)
     row_bytes = limited.d_model * problem.x.element_size()
     predicted, measured, most, chosen = {}, {}, {}, {}
     for policy, cfg in cfgs.items():
@@ -127,6 +114,6 @@ def run_node_limited(ranks, config: MoEConfig, max_nodes: int = 1, n_tokens: int
                              for kind in ("slots", "dedup")}
         got = on_ranks(ranks, node_dispatch_on_rank, problem.x, problem.weights, cfg)
         measured[policy] = {"slots": _rows_sent(got, 0, row_bytes), "dedup": _rows_sent(got, 1, row_bytes)}
-        most[policy] = int(nodes_per_token(experts, cfg.n_experts, n_nodes).max())
-    return NodeLimitedRun(n_nodes, max_nodes, n_tokens, row_bytes, predicted, measured, most,
+        most[policy] = int(nodes_reached(experts, cfg.n_experts, n_nodes).sum(dim=1).max())
+    return NodeLimitedRun(max_nodes, n_tokens, row_bytes, predicted, measured, most,
                           tokens_changed(chosen["limited"], chosen["unlimited"]))

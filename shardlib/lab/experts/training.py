@@ -6,8 +6,8 @@ trained by plain SGD to regress a fixed target. The loss is the mean over the to
 of each group's mean squared error, plus, for ``balance="aux-loss"``, ``aux_loss_coef`` times Switch's loss
 on that group's tokens; ``"aux-free"`` moves DeepSeek-V3's bias after each step by the step's counts.
 
-``train_toy`` on a rank: the experts spread by ``core.experts.groups`` on ``Layout(dp=world, ep=ep)``. The
-dense weights (``w_in``, the router) sit on every rank: their gradients are summed over **every rank**. An
+``train_toy`` on a rank: the experts spread by ``dispatch.layout_expert_groups`` on ``Layout(dp=world,
+ep=ep)``. The dense weights (``w_in``, the router) sit on every rank: their gradients are summed over **every rank**. An
 expert sits on one place of each ep group; the combine's backward already brings it the gradient of every
 row its group sent it, so its gradient is summed over the **edp group** only (Megatron-Core's
 ``expert_data_parallel``; nothing to sum when ``ep = world``). ``train_toy(None, ...)`` runs the same code
@@ -16,23 +16,22 @@ on every group in turn, every expert here, the gradients summed by autograd: the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardlib.core.checks import choice, number_at_least, positive_number, whole_number
-from shardlib.core.experts.balance import bias_update, split_groups
-from shardlib.core.experts.dispatch import MoEWeights, make_moe_weights
-from shardlib.core.experts.groups import ExpertGroups, layout_expert_groups
+from shardlib.core.checks import number_at_least, positive_number, whole_number
+from shardlib.core.experts.balance import bias_update
+from shardlib.core.experts.dispatch import EXPERT_KEYS, ExpertGroups, MoEWeights, layout_expert_groups, make_moe_weights
 from shardlib.core.experts.routing import MoEConfig, blocked_rows
-from shardlib.core.experts.stack import EXPERT_KEYS
 from shardlib.core.mesh import Layout
 from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.core.toy import generator, weight
 from shardlib.core.training.moe_block import MoEMLP
+from shardlib.lab.experts.drivers import token_groups
 from shardlib.lab.harness import Measured, on_ranks
 
 EXPERT_PARAMETERS = ("gate", "up", "down")
@@ -56,17 +55,13 @@ class MoEProblem:
     weights: MoETrainWeights
 
 
-def make_moe_problem(cfg: MoEConfig, n_tokens: int = 64, d_in: int | None = None, skew: float = 0.0,
-                     hot_expert: int = 0, seed: int = 0, dtype: torch.dtype = torch.float64) -> MoEProblem:
-    """Reproducible tokens, targets and weights. The tokens share a mean direction ``u``; ``skew`` adds
-    ``skew`` times that direction (through ``w_in``) to router row ``hot_expert``, so most tokens start
-    on that expert: the imbalance that balancing must undo."""
+def make_moe_problem(cfg: MoEConfig, n_tokens: int = 64, skew: float = 0.0, seed: int = 0) -> MoEProblem:
+    """Reproducible float64 tokens, targets and weights (``d_in = d_model``). The tokens share a mean
+    direction ``u``; ``skew`` adds ``skew`` times that direction (through ``w_in``) to router row
+    ``cfg.hot_expert``, so most tokens start on that expert: the imbalance that balancing must undo."""
     whole_number(n_tokens, "n_tokens")
-    d_in = cfg.d_model if d_in is None else whole_number(d_in, "d_in")
     number_at_least(skew, "skew (the hot expert's head start)")
-    if not 0 <= hot_expert < cfg.n_experts:
-        raise ValueError(f"hot_expert must be an expert id from 0 to {cfg.n_experts - 1}, got {hot_expert!r}")
-    g = generator(seed)
+    d_in, g = cfg.d_model, generator(seed)
     u = torch.randn(d_in, generator=g)
     u = u / u.norm()
     x = torch.randn(n_tokens, d_in, generator=g) + 2.0 * u  # (T, d_in)
@@ -75,9 +70,9 @@ def make_moe_problem(cfg: MoEConfig, n_tokens: int = 64, d_in: int | None = None
     w_in = weight(g, cfg.d_model, d_in)
     moe = make_moe_weights(cfg, g)
     direction = w_in @ u
-    moe.router[hot_expert] += skew * direction / direction.norm()
-    weights = MoETrainWeights(*(t.to(dtype) for t in (moe.router, moe.gate, moe.up, moe.down, w_in)))
-    return MoEProblem(x.to(dtype), target.to(dtype), weights)
+    moe.router[cfg.hot_expert] += skew * direction / direction.norm()
+    weights = MoETrainWeights(*(t.double() for t in (moe.router, moe.gate, moe.up, moe.down, w_in)))
+    return MoEProblem(x.double(), target.double(), weights)
 
 
 def project(x: torch.Tensor, w_in: torch.Tensor) -> torch.Tensor:
@@ -129,16 +124,17 @@ def train_toy(ctx, x: torch.Tensor, target: torch.Tensor, weights: MoETrainWeigh
     w_in = nn.Parameter(weights.w_in.detach().clone())
     params = {"w_in": w_in, "router": moe.router.weight,
               **{n: getattr(moe.experts, k) for n, k in zip(EXPERT_PARAMETERS, EXPERT_KEYS)}}
-    shares = split_groups(x.shape[0], world)
+    shares = list(zip(token_groups(x, world), token_groups(target, world)))  # (T_g, d_in), (T_g, d_model)
+    mine = shares if ctx is None else [shares[ctx.rank]]
     out = {"losses": [], "task_losses": [], "counts": [], "biases": []}
     for _ in range(steps):
         out["biases"].append(torch.zeros(cfg.n_experts, dtype=weights.router.dtype) if moe.bias is None else moe.bias)
         for p in params.values():
             p.grad = None
         total = torch.zeros(2, dtype=torch.float64)  # (loss, task loss), means over every group
-        for a, b in (shares[g] for g in (range(world) if ctx is None else [ctx.rank])):
-            h = project(x[a:b], w_in)  # (T_g, d_model)
-            task = ((h + moe(h) - target[a:b]) ** 2).mean()
+        for xg, tg in mine:
+            h = project(xg, w_in)  # (T_g, d_model)
+            task = ((h + moe(h) - tg) ** 2).mean()
             (task / world).backward()  # Switch's loss, if any, joins here through the layer
             aux = moe.aux if cfg.balance == "aux-loss" else torch.zeros((), dtype=h.dtype)
             total += torch.stack([task.detach() + cfg.aux_loss_coef * aux, task.detach()]).to(torch.float64) / world
@@ -173,53 +169,24 @@ def relative_error(measured: torch.Tensor, reference: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class MoETrainingRun:
-    """``train_toy`` on ranks (``got``), beside ``reference``, the same in one process. The losses, counts
-    and biases are every rank's alike (each reduced over every rank): rank 0's."""
+    """``train_toy`` on ranks (``got``) beside ``reference``, the same in one process. ``trained`` is rank 0's
+    steps (its losses, counts and biases are every rank's: each is reduced over every rank) with the last
+    step's gradients at full shape: dense ones from rank 0, each block of experts from the rank at its place
+    of the first ep group."""
 
     got: Measured
-    cfg: MoEConfig
-    ep: int
+    trained: ToyTraining
     reference: ToyTraining
-
-    losses = property(lambda self: self.got.first("losses"))  # per step, the auxiliary term included
-    task_losses = property(lambda self: self.got.first("task_losses"))  # per step, without it
-    counts = property(lambda self: self.got.first("counts"))  # per step (n_experts,) over every rank
-    biases = property(lambda self: self.got.first("biases"))  # per step, the bias it chose with
-    max_over_mean = property(lambda self: self.got.first("max_over_mean"))  # per step
-
-    @property
-    def loads(self) -> tuple[tuple[int, ...], ...]:
-        """[step][expert] token-slots over every rank."""
-        return tuple(tuple(int(v) for v in c) for c in self.counts)
-
-    @cached_property
-    def grads(self) -> dict[str, torch.Tensor]:
-        """The last step's gradients, full shapes: dense ones from rank 0, each block of experts from the
-        rank at its place of the first ep group."""
-        grads = self.got.each("grads")
-        return {n: torch.cat([grads[p][n] for p in range(self.ep)]) if n in EXPERT_PARAMETERS else grads[0][n]
-                for n in PARAMETERS}
-
-    @property
-    def copies_agree(self) -> bool:
-        """Every copy of a weight holds the same gradient, bit for bit."""
-        n_local = self.cfg.n_experts // self.ep
-        return all(torch.equal(g[n], self.grads[n] if n not in EXPERT_PARAMETERS else
-                               self.grads[n][first:first + n_local])
-                   for g, first in zip(self.got.each("grads"), self.got.each("first_expert")) for n in PARAMETERS)
-
-    @property
-    def counts_exact(self) -> bool:
-        """Every rank's counts of every step equal the reference's."""
-        return all(torch.equal(a, b) for counts in self.got.each("counts") for a, b in zip(counts,
-                                                                                           self.reference.counts))
+    copies_agree: bool  # every copy of a weight holds the same gradient, bit for bit
+    counts_exact: bool  # every rank's counts of every step equal the reference's
 
     @cached_property
     def errors(self) -> dict[str, float]:
         """The worst relative error against the reference: each gradient, the loss and the task loss."""
-        out = {n: relative_error(self.grads[n], self.reference.grads[n]) for n in PARAMETERS}
+        out = {n: relative_error(self.trained.grads[n], self.reference.grads[n]) for n in PARAMETERS}
         for key, name in (("loss", "losses"), ("task_loss", "task_losses")):
-            out[key] = max(abs(a - b) / abs(b) for a, b in zip(getattr(self, name), getattr(self.reference, name)))
+            out[key] = max(abs(a - b) / abs(b) for a, b in zip(getattr(self.trained, name),
+                                                                getattr(self.reference, name)))
         return out
 
     @property
@@ -232,32 +199,27 @@ class MoETrainingRun:
         return self.max_error <= EXACT_RTOL and self.counts_exact and self.copies_agree
 
 
-def run_moe_training(ranks, problem: MoEProblem, cfg: MoEConfig, ep: int | None = None, steps: int = 1,
-                     lr: float = 0.1) -> MoETrainingRun:
+def run_moe_training(ranks, problem: MoEProblem, cfg: MoEConfig, ep: int | None = None,
+                     steps: int = 1) -> MoETrainingRun:
     """``train_toy`` on every rank (experts over ``ep`` ranks, default every rank), beside ``train_toy`` in
-    one process on as many token groups as ranks."""
+    one process on as many token groups as ranks (run first: it refuses bad input before any rank)."""
     ep = ranks.world_size if ep is None else ep
-    check_ep_degree(cfg, ranks.world_size, ep)
-    if problem.x.shape[0] < ranks.world_size:
-        raise ValueError(f"{problem.x.shape[0]} tokens cannot be shared by {ranks.world_size} ranks: each needs one")
-    args = (problem.x, problem.target, problem.weights, cfg)
+    args = (problem.x, problem.target, problem.weights, cfg, ep, steps)
     with ranks.same_threads():
-        reference = train_toy(None, *args, steps=steps, lr=lr, n_groups=ranks.world_size)
-    return MoETrainingRun(on_ranks(ranks, train_toy, *args, ep, steps, lr), cfg, ep, reference)
+        reference = train_toy(None, *args, n_groups=ranks.world_size)
+    got = on_ranks(ranks, train_toy, *args)
+    each = got.each()
+    grads = {n: torch.cat([each[p].grads[n] for p in range(ep)]) if n in EXPERT_PARAMETERS else each[0].grads[n]
+             for n in PARAMETERS}
+    n_local = cfg.n_experts // ep
+    copies_agree = all(torch.equal(t.grads[n], grads[n][t.first_expert:t.first_expert + n_local]
+                                   if n in EXPERT_PARAMETERS else grads[n]) for t in each for n in PARAMETERS)
+    counts_exact = all(torch.equal(a, b) for t in each for a, b in zip(t.counts, reference.counts))
+    return MoETrainingRun(got, replace(each[0], grads=grads), reference, copies_agree, counts_exact)
 
 
 # The toy trains for tens of steps, not DeepSeek-V3's hundreds of thousands: the published coefficients
 # (Switch's alpha 1e-2, DeepSeek-V3's gamma 1e-3) barely move it in that time, so the demo takes ten and
-# fifty times as much.
+# fifty times as much. Set ``balance`` to ``"aux-loss"`` (Switch's loss times ``aux_loss_coef``) or
+# ``"aux-free"`` (DeepSeek-V3's bias moved by ``bias_rate``), from a problem with ``skew=1.0``.
 BALANCE_CONFIG = MoEConfig(d_model=16, d_ff=32, aux_loss_coef=0.1, bias_rate=0.05)
-
-
-def run_balance_training(ranks, config: MoEConfig = BALANCE_CONFIG, balance: str = "aux-free", steps: int = 20,
-                         n_tokens: int = 128, skew: float = 1.0, ep: int | None = None, lr: float = 0.1,
-                         seed: int = 0) -> MoETrainingRun:
-    """Train the toy ``steps`` steps with one balancing method (``"aux-loss"``: Switch's auxiliary loss
-    times ``config.aux_loss_coef``; ``"aux-free"``: DeepSeek-V3's bias moved by ``config.bias_rate``;
-    ``"none"``), from weights that send most tokens to expert 0 (``skew``, ``make_moe_problem``)."""
-    choice(balance, ("none", "aux-loss", "aux-free"), "balance (how the load is balanced)")
-    cfg = config.but(balance=balance)
-    return run_moe_training(ranks, make_moe_problem(cfg, n_tokens, skew=skew, seed=seed), cfg, ep, steps, lr)

@@ -33,16 +33,14 @@ def _waits_s(got: Measured) -> list[tuple[float, float]]:
 
 @dataclass(frozen=True)
 class StragglerCheck:
-    """Rank 0's predicted and measured wait inside the all-reduce (medians over the runs), and the last
-    run's spans for a timeline."""
+    """Rank 0's predicted and measured wait inside the all-reduce (medians over the runs), the last run's
+    spans for a timeline and their origin, and the verdict."""
 
-    got: Measured
+    predicted_wait_s: float
+    measured_wait_s: float
+    spans: tuple
+    started_s: float
     verdicts: tuple[Verdict, ...] = ()
-
-    predicted_wait_s = property(lambda self: statistics.median(p for p, _ in _waits_s(self.got)))
-    measured_wait_s = property(lambda self: statistics.median(m for _, m in _waits_s(self.got)))
-    spans = property(lambda self: self.got.spans())  # the last run's, every rank's
-    started_s = property(lambda self: min(times[-1][0] for times in self.got.times_s))  # the timeline's origin
 
 
 def run_straggler_check(ranks, work_units=(1, 4), runs: int = 5, attempts: int = 3) -> StragglerCheck:
@@ -55,12 +53,15 @@ def run_straggler_check(ranks, work_units=(1, 4), runs: int = 5, attempts: int =
         raise ValueError(f"the straggler check needs 2 ranks, rank 1 with more work than rank 0; got "
                          f"{ranks.world_size} ranks with work {tuple(work_units)}")
 
+    def measure() -> StragglerCheck:
+        got = on_ranks(ranks, straggler_on_rank, list(work_units), repeats=runs)
+        waits = _waits_s(got)
+        return StragglerCheck(statistics.median(p for p, _ in waits), statistics.median(m for _, m in waits),
+                              got.spans(), min(times[-1][0] for times in got.times_s))
+
     def verdicts(r: StragglerCheck) -> list[Verdict]:
         return [Verdict("rank 0's wait inside the all-reduce", max(r.predicted_wait_s, 1e-9), r.measured_wait_s,
                         "s", *WAIT_BAND)]
-
-    def measure() -> StragglerCheck:
-        return StragglerCheck(on_ranks(ranks, straggler_on_rank, list(work_units), repeats=runs))
 
     result, found = verified(measure, verdicts, attempts)
     return replace(result, verdicts=found)
@@ -68,21 +69,17 @@ def run_straggler_check(ranks, work_units=(1, 4), runs: int = 5, attempts: int =
 
 @dataclass(frozen=True)
 class AllReduceTime:
-    """Every rank's all-reduces of one size, read as the slowest rank's median seconds."""
+    """Every rank's all-reduces of one buffer, float32, read as the slowest rank's median seconds."""
 
-    got: Measured
-
-    size_bytes = property(lambda self: self.got.first())  # the buffer, float32
-
-    @property
-    def seconds(self) -> float:
-        return max(statistics.median(r.duration_s for r in self.got.records("all_reduce", rank, None))
-                   for rank in self.got.ranks)
+    size_bytes: int
+    seconds: float
 
 
 def run_all_reduce_time(ranks, n_elements: int, repeats: int = 5) -> AllReduceTime:
     """An all-reduce of ``n_elements`` float32 values on every rank, ``repeats`` times, each after a barrier."""
-    return AllReduceTime(on_ranks(ranks, all_reduce_on_rank, n_elements, repeats=repeats))
+    got = on_ranks(ranks, all_reduce_on_rank, n_elements, repeats=repeats)
+    return AllReduceTime(got.first(), max(statistics.median(r.duration_s for r in got.records("all_reduce", rank, None))
+                                          for rank in got.ranks))
 
 
 @dataclass(frozen=True)

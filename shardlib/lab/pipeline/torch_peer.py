@@ -19,24 +19,24 @@ from torch import nn
 
 from shardlib.core.config import ModelConfig
 from shardlib.core.model import block_reference
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.pipeline.schedules import Action, Schedule
 from shardlib.core.pipeline.stages import split_layers
-from shardlib.lab.harness import Measured, on_ranks
-from shardlib.lab.pipeline.drivers import PipelineRun, compared, gathered_grads, gathered_output, run_pipeline
-from shardlib.lab.pipeline.ranks import check_pipeline_inputs
+from shardlib.lab.harness import on_ranks
+from shardlib.lab.pipeline.step import (
+    PipelineRun,
+    check_pipeline_inputs,
+    compared,
+    gathered_grads,
+    gathered_output,
+    run_pipeline,
+)
 
 TORCH_SCHEDULES = {"ZBVZeroBubble": "v", "DualPipeV": "v", "InterleavedZeroBubble": "loop"}  # and their placement
 
 
-def _known(name: str) -> None:
-    if name not in TORCH_SCHEDULES:
-        raise ValueError(f"torch schedules read here: {', '.join(TORCH_SCHEDULES)}; got {name!r}")
-
-
 def _ops(name: str, n_stages: int, n_microbatches: int) -> list:
     """torch's actions for schedule ``name`` (``TORCH_SCHEDULES``), one row per rank (``None``: idle)."""
-    _known(name)
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
     return get_schedule_ops(name, n_stages, n_microbatches, num_stages_per_rank=2)
@@ -127,23 +127,18 @@ def torch_runtime_on_rank(ctx, name: str, model: ModelConfig, layers: list[dict]
 
 @dataclass(frozen=True)
 class TorchRuntimeRun:
-    """torch's runtime for schedule ``name`` on the pool (``got``: what ``on_ranks`` gathered from
-    ``torch_runtime_on_rank``), and ``ours``, ``run_pipeline`` of the same order on this package's engine."""
+    """torch's runtime for schedule ``name`` on the pool (its action labels, one list per rank, its output
+    and every layer's weight gradients) beside ``ours``, ``run_pipeline`` of the same order: the output and
+    every weight gradient ``bit_for_bit``, the ``largest_gap``, ``close`` (within TOLERANCE)."""
 
     name: str
-    got: Measured = field(repr=False)
+    grid: list
+    output: torch.Tensor = field(repr=False)  # (batch, seq, d_model)
+    grads: list = field(repr=False)
     ours: PipelineRun = field(repr=False)
-
-    output = property(lambda self: gathered_output(self.got))  # (batch, seq, d_model)
-    grads = property(lambda self: gathered_grads(self.got))  # every layer's weight gradients, in layer order
-    grid = property(lambda self: self.got.first("grid"))  # torch's action labels, one list per rank
-    bit_for_bit = property(lambda self: self._against_ours()[0])  # output and every weight gradient
-    largest_gap = property(lambda self: self._against_ours()[1])
-    close = property(lambda self: self._against_ours()[2])  # within TOLERANCE everywhere
-
-    def _against_ours(self) -> tuple[bool, float, bool]:
-        grads = zip(self.grads, self.ours.grads, strict=True)
-        return compared([(self.output, self.ours.output)] + [(t[k], o[k]) for t, o in grads for k in o])
+    bit_for_bit: bool
+    largest_gap: float
+    close: bool
 
 
 def run_torch_runtime(ranks, name: str, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -151,7 +146,8 @@ def run_torch_runtime(ranks, name: str, model: ModelConfig, layers: list[dict], 
     """One training step of torch's ``Schedule{name}`` (a key of ``TORCH_SCHEDULES``) run by torch on
     ``ranks``, then the same order run by ``run_pipeline``. What torch would refuse (its schedules'
     ``__init__``, microbatches of unequal rows) is a ValueError before any rank starts."""
-    _known(name)
+    if name not in TORCH_SCHEDULES:
+        raise ValueError(f"torch schedules read here: {', '.join(TORCH_SCHEDULES)}; got {name!r}")
     p, m = ranks.world_size, n_microbatches
     if name == "DualPipeV" and m < 2 * p:
         raise ValueError(f"torch's DualPipeV needs at least as many microbatches as its 2 x {p} stages; got {m}")
@@ -164,4 +160,7 @@ def run_torch_runtime(ranks, name: str, model: ModelConfig, layers: list[dict], 
         raise ValueError(f"torch's PipelineStage sizes its receive buffers from the first microbatch, so every "
                          f"microbatch needs as many rows: {m} microbatches must divide the batch's {x.shape[0]} rows")
     got = on_ranks(ranks, torch_runtime_on_rank, name, model, layers, x, grad_output, n_microbatches)
-    return TorchRuntimeRun(name, got, run_pipeline(ranks, got.first("schedule"), model, layers, x, grad_output))
+    ours = run_pipeline(ranks, got.first("schedule"), model, layers, x, grad_output)
+    output, grads = gathered_output(got), gathered_grads(got)
+    pairs = [(output, ours.output)] + [(t[k], o[k]) for t, o in zip(grads, ours.grads, strict=True) for k in o]
+    return TorchRuntimeRun(name, got.first("grid"), output, grads, ours, *compared(pairs))

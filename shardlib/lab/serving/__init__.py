@@ -4,9 +4,9 @@
   against pipeline stages across them, measured in steady-state decode beside the planner's prediction.
 * ``cold_start``: A replica's cold start: the process started, the weights read from a checkpoint, the first
   engine step.
-* ``disagg_drivers``: ``run_disaggregation_check``: colocated against disaggregated on the same ranks and
-  trace, each configuration predicted on a fitted step cost, then served.
-* ``disagg_run``: ``run_disaggregated``: a prefill pool and a decode pool on a warm pool of ranks.
+* ``disagg``: ``run_disaggregated``: a prefill pool and a decode pool on a warm pool of ranks; and
+  ``run_disaggregation_check``: colocated against disaggregated on the same ranks and trace, each
+  configuration predicted on a fitted step cost, then served.
 * ``drivers``: A layout run on a pool and checked against its prediction, and the toy cluster measured: the
   layouts' rank functions, and the arithmetic speed of a rank.
 * ``engine_drivers``: The serving engine on a warm pool, and configurations served on one trace, each
@@ -17,5 +17,5 @@
 * ``traces``: Seeded request traces: what the engine is asked, and when.
 """
 
-__all__ = ["across", "cold_start", "disagg_drivers", "disagg_run", "drivers", "engine_drivers", "hf", "replica_drivers",
+__all__ = ["across", "cold_start", "disagg", "drivers", "engine_drivers", "hf", "replica_drivers",
            "traces"]

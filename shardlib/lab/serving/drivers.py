@@ -1,6 +1,6 @@
 """A layout run on a pool and checked against its prediction, and the toy cluster measured.
 
-* ``combined_forward_on_rank`` / ``decode_on_rank``: ``layouts.combined_forward`` and ``pipelined_decode``
+* ``combined_forward_on_rank`` / ``decode_on_rank``: ``layouts.run_round`` for one step and for several
   on a rank, each microbatch a span on its timeline (a decode over an ``EmulatedLink`` between "nodes").
 * ``run_combined``: one forward on every rank, read as a ``CombinedRun``: the output, the comm log summed per
   mesh axis beside ``traffic.forward_traffic``, each rank's weights.
@@ -24,10 +24,10 @@ from shardlib.core.checks import same_dtype, whole_number
 from shardlib.core.config import ModelConfig
 from shardlib.core.mesh import Layout, check_mesh
 from shardlib.core.model import stack_reference
-from shardlib.core.serving.layouts import build_stage, combined_forward, pipelined_decode
+from shardlib.core.serving.layouts import build_stage, run_round
 from shardlib.core.toy import activations
 from shardlib.facts.hardware import Cluster, toy_cluster
-from shardlib.lab.costs.drivers import run_calibration
+from shardlib.lab.costs.calibration import run_calibration
 from shardlib.lab.costs.emulation import EmulatedLink
 from shardlib.lab.harness import Measured, on_ranks
 from shardlib.lab.verdict import refitted
@@ -50,8 +50,8 @@ def combined_forward_on_rank(ctx, layout: Layout, model: ModelConfig, layers: li
     """``x`` (batch, seq, d_model) forward on ``layout``'s mesh: the output on the last stage (else ``None``)
     and the bytes of the weights this rank's stage keeps."""
     me = build_stage(ctx, layout, model, layers)
-    output = combined_forward(ctx, layout, me, x, n_microbatches, probe=ctx.timeline)
-    return {"output": output, "weight_bytes": held_weight_bytes(me)}
+    outputs = run_round(ctx, layout, me, x, n_microbatches, 1, probe=ctx.timeline)
+    return {"output": torch.cat(outputs) if outputs else None, "weight_bytes": held_weight_bytes(me)}
 
 
 def decode_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], x: torch.Tensor,
@@ -60,7 +60,7 @@ def decode_on_rank(ctx, layout: Layout, model: ModelConfig, layers: list[dict], 
     output, step by step, else ``None``. ``emulation`` makes calls that cross "nodes" last as that link would."""
     ctx.comm.emulate(emulation)
     me = build_stage(ctx, layout, model, layers)
-    outputs = pipelined_decode(ctx, layout, me, x, n_microbatches, steps, probe=ctx.timeline)
+    outputs = run_round(ctx, layout, me, x, n_microbatches, steps, probe=ctx.timeline)
     return outputs if me.tp_rank == 0 else None
 
 
@@ -100,7 +100,7 @@ def check_expert_inputs(layout: Layout, model: ModelConfig, layers: list[dict], 
         raise ValueError(f"ep = {ep} must divide the tp x dp = {layout.tp} x {layout.dp} = {per_stage} ranks of a "
                          "stage: each stage's experts are spread over its own ranks, whole")
     if layers and "router" not in layers[0]:
-        raise ValueError(f"{model.name} has experts: give its MoE weights (experts.stack.moe_stack_weights), "
+        raise ValueError(f"{model.name} has experts: give its MoE weights (core.experts.dispatch.moe_stack_weights), "
                          "not a dense stack's")
     rows = x.shape[0] // max(layout.dp * n_microbatches, 1) * (x.shape[1] if x.dim() == 3 else 1)
     if x.dim() == 3 and x.shape[0] % (layout.dp * n_microbatches) == 0 and rows % layout.tp:
@@ -186,7 +186,7 @@ def run_wide_ep(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor) 
     (``Layout(tp=1, pp=1, dp=W, ep=W)``): each rank attends to its own ``batch / W`` sequences, then its tokens
     go to the experts on all ``W`` ranks. TP attention (``Layout(tp=W, pp=1, ep=W)``): every rank attends to
     every sequence with ``1/W`` of the heads, one all-reduce, then routes ``1/W`` of the tokens and all-gathers
-    the results. Compare each ``output`` with ``core.experts.stack.moe_stack_reference``."""
+    the results. Compare each ``output`` with ``core.experts.dispatch.moe_stack_reference``."""
     w = ranks.world_size
     dp, tp = (run_combined(ranks, lay, model, layers, x, 1) for lay in (Layout(1, 1, w, ep=w), Layout(w, 1, 1, ep=w)))
     return WideEPComparison(dp, tp, model)

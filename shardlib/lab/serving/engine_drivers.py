@@ -66,15 +66,6 @@ class ServingRun:
         return sum(t / slots for t, slots in used) / len(used)
 
     @property
-    def duration_s(self) -> float:
-        return max(m.arrival_s + m.e2e_s for m in self.metrics.values()) - min(s.start_s for s in self.steps)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second of the run."""
-        return sum(map(len, self.tokens.values())) / self.duration_s
-
-    @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_hit_tokens / self.prefix_lookup_tokens if self.prefix_lookup_tokens else 0.0
 

@@ -123,26 +123,23 @@ def _decode_batch(steps) -> int:
 
 @dataclass(frozen=True)
 class ReplicasVsTPCheck(ServedCheck):
-    """The two ways (``labels``: the replicas first), each replayed on its own step cost (``cost``: the
+    """The two ways (``runs``: the replicas first), each replayed on its own step cost (``cost``: the
     replica's, the split copy's) and served; ``planner``: ``predict.serving.replicas.replicas_vs_tensor_parallel`` fed
     with the two fits at the decode batch each run held (``None`` unless one replica a rank)."""
 
     shown = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tokens_per_s")
-    labels = property(lambda self: tuple(self.runs))
-    replicas_run = property(lambda self: self.runs[self.labels[0]])
-    tp_run = property(lambda self: self.runs[self.labels[1]])
-    predicted_tp = property(lambda self: self.simulated[self.labels[1]])
-    replica_cost = property(lambda self: self.cost[0])
-    tp_cost = property(lambda self: self.cost[1])
+    replicas_run = property(lambda self: list(self.runs.values())[0])
+    tp_run = property(lambda self: list(self.runs.values())[1])
 
     @property
     def planner(self):
         if self.replicas_run.tp != 1:
             return None
         batch, tp_batch = _decode_batch(self.replicas_run.steps), _decode_batch(self.tp_run.steps)
-        compute = self.replica_cost.step_s(batch, 0)  # C: a whole replica's decode step
+        replica_cost, tp_cost = self.cost
+        compute = replica_cost.step_s(batch, 0)  # C: a whole replica's decode step
         # what the split copy's step costs beyond C / n: its all-reduces and whatever does not shrink
-        comm = max(0.0, self.tp_cost.step_s(tp_batch, 0) - compute / self.replicas_run.replicas)
+        comm = max(0.0, tp_cost.step_s(tp_batch, 0) - compute / self.replicas_run.replicas)
         return replicas_vs_tensor_parallel(compute, comm, self.replicas_run.replicas, batch,
                                            tp_tokens_per_step=tp_batch)
 

@@ -1,9 +1,7 @@
 """Tensor and sequence parallelism measured on ranks, against the unsharded computation.
 
-* ``drivers``: Tensor and sequence parallelism against the unsharded computation: in one process, and on a
-  pool.
-* ``ranks``: Rank functions of tensor and sequence parallelism: a pair cut either way, and one block (the MLP,
-  attention, or the whole block, tensor parallel alone or sequence parallel) forward and backward.
+* ``drivers``: Tensor and sequence parallelism on a pool, against the unsharded computation, and in one
+  process.
 """
 
-__all__ = ["drivers", "ranks"]
+__all__ = ["drivers"]

@@ -1,10 +1,9 @@
 """The training step measured on ranks: against one process in float64, its ledger and its time.
 
-* ``drivers``: The training step on a pool: every layout checked before any rank starts, run, gathered and
-  compared.
-* ``ranks``: The training step on a rank, measured: spans, the activations autograd keeps, the bytes kept.
+* ``drivers``: The training step on a pool of ranks: every layout checked before any rank starts, run,
+  gathered, compared; each rank's ledger measured.
 * ``step_time``: Step time per layout: the training planner's time model on this machine's ranks, beside the
   measured step, and the ranking claim: predicted against measured step times over the layouts.
 """
 
-__all__ = ["drivers", "ranks", "step_time"]
+__all__ = ["drivers", "step_time"]

@@ -10,7 +10,6 @@ of predicted and measured step times against the floor a random order reaches wi
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -22,7 +21,7 @@ from shardlib.core.training.config import TrainingConfig, init_weights
 from shardlib.core.training.corpus import MarkovCorpus
 from shardlib.core.training.reference import forward
 from shardlib.facts.hardware import Cluster, Link, toy_cluster
-from shardlib.lab.costs.drivers import run_calibration
+from shardlib.lab.costs.calibration import run_calibration
 from shardlib.lab.harness import on_ranks
 from shardlib.lab.serving.drivers import TOY_SWEEP_BYTES
 from shardlib.lab.training.drivers import check_training, run_training
@@ -35,10 +34,10 @@ from shardlib.predict.training.toy_prediction import (
     STEP_TIME_CONFIG,
     chance_of_correlation,
     floor_for_chance,
-    optimizer_bytes_per_param,
     predict_step,
     spearman,
     step_config,
+    toy_config_settings,
 )
 
 
@@ -112,9 +111,10 @@ def step_cluster(cal: Calibration, samples, config: TrainingConfig) -> StepClust
     link = Link(f"{fitted.name}, ranks computing", fitted.bandwidth_bytes_per_s, max(fitted.latency_s, calls[2]),
                 source=fitted.source, latency_source="the larger of the sweep's fit and a call between computing pairs")
     flops = model_flops_per_token(config.model, config.seq) * config.microbatch * config.seq
-    n_params = sum(v.numel() for v in init_weights(config).values())
-    cluster = toy_cluster(link, flops_per_s=flops / pass_s, nodes=1, ranks_per_node=world)
-    cluster = replace(cluster, memory_bytes_per_s=n_params * optimizer_bytes_per_param(config) / step_s)
+    per_param = toy_config_settings(config)["optimizer_bytes_per_param"]
+    moved = sum(v.numel() for v in init_weights(config).values()) * per_param
+    cluster = replace(toy_cluster(link, flops_per_s=flops / pass_s, nodes=1, ranks_per_node=world),
+                      memory_bytes_per_s=moved / step_s)  # AdamW's bytes over its measured step
     return StepCluster(cluster, cal, tuple(sorted(calls.items())), pass_s, step_s, len(samples))
 
 
@@ -129,8 +129,7 @@ class LayoutTime:
     """One layout's step: predicted (``score``, term by term) and measured (every step after the warm-up)."""
 
     label: str
-    layout: Layout
-    score: TrainingScore
+    score: TrainingScore  # its layout's
     steps_s: tuple[float, ...]
 
     @property
@@ -161,7 +160,6 @@ class StepTimeCheck:
     config: TrainingConfig
     global_sequences: int
     layouts: tuple[LayoutTime, ...]
-    wall_s: float
 
     @property
     def mean_error(self) -> float:
@@ -206,7 +204,6 @@ def run_step_time_check(ranks, config: TrainingConfig = STEP_TIME_CONFIG, layout
             raise ValueError(f"{label} needs {layout.world_size} ranks; the pool has {ranks.world_size}")
         configs[label] = step_config(config, layout, global_sequences)
         check_training(layout, configs[label])
-    start = time.perf_counter()
     cal, samples, measured = None if fit else calibrate_link(ranks), [], {label: () for label in layouts}
     for r in range(rounds):
         for label, layout in list(layouts.items())[::1 - 2 * (r % 2)]:
@@ -214,9 +211,9 @@ def run_step_time_check(ranks, config: TrainingConfig = STEP_TIME_CONFIG, layout
                 samples.append(sample(ranks, config))
             measured[label] += run_training(ranks, layout, configs[label]).steps_s[warmup:]
     fit = fit or step_cluster(cal, samples, config)
-    out = tuple(LayoutTime(label, layout, predict_step(fit.cluster, layout, config, global_sequences), measured[label])
+    out = tuple(LayoutTime(label, predict_step(fit.cluster, layout, config, global_sequences), measured[label])
                 for label, layout in layouts.items())
-    return StepTimeCheck(fit, config, global_sequences, out, time.perf_counter() - start)
+    return StepTimeCheck(fit, config, global_sequences, out)
 
 
 def ranking_verdict(check: StepTimeCheck, floor: float) -> Verdict:

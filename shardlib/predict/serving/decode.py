@@ -33,9 +33,8 @@ from shardlib.predict.serving.memory import (
     kv_bytes_per_sequence,
     memory_per_gpu,
 )
-from shardlib.predict.serving.traffic import axis_link, hop_links, return_link, tp_crosses_nodes
-from shardlib.predict.shapes import Memory, kv_head_copies, padded_vocab_size, stage_layers
-from shardlib.predict.units import gb
+from shardlib.predict.serving.traffic import axis_link, hop_links, return_link
+from shardlib.predict.shapes import Memory, padded_vocab_size, stage_layers
 
 TOKEN_ID_BYTES = 4  # a sampled token id (int32) on its way back to the first stage
 
@@ -126,7 +125,6 @@ class Score:
     prefill_s: float  # the batch's prompts, one forward pass in m microbatches
     first_token_s: float  # one prompt alone through the layout
     tp_link: str
-    notes: tuple[str, ...] = ()
 
     @property
     def trip_s(self) -> float:
@@ -198,25 +196,5 @@ def score(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Worklo
     eff = workload.kernel_efficiency
     return Score(layout, memory_per_gpu(model, layout, workload, batch), batch, set_by, m, tuple(stages), hops, cycle,
                  layout.dp * batch / cycle, _prefill_s(model, cluster, layout, batch, workload.prompt_tokens, m, eff),
-                 _prefill_s(model, cluster, layout, 1, workload.prompt_tokens, 1, eff), tp_link.name,
-                 score_notes(model, cluster, layout, workload))
+                 _prefill_s(model, cluster, layout, 1, workload.prompt_tokens, 1, eff), tp_link.name)
 
-
-def score_notes(model: ModelConfig, cluster: Cluster, layout: Layout, workload: Workload) -> tuple[str, ...]:
-    """What a layout pays for passing a wall: tp across nodes, KV heads copied, uneven stages."""
-    notes = []
-    if tp_crosses_nodes(layout, cluster):
-        notes.append(f"tp = {layout.tp} spans {layout.tp // cluster.gpus_per_node} nodes of {cluster.gpus_per_node}: "
-                     f"its all-reduces run over {cluster.inter_link.name}")
-    copies = kv_head_copies(model, layout.tp)
-    if copies > 1:
-        kv = kv_bytes_per_sequence(model, layout, workload.context_tokens)
-        kv_weights = 2 * model.d_model * model.head_dim * stage_layers(model, layout.pp) * model.matrix_bytes_per_param
-        notes.append(f"each of the {model.n_kv_heads} KV heads copied on {copies} GPUs: a sequence's KV cache stays "
-                     f"{gb(kv)} per GPU, as at tp = {model.n_kv_heads} (it would be {gb(kv / copies)} if it still "
-                     f"shrank), and {gb(kv_weights * (1 - 1 / copies))} of k and v weights per GPU are copies")
-    sizes = sorted(set(stage_layer_counts(model.n_layers, layout.pp)), reverse=True)
-    if len(sizes) > 1:
-        notes.append(f"uneven stages of {' and '.join(map(str, sizes))} layers: the {sizes[0]}-layer stages set the "
-                     f"pace, the others wait {1 - sizes[1] / sizes[0]:.0%} of each step")
-    return tuple(notes)

@@ -19,6 +19,7 @@ import torch
 
 from shardlib.core.checks import number_at_least
 from shardlib.core.serving.loop import run_engine
+from shardlib.core.serving.scheduler import StepPlan
 from shardlib.predict.serving.cost import tp_all_reduces
 from shardlib.predict.serving.goodput import percentile, request_metrics
 
@@ -125,9 +126,8 @@ def simulate_serving(requests, engine_config, cost: StepCost, poll=None) -> Pred
     clock, steps = [0.0], []
 
     def model_step(chunks):
-        n_tokens = sum(len(c.tokens) for c in chunks)
-        n_context = sum(len(c.tokens) * c.start + len(c.tokens) * (len(c.tokens) + 1) // 2 for c in chunks)
-        steps.append(cost.step_s(n_tokens, n_context))
+        plan = StepPlan(tuple(chunks))
+        steps.append(cost.step_s(plan.n_tokens, plan.n_context))
         clock[0] += steps[-1]
         return torch.zeros(sum(c.sample for c in chunks), 1)  # token 0 for every draw: times do not need tokens
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from shardlib.core.checks import is_number, positive_number, whole_number
 from shardlib.core.serving.requests import Request
 
 
@@ -57,11 +58,9 @@ class ServingObjective:
     name: str = ""
 
     def __post_init__(self) -> None:
-        for field_name in ("ttft_s", "tpot_s"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{field_name} must be a positive number of seconds, got {value!r}")
-        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)) or not 0 < self.share <= 1:
+        positive_number(self.ttft_s, "ttft_s")
+        positive_number(self.tpot_s, "tpot_s")
+        if not is_number(self.share) or not 0 < self.share <= 1:
             raise ValueError(f"share must be a fraction of the requests in (0, 1], got {self.share!r} "
                              "(DistServe uses 0.9)")
 
@@ -92,14 +91,12 @@ def goodput(metrics_by_rate: Mapping[float, Sequence], objective: ServingObjecti
     served at that rate) whose SLO attainment, and that of every lower rate given, is at least
     ``objective.share``, divided by ``gpus``; 0 when even the lowest rate misses it. Reading the rates
     from the lowest up keeps one lucky high rate from counting past a miss below it."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"gpus must be a whole number of GPUs, at least 1, got {gpus!r}")
+    whole_number(gpus, "gpus")
     if not metrics_by_rate:
         raise ValueError("goodput needs at least one request rate and its metrics")
     best = 0.0
     for rate in sorted(metrics_by_rate):
-        if not rate > 0:
-            raise ValueError(f"request rates must be positive (requests per second), got {rate!r}")
+        positive_number(rate, "request rates")
         if slo_attainment(metrics_by_rate[rate], objective) < objective.share:
             break
         best = float(rate)

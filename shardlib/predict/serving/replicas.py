@@ -3,7 +3,7 @@
 ``replicas_vs_tensor_parallel``: the throughput and latency of both from a step's compute and its
 communication (a replica's step is the whole compute; the split copy's ``compute / n`` plus its
 all-reduces, serving one batch for all ``n``). Notebook 02's live demo predicts its measurement with it.
-``latency_vs_throughput`` feeds it the planner's cost model (``decode.score``) on one node: tensor
+``latency_vs_throughput`` prices both with the planner's cost model (``decode.score``) on one node: tensor
 parallelism shortens the time per token; replicas win throughput per GPU when the model fits; a split copy
 frees memory that buys batch, which can win back the all-reduces. Pure: no torch.
 """
@@ -115,28 +115,6 @@ def _loaded_and_alone(model, cluster, layout: Layout, workload: Workload):
     return "", score(model, cluster, layout, workload), score(model, cluster, layout, replace(workload, batch=1))
 
 
-def _compare(replicas, split, n: int) -> ReplicasVsTensorParallel:
-    """Two scores of one node of ``n`` GPUs (``n`` replicas, one copy at ``tp = n``, no pipeline) as
-    ``replicas_vs_tensor_parallel``: the replicas' step; the split copy's reads or arithmetic (whichever
-    binds), its all-reduces, its batch."""
-    (stage,) = split.stages  # pp = 1: one stage, no hops
-    return replicas_vs_tensor_parallel(replicas.decode_step_s, stage.comm_s, n, replicas.batch,
-                                       tp_compute_s=max(stage.read_s, stage.compute_s), tp_tokens_per_step=split.batch)
-
-
-def replicas_against_tp(model: ModelConfig, gpu: GPU, n: int, link: Link | None = None,
-                        workload: Workload = Workload(), loaded: bool = True) -> ReplicasVsTensorParallel | None:
-    """``n`` replicas against one copy split ``tp = n`` ways on one node of ``n`` ``gpu`` s (``link``: the
-    GPU's node link unless given), each at the batch free memory affords (``loaded``) or one sequence
-    alone; ``None`` when either way cannot serve."""
-    cluster = gpu_cluster(gpu, 1, n, intra_link=link)
-    _, *rep = _loaded_and_alone(model, cluster, Layout(1, 1, n), workload)
-    _, *split = _loaded_and_alone(model, cluster, Layout(n, 1, 1), workload)
-    if rep[0] is None or split[0] is None:
-        return None
-    return _compare(rep[0], split[0], n) if loaded else _compare(rep[1], split[1], n)
-
-
 def _point(label: str, model: ModelConfig, cluster, layout: Layout, workload: Workload) -> ServingPoint:
     problem, loaded, alone = _loaded_and_alone(model, cluster, layout, workload)
     if problem:
@@ -149,8 +127,7 @@ def latency_vs_throughput(model: ModelConfig, gpu: GPU, link: Link | None = None
                           workload: Workload = Workload()) -> tuple[ServingPoint, ...]:
     """One GPU alone, then for each ``n`` in ``degrees``: ``n`` replicas and one copy split ``tp = n`` ways,
     on one node of ``n`` ``gpu`` s joined by ``link`` (the GPU's own node link unless given). The batch
-    is sized from free memory unless ``workload`` fixes it. Where both ways serve, their latencies and
-    tokens per second are those of ``replicas_against_tp`` (see the module docstring)."""
+    is sized from free memory unless ``workload`` fixes it."""
     out = [_point("1 GPU", model, gpu_cluster(gpu, 1, 1), Layout(1, 1), workload)]
     for n in degrees:
         cluster = gpu_cluster(gpu, 1, n, intra_link=link)

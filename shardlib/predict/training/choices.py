@@ -34,25 +34,19 @@ LLAMA_MEMORY = ("Korthikanti's 34 s b h / t (a GELU MLP with dropout masks), not
 
 @dataclass(frozen=True)
 class PublishedLayout:
-    """A published training layout: ``gpus`` of ``gpu`` (8 per node) as tp x cp x pp x dp, experts over ``ep``
-    ranks, the data-parallel strategy it is scored with (``dp_name``: as published), its sequence and global
-    batch, what it reports (``mfu`` or ``tokens_per_s``; 0: not published), and what this package's
-    per-layer memory count leaves out of it (``memory_note``)."""
+    """A published training layout: ``gpu`` (8 per node) laid out as ``layout``, scored with its data-parallel
+    strategy (``dp_name``: as published), its sequence and global batch, what it reports (``mfu`` or
+    ``tokens_per_s``; 0: not published), and what this package's per-layer memory count leaves out of it
+    (``memory_note``)."""
 
     model: ModelConfig
     gpu: GPU
-    gpus: int
-    tp: int
-    cp: int
-    pp: int
-    dp: int
+    layout: Layout
     sequence_tokens: int
     global_batch_tokens: int
-    dp_strategy: str
     dp_name: str
     memory_note: str
     source: str
-    ep: int = 1
     mfu: float = 0.0  # Table 4's "BF16 MFU" as printed (400 TFLOPs over the H100's 989 read 40 %; it prints 41)
     tokens_per_s: float = 0.0
 
@@ -62,30 +56,26 @@ class PublishedLayout:
 
     @property
     def label(self) -> str:
-        return f"{replace(self.layout(), dp_strategy='ddp').label} {self.dp_name}"
-
-    def layout(self) -> Layout:
-        return Layout(self.tp, self.pp, self.dp, ep=self.ep, cp=self.cp, dp_strategy=self.dp_strategy)
+        return f"{replace(self.layout, dp_strategy='ddp').label} {self.dp_name}"
 
     def cluster(self) -> Cluster:
-        return gpu_cluster(self.gpu, self.gpus // 8)
+        return gpu_cluster(self.gpu, self.layout.world_size // 8)
 
     def workload(self, **settings) -> TrainingWorkload:
         return TrainingWorkload(sequence_tokens=self.sequence_tokens, global_batch_tokens=self.global_batch_tokens,
                                 **settings)
 
 
-def _llama(gpus: int, cp: int, dp: int, seq: int, mfu: float) -> PublishedLayout:
+def _llama(cp: int, dp: int, seq: int, mfu: float) -> PublishedLayout:
     """Llama 3.1 405B as Table 4 prints it; FSDP as Llama 3 ran it (section 3.3.2: optimizer state and
     gradients sharded, the weights not resharded after the forward) is ZeRO-2 during a step."""
-    return PublishedLayout(LLAMA_3_1_405B, H100_80GB, gpus, 8, cp, 16, dp, seq, SIXTEEN_M, "zero2", "FSDP as ZeRO-2",
-                           LLAMA_MEMORY, "Llama 3 paper, Table 4", mfu=mfu)
+    return PublishedLayout(LLAMA_3_1_405B, H100_80GB, Layout(8, 16, dp, cp=cp, dp_strategy="zero2"), seq, SIXTEEN_M,
+                           "FSDP as ZeRO-2", LLAMA_MEMORY, "Llama 3 paper, Table 4", mfu=mfu)
 
 
-LLAMA_3_PUBLISHED = (_llama(8192, 1, 64, 8192, 0.43), _llama(16384, 1, 128, 8192, 0.41),
-                     _llama(16384, 16, 8, 131072, 0.38))
+LLAMA_3_PUBLISHED = (_llama(1, 64, 8192, 0.43), _llama(1, 128, 8192, 0.41), _llama(16, 8, 131072, 0.38))
 DEEPSEEK_V3_PUBLISHED = PublishedLayout(
-    DEEPSEEK_V3, H800, 2048, tp=1, cp=1, pp=16, dp=128, ep=64, dp_strategy="zero1", dp_name="ZeRO-1",
+    DEEPSEEK_V3, H800, Layout(1, 16, 128, ep=64, dp_strategy="zero1"), dp_name="ZeRO-1",
     sequence_tokens=4096, global_batch_tokens=15360 * 4096, tokens_per_s=1e12 / (3.7 * 86400),
     memory_note="Korthikanti's dense layer in BF16, while DeepSeek-V3 recomputes its norms and MLA up-projections, "
                 "keeps some activations in FP8 and moves its EMA to the CPU (section 3.2.3)",
@@ -114,7 +104,7 @@ def _memory_gap(pub: PublishedLayout, ours: TrainingScore, w: TrainingWorkload) 
     """Why selective recomputation (Llama 3 trained its 8K sequences without activation checkpointing) does
     not fit the published layout here: the fullest stage's bytes against the usable bytes."""
     cluster = pub.cluster()
-    mem = w.memory(pub.model, pub.layout(), ours.microbatch, ours.n_microbatches, "selective")
+    mem = w.memory(pub.model, pub.layout, ours.microbatch, ours.n_microbatches, "selective")
     usable = w.usable_bytes(cluster)
     whole = "fits" if mem.total_bytes <= cluster.memory_per_gpu_bytes else "does not fit"
     return (f"the term that disagrees is memory: with selective recomputation stage {mem.stage} needs "
@@ -135,8 +125,8 @@ def _published_notes(pub: PublishedLayout, ours: TrainingScore | Rejected, w: Tr
            f"against {reported} published"]
     if ours.recompute == "full":
         out.append(_memory_gap(pub, ours, w))
-    if pub.ep > 1:
-        lay = pub.layout()
+    lay = pub.layout
+    if lay.ep > 1:
         a2a = ep_all_to_all_s(pub.model, pub.cluster(), lay, w, ours.microbatch)
         layer = ours.compute_s / ours.n_microbatches / ours.memory.layers
         out.append(f"ep = {lay.ep} spans {lay.ep // 8} nodes: one dispatch of a microbatch's {w.sequence_tokens:,} "
@@ -151,40 +141,41 @@ def _choice_notes(pub: PublishedLayout, best: TrainingScore | None, ours: Traini
                   w: TrainingWorkload) -> list[str]:
     if best is None:
         return ["no layout fits"]
-    lay = best.layout
-    diff = [f"{a} {getattr(lay, a)} (published {getattr(pub, a)})" for a in ("tp", "cp", "pp", "dp", "ep")
-            if getattr(lay, a) != getattr(pub, a)]
-    if lay.dp_strategy != pub.dp_strategy:
+    lay, p = best.layout, pub.layout
+    diff = [f"{a} {getattr(lay, a)} (published {getattr(p, a)})" for a in ("tp", "cp", "pp", "dp", "ep")
+            if getattr(lay, a) != getattr(p, a)]
+    if lay.dp_strategy != p.dp_strategy:
         diff.append(f"{lay.dp_strategy} (published {pub.dp_name})")
     out = [("the planner differs in " + ", ".join(diff) if diff else "the planner picks the published layout")
            + f", predicting {best.tokens_per_s / 1e6:.2f} M tokens/s, MFU {best.mfu:.0%}"]
-    if lay.cp > pub.cp:
+    if lay.cp > p.cp:
         out.append(f"more cp: a {lay.cp}-way ring keeps 1/{lay.cp} of each sequence's activations per GPU, so "
                    f"selective recomputation fits; this model hides the ring's K/V ({pub.model.n_kv_heads} KV heads) "
                    f"behind the causal attention, so it costs {seconds(best.cp_s)} a step; slices stay at least "
                    f"{w.min_ring_slice_tokens:,} tokens")
-    if lay.tp > pub.tp:
+    if lay.tp > p.tp:
         out.append(f"tp = {lay.tp}: its collectives cost {seconds(best.tp_s)} a step over {pub.gpu.name}'s NVLink and "
-                   f"buy memory (the planner's memory model needs it); the published run used tp = {pub.tp}")
-    if pub.ep > 1 and lay.ep == 1:
+                   f"buy memory (the planner's memory model needs it); the published run used tp = {p.tp}")
+    if p.ep > 1 and lay.ep == 1:
         out.append("ep = 1: the experts are split by tp like a dense MLP, so no all-to-all at all; the model does "
                    "not price the small matrices this leaves (each expert's MLP cut tp ways)")
-    elif lay.ep != pub.ep:
+    elif lay.ep != p.ep:
         out.append(f"ep = {lay.ep}: each rank holds {pub.model.n_experts // lay.ep} of the {pub.model.n_experts} "
                    f"experts of each layer; the all-to-alls cost {seconds(best.ep_s)} a step"
                    + (" under DualPipe's overlap" if w.ep_overlap else " exposed"))
-    if lay.pp < pub.pp and not isinstance(ours, Rejected):
+    if lay.pp < p.pp and not isinstance(ours, Rejected):
         out.append(f"fewer stages: pp = {lay.pp} has a bubble of {seconds(best.bubble_s)} against "
-                   f"{seconds(ours.bubble_s)} at pp = {pub.pp} with {w.sequences:,} sequences over dp = {pub.dp}")
+                   f"{seconds(ours.bubble_s)} at pp = {p.pp} with {w.sequences:,} sequences over dp = {p.dp}")
     return out
 
 
 def beside_published(pub: PublishedLayout, w: TrainingWorkload) -> ChoiceRow:
     """The planner on ``pub``'s cluster and workload ``w``, beside ``pub`` scored the same way."""
     plan = plan_training(pub.model, pub.cluster(), w)
-    ours = best_configuration(pub.model, pub.cluster(), pub.layout(), w)
+    ours = best_configuration(pub.model, pub.cluster(), pub.layout, w)
     notes = plan.reasons[:1] + tuple(_published_notes(pub, ours, w) + _choice_notes(pub, plan.best, ours, w))
-    return ChoiceRow(pub.model.name, pub.gpus, w.sequence_tokens, plan.best, pub, ours, notes, w.ep_overlap)
+    return ChoiceRow(pub.model.name, pub.layout.world_size, w.sequence_tokens, plan.best, pub, ours, notes,
+                     w.ep_overlap)
 
 
 def training_choices(kernel_efficiency: float = 0.5, schedule: str = "1f1b", chunks: int = 2) -> list[ChoiceRow]:
@@ -201,17 +192,12 @@ def training_choices(kernel_efficiency: float = 0.5, schedule: str = "1f1b", chu
     return rows
 
 
+@lru_cache(maxsize=8)
 def deepseek_v3_choices(kernel_efficiency: float = 0.5, pub: PublishedLayout = DEEPSEEK_V3_PUBLISHED,
-                        dp_strategies: tuple[str, ...] = DP_STRATEGIES) -> list[ChoiceRow]:
+                        dp_strategies: tuple[str, ...] = DP_STRATEGIES) -> tuple[ChoiceRow, ...]:
     """The planner on DeepSeek-V3's cluster and batch, with the all-to-alls exposed and under DualPipe's overlap,
     each beside the published layout scored the same way, with the reasons they differ. ``dp_strategies``: the
     data-parallel strategies searched (all four take about 4 s; ``("zero1",)``, the published one, about half).
     Computed once per argument set (the result is a pure function of them)."""
-    return list(_deepseek_v3_choices(kernel_efficiency, pub, tuple(dp_strategies)))
-
-
-@lru_cache(maxsize=8)
-def _deepseek_v3_choices(kernel_efficiency: float, pub: PublishedLayout, dp_strategies: tuple[str, ...]
-                         ) -> tuple[ChoiceRow, ...]:
     return tuple(beside_published(pub, pub.workload(kernel_efficiency=kernel_efficiency, ep_overlap=overlap,
                                                     dp_strategies=dp_strategies)) for overlap in (False, True))

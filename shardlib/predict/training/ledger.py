@@ -5,31 +5,24 @@ ZeRO stage keeps them; with experts three buckets, ``moe_units``), the activatio
 in-flight peak (``activation_bytes`` per microbatch and chunk, counted op by op and played through the
 schedule; with experts ``None``: the router decides), and ZeRO-3's largest gathered layer.
 ``predict_traffic``: per rank and step, calls, buffer and wire bytes per (axis, op), as ``runtime.records``
-counts them. ``format_ledger``: predicted beside measured (``lab.training`` prints it).
+counts them.
 """
 
 from __future__ import annotations
 
 from shardlib.core.config import kv_bytes_per_token
 from shardlib.core.data_parallel.flat import padded
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.runtime.records import wire_bytes
 
 KEYS = ("weights", "gradients", "optimizer", "activations", "transient")
 INDEX_BYTES, MASK_BYTES = 8, 1  # token ids (int64) and masks (bool) autograd keeps
 
 
-def layer_params(config, tp: int) -> int:
-    """One block's parameters on one tp rank: Q, K, V, O and the gated MLP, split ``tp`` ways (with experts:
-    the attention only; ``moe_units`` counts the router and the experts)."""
-    model = config.model
-    return (model.attention_params_per_layer + (0 if model.is_moe else model.expert_params)) // tp
-
-
-def moe_units(config, layout, chunks) -> tuple[tuple[list[int], int], ...]:
+def moe_units(config, layout, chunks, dense: list[int]) -> tuple[tuple[list[int], int], ...]:
     """With experts: ``(units, group size)`` of each bucket a rank keeps, in ``TrainingStep.moe_parts``'s
-    order: the tp-split weights over dp, the routers over the stage, its experts over the expert-dp ranks."""
-    dense = [u for lay, f, la in chunks for u in chunk_units(config, layout, len(lay), f, la)]
+    order: the tp-split weights (``dense``) over dp, the routers over the stage, its experts over the
+    expert-dp ranks."""
     layers = sum(len(lay) for lay, _, _ in chunks)
     per_stage = layout.tp * layout.dp * layout.cp
     experts = config.n_experts // layout.ep * config.model.expert_params
@@ -51,19 +44,22 @@ def _states(units: list[int], strategy: str, n: int, e: int) -> dict:
 
 def chunk_units(config, layout, n_layers: int, first: bool, last: bool) -> list[int]:
     """Parameters per unit of one model chunk on one rank: the embedding on the first virtual stage, its
-    ``n_layers`` blocks, the head on the last."""
-    vocab = config.vocab_size * config.d_model // layout.tp
-    return [vocab] * first + [layer_params(config, layout.tp)] * n_layers + [vocab] * last
+    ``n_layers`` blocks (Q, K, V, O and the gated MLP, split ``tp`` ways; with experts the attention only:
+    ``moe_units`` counts the router and the experts), the head on the last."""
+    model, vocab = config.model, config.vocab_size * config.d_model // layout.tp
+    block = (model.attention_params_per_layer + (0 if model.is_moe else model.expert_params)) // layout.tp
+    return [vocab] * first + [block] * n_layers + [vocab] * last
 
 
 def rank_chunks(config, layout, stage_layers, stage: int):
-    """The schedule ``config.schedule`` on ``layout.pp`` stages, and stage ``stage``'s chunks as
-    ``(layers, first, last)``: each chunk's virtual stage's layers (``stage_layers`` is in virtual-stage
-    order), whether it starts the model and whether it ends it."""
+    """The schedule ``config.schedule`` on ``layout.pp`` stages, stage ``stage``'s chunks as
+    ``(layers, first, last)`` (each chunk's virtual stage's layers, ``stage_layers`` being in virtual-stage
+    order; whether it starts the model and whether it ends it), and their units (``chunk_units``)."""
     schedule = make_schedule(config.schedule, layout.pp, config.m, n_chunks=config.chunks)
     ends = schedule.n_virtual_stages - 1
-    virtual = [schedule.virtual_stage_of(stage, c) for c in range(schedule.n_chunks)]
-    return schedule, [(stage_layers[v], v == 0, v == ends) for v in virtual]
+    chunks = [(stage_layers[v], v == 0, v == ends) for v in
+              (schedule.virtual_stage_of(stage, c) for c in range(schedule.n_chunks))]
+    return schedule, chunks, [u for lay, f, la in chunks for u in chunk_units(config, layout, len(lay), f, la)]
 
 
 def peak_in_flight_bytes(schedule, stage: int, chunk_bytes: list[int]) -> int:
@@ -101,17 +97,16 @@ def activation_bytes(config, layout, n_layers: int, first: bool, last: bool) -> 
 
 
 def predict_ledger(config, layout, stage_layers) -> tuple[dict, ...]:
-    """Per rank: ``KEYS`` -> bytes, as ``ranks.ledger`` measures them (``stage_layers``: per virtual stage)."""
+    """Per rank: ``KEYS`` -> bytes, as ``drivers.ledger`` measures them (``stage_layers``: per virtual stage)."""
     e, n = config.element_bytes, layout.dp * layout.cp
     out = []
     for rank in range(layout.world_size):
-        schedule, chunks = rank_chunks(config, layout, stage_layers, layout.position(rank).stage)
-        units = [u for layers, first, last in chunks for u in chunk_units(config, layout, len(layers), first, last)]
+        schedule, chunks, units = rank_chunks(config, layout, stage_layers, layout.position(rank).stage)
         acts = peak_in_flight_bytes(schedule, layout.position(rank).stage,
                                     [activation_bytes(config, layout, len(lay), f, la) for lay, f, la in chunks])
         row = {"activations": acts, "transient": 0}
         if config.n_experts > 1:  # three buckets; what the experts keep for the backward is the router's choice
-            parts = [_states(u, layout.dp_strategy, g, e) for u, g in moe_units(config, layout, chunks)]
+            parts = [_states(u, layout.dp_strategy, g, e) for u, g in moe_units(config, layout, chunks, units)]
             row.update({k: sum(part[k] for part in parts) for k in ("weights", "gradients", "optimizer")},
                        activations=None)
         elif layout.dp_strategy == "zero3":
@@ -137,7 +132,7 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
     layer and microbatch, DeepSeek-V3's bias every layer's counts on the stage axis once a step."""
     e, m, tp, cp, n = config.element_bytes, config.m, layout.tp, layout.cp, layout.dp * layout.cp
     s = layout.position(rank).stage
-    schedule, chunks = rank_chunks(config, layout, stage_layers, s)
+    schedule, chunks, units = rank_chunks(config, layout, stage_layers, s)
     layers = sum(len(lay) for lay, _, _ in chunks)
     first, last = any(f for _, f, _ in chunks), any(la for _, _, la in chunks)
     t = config.microbatch * config.seq // cp
@@ -174,10 +169,9 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
     add("pp", "send", sum(len(schedule.messages(s, d)) for d in others), hidden, layout.pp)
     add("pp", "recv", sum(len(schedule.messages(d, s)) for d in others), hidden, layout.pp)
     axis = "dp" if cp == 1 else "dp-cp"
-    units = [u for lay, f, la in chunks for u in chunk_units(config, layout, len(lay), f, la)]
     buckets = [(axis, units, n)]
     if moe:
-        (_, _), (routers, stage_n), (experts, edp_n) = moe_units(config, layout, chunks)
+        (_, _), (routers, stage_n), (experts, edp_n) = moe_units(config, layout, chunks, units)
         buckets += [("stage", routers, stage_n), ("edp", experts, edp_n)]
         if config.balance == "aux-free":  # every layer's counts, summed over the stage, once a step
             add("stage", "all_reduce", 1, layers * config.n_experts * INDEX_BYTES, stage_n)
@@ -194,12 +188,3 @@ def predict_traffic(config, layout, stage_layers, rank: int) -> dict:
             add(axis, "all_gather", 2 * m, padded(u, n) * e, n)
             add(axis, "reduce_scatter", m, padded(u, n) * e, n)
     return {k: tuple(v) for k, v in sorted(calls.items())}
-
-
-def format_ledger(predicted, measured, positions) -> str:
-    """Per rank, each term predicted / measured in bytes (deterministic text for a notebook)."""
-    lines = [f"{'rank':>4} {'stage':>5}  " + "  ".join(f"{k:>21}" for k in KEYS)]
-    for r, (p, mm, pos) in enumerate(zip(predicted, measured, positions)):
-        lines.append(f"{r:>4} {pos[0]:>5}  " + "  ".join(
-            f"{f'{p[k]:,} / {mm[k]:,}' if p[k] is not None else f'- / {mm[k]:,}':>21}" for k in KEYS))
-    return "\n".join(lines)

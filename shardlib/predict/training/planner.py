@@ -24,11 +24,11 @@ from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import Cluster
 from shardlib.predict.shapes import divisors, tensor_parallel_problems
-from shardlib.predict.training.memory import TrainingMemory, expert_dp
+from shardlib.predict.training.memory import expert_dp
 from shardlib.predict.training.time_model import TrainingScore, TrainingWorkload, score_training
 from shardlib.predict.units import gb, seconds
 
-TERMS = ("compute_s", "bubble_s", "tp_s", "cp_s", "dp_s", "pp_s", "ep_s")
+# A step's terms, in TrainingScore's order (its field -> in words).
 TERM_NAMES = {"compute_s": "compute", "bubble_s": "pipeline bubble", "tp_s": "tp collectives",
               "cp_s": "ring K/V not hidden", "dp_s": "gradient sync not hidden", "pp_s": "stage hops",
               "ep_s": "expert all-to-alls"}
@@ -96,14 +96,6 @@ def axis_values(model: ModelConfig, cluster: Cluster, workload: TrainingWorkload
     return values, pruned
 
 
-def _memory_reason(mem: TrainingMemory, usable: float, cluster: Cluster, b: int, recompute: str) -> str:
-    return (f"needs {gb(mem.total_bytes)} per GPU on stage {mem.stage} ({gb(mem.states_bytes)} of weights, gradients "
-            f"and optimizer state + {gb(mem.activations_bytes + mem.ends_bytes)} of activations, {mem.in_flight:g} "
-            f"microbatch{'es' if mem.in_flight != 1 else ''} in flight) but {gb(usable)} is usable "
-            f"({usable / cluster.memory_per_gpu_bytes:.0%} of {gb(cluster.memory_per_gpu_bytes)}), even at microbatch "
-            f"{b} with {recompute} recomputation")
-
-
 def best_configuration(model: ModelConfig, cluster: Cluster, layout: Layout,
                        workload: TrainingWorkload) -> TrainingScore | Rejected:
     """The fastest microbatch size and recomputation of ``layout`` that fits, or why none does."""
@@ -127,7 +119,13 @@ def best_configuration(model: ModelConfig, cluster: Cluster, layout: Layout,
     if tightest is None:
         return Rejected(layout, (f"no microbatch size of {w.microbatch_sizes} divides the {per_replica} sequences "
                                  "per replica",))
-    return Rejected(layout, (_memory_reason(*tightest[:1], usable, cluster, *tightest[1:]),))
+    mem, b, rec = tightest
+    total = gb(cluster.memory_per_gpu_bytes)
+    return Rejected(layout, (f"needs {gb(mem.total_bytes)} per GPU on stage {mem.stage} ({gb(mem.states_bytes)} of "
+                             f"weights, gradients and optimizer state + {gb(mem.activations_bytes + mem.ends_bytes)} "
+                             f"of activations, {mem.in_flight:g} microbatch{'es' if mem.in_flight != 1 else ''} in "
+                             f"flight) but {gb(usable)} is usable ({usable / cluster.memory_per_gpu_bytes:.0%} of "
+                             f"{total}), even at microbatch {b} with {rec} recomputation",))
 
 
 def rank(scores: list[TrainingScore], tie: float = 1e-3) -> list[TrainingScore]:
@@ -153,7 +151,7 @@ def own_reasons(s: TrainingScore, cluster: Cluster, workload: TrainingWorkload) 
               f"dp x cp = {lay.dp * lay.cp}{experts}), {gb(mem.activations_bytes + mem.ends_bytes)} of activations "
               f"({mem.in_flight:g} microbatch{'' if mem.in_flight == 1 else 'es'} of {s.microbatch} x "
               f"{workload.sequence_tokens // lay.cp:,} tokens in flight, {s.recompute} recomputation{sp})")
-    terms = " + ".join(f"{TERM_NAMES[t]} {seconds(getattr(s, t))}" for t in TERMS if getattr(s, t) > 0)
+    terms = " + ".join(f"{TERM_NAMES[t]} {seconds(getattr(s, t))}" for t in TERM_NAMES if getattr(s, t) > 0)
     time = (f"step: {terms} = {seconds(s.step_s)} for {workload.global_batch_tokens:,} tokens ({s.microbatch} x "
             f"{s.n_microbatches} microbatch{'' if s.n_microbatches == 1 else 'es'} x dp {lay.dp}): "
             f"{s.tokens_per_s:,.0f} tokens/s, MFU {s.mfu:.0%}")
@@ -162,7 +160,7 @@ def own_reasons(s: TrainingScore, cluster: Cluster, workload: TrainingWorkload) 
 
 def _versus(best: TrainingScore, other: TrainingScore) -> str:
     """How ``other`` compares with ``best``: the ratio, and the term that grows most."""
-    worst = max(TERMS, key=lambda t: getattr(other, t) - getattr(best, t))
+    worst = max(TERM_NAMES, key=lambda t: getattr(other, t) - getattr(best, t))
     gap = getattr(other, worst) - getattr(best, worst)
     return (f"{other.layout.label} ({other.recompute} recomputation, microbatch {other.microbatch}): "
             f"{other.tokens_per_s / best.tokens_per_s:.2f}x the tokens/s, mostly {TERM_NAMES[worst]} "

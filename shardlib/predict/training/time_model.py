@@ -24,6 +24,7 @@ from shardlib.core.pipeline.registry import schedule_spec
 from shardlib.core.pipeline.stages import stage_layer_counts
 from shardlib.facts.hardware import LATENCY_CHARGES, Cluster, Link
 from shardlib.predict.alpha_beta import collective_time_s, point_to_point_s
+from shardlib.predict.bubbles import OpCosts, published_idle_s
 from shardlib.predict.data_parallel import RECOMPUTE
 from shardlib.predict.experts import ep_group_nodes, expert_all_to_all
 from shardlib.predict.pipeline import stage_imbalance
@@ -236,7 +237,7 @@ def score_training(model: ModelConfig, cluster: Cluster, layout: Layout, workloa
     slot = per_mb + ((tp + cp) / m if w.comm_in_bubble else 0.0)  # one microbatch's turn on a stage
     spec = schedule_spec(w.schedule)
     chunk_op = slot / spec.n_chunks(w.chunks) / 3  # one chunk's F, B and W, a third of its turn each (Qi's F = B = W)
-    bubble = spec.bubble.idle_s(lay.pp, chunk_op, chunk_op, chunk_op)  # (p-1)(F+B+W): p - 1 turns, / v interleaved
+    bubble = published_idle_s(w.schedule, lay.pp, OpCosts(chunk_op, chunk_op, chunk_op))  # (p-1)(F+B+W): p - 1 turns
     dp = 0.0
     ranks = lay.dp * lay.cp
     edp = expert_dp(lay)

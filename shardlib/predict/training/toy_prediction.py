@@ -104,10 +104,9 @@ TOY_TIME_SETTINGS = {
 def toy_config_settings(config: TrainingConfig) -> dict:
     """The settings that follow the toy's ``config``: its sequence and microbatch, its dtype's bytes on the
     wire, and AdamW's pass counted (a toy step has a few hundred tokens: its optimizer step is not
-    negligible)."""
+    negligible): AdamW reads the weight, its gradient and two moments, and writes three."""
     return {"sequence_tokens": config.seq, "microbatch_sizes": (config.microbatch,),
-            "comm_bytes_per_value": config.element_bytes,
-            "optimizer_bytes_per_param": optimizer_bytes_per_param(config)}
+            "comm_bytes_per_value": config.element_bytes, "optimizer_bytes_per_param": 7 * config.element_bytes}
 
 
 def step_workload(config: TrainingConfig, global_sequences: int) -> TrainingWorkload:
@@ -121,8 +120,3 @@ def predict_step(cluster: Cluster, layout: Layout, config: TrainingConfig, globa
     """The training planner's step (``score_training``) for ``layout`` on ``cluster``, term by term."""
     workload = step_workload(config, global_sequences)
     return score_training(config.model, cluster, layout, workload, config.microbatch, workload.recompute[0])
-
-
-def optimizer_bytes_per_param(config: TrainingConfig) -> int:
-    """What AdamW moves per parameter: reads the weight, its gradient and two moments, writes three."""
-    return 7 * config.element_bytes

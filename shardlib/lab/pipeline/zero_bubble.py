@@ -3,10 +3,10 @@ of its own list of actions (``simulate``), evaluated with the F, B and W measure
 
 * ``SplitCase``: one schedule to measure (its name, ``m``, and W's cost as a multiple of F's).
 * ``run_split_step``: one case on a pool, read as a ``SplitStep`` (predicted: the list, the list with the
-  measured hand-over, the published formula; measured: step, idle share, chunks in flight; exactness).
-* ``run_split_cases``: the cases in order; a 1F1B case (whole backward) borrows the F, B and W of the split
-  case before it with the same W. ``split_verdicts``: one ``Verdict`` per step, on the step time.
-* ``run_zero_bubble_check``: both, measured again while a busy machine spoils a verdict (``verified``).
+  measured hand-over, the published formula; measured: step and idle share).
+* ``run_zero_bubble_check``: the cases in order, one ``Verdict`` each on the step time (``split_verdicts``),
+  measured again while a busy machine spoils a verdict (``verified``); a 1F1B case (whole backward)
+  borrows the F, B and W of the split case before it with the same W.
 
 The band (``LOW``-``HIGH``, 0.9-1.5) is on the step, not the idle share (a few per cent doubles from a few
 milliseconds of overhead). The hand-overs and the Python between ops add about 5-20 % to ops of 20 ms.
@@ -15,14 +15,13 @@ milliseconds of overhead). The hand-overs and the Python between ops add about 5
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from shardlib.core.config import ModelConfig
-from shardlib.core.pipeline.orders import make_schedule
-from shardlib.core.pipeline.registry import schedule_spec
-from shardlib.lab.pipeline.drivers import PipelineRun, run_pipeline
+from shardlib.core.pipeline.registry import make_schedule, schedule_spec
+from shardlib.lab.pipeline.step import PipelineRun, run_pipeline
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict import bubbles
 from shardlib.predict.bubbles import OpCosts, simulated_fraction
@@ -75,19 +74,16 @@ class SplitStep:
     attempts = property(lambda self: tuple(b.idle_fraction for b in self.run.bubbles))  # per repeat
     measured_idle = property(lambda self: statistics.median(self.attempts))
     measured_step_s = property(lambda self: statistics.median(b.window_s for b in self.run.bubbles))
-    peak_in_flight = property(lambda self: self.run.peak_in_flight)
-    bit_for_bit = property(lambda self: self.run.against_reference().bit_for_bit)
 
     @property
     def handover_s(self) -> float:
         """The hand-over between stages measured on the ranks (median over the repeats)."""
-        return statistics.median(bubbles.handover_s(r.spans, self.schedule) for r in self.run.per_repeat)
+        repeats = map(self.run.at, range(self.run.repeats))
+        return statistics.median(bubbles.handover_s(r.spans, self.schedule) for r in repeats)
 
     @property
     def published(self) -> float | None:
         """The published formula with ``costs``; ``None`` where none applies (ZB-V's needs F = B = W)."""
-        if self.case.name not in bubbles.PUBLISHED:
-            return None
         try:
             return bubbles.published_fraction(self.schedule, self.costs)
         except ValueError:
@@ -134,31 +130,23 @@ class ZeroBubbleCheck:
     verdicts: tuple[Verdict, ...]
 
 
-def run_split_cases(ranks, cases, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                    grad_output: torch.Tensor, op_s: float = 0.02) -> ZeroBubbleCheck:
-    """Each case run once on ``ranks`` (``run_split_step``), in order, and judged once; a whole-backward
-    case borrows the costs of the split case before it with the same W."""
-    steps: list[SplitStep] = []
-    for case in _cases(cases):
-        borrowed = None if case.split else next(s.costs for s in steps
-                                                if s.case.split and s.case.weight_ratio == case.weight_ratio)
-        steps.append(run_split_step(ranks, case, model, layers, x, grad_output, op_s, costs=borrowed))
-    return ZeroBubbleCheck(tuple(steps), split_verdicts(steps))
-
-
 def run_zero_bubble_check(ranks, cases, model: ModelConfig, layers: list[dict], x: torch.Tensor,
                           grad_output: torch.Tensor, op_s: float = 0.02) -> ZeroBubbleCheck:
-    """Measure ``cases`` (``SplitCase`` or ``(name, m, weight_ratio)`` tuples) on ``ranks`` until every
-    verdict holds, at most three rounds; a verdict that never held fails when strict. A step that
-    differs from the one-process model raises at once: that is a bug, not a busy machine."""
+    """Each of ``cases`` (``SplitCase`` or ``(name, m, weight_ratio)`` tuples) run once on ``ranks``
+    (``run_split_step``), in order, a whole-backward case borrowing the costs of the split case before it
+    with the same W; measured again until every verdict holds, at most three rounds (``verified``). A step
+    that differs from the one-process model raises at once: that is a bug, not a busy machine."""
     cases = _cases(cases)
 
-    def measure() -> ZeroBubbleCheck:
-        check = run_split_cases(ranks, cases, model, layers, x, grad_output, op_s)
-        wrong = [s.case.label for s in check.steps if not s.bit_for_bit]
+    def measure() -> tuple[SplitStep, ...]:
+        steps: list[SplitStep] = []
+        for case in cases:
+            borrowed = None if case.split else next(s.costs for s in steps
+                                                    if s.case.split and s.case.weight_ratio == case.weight_ratio)
+            steps.append(run_split_step(ranks, case, model, layers, x, grad_output, op_s, costs=borrowed))
+        wrong = [s.case.label for s in steps if not s.run.against_reference().bit_for_bit]
         if wrong:
             raise AssertionError(f"{wrong}: the step differs from the one-process model")
-        return check
+        return tuple(steps)
 
-    check, found = verified(measure, lambda check: check.verdicts)
-    return replace(check, verdicts=found)
+    return ZeroBubbleCheck(*verified(measure, split_verdicts))

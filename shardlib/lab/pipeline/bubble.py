@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from shardlib.core.config import ModelConfig
-from shardlib.core.pipeline.orders import make_schedule
+from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.pipeline.schedules import Schedule
-from shardlib.lab.pipeline.drivers import PipelineRun, run_pipeline
+from shardlib.lab.pipeline.step import PipelineRun, run_pipeline
 from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.pipeline import Trips, microbatch_trips, pipeline_bubble_fraction, predicted_step_s
 

@@ -1,27 +1,112 @@
-"""``run_disaggregation_check``: colocated against disaggregated on the same ranks and trace, each
-configuration predicted on a fitted step cost, then served; the claims a notebook prints as one line each.
+"""Disaggregated serving measured: a prefill pool and a decode pool on a warm pool of ranks, and the check of
+colocated against disaggregated on the same ranks and trace (Zhong et al. 2024, DistServe; Patel et al.
+2024, Splitwise).
 
-Four configurations (``CONFIGURATIONS``): the colocated engine prefill-first and with chunked prefill
-(``run_serving``, tensor parallelism over every rank), and a prefill pool beside a decode pool, the K/V
-handed over whole or layer by layer (``run_disaggregated``, half the ranks each). A fifth, colocated
-replicas (one engine per pool's worth of ranks), is predicted only. ``DisaggregationCheck`` holds the runs,
-the predictions, SLO attainment and goodput per objective, the interference (decode steps with and
-without prompt tokens), the hand-off's wait and the verdicts (``lab.verdict``).
+``run_disaggregated`` serves a trace on the two pools, every request checked before any rank starts; a
+``DisaggregatedRun`` is a ``ServingRun`` plus the hand-off: each request's K/V bytes read from the comm log
+beside ``presets.kv_bytes_per_rank`` times the ranks of a pool. ``run_disaggregation_check`` serves four
+configurations (``CONFIGURATIONS``): the colocated engine prefill-first and with chunked prefill
+(``run_serving``, tensor parallelism over every rank), and the two pools, the K/V handed over whole or layer
+by layer (half the ranks each). A fifth, colocated replicas (one engine per pool's worth of ranks), is
+predicted only. ``DisaggregationCheck`` holds the runs, the predictions, SLO attainment and goodput per
+objective, the interference (decode steps with and without prompt tokens), the hand-off's wait and the
+verdicts (``lab.verdict``).
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from shardlib.core.checks import flag, whole_number
 from shardlib.core.model import LlamaWeights
+from shardlib.core.serving.disagg import disaggregated_on_rank
 from shardlib.facts.hardware import Link
-from shardlib.lab.serving.disagg_run import check_split, run_disaggregated
-from shardlib.lab.serving.engine_drivers import check_serving, run_serving
+from shardlib.lab.harness import on_ranks
+from shardlib.lab.serving.engine_drivers import ServingRun, check_serving, run_serving
 from shardlib.lab.verdict import Verdict, verified
-from shardlib.predict.serving.engine import simulate_serving
+from shardlib.predict.serving.engine import PredictedServing, simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective, goodput, request_metrics, slo_attainment
-from shardlib.predict.serving.pools import simulate_pools
+from shardlib.predict.serving.pools import simulate_colocated, simulate_pools
+from shardlib.predict.serving.presets import kv_bytes_per_rank
+from shardlib.predict.shapes import tensor_parallel_problems
+
+
+@dataclass(frozen=True)
+class DisaggregatedRun(ServingRun):
+    """A disaggregated run: the engine's figures, each pool's steps, and the K/V each request handed off
+    (bytes measured and predicted, and in how many messages); ``handoff_s``: seconds from a request's first
+    token to its K/V in the decode cache (the wait for the decode pool's step in progress included)."""
+
+    prefill_ranks: int = 1
+    layerwise: bool = False
+    kv_bytes_predicted: dict = field(default_factory=dict)
+
+    prefill_steps = property(lambda self: self.got.values[0].steps)  # the prefill pool's leader's
+    decode_steps = property(lambda self: self.got.values[self.prefill_ranks].steps)  # the decode pool's leader's
+    handoff_s = property(lambda self: dict(self.got.values[self.prefill_ranks].handoff_s or {}))  # by request id
+
+    @property
+    def outputs(self) -> dict:
+        """Request id -> (tokens, token times, preemptions): the first token from the prefill pool, the rest
+        (the first included) from the decode pool."""
+        out = dict(self.got.values[0].outputs)
+        for rid, (tokens, times, n) in self.got.values[self.prefill_ranks].outputs.items():
+            out[rid] = (tokens, times, out[rid][2] + n)
+        return out
+
+    def _kv_sends(self) -> dict:
+        """Request id -> the sizes of its K/V messages: each prefill rank's ``handoff`` sends, matched in
+        order to the requests it says it sent."""
+        sends = {r.request_id: [] for r in self.requests}
+        for rank, result in enumerate(self.got.values[:self.prefill_ranks]):
+            records = [c for c in self.got.records("send", rank) if c.group == "handoff"]
+            if len(records) != len(result.kv_sent):
+                raise RuntimeError(f"rank {rank} logged {len(records)} K/V sends but sent {len(result.kv_sent)}")
+            for record, i in zip(records, result.kv_sent):
+                sends[self.requests[i].request_id].append(record.size_bytes)
+        return sends
+
+    kv_bytes_sent = property(lambda self: {rid: sum(s) for rid, s in self._kv_sends().items()})
+    kv_messages = property(lambda self: {rid: len(s) for rid, s in self._kv_sends().items()})
+
+
+def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
+    """The decode pool's size, or a ValueError saying why ``prefill_ranks`` does not split the job."""
+    whole_number(prefill_ranks, "prefill_ranks (a whole number of ranks: a pool of zero ranks serves nothing)")
+    decode = world_size - prefill_ranks
+    if decode < 1:
+        raise ValueError(f"prefill_ranks = {prefill_ranks} of a job of {world_size} ranks leaves no rank to decode: "
+                         f"give the decode pool at least one (prefill_ranks <= {world_size - 1})")
+    if decode != prefill_ranks:
+        fix = (f"prefill_ranks = {world_size // 2} of {world_size}" if world_size % 2 == 0
+               else f"a job of an even number of ranks, not {world_size}")
+        raise ValueError(f"{prefill_ranks} prefill + {decode} decode ranks: each prefill rank hands its KV heads to "
+                         "the decode rank of the same tensor-parallel index, so the pools must be the same size "
+                         f"({fix})")
+    problems = tensor_parallel_problems(model_config, prefill_ranks) if model_config is not None else []
+    if problems:
+        raise ValueError(f"each pool splits the model over its {prefill_ranks} ranks, and it does not split:\n  "
+                         + "\n  ".join(problems))
+    return decode
+
+
+def run_disaggregated(ranks, weights, requests, config, prefill_ranks: int | None = None,
+                      layerwise: bool = False) -> DisaggregatedRun:
+    """Serve ``requests`` with prefill on ranks ``0 .. prefill_ranks - 1`` (default: half the ranks) and
+    decode on the others, the K/V handed over whole after a prompt's last step, or layer by layer during it
+    (``layerwise``). Greedy unless a request has a seed: the tokens are those of ``run_serving``."""
+    flag(layerwise, "layerwise")
+    whole_number(ranks.world_size, "the job's world size")
+    p = ranks.world_size // 2 if prefill_ranks is None else prefill_ranks
+    check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
+    requests = check_serving(weights, requests, config, p)
+    element = weights.embed.element_size()
+    predicted = {r.request_id: p * kv_bytes_per_rank(weights.config, len(r.prompt_token_ids), p, element)
+                 if r.max_new_tokens > 1 else 0 for r in requests}
+    got = on_ranks(ranks, disaggregated_on_rank, weights, list(requests), config, p, layerwise)
+    return DisaggregatedRun(got, requests, config, p, p, layerwise, predicted)
+
 
 LOOPBACK = Link("loopback (gloo, one machine)", 1e9, 2e-4, source="about 0.9 GB/s for a 64 MiB all-reduce here",
                 latency_source="a small point-to-point message on gloo over loopback: a fraction of a millisecond")
@@ -168,8 +253,8 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
                                                     costs["colocated, chunked prefill"])
 
     def predict(name, trace, costs):
-        if name == REPLICAS:  # each replica takes every replicas-th request: round robin
-            return simulate_serving(trace[::replicas], configs["colocated, chunked prefill"], costs[name])
+        if name == REPLICAS:  # the requests dealt round robin over the replicas
+            return PredictedServing(simulate_colocated(trace, config, costs[name], replicas), ())
         if name.startswith("colocated"):
             return simulate_serving(trace, configs[name], costs[name])
         return simulate_pools(trace, config, costs[name], link, model, p, layerwise=name.endswith("layerwise"))
@@ -207,8 +292,7 @@ def run_disaggregation_check(ranks, weights, requests, config, objectives=None, 
     attained = {(n, o.label): slo_attainment(runs[n].metrics, o) for n, o in keys if n in runs}
     predicted_attained = {(n, o.label): slo_attainment(metrics(simulated[n], requests), o) for n, o in keys}
     good = {(n, o.label): goodput(swept[n], o, ranks.world_size) for n, o in keys}  # every GPU of the job
-    predicted = {n: simulated[n].figures(requests[::replicas] if n == REPLICAS else requests) for n in names}
-    predicted[REPLICAS]["tokens_per_s"] *= replicas  # every replica's tokens
+    predicted = {n: simulated[n].figures(requests) for n in names}
     handoff = {n: (statistics.median(simulated[n].admitted_s.values()), statistics.median(runs[n].handoff_s.values()))
                for n in CONFIGURATIONS[2:] if runs[n].handoff_s}
     return DisaggregationCheck(requests, rate_per_s, ranks.world_size, objectives, runs, predicted, attained,
