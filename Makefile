@@ -17,11 +17,11 @@ TEST_WORKERS ?= 2
 SITE_DIR := artifacts/site
 NBVAL := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 # The main notebooks run under nbval alone, their timing claims asserted. Then the browser test, which keeps about
-# one core of two busy, runs beside the exercises and solutions (graded answers, no timings) and the static
-# site's pages (scripts/side_by_side.py).
+# one core of two busy, runs beside the exercises, the solutions and the nbgrader source notebooks (graded
+# answers, no timings) and the static site's pages (scripts/side_by_side.py).
 MAIN_NOTEBOOKS := $(wildcard notebooks/[0-9]*.ipynb)
 
-.PHONY: lab test lint bench site binder-check busy-check bursty-check install clean
+.PHONY: lab test lint bench site binder-check busy-check bursty-check install clean assignments grade
 
 install: $(STAMP)
 
@@ -46,7 +46,15 @@ test: $(STAMP)
 	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) $(MAIN_NOTEBOOKS) --durations=10
 	SHARDLIB_SITE_DIR=$(SITE_DIR) $(BIN)/python scripts/side_by_side.py \
 		"$(BIN)/python -m pytest tests/browser -n $(TEST_WORKERS) -rs --durations=0" \
-		"SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) notebooks/exercises solutions tests/static_site -rs --durations=5"
+		"SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) notebooks/exercises solutions course/source tests/static_site -rs --durations=5"
+
+# For instructors (nbgrader): release every exercise as an assignment into course/release/, and grade what
+# students handed in under course/submitted/<student>/<assignment>/ (feedback in course/feedback/, course/grades.csv).
+assignments: $(STAMP)
+	$(BIN)/python scripts/course.py release
+
+grade: $(STAMP)
+	$(BIN)/python scripts/course.py grade
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -15,7 +15,7 @@
 # %% [markdown]
 # # 08 · Exercise: ZeRO-1's step on real ranks, your design
 #
-# **What you will do.** Write one training step of ZeRO-1 on two real ranks. You choose the collectives
+# **What you will do.** Write one training step of ZeRO-1 on real ranks (2, then 4). You choose the collectives
 # and which shard each rank updates. A checker runs your function, compares every rank's weights with
 # one process's AdamW step, reads the comm log, and names the mistake if something is off. About 30
 # minutes.
@@ -73,12 +73,12 @@ def zero1_step(ctx, params: torch.Tensor, grads: torch.Tensor, optimizer) -> tor
 # %%
 from shardlib.runtime.ranks import Ranks
 
-ranks = Ranks(2)  # started once: rerun the checker as often as you like
+ranks, four = Ranks(2), Ranks(4)  # started once: rerun the checker as often as you like
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.exercises.data_parallel import grade_zero1_step
 
-grade_zero1_step(zero1_step, ranks)
+grade_zero1_step(zero1_step, ranks, four)
 
 # %% [markdown]
 # ## Check yourself

@@ -87,16 +87,18 @@ def _check(got: Collector, where: str, answer, a: Partial, b: Partial, whole: to
         got.fail(f"{where}: out differs from attention over all the keys by up to {gap:.3g}: {_hint(a, b, out)}")
         return
     if not grading.close(row_max, want.row_max, TOLERANCE):
-        got.fail(f"{where}: out is right but max is not the largest score of the two blocks, max(max_a, max_b)")
+        got.fail(f"{where}: out is right but max is not the largest score of the two blocks, max(max_a, max_b)",
+                 "max")
     elif not grading.close(row_sum, want.row_sum, TOLERANCE, TOLERANCE):
         got.fail(f"{where}: out and max are right but sum is not: measured from the new max, it is "
-                 "sum_a x exp(max_a - m) + sum_b x exp(max_b - m); the next merge needs it")
+                 "sum_a x exp(max_a - m) + sum_b x exp(max_b - m); the next merge needs it", "sum")
 
 
 SHAPES_HINT = (". Check the shapes: max and sum are (..., rows) and out is (..., rows, head_dim), so weight an out "
                "by w.unsqueeze(-1)")
 
 
+@grading.checks(out=2, max=1, sum=1)
 def grade_merge_partial_attention(merge_fn) -> ExerciseResult:
     """Grade a learner's ``merge_partials(out_a, max_a, sum_a, out_b, max_b, sum_b) -> (out, max, sum)``
     on three pairs of key blocks (one with scores near 1000), in both orders, against the online
@@ -104,7 +106,7 @@ def grade_merge_partial_attention(merge_fn) -> ExerciseResult:
     check_callable(merge_fn, "merge_partials")
     got = Collector("merge two partial attention results",
                     "3 pairs of key blocks (5 + 7, 6 + 2, 4 + 4 keys; scores up to ~1000), each in both orders, "
-                    "against attention over all the keys")
+                    "against attention over all the keys", grade_merge_partial_attention.checks)
     for seed, case in enumerate(CASES):
         a, b, whole = _case(*case, seed=seed)
         for first, second, order in ((a, b, "a then b"), (b, a, "b then a")):

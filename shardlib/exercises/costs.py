@@ -148,12 +148,13 @@ def _hint(sweep: Sweep, sizes, times, latency: float, bandwidth: float) -> str:
             "and that the answer is (latency_s, bandwidth_bytes_per_s) in seconds and bytes per second")
 
 
-def _two_numbers(got: Collector, where: str, answer) -> tuple[float, float] | None:
-    """The answer as ``(latency_s, bandwidth_bytes_per_s)``, or ``None`` after saying it is not two numbers."""
+def _two_numbers(got: Collector, where: str, answer, check: str | None = None) -> tuple[float, float] | None:
+    """The answer as ``(latency_s, bandwidth_bytes_per_s)``, or ``None`` after saying it is not two numbers
+    (against the property ``check``)."""
     if isinstance(answer, (tuple, list)) and len(answer) == 2 and all(is_number(x) and math.isfinite(x)
                                                                       for x in answer):
         return float(answer[0]), float(answer[1])
-    got.fail(f"{where}: return two finite numbers (latency_s, bandwidth_bytes_per_s), got {answer!r}")
+    got.fail(f"{where}: return two finite numbers (latency_s, bandwidth_bytes_per_s), got {answer!r}", check)
     return None
 
 
@@ -171,8 +172,9 @@ def _check_sweep(got: Collector, sweep: Sweep, sizes, times, answer) -> None:
              f"{_hint(sweep, sizes, times, latency, bandwidth)}")
 
 
-def _live(got: Collector, fit_fn, ranks) -> str:
-    """Time point-to-point messages on ranks 0 and 1 and compare the learner's fit with the library's."""
+def _live(got: Collector, fit_fn, ranks, check: str | None = None) -> str:
+    """Time point-to-point messages on ranks 0 and 1 and compare the learner's fit with the library's; what
+    differs breaks the property ``check``."""
     from shardlib.lab.costs.calibration import run_calibration
 
     try:
@@ -180,12 +182,12 @@ def _live(got: Collector, fit_fn, ranks) -> str:
                               ops=("point_to_point",))
     except (RankError, RankTimeoutError, PoolClosedError) as exc:
         got.fail(f"the live sweep could not run on these ranks ({type(exc).__name__}: {exc}); start a fresh pool "
-                 f"with Ranks(2) and grade again")
+                 f"with Ranks(2) and grade again", check)
         return ""
     samples: list[Sample] = sorted(cal.samples, key=lambda s: s.size_bytes)
     sizes, times = [s.size_bytes for s in samples], [s.seconds for s in samples]
-    answer = grading.call(got, "this machine's sweep", fit_fn, list(sizes), list(times))
-    pair = None if answer is None else _two_numbers(got, "this machine's sweep", answer)
+    answer = grading.call(got, "this machine's sweep", fit_fn, list(sizes), list(times), check=check)
+    pair = None if answer is None else _two_numbers(got, "this machine's sweep", answer, check)
     if pair is None:
         return ""
     latency, bandwidth, ref = *pair, fit_link(samples)
@@ -197,19 +199,22 @@ def _live(got: Collector, fit_fn, ranks) -> str:
     if not (same_latency and math.isclose(bandwidth, ref.bandwidth_bytes_per_s, rel_tol=LIVE_RTOL)):
         got.fail(f"{line}: the same points should give the same line within {LIVE_RTOL:.0%}. A real sweep is "
                  f"noisier than the synthetic ones: check that each point counts by its relative error and that a "
-                 f"negative latency is clamped at zero, as in the hint")
+                 f"negative latency is clamped at zero, as in the hint", check)
     return line
 
 
+@grading.checks(synthetic=2, live=1)
 def grade_fit_alpha_beta(fit_fn, ranks=None) -> ExerciseResult:
     """Grade a learner's ``fit_alpha_beta(sizes_bytes, times_s) -> (latency_s, bandwidth_bytes_per_s)`` on
     synthetic sweeps of known latency and bandwidth (exact and noisy, three scales, some unsorted), then,
     given ``ranks`` (a ``Ranks`` pool of at least 2), on a live point-to-point sweep against the library's
-    own fit. It never raises for a wrong answer; an unwritten function is "not written yet"."""
+    own fit. It never raises for a wrong answer; an unwritten function is "not written yet". Without ``ranks``
+    it checks ``synthetic`` alone (``holds("live")`` then raises)."""
     check_callable(fit_fn, "fit_alpha_beta")
     checked = (f"{len(SWEEPS)} synthetic sweeps (latency within {LATENCY_RTOL:.0%}, bandwidth within "
                f"{BANDWIDTH_RTOL:.0%} of the truth)" + (", then this machine's ranks" if ranks is not None else ""))
-    got = Collector("fit latency and bandwidth", checked)
+    got = Collector("fit latency and bandwidth", checked,
+                    [c for c in grade_fit_alpha_beta.checks if ranks is not None or c != "live"])
     for sweep in SWEEPS:
         sizes, times = sweep.data()
         answer = grading.call(got, sweep.name, fit_fn, list(sizes), list(times))
@@ -219,5 +224,5 @@ def grade_fit_alpha_beta(fit_fn, ranks=None) -> ExerciseResult:
         return got.result()
     if ranks is None:
         return got.result(f"right on all {len(SWEEPS)} synthetic sweeps; pass ranks=... to fit this machine too")
-    line = _live(got, fit_fn, ranks)
+    line = _live(got, fit_fn, ranks, "live")
     return got.result(f"right on all {len(SWEEPS)} synthetic sweeps; {line}")

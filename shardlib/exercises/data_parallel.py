@@ -137,7 +137,7 @@ def _check_comm(got: Collector, measured, world_size: int, n_bytes: int) -> None
         mine = measured.records(rank=rank)
         if not mine:
             got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but its comm log is empty: use ctx.comm's "
-                     "collectives (not torch.distributed directly), so that the bytes can be counted")
+                     "collectives (not torch.distributed directly), so that the bytes can be counted", "bytes")
             return
         sent = measured.bytes(rank=rank, wire=True)
         if sent <= budget:
@@ -149,17 +149,18 @@ def _check_comm(got: Collector, measured, world_size: int, n_bytes: int) -> None
         else:
             hint = "check that each byte of gradient and of updated weights crosses the wire once"
         got.fail(f"{world_size} ranks, rank {rank}: the right numbers, but it sent {sent:,} bytes ({calls}) where "
-                 f"DDP's all-reduce of the gradient sends {budget:,}: {hint}")
+                 f"DDP's all-reduce of the gradient sends {budget:,}: {hint}", "bytes")
         return
 
 
+@grading.checks(values=2, bytes=1)
 def grade_zero1_step(step_fn, *pools) -> ExerciseResult:
     """Grade a learner's rank function ``step_fn(ctx, params, grads, optimizer)`` (see the module docstring)
     on each warm ``Ranks`` pool given: every rank must return the weights one AdamW step on the summed
     gradient gives, within 1e-6, all ranks the same, having stepped its shard optimizer once and sent no
     more bytes than DDP's all-reduce of the gradient."""
     check_callable(step_fn, "zero1_step")
-    got = Collector("ZeRO-1 step on ranks", grading.need_pools(pools, "grade_zero1_step"))
+    got = Collector("ZeRO-1 step on ranks", grading.need_pools(pools, "grade_zero1_step"), grade_zero1_step.checks)
     alone = zero1_inputs(1)
     if not grading.written(got, step_fn, alone["params"], alone["grads"][0], ShardOptimizer(N_PER_RANK)):
         return got.result()

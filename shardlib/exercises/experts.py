@@ -45,13 +45,14 @@ def _softmax_gate_hint(t: int, mine: dict[int, float], routing) -> str:
         f"they sum to {total:.3f}; a softmax over the k chosen logits sums to 1")
 
 
+@grading.checks(experts=2, gates=1)
 def grade_top_k_router(router_fn) -> ExerciseResult:
     """Grade a learner's ``top_k_router(x, router, k) -> (experts, gates)``: ``x`` is ``(T, d_model)``,
-    ``router`` is ``(n_experts, d_model)``; ``experts`` ``(T, k)`` holds each token's ``k`` highest-scoring
-    experts (logits ``x @ router.T``), ``gates`` ``(T, k)`` a softmax over those ``k`` logits. The order of
-    the ``k`` within a token is free. Checked against ``experts.route``."""
+    ``router`` ``(n_experts, d_model)``; ``experts`` ``(T, k)``, each token's ``k`` highest-scoring experts
+    (logits ``x @ router.T``) in any order, ``gates`` ``(T, k)`` a softmax over those. Against ``route``."""
     check_callable(router_fn, "top_k_router")
-    got = Collector("top-k router", "(tokens, experts, k) = " + ", ".join(map(str, ROUTER_CASES)))
+    got = Collector("top-k router", f"(tokens, experts, k) = {', '.join(map(str, ROUTER_CASES))}",
+                    grade_top_k_router.checks)
     for seed, (n_tokens, n_experts, k) in enumerate(ROUTER_CASES):
         x, router, ref = _routed(MoEConfig(n_experts=n_experts, k=k, d_model=D_MODEL, d_ff=8), n_tokens, seed)
         where = f"{n_tokens} tokens, {n_experts} experts, k = {k}"
@@ -74,7 +75,7 @@ def grade_top_k_router(router_fn) -> ExerciseResult:
             mine, wanted = by_expert(experts, gates)[t], by_expert(ref.experts, ref.gates)[t]
             got.fail(f"{where}: token {t}'s gates are {[round(mine[e], 4) for e in sorted(mine)]} for experts "
                      f"{sorted(mine)}, expected {[round(wanted[e], 4) for e in sorted(wanted)]}: "
-                     f"{_softmax_gate_hint(t, mine, ref)}")
+                     f"{_softmax_gate_hint(t, mine, ref)}", "gates")
         elif kind:
             got.fail(kind)
     return got.result("every token's experts and renormalised gates match the reference router")
@@ -117,6 +118,7 @@ def _plan_problem(order: list[int], rows: list[int], experts: torch.Tensor, plac
     return ""
 
 
+@grading.checks(destinations=2, order=1)
 def grade_dispatch_plan(plan_fn) -> ExerciseResult:
     """Grade a learner's ``plan_dispatch(experts, n_experts, ep) -> (order, rows_to_rank)`` for
     one home rank: ``experts`` ``(T, k)`` are its tokens' chosen experts; expert ``e`` lives on rank
@@ -124,7 +126,8 @@ def grade_dispatch_plan(plan_fn) -> ExerciseResult:
     by destination rank, within a rank by expert, within an expert by slot id; ``rows_to_rank[r]`` counts
     the rows sent to rank ``r``. Checked against ``core.experts.placement.dispatch_plan`` at 2, 4 and 8 ranks."""
     check_callable(plan_fn, "plan_dispatch")
-    got = Collector("dispatch plan", "(tokens, experts, k, ep, skew) = " + ", ".join(map(str, DISPATCH_CASES)))
+    got = Collector("dispatch plan", "(tokens, experts, k, ep, skew) = " + ", ".join(map(str, DISPATCH_CASES)),
+                    grade_dispatch_plan.checks)
     for seed, (n_tokens, n_experts, k, ep, skew) in enumerate(DISPATCH_CASES):
         cfg = MoEConfig(n_experts=n_experts, k=k, d_model=D_MODEL, d_ff=8, skew=skew)
         experts = _routed(cfg, n_tokens, seed)[2].experts  # (T, k)
@@ -141,7 +144,7 @@ def grade_dispatch_plan(plan_fn) -> ExerciseResult:
                      f"{answer!r:.80}")
             continue
         want = ref.order.tolist()
-        problem = _plan_problem(order, rows, experts, placement)
+        problem, check = _plan_problem(order, rows, experts, placement), None
         if not problem and rows != ref.rows_to_rank:
             problem = f"rows_to_rank is {rows}, the slots' experts give {ref.rows_to_rank}"
         if not problem and order != want:
@@ -149,8 +152,9 @@ def grade_dispatch_plan(plan_fn) -> ExerciseResult:
             problem = (f"the right rows for each rank, in another order; at position {i} you send "
                        f"{_slot(order[i], k, experts)}, the plan sends {_slot(want[i], k, experts)}: within a rank, "
                        f"group rows by expert (ascending), and within an expert keep slot-id order")
+            check = "order"
         if problem:
-            got.fail(f"{where}: {problem}")
+            got.fail(f"{where}: {problem}", check)
     return got.result("every slot is sent once, to the rank of its expert, in the reference order")
 
 
@@ -248,6 +252,7 @@ def _bias_hint(new_bias, bias, local_counts, counts) -> str:
                                                    "the loads counted over every rank")
 
 
+@grading.checks(experts=1, gates=1, bias=2)
 def grade_aux_free_bias(route_fn, *pools) -> ExerciseResult:
     """Grade a learner's ``aux_free_route(ctx, scores, bias, k, rate) -> (experts, gates, new_bias)`` on each
     warm ``Ranks`` pool given (2 and 4 ranks in the notebook), for ``STEPS`` steps each, every step from the
@@ -255,39 +260,41 @@ def grade_aux_free_bias(route_fn, *pools) -> ExerciseResult:
     and ``bias + rate * sign(mean load - load)`` on the loads of every rank (``ctx.comm.all_reduce``)."""
     check_callable(route_fn, "aux_free_route")
     got = Collector("auxiliary-loss-free bias on ranks",
-                    grading.need_pools(pools, "grade_aux_free_bias") + f", {STEPS} steps each")
+                    grading.need_pools(pools, "grade_aux_free_bias") + f", {STEPS} steps each",
+                    grade_aux_free_bias.checks)
     alone = bias_exercise_inputs(1, 1)
     if not grading.written(got, route_fn, alone["scores"][0], alone["biases"][0], K, RATE):
         return got.result()
     inputs = {n: bias_exercise_inputs(n) for n in {pool.world_size for pool in pools}}
     for pool, _, ran in grading.runs(got, pools, _run_learner, lambda pool: (
             route_fn, inputs[pool.world_size]["scores"], inputs[pool.world_size]["biases"], K, RATE)):
-        problem = next(filter(None, (_step_problem(inputs[pool.world_size], s, r, ran.values[r][s])
-                                     for s in range(STEPS) for r in range(pool.world_size))), "")
-        if problem:
-            got.fail(f"{pool.world_size} ranks, {problem}")
+        problems = [p for s in range(STEPS) for r in range(pool.world_size)
+                    if (p := _step_problem(inputs[pool.world_size], s, r, ran.values[r][s]))[1]]
+        if problems:
+            got.fail(f"{pool.world_size} ranks, {problems[0][1]}", problems[0][0])
+            got.failed_checks.update(check for check, _ in problems)  # a later step may break an earlier property
     return got.result("every rank chose by scores + bias, weighed by the scores alone (normalised), and moved "
                       "the bias by rate * sign(mean load - load) on the loads of every rank, at every step")
 
 
-def _step_problem(inputs: dict, s: int, r: int, out) -> str:
-    """What is wrong with rank ``r``'s answer at step ``s``, or ``""``."""
+def _step_problem(inputs: dict, s: int, r: int, out) -> tuple[str, str]:
+    """``(the property it breaks, what is wrong)`` with rank ``r``'s answer at step ``s``, or ``("", "")``."""
     where = f"step {s + 1}, rank {r}"
     experts_all, gates_all, counts = inputs["answers"][s]
     bias, mine = inputs["biases"][s], slice(r * TOKENS_PER_RANK, (r + 1) * TOKENS_PER_RANK)
     if not (isinstance(out, tuple) and len(out) == 3):
-        return f"{where}: return three things, (experts, gates, new_bias); got {type(out).__name__}"
+        return "experts", f"{where}: return three things, (experts, gates, new_bias); got {type(out).__name__}"
     experts, gates, new_bias = out
     kind, _ = _routing_problem(where, experts, gates, experts_all[mine], gates_all[mine], ATOL)
     if kind == "experts":
-        return f"{where}: {_choice_hint(experts.long(), inputs['scores'][s, mine], experts_all[mine])}"
+        return "experts", f"{where}: {_choice_hint(experts.long(), inputs['scores'][s, mine], experts_all[mine])}"
     if kind == "gates":
-        return f"{where}: {_biased_gate_hint(experts.long(), gates, inputs['scores'][s, mine], bias)}"
+        return "gates", f"{where}: {_biased_gate_hint(experts.long(), gates, inputs['scores'][s, mine], bias)}"
     if kind:
-        return kind
+        return "experts", kind
     if not (isinstance(new_bias, torch.Tensor) and new_bias.shape == bias.shape):
-        return f"{where}: new_bias must be a ({N_EXPERTS},) tensor, one bias per expert"
+        return "bias", f"{where}: new_bias must be a ({N_EXPERTS},) tensor, one bias per expert"
     if not grading.close(new_bias.double(), inputs["after"][s], ATOL):
         local = torch.bincount(experts_all[mine].flatten(), minlength=N_EXPERTS)
-        return f"{where}: {_bias_hint(new_bias, bias, local, counts)}"
-    return ""
+        return "bias", f"{where}: {_bias_hint(new_bias, bias, local, counts)}"
+    return "", ""

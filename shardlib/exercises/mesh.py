@@ -52,13 +52,13 @@ def _order_hint(wrong: list[tuple[Layout, int, tuple, tuple]]) -> str:
     return "divide the rank by tp first: the remainder is the tp rank; then divide by dp: stage, replica"
 
 
-def _answers(got: Collector, fn):
+def _answers(got: Collector, fn, check: str | None = None):
     """``(layout, rank, where, value)``: the learner's ``fn(rank, tp, pp, dp)`` on every rank of every layout,
-    stopping at the first call that fails or is not written yet."""
+    stopping at the first call that fails (against the property ``check``) or is not written yet."""
     for layout in LAYOUTS:
         for rank in range(layout.world_size):
             where = f"{layout.label}, rank {rank}"
-            value = grading.call(got, where, fn, rank, layout.tp, layout.pp, layout.dp)
+            value = grading.call(got, where, fn, rank, layout.tp, layout.pp, layout.dp, check=check)
             if value is None:
                 return
             yield layout, rank, where, value
@@ -97,20 +97,20 @@ def _group_hint(axis: str, rank: int, mine: list[int], want: list[int], layout: 
 
 
 def _check_groups(got: Collector, groups_fn) -> None:
-    for layout, rank, where, value in _answers(got, groups_fn):
+    for layout, rank, where, value in _answers(got, groups_fn, "groups"):
         if not isinstance(value, dict) or set(value) != set(AXES):
-            got.fail(f"{where}: return a dict with the keys 'tp', 'pp' and 'dp', got {value!r}")
+            got.fail(f"{where}: return a dict with the keys 'tp', 'pp' and 'dp', got {value!r}", "groups")
             return
         want = reference_groups(layout, rank)
         for axis in AXES:
             try:
                 mine = [int(r) for r in value[axis]]
             except (TypeError, ValueError):
-                got.fail(f"{where}: the {axis} group must be a list of ranks, got {value[axis]!r}")
+                got.fail(f"{where}: the {axis} group must be a list of ranks, got {value[axis]!r}", "groups")
                 return
             if sorted(mine) != want[axis]:
                 got.fail(f"{where}: its {axis} group is {want[axis]}, you returned {mine}: "
-                         f"{_group_hint(axis, rank, mine, want[axis], layout)}")
+                         f"{_group_hint(axis, rank, mine, want[axis], layout)}", "groups")
                 return
 
 
@@ -136,10 +136,12 @@ def _members(fingerprint: int) -> list[int]:
     return [r for r in range(fingerprint.bit_length()) if fingerprint >> r & 1]
 
 
-def _check_on_ranks(got: Collector, groups_fn, pools) -> None:
+def _check_on_ranks(got: Collector, groups_fn, pools, check: str | None = None) -> None:
+    """Build the learner's groups on each pool's ranks and compare who met with the ``DeviceMesh``'s; what
+    differs breaks the property ``check``."""
     for pool in pools:
         for layout in (L for L in LAYOUTS if L.world_size == pool.world_size):
-            ran = grading.run_on(got, pool, groups_met_on_rank, layout, groups_fn)
+            ran = grading.run_on(got, pool, groups_met_on_rank, layout, groups_fn, check=check)
             if ran is None:
                 return
             wrong = [(rank, axis, *met[axis]) for rank, met in enumerate(ran.each()) for axis in AXES
@@ -147,24 +149,26 @@ def _check_on_ranks(got: Collector, groups_fn, pools) -> None:
             if wrong:
                 rank, axis, yours, theirs = wrong[0]
                 got.fail(f"{layout.label} on {pool.world_size} ranks: rank {rank} met ranks {_members(yours)} in "
-                         f"your {axis} group, but {_members(theirs)} in the DeviceMesh's")
+                         f"your {axis} group, but {_members(theirs)} in the DeviceMesh's", check)
                 return
 
 
+@grading.checks(coordinates=2, groups=1, on_ranks=1)
 def grade_mesh_coordinates(coordinates_fn, groups_fn, *pools) -> ExerciseResult:
     """Grade ``coordinates(rank, tp, pp, dp) -> (stage, replica, tp_rank)`` and ``groups(rank, tp, pp, dp)
     -> {"tp": [...], "pp": [...], "dp": [...]}`` against ``mesh.Layout`` on 11 layouts (2 to 32
     ranks), then, on each warm pool given, build the groups on real ranks and compare who met in them
-    with a torch ``DeviceMesh``."""
+    with a torch ``DeviceMesh`` (without pools, ``on_ranks`` is not checked: ``holds("on_ranks")`` raises)."""
     check_callable(coordinates_fn, "coordinates")
     check_callable(groups_fn, "groups")
     sizes = sorted({L.world_size for L in LAYOUTS})
     got = Collector("a rank's place in the mesh", f"{len(LAYOUTS)} layouts of {sizes[0]} to {sizes[-1]} ranks"
-                    + "".join(f", and on {p.world_size} real ranks" for p in pools))
+                    + "".join(f", and on {p.world_size} real ranks" for p in pools),
+                    [c for c in grade_mesh_coordinates.checks if pools or c != "on_ranks"])
     _check_coordinates(got, coordinates_fn)
     if not got.failed:
         _check_groups(got, groups_fn)
     if not got.failed:
-        _check_on_ranks(got, groups_fn, pools)
+        _check_on_ranks(got, groups_fn, pools, "on_ranks")
     return got.result("every rank of every layout placed right and grouped right"
                       + (" and the groups met on real ranks as the DeviceMesh's do" if pools else ""))

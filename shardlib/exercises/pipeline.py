@@ -44,13 +44,15 @@ def _same_everywhere(wrong: list[tuple[int, int, float]], formula) -> bool:
     return all(math.isclose(value, formula(p, m), rel_tol=1e-9, abs_tol=1e-12) for p, m, value in wrong)
 
 
+@grading.checks(values=2, refuses_bad_input=1)
 def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
     """Grade a learner's ``bubble_fraction(n_stages, n_microbatches) -> float`` against
     ``predict.pipeline.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
     stages or no microbatches raises ``ValueError``."""
     check_callable(bubble_fn, "bubble_fraction")
     got = Collector("bubble fraction", f"n_stages in {STAGES} x n_microbatches in {MICROBATCHES}, and "
-                                       f"n_stages = 0 or n_microbatches = 0 (must raise ValueError)")
+                                       f"n_stages = 0 or n_microbatches = 0 (must raise ValueError)",
+                    grade_bubble_fraction.checks)
     wrong = []
     for p in STAGES:
         for m in MICROBATCHES:
@@ -70,7 +72,7 @@ def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
                  f"{len(STAGES) * len(MICROBATCHES)} points differ)")
     for p, m in BAD_INPUTS:
         grading.must_refuse(got, f"p = {p}, m = {m}", bubble_fn, (p, m),
-                            "a pipeline needs at least 1 stage and 1 microbatch")
+                            "a pipeline needs at least 1 stage and 1 microbatch", check="refuses_bad_input")
     return got.result(f"matches (p - 1) / (m + p - 1) at all {len(STAGES) * len(MICROBATCHES)} points")
 
 
@@ -128,16 +130,18 @@ def _order(got: Collector, order_fn, p: int, m: int) -> Schedule | None:
     return _schedule(got, f"p = {p}, m = {m}", rows, m)
 
 
+@grading.checks(order=1, memory=2, time=1, on_ranks=1)
 def grade_one_f_one_b(order_fn, ranks=None, model=None, layers=None, x=None, grad_output=None) -> ExerciseResult:
     """Grade ``order_fn(stage, n_stages, n_microbatches) -> [("F", 0), ("B", 0), ...]``, one stage's 1F1B order,
     at each of ``ORDER_SIZES``: every F and B once, an order the stages can run together, at most as many
     microbatches in flight per stage as 1F1B holds, and 1F1B's step length. With a pool ``ranks`` (and the
     toy ``model``, ``layers``, ``x``, ``grad_output``), the order also runs a training step on the ranks,
-    checked bit for bit against the one-process model."""
+    checked bit for bit against the one-process model (without ``ranks``, ``holds("on_ranks")`` raises)."""
     check_callable(order_fn, "one_f_one_b")
     got = Collector("1F1B order", f"(p, m) in {ORDER_SIZES}: every F and B once, runs without waiting forever, at "
                                   "most p - s in flight on stage s, 1F1B's step length"
-                                  + (", and a step on the ranks" if ranks is not None else ""))
+                                  + (", and a step on the ranks" if ranks is not None else ""),
+                    [c for c in grade_one_f_one_b.checks if ranks is not None or c != "on_ranks"])
     for p, m in ORDER_SIZES:
         yours, best = _order(got, order_fn, p, m), make_schedule("1f1b", p, m)
         if got.not_written:
@@ -150,18 +154,18 @@ def grade_one_f_one_b(order_fn, ranks=None, model=None, layers=None, x=None, gra
             got.fail(f"p = {p}, m = {m}: stage {s} holds {held[s]} microbatches in flight (forward done, backward "
                      f"not yet); 1F1B holds at most {limit[s]} there (p - s = {p - s}). Count the forwards stage {s} "
                      "runs before its first backward, and how many it holds when that backward's gradient can "
-                     "first have come back")
+                     "first have come back", "memory")
         elif step_slots(yours) > step_slots(best):
             got.fail(f"p = {p}, m = {m}: the order runs, but the step takes {step_slots(yours)} slots where 1F1B "
                      f"takes 2 (m + p - 1) = {step_slots(best)}: a stage waits that need not. Check how many "
                      "forwards each stage runs before its first backward: too few, and it sits idle until the "
-                     "gradient comes back")
+                     "gradient comes back", "time")
     if got.failed or ranks is None:
         return got.result("every F and B once, runs, holds at most p - s microbatches, 1F1B's step length")
     run = run_pipeline(ranks, _order(got, order_fn, ranks.world_size, RANK_SIZE), model, layers, x, grad_output)
     if not run.against_reference().bit_for_bit:
         got.fail(f"on {ranks.world_size} ranks the step differs from the one-process model: each stage must run "
-                 "every microbatch's forward and backward once, in an order the checks above accept")
+                 "every microbatch's forward and backward once, in an order the checks above accept", "on_ranks")
         return got.result()
     return got.result(f"on {ranks.world_size} ranks with m = {RANK_SIZE}: output and gradients bit for bit; "
                       f"microbatches in flight per stage, measured: {list(run.peak_in_flight)}")
@@ -198,21 +202,24 @@ def _table(got: Collector, where: str, rows, p: int, m: int) -> Schedule | None:
         got.fail(f"{where}: with F = B = W = 1 each stage idles {idle} slots; ZB-H1 idles p - 1 = {best}. Check "
                  "the last stage: it should run each B right after its F. Then put W's off on the later stages "
                  "(up to s of them waiting on stage s): they fill the end of the step, where those stages would "
-                 "wait while the B's travel back")
+                 "wait while the B's travel back", "bubble")
     peak = max(peak_in_flight(schedule))
     if peak > p:
         got.fail(f"{where}: a stage holds {peak} microbatches' activations at once (F done, W not); 1F1B's "
-                 f"memory is at most p = {p}. Check how many F's run before each stage's first B, and run W's sooner")
+                 f"memory is at most p = {p}. Check how many F's run before each stage's first B, and run W's sooner",
+                 "memory")
     return schedule
 
 
+@grading.checks(runs=1, bubble=2, memory=1)
 def grade_small_table(table_fn) -> ExerciseResult:
     """Step 1: ``table_fn()`` returns ZB-H1's table for 2 stages and 2 microbatches, written by hand: every
     action once, each W after its B, no deadlock, at most 1 slot idle per stage at F = B = W, at most 2
     microbatches held."""
     check_callable(table_fn, "small_table")
     p, m = SMALL
-    got = Collector("small table", f"p = {p}, m = {m}: runs, W after B, at most {p - 1} slot idle, at most {p} held")
+    got = Collector("small table", f"p = {p}, m = {m}: runs, W after B, at most {p - 1} slot idle, at most {p} held",
+                    grade_small_table.checks)
     rows = grading.call(got, f"p = {p}, m = {m}", table_fn, hint=TABLE_HINT)
     if rows is None:
         return got.result()
@@ -228,14 +235,17 @@ def grade_small_table(table_fn) -> ExerciseResult:
                       "now write my_schedule for any size")
 
 
+@grading.checks(runs=1, bubble=2, memory=1, on_ranks=1)
 def grade_schedule_table(schedule_fn, ranks=None, model=None, layers=None, x=None, grad_output=None,
                          op_s: float = 0.02) -> ExerciseResult:
     """Grade ``schedule_fn(n_stages, n_microbatches) -> list of lists of labels`` at each of ``SIZES``;
     with a pool ``ranks`` (and the toy ``model``, ``layers``, ``x``, ``grad_output``), run the table for
-    ``ranks.world_size`` stages on it, each F, B and W padded to ``op_s``, beside ZB-H1."""
+    ``ranks.world_size`` stages on it, each F, B and W padded to ``op_s``, beside ZB-H1 (without ``ranks``,
+    ``holds("on_ranks")`` raises)."""
     check_callable(schedule_fn, "schedule")
     got = Collector("schedule table", f"(p, m) in {SIZES}: runs, W after B, ZB-H1's bubble at F = B = W, "
-                                      "at most p microbatches held" + (", and on the ranks" if ranks else ""))
+                                      "at most p microbatches held" + (", and on the ranks" if ranks else ""),
+                    [c for c in grade_schedule_table.checks if ranks is not None or c != "on_ranks"])
     for p, m in SIZES:
         rows = grading.call(got, f"p = {p}, m = {m}", schedule_fn, p, m, hint=TABLE_HINT)
         if got.not_written:
@@ -249,7 +259,8 @@ def grade_schedule_table(schedule_fn, ranks=None, model=None, layers=None, x=Non
             for schedule in (_table(got, "on the ranks", schedule_fn(p, m), p, m), make_schedule("zb-h1", p, m))]
     if not runs[0].against_reference().bit_for_bit:
         got.fail(f"on {p} ranks the step differs from the one-process model. Check that each stage runs its W's "
-                 "of a chunk in microbatch order (W0 before W1), so the weight gradients add up in the same order")
+                 "of a chunk in microbatch order (W0 before W1), so the weight gradients add up in the same order",
+                 "on_ranks")
         return got.result()
     return got.result(f"on {p} ranks, exact; bubble measured {runs[0].bubble.idle_fraction:.3f}, ZB-H1's "
                       f"{runs[1].bubble.idle_fraction:.3f} in the same run (each op padded to {op_s * 1e3:g} ms)")

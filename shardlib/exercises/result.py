@@ -7,6 +7,10 @@ answer: the notebook shows the result. An unfinished exercise (its body still ra
 (``call``), tensors compared within a tolerance (``close``), the first likely mistake that reproduces an
 answer (``first_match``), a bad input that must raise ``ValueError`` (``must_refuse``), and a rank
 function run on real ranks (``written`` first, alone; then ``run_on``, or ``runs`` over several pools).
+
+A grader declares the properties it checks, in order, with what each is worth in an assignment
+(``@checks(values=2, bytes=1)``); each message it records names the property that failed, so an nbgrader test
+cell can award one property (``result.holds("values")``) while another fails.
 """
 
 from __future__ import annotations
@@ -32,15 +36,26 @@ class ExerciseResult:
     status: str
     messages: tuple[str, ...]
     checked: str  # what the grader tried, e.g. "n_shards = 2, 3, 4, 8"
+    checks: tuple[str, ...] = ("answer",)  # the properties the grader checks, in the order it checks them
+    failed_checks: tuple[str, ...] = ()  # those that failed
 
     def __post_init__(self) -> None:
         if self.status not in (PASSED, NOT_WRITTEN, NOT_RIGHT):
             raise ValueError(f"status must be one of {(PASSED, NOT_WRITTEN, NOT_RIGHT)}, got {self.status!r}")
         object.__setattr__(self, "messages", tuple(self.messages))
+        object.__setattr__(self, "failed_checks", tuple(c for c in self.checks if c in self.failed_checks))
 
     @property
     def passed(self) -> bool:
         return self.status == PASSED
+
+    def holds(self, check: str) -> bool:
+        """The function is written and ``check`` held, with every property checked before it (a grader tests a
+        later property only once the earlier ones hold: the bytes of a wrong answer are not worth counting)."""
+        if check not in self.checks:
+            raise ValueError(f"{self.exercise} checks {list(self.checks)}, not {check!r}")
+        earlier = self.checks[:self.checks.index(check) + 1]
+        return self.status != NOT_WRITTEN and not set(earlier) & set(self.failed_checks)
 
     def __str__(self) -> str:
         head = f"{self.exercise}: {self.status} (checked {self.checked})"
@@ -60,13 +75,18 @@ class ExerciseResult:
 class Collector:
     """Gathers the messages of one grading run and turns them into an ``ExerciseResult``."""
 
-    def __init__(self, exercise: str, checked: str) -> None:
-        self.exercise, self.checked = exercise, checked
+    def __init__(self, exercise: str, checked: str, checks=("answer",)) -> None:
+        self.exercise, self.checked, self.checks = exercise, checked, tuple(checks)
         self.messages: list[str] = []
+        self.failed_checks: set[str] = set()
         self.not_written = False
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, check: str | None = None) -> None:
+        """Record what differs; ``check`` names the property it breaks (the grader's first by default)."""
+        if check is not None and check not in self.checks:
+            raise ValueError(f"{self.exercise} checks {list(self.checks)}, not {check!r}")
         self.messages.append(message)
+        self.failed_checks.add(check or self.checks[0])
 
     @property
     def failed(self) -> bool:
@@ -76,12 +96,25 @@ class Collector:
         if self.not_written:
             return ExerciseResult(self.exercise, NOT_WRITTEN,
                                   ("the function still raises NotImplementedError: replace that line with "
-                                   "your code, run its cell, then run this one again",), self.checked)
+                                   "your code, run its cell, then run this one again",), self.checked, self.checks)
         if self.messages:
             extra = len(self.messages) - MAX_MESSAGES
             shown = self.messages[:MAX_MESSAGES] + ([f"... and {extra} more"] if extra > 0 else [])
-            return ExerciseResult(self.exercise, NOT_RIGHT, tuple(shown), self.checked)
-        return ExerciseResult(self.exercise, PASSED, (success,) if success else (), self.checked)
+            return ExerciseResult(self.exercise, NOT_RIGHT, tuple(shown), self.checked, self.checks,
+                                  tuple(self.failed_checks))
+        return ExerciseResult(self.exercise, PASSED, (success,) if success else (), self.checked, self.checks)
+
+
+def checks(**points: int):
+    """Declare a grader's properties, in the order it checks them, and the points each is worth in an
+    assignment: ``@checks(values=2, bytes=1)`` sets ``grader.checks``, which its ``Collector`` takes."""
+    if not points or any(not isinstance(p, int) or p < 1 for p in points.values()):
+        raise ValueError(f"each property needs a whole number of points, at least 1, got {points}")
+
+    def mark(grader):
+        grader.checks = dict(points)
+        return grader
+    return mark
 
 
 def check_callable(fn, what: str) -> None:
@@ -90,19 +123,19 @@ def check_callable(fn, what: str) -> None:
         raise ValueError(f"pass your function itself, e.g. check(my_{what}), not {type(fn).__name__} {fn!r}")
 
 
-def call(collector: Collector, where: str, fn, *args, hint: str = "", answers: bool = True):
+def call(collector: Collector, where: str, fn, *args, hint: str = "", answers: bool = True, check: str | None = None):
     """``fn(*args)``, or ``None`` after recording why there is no answer (not written, an error followed by
-    ``hint``, or, where the function ``answers``, ``None`` returned)."""
+    ``hint``, or, where the function ``answers``, ``None`` returned) against the property ``check``."""
     try:
         value = fn(*args)
     except NotImplementedError:
         collector.not_written = True
         return None
     except Exception as exc:  # the learner's bug, reported in their terms rather than raised
-        collector.fail(f"{where}: your function raised {type(exc).__name__}: {exc}{hint}")
+        collector.fail(f"{where}: your function raised {type(exc).__name__}: {exc}{hint}", check)
         return None
     if value is None and answers:
-        collector.fail(f"{where}: your function returned None: end it with `return` and its answer")
+        collector.fail(f"{where}: your function returned None: end it with `return` and its answer", check)
     return value
 
 
@@ -123,9 +156,10 @@ def first_match(value, mistakes, same=close) -> str | None:
     return next((hint for wrong, hint in mistakes if same(value, wrong)), None)
 
 
-def must_refuse(collector: Collector, where: str, fn, args: tuple, why: str, shown=repr) -> None:
+def must_refuse(collector: Collector, where: str, fn, args: tuple, why: str, shown=repr,
+                check: str | None = None) -> None:
     """``fn(*args)`` must raise ``ValueError``: ``why`` says why the input is bad, in the learner's terms;
-    ``shown`` describes what was returned instead."""
+    ``shown`` describes what was returned instead; a failure breaks the property ``check``."""
     try:
         value = fn(*args)
     except ValueError:
@@ -133,9 +167,9 @@ def must_refuse(collector: Collector, where: str, fn, args: tuple, why: str, sho
     except NotImplementedError:
         collector.not_written = True
     except Exception as exc:  # the learner's bug, reported rather than raised
-        collector.fail(f"{where}: raise ValueError ({why}), not {type(exc).__name__}: {exc}")
+        collector.fail(f"{where}: raise ValueError ({why}), not {type(exc).__name__}: {exc}", check)
     else:
-        collector.fail(f"{where}: {why}, so it should raise ValueError saying so; it returned {shown(value)}")
+        collector.fail(f"{where}: {why}, so it should raise ValueError saying so; it returned {shown(value)}", check)
 
 
 class Alone:
@@ -170,31 +204,33 @@ def need_pools(pools, grader: str) -> str:
     return "on " + " and ".join(f"{p.world_size} ranks" for p in pools)
 
 
-def run_on(collector: Collector, pool, rank_fn, *args, shapes_hint: str = ""):
-    """``on_ranks(pool, rank_fn, *args)``, or ``None`` after recording why it failed: ranks that hang, a
-    rank that raised (``shapes_hint`` added when it was a shape mismatch), or the body not written."""
+def run_on(collector: Collector, pool, rank_fn, *args, shapes_hint: str = "", check: str | None = None):
+    """``on_ranks(pool, rank_fn, *args)``, or ``None`` after recording why it failed (against the property
+    ``check``): ranks that hang, a rank that raised (``shapes_hint`` added when it was a shape mismatch), or
+    the body not written."""
     n = pool.world_size
     try:
         return on_ranks(pool, rank_fn, *args)
     except RankTimeoutError as err:
         collector.fail(f"{n} ranks: ranks {err.ranks_silent} never finished: every rank must call the same "
-                       "collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)")
+                       "collectives in the same order (a collective inside `if ctx.rank == ...` hangs the others)",
+                       check)
     except RankError as err:
         if "NotImplementedError" in err.remote_traceback:
             collector.not_written = True
             return None
         shapes = any(s in err.remote_traceback for s in ("cannot be multiplied", "size of tensor"))
         collector.fail(f"{n} ranks: rank {err.rank} raised {str(err).splitlines()[0]}"
-                       + (shapes_hint if shapes else ""))
+                       + (shapes_hint if shapes else ""), check)
     return None
 
 
-def runs(collector: Collector, pools, rank_fn, inputs, shapes_hint: str = ""):
+def runs(collector: Collector, pools, rank_fn, inputs, shapes_hint: str = "", check: str | None = None):
     """Per pool, ``(pool, args, measured)`` with ``args = inputs(pool)`` and ``measured`` from ``run_on``;
     a pool whose run failed is skipped (its failure recorded), and it stops once the body is not written."""
     for pool in pools:
         args = inputs(pool)
-        measured = run_on(collector, pool, rank_fn, *args, shapes_hint=shapes_hint)
+        measured = run_on(collector, pool, rank_fn, *args, shapes_hint=shapes_hint, check=check)
         if collector.not_written:
             return
         if measured is not None:

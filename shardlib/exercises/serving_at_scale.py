@@ -171,12 +171,16 @@ def _why(queued, matched, threshold, k) -> str:
     return f"queued within the threshold ({spread} <= {threshold}): the longest match ({matched[k]} blocks)"
 
 
+@grading.checks(records=1, prefix=1, balance=2)
 def grade_prefix_router(router_cls) -> ExerciseResult:
     """Run ``router_cls(replicas, block_size, balance_threshold)`` (a ``PrefixRouterState`` with ``route``
-    written) on two traces, beside the library's prefix-aware router."""
+    written) on two traces, beside the library's prefix-aware router: ``records`` (the load and the prefix tree
+    updated in ``route``), then the first choice that differs, ``balance`` where the threshold decided (or a
+    threshold mistake is named), else ``prefix``."""
     check_callable(router_cls, "prefix_router")
     col = Collector("prefix-aware router with a balance threshold",
-                    ", ".join(f"{case} (threshold {t})" for case, _, t in CASES) + f", blocks of {BLOCK_SIZE}")
+                    ", ".join(f"{case} (threshold {t})" for case, _, t in CASES) + f", blocks of {BLOCK_SIZE}",
+                    grade_prefix_router.checks)
     for case, replicas, threshold in CASES:
         requests, hold = _trace(case)
         mine = _replay(router_cls, requests, hold, replicas, threshold, col, case)
@@ -191,12 +195,13 @@ def grade_prefix_router(router_cls) -> ExerciseResult:
         why = _why(queued, matched, threshold, right[i])
         where = (f"{case}: request {requests[i].request_id!r} (queued {queued}, blocks matched per replica "
                  f"{matched}, threshold {threshold}) goes to replica {right[i]} ({why}); yours went to {mine[i]}")
+        check = "balance" if named or max(queued) - min(queued) > threshold else "prefix"
         if named:
-            col.fail(f"{where}. {HINTS[named[0]][0].upper()}{HINTS[named[0]][1:]}")
+            col.fail(f"{where}. {HINTS[named[0]][0].upper()}{HINTS[named[0]][1:]}", check)
         else:
             col.fail(f"{where}. Check, in this order: most minus least queued more than balance_threshold sends "
                      "the request to the least queued (ties: the lower index); else no block matched anywhere "
                      "does the same; else the most blocks matched wins, ties to the fewer queued, then the lower "
-                     "index")
+                     "index", check)
         break
     return col.result("every request went where the library's router sends it")

@@ -45,75 +45,83 @@ def _freed(mine, ref, seq: str) -> str:
     return ""
 
 
-def _allocated(mine, seq: str, tokens: list[int], cached, holds: dict, live: dict) -> str:
-    """After ``allocate(seq, tokens)``: what is wrong with its table and the blocks it reuses, or ``""``.
-    ``holds``: block -> (prefix name, tokens), what each of the learner's blocks holds, kept up to date."""
+def _allocated(mine, seq: str, tokens: list[int], cached, holds: dict, live: dict) -> tuple[str, str]:
+    """After ``allocate(seq, tokens)``: ``(the property it breaks, what is wrong)`` with its table and the blocks
+    it reuses, or ``("", "")``. ``holds``: block -> (prefix name, tokens), what each of the learner's blocks
+    holds, kept up to date."""
     table = list(mine.tables.get(seq, []))
     need = -(-len(tokens) // BLOCK_SIZE)
     if len(table) != need:
-        return f"{seq!r} has {len(tokens)} tokens, so {need} blocks of {BLOCK_SIZE}; its table has {len(table)}"
+        return "allocate", (f"{seq!r} has {len(tokens)} tokens, so {need} blocks of {BLOCK_SIZE}; its table has "
+                            f"{len(table)}")
     if cached >= len(tokens):
-        return (f"allocate({seq!r}) says all {len(tokens)} tokens are cached: the last token's logits are needed, "
-                "so at most the full blocks of the first len(tokens) - 1 tokens can come from the cache")
+        return "prefix_reuse", (f"allocate({seq!r}) says all {len(tokens)} tokens are cached: the last token's logits "
+                                "are needed, so at most the full blocks of the first len(tokens) - 1 tokens can come "
+                                "from the cache")
     parent = None
     for i, block in enumerate(table):
         piece = tuple(tokens[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE])
         users = [s for s, t in live.items() if block in t]
         had = holds.get(block)
         if i * BLOCK_SIZE < cached and (had is None or had[1] != piece):  # reused: these very tokens
-            return (f"{seq!r} reuses block {block} for tokens {list(piece)}, but that block holds "
-                    f"{list(had[1]) if had else 'nothing yet'}")
+            return "prefix_reuse", (f"{seq!r} reuses block {block} for tokens {list(piece)}, but that block holds "
+                                    f"{list(had[1]) if had else 'nothing yet'}")
         if i * BLOCK_SIZE < cached and had[0] != parent:  # ... after this very prefix
-            return (f"{seq!r} reuses block {block} for {list(piece)} after a different prefix: the same tokens "
-                    "after other tokens have other K/V. A block's name must chain its parent's name: "
-                    "block_hash(parent_name, tokens)")
+            return "prefix_reuse", (f"{seq!r} reuses block {block} for {list(piece)} after a different prefix: the "
+                                    "same tokens after other tokens have other K/V. A block's name must chain its "
+                                    "parent's name: block_hash(parent_name, tokens)")
         if i * BLOCK_SIZE >= cached and users:
-            return (f"block {block} is handed to {seq!r} while {users[0]!r} still holds it: a shared block was "
-                    "freed while in use (free a block only when its last holder lets go: count references)")
+            return "free", (f"block {block} is handed to {seq!r} while {users[0]!r} still holds it: a shared block "
+                            "was freed while in use (free a block only when its last holder lets go: count "
+                            "references)")
         if i * BLOCK_SIZE >= cached:
             holds[block] = (parent, piece)  # a fresh block: its K/V are these tokens' now
         parent = block_hash(parent, piece) if len(piece) == BLOCK_SIZE else None
     live[seq] = table
-    return ""
+    return "", ""
 
 
-def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str, compare_counts: bool) -> bool:
+def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str, compare_counts: bool,
+         starved: str = "allocate") -> bool:
     """Replay ``trace`` beside the library's ``BlockManager``, watching every block's tokens. Returns False
-    once a mistake has been named."""
+    once a mistake has been named; an ``allocate`` that raises breaks the property ``starved``."""
     mine, ref = manager_cls(num_blocks, BLOCK_SIZE), BlockManager(num_blocks, BLOCK_SIZE)
     holds: dict[int, tuple] = {}  # block -> (prefix name, its tokens): what the learner's block holds
     live: dict[str, list[int]] = {}
     for op, seq in trace:
         tokens = prompts[seq]
         if op == "free":
-            grading.call(col, f"{case}: free({seq!r})", mine.free, seq, answers=False)  # free may be unwritten
+            grading.call(col, f"{case}: free({seq!r})", mine.free, seq, answers=False, check="free")  # may be unwritten
             if col.failed:
                 return False
             ref.release(seq)
             live.pop(seq)
-            problem = _freed(mine, ref, seq)
+            check, problem = "free", _freed(mine, ref, seq)
         else:
             cached = grading.call(col, f"{case}: allocate({seq!r})", mine.allocate, seq, list(tokens), hint=(
                 f". With {num_blocks} blocks there is room: a request starved. Blocks that are free but still named "
-                "in the cache may be handed out again (forget their name first)."))
+                "in the cache may be handed out again (forget their name first)."), check=starved)
             if col.failed:
                 return False
             expected = ref.allocate(seq, tokens, len(tokens))
             ref.seal(seq, tokens)
-            problem = _allocated(mine, seq, tokens, cached, holds, live)
+            check, problem = _allocated(mine, seq, tokens, cached, holds, live)
             if not problem and compare_counts and cached != expected:
-                problem = (f"allocate({seq!r}) found {cached} cached tokens; the cache held {expected} "
-                           f"({expected // BLOCK_SIZE} full blocks of its prompt)")
+                check, problem = "prefix_reuse", (f"allocate({seq!r}) found {cached} cached tokens; the cache held "
+                                                  f"{expected} ({expected // BLOCK_SIZE} full blocks of its prompt)")
         if problem:
-            col.fail(f"{case}: {problem}")
+            col.fail(f"{case}: {problem}", check)
             return False
     return True
 
 
+@grading.checks(allocate=1, prefix_reuse=2, free=1)
 def grade_block_manager(manager_cls) -> ExerciseResult:
     """Run ``manager_cls(num_blocks, block_size)`` on two traces: a roomy cache (cached counts compared
-    with the library's) and a tight one (cached but unused blocks must be handed out again)."""
-    col = Collector("block manager with prefix reuse", f"traces of {len(TRACE)} operations, blocks of {BLOCK_SIZE}")
+    with the library's) and a tight one (cached but unused blocks must be handed out again: a request starved
+    there breaks ``prefix_reuse``)."""
+    col = Collector("block manager with prefix reuse", f"traces of {len(TRACE)} operations, blocks of {BLOCK_SIZE}",
+                    grade_block_manager.checks)
     grading.call(col, "allocating a first sequence", lambda: manager_cls(8, BLOCK_SIZE).allocate("probe", [1, 2, 3]))
     if col.failed:
         return col.result()
@@ -121,5 +129,6 @@ def grade_block_manager(manager_cls) -> ExerciseResult:
     if _run(manager_cls, 12, TRACE, prompts, col, "a cache of 12 blocks", compare_counts=True):
         tight = (("allocate", "a"), ("free", "a"), ("allocate", "c"), ("free", "c"), ("allocate", "b"),
                  ("free", "b"))
-        _run(manager_cls, 5, tight, prompts, col, "a tight cache (5 blocks)", compare_counts=False)
+        _run(manager_cls, 5, tight, prompts, col, "a tight cache (5 blocks)", compare_counts=False,
+             starved="prefix_reuse")
     return col.result()

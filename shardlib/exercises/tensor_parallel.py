@@ -68,6 +68,7 @@ def _shard_hint(piece: torch.Tensor, i: int, n: int, weight: torch.Tensor) -> st
     return f"it holds columns {span(c0, c1)}, shifted by {c0 - i * width}; it should hold {want}"
 
 
+@grading.checks(slices=2, refuses_bad_input=1)
 def grade_shard_rows(shard_rows_fn) -> ExerciseResult:
     """Grade a learner's ``shard_rows(weight, n_shards) -> list of tensors`` (split an ``(out, in)`` weight
     along its input dim into ``n_shards`` equal slices, and refuse a count that does not divide ``in``
@@ -75,7 +76,7 @@ def grade_shard_rows(shard_rows_fn) -> ExerciseResult:
     check_callable(shard_rows_fn, "shard_rows")
     weight = _exercise_weight()
     got = Collector("shard_rows", f"a (12, 24) weight at n_shards = {', '.join(map(str, SHARD_COUNTS))}, "
-                                  f"and n_shards = {UNEVEN_SHARDS} (must raise ValueError)")
+                                  f"and n_shards = {UNEVEN_SHARDS} (must raise ValueError)", grade_shard_rows.checks)
     for n in SHARD_COUNTS:
         shards = grading.call(got, f"n_shards = {n}", shard_rows_fn, weight.clone(), n)
         if shards is None:
@@ -97,7 +98,7 @@ def grade_shard_rows(shard_rows_fn) -> ExerciseResult:
     grading.must_refuse(got, f"n_shards = {UNEVEN_SHARDS}", shard_rows_fn, (weight.clone(), UNEVEN_SHARDS),
                         f"24 input features cannot be split {UNEVEN_SHARDS} equal ways",
                         lambda out: f"shards of widths {[tuple(s.shape)[-1] for s in out]}"
-                        if isinstance(out, (list, tuple)) else repr(out))
+                        if isinstance(out, (list, tuple)) else repr(out), check="refuses_bad_input")
     return got.result(f"every shard equals the reference at n_shards = {', '.join(map(str, SHARD_COUNTS))}")
 
 
@@ -155,13 +156,15 @@ def _pair_hint(out, rank: int, tp: int, w: dict, ref: torch.Tensor) -> str:
         f"the partial output, its result used; (5) b2 added once, after the sum")
 
 
+@grading.checks(values=2, collectives=1)
 def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
     """Grade a learner's rank function ``pair_fn(ctx, x, w1, b1, w2, b2)`` that computes
     ``gelu(x @ w1.T + b1) @ w2.T + b2`` tensor-parallel: ``w1`` and ``b1`` by columns, ``w2`` by rows, the
     partial outputs summed with one ``ctx.comm.all_reduce``, ``b2`` added once; every rank returns the
     full output. It runs on each warm ``Ranks`` pool given (2 and 4 ranks in the notebook)."""
     check_callable(pair_fn, "pair_forward")
-    got = Collector("tensor-parallel pair on ranks", grading.need_pools(pools, "grade_tp_pair_forward"))
+    got = Collector("tensor-parallel pair on ranks", grading.need_pools(pools, "grade_tp_pair_forward"),
+                    grade_tp_pair_forward.checks)
     w = pair_weights()
     args = (w["x"], w["w1"], w["b1"], w["w2"], w["b2"])
     ref = pair_in_one_process(w["x"], w["w1"], w["w2"], 1, w["b1"], w["b2"], F.gelu).detach()  # (2, 3, d_model)
@@ -185,6 +188,6 @@ def grade_tp_pair_forward(pair_fn, *pools) -> ExerciseResult:
         elif extra is not None:
             got.fail(f"{tp} ranks, rank {extra}: the right numbers, but it issued {issued[extra] or 'no collectives'}; "
                      f"the pair needs exactly one all_reduce of the output ({expected[0][1]} bytes), "
-                     f"with each rank using only its own slices")
+                     f"with each rank using only its own slices", "collectives")
     return got.result("every rank's output equals the unsharded pair (within 1e-5), "
                       "with one all-reduce per rank")

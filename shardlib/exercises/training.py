@@ -19,6 +19,7 @@ from shardlib.core.checks import is_number
 from shardlib.core.data_parallel.flat import STRATEGY_TITLES
 from shardlib.core.mesh import Layout
 from shardlib.core.training.config import TrainingConfig
+from shardlib.exercises import result as grading
 from shardlib.exercises.result import Collector, ExerciseResult, call, check_callable
 from shardlib.exercises.training_ledger import KEPT, TERMS, diagnose, hint, kept_bytes, shown
 from shardlib.lab.training.drivers import run_training
@@ -94,9 +95,11 @@ def _case_name(config, layout) -> str:
     return axes + strategy + (" (odd sizes)" if config == ODD else "")
 
 
+@grading.checks(steady_state=2, activations=1)
 def grade_training_memory(predict_fn, ranks) -> ExerciseResult:
     """Grade ``predict_fn(config, layout, rank) -> {"weights", "gradients", "optimizer"[, "activations"]}``
-    (bytes) against the ledgers of ``LAYOUTS`` measured on ``ranks``, a warm pool of 4 ranks."""
+    (bytes) against the ledgers of ``LAYOUTS`` measured on ``ranks``, a warm pool of 4 ranks: ``steady_state``
+    (the first three), then ``activations`` (part 2; until every answer has it, ``holds("activations")`` raises)."""
     check_callable(predict_fn, "rank_memory")
     if getattr(ranks, "world_size", None) != WORLD or not hasattr(ranks, "run"):
         size = getattr(ranks, "world_size", None)
@@ -104,7 +107,7 @@ def grade_training_memory(predict_fn, ranks) -> ExerciseResult:
                          f"got {f'a pool of {size} ranks' if size is not None else repr(ranks)}")
     names = "; ".join(_case_name(c, L) for c, L in LAYOUTS)
     got = Collector("a rank's training memory", f"every rank of {len(LAYOUTS)} layouts measured on your "
-                    f"{WORLD} ranks ({names})")
+                    f"{WORLD} ranks ({names})", grade_training_memory.checks)
     answers = _answers(got, predict_fn)
     if answers is None:  # not written yet, raised, or the wrong form: no need to start the ranks
         return got.result()
@@ -114,7 +117,9 @@ def grade_training_memory(predict_fn, ranks) -> ExerciseResult:
         for term in (t for t in TERMS if t in answer and answer[t] != ledger[t]):
             kinds = diagnose(config, layout, rank, term, answer[term], score) or (f"unnamed {term}",)
             keys = {kind + term if kind == "master" else kind for kind in kinds}  # master: 2 hints
+            check = "activations" if term == "activations" else "steady_state"
             if keys <= seen:
+                got.failed_checks.add(check)  # named already, but this property fails too
                 continue
             seen |= keys
             if kinds[0].startswith("unnamed"):
@@ -123,8 +128,9 @@ def grade_training_memory(predict_fn, ranks) -> ExerciseResult:
                 why = ("two mistakes at once: " if len(kinds) > 1 else "") + "; and ".join(
                     hint(kind, term, config, layout, rank, answer[term]) for kind in kinds)
             got.fail(f"{where}: {term}: you predicted {shown(answer[term])} bytes, the ledger measured "
-                     f"{ledger[term]:,}: {why}")
+                     f"{ledger[term]:,}: {why}", check)
     part2 = all("activations" in a[-1] for a in answers)
+    got.checks = got.checks if part2 else got.checks[:1]  # part 1 only: the activations were not checked
     got.checked += ": weights, gradients, optimizer" + (", activations" if part2 else "")
     return got.result("every rank of every layout: weights, gradients and optimizer state as measured, to the byte"
                       + ("; and the activations in flight too" if part2 else

@@ -3,6 +3,7 @@ its mechanism in a "Read the code" section."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -57,3 +58,27 @@ def test_every_main_notebook_reads_its_code(path):
     next_heading = re.search(r"^# ## ", section, flags=re.M)
     section = section[: next_heading.start()] if next_heading else section
     assert "show_code(" in section, f"{path.name}: its Read the code section shows no source"
+
+
+def _shown_modules(text: str) -> dict[str, str]:
+    """Each name a notebook passes to ``show_code`` (``Class.method`` by its class), with the module it was
+    imported from."""
+    tree = ast.parse(text)
+    imported = {alias.asname or alias.name: node.module for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+    shown = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "show_code":
+            for arg in node.args:
+                while isinstance(arg, ast.Attribute):
+                    arg = arg.value
+                shown[arg.id] = imported.get(arg.id, "(defined in the notebook)")
+    return shown
+
+
+@pytest.mark.parametrize("path", MAIN_NOTEBOOKS, ids=lambda p: p.stem)
+def test_what_a_notebook_reads_comes_from_the_core(path):
+    shown = _shown_modules(path.read_text())
+    assert shown, f"{path.name} shows no code"
+    outside = {name: module for name, module in shown.items() if not module.startswith("shardlib.core")}
+    assert outside == {}, f"{path.name} reads code from outside shardlib.core"

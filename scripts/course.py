@@ -1,0 +1,348 @@
+"""The nbgrader course, generated: one assignment per exercise notebook, the answers in its solution cells.
+
+    python scripts/course.py source    write course/source/<assignment>/<exercise notebook>.ipynb (one source of truth:
+                                       notebooks/exercises/*_exercises.ipynb and solutions/exercise_answers.py)
+    python scripts/course.py check     fail if course/source is not what ``source`` would write
+    python scripts/course.py release   ``source``, then every assignment into course/release/ and the course's
+                                       exchange, course/exchange/ (make assignments)
+    python scripts/course.py grade     autograde course/submitted/<student>/<assignment>/, write the HTML feedback
+                                       into course/feedback/ and the gradebook to course/grades.csv (make grade)
+
+An assignment is named as its exercise notebook without ``_exercises`` (``08_data_parallel``) and holds that
+notebook, under its own name. In it, each function (or class) the learner writes is an nbgrader solution cell
+whose ``grade_id`` is the function's name: its ``raise NotImplementedError(...)`` lines are replaced by the
+instructor's answer between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (``nbgrader generate_assignment``
+puts a raise back).
+Each call of a grader becomes graded test cells: per pool of ranks it is given (2 ranks, 4 ranks ...), one per
+property the grader checks (``shardlib.exercises.result.checks``: the values, then the bytes ...), each worth
+its points and failing under the grader's message. The questions stay ungraded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISES = ROOT / "notebooks" / "exercises"
+SOLUTIONS = ROOT / "solutions"
+ANSWERS = SOLUTIONS / "exercise_answers.py"
+COURSE = ROOT / "course"
+SOURCE = COURSE / "source"
+POINTS_PER_CHECK = 1
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+def assignment_name(exercise: Path) -> str:
+    """``08_data_parallel_exercises.ipynb`` -> ``08_data_parallel``."""
+    return exercise.stem.removesuffix("_exercises")
+
+
+def _grader_calls(tree: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id.startswith("grade_")]
+
+
+def answer_names(exercise: Path) -> dict[str, str]:
+    """The learner's names (``pair_forward``) -> the answers' (``tp_pair_forward``), read from the grader
+    calls of the exercise and of its solution notebook, argument by argument."""
+    solution = SOLUTIONS / exercise.name.replace("_exercises", "_solutions")
+    learner = {c.func.id: c.args for c in _grader_calls(ast.parse(exercise.with_suffix(".py").read_text()))}
+    answer = {c.func.id: c.args for c in _grader_calls(ast.parse(solution.with_suffix(".py").read_text()))}
+    names = {}
+    for grader, args in learner.items():
+        if grader not in answer:
+            raise SystemExit(f"{solution.name} does not run {grader}, which {exercise.name} runs")
+        for mine, theirs in zip(args, answer[grader]):
+            if isinstance(theirs, ast.Attribute) and getattr(theirs.value, "id", "") == "answers":
+                names[mine.id] = theirs.attr
+    return names
+
+
+def _body_source(lines: list[str], fn: ast.FunctionDef) -> str:
+    """A function's body without its docstring, dedented."""
+    body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+    return textwrap.dedent("\n".join(lines[body[0].lineno - 1:body[-1].end_lineno]))
+
+
+def _signature(fn: ast.FunctionDef) -> list[str]:
+    return [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+
+
+def _raises_not_implemented(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Raise) and isinstance(stmt.exc, ast.Call)
+            and getattr(stmt.exc.func, "id", "") == "NotImplementedError")
+
+
+def with_answers(code: str, names: dict[str, str], answers: dict[str, ast.AST], answer_lines: list[str]) -> tuple[
+        str, list[str]]:
+    """The cell's code with each ``raise NotImplementedError`` replaced by the answer between the markers,
+    and the names of the functions and classes it filled."""
+    tree, lines = ast.parse(code), code.split("\n")
+    swaps, filled = [], []  # (first line, last line, indent, answer body)
+    for top in tree.body:
+        if not isinstance(top, (ast.FunctionDef, ast.ClassDef)) or top.name not in names:
+            continue
+        theirs = answers[names[top.name]]
+        if isinstance(top, ast.FunctionDef):
+            pairs = [(top, theirs)]
+        else:
+            methods = {m.name: m for m in theirs.body if isinstance(m, ast.FunctionDef)}
+            pairs = [(m, methods[m.name]) for m in top.body if isinstance(m, ast.FunctionDef)
+                     and any(_raises_not_implemented(s) for s in m.body)]
+        for mine, answer in pairs:
+            if _signature(mine) != _signature(answer):
+                raise SystemExit(f"{top.name}.{mine.name}: the starter takes {_signature(mine)} but the answer "
+                                 f"takes {_signature(answer)}; make them agree")
+            for stmt in mine.body:
+                if _raises_not_implemented(stmt):
+                    swaps.append((stmt.lineno, stmt.end_lineno, stmt.col_offset, _body_source(answer_lines, answer)))
+        if pairs:
+            filled.append(top.name)
+    present = {line.split("#")[0].strip() for line in lines}
+    for first, last, indent, body in sorted(swaps, reverse=True):
+        body = re.sub(r"\A((?:(?:from \S+ )?import [^\n]*\n)+)\n?",
+                      lambda m: "".join(line + "\n" for line in m.group(1).splitlines() if line.strip() not in present)
+                      + ("\n" if any(line.strip() not in present for line in m.group(1).splitlines()) else ""), body)
+        pad = " " * indent
+        lines[first - 1:last] = [pad + BEGIN] + textwrap.indent(body, pad).split("\n") + [pad + END]
+    return "\n".join(lines), filled
+
+
+def _size(call: ast.AST) -> int | None:
+    """``n`` of a ``Ranks(n)`` call, or None when the expression is something else."""
+    if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Ranks" and call.args:
+        return ast.literal_eval(call.args[0])
+    return None
+
+
+def _pools(nb) -> dict[str, int]:
+    """Names the notebook binds to a ``Ranks(n)`` pool, with their ``n`` (``ranks``: 2, ``four``: 4)."""
+    pools = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+                values = value.elts if isinstance(value, ast.Tuple) else [value]
+                names = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+                pools |= {n.id: _size(v) for n, v in zip(names, values) if _size(v) and isinstance(n, ast.Name)}
+            elif isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name):
+                if _size(node.context_expr):
+                    pools[node.optional_vars.id] = _size(node.context_expr)
+    return pools
+
+
+def grader_checks(name: str, code: str) -> dict[str, int]:
+    """The properties grader ``name`` checks and their points (``shardlib.exercises.result.checks``), found by
+    running the cell's own ``from shardlib.exercises... import`` lines."""
+    scope: dict = {}
+    for node in ast.parse(code).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardlib.exercises"):
+            exec(compile(ast.Module([node], []), "<cell>", "exec"), scope)
+    return getattr(scope[name], "checks", {"answer": POINTS_PER_CHECK})
+
+
+def test_cells(code: str, pools: dict[str, int]) -> list[tuple[str, str, int]]:
+    """A grader cell as graded test cells ``(what it checks, code, points)``: per pool the grader is given, one
+    cell that runs it (the grader's message is the feedback) and asserts its first property, then one cell
+    per further property."""
+    tree, lines = ast.parse(code), code.split("\n")
+    call = _grader_calls(tree)[0]
+    stmt = next(s for s in ast.walk(tree) if isinstance(s, (ast.Expr, ast.Assign)) and s.value is call)
+    checks = grader_checks(call.func.id, code)
+    on = [a.id for a in call.args if isinstance(a, ast.Name) and a.id in pools] or [None]
+    cells = []
+    for pool in on:
+        args = [ast.unparse(a) for a in call.args if pool is None or not (isinstance(a, ast.Name) and a.id in pools)
+                or a.id == pool]
+        pad = " " * stmt.col_offset
+        run = lines[:stmt.lineno - 1] + [pad + f"result = {call.func.id}({', '.join(args)})"] + lines[stmt.end_lineno:]
+        run = [line for line in run if line.strip() != "result"] + ["display(result)"]  # shown once, below
+        where = call.func.id.removeprefix("grade_") + (f" on {pools[pool]} ranks" if pool else "")
+        for i, (check, points) in enumerate(checks.items()):
+            test = f"assert result.holds({check!r}), \"{where}: {check} does not hold (the checker says why above)\""
+            cells.append((f"{where}: {check}", "\n".join((run if i == 0 else []) + [test]).strip(), points))
+    return cells
+
+
+def nbgrader_meta(grade_id: str, solution: bool, grade: bool, points: int = 0) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": not solution, "schema_version": 3,
+            "solution": solution, "task": False}
+    if grade:
+        meta["points"] = points
+    return meta
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    """The names import statements bind in ``tree``."""
+    return {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in n.names}
+
+
+def _check_imports(exercise: Path, cells, answers_tree: ast.AST) -> None:
+    """Every module-level import of the answers that a solution uses is imported by the notebook before it."""
+    module_imports = _imported(ast.Module([n for n in answers_tree.body if isinstance(n, (ast.Import, ast.ImportFrom))],
+                                          []))
+    seen: set[str] = set()
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        tree = ast.parse(cell.source)
+        seen |= _imported(tree)
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            missing = (used & module_imports) - seen
+            if missing:
+                raise SystemExit(f"{exercise.name}: the answer in {cell.metadata['nbgrader']['grade_id']} uses "
+                                 f"{sorted(missing)}, which the notebook never imports: import it in the starter")
+
+
+def source_notebook(exercise: Path) -> nbformat.NotebookNode:
+    """The exercise notebook with its answers in solution cells and its graders as test cells."""
+    nb = nbformat.read(exercise, as_version=4)
+    answer_text = ANSWERS.read_text()
+    answers = {n.name: n for n in ast.parse(answer_text).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names, pools = answer_names(exercise), _pools(nb)
+    cells, seen_ids = [], set()
+    for cell in nb.cells:
+        cell = copy.deepcopy(cell)
+        if cell.cell_type == "code" and "NotImplementedError(" in cell.source and names.keys() & set(
+                re.findall(r"^(?:def|class) (\w+)", cell.source, flags=re.M)):
+            cell.source, filled = with_answers(cell.source, names, answers, answer_text.split("\n"))
+            if filled:
+                cell.metadata["nbgrader"] = nbgrader_meta(filled[0], solution=True, grade=False)
+                seen_ids.add(filled[0])
+        if cell.cell_type == "code" and _grader_calls(ast.parse(cell.source)):
+            for what, code, points in test_cells(cell.source, pools):
+                grade_id = "check_" + re.sub(r"\W+", "_", what).strip("_")
+                if grade_id in seen_ids:
+                    raise SystemExit(f"{exercise.name}: two test cells would be {grade_id}")
+                seen_ids.add(grade_id)
+                test = nbformat.v4.new_code_cell(code, id=grade_id.replace("_", "-"))
+                test.metadata["nbgrader"] = nbgrader_meta(grade_id, solution=False, grade=True, points=points)
+                test.metadata["tags"] = cell.metadata.get("tags", [])
+                cells.append(test)
+            continue
+        cells.append(cell)
+    missing = set(names) - seen_ids
+    if missing:
+        raise SystemExit(f"{exercise.name}: no solution cell for {sorted(missing)}")
+    _check_imports(exercise, cells, ast.parse(answer_text))
+    nb.cells = cells
+    return nb
+
+
+def written() -> dict[Path, str]:
+    """Every source notebook, by path, as ``source`` writes it."""
+    out = {}
+    for exercise in sorted(EXERCISES.glob("*_exercises.ipynb")):
+        name = assignment_name(exercise)
+        nb = source_notebook(exercise)
+        out[SOURCE / name / exercise.name] = json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    return out
+
+
+def nbgrader(course: Path, *args: str) -> None:
+    """Run one nbgrader command in the course directory, with this Python's scripts on the PATH (nbgrader
+    calls ``alembic`` by name); its output goes to ours, and a failure stops us with its exit code."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    done = subprocess.run([str(Path(bin_dir) / "nbgrader"), *args], cwd=course, env=env)
+    if done.returncode:
+        raise SystemExit(f"nbgrader {' '.join(args)} failed (exit {done.returncode}): see its log above")
+
+
+def assignments(course: Path) -> list[str]:
+    return sorted(p.name for p in (course / "source").iterdir() if p.is_dir())
+
+
+def release(course: Path = COURSE) -> list[str]:
+    """Every assignment of ``course/source`` into ``course/release`` (nbgrader's generate_assignment), and into
+    the course's exchange (release_assignment), where JupyterLab's Assignments tab lists it."""
+    names = assignments(course)
+    (course / "exchange").mkdir(exist_ok=True)
+    for name in names:
+        nbgrader(course, "generate_assignment", name, "--force", "--log-level=WARN")
+        nbgrader(course, "release_assignment", name, "--force", "--log-level=ERROR")
+    return names
+
+
+def submissions(course: Path) -> dict[str, list[str]]:
+    """Assignment -> the students who handed it in, checked first: a submission folder without the
+    assignment's notebook is named, not graded as empty."""
+    found: dict[str, list[str]] = {}
+    for folder in sorted((course / "submitted").glob("*/*")):
+        student, name = folder.parent.name, folder.name
+        if name not in assignments(course):
+            raise SystemExit(f"{folder.relative_to(course)}: there is no assignment {name!r} "
+                             f"(the assignments: {', '.join(assignments(course))})")
+        wanted = [p.name for p in (course / "source" / name).glob("*.ipynb")]
+        missing = [n for n in wanted if not (folder / n).is_file()]
+        if missing:
+            print(f"{folder.relative_to(course)}: {', '.join(missing)} is missing: {student} scores 0 on {name} "
+                  f"until it is handed in", file=sys.stderr)
+        found.setdefault(name, []).append(student)
+    return found
+
+
+def grade(course: Path = COURSE) -> Path:
+    """Autograde every submission, write its feedback and export the gradebook to ``course/grades.csv``."""
+    handed_in = submissions(course)
+    if not handed_in:
+        raise SystemExit(f"nothing to grade: put each notebook at {course.name}/submitted/<student>/<assignment>/")
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        known = {a.name for a in gradebook.assignments}
+    for name in sorted(set(handed_in) - known):  # graded before it was released here: release it first
+        nbgrader(course, "generate_assignment", name, "--force", "--log-level=WARN")
+    for name in handed_in:
+        nbgrader(course, "autograde", name, "--create", "--force", "--log-level=WARN")
+        nbgrader(course, "generate_feedback", name, "--force", "--log-level=WARN")
+    nbgrader(course, "export", "--to", "grades.csv", "--log-level=WARN")
+    return course / "grades.csv"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("source", "check", "release", "grade"))
+    parser.add_argument("--course", type=Path, default=COURSE, help="the course directory (default: course/)")
+    args = parser.parse_args(argv)
+    if args.command == "grade":
+        print(f"wrote {grade(args.course.resolve())}")
+        return 0
+    wanted = written()
+    if args.command == "check":
+        stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
+        extra = [p for p in SOURCE.glob("*/*.ipynb") if p not in wanted]
+        for p in stale + extra:
+            print(f"{p.relative_to(ROOT)} is out of date: run python scripts/course.py source", file=sys.stderr)
+        return 1 if stale or extra else 0
+    for p in SOURCE.glob("*/*.ipynb"):
+        if p not in wanted:
+            p.unlink()
+    for p, text in wanted.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    print(f"wrote {len(wanted)} source notebooks under {SOURCE.relative_to(ROOT)}")
+    if args.command == "release":
+        names = release(args.course.resolve())
+        print(f"released {len(names)} assignments under {args.course / 'release'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

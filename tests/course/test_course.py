@@ -1,0 +1,141 @@
+"""The nbgrader course end to end: the source notebooks are up to date, every exercise is released, and three
+submissions per assignment (right, a named mistake, the untouched starter) are autograded on live ranks into
+grades.csv and feedback, leaving no process behind."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "course.py"
+STUB = 'raise NotImplementedError("write your code here")'
+
+
+def _course_module():
+    spec = importlib.util.spec_from_file_location("course_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+course_script = _course_module()
+
+
+def test_the_source_notebooks_are_up_to_date():
+    done = subprocess.run([sys.executable, str(SCRIPT), "check"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_exercise_is_an_assignment_with_its_answers_in_solution_cells():
+    exercises = sorted(p.stem.removesuffix("_exercises") for p in (ROOT / "notebooks/exercises").glob("*.ipynb"))
+    assert course_script.assignments(ROOT / "course") == exercises
+    for name in exercises:
+        (path,) = (ROOT / "course/source" / name).glob("*.ipynb")
+        cells = [c["metadata"].get("nbgrader") for c in json.loads(path.read_text())["cells"]]
+        solutions = [m["grade_id"] for m in cells if m and m["solution"]]
+        tests = [m for m in cells if m and m["grade"]]
+        assert solutions and len(tests) >= 2, f"{name}: solution cells {solutions}, {len(tests)} graded test cells"
+        assert all(m["points"] >= 1 for m in tests)
+
+
+def _copy_course(tmp_path: Path, name: str) -> Path:
+    course = tmp_path / "course"
+    (course / "source").mkdir(parents=True)
+    shutil.copy(ROOT / "course" / "nbgrader_config.py", course)
+    shutil.copytree(ROOT / "course" / "source" / name, course / "source" / name)
+    return course
+
+
+def _hand_in(course: Path, student: str, name: str, notebook: dict) -> None:
+    folder = course / "submitted" / student / name
+    folder.mkdir(parents=True)
+    (path,) = (course / "release" / name).glob("*.ipynb")
+    (folder / path.name).write_text(json.dumps(notebook))
+
+
+def _with_bodies(released: dict, grade_id: str, bodies: tuple[str, ...]) -> dict:
+    """The released notebook with the stubs of solution cell ``grade_id`` replaced by ``bodies``, in order."""
+    notebook = json.loads(json.dumps(released))
+    cell = next(c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    source = "".join(cell["source"])
+    assert source.count(STUB) == len(bodies), source
+    for body in bodies:
+        indent = source[:source.index(STUB)].rsplit("\n", 1)[1]
+        source = source.replace(STUB, textwrap.indent(textwrap.dedent(body).strip(), indent).lstrip(), 1)
+    cell["source"] = source
+    return notebook
+
+
+def _sessions_alive(sid: int) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if line.split(None, 1)[0] == str(sid)]
+
+
+# assignment, the learner's function (or class), a mistake (a body per stub), the text its feedback must name, and
+# the mistake's score out of the right answer's
+CASES = [
+    # right on 2 and 4 ranks, but DDP's all-reduce where a reduce-scatter would do: the values' points, not the bytes'
+    ("08_data_parallel", "zero1_step", ("""
+        n, r = ctx.world_size, ctx.rank
+        total = ctx.comm.all_reduce(grads)
+        updated = optimizer(params.chunk(n)[r], total.chunk(n)[r])
+        return ctx.comm.all_gather(updated)
+        """,), "an all-reduce hands every rank the whole summed gradient", (4, 6)),
+    # blocks handed out and given back, but no prefix is ever reused
+    ("06_serving_engine", "MyBlockManager", ("""
+        table = [self.free_blocks.pop(0) for _ in range(-(-len(tokens) // self.block_size))]
+        for block in table:
+            self.refs[block] = 1
+        self.tables[seq] = table
+        return 0
+        """, """
+        for block in reversed(self.tables.pop(seq)):
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.free_blocks.append(block)
+        """), "found 0 cached tokens", (1, 4)),
+    # the right output and max, but the sum left measured from the old maxes
+    ("10_context_parallel", "merge_partials", ("""
+        new_max = torch.maximum(max_a, max_b)
+        w_a, w_b = sum_a * torch.exp(max_a - new_max), sum_b * torch.exp(max_b - new_max)
+        out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / (w_a + w_b).unsqueeze(-1)
+        return out, new_max, sum_a + sum_b
+        """,), "out and max are right but sum is not", (3, 4)),
+]
+
+
+@pytest.mark.parametrize("name, grade_id, mistake, named, scores", CASES, ids=[c[0] for c in CASES])
+def test_an_assignment_is_released_handed_in_and_graded(tmp_path, name, grade_id, mistake, named, scores):
+    """The right answer gets every point, the mistake some (its feedback naming it), the starter none."""
+    course = _copy_course(tmp_path, name)
+    assert course_script.release(course) == [name]
+    (released_path,) = (course / "release" / name).glob("*.ipynb")
+    released = json.loads(released_path.read_text())
+    (source_path,) = (course / "source" / name).glob("*.ipynb")
+    code = "".join("".join(c["source"]) for c in released["cells"])
+    assert "BEGIN SOLUTION" not in code and STUB in code
+
+    _hand_in(course, "right", name, json.loads(source_path.read_text()))
+    _hand_in(course, "mistake", name, _with_bodies(released, grade_id, mistake))
+    _hand_in(course, "starter", name, released)
+    grading = subprocess.Popen([sys.executable, str(SCRIPT), "grade", "--course", str(course)],
+                               start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = grading.communicate(timeout=900)
+    assert grading.returncode == 0, out
+    assert _sessions_alive(grading.pid) == [], "a rank or kernel outlived the grading"
+
+    rows = {r["student_id"]: r for r in csv.DictReader((course / "grades.csv").open())}
+    got = {student: (float(r["score"]), float(r["max_score"])) for student, r in rows.items()}
+    mistake_score, total = scores
+    assert got == {"right": (total, total), "mistake": (mistake_score, total), "starter": (0.0, total)}
+    feedback = (course / "feedback" / "mistake" / name / released_path.name).with_suffix(".html").read_text()
+    assert named in feedback.replace("&#39;", "'")
