@@ -18,3 +18,5 @@ c.Execute.interrupt_on_timeout = True
 # The exchange that `make assignments` releases into and JupyterLab's Assignments tab lists (the
 # repository's nbgrader_config.py points the tab here): fetch, submit and collect all work on one machine.
 c.Exchange.root = str(HERE / "exchange")
+# A test cell a student deleted is put back before grading, so that deleting a failing check never pays.
+c.OverwriteCells.add_missing_cells = True

@@ -7,6 +7,9 @@
                                        exchange, course/exchange/ (make assignments)
     python scripts/course.py grade     autograde course/submitted/<student>/<assignment>/, write the HTML feedback
                                        into course/feedback/ and the gradebook to course/grades.csv (make grade)
+    python scripts/course.py grade-one NOTEBOOK --student NAME --out DIR
+                                       grade one notebook in a course of its own (GitHub Classroom's workflow):
+                                       a released one, or the exercise notebook a student filled in
 
 An assignment is named as its exercise notebook without ``_exercises`` (``08_data_parallel``) and holds that
 notebook, under its own name. In it, each function (or class) the learner writes is an nbgrader solution cell
@@ -16,6 +19,9 @@ puts a raise back).
 Each call of a grader becomes graded test cells: per pool of ranks it is given (2 ranks, 4 ranks ...), one per
 property the grader checks (``shardlib.exercises.result.checks``: the values, then the bytes ...), each worth
 its points and failing under the grader's message. The questions stay ungraded.
+
+Release and grading go through nbgrader's own API (``NbGraderAPI``) in this process, one submission at a time,
+after a check that names what keeps a submission from its marks (``submissions``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import copy
 import json
 import os
 import re
-import subprocess
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -255,14 +261,25 @@ def written() -> dict[Path, str]:
     return out
 
 
-def nbgrader(course: Path, *args: str) -> None:
-    """Run one nbgrader command in the course directory, with this Python's scripts on the PATH (nbgrader
-    calls ``alembic`` by name); its output goes to ours, and a failure stops us with its exit code."""
+def nbgrader_api(course: Path):
+    """nbgrader's own API on ``course``, its settings read from ``course/nbgrader_config.py``, in this process
+    (one import of nbgrader instead of one per command). A release replaces an earlier one."""
     bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
-    done = subprocess.run([str(Path(bin_dir) / "nbgrader"), *args], cwd=course, env=env)
-    if done.returncode:
-        raise SystemExit(f"nbgrader {' '.join(args)} failed (exit {done.returncode}): see its log above")
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")  # nbgrader runs alembic by name
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    config.ExchangeReleaseAssignment.force = True
+    return NbGraderAPI(CourseDirectory(config=config), config=config)
+
+
+def done(result: dict, what: str) -> bool:
+    """Whether nbgrader's call succeeded; if not, say what failed and print its log."""
+    if not result["success"]:
+        print(f"nbgrader could not {what}:\n{result.get('error') or result.get('log', '')}", file=sys.stderr)
+    return result["success"]
 
 
 def assignments(course: Path) -> list[str]:
@@ -272,55 +289,156 @@ def assignments(course: Path) -> list[str]:
 def release(course: Path = COURSE) -> list[str]:
     """Every assignment of ``course/source`` into ``course/release`` (nbgrader's generate_assignment), and into
     the course's exchange (release_assignment), where JupyterLab's Assignments tab lists it."""
-    names = assignments(course)
+    names, api = assignments(course), nbgrader_api(course)
     (course / "exchange").mkdir(exist_ok=True)
     for name in names:
-        nbgrader(course, "generate_assignment", name, "--force", "--log-level=WARN")
-        nbgrader(course, "release_assignment", name, "--force", "--log-level=ERROR")
+        if not (done(api.generate_assignment(name, force=True), f"generate {name}")
+                and done(api.release_assignment(name), f"release {name} into the exchange")):
+            raise SystemExit(f"{name} was not released: see nbgrader's log above")
     return names
 
 
-def submissions(course: Path) -> dict[str, list[str]]:
-    """Assignment -> the students who handed it in, checked first: a submission folder without the
-    assignment's notebook is named, not graded as empty."""
+def _problems(path: Path, source: Path) -> list[str]:
+    """What stands between a handed-in notebook and its grade, in words: not a notebook, a solution cell
+    deleted (its ``grade_id`` gone) or the function in it renamed."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported, not raised
+        return [f"{path.name} is not a notebook nbgrader can read ({type(exc).__name__}: {str(exc)[:80]}): "
+                "left out of the grading (it scores 0); ask for it again"]
+    mine = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in nb.cells if c.cell_type == "code"}
+    found = []
+    for cell in nbformat.read(source, as_version=4).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if not meta.get("solution"):
+            continue
+        name = meta["grade_id"]
+        if name not in mine:
+            found.append(f"the cell where {name} is written is gone (deleted, or its nbgrader metadata changed): "
+                         "the checks of it score 0")
+        elif not re.search(rf"^\s*(?:def|class) {name}\b", mine[name], flags=re.M):
+            found.append(f"its cell no longer defines {name} (renamed?): the checks of it score 0")
+    return found
+
+
+def submissions(course: Path) -> tuple[dict[str, list[str]], list[str]]:
+    """Assignment -> the students whose notebooks can be graded, and what is wrong with the others, checked
+    first: an unknown assignment stops us; a missing or unreadable notebook is named and left out (it scores
+    0); a deleted solution cell or a renamed function is named, and graded as it is."""
     found: dict[str, list[str]] = {}
+    notes: list[str] = []
     for folder in sorted((course / "submitted").glob("*/*")):
         student, name = folder.parent.name, folder.name
         if name not in assignments(course):
             raise SystemExit(f"{folder.relative_to(course)}: there is no assignment {name!r} "
                              f"(the assignments: {', '.join(assignments(course))})")
-        wanted = [p.name for p in (course / "source" / name).glob("*.ipynb")]
-        missing = [n for n in wanted if not (folder / n).is_file()]
-        if missing:
-            print(f"{folder.relative_to(course)}: {', '.join(missing)} is missing: {student} scores 0 on {name} "
-                  f"until it is handed in", file=sys.stderr)
-        found.setdefault(name, []).append(student)
-    return found
+        where = f"{student}, {name}"
+        fatal = False
+        for source in (course / "source" / name).glob("*.ipynb"):
+            handed = folder / source.name
+            if not handed.is_file():
+                notes.append(f"{where}: {source.name} is missing: it scores 0 until it is handed in")
+                fatal = True  # nothing to grade: the gradebook lists the student at 0
+                continue
+            problems = _problems(handed, source)
+            fatal |= any("not a notebook" in p for p in problems)
+            notes += [f"{where}: {p}" for p in problems]
+        if not fatal:
+            found.setdefault(name, []).append(student)
+    return found, notes
 
 
 def grade(course: Path = COURSE) -> Path:
-    """Autograde every submission, write its feedback and export the gradebook to ``course/grades.csv``."""
-    handed_in = submissions(course)
+    """Autograde every submission, write its feedback and export the gradebook to ``course/grades.csv``;
+    print what kept any submission from its full grade before grading it."""
+    handed_in, notes = submissions(course)
+    for note in notes:
+        print(note, file=sys.stderr)
     if not handed_in:
         raise SystemExit(f"nothing to grade: put each notebook at {course.name}/submitted/<student>/<assignment>/")
+    api = nbgrader_api(course)
     from nbgrader.api import Gradebook
+    from nbgrader.plugins import CsvExportPlugin
 
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+    with Gradebook(api.coursedir.db_url) as gradebook:
         known = {a.name for a in gradebook.assignments}
-    for name in sorted(set(handed_in) - known):  # graded before it was released here: release it first
-        nbgrader(course, "generate_assignment", name, "--force", "--log-level=WARN")
-    for name in handed_in:
-        nbgrader(course, "autograde", name, "--create", "--force", "--log-level=WARN")
-        nbgrader(course, "generate_feedback", name, "--force", "--log-level=WARN")
-    nbgrader(course, "export", "--to", "grades.csv", "--log-level=WARN")
+        for student in (s.name for s in (course / "submitted").iterdir() if s.is_dir()):
+            gradebook.update_or_create_student(student)  # so grades.csv lists one with nothing gradable, at 0
+    for name in sorted(set(handed_in) - known):  # graded before it was released here: generate it first
+        done(api.generate_assignment(name, force=True), f"generate {name}")
+    failed = []
+    for name, students in handed_in.items():
+        for student in students:  # one at a time: a submission nbgrader cannot grade never stops the others
+            if not (done(api.autograde(name, student, force=True, create=True), f"grade {student}, {name}")
+                    and done(api.generate_feedback(name, student, force=True), f"write {student}'s feedback")):
+                failed.append(f"{student}, {name}")
+    with Gradebook(api.coursedir.db_url) as gradebook:
+        CsvExportPlugin(config=api.config, to=str(course / "grades.csv")).export(gradebook)
+    if failed:
+        raise SystemExit(f"not graded (see nbgrader's log above): {'; '.join(failed)}")
     return course / "grades.csv"
+
+
+def adopt(handed: dict, source: Path) -> dict:
+    """A notebook without nbgrader's metadata (the exercise notebook, filled in) as a submission: the released
+    cells, each solution cell's code taken from the student's cell that defines the same function or class."""
+    theirs = {}
+    for cell in handed["cells"]:
+        if cell["cell_type"] == "code":
+            for name in re.findall(r"^(?:def|class) (\w+)", "".join(cell["source"]), flags=re.M):
+                theirs.setdefault(name, "".join(cell["source"]))
+    nb = nbformat.read(source, as_version=4)
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and meta["grade_id"] in theirs:
+            cell.source = theirs[meta["grade_id"]]
+    return json.loads(nbformat.writes(nb))
+
+
+def grade_one(notebook: Path, student: str, out: Path) -> Path:
+    """Grade one notebook in a throwaway course: its assignment found by the notebook's file name; the grades
+    and the feedback copied to ``out``."""
+    import tempfile
+
+    matches = [p for p in SOURCE.glob(f"*/{notebook.name}")]
+    if not matches:
+        raise SystemExit(f"{notebook.name} is not an assignment's notebook: the assignments' notebooks are "
+                         f"{', '.join(p.name for p in sorted(SOURCE.glob('*/*.ipynb')))}")
+    source, name = matches[0], matches[0].parent.name
+    handed = json.loads(notebook.read_text())
+    if not any(c.get("metadata", {}).get("nbgrader") for c in handed.get("cells", [])):
+        handed = adopt(handed, source)
+    with tempfile.TemporaryDirectory() as tmp:
+        course = Path(tmp)
+        shutil.copy(COURSE / "nbgrader_config.py", course)
+        shutil.copytree(source.parent, course / "source" / name)
+        folder = course / "submitted" / student / name
+        folder.mkdir(parents=True)
+        (folder / notebook.name).write_text(json.dumps(handed))
+        grades = grade(course)
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(grades, out / "grades.csv")
+        for page in (course / "feedback" / student / name).glob("*.html"):
+            shutil.copy(page, out / page.name)
+    return out / "grades.csv"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("source", "check", "release", "grade"))
+    parser.add_argument("command", choices=("source", "check", "release", "grade", "grade-one"))
+    parser.add_argument("notebook", type=Path, nargs="?", help="grade-one: the notebook to grade")
     parser.add_argument("--course", type=Path, default=COURSE, help="the course directory (default: course/)")
+    parser.add_argument("--student", default="student", help="grade-one: the student's name in grades.csv")
+    parser.add_argument("--out", type=Path, default=Path("graded"), help="grade-one: where grades and feedback go")
     args = parser.parse_args(argv)
+    if args.command == "grade-one":
+        if args.notebook is None or not args.notebook.is_file():
+            parser.error(f"grade-one needs a notebook file, got {args.notebook}")
+        grades = grade_one(args.notebook.resolve(), args.student, args.out.resolve())
+        for row in grades.read_text().splitlines()[1:]:
+            cells = row.split(",")
+            print(f"{cells[3]}, {cells[0]}: {cells[9]} of {cells[10]} points (feedback in {args.out})")
+        return 0
     if args.command == "grade":
         print(f"wrote {grade(args.course.resolve())}")
         return 0

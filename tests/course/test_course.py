@@ -139,3 +139,86 @@ def test_an_assignment_is_released_handed_in_and_graded(tmp_path, name, grade_id
     assert got == {"right": (total, total), "mistake": (mistake_score, total), "starter": (0.0, total)}
     feedback = (course / "feedback" / "mistake" / name / released_path.name).with_suffix(".html").read_text()
     assert named in feedback.replace("&#39;", "'")
+
+
+def test_bad_submissions_are_named_and_graded_without_a_hang(tmp_path):
+    """A deleted solution cell, a renamed function, code that raises on import, a function that never returns,
+    a missing notebook and a file that is not a notebook: each is named before grading, none stops the others,
+    and the hang is cut by the cell timeout."""
+    name = "10_context_parallel"
+    course = _copy_course(tmp_path, name)
+    with open(course / "nbgrader_config.py", "a") as f:
+        f.write("\nc.Execute.timeout = 60\n")  # a first cell importing torch on a busy machine takes 20 s
+    course_script.release(course)
+    (released_path,) = (course / "release" / name).glob("*.ipynb")
+    released = json.loads(released_path.read_text())
+    right = json.loads(next((course / "source" / name).glob("*.ipynb")).read_text())
+    deleted = json.loads(json.dumps(released))
+    deleted["cells"] = [c for c in deleted["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id")
+                        not in ("merge_partials", "check_merge_partial_attention_sum")]
+    renamed = json.loads(json.dumps(right))
+    for cell in renamed["cells"]:
+        cell["source"] = "".join(cell["source"]).replace("def merge_partials(", "def my_merge(")
+    _hand_in(course, "right", name, right)
+    _hand_in(course, "deleted", name, deleted)
+    _hand_in(course, "renamed", name, renamed)
+    _hand_in(course, "raises", name, _with_bodies(released, "merge_partials", ("import not_a_module",)))
+    _hand_in(course, "hangs", name, _with_bodies(released, "merge_partials", ("while True:\n    pass",)))
+    (course / "submitted" / "missing" / name).mkdir(parents=True)
+    (course / "submitted" / "corrupt" / name).mkdir(parents=True)
+    (course / "submitted" / "corrupt" / name / released_path.name).write_text("not a notebook")
+
+    done = subprocess.run([sys.executable, str(SCRIPT), "grade", "--course", str(course)], capture_output=True,
+                          text=True, timeout=900, start_new_session=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for student, named in [("deleted", "the cell where merge_partials is written is gone"),
+                           ("renamed", "no longer defines merge_partials"),
+                           ("missing", "is missing: it scores 0"),
+                           ("corrupt", "is not a notebook nbgrader can read")]:
+        assert f"{student}, {name}: " in done.stderr and named in done.stderr, (student, done.stderr)
+    rows = {r["student_id"]: float(r["score"]) for r in csv.DictReader((course / "grades.csv").open())}
+    assert rows == {"right": 4.0, "deleted": 0.0, "renamed": 0.0, "raises": 0.0, "hangs": 0.0, "missing": 0.0,
+                    "corrupt": 0.0}
+    graded = json.loads((course / "autograded" / "deleted" / name / released_path.name).read_text())
+    restored = [c for c in graded["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id")
+                == "check_merge_partial_attention_sum"]
+    assert restored, "the deleted test cell was not put back"
+    feedback = (course / "feedback" / "raises" / name / released_path.name).with_suffix(".html").read_text()
+    assert "ModuleNotFoundError" in feedback
+
+
+def test_grade_one_grades_the_exercise_notebook_a_student_filled_in(tmp_path):
+    """GitHub Classroom's path: the plain exercise notebook (no nbgrader metadata), filled in or untouched,
+    graded in a course of its own."""
+    name = "10_context_parallel"
+    starter_path = ROOT / "notebooks" / "exercises" / f"{name}_exercises.ipynb"
+    starter = json.loads(starter_path.read_text())
+    source = json.loads((ROOT / "course" / "source" / name / starter_path.name).read_text())
+    answer = next("".join(c["source"]) for c in source["cells"]
+                  if c["metadata"].get("nbgrader", {}).get("grade_id") == "merge_partials")
+    filled = json.loads(json.dumps(starter))
+    for cell in filled["cells"]:
+        if "def merge_partials(" in "".join(cell["source"]):
+            cell["source"] = answer
+    scores = {}
+    for student, notebook in (("filled", filled), ("untouched", starter)):
+        path = tmp_path / student / starter_path.name
+        path.parent.mkdir()
+        path.write_text(json.dumps(notebook))
+        done = subprocess.run([sys.executable, str(SCRIPT), "grade-one", str(path), "--student", student, "--out",
+                               str(tmp_path / f"graded-{student}")], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"{student}, {name}: " in done.stdout
+        (row,) = csv.DictReader((tmp_path / f"graded-{student}" / "grades.csv").open())
+        scores[student] = float(row["score"])
+        assert (tmp_path / f"graded-{student}" / starter_path.with_suffix(".html").name).is_file()
+    assert scores == {"filled": 4.0, "untouched": 0.0}
+
+
+def test_the_classroom_workflow_grades_every_exercise_notebook_with_grade_one():
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "classroom.yml").read_text())
+    script = "\n".join(step.get("run", "") for step in workflow["jobs"]["grade"]["steps"])
+    assert "notebooks/exercises/*_exercises.ipynb" in script and "scripts/course.py grade-one" in script
+    assert "make install" in script
