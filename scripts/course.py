@@ -225,6 +225,8 @@ def source_notebook(exercise: Path) -> nbformat.NotebookNode:
     cells, seen_ids = [], set()
     for cell in nb.cells:
         cell = copy.deepcopy(cell)
+        if cell.cell_type == "markdown":  # fetched, the notebook sits in assignments/<assignment>/
+            cell.source = cell.source.replace("](../", "](../../notebooks/")
         if cell.cell_type == "code" and "NotImplementedError(" in cell.source and names.keys() & set(
                 re.findall(r"^(?:def|class) (\w+)", cell.source, flags=re.M)):
             cell.source, filled = with_answers(cell.source, names, answers, answer_text.split("\n"))
