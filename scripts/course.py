@@ -90,6 +90,16 @@ def _raises_not_implemented(stmt: ast.stmt) -> bool:
             and getattr(stmt.exc.func, "id", "") == "NotImplementedError")
 
 
+def _without_imports_in(body: str, present: set[str]) -> str:
+    """``body`` without the import lines it opens with that the cell already has (and the blank line after
+    them, when none is left)."""
+    lines = body.split("\n")
+    n = next(i for i, line in enumerate(lines) if not re.match(r"(from \S+ )?import ", line))
+    kept = [line for line in lines[:n] if line.strip() not in present]
+    rest = lines[n + 1:] if not kept and n and lines[n] == "" else lines[n:]
+    return "\n".join(kept + rest)
+
+
 def with_answers(code: str, names: dict[str, str], answers: dict[str, ast.AST], answer_lines: list[str]) -> tuple[
         str, list[str]]:
     """The cell's code with each ``raise NotImplementedError`` replaced by the answer between the markers,
@@ -117,9 +127,7 @@ def with_answers(code: str, names: dict[str, str], answers: dict[str, ast.AST], 
             filled.append(top.name)
     present = {line.split("#")[0].strip() for line in lines}
     for first, last, indent, body in sorted(swaps, reverse=True):
-        body = re.sub(r"\A((?:(?:from \S+ )?import [^\n]*\n)+)\n?",
-                      lambda m: "".join(line + "\n" for line in m.group(1).splitlines() if line.strip() not in present)
-                      + ("\n" if any(line.strip() not in present for line in m.group(1).splitlines()) else ""), body)
+        body = _without_imports_in(body, present)
         pad = " " * indent
         lines[first - 1:last] = [pad + BEGIN] + textwrap.indent(body, pad).split("\n") + [pad + END]
     return "\n".join(lines), filled
