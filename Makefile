@@ -13,12 +13,13 @@ LAB_PORT ?= 8888
 # The unit tests run on this many pytest-xdist workers (each starts its own warm pools: about 1.5 GB), and the
 # browser test too (each worker its own JupyterLab and chromium: about 1.5 GB).
 TEST_WORKERS ?= 2
-# The static site's pages, written by the nbval run from its one execution of each notebook (notebooks/conftest.py).
+# The nbval run saves its one execution of each notebook (notebooks/conftest.py); the website is built from them.
+EXECUTED_DIR := artifacts/executed
 SITE_DIR := artifacts/site
 NBVAL := $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 # The main notebooks run under nbval alone, their timing claims asserted. Then the browser test, which keeps about
 # one core of two busy, runs beside the exercises, the solutions and the nbgrader source notebooks (graded
-# answers, no timings) and the static site's pages (scripts/side_by_side.py).
+# answers, no timings) and the website's build and check (scripts/side_by_side.py).
 MAIN_NOTEBOOKS := $(wildcard notebooks/[0-9]*.ipynb)
 
 .PHONY: lab test lint bench site binder-check busy-check bursty-check install clean assignments grade
@@ -28,7 +29,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml binder/overrides.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test,browser]"
+	$(BIN)/python -m pip install --quiet -e ".[test,browser,site]"
 	mkdir -p $(VENV)/share/jupyter/lab/settings  # JupyterLab's defaults: no news prompt (binder/postBuild does the same)
 	cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $(STAMP)
@@ -42,9 +43,9 @@ test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest tests --ignore=tests/browser --ignore=tests/static_site -n $(TEST_WORKERS)
 	$(BIN)/python scripts/course_counts.py --check
-	rm -rf $(SITE_DIR)
-	SHARDLIB_SITE_DIR=$(SITE_DIR) SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) $(MAIN_NOTEBOOKS) --durations=10
-	SHARDLIB_SITE_DIR=$(SITE_DIR) $(BIN)/python scripts/side_by_side.py \
+	rm -rf $(EXECUTED_DIR) $(SITE_DIR)
+	SHARDLIB_EXECUTED_DIR=$(EXECUTED_DIR) SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) $(MAIN_NOTEBOOKS) --durations=10
+	SHARDLIB_EXECUTED_DIR=$(EXECUTED_DIR) SHARDLIB_SITE_DIR=$(SITE_DIR) $(BIN)/python scripts/side_by_side.py \
 		"$(BIN)/python -m pytest tests/browser -n $(TEST_WORKERS) -rs --durations=0" \
 		"SHARDLIB_STRICT_CLAIMS=1 $(NBVAL) notebooks/exercises solutions course/source tests/static_site -rs --durations=5"
 

@@ -1,10 +1,10 @@
-"""One execution of each notebook serves two checks: nbval's, and the static site's pages.
+"""One execution of each notebook serves two checks: nbval's, and the website's pages.
 
-With ``SHARDLIB_SITE_DIR`` set (``make test`` sets it), the nbval run of a main notebook
+With ``SHARDLIB_EXECUTED_DIR`` set (``make test`` sets it), the nbval run of a main notebook
 (``notebooks/NN_*.ipynb``) first installs the static widgets in its kernel (``shardlib.ui.static``, as
-``scripts/build_site.py`` does), keeps every cell's outputs, and writes the executed notebook as a page
-into that folder when the notebook's last cell has run. ``tests/static_site`` then reads those pages
-instead of executing every notebook again. Without the variable, no page is written. Under nbval the
+``scripts/build_site.py`` does), keeps every cell's outputs, and saves the executed notebook into that
+folder when the notebook's last cell has run. ``tests/static_site`` then builds the website from them
+instead of executing every notebook again. Without the variable, nothing is saved. Under nbval the
 kernels' timing claims are strict (``SHARDLIB_STRICT_CLAIMS=1``, unless already set): a claim a busy machine
 spoiled fails the run, as it only prints its numbers in a learner's kernel. It lives beside the notebooks so
 that it applies to their cells only (and no module named ``conftest`` sits at the root).
@@ -21,14 +21,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # nbval asserts the notebooks' timing claims: their kernels (started after this) run strict unless told otherwise
 os.environ.setdefault("SHARDLIB_STRICT_CLAIMS", "1")
-SITE = os.environ.get("SHARDLIB_SITE_DIR")
+EXECUTED = os.environ.get("SHARDLIB_EXECUTED_DIR")
 _outputs: dict[Path, dict[int, list]] = {}
 _installed: set[Path] = set()
 
 
 def _main_notebook(item) -> Path | None:
     """The notebook of an nbval cell item, if it is one of the course's main notebooks."""
-    if not SITE or type(item).__name__ != "IPyNbCell":
+    if not EXECUTED or type(item).__name__ != "IPyNbCell":
         return None
     path = Path(str(item.parent.fspath)).resolve()
     return path if path.parent == ROOT / "notebooks" and path.name[:2].isdigit() else None
@@ -71,10 +71,8 @@ def _write(path: Path) -> None:
     outputs = _outputs.pop(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     if len(outputs) != len(code):
-        return  # a cell failed or was skipped: nbval reports it, and no page is written
+        return  # a cell failed or was skipped: nbval reports it, and nothing is saved
     for cell, index in zip(code, sorted(outputs)):
         cell.outputs = [nbformat.from_dict(o) for o in outputs[index]]
-    out = Path(SITE).resolve()  # relative to where pytest runs (make test: the repository's root)
-    out.mkdir(parents=True, exist_ok=True)
-    build_site.write_page(out, path.stem, nb)
-    build_site.write_index(out)
+    # relative to where pytest runs (make test: the repository's root)
+    build_site.save_executed(Path(EXECUTED).resolve(), path.stem, nb)

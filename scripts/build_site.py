@@ -1,45 +1,46 @@
-"""Build the course as static HTML: every notebook executed, figures embedded, widgets as still figures.
+"""Build the course's website: Sphinx with MyST-NB and the book theme, every notebook executed on real ranks.
 
-    python scripts/build_site.py --out site            # all notebooks (what `make site` runs)
-    python scripts/build_site.py --out site 00 01      # only the notebooks whose names start so
+    python scripts/build_site.py --out site   # execute every notebook, then build (make site)
+    python scripts/build_site.py --out site 00 01   # execute only these; the others' pages have no outputs
+    python scripts/build_site.py --out site --executed DIR   # build from notebooks already executed into DIR
 
-Each page loads ``plotly.min.js`` from beside it (copied from the installed plotly), so the site reads
-offline. Widgets are shown as they were first drawn (see ``shardlib/ui/static.py``); check-yourself
-questions appear as a list with each answer folded. The glossary and the cheatsheet (``notebooks/*.md``)
-become pages beside the notebooks.
+A notebook executes with static widgets (``shardlib/ui/static.py``): a page has no kernel, so each widget shows
+what it drew for its starting value, and each figure is a ``<div>`` that the site's one ``plotly.min.js`` draws.
+The pages are staged beside an ``index.md`` written here from the notebooks' headers (the two parts, the
+exercises, the glossary and the cheatsheet in the navigation) and built with ``docs/conf.py``; a broken link
+or a page outside the navigation fails the build. The site reads offline and has Sphinx's search.
 
 ``make test`` does not execute the notebooks a second time for the site: its nbval run installs the same
-static widgets and hands each executed notebook to ``write_page`` (see ``notebooks/conftest.py``).
+static widgets and saves each executed notebook (see ``notebooks/conftest.py``), and ``tests/static_site``
+builds the site from them.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
-import plotly
 from nbclient import NotebookClient
-from nbconvert import HTMLExporter
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SETUP = "import shardlib.ui.static\nshardlib.ui.static.install()"
+PAGES = ("glossary", "cheatsheet")  # notebooks/<name>.md, pages beside the notebooks
+PART = re.compile(r"^> \*\*(Both parts|Part I+)[,.]\s*([^*]*?)\.?\*\*", re.M)
 
 
-def title_of(nb) -> str:
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            m = re.search(r"^#\s+(.+)$", cell.source, re.M)
-            if m:
-                return m.group(1).strip()
-    return "notebook"
+def jupyterlab_anchor(heading: str) -> str:
+    """A heading's anchor as JupyterLab makes it (its text, spaces as hyphens): the links between the course's
+    pages are written for JupyterLab, and lead to the same headings on the site."""
+    return heading.replace(" ", "-")
 
 
 def without_widget_state(nb):
@@ -61,16 +62,12 @@ def execute(path: Path, timeout_s: int = 600):
     return without_widget_state(nb)
 
 
-def page(nb, stem: str, nav: str) -> str:
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
-    # plotly.js first in <head>, before any AMD loader, so that it defines window.Plotly.
-    body = body.replace("<head>", '<head>\n<script src="plotly.min.js"></script>', 1)
-    return body.replace("<body", f"<body data-notebook=\"{stem}\"", 1).replace(
-        "</body>", f"{nav}</body>", 1)
-
-
-NAV = '<p style="margin:2em"><a href="index.html">&larr; all notebooks</a></p>'
-PAGES = ("glossary", "cheatsheet")  # notebooks/<name>.md, rendered beside the notebooks
+def save_executed(folder: Path, stem: str, nb) -> Path:
+    """An executed notebook, widget state removed, as ``folder/<stem>.ipynb``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{stem}.ipynb"
+    nbformat.write(without_widget_state(nb), target)
+    return target
 
 
 def notebook_paths(prefixes: list[str] | None = None) -> list[Path]:
@@ -82,64 +79,85 @@ def notebook_paths(prefixes: list[str] | None = None) -> list[Path]:
     return paths
 
 
-def markdown_page(stem: str) -> str:
-    """A markdown page (the glossary, the cheatsheet) as HTML, its notebook links pointing at the pages."""
-    from nbconvert.filters.markdown_mistune import markdown2html_mistune as markdown2html
-
-    text = (NOTEBOOKS / f"{stem}.md").read_text()
-    text = re.sub(r"\(([0-9][0-9]_[a-z_]+|glossary|cheatsheet)\.(?:ipynb|md)(#[^)]*)?\)", r"(\1.html\2)", text)
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(stem) + "</title></head>"
-            "<body style='font-family:sans-serif;max-width:50em;margin:2em auto'>"
-            + markdown2html(text) + NAV + "</body></html>")
+def part_of(path: Path) -> str:
+    """The part a notebook's header names: "Start here" for the one both parts share."""
+    found = PART.search(path.with_suffix(".py").read_text().replace("\n# ", "\n"))
+    if not found:
+        raise ValueError(f"{path.name}: its header names no part (> **Part I, ...** or > **Both parts.**)")
+    part, subject = found.groups()
+    return "Start here" if part == "Both parts" else f"{part}: {subject}"
 
 
-def write_page(out: Path, stem: str, nb) -> Path:
-    """One executed notebook (static widgets, widget state removed) as ``out/<stem>.html``."""
-    target = out / f"{stem}.html"
-    target.write_text(page(without_widget_state(nb), stem, NAV), encoding="utf-8")
-    return target
+def _toctree(caption: str, docs: list[str]) -> str:
+    return "```{toctree}\n:caption: " + caption + "\n:maxdepth: 1\n\n" + "\n".join(docs) + "\n```\n"
 
 
-def write_index(out: Path) -> None:
-    """plotly.js, the glossary and cheatsheet pages, and an index of every notebook page found in ``out``."""
-    shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", out / "plotly.min.js")
-    entries = []
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        if (out / f"{path.stem}.html").exists():
-            entries.append((f"{path.stem}.html", title_of(nbformat.read(path, as_version=4))))
-    items = "".join(f'<li><a href="{name}">{html.escape(title)}</a></li>' for name, title in entries)
-    pages = []
+def index_page(notebooks: list[Path], exercises: list[Path]) -> str:
+    """The site's front page: the navigation, a part at a time, then the exercises and the reference pages."""
+    parts: dict[str, list[str]] = {}
+    for path in notebooks:
+        parts.setdefault(part_of(path), []).append(path.stem)
+    trees = [_toctree(caption, docs) for caption, docs in parts.items()]
+    trees.append(_toctree("Exercises", [f"exercises/{p.stem}" for p in exercises]))
+    trees.append(_toctree("Reference", list(PAGES)))
+    return ("# The sharding notebooks\n\nHow a model too big for one GPU is served and trained across many. "
+            "Every page was executed on real ranks when the site was built. To move the sliders, run the "
+            "notebooks in JupyterLab (`make lab`, or the launch button at the top of each page).\n\n"
+            + "\n".join(trees))
+
+
+def stage(executed: Path, source: Path) -> Path:
+    """Sphinx's source folder: each main notebook as executed into ``executed`` (as it is, without outputs,
+    where it was not), the exercises as a learner gets them, the glossary, the cheatsheet and the front page."""
+    if source.exists():
+        shutil.rmtree(source)
+    (source / "exercises").mkdir(parents=True)
+    notebooks = notebook_paths()
+    for path in notebooks:
+        ran = executed / path.name
+        shutil.copy(ran if ran.exists() else path, source / path.name)
+    exercises = sorted((NOTEBOOKS / "exercises").glob("*.ipynb"))
+    for path in exercises:
+        shutil.copy(path, source / "exercises" / path.name)
     for stem in PAGES:
-        if (NOTEBOOKS / f"{stem}.md").exists():
-            (out / f"{stem}.html").write_text(markdown_page(stem), encoding="utf-8")
-            pages.append(f'<a href="{stem}.html">{stem.capitalize()}</a>')
-    (out / "index.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>The sharding notebooks</title></head>"
-        "<body style='font-family:sans-serif;max-width:50em;margin:2em auto'>"
-        "<h1>The sharding notebooks</h1><p>Each page was executed on real ranks when the site was built; "
-        "run them in JupyterLab (<code>make lab</code>) to move the sliders.</p>"
-        f"<ol>{items}</ol><p>{' · '.join(pages)}</p></body></html>", encoding="utf-8")
+        shutil.copy(NOTEBOOKS / f"{stem}.md", source / f"{stem}.md")
+    (source / "index.md").write_text(index_page(notebooks, exercises))
+    return source
 
 
-def build(out: Path, prefixes: list[str] | None = None) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path in notebook_paths(prefixes):
+def sphinx(source: Path, out: Path) -> None:
+    """Build the HTML site from ``source`` into ``out`` with ``docs/conf.py``; a warning fails the build."""
+    if out.exists():
+        shutil.rmtree(out)
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going",
+                           "-c", str(ROOT / "docs"), "-d", str(source.parent / f"{source.name}.doctrees"),
+                           str(source), str(out)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the site did not build (sphinx exit {done.returncode}):\n{done.stderr[-6000:]}")
+
+
+def build(out: Path, prefixes: list[str] | None = None, executed: Path | None = None) -> Path:
+    """Execute the notebooks (unless ``executed`` holds them already), stage them and build the site."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if executed is None:
+            executed = Path(tmp) / "executed"
+            for path in notebook_paths(prefixes):
+                started = time.perf_counter()
+                save_executed(executed, path.stem, execute(path))
+                print(f"{path.name}: executed in {time.perf_counter() - started:.1f} s", flush=True)
         started = time.perf_counter()
-        target = write_page(out, path.stem, execute(path))
-        written.append(target)
-        print(f"{target.relative_to(out.parent) if out.parent in target.parents else target}: "
-              f"{time.perf_counter() - started:.1f} s", flush=True)
-    write_index(out)
-    return written
+        sphinx(stage(executed, Path(tmp) / "source"), out)
+        print(f"built in {time.perf_counter() - started:.1f} s", flush=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "site")
+    parser.add_argument("--executed", type=Path, help="a folder of notebooks already executed (NN_name.ipynb)")
     parser.add_argument("prefixes", nargs="*", help="only notebooks whose names start with these")
     args = parser.parse_args(argv)
-    build(args.out.resolve(), args.prefixes)
+    build(args.out.resolve(), args.prefixes, args.executed and args.executed.resolve())
     print(f"site written to {args.out}/index.html")
     return 0
 

@@ -15,7 +15,8 @@ def _name(spec: str) -> str:
 
 def test_environment_yml_lists_what_pyproject_needs():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_name(s) for s in project["dependencies"] + project["optional-dependencies"]["test"]}
+    extras = project["optional-dependencies"]
+    wanted = {_name(s) for s in project["dependencies"] + extras["test"] + extras["site"]}
     conda = set()
     text = (ROOT / "environment.yml").read_text()
     for line in text[text.index("dependencies:"):].splitlines():
@@ -29,7 +30,7 @@ def test_environment_yml_lists_what_pyproject_needs():
 
 def test_make_installs_the_extras_the_suite_uses():
     makefile = (ROOT / "Makefile").read_text()
-    assert '-e ".[test,browser]"' in makefile
+    assert '-e ".[test,browser,site]"' in makefile
 
 
 def test_binder_installs_the_project_and_a_pinned_torch():
