@@ -1,5 +1,5 @@
-"""Prefill and decode pools on real ranks: the tokens are the colocated engine's, the K/V bytes handed off
-are the formula's, and a bad split is refused before any rank starts.
+"""Prefill and decode pools on real ranks, of equal sizes or not: the tokens are the colocated engine's, the
+K/V bytes handed off are the formula's on every link, and a bad split is refused before any rank starts.
 
 The model runs in float64 (as in ``test_engine_exact``): the pools batch the prompts and the decodes
 differently from the colocated engine, which moves a logit by about 1e-16, far under the top-two margin
@@ -16,11 +16,12 @@ import torch
 
 from shardlib.core.config import ModelConfig, kv_bytes_per_token
 from shardlib.core.model import random_weights
+from shardlib.core.serving.handoff import HeadOverlap, head_overlaps, kv_heads_held
 from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.lab.serving.disagg import run_disaggregated
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
 from shardlib.lab.serving.traces import poisson_trace, shared_prefix_trace
-from shardlib.predict.serving.presets import kv_bytes_per_rank
+from shardlib.predict.serving.presets import kv_bytes_per_link, kv_bytes_per_rank
 from shardlib.runtime.ranks import Ranks
 from shardlib.ui.serving_tables import disaggregation_table, handoff_line
 
@@ -113,8 +114,8 @@ def test_a_prefix_cached_on_the_prefill_pool_is_still_handed_off_whole(weights, 
     (2, 0, "a pool of zero ranks"),
     (2, 2, "leaves no rank to decode"),
     (2, 1.5, "whole number of ranks"),
-    (4, 1, "the pools must be the same size"),
-    (4, 3, "the pools must be the same size"),
+    (4, 1, r"the decode pool of 3: 2 KV heads cannot be shared by 3 devices(.|\n)*work on 4 ranks: \[2\]"),
+    (4, 3, r"the prefill pool of 3: 4 query heads cannot be split 3 ways(.|\n)*work on 4 ranks: \[2\]"),
 ])
 def test_a_split_that_does_not_work_is_refused(weights, request, world, prefill, message):
     ranks = request.getfixturevalue(f"pool{world}")
@@ -126,7 +127,8 @@ def test_a_pool_whose_tp_does_not_fit_the_heads_is_refused(pool4):
     odd = random_weights(ModelConfig("llama", vocab_size=97, d_model=24, n_layers=1, n_heads=3, n_kv_heads=1, d_ff=48,
                                      max_positions=64, rope_theta=10000.0, rms_eps=1e-6,
                                      norm_float32=True))
-    with pytest.raises(ValueError, match="3 query heads cannot be split 2 ways"):
+    with pytest.raises(ValueError, match=r"3 query heads and 1 KV heads(.|\n)*the prefill pool of 2: 3 query heads "
+                                         r"cannot be split 2 ways(.|\n)*work on 4 ranks: \[1, 3\]"):
         run_disaggregated(pool4, odd, [Request(0, [1, 2], 2)], CONFIG, prefill_ranks=2)
 
 
@@ -240,3 +242,106 @@ def test_interference_needs_both_kinds_of_step():
     assert got.predicted_ratio == pytest.approx((1.0 + 1.2) / (1.0 + 0.2))
     with pytest.raises(ValueError, match="the run needs both"):
         interference([alone], cost)
+
+
+# Pools of different sizes. A model of 1 KV head (copied past one rank) and one of 3 KV heads beside MODEL's 2.
+ONE_KV_HEAD = ModelConfig("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=64,
+                          max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
+THREE_KV_HEADS = ModelConfig("llama", vocab_size=97, d_model=48, n_layers=2, n_heads=6, n_kv_heads=3, d_ff=96,
+                             max_positions=128, rope_theta=10000.0, rms_eps=1e-6, norm_float32=True)
+MODELS = {"2 KV heads": MODEL, "1 KV head": ONE_KV_HEAD, "3 KV heads": THREE_KV_HEADS}
+# (model, prefill ranks, decode ranks, the links (prefill index, decode index)): one KV head on each link
+SPLITS = [("2 KV heads", 1, 2, {(0, 0), (0, 1)}),  # the prefill rank sends each decode rank its head
+          ("2 KV heads", 2, 1, {(0, 0), (1, 0)}),  # the decode rank gathers a head from each prefill rank
+          ("1 KV head", 1, 2, {(0, 0), (0, 1)}),  # both decode ranks hold a copy of the one head
+          ("1 KV head", 2, 1, {(0, 0)}),  # both prefill ranks hold it: one sends, the other sends nothing
+          ("3 KV heads", 1, 3, {(0, 0), (0, 1), (0, 2)}),
+          ("3 KV heads", 3, 1, {(0, 0), (1, 0), (2, 0)})]
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    with Ranks(3) as ranks:
+        yield ranks
+
+
+@pytest.fixture(scope="module")
+def served(trace, pool2, pool3):
+    """Per model: its float64 weights and the colocated engine's tokens (tensor parallel over 2 or 3 ranks)."""
+    out = {}
+    for name, model in MODELS.items():
+        w = random_weights(model, seed=0, dtype=torch.float64)
+        _, margin = reference_tokens(w, trace)
+        assert margin > 1e-9
+        out[name] = w, run_serving(pool3 if model.n_kv_heads == 3 else pool2, w, trace, CONFIG).tokens
+    return out
+
+
+@pytest.mark.parametrize("layerwise", [False, True], ids=["whole", "layerwise"])
+@pytest.mark.parametrize("name, p, d, links", SPLITS, ids=[f"{n}-{p}+{d}" for n, p, d, _ in SPLITS])
+def test_pools_of_different_sizes_give_the_tokens_and_the_bytes_of_every_link(request, trace, served, name, p, d,
+                                                                              links, layerwise):
+    weights, colocated = served[name]
+    model = MODELS[name]
+    run = run_disaggregated(request.getfixturevalue(f"pool{p + d}"), weights, trace, CONFIG, prefill_ranks=p,
+                            layerwise=layerwise)
+    assert run.tokens == colocated
+    for r in trace:
+        if r.max_new_tokens == 1:  # done at the prefill: nothing crosses
+            assert run.kv_link_bytes_sent[r.request_id] == run.kv_link_bytes_predicted[r.request_id] == {}
+            continue
+        one_head = 2 * model.n_layers * model.head_dim * 8 * len(r.prompt_token_ids)  # K and V of one KV head
+        assert run.kv_link_bytes_predicted[r.request_id] == {link: one_head for link in links}
+        assert run.kv_link_bytes_sent[r.request_id] == run.kv_link_bytes_predicted[r.request_id]  # measured
+        assert run.kv_bytes_sent[r.request_id] == max(model.n_kv_heads, d) * one_head  # the decode pool's heads
+        assert run.kv_messages[r.request_id] == len(links) * (model.n_layers if layerwise else 1)
+    assert sum(s.n_tokens for s in run.prefill_steps) == sum(len(r.prompt_token_ids) for r in trace)
+    assert sum(s.n_tokens for s in run.decode_steps) == sum(r.max_new_tokens - 1 for r in trace)
+
+
+def test_head_overlaps_pair_each_rank_with_its_peer_when_the_pools_are_equal():
+    for heads, tp in [(2, 1), (2, 2), (8, 4), (2, 4), (1, 3)]:  # the last two copy the heads
+        assert head_overlaps(heads, tp, tp) == tuple(HeadOverlap(i, i, kv_heads_held(i, tp, heads))
+                                                     for i in range(tp))
+
+
+def test_head_overlaps_slice_and_gather_by_hand():
+    assert head_overlaps(4, 2, 1) == (HeadOverlap(0, 0, range(0, 2)), HeadOverlap(1, 0, range(2, 4)))
+    assert head_overlaps(4, 1, 2) == (HeadOverlap(0, 0, range(0, 2)), HeadOverlap(0, 1, range(2, 4)))
+    # ranges that straddle: 6 heads as 3 + 3 to 2 + 2 + 2, the middle decode rank gathering from both
+    assert head_overlaps(6, 2, 3) == (HeadOverlap(0, 0, range(0, 2)), HeadOverlap(0, 1, range(2, 3)),
+                                      HeadOverlap(1, 1, range(3, 4)), HeadOverlap(1, 2, range(4, 6)))
+    # copies on the prefill side: each head comes from one copy only
+    assert head_overlaps(2, 4, 1) == (HeadOverlap(0, 0, range(0, 1)), HeadOverlap(2, 0, range(1, 2)))
+    assert head_overlaps(1, 1, 2) == (HeadOverlap(0, 0, range(0, 1)), HeadOverlap(0, 1, range(0, 1)))
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 4, 6, 8])
+def test_every_decode_rank_gets_each_of_its_heads_exactly_once(heads):
+    sizes = [n for n in range(1, 17) if heads % n == 0 or n % heads == 0]
+    for p in sizes:
+        for d in sizes:
+            links = head_overlaps(heads, p, d)
+            for j in range(d):
+                got = sorted(h for o in links if o.decode == j for h in o.heads)
+                assert got == list(kv_heads_held(j, d, heads)), (heads, p, d, j)
+            for o in links:  # a prefill rank sends only heads it holds
+                assert set(o.heads) <= set(kv_heads_held(o.prefill, p, heads))
+
+
+def test_head_overlaps_refuse_a_split_of_the_heads_that_does_not_exist():
+    with pytest.raises(ValueError, match="2 KV heads cannot be split 3 ways"):
+        head_overlaps(2, 3, 1)
+    with pytest.raises(ValueError, match="4 KV heads cannot be split 6 ways"):
+        head_overlaps(4, 2, 6)
+
+
+def test_kv_bytes_per_link_sum_to_the_formula():
+    n = 10
+    total = kv_bytes_per_rank(MODEL, n, 1, 8)  # every KV head once
+    for p, d in [(1, 1), (1, 2), (2, 1), (2, 2)]:
+        links = kv_bytes_per_link(MODEL, n, p, d, 8)
+        assert sum(links.values()) == total
+        assert set(links) == {(o.prefill, o.decode) for o in head_overlaps(MODEL.n_kv_heads, p, d)}
+    assert kv_bytes_per_link(MODEL, n, 2, element_bytes=8) == {(0, 0): total // 2, (1, 1): total // 2}
+    assert sum(kv_bytes_per_link(ONE_KV_HEAD, n, 1, 4, 8).values()) == 4 * kv_bytes_per_rank(ONE_KV_HEAD, n, 1, 8)

@@ -97,6 +97,17 @@ def test_one_request_through_the_pools_by_hand():
     assert layerwise.token_times_s[0][1] < pred.token_times_s[0][1]  # the hidden part came off the wait
 
 
+def test_pools_of_different_sizes_wait_for_the_busiest_rank():
+    """1 + 2: the prefill rank sends both KV heads (one to each decode rank); 2 + 1: the decode rank receives
+    both; 2 + 2: each rank moves one head. The busiest rank's bytes set the wait."""
+    r = Request(0, list(range(1, 11)), 4)
+    kv_bytes = 2 * 2 * 2 * 8 * 8 * 10  # both KV heads, as in the hand-worked request above
+    for p, d, busiest in [(1, 1, kv_bytes), (1, 2, kv_bytes), (2, 1, kv_bytes), (2, 2, kv_bytes // 2)]:
+        pred = simulate_pools([r], CONFIG, COST, LINK, MODEL, prefill_ranks=p, decode_ranks=d)
+        assert pred.handoff_s[0] == pytest.approx(0.5 + busiest / 1e3)
+    assert simulate_pools([r], CONFIG, COST, LINK, MODEL, 2).handoff_s[0] == pytest.approx(0.5 + kv_bytes / 2e3)
+
+
 def test_the_pools_and_the_colocated_engine_agree_on_a_free_link_and_no_overlap():
     """Requests far apart, a link that costs nothing: each request sees the same steps either way (a
     prefill, then its decodes), so the two predictions agree token for token."""

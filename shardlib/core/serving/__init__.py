@@ -6,8 +6,8 @@ router.
   2024, DistServe; Patel et al. 2024, Splitwise).
 * ``engine``: ``serving_engine_on_rank``: the engine on real ranks, the scheduler on rank 0, the model step on
   all.
-* ``handoff``: The KV hand-off: one request's K and V from the prefill rank that computed them to the decode
-  rank that will read them (Patel et al. 2024, Splitwise; Zhong et al. 2024, DistServe).
+* ``handoff``: The KV hand-off: one request's K and V from the prefill ranks that computed them to the decode
+  ranks that will read them (Patel et al. 2024, Splitwise; Zhong et al. 2024, DistServe).
 * ``layouts``: Tensor parallelism inside a "node", pipeline stages across "nodes": the combined forward on a
   rank.
 * ``loop``: The engine's loop: admit what has arrived, schedule a step, run the model, sample, repeat.

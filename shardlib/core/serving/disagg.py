@@ -1,19 +1,19 @@
 """``disaggregated_on_rank``: a prefill pool and a decode pool of ranks in one job (Zhong et al. 2024,
 DistServe; Patel et al. 2024, Splitwise).
 
-Ranks ``0 .. P-1`` are the prefill pool, ranks ``P .. 2P-1`` the decode pool; each pool splits the model
-over its own ranks with tensor parallelism (``TPGroup`` on a process group of the pool). The prefill pool's
-leader (rank 0) runs the engine's loop (``loop.run_engine``) on the arrivals, every request cut to one new
-token: a step computes prompts (whole or in chunks) and samples their first token. When a prompt's last
-chunk is in a step, each prefill rank announces it to its decode peer (the rank ``P`` further on, same TP
-index) and sends that request's K/V (``handoff.KVSender``): after the step, or layer by layer during it.
-After the step the leader sends the first token to the decode pool's leader (rank ``P``). That leader runs
-the same loop, its ``poll`` hook admitting the requests handed to it (``admit_handed_off``), each with its
-prompt's K/V already computed (blocks allocated, the first token in its output), tells its pool which
-blocks (one broadcast a step, as the colocated engine does), every decode rank writes the K/V it received
-into them (``handoff.KVReceiver``), and the pool decodes to the end. A request that wants one token is done
-after its prefill: nothing is handed off. Times are seconds after rank 0's start, on the machine's one
-monotonic clock.
+Ranks ``0 .. P-1`` are the prefill pool, ranks ``P .. W-1`` the decode pool; each pool splits the model over
+its own ranks with tensor parallelism (``TPGroup`` on a process group of the pool), and the two sizes may
+differ (DistServe picks each phase's parallelism on its own). The prefill pool's leader (rank 0) runs the
+engine's loop (``loop.run_engine``) on the arrivals, every request cut to one new token: a step computes
+prompts (whole or in chunks) and samples their first token. When a prompt's last chunk is in a step, each
+prefill rank announces it to the decode ranks it is linked to (``handoff.head_overlaps``: those that hold
+some of its KV heads) and sends each its share of that request's K/V (``handoff.KVSender``): after the
+step, or layer by layer during it. After the step the leader sends the first token to the decode pool's
+leader (rank ``P``). That leader runs the same loop, its ``poll`` hook admitting the requests handed to it
+(``admit_handed_off``), each with its prompt's K/V already computed (blocks allocated, the first token in
+its output), tells its pool which blocks (one broadcast a step, as the colocated engine does), every decode
+rank writes the K/V it received from each of its prefill ranks into them (``handoff.KVReceiver``), and the
+pool decodes to the end. A one-token request is done after its prefill. Times: seconds after rank 0's start.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from shardlib.core.serving.engine import EngineRankResult, broadcast_step, pack, unpack
-from shardlib.core.serving.handoff import KVReceiver, KVSender
+from shardlib.core.serving.handoff import KVReceiver, KVSender, head_overlaps, kv_heads_held
 from shardlib.core.serving.loop import run_engine
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import SequenceState
@@ -36,7 +36,7 @@ from shardlib.core.tensor_parallel.layers import TPGroup
 class PoolGroups:
     prefill: object  # the prefill pool's process group (None with one rank)
     decode: object
-    handoff: tuple  # per TP index, the group of prefill rank i and decode rank P + i
+    handoff: object  # every rank: the K/V's point-to-point messages, logged apart from the control channel
 
 
 def pool_groups(ctx, prefill_ranks: int) -> PoolGroups:
@@ -47,8 +47,19 @@ def pool_groups(ctx, prefill_ranks: int) -> PoolGroups:
         p = prefill_ranks
         pre = ctx.new_group(range(p), "prefill") if p > 1 else None
         dec = ctx.new_group(range(p, ctx.world_size), "decode") if ctx.world_size - p > 1 else None
-        cache[key] = PoolGroups(pre, dec, tuple(ctx.new_group([i, p + i], "handoff") for i in range(p)))
+        cache[key] = PoolGroups(pre, dec, ctx.new_group(range(ctx.world_size), "handoff"))
     return cache[key]
+
+
+def handoff_links(n_kv_heads: int, prefill_ranks: int, rank: int, world_size: int) -> list[tuple[int, slice]]:
+    """``rank``'s links of the hand-off (``handoff.head_overlaps``): per peer in the other pool, its rank in
+    the job and the heads they share, as a slice of ``rank``'s own KV heads."""
+    p, d = prefill_ranks, world_size - prefill_ranks
+    prefill = rank < p
+    index = rank if prefill else rank - p
+    held = kv_heads_held(index, p if prefill else d, n_kv_heads)
+    return [(p + o.decode if prefill else o.prefill, slice(o.heads.start - held.start, o.heads.stop - held.start))
+            for o in head_overlaps(n_kv_heads, p, d) if (o.prefill if prefill else o.decode) == index]
 
 
 def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
@@ -60,7 +71,9 @@ def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
     index = ctx.rank if prefill else ctx.rank - p
     ranks, group = (range(p), groups.prefill) if prefill else (range(p, ctx.world_size), groups.decode)
     pool = ctx.group(list(ranks), group)  # this rank's pool, its first rank leading
-    model = PagedModel(weights, TPGroup(p, index, ctx.comm, group), config.num_blocks, config.block_size, ctx.device)
+    model = PagedModel(weights, TPGroup(len(ranks), index, ctx.comm, group), config.num_blocks, config.block_size,
+                       ctx.device)
+    links = handoff_links(weights.config.n_kv_heads, p, ctx.rank, ctx.world_size)
     ctx.comm.barrier()
     start = float(ctx.comm.broadcast(torch.tensor([ctx.now_s()], dtype=torch.float64), src=0))
 
@@ -68,13 +81,13 @@ def disaggregated_on_rank(ctx, weights, requests, config, prefill_ranks: int,
         return ctx.now_s() - start
 
     if prefill:
-        return _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, clock)
-    return _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clock)
+        return _prefill(ctx, pool, model, requests, config, p, index, KVSender(ctx.comm, links, groups.handoff),
+                        layerwise, clock)
+    return _decode(ctx, pool, model, requests, config, KVReceiver(ctx.comm, links, groups.handoff, model.cache,
+                                                                  layerwise), clock)
 
 
-def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> EngineRankResult:
-    sender = KVSender(ctx.comm, ctx.rank + p, groups.handoff[index])
-
+def _prefill(ctx, pool, model, requests, config, p, index, sender, layerwise, clock) -> EngineRankResult:
     def run_step(chunks, ids):
         """The step, with the hand-off of every prompt it finishes (``ids``: their requests, in order)."""
         done = [(i, c, c.start + len(c.tokens)) for i, c in zip(ids, [c for c in chunks if c.sample])
@@ -114,7 +127,7 @@ def _prefill(ctx, pool, model, requests, config, p, index, groups, layerwise, cl
             i = index_of[c.seq]
             if c.sample and requests[i].max_new_tokens > 1:
                 seq = sched.finished[c.seq]
-                sender.token(i, seq.output[0], seq.token_times_s[0])
+                sender.token(p, i, seq.output[0], seq.token_times_s[0])
 
     sched = run_engine(first_only, config, step, clock=clock, wait=ctx.wait_s, on_step=record)
     if p > 1:
@@ -137,8 +150,7 @@ def _unpack_admits(values: list[int]) -> list[tuple[int, tuple[int, ...]]]:
     return admits
 
 
-def _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clock) -> EngineRankResult:
-    inbox = KVReceiver(ctx.comm, ctx.rank - p, groups.handoff[index], model.cache, layerwise)
+def _decode(ctx, pool, model, requests, config, inbox, clock) -> EngineRankResult:
     if pool.rank != 0:  # a follower: land what the leader admits, compute what it broadcasts
         while True:
             inbox.poll()
@@ -168,7 +180,7 @@ def _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clo
         return not inbox.ended or bool(inbox.tokens)
 
     def step(chunks):
-        if p > 1:
+        if pool.world_size > 1:
             broadcast_step(pool, torch.cat([pack(chunks), _pack_admits(admits)]))
         for i, table in admits:  # the admitted requests' K/V into their blocks, before the step reads them
             inbox.land(i, table)
@@ -177,7 +189,7 @@ def _decode(ctx, pool, model, requests, config, p, index, groups, layerwise, clo
         return model.step(chunks)
 
     sched = run_engine([], decode_config(config), step, clock=clock, wait=ctx.wait_s, poll=poll)
-    if p > 1:
+    if pool.world_size > 1:
         broadcast_step(pool, None)
     inbox.wait_end()
     # its blocks were allocated for K/V computed elsewhere: no prompt was looked up in its prefix cache

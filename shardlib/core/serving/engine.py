@@ -23,9 +23,9 @@ from shardlib.core.tensor_parallel.layers import TPGroup
 @dataclass(frozen=True)
 class EngineRankResult:
     """What one rank saw: a leader has its requests' tokens and token times and its steps, every rank its
-    cache size. A prefill rank of a disaggregated job adds the request of each K/V message it sent (in its
-    comm log's order); the decode pool's leader, per request, the seconds from its first token to its K/V
-    in the cache (the hand-off as the decode pool saw it)."""
+    cache size. A prefill rank of a disaggregated job adds the request and decode rank of each K/V message
+    it sent (in its comm log's order); the decode pool's leader, per request, the seconds from its first
+    token to its K/V in the cache (the hand-off as the decode pool saw it)."""
 
     rank: int
     kv_cache_bytes: int
@@ -34,7 +34,7 @@ class EngineRankResult:
     prefix_hit_tokens: int = 0
     prefix_lookup_tokens: int = 0
     preemptions: int = 0
-    kv_sent: tuple[int, ...] = ()  # request index per K/V message, in the comm log's order
+    kv_sent: tuple[tuple[int, int], ...] = ()  # (request index, decode rank) per K/V message, in the comm log's order
     handoff_s: dict | None = None
 
     @classmethod

@@ -2,15 +2,14 @@
 colocated against disaggregated on the same ranks and trace (Zhong et al. 2024, DistServe; Patel et al.
 2024, Splitwise).
 
-``run_disaggregated`` serves a trace on the two pools, every request checked before any rank starts; a
-``DisaggregatedRun`` is a ``ServingRun`` plus the hand-off: each request's K/V bytes read from the comm log
-beside ``presets.kv_bytes_per_rank`` times the ranks of a pool. ``run_disaggregation_check`` serves four
-configurations (``CONFIGURATIONS``): the colocated engine prefill-first and with chunked prefill
-(``run_serving``, tensor parallelism over every rank), and the two pools, the K/V handed over whole or layer
-by layer (half the ranks each). A fifth, colocated replicas (one engine per pool's worth of ranks), is
-predicted only. ``DisaggregationCheck`` holds the runs, the predictions, SLO attainment and goodput per
-objective, the interference (decode steps with and without prompt tokens), the hand-off's wait and the
-verdicts (``lab.verdict``).
+``run_disaggregated`` serves a trace on two pools of any sizes the heads allow; a ``DisaggregatedRun`` is a
+``ServingRun`` plus each request's K/V bytes per link, from the comm log and ``presets.kv_bytes_per_link``.
+``run_disaggregation_check`` serves four configurations (``CONFIGURATIONS``): the colocated engine
+prefill-first and with chunked prefill (``run_serving``, tensor parallelism over every rank), and the two
+pools, the K/V handed over whole or layer by layer (half the ranks each). A fifth, colocated replicas (one
+engine per pool's worth of ranks), is predicted only. ``DisaggregationCheck`` holds the runs, the
+predictions, SLO attainment and goodput per objective, the interference (decode steps with and without
+prompt tokens), the hand-off's wait and the verdicts (``lab.verdict``).
 """
 
 from __future__ import annotations
@@ -28,19 +27,19 @@ from shardlib.lab.verdict import Verdict, verified
 from shardlib.predict.serving.engine import PredictedServing, simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective, goodput, request_metrics, slo_attainment
 from shardlib.predict.serving.pools import simulate_colocated, simulate_pools
-from shardlib.predict.serving.presets import kv_bytes_per_rank
+from shardlib.predict.serving.presets import kv_bytes_per_link
 from shardlib.predict.shapes import tensor_parallel_problems
 
 
 @dataclass(frozen=True)
 class DisaggregatedRun(ServingRun):
     """A disaggregated run: the engine's figures, each pool's steps, and the K/V each request handed off
-    (bytes measured and predicted, and in how many messages); ``handoff_s``: seconds from a request's first
-    token to its K/V in the decode cache (the wait for the decode pool's step in progress included)."""
+    (bytes measured and predicted, per link and in all, in how many messages); ``handoff_s``: seconds from a
+    request's first token to its K/V in the decode cache (the decode pool's step in progress waited out)."""
 
     prefill_ranks: int = 1
     layerwise: bool = False
-    kv_bytes_predicted: dict = field(default_factory=dict)
+    kv_link_bytes_predicted: dict = field(default_factory=dict)  # id -> {(prefill, decode) index in its pool: bytes}
 
     prefill_steps = property(lambda self: self.got.values[0].steps)  # the prefill pool's leader's
     decode_steps = property(lambda self: self.got.values[self.prefill_ranks].steps)  # the decode pool's leader's
@@ -56,56 +55,59 @@ class DisaggregatedRun(ServingRun):
         return out
 
     def _kv_sends(self) -> dict:
-        """Request id -> the sizes of its K/V messages: each prefill rank's ``handoff`` sends, matched in
-        order to the requests it says it sent."""
-        sends = {r.request_id: [] for r in self.requests}
+        """Request id -> {link: its K/V messages' sizes}: each prefill rank's ``handoff`` sends, in order."""
+        sends = {r.request_id: {} for r in self.requests}
         for rank, result in enumerate(self.got.values[:self.prefill_ranks]):
             records = [c for c in self.got.records("send", rank) if c.group == "handoff"]
-            if len(records) != len(result.kv_sent):
-                raise RuntimeError(f"rank {rank} logged {len(records)} K/V sends but sent {len(result.kv_sent)}")
-            for record, i in zip(records, result.kv_sent):
-                sends[self.requests[i].request_id].append(record.size_bytes)
+            if [c.peer for c in records] != [peer for _, peer in result.kv_sent]:
+                raise RuntimeError(f"rank {rank}'s comm log and K/V sends disagree: {records} vs {result.kv_sent}")
+            for record, (i, peer) in zip(records, result.kv_sent):
+                link = (rank, peer - self.prefill_ranks)
+                sends[self.requests[i].request_id].setdefault(link, []).append(record.size_bytes)
         return sends
 
-    kv_bytes_sent = property(lambda self: {rid: sum(s) for rid, s in self._kv_sends().items()})
-    kv_messages = property(lambda self: {rid: len(s) for rid, s in self._kv_sends().items()})
+    kv_link_bytes_sent = property(lambda self: {rid: {link: sum(b) for link, b in links.items()}
+                                                for rid, links in self._kv_sends().items()})
+    kv_bytes_sent = property(lambda self: {rid: sum(b.values()) for rid, b in self.kv_link_bytes_sent.items()})
+    kv_bytes_predicted = property(lambda self: {i: sum(b.values()) for i, b in self.kv_link_bytes_predicted.items()})
+    kv_messages = property(lambda self: {rid: sum(map(len, b.values())) for rid, b in self._kv_sends().items()})
 
 
 def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
-    """The decode pool's size, or a ValueError saying why ``prefill_ranks`` does not split the job."""
+    """The decode pool's size, or a ValueError saying why ``prefill_ranks`` does not split the job: each pool
+    splits the model over its own ranks (``tensor_parallel_problems``); the two sizes may differ."""
     whole_number(prefill_ranks, "prefill_ranks (a whole number of ranks: a pool of zero ranks serves nothing)")
     decode = world_size - prefill_ranks
     if decode < 1:
         raise ValueError(f"prefill_ranks = {prefill_ranks} of a job of {world_size} ranks leaves no rank to decode: "
                          f"give the decode pool at least one (prefill_ranks <= {world_size - 1})")
-    if decode != prefill_ranks:
-        fix = (f"prefill_ranks = {world_size // 2} of {world_size}" if world_size % 2 == 0
-               else f"a job of an even number of ranks, not {world_size}")
-        raise ValueError(f"{prefill_ranks} prefill + {decode} decode ranks: each prefill rank hands its KV heads to "
-                         "the decode rank of the same tensor-parallel index, so the pools must be the same size "
-                         f"({fix})")
-    problems = tensor_parallel_problems(model_config, prefill_ranks) if model_config is not None else []
+    problems = [f"the {name} pool of {n}: {problem}" for name, n in (("prefill", prefill_ranks), ("decode", decode))
+                for problem in (tensor_parallel_problems(model_config, n) if model_config is not None else ())]
     if problems:
-        raise ValueError(f"each pool splits the model over its {prefill_ranks} ranks, and it does not split:\n  "
-                         + "\n  ".join(problems))
+        valid = [p for p in range(1, world_size) if not tensor_parallel_problems(model_config, p)
+                 and not tensor_parallel_problems(model_config, world_size - p)]
+        raise ValueError(f"{prefill_ranks} prefill + {decode} decode ranks: each pool splits the model's "
+                         f"{model_config.n_heads} query heads and {model_config.n_kv_heads} KV heads over its own "
+                         "ranks, and this split does not:\n  " + "\n  ".join(problems)
+                         + f"\nprefill_ranks that work on {world_size} ranks: {valid or 'none'}")
     return decode
 
 
 def run_disaggregated(ranks, weights, requests, config, prefill_ranks: int | None = None,
                       layerwise: bool = False) -> DisaggregatedRun:
-    """Serve ``requests`` with prefill on ranks ``0 .. prefill_ranks - 1`` (default: half the ranks) and
-    decode on the others, the K/V handed over whole after a prompt's last step, or layer by layer during it
-    (``layerwise``). Greedy unless a request has a seed: the tokens are those of ``run_serving``."""
+    """Serve ``requests`` with prefill on ranks ``0 .. prefill_ranks - 1`` (default: half) and decode on the
+    others (any split ``check_split`` allows), the K/V handed over whole after a prompt's last step, or layer
+    by layer during it (``layerwise``). Greedy unless a request has a seed: the tokens are ``run_serving``'s."""
     flag(layerwise, "layerwise")
     whole_number(ranks.world_size, "the job's world size")
     p = ranks.world_size // 2 if prefill_ranks is None else prefill_ranks
-    check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
+    d = check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
     requests = check_serving(weights, requests, config, p)
     element = weights.embed.element_size()
-    predicted = {r.request_id: p * kv_bytes_per_rank(weights.config, len(r.prompt_token_ids), p, element)
-                 if r.max_new_tokens > 1 else 0 for r in requests}
+    links = {r.request_id: kv_bytes_per_link(weights.config, len(r.prompt_token_ids), p, d, element)
+             if r.max_new_tokens > 1 else {} for r in requests}  # one token: done at the prefill, nothing sent
     got = on_ranks(ranks, disaggregated_on_rank, weights, list(requests), config, p, layerwise)
-    return DisaggregatedRun(got, requests, config, p, p, layerwise, predicted)
+    return DisaggregatedRun(got, requests, config, p, p, layerwise, links)
 
 
 LOOPBACK = Link("loopback (gloo, one machine)", 1e9, 2e-4, source="about 0.9 GB/s for a 64 MiB all-reduce here",
@@ -132,7 +134,6 @@ class Interference:
     @property
     def predicted_ratio(self) -> float:
         return self.predicted_mixed_s / self.predicted_decode_only_s
-
 
 
 def interference(steps, cost) -> Interference:

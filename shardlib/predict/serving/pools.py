@@ -2,11 +2,12 @@
 included, and how to split a fixed number of engines between the two.
 
 The prefill pool is the engine's own scheduler replayed on a predicted clock (``predict.simulate_serving``)
-with every request cut to one token: it gives each prompt's first-token time. The K/V then cross the link,
-``point_to_point_s(kv bytes per rank, link)`` (each prefill rank sends to its own peer at once); sent layer
-by layer (Splitwise), only the part the prompt's later layers do not cover shows: at least the last layer's
-share. The decode pool admits a request when its K/V have arrived (``admit_handed_off``, the admission the
-rank function runs too) and decodes on the same step cost. DistServe (Zhong et al. 2024) chooses how many
+with every request cut to one token: it gives each prompt's first-token time. The K/V then cross the links
+at once, each rank's own link carrying its pairs' shares (``presets.busiest_link_bytes``): the busiest
+rank's bytes set the wait, ``point_to_point_s(those bytes, link)``; sent layer by layer (Splitwise), only
+the part the prompt's later layers do not cover shows: at least the last layer's share. The decode pool
+admits a request when its K/V have arrived (``admit_handed_off``, the admission the rank function runs
+too) and decodes on the same step cost. DistServe (Zhong et al. 2024) chooses how many
 prefill and decode instances to run: ``split_figures`` sets ``engines`` all colocated (chunked prefill, the
 trace dealt round robin) beside a ``prefill : decode`` split (each pool dealt round robin), with TTFT and
 TPOT percentiles, SLO attainment and goodput per engine over a sweep of rates (``goodput.goodput``).
@@ -23,7 +24,7 @@ from shardlib.core.serving.disagg import admit_handed_off, decode_config
 from shardlib.predict.alpha_beta import point_to_point_s
 from shardlib.predict.serving.engine import figures, simulate_serving
 from shardlib.predict.serving.goodput import ServingObjective, goodput, request_metrics, slo_attainment
-from shardlib.predict.serving.presets import kv_bytes_per_rank
+from shardlib.predict.serving.presets import busiest_link_bytes, kv_bytes_per_link
 
 COLOCATED = "colocated"
 
@@ -58,10 +59,12 @@ def _deal(items, n: int) -> list[list]:
 
 
 def simulate_pools(requests, config, cost, link, model, prefill_ranks: int = 1, layerwise: bool = False,
-                   prefill_engines: int = 1, decode_engines: int = 1) -> PredictedPools:
+                   prefill_engines: int = 1, decode_engines: int = 1,
+                   decode_ranks: int | None = None) -> PredictedPools:
     """``prefill_engines`` prefill pools and ``decode_engines`` decode pools replayed on ``cost`` (a
-    ``StepCost`` of one pool of ``prefill_ranks``), arrivals dealt round robin over each, with the hand-off
-    of ``model``'s K/V (a ``ModelConfig``; each rank sends its share) on ``link``, whole or layer by layer."""
+    ``StepCost`` of one pool, both pools stepping alike), arrivals dealt round robin over each, with the
+    hand-off of ``model``'s K/V (a ``ModelConfig``) from ``prefill_ranks`` to ``decode_ranks`` (by default as
+    many) on ``link``, whole or layer by layer: each request waits for the busiest rank's share."""
     whole_number(prefill_engines, "prefill_engines (a pool of zero engines serves nothing)")
     whole_number(decode_engines, "decode_engines (a split needs at least one engine to decode)")
     requests = sorted(requests, key=lambda r: r.arrival_s)
@@ -75,7 +78,7 @@ def simulate_pools(requests, config, cost, link, model, prefill_ranks: int = 1, 
             if r.max_new_tokens == 1:
                 continue
             n = len(r.prompt_token_ids)
-            kv_bytes = kv_bytes_per_rank(model, n, prefill_ranks, cost.element_bytes)  # one rank's share
+            kv_bytes = busiest_link_bytes(kv_bytes_per_link(model, n, prefill_ranks, decode_ranks, cost.element_bytes))
             waits[r.request_id] = handoff_s(kv_bytes, link, model.n_layers, layerwise,
                                             cost.step_s(n, n * (n + 1) // 2))
             first_s = first.token_times_s[r.request_id][0]
