@@ -185,8 +185,9 @@ def test_importing_the_predictions_does_not_start_the_runtime():
     assert out.stdout.strip() == "[]"
 
 
-CORE_LINES_AT_MOST = 6_240  # lowered as each duplicate merges, down to the aim of 5,000
-PACKAGE_LINES_AT_MOST = 25_200  # the same, down to the aim of 20,000 (+90 for the graders' properties, partial credit)
+CORE_LINES_AT_MOST = 6_310  # lowered as each duplicate merges, down to the aim of 5,000 (+65: pools of different TP)
+PACKAGE_LINES_AT_MOST = 25_310  # the same, down to the aim of 20,000 (+90 for the graders' properties, partial credit;
+# +105 for pools of different TP: the heads' overlaps, the links' bytes)
 
 
 def test_the_core_stays_small():
