@@ -79,8 +79,8 @@
 # ## Read the code
 #
 # The hand-off, prefill side. `send` reads the request's K/V through its block table, as the paged read
-# does. It posts one point-to-point send, for every layer at once or for one layer. Requests are told
-# apart by the message's tag.
+# does. It posts one point-to-point send on each of its links, carrying the KV heads both ends hold, for
+# every layer at once or for one layer. Requests are told apart by the message's tag.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.runtime.launcher import start_template
@@ -94,8 +94,9 @@ from shardlib.ui.code import show_code
 show_code(KVSender.send, KVReceiver.land)
 
 # %% [markdown]
-# The decode side's `land` waits for the request's messages, one or one per layer. It writes them into
-# the decode rank's own cache, at the slots of the block table its scheduler gave the request.
+# The decode side's `land` waits for the request's messages from each of its links, one or one per layer.
+# It writes each link's heads into the decode rank's own cache, at the slots of the block table its
+# scheduler gave the request.
 #
 # The prefix-aware router's choice. Each replica has a tree of the block names the router sent there,
 # the same chained names as the prefix cache of 06. First the balance test, then the longest match; ties
@@ -135,8 +136,8 @@ assert margin > 1e-9
 # %% [markdown]
 # ## The KV hand-off: predict the bytes, then send them
 #
-# Each prefill rank holds the K/V of its own KV heads and sends them to the decode rank of the same
-# tensor-parallel index. One rank's share of a prompt of `P` tokens is
+# Each prefill rank holds the K/V of its own KV heads. With pools of the same size, it sends them to the
+# decode rank of the same tensor-parallel index. One rank's share of a prompt of `P` tokens is
 # `2 x layers x KV heads on the rank x head dim x bytes x P`: K and V, every layer, every token. The
 # formula is the cache's own, from [06](06_serving_engine.ipynb#KV-memory:-predict-the-bytes,-then-read-the-cache).
 # A request that wants one token is done after its prefill, and sends nothing.
@@ -166,20 +167,40 @@ assert pools.tokens == reference and pools.kv_bytes_sent == pools.kv_bytes_predi
     r.request_id: 2 * kv_bytes_per_rank(model, len(r.prompt_token_ids), 2, 8) if r in handed else 0 for r in trace}
 
 # %% [markdown]
-# Predict 1 + 1 on two ranks before you run it. One rank now holds both KV heads. How many bytes a prompt
-# token does it send, and how does the total compare with 2 + 2?
+# ## Pools of different sizes
+#
+# The two phases want different splits. Prefill is compute-bound: more ranks cut a long prompt's TTFT.
+# Decode reads the weights and the cache for a few tokens a step, and its best split depends on the batch
+# it runs. So DistServe (Zhong et al. 2024) chooses each pool's parallelism on its own.
+#
+# Then the KV heads no longer line up rank for rank. With 1 prefill rank and 2 decode ranks, the prefill
+# rank holds both KV heads and each decode rank needs one. Each pair of ranks whose heads overlap is a
+# **link**, and a link carries only the heads both ends hold. vLLM's and SGLang's KV connectors slice and
+# gather heads the same way when the two sides' TP differ.
+#
+# Predict before you run it. With 1 + 2 on three ranks, how many links are there, and how many bytes a
+# prompt token does each carry? With 2 + 1? And how does each total compare with 2 + 2?
 #
 # <details><summary>Answer</summary>
 #
-# Twice the bytes a token, from one rank instead of two: the same total.
+# 1 + 2: two links, one from the prefill rank to each decode rank, each carrying one KV head:
+# 2 x 2 layers x 1 head x 8 x 8 bytes = 256 bytes a token. 2 + 1: two links again, the decode rank
+# gathering one head from each prefill rank, 256 bytes a token each. Every total equals 2 + 2's: each KV
+# head crosses once, whatever the split.
 #
 # </details>
 
 # %%
-with Ranks(2) as two:
-    small = run_disaggregated(two, weights, trace, config, prefill_ranks=1)
-print(f"1 + 1: {sum(small.kv_bytes_sent.values()):,} bytes from one rank; tokens equal: {small.tokens == reference}")
-assert small.tokens == reference and small.kv_bytes_sent == small.kv_bytes_predicted == pools.kv_bytes_sent
+from shardlib.predict.serving.presets import kv_bytes_per_link
+
+with Ranks(3) as three:
+    for p in (1, 2):
+        run = run_disaggregated(three, weights, trace, config, prefill_ranks=p)
+        links = kv_bytes_per_link(model, 1, p, 3 - p, element_bytes=8)
+        print(f"{p} + {3 - p}: links (prefill, decode) -> bytes a prompt token {links}; "
+              f"total {sum(run.kv_bytes_sent.values()):,} bytes; tokens equal: {run.tokens == reference}")
+        assert run.tokens == reference and run.kv_bytes_sent == pools.kv_bytes_sent
+        assert run.kv_link_bytes_sent == run.kv_link_bytes_predicted
 
 # %% [markdown]
 # ## Interference and goodput
@@ -591,7 +612,8 @@ show_questions(
 # ## What you saw
 #
 # - A prefill pool and a decode pool on real ranks: every request's K/V crossed point to point, in
-#   exactly the predicted bytes, and the tokens equalled one engine's, whole or layer by layer.
+#   exactly the predicted bytes, and the tokens equalled one engine's, whole or layer by layer. Pools of
+#   different sizes slice or gather the KV heads over their links; the total does not change.
 # - Prompts in a decode step slow it: interference. On this toy it was small, and the pools' lower TPOT
 #   came mostly from all-reduces over fewer ranks. The pools made no more tokens than colocated replicas
 #   of the same size.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-NOT_NOTEBOOKS = {"conftest"}  # notebooks/conftest.py: the nbval plugin that writes the site's pages
+NOT_NOTEBOOKS = {"conftest"}  # notebooks/conftest.py: the nbval plugin that saves the executed notebooks
 
 
 def notebook_sources(folder: Path) -> list[Path]:
