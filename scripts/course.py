@@ -33,7 +33,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -46,6 +48,7 @@ ANSWERS = SOLUTIONS / "exercise_answers.py"
 COURSE = ROOT / "course"
 SOURCE = COURSE / "source"
 POINTS_PER_CHECK = 1
+SANDBOX = ROOT / "scripts" / "sandbox_kernel.py"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 
@@ -271,9 +274,47 @@ def written() -> dict[Path, str]:
     return out
 
 
-def nbgrader_api(course: Path):
+def sandbox_command(course: Path) -> list[str]:
+    """The command that starts a grading kernel in the sandbox (``scripts/sandbox_kernel.py``): the course, the
+    repository, this Python and the home folder read-only, the students' folders and the gradebook hidden.
+    A path holding /tmp stays writable (the ranks need it)."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    paths = {p.resolve() for p in (ROOT, Path(sys.prefix), Path(sys.base_prefix), Path.home())}
+    protect = sorted(p for p in paths if not tmp.is_relative_to(p)
+                     and not any(p != q and p.is_relative_to(q) for q in paths))  # a folder inside another: once
+    return ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", sys.executable,
+            str(SANDBOX), "--course", str(course), *[a for p in protect for a in ("--protect", str(p))]]
+
+
+def sandbox_problem(course: Path) -> str | None:
+    """Why submissions cannot be sandboxed here, in words; None where they can (the sandbox is tried once)."""
+    missing = [tool for tool in ("unshare", "mount", "setpriv") if not shutil.which(tool)]
+    if sys.platform != "linux" or missing:
+        return f"the sandbox needs Linux and util-linux's unshare, mount and setpriv (missing: {missing or 'Linux'})"
+    done = subprocess.run([*sandbox_command(course), "--probe"], capture_output=True, text=True, timeout=120)
+    (course / "sandbox-probe").unlink(missing_ok=True)  # written only where the sandbox failed to hold
+    if done.returncode:
+        why = done.stderr.strip().splitlines() or ["the course stayed writable from inside it"]
+        return f"the sandbox did not hold on this machine: {why[-1]}"
+    return None
+
+
+def sandbox_kernel(course: Path, folder: Path) -> str:
+    """A kernel spec, written into ``folder`` and put on Jupyter's path, whose kernels run in the sandbox;
+    returns its name."""
+    spec = folder / "kernels" / "grading-sandbox"
+    spec.mkdir(parents=True)
+    argv = [*sandbox_command(course), "--", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3 (grading sandbox)",
+                                                  "language": "python"}))
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("JUPYTER_PATH")]))
+    return spec.name
+
+
+def nbgrader_api(course: Path, kernel: str | None = None):
     """nbgrader's own API on ``course``, its settings read from ``course/nbgrader_config.py``, in this process
-    (one import of nbgrader instead of one per command). A release replaces an earlier one."""
+    (one import of nbgrader instead of one per command), its notebooks run in ``kernel`` if given. A release
+    replaces an earlier one."""
     bin_dir = str(Path(sys.executable).parent)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")  # nbgrader runs alembic by name
     from nbgrader.apps import NbGraderAPI
@@ -282,6 +323,8 @@ def nbgrader_api(course: Path):
 
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     config.ExchangeReleaseAssignment.force = True
+    if kernel:
+        config.Execute.kernel_name = kernel
     return NbGraderAPI(CourseDirectory(config=config), config=config)
 
 
@@ -366,7 +409,15 @@ def grade(course: Path = COURSE) -> Path:
         print(note, file=sys.stderr)
     if not handed_in:
         raise SystemExit(f"nothing to grade: put each notebook at {course.name}/submitted/<student>/<assignment>/")
-    api = nbgrader_api(course)
+    problem = sandbox_problem(course)
+    if problem:
+        print(f"the submissions run unsandboxed, with your rights: {problem}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as kernels:
+        return _grade(course, handed_in, None if problem else sandbox_kernel(course, Path(kernels)))
+
+
+def _grade(course: Path, handed_in: dict[str, list[str]], kernel: str | None) -> Path:
+    api = nbgrader_api(course, kernel)
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
 

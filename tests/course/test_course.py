@@ -187,6 +187,60 @@ def test_bad_submissions_are_named_and_graded_without_a_hang(tmp_path):
     assert "ModuleNotFoundError" in feedback
 
 
+INTRUSION = """
+import pathlib
+for what, target in [("gradebook", {gradebook!r}), ("notebook", {notebook!r}), ("library", {library!r})]:
+    try:
+        pathlib.Path(target).write_text("overwritten")
+        print("WROTE", what)
+    except OSError as exc:
+        print("REFUSED", what, type(exc).__name__)
+try:
+    print("READ", len(pathlib.Path({notebook!r}).read_text()))
+except OSError as exc:
+    print("HIDDEN", type(exc).__name__)
+"""
+
+
+def test_a_submission_cannot_write_the_gradebook_the_library_or_another_students_notebook(tmp_path):
+    """An intruder's cell tries to overwrite the gradebook, the notebook of a student graded after it and a file of
+    the library, and to read that notebook: each attempt fails, and the other student keeps full marks."""
+    problem = course_script.sandbox_problem(ROOT / "course")
+    if problem:
+        pytest.skip(problem)
+    name = "10_context_parallel"
+    course = _copy_course(tmp_path, name)
+    course_script.release(course)
+    (released_path,) = (course / "release" / name).glob("*.ipynb")
+    right = next((course / "source" / name).glob("*.ipynb")).read_text()
+    _hand_in(course, "right", name, json.loads(right))
+    (course / "gradebook.db").write_bytes(b"")  # made now, so that the intruder meets it
+    victim = course / "submitted" / "right" / name / released_path.name
+    library = ROOT / "shardlib" / "exercises" / "intruder.txt"
+    intruder = json.loads(released_path.read_text())
+    cell = next(c for c in intruder["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "merge_partials")
+    cell["source"] = INTRUSION.format(gradebook=str(course / "gradebook.db"), notebook=str(victim),
+                                      library=str(library)) + "".join(cell["source"])
+    _hand_in(course, "intruder", name, intruder)
+    try:
+        done = subprocess.run([sys.executable, str(SCRIPT), "grade", "--course", str(course)], capture_output=True,
+                              text=True, timeout=900, start_new_session=True)
+        assert not library.exists(), "the intruder wrote into the library"
+    finally:
+        library.unlink(missing_ok=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "unsandboxed" not in done.stderr
+    assert victim.read_text() == json.dumps(json.loads(right))
+    rows = {r["student_id"]: float(r["score"]) for r in csv.DictReader((course / "grades.csv").open())}
+    assert rows == {"right": 4.0, "intruder": 0.0}
+    graded = json.loads((course / "autograded" / "intruder" / name / released_path.name).read_text())
+    cell = next(c for c in graded["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "merge_partials")
+    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    assert "WROTE" not in printed and "READ" not in printed, printed
+    for what in ("REFUSED gradebook", "REFUSED notebook", "REFUSED library", "HIDDEN"):
+        assert what in printed, printed
+
+
 def test_grade_one_grades_the_exercise_notebook_a_student_filled_in(tmp_path):
     """GitHub Classroom's path: the plain exercise notebook (no nbgrader metadata), filled in or untouched,
     graded in a course of its own."""
