@@ -41,6 +41,7 @@ class ModelConfig:
     rope_theta: float = 0.0  # rotary base (Llama: 10000); 0: no rotary, the toy's
     rms_eps: float = 0.0  # RMSNorm's epsilon; 0: the computing dtype's machine epsilon, the toy's
     norm_float32: bool = False  # RMSNorm computed in float32 and cast back, as transformers' Llama does
+    router_gate: str = "softmax-topk"  # with experts: the router's gate function (core.experts.routing.GATES)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",

@@ -11,8 +11,8 @@ where the gates weight them. ``all_to_all`` is differentiable: its backward is t
 served. ``ctx=None`` runs the same layer in one process, every expert here: the reference. Multiplies run on
 fixed blocks of rows (``routing.blocked_rows``), so the layer on ranks equals it bit for bit. Measurement
 attaches through ``probe``. ``moe_two_microbatches`` overlaps two microbatches (DualPipe's point);
-``layout_expert_groups`` makes a ``Layout``'s groups; ``moe_stack_*`` are the toy transformer with MoE MLPs
-(Mixtral, Jiang et al. 2024) and its one-process forward.
+``layout_expert_groups`` makes a ``Layout``'s groups; ``moe_reference`` is a block's MoE MLP in one process
+(Mixtral, Jiang et al. 2024), ``moe_stack_*`` the toy transformer with MoE MLPs and its one-process forward.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from shardlib.core.config import ModelConfig
 from shardlib.core.experts.balance import Assignment, assign, served_gates, switch_aux_loss
 from shardlib.core.experts.placement import DispatchPlan, ExpertPlacement, dispatch_plan
 from shardlib.core.experts.routing import MoEConfig, Routing, blocked_rows, route
-from shardlib.core.model import attention_layer_reference, mlp_reference, rms_norm
+from shardlib.core.model import mlp_reference, stack_reference
 from shardlib.core.probe import NO_PROBE
 from shardlib.core.toy import attention_weights, generator, weight
 
@@ -132,7 +132,7 @@ def weighted_at_home(back: torch.Tensor, routed: Routed, cfg: MoEConfig) -> torc
     (so a token's sum does not depend on the batch); a dropped slot weighs nothing."""
     kept = routed.assignment.kept  # (T, k)
     slots = back.new_zeros(kept.numel(), back.shape[1]).index_copy(0, routed.plan.order, back)  # (T * k, d_model)
-    slots = slots.view(*kept.shape, -1)  # (T, k, d_model)
+    slots = slots.view(*kept.shape, back.shape[1])  # (T, k, d_model)
     gates = served_gates(routed.routing, routed.assignment, cfg)
     gates = torch.where(kept, gates, torch.zeros_like(gates))  # (T, k)
     out = gates[:, 0, None] * slots[:, 0]  # (T, d_model)
@@ -160,11 +160,12 @@ def moe_layer(x: torch.Tensor, router: torch.Tensor, experts, cfg: MoEConfig, bi
     rank; else this rank's ``place`` in it) calls it at once, and again in the backward. ``router``
     ``(n_experts, d_model)`` is whole on every rank; ``experts`` (gate, up, down) are the ones ``placement``
     (default: contiguous blocks over the group) hosts at this place. ``ctx=None``: one process, every expert
-    here."""
+    here. ``ctx`` is read for its ``comm`` only (a ``TPGroup`` will do), and for its rank if ``place`` is not
+    given."""
     if group is not None and place is None:
         raise ValueError("the layer on a group of ranks needs this rank's place in the group (its expert block)")
     ep = 1 if ctx is None else ctx.comm.group_size(group)
-    place = 0 if ctx is None else ctx.rank if group is None else place
+    place = 0 if ctx is None else ctx.rank if place is None else place
     placement = ExpertPlacement(cfg.n_experts, ep) if placement is None else placement
     experts = LocalExperts(*experts)
     hosted = len(placement.hosted(place)) if placement.ep == ep else -1
@@ -280,12 +281,14 @@ def moe_stack_weights(model: ModelConfig, seed: int = 0) -> list[dict]:
     return layers
 
 
+def moe_reference(n: torch.Tensor, w: dict, model: ModelConfig) -> torch.Tensor:
+    """Block ``w``'s MoE MLP in one process (``model.block_reference``'s ``moe``): the normed tokens ``n``
+    ``(..., d_model)`` as rows through the layer with every expert here; the same shape out."""
+    rows = n.reshape(-1, n.shape[-1])  # (tokens, d_model)
+    return moe_layer(rows, w["router"], layer_experts(w), MoEConfig.from_model(model)).output.view(n.shape)
+
+
 def moe_stack_reference(x: torch.Tensor, layers: list[dict], model: ModelConfig) -> torch.Tensor:
     """Every block in one process, ``h = h + attention(norm h)``, ``h = h + moe(norm h)``: ``x`` ``(batch, seq,
     d_model)`` in, the same shape out."""
-    cfg = MoEConfig.from_model(model)
-    for w in layers:
-        x = x + attention_layer_reference(rms_norm(x), w, model)
-        n = rms_norm(x)  # (batch, seq, d_model)
-        x = x + moe_layer(n.reshape(-1, n.shape[-1]), w["router"], layer_experts(w), cfg).output.view(n.shape)
-    return x
+    return stack_reference(x, layers, model, moe=moe_reference)

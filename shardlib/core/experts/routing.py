@@ -4,13 +4,15 @@ A router is a ``(n_experts, d_model)`` matrix that scores every expert for every
 to its ``k`` best experts, weighted by gates (Shazeer et al. 2017, arXiv:1701.06538; GShard, Lepikhin et
 al. 2020). One registry of gate functions, ``GATES``: ``"softmax-topk"`` (Mixtral, Jiang et al. 2024: a
 softmax over the k chosen logits); ``"softmax-then-topk"`` (Switch Transformer, Fedus et al. 2021; GShard;
-DeepSeek-V2: the k largest of a softmax over every expert); ``"sigmoid-topk"`` (DeepSeek-V3, 2024,
-arXiv:2412.19437, eqs. 13-15: sigmoid affinities, the chosen ones normalised to sum to 1). A selection
-bias (DeepSeek-V3's auxiliary-loss-free balancing) chooses but never weighs; node-limited routing
-(DeepSeek-V3, section 2.1.2) keeps a token on its ``M`` best nodes, each scored by the sum of its
-``k // M`` best scores. ``skew`` tilts every token towards one expert (notebook 04's knob). The gradient
-flows through the gates only. Multiplies run on fixed blocks of rows (``blocked_rows``): a token's result
-never depends on who shared the call. No ``torch.distributed``.
+DeepSeek-V2: the k largest of a softmax over every expert); ``"softmax-then-topk-normalised"`` (Mixtral as
+``transformers`` computes it: a softmax over every expert in float32, the k largest, normalised to sum to 1:
+``"softmax-topk"``'s gates up to rounding); ``"sigmoid-topk"`` (DeepSeek-V3, 2024, arXiv:2412.19437, eqs.
+13-15: sigmoid affinities, the chosen ones normalised to sum to 1). A selection bias (DeepSeek-V3's
+auxiliary-loss-free balancing) chooses but never weighs; node-limited routing (DeepSeek-V3, section 2.1.2)
+keeps a token on its ``M`` best nodes, each scored by the sum of its ``k // M`` best scores. ``skew`` tilts
+every token towards one expert (notebook 04's knob). The gradient flows through the gates only. Multiplies
+run on fixed blocks of rows (``blocked_rows``): a token's result never depends on who shared the call. No
+``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -57,10 +59,15 @@ def _softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def _normalised(chosen: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    return chosen / chosen.sum(dim=-1, keepdim=True)  # (T, k), summing to 1
+
+
 GATES: dict[str, GateSpec] = {
     "softmax-topk": GateSpec(lambda logits: logits, lambda chosen, logits: _softmax(chosen), _softmax),
     "softmax-then-topk": GateSpec(_softmax, lambda chosen, logits: chosen, _softmax),
-    "sigmoid-topk": GateSpec(torch.sigmoid, lambda chosen, logits: chosen / chosen.sum(dim=-1, keepdim=True),
+    "softmax-then-topk-normalised": GateSpec(lambda logits: _softmax(logits.float()), _normalised, _softmax),
+    "sigmoid-topk": GateSpec(torch.sigmoid, _normalised,
                              lambda logits: torch.sigmoid(logits) / torch.sigmoid(logits).sum(dim=-1, keepdim=True)),
 }
 
@@ -124,10 +131,12 @@ class MoEConfig:
 
     @classmethod
     def from_model(cls, model: ModelConfig, **overrides) -> "MoEConfig":
-        """The layer shape of ``model`` (``n_experts``, ``experts_per_token``, ``d_model``, ``d_ff``)."""
+        """The layer shape of ``model`` (``n_experts``, ``experts_per_token``, ``d_model``, ``d_ff``) and its
+        router's gate function (``router_gate``)."""
         if not model.is_moe:
             raise ValueError(f"{model.name} is a dense model (n_experts = {model.n_experts}): no experts to route to")
-        base = dict(n_experts=model.n_experts, k=model.experts_per_token, d_model=model.d_model, d_ff=model.d_ff)
+        base = dict(n_experts=model.n_experts, k=model.experts_per_token, d_model=model.d_model, d_ff=model.d_ff,
+                    gate=model.router_gate)
         return cls(**{**base, **overrides})
 
     def experts_per_rank(self, ep: int) -> int:

@@ -2,10 +2,10 @@
 
 Rank 0 runs the loop (``loop.run_engine``); before each step it broadcasts the step's chunks (tokens,
 positions, block tables, packed into one int64 tensor) and every rank runs its tensor-parallel share of
-the model step on them (``paged.PagedModel``); the two all-reduces a layer make the logits the same on
-every rank, and rank 0 samples. An empty broadcast ends the loop. Times are rank 0's clock, seconds
-after the start. Given a ``RankGroup`` (one replica's ranks), the same runs inside the group, its first
-rank leading.
+the model step on them (``paged.PagedModel``; a Mixtral's experts spread over the same ranks); each layer's
+collectives leave the logits the same on every rank, and rank 0 samples. An empty broadcast ends the loop.
+Times are rank 0's clock, seconds after the start. Given a ``RankGroup`` (one replica's ranks), the same runs
+inside the group, its first rank leading.
 """
 
 from __future__ import annotations

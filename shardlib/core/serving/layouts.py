@@ -21,13 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from shardlib.core.config import ModelConfig
-from shardlib.core.experts.dispatch import ExpertGroups, LocalExperts, layer_experts, layout_expert_groups, moe_layer
+from shardlib.core.experts.dispatch import ExpertGroups, LocalExperts, layer_experts, layout_expert_groups
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.mesh import Layout, check_mesh
 from shardlib.core.model import rms_norm
 from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.probe import NO_PROBE, Probe
-from shardlib.core.tensor_parallel.blocks import ParallelBlock
+from shardlib.core.tensor_parallel.blocks import ParallelBlock, moe_on_tp_tokens
 from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.core.toy import ATTENTION_WEIGHTS
 
@@ -85,14 +85,10 @@ def moe_mlp(ctx, me: RankStage, part: RankExperts, n: torch.Tensor) -> torch.Ten
     their experts (``Layout.ep_groups``: consecutive ranks, across tp and the replicas), then gathered whole
     on the tp axis. ``ep`` over the replicas with ``tp = 1`` is wide EP with data-parallel attention: each
     rank its own sequences, the attention whole on every rank, the experts over all of them."""
-    tpg = me.tp_group
     tokens = n.reshape(-1, n.shape[-1])  # (rows * seq, d_model)
-    mine = tokens.tensor_split(tpg.tp)[tpg.index]  # (rows * seq / tp, d_model): this tp rank's share
     ep = me.groups.ep  # None (ep = 1): every expert here; else three all-to-alls on the ep axis
-    y = moe_layer(mine, part.router, part.local, me.moe, ctx=None if ep is None else ctx, group=ep,
-                  place=me.groups.place).output
-    if tpg.tp > 1:
-        y = ctx.comm.all_gather(y, dim=0, group=tpg.group)  # (rows * seq, d_model), whole again
+    y = moe_on_tp_tokens(tokens, part.router, part.local, me.moe, me.tp_group, ctx=None if ep is None else ctx,
+                         group=ep, place=me.groups.place)  # (rows * seq, d_model), gathered whole on the tp axis
     return y.view(n.shape)
 
 

@@ -1,15 +1,16 @@
-"""The model step on one rank: the Llama layers split over tensor parallelism, K/V in a paged cache.
+"""The model step on one rank: the Llama (or Mixtral) layers split over tensor parallelism, K/V in a paged cache.
 
 Each rank holds its share of every layer (Shoeybi et al. 2019): ``tensor_parallel.blocks.ParallelBlock``,
 the query and KV heads split, the KV heads copied when there are fewer than ranks, one all-reduce after
-the attention and one after the MLP; the embedding, final norm and head whole. The cache (Kwon et al.
-2023) is this rank's K and V for its KV heads, ``num_blocks x block_size`` token slots a layer; token ``p``
-of a sequence sits in slot ``table[p // block_size] * block_size + p % block_size``. A step takes chunks
-of many sequences (new prompts, prompt pieces, one-token decodes). The blocks' attention calls
-``PagedModel.attend``: it writes the chunks' K/V into their slots, and each chunk's queries read their
-sequence's K/V back through its block table (the paged read). The step's one-token decodes are read and
-attended together, their contexts padded to the longest and the padding masked (what a paged-attention
-kernel does for a batch of decodes); prompt chunks one by one. The sums go through the ``TPGroup``.
+the attention and one after the MLP (with experts, Mixtral's: spread whole over the ranks, the tokens sent to
+them by all-to-all); the embedding, final norm and head whole. The cache (Kwon et al. 2023) is this rank's K
+and V for its KV heads, ``num_blocks x block_size`` token slots a layer; token ``p`` of a sequence sits in
+slot ``table[p // block_size] * block_size + p % block_size``. A step takes chunks of many sequences (new
+prompts, prompt pieces, one-token decodes). The blocks' attention calls ``PagedModel.attend``: it writes the
+chunks' K/V into their slots, and each chunk's queries read their sequence's K/V back through its block table
+(the paged read). The step's one-token decodes are read and attended together, their contexts padded to the
+longest and the padding masked (what a paged-attention kernel does for a batch of decodes); prompt chunks one
+by one. The sums go through the ``TPGroup``.
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 ``ParallelMLP``: gate and up column-parallel behind one f, down row-parallel. ``ParallelAttention``:
 split by whole heads, Q, K, V column-parallel, the output projection row-parallel; with
 ``copy_kv_heads``, each KV head copied onto ``tp / KV`` ranks when there are fewer KV heads than ranks
-(serving: nothing to train, so nothing to keep in step). ``ParallelBlock``: ``model.block_reference``
-with both, one all-reduce each forward, the norm weights whole on every rank; with ``sequence_parallel``
-each all-reduce is ``sequence_parallel``'s all-gather before and reduce-scatter after. Each part has
-``local(x)``, this rank's share from an input already in place (no communication): ``core.model``'s own
-computation on this rank's slices. ``forward(x)``: f, ``local``, then g. The attention takes the
+(serving: nothing to train, so nothing to keep in step). ``ExpertParallelMLP``: Mixtral's experts (Jiang et
+al. 2024) in place of the MLP, spread whole over the group (expert parallelism: GShard, Lepikhin et al. 2020;
+Switch, Fedus et al. 2022), each rank's share of the tokens sent to them by all-to-all. ``ParallelBlock``:
+``model.block_reference`` with both, one all-reduce each forward, the norm weights whole on every rank; with
+``sequence_parallel`` each all-reduce is ``sequence_parallel``'s all-gather before and reduce-scatter after.
+Each part has ``local(x)``, this rank's share from an input already in place (no communication):
+``core.model``'s own computation on this rank's slices. ``forward(x)``: f, ``local``, then g. The attention takes the
 tokens' ``positions`` and an ``attend(q, k, v)`` (a paged KV cache stands in there when serving).
 """
 
@@ -17,6 +19,9 @@ import torch
 from torch import nn
 
 from shardlib.core.config import ModelConfig, check_heads
+from shardlib.core.experts.dispatch import EXPERT_KEYS, LocalExperts, layer_experts, moe_layer
+from shardlib.core.experts.placement import ExpertPlacement
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.model import attention_layer_reference, mlp_reference, norm
 from shardlib.core.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -44,6 +49,38 @@ class ParallelMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = CopyToParallelRegion.apply(x, self.tpg)  # f, once for gate and up
         return ReduceFromParallelRegion.apply(self.local(x), self.tpg)  # g: summed over the group
+
+
+def moe_on_tp_tokens(x: torch.Tensor, router: torch.Tensor, experts, cfg: MoEConfig, tpg: TPGroup, ctx=None,
+                     group=None, place: int | None = None) -> torch.Tensor:
+    """The MoE layer's output on tokens ``x`` ``(T, d_model)`` whole on every rank of ``tpg`` (as the attention's
+    all-reduce leaves them): this rank's ``1/tp`` of the rows through ``dispatch.moe_layer`` over ``group``, its
+    ``experts`` at ``place`` (``ctx=None``: every expert here), then every rank's rows gathered whole again."""
+    mine = x.tensor_split(tpg.tp)[tpg.index]  # (about T / tp, d_model): the first T % tp ranks one row more
+    y = moe_layer(mine, router, experts, cfg, ctx=ctx, group=group, place=place).output
+    return tpg.all_gather_rows(y, x.shape[0])  # (T, d_model)
+
+
+class ExpertParallelMLP(nn.Module):
+    """Mixtral's sparse MLP on the ranks of ``tpg``: the router whole on every rank, rank ``i`` the ``i``-th
+    block of ``n_experts / tp`` whole experts (``ExpertPlacement``). Tokens whole in, whole out
+    (``moe_on_tp_tokens`` over ``tpg``: the counts' all-to-all, the rows' there and back, one all-gather);
+    dropless, and a token's result does not depend on its batch."""
+
+    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup) -> None:
+        super().__init__()
+        self.tpg, self.cfg = tpg, MoEConfig.from_model(model)
+        n = ExpertPlacement(model.n_experts, tpg.tp).per_rank  # refuses a tp that does not divide the experts
+        self.register_buffer("router", w["router"])  # (n_experts, d_model), whole on every rank
+        for key, t in zip(EXPERT_KEYS, layer_experts(w, slice(tpg.index * n, (tpg.index + 1) * n))):
+            self.register_buffer(key, t.clone())  # (n, d_ff, d_model) or (n, d_model, d_ff): this rank's only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        experts, tpg = LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS)), self.tpg
+        rows = x.reshape(-1, x.shape[-1])  # (tokens, d_model)
+        y = moe_on_tp_tokens(rows, self.router, experts, self.cfg, tpg, ctx=tpg if tpg.tp > 1 else None,
+                             group=tpg.group, place=tpg.index)  # the experts' ranks: the tensor-parallel group
+        return y.view(x.shape)
 
 
 def copy_kv_heads(w: torch.Tensor, model: ModelConfig, tp: int) -> torch.Tensor:
@@ -78,15 +115,18 @@ class ParallelAttention(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    """``model.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)``. With
-    ``sequence_parallel`` it takes and returns this rank's run of the residual stream, (b, s/tp, d_model)."""
+    """``model.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)`` (the
+    experts' with a router). With ``sequence_parallel`` it takes and returns this rank's run of the residual
+    stream, (b, s/tp, d_model)."""
 
     def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup, copy_kv: bool = False,
                  sequence_parallel: bool = False) -> None:
         super().__init__()
         self.model, self.tpg, self.sequence_parallel = model, tpg, sequence_parallel
         self.attention = ParallelAttention(w, model, tpg, copy_kv) if "q" in w else None
-        self.mlp = ParallelMLP(w, tpg) if "gate" in w else None
+        if "router" in w and sequence_parallel:
+            raise ValueError("sequence parallelism is built for dense blocks; this block has experts")
+        self.mlp = ParallelMLP(w, tpg) if "gate" in w else ExpertParallelMLP(w, model, tpg) if "router" in w else None
         self.register_buffer("attn_norm", w.get("attn_norm"))  # (d,), whole on every rank; None: no weight
         self.register_buffer("mlp_norm", w.get("mlp_norm"))
 

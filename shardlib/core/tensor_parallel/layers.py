@@ -59,6 +59,16 @@ class TPGroup:
         """Every rank's ``tensor`` joined along ``dim``, in group order."""
         return self.comm.all_gather(tensor.contiguous(), dim=dim, group=self.group)
 
+    def all_gather_rows(self, tensor: torch.Tensor, n: int) -> torch.Tensor:
+        """Every rank's share of ``n`` rows (``tensor_split``'s: the first ``n % tp`` one row longer) joined
+        whole, in group order: one all-gather, each share padded to the longest. One rank: itself."""
+        if self.tp == 1:
+            return tensor
+        longest = -(-n // self.tp)
+        pad = tensor.new_zeros((longest - tensor.shape[0],) + tuple(tensor.shape[1:]))
+        every = self.all_gather(torch.cat([tensor, pad]), 0)  # (tp * longest, ...)
+        return torch.cat([every[r * longest:r * longest + n // self.tp + (r < n % self.tp)] for r in range(self.tp)])
+
     def reduce_scatter(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         """The sum over the group, cut along ``dim``: this rank keeps its piece."""
         return self.comm.reduce_scatter(tensor.contiguous(), dim=dim, group=self.group)

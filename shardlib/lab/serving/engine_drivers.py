@@ -1,7 +1,8 @@
 """The serving engine on a warm pool, and configurations served on one trace, each predicted first.
 
 * ``run_serving``: the engine over every rank, read as a ``ServingRun``: per request its tokens, token times
-  (rank 0's clock) and metrics; the steps, prefix-cache hits, preemptions. Pools and replicas subclass it.
+  (rank 0's clock) and metrics; the steps, prefix-cache hits, preemptions. Pools and replicas subclass it. A
+  Mixtral's experts are spread over the same ranks (expert parallelism inside the served step).
 * ``reference_tokens``: one-process greedy tokens, and the margin that keeps them exact under tensor parallelism.
 * ``served_check``: configurations replayed on a step cost, then served, a ``Verdict`` per claim;
   ``run_policy_check`` is that for engine configurations.
@@ -13,6 +14,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from shardlib.core.config import head_problems
+from shardlib.core.experts.dispatch import moe_reference
 from shardlib.core.model import LlamaWeights, forward_reference, greedy_reference
 from shardlib.core.serving.engine import serving_engine_on_rank
 from shardlib.core.serving.loop import StepRecord
@@ -86,7 +89,7 @@ class ServingRun:
 def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Request, ...]:
     """Every problem at once, as a ValueError in the learner's terms, before any rank starts."""
     if not isinstance(weights, LlamaWeights):
-        raise ValueError("weights must be LlamaWeights (weights_from_hf_llama gives them), got "
+        raise ValueError("weights must be LlamaWeights (weights_from_hf gives them), got "
                          f"{type(weights).__name__}")
     if not isinstance(config, EngineConfig):
         raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -94,7 +97,11 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Req
     if not requests or not all(isinstance(r, Request) for r in requests):
         raise ValueError("give at least one Request, and only Requests")
     model = weights.config
-    problems = config.problems(list(requests), model.max_positions) + tensor_parallel_problems(model, tp)
+    problems = config.problems(list(requests), model.max_positions) + (
+        tensor_parallel_problems(model, tp) if not model.is_moe else head_problems(model, tp, copy_kv_heads=True))
+    if model.is_moe and model.n_experts % tp:  # the experts stay whole, spread over the ranks
+        problems.append(f"{model.n_experts} experts cannot be spread over {tp} ranks: each rank holds the same whole "
+                        "number of them")
     problems += [f"request {r.request_id!r} has token id {max(r.prompt_token_ids)}, past the vocabulary of "
                  f"{model.vocab_size}" for r in requests if max(r.prompt_token_ids) >= model.vocab_size]
     if problems:
@@ -117,9 +124,9 @@ def reference_tokens(weights: LlamaWeights, requests) -> tuple[dict, float]:
     tokens, margin = {}, float("inf")
     with torch.no_grad():
         for r in requests:
-            out = greedy_reference(weights, r.prompt_token_ids, r.max_new_tokens)
+            out = greedy_reference(weights, r.prompt_token_ids, r.max_new_tokens, moe_reference)
             tokens[r.request_id] = out
-            logits = forward_reference(weights, torch.tensor(r.prompt_token_ids + out[:-1]))
+            logits = forward_reference(weights, torch.tensor(r.prompt_token_ids + out[:-1]), moe_reference)
             top2 = logits[len(r.prompt_token_ids) - 1:].topk(2, dim=-1).values  # (new tokens, 2)
             margin = min(margin, float((top2[:, 0] - top2[:, 1]).min()))
     return tokens, margin

@@ -1,7 +1,9 @@
-"""``transformers`` as the serving engine's peer: a tiny random Llama made here, and a checkpoint read from disk.
+"""``transformers`` as the serving engine's peer: a tiny random Llama or Mixtral made here, and a checkpoint read
+from disk.
 
-Nothing is downloaded. ``random_hf_llama`` is what the engine's tokens are checked against;
-``load_llama_checkpoint`` turns a folder with ``config.json`` and ``model.safetensors`` into the engine's weights.
+Nothing is downloaded. ``random_hf_llama`` and ``random_hf_mixtral`` are what the engine's tokens are checked
+against; ``load_llama_checkpoint`` turns a folder with ``config.json`` and ``model.safetensors`` into the engine's
+weights.
 """
 
 from __future__ import annotations
@@ -11,35 +13,49 @@ from pathlib import Path
 
 import torch
 
-from shardlib.core.model import LlamaWeights, weights_from_hf_llama
+from shardlib.core.model import LlamaWeights, weights_from_hf
 
+SHAPE = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="sdpa")
 
 def load_llama_checkpoint(folder) -> LlamaWeights:
-    """A checkpoint on disk: ``config.json`` and ``model.safetensors`` (nothing is downloaded)."""
+    """A Llama or Mixtral checkpoint on disk: ``config.json`` and ``model.safetensors`` (nothing is downloaded)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     for name in ("config.json", "model.safetensors"):
         if not (folder / name).is_file():
-            raise ValueError(f"{folder} has no {name}: give a folder holding a Llama checkpoint")
-    return weights_from_hf_llama(load_file(str(folder / "model.safetensors")),
-                                 json.loads((folder / "config.json").read_text()))
+            raise ValueError(f"{folder} has no {name}: give a folder holding a Llama or Mixtral checkpoint")
+    return weights_from_hf(load_file(str(folder / "model.safetensors")),
+                           json.loads((folder / "config.json").read_text()))
 
 
 def random_hf_llama(seed: int = 0, dtype: torch.dtype = torch.float64, **shape):
     """A tiny ``transformers`` ``LlamaForCausalLM`` with seeded random weights, made here (nothing from a
     hub): the peer the engine's tokens are checked against. ``shape`` overrides the ``transformers`` config."""
-    from transformers import LlamaConfig as HFLlamaConfig
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    settings = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                    rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="sdpa")
-    settings.update(shape)
+    return _spread(lambda: LlamaForCausalLM(LlamaConfig(**{**SHAPE, "intermediate_size": 64, **shape})), seed, dtype)
+
+
+def random_hf_mixtral(seed: int = 0, dtype: torch.dtype = torch.float64, **shape):
+    """A tiny ``transformers`` ``MixtralForCausalLM`` made here, as ``random_hf_llama``: 4 experts of width 48, 2
+    per token. Its experts run one by one (``experts_implementation="eager"``): the grouped kernel refuses
+    float64."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(**{**SHAPE, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2,
+                              **shape})
+    return _spread(lambda: MixtralForCausalLM._from_config(config, experts_implementation="eager"), seed, dtype)
+
+
+def _spread(make, seed: int, dtype: torch.dtype):
+    """``make()`` from ``seed``, in ``dtype``, every matrix (an expert's too) redrawn with a wider spread than the
+    default init, so the argmax is rarely a near-tie."""
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(HFLlamaConfig(**settings)).to(dtype).eval()
-    with torch.no_grad():  # a wider spread than the default init, so the argmax is rarely a near-tie
+    model = make().to(dtype).eval()
+    with torch.no_grad():
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:
                 p.normal_(0.0, 0.3)
     return model
