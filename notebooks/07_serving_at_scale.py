@@ -215,7 +215,11 @@ with Ranks(3) as three:
 # Predict first. A step costs a fixed overhead plus a price per token, as in
 # [06](06_serving_engine.ipynb#Requests-under-load:-predict,-then-measure). A decode step that also
 # carries prompt tokens costs more, so colocated TPOT suffers. The decode pool never carries prompts. Its
-# TPOT should be lower, most of all at p90. A request's TTFT in the pools adds the hand-off, small here.
+# TPOT should be lower, most of all at p90. Where does the hand-off land? Here the prefill pool streams the
+# first token as soon as it samples it, as Splitwise lets the prefill machine do. So TTFT holds no
+# transfer: the K/V wait falls in the gap before the second token, inside TPOT, in the run and in the
+# prediction alike. (vLLM's disaggregated serving returns the first token from the decode instance, so
+# there TTFT includes the transfer.)
 # The library fits a step cost on each run and predicts the other way of the same pair from it: prefill
 # first from chunked, whole hand-off from layerwise, and back. The tight objective allows 2 decode steps
 # of a batch of four per token, the loose one 8; both allow 4 prefills of the longest prompt to the
