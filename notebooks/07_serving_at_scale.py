@@ -170,15 +170,27 @@ assert pools.tokens == reference and pools.kv_bytes_sent == pools.kv_bytes_predi
 # ## Pools of different sizes
 #
 # The two phases want different splits. Prefill is compute-bound: more ranks cut a long prompt's TTFT.
-# Decode reads the weights and the cache for a few tokens a step, and its best split depends on the batch
-# it runs. So DistServe (Zhong et al. 2024) chooses each pool's parallelism on its own.
+# Decode's best split depends on the batch it runs. So DistServe (Zhong et al. 2024) chooses each pool's
+# parallelism on its own. 05's planner agrees, for Llama-3-8B on a node of 8 H100s a pool:
 #
-# Then the KV heads no longer line up rank for rank. With 1 prefill rank and 2 decode ranks, the prefill
-# rank holds both KV heads and each decode rank needs one. Each pair of ranks whose heads overlap is a
-# **link**, and a link carries only the heads both ends hold. vLLM's and SGLang's KV connectors slice and
-# gather heads the same way when the two sides' TP differ.
+# %%
+from shardlib.facts.hardware import ONE_NODE_8_H100
+from shardlib.facts.models import LLAMA_3_8B
+from shardlib.predict.serving.planner import plan_pools
+
+chosen = plan_pools(LLAMA_3_8B, ONE_NODE_8_H100, ONE_NODE_8_H100)
+for phase, pick in (("prefill", chosen.prefill.best), ("decode", chosen.decode.best)):
+    print(f"{phase:8} {pick.layout.label}: first token {pick.first_token_s * 1e3:.1f} ms, "
+          f"{pick.tokens_per_s:,.0f} tokens/s")
+
+# %% [markdown]
+# Prefill takes the widest split, for the soonest first token. Decode takes replicas of a smaller split,
+# for the most tokens. Then the KV heads no longer line up. With 1 prefill rank and 2
+# decode ranks, the prefill rank holds both KV heads and each decode rank needs one. Each pair of ranks
+# whose heads overlap is a **link**, and it carries only the heads both ends hold. vLLM's and SGLang's KV
+# connectors slice and gather heads the same way.
 #
-# Predict before you run it. With 1 + 2 on three ranks, how many links are there, and how many bytes a
+# Predict first. With 1 + 2 on three ranks, how many links are there, and how many bytes a
 # prompt token does each carry? With 2 + 1? And how does each total compare with 2 + 2?
 #
 # <details><summary>Answer</summary>
@@ -217,9 +229,9 @@ with Ranks(3) as three:
 # carries prompt tokens costs more, so colocated TPOT suffers. The decode pool never carries prompts. Its
 # TPOT should be lower, most of all at p90. Where does the hand-off land? Here the prefill pool streams the
 # first token as soon as it samples it, as Splitwise lets the prefill machine do. So TTFT holds no
-# transfer: the K/V wait falls in the gap before the second token, inside TPOT, in the run and in the
-# prediction alike. (vLLM's disaggregated serving returns the first token from the decode instance, so
-# there TTFT includes the transfer.)
+# transfer: the K/V wait falls in the gap before the second token, inside TPOT, in run and prediction
+# alike. In vLLM's disaggregated serving the first token comes from the decode instance, so TTFT there
+# includes the transfer.
 # The library fits a step cost on each run and predicts the other way of the same pair from it: prefill
 # first from chunked, whole hand-off from layerwise, and back. The tight objective allows 2 decode steps
 # of a batch of four per token, the loose one 8; both allow 4 prefills of the longest prompt to the

@@ -150,6 +150,8 @@ def counterpart_reason(model: ModelConfig, cluster: Cluster, workload: Workload,
 
 
 def _value(s: Score, objective: str) -> str:
+    if objective == "first_token":
+        return f"a first token in {ms(s.first_token_s)}"
     return f"{s.tokens_per_s:,.0f} tokens/s" if objective == "throughput" else f"{ms(s.decode_step_s)} per token"
 
 
@@ -167,6 +169,8 @@ def plan_reasons(p: Plan) -> tuple[str, ...]:
         second = ranked[1]
         if objective == "throughput":
             margin = f"{best.tokens_per_s / second.tokens_per_s:.2f}x the tokens of"
+        elif objective == "first_token":
+            margin = f"{second.first_token_s / best.first_token_s:.2f}x sooner than"
         else:
             margin = f"{second.decode_step_s / best.decode_step_s:.2f}x faster than"
         out.append(f"best for {objective}: {best.layout.label} ({kind(best.layout, cluster)}), "

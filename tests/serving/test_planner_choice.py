@@ -163,3 +163,20 @@ def test_choices_for_the_real_models_on_one_and_two_nodes():
     # on two nodes every model's pipeline across nodes is set against tp = 16 with its KV heads copied
     assert "is ruled out" not in text
     assert text.count("across nodes: TP inside node + PP across nodes (tp=8 pp=2 dp=1): ") >= 4
+
+
+def test_each_pool_is_planned_on_its_own_first_token_for_prefill_throughput_for_decode():
+    """DistServe's lever: Llama-3-8B on a node of 8 H100s a pool. The prefill pool splits the model over all 8
+    GPUs (the soonest first token); the decode pool runs replicas of a smaller split (the most tokens)."""
+    from shardlib.facts.hardware import ONE_NODE_8_H100
+    from shardlib.facts.models import LLAMA_3_8B
+    from shardlib.predict.serving.planner import plan_pools
+
+    pools = plan_pools(LLAMA_3_8B, ONE_NODE_8_H100, ONE_NODE_8_H100)
+    prefill, decode = pools.prefill.best, pools.decode.best
+    assert (prefill.layout.tp, prefill.layout.dp) == (8, 1) and decode.layout.tp < 8 and decode.layout.dp > 1
+    assert prefill.first_token_s == min(s.first_token_s for s in pools.prefill.ranked)
+    assert decode.tokens_per_s == max(s.tokens_per_s for s in pools.decode.ranked)
+    assert prefill.first_token_s < decode.first_token_s and decode.tokens_per_s > prefill.tokens_per_s
+    (reason,) = plan_reasons(pools.prefill)
+    assert reason.startswith("best for first_token: ") and f"a first token in {ms(prefill.first_token_s)}" in reason

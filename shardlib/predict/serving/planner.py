@@ -4,7 +4,10 @@
 cluster's GPUs (and, for MoE models, every ``ep``), rejects those that break a rule of ``memory`` (with
 the reason), scores the rest with ``decode`` and ranks them: ``"throughput"`` (decode tokens per second
 for the cluster, each replica with the batch its memory affords) or ``"latency"`` (time between two
-tokens of one request). ``ui.serving_reasons`` says why in words. Pure: no torch.
+tokens of one request) or ``"first_token"`` (one prompt alone through the layout: the prefill's TTFT).
+``plan_pools`` plans a prefill pool and a decode pool each on its own (DistServe, Zhong et al. 2024): the
+prefill pool for its first token, the decode pool for throughput. ``ui.serving_reasons`` says why in words.
+Pure: no torch.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from shardlib.predict.serving.decode import Score, score
 from shardlib.predict.serving.memory import Workload, layout_problems
 from shardlib.predict.shapes import divisors
 
-OBJECTIVES = ("throughput", "latency")
+OBJECTIVES = ("throughput", "latency", "first_token")
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,8 @@ def objective_workload(workload: Workload, objective: str) -> Workload:
 def plan_serving(model: ModelConfig, cluster: Cluster, workload: Workload | None = None,
                  objective: str = "throughput") -> Plan:
     """Every layout of ``model`` on ``cluster``: the feasible ones ranked by ``objective`` (highest
-    decode throughput, or lowest decode latency per token; ties go to the other, then to fewer model
-    splits), and the rest with their reasons. Training layouts are
+    decode throughput, lowest decode latency per token, or soonest first token; ties go to the others,
+    then to fewer model splits), and the rest with their reasons. Training layouts are
     ``predict.training.planner.plan_training``'s."""
     choice(objective, OBJECTIVES, "objective")
     workload = Workload() if workload is None else workload
@@ -79,6 +82,24 @@ def plan_serving(model: ModelConfig, cluster: Cluster, workload: Workload | None
         splits = s.layout.tp * s.layout.pp
         if objective == "throughput":
             return (-round(s.tokens_per_s, 6), s.decode_step_s, splits)
+        if objective == "first_token":
+            return (round(s.first_token_s, 12), -s.tokens_per_s, splits)
         return (round(s.decode_step_s, 12), -s.tokens_per_s, splits)
 
     return Plan(model, cluster, workload, objective, tuple(sorted(scored.values(), key=key)), tuple(rejected))
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """A prefill pool's plan, ranked by first token, and a decode pool's, ranked by throughput."""
+
+    prefill: Plan
+    decode: Plan
+
+
+def plan_pools(model: ModelConfig, prefill_cluster: Cluster, decode_cluster: Cluster,
+               workload: Workload | None = None) -> PoolPlan:
+    """Each pool's layout chosen on its own (DistServe, Zhong et al. 2024): prefill is compute-bound and
+    wants its one prompt's first token soonest, decode wants the most tokens a second from its batch."""
+    return PoolPlan(plan_serving(model, prefill_cluster, workload, "first_token"),
+                    plan_serving(model, decode_cluster, workload, "throughput"))
