@@ -69,8 +69,8 @@
 # Prefix-aware routing has a failure mode. If most requests share one system prompt, they all go to one
 # replica. SGLang's router guards against it with a **balance threshold**. When the most queued replica
 # has more than that many requests above the least queued, the router sends the request to the least
-# queued instead. (SGLang also asks the gap to be a set multiple of the shorter queue; this router uses
-# the gap alone.)
+# queued instead. (SGLang also asks the longer queue to be a set multiple of the shorter; this router's
+# multiple is 1 unless you set it, so the gap alone decides.)
 #
 # Last, replicas come and go with the load. A new replica's **cold start** is the time from asking for
 # it to its first token: start the process, read the weights, run the first step. A burst waits for it.
@@ -79,7 +79,7 @@
 # ## Read the code
 #
 # The hand-off, prefill side. `send` reads the request's K/V through its block table, as the paged read
-# does. It posts one point-to-point send on each of its links, carrying the KV heads both ends hold, for
+# does. It posts one point-to-point send to each decode rank it feeds, carrying the KV heads both hold, for
 # every layer at once or for one layer. Requests are told apart by the message's tag.
 
 # %% tags=["nbval-ignore-output"]
@@ -171,7 +171,8 @@ assert pools.tokens == reference and pools.kv_bytes_sent == pools.kv_bytes_predi
 #
 # The two phases want different splits. Prefill is compute-bound: more ranks cut a long prompt's TTFT.
 # Decode's best split depends on the batch it runs. So DistServe (Zhong et al. 2024) chooses each pool's
-# parallelism on its own. 05's planner agrees, for Llama-3-8B on a node of 8 H100s a pool:
+# parallelism on its own. Give each pool a node of 8 H100s and ask 05's planner for each (Llama-3-8B,
+# prompts of 2,048 tokens): prefill for the soonest first token, decode for the most tokens a second.
 #
 # %%
 from shardlib.facts.hardware import ONE_NODE_8_H100
@@ -184,21 +185,22 @@ for phase, pick in (("prefill", chosen.prefill.best), ("decode", chosen.decode.b
           f"{pick.tokens_per_s:,.0f} tokens/s")
 
 # %% [markdown]
-# Prefill takes the widest split, for the soonest first token. Decode takes replicas of a smaller split,
-# for the most tokens. Then the KV heads no longer line up. With 1 prefill rank and 2
-# decode ranks, the prefill rank holds both KV heads and each decode rank needs one. Each pair of ranks
-# whose heads overlap is a **link**, and it carries only the heads both ends hold. vLLM's and SGLang's KV
-# connectors slice and gather heads the same way.
+# Prefill takes the widest split; decode takes replicas of a smaller one. Then the KV heads no longer
+# line up. With 1 prefill rank and 2 decode ranks, the prefill rank holds both KV heads and each decode
+# rank needs one. Each **rank pair** whose heads overlap exchanges only the heads both hold. vLLM's and
+# SGLang's KV connectors slice and gather heads the same way.
 #
-# Predict first. With 1 + 2 on three ranks, how many links are there, and how many bytes a
+# Predict first. With 1 + 2 on three ranks, how many rank pairs exchange K/V, and how many bytes a
 # prompt token does each carry? With 2 + 1? And how does each total compare with 2 + 2?
 #
 # <details><summary>Answer</summary>
 #
-# 1 + 2: two links, one from the prefill rank to each decode rank, each carrying one KV head:
-# 2 x 2 layers x 1 head x 8 x 8 bytes = 256 bytes a token. 2 + 1: two links again, the decode rank
+# 1 + 2: two pairs, the prefill rank and each decode rank, each carrying one KV head:
+# 2 x 2 layers x 1 head x 8 x 8 bytes = 256 bytes a token. 2 + 1: two pairs again, the decode rank
 # gathering one head from each prefill rank, 256 bytes a token each. Every total equals 2 + 2's: each KV
-# head crosses once, whatever the split.
+# head crosses once while each decode rank holds its own heads. Past that (decode tp above the KV heads),
+# copies cross too. But with 1 + 2 the lone prefill rank sends 512 bytes a token, twice a 2 + 2 rank's
+# share: its link is the busier.
 #
 # </details>
 
@@ -209,8 +211,9 @@ with Ranks(3) as three:
     for p in (1, 2):
         run = run_disaggregated(three, weights, trace, config, prefill_ranks=p)
         links = kv_bytes_per_link(model, 1, p, 3 - p, element_bytes=8)
-        print(f"{p} + {3 - p}: links (prefill, decode) -> bytes a prompt token {links}; "
-              f"total {sum(run.kv_bytes_sent.values()):,} bytes; tokens equal: {run.tokens == reference}")
+        print(f"{p} + {3 - p}: (prefill, decode) rank pair -> bytes a prompt token {links}; "
+              f"total {sum(run.kv_bytes_sent.values()):,} bytes; tokens equal: {run.tokens == reference}; "
+              f"every pair's bytes as predicted: {run.kv_link_bytes_sent == run.kv_link_bytes_predicted}")
         assert run.tokens == reference and run.kv_bytes_sent == pools.kv_bytes_sent
         assert run.kv_link_bytes_sent == run.kv_link_bytes_predicted
 
@@ -268,8 +271,7 @@ assert all(run.tokens == reference for run in split.runs.values())
 # </details>
 
 # %% [markdown]
-# Read the table by columns. The "met" columns are SLO attainment at this trace's rate, and goodput per
-# GPU is predicted over a sweep of rates. The pools' TPOT is lower than the one engine's. Part of that is
+# In the table, the pools' TPOT is lower than the one engine's. Part of that is
 # the point of the split: no prompt shares a decode step. On this toy most of it is something else. A
 # prompt chunk adds little to a step whose fixed overhead dominates, so the interference ratio stays
 # near 1. The gap is the all-reduces: the one engine's span 4 CPU ranks, each pool's only 2
@@ -279,8 +281,9 @@ assert all(run.tokens == reference for run in split.runs.values())
 #
 # Now the condition. The last row, predicted only, is the fair colocated rival: two colocated engines of
 # 2 ranks each, the same pieces as the pools. Its throughput about matches the pools'. Splitting moved the
-# prompts away from the decodes; it did not make more tokens. So split the pools when a TPOT objective is
-# tight and prompts are long. Under a loose objective, colocated replicas serve as much with no transfer.
+# prompts away from the decodes; with the same layout in each pool it made no more tokens. So split the
+# pools when a TPOT objective is tight and prompts are long. Under a loose objective, colocated replicas
+# serve as much with no transfer.
 #
 # On real models the hand-off is large. A prompt of 4,096 tokens, 10 requests a second, 8 GPUs a pool:
 
