@@ -22,11 +22,11 @@
 #
 # **What you will see.**
 #
-# - The comm logs of tensor, pipeline and expert parallelism, measured on 4 ranks and put on one scale.
-# - Two pipeline stages of two-way tensor parallelism on 4 ranks: exact, its traffic split by mesh axis.
-# - Experts in the mesh: EP inside each stage of TP x PP, exact; wide EP with data-parallel attention.
-# - TP across two "nodes" against PP across them, over an emulated slow link, beside the planner's numbers.
-# - The serving planner's layouts for four models on one and two nodes of H100s, and its reasons.
+# - The comm logs of tensor, pipeline and expert parallelism, measured on 4 ranks, on one scale.
+# - Two pipeline stages of two-way tensor parallelism on 4 ranks: exact, traffic split by mesh axis.
+# - Experts in the mesh: EP inside each stage of TP x PP; wide EP with data-parallel attention.
+# - TP across two "nodes" against PP across them, over an emulated slow link, beside the planner.
+# - The serving planner's layouts for dense and MoE models on H100 nodes, and its reasons.
 # - When replicas beat splitting, and a checklist for dense and for MoE models.
 
 # %% [markdown]
@@ -188,7 +188,7 @@ assert abs(per_token_layer["expert"] / predicted_per_token_layer["expert"] - 1) 
 
 # %% [markdown]
 # Tensor parallelism put the most on the wire, the pipeline least. Expert parallelism's figure moves
-# with the router: rows sent to an expert on their own rank do not travel. Compare like with like.
+# with the router: rows sent to an expert on their own rank do not travel.
 
 # %% [markdown]
 # ## Predict: two stages of two-way tensor parallelism on 4 ranks
@@ -236,9 +236,8 @@ print(f"tp all-reduces per pp send: {calls[('tp', 'all_reduce')] // calls[('pp',
 assert calls[("tp", "all_reduce")] == 8 * calls[("pp", "send")]
 
 # %% [markdown]
-# The chatty axis and the quiet one, in numbers: 8 all-reduces on the tensor axis for every send on
-# the pipeline axis. What each rank did when: stage 1 starts a microbatch only when stage 0 has sent
-# it, and inside each stage the two ranks meet at every all-reduce.
+# In numbers: 8 tensor-axis all-reduces per pipeline send. In the timeline, stage 1 starts a
+# microbatch only when stage 0 has sent it, and inside each stage the two ranks meet at every all-reduce.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.runtime_figures import timeline_figure
@@ -319,20 +318,18 @@ for side in (wide.dp_attention, wide.tp_attention):  # TP attention's all-reduce
 # %% [markdown]
 # ## Across the slow link: TP across nodes or PP across nodes, measured
 #
-# A copy of a model that needs two nodes must cross the link between them somehow. **TP across nodes**
-# cuts every layer across it: two all-reduces per layer cross the link, but each GPU reads only its
-# slice of every weight. **PP across nodes** cuts the stack at the link: one small message per
-# microbatch crosses, but the stages run one after another. Which is faster is a matter of numbers.
+# **TP across nodes** cuts every layer at the link: two all-reduces a layer cross it, but each GPU reads
+# only a slice of each weight. **PP across nodes** cuts the stack there: one small message a microbatch
+# crosses, but the stages run in turn. Which is faster is a matter of numbers.
 #
-# Here two ranks stand for two nodes of one GPU each: `tp = 2` against `pp = 2`. Every call between them
-# is **emulated**, held as long as the alpha-beta formula of notebook 02 says it would take over a slow
-# network (2 ms latency, 10 Gb/s). The bytes themselves are real. Each layout decodes 8 sequences, one
-# token each per step, in steady state.
+# Two ranks stand for two one-GPU nodes: `tp = 2` against `pp = 2`. Every call between them is
+# **emulated**: held as long as notebook 02's alpha-beta formula says a slow network takes (2 ms latency,
+# 10 Gb/s). The bytes are real. Each layout decodes 8 sequences in steady state.
 #
 # Predict first. Decode's messages are a few kilobytes, so each crossing costs about the link's latency.
 # The pipeline crosses twice per token (there and back). Tensor parallelism crosses `2 x 2 x 4 = 16`
 # times (two all-reduces in each of 4 layers, two ring steps each). At 2 ms a crossing: about 4 ms per
-# token for PP, 32 ms for TP. The planner makes the same count; its table is printed first.
+# token for PP, 32 ms for TP. The planner's table, printed first, counts the same.
 
 # %%
 from shardlib.facts.hardware import Link
@@ -378,10 +375,9 @@ assert toy_two.best.layout == pipeline_row.run.layout  # the planner ranks the p
 assert split_row.run.token_interval_s > pipeline_row.run.token_interval_s  # and so do the ranks
 
 # %% [markdown]
-# Both layouts are exact against the one-process decode. On a link this slow, crossings decide it, and
-# the pipeline wins. On real GPUs the balance can tip. InfiniBand's latency is about 20 microseconds, and
-# a large model's stage takes milliseconds to read. TP across nodes halves every GPU's reading. The
-# planner below weighs that.
+# Both layouts are exact. On a link this slow, crossings decide, and the pipeline wins. On real GPUs
+# the balance can tip: InfiniBand's latency is about 20 microseconds, a large model's stage takes
+# milliseconds to read, and TP across nodes halves every GPU's reading. The planner below weighs that.
 
 # %% tags=["nbval-ignore-output"]
 timeline_figure(pipeline_row.run.spans, title="PP across 2 'nodes' in steady state (T step.microbatch); hops: "
@@ -391,13 +387,12 @@ timeline_figure(pipeline_row.run.spans, title="PP across 2 'nodes' in steady sta
 # ## The planner
 #
 # `plan_serving(model, cluster, workload, objective)` tries every `(tp, pp, ep, dp)` with `tp x pp x dp`
-# equal to the number of GPUs. It rejects those that break a rule, each with its reason: whole query
-# heads per tp rank, whole KV heads (or each copied), at least one layer per stage, whole experts per
-# rank, and memory within 90% of a GPU. It scores the rest with the cost model just tested on the
-# ranks, for one of two objectives:
+# equal to the number of GPUs. It rejects those that break a rule, with the reason: whole heads and
+# experts per rank (KV heads may be copied), a layer per stage, memory within 90% of a GPU. It scores
+# the rest for one of two objectives:
 #
 # - **throughput**: tokens per second for the cluster, each replica as full as memory allows;
-# - **latency**: the time between two tokens of one request on a server that is not busy.
+# - **latency**: the time between two tokens of one request on an idle server.
 #
 # Every time it prints is a **floor**: memory and arithmetic at 100% of the GPU's peak, no framework
 # overhead. `Workload(kernel_efficiency=0.8)` scales both peaks, since real decode kernels reach roughly
@@ -534,8 +529,8 @@ assert 1 < gain < 1.1
 # - **Llama-3.1-405B** (812 GB in bf16) fits one node only in 8 bits (about 416 GB). In bf16 on two
 #   nodes, for throughput, it takes **TP inside each node, PP across the two**.
 #
-# That last rule is for a dense model. Is TP across nodes ever better? Predict which wins for a full
-# batch, and which for one request alone, before the planner weighs them:
+# Is TP across nodes ever better? Predict which wins for a full batch, and which for one request
+# alone, before the planner weighs them:
 
 # %%
 workloads = (("throughput", Workload()), ("latency", Workload(batch=1)))
@@ -553,44 +548,102 @@ assert tp_across["latency"].decode_step_s < pp_across["latency"].decode_step_s  
 
 # %% [markdown]
 # With a full batch, each cross-node all-reduce carries megabytes at the network's rate. TP across
-# nodes also affords only half the batch, since the copied KV heads cost memory. So the pipeline serves
-# about 2.6 times the tokens. For one request alone, each all-reduce carries 32 kB and costs mostly its
-# 20-microsecond latency, while the pipeline's two stages run one after another. Then TP across nodes is
-# about 1.5 times faster per token. Throughput is why dense deployments put the pipeline across nodes.
+# nodes also affords half the batch: copied KV heads cost memory. So the pipeline serves about 2.6 times
+# the tokens. For one request, each all-reduce carries 32 kB and costs mostly its 20-microsecond latency,
+# while the pipeline's stages run in turn: TP across nodes is about 1.5 times faster per token.
+# Throughput is why dense deployments put the pipeline across nodes.
 #
 # That rule is for dense models. **A large MoE model crosses nodes with its experts.** Predict the
-# planner's choice for DeepSeek-V3 (701B parameters in this preset, 256 experts, 8 per token) on four
-# nodes, for throughput:
+# planner's choice for DeepSeek-V3 (256 experts, 8 per token) on four nodes, for throughput. DeepSeek
+# serves its weights in FP8, a byte each; bf16 is priced too.
+#
+# <details><summary>What the DeepSeek-V3 presets count</summary>
+#
+# DeepSeek-V3 has 671B parameters (its report's abstract, arXiv 2412.19437). The Hugging Face checkpoint
+# lists 685B: it adds the 14B multi-token-prediction module, which serving can leave out. The preset
+# `models.DEEPSEEK_V3` counts 701B. A `ModelConfig` has one kind of layer, so the 3 dense first layers count
+# as MoE layers (+32.6B) and the shared expert is left out (-2.6B): about 4% more weight bytes.
+# `models.DEEPSEEK_V3_FP8` is the checkpoint's format (report, section 3.3): every layer matrix in FP8 (e4m3)
+# with one float32 scale per 128 x 128 block, 1.0002 bytes a weight. Embeddings, head, norms and router stay
+# bf16, as does the KV cache here.
+#
+# </details>
 
 # %%
-from shardlib.facts.hardware import FOUR_NODES_8_H100
-from shardlib.facts.models import DEEPSEEK_V3
+from dataclasses import replace
 
-ds_plan = plan_serving(DEEPSEEK_V3, FOUR_NODES_8_H100, Workload(), "throughput")
+from shardlib.facts.hardware import FOUR_NODES_8_H100
+from shardlib.facts.models import DEEPSEEK_V3, DEEPSEEK_V3_FP8
+from shardlib.predict.serving.decode import ep_all_to_all
+from shardlib.predict.serving.traffic import pipeline_crosses_nodes
+
+ds_plans = {m.name: (m, plan_serving(m, FOUR_NODES_8_H100, Workload(), "throughput")) for m in (DEEPSEEK_V3,
+                                                                                                 DEEPSEEK_V3_FP8)}
+for name, (m, p) in ds_plans.items():
+    first, second = p.ranked[:2]
+    print(f"{name:<16}{m.weight_bytes / 1e9:>6,.0f} GB: {first.layout.label}, batch {first.batch} "
+          f"({first.batch_set_by}), {first.tokens_per_s:>7,.0f} tokens/s, "
+          f"{first.tokens_per_s / second.tokens_per_s - 1:.0%} ahead of {second.layout.label}")
+ds_plan = ds_plans[DEEPSEEK_V3_FP8.name][1]
 ds = ds_plan.best
-print(f"{DEEPSEEK_V3.name} on {FOUR_NODES_8_H100.name}: {ds.layout.label}, batch {ds.batch}, "
-      f"{ds.tokens_per_s:,.0f} tokens/s")
+print(f"{ds.layout.label} on {FOUR_NODES_8_H100.name}: {kind(ds.layout, FOUR_NODES_8_H100)}, each stage on 2 nodes")
 print("why:", score_reasons(ds_plan, ds)[-1])
 mixtral_plan = plan_serving(MIXTRAL_8X7B, TWO_NODES_8_H100, Workload(), "throughput")
 mixtral = mixtral_plan.best
 assert mixtral.layout == best[MIXTRAL_8X7B.name, 2, "throughput"].layout
 print(f"{MIXTRAL_8X7B.name} on two nodes: {mixtral.layout.label}; why:", score_reasons(mixtral_plan, mixtral)[-1])
-assert ds.layout == Layout(tp=1, pp=2, dp=16, ep=16)  # DP attention, each stage's experts on 16 GPUs, 2 nodes
+assert all(p.best.layout == Layout(tp=1, pp=2, dp=16, ep=16) for m, p in ds_plans.values())  # DP attention
+assert pipeline_crosses_nodes(ds.layout, FOUR_NODES_8_H100)  # and each stage's experts span 2 nodes
+assert abs(ds.tokens_per_s / ds_plan.ranked[1].tokens_per_s - 1.09) < 0.01  # a close call in FP8
+free = ep_all_to_all(replace(DEEPSEEK_V3_FP8, node_limit=0), FOUR_NODES_8_H100, ds.layout, 1)
+assert (free.network_rows_per_token, free.node_rows_per_token) == (4, 3.5)  # 0.5 of 8 stay on the GPU
 assert mixtral.layout == Layout(tp=1, pp=2, dp=8, ep=8)  # 8 experts in one node; the pipeline crosses
 
 # %% [markdown]
-# DeepSeek-V3 takes no tensor parallelism: attention runs data-parallel and 16 experts sit on each
-# GPU, 16 GPUs over two nodes per stage. Its routing sends a token to a remote node once (and to at
-# most 4 nodes), so the "experts:" line counts one network row per token, not 7.5. Mixtral's 8
-# experts fit one node: its `ep = 8` stays inside, and the pipeline crosses. So "TP inside a node, PP
-# across" holds for dense models. For large MoE models the cross-node axis is EP with DP attention
-# (wide EP).
+# Both precisions pick the same layout: no TP, attention data-parallel, 16 experts a GPU. Each stage
+# spans two nodes: the pipeline and the experts both cross them. In FP8 the batch hits the planner's cap
+# of 256, and the pick leads the runner-up by only 9%.
+#
+# The "experts:" line counts a token's rows. With no node limit its 8 rows go straight to their GPUs: 4
+# over the network, 3.5 over NVLink, 0.5 stay. DeepSeek's router sends one copy to each of at most 4
+# nodes: here 1 row crosses, 7 take NVLink. Both legs run at once; the slower sets the time.
+#
+# DeepSeek prefills on units of 4 nodes: attention TP4 with sequence parallelism x DP8, MoE EP32, no PP
+# (report, section 3.4.1). Predict: which decodes more, and which answers a lone prompt sooner?
+
+# %%
+unit = score(DEEPSEEK_V3_FP8, FOUR_NODES_8_H100, Layout(tp=4, pp=1, dp=8, ep=32), Workload())
+for name, s in (("the planner's pick", ds), ("DeepSeek's prefill unit", unit)):
+    print(f"{name:<24}{s.layout.label:<22}decode {s.tokens_per_s:>7,.0f} tokens/s ({s.layout.dp} x {s.batch} "
+          f"sequences); a lone {Workload().prompt_tokens:,}-token prompt: first token in "
+          f"{s.first_token_s * 1e3:.0f} ms")
+assert unit.tokens_per_s < ds.tokens_per_s / 2 and unit.first_token_s < ds.first_token_s / 1.5
+
+# %% [markdown]
+# Each wins its own phase. Under TP every rank copies MLA's latent cache, so the pick holds about 3 times
+# the sequences and decodes 2.6 times the tokens. The unit splits a prompt's attention 4 ways, with no
+# stages in turn: its first token comes 1.7 times sooner. So DeepSeek prefills and decodes on different
+# GPUs ([notebook 07](07_serving_at_scale.ipynb)).
+#
+# <details><summary>What <code>Layout(tp=4, dp=8, ep=32)</code> keeps of DeepSeek's unit</summary>
+#
+# It keeps the grid: 8 replicas of attention split 4 ways, 8 experts on each of 32 GPUs. Each tp rank
+# routes a quarter of its replica's tokens, as sequence parallelism does. The planner's one all-reduce a
+# layer moves what sequence parallelism's reduce-scatter and all-gather move. It leaves out the 32
+# redundant experts (one more per GPU, for balance), the dense first layers at TP1, the overlap of one
+# micro-batch's all-to-alls with another's compute, and FP8 arithmetic (the planner prices bf16 peaks).
+# DeepSeek's decode units are larger: 40 nodes, EP320 (section 3.4.2).
+#
+# </details>
+#
+# Mixtral's 8 experts fit one node: `ep = 8` stays inside, and the pipeline crosses. So "TP inside a node,
+# PP across" is a rule for dense models.
 
 # %% [markdown]
 # ## Explore: the planner as a widget
 #
-# Pick a model, a cluster, what to rank by, the weights' precision, the batch per replica and the
-# context. The table lists the ranked layouts with their reasons, and every layout that fails and why.
+# Pick a model, a cluster, the objective, the precision, the batch and the context. The table ranks the
+# layouts with their reasons, and says why the others fail.
 #
 # **Your task.** Choose Llama-3-8B on one node of 8 H100s, ranked by throughput, batch "from memory".
 # Move the context from 1,024 tokens upwards. At which context does the planner first choose a single
@@ -613,10 +666,11 @@ planner_widget()
 # frees the memory each replica spent on its own copy of the weights, and that memory holds KV cache for
 # more sequences. Only 1% separates the two here.
 #
-# Mixtral keeps `ep = 8` up to 8,192 tokens: eight replicas of attention with one expert per GPU (wide
-# EP with DP attention inside the node) up to 2,048, then `tp = 2` with 4 replicas. From 16,384 it takes
-# one copy at `tp = 8`, each expert split 8 ways. Inside a node each dispatch or combine costs about
-# 0.01 ms: the all-to-alls hardly count, memory does.
+# Mixtral keeps `ep = 8` up to 16,384 tokens: eight replicas of attention with one expert per GPU (wide
+# EP with DP attention inside the node) up to 2,048, then `tp = 2` with 4 replicas, `tp = 4` with 2, and at
+# 16,384 one copy at `tp = 8`, its experts still whole. From 32,768 each expert is split 8 ways instead
+# (at 16,384 the two were within 0.1%). Inside a node each dispatch or combine costs about 0.01 ms: the
+# all-to-alls hardly count, memory does.
 #
 # </details>
 
@@ -776,16 +830,14 @@ show_questions(
 # %% [markdown]
 # ## What you saw
 #
-# - Per token and per layer, tensor parallelism puts the most on the wire (`2(n-1)` activations over the
-#   group), expert parallelism about `2k(n-1)/n`, the pipeline least.
-# - Two stages of two-way tensor parallelism on 4 real ranks equal the unsharded model within `1e-5`,
-#   with 8 tensor-axis all-reduces per pipeline-axis send, as predicted in calls and bytes.
-# - Across an emulated slow link, PP across the "nodes" beat TP across them, and the planner's time per
-#   token held within a factor of 2.
-# - The planner takes TP inside a node and PP across nodes for Llama-3.1-405B in bf16 on two nodes. It
-#   prices copied KV heads and uneven stages, and its times are floors.
+# - Per token and layer, tensor parallelism puts the most on the wire (`2(n-1)` activations), expert
+#   parallelism about `2k(n-1)/n`, the pipeline least.
+# - Two stages of two-way TP on 4 real ranks equal the unsharded model within `1e-5`: 8 tensor-axis
+#   all-reduces per pipeline send, as predicted.
+# - Over an emulated slow link, PP across the "nodes" beat TP across them; the planner's times held within 2x.
+# - For Llama-3.1-405B in bf16 on two nodes the planner takes TP inside a node, PP across. Its times are floors.
 # - Replicas serve the most tokens when a copy fits; a split serves each request faster.
-# - With experts, EP inside each stage was exact, its all-to-alls as predicted. DP attention sent a third
-#   of TP attention's bytes for more weights; DeepSeek-V3's planner layout puts EP across nodes, no TP.
+# - EP inside each stage was exact. DP attention sent a third of TP attention's bytes. DeepSeek-V3's pick
+#   sends EP and PP across nodes, no TP; DeepSeek's TP4 prefill unit answers a prompt sooner.
 #
 # Next: **06 · Serving engine**, which serves many requests at once on one of these layouts.

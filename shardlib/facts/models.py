@@ -50,6 +50,11 @@ DEEPSEEK_V3 = ModelConfig("DeepSeek-V3", n_layers=61, d_model=7168, n_heads=128,
                           d_ff=2048, vocab_size=129280, n_experts=256, experts_per_token=8,
                           attention_params=7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256
                           + 128 * 128 * 7168, kv_latent_dim=512 + 64, node_limit=4)
+# DeepSeek-V3 as DeepSeek ships it (the report's section 3.3; the checkpoint's quantization_config: fmt e4m3,
+# weight_block_size [128, 128]): every linear layer's weights in FP8 with one float32 scale per 128 x 128 block,
+# 4 bytes per 16,384 weights; embeddings, head, norms and router in bf16. ``quantized`` counts a 16-bit scale
+# per group, so a group of 8,192 weights gives the same bytes: 1.0002 bytes a weight, 0.70 TB in all.
+DEEPSEEK_V3_FP8 = replace(DEEPSEEK_V3.quantized(8, group_size=128 * 128 // 2), name="DeepSeek-V3 FP8")
 # Small enough to run for real on a laptop's CPU ranks, shaped like the real ones (GQA, gated MLP).
 TOY = ModelConfig("toy", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4, d_ff=256, vocab_size=512,
                   bytes_per_param=4.0)

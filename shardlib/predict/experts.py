@@ -3,11 +3,11 @@ and what one all-to-all costs on a cluster with node-limited routing.
 
 GShard (Lepikhin et al. 2020) and Switch Transformer (Fedus et al. 2021): every token sends ``k`` rows of
 ``d_model`` values out in the dispatch and receives as many back in the combine; each rank holds its whole
-experts' weights. Notebook 04 sets each formula beside the bytes the ranks logged. Priced by alpha-beta
-(``expert_all_to_all``), per rank: inside one node a plain all-to-all on the node's link; across ``N``
-nodes the same at the network's rate, unless each token's experts lie in at most ``M`` nodes (DeepSeek-V3,
-arXiv 2412.19437, 2.1.2 and 3.2.2: ``M = 4``): then ``min(k, M, N)`` network copies a token, ``k`` rows
-forwarded over NVLink inside the node, the slower leg setting the time. Uniform routing. Pure: no torch.
+experts' weights. Notebook 04 sets each formula beside the bytes the ranks logged.
+
+``expert_all_to_all`` prices one all-to-all per rank in two legs, each on its own link: the rows that cross
+to other nodes at the network's rate, the rows for other GPUs of the node at NVLink's; the two legs run at
+once, so the slower sets the time (DeepSeek-V3, arXiv 2412.19437, section 3.2.2). Pure: no torch.
 """
 from __future__ import annotations
 
@@ -95,8 +95,8 @@ class ExpertAllToAll:
     ep: int
     nodes: int
     node_limit: int  # 0: unlimited
-    network_rows_per_token: float  # rows a token sends to other nodes
-    node_rows_per_token: float  # rows a token sends to other ranks of its node
+    network_rows_per_token: float  # rows (or node copies) a token sends to other nodes
+    node_rows_per_token: float  # rows a token sends to other GPUs of a node, over NVLink
     network_bytes: float  # per rank
     node_bytes: float  # per rank
     network_s: float
@@ -108,30 +108,44 @@ class ExpertAllToAll:
         return max(self.network_s, self.node_s)
 
 
+def _leg_s(size_bytes: float, peers: int, link: Link, latency_charge: str) -> float:
+    """``size_bytes`` from one rank to ``peers`` others over ``link``: an all-to-all over ``peers + 1``
+    ranks of which ``size_bytes`` leave this one (``peers`` latencies, or one ``per_call``)."""
+    if not peers:
+        return 0.0
+    return collective_time_s("all_to_all", size_bytes * (peers + 1) / peers, peers + 1, link, latency_charge)
+
+
 def expert_all_to_all(tokens: float, d_model: int, k: int, ep: int, nodes: int, intra_link: Link,
                       inter_link: Link, bytes_per_value: float = 2.0, node_limit: int = 0,
                       latency_charge: str = "per_step") -> ExpertAllToAll:
     """One all-to-all of ``tokens`` home tokens' ``k`` rows of ``d_model`` values over an expert group of
-    ``ep`` ranks on ``nodes`` nodes (``ep_group_nodes``; the module docstring's three cases)."""
+    ``ep`` ranks on ``nodes`` nodes (``ep_group_nodes``), ``g = ep / nodes`` on each, routing uniform:
+
+    * inside one node: ``k (ep - 1) / ep`` rows a token over NVLink;
+    * across nodes, each row straight to its expert's GPU: ``k (ep - g) / ep`` over the network,
+      ``k (g - 1) / ep`` over NVLink, ``k / ep`` stay on the GPU (ep 16 on 2 nodes, k 8: 4, 3.5, 0.5);
+    * node-limited, a token's experts on at most ``node_limit`` nodes (DeepSeek-V3, sections 2.1.2 and
+      3.2.2: 4): one copy per remote node reached, ``min(k, node_limit, nodes) (nodes - 1) / nodes`` over
+      the network, then all ``k`` rows forwarded inside each node, ``k (g - 1) / g`` over NVLink.
+
+    A leg of ``b`` bytes to ``p`` peers costs ``p`` latencies (one, ``per_call``) and ``b`` at its link's rate."""
     number_at_least(tokens, "tokens (home tokens of one rank)")
     whole_number(k, "k (experts per token)")
     whole_number(ep, "ep (ranks the experts are spread over)")
     whole_number(nodes, "nodes (that the expert group spans)")
     whole_number(node_limit, "node_limit (0: unlimited)", minimum=0)
-    row = d_model * bytes_per_value
-    size = tokens * k * row  # what the rank puts into the all-to-all
     if ep == 1:
         return ExpertAllToAll(1, 1, node_limit, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    if nodes == 1 or not node_limit:  # a plain all-to-all: inside the node, or all of it over the network
-        s = collective_time_s("all_to_all", size, ep, intra_link if nodes == 1 else inter_link, latency_charge)
-        rows = k * (ep - 1) / ep
-        if nodes == 1:
-            return ExpertAllToAll(ep, 1, node_limit, 0.0, rows, 0.0, tokens * rows * row, 0.0, s)
-        return ExpertAllToAll(ep, nodes, 0, rows, 0.0, tokens * rows * row, 0.0, s, 0.0)
-    reached = min(k, node_limit, nodes)  # nodes a token reaches, one network copy each
-    per_node = max(ep // nodes, 1)  # the group's ranks on one node
-    network = collective_time_s("all_to_all", tokens * reached * row, nodes, inter_link, latency_charge)
-    node = collective_time_s("all_to_all", size, per_node, intra_link, latency_charge) if per_node > 1 else 0.0
-    net_rows, node_rows = reached * (nodes - 1) / nodes, k * (per_node - 1) / per_node
-    return ExpertAllToAll(ep, nodes, node_limit, net_rows, node_rows, tokens * net_rows * row,
-                          tokens * node_rows * row, network, node)
+    per_node = ep if nodes == 1 else max(ep // nodes, 1)  # g: the group's ranks on one node
+    if nodes == 1 or not node_limit:  # every row straight to its expert's GPU
+        net_rows, net_peers = k * (ep - per_node) / ep, ep - per_node
+        node_rows = k * (per_node - 1) / ep
+    else:  # one copy per remote node reached, forwarded inside it
+        net_rows, net_peers = min(k, node_limit, nodes) * (nodes - 1) / nodes, nodes - 1
+        node_rows = k * (per_node - 1) / per_node
+    row = d_model * bytes_per_value
+    net_bytes, node_bytes = tokens * net_rows * row, tokens * node_rows * row
+    return ExpertAllToAll(ep, nodes, node_limit, net_rows, node_rows, net_bytes, node_bytes,
+                          _leg_s(net_bytes, net_peers, inter_link, latency_charge),
+                          _leg_s(node_bytes, per_node - 1, intra_link, latency_charge))

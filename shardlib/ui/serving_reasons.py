@@ -89,17 +89,22 @@ def own_reasons(model: ModelConfig, cluster: Cluster, workload: Workload, s: Sco
 
 
 def expert_reason(model: ModelConfig, cluster: Cluster, s: Score) -> str:
-    """Where an ep layout's experts sit and what its all-to-alls cost, in words (``decode.ep_all_to_all``)."""
+    """Where an ep layout's experts sit and what its all-to-alls cost, in words: across nodes, the rows a token
+    sends over each link, and without the node limit where the router has one (``decode.ep_all_to_all``)."""
     lay = s.layout
-    one = ep_all_to_all(model, cluster, lay, s.batch / s.n_microbatches)  # a decode microbatch's tokens, per rank
+    tokens = s.batch / s.n_microbatches  # a decode microbatch of one replica
+    one = ep_all_to_all(model, cluster, lay, tokens)
     where = (f"on {one.nodes} nodes" if one.nodes > 1 else "inside one node")
-    limit = ""
+    legs = ""
+    if one.nodes > 1:
+        legs = (f"; a token sends {one.network_rows_per_token:.2f} rows over {cluster.inter_link.name} and "
+                f"{one.node_rows_per_token:.2f} over {cluster.intra_link.name}")
     if one.nodes > 1 and model.node_limit:
-        limit = (f"; each token's experts on at most {model.node_limit} nodes, so it sends "
-                 f"{one.network_rows_per_token:.2f} rows over {cluster.inter_link.name} instead of "
-                 f"{model.experts_per_token * (lay.ep - 1) / lay.ep:.2f}")
+        free = ep_all_to_all(replace(model, node_limit=0), cluster, lay, tokens)
+        legs += (f" (its experts on at most {model.node_limit} nodes, one copy a node; with no limit "
+                 f"{free.network_rows_per_token:.2f} and {free.node_rows_per_token:.2f})")
     return (f"experts: {model.n_experts // lay.ep} of {model.n_experts} per GPU, spread over ep = {lay.ep} ranks "
-            f"{where}; each MoE layer's dispatch and combine take {ms(one.seconds)} each for a microbatch{limit}")
+            f"{where}; each MoE layer's dispatch and combine take {ms(one.seconds)} each for a microbatch{legs}")
 
 
 def _side(s: Score, cluster: Cluster) -> str:

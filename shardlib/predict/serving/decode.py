@@ -8,7 +8,7 @@ serving, as in Megatron-LM and vLLM), so nothing fills or drains between steps::
 
 One stage on one microbatch is a roofline (Williams et al. 2009), ``max(bytes read / memory bandwidth,
 FLOPs / peak)`` at ``Workload.kernel_efficiency`` of both peaks, plus its collectives: 2 tp all-reduces a
-layer (Megatron-LM), the ep all-to-alls (node-limited where the router is), one hop per stage boundary.
+layer (Megatron-LM), the ep all-to-alls (``ep_all_to_all``), one hop per stage boundary.
 Bytes read: the GPU's weights (of an MoE layer only the experts reached), the head on the last stage, the
 KV cache. Prefill fills and drains (GPipe): ``(m + pp - 1)`` slowest-stage times plus the hops. Nothing
 overlaps communication with compute. Pure: no torch.
@@ -69,12 +69,15 @@ def _comm(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float, t
 
 
 def ep_all_to_all(model: ModelConfig, cluster: Cluster, layout: Layout, tokens: float) -> ExpertAllToAll:
-    """One dispatch (or combine) of ``tokens`` per rank over ``layout``'s expert groups on ``cluster``: inside a
-    node, across nodes at the network's rate, or node-limited where the model's router is
-    (``predict.experts``; DeepSeek-V3: each token on at most 4 nodes, one network copy per node)."""
+    """One dispatch (or combine) of a replica's microbatch of ``tokens`` over ``layout``'s expert groups on
+    ``cluster``, per rank: each of the replica's ``tp`` ranks routes its ``1/tp`` of the tokens (as
+    ``traffic.forward_traffic`` counts it; DeepSeek-V3's attention TP with sequence parallelism). Each leg on
+    its own link, node-limited where the model's router is (``predict.experts``; DeepSeek-V3: each token on
+    at most 4 nodes, one network copy per node)."""
     nodes = max(len({cluster.node_of(r) for r in g}) for g in layout.ep_groups())
-    return expert_all_to_all(tokens, model.d_model, model.experts_per_token, layout.ep, nodes, cluster.intra_link,
-                             cluster.inter_link, model.bytes_per_param, model.node_limit, cluster.latency_charge)
+    return expert_all_to_all(tokens / layout.tp, model.d_model, model.experts_per_token, layout.ep, nodes,
+                             cluster.intra_link, cluster.inter_link, model.bytes_per_param, model.node_limit,
+                             cluster.latency_charge)
 
 
 def stage_costs(model: ModelConfig, cluster: Cluster, layout: Layout, sequences: float, tokens_per_sequence: int,
