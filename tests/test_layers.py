@@ -187,10 +187,10 @@ def test_importing_the_predictions_does_not_start_the_runtime():
 
 CORE_LINES_AT_MOST = 6_426  # lowered as each duplicate merges, down to the aim of 5,000 (+65: pools of different TP;
 # +116: the engine serves Mixtral, its experts spread over the ranks, and weights_from_hf reads either architecture)
-PACKAGE_LINES_AT_MOST = 25_466  # the same, down to the aim of 20,000 (+90 for the graders' properties, partial credit;
+PACKAGE_LINES_AT_MOST = 25_493  # the same, down to the aim of 20,000 (+90 for the graders' properties, partial credit;
 # +105 for pools of different TP: the heads' overlaps, the links' bytes; +139 for Mixtral served: the core's 116,
 # a random transformers Mixtral and the experts' rule checked before the ranks start; +17 for each pool planned on
-# its own: the planner's first-token objective)
+# its own: the planner's first-token objective; +27 for the all-to-all priced per link and DeepSeek-V3 in FP8)
 
 
 def test_the_core_stays_small():
