@@ -451,17 +451,18 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "Rank 0 holds [1, 2] and rank 1 holds [3, 4]. What does each hold after a sum all-reduce?",
-        ("Rank 0 keeps [1, 2], rank 1 keeps [3, 4]", "Both hold [1, 2, 3, 4], rank 0's first", "Both hold [4, 6]",
-         "Only rank 0 holds [4, 6]"),
-        2,
+        ("Both hold [1, 2, 3, 4], rank 0's part first", "Both hold [4, 6], the sum",
+         "Only rank 0 holds [4, 6], the sum", "Rank 0 keeps [1, 2] and rank 1 keeps [3, 4]"),
+        1,
         "An all-reduce adds the tensors elementwise and gives every rank the sum. Both holding "
-        "[1, 2, 3, 4], rank 0's part first, is what an all-gather does.",
+        "[1, 2, 3, 4], rank 0's part first, is what an all-gather does; only rank 0 holding the sum is a "
+        "reduce.",
     ),
     Question(
         "In the straggler chart, rank 0 did less work but spent longer in the all-reduce. Why?",
-        ("It waited for rank 1 to join the collective", "It sent more bytes through the all-reduce than rank 1",
-         "gloo always serves the highest-numbered rank first", "It also had to run the notebook's own kernel"),
-        0,
+        ("It sent more bytes through the all-reduce", "gloo serves the highest-numbered rank first",
+         "It also had to run the notebook's kernel", "It waited for rank 1 to reach the collective"),
+        3,
         "Both ranks send the same bytes. Rank 0 arrived first and waited for rank 1 to finish its longer "
         "compute: the slowest rank sets the pace of every collective. Pipeline stages and overloaded "
         "experts will show the same thing.",
@@ -469,16 +470,17 @@ show_questions(
     Question(
         "Llama-3-8B in bf16 (16.1 GB) sits on one 80 GB H100; a server fills 72 GB of it. Each 4K-token "
         "sequence needs 537 MB of KV cache. About how many sequences fit?",
-        ("About 149: 80 GB / 537 MB", "About 134: 72 GB / 537 MB", "Any number, since the weights fit",
-         "About 104"),
-        3,
+        ("About 149: 80 GB / 537 MB", "About 119: (80 - 16.1) GB / 537 MB", "About 104: (72 - 16.1) GB / 537 MB",
+         "About 134: 72 GB / 537 MB"),
+        2,
         "The KV cache shares the GPU with the weights: (72 - 16.1) GB / 537 MB is about 104. The weights are "
-        "the entry fee; the room they leave sets how many sequences one copy serves.",
+        "the entry fee; the room they leave sets how many sequences one copy serves. 134 forgets the "
+        "weights, 119 the server's 72 GB, 149 both.",
     ),
     Question(
         "Llama-3-8B (8.03 B parameters) in a 4-bit format with one 16-bit scale per 128 weights is 5.7 GB. "
         "Why not 8.03 B x 0.5 bytes = 4.0 GB?",
-        ("Scales add 0.125 bits; embeddings stay bf16", "The format rounds every weight up to a whole byte",
+        ("Scales add 0.125 bits; embeddings are bf16", "The format rounds every weight up to a whole byte",
          "The KV cache is counted in with the weights", "A bf16 copy of each weight is kept as a backup"),
         0,
         "Each matrix weight costs 4 + 16/128 = 4.125 bits, and the embedding table and the output head "
@@ -487,9 +489,9 @@ show_questions(
     Question(
         "A model's weights fill 1.5 GPUs' worth of memory. Why can 4 GPUs serve far more than twice the "
         "sequences of 2?",
-        ("Four GPUs compute each token twice as fast", "Room left after the weights grows faster",
-         "Four GPUs keep one shared KV cache between them", "Sequences are only allowed on even GPU counts"),
-        1,
+        ("Four GPUs compute each token twice as fast", "Four GPUs keep one shared KV cache between them",
+         "Four GPUs hold fewer copies of the weights", "The room left after the weights grows five-fold"),
+        3,
         "Two GPUs leave half a GPU of room for KV cache; four leave two and a half: five times the room for "
         "twice the GPUs. Each GPU holds a share of the weights and of every sequence's cache.",
     ),

@@ -465,55 +465,56 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "A pair is cut column-then-row with a GELU between the matrices. Where is the all-reduce?",
-        ("Before the GELU, on the intermediate", "None: each rank's output is already whole",
-         "After the second matrix", "Both before the GELU and after the second"),
-        2,
+        ("After the second matrix, on its partial sums", "Before the GELU, on the wide intermediate",
+         "None: each rank's output is already whole", "Both before the GELU and after the second matrix"),
+        0,
         "Each device holds whole features of the intermediate, and GELU acts on each feature separately, "
         "so it can be applied to the slice. Only the row-parallel product leaves partial sums.",
     ),
     Question(
         "An nn.Linear(4096, 14336) weight is stored as (14336, 4096). shard_columns(W, 4) gives each device "
         "which slice, and what does each device then need?",
-        ("(3584, 4096); it needs the whole input and sends nothing",
-         "(14336, 1024); it needs only its slice of the input",
+        ("(14336, 1024); it needs only its slice of the input",
          "(3584, 4096); its outputs must then be all-reduced",
+         "(3584, 4096); it needs the whole input, and sends nothing",
          "(14336, 1024); it holds a quarter of the output features"),
-        0,
+        2,
         "A column split cuts the output features, dim 0 of the stored weight (the columns of W.T). Each device "
         "computes whole output features from the whole input; only a row split leaves partial sums.",
     ),
     Question(
         "On 8 ranks, with d_hidden = 2 x d_model, the other cut order sends how many times the wire bytes "
         "per rank of column-then-row?",
-        ("2x, as the rule of thumb says", "3x, the ratio of the buffers", "It depends on the number of ranks",
-         "2.5x"),
-        3,
+        ("2x: two collectives where there was one", "2.5x: 2 for the wide all-reduce, 0.5 for the gather",
+         "3x: the buffers, d_hidden plus d_model, over d_model", "It depends on n: the ring's 2(n-1)/n changes"),
+        1,
         "Per rank, an all-reduce sends 2(n-1)/n of its buffer and an all-gather (n-1)/n: (2 x 2 + 1) / 2 = 2.5, "
-        "and the (n-1)/n cancels. 3x is the buffer ratio; the rule of thumb's 2x is the count of collectives.",
+        "and the (n-1)/n cancels, so n does not matter. 3x is the buffer ratio; 2x only counts the "
+        "collectives.",
     ),
     Question(
         "Llama-3-8B has 32 query heads and 8 KV heads. Split tp = 32 instead of 8: what happens to each "
         "GPU's KV cache for the same sequences?",
-        ("Shrinks 4x, just as the weights per GPU do", "Stays as at tp = 8: heads are copied",
-         "Cannot happen: 8 KV heads refuse tp = 32", "Grows 4x, since every copy keeps a cache"),
-        1,
+        ("Shrinks 4x, just as each GPU's weights do", "Cannot happen: 8 KV heads do not allow tp = 32",
+         "Grows 4x, since every copy keeps a cache", "Stays as at tp = 8: KV heads are copied"),
+        3,
         "Past the KV-head count each KV head is copied, here on 4 GPUs. Each GPU still holds one whole KV "
         "head, so its cache stays at its tp = 8 size, and the copies' k and v weights cost memory too.",
     ),
     Question(
         "Mixtral's vocabulary has 32,000 tokens. What does tp = 8 do with it, as Megatron-LM pads?",
-        ("Pads it to 32,768, a multiple of 1,024", "Keeps 32,000, a multiple of 128 already",
-         "Keeps 32,000, since 8 divides it evenly", "Refuses tp = 8 because of the vocabulary"),
-        0,
+        ("Keeps 32,000, already a multiple of 128", "Keeps 32,000, since 8 divides it evenly",
+         "Refuses tp = 8 because of the vocabulary size", "Pads it to 32,768, the next multiple of 1,024"),
+        3,
         "Megatron-LM pads to make_vocab_size_divisible_by (128) times tp, so each slice is equal and itself a "
         "multiple of 128. 32,000 is 31.25 x 1,024, so 32,768; the 768 padded rows are never predicted.",
     ),
     Question(
         "A 32-layer Llama model is served at tp = 4. Generating one token (a forward pass, no backward), "
         "how many all-reduces does each rank issue?",
-        ("32: one per layer", "128: one per layer per rank", "96: attention, the MLP's up, the MLP's down",
-         "64: after attention and after the MLP"),
-        3,
+        ("32: one per layer", "64: after attention and after the MLP", "128: one per layer per rank",
+         "96: attention, the MLP's up, the MLP's down"),
+        1,
         "Each layer holds two column-then-row pairs: attention (Q, K, V, then the output projection) and the "
         "MLP. Each pair ends in one g. So 2 x 32 = 64, the same on every rank at any tp above 1.",
     ),

@@ -680,10 +680,10 @@ show_questions(
     Question(
         "Two tables price the same decode at tp = 4 on one link: one at 0.3 ms per token, the other at "
         "1.9 ms. What differs between them?",
-        ("How many latencies each all-reduce pays: 1, or 6 ring steps",
-         "How many bytes each rank sends: the ring sends 1.5x the buffer",
+        ("How many bytes each rank sends: 1.5x the buffer",
+         "How many latencies each all-reduce pays: 1, or 6 ring steps",
          "One table left out the second all-reduce of every layer"),
-        0,
+        1,
         "A small decode message is latency-bound, so the count of latencies per all-reduce is the whole "
         "difference: 2(n-1) = 6 at tp = 4, against 1 (1.9 / 0.3 is about 6). The bytes are the same under both "
         "conventions, and a missing all-reduce would halve the bill, not change it six-fold.",
@@ -693,7 +693,7 @@ show_questions(
         f"{dvp.measured_s(4, 1) * 1e3:.3f} ms at tp = 4, on the same 8 KiB. Which model explains that?",
         ("One latency per call: more shards then cost nothing extra",
          "The bytes: at tp = 4 each rank sends 1.5x the buffer",
-         "One latency per ring step: 6 at tp = 4, 2 at tp = 2"),
+         "One latency per ring step: 6 steps at tp = 4, and 2 at tp = 2"),
         2,
         "gloo runs a ring: 2(n-1) steps, each paying a latency. The bytes are a few microseconds either way. "
         "With one latency per call, decode would cost the same at both degrees.",
@@ -701,20 +701,20 @@ show_questions(
     Question(
         "A link doubles its bandwidth and keeps its latency. What happens to the crossover batch of a "
         "decode step on it?",
-        ("It halves: bytes now weigh less than the latency",
-         "It doubles: it takes twice the batch for bytes to cost the latency",
-         "It stays: the crossover depends on the latency alone"),
-        1,
+        ("It doubles: it takes twice the batch for the bytes to match",
+         "It halves: each sequence's bytes now take half the time",
+         "It stays the same: the crossover depends on the latency alone"),
+        0,
         "The crossover batch is the latency over one sequence's bandwidth time. Doubling the bandwidth "
         "halves that time, so twice the sequences are needed before the bytes cost as much as the latency.",
     ),
     Question(
         "A link has 20 us of latency and 5 GB/s. Is a 64 KB point-to-point message latency- or "
         "bandwidth-bound?",
-        ("Latency-bound: its bytes take less than the latency",
-         "Bandwidth-bound: its bytes take more than the latency",
-         "Neither: at 64 KB the two parts are exactly equal"),
-        0,
+        ("Bandwidth-bound: its bytes take more than the latency",
+         "Neither: at 64 KB the two parts are exactly equal",
+         "Latency-bound: its bytes take under the latency"),
+        2,
         "The bytes take 64e3 B / 5e9 B/s = 13 us, less than the 20 us latency. Equivalently, the crossover "
         "is alpha x B = 20e-6 s x 5e9 B/s = 100,000 bytes, and 64 KB is below it.",
     ),
@@ -723,18 +723,18 @@ show_questions(
         "batch. Which is true?",
         ("8 replicas win both the latency and the throughput",
          "tp = 8 wins both latency and throughput",
-         "8 replicas answer sooner; tp = 8 serves more",
-         "tp = 8 answers sooner; 8 replicas serve more"),
-        3,
+         "tp = 8 answers sooner; 8 replicas serve more",
+         "8 replicas answer sooner; tp = 8 serves more"),
+        2,
         "Split 8 ways, each GPU reads an eighth of the weights per step, so a token comes sooner. The "
         "all-reduces are overhead no replica pays, so at the same batch the replicas serve more per GPU.",
     ),
     Question(
         "One GPU of a tensor-parallel group of 8 throttles to half speed. What do you observe?",
-        ("An error on that rank, naming the slow device",
-         "All eight ranks slow down, with no error",
-         "Only that shard's results arrive late"),
-        1,
+        ("All eight ranks slow down, with no error",
+         "An error on that rank, naming the slow device",
+         "Only that shard's results arrive later than the rest"),
+        0,
         "Every all-reduce waits for its slowest member, so all ranks run at the throttled rank's pace, and "
         "nothing reports an error.",
     ),

@@ -558,40 +558,42 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(prompt="A pipeline has 6 stages and runs 15 microbatches per step. What share of each device's "
                     "step is idle?",
-             choices=("5/20 = 0.25", "5/15, about 0.33", "6/21, about 0.29", "1/6, about 0.17"), answer=0,
+             choices=("0.33: 5 idle stage-times against 15 busy ones", "0.17: one stage of 6 waits at any given time",
+                      "0.25: 5 idle stage-times in a step of 20", "0.29: 6 idle stage-times out of a step of 21"),
+             answer=2,
              why="(p - 1) / (m + p - 1) = 5 / 20. The 5/15 is Megatron's ratio to ideal, (p - 1) / m: idle time "
-                 "over busy time, not a share of the step."),
+                 "over busy time, not a share of the step. 6/21 counts p idle stage-times, not p - 1."),
     Question(prompt="1F1B with 6 stages and 24 microbatches. At most how many microbatches' activations does "
                     "stage 0 hold, and how many does the last stage hold?",
-             choices=("24 and 24", "6 and 6", "6 and 1", "1 and 6"), answer=2,
+             choices=("6 and 1", "24 and 24", "6 and 6", "1 and 6"), answer=0,
              why="1F1B holds at most p - s on stage s: 6 on stage 0, 1 on stage 5, whatever m is. GPipe would "
                  "hold all 24 on every stage."),
     Question(prompt="A server runs 5 pipeline stages of 12 ms each, with 5 microbatches of sequences chasing "
                     "each other round them. How long does a sequence wait for its next token, and how often "
                     "does some microbatch get one?",
              choices=("12 ms, every 12 ms: the work is split 5 ways",
+                      "60 ms, every 12 ms: trips overlap",
                       "60 ms, every 60 ms: the stages take turns",
-                      "108 ms, (m + p - 1) stage-times, every 12 ms",
-                      "60 ms, every 12 ms: the stages overlap"),
-             answer=3,
+                      "108 ms, (m + p - 1) stage-times, every 12 ms"),
+             answer=1,
              why="Without a flush the stages stay busy, so one microbatch leaves per stage-time. But a pipeline "
                  "does not shorten a token's trip: it crosses all 5 stages, 60 ms. Your run above measured "
                  f"a trip of {statistics.median(trips.trips.trip_s) * 1e3:.0f} ms for 4 stages of 15 ms."),
     Question(prompt="Layouts such as Llama 3's put pipeline stages across nodes, where links are slow, and "
                     "tensor parallelism within a node. Why?",
-             choices=("The pipeline sends once per stage boundary; TP all-reduces in every layer",
-                      "The pipeline runs each layer faster, so it hides the slower network link",
+             choices=("The pipeline runs each layer faster, so it hides the slower network link",
                       "Tensor parallelism cannot run across nodes: its collectives need shared memory",
+                      "The pipeline sends once per stage boundary; TP all-reduces in every layer",
                       "The pipeline sends nothing between stages once it is full of microbatches"),
-             answer=0,
+             answer=2,
              why=f"Counted above: the tensor-parallel step moved {both.ratio:.0f} times the bytes, in "
                  f"{both.tp_collectives_per_rank} all-reduces per rank that block every layer, against "
                  f"{both.pipeline_messages} sends for the whole pipeline."),
     Question(prompt="Four stages of 10 ms each, except stage 2 at 25 ms; 8 microbatches, forward only. How "
                     "long is the step?",
              choices=("110 ms: (m + p - 1) x 10 ms", "200 ms: 8 x 25 ms, the slow stage alone",
-                      "230 ms: 55 + 7 x 25", "275 ms: (m + p - 1) x 25 ms"),
-             answer=2,
+                      "275 ms: (m + p - 1) x 25 ms", "230 ms: the 55 ms trip, then 7 x 25 ms more"),
+             answer=3,
              why="sum(t) + (m - 1) x max(t) = (10 + 10 + 25 + 10) + 7 x 25 = 230 ms: the first microbatch "
                  "crosses every stage once, then one leaves per slowest-stage time."),
     Question(prompt="A model of 30 layers runs on 4 stages; the embedding and the loss each cost about one "
@@ -601,11 +603,11 @@ show_questions(
                  "7 layers and the middle ones 8. A stage holds whole layers, so 7.5 is not a cut."),
     Question(prompt="A pipeline of 8 stages gets 32 sequences per step. You raise m from 8 to 32 to shrink "
                     "the bubble. What else changes?",
-             choices=("Nothing else: m is a free knob that changes only the bubble",
+             choices=("Each microbatch shrinks from 4 sequences to 1: smaller matrix multiplies",
+                      "Nothing else: m is a free knob that changes only the bubble",
                       "The step holds four times as many sequences, so each step learns more",
-                      "The gradients change, because the microbatches are added in another order",
-                      "Each microbatch shrinks from 4 sequences to 1: smaller matrix multiplies"),
-             answer=3,
+                      "The gradients change: the microbatches add in another order"),
+             answer=0,
              why="The sequences per step are fixed, so more microbatches are smaller ones: less efficient ops. "
                  "The gradients are the same sum (bit for bit when accumulated microbatch by microbatch)."),
 )

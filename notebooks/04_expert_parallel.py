@@ -684,10 +684,10 @@ show_questions(
     Question(
         "Why does the all-to-all carry a different number of rows between each pair of ranks from batch to batch?",
         ("The collective picks a new order of ranks every time it is called",
-         "gloo compresses the rows differently depending on their values",
          "The router picks each token's experts, so the batch decides",
+         "gloo compresses the rows differently depending on their values",
          "Each expert changes its width to fit the rows it got last time"),
-        2,
+        1,
         "Tensor parallelism's collective is fixed by the split. Expert parallelism's send matrix follows the "
         "router's choices for this batch, so every dispatch starts by exchanging counts.",
     ),
@@ -695,33 +695,33 @@ show_questions(
         "Two ranks, dropless. The hot expert, on rank 0, takes 60 % of all token-slots; rank 0's other experts "
         "take 10 %, rank 1's 30 %. A copy of the hot expert goes to rank 1, and each copy serves half of its "
         "rows. How long is the experts' part of the step now, against a perfectly even batch?",
-        ("1.2 times as long: rank 1 is now the busier",
-         "1.0 times: the copy evens the two ranks exactly",
+        ("1.0 times: the copy evens the two ranks exactly",
          "1.4 times: a copy moves no rows between ranks",
-         "0.6 times: the hot expert's work was halved"),
-        0,
+         "0.6 times: the hot expert's work was halved",
+         "1.2 times: rank 1 has become the busier rank"),
+        3,
         "Even is 50 % per rank. Before the copy rank 0 had 70 %, 1.4 times. After it, rank 0 has 10 + 30 = 40 % "
         "and rank 1 has 30 + 30 = 60 %: the busiest rank changed, and the step follows it, 60 / 50 = 1.2.",
     ),
     Question(
         "A rank has 1,000 tokens, top-1, 8 experts, capacity factor 2.0. Expert 3 is the first choice of 200, "
         "the most of any expert. How many tokens are dropped?",
-        ("75: every token over its even share of 125",
+        ("75: the tokens over its even share of 125",
          "50: a cap of 2.0 drops a quarter of them",
-         "100: the cap halves the hottest expert",
-         "None: the cap, 250, is above its 200"),
-        3,
+         "None: the cap is 250 slots, above its 200",
+         "100: the cap halves the hottest expert"),
+        2,
         "Capacity is ceil(1000 x 1 x 2.0 / 8) = 250 slots per expert, and no expert has more than 200. A cap "
         "drops only what lies above it: this batch runs as a dropless layer would, and waits for expert 3.",
     ),
     Question(
         "A layer with Mixtral's gates trains with top-1 and no auxiliary loss: the gate is a softmax over the one "
         "chosen score. What gradient does the router get from the task loss?",
-        ("The full gradient, through the top-1 choice as through the gate",
-         "None: that gate is always 1, whatever the router's scores",
+        ("The full gradient, through the choice and the gate",
          "Half of it: the other half comes back through the combine's backward",
-         "Only on the rank that holds the chosen expert, summed over no group"),
-        1,
+         "Only on the rank that holds the chosen expert, summed over no group",
+         "None: that gate is always 1, whatever the router's scores"),
+        3,
         "The top-k choice is discrete and has no gradient: the router learns only through the gates. A softmax "
         "over one score is 1 whatever the score. Switch's top-1 gate is the softmax over all experts, read at the "
         "chosen one, so it does carry a gradient (and Switch adds its auxiliary loss as well).",
@@ -729,11 +729,11 @@ show_questions(
     Question(
         "16 ranks train a layer of 32 experts with ep = 8. How many copies of each expert are there, and over "
         "which ranks is an expert's gradient summed?",
-        ("One copy; nothing to sum, the combine's backward brought it all",
-         "2 copies, one per ep group, summed over those 2 ranks (edp)",
-         "8 copies, one per rank of its ep group, summed over that group",
-         "16 copies, one per rank, summed over every rank like the router"),
-        1,
+        ("One copy: the combine's backward brought it all",
+         "8 copies, one per rank of its group, summed over the group",
+         "16 copies, one per rank, summed over every rank",
+         "2 copies, one per ep group, summed over those 2 ranks (edp)"),
+        3,
         "16 / 8 = 2 expert-parallel groups, each holding all 32 experts, 4 per rank. Each group's copy saw only "
         "that group's tokens, so the two copies are summed over the expert-data-parallel group: the 2 ranks at "
         "the same place of each group. The router, on every rank, is summed over all 16.",
@@ -741,24 +741,25 @@ show_questions(
     Question(
         "An MoE model has 24 layers; each expert is 3 matrices of 2048 x 8192 in bf16. A copy of one hot expert "
         "in every layer costs the GPU that takes it what?",
-        ("Some outputs change, since the copy adds in another order",
-         "About 0.1 GB: one copy can serve all 24 layers",
+        ("About 0.1 GB: one copy can serve all 24 layers",
          "About 2.4 GB of weights; no output changes",
+         "Some outputs change, since the copy adds in another order",
          "One more all-to-all per layer, but no memory"),
-        2,
+        1,
         "One expert is 3 x 2048 x 8192 values at 2 bytes, 0.1 GB, and each layer needs its own: 2.4 GB. The copy "
         "computes the same rows with the same weights, so no output changes (measured above on the toy).",
     ),
     Question(
-        "A 600 B-parameter MoE model with 256 experts per layer runs on 8 nodes. Which axis crosses the nodes "
-        "in DeepSeek-V3's layouts?",
-        ("Experts, with attention run data parallel",
-         "Tensor parallelism, splitting each matrix 64 ways over the nodes",
-         "Pipeline stages only, one node per stage and no expert split",
-         "None: every GPU holds every expert, and tokens never move"),
+        "A model sends each token to 6 routed experts, on at most 3 of its 16 nodes, with DeepSeek-V3's "
+        "dispatch. At most how many rows of one token cross between nodes?",
+        ("3: one row per node, then NVLink fans it out",
+         "6: one row per routed expert, wherever it is",
+         "15: one row to every node but the token's own",
+         "1: the limit sends all 6 slots to one node"),
         0,
-        "Wide expert parallelism: the experts spread over many nodes and attention runs data parallel, each "
-        "group with its own requests. DeepSeek-V3 trains with PP16 x EP64 and no tensor parallelism.",
+        "The dispatch sends a token to each chosen node once, and NVLink inside that node hands it to its "
+        "experts there. So at most M = 3 rows cross per token, against up to 6, one per slot, without the "
+        "limit. The price: some tokens lose an expert they scored higher.",
     ),
 )
 

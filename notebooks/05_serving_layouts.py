@@ -742,55 +742,56 @@ show_questions(
     Question(
         "Two nodes of 8 GPUs serve a dense model too big for one node, for the most tokens per second. Which "
         "axis crosses the nodes?",
-        ("Pipeline: few, small sends cross the link",
-         "Tensor: splitting each layer 16 ways reads weights fastest",
-         "Expert: an all-to-all is the cheapest collective on a network"),
-        0,
+        ("Replicas: each node serves a whole copy on its own",
+         "Pipeline: one small send per boundary crosses the link",
+         "Tensor: 16-way layers read the weights fastest"),
+        1,
         "With a full batch, cross-node all-reduces carry megabytes at the network's rate, two per layer. The "
-        "pipeline sends one activation per token per boundary. Llama 3 405B is served this way.",
+        "pipeline sends one activation per token per boundary. Llama 3 405B is served this way. A replica "
+        "needs the whole model on one node, and this one does not fit.",
     ),
     Question(
         f"On the emulated 2 ms link, your run measured TP across the two ranks "
         f"{split_row.run.token_interval_s / pipeline_row.run.token_interval_s:.1f} times slower per token than PP "
         "across them. Why?",
-        ("It moved many more bytes per token across the link", "Each rank's arithmetic was slower on half a layer",
-         "It crossed the link 16 times per token, PP twice"),
-        2,
+        ("It crossed the link 16 times per token, PP twice", "It moved many more bytes per token across the link",
+         "Each rank computed more slowly on half of a layer"),
+        0,
         "Decode's messages are a few kilobytes: the time is latency, and latency is paid per crossing. Two "
         "all-reduces per layer, two ring steps each, over 4 layers.",
     ),
     Question(
         "A Layout(tp=2, pp=2, dp=2) runs on 8 ranks. Which ranks form the tensor-parallel group of stage 1, "
         "replica 0?",
-        ("{2, 3}", "{4, 5}", "{6, 7}", "{1, 5}"),
-        1,
+        ("{2, 3}", "{1, 5}", "{4, 5}", "{6, 7}"),
+        2,
         "rank = (stage x replicas + replica) x tp + tp_rank = (1 x 2 + 0) x 2 + {0, 1}. {2, 3} is stage 0's second "
         "replica; {1, 5} is a pipeline, one rank per stage.",
     ),
     Question(
         "Llama-3-8B fits one GPU. Its server is rarely full, and users say each answer streams too slowly. "
         "Which change helps them?",
-        ("Split each copy with tensor parallelism", "Add replicas of the unsplit model on more GPUs",
-         "Put the layers in a pipeline across the GPUs"),
-        0,
+        ("Replicas: unsplit copies on more GPUs", "Pipeline: the layers in stages across the GPUs",
+         "Tensor parallel: split each layer across the GPUs"),
+        2,
         "Tensor parallelism splits every weight read, which shortens each token. Replicas add throughput, "
         "not speed per request; a pipeline does not shorten a token's trip through the layers.",
     ),
     Question(
         "A large MoE model, most of its weights in its experts, is served across 4 nodes by vLLM or SGLang. "
         "Which axis crosses the nodes?",
-        ("Tensor parallelism over all 32 GPUs, each expert cut 32 ways", "Pipeline stages, as for a dense "
-         "model of that size", "Expert parallelism, with attention data-parallel"),
-        2,
+        ("Expert: whole experts, attention data-parallel", "Tensor: each expert cut 32 ways over all the GPUs",
+         "Pipeline: stages across the nodes, as for a dense model"),
+        0,
         "The experts are spread whole over the nodes (wide EP) and each rank runs attention on its own "
         "requests. DeepSeek-V3 trained with PP16 x EP64 and no tensor parallelism.",
     ),
     Question(
         f"Your run: wide EP with DP attention sent {wide.rows()[0]['comm_measured']:,.0f} B per rank, TP attention "
         f"{wide.rows()[1]['comm_measured']:,.0f} B. What did TP attention send that DP attention did not?",
-        ("Bigger all-to-alls, since each rank routed every token", "An all-reduce and an all-gather per layer",
-         "The experts' weights, gathered before every layer"),
-        1,
+        ("Bigger all-to-alls, since each rank routed every token", "The experts' weights, gathered for each layer",
+         "An all-reduce and an all-gather in every layer"),
+        2,
         "Under TP attention each rank holds a quarter of the heads: their outputs are summed (all-reduce), and "
         "each rank routes a quarter of the tokens, then gathers the rest. The all-to-alls carry the same rows in "
         "both layouts; the experts' weights never move.",
@@ -798,9 +799,10 @@ show_questions(
     Question(
         "The planner's floor for a layout is 10 ms per token, all of it memory reads. Your kernels reach 80% "
         "of peak bandwidth. About how long does a token take?",
-        ("8 ms", "10 ms", "11 ms", "12.5 ms"),
+        ("8 ms: 10 ms x 0.8", "12 ms: 10 ms plus 20 %", "10 ms: the floor is the time", "12.5 ms: 10 ms / 0.8"),
         3,
-        "A floor assumes 100% of peak. At 80% every read takes 1/0.8 as long: 10 / 0.8 = 12.5 ms. "
+        "A floor assumes 100% of peak. At 80% every read takes 1/0.8 as long: 10 / 0.8 = 12.5 ms, not 10 ms "
+        "plus 20 %. "
         "Collectives keep their own figures, so a step with communication grows a little less.",
     ),
 )

@@ -464,55 +464,59 @@ show_questions(
     Question(
         "A server's TTFT is 300 ms and its TPOT 20 ms. A request asks for 101 new tokens. When does its last "
         "token arrive, after the request?",
-        ("About 2.3 s", "About 2.0 s", "About 0.3 s", "About 20 s"),
-        0,
-        "The first token after the TTFT, then 100 more gaps of the TPOT: 0.3 + 100 x 0.02 = 2.3 s.",
+        ("About 2.0 s: 100 gaps of 20 ms each", "About 0.3 s: the TTFT covers the whole answer",
+         "About 2.32 s: 300 ms, then 101 tokens of 20 ms", "About 2.3 s: 300 ms, then 100 gaps of 20 ms each"),
+        3,
+        "The first token after the TTFT, then 100 more gaps of the TPOT: 0.3 + 100 x 0.02 = 2.3 s. The first "
+        "token is one of the 101, so 101 gaps count one too many.",
     ),
     Question(
         "A static batch of 8: seven requests want 10 tokens, one wants 200, and a queue waits outside. What "
         "does continuous batching change?",
         ("Nothing, since both keep running the batch until its longest request is done",
-         "It runs every request for 200 steps so that they all finish together",
          "The seven free slots take queued requests after 10 steps",
-         "It makes the one long request stop early at 10 tokens"),
-        2,
+         "It runs every request for 200 steps so that they all finish together",
+         "It makes the one long request stop early, at 10 tokens like the rest"),
+        1,
         "Orca re-forms the batch every step: a finished request leaves and a waiting one joins at once, instead "
         "of 7 slots idling for 190 steps.",
     ),
     Question(
         "Blocks hold 16 token slots. A sequence holds 100 tokens. How many slots does it leave empty?",
-        ("4", "12", "16", "28"),
-        1,
+        ("4: the 7th block holds 4 tokens", "16: a whole spare block per sequence",
+         "28: 128 slots, the next power of two", "12: 7 blocks of 16 hold 112 slots"),
+        3,
         "100 tokens need 7 blocks, 112 slots: 12 stay empty, all in the last block. That is the paged cache's "
-        "only waste.",
+        "only waste. The last block's 4 tokens are the ones it holds, not the ones it wastes.",
     ),
     Question(
         "Two requests start with the same 50-token system prompt; blocks hold 16 tokens. How many of the "
         "second request's tokens can the prefix cache serve?",
-        ("50, all of the shared tokens", "64, four whole blocks", "None: blocks are private", "48, three blocks"),
-        3,
+        ("48: the three full blocks of 16 tokens", "50: all of the shared system tokens",
+         "64: four blocks, the last one rounded up", "None: a block is private to its sequence"),
+        0,
         "Only full blocks are named and shared: three blocks, 48 tokens. The fourth block mixes the last 2 "
         "system tokens with each request's own tokens.",
     ),
     Question(
         "The cache runs out of blocks mid-decode, and the newest sequence is preempted by recompute. What "
         "does it lose?",
-        ("Only time: its K/V is computed again from its tokens later",
-         "Its generated tokens, so it restarts and may write different ones",
-         "Nothing, because its blocks stay reserved while it waits",
+        ("Its generated tokens, so it restarts and may write different ones",
+         "Nothing, because its blocks stay reserved for it while it waits",
+         "Only time: its K/V is computed again from its tokens later",
          "Its request, which the server rejects with an error message"),
-        0,
+        2,
         "Its tokens so far stay with it; only their K/V is dropped and recomputed when it runs again. Greedy "
         "tokens are the same, as the tight cache above showed.",
     ),
     Question(
         "A 4,000-token prompt arrives while 50 sequences decode. Chunked prefill, a 512-token budget: what do "
         "the 50 running sequences see?",
-        ("One long stall while the whole prompt runs, then their normal speed",
-         "No change at all, because prompts always run on other GPUs",
-         "About 9 somewhat slower steps, and no long stall",
-         "They are preempted so that the prompt can run at once"),
-        2,
+        ("One long stall for the prompt, then normal speed",
+         "About 9 somewhat slower steps, and never a long stall",
+         "No change, since prompts always run on other GPUs",
+         "They are preempted so that the prompt runs at once"),
+        1,
         "Each step carries the 50 decodes and 462 prompt tokens: 4000 / 462 is about 9 steps, each longer than "
         "a pure decode step, none as long as a whole-prompt step.",
     ),

@@ -565,41 +565,41 @@ show_questions(
     Question(
         "Prompts are short and the TPOT objective is loose. A colocated engine already meets it at your "
         "rate. What does splitting into a prefill and a decode pool buy you?",
-        ("Little: the same tokens/s, plus one transfer per request",
-         "Twice the throughput, since each pool now does only one kind of work",
-         "A smaller KV cache, since the decode pool holds only half of it",
+        ("Twice the throughput: each pool does one kind of work",
+         "A smaller KV cache: the decode pool holds only half",
+         "Little: the same tokens/s, plus one transfer per request",
          "A lower TTFT, since the prefill pool never waits for anything"),
-        0,
+        2,
         "Disaggregation moves prompts away from decodes; it does not make more tokens (vLLM's docs say so). "
         "With a loose objective already met, you pay the hand-off for nothing.",
     ),
     Question(
         "A model has 8 KV heads. Its prefill and decode pools grow from tp = 2 to tp = 4, for the same prompt. "
         "What happens to the K/V bytes each prefill rank sends?",
-        ("The same per rank, so the total doubles", "Half per rank, and the same total as before",
-         "Twice per rank, since heads are copied", "Nothing is sent, since the pools now share memory"),
-        1,
+        ("Half per rank, and the same total as before", "The same bytes per rank, so the total doubles",
+         "Twice per rank, since KV heads are now copied", "Nothing is sent, since the pools now share memory"),
+        0,
         "Each rank sends only its own KV heads: 4 of 8 at tp = 2, 2 of 8 at tp = 4. Every head still crosses "
         "exactly once, so the total is the same.",
     ),
     Question(
         "Most requests share one system prompt. Four replicas, prefix-aware routing with no balance "
         "threshold. What do you expect?",
-        ("Each replica gets a quarter of the requests and a quarter of the hits",
-         "The router refuses the requests after the first, since they repeat",
-         "One replica takes the shared-prompt requests, and its queue grows",
-         "The prefix cache fills up, so every replica misses every prompt"),
-        2,
+        ("Each replica gets a quarter of the requests and hits",
+         "The router refuses repeated requests after the first",
+         "The prefix cache fills up, so every replica misses every prompt",
+         "One replica takes the shared-prompt requests, and its queue grows"),
+        3,
         "Every shared-prompt request matches the replica that saw it first. Without a threshold nothing moves "
         "them, so one replica queues while the others idle.",
     ),
     Question(
         "A balance threshold of 0 on the prefix-aware router behaves most like which policy?",
         ("Round robin, taking each of the replicas in turn",
-         "Prefix-aware with no threshold at all",
-         "A random choice among the replicas",
-         "Least loaded, choosing the shortest queue"),
-        3,
+         "Least loaded, choosing the shortest queue",
+         "Prefix-aware with no threshold at all, as before",
+         "A random choice of replica for each request"),
+        1,
         "Any difference in queues is above 0, so it sends the request to the least queued replica almost "
         "always; prefix matches only break ties.",
     ),
@@ -607,10 +607,10 @@ show_questions(
         "Llama 3 70B (141 GB in bf16) loads from a volume at 1 GB/s. A burst arrives. What sets how long its "
         "overflow waits?",
         ("The router's policy, which picks the fastest replica",
-         "The cold start: mostly the 141 s of weight reading",
          "The KV hand-off between the prefill and decode pools",
+         "The cold start: mostly the 141 s of reading its weights",
          "The first token of the first request in the burst"),
-        1,
+        2,
         "A new replica serves only after its process starts, its weights load and its first step runs. At "
         "1 GB/s the weights alone take 141 s. Warm spares avoid the wait.",
     ),

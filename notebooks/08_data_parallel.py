@@ -543,42 +543,44 @@ strategy_explorer(ranks, model, batches, LR)
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
-    Question("ZeRO-2 on 16 GPUs with mixed-precision Adam (2 + 2 + 12 bytes). How many bytes per parameter "
-             "does each GPU keep?",
-             ("16 bytes, as under DDP", "4 + 12/16 = 4.75 bytes", "2 + 14/16 ≈ 2.9 bytes", "16/16 = 1 byte"), 2,
-             "ZeRO-2 shards the gradients and the optimizer state. The 2 bytes of weights stay whole; the other 14 "
-             "are divided by 16. 4.75 is ZeRO-1, 1 is ZeRO-3."),
+    Question("ZeRO-2 with mixed-precision Adam (2 + 2 + 12 bytes). However many GPUs you add, what is the least "
+             "each GPU keeps per parameter?",
+             ("4 bytes: weights and gradients stay whole", "2 bytes: the bf16 weights stay whole on each GPU",
+              "Nothing: every state divides by n, towards 0", "12 bytes: the optimizer state is never divided"), 1,
+             "ZeRO-2 divides the gradients and the optimizer state by n, so their 14 bytes shrink towards 0 as GPUs "
+             "are added. The 2 bytes of weights stay whole: 2 + 14/n never falls below 2. 4 bytes is ZeRO-1's "
+             "floor; only ZeRO-3 falls towards 0."),
     Question("Why does ZeRO-1 send no more bytes per step than DDP?",
-             ("An all-reduce is a reduce-scatter plus an all-gather",
-              "It compresses every gradient to 8 bits before sending",
+             ("It compresses every gradient to 8 bits before sending",
+              "An all-reduce is a reduce-scatter plus an all-gather",
               "It skips the all-gather; each rank keeps its own shard",
-              "It sends the gradients only on every other step"), 0,
+              "It sends the gradients only on every other training step"), 1,
              "ZeRO-1 runs the optimizer between the two halves of DDP's all-reduce, on the shard. The comm log "
              "showed the same bytes for DDP, ZeRO-1 and ZeRO-2."),
     Question("FSDP with reshard_after_forward=False. What changes against its default (ZeRO-3)?",
              ("The optimizer state stops being sharded, as under DDP",
               "The gradients are all-reduced, as under DDP, not reduce-scattered",
-              "Nothing: it only changes when the weights are freed at the end",
-              "Weights stay gathered until the backward: one all-gather fewer"), 3,
+              "Weights stay gathered until the backward: one all-gather fewer",
+              "Nothing: it only changes when the weights are freed at the end"), 2,
              "The second all-gather of each layer is skipped, so the step sends DDP's bytes. The price: full "
              "weights held between each layer's forward and its backward, like ZeRO-2 during a step."),
     Question("HSDP on 64 GPUs: 8 groups of 8, sharded inside each group, replicated across groups. What share of "
              "the weights does each GPU keep between steps?",
-             ("1/8: a shard inside its group of 8", "1/64, as ZeRO-3 over all 64 GPUs",
-              "All of them, as a DDP replica would", "1/16: half of a group's share"), 0,
+             ("1/64, as ZeRO-3 over all 64 GPUs", "All of them, as DDP keeps",
+              "1/16: half of a group's share", "1/8: a shard inside its group of 8"), 3,
              "Sharding happens only inside a group: 1/8 per GPU. Each group is a replica of the others, so the "
              "gradients are also all-reduced across the 8 groups."),
     Question("A run fits with ZeRO-3, then runs out of memory when the sequence length doubles. What grew?",
-             ("The optimizer state, which grows with the tokens seen",
+             ("The activations each layer keeps for its backward",
+              "The optimizer state, which grows with the tokens seen",
               "The gradient buckets, which grow with the sequence",
-              "The activations each layer keeps for its backward",
-              "The gathered weights, two layers at a time"), 2,
+              "The gathered weights, which grow two layers at a time"), 0,
              "Activations grow with the batch and the sequence, not with the parameters. The optimizer state, "
              "gradients and gathered weights depend only on the parameters."),
     Question("Attention's s x s tensors (the 5as²b term) dominate a layer's activations. What removes them "
              "without a whole extra forward per layer?",
-             ("ZeRO-3 over more GPUs", "Full recomputation of every layer", "Larger gradient buckets in DDP",
-              "A fused attention kernel"), 3,
+             ("ZeRO-3 over more GPUs", "A fused attention kernel", "Full recomputation of every layer",
+              "Larger gradient buckets in DDP"), 1,
              "FlashAttention-style kernels never store the softmax output, its dropout mask or the dropout output; "
              "they rebuild them block by block in the backward. Selective recomputation does the same by hand. "
              "Full recomputation also removes them, at the price of a whole forward."),

@@ -468,49 +468,50 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(prompt="DualPipe's README times a stage's backward at B = 6 ms, with W = 2 ms. Which B goes into "
                     "the zero-bubble paper's (p-1)(F+B-W)?",
-             choices=("4 ms: the paper's B is the input gradient alone",
-                      "6 ms: the two papers time one and the same backward",
+             choices=("6 ms: the two papers time one and the same backward",
                       "8 ms: the paper's B also counts W once more",
-                      "2 ms: the paper's B is the weight gradient"), answer=0,
+                      "4 ms: the paper's B is the input gradient",
+                      "2 ms: the paper's B is the weight gradient"), answer=2,
              why="DualPipe's B is the whole backward, B + W. The paper's B is that minus W: 6 - 2 = 4 ms."),
     Question(prompt="p = 5, F = 2, B = 2 (input gradient), W = 1 per stage, m = 20. How long does each "
                     "device idle per step under ZB-H1?",
-             choices=("20 units: the W's wait, so idle is 1F1B's",
-                      "8 units: each W fills two waits at once",
-                      "12 units: each wait shrinks by one W",
-                      "0 units: the W's fill every wait there is"), answer=2,
+             choices=("20 units: 4 waits of F+B+W, as under 1F1B",
+                      "8 units: 4 waits of F+B-2W, as under ZB-H2",
+                      "0 units: the W's fill every wait there is",
+                      "12 units: 4 waits of F+B-W, W filling each"), answer=3,
              why="ZB-H1 idles (p-1)(F+B-W) = 4 x 3 = 12 while W is no dearer than F or B; 1F1B idles "
                  "(p-1)(F+B+W) = 20. (p-1)(F+B-2W) is ZB-H2's."),
     Question(prompt="In ZB-H1, W takes three times as long as F and B. What do the formula and the run say?",
              choices=("Both say the bubble is gone: W fills every wait",
+                      "The formula goes below zero; the run keeps its ramp idle",
                       "Both say the bubble equals 1F1B's again",
-                      "The formula goes below zero; the run idles as much as 1F1B",
-                      "The formula goes below zero; the run keeps its ramp idle"), answer=3,
+                      "The formula goes below zero; the run idles as 1F1B does"), answer=1,
              why="(p-1)(F+B-W) turns negative, which no step can be. W can only fill waits; the ramp before the "
                  "last stage starts stays empty, as the list played out with these costs shows."),
-    Question(prompt="p = 4, and one microbatch's activations for a whole stage take 8 GB. What does ZB-V hold "
-                    "at its peak per device?",
-             choices=("32 GB: 8 half-stage chunks, 1F1B's peak",
-                      "36 GB: 9 half-stage chunks, PP + 1",
-                      "64 GB: two chunks per device double 1F1B's peak",
-                      "56 GB: 7 microbatches, as ZB-H2"), answer=0,
-             why="ZB-V holds 2p = 8 chunks of half a stage, 4 GB each: 32 GB, exactly 1F1B's p x 8 GB. "
-                 "DualPipeV holds 2p + 1 = 9, half a stage more."),
+    Question(prompt="p = 8, m = 32, and one microbatch's activations for a whole stage take 2 GB. You want the "
+                    "paper's zero bubble at F = B = W in at most 16 GB per device. Which schedule?",
+             choices=("ZB-H1: 1F1B's 16 GB, and its W's fill the bubble",
+                      "ZB-H2: zero bubble, holding 1F1B's 8 microbatches",
+                      "None: zero bubble holds 2p - 1 = 15 microbatches",
+                      "ZB-V: 16 half-stage chunks of 1 GB, zero bubble"), answer=3,
+             why="ZB-V holds 2p = 16 chunks of half a stage, 1 GB each: 16 GB, 1F1B's p x 2 GB, and with m >= 2p "
+                 "its bubble is zero. ZB-H2 holds 2p - 1 = 15 whole microbatches, 30 GB. ZB-H1 keeps 1F1B's "
+                 "memory but still idles (p-1)(F+B-W) = 7F."),
     Question(prompt="ZB-H2 and ZB-V are 'zero bubble' at F = B = W. What must also change for a step to "
                     "cost no idle time at all?",
-             choices=("More microbatches: m at least 4p",
-                      "A W much faster than F and B on every one of the stages",
-                      "Step the optimizer first, check norms and NaNs after",
-                      "One more stage that runs only the optimizer step"), answer=2,
+             choices=("Step the optimizer first, check norms and NaNs after",
+                      "More microbatches: m at least 4p",
+                      "A W much faster than F and B on every stage",
+                      "One more stage that runs only the optimizer step"), answer=0,
              why="The zero is each stage's idle inside its own span. A synchronised optimizer step keeps the "
                  "ramps; the paper's post-validation lets the next step start at once, rolling back if a "
                  "check fails."),
     Question(prompt="ZB-H1 runs with data parallelism; each layer's gradient is all-reduced as soon as it is "
                     "ready. What does putting W's off cost?",
              choices=("Nothing: the optimizer needs gradients only at the end",
+                      "Late reductions: a late W starts its all-reduce late",
                       "Twice the gradient bytes on every all-reduce",
-                      "One extra all-reduce for every microbatch",
-                      "Late reductions: a late W starts its all-reduce late"), answer=3,
+                      "One extra all-reduce for every microbatch"), answer=1,
              why="A layer's gradient is ready only after its last W. Deferred W's start their reductions late, "
                  "so less of the communication hides under the backward, and the tail may stay exposed."),
 )

@@ -489,28 +489,28 @@ show_questions(
     Question(
         f"Your run kept {pp_run.ledgers[0]['activations']:,} bytes of activations on stage 0 of pp 2 x tp 2 and "
         f"{pp_run.ledgers[2]['activations']:,} on stage 1. Why does the first stage keep more?",
-        ("Under 1F1B it runs 2 forwards before its first backward",
-         "It also holds the embedding, whose table dominates the activations",
+        ("It also holds the embedding, whose table counts as activations",
+         "Under 1F1B it runs 2 forwards before its first backward",
          "It stores its activations in a wider dtype than stage 1 does"),
-        0,
+        1,
         "1F1B bounds the microbatches in flight by the pipeline's depth: stage s of p holds p - s, so the "
         "first stage is fullest. The embedding's table is a weight, not an activation.",
     ),
     Question(
         "With cp = 2, which ranks must sum a layer weight's gradient?",
-        ("Only the dp replicas: each cp rank keeps weights of its own",
-         "Only the tp group, since the ring shares tensor parallelism's calls",
-         "Every rank of dp x cp: each place in the ring saw other tokens"),
-        2,
+        ("Every rank of dp x cp: each place in the ring saw other tokens",
+         "Only the dp replicas: each cp rank keeps weights of its own",
+         "Only the tp group: the ring shares its calls"),
+        0,
         "Context parallelism splits the tokens, as data parallelism splits the batch. Both leave the weights "
         "whole, so both must add their gradients.",
     ),
     Question(
         "The MoE model above runs on Layout(tp=2, dp=2, ep=4): 4 experts, one per rank. Over which ranks is an "
         "expert's gradient summed?",
-        ("Over the two dp replicas, as attention's is", "None: each expert's rows all came to its one rank",
-         "Over the tp pair that routed its tokens", "Over all four ranks of the stage"),
-        1,
+        ("Over the two dp replicas, as attention's is", "Over the tp pair that routed its tokens",
+         "Over all four ranks of the stage, as the router's is", "None: each expert's rows all came to its one rank"),
+        3,
         "The all-to-all brought every row routed to the expert to its rank, and the backward's reverse all-to-all "
         "sends their gradients back. Its expert-data-parallel group has one rank: nothing to add. The router, "
         "held by every rank, is summed over the stage.",
@@ -519,28 +519,28 @@ show_questions(
         "Llama 3 orders its mesh [TP, CP, PP, DP], data parallelism outermost. Why can FSDP take the "
         "slowest links?",
         ("It sends fewer bytes per step than the pipeline's sends between stages",
-         "Its collectives are prefetched ahead of use, so their latency hides",
-         "The outermost ranks share one node, so its traffic stays on NVLink"),
-        1,
+         "The outermost ranks share one node, so all its traffic stays on NVLink",
+         "Its collectives are prefetched ahead of use, so their latency hides"),
+        2,
         "FSDP gathers the next layer's weights while this one computes, and reduces gradients during the "
         "backward. The pipeline's sends sit on each microbatch's path, so they want the nearer links.",
     ),
     Question(
         "dp 2 x tp 2 and dp 2 x pp 2 produce the same losses step by step; pp 2 x tp 2 produces others. Why?",
         ("Under tp each rank's loss sees only its V/tp slice of the logits",
-         "1F1B updates the weights after each microbatch, not once a step",
-         "Its batch: with dp = 1 a step sees 4 sequences, with dp = 2, 8"),
-        2,
+         "Its batch: with dp = 1 a step sees 4 sequences, with dp = 2, 8",
+         "1F1B updates the weights after each microbatch"),
+        1,
         "Splitting the model changes where each number is computed, never what it is: the vocabulary-parallel "
         "loss all-reduces what it needs, and 1F1B still updates once a step. The batch changed.",
     ),
     Question(
         "A random order passes a ranking floor with chance c. The check may measure once more if the first run "
         "fails. How often does luck now pass?",
-        ("1 - (1 - c)^2: close to 2c, since either run may pass",
-         "c: the second run only repeats what the first one showed",
-         "c^2: a claim that needs a rerun must pass twice in a row"),
-        0,
+        ("c: the second run repeats what the first showed",
+         "c^2: a rerun claim must pass twice in a row",
+         "1 - (1 - c)^2: close to 2c, since either run may pass"),
+        2,
         "Each run is another draw: luck fails both only with chance (1 - c)^2. That is why one rerun at most is "
         "allowed, and why the floor is set where c is at most 5 % (about 9 % with the rerun).",
     ),

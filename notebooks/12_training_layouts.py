@@ -373,7 +373,7 @@ show_questions(
     Question(
         "A 20B model trains on 128 GPUs at ZeRO's 16 bytes per parameter. Which stage first brings the model "
         "states under 4 GB per GPU?",
-        ("ZeRO-1, sharding the optimizer state", "ZeRO-2, sharding the gradients as well",
+        ("ZeRO-1, sharding optimizer state", "ZeRO-2, sharding gradients too",
          "ZeRO-3, sharding the weights as well", "None of them reaches 4 GB per GPU"),
         2,
         "ZeRO-2 still keeps the 2-byte weights whole: 40 GB + 14 x 20 / 128 = 42 GB. Only ZeRO-3 divides all "
@@ -383,50 +383,51 @@ show_questions(
         "Llama 3's FSDP keeps the weights whole after the forward. Which ZeRO stage is a step then?",
         ("ZeRO-1: the optimizer sharded, the gradients kept whole all step",
          "ZeRO-2: whole weights, the gradients and optimizer sharded",
-         "ZeRO-3: the weights gathered again before every backward",
-         "DDP: nothing sharded, every rank keeps all its bytes"),
+         "ZeRO-3: the weights gathered again before every single backward",
+         "DDP: nothing is sharded, and every rank keeps all its bytes"),
         1,
         "It shards the optimizer state and gradients, and saves the backward's gather by keeping the weights. "
         "That is ZeRO-2's memory, and its reduce-scatter every microbatch.",
     ),
     Question(
         "At a fixed global batch of 2,048 sequences and p = 16, what shrinks the bubble (p - 1)/(v m)?",
-        ("More replicas, so each pipeline finishes its share of the batch sooner",
-         "A tensor-parallel group that spans two nodes instead of one",
-         "More optimizer sharding, so each stage keeps lighter states",
-         "Fewer replicas, or more model chunks per GPU"),
-        3,
+        ("More replicas: each pipeline finishes its share sooner",
+         "Fewer replicas, or more model chunks per GPU",
+         "A tensor-parallel group spanning two nodes",
+         "More optimizer sharding: lighter states per stage"),
+        1,
         "m = sequences / (dp x microbatch): a wider dp means fewer microbatches per pipeline. Interleaving "
         "divides the bubble by v.",
     ),
     Question(
         "Selective recomputation drops which part of Korthikanti's s b h (34 + 5 a s / h)?",
-        ("The 5 a s / h: attention's scores and softmax",
-         "The 34: everything the layer keeps but its scores",
-         "Both parts, keeping only the layer's own input",
-         "Neither part: it only recomputes the MLP's GELU"),
-        0,
+        ("The 34: everything the layer keeps but its scores",
+         "Both parts: it keeps only the layer's input",
+         "Neither part: it only recomputes the MLP's GELU",
+         "The 5 a s / h: attention's scores and softmax"),
+        3,
         "The scores grow with s^2 and are cheap to recompute; FlashAttention never stores them at all.",
     ),
     Question(
         "An MoE model's exposed all-to-alls cost 12 s of a 36 s step. A new schedule hides them all under other "
         "microbatches' compute. Which ep does a planner now favour?",
-        ("ep = 1, the experts split by tp like a dense MLP", "The same ep as before: hiding a cost keeps the order",
-         "The smallest ep whose groups stay inside a node", "A wide ep: the all-to-alls are free, memory falls"),
-        3,
+        ("A wide ep: the all-to-alls are free, memory falls", "ep = 1, the experts split by tp like a dense MLP",
+         "The same ep: hiding a cost keeps the order", "The smallest ep whose groups stay inside a node"),
+        0,
         "Once the all-to-alls cost no time, ep's only effect is fewer experts per GPU: less memory, which buys "
         "fewer stages or less recomputation. Under DualPipe's overlap the planner took ep = 256 for DeepSeek-V3.",
     ),
     Question(
-        "ZeRO-3 all-gathers a layer over 1,024 replicas on a ring with 10 µs per step. What latency does one "
-        "gather pay?",
-        ("10 µs: a collective pays its latency once per call",
-         "About 10 ms: the ring takes 1,023 steps",
-         "About 0.1 ms: a tree takes log2 1,024 = 10 steps",
-         "Nothing: prefetching hides every latency"),
-        1,
-        "NCCL runs all-gather and reduce-scatter as a ring: n - 1 steps, each paying the latency. The tree "
-        "serves all-reduce only.",
+        "16,384 GPUs train at tp = 8 with ZeRO-3 over dp = 2,048, and a ring step costs 10 µs. The same GPUs "
+        "move to pp = 16. About what latency does one layer's all-gather pay now?",
+        ("About 20 ms: the ring still spans 2,048 replicas",
+         "About 10 ms: 16,384 / 16 = 1,024 replicas a ring",
+         "About 1.3 ms: 2,048 / 16 = 128 replicas a ring",
+         "About 70 µs: a tree over 128 replicas takes 7 steps"),
+        2,
+        "Each stage now has its own replicas: 16,384 / (8 x 16) = 128, so a gather's ring takes 127 steps of "
+        "10 µs, about 1.3 ms. The 8 GPUs of a tp group are not replicas. NCCL runs all-gather and "
+        "reduce-scatter as a ring; its tree serves all-reduce only.",
     ),
 )
 

@@ -92,7 +92,7 @@ show_questions(
     ),
     Question(
         "Without dividing by the times, your sweep from 64 bytes to 16 MiB gives a latency of -20 us. Why?",
-        ("The sizes were handed over unsorted, so the line was read at the wrong end",
+        ("The sizes were handed over unsorted, so the line was read wrong",
          "The smallest messages were timed by a clock too coarse to see them at all",
          "The 16 MiB points decide the line and their noise swamps the latency"),
         2,

@@ -85,7 +85,7 @@ show_questions(
         "With 4 stages, stage 0 starts 4 forwards before its first backward, then alternates. What goes "
         "wrong?",
         ("It holds 5 in flight at once, one more than 1F1B's limit",
-         "Nothing: more forwards early only fill the pipeline faster",
+         "Nothing: early forwards only fill the pipeline faster",
          "It deadlocks: stage 1 cannot send its gradient back in time"),
         0,
         "After its 4 forwards it runs a fifth (the first of the alternation) before B 0 has come back, so it "

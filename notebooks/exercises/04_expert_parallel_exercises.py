@@ -126,7 +126,7 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "8 experts on 4 ranks. Which rank holds expert 5?",
-        ("Rank 1 (5 % 4)", "Rank 2 (5 // 2)", "Rank 3"),
+        ("Rank 1 (5 % 4)", "Rank 2 (5 // 2)", "Rank 3 (ceil(5 / 2))"),
         1,
         "Each rank holds a contiguous block of 8 / 4 = 2 experts: rank 2 holds experts 4 and 5.",
     ),

@@ -99,7 +99,7 @@ show_questions(
     Question(
         "Sequences a and b share their first block. a is freed. The checker then says block 3 was handed to c "
         "while b still holds it. What went wrong?",
-        ("free gave block 3 back although b still held it", "allocate forgot to name block 3",
+        ("free let block 3 go while b held it", "allocate forgot to give block 3 a name",
          "The hash of block 3 ignored its parent", "c's prompt was too long for the cache"),
         0,
         "A shared block goes back to free_blocks only when its last holder lets go: count references, free at "
@@ -107,8 +107,8 @@ show_questions(
     ),
     Question(
         "Why must a block's name include its parent's name?",
-        ("To make the hash faster to compute", "So that blocks are freed in the right order",
-         "The same tokens after another prefix have other K/V", "Because the last token needs its logits"),
+        ("To make the hash faster to compute", "So that blocks are always freed in the right order",
+         "Equal tokens after another prefix have other K/V", "Because the last token needs its logits"),
         2,
         "A token's key and value depend on every token before it: equal tokens in another place are not the "
         "same block.",

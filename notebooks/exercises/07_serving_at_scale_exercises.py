@@ -92,7 +92,7 @@ show_questions(
     Question(
         "Three replicas have 6, 3 and 5 requests queued, with a threshold of 2. Replica 2 holds the whole prompt. "
         "Where does the request go?",
-        ("Replica 2, because it holds the whole prompt", "Replica 1, because the spread of 3 passes 2",
+        ("Replica 2, because it holds the whole prompt", "Replica 1, because the queue spread of 3 passes 2",
          "Replica 0, because it saw the prompt first", "Any replica: the router picks one at random"),
         1,
         "Most minus least queued is 6 - 3 = 3, more than 2: the router balances first, so the least queued wins.",
@@ -100,7 +100,7 @@ show_questions(
     Question(
         "Your route forgets to add one to queued. What does the router do on a burst of requests sharing a prompt?",
         ("It balances them evenly over the replicas", "It refuses them once the cache is full",
-         "It piles them all on one replica", "It sends each to a random replica"),
+         "It piles them all onto a single replica", "It sends each to a random replica"),
         2,
         "The spread stays 0, so the balance rule never fires and the longest prefix keeps winning.",
     ),

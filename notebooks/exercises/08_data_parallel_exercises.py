@@ -92,7 +92,7 @@ show_questions(
     Question(
         "Your step all-reduces the gradient, then updates only your shard and all-gathers. The weights "
         "come out right. What is wrong?",
-        ("It moves 1.5 times DDP's bytes for the same weights",
+        ("It moves 1.5 times DDP's bytes for the very same weights",
          "Nothing: the right weights mean the step is right",
          "Every rank now keeps the full optimizer state again"),
         0,
@@ -102,9 +102,12 @@ show_questions(
     Question(
         "Eight ranks, 4,000 weights, 32-bit AdamW (two 4-byte values per weight). How many bytes of optimizer "
         "state does each rank keep under ZeRO-1?",
-        ("32,000 bytes", "16,000 bytes", "4,000 bytes"),
-        2,
-        "Each rank updates 500 weights and keeps two 4-byte values for each: 4,000 bytes. DDP keeps 32,000.",
+        ("32,000 bytes: 4,000 weights, two 4-byte values", "4,000 bytes: 500 weights, two 4-byte values",
+         "6,000 bytes: 500 weights, 12 bytes of state each"),
+        1,
+        "Each rank updates 500 weights and keeps two 4-byte values for each: 4,000 bytes. DDP keeps 32,000. "
+        "12 bytes a weight is mixed precision's count, with an fp32 copy of the weights; here the weights are "
+        "already fp32.",
     ),
 )
 

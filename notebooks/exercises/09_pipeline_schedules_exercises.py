@@ -89,7 +89,7 @@ from shardlib.ui.quiz import Question, show_questions
 show_questions(
     Question(
         "Stage 1 of 2 lists W0 first, before anything else. What does the checker say, and why?",
-        ("Nothing: a W can run at any time at all", "A deadlock: stage 0 waits for stage 1's W0",
+        ("Nothing: a W may run at any time, even before its B", "A deadlock: stage 0 waits for stage 1's W0",
          "W before its B: W needs the gradients B0 computes"),
         2,
         "W needs what its own B left behind; any time after B is fine, never before.",

@@ -73,7 +73,7 @@ show_questions(
     Question(
         "Block a's row max is 2, block b's is 5. By what factor must block a's sum be scaled before the two "
         "sums are added?",
-        ("exp(2)", "exp(2 - 5) = exp(-3)", "exp(5 - 2) = exp(3)", "1: sums add as they are"),
+        ("exp(2): undo block a's own max", "exp(2 - 5) = exp(-3)", "exp(5 - 2) = exp(3)", "1: sums add as they are"),
         1,
         "Block a's sum is measured from 2; the common max is 5, so each of its terms exp(s - 2) becomes "
         "exp(s - 5) = exp(s - 2) x exp(2 - 5). Factors of exp(a difference that is at most 0) never overflow.",

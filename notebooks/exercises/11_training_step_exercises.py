@@ -165,8 +165,8 @@ show_questions(
     Question(
         "A rank holds P parameters. With ZeRO-1 over dp x cp = 4 ranks, how do its weight bytes compare "
         "with DDP's, and its optimizer bytes?",
-        ("Weights a quarter; optimizer the same", "Weights the same; optimizer state a quarter",
-         "Both a quarter of DDP's"),
+        ("Weights a quarter; optimizer state the same", "Weights the same; the optimizer state a quarter",
+         "Both a quarter: weights and optimizer state"),
         1,
         "ZeRO-1 shards the optimizer state only. The model still computes with all P weights; AdamW "
         "steps on this rank's P/4 slice of them (a view) and keeps moments for that slice alone. ZeRO-3 is "
