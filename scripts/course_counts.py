@@ -9,14 +9,17 @@ blocks (folded text does not count) and outside tables, headings and HTML lines:
 * words, sentences, their mean length and how many run past 40 words;
 * the bullets under "What you will see";
 * the check-yourself questions (``Question(prompt, choices, answer, ...)`` calls): how many, the
-  position of each right answer, and how often the right answer is the longest choice;
+  position of each right answer, and how often the right answer is strictly the longest choice, and
+  strictly the shortest (a tie is neither), measured in the characters a learner reads. The exercise
+  notebooks' questions (``notebooks/exercises/NN_*.py``) count with them: a habit must not win there either;
 * worked problems: headings or bold labels that say "Worked problem" (a heading "Worked problems" over them is not one);
 * the header: a quoted line under the title naming the part, the notebooks assumed, the reading time and
   what the notebook trades (``> **Part I ...** Assumes: ... Reading time: ... Trades: ...``).
 
 The budgets ``--check`` holds: at most 2,500 visible words, a mean sentence under 22 words, none over 40,
-3 to 6 bullets under "What you will see", at least two worked problems, the header; across the course, no answer
-position holding more than 40 % of the questions and the right answer the longest in at most a third.
+3 to 6 bullets under "What you will see", at least two worked problems, the header; across the course's questions
+(notebooks and exercises), no answer position holding more than 40 % of them, the right answer strictly the longest
+choice in at most a third and strictly the shortest in at most a third.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_WORDS, MAX_MEAN_SENTENCE, MAX_SENTENCE = 2500, 22, 40
 BULLETS = (3, 6)
 MIN_WORKED = 2
-MAX_POSITION_SHARE, MAX_LONGEST_SHARE = 0.4, 1 / 3
+MAX_POSITION_SHARE, MAX_LONGEST_SHARE, MAX_SHORTEST_SHARE = 0.4, 1 / 3, 1 / 3
 WORD = re.compile(r"[A-Za-z0-9][\w'-]*")
 
 
@@ -45,7 +48,8 @@ class Counts:
     bullets_seen: int
     worked_problems: int
     answers: tuple[int, ...]  # the right answer's position, per question
-    longest: int  # questions whose right answer is the longest choice
+    longest: int  # questions whose right answer is strictly the longest choice
+    shortest: int  # questions whose right answer is strictly the shortest choice
     header: bool = True  # part, assumes, reading time, trades
 
     @property
@@ -118,25 +122,36 @@ def bullets_seen(cells: list[str]) -> int:
     return sum(1 for line in m.group(1).splitlines() if re.match(r"\s*[-*] ", line))
 
 
-def questions(source: str) -> tuple[tuple[int, ...], int]:
-    """Each ``Question(...)``'s right-answer position, and how many have the longest choice right."""
+def shown_length(choice: ast.expr) -> int:
+    """The characters a learner reads: a string's own, else the expression's source."""
+    if isinstance(choice, ast.Constant) and isinstance(choice.value, str):
+        return len(choice.value)
+    return len(ast.unparse(choice))
+
+
+def questions(source: str) -> tuple[tuple[int, ...], int, int]:
+    """Each ``Question(...)``'s right-answer position (in the order they appear), and how many have the right
+    choice strictly the longest, and strictly the shortest (a tie is neither)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return (), 0
-    answers, longest = [], 0
-    for node in ast.walk(tree):
-        name = getattr(node, "func", None) and getattr(node.func, "id", getattr(node.func, "attr", None))
-        if not (isinstance(node, ast.Call) and name == "Question"):
-            continue
+        return (), 0, 0
+    answers, longest, shortest = [], 0, 0
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Question"]
+    for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
         kw = {k.arg: k.value for k in node.keywords}
         choices = kw.get("choices", node.args[1] if len(node.args) > 1 else None)
         answer = kw.get("answer", node.args[2] if len(node.args) > 2 else None)
-        if isinstance(answer, ast.Constant) and isinstance(choices, (ast.Tuple, ast.List)):
-            lengths = [len(ast.unparse(e)) for e in choices.elts]
-            answers.append(answer.value)
-            longest += answer.value < len(lengths) and lengths[answer.value] == max(lengths)
-    return tuple(answers), longest
+        if not (isinstance(answer, ast.Constant) and isinstance(choices, (ast.Tuple, ast.List))):
+            continue
+        lengths = [shown_length(e) for e in choices.elts]
+        answers.append(answer.value)
+        if isinstance(answer.value, int) and 0 <= answer.value < len(lengths):
+            right, others = lengths[answer.value], lengths[:answer.value] + lengths[answer.value + 1:]
+            longest += bool(others) and right > max(others)
+            shortest += bool(others) and right < min(others)
+    return tuple(answers), longest, shortest
 
 
 def count(path: Path) -> Counts:
@@ -146,10 +161,18 @@ def count(path: Path) -> Counts:
     found = sentences(prose)
     worked = len(re.findall(r"(^#+[^\n]*worked problem(?!s)|\*\*worked problem(?!s))", "\n".join(cells),
                             flags=re.I | re.M))
-    answers, longest = questions(source)
+    answers, longest, shortest = questions(source)
     return Counts(path.stem, len(WORD.findall(prose)), len(found),
                   sum(1 for s in found if len(WORD.findall(s)) > MAX_SENTENCE), bullets_seen(cells), worked,
-                  answers, longest, has_header(cells))
+                  answers, longest, shortest, has_header(cells))
+
+
+def question_shares(rows: list[Counts]) -> str:
+    """One line: how often the right answer is strictly the longest choice, and strictly the shortest."""
+    n = sum(len(r.answers) for r in rows)
+    longest, shortest = sum(r.longest for r in rows), sum(r.shortest for r in rows)
+    return (f"right answer strictly the longest choice: {longest} of {n} ({longest / max(n, 1):.0%}); "
+            f"strictly the shortest: {shortest} of {n} ({shortest / max(n, 1):.0%}); at most a third each")
 
 
 def course_problems(rows: list[Counts]) -> list[str]:
@@ -164,6 +187,10 @@ def course_problems(rows: list[Counts]) -> list[str]:
     longest = sum(r.longest for r in rows)
     if longest > MAX_LONGEST_SHARE * len(answers):
         out.append(f"the right answer is the longest choice in {longest} of {len(answers)} questions (at most a third)")
+    shortest = sum(r.shortest for r in rows)
+    if shortest > MAX_SHORTEST_SHARE * len(answers):
+        out.append(f"the right answer is the shortest choice in {shortest} of {len(answers)} questions "
+                   f"(at most a third)")
     return out
 
 
@@ -173,14 +200,19 @@ def main(argv=None) -> int:
     parser.add_argument("folder", nargs="?", default=str(ROOT / "notebooks"))
     args = parser.parse_args(argv)
     rows = [count(p) for p in sorted(Path(args.folder).glob("[0-9][0-9]_*.py"))]
-    print(f"{'notebook':<28}{'words':>7}{'sent.':>7}{'mean':>6}{'>40':>5}{'seen':>6}{'worked':>8}{'questions':>11}"
-          f"{'longest':>9}")
+    exercises = [count(p) for p in sorted((Path(args.folder) / "exercises").glob("[0-9][0-9]_*.py"))]
+    print(f"{'notebook':<34}{'words':>7}{'sent.':>7}{'mean':>6}{'>40':>5}{'seen':>6}{'worked':>8}{'questions':>11}"
+          f"{'longest':>9}{'shortest':>10}")
     for r in rows:
-        print(f"{r.notebook:<28}{r.words:>7,}{r.sentences:>7}{r.mean_sentence_words:>6.1f}{r.long_sentences:>5}"
-              f"{r.bullets_seen:>6}{r.worked_problems:>8}{len(r.answers):>11}{r.longest:>9}")
-    answers = [a for r in rows for a in r.answers]
-    print("right-answer positions: " + ", ".join(f"{p}: {answers.count(p)}" for p in sorted(set(answers))))
-    problems = [f"{r.notebook}: {p}" for r in rows for p in r.problems()] + course_problems(rows)
+        print(f"{r.notebook:<34}{r.words:>7,}{r.sentences:>7}{r.mean_sentence_words:>6.1f}{r.long_sentences:>5}"
+              f"{r.bullets_seen:>6}{r.worked_problems:>8}{len(r.answers):>11}{r.longest:>9}{r.shortest:>10}")
+    for r in exercises:  # only their questions are counted: the budgets above are the main notebooks'
+        print(f"{r.notebook:<34}{'':>39}{len(r.answers):>11}{r.longest:>9}{r.shortest:>10}")
+    answers = [a for r in rows + exercises for a in r.answers]
+    print(f"right-answer positions ({len(answers)} questions, notebooks and exercises): "
+          + ", ".join(f"{p}: {answers.count(p)} ({answers.count(p) / len(answers):.0%})" for p in sorted(set(answers))))
+    print(question_shares(rows + exercises))
+    problems = [f"{r.notebook}: {p}" for r in rows for p in r.problems()] + course_problems(rows + exercises)
     for p in problems:
         print(f"over budget: {p}")
     return 1 if args.check and problems else 0
