@@ -15,7 +15,7 @@
 # %% [markdown]
 # # 00 · Start here: real ranks, real tensors
 #
-# > **Both parts.** Assumes: Python and a little PyTorch. Reading time: about 20 minutes. Trades: nothing
+# > **Both parts.** Assumes: Python and a little PyTorch. Reading time: about 25 minutes. Trades: nothing
 # > yet; it sets out the pieces every later notebook trades with (memory per GPU, messages between ranks).
 #
 # **What you will see.**

@@ -16,7 +16,7 @@
 # # 01 · Tensor parallelism: cut each layer, sum once per pair
 #
 # > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb). Reading time: about
-# > 20 minutes. Trades: memory per GPU (each holds `1/tp` of every layer's weights) for one all-reduce per
+# > 25 minutes. Trades: memory per GPU (each holds `1/tp` of every layer's weights) for one all-reduce per
 # > pair of matrices, in every layer, for every token.
 #
 # **What you will see.**

@@ -16,7 +16,7 @@
 # # 02 · Communication costs: latency, bandwidth, and who pays which
 #
 # > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb),
-# > [01](01_tensor_parallel.ipynb). Reading time: about 25 minutes. Trades: a shorter wait per token
+# > [01](01_tensor_parallel.ipynb). Reading time: about 35 minutes. Trades: a shorter wait per token
 # > (a model split over GPUs) for fewer tokens per second per GPU (the all-reduces no replica pays).
 #
 # **What you will see.**

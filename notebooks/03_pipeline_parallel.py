@@ -16,7 +16,7 @@
 # # 03 · Pipeline parallelism: cut the stack, pay with the bubble
 #
 # > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb),
-# > [02](02_communication_costs.ipynb). Reading time: about 25 minutes. Trades: memory per GPU (each
+# > [02](02_communication_costs.ipynb). Reading time: about 30 minutes. Trades: memory per GPU (each
 # > stage holds 1/p of the layers) for idle time (the bubble) and one small send per stage boundary.
 #
 # **What you will see.**

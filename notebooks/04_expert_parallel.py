@@ -16,7 +16,7 @@
 # # 04 · Expert parallelism: send each token to its experts, wherever they live
 #
 # > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb),
-# > [02](02_communication_costs.ipynb), [03](03_pipeline_parallel.ipynb). Reading time: about 25 minutes.
+# > [02](02_communication_costs.ipynb), [03](03_pipeline_parallel.ipynb). Reading time: about 35 minutes.
 # > Trades: memory per GPU (each rank holds a few whole experts) for two all-to-alls per layer, whose sizes
 # > the router decides, and a step as slow as the busiest rank.
 #

@@ -17,7 +17,7 @@
 #
 # > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb),
 # > [02](02_communication_costs.ipynb), [03](03_pipeline_parallel.ipynb), [04](04_expert_parallel.ipynb).
-# > Reading time: about 25 minutes. Trades: the three splits against each other: tensor parallelism's many
+# > Reading time: about 40 minutes. Trades: the three splits against each other: tensor parallelism's many
 # > all-reduces on the fast link, a pipeline's few sends on the slow one, and replicas where a copy fits.
 #
 # **What you will see.**

@@ -17,7 +17,7 @@
 #
 # > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb),
 # > [01](01_tensor_parallel.ipynb), [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb).
-# > Reading time: about 20 minutes. Trades: some scheduling work every step, and a part-empty last block
+# > Reading time: about 25 minutes. Trades: some scheduling work every step, and a part-empty last block
 # > per sequence, for a full GPU: many requests share each step, and memory holds only real tokens.
 #
 # **What you will see.**

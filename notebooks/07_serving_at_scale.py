@@ -16,7 +16,7 @@
 # # 07 · Serving at scale: prefill and decode pools, replicas behind a router
 #
 # > **Part I, serving a model that does not fit.** Assumes: [06](06_serving_engine.ipynb),
-# > [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb). Reading time: about 20 minutes.
+# > [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb). Reading time: about 30 minutes.
 # > Trades: one K/V transfer per request, and pools that can idle, for decode steps no prompt slows; one
 # > engine's cache hits for many engines' throughput, with a router choosing between them.
 #

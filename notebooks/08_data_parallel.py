@@ -16,7 +16,7 @@
 # # 08 · Data parallelism, ZeRO and FSDP: split the batch, then split the training state
 #
 # > **Part II, training at scale.** Assumes: [00](00_start_here.ipynb), [02](02_communication_costs.ipynb),
-# > [03](03_pipeline_parallel.ipynb). Reading time: about 30 minutes. Trades: communication (one
+# > [03](03_pipeline_parallel.ipynb). Reading time: about 25 minutes. Trades: communication (one
 # > all-reduce of the gradients per step, 1.5 times as many bytes under ZeRO-3) for memory per GPU (ZeRO
 # > shards the optimizer state, then the gradients, then the weights over the dp ranks).
 #

@@ -16,7 +16,7 @@
 # # 09 · Pipeline schedules past 1F1B: zero bubble, ZB-V and DualPipeV
 #
 # > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb),
-# > [08](08_data_parallel.ipynb). Reading time: about 20 minutes. Trades: memory (W's held back keep
+# > [08](08_data_parallel.ipynb). Reading time: about 25 minutes. Trades: memory (W's held back keep
 # > activations alive longer) and, for the V schedules, twice the pipeline messages, for a bubble a third
 # > of 1F1B's or less.
 #

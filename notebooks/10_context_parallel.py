@@ -16,7 +16,7 @@
 # # 10 · Sequence and context parallelism: split the sequence, keep attention exact
 #
 # > **Part II, training at scale.** Assumes: [01](01_tensor_parallel.ipynb), [02](02_communication_costs.ipynb),
-# > [08](08_data_parallel.ipynb). Reading time: about 30 minutes. Trades: memory per GPU (each rank holds
+# > [08](08_data_parallel.ipynb). Reading time: about 35 minutes. Trades: memory per GPU (each rank holds
 # > 1/n of the sequence's activations and KV cache) for K/V traffic in every attention call, hidden under
 # > compute once the blocks are long enough.
 #

@@ -16,7 +16,7 @@
 # # 11 · One training step over every axis
 #
 # > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb), [08](08_data_parallel.ipynb),
-# > [10](10_context_parallel.ipynb). Reading time: about 20 minutes. Trades: one mesh of four axes, each with
+# > [10](10_context_parallel.ipynb). Reading time: about 25 minutes. Trades: one mesh of four axes, each with
 # > its own collectives, for a step that no single axis could fit or finish.
 #
 # **What you will see.**

@@ -16,7 +16,7 @@
 # # 12 · Training layouts: memory per GPU, published figures and the training planner
 #
 # > **Part II, training at scale.** Assumes: [08](08_data_parallel.ipynb), [11](11_training_step.ipynb).
-# > Reading time: about 15 minutes. Trades: memory per GPU (sharding, stages, recomputation) for step time
+# > Reading time: about 25 minutes. Trades: memory per GPU (sharding, stages, recomputation) for step time
 # > (the bubble, each axis's collectives, recomputed FLOPs), priced term by term.
 #
 # **What you will see.**

@@ -17,7 +17,8 @@ blocks (folded text does not count) and outside tables, headings and HTML lines:
   what the notebook trades (``> **Part I ...** Assumes: ... Reading time: ... Trades: ...``).
 
 The budgets ``--check`` holds: at most 2,500 visible words, a mean sentence under 22 words, none over 40,
-3 to 6 bullets under "What you will see", at least two worked problems, the header; across the course's questions
+3 to 6 bullets under "What you will see", at least two worked problems, the header, its reading time at least the
+visible words at 180 a minute plus the code's non-blank lines at 15 a minute; across the course's questions
 (notebooks and exercises), no answer position holding more than 40 % of them, the right answer strictly the longest
 choice in at most a third and strictly the shortest in at most a third.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ MAX_WORDS, MAX_MEAN_SENTENCE, MAX_SENTENCE = 2500, 22, 40
 BULLETS = (3, 6)
 MIN_WORKED = 2
 MAX_POSITION_SHARE, MAX_LONGEST_SHARE, MAX_SHORTEST_SHARE = 0.4, 1 / 3, 1 / 3
+WORDS_PER_MINUTE, CODE_LINES_PER_MINUTE = 180, 15
 WORD = re.compile(r"[A-Za-z0-9][\w'-]*")
 
 
@@ -51,10 +54,18 @@ class Counts:
     longest: int  # questions whose right answer is strictly the longest choice
     shortest: int  # questions whose right answer is strictly the shortest choice
     header: bool = True  # part, assumes, reading time, trades
+    code_lines: int = 0  # non-blank lines of the code cells
+    stated_minutes: int | None = None  # the header's "Reading time: about N minutes"
 
     @property
     def mean_sentence_words(self) -> float:
         return self.words / self.sentences if self.sentences else 0.0
+
+    @property
+    def reading_minutes(self) -> int:
+        """What the notebook takes to read: its visible words at 180 a minute and its code at 15 lines a
+        minute, rounded up."""
+        return math.ceil(self.words / WORDS_PER_MINUTE + self.code_lines / CODE_LINES_PER_MINUTE)
 
     def problems(self) -> list[str]:
         out = []
@@ -70,6 +81,9 @@ class Counts:
             out.append(f"{self.worked_problems} worked problems (at least {MIN_WORKED})")
         if not self.header:
             out.append("no header under the title (> **Part ...** Assumes: ... Reading time: ... Trades: ...)")
+        elif self.stated_minutes is None or self.stated_minutes < self.reading_minutes:
+            out.append(f"the header says {self.stated_minutes} minutes of reading; its {self.words:,} words and "
+                       f"{self.code_lines} lines of code take {self.reading_minutes}")
         return out
 
 
@@ -81,6 +95,24 @@ def has_header(cells: list[str]) -> bool:
     first = cells[0] if cells else ""
     quoted = " ".join(line[2:] for line in first.splitlines() if line.startswith("> "))
     return bool(HEADER.search("> " + quoted)) if quoted else False
+
+
+def code_lines(source: str) -> int:
+    """The non-blank lines of a jupytext percent file's code cells."""
+    n, in_code = 0, False
+    for line in source.splitlines():
+        if line.startswith("# %%"):
+            in_code = "[markdown]" not in line
+        elif in_code and line.strip():
+            n += 1
+    return n
+
+
+def stated_minutes(cells: list[str]) -> int | None:
+    """The header's reading time, in minutes."""
+    quoted = " ".join(line[2:] for line in (cells[:1] or [""])[0].splitlines() if line.startswith("> "))
+    m = re.search(r"Reading time:\s*about\s+(\d+)\s+minutes", quoted)
+    return int(m.group(1)) if m else None
 
 
 def markdown_cells(source: str) -> list[str]:
@@ -164,7 +196,7 @@ def count(path: Path) -> Counts:
     answers, longest, shortest = questions(source)
     return Counts(path.stem, len(WORD.findall(prose)), len(found),
                   sum(1 for s in found if len(WORD.findall(s)) > MAX_SENTENCE), bullets_seen(cells), worked,
-                  answers, longest, shortest, has_header(cells))
+                  answers, longest, shortest, has_header(cells), code_lines(source), stated_minutes(cells))
 
 
 def question_shares(rows: list[Counts]) -> str:
@@ -202,10 +234,11 @@ def main(argv=None) -> int:
     rows = [count(p) for p in sorted(Path(args.folder).glob("[0-9][0-9]_*.py"))]
     exercises = [count(p) for p in sorted((Path(args.folder) / "exercises").glob("[0-9][0-9]_*.py"))]
     print(f"{'notebook':<34}{'words':>7}{'sent.':>7}{'mean':>6}{'>40':>5}{'seen':>6}{'worked':>8}{'questions':>11}"
-          f"{'longest':>9}{'shortest':>10}")
+          f"{'longest':>9}{'shortest':>10}{'code':>6}{'min':>5}{'says':>6}")
     for r in rows:
         print(f"{r.notebook:<34}{r.words:>7,}{r.sentences:>7}{r.mean_sentence_words:>6.1f}{r.long_sentences:>5}"
-              f"{r.bullets_seen:>6}{r.worked_problems:>8}{len(r.answers):>11}{r.longest:>9}{r.shortest:>10}")
+              f"{r.bullets_seen:>6}{r.worked_problems:>8}{len(r.answers):>11}{r.longest:>9}{r.shortest:>10}"
+              f"{r.code_lines:>6}{r.reading_minutes:>5}{r.stated_minutes or '-':>6}")
     for r in exercises:  # only their questions are counted: the budgets above are the main notebooks'
         print(f"{r.notebook:<34}{'':>39}{len(r.answers):>11}{r.longest:>9}{r.shortest:>10}")
     answers = [a for r in rows + exercises for a in r.answers]

@@ -110,6 +110,20 @@ def test_the_script_reads_every_notebook_of_the_course(capsys):
     assert "right-answer positions" in out and "strictly the shortest:" in out
 
 
+def test_the_header_states_at_least_the_reading_time(tmp_path):
+    """Words at 180 a minute and code at 15 lines a minute: the test notebook's 2 lines of code and its words
+    take 1 minute, within its stated 5; stated 0 minutes, the check names both numbers."""
+    path = tmp_path / "99_test.py"
+    path.write_text(NOTEBOOK)
+    c = counts.count(path)
+    assert (c.code_lines, c.stated_minutes, c.reading_minutes) == (2, 5, 1)
+    assert not any("minutes" in p for p in c.problems())
+    path.write_text(NOTEBOOK.replace("about 5 minutes", "about 0 minutes"))
+    late = counts.count(path)
+    said = f"the header says 0 minutes of reading; its {late.words:,} words and 2 lines of code take 1"
+    assert said in late.problems()
+
+
 def test_every_notebook_meets_the_course_budgets(capsys):
     """Issue 29's budgets, held: words, sentences, bullets, worked problems, the header, answer positions, and
     the right answer neither the longest nor the shortest choice by habit (notebooks and exercises together)."""
