@@ -306,8 +306,7 @@ for v in verdicts:
 # its relative error, so small messages count as much as large ones; R² is taken on the logarithm of
 # the times, as on the log-log plot. A line passes when the 16 MiB message took at least twice the
 # 64-byte one; the fit's own ratio is printed for scale. If a line fails, the sweep runs again, at most
-# three times in all. A claim that still fails prints its numbers and asks you to rerun the cell; under
-# the course's tests it fails the run.
+# three times in all. A claim that still fails prints its numbers and asks you to rerun the cell.
 #
 # </details>
 #

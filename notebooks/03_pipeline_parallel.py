@@ -302,8 +302,8 @@ for v in two.verdicts + four_stages.verdicts:
 # predicted lies between 0.9 and 1.6. Messages only ever add idle time, and at `m = 8` on 2 stages the
 # bubble itself is small, so a hop of a millisecond is a visible share of it. A point that misses is measured again,
 # at most three times, and the least idle attempt is kept: a stall from another program only adds idle
-# time. `run_bubble_check` in `pipeline/bubble.py` holds these rules. The unit tests hold the gap
-# to 0.03 with 100 ms ops; `benchmarks/bench_pipeline.py` measures the whole grid for both schedules.
+# time. `run_bubble_check` in `pipeline/bubble.py` holds these rules. With operations of 100 ms the gap
+# falls under 0.03; `benchmarks/bench_pipeline.py` measures the whole grid for both schedules.
 # </details>
 
 # %% tags=["nbval-ignore-output"]

@@ -458,7 +458,7 @@ print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {i
 # A choice, not a fact. This library's default (`reroute_gate="keep"`) gives the new expert the gate the
 # slot's original expert earned. `reroute_gate="rescore"` scores the token again over the experts that
 # serve it. With top-1 and renormalised gates the question does not arise: the one gate is 1. With top-2
-# the two choices give different outputs for exactly the rerouted tokens (`tests/experts`).
+# the two choices give different outputs for exactly the rerouted tokens.
 #
 # </details>
 #
@@ -519,7 +519,7 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # `ep = 1` each rank holds a copy of every expert, fed by its own tokens only. Those copies are summed
 # over the **expert-data-parallel group** (`edp`), the ranks that hold the same expert (Megatron-Core's
 # `expert_data_parallel`; [notebook 08](08_data_parallel.ipynb) teaches data parallelism). Leaving that
-# sum out gives wrong weights, as a test in `tests/experts` shows.
+# sum out and the copies drift apart, each trained on its own rank's tokens only.
 
 # %%
 from shardlib.core.experts.routing import MoEConfig

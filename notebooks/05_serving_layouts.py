@@ -361,9 +361,9 @@ print(f"PP across: {split_row.run.token_interval_s / pipeline_row.run.token_inte
 # `check_across_nodes` decodes 6 steps with each layout, 3 times, and keeps the median time between two
 # tokens. A verdict holds when measured over predicted is within 0.5-2. A burst of other work on the
 # machine stretches a run and never shortens one. So when a verdict fails, the whole measurement is
-# taken again, at most 3 times, and the last is kept; under a test run a verdict that never held fails
-# the run. In practice measured sits 10-50% above predicted. A rank must wake up and be scheduled when
-# its bytes arrive, and each send carries a second tiny message (the timestamp the emulation needs).
+# taken again, at most 3 times, and the last is kept. In practice measured sits 10-50% above predicted.
+# A rank must wake up and be scheduled when its bytes arrive, and each send carries a second tiny
+# message (the timestamp the emulation needs).
 #
 # </details>
 

@@ -293,7 +293,7 @@ assert load.runs["continuous"].tokens == reference
 # Each figure comes from rank 0's clock: a token's time is the end of the step that sampled it. The
 # percentiles are nearest-rank over the 16 requests. A claim holds when measured / predicted lies
 # within 0.5-2. The runs are repeated up to 3 times while a claim fails, because a busy machine slows a
-# run and never speeds one up. Under a test run a claim that never held fails the notebook. The table's
+# run and never speeds one up. The table's
 # other rows are shown, not claimed: TTFT p90 and the longest gap hang on a single slow step.
 #
 # </details>

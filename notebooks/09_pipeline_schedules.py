@@ -412,8 +412,7 @@ for name, run in runs.items():
 # ours are. Each `PipelineStage` exchanges activations and gradients with `isend`/`irecv` (through
 # `batch_isend_irecv`), which gloo supports on CPU. Its receive buffers are sized from the first
 # microbatch, so the batch must cut into equal microbatches; `run_torch_runtime` says so before any
-# rank starts. torch's `ScheduleInterleavedZeroBubble` runs the same way, on 2 and 4 ranks, in the tests
-# (`tests/pipeline/test_pipeline_schedules.py`).
+# rank starts. torch's `ScheduleInterleavedZeroBubble` runs the same way, on 2 and 4 ranks.
 # </details>
 #
 # Predict before you run the cell: torch's lists pass the same checks as ours. Should they idle more slots

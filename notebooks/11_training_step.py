@@ -382,10 +382,18 @@ for label, step_s in sorted(predicted_steps.items(), key=lambda kv: kv[1]):
 
 # %% [markdown]
 # The claim a planner needs is the order: the layout it predicts fastest should be fast, and so on down.
-# How strong must the agreement be to say more than luck? Spearman's rank correlation is 1 for the same
-# order and -1 for the reverse. With five layouts a random order reaches 0.7 about 12 % of the time, so
-# five layouts prove little. With seven, the floor is the smallest value a random order reaches at most
-# 5 % of the time. Now the measurement:
+# The verdict below scores the agreement of the two orders.
+#
+# <details><summary>How strong must the agreement be?</summary>
+#
+# Spearman's rank correlation is 1 for the same order and -1 for the reverse. With no ties it is
+# `1 - 6 Σd² / (n(n² - 1))`, where `d` is each layout's rank difference. With five layouts a random order
+# reaches 0.7 about 12 % of the time, so five layouts prove little. With seven, the floor is the smallest
+# value a random order reaches at most 5 % of the time. Four would prove nothing: for `n = 4` Spearman is
+# `1 - Σd² / 10`, so 0.8 or more needs `Σd² ≤ 2`. The true order gives 0, and each of the 3 swaps of an
+# adjacent pair gives 2: 4 orders of the 24, about one run in six.
+#
+# </details>
 
 # %% tags=["nbval-ignore-output"]
 step_check, verdicts = run_ranking_check(four, fit=this_machine, config=timed)
@@ -400,8 +408,7 @@ print(f"measured / predicted per layout: from {min(ratios):.1f} to {max(ratios):
 # Each layout trains 3 steps on the warm ranks; the first is left out and the median of the other two
 # kept. The link's latency is the larger of the sweep's fit and what a call adds between ranks that are
 # busy computing. The floor is computed exactly over all `7! = 5,040` orders. If another program spoils
-# the run, it is measured again once, so luck passes about 9 % of the time. Under a test run a claim
-# that fails twice fails the test.
+# the run, it is measured again once, so luck passes about 9 % of the time.
 #
 # </details>
 #
@@ -427,18 +434,6 @@ step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
 #
 # On GPUs these terms shrink beside the layers' arithmetic. On a laptop they show what a model of step
 # time must count.
-#
-# **Worked problem 3.** Why not rank four layouts? Find how often a random order of four reaches
-# Spearman 0.8 or more.
-#
-# <details><summary>Answer</summary>
-#
-# With no ties, Spearman is `1 - 6 Σd² / (n(n² - 1))`, where `d` is each layout's rank difference. For
-# `n = 4` that is `1 - Σd² / 10`, so 0.8 or more needs `Σd² ≤ 2`. The true order gives 0. Swapping one
-# adjacent pair gives 2, and there are 3 such swaps. That is 4 orders of the 24: about 17 %, one run in
-# six. A claim that luck passes that often shows nothing.
-#
-# </details>
 #
 # ## Explore: train any layout of the four ranks
 #
