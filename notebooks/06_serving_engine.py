@@ -354,7 +354,9 @@ assert all(run.tokens == reference for run in prefill_check.runs.values())
 
 # %% [markdown]
 # Prefill-first can give a lower TTFT: a prompt runs whole at once. The decodes pay for it. Chunked
-# prefill is the default of vLLM v1 and SGLang for that reason. The chunk size sets the trade.
+# prefill that mixes decodes into each chunk's step is vLLM v1's default for that reason. SGLang also chunks
+# long prompts by default, but runs each chunk as a prefill batch of its own (mixing decodes in is its
+# `--enable-mixed-chunk`, off by default). The chunk size sets the trade.
 #
 # **Worked problem 2.** A step costs 5 ms plus 0.05 ms a token. Thirty sequences are decoding when a
 # 2,000-token prompt arrives. Under prefill-first, how long is the decodes' gap? Under chunked prefill

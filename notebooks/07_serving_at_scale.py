@@ -408,8 +408,8 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 # %% [markdown]
 # On these CPU ranks an all-reduce costs more than the compute it splits, so the fits predict replicas
 # ahead on both figures. On GPUs with NVLink a split copy can win TPOT, as 02 showed, when a step's
-# compute is large beside its all-reduces. Replicas win throughput whenever the model fits. The
-# objective decides.
+# compute is large beside its all-reduces. Replicas win throughput when a copy fits with its batch's KV
+# cache. The objective decides.
 
 # %% [markdown]
 # ## Cold start

@@ -16,7 +16,7 @@
 # # 08 · Data parallelism, ZeRO and FSDP: split the batch, then split the training state
 #
 # > **Part II, training at scale.** Assumes: [00](00_start_here.ipynb), [02](02_communication_costs.ipynb),
-# > [03](03_pipeline_parallel.ipynb). Reading time: about 25 minutes. Trades: communication (one
+# > [03](03_pipeline_parallel.ipynb). Reading time: about 30 minutes. Trades: communication (one
 # > all-reduce of the gradients per step, 1.5 times as many bytes under ZeRO-3) for memory per GPU (ZeRO
 # > shards the optimizer state, then the gradients, then the weights over the dp ranks).
 #
@@ -263,9 +263,10 @@ strategy_bars_figure({s: r.memory_per_rank[0] for s, r in runs.items()}, ("param
 # ## What one rank sends per step, from the comm log
 #
 # **Predict.** Under [the ring's count](02_communication_costs.ipynb#The-ring-all-reduce), an all-reduce
-# sends `2 (N-1)/N` of its buffer per rank, a reduce-scatter or an all-gather `(N-1)/N`. So DDP, ZeRO-1
-# and ZeRO-2 send the same bytes, and ZeRO-3 1.5 times as many. Every collective went through `ctx.comm`,
-# so [the comm log](00_start_here.ipynb#Run-it-on-real-ranks) says exactly what each step cost.
+# sends `2 (N-1)/N` of its buffer per rank, a reduce-scatter or an all-gather `(N-1)/N`. So with one
+# microbatch a step DDP, ZeRO-1 and ZeRO-2 send the same bytes, and ZeRO-3 1.5 times as many. Every
+# collective went through `ctx.comm`, so [the comm log](00_start_here.ipynb#Run-it-on-real-ranks) says
+# exactly what each step cost.
 
 # %%
 for s, run in runs.items():
@@ -556,7 +557,7 @@ show_questions(
               "It skips the all-gather; each rank keeps its own shard",
               "It sends the gradients only on every other training step"), 1,
              "ZeRO-1 runs the optimizer between the two halves of DDP's all-reduce, on the shard. The comm log "
-             "showed the same bytes for DDP, ZeRO-1 and ZeRO-2."),
+             "showed the same bytes for DDP, ZeRO-1 and ZeRO-2 at one microbatch a step."),
     Question("FSDP with reshard_after_forward=False. What changes against its default (ZeRO-3)?",
              ("The optimizer state stops being sharded, as under DDP",
               "The gradients are all-reduced, as under DDP, not reduce-scattered",
@@ -597,7 +598,8 @@ show_questions(
 #   shards inside groups and replicates across them.
 # - On two real ranks every strategy trained to one process's weights, and each rank's bytes matched the
 #   formula exactly.
-# - DDP, ZeRO-1 and ZeRO-2 send the same bytes; ZeRO-3 1.5 times as many, holding one or two layers.
+# - With one microbatch a step, DDP, ZeRO-1 and ZeRO-2 send the same bytes; ZeRO-3 1.5 times as many,
+#   holding one or two layers. ZeRO-2 with several microbatches sends after each.
 # - Overlap hid most of the communication; on CPU ranks that share their cores, the step barely shortens.
 # - Activations remain: fused attention never stores the `s × s` tensors, and full recomputation is the
 #   last resort.

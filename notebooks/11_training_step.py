@@ -44,8 +44,8 @@ print(f"{four.world_size} ranks: {four.description}")
 # %% [markdown]
 # ## One step over four axes
 #
-# Part I served a model: forward passes only. Training runs the layers forward, then backward, then
-# updates them. Real training runs combine four ways of splitting, on one mesh:
+# Serving runs forward passes only. Training runs the layers forward, then backward, then updates them.
+# Real training runs combine four ways of splitting, on one mesh:
 #
 # | axis | splits | in the step | its collectives |
 # | --- | --- | --- | --- |

@@ -278,7 +278,8 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 #   that to fit (79.8 GB against 72), so the published layout is priced with full recomputation.
 # - **`m = p`.** Each of `dp` replicas runs `2048 / dp` microbatches. At `dp = 128` that is `m = 16 = p`,
 #   where 1F1B would idle `(p - 1)/m = 15/16` of the compute time, nearly doubling the step. Meta ran an
-#   interleaved schedule of its own (the paper's Figure 6), whose idle share is `(p - 1)/(v m)`. Our
+#   interleaved schedule of its own (the paper's Figure 6), whose idle time is `(p - 1)/(v m)` of the
+#   compute time. Our
 #   `v = 4` chunks per GPU is an assumption.
 # - **MFU.** Ours counts causal attention at half its FLOPs. Conventions differ on that, and Table 4's
 #   count is not printed, so compare MFU across rows, not to the percent.
