@@ -60,7 +60,7 @@
 # | continuous batching | re-forms the batch every step: who is done leaves, who waits joins | Orca, Yu et al. 2022 |
 # | paged KV cache | fixed-size blocks; a sequence holds a block table, grows a block at a time | vLLM, Kwon 2023 |
 # | chunked prefill | a token budget per step: decodes first, prompts fill the rest in chunks | Sarathi-Serve, 2024 |
-# | prefix caching | a full block named by its tokens and its parent's name: equal prefixes share it | vLLM, SGLang |
+# | prefix caching | a full block named by its tokens and its parent's name: equal prefixes share it | vLLM (SGLang: a radix tree) |
 #
 # Without continuous batching, a **static** batch runs until its longest request ends. Its short
 # requests sit finished while newcomers wait outside.
@@ -99,7 +99,8 @@ show_code(Scheduler.schedule, Scheduler._admit)
 # `block_hash(parent, tokens)`, and stops at the first name it does not know. Then `allocate` takes those
 # blocks (one more reference each) and fresh ones for the rest. Last, `release` gives a block back when
 # its count reaches zero. A freed block keeps its name until it is handed out again, so a later request
-# may still find it.
+# may still find it. Production names blocks with a cryptographic hash (vLLM's default is SHA-256), so that
+# two different prefixes never share a name; Python's `hash` here is fine for a lesson, not for a server.
 
 # %% tags=["nbval-ignore-output"]
 show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.release)
@@ -204,7 +205,8 @@ print(f"the longest request ({longest} tokens) needs {blocks_each} blocks: {conf
 
 # %% [markdown]
 # Before vLLM, servers such as Orca and FasterTransformer reserved each request's longest possible length
-# in one piece. Kwon et al. (2023) measured that only 20.4-38.2 % of such memory held real tokens. With
+# in one piece. Kwon et al. (2023) measured that only 20.4-38.2 % of such memory held real tokens (the
+# range spans reservation policies; 38.2 % is Orca given an oracle of each output's length). With
 # pages, only each sequence's last block is part empty. The prediction for this trace, at each request's
 # end:
 

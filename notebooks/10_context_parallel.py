@@ -177,8 +177,8 @@ assert sp_run.activation_saving < 1
 # ## 2 · The online softmax: attention one block of keys at a time
 #
 # Softmax seems to need the whole row of scores at once. It does not. For each query row, keep three
-# things over the keys seen so far: the attention output (normalised), the largest score `m`, and the sum
-# `l = Σ exp(score − m)`. When another block of keys arrives with a larger maximum, rescale the old sum
+# things over the keys seen so far: the attention output (normalised), the largest score `max`, and the
+# sum `l = Σ exp(score − max)`. When another block of keys arrives with a larger maximum, rescale the old sum
 # and output to the new maximum, then add the new block's share. The result is exact, in any order of
 # blocks. Subtracting the maximum keeps every `exp` at most 1.
 #
