@@ -60,7 +60,7 @@
 # | continuous batching | re-forms the batch every step: who is done leaves, who waits joins | Orca, Yu et al. 2022 |
 # | paged KV cache | fixed-size blocks; a sequence holds a block table, grows a block at a time | vLLM, Kwon 2023 |
 # | chunked prefill | a token budget per step: decodes first, prompts fill the rest in chunks | Sarathi-Serve, 2024 |
-# | prefix caching | a full block named by its tokens and its parent's name: equal prefixes share it | vLLM (SGLang: a radix tree) |
+# | prefix caching | a full block named by its tokens and parent: equal prefixes share it | vLLM (SGLang: radix tree) |
 #
 # Without continuous batching, a **static** batch runs until its longest request ends. Its short
 # requests sit finished while newcomers wait outside.
