@@ -89,12 +89,10 @@ def _kept(config, layout, stage: int, mistakes: tuple) -> tuple:
 
 STRATEGY_KEEPS = {
     "ddp": "DDP shards nothing: every rank keeps all P weights, all P gradients and both moments of all P",
-    "zero1": "ZeRO-1 shards the optimizer state only: the full weights (the flat shard AdamW updates is a view of "
-             "them, a copy only where float32 master weights are kept), the full gradient plus the shard's "
-             "gradient, and two moments for the shard alone",
-    "zero2": "ZeRO-2 shards the optimizer state and the gradients: the full weights (the shard a view of them, a "
-             "copy only with master weights), only the shard's gradient (reduce-scattered after every "
-             "microbatch), two moments for the shard",
+    "zero1": "ZeRO-1 shards the optimizer state only: the full weights (the shard AdamW updates a view of them, a "
+             "copy only with master weights), the full gradient plus the shard's, two moments for the shard alone",
+    "zero2": "ZeRO-2 shards the optimizer state and the gradients: the full weights (the shard a view, a copy only "
+             "with master weights), only the shard's gradient (reduce-scattered each microbatch), two moments for it",
     "zero3": "ZeRO-3 shards the weights too: every rank keeps its shard of each unit only (weights, gradients, two "
              "moments), and gathers a unit's full weights just while it runs",
 }
