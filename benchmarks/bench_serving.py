@@ -1,7 +1,8 @@
 """Serving, benchmarked: the toy model in every layout the planner allows, and the serving engine against
 transformers' generate, each predicted against measured.
 
-    .venv/bin/python benchmarks/bench_serving.py [--section all|layouts|engine|fleet] [--requests 48] [--batch 16]
+    .venv/bin/python benchmarks/bench_serving.py [--section all|layouts|engine|fleet] [--size small|large]
+                                                 [--requests 48] [--batch 16]
 
 **Layouts.** Measures the link (a latency-bandwidth sweep on the 4 ranks) and this process's arithmetic
 speed, plans the toy model (``models.TOY``, 4 blocks, d_model 64) on 4 CPU ranks seen as 2 "nodes" of 2
@@ -10,8 +11,9 @@ with a 500 kB memory cap, then runs every feasible layout for real: a forward of
 planner's predicted time, the measured median and the ratio, and checks the calls and bytes of every
 run against the prediction (exact). No targets: absolute times move with the machine's load.
 
-**Engine.** A Llama-architecture model with seeded random weights (float32, 4 layers, d_model 256) serves
-one seeded trace of mixed prompt and output lengths, all arriving at once (offline throughput):
+**Engine.** A Llama-architecture model with seeded random weights (float32, 4 layers, d_model 256; with
+``--size large`` 8 layers, d_model 1,024 and 32 requests) serves one seeded trace of mixed prompt and output
+lengths, all arriving at once (offline throughput):
 
 * transformers' ``generate`` in static batches of ``--batch`` requests (left-padded; a batch runs until
   its longest request is done), greedy, in this process with one thread;
@@ -20,7 +22,9 @@ one seeded trace of mixed prompt and output lengths, all arriving at once (offli
   alternating rounds of all of these, the fastest round of each kept (a busy machine only slows a run);
 * the engine's fitted cost model (fitted on another trace) predicting each policy's figures, with its
   error;
-* a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT.
+* a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT;
+* the engine's step profiled in one process (cProfile, one thread): the shares of attention, the paged
+  read and write, the linears, the rest of the layers, sampling and the Python around the model.
 
 **Fleet.** The tiny Llama of notebook 07 (float64) on 4 ranks: the KV hand-off's bytes and tokens on
 2 + 2 and 1 + 1 ranks; five configurations (one engine over 4 ranks, prefill first and chunked; 2
@@ -38,6 +42,8 @@ its verdict. ``benchmarks/bench_engine.py`` runs the engine section alone.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 from dataclasses import replace
@@ -46,7 +52,10 @@ import torch
 
 from shardlib.core.checks import TOLERANCE
 from shardlib.core.model import stack_reference, weights_from_hf_llama
+from shardlib.core.serving.loop import serve_in_process
+from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig
+from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.models import TOY
 from shardlib.lab.costs.calibration import run_calibration
@@ -107,6 +116,79 @@ def layouts_main() -> None:
 # -- the serving engine against transformers' generate -------------------------------------------------
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              vocab_size=1024, max_position_embeddings=256)
+LARGE = {**SHAPE, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16,
+         "num_key_value_heads": 8}
+SIZES = {"small": (SHAPE, 48), "large": (LARGE, 32)}  # the model and the requests of its trace
+
+# Where the engine's step spends its time: a function's own time goes to the first group with a mark its
+# "path:name" ends with (a mark ending in ":" takes a whole file), else to its callers' groups, shared as they
+# called it. A torch builtin is named by itself.
+PROFILE_GROUPS = {
+    "attention": ("paged.py:attend", "paged.py:attend_decodes", "model.py:attention"),
+    "paged read/write": ("paged.py:read", "paged.py:write", "paged.py:slots"),
+    "linears": ("<built-in method torch._C._nn.linear>",),
+    "rest of the layers": ("tensor_parallel/blocks.py:forward",),
+    "step set-up (indices)": ("paged.py:step", "paged.py:_decodes"),
+    "sampling": ("loop.py:sample_step", "loop.py:sample_token"),
+    "Python scheduling": ("serving/loop.py:", "serving/scheduler.py:", "serving/blocks.py:", "serving/requests.py:"),
+}
+
+
+def profile_groups(stats: pstats.Stats) -> dict[str, float]:
+    """Seconds per group of ``PROFILE_GROUPS`` (and "other") in a cProfile run."""
+    def own_group(key):
+        label = key[2] if key[0] == "~" else f"{key[0]}:{key[2]}"
+        return next((g for g, marks in PROFILE_GROUPS.items()
+                     if any(label.endswith(m) or (m.endswith(":") and m in label) for m in marks)), None)
+
+    shares, visiting = {}, set()
+
+    def split(key) -> dict[str, float]:  # the groups this function's time belongs to, as fractions
+        if key in shares:
+            return shares[key]
+        group, callers = own_group(key), stats.stats[key][4]
+        if group is not None or not callers or key in visiting:
+            return {group or "other": 1.0}
+        visiting.add(key)
+        weights = {caller: edge[2] for caller, edge in callers.items()}  # its own time under each caller
+        total, out = sum(weights.values()), {}
+        for caller, w in weights.items():
+            for g, f in split(caller).items():
+                out[g] = out.get(g, 0.0) + f * (w / total if total else 1 / len(weights))
+        visiting.discard(key)
+        shares[key] = out
+        return out
+
+    seconds = dict.fromkeys([*PROFILE_GROUPS, "other"], 0.0)
+    for key, (_, _, own_s, _, _) in stats.stats.items():
+        for g, f in split(key).items():
+            seconds[g] += own_s * f
+    return seconds
+
+
+def profile_engine(weights, trace, config) -> None:
+    """The engine's step in one process with one thread: its time per step unprofiled, then cProfile's shares."""
+    model = PagedModel(weights, TPGroup(1, 0), config.num_blocks, config.block_size)
+    serve_in_process(trace[:4], config, model.step)  # warm
+    steps = []
+
+    def counted(chunks):
+        steps.append(sum(len(c.tokens) for c in chunks))
+        return model.step(chunks)
+
+    start = time.perf_counter()
+    serve_in_process(trace, config, counted)
+    wall_s = time.perf_counter() - start
+    profiler = cProfile.Profile()
+    profiler.enable()
+    serve_in_process(trace, config, model.step)
+    profiler.disable()
+    seconds = profile_groups(pstats.Stats(profiler))
+    total = sum(seconds.values())
+    print(f"\nthe engine's step in one process, one thread: {len(steps)} steps, {sum(steps)} tokens computed, "
+          f"{wall_s:.2f} s, {wall_s / len(steps) * 1e3:.2f} ms a step; under cProfile ({total:.2f} s):")
+    for group, s in seconds.items():
+        print(f"  {group:<24}{s / total:>6.1%}{s / len(steps) * 1e3:>8.2f} ms a step")
 
 
 def one_thread(ctx) -> int:
@@ -142,9 +224,11 @@ def speed(run) -> float:
 def engine_main(args) -> None:
     """The engine against transformers' generate, and its policies, on one trace (see the module's text)."""
     torch.set_num_threads(1)
-    model = random_hf_llama(0, dtype=torch.float32, **SHAPE)
+    shape, n_requests = SIZES[args.size]
+    model = random_hf_llama(0, dtype=torch.float32, **shape)
     weights = weights_from_hf_llama(model.state_dict(), model.config)
-    trace = poisson_trace(args.requests, float("inf"), prompt_tokens=(8, 160), new_tokens=(4, 64), vocab=1024, seed=3)
+    trace = poisson_trace(args.requests or n_requests, float("inf"), prompt_tokens=(8, 160), new_tokens=(4, 64),
+                          vocab=1024, seed=3)
     useful = sum(r.max_new_tokens for r in trace)
     theirs, theirs_s = transformers_static(model, trace, args.batch)  # a first pass warms transformers up
 
@@ -184,6 +268,7 @@ def engine_main(args) -> None:
     first = next(iter(runs.values()))
     agree = all(run.tokens == first.tokens for run in runs.values())
     same_as_hf = sum(first.tokens[r.request_id] == theirs[r.request_id] for r in trace)
+    print(f"model: {args.size}, d_model {shape['hidden_size']}, {shape['num_hidden_layers']} layers, float32")
     print(f"{len(trace)} requests, {useful} tokens to generate; engine on tp = {args.tp}; every policy's tokens "
           f"equal: {agree}; equal to transformers' for {same_as_hf} of {len(trace)} (float32: batching and padding "
           "reorder sums, so a near-tie can flip)")
@@ -221,6 +306,7 @@ def engine_main(args) -> None:
         print(f"  {'on ' if on else 'off'}: hit rate {run.prefix_hit_rate:5.1%}, TTFT p50 "
               f"{run.percentile('ttft_s', 50) * 1e3:6.1f} ms, p90 {run.percentile('ttft_s', 90) * 1e3:6.1f} ms, "
               f"{sum(s.n_tokens for s in run.steps)} tokens computed")
+    profile_engine(weights, trace, policies["continuous, chunked prefill"])
 
 
 
@@ -372,7 +458,9 @@ def fleet_main(args) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--section", choices=("all", "layouts", "engine", "fleet"), default="all")
-    parser.add_argument("--requests", type=int, default=48, help="engine: requests in the trace")
+    parser.add_argument("--size", choices=tuple(SIZES), default="small",
+                        help="engine: the model, small (d_model 256, 4 layers) or large (d_model 1,024, 8 layers)")
+    parser.add_argument("--requests", type=int, default=None, help="engine: requests in the trace (48 small, 32 large)")
     parser.add_argument("--batch", type=int, default=16, help="engine: sequences at once, for every policy")
     parser.add_argument("--tp", type=int, default=1, help="engine: tensor-parallel ranks")
     parser.add_argument("--rounds", type=int, default=3, help="engine: alternating rounds, the fastest kept")
