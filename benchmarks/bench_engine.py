@@ -1,7 +1,7 @@
 """The serving engine against transformers' generate, and its policies against each other, on one trace:
 the engine section of ``bench_serving.py``, run alone.
 
-    .venv/bin/python benchmarks/bench_engine.py [--requests 48] [--batch 16] [--tp 1]
+    .venv/bin/python benchmarks/bench_engine.py [--size small|large] [--requests 48] [--batch 16] [--tp 1]
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ lengths, all arriving at once (offline throughput):
 * the engine's fitted cost model (fitted on another trace) predicting each policy's figures, with its
   error;
 * a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT;
-* the engine's step profiled in one process (cProfile, one thread): the shares of attention, the paged
-  read and write, the linears, the rest of the layers, sampling and the Python around the model.
+* the engine's step profiled in one process (cProfile, one thread): the shares of attention,
+  the paged read and write, the linears, the rest of the layers, the step's set-up, sampling and the
+  scheduler's Python.
 
 **Fleet.** The tiny Llama of notebook 07 (float64) on 4 ranks: the KV hand-off's bytes and tokens on
 2 + 2 and 1 + 1 ranks; five configurations (one engine over 4 ranks, prefill first and chunked; 2
@@ -128,7 +129,7 @@ PROFILE_GROUPS = {
     "paged read/write": ("paged.py:read", "paged.py:write", "paged.py:slots"),
     "linears": ("<built-in method torch._C._nn.linear>",),
     "rest of the layers": ("tensor_parallel/blocks.py:forward",),
-    "step set-up (indices)": ("paged.py:step", "paged.py:_decodes"),
+    "step set-up (indices)": ("paged.py:step", "paged.py:slot_map"),
     "sampling": ("loop.py:sample_step", "loop.py:sample_token"),
     "Python scheduling": ("serving/loop.py:", "serving/scheduler.py:", "serving/blocks.py:", "serving/requests.py:"),
 }
@@ -167,7 +168,9 @@ def profile_groups(stats: pstats.Stats) -> dict[str, float]:
 
 
 def profile_engine(weights, trace, config) -> None:
-    """The engine's step in one process with one thread: its time per step unprofiled, then cProfile's shares."""
+    """The engine's step in one process with one thread: its time per step unprofiled, then cProfile's shares
+    (of the wall clock: a busy machine slows every group alike, and CPU-time readings would cost more than the
+    smallest calls they time)."""
     model = PagedModel(weights, TPGroup(1, 0), config.num_blocks, config.block_size)
     serve_in_process(trace[:4], config, model.step)  # warm
     steps = []

@@ -17,6 +17,7 @@ slow, plainly right. Pure: torch, no ``torch.distributed``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -50,16 +51,22 @@ def norm(h: torch.Tensor, weight: torch.Tensor | None, model: ModelConfig) -> to
     return rms_norm(h, weight, model.rms_eps, model.norm_float32)
 
 
+@functools.lru_cache(maxsize=1)  # every layer of a step rotates at the same positions tensor: one table a step
+def rotary_table(positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """cos and sin (seq, dim) of the rotary angles at ``positions``, computed in float32 as ``transformers`` does."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim))
+    angles = positions.to(torch.float32)[:, None] * inv_freq  # (seq, dim / 2)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding of ``x`` (..., heads, seq, head_dim) at ``positions`` (seq,), the angles
-    in float32 as ``transformers`` computes them; ``theta`` 0: ``x`` itself (no rotary)."""
+    """Rotary position embedding of ``x`` (..., heads, seq, head_dim) at ``positions`` (seq,) (``rotary_table``);
+    ``theta`` 0: ``x`` itself (no rotary)."""
     if not theta:
         return x
     dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=x.device).float() / dim))
-    angles = positions.to(torch.float32)[:, None] * inv_freq  # (seq, head_dim / 2)
-    emb = torch.cat([angles, angles], dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # (seq, head_dim)
+    cos, sin = rotary_table(positions, dim, theta, x.dtype)  # (seq, head_dim)
     half = torch.cat([-x[..., dim // 2:], x[..., :dim // 2]], dim=-1)
     return x * cos + half * sin
 

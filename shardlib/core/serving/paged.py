@@ -6,16 +6,19 @@ the attention and one after the MLP (with experts, Mixtral's: spread whole over 
 them by all-to-all); the embedding, final norm and head whole. The cache (Kwon et al. 2023) is this rank's K
 and V for its KV heads, ``num_blocks x block_size`` token slots a layer; token ``p`` of a sequence sits in
 slot ``table[p // block_size] * block_size + p % block_size``. A step takes chunks of many sequences (new
-prompts, prompt pieces, one-token decodes). The blocks' attention calls ``PagedModel.attend``: it writes the
-chunks' K/V into their slots, and each chunk's queries read their sequence's K/V back through its block table
-(the paged read). The step's one-token decodes are read and attended together, their contexts padded to the
-longest and the padding masked (what a paged-attention kernel does for a batch of decodes); prompt chunks one
-by one. The sums go through the ``TPGroup``.
+prompts, prompt pieces, one-token decodes); its slot map (every new token's slot, each context's slots) is
+built once, and every layer reuses it. The blocks' attention calls ``PagedModel.attend``: it writes the step's
+new K/V into their slots in one go, and each chunk's queries read their sequence's K/V back through its block
+table (the paged read). The step's one-token decodes are read and attended together, their contexts padded to
+the longest and the padding masked (what a paged-attention kernel does for a batch of decodes); prompt chunks
+one by one. The sums go through the ``TPGroup``.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from itertools import accumulate
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,27 +43,35 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
     def slots(self, table, positions: torch.Tensor) -> torch.Tensor:
-        """The slot of each position, through the block table."""
+        """The slot of each position through its block table: ``table`` (..., blocks), ``positions`` (..., n)."""
         table = torch.as_tensor(table, device=positions.device)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+        return table.gather(-1, positions // self.block_size) * self.block_size + positions % self.block_size
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer, slots], self.v[layer, slots] = k, v  # (tokens, kv heads here, hd)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[layer, slots], self.v[layer, slots]  # (context, kv heads here, hd)
+        """K and V at ``slots`` (any shape): (*slots' shape, kv heads here, hd), copied whole rows at a time
+        (``index_select``: several times faster on CPU than indexing with a tensor)."""
+        shape = (*slots.shape, *self.k.shape[2:])
+        return tuple(c[layer].index_select(0, slots.flatten()).view(shape) for c in (self.k, self.v))
 
 
 def attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """One new query per sequence on its own keys: ``q`` (n, heads, hd); ``k``, ``v`` (n, context, kv heads,
     hd), each row's context padded to the longest; ``valid`` (n, context) marks the real keys (a padded key
-    gets weight exactly 0). Returns (n, heads, hd)."""
-    n, heads, hd = q.shape
-    kv_heads = k.shape[2]
-    q = q.view(n, kv_heads, heads // kv_heads, hd)  # query head h reads KV head h // group: no copies of K/V
-    scores = torch.einsum("nkgd,nckd->nkgc", q, k) * hd ** -0.5  # (n, kv heads, group, context)
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    return torch.einsum("nkgc,nckd->nkgd", torch.softmax(scores, dim=-1), v).reshape(n, heads, hd)
+    gets weight exactly 0); query head h reads KV head h // (heads / kv heads). Returns (n, heads, hd). One
+    call of torch's fused kernel (it takes 4-d tensors only; 3-d ones go the unfused way)."""
+    return F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),  # (n, heads, 1, hd)
+                                          attn_mask=valid[:, None, None, :], enable_gqa=True)[:, :, 0]
+
+
+class SlotMap(NamedTuple):
+    """A step's places in the cache, built once and read by every layer."""
+
+    new: torch.Tensor  # (tokens,) the slot of each new token's K/V
+    prompts: list  # per prompt chunk: its rows, its sequence's slots (context,), its positions (rows,)
+    decodes: tuple | None  # the one-token chunks: their rows (n,), their contexts' slots (n, longest), the real ones
 
 
 class PagedModel(torch.nn.Module):
@@ -83,53 +94,45 @@ class PagedModel(torch.nn.Module):
         tokens = torch.tensor([t for ch in chunks for t in ch.tokens], device=self.device)
         positions = torch.tensor([p for ch in chunks for p in range(ch.start, ch.start + len(ch.tokens))],
                                  device=self.device)
-        spans, at, last_rows, one = [], 0, [], []
-        for ch in chunks:
-            n = len(ch.tokens)
-            if n == 1:
-                one.append((at, ch))
-            else:
-                seq_slots = self.cache.slots(ch.table, torch.arange(ch.start + n, device=self.device))
-                spans.append((slice(at, at + n), seq_slots[ch.start:], seq_slots, positions[at:at + n]))
-            if ch.sample:
-                last_rows.append(at + n - 1)
-            at += n
-        decodes = self._decodes(one) if one else None
+        slots = self.slot_map(chunks, positions)
         h = self.embed[tokens]  # (tokens, d)
         for i, block in enumerate(self.layers):
-            h = block(h, positions, partial(self.attend, i, spans, decodes))
+            h = block(h, positions, partial(self.attend, i, slots))
             if on_layer is not None:
                 on_layer(i)
-        h = h[last_rows]
+        h = h[[at - 1 for ch, at in zip(chunks, accumulate(len(ch.tokens) for ch in chunks)) if ch.sample]]
         return F.linear(norm(h, self.norm, self.config), self.head)  # (sampled, V)
 
-    def attend(self, layer: int, spans, decodes, q, k, v) -> torch.Tensor:
+    def slot_map(self, chunks, positions: torch.Tensor) -> SlotMap:
+        """The step's ``SlotMap``, through each chunk's block table (padded to the widest: never read there)."""
+        dev, n = self.device, [len(ch.tokens) for ch in chunks]
+        at = [0, *accumulate(n)]  # chunk i's rows: at[i] .. at[i + 1] - 1
+        width = max(len(ch.table) for ch in chunks)
+        tables = torch.tensor([ch.table + (0,) * (width - len(ch.table)) for ch in chunks], device=dev)  # (chunks, w)
+        owner = torch.repeat_interleave(torch.tensor(n, device=dev))  # (tokens,) the chunk of each token
+        new = self.cache.slots(tables[owner], positions[:, None])[:, 0]  # (tokens,)
+        prompts = [(slice(at[i], at[i + 1]), self.cache.slots(tables[i], torch.arange(ch.start + n[i], device=dev)),
+                    positions[at[i]:at[i + 1]]) for i, ch in enumerate(chunks) if n[i] > 1]
+        one = [i for i in range(len(chunks)) if n[i] == 1]
+        if not one:
+            return SlotMap(new, prompts, None)
+        rows = torch.tensor([at[i] for i in one], device=dev)
+        context = positions[rows] + 1  # (n,) keys, the new one included
+        keys = torch.arange(int(context.max()), device=dev)
+        padded = torch.minimum(keys, context[:, None] - 1)  # (n, longest): a padded key repeats a real one
+        return SlotMap(new, prompts, (rows, self.cache.slots(tables[one], padded), keys < context[:, None]))
+
+    def attend(self, layer: int, slots: SlotMap, q, k, v) -> torch.Tensor:
         """Layer ``layer``'s attention through the cache. ``q`` (H here, tokens, hd) and ``k, v`` (KV here,
-        tokens, hd) of every chunk end to end; ``spans``: per prompt chunk, (its rows, its new slots, the slots
-        of its whole sequence so far, its positions); ``decodes``: the one-token chunks together, (their
-        rows, their new slots, their contexts' slots (n, longest), which of those are real)."""
-        k, v = k.transpose(0, 1), v.transpose(0, 1)  # (tokens, KV here, hd): the cache's layout
+        tokens, hd) of every chunk end to end; ``slots``: the step's ``SlotMap``. A prompt chunk attends as a
+        batch of one (4-d, for the fused kernel), the decodes as one batch."""
+        self.cache.write(layer, slots.new, k.transpose(0, 1), v.transpose(0, 1))  # every chunk's new K/V at once
         out = torch.empty_like(q)  # (H here, tokens, hd)
-        for rows, new_slots, all_slots, pos in spans:
-            self.cache.write(layer, new_slots, k[rows], v[rows])
-            k_seq, v_seq = self.cache.read(layer, all_slots)  # the paged read: (context, KV here, hd)
-            out[:, rows] = attention(q[:, rows], k_seq.transpose(0, 1), v_seq.transpose(0, 1), pos)
-        if decodes is not None:
-            rows, new_slots, slot_matrix, valid = decodes
-            self.cache.write(layer, new_slots, k[rows], v[rows])
+        for rows, seq_slots, pos in slots.prompts:
+            k_seq, v_seq = self.cache.read(layer, seq_slots[None])  # the paged read: (1, context, KV here, hd)
+            out[:, rows] = attention(q[None, :, rows], k_seq.transpose(1, 2), v_seq.transpose(1, 2), pos)[0]
+        if slots.decodes is not None:
+            rows, slot_matrix, valid = slots.decodes
             k_ctx, v_ctx = self.cache.read(layer, slot_matrix)  # (n, longest context, KV here, hd)
             out[:, rows] = attend_decodes(q[:, rows].transpose(0, 1), k_ctx, v_ctx, valid).transpose(0, 1)
         return out
-
-    def _decodes(self, one):
-        """The one-token chunks' rows, new slots, and their contexts' slots padded to the longest."""
-        bs, dev = self.cache.block_size, self.device
-        width = max(len(ch.table) for _, ch in one)
-        tables = torch.tensor([ch.table + ch.table[-1:] * (width - len(ch.table)) for _, ch in one], device=dev)
-        context = torch.tensor([ch.start + 1 for _, ch in one], device=dev)  # (n,) keys, the new one included
-        pos = torch.arange(int(context.max()), device=dev)
-        clamped = torch.minimum(pos[None, :], context[:, None] - 1)  # (n, longest): padding repeats a real slot
-        slot_matrix = tables.gather(1, clamped // bs) * bs + clamped % bs
-        rows = torch.tensor([at for at, _ in one], device=dev)
-        return rows, slot_matrix[torch.arange(len(one), device=dev), context - 1], slot_matrix, \
-            pos[None, :] < context[:, None]
