@@ -12,8 +12,8 @@ planner's predicted time, the measured median and the ratio, and checks the call
 run against the prediction (exact). No targets: absolute times move with the machine's load.
 
 **Engine.** A Llama-architecture model with seeded random weights (float32, 4 layers, d_model 256; with
-``--size large`` 8 layers, d_model 1,024 and 32 requests) serves one seeded trace of mixed prompt and output
-lengths, all arriving at once (offline throughput):
+``--size large`` 8 layers, d_model 1,024 and 32 requests, about 6 minutes with ``--rounds 2`` on 2 cores)
+serves one seeded trace of mixed prompt and output lengths, all arriving at once (offline throughput):
 
 * transformers' ``generate`` in static batches of ``--batch`` requests (left-padded; a batch runs until
   its longest request is done), greedy, in this process with one thread;

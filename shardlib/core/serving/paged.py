@@ -71,7 +71,7 @@ class SlotMap(NamedTuple):
 
     new: torch.Tensor  # (tokens,) the slot of each new token's K/V
     prompts: list  # per prompt chunk: its rows, its sequence's slots (context,), its positions (rows,)
-    decodes: tuple | None  # the one-token chunks: their rows (n,), their contexts' slots (n, longest), the real ones
+    decodes: tuple | None  # the one-token chunks: rows (n,), their contexts' slots (n, longest), which are real
 
 
 class PagedModel(torch.nn.Module):
