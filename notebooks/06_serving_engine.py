@@ -107,14 +107,16 @@ show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.releas
 
 # %% [markdown]
 # The paged read. Token `p` of a sequence lives in block `table[p // block_size]`, at offset
-# `p % block_size` inside it. A layer writes each chunk's new K/V into its slots. Then it reads the whole
+# `p % block_size` inside it. A step maps every new token and every context to its slots once, for all
+# layers (`slot_map`). A layer writes the step's new K/V into their slots in one go. Then it reads each
 # sequence back through the block table and attends. All of a step's one-token decodes attend in one
-# batch. Their contexts differ in length, so the short ones are padded and the padding is masked. The rest is
+# batch, one call of torch's fused attention. Their contexts differ in length, so the short ones are
+# padded and the padding is masked. The rest is
 # [notebook 01's](01_tensor_parallel.ipynb) column and row splits: each rank holds its query heads and KV
 # heads, and two all-reduces a layer sum the heads.
 
 # %% tags=["nbval-ignore-output"]
-show_code(KVCache.slots, PagedModel.attend, attend_decodes)
+show_code(KVCache.slots, PagedModel.slot_map, PagedModel.attend, attend_decodes)
 
 # %% [markdown]
 # ## The model and the ranks
