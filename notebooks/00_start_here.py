@@ -27,6 +27,31 @@
 # - What happens when a rank fails.
 #
 # Every later notebook is built on the same pieces, so it pays to see them plainly here.
+#
+# ## The course map
+#
+# Part I serves a model too big for one GPU. Part II trains one. Each notebook in a line:
+#
+# | notebook | what it teaches |
+# | --- | --- |
+# | 00 · Start here (this one) | weights and KV cache; ranks, collectives, the comm log |
+# | **Part I** | |
+# | [01 · Tensor parallelism](01_tensor_parallel.ipynb) | cut each layer; an all-reduce per pair; the KV-head limit |
+# | [02 · Communication costs](02_communication_costs.ipynb) | latency, bandwidth; decode and prefill; replicas |
+# | [03 · Pipeline parallelism](03_pipeline_parallel.ipynb) | stages, the bubble, pipelined decode |
+# | [04 · Expert parallelism](04_expert_parallel.ipynb) | tokens to experts by all-to-all; imbalance |
+# | [05 · Serving layouts](05_serving_layouts.ipynb) | TP in a node, PP across; the serving planner |
+# | [06 · The serving engine](06_serving_engine.ipynb) | continuous batching, paged KV cache, prefix caching |
+# | [07 · Serving at scale](07_serving_at_scale.ipynb) | prefill and decode pools; replicas and routers |
+# | **Part II** | |
+# | [08 · Data parallelism](08_data_parallel.ipynb) | DDP, ZeRO and FSDP; what one rank sends |
+# | [09 · Pipeline schedules](09_pipeline_schedules.ipynb) | 1F1B, zero bubble, ZB-V and DualPipeV |
+# | [10 · Context parallelism](10_context_parallel.ipynb) | ring attention, Ulysses, all-gather K/V |
+# | [11 · One training step](11_training_step.ipynb) | every axis in one step; the step time predicted |
+# | [12 · Training layouts](12_training_layouts.ipynb) | memory per GPU, published layouts, the planner |
+#
+# Each notebook but 05 and 12 ends with a link to its exercise.
+# The [glossary](glossary.md) holds every term, the [cheatsheet](cheatsheet.md) every rule of thumb.
 
 # %% [markdown]
 # ## The idea: weights first, then room to serve
@@ -512,4 +537,4 @@ show_questions(
 # torchrun --standalone --nproc-per-node 2 -m shardlib.runtime.launch shardlib.lab.intro.ranks:first_all_reduce_on_rank
 # ```
 #
-# Next: **01 · Tensor parallelism**, which cuts each layer's matrices across ranks.
+# Next: [01 · Tensor parallelism](01_tensor_parallel.ipynb), which cuts each layer's matrices across ranks.

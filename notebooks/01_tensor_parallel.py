@@ -533,4 +533,7 @@ show_questions(
 # - The KV-head limit: past the KV-head count, `tp` must be a multiple of it, each KV head is copied,
 #   and the KV cache per GPU stops shrinking. The vocabulary never blocks: it is padded.
 #
-# Next: **02 · Communication costs**, which puts a price on those all-reduces, per link.
+# The [exercise](exercises/01_tensor_parallel_exercises.ipynb) has you shard a weight and run a
+# column-then-row pair on real ranks.
+#
+# Next: [02 · Communication costs](02_communication_costs.ipynb), which puts a price on those all-reduces, per link.

@@ -753,7 +753,8 @@ show_questions(
 # - At the same batch, a split copy buys latency and costs throughput per device. The memory it frees
 #   can buy batch, and a model that fits no GPU leaves no choice.
 #
-# Exercise: `notebooks/exercises/02_communication_costs_exercises` asks you to fit a latency and a
-# bandwidth to a sweep, and checks your fit against known links and this machine's.
+# The [exercise](exercises/02_communication_costs_exercises.ipynb) asks you to fit a latency and a
+# bandwidth to a sweep.
 #
-# Next: **03 · Pipeline parallelism**, where the communication is cheap and the price is idle time.
+# Next: [03 · Pipeline parallelism](03_pipeline_parallel.ipynb), where the communication is cheap and the
+# price is idle time.

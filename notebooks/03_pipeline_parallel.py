@@ -628,5 +628,5 @@ show_questions(
 # - The pipeline sends once per stage boundary: the tool for the slow link between machines.
 #
 # The [exercise](exercises/03_pipeline_parallel_exercises.ipynb) has you write 1F1B's order yourself
-# (20 to 40 minutes). Next, notebook 04 splits a model by experts, and notebook 09 goes past 1F1B to the
-# zero-bubble schedules.
+# (20 to 40 minutes). Next, [04](04_expert_parallel.ipynb) splits a model by experts, and
+# [09](09_pipeline_schedules.ipynb) goes past 1F1B to the zero-bubble schedules.

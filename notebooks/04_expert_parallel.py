@@ -770,10 +770,13 @@ show_questions(
 # - Whole experts per rank: Mixtral's 90 GB of experts become about 11 GB per device at `ep = 8`.
 # - One forward is two all-to-alls with uneven splits, after an exchange of counts. Their bytes matched
 #   `T · k · d_model · 4`, and the layer on 2 and 4 ranks equalled the one-process layer bit for bit.
-# - The send matrix changed from batch to batch; the busy rank's CPU time followed its rows.
-# - A capacity cap drops tokens (GShard, Switch). Dropless layers wait for the busiest expert. A copy of
-#   the hot expert costs one expert's weights.
+# - The send matrix changed each batch; the busy rank's CPU time followed its rows.
+# - A capacity cap drops tokens; dropless layers wait for the busiest expert; a hot expert's copy costs
+#   its weights.
 # - Training: the backward is the reverse all-to-all, and the router learns through the gates. Experts'
 #   gradients sum over the expert-data-parallel group, the rest over every rank. DeepSeek-V3's bias
 #   evened the load faster than Switch's loss. Node-limited routing cut the cross-node rows.
 # - For large MoE models the cross-node axis is expert parallelism, with data-parallel attention.
+#
+# [Exercise](exercises/04_expert_parallel_exercises.ipynb): a router, a dispatch plan, the bias. Next:
+# [05 · Serving layouts](05_serving_layouts.ipynb).

@@ -842,4 +842,5 @@ show_questions(
 # - EP inside each stage was exact. DP attention sent a third of TP attention's bytes. DeepSeek-V3's pick
 #   sends EP and PP across nodes, no TP; DeepSeek's TP4 prefill unit answers a prompt sooner.
 #
-# Next: **06 · Serving engine**, which serves many requests at once on one of these layouts.
+# Next: [06 · The serving engine](06_serving_engine.ipynb), which serves many requests at once on one of these
+# layouts.

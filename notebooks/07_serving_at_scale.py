@@ -636,11 +636,10 @@ show_questions(
 # - Prompts in a decode step slow it: interference. On this toy it was small, and the pools' lower TPOT
 #   came mostly from all-reduces over fewer ranks. The pools made no more tokens than colocated replicas
 #   of the same size.
-# - Goodput counts requests served within both objectives at a stated share, per GPU.
 # - On a shared-prefix trace prefix-aware routing hit the cache most. Without a threshold a hot prompt
 #   piled onto one replica; a threshold of 2 spread it.
 # - Replicas beat a split copy on these ranks, where all-reduces are dear; the objective decides on GPUs.
-# - A cold start is process, weights and first step; at scale the weights take minutes from slow storage.
+# - A cold start is process, weights and first step; at scale, mostly the weights.
 #
-# The exercise: [exercises/07_serving_at_scale_exercises.ipynb](exercises/07_serving_at_scale_exercises.ipynb)
-# has you write the prefix-aware router's choice with its balance threshold.
+# [Exercise](exercises/07_serving_at_scale_exercises.ipynb): the prefix-aware router's choice. That ends
+# Part I. Next, Part II trains: [08 · Data parallelism](08_data_parallel.ipynb).

@@ -603,3 +603,6 @@ show_questions(
 # - Overlap hid most of the communication; on CPU ranks that share their cores, the step barely shortens.
 # - Activations remain: fused attention never stores the `s × s` tensors, and full recomputation is the
 #   last resort.
+#
+# The [exercise](exercises/08_data_parallel_exercises.ipynb) has you write ZeRO-1's step on real ranks.
+# Next: [09 · Pipeline schedules](09_pipeline_schedules.ipynb), the training pipeline past 1F1B.

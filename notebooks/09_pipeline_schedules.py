@@ -529,3 +529,6 @@ show_questions(
 # - ZB-V holds 1F1B's memory exactly (2p half-stage chunks); DualPipeV half a stage more (2p + 1).
 # - DualPipeV is DualPipe cut in half. DualPipe's purpose is hiding all-to-all under compute: with two
 #   microbatches overlapped, your ranks' exposed all-to-all time fell by close to half, as predicted.
+#
+# The [exercise](exercises/09_pipeline_schedules_exercises.ipynb) has you build a schedule's order yourself.
+# Next: [10 · Context parallelism](10_context_parallel.ipynb), for sequences too long for one GPU.

@@ -704,5 +704,6 @@ show_questions(
 # - Its backward sent dK/dV home with one last hop, matched autograd, sent `2n − 1` blocks, and trained.
 # - Zigzag evened the causal work; started early, the next block's transfer hid under compute.
 # - The all-to-all is exact; past the KV heads it copies them or stops. The all-gather (Llama 3) sends the
-#   ring's bytes and holds the whole K/V, cheap with grouped-query attention. Megatron-Core offers all four
-#   as `cp_comm_type`.
+#   ring's bytes and holds the whole K/V, cheap with grouped-query attention.
+#
+# Next: [11 · One training step](11_training_step.ipynb).

@@ -555,3 +555,7 @@ show_questions(
 #   the verdict line says whether the order held, against a floor luck rarely passes.
 # - Experts over `dp x ep x tp`: equal to one process, each weight summed over its own group (`dp`, `edp`,
 #   the stage), every kept term and every axis's bytes as predicted.
+#
+# The [exercise](exercises/11_training_step_exercises.ipynb) has you place a rank in the mesh, find its
+# groups and predict its memory.
+# Next: [12 · Training layouts](12_training_layouts.ipynb), the same counts on real clusters.

@@ -448,3 +448,6 @@ show_questions(
 # NVLink domain: one 8-GPU node for H100, up to 72 GPUs on a GB200 NVL72 rack. Add `pp` across nodes.
 # When `m` is close to `p`, interleave or use a [zero-bubble schedule](09_pipeline_schedules.ipynb). Add
 # `cp` for long sequences. Give `dp` the rest, with a ZeRO stage whose collectives the links can carry.
+#
+# That is the course. The [glossary](glossary.md) and the [cheatsheet](cheatsheet.md) hold its terms and
+# rules; [00's map](00_start_here.ipynb#The-course-map) leads back to any notebook.

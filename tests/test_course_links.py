@@ -34,3 +34,16 @@ def test_every_link_between_pages_resolves(source):
         elif anchor and anchor not in anchors(path):
             broken.append(f"{target}{anchor}: no heading with that anchor in {path.name}")
     assert not broken, f"{source.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_notebook_00_maps_the_course_and_every_notebook_points_onward():
+    """00's course map links every main notebook; every notebook but the last links the next one, and every
+    notebook with an exercise links it."""
+    mains = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+    start = (NOTEBOOKS / "00_start_here.py").read_text()
+    assert all(f"]({p.stem}.ipynb)" in start for p in mains[1:]), "00's map misses a notebook"
+    for this, following in zip(mains, mains[1:]):
+        assert f"{following.stem}.ipynb" in this.read_text().split("## What you saw")[-1], f"{this.name}: no Next"
+    for exercise in sorted((NOTEBOOKS / "exercises").glob("*_exercises.py")):
+        main = NOTEBOOKS / exercise.name.replace("_exercises", "")
+        assert f"exercises/{exercise.stem}.ipynb" in main.read_text(), f"{main.name} never links its exercise"
