@@ -44,7 +44,7 @@
 #
 # The ring all-reduce passes chunks of `S/n` around `n` ranks. It takes `2(n-1)` steps: `n-1` to sum
 # (a reduce-scatter), `n-1` to share the sums (an all-gather). So each rank sends `2(n-1)/n` of the
-# buffer: once the buffer at `n = 2`, nearly twice for many ranks:
+# buffer: once at `n = 2`, nearly twice for many ranks:
 #
 # | operation | time, one latency per ring step |
 # | --- | --- |
@@ -52,6 +52,14 @@
 # | all-gather, reduce-scatter, all-to-all | `(n-1)·alpha + (n-1)/n · S/B` |
 # | point-to-point | `alpha + S/B` |
 #
+# On 4 ranks, each cell is one send:
+
+# %%
+from shardlib.ui.costs_figures import ring_figure
+
+ring_figure(4)
+
+# %% [markdown]
 # <details><summary>Algorithm bandwidth and bus bandwidth</summary>
 #
 # Benchmarks such as nccl-tests report an *algorithm bandwidth*, `S / time`, and a *bus bandwidth*:

@@ -106,6 +106,22 @@ show_code(Scheduler.schedule, Scheduler._admit)
 show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.release)
 
 # %% [markdown]
+# The picture: three sequences in blocks of 4 tokens. Sequences a and b open with the same 8-token
+# system prompt, so b's first two logical blocks map to a's physical ones.
+
+# %%
+from shardlib.ui.engine_figures import block_table_figure
+
+blocks = BlockManager(num_blocks=16, block_size=4)
+system_prompt = list(range(100, 108))
+for seq, seq_tokens in (("a", system_prompt + [1, 2, 3]), ("b", system_prompt + [4, 5, 6, 7, 8]),
+                        ("c", [9, 10, 11, 12, 13])):
+    blocks.allocate(seq, seq_tokens, len(seq_tokens))
+    blocks.seal(seq, seq_tokens)  # its full blocks named: later prompts may share them
+assert blocks.tables["b"][:2] == blocks.tables["a"][:2]
+block_table_figure(blocks)
+
+# %% [markdown]
 # The paged read. Token `p` of a sequence lives in block `table[p // block_size]`, at offset
 # `p % block_size` inside it. A step maps every new token and every context to its slots once, for all
 # layers (`slot_map`). A layer writes the step's new K/V into their slots in one go. Then it reads each

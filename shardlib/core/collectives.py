@@ -22,6 +22,15 @@ def ring_step(comm, rank: int, n: int, outgoing: torch.Tensor, arriving: torch.T
     return arriving
 
 
+def ring_chunks(n: int, rank: int, step: int) -> tuple[int, int]:
+    """At ring step ``step`` (0 .. 2n - 3), the chunk ``rank`` sends on and the chunk that arrives from
+    ``rank - 1``. Reduce-scatter (steps 0 .. n - 2): chunk ``rank - step`` goes on, ``rank - step - 1``
+    arrives to be added. All-gather (the next n - 1 steps, counted again from 0): the summed chunk
+    ``rank + 1 - step`` goes on, ``rank - step`` arrives. The run and its figure both read this."""
+    s, ahead = (step, 0) if step < n - 1 else (step - (n - 1), 1)
+    return (rank + ahead - s) % n, (rank + ahead - s - 1) % n
+
+
 def ring_all_reduce(ctx, x: torch.Tensor) -> torch.Tensor:
     """The sum of ``x`` over the ranks of ``ctx`` (``ctx.comm``, ``ctx.rank``, ``ctx.world_size``), on every
     rank, as a new tensor of ``x``'s shape. ``ctx=None``: one rank, whose sum is ``x`` itself."""
@@ -30,10 +39,11 @@ def ring_all_reduce(ctx, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
     rank = ctx.rank
     chunks = list(x.detach().flatten().clone().tensor_split(n))  # n views of (numel / n,)
-    for step in range(n - 1):  # reduce-scatter: chunk rank - step goes on, chunk rank - step - 1 arrives
-        out, into = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
-        into += ring_step(ctx.comm, rank, n, out, torch.empty_like(into))
-    for step in range(n - 1):  # all-gather: the summed chunk rank + 1 - step goes on, rank - step arrives
-        out, into = chunks[(rank + 1 - step) % n], chunks[(rank - step) % n]
-        into.copy_(ring_step(ctx.comm, rank, n, out, torch.empty_like(into)))
+    for step in range(2 * (n - 1)):
+        out, into = (chunks[c] for c in ring_chunks(n, rank, step))
+        arriving = ring_step(ctx.comm, rank, n, out, torch.empty_like(into))
+        if step < n - 1:
+            into += arriving  # reduce-scatter: add the partial sum
+        else:
+            into.copy_(arriving)  # all-gather: keep the finished sum
     return torch.cat(chunks).view_as(x)

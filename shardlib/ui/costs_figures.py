@@ -14,12 +14,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from shardlib.core.collectives import ring_chunks
 from shardlib.facts.hardware import Link
 from shardlib.predict.alpha_beta import collective_time_s, crossover_bytes
 from shardlib.predict.serving.cost import PhaseCost
 from shardlib.ui.gantt import titled
 from shardlib.ui.mime import mime_figure
-from shardlib.ui.theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, OP_COLOURS, RED, colour
+from shardlib.ui.theme import BLUE, GREY, GUIDE_GREY, LABEL_GREY, LIGHT_BLUE, OP_COLOURS, RED, colour
 
 GPU_MODEL = ("model: alpha-beta with each link's published bandwidth and an order-of-magnitude latency, "
              "not a measurement")
@@ -172,3 +173,22 @@ def decode_vs_prefill_table(run) -> str:
                         f"{run.predicted_s(tp, t) * 1e3:>8.3f} ms {run.ratio(tp, t):>6.2f}" for tp in run.tp_degrees)
         lines.append(f"{t:>7,} {run.size_bytes(t):>12,}{cells}")
     return "\n".join(lines)
+
+
+@mime_figure
+def ring_figure(n: int = 4) -> go.Figure:
+    """The ring all-reduce on ``n`` ranks, step by step: in each cell, the chunk a rank sends to the next
+    (``core.collectives.ring_chunks``, the order the run follows); the reduce-scatter's steps, then the
+    all-gather's."""
+    steps = 2 * (n - 1)
+    text = [[f"chunk {ring_chunks(n, r, s)[0]} → {(r + 1) % n}" for s in range(steps)] for r in range(n)]
+    phase = [[0 if s < n - 1 else 1 for s in range(steps)] for _ in range(n)]
+    fig = go.Figure(go.Heatmap(z=phase, text=text, texttemplate="%{text}", showscale=False, xgap=2, ygap=2,
+                               colorscale=[[0, "#fdd0a2"], [1, LIGHT_BLUE]], zmin=0, zmax=1,
+                               x=[f"step {s + 1}" for s in range(steps)], y=[f"rank {r}" for r in range(n)],
+                               hovertemplate="%{y}, %{x}: %{text}<extra></extra>"))
+    fig.update_layout(title=f"Ring all-reduce on {n} ranks: reduce-scatter (orange, steps 1-{n - 1}), then "
+                            f"all-gather (blue)<br><sup>after the reduce-scatter rank r holds chunk r + 1 summed; "
+                            "the all-gather passes the sums on</sup>",
+                      yaxis={"autorange": "reversed"}, height=120 + 45 * n, margin={"l": 60, "r": 20, "t": 70, "b": 40})
+    return fig

@@ -53,3 +53,22 @@ def kv_use_figure(paged: float, contiguous: float, paper: tuple[float, float], w
     fig.update_layout(title=titled("KV memory holding real tokens", where), yaxis_title="% of the slots in use",
                       yaxis_range=[0, 105], height=340, margin={"l": 60, "r": 20, "t": 70 if where else 50, "b": 40})
     return fig
+
+
+@mime_figure
+def block_table_figure(manager, where: str = "") -> go.Figure:
+    """Each sequence's block table (``BlockManager.tables``): a row per sequence, a cell per logical block,
+    the physical block it maps to written in it; a block two or more sequences share is darker."""
+    seqs = list(manager.tables)
+    width = max(len(t) for t in manager.tables.values())
+    text = [[f"block {t[i]}" if i < len(t) else "" for i in range(width)] for t in manager.tables.values()]
+    shared = [[int(manager.refs[t[i]] > 1) if i < len(t) else None for i in range(width)]
+              for t in manager.tables.values()]
+    fig = go.Figure(go.Heatmap(z=shared, text=text, texttemplate="%{text}", showscale=False, xgap=2, ygap=2,
+                               colorscale=[[0, "#c6dbef"], [1, "#4c78a8"]], zmin=0, zmax=1,
+                               x=[f"logical {i}" for i in range(width)], y=[f"sequence {s}" for s in seqs],
+                               hovertemplate="%{y}, %{x}: physical %{text}<extra></extra>"))
+    fig.update_layout(title=titled("Block tables: logical blocks to physical blocks (dark: shared)", where),
+                      yaxis={"autorange": "reversed"}, height=120 + 45 * len(seqs),
+                      margin={"l": 90, "r": 20, "t": 60, "b": 40})
+    return fig
