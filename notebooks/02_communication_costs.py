@@ -126,16 +126,16 @@ assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 # %% [markdown]
 # ## Read the code
 #
-# `ring_all_reduce`, from `shardlib/core/collectives.py`, is the table's ring, written with point-to-point
-# sends. Read its two loops against the formula: `n-1` steps of the reduce-scatter, `n-1` of the
-# all-gather, one chunk of `S/n` sent per step. The function `ring_step` is one step: `isend` and `irecv`
-# start a send and a receive and return at once; `wait()` blocks until each is done.
+# `ring_all_reduce`, from `shardlib/core/collectives.py`, is the table's ring over point-to-point sends.
+# Read it against the formula: `n-1` steps of the reduce-scatter, `n-1` of the all-gather, one chunk of
+# `S/n` sent per step, in `ring_chunks`' order (the picture). Then `ring_step`, one step:
+# `isend` and `irecv` start a send and a receive and return at once; `wait()` blocks until each is done.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.core.collectives import ring_step, ring_all_reduce
+from shardlib.core.collectives import ring_chunks, ring_step, ring_all_reduce
 from shardlib.ui.code import show_code
 
-show_code(ring_step, ring_all_reduce)
+show_code(ring_step, ring_chunks, ring_all_reduce)
 
 # %% [markdown]
 # ## The links of real clusters
