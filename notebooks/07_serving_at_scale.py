@@ -218,6 +218,14 @@ with Ranks(3) as three:
         assert run.kv_link_bytes_sent == run.kv_link_bytes_predicted
 
 # %% [markdown]
+# The rank pairs those runs used:
+
+# %%
+from shardlib.ui.fleet_figures import handoff_links_figure
+
+handoff_links_figure(model.n_kv_heads, splits=((1, 2), (2, 1)))
+
+# %% [markdown]
 # ## Interference and goodput
 #
 # Four ways to serve the same trace on the same 4 ranks:

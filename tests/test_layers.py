@@ -189,12 +189,12 @@ CORE_LINES_AT_MOST = 6_440  # lowered as each duplicate merges, down to the aim 
 # +116: the engine serves Mixtral, its experts spread over the ranks, and weights_from_hf reads either architecture;
 # +4: the engine's step faster, its slot map built once a step and the rotary table once for every layer;
 # +10: the ring's order as data, ring_chunks, which the run and its picture both read)
-PACKAGE_LINES_AT_MOST = 25_552  # the same, down to the aim of 20,000 (+90 for the graders' properties, partial credit;
+PACKAGE_LINES_AT_MOST = 25_585  # the same, down to the aim of 20,000 (+90 for the graders' properties, partial credit;
 # +105 for pools of different TP: the heads' overlaps, the links' bytes; +139 for Mixtral served: the core's 116,
 # a random transformers Mixtral and the experts' rule checked before the ranks start; +17 for each pool planned on
 # its own: the planner's first-token objective; +27 for the all-to-all priced per link and DeepSeek-V3 in FP8;
 # +10 for the engine's faster step: the core's 10; +49 for two pictures, the ring all-reduce and the block tables,
-# and the ring's order as data)
+# and the ring's order as data; +33 for a third, the hand-off's rank pairs drawn from head_overlaps)
 
 
 def test_the_core_stays_small():

@@ -1,5 +1,5 @@
-"""The two pictures drawn from the mechanisms' own data: the ring all-reduce's chunks per step
-(``core.collectives.ring_chunks``, the order the run follows) and a block manager's tables."""
+"""Pictures drawn from the mechanisms' own data: the ring all-reduce's chunks per step
+(``core.collectives.ring_chunks``, the order the run follows), a block manager's tables, the hand-off's pairs."""
 
 from shardlib.core.collectives import ring_chunks
 from shardlib.core.serving.blocks import BlockManager
@@ -37,3 +37,14 @@ def test_the_block_table_figure_shows_each_table_and_the_shared_blocks():
     heat = block_table_figure(blocks).data[0]
     assert list(heat.text[0][:3]) == [f"block {b}" for b in blocks.tables["a"]]
     assert list(heat.z[1][:3]) == [1, 1, 0]  # b shares a's two prompt blocks, not its own last one
+
+
+def test_the_handoff_figure_draws_the_pairs_the_run_uses():
+    from shardlib.core.serving.handoff import head_overlaps
+    from shardlib.ui.fleet_figures import handoff_links_figure
+
+    fig = handoff_links_figure(2, splits=((1, 2), (2, 1), (2, 2)))
+    labels = [a.text for a in fig.layout.annotations if a.text.startswith("head ")]
+    expected = [f"head {', '.join(map(str, o.heads))}" for p, d in ((1, 2), (2, 1), (2, 2))
+                for o in head_overlaps(2, p, d)]
+    assert labels == expected and len(labels) == 6
