@@ -132,6 +132,19 @@ def test_on_ranks_exact_with_experts_spread_preemption_and_prefix_caching(weight
             ranks.close()
 
 
+@pytest.mark.parametrize("prefill_ranks", [1, 2])
+def test_disaggregated_pools_of_different_tp_serve_mixtral_exactly(weights, generated, prefill_ranks):
+    """1 + 2 and 2 + 1 on 3 ranks: each pool spreads the experts over its own ranks, the K/V cross by rank
+    pair, and the tokens are still transformers' greedy ones."""
+    from shardlib.lab.serving.disagg import run_disaggregated
+
+    with Ranks(3) as three:
+        run = run_disaggregated(three, weights, trace(), EngineConfig(block_size=8, num_blocks=40, max_batch_tokens=64),
+                                prefill_ranks=prefill_ranks)
+    assert run.tokens == generated
+    assert run.kv_link_bytes_sent == run.kv_link_bytes_predicted
+
+
 def test_experts_that_do_not_spread_evenly_are_refused(weights):
     odd = random_hf_mixtral(seed=1, num_local_experts=6)
     w = weights_from_hf(odd.state_dict(), odd.config)
