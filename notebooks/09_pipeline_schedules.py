@@ -203,6 +203,13 @@ for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
     print(f"{make_schedule(name, 2, 4).short_title:12}" + "".join(cells))
 
 # %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ZB-V and DualPipeV idle least (0.040 at `p = 2, m = 4`), ZB-H1 next, 1F1B most. Doubling `m` roughly
+# halves every share: the ramp stays the same length while the work doubles.
+#
+# </details>
+#
 # ## Run it on real ranks
 #
 # Eight of the toy's MLP layers, a batch of 16 sequences of 4 tokens, on 2 ranks. Pipelining adds no sum
@@ -433,6 +440,14 @@ for name, mine in (("DualPipeV", "dualpipev"), ("ZBVZeroBubble", "zb-v")):
     ours = max(t.end_s for t in simulate(make_schedule(mine, 2, 4), 2, 2, 0, 2)) - 24
     print(f"torch {name}: exact on our engine and in torch's runtime ({len(peer.grads)} layers); "
           f"idle slots per stage at F = B = W: {idle}; ours ({mine}): {ours}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The same: one idle slot per stage for each schedule, torch's list and ours. Two orders that differ in
+# detail can share a ramp.
+#
+# </details>
 
 # %% [markdown]
 # ## Explore: one step, drawn as the list predicts it and as the ranks ran it

@@ -82,14 +82,14 @@ from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
     Question(
-        "With 4 stages, stage 0 starts 4 forwards before its first backward, then alternates. What goes "
+        "With 4 stages, stage 0 starts 5 forwards before its first backward, then alternates. What goes "
         "wrong?",
         ("It holds 5 in flight at once, one more than 1F1B's limit",
          "Nothing: early forwards only fill the pipeline faster",
          "It deadlocks: stage 1 cannot send its gradient back in time"),
         0,
-        "After its 4 forwards it runs a fifth (the first of the alternation) before B 0 has come back, so it "
-        "holds 5; 1F1B holds at most p - s = 4 on stage 0.",
+        "1F1B runs p - s = 4 forwards on stage 0 before B 0 (3 to fill the pipeline, then the first of its "
+        "alternation), so it holds at most 4. A fifth forward before B 0 holds 5.",
     ),
     Question(
         "Every stage runs F 0, B 0, F 1, B 1, ... in turn. The checker accepts the memory. What does it say "
