@@ -3,10 +3,10 @@
 A router is a ``(n_experts, d_model)`` matrix that scores every expert for every token; each token goes
 to its ``k`` best experts, weighted by gates (Shazeer et al. 2017, arXiv:1701.06538; GShard, Lepikhin et
 al. 2020). One registry of gate functions, ``GATES``: ``"softmax-topk"`` (Mixtral, Jiang et al. 2024: a
-softmax over the k chosen logits); ``"softmax-then-topk"`` (Switch Transformer, Fedus et al. 2021; GShard;
-DeepSeek-V2: the k largest of a softmax over every expert); ``"softmax-then-topk-normalised"`` (Mixtral as
-``transformers`` computes it: a softmax over every expert in float32, the k largest, normalised to sum to 1:
-``"softmax-topk"``'s gates up to rounding); ``"sigmoid-topk"`` (DeepSeek-V3, 2024, arXiv:2412.19437, eqs.
+softmax over the k chosen logits); ``"softmax-then-topk"`` (Switch Transformer, Fedus et al. 2021;
+DeepSeek-V2: the k largest of a softmax over every expert); ``"softmax-then-topk-normalised"`` (GShard's top-2,
+which renormalises its two gates, and Mixtral as ``transformers`` computes it: a softmax over every expert in
+float32, the k largest, normalised to sum to 1); ``"sigmoid-topk"`` (DeepSeek-V3, 2024, arXiv:2412.19437, eqs.
 13-15: sigmoid affinities, the chosen ones normalised to sum to 1). A selection bias (DeepSeek-V3's
 auxiliary-loss-free balancing) chooses but never weighs; node-limited routing (DeepSeek-V3, section 2.1.2)
 keeps a token on its ``M`` best nodes, each scored by the sum of its ``k // M`` best scores. ``skew`` tilts
