@@ -1,4 +1,4 @@
-"""The package keeps its own vocabulary: every module is on the README's map and in its package's
+"""The package keeps its own vocabulary: every module is on FILES.md's map and in its package's
 docstring, pool drivers are ``run_*`` and return frozen dataclasses, rank functions end in ``_on_rank``, a module
 is at most 300 lines, and the core measures nothing."""
 
@@ -21,10 +21,10 @@ def modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts)
 
 
-def readme_map() -> set[str]:
-    """Paths of the modules the README's layout block names (``shardlib/core/pipeline/engine.py``); a folder's
+def files_map() -> set[str]:
+    """Paths of the modules FILES.md's layout block names (``shardlib/core/pipeline/engine.py``); a folder's
     entries are indented two more spaces than the folder."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "FILES.md").read_text()
     block = text[text.index("## Layout"):]
     block = block[block.index("```") + 3:]
     block = block[:block.index("```")]
@@ -51,12 +51,12 @@ def dotted(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
-def test_every_module_is_on_the_readme_map():
-    listed = readme_map()
+def test_every_module_is_on_the_files_map():
+    listed = files_map()
     missing = [p.relative_to(ROOT).as_posix() for p in modules() if p.relative_to(ROOT).as_posix() not in listed]
-    assert missing == [], "add these to the README's layout block"
+    assert missing == [], "add these to FILES.md's layout block"
     stale = sorted(p for p in listed if not (ROOT / p).exists())
-    assert stale == [], "the README's layout names modules that do not exist"
+    assert stale == [], "FILES.md's layout names modules that do not exist"
 
 
 def test_every_module_is_named_in_its_package_docstring():
