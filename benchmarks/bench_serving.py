@@ -51,8 +51,9 @@ from dataclasses import replace
 
 import torch
 
+from shardlib.core.checkpoints import weights_from_hf_llama
 from shardlib.core.checks import TOLERANCE
-from shardlib.core.model import stack_reference, weights_from_hf_llama
+from shardlib.core.model import stack_reference
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig

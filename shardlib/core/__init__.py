@@ -4,12 +4,15 @@ Nothing here measures, times, prints or draws; a mechanism takes the group objec
 process group, ``ctx.comm``) and lets measurement attach through a ``probe``.
 
 * ``adamw``: AdamW (Loshchilov and Hutter 2019), written out: the one optimizer every training run here uses.
+* ``checkpoints``: A ``transformers`` model's weights and config read as the engine's, for each architecture it
+  serves (Llama, Mixtral, DeepSeek-V3).
 * ``checks``: The argument checks every config, formula and driver makes, with messages that show the value.
 * ``collectives``: The ring all-reduce (Patarasuk and Yuan 2009), written out: a reduce-scatter, then an all-gather,
   over point-to-point sends.
 * ``config``: ``ModelConfig``: one transformer's shape, the one model config of the package.
 * ``model``: The transformer (Llama's, Touvron et al. 2023) as one process computes it: RMSNorm, rotary,
-  grouped-query attention, SwiGLU; the toy and the served model are two configs of it.
+  grouped-query attention (or DeepSeek's multi-head latent attention), SwiGLU; the toy and the served model are
+  two configs of it.
 * ``mesh``: The one mesh: ``Layout(tp, pp, dp, ep, cp, dp_strategy)``, how it numbers ranks, the groups per
   axis.
 * ``probe``: Where a mechanism lets measurement attach from outside, doing nothing by default.
@@ -28,5 +31,5 @@ process group, ``ctx.comm``) and lets measurement attach through a ``probe``.
 * ``training``: The training step over every axis, composed from the strategies' mechanisms.
 """
 
-__all__ = ["adamw", "checks", "collectives", "config", "mesh", "model", "probe", "toy", "context_parallel",
+__all__ = ["adamw", "checkpoints", "checks", "collectives", "config", "mesh", "model", "probe", "toy", "context_parallel",
            "data_parallel", "experts", "pipeline", "serving", "tensor_parallel", "training"]

@@ -18,6 +18,42 @@ SCALE_BYTES = 2  # one 16-bit scale per group of quantised weights
 
 
 @dataclass(frozen=True)
+class MLAShape:
+    """Multi-head latent attention's ranks (DeepSeek-V2, arXiv 2405.04434, section 2.1; DeepSeek-V3, arXiv
+    2412.19437, section 2.1.1). A token's keys and values come from one compressed latent of ``kv_rank``
+    values, and every head shares one rotary key of ``rope_dim``: a token caches ``latent_dim`` values a layer,
+    whatever the heads. Each head's query and key are ``nope_dim`` values without rotary and ``rope_dim`` with
+    it; its value is ``v_dim``. The query comes through its own low-rank step of ``q_rank`` (0: straight from
+    the hidden state). ``interleaved``: the checkpoint lays rotary pairs out as ``(x0, x1), (x2, x3), ...``
+    (DeepSeek's) rather than in two halves."""
+
+    kv_rank: int  # DeepSeek-V3: 512
+    rope_dim: int  # 64
+    nope_dim: int  # 128
+    v_dim: int  # 128
+    q_rank: int = 0  # 1536
+    interleaved: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("kv_rank", "rope_dim", "nope_dim", "v_dim"):
+            whole_number(getattr(self, name), f"MLA: {name}")
+        whole_number(self.q_rank, "MLA: q_rank (0: no low-rank query)", minimum=0)
+        if self.rope_dim % 2:
+            raise ValueError(f"MLA: rope_dim {self.rope_dim} is odd; rotary turns pairs of values")
+        flag(self.interleaved, "MLA: interleaved")
+
+    latent_dim = property(lambda self: self.kv_rank + self.rope_dim)  # values a token caches a layer
+    qk_dim = property(lambda self: self.nope_dim + self.rope_dim)  # one head's query and key
+
+    def attention_params(self, d_model: int, n_heads: int) -> int:
+        """One layer's matrices: the query's steps, the joint down-projection, K and V up, the output (the two
+        small norms' vectors left out)."""
+        q = self.q_rank * (d_model + n_heads * self.qk_dim) if self.q_rank else d_model * n_heads * self.qk_dim
+        return (q + d_model * self.latent_dim + self.kv_rank * n_heads * (self.nope_dim + self.v_dim)
+                + n_heads * self.v_dim * d_model)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     n_layers: int
@@ -34,14 +70,19 @@ class ModelConfig:
     weight_bits: int = 0  # 0: weights in bytes_per_param; 8 or 4: layer matrices quantised (see quantized)
     quant_group_size: int = 128  # weights that share one 16-bit scale
     vocab_multiple: int = 128  # the vocabulary is padded to a multiple of this x tp (Megatron-LM's default)
-    attention_params: int = 0  # 0: counted from the heads; else one layer's attention weights as given (MLA)
-    kv_latent_dim: int = 0  # 0: a key and a value per KV head; else values one token caches per layer (MLA)
     node_limit: int = 0  # 0: a token's experts anywhere; else on at most this many nodes (DeepSeek-V3: 4)
     max_positions: int = 0  # the longest sequence the model serves (0: not set, the toy's)
     rope_theta: float = 0.0  # rotary base (Llama: 10000); 0: no rotary, the toy's
     rms_eps: float = 0.0  # RMSNorm's epsilon; 0: the computing dtype's machine epsilon, the toy's
     norm_float32: bool = False  # RMSNorm computed in float32 and cast back, as transformers' Llama does
     router_gate: str = "softmax-topk"  # with experts: the router's gate function (core.experts.routing.GATES)
+    mla: MLAShape | None = None  # multi-head latent attention (DeepSeek-V2/V3); None: grouped-query attention
+    expert_d_ff: int = 0  # 0: d_ff; else each routed expert's width (DeepSeek-V3: 2048; its dense layers 18432)
+    shared_experts: int = 0  # experts every token runs, beside its routed ones, expert_d_ff wide each (DeepSeek-V3: 1)
+    dense_layers: int = 0  # the first layers keep a dense MLP of d_ff (DeepSeek-V3: 3)
+    routed_scale: float = 1.0  # the routed experts' gates times this (DeepSeek-V3: 2.5)
+    expert_groups: int = 1  # routed experts in groups, a token on at most node_limit of them (DeepSeek-V3: 8)
+    router_float32: bool = False  # the router's scores in float32 whatever the model's dtype (DeepSeek-V3's)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "n_experts",
@@ -68,13 +109,22 @@ class ModelConfig:
         choice(self.weight_bits, WEIGHT_BITS, f"{self.name}: weight_bits")
         whole_number(self.quant_group_size, f"{self.name}: quant_group_size")
         whole_number(self.vocab_multiple, f"{self.name}: vocab_multiple")
-        whole_number(self.attention_params, f"{self.name}: attention_params (0: counted from the heads)", minimum=0)
-        whole_number(self.kv_latent_dim, f"{self.name}: kv_latent_dim (0: keys and values per KV head)", minimum=0)
         whole_number(self.node_limit, f"{self.name}: node_limit (0: unlimited routing)", minimum=0)
         whole_number(self.max_positions, f"{self.name}: max_positions (0: not set)", minimum=0)
         number_at_least(self.rope_theta, f"{self.name}: rope_theta (0: no rotary)")
         number_at_least(self.rms_eps, f"{self.name}: rms_eps (0: the dtype's epsilon)")
         flag(self.norm_float32, f"{self.name}: norm_float32")
+        whole_number(self.expert_d_ff, f"{self.name}: expert_d_ff (0: d_ff)", minimum=0)
+        whole_number(self.shared_experts, f"{self.name}: shared_experts", minimum=0)
+        whole_number(self.dense_layers, f"{self.name}: dense_layers", minimum=0)
+        positive_number(self.routed_scale, f"{self.name}: routed_scale")
+        whole_number(self.expert_groups, f"{self.name}: expert_groups")
+        flag(self.router_float32, f"{self.name}: router_float32")
+        if self.n_experts % self.expert_groups or (self.expert_groups > 1 and not 1 <= self.node_limit
+                                                   <= self.expert_groups):
+            raise ValueError(f"{self.name}: {self.n_experts} experts in {self.expert_groups} groups, a token on "
+                             f"{self.node_limit} of them: the groups must split the experts evenly and a token "
+                             "reach between 1 and all of them")
 
     def quantized(self, bits: int, group_size: int = 128) -> "ModelConfig":
         """The same model with its layer matrices stored in ``bits`` (8 or 4) bits per weight plus one
@@ -90,18 +140,27 @@ class ModelConfig:
 
     @property
     def attention_params_per_layer(self) -> int:
-        """q and o over the query heads, k and v over the KV heads; or ``attention_params`` where the
-        attention is not shaped so (DeepSeek's MLA: low-rank projections)."""
-        if self.attention_params:
-            return self.attention_params
+        """q and o over the query heads, k and v over the KV heads; with MLA, its low-rank projections."""
+        if self.mla is not None:
+            return self.mla.attention_params(self.d_model, self.n_heads)
         q_and_o = 2 * self.d_model * self.n_heads * self.head_dim
         k_and_v = 2 * self.d_model * self.n_kv_heads * self.head_dim
         return q_and_o + k_and_v
 
     @property
+    def kv_latent_dim(self) -> int:
+        """Values a token caches a layer with MLA (its latent and shared rotary key); 0 without."""
+        return self.mla.latent_dim if self.mla is not None else 0
+
+    @property
+    def expert_width(self) -> int:
+        """A routed expert's hidden width: ``expert_d_ff``, or ``d_ff`` when that is 0."""
+        return self.expert_d_ff or self.d_ff
+
+    @property
     def expert_params(self) -> int:
         """One expert's gated MLP (up, gate, down)."""
-        return 3 * self.d_model * self.d_ff
+        return 3 * self.d_model * self.expert_width
 
     @property
     def params_per_layer(self) -> int:

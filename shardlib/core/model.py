@@ -8,11 +8,12 @@ positions (Su et al. 2021, the rotate-half form); the SwiGLU MLP ``down(silu(gat
 et al. 2024) holds a ``router`` and ``expert_gate, expert_up, expert_down`` ``(n_experts, out, in)`` instead of
 ``gate, up, down``, run by the ``moe`` passed in (``core.experts.dispatch.moe_reference``: the experts sit above
 this module). The ``ModelConfig`` says the rest: no rotary when ``rope_theta`` is 0, the norm in float32 when
-``norm_float32`` (``transformers``' Llama). Two configs of it run in the course: the toy (``core.toy``: blocks
-only, no rotary, no norm weights) and the served Llama or Mixtral (``LlamaWeights``: embedding, blocks, final
-norm and head, read from a ``transformers`` state dict by ``weights_from_hf``, a Llama's written back with one
-name map, or drawn by ``random_weights``). ``greedy_reference`` recomputes the whole sequence at every token:
-slow, plainly right. Pure: torch, no ``torch.distributed``.
+``norm_float32`` (``transformers``' Llama). DeepSeek's multi-head latent attention (``latent_attention``) stands
+in for the grouped-query one where a layer holds ``kv_a``. Two configs of it run in the course: the toy
+(``core.toy``: blocks only, no rotary, no norm weights) and the served model (``LlamaWeights``: embedding, blocks,
+final norm and head, read from ``transformers`` by ``core.checkpoints``, or drawn by ``random_weights``).
+``greedy_reference`` recomputes the whole sequence at every token: slow, plainly right. Pure: torch, no
+``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -24,16 +25,6 @@ import torch
 import torch.nn.functional as F
 
 from shardlib.core.config import ModelConfig
-
-_HF_LAYER = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-             "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
-_HF_MLP = {"gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}  # Llama's dense MLP
-_HF_TOP = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight"}
-# LlamaConfig's name of each ModelConfig field: read by ``config_from_hf``, written by ``hf_llama_from_weights``
-_HF_CONFIG = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-              "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
-              "max_positions": "max_position_embeddings", "rope_theta": "rope_theta", "rms_eps": "rms_norm_eps",
-              "head_dim": "head_dim"}
 
 
 # -- the pieces ---------------------------------------------------------------------------------------
@@ -105,6 +96,63 @@ def attention_layer_reference(x: torch.Tensor, w: dict, model: ModelConfig,
     return F.linear(o.transpose(-3, -2).flatten(-2), w["o"])  # (..., seq, d_model)
 
 
+# -- multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, section 2.1; DeepSeek-V3, section 2.1.1) ----------
+LATENT_NORM_EPS = 1e-6  # the two low-rank norms' epsilon in transformers' DeepSeek-V3, whatever the config says
+
+
+def interleaved_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float, interleaved: bool) -> torch.Tensor:
+    """``rotary`` on ``x`` (..., seq, rope_dim); ``interleaved``: its pairs laid out ``(x0, x1), (x2, x3), ...``
+    are first gathered into two halves, evens then odds (the same rotation; the result in halves)."""
+    return rotary(torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1) if interleaved else x, positions, theta)
+
+
+def latent_queries_and_entry(x: torch.Tensor, w: dict, model: ModelConfig, positions: torch.Tensor):
+    """MLA's first half on ``x`` (..., seq, d_model) for the heads ``w``'s ``q`` or ``q_b`` hold: each head's
+    query without rotary (..., H, seq, nope_dim) and with it (..., H, seq, rope_dim), rotated; and what each
+    token caches, its normed latent and its rotated shared key, (..., seq, kv_rank + rope_dim)."""
+    m = model.mla
+    q = F.linear(rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], LATENT_NORM_EPS, True), w["q_b"]) if "q_a" in w \
+        else F.linear(x, w["q"])  # (..., seq, H qk_dim)
+    q_nope, q_rope = split_heads(q, q.shape[-1] // m.qk_dim).split([m.nope_dim, m.rope_dim], dim=-1)
+    latent, k_rope = F.linear(x, w["kv_a"]).split([m.kv_rank, m.rope_dim], dim=-1)  # (..., seq, kv_rank), rope
+    latent = rms_norm(latent, w["kv_a_norm"], LATENT_NORM_EPS, True)
+    q_rope = interleaved_rotary(q_rope, positions, model.rope_theta, m.interleaved)  # (..., H, seq, rope_dim)
+    k_rope = interleaved_rotary(k_rope, positions, model.rope_theta, m.interleaved)  # (..., seq, rope_dim)
+    return q_nope, q_rope, torch.cat([latent, k_rope], dim=-1)  # entry: (..., seq, latent_dim)
+
+
+def latent_attention_reference(x: torch.Tensor, w: dict, model: ModelConfig,
+                               positions: torch.Tensor | None = None) -> torch.Tensor:
+    """MLA as the paper writes it, every head's key and value rebuilt from the latent: ``k = [W_UK c, k_rope]``,
+    ``v = W_UV c``, softmax scale ``1 / sqrt(nope_dim + rope_dim)``. (..., seq, d_model) in and out."""
+    m, at = model.mla, torch.arange(x.shape[-2], device=x.device) if positions is None else positions
+    q_nope, q_rope, entry = latent_queries_and_entry(x, w, model, at)
+    kv = split_heads(F.linear(entry[..., :m.kv_rank], w["kv_b"]), q_nope.shape[-3])  # (..., H, seq, nope + v)
+    k_nope, v = kv.split([m.nope_dim, m.v_dim], dim=-1)
+    k = torch.cat([k_nope, entry[..., None, :, m.kv_rank:].expand(*k_nope.shape[:-1], m.rope_dim)], dim=-1)
+    o = attention(torch.cat([q_nope, q_rope], dim=-1), k, v, positions, scale=m.qk_dim ** -0.5)  # (..., H, seq, v)
+    return F.linear(o.transpose(-3, -2).flatten(-2), w["o"])
+
+
+def latent_attention(x: torch.Tensor, w: dict, model: ModelConfig, positions: torch.Tensor | None = None,
+                     attend=None) -> torch.Tensor:
+    """MLA as it is served (DeepSeek-V2, section 2.1.2: ``W_UK`` absorbed into the query, ``W_UV`` into the
+    output): each head's query moved into the latent's space, ``[q_nope W_UK, q_rope]`` (..., H, seq, latent_dim),
+    attends the cached entries as one shared key (multi-query attention), the values being their latent part;
+    the heads' results, (..., H, seq, kv_rank), go back up through ``W_UV``. ``attend(q, k, v, scale)``, default
+    ``attention``, sees k (..., 1, seq, latent_dim) and v its first kv_rank values (a paged cache may stand in).
+    The heads ``w``'s ``q_b`` and ``kv_b`` hold (one rank's share: then the output is to be summed)."""
+    m, at = model.mla, torch.arange(x.shape[-2], device=x.device) if positions is None else positions
+    q_nope, q_rope, entry = latent_queries_and_entry(x, w, model, at)
+    up = w["kv_b"].view(q_nope.shape[-3], m.nope_dim + m.v_dim, m.kv_rank)  # (H, nope + v, kv_rank)
+    q = torch.cat([q_nope @ up[:, :m.nope_dim], q_rope], dim=-1)  # (..., H, seq, latent_dim)
+    k = entry[..., None, :, :]  # (..., 1, seq, latent_dim): one key shared by every head
+    o = attention(q, k, k[..., :m.kv_rank], positions, scale=m.qk_dim ** -0.5) if attend is None \
+        else attend(q, k, k[..., :m.kv_rank], scale=m.qk_dim ** -0.5)  # (..., H, seq, kv_rank)
+    o = o @ up[:, m.nope_dim:].transpose(-1, -2)  # (..., H, seq, v_dim)
+    return F.linear(o.transpose(-3, -2).flatten(-2), w["o"])
+
+
 def mlp_reference(x: torch.Tensor, w_gate, w_up, w_down) -> torch.Tensor:
     """The gated MLP of Llama and Mixtral experts: ``down(silu(gate(x)) * up(x))``."""
     return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
@@ -115,7 +163,9 @@ def block_reference(h: torch.Tensor, w: dict, model: ModelConfig, positions: tor
     """One block, unsharded: ``h + attention(norm(h))`` if ``w`` has attention weights, then
     ``+ mlp(norm(.))`` if it has MLP weights, or ``+ moe(norm(.), w, model)`` if it has a router.
     Shape kept: (..., seq, d_model)."""
-    if "q" in w:
+    if "kv_a" in w:
+        h = h + latent_attention_reference(norm(h, w.get("attn_norm"), model), w, model, positions)
+    elif "q" in w:
         h = h + attention_layer_reference(norm(h, w.get("attn_norm"), model), w, model, positions)
     if "gate" in w:
         h = h + mlp_reference(norm(h, w.get("mlp_norm"), model), w["gate"], w["up"], w["down"])
@@ -174,94 +224,6 @@ def greedy_reference(weights: LlamaWeights, prompt_token_ids, max_new_tokens: in
         for _ in range(max_new_tokens):
             tokens.append(int(forward_reference(weights, torch.tensor(tokens), moe)[-1].argmax()))
     return tuple(tokens[len(prompt_token_ids):])
-
-
-# -- the architectures the engine serves, read from transformers ---------------------------------------------
-def _llama_mlp(state: dict, at: str, config: ModelConfig) -> dict:
-    return {k: state[f"{at}{hf}.weight"] for k, hf in _HF_MLP.items()}  # (out, in) each
-
-
-def _mixtral_mlp(state: dict, at: str, config: ModelConfig) -> dict:
-    """The router (E, d) and every expert stacked (E, out, in): from ``transformers``' modules (gate and up
-    fused in ``gate_up_proj``), or from a checkpoint on disk (Mistral's names: w1 gate, w3 up, w2 down)."""
-    if f"{at}mlp.gate.weight" in state:
-        gate_up = state[f"{at}mlp.experts.gate_up_proj"]  # (E, 2 d_ff, d): the gate's rows, then the up's
-        return {"router": state[f"{at}mlp.gate.weight"], "expert_gate": gate_up[:, :config.d_ff],
-                "expert_up": gate_up[:, config.d_ff:], "expert_down": state[f"{at}mlp.experts.down_proj"]}
-    moe = f"{at}block_sparse_moe."
-
-    def stacked(w: str) -> torch.Tensor:  # (E, out, in)
-        return torch.stack([state[f"{moe}experts.{e}.{w}.weight"] for e in range(config.n_experts)])
-
-    return {"router": state[f"{moe}gate.weight"], "expert_gate": stacked("w1"), "expert_up": stacked("w3"),
-            "expert_down": stacked("w2")}
-
-
-# model_type -> (its MLP's weights from a state dict, its config's extra names, its router's gate function)
-SERVED = {"llama": (_llama_mlp, {}, "softmax-topk"),
-          "mixtral": (_mixtral_mlp, {"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"},
-                      "softmax-then-topk-normalised")}
-
-
-def config_from_hf(hf_config) -> ModelConfig:
-    """The served config from a ``transformers`` ``LlamaConfig`` or ``MixtralConfig`` (or the dict of a
-    ``config.json``; no ``model_type``: Llama): rotary, the norm's epsilon, the norm computed in float32, the
-    experts and their router's gate function."""
-    get = hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d)
-    arch = str(get("model_type") or "llama")
-    if arch not in SERVED:
-        raise ValueError(f"the engine serves {' and '.join(SERVED)} models ({arch} is not served yet): give the "
-                         "state dict and config of a LlamaForCausalLM or a MixtralForCausalLM")
-    window = get("sliding_window")
-    if get("hidden_act", "silu") != "silu" or (window and window < (get("max_position_embeddings") or 0)):
-        raise ValueError(f"the engine's {arch} has SwiGLU MLPs and full attention; this config has hidden_act "
-                         f"{get('hidden_act')!r} and sliding_window {window}")
-    if get("tie_word_embeddings", False):
-        raise ValueError("this model ties its LM head to the embedding; the engine expects an untied head")
-    rope = get("rope_scaling") or get("rope_parameters") or {}
-    kind = (rope or {}).get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if kind not in ("default", None):
-        raise ValueError(f"rotary scaling {kind!r} is not implemented; only the default rotary embedding is")
-    theta = get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None) or 10000.0
-    _, extra, gate = SERVED[arch]
-    fields = {k: get(hf) for k, hf in {**_HF_CONFIG, **extra}.items()}
-    fields.update(n_kv_heads=fields["n_kv_heads"] or fields["n_heads"], head_dim=fields["head_dim"] or 0,
-                  rope_theta=float(theta), rms_eps=float(get("rms_norm_eps", 1e-6)))
-    return ModelConfig(name=arch, norm_float32=True, router_gate=gate, **fields)
-
-
-def weights_from_hf(state_dict: dict, hf_config) -> LlamaWeights:
-    """The engine's weights from the state dict of a ``transformers`` model it serves (``SERVED``: a
-    ``LlamaForCausalLM`` or a ``MixtralForCausalLM``) and its config."""
-    config = config_from_hf(hf_config)
-    missing = [v for v in _HF_TOP.values() if v not in state_dict]
-    if missing:
-        raise ValueError(f"not a {config.name} state dict: {missing} missing")
-    layers = []
-    for i in range(config.n_layers):
-        at = f"model.layers.{i}."
-        try:
-            w = {**{k: state_dict[f"{at}{hf}.weight"] for k, hf in _HF_LAYER.items()},
-                 **SERVED[config.name][0](state_dict, at, config)}
-        except KeyError as absent:
-            raise ValueError(f"layer {i} is incomplete: {absent.args[0]!r} missing") from None
-        layers.append({k: t.detach().clone() for k, t in w.items()})
-    return LlamaWeights(config, layers=tuple(layers), **{k: state_dict[v].detach().clone() for k, v in _HF_TOP.items()})
-
-
-def weights_from_hf_llama(state_dict: dict, hf_config) -> LlamaWeights:
-    """The engine's weights from a ``LlamaForCausalLM`` state dict and its config: ``weights_from_hf``."""
-    return weights_from_hf(state_dict, hf_config)
-
-
-def hf_llama_from_weights(weights: LlamaWeights) -> tuple[dict, dict]:
-    """``weights_from_hf_llama``'s inverse: a ``LlamaForCausalLM`` state dict and its config as a dict."""
-    if weights.config.is_moe:
-        raise ValueError(f"{weights.config.name} has experts: only a dense Llama's weights are written back")
-    state = {v: getattr(weights, k) for k, v in _HF_TOP.items()}
-    for i, layer in enumerate(weights.layers):
-        state.update({f"model.layers.{i}.{hf}.weight": layer[k] for k, hf in {**_HF_LAYER, **_HF_MLP}.items()})
-    return state, {hf: getattr(weights.config, k) for k, hf in _HF_CONFIG.items()}
 
 
 def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,

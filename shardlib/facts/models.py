@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shardlib.core.config import ModelConfig
+from shardlib.core.config import MLAShape, ModelConfig
 
 # Facts from each model's published config.json (hidden_size, num_hidden_layers, num_attention_heads,
 # num_key_value_heads, intermediate_size, vocab_size, num_local_experts, num_experts_per_tok). Llama-3.1-405B:
@@ -37,19 +37,18 @@ MIXTRAL_8X7B = ModelConfig("Mixtral-8x7B", n_layers=32, d_model=4096, n_heads=32
 # n_shared_experts 1, first_k_dense_replace 3 (dense layers of intermediate_size 18432), vocab_size 129280,
 # untied head; 671B parameters, 37B active per token (the report's abstract). What this ModelConfig cannot say,
 # and how it approximates it:
-# * MLA: ``attention_params`` is MLA's own count per layer, 7168 x 1536 + 1536 x 128 x 192 + 7168 x 576 +
-#   512 x 128 x 256 + 128 x 128 x 7168 = 187,105,280 (q down and up, the joint KV down-projection with the
-#   shared RoPE key, k and v up, o); ``kv_latent_dim`` 576: a token caches its compressed latent (512) and
-#   its RoPE key (64) per layer, not 128 keys and values (2 x 128 x 128). n_kv_heads = 128: the heads MLA's
-#   up-projection makes, so tp up to 128 splits whole heads.
+# * MLA (``MLAShape``): 7168 x 1536 + 1536 x 128 x 192 + 7168 x 576 + 512 x 128 x 256 + 128 x 128 x 7168 =
+#   187,105,280 attention weights a layer (q down and up, the joint KV down-projection with the shared RoPE key,
+#   k and v up, o); a token caches its compressed latent (512) and its RoPE key (64) per layer, 576 values, not
+#   128 keys and values (2 x 128 x 128). n_kv_heads = 128: the heads MLA's up-projection makes, so tp up to 128
+#   splits whole heads.
 # * Node-limited routing (section 2.1.2): ``node_limit`` 4, each token's experts on at most 4 nodes.
 # * The 3 dense first layers count as MoE layers (+32.6B) and the shared expert is left out (-2.6B): 701B by
 #   this count, 34.9B active per token (published 671B and 37B). The multi-token-prediction module (14B)
 #   is left out too, as the 671B does.
 DEEPSEEK_V3 = ModelConfig("DeepSeek-V3", n_layers=61, d_model=7168, n_heads=128, n_kv_heads=128, head_dim=128,
                           d_ff=2048, vocab_size=129280, n_experts=256, experts_per_token=8,
-                          attention_params=7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256
-                          + 128 * 128 * 7168, kv_latent_dim=512 + 64, node_limit=4)
+                          mla=MLAShape(kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128, q_rank=1536), node_limit=4)
 # DeepSeek-V3 as DeepSeek ships it (the report's section 3.3; the checkpoint's quantization_config: fmt e4m3,
 # weight_block_size [128, 128]): every linear layer's weights in FP8 with one float32 scale per 128 x 128 block,
 # 4 bytes per 16,384 weights; embeddings, head, norms and router in bf16. ``quantized`` counts a 16-bit scale

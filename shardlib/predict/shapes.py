@@ -76,10 +76,10 @@ def kv_cache_bytes(model: ModelConfig, seq: int, batch: int = 1, tp: int = 1, cp
 
 def attention_params_per_device(model: ModelConfig, tp: int) -> float:
     """One layer's attention weights on one of ``tp`` devices: q and o split ``tp`` ways, k and v over the
-    KV heads each holds (``kv_heads_per_device``: copies past the KV-head count); a model that gives
-    ``attention_params`` (MLA) splits them ``tp`` ways (its heads' up-projections dominate)."""
-    if model.attention_params:
-        return model.attention_params / whole_number(tp, "tp")
+    KV heads each holds (``kv_heads_per_device``: copies past the KV-head count); MLA's split ``tp`` ways (its
+    heads' up-projections dominate; the latent's down-projection, copied on every device, is counted split)."""
+    if model.mla is not None:
+        return model.attention_params_per_layer / whole_number(tp, "tp")
     return (2 * model.d_model * model.n_heads * model.head_dim / tp
             + 2 * model.d_model * model.head_dim * kv_heads_per_device(model, tp))
 

@@ -12,14 +12,9 @@ import random
 import pytest
 import torch
 
+from shardlib.core.checkpoints import hf_llama_from_weights, weights_from_hf_llama
 from shardlib.core.config import ModelConfig, kv_bytes_per_token
-from shardlib.core.model import (
-    forward_reference,
-    greedy_reference,
-    hf_llama_from_weights,
-    random_weights,
-    weights_from_hf_llama,
-)
+from shardlib.core.model import forward_reference, greedy_reference, random_weights
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request

@@ -11,7 +11,7 @@ where the gates weight them. ``all_to_all`` is differentiable: its backward is t
 served. ``ctx=None`` runs the same layer in one process, every expert here: the reference. Multiplies run on
 fixed blocks of rows (``routing.blocked_rows``), so the layer on ranks equals it bit for bit. Measurement
 attaches through ``probe``. ``moe_two_microbatches`` overlaps two microbatches (DualPipe's point);
-``layout_expert_groups`` makes a ``Layout``'s groups; ``moe_reference`` is a block's MoE MLP in one process
+``moe_reference`` is a block's MoE MLP in one process
 (Mixtral, Jiang et al. 2024), ``moe_stack_*`` the toy transformer with MoE MLPs and its one-process forward.
 """
 
@@ -229,39 +229,6 @@ def moe_two_microbatches(ctx, xs: list[torch.Tensor], experts: LocalExperts, rou
         return [y_a, weighted_at_home(flying_b.wait(), routed[1], cfg)]
 
 
-# -- the groups of a Layout --------------------------------------------------------------------------------
-_MADE: dict = {}  # (world size, layout's shape, ep, kind) -> this rank's process group, per warm worker
-KINDS = {"ep": "ep_groups", "edp": "expert_dp_groups", "stage": "stage_groups"}
-
-
-class ExpertGroups(NamedTuple):
-    """This rank's process groups on a ``Layout``: ``ep`` (``ep`` consecutive ranks of a stage holding the
-    experts between them; ``None`` when ``layout.ep = 1``), ``edp`` (the stage's ranks holding the same
-    experts), ``stage``; and its place in the ep group (which block of experts it holds)."""
-
-    ep: object | None
-    edp: object
-    stage: object
-    place: int
-
-
-def _group(ctx, layout, kind: str):
-    groups = getattr(layout, KINDS[kind])()
-    key = (ctx.world_size, layout.mesh_shape, layout.ep, kind)
-    if key not in _MADE:  # as torch.distributed.new_group: every rank makes every group, once per pool
-        made = [ctx.new_group(g, kind) for g in groups]
-        _MADE[key] = next(pg for g, pg in zip(groups, made) if ctx.rank in g)
-    return _MADE[key]
-
-
-def layout_expert_groups(ctx, layout) -> ExpertGroups:
-    """This rank's expert groups on ``layout``, named ``"ep"``, ``"edp"``, ``"stage"`` in the comm log."""
-    ep = _group(ctx, layout, "ep") if layout.ep > 1 else None
-    edp, stage = _group(ctx, layout, "edp"), _group(ctx, layout, "stage")
-    place = next(g.index(ctx.rank) for g in layout.ep_groups() if ctx.rank in g)  # the groups' ranks in order
-    return ExpertGroups(ep, edp, stage, place)
-
-
 # -- the toy transformer with MoE MLPs ---------------------------------------------------------------------
 EXPERT_KEYS = ("expert_gate", "expert_up", "expert_down")
 
@@ -281,11 +248,24 @@ def moe_stack_weights(model: ModelConfig, seed: int = 0) -> list[dict]:
     return layers
 
 
+SHARED_KEYS = ("shared_gate", "shared_up", "shared_down")  # DeepSeek's shared experts, fused into one gated MLP
+
+
+def shared_experts(rows: torch.Tensor, w: dict) -> torch.Tensor:
+    """What every token adds besides its routed experts (DeepSeek-V3's shared experts, one gated MLP as wide as
+    all of them): ``(tokens, d_model)``; zeros when the block has none."""
+    if SHARED_KEYS[0] not in w:
+        return torch.zeros_like(rows)
+    return blocked_rows(lambda b: mlp_reference(b, *(w[k] for k in SHARED_KEYS)), rows, rows.shape[1])
+
+
 def moe_reference(n: torch.Tensor, w: dict, model: ModelConfig) -> torch.Tensor:
     """Block ``w``'s MoE MLP in one process (``model.block_reference``'s ``moe``): the normed tokens ``n``
-    ``(..., d_model)`` as rows through the layer with every expert here; the same shape out."""
+    ``(..., d_model)`` as rows through the layer with every expert here (the ``router_bias`` choosing, if the
+    block has one), plus its shared experts; the same shape out."""
     rows = n.reshape(-1, n.shape[-1])  # (tokens, d_model)
-    return moe_layer(rows, w["router"], layer_experts(w), MoEConfig.from_model(model)).output.view(n.shape)
+    out = moe_layer(rows, w["router"], layer_experts(w), MoEConfig.from_model(model), w.get("router_bias")).output
+    return (out + shared_experts(rows, w) if SHARED_KEYS[0] in w else out).view(n.shape)
 
 
 def moe_stack_reference(x: torch.Tensor, layers: list[dict], model: ModelConfig) -> torch.Tensor:

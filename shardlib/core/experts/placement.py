@@ -4,12 +4,14 @@ Each of ``ep`` ranks holds ``n_experts / ep`` whole experts (GShard, Lepikhin et
 Transformer, Fedus et al. 2021) and a contiguous share of the tokens, its home tokens.
 ``ExpertPlacement`` says which rank holds which expert, and any second copy of a hot one (``replicas``:
 home ranks send alternate rows to the two copies); ``dispatch_plan`` says which of one home rank's rows
-go to which rank and expert. Pure: torch, never ``torch.distributed``.
+go to which rank and expert. ``layout_expert_groups``: on a ``Layout``, the ranks that hold the experts between
+them and those that hold the same ones (made through the rank context; never ``torch.distributed`` itself).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -97,3 +99,36 @@ def dispatch_plan(experts: torch.Tensor, kept: torch.Tensor, placement: ExpertPl
     counts = torch.bincount(target, minlength=len(slot_index))
     per_rank = counts.split([len(placement.hosted(r)) for r in range(placement.ep)])
     return DispatchPlan(order, counts, [int(c.sum()) for c in per_rank])
+
+
+# -- the groups of a Layout --------------------------------------------------------------------------------
+_MADE: dict = {}  # (world size, layout's shape, ep, kind) -> this rank's process group, per warm worker
+KINDS = {"ep": "ep_groups", "edp": "expert_dp_groups", "stage": "stage_groups"}
+
+
+class ExpertGroups(NamedTuple):
+    """This rank's process groups on a ``Layout``: ``ep`` (``ep`` consecutive ranks of a stage holding the
+    experts between them; ``None`` when ``layout.ep = 1``), ``edp`` (the stage's ranks holding the same
+    experts), ``stage``; and its place in the ep group (which block of experts it holds)."""
+
+    ep: object | None
+    edp: object
+    stage: object
+    place: int
+
+
+def _group(ctx, layout, kind: str):
+    groups = getattr(layout, KINDS[kind])()
+    key = (ctx.world_size, layout.mesh_shape, layout.ep, kind)
+    if key not in _MADE:  # as torch.distributed.new_group: every rank makes every group, once per pool
+        made = [ctx.new_group(g, kind) for g in groups]
+        _MADE[key] = next(pg for g, pg in zip(groups, made) if ctx.rank in g)
+    return _MADE[key]
+
+
+def layout_expert_groups(ctx, layout) -> ExpertGroups:
+    """This rank's expert groups on ``layout``, named ``"ep"``, ``"edp"``, ``"stage"`` in the comm log."""
+    ep = _group(ctx, layout, "ep") if layout.ep > 1 else None
+    edp, stage = _group(ctx, layout, "edp"), _group(ctx, layout, "stage")
+    place = next(g.index(ctx.rank) for g in layout.ep_groups() if ctx.rank in g)  # the groups' ranks in order
+    return ExpertGroups(ep, edp, stage, place)

@@ -98,6 +98,8 @@ class MoEConfig:
     bias_rate: float = 0.01
     n_nodes: int = 1
     max_nodes: int | None = None
+    gate_scale: float = 1.0  # the gates times this (DeepSeek-V3's routed scaling factor, 2.5)
+    router_float32: bool = False  # scores from tokens and router cast to float32 (DeepSeek-V3 in transformers)
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "d_model", "d_ff"):
@@ -121,6 +123,8 @@ class MoEConfig:
         if self.n_experts % self.n_nodes:
             raise ValueError(f"{self.n_experts} experts cannot be spread evenly over {self.n_nodes} nodes: n_nodes "
                              f"must divide n_experts")
+        positive_number(self.gate_scale, "gate_scale (the gates' multiplier)")
+        flag(self.router_float32, "router_float32")
         if self.max_nodes is not None:
             whole_number_between(self.max_nodes, "max_nodes (M, the nodes one token may reach)", 1, self.n_nodes)
             reachable = self.max_nodes * (self.n_experts // self.n_nodes)
@@ -131,12 +135,16 @@ class MoEConfig:
 
     @classmethod
     def from_model(cls, model: ModelConfig, **overrides) -> "MoEConfig":
-        """The layer shape of ``model`` (``n_experts``, ``experts_per_token``, ``d_model``, ``d_ff``) and its
-        router's gate function (``router_gate``)."""
+        """The layer shape of ``model`` (``n_experts``, ``experts_per_token``, ``d_model``, a routed expert's
+        width) and its router: the gate function, its scale and dtype, its groups (``expert_groups`` as nodes,
+        a token on ``node_limit`` of them)."""
         if not model.is_moe:
             raise ValueError(f"{model.name} is a dense model (n_experts = {model.n_experts}): no experts to route to")
-        base = dict(n_experts=model.n_experts, k=model.experts_per_token, d_model=model.d_model, d_ff=model.d_ff,
-                    gate=model.router_gate)
+        grouped = model.expert_groups > 1
+        base = dict(n_experts=model.n_experts, k=model.experts_per_token, d_model=model.d_model,
+                    d_ff=model.expert_width, gate=model.router_gate, gate_scale=model.routed_scale,
+                    router_float32=model.router_float32, n_nodes=model.expert_groups,
+                    max_nodes=model.node_limit if grouped else None)
         return cls(**{**base, **overrides})
 
     def experts_per_rank(self, ep: int) -> int:
@@ -180,7 +188,7 @@ def limit_to_nodes(scores: torch.Tensor, k: int, n_nodes: int, max_nodes: int) -
     """``scores`` ``(T, E)`` with every expert outside each token's ``max_nodes`` best nodes set to
     ``-inf``, so a top-k over the result picks only from those nodes (ties: the lower node first). A node
     scores the sum of its ``k // max_nodes`` (at least 1) highest scores."""
-    grouped = scores.view(scores.shape[0], n_nodes, -1)  # (T, N, E / N)
+    grouped = scores.view(scores.shape[0], n_nodes, scores.shape[1] // n_nodes)  # (T, N, E / N); T may be 0
     ranked = grouped.topk(min(max(1, k // max_nodes), grouped.shape[2]), dim=-1).values.sum(dim=-1)  # (T, N)
     chosen = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :max_nodes]  # (T, M)
     allowed = torch.zeros_like(ranked, dtype=torch.bool).scatter_(1, chosen, True)  # (T, N)
@@ -213,18 +221,21 @@ def route(x: torch.Tensor, router: torch.Tensor, cfg: MoEConfig, bias: torch.Ten
     """Score every expert for each token of ``x`` ``(T, d_model)`` with ``router`` ``(E, d_model)``; rank
     them by affinity plus ``bias`` (DeepSeek-V3's selection bias; ties: the lower expert id), only among
     each token's ``cfg.max_nodes`` best nodes when set; take the top ``k``; weight them by the gate
-    function of ``cfg.gate`` applied to the affinities *without* the bias."""
+    function of ``cfg.gate`` applied to the affinities *without* the bias, times ``cfg.gate_scale``."""
     check_tokens(x, cfg.d_model, router.dtype)
     if tuple(router.shape) != (cfg.n_experts, cfg.d_model):
         raise ValueError(f"the router must be (n_experts, d_model) = ({cfg.n_experts}, {cfg.d_model}), "
                          f"got {tuple(router.shape)}")
     spec = GATES[cfg.gate]
-    logits = blocked_rows(lambda b: F.linear(b, router), x, cfg.n_experts) + preference_bias(cfg).to(x.device)
+    xs, rw = (x.float(), router.float()) if cfg.router_float32 else (x, router)
+    logits = blocked_rows(lambda b: F.linear(b, rw), xs, cfg.n_experts) + preference_bias(cfg).to(x.device)
     affinity = spec.affinity(logits)  # (T, E)
-    ranked = affinity.detach() if bias is None else affinity.detach() + bias.to(affinity.device, affinity.dtype)
+    ranked = affinity.detach() if bias is None else affinity.detach() + bias.to(affinity.device)  # dtypes promote
     if cfg.max_nodes is not None:  # only the experts of each token's M best nodes
         ranked = limit_to_nodes(ranked, cfg.k, cfg.n_nodes, cfg.max_nodes)
     preference = torch.sort(ranked, dim=-1, descending=True, stable=True).indices  # (T, E)
     experts = preference[:, :cfg.k]  # (T, k), k distinct experts per token
     gates = spec.gates(affinity.gather(1, experts), logits)  # (T, k)
+    if cfg.gate_scale != 1.0:
+        gates = gates * cfg.gate_scale
     return Routing(logits, torch.softmax(logits, dim=-1), preference, experts, gates, spec.balance_probs(logits))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from shardlib.core.config import ModelConfig
-from shardlib.core.experts.dispatch import ExpertGroups, LocalExperts, layer_experts, layout_expert_groups
+from shardlib.core.experts.dispatch import LocalExperts, layer_experts
+from shardlib.core.experts.placement import ExpertGroups, layout_expert_groups
 from shardlib.core.experts.routing import MoEConfig
 from shardlib.core.mesh import Layout, check_mesh
 from shardlib.core.model import rms_norm

@@ -29,18 +29,20 @@ from shardlib.core.tensor_parallel.layers import TPGroup
 
 
 class KVCache:
-    """This rank's K and V: ``(layers, num_blocks x block_size, kv heads here, head_dim)`` each."""
+    """This rank's K and V: ``(layers, num_blocks x block_size, kv heads here, head_dim)`` each. With
+    ``values_in_keys`` (MLA's latent), one tensor: each entry is the key, its first ``values_in_keys`` values
+    the value."""
 
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device) -> None:
+                 dtype: torch.dtype, device, values_in_keys: int = 0) -> None:
         shape = (n_layers, num_blocks * block_size, kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size = block_size
+        self.v = None if values_in_keys else torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size, self.values_in_keys = block_size, values_in_keys
 
     @property
     def size_bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return sum(c.numel() * c.element_size() for c in (self.k, self.v) if c is not None)
 
     def slots(self, table, positions: torch.Tensor) -> torch.Tensor:
         """The slot of each position through its block table: ``table`` (..., blocks), ``positions`` (..., n)."""
@@ -48,22 +50,28 @@ class KVCache:
         return table.gather(-1, positions // self.block_size) * self.block_size + positions % self.block_size
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer, slots], self.v[layer, slots] = k, v  # (tokens, kv heads here, hd)
+        self.k[layer, slots] = k  # (tokens, kv heads here, hd)
+        if self.v is not None:
+            self.v[layer, slots] = v
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (any shape): (*slots' shape, kv heads here, hd), copied whole rows at a time
         (``index_select``: several times faster on CPU than indexing with a tensor)."""
         shape = (*slots.shape, *self.k.shape[2:])
-        return tuple(c[layer].index_select(0, slots.flatten()).view(shape) for c in (self.k, self.v))
+        k = self.k[layer].index_select(0, slots.flatten()).view(shape)
+        if self.v is None:
+            return k, k[..., :self.values_in_keys]
+        return k, self.v[layer].index_select(0, slots.flatten()).view(shape)
 
 
-def attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                   scale: float | None = None) -> torch.Tensor:
     """One new query per sequence on its own keys: ``q`` (n, heads, hd); ``k``, ``v`` (n, context, kv heads,
     hd), each row's context padded to the longest; ``valid`` (n, context) marks the real keys (a padded key
-    gets weight exactly 0); query head h reads KV head h // (heads / kv heads). Returns (n, heads, hd). One
+    gets weight exactly 0); query head h reads KV head h // (heads / kv heads). Returns (n, heads, v's hd). One
     call of torch's fused kernel (it takes 4-d tensors only; 3-d ones go the unfused way)."""
     return F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),  # (n, heads, 1, hd)
-                                          attn_mask=valid[:, None, None, :], enable_gqa=True)[:, :, 0]
+                                          attn_mask=valid[:, None, None, :], enable_gqa=True, scale=scale)[:, :, 0]
 
 
 class SlotMap(NamedTuple):
@@ -84,8 +92,9 @@ class PagedModel(torch.nn.Module):
         self.embed, self.norm, self.head = weights.embed.to(device), weights.norm.to(device), weights.head.to(device)
         self.layers = torch.nn.ModuleList(ParallelBlock({k: t.to(device) for k, t in w.items()}, c, tpg, copy_kv=True)
                                           for w in weights.layers)
-        self.kv_heads = self.layers[0].attention.kv_heads  # KV heads on this rank
-        self.cache = KVCache(c.n_layers, num_blocks, block_size, self.kv_heads, c.head_dim, weights.dtype, device)
+        self.kv_heads = self.layers[0].attention.kv_heads  # KV heads on this rank (MLA: 1, its latent)
+        entry, values = (c.mla.latent_dim, c.mla.kv_rank) if c.mla else (c.head_dim, 0)
+        self.cache = KVCache(c.n_layers, num_blocks, block_size, self.kv_heads, entry, weights.dtype, device, values)
 
     @torch.no_grad()
     def step(self, chunks, on_layer=None) -> torch.Tensor:
@@ -122,17 +131,19 @@ class PagedModel(torch.nn.Module):
         padded = torch.minimum(keys, context[:, None] - 1)  # (n, longest): a padded key repeats a real one
         return SlotMap(new, prompts, (rows, self.cache.slots(tables[one], padded), keys < context[:, None]))
 
-    def attend(self, layer: int, slots: SlotMap, q, k, v) -> torch.Tensor:
+    def attend(self, layer: int, slots: SlotMap, q, k, v, scale: float | None = None) -> torch.Tensor:
         """Layer ``layer``'s attention through the cache. ``q`` (H here, tokens, hd) and ``k, v`` (KV here,
-        tokens, hd) of every chunk end to end; ``slots``: the step's ``SlotMap``. A prompt chunk attends as a
-        batch of one (4-d, for the fused kernel), the decodes as one batch."""
+        tokens, hd) of every chunk end to end (MLA: one entry a token, ``v`` a view of it); ``slots``: the step's
+        ``SlotMap``. A prompt chunk attends as a batch of one (4-d, for the fused kernel), the decodes as one
+        batch."""
         self.cache.write(layer, slots.new, k.transpose(0, 1), v.transpose(0, 1))  # every chunk's new K/V at once
-        out = torch.empty_like(q)  # (H here, tokens, hd)
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])  # (H here, tokens, v's hd)
         for rows, seq_slots, pos in slots.prompts:
             k_seq, v_seq = self.cache.read(layer, seq_slots[None])  # the paged read: (1, context, KV here, hd)
-            out[:, rows] = attention(q[None, :, rows], k_seq.transpose(1, 2), v_seq.transpose(1, 2), pos)[0]
+            out[:, rows] = attention(q[None, :, rows], k_seq.transpose(1, 2), v_seq.transpose(1, 2), pos,
+                                     scale=scale)[0]
         if slots.decodes is not None:
             rows, slot_matrix, valid = slots.decodes
             k_ctx, v_ctx = self.cache.read(layer, slot_matrix)  # (n, longest context, KV here, hd)
-            out[:, rows] = attend_decodes(q[:, rows].transpose(0, 1), k_ctx, v_ctx, valid).transpose(0, 1)
+            out[:, rows] = attend_decodes(q[:, rows].transpose(0, 1), k_ctx, v_ctx, valid, scale).transpose(0, 1)
         return out

@@ -19,10 +19,17 @@ import torch
 from torch import nn
 
 from shardlib.core.config import ModelConfig, check_heads
-from shardlib.core.experts.dispatch import EXPERT_KEYS, LocalExperts, layer_experts, moe_layer
+from shardlib.core.experts.dispatch import (
+    EXPERT_KEYS,
+    SHARED_KEYS,
+    LocalExperts,
+    layer_experts,
+    moe_layer,
+    shared_experts,
+)
 from shardlib.core.experts.placement import ExpertPlacement
 from shardlib.core.experts.routing import MoEConfig
-from shardlib.core.model import attention_layer_reference, mlp_reference, norm
+from shardlib.core.model import attention_layer_reference, latent_attention, mlp_reference, norm
 from shardlib.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     CopyToParallelRegion,
@@ -52,34 +59,41 @@ class ParallelMLP(nn.Module):
 
 
 def moe_on_tp_tokens(x: torch.Tensor, router: torch.Tensor, experts, cfg: MoEConfig, tpg: TPGroup, ctx=None,
-                     group=None, place: int | None = None) -> torch.Tensor:
+                     group=None, place: int | None = None, bias: torch.Tensor | None = None,
+                     shared: dict | None = None) -> torch.Tensor:
     """The MoE layer's output on tokens ``x`` ``(T, d_model)`` whole on every rank of ``tpg`` (as the attention's
     all-reduce leaves them): this rank's ``1/tp`` of the rows through ``dispatch.moe_layer`` over ``group``, its
-    ``experts`` at ``place`` (``ctx=None``: every expert here), then every rank's rows gathered whole again."""
+    ``experts`` at ``place`` (``ctx=None``: every expert here; ``bias``: the router's selection bias), plus the
+    ``shared`` experts' (whole on every rank) on the same rows, then every rank's rows gathered whole again."""
     mine = x.tensor_split(tpg.tp)[tpg.index]  # (about T / tp, d_model): the first T % tp ranks one row more
-    y = moe_layer(mine, router, experts, cfg, ctx=ctx, group=group, place=place).output
+    y = moe_layer(mine, router, experts, cfg, bias, ctx=ctx, group=group, place=place).output
+    if shared:
+        y = y + shared_experts(mine, shared)
     return tpg.all_gather_rows(y, x.shape[0])  # (T, d_model)
 
 
 class ExpertParallelMLP(nn.Module):
-    """Mixtral's sparse MLP on the ranks of ``tpg``: the router whole on every rank, rank ``i`` the ``i``-th
-    block of ``n_experts / tp`` whole experts (``ExpertPlacement``). Tokens whole in, whole out
-    (``moe_on_tp_tokens`` over ``tpg``: the counts' all-to-all, the rows' there and back, one all-gather);
-    dropless, and a token's result does not depend on its batch."""
+    """A sparse MLP (Mixtral's, DeepSeek-V3's) on the ranks of ``tpg``: the router (and its selection bias, and
+    any shared experts) whole on every rank, rank ``i`` the ``i``-th block of ``n_experts / tp`` whole experts
+    (``ExpertPlacement``). Tokens whole in, whole out (``moe_on_tp_tokens`` over ``tpg``: the counts' all-to-all,
+    the rows' there and back, one all-gather); dropless, and a token's result does not depend on its batch."""
 
     def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup) -> None:
         super().__init__()
         self.tpg, self.cfg = tpg, MoEConfig.from_model(model)
         n = ExpertPlacement(model.n_experts, tpg.tp).per_rank  # refuses a tp that does not divide the experts
         self.register_buffer("router", w["router"])  # (n_experts, d_model), whole on every rank
+        self.register_buffer("router_bias", w.get("router_bias"))  # (n_experts,) or None
         for key, t in zip(EXPERT_KEYS, layer_experts(w, slice(tpg.index * n, (tpg.index + 1) * n))):
             self.register_buffer(key, t.clone())  # (n, d_ff, d_model) or (n, d_model, d_ff): this rank's only
+        self.shared = {k: w[k] for k in SHARED_KEYS if k in w}  # whole: each rank runs them on its own rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, tpg = LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS)), self.tpg
         rows = x.reshape(-1, x.shape[-1])  # (tokens, d_model)
         y = moe_on_tp_tokens(rows, self.router, experts, self.cfg, tpg, ctx=tpg if tpg.tp > 1 else None,
-                             group=tpg.group, place=tpg.index)  # the experts' ranks: the tensor-parallel group
+                             group=tpg.group, place=tpg.index, bias=self.router_bias,
+                             shared=self.shared)  # the experts' ranks: the tensor-parallel group
         return y.view(x.shape)
 
 
@@ -114,6 +128,37 @@ class ParallelAttention(nn.Module):
         return ReduceFromParallelRegion.apply(self.local(x, positions, attend), self.tpg)  # g
 
 
+class ParallelLatentAttention(nn.Module):
+    """DeepSeek's multi-head latent attention split by whole heads: rank ``r`` holds ``H / tp`` heads' rows of
+    ``q_b`` (or ``q``) and ``kv_b`` and their columns of ``o``. The latent has no heads: ``q_a``, ``kv_a`` and
+    their norms are whole on every rank, so every rank computes, and caches, every token's whole latent
+    (tensor parallelism copies the cache ``tp`` times). Served absorbed (``model.latent_attention``)."""
+
+    kv_heads = 1  # the cache holds one entry a token, shared by every head
+
+    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup) -> None:
+        super().__init__()
+        if model.n_heads % tpg.tp:
+            raise ValueError(f"{model.n_heads} query heads cannot be split {tpg.tp} ways: each device needs whole "
+                             "heads")
+        self.tpg, self.model, self.heads = tpg, model, model.n_heads // tpg.tp
+        q = "q_b" if "q_b" in w else "q"
+        self.split = nn.ModuleDict({q: ColumnParallelLinear(w[q], None, tpg),  # (H/tp * qk_dim, q_rank or d)
+                                    "kv_b": ColumnParallelLinear(w["kv_b"], None, tpg),  # (H/tp (nope + v), kv_rank)
+                                    "o": RowParallelLinear(w["o"], None, tpg)})  # (d, H/tp * v_dim)
+        for k in ("q_a", "q_a_norm", "kv_a", "kv_a_norm"):  # whole on every rank
+            self.register_buffer(k, w.get(k))
+
+    def local(self, x: torch.Tensor, positions: torch.Tensor | None = None, attend=None) -> torch.Tensor:
+        mine = {k: t for k in ("q_a", "q_a_norm", "kv_a", "kv_a_norm") if (t := getattr(self, k)) is not None}
+        mine.update({k: layer.weight for k, layer in self.split.items()})
+        return latent_attention(x, mine, self.model, positions, attend)  # (..., seq, d): my heads' share
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, attend=None) -> torch.Tensor:
+        x = CopyToParallelRegion.apply(x, self.tpg)  # f
+        return ReduceFromParallelRegion.apply(self.local(x, positions, attend), self.tpg)  # g
+
+
 class ParallelBlock(nn.Module):
     """``model.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)`` (the
     experts' with a router). With ``sequence_parallel`` it takes and returns this rank's run of the residual
@@ -123,7 +168,8 @@ class ParallelBlock(nn.Module):
                  sequence_parallel: bool = False) -> None:
         super().__init__()
         self.model, self.tpg, self.sequence_parallel = model, tpg, sequence_parallel
-        self.attention = ParallelAttention(w, model, tpg, copy_kv) if "q" in w else None
+        self.attention = (ParallelLatentAttention(w, model, tpg) if "kv_a" in w else
+                          ParallelAttention(w, model, tpg, copy_kv) if "q" in w else None)
         if "router" in w and sequence_parallel:
             raise ValueError("sequence parallelism is built for dense blocks; this block has experts")
         self.mlp = ParallelMLP(w, tpg) if "gate" in w else ExpertParallelMLP(w, model, tpg) if "router" in w else None

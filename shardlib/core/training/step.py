@@ -27,7 +27,7 @@ from shardlib.core.context_parallel.ring import ring_attention
 from shardlib.core.data_parallel.buckets import BucketedReplica
 from shardlib.core.data_parallel.zero3 import ShardedUnits
 from shardlib.core.experts.balance import bias_update
-from shardlib.core.experts.dispatch import layout_expert_groups
+from shardlib.core.experts.placement import layout_expert_groups
 from shardlib.core.model import rms_norm
 from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.core.pipeline.messages import Links

@@ -6,7 +6,7 @@ trained by plain SGD to regress a fixed target. The loss is the mean over the to
 of each group's mean squared error, plus, for ``balance="aux-loss"``, ``aux_loss_coef`` times Switch's loss
 on that group's tokens; ``"aux-free"`` moves DeepSeek-V3's bias after each step by the step's counts.
 
-``train_toy`` on a rank: the experts spread by ``dispatch.layout_expert_groups`` on ``Layout(dp=world,
+``train_toy`` on a rank: the experts spread by ``placement.layout_expert_groups`` on ``Layout(dp=world,
 ep=ep)``. The dense weights (``w_in``, the router) sit on every rank: their gradients are summed over **every rank**. An
 expert sits on one place of each ep group; the combine's backward already brings it the gradient of every
 row its group sent it, so its gradient is summed over the **edp group** only (Megatron-Core's
@@ -25,7 +25,8 @@ from torch import nn
 
 from shardlib.core.checks import number_at_least, positive_number, whole_number
 from shardlib.core.experts.balance import bias_update
-from shardlib.core.experts.dispatch import EXPERT_KEYS, ExpertGroups, MoEWeights, layout_expert_groups, make_moe_weights
+from shardlib.core.experts.dispatch import EXPERT_KEYS, MoEWeights, make_moe_weights
+from shardlib.core.experts.placement import ExpertGroups, layout_expert_groups
 from shardlib.core.experts.routing import MoEConfig, blocked_rows
 from shardlib.core.mesh import Layout
 from shardlib.core.tensor_parallel.layers import TPGroup

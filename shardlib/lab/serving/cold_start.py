@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from shardlib.core.checkpoints import hf_llama_from_weights, weights_from_hf_llama
 from shardlib.core.checks import whole_number
 from shardlib.core.config import ModelConfig
-from shardlib.core.model import greedy_reference, hf_llama_from_weights, random_weights, weights_from_hf_llama
+from shardlib.core.model import greedy_reference, random_weights
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request

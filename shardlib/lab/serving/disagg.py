@@ -1,16 +1,15 @@
 """Disaggregated serving measured: a prefill pool and a decode pool on a warm pool of ranks, and the check of
-colocated against disaggregated on the same ranks and trace (Zhong et al. 2024, DistServe; Patel et al.
-2024, Splitwise).
+colocated against disaggregated on the same ranks and trace (Zhong et al. 2024, DistServe; Patel et al. 2024,
+Splitwise).
 
 ``run_disaggregated`` serves a trace on two pools of any sizes the heads allow; a ``DisaggregatedRun`` is a
 ``ServingRun`` plus each request's K/V bytes per link, from the comm log and ``presets.kv_bytes_per_link``.
-``run_disaggregation_check`` serves four configurations (``CONFIGURATIONS``): the colocated engine
-prefill-first and with chunked prefill (``run_serving``, tensor parallelism over every rank), and the two
-pools, the K/V handed over whole or layer by layer (half the ranks each). A fifth, colocated replicas (one
-engine per pool's worth of ranks), is predicted only. ``DisaggregationCheck`` holds the runs, the
-predictions, SLO attainment and goodput per objective, the interference (decode steps with and without
-prompt tokens), the hand-off's wait and the verdicts (``lab.verdict``).
-"""
+``run_disaggregation_check`` serves four configurations (``CONFIGURATIONS``): the colocated engine prefill-first
+and with chunked prefill (``run_serving``, tensor parallelism over every rank), and the two pools, the K/V handed
+over whole or layer by layer (half the ranks each). A fifth, colocated replicas (one engine per pool's worth of
+ranks), is predicted only. ``DisaggregationCheck`` holds the runs, the predictions, SLO attainment and goodput
+per objective, the interference (decode steps with and without prompt tokens), the hand-off's wait and the
+verdicts (``lab.verdict``)"""
 
 from __future__ import annotations
 
@@ -78,6 +77,8 @@ def check_split(world_size: int, prefill_ranks: int, model_config) -> int:
     splits the model over its own ranks (``tensor_parallel_problems``); the two sizes may differ."""
     whole_number(prefill_ranks, "prefill_ranks (a whole number of ranks: a pool of zero ranks serves nothing)")
     decode = world_size - prefill_ranks
+    if getattr(model_config, "mla", None):
+        raise ValueError(f"{model_config.name} caches one latent a token, not K/V heads; the hand-off moves heads")
     if decode < 1:
         raise ValueError(f"prefill_ranks = {prefill_ranks} of a job of {world_size} ranks leaves no rank to decode: "
                          f"give the decode pool at least one (prefill_ranks <= {world_size - 1})")
@@ -102,9 +103,8 @@ def run_disaggregated(ranks, weights, requests, config, prefill_ranks: int | Non
     whole_number(ranks.world_size, "the job's world size")
     p = ranks.world_size // 2 if prefill_ranks is None else prefill_ranks
     d = check_split(ranks.world_size, p, weights.config if isinstance(weights, LlamaWeights) else None)
-    requests = check_serving(weights, requests, config, p)
-    element = weights.embed.element_size()
-    links = {r.request_id: kv_bytes_per_link(weights.config, len(r.prompt_token_ids), p, d, element)
+    requests, c = check_serving(weights, requests, config, p), weights.config
+    links = {r.request_id: kv_bytes_per_link(c, len(r.prompt_token_ids), p, d, weights.embed.element_size())
              if r.max_new_tokens > 1 else {} for r in requests}  # one token: done at the prefill, nothing sent
     got = on_ranks(ranks, disaggregated_on_rank, weights, list(requests), config, p, layerwise)
     return DisaggregatedRun(got, requests, config, p, p, layerwise, links)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from shardlib.core.model import LlamaWeights, weights_from_hf
+from shardlib.core.checkpoints import weights_from_hf
+from shardlib.core.model import LlamaWeights
 
 SHAPE = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="sdpa")
@@ -47,6 +48,25 @@ def random_hf_mixtral(seed: int = 0, dtype: torch.dtype = torch.float64, **shape
     config = MixtralConfig(**{**SHAPE, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2,
                               **shape})
     return _spread(lambda: MixtralForCausalLM._from_config(config, experts_implementation="eager"), seed, dtype)
+
+
+def random_hf_deepseek_v3(seed: int = 0, dtype: torch.dtype = torch.float64, **shape):
+    """A tiny ``transformers`` ``DeepseekV3ForCausalLM`` made here, as ``random_hf_llama``: 3 layers (the first
+    dense), multi-head latent attention (4 heads; a latent of 12 and a rotary key of 4 cached a token a layer;
+    queries through a rank of 16), 8 routed experts of width 24 in 4 groups, 4 a token from 2 groups, one
+    shared expert. The router's selection bias, zero at initialisation, is drawn too, so it changes choices."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(**{**SHAPE, "num_hidden_layers": 3, "num_key_value_heads": 4, "intermediate_size": 48,
+                                 "moe_intermediate_size": 24, "n_routed_experts": 8, "num_experts_per_tok": 4,
+                                 "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                                 "q_lora_rank": 16, "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                                 "v_head_dim": 8, **shape})
+    model = _spread(lambda: DeepseekV3ForCausalLM._from_config(config, experts_implementation="eager"), seed, dtype)
+    with torch.no_grad():
+        for layer in model.model.layers[config.first_k_dense_replace:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    return model
 
 
 def _spread(make, seed: int, dtype: torch.dtype):
