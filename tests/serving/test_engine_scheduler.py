@@ -86,6 +86,23 @@ def test_a_freed_cached_block_is_found_until_it_is_handed_out_again():
     bm.check()
 
 
+def test_a_preempted_sequence_finding_its_own_blocks_is_not_a_hit():
+    """vLLM issue 25780: a return after preemption finds blocks it computed itself; that is a recompute
+    saved, not a prefix hit. Only blocks first computed for another sequence count."""
+    bm = BlockManager(num_blocks=10, block_size=4)
+    prompt = list(range(9))
+    bm.allocate("a", prompt, 9)
+    bm.seal("a", prompt)
+    bm.release("a")  # preempted: its two full blocks stay cached
+    assert bm.allocate("a", prompt, 9) == 8  # back: its own 8 tokens are reused, not recomputed
+    stats = bm.stats()
+    assert (stats.hit_tokens, stats.lookup_tokens) == (0, 9)  # the first admission's lookup only
+    assert bm.allocate("b", prompt, 9) == 8  # another sequence: a real hit
+    stats = bm.stats()
+    assert (stats.hit_tokens, stats.lookup_tokens) == (8, 18)
+    bm.check()
+
+
 def test_without_prefix_caching_nothing_is_shared():
     bm = BlockManager(num_blocks=10, block_size=2, prefix_caching=False)
     bm.allocate("a", [1, 2, 3], 3)
@@ -156,6 +173,17 @@ def test_prefix_caching_hits_on_a_shared_system_prompt():
     sched = run_engine(requests, config, fake_step, clock=lambda: next(clock), wait=lambda s: None)
     stats = sched.blocks.stats()
     assert stats.hit_tokens == 3 * 16 and stats.lookup_tokens == 4 * 17
+
+
+def test_preemption_adds_no_hits_without_a_shared_prefix():
+    """Distinct prompts share no block: whatever the preemptions, the hit rate is 0 and the lookups are
+    the prompts, each counted once."""
+    config = EngineConfig(block_size=2, num_blocks=10, max_batch_tokens=12)
+    requests = [Request(i, [i + 1] * 6, 10) for i in range(4)]
+    sched = run_engine(requests, config, fake_step, clock=lambda: 1e9, wait=lambda s: None)
+    stats = sched.blocks.stats()
+    assert sched.preemptions > 0
+    assert (stats.hit_tokens, stats.lookup_tokens) == (0, 4 * 6)
 
 
 def test_arrivals_wait_for_their_time():

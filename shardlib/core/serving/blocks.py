@@ -6,7 +6,9 @@ is reserved for tokens it has not produced. Prefix caching (vLLM's automatic pre
 RadixAttention in a simpler form): a full block is named by a hash of its tokens chained to its parent
 block's hash, so two sequences that start with the same tokens share those blocks (reference counted).
 A freed block whose hash is known stays findable until it is handed out again (least recently freed
-first). Pure: no torch.
+first). A preempted sequence that comes back may find its own blocks still cached: that saves a
+recompute, but no other request computed them, so its return is left out of the hit counts (vLLM does
+the same since issue 25780). Pure: no torch.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def prompt_block_hashes(tokens, block_size: int, parent: int | None = None) -> l
 
 @dataclass(frozen=True)
 class BlockStats:
-    """What the manager has done so far: blocks in use, free, and prefix-cache lookups."""
+    """What the manager has done so far: blocks in use, free, and prefix-cache lookups. The lookups are
+    each sequence's first admission only, so every hit is a block computed for another sequence."""
 
     used: int
     free: int
@@ -62,6 +65,7 @@ class BlockManager:
         self.tables: dict[object, list[int]] = {}
         self.hashes: dict[object, list[int]] = {}  # seq -> names of its full blocks, in order
         self.hit_tokens = self.lookup_tokens = 0
+        self.admitted: set = set()  # every sequence ever given blocks: a second admission is a return
 
     # -- a sequence arrives --------------------------------------------------------------------------
     def cached_prefix(self, tokens) -> list[int]:
@@ -86,12 +90,16 @@ class BlockManager:
 
     def allocate(self, seq, tokens, n_tokens: int) -> int:
         """Give ``seq`` blocks for its first ``n_tokens`` slots, reusing cached full blocks of ``tokens``;
-        return how many tokens those cached blocks already hold (their K/V need not be computed)."""
+        return how many tokens those cached blocks already hold (their K/V need not be computed). Only a
+        sequence's first admission counts as a lookup: on its return after preemption, the blocks found
+        are mostly its own."""
         if seq in self.tables:
             raise ValueError(f"sequence {seq!r} already has blocks")
         reused = self.cached_prefix(tokens)
-        self.lookup_tokens += len(tokens)
-        self.hit_tokens += len(reused) * self.block_size
+        if seq not in self.admitted:  # a preempted sequence's return finds its own blocks: not a hit
+            self.admitted.add(seq)
+            self.lookup_tokens += len(tokens)
+            self.hit_tokens += len(reused) * self.block_size
         for b in reused:
             self._take(b)
         self.tables[seq] = list(reused)
