@@ -97,13 +97,14 @@ show_code(Scheduler.schedule, Scheduler._admit)
 # %% [markdown]
 # Next, the block manager. Its `cached_prefix` walks a prompt's full blocks, naming each by
 # `block_hash(parent, tokens)`, and stops at the first name it does not know. Then `allocate` takes those
-# blocks (one more reference each) and fresh ones for the rest. Last, `release` gives a block back when
-# its count reaches zero. A freed block keeps its name until it is handed out again, so a later request
-# may still find it. Production names blocks with a cryptographic hash (vLLM's default is SHA-256), so that
+# blocks (one more reference each) and fresh ones for the rest. A fresh block gets no name yet: `seal`
+# names it after the step that writes its K/V, and only once it is full, as vLLM does. Last, `release`
+# gives a block back when its count reaches zero. A freed block keeps its name until it is handed out
+# again, so a later request may still find it. Production names blocks with a cryptographic hash (vLLM's default is SHA-256), so that
 # two different prefixes never share a name; Python's `hash` here is fine for a lesson, not for a server.
 
 # %% tags=["nbval-ignore-output"]
-show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.release)
+show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.seal, BlockManager.release)
 
 # %% [markdown]
 # The picture: three sequences in blocks of 4 tokens. Sequences a and b open with the same 8-token

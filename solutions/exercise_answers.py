@@ -209,21 +209,26 @@ class PrefixBlockManager:
             if self.refs[block] == 0:
                 self.free_blocks.remove(block)  # cached but free: taken back
             self.refs[block] += 1
-        for i in range(len(table), -(-len(tokens) // bs)):
+        for _ in range(len(table), -(-len(tokens) // bs)):
             block = self.free_blocks.pop(0)
             old = self.name_of.pop(block, None)  # handed out again: its old name no longer finds it
             if old is not None and self.cached.get(old) == block:
                 del self.cached[old]
             self.refs[block] = 1
-            table.append(block)
-            piece = tokens[i * bs:(i + 1) * bs]
-            if len(piece) == bs:
-                name = block_hash(parent, piece)
-                if name not in self.cached:
-                    self.cached[name], self.name_of[block] = block, name
-                parent = name
+            table.append(block)  # no name yet: its K/V are computed by the next step
         self.tables[seq] = table
         return cached
+
+    def seal(self, seq, tokens) -> None:
+        from shardlib.core.serving.blocks import block_hash
+
+        bs, parent = self.block_size, None
+        for i in range(len(tokens) // bs):  # full blocks only: a partial one may still change
+            name = block_hash(parent, tokens[i * bs:(i + 1) * bs])
+            block = self.tables[seq][i]
+            if name not in self.cached:  # an equal block elsewhere keeps the name: this one stays private
+                self.cached[name], self.name_of[block] = block, name
+            parent = name
 
     def free(self, seq) -> None:
         for block in reversed(self.tables.pop(seq)):

@@ -15,12 +15,12 @@
 # %% [markdown]
 # # 06 · Exercises: the serving engine's block manager
 #
-# **What you will do.** Write the two methods at the heart of notebook 06's paged KV cache: `allocate`,
-# which gives a new sequence its blocks and reuses cached blocks of a shared prefix, and `free`, which
-# takes them back. Then run the checker cell. It replays traces of allocations and frees against the
-# library's block manager, watches what every block holds, and names the first mistake it sees: leaked
-# blocks, a shared block freed while in use, a hash that ignores the parent, a starved request (one
-# refused although free blocks would hold it).
+# **What you will do.** Write the three methods at the heart of notebook 06's paged KV cache. `allocate`
+# gives a new sequence its blocks and reuses cached blocks of a shared prefix. `seal` names its full
+# blocks once their K/V are computed. `free` takes the blocks back. Then run the checker cell. It replays
+# traces against the library's block manager, watches what every block holds, and names the first mistake
+# it sees: leaked blocks, a shared block freed while in use, a hash that ignores the parent, a block reused
+# before its K/V exist, a starved request (one refused although free blocks would hold it).
 #
 # Until you write `allocate`, the checker says "not written yet". About 30 minutes.
 
@@ -41,7 +41,7 @@
 # different K/V, so they must get different names.
 
 # %% [markdown]
-# ## Exercise: `allocate` and `free` with prefix reuse
+# ## Exercise: `allocate`, `seal` and `free` with prefix reuse
 #
 # `allocate(seq, tokens)` gives sequence `seq` enough blocks for all of `tokens` and returns how many of
 # its tokens the cache already holds. The rules:
@@ -52,8 +52,13 @@
 # 2. A reused block gets one more reference. If it had none, it was free: take it out of `free_blocks`.
 # 3. Give fresh blocks from the front of `free_blocks` for the rest. A fresh block may still carry an old
 #    name: forget it (in `name_of`, and in `cached` if it points at this block).
-# 4. Name every fresh block that your tokens fill completely, unless an equal block is cached already.
+# 4. Do not name the fresh blocks yet. Their K/V do not exist until the next step computes them.
 # 5. Return the number of tokens in the reused blocks.
+#
+# `seal(seq, tokens)` is called once a step has written the K/V of `tokens`, the sequence so far. Name
+# each of its blocks that `tokens` fill completely, unless an equal block is cached already. A partial
+# last block gets no name: its tokens may still change. vLLM names blocks the same way: a block is
+# hashed only once it is full and computed.
 #
 # `free(seq)` drops the sequence's table. Each of its blocks loses one reference, and goes back to the
 # end of `free_blocks` when no one holds it. Keep its name: a later request may reuse it.
@@ -75,7 +80,11 @@ class MyBlockManager:
 
     def allocate(self, seq, tokens) -> int:
         """Blocks for all of ``tokens``; returns how many tokens cached blocks already hold."""
-        raise NotImplementedError("write allocate here (and free below)")
+        raise NotImplementedError("write allocate here (and seal and free below)")
+
+    def seal(self, seq, tokens) -> None:
+        """The K/V of ``tokens`` are written: name each full block of ``seq`` not cached already."""
+        raise NotImplementedError("seal is yours too")
 
     def free(self, seq) -> None:
         """Give back ``seq``'s blocks; a block is free again once no sequence holds it."""
@@ -113,6 +122,15 @@ show_questions(
         "A token's key and value depend on every token before it: equal tokens in another place are not the "
         "same block.",
     ),
+    Question(
+        "Two requests with the same system prompt are admitted in the same step. Why does the second not "
+        "reuse the first's blocks?",
+        ("The hash of the second differs", "Their K/V are not computed yet, so they have no name",
+         "A block may have only one reference", "The last token is never cached"),
+        1,
+        "A block is named in seal, after the step that writes its K/V. In that step both requests compute the "
+        "system prompt.",
+    ),
 )
 
 # %% [markdown]
@@ -122,6 +140,8 @@ show_questions(
 #   only at zero references.
 # - Prefix reuse names full blocks by a chain of hashes, stops at the first unknown name, and never serves
 #   the last token.
+# - A block is named only once it is full and its K/V are computed. Until then no other request may
+#   find it.
 # - A freed block stays findable until it is handed out again, then its old name is forgotten.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.

@@ -1,12 +1,15 @@
-"""Grader: the block manager's ``allocate`` and ``free`` with prefix reuse (the serving engine's cache).
+"""Grader: the block manager's ``allocate``, ``seal`` and ``free`` with prefix reuse (the serving engine's cache).
 
-The learner writes a class with ``allocate(seq, tokens) -> cached tokens`` and ``free(seq)`` over the
-state the starter gives (``free_blocks``: free block ids, least recently freed first; ``refs``; ``tables``;
-``cached``: name -> block; ``name_of``: block -> name), naming full blocks with ``block_hash``. The grader
-replays traces against ``core.serving.blocks.BlockManager`` and watches what each block holds. It names
-leaked blocks, a shared block freed while in use, a hash that ignores the parent (a block reused after a
-different prefix), a starved request (refused while free or cached-but-unused blocks would hold it), and
-the last token served from the cache (its logits must be computed).
+The learner writes a class with ``allocate(seq, tokens) -> cached tokens``, ``seal(seq, tokens)`` and
+``free(seq)`` over the state the starter gives (``free_blocks``: free block ids, least recently freed first;
+``refs``; ``tables``; ``cached``: name -> block; ``name_of``: block -> name), naming full blocks with
+``block_hash``. As in vLLM, a block is named only once it is full and its K/V computed: ``seal`` comes after
+the step that wrote them, never ``allocate``. The grader replays traces against
+``core.serving.blocks.BlockManager`` and watches what each block holds. It names leaked blocks, a shared
+block freed while in use, a hash that ignores the parent (a block reused after a different prefix), a block
+reused before its K/V exist (named in ``allocate``), a partial block named, a starved request (refused while
+free or cached-but-unused blocks would hold it), and the last token served from the cache (its logits must
+be computed).
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ def _prompts():
         "c": list(range(200, 212)) + [9],  # no shared prefix
         "d": system[4:8] + [5],  # the system prompt's 2nd block's tokens, first: another prefix, another block
         "e": system,  # exactly the cached blocks: the last token must still be computed
+        "g": list(range(200, 204)) + [7],  # c's first block, asked for before c's K/V are written
     }
 
 
-TRACE = (("allocate", "a"), ("allocate", "b"), ("allocate", "c"), ("free", "a"), ("allocate", "d"),
-         ("allocate", "e"), ("free", "b"), ("free", "c"), ("free", "d"), ("free", "e"))
+# ("seal", seq): the step that computed seq's K/V has run. g arrives in c's step: c's blocks are not named yet
+TRACE = (("allocate", "a"), ("seal", "a"), ("allocate", "b"), ("seal", "b"), ("allocate", "c"), ("allocate", "g"),
+         ("seal", "c"), ("seal", "g"), ("free", "a"), ("allocate", "d"), ("seal", "d"), ("allocate", "e"),
+         ("seal", "e"), ("free", "b"), ("free", "c"), ("free", "g"), ("free", "d"), ("free", "e"))
 
 
 def _freed(mine, ref, seq: str) -> str:
@@ -45,10 +51,24 @@ def _freed(mine, ref, seq: str) -> str:
     return ""
 
 
-def _allocated(mine, seq: str, tokens: list[int], cached, holds: dict, live: dict) -> tuple[str, str]:
+def _sealed(mine, seq: str, holds: dict) -> str:
+    """After ``seal(seq, tokens)``: a partial block of ``seq`` with a name, or ``""``."""
+    for block in mine.tables.get(seq, []):
+        parent, piece = holds.get(block, (None, ()))
+        if block not in mine.name_of or len(piece) == BLOCK_SIZE:
+            continue
+        if mine.name_of[block] == block_hash(parent, piece):
+            return (f"seal({seq!r}) named block {block}, which holds {len(piece)} of {BLOCK_SIZE} tokens: a partial "
+                    "block gets a name only once it is full (until then its tokens may still change)")
+        return (f"block {block} of {seq!r} still has the name of the tokens it held before: a block handed out "
+                "again must forget its old name (in name_of, and in cached if it points at this block)")
+    return ""
+
+
+def _allocated(mine, seq: str, tokens: list[int], cached, holds: dict, live: dict, computed: set) -> tuple[str, str]:
     """After ``allocate(seq, tokens)``: ``(the property it breaks, what is wrong)`` with its table and the blocks
     it reuses, or ``("", "")``. ``holds``: block -> (prefix name, tokens), what each of the learner's blocks
-    holds, kept up to date."""
+    holds, kept up to date; ``computed``: the blocks whose K/V a sealed step has written."""
     table = list(mine.tables.get(seq, []))
     need = -(-len(tokens) // BLOCK_SIZE)
     if len(table) != need:
@@ -70,12 +90,18 @@ def _allocated(mine, seq: str, tokens: list[int], cached, holds: dict, live: dic
             return "prefix_reuse", (f"{seq!r} reuses block {block} for {list(piece)} after a different prefix: the "
                                     "same tokens after other tokens have other K/V. A block's name must chain its "
                                     "parent's name: block_hash(parent_name, tokens)")
+        if i * BLOCK_SIZE < cached and block not in computed:  # ... whose K/V exist
+            owner = next((s for s, t in live.items() if block in t), "its sequence")
+            return "prefix_reuse", (f"{seq!r} reuses block {block}, but its K/V are not computed yet ({owner!r} "
+                                    "has not been sealed): name a block in seal, once it is full and its K/V "
+                                    "written, not in allocate")
         if i * BLOCK_SIZE >= cached and users:
             return "free", (f"block {block} is handed to {seq!r} while {users[0]!r} still holds it: a shared block "
                             "was freed while in use (free a block only when its last holder lets go: count "
                             "references)")
         if i * BLOCK_SIZE >= cached:
-            holds[block] = (parent, piece)  # a fresh block: its K/V are these tokens' now
+            holds[block] = (parent, piece)  # a fresh block: it will hold these tokens' K/V ...
+            computed.discard(block)  # ... once the step has run and seq is sealed
         parent = block_hash(parent, piece) if len(piece) == BLOCK_SIZE else None
     live[seq] = table
     return "", ""
@@ -88,9 +114,18 @@ def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str
     mine, ref = manager_cls(num_blocks, BLOCK_SIZE), BlockManager(num_blocks, BLOCK_SIZE)
     holds: dict[int, tuple] = {}  # block -> (prefix name, its tokens): what the learner's block holds
     live: dict[str, list[int]] = {}
+    computed: set[int] = set()  # blocks whose K/V are written
     for op, seq in trace:
         tokens = prompts[seq]
-        if op == "free":
+        if op == "seal":
+            grading.call(col, f"{case}: seal({seq!r})", mine.seal, seq, list(tokens), answers=False,
+                         check="prefix_reuse")  # may be unwritten
+            if col.failed:
+                return False
+            ref.seal(seq, tokens)
+            computed.update(live[seq])
+            check, problem = "prefix_reuse", _sealed(mine, seq, holds)
+        elif op == "free":
             grading.call(col, f"{case}: free({seq!r})", mine.free, seq, answers=False, check="free")  # may be unwritten
             if col.failed:
                 return False
@@ -104,8 +139,7 @@ def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str
             if col.failed:
                 return False
             expected = ref.allocate(seq, tokens, len(tokens))
-            ref.seal(seq, tokens)
-            check, problem = _allocated(mine, seq, tokens, cached, holds, live)
+            check, problem = _allocated(mine, seq, tokens, cached, holds, live, computed)
             if not problem and compare_counts and cached != expected:
                 check, problem = "prefix_reuse", (f"allocate({seq!r}) found {cached} cached tokens; the cache held "
                                                   f"{expected} ({expected // BLOCK_SIZE} full blocks of its prompt)")
@@ -118,7 +152,7 @@ def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str
 @grading.checks(allocate=1, prefix_reuse=2, free=1)
 def grade_block_manager(manager_cls) -> ExerciseResult:
     """Run ``manager_cls(num_blocks, block_size)`` on two traces: a roomy cache (cached counts compared
-    with the library's) and a tight one (cached but unused blocks must be handed out again: a request starved
+    with the library's, one request asking for blocks before their K/V are written) and a tight one (cached but unused blocks must be handed out again: a request starved
     there breaks ``prefix_reuse``)."""
     col = Collector("block manager with prefix reuse", f"traces of {len(TRACE)} operations, blocks of {BLOCK_SIZE}",
                     grade_block_manager.checks)
@@ -126,9 +160,9 @@ def grade_block_manager(manager_cls) -> ExerciseResult:
     if col.failed:
         return col.result()
     prompts = _prompts()
-    if _run(manager_cls, 12, TRACE, prompts, col, "a cache of 12 blocks", compare_counts=True):
-        tight = (("allocate", "a"), ("free", "a"), ("allocate", "c"), ("free", "c"), ("allocate", "b"),
-                 ("free", "b"))
+    if _run(manager_cls, 14, TRACE, prompts, col, "a cache of 14 blocks", compare_counts=True):
+        tight = (("allocate", "a"), ("seal", "a"), ("free", "a"), ("allocate", "c"), ("seal", "c"), ("free", "c"),
+                 ("allocate", "b"), ("seal", "b"), ("free", "b"))
         _run(manager_cls, 5, tight, prompts, col, "a tight cache (5 blocks)", compare_counts=False,
              starved="prefix_reuse")
     return col.result()

@@ -98,6 +98,8 @@ CASES = [
         self.tables[seq] = table
         return 0
         """, """
+        pass
+        """, """
         for block in reversed(self.tables.pop(seq)):
             self.refs[block] -= 1
             if self.refs[block] == 0:

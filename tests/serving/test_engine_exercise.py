@@ -34,16 +34,55 @@ class NoRefCounts(Good):
                 self.free_blocks.append(block)
 
 
-class NoParent(Good):
-    def allocate(self, seq, tokens):
+def _without_parent(method):
+    def patched(self, seq, tokens):
         import shardlib.core.serving.blocks as blocks
 
         original = blocks.block_hash
         blocks.block_hash = lambda parent, piece: original(None, piece)
         try:
-            return super().allocate(seq, tokens)
+            return method(self, seq, tokens)
         finally:
             blocks.block_hash = original
+    return patched
+
+
+class NoParent(Good):
+    allocate = _without_parent(Good.allocate)
+    seal = _without_parent(Good.seal)
+
+
+class NamesInAllocate(Good):
+    """Names each fresh block as soon as it is handed out, before the step computes its K/V."""
+
+    def allocate(self, seq, tokens):
+        cached = super().allocate(seq, tokens)
+        self.seal(seq, tokens)
+        return cached
+
+
+class NamesPartialBlocks(Good):
+    def seal(self, seq, tokens):
+        super().seal(seq, tokens)
+        bs, parent = self.block_size, None
+        for i in range(-(-len(tokens) // bs)):
+            parent = block_hash(parent, tokens[i * bs:(i + 1) * bs])
+            block = self.tables[seq][i]
+            if len(tokens[i * bs:(i + 1) * bs]) < bs:  # the last, partial block named too
+                self.cached[parent], self.name_of[block] = block, parent
+
+
+class KeepsOldNames(Good):
+    """Hands a freed block out again without forgetting the name of what it held."""
+
+    def allocate(self, seq, tokens):
+        names = dict(self.name_of)
+        cached = super().allocate(seq, tokens)
+        for block in self.tables[seq]:
+            if block in names:
+                self.name_of[block] = names[block]
+                self.cached[names[block]] = block
+        return cached
 
 
 class NeverEvicts(Good):
@@ -67,10 +106,16 @@ class FreeBlank(Good):
         raise NotImplementedError
 
 
+class SealBlank(Good):
+    def seal(self, seq, tokens):
+        raise NotImplementedError
+
+
 def test_the_answer_passes_and_a_blank_is_not_written():
     assert grade_block_manager(Good).status == PASSED
     assert grade_block_manager(Blank).status == NOT_WRITTEN
     assert grade_block_manager(FreeBlank).status == NOT_WRITTEN  # allocate written, free still blank
+    assert grade_block_manager(SealBlank).status == NOT_WRITTEN
 
 
 @pytest.mark.parametrize("cls, phrase", [
@@ -79,6 +124,9 @@ def test_the_answer_passes_and_a_blank_is_not_written():
     (NoParent, "must chain its parent's name"),
     (NeverEvicts, "a request starved"),
     (CachesTheLastToken, "the last token's logits are needed"),
+    (NamesInAllocate, "its K/V are not computed yet ('c' has not been sealed)"),
+    (NamesPartialBlocks, "a partial block gets a name only once it is full"),
+    (KeepsOldNames, "must forget its old name"),
 ])
 def test_each_mistake_is_named(cls, phrase):
     result = grade_block_manager(cls)
