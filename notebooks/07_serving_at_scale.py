@@ -152,8 +152,8 @@ print(f"2 + 2: each rank sends 2 x 2 layers x 1 KV head x 8 x 8 bytes = {per_ran
 print(f"predicted for the {len(handed)} requests handed off: {predicted_bytes:,} bytes, both ranks together")
 
 # %% [markdown]
-# Now the run: prefill on ranks 0 and 1, decode on ranks 2 and 3. The bytes are read from the comm log's
-# point-to-point records, not from the formula.
+# Now the run: prefill on ranks 0 and 1, decode on ranks 2 and 3. The bytes come from the comm log's
+# point-to-point records, not the formula.
 
 # %%
 from shardlib.lab.serving.disagg import run_disaggregated
@@ -243,8 +243,8 @@ handoff_links_figure(model.n_kv_heads, splits=((1, 2), (2, 1)))
 # transfer: the K/V wait falls in the gap before the second token, inside TPOT, in run and prediction
 # alike. In vLLM's disaggregated serving the first token comes from the decode instance, so TTFT there
 # includes the transfer.
-# The library fits a step cost on each run and predicts the other way of the same pair from it: prefill
-# first from chunked, whole hand-off from layerwise, and back. The tight objective allows 2 decode steps
+# Each run's fitted step cost predicts the other run of its pair: prefill first from chunked, whole
+# hand-off from layerwise, and back. The tight objective allows 2 decode steps
 # of a batch of four per token, the loose one 8; both allow 4 prefills of the longest prompt to the
 # first token.
 
@@ -284,8 +284,8 @@ assert all(run.tokens == reference for run in split.runs.values())
 # prompt chunk adds little to a step whose fixed overhead dominates, so the interference ratio stays
 # near 1. The gap is the all-reduces: the one engine's span 4 CPU ranks, each pool's only 2
 # ([notebook 02's](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) replicas against tensor
-# parallelism). On a GPU a large model's step grows with its tokens once they number in the hundreds, so
-# a chunk weighs far more.
+# parallelism). On a GPU a large model's step grows with its tokens past a few hundred, so a chunk weighs
+# far more.
 #
 # Now the condition. The last row, predicted only, is the fair colocated rival: two colocated engines of
 # 2 ranks each, the same pieces as the pools. Its throughput about matches the pools'. Splitting moved the
@@ -293,17 +293,21 @@ assert all(run.tokens == reference for run in split.runs.values())
 # pools when a TPOT objective is tight and prompts are long. Under a loose objective, colocated replicas
 # serve as much with no transfer.
 #
-# On real models the hand-off is large. A prompt of 4,096 tokens, 10 requests a second, 8 GPUs a pool:
+# On real models the hand-off is large. A prompt of 4,096 tokens, 10 requests a second, 8 GPUs a pool,
+# then 4 where the model fits:
 
 # %%
+from shardlib.facts.models import LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B
 from shardlib.ui.tables import handoff_table
 
 print(handoff_table(4096, 10.0))
+print(handoff_table(4096, 10.0, models=(LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B), tp=4))
 
 # %% [markdown]
-# Each cell is the share of one rank's link that the hand-offs keep busy. Inside a node (NVLink) they
-# are nothing. Between nodes, over InfiniBand, a few percent. Over 100 Gb/s Ethernet a large model takes
-# a real share, and the layerwise send matters more.
+# Each cell is the share of one rank's link that the hand-offs keep busy. Two pools of 8 GPUs fill two
+# nodes, so the links inside a node show "-". Pools of 4 share a node: over NVLink the hand-off is nearly
+# free. Over InfiniBand it takes a few percent. Over 100 Gb/s Ethernet a large model takes a real share,
+# and the layerwise send matters more.
 #
 # **Worked problem 1.** A model has 32 layers and 8 KV heads of dimension 128, in bf16. Its pools run at
 # `tp = 4`. Prompts have 2,000 tokens and arrive at 20 a second. What does one rank send per request? What
@@ -340,8 +344,8 @@ for label, (name, options) in policies.items():
 
 # %% [markdown]
 # Now on the ranks. The router lives on rank 0, beside replica 0's engine. It routes between its own
-# steps, and each replica reports its load after each step. The library predicts each policy first, on
-# a step cost fitted to one run of another trace.
+# steps, and each replica reports its load after each step. Each policy is predicted first, on a step
+# cost fitted to another trace.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.serving.replica_drivers import run_router_check
@@ -424,7 +428,7 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 #
 # A new replica starts a process, reads its weights and runs its first step. Predict its start as
 # `process start + weight bytes / load bandwidth + first step`. The bandwidth is measured first, by loading
-# another checkpoint of about the same size. Here both files were just written, so both reads come from
+# another checkpoint of about the same size. Both files were just written, so both reads come from
 # the page cache, not the disk.
 
 # %% tags=["nbval-ignore-output"]

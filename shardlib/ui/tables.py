@@ -11,7 +11,7 @@ from shardlib.core.pipeline.schedules import Schedule, simulate
 from shardlib.predict.serving.cost import tp_cost_table
 from shardlib.predict.serving.memory import GpuFit
 from shardlib.predict.serving.planner import Plan
-from shardlib.predict.serving.presets import HANDOFF_LINKS, REAL_MODELS, handoff_need
+from shardlib.predict.serving.presets import HANDOFF_LINKS, NODE_LINKS, REAL_MODELS, handoff_need
 from shardlib.predict.training.choices import ChoiceRow
 from shardlib.predict.training.planner import TrainingPlan
 from shardlib.predict.training.time_model import TrainingScore
@@ -87,17 +87,24 @@ def format_latency_vs_throughput(points, model_name: str = "") -> str:
 
 
 def handoff_table(prompt_tokens: int, rate_per_s: float, models=REAL_MODELS, links=HANDOFF_LINKS,
-                  tp: int = 8) -> str:
+                  tp: int = 8, gpus_per_node: int = 8) -> str:
     """One row per model: KV bytes a request (every rank), GB/s each rank's link carries, and the share of
-    each link (one way) that takes. ``tp`` ranks a pool's replica (8: one node)."""
+    each link (one way) that takes. ``tp`` ranks a pool's replica (8: one node). A link inside a node
+    (``NODE_LINKS``) shows "-" when the two pools, ``2 x tp`` GPUs, do not fit one node of ``gpus_per_node``:
+    the hand-off then crosses the network."""
+    apart = 2 * tp > gpus_per_node  # the prefill pool and the decode pool on different nodes
     head = f"{'model':<16}{'MB/request':>11}{'GB/s/rank':>10}" + "".join(f"{lk.name[:18]:>20}" for lk in links)
     rows = [f"{prompt_tokens} prompt tokens, {rate_per_s:g} requests/s, tp = {tp}: share of each link (one way)",
             head]
     for model in models:
         need = handoff_need(model, prompt_tokens, rate_per_s, tp)
-        cells = "".join(f"{need.link_share(lk):>20.1%}" for lk in links)
+        cells = "".join(f"{'-':>20}" if apart and lk in NODE_LINKS else f"{need.link_share(lk):>20.1%}"
+                        for lk in links)
         rows.append(f"{model.name:<16}{need.kv_bytes_per_request / 1e6:>11.1f}{need.bytes_per_s_per_rank / 1e9:>10.2f}"
                     + cells)
+    if apart and any(lk in NODE_LINKS for lk in links):
+        rows.append(f"-: two pools of {tp} GPUs need {2 * tp}, more than a node's {gpus_per_node}, so the hand-off "
+                    "crosses the network")
     return "\n".join(rows)
 
 

@@ -71,6 +71,16 @@ def test_the_table_has_a_row_per_real_model():
     assert "1342.2" in text  # Llama 3 70B: 327,680 x 4096 bytes
 
 
+def test_links_inside_a_node_show_only_when_both_pools_fit_one_node():
+    apart = handoff_table(4096, 10.0, tp=8)  # 2 x 8 GPUs: two nodes of 8, the hand-off crosses the network
+    row = next(line for line in apart.splitlines() if line.startswith("Llama-3-70B")).split()
+    assert row[3:5] == ["-", "-"] and row[5:] == ["3.4%", "13.4%"]  # NVLink, PCIe; InfiniBand, Ethernet
+    assert "two pools of 8 GPUs need 16, more than a node's 8" in apart
+    together = handoff_table(4096, 10.0, tp=4)  # 2 x 4 GPUs: one node
+    row = next(line for line in together.splitlines() if line.startswith("Llama-3-70B")).split()
+    assert "-" not in row and row[3] == "0.7%" and "-:" not in together
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: kv_bytes_per_rank(LLAMA_3_70B, 1000, tp=3), "cannot use tp = 3"),
     (lambda: kv_bytes_per_rank(LLAMA_3_70B, 0), "prompt_tokens"),
