@@ -313,6 +313,8 @@ exposed_row, overlap_row = moe_rows
 assert exposed_row.chosen.layout.ep == 1 < overlap_row.chosen.layout.ep  # the overlap makes wide EP pay
 assert overlap_row.published_score.ep_s == 0 < exposed_row.published_score.ep_s
 assert overlap_row.published_score.tokens_per_s < DEEPSEEK_V3_PUBLISHED.tokens_per_s  # FP8, memory: not modelled
+exposed_s, compute_s = exposed_row.published_score.ep_s, exposed_row.published_score.compute_s  # published layout
+assert round(exposed_s) == 12 and round(compute_s) == 21  # computation to communication 1.7:1 (DeepSeek's: 1:1)
 
 # %% [markdown]
 # <details><summary>What was searched, and the preset's approximations</summary>
@@ -332,8 +334,11 @@ assert overlap_row.published_score.tokens_per_s < DEEPSEEK_V3_PUBLISHED.tokens_p
 #   83 GB on stage 0. DeepSeek-V3 recomputes its norms and MLA up-projections instead of storing them,
 #   keeps some activations in FP8 and moves its weight average to the CPU. Our count sees none of it.
 # - **The all-to-alls.** One dispatch takes 4.3 ms against 43.7 ms of a layer's compute. Exposed, they
-#   cost 12 s a step. So the planner avoids them: `ep = 1`, each expert cut `tp = 4` ways. It does not
-#   price how small those cut matrices become.
+#   cost 12 s a step, beside 21 s of compute: computation to communication about 1.7:1 here. DeepSeek's
+#   report puts it at about 1:1 for its cross-node expert parallelism (section 3.2.1). That is why DualPipe
+#   overlaps the two. Our model prices BF16, slower than DeepSeek's FP8, so it leans to compute. The
+#   planner avoids the all-to-alls: `ep = 1`, each expert cut `tp = 4` ways. It does not price how small
+#   those cut matrices become.
 # - **With DualPipe's overlap** the all-to-alls cost nothing here, and wide EP wins: `ep = 256`, one
 #   expert per GPU. The planner still takes `tp = 2` for memory, over the H800's cut-down NVLink.
 # - **What it leaves out:** FP8, and DualPipe's smaller bubble (it prices 1F1B's). So it prefers 2
