@@ -46,8 +46,8 @@
 #   user sees.
 #
 # Throughput (tokens per second over all requests) is the operator's number. Latency is the user's.
-# Over many requests we quote percentiles: **p50** is the median request, and **p90** the value that 90 %
-# of requests beat. A p90 shows the slow tail that a mean hides.
+# Over many requests we quote percentiles: **p50** is the median request, and **p90** the time 90 % of
+# requests beat (the 90th percentile). A p90 shows the slow tail that a mean hides.
 #
 # The requests here come from a **Poisson trace**: arrivals at random times, a given number a second on
 # average, with random prompt and output lengths. A seed makes it the same on every run.
