@@ -152,8 +152,8 @@ def _run(manager_cls, num_blocks: int, trace, prompts, col: Collector, case: str
 @grading.checks(allocate=1, prefix_reuse=2, free=1)
 def grade_block_manager(manager_cls) -> ExerciseResult:
     """Run ``manager_cls(num_blocks, block_size)`` on two traces: a roomy cache (cached counts compared
-    with the library's, one request asking for blocks before their K/V are written) and a tight one (cached but unused blocks must be handed out again: a request starved
-    there breaks ``prefix_reuse``)."""
+    with the library's, one request asking for blocks before their K/V are written) and a tight one (cached
+    but unused blocks must be handed out again: a request starved there breaks ``prefix_reuse``)."""
     col = Collector("block manager with prefix reuse", f"traces of {len(TRACE)} operations, blocks of {BLOCK_SIZE}",
                     grade_block_manager.checks)
     grading.call(col, "allocating a first sequence", lambda: manager_cls(8, BLOCK_SIZE).allocate("probe", [1, 2, 3]))

@@ -21,7 +21,7 @@ from shardlib.predict.shapes import check_tensor_parallel, kv_cache_bytes
 
 REAL_MODELS: tuple[ModelConfig, ...] = (LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B, LLAMA_3_1_405B)
 HANDOFF_LINKS: tuple[Link, ...] = (NVLINK, PCIE_GEN5, INFINIBAND_400G, ETHERNET_100G)
-NODE_LINKS: tuple[Link, ...] = (NVLINK, PCIE_GEN5)  # inside one node: a hand-off takes them only when both pools share it
+NODE_LINKS: tuple[Link, ...] = (NVLINK, PCIE_GEN5)  # inside a node: a hand-off takes them only if both pools share one
 
 
 def kv_bytes_per_rank(model: ModelConfig, prompt_tokens: int, tp: int = 1, element_bytes: float | None = None) -> int:
