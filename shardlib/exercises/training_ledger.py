@@ -77,8 +77,8 @@ def _kept(config, layout, stage: int, mistakes: tuple) -> tuple:
     shard, strategy = _shard(p, n, k["pad"]), k["strategy"] or layout.dp_strategy
     if strategy == "ddp":
         w = g = p
-    elif strategy in ("zero1", "zero2"):  # the full weights and, besides, the flat shard AdamW updates
-        w = p + shard if k["master"] else p
+    elif strategy in ("zero1", "zero2"):  # the full weights; the shard AdamW updates is a view of them
+        w = p + shard if k["master"] else p  # the "master" mistake counts that shard again, as a copy
         g = w if strategy == "zero1" else shard
     else:  # ZeRO-3: each unit padded and cut on its own
         w = g = sum(_shard(u, n, k["pad"]) for u in units)
@@ -90,7 +90,8 @@ def _kept(config, layout, stage: int, mistakes: tuple) -> tuple:
 STRATEGY_KEEPS = {
     "ddp": "DDP shards nothing: every rank keeps all P weights, all P gradients and both moments of all P",
     "zero1": "ZeRO-1 shards the optimizer state only: the full weights (the shard AdamW updates a view of them, a "
-             "copy only with master weights), the full gradient plus the shard's, two moments for the shard alone",
+             "copy only with master weights), the full gradient (the shard's gradient a view of it), two moments "
+             "for the shard alone",
     "zero2": "ZeRO-2 shards the optimizer state and the gradients: the full weights (the shard a view, a copy only "
              "with master weights), only the shard's gradient (reduce-scattered each microbatch), two moments for it",
     "zero3": "ZeRO-3 shards the weights too: every rank keeps its shard of each unit only (weights, gradients, two "
