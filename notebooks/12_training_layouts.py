@@ -279,8 +279,7 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 # - **`m = p`.** Each of `dp` replicas runs `2048 / dp` microbatches. At `dp = 128` that is `m = 16 = p`,
 #   where 1F1B would idle `(p - 1)/m = 15/16` of the compute time, nearly doubling the step. Meta ran an
 #   interleaved schedule of its own (the paper's Figure 6), whose idle time is `(p - 1)/(v m)` of the
-#   compute time. Our
-#   `v = 4` chunks per GPU is an assumption.
+#   compute time. Our `v = 4` chunks per GPU is an assumption.
 # - **MFU.** Ours counts causal attention at half its FLOPs. Conventions differ on that, and Table 4's
 #   count is not printed, so compare MFU across rows, not to the percent.
 #
@@ -396,7 +395,8 @@ show_questions(
         "That is ZeRO-2's memory, and its reduce-scatter every microbatch.",
     ),
     Question(
-        "At a fixed global batch of 2,048 sequences and p = 16, what shrinks the bubble (p - 1)/(v m)?",
+        "At a fixed global batch of 2,048 sequences and p = 16, what shrinks the bubble, (p - 1)/(v m) of the "
+        "compute time?",
         ("More replicas: each pipeline finishes its share sooner",
          "Fewer replicas, or more model chunks per GPU",
          "A tensor-parallel group spanning two nodes",
