@@ -1,10 +1,11 @@
 """Attention one block of keys at a time: partials, their merge, and each block's gradients.
 
 The online softmax (Milakov and Gimelshein 2018) keeps, per query row, the output over the keys seen
-so far (``out``, normalised), the largest score ``m`` and ``l = sum_j exp(score_j - m)``; two partials
-over disjoint keys merge exactly (``merge``). ``log(l) + m`` is the row's log-sum-exp, all that the
-backward keeps. ``block_grads`` is one block of FlashAttention-2's backward (Dao 2023, Algorithm 2):
-from the saved output and log-sum-exp it rebuilds the block's probabilities and returns dQ, dK, dV.
+so far (``out``, normalised), the largest score ``row_max`` and ``row_sum = sum_j exp(score_j - row_max)``;
+two partials over disjoint keys merge exactly (``merge``). ``log(row_sum) + row_max`` is the row's
+log-sum-exp, all that the backward keeps. ``block_grads`` is one block of FlashAttention-2's backward (Dao
+2023, Algorithm 2): from the saved output and log-sum-exp it rebuilds the block's probabilities and returns
+dQ, dK, dV.
 
 Grouped-query attention: queries are viewed as ``(batch, kv_heads, group, rows, head_dim)`` against
 keys ``(batch, kv_heads, 1, keys, head_dim)``, so the K/V are never expanded, and a KV head's gradient
