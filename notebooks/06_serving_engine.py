@@ -100,8 +100,9 @@ show_code(Scheduler.schedule, Scheduler._admit)
 # blocks (one more reference each) and fresh ones for the rest. A fresh block gets no name yet: `seal`
 # names it after the step that writes its K/V, and only once it is full, as vLLM does. Last, `release`
 # gives a block back when its count reaches zero. A freed block keeps its name until it is handed out
-# again, so a later request may still find it. Production names blocks with a cryptographic hash (vLLM's default is SHA-256), so that
-# two different prefixes never share a name; Python's `hash` here is fine for a lesson, not for a server.
+# again, so a later request may still find it. Production names blocks with a cryptographic hash (vLLM's
+# default is SHA-256), so that two different prefixes never share a name; Python's `hash` here is fine for a
+# lesson, not for a server.
 
 # %% tags=["nbval-ignore-output"]
 show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.seal, BlockManager.release)

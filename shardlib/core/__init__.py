@@ -31,5 +31,5 @@ process group, ``ctx.comm``) and lets measurement attach through a ``probe``.
 * ``training``: The training step over every axis, composed from the strategies' mechanisms.
 """
 
-__all__ = ["adamw", "checkpoints", "checks", "collectives", "config", "mesh", "model", "probe", "toy", "context_parallel",
-           "data_parallel", "experts", "pipeline", "serving", "tensor_parallel", "training"]
+__all__ = ["adamw", "checkpoints", "checks", "collectives", "config", "mesh", "model", "probe", "toy",
+           "context_parallel", "data_parallel", "experts", "pipeline", "serving", "tensor_parallel", "training"]

@@ -166,3 +166,34 @@ def test_inconsistent_or_unserved_configs_are_refused(hf_model, weights):
     from shardlib.lab.serving.disagg import check_split
     with pytest.raises(ValueError, match="caches one latent a token, not K/V heads"):
         check_split(3, 1, weights.config)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_attention_data_parallel_with_experts_spread_caches_each_sequence_on_one_rank(weights, generated, world,
+                                                                                      request):
+    """DeepSeek-V3's decode layout in miniature: every rank holds every head and runs only its own sequences
+    (handed out in turn as they arrive), the experts spread over all the ranks. Predicted: rank r stores the
+    latents of the requests it owns, prompt plus every generated token but the last (no preemption here), and no
+    other; tensor parallelism stores every request's on every rank. The tokens stay transformers'."""
+    ranks = request.getfixturevalue(f"pool{world}")
+    config = EngineConfig(block_size=4, num_blocks=80, max_batch_tokens=32, prefix_caching=False)
+    dp = run_serving(ranks, weights, trace(), config, dp_attention=True)
+    tp = run_serving(ranks, weights, trace(), config)
+    assert dp.tokens == tp.tokens == generated and dp.preemptions == tp.preemptions == 0
+    stored = [len(r.prompt_token_ids) + r.max_new_tokens - 1 for r in trace()]  # arrival order is id order here
+    predicted = [sum(n for i, n in enumerate(stored) if i % world == rank) for rank in range(world)]
+    assert list(dp.got.each("cache_entries")) == predicted  # each sequence's latents on its one rank
+    assert list(tp.got.each("cache_entries")) == [sum(stored)] * world  # TP: every latent on every rank
+    steps, moe_layers = len(dp.steps), 2
+    for rank in range(world):  # per step: 3 all-to-alls per MoE layer, one all-gather of the logits at most
+        mine = [c for c in dp.got.comm if c.rank == rank]
+        assert sum(c.op == "all_to_all_single" for c in mine) == 3 * moe_layers * steps
+        assert sum(c.op == "all_reduce" for c in mine) == 0  # whole heads and dense MLPs: nothing to sum
+        assert sum(c.op == "all_gather" for c in mine) <= steps
+
+
+def test_attention_data_parallel_refuses_a_shared_prefix_cache(weights):
+    from shardlib.lab.serving.engine_drivers import check_serving
+
+    with pytest.raises(ValueError, match="a prefix cached on one rank cannot serve another's"):
+        check_serving(weights, trace(), EngineConfig(), 2, dp_attention=True)

@@ -36,10 +36,12 @@ class EngineRankResult:
     preemptions: int = 0
     kv_sent: tuple[tuple[int, int], ...] = ()  # (request index, decode rank) per K/V message, in the comm log's order
     handoff_s: dict | None = None
+    cache_entries: int = 0  # tokens whose K/V (or latent) this rank stored, each time one was computed
 
     @classmethod
     def of(cls, rank: int, model, sched=None, **extra) -> "EngineRankResult":
         """A follower's result (``sched`` None), or a leader's read from its scheduler after the loop."""
+        extra.setdefault("cache_entries", model.cache.entries_written)
         if sched is None:
             return cls(rank, model.cache.size_bytes, None, **extra)
         stats = sched.blocks.stats()
@@ -77,28 +79,51 @@ def broadcast_step(job, flat: torch.Tensor | None) -> torch.Tensor:
     return job.comm.broadcast(torch.empty(int(size), dtype=torch.int64) if flat is None else flat, 0)
 
 
+def data_parallel_step(model: PagedModel, group: TPGroup, chunks, owners) -> torch.Tensor:
+    """Attention data-parallel (DeepSeek-V3's decode layout, its report's section 3.4.2): each rank runs only the
+    chunks it owns, whose cache lives on it alone; every layer's experts join all ranks by all-to-all. The sampled
+    rows' logits are gathered (padded to the most any rank has) and returned in the plan's order."""
+    logits = model.step([c for c, o in zip(chunks, owners) if o == group.index])  # (my sampled, V)
+    sampled = [o for c, o in zip(chunks, owners) if c.sample]  # each sampled chunk's owner, in the plan's order
+    width = max(sampled.count(r) for r in range(group.tp)) if sampled else 0
+    if width == 0 or group.tp == 1:
+        return logits
+    padded = torch.cat([logits, logits.new_zeros(width - logits.shape[0], logits.shape[1])])  # (width, V)
+    every = group.all_gather(padded, 0)  # (ranks x width, V)
+    rows, seen = [], [0] * group.tp
+    for o in sampled:  # the owner's next row
+        rows.append(o * width + seen[o])
+        seen[o] += 1
+    return every[rows]
+
+
 def serving_engine_on_rank(ctx, weights, requests, config, group=None, poll=None, on_step=None,
-                           start_s: float | None = None) -> EngineRankResult:
+                           start_s: float | None = None, dp_attention: bool = False) -> EngineRankResult:
     """Serve ``requests`` with tensor parallelism over every rank of the job, or over ``group`` (a
-    ``RankGroup``). The leader's ``run_engine`` gets ``poll`` and ``on_step``; its times count from the
-    ``perf_counter`` reading ``start_s`` (default: its own, after the barrier)."""
+    ``RankGroup``); ``dp_attention``: each rank every head and its own sequences, the experts spread over the
+    ranks (the leader hands each new sequence to the next rank in turn). The leader's ``run_engine`` gets
+    ``poll`` and ``on_step``; its times count from the ``perf_counter`` reading ``start_s`` (default: its own,
+    after the barrier)."""
     job = ctx if group is None else group
     tpg = TPGroup.world(ctx) if group is None else TPGroup(group.world_size, group.rank, ctx.comm,
                                                            group.process_group)
-    model = PagedModel(weights, tpg, config.num_blocks, config.block_size, ctx.device)
+    model = (PagedModel(weights, TPGroup(1, 0), config.num_blocks, config.block_size, ctx.device, experts=tpg)
+             if dp_attention else PagedModel(weights, tpg, config.num_blocks, config.block_size, ctx.device))
     if job.world_size > 1:
         job.comm.barrier()
     if job.rank != 0:
         while (flat := broadcast_step(job, None)).numel():
-            model.step(unpack(flat)[0])
+            chunks, owners = unpack(flat)
+            data_parallel_step(model, tpg, chunks, owners) if dp_attention else model.step(chunks)
         return EngineRankResult.of(ctx.rank, model)
 
-    start = ctx.now_s() if start_s is None else start_s
+    start, owner = ctx.now_s() if start_s is None else start_s, {}
 
     def step(chunks):
+        owners = [owner.setdefault(c.seq, len(owner) % job.world_size) for c in chunks] if dp_attention else []
         if job.world_size > 1:  # alone, there is no one to tell
-            broadcast_step(job, pack(chunks))
-        return model.step(chunks)
+            broadcast_step(job, torch.cat([pack(chunks), torch.tensor(owners, dtype=torch.int64)]))
+        return data_parallel_step(model, tpg, chunks, owners) if dp_attention else model.step(chunks)
 
     sched = run_engine(requests, config, step, clock=lambda: ctx.now_s() - start,
                        wait=ctx.wait_s, on_step=on_step, poll=poll)

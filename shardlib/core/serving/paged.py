@@ -39,6 +39,7 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = None if values_in_keys else torch.zeros(shape, dtype=dtype, device=device)
         self.block_size, self.values_in_keys = block_size, values_in_keys
+        self.entries_written = 0  # tokens' K/V (or latents) stored here, each time one is computed
 
     @property
     def size_bytes(self) -> int:
@@ -51,6 +52,7 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer, slots] = k  # (tokens, kv heads here, hd)
+        self.entries_written += slots.numel() if layer == 0 else 0
         if self.v is not None:
             self.v[layer, slots] = v
 
@@ -85,24 +87,28 @@ class SlotMap(NamedTuple):
 class PagedModel(torch.nn.Module):
     """This rank's share of the model and its KV cache; ``step(chunks)`` runs one engine step."""
 
-    def __init__(self, weights: LlamaWeights, tpg: TPGroup, num_blocks: int, block_size: int, device="cpu") -> None:
+    def __init__(self, weights: LlamaWeights, tpg: TPGroup, num_blocks: int, block_size: int, device="cpu",
+                 experts: TPGroup | None = None) -> None:
+        """``experts``: attention data-parallel (DeepSeek-V3's decode layout): this rank holds every head and
+        dense MLP whole (``tpg`` of one rank) and runs only its own sequences, the experts spread over ``experts``."""
         super().__init__()
         c = weights.config
         self.config, self.tpg, self.device = c, tpg, device
         self.embed, self.norm, self.head = weights.embed.to(device), weights.norm.to(device), weights.head.to(device)
-        self.layers = torch.nn.ModuleList(ParallelBlock({k: t.to(device) for k, t in w.items()}, c, tpg, copy_kv=True)
-                                          for w in weights.layers)
+        self.layers = torch.nn.ModuleList(ParallelBlock({k: t.to(device) for k, t in w.items()}, c, tpg, copy_kv=True,
+                                                        experts=experts) for w in weights.layers)
         self.kv_heads = self.layers[0].attention.kv_heads  # KV heads on this rank (MLA: 1, its latent)
         entry, values = (c.mla.latent_dim, c.mla.kv_rank) if c.mla else (c.head_dim, 0)
         self.cache = KVCache(c.n_layers, num_blocks, block_size, self.kv_heads, entry, weights.dtype, device, values)
 
     @torch.no_grad()
     def step(self, chunks, on_layer=None) -> torch.Tensor:
-        """Logits ``(sampled chunks, V)`` of the last token of each chunk with ``sample`` set, in order.
-        ``on_layer(i)``, if given, runs once layer ``i``'s K/V are in the cache (a hand-off sends them)."""
-        tokens = torch.tensor([t for ch in chunks for t in ch.tokens], device=self.device)
+        """Logits ``(sampled chunks, V)`` of the last token of each chunk with ``sample`` set, in order (no chunks:
+        only the layers' collectives joined). ``on_layer(i)``, if given, runs once layer ``i``'s K/V are in the
+        cache (a hand-off sends them)."""
+        tokens = torch.tensor([t for ch in chunks for t in ch.tokens], dtype=torch.long, device=self.device)
         positions = torch.tensor([p for ch in chunks for p in range(ch.start, ch.start + len(ch.tokens))],
-                                 device=self.device)
+                                 dtype=torch.long, device=self.device)
         slots = self.slot_map(chunks, positions)
         h = self.embed[tokens]  # (tokens, d)
         for i, block in enumerate(self.layers):
@@ -115,6 +121,8 @@ class PagedModel(torch.nn.Module):
     def slot_map(self, chunks, positions: torch.Tensor) -> SlotMap:
         """The step's ``SlotMap``, through each chunk's block table (padded to the widest: never read there)."""
         dev, n = self.device, [len(ch.tokens) for ch in chunks]
+        if not chunks:
+            return SlotMap(positions, [], None)
         at = [0, *accumulate(n)]  # chunk i's rows: at[i] .. at[i + 1] - 1
         width = max(len(ch.table) for ch in chunks)
         tables = torch.tensor([ch.table + (0,) * (width - len(ch.table)) for ch in chunks], device=dev)  # (chunks, w)

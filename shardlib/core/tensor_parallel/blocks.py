@@ -60,27 +60,29 @@ class ParallelMLP(nn.Module):
 
 def moe_on_tp_tokens(x: torch.Tensor, router: torch.Tensor, experts, cfg: MoEConfig, tpg: TPGroup, ctx=None,
                      group=None, place: int | None = None, bias: torch.Tensor | None = None,
-                     shared: dict | None = None) -> torch.Tensor:
+                     shared: dict | None = None, own_tokens: bool = False) -> torch.Tensor:
     """The MoE layer's output on tokens ``x`` ``(T, d_model)`` whole on every rank of ``tpg`` (as the attention's
     all-reduce leaves them): this rank's ``1/tp`` of the rows through ``dispatch.moe_layer`` over ``group``, its
     ``experts`` at ``place`` (``ctx=None``: every expert here; ``bias``: the router's selection bias), plus the
-    ``shared`` experts' (whole on every rank) on the same rows, then every rank's rows gathered whole again."""
-    mine = x.tensor_split(tpg.tp)[tpg.index]  # (about T / tp, d_model): the first T % tp ranks one row more
+    ``shared`` experts' (whole on every rank) on the same rows, then every rank's rows gathered whole again.
+    ``own_tokens`` (attention data-parallel): ``x`` is this rank's alone, all of it routed, nothing gathered."""
+    mine = x if own_tokens else x.tensor_split(tpg.tp)[tpg.index]  # (about T / tp, d_model): the first T % tp one more
     y = moe_layer(mine, router, experts, cfg, bias, ctx=ctx, group=group, place=place).output
     if shared:
         y = y + shared_experts(mine, shared)
-    return tpg.all_gather_rows(y, x.shape[0])  # (T, d_model)
+    return y if own_tokens else tpg.all_gather_rows(y, x.shape[0])  # (T, d_model)
 
 
 class ExpertParallelMLP(nn.Module):
     """A sparse MLP (Mixtral's, DeepSeek-V3's) on the ranks of ``tpg``: the router (and its selection bias, and
     any shared experts) whole on every rank, rank ``i`` the ``i``-th block of ``n_experts / tp`` whole experts
     (``ExpertPlacement``). Tokens whole in, whole out (``moe_on_tp_tokens`` over ``tpg``: the counts' all-to-all,
-    the rows' there and back, one all-gather); dropless, and a token's result does not depend on its batch."""
+    the rows' there and back, one all-gather); dropless, and a token's result does not depend on its batch.
+    ``own_tokens``: each rank's tokens are its own (attention data-parallel), routed with no split or gather."""
 
-    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup) -> None:
+    def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup, own_tokens: bool = False) -> None:
         super().__init__()
-        self.tpg, self.cfg = tpg, MoEConfig.from_model(model)
+        self.tpg, self.cfg, self.own_tokens = tpg, MoEConfig.from_model(model), own_tokens
         n = ExpertPlacement(model.n_experts, tpg.tp).per_rank  # refuses a tp that does not divide the experts
         self.register_buffer("router", w["router"])  # (n_experts, d_model), whole on every rank
         self.register_buffer("router_bias", w.get("router_bias"))  # (n_experts,) or None
@@ -92,8 +94,8 @@ class ExpertParallelMLP(nn.Module):
         experts, tpg = LocalExperts(*(getattr(self, k) for k in EXPERT_KEYS)), self.tpg
         rows = x.reshape(-1, x.shape[-1])  # (tokens, d_model)
         y = moe_on_tp_tokens(rows, self.router, experts, self.cfg, tpg, ctx=tpg if tpg.tp > 1 else None,
-                             group=tpg.group, place=tpg.index, bias=self.router_bias,
-                             shared=self.shared)  # the experts' ranks: the tensor-parallel group
+                             group=tpg.group, place=tpg.index, bias=self.router_bias, shared=self.shared,
+                             own_tokens=self.own_tokens)  # the experts' ranks: the group
         return y.view(x.shape)
 
 
@@ -162,17 +164,19 @@ class ParallelLatentAttention(nn.Module):
 class ParallelBlock(nn.Module):
     """``model.block_reference`` on one rank of ``tpg``: ``h + attn(norm h)``, then ``+ mlp(norm .)`` (the
     experts' with a router). With ``sequence_parallel`` it takes and returns this rank's run of the residual
-    stream, (b, s/tp, d_model)."""
+    stream, (b, s/tp, d_model). ``experts``: the group the experts spread over when each rank's tokens are its
+    own (attention data-parallel, ``tpg`` of one rank); default ``tpg``, its tokens split among its ranks."""
 
     def __init__(self, w: dict, model: ModelConfig, tpg: TPGroup, copy_kv: bool = False,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, experts: TPGroup | None = None) -> None:
         super().__init__()
         self.model, self.tpg, self.sequence_parallel = model, tpg, sequence_parallel
         self.attention = (ParallelLatentAttention(w, model, tpg) if "kv_a" in w else
                           ParallelAttention(w, model, tpg, copy_kv) if "q" in w else None)
         if "router" in w and sequence_parallel:
             raise ValueError("sequence parallelism is built for dense blocks; this block has experts")
-        self.mlp = ParallelMLP(w, tpg) if "gate" in w else ExpertParallelMLP(w, model, tpg) if "router" in w else None
+        self.mlp = (ParallelMLP(w, tpg) if "gate" in w else
+                    ExpertParallelMLP(w, model, experts or tpg, experts is not None) if "router" in w else None)
         self.register_buffer("attn_norm", w.get("attn_norm"))  # (d,), whole on every rank; None: no weight
         self.register_buffer("mlp_norm", w.get("mlp_norm"))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from shardlib.core.checks import flag
 from shardlib.core.config import head_problems
 from shardlib.core.experts.dispatch import moe_reference
 from shardlib.core.model import LlamaWeights, forward_reference, greedy_reference
@@ -86,8 +87,9 @@ class ServingRun:
         return percentile([getattr(m, field) for m in self.metrics.values()], q)
 
 
-def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Request, ...]:
-    """Every problem at once, as a ValueError in the learner's terms, before any rank starts."""
+def check_serving(weights, requests, config: EngineConfig, tp: int, dp_attention: bool = False) -> tuple[Request, ...]:
+    """Every problem at once, as a ValueError in the learner's terms, before any rank starts (``dp_attention``:
+    every head on every rank, only the experts spread over the ``tp`` ranks)."""
     if not isinstance(weights, LlamaWeights):
         raise ValueError("weights must be LlamaWeights (weights_from_hf gives them), got "
                          f"{type(weights).__name__}")
@@ -97,8 +99,11 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Req
     if not requests or not all(isinstance(r, Request) for r in requests):
         raise ValueError("give at least one Request, and only Requests")
     model = weights.config
-    problems = config.problems(list(requests), model.max_positions) + (
+    problems = config.problems(list(requests), model.max_positions) + ([] if dp_attention else
         tensor_parallel_problems(model, tp) if not model.is_moe else head_problems(model, tp, copy_kv_heads=True))
+    if dp_attention and config.prefix_caching and tp > 1:
+        problems.append("with attention data-parallel each rank caches only its own sequences, so a prefix cached on "
+                        "one rank cannot serve another's: set prefix_caching=False")
     if model.is_moe and model.n_experts % tp:  # the experts stay whole, spread over the ranks
         problems.append(f"{model.n_experts} experts cannot be spread over {tp} ranks: each rank holds the same whole "
                         "number of them")
@@ -109,11 +114,12 @@ def check_serving(weights, requests, config: EngineConfig, tp: int) -> tuple[Req
     return requests
 
 
-def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig) -> ServingRun:
-    """Serve ``requests`` with tensor parallelism over all of ``ranks``: greedy unless a request has a seed."""
-    requests = check_serving(weights, requests, config, ranks.world_size)
-    return ServingRun(on_ranks(ranks, serving_engine_on_rank, weights, list(requests), config), requests, config,
-                      ranks.world_size)
+def run_serving(ranks, weights: LlamaWeights, requests, config: EngineConfig, dp_attention: bool = False) -> ServingRun:
+    """Serve ``requests`` with tensor parallelism over all of ``ranks``, or (``dp_attention``) each rank every head
+    and its own sequences, the experts spread over all: greedy unless a request has a seed."""
+    requests = check_serving(weights, requests, config, ranks.world_size, flag(dp_attention, "dp_attention"))
+    got = on_ranks(ranks, serving_engine_on_rank, weights, list(requests), config, dp_attention=dp_attention)
+    return ServingRun(got, requests, config, 1 if dp_attention else ranks.world_size)
 
 
 def reference_tokens(weights: LlamaWeights, requests) -> tuple[dict, float]:
