@@ -17,7 +17,7 @@
 #
 # > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb),
 # > [01](01_tensor_parallel.ipynb), [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb).
-# > Reading time: about 25 minutes. Trades: some scheduling work every step, and a part-empty last block
+# > Reading time: about 30 minutes. Trades: some scheduling work every step, and a part-empty last block
 # > per sequence, for a full GPU: many requests share each step, and memory holds only real tokens.
 #
 # **What you will see.**
@@ -30,6 +30,8 @@
 #   then the ranks measure them.
 # - Three choices on one trace: static or continuous batching, prefill-first or chunked prefill, prefix
 #   caching off or on.
+# - A tiny DeepSeek-V3 served the same way: its latent cache copied by tensor parallelism, split by
+#   data-parallel attention.
 
 # %% [markdown]
 # ## The idea: a step serves whoever is ready
@@ -275,6 +277,61 @@ for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
 # Per GPU, 2 KV heads: `2 x 40 x 2 x 128 x 2 = 40,960` bytes a token. A 4,096-token sequence takes
 # 168 MB, so `30e9 / 167.8e6 = 178` sequences. Reserving 16,384 tokens each takes 671 MB: 44 sequences,
 # a quarter as many, for the same real tokens.
+#
+# </details>
+
+# %% [markdown]
+# ## Another model: DeepSeek-V3 caches a latent
+#
+# DeepSeek-V3 keeps no key and value per head. Its **multi-head latent attention** (MLA) caches one short
+# vector a token a layer: a compressed latent of 512 values, plus one rotary key of 64 that every head
+# shares. Each head's key and value are rebuilt from the latent. A token costs `61 x 576 x 2 = 70,272`
+# bytes in bf16; 128 heads' keys and values would cost `61 x 2 x 128 x 128 x 2`, 4 MB.
+#
+# The engine serves a tiny DeepSeek-V3 with the same loop: 3 layers, a latent of 12 and a key of 4, 8
+# experts. Predict first. A latent has no heads to split, so tensor parallelism copies it: each rank caches
+# every token's whole entry, `3 x 16 x 8 = 384` bytes in float64, on both ranks.
+
+# %%
+from shardlib.lab.serving.hf import tiny_deepseek_v3
+
+deepseek = random_weights(tiny_deepseek_v3(), seed=0, dtype=torch.float64)
+mla = deepseek.config.mla
+ds_trace = trace[:8]
+with two.same_threads():
+    ds_reference, _ = reference_tokens(deepseek, ds_trace)
+no_sharing = replace(config, prefix_caching=False)
+ds_tp = run_serving(two, deepseek, ds_trace, no_sharing)
+latent_bytes = int(kv_bytes_per_token(3, 4, 12, 8, two.world_size, latent_dim=mla.latent_dim))
+measured = [b // no_sharing.capacity_tokens for b in ds_tp.kv_cache_bytes]
+print(f"predicted: {latent_bytes} bytes a token on each rank; measured: {measured}")
+print(f"tokens equal the reference: {ds_tp.tokens == ds_reference}")
+assert ds_tp.kv_cache_bytes == (latent_bytes * no_sharing.capacity_tokens,) * 2 and ds_tp.tokens == ds_reference
+
+# %% [markdown]
+# The copy is why DeepSeek serves its attention **data-parallel**. Each GPU holds every head but only its
+# own sequences; only the experts are spread over all GPUs, reached by all-to-all. Predict: rank 0 caches
+# requests 0, 2, 4 and 6, rank 1 the others, each token once.
+
+# %%
+ds_dp = run_serving(two, deepseek, ds_trace, no_sharing, dp_attention=True)
+owned = [sum(r.total_tokens - 1 for r in ds_trace[rank::2]) for rank in (0, 1)]  # the last token is never cached
+print(f"tokens cached, rank 0 and rank 1: predicted {owned}, measured {list(ds_dp.got.each('cache_entries'))}; "
+      f"with tensor parallelism {list(ds_tp.got.each('cache_entries'))}")
+print(f"tokens equal the reference: {ds_dp.tokens == ds_reference}")
+assert list(ds_dp.got.each("cache_entries")) == owned and ds_dp.tokens == ds_reference
+
+# %% [markdown]
+# At full size the difference decides the batch. At 32K tokens a DeepSeek-V3 sequence caches 2.3 GB. With
+# tensor parallelism over 8 GPUs, every GPU holds all 2.3 GB of every sequence. Data-parallel attention puts
+# each sequence on one GPU, so 8 times as many fit.
+#
+# <details><summary>How the engine attends to a latent</summary>
+#
+# Rebuilding every head's keys each step would undo the saving. So the engine folds the key's
+# up-projection into the query, and the value's into the output (DeepSeek-V2's report, section 2.1.2).
+# Each head then attends to the cached entries directly, as multi-query attention with one shared key:
+# see `latent_attention` in `shardlib/core/model.py`.
 #
 # </details>
 
@@ -544,6 +601,17 @@ show_questions(
         "Each step carries the 50 decodes and 462 prompt tokens: 4000 / 462 is about 9 steps, each longer than "
         "a pure decode step, none as long as a whole-prompt step.",
     ),
+    Question(
+        "A model caches an MLA latent of 256 values and a rotary key of 32, in 40 layers, in bf16. Served with "
+        "tensor parallelism over 4 GPUs, how many cache bytes does one token take on each GPU?",
+        ("5,760: the 23,040 bytes split four ways, by head",
+         "46,080: one key and one value of 288 values each, in every layer",
+         "2,560: only the 32-value rotary key, per GPU",
+         "23,040: 40 x 288 x 2 bytes, the latent whole on each GPU"),
+        3,
+        "The latent has no heads to split: every GPU computes and caches all 256 + 32 values a layer, 40 x 288 "
+        "x 2 = 23,040 bytes. That copy is why DeepSeek serves its attention data-parallel.",
+    ),
 )
 
 # %% [markdown]
@@ -554,6 +622,8 @@ show_questions(
 #   float64 the top-two margin dwarfs the reordering of a TP sum.
 # - KV bytes per token is `2 x layers x KV heads per rank x head dim x bytes`; the cache's tensors
 #   matched it. Paged blocks held most of their slots with real tokens; reservations held few.
+# - DeepSeek-V3's latent has no heads: tensor parallelism copied it on both ranks, data-parallel attention
+#   cached each sequence on one rank.
 # - A step's fitted cost, replayed through the same scheduler, predicted TPOT and throughput.
 # - On this trace continuous batching beat static batching on throughput and TTFT. Chunked prefill kept decodes
 #   flowing while prompts ran. Prefix caching skipped the shared prompt's blocks.

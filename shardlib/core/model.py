@@ -229,17 +229,35 @@ def greedy_reference(weights: LlamaWeights, prompt_token_ids, max_new_tokens: in
 def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
                    scale: float = 0.3) -> LlamaWeights:
     """Seeded random weights of ``config``'s shape, made here (no ``transformers``, nothing downloaded):
-    every matrix normal with standard deviation ``scale``, the norms' weights 1."""
-    g = torch.Generator().manual_seed(seed)
-    c = config
+    every matrix (a router's selection bias too) normal with standard deviation ``scale``, the norms' weights
+    1. A Llama's, or with ``mla`` and experts (past ``dense_layers``, beside ``shared_experts``) DeepSeek-V3's."""
+    g, c = torch.Generator().manual_seed(seed), config
 
-    def matrix(rows: int, cols: int) -> torch.Tensor:
-        return (torch.randn(rows, cols, generator=g, dtype=torch.float64) * scale).to(dtype)
+    def matrix(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
-    layers = tuple({"q": matrix(c.n_heads * c.head_dim, c.d_model), "k": matrix(c.n_kv_heads * c.head_dim, c.d_model),
-                    "v": matrix(c.n_kv_heads * c.head_dim, c.d_model), "o": matrix(c.d_model, c.n_heads * c.head_dim),
-                    "gate": matrix(c.d_ff, c.d_model), "up": matrix(c.d_ff, c.d_model),
-                    "down": matrix(c.d_model, c.d_ff), "attn_norm": torch.ones(c.d_model, dtype=dtype),
-                    "mlp_norm": torch.ones(c.d_model, dtype=dtype)} for _ in range(c.n_layers))
-    return LlamaWeights(c, matrix(c.vocab_size, c.d_model), torch.ones(c.d_model, dtype=dtype),
-                        matrix(c.vocab_size, c.d_model), layers)
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=dtype)
+
+    def layer(i: int) -> dict:
+        m, h, d, w = c.mla, c.n_heads, c.d_model, c.expert_width
+        if m is None:
+            attention = {"q": matrix(h * c.head_dim, d), "k": matrix(c.n_kv_heads * c.head_dim, d),
+                         "v": matrix(c.n_kv_heads * c.head_dim, d), "o": matrix(d, h * c.head_dim)}
+        else:
+            attention = {**({"q_a": matrix(m.q_rank, d), "q_a_norm": ones(m.q_rank), "q_b": matrix(h * m.qk_dim, m.q_rank)}
+                            if m.q_rank else {"q": matrix(h * m.qk_dim, d)}),
+                         "kv_a": matrix(m.latent_dim, d), "kv_a_norm": ones(m.kv_rank),
+                         "kv_b": matrix(h * (m.nope_dim + m.v_dim), m.kv_rank), "o": matrix(d, h * m.v_dim)}
+        if not c.is_moe or i < c.dense_layers:
+            mlp = {"gate": matrix(c.d_ff, d), "up": matrix(c.d_ff, d), "down": matrix(d, c.d_ff)}
+        else:
+            e, shared = c.n_experts, w * c.shared_experts
+            mlp = {"router": matrix(e, d), "expert_gate": matrix(e, w, d), "expert_up": matrix(e, w, d),
+                   "expert_down": matrix(e, d, w),
+                   **({"router_bias": matrix(e), "shared_gate": matrix(shared, d), "shared_up": matrix(shared, d),
+                       "shared_down": matrix(d, shared)} if c.shared_experts else {})}
+        return {**attention, **mlp, "attn_norm": ones(d), "mlp_norm": ones(d)}
+
+    layers = tuple(layer(i) for i in range(c.n_layers))
+    return LlamaWeights(c, matrix(c.vocab_size, c.d_model), ones(c.d_model), matrix(c.vocab_size, c.d_model), layers)

@@ -197,3 +197,14 @@ def test_attention_data_parallel_refuses_a_shared_prefix_cache(weights):
 
     with pytest.raises(ValueError, match="a prefix cached on one rank cannot serve another's"):
         check_serving(weights, trace(), EngineConfig(), 2, dp_attention=True)
+
+
+def test_random_weights_of_the_tiny_config_have_transformers_shapes(weights):
+    """``random_weights`` draws a DeepSeek-V3 (no transformers): the same keys and shapes as one read from it."""
+    from shardlib.core.model import random_weights
+    from shardlib.lab.serving.hf import tiny_deepseek_v3
+
+    drawn = random_weights(tiny_deepseek_v3(), seed=1, dtype=torch.float64)
+    assert drawn.config == weights.config
+    for a, b in zip(drawn.layers, weights.layers):
+        assert {k: tuple(t.shape) for k, t in a.items()} == {k: tuple(t.shape) for k, t in b.items()}

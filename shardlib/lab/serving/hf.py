@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from shardlib.core.checkpoints import weights_from_hf
+from shardlib.core.checkpoints import config_from_hf, weights_from_hf
+from shardlib.core.config import ModelConfig
 from shardlib.core.model import LlamaWeights
 
 SHAPE = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -50,18 +51,28 @@ def random_hf_mixtral(seed: int = 0, dtype: torch.dtype = torch.float64, **shape
     return _spread(lambda: MixtralForCausalLM._from_config(config, experts_implementation="eager"), seed, dtype)
 
 
+# the tiny DeepSeek-V3: 3 layers (the first dense), multi-head latent attention (4 heads; a latent of 12 and a rotary
+# key of 4 cached a token a layer; queries through a rank of 16), 8 routed experts of width 24 in 4 groups, 4 a
+# token from 2 groups, one shared expert
+DEEPSEEK_V3_SHAPE = {**SHAPE, "num_hidden_layers": 3, "num_key_value_heads": 4, "intermediate_size": 48,
+                     "moe_intermediate_size": 24, "n_routed_experts": 8, "num_experts_per_tok": 4, "n_group": 4,
+                     "topk_group": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "q_lora_rank": 16,
+                     "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+                     "routed_scaling_factor": 2.5, "rope_interleave": True, "hidden_act": "silu"}
+
+
+def tiny_deepseek_v3() -> ModelConfig:
+    """The tiny DeepSeek-V3's ``ModelConfig``, read from its config as ``transformers`` would give it (no
+    ``transformers`` needed): for ``random_weights``."""
+    return config_from_hf({"model_type": "deepseek_v3", **DEEPSEEK_V3_SHAPE})
+
+
 def random_hf_deepseek_v3(seed: int = 0, dtype: torch.dtype = torch.float64, **shape):
-    """A tiny ``transformers`` ``DeepseekV3ForCausalLM`` made here, as ``random_hf_llama``: 3 layers (the first
-    dense), multi-head latent attention (4 heads; a latent of 12 and a rotary key of 4 cached a token a layer;
-    queries through a rank of 16), 8 routed experts of width 24 in 4 groups, 4 a token from 2 groups, one
-    shared expert. The router's selection bias, zero at initialisation, is drawn too, so it changes choices."""
+    """The tiny DeepSeek-V3 (``DEEPSEEK_V3_SHAPE``) as a ``transformers`` ``DeepseekV3ForCausalLM`` made here, as
+    ``random_hf_llama``. The router's selection bias, zero at initialisation, is drawn too, so it changes choices."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    config = DeepseekV3Config(**{**SHAPE, "num_hidden_layers": 3, "num_key_value_heads": 4, "intermediate_size": 48,
-                                 "moe_intermediate_size": 24, "n_routed_experts": 8, "num_experts_per_tok": 4,
-                                 "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
-                                 "q_lora_rank": 16, "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
-                                 "v_head_dim": 8, **shape})
+    config = DeepseekV3Config(**{**DEEPSEEK_V3_SHAPE, **shape})
     model = _spread(lambda: DeepseekV3ForCausalLM._from_config(config, experts_implementation="eager"), seed, dtype)
     with torch.no_grad():
         for layer in model.model.layers[config.first_k_dense_replace:]:
