@@ -37,7 +37,17 @@
 # | tensor (TP, Megatron-LM) | a slice of *every* layer | 2 all-reduces per layer, every token | inside a node |
 # | pipeline (PP, GPipe / 1F1B) | whole layers, `layers / pp` | 1 send per boundary per microbatch | across nodes |
 # | expert (EP, GShard / Switch) | whole experts, `experts / ep` | 2 all-to-alls per MoE layer | large MoE models |
-#
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.runtime.launcher import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
+from shardlib.ui.serving_figures import rank_grid_figure, three_cuts_figure
+
+three_cuts_figure(n_layers=4, n_experts=8, devices=4)
+
+# %% [markdown]
 # Tensor parallelism all-reduces after attention and after the MLP: `2 x layers` calls per forward pass.
 # That is the most messages of the three, so it goes on the fastest link (NVLink, inside a node). A
 # pipeline sends few, small messages, so it can cross nodes. Its price is that stages run one after
@@ -49,10 +59,6 @@
 # latency-bound or bandwidth-bound depends on the batch ([the crossover batch](02_communication_costs.ipynb)):
 
 # %%
-from shardlib.runtime.launcher import start_template
-
-start_template()  # the rank processes' template starts importing torch now, beside the cells below
-
 from shardlib.facts.hardware import NVLINK
 from shardlib.facts.models import LLAMA_3_70B
 from shardlib.predict.serving.cost import decode_crossover_batch, tp_decode_cost
@@ -68,8 +74,12 @@ assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1)
 # a copy split `tp x pp` ways. Here `dp` only counts replicas; [notebook 08](08_data_parallel.ipynb)
 # gives it its training meaning. The tensor-parallel rank is innermost:
 # `rank = (stage x replicas + replica) x tp + tp_rank`. So a tensor-parallel group is `tp` consecutive
-# ranks, one node when `tp` is the GPUs per node. With one stage per node, each pipeline takes one rank
-# from each node.
+# ranks, inside one node. Here are 8 ranks on two nodes of 4:
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.core.mesh import Layout
+
+rank_grid_figure(Layout(tp=2, pp=2, dp=2), gpus_per_node=4)
 
 # %% [markdown]
 # ## Read the code

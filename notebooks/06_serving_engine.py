@@ -16,7 +16,8 @@
 # # 06 · The serving engine: many requests, one model, a paged KV cache
 #
 # > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb),
-# > [01](01_tensor_parallel.ipynb), [02](02_communication_costs.ipynb), [05](05_serving_layouts.ipynb).
+# > [01](01_tensor_parallel.ipynb), [02](02_communication_costs.ipynb), [04](04_expert_parallel.ipynb),
+# > [05](05_serving_layouts.ipynb).
 # > Reading time: about 30 minutes. Trades: some scheduling work every step, and a part-empty last block
 # > per sequence, for a full GPU: many requests share each step, and memory holds only real tokens.
 #
@@ -30,8 +31,8 @@
 #   then the ranks measure them.
 # - Three choices on one trace: static or continuous batching, prefill-first or chunked prefill, prefix
 #   caching off or on.
-# - A tiny DeepSeek-V3 served the same way: its latent cache copied by tensor parallelism, split by
-#   data-parallel attention.
+# - A tiny DeepSeek-V3 served the same way: its latent cache copied on every rank by tensor parallelism,
+#   each sequence cached on one rank by data-parallel attention.
 
 # %% [markdown]
 # ## The idea: a step serves whoever is ready
@@ -104,7 +105,7 @@ show_code(Scheduler.schedule, Scheduler._admit)
 # gives a block back when its count reaches zero. A freed block keeps its name until it is handed out
 # again, so a later request may still find it. Production names blocks with a cryptographic hash (vLLM's
 # default is SHA-256), so that two different prefixes never share a name; Python's `hash` here is fine for a
-# lesson, not for a server.
+# lesson, not for a server. (The exercise has you write `allocate` and `seal`: try it before reading them.)
 
 # %% tags=["nbval-ignore-output"]
 show_code(BlockManager.cached_prefix, BlockManager.allocate, BlockManager.seal, BlockManager.release)
@@ -284,13 +285,15 @@ for preset, tp in ((LLAMA_3_8B, 1), (LLAMA_3_70B, 4), (LLAMA_3_70B, 8)):
 # ## Another model: DeepSeek-V3 caches a latent
 #
 # DeepSeek-V3 keeps no key and value per head. Its **multi-head latent attention** (MLA) caches one short
-# vector a token a layer: a compressed latent of 512 values, plus one rotary key of 64 that every head
-# shares. Each head's key and value are rebuilt from the latent. A token costs `61 x 576 x 2 = 70,272`
-# bytes in bf16; 128 heads' keys and values would cost `61 x 2 x 128 x 128 x 2`, 4 MB.
+# vector a token a layer: a compressed latent of 512 values, plus one 64-value key that carries the
+# token's position (the rotary part), shared by every head. Each head's key and value are rebuilt from
+# the latent. A token costs `61 layers x (512 + 64) values x 2 bytes = 70,272` bytes in bf16. If each of
+# its 128 heads cached a key and a value of 128 values, it would cost `61 x 2 x 128 x 128 x 2`, 4 MB.
 #
-# The engine serves a tiny DeepSeek-V3 with the same loop: 3 layers, a latent of 12 and a key of 4, 8
-# experts. Predict first. A latent has no heads to split, so tensor parallelism copies it: each rank caches
-# every token's whole entry, `3 x 16 x 8 = 384` bytes in float64, on both ranks.
+# The engine serves a tiny DeepSeek-V3 with the same loop: 3 layers, a latent of 12 and a key of 4. Predict
+# first. The latent comes out of one projection, and every head reads all of it, so no rank can hold a
+# slice. Tensor parallelism copies it: each rank caches every token's whole entry, `3 x 16 x 8 = 384`
+# bytes in float64. The Llama above halved its bytes on 2 ranks; here 2 ranks halve nothing.
 
 # %%
 from shardlib.lab.serving.hf import tiny_deepseek_v3
@@ -300,31 +303,38 @@ mla = deepseek.config.mla
 ds_trace = trace[:8]
 with two.same_threads():
     ds_reference, _ = reference_tokens(deepseek, ds_trace)
-no_sharing = replace(config, prefix_caching=False)
+no_sharing = replace(config, prefix_caching=False)  # with DP attention below, a rank's prefix serves no other rank
 ds_tp = run_serving(two, deepseek, ds_trace, no_sharing)
-latent_bytes = int(kv_bytes_per_token(3, 4, 12, 8, two.world_size, latent_dim=mla.latent_dim))
+latent_bytes = deepseek.config.n_layers * mla.latent_dim * 8  # (12 + 4) values a layer, float64, on each rank
 measured = [b // no_sharing.capacity_tokens for b in ds_tp.kv_cache_bytes]
-print(f"predicted: {latent_bytes} bytes a token on each rank; measured: {measured}")
+print(f"predicted: {latent_bytes} bytes a token on each rank; measured: {measured}: "
+      f"{'as predicted' if measured == [latent_bytes] * 2 else 'not as predicted'}")
 print(f"tokens equal the reference: {ds_tp.tokens == ds_reference}")
 assert ds_tp.kv_cache_bytes == (latent_bytes * no_sharing.capacity_tokens,) * 2 and ds_tp.tokens == ds_reference
 
 # %% [markdown]
-# The copy is why DeepSeek serves its attention **data-parallel**. Each GPU holds every head but only its
-# own sequences; only the experts are spread over all GPUs, reached by all-to-all. Predict: rank 0 caches
-# requests 0, 2, 4 and 6, rank 1 the others, each token once.
+# The copy is why DeepSeek serves its attention **data-parallel**. For attention each GPU is a replica
+# ([notebook 02](02_communication_costs.ipynb)), with every head and only its own sequences. Only the
+# experts ([notebook 04](04_expert_parallel.ipynb)) are spread over all GPUs, reached by all-to-all.
+# Predict: the engine hands new sequences to the ranks in turn, so rank 0 caches requests 0, 2, 4 and 6
+# and rank 1 the others. Each token is cached once, except each request's last: it is sampled, never fed
+# back.
 
 # %%
 ds_dp = run_serving(two, deepseek, ds_trace, no_sharing, dp_attention=True)
 owned = [sum(r.total_tokens - 1 for r in ds_trace[rank::2]) for rank in (0, 1)]  # the last token is never cached
-print(f"tokens cached, rank 0 and rank 1: predicted {owned}, measured {list(ds_dp.got.each('cache_entries'))}; "
+cached = list(ds_dp.got.each("cache_entries"))
+print(f"tokens cached, rank 0 and rank 1: predicted {owned}, measured {cached}: "
+      f"{'as predicted' if cached == owned else 'not as predicted'}; "
       f"with tensor parallelism {list(ds_tp.got.each('cache_entries'))}")
 print(f"tokens equal the reference: {ds_dp.tokens == ds_reference}")
-assert list(ds_dp.got.each("cache_entries")) == owned and ds_dp.tokens == ds_reference
+assert cached == owned and ds_dp.tokens == ds_reference
 
 # %% [markdown]
 # At full size the difference decides the batch. At 32K tokens a DeepSeek-V3 sequence caches 2.3 GB. With
 # tensor parallelism over 8 GPUs, every GPU holds all 2.3 GB of every sequence. Data-parallel attention puts
-# each sequence on one GPU, so 8 times as many fit.
+# each sequence on one GPU, so 8 times as many fit. The price: every GPU holds all the attention weights,
+# and the sequences must be shared out so that no GPU idles. SGLang offers it as `--enable-dp-attention`.
 #
 # <details><summary>How the engine attends to a latent</summary>
 #
@@ -342,7 +352,8 @@ assert list(ds_dp.got.each("cache_entries")) == owned and ds_dp.tokens == ds_ref
 # token a query reads). A fit on one warm-up run gives the three prices. Then `simulate_serving` runs the
 # engine's own scheduler without ranks: each step takes the time the fitted prices give it. That predicts
 # each request's token times. The step's four small all-reduces (two a layer, two layers) land in the
-# fixed overhead.
+# fixed overhead. On this toy the key price may fit to about zero: a few dozen keys are lost in the step's
+# overhead.
 
 # %%
 from shardlib.predict.serving.engine import simulate_serving
@@ -478,8 +489,8 @@ runs = prefix_check.runs
 assert runs["prefix on"].tokens == runs["prefix off"].tokens and runs["prefix on"].prefix_hit_rate > 0.3
 
 # %% [markdown]
-# The hits cut the tokens computed. TTFT barely moves here, because this toy's step costs mostly its
-# fixed overhead. On a GPU a long system prompt's prefill is real work, and the hits save it.
+# The hits cut the tokens computed, but TTFT falls only a little: this toy's step costs mostly its fixed
+# overhead. On a GPU a long system prompt's prefill is real work, and the hits save it.
 
 # %% [markdown]
 # ## Bad input gets a clear error
@@ -514,7 +525,7 @@ engine_explorer(cost, max_positions=model.max_positions, where="a model: the sch
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# (1) TTFT p50 falls more than tenfold (from about 170 to 14 ms on a fit of 8.7 ms a step). Each step pays the
+# (1) TTFT p50 falls about tenfold (227 to 24 ms on one fit of 11.2 ms a step and 50 µs a token). Each step pays the
 # fixed overhead once, so a bigger budget gets the prompts through in fewer steps. (2) TPOT p90 more
 # than doubles and the longest gap nearly doubles: the decodes wait while whole prompts run. Throughput
 # falls too, and TTFT p50 barely moves. (3) The share of slots holding real tokens falls from about
@@ -604,7 +615,7 @@ show_questions(
     Question(
         "A model caches an MLA latent of 256 values and a rotary key of 32, in 40 layers, in bf16. Served with "
         "tensor parallelism over 4 GPUs, how many cache bytes does one token take on each GPU?",
-        ("5,760: the 23,040 bytes split four ways, by head",
+        ("5,760: a quarter of each layer's entry per GPU, split by head",
          "46,080: one key and one value of 288 values each, in every layer",
          "2,560: only the 32-value rotary key, per GPU",
          "23,040: 40 x 288 x 2 bytes, the latent whole on each GPU"),

@@ -245,8 +245,9 @@ def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torc
             attention = {"q": matrix(h * c.head_dim, d), "k": matrix(c.n_kv_heads * c.head_dim, d),
                          "v": matrix(c.n_kv_heads * c.head_dim, d), "o": matrix(d, h * c.head_dim)}
         else:
-            attention = {**({"q_a": matrix(m.q_rank, d), "q_a_norm": ones(m.q_rank), "q_b": matrix(h * m.qk_dim, m.q_rank)}
-                            if m.q_rank else {"q": matrix(h * m.qk_dim, d)}),
+            query = ({"q_a": matrix(m.q_rank, d), "q_a_norm": ones(m.q_rank), "q_b": matrix(h * m.qk_dim, m.q_rank)}
+                     if m.q_rank else {"q": matrix(h * m.qk_dim, d)})
+            attention = {**query,
                          "kv_a": matrix(m.latent_dim, d), "kv_a_norm": ones(m.kv_rank),
                          "kv_b": matrix(h * (m.nope_dim + m.v_dim), m.kv_rank), "o": matrix(d, h * m.v_dim)}
         if not c.is_moe or i < c.dense_layers:

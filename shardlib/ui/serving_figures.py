@@ -1,13 +1,17 @@
-"""Figures of a plan: the feasible layouts side by side (data in, ``go.Figure`` out; pure, no processes)."""
+"""Figures of layouts: the feasible layouts of a plan side by side, a layout's ranks on its grid, and one model cut
+three ways (data in, ``go.Figure`` out; pure, no processes)."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from shardlib.core.experts.placement import ExpertPlacement
+from shardlib.core.mesh import Layout
+from shardlib.core.pipeline.stages import split_layers
 from shardlib.predict.serving.planner import Plan
 from shardlib.ui.mime import mime_figure
-from shardlib.ui.theme import BLUE, ORANGE
+from shardlib.ui.theme import BLUE, ORANGE, owner_heatmap
 
 
 @mime_figure
@@ -31,4 +35,55 @@ def plan_figure(p: Plan, top: int = 10) -> go.Figure:
                             f"(best in orange; {len(p.rejected)} rejected)<br><sup>the planner's model, not a "
                             f"measurement: {peak}</sup>", height=380,
                       margin={"t": 70, "b": 90})
+    return fig
+
+
+@mime_figure
+def rank_grid_figure(layout: Layout, gpus_per_node: int | None = None) -> go.Figure:
+    """Every rank of ``layout`` placed by ``Layout.position``, the numbering the runs use: a row per pipeline
+    stage, a column per (replica, tp rank); each cell its global rank, coloured by replica. With
+    ``gpus_per_node``, each cell also names the node the rank's number puts it on (ranks fill nodes in order)."""
+    if layout.cp > 1:
+        raise ValueError(f"{layout.label}: the grid draws tp, pp and dp; give a layout without context parallelism")
+    cols = layout.dp * layout.tp
+    z = [[0] * cols for _ in range(layout.pp)]
+    text = [[""] * cols for _ in range(layout.pp)]
+    for r in range(layout.world_size):
+        stage, replica, tp_rank = layout.coords(r)
+        node = f"<br>node {r // gpus_per_node}" if gpus_per_node else ""
+        z[stage][replica * layout.tp + tp_rank] = replica
+        text[stage][replica * layout.tp + tp_rank] = f"rank {r}{node}"
+    fig = go.Figure(owner_heatmap(z, layout.dp, "%{y}, %{x}: %{text}<extra></extra>", False, owner="replica",
+                                  text=text, texttemplate="%{text}", xgap=3, ygap=3,
+                                  x=[f"replica {c // layout.tp}, tp {c % layout.tp}" for c in range(cols)],
+                                  y=[f"stage {s}" for s in range(layout.pp)]))
+    fig.update_layout(title=f"{layout.label}: a row is a pipeline stage, a colour a replica; a tp group is one "
+                            f"colour's cells in a row", yaxis={"autorange": "reversed"},
+                      height=110 + 70 * layout.pp, margin={"l": 70, "r": 20, "t": 60, "b": 40})
+    return fig
+
+
+@mime_figure
+def three_cuts_figure(n_layers: int, n_experts: int, devices: int) -> go.Figure:
+    """One MoE model's pieces over ``devices``, cut three ways: tensor parallelism gives every device a slice of
+    every layer; pipeline parallelism whole layers (``split_layers``, as the stages run them); expert
+    parallelism whole experts (``ExpertPlacement``), the attention copied. A cell's colour is its device."""
+    stages = split_layers(n_layers, devices)
+    hosts = ExpertPlacement(n_experts, devices)
+    cuts = {"tensor: a slice of every layer": ([f"slice {j}" for j in range(devices)],
+                                               [list(range(devices)) for _ in range(n_layers)]),
+            "pipeline: whole layers": (["whole layer"], [[next(s for s, run in enumerate(stages) if i in run)]
+                                                         for i in range(n_layers)]),
+            "expert: whole experts": ([f"expert {e}" for e in range(n_experts)],
+                                      [[hosts.owner(e) for e in range(n_experts)] for _ in range(n_layers)])}
+    fig = make_subplots(rows=1, cols=3, subplot_titles=tuple(cuts), horizontal_spacing=0.06,
+                        column_widths=[devices, 1.5, n_experts])
+    for col, (x, z) in enumerate(cuts.values(), start=1):
+        fig.add_trace(owner_heatmap(z, devices, "%{y}, %{x}: device %{z}<extra></extra>", False, owner="device",
+                                    xgap=2, ygap=2, x=x, y=[f"layer {i}" for i in range(n_layers)]), row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=f"One model cut three ways over {devices} devices (colour: the device)<br><sup>{n_layers} "
+                            f"layers, {n_experts} experts each; with expert parallelism the attention sits on every "
+                            "device</sup>", height=150 + 28 * n_layers,
+                      margin={"l": 60, "r": 20, "t": 80, "b": 40})
     return fig
