@@ -21,11 +21,42 @@
 # > shards the optimizer state, then the gradients, then the weights over the dp ranks).
 #
 # **What you will see.**
+# - Part I's answer for Llama-3-70B in one cell, and what training adds to it.
 # - Data parallelism: every rank trains the whole model on its own rows; one all-reduce sums the gradients.
 # - ZeRO's three stages and FSDP, predicted for Llama-3-8B and 70B, then run on two real ranks.
 # - Every strategy ending with one process's weights, and each rank's bytes matching the formula exactly.
 # - The bytes each strategy sends, read from the comm log, and communication hidden under the backward.
 # - PyTorch's own DDP and FSDP2 on the same ranks, and what activation recomputation buys.
+
+# %% [markdown]
+# ## Part I in one answer, and what training adds
+#
+# [Notebook 00](00_start_here.ipynb) asked how to serve Llama-3-70B, 141 GB of weights, on 80 GB GPUs.
+# Part I answered it piece by piece; here is the whole answer on one node of 8 H100s, from the planners of
+# [05](05_serving_layouts.ipynb) and [07](07_serving_at_scale.ipynb).
+
+# %%
+from shardlib.facts.hardware import ONE_NODE_8_H100
+from shardlib.facts.models import LLAMA_3_70B
+from shardlib.predict.serving.planner import plan_pools
+
+pools = plan_pools(LLAMA_3_70B, ONE_NODE_8_H100, ONE_NODE_8_H100)
+decode = pools.decode.best
+print(f"layout (05): {decode.layout.label}, {decode.memory.weights_bytes / 1e9:.1f} GB of weights a GPU, room "
+      f"for the KV cache of {decode.batch} sequences of 4K tokens")
+print(f"engine (06): continuous batching over a paged cache, {LLAMA_3_70B.kv_bytes_per_token(tp=8) / 1024:.0f} KiB "
+      "of KV a token on each GPU")
+print(f"fleet (07): prefill on {pools.prefill.best.layout.label}, decode on {decode.layout.label}, as many of "
+      "each as the traffic needs, behind a prefix-aware router")
+state = LLAMA_3_70B.n_params * 16  # bytes: the memory bill below
+print(f"training it: {state / 1e12:.2f} TB of weights, gradients and optimizer state, {state / 80e9:.0f} GPUs' "
+      "memory before one activation")
+assert decode.layout.tp == 8 and round(state / 80e9) == 14
+
+# %% [markdown]
+# Serving never computed a gradient. Training does, and keeps eight times the weights' bytes to do it.
+# Part II splits that state and that work: data parallelism and ZeRO here, then pipeline schedules (09),
+# long sequences (10), every axis in one step (11) and the layouts real runs choose (12).
 
 # %% [markdown]
 # ## Data parallelism and the global batch
