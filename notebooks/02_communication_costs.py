@@ -435,8 +435,8 @@ for v in verdicts:
 # The explorer prices one forward pass of Llama-3-8B for any link (this machine included), shard count,
 # prompt length and batch, under either latency convention.
 #
-# **Your task.** Pick PCIe Gen4 and tp = 4, one latency per call. Find the smallest batch at which the
-# decode step turns bandwidth-bound. Then switch to `per_step`: where is it now?
+# **Your task.** Pick PCIe Gen4, tp = 4 and one latency per ring step (`per_step`). The table above
+# charges one per call. Predict the smallest bandwidth-bound batch, then find it by moving.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_widgets import tp_cost_explorer
@@ -446,10 +446,9 @@ tp_cost_explorer([*LINKS.values(), here])
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# With one latency per call the crossover is about 26 sequences, so the decode step is bandwidth-bound
-# from a batch of 32. With `per_step` each all-reduce pays 6 latencies, so the crossover is 6 times
-# larger, about 154: the slider's 256 is the first bandwidth-bound batch. The bytes did not change; only
-# the latency charged against them did.
+# With `per_step` each all-reduce pays 6 latencies, so the crossover is 6 times the table's 26, about 154
+# sequences: the slider's 256 is the first bandwidth-bound batch (128 is still latency-bound). The bytes
+# did not change; only the latency charged against them did.
 #
 # </details>
 

@@ -618,12 +618,12 @@ assert no_gqa.kv_block_bytes(1) == 8 * llama.kv_block_bytes(1)
 # ## Explore: the sequence-length slider
 #
 # The bars show what one rank holds: the whole score matrix in one process against one block of it on the
-# ring. Then causal ring attention runs on the two warm ranks at that length (8 query heads, 2 KV heads of
-# 64), with each rank's compute and its timeline.
+# ring. Then causal ring attention runs on the two ranks at that length, showing each rank's compute and
+# timeline.
 #
 # **Your task.** At 2,048 tokens, switch between the two placements and read each rank's compute. Which
 # placement makes the two ranks equal, and by how much does the busier contiguous rank exceed the mean?
-# Then halve the length: by what factor does the one-process score matrix shrink?
+# Then halve the length twice: how do the bytes each rank sends change, beside the bars?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.context_parallel_widgets import sequence_explorer
@@ -634,8 +634,8 @@ sequence_explorer(ranks, heads=8, kv_heads=2, head_dim=64, max_seq=2048)
 # <details><summary>Answer</summary>
 #
 # Zigzag makes the two ranks' compute about equal. Contiguous leaves the last rank near 4/3 of the mean,
-# a little less in CPU time because diagonal blocks cost more than their count says. Halving the sequence
-# shrinks the score matrix four times: it grows with the square of the tokens.
+# a little less in CPU time because diagonal blocks cost more than their count says. Each halving halves
+# the bytes sent (K and V grow with length); the bars' scores shrink four times.
 #
 # </details>
 

@@ -349,8 +349,8 @@ assert round(exposed_s) == 12 and round(compute_s) == 21  # computation to commu
 # model, beside the published layout.
 #
 # **Your task.** With the all-to-alls exposed and `pp = 16`, find the `ep` with the most tokens per
-# second. Then put the all-to-alls under compute: does `ep` still matter? Which `pp` is best now, and
-# which term decides it?
+# second. Then put the all-to-alls under compute and find the best `pp`. What is the smallest `ep` at
+# which that `pp` fits, and what stops a smaller one?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.training_widgets import moe_layout_explorer
@@ -364,8 +364,9 @@ moe_layout_explorer()
 # The all-to-alls cost 7.5 s a step at `ep = 8` or 16, and grow past that (10.3 s at 32, 12.2 s at 64).
 # Under compute, `ep` barely moves the step at `pp = 16` (2.61 to 2.66 M tokens/s): it changes memory,
 # not time. Then fewer stages win: `pp = 4` with `ep = 256` reaches about 3.0 M tokens/s (`pp = 8`:
-# 2.87). The bubble decides: priced as 1F1B's, it shrinks with fewer stages. At `pp = 4` the experts fit
-# only from `ep = 32`. DualPipe's own bubble is smaller, which is why 16 stages pay for DeepSeek-V3.
+# 2.87): priced as 1F1B's, the bubble shrinks with fewer stages. At `pp = 4` the experts fit only from
+# `ep = 32`: below it each GPU would hold too many experts' weights and optimizer state. DualPipe's own
+# bubble is smaller, which is why 16 stages pay for DeepSeek-V3.
 #
 # </details>
 #

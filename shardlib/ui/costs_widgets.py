@@ -10,7 +10,7 @@ from shardlib.core.config import ModelConfig
 from shardlib.facts.hardware import LATENCY_CHARGES, LINKS, Link
 from shardlib.facts.models import LLAMA_3_8B
 from shardlib.lab.costs.slow_rank import MAX_DELAY_S, run_slow_rank
-from shardlib.predict.serving.cost import decode_crossover_batch, pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
+from shardlib.predict.serving.cost import pipeline_vs_tensor, tp_decode_cost, tp_prefill_cost
 from shardlib.predict.shapes import usable_tensor_parallel_degrees
 from shardlib.ui.costs_figures import GPU_MODEL, phase_cost_figure, slow_rank_figure
 from shardlib.ui.live import FigureArea, SelectionSlider, nearest, wire
@@ -45,15 +45,13 @@ def tp_cost_explorer(links: list[Link], model: ModelConfig = LLAMA_3_8B, tp: int
         pipe = pipeline_vs_tensor(model, degree.value, link, prompt.value * batch_box.value, charge.value)
         where = GPU_MODEL if link.name in PRESET_NAMES else f"model: alpha-beta with {link.name}'s fitted figures"
         fig.show(phase_cost_figure([decode, prefill], where=where))
-        crossover = decode_crossover_batch(model, degree.value, link, charge.value)
         latencies = 1 if charge.value == "per_call" else 2 * (degree.value - 1)
         text.value = (
             f"<b>{html.escape(model.name)} on {html.escape(link.name)}, tp = {degree.value}</b>, {decode.collectives} "
             f"all-reduces per forward pass, each paying {latencies} latenc{'y' if latencies == 1 else 'ies'} "
             f"({'one per call' if charge.value == 'per_call' else 'one per ring step'})<br>"
             f"decode step ({batch_box.value} token(s), {decode.size_bytes:,} bytes each): "
-            f"<b>{decode.total_s * 1e6:,.0f} us</b>, {decode.bound}-bound (bandwidth-bound from a batch of "
-            f"{crossover:,.0f} on)<br>"
+            f"<b>{decode.total_s * 1e6:,.0f} us</b>, {decode.bound}-bound<br>"
             f"prefill ({batch_box.value} x {prompt.value:,} tokens, {prefill.size_bytes:,} bytes each): "
             f"<b>{prefill.total_s * 1e3:,.2f} ms</b>, {prefill.bound}-bound<br>"
             f"the same prefill cut into {degree.value} pipeline stages instead: {pipe.pipeline_transfers} "
