@@ -22,11 +22,11 @@
 #
 # **What you will see.**
 #
-# - The comm logs of tensor, pipeline and expert parallelism, measured on 4 ranks, on one scale.
-# - Two pipeline stages of two-way tensor parallelism on 4 ranks: exact, traffic split by mesh axis.
-# - Experts in the mesh: EP inside each stage of TP x PP; wide EP with data-parallel attention.
-# - TP across two "nodes" against PP across them, over an emulated slow link, beside the planner.
-# - The serving planner's layouts for dense and MoE models on H100 nodes, and its reasons.
+# - The comm logs of TP, PP and EP on 4 ranks, on one scale.
+# - Two pipeline stages of two-way TP on 4 ranks: exact, traffic by mesh axis.
+# - Experts in the mesh, and wide EP with data-parallel attention.
+# - TP against PP across two emulated "nodes", beside the planner.
+# - The serving planner's layouts for dense and MoE models on H100 nodes.
 # - When replicas beat splitting, and a checklist for dense and for MoE models.
 
 # %% [markdown]
@@ -49,31 +49,19 @@ three_cuts_figure(n_layers=4, n_experts=8, devices=4)
 
 # %% [markdown]
 # Tensor parallelism all-reduces after attention and after the MLP: `2 x layers` calls per forward pass.
-# That is the most messages of the three, so it goes on the fastest link (NVLink, inside a node). A
-# pipeline sends few, small messages, so it can cross nodes. Its price is that stages run one after
+# That is the most bytes of the three, in every layer, so it goes on the fastest link: NVLink, which joins
+# the 8 GPUs of one server, a **node**. Nodes talk over a slower network such as InfiniBand. A pipeline
+# sends few, small messages, so it can cross nodes. Its price is that stages run one after
 # another, and [the bubble](03_pipeline_parallel.ipynb) when too little work is in flight. Expert
 # parallelism's all-to-alls carry what the router sends; its price is
-# [load imbalance](04_expert_parallel.ipynb).
+# [load imbalance](04_expert_parallel.ipynb). In decode, each message carries one `d_model` vector per
+# sequence in flight: past [the crossover batch](02_communication_costs.ipynb) its bytes, not its latency,
+# set the time.
 #
-# In decode, each message carries one `d_model` vector per sequence in flight. Whether that is
-# latency-bound or bandwidth-bound depends on the batch ([the crossover batch](02_communication_costs.ipynb)):
-
-# %%
-from shardlib.facts.hardware import NVLINK
-from shardlib.facts.models import LLAMA_3_70B
-from shardlib.predict.serving.cost import decode_crossover_batch, tp_decode_cost
-
-loaded = tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 256)
-print(f"{LLAMA_3_70B.name} at tp = 8 on {NVLINK.name}: decode turns bandwidth-bound past "
-      f"{decode_crossover_batch(LLAMA_3_70B, 8, NVLINK):.0f} sequences; with 256 in flight: "
-      f"{loaded.size_bytes / 2**20:.0f} MiB per all-reduce, {loaded.bound}-bound")
-assert loaded.bound == "bandwidth" and tp_decode_cost(LLAMA_3_70B, 8, NVLINK, 1).bound == "latency"
-
-# %% [markdown]
 # Stacked, the splits form a **mesh**, one axis per split. A `Layout(tp, pp, dp)` runs `dp` replicas of
 # a copy split `tp x pp` ways. Here `dp` only counts replicas; [notebook 08](08_data_parallel.ipynb)
 # gives it its training meaning. The tensor-parallel rank is innermost:
-# `rank = (stage x replicas + replica) x tp + tp_rank`. So a tensor-parallel group is `tp` consecutive
+# `rank = (stage x dp + replica) x tp + tp_rank`. So a tensor-parallel group is `tp` consecutive
 # ranks, inside one node. Here are 8 ranks on two nodes of 4:
 
 # %% tags=["nbval-ignore-output"]
@@ -113,14 +101,14 @@ show_code(build_stage, run_round)
 # %% [markdown]
 # ## Measured, not copied: the three comm logs, side by side
 #
-# One warm pool of 4 ranks runs a tensor-parallel MLP block (notebook 01), a forward-only GPipe
+# Four ranks run a tensor-parallel MLP block (notebook 01), a forward-only GPipe
 # pipeline of 4 one-layer stages (notebook 03) and an expert-parallel MoE layer (notebook 04). Each
 # row sums that run's comm log over the ranks.
 #
-# The runs differ in tokens and layers, so the last column puts them on one scale. It is the wire bytes
-# per token and per layer, in units of one token's activation (`d_model` values). Predict first, per
-# token and layer at `n = 4`. Tensor parallelism: `2(n-1) = 6`, since each of 4 ranks sends `2(n-1)/n` of
-# every output. Experts: `2k(n-1)/n = 3`, for dispatch and combine of `k = 2` copies, counting the rows that
+# The last column puts the runs on one scale: wire bytes per token and per layer, in units of one token's
+# activation (`d_model` values). Predict first, at `n = 4`. Tensor parallelism, here one all-reduce (the
+# MLP alone): each of 4 ranks sends `2(n-1)/n` of the output, `2(n-1) = 6` in all; with attention a layer
+# doubles it. Experts: `2k(n-1)/n = 3`, for dispatch and combine of `k = 2` copies, counting the rows that
 # leave the rank. The pipeline: `3/4`, for 3 boundaries and 4 layers.
 
 # %%
@@ -258,7 +246,8 @@ timeline_figure(run.spans, title="2 stages x 2-way TP: ranks 0-1 are stage 0, ra
 # ## Experts in the layout: EP inside each stage
 #
 # Now the toy gets MoE MLPs: `models.TOY_MOE`, 8 experts, each token routed to `k = 2`. The same 4
-# ranks run `Layout(tp=2, pp=2, ep=2)`. Attention stays split over `tp`. Each stage's 8 experts are
+# ranks run `Layout(tp=2, pp=2, ep=2)`: `ep` adds no ranks, it spreads a stage's experts over `ep` of its
+# ranks. Attention stays split over `tp`. Each stage's 8 experts are
 # spread over its 2 ranks, 4 whole experts each. Each tp rank routes its half of the tokens to them
 # (three all-to-alls: counts, dispatch, combine), and a tp all-gather makes the tokens whole again.
 # Predict, for 4 sequences of 8 tokens in 2 microbatches:
@@ -771,12 +760,12 @@ show_questions(
         "all-reduces per layer, two ring steps each, over 4 layers.",
     ),
     Question(
-        "A Layout(tp=2, pp=2, dp=2) runs on 8 ranks. Which ranks form the tensor-parallel group of stage 1, "
-        "replica 0?",
-        ("{2, 3}", "{1, 5}", "{4, 5}", "{6, 7}"),
+        "A Layout(tp=2, pp=3, dp=2) runs on 12 ranks. Which ranks form the tensor-parallel group of stage 2, "
+        "replica 1?",
+        ("{8, 9}", "{3, 7, 11}", "{10, 11}", "{4, 5}"),
         2,
-        "rank = (stage x replicas + replica) x tp + tp_rank = (1 x 2 + 0) x 2 + {0, 1}. {2, 3} is stage 0's second "
-        "replica; {1, 5} is a pipeline, one rank per stage.",
+        "rank = (stage x dp + replica) x tp + tp_rank = (2 x 2 + 1) x 2 + {0, 1}. {8, 9} is stage 2's replica 0; "
+        "{3, 7, 11} is a pipeline, one rank per stage.",
     ),
     Question(
         "Llama-3-8B fits one GPU. Its server is rarely full, and users say each answer streams too slowly. "
@@ -788,13 +777,15 @@ show_questions(
         "not speed per request; a pipeline does not shorten a token's trip through the layers.",
     ),
     Question(
-        "A large MoE model, most of its weights in its experts, is served across 4 nodes by vLLM or SGLang. "
-        "Which axis crosses the nodes?",
-        ("Expert: whole experts, attention data-parallel", "Tensor: each expert cut 32 ways over all the GPUs",
-         "Pipeline: stages across the nodes, as for a dense model"),
+        "A large MoE model, most of its weights in its experts, is served for throughput across 4 nodes. "
+        "What must cross the nodes in every MoE layer?",
+        ("The experts' all-to-alls: tokens to experts on other nodes and back",
+         "The attention's all-reduces, since its heads are split over all 32 GPUs",
+         "Nothing: each node holds a whole copy and serves its own requests"),
         0,
-        "The experts are spread whole over the nodes (wide EP) and each rank runs attention on its own "
-        "requests. DeepSeek-V3 trained with PP16 x EP64 and no tensor parallelism.",
+        "The experts are spread whole over the nodes (wide EP), so each MoE layer sends tokens to them and "
+        "back. Attention runs data-parallel on each rank's own requests, so it sends nothing; a whole copy per "
+        "node would not fit.",
     ),
     Question(
         f"Your run: wide EP with DP attention sent {wide.rows()[0]['comm_measured']:,.0f} B per rank, TP attention "
@@ -842,7 +833,7 @@ show_questions(
 # %% [markdown]
 # ## What you saw
 #
-# - Per token and layer, tensor parallelism puts the most on the wire (`2(n-1)` activations), expert
+# - Per token and layer, tensor parallelism puts the most on the wire (`2(n-1)` per all-reduce, two a layer), expert
 #   parallelism about `2k(n-1)/n`, the pipeline least.
 # - Two stages of two-way TP on 4 real ranks equal the unsharded model within `1e-5`: 8 tensor-axis
 #   all-reduces per pipeline send, as predicted.

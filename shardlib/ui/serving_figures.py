@@ -57,8 +57,10 @@ def rank_grid_figure(layout: Layout, gpus_per_node: int | None = None) -> go.Fig
                                   text=text, texttemplate="%{text}", xgap=3, ygap=3,
                                   x=[f"replica {c // layout.tp}, tp {c % layout.tp}" for c in range(cols)],
                                   y=[f"stage {s}" for s in range(layout.pp)]))
-    fig.update_layout(title=f"{layout.label}: a row is a pipeline stage, a colour a replica; a tp group is one "
-                            f"colour's cells in a row", yaxis={"autorange": "reversed"},
+    nodes = f" on {-(-layout.world_size // gpus_per_node)} nodes of {gpus_per_node}" if gpus_per_node else ""
+    fig.update_layout(title=f"{layout.label}{nodes}<br><sup>a row: a pipeline stage; a colour: a replica; a tp "
+                            "group: one colour's cells in a row; a pipeline: one column</sup>",
+                      yaxis={"autorange": "reversed"},
                       height=110 + 70 * layout.pp, margin={"l": 70, "r": 20, "t": 60, "b": 40})
     return fig
 
@@ -77,13 +79,14 @@ def three_cuts_figure(n_layers: int, n_experts: int, devices: int) -> go.Figure:
             "expert: whole experts": ([f"expert {e}" for e in range(n_experts)],
                                       [[hosts.owner(e) for e in range(n_experts)] for _ in range(n_layers)])}
     fig = make_subplots(rows=1, cols=3, subplot_titles=tuple(cuts), horizontal_spacing=0.06,
-                        column_widths=[devices, 1.5, n_experts])
+                        column_widths=[1, 1, 1])
     for col, (x, z) in enumerate(cuts.values(), start=1):
         fig.add_trace(owner_heatmap(z, devices, "%{y}, %{x}: device %{z}<extra></extra>", False, owner="device",
                                     xgap=2, ygap=2, x=x, y=[f"layer {i}" for i in range(n_layers)]), row=1, col=col)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=f"One model cut three ways over {devices} devices (colour: the device)<br><sup>{n_layers} "
-                            f"layers, {n_experts} experts each; with expert parallelism the attention sits on every "
-                            "device</sup>", height=150 + 28 * n_layers,
+    fig.update_layout(title=f"One model cut three ways over {devices} devices: each holds 1/{devices} (colour: the "
+                            f"device)<br><sup>{n_layers} layers of {n_experts} experts; attention, not drawn, is "
+                            "sliced under TP, whole in its stage under PP, copied under EP</sup>",
+                      height=150 + 28 * n_layers,
                       margin={"l": 60, "r": 20, "t": 80, "b": 40})
     return fig
