@@ -126,10 +126,9 @@ assert abs(t - (60e-6 + 1.5e-3)) < 1e-12
 # %% [markdown]
 # ## Read the code
 #
-# `ring_all_reduce`, from `shardlib/core/collectives.py`, is the table's ring over point-to-point sends.
-# Read it against the formula: `n-1` steps of the reduce-scatter, `n-1` of the all-gather, one chunk of
-# `S/n` sent per step, in `ring_chunks`' order (the picture). Then `ring_step`, one step:
-# `isend` and `irecv` start a send and a receive and return at once; `wait()` blocks until each is done.
+# `ring_all_reduce` from 00, against the formula: `n-1` steps of each phase, one chunk of `S/n` a step,
+# in `ring_chunks`' order (the picture). In `ring_step`, `isend` and `irecv` start a send and a receive
+# and return at once; `wait()` blocks until each is done.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.collectives import ring_chunks, ring_step, ring_all_reduce
@@ -140,9 +139,10 @@ show_code(ring_step, ring_chunks, ring_all_reduce)
 # %% [markdown]
 # ## The links of real clusters
 #
-# Each figure carries its source and says whether it counts one direction or both. NVLink's 900 GB/s
-# adds both directions together; a ring uses one direction at a time, 450 GB/s. No data sheet gives a
-# latency: the values below are orders of magnitude.
+# NVLink joins the GPUs inside one server (a **node**); PCIe is the slower bus each GPU sits on;
+# InfiniBand and Ethernet join nodes. Each figure carries its source. NVLink's 900 GB/s adds both
+# directions together; a ring uses one direction at a time, 450 GB/s. No data sheet gives a latency: the
+# values below are orders of magnitude.
 
 # %%
 from shardlib.facts.hardware import LINKS
@@ -241,7 +241,7 @@ assert tp_decode_cost(LLAMA_3_8B, 8, nvlink, 1).bound == "latency" and big_batch
 # NVLink's crossover is about seven times PCIe's: 14 times the bandwidth, half the latency. With one
 # latency per ring step every crossover is `2(n-1)` times larger. Past its crossover a server pays
 # mostly for bytes: a loaded one on PCIe, or Llama-3-70B (wider activations) at a batch of 256. Only
-# then do fewer shards and a faster link pay off.
+# there does more bandwidth pay; below it, fewer latencies do.
 #
 # The figure prices one all-reduce on 8 ranks per link, one latency per call. It marks decode's 8 KiB
 # and a 2,048-token prefill's 16 MiB: where does each sit against the crossovers?
@@ -404,17 +404,10 @@ for v in verdicts:
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Seven rounds; each round is one pass over every message at both degrees in turn, so the points set
-# against each other are measured side by side. Each point keeps its fastest round, the slowest rank in
-# it (the median round is in brackets: the typical call, which also counts how busy the machine was).
-# At tp = 2, a bandwidth-bound point passes within 2x of the calibration's prediction. A latency-bound
-# point is a fraction of a millisecond, and the machine's scheduling delays can change between two
-# cells. So it is set beside a fit of the *other* points of this same run at the same degree, and
-# passes within 3x: the claim is the model's shape, not the earlier cell's number. The growth lines are
-# one-sided: 8 tokens cost less than 4x one token, 2,048 tokens more than 2.5x 256 tokens, and tp = 4
-# more than tp = 2. tp = 4 gets no band against the 2-rank fit: its 4 ranks share 2 cores, so each ring
-# step can wait for a rank the scheduler has parked. A run whose lines fail is measured again, at most
-# three times in all.
+# Seven rounds, each one pass over every message at both degrees, so the points are measured side by
+# side. Each point keeps its fastest round (the median round in brackets). A latency-bound point, a
+# fraction of a millisecond, is set beside a fit of this run's other points, since the machine's delays
+# drift between cells. tp = 4 runs above its prediction: its 4 processes share this machine's cores.
 #
 # </details>
 #
@@ -435,8 +428,8 @@ for v in verdicts:
 # The explorer prices one forward pass of Llama-3-8B for any link (this machine included), shard count,
 # prompt length and batch, under either latency convention.
 #
-# **Your task.** Pick PCIe Gen4, tp = 4 and one latency per ring step (`per_step`). The table above
-# charges one per call. Predict the smallest bandwidth-bound batch, then find it by moving.
+# **Your task.** Pick *this machine*, tp = 2 and `per_step`. From its fit above, predict the smallest
+# bandwidth-bound batch, then find it by moving.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.costs_widgets import tp_cost_explorer
@@ -446,9 +439,9 @@ tp_cost_explorer([*LINKS.values(), here])
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# With `per_step` each all-reduce pays 6 latencies, so the crossover is 6 times the table's 26, about 154
-# sequences: the slider's 256 is the first bandwidth-bound batch (128 is still latency-bound). The bytes
-# did not change; only the latency charged against them did.
+# The crossover is where the latencies' time equals the bytes' time: `2 x latency = batch x 8 KiB /
+# bandwidth` at tp = 2 (two ring steps). With a fit of 218 us and 1.02 GB/s that is about 54 sequences,
+# so 64 is the slider's first bandwidth-bound batch. Your fit differs, and so does your answer.
 #
 # </details>
 
@@ -534,7 +527,8 @@ slow_rank_explorer(ranks)
 #
 # One thing changes the balance: **memory**. A split copy holds `1/n` of the weights per device. The
 # freed memory can hold the [KV cache](00_start_here.ipynb) of more sequences, so the batch can grow.
-# A decode step's cost is mostly reading the weights, so a bigger batch is nearly free tokens. The
+# A decode step reads all the weights whatever the batch, so more sequences share that read; their KV
+# cache reads still grow. The
 # planner prices all three effects for Llama-3-8B on H100s (NVLink, one latency per call). Each
 # option's batch is set by its free memory.
 #
