@@ -16,16 +16,16 @@
 # # 03 · Pipeline parallelism: cut the stack, pay with the bubble
 #
 # > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb),
-# > [02](02_communication_costs.ipynb). Reading time: about 30 minutes. Trades: memory per GPU (each
+# > [02](02_communication_costs.ipynb). Reading time: about 25 minutes. Trades: memory per GPU (each
 # > stage holds 1/p of the layers) for idle time (the bubble) and one small send per stage boundary.
 #
 # **What you will see.**
-# - A model cut into stages of whole layers, and a batch cut into microbatches that flow through them.
+# - A model cut into stages of whole layers, and a batch of requests cut into microbatches that flow
+#   through them, forward only, as a server runs them.
 # - The idle time this leaves, the bubble: predicted, counted from the schedule, and measured on ranks.
-# - GPipe against 1F1B: the same bubble, far fewer microbatches held in memory.
-# - A slow or heavy stage setting everyone's pace, as in Llama 3.1 405B's 126 layers on 16 stages.
-# - Why a server need not pay the bubble, and what it pays instead.
 # - Why the pipeline suits the slow link between machines.
+# - A slow or heavy stage setting everyone's pace, as in Llama 3.1 405B's 126 layers on 16 stages.
+# - Pipelined decode: every stage kept busy, and what a token pays instead.
 
 # %% [markdown]
 # ## The idea: stages and microbatches
@@ -35,25 +35,24 @@
 # the next by a point-to-point send (one rank to one rank), once per stage boundary. That is far less
 # talking than tensor parallelism, which sums partial results inside every layer.
 #
-# The catch: a stage can only work on what has reached it. Push the whole batch through at once and
-# only one stage is ever busy. So each step's batch is cut into `m` **microbatches**. While stage 1
-# works on microbatch 0, stage 0 already works on microbatch 1. (In training, the batch a pipeline gets
-# per step comes from the global batch and the number of model copies;
-# [notebook 08](08_data_parallel.ipynb) shows where.)
+# The catch: a stage can only work on what has reached it. A server holds a batch of requests to run
+# through the model. Push the whole batch through at once and only one stage is ever busy. So the server
+# cuts the batch into `m` **microbatches**. While stage 1 works on microbatch 0, stage 0 already works
+# on microbatch 1. Every pass in this notebook is forward only: serving runs no backward.
 #
-# At the start of a step the later stages wait for work to arrive: the pipeline **fills**. At the end
+# At the start of a pass the later stages wait for work to arrive: the pipeline **fills**. At the end
 # the earlier ones have nothing left: it **drains**.
 
 # %% [markdown]
 # ## The bubble
 #
 # The idle time of the fill and the drain is the **bubble**. Call the time one stage spends on one
-# microbatch a **slot**. With `p` stages of equal cost, a step takes `m + p - 1` slots: the first
+# microbatch a **slot**. With `p` stages of equal cost, a pass takes `m + p - 1` slots: the first
 # microbatch needs `p - 1` of them to reach the last stage, which then works through all `m`. Each stage
 # is busy for `m` of them. Two ways of writing the waste are in use, so always ask which one a paper
 # means:
 #
-# - the **idle fraction** of the step, `(p - 1) / (m + p - 1)`: what a profiler shows, and what we
+# - the **idle fraction** of the pass, `(p - 1) / (m + p - 1)`: what a profiler shows, and what we
 #   measure below (`pipeline_bubble_fraction`);
 # - the **ratio to ideal**, `(p - 1) / m`: idle time over busy time, as Megatron-LM and the
 #   Ultra-Scale Playbook write it (`pipeline_bubble_ratio_to_ideal`). It can exceed 1.
@@ -79,107 +78,86 @@ assert pipeline_bubble_fraction(1, 8) == 0.0  # one stage: nothing to fill or dr
 assert pipeline_bubble_fraction(4, 1) == 0.75  # one microbatch: one stage busy at a time
 
 # %% [markdown]
-# ## GPipe and 1F1B: a schedule is a list
+# ## A schedule is a list
 #
-# A *schedule* says, for each stage, in which order it runs the forward (`F`) and the backward (`B`) of
-# each microbatch. It is plain data, and it drives the real run on ranks and every chart.
+# A *schedule* says, for each stage, in which order it runs the forward (`F`) of each microbatch. It is
+# plain data, and it drives the real run on ranks and every chart. Forward only, the order is simple:
+# each stage runs `F0`, `F1`, ... in turn. ([Notebook 09](09_pipeline_schedules.ipynb) orders backwards
+# too, for training.)
 #
-# - **GPipe** (Huang et al. 2019) runs every forward, then every backward.
-# - **1F1B** (PipeDream-Flush, Narayanan et al. 2021; the schedule of Megatron-LM) runs a few forwards
-#   to fill the pipeline, then alternates one forward and one backward.
-#
-# Let every forward and backward take one slot. Play each schedule out, starting each action as soon as
-# its input exists, and count the idle slots. They add up to exactly the formula.
+# Let every forward take one slot. Play the list out, starting each forward as soon as its input exists,
+# and count the idle slots. They add up to exactly the formula.
 
 # %%
 from fractions import Fraction
 
-from shardlib.predict.pipeline import idle_slots, peak_in_flight, step_slots
+from shardlib.predict.pipeline import idle_slots, step_slots
 from shardlib.ui.tables import schedule_text
 from shardlib.core.pipeline.registry import make_schedule
 
-for name in ("gpipe", "1f1b"):
-    s = make_schedule(name, 4, 8)
-    idle, step = idle_slots(s), step_slots(s)
-    print(s.title)
-    print(schedule_text(s))
-    print(f"idle slots per stage {list(idle)} of {step}: {sum(idle)}/{4 * step} = "
-          f"{Fraction(sum(idle), 4 * step)}; formula 3/11")
-    print(f"peak microbatches in flight per stage: {list(peak_in_flight(s))}\n")
-    assert Fraction(sum(idle), 4 * step) == Fraction(3, 11)
+served = make_schedule("gpipe", 4, 8, training=False)  # forward only: one pass of 8 microbatches
+idle, step = idle_slots(served), step_slots(served)
+print(served.title)
+print(schedule_text(served))
+print(f"idle slots per stage {list(idle)} of {step}: {sum(idle)}/{4 * step} = {Fraction(sum(idle), 4 * step)}; "
+      "formula 3/11")
+assert Fraction(sum(idle), 4 * step) == Fraction(3, 11)
 
 # %% [markdown]
-# Same step length, same idle slots. The difference is memory. A microbatch is **in flight** on a stage
-# from its forward until its backward, because the forward's activations are kept for the backward.
-# GPipe holds all `m` at once. 1F1B starts returning backwards early and never holds more than `p`.
+# Stage 3 waits 3 slots for its first microbatch; stage 0 waits the last 3. Every stage idles `p - 1`
+# slots. The title says GPipe: the training schedules of notebook 09, GPipe and 1F1B, both reduce to this
+# list when they run forward only.
 #
-# **Your task.** Press play and stop when stage 0 first sits idle. Which slot is it, and what is
-# stage 0 waiting for?
+# **Your task.** Below, 4 stages and 6 microbatches. Predict first: in which slot do all four stages
+# first work at once, and for how many slots in a row? Then press play and stop there.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import step_through_figure
 
-one_f_one_b = make_schedule("1f1b", 4, 8)
-step_through_figure(one_f_one_b, title=f"{one_f_one_b.title}, the schedule played out (a model: every op one slot)")
+six = make_schedule("gpipe", 4, 6, training=False)
+step_through_figure(six, title=f"{six.title}, played out (a model: every forward one slot)")
 
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# Stage 0 runs F0 to F3 in slots 1 to 4, then idles in slots 5, 6 and 7. It holds 4 microbatches in
-# flight, 1F1B's limit of `p`, and waits for B0 to come back up from stage 1. B0 arrives for slot 8.
+# Slot 4: stage 0 runs F3 while stage 3 runs F0. All four stay busy through slot 6, 3 slots in a row:
+# `m - p + 1`. From slot 7 stage 0 has nothing left. With `m < p` the four are never busy together.
 # </details>
-#
-# **Interleaving** (Megatron-LM, 2021) goes further. Each device holds `v` smaller chunks of layers that
-# are not neighbours, so the fill and the drain shrink `v`-fold. The price is more messages: about `v`
-# times as many boundaries are crossed.
-
-# %%
-s = make_schedule("interleaved-1f1b", 2, 4, n_chunks=2)
-print(s.title + " (F2.1 is microbatch 2 on chunk 1)")
-print(schedule_text(s))
-idle, step = idle_slots(s), step_slots(s)
-print(f"idle {Fraction(sum(idle), 2 * step)}; formula (p - 1) / (v m + p - 1) = {Fraction(1, 2 * 4 + 1)}; "
-      f"plain 1F1B: {Fraction(1, 4 + 1)}")
-assert Fraction(sum(idle), 2 * step) == Fraction(1, 9)
 
 # %% [markdown]
 # ## Read the code
 #
-# That list is all a rank follows. Here is the whole mechanism that runs it, rendered from
-# `shardlib/core/pipeline/engine.py`. The class `Stage` holds one rank's part of a step, and `run_stage`
-# walks its list.
+# That list is all a rank follows. Here is the mechanism that runs it, rendered from
+# `shardlib/core/pipeline/engine.py`. The class `Stage` holds one rank's part of a pass: below are its
+# `forward`, `take` and `give`, and `run_stage`, which walks the list.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.pipeline.engine import Stage, run_stage
 from shardlib.ui.code import show_code
 
-show_code(Stage, run_stage)
+show_code(Stage.forward, Stage.take, Stage.give, run_stage)
 
 # %% [markdown]
 # - **`run_stage`**, the loop at the bottom, is the schedule on one rank. For each action of
 #   `schedule.actions[rank]`, in order, it takes the input, runs the op, and gives the result on.
 # - **`forward`** runs this chunk's layers on the microbatch, through the same layer function the
-#   one-process reference calls. In training it keeps the chunk's input and output in `stash`. That
-#   stash is what *in flight* means, and its size is the memory gap between GPipe and 1F1B.
-# - **`backward`** takes the microbatch back out of the stash and pushes the incoming gradient through
-#   the chunk. The weight gradients accumulate microbatch by microbatch, as they do in one process.
+#   one-process reference calls. Forward only, `schedule.training` is false: autograd records nothing,
+#   and the stage keeps nothing once it has passed the result on. The other branches serve training.
 # - **`take`** and **`give`** move data. The first stage reads its microbatch from the batch; every other
-#   action waits for a message from a neighbour. A forward's result goes to the next stage, a
-#   backward's to the one before.
+#   stage waits for a message from the stage before. A forward's result goes to the next stage.
 # - **The two `probe.span(...)`** are where measurement attaches from outside. By default the probe does
 #   nothing: the mechanism holds no clock and no meter.
 #
-# <details><summary>How the messages avoid a deadlock</summary>
+# <details><summary>How the messages flow</summary>
 #
-# The messages go through `links` (`pipeline/messages.py`). gloo's `send` waits until the receiver takes
-# the message. In 1F1B a forward goes right while a backward comes left, so two neighbours sending to each
-# other at once would wait forever. So as the step opens each stage posts a receive (`irecv`) for every
-# message it will get, and hands each result on with a send that does not wait (`isend`), as real
-# pipelines do (Megatron-LM's `batch_isend_irecv`). And because every
-# rank follows its list exactly, an order that could not run would hang: `make_schedule` plays every
+# The messages go through `links` (`pipeline/messages.py`). As the pass opens, each stage posts a
+# receive (`irecv`) for every message it will get. It hands each result on with a send that does not
+# wait (`isend`), as real pipelines do (Megatron-LM's `batch_isend_irecv`). gloo moves a message only
+# once its receive is posted, so a receive posted late would cost a round trip. Every rank follows its
+# list exactly, so an order that could not run would hang. `make_schedule` therefore plays every
 # schedule out first and refuses one that would leave a stage waiting forever. The rank function
-# (`pipeline_step_on_rank` in `lab/pipeline/step.py`) passes the probe that records each op and each wait,
-# pads an op to a set duration when asked, and counts the bytes each forward saved.
+# (`pipeline_step_on_rank` in `lab/pipeline/step.py`) passes the probe that records each op and each
+# wait, and pads an op to a set duration when asked.
 # </details>
 
 # %% [markdown]
@@ -189,13 +167,13 @@ show_code(Stage, run_stage)
 # batch is 16 sequences of 4 tokens. Rank `r` keeps only stage `r`'s layers and runs the loop above.
 #
 # **Predict.** Pipelining adds no sum across ranks: each microbatch meets the same layers in the same
-# order as in one process. So the output must equal the unpipelined model's **bit for bit**. So must the
-# gradients, when both accumulate them microbatch by microbatch.
+# order as in one process. So the output must equal the unpipelined model's **bit for bit**, on the same
+# microbatches.
 #
 # <details><summary>Against one pass over the whole batch</summary>
 #
-# Without microbatches, a matrix product over a different number of rows can round differently, and the
-# gradients are summed in another order. Against that run the check is "equal within `1e-5`".
+# Without microbatches, a matrix product over a different number of rows can round differently. Against
+# that run the check is "equal within `1e-5`".
 # </details>
 
 # %%
@@ -205,77 +183,52 @@ from shardlib.lab.pipeline.step import run_pipeline
 from shardlib.core.toy import activations, stack_weights
 
 layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)  # 8 MLP layers of the toy's width
-x = activations(16, 4, TOY.d_model, seed=1)  # (batch, seq, d_model)
-grad = activations(16, 4, TOY.d_model, seed=2)  # the loss's gradient with respect to the output
+x = activations(16, 4, TOY.d_model, seed=1)  # (batch, seq, d_model): the requests' activations
 
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")  # where every number below is measured
-for name in ("gpipe", "1f1b"):
-    schedule = make_schedule(name, 2, 4)
-    run = run_pipeline(ranks, schedule, TOY, layers, x, grad)
-    exact = run.against_reference()  # the same step in one process: same microbatches, and one whole batch
-    print(f"{schedule.title}: layers per rank {run.layers_held}; output and gradients bit for bit: "
-          f"{exact.bit_for_bit}; within 1e-5 of one whole-batch pass: {exact.whole_batch_close} (largest gap "
-          f"{exact.whole_batch_gap:.1e}); messages sent {run.sent_messages()}")
-    assert exact.bit_for_bit and exact.whole_batch_close
+schedule = make_schedule("gpipe", 2, 4, training=False)
+run = run_pipeline(ranks, schedule, TOY, layers, x)
+exact = run.against_reference()  # the same pass in one process: same microbatches, and one whole batch
+print(f"{schedule.title}: layers per rank {run.layers_held}; output bit for bit: {exact.bit_for_bit}; "
+      f"within 1e-5 of one whole-batch pass: {exact.whole_batch_close} (largest gap {exact.whole_batch_gap:.1e}); "
+      f"messages sent {run.sent_messages()}")
+assert exact.bit_for_bit and exact.whole_batch_close
 
 # %% [markdown]
 # ## Why the pipeline suits the slow link
 #
-# Count the bytes, from the comm logs. One training step of this model on 2 ranks, pipelined: the
-# activations cross the one stage boundary once per microbatch going forward and once coming back. The
-# same step tensor-parallel over the same 2 ranks, each layer's MLP split as in notebook 01: every layer
-# all-reduces the whole batch's activations once forward and once backward, on every rank.
+# Count the bytes, from the comm logs. One forward pass of this model on 2 ranks, pipelined: the
+# activations cross the one stage boundary once per microbatch. The same pass tensor-parallel over the
+# same 2 ranks, each layer's MLP split as in notebook 01: every layer all-reduces the whole batch's
+# activations, on every rank.
 
 # %%
 from shardlib.lab.pipeline.step import run_pipeline_vs_tp_bytes
 
-both = run_pipeline_vs_tp_bytes(ranks, TOY, layers, x, grad, n_microbatches=4)
+both = run_pipeline_vs_tp_bytes(ranks, TOY, layers, x, n_microbatches=4)  # forward only
 print(f"pipeline, 2 stages, m = 4: {both.pipeline_messages} sends in all, {both.pipeline_bytes:,} bytes "
-      f"(= 2 x {both.activation_bytes:,}: the batch's activations, once each way)")
+      f"(= {both.activation_bytes:,}: the batch's activations, once)")
 print(f"tensor parallel, 2 ranks:  {both.tp_collectives_per_rank} all-reduces on each rank, "
-      f"{both.tp_bytes_per_rank:,} bytes each (= {len(layers)} layers x 2 x {both.activation_bytes:,})")
+      f"{both.tp_bytes_per_rank:,} bytes each (= {len(layers)} layers x {both.activation_bytes:,})")
 print(f"tensor parallelism moves {both.ratio:.0f}x the bytes, per rank, of the whole pipeline's traffic")
-assert both.pipeline_bytes == 2 * both.activation_bytes
-assert both.tp_bytes_per_rank == len(layers) * 2 * both.activation_bytes
+assert both.pipeline_bytes == both.activation_bytes
+assert both.tp_bytes_per_rank == len(layers) * both.activation_bytes
 
 # %% [markdown]
-# Tensor parallelism moves 8 times the bytes here. A real layer, attention and MLP, has two all-reduces: 16 times. It
-# also moves them inside every layer, where nothing else can proceed until they arrive. The pipeline
-# sends once per stage boundary and fills the waiting with other microbatches' work. On a fast link
-# inside a machine, tensor parallelism's chatter is cheap. On the network between machines it is not.
-# [Notebook 02](02_communication_costs.ipynb) prices both per link, and
+# Tensor parallelism moves 8 times the bytes here. A real layer, attention and MLP, has two all-reduces:
+# 16 times. It also moves them inside every layer, where nothing else can proceed until they arrive. The
+# pipeline sends once per stage boundary and fills the waiting with other microbatches' work. On a fast
+# link inside a machine, tensor parallelism's chatter is cheap. On the network between machines it is
+# not. [Notebook 02](02_communication_costs.ipynb) prices both per link, and
 # [notebook 05](05_serving_layouts.ipynb) builds serving layouts on this difference.
 
 # %% [markdown]
-# ## The step, predicted and measured
+# ## Measure the bubble: 2 and 4 stages
 #
 # Now time it. The ranks share a few CPU cores, so one rank's real compute slows the others. So each
-# forward and backward runs its layers for real and is then **padded with sleep to a set duration**,
-# 30 ms here. The timing is set; the arithmetic is still real. Top: the schedule's prediction. Bottom:
-# what the two ranks did (grey: waiting for a message).
-#
-# **Predict.** GPipe on 2 stages with 4 microbatches takes 5 slots forward and 5 backward: 300 ms, of
-# which each rank idles a fifth, `1 / (4 + 1)`.
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_figures import predicted_vs_measured_figure
-
-OP_S = 0.03
-schedule = make_schedule("gpipe", 2, 4)
-run = run_pipeline(ranks, schedule, TOY, layers, x, grad, forward_s=OP_S, backward_s=OP_S)
-predicted_vs_measured_figure(run, ranks.description)
-
-# %% [markdown]
-# <details><summary>Why not real compute?</summary>
-#
-# With real compute only, this whole step takes a few milliseconds and the bars are thin slivers. At this
-# size the messages and the Python around them cost as much as the layers. `run_pipeline(ranks, schedule,
-# TOY, layers, x, grad)` without `forward_s` shows it.
-# </details>
-
-# %% [markdown]
-# ## Measure the bubble: 2 and 4 stages
+# forward runs its layers for real and is then **padded with sleep to a set duration**, 30 ms here. The
+# timing is set; the arithmetic is still real.
 #
 # **Predict.** Read the table above: at `m` = 1, 4 and 8, the idle fraction should be 0.5, 0.2 and
 # 0.11 on 2 stages, and 0.75, 0.43 and 0.27 on 4. The measurement should sit slightly above, because
@@ -285,11 +238,11 @@ predicted_vs_measured_figure(run, ranks.description)
 from shardlib.lab.pipeline.bubble import run_bubble_check
 
 GRID_M, GRID_OP_S = (1, 4, 8), 0.03
-two = run_bubble_check(ranks, GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
+two = run_bubble_check(ranks, GRID_M, TOY, layers, x, None, op_s=GRID_OP_S)  # None: no gradient, forward only
 ranks.close()  # the 2-stage runs are done; six ranks at once would crowd a laptop's memory
-four = Ranks(4)  # a second pool, for the 4-stage runs and the slider at the end
-four_stages = run_bubble_check(four, GRID_M, TOY, layers, x, grad, op_s=GRID_OP_S)
-print(f"GPipe training steps, every op padded to {GRID_OP_S * 1e3:.0f} ms ({two.where})")
+four = Ranks(4)  # a second pool, for the 4-stage runs and the rest of the notebook
+four_stages = run_bubble_check(four, GRID_M, TOY, layers, x, None, op_s=GRID_OP_S)
+print(f"forward-only passes, every forward padded to {GRID_OP_S * 1e3:.0f} ms ({two.where})")
 for v in two.verdicts + four_stages.verdicts:
     print(v.line)
 
@@ -300,57 +253,52 @@ for v in two.verdicts + four_stages.verdicts:
 # across all ranks. Each rank's busy time is the sum of its compute spans. The idle fraction is
 # `1 - busy / (p × window)`: waiting for a message counts as idle. A point passes when measured over
 # predicted lies between 0.9 and 1.6. Messages only ever add idle time, and at `m = 8` on 2 stages the
-# bubble itself is small, so a hop of a millisecond is a visible share of it. A point that misses is measured again,
-# at most three times, and the least idle attempt is kept: a stall from another program only adds idle
-# time. `run_bubble_check` in `pipeline/bubble.py` holds these rules. With operations of 100 ms the gap
-# falls under 0.03; `benchmarks/bench_pipeline.py` measures the whole grid for both schedules.
+# bubble itself is small, so a hop of a millisecond is a visible share of it. A point that misses is
+# measured again, at most three times, and the least idle attempt is kept: a stall from another program
+# only adds idle time. `run_bubble_check` in `pipeline/bubble.py` holds these rules.
 # </details>
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import bubble_curve_figure
 
 bubble_curve_figure((2, 4), max_microbatches=16, measured={**two.measured(), **four_stages.measured()},
-                    timing_note=f"circles: GPipe, ops padded to {GRID_OP_S * 1e3:.0f} ms, measured ({two.where})")
+                    timing_note=f"circles: forward-only passes, padded to {GRID_OP_S * 1e3:.0f} ms, measured "
+                                f"({two.where})")
 
 # %% [markdown]
-# ## Activations in flight: GPipe against 1F1B
+# ## Explore: the microbatch slider
 #
-# **Predict.** With 4 stages and 8 microbatches, GPipe keeps all 8 microbatches' activations on every
-# stage. 1F1B keeps at most `p - s` on stage `s`: 4, 3, 2 and 1. Both run below with real compute; each
-# rank counts the microbatches it holds and the bytes autograd saved for them.
+# A server chooses `m` when it batches requests through the stages. Here 16 sequences wait. The slider
+# cuts them into `m` microbatches and re-runs one forward pass on the 4 ranks, each forward padded to
+# 20 ms. The cross on the curve is the formula; the circle is the measurement. Below it, the pass as
+# predicted and as run.
+#
+# **Your task.** Find the smallest `m` whose predicted idle fraction (the cross) is under 20 %. Does the
+# measured circle fall under 20 % too? At that `m`, how long is the pass, and how long does each stage
+# sit idle in it?
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_figures import in_flight_figure
+from shardlib.ui.pipeline_widgets import microbatch_explorer
 
-versus = {name: run_pipeline(four, make_schedule(name, 4, 8), TOY, layers, x, grad) for name in ("gpipe", "1f1b")}
-for r in versus.values():
-    print(f"{r.schedule.title}: in flight per stage {list(r.peak_in_flight)}; peak activations per stage "
-          f"{[round(b / 1024) for b in r.peak_activation_bytes]} KiB")
-in_flight_figure({r.schedule.short_title: r.peak_in_flight for r in versus.values()},
-                 {r.schedule.short_title: r.peak_activation_bytes for r in versus.values()},
-                 title=f"Microbatches in flight per stage, measured on {four.description}")
-
-# %%
-gp, ofob = versus["gpipe"], versus["1f1b"]
-assert gp.peak_in_flight == (8, 8, 8, 8) and ofob.peak_in_flight == (4, 3, 2, 1)
-per_microbatch = gp.peak_activation_bytes[0] // 8
-assert ofob.peak_activation_bytes == tuple(k * per_microbatch for k in (4, 3, 2, 1))
-print(f"one microbatch ({x.shape[0] // 8} sequences of {x.shape[1]} tokens) leaves {per_microbatch:,} bytes of "
-      f"activations on a 2-layer stage; GPipe holds 8 of them on every stage, 1F1B at most 4")
+microbatch_explorer(four, TOY, layers, x, forward_s=0.02, max_microbatches=16)
 
 # %% [markdown]
-# Every microbatch in flight costs its activations. So GPipe's memory grows with `m`, the very knob that
-# shrinks the bubble. 1F1B caps it at `p` on the first stage. That is why Megatron-LM's schedules build
-# on 1F1B, and why torchtitan defaults to it while still offering GPipe.
+# <details><summary>Answer</summary>
+#
+# `m = 13`: with `p = 4` the idle fraction is `3 / (m + 3)`, which is 20 % at `m = 12` and 18.75 % at
+# `m = 13`. The measured circle sits a little above the cross, by the time the messages take; with only
+# 1.25 points to spare it may land just over 20 %. The pass lasts `(13 + 3) × 20 = 320` ms, and each
+# stage idles 3 slots of it, 60 ms.
+# </details>
 
 # %% [markdown]
 # ## What a larger m costs
 #
-# A pipeline gets a fixed number of sequences per step. Cutting them into more microbatches makes each
-# one smaller. Here: 8 stages, 64 sequences per step.
+# A server has a fixed number of sequences to run at once. Cutting them into more microbatches makes each
+# one smaller. Here: 8 stages, 64 sequences.
 
 # %%
-SEQUENCES, P = 64, 8  # sequences one pipeline runs per step, stages
+SEQUENCES, P = 64, 8  # sequences in one pass, stages
 for m in (8, 16, 32, 64):
     idle = pipeline_bubble_fraction(P, m)
     print(f"m = {m:>2}: {SEQUENCES // m} sequence(s) per microbatch, idle fraction {idle:.3f}")
@@ -359,14 +307,9 @@ assert pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8) / 4
 # %% [markdown]
 # Each row buys its smaller bubble with smaller microbatches. A matrix multiply over fewer rows keeps a
 # GPU's matrix units less busy, and the fixed cost of each op and message is spread over less work. Past
-# one sequence per microbatch, `m` can only grow with the batch itself, and that is a training decision.
-#
-# In practice the batch is often what limits `m`. Llama 3.1 405B trained with 16M tokens per step: 2,048
-# sequences of 8,192 tokens. On 16,384 GPUs they were shared among 128 copies of a 16-stage pipeline,
-# so each pipeline got 16 sequences per step (Llama 3 paper, Table 4). That allows at most `m = 16 = p`,
-# an idle fraction of 15/31 (48 %) without interleaving. So Meta interleaved the stages. They also changed
-# the schedule: `m` need not be a multiple of `p` (section 3.3.2). The zero-bubble
-# schedules of [notebook 09](09_pipeline_schedules.ipynb) attack the bubble without raising `m`.
+# one sequence per microbatch, `m` can only grow with the batch itself: more requests at once, each
+# waiting longer to be batched. [Pipelined decode](#Pipelined-decode), below, avoids most of the bubble
+# another way.
 
 # %% [markdown]
 # ## A slow stage sets the pace
@@ -375,7 +318,7 @@ assert pipeline_bubble_fraction(P, 64) < pipeline_bubble_fraction(P, 8) / 4
 # pass of `m` microbatches through stages taking `t_s` each lasts **`sum(t_s) + (m - 1) × max(t_s)`**
 # (`predicted_step_s`, the schedule played out). Equal stages give `(m + p - 1) t`.
 #
-# **Predict.** Four stages, 6 microbatches, forward only, each forward padded to 15 ms: the step takes
+# **Predict.** Four stages, 6 microbatches, forward only, each forward padded to 15 ms: the pass takes
 # `9 × 15 = 135` ms. Make stage 1 twice as slow (30 ms): `75 + 5 × 30 = 225` ms. Stage 1 then computes
 # `6 × 30 = 180` ms of it, 80 %; the others compute 40 % and wait for it.
 
@@ -385,7 +328,7 @@ from shardlib.lab.pipeline.bubble import run_pace_check
 pace = run_pace_check(four, TOY, layers, x, n_microbatches=6, op_s=0.015, slow_stage=1)
 for v in pace.verdicts:
     print(v.line)
-print(f"share of the slow step each stage computes: {[f'{s:.0%}' for s in pace.busy_shares('stage 1 slow')]}")
+print(f"share of the slow pass each stage computes: {[f'{s:.0%}' for s in pace.busy_shares('stage 1 slow')]}")
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -404,11 +347,11 @@ print(f"share of the slow step each stage computes: {[f'{s:.0%}' for s in pace.b
 # ## Uneven stages
 #
 # Nothing makes every stage hold the same number of layers. `split_layers` cuts any count (7 layers on 4
-# stages hold 2, 2, 2, 1), or takes the counts you set. Llama 3.1 405B has 126 layers and was trained on
-# 16 stages. The first stage also runs the embedding, and the last one the output layer and the loss. So
-# each of those holds one layer fewer, 7, 8, ..., 8, 7, and all 16 do the same work (Llama 3 paper,
-# section 3.3.2). Below, work is counted in **layer-times**: one layer's time on one microbatch. Serving
-# engines such as vLLM accept uneven splits as well.
+# stages hold 2, 2, 2, 1), or takes the counts you set. Llama 3.1 405B has 126 layers, and Meta ran it on
+# 16 stages. The first stage also runs the embedding, and the last one the output layer. So each of those
+# holds one layer fewer, 7, 8, ..., 8, 7, and all 16 do the same work (Llama 3 paper, section 3.3.2).
+# Below, work is counted in **layer-times**: one layer's time on one microbatch. Serving engines such as
+# vLLM accept uneven splits as well.
 
 # %%
 from shardlib.facts.models import LLAMA_3_1_405B
@@ -417,7 +360,7 @@ from shardlib.core.pipeline.stages import split_layers
 from shardlib.core.pipeline.stages import stage_layer_counts
 
 n = LLAMA_3_1_405B.n_layers
-ends = [1] + [0] * 14 + [1]  # the embedding on the first stage, the output layer and loss on the last: a layer each
+ends = [1] + [0] * 14 + [1]  # the embedding on the first stage, the output layer on the last: a layer each
 llama = stage_layer_counts(n, 16, end_layers=1)
 even16 = [len(r) for r in split_layers(n, 16)]
 for label, counts in (("cut as evenly as possible", even16), ("first and last one lighter", llama)):
@@ -433,21 +376,21 @@ assert stage_imbalance([c + e for c, e in zip(even16, ends)]) == 9 / 8
 # then runs an eighth slower. One layer moved off each end balances it exactly.
 #
 # The same on real ranks, scaled down: 6 of the toy's layers on the 4 ranks. One layer-time of padding on
-# the first and last stage stands in for the embedding and the loss. Cut evenly, the stages hold 2, 2, 1,
+# the first and last stage stands in for the embedding and the output layer. Cut evenly, the stages hold 2, 2, 1,
 # 1 layers and do work 3, 2, 1, 2. With lighter ends they hold 1, 2, 2, 1 and do work 2, 2, 2, 2.
 #
 # **Predict.** Each forward is padded to 8 ms per layer-time, 6 microbatches, forward only. The even cut
 # paces at 3 layer-times: `8 + 5 × 3 = 23` layer-times, 184 ms. The lighter ends: `8 + 5 × 2 = 18`,
-# 144 ms. A training step with lighter ends must also be exact, bit for bit.
+# 144 ms. The output with lighter ends must also be exact, bit for bit.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.pipeline.bubble import run_uneven_check
 
 CUTS = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
-uneven = run_uneven_check(four, TOY, layers[:6], x, grad, CUTS, n_microbatches=6, layer_s=0.008)
+uneven = run_uneven_check(four, TOY, layers[:6], x, None, CUTS, n_microbatches=6, layer_s=0.008)
 exact = uneven.exact.against_reference()
-print(f"{uneven.exact.schedule.title}, layers held per rank {uneven.exact.layers_held}: output and gradients "
-      f"bit for bit: {exact.bit_for_bit}")
+print(f"{uneven.exact.schedule.title}, layers held per rank {uneven.exact.layers_held}: output bit for bit: "
+      f"{exact.bit_for_bit}")
 for v in uneven.verdicts:
     print(v.line)
 assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2, 2, 1]
@@ -466,11 +409,9 @@ assert exact.bit_for_bit and [len(h) for h in uneven.exact.layers_held] == [1, 2
 # %% [markdown]
 # ## Pipelined decode
 #
-# The bubble comes from the **flush** that ends a training step: every backward must finish before the
-# optimiser steps. So every training step fills and drains.
-#
-# A server decoding tokens has no flush. Once a microbatch of sequences has its next token, it goes
-# straight back into stage 0 while the others are still on their way. With at least `p` microbatches
+# One pass over one batch fills and drains, as measured above. A server decoding tokens need not stop
+# between passes. Once a microbatch of sequences has its next token, it goes straight back into stage 0
+# while the others are still on their way. With at least `p` microbatches
 # of independent sequences chasing each other round the stages, every stage stays busy. The fill and
 # drain are paid once, when the server starts, not once per token.
 #
@@ -502,33 +443,9 @@ for v in trips.verdicts:
 # Serving's cost is therefore latency and batch size, not idle time.
 
 # %% [markdown]
-# ## Explore: the microbatch slider
-#
-# The slider re-runs one training step on the 4 ranks, ops padded to 20 ms. The cross on the curve is
-# the formula; the circle is the measurement.
-#
-# **Your task.** With GPipe, find the smallest `m` whose predicted idle fraction (the cross) is under
-# 20 %. Does the measured circle fall under 20 % too? Then switch to 1F1B at that `m`: how many
-# microbatches does each stage hold in flight?
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.pipeline_widgets import microbatch_explorer
-
-microbatch_explorer(four, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02, max_microbatches=16)
-
-# %% [markdown]
-# <details><summary>Answer</summary>
-#
-# `m = 13`: with `p = 4` the idle fraction is `3 / (m + 3)`, which is 20 % at `m = 12` and 18.75 % at
-# `m = 13`. The measured circle sits a little above the cross, by the time the messages take; with only
-# 1.25 points to spare it may land just over 20 %. GPipe holds 13 microbatches on every stage; 1F1B
-# holds 4, 3, 2 and 1, with the same bubble.
-# </details>
-
-# %% [markdown]
 # ## Check yourself
 #
-# **Worked problem 1.** A pipeline has 8 stages. How many microbatches per step keep the idle fraction
+# **Worked problem 1.** A pipeline has 8 stages. How many microbatches per pass keep the idle fraction
 # under 5 %? How many does a paper that uses Megatron's convention need for "a bubble under 5 %"?
 #
 # <details><summary>Answer</summary>
@@ -538,15 +455,15 @@ microbatch_explorer(four, TOY, layers, x, grad, forward_s=0.02, backward_s=0.02,
 # above measured the idle fraction at `p = 4, m = 8` a little over the formula's 0.273, by the hops.
 # </details>
 #
-# **Worked problem 2.** A model of 62 layers runs on 8 stages. The embedding and the loss each cost about
-# one layer. Cut as evenly as possible, which stage is the slowest, and how much longer is a step of
-# 16 microbatches than with the best cut?
+# **Worked problem 2.** A model of 62 layers runs on 8 stages. The embedding and the output layer each
+# cost about one layer. Cut as evenly as possible, which stage is the slowest, and how much longer is a
+# pass of 16 microbatches than with the best cut?
 #
 # <details><summary>Answer</summary>
 #
 # `split_layers(62, 8)` gives 8, 8, 8, 8, 8, 8, 7, 7. With the ends the work is 9, 8, 8, 8, 8, 8, 7, 8
 # layer-times, so stage 0 is slowest, at 9. The total work is 64, so the best cut gives every stage 8:
-# layers 7, 8, 8, 8, 8, 8, 8, 7. A step is `sum(t) + (m - 1) × max(t)`: `64 + 15 × 9 = 199` layer-times
+# layers 7, 8, 8, 8, 8, 8, 8, 7. A pass is `sum(t) + (m - 1) × max(t)`: `64 + 15 × 9 = 199` layer-times
 # against `64 + 15 × 8 = 184`, about 8 % longer.
 # </details>
 
@@ -556,18 +473,21 @@ import statistics
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
-    Question(prompt="A pipeline has 6 stages and runs 15 microbatches per step. What share of each device's "
-                    "step is idle?",
+    Question(prompt="A pipeline has 6 stages and runs 15 microbatches per pass. What share of each device's "
+                    "pass is idle?",
              choices=("0.33: 5 idle stage-times against 15 busy ones", "0.17: one stage of 6 waits at any given time",
-                      "0.25: 5 idle stage-times in a step of 20", "0.29: 6 idle stage-times out of a step of 21"),
+                      "0.25: 5 idle stage-times in a pass of 20", "0.29: 6 idle stage-times out of a pass of 21"),
              answer=2,
              why="(p - 1) / (m + p - 1) = 5 / 20. The 5/15 is Megatron's ratio to ideal, (p - 1) / m: idle time "
-                 "over busy time, not a share of the step. 6/21 counts p idle stage-times, not p - 1."),
-    Question(prompt="1F1B with 6 stages and 24 microbatches. At most how many microbatches' activations does "
-                    "stage 0 hold, and how many does the last stage hold?",
-             choices=("6 and 1", "24 and 24", "6 and 6", "1 and 6"), answer=0,
-             why="1F1B holds at most p - s on stage s: 6 on stage 0, 1 on stage 5, whatever m is. GPipe would "
-                 "hold all 24 on every stage."),
+                 "over busy time, not a share of the pass. 6/21 counts p idle stage-times, not p - 1."),
+    Question(prompt="A server splits a model over 3 stages and serves a batch in 6 microbatches. How does "
+                    "its output compare with one process running the same 6 microbatches?",
+             choices=("Within 1e-5: every send between stages rounds the activations",
+                      "Within 1e-3: the stages add their partial results in another order",
+                      "Different: each stage may see the microbatches in its own order",
+                      "Bit for bit: each microbatch meets the same layers in order"), answer=3,
+             why="A stage boundary sends whole activations and sums nothing, so every number is computed as in "
+                 "one process. Tensor parallelism's all-reduce adds partial sums, which may round differently."),
     Question(prompt="A server runs 5 pipeline stages of 12 ms each, with 5 microbatches of sequences chasing "
                     "each other round them. How long does a sequence wait for its next token, and how often "
                     "does some microbatch get one?",
@@ -576,9 +496,9 @@ show_questions(
                       "60 ms, every 60 ms: the stages take turns",
                       "108 ms, (m + p - 1) stage-times, every 12 ms"),
              answer=1,
-             why="Without a flush the stages stay busy, so one microbatch leaves per stage-time. But a pipeline "
-                 "does not shorten a token's trip: it crosses all 5 stages, 60 ms. Your run above measured "
-                 f"a trip of {statistics.median(trips.trips.trip_s) * 1e3:.0f} ms for 4 stages of 15 ms."),
+             why="With no pause between passes the stages stay busy, so one microbatch leaves per stage-time. "
+                 "But a pipeline does not shorten a token's trip: it crosses all 5 stages, 60 ms. Your run above "
+                 f"measured a trip of {statistics.median(trips.trips.trip_s) * 1e3:.0f} ms for 4 stages of 15 ms."),
     Question(prompt="Layouts such as Llama 3's put pipeline stages across nodes, where links are slow, and "
                     "tensor parallelism within a node. Why?",
              choices=("The pipeline runs each layer faster, so it hides the slower network link",
@@ -586,47 +506,47 @@ show_questions(
                       "The pipeline sends once per stage boundary; TP all-reduces in every layer",
                       "The pipeline sends nothing between stages once it is full of microbatches"),
              answer=2,
-             why=f"Counted above: the tensor-parallel step moved {both.ratio:.0f} times the bytes, in "
+             why=f"Counted above: the tensor-parallel pass moved {both.ratio:.0f} times the bytes, in "
                  f"{both.tp_collectives_per_rank} all-reduces per rank that block every layer, against "
                  f"{both.pipeline_messages} sends for the whole pipeline."),
     Question(prompt="Four stages of 10 ms each, except stage 2 at 25 ms; 8 microbatches, forward only. How "
-                    "long is the step?",
+                    "long is the pass?",
              choices=("110 ms: (m + p - 1) x 10 ms", "200 ms: 8 x 25 ms, the slow stage alone",
                       "275 ms: (m + p - 1) x 25 ms", "230 ms: the 55 ms trip, then 7 x 25 ms more"),
              answer=3,
              why="sum(t) + (m - 1) x max(t) = (10 + 10 + 25 + 10) + 7 x 25 = 230 ms: the first microbatch "
                  "crosses every stage once, then one leaves per slowest-stage time."),
-    Question(prompt="A model of 30 layers runs on 4 stages; the embedding and the loss each cost about one "
-                    "layer. Which layer counts balance the work?",
+    Question(prompt="A model of 30 layers runs on 4 stages; the embedding and the output layer each cost about "
+                    "one layer. Which layer counts balance the work?",
              choices=("8, 7, 7, 8", "7, 8, 8, 7", "7.5 on every stage", "8, 8, 7, 7"), answer=1,
              why="The work is 32 layer-times, 8 per stage. The end stages carry one extra each, so they hold "
                  "7 layers and the middle ones 8. A stage holds whole layers, so 7.5 is not a cut."),
-    Question(prompt="A pipeline of 8 stages gets 32 sequences per step. You raise m from 8 to 32 to shrink "
-                    "the bubble. What else changes?",
+    Question(prompt="A server's pipeline of 8 stages runs 32 sequences per pass. You raise m from 8 to 32 to "
+                    "shrink the bubble. What else changes?",
              choices=("Each microbatch shrinks from 4 sequences to 1: smaller matrix multiplies",
                       "Nothing else: m is a free knob that changes only the bubble",
-                      "The step holds four times as many sequences, so each step learns more",
-                      "The gradients change: the microbatches add in another order"),
+                      "The pass holds four times as many sequences, so it serves more",
+                      "The outputs change: the microbatches are summed in another order"),
              answer=0,
-             why="The sequences per step are fixed, so more microbatches are smaller ones: less efficient ops. "
-                 "The gradients are the same sum (bit for bit when accumulated microbatch by microbatch)."),
+             why="The sequences per pass are fixed, so more microbatches are smaller ones: less efficient ops. "
+                 "The outputs stay the same, bit for bit: a pipeline sums nothing across microbatches."),
 )
 
 # %% [markdown]
 # ## What you saw
 #
-# - A stage holds whole layers; microbatches flow stage to stage. The fill and drain leave each device
-#   idle for `(p - 1) / (m + p - 1)` of the step (Megatron writes `(p - 1) / m`, idle over busy).
-# - Schedules are data: the same lists drove the ranks and every chart, and their idle slots equal the
-#   formula. On real ranks the output and gradients equalled one process's bit for bit.
+# - A stage holds whole layers; microbatches of requests flow stage to stage, forward only. The fill and
+#   drain leave each device idle for `(p - 1) / (m + p - 1)` of the pass (Megatron writes `(p - 1) / m`,
+#   idle over busy).
+# - A schedule is data: the same list drove the ranks and every chart, and its idle slots equal the
+#   formula. On real ranks the output equalled one process's bit for bit.
 # - The measured bubble sat on the formula, a little above it by the time messages take.
-# - 1F1B has GPipe's bubble but holds at most `p` microbatches in flight, not `m`.
-# - A larger `m` costs smaller microbatches, and the batch caps it: Llama 3.1 405B on 16,384 GPUs had at most
-#   `m = p = 16`.
+# - A larger `m` costs smaller microbatches, and the batch of requests caps it.
 # - The slowest stage sets the pace: `sum(t_s) + (m - 1) × max(t_s)`. Lighter end stages balance the work.
 # - A server keeps the stages busy with independent sequences, but each token still makes the whole trip.
 # - The pipeline sends once per stage boundary: the tool for the slow link between machines.
 #
-# The [exercise](exercises/03_pipeline_parallel_exercises.ipynb) has you write 1F1B's order yourself
-# (20 to 40 minutes). Next, [04](04_expert_parallel.ipynb) splits a model by experts, and
-# [09](09_pipeline_schedules.ipynb) goes past 1F1B to the zero-bubble schedules.
+# The [exercise](exercises/03_pipeline_parallel_exercises.ipynb) has you derive the bubble of a served
+# batch and write it as a function (15 to 25 minutes). Next, [04](04_expert_parallel.ipynb) splits a model
+# by experts. Training pipelines, with backward passes and the schedules GPipe and 1F1B, come in
+# [09](09_pipeline_schedules.ipynb).

@@ -13,38 +13,98 @@
 # ---
 
 # %% [markdown]
-# # 09 · Pipeline schedules past 1F1B: zero bubble, ZB-V and DualPipeV
+# # 09 · Pipeline schedules: GPipe, 1F1B, zero bubble and DualPipeV
 #
-# > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb),
-# > [08](08_data_parallel.ipynb). Reading time: about 25 minutes. Trades: memory (W's held back keep
-# > activations alive longer) and, for the V schedules, twice the pipeline messages, for a bubble a third
-# > of 1F1B's or less.
+# > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb) (stages, microbatches, the
+# > bubble, forward only), [08](08_data_parallel.ipynb). Reading time: about 30 minutes. Trades:
+# > memory (activations kept for the backward) and, for the V schedules, twice the pipeline messages, for
+# > a smaller bubble.
 #
 # **What you will see.**
-# - The backward split in two: B, the input gradient, and W, the weight gradient.
-# - ZB-H1, ZB-H2 and ZB-V (Qi et al. 2024) and DualPipeV, each a checked list of actions per stage.
+# - A training step through a pipeline: GPipe and 1F1B as lists, with one bubble and very different memory.
+# - The backward split in two, B and W, and the schedules built on it: ZB-H1, ZB-H2, ZB-V (Qi et al. 2024)
+#   and DualPipeV.
 # - Every schedule on real ranks, equal to the one-process model bit for bit.
 # - The all-to-all that DualPipe hides, measured in turn and overlapped.
 # - Each step's time predicted from its list, then measured, in one line.
 # - When W is dear, the zero bubble comes back; what each schedule holds in memory, beside torch's own.
 
 # %% [markdown]
+# ## GPipe and 1F1B: a schedule is a list
+#
+# [Notebook 03](03_pipeline_parallel.ipynb) ran a pipeline forward only. Training adds a backward (`B`)
+# for every forward (`F`). It runs the stages in reverse: each stage hands the gradient back to the one
+# before. A step ends with a **flush**: every backward finishes before the optimizer steps. So every
+# training step fills and drains. With every op one slot, the idle share is 03's `(p - 1) / (m + p - 1)`.
+#
+# A schedule now orders both kinds of action:
+#
+# - **GPipe** (Huang et al. 2019) runs every forward, then every backward.
+# - **1F1B** (PipeDream-Flush, Narayanan et al. 2021; the schedule of Megatron-LM) runs a few forwards to
+#   fill the pipeline, then alternates one forward and one backward.
+
+# %%
+from fractions import Fraction
+
+from shardlib.runtime.launcher import start_template
+
+start_template()  # the rank processes' template starts importing torch now, beside the cells below
+
+from shardlib.core.pipeline.registry import make_schedule
+from shardlib.predict.pipeline import idle_slots, peak_in_flight, step_slots
+from shardlib.ui.tables import schedule_text
+
+for name in ("gpipe", "1f1b"):
+    s = make_schedule(name, 4, 8)
+    idle, step = idle_slots(s), step_slots(s)
+    print(f"{s.title}\n{schedule_text(s)}")
+    print(f"idle {Fraction(sum(idle), 4 * step)} (formula 3/11); peak microbatches in flight per stage "
+          f"{list(peak_in_flight(s))}\n")
+    assert Fraction(sum(idle), 4 * step) == Fraction(3, 11)
+
+# %% [markdown]
+# Same step length, same idle slots. The difference is memory. A microbatch is **in flight** on a stage
+# from its forward until its backward, because the forward's activations are kept for the backward.
+# GPipe holds all `m`. 1F1B returns backwards early and holds at most `p - s` on stage `s`. So GPipe's
+# memory grows with `m`, the very knob that shrinks the bubble. That is why Megatron-LM's schedules build
+# on 1F1B, and why torchtitan defaults to it while still offering GPipe.
+#
+# **Your task.** Press play and stop when stage 0 first sits idle. Which slot is it, and what is
+# stage 0 waiting for?
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.pipeline_figures import step_through_figure
+
+step_through_figure(make_schedule("1f1b", 4, 8), title="1F1B, p = 4, m = 8, played out (every op one slot)")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Stage 0 runs F0 to F3 in slots 1 to 4, then idles in slots 5, 6 and 7. It holds 4 microbatches in
+# flight, 1F1B's limit of `p`, and waits for B0 to come back up from stage 1. B0 arrives for slot 8.
+# </details>
+#
+# The batch often caps `m`. Llama 3.1 405B's pipelines each got 16 sequences per step, so at most
+# `m = p = 16`: an idle share of 15/31, 48 % (Llama 3 paper, Table 4). So Meta **interleaved**: each
+# device holds `v` chunks of layers that are not neighbours (Narayanan et al. 2021), which shrinks the
+# fill and drain `v`-fold for `v` times the messages. The schedules below shrink the bubble without
+# raising `m`.
+#
 # ## The backward has two halves
 #
-# In 1F1B ([notebook 03](03_pipeline_parallel.ipynb)) one backward does two jobs. It computes the gradient
-# of the stage's input, which the stage before is waiting for. It also computes the gradient of the
-# stage's weights, which no other stage needs. Split them:
+# In 1F1B one backward does two jobs. It computes the gradient of the stage's input, which the stage
+# before is waiting for. It also computes the gradient of the stage's weights, which no other stage
+# needs. Split them:
 #
 # - **B** computes the input gradient and sends it on at once.
 # - **W** computes the weight gradient, any time after its own B.
 #
-# The stages before get their gradient sooner. Each stage spends the time it would have waited on the W's
-# it put off. That is the **B/W split**; every schedule in this notebook is built on it.
+# The stages before get their gradient sooner, and each stage fills its waits with the W's it put off:
+# the **B/W split**, which every schedule below is built on.
 #
-# One condition: W is not free to wait forever. Under data parallelism
-# ([notebook 08](08_data_parallel.ipynb)) a layer's gradient is reduced across replicas as soon as its W
-# has run. That all-reduce or reduce-scatter overlaps the rest of the backward. Put a W off to the end of
-# the step, and its reduction starts late and may stay exposed. The zero-bubble schedules trade part of
+# One condition: under data parallelism ([notebook 08](08_data_parallel.ipynb)) a layer's gradient is
+# reduced across replicas once its W has run, under the rest of the backward. A W put off to the end of
+# the step starts its reduction late, and that may stay exposed. The zero-bubble schedules trade part of
 # that overlap for a smaller bubble.
 #
 # **Two notations.** The zero-bubble paper writes B for the input gradient only. DualPipe's README writes
@@ -52,10 +112,6 @@
 # W are always one action's times and B is the input gradient, so DualPipe's B is our `B + W`:
 
 # %%
-from shardlib.runtime.launcher import start_template
-
-start_template()  # the rank processes' template starts importing torch now, beside the cells below
-
 from shardlib.predict.bubbles import OpCosts, notation_rows
 
 p = 4
@@ -88,9 +144,6 @@ assert zb_h1 * 3 == one_f_one_b  # ZB-H1 idles a third of 1F1B when F = B = W
 # below.
 
 # %%
-from shardlib.core.pipeline.registry import make_schedule
-from shardlib.ui.tables import schedule_text
-
 for name in ("1f1b", "zb-h1"):
     s = make_schedule(name, 4, 8)
     print(f"{s.title}\n{schedule_text(s)}\n")
@@ -125,36 +178,28 @@ for name in ("zb-v", "dualpipev"):
 
 # %% [markdown]
 # **What "zero" means.** The paper's zero is each stage's idle between its own first action and its last.
-# Stage `s` starts `s F` after stage 0, so the busy spans form a parallelogram. Suppose each stage could
-# start its next step as soon as its own span ends. Then the step would cost zero idle time. If instead
-# all stages start the step together, stage `s` idles `s F` before its first forward arrives. It idles
-# about as long after its last action. That idle time at both ends is the **ramp**.
-#
-# A normal optimizer step makes all stages start together. It first synchronises them: the global gradient norm for
-# clipping, a check for NaNs. The paper's **optimizer post-validation** removes the wait. Each stage
-# steps at once, checks afterwards, and rolls back in the rare step where a check fails. Without it, one
-# step keeps the ramp at each end.
+# Stage `s` starts `s F` after stage 0. If all stages start a step together, stage `s` idles `s F` before
+# its first forward, and about as long after its last action: the **ramp**. A normal optimizer step makes
+# them start together, since it first synchronises them (the global gradient norm, a check for NaNs). The
+# paper's **optimizer post-validation** steps at once, checks afterwards, and rolls back in the rare step
+# where a check fails.
 #
 # ## DualPipeV: DualPipe cut in half
 #
-# **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) was built for expert parallelism. Its point
-# is overlap: it pairs one microbatch's forward with another's backward. Each one's
-# [all-to-all](04_expert_parallel.ipynb) and pipeline sends then run under the other's compute. Its
-# `F&B` is that pair, shorter than `F + B` because the communication is hidden. DualPipe feeds
-# microbatches from both ends of the pipeline, which costs two copies of the weights.
-#
-# **DualPipeV** is Sea AI Lab's "cut-in-half" of DualPipe, credited in DualPipe's README. It keeps one
-# direction and folds it into a V, two chunks per device, one copy of the weights. This package runs its
-# order with each pair's forward and backward one after the other. Its order and its memory show here.
-# The overlap that is DualPipe's reason to exist is measured on its own, once the ranks run:
-# [the overlap DualPipe is for](#The-overlap-DualPipe-is-for).
+# **DualPipe** (DeepSeek-V3 technical report, section 3.2.1) was built for expert parallelism. It pairs
+# one microbatch's forward with another's backward, so each one's [all-to-all](04_expert_parallel.ipynb)
+# and sends run under the other's compute. Its `F&B` is that pair. DualPipe feeds microbatches from both
+# ends, which costs two copies of the weights. **DualPipeV**, Sea AI Lab's "cut-in-half" credited in
+# DualPipe's README, keeps one direction folded into a V: two chunks per device, one copy. This package
+# runs each pair one after the other; the overlap is measured on its own below
+# ([the overlap DualPipe is for](#The-overlap-DualPipe-is-for)).
 
 # %% [markdown]
 # ## Read the code
 #
-# The stage loop is the one you read in notebook 03. Its `Stage.backward` has two branches: 1F1B's whole
-# backward, and a split one, taken when the schedule has W actions. Here are `backward`, `backward_weight`
-# and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `shardlib/core/pipeline/orders.py`).
+# The stage loop is the one you read in notebook 03. In training, `forward` keeps each microbatch's input
+# and output in `stash` until its backward: that stash is what *in flight* means. Here are `backward`,
+# `backward_weight` and ZB-H1's builder (`shardlib/core/pipeline/engine.py`, `orders.py`).
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.pipeline.engine import Stage
@@ -164,10 +209,11 @@ from shardlib.ui.code import show_code
 show_code(Stage.backward, Stage.backward_weight, zb_h1_order)
 
 # %% [markdown]
-# - **`backward`** is B. Whole (as in 1F1B), it is one `torch.autograd.backward`, and the weight gradients
-#   accumulate. Split, it asks autograd only for the gradient of the chunk's input and of each linear's
-#   output (the embedding's too), keeping the graph for W. `forward` recorded those outputs as the chunk
-#   ran. Either way it returns the input's gradient at once, to be sent on.
+# - **`backward`** is B. It takes the microbatch back out of the stash. Whole (as in 1F1B), it is one
+#   `torch.autograd.backward`, and the weight gradients accumulate microbatch by microbatch. Split, it
+#   asks autograd only for the gradient of the chunk's input and of each linear's output (the embedding's
+#   too), keeping the graph for W. `forward` recorded those outputs as the chunk ran. Either way it
+#   returns the input's gradient at once, to be sent on.
 # - **`backward_weight`** (W) turns each linear's output gradient into its weight gradient, one linear at
 #   a time (`autograd.backward(y, grad_y, inputs=[w])`). Autograd adds it to `w.grad` as a whole backward
 #   would, and a hook on the weight fires, as data parallelism's buckets need.
@@ -214,7 +260,8 @@ for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
 #
 # Eight of the toy's MLP layers, a batch of 16 sequences of 4 tokens, on 2 ranks. Pipelining adds no sum
 # across ranks. So every schedule must give the one-process model's output and gradients bit for bit, on
-# the same microbatches.
+# the same microbatches. Predict each one's microbatches in flight per stage: GPipe all `m`, 1F1B
+# `p - s`. Each rank counts them, and the bytes autograd saved for them.
 
 # %%
 from shardlib.runtime.ranks import Ranks
@@ -229,11 +276,17 @@ grad = activations(16, 4, TOY.d_model, seed=2)
 ranks = Ranks(2)
 print(f"{ranks.world_size} ranks: {ranks.description}")
 runs = {}  # kept for the memory section below
-for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
+for name in ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipev"):
     runs[name] = run = run_pipeline(ranks, make_schedule(name, 2, 4), TOY, layers, x, grad)
     exact = run.against_reference()
-    print(f"{run.schedule.title}: layers per rank {run.layers_held}, bit for bit {exact.bit_for_bit}")
+    kib = [b // 1024 for b in run.peak_activation_bytes]
+    print(f"{run.schedule.title}: layers per rank {run.layers_held}, bit for bit {exact.bit_for_bit}; in flight "
+          f"per stage {list(run.peak_in_flight)}, peak activations {kib} KiB")
     assert exact.bit_for_bit
+gp, ofob = runs["gpipe"], runs["1f1b"]
+assert gp.peak_in_flight == (4, 4) and ofob.peak_in_flight == (2, 1)  # GPipe all m, 1F1B p - s
+per_microbatch = gp.peak_activation_bytes[0] // 4
+assert ofob.peak_activation_bytes == (2 * per_microbatch, per_microbatch)
 
 # %% [markdown]
 # ## The overlap DualPipe is for
@@ -277,12 +330,12 @@ assert overlap.exact  # both orders give the one-process layer's outputs bit for
 # The prediction plays each list out with the F, B and W measured in the same run (median of each op's
 # spans). Predict first: at F = B = W on 2 stages, ZB-H1 should idle `(p-1)(F+B-W)` = 20 ms per device,
 # 1F1B `(p-1)(F+B+W)` = 60 ms. At m = 4 each device works 4 × 60 = 240 ms. So ZB-H1's step should be
-# 260 ms and 1F1B's 300 ms. At `m = 8`, ZB-H1's idle stays 20 ms while its work doubles: 500 ms.
+# 260 ms and 1F1B's 300 ms, GPipe's too. At `m = 8`, ZB-H1's idle stays 20 ms while its work doubles: 500 ms.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.pipeline.zero_bubble import run_zero_bubble_check
 
-check = run_zero_bubble_check(ranks, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("zb-h1", 8, 1.0)],
+check = run_zero_bubble_check(ranks, [("zb-h1", 4, 1.0), ("1f1b", 4, 1.0), ("gpipe", 4, 1.0), ("zb-h1", 8, 1.0)],
                               TOY, layers, x, grad, op_s=0.02)
 for v in check.verdicts:
     print(v.line)
@@ -309,9 +362,8 @@ for s in check.steps:
 # %% [markdown]
 # ## When zero bubble is not zero: make W cheap or dear
 #
-# ZB-H1's formula holds while W is no dearer than F or B. Then every wait in the drain has a W to fill it.
-# A cheap W leaves part of each wait empty, and the formula counts that. A dear W cannot fill more than
-# the waits there are. The ramp before the last stage's first forward stays empty whatever W costs. The
+# ZB-H1's formula holds while W is no dearer than F or B: every wait in the drain then has a W to fill
+# it. A dear W cannot fill more than the waits there are, and the ramp stays empty whatever W costs. The
 # formula keeps subtracting W, so it undercounts; the list does not. Predict: at `W = 2F`, what does
 # `(p-1)(F+B-W)` give, and is that possible?
 
@@ -371,13 +423,12 @@ for name, run in runs.items():
     assert held == peak_in_flight(s)
     stages = max(held) / s.n_chunks  # a chunk is 1 / n_chunks of a device's layers
     print(f"{s.short_title:14}{max(held):<14}{stages:<14g}{str(run.layers_held[0]):20}")
-    assert stages == {"1f1b": 2, "zb-h1": 2, "zb-v": 2, "dualpipev": 2.5}[name]
+    assert stages == {"gpipe": 4, "1f1b": 2, "zb-h1": 2, "zb-v": 2, "dualpipev": 2.5}[name]
 
 # %% [markdown]
 # Every schedule here keeps one copy of each layer. DualPipe's table gives DualPipe and DualPipeV "2x"
-# parameters per device. DualPipe's 2x is two copies, one per direction. DualPipeV's is two stages'
-# slices on each of `PP/2` devices: one copy of each layer, as here. ZB-H2 holds more to idle less:
-# `2p - 1` whole-stage microbatches, 7 at p = 4.
+# parameters per device: for DualPipe two copies, for DualPipeV two stages' slices on each of `PP/2`
+# devices. ZB-H2 holds more to idle less: `2p - 1` whole-stage microbatches, 7 at p = 4.
 #
 # <details><summary>ZB-H2 over one step's window</summary>
 #
@@ -406,11 +457,10 @@ for name, run in runs.items():
 # `torch.distributed.pipelining` ships `ScheduleZBVZeroBubble` and `ScheduleDualPipeV`, among others.
 # Two ways to set them beside ours, on the same gloo ranks:
 #
-# - **their orders on our engine**: torch's action grids read straight into this package's `Schedule`
-#   (torch's `I` is our B; its whole `B` is our B then W). They pass the same checks and run through
-#   `run_pipeline`.
-# - **torch's own runtime**: `run_torch_runtime` gives each rank's two chunks a `PipelineStage` and calls
-#   the schedule's `step`. Its output and every weight gradient must equal the first way's, bit for bit.
+# - **their orders on our engine**: torch's action grids read into this package's `Schedule` (torch's `I`
+#   is our B; its whole `B` is our B then W), pass the same checks and run through `run_pipeline`.
+# - **torch's own runtime**: each rank's two chunks in a `PipelineStage`, stepped by torch. Its output and
+#   every weight gradient must equal the first way's, bit for bit.
 #
 # <details><summary>How torch's runtime is set up</summary>
 #
@@ -480,6 +530,11 @@ zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6,
 from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
+    Question(prompt="1F1B with 6 stages and 24 microbatches. At most how many microbatches' activations does "
+                    "stage 0 hold, and how many does the last stage hold?",
+             choices=("6 and 1", "24 and 24", "6 and 6", "1 and 6"), answer=0,
+             why="1F1B holds at most p - s on stage s: 6 on stage 0, 1 on stage 5, whatever m is. GPipe would "
+                 "hold all 24 on every stage."),
     Question(prompt="DualPipe's README times a stage's backward at B = 6 ms, with W = 2 ms. Which B goes into "
                     "the zero-bubble paper's (p-1)(F+B-W)?",
              choices=("6 ms: the two papers time one and the same backward",
@@ -533,6 +588,8 @@ show_questions(
 # %% [markdown]
 # ## What you saw
 #
+# - GPipe and 1F1B have the same bubble, `(p - 1) / (m + p - 1)` with F = B; GPipe holds all `m`
+#   microbatches in flight, 1F1B at most `p - s` on stage `s`, as your ranks counted.
 # - The backward splits into B (input gradient, urgent) and W (weight gradient, any time later, but it
 #   gates that layer's gradient reduction under data parallelism).
 # - Two notations: the zero-bubble paper's B is the input gradient, DualPipe's the whole backward.
@@ -545,5 +602,6 @@ show_questions(
 # - DualPipeV is DualPipe cut in half. DualPipe's purpose is hiding all-to-all under compute: with two
 #   microbatches overlapped, your ranks' exposed all-to-all time fell by close to half, as predicted.
 #
-# The [exercise](exercises/09_pipeline_schedules_exercises.ipynb) has you build a schedule's order yourself.
+# The [exercise](exercises/09_pipeline_schedules_exercises.ipynb) has you write 1F1B's order, then a
+# zero-bubble schedule's.
 # Next: [10 · Context parallelism](10_context_parallel.ipynb), for sequences too long for one GPU.

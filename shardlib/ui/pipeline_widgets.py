@@ -15,16 +15,19 @@ from shardlib.ui.live import FigureArea, slider, wire
 from shardlib.ui.pipeline_figures import bubble_curve_figure, predicted_vs_measured_figure
 from shardlib.ui.theme import RED
 
-# one chunk, whole backward: GPipe and 1F1B, the pair notebook 03 compares against the bubble formula
+# one chunk, whole backward: GPipe and 1F1B, the pair a training step compares against the bubble formula
 EXPLORER_SCHEDULES = tuple(n for n, spec in SPECS.items() if spec.chunks == 1 and not spec.split_backward)
 
 
-def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float = 0.02, backward_s: float = 0.02,
+def microbatch_explorer(ranks, model, layers, x, grad_output=None, forward_s: float = 0.02, backward_s: float = 0.02,
                         max_microbatches: int = 16) -> widgets.VBox:
-    """A slider for ``m`` (1 up to ``max_microbatches``, never more than the batch has rows), buttons
-    for GPipe or 1F1B; one training step per move on ``ranks`` (``p = ranks.world_size`` stages), each
-    forward and backward padded to ``forward_s`` / ``backward_s`` seconds."""
+    """A slider for ``m`` (1 up to ``max_microbatches``, never more than the batch has rows); one step per move
+    on ``ranks`` (``p = ranks.world_size`` stages), each forward padded to ``forward_s`` seconds. Without
+    ``grad_output`` each step is a forward-only pass, as a server runs it (GPipe's list; 1F1B's is the same
+    forward only). With it, each step trains, each backward padded to ``backward_s``, and buttons pick GPipe or
+    1F1B."""
     p = ranks.world_size
+    training = grad_output is not None
     top = max(1, min(int(max_microbatches), x.shape[0]))
     m_slider = widgets.IntSlider(value=min(4, top), min=1, max=top, description="microbatches m",
                                  continuous_update=False, style={"description_width": "initial"})
@@ -45,25 +48,26 @@ def microbatch_explorer(ranks, model, layers, x, grad_output, forward_s: float =
     def rerun(change=None) -> None:
         draw_curve()  # the formula answers at once; the ranks take a moment
         m = m_slider.value
-        schedule = make_schedule(picker.value, p, m, training=True)
-        run = run_pipeline(ranks, schedule, model, layers, x, grad_output, forward_s=forward_s, backward_s=backward_s)
+        schedule = make_schedule(picker.value, p, m, training=training)
+        run = run_pipeline(ranks, schedule, model, layers, x, grad_output, forward_s=forward_s,
+                           backward_s=backward_s if training else None)
         bubble = run.bubble
         predicted = pipeline_bubble_fraction(p, m)
         if picker.value == EXPLORER_SCHEDULES[0]:
             measured_at[m] = bubble.idle_fraction
             draw_curve()
-        step_s = predicted_step_s(schedule, forward_s, backward_s)
+        step_s = predicted_step_s(schedule, forward_s, backward_s if training else 0)
+        held = f"; peak microbatches in flight per stage {list(run.peak_in_flight)}" if training else ""
         label.value = (
             f"<b>{html.escape(schedule.title)}</b><br>idle fraction: predicted {predicted:.3f}, measured "
             f"{bubble.idle_fraction:.3f} (ratio {bubble.idle_fraction / predicted if predicted else float('nan'):.2f})"
-            f"<br>step: predicted {step_s * 1e3:.0f} ms, measured {bubble.window_s * 1e3:.0f} ms; peak microbatches "
-            f"in flight per stage {list(run.peak_in_flight)}"
-            "<br><i>red circles: GPipe measurements made with this slider</i>"
+            f"<br>step: predicted {step_s * 1e3:.0f} ms, measured {bubble.window_s * 1e3:.0f} ms{held}"
+            f"<br><i>red circles: {'GPipe ' if training else ''}measurements made with this slider</i>"
         )
         gantt.show(predicted_vs_measured_figure(run, ranks.description))
 
-    errors = wire([m_slider, picker], rerun)
-    return widgets.VBox([widgets.HBox([m_slider, picker]), label, curve, gantt, errors])
+    errors = wire([m_slider, picker] if training else [m_slider], rerun)
+    return widgets.VBox([widgets.HBox([m_slider, picker] if training else [m_slider]), label, curve, gantt, errors])
 
 
 ZERO_BUBBLE_SCHEDULES = ("1f1b",) + SPLIT_SCHEDULES  # 1F1B beside every schedule with the backward split

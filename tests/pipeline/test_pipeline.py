@@ -183,6 +183,19 @@ def test_idle_slots_counted_from_the_schedule_equal_the_formula():
             assert idle == (passes * (s.n_stages - 1),) * s.n_stages
 
 
+def test_a_served_pass_is_forward_only_and_idles_the_formula():
+    """A server's pass (``training=False``): every stage runs F0 .. F(m-1) in order, GPipe's and 1F1B's lists
+    are one list, nothing is held for a backward, and the idle share is (p - 1) / (m + p - 1) of the pass."""
+    for p, m in ((1, 3), (2, 4), (4, 8), (4, 2)):
+        served = make_schedule("gpipe", p, m, training=False)
+        assert served.actions == make_schedule("1f1b", p, m, training=False).actions
+        assert [[(a.op, a.microbatch) for a in row] for row in served.actions] == [[("F", i) for i in range(m)]] * p
+        assert peak_in_flight(served) == (0,) * p and step_slots(served) == m + p - 1
+        assert Fraction(sum(idle_slots(served)), p * step_slots(served)) == Fraction(p - 1, m + p - 1)
+    with pytest.raises(ValueError, match="forward only, it is plain 1F1B"):
+        make_schedule("zb-h1", 2, 4, training=False)
+
+
 def test_a_hand_worked_1f1b_and_gpipe():
     one_f_one_b = make_schedule("1f1b", 2, 3)
     assert order_text(one_f_one_b) == {0: "F0 F1 B0 F2 B1 B2", 1: "F0 B0 F1 B1 F2 B2"}

@@ -46,6 +46,12 @@ def test_bubble_check_predicts_the_formula_on_both_pools(pool2, pool4, model, on
     assert all(0 <= f < 1 for per_p in measured.values() for f in per_p.values())
 
 
+def test_bubble_check_without_a_gradient_times_forward_only_passes(pool2, model, once):
+    check = run_bubble_check(pool2, (1, 4), SHAPE, model["layers"], model["x"], None, op_s=0.002)
+    assert [(v.predicted, v.unit) for v in check.verdicts] == [(pipeline_bubble_fraction(2, m), "%") for m in (1, 4)]
+    assert all(0 <= f < 1 for f in check.measured()[2].values())
+
+
 def test_pace_check_predicts_the_slow_stage_from_the_schedule(pool4, model, once):
     check = run_pace_check(pool4, SHAPE, model["layers"], model["x"], n_microbatches=6, op_s=0.002, rounds=1)
     assert list(check.forward_s) == ["uniform", "stage 1 slow"]
@@ -69,6 +75,13 @@ def test_uneven_check_is_exact_and_predicts_each_cut(pool4, model, once):
     assert check.work == {"even": (3, 2, 1, 2), "lighter ends": (2, 2, 2, 2)}
     assert check.predicted_s("even") / check.predicted_s("lighter ends") == pytest.approx(23 / 18)
     assert [v.what for v in check.verdicts] == ["step, even", "step, lighter ends", "even / lighter ends"]
+
+
+def test_uneven_check_without_a_gradient_is_exact_forward_only(pool4, model, once):
+    counts = {"even": (2, 2, 1, 1), "lighter ends": stage_layer_counts(6, 4, end_layers=1)}
+    check = run_uneven_check(pool4, SHAPE, model["layers"][:6], model["x"], None, counts, layer_s=0.001, rounds=1)
+    assert not check.exact.schedule.training and check.exact.against_reference().bit_for_bit
+    assert [len(h) for h in check.exact.layers_held] == [1, 2, 2, 1]
 
 
 def test_trip_check_predicts_p_stage_times_and_one_departure_each(pool4, model, once):

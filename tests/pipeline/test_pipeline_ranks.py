@@ -369,3 +369,22 @@ def test_the_microbatch_slider_stays_in_range_and_reruns(pool2, model):
     picker.value = "1f1b"
     assert "1F1B, training: p = 2, m = 6" in label.value and "in flight per stage [2, 1]" in label.value
     assert [name for name, _ in picker.options] == ["GPipe", "1F1B"]
+
+
+def test_the_microbatch_slider_runs_forward_only_passes_without_a_gradient(pool2, model):
+    from shardlib.ui.pipeline_widgets import microbatch_explorer
+
+    app = microbatch_explorer(pool2, SHAPE, model["layers"], model["x"][:6], forward_s=0.001, max_microbatches=16)
+    (slider,), label = app.children[0].children, app.children[1]  # no schedule buttons: forward only, one list
+    assert "inference (forward only): p = 2, m = 4" in label.value and "in flight" not in label.value
+    slider.value = 5
+    assert "p = 2, m = 5" in label.value
+
+
+def test_a_forward_pass_moves_the_batch_once_pipelined_and_once_per_layer_tensor_parallel(pool2, model):
+    from shardlib.lab.pipeline.step import run_pipeline_vs_tp_bytes
+
+    layers = model["layers"]
+    both = run_pipeline_vs_tp_bytes(pool2, SHAPE, layers, model["x"], n_microbatches=4)  # no gradient: forward only
+    assert both.pipeline_messages == 4 and both.pipeline_bytes == both.activation_bytes
+    assert both.tp_collectives_per_rank == len(layers) and both.tp_bytes_per_rank == len(layers) * both.activation_bytes

@@ -1,7 +1,8 @@
 """The pipeline claims notebook 03 prints, one ``lab.verdict.Verdict`` per claim, measured again while one
 fails (``verified``).
 
-* ``run_bubble_check``: the idle fraction of training steps against ``(p - 1) / (m + p - 1)``.
+* ``run_bubble_check``: the idle fraction of steps (forward-only passes without ``grad_output``, training
+  steps with it) against ``(p - 1) / (m + p - 1)``.
 * ``run_pace_check`` (a slow stage sets the pace), ``run_uneven_check`` (unequal stages, exact, each cut at
   its slowest stage's pace) and ``run_trip_check`` (a microbatch's trip through every stage, one departure
   per stage-time): forward-only GPipe steps, the fastest of a few repeats kept, read as a ``StepCheck``.
@@ -34,7 +35,7 @@ def _warm(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor, grad_o
 
 @dataclass(frozen=True)
 class BubbleCheck:
-    """Training steps with every forward and backward padded to ``op_s``: ``attempts[(p, m)]``, every idle
+    """Steps (forward-only, or training) with every op padded to ``op_s``: ``attempts[(p, m)]``, every idle
     fraction measured at that point, and one ``Verdict`` per point. ``where``: the machines, in words."""
 
     op_s: float
@@ -52,9 +53,10 @@ class BubbleCheck:
 
 
 def run_bubble_check(ranks, microbatches, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                     grad_output: torch.Tensor, op_s: float = 0.03, name: str = "gpipe") -> BubbleCheck:
+                     grad_output: torch.Tensor | None, op_s: float = 0.03, name: str = "gpipe") -> BubbleCheck:
     """The idle fraction of schedule ``name`` on ``ranks`` (a pool, or several: one stage per rank) for each
-    ``m`` in ``microbatches``, each op padded to ``op_s``. A point outside ``BUBBLE_BAND`` of the formula is
+    ``m`` in ``microbatches``, each op padded to ``op_s``: training steps with ``grad_output``, forward-only
+    passes (a server's) without it; the formula is the same for both. A point outside ``BUBBLE_BAND`` of the formula is
     measured again (``verified``, at most 3 times); the least idle attempt is the one judged."""
     pools = tuple(ranks) if isinstance(ranks, (list, tuple)) else (ranks,)
     for pool in pools:  # every pool up and warm before any is timed: a pool still starting takes the cores
@@ -64,11 +66,12 @@ def run_bubble_check(ranks, microbatches, model: ModelConfig, layers: list[dict]
     for pool in pools:
         p = pool.world_size
         for m in microbatches:
-            schedule, predicted = make_schedule(name, p, m), pipeline_bubble_fraction(p, m)
+            training = grad_output is not None
+            schedule, predicted = make_schedule(name, p, m, training), pipeline_bubble_fraction(p, m)
             found = attempts[(p, m)] = []
 
             def measure(pool=pool, schedule=schedule, found=found) -> float:
-                run = run_pipeline(pool, schedule, model, layers, x, grad_output, op_s, op_s)
+                run = run_pipeline(pool, schedule, model, layers, x, grad_output, op_s, op_s if training else None)
                 found.append(run.bubble.idle_fraction)
                 return min(found)
 
@@ -82,8 +85,8 @@ def run_bubble_check(ranks, microbatches, model: ModelConfig, layers: list[dict]
 class StepCheck:
     """Forward-only steps of ``schedule``, one per label: each stage's forward padded to
     ``forward_s[label]`` (one time per stage), the fastest of a few repeats kept (``runs``), and the
-    ``verdicts``. For unequal cuts, ``work`` (layer-times per stage) and ``exact``, a training step with
-    the last cut, to check against the one-process model."""
+    ``verdicts``. For unequal cuts, ``work`` (layer-times per stage) and ``exact``, a step with the last cut
+    (training, or forward only), to check against the one-process model."""
 
     schedule: Schedule
     forward_s: dict
@@ -155,14 +158,16 @@ def run_pace_check(ranks, model: ModelConfig, layers: list[dict], x: torch.Tenso
     return _step_check(ranks, model, layers, x, n_microbatches, forward_s, rounds, verdicts)
 
 
-def run_uneven_check(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor, grad_output: torch.Tensor,
-                     counts: dict, n_microbatches: int = 6, layer_s: float = 0.008, rounds: int = 3) -> StepCheck:
+def run_uneven_check(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor,
+                     grad_output: torch.Tensor | None, counts: dict, n_microbatches: int = 6, layer_s: float = 0.008,
+                     rounds: int = 3) -> StepCheck:
     """Each cut of ``counts`` (a label and layers per stage) run forward-only, each stage's forward padded to
     ``layer_s`` per layer-time of work (its layers, plus one on the end stages for the embedding and the
-    loss), at its slowest stage's pace; and the last cut exact in a training step (1F1B)."""
+    loss), at its slowest stage's pace; and the last cut exact, in a training step (1F1B) with
+    ``grad_output``, in a forward-only pass without it."""
     p = ranks.world_size
     work = {k: tuple(c + (1 if s in (0, p - 1) else 0) for s, c in enumerate(v)) for k, v in counts.items()}
-    exact = run_pipeline(ranks, make_schedule("1f1b", p, 2 * p), model, layers, x, grad_output,
+    exact = run_pipeline(ranks, make_schedule("1f1b", p, 2 * p, grad_output is not None), model, layers, x, grad_output,
                          layer_counts=list(counts[list(counts)[-1]]))
     first, second = list(counts)[:2]
     return _step_check(ranks, model, layers, x, n_microbatches,

@@ -6,7 +6,8 @@
 * ``run_pipeline``: the inputs checked (``check_pipeline_inputs``: a ``ValueError`` with the numbers, never a
   hang), then the step ``repeats`` times through ``lab.harness.on_ranks``.
 * ``unpipelined_step``: the reference, ``core.model.stack_reference`` microbatch by microbatch in one process.
-* ``run_pipeline_vs_tp_bytes``: one training step's bytes pipelined, against the same layers tensor-parallel.
+* ``run_pipeline_vs_tp_bytes``: one step's bytes (forward only, or training) pipelined, against the same
+  layers tensor-parallel.
 """
 
 from __future__ import annotations
@@ -259,9 +260,9 @@ def run_pipeline(ranks, schedule: Schedule, model: ModelConfig, layers: list[dic
 
 @dataclass(frozen=True)
 class PipelineVsTPBytes:
-    """One training step of the same layers on the same ranks, pipelined and tensor-parallel, from the
-    comm logs: the pipeline's sends (all ranks together), and one rank's all-reduces under tensor
-    parallelism (each layer's MLP split across the ranks, as in ``tensor_parallel``)."""
+    """One step (forward only, or training) of the same layers on the same ranks, pipelined and
+    tensor-parallel, from the comm logs: the pipeline's sends (all ranks together), and one rank's
+    all-reduces under tensor parallelism (each layer's MLP split across the ranks, as in ``tensor_parallel``)."""
 
     activation_bytes: int  # the whole batch's activations: batch x seq x d_model x 4
     pipeline_messages: int
@@ -276,11 +277,13 @@ class PipelineVsTPBytes:
 
 
 def run_pipeline_vs_tp_bytes(ranks, model: ModelConfig, layers: list[dict], x: torch.Tensor,
-                             grad_output: torch.Tensor, n_microbatches: int = 4) -> PipelineVsTPBytes:
-    """Count the bytes of one training step (1F1B, ``n_microbatches``) of MLP-only ``layers`` both ways."""
+                             grad_output: torch.Tensor | None = None, n_microbatches: int = 4) -> PipelineVsTPBytes:
+    """Count the bytes of one step (``n_microbatches``) of MLP-only ``layers`` both ways: a training step
+    (1F1B) with ``grad_output``, a forward-only pass (a server's) without it."""
     if any("q" in w for w in layers):
         raise ValueError("the comparison splits each layer's MLP: give MLP-only layers (parts=('mlp',))")
-    pp = run_pipeline(ranks, make_schedule("1f1b", ranks.world_size, n_microbatches), model, layers, x, grad_output)
+    schedule = make_schedule("1f1b", ranks.world_size, n_microbatches, grad_output is not None)
+    pp = run_pipeline(ranks, schedule, model, layers, x, grad_output)
     tp = [on_ranks(ranks, tp_block_on_rank, "mlp", x, w, None, grad_output) for w in layers]  # one layer at a time
     return PipelineVsTPBytes(x.numel() * x.element_size(), pp.sent_messages(), pp.sent_bytes(),
                              sum(t.count(rank=0) for t in tp), sum(t.bytes(rank=0) for t in tp))
