@@ -49,6 +49,15 @@ def fit_alpha_beta(sizes_bytes, times_s):
 
 
 # -- 03 pipeline parallelism ----------------------------------------------------------------------------
+def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
+    """The idle share of one forward-only pass: ``m + p - 1`` slots, of which each stage works ``m``."""
+    if n_stages < 1 or n_microbatches < 1:
+        raise ValueError(f"a pipeline needs at least 1 stage and 1 microbatch, got n_stages = {n_stages}, "
+                         f"n_microbatches = {n_microbatches}")
+    return (n_stages - 1) / (n_microbatches + n_stages - 1)
+
+
+# -- 09 pipeline schedules ------------------------------------------------------------------------------
 def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[tuple[str, int]]:
     """Stage ``stage``'s 1F1B order (PipeDream-Flush, as Megatron-LM runs it): ``p - s - 1`` forwards fill the
     pipeline, then one forward and one backward in turn, then the backwards left drain it."""
@@ -59,7 +68,6 @@ def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[tuple[st
     return order + [("B", i) for i in range(n_microbatches - warmup, n_microbatches)]
 
 
-# -- 09 pipeline schedules ------------------------------------------------------------------------------
 def small_table() -> list[list[str]]:
     """ZB-H1 by hand for 2 stages and 2 microbatches: stage 0 runs both forwards first; stage 1, the last,
     runs each B right after its F and holds its first W back to fill the wait for F1."""

@@ -13,64 +13,47 @@
 # ---
 
 # %% [markdown]
-# # 03 · Exercise: write 1F1B
+# # 03 · Exercise: the bubble of a served batch
 #
-# **What you will do.** Write the order in which one pipeline stage runs its forwards and backwards under
-# 1F1B. The checker plays every stage's order out together. It names what is wrong: an action run twice, a
-# backward before the gradient it needs has arrived, two stages waiting for each other, or too many
-# microbatches held in memory. Then it runs your order as a real training step on two ranks, checked bit
-# for bit against one process. Allow 20 to 40 minutes.
+# **What you will do.** Count, in a forward-only schedule's table, how much of a pass each stage sits
+# idle. Then write that share as a function of the stage and microbatch counts. The checker tries 25
+# pairs of counts. It names the usual mistakes: Megatron's ratio to ideal in place of the share, an
+# off-by-one in the fill, the busy share instead of the idle one. Allow 15 to 25 minutes.
 #
 # Until you write the function, its checker says "not written yet". Replace the
 # `raise NotImplementedError` line, run the cell, then run the checker.
 
 # %% [markdown]
-# ## Exercise: `one_f_one_b`
+# ## Step 1: count it in a table
 #
-# Return the list of actions that stage `stage` (0 to `n_stages - 1`) runs in one training step with
-# `n_microbatches` microbatches, in order. Write each action as a pair: `("F", i)` is the forward of
-# microbatch `i`, `("B", i)` its backward. Microbatches are numbered `0 .. m-1`.
-#
-# The rules every stage obeys:
-#
-# - each stage runs the forward and the backward of every microbatch once, each `F i` before its `B i`;
-# - stage `s` can run `F i` only after stage `s - 1` ran `F i` (it sends the activation);
-# - stage `s` can run `B i` only after stage `s + 1` ran `B i` (it sends the gradient); the last stage's
-#   `B i` needs only its own `F i`;
-# - each stage runs its list in order, and waits when the next action's input has not arrived.
-#
-# The goal is 1F1B's two properties. First, memory: stage `s` never holds more than `p - s` microbatches
-# in flight (forward run, backward not yet). Second, time: with every action taking one slot, the step
-# takes no longer than GPipe's, `2 (m + p - 1)` slots. Your order must work whether `m` is larger or
-# smaller than `p`.
+# Each table below is one forward-only pass, as a server runs it: one line per stage, one column per
+# slot, `.` where the stage sits idle. For each table, count the slots of the pass and the idle slots of
+# one stage. Then ask how each count grows when `m` grows by one, and when `p` does.
 
 # %%
-def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[tuple[str, int]]:
-    """Stage ``stage``'s actions in one 1F1B training step, in order: ("F", i) and ("B", i) pairs."""
-    raise NotImplementedError("write one_f_one_b here")
+from shardlib.core.pipeline.registry import make_schedule
+from shardlib.ui.tables import schedule_text
 
+for p, m in ((2, 3), (3, 3), (3, 5)):
+    print(f"p = {p} stages, m = {m} microbatches\n{schedule_text(make_schedule('gpipe', p, m, training=False))}\n")
 
 # %% [markdown]
-# Look at your order before you grade it: one line per stage, for 4 stages and 6 microbatches.
+# ## Step 2: `bubble_fraction`
+#
+# Return the share of a forward-only pass that each stage spends idle, for `n_stages` stages of equal
+# cost and `n_microbatches` microbatches: a number between 0 and 1. Raise a `ValueError` for no stages or
+# no microbatches: a pipeline needs at least one of each.
 
-# %% tags=["nbval-ignore-output"]
-try:
-    for s in range(4):
-        print(f"stage {s}: " + " ".join(f"{op}{i}" for op, i in one_f_one_b(s, 4, 6)))
-except NotImplementedError:
-    print("not written yet")
+# %%
+def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
+    """The share of one forward-only pass that each of n_stages equal stages sits idle."""
+    raise NotImplementedError("write bubble_fraction here")
 
-# %% tags=["nbval-ignore-output"]
-from shardlib.runtime.ranks import Ranks
-from shardlib.exercises.pipeline import grade_one_f_one_b
-from shardlib.facts.models import TOY
-from shardlib.core.toy import activations, stack_weights
 
-layers = stack_weights(TOY, seed=0, parts=("mlp",), n_layers=8)
-x, grad = activations(16, 4, TOY.d_model, seed=1), activations(16, 4, TOY.d_model, seed=2)
-with Ranks(2) as ranks:
-    result = grade_one_f_one_b(one_f_one_b, ranks, TOY, layers, x, grad)
-result
+# %%
+from shardlib.exercises.pipeline import grade_bubble_fraction
+
+grade_bubble_fraction(bubble_fraction)
 
 # %% [markdown]
 # ## Check yourself
@@ -82,33 +65,32 @@ from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
     Question(
-        "With 4 stages, stage 0 starts 5 forwards before its first backward, then alternates. What goes "
-        "wrong?",
-        ("It holds 5 in flight at once, one more than 1F1B's limit",
-         "Nothing: early forwards only fill the pipeline faster",
-         "It deadlocks: stage 1 cannot send its gradient back in time"),
+        "Your function gives 0.2 for 4 stages and 12 microbatches. A colleague's slide says the same "
+        "pipeline has 'a bubble of 25 %'. Who is right?",
+        ("Both: the slide uses Megatron's ratio to ideal, (p - 1) / m",
+         "The slide: your function forgets the pipeline's fill",
+         "You: the slide's 25 % counts p idle slots per stage, not p - 1"),
         0,
-        "1F1B runs p - s = 4 forwards on stage 0 before B 0 (3 to fill the pipeline, then the first of its "
-        "alternation), so it holds at most 4. A fifth forward before B 0 holds 5.",
+        "3 / (12 + 3) = 0.2 is the idle share of the pass; 3 / 12 = 0.25 is idle time over busy time. Both "
+        "describe the same schedule: always ask which convention a number uses.",
     ),
     Question(
-        "Every stage runs F 0, B 0, F 1, B 1, ... in turn. The checker accepts the memory. What does it say "
-        "about the time?",
-        ("Nothing: holding a single microbatch is the best that 1F1B can do",
-         "It deadlocks, since stage 0 waits for B 0 before F 1",
-         "The step is far longer: each microbatch crosses the pipeline alone"),
+        "A server has 32 requests waiting for a pipeline of 4 stages. Cutting them into 32 microbatches "
+        "gives the smallest bubble. Why might it still choose 8 microbatches?",
+        ("Because the idle share grows again once m is larger than 2p",
+         "Because m = 32 changes the outputs a little",
+         "Because 4 requests per op use the GPU better than 1"),
         2,
-        "Stage 0 waits for B 0 to come all the way back before it starts F 1, so only one microbatch is ever in "
-        "the pipeline: no overlap at all, a step of 2 p m slots.",
+        "The idle share only shrinks as m grows, and the outputs are the same bit for bit. But each "
+        "microbatch of one request is a small matrix multiply, which keeps a GPU's matrix units idle.",
     ),
 )
 
 # %% [markdown]
 # ## What you practised
 #
-# - A schedule is a list per stage, and whether the stages can run their lists together is a property of
-#   the lists alone.
-# - 1F1B fills the pipeline with `p - s - 1` forwards, then alternates: GPipe's bubble, with at most `p - s`
-#   microbatches held on stage `s`.
+# - A pass of `m` microbatches through `p` equal stages lasts `m + p - 1` slots, of which each stage
+#   works `m`: the idle share is `(p - 1) / (m + p - 1)`.
+# - Megatron's ratio to ideal, `(p - 1) / m`, describes the same schedule in another convention.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.

@@ -627,7 +627,16 @@ def test_the_schedule_exercise_has_a_blank_starter_and_a_solution():
     assert (ROOT / "solutions" / "09_pipeline_schedules_solutions.ipynb").exists()
     assert "grade_schedule_table(my_schedule" in starter and "grade_schedule_table(answers.my_schedule" in solution
     assert "grade_small_table(small_table)" in starter and "grade_small_table(answers.small_table)" in solution
-    assert starter.count('raise NotImplementedError("write') == 2 and "exercise_answers" not in starter
+    assert "grade_one_f_one_b(one_f_one_b" in starter and "grade_one_f_one_b(answers.one_f_one_b" in solution
+    assert starter.count('raise NotImplementedError("write') == 3 and "exercise_answers" not in starter
+
+
+def test_the_bubble_exercise_is_notebook_03s_and_serves_forward_only():
+    starter = (ROOT / "notebooks" / "exercises" / "03_pipeline_parallel_exercises.py").read_text()
+    solution = (ROOT / "solutions" / "03_pipeline_parallel_solutions.py").read_text()
+    assert "grade_bubble_fraction(bubble_fraction)" in starter
+    assert "grade_bubble_fraction(answers.bubble_fraction)" in solution
+    assert "training=False" in starter and "backward" not in starter.lower()
 
 
 def test_the_schedule_grader_refuses_something_that_is_not_a_function():
