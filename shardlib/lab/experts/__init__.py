@@ -12,7 +12,7 @@
   layer in turn and overlapped (``dispatch.moe_two_microbatches``) over an emulated slow link, and sets the
   exposed all-to-all time of each beside the alpha-beta prediction, one verdict line each
   (``lab.verdict``).
-* ``training``: Notebook 04's MoE toy trained on ranks, and the same code in one process as its reference.
+* ``training``: Notebook 11's MoE toy trained on ranks, and the same code in one process as its reference.
 """
 
 __all__ = ["balance", "drivers", "node_limited", "overlap_drivers", "training"]

@@ -1,4 +1,4 @@
-"""Notebook 04's MoE toy trained on ranks, and the same code in one process as its reference.
+"""Notebook 11's MoE toy trained on ranks, and the same code in one process as its reference.
 
 The toy is a dense input projection ``w_in``, then the training step's MoE layer
 (``core.training.moe_block.MoEMLP``, dropless) with its residual, ``y = h + moe(h)`` with ``h = x w_in^T``,
@@ -222,5 +222,7 @@ def run_moe_training(ranks, problem: MoEProblem, cfg: MoEConfig, ep: int | None 
 # The toy trains for tens of steps, not DeepSeek-V3's hundreds of thousands: the published coefficients
 # (Switch's alpha 1e-2, DeepSeek-V3's gamma 1e-3) barely move it in that time, so the demo takes ten and
 # fifty times as much. Set ``balance`` to ``"aux-loss"`` (Switch's loss times ``aux_loss_coef``) or
-# ``"aux-free"`` (DeepSeek-V3's bias moved by ``bias_rate``), from a problem with ``skew=1.0``.
-BALANCE_CONFIG = MoEConfig(d_model=16, d_ff=32, aux_loss_coef=0.1, bias_rate=0.05)
+# ``"aux-free"`` (DeepSeek-V3's bias moved by ``bias_rate``), from a problem with ``skew=1.0``. The gate is
+# DeepSeek-V3's (arXiv:2412.19437 section 2.1.2): sigmoid affinities, the chosen ones normalised, the bias
+# added to the affinities for the choice only; both methods run on it, so their loads compare alike.
+BALANCE_CONFIG = MoEConfig(d_model=16, d_ff=32, gate="sigmoid-topk", aux_loss_coef=0.1, bias_rate=0.05)
