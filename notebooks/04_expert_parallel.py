@@ -16,7 +16,7 @@
 # # 04 · Expert parallelism: send each token to its experts, wherever they live
 #
 # > **Part I, serving a model that does not fit.** Assumes: [01](01_tensor_parallel.ipynb),
-# > [02](02_communication_costs.ipynb), [03](03_pipeline_parallel.ipynb). Reading time: about 35 minutes.
+# > [02](02_communication_costs.ipynb), [03](03_pipeline_parallel.ipynb). Reading time: about 30 minutes.
 # > Trades: memory per GPU (each rank holds a few whole experts) for two all-to-alls per layer, whose sizes
 # > the router decides, and a step as slow as the busiest rank.
 #
@@ -26,8 +26,8 @@
 # - The layer on 2 and 4 real ranks, equal to the one-process layer bit for bit.
 # - Two all-to-alls whose bytes you predict, and whose pattern changes from batch to batch.
 # - The busiest rank setting the step time, measured.
-# - Four ways to balance the load (a capacity cap, dropless layers, a bias, a copy), each with its price.
-# - The layer trained on ranks: the backward's reverse all-to-all, and the load over training steps.
+# - Three ways to serve an uneven load (a capacity cap, dropless layers, a copy), each with its price.
+# - Node-limited routing, and wide expert parallelism with data-parallel attention.
 
 # %% [markdown]
 # ## The idea: an expert is a whole unit, so place it whole
@@ -166,12 +166,9 @@ show_code(moe_layer, run_experts)
 #   `t · k + s` belongs to token `t`, so `x[routed.plan.order // cfg.k]` repeats a token's row once per
 #   expert it goes to.
 # - **Experts**: `run_experts` sorts the rows by expert and runs each expert's MLP on its slice.
-# - **Combine**: the same all-to-all backwards. No rank gets through it before the busiest rank has
+# - **Combine**: the same all-to-all in reverse. No rank gets through it before the busiest rank has
 #   finished its experts. Then `weighted_at_home` adds up `gate · expert output` over each token's slots;
 #   the caller adds the residual `x`.
-#
-# `all_to_all` is an autograd function: in training its backward is the reverse all-to-all (the last
-# section).
 #
 # </details>
 
@@ -381,36 +378,28 @@ assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly a
 # %% [markdown]
 # ## Balancing the load: a cost or a choice
 #
-# Every fix trades something for balance. Which one a system uses depends on whether it trains or serves,
-# and on when it was built.
+# Every fix trades something for balance. Which one a server uses depends on when it was built.
 #
 # - **Capacity** (GShard, Switch Transformer), the older approach. A group of `T` tokens (here, one
 #   rank's) gives each expert at most `capacity = ceil(T · k · cf / n)` slots. `cf` is the *capacity
 #   factor*. The rest are **dropped**: a token that lost its slot passes through the residual
 #   unchanged. A fixed-size buffer per expert suited static shapes. Price: quality, on the dropped tokens.
 #   *Rerouting* sends an overflowing slot to the token's next choice with room instead.
-# - **Dropless** (MegaBlocks; Megatron-Core's MoE), current practice in training and serving. Every
-#   token-slot is served: a grouped matrix multiply takes a different number of rows for each expert in
-#   one kernel launch. Price: the step follows the busiest expert, as measured above. This notebook's
-#   layer is dropless unless a capacity factor is set.
-# - **An auxiliary loss** (Switch Transformer) added to the training loss pulls the router towards balance:
-#   `n · Σ f_i · P_i`, with `f_i` the share of slots sent to expert `i` and `P_i` its mean router
-#   probability; 1 when balanced. Price: a gradient that competes with the language-model loss.
-# - **A bias instead of a loss** (DeepSeek-V3, technical report section 2.1.2). A per-expert bias is added to
-#   the scores *only to choose* the top-k; the gates use the plain scores. After each step the bias falls
-#   for overloaded experts and rises for the others. Price: a rate to tune, and the load is balanced over
-#   batches, not within one.
+# - **Dropless** (MegaBlocks; Megatron-Core's MoE), current practice. Every token-slot is served: a
+#   grouped matrix multiply takes a different number of rows for each expert in one kernel launch.
+#   Price: the step follows the busiest expert, as measured above. This notebook's layer is dropless
+#   unless a capacity factor is set.
 # - **A copy of the hot expert**, in serving. A second copy goes on the least-loaded other rank, and each
 #   home rank sends it every other row. Outputs unchanged. Price: memory, one more expert's weights.
 #
-# The loss and the bias act over training steps: measured in [their own section](#Balancing-over-training-steps).
+# Two more fixes change the router itself while the model trains: an auxiliary loss and DeepSeek-V3's
+# bias. [Notebook 11](11_training_step.ipynb#Balancing-over-training-steps) trains both.
 #
-# <details><summary>DeepSeek-V3's other balancing choices</summary>
+# <details><summary>DeepSeek-V3's choices in serving</summary>
 #
-# DeepSeek-V3 keeps a very small sequence-wise balance loss as a safety net. It also limits each token to
-# experts on at most 4 nodes, which bounds how much of the all-to-all crosses the network. At serving
-# time it keeps redundant copies of the experts its load statistics show to be hot, and rearranges them
-# from time to time (its EPLB load balancer).
+# DeepSeek-V3 limits each token to experts on at most 4 nodes (a section below). Its servers keep
+# redundant copies of the experts their load statistics show to be hot, and rearrange them from time to
+# time (its EPLB load balancer).
 #
 # </details>
 #
@@ -497,109 +486,6 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # </details>
 
 # %% [markdown]
-# ## Training through the all-to-all
-#
-# Training today is dropless: every token-slot is served (Megatron-Core, MegaBlocks). Capacity factors
-# were GShard's and Switch's way; they remain where a fixed buffer is worth a dropped token. The toy
-# model: one dense input projection, then the training step's MoE layer (`shardlib.core.training.moe_block`),
-# float64, 8 experts, top-2, Mixtral's gates.
-#
-# An all-to-all only moves rows between ranks. Its backward moves each row's gradient back the same
-# way: the **reverse all-to-all**, with each rank's send and receive sizes swapped (GShard;
-# Megatron-Core's `_AllToAll`). The top-k choice is discrete, so **the router learns only through the
-# gates**.
-#
-# Predict the comm log of one step on 2 ranks: three all-to-alls forward (the counts, the dispatch, the
-# combine), then two backward. The combine's backward sends as many rows as the dispatch did, and the
-# dispatch's backward as many as the combine.
-#
-# Which group sums which gradient? The router and the input projection are on every rank, and every
-# rank's tokens used them: summed over **every rank**. At `ep = 2` each expert lives on one rank. The
-# combine's backward already brought it the gradient of every row it served: nothing to sum. At
-# `ep = 1` each rank holds a copy of every expert, fed by its own tokens only. Those copies are summed
-# over the **expert-data-parallel group** (`edp`), the ranks that hold the same expert (Megatron-Core's
-# `expert_data_parallel`; [notebook 08](08_data_parallel.ipynb) teaches data parallelism). Leaving that
-# sum out and the copies drift apart, each trained on its own rank's tokens only.
-
-# %%
-from shardlib.core.experts.routing import MoEConfig
-from shardlib.lab.experts.training import make_moe_problem, run_moe_training
-
-train_cfg = MoEConfig(d_model=16, d_ff=32)  # 8 experts, top-2, dropless (no capacity)
-problem = make_moe_problem(train_cfg, n_tokens=64, seed=0)
-row_bytes = train_cfg.d_model * 8  # float64 rows
-steps = {}
-for ep in (2, 1):
-    steps[ep] = run_moe_training(ranks, problem, train_cfg, ep=ep)
-    assert steps[ep].exact  # every gradient within 1e-12 of one process (the sums are reordered)
-    print(f"ep = {ep}: loss and the gradients of the router, the input projection and every expert against one "
-          f"process: worst relative error {steps[ep].max_error:.1e}")
-    if ep == 2:
-        log = steps[ep].got.records("all_to_all_single", rank=0)  # rank 0's comm log, in order
-        print(f"  rank 0, forward: the counts             {log[0].size_bytes // 8} integers")
-        phases = ("forward: dispatch", "forward: combine", "backward of the combine", "backward of the dispatch")
-        for phase, r in zip(phases, log[1:]):
-            print(f"  rank 0, {phase:<31} {r.size_bytes // row_bytes:>3} rows sent")
-        assert len(log) == 5 and log[3].size_bytes == log[1].size_bytes and log[4].size_bytes == log[2].size_bytes
-    sums = {}  # group -> bytes of each all-reduce: the gradients, then the loss and the counts
-    for r in steps[ep].got.records("all_reduce", rank=0):
-        sums.setdefault(r.group, []).append(r.size_bytes)
-    print(f"  all-reduces on rank 0, bytes by group: {sums}")
-    assert ("edp" in sums) == (ep == 1)  # expert copies exist, and are summed, only when ep < world size
-
-# %% [markdown]
-# ## Balancing over training steps
-#
-# Now train 12 steps from weights that send most tokens to expert 0, three ways: no balancing, Switch's
-# auxiliary loss, and DeepSeek-V3's bias. The bias moves by a fixed rate after each step, on the
-# token-slots counted over every rank. Predict: without balancing the load stays uneven. The loss pulls
-# it down slowly. The bias brings max/mean close to 1.
-#
-# <details><summary>Why the coefficients are ten and fifty times the published ones</summary>
-#
-# Switch uses an auxiliary-loss coefficient of 1e-2; DeepSeek-V3 a bias rate of 1e-3. Both act over
-# hundreds of thousands of steps. In this toy's 12 steps they barely move the load, so `BALANCE_CONFIG`
-# takes 0.1 and 0.05. The lesson is the shape of the curves, not the values.
-#
-# </details>
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.lab.experts.training import BALANCE_CONFIG
-from shardlib.ui.experts_figures import balance_steps_figure
-
-skewed_problem = make_moe_problem(BALANCE_CONFIG, n_tokens=128, skew=1.0)  # most tokens start on expert 0
-balancing = {b: run_moe_training(ranks, skewed_problem, BALANCE_CONFIG.but(balance=b), steps=12)
-             for b in ("none", "aux-loss", "aux-free")}
-ratios = {b: t.trained.max_over_mean for b, t in balancing.items()}  # per step, the busiest expert over the mean
-for b, t in balancing.items():
-    print(f"{b:>8}: max/mean {ratios[b][0]:.2f} at step 1, {ratios[b][-1]:.2f} at step 12; "
-          f"task loss {t.trained.task_losses[-1]:.3f}; exact against one process: {t.exact}")
-    assert t.exact
-assert ratios["aux-free"][-1] < ratios["aux-loss"][-1] < ratios["none"][-1]
-balance_steps_figure(ratios, title=f"The same toy trained 12 steps three ways, on {ranks.description}")
-
-# %% [markdown]
-# The bias evened the load without a loss term or a dropped token. Neither method is free: each cost a
-# little task loss here.
-#
-# **Your task.** The bias's rate is DeepSeek-V3's one knob. Find the rate whose load is most even at
-# step 12. Then move to the largest rate: why does the load stop improving?
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.ui.experts_widgets import bias_rate_explorer
-
-bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": ratios["none"]})
-
-# %% [markdown]
-# <details><summary>Answer</summary>
-#
-# 0.05, with 0.1 close behind. A small rate needs many steps to push the hot expert's bias far enough;
-# at 0.005 it has barely moved. At 0.5 each step overshoots: every bias jumps by 0.5, so experts near
-# the mean swing from too busy to too idle and back. The load hovers well above 1. DeepSeek-V3's 1e-3
-# suits hundreds of thousands of steps.
-#
-# </details>
-#
 # ## Node-limited routing
 #
 # DeepSeek-V3 lets each token reach experts on at most `M = 4` of its 8 nodes: the nodes with the best
@@ -610,13 +496,14 @@ bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": ratios
 # %%
 from shardlib.lab.experts.node_limited import run_node_limited
 
-limited = run_node_limited(ranks, train_cfg, max_nodes=1, n_tokens=256)
+node_cfg = MoEConfig(d_model=16, d_ff=32)  # 8 experts, top-2: 4 experts on each emulated node
+limited = run_node_limited(ranks, node_cfg, max_nodes=1, n_tokens=256)
 assert limited.exact  # the rows counted from the routing = the rows the ranks' comm logs sent
 for policy in ("unlimited", "limited"):
     print(f"{policy:>9}: cross-node rows, one per remote node {limited.measured[policy]['dedup']:>3}, one per "
           f"token-slot {limited.measured[policy]['slots']:>3}; at most {limited.most_nodes_per_token[policy]} nodes "
           f"per token")
-print(f"the price: {limited.tokens_changed} of {limited.n_tokens} tokens chose a different top-{train_cfg.k}")
+print(f"the price: {limited.tokens_changed} of {limited.n_tokens} tokens chose a different top-{node_cfg.k}")
 assert limited.measured["limited"]["dedup"] < limited.measured["unlimited"]["dedup"]
 assert limited.measured["limited"]["dedup"] <= limited.bound_rows  # DeepSeek-V3's bound: M rows per token
 
@@ -630,15 +517,12 @@ assert limited.measured["limited"]["dedup"] <= limited.bound_rows  # DeepSeek-V3
 # ([notebook 08](08_data_parallel.ipynb) teaches data parallelism). The all-to-alls then cross the network
 # between them.
 #
-# DeepSeek-V3 trains with 16-way pipeline and 64-way expert parallelism, with no tensor parallelism.
-# vLLM and SGLang serve it with wide EP and DP attention.
+# vLLM and SGLang serve DeepSeek-V3 with wide EP and DP attention.
 #
-# <details><summary>DeepSeek-V3's layouts in detail</summary>
+# <details><summary>DeepSeek-V3's serving layout in detail</summary>
 #
-# - It **trains** with 16-way pipeline and 64-way expert parallelism over 8 nodes, with no tensor
-#   parallelism (technical report section 3.2).
-# - It **serves** prefill on 32 GPUs (attention in groups of 4, experts 32 ways) and decode on 320 GPUs
-#   (experts 320 ways), report section 3.4.
+# It serves prefill on 32 GPUs (attention in groups of 4, experts 32 ways) and decode on 320 GPUs
+# (experts 320 ways), technical report section 3.4.
 #
 # </details>
 #
@@ -715,30 +599,6 @@ show_questions(
         "drops only what lies above it: this batch runs as a dropless layer would, and waits for expert 3.",
     ),
     Question(
-        "A layer with Mixtral's gates trains with top-1 and no auxiliary loss: the gate is a softmax over the one "
-        "chosen score. What gradient does the router get from the task loss?",
-        ("The full gradient, through the choice and the gate",
-         "Half of it: the other half comes back through the combine's backward",
-         "Only on the rank that holds the chosen expert, summed over no group",
-         "None: that gate is always 1, whatever the router's scores"),
-        3,
-        "The top-k choice is discrete and has no gradient: the router learns only through the gates. A softmax "
-        "over one score is 1 whatever the score. Switch's top-1 gate is the softmax over all experts, read at the "
-        "chosen one, so it does carry a gradient (and Switch adds its auxiliary loss as well).",
-    ),
-    Question(
-        "16 ranks train a layer of 32 experts with ep = 8. How many copies of each expert are there, and over "
-        "which ranks is an expert's gradient summed?",
-        ("One copy: the combine's backward brought it all",
-         "8 copies, one per rank of its group, summed over the group",
-         "16 copies, one per rank, summed over every rank",
-         "2 copies, one per ep group, summed over those 2 ranks (edp)"),
-        3,
-        "16 / 8 = 2 expert-parallel groups, each holding all 32 experts, 4 per rank. Each group's copy saw only "
-        "that group's tokens, so the two copies are summed over the expert-data-parallel group: the 2 ranks at "
-        "the same place of each group. The router, on every rank, is summed over all 16.",
-    ),
-    Question(
         "An MoE model has 24 layers; each expert is 3 matrices of 2048 x 8192 in bf16. A copy of one hot expert "
         "in every layer costs the GPU that takes it what?",
         ("About 0.1 GB: one copy can serve all 24 layers",
@@ -773,10 +633,8 @@ show_questions(
 # - The send matrix changed each batch; the busy rank's CPU time followed its rows.
 # - A capacity cap drops tokens; dropless layers wait for the busiest expert; a hot expert's copy costs
 #   its weights.
-# - Training: the backward is the reverse all-to-all, and the router learns through the gates. Experts'
-#   gradients sum over the expert-data-parallel group, the rest over every rank. DeepSeek-V3's bias
-#   evened the load faster than Switch's loss. Node-limited routing cut the cross-node rows.
+# - Node-limited routing cut the cross-node rows, at the price of some tokens' choices.
 # - For large MoE models the cross-node axis is expert parallelism, with data-parallel attention.
 #
-# [Exercise](exercises/04_expert_parallel_exercises.ipynb): a router, a dispatch plan, the bias. Next:
+# [Exercise](exercises/04_expert_parallel_exercises.ipynb): a router and a dispatch plan. Next:
 # [05 · Serving layouts](05_serving_layouts.ipynb).

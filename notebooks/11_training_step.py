@@ -15,16 +15,18 @@
 # %% [markdown]
 # # 11 · One training step over every axis
 #
-# > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb), [08](08_data_parallel.ipynb),
-# > [10](10_context_parallel.ipynb). Reading time: about 25 minutes. Trades: one mesh of four axes, each with
-# > its own collectives, for a step that no single axis could fit or finish.
+# > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb), [04](04_expert_parallel.ipynb),
+# > [08](08_data_parallel.ipynb), [10](10_context_parallel.ipynb). Reading time: about 30 minutes.
+# > Trades: one mesh of four axes, each with its own collectives, for a step that no single axis could
+# > fit or finish.
 #
 # **What you will see.**
 #
 # - One small language model trained on four real ranks in five layouts, each equal to one process.
 # - The rank order: how a mesh numbers its ranks, Megatron-LM's way and Llama 3's, and why each.
 # - Every rank's ledger (what it keeps) and its traffic per axis, predicted to the byte, then measured.
-# - Experts in the step: `dp x ep x tp`, each weight's gradient summed over its own group.
+# - Experts that train: the reverse all-to-all, the load balanced over steps by a loss or a bias, and
+#   the experts in the step (`dp x ep x tp`), each weight's gradient summed over its own group.
 # - Step time: the training planner's model predicts seven layouts; the measured order is set beside it.
 # - An explorer that trains any layout of the four ranks and draws its ledger.
 
@@ -117,26 +119,20 @@ assert train_config.global_batch(2) == 2 * train_config.global_batch(1) == 8
 # %% [markdown]
 # ## Read the code
 #
-# `shardlib.core.training.step` is one rank's part of the step. It re-implements none of the earlier
-# strategies. It builds this rank's model pieces and hands them to the mechanisms you have met.
+# `shardlib.core.training.step` is one rank's part of the step. It builds this rank's model pieces and
+# hands them to the mechanisms you have met; it re-implements none of them.
 #
-# - A `Block` takes this rank's slice of the residual stream, `(b, s/(cp tp), d)`. It norms its own
-#   tokens and all-gathers them over `tp` (`gather_seq`). It runs its share of attention (its heads).
-#   Then it reduce-scatters the partial sums back to token shards (`scatter_seq`), and does the same for
-#   its share of the MLP. Attention over the `cp` ring is notebook 10's `ring_attention`, passed to
-#   notebook 01's `ParallelAttention` as its `attend`.
-# - `TrainingStep.__init__` builds this rank's model chunks. The embedding goes in the first chunk, the
-#   head and per-token loss in the last.
-# - `TrainingStep.run` hands the chunks to notebook 03's pipeline engine (`run_stage`). The engine walks
-#   the schedule, 1F1B by default. An `F` runs a chunk and sends its output on. A `B` runs autograd's
-#   backward from the gradient sent back to it.
-# - Each `tp` rank holds only its `V/tp` slice of the logits. `vocab_parallel_cross_entropy`
-#   all-reduces three numbers per token (the max, the sum of exponentials, the target's logit).
-# - Data parallelism over `dp x cp` is notebook 08's `BucketedReplica`, with one bucket and no overlap.
-#   `_ready` adds each microbatch's gradients into the bucket. After the pipeline, the bucket is sent:
-#   an all-reduce for DDP, a reduce-scatter for ZeRO-1. ZeRO-2 reduce-scatters after every microbatch
-#   (`_launch`). Then AdamW updates what this rank owns.
-# - ZeRO-3 is notebook 08's `ShardedUnits` on the same group, here with `pp = 1`.
+# - A `Block` takes this rank's slice of the residual stream, `(b, s/(cp tp), d)`. It all-gathers its
+#   normed tokens over `tp` (`gather_seq`), runs its heads, and reduce-scatters the partial sums back
+#   (`scatter_seq`); the MLP likewise. Its attention over the `cp` ring is notebook 10's `ring_attention`.
+# - `TrainingStep.__init__` builds this rank's chunks: the embedding in the first, the head and loss in
+#   the last.
+# - `TrainingStep.run` hands them to notebook 03's pipeline engine (`run_stage`), 1F1B by default. A `B`
+#   runs autograd's backward from the gradient sent back.
+# - `vocab_parallel_cross_entropy` all-reduces three numbers per token over the `tp` slices of the logits.
+# - Data parallelism over `dp x cp` is notebook 08's `BucketedReplica`, one bucket, no overlap. `_ready`
+#   adds each microbatch's gradients into it; then DDP all-reduces it, ZeRO-1 reduce-scatters it, and
+#   ZeRO-2 reduce-scatters after every microbatch (`_launch`). ZeRO-3 is notebook 08's `ShardedUnits`.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.data_parallel.buckets import BucketedReplica
@@ -286,19 +282,121 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # %% [markdown]
 # The tensor axis carries the most: its gathers and scatters run at every block, both ways, for every
 # microbatch. The ring's K/V travel per layer too, but only the KV heads (2 here, against 4 query
-# heads). The pipeline sends one activation per microbatch each way. The data axis moves the gradients
-# once a step, whatever `m` is. ZeRO-3 gathers each layer twice and reduce-scatters it, every microbatch.
+# heads). The data axis moves the gradients once a step, whatever `m` is. ZeRO-3 gathers each layer
+# twice and reduce-scatters it, every microbatch.
+#
+# ## Training through the all-to-all
+#
+# Training [notebook 04](04_expert_parallel.ipynb)'s mixture-of-experts layer adds two facts. An
+# all-to-all only moves rows, so its backward moves each row's gradient back the same way: the
+# **reverse all-to-all**, each rank's send and receive sizes swapped (GShard; Megatron-Core's
+# `_AllToAll`). And the top-k choice is discrete, so **the router learns only through the gates**.
+#
+# The toy: a dense input projection, then the training step's MoE layer
+# (`shardlib.core.training.moe_block`), 8 experts, top-2, float64. It is dropless, as training is today
+# (Megatron-Core, MegaBlocks).
+#
+# Which group sums which gradient? The router and the projection sit on every rank: summed over every
+# rank. At `ep = 4` each expert lives on one rank, and the combine's backward already brought it every
+# row's gradient: nothing to sum. At `ep = 2` there are two copies of each expert, one per ep group, each
+# fed by its own group's tokens. They are summed over the **expert-data-parallel group** (`edp`), the
+# ranks that hold the same expert (Megatron-Core's `expert_data_parallel`).
+#
+# Predict rank 0's comm log: three all-to-alls forward (the counts, the dispatch, the combine), two
+# backward. The combine's backward sends as many rows as the dispatch, and the dispatch's as the combine.
+
+# %%
+from shardlib.core.experts.routing import MoEConfig
+from shardlib.lab.experts.training import make_moe_problem, run_moe_training
+
+toy = MoEConfig(d_model=16, d_ff=32)  # 8 experts, top-2, dropless (no capacity)
+problem = make_moe_problem(toy, n_tokens=64, seed=0)
+for ep in (4, 2):
+    toy_run = run_moe_training(four, problem, toy, ep=ep)
+    assert toy_run.exact  # every gradient within 1e-12 of one process (the sums are reordered)
+    log = toy_run.got.records("all_to_all_single", rank=0)  # rank 0's comm log, in order
+    rows = [r.size_bytes // (toy.d_model * 8) for r in log[1:]]  # float64 rows
+    groups = sorted({r.group for r in toy_run.got.records("all_reduce", rank=0)})
+    print(f"ep = {ep}: worst gap to one process {toy_run.max_error:.0e}; rank 0 sends the counts, then rows "
+          f"{rows} (dispatch, combine, the combine's backward, the dispatch's); all-reduces over {groups}")
+    assert len(log) == 5 and rows[2] == rows[0] and rows[3] == rows[1]
+    assert ("edp" in groups) == (ep < four.world_size)  # copies exist, and are summed, only when ep < 4
+
+# %% [markdown]
+# Leave the `edp` sum out and the copies drift apart, each trained on its own group's tokens only.
+#
+# ## Balancing over training steps
+#
+# A training router can collapse onto a few experts: they get more tokens, learn faster and get more
+# still. Two fixes act on the router:
+#
+# - **An auxiliary loss** (Switch Transformer), added to the task loss: `n · Σ f_i · P_i`, with `f_i` the
+#   share of slots sent to expert `i` and `P_i` its mean router probability. It is 1 when balanced.
+#   Price: a gradient that competes with the task's.
+# - **A selection bias** (DeepSeek-V3, technical report section 2.1.2). DeepSeek-V3 scores each expert
+#   with a sigmoid; a token's gates are its chosen scores, normalised to sum to 1. A per-expert bias is
+#   added to the scores only to choose the top-k. After each step it falls by a fixed rate for each
+#   expert above the mean load, and rises for the others. Price: a rate to tune.
+#
+# Now train the toy 12 steps from a router that sends most tokens to expert 0, three ways, all on
+# DeepSeek-V3's sigmoid gate. Each is measured the same way: per step, the busiest expert's token-slots
+# over the mean. Predict which ends closest to 1.
+#
+# <details><summary>Why the coefficients are ten and fifty times the published ones</summary>
+#
+# Switch uses an auxiliary-loss coefficient of 1e-2; DeepSeek-V3 a bias rate of 1e-3. Both act over
+# hundreds of thousands of steps. In this toy's 12 steps they barely move the load, so `BALANCE_CONFIG`
+# takes 0.1 and 0.05. On the sigmoid gate `P_i` is the scores normalised over every expert, as in
+# DeepSeek-V3's own small sequence-wise loss, which it keeps as a safety net.
+#
+# </details>
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.lab.experts.training import BALANCE_CONFIG
+from shardlib.ui.experts_figures import balance_steps_figure
+
+assert BALANCE_CONFIG.gate == "sigmoid-topk"  # DeepSeek-V3's gate, for all three
+skewed = make_moe_problem(BALANCE_CONFIG, n_tokens=128, skew=1.0)  # most tokens start on expert 0
+balancing = {b: run_moe_training(four, skewed, BALANCE_CONFIG.but(balance=b), steps=12)
+             for b in ("none", "aux-loss", "aux-free")}
+ratios = {b: t.trained.max_over_mean for b, t in balancing.items()}  # per step, the busiest expert over the mean
+task = {b: t.trained.task_losses[-1] for b, t in balancing.items()}
+for b, t in balancing.items():
+    print(f"{b:>8}: max/mean {ratios[b][0]:.2f} at step 1, {ratios[b][-1]:.2f} at step 12; "
+          f"task loss {task[b]:.3f}; exact against one process: {t.exact}")
+    assert t.exact
+assert ratios["aux-free"][-1] < 1.5 < ratios["aux-loss"][-1] < ratios["none"][-1]  # the loss barely moves it
+assert task["aux-free"] > max(task["none"], task["aux-loss"])  # the evener load cost task loss here
+balance_steps_figure(ratios, title=f"The same toy trained 12 steps three ways, on {four.description}")
+
+# %% [markdown]
+# The bias evened the load without a loss term or a dropped token; Switch's loss hardly moved it. The
+# bias was not free: its toy fits its targets a little worse after 12 steps.
+#
+# **Your task.** The bias's rate is DeepSeek-V3's one knob. Find the rate whose load is most even at
+# step 12. Then move to the largest rate: why does the load stop improving?
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.ui.experts_widgets import bias_rate_explorer
+
+bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": ratios["none"]})
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# 0.02, with 0.05 close behind. A small rate needs many steps to push the hot expert's bias far enough;
+# at 0.005 it has barely moved. From 0.1 up each step overshoots. A sigmoid score lies between 0 and 1,
+# so a bias step of 0.5 swings an expert from never chosen to always chosen. The load then hovers above
+# its unbalanced level. DeepSeek-V3's 1e-3 suits hundreds of thousands of steps.
+#
+# </details>
 #
 # ## The ep axis: experts in the step
 #
-# Now each block's MLP becomes 4 experts, each token routed to `k = 2` of them, with Switch's auxiliary
-# loss ([notebook 04](04_expert_parallel.ipynb)). The layout `dp 2 x ep 2 x tp 2` folds `ep` onto
-# ranks the other axes already use: each stage's experts are spread over `ep` ranks, 2 whole experts
-# each. Three kinds of weight are summed over three groups:
-#
-# - attention, embedding and head: over the `dp` replicas, as before;
-# - an expert: over the ranks that hold the same expert (`edp`, the expert-data-parallel group);
-# - the router: over every rank of the stage, since each routed its own tokens.
+# Now the language model itself: each block's MLP becomes 4 experts, `k = 2`, with Switch's auxiliary
+# loss. The layout `dp 2 x ep 2 x tp 2` folds `ep` onto ranks the other axes already use, 2 whole experts
+# per rank. Attention, embedding and head are summed over `dp`, as before. An expert is summed over
+# `edp`, and the router over every rank of the stage.
 #
 # Predict rank 0's ledger and its traffic per axis (the four ranks are alike):
 
@@ -346,17 +444,12 @@ print("measured = predicted on every rank: " + ", ".join(
 #
 # ## Step time: predicted, then measured
 #
-# [Notebook 12](12_training_layouts.ipynb)'s training planner prices a step as a sum of terms. The
-# terms are the compute, the pipeline's bubble, each axis's collectives on its link, and AdamW's update.
-# Here the same model prices a step on these four ranks. First it needs this machine's numbers, so the
-# next cell measures two things:
+# [Notebook 12](12_training_layouts.ipynb)'s training planner prices a step as a sum of terms: compute,
+# the bubble, each axis's collectives on its link, and AdamW's update. Here it prices a step on these
+# four ranks. The next cell first measures this machine: how fast one rank computes while all four run,
+# and the link's latency and bandwidth, fitted from a sweep of calls.
 #
-# - how fast one rank runs the model's forward, backward and AdamW step while all four run (they share
-#   two cores);
-# - the link's latency and bandwidth, fitted from a sweep of calls.
-#
-# The toy's step differs from a real one in five settings. Each is an argument of the planner's own
-# model; nothing in the model is patched:
+# The toy differs from a real step in five settings, each an argument of the planner's own model:
 #
 # | setting | planner's default | the toy | why |
 # | --- | --- | --- | --- |
@@ -366,9 +459,8 @@ print("measured = predicted on every rank: " + ", ".join(
 # | dp overlap | yes | no | the toy sends its gradients after its backward |
 # | idle slot of the bubble | compute | compute plus `tp` and `cp` calls | CPU ranks do not overlap those calls |
 #
-# A toy step has only a few hundred tokens, so AdamW's update is a large share of it; the model counts
-# it. Seven layouts train a wider model (2 blocks of `d_model` 128, 64 tokens a sequence). All share one
-# global batch of 4 sequences (`m` set to make it so). First the prediction, fastest first:
+# Seven layouts train a wider model (2 blocks of `d_model` 128, 64 tokens a sequence), all on one global
+# batch of 4 sequences. First the prediction, fastest first:
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.training.step_time import fit_step_cluster, run_ranking_check
@@ -423,24 +515,18 @@ step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
                  f"One training step per layout, predicted and measured on {four.description}")
 
 # %% [markdown]
-# The verdict line says whether the order held on your run. The seconds hold less well than the order.
-# On a quiet machine measured sits 1.1 to 2 times above predicted. Under load it reaches 3 times or more.
-# The model leaves these terms out on purpose:
-#
-# - Python's overhead per operation is not a FLOP. Half-width matrices under `tp = 2` take more than half
-#   the time.
-# - The embedding's, the head's and the loss's collectives are not in the planner's count. It is written
-#   for models whose layers dwarf them.
-#
-# On GPUs these terms shrink beside the layers' arithmetic. On a laptop they show what a model of step
-# time must count.
+# The seconds hold less well than the order: on a quiet machine measured sits 1.1 to 2 times above
+# predicted, under load 3 times or more. The model leaves two terms out on purpose. Python's overhead per
+# operation is not a FLOP, so half-width matrices under `tp = 2` take more than half the time. And the
+# embedding's, head's and loss's collectives are not counted: the planner is written for models whose
+# layers dwarf them, as on GPUs.
 #
 # ## Explore: train any layout of the four ranks
 #
-# The slider holds every layout of four ranks this model can run. (`tp = 4` is missing: 2 KV heads cannot
-# be split 4 ways.) Pick a layout, a data-parallel strategy, the MLP (dense, or 4 experts over `ep`
-# ranks) and `m`. The model trains three steps on the warm ranks and every rank's ledger is drawn,
-# measured beside predicted.
+# The slider holds every layout of four ranks this model can run (`tp = 4` is missing: 2 KV heads cannot
+# be split 4 ways). Pick a layout, a data-parallel strategy, the MLP (dense, or 4 experts over `ep`
+# ranks) and `m`. The model trains three steps and every rank's ledger is drawn, measured beside
+# predicted.
 #
 # **Your task.** The explorer opens on `pp 2 x tp 2`. Move `m` from 2 to 4: does stage 0's activation
 # bar grow? What would GPipe keep there at `m = 4`? Then pick `pp 4`: how many microbatches' activations
@@ -511,6 +597,30 @@ show_questions(
         "held by every rank, is summed over the stage.",
     ),
     Question(
+        "A layer with Mixtral's gates trains with top-1 and no auxiliary loss: the gate is a softmax over the one "
+        "chosen score. What gradient does the router get from the task loss?",
+        ("The full gradient, through the choice and the gate",
+         "Half of it: the other half comes back through the combine's backward",
+         "Only on the rank that holds the chosen expert, summed over no group",
+         "None: that gate is always 1, whatever the router's scores"),
+        3,
+        "The top-k choice is discrete and has no gradient: the router learns only through the gates. A softmax "
+        "over one score is 1 whatever the score. Switch's top-1 gate is the softmax over all experts, read at the "
+        "chosen one, so it does carry a gradient (and Switch adds its auxiliary loss as well).",
+    ),
+    Question(
+        "16 ranks train a layer of 32 experts with ep = 8. How many copies of each expert are there, and over "
+        "which ranks is an expert's gradient summed?",
+        ("One copy: the combine's backward brought it all",
+         "8 copies, one per rank of its group, summed over the group",
+         "16 copies, one per rank, summed over every rank",
+         "2 copies, one per ep group, summed over those 2 ranks (edp)"),
+        3,
+        "16 / 8 = 2 expert-parallel groups, each holding all 32 experts, 4 per rank. Each group's copy saw only "
+        "that group's tokens, so the two copies are summed over the expert-data-parallel group: the 2 ranks at "
+        "the same place of each group. The router, on every rank, is summed over all 16.",
+    ),
+    Question(
         "Llama 3 orders its mesh [TP, CP, PP, DP], data parallelism outermost. Why can FSDP take the "
         "slowest links?",
         ("It sends fewer bytes per step than the pipeline's sends between stages",
@@ -553,9 +663,12 @@ show_questions(
 #   activations; the tensor axis carries the most bytes.
 # - The planner's step-time model, with the toy's five settings, set against seven measured layouts:
 #   the verdict line says whether the order held, against a floor luck rarely passes.
+# - An MoE layer trained on the ranks: the backward is the reverse all-to-all, the router learns through
+#   the gates, and expert copies are summed over `edp`. On DeepSeek-V3's sigmoid gate its bias evened
+#   the load in 12 steps; Switch's loss hardly moved it.
 # - Experts over `dp x ep x tp`: equal to one process, each weight summed over its own group (`dp`, `edp`,
 #   the stage), every kept term and every axis's bytes as predicted.
 #
 # The [exercise](exercises/11_training_step_exercises.ipynb) has you place a rank in the mesh, find its
-# groups and predict its memory.
+# groups, predict its memory, and write DeepSeek-V3's bias on ranks.
 # Next: [12 · Training layouts](12_training_layouts.ipynb), the same counts on real clusters.
