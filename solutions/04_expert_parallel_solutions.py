@@ -23,7 +23,7 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises.experts import grade_aux_free_bias, grade_dispatch_plan, grade_top_k_router
+from shardlib.exercises.experts import grade_dispatch_plan, grade_top_k_router
 
 print(inspect.getsource(answers.top_k_router))
 result = grade_top_k_router(answers.top_k_router)
@@ -33,14 +33,5 @@ assert result.passed
 # %%
 print(inspect.getsource(answers.plan_dispatch))
 result = grade_dispatch_plan(answers.plan_dispatch)
-print(result)
-assert result.passed
-
-# %%
-from shardlib.runtime.ranks import Ranks
-
-print(inspect.getsource(answers.aux_free_route))
-with Ranks(2) as ranks, Ranks(4) as four:
-    result = grade_aux_free_bias(answers.aux_free_route, ranks, four)
 print(result)
 assert result.passed

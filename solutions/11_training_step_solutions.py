@@ -13,9 +13,9 @@
 # ---
 
 # %% [markdown]
-# # 11 · Solution: a rank's place in the mesh, and its memory (for instructors)
+# # 11 · Solution: a rank's place in the mesh, its memory, and the experts' bias (for instructors)
 #
-# The answers to `notebooks/exercises/05_serving_layouts_exercises`, kept apart from the starter.
+# The answers to `notebooks/exercises/11_training_step_exercises`, kept apart from the starter.
 # They live in `exercise_answers.py` beside this notebook; below, they are printed and then graded by
 # the same checker the learners run (on 4 real ranks too), which must pass.
 
@@ -58,3 +58,18 @@ for rank, measured in enumerate(measured_ledgers(ranks)[4]):
     answer = answers.rank_memory(config, layout, rank)
     print(rank, layout.position(rank).stage, "  ".join(f"{k} {answer[k]:,} / {measured[k]:,}" for k in answer))
     assert all(answer[k] == measured[k] for k in answer)
+
+# %% [markdown]
+# ## Exercise 4: the auxiliary-loss-free bias
+#
+# The answer chooses by `scores + bias`, weighs by the chosen scores alone, and moves the bias on the
+# step's load summed over the ranks. The checker runs it on 2 ranks and on the 4 above.
+
+# %%
+from shardlib.exercises.experts import grade_aux_free_bias
+
+print(inspect.getsource(answers.aux_free_route))
+with Ranks(2) as two:
+    result = grade_aux_free_bias(answers.aux_free_route, two, ranks)
+print(result)
+assert result.passed

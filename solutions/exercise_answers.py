@@ -110,18 +110,6 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     return order, rows_to_rank
 
 
-def aux_free_route(ctx, scores: torch.Tensor, bias: torch.Tensor, k: int, rate: float):
-    """DeepSeek-V3's auxiliary-loss-free balancing on one rank: choose by ``scores + bias``, weigh by the
-    chosen scores alone (normalised), move the bias by ``rate * sign(mean load - load)`` on the whole step's load."""
-    experts = torch.topk(scores + bias, k, dim=-1).indices  # (T_r, k): the bias chooses
-    chosen = scores.gather(1, experts)  # (T_r, k): the bias never weighs
-    gates = chosen / chosen.sum(dim=-1, keepdim=True)
-    counts = torch.bincount(experts.flatten(), minlength=scores.shape[1])  # (n_experts,) this rank's slots
-    ctx.comm.all_reduce(counts)  # the whole step's load, the same on every rank
-    load = counts.to(bias.dtype)
-    return experts, gates, bias + rate * torch.sign(load.mean() - load)
-
-
 # -- 11 training step -----------------------------------------------------------------------------------
 def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
     """(stage, replica, tp_rank) of a global rank: tp innermost, then replicas, stages outermost."""
@@ -166,6 +154,18 @@ def rank_memory(config, layout, rank: int) -> dict[str, int]:
     in_flight = min(layout.pp - stage, config.m)  # 1F1B on stage s
     return {"weights": weights * e, "gradients": grads * e, "optimizer": 2 * moments * e,
             "activations": activation_bytes_per_microbatch(config, layout, rank) * in_flight}
+
+
+def aux_free_route(ctx, scores: torch.Tensor, bias: torch.Tensor, k: int, rate: float):
+    """DeepSeek-V3's auxiliary-loss-free balancing on one rank: choose by ``scores + bias``, weigh by the
+    chosen scores alone (normalised), move the bias by ``rate * sign(mean load - load)`` on the whole step's load."""
+    experts = torch.topk(scores + bias, k, dim=-1).indices  # (T_r, k): the bias chooses
+    chosen = scores.gather(1, experts)  # (T_r, k): the bias never weighs
+    gates = chosen / chosen.sum(dim=-1, keepdim=True)
+    counts = torch.bincount(experts.flatten(), minlength=scores.shape[1])  # (n_experts,) this rank's slots
+    ctx.comm.all_reduce(counts)  # the whole step's load, the same on every rank
+    load = counts.to(bias.dtype)
+    return experts, gates, bias + rate * torch.sign(load.mean() - load)
 
 
 # -- 08 data parallelism --------------------------------------------------------------------------------

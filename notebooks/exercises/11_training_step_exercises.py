@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 11 · Exercise: a rank's place in the mesh, and its memory
+# # 11 · Exercise: a rank's place in the mesh, its memory, and the experts' bias
 #
 # **What you will do.** A job of `tp x pp x dp` processes knows each process only by its global rank.
 # Write the two functions every parallel framework has somewhere: from a rank to its coordinates
@@ -24,6 +24,8 @@
 #
 # Then predict what one rank of a training run keeps in memory, term by term; the checker trains six
 # layouts on the same 4 ranks and compares your bytes with the ledger each rank measured.
+#
+# Last, on 2 and 4 real ranks, the bias that balances a mixture-of-experts layer while it trains.
 #
 # Until you write a function, its checker says "not written yet". Replace each
 # `raise NotImplementedError` line, run the cell, then run the checker.
@@ -138,6 +140,54 @@ from shardlib.exercises.training import grade_training_memory
 grade_training_memory(rank_memory, ranks)
 
 # %% [markdown]
+# ## Exercise 4: the auxiliary-loss-free bias, on ranks
+#
+# Notebook 11 trained DeepSeek-V3's balancing bias (technical report, section 2.1.2). Each expert has a
+# **bias**, the same on every rank. It is added to the scores only to **choose** each token's top-k.
+# After the step, each expert's bias moves by a fixed `rate`: down if the expert took more than the mean
+# load, up if it took fewer.
+#
+# Write the function every rank runs at each step. `scores` `(tokens, n_experts)` are this rank's
+# tokens' sigmoid affinities (all positive). `bias` is `(n_experts,)`. Return
+# `(experts, gates, new_bias)`:
+#
+# - `experts` `(tokens, k)`: each token's `k` experts with the highest `scores + bias`;
+# - `gates` `(tokens, k)`: the chosen experts' **scores**, normalised so each token's gates sum to 1;
+# - `new_bias` `(n_experts,)`: the bias for the next step, from this step's load per expert.
+#
+# The load is the number of token-slots each expert took in the **whole step**, over every rank. Every
+# rank must end with the same `new_bias`.
+#
+# <details><summary>Hints</summary>
+#
+# - `torch.topk(t, k, dim=-1).indices` gives each row's `k` largest entries.
+# - `torch.bincount(experts.flatten(), minlength=n_experts)` counts this rank's token-slots per expert.
+#   `ctx.comm.all_reduce(tensor)` sums a tensor over the ranks, in place.
+# - `torch.sign` turns a difference into -1, 0 or +1.
+#
+# </details>
+#
+# The checker runs your function on 2 and on 4 ranks for 3 steps each. Each rank's tokens lean towards
+# a different expert, so one rank's load is not the step's.
+
+# %%
+import torch
+
+two = Ranks(2)  # beside the 4 ranks above, started once: rerun the cells below as often as you like
+
+
+# %%
+def aux_free_route(ctx, scores: torch.Tensor, bias: torch.Tensor, k: int, rate: float):
+    """This rank's experts and gates for one step, and the bias every rank uses at the next."""
+    raise NotImplementedError("write aux_free_route here")
+
+
+# %% tags=["nbval-ignore-output"]
+from shardlib.exercises.experts import grade_aux_free_bias
+
+grade_aux_free_bias(aux_free_route, two, ranks)
+
+# %% [markdown]
 # ## Check yourself
 #
 # Pick an answer; the reason appears under it.
@@ -172,6 +222,17 @@ show_questions(
         "steps on this rank's P/4 slice of them (a view) and keeps moments for that slice alone. ZeRO-3 is "
         "the stage that keeps a quarter of the weights.",
     ),
+    Question(
+        "Two ranks, 4 experts. Rank 0's tokens took (6, 2, 2, 2) token-slots, rank 1's (0, 4, 4, 4). Each "
+        "rank moves the bias by its own counts. What happens to expert 0's bias?",
+        ("Rank 0 lowers it, rank 1 raises it: the ranks' biases drift apart",
+         "Both ranks lower it, since expert 0 is over the mean on rank 0",
+         "Both ranks leave it unchanged, since the step's load is even"),
+        0,
+        "Over the whole step every expert took 6 slots, so the right update leaves every bias alone. Each rank "
+        "alone sees something else: rank 0 sees expert 0 over its mean, rank 1 sees it under. Their biases, "
+        "meant to be one, part ways: sum the counts over the ranks first.",
+    ),
 )
 
 # %% [markdown]
@@ -184,5 +245,7 @@ show_questions(
 # - A training rank's memory, term by term: tp divides the matrices, pp gives each stage its own
 #   layers (and the embedding or head), ZeRO divides the optimizer state, then the gradients, then the
 #   weights by `dp x cp`, and 1F1B keeps `min(p - s, m)` microbatches' activations on stage `s`.
+# - DeepSeek-V3's bias chooses and never weighs. It moves by a fixed step against the sign of each
+#   expert's excess load, and that load must be the whole step's, summed over the ranks.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.
