@@ -38,16 +38,16 @@
 # | **Part I** | |
 # | [01 · Tensor parallelism](01_tensor_parallel.ipynb) | cut each layer; an all-reduce per pair; the KV-head limit |
 # | [02 · Communication costs](02_communication_costs.ipynb) | latency, bandwidth; decode and prefill; replicas |
-# | [03 · Pipeline parallelism](03_pipeline_parallel.ipynb) | stages, the bubble, pipelined decode |
+# | [03 · Pipeline parallelism](03_pipeline_parallel.ipynb) | stages, forward-only microbatches, the bubble |
 # | [04 · Expert parallelism](04_expert_parallel.ipynb) | tokens to experts by all-to-all; imbalance |
 # | [05 · Serving layouts](05_serving_layouts.ipynb) | which split inside one server, which across servers; a planner |
 # | [06 · The serving engine](06_serving_engine.ipynb) | continuous batching, paged KV cache, prefix caching |
 # | [07 · Serving at scale](07_serving_at_scale.ipynb) | prefill and decode pools; replicas and routers |
 # | **Part II** | |
 # | [08 · Data parallelism](08_data_parallel.ipynb) | a copy per GPU, then its training state split (ZeRO, FSDP) |
-# | [09 · Pipeline schedules](09_pipeline_schedules.ipynb) | orders of forward and backward passes that cut idle time |
+# | [09 · Pipeline schedules](09_pipeline_schedules.ipynb) | GPipe and 1F1B, then zero bubble and DualPipeV |
 # | [10 · Context parallelism](10_context_parallel.ipynb) | one long sequence over many GPUs: ring attention |
-# | [11 · One training step](11_training_step.ipynb) | every axis in one step; the step time predicted |
+# | [11 · One training step](11_training_step.ipynb) | every axis in one step; experts that train; the step time predicted |
 # | [12 · Training layouts](12_training_layouts.ipynb) | memory per GPU, published layouts, the planner |
 #
 # Each notebook but 05 and 12 ends with a link to its exercise.

@@ -35,7 +35,7 @@
 # | strategy | each device holds | communication | where it goes |
 # | --- | --- | --- | --- |
 # | tensor (TP, Megatron-LM) | a slice of *every* layer | 2 all-reduces per layer, every token | inside a node |
-# | pipeline (PP, GPipe / 1F1B) | whole layers, `layers / pp` | 1 send per boundary per microbatch | across nodes |
+# | pipeline (PP, GPipe) | whole layers, `layers / pp` | 1 send per boundary per microbatch | across nodes |
 # | expert (EP, GShard / Switch) | whole experts, `experts / ep` | 2 all-to-alls per MoE layer | large MoE models |
 
 # %% tags=["nbval-ignore-output"]
@@ -101,7 +101,7 @@ show_code(build_stage, run_round)
 # %% [markdown]
 # ## Measured, not copied: the three comm logs, side by side
 #
-# Four ranks run a tensor-parallel MLP block (notebook 01), a forward-only GPipe
+# Four ranks run a tensor-parallel MLP block (notebook 01), a forward-only
 # pipeline of 4 one-layer stages (notebook 03) and an expert-parallel MoE layer (notebook 04). Each
 # row sums that run's comm log over the ranks.
 #

@@ -42,7 +42,7 @@
 #   Selective recomputation drops the `5 a s / h` of attention scores, which FlashAttention never stores.
 #   Full recomputation keeps only each layer's input. Context parallelism divides the tokens.
 # - **Microbatches in flight**: 1F1B's stage `s` of `p` keeps `p - s` of them
-#   ([notebook 03](03_pipeline_parallel.ipynb)). The last stage adds the fp32 logits.
+#   ([notebook 09](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list)). The last stage adds the fp32 logits.
 #
 # <details><summary>Where the 34 comes from</summary>
 #
@@ -107,11 +107,11 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 # Two details of that layout matter for memory:
 #
 # - **Lighter end stages.** Meta took one layer off the first and the last stage, which also hold the
-#   embedding and the head: 126 layers as 7, 8 x 14, 7 ([uneven stages](03_pipeline_parallel.ipynb)).
+#   embedding and the head: 126 layers as 7, 8 x 14, 7 ([uneven stages](03_pipeline_parallel.ipynb#Uneven-stages)).
 # - **FSDP without resharding.** Its FSDP shards the optimizer state and the gradients, but keeps the
 #   weights whole after the forward, to save a gather in the backward. During a step that is ZeRO-2.
 #
-# Our model runs the [interleaved schedule](03_pipeline_parallel.ipynb) with 4 chunks per GPU. Its warm-up
+# Our model runs the [interleaved schedule](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list) with 4 chunks per GPU. Its warm-up
 # puts more microbatches in flight than plain 1F1B, never more than `m = 16`. So stage 0 holds 16
 # microbatches of 7 layers. Predict: how many does stage 1 hold, of 8 layers? Which stage is fuller?
 
