@@ -833,15 +833,15 @@ show_questions(
 # %% [markdown]
 # ## What you saw
 #
-# - Per token and layer, tensor parallelism puts the most on the wire (`2(n-1)` per all-reduce, two a layer), expert
-#   parallelism about `2k(n-1)/n`, the pipeline least.
+# - Per token and layer, tensor parallelism puts the most on the wire (`2(n-1)` per all-reduce, two a
+#   layer), expert parallelism about `2k(n-1)/n`, the pipeline least.
 # - Two stages of two-way TP on 4 real ranks equal the unsharded model within `1e-5`: 8 tensor-axis
 #   all-reduces per pipeline send, as predicted.
-# - Over an emulated slow link, PP across the "nodes" beat TP across them; the planner's times held within 2x.
-# - For Llama-3.1-405B in bf16 on two nodes the planner takes TP inside a node, PP across. Its times are floors.
+# - Over an emulated slow link, PP across the "nodes" beat TP across them, as the planner predicted.
+# - For Llama-3.1-405B in bf16 on two nodes the planner takes TP inside a node, PP across.
 # - Replicas serve the most tokens when a copy fits; a split serves each request faster.
 # - EP inside each stage was exact. DP attention sent a third of TP attention's bytes. DeepSeek-V3's pick
 #   sends EP and PP across nodes, no TP; DeepSeek's TP4 prefill unit answers a prompt sooner.
 #
-# Next: [06 · The serving engine](06_serving_engine.ipynb), which serves many requests at once on one of these
-# layouts.
+# [Exercise](exercises/05_serving_layouts_exercises.ipynb): a rank's place in the mesh. Next:
+# [06 · The serving engine](06_serving_engine.ipynb), many requests at once on one layout.

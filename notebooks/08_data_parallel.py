@@ -473,8 +473,9 @@ activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.sav
 # - **Full recomputation** keeps only each layer's input, `2 sbh`, and pays a whole extra forward.
 #
 # **Predict.** Llama-3-8B, 4,096 tokens, ZeRO-1 over 8 ranks, 4 pipeline stages with 1F1B. The first
-# stage keeps 4 microbatches in flight ([1F1B](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list), notebook 09). Only the first row,
-# which stores attention's `s × s` tensors, should overflow an 80 GB GPU.
+# stage keeps 4 microbatches in flight
+# ([1F1B](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list), notebook 09). Only the
+# first row, which stores attention's `s × s` tensors, should overflow an 80 GB GPU.
 
 # %%
 from shardlib.core.mesh import Layout

@@ -16,9 +16,9 @@
 # # 11 · One training step over every axis
 #
 # > **Part II, training at scale.** Assumes: [03](03_pipeline_parallel.ipynb), [04](04_expert_parallel.ipynb),
-# > [08](08_data_parallel.ipynb), [09](09_pipeline_schedules.ipynb), [10](10_context_parallel.ipynb). Reading time: about 30 minutes.
-# > Trades: one mesh of four axes, each with its own collectives, for a step that no single axis could
-# > fit or finish.
+# > [08](08_data_parallel.ipynb), [09](09_pipeline_schedules.ipynb), [10](10_context_parallel.ipynb).
+# > Reading time: about 30 minutes. Trades: one mesh of four axes, each with its own collectives, for a
+# > step that no single axis could fit or finish.
 #
 # **What you will see.**
 #
@@ -53,7 +53,7 @@ print(f"{four.world_size} ranks: {four.description}")
 # | --- | --- | --- | --- |
 # | `tp` ([01](01_tensor_parallel.ipynb)) | layer matrices, vocabulary | sequence parallel blocks | gather, scatter |
 # | `cp` ([10](10_context_parallel.ipynb)) | each sequence's tokens | ring attention, both ways | K/V round the ring |
-# | `pp` ([03](03_pipeline_parallel.ipynb)) | the layers | [1F1B](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list); embedding first, head last | a send per microbatch |
+# | `pp` ([03](03_pipeline_parallel.ipynb)) | the layers | 1F1B (09); embedding first, head last | a send a microbatch |
 # | `dp` ([08](08_data_parallel.ipynb)) | the batch | DDP, or ZeRO-1/2/3 | once a step (ZeRO-3: per layer) |
 #
 # A weight is replicated over `dp` and over `cp`: every place in the ring holds the same layers. So its

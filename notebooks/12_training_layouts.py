@@ -42,7 +42,8 @@
 #   Selective recomputation drops the `5 a s / h` of attention scores, which FlashAttention never stores.
 #   Full recomputation keeps only each layer's input. Context parallelism divides the tokens.
 # - **Microbatches in flight**: 1F1B's stage `s` of `p` keeps `p - s` of them
-#   ([notebook 09](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list)). The last stage adds the fp32 logits.
+#   ([notebook 09](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list)).
+#   The last stage adds the fp32 logits.
 #
 # <details><summary>Where the 34 comes from</summary>
 #
@@ -111,8 +112,9 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 # - **FSDP without resharding.** Its FSDP shards the optimizer state and the gradients, but keeps the
 #   weights whole after the forward, to save a gather in the backward. During a step that is ZeRO-2.
 #
-# Our model runs the [interleaved schedule](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list) with 4 chunks per GPU. Its warm-up
-# puts more microbatches in flight than plain 1F1B, never more than `m = 16`. So stage 0 holds 16
+# Our model runs the [interleaved schedule](09_pipeline_schedules.ipynb#GPipe-and-1F1B:-a-schedule-is-a-list)
+# with 4 chunks per GPU. Its warm-up puts more microbatches in flight than plain 1F1B, never more than
+# `m = 16`. So stage 0 holds 16
 # microbatches of 7 layers. Predict: how many does stage 1 hold, of 8 layers? Which stage is fuller?
 
 # %%

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 11 · Solution: a rank's place in the mesh, its memory, and the experts' bias (for instructors)
+# # 11 · Solution: a training rank's memory, and the experts' bias (for instructors)
 #
 # The answers to `notebooks/exercises/11_training_step_exercises`, kept apart from the starter.
 # They live in `exercise_answers.py` beside this notebook; below, they are printed and then graded by
@@ -26,18 +26,12 @@ import cloudpickle
 
 import exercise_answers as answers
 from shardlib.runtime.ranks import Ranks
-from shardlib.exercises.mesh import grade_mesh_coordinates
 
 cloudpickle.register_pickle_by_value(answers)  # the ranks receive the solution by value
-print(inspect.getsource(answers.mesh_coordinates))
-print(inspect.getsource(answers.mesh_groups))
 ranks = Ranks(4)
-result = grade_mesh_coordinates(answers.mesh_coordinates, answers.mesh_groups, ranks)
-print(result)
-assert result.passed
 
 # %% [markdown]
-# ## Exercise 3: a rank's memory
+# ## Exercise 1: a rank's memory
 #
 # The answer adds up the units on the rank's stage, divides them by `tp`, applies the strategy's table
 # with the shard padded to a multiple of `dp x cp`, and multiplies one microbatch's activations by
@@ -60,7 +54,7 @@ for rank, measured in enumerate(measured_ledgers(ranks)[4]):
     assert all(answer[k] == measured[k] for k in answer)
 
 # %% [markdown]
-# ## Exercise 4: the auxiliary-loss-free bias
+# ## Exercise 2: the auxiliary-loss-free bias
 #
 # The answer chooses by `scores + bias`, weighs by the chosen scores alone, and moves the bias on the
 # step's load summed over the ranks. The checker runs it on 2 ranks and on the 4 above.

@@ -110,7 +110,7 @@ def plan_dispatch(experts: torch.Tensor, n_experts: int, ep: int):
     return order, rows_to_rank
 
 
-# -- 11 training step -----------------------------------------------------------------------------------
+# -- 05 serving layouts: a rank's place in the mesh -------------------------------------------------
 def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
     """(stage, replica, tp_rank) of a global rank: tp innermost, then replicas, stages outermost."""
     block, tp_rank = divmod(rank, tp)  # tp consecutive ranks share a block: one (stage, replica)
@@ -130,6 +130,7 @@ def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
             "dp": [at(stage, d, t) for d in range(dp)]}
 
 
+# -- 11 training step -----------------------------------------------------------------------------------
 def rank_memory(config, layout, rank: int) -> dict[str, int]:
     """The bytes ``rank`` keeps between training steps, and its activations at 1F1B's in-flight peak."""
     from shardlib.exercises.training_ledger import activation_bytes_per_microbatch, parameters_per_unit

@@ -13,17 +13,11 @@
 # ---
 
 # %% [markdown]
-# # 11 · Exercise: a rank's place in the mesh, its memory, and the experts' bias
+# # 11 · Exercise: a training rank's memory, and the experts' bias
 #
-# **What you will do.** A job of `tp x pp x dp` processes knows each process only by its global rank.
-# Write the two functions every parallel framework has somewhere: from a rank to its coordinates
-# (which pipeline stage, which replica, which slice of the tensor-parallel split), and from a rank to
-# the groups it talks in. The checker compares them with the library's `Layout` on 11 layouts of 2 to
-# 32 ranks, then builds your groups on 4 real ranks, lets every member all-reduce its fingerprint in
-# them, and compares who met with the groups of a torch `DeviceMesh`.
-#
-# Then predict what one rank of a training run keeps in memory, term by term; the checker trains six
-# layouts on the same 4 ranks and compares your bytes with the ledger each rank measured.
+# **What you will do.** Predict what one rank of a training run keeps in memory, term by term; the
+# checker trains six layouts on 4 ranks and compares your bytes with the ledger each rank measured. (A
+# rank's place in the mesh, which this uses, is notebook 05's exercise.)
 #
 # Last, on 2 and 4 real ranks, the bias that balances a mixture-of-experts layer while it trains.
 #
@@ -31,53 +25,7 @@
 # `raise NotImplementedError` line, run the cell, then run the checker.
 
 # %% [markdown]
-# ## The numbering
-#
-# Tensor parallelism is innermost: the `tp` ranks of one split are consecutive, so they sit in one
-# node, on the fastest link. Replicas come next and pipeline stages are outermost, so consecutive
-# stages are far apart, across the slower link:
-#
-# ```
-# tp = 2, pp = 2, dp = 2 (8 ranks):   stage 0: replica 0 -> ranks 0 1    replica 1 -> ranks 2 3
-#                                     stage 1: replica 0 -> ranks 4 5    replica 1 -> ranks 6 7
-# ```
-#
-# Rank 5 is stage 1, replica 0, tp rank 1. Its tp group is the ranks that differ from it only in the
-# tp rank, `[4, 5]`; its pp group (its pipeline) differs only in the stage, `[1, 5]`; its dp group (the
-# same slice in the other replicas) differs only in the replica, `[5, 7]`.
-
-# %% [markdown]
-# ## Exercise 1: `mesh_coordinates`
-#
-# Return `(stage, replica, tp_rank)` of `rank`.
-
-# %%
-def mesh_coordinates(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
-    """(stage, replica, tp_rank) of a global rank."""
-    raise NotImplementedError("write mesh_coordinates here")
-
-
-# %% [markdown]
-# ## Exercise 2: `mesh_groups`
-#
-# Return a dict with the keys `"tp"`, `"pp"` and `"dp"`: for each axis, the global ranks of `rank`'s
-# group along it (the ranks that share every coordinate with it but that one), itself included.
-
-# %%
-def mesh_groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
-    """The global ranks of ``rank``'s tp, pp and dp groups."""
-    raise NotImplementedError("write mesh_groups here")
-
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.runtime.ranks import Ranks
-from shardlib.exercises.mesh import grade_mesh_coordinates
-
-ranks = Ranks(4)
-grade_mesh_coordinates(mesh_coordinates, mesh_groups, ranks)
-
-# %% [markdown]
-# ## Exercise 3: predict a rank's memory
+# ## Exercise 1: predict a rank's memory
 #
 # Notebook 11 trains a small language model over `dp x pp x cp x tp` and measures, on every rank, the
 # bytes it keeps between steps. Predict them. `rank_memory(config, layout, rank)` gets a
@@ -135,12 +83,14 @@ def rank_memory(config, layout, rank: int) -> dict[str, int]:
 
 
 # %% tags=["nbval-ignore-output"]
+from shardlib.runtime.ranks import Ranks
 from shardlib.exercises.training import grade_training_memory
 
+ranks = Ranks(4)
 grade_training_memory(rank_memory, ranks)
 
 # %% [markdown]
-# ## Exercise 4: the auxiliary-loss-free bias, on ranks
+# ## Exercise 2: the auxiliary-loss-free bias, on ranks
 #
 # Notebook 11 trained DeepSeek-V3's balancing bias (technical report, section 2.1.2). Each expert has a
 # **bias**, the same on every rank. It is added to the scores only to **choose** each token's top-k.
@@ -197,22 +147,6 @@ from shardlib.ui.quiz import Question, show_questions
 
 show_questions(
     Question(
-        "Two nodes of 8 GPUs run tp = 8, pp = 2. Which ranks does rank 11's all-reduce involve?",
-        ("3 and 11", "0 to 7", "8 to 15"),
-        2,
-        "Rank 11 is stage 1, tp rank 3: its tp group is the 8 consecutive ranks of stage 1, all in the "
-        "second node. 3 and 11 is its pipeline: one send per microbatch crosses between the nodes.",
-    ),
-    Question(
-        "Why number tensor parallelism innermost rather than the pipeline?",
-        ("Its groups are then consecutive ranks, on one node's fast link",
-         "Its groups would otherwise need more ranks than the pipeline's do",
-         "A DeviceMesh refuses any order that puts another axis innermost"),
-        0,
-        "torchrun gives consecutive ranks to the processes of one node. Two all-reduces per layer want "
-        "NVLink; one send per stage boundary tolerates the network.",
-    ),
-    Question(
         "A rank holds P parameters. With ZeRO-1 over dp x cp = 4 ranks, how do its weight bytes compare "
         "with DDP's, and its optimizer bytes?",
         ("Weights a quarter; optimizer state the same", "Weights the same; the optimizer state a quarter",
@@ -238,10 +172,6 @@ show_questions(
 # %% [markdown]
 # ## What you practised
 #
-# - A global rank is a position in a `(pp, dp, tp)` array, `tp` varying fastest:
-#   `rank = (stage x dp + replica) x tp + tp_rank`.
-# - A rank's group along an axis is the ranks that differ from it in that coordinate only; a
-#   `DeviceMesh` builds exactly these, one process group per axis.
 # - A training rank's memory, term by term: tp divides the matrices, pp gives each stage its own
 #   layers (and the embedding or head), ZeRO divides the optimizer state, then the gradients, then the
 #   weights by `dp x cp`, and 1F1B keeps `min(p - s, m)` microbatches' activations on stage `s`.
