@@ -11,11 +11,13 @@
   layouts' rank functions, and the arithmetic speed of a rank.
 * ``engine_drivers``: The serving engine on a warm pool, and configurations served on one trace, each
   predicted first.
-* ``hf``: ``transformers`` as the engine's peer: a tiny random Llama, and a checkpoint read from disk.
+* ``hf``: ``transformers`` as the engine's peer: a tiny random Llama, Mixtral or DeepSeek-V3, and a checkpoint
+  read from disk.
+* ``profile``: Where the engine's step spends its time: the engine in one process under cProfile, by group.
 * ``replica_drivers``: Replicas of the engine behind a router on a warm pool; routing policies and "if it fits,
   run replicas" predicted, then served.
 * ``traces``: Seeded request traces: what the engine is asked, and when.
 """
 
-__all__ = ["across", "cold_start", "disagg", "drivers", "engine_drivers", "hf", "replica_drivers",
+__all__ = ["across", "cold_start", "disagg", "drivers", "engine_drivers", "hf", "profile", "replica_drivers",
            "traces"]
