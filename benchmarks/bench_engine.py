@@ -2,6 +2,7 @@
 the engine section of ``bench_serving.py``, run alone.
 
     .venv/bin/python benchmarks/bench_engine.py [--size small|large] [--requests 48] [--batch 16] [--tp 1]
+                                                [--vllm-python /path/to/vllm/python]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 transformers' generate, each predicted against measured.
 
     .venv/bin/python benchmarks/bench_serving.py [--section all|layouts|engine|fleet] [--size small|large]
-                                                 [--requests 48] [--batch 16]
+                                                 [--requests 48] [--batch 16] [--vllm-python PATH]
 
 **Layouts.** Measures the link (a latency-bandwidth sweep on the 4 ranks) and this process's arithmetic
 speed, plans the toy model (``models.TOY``, 4 blocks, d_model 64) on 4 CPU ranks seen as 2 "nodes" of 2
@@ -20,6 +20,12 @@ serves one seeded trace of mixed prompt and output lengths, all arriving at once
 * the engine on ``--tp`` ranks (one thread each): continuous batching, then static batching with the same
   batch size, then prefill-first (no chunked prefill); every run's tokens checked equal; ``--rounds``
   alternating rounds of all of these, the fastest round of each kept (a busy machine only slows a run);
+* optionally vLLM's CPU build on the same model (saved as a float32 safetensors checkpoint) and trace, with the
+  engine's batch, token budget and prefix caching, one process and one thread: ``--vllm-python PATH`` (or
+  ``SHARDLIB_VLLM_PYTHON``) names a Python with vLLM installed, which runs ``benchmarks/vllm_peer.py`` in a
+  subprocess (vLLM is no dependency of this project) for ``--rounds`` rounds of its own after the engine's,
+  the fastest kept; printed: its tokens/s, the engine's ratio to it (aim: at least 0.8x) and how many
+  requests' tokens equal the engine's (float32 greedy: a near-tie can flip);
 * the engine's fitted cost model (fitted on another trace) predicting each policy's figures, with its
   error;
 * a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT;
@@ -44,10 +50,15 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
 import statistics
+import subprocess
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -220,6 +231,31 @@ def transformers_static(model, requests, batch: int) -> tuple[dict, float]:
     return out, time.perf_counter() - start
 
 
+def vllm_peer(python: str, model, trace, config: EngineConfig, rounds: int) -> tuple[dict, float] | None:
+    """vLLM's CPU build serving the same model and trace, in its own interpreter (``vllm_peer.py`` beside this
+    file; vLLM is no dependency here): each request's tokens and the fastest round's tokens a second, or None
+    (with vLLM's last words) if it failed."""
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # no "Writing model shards" bar in the bench's output
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(f"{tmp}/model", safe_serialization=True)
+        Path(tmp, "requests.json").write_text(json.dumps([
+            {"id": r.request_id, "prompt": list(r.prompt_token_ids), "max_new_tokens": r.max_new_tokens}
+            for r in trace]))
+        done = subprocess.run([python, str(Path(__file__).with_name("vllm_peer.py")), "--model", f"{tmp}/model",
+                               "--requests", f"{tmp}/requests.json", "--out", f"{tmp}/out.json",
+                               "--rounds", str(rounds), "--max-num-seqs", str(config.max_num_seqs),
+                               "--max-batched-tokens", str(config.max_batch_tokens),
+                               *(["--prefix-caching"] if config.prefix_caching else [])],
+                              capture_output=True, text=True)
+        if done.returncode:
+            print(f"vLLM peer failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+            return None
+        out = json.loads(Path(tmp, "out.json").read_text())
+    return {int(i): tuple(t) for i, t in out["tokens"].items()}, out["generated"] / out["seconds"]
+
+
 def speed(run) -> float:
     """A run's generated tokens per second (``predict.serving.engine.figures``)."""
     return run.figures(run.requests)["tokens_per_s"]
@@ -268,6 +304,8 @@ def engine_main(args) -> None:
                                     new_tokens=(4, 16), gap_s=0.05, vocab=1024, seed=5)
         roomy = EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=256)
         prefix = {on: run_serving(ranks, weights, chats, replace(roomy, prefix_caching=on)) for on in (False, True)}
+    peer = args.vllm_python and vllm_peer(args.vllm_python, model, trace, policies["continuous, chunked prefill"],
+                                          args.rounds)
 
     first = next(iter(runs.values()))
     agree = all(run.tokens == first.tokens for run in runs.values())
@@ -282,9 +320,20 @@ def engine_main(args) -> None:
     print(f"{'transformers generate, static':<30}{useful / theirs_s:>10.0f}{1.0:>8.2f}")
     for name, run in runs.items():
         print(f"{'engine, ' + name:<30}{speed(run):>10.0f}{speed(run) * theirs_s / useful:>8.2f}")
+    if peer:
+        print(f"{'vLLM CPU, continuous, chunked':<30}{peer[1]:>10.0f}{peer[1] * theirs_s / useful:>8.2f}")
     ratio = speed(runs["continuous, chunked prefill"]) * theirs_s / useful
     print(f"aim: continuous batching >= 1.5x transformers' static batching: {ratio:.2f}x, "
           f"{'met' if ratio >= 1.5 else 'not met'}")
+    if peer:
+        engine = runs["continuous, chunked prefill"]
+        ratio = speed(engine) / peer[1]
+        same = sum(peer[0][r.request_id] == tuple(engine.tokens[r.request_id]) for r in trace)
+        print(f"aim: the engine (continuous, chunked prefill) >= 0.8x vLLM's CPU build: {ratio:.2f}x, "
+              f"{'met' if ratio >= 0.8 else 'not met'}; vLLM's tokens equal the engine's for {same} of {len(trace)}")
+    else:
+        print("vLLM peer skipped: give --vllm-python PATH (or set SHARDLIB_VLLM_PYTHON) to an interpreter with "
+              "vLLM's CPU build to serve the same model and trace with it")
 
     print(f"\n{'figure':<14}" + "".join(f"{name[:26]:>28}" for name in runs) + "   (predicted / measured)")
     predicted = {name: simulate_serving(trace, policies[name], cost).figures(trace) for name in runs}
@@ -468,6 +517,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=16, help="engine: sequences at once, for every policy")
     parser.add_argument("--tp", type=int, default=1, help="engine: tensor-parallel ranks")
     parser.add_argument("--rounds", type=int, default=3, help="engine: alternating rounds, the fastest kept")
+    parser.add_argument("--vllm-python", default=os.environ.get("SHARDLIB_VLLM_PYTHON"),
+                        help="engine: a Python with vLLM's CPU build, to run it as a peer (default: "
+                             "$SHARDLIB_VLLM_PYTHON, else none)")
     parser.add_argument("--fleet-requests", type=int, default=32, help="fleet: requests a trace, per rate")
     parser.add_argument("--fleet-rates", type=float, nargs="+", default=(25.0, 50.0, 100.0, 200.0, 400.0),
                         help="fleet: request rates (a second) goodput is read over")
