@@ -23,9 +23,9 @@ serves one seeded trace of mixed prompt and output lengths, all arriving at once
 * optionally vLLM's CPU build on the same model (saved as a float32 safetensors checkpoint) and trace, with the
   engine's batch, token budget and prefix caching, one process and one thread: ``--vllm-python PATH`` (or
   ``SHARDLIB_VLLM_PYTHON``) names a Python with vLLM installed, which runs ``benchmarks/vllm_peer.py`` in a
-  subprocess (vLLM is no dependency of this project) for ``--rounds`` rounds of its own after the engine's,
-  the fastest kept; printed: its tokens/s, the engine's ratio to it (aim: at least 0.8x) and how many
-  requests' tokens equal the engine's (float32 greedy: a near-tie can flip);
+  subprocess (vLLM is no dependency of this project) once a round, after the engine's policies (its start-up
+  and warm-up untimed), the fastest round kept; printed: its tokens/s, the engine's ratio to it (aim: at least
+  0.8x) and how many requests' tokens equal the engine's (float32 greedy: a near-tie can flip);
 * the engine's fitted cost model (fitted on another trace) predicting each policy's figures, with its
   error;
 * a multi-turn chat trace under one system prompt with prefix caching off and on: hit rate and TTFT;
@@ -231,28 +231,29 @@ def transformers_static(model, requests, batch: int) -> tuple[dict, float]:
     return out, time.perf_counter() - start
 
 
-def vllm_peer(python: str, model, trace, config: EngineConfig, rounds: int) -> tuple[dict, float] | None:
-    """vLLM's CPU build serving the same model and trace, in its own interpreter (``vllm_peer.py`` beside this
-    file; vLLM is no dependency here): each request's tokens and the fastest round's tokens a second, or None
-    (with vLLM's last words) if it failed."""
+def save_for_vllm(model, trace, folder: str) -> None:
+    """The model (float32 safetensors, no tokenizer) and the trace (token ids) where ``vllm_peer.py`` reads them."""
     from transformers.utils.logging import disable_progress_bar
 
     disable_progress_bar()  # no "Writing model shards" bar in the bench's output
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(f"{tmp}/model", safe_serialization=True)
-        Path(tmp, "requests.json").write_text(json.dumps([
-            {"id": r.request_id, "prompt": list(r.prompt_token_ids), "max_new_tokens": r.max_new_tokens}
-            for r in trace]))
-        done = subprocess.run([python, str(Path(__file__).with_name("vllm_peer.py")), "--model", f"{tmp}/model",
-                               "--requests", f"{tmp}/requests.json", "--out", f"{tmp}/out.json",
-                               "--rounds", str(rounds), "--max-num-seqs", str(config.max_num_seqs),
-                               "--max-batched-tokens", str(config.max_batch_tokens),
-                               *(["--prefix-caching"] if config.prefix_caching else [])],
-                              capture_output=True, text=True)
-        if done.returncode:
-            print(f"vLLM peer failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-            return None
-        out = json.loads(Path(tmp, "out.json").read_text())
+    model.save_pretrained(f"{folder}/model", safe_serialization=True)
+    Path(folder, "requests.json").write_text(json.dumps([
+        {"id": r.request_id, "prompt": list(r.prompt_token_ids), "max_new_tokens": r.max_new_tokens} for r in trace]))
+
+
+def vllm_round(python: str, folder: str, config: EngineConfig) -> tuple[dict, float] | None:
+    """One round of vLLM's CPU build on what ``save_for_vllm`` saved, in its own interpreter (``vllm_peer.py``
+    beside this file: it loads vLLM, warms it up, then times one ``generate``; vLLM is no dependency here): each
+    request's tokens and the tokens a second, or None (with vLLM's last words) if it failed."""
+    done = subprocess.run([python, str(Path(__file__).with_name("vllm_peer.py")), "--model", f"{folder}/model",
+                           "--requests", f"{folder}/requests.json", "--out", f"{folder}/out.json", "--rounds", "1",
+                           "--max-num-seqs", str(config.max_num_seqs), "--max-batched-tokens",
+                           str(config.max_batch_tokens), *(["--prefix-caching"] if config.prefix_caching else [])],
+                          capture_output=True, text=True)
+    if done.returncode:
+        print(f"vLLM peer failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        return None
+    out = json.loads(Path(folder, "out.json").read_text())
     return {int(i): tuple(t) for i, t in out["tokens"].items()}, out["generated"] / out["seconds"]
 
 
@@ -281,7 +282,10 @@ def engine_main(args) -> None:
         "continuous, prefill-first": EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=budget,
                                                   max_num_seqs=args.batch, chunked_prefill=False),
     }
-    with Ranks(args.tp, timeout=900) as ranks:
+    peer = None  # vLLM's fastest round: (tokens, tokens a second)
+    with Ranks(args.tp, timeout=900) as ranks, tempfile.TemporaryDirectory() as folder:
+        if args.vllm_python:
+            save_for_vllm(model, trace, folder)
         ranks.run(one_thread)  # a pool shares the cores out (2 for one rank here): one each, as transformers has
         link = None
         if args.tp > 1:
@@ -300,12 +304,13 @@ def engine_main(args) -> None:
                 run = run_serving(ranks, weights, trace, config)
                 if name not in runs or speed(run) > speed(runs[name]):
                     runs[name] = run
+            got = args.vllm_python and vllm_round(args.vllm_python, folder, policies["continuous, chunked prefill"])
+            if got and (peer is None or got[1] > peer[1]):
+                peer = got
         chats = shared_prefix_trace(conversations=6, turns=4, system_tokens=96, message_tokens=(8, 24),
                                     new_tokens=(4, 16), gap_s=0.05, vocab=1024, seed=5)
         roomy = EngineConfig(block_size=16, num_blocks=256, max_batch_tokens=256)
         prefix = {on: run_serving(ranks, weights, chats, replace(roomy, prefix_caching=on)) for on in (False, True)}
-    peer = args.vllm_python and vllm_peer(args.vllm_python, model, trace, policies["continuous, chunked prefill"],
-                                          args.rounds)
 
     first = next(iter(runs.values()))
     agree = all(run.tokens == first.tokens for run in runs.values())

@@ -45,7 +45,7 @@ def main() -> None:
     llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0,
               max_model_len=max(len(r["prompt"]) + r["max_new_tokens"] for r in requests),
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-              enable_prefix_caching=args.prefix_caching, kv_cache_memory_bytes=1 << 30)
+              enable_prefix_caching=args.prefix_caching, kv_cache_memory_bytes=1 << 28)
     prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r["max_new_tokens"], ignore_eos=True, detokenize=False)
               for r in requests]
