@@ -336,7 +336,7 @@ def engine_main(args) -> None:
         same = sum(peer[0][r.request_id] == tuple(engine.tokens[r.request_id]) for r in trace)
         print(f"aim: the engine (continuous, chunked prefill) >= 0.8x vLLM's CPU build: {ratio:.2f}x, "
               f"{'met' if ratio >= 0.8 else 'not met'}; vLLM's tokens equal the engine's for {same} of {len(trace)}")
-    else:
+    elif not args.vllm_python:  # (a peer that failed printed why)
         print("vLLM peer skipped: give --vllm-python PATH (or set SHARDLIB_VLLM_PYTHON) to an interpreter with "
               "vLLM's CPU build to serve the same model and trace with it")
 
