@@ -49,10 +49,8 @@ its verdict. ``benchmarks/bench_engine.py`` runs the engine section alone.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import statistics
 import subprocess
 import tempfile
@@ -65,16 +63,14 @@ import torch
 from shardlib.core.checkpoints import weights_from_hf_llama
 from shardlib.core.checks import TOLERANCE
 from shardlib.core.model import stack_reference
-from shardlib.core.serving.loop import serve_in_process
-from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig
-from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.core.toy import activations, stack_weights
 from shardlib.facts.models import TOY
 from shardlib.lab.costs.calibration import run_calibration
 from shardlib.lab.serving.drivers import run_combined, run_toy_cluster_calibration
 from shardlib.lab.serving.engine_drivers import run_serving
 from shardlib.lab.serving.hf import random_hf_llama
+from shardlib.lab.serving.profile import profile_engine
 from shardlib.lab.serving.traces import hot_prefix_trace, poisson_trace, shared_prefix_trace
 from shardlib.predict.serving.engine import (
     FIGURES,
@@ -132,79 +128,6 @@ SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_at
 LARGE = {**SHAPE, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16,
          "num_key_value_heads": 8}
 SIZES = {"small": (SHAPE, 48), "large": (LARGE, 32)}  # the model and the requests of its trace
-
-# Where the engine's step spends its time: a function's own time goes to the first group with a mark its
-# "path:name" ends with (a mark ending in ":" takes a whole file), else to its callers' groups, shared as they
-# called it. A torch builtin is named by itself.
-PROFILE_GROUPS = {
-    "attention": ("paged.py:attend", "paged.py:attend_decodes", "model.py:attention"),
-    "paged read/write": ("paged.py:read", "paged.py:write", "paged.py:slots"),
-    "linears": ("<built-in method torch._C._nn.linear>",),
-    "rest of the layers": ("tensor_parallel/blocks.py:forward",),
-    "step set-up (indices)": ("paged.py:step", "paged.py:slot_map"),
-    "sampling": ("loop.py:sample_step", "loop.py:sample_token"),
-    "Python scheduling": ("serving/loop.py:", "serving/scheduler.py:", "serving/blocks.py:", "serving/requests.py:"),
-}
-
-
-def profile_groups(stats: pstats.Stats) -> dict[str, float]:
-    """Seconds per group of ``PROFILE_GROUPS`` (and "other") in a cProfile run."""
-    def own_group(key):
-        label = key[2] if key[0] == "~" else f"{key[0]}:{key[2]}"
-        return next((g for g, marks in PROFILE_GROUPS.items()
-                     if any(label.endswith(m) or (m.endswith(":") and m in label) for m in marks)), None)
-
-    shares, visiting = {}, set()
-
-    def split(key) -> dict[str, float]:  # the groups this function's time belongs to, as fractions
-        if key in shares:
-            return shares[key]
-        group, callers = own_group(key), stats.stats[key][4]
-        if group is not None or not callers or key in visiting:
-            return {group or "other": 1.0}
-        visiting.add(key)
-        weights = {caller: edge[2] for caller, edge in callers.items()}  # its own time under each caller
-        total, out = sum(weights.values()), {}
-        for caller, w in weights.items():
-            for g, f in split(caller).items():
-                out[g] = out.get(g, 0.0) + f * (w / total if total else 1 / len(weights))
-        visiting.discard(key)
-        shares[key] = out
-        return out
-
-    seconds = dict.fromkeys([*PROFILE_GROUPS, "other"], 0.0)
-    for key, (_, _, own_s, _, _) in stats.stats.items():
-        for g, f in split(key).items():
-            seconds[g] += own_s * f
-    return seconds
-
-
-def profile_engine(weights, trace, config) -> None:
-    """The engine's step in one process with one thread: its time per step unprofiled, then cProfile's shares
-    (of the wall clock: a busy machine slows every group alike, and CPU-time readings would cost more than the
-    smallest calls they time)."""
-    model = PagedModel(weights, TPGroup(1, 0), config.num_blocks, config.block_size)
-    serve_in_process(trace[:4], config, model.step)  # warm
-    steps = []
-
-    def counted(chunks):
-        steps.append(sum(len(c.tokens) for c in chunks))
-        return model.step(chunks)
-
-    start = time.perf_counter()
-    serve_in_process(trace, config, counted)
-    wall_s = time.perf_counter() - start
-    profiler = cProfile.Profile()
-    profiler.enable()
-    serve_in_process(trace, config, model.step)
-    profiler.disable()
-    seconds = profile_groups(pstats.Stats(profiler))
-    total = sum(seconds.values())
-    print(f"\nthe engine's step in one process, one thread: {len(steps)} steps, {sum(steps)} tokens computed, "
-          f"{wall_s:.2f} s, {wall_s / len(steps) * 1e3:.2f} ms a step; under cProfile ({total:.2f} s):")
-    for group, s in seconds.items():
-        print(f"  {group:<24}{s / total:>6.1%}{s / len(steps) * 1e3:>8.2f} ms a step")
-
 
 def one_thread(ctx) -> int:
     """On a rank: compute with one thread, as the transformers side does in this process."""
@@ -364,7 +287,7 @@ def engine_main(args) -> None:
         print(f"  {'on ' if on else 'off'}: hit rate {run.prefix_hit_rate:5.1%}, TTFT p50 "
               f"{run.percentile('ttft_s', 50) * 1e3:6.1f} ms, p90 {run.percentile('ttft_s', 90) * 1e3:6.1f} ms, "
               f"{sum(s.n_tokens for s in run.steps)} tokens computed")
-    profile_engine(weights, trace, policies["continuous, chunked prefill"])
+    print("\n" + "\n".join(profile_engine(weights, trace, policies["continuous, chunked prefill"]).lines()))
 
 
 
