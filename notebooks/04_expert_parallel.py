@@ -94,7 +94,7 @@ assert expert_params / mixtral.n_params > 0.95  # almost all of the model is exp
 assert weights_per_device[8] < GPU_MEMORY_BYTES["A100 80GB"] / 4
 
 # %% [markdown]
-# Spread over 8 devices, each holds about 14 GB of weights instead of 93 GB.
+# Spread over 8 devices, each holds about 15 GB of weights instead of 93 GB.
 
 # %% [markdown]
 # ## The router, top-k and the load-imbalance knob
@@ -147,6 +147,7 @@ for skew in (0.0, 0.25, 0.5, 0.75, 1.0):
 # The layer's forward on one rank, from `shardlib/core/experts/dispatch.py`, then the function that runs the
 # experts on the rows received. Every rank calls `moe_layer` at once, each with its own *home* tokens `x`.
 # With `ctx=None` it runs in one process with every expert: the reference. Timing attaches through `probe`.
+# Its `bias` argument and its backward are for training (notebook 11); here the bias is `None`.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.core.experts.dispatch import moe_layer, run_experts
@@ -157,7 +158,7 @@ show_code(moe_layer, run_experts)
 # %% [markdown]
 # <details><summary>Top to bottom, the four steps of the idea</summary>
 #
-# - **Route**: `route` keeps each home token's top-k with their gates. Then
+# - **Route**: `route_and_plan` runs `route`, which keeps each home token's top-k with their gates. Then
 #   `assign` applies a capacity cap if the config sets one (none until the balancing section). Last,
 #   `dispatch_plan` orders the token-slots by destination rank, then by expert, and counts the rows for each
 #   expert on each rank.
@@ -357,10 +358,9 @@ assert stall.runs[1.0].expert_rows == predicted_rows[1.0]  # the rows, exactly a
 # The layer runs at skew 0 and skew 1, five times each after a warm-up, on the 2 warm ranks. Each rank's
 # CPU time is the least of its five (a burst of other work can only add time). CPU time counts the work
 # itself, which other programs on your machine inflate far less than the wall clock. The verdict holds
-# when the CPU ratio is 0.65 to 1.15 times the rows ratio. It usually lands 10 to 20 % under: each
-# expert pads its last block to 64 rows, and every call has a fixed cost. If a burst spoils the check,
-# it is measured again, at most three times. The wall-clock ratio strays further, because the ranks
-# also wait for cores. Whatever the ratios, the other rank's forward lasts as long as the busy one's.
+# The CPU ratio usually lands 10 to 20 % under the rows ratio: each expert pads its last block to 64
+# rows, and every call has a fixed cost. The wall-clock ratio strays further, because the ranks also
+# wait for cores. Whatever the ratios, the other rank's forward lasts as long as the busy one's.
 #
 # </details>
 #
@@ -439,7 +439,7 @@ print(f"{int(passed.sum())} tokens passed through the residual unchanged; the {i
 
 # %% [markdown]
 # The cap held the busiest expert to 1.25 times its share, and every token it dropped left the layer as it
-# came in. Rerouting served most of them by a less-preferred expert. The copy changed no output and
+# came in. Rerouting served every one of them here, by a less-preferred expert. The copy changed no output and
 # lowered the busiest *rank's* load; the hot expert is as busy as before, in two places.
 #
 # <details><summary>What does a rerouted slot weigh?</summary>
@@ -488,10 +488,11 @@ assert round(mixtral.n_layers * layer_gb, 1) == 11.3
 # %% [markdown]
 # ## Node-limited routing
 #
-# DeepSeek-V3 lets each token reach experts on at most `M = 4` of its 8 nodes: the nodes with the best
-# expert scores. Its dispatch sends a token to a node once; NVLink fans it out inside. So cross-node
-# rows are at most `M` per token. Here each rank is an emulated node, `M = 1` of 2. Predict: rows per
-# remote node fall. Rows per token-slot hardly change: the k slots now share a node.
+# DeepSeek-V3 trains with each token reaching experts on at most `M = 4` of its 8 nodes, the nodes with
+# the best expert scores, and serves with the same rule. Its dispatch sends a token to a node once;
+# NVLink fans it out inside. So cross-node rows are at most `M` per token. Here each rank is an emulated
+# node, `M = 1` of 2. Predict: rows per remote node fall. Rows per token-slot hardly change: the k slots
+# now share a node.
 
 # %%
 from shardlib.lab.experts.node_limited import run_node_limited
@@ -501,8 +502,8 @@ limited = run_node_limited(ranks, node_cfg, max_nodes=1, n_tokens=256)
 assert limited.exact  # the rows counted from the routing = the rows the ranks' comm logs sent
 for policy in ("unlimited", "limited"):
     print(f"{policy:>9}: cross-node rows, one per remote node {limited.measured[policy]['dedup']:>3}, one per "
-          f"token-slot {limited.measured[policy]['slots']:>3}; at most {limited.most_nodes_per_token[policy]} nodes "
-          f"per token")
+          f"token-slot {limited.measured[policy]['slots']:>3}; at most {limited.most_nodes_per_token[policy]} "
+          f"node(s) per token")
 print(f"the price: {limited.tokens_changed} of {limited.n_tokens} tokens chose a different top-{node_cfg.k}")
 assert limited.measured["limited"]["dedup"] < limited.measured["unlimited"]["dedup"]
 assert limited.measured["limited"]["dedup"] <= limited.bound_rows  # DeepSeek-V3's bound: M rows per token
@@ -535,9 +536,10 @@ assert limited.measured["limited"]["dedup"] <= limited.bound_rows  # DeepSeek-V3
 # Each move runs the layer once more on the live ranks: the send matrix, each expert's load (coloured by
 # the rank that holds it; the dashed red line is the capacity, summed over ranks) and each rank's time.
 #
-# **Your task.** Keep k = 2, set skew 0.25 and tick the capacity cap. Find the smallest capacity factor
-# that drops no slot. Then untick the cap and tick the copy of the hottest expert. Read the per-rank
-# max/mean in the summary: did it fall? Did the hot expert's load? Which rank is now the busier?
+# **Your task.** Keep k = 2, set skew 0.25 and tick the capacity cap. Predict from the router table, then
+# find the smallest capacity factor that drops no slot. Then untick the cap and tick the copy of the
+# hottest expert. Read the per-rank max/mean in the summary: did it fall? Did the hot expert's load?
+# Which rank is now the busier?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.experts_widgets import expert_explorer
@@ -633,7 +635,8 @@ show_questions(
 # - The send matrix changed each batch; the busy rank's CPU time followed its rows.
 # - A capacity cap drops tokens; dropless layers wait for the busiest expert; a hot expert's copy costs
 #   its weights.
-# - Node-limited routing cut the cross-node rows, at the price of some tokens' choices.
+# - Node-limited routing cut the cross-node rows, at the price of many tokens' choices (over half here,
+#   with `M = 1` of 2).
 # - For large MoE models the cross-node axis is expert parallelism, with data-parallel attention.
 #
 # [Exercise](exercises/04_expert_parallel_exercises.ipynb): a router and a dispatch plan. Next:

@@ -14,10 +14,9 @@ import html
 import ipywidgets as widgets
 import torch
 
-from shardlib.core.experts.balance import switch_aux_loss
 from shardlib.core.experts.dispatch import MoEWeights
 from shardlib.core.experts.placement import ExpertPlacement
-from shardlib.core.experts.routing import MoEConfig, route
+from shardlib.core.experts.routing import MoEConfig
 from shardlib.lab.experts.balance import run_moe_policy
 from shardlib.predict.experts import predicted_all_to_all_bytes
 from shardlib.ui.experts_figures import balance_steps_figure, expert_load_figure, rank_time_figure, send_matrix_figure
@@ -70,12 +69,11 @@ def expert_explorer(ranks, x: torch.Tensor, weights: MoEWeights, cfg: MoEConfig,
         replica = (f"expert {placement.replicas[0][0]} copied to rank {placement.replicas[0][1]} "
                    f"(+{weights.expert_bytes / 1024:.0f} KiB of weights there)" if placement.replicas else "none")
         cap = run.capacity if run.capacity is not None else "none"
-        routing = route(x, weights.router, now)
         summary.value = (
             f"<b>{x.shape[0]} tokens, top-{now.k}, skew {now.skew:.2f}</b> on {ranks.world_size} live ranks "
             f"({html.escape(ranks.description)})<br>"
-            f"per expert: {per_expert}; aux loss {float(switch_aux_loss(routing.experts, routing.probs.double())):.2f} "
-            f"(1 is balanced)<br>per rank (rows computed): max/mean {per_rank.max_over_mean:.2f}, CV {per_rank.cv:.2f}"
+            f"per expert: {per_expert}<br>per rank (rows computed): max/mean {per_rank.max_over_mean:.2f}, "
+            f"CV {per_rank.cv:.2f}"
             f"<br>replica: {replica}<br>capacity per expert per rank: {cap}; "
             f"dropped slots {run.dropped_slots}, tokens passed through untouched {run.dropped_tokens}, "
             f"rerouted slots {run.rerouted_slots}; outputs changed by the cap: {policy.tokens_changed} tokens<br>"
