@@ -35,13 +35,17 @@
 # [Notebook 03](03_pipeline_parallel.ipynb) ran a pipeline forward only. Training adds a backward (`B`)
 # for every forward (`F`). It runs the stages in reverse: each stage hands the gradient back to the one
 # before. A step ends with a **flush**: every backward finishes before the optimizer steps. So every
-# training step fills and drains. With every op one slot, the idle share is 03's `(p - 1) / (m + p - 1)`.
+# training step fills and drains: each stage idles `p - 1` forwards filling and `p - 1` backwards draining,
+# `(p - 1)(F + B)`, 03's share `(p - 1) / (m + p - 1)` when every op takes one slot.
 #
 # A schedule now orders both kinds of action:
 #
 # - **GPipe** (Huang et al. 2019) runs every forward, then every backward.
-# - **1F1B** (PipeDream-Flush, Narayanan et al. 2021; the schedule of Megatron-LM) runs a few forwards to
-#   fill the pipeline, then alternates one forward and one backward.
+# - **1F1B** (PipeDream-Flush, Narayanan et al. 2021; the schedule of Megatron-LM) runs `p - s` forwards
+#   on stage `s`, then alternates one backward and one forward.
+#
+# **Predict** before you run the next cell: in which slot does 1F1B's stage 0 first sit idle, and what is
+# it waiting for? The player below the tables answers it.
 
 # %%
 from fractions import Fraction
@@ -69,8 +73,7 @@ for name in ("gpipe", "1f1b"):
 # memory grows with `m`, the very knob that shrinks the bubble. That is why Megatron-LM's schedules build
 # on 1F1B, and why torchtitan defaults to it while still offering GPipe.
 #
-# **Your task.** Press play and stop when stage 0 first sits idle. Which slot is it, and what is
-# stage 0 waiting for?
+# **Your task.** Press play and stop when stage 0 first sits idle: was your prediction right?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_figures import step_through_figure
@@ -84,8 +87,8 @@ step_through_figure(make_schedule("1f1b", 4, 8), title="1F1B, p = 4, m = 8, play
 # flight, 1F1B's limit of `p`, and waits for B0 to come back up from stage 1. B0 arrives for slot 8.
 # </details>
 #
-# The batch often caps `m`. Llama 3.1 405B's pipelines each got 16 sequences per step, so at most
-# `m = p = 16`: an idle share of 15/31, 48 % (Llama 3 paper, Table 4). So Meta **interleaved**: each
+# The batch often caps `m`. On 16,384 GPUs, Llama 3.1 405B's pipelines each got 16 sequences per step,
+# so at most `m = p = 16`: an idle share of 15/31, 48 % (Llama 3 paper, Table 4). So Meta **interleaved**: each
 # device holds `v` chunks of layers that are not neighbours (Narayanan et al. 2021), which shrinks the
 # fill and drain `v`-fold for `v` times the messages. The schedules below shrink the bubble without
 # raising `m`.
@@ -138,10 +141,8 @@ assert zb_h1 * 3 == one_f_one_b  # ZB-H1 idles a third of 1F1B when F = B = W
 # %% [markdown]
 # ## The schedules as data
 #
-# A schedule is still a list of actions per stage, now with W's. `make_schedule` builds it and checks it
-# before any rank sees it. Every F, B and W runs once, each W after its own B, and no stage waits for a
-# message nobody sends. It also plays the list out to rule out a deadlock. Each action takes one slot
-# below.
+# Still a list per stage, now with W's. `make_schedule` checks it before any rank sees it: every action
+# once, each W after its own B, no deadlock. Each action takes one slot below.
 
 # %%
 for name in ("1f1b", "zb-h1"):
@@ -251,8 +252,9 @@ for name in ("1f1b", "zb-h1", "zb-v", "dualpipev"):
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# ZB-V and DualPipeV idle least (0.040 at `p = 2, m = 4`), ZB-H1 next, 1F1B most. Doubling `m` roughly
-# halves every share: the ramp stays the same length while the work doubles.
+# ZB-V and DualPipeV idle least (0.040 at `p = 2, m = 4`), ZB-H1 next, 1F1B most. Doubling `m` halves
+# the zero-bubble shares and cuts 1F1B's by about 40 %: the ramp stays the same length while the work
+# doubles.
 #
 # </details>
 #
@@ -280,8 +282,8 @@ for name in ("gpipe", "1f1b", "zb-h1", "zb-v", "dualpipev"):
     runs[name] = run = run_pipeline(ranks, make_schedule(name, 2, 4), TOY, layers, x, grad)
     exact = run.against_reference()
     kib = [b // 1024 for b in run.peak_activation_bytes]
-    print(f"{run.schedule.title}: layers per rank {run.layers_held}, bit for bit {exact.bit_for_bit}; in flight "
-          f"per stage {list(run.peak_in_flight)}, peak activations {kib} KiB")
+    held = f"; in flight {list(run.peak_in_flight)}, activations {kib} KiB" if name in ("gpipe", "1f1b") else ""
+    print(f"{run.schedule.title}: layers per rank {run.layers_held}, bit for bit {exact.bit_for_bit}{held}")
     assert exact.bit_for_bit
 gp, ofob = runs["gpipe"], runs["1f1b"]
 assert gp.peak_in_flight == (4, 4) and ofob.peak_in_flight == (2, 1)  # GPipe all m, 1F1B p - s
@@ -505,9 +507,8 @@ for name, mine in (("DualPipeV", "dualpipev"), ("ZBVZeroBubble", "zb-v")):
 # Each move runs one step on the two ranks, F and B padded to 20 ms. The list's prediction is drawn on
 # top, the measured step below.
 #
-# **Your task.** Keep ZB-H1 and m = 4. Find the smallest W cost at which the published formula's idle
-# share and this list's part ways. Which of the two does the measured share follow? Then pick ZB-V and
-# DualPipeV at W = 1 x F: which holds fewer chunks per stage?
+# **Your task.** Keep ZB-H1 and m = 4; set W = 2 x F. Where does each stage sit idle, and why can no W
+# fill it? Then set m = 8: does the idle time in ms change?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.pipeline_widgets import zero_bubble_explorer
@@ -517,10 +518,10 @@ zero_bubble_explorer(ranks, TOY, layers, x, grad, op_s=0.02, microbatches=(4, 6,
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# At 1.5 x F, the first setting past W = F. Up to W = F the two agree. Past it the formula subtracts W
-# from a wait that W cannot shorten: on 2 stages the idle stays one forward, the ramp. The measurement
-# follows the list, a little above it. ZB-V holds 4 half-stage chunks per stage (2p, the same as 1F1B's
-# p = 2 whole stages), DualPipeV 5 (2p + 1), half a stage more.
+# Stage 1 idles before its first forward, stage 0 after its two forwards, waiting for B0: no B has run
+# yet, so no W exists to fill the wait. The idle is one forward, 20 ms, at both m; only its share halves
+# (about 0.06 to 0.03). The published formula subtracts W from a wait W cannot shorten; the list, and the
+# measurement, do not.
 # </details>
 
 # %% [markdown]

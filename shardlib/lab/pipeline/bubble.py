@@ -167,7 +167,8 @@ def run_uneven_check(ranks, model: ModelConfig, layers: list[dict], x: torch.Ten
     ``grad_output``, in a forward-only pass without it."""
     p = ranks.world_size
     work = {k: tuple(c + (1 if s in (0, p - 1) else 0) for s, c in enumerate(v)) for k, v in counts.items()}
-    exact = run_pipeline(ranks, make_schedule("1f1b", p, 2 * p, grad_output is not None), model, layers, x, grad_output,
+    kind = "1f1b" if grad_output is not None else "gpipe"  # forward only, every schedule is the same list
+    exact = run_pipeline(ranks, make_schedule(kind, p, 2 * p, grad_output is not None), model, layers, x, grad_output,
                          layer_counts=list(counts[list(counts)[-1]]))
     first, second = list(counts)[:2]
     return _step_check(ranks, model, layers, x, n_microbatches,
