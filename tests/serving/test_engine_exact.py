@@ -20,7 +20,7 @@ from shardlib.core.serving.paged import PagedModel
 from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.lab.serving.engine_drivers import run_serving
-from shardlib.lab.serving.hf import load_llama_checkpoint, random_hf_llama
+from shardlib.lab.serving.hf import hf_greedy_tokens, load_llama_checkpoint, random_hf_llama
 from shardlib.runtime.ranks import Ranks
 
 pytest.importorskip("transformers")
@@ -64,11 +64,7 @@ def test_the_model_is_transformers_llama(hf_model, weights):
 
 def test_greedy_reference_equals_transformers_generate(hf_model, weights, trace_and_reference):
     requests, reference = trace_and_reference
-    for r in requests:
-        ids = torch.tensor([r.prompt_token_ids])  # every token real: the mask says so (0 is also the pad id)
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new_tokens,
-                                do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert tuple(out[0, len(r.prompt_token_ids):].tolist()) == reference[r.request_id]
+    assert hf_greedy_tokens(hf_model, requests) == reference
 
 
 @pytest.mark.parametrize("config", [

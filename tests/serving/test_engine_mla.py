@@ -10,8 +10,6 @@ rows it shares a call with, so logits agree to about 1e-6, not 1e-12: far inside
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -21,11 +19,12 @@ from shardlib.core.experts.dispatch import moe_reference
 from shardlib.core.model import forward_reference, latent_attention, latent_attention_reference
 from shardlib.core.serving.loop import serve_in_process
 from shardlib.core.serving.paged import PagedModel
-from shardlib.core.serving.requests import EngineConfig, Request
+from shardlib.core.serving.requests import EngineConfig
 from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.facts.models import DEEPSEEK_V3
 from shardlib.lab.serving.engine_drivers import reference_tokens, run_serving
 from shardlib.lab.serving.hf import random_hf_deepseek_v3
+from shardlib.lab.serving.traces import every_other_shared_trace
 from shardlib.runtime.ranks import Ranks
 
 pytest.importorskip("transformers")
@@ -39,26 +38,11 @@ def hf_model():
 
 
 @pytest.fixture(scope="module")
-def weights(hf_model):
-    return weights_from_hf(hf_model.state_dict(), hf_model.config)
+def weights(hf_weights):
+    return hf_weights
 
 
-def trace(n=8, seed=0, shared=12):
-    rng = random.Random(seed)
-    system = [rng.randrange(97) for _ in range(shared)]
-    return [Request(i, (system if i % 2 else []) + [rng.randrange(97) for _ in range(rng.randrange(1, 24))],
-                    rng.randrange(1, 14)) for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def generated(hf_model):
-    out = {}
-    for r in trace():
-        ids = torch.tensor([r.prompt_token_ids])
-        full = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-        out[r.request_id] = tuple(full[0, ids.shape[1]:].tolist())
-    return out
+trace = every_other_shared_trace  # 8 requests, every other one under a 12-token system prompt
 
 
 def test_the_config_is_read_as_deepseek_v3_lays_it_out(weights):

@@ -7,8 +7,6 @@ two of the router's choices) are near enough to tie for a reordered sum to flip 
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from shardlib.core.serving.requests import EngineConfig, Request
 from shardlib.core.tensor_parallel.layers import TPGroup
 from shardlib.lab.serving.engine_drivers import check_serving, reference_tokens, run_serving
 from shardlib.lab.serving.hf import load_llama_checkpoint, random_hf_llama, random_hf_mixtral
+from shardlib.lab.serving.traces import every_other_shared_trace
 from shardlib.runtime.ranks import Ranks
 
 pytest.importorskip("transformers")
@@ -34,27 +33,11 @@ def hf_model():
 
 
 @pytest.fixture(scope="module")
-def weights(hf_model):
-    return weights_from_hf(hf_model.state_dict(), hf_model.config)
+def weights(hf_weights):
+    return hf_weights
 
 
-def trace(n=8, seed=0, shared=12):
-    rng = random.Random(seed)
-    system = [rng.randrange(97) for _ in range(shared)]
-    return [Request(i, (system if i % 2 else []) + [rng.randrange(97) for _ in range(rng.randrange(1, 24))],
-                    rng.randrange(1, 14)) for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def generated(hf_model):
-    """``transformers``' greedy tokens for each request of ``trace()``."""
-    out = {}
-    for r in trace():
-        ids = torch.tensor([r.prompt_token_ids])  # every token real: the mask says so (0 is also the pad id)
-        full = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-        out[r.request_id] = tuple(full[0, ids.shape[1]:].tolist())
-    return out
+trace = every_other_shared_trace  # 8 requests, every other one under a 12-token system prompt
 
 
 def test_the_model_is_transformers_mixtral_with_no_near_tie(hf_model, weights, generated):

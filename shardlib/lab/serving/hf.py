@@ -80,6 +80,19 @@ def random_hf_deepseek_v3(seed: int = 0, dtype: torch.dtype = torch.float64, **s
     return model
 
 
+def hf_greedy_tokens(model, requests) -> dict:
+    """``transformers``' greedy ``generate`` for each request alone (every prompt token real, no end-of-sequence
+    stop): request id -> its generated tokens, what the engine's are checked against."""
+    out = {}
+    with torch.no_grad():
+        for r in requests:
+            ids = torch.tensor([r.prompt_token_ids])  # the mask says every token is real (0 is also the pad id)
+            full = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new_tokens,
+                                  do_sample=False, eos_token_id=None, pad_token_id=0)
+            out[r.request_id] = tuple(full[0, ids.shape[1]:].tolist())
+    return out
+
+
 def _spread(make, seed: int, dtype: torch.dtype):
     """``make()`` from ``seed``, in ``dtype``, every matrix (an expert's too) redrawn with a wider spread than the
     default init, so the argmax is rarely a near-tie."""

@@ -3,6 +3,8 @@
 * ``poisson_trace``: Poisson arrivals, prompt and output lengths drawn from ranges (mixed lengths).
 * ``shared_prefix_trace``: multi-turn chats under one system prompt; a turn's prompt holds the earlier turns.
 * ``hot_prefix_trace``: for routers: a share ``hot`` of the requests under one system prompt, the rest fresh.
+* ``every_other_shared_trace``: the exactness checks' trace, every other request under one system prompt (its
+  token ids from ``range(vocab)``, 0 included).
 """
 
 from __future__ import annotations
@@ -88,3 +90,12 @@ def hot_prefix_trace(n: int = 32, rate_per_s: float = 200.0, hot: float = 0.75, 
         out.append(Request(rid, prompt, rng.randint(*new), arrival_s=t))
         t += 0.0 if rate_per_s == float("inf") else rng.expovariate(rate_per_s)
     return out
+
+
+def every_other_shared_trace(n: int = 8, seed: int = 0, shared_tokens: int = 12, vocab: int = 97) -> list[Request]:
+    """``n`` requests, all there at once, every other one under one system prompt of ``shared_tokens``: 1 to 23
+    tokens of its own, 1 to 13 to generate. The exactness checks' trace: prefix hits, and prompts of every size."""
+    rng = random.Random(seed)
+    system = [rng.randrange(vocab) for _ in range(shared_tokens)]
+    return [Request(i, (system if i % 2 else []) + [rng.randrange(vocab) for _ in range(rng.randrange(1, 24))],
+                    rng.randrange(1, 14)) for i in range(n)]
