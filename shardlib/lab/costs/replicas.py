@@ -41,14 +41,15 @@ def requests(seed: int, batch: int, d_model: int) -> torch.Tensor:
     return torch.randn(batch, d_model, generator=torch.Generator().manual_seed(seed))
 
 
-def serve_both_ways_on_rank(ctx, layers: list[dict], model: ModelConfig, seed: int, batch: int,
-                            tp: int | None = None) -> dict | None:
+def serve_both_ways_on_rank(ctx, model: ModelConfig, seed: int, batch: int, tp: int | None = None) -> dict | None:
     """One decode step each way on the first ``tp`` ranks (default: all), each a span of its name:
     ``"replica"``, this rank's whole stack on its own requests (``requests(seed + 1 + rank)``), and ``"tp"``,
-    the stack split ``tp`` ways serving ``requests(seed + 1)``, rank 0's replica's. Each ``(batch, d_model)``."""
+    the stack split ``tp`` ways serving ``requests(seed + 1)``, rank 0's replica's. Each ``(batch, d_model)``.
+    The weights are drawn here from ``seed`` (the same on every rank), not sent: they can be large."""
     mesh, member = leading_group(ctx, tp)
     if not member:
         return None
+    layers = stack_weights(model, seed, ("mlp",))
     tpg = TPGroup.world(ctx) if mesh is None else TPGroup.of_mesh(ctx, mesh, "tp")
     blocks = [ParallelBlock(w, model, tpg) for w in layers]
     h = requests(seed + 1, batch, model.d_model)  # (batch, d_model), the same on every rank of the group
@@ -85,8 +86,7 @@ def run_replicas_vs_tp(ranks, link: Link, model: ModelConfig | None = None, batc
     if model.d_ff % n:
         raise ValueError(f"d_ff = {model.d_ff} cannot be split {n} ways")
     whole_number(batch, "batch"), whole_number(steps, "steps")
-    layers = stack_weights(model, seed, ("mlp",))
-    got = on_ranks(ranks, serve_both_ways_on_rank, layers, model, seed, batch, n, repeats=steps + 1)
+    got = on_ranks(ranks, serve_both_ways_on_rank, model, seed, batch, n, repeats=steps + 1)
     timed = range(1, steps + 1)
     replica_steps = tuple(max(s.duration_s for s in got.spans("replica", repeat=i)) for i in timed)
     tp_steps = tuple(max(s.end_s for s in spans) - max(s.start_s for s in spans)
