@@ -24,7 +24,7 @@
 import inspect
 
 import exercise_answers as answers
-from shardlib.exercises.pipeline import grade_bubble_fraction
+from shardlib.exercises.bubble import grade_bubble_fraction
 from shardlib.predict.pipeline import pipeline_bubble_fraction
 
 print(inspect.getsource(answers.bubble_fraction))
@@ -36,3 +36,16 @@ assert result.passed
 for p, m in ((2, 4), (4, 8), (4, 3), (8, 16), (1, 5)):
     assert answers.bubble_fraction(p, m) == pipeline_bubble_fraction(p, m), (p, m)
 print("the answer is the library's bubble fraction at every size tried")
+
+# %% [markdown]
+# ## Step 3: a pass's time, hops included
+#
+# The first microbatch crosses every stage and every hop; each one behind it leaves one stage-time later.
+
+# %%
+from shardlib.exercises.bubble import grade_pass_time
+
+print(inspect.getsource(answers.pass_time))
+result = grade_pass_time(answers.pass_time)
+print(result)
+assert result.passed

@@ -57,6 +57,13 @@ def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
     return (n_stages - 1) / (n_microbatches + n_stages - 1)
 
 
+def pass_time(n_stages: int, n_microbatches: int, stage_s: float, hop_s: float) -> float:
+    """The first microbatch's trip (p stages, p - 1 hops), then one leaves each stage-time behind it."""
+    if n_stages < 1 or n_microbatches < 1:
+        raise ValueError(f"a pipeline needs at least 1 stage and 1 microbatch, got {n_stages} and {n_microbatches}")
+    return (n_microbatches + n_stages - 1) * stage_s + (n_stages - 1) * hop_s
+
+
 # -- 09 pipeline schedules ------------------------------------------------------------------------------
 def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[tuple[str, int]]:
     """Stage ``stage``'s 1F1B order (PipeDream-Flush, as Megatron-LM runs it): ``p - s - 1`` forwards fill the

@@ -18,9 +18,10 @@
 # **What you will do.** Count, in a forward-only schedule's table, how much of a pass each stage sits
 # idle. Then write that share as a function of the stage and microbatch counts. The checker tries 25
 # pairs of counts. It names the usual mistakes: Megatron's ratio to ideal in place of the share, an
-# off-by-one in the fill, the busy share instead of the idle one. Allow 15 to 25 minutes.
+# off-by-one in the fill, the busy share instead of the idle one. Last, add the hops between stages and
+# write how long a pass takes. Allow 20 to 30 minutes.
 #
-# Until you write the function, its checker says "not written yet". Replace the
+# Until you write a function, its checker says "not written yet". Replace each
 # `raise NotImplementedError` line, run the cell, then run the checker.
 
 # %% [markdown]
@@ -51,9 +52,29 @@ def bubble_fraction(n_stages: int, n_microbatches: int) -> float:
 
 
 # %%
-from shardlib.exercises.pipeline import grade_bubble_fraction
+from shardlib.exercises.bubble import grade_bubble_fraction
 
 grade_bubble_fraction(bubble_fraction)
+
+# %% [markdown]
+# ## Step 3: `pass_time`, hops included
+#
+# In notebook 03 the measured idle share sat above the formula: a message between stages takes time. Give
+# each stage `stage_s` seconds a microbatch and each hop between neighbours `hop_s`. Return the seconds one
+# forward-only pass takes, from the first microbatch entering stage 0 to the last leaving stage `p - 1`.
+# Follow the first microbatch's trip, then the others behind it. Raise a `ValueError` for no stages or no
+# microbatches.
+
+# %%
+def pass_time(n_stages: int, n_microbatches: int, stage_s: float, hop_s: float) -> float:
+    """Seconds of one forward-only pass of n_microbatches through n_stages equal stages, hop_s a hop."""
+    raise NotImplementedError("write pass_time here")
+
+
+# %%
+from shardlib.exercises.bubble import grade_pass_time
+
+grade_pass_time(pass_time)
 
 # %% [markdown]
 # ## Check yourself
@@ -92,5 +113,7 @@ show_questions(
 # - A pass of `m` microbatches through `p` equal stages lasts `m + p - 1` slots, of which each stage
 #   works `m`: the idle share is `(p - 1) / (m + p - 1)`.
 # - Megatron's ratio to ideal, `(p - 1) / m`, describes the same schedule in another convention.
+# - Hops delay only the first microbatch's trip: a pass takes `(m + p - 1) t + (p - 1) h`. The microbatches
+#   behind it arrive while each stage is still busy.
 #
 # Solutions for instructors are in `solutions/` at the top of the repository.

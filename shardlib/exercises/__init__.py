@@ -1,6 +1,7 @@
 """Exercises that check themselves: the learner writes a function, a grader compares it with the reference, on
 live ranks where it matters.
 
+* ``bubble``: Graders for the served pipeline's exercise (notebook 03): the bubble fraction and a pass's time.
 * ``context_parallel``: Grader for the context-parallel exercise: merge two partial attention results with
   their max and sum.
 * ``costs``: Grader for the communication-costs exercise: fit a latency and a bandwidth to a sweep of timings.
@@ -10,7 +11,7 @@ live ranks where it matters.
   the auxiliary-loss-free bias on ranks.
 * ``mesh``: Grader for the mesh exercise: a global rank's (stage, replica, tp rank), and its tp, pp and dp
   groups.
-* ``pipeline``: Graders for the pipeline exercises: the bubble fraction, one stage's 1F1B order, and a
+* ``pipeline``: Graders for the pipeline-schedule exercises (notebook 09): one stage's 1F1B order, and a
   schedule table.
 * ``result``: What a grader hands back, and the checks every grader shares.
 * ``serving_at_scale``: Grader: the prefix-aware router's choice with its balance threshold (serving at
@@ -25,5 +26,5 @@ live ranks where it matters.
   with a mistake made.
 """
 
-__all__ = ["context_parallel", "costs", "data_parallel", "experts", "mesh", "pipeline", "result",
+__all__ = ["bubble", "context_parallel", "costs", "data_parallel", "experts", "mesh", "pipeline", "result",
            "serving_at_scale", "serving_engine", "tensor_parallel", "training", "training_ledger"]

@@ -1,7 +1,5 @@
-"""Graders for the pipeline exercises: the bubble fraction, one stage's 1F1B order, and a schedule table.
-
-* ``grade_bubble_fraction``: ``(p - 1) / (m + p - 1)``; Megatron-LM's ratio to ideal, ``(p - 1) / m``, is the
-  mistake it names most often.
+"""Graders for the pipeline-schedule exercises (notebook 09): one stage's 1F1B order, and a schedule table.
+(Notebook 03's, the bubble of a served batch, are in ``bubble``.)
 * ``grade_one_f_one_b``: stage ``s``'s 1F1B order (PipeDream-Flush, as Megatron-LM runs it) as a checked
   ``Schedule``, held to 1F1B's microbatches in flight and step length; with a pool, run bit for bit.
 * ``grade_small_table`` and ``grade_schedule_table``: ZB-H1 (Qi et al. 2024) as a table of labels (``"F3"``,
@@ -11,70 +9,14 @@
 
 from __future__ import annotations
 
-import math
 import re
 
-from shardlib.core.checks import is_number
 from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.pipeline.schedules import Action, Schedule, ScheduleError
 from shardlib.exercises import result as grading
 from shardlib.exercises.result import Collector, ExerciseResult, check_callable
 from shardlib.lab.pipeline.step import run_pipeline
-from shardlib.predict.pipeline import idle_slots, peak_in_flight, pipeline_bubble_fraction, step_slots
-
-STAGES = (1, 2, 3, 4, 8)
-MICROBATCHES = (1, 3, 4, 8, 32)
-BAD_INPUTS = ((0, 4), (4, 0))  # no stages, no microbatches: must raise ValueError
-
-# Formulas a learner is likely to write instead, each with what it means.
-LIKELY_MISTAKES = (
-    (lambda p, m: (p - 1) / m, "that is the ratio of idle time to ideal compute, (p - 1) / m (Megatron-LM's "
-                               "convention); the fraction of the step spent idle is (p - 1) / (m + p - 1)"),
-    (lambda p, m: m / (m + p - 1),
-     "that is the busy fraction m / (m + p - 1); the bubble is the idle part, 1 minus it"),
-    (lambda p, m: (p - 1) / (m + p), "the step lasts m + p - 1 microbatch-times, not m + p (an off-by-one)"),
-    (lambda p, m: p / (m + p - 1), "the fill and drain take p - 1 microbatch-times, not p (an off-by-one)"),
-    (lambda p, m: (p - 1) // (m + p - 1), "integer division (//) rounds the fraction down to 0: use /"),
-)
-
-
-def _same_everywhere(wrong: list[tuple[int, int, float]], formula) -> bool:
-    """``formula`` gives the learner's value at every point that differs (one point alone can fit
-    several: at p = m = 1, p / (m + p - 1) and the busy fraction are both 1)."""
-    return all(math.isclose(value, formula(p, m), rel_tol=1e-9, abs_tol=1e-12) for p, m, value in wrong)
-
-
-@grading.checks(values=2, refuses_bad_input=1)
-def grade_bubble_fraction(bubble_fn) -> ExerciseResult:
-    """Grade a learner's ``bubble_fraction(n_stages, n_microbatches) -> float`` against
-    ``predict.pipeline.pipeline_bubble_fraction`` over a grid of stage and microbatch counts, and check that no
-    stages or no microbatches raises ``ValueError``."""
-    check_callable(bubble_fn, "bubble_fraction")
-    got = Collector("bubble fraction", f"n_stages in {STAGES} x n_microbatches in {MICROBATCHES}, and "
-                                       f"n_stages = 0 or n_microbatches = 0 (must raise ValueError)",
-                    grade_bubble_fraction.checks)
-    wrong = []
-    for p in STAGES:
-        for m in MICROBATCHES:
-            value = grading.call(got, f"p = {p}, m = {m}", bubble_fn, p, m)
-            if got.not_written:
-                return got.result()
-            if value is not None and not is_number(value):
-                got.fail(f"p = {p}, m = {m}: return a number, got {type(value).__name__} {value!r}")
-            elif value is not None and not _same_everywhere([(p, m, float(value))], pipeline_bubble_fraction):
-                wrong.append((p, m, float(value)))
-    if wrong:
-        p, m, value = wrong[0]
-        hint = grading.first_match(wrong, LIKELY_MISTAKES, _same_everywhere) or (
-            "picture the schedule: how many microbatch-times does a step last, and for how many is a stage busy?")
-        got.fail(f"p = {p} stages, m = {m} microbatches: you returned {value:.4g}, the bubble fraction is "
-                 f"{pipeline_bubble_fraction(p, m):.4g}: {hint} ({len(wrong)} of the "
-                 f"{len(STAGES) * len(MICROBATCHES)} points differ)")
-    for p, m in BAD_INPUTS:
-        grading.must_refuse(got, f"p = {p}, m = {m}", bubble_fn, (p, m),
-                            "a pipeline needs at least 1 stage and 1 microbatch", check="refuses_bad_input")
-    return got.result(f"matches (p - 1) / (m + p - 1) at all {len(STAGES) * len(MICROBATCHES)} points")
-
+from shardlib.predict.pipeline import idle_slots, peak_in_flight, step_slots
 
 # -- a schedule from the learner's lists -------------------------------------------------------------------
 HINTS = {  # what each kind of broken schedule means, and what to check, in the learner's terms

@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from solutions_module import answers
 
 from shardlib.core.toy import activations, stack_weights
+from shardlib.exercises.bubble import grade_bubble_fraction, grade_pass_time
 from shardlib.exercises.context_parallel import grade_merge_partial_attention
 from shardlib.exercises.costs import grade_fit_alpha_beta
 from shardlib.exercises.experts import grade_dispatch_plan, grade_top_k_router
-from shardlib.exercises.pipeline import grade_bubble_fraction, grade_one_f_one_b
+from shardlib.exercises.pipeline import grade_one_f_one_b
 from shardlib.exercises.result import NOT_RIGHT, NOT_WRITTEN, PASSED, ExerciseResult
 from shardlib.exercises.tensor_parallel import grade_shard_rows, grade_tp_pair_forward
 from shardlib.facts.models import TOY
@@ -189,7 +190,7 @@ def test_pair_needs_a_pool():
         grade_tp_pair_forward(answers.tp_pair_forward)
 
 
-# -- the bubble (a grader kept for instructors: the exercise of notebook 03 is the 1F1B order below) ----------
+# -- the bubble of a served batch, and its pass's time (notebook 03's exercise) ---------------------------------
 def right_bubble_fraction(n_stages, n_microbatches):
     if n_stages < 1 or n_microbatches < 1:
         raise ValueError("a pipeline needs at least 1 stage and 1 microbatch")
@@ -219,6 +220,37 @@ def checked(formula):
 ])
 def test_bubble_wrong_answers_fail_with_a_hint(wrong, phrases):
     assert_wrong(grade_bubble_fraction(wrong), *phrases)
+
+
+def right_pass_time(p, m, t, h):
+    if p < 1 or m < 1:
+        raise ValueError("a pipeline needs at least 1 stage and 1 microbatch")
+    return (m + p - 1) * t + (p - 1) * h
+
+
+def test_pass_time_solution_passes_and_blank_is_not_written():
+    assert grade_pass_time(right_pass_time).passed
+    assert grade_pass_time(blank).status == NOT_WRITTEN
+
+
+def timed(formula):
+    def pass_time(p, m, t, h):
+        if p < 1 or m < 1:
+            raise ValueError("at least one")
+        return formula(p, m, t, h)
+    return pass_time
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (timed(lambda p, m, t, h: (m + p - 1) * t), ("p = 2, m = 1, stages of 25 ms, hops of 2 ms", "leaves the hops out")),
+    (timed(lambda p, m, t, h: (m + p - 1) * (t + h)), ("charges a hop to every slot",)),
+    (timed(lambda p, m, t, h: (m + p - 1) * t + p * h), ("p - 1 hops, not p",)),
+    (timed(lambda p, m, t, h: p * m * t), ("stages work at the same time",)),
+    (timed(lambda p, m, t, h: m * t), ("picture the first microbatch's trip",)),
+    (lambda p, m, t, h: (m + p - 1) * t + (p - 1) * h, ("p = 0, m = 4", "raise ValueError")),
+])
+def test_pass_time_wrong_answers_fail_with_a_hint(wrong, phrases):
+    assert_wrong(grade_pass_time(wrong), *phrases)
 
 
 # -- one stage's 1F1B order ----------------------------------------------------------------------------------
@@ -607,8 +639,8 @@ def test_exercise_notebooks_are_in_sync_and_stored_without_outputs(tmp_path):
             assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code"), nb.name
 
 
-@pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_top_k_router, grade_dispatch_plan,
-                                    grade_merge_partial_attention, grade_fit_alpha_beta])
+@pytest.mark.parametrize("grader", [grade_shard_rows, grade_bubble_fraction, grade_pass_time, grade_top_k_router,
+                                    grade_dispatch_plan, grade_merge_partial_attention, grade_fit_alpha_beta])
 def test_graders_refuse_something_that_is_not_a_function(grader):
     with pytest.raises(ValueError, match="pass your function itself"):
         grader(42)
@@ -636,6 +668,7 @@ def test_the_bubble_exercise_is_notebook_03s_and_serves_forward_only():
     solution = (ROOT / "solutions" / "03_pipeline_parallel_solutions.py").read_text()
     assert "grade_bubble_fraction(bubble_fraction)" in starter
     assert "grade_bubble_fraction(answers.bubble_fraction)" in solution
+    assert "grade_pass_time(pass_time)" in starter and "grade_pass_time(answers.pass_time)" in solution
     assert "training=False" in starter and "backward" not in starter.lower()
 
 

@@ -15,16 +15,12 @@ import shardlib.exercises as exercises
 from shardlib.core.pipeline.registry import make_schedule
 from shardlib.core.toy import activations, stack_weights
 from shardlib.exercises import training
+from shardlib.exercises.bubble import grade_bubble_fraction, grade_pass_time
 from shardlib.exercises.context_parallel import grade_merge_partial_attention
 from shardlib.exercises.costs import grade_fit_alpha_beta
 from shardlib.exercises.experts import grade_aux_free_bias, grade_dispatch_plan, grade_top_k_router
 from shardlib.exercises.mesh import grade_mesh_coordinates
-from shardlib.exercises.pipeline import (
-    grade_bubble_fraction,
-    grade_one_f_one_b,
-    grade_schedule_table,
-    grade_small_table,
-)
+from shardlib.exercises.pipeline import grade_one_f_one_b, grade_schedule_table, grade_small_table
 from shardlib.exercises.serving_at_scale import PrefixRouterState, grade_prefix_router
 from shardlib.exercises.serving_engine import grade_block_manager
 from shardlib.exercises.tensor_parallel import grade_shard_rows
@@ -63,12 +59,13 @@ def test_every_grader_declares_its_properties_and_their_points(grader):
     assert f"{grader.__name__}.checks" in inspect.getsource(grader)  # and hands them to its Collector
 
 
-def test_all_sixteen_graders_are_found():
-    assert len(list(graders())) == 16
+def test_all_seventeen_graders_are_found():
+    assert len(list(graders())) == 17
 
 
 def test_the_blank_starters_hold_nothing():
-    for result in (grade_shard_rows(blank), grade_bubble_fraction(blank), grade_one_f_one_b(blank),
+    for result in (grade_shard_rows(blank), grade_bubble_fraction(blank), grade_pass_time(blank),
+                   grade_one_f_one_b(blank),
                    grade_top_k_router(blank), grade_dispatch_plan(blank), grade_merge_partial_attention(blank),
                    grade_fit_alpha_beta(blank), grade_small_table(blank), grade_schedule_table(blank),
                    grade_mesh_coordinates(blank, blank), grade_prefix_router(BlankRouter),
@@ -78,6 +75,7 @@ def test_the_blank_starters_hold_nothing():
 
 def test_the_answers_hold_everything():
     for result in (grade_shard_rows(answers.shard_rows), grade_one_f_one_b(answers.one_f_one_b),
+                   grade_pass_time(answers.pass_time),
                    grade_top_k_router(answers.top_k_router), grade_dispatch_plan(answers.plan_dispatch),
                    grade_merge_partial_attention(answers.merge_partials), grade_fit_alpha_beta(answers.fit_alpha_beta),
                    grade_small_table(answers.small_table), grade_schedule_table(answers.my_schedule),
