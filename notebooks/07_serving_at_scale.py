@@ -185,7 +185,7 @@ for phase, pick in (("prefill", chosen.prefill.best), ("decode", chosen.decode.b
           f"{pick.tokens_per_s:,.0f} tokens/s")
 
 # %% [markdown]
-# Prefill takes the widest split; decode takes replicas of a smaller one. Then the KV heads no longer
+# For Llama-3-8B, prefill takes the widest split; decode takes replicas of a smaller one. Then the KV heads no longer
 # line up. With 1 prefill rank and 2 decode ranks, the prefill rank holds both KV heads and each decode
 # rank needs one. Each **rank pair** whose heads overlap exchanges only the heads both hold. vLLM's and
 # SGLang's KV connectors slice and gather heads the same way.
@@ -288,10 +288,10 @@ assert all(run.tokens == reference for run in split.runs.values())
 # far more.
 #
 # Now the condition. The last row, predicted only, is the fair colocated rival: two colocated engines of
-# 2 ranks each, the same pieces as the pools. Its throughput about matches the pools'. Splitting moved the
-# prompts away from the decodes; with the same layout in each pool it made no more tokens. So split the
-# pools when a TPOT objective is tight and prompts are long. Under a loose objective, colocated replicas
-# serve as much with no transfer.
+# 2 ranks each, the same pieces as the pools. Splitting moved the prompts away from the decodes; with the
+# same layout in each pool it made no more tokens. Here the rival's goodput beats the pools' even at the
+# tight objective: a prompt adds little to a step. Split only when prompts are long enough to slow decode
+# steps and TPOT is tight.
 #
 # On real models the hand-off is large. A prompt of 4,096 tokens, 10 requests a second, 8 GPUs a pool,
 # then 4 where the model fits:
@@ -384,18 +384,7 @@ assert max(runs["prefix-aware, threshold 2"].routed) < max(piled.routed)
 #
 # The same Poisson trace two ways on the same 4 ranks: 4 replicas of one rank, or one copy split four
 # ways. [Notebook 02](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) predicted the
-# trade for one batch. Here it is request by request. First the prediction, on the step costs fitted
-# above: the routing check's (one rank) and the colocated engine's (4 ranks).
-
-# %%
-from shardlib.predict.serving.engine import simulate_serving
-from shardlib.predict.serving.fleet import simulate_replicas
-
-costs = (routing.cost, split.costs["colocated"])
-as_replicas = simulate_replicas(trace, config, costs[0], 4, "least-loaded").figures(trace)
-as_split = simulate_serving(trace, config, costs[1]).figures(trace)
-for name, f in (("4 replicas", as_replicas), ("tp = 4", as_split)):
-    print(f"predicted, {name}: TPOT p50 {f['tpot_p50_s'] * 1e3:.1f} ms, {f['tokens_per_s']:.0f} tokens/s")
+# trade for one batch. Here it is request by request, each way predicted from its own fitted step cost.
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.lab.serving.replica_drivers import run_replicas_vs_tp_check
@@ -411,9 +400,7 @@ assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
 #
 # The check fits each way's step cost again, on its own run of 12 other requests arriving at once, and
 # predicts from that: two fits back to back, then two runs back to back, so their ratio survives a busy
-# machine better than either time. (Predicting from the two costs fitted above, at other moments, put
-# the TPOT ratio near the edge of its band.) A ratio holds when measured / predicted lies within 0.5-2;
-# the fits and runs are repeated up to 3 times while one fails.
+# machine better than either time.
 #
 # </details>
 
@@ -521,12 +508,12 @@ pools_explorer(split.costs["disaggregated"], model, where="a model: 4 engines on
 # <details><summary>Answer</summary>
 #
 # (1) Colocated. Every colocated engine works on both phases, while a split leaves part of each pool
-# idle. This is vLLM's condition: disaggregation does not raise throughput. (2) The split's TPOT p90 is
-# lower, since its decode steps carry no prompt chunks. Its goodput comes close to colocated's or passes
-# it; the more a prompt token costs in a step, the more the split gains. (3) With 1 : 3 the lone prefill
-# engine queues the prompts, and TTFT p90 is the highest. With 3 : 1 the lone decode engine batches every
-# decode, and TPOT p90 is the highest. DistServe picks the ratio per objective for this reason. Your
-# numbers follow your machine's fit.
+# idle. This is vLLM's condition: disaggregation does not raise throughput. (2) On this toy colocated
+# wins both: a prompt chunk barely slows a step, so the decode pool gains little and the idle prefill pool
+# costs goodput. Splitting pays only where prompt tokens weigh in a step: long prompts, on GPUs. (3) With
+# 1 : 3 the lone prefill engine queues the prompts, and TTFT p90 is the highest. With 3 : 1 the lone
+# decode engine batches every decode, and TPOT p90 is the highest. DistServe picks the ratio per objective
+# for this reason. Your numbers follow your machine's fit.
 #
 # </details>
 
@@ -620,7 +607,7 @@ show_questions(
         "overflow waits?",
         ("The router's policy, which picks the fastest replica",
          "The KV hand-off between the prefill and decode pools",
-         "The cold start: mostly the 141 s of reading its weights",
+         "The cold start, mostly the time to read the weights",
          "The first token of the first request in the burst"),
         2,
         "A new replica serves only after its process starts, its weights load and its first step runs. At "
@@ -648,8 +635,8 @@ show_questions(
 # - Prompts in a decode step slow it: interference. On this toy it was small, and the pools' lower TPOT
 #   came mostly from all-reduces over fewer ranks. The pools made no more tokens than colocated replicas
 #   of the same size.
-# - On a shared-prefix trace prefix-aware routing hit the cache most. Without a threshold a hot prompt
-#   piled onto one replica; a threshold of 2 spread it.
+# - On a shared-prefix trace prefix-aware routing without a threshold hit the cache most, but piled a hot
+#   prompt onto one replica; a threshold of 2 spread it.
 # - Replicas beat a split copy on these ranks, where all-reduces are dear; the objective decides on GPUs.
 # - A cold start is process, weights and first step; at scale, mostly the weights.
 #

@@ -46,17 +46,19 @@ print(f"layout (05): {decode.layout.label}, {decode.memory.weights_bytes / 1e9:.
       f"for the KV cache of {decode.batch} sequences of 4K tokens")
 print(f"engine (06): continuous batching over a paged cache, {LLAMA_3_70B.kv_bytes_per_token(tp=8) / 1024:.0f} KiB "
       "of KV a token on each GPU")
-print(f"fleet (07): prefill on {pools.prefill.best.layout.label}, decode on {decode.layout.label}, as many of "
-      "each as the traffic needs, behind a prefix-aware router")
+print(f"fleet (07): replicas of {decode.layout.label} behind a prefix-aware router; separate prefill and decode "
+      f"pools (here {pools.prefill.best.layout.label} and {decode.layout.label}) only where TPOT is tight")
 state = LLAMA_3_70B.n_params * 16  # bytes: the memory bill below
 print(f"training it: {state / 1e12:.2f} TB of weights, gradients and optimizer state, {state / 80e9:.0f} GPUs' "
       "memory before one activation")
 assert decode.layout.tp == 8 and round(state / 80e9) == 14
 
 # %% [markdown]
-# Serving never computed a gradient. Training does, and keeps eight times the weights' bytes to do it.
-# Part II splits that state and that work: data parallelism and ZeRO here, then pipeline schedules (09),
-# long sequences (10), every axis in one step (11) and the layouts real runs choose (12).
+# Serving never computed a gradient. Training does, and keeps eight times the weights' bytes to do it:
+# 14 GPUs' memory, more than the node Part I served on. And it takes time: Meta's Llama 3 model card lists
+# 6.4 million H100 hours for the 70B, centuries on one GPU. Part II splits that state and that work:
+# data parallelism and ZeRO here, then pipeline schedules (09), long sequences (10), every axis in one
+# step (11) and the layouts real runs choose (12).
 
 # %% [markdown]
 # ## Data parallelism and the global batch
@@ -366,8 +368,8 @@ for prefetch in (False, True):  # the ZeRO-3 run above already prefetched
 #
 # **Predict.** On these CPU ranks the "network" is the same CPU cores that compute. A hidden transfer
 # takes its cycles from the backward beside it. So most of the communication is hidden, yet the step
-# with overlap takes about as long as the step without. A larger toy (528k parameters, 64 rows, buckets
-# of 64 KiB) makes the effect visible.
+# shortens far less than the hidden time: it stays well above "perfect overlap". A larger toy (528k
+# parameters, 64 rows, buckets of 64 KiB) makes the effect visible.
 
 # %%
 from shardlib.lab.data_parallel.claims import overlap_verdicts, run_overlap
@@ -460,11 +462,11 @@ activation_figure({"plain": plain.saved_bytes_per_unit, "checkpointed": kept.sav
                   title="Bytes each layer keeps for its backward, measured in this process (one CPU process, no ranks)")
 
 # %% [markdown]
-# **A real transformer layer.** Korthikanti et al. (2022) count the 16-bit activations of one layer for
-# one microbatch: `sbh (34 + 5as/h)` bytes, for `s` tokens, `b` sequences, width `h` and `a` heads. The
-# second part, `sbh × 5as/h = 5as²b`, is attention's `s × s` tensors per head. These are the softmax
-# output (`2as²b`), the dropout mask (`as²b`) and the dropout output (`2as²b`). It grows with the square
-# of the sequence.
+# **A real transformer layer.** Korthikanti et al. (2022) count the 16-bit activations of one GPT layer
+# (with dropout, a GELU MLP) for one microbatch: `sbh (34 + 5as/h)` bytes, for `s` tokens, `b` sequences,
+# width `h` and `a` heads. The second part, `sbh × 5as/h = 5as²b`, is attention's `s × s` tensors per
+# head. These are the softmax output (`2as²b`), the dropout mask (`as²b`) and the dropout output
+# (`2as²b`). It grows with the square of the sequence.
 #
 # - A fused attention kernel (FlashAttention, PyTorch's `scaled_dot_product_attention` on GPUs) never
 #   stores them. It recomputes them block by block in its backward, which leaves `34 sbh`.
@@ -525,7 +527,8 @@ strategy_explorer(ranks, model, batches, LR)
 # The bytes sent stay the same (68,128 per step): every gradient is all-reduced once, whatever the
 # bucket size. The number of buckets falls from 18 to 1, so the calls do too. Many tiny buckets pay each
 # call's fixed start-up cost ([`alpha`](02_communication_costs.ipynb#The-alpha-beta-formula)) again and
-# again, so the step is usually slower. The hidden share stays high until "one bucket". That bucket
+# again, so the step is usually slower. On these ranks one bucket may even give the shortest step: one
+# call's start-up beats eighteen. The hidden share stays high until "one bucket". That bucket
 # fills only with the last gradient, at the very end of the backward, so almost nothing is hidden.
 # Unticking overlap sends every bucket after the backward: nothing is hidden. PyTorch's DDP sits in
 # between, with 25 MB buckets by default (`bucket_cap_mb`).
@@ -632,7 +635,7 @@ show_questions(
 #   formula exactly.
 # - With one microbatch a step, DDP, ZeRO-1 and ZeRO-2 send the same bytes; ZeRO-3 1.5 times as many,
 #   holding one or two layers. ZeRO-2 with several microbatches sends after each.
-# - Overlap hid most of the communication; on CPU ranks that share their cores, the step barely shortens.
+# - Overlap hid most of the communication; on CPU ranks that share their cores, the step shortened far less.
 # - Activations remain: fused attention never stores the `s × s` tensors, and full recomputation is the
 #   last resort.
 #
