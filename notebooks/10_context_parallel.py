@@ -51,8 +51,7 @@
 # `2 (K and V) x 80 layers x 8 KV heads x 128 x 2 bytes` per token: 43 GB for one sequence. Tensor
 # parallelism splits it by KV head, but the model has only 8. At `tp = 16` each KV head is copied onto two
 # devices, so the cache per device stops shrinking ([the KV-head limit](01_tensor_parallel.ipynb#The-KV-head-limit),
-# a cost, not a refusal). Context parallelism (`cp`) splits it by token and has no such limit. (The million-token
-# points go past the 128K window on purpose.)
+# a cost, not a refusal). Context parallelism (`cp`) splits it by token and has no such limit.
 #
 # Before running the cell: how much of the cache does one device hold at `tp = 8`, and at `tp = 8, cp = 4`?
 
@@ -87,7 +86,8 @@ for model, tokens in ((LLAMA_3_1_8B, 1_000_000), (LLAMA_3_1_70B, 1_000_000)):
     print(f"{model.name}, {tokens:,} tokens, tp = {tp}: needs cp = {cp} to fit 80 GB devices")
 
 # %% [markdown]
-# A million tokens through Llama-3.1-8B's shapes (131 GB of KV cache) fit 80 GB devices only from `cp = 4`.
+# A million tokens through Llama-3.1-8B's shapes (131 GB of KV cache) fit 80 GB devices only from `cp = 4`
+# at `tp = 1`; the 70B at `tp = 8` fits without it (61 GB).
 #
 # <details><summary>Which planners search cp</summary>
 #
@@ -409,9 +409,7 @@ assert balance["contiguous"].computed_blocks == (1, 2) and balance["zigzag"].com
 #
 # Three passes per placement after a warm-up; each rank's compute is the CPU time of its thread, the median
 # of the passes (on a shared machine, wall time would also count the moments another process held the
-# core). The verdict compares the two placements' busiest-over-mean: it holds when zigzag's is at most
-# contiguous's, and it is measured again, at most three times, while a busy machine spoils it. The
-# measured imbalance sits a little under the prediction. A diagonal block is computed whole under its mask
+# core). The measured imbalance sits a little under the prediction. A diagonal block is computed whole under its mask
 # and costs more than a plain one, which lifts the lighter rank.
 #
 # </details>
@@ -444,7 +442,8 @@ assert balance["contiguous"].computed_blocks == (1, 2) and balance["zigzag"].com
 # block's length while its compute grows with the square: long enough, and the transfer hides.
 #
 # Here the transfer and the compute share the same CPU cores. On a GPU they would not: the links leave the
-# arithmetic free. So each step's compute, still done for real, is padded with sleep to 40 ms. 2 MiB move per
+# arithmetic free. So each step's real compute is padded with sleep to at least 40 ms; the
+# prediction uses each step's measured time. 2 MiB move per
 # step. Predict: with overlap, almost no time blocked in `wait`.
 
 # %% tags=["nbval-ignore-output"]
@@ -453,7 +452,7 @@ from shardlib.ui.data_parallel_figures import overlap_timeline_figure
 
 qo, ko, vo = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
 overlap, verdicts = verified(lambda: run_ring_overlap(ranks, qo, ko, vo, repeats=3, pad_compute_s=0.04),
-                             overlap_verdicts)  # the link fitted again each attempt
+                             overlap_verdicts)
 for verdict in verdicts:
     print(verdict.line)
 print(f"blocked waiting for blocks: {overlap.overlapped.waited_s * 1e3:.2f} ms overlapped, "
@@ -469,10 +468,9 @@ assert overlap.overlapped.exact and overlap.sequential.exact
 #
 # The link is fitted to this machine's ring exchanges first (latency and bandwidth). Each ring then runs
 # three times with and three times without overlap; a pass's time is the median of the slowest rank's.
-# Each pass must take 0.95 to 1.35 times its prediction. The Python around each step and a
-# rank's wake-up after its sleep are time the model leaves out, so the ratios land a few percent over 1.
-# The share hidden is 1 minus the overlapped wait over the transfer time without overlap. It must be at
-# least 50 %. If a busy machine spoils a verdict, all are measured again, at most three times. On gloo a
+# The Python around each step and a rank's wake-up after its sleep are time the model leaves out, so the
+# ratios land a few percent over 1. The share hidden is 1 minus the overlapped wait over the transfer time
+# without overlap. On gloo a
 # rank learns that a transfer finished only when it calls `wait`, so an in-flight bar ends there.
 # `benchmarks/bench_context_parallel.py` measures the ring unpadded, on a longer sequence.
 #
@@ -623,7 +621,7 @@ assert no_gqa.kv_block_bytes(1) == 8 * llama.kv_block_bytes(1)
 #
 # **Your task.** At 2,048 tokens, switch between the two placements and read each rank's compute. Which
 # placement makes the two ranks equal, and by how much does the busier contiguous rank exceed the mean?
-# Then halve the length twice: how do the bytes each rank sends change, beside the bars?
+# Then halve the length twice: how do each rank's compute and bytes sent fall?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.context_parallel_widgets import sequence_explorer
@@ -634,8 +632,9 @@ sequence_explorer(ranks, heads=8, kv_heads=2, head_dim=64, max_seq=2048)
 # <details><summary>Answer</summary>
 #
 # Zigzag makes the two ranks' compute about equal. Contiguous leaves the last rank near 4/3 of the mean,
-# a little less in CPU time because diagonal blocks cost more than their count says. Each halving halves
-# the bytes sent (K and V grow with length); the bars' scores shrink four times.
+# a little less in CPU time because diagonal blocks cost more than their count says. Each halving cuts the
+# compute about four times (scores grow with the square) but the bytes sent only twice
+# (K and V grow with it): short blocks cannot hide their transfer.
 #
 # </details>
 

@@ -15,7 +15,8 @@
 # %% [markdown]
 # # 12 · Training layouts: memory per GPU, published figures and the training planner
 #
-# > **Part II, training at scale.** Assumes: [08](08_data_parallel.ipynb), [11](11_training_step.ipynb).
+# > **Part II, training at scale.** Assumes: [08](08_data_parallel.ipynb), [09](09_pipeline_schedules.ipynb),
+# > [10](10_context_parallel.ipynb), [11](11_training_step.ipynb).
 # > Reading time: about 25 minutes. Trades: memory per GPU (sharding, stages, recomputation) for step time
 # > (the bubble, each axis's collectives, recomputed FLOPs), priced term by term.
 #
@@ -38,7 +39,8 @@
 #   gradients, 12 bytes of fp32 optimizer state). Megatron-LM counts 18: its gradients are fp32. ZeRO-1/2/3
 #   shard them over the `dp x cp` ranks that hold the same weights ([notebook 08](08_data_parallel.ipynb)).
 # - **Activations** kept for the backward, per layer and microbatch (Korthikanti et al. 2022, Table 2):
-#   `s b h (34 + 5 a s / h)` bytes without parallelism. Tensor and sequence parallelism divide it by `t`.
+#   `s b h (34 + 5 a s / h)` bytes without parallelism. Tensor and sequence parallelism divide it by `t`
+#   (= tp).
 #   Selective recomputation drops the `5 a s / h` of attention scores, which FlashAttention never stores.
 #   Full recomputation keeps only each layer's input. Context parallelism divides the tokens.
 # - **Microbatches in flight**: 1F1B's stage `s` of `p` keeps `p - s` of them
@@ -215,8 +217,9 @@ assert best.tp * best.pp * best.dp * best.cp == 16384 and best.tp == 8 and best.
 assert training_plan.best.memory.total_bytes <= 0.9 * cluster.memory_per_gpu_bytes
 
 # %% [markdown]
-# With one latency per call, wide ZeRO-3 looks cheap. With the ring's 2,047 latencies per gather it
-# loses most of its step to waiting, and the planner moves to 16 stages. One rule is built in rather than
+# With one latency per call, wide ZeRO-3 looks cheap. With the ring's 2,047 latencies per gather,
+# `3 x 126 x 2,047 x 20 us` is 15.5 s of latency a microbatch, twice the compute: it loses most of its
+# step to waiting, and the planner moves to 16 stages. One rule is built in rather than
 # priced: `tp` stays inside a node, so the planner never tries `tp = 16`. For 405B that changes nothing:
 # 8 KV heads cannot be split 16 ways without copying them ([notebook 01](01_tensor_parallel.ipynb)).
 #
@@ -388,14 +391,14 @@ show_questions(
         "16 bytes: 16 x 20 / 128 = 2.5 GB.",
     ),
     Question(
-        "Llama 3's FSDP keeps the weights whole after the forward. Which ZeRO stage is a step then?",
-        ("ZeRO-1: the optimizer sharded, the gradients kept whole all step",
-         "ZeRO-2: whole weights, the gradients and optimizer sharded",
-         "ZeRO-3: the weights gathered again before every single backward",
-         "DDP: nothing is sharded, and every rank keeps all its bytes"),
-        1,
-        "It shards the optimizer state and gradients, and saves the backward's gather by keeping the weights. "
-        "That is ZeRO-2's memory, and its reduce-scatter every microbatch.",
+        "Llama 3's FSDP keeps the weights whole after the forward. What does that save, and what does it cost?",
+        ("Saves the backward's all-gather; costs whole bf16 weights held all step",
+         "Saves the gradients' reduce-scatter; costs fp32 gradients on every rank",
+         "Saves optimizer memory; costs one more all-gather in every step",
+         "Nothing: FSDP gathers the weights before every pass anyway"),
+        0,
+        "Keeping the gathered weights skips the backward's gather, at the price of holding every weight whole "
+        "for the step: ZeRO-2's memory during the step, and its reduce-scatter every microbatch.",
     ),
     Question(
         "At a fixed global batch of 2,048 sequences and p = 16, what shrinks the bubble, (p - 1)/(v m) of the "
