@@ -249,7 +249,7 @@ handoff_links_figure(model.n_kv_heads, splits=((1, 2), (2, 1)))
 # first token.
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.lab.serving.disagg import run_disaggregation_check
+from shardlib.lab.serving.disagg import REPLICAS, run_disaggregation_check
 from shardlib.ui.serving_tables import disaggregation_table, handoff_line, interference_line
 
 split = run_disaggregation_check(four, weights, trace, config, runs={"disaggregated": pools})
@@ -261,6 +261,8 @@ for o in split.objectives:
     print(f"{o.name}: {o.share:.0%} of requests within TTFT {o.ttft_s * 1e3:.0f} ms and TPOT {o.tpot_s * 1e3:.1f} ms")
 print(disaggregation_table(split))
 assert all(run.tokens == reference for run in split.runs.values())
+goodput = split.predicted_goodput  # (configuration, objective) -> requests/s per GPU: the rival's beats the pools'
+assert goodput[(REPLICAS, "tight TPOT")] >= goodput[("disaggregated", "tight TPOT")]
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>

@@ -84,6 +84,7 @@ for model, tokens in ((LLAMA_3_1_8B, 1_000_000), (LLAMA_3_1_70B, 1_000_000)):
     tp = 1 if model is LLAMA_3_1_8B else 8
     cp = context_parallel_needed(model, tokens, H100_80GB.memory_bytes, tp=tp)
     print(f"{model.name}, {tokens:,} tokens, tp = {tp}: needs cp = {cp} to fit 80 GB devices")
+    assert cp == (4 if model is LLAMA_3_1_8B else 1)  # the text below: the 70B at tp 8 fits without cp
 
 # %% [markdown]
 # A million tokens through Llama-3.1-8B's shapes (131 GB of KV cache) fit 80 GB devices only from `cp = 4`

@@ -210,6 +210,8 @@ for charge in ("per_step", "per_call"):
     s = best_configuration(LLAMA_3_1_405B, cluster, wide, replace(workload, latency_charge=charge))
     print(f"{wide.label}, latency {charge}: step {s.step_s:.1f} s, of it {s.dp_s:.2f} s of ZeRO-3 not hidden "
           f"behind {s.compute_s:.1f} s of compute: MFU {s.mfu:.0%}")
+ring_latency_s = 3 * 126 * 2047 * cluster.inter_link.latency_s  # two gathers and a reduce-scatter a layer
+assert round(ring_latency_s, 1) == 15.5 and 2 < ring_latency_s / s.compute_s < 2.5  # about twice the compute
 training_plan = plan_training(LLAMA_3_1_405B, cluster, workload)
 print(format_training_plan(training_plan, top=5, rejected=2))
 best = training_plan.best.layout
