@@ -28,7 +28,7 @@
 #   prediction beside each figure.
 # - Three routing policies on one shared-prefix trace: hit rate, TTFT and throughput; a hot prompt that
 #   piles onto one replica, and the threshold that stops it.
-# - Four replicas against one copy split four ways, and a replica's cold start, measured and predicted.
+# - A replica's cold start, measured and predicted.
 
 # %% [markdown]
 # ## The idea: past one engine
@@ -384,35 +384,14 @@ assert max(runs["prefix-aware, threshold 2"].routed) < max(piled.routed)
 # %% [markdown]
 # ## If it fits, run replicas
 #
-# The same Poisson trace two ways on the same 4 ranks: 4 replicas of one rank, or one copy split four
-# ways. [Notebook 02](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) predicted the
-# trade for one batch. Here it is request by request, each way predicted from its own fitted step cost.
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.lab.serving.replica_drivers import run_replicas_vs_tp_check
-
-layouts = run_replicas_vs_tp_check(four, weights, trace, config, poisson_trace(12, float("inf"), seed=2))
-for v in layouts.verdicts:
-    print(v.line)
-print(served_table(layouts))
-assert layouts.replicas_run.tokens == layouts.tp_run.tokens == reference
-
-# %% [markdown]
-# <details><summary>How this was measured</summary>
+# Should 4 GPUs serve as 4 replicas of one GPU, or as one copy split four ways? On real ranks,
+# [notebook 02](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) measured the trade: the
+# split copy shortened each decode step, and the replicas served more tokens per device. A
+# split wins latency only where a step's compute is large beside its all-reduces. Replicas win throughput
+# when a copy fits with its batch's KV cache. At long contexts it does not, and
+# [05's planner](05_serving_layouts.ipynb#Replicas-against-parallelism:-the-objective-decides) picks tp 2
+# to 8. The objective decides.
 #
-# The check fits each way's step cost again, on its own run of 12 other requests arriving at once, and
-# predicts from that: two fits back to back, then two runs back to back, so their ratio survives a busy
-# machine better than either time.
-#
-# </details>
-
-# %% [markdown]
-# On these CPU ranks an all-reduce costs more than the compute it splits, so the fits predict replicas
-# ahead on both figures. On GPUs with NVLink a split copy can win TPOT, as 02 showed, when a step's
-# compute is large beside its all-reduces. Replicas win throughput when a copy fits with its batch's KV
-# cache. The objective decides.
-
-# %% [markdown]
 # ## Cold start
 #
 # A new replica starts a process, reads its weights and runs its first step. Predict its start as
@@ -639,7 +618,6 @@ show_questions(
 #   of the same size.
 # - On a shared-prefix trace prefix-aware routing without a threshold hit the cache most, but piled a hot
 #   prompt onto one replica; a threshold of 2 spread it.
-# - Replicas beat a split copy on these ranks, where all-reduces are dear; the objective decides on GPUs.
 # - A cold start is process, weights and first step; at scale, mostly the weights.
 #
 # [Exercise](exercises/07_serving_at_scale_exercises.ipynb): the prefix-aware router's choice. That ends

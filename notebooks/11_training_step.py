@@ -27,7 +27,6 @@
 # - Every rank's ledger (what it keeps) and its traffic per axis, predicted to the byte, then measured.
 # - Experts that train: the reverse all-to-all, the load balanced over steps by a loss or a bias, and
 #   the experts in the step (`dp x ep x tp`), each weight's gradient summed over its own group.
-# - Step time: the training planner's model predicts seven layouts; the measured order is set beside it.
 # - An explorer that trains any layout of the four ranks and draws its ledger.
 
 # %%
@@ -230,7 +229,7 @@ assert train_runs["tp=2 pp=1 dp=2"].losses[-1] < train_runs["tp=2 pp=1 dp=2"].lo
 # </details>
 
 # %% tags=["nbval-ignore-output"]
-from shardlib.ui.training_figures import ledger_figure, loss_figure, step_time_figure, step_time_table, traffic_figure
+from shardlib.ui.training_figures import ledger_figure, loss_figure, traffic_figure
 
 loss_figure({name: run.losses for name, run in train_runs.items()},
             {f"global batch of {train_config.global_batch(dp)}": ref.losses for dp, ref in train_refs.items()},
@@ -442,85 +441,6 @@ print("measured = predicted on every rank: " + ", ".join(
 # The expert gradients are the step's largest sum (`edp`, 393,216 bytes), six times the dense weights'
 # (`dp`).
 #
-# ## Step time: predicted, then measured
-#
-# [Notebook 12](12_training_layouts.ipynb)'s training planner prices a step as a sum of terms: compute,
-# the bubble, each axis's collectives on its link, and AdamW's update. Here it prices a step on these
-# four ranks. The next cell first measures this machine: how fast one rank computes while all four run,
-# and the link's latency and bandwidth, fitted from a sweep of calls.
-#
-# The toy differs from a real step in five settings, each an argument of the planner's own model:
-#
-# | setting | planner's default | the toy | why |
-# | --- | --- | --- | --- |
-# | recomputation | selective or full | none | the toy keeps every activation |
-# | kernel efficiency | 0.5 of peak | 1 | the fitted rate is the toy's own measured rate |
-# | shortest ring slice | 4,096 tokens | 1 | `cp` cuts the toy's short sequences too |
-# | dp overlap | yes | no | the toy sends its gradients after its backward |
-# | idle slot of the bubble | compute | compute plus `tp` and `cp` calls | CPU ranks do not overlap those calls |
-#
-# Seven layouts train a wider model (2 blocks of `d_model` 128, 64 tokens a sequence), all on one global
-# batch of 4 sequences. First the prediction, fastest first:
-
-# %% tags=["nbval-ignore-output"]
-from shardlib.lab.training.step_time import fit_step_cluster, run_ranking_check
-from shardlib.predict.training.toy_prediction import RANKED_4, STEP_TIME_CONFIG, predict_step
-
-timed = replace(STEP_TIME_CONFIG, n_layers=2, steps=3)  # each run's first step left out: the median of two
-this_machine = fit_step_cluster(four, timed, samples=2)  # the "cluster" of these four ranks, fitted now
-predicted_steps = {label: predict_step(this_machine.cluster, lay, timed, 4).step_s for label, lay in RANKED_4.items()}
-for label, step_s in sorted(predicted_steps.items(), key=lambda kv: kv[1]):
-    print(f"{label:<17} predicted {step_s * 1e3:6.1f} ms a step")
-
-# %% [markdown]
-# The claim a planner needs is the order: the layout it predicts fastest should be fast, and so on down.
-# The verdict below scores the agreement of the two orders.
-#
-# <details><summary>How strong must the agreement be?</summary>
-#
-# Spearman's rank correlation is 1 for the same order and -1 for the reverse. With no ties it is
-# `1 - 6 Σd² / (n(n² - 1))`, where `d` is each layout's rank difference. With five layouts a random order
-# reaches 0.7 about 12 % of the time, so five layouts prove little. With seven, the floor is the smallest
-# value a random order reaches at most 5 % of the time. Four would prove nothing: for `n = 4` Spearman is
-# `1 - Σd² / 10`, so 0.8 or more needs `Σd² ≤ 2`. The true order gives 0, and each of the 3 swaps of an
-# adjacent pair gives 2: 4 orders of the 24, about one run in six.
-#
-# </details>
-
-# %% tags=["nbval-ignore-output"]
-step_check, verdicts = run_ranking_check(four, fit=this_machine, config=timed)
-for v in verdicts:
-    print(v.line)
-ratios = [t.ratio for t in step_check.layouts]
-print(f"measured / predicted per layout: from {min(ratios):.1f} to {max(ratios):.1f}")
-
-# %% [markdown]
-# <details><summary>How this was measured</summary>
-#
-# Each layout trains 3 steps on the warm ranks; the first is left out and the median of the other two
-# kept. The link's latency is the larger of the sweep's fit and what a call adds between ranks that are
-# busy computing. The floor is computed exactly over all `7! = 5,040` orders. If another program spoils
-# the run, it is measured again once, so luck passes about 9 % of the time.
-#
-# </details>
-#
-# The table gives each layout's terms as predicted, then the measured step and their ratio:
-
-# %% tags=["nbval-ignore-output"]
-print(step_time_table(step_check))
-
-# %% tags=["nbval-ignore-output"]
-step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
-                 {t.label: t.measured_s for t in step_check.layouts},
-                 f"One training step per layout, predicted and measured on {four.description}")
-
-# %% [markdown]
-# The seconds hold less well than the order: on a quiet machine measured sits 1.1 to 2 times above
-# predicted, under load 3 times or more. The model leaves two terms out on purpose. Python's overhead per
-# operation is not a FLOP, so half-width matrices under `tp = 2` take more than half the time. And the
-# embedding's, head's and loss's collectives are not counted: the planner is written for models whose
-# layers dwarf them, as on GPUs.
-#
 # ## Explore: train any layout of the four ranks
 #
 # The slider holds every layout of four ranks this model can run (`tp = 4` is missing: 2 KV heads cannot
@@ -651,8 +571,6 @@ show_questions(
 # - Every rank's ledger and its traffic per mesh axis equal the prediction to the byte. The first stage
 #   keeps the most activations; ZeRO-3 divides what a rank keeps by `dp x cp`; `cp` divides the
 #   activations; the tensor axis carries the most bytes.
-# - The planner's step-time model, with the toy's five settings, set against seven measured layouts:
-#   the verdict line says whether the order held, against a floor luck rarely passes.
 # - An MoE layer trained on the ranks: the backward is the reverse all-to-all, the router learns through
 #   the gates, and expert copies are summed over `edp`. On DeepSeek-V3's sigmoid gate its bias evened
 #   the load in 12 steps; Switch's loss, at 0.1 on this gate, hardly moved it.
