@@ -48,7 +48,7 @@
 # | [09 · Pipeline schedules](09_pipeline_schedules.ipynb) | GPipe and 1F1B, then zero bubble and DualPipeV |
 # | [10 · Context parallelism](10_context_parallel.ipynb) | one long sequence over many GPUs: ring attention |
 # | [11 · One training step](11_training_step.ipynb) | every axis in one step; experts that train |
-# | [12 · Training layouts](12_training_layouts.ipynb) | memory per GPU, published layouts, the planner, tested on four ranks |
+# | [12 · Training layouts](12_training_layouts.ipynb) | memory per GPU, published layouts, the planner on 4 ranks |
 #
 # Notebooks 01 to 11 each end with a link to their exercise.
 # The [glossary](glossary.md) holds every term, the [cheatsheet](cheatsheet.md) every rule of thumb.

@@ -17,9 +17,8 @@ TOLERANCE = 1e-5  # rtol = atol: a cross-rank sum adds partials in another order
 
 def is_number(value, kind=Real) -> bool:
     """Whether ``value`` is a number of ``kind`` (``Real`` or ``Integral``), ``True`` and ``False`` not counted."""
-    if type(value) is int or (type(value) is float and kind is Real):  # the common case, without an ABC's check
-        return True
-    return not isinstance(value, bool) and isinstance(value, kind)
+    t = type(value)  # int and float first: an ABC's isinstance is slow, and the planners call this often
+    return t is int or (t is float and kind is Real) or (t is not bool and isinstance(value, kind))
 
 
 def _within(value, what: str, kind, low: float, high: float, low_open: bool, expected: str):
@@ -32,9 +31,8 @@ def _within(value, what: str, kind, low: float, high: float, low_open: bool, exp
 
 def whole_number(value, what: str, minimum: int = 1) -> int:
     """``value`` as an int, or "``what`` must be a whole number of at least ``minimum``"."""
-    if type(value) is int and value >= minimum:  # the common case, at the cost of one comparison
-        return value
-    return _within(value, what, Integral, minimum, math.inf, False, f"a whole number of at least {minimum}")
+    return value if type(value) is int and value >= minimum else _within(  # an int: no slow ABC check
+        value, what, Integral, minimum, math.inf, False, f"a whole number of at least {minimum}")
 
 
 def whole_number_between(value, what: str, low: int, high: int) -> int:
