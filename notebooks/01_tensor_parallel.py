@@ -16,8 +16,8 @@
 # # 01 · Tensor parallelism: cut each layer, sum once per pair
 #
 # > **Part I, serving a model that does not fit.** Assumes: [00](00_start_here.ipynb). Reading time: about
-# > 25 minutes. Trades: memory per GPU (each holds `1/tp` of every layer's weights) for one all-reduce per
-# > pair of matrices, in every layer, for every token.
+# > 30 minutes. Trades: memory per GPU (each holds `1/tp` of every layer's weights) for one all-reduce per
+# > pair of matrices, in every layer, at every step.
 #
 # **What you will see.**
 #
@@ -82,10 +82,10 @@ shard_layout_figure(tp=4, d_in=8, d_hidden=16, d_out=8)
 # (`shardlib/core/tensor_parallel/layers.py` and `blocks.py`). Megatron-LM (Shoeybi et al. 2019, section 3)
 # writes the communication of a pair as two operators, and the code keeps its names:
 #
-# - **f** (`CopyToParallelRegion`) does nothing forward, since every rank already holds the whole
-#   input. Backward, it all-reduces the gradient: each rank's column slice gave only a partial gradient.
-# - **g** (`ReduceFromParallelRegion`) is its mirror. Forward, it sums the partial outputs. Backward, it
-#   passes the gradient through, since every rank already holds the whole output's gradient.
+# - **f** (`CopyToParallelRegion`) does nothing in the forward pass: every rank already holds the whole
+#   input. (Training also runs a backward pass, where f all-reduces the gradient; Part II uses it.)
+# - **g** (`ReduceFromParallelRegion`) sums the partial outputs in the forward pass: the one all-reduce
+#   a served pair makes. (In training's backward it passes the gradient through.)
 # - `ColumnParallelLinear` keeps its slice of the output features. Its `local` is a plain `F.linear`
 #   that talks to nobody; `forward` puts f in front of it.
 # - `RowParallelLinear` keeps its slice of the input features. Its `partial` is this rank's share of the
@@ -121,7 +121,11 @@ show_code(CopyToParallelRegion, ReduceFromParallelRegion, ColumnParallelLinear, 
 # %% [markdown]
 # ## Predict
 #
-# Take a pair `d_model → d_hidden → d_model` over `n > 1` devices, with `T` tokens of 4-byte floats.
+# Two widths set a layer's size. **`d_model`** is the model's width: each token is a vector of `d_model`
+# numbers between layers (4,096 for Llama-3-8B). **`d_hidden`** is the MLP's inner width, 3 to 4 times
+# wider (14,336 for Llama-3-8B; configs call it `d_ff` or `intermediate_size`).
+#
+# Take a pair `d_model → d_hidden → d_model` over `n > 1` devices, on `T` tokens of 4-byte floats.
 #
 # - Column then row: **1** collective, an all-reduce of the output, `T · d_model · 4` bytes.
 # - Row then column: the first product is partial, and the activation is not linear. So the partials
@@ -221,9 +225,11 @@ for n in (2, 4):
 #
 # A common rule of thumb says the other order "doubles the communication". That holds for the number of
 # collectives. In bytes it holds only for buffers, and only when `d_hidden = d_model`. For a
-# transformer's MLP, whose hidden width is 4 times `d_model`, the bytes grow 4.5 times, not 2. Which
+# MLP 4 times wider than `d_model` (GPT's; Llama's is 3.5 times), the bytes grow 4.5 times, not 2. A gated
+# MLP, as Llama's, would sum two wide products first: worse still. Which
 # count sets the time, calls or bytes, depends on the message size: [notebook 02](02_communication_costs.ipynb)
-# prices both. Either way column-then-row wins, and every production implementation uses it. Megatron-LM's
+# prices both. Either way column-then-row wins, and every implementation that splits a layer this way
+# uses it. Megatron-LM's
 # sequence parallelism ([notebook 10](10_context_parallel.ipynb)) splits that one all-reduce into a
 # reduce-scatter and an all-gather; the pair stays.
 #
@@ -283,7 +289,8 @@ check_blocks(four)
 #   the query heads that read it (what vLLM does).
 # - The copies are the price. Each GPU keeps a whole KV head's k and v weights, and its KV cache **stops
 #   shrinking** at `tp = 8`.
-# - A `tp` that neither divides the KV heads nor is a multiple of them (12 against 8) has no layout. The
+# - A `tp` that neither divides the KV heads nor is a multiple of them (12 against 8) has no even split
+#   of whole heads. The
 #   query heads are the last limit: `tp` at most 64 here.
 #
 # The check runs when a split is chosen, with the reason, rather than as a shape error deep inside a
@@ -410,19 +417,22 @@ tp_wall_picker()
 # running pool's size (2), the pair also runs on the live ranks and the measured collectives are set
 # beside the prediction.
 #
-# **Your task.** Keep column-then-row. Its buffer is 3,072 bytes at every shard count. How do its wire
-# bytes per rank change from 2 to 4 to 8 shards, and towards what limit? What does 1 shard send?
+# **Your task.** Predict first, from the formula above: is the other order's wire bill still 4.5 times
+# the right order's at 4 and at 8 shards? Then read both orders' wire bytes per rank at 2, 4 and 8
+# shards. Towards what limit do column-then-row's grow? What does 1 shard send?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.tensor_parallel_widgets import tp_cut_explorer
 
-tp_cut_explorer(ranks)
+tp_cut_explorer(ranks, d_model=32, d_hidden=128)  # the shapes of the cells above
 
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# 3,072, then 4,608, then 5,376 bytes: 1x, 1.5x and 1.75x the buffer, since a ring all-reduce sends
-# `2(n-1)/n` of it per rank. The limit is 2x. One shard holds everything and sends nothing.
+# Column-then-row sends 1,536, then 2,304, then 2,688 bytes: 1x, 1.5x and 1.75x its 1,536-byte buffer,
+# since a ring all-reduce sends `2(n-1)/n` of it per rank. The limit is 2x. Row-then-column sends 6,912,
+# 10,368 and 12,096: 4.5 times as much at every count, as the formula said, since both orders' wire
+# bytes grow by the same `(n-1)/n`. One shard holds everything and sends nothing.
 #
 # </details>
 
@@ -491,27 +501,28 @@ show_questions(
         "collectives.",
     ),
     Question(
-        "Llama-3-8B has 32 query heads and 8 KV heads. Split tp = 32 instead of 8: what happens to each "
-        "GPU's KV cache for the same sequences?",
-        ("Shrinks 4x, just as each GPU's weights do", "Cannot happen: 8 KV heads do not allow tp = 32",
-         "Grows 4x, since every copy keeps a cache", "Stays as at tp = 8: KV heads are copied"),
+        "A model has 48 query heads and 4 KV heads. Split tp = 8 instead of 4: what happens to each GPU's KV "
+        "cache for the same sequences?",
+        ("Shrinks 2x, just as each GPU's weights do", "Cannot happen: 4 KV heads do not allow tp = 8",
+         "Grows 2x, since every copy keeps a cache", "Stays as at tp = 4: KV heads are copied"),
         3,
-        "Past the KV-head count each KV head is copied, here on 4 GPUs. Each GPU still holds one whole KV "
-        "head, so its cache stays at its tp = 8 size, and the copies' k and v weights cost memory too.",
+        "Past the KV-head count each KV head is copied, here on 2 GPUs. Each GPU still holds one whole KV "
+        "head, so its cache stays at its tp = 4 size, and the copies' k and v weights cost memory too.",
     ),
     Question(
-        "Mixtral's vocabulary has 32,000 tokens. What does tp = 8 do with it, as Megatron-LM pads?",
-        ("Keeps 32,000, already a multiple of 128", "Keeps 32,000, since 8 divides it evenly",
-         "Refuses tp = 8 because of the vocabulary size", "Pads it to 32,768, the next multiple of 1,024"),
-        3,
-        "Megatron-LM pads to make_vocab_size_divisible_by (128) times tp, so each slice is equal and itself a "
-        "multiple of 128. 32,000 is 31.25 x 1,024, so 32,768; the 768 padded rows are never predicted.",
+        "A model's vocabulary has 50,000 tokens. What does tp = 4 do with it, as Megatron-LM pads?",
+        ("Keeps 50,000: 4 divides it evenly", "Pads it to 50,176, the next multiple of 512",
+         "Pads it to 50,048, the next multiple of 128", "Refuses tp = 4 because of the vocabulary size"),
+        1,
+        "Megatron-LM pads to make_vocab_size_divisible_by (128) times tp = 512, so each of the 4 slices is equal "
+        "and itself a multiple of 128: 98 x 512 = 50,176. 50,048 splits into slices of 12,512 rows, not a "
+        "multiple of 128. The 176 padded rows are never predicted.",
     ),
     Question(
         "A 32-layer Llama model is served at tp = 4. Generating one token (a forward pass, no backward), "
         "how many all-reduces does each rank issue?",
-        ("32: one per layer", "64: after attention and after the MLP", "128: one per layer per rank",
-         "96: attention, the MLP's up, the MLP's down"),
+        ("32: one per layer", "64: after attention and after the MLP",
+         "0: one token's partial sums are too small to need one", "96: attention, the MLP's up, the MLP's down"),
         1,
         "Each layer holds two column-then-row pairs: attention (Q, K, V, then the output projection) and the "
         "MLP. Each pair ends in one g. So 2 x 32 = 64, the same on every rank at any tp above 1.",

@@ -17,7 +17,7 @@
 #
 # > **Part II, training at scale.** Assumes: [08](08_data_parallel.ipynb), [09](09_pipeline_schedules.ipynb),
 # > [10](10_context_parallel.ipynb), [11](11_training_step.ipynb).
-# > Reading time: about 25 minutes. Trades: memory per GPU (sharding, stages, recomputation) for step time
+# > Reading time: about 30 minutes. Trades: memory per GPU (sharding, stages, recomputation) for step time
 # > (the bubble, each axis's collectives, recomputed FLOPs), priced term by term.
 #
 # **What you will see.**
@@ -98,7 +98,7 @@ korthikanti = [r for r in rows if r.source.startswith("Korthikanti")]
 assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 
 # %% [markdown]
-# Where the sources differ, they count different things:
+# <details><summary>Where the sources differ, they count different things</summary>
 #
 # - **ZeRO's 16 against Megatron's 18 bytes per parameter.** Megatron-LM keeps fp32 gradients, to add
 #   them over microbatches without rounding. Both shard the same 12 bytes of optimizer state.
@@ -107,6 +107,8 @@ assert all(abs(r.ours - r.published) < 1e-6 * r.published for r in korthikanti)
 #   (2^30 bytes); the papers' GB are 10^9.
 # - **Korthikanti's rows** are the paper's Table 2 formulas evaluated for its 530B model, beside our
 #   code's count. They check our code against the formulas, not against a measurement.
+#
+# </details>
 #
 # ## Llama 3.1 405B on one GPU
 #
@@ -172,11 +174,13 @@ assert ledger["selective", 1].total_bytes < H100_80GB.memory_bytes > ledger["ful
 # chunks of layers), `dp` (dividing the global batch) and the ZeRO stage. For each it tries microbatch sizes
 # and recomputation, keeps the fastest that fits the memory model above, and prices a step:
 #
-# - **compute**: `6 N` plus attention's `12 L h s` FLOPs per token, the attention halved for a causal mask,
-#   plus recomputation's, at half the GPUs' peak; the slowest stage (its layers, and the head) sets the pace;
+# - **compute**: `6 N` (`N` parameters) plus attention's `12 L h s` (`L` layers of width `h`, `s` tokens a
+#   sequence) FLOPs per token. Attention is halved for a causal mask; recomputation adds its own. All run
+#   at half the GPUs' peak, and the slowest stage (its layers, and the head) sets the pace;
 # - **the bubble** ([notebook 03](03_pipeline_parallel.ipynb)): `(p - 1)` turns of a stage, divided by `v`
 #   chunks when interleaved;
-# - **tp**: sequence parallelism's gathers and scatters, not overlapped;
+# - **tp**: sequence parallelism's gathers and scatters, not overlapped (async TP, in torchtitan and
+#   Megatron-Core, can hide them);
 # - **cp**: the ring's K/V, hidden behind attention up to its time;
 # - **dp**: the gradient sync, hidden behind the backward except its last bucket. ZeRO-3 also gathers every
 #   layer twice per microbatch; compute hides that, except the first gather and any time beyond the compute;
@@ -322,25 +326,29 @@ assert all((r.chosen.layout.tp, r.chosen.layout.pp) == (8, 16) for r in choices[
 # | dp overlap | yes | no | the toy sends its gradients after its backward |
 # | idle slot of the bubble | compute | compute plus `tp` and `cp` calls | CPU ranks do not overlap those calls |
 #
-# Predict first: here a collective costs milliseconds, not microseconds. Which layouts will be slowest?
+# The seven: `dp 4`, `dp 2 x pp 2`, `dp 2 x tp 2` (with DDP, and with ZeRO-3), `pp 2 x tp 2`,
+# `cp 2 x tp 2` and `tp 4`. Predict first: here a collective costs a millisecond, not microseconds.
+# Which layouts will be slowest?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.runtime.ranks import Ranks
 from shardlib.lab.training.step_time import fit_step_cluster, run_ranking_check
-from shardlib.ui.training_figures import step_time_figure, step_time_table
+from shardlib.ui.training_figures import step_cluster_text, step_time_figure, step_time_table
 from shardlib.predict.training.toy_prediction import RANKED_4, STEP_TIME_CONFIG, predict_step
 
 four = Ranks(4)
 timed = replace(STEP_TIME_CONFIG, n_layers=2, steps=2)  # each run's first step is a warm-up, left out
 this_machine = fit_step_cluster(four, timed, samples=1)  # the "cluster" of these four ranks, fitted now
 predicted_steps = {label: predict_step(this_machine.cluster, lay, timed, 4).step_s for label, lay in RANKED_4.items()}
+print(step_cluster_text(this_machine))
 for label, step_s in sorted(predicted_steps.items(), key=lambda kv: kv[1]):
     print(f"{label:<17} predicted {step_s * 1e3:6.1f} ms a step")
 
 # %% [markdown]
-# The layouts that call a collective at every block, `tp 4` and the ring of `cp 2 x tp 2`, are predicted
-# slowest. A planner needs the order right: the layout it predicts fastest should be fast, and so on
-# down. The verdict scores how well the two orders agree.
+# Predicted slowest: `tp 4` and `cp 2 x tp 2`. Without `dp` each rank runs all 4 sequences, so twice the
+# microbatches and twice the `tp` calls; and each of `tp 4`'s calls takes 3 ring steps, not 1. A
+# planner needs the order right: the layout it predicts fastest should be fast, and so on down. The
+# verdict scores how well the two orders agree.
 #
 # <details><summary>How strong must the agreement be?</summary>
 #
@@ -355,10 +363,9 @@ for label, step_s in sorted(predicted_steps.items(), key=lambda kv: kv[1]):
 step_check, verdicts = run_ranking_check(four, fit=this_machine, config=timed)
 for v in verdicts:
     print(v.line)
-ratios = [t.ratio for t in step_check.layouts]
-print(f"measured / predicted per layout: from {min(ratios):.1f} to {max(ratios):.1f}")
-assert max(ratios) / min(ratios) > 1.3  # the seconds hold less well than the order (see below)
 print(step_time_table(step_check))
+ratios = [t.ratio for t in step_check.layouts]
+assert max(ratios) / min(ratios) > 1.3  # the seconds hold less well than the order (see below)
 
 # %% [markdown]
 # <details><summary>How this was measured</summary>
@@ -372,12 +379,12 @@ print(step_time_table(step_check))
 # %% tags=["nbval-ignore-output"]
 step_time_figure({t.label: t.predicted_s for t in step_check.layouts},
                  {t.label: t.measured_s for t in step_check.layouts},
-                 f"One training step per layout, predicted and measured on {four.description}")
+                 f"One training step per layout, predicted and measured ({four.description})")
 
 # %% [markdown]
-# The seconds hold less well than the order: measured over predicted differs by about 2 times from one
-# layout to another, and moves from run to run. Most steps run slower than predicted. The model leaves
-# two terms out on purpose. Python's overhead per operation is not a FLOP, so
+# The seconds hold less well than the order: the table's `meas/pred` spreads from layout to layout, often
+# twofold. Two near ties, such as `dp 4` and `dp 2 x pp 2`, may swap. The model leaves two terms out on
+# purpose. Python's overhead per operation is not a FLOP, so
 # half-width matrices under `tp = 2` take more than half the time. And the embedding's, head's and
 # loss's collectives are not counted: the planner is written for models whose layers dwarf them.
 
@@ -439,9 +446,10 @@ assert round(exposed_s) == 12 and round(compute_s) == 21  # computation to commu
 # The explorer scores one layout of the 2,048 H800 (no tensor parallelism, ZeRO-1) with the planner's
 # model, beside the published layout.
 #
-# **Your task.** With the all-to-alls exposed and `pp = 16`, find the `ep` with the most tokens per
-# second. Then put the all-to-alls under compute and find the best `pp`. What is the smallest `ep` at
-# which that `pp` fits, and what stops a smaller one?
+# **Your task.** With the all-to-alls exposed and `pp = 16`, how do the all-to-alls' seconds change as
+# `ep` grows from 8 to 64? Then put them under compute and compare `pp = 4` with `pp = 16` at `ep = 64`:
+# which term makes the difference? Last, at `pp = 4`, what is the smallest `ep` that fits, and what stops
+# a smaller one?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.training_widgets import moe_layout_explorer
@@ -451,11 +459,11 @@ moe_layout_explorer()
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# Exposed, `ep = 16` is best at `pp = 16`: 2.01 M tokens/s, against 1.75 for the published `ep = 64`.
-# The all-to-alls cost 7.5 s a step at `ep = 8` or 16, and grow past that (10.3 s at 32, 12.2 s at 64).
-# Under compute, `ep` barely moves the step at `pp = 16` (2.61 to 2.66 M tokens/s): it changes memory,
-# not time. Then fewer stages win: `pp = 4` with `ep = 256` reaches about 3.0 M tokens/s (`pp = 8`:
-# 2.87): priced as 1F1B's, the bubble shrinks with fewer stages. At `pp = 4` the experts fit only from
+# Exposed, the all-to-alls cost 7.5 s a step at `ep = 8` or 16, and grow past that (10.3 s at 32,
+# 12.2 s at 64), so `ep = 16` is best at `pp = 16`: 2.01 M tokens/s, against 1.75 for the published
+# `ep = 64`. Under compute, `ep` barely moves the step at `pp = 16` (2.61 to 2.66 M tokens/s): it changes
+# memory, not time. Fewer stages win through the bubble: priced as 1F1B's, it shrinks with fewer stages,
+# and `pp = 4` with `ep = 256` reaches about 3.0 M tokens/s (`pp = 8`: 2.87). At `pp = 4` the experts fit only from
 # `ep = 32`: below it each GPU would hold too many experts' weights and optimizer state. DualPipe's own
 # bubble is smaller, which is why 16 stages pay for DeepSeek-V3.
 #

@@ -108,8 +108,8 @@ def step_time_table(check) -> str:
         lines.append(f"{t.label:<17}{t.score.n_microbatches:>3}"
                      + "".join(f"{getattr(t.score, name + '_s') * 1e3:>7.1f}" for name in STEP_TERMS)
                      + f"{t.predicted_s * 1e3:>11.1f}{t.measured_s * 1e3:>10.1f}{t.ratio:>10.2f}{t.error:>8.0%}")
-    lines.append(f"(ms per step of {check.global_sequences} sequences of {check.config.seq} tokens; measured: "
-                 f"median of {len(check.layouts[0].steps_s)} steps, each run's warm-up left out)")
+    lines.append(f"(ms per step of {check.global_sequences} sequences of {check.config.seq} tokens; measured: median "
+                 f"of the {len(check.layouts[0].steps_s)} step(s) after each run's warm-up)")
     lines.append(f"mean error {check.mean_error:.0%}; Spearman's rank correlation {check.rank_correlation:+.2f}")
     lines.append("fastest first, predicted: " + ", ".join(check.by_predicted))
     lines.append("fastest first, measured:  " + ", ".join(check.by_measured))
