@@ -70,7 +70,8 @@ print(f"{four.world_size} ranks: {four.description}")
 #   least traffic, so it may take the slowest link.
 # - **Llama 3** (Grattafiori et al. 2024, section 3.3.2): `[TP, CP, PP, DP]`, data parallelism outermost.
 #   Its data parallelism is FSDP, and FSDP tolerates latency: it prefetches the next weights and reduces
-#   gradients while compute runs. The pipeline's sends sit on each microbatch's path and cannot wait.
+#   gradients while compute runs. The pipeline's sends sit on each microbatch's path, so they want the
+#   nearer links.
 #
 # This course's `Layout` numbers ranks in Megatron-LM's order. Both orders put `tp` in the node; they
 # differ in which of `dp` and `pp` gets the nearer links.
@@ -275,14 +276,20 @@ for name, run in train_runs.items():
     for (axis, op), (calls, size, wire) in run.traffic_by_axis(0).items():
         per_axis[axis] = per_axis.get(axis, 0) + wire
     wire_by_layout[name] = per_axis
-    print(f"{name:<24}" + "  ".join(f"{axis}: {wire:>9,} B" for axis, wire in per_axis.items()))
+    print(f"{name:<24}" + "  ".join(f"{axis}: {wire:>9,} B" for axis, wire in per_axis.items() if wire))
+ddp, zero3, ring = (wire_by_layout[k] for k in ("tp=2 pp=1 dp=2", "tp=2 pp=1 dp=2 zero3", "tp=2 pp=1 dp=1 cp=2"))
+assert ddp["tp"] > ddp["dp"] and zero3["dp"] == 3 * ddp["dp"] > zero3["tp"]  # the claims below, byte for byte
+assert 2 * ring["tp"] == ddp["tp"] and ring["dp-cp"] > ring["tp"]
 traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training step, by mesh axis")
 
 # %% [markdown]
-# The tensor axis carries the most: its gathers and scatters run at every block, both ways, for every
-# microbatch. The ring's K/V travel per layer too, but only the KV heads (2 here, against 4 query
-# heads). The data axis moves the gradients once a step, whatever `m` is. ZeRO-3 gathers each layer
-# twice and reduce-scatters it, every microbatch.
+# Under DDP with `tp = 2`, the tensor axis carries the most: its gathers and scatters run at every block,
+# both ways, for every microbatch. The data axis moves the gradients once a step, whatever `m` is. On
+# this toy the two are close, so the balance can tip. ZeRO-3 gathers each layer twice and reduce-scatters
+# it, every microbatch: three times DDP's data bytes, more than `tp`'s. With `cp = 2` each `tp` pair
+# holds half the tokens, so its bytes halve, and the gradient sum over the `dp-cp` group (the two places
+# of the ring, which hold the same weights) carries the most. The ring's K/V are only the KV heads (2
+# here, against 4 query heads). [Notebook 12](12_training_layouts.ipynb) turns such bytes into seconds.
 #
 # ## Training through the all-to-all
 #
@@ -292,8 +299,8 @@ traffic_figure(wire_by_layout, "Bytes rank 0 puts on the wire in one training st
 # `_AllToAll`). And the top-k choice is discrete, so **the router learns only through the gates**.
 #
 # The toy: a dense input projection, then the training step's MoE layer
-# (`shardlib.core.training.moe_block`), 8 experts, top-2, float64. It is dropless, as training is today
-# (Megatron-Core, MegaBlocks).
+# (`shardlib.core.training.moe_block`), 8 experts, top-2, float64. It is dropless, as MegaBlocks and
+# Megatron-Core by default are (a capacity that drops tokens is still an option there).
 #
 # Which group sums which gradient? The router and the projection sit on every rank: summed over every
 # rank. At `ep = 4` each expert lives on one rank, and the combine's backward already brought it every
@@ -372,8 +379,8 @@ balance_steps_figure(ratios, title=f"The same toy trained 12 steps three ways, o
 # The bias evened the load without a loss term or a dropped token; Switch's loss, at 0.1 on this gate,
 # hardly moved it. The bias was not free here: its toy fits its targets a little worse after 12 steps.
 #
-# **Your task.** The bias's rate is DeepSeek-V3's one knob. Find the rate whose load is most even over
-# the last five steps. Then move to the largest rate: why does the load stop improving?
+# **Your task.** The bias's rate is DeepSeek-V3's one knob. Find the rate whose worst step over the last
+# five is lowest. Then move to the largest rate: why does the load stop improving?
 
 # %% tags=["nbval-ignore-output"]
 from shardlib.ui.experts_widgets import bias_rate_explorer
@@ -383,10 +390,11 @@ bias_rate_explorer(BALANCE_CONFIG, steps=12, rate=0.01, baseline={"none": ratios
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# 0.02, with 0.05 close behind. A small rate needs many steps to push the hot expert's bias far enough;
-# at 0.005 it has barely moved. From 0.1 up each step overshoots. A sigmoid score lies between 0 and 1,
-# so a bias step of 0.5 swings an expert from never chosen to always chosen. The load then hovers above
-# its unbalanced level. DeepSeek-V3's 1e-3 suits hundreds of thousands of steps.
+# 0.05: its last five steps stay within 1.25 to 1.50. 0.02 dips lower (1.09) but swings up to 1.66;
+# its mean is about the same. A small rate needs many steps to push the hot expert's bias far enough: at
+# 0.005 the load falls only from 3.4 to 2.4 in 12 steps. From 0.1 up each step overshoots. A sigmoid
+# score lies between 0 and 1, so a bias step of 0.5 swings an expert from never chosen to always chosen.
+# The load then hovers above its unbalanced level. DeepSeek-V3's 1e-3 suits hundreds of thousands of steps.
 #
 # </details>
 #
@@ -449,7 +457,7 @@ print("measured = predicted on every rank: " + ", ".join(
 # predicted.
 #
 # **Your task.** The explorer opens on `pp 2 x tp 2`. Move `m` from 2 to 4: does stage 0's activation
-# bar grow? What would GPipe keep there at `m = 4`? Then pick `pp 4`: how many microbatches' activations
+# bar grow? Then pick `pp 4`: how many microbatches' activations
 # does each stage hold? Then pick `dp 2 x tp 2` and switch DDP to ZeRO-1, ZeRO-2, ZeRO-3: which kept
 # term shrinks at each switch? Last, on `dp 2 x tp 2` with DDP, set the MLP to 4 experts and move `ep`
 # from 1 to 4: which bars shrink, and why does `ep 4` keep the fewest expert bytes?
@@ -569,8 +577,8 @@ show_questions(
 # - Two rank orders: Megatron-LM's (`tp`, `cp`, `dp`, `pp` outermost) and Llama 3's (`[TP, CP, PP, DP]`).
 #   Both keep `tp` in the node; Llama 3 gives FSDP the far links because it hides latency.
 # - Every rank's ledger and its traffic per mesh axis equal the prediction to the byte. The first stage
-#   keeps the most activations; ZeRO-3 divides what a rank keeps by `dp x cp`; `cp` divides the
-#   activations; the tensor axis carries the most bytes.
+#   keeps the most activations; ZeRO-3 divides a rank's weights, gradients and optimizer state by
+#   `dp x cp`; `cp` divides the activations. Under DDP the tensor axis carries the most bytes.
 # - An MoE layer trained on the ranks: the backward is the reverse all-to-all, the router learns through
 #   the gates, and expert copies are summed over `edp`. On DeepSeek-V3's sigmoid gate its bias evened
 #   the load in 12 steps; Switch's loss, at 0.1 on this gate, hardly moved it.
@@ -579,4 +587,5 @@ show_questions(
 #
 # The [exercise](exercises/11_training_step_exercises.ipynb) has you predict every rank's memory and write
 # DeepSeek-V3's bias on ranks.
-# Next: [12 · Training layouts](12_training_layouts.ipynb), the same counts on real clusters.
+# Next: [12 · Training layouts](12_training_layouts.ipynb), the same counts on real clusters, and the
+# step's time predicted and measured on these four ranks.
