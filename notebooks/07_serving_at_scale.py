@@ -56,8 +56,8 @@
 # control.
 #
 # **Step two: copy the engine.** When the model fits, more GPUs can run more copies, the replicas
-# ([notebook 05](05_serving_layouts.ipynb#Replicas-against-parallelism:-the-objective-decides) chose between
-# replicas and tensor parallelism). Then a **router** picks each request's replica. Its policy decides
+# ([below](#Replicas-or-a-split-copy:-the-objective-decides), when they pay). Then a **router** picks
+# each request's replica. Its policy decides
 # how well the replicas' [prefix caches](06_serving_engine.ipynb#Prefix-caching-off-or-on) serve:
 #
 # | policy | sends a request to | used by |
@@ -274,9 +274,10 @@ assert goodput[(REPLICAS, "tight TPOT")] >= goodput[("disaggregated", "tight TPO
 # do the two disaggregated ones. A timing claim holds when measured / predicted lies within 0.5-2, and
 # the bytes must match exactly. Medians are claimed, not tails: one stalled process moves the p90 of a
 # few requests. Runs are repeated up to 3 times while a claim fails. Goodput per GPU is predicted, over
-# rates from an eighth to 64 times the trace's; the "met" columns are this trace's rate, measured where a
-# run exists. The hand-off line is the median wait from a request's first token to its K/V in the decode
-# cache.
+# rates from an eighth to 64 times the trace's, each twice the last: a goodput is the highest of those
+# rates that meets the objective, so two goodputs differ by a factor of 2 or more, or not at all. The
+# "met" columns are this trace's rate, measured where a run exists. The hand-off line is the median
+# wait from a request's first token to its K/V in the decode cache.
 #
 # </details>
 
@@ -293,7 +294,8 @@ assert goodput[(REPLICAS, "tight TPOT")] >= goodput[("disaggregated", "tight TPO
 # 2 ranks each, the same pieces as the pools. Splitting moved the prompts away from the decodes; with the
 # same layout in each pool it made no more tokens. Here the rival's goodput beats the pools' even at the
 # tight objective: a prompt adds little to a step. Split only when prompts are long enough to slow decode
-# steps and TPOT is tight.
+# steps and TPOT is tight, or when each pool needs its own layout or hardware (DeepSeek-V3's decode runs
+# wide EP; [notebook 05](05_serving_layouts.ipynb#Wide-EP-with-data-parallel-attention)).
 #
 # On real models the hand-off is large. A prompt of 4,096 tokens, 10 requests a second, 8 GPUs a pool,
 # then 4 where the model fits:
@@ -382,16 +384,19 @@ assert max(runs["prefix-aware, threshold 2"].routed) < max(piled.routed)
 # and find the prompt on each replica only after its first miss there.
 
 # %% [markdown]
-# ## If it fits, run replicas
+# ## Replicas or a split copy: the objective decides
 #
-# Should 4 GPUs serve as 4 replicas of one GPU, or as one copy split four ways? On real ranks,
-# [notebook 02](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) measured the trade: the
-# split copy shortened each decode step, and the replicas served more tokens per device. A
-# split wins latency only where a step's compute is large beside its all-reduces. Replicas win throughput
-# when a copy fits with its batch's KV cache. At long contexts it does not, and
-# [05's planner](05_serving_layouts.ipynb#Replicas-against-parallelism:-the-objective-decides) picks tp 2
-# to 8. The objective decides.
-#
+# Should 4 GPUs serve as 4 replicas, or as one copy split four ways? Notebook
+# [02](02_communication_costs.ipynb#Replicas-or-tensor-parallelism) priced that trade for Llama-3-8B on
+# H100s. At 1K tokens of context all carry the same batch: the split copy answers sooner, and replicas
+# serve more tokens per GPU. At 8K a replica's memory holds KV cache for few sequences, and the split
+# copy serves more per GPU too. Notebook 02 also
+# [measured](02_communication_costs.ipynb#Measure:-replicas-against-a-split-copy-on-these-ranks) 2
+# replicas against `tp = 2` at the same batch: a shorter step for the split copy, more tokens per
+# device for the replicas. The planner of [notebook 05](05_serving_layouts.ipynb#Explore:-the-planner-as-a-widget)
+# moves from replicas to `tp` 2, 4 and 8 as the context grows from 2K to 16K.
+
+# %% [markdown]
 # ## Cold start
 #
 # A new replica starts a process, reads its weights and runs its first step. Predict its start as
@@ -489,7 +494,8 @@ pools_explorer(split.costs["disaggregated"], model, where="a model: 4 engines on
 # <details><summary>Answer</summary>
 #
 # (1) Colocated. Every colocated engine works on both phases, while a split leaves part of each pool
-# idle. This is vLLM's condition: disaggregation does not raise throughput. (2) On this toy colocated
+# idle. This is vLLM's condition: with the same layout in each pool, disaggregation does not raise
+# throughput. (2) On this toy colocated
 # wins both: a prompt chunk barely slows a step, so the decode pool gains little and the idle prefill pool
 # costs goodput. Splitting pays only where prompt tokens weigh in a step: long prompts, on GPUs. (3) With
 # 1 : 3 the lone prefill engine queues the prompts, and TTFT p90 is the highest. With 3 : 1 the lone
