@@ -438,3 +438,12 @@ def test_a_layout_with_cp_refuses_three_coordinates_and_a_bad_strategy():
         Layout(2, 1, dp_strategy="zero4")
     with pytest.raises(ValueError, match="tp x pp x dp x cp = 2 x 1 x 1 x 2 = 4, but there are 8"):
         check_mesh(Layout(2, 1, cp=2), 8)
+
+
+def test_llama_8b_on_one_node_moves_from_replicas_to_wider_splits_as_the_context_grows():
+    """The planner widget's answer in notebook 05, which 07 cites: Llama-3-8B on a node of 8 H100s, ranked
+    by throughput, batch from memory: replicas up to 2K tokens, then tp 2, 4 and 8 at 4K, 8K and 16K."""
+    picks = {ctx: plan_serving(LLAMA_3_8B, ONE_NODE_8_H100, Workload(batch=0, context_tokens=ctx,
+                                                                       prompt_tokens=min(2048, ctx)),
+                               "throughput").best.layout.tp for ctx in (1024, 2048, 4096, 8192, 16384)}
+    assert picks == {1024: 1, 2048: 1, 4096: 2, 8192: 4, 16384: 8}

@@ -287,3 +287,11 @@ def test_kv_cache_figure_flattens_past_the_kv_heads():
     kv = list(fig.data[1].y)
     assert kv[3] == kv[4] == kv[5] and kv[0] == 8 * kv[3]
     assert "not a measurement" in fig.layout.title.text
+
+
+def test_the_cut_explorers_answer_in_notebook_01():
+    """12 tokens, d_model 32, d_hidden 128: column-then-row sends 1,536, 2,304, 2,688 wire bytes a rank at 2,
+    4 and 8 shards, and row-then-column 4.5 times as much at each."""
+    for n, right in ((2, 1536), (4, 2304), (8, 2688)):
+        sent = [sum(w for _, w in pair_wire_collectives(cut, n, 12, 32, 128)) for cut in CUTS]
+        assert sent == [right, right * 9 // 2]
