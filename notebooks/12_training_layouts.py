@@ -338,7 +338,7 @@ from shardlib.predict.training.toy_prediction import RANKED_4, STEP_TIME_CONFIG,
 
 four = Ranks(4)
 timed = replace(STEP_TIME_CONFIG, n_layers=2, steps=2)  # each run's first step is a warm-up, left out
-this_machine = fit_step_cluster(four, timed, samples=1)  # the "cluster" of these four ranks, fitted now
+this_machine = fit_step_cluster(four, timed, samples=1, repeats=2, calls=10)  # these four ranks, fitted now
 predicted_steps = {label: predict_step(this_machine.cluster, lay, timed, 4).step_s for label, lay in RANKED_4.items()}
 print(step_cluster_text(this_machine))
 for label, step_s in sorted(predicted_steps.items(), key=lambda kv: kv[1]):

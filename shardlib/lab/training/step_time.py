@@ -66,7 +66,7 @@ def calls_on_rank(ctx, config: TrainingConfig, group: str, calls: int = 20) -> N
             ctx.comm.all_gather(piece, group=pg)
 
 
-def sample(ranks, config: TrainingConfig, repeats: int = 2, calls: int = 10) -> list[tuple[float, ...]]:
+def sample(ranks, config: TrainingConfig, repeats: int = 3, calls: int = 20) -> list[tuple[float, ...]]:
     """Per rank: the median seconds of ``pass_on_rank``'s two spans over ``repeats`` (after a warm-up), then
     the seconds per call of ``calls_on_rank`` alone, over every rank and over pairs (its second run)."""
     passes = on_ranks(ranks, pass_on_rank, config, repeats=repeats + 1)
@@ -118,10 +118,10 @@ def step_cluster(cal: Calibration, samples, config: TrainingConfig) -> StepClust
     return StepCluster(cluster, cal, tuple(sorted(calls.items())), pass_s, step_s, len(samples))
 
 
-def fit_step_cluster(ranks, config: TrainingConfig = STEP_TIME_CONFIG, samples: int = 3) -> StepCluster:
-    """The toy cluster for ``ranks``: ``calibrate_link``, then ``samples`` rounds of ``sample``."""
+def fit_step_cluster(ranks, config: TrainingConfig = STEP_TIME_CONFIG, samples: int = 3, **options) -> StepCluster:
+    """The toy cluster for ``ranks``: ``calibrate_link``, then ``samples`` rounds of ``sample`` (``options``)."""
     cal = calibrate_link(ranks)
-    return step_cluster(cal, [sample(ranks, config) for _ in range(samples)], config)
+    return step_cluster(cal, [sample(ranks, config, **options) for _ in range(samples)], config)
 
 
 @dataclass(frozen=True)
