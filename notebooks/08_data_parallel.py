@@ -336,7 +336,8 @@ for v in identity_claims:
 # %% [markdown]
 # <details><summary>How this was measured</summary>
 #
-# Each call runs 5 times; the median of the slowest rank's time is kept. The claim holds when the ratio
+# The all-reduce and the pair run back to back, 5 times; for each call the median of the slowest rank's
+# time is kept. The claim holds when the ratio
 # is within 0.5 to 2. A busy machine spoils a round, so the cell measures again, up to three times, and
 # keeps the last round. NCCL's ring all-reduce on GPUs is literally the two phases back to back.
 # </details>

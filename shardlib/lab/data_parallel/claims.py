@@ -31,55 +31,51 @@ def pair_passes(backend: str) -> int:
     return 4 if backend == "gloo" else 2
 
 
-def summed_on_rank(ctx, numel: int, split: bool = False) -> torch.Tensor:
-    """``numel`` float32 values, different on every rank, summed by an all-reduce or (``split``) by a
-    reduce-scatter then an all-gather."""
+def summed_on_rank(ctx, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``numel`` float32 values, different on every rank, summed by an all-reduce, then by a reduce-scatter
+    and an all-gather: back to back, so that both ways meet the machine in the same state."""
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     buffer = torch.randn(numel, generator=g).to(ctx.device)  # (numel,), numel divisible by world_size
-    if split:
-        return ctx.comm.all_gather(ctx.comm.reduce_scatter(buffer))  # (numel / world_size,), then (numel,)
-    return ctx.comm.all_reduce(buffer)  # (numel,)
+    whole = ctx.comm.all_reduce(buffer.clone())  # (numel,), in place on its copy
+    return whole, ctx.comm.all_gather(ctx.comm.reduce_scatter(buffer))  # (numel / world_size,), then (numel,)
 
 
 @dataclass(frozen=True)
 class CollectiveIdentity:
     """An all-reduce (2 ring passes) against a reduce-scatter then an all-gather of the same buffer
-    (``pair_passes``): the largest difference of the results, per op rank 0's wire bytes and the median
-    time."""
+    (``pair_passes``), both in every repeat (``summed_on_rank``): the largest difference of the results, per
+    op rank 0's wire bytes and the median time."""
 
-    all_reduce: Measured = field(repr=False)
-    split: Measured = field(repr=False)
+    got: Measured = field(repr=False)
     backend: str = "gloo"
-
-    def _got(self, op: str) -> Measured:
-        return self.all_reduce if op == "all_reduce" else self.split
 
     @property
     def max_gap(self) -> float:
-        return max(float((a - b).abs().max()) for a, b in zip(self.all_reduce.each(), self.split.each()))
+        return max(float((whole - split).abs().max()) for whole, split in self.got.each())
 
     @property
     def wire_bytes(self) -> dict[str, int]:
-        return {op: self._got(op).bytes(op, rank=0, wire=True) for op in OPS}
+        return {op: self.got.bytes(op, rank=0, wire=True) for op in OPS}
 
     @property
     def median_s(self) -> dict[str, float]:
         """Per op, the median over repeats of the slowest rank's time."""
-        return {op: statistics.median(max(c.duration_s for c in self._got(op).records(op, repeat=i))
-                                      for i in range(len(self._got(op).times_s[0]))) for op in OPS}
+        return {op: statistics.median(max(c.duration_s for c in self.got.records(op, repeat=i))
+                                      for i in range(len(self.got.times_s[0]))) for op in OPS}
 
     split_wire_bytes = property(lambda self: self.wire_bytes["reduce_scatter"] + self.wire_bytes["all_gather"])
     split_s = property(lambda self: self.median_s["reduce_scatter"] + self.median_s["all_gather"])
 
 
 def run_collective_identity(ranks, numel: int, repeats: int = 5) -> CollectiveIdentity:
-    """All-reduce ``numel`` float32 values ``repeats`` times, then reduce-scatter and all-gather them
-    ``repeats`` times, each after a barrier."""
+    """Sum ``numel`` float32 values ``repeats`` times, each after a barrier, both ways in each repeat: an
+    all-reduce, then a reduce-scatter and an all-gather. Run one way after the other and a machine that
+    changes pace between the two (seen here: a 1 MiB all-reduce at 1 ms in one batch, 4 ms in the next)
+    would set a fast all-reduce beside a slow pair."""
     numel, repeats = whole_number(numel, "numel"), whole_number(repeats, "repeats")
     if numel % ranks.world_size:
         raise ValueError(f"numel = {numel} must divide among {ranks.world_size} ranks for a reduce-scatter")
-    return CollectiveIdentity(*(on_ranks(ranks, summed_on_rank, numel, split, repeats=repeats)
-                                for split in (False, True)), ranks.backend)
+    return CollectiveIdentity(on_ranks(ranks, summed_on_rank, numel, repeats=repeats), ranks.backend)
 
 
 def identity_verdicts(found: CollectiveIdentity) -> list[Verdict]:
